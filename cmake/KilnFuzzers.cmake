@@ -32,5 +32,6 @@ foreach(f IN LISTS KILN_FUZZ_TARGETS)
   add_test(NAME ${f}
            COMMAND ${_fuzz_bin_dir}/${f} -max_total_time=${KILN_FUZZ_SECONDS} -rss_limit_mb=2048
                    -print_final_stats=1 ${_corpus} ${CMAKE_SOURCE_DIR}/fuzz/seeds/${f})
-  set_tests_properties(${f} PROPERTIES LABELS fuzz TIMEOUT 300)
+  set_tests_properties(${f} PROPERTIES LABELS fuzz TIMEOUT 300
+                       ENVIRONMENT "UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1")
 endforeach()

@@ -12,6 +12,11 @@ function(kiln_project_options target)
   if(KILN_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()
+  # GCC 12 at -O2 reports a false -Wstringop-overread inside boost::container::small_vector's
+  # move constructor (every Shape move); the warning is not actionable in our code.
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -Wno-stringop-overread)
+  endif()
 endfunction()
 
 # Sanitizers apply to everything we compile (instrumenting only part of a program gives false
@@ -22,6 +27,14 @@ if(KILN_SANITIZE)
   if(KILN_SANITIZE MATCHES "undefined")
     add_compile_options(-fno-sanitize-recover=undefined)
   endif()
+endif()
+
+# The clang fuzz sub-build instruments every library for coverage and ASan/UBSan, so that
+# libFuzzer sees the code under test (the fuzzer main links -fsanitize=fuzzer itself).
+if(KILN_FUZZERS_ONLY)
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+                      -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
 endif()
 
 function(kiln_add_module)

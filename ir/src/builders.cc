@@ -1,1 +1,983 @@
-// placeholder: being written
+// IR builders (ir.md §6): shape and dtype inference plus validation, one builder per signature.
+#include "kiln/ir/builders.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace kiln::ir::build {
+namespace {
+
+// What a kind's output dtype is: the operand's (or an explicit one), the bool dtype
+// (kComparison) or the index dtype (kIndexOutput). Decides which builder variant applies.
+enum class OutKind { Plain, Bool, Index };
+
+// The op being built, for checks and error messages.
+struct Ctx {
+  Family family;
+  OpKind kind;
+
+  bool kind_known() const { return static_cast<std::size_t>(kind) < static_cast<std::size_t>(kNumOpKinds); }
+  bool family_known() const { return static_cast<int>(family) < kNumFamilies; }
+
+  // "NumericFloat::Add", as Operation::kind_name prints it.
+  std::string name() const {
+    if (!kind_known()) return fmt::format("OpKind({})", static_cast<unsigned>(kind));
+    if (!family_known()) return fmt::format("Family({})::{}", static_cast<unsigned>(family), op_info(kind).variant);
+    Operation probe;
+    probe.kind = kind;
+    probe.family = family;
+    return probe.kind_name();
+  }
+  Error error(ErrorCode code, std::string_view what) const {
+    return make_error(code, fmt::format("{}: {}", name(), what));
+  }
+  // Prefixes an error from the shape rules with the op's name, keeping its code.
+  Error wrap(const Error& e) const { return error(e.code, e.message); }
+  template <class T>
+  Result<T> wrap(Result<T> r) const {
+    if (r.ok()) return r;
+    return wrap(r.error());
+  }
+};
+
+std::string dims(std::span<const std::uint64_t> v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{}", i ? "," : "", v[i]);
+  return s + "]";
+}
+
+bool is_floatish(DType d) { return d.is_float() || d.is_quantized(); }
+
+// Kind exists, has the builder's signature, its group admits the family, and the builder variant
+// matches how the kind's output dtype is decided.
+Status check_kind(const Ctx& c, Signature sig, OutKind out_kind) {
+  if (!c.kind_known() || !c.family_known()) return c.error(ErrorCode::Invalid, "unknown operation kind or family");
+  const OpInfo& info = op_info(c.kind);
+  if (info.signature != sig)
+    return c.error(ErrorCode::Invalid, fmt::format("has signature {}, not {}", signature_info(info.signature).name,
+                                                   signature_info(sig).name));
+  if (!group_admits(info.group, c.family))
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("{} cannot belong to family {}", info.variant, family_name(c.family)));
+  const OutKind actual = info.has(kComparison) ? OutKind::Bool : info.has(kIndexOutput) ? OutKind::Index : OutKind::Plain;
+  if (actual != out_kind) {
+    static constexpr const char* kWhat[] = {"the operand's dtype", "the bool dtype", "the index dtype"};
+    static constexpr const char* kBuilder[] = {"a plain builder", "a *_comparison / *_bool builder",
+                                               "reduce_dim_arg"};
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("outputs {}, this builder outputs {}: build it with {}", kWhat[static_cast<int>(actual)],
+                               kWhat[static_cast<int>(out_kind)], kBuilder[static_cast<int>(actual)]));
+  }
+  return Status::Ok();
+}
+
+// The family fits the operand dtype (ir.md §5.1: the variant says which tensor kind it applies to).
+Status check_operand(const Ctx& c, DType d) {
+  bool fits = false;
+  switch (op_info(c.kind).group) {
+    case OpGroup::Base: fits = base_family_for(d) == c.family; break;
+    case OpGroup::Numeric: fits = numeric_family_for(d) == c.family; break;
+    case OpGroup::Float: fits = is_floatish(d); break;
+    case OpGroup::Int: fits = d.is_integral(); break;
+    case OpGroup::Bool: fits = d.is_bool(); break;
+    case OpGroup::Module: fits = d.is_float(); break;
+    default: fits = true; break;
+  }
+  if (!fits)
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("family {} does not apply to operand dtype {}", family_name(c.family), d.name()));
+  return Status::Ok();
+}
+
+// same(a, b) of ir.md §6.2.
+Status check_same(const Ctx& c, const TensorIr& a, const char* a_name, const TensorIr& b, const char* b_name) {
+  if (!(a.dtype == b.dtype))
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("dtypes differ: {} {} vs {} {}", a_name, a.dtype.name(),
+                                                         b_name, b.dtype.name()));
+  return Status::Ok();
+}
+
+Status check_bool_dtype(const Ctx& c, DType d, const char* what) {
+  if (!d.is_bool())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("{} must be a bool dtype, got {}", what, d.name()));
+  return Status::Ok();
+}
+
+Status check_index_dtype(const Ctx& c, DType d, const char* what) {
+  if (!d.is_integral())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("{} must be an integer dtype, got {}", what, d.name()));
+  return Status::Ok();
+}
+
+Status check_axis(const Ctx& c, std::uint64_t axis, const Shape& s, const char* what = "dim") {
+  if (axis >= s.size())
+    return c.error(ErrorCode::OutOfBounds,
+                   fmt::format("{} {} out of bounds for rank {} ({})", what, axis, s.size(), shape_to_string(s)));
+  return Status::Ok();
+}
+
+Status check_rank(const Ctx& c, const TensorIr& t, std::size_t rank, const char* what) {
+  if (t.shape.size() != rank)
+    return c.error(ErrorCode::RankMismatch, fmt::format("{} must have rank {}, has rank {} ({})", what, rank,
+                                                        t.shape.size(), t.to_string()));
+  return Status::Ok();
+}
+
+Operation new_op(const Ctx& c, DType carried) {
+  Operation op;
+  op.kind = c.kind;
+  op.family = c.family;
+  if (family_carries_dtype(c.family)) op.dtype = carried;
+  return op;
+}
+
+std::int64_t attr(std::uint64_t v) { return static_cast<std::int64_t>(v); }
+
+std::int64_t double_bits(double v) {
+  std::int64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+// Checks shared by every builder once the op is assembled: inputs are live occurrences (never
+// NotInit), outputs have fresh ids (distinct from the inputs and from each other).
+Result<Operation> finish(const Ctx& c, Operation op) {
+  for (const TensorIr& t : op.inputs())
+    if (t.status == TensorStatus::NotInit)
+      return c.error(ErrorCode::Invalid, fmt::format("input {} has status NotInit", t.to_string()));
+  const auto outs = op.outputs();
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    for (const TensorIr& t : op.inputs())
+      if (t.id == outs[i].id)
+        return c.error(ErrorCode::Invalid, fmt::format("output id {} is also an input", outs[i].id.value()));
+    for (std::size_t j = 0; j < i; ++j)
+      if (outs[j].id == outs[i].id)
+        return c.error(ErrorCode::Invalid, fmt::format("output id {} is used twice", outs[i].id.value()));
+  }
+  assert(op.validate().ok());
+  return op;
+}
+
+// Single-input, single-output op.
+Result<Operation> one_to_one(const Ctx& c, const TensorIr& input, Shape shape, DType out_dtype, TensorId out,
+                             AttrList attrs = {}) {
+  Operation op = new_op(c, input.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(input);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), out_dtype));
+  op.attrs = std::move(attrs);
+  return finish(c, std::move(op));
+}
+
+// ir.md §6.2: permuting a QFloat tensor permutes the block shape like the tensor (the block is
+// right-aligned to the tensor's dims, missing leading entries are 1) and moves the packed dim
+// with its axis. `axes` is a valid permutation of 0..rank-1.
+Result<DType> permute_dtype(const Ctx& c, DType d, std::span<const std::uint64_t> axes) {
+  if (!d.is_quantized()) return d;
+  QuantScheme s = d.scheme();
+  const std::size_t rank = axes.size();
+  if (s.store != QuantStoreKind::Native) {
+    if (s.packed_dim >= rank)
+      return c.error(ErrorCode::Invalid, fmt::format("packed dim {} out of bounds for rank {} ({})", s.packed_dim,
+                                                     rank, d.name()));
+    const std::uint64_t packed_axis = rank - s.packed_dim - 1;
+    const auto it = std::find(axes.begin(), axes.end(), packed_axis);
+    const std::size_t new_pos = static_cast<std::size_t>(it - axes.begin());
+    s.packed_dim = static_cast<std::uint8_t>(rank - new_pos - 1);
+  }
+  if (s.block_rank > 0) {
+    boost::container::small_vector<std::uint64_t, 6> full(rank, 1);
+    for (std::size_t j = 0; j < s.block_rank; ++j) {
+      const std::size_t from_back = s.block_rank - j;  // 1 = last dim
+      if (from_back > rank) {
+        if (s.block[j] != 1)
+          return c.error(ErrorCode::Invalid,
+                         fmt::format("block of rank {} does not fit a rank-{} tensor ({})", s.block_rank, rank, d.name()));
+        continue;
+      }
+      full[rank - from_back] = s.block[j];
+    }
+    boost::container::small_vector<std::uint64_t, 6> moved(rank);
+    for (std::size_t i = 0; i < rank; ++i) moved[i] = full[axes[i]];
+    std::size_t leading_ones = 0;
+    while (leading_ones < rank && moved[leading_ones] == 1) ++leading_ones;
+    const std::size_t needed = rank - leading_ones;
+    const std::size_t new_rank = std::max<std::size_t>(std::min<std::size_t>(s.block_rank, rank), needed);
+    if (new_rank > s.block.size())
+      return c.error(ErrorCode::Unsupported,
+                     fmt::format("permuted block needs {} dims, a scheme holds at most {} ({})", new_rank,
+                                 s.block.size(), d.name()));
+    s.block = {};
+    for (std::size_t j = 0; j < new_rank; ++j) s.block[j] = static_cast<std::uint16_t>(moved[rank - new_rank + j]);
+    s.block_rank = static_cast<std::uint8_t>(new_rank);
+  }
+  return DType::qfloat(s);
+}
+
+Status check_spatial_options(const Ctx& c, std::uint64_t groups) {
+  if (groups == 0) return c.error(ErrorCode::Invalid, "groups must be at least 1");
+  return Status::Ok();
+}
+
+Status check_bias(const Ctx& c, const std::optional<TensorIr>& bias, std::uint64_t channels) {
+  if (!bias) return Status::Ok();
+  if (bias->shape.size() != 1 || bias->shape[0] != channels)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("bias {} must have shape [{}]", bias->to_string(), channels));
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ---- Elementwise
+
+namespace {
+Result<Operation> unary_impl(const Ctx& c, OutKind kind, const TensorIr& input, DType out_dtype, TensorId out) {
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Unary, kind));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  return one_to_one(c, input, input.shape, out_dtype, out);
+}
+
+Result<Operation> binary_impl(const Ctx& c, OutKind kind, const TensorIr& lhs, const TensorIr& rhs,
+                              std::optional<DType> out_dtype, TensorId out) {
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Binary, kind));
+  KILN_RETURN_IF_ERROR(check_operand(c, lhs.dtype));
+  KILN_RETURN_IF_ERROR(check_same(c, lhs, "lhs", rhs, "rhs"));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::broadcast(lhs.shape, rhs.shape)));
+  Operation op = new_op(c, lhs.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(lhs);
+  op.tensors.push_back(rhs);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), out_dtype.value_or(lhs.dtype)));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> scalar_impl(const Ctx& c, OutKind kind, const TensorIr& lhs, ScalarIr rhs, DType out_dtype,
+                              TensorId out) {
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Scalar, kind));
+  KILN_RETURN_IF_ERROR(check_operand(c, lhs.dtype));
+  Operation op = new_op(c, lhs.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(lhs);
+  op.tensors.push_back(TensorIr::uninit(out, lhs.shape, out_dtype));
+  op.scalars.push_back(rhs);
+  return finish(c, std::move(op));
+}
+}  // namespace
+
+Result<Operation> unary(Family family, OpKind kind, const TensorIr& input, TensorId out) {
+  return unary_impl({family, kind}, OutKind::Plain, input, input.dtype, out);
+}
+
+Result<Operation> unary_comparison(Family family, OpKind kind, const TensorIr& input, DType bool_dtype, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_bool_dtype(c, bool_dtype, "comparison output dtype"));
+  return unary_impl(c, OutKind::Bool, input, bool_dtype, out);
+}
+
+Result<Operation> binary(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, TensorId out) {
+  return binary_impl({family, kind}, OutKind::Plain, lhs, rhs, std::nullopt, out);
+}
+
+Result<Operation> binary_comparison(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs,
+                                    DType bool_dtype, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_bool_dtype(c, bool_dtype, "comparison output dtype"));
+  return binary_impl(c, OutKind::Bool, lhs, rhs, bool_dtype, out);
+}
+
+Result<Operation> scalar(Family family, OpKind kind, const TensorIr& lhs, ScalarIr rhs, TensorId out) {
+  return scalar_impl({family, kind}, OutKind::Plain, lhs, rhs, lhs.dtype, out);
+}
+
+Result<Operation> scalar_comparison(Family family, OpKind kind, const TensorIr& lhs, ScalarIr rhs, DType bool_dtype,
+                                    TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_bool_dtype(c, bool_dtype, "comparison output dtype"));
+  return scalar_impl(c, OutKind::Bool, lhs, rhs, bool_dtype, out);
+}
+
+Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType target, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Cast, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  // What the target must be: a cast stays within its kind of tensor, Into* change it.
+  enum class Target { Float, Integer, Bool } needed = Target::Float;
+  switch (kind) {
+    case OpKind::Base_Cast:
+      needed = family == Family::BaseFloat ? Target::Float : family == Family::BaseInt ? Target::Integer : Target::Bool;
+      break;
+    case OpKind::Float_IntoInt:
+    case OpKind::Bool_IntoInt: needed = Target::Integer; break;
+    default: needed = Target::Float; break;  // Int IntoFloat, Bool IntoFloat
+  }
+  const bool ok = needed == Target::Float     ? target.is_float()
+                  : needed == Target::Integer ? target.is_integral()
+                                              : target.is_bool();
+  if (!ok) {
+    static constexpr const char* kNeeded[] = {"a float dtype", "an integer dtype", "a bool dtype"};
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("cannot cast {} to {}: the target must be {}", input.dtype.name(), target.name(),
+                               kNeeded[static_cast<int>(needed)]));
+  }
+  return one_to_one(c, input, input.shape, target, out);
+}
+
+Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Clamp, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, tensor.dtype));
+  op.scalars.push_back(min);
+  op.scalars.push_back(max);
+  return finish(c, std::move(op));
+}
+
+Result<Operation> mask_where(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask,
+                             const TensorIr& value, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::MaskWhere, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_bool_dtype(c, mask.dtype, "mask"));
+  KILN_RETURN_IF_ERROR(check_same(c, tensor, "tensor", value, "value"));
+  const Shape shapes[] = {tensor.shape, mask.shape, value.shape};
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::broadcast_many(shapes)));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 3;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(mask);
+  op.tensors.push_back(value);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), tensor.dtype));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> mask_fill(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask, ScalarIr value,
+                            TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::MaskFill, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_bool_dtype(c, mask.dtype, "mask"));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::broadcast(tensor.shape, mask.shape)));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(mask);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), tensor.dtype));
+  op.scalars.push_back(value);
+  return finish(c, std::move(op));
+}
+
+// ---- Matmul
+
+namespace {
+Result<Operation> matmul_impl(const Ctx& c, const TensorIr& lhs, const TensorIr& rhs, std::optional<DType> out_dtype,
+                              TensorId out) {
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Matmul, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, lhs.dtype));
+  // mixed(lhs, rhs): any float-or-quantized pair, otherwise equal.
+  const bool mixed_ok = (is_floatish(lhs.dtype) && is_floatish(rhs.dtype)) || lhs.dtype == rhs.dtype;
+  if (!mixed_ok)
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("dtypes not compatible: lhs {} vs rhs {}", lhs.dtype.name(), rhs.dtype.name()));
+  if (out_dtype && !(c.family == Family::Float ? is_floatish(*out_dtype) : out_dtype->is_integral()))
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("output dtype {} does not fit family {}", out_dtype->name(), family_name(c.family)));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::matmul_output(lhs.shape, rhs.shape)));
+  Operation op = new_op(c, lhs.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(lhs);
+  op.tensors.push_back(rhs);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), out_dtype.value_or(lhs.dtype)));
+  return finish(c, std::move(op));
+}
+}  // namespace
+
+Result<Operation> matmul(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, TensorId out) {
+  return matmul_impl({family, kind}, lhs, rhs, std::nullopt, out);
+}
+
+Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, DType out_dtype,
+                               TensorId out) {
+  return matmul_impl({family, kind}, lhs, rhs, out_dtype, out);
+}
+
+// ---- Reductions and scans
+
+namespace {
+Result<Operation> reduce_impl(const Ctx& c, OutKind kind, const TensorIr& input, DType out_dtype, TensorId out) {
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Reduce, kind));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  return one_to_one(c, input, Shape{1}, out_dtype, out);  // rank 1, never rank 0 (ir.md §5.11)
+}
+
+Result<Operation> reduce_dim_impl(const Ctx& c, OutKind kind, const TensorIr& input, std::uint64_t axis,
+                                  std::uint64_t accumulator_len, DType out_dtype, TensorId out) {
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::ReduceDim, kind));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, axis, input.shape, "axis"));
+  if (accumulator_len == 0) return c.error(ErrorCode::Invalid, "accumulator_len must be at least 1");
+  Shape shape = input.shape;
+  shape[axis] = accumulator_len;
+  return one_to_one(c, input, std::move(shape), out_dtype, out, {attr(axis), attr(accumulator_len)});
+}
+
+Result<Operation> with_indices(const Ctx& c, const TensorIr& tensor, std::uint64_t dim, std::uint64_t size,
+                               DType index_dtype, TensorId out, TensorId out_indices, AttrList attrs) {
+  Shape shape = tensor.shape;
+  shape[dim] = size;
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(TensorIr::uninit(out, shape, tensor.dtype));
+  op.tensors.push_back(TensorIr::uninit(out_indices, std::move(shape), index_dtype));
+  op.attrs = std::move(attrs);
+  return finish(c, std::move(op));
+}
+}  // namespace
+
+Result<Operation> reduce(Family family, OpKind kind, const TensorIr& input, TensorId out) {
+  return reduce_impl({family, kind}, OutKind::Plain, input, input.dtype, out);
+}
+
+Result<Operation> reduce_bool(Family family, OpKind kind, const TensorIr& input, DType bool_dtype, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_bool_dtype(c, bool_dtype, "output dtype"));
+  return reduce_impl(c, OutKind::Bool, input, bool_dtype, out);
+}
+
+Result<Operation> reduce_dim(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis,
+                             std::uint64_t accumulator_len, TensorId out) {
+  return reduce_dim_impl({family, kind}, OutKind::Plain, input, axis, accumulator_len, input.dtype, out);
+}
+
+Result<Operation> reduce_dim_bool(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis,
+                                  std::uint64_t accumulator_len, DType bool_dtype, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_bool_dtype(c, bool_dtype, "output dtype"));
+  return reduce_dim_impl(c, OutKind::Bool, input, axis, accumulator_len, bool_dtype, out);
+}
+
+Result<Operation> reduce_dim_arg(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis,
+                                 std::uint64_t accumulator_len, DType index_dtype, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, index_dtype, "index dtype"));
+  return reduce_dim_impl(c, OutKind::Index, input, axis, accumulator_len, index_dtype, out);
+}
+
+Result<Operation> dim(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Dim, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, axis, input.shape, "axis"));
+  return one_to_one(c, input, input.shape, input.dtype, out, {attr(axis)});
+}
+
+Result<Operation> reduce_dim_with_indices(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                                          DType index_dtype, TensorId out, TensorId out_indices) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::ReduceDimWithIndices, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, tensor.shape));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, index_dtype, "index dtype"));
+  return with_indices(c, tensor, dim, 1, index_dtype, out, out_indices, {attr(dim)});
+}
+
+Result<Operation> topk_with_indices(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                                    std::uint64_t k, DType index_dtype, TensorId out, TensorId out_indices) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::TopKWithIndices, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, tensor.shape));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, index_dtype, "index dtype"));
+  if (k > tensor.shape[dim])
+    return c.error(ErrorCode::Invalid, fmt::format("k {} exceeds dim {} of size {} ({})", k, dim, tensor.shape[dim],
+                                                   shape_to_string(tensor.shape)));
+  return with_indices(c, tensor, dim, k, index_dtype, out, out_indices, {attr(dim), attr(k)});
+}
+
+// ---- Layout
+
+Result<Operation> shape_op(Family family, OpKind kind, const TensorIr& input, std::span<const std::int64_t> args,
+                           TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::ShapeOp, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  Shape shape;
+  if (kind == OpKind::Base_Reshape) {
+    KILN_ASSIGN_OR_RETURN(shape, c.wrap(shape::reshape(input.shape, args)));
+  } else {
+    Shape target;
+    for (std::int64_t a : args) {
+      if (a < 0)
+        return c.error(ErrorCode::Invalid, fmt::format("negative target dim {} (expand of {})", a,
+                                                       shape_to_string(input.shape)));
+      target.push_back(static_cast<std::uint64_t>(a));
+    }
+    KILN_ASSIGN_OR_RETURN(shape, c.wrap(shape::expand(input.shape, target)));
+  }
+  return one_to_one(c, input, std::move(shape), input.dtype, out);
+}
+
+Result<Operation> swap_dims(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim1, std::uint64_t dim2,
+                            TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::SwapDims, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::swapped(input.shape, dim1, dim2)));
+  boost::container::small_vector<std::uint64_t, 6> axes(input.shape.size());
+  for (std::size_t i = 0; i < axes.size(); ++i) axes[i] = i;
+  std::swap(axes[dim1], axes[dim2]);
+  KILN_ASSIGN_OR_RETURN(DType dtype, permute_dtype(c, input.dtype, std::span<const std::uint64_t>(axes.data(), axes.size())));
+  return one_to_one(c, input, std::move(shape), dtype, out, {attr(dim1), attr(dim2)});
+}
+
+Result<Operation> permute(Family family, OpKind kind, const TensorIr& input, std::span<const std::uint64_t> axes,
+                          TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Permute, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::permuted(input.shape, axes)));
+  KILN_ASSIGN_OR_RETURN(DType dtype, permute_dtype(c, input.dtype, axes));
+  AttrList attrs;
+  for (std::uint64_t a : axes) attrs.push_back(attr(a));
+  return one_to_one(c, input, std::move(shape), dtype, out, std::move(attrs));
+}
+
+Result<Operation> flip(Family family, OpKind kind, const TensorIr& input, std::span<const std::uint64_t> axes,
+                       TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Flip, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  AttrList attrs;
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    KILN_RETURN_IF_ERROR(check_axis(c, axes[i], input.shape, "axis"));
+    if (std::find(axes.begin(), axes.begin() + static_cast<std::ptrdiff_t>(i), axes[i]) !=
+        axes.begin() + static_cast<std::ptrdiff_t>(i))
+      return c.error(ErrorCode::Invalid, fmt::format("axis {} repeated in {}", axes[i], dims(axes)));
+    attrs.push_back(attr(axes[i]));
+  }
+  return one_to_one(c, input, input.shape, input.dtype, out, std::move(attrs));
+}
+
+Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                             std::uint64_t times, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::RepeatDim, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::repeat(tensor.shape, dim, times)));
+  return one_to_one(c, tensor, std::move(shape), tensor.dtype, out, {attr(dim), attr(times)});
+}
+
+Result<Operation> cat(Family family, OpKind kind, std::span<const TensorIr> tensors, std::uint64_t dim, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Cat, OutKind::Plain));
+  if (tensors.empty()) return c.error(ErrorCode::Invalid, "no tensors to concatenate");
+  // num_inputs is a u8 (Operation layout).
+  if (tensors.size() > 255)
+    return c.error(ErrorCode::Invalid, fmt::format("{} inputs, at most 255 supported", tensors.size()));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensors[0].dtype));
+  boost::container::small_vector<Shape, 4> shapes;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!(tensors[i].dtype == tensors[0].dtype))
+      return c.error(ErrorCode::DTypeMismatch, fmt::format("dtypes differ: tensor 0 {} vs tensor {} {}",
+                                                           tensors[0].dtype.name(), i, tensors[i].dtype.name()));
+    shapes.push_back(tensors[i].shape);
+  }
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::cat(std::span<const Shape>(shapes.data(), shapes.size()), dim)));
+  Operation op = new_op(c, tensors[0].dtype);
+  op.num_inputs = static_cast<std::uint8_t>(tensors.size());
+  op.tensors.assign(tensors.begin(), tensors.end());
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), tensors[0].dtype));
+  op.attrs.push_back(attr(dim));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> slice(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
+                        TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Slice, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::slice(tensor.shape, ranges)));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), tensor.dtype));
+  op.ranges.assign(ranges.begin(), ranges.end());
+  return finish(c, std::move(op));
+}
+
+Result<Operation> slice_assign(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
+                               const TensorIr& value, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::SliceAssign, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_same(c, tensor, "tensor", value, "value"));
+  // Range count and steps as for Slice; the value's element count is not checked (ir.md §6.3).
+  KILN_RETURN_IF_ERROR(c.wrap(shape::slice(tensor.shape, ranges)).status());
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(value);
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, tensor.dtype));
+  op.ranges.assign(ranges.begin(), ranges.end());
+  return finish(c, std::move(op));
+}
+
+Result<Operation> pad(Family family, OpKind kind, const TensorIr& input, std::span<const PadPair> padding,
+                      PadMode mode, std::optional<ScalarIr> constant, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Pad, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  const Shape& in = input.shape;
+  if (padding.size() > in.size())
+    return c.error(ErrorCode::RankMismatch, fmt::format("{} padding pairs for rank {} ({})", padding.size(), in.size(),
+                                                        shape_to_string(in)));
+  if (mode == PadMode::Constant && !constant) return c.error(ErrorCode::Invalid, "constant padding needs a value");
+  if (mode != PadMode::Constant && constant)
+    return c.error(ErrorCode::Invalid, "only constant padding carries a value");
+  if (mode != PadMode::Constant && mode != PadMode::Reflect && mode != PadMode::Edge)
+    return c.error(ErrorCode::Invalid, fmt::format("unknown pad mode {}", static_cast<std::int64_t>(mode)));
+  Shape shape = in;
+  AttrList attrs{static_cast<std::int64_t>(mode)};
+  const std::size_t first = in.size() - padding.size();
+  for (std::size_t i = 0; i < padding.size(); ++i) {
+    const std::size_t d = first + i;
+    const PadPair& p = padding[i];
+    // (K) a dim padded by (0, 0) is left alone whatever the mode.
+    if (p.before != 0 || p.after != 0) {
+      if (mode == PadMode::Reflect && (in[d] == 0 || p.before > in[d] - 1 || p.after > in[d] - 1))
+        return c.error(ErrorCode::Invalid,
+                       fmt::format("reflect padding ({}, {}) of dim {} needs both at most size - 1 = {} ({})", p.before,
+                                   p.after, d, static_cast<std::int64_t>(in[d]) - 1, shape_to_string(in)));
+      if (mode == PadMode::Edge && in[d] == 0)
+        return c.error(ErrorCode::Invalid,
+                       fmt::format("edge padding of dim {} of size 0 ({})", d, shape_to_string(in)));
+    }
+    shape[d] = in[d] + p.before + p.after;
+    attrs.push_back(attr(p.before));
+    attrs.push_back(attr(p.after));
+  }
+  Operation op = new_op(c, input.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(input);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), input.dtype));
+  if (constant) op.scalars.push_back(*constant);
+  op.attrs = std::move(attrs);
+  return finish(c, std::move(op));
+}
+
+// ---- Indexing
+
+Result<Operation> gather(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                         const TensorIr& indices, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Gather, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, tensor.shape));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_rank(c, indices, tensor.shape.size(), "indices"));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(indices);
+  op.tensors.push_back(TensorIr::uninit(out, indices.shape, tensor.dtype));
+  op.attrs.push_back(attr(dim));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> scatter(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                          const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Scatter, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, tensor.shape));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_same(c, tensor, "tensor", value, "value"));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 3;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(indices);
+  op.tensors.push_back(value);
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, tensor.dtype));
+  op.attrs.push_back(attr(dim));
+  op.attrs.push_back(static_cast<std::int64_t>(update));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> select(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                         const TensorIr& indices, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Select, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, tensor.shape));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_rank(c, indices, 1, "indices"));
+  Shape shape = tensor.shape;
+  shape[dim] = indices.shape[0];
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(indices);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), tensor.dtype));
+  op.attrs.push_back(attr(dim));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> select_assign(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                                const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::SelectAssign, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, tensor.shape));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_rank(c, indices, 1, "indices"));
+  KILN_RETURN_IF_ERROR(check_same(c, tensor, "tensor", value, "value"));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 3;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(indices);
+  op.tensors.push_back(value);
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, tensor.dtype));
+  op.attrs.push_back(attr(dim));
+  op.attrs.push_back(static_cast<std::int64_t>(update));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::GatherNd, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, data.dtype));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  const Shape& is = indices.shape;
+  if (is.empty()) return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", indices.to_string()));
+  const std::uint64_t k = is.back();
+  if (k > data.shape.size())
+    return c.error(ErrorCode::OutOfBounds,
+                   fmt::format("indices {} address {} dims of the rank-{} data {}", shape_to_string(is), k,
+                               data.shape.size(), shape_to_string(data.shape)));
+  Shape shape(is.begin(), is.end() - 1);
+  shape.insert(shape.end(), data.shape.begin() + static_cast<std::ptrdiff_t>(k), data.shape.end());
+  Operation op = new_op(c, data.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(data);
+  op.tensors.push_back(indices);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), data.dtype));
+  return finish(c, std::move(op));
+}
+
+// ---- Creation
+
+namespace {
+Result<Operation> created(const Ctx& c, Signature sig, const Shape& shape, DType dtype, TensorId out) {
+  KILN_RETURN_IF_ERROR(check_kind(c, sig, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, dtype));
+  Operation op = new_op(c, dtype);
+  op.num_inputs = 0;
+  op.tensors.push_back(TensorIr::uninit(out, shape, dtype));
+  return op;
+}
+}  // namespace
+
+Result<Operation> creation(Family family, OpKind kind, const Shape& shape, DType dtype, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_ASSIGN_OR_RETURN(Operation op, created(c, Signature::Creation, shape, dtype, out));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> full(Family family, OpKind kind, const Shape& shape, DType dtype, ScalarIr value, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_ASSIGN_OR_RETURN(Operation op, created(c, Signature::Full, shape, dtype, out));
+  op.scalars.push_back(value);
+  return finish(c, std::move(op));
+}
+
+Result<Operation> random(Family family, OpKind kind, const Shape& shape, DType dtype, DistributionIr distribution,
+                         TensorId out) {
+  const Ctx c{family, kind};
+  const auto dist = static_cast<std::int64_t>(distribution.kind);
+  if (dist < 0 || dist > static_cast<std::int64_t>(Distribution::Normal))
+    return c.error(ErrorCode::Invalid, fmt::format("unknown distribution {}", dist));
+  KILN_ASSIGN_OR_RETURN(Operation op, created(c, Signature::Random, shape, dtype, out));
+  op.attrs = {dist, double_bits(distribution.param0), double_bits(distribution.param1)};
+  return finish(c, std::move(op));
+}
+
+// ---- Module ops
+
+namespace {
+Status check_module_operand(const Ctx& c, const TensorIr& t, const char* what) {
+  if (!t.dtype.is_float())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("{} {} must have a float dtype", what, t.to_string()));
+  return Status::Ok();
+}
+
+// same(x, weight, bias?).
+Status check_same_conv(const Ctx& c, const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias) {
+  KILN_RETURN_IF_ERROR(check_same(c, x, "x", weight, "weight"));
+  if (bias) KILN_RETURN_IF_ERROR(check_same(c, x, "x", *bias, "bias"));
+  return Status::Ok();
+}
+
+Result<Operation> module_op(const Ctx& c, std::initializer_list<const TensorIr*> inputs, Shape shape, DType dtype,
+                            TensorId out, AttrList attrs) {
+  Operation op = new_op(c, dtype);
+  for (const TensorIr* t : inputs)
+    if (t) op.tensors.push_back(*t);
+  op.num_inputs = static_cast<std::uint8_t>(op.tensors.size());
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), dtype));
+  op.attrs = std::move(attrs);
+  return finish(c, std::move(op));
+}
+}  // namespace
+
+Result<Operation> conv2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv2dOptions& o, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Conv2d};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weight, 4, "weight"));
+  KILN_RETURN_IF_ERROR(check_spatial_options(c, o.groups));
+  const Shape& xs = x.shape;
+  const Shape& ws = weight.shape;
+  if (xs[1] != ws[1] * o.groups || ws[0] % o.groups != 0)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} channels, weight {} expects {} x {} groups (and out channels divisible "
+                               "by the groups)",
+                               shape_to_string(xs), xs[1], shape_to_string(ws), ws[1], o.groups));
+  KILN_RETURN_IF_ERROR(check_bias(c, bias, ws[0]));
+  Shape shape{xs[0], ws[0], 0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    KILN_ASSIGN_OR_RETURN(shape[2 + i],
+                          c.wrap(shape::conv_output(xs[2 + i], ws[2 + i], o.stride[i], o.padding[i], o.dilation[i])));
+  }
+  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, std::move(shape), x.dtype, out,
+                   {attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]), attr(o.padding[1]),
+                    attr(o.dilation[0]), attr(o.dilation[1]), attr(o.groups)});
+}
+
+Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose1dOptions& o, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_ConvTranspose1d};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, 3, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weight, 3, "weight"));
+  KILN_RETURN_IF_ERROR(check_spatial_options(c, o.groups));
+  const Shape& xs = x.shape;
+  const Shape& ws = weight.shape;
+  if (xs[1] != ws[0] || ws[0] % o.groups != 0)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} channels, weight {} expects {} (divisible by {} groups)",
+                               shape_to_string(xs), xs[1], shape_to_string(ws), ws[0], o.groups));
+  const std::uint64_t channels_out = ws[1] * o.groups;
+  KILN_RETURN_IF_ERROR(check_bias(c, bias, channels_out));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t length, c.wrap(shape::conv_transpose_output(xs[2], ws[2], o.stride, o.padding,
+                                                                                   o.padding_out, o.dilation)));
+  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, Shape{xs[0], channels_out, length}, x.dtype, out,
+                   {attr(o.stride), attr(o.padding), attr(o.padding_out), attr(o.dilation), attr(o.groups)});
+}
+
+Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& o, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_MaxPool2d};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
+  Shape shape{x.shape[0], x.shape[1], 0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    KILN_ASSIGN_OR_RETURN(shape[2 + i], c.wrap(shape::pool_output(x.shape[2 + i], o.kernel[i], o.stride[i],
+                                                                  o.padding[i], o.dilation[i], o.ceil_mode)));
+  }
+  return module_op(c, {&x}, std::move(shape), x.dtype, out,
+                   {attr(o.kernel[0]), attr(o.kernel[1]), attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]),
+                    attr(o.padding[1]), attr(o.dilation[0]), attr(o.dilation[1]), o.ceil_mode ? 1 : 0});
+}
+
+Result<Operation> avg_pool2d(const TensorIr& x, const AvgPool2dOptions& o, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_AvgPool2d};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
+  Shape shape{x.shape[0], x.shape[1], 0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    KILN_ASSIGN_OR_RETURN(shape[2 + i], c.wrap(shape::pool_output(x.shape[2 + i], o.kernel[i], o.stride[i],
+                                                                  o.padding[i], 1, o.ceil_mode)));
+  }
+  return module_op(c, {&x}, std::move(shape), x.dtype, out,
+                   {attr(o.kernel[0]), attr(o.kernel[1]), attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]),
+                    attr(o.padding[1]), o.count_include_pad ? 1 : 0, o.ceil_mode ? 1 : 0});
+}
+
+Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Embedding};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weights, "weights"));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weights, 2, "weights"));
+  KILN_RETURN_IF_ERROR(check_rank(c, indices, 2, "indices"));
+  return module_op(c, {&weights, &indices}, Shape{indices.shape[0], indices.shape[1], weights.shape[1]},
+                   weights.dtype, out, {});
+}
+
+// ---- Lifecycle, custom, collectives
+
+Result<Operation> init(const Shape& shape, DType dtype, TensorId out) {
+  const Ctx c{Family::Init, OpKind::Init_Init};
+  Operation op = new_op(c, dtype);
+  op.tensors.push_back(TensorIr::uninit(out, shape, dtype));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> custom(std::string id, std::span<const TensorIr> inputs, std::span<const TensorIr> outputs,
+                         std::span<const ScalarIr> scalars) {
+  const Ctx c{Family::Custom, OpKind::Custom_Custom};
+  if (id.empty()) return c.error(ErrorCode::Invalid, "custom op id must not be empty");
+  if (inputs.size() > 255)
+    return c.error(ErrorCode::Invalid, fmt::format("[{}] {} inputs, at most 255 supported", id, inputs.size()));
+  for (const TensorIr& t : outputs)
+    if (t.status != TensorStatus::NotInit)
+      return c.error(ErrorCode::Invalid, fmt::format("[{}] output {} must have status NotInit, has {}", id,
+                                                     t.to_string(), status_name(t.status)));
+  Operation op = new_op(c, DType{});
+  op.num_inputs = static_cast<std::uint8_t>(inputs.size());
+  op.tensors.assign(inputs.begin(), inputs.end());
+  op.tensors.insert(op.tensors.end(), outputs.begin(), outputs.end());
+  op.scalars.assign(scalars.begin(), scalars.end());
+  op.custom_id = std::move(id);
+  return finish(c, std::move(op));
+}
+
+Result<Operation> drop(const TensorIr& tensor) {
+  const Ctx c{Family::Drop, OpKind::Drop_Drop};
+  if (tensor.status != TensorStatus::ReadWrite)
+    return c.error(ErrorCode::Invalid, fmt::format("{} must have status ReadWrite, has {}", tensor.to_string(),
+                                                   status_name(tensor.status)));
+  Operation op = new_op(c, DType{});
+  op.num_inputs = 1;
+  op.tensors.push_back(tensor);
+  return finish(c, std::move(op));
+}
+
+Result<Operation> all_reduce(const TensorIr& tensor, ReduceOperation reduce_op, std::span<const DeviceId> device_ids,
+                             TensorId out) {
+  const Ctx c{Family::Distributed, OpKind::Distributed_AllReduce};
+  if (reduce_op != ReduceOperation::Sum && reduce_op != ReduceOperation::Mean)
+    return c.error(ErrorCode::Invalid, fmt::format("unknown reduce operation {}", static_cast<std::int64_t>(reduce_op)));
+  AttrList attrs{static_cast<std::int64_t>(reduce_op)};
+  for (const DeviceId& d : device_ids)
+    attrs.push_back(static_cast<std::int64_t>((std::uint64_t{d.type} << 16) | d.index));
+  return one_to_one(c, tensor, tensor.shape, tensor.dtype, out, std::move(attrs));
+}
+
+Result<Operation> sync_collective() {
+  Operation op;
+  op.kind = OpKind::Distributed_SyncCollective;
+  op.family = Family::Distributed;
+  assert(op.validate().ok());
+  return op;
+}
+
+}  // namespace kiln::ir::build

@@ -93,10 +93,13 @@ std::string Operation::to_string() const {
 }
 
 Status Operation::validate() const {
-  const OpInfo& in = info();
+  // Range checks first: an Operation decoded or built from untrusted input may carry any value.
   const std::size_t kind_index = static_cast<std::size_t>(kind);
   if (kind_index >= static_cast<std::size_t>(kNumOpKinds))
     return make_error(ErrorCode::Invalid, fmt::format("unknown operation kind {}", kind_index));
+  if (static_cast<std::size_t>(family) >= static_cast<std::size_t>(kNumFamilies))
+    return make_error(ErrorCode::Invalid, fmt::format("unknown operation family {}", static_cast<int>(family)));
+  const OpInfo& in = info();
   if (!group_admits(in.group, family))
     return make_error(ErrorCode::Invalid,
                       fmt::format("operation {} cannot belong to family {}", in.variant, family_name(family)));

@@ -1,2 +1,370 @@
+// The op table (op_table.def / op_table.h) and Operation: kind names, tensor formatting,
+// validate(), equality and hashing (fusion.md §3.8, §17.4-§17.5), mark_read_only (ir.md §5.1).
+#include "kiln/ir/op_table.h"
+
 #include <gtest/gtest.h>
-TEST(Placeholder, Pending) { GTEST_SKIP() << "being written"; }
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/ir/builders.h"
+#include "kiln/ir/operation.h"
+
+namespace kiln {
+inline void PrintTo(ErrorCode c, std::ostream* os) { *os << error_code_name(c); }
+}  // namespace kiln
+
+namespace kiln::ir {
+inline void PrintTo(const TensorIr& t, std::ostream* os) { *os << t.to_string() << "/" << status_name(t.status); }
+
+namespace {
+
+TensorIr t(std::uint64_t id, Shape shape, DType dtype = dtypes::f32, TensorStatus status = TensorStatus::ReadOnly) {
+  return TensorIr{TensorId{id}, std::move(shape), status, dtype};
+}
+
+Operation built(Result<Operation> r) {
+  EXPECT_TRUE(r.ok()) << r.error().to_string();
+  return r.ok() ? std::move(r).value() : Operation{};
+}
+
+Operation add_op(std::uint64_t lhs = 1, std::uint64_t rhs = 2, std::uint64_t out = 3,
+                 TensorStatus status = TensorStatus::ReadOnly) {
+  return built(build::binary(Family::NumericFloat, OpKind::Numeric_Add, t(lhs, {2, 3}, dtypes::f32, status),
+                             t(rhs, {2, 3}, dtypes::f32, status), TensorId{out}));
+}
+
+Operation mul_scalar_op(ScalarIr s) {
+  return built(build::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, t(1, {4}), s, TensorId{2}));
+}
+
+Operation random_op(build::DistributionIr d) {
+  return built(build::random(Family::Float, OpKind::Float_Random, {2, 2}, dtypes::f32, d, TensorId{9}));
+}
+
+// Every kind, in table order.
+std::vector<OpKind> all_kinds() {
+  std::vector<OpKind> kinds;
+  for (int i = 0; i < kNumOpKinds; ++i) kinds.push_back(static_cast<OpKind>(i));
+  return kinds;
+}
+
+// Expects validate() to fail; returns the error code (Internal when it passed).
+ErrorCode expect_invalid(const Operation& op) {
+  Status st = op.validate();
+  EXPECT_FALSE(st.ok()) << op.to_string() << " passed validate()";
+  return st.ok() ? ErrorCode::Internal : st.error().code;
+}
+
+// ---- The table
+
+TEST(OpTable, EveryKindHasAValidSignatureAndUniqueName) {
+  std::set<std::pair<OpGroup, std::string_view>> seen;
+  for (OpKind k : all_kinds()) {
+    const OpInfo& info = op_info(k);
+    EXPECT_EQ(info.kind, k);
+    EXPECT_FALSE(info.variant.empty());
+    EXPECT_LE(static_cast<int>(info.signature), static_cast<int>(Signature::Drop)) << info.variant;
+    const SignatureInfo& sig = signature_info(info.signature);
+    EXPECT_FALSE(sig.name.empty());
+    EXPECT_GE(sig.min_inputs, 0) << sig.name;
+    if (sig.max_inputs != kVariadic) {
+      EXPECT_LE(sig.min_inputs, sig.max_inputs) << sig.name;
+    }
+    if (sig.max_scalars != kVariadic) {
+      EXPECT_LE(sig.min_scalars, sig.max_scalars) << sig.name;
+    }
+    if (sig.max_attrs != kVariadic) {
+      EXPECT_LE(sig.min_attrs, sig.max_attrs) << sig.name;
+    }
+    EXPECT_TRUE(seen.insert({info.group, info.variant}).second) << "duplicate " << info.variant;
+    // find_op_kind is the inverse of the table.
+    auto found = find_op_kind(info.group, info.variant);
+    ASSERT_TRUE(found.has_value()) << info.variant;
+    EXPECT_EQ(*found, k);
+  }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(kNumOpKinds));
+  EXPECT_FALSE(find_op_kind(OpGroup::Float, "Add").has_value());
+}
+
+TEST(OpTable, SignatureNamesMatchTheEnum) {
+  EXPECT_EQ(signature_info(Signature::Unary).name, "Unary");
+  EXPECT_EQ(signature_info(Signature::Conv2d).name, "Conv2d");
+  EXPECT_EQ(signature_info(Signature::Drop).name, "Drop");
+  EXPECT_TRUE(signature_info(Signature::Slice).ranges);
+  EXPECT_TRUE(signature_info(Signature::SliceAssign).ranges);
+  EXPECT_FALSE(signature_info(Signature::Binary).ranges);
+}
+
+TEST(OpTable, FamiliesAndGroups) {
+  for (int i = 0; i < kNumFamilies; ++i) {
+    const auto f = static_cast<Family>(i);
+    EXPECT_EQ(parse_family(family_name(f)), f);
+    const auto g = group_of_family(f);
+    if (f == Family::Activation) {
+      EXPECT_FALSE(g.has_value());
+      continue;
+    }
+    ASSERT_TRUE(g.has_value()) << family_name(f);
+    EXPECT_TRUE(group_admits(*g, f)) << family_name(f);
+  }
+  EXPECT_FALSE(parse_family("Nope").has_value());
+  EXPECT_TRUE(family_carries_dtype(Family::NumericInt));
+  EXPECT_TRUE(family_carries_dtype(Family::Float));
+  EXPECT_FALSE(family_carries_dtype(Family::BaseFloat));
+  EXPECT_FALSE(family_carries_dtype(Family::Int));
+  EXPECT_FALSE(group_admits(OpGroup::Numeric, Family::Float));
+  EXPECT_EQ(base_family_for(dtypes::i8), Family::BaseInt);
+  EXPECT_EQ(base_family_for(dtypes::boolean), Family::BaseBool);
+  EXPECT_EQ(base_family_for(dtypes::bf16), Family::BaseFloat);
+  EXPECT_EQ(numeric_family_for(dtypes::u16), Family::NumericInt);
+  EXPECT_FALSE(numeric_family_for(dtypes::boolean).has_value());
+}
+
+TEST(OpTable, Tags) {
+  EXPECT_TRUE(op_info(OpKind::Numeric_Add).has(kElementwise));
+  EXPECT_TRUE(op_info(OpKind::Base_Reshape).has(kView | kFusableView));
+  EXPECT_TRUE(op_info(OpKind::Numeric_ArgMax).has(kReduceDim | kIndexOutput));
+  EXPECT_TRUE(op_info(OpKind::Float_Matmul).has(kMatmul));
+  EXPECT_FALSE(op_info(OpKind::Int_Matmul).has(kMatmul));
+  EXPECT_TRUE(op_info(OpKind::Module_MaxPool2d).has(kNhwc));
+  EXPECT_TRUE(op_info(OpKind::Base_Cat).has(kIndexed));
+}
+
+// ---- Names and formatting (fusion.md §17.4-§17.5)
+
+TEST(KindName, FamilyColonVariantAndSpecialCases) {
+  Operation op;
+  op.kind = OpKind::Drop_Drop;
+  op.family = Family::Drop;
+  EXPECT_EQ(op.kind_name(), "Drop");
+  op.kind = OpKind::Custom_Custom;
+  op.family = Family::Custom;
+  EXPECT_EQ(op.kind_name(), "Custom");
+  op.kind = OpKind::Init_Init;
+  op.family = Family::Init;
+  EXPECT_EQ(op.kind_name(), "Init::InitOperationIr");
+  op.kind = OpKind::Base_Permute;
+  op.family = Family::BaseFloat;
+  EXPECT_EQ(op.kind_name(), "BaseFloat::Permute");
+  op.kind = OpKind::Float_Exp;
+  op.family = Family::Float;
+  EXPECT_EQ(op.kind_name(), "Float::Exp");
+  op.kind = OpKind::Numeric_MulScalar;
+  op.family = Family::NumericInt;
+  EXPECT_EQ(op.kind_name(), "NumericInt::MulScalar");
+  op.kind = OpKind::Distributed_SyncCollective;
+  op.family = Family::Distributed;
+  EXPECT_EQ(op.kind_name(), "Distributed::SyncCollective");
+}
+
+TEST(TensorFormatting, ToStringAndLists) {
+  EXPECT_EQ(t(42, {2, 3, 4}).to_string(), "t42:f32[2,3,4]");
+  EXPECT_EQ(t(2, {}).to_string(), "t2:f32[]");
+  EXPECT_EQ(t(7, {5}, DType::boolean(BoolStore::U8)).to_string(), "t7:bool(U8)[5]");
+  EXPECT_EQ(t(8, {1}, dtypes::bf16).to_string(), "t8:bf16[1]");
+  const TensorIr ts[] = {t(1, {64, 64}), t(2, {64, 64})};
+  EXPECT_EQ(format_tensors(ts), "t1:f32[64,64], t2:f32[64,64]");
+  EXPECT_EQ(format_tensors({}), "");
+  EXPECT_EQ(TensorId{5}.to_string(), "TensorId(5)");
+}
+
+// ---- validate()
+
+TEST(Validate, BuiltOpsAreValid) {
+  EXPECT_TRUE(add_op().validate().ok());
+  EXPECT_TRUE(mul_scalar_op(ScalarIr::Float(2)).validate().ok());
+  EXPECT_TRUE(random_op({}).validate().ok());
+}
+
+TEST(Validate, CatchesWrongCounts) {
+  {
+    Operation op = mul_scalar_op(ScalarIr::Float(2));
+    op.scalars.clear();
+    expect_invalid(op);
+  }
+  {
+    Operation op = add_op();
+    op.attrs.push_back(1);
+    expect_invalid(op);
+  }
+  {
+    Operation op = add_op();
+    op.tensors.push_back(TensorIr::uninit(TensorId{4}, {2, 3}, dtypes::f32));  // a second output
+    expect_invalid(op);
+  }
+  {
+    Operation op = add_op();
+    op.num_inputs = 1;  // lhs only: the rhs becomes an output
+    expect_invalid(op);
+  }
+  {
+    Operation op = add_op();
+    op.num_inputs = 9;  // more inputs than tensors
+    expect_invalid(op);
+  }
+  {
+    Operation op = random_op({});
+    op.attrs.pop_back();
+    expect_invalid(op);
+  }
+}
+
+TEST(Validate, CatchesStatusFamilyAndRangeErrors) {
+  {
+    Operation op = add_op();
+    op.tensors[2].status = TensorStatus::ReadOnly;  // output must be NotInit
+    expect_invalid(op);
+  }
+  {
+    Operation op = add_op();
+    op.tensors[0].status = TensorStatus::NotInit;  // input must not be
+    expect_invalid(op);
+  }
+  {
+    Operation op = add_op();
+    op.family = Family::Float;  // Numeric group does not admit Float
+    expect_invalid(op);
+  }
+  {
+    Operation op = add_op();
+    op.family = Family::NumericInt;  // carries f32
+    EXPECT_EQ(expect_invalid(op), ErrorCode::DTypeMismatch);
+  }
+  {
+    Operation op = add_op();
+    op.ranges.push_back(Slice{0, 1, 1});  // only Slice / SliceAssign carry ranges
+    expect_invalid(op);
+  }
+  {
+    Operation op = add_op();
+    op.custom_id = "x";
+    expect_invalid(op);
+  }
+  const Slice one[] = {Slice{0, 2, 1}};
+  Operation sl = built(build::slice(Family::BaseFloat, OpKind::Base_Slice, t(1, {4, 4}), one, TensorId{2}));
+  {
+    Operation op = sl;
+    op.ranges[0].step = 0;
+    expect_invalid(op);
+  }
+  {
+    Operation op = sl;
+    op.ranges.assign(3, Slice{0, 1, 1});
+    EXPECT_EQ(expect_invalid(op), ErrorCode::RankMismatch);
+  }
+  {
+    Operation op = built(build::drop(t(5, {2}, dtypes::f32, TensorStatus::ReadWrite)));
+    op.tensors[0].status = TensorStatus::ReadOnly;
+    expect_invalid(op);
+  }
+}
+
+// ---- Equality and hashing (fusion.md §3.8)
+
+TEST(OperationHash, EqualOpsHashEqual) {
+  const Operation a = add_op();
+  const Operation b = add_op();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(hash_operation(a), hash_operation(b));
+  EXPECT_EQ(OperationHash{}(a), OperationHash{}(b));
+  const Operation c = add_op(1, 2, 4);
+  EXPECT_FALSE(a == c);
+  EXPECT_NE(hash_operation(a), hash_operation(c));
+  EXPECT_EQ(hash_tensor(t(1, {2})), hash_tensor(t(1, {2})));
+  EXPECT_NE(hash_tensor(t(1, {2})), hash_tensor(t(1, {3})));
+}
+
+TEST(OperationHash, EqualityCoversEveryField) {
+  const Operation base = add_op();
+  Operation status_differs = add_op(1, 2, 3, TensorStatus::ReadWrite);
+  EXPECT_FALSE(base == status_differs);
+  Operation kind_differs = base;
+  kind_differs.kind = OpKind::Numeric_Sub;
+  EXPECT_FALSE(base == kind_differs);
+  Operation dtype_differs =
+      built(build::binary(Family::NumericFloat, OpKind::Numeric_Add, t(1, {2, 3}, dtypes::f16),
+                          t(2, {2, 3}, dtypes::f16), TensorId{3}));
+  EXPECT_FALSE(base == dtype_differs);
+  EXPECT_FALSE(mul_scalar_op(ScalarIr::Float(2)) == mul_scalar_op(ScalarIr::Int(2)));
+  // Families without a dtype ignore Operation::dtype.
+  Operation a = built(build::unary(Family::Int, OpKind::Int_BitwiseNot, t(1, {2}, dtypes::i32), TensorId{2}));
+  Operation b = a;
+  b.dtype = dtypes::f64;
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(hash_operation(a), hash_operation(b));
+}
+
+TEST(OperationHash, FloatScalarsHashByBitPattern) {
+  EXPECT_EQ(mul_scalar_op(ScalarIr::Float(2.5)), mul_scalar_op(ScalarIr::Float(2.5)));
+  EXPECT_EQ(hash_operation(mul_scalar_op(ScalarIr::Float(2.5))), hash_operation(mul_scalar_op(ScalarIr::Float(2.5))));
+  EXPECT_NE(hash_operation(mul_scalar_op(ScalarIr::Float(2.5))), hash_operation(mul_scalar_op(ScalarIr::Float(3.5))));
+  EXPECT_EQ(ScalarIr::Float(2.5).hash_bits(), 0x4004000000000000ull);
+  // Same bits, different kinds: the kind is hashed too.
+  EXPECT_NE(hash_operation(mul_scalar_op(ScalarIr::Float(0))), hash_operation(mul_scalar_op(ScalarIr::Int(0))));
+}
+
+TEST(OperationHash, NanScalarOpIsNotEqualToItself) {
+  const Operation nan = mul_scalar_op(ScalarIr::Float(std::numeric_limits<double>::quiet_NaN()));
+  EXPECT_FALSE(nan == nan);
+  // The hash is still deterministic (bit pattern), so bucketing stays stable.
+  EXPECT_EQ(hash_operation(nan), hash_operation(nan));
+}
+
+TEST(OperationHash, RandomHashesOnlyOutputAndDistributionKind) {
+  const Operation u01 = random_op(build::DistributionIr::uniform(0, 1));
+  const Operation u23 = random_op(build::DistributionIr::uniform(2, 3));
+  EXPECT_FALSE(u01 == u23);  // parameters are compared
+  EXPECT_EQ(hash_operation(u01), hash_operation(u23));  // but not hashed
+  const Operation n01 = random_op(build::DistributionIr::normal(0, 1));
+  EXPECT_NE(hash_operation(u01), hash_operation(n01));
+  const Operation other_out =
+      built(build::random(Family::Float, OpKind::Float_Random, {2, 3}, dtypes::f32,
+                          build::DistributionIr::uniform(0, 1), TensorId{9}));
+  EXPECT_NE(hash_operation(u01), hash_operation(other_out));
+}
+
+// ---- mark_read_only (ir.md §5.1)
+
+TEST(MarkReadOnly, OnlyListedReadWriteInputsChange) {
+  Operation op = add_op(1, 2, 3, TensorStatus::ReadWrite);
+  const TensorId ids[] = {TensorId{2}, TensorId{3}, TensorId{77}};
+  const std::vector<TensorIr> changed = op.mark_read_only(ids);
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_EQ(changed[0], t(2, {2, 3}, dtypes::f32, TensorStatus::ReadWrite));  // the original occurrence
+  EXPECT_EQ(op.inputs()[0].status, TensorStatus::ReadWrite);  // not listed
+  EXPECT_EQ(op.inputs()[1].status, TensorStatus::ReadOnly);
+  EXPECT_EQ(op.outputs()[0].status, TensorStatus::NotInit);  // outputs never change
+  EXPECT_TRUE(op.mark_read_only(ids).empty());  // already ReadOnly
+}
+
+TEST(MarkReadOnly, RepeatedInputsAndInit) {
+  Operation op = built(build::binary(Family::NumericFloat, OpKind::Numeric_Mul,
+                                     t(1, {2}, dtypes::f32, TensorStatus::ReadWrite),
+                                     t(1, {2}, dtypes::f32, TensorStatus::ReadWrite), TensorId{2}));
+  const TensorId ids[] = {TensorId{1}};
+  EXPECT_EQ(op.mark_read_only(ids).size(), 2u);
+  Operation init = built(build::init({2}, dtypes::f32, TensorId{1}));
+  EXPECT_TRUE(init.mark_read_only(ids).empty());
+  EXPECT_EQ(init.outputs()[0].status, TensorStatus::NotInit);
+  // Custom: only inputs are considered.
+  const std::vector<TensorIr> ins{t(1, {2}, dtypes::f32, TensorStatus::ReadWrite)};
+  const std::vector<TensorIr> outs{TensorIr::uninit(TensorId{5}, {2}, dtypes::f32)};
+  Operation custom = built(build::custom("k", ins, outs, {}));
+  const TensorId both[] = {TensorId{1}, TensorId{5}};
+  EXPECT_EQ(custom.mark_read_only(both).size(), 1u);
+  EXPECT_EQ(custom.inputs()[0].status, TensorStatus::ReadOnly);
+}
+
+TEST(OperationToString, OneLine) {
+  EXPECT_EQ(add_op().to_string(), "NumericFloat::Add<f32>(t1:f32[2,3], t2:f32[2,3]) -> (t3:f32[2,3])");
+  EXPECT_EQ(mul_scalar_op(ScalarIr::Float(2)).to_string(),
+            "NumericFloat::MulScalar<f32>(t1:f32[4]) -> (t2:f32[4]) scalars[Float(2)]");
+}
+
+}  // namespace
+}  // namespace kiln::ir

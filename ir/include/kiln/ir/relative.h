@@ -4,6 +4,13 @@
 // whose concrete values are kept here and bound again at execution.
 //
 // Thread-safety: none; one converter belongs to one operation queue (one stream actor).
+//
+// Usage:
+//   RelativeConverter conv;
+//   Operation rel;
+//   for (const Operation& op : segment) conv.relativize_into(op, rel);  // rel's storage reused
+//   conv.scalars()[0];            // concrete value of placeholder UInt(0)
+//   conv.clear();                 // after execution: renumber the rest of the queue (fusion.md §3.9)
 #pragma once
 
 #include <cstdint>
@@ -26,6 +33,7 @@ class RelativeConverter {
   // ranges; each kind numbered independently, so this equals Burn's field order).
   Operation relativize(const Operation& global);
   // Writes the relative form into `out` (reusing its storage); same as relativize().
+  // `out` must not be `global`.
   void relativize_into(const Operation& global, Operation& out);
 
   TensorIr relativize_tensor(const TensorIr& global);
@@ -48,6 +56,10 @@ class RelativeConverter {
   std::span<const Slice> ranges() const { return ranges_; }
 
  private:
+  void seed_shapes();
+  // relativize_tensor writing into `out` (reusing its shape storage).
+  void relativize_tensor_into(const TensorIr& global, TensorIr& out);
+
   std::vector<TensorIr> tensors_rel2glob_;
   std::unordered_map<TensorId, std::uint64_t> tensors_glob2rel_;
   std::unordered_map<std::uint64_t, std::uint64_t> shapes_glob2rel_;

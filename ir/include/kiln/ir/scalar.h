@@ -50,8 +50,10 @@ class ScalarIr {
   // Hash input: Float contributes its bit pattern.
   std::uint64_t hash_bits() const {
     if (kind_ == Kind::Float) {
+      // -0.0 == 0.0 under IEEE equality, so both must hash alike.
+      const double v = f_ == 0.0 ? 0.0 : f_;
       std::uint64_t bits;
-      std::memcpy(&bits, &f_, sizeof bits);
+      std::memcpy(&bits, &v, sizeof bits);
       return bits;
     }
     return kind_ == Kind::Int ? static_cast<std::uint64_t>(i_) : u_;

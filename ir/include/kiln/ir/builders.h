@@ -1,0 +1,240 @@
+// IR builders (ir.md §6): build one Operation from its input tensors and attributes, inferring
+// the output shape and dtype and validating everything a kernel would otherwise trip over.
+// Building the IR is where shape and dtype errors surface: an executor never re-checks them.
+//
+// Pure functions, no state: safe from any thread.
+//
+// Conventions shared by every builder:
+//   * One builder per argument signature (op_table.h); ops of groups Base, Numeric, Float, Int and
+//     Bool take `(Family, OpKind, ...)` first and check that the kind has the builder's signature,
+//     that its group admits the family, and that the family fits the operand dtype (BaseFloat or
+//     NumericFloat for float and QFloat operands, BaseInt / NumericInt for integers, BaseBool for
+//     bool; Float needs a float or QFloat operand, Int an integer one, Bool a bool one).
+//     Module, Init, Custom, Drop and Distributed builders are named after their one kind.
+//   * Inputs are tensor occurrences already in use (status ReadOnly or ReadWrite, never NotInit);
+//     outputs are created as `TensorIr::uninit(id, shape, dtype)` from the ids the caller passes,
+//     one per output in field order (`out` before `out_indices`), and must differ from the
+//     input ids.
+//   * NumericFloat / NumericInt / Float carry the dtype of the numeric operand in
+//     Operation::dtype: the input dtype for arithmetic, comparisons, ArgMax/ArgMin and IntoInt;
+//     the created dtype for Full and Random (ir.md §5.11). Other families leave it default.
+//   * Kinds whose output is the bool dtype (tag kComparison) are built with the `*_comparison`
+//     / `*_bool` builders, which take that dtype; ArgMax/ArgMin with `reduce_dim_arg` (index
+//     dtype). The plain builders reject them, so the output dtype is never guessed.
+//   * Errors are values whose message starts with the op's kind name and names the offending
+//     shapes or dtypes: "NumericFloat::Add: broadcast: incompatible dims 2 and 4 at dim 1
+//     ([2,2] vs [2,4])". Codes: the shape codes of ir.md §4, DTypeMismatch, Invalid.
+//   * The result always passes Operation::validate().
+//
+// Example:
+//   using namespace kiln::ir;
+//   TensorIr x{TensorId{1}, {2, 3}, TensorStatus::ReadOnly, dtypes::f32};
+//   TensorIr y{TensorId{2}, {1, 3}, TensorStatus::ReadWrite, dtypes::f32};
+//   Result<Operation> add = build::binary(Family::NumericFloat, OpKind::Numeric_Add, x, y, TensorId{3});
+//   // add->outputs()[0] is t3:f32[2,3], status NotInit; add->dtype == f32
+//   Result<Operation> gt = build::binary_comparison(Family::NumericFloat, OpKind::Numeric_Greater, x, y,
+//                                                   dtypes::boolean, TensorId{4});
+//   if (!gt.ok()) log(gt.error().to_string());
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "kiln/ir/operation.h"
+
+namespace kiln::ir::build {
+
+// ---- Attribute structs (defaults are the usual neutral values).
+
+// A random distribution: Default = uniform [0, 1); Bernoulli(p); Uniform(low, high);
+// Normal(mean, std). Stored as attrs [kind, bits(param0), bits(param1)].
+struct DistributionIr {
+  Distribution kind = Distribution::Default;
+  double param0 = 0;
+  double param1 = 0;
+  static DistributionIr bernoulli(double p) { return {Distribution::Bernoulli, p, 0}; }
+  static DistributionIr uniform(double low, double high) { return {Distribution::Uniform, low, high}; }
+  static DistributionIr normal(double mean, double std) { return {Distribution::Normal, mean, std}; }
+};
+
+struct Conv2dOptions {
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  std::array<std::uint64_t, 2> dilation{1, 1};
+  std::uint64_t groups = 1;
+};
+
+struct ConvTranspose1dOptions {
+  std::uint64_t stride = 1;
+  std::uint64_t padding = 0;
+  std::uint64_t padding_out = 0;
+  std::uint64_t dilation = 1;
+  std::uint64_t groups = 1;
+};
+
+struct MaxPool2dOptions {
+  std::array<std::uint64_t, 2> kernel{1, 1};
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  std::array<std::uint64_t, 2> dilation{1, 1};
+  bool ceil_mode = false;
+};
+
+struct AvgPool2dOptions {
+  std::array<std::uint64_t, 2> kernel{1, 1};
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  bool count_include_pad = true;
+  bool ceil_mode = false;
+};
+
+// Padding of one dimension (Pad, ir.md §6.4).
+struct PadPair {
+  std::uint64_t before = 0;
+  std::uint64_t after = 0;
+};
+
+// A device taking part in an all-reduce; packed as (type << 16 | index).
+struct DeviceId {
+  std::uint16_t type = 0;
+  std::uint16_t index = 0;
+};
+
+// ---- Elementwise
+
+// Unary: output = input shape and dtype. Comparison kinds (IsNan, IsInf): unary_comparison.
+Result<Operation> unary(Family family, OpKind kind, const TensorIr& input, TensorId out);
+Result<Operation> unary_comparison(Family family, OpKind kind, const TensorIr& input, DType bool_dtype,
+                                   TensorId out);
+// Binary: broadcast(lhs, rhs), same(lhs, rhs). Comparisons (Equal, Greater, ...): binary_comparison.
+Result<Operation> binary(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, TensorId out);
+Result<Operation> binary_comparison(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs,
+                                    DType bool_dtype, TensorId out);
+// Scalar right-hand side: output = lhs shape and dtype (scalar kind unchecked, as in Burn).
+Result<Operation> scalar(Family family, OpKind kind, const TensorIr& lhs, ScalarIr rhs, TensorId out);
+Result<Operation> scalar_comparison(Family family, OpKind kind, const TensorIr& lhs, ScalarIr rhs, DType bool_dtype,
+                                    TensorId out);
+// Cast (Base Cast, Float IntoInt, Int IntoFloat, Bool IntoFloat/IntoInt): output dtype = target,
+// which must be of the kind the op converts to.
+Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType target, TensorId out);
+// Clamp{tensor, min, max}.
+Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max,
+                        TensorId out);
+// MaskWhere{tensor, mask, value}: broadcast_many, same(tensor, value); mask must be bool.
+Result<Operation> mask_where(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask,
+                             const TensorIr& value, TensorId out);
+// MaskFill{tensor, mask, value}: broadcast(tensor, mask), tensor dtype; mask must be bool.
+Result<Operation> mask_fill(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask, ScalarIr value,
+                            TensorId out);
+
+// ---- Matmul: matmul_output(lhs, rhs); dtype mixed(lhs, rhs) = lhs's, or the given one
+// (create_mixed). Carried dtype: lhs's.
+Result<Operation> matmul(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, TensorId out);
+Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, DType out_dtype,
+                               TensorId out);
+
+// ---- Reductions and scans
+
+// Whole-tensor reduction: shape [1]. All/Any: reduce_bool.
+Result<Operation> reduce(Family family, OpKind kind, const TensorIr& input, TensorId out);
+Result<Operation> reduce_bool(Family family, OpKind kind, const TensorIr& input, DType bool_dtype, TensorId out);
+// Dim reduction: input with [axis] = accumulator_len (1 for SumDim ... ArgMin). AllDim/AnyDim:
+// reduce_dim_bool; ArgMax/ArgMin: reduce_dim_arg (integer index dtype).
+Result<Operation> reduce_dim(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis,
+                             std::uint64_t accumulator_len, TensorId out);
+Result<Operation> reduce_dim_bool(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis,
+                                  std::uint64_t accumulator_len, DType bool_dtype, TensorId out);
+Result<Operation> reduce_dim_arg(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis,
+                                 std::uint64_t accumulator_len, DType index_dtype, TensorId out);
+// Dim ops (CumSum ...): output = input.
+Result<Operation> dim(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis, TensorId out);
+// MaxDimWithIndices / MinDimWithIndices: both outputs input with [dim] = 1.
+Result<Operation> reduce_dim_with_indices(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                                          DType index_dtype, TensorId out, TensorId out_indices);
+// TopKWithIndices: both outputs input with [dim] = k (k <= that dim).
+Result<Operation> topk_with_indices(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                                    std::uint64_t k, DType index_dtype, TensorId out, TensorId out_indices);
+
+// ---- Layout
+
+// Reshape: `args` per shape::reshape (>0 literal, 0 copies, -1 inferred once).
+// Expand: `args` is the target shape (non-negative), per shape::expand.
+Result<Operation> shape_op(Family family, OpKind kind, const TensorIr& input, std::span<const std::int64_t> args,
+                           TensorId out);
+// SwapDims / Permute adjust a QFloat scheme (ir.md §6.2).
+Result<Operation> swap_dims(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim1, std::uint64_t dim2,
+                            TensorId out);
+Result<Operation> permute(Family family, OpKind kind, const TensorIr& input, std::span<const std::uint64_t> axes,
+                          TensorId out);
+// Flip: axes must be distinct and < rank (K: Burn leaves them unchecked).
+Result<Operation> flip(Family family, OpKind kind, const TensorIr& input, std::span<const std::uint64_t> axes,
+                       TensorId out);
+Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                             std::uint64_t times, TensorId out);
+Result<Operation> cat(Family family, OpKind kind, std::span<const TensorIr> tensors, std::uint64_t dim, TensorId out);
+// Slice: shape::slice; at most rank ranges, steps != 0.
+Result<Operation> slice(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
+                        TensorId out);
+Result<Operation> slice_assign(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
+                               const TensorIr& value, TensorId out);
+// Numeric Pad: `padding` applies to the last padding.size() dims, in dim order (ir.md §6.4);
+// `constant` is required for PadMode::Constant and forbidden otherwise.
+Result<Operation> pad(Family family, OpKind kind, const TensorIr& input, std::span<const PadPair> padding,
+                      PadMode mode, std::optional<ScalarIr> constant, TensorId out);
+
+// ---- Indexing (indices must have an integer dtype; dim < rank)
+
+// Gather{tensor, dim, indices}: shape of indices (same rank as tensor), tensor dtype.
+Result<Operation> gather(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                         const TensorIr& indices, TensorId out);
+Result<Operation> scatter(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                          const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out);
+// Select{tensor, dim, indices}: tensor with [dim] = indices[0]; indices of rank 1.
+Result<Operation> select(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                         const TensorIr& indices, TensorId out);
+Result<Operation> select_assign(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
+                                const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out);
+// GatherNd{data, indices}: indices[0..m-1] ++ data[k..], m = rank(indices), k = indices[m-1].
+Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices, TensorId out);
+
+// ---- Creation (no inputs; shape and dtype given; the family must fit the dtype)
+
+// Base Empty / Ones / Zeros.
+Result<Operation> creation(Family family, OpKind kind, const Shape& shape, DType dtype, TensorId out);
+// Numeric Full (scalar kind unchecked, as in Burn).
+Result<Operation> full(Family family, OpKind kind, const Shape& shape, DType dtype, ScalarIr value, TensorId out);
+// Float Random, Numeric IntRandom.
+Result<Operation> random(Family family, OpKind kind, const Shape& shape, DType dtype, DistributionIr distribution,
+                         TensorId out);
+
+// ---- Module ops (x and weights float; x and weight of rank n + 2)
+
+// [N, weight[0], H', W'] by the conv formula; x[1] == weight[1] * groups; bias [weight[0]].
+Result<Operation> conv2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv2dOptions& options, TensorId out);
+// [N, weight[1] * groups, L'] by the transposed formula; x[1] == weight[0]; bias [weight[1] * groups].
+Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose1dOptions& options, TensorId out);
+Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& options, TensorId out);
+Result<Operation> avg_pool2d(const TensorIr& x, const AvgPool2dOptions& options, TensorId out);
+// weights [V, E], indices [B, S] (integer) -> [B, S, E], weights dtype.
+Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, TensorId out);
+
+// ---- Lifecycle, custom, collectives
+
+// Init{out}: registers a tensor provided out of band.
+Result<Operation> init(const Shape& shape, DType dtype, TensorId out);
+// Custom{id, inputs, outputs, scalars}: no inference; outputs are given and must be NotInit.
+Result<Operation> custom(std::string id, std::span<const TensorIr> inputs, std::span<const TensorIr> outputs,
+                         std::span<const ScalarIr> scalars);
+// Drop(t): t must have status ReadWrite.
+Result<Operation> drop(const TensorIr& tensor);
+// AllReduce{tensor, op, device_ids}: output = tensor shape and dtype.
+Result<Operation> all_reduce(const TensorIr& tensor, ReduceOperation op, std::span<const DeviceId> device_ids,
+                             TensorId out);
+Result<Operation> sync_collective();
+
+}  // namespace kiln::ir::build
