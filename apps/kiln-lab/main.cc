@@ -1,0 +1,59 @@
+// kiln-lab: runs named fusion scenarios through one stream's processor with a recording
+// executor and prints the fusion log, so every decision of the search can be read.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "scenarios.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln-lab: run fusion scenarios and print the fusion log"};
+  std::vector<std::string> names;
+  bool all = false;
+  std::string level_text = "full";
+  std::string help_scenarios = "scenarios:\n";
+  for (const auto& s : kiln::lab::scenarios()) help_scenarios += fmt::format("  {:<8} {}\n", s.name, s.help);
+  app.footer(help_scenarios);
+  app.add_option("scenario", names, "scenario names to run (see below)");
+  app.add_flag("--all", all, "run every scenario");
+  app.add_option("--log", level_text, "fusion log level: disabled, basic, medium, full")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  auto level = kiln::fusion::parse_log_level(level_text);
+  if (!level) {
+    fmt::print(stderr, "kiln-lab: unknown log level '{}' (disabled, basic, medium, full)\n", level_text);
+    return 2;
+  }
+  if (all) {
+    names.clear();
+    for (const auto& s : kiln::lab::scenarios()) names.push_back(s.name);
+  }
+  if (names.empty()) {
+    fmt::print("{}\n{}", app.help(), "");
+    return 2;
+  }
+  auto logger = std::make_shared<spdlog::logger>("kiln::fusion", std::make_shared<spdlog::sinks::stdout_sink_mt>());
+  logger->set_pattern("%v");
+  const auto log = kiln::fusion::FusionLog::to_logger(*level, logger);
+
+  int failures = 0;
+  for (const auto& name : names) {
+    const kiln::lab::Scenario* scenario = nullptr;
+    for (const auto& s : kiln::lab::scenarios())
+      if (s.name == name) scenario = &s;
+    if (!scenario) {
+      fmt::print(stderr, "kiln-lab: unknown scenario '{}'; run kiln-lab --help for the list\n", name);
+      return 2;
+    }
+    fmt::print("\n======== scenario {} — {}\n", scenario->name, scenario->help);
+    std::fflush(stdout);
+    auto result = scenario->run(log);
+    logger->flush();
+    fmt::print("\n{} {}\n", result.ok ? "[ok]" : "[UNEXPECTED]", result.summary);
+    if (!result.ok) ++failures;
+  }
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,43 @@
+// Fusion configuration: kiln.toml, overridden by the environment (fusion.md §17.1, §18;
+// architecture "Configuration").
+//
+//   [fusion]               max_explorations = 10        (also accepted under [fusion.beam_search])
+//   [fusion.beam_search]   max_blocks = 5
+//   [fusion.logger]        level = "medium"             (disabled | basic | medium | full)
+//   KILN_FUSION_LOG, KILN_FUSION_MAX_EXPLORATIONS, KILN_FUSION_MAX_BLOCKS
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kiln/fusion/fusion_log.h"
+#include "kiln/ir/result.h"
+
+namespace kiln::fusion {
+
+struct FusionConfig {
+  std::size_t max_blocks = 5;                   // Burn's default; see fusion.md §9.5
+  std::optional<std::size_t> max_explorations;  // none = unlimited
+  LogLevel log_level = LogLevel::Disabled;
+  // Whether the environment asked for the log (then it goes to stderr even when the file set
+  // no sink, as Burn does).
+  bool log_to_stderr = false;
+};
+
+using EnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
+// The process environment.
+EnvLookup process_env();
+
+// Parses the [fusion] tables of a kiln.toml text; a malformed file or a wrong value is an error
+// naming the key. Keys absent keep their defaults.
+Result<FusionConfig> parse_fusion_config(std::string_view toml_text, std::string_view source_name = "kiln.toml");
+// Applies the environment on top (unparsable values are ignored, as Burn does, with the reason
+// returned in `warnings` if given).
+FusionConfig apply_fusion_env(FusionConfig config, const EnvLookup& env, std::string* warnings = nullptr);
+// kiln.toml at `path` (absent file = defaults) + environment.
+Result<FusionConfig> load_fusion_config(const std::string& path, const EnvLookup& env);
+
+}  // namespace kiln::fusion

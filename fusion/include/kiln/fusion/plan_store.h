@@ -1,0 +1,95 @@
+// Execution plans and the device-level ExecutionPlanStore (fusion.md §5.3–§5.6), shared by
+// every stream (and, through the daemon, every client process) of a device.
+//
+// Thread-safety: every method may be called from any thread at any time. The store is read far
+// more than written: lookups take a read lock on ONE index bucket (oneTBB concurrent_hash_map),
+// inserts a write lock on that bucket only, plus a short append mutex taken only when a NEW plan
+// is appended (it keeps ids dense and in order); readers take no global lock. A published
+// ExecutionPlan (its operations and optimization) is immutable; only its trigger list grows,
+// copy-on-write, so readers holding a snapshot never see it change. Plans are never removed.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/fusion/strategy.h"
+#include "kiln/ir/operation.h"
+
+namespace kiln::fusion {
+
+using PlanId = std::size_t;
+// Returned by add() only when its precondition is broken (release builds); no plan has it.
+inline constexpr PlanId kInvalidPlanId = static_cast<PlanId>(-1);
+
+struct ExecutionTrigger {
+  enum class Kind : std::uint8_t { OnOperations, OnSync, Always };
+  Kind kind = Kind::Always;
+  std::vector<ir::Operation> operations;  // OnOperations only (relative ops)
+
+  static ExecutionTrigger on_operations(std::vector<ir::Operation> ops) {
+    return ExecutionTrigger{Kind::OnOperations, std::move(ops)};
+  }
+  static ExecutionTrigger on_sync() { return ExecutionTrigger{Kind::OnSync, {}}; }
+  static ExecutionTrigger always() { return ExecutionTrigger{Kind::Always, {}}; }
+  std::string to_string() const;
+  friend bool operator==(const ExecutionTrigger&, const ExecutionTrigger&) = default;
+};
+using TriggerList = std::vector<ExecutionTrigger>;
+using TriggerSnapshot = std::shared_ptr<const TriggerList>;
+
+// The immutable part of a plan.
+struct ExecutionPlan {
+  std::vector<ir::Operation> operations;  // relative ops, non-empty
+  BlockOptimization optimization;
+};
+
+class ExecutionPlanStore {
+ public:
+  // Hash used to bucket plans by their first op; replaceable for tests (forced collisions).
+  using OpHasher = std::function<std::uint64_t(const ir::Operation&)>;
+
+  ExecutionPlanStore();
+  explicit ExecutionPlanStore(OpHasher hasher);
+  ~ExecutionPlanStore();
+  ExecutionPlanStore(const ExecutionPlanStore&) = delete;
+  ExecutionPlanStore& operator=(const ExecutionPlanStore&) = delete;
+
+  struct AddResult {
+    PlanId id;
+    bool inserted;  // false: a plan with exactly these operations existed; it gained the trigger
+  };
+  // Publishes a plan with one trigger. Atomic per first-op bucket: if a plan with identical
+  // operations is already there (another stream explored the same sequence at the same time),
+  // no second plan is created; the existing one gains the trigger instead.
+  // Precondition: plan.operations is non-empty (an empty plan is an internal error): asserted
+  // in debug builds; a release build stores nothing and returns {kInvalidPlanId, false}.
+  AddResult add(ExecutionPlan plan, ExecutionTrigger trigger);
+
+  // Appends the trigger unless an equal one is already there.
+  void add_trigger(PlanId id, const ExecutionTrigger& trigger);
+
+  // Stable reference: plans are never moved or removed.
+  // Precondition (plan, triggers, add_trigger): `id` came from add(), find_*() or is < size().
+  const ExecutionPlan& plan(PlanId id) const;
+  TriggerSnapshot triggers(PlanId id) const;
+
+  // Ids of all plans whose first op equals `op`, in insertion order (§5.6 find).
+  std::vector<PlanId> find_starting_with(const ir::Operation& op) const;
+  // Plans whose first op has the same kind and family as `op` (for cache-miss explanations).
+  std::vector<PlanId> find_same_first_kind(const ir::Operation& op) const;
+
+  // Number of published plans; every id below it is resolvable.
+  std::size_t size() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::fusion
