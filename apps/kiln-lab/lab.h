@@ -23,8 +23,8 @@ using ir::TensorStatus;
 // an op output is NotInit, later uses ReadOnly, the last use ReadWrite (or a Drop).
 class Lab {
  public:
-  explicit Lab(const fusion::FusionLog& log, fusion::ProcessorOptions options = {})
-      : log_(log), stream_(fusion::default_fusers(log, fusion::FuserOptions{}), options, log) {}
+  explicit Lab(const fusion::FusionLog& log, fusion::ProcessorOptions options = {}, bool keep_records = true)
+      : log_(log), executor_(keep_records), stream_(fusion::default_fusers(log, fusion::FuserOptions{}), options, log) {}
 
   // A tensor uploaded out of band (materialized before the program runs).
   TensorIr input(Shape shape) {

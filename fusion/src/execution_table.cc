@@ -38,8 +38,10 @@ std::size_t display_width(const std::string& s) {
 }
 
 std::string pad(const std::string& s, std::size_t width) {
-  std::size_t w = display_width(s);
-  return w >= width ? s : s + std::string(width - w, ' ');
+  std::string out = s;
+  const std::size_t w = display_width(s);
+  if (w < width) out.append(width - w, ' ');
+  return out;
 }
 
 }  // namespace
@@ -93,11 +95,15 @@ std::string format_execution_table(std::span<const TableBlock> blocks) {
   for (std::size_t i = 0; i < sum + 2 * 4; ++i) out += "═";
   out += fmt::format("\nfusion trace ({} {}, {} {})\n", total, total == 1 ? "op" : "ops", blocks.size(),
                      blocks.size() == 1 ? "block" : "blocks");
-  out += line(header) + "\n";
+  out += line(header);
+  out += '\n';
   std::array<std::string, 5> sep;
   for (int c = 0; c < 5; ++c) sep[c] = std::string(width[c], '-');
   out += line(sep);
-  for (const auto& r : rows) out += "\n" + line(r);
+  for (const auto& r : rows) {
+    out += '\n';  // appended separately: GCC 12 -O3 reports a false -Wrestrict on "\n" + string
+    out += line(r);
+  }
   return out;
 }
 

@@ -430,6 +430,9 @@ BlockOptimization StreamOptimizer::optimize(std::span<const ir::Operation> ops) 
 }
 
 void StreamOptimizer::reset() {
+  // Nothing registered since the last reset: the state is already pristine. This keeps the
+  // cache-hit path (which resets the explorer after every plan execution) free of fuser work.
+  if (length_ == 0 && blocks_.empty() && !stopped_) return;
   for (auto& f : prototypes_) f->reset();
   length_ = 0;
   blocks_.clear();

@@ -15,6 +15,9 @@ namespace kiln::fusion {
 
 class RecordingExecutor final : public Executor {
  public:
+  // keep_records = false: only track handles and count (benchmarks measure the search, not copies).
+  explicit RecordingExecutor(bool keep_records = true) : keep_records_(keep_records) {}
+
   struct Record {
     bool fused = false;
     std::string name;                      // optimization name (fused only)
@@ -33,6 +36,7 @@ class RecordingExecutor final : public Executor {
   const std::vector<Record>& records() const { return records_; }
   // Every executed operation in execution order (fused ones expanded).
   const std::vector<ir::Operation>& executed() const { return executed_; }
+  std::size_t num_executed() const { return num_executed_; }
   void clear_records() {
     records_.clear();
     executed_.clear();
@@ -40,6 +44,8 @@ class RecordingExecutor final : public Executor {
 
  private:
   void apply(const ir::Operation& op);
+  bool keep_records_;
+  std::size_t num_executed_ = 0;
   std::vector<Record> records_;
   std::vector<ir::Operation> executed_;
   std::unordered_set<ir::TensorId> handles_;
