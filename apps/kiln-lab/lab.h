@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kiln/fusion/fusers.h"
 #include "kiln/fusion/recording_executor.h"
@@ -55,6 +56,33 @@ class Lab {
     submit(Operation{kind, family, ir::dtypes::f32, 1, {use(in, s), out}, {}, {}, {}, {}});
     return out;
   }
+  // Dim reduction keeping the axis (size 1), accumulator 1 (ir.md §5.11).
+  TensorIr reduce_dim(OpKind kind, const TensorIr& in, TensorStatus s, std::int64_t axis) {
+    Shape shape = in.shape;
+    shape[static_cast<std::size_t>(axis)] = 1;
+    TensorIr out = fresh(shape);
+    submit(Operation{kind, Family::NumericFloat, ir::dtypes::f32, 1, {use(in, s), out}, {}, {}, {axis, 1}, {}});
+    return out;
+  }
+  TensorIr swap_dims(const TensorIr& in, TensorStatus s, std::int64_t d1, std::int64_t d2) {
+    Shape shape = in.shape;
+    std::swap(shape[static_cast<std::size_t>(d1)], shape[static_cast<std::size_t>(d2)]);
+    TensorIr out = fresh(shape);
+    submit(Operation{OpKind::Base_SwapDims, Family::BaseFloat, ir::dtypes::f32, 1, {use(in, s), out}, {}, {}, {d1, d2}, {}});
+    return out;
+  }
+  TensorIr matmul(const TensorIr& lhs, TensorStatus ls, const TensorIr& rhs, TensorStatus rs) {
+    Shape shape = lhs.shape;
+    shape.back() = rhs.shape.back();
+    TensorIr out = fresh(shape);
+    submit(Operation{OpKind::Float_Matmul, Family::Float, ir::dtypes::f32, 2, {use(lhs, ls), use(rhs, rs), out}, {}, {}, {}, {}});
+    return out;
+  }
+  TensorIr ones(const Shape& shape) {
+    TensorIr out = fresh(shape);
+    submit(Operation{OpKind::Base_Ones, Family::BaseFloat, ir::dtypes::f32, 0, {out}, {}, {}, {}, {}});
+    return out;
+  }
   void drop(const TensorIr& t) {
     submit(Operation{OpKind::Drop_Drop, Family::Drop, ir::dtypes::f32, 1, {use(t, TensorStatus::ReadWrite)}, {}, {}, {}, {}});
   }
@@ -79,5 +107,38 @@ class Lab {
   fusion::FusionStream stream_;
   std::uint64_t next_id_ = 1;
 };
+
+// The spec's (a*b + c*s).exp() (fusion.md §3.11): Mul, MulScalar, Add, Exp on fresh inputs.
+struct W1Program {
+  TensorIr a, b, c, t4, t5, t6, t7;
+};
+inline W1Program register_w1(Lab& lab, const Shape& shape, double s) {
+  W1Program w;
+  w.a = lab.input(shape);
+  w.b = lab.input(shape);
+  w.c = lab.input(shape);
+  w.t4 = lab.binary(OpKind::Numeric_Mul, w.a, TensorStatus::ReadOnly, w.b, TensorStatus::ReadOnly);
+  w.t5 = lab.scalar(OpKind::Numeric_MulScalar, w.c, TensorStatus::ReadOnly, s);
+  w.t6 = lab.binary(OpKind::Numeric_Add, w.t4, TensorStatus::ReadWrite, w.t5, TensorStatus::ReadWrite);
+  w.t7 = lab.unary(OpKind::Float_Exp, Family::Float, w.t6, TensorStatus::ReadWrite);
+  return w;
+}
+
+// `n` independent 8-op single-input chains on 256x256 (fusion.md §19.1.4, with the stand-in
+// middle ops the spec suggests); returns each chain's surviving output.
+inline std::vector<TensorIr> register_chains(Lab& lab, int n) {
+  std::vector<TensorIr> outs;
+  for (int chain = 0; chain < n; ++chain) {
+    TensorIr t = lab.scalar(OpKind::Numeric_MulScalar, lab.input({256, 256}), TensorStatus::ReadOnly, 1.5);
+    t = lab.scalar(OpKind::Numeric_AddScalar, t, TensorStatus::ReadWrite, 0.5);
+    t = lab.unary(OpKind::Float_Exp, Family::Float, t, TensorStatus::ReadWrite);
+    t = lab.unary(OpKind::Float_Tanh, Family::Float, t, TensorStatus::ReadWrite);
+    t = lab.unary(OpKind::Float_Sqrt, Family::Float, t, TensorStatus::ReadWrite);
+    t = lab.scalar(OpKind::Numeric_DivScalar, t, TensorStatus::ReadWrite, 3.0);
+    t = lab.scalar(OpKind::Numeric_SubScalar, t, TensorStatus::ReadWrite, 0.25);
+    outs.push_back(lab.unary(OpKind::Numeric_Abs, Family::NumericFloat, t, TensorStatus::ReadWrite));
+  }
+  return outs;
+}
 
 }  // namespace kiln::lab

@@ -15,15 +15,11 @@ using ir::Shape;
 using ir::TensorIr;
 using ir::TensorStatus;
 
-// The spec's (a*b + c*s).exp(): Mul, MulScalar, Add, Exp; then read, then drop everything.
+// W1, then read the result, then drop everything (the drops have their own one-op plans).
 void run_w1(Lab& lab, const Shape& shape, double s) {
-  TensorIr a = lab.input(shape), b = lab.input(shape), c = lab.input(shape);
-  TensorIr t4 = lab.binary(OpKind::Numeric_Mul, a, TensorStatus::ReadOnly, b, TensorStatus::ReadOnly);
-  TensorIr t5 = lab.scalar(OpKind::Numeric_MulScalar, c, TensorStatus::ReadOnly, s);
-  TensorIr t6 = lab.binary(OpKind::Numeric_Add, t4, TensorStatus::ReadWrite, t5, TensorStatus::ReadWrite);
-  TensorIr t7 = lab.unary(OpKind::Float_Exp, Family::Float, t6, TensorStatus::ReadWrite);
-  lab.read(t7);
-  for (const TensorIr& t : {a, b, c, t7}) lab.drop(t);
+  W1Program w = register_w1(lab, shape, s);
+  lab.read(w.t7);
+  for (const TensorIr& t : {w.a, w.b, w.c, w.t7}) lab.drop(t);
 }
 
 std::string describe_fused(const fusion::RecordingExecutor& ex, std::size_t from) {
@@ -72,20 +68,7 @@ ScenarioResult reuse(const fusion::FusionLog& log) {
 
 ScenarioResult chains(const fusion::FusionLog& log) {
   Lab lab(log);
-  const Shape shape{256, 256};
-  std::vector<TensorIr> outs;
-  for (int chain = 0; chain < 5; ++chain) {
-    TensorIr x = lab.input(shape);
-    TensorIr t = lab.scalar(OpKind::Numeric_MulScalar, x, TensorStatus::ReadOnly, 1.5);
-    t = lab.scalar(OpKind::Numeric_AddScalar, t, TensorStatus::ReadWrite, 0.5);
-    t = lab.unary(OpKind::Float_Exp, Family::Float, t, TensorStatus::ReadWrite);
-    t = lab.unary(OpKind::Float_Tanh, Family::Float, t, TensorStatus::ReadWrite);
-    t = lab.unary(OpKind::Float_Sqrt, Family::Float, t, TensorStatus::ReadWrite);
-    t = lab.scalar(OpKind::Numeric_DivScalar, t, TensorStatus::ReadWrite, 3.0);
-    t = lab.scalar(OpKind::Numeric_SubScalar, t, TensorStatus::ReadWrite, 0.25);
-    t = lab.unary(OpKind::Numeric_Abs, Family::NumericFloat, t, TensorStatus::ReadWrite);
-    outs.push_back(t);
-  }
+  register_chains(lab, 5);
   const bool nothing_ran_before_sync = lab.executor().records().empty();
   lab.sync();
   ScenarioResult result;
@@ -99,6 +82,72 @@ ScenarioResult chains(const fusion::FusionLog& log) {
   return result;
 }
 
+// softmax over the last axis as a front end lowers it: max, sub, exp, sum, div.
+ScenarioResult softmax(const fusion::FusionLog& log) {
+  Lab lab(log);
+  TensorIr x = lab.input({64, 1024});
+  TensorIr m = lab.reduce_dim(OpKind::Numeric_MaxDim, x, TensorStatus::ReadOnly, 1);
+  TensorIr d = lab.binary(OpKind::Numeric_Sub, x, TensorStatus::ReadWrite, m, TensorStatus::ReadWrite);
+  TensorIr e = lab.unary(OpKind::Float_Exp, Family::Float, d, TensorStatus::ReadWrite);
+  TensorIr s = lab.reduce_dim(OpKind::Numeric_SumDim, e, TensorStatus::ReadOnly, 1);
+  TensorIr y = lab.binary(OpKind::Numeric_Div, e, TensorStatus::ReadWrite, s, TensorStatus::ReadWrite);
+  lab.read(y);
+  ScenarioResult r;
+  // The max runs alone (a reduction never starts a fusion); Sub+Exp fused elementwise (210)
+  // outscore Sub+Exp+SumDim as a reduce prologue (110), and the rest follows unfused.
+  r.summary = "softmax: " + describe_fused(lab.executor(), 0);
+  r.ok = r.summary.find("ElementWise (2 ops)") != std::string::npos;
+  return r;
+}
+
+// A linear layer's matmul with its bias add and activation fused as the epilogue.
+ScenarioResult matmul(const fusion::FusionLog& log) {
+  Lab lab(log);
+  TensorIr x = lab.input({128, 256}), w = lab.input({256, 64}), bias = lab.input({1, 64});
+  TensorIr y = lab.matmul(x, TensorStatus::ReadOnly, w, TensorStatus::ReadOnly);
+  TensorIr z = lab.binary(OpKind::Numeric_Add, y, TensorStatus::ReadWrite, bias, TensorStatus::ReadOnly);
+  TensorIr a = lab.unary(OpKind::Float_Tanh, Family::Float, z, TensorStatus::ReadWrite);
+  lab.read(a);
+  ScenarioResult r;
+  r.summary = "matmul: " + describe_fused(lab.executor(), 0);
+  r.ok = r.summary.find("Matmul (3 ops)") != std::string::npos;
+  return r;
+}
+
+// The view rule: a swap_dims of a tensor seen for the first time runs alone; the rest fuses.
+ScenarioResult views(const fusion::FusionLog& log) {
+  Lab lab(log);
+  TensorIr a = lab.input({32, 32}), b = lab.input({32, 32});
+  TensorIr t = lab.swap_dims(a, TensorStatus::ReadOnly, 0, 1);
+  TensorIr s = lab.binary(OpKind::Numeric_Add, t, TensorStatus::ReadWrite, b, TensorStatus::ReadOnly);
+  TensorIr e = lab.unary(OpKind::Float_Exp, Family::Float, s, TensorStatus::ReadWrite);
+  lab.read(e);
+  ScenarioResult r;
+  const auto& recs = lab.executor().records();
+  r.ok = !recs.empty() && !recs[0].fused && recs[0].operations[0].kind == OpKind::Base_SwapDims;
+  r.summary = fmt::format("views: swap_dims ran {}; then {}", r.ok ? "alone" : "fused (unexpected)",
+                          describe_fused(lab.executor(), 0));
+  return r;
+}
+
+// max_explorations = 1: the first program is explored and cached, a different one runs unfused.
+ScenarioResult cap(const fusion::FusionLog& log) {
+  fusion::ProcessorOptions options;
+  options.max_explorations = 1;
+  Lab lab(log, options);
+  lab.read(register_w1(lab, {16, 16}, 2.0).t7);
+  TensorIr x = lab.input({16, 16});
+  TensorIr y = lab.unary(OpKind::Float_Log, Family::Float, x, TensorStatus::ReadOnly);
+  lab.read(lab.unary(OpKind::Float_Exp, Family::Float, y, TensorStatus::ReadWrite));
+  lab.read(register_w1(lab, {16, 16}, 4.0).t7);
+  ScenarioResult r;
+  // Capped, every Lazy exploration runs the queue unfused at once: Log, then Exp, alone.
+  r.ok = lab.store().size() == 1 && lab.stats().unfused_capped == 2 && lab.stats().cache_hits == 1;
+  r.summary = fmt::format("cap: {} plan(s) cached, {} segment(s) run unfused by the cap, {} cache hit(s)",
+                          lab.store().size(), lab.stats().unfused_capped, lab.stats().cache_hits);
+  return r;
+}
+
 }  // namespace
 
 const std::vector<Scenario>& scenarios() {
@@ -108,6 +157,11 @@ const std::vector<Scenario>& scenarios() {
        reuse},
       {"chains", "five independent 8-op elementwise chains on 256x256 before one sync: one fused 40-op kernel (score 7390)",
        chains},
+      {"softmax", "softmax over the last axis of 64x1024 (max, sub, exp, sum, div): how the scores split it",
+       softmax},
+      {"matmul", "x @ w + bias, then tanh: the matmul with its epilogue fused (Matmul fuser)", matmul},
+      {"views", "(a.swap_dims(0,1) + b).exp(): a first-use view runs alone, the rest fuses", views},
+      {"cap", "max_explorations = 1: one plan is explored and reused, a new program runs unfused", cap},
   };
   return kScenarios;
 }

@@ -15,13 +15,9 @@ using namespace kiln::lab;  // NOLINT
 // One W1 program: 3 inputs, 4 ops, a read (drain), 4 drops.
 constexpr int kOpsPerW1 = 8;
 void w1(Lab& lab) {
-  TensorIr a = lab.input({64, 64}), b = lab.input({64, 64}), c = lab.input({64, 64});
-  TensorIr t4 = lab.binary(OpKind::Numeric_Mul, a, TensorStatus::ReadOnly, b, TensorStatus::ReadOnly);
-  TensorIr t5 = lab.scalar(OpKind::Numeric_MulScalar, c, TensorStatus::ReadOnly, 2.0);
-  TensorIr t6 = lab.binary(OpKind::Numeric_Add, t4, TensorStatus::ReadWrite, t5, TensorStatus::ReadWrite);
-  TensorIr t7 = lab.unary(OpKind::Float_Exp, Family::Float, t6, TensorStatus::ReadWrite);
-  lab.read(t7);
-  for (const TensorIr& t : {a, b, c, t7}) lab.drop(t);
+  W1Program w = register_w1(lab, {64, 64}, 2.0);
+  lab.read(w.t7);
+  for (const TensorIr& t : {w.a, w.b, w.c, w.t7}) lab.drop(t);
 }
 
 void BM_CacheHit(benchmark::State& state) {
@@ -39,12 +35,7 @@ void BM_Explore4(benchmark::State& state) {
   kiln::fusion::FusionLog log;
   for (auto _ : state) {
     Lab lab(log);  // fresh store and stream: the program explores
-    TensorIr a = lab.input({64, 64}), b = lab.input({64, 64}), c = lab.input({64, 64});
-    TensorIr t4 = lab.binary(OpKind::Numeric_Mul, a, TensorStatus::ReadOnly, b, TensorStatus::ReadOnly);
-    TensorIr t5 = lab.scalar(OpKind::Numeric_MulScalar, c, TensorStatus::ReadOnly, 2.0);
-    TensorIr t6 = lab.binary(OpKind::Numeric_Add, t4, TensorStatus::ReadWrite, t5, TensorStatus::ReadWrite);
-    TensorIr t7 = lab.unary(OpKind::Float_Exp, Family::Float, t6, TensorStatus::ReadWrite);
-    lab.read(t7);
+    lab.read(register_w1(lab, {64, 64}, 2.0).t7);
     benchmark::DoNotOptimize(lab.store().size());
   }
 }
@@ -54,16 +45,7 @@ void BM_Explore40(benchmark::State& state) {
   kiln::fusion::FusionLog log;
   for (auto _ : state) {
     Lab lab(log);
-    for (int chain = 0; chain < 5; ++chain) {
-      TensorIr t = lab.scalar(OpKind::Numeric_MulScalar, lab.input({256, 256}), TensorStatus::ReadOnly, 1.5);
-      t = lab.scalar(OpKind::Numeric_AddScalar, t, TensorStatus::ReadWrite, 0.5);
-      t = lab.unary(OpKind::Float_Exp, Family::Float, t, TensorStatus::ReadWrite);
-      t = lab.unary(OpKind::Float_Tanh, Family::Float, t, TensorStatus::ReadWrite);
-      t = lab.unary(OpKind::Float_Sqrt, Family::Float, t, TensorStatus::ReadWrite);
-      t = lab.scalar(OpKind::Numeric_DivScalar, t, TensorStatus::ReadWrite, 3.0);
-      t = lab.scalar(OpKind::Numeric_SubScalar, t, TensorStatus::ReadWrite, 0.25);
-      lab.unary(OpKind::Numeric_Abs, Family::NumericFloat, t, TensorStatus::ReadWrite);
-    }
+    register_chains(lab, 5);
     lab.sync();
     benchmark::DoNotOptimize(lab.store().size());
   }

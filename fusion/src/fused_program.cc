@@ -2,47 +2,18 @@
 
 #include <fmt/format.h>
 
+#include "kiln/ir/hash.h"
+
 #include <algorithm>
 
 namespace kiln::fusion {
 namespace {
 
-// FNV-style mixing with a splitmix64 finaliser (the same recipe as ir's operation hash).
-struct Hasher {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  void add(std::uint64_t v) {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0x100000001b3ull;
-  }
-  void add_bool(bool b) { add(b ? 1 : 0); }
-  template <class E>
-  void add_enum(E e) {
-    add(static_cast<std::uint64_t>(e));
-  }
-  std::uint64_t finish() const {
-    std::uint64_t x = h;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-  }
-};
+using Hasher = ir::StructuralHasher;
 
-void hash_dtype(Hasher& hs, const ir::DType& d) {
-  hs.add_enum(d.kind());
-  if (d.is_bool()) hs.add_enum(d.bool_store());
-  if (d.is_quantized()) {
-    const ir::QuantScheme& s = d.scheme();
-    hs.add(static_cast<std::uint64_t>(s.value) | static_cast<std::uint64_t>(s.store) << 8 |
-           static_cast<std::uint64_t>(s.packed_dim) << 16 | static_cast<std::uint64_t>(s.block_rank) << 24 |
-           static_cast<std::uint64_t>(s.param) << 32);
-    for (int i = 0; i < s.block_rank; ++i) hs.add(s.block[i]);
-  }
-}
+void hash_dtype(Hasher& hs, const ir::DType& d) { hs.add_dtype(d); }
 
-void hash_shape(Hasher& hs, const ir::Shape& s) {
-  hs.add(s.size());
-  for (auto d : s) hs.add(d);
-}
+void hash_shape(Hasher& hs, const ir::Shape& s) { hs.add_shape(s); }
 
 void hash_settings(Hasher& hs, const FuseSettings& s) {
   hs.add_bool(s.broadcast);

@@ -1,5 +1,7 @@
 #include "kiln/ir/operation.h"
 
+#include "kiln/ir/hash.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,38 +9,13 @@
 namespace kiln::ir {
 namespace {
 
-struct Hasher {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  void add(std::uint64_t v) {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0x100000001b3ull;
-  }
-  std::uint64_t finish() const {
-    std::uint64_t x = h;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-  }
-};
-
-void hash_dtype(Hasher& hs, const DType& d) {
-  hs.add(static_cast<std::uint64_t>(d.kind()));
-  if (d.is_bool()) hs.add(static_cast<std::uint64_t>(d.bool_store()));
-  if (d.is_quantized()) {
-    const QuantScheme& s = d.scheme();
-    hs.add(static_cast<std::uint64_t>(s.value) | static_cast<std::uint64_t>(s.store) << 8 |
-           static_cast<std::uint64_t>(s.packed_dim) << 16 | static_cast<std::uint64_t>(s.block_rank) << 24 |
-           static_cast<std::uint64_t>(s.param) << 32);
-    for (int i = 0; i < s.block_rank; ++i) hs.add(s.block[i]);
-  }
-}
+using Hasher = StructuralHasher;
 
 void hash_tensor_into(Hasher& hs, const TensorIr& t) {
   hs.add(t.id.value());
-  hs.add(t.shape.size());
-  for (auto d : t.shape) hs.add(d);
+  hs.add_shape(t.shape);
   hs.add(static_cast<std::uint64_t>(t.status));
-  hash_dtype(hs, t.dtype);
+  hs.add_dtype(t.dtype);
 }
 
 std::string attrs_to_string(const AttrList& a) {
@@ -180,7 +157,7 @@ std::uint64_t hash_tensor(const TensorIr& t) {
 std::uint64_t hash_operation(const Operation& op) {
   Hasher hs;
   hs.add(static_cast<std::uint64_t>(op.kind) << 8 | static_cast<std::uint64_t>(op.family));
-  if (family_carries_dtype(op.family)) hash_dtype(hs, op.dtype);
+  if (family_carries_dtype(op.family)) hs.add_dtype(op.dtype);
   if (op.info().signature == Signature::Random) {
     // Only the output and the kind of distribution (fusion.md §3.8).
     for (const TensorIr& t : op.outputs()) hash_tensor_into(hs, t);

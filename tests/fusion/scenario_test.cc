@@ -29,20 +29,7 @@ struct Captured {
   }
 };
 
-struct W1 {
-  TensorIr a, b, c, t4, t5, t6, t7;
-};
-W1 register_w1(Lab& lab, const Shape& shape, double s) {
-  W1 w;
-  w.a = lab.input(shape);
-  w.b = lab.input(shape);
-  w.c = lab.input(shape);
-  w.t4 = lab.binary(OpKind::Numeric_Mul, w.a, TensorStatus::ReadOnly, w.b, TensorStatus::ReadOnly);
-  w.t5 = lab.scalar(OpKind::Numeric_MulScalar, w.c, TensorStatus::ReadOnly, s);
-  w.t6 = lab.binary(OpKind::Numeric_Add, w.t4, TensorStatus::ReadWrite, w.t5, TensorStatus::ReadWrite);
-  w.t7 = lab.unary(OpKind::Float_Exp, Family::Float, w.t6, TensorStatus::ReadWrite);
-  return w;
-}
+using W1 = W1Program;
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
@@ -137,23 +124,6 @@ TEST(SeedScenario, CacheMissExplainsItselfAtMedium) {
             "[1,2] vs cached [1,1]");
 }
 
-std::vector<TensorIr> register_chains(Lab& lab, int n) {
-  std::vector<TensorIr> outs;
-  for (int chain = 0; chain < n; ++chain) {
-    TensorIr x = lab.input({256, 256});
-    TensorIr t = lab.scalar(OpKind::Numeric_MulScalar, x, TensorStatus::ReadOnly, 1.5);
-    t = lab.scalar(OpKind::Numeric_AddScalar, t, TensorStatus::ReadWrite, 0.5);
-    t = lab.unary(OpKind::Float_Exp, Family::Float, t, TensorStatus::ReadWrite);
-    t = lab.unary(OpKind::Float_Tanh, Family::Float, t, TensorStatus::ReadWrite);
-    t = lab.unary(OpKind::Float_Sqrt, Family::Float, t, TensorStatus::ReadWrite);
-    t = lab.scalar(OpKind::Numeric_DivScalar, t, TensorStatus::ReadWrite, 3.0);
-    t = lab.scalar(OpKind::Numeric_SubScalar, t, TensorStatus::ReadWrite, 0.25);
-    t = lab.unary(OpKind::Numeric_Abs, Family::NumericFloat, t, TensorStatus::ReadWrite);
-    outs.push_back(t);
-  }
-  return outs;
-}
-
 TEST(SeedScenario, FiveChainsFuseInto40OpKernel) {
   Captured cap;
   Lab lab(cap.log);
@@ -246,6 +216,44 @@ TEST(Integration, LoneScalarAddIsNotFused) {
   lab.read(y);
   ASSERT_EQ(lab.executor().records().size(), 1u);
   EXPECT_FALSE(lab.executor().records()[0].fused);
+}
+
+TEST(Integration, LoopOfFourIterationsFusesSixteenOps) {
+  Lab lab(fusion::FusionLog{});
+  TensorIr original = lab.input({8, 8});
+  TensorIr tmp = original;
+  for (int i = 0; i < 4; ++i) {
+    // tmp = tmp * original + ones([8,8]) * i; the first tmp is original itself (still alive).
+    TensorIr prod = lab.binary(OpKind::Numeric_Mul, tmp, i == 0 ? TensorStatus::ReadOnly : TensorStatus::ReadWrite,
+                               original, TensorStatus::ReadOnly);
+    TensorIr ones = lab.ones({8, 8});
+    TensorIr scaled = lab.scalar(OpKind::Numeric_MulScalar, ones, TensorStatus::ReadWrite, i);
+    tmp = lab.binary(OpKind::Numeric_Add, prod, TensorStatus::ReadWrite, scaled, TensorStatus::ReadWrite);
+  }
+  EXPECT_TRUE(lab.executor().records().empty());
+  lab.read(tmp);
+  ASSERT_EQ(lab.executor().records().size(), 1u);
+  const auto& rec = lab.executor().records()[0];
+  EXPECT_TRUE(rec.fused);
+  EXPECT_EQ(rec.name, "ElementWise");
+  std::size_t non_drop = 0;
+  for (const auto& op : rec.operations) non_drop += op.is_drop() ? 0 : 1;
+  EXPECT_EQ(non_drop, 16u);
+}
+
+TEST(Integration, FirstUseSwapDimsRunsOnlyUnfused) {
+  Lab lab(fusion::FusionLog{});
+  TensorIr a = lab.input({16, 16}), b = lab.input({16, 16});
+  TensorIr t = lab.swap_dims(a, TensorStatus::ReadWrite, 0, 1);
+  TensorIr s = lab.binary(OpKind::Numeric_Add, t, TensorStatus::ReadWrite, b, TensorStatus::ReadOnly);
+  TensorIr e = lab.unary(OpKind::Float_Exp, Family::Float, s, TensorStatus::ReadWrite);
+  lab.read(e);
+  for (const auto& rec : lab.executor().records())
+    for (const auto& op : rec.operations)
+      if (op.kind == OpKind::Base_SwapDims) {
+        EXPECT_FALSE(rec.fused) << "the swap appears only in un-fused blocks";
+      }
+  EXPECT_EQ(lab.executor().executed().size(), 3u);
 }
 
 TEST(Integration, ExplorationCap) {
