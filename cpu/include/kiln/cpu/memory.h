@@ -1,0 +1,125 @@
+// CpuAllocator and CpuBuffer: the CPU device's memory, 64-byte aligned blocks pooled by size
+// class, with statistics and an optional byte limit reported as an error value.
+//
+// Thread-safety: CpuAllocator is safe to use from any number of threads at once (the streams of
+// one device allocate concurrently): each size class has its own mutex around its free list,
+// and the statistics are atomics. A CpuBuffer is owned by one thread at a time (it is move-only);
+// share it as std::shared_ptr<CpuBuffer> (several tensor handles aliasing one buffer), whose
+// last owner returns the block to the pool from whatever thread drops it. Buffers keep the pool
+// alive: an allocator may be destroyed while buffers it handed out are still in use.
+//
+// Usage:
+//   kiln::cpu::CpuAllocator alloc({.byte_limit = 1ull << 30});
+//   auto buf = alloc.allocate(4096);                 // Result<CpuBuffer>
+//   if (!buf) return buf.error();                     // ResourceExhausted: names requested/available
+//   std::memset(buf->data(), 0, buf->size());
+//   auto shared = alloc.allocate_shared(256);         // Result<std::shared_ptr<CpuBuffer>>
+//   alloc.stats().pool_hits;                          // a later allocate(4096) reuses the block
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "kiln/ir/result.h"
+
+namespace kiln::cpu {
+
+// 64 bytes: one cache line on x86-64 and AArch64, and the width of an AVX-512 vector, so a
+// vectorised kernel may use aligned loads from the start of every buffer and two buffers never
+// share a cache line (no false sharing between streams).
+inline constexpr std::size_t kCpuAlignment = 64;
+
+struct CpuAllocatorOptions {
+  // Most bytes handed out at once (sum of the size classes of live buffers); none = unlimited.
+  // A request that would exceed it fails with ErrorCode::ResourceExhausted.
+  std::optional<std::uint64_t> byte_limit;
+  // Most bytes kept in the pools for reuse; a freed block beyond it goes back to the system.
+  // 1 GiB is a round bound, not a measurement: large enough to keep the temporaries of a few
+  // training steps of the models kiln targets resident, small enough that an idle daemon does
+  // not hold much more than its live tensors. Configurable; 0 disables pooling.
+  std::uint64_t max_cached_bytes = std::uint64_t{1} << 30;
+};
+
+struct CpuAllocatorStats {
+  std::uint64_t bytes_in_use = 0;   // size classes of the live buffers
+  std::uint64_t peak_bytes = 0;     // highest bytes_in_use seen
+  std::uint64_t cached_bytes = 0;   // blocks held in the pools, ready for reuse
+  std::uint64_t pool_hits = 0;      // allocations served from a pool
+  std::uint64_t pool_misses = 0;    // allocations that asked the system
+  std::uint64_t allocations = 0;    // successful allocations (hits + misses)
+  std::uint64_t deallocations = 0;  // buffers returned
+  std::uint64_t failures = 0;       // requests refused (limit or system)
+};
+
+namespace detail {
+class CpuPool;
+}
+
+// A block of memory owned by exactly one CpuBuffer; returned to its pool on destruction.
+// size() is what was asked for; capacity() the size class actually reserved (>= size()).
+class CpuBuffer {
+ public:
+  CpuBuffer() = default;  // empty: data() == nullptr, size() == 0
+  CpuBuffer(CpuBuffer&& other) noexcept;
+  CpuBuffer& operator=(CpuBuffer&& other) noexcept;
+  CpuBuffer(const CpuBuffer&) = delete;
+  CpuBuffer& operator=(const CpuBuffer&) = delete;
+  ~CpuBuffer();
+
+  std::byte* data() { return data_; }
+  const std::byte* data() const { return data_; }
+  std::uint64_t size() const { return size_; }
+  std::uint64_t capacity() const { return capacity_; }
+  bool empty() const { return data_ == nullptr; }
+  std::span<std::byte> bytes() { return {data_, static_cast<std::size_t>(size_)}; }
+  std::span<const std::byte> bytes() const { return {data_, static_cast<std::size_t>(size_)}; }
+
+ private:
+  friend class detail::CpuPool;
+  CpuBuffer(std::shared_ptr<detail::CpuPool> pool, std::byte* data, std::uint64_t size, std::uint64_t capacity)
+      : pool_(std::move(pool)), data_(data), size_(size), capacity_(capacity) {}
+  void reset() noexcept;
+
+  std::shared_ptr<detail::CpuPool> pool_;
+  std::byte* data_ = nullptr;
+  std::uint64_t size_ = 0;
+  std::uint64_t capacity_ = 0;
+};
+
+class CpuAllocator {
+ public:
+  explicit CpuAllocator(CpuAllocatorOptions options = {});
+  CpuAllocator(const CpuAllocator&) = delete;
+  CpuAllocator& operator=(const CpuAllocator&) = delete;
+  ~CpuAllocator();
+
+  // A 64-byte aligned block of at least `bytes` bytes (contents unspecified: a pooled block keeps
+  // what its previous owner wrote). Zero bytes still yields a valid, non-null minimum block.
+  // Errors (ErrorCode::ResourceExhausted): over the byte limit — the message names the requested
+  // bytes, the size class, the bytes in use and the available bytes — or refused by the system.
+  Result<CpuBuffer> allocate(std::uint64_t bytes);
+  Result<std::shared_ptr<CpuBuffer>> allocate_shared(std::uint64_t bytes);
+
+  CpuAllocatorStats stats() const;
+  const CpuAllocatorOptions& options() const;
+  // Returns every cached block to the system; returns how many bytes were released.
+  std::uint64_t release_cached();
+
+  // The size class a request of `bytes` is served from; nullopt when it exceeds the largest
+  // class (kMaxAllocation).
+  static std::optional<std::uint64_t> size_class(std::uint64_t bytes);
+  // 2^47 bytes (128 TiB): the x86-64 user address space; nothing larger can ever be mapped.
+  static constexpr std::uint64_t kMaxAllocation = std::uint64_t{1} << 47;
+  // Blocks of at least 2 MiB (one x86-64 transparent huge page) are mapped with mmap and
+  // advised MADV_HUGEPAGE: large tensors get huge-page backing (fewer TLB misses when kernels
+  // stream through them) and a trimmed block goes straight back to the system.
+  static constexpr std::uint64_t kHugePageThreshold = std::uint64_t{2} << 20;
+
+ private:
+  std::shared_ptr<detail::CpuPool> pool_;
+};
+
+}  // namespace kiln::cpu

@@ -1,0 +1,205 @@
+// CpuTensor: a CPU device tensor (a shared buffer, a shape and a dtype, contiguous row-major),
+// with the element codec every CPU kernel uses (load/store any dtype as f64, i64, u64 or bool)
+// and exact f16/bf16 conversions.
+//
+// Thread-safety: a CpuTensor is a value (a shared_ptr to its buffer plus metadata); copies alias
+// one buffer. Buffers are written only by the kernel that produces them, before the tensor is
+// registered as a handle; once shared, a buffer is read-only, so any number of threads (streams)
+// may read one concurrently.
+//
+// Usage:
+//   CpuAllocator alloc;
+//   auto t = CpuTensor::from_f64(alloc, {2, 2}, dtypes::bf16, std::vector<double>{1, 2.5, -0.1, 3});
+//   t->to_f64();                  // {1, 2.5, -0.10009765625, 3}: rounded to bf16 on the way in
+//   auto u = CpuTensor::from_values<std::int32_t>(alloc, {3}, std::vector<std::int32_t>{1, 2, 3});
+//   u->to_values<std::int32_t>(); // {1, 2, 3}
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/cpu/memory.h"
+#include "kiln/ir/dtype.h"
+#include "kiln/ir/result.h"
+#include "kiln/ir/shape.h"
+
+namespace kiln::cpu {
+
+// ---- f16 / bf16 (IEEE binary16 and bfloat16 bit patterns)
+//
+// Widening (to f32 / f64) is exact, subnormals included. Narrowing rounds once, to nearest with
+// ties to even, from the full f64 value (never through f32 first, which could round twice);
+// overflow gives infinity, underflow gives subnormals or a signed zero, and NaN stays a quiet
+// NaN with its sign.
+std::uint16_t f16_from_f64(double v);
+std::uint16_t f16_from_f32(float v);
+double f16_to_f64(std::uint16_t bits);
+float f16_to_f32(std::uint16_t bits);
+std::uint16_t bf16_from_f64(double v);
+std::uint16_t bf16_from_f32(float v);
+double bf16_to_f64(std::uint16_t bits);
+float bf16_to_f32(std::uint16_t bits);
+
+// ---- Element codec: element i of a buffer holding `dtype` elements, read or written through
+// one of four compute domains. Preconditions: the dtype is not QFloat (callers reject it) and i
+// is within the buffer. The conversions are those of a cast (and of Rust's `as`):
+//   to a float dtype     rounded to nearest even, once (integers beyond 2^53 included)
+//   float -> integer     truncated toward zero, saturated to the target's range, NaN -> 0
+//   integer -> integer   two's complement wrap to the target width
+//   bool -> number       0 / 1;  number -> bool: != 0 (NaN is true)
+// Flex32 is stored as f32; bool is stored by its store (Native and U8: one byte, U32: four).
+namespace element {
+double load_f64(const std::byte* base, ir::DType dtype, std::uint64_t i);
+std::int64_t load_i64(const std::byte* base, ir::DType dtype, std::uint64_t i);
+std::uint64_t load_u64(const std::byte* base, ir::DType dtype, std::uint64_t i);
+bool load_bool(const std::byte* base, ir::DType dtype, std::uint64_t i);
+void store_f64(std::byte* base, ir::DType dtype, std::uint64_t i, double v);
+void store_i64(std::byte* base, ir::DType dtype, std::uint64_t i, std::int64_t v);
+void store_u64(std::byte* base, ir::DType dtype, std::uint64_t i, std::uint64_t v);
+void store_bool(std::byte* base, ir::DType dtype, std::uint64_t i, bool v);
+}  // namespace element
+
+// The dtype whose storage is the C++ type T (float -> f32, std::int8_t -> i8, bool -> bool).
+template <class T>
+constexpr ir::DType native_dtype() {
+  using ir::DTypeKind;
+  if constexpr (std::is_same_v<T, double>) return ir::DType(DTypeKind::F64);
+  else if constexpr (std::is_same_v<T, float>) return ir::DType(DTypeKind::F32);
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ir::DType(DTypeKind::I64);
+  else if constexpr (std::is_same_v<T, std::int32_t>) return ir::DType(DTypeKind::I32);
+  else if constexpr (std::is_same_v<T, std::int16_t>) return ir::DType(DTypeKind::I16);
+  else if constexpr (std::is_same_v<T, std::int8_t>) return ir::DType(DTypeKind::I8);
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return ir::DType(DTypeKind::U64);
+  else if constexpr (std::is_same_v<T, std::uint32_t>) return ir::DType(DTypeKind::U32);
+  else if constexpr (std::is_same_v<T, std::uint16_t>) return ir::DType(DTypeKind::U16);
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ir::DType(DTypeKind::U8);
+  else if constexpr (std::is_same_v<T, bool>) return ir::DType::boolean();
+  else static_assert(sizeof(T) == 0, "no dtype is stored as this type");
+}
+
+class CpuTensor {
+ public:
+  // Wraps an existing buffer. Errors: null buffer, QFloat dtype, element count overflow, or a
+  // buffer smaller than the shape needs.
+  static Result<CpuTensor> wrap(std::shared_ptr<CpuBuffer> buffer, ir::Shape shape, ir::DType dtype);
+  // A new tensor; contents unspecified (a pooled block).
+  static Result<CpuTensor> allocate(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype);
+  // A new tensor with every byte zero (0, +0.0, false).
+  static Result<CpuTensor> zeros(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype);
+  // A copy of raw bytes laid out as the dtype stores them; the byte count must match exactly.
+  static Result<CpuTensor> from_bytes(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+                                      std::span<const std::byte> bytes);
+  // Typed host data stored as native_dtype<T>(), or as `dtype` whose storage must be T (see
+  // to_values: f16 bits as std::uint16_t, ...). The count must match.
+  template <class T>
+  static Result<CpuTensor> from_values(CpuAllocator& alloc, ir::Shape shape, std::span<const T> values);
+  template <class T>
+  static Result<CpuTensor> from_values(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+                                       std::span<const T> values);
+  // Host values converted element by element with the codec above; the count must match.
+  static Result<CpuTensor> from_f64(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+                                    std::span<const double> values);
+  static Result<CpuTensor> from_i64(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+                                    std::span<const std::int64_t> values);
+  static Result<CpuTensor> from_u64(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+                                    std::span<const std::uint64_t> values);
+  static Result<CpuTensor> from_bool(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+                                     const std::vector<bool>& values);
+
+  const ir::Shape& shape() const { return shape_; }
+  ir::DType dtype() const { return dtype_; }
+  std::uint64_t num_elements() const { return num_elements_; }
+  std::uint64_t size_bytes() const { return num_elements_ * dtype_.size_bytes(); }
+
+  const std::byte* data() const { return buffer_->data(); }
+  // Only for the kernel producing this tensor, before it is shared (see the header comment).
+  std::byte* mutable_data() const { return buffer_->data(); }
+  std::span<const std::byte> bytes() const { return {data(), static_cast<std::size_t>(size_bytes())}; }
+  const std::shared_ptr<CpuBuffer>& buffer() const { return buffer_; }
+  bool shares_buffer_with(const CpuTensor& other) const { return buffer_ == other.buffer_; }
+
+  // One element through the codec.
+  double get_f64(std::uint64_t i) const { return element::load_f64(data(), dtype_, i); }
+  std::int64_t get_i64(std::uint64_t i) const { return element::load_i64(data(), dtype_, i); }
+  std::uint64_t get_u64(std::uint64_t i) const { return element::load_u64(data(), dtype_, i); }
+  bool get_bool(std::uint64_t i) const { return element::load_bool(data(), dtype_, i); }
+
+  // Every element through the codec.
+  std::vector<double> to_f64() const;
+  std::vector<std::int64_t> to_i64() const;
+  std::vector<std::uint64_t> to_u64() const;
+  std::vector<bool> to_bool() const;
+  // The raw elements; T must be the dtype's storage type (f16/bf16: std::uint16_t bits,
+  // flex32: float, bool(Native/U8): std::uint8_t, bool(U32): std::uint32_t; bool reads any bool
+  // store), else an empty vector.
+  template <class T>
+  std::vector<T> to_values() const;
+
+  // "f32[2,3]".
+  std::string to_string() const;
+
+ private:
+  CpuTensor(std::shared_ptr<CpuBuffer> buffer, ir::Shape shape, ir::DType dtype, std::uint64_t n)
+      : buffer_(std::move(buffer)), shape_(std::move(shape)), dtype_(dtype), num_elements_(n) {}
+
+  enum class Storage { Float, Signed, Unsigned, Bool };
+  template <class T>
+  static constexpr Storage storage_of() {
+    if constexpr (std::is_same_v<T, bool>) return Storage::Bool;
+    else if constexpr (std::is_floating_point_v<T>) return Storage::Float;
+    else if constexpr (std::is_signed_v<T>) return Storage::Signed;
+    else return Storage::Unsigned;
+  }
+  // Whether `dtype` stores its elements as a C++ type of this size and kind.
+  static bool stores(ir::DType dtype, std::size_t size, Storage kind);
+
+  std::shared_ptr<CpuBuffer> buffer_;
+  ir::Shape shape_;
+  ir::DType dtype_;
+  std::uint64_t num_elements_ = 0;
+};
+
+// Element count of a shape with overflow checking; also rejects totals whose byte size for
+// `elem_bytes` would overflow 64 bits.
+Result<std::uint64_t> checked_num_elements(const ir::Shape& shape, std::uint64_t elem_bytes = 1);
+
+template <class T>
+Result<CpuTensor> CpuTensor::from_values(CpuAllocator& alloc, ir::Shape shape, std::span<const T> values) {
+  return from_values<T>(alloc, std::move(shape), native_dtype<T>(), values);
+}
+
+template <class T>
+Result<CpuTensor> CpuTensor::from_values(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+                                         std::span<const T> values) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  if (!stores(dtype, sizeof(T), storage_of<T>()))
+    return make_error(ErrorCode::DTypeMismatch,
+                      "CpuTensor::from_values: " + dtype.name() + " is not stored as a " + std::to_string(sizeof(T)) +
+                          "-byte value of this kind");
+  if constexpr (std::is_same_v<T, bool>) {
+    return from_bool(alloc, std::move(shape), dtype, std::vector<bool>(values.begin(), values.end()));
+  } else {
+    return from_bytes(alloc, std::move(shape), dtype, std::as_bytes(values));
+  }
+}
+
+template <class T>
+std::vector<T> CpuTensor::to_values() const {
+  static_assert(std::is_trivially_copyable_v<T>);
+  if (!stores(dtype_, sizeof(T), storage_of<T>())) return {};
+  std::vector<T> out(static_cast<std::size_t>(num_elements_));
+  if constexpr (std::is_same_v<T, bool>) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = get_bool(i);
+  } else if (!out.empty()) {
+    std::memcpy(out.data(), data(), out.size() * sizeof(T));
+  }
+  return out;
+}
+
+}  // namespace kiln::cpu

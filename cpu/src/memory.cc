@@ -1,0 +1,300 @@
+#include "kiln/cpu/memory.h"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <vector>
+
+namespace kiln::cpu {
+namespace detail {
+namespace {
+
+// Size classes. Up to 256 bytes: multiples of 64 (the alignment; nothing smaller is useful).
+// Above: four classes per power of two (spacing 2^(p-3) between 2^(p-1) and 2^p), so a block is
+// at most 25% larger than the request -- the geometry jemalloc and tcmalloc use for the same
+// reason (bounded internal fragmentation with few classes). 4 + 4 * (47 - 9 + 1) = 160 classes
+// reach kMaxAllocation.
+constexpr std::size_t kNumClasses = 160;
+
+constexpr std::uint64_t round_up(std::uint64_t n, std::uint64_t g) { return (n + g - 1) / g * g; }
+
+constexpr std::uint64_t class_of(std::uint64_t n) {
+  if (n <= 256) return std::max<std::uint64_t>(kCpuAlignment, round_up(n, kCpuAlignment));
+  const int p = std::bit_width(n - 1);  // 2^(p-1) < n <= 2^p, p >= 9
+  return round_up(n, std::uint64_t{1} << (p - 3));
+}
+
+constexpr std::size_t class_index(std::uint64_t cs) {
+  if (cs <= 256) return static_cast<std::size_t>(cs / kCpuAlignment - 1);
+  const int p = std::bit_width(cs - 1);
+  const std::uint64_t g = std::uint64_t{1} << (p - 3);
+  return static_cast<std::size_t>(4 + (p - 9) * 4 + static_cast<int>(cs / g) - 5);
+}
+
+// Inverse of class_index.
+constexpr std::uint64_t class_size_at(std::size_t i) {
+  if (i < 4) return (i + 1) * kCpuAlignment;
+  const std::size_t j = i - 4;
+  const int p = 9 + static_cast<int>(j / 4);
+  return (5 + j % 4) * (std::uint64_t{1} << (p - 3));
+}
+
+static_assert(class_of(0) == 64 && class_of(65) == 128 && class_of(257) == 320 && class_of(513) == 640);
+static_assert(class_index(64) == 0 && class_index(256) == 3 && class_index(320) == 4 && class_index(512) == 7);
+static_assert(class_index(CpuAllocator::kMaxAllocation) == kNumClasses - 1);
+static_assert(class_size_at(0) == 64 && class_size_at(4) == 320 && class_size_at(7) == 512 &&
+              class_size_at(kNumClasses - 1) == CpuAllocator::kMaxAllocation);
+
+std::byte* system_allocate(std::uint64_t cs) {
+  if (cs >= CpuAllocator::kHugePageThreshold) {
+    void* p = ::mmap(nullptr, static_cast<std::size_t>(cs), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+#ifdef MADV_HUGEPAGE
+    // Advice only: a kernel without transparent huge pages refuses it, and the block still works.
+    (void)::madvise(p, static_cast<std::size_t>(cs), MADV_HUGEPAGE);
+#endif
+    return static_cast<std::byte*>(p);  // page aligned, hence 64-byte aligned
+  }
+  // cs is a multiple of 64, as aligned_alloc requires.
+  return static_cast<std::byte*>(std::aligned_alloc(kCpuAlignment, static_cast<std::size_t>(cs)));
+}
+
+void system_free(std::byte* p, std::uint64_t cs) noexcept {
+  if (cs >= CpuAllocator::kHugePageThreshold) {
+    ::munmap(p, static_cast<std::size_t>(cs));
+  } else {
+    std::free(p);
+  }
+}
+
+void update_max(std::atomic<std::uint64_t>& target, std::uint64_t value) {
+  std::uint64_t cur = target.load(std::memory_order_relaxed);
+  while (cur < value && !target.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+// The shared state behind a CpuAllocator and every buffer it handed out.
+//
+// Memory orders: every counter is a statistic or a budget; none publishes memory to another
+// thread (the blocks themselves travel under the size-class mutex, or inside the CpuBuffer that
+// the caller hands over with its own synchronisation), so relaxed atomic read-modify-writes
+// suffice: they keep each counter exact, which is all the byte limit needs.
+class CpuPool : public std::enable_shared_from_this<CpuPool> {
+ public:
+  explicit CpuPool(CpuAllocatorOptions options) : options_(options) {
+    for (std::size_t i = 0; i < kNumClasses; ++i) classes_[i].size = class_size_at(i);
+  }
+  CpuPool(const CpuPool&) = delete;
+  CpuPool& operator=(const CpuPool&) = delete;
+  ~CpuPool() { release_cached(); }
+
+  Result<CpuBuffer> allocate(std::uint64_t bytes) {
+    const std::optional<std::uint64_t> cs_opt = CpuAllocator::size_class(bytes);
+    if (!cs_opt) {
+      failures_.fetch_add(1, std::memory_order_relaxed);
+      return make_error(ErrorCode::ResourceExhausted,
+                        fmt::format("CpuAllocator: cannot allocate {} bytes: more than the largest allocation "
+                                    "({} bytes)",
+                                    bytes, CpuAllocator::kMaxAllocation));
+    }
+    const std::uint64_t cs = *cs_opt;
+
+    // Reserve the bytes first, so that concurrent requests can never exceed the limit together.
+    std::uint64_t in_use = in_use_.load(std::memory_order_relaxed);
+    do {
+      if (options_.byte_limit && (cs > *options_.byte_limit || in_use > *options_.byte_limit - cs)) {
+        failures_.fetch_add(1, std::memory_order_relaxed);
+        const std::uint64_t limit = *options_.byte_limit;
+        return make_error(ErrorCode::ResourceExhausted,
+                          fmt::format("CpuAllocator: cannot allocate {} bytes (size class {}): {} bytes in use of "
+                                      "the {} byte limit, {} bytes available",
+                                      bytes, cs, in_use, limit, in_use >= limit ? 0 : limit - in_use));
+      }
+    } while (!in_use_.compare_exchange_weak(in_use, in_use + cs, std::memory_order_relaxed));
+    update_max(peak_, in_use + cs);
+
+    std::byte* block = pop(cs);
+    if (block != nullptr) {
+      hits_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+      // Under a limit, cached blocks count against it too: when live plus cached bytes would pass
+      // it, give the cache back before asking the system for more.
+      if (options_.byte_limit &&
+          in_use + cs + cached_.load(std::memory_order_relaxed) > *options_.byte_limit)
+        release_cached();
+      block = system_allocate(cs);
+      if (block == nullptr) {
+        in_use_.fetch_sub(cs, std::memory_order_relaxed);
+        failures_.fetch_add(1, std::memory_order_relaxed);
+        return make_error(ErrorCode::ResourceExhausted,
+                          fmt::format("CpuAllocator: the system refused {} bytes (size class {}); {} bytes in use",
+                                      bytes, cs, in_use));
+      }
+    }
+    allocations_.fetch_add(1, std::memory_order_relaxed);
+    return CpuBuffer(shared_from_this(), block, bytes, cs);
+  }
+
+  // Called by ~CpuBuffer, from any thread.
+  void release(std::byte* block, std::uint64_t cs) noexcept {
+    in_use_.fetch_sub(cs, std::memory_order_relaxed);
+    deallocations_.fetch_add(1, std::memory_order_relaxed);
+    if (!closing_.load(std::memory_order_relaxed) && push(block, cs)) return;
+    system_free(block, cs);
+  }
+
+  std::uint64_t release_cached() noexcept {
+    std::uint64_t released = 0;
+    for (SizeClass& c : classes_) {
+      std::vector<std::byte*> blocks;
+      {
+        std::lock_guard<std::mutex> lock(c.mu);
+        blocks.swap(c.free);
+      }
+      if (blocks.empty()) continue;
+      const std::uint64_t cs = c.size;
+      for (std::byte* b : blocks) system_free(b, cs);
+      released += cs * blocks.size();
+      cached_.fetch_sub(cs * blocks.size(), std::memory_order_relaxed);
+    }
+    return released;
+  }
+
+  // The allocator is gone: from now on freed blocks go straight back to the system.
+  void close() noexcept {
+    closing_.store(true, std::memory_order_relaxed);
+    release_cached();
+  }
+
+  CpuAllocatorStats stats() const {
+    CpuAllocatorStats s;
+    s.bytes_in_use = in_use_.load(std::memory_order_relaxed);
+    s.peak_bytes = peak_.load(std::memory_order_relaxed);
+    s.cached_bytes = cached_.load(std::memory_order_relaxed);
+    s.pool_hits = hits_.load(std::memory_order_relaxed);
+    s.pool_misses = misses_.load(std::memory_order_relaxed);
+    s.allocations = allocations_.load(std::memory_order_relaxed);
+    s.deallocations = deallocations_.load(std::memory_order_relaxed);
+    s.failures = failures_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  const CpuAllocatorOptions& options() const { return options_; }
+
+ private:
+  struct SizeClass {
+    std::mutex mu;
+    std::vector<std::byte*> free;  // guarded by mu
+    std::uint64_t size = 0;        // the class size; set once at construction, then read-only
+  };
+
+  std::byte* pop(std::uint64_t cs) {
+    SizeClass& c = classes_[class_index(cs)];
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.free.empty()) return nullptr;
+    std::byte* b = c.free.back();
+    c.free.pop_back();
+    cached_.fetch_sub(cs, std::memory_order_relaxed);
+    return b;
+  }
+
+  // Keeps the block if the cache has room; false = the caller frees it.
+  bool push(std::byte* block, std::uint64_t cs) noexcept {
+    if (cached_.fetch_add(cs, std::memory_order_relaxed) + cs > options_.max_cached_bytes) {
+      cached_.fetch_sub(cs, std::memory_order_relaxed);
+      return false;
+    }
+    SizeClass& c = classes_[class_index(cs)];
+    try {
+      std::lock_guard<std::mutex> lock(c.mu);
+      c.free.push_back(block);
+      return true;
+    } catch (...) {  // the free list could not grow: give the block back instead
+      cached_.fetch_sub(cs, std::memory_order_relaxed);
+      return false;
+    }
+  }
+
+  const CpuAllocatorOptions options_;
+  std::array<SizeClass, kNumClasses> classes_;
+  std::atomic<bool> closing_{false};
+  std::atomic<std::uint64_t> in_use_{0};
+  std::atomic<std::uint64_t> peak_{0};
+  std::atomic<std::uint64_t> cached_{0};
+  std::atomic<std::uint64_t> hits_{0};
+  std::atomic<std::uint64_t> misses_{0};
+  std::atomic<std::uint64_t> allocations_{0};
+  std::atomic<std::uint64_t> deallocations_{0};
+  std::atomic<std::uint64_t> failures_{0};
+};
+
+}  // namespace detail
+
+// ---- CpuBuffer
+
+CpuBuffer::CpuBuffer(CpuBuffer&& other) noexcept
+    : pool_(std::move(other.pool_)), data_(other.data_), size_(other.size_), capacity_(other.capacity_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+  other.capacity_ = 0;
+}
+
+CpuBuffer& CpuBuffer::operator=(CpuBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    pool_ = std::move(other.pool_);
+    data_ = other.data_;
+    size_ = other.size_;
+    capacity_ = other.capacity_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+    other.capacity_ = 0;
+  }
+  return *this;
+}
+
+CpuBuffer::~CpuBuffer() { reset(); }
+
+void CpuBuffer::reset() noexcept {
+  if (data_ != nullptr && pool_) pool_->release(data_, capacity_);
+  pool_.reset();
+  data_ = nullptr;
+  size_ = 0;
+  capacity_ = 0;
+}
+
+// ---- CpuAllocator
+
+CpuAllocator::CpuAllocator(CpuAllocatorOptions options) : pool_(std::make_shared<detail::CpuPool>(options)) {}
+
+CpuAllocator::~CpuAllocator() { pool_->close(); }
+
+Result<CpuBuffer> CpuAllocator::allocate(std::uint64_t bytes) { return pool_->allocate(bytes); }
+
+Result<std::shared_ptr<CpuBuffer>> CpuAllocator::allocate_shared(std::uint64_t bytes) {
+  KILN_ASSIGN_OR_RETURN(CpuBuffer buffer, pool_->allocate(bytes));
+  return std::make_shared<CpuBuffer>(std::move(buffer));
+}
+
+CpuAllocatorStats CpuAllocator::stats() const { return pool_->stats(); }
+
+const CpuAllocatorOptions& CpuAllocator::options() const { return pool_->options(); }
+
+std::uint64_t CpuAllocator::release_cached() { return pool_->release_cached(); }
+
+std::optional<std::uint64_t> CpuAllocator::size_class(std::uint64_t bytes) {
+  if (bytes > kMaxAllocation) return std::nullopt;
+  return detail::class_of(bytes);
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,336 @@
+// Reference kernels: matmul (float and int), conv2d, conv_transpose1d, max_pool2d, avg_pool2d and
+// embedding. Direct loops straight from the definitions, accumulating floats in f64 (integers in
+// wrapping i64 / u64) in index order.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "reference_internal.h"
+
+namespace kiln::cpu::reference {
+namespace {
+
+using ir::OpKind;
+
+Result<std::uint64_t> positive_attr(const Ctx& c, std::size_t i, const char* what) {
+  const std::int64_t a = c.op.attrs[i];
+  if (a < 1) return c.error(ErrorCode::Invalid, fmt::format("{} must be at least 1, got {}", what, a));
+  return static_cast<std::uint64_t>(a);
+}
+
+Status expect_rank(const Ctx& c, const CpuTensor& t, std::size_t rank, const char* what) {
+  if (t.shape().size() != rank)
+    return c.error(ErrorCode::RankMismatch, fmt::format("{} {} must have rank {}", what, t.to_string(), rank));
+  return Status::Ok();
+}
+
+// A window position: start + k * step - pad, if it falls inside [0, n).
+bool window_pos(std::uint64_t start, std::uint64_t k, std::uint64_t step, std::uint64_t pad, std::uint64_t n,
+                std::uint64_t& pos) {
+  const std::uint64_t p = start + k * step;
+  if (p < pad || p - pad >= n) return false;
+  pos = p - pad;
+  return true;
+}
+
+// The kernel taps [lo, hi) whose position start + i * step - pad falls inside [0, n).
+std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::uint64_t k, std::uint64_t step,
+                                                    std::uint64_t pad, std::uint64_t n) {
+  // start + i * step >= pad  <=>  i >= ceil((pad - start) / step)
+  const std::uint64_t lo = start >= pad ? 0 : (pad - start + step - 1) / step;
+  // start + i * step < pad + n  <=>  i < ceil((pad + n - start) / step)
+  const std::uint64_t end = pad + n;
+  const std::uint64_t hi = end <= start ? 0 : std::min(k, (end - start + step - 1) / step);
+  return {std::min(lo, hi), hi};
+}
+
+}  // namespace
+
+// ---- Matmul: [..., m, k] x [..., k, n] -> [..., m, n], batch dims broadcast (ir.md §4
+// matmul_output). Float: any two float dtypes (mixed), f64 accumulation, output rounded once.
+// Int: equal integer dtypes, wrapping accumulation.
+
+Result<Outputs> run_matmul(const Ctx& c) {
+  const CpuTensor& a = c.in[0];
+  const CpuTensor& b = c.in[1];
+  const bool is_float = c.op.kind == OpKind::Float_Matmul;
+  if (is_float) {
+    if (!a.dtype().is_float() || !b.dtype().is_float() || !c.out_ir().dtype.is_float())
+      return c.error(ErrorCode::DTypeMismatch, fmt::format("operands {} x {} -> {} must all be float", a.to_string(),
+                                                           b.to_string(), c.out_ir().to_string()));
+  } else {
+    KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
+    KILN_RETURN_IF_ERROR(expect_out_integral(c, 0));
+  }
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::matmul_output(a.shape(), b.shape())));
+  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  const std::size_t r = out.shape().size();
+  const std::uint64_t m = a.shape()[r - 2];
+  const std::uint64_t k = a.shape()[r - 1];
+  const std::uint64_t n = b.shape()[r - 1];
+  ir::Shape batch(out.shape().begin(), out.shape().end() - 2);
+  ir::Shape a_batch(a.shape().begin(), a.shape().end() - 2);
+  ir::Shape b_batch(b.shape().begin(), b.shape().end() - 2);
+  const std::vector<std::uint64_t> amap = broadcast_map(a_batch, batch);
+  const std::vector<std::uint64_t> bmap = broadcast_map(b_batch, batch);
+  const Domain d = is_float ? Domain::Float : domain_of(a.dtype());
+  return dispatch(d, [&]<class T>() -> Result<Outputs> {
+    if constexpr (std::is_same_v<T, bool>) {
+      return c.error(ErrorCode::DTypeMismatch, "matmul of bool tensors");
+    } else {
+      for (std::size_t bi = 0; bi < amap.size(); ++bi) {
+        const std::uint64_t a0 = amap[bi] * m * k;
+        const std::uint64_t b0 = bmap[bi] * k * n;
+        const std::uint64_t o0 = bi * m * n;
+        for (std::uint64_t i = 0; i < m; ++i)
+          for (std::uint64_t j = 0; j < n; ++j) {
+            T acc = 0;
+            for (std::uint64_t p = 0; p < k; ++p) {
+              const T x = load<T>(a, a0 + i * k + p);
+              const T y = load<T>(b, b0 + p * n + j);
+              if constexpr (std::is_same_v<T, double>) acc += x * y;
+              else acc = wrap_add(acc, wrap_mul(x, y));
+            }
+            store<T>(out, o0 + i * n + j, acc);
+          }
+      }
+      return single(std::move(out));
+    }
+  });
+}
+
+// ---- Conv2d: x [N, C_in, H, W], weight [C_out, C_in / groups, kh, kw], bias? [C_out];
+// attrs [stride0, stride1, pad0, pad1, dilation0, dilation1, groups]; zero padding.
+// out[n, co, oh, ow] = bias[co] + sum over the group's input channels ci and the kernel (i, j) of
+//   x[n, g * cin_g + ci, oh * s0 - p0 + i * d0, ow * s1 - p1 + j * d1] * w[co, ci, i, j].
+
+Result<Outputs> run_conv2d(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  const CpuTensor& w = c.in[1];
+  const CpuTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
+  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
+  KILN_RETURN_IF_ERROR(expect_rank(c, w, 4, "weight"));
+  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
+  if (bias) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 0, "stride"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 1, "stride"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 2, "padding"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 3, "padding"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d0, positive_attr(c, 4, "dilation"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d1, positive_attr(c, 5, "dilation"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t groups, positive_attr(c, 6, "groups"));
+  const ir::Shape& xs = x.shape();
+  const ir::Shape& ws = w.shape();
+  if (xs[1] != ws[1] * groups || ws[0] % groups != 0)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} and weight {} do not fit {} groups", x.to_string(), w.to_string(), groups));
+  if (bias && (bias->shape().size() != 1 || bias->shape()[0] != ws[0]))
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("bias {} must have shape [{}]", bias->to_string(), ws[0]));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::conv_output(xs[2], ws[2], s0, p0, d0));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::conv_output(xs[3], ws[3], s1, p1, d1));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], ws[0], oh_n, ow_n}));
+  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  const std::uint64_t N = xs[0], C_in = xs[1], H = xs[2], W = xs[3];
+  const std::uint64_t C_out = ws[0], cin_g = ws[1], KH = ws[2], KW = ws[3];
+  const std::uint64_t cout_g = C_out / groups;
+  for (std::uint64_t nb = 0; nb < N; ++nb)
+    for (std::uint64_t co = 0; co < C_out; ++co) {
+      const std::uint64_t g = co / cout_g;
+      for (std::uint64_t oh = 0; oh < oh_n; ++oh)
+        for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
+          double acc = bias ? bias->get_f64(co) : 0.0;
+          for (std::uint64_t ci = 0; ci < cin_g; ++ci) {
+            const std::uint64_t cin = g * cin_g + ci;
+            for (std::uint64_t i = 0; i < KH; ++i) {
+              std::uint64_t h = 0;
+              if (!window_pos(oh * s0, i, d0, p0, H, h)) continue;
+              for (std::uint64_t j = 0; j < KW; ++j) {
+                std::uint64_t wp = 0;
+                if (!window_pos(ow * s1, j, d1, p1, W, wp)) continue;
+                acc += x.get_f64(((nb * C_in + cin) * H + h) * W + wp) * w.get_f64(((co * cin_g + ci) * KH + i) * KW + j);
+              }
+            }
+          }
+          element::store_f64(out.mutable_data(), out.dtype(), ((nb * C_out + co) * oh_n + oh) * ow_n + ow, acc);
+        }
+    }
+  return single(std::move(out));
+}
+
+// ---- ConvTranspose1d: x [N, C_in, L], weight [C_in, C_out / groups, K], bias? [C_out];
+// attrs [stride, padding, padding_out, dilation, groups]. Each input element scatters into
+//   out[n, g * cout_g + co, l * stride + k * dilation - padding] += x[n, cin, l] * w[cin, co, k]
+// for the input channels cin of group g; positions outside [0, L_out) are dropped (that is what
+// the padding crops), and padding_out only lengthens the output.
+
+Result<Outputs> run_conv_transpose1d(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  const CpuTensor& w = c.in[1];
+  const CpuTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
+  KILN_RETURN_IF_ERROR(expect_rank(c, x, 3, "x"));
+  KILN_RETURN_IF_ERROR(expect_rank(c, w, 3, "weight"));
+  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
+  if (bias) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t stride, positive_attr(c, 0, "stride"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t padding, count_attr(c, 1, "padding"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t padding_out, count_attr(c, 2, "padding_out"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t dilation, positive_attr(c, 3, "dilation"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t groups, positive_attr(c, 4, "groups"));
+  const ir::Shape& xs = x.shape();
+  const ir::Shape& ws = w.shape();
+  if (xs[1] != ws[0] || ws[0] % groups != 0)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} and weight {} do not fit {} groups", x.to_string(), w.to_string(), groups));
+  std::uint64_t C_out = 0;
+  if (__builtin_mul_overflow(ws[1], groups, &C_out)) return c.error(ErrorCode::Invalid, "channel count overflows");
+  if (bias && (bias->shape().size() != 1 || bias->shape()[0] != C_out))
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("bias {} must have shape [{}]", bias->to_string(), C_out));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t L_out,
+                        ir::shape::conv_transpose_output(xs[2], ws[2], stride, padding, padding_out, dilation));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], C_out, L_out}));
+  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  const std::uint64_t N = xs[0], C_in = xs[1], L = xs[2];
+  const std::uint64_t cout_g = ws[1], K = ws[2];
+  const std::uint64_t cin_g = C_in / groups;
+  std::vector<double> acc(static_cast<std::size_t>(out.num_elements()), 0.0);
+  for (std::uint64_t nb = 0; nb < N; ++nb)
+    for (std::uint64_t cin = 0; cin < C_in; ++cin) {
+      const std::uint64_t g = cin / cin_g;
+      for (std::uint64_t co = 0; co < cout_g; ++co)
+        for (std::uint64_t l = 0; l < L; ++l)
+          for (std::uint64_t k = 0; k < K; ++k) {
+            std::uint64_t pos = 0;
+            if (!window_pos(l * stride, k, dilation, padding, L_out, pos)) continue;
+            acc[((nb * C_out + g * cout_g + co) * L_out) + pos] +=
+                x.get_f64((nb * C_in + cin) * L + l) * w.get_f64((cin * cout_g + co) * K + k);
+          }
+    }
+  for (std::uint64_t nb = 0; nb < N; ++nb)
+    for (std::uint64_t co = 0; co < C_out; ++co)
+      for (std::uint64_t l = 0; l < L_out; ++l) {
+        const std::uint64_t i = (nb * C_out + co) * L_out + l;
+        element::store_f64(out.mutable_data(), out.dtype(), i, acc[i] + (bias ? bias->get_f64(co) : 0.0));
+      }
+  return single(std::move(out));
+}
+
+// ---- MaxPool2d: attrs [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode].
+// Padding is -inf (never chosen); NaN in a window propagates. A window lying entirely in the
+// padding (possible in ceil mode with the spec's output formula) gives -inf.
+
+Result<Outputs> run_max_pool2d(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t k0, positive_attr(c, 0, "kernel size"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t k1, positive_attr(c, 1, "kernel size"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 2, "stride"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 3, "stride"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 4, "padding"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 5, "padding"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d0, positive_attr(c, 6, "dilation"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d1, positive_attr(c, 7, "dilation"));
+  KILN_ASSIGN_OR_RETURN(bool ceil_mode, flag_attr(c, 8, "ceil_mode"));
+  const ir::Shape& xs = x.shape();
+  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::pool_output(xs[2], k0, s0, p0, d0, ceil_mode));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::pool_output(xs[3], k1, s1, p1, d1, ceil_mode));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], xs[1], oh_n, ow_n}));
+  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  const std::uint64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3];
+  for (std::uint64_t pl = 0; pl < planes; ++pl)
+    for (std::uint64_t oh = 0; oh < oh_n; ++oh)
+      for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
+        double best = -std::numeric_limits<double>::infinity();
+        // Only the kernel taps that land inside the input (the kernel size is an attribute and
+        // may be far larger than the input when the padding is).
+        const auto [i0, i1] = window_taps(oh * s0, k0, d0, p0, H);
+        const auto [j0, j1] = window_taps(ow * s1, k1, d1, p1, W);
+        for (std::uint64_t i = i0; i < i1; ++i) {
+          const std::uint64_t h = oh * s0 + i * d0 - p0;
+          for (std::uint64_t j = j0; j < j1; ++j) {
+            const std::uint64_t wp = ow * s1 + j * d1 - p1;
+            best = max_nan(best, x.get_f64((pl * H + h) * W + wp));
+          }
+        }
+        element::store_f64(out.mutable_data(), out.dtype(), (pl * oh_n + oh) * ow_n + ow, best);
+      }
+  return single(std::move(out));
+}
+
+// ---- AvgPool2d: attrs [k0, k1, stride0, stride1, pad0, pad1, count_include_pad, ceil_mode],
+// PyTorch's divisor: the window clipped to the padded input [−pad, size + pad) when
+// count_include_pad, else clipped to the input itself. A window with nothing to average (entirely
+// outside the input in ceil mode) gives 0, as PyTorch's kernel does.
+
+Result<Outputs> run_avg_pool2d(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t k0, positive_attr(c, 0, "kernel size"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t k1, positive_attr(c, 1, "kernel size"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 2, "stride"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 3, "stride"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 4, "padding"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 5, "padding"));
+  KILN_ASSIGN_OR_RETURN(bool count_include_pad, flag_attr(c, 6, "count_include_pad"));
+  KILN_ASSIGN_OR_RETURN(bool ceil_mode, flag_attr(c, 7, "ceil_mode"));
+  const ir::Shape& xs = x.shape();
+  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::pool_output(xs[2], k0, s0, p0, 1, ceil_mode));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::pool_output(xs[3], k1, s1, p1, 1, ceil_mode));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], xs[1], oh_n, ow_n}));
+  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  const std::uint64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3];
+  // Window [start, start + k) in padded coordinates (shifted by +pad so they stay unsigned).
+  auto clip = [](std::uint64_t lo, std::uint64_t hi, std::uint64_t min, std::uint64_t max, std::uint64_t& a,
+                 std::uint64_t& b) {
+    a = std::max(lo, min);
+    b = std::min(hi, max);
+    return a < b ? b - a : std::uint64_t{0};
+  };
+  for (std::uint64_t pl = 0; pl < planes; ++pl)
+    for (std::uint64_t oh = 0; oh < oh_n; ++oh)
+      for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
+        std::uint64_t h0, h1, w0, w1, ph0, ph1, pw0, pw1;
+        const std::uint64_t hs = oh * s0, ws = ow * s1;  // padded coordinates
+        const std::uint64_t in_h = clip(hs, hs + k0, p0, p0 + H, h0, h1);
+        const std::uint64_t in_w = clip(ws, ws + k1, p1, p1 + W, w0, w1);
+        const std::uint64_t pad_h = clip(hs, hs + k0, 0, H + 2 * p0, ph0, ph1);
+        const std::uint64_t pad_w = clip(ws, ws + k1, 0, W + 2 * p1, pw0, pw1);
+        double value = 0.0;
+        if (in_h != 0 && in_w != 0) {
+          double sum = 0.0;
+          for (std::uint64_t h = h0; h < h1; ++h)
+            for (std::uint64_t wp = w0; wp < w1; ++wp) sum += x.get_f64((pl * H + (h - p0)) * W + (wp - p1));
+          const std::uint64_t divisor = count_include_pad ? pad_h * pad_w : in_h * in_w;
+          value = sum / static_cast<double>(divisor);
+        }
+        element::store_f64(out.mutable_data(), out.dtype(), (pl * oh_n + oh) * ow_n + ow, value);
+      }
+  return single(std::move(out));
+}
+
+// ---- Embedding{weights [V, E], indices [B, S]}: out[b, s, :] = weights[indices[b, s], :].
+
+Result<Outputs> run_embedding(const Ctx& c) {
+  const CpuTensor& weights = c.in[0];
+  const CpuTensor& idx = c.in[1];
+  KILN_RETURN_IF_ERROR(expect_rank(c, weights, 2, "weights"));
+  KILN_RETURN_IF_ERROR(expect_rank(c, idx, 2, "indices"));
+  if (!idx.dtype().is_integral())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("indices {} must have an integer dtype", idx.to_string()));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, weights.dtype()));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{idx.shape()[0], idx.shape()[1], weights.shape()[1]}));
+  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  const std::uint64_t E = weights.shape()[1];
+  for (std::uint64_t t = 0; t < idx.num_elements(); ++t) {
+    KILN_ASSIGN_OR_RETURN(std::uint64_t row, checked_index(c, idx, t, weights.shape()[0], "embedding"));
+    for (std::uint64_t e = 0; e < E; ++e) copy_element(weights, row * E + e, out, t * E + e);
+  }
+  return single(std::move(out));
+}
+
+}  // namespace kiln::cpu::reference

@@ -1,0 +1,361 @@
+// Reference kernels: whole-tensor and per-axis reductions, arg reductions, max/min with indices,
+// top-k and cumulative scans.
+//
+// A reduction along `axis` views the input as [outer, n, inner] (outer = product of the dims
+// before the axis, inner = product after): element (o, j, i) is at (o * n + j) * inner + i and
+// output element (o, i) at o * inner + i. A whole-tensor reduction is the case outer = inner = 1.
+// Floats accumulate in f64 and integers in i64 / u64 (wrapping), always in index order, so the
+// result is deterministic.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <optional>
+
+#include "reference_internal.h"
+
+namespace kiln::cpu::reference {
+namespace {
+
+using ir::OpKind;
+
+enum class Red { Sum, Mean, Prod, Max, Min, MaxAbs, All, Any, ArgMax, ArgMin };
+
+std::optional<Red> red_of(OpKind k) {
+  switch (k) {
+    case OpKind::Numeric_Sum:
+    case OpKind::Numeric_SumDim: return Red::Sum;
+    case OpKind::Numeric_Mean:
+    case OpKind::Numeric_MeanDim: return Red::Mean;
+    case OpKind::Numeric_Prod:
+    case OpKind::Numeric_ProdDim: return Red::Prod;
+    case OpKind::Numeric_Max:
+    case OpKind::Numeric_MaxDim: return Red::Max;
+    case OpKind::Numeric_Min:
+    case OpKind::Numeric_MinDim: return Red::Min;
+    case OpKind::Numeric_MaxAbs:
+    case OpKind::Numeric_MaxAbsDim: return Red::MaxAbs;
+    case OpKind::Base_All:
+    case OpKind::Base_AllDim: return Red::All;
+    case OpKind::Base_Any:
+    case OpKind::Base_AnyDim: return Red::Any;
+    case OpKind::Numeric_ArgMax: return Red::ArgMax;
+    case OpKind::Numeric_ArgMin: return Red::ArgMin;
+    default: return std::nullopt;
+  }
+}
+
+// The [outer, n, inner] view of a reduction along `axis` of `shape`.
+struct AxisView {
+  std::uint64_t outer = 1, n = 1, inner = 1;
+  std::uint64_t at(std::uint64_t o, std::uint64_t j, std::uint64_t i) const { return (o * n + j) * inner + i; }
+};
+AxisView axis_view(const ir::Shape& s, std::size_t axis) {
+  return AxisView{dims_product(s, 0, axis), s[axis], dims_product(s, axis + 1, s.size())};
+}
+AxisView whole_view(const CpuTensor& t) { return AxisView{1, t.num_elements(), 1}; }
+
+// Does `a` beat the current best `b` for ArgMax / ArgMin? Strict, so the first occurrence wins;
+// NaN beats everything (PyTorch: the index of the first NaN).
+template <class T>
+bool beats(bool is_max, T a, T b) {
+  if (is_nan(b)) return false;
+  if (is_nan(a)) return true;
+  return is_max ? a > b : a < b;
+}
+
+// |v| as a magnitude that never overflows (u64 for integers).
+template <class T>
+auto magnitude(T v) {
+  if constexpr (std::is_same_v<T, double>) return std::fabs(v);
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return v < 0 ? std::uint64_t{0} - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
+  else return v;
+}
+
+// Reduces every (o, i) line of the view into output element o * inner + i.
+Result<Outputs> reduce_lines(const Ctx& c, Red r, const CpuTensor& x, const AxisView& v) {
+  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  const std::uint64_t lines = v.outer * v.inner;
+  if (lines == 0) return single(std::move(out));
+
+  if (r == Red::All || r == Red::Any) {  // any dtype: truthiness (x != 0; NaN is true)
+    for (std::uint64_t o = 0; o < v.outer; ++o)
+      for (std::uint64_t i = 0; i < v.inner; ++i) {
+        bool acc = r == Red::All;
+        for (std::uint64_t j = 0; j < v.n; ++j) {
+          const bool b = x.get_bool(v.at(o, j, i));
+          acc = r == Red::All ? (acc && b) : (acc || b);
+        }
+        element::store_bool(out.mutable_data(), out.dtype(), o * v.inner + i, acc);
+      }
+    return single(std::move(out));
+  }
+
+  if (v.n == 0 && (r == Red::Max || r == Red::Min || r == Red::MaxAbs || r == Red::ArgMax || r == Red::ArgMin))
+    return c.error(ErrorCode::Invalid, "cannot reduce an empty dimension: the reduction has no identity");
+  if (v.n == 0 && r == Red::Mean && !x.dtype().is_float())
+    return c.error(ErrorCode::Invalid, "integer mean of an empty dimension divides by zero");
+  if (r == Red::ArgMax || r == Red::ArgMin) KILN_RETURN_IF_ERROR(expect_index_fits(c, 0, v.n - 1));
+
+  return dispatch(domain_of(x.dtype()), [&]<class T>() -> Result<Outputs> {
+    if constexpr (std::is_same_v<T, bool>) {
+      return c.error(ErrorCode::DTypeMismatch, "numeric reduction of a bool tensor");
+    } else {
+      for (std::uint64_t o = 0; o < v.outer; ++o) {
+        for (std::uint64_t i = 0; i < v.inner; ++i) {
+          const std::uint64_t dst = o * v.inner + i;
+          switch (r) {
+            case Red::Sum:
+            case Red::Mean: {
+              T acc = 0;
+              for (std::uint64_t j = 0; j < v.n; ++j) {
+                if constexpr (std::is_same_v<T, double>) acc += load<T>(x, v.at(o, j, i));
+                else acc = wrap_add(acc, load<T>(x, v.at(o, j, i)));
+              }
+              if (r == Red::Mean) {
+                if constexpr (std::is_same_v<T, double>) acc = acc / static_cast<double>(v.n);  // 0/0 = NaN if empty
+                else if constexpr (std::is_signed_v<T>) acc = acc / static_cast<std::int64_t>(v.n);  // truncates
+                else acc = acc / v.n;
+              }
+              store<T>(out, dst, acc);
+              break;
+            }
+            case Red::Prod: {
+              T acc = 1;
+              for (std::uint64_t j = 0; j < v.n; ++j) {
+                if constexpr (std::is_same_v<T, double>) acc *= load<T>(x, v.at(o, j, i));
+                else acc = wrap_mul(acc, load<T>(x, v.at(o, j, i)));
+              }
+              store<T>(out, dst, acc);
+              break;
+            }
+            case Red::Max:
+            case Red::Min: {
+              T acc = load<T>(x, v.at(o, 0, i));
+              for (std::uint64_t j = 1; j < v.n; ++j) {
+                const T e = load<T>(x, v.at(o, j, i));
+                acc = r == Red::Max ? max_nan(acc, e) : min_nan(acc, e);
+              }
+              store<T>(out, dst, acc);
+              break;
+            }
+            case Red::MaxAbs: {
+              auto acc = magnitude(load<T>(x, v.at(o, 0, i)));
+              for (std::uint64_t j = 1; j < v.n; ++j) acc = max_nan(acc, magnitude(load<T>(x, v.at(o, j, i))));
+              if constexpr (std::is_same_v<T, double>) store<double>(out, dst, acc);
+              else store<std::uint64_t>(out, dst, acc);  // wraps like abs: |i8 -128| stays -128
+              break;
+            }
+            case Red::ArgMax:
+            case Red::ArgMin: {
+              const bool is_max = r == Red::ArgMax;
+              T best = load<T>(x, v.at(o, 0, i));
+              std::uint64_t at = 0;
+              for (std::uint64_t j = 1; j < v.n; ++j) {
+                const T e = load<T>(x, v.at(o, j, i));
+                if (beats(is_max, e, best)) {
+                  best = e;
+                  at = j;
+                }
+              }
+              element::store_u64(out.mutable_data(), out.dtype(), dst, at);
+              break;
+            }
+            case Red::All:
+            case Red::Any: break;  // handled above
+          }
+        }
+      }
+      return single(std::move(out));
+    }
+  });
+}
+
+}  // namespace
+
+// ---- Whole-tensor reductions: output shape [1] (rank 1, ir.md §5.11).
+
+Result<Outputs> run_reduce(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  const std::optional<Red> r = red_of(c.op.kind);
+  if (!r) return c.error(ErrorCode::Internal, "reduce: unknown kind");
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{1}));
+  if (*r == Red::All || *r == Red::Any) {
+    KILN_RETURN_IF_ERROR(expect_out_bool(c, 0));
+  } else {
+    KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  }
+  return reduce_lines(c, *r, x, whole_view(x));
+}
+
+// ---- Reductions along an axis: the axis is kept with size accumulator_len, which is 1 for
+// every kind of the table.
+
+Result<Outputs> run_reduce_dim(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  const std::optional<Red> r = red_of(c.op.kind);
+  if (!r) return c.error(ErrorCode::Internal, "reduce_dim: unknown kind");
+  KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "axis"));
+  if (c.op.attrs[1] != 1)
+    return c.error(ErrorCode::Invalid, fmt::format("accumulator_len must be 1, got {}", c.op.attrs[1]));
+  ir::Shape expected = x.shape();
+  expected[axis] = 1;
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, expected));
+  if (*r == Red::All || *r == Red::Any) {
+    KILN_RETURN_IF_ERROR(expect_out_bool(c, 0));
+  } else if (*r == Red::ArgMax || *r == Red::ArgMin) {
+    KILN_RETURN_IF_ERROR(expect_out_integral(c, 0));
+  } else {
+    KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  }
+  return reduce_lines(c, *r, x, axis_view(x.shape(), axis));
+}
+
+// ---- MaxDimWithIndices / MinDimWithIndices: the value (NaN propagates) and the index of its
+// first occurrence (the first NaN if any), both with the axis kept at size 1.
+
+Result<Outputs> run_reduce_dim_with_indices(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  const bool is_max = c.op.kind == OpKind::Numeric_MaxDimWithIndices;
+  if (!is_max && c.op.kind != OpKind::Numeric_MinDimWithIndices)
+    return c.error(ErrorCode::Internal, "reduce_dim_with_indices: unknown kind");
+  KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "dim"));
+  ir::Shape expected = x.shape();
+  expected[axis] = 1;
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, expected));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 1, expected));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  const AxisView v = axis_view(x.shape(), axis);
+  KILN_ASSIGN_OR_RETURN(CpuTensor values, c.new_output(0));
+  KILN_ASSIGN_OR_RETURN(CpuTensor indices, c.new_output(1));
+  Outputs outs;
+  if (v.outer * v.inner != 0) {
+    if (v.n == 0) return c.error(ErrorCode::Invalid, "cannot reduce an empty dimension: the reduction has no identity");
+    KILN_RETURN_IF_ERROR(expect_index_fits(c, 1, v.n - 1));
+    Status st = dispatch(domain_of(x.dtype()), [&]<class T>() -> Status {
+      if constexpr (std::is_same_v<T, bool>) {
+        return c.error(ErrorCode::DTypeMismatch, "numeric reduction of a bool tensor");
+      } else {
+        for (std::uint64_t o = 0; o < v.outer; ++o)
+          for (std::uint64_t i = 0; i < v.inner; ++i) {
+            T best = load<T>(x, v.at(o, 0, i));
+            std::uint64_t at = 0;
+            for (std::uint64_t j = 1; j < v.n; ++j) {
+              const T e = load<T>(x, v.at(o, j, i));
+              if (beats(is_max, e, best)) {
+                best = e;
+                at = j;
+              }
+            }
+            store<T>(values, o * v.inner + i, best);
+            element::store_u64(indices.mutable_data(), indices.dtype(), o * v.inner + i, at);
+          }
+        return Status::Ok();
+      }
+    });
+    KILN_RETURN_IF_ERROR(st);
+  } else {
+    KILN_RETURN_IF_ERROR(expect_out_integral(c, 1));
+  }
+  outs.push_back(std::move(values));
+  outs.push_back(std::move(indices));
+  return outs;
+}
+
+// ---- TopKWithIndices: the k largest values along the axis, in descending order, and their
+// indices. A stable sort keeps equal values in index order; NaN sorts as the largest value
+// (PyTorch's sort order).
+
+Result<Outputs> run_topk_with_indices(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "dim"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t k, count_attr(c, 1, "k"));
+  if (k > x.shape()[axis])
+    return c.error(ErrorCode::Invalid, fmt::format("k {} exceeds dim {} of size {}", k, axis, x.shape()[axis]));
+  ir::Shape expected = x.shape();
+  expected[axis] = k;
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, expected));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 1, expected));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  const AxisView v = axis_view(x.shape(), axis);
+  KILN_RETURN_IF_ERROR(expect_index_fits(c, 1, v.n == 0 ? 0 : v.n - 1));
+  KILN_ASSIGN_OR_RETURN(CpuTensor values, c.new_output(0));
+  KILN_ASSIGN_OR_RETURN(CpuTensor indices, c.new_output(1));
+  Status st = dispatch(domain_of(x.dtype()), [&]<class T>() -> Status {
+    if constexpr (std::is_same_v<T, bool>) {
+      return c.error(ErrorCode::DTypeMismatch, "top-k of a bool tensor");
+    } else {
+      std::vector<std::uint64_t> order(static_cast<std::size_t>(v.n));
+      std::vector<T> line(static_cast<std::size_t>(v.n));
+      const AxisView ov{v.outer, k, v.inner};
+      for (std::uint64_t o = 0; o < v.outer; ++o)
+        for (std::uint64_t i = 0; i < v.inner; ++i) {
+          for (std::uint64_t j = 0; j < v.n; ++j) line[j] = load<T>(x, v.at(o, j, i));
+          std::iota(order.begin(), order.end(), std::uint64_t{0});
+          std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
+            const T va = line[a];
+            const T vb = line[b];
+            if (is_nan(va)) return !is_nan(vb);
+            if (is_nan(vb)) return false;
+            return va > vb;
+          });
+          for (std::uint64_t j = 0; j < k; ++j) {
+            store<T>(values, ov.at(o, j, i), line[order[j]]);
+            element::store_u64(indices.mutable_data(), indices.dtype(), ov.at(o, j, i), order[j]);
+          }
+        }
+      return Status::Ok();
+    }
+  });
+  KILN_RETURN_IF_ERROR(st);
+  Outputs outs;
+  outs.push_back(std::move(values));
+  outs.push_back(std::move(indices));
+  return outs;
+}
+
+// ---- Cumulative scans along an axis. Floats accumulate in f64 and each output is the rounded
+// running value; CumMax / CumMin propagate NaN (once seen, every later output is NaN).
+
+Result<Outputs> run_cumulative(const Ctx& c) {
+  const CpuTensor& x = c.in[0];
+  const OpKind k = c.op.kind;
+  if (k != OpKind::Numeric_CumSum && k != OpKind::Numeric_CumProd && k != OpKind::Numeric_CumMin &&
+      k != OpKind::Numeric_CumMax)
+    return c.error(ErrorCode::Internal, "cumulative: unknown kind");
+  KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "axis"));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  const AxisView v = axis_view(x.shape(), axis);
+  return dispatch(domain_of(x.dtype()), [&]<class T>() -> Result<Outputs> {
+    if constexpr (std::is_same_v<T, bool>) {
+      return c.error(ErrorCode::DTypeMismatch, "cumulative op on a bool tensor");
+    } else {
+      for (std::uint64_t o = 0; o < v.outer; ++o)
+        for (std::uint64_t i = 0; i < v.inner; ++i) {
+          T acc = 0;
+          for (std::uint64_t j = 0; j < v.n; ++j) {
+            const T e = load<T>(x, v.at(o, j, i));
+            if (j == 0) {
+              acc = e;
+            } else if (k == OpKind::Numeric_CumSum) {
+              if constexpr (std::is_same_v<T, double>) acc += e;
+              else acc = wrap_add(acc, e);
+            } else if (k == OpKind::Numeric_CumProd) {
+              if constexpr (std::is_same_v<T, double>) acc *= e;
+              else acc = wrap_mul(acc, e);
+            } else if (k == OpKind::Numeric_CumMax) {
+              acc = max_nan(acc, e);
+            } else {
+              acc = min_nan(acc, e);
+            }
+            store<T>(out, v.at(o, j, i), acc);
+          }
+        }
+      return single(std::move(out));
+    }
+  });
+}
+
+}  // namespace kiln::cpu::reference

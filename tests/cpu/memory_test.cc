@@ -1,0 +1,249 @@
+// CpuAllocator: size classes, alignment, pooling and its statistics, the byte limit, threads.
+#include "kiln/cpu/memory.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace kiln::cpu {
+namespace {
+
+bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kCpuAlignment == 0; }
+
+TEST(CpuAllocatorTest, SizeClassesBoundTheWasteAndCoverTheRange) {
+  EXPECT_EQ(CpuAllocator::size_class(0), 64u);
+  EXPECT_EQ(CpuAllocator::size_class(1), 64u);
+  EXPECT_EQ(CpuAllocator::size_class(64), 64u);
+  EXPECT_EQ(CpuAllocator::size_class(65), 128u);
+  EXPECT_EQ(CpuAllocator::size_class(256), 256u);
+  EXPECT_EQ(CpuAllocator::size_class(257), 320u);
+  EXPECT_EQ(CpuAllocator::size_class(1000), 1024u);
+  EXPECT_EQ(CpuAllocator::size_class(1025), 1280u);
+  EXPECT_EQ(CpuAllocator::size_class(CpuAllocator::kMaxAllocation), CpuAllocator::kMaxAllocation);
+  EXPECT_FALSE(CpuAllocator::size_class(CpuAllocator::kMaxAllocation + 1).has_value());
+  // Every class is a multiple of the alignment and at most 25% above the request (above 256 B).
+  for (std::uint64_t n = 1; n < (1u << 20); n = n * 3 / 2 + 1) {
+    const std::uint64_t cs = *CpuAllocator::size_class(n);
+    EXPECT_GE(cs, n);
+    EXPECT_EQ(cs % kCpuAlignment, 0u) << n;
+    if (n > 256) {
+      EXPECT_LE(cs, n + n / 4) << n;
+    }
+  }
+}
+
+TEST(CpuAllocatorTest, BlocksAreAlignedWritableAndSized) {
+  CpuAllocator alloc;
+  for (std::uint64_t n : {0ull, 1ull, 63ull, 100ull, 4096ull, 100000ull, 3ull << 20}) {
+    auto b = alloc.allocate(n);
+    ASSERT_TRUE(b.ok()) << n;
+    EXPECT_NE(b->data(), nullptr);
+    EXPECT_TRUE(aligned(b->data())) << n;
+    EXPECT_EQ(b->size(), n);
+    EXPECT_EQ(b->capacity(), *CpuAllocator::size_class(n));
+    std::memset(b->data(), 0xAB, static_cast<std::size_t>(b->capacity()));  // the whole class is usable
+  }
+}
+
+TEST(CpuAllocatorTest, FreedBlocksAreReusedAndCounted) {
+  CpuAllocator alloc;
+  const std::byte* first = nullptr;
+  {
+    auto b = alloc.allocate(1000);
+    ASSERT_TRUE(b.ok());
+    first = b->data();
+    const CpuAllocatorStats s = alloc.stats();
+    EXPECT_EQ(s.bytes_in_use, 1024u);
+    EXPECT_EQ(s.pool_misses, 1u);
+    EXPECT_EQ(s.pool_hits, 0u);
+  }
+  CpuAllocatorStats s = alloc.stats();
+  EXPECT_EQ(s.bytes_in_use, 0u);
+  EXPECT_EQ(s.cached_bytes, 1024u);
+  EXPECT_EQ(s.deallocations, 1u);
+  // Same class (1000 and 1024 both map to 1024): a hit, same block.
+  auto again = alloc.allocate(1024);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->data(), first);
+  s = alloc.stats();
+  EXPECT_EQ(s.pool_hits, 1u);
+  EXPECT_EQ(s.allocations, 2u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  // Another class: a miss.
+  auto other = alloc.allocate(5000);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(alloc.stats().pool_misses, 2u);
+}
+
+TEST(CpuAllocatorTest, PeakTracksTheHighestUse) {
+  CpuAllocator alloc;
+  {
+    auto a = alloc.allocate(4096);
+    auto b = alloc.allocate(4096);
+    ASSERT_TRUE(a.ok() && b.ok());
+  }
+  auto c = alloc.allocate(64);
+  ASSERT_TRUE(c.ok());
+  const CpuAllocatorStats s = alloc.stats();
+  EXPECT_EQ(s.peak_bytes, 8192u);
+  EXPECT_EQ(s.bytes_in_use, 64u);
+}
+
+TEST(CpuAllocatorTest, ByteLimitReportsRequestedAndAvailable) {
+  CpuAllocator alloc({.byte_limit = 10000});
+  auto a = alloc.allocate(8000);  // class 8192
+  ASSERT_TRUE(a.ok());
+  auto b = alloc.allocate(4000);  // class 4096: 8192 + 4096 > 10000
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.error().code, ErrorCode::ResourceExhausted);
+  EXPECT_NE(b.error().message.find("4000 bytes"), std::string::npos) << b.error().message;
+  EXPECT_NE(b.error().message.find("size class 4096"), std::string::npos) << b.error().message;
+  EXPECT_NE(b.error().message.find("1808 bytes available"), std::string::npos) << b.error().message;
+  EXPECT_EQ(alloc.stats().failures, 1u);
+  EXPECT_EQ(alloc.stats().bytes_in_use, 8192u);
+  // Within the limit still works, and freeing makes room again.
+  EXPECT_TRUE(alloc.allocate(1000).ok());
+  a = alloc.allocate(0);  // releases the 8192 block
+  EXPECT_TRUE(alloc.allocate(8000).ok());
+}
+
+TEST(CpuAllocatorTest, CachedBlocksAreReleasedUnderThePressureOfTheLimit) {
+  CpuAllocator alloc({.byte_limit = 16384});
+  { auto a = alloc.allocate(12000); }  // 12288 cached
+  EXPECT_EQ(alloc.stats().cached_bytes, 12288u);
+  auto b = alloc.allocate(16000);  // class 16384: live + cached would pass the limit
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(alloc.stats().cached_bytes, 0u);
+}
+
+TEST(CpuAllocatorTest, TooLargeIsAnErrorNotACrash) {
+  CpuAllocator alloc;
+  auto a = alloc.allocate(CpuAllocator::kMaxAllocation + 1);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.error().code, ErrorCode::ResourceExhausted);
+  auto s = alloc.allocate_shared(~std::uint64_t{0});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code, ErrorCode::ResourceExhausted);
+}
+
+TEST(CpuAllocatorTest, CacheCapSendsExtraBlocksBack) {
+  CpuAllocator alloc({.max_cached_bytes = 4096});
+  {
+    auto a = alloc.allocate(4096);
+    auto b = alloc.allocate(4096);
+  }
+  const CpuAllocatorStats s = alloc.stats();
+  EXPECT_EQ(s.cached_bytes, 4096u);  // one kept, one returned
+  EXPECT_EQ(s.deallocations, 2u);
+  EXPECT_EQ(alloc.release_cached(), 4096u);
+  EXPECT_EQ(alloc.stats().cached_bytes, 0u);
+}
+
+TEST(CpuAllocatorTest, HugeBlocksArePooledToo) {
+  CpuAllocator alloc;
+  const std::uint64_t n = 8ull << 20;
+  const std::byte* p = nullptr;
+  {
+    auto a = alloc.allocate(n);
+    ASSERT_TRUE(a.ok());
+    p = a->data();
+    EXPECT_TRUE(aligned(p));
+    std::memset(a->data(), 1, static_cast<std::size_t>(n));
+  }
+  auto again = alloc.allocate(n);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->data(), p);
+  EXPECT_EQ(alloc.stats().pool_hits, 1u);
+}
+
+TEST(CpuAllocatorTest, BuffersMoveAndShare) {
+  CpuAllocator alloc;
+  auto a = alloc.allocate(100);
+  ASSERT_TRUE(a.ok());
+  CpuBuffer moved = std::move(a).value();
+  EXPECT_EQ(moved.size(), 100u);
+  CpuBuffer target;
+  EXPECT_TRUE(target.empty());
+  target = std::move(moved);
+  EXPECT_TRUE(moved.empty());  // NOLINT: moved-from state is specified
+  EXPECT_EQ(alloc.stats().bytes_in_use, 128u);
+  auto shared = alloc.allocate_shared(100);
+  ASSERT_TRUE(shared.ok());
+  std::shared_ptr<CpuBuffer> alias = *shared;
+  shared->reset();
+  EXPECT_EQ(alloc.stats().bytes_in_use, 256u);  // the alias keeps it alive
+  alias.reset();
+  EXPECT_EQ(alloc.stats().bytes_in_use, 128u);
+}
+
+TEST(CpuAllocatorTest, BuffersMayOutliveTheirAllocator) {
+  std::shared_ptr<CpuBuffer> kept;
+  {
+    CpuAllocator alloc;
+    auto b = alloc.allocate_shared(1 << 12);
+    ASSERT_TRUE(b.ok());
+    kept = *b;
+    std::memset(kept->data(), 7, 1 << 12);
+  }
+  EXPECT_EQ(kept->data()[100], std::byte{7});
+  kept.reset();  // returns the block to the (closing) pool, which frees it: ASan checks no leak
+}
+
+TEST(CpuAllocatorTest, ConcurrentStreamsKeepTheCountsExact) {
+  CpuAllocator alloc({.byte_limit = 64ull << 20});
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 2000;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<CpuBuffer> live;
+      for (int i = 0; i < kRounds; ++i) {
+        const std::uint64_t n = 64u << ((i + t) % 10);
+        auto b = alloc.allocate(n);
+        if (!b.ok()) {
+          failures.fetch_add(1);
+          continue;
+        }
+        std::memset(b->data(), t, static_cast<std::size_t>(n));
+        live.push_back(std::move(b).value());
+        if (live.size() > 8) live.erase(live.begin());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const CpuAllocatorStats s = alloc.stats();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(s.bytes_in_use, 0u);
+  EXPECT_EQ(s.allocations, static_cast<std::uint64_t>(kThreads * kRounds));
+  EXPECT_EQ(s.deallocations, s.allocations);
+  EXPECT_EQ(s.pool_hits + s.pool_misses, s.allocations);
+  EXPECT_GT(s.pool_hits, s.pool_misses);
+  EXPECT_LE(s.peak_bytes, 64ull << 20);
+}
+
+TEST(CpuAllocatorTest, ConcurrentRequestsNeverPassTheLimitTogether) {
+  const std::uint64_t limit = 1 << 20;
+  CpuAllocator alloc({.byte_limit = limit});
+  std::atomic<std::uint64_t> refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) {
+        auto a = alloc.allocate(200000);  // class 229376: four fit under the limit, five do not
+        auto b = alloc.allocate(200000);
+        if (!a.ok() || !b.ok()) refused.fetch_add(1);
+        EXPECT_LE(alloc.stats().bytes_in_use, limit);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_LE(alloc.stats().peak_bytes, limit);
+  EXPECT_EQ(alloc.stats().bytes_in_use, 0u);
+}
+
+}  // namespace
+}  // namespace kiln::cpu
