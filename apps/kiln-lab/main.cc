@@ -7,26 +7,44 @@
 
 #include <cstdio>
 
+#include "kiln/fusion/config.h"
 #include "scenarios.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln-lab: run fusion scenarios and print the fusion log"};
   std::vector<std::string> names;
   bool all = false;
-  std::string level_text = "full";
+  std::string level_text;
+  std::string config_path = "kiln.toml";
   std::string help_scenarios = "scenarios:\n";
   for (const auto& s : kiln::lab::scenarios()) help_scenarios += fmt::format("  {:<8} {}\n", s.name, s.help);
   app.footer(help_scenarios);
   app.add_option("scenario", names, "scenario names to run (see below)");
   app.add_flag("--all", all, "run every scenario");
-  app.add_option("--log", level_text, "fusion log level: disabled, basic, medium, full")->capture_default_str();
+  app.add_option("--log", level_text,
+                 "fusion log level: disabled, basic, medium, full (default: kiln.toml [fusion.logger] level or "
+                 "KILN_FUSION_LOG when they set one, else full)");
+  app.add_option("--config", config_path, "configuration file ([fusion] tables)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  auto level = kiln::fusion::parse_log_level(level_text);
-  if (!level) {
-    fmt::print(stderr, "kiln-lab: unknown log level '{}' (disabled, basic, medium, full)\n", level_text);
+  auto config = kiln::fusion::load_fusion_config(config_path, kiln::fusion::process_env());
+  if (!config.ok()) {
+    fmt::print(stderr, "kiln-lab: {}\n", config.error().message);
     return 2;
   }
+  std::optional<kiln::fusion::LogLevel> level = kiln::fusion::LogLevel::Full;  // the lab exists to show the log
+  if (!level_text.empty()) {
+    level = kiln::fusion::parse_log_level(level_text);
+    if (!level) {
+      fmt::print(stderr, "kiln-lab: unknown log level '{}' (disabled, basic, medium, full)\n", level_text);
+      return 2;
+    }
+  } else if (config->log_to_stderr) {
+    level = config->log_level;
+  }
+  kiln::fusion::ProcessorOptions options;
+  options.max_blocks = config->max_blocks;
+  options.max_explorations = config->max_explorations;
   if (all) {
     names.clear();
     for (const auto& s : kiln::lab::scenarios()) names.push_back(s.name);
@@ -50,7 +68,7 @@ int main(int argc, char** argv) {
     }
     fmt::print("\n======== scenario {} — {}\n", scenario->name, scenario->help);
     std::fflush(stdout);
-    auto result = scenario->run(log);
+    auto result = scenario->run(log, options);
     logger->flush();
     fmt::print("\n{} {}\n", result.ok ? "[ok]" : "[UNEXPECTED]", result.summary);
     if (!result.ok) ++failures;

@@ -32,8 +32,8 @@ std::string describe_fused(const fusion::RecordingExecutor& ex, std::size_t from
   return s.empty() ? "nothing fused" : s;
 }
 
-ScenarioResult reuse(const fusion::FusionLog& log) {
-  Lab lab(log);
+ScenarioResult reuse(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
+  Lab lab(log, options);
   struct Step {
     const char* label;
     Shape shape;
@@ -66,8 +66,8 @@ ScenarioResult reuse(const fusion::FusionLog& log) {
   return result;
 }
 
-ScenarioResult chains(const fusion::FusionLog& log) {
-  Lab lab(log);
+ScenarioResult chains(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
+  Lab lab(log, options);
   register_chains(lab, 5);
   const bool nothing_ran_before_sync = lab.executor().records().empty();
   lab.sync();
@@ -83,8 +83,8 @@ ScenarioResult chains(const fusion::FusionLog& log) {
 }
 
 // softmax over the last axis as a front end lowers it: max, sub, exp, sum, div.
-ScenarioResult softmax(const fusion::FusionLog& log) {
-  Lab lab(log);
+ScenarioResult softmax(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
+  Lab lab(log, options);
   TensorIr x = lab.input({64, 1024});
   TensorIr m = lab.reduce_dim(OpKind::Numeric_MaxDim, x, TensorStatus::ReadOnly, 1);
   TensorIr d = lab.binary(OpKind::Numeric_Sub, x, TensorStatus::ReadWrite, m, TensorStatus::ReadWrite);
@@ -101,8 +101,8 @@ ScenarioResult softmax(const fusion::FusionLog& log) {
 }
 
 // A linear layer's matmul with its bias add and activation fused as the epilogue.
-ScenarioResult matmul(const fusion::FusionLog& log) {
-  Lab lab(log);
+ScenarioResult matmul(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
+  Lab lab(log, options);
   TensorIr x = lab.input({128, 256}), w = lab.input({256, 64}), bias = lab.input({1, 64});
   TensorIr y = lab.matmul(x, TensorStatus::ReadOnly, w, TensorStatus::ReadOnly);
   TensorIr z = lab.binary(OpKind::Numeric_Add, y, TensorStatus::ReadWrite, bias, TensorStatus::ReadOnly);
@@ -115,8 +115,8 @@ ScenarioResult matmul(const fusion::FusionLog& log) {
 }
 
 // The view rule: a swap_dims of a tensor seen for the first time runs alone; the rest fuses.
-ScenarioResult views(const fusion::FusionLog& log) {
-  Lab lab(log);
+ScenarioResult views(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
+  Lab lab(log, options);
   TensorIr a = lab.input({32, 32}), b = lab.input({32, 32});
   TensorIr t = lab.swap_dims(a, TensorStatus::ReadOnly, 0, 1);
   TensorIr s = lab.binary(OpKind::Numeric_Add, t, TensorStatus::ReadWrite, b, TensorStatus::ReadOnly);
@@ -131,8 +131,8 @@ ScenarioResult views(const fusion::FusionLog& log) {
 }
 
 // max_explorations = 1: the first program is explored and cached, a different one runs unfused.
-ScenarioResult cap(const fusion::FusionLog& log) {
-  fusion::ProcessorOptions options;
+ScenarioResult cap(const fusion::FusionLog& log, const fusion::ProcessorOptions& configured) {
+  fusion::ProcessorOptions options = configured;
   options.max_explorations = 1;
   Lab lab(log, options);
   lab.read(register_w1(lab, {16, 16}, 2.0).t7);

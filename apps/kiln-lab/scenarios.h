@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/fusion/fusion_log.h"
+#include "kiln/fusion/processor.h"
 
 namespace kiln::lab {
 
@@ -19,7 +20,8 @@ struct ScenarioResult {
 struct Scenario {
   std::string name;
   std::string help;  // one line for --help
-  std::function<ScenarioResult(const fusion::FusionLog& log)> run;
+  // `options` come from kiln.toml / the environment (max_blocks, max_explorations).
+  std::function<ScenarioResult(const fusion::FusionLog& log, const fusion::ProcessorOptions& options)> run;
 };
 
 const std::vector<Scenario>& scenarios();
