@@ -1,0 +1,159 @@
+// CpuDevice: the state a CPU stream executor works against — the allocator, the tensor handle
+// container, the reference executor (for what the fast executor does not accelerate), the cache
+// of compiled fused programs, the worker threads, statistics, and host upload / download.
+//
+// Thread-safety:
+//   * handles() is NOT synchronised: one CpuDevice's container is used by one stream actor at a
+//     time (every executor of this device, upload and download included, must be called from
+//     that actor). The runtime will put the device's streams behind its own synchronisation;
+//     until then, one thread per device.
+//   * The allocator is thread-safe (see memory.h); the kernel cache takes a shared lock to look
+//     up and an exclusive one to insert, so executors of several streams may share a device's
+//     cache; statistics are atomic counters.
+//   * The task arena runs one launch's parallel loops; it is entered by the executor's thread.
+//
+// Usage:
+//   kiln::cpu::CpuDevice device({.threads = 2});
+//   (void)device.upload<float>(TensorId{1}, {2, 2}, std::vector<float>{1, 2, 3, 4});
+//   kiln::cpu::CpuExecutor exec(device);               // cpu_executor.h
+//   exec.execute_operation(op);                         // or through a fusion::FusionStream
+//   auto values = device.download_f64(TensorId{2});     // HandleLookup: values, or the TensorError
+//   if (values.is_errored()) log(values.tensor_error()->to_string());
+//   device.stats().kernel_cache_hits;
+#pragma once
+
+#include <tbb/task_arena.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/cpu/memory.h"
+#include "kiln/cpu/reference_executor.h"
+#include "kiln/cpu/tensor.h"
+#include "kiln/fusion/fused_program.h"
+#include "kiln/ir/handle_container.h"
+
+namespace kiln::cpu {
+
+namespace fast {
+struct CompiledProgram;
+}
+
+struct CpuDeviceOptions {
+  // Worker threads one launch may use (its task arena's concurrency); 0 = the hardware's.
+  int threads = 0;
+  CpuAllocatorOptions allocator{};
+  // Seed of the reference executor's random generator (Random / IntRandom ops).
+  std::uint64_t seed = ReferenceExecutor::kDefaultSeed;
+};
+
+// A snapshot of the device's counters.
+struct CpuDeviceStats {
+  std::uint64_t fused_launches = 0;       // fused programs (or ReduceBroadcasted stages) run fast
+  std::uint64_t fused_replays = 0;        // fused programs replayed op by op (errored input, fault,
+                                          // unsupported structure)
+  std::uint64_t fast_ops = 0;             // single operations run by the fast kernels
+  std::uint64_t reference_ops = 0;        // single operations run by the reference executor
+  std::uint64_t kernel_cache_hits = 0;    // compiled forms found in the cache
+  std::uint64_t kernel_cache_misses = 0;  // compiled forms built
+  std::uint64_t inplace_reuses = 0;       // outputs written into a consumed input's buffer
+  std::uint64_t zero_copy_reshapes = 0;   // reshapes that share their input's buffer
+  // fused_launches by fusion::ProgramKind (ReduceBroadcasted counts its stages as their kinds).
+  std::array<std::uint64_t, 5> launches_by_kind{};
+};
+
+class CpuDevice {
+ public:
+  using Handles = ir::HandleContainer<CpuTensor>;
+
+  explicit CpuDevice(CpuDeviceOptions options = {});
+  ~CpuDevice();
+  CpuDevice(const CpuDevice&) = delete;
+  CpuDevice& operator=(const CpuDevice&) = delete;
+
+  CpuAllocator& allocator() { return allocator_; }
+  Handles& handles() { return handles_; }
+  const Handles& handles() const { return handles_; }
+  ReferenceExecutor& reference() { return reference_; }
+  tbb::task_arena& arena() { return arena_; }
+  int threads() const { return threads_; }
+
+  // ---- Compiled kernels: one compiled form per program structure (FusedProgram::structural_hash,
+  // then == on a hash match), reused for every size and scalar value.
+  std::shared_ptr<const fast::CompiledProgram> compiled(const fusion::FusedProgram& program);
+  std::size_t kernel_cache_size() const;
+  void clear_kernel_cache();
+
+  // ---- Statistics
+  CpuDeviceStats stats() const;
+  void reset_stats();
+
+  // ---- Host data. Uploads register a tensor under `id` (replacing any entry); downloads read
+  // a tensor back, or return its TensorError when it is errored (InvalidHandle when absent).
+  void upload(ir::TensorId id, CpuTensor tensor) { handles_.register_handle(id, std::move(tensor)); }
+  template <class T>
+  Status upload(ir::TensorId id, ir::Shape shape, std::span<const T> values);
+  // Values converted with the element codec (rounded once to `dtype`).
+  Status upload_f64(ir::TensorId id, ir::Shape shape, ir::DType dtype, std::span<const double> values);
+  Status upload_i64(ir::TensorId id, ir::Shape shape, ir::DType dtype, std::span<const std::int64_t> values);
+  Status upload_bool(ir::TensorId id, ir::Shape shape, ir::DType dtype, const std::vector<bool>& values);
+
+  ir::HandleLookup<CpuTensor> tensor(ir::TensorId id) const;
+  // Raw elements; T must be the dtype's storage type (CpuTensor::to_values), else DTypeMismatch.
+  template <class T>
+  ir::HandleLookup<std::vector<T>> download(ir::TensorId id) const;
+  // Every element through the codec (any dtype).
+  ir::HandleLookup<std::vector<double>> download_f64(ir::TensorId id) const;
+  ir::HandleLookup<std::vector<std::int64_t>> download_i64(ir::TensorId id) const;
+  ir::HandleLookup<std::vector<bool>> download_bool(ir::TensorId id) const;
+
+  // Counters the executors bump (relaxed atomics).
+  struct Counters {
+    std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0},
+        kernel_cache_hits{0}, kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0};
+    std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
+  };
+  Counters& counters() { return counters_; }
+
+ private:
+  struct CacheEntry {
+    fusion::FusedProgram program;
+    std::shared_ptr<const fast::CompiledProgram> compiled;
+  };
+
+  CpuAllocator allocator_;
+  Handles handles_;
+  ReferenceExecutor reference_;
+  int threads_;
+  tbb::task_arena arena_;
+  mutable std::shared_mutex cache_mutex_;
+  std::unordered_map<std::uint64_t, std::vector<CacheEntry>> cache_;
+  Counters counters_;
+};
+
+template <class T>
+Status CpuDevice::upload(ir::TensorId id, ir::Shape shape, std::span<const T> values) {
+  Result<CpuTensor> t = CpuTensor::from_values<T>(allocator_, std::move(shape), values);
+  if (!t.ok()) return t.error();
+  upload(id, std::move(t).value());
+  return Status::Ok();
+}
+
+template <class T>
+ir::HandleLookup<std::vector<T>> CpuDevice::download(ir::TensorId id) const {
+  ir::HandleLookup<CpuTensor> t = tensor(id);
+  if (!t.ok()) return std::move(t).map([](CpuTensor&&) { return std::vector<T>(); });
+  std::vector<T> values = t->template to_values<T>();
+  if (values.empty() && t->num_elements() != 0)
+    return ir::HandleLookup<std::vector<T>>::invalid(
+        make_error(ErrorCode::DTypeMismatch, "CpuDevice::download: " + t->to_string() + " is not stored as this type"));
+  return ir::HandleLookup<std::vector<T>>::found(std::move(values));
+}
+
+}  // namespace kiln::cpu

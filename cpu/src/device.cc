@@ -1,0 +1,134 @@
+#include "kiln/cpu/device.h"
+
+#include <tbb/info.h>
+
+#include <mutex>
+
+#include "fast_program.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+int resolve_threads(int requested) {
+  if (requested > 0) return requested;
+  const int n = tbb::info::default_concurrency();
+  return n > 0 ? n : 1;
+}
+
+template <class T>
+ir::HandleLookup<T> lookup_error(const CpuDevice::Handles& handles, ir::TensorId id) {
+  const auto* entry = handles.entry(id);
+  if (entry != nullptr && entry->is_errored()) return ir::HandleLookup<T>::errored(*entry->error());
+  return ir::HandleLookup<T>::invalid(
+      make_error(ErrorCode::InvalidHandle, "CpuDevice: " + id.to_string() + " has no data (absent or not written)"));
+}
+
+}  // namespace
+
+CpuDevice::CpuDevice(CpuDeviceOptions options)
+    : allocator_(options.allocator),
+      reference_(allocator_, options.seed),
+      threads_(resolve_threads(options.threads)),
+      arena_(threads_) {}
+
+CpuDevice::~CpuDevice() = default;
+
+std::shared_ptr<const fast::CompiledProgram> CpuDevice::compiled(const fusion::FusedProgram& program) {
+  const std::uint64_t hash = program.structural_hash();
+  {
+    std::shared_lock lock(cache_mutex_);
+    auto it = cache_.find(hash);
+    if (it != cache_.end()) {
+      for (const CacheEntry& e : it->second) {
+        if (e.program == program) {
+          counters_.kernel_cache_hits.fetch_add(1, std::memory_order_relaxed);
+          return e.compiled;
+        }
+      }
+    }
+  }
+  // Compile outside the lock; a concurrent compile of the same structure keeps the first entry.
+  auto built = std::make_shared<const fast::CompiledProgram>(fast::compile_program(program));
+  std::unique_lock lock(cache_mutex_);
+  std::vector<CacheEntry>& bucket = cache_[hash];
+  for (const CacheEntry& e : bucket)
+    if (e.program == program) {
+      counters_.kernel_cache_hits.fetch_add(1, std::memory_order_relaxed);
+      return e.compiled;
+    }
+  counters_.kernel_cache_misses.fetch_add(1, std::memory_order_relaxed);
+  bucket.push_back(CacheEntry{program, built});
+  return built;
+}
+
+std::size_t CpuDevice::kernel_cache_size() const {
+  std::shared_lock lock(cache_mutex_);
+  std::size_t n = 0;
+  for (const auto& [hash, bucket] : cache_) n += bucket.size();
+  return n;
+}
+
+void CpuDevice::clear_kernel_cache() {
+  std::unique_lock lock(cache_mutex_);
+  cache_.clear();
+}
+
+CpuDeviceStats CpuDevice::stats() const {
+  auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  CpuDeviceStats s{get(counters_.fused_launches),      get(counters_.fused_replays),
+                   get(counters_.fast_ops),            get(counters_.reference_ops),
+                   get(counters_.kernel_cache_hits),   get(counters_.kernel_cache_misses),
+                   get(counters_.inplace_reuses),      get(counters_.zero_copy_reshapes)};
+  for (std::size_t k = 0; k < s.launches_by_kind.size(); ++k) s.launches_by_kind[k] = get(counters_.launches_by_kind[k]);
+  return s;
+}
+
+void CpuDevice::reset_stats() {
+  for (std::atomic<std::uint64_t>* a :
+       {&counters_.fused_launches, &counters_.fused_replays, &counters_.fast_ops, &counters_.reference_ops,
+        &counters_.kernel_cache_hits, &counters_.kernel_cache_misses, &counters_.inplace_reuses,
+        &counters_.zero_copy_reshapes})
+    a->store(0, std::memory_order_relaxed);
+  for (auto& a : counters_.launches_by_kind) a.store(0, std::memory_order_relaxed);
+}
+
+Status CpuDevice::upload_f64(ir::TensorId id, ir::Shape shape, ir::DType dtype, std::span<const double> values) {
+  Result<CpuTensor> t = CpuTensor::from_f64(allocator_, std::move(shape), dtype, values);
+  if (!t.ok()) return t.error();
+  upload(id, std::move(t).value());
+  return Status::Ok();
+}
+
+Status CpuDevice::upload_i64(ir::TensorId id, ir::Shape shape, ir::DType dtype, std::span<const std::int64_t> values) {
+  Result<CpuTensor> t = CpuTensor::from_i64(allocator_, std::move(shape), dtype, values);
+  if (!t.ok()) return t.error();
+  upload(id, std::move(t).value());
+  return Status::Ok();
+}
+
+Status CpuDevice::upload_bool(ir::TensorId id, ir::Shape shape, ir::DType dtype, const std::vector<bool>& values) {
+  Result<CpuTensor> t = CpuTensor::from_bool(allocator_, std::move(shape), dtype, values);
+  if (!t.ok()) return t.error();
+  upload(id, std::move(t).value());
+  return Status::Ok();
+}
+
+ir::HandleLookup<CpuTensor> CpuDevice::tensor(ir::TensorId id) const {
+  if (const CpuTensor* t = handles_.get_handle_ref(id)) return ir::HandleLookup<CpuTensor>::found(*t);
+  return lookup_error<CpuTensor>(handles_, id);
+}
+
+ir::HandleLookup<std::vector<double>> CpuDevice::download_f64(ir::TensorId id) const {
+  return tensor(id).map([](CpuTensor&& t) { return t.to_f64(); });
+}
+
+ir::HandleLookup<std::vector<std::int64_t>> CpuDevice::download_i64(ir::TensorId id) const {
+  return tensor(id).map([](CpuTensor&& t) { return t.to_i64(); });
+}
+
+ir::HandleLookup<std::vector<bool>> CpuDevice::download_bool(ir::TensorId id) const {
+  return tensor(id).map([](CpuTensor&& t) { return t.to_bool(); });
+}
+
+}  // namespace kiln::cpu

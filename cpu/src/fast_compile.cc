@@ -1,0 +1,386 @@
+// Compiles a FusedProgram into the fast executor's CompiledProgram: typed registers, one kernel
+// per instruction, physical scratch slots shared by registers whose lifetimes do not overlap,
+// scalar slots. Structure only: nothing here depends on sizes or scalar values.
+#include <algorithm>
+#include <limits>
+
+#include "fast_program.h"
+
+namespace kiln::cpu::fast {
+namespace {
+
+using fusion::FusedProgram;
+using fusion::Instruction;
+using fusion::OperandKind;
+using fusion::ProgramBlock;
+using fusion::ProgramKind;
+using ir::OpKind;
+
+constexpr std::uint32_t kNoSlot = std::numeric_limits<std::uint32_t>::max();
+
+std::optional<Code> code_of(OpKind k) {
+  switch (k) {
+    case OpKind::Numeric_Add:
+    case OpKind::Numeric_AddScalar: return Code::Add;
+    case OpKind::Numeric_Sub:
+    case OpKind::Numeric_SubScalar: return Code::Sub;
+    case OpKind::Numeric_Mul:
+    case OpKind::Numeric_MulScalar: return Code::Mul;
+    case OpKind::Numeric_Div:
+    case OpKind::Numeric_DivScalar: return Code::Div;
+    case OpKind::Numeric_Rem:
+    case OpKind::Numeric_RemScalar: return Code::Rem;
+    case OpKind::Float_Powf:
+    case OpKind::Float_PowfScalar: return Code::Pow;
+    case OpKind::Int_BitwiseAnd:
+    case OpKind::Int_BitwiseAndScalar: return Code::BitAnd;
+    case OpKind::Int_BitwiseOr:
+    case OpKind::Int_BitwiseOrScalar: return Code::BitOr;
+    case OpKind::Int_BitwiseXor:
+    case OpKind::Int_BitwiseXorScalar: return Code::BitXor;
+    case OpKind::Int_BitwiseLeftShift:
+    case OpKind::Int_BitwiseLeftShiftScalar: return Code::Shl;
+    case OpKind::Int_BitwiseRightShift:
+    case OpKind::Int_BitwiseRightShiftScalar: return Code::Shr;
+    case OpKind::Bool_And: return Code::LogicAnd;
+    case OpKind::Bool_Or: return Code::LogicOr;
+    case OpKind::Bool_Xor: return Code::LogicXor;
+    case OpKind::Numeric_ClampMin: return Code::ClampMin;
+    case OpKind::Numeric_ClampMax: return Code::ClampMax;
+    case OpKind::Base_Equal:
+    case OpKind::Base_EqualElem: return Code::Eq;
+    case OpKind::Base_NotEqual:
+    case OpKind::Base_NotEqualElem: return Code::Ne;
+    case OpKind::Numeric_Greater:
+    case OpKind::Numeric_GreaterElem: return Code::Gt;
+    case OpKind::Numeric_GreaterEqual:
+    case OpKind::Numeric_GreaterEqualElem: return Code::Ge;
+    case OpKind::Numeric_Lower:
+    case OpKind::Numeric_LowerElem: return Code::Lt;
+    case OpKind::Numeric_LowerEqual:
+    case OpKind::Numeric_LowerEqualElem: return Code::Le;
+    case OpKind::Numeric_Abs: return Code::Abs;
+    case OpKind::Numeric_Neg: return Code::Neg;
+    case OpKind::Numeric_Sign: return Code::Sign;
+    case OpKind::Float_Exp: return Code::Exp;
+    case OpKind::Float_Log: return Code::Log;
+    case OpKind::Float_Log1p: return Code::Log1p;
+    case OpKind::Float_Erf: return Code::Erf;
+    case OpKind::Float_Sqrt: return Code::Sqrt;
+    case OpKind::Float_Cos: return Code::Cos;
+    case OpKind::Float_Sin: return Code::Sin;
+    case OpKind::Float_Tanh: return Code::Tanh;
+    case OpKind::Float_Recip: return Code::Recip;
+    case OpKind::Float_Round: return Code::Round;
+    case OpKind::Float_Floor: return Code::Floor;
+    case OpKind::Float_Ceil: return Code::Ceil;
+    case OpKind::Float_Trunc: return Code::Trunc;
+    case OpKind::Float_IsNan: return Code::IsNan;
+    case OpKind::Float_IsInf: return Code::IsInf;
+    case OpKind::Int_BitwiseNot: return Code::BitNot;
+    case OpKind::Bool_Not: return Code::Not;
+    case OpKind::Base_Cast:
+    case OpKind::Float_IntoInt:
+    case OpKind::Int_IntoFloat:
+    case OpKind::Bool_IntoFloat:
+    case OpKind::Bool_IntoInt: return Code::Cast;
+    case OpKind::Numeric_Clamp: return Code::Clamp;
+    case OpKind::Base_MaskWhere: return Code::MaskWhere;
+    case OpKind::Base_MaskFill: return Code::MaskFill;
+    case OpKind::Base_Reshape: return Code::Copy;
+    case OpKind::Base_Ones:
+    case OpKind::Base_Zeros:
+    case OpKind::Numeric_Full: return Code::Fill;
+    case OpKind::Base_Gather: return Code::Gather;
+    case OpKind::Base_Select: return Code::Select;
+    case OpKind::Base_Cat: return Code::Cat;
+    default: return std::nullopt;
+  }
+}
+
+bool is_binary(Code c) { return c <= Code::ClampMax; }
+bool is_comparison(Code c) { return c >= Code::Eq && c <= Code::Le; }
+bool is_unary(Code c) { return c >= Code::Abs && c <= Code::Not; }
+
+// The constant of Ones / Zeros in a dtype, read through its class.
+Scalar constant(ir::DType d, int value) {
+  Scalar s;
+  s.f = value;
+  s.i = value;
+  s.u = static_cast<std::uint64_t>(value);
+  s.b = value != 0;
+  (void)d;
+  return s;
+}
+
+int int_bits_of(ir::DType d) { return d.is_integral() ? static_cast<int>(d.size_bytes() * 8) : 0; }
+
+class Compiler {
+ public:
+  explicit Compiler(const FusedProgram& p) : p_(p) {}
+
+  CompiledProgram run() {
+    out_.kind = p_.kind;
+    if (p_.kind == ProgramKind::ReduceBroadcasted) {
+      for (const FusedProgram& s : p_.stages) out_.stages.push_back(compile_program(s));
+      return std::move(out_);
+    }
+    switch (p_.kind) {
+      case ProgramKind::Elementwise:
+      case ProgramKind::NhwcRelayout:
+        if (p_.blocks.size() != 1) return unsupported("an elementwise program has one block");
+        break;
+      case ProgramKind::Matmul:
+        if (p_.blocks.size() != 1 || !p_.matmul) return unsupported("a matmul program has one block and a matmul");
+        break;
+      case ProgramKind::Reduce:
+        if (p_.blocks.size() != 2 || !p_.blocks[1].reduction || p_.blocks[0].reduction)
+          return unsupported("a reduce program has a prologue and a reduction block");
+        out_.may_fail = true;  // empty reductions without identity, index dtypes too narrow
+        break;
+      case ProgramKind::ReduceBroadcasted: break;
+    }
+    for (const fusion::ProgramInput& in : p_.inputs)
+      if (!class_of(in.dtype)) return unsupported("input dtype " + in.dtype.name());
+    for (const fusion::ProgramOutput& o : p_.outputs) {
+      if (!class_of(o.dtype)) return unsupported("output dtype " + o.dtype.name());
+      if (o.block >= p_.blocks.size()) return unsupported("output of an unknown block");
+    }
+    for (std::size_t b = 0; b < p_.blocks.size(); ++b)
+      if (!compile_block(b)) return std::move(out_);
+    return std::move(out_);
+  }
+
+ private:
+  CompiledProgram unsupported(std::string why) {
+    out_.supported = false;
+    out_.why_unsupported = std::move(why);
+    return std::move(out_);
+  }
+  bool fail(std::string why) {
+    out_.supported = false;
+    if (out_.why_unsupported.empty()) out_.why_unsupported = std::move(why);
+    return false;
+  }
+
+  std::int32_t scalar_slot(std::uint32_t k, ir::DType d) {
+    for (std::size_t i = 0; i < out_.scalars.size(); ++i)
+      if (out_.scalars[i].placeholder == k && out_.scalars[i].dtype == d) return static_cast<std::int32_t>(i);
+    out_.scalars.push_back(ScalarBind{k, d});
+    return static_cast<std::int32_t>(out_.scalars.size() - 1);
+  }
+
+  bool compile_block(std::size_t bi) {
+    const ProgramBlock& b = p_.blocks[bi];
+    CBlock cb;
+    cb.reference = b.reference_shape;
+    cb.reduction = b.reduction;
+    for (const ir::DType& d : b.registers) {
+      const std::optional<VClass> c = class_of(d);
+      if (!c) return fail("register dtype " + d.name());
+      cb.regs.push_back(RegInfo{*c, d, fixup_of(d)});
+    }
+    const std::size_t nregs = cb.regs.size();
+    auto reg_ok = [&](std::uint32_t r) { return r < nregs; };
+    std::vector<bool> preset(nregs, false);
+    if (b.reduction) {
+      if (!reg_ok(b.reduction->out)) return fail("reduction register");
+      preset[b.reduction->out] = true;
+      if (!(cb.regs[b.reduction->out].dtype == b.reduction->out_dtype)) return fail("reduction output dtype");
+    }
+    if (bi == 0 && p_.matmul) {
+      if (!reg_ok(p_.matmul->out)) return fail("matmul register");
+      preset[p_.matmul->out] = true;
+    }
+    for (const fusion::Load& l : b.loads) {
+      if (!reg_ok(l.local)) return fail("load register");
+      if (l.source == fusion::LoadSource::Input) {
+        if (l.index >= p_.inputs.size()) return fail("load of an unknown input");
+        const fusion::ProgramInput& in = p_.inputs[l.index];
+        if (in.role == fusion::InputRole::Indexed) return fail("plain load of an indexed input");
+        if (in.role == fusion::InputRole::View) {
+          if (!in.view || in.view->source >= p_.inputs.size()) return fail("view without a source");
+          if (in.view->op != OpKind::Base_SwapDims && in.view->op != OpKind::Base_Reshape) return fail("view kind");
+        }
+        if (!(in.dtype == cb.regs[l.local].dtype)) return fail("load dtype");
+      } else {
+        if (l.index >= p_.outputs.size()) return fail("load of an unknown output");
+        const fusion::ProgramOutput& o = p_.outputs[l.index];
+        if (o.block >= bi || !o.written) return fail("load of an output not written by an earlier block");
+        if (!(o.dtype == cb.regs[l.local].dtype)) return fail("load dtype");
+      }
+      cb.loads.push_back(CLoad{l.local, l.source, l.index});
+    }
+    for (const Instruction& ins : b.instructions) {
+      if (!compile_instr(ins, cb)) return false;
+    }
+    for (const fusion::Store& s : b.stores) {
+      if (!reg_ok(s.local) || s.output >= p_.outputs.size()) return fail("store");
+      if (!(p_.outputs[s.output].dtype == cb.regs[s.local].dtype)) return fail("store dtype");
+      cb.stores.push_back(CStore{s.local, s.output});
+    }
+    // The handover register of a Reduce prologue is read after the block ran.
+    std::optional<std::uint32_t> handover;
+    if (bi + 1 < p_.blocks.size() && p_.blocks[bi + 1].reduction) {
+      handover = p_.blocks[bi + 1].reduction->input;
+      if (!reg_ok(*handover)) return fail("reduction input register");
+      if (!(cb.regs[*handover].dtype == p_.blocks[bi + 1].reduction->input_dtype)) return fail("reduction input dtype");
+    }
+    assign_slots(cb, preset, handover);
+    out_.blocks.push_back(std::move(cb));
+    return true;
+  }
+
+  bool compile_instr(const Instruction& ins, CBlock& cb) {
+    const std::optional<Code> code = code_of(ins.op);
+    if (!code) return fail(std::string("instruction ") + std::string(ir::op_info(ins.op).variant));
+    const std::optional<VClass> cls = class_of(ins.compute);
+    const std::optional<VClass> out_cls = class_of(ins.out_dtype);
+    if (!cls || !out_cls) return fail("instruction dtype");
+    if (ins.out >= cb.regs.size() || !(cb.regs[ins.out].dtype == ins.out_dtype)) return fail("instruction output");
+    CInstr c;
+    c.code = *code;
+    c.cls = *cls;
+    c.out_cls = *out_cls;
+    c.compute = ins.compute;
+    c.out_dtype = ins.out_dtype;
+    c.out = ins.out;
+    c.bits = int_bits_of(ins.compute);
+    std::vector<std::uint32_t> locals;
+    std::vector<std::uint32_t> scalars;
+    for (const fusion::Operand& o : ins.operands) {
+      switch (o.kind) {
+        case OperandKind::Local:
+          if (o.index >= cb.regs.size()) return fail("operand register");
+          locals.push_back(o.index);
+          break;
+        case OperandKind::Input:
+          if (o.index >= p_.inputs.size() || p_.inputs[o.index].role != fusion::InputRole::Indexed)
+            return fail("input operand");
+          c.inputs.push_back(o.index);
+          break;
+        case OperandKind::Scalar: scalars.push_back(o.index); break;
+      }
+    }
+    auto local_dtype = [&](std::size_t i) { return cb.regs[locals[i]].dtype; };
+    const Code k = *code;
+    bool ok = true;
+    if (is_binary(k) || is_comparison(k)) {
+      const bool scalar_rhs = locals.size() == 1 && scalars.size() == 1;
+      ok = (locals.size() == 2 && scalars.empty()) || scalar_rhs;
+      ok = ok && local_dtype(0) == ins.compute && (scalar_rhs || local_dtype(1) == ins.compute);
+      ok = ok && (is_comparison(k) ? ins.out_dtype.is_bool() : ins.out_dtype == ins.compute);
+    } else if (is_unary(k)) {
+      ok = locals.size() == 1 && scalars.empty() && local_dtype(0) == ins.compute;
+      ok = ok && ((k == Code::IsNan || k == Code::IsInf) ? ins.out_dtype.is_bool() : ins.out_dtype == ins.compute);
+    } else {
+      switch (k) {
+        case Code::Cast:
+        case Code::Copy:
+          ok = locals.size() == 1 && scalars.empty() && local_dtype(0) == ins.compute;
+          if (k == Code::Copy) ok = ok && ins.out_dtype == ins.compute;
+          break;
+        case Code::Clamp:
+          ok = locals.size() == 1 && scalars.size() == 2 && local_dtype(0) == ins.compute &&
+               ins.out_dtype == ins.compute;
+          break;
+        case Code::MaskWhere:
+          ok = locals.size() == 3 && scalars.empty() && local_dtype(0) == ins.compute && local_dtype(1).is_bool() &&
+               local_dtype(2) == ins.compute && ins.out_dtype == ins.compute;
+          break;
+        case Code::MaskFill:
+          ok = locals.size() == 2 && scalars.size() == 1 && local_dtype(0) == ins.compute &&
+               local_dtype(1).is_bool() && ins.out_dtype == ins.compute;
+          break;
+        case Code::Fill:
+          ok = locals.empty() && c.inputs.empty() && ins.out_dtype == ins.compute &&
+               scalars.size() == (ins.op == OpKind::Numeric_Full ? 1u : 0u);
+          if (ins.op == OpKind::Base_Ones) c.imm = constant(ins.out_dtype, 1);
+          if (ins.op == OpKind::Base_Zeros) c.imm = constant(ins.out_dtype, 0);
+          break;
+        case Code::Gather:
+        case Code::Select:
+          ok = locals.empty() && scalars.empty() && c.inputs.size() == 2 && ins.attrs.size() == 1 &&
+               p_.inputs[c.inputs[0]].dtype == ins.compute && p_.inputs[c.inputs[1]].dtype.is_integral() &&
+               ins.out_dtype == ins.compute;
+          break;
+        case Code::Cat:
+          ok = locals.empty() && scalars.empty() && !c.inputs.empty() && ins.attrs.size() == 1 &&
+               ins.out_dtype == ins.compute;
+          for (std::uint32_t i : c.inputs) ok = ok && p_.inputs[i].dtype == ins.compute;
+          break;
+        default: ok = false;
+      }
+    }
+    if (!ok) return fail(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
+    if (!c.inputs.empty()) {
+      c.dim = ins.attrs[0];
+      c.num_inputs = static_cast<std::uint32_t>(c.inputs.size());
+      cb.has_indexed = true;
+      out_.may_fail = true;  // an index out of range
+    }
+    for (std::size_t i = 0; i < locals.size(); ++i) c.regs[i] = static_cast<std::int32_t>(locals[i]);
+    for (std::size_t i = 0; i < scalars.size(); ++i) c.scalars[i] = scalar_slot(scalars[i], ins.compute);
+    if ((k == Code::Div || k == Code::Rem) && ins.compute.is_integral()) out_.may_fail = true;
+    if (!bind_kernel(c, cb.regs[c.out])) return fail(std::string("no fast kernel for ") +
+                                                        std::string(ir::op_info(ins.op).variant) + " on " +
+                                                        ins.compute.name());
+    cb.instrs.push_back(std::move(c));
+    return true;
+  }
+
+  // Greedy slot assignment in program order: a register takes a free slot when it is defined
+  // (loads at the start; an instruction's output before its dying operands are released, so an
+  // output never shares memory with an operand) and gives it back after its last use. Stored
+  // registers and the reduction handover live to the end; preset registers have no slot.
+  static void assign_slots(CBlock& cb, const std::vector<bool>& preset, std::optional<std::uint32_t> handover) {
+    const std::size_t nregs = cb.regs.size();
+    const int end = static_cast<int>(cb.instrs.size());
+    std::vector<int> last(nregs, -2);
+    for (std::size_t i = 0; i < cb.instrs.size(); ++i)
+      for (std::int32_t r : cb.instrs[i].regs)
+        if (r >= 0) last[static_cast<std::size_t>(r)] = static_cast<int>(i);
+    for (const CStore& s : cb.stores) last[s.reg] = end;
+    if (handover) last[*handover] = end;
+    cb.slot.assign(nregs, kNoSlot);
+    std::vector<std::uint32_t> free_slots;
+    std::uint32_t next = 0;
+    auto take = [&]() {
+      if (!free_slots.empty()) {
+        const std::uint32_t s = free_slots.back();
+        free_slots.pop_back();
+        return s;
+      }
+      return next++;
+    };
+    auto release_dead = [&](int at) {
+      for (std::size_t r = 0; r < nregs; ++r)
+        if (cb.slot[r] != kNoSlot && last[r] <= at && last[r] != -3) {
+          free_slots.push_back(cb.slot[r]);
+          last[r] = -3;  // released
+        }
+    };
+    for (const CLoad& l : cb.loads)
+      if (cb.slot[l.reg] == kNoSlot && !preset[l.reg]) cb.slot[l.reg] = take();
+    // Loads never read are dead right away (last = -2 < 0 = the first instruction).
+    release_dead(-1);
+    for (std::size_t i = 0; i < cb.instrs.size(); ++i) {
+      const std::uint32_t o = cb.instrs[i].out;
+      if (!preset[o] && cb.slot[o] == kNoSlot) {
+        cb.slot[o] = take();
+        if (last[o] < static_cast<int>(i)) last[o] = static_cast<int>(i);  // unused result: dies here
+      }
+      release_dead(static_cast<int>(i));
+    }
+    cb.num_slots = next;
+  }
+
+  const FusedProgram& p_;
+  CompiledProgram out_;
+};
+
+}  // namespace
+
+CompiledProgram compile_program(const FusedProgram& p) { return Compiler(p).run(); }
+
+}  // namespace kiln::cpu::fast

@@ -1,0 +1,184 @@
+// Vectorisable float32 approximations of exp, log, log1p and tanh for the fast CPU executor, and
+// the float <-> f16 / bf16 bit conversions its loads and stores use.
+//
+// Every function is branch-free straight-line code on one value (selects, not branches), so that
+// GCC's loop vectoriser turns a plain `for (i) out[i] = exp_f32(in[i])` into AVX2 / AVX-512 code
+// at -O3 -march=native: no per-element call into libm. Measured accuracy against the correctly
+// rounded result (every finite float32 input, exhaustively; docs/cpu-backend.md):
+//
+//   exp_f32    <= 1 ulp   (Cody-Waite reduction, Cephes degree-6 minimax polynomial, two-step
+//                          2^n scaling so that subnormal results round once)
+//   log_f32    <= 1 ulp   (Cephes logf: mantissa in [sqrt(1/2), sqrt(2)), degree-9 polynomial)
+//   log1p_f32  <= 2 ulp   (Goldberg: log(u) * x / (u - 1) with u = 1 + x)
+//   tanh_f32   <= 2 ulp   (odd minimax polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above)
+//
+// Special values follow IEEE / C99 Annex F exactly (the differential tests compare NaN and Inf
+// positions): NaN in -> NaN out; exp(+inf) = +inf, exp(-inf) = +0, overflow -> +inf, underflow
+// -> subnormal or +0; log(+-0) = -inf, log(x < 0) = NaN, log(+inf) = +inf, subnormal inputs
+// exact; log1p(-1) = -inf, log1p(x < -1) = NaN; tanh(+-inf) = +-1, tanh(+-0) = +-0.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace kiln::cpu::fast {
+
+// a * b + c, fused where the target has FMA (one rounding); otherwise two roundings, which the
+// error bounds above still cover (they were measured on the FMA build; the non-FMA build stays
+// within one extra ulp).
+inline float madd(float a, float b, float c) {
+#ifdef __FMA__
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// exp(x) for float32.
+inline float exp_f32(float x) {
+  // Clamp into the range where the reduction below is exact; NaN becomes 0 here (so that the
+  // float -> int conversion below is defined) and is restored at the end.
+  float xc = x < -104.0f ? -104.0f : x;
+  xc = xc > 89.0f ? 89.0f : xc;
+  xc = x == x ? xc : 0.0f;
+  // n = round(x / ln 2) with the 1.5 * 2^23 trick (exact for |v| < 2^22).
+  const float shifter = 12582912.0f;
+  const float n = (xc * 1.44269504088896341f + shifter) - shifter;
+  // r = x - n ln2, with ln2 split so that n * ln2_hi is exact (ln2_hi has 15 significant bits).
+  float r = madd(n, -0.693145751953125f, xc);
+  r = madd(n, -1.428606765330187045e-06f, r);
+  // e^r on [-ln2/2, ln2/2]: 1 + r + r^2 P(r) (Cephes expf coefficients).
+  float p = 1.9875691500e-4f;
+  p = madd(p, r, 1.3981999507e-3f);
+  p = madd(p, r, 8.3334519073e-3f);
+  p = madd(p, r, 4.1665795894e-2f);
+  p = madd(p, r, 1.6666665459e-1f);
+  p = madd(p, r, 5.0000001201e-1f);
+  p = madd(p, r * r, r) + 1.0f;
+  // Scale by 2^n in two exact steps (n in [-150, 128]) so that a subnormal result rounds once
+  // and 2^128 overflows to +inf exactly when the true result does.
+  const std::int32_t ni = static_cast<std::int32_t>(n);
+  const std::int32_t n1 = ni >> 1;
+  const std::int32_t n2 = ni - n1;
+  const float s1 = std::bit_cast<float>(static_cast<std::int32_t>((n1 + 127) << 23));
+  const float s2 = std::bit_cast<float>(static_cast<std::int32_t>((n2 + 127) << 23));
+  const float res = (p * s1) * s2;
+  return x == x ? res : x;
+}
+
+// log(x) for float32.
+inline float log_f32(float x) {
+  // Subnormal inputs: scale by 2^23 into the normal range first.
+  const bool tiny = x < 1.17549435e-38f;
+  const float xs = tiny ? x * 8388608.0f : x;
+  const std::int32_t bits = std::bit_cast<std::int32_t>(xs);
+  // xs = m * 2^e with m in [0.5, 1).
+  float e = static_cast<float>(((bits >> 23) & 0xff) - 126) - (tiny ? 23.0f : 0.0f);
+  float m = std::bit_cast<float>(static_cast<std::int32_t>((bits & 0x007fffff) | 0x3f000000));
+  // Move m into [sqrt(1/2), sqrt(2)): f = m - 1 (or 2m - 1 with e - 1).
+  const bool low = m < 0.707106781186547524f;
+  e = low ? e - 1.0f : e;
+  const float f = (low ? m + m : m) - 1.0f;
+  const float z = f * f;
+  float y = 7.0376836292e-2f;
+  y = madd(y, f, -1.1514610310e-1f);
+  y = madd(y, f, 1.1676998740e-1f);
+  y = madd(y, f, -1.2420140846e-1f);
+  y = madd(y, f, 1.4249322787e-1f);
+  y = madd(y, f, -1.6668057665e-1f);
+  y = madd(y, f, 2.0000714765e-1f);
+  y = madd(y, f, -2.4999993993e-1f);
+  y = madd(y, f, 3.3333331174e-1f);
+  y = y * f * z;
+  y = madd(e, -2.12194440e-4f, y);
+  y = madd(z, -0.5f, y);
+  float res = f + y;
+  res = madd(e, 0.693359375f, res);
+  // Special values.
+  res = x == 0.0f ? -INFINITY : res;
+  res = x < 0.0f ? NAN : res;
+  res = x == INFINITY ? INFINITY : res;
+  return x == x ? res : x;
+}
+
+// log(1 + x) for float32.
+inline float log1p_f32(float x) {
+  const float u = 1.0f + x;
+  const float d = u - 1.0f;
+  // u == 1: x is below half an ulp of 1 and log1p(x) rounds to x.
+  float res = d == 0.0f ? x : log_f32(u) * (x / d);
+  res = x == INFINITY ? INFINITY : res;
+  return x == x ? res : x;
+}
+
+// tanh(x) for float32.
+inline float tanh_f32(float x) {
+  const float a = std::fabs(x);
+  // Small |x|: x + x^3 P(x^2) (Cephes tanhf).
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = madd(p, z, 2.06390887954e-2f);
+  p = madd(p, z, -5.37397155531e-2f);
+  p = madd(p, z, 1.33314422036e-1f);
+  p = madd(p, z, -3.33332819422e-1f);
+  float small = madd(p * z, x, x);
+  small = x == 0.0f ? x : small;  // keeps the sign of a zero
+  // Large |x|: 1 - 2 / (e^{2|x|} + 1), with the sign of x; exp overflows to inf -> exactly 1.
+  const float big = 1.0f - 2.0f / (exp_f32(a + a) + 1.0f);
+  const float signed_big = std::copysign(big, x);
+  return a < 0.625f ? small : signed_big;  // NaN: the comparison is false, big is NaN
+}
+
+// ---- f16 / bf16 <-> f32 bit conversions, branch-free (vectorisable); exact widening and
+// round-to-nearest-even narrowing, NaN stays a quiet NaN, overflow gives infinity.
+
+inline float f16_bits_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t rest = h & 0x7fffu;
+  // Normal and subnormal numbers: shift the exponent and mantissa into place and rescale by
+  // 2^112 (the exponent bias difference), which also normalises subnormals exactly.
+  const float scaled = std::bit_cast<float>(rest << 13) * 5.192296858534828e+33f;  // 2^112
+  // Inf / NaN: exponent all ones.
+  const std::uint32_t special = (rest << 13) | 0x7f800000u;
+  const std::uint32_t mag = rest >= 0x7c00u ? special : std::bit_cast<std::uint32_t>(scaled);
+  return std::bit_cast<float>(sign | mag);
+}
+
+inline std::uint16_t f32_to_f16_bits(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t ax = x & 0x7fffffffu;
+  // NaN: a quiet NaN with the sign (payload's top bits kept).
+  const std::uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu);
+  // Overflow: >= 65520 rounds to infinity.
+  const std::uint32_t inf = 0x7c00u;
+  // Normal range (f16 exponent >= 1, i.e. |f| >= 2^-14): round the mantissa to 10 bits, ties
+  // to even; a carry into the exponent is correct rounding (up to infinity).
+  const std::uint32_t rebias = ax - 0x38000000u;  // exponent - 112
+  const std::uint32_t normal = (rebias + 0x0fffu + ((rebias >> 13) & 1u)) >> 13;
+  // Subnormal range (|f| < 2^-14): add 0.5 (in float arithmetic, which rounds to nearest even at
+  // the right bit because the f16 subnormal spacing 2^-24 is the float's ulp at 0.5).
+  const float sub_f = std::bit_cast<float>(ax) + 0.5f;
+  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(sub_f) - 0x3f000000u;
+  std::uint32_t mag = ax < 0x38800000u ? subnormal : normal;
+  mag = ax >= 0x477ff000u ? inf : mag;
+  mag = ax > 0x7f800000u ? nan : mag;
+  return static_cast<std::uint16_t>(sign | mag);
+}
+
+inline float bf16_bits_to_f32(std::uint16_t h) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
+}
+
+inline std::uint16_t f32_to_bf16_bits(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // ties to even
+  const std::uint32_t nan = (x >> 16) | 0x0040u;                         // quiet, sign kept
+  const bool is_nan = (x & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<std::uint16_t>(is_nan ? nan : rounded);
+}
+
+}  // namespace kiln::cpu::fast

@@ -1,0 +1,287 @@
+// Private to the fast CPU executor: the compiled form of a fused program, the per-launch state
+// that binds it to concrete tensors, sizes and scalars, and the entry points of the kernel files
+// (fast_elementwise.cc, fast_reduce.cc, fast_matmul.cc).
+//
+// A FusedProgram is compiled once per structure (cached in the CpuDevice by structural hash) into
+// a CompiledProgram: per block, a flat list of typed operations over REGISTERS, each register an
+// array of kBlock elements of one storage class (float, double, int64, uint64 or bool bytes).
+// Running a block over positions [start, start + n) of its reference shape executes every
+// operation once over n elements: loads gather (or alias) input elements, instructions are
+// clean typed loops the compiler vectorises, stores scatter to outputs. Nothing in a compiled
+// form depends on concrete sizes or scalar values; a Launch binds those.
+//
+// Thread-safety: compiled forms are immutable once built and shared between launches and
+// threads. A Launch and its BlockRunners are built by one stream's executor; BlockRunner::run is
+// const and is called concurrently by the tasks of one parallel loop (each with its own scratch).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <tbb/task_arena.h>
+
+#include "kiln/cpu/memory.h"
+#include "kiln/cpu/tensor.h"
+#include "kiln/fusion/fused_program.h"
+#include "kiln/ir/operation.h"
+
+namespace kiln::cpu::fast {
+
+// Elements per chunk. numexpr's block size is 1024 (its docs: small enough that a dozen
+// temporaries stay in L1/L2, large enough to amortise the per-operation dispatch); measured here
+// (docs/cpu-backend.md) 1024 and 2048 tie on W1/W3 and 4096 loses ~5% once registers spill out
+// of L1; 1024 keeps a 10-register f64 program (80 KiB) within L2 of the smallest core we target.
+inline constexpr std::size_t kBlock = 1024;
+// Highest rank a compiled form iterates natively; higher ranks run on the reference executor.
+inline constexpr std::size_t kMaxRank = 8;
+// Parallel loops split work only when a launch has at least this many elements. A oneTBB
+// fork-join costs a few microseconds; 2^16 f32 elements of a memory-bound elementwise loop take
+// ~10-20 us on one core, so below that the split costs as much as it saves.
+inline constexpr std::uint64_t kParallelThreshold = std::uint64_t{1} << 16;
+
+// ---- Registers
+
+enum class VClass : std::uint8_t { F32, F64, I64, U64, Bool };
+std::size_t class_size(VClass c);
+// f64 -> F64; f32, flex32, f16, bf16 -> F32; signed ints -> I64; unsigned -> U64; bool -> Bool.
+std::optional<VClass> class_of(ir::DType d);
+// Whether a tensor of this dtype stores its elements exactly as the class holds them (so a
+// contiguous load may alias the buffer and an instruction may write straight into an output).
+bool stores_natively(ir::DType d);
+
+// What keeps a register's values inside its dtype after an instruction computed them in the
+// class: round f32 to f16 / bf16, wrap a 64-bit integer to a narrower width.
+enum class Fixup : std::uint8_t { None, F16, BF16, Wrap8, Wrap16, Wrap32, WrapU8, WrapU16, WrapU32 };
+Fixup fixup_of(ir::DType d);
+
+struct RegInfo {
+  VClass cls = VClass::F32;
+  ir::DType dtype;
+  Fixup fixup = Fixup::None;
+};
+
+// One scalar operand, converted at launch to its instruction's dtype (the element codec's cast
+// rules, as the reference executor converts scalars) and read through the field of its class.
+struct Scalar {
+  double f = 0;
+  std::int64_t i = 0;
+  std::uint64_t u = 0;
+  std::uint8_t b = 0;
+};
+
+// ---- Compiled instructions
+
+enum class Code : std::uint8_t {
+  // binary arithmetic (tensor-tensor, or tensor-scalar with a scalar slot)
+  Add, Sub, Mul, Div, Rem, Pow, BitAnd, BitOr, BitXor, Shl, Shr, LogicAnd, LogicOr, LogicXor, ClampMin, ClampMax,
+  // comparisons (bool out)
+  Eq, Ne, Gt, Ge, Lt, Le,
+  // unary
+  Abs, Neg, Sign, Exp, Log, Log1p, Erf, Sqrt, Cos, Sin, Tanh, Recip, Round, Floor, Ceil, Trunc, IsNan, IsInf, BitNot,
+  Not,
+  // others
+  Cast, Clamp, MaskWhere, MaskFill, Copy, Fill,
+  // indexed reads (positions computed per element)
+  Gather, Select, Cat,
+};
+
+struct CInstr;
+// n elements; operands already resolved to arrays of their class. Sets *fail on a fault.
+struct KArgs {
+  void* out = nullptr;
+  std::array<const void*, 3> in{};
+  std::array<const Scalar*, 2> s{};
+  std::size_t n = 0;
+  const CInstr* ins = nullptr;
+  bool* fail = nullptr;
+};
+using KernelFn = void (*)(const KArgs&);
+
+struct CInstr {
+  Code code = Code::Copy;
+  VClass cls = VClass::F32;      // operand class
+  VClass out_cls = VClass::F32;  // result class
+  ir::DType compute;             // operand dtype
+  ir::DType out_dtype;
+  std::uint32_t out = 0;                          // register
+  std::array<std::int32_t, 3> regs{-1, -1, -1};   // register operands
+  std::array<std::int32_t, 2> scalars{-1, -1};    // scalar slots (CompiledProgram::scalars)
+  std::vector<std::uint32_t> inputs;              // program inputs (indexed ops)
+  std::uint32_t num_inputs = 0;
+  std::int64_t dim = 0;                           // indexed ops
+  int bits = 0;                                   // integer width of the compute dtype (shifts)
+  Scalar imm;                                     // Fill constant (Ones, Zeros)
+  bool exact_out = false;  // the kernel already rounded to the register's dtype: no fixup
+  KernelFn fn = nullptr;
+};
+
+struct CLoad {
+  std::uint32_t reg = 0;
+  fusion::LoadSource source = fusion::LoadSource::Input;
+  std::uint32_t index = 0;  // program input (Plain / Broadcast / View entry) or program output
+};
+
+struct CStore {
+  std::uint32_t reg = 0;
+  std::uint32_t output = 0;
+};
+
+struct CBlock {
+  ir::Shape reference;              // relative dim ids
+  std::vector<RegInfo> regs;
+  std::vector<std::uint32_t> slot;  // physical kBlock-element slot of each register
+  std::uint32_t num_slots = 0;
+  std::vector<CLoad> loads;
+  std::vector<CInstr> instrs;
+  std::vector<CStore> stores;
+  std::optional<fusion::Reduction> reduction;  // Reduce programs, block 1
+  bool has_indexed = false;
+};
+
+struct ScalarBind {
+  std::uint32_t placeholder = 0;  // k of ctx.converter().scalars()[k]
+  ir::DType dtype;                // converted to this dtype
+};
+
+struct CompiledProgram {
+  fusion::ProgramKind kind = fusion::ProgramKind::Elementwise;
+  bool supported = true;
+  std::string why_unsupported;   // for the log / tests
+  bool may_fail = false;         // integer division, indexed reads: no in-place reuse
+  std::vector<CBlock> blocks;
+  std::vector<ScalarBind> scalars;
+  std::vector<CompiledProgram> stages;  // ReduceBroadcasted
+};
+
+// Chooses the kernel of a compiled instruction (fast_elementwise.cc): sets ins.fn (and
+// ins.exact_out); false when the combination of code and classes has no fast kernel.
+bool bind_kernel(CInstr& ins, const RegInfo& out);
+
+// Compiles a program (fast_compile.cc). Never fails: an unsupported program comes back with
+// supported = false and the reason, and runs through the reference executor.
+CompiledProgram compile_program(const fusion::FusedProgram& p);
+
+// ---- Launch: one execution of a compiled program with concrete tensors, sizes and scalars.
+
+struct Launch {
+  const fusion::FusedProgram* program = nullptr;
+  const CompiledProgram* compiled = nullptr;
+  std::span<const std::uint64_t> dims;     // relative dim id -> size
+  std::vector<Scalar> scalars;             // per ScalarBind
+  std::vector<std::optional<CpuTensor>> inputs;   // per program input (a View entry: its source)
+  std::vector<std::optional<CpuTensor>> outputs;  // per program output, when written
+  std::vector<bool> output_inplace;        // reuses a consumed input's buffer
+  CpuAllocator* allocator = nullptr;
+  tbb::task_arena* arena = nullptr;        // null: run on the calling thread
+  int threads = 1;
+
+  ir::Shape concrete(const ir::Shape& relative) const;
+};
+
+// A tensor read or written over a block's iteration space: element offset = sum idx[d] * stride[d].
+struct Accessor {
+  std::byte* base = nullptr;
+  ir::DType dtype;
+  std::size_t esize = 0;
+  std::array<std::int64_t, kMaxRank> stride{};
+  bool contiguous = false;  // strides are the iteration space's row-major strides
+  bool zero = false;        // every stride 0: one element broadcast everywhere
+  bool masked = false;      // store: write only where every stride-0 dim has index 0
+  bool alias = false;       // load: contiguous and native, read in place
+};
+
+// One block of a launch, bound to concrete sizes, ready to run chunk by chunk.
+class BlockRunner {
+ public:
+  // Binds block `b` of the launch. `reference` overrides the block's concrete reference shape
+  // (Matmul / Reduce drivers); `preset` lists registers whose values the caller provides
+  // (a reduction's result, the matmul product). Returns an empty string, or why it cannot run.
+  // `written` lists program outputs the caller already filled (their stores are skipped).
+  std::string prepare(const Launch& launch, std::size_t b, const ir::Shape& reference,
+                      std::span<const std::uint32_t> preset = {}, std::span<const std::uint32_t> written = {});
+  // Runs positions [start, start + n) of the reference shape (n <= kBlock). `scratch` holds
+  // num_slots() * kBlock * 8 bytes, 64-byte aligned; `ptrs` one pointer per register (preset
+  // ones filled in by the caller; on return every register's values for these positions).
+  // Returns false when a kernel faulted (integer division by zero, index out of range).
+  bool run(std::uint64_t start, std::size_t n, std::byte* scratch, void** ptrs) const;
+
+  std::uint64_t numel() const { return numel_; }
+  std::size_t num_regs() const { return block_->regs.size(); }
+  std::size_t scratch_bytes() const { return std::size_t{block_->num_slots} * kBlock * 8; }
+  const CBlock& block() const { return *block_; }
+
+ private:
+  struct IndexedRead {  // an Indexed program input, resolved
+    const std::byte* base = nullptr;
+    ir::DType dtype;
+    ir::Shape shape;
+    std::array<std::uint64_t, kMaxRank> strides{};
+  };
+  void gather(const Accessor& a, std::uint64_t start, std::size_t n, void* dst, VClass cls) const;
+  void scatter(const Accessor& a, std::uint64_t start, std::size_t n, const void* src, VClass cls) const;
+  bool run_indexed(const CInstr& ins, std::uint64_t start, std::size_t n, void* out) const;
+
+  const Launch* launch_ = nullptr;
+  const CBlock* block_ = nullptr;
+  // Coalesced iteration space (accessors) and the block's own reference (indexed reads).
+  int rank_ = 0;
+  std::array<std::uint64_t, kMaxRank> dims_{};
+  ir::Shape reference_;
+  std::uint64_t numel_ = 0;
+  std::vector<Accessor> loads_;          // per CLoad
+  std::vector<Accessor> stores_;         // per CStore
+  std::vector<std::int32_t> direct_;     // per instruction: CStore written in place, or -1
+  std::vector<bool> store_done_;         // per CStore: written directly by its instruction
+  std::vector<bool> preset_;             // per register
+  std::vector<IndexedRead> indexed_;     // per program input (Indexed role only)
+};
+
+// Scratch memory for one task: num bytes, 64-byte aligned.
+struct Scratch {
+  explicit Scratch(std::size_t bytes);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  std::byte* data() { return data_; }
+
+ private:
+  std::byte* data_ = nullptr;
+};
+
+// Runs `body(begin, end)` over [0, n) split into pieces of at least `grain`, on the launch's
+// arena when there is more than one thread and n >= grain * 2; otherwise inline.
+template <class F>
+void parallel_ranges(const Launch& launch, std::uint64_t n, std::uint64_t grain, F&& body);
+void parallel_ranges_impl(tbb::task_arena* arena, int threads, std::uint64_t n, std::uint64_t grain,
+                          void (*fn)(void*, std::uint64_t, std::uint64_t), void* ctx);
+template <class F>
+void parallel_ranges(const Launch& launch, std::uint64_t n, std::uint64_t grain, F&& body) {
+  auto thunk = [](void* c, std::uint64_t b, std::uint64_t e) { (*static_cast<std::remove_reference_t<F>*>(c))(b, e); };
+  parallel_ranges_impl(launch.arena, launch.threads, n, grain, thunk, &body);
+}
+
+// ---- Program kinds (each returns an empty string on success, or the reason it could not run;
+// a non-empty result before any output was written lets the driver replay the ops instead).
+
+// Elementwise (also the first part of NhwcRelayout): block 0 over its reference shape.
+std::string run_elementwise(const Launch& launch, bool* fault);
+// Reduce: prologue, reduction, epilogue.
+std::string run_reduce(const Launch& launch, bool* fault);
+// Matmul + epilogue.
+std::string run_matmul(const Launch& launch, bool* fault);
+
+// Element conversions shared by the kernel files: copy n elements of `src` (dtype storage,
+// element stride `stride`, 0 = broadcast one element) into a class array, and back.
+void load_elements(const std::byte* src, ir::DType dtype, std::int64_t stride, std::size_t n, void* dst, VClass cls);
+void store_elements(const void* src, VClass cls, std::size_t n, std::byte* dst, ir::DType dtype, std::int64_t stride);
+// Applies a register's fixup in place.
+void apply_fixup(void* data, VClass cls, Fixup f, std::size_t n);
+
+}  // namespace kiln::cpu::fast

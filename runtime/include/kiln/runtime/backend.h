@@ -1,0 +1,78 @@
+// DeviceBackend: what a device's backend implements for the runtime (per-stream executors, the
+// fuser prototypes, the tensor table: upload, download, free, alias, presence, statistics).
+// Backends live in their own modules (cpu/, cuda/) and depend on this one.
+//
+// Thread-safety: every DeviceBackend method may be called from any thread at any time (stream
+// actors, client threads reading or uploading). The Executor a backend makes is used by one
+// stream actor at a time (fusion/executor.h), but executors of different streams run at once
+// over the one shared tensor table.
+//
+// Usage:
+//   auto backend = std::make_unique<cpu::ReferenceCpuBackend>();   // kiln/cpu/reference_backend.h
+//   Status st = backend->upload(TensorId{1}, dtypes::f32, {2}, std::as_bytes(std::span(values)));
+//   Result<HostData> data = backend->download(TensorIr{TensorId{1}, {2}, TensorStatus::ReadOnly, dtypes::f32});
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "kiln/fusion/executor.h"
+#include "kiln/fusion/fuser.h"
+#include "kiln/fusion/fusion_log.h"
+#include "kiln/ir/handle_container.h"
+#include "kiln/ir/handle_error.h"
+#include "kiln/ir/result.h"
+#include "kiln/ir/tensor.h"
+
+namespace kiln::runtime {
+
+// A tensor's contents on the host: dtype, shape and the bytes in row-major order.
+struct HostData {
+  ir::DType dtype;
+  ir::Shape shape;
+  std::vector<std::byte> bytes;
+};
+
+struct MemoryStats {
+  std::uint64_t tensors = 0;        // entries in the tensor table (any state)
+  std::uint64_t errored = 0;        // Errored entries
+  std::uint64_t bytes_in_use = 0;   // bytes the backend's allocator holds for live buffers
+};
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+
+  virtual std::string_view name() const = 0;
+  // A new executor for one stream (it may keep per-stream state: a CUDA stream, a RNG).
+  virtual std::unique_ptr<fusion::Executor> make_executor() = 0;
+  // The fuser prototypes a new stream's processor starts with (registry order).
+  virtual fusion::FuserList fusers(const fusion::FusionLog& log) const = 0;
+
+  // Registers host data under a fresh id (no stream involved: the id is new, fusion.md §16.2
+  // register_tensor_handle). Errors name the id, shape and dtype that did not fit.
+  [[nodiscard]] virtual Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,
+                                      std::span<const std::byte> bytes) = 0;
+  // Copies a tensor to the host; t.status == ReadWrite also releases its entry. An Errored
+  // tensor gives ErrorCode::Execution with TensorError::to_string() (root cause and the number of
+  // skipped operations); an absent entry gives ErrorCode::InvalidHandle.
+  [[nodiscard]] virtual Result<HostData> download(const ir::TensorIr& t) = 0;
+  // An Existing entry (not NotInit, not Errored): its producer has run and succeeded.
+  virtual bool is_materialized(ir::TensorId id) const = 0;
+  // The error of an Errored entry (root shared by pointer identity), nullopt otherwise.
+  virtual std::optional<ir::TensorError> error_of(ir::TensorId id) const = 0;
+  // Releases the entry iff t.status == ReadWrite; an absent id is a no-op.
+  virtual void free(const ir::TensorIr& t) = 0;
+  // A cross-stream shared view (fusion.md §16.5): dst becomes an independent entry over src's
+  // buffer; an Errored src gives an Errored dst with the same root and depth. InvalidHandle if
+  // src has no entry (or is NotInit).
+  [[nodiscard]] virtual Status alias(ir::TensorId src, ir::TensorId dst) = 0;
+  virtual MemoryStats memory_stats() const = 0;
+};
+
+}  // namespace kiln::runtime

@@ -1,0 +1,140 @@
+// Device: one device's runtime: its backend (tensor table, executors), the execution-plan store
+// and fusion log shared by all its streams, the thread pool running the stream actors, the
+// stream table, the producer table (cross-stream dependencies) and shutdown.
+//
+// Thread-safety: every public method may be called from any client thread, concurrently, except
+// the destructor. None may be called from inside a stream actor (they block on actors). The
+// stream and producer tables are oneTBB concurrent_hash_maps (per-bucket locks): no global lock
+// on the op path.
+//
+// Usage:
+//   auto dev = Device::create(std::make_unique<cpu::ReferenceCpuBackend>(), RuntimeOptions{.threads = 4});
+//   StreamId s = StreamId(0);
+//   (*dev)->register_op(s, op);              // Lazy, returns at once
+//   Result<HostData> d = (*dev)->read(s, t); // drains s only if t is not produced yet
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <boost/asio/thread_pool.hpp>
+#include <tbb/concurrent_hash_map.h>
+
+#include "kiln/fusion/config.h"
+#include "kiln/fusion/fusion_log.h"
+#include "kiln/fusion/plan_store.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/stream_actor.h"
+
+namespace kiln::runtime {
+
+// Commands one actor runs per turn before re-posting itself. An op registration in Lazy mode
+// costs roughly 1–20 µs in the fusion benchmarks (policy update, at worst an exploration), so 64
+// keeps a turn well under a millisecond — other strands on the same pool thread are not starved —
+// while the post/strand overhead (~0.1–0.5 µs per turn) stays under 1% of a turn. A first
+// estimate; the runtime benchmark (next part) is to tune it.
+inline constexpr std::size_t kDefaultDrainBatch = 64;
+
+struct RuntimeOptions {
+  // Pool threads; 0 = KILN_RUNTIME_THREADS from the environment, else the hardware concurrency.
+  std::size_t threads = 0;
+  std::size_t drain_batch = kDefaultDrainBatch;
+  // kiln.toml location; an absent file means defaults.
+  std::string config_path = "kiln.toml";
+  // Explicit fusion settings: replace the file and the environment entirely.
+  std::optional<fusion::FusionConfig> fusion;
+  // Explicit log sink (tests capture it); default: stderr at the configured level.
+  std::optional<fusion::FusionLog> log;
+  // Bound of every blocking wait (drain, read, shared view, shutdown per stream). A wait that
+  // runs out logs its reason and returns an error.
+  std::chrono::milliseconds wait_timeout{60'000};
+  // Environment lookup (tests inject one); default: the process environment.
+  fusion::EnvLookup env;
+};
+
+class Device {
+ public:
+  // Reads the configuration (explicit options > environment > kiln.toml) and starts the pool.
+  static Result<std::unique_ptr<Device>> create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options = {});
+  ~Device();  // shutdown()
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  // A fresh tensor id (never reused).
+  ir::TensorId new_tensor_id() { return ir::TensorId(next_tensor_id_.fetch_add(1, std::memory_order_relaxed)); }
+
+  // Registers host data under a fresh id (no stream involved).
+  [[nodiscard]] Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes);
+  // Queues an op on `stream` (created on first use). An input still pending on another stream
+  // (producer table) drains that stream first, blocking the caller.
+  [[nodiscard]] Status register_op(StreamId stream, ir::Operation op);
+  // Sync: executes everything queued on `stream`.
+  [[nodiscard]] Status drain(StreamId stream);
+  // Reads a tensor whose home is `home` (drains only if the tensor is not produced yet).
+  [[nodiscard]] Result<HostData> read(StreamId home, const ir::TensorIr& t);
+  // The last drop of a tensor whose home is `home` (queued Drop from the owner thread, foreign
+  // drop from any other). Never blocks.
+  [[nodiscard]] Status drop(StreamId home, const ir::TensorIr& t);
+  // A cross-stream shared view: drains `src_stream` if `src` is not produced yet, then `dst`
+  // becomes an alias of `src` (errored source → errored alias, same root).
+  [[nodiscard]] Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst);
+  // Makes the calling thread the intake producer of `stream` (its implicit stream).
+  void claim_stream(StreamId stream);
+
+  std::optional<StreamStats> stream_stats(StreamId stream) const;
+  std::size_t num_streams() const { return streams_.size(); }
+  // The stream that produced a still-pending (not yet dropped or consumed) tensor.
+  std::optional<StreamId> producer_of(ir::TensorId id) const;
+
+  // Drains every stream (each wait bounded by wait_timeout), stops the pool if a drain timed
+  // out, joins every thread and cancels what is left. Idempotent. Error if something was
+  // cancelled or timed out.
+  [[nodiscard]] Status shutdown();
+  bool is_shut_down() const { return closed_.load(std::memory_order_acquire); }
+
+  DeviceBackend& backend() { return *backend_; }
+  fusion::ExecutionPlanStore& plan_store() { return store_; }
+  const fusion::FusionConfig& config() const { return config_; }
+  const RuntimeOptions& options() const { return options_; }
+  std::size_t threads() const { return threads_; }
+
+ private:
+  Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, fusion::FusionConfig config,
+         fusion::FusionLog log, std::size_t threads);
+  // The stream's actor, created on first use; nullptr once the device is shut down.
+  StreamActor* actor(StreamId stream);
+  template <class T>
+  Result<T> wait(std::future<Result<T>>& f, const std::string& what) const;
+  Status wait_status(std::future<Status>& f, const std::string& what) const;
+
+  struct TensorIdHash {
+    static std::size_t hash(ir::TensorId id) { return std::hash<ir::TensorId>{}(id); }
+    static bool equal(ir::TensorId a, ir::TensorId b) { return a == b; }
+  };
+  using StreamTable = tbb::concurrent_hash_map<std::uint64_t, std::unique_ptr<StreamActor>>;
+  using ProducerTable = tbb::concurrent_hash_map<ir::TensorId, StreamId, TensorIdHash>;
+
+  // Declaration order is destruction order reversed: actors (streams_) go before the pool, the
+  // store, the log and the backend they use.
+  RuntimeOptions options_;
+  fusion::FusionConfig config_;
+  fusion::FusionLog log_;
+  std::unique_ptr<DeviceBackend> backend_;
+  fusion::ExecutionPlanStore store_;
+  std::size_t threads_;
+  boost::asio::thread_pool pool_;
+  StreamTable streams_;
+  ProducerTable producers_;
+  std::atomic<std::uint64_t> next_tensor_id_{0};
+  std::atomic<bool> closed_{false};
+  std::mutex streams_mu_;   // stream creation vs shutdown's snapshot (never on the op path)
+  std::mutex shutdown_mu_;  // serializes shutdown() calls only
+  bool shut_down_ = false;  // guarded by shutdown_mu_
+};
+
+}  // namespace kiln::runtime

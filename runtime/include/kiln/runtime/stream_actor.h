@@ -1,0 +1,183 @@
+// StreamActor: one stream of a device as an actor (architecture "Concurrency model"): an
+// asio::strand on the device's thread pool, lock-free intake queues, and the stream's
+// fusion::FusionStream (queue + processor), which only the strand ever touches.
+//
+// Thread-safety contract, per member:
+//   * submit(), submit_drop(), claim_owner(), stats(), id(): any thread.
+//   * The intake SPSC queue has exactly one producer: the stream's *owner* thread (the thread
+//     whose implicit stream this is, or, for an explicit stream, the first thread that submits).
+//     Every other thread pushes to the `foreign_` MPMC queue. Both have one consumer: the strand.
+//   * stream_, executor_ and everything they hold: only inside strand handlers (run_turn).
+//   * close()/cancel_pending(): the device, at shutdown (cancel_pending after the pool joined).
+//
+// Wake-up protocol (no lost wake-up, at most one turn queued or running at a time):
+//   producer:  push(cmd)                                    [queue's release store]
+//              if (!scheduled_.exchange(true, acq_rel)) post(strand, run_turn)
+//   actor:     run at most drain_batch commands; if the batch ran out, re-post (flag stays true);
+//              else scheduled_.exchange(false, acq_rel), then re-check both queues and, if one
+//              has work, claim the flag again (exchange(true)) and re-post.
+//   The clear is an RMW, not a plain store: if a producer's exchange(true) came first in the
+//   flag's modification order, the actor's exchange(false) reads it and synchronizes with it
+//   (acquire), so the producer's push is visible to the re-check; if it came after, the
+//   producer reads false and posts. Either way the command is seen.
+//
+// Ordering: commands from one thread run in the order that thread submitted them (each thread
+// uses exactly one of the two queues). A foreign command is run only after every intake command
+// visible when it was popped (the actor empties the intake again right after popping a foreign
+// command): what happened before a foreign push (e.g. the owner registering the last use of a
+// tensor that another thread then drops) is registered before the foreign command runs.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <variant>
+
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/lockfree/queue.hpp>
+#include <boost/lockfree/spsc_queue.hpp>
+
+#include "kiln/fusion/multi_stream.h"
+#include "kiln/fusion/plan_store.h"
+#include "kiln/fusion/stream.h"
+#include "kiln/runtime/backend.h"
+
+namespace kiln::runtime {
+
+using fusion::StreamId;
+
+// ---- Commands --------------------------------------------------------------------------------
+
+// Register one operation (Lazy processing).
+struct RegisterOpCmd {
+  ir::Operation op;
+};
+// Sync: execute everything queued (fusion.md §16.3 drain).
+struct DrainCmd {
+  std::promise<Status> done;
+};
+// Read a tensor whose home is this stream (§16.4: drain only if not produced yet).
+struct ReadCmd {
+  ir::TensorIr tensor;
+  std::promise<Result<HostData>> done;
+};
+// A drop issued by a thread other than the owner (§16.5 register_foreign_drop).
+struct ForeignDropCmd {
+  ir::TensorIr tensor;
+};
+// The drain half + alias of a cross-stream shared view (§16.5 tag_shared_view).
+struct ShareCmd {
+  ir::TensorId src;
+  ir::TensorId dst;
+  std::promise<Status> done;
+};
+using Command = std::variant<RegisterOpCmd, DrainCmd, ReadCmd, ForeignDropCmd, ShareCmd>;
+
+// What an actor needs from its device; all of it outlives the actor.
+struct ActorContext {
+  DeviceBackend* backend = nullptr;
+  fusion::ExecutionPlanStore* store = nullptr;
+  const fusion::FusionLog* log = nullptr;
+  fusion::ProcessorOptions processor;
+  std::size_t drain_batch = 64;
+};
+
+// A snapshot of the actor's counters (relaxed reads; exact after a completed drain/read of the
+// stream, which synchronizes through its promise).
+struct StreamStats {
+  std::uint64_t enqueued = 0;       // commands submitted
+  std::uint64_t commands = 0;       // commands run
+  std::uint64_t executed = 0;       // operations executed by the backend
+  std::uint64_t deferred = 0;       // turns that hit drain_batch and re-posted with work left
+  std::uint64_t turns = 0;          // strand handlers run
+  std::uint64_t drains = 0;         // Sync passes (drain commands, draining reads, shares, drops)
+  std::uint64_t pending_ops = 0;    // operations queued, not executed yet
+  std::uint64_t cache_hits = 0;     // processor: cached plans executed
+  std::uint64_t explorations = 0;   // processor: explorations completed
+  std::uint64_t plans_created = 0;  // processor: plans this stream added to the store
+};
+
+class StreamActor {
+ public:
+  // Intake ring capacity (commands): one page of pointers; a producer that runs 512 ops ahead
+  // of its actor yields until the actor catches up, which bounds a stream's queued memory.
+  static constexpr std::size_t kIntakeCapacity = 512;
+  // Initial nodes of the foreign queue (drops, reads and shares from other threads are rare
+  // next to registrations); it grows on demand.
+  static constexpr std::size_t kForeignReserve = 64;
+
+  StreamActor(StreamId id, ActorContext ctx, boost::asio::thread_pool& pool);
+  ~StreamActor();
+  StreamActor(const StreamActor&) = delete;
+  StreamActor& operator=(const StreamActor&) = delete;
+
+  StreamId id() const { return id_; }
+
+  // Any thread: makes the calling thread the intake's producer if none is set yet.
+  void claim_owner();
+  // Any thread: queues a command and wakes the actor if idle. Fails only once closed.
+  [[nodiscard]] Status submit(Command cmd);
+  // Any thread: a drop of a tensor whose home is this stream (fusion.md §16.7): from the owner a
+  // Drop operation enters the queue; from any other thread it is a foreign drop (§16.5).
+  [[nodiscard]] Status submit_drop(const ir::TensorIr& t);
+
+  StreamStats stats() const;
+
+  // Device, at shutdown: refuse new commands.
+  void close() { closed_.store(true, std::memory_order_release); }
+  // Device, after the pool joined (no handler runs any more): completes every command still
+  // queued with an error naming `reason`; returns how many there were.
+  std::size_t cancel_pending(const std::string& reason);
+
+ private:
+  bool is_owner() const;
+  Status push(Command* cmd);
+  void schedule();
+  void run_turn();
+  void run(Command& cmd);
+  std::size_t drain_now();
+  bool has_work() const;
+  void publish_stats();
+
+  const StreamId id_;
+  const ActorContext ctx_;
+  boost::asio::strand<boost::asio::thread_pool::executor_type> strand_;
+
+  // Strand-only state.
+  std::unique_ptr<fusion::Executor> executor_;
+  fusion::FusionStream stream_;
+
+  // Intake: single producer (owner_) / single consumer (strand). spsc_queue pads its read and
+  // write indices onto separate cache lines itself.
+  boost::lockfree::spsc_queue<Command*, boost::lockfree::capacity<kIntakeCapacity>> intake_;
+  // Foreign commands: any producer / the strand consumes.
+  boost::lockfree::queue<Command*> foreign_;
+
+  // The intake's producer thread; written once (CAS from the default id), read by producers.
+  alignas(64) std::atomic<std::thread::id> owner_{};
+  // Foreign commands pushed and not popped yet: producers fetch_add(release) after their push,
+  // the strand fetch_sub(relaxed) after each pop and load(acquire) in the re-check.
+  alignas(64) std::atomic<std::int64_t> foreign_count_{0};
+  // True while a turn is posted or running (see the protocol above).
+  alignas(64) std::atomic<bool> scheduled_{false};
+  std::atomic<bool> closed_{false};
+
+  // Counters: enqueued_ by producers (relaxed fetch_add), the rest stored by the strand (relaxed).
+  alignas(64) std::atomic<std::uint64_t> enqueued_{0};
+  alignas(64) std::atomic<std::uint64_t> commands_{0};
+  std::atomic<std::uint64_t> executed_{0};
+  std::atomic<std::uint64_t> deferred_{0};
+  std::atomic<std::uint64_t> turns_{0};
+  std::atomic<std::uint64_t> drains_{0};
+  std::atomic<std::uint64_t> pending_ops_{0};
+  std::atomic<std::uint64_t> cache_hits_{0};
+  std::atomic<std::uint64_t> explorations_{0};
+  std::atomic<std::uint64_t> plans_created_{0};
+};
+
+}  // namespace kiln::runtime

@@ -1,0 +1,224 @@
+#include "kiln/runtime/device.h"
+
+#include <algorithm>
+#include <charconv>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+namespace kiln::runtime {
+namespace {
+
+std::size_t resolve_threads(std::size_t requested, const fusion::EnvLookup& env) {
+  if (requested != 0) return requested;
+  if (std::optional<std::string> v = env("KILN_RUNTIME_THREADS")) {
+    std::size_t n = 0;
+    auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+    if (ec == std::errc() && p == v->data() + v->size() && n > 0) return n;
+    spdlog::warn("kiln runtime: ignoring KILN_RUNTIME_THREADS='{}' (expected a positive integer)", *v);
+  }
+  return std::max<std::size_t>(1, std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options) {
+  if (!backend) return make_error(ErrorCode::Invalid, "Device::create: no backend");
+  if (options.drain_batch == 0) return make_error(ErrorCode::Config, "Device::create: drain_batch must be > 0");
+  if (!options.env) options.env = fusion::process_env();
+  fusion::FusionConfig config;
+  if (options.fusion) {
+    config = *options.fusion;
+  } else {
+    Result<fusion::FusionConfig> loaded = fusion::load_fusion_config(options.config_path, options.env);
+    if (!loaded.ok()) return loaded.error();
+    config = *loaded;
+  }
+  fusion::FusionLog log;
+  if (options.log)
+    log = *options.log;
+  else if (config.log_level != fusion::LogLevel::Disabled)
+    log = fusion::FusionLog::to_stderr(config.log_level);
+  const std::size_t threads = resolve_threads(options.threads, options.env);
+  return std::unique_ptr<Device>(new Device(std::move(backend), std::move(options), config, std::move(log), threads));
+}
+
+Device::Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, fusion::FusionConfig config,
+               fusion::FusionLog log, std::size_t threads)
+    : options_(std::move(options)),
+      config_(config),
+      log_(std::move(log)),
+      backend_(std::move(backend)),
+      threads_(threads),
+      pool_(threads) {}
+
+Device::~Device() {
+  Status st = shutdown();
+  if (!st.ok()) spdlog::warn("kiln runtime: device shutdown: {}", st.error().to_string());
+}
+
+StreamActor* Device::actor(StreamId stream) {
+  {
+    StreamTable::const_accessor a;  // bucket read lock: the hot path
+    if (streams_.find(a, stream.value())) return a->second.get();
+  }
+  // Creation is rare: serialized with shutdown's snapshot of the table (TBB tables may not be
+  // traversed while another thread inserts).
+  std::lock_guard lock(streams_mu_);
+  if (closed_.load(std::memory_order_acquire)) return nullptr;
+  StreamTable::accessor a;
+  if (streams_.insert(a, stream.value())) {
+    ActorContext ctx;
+    ctx.backend = backend_.get();
+    ctx.store = &store_;
+    ctx.log = &log_;
+    ctx.processor.max_blocks = config_.max_blocks;
+    ctx.processor.max_explorations = config_.max_explorations;
+    ctx.drain_batch = options_.drain_batch;
+    a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
+  }
+  return a->second.get();  // actors are never erased before the device dies
+}
+
+namespace {
+Error shut_down_error(StreamId stream) {
+  return make_error(ErrorCode::Execution, "stream " + std::to_string(stream.value()) + ": the device is shut down");
+}
+}  // namespace
+
+void Device::claim_stream(StreamId stream) {
+  if (StreamActor* a = actor(stream)) a->claim_owner();
+}
+
+Status Device::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) {
+  if (is_shut_down()) return make_error(ErrorCode::Execution, "upload: the device is shut down");
+  return backend_->upload(id, dtype, std::move(shape), bytes);
+}
+
+Status Device::register_op(StreamId stream, ir::Operation op) {
+  // Cross-stream dependency: an input another stream produced and has not executed yet.
+  for (const ir::TensorIr& in : op.inputs()) {
+    std::optional<StreamId> producer = producer_of(in.id);
+    if (producer && *producer != stream && !backend_->is_materialized(in.id)) {
+      Status st = drain(*producer);
+      if (!st.ok()) return st;
+    }
+  }
+  for (const ir::TensorIr& out : op.outputs()) producers_.insert({out.id, stream});
+  for (const ir::TensorIr& in : op.inputs())
+    if (in.status == ir::TensorStatus::ReadWrite) producers_.erase(in.id);  // last use: no one names it again
+  StreamActor* a = actor(stream);
+  if (a == nullptr) return shut_down_error(stream);
+  return a->submit(RegisterOpCmd{std::move(op)});
+}
+
+std::optional<StreamId> Device::producer_of(ir::TensorId id) const {
+  ProducerTable::const_accessor a;
+  if (!producers_.find(a, id)) return std::nullopt;
+  return a->second;
+}
+
+template <class T>
+Result<T> Device::wait(std::future<Result<T>>& f, const std::string& what) const {
+  if (f.wait_for(options_.wait_timeout) != std::future_status::ready) {
+    spdlog::warn("kiln runtime: {} did not complete within {} ms; giving up the wait", what,
+                 options_.wait_timeout.count());
+    return make_error(ErrorCode::Execution, what + ": timed out after " + std::to_string(options_.wait_timeout.count()) + " ms");
+  }
+  return f.get();  // every path of the actor sets a value (never an exception)
+}
+
+Status Device::wait_status(std::future<Status>& f, const std::string& what) const {
+  if (f.wait_for(options_.wait_timeout) != std::future_status::ready) {
+    spdlog::warn("kiln runtime: {} did not complete within {} ms; giving up the wait", what,
+                 options_.wait_timeout.count());
+    return make_error(ErrorCode::Execution, what + ": timed out after " + std::to_string(options_.wait_timeout.count()) + " ms");
+  }
+  return f.get();
+}
+
+Status Device::drain(StreamId stream) {
+  DrainCmd cmd;
+  std::future<Status> f = cmd.done.get_future();
+  StreamActor* a = actor(stream);
+  if (a == nullptr) return shut_down_error(stream);
+  KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  return wait_status(f, "drain of stream " + std::to_string(stream.value()));
+}
+
+Result<HostData> Device::read(StreamId home, const ir::TensorIr& t) {
+  ReadCmd cmd{t, {}};
+  std::future<Result<HostData>> f = cmd.done.get_future();
+  if (t.status == ir::TensorStatus::ReadWrite) producers_.erase(t.id);
+  StreamActor* a = actor(home);
+  if (a == nullptr) return shut_down_error(home);
+  KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  return wait(f, "read of " + t.to_string() + " on stream " + std::to_string(home.value()));
+}
+
+Status Device::drop(StreamId home, const ir::TensorIr& t) {
+  producers_.erase(t.id);
+  StreamActor* a = actor(home);
+  if (a == nullptr) return shut_down_error(home);
+  return a->submit_drop(t);
+}
+
+Status Device::share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
+  ShareCmd cmd{src, dst, {}};
+  std::future<Status> f = cmd.done.get_future();
+  StreamActor* a = actor(src_stream);
+  if (a == nullptr) return shut_down_error(src_stream);
+  KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  return wait_status(f, "shared view of " + src.to_string() + " from stream " + std::to_string(src_stream.value()));
+}
+
+std::optional<StreamStats> Device::stream_stats(StreamId stream) const {
+  StreamTable::const_accessor a;
+  if (!streams_.find(a, stream.value())) return std::nullopt;
+  return a->second->stats();
+}
+
+Status Device::shutdown() {
+  std::lock_guard lock(shutdown_mu_);
+  if (shut_down_) return Status::Ok();
+  shut_down_ = true;
+  // 1. Refuse new streams and snapshot the table (under the creation lock), drain every stream
+  //    (bounded waits), then refuse new commands.
+  std::vector<StreamActor*> actors;
+  {
+    std::lock_guard streams_lock(streams_mu_);
+    closed_.store(true, std::memory_order_release);
+    for (auto it = streams_.begin(); it != streams_.end(); ++it) actors.push_back(it->second.get());
+  }
+  std::string problems;
+  bool timed_out = false;
+  for (StreamActor* a : actors) {
+    DrainCmd cmd;
+    std::future<Status> f = cmd.done.get_future();
+    Status st = a->submit(std::move(cmd));
+    if (st.ok()) {
+      if (f.wait_for(options_.wait_timeout) != std::future_status::ready) {
+        spdlog::warn("kiln runtime: shutdown: stream {} did not drain within {} ms; cancelling it", a->id().value(),
+                     options_.wait_timeout.count());
+        timed_out = true;
+        problems += " stream " + std::to_string(a->id().value()) + " timed out;";
+      } else if (Status r = f.get(); !r.ok()) {
+        problems += " " + r.error().message + ";";
+      }
+    }
+  }
+  for (StreamActor* a : actors) a->close();
+  // 2. Join every thread. A stream that did not drain is abandoned: stop() makes the pool drop
+  //    the handlers it has not started (a running handler still finishes).
+  if (timed_out) pool_.stop();
+  pool_.join();
+  // 3. Whatever was submitted while we were draining (or abandoned) completes with an error.
+  std::size_t cancelled = 0;
+  for (StreamActor* a : actors) cancelled += a->cancel_pending("device shutdown");
+  if (cancelled != 0) problems += " " + std::to_string(cancelled) + " command(s) cancelled;";
+  if (problems.empty()) return Status::Ok();
+  return make_error(ErrorCode::Execution, "device shutdown:" + problems);
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,283 @@
+#include "kiln/runtime/stream_actor.h"
+
+#include <exception>
+#include <type_traits>
+#include <utility>
+
+#include <boost/asio/post.hpp>
+#include <spdlog/spdlog.h>
+
+#include "kiln/ir/builders.h"
+
+namespace kiln::runtime {
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+Error internal_error(StreamId id, const char* what, const std::exception& e) {
+  return make_error(ErrorCode::Internal, std::string("stream ") + std::to_string(id.value()) + ": " + what +
+                                             " threw: " + e.what());
+}
+
+}  // namespace
+
+StreamActor::StreamActor(StreamId id, ActorContext ctx, boost::asio::thread_pool& pool)
+    : id_(id),
+      ctx_(ctx),
+      strand_(boost::asio::make_strand(pool.get_executor())),
+      executor_(ctx.backend->make_executor()),
+      stream_(ctx.backend->fusers(*ctx.log), ctx.processor, *ctx.log),
+      foreign_(kForeignReserve) {}
+
+StreamActor::~StreamActor() { (void)cancel_pending("the stream was destroyed"); }
+
+void StreamActor::claim_owner() {
+  std::thread::id none{};
+  // acq_rel: a later is_owner() load on this thread sees its own claim; relaxed failure.
+  (void)owner_.compare_exchange_strong(none, std::this_thread::get_id(), std::memory_order_acq_rel,
+                                       std::memory_order_relaxed);
+}
+
+bool StreamActor::is_owner() const {
+  // acquire: pairs with the claim's release (the owner only ever compares with itself; other
+  // threads only need to see "not me", which any value gives).
+  return owner_.load(std::memory_order_acquire) == std::this_thread::get_id();
+}
+
+Status StreamActor::submit(Command cmd) {
+  if (closed_.load(std::memory_order_acquire))
+    return make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": the device is shut down");
+  claim_owner();  // an explicit stream's first submitter becomes its intake producer
+  return push(new Command(std::move(cmd)));
+}
+
+Status StreamActor::submit_drop(const ir::TensorIr& t) {
+  ir::TensorIr rw = t;
+  rw.status = ir::TensorStatus::ReadWrite;
+  if (is_owner()) {
+    Result<ir::Operation> op = ir::build::drop(rw);
+    if (!op.ok()) return op.error();
+    return submit(RegisterOpCmd{std::move(op).value()});
+  }
+  if (closed_.load(std::memory_order_acquire))
+    return make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": the device is shut down");
+  return push(new Command(ForeignDropCmd{rw}));
+}
+
+Status StreamActor::push(Command* cmd) {
+  enqueued_.fetch_add(1, std::memory_order_relaxed);
+  if (is_owner()) {
+    // Full ring: wake the actor and yield until it makes room (bounded memory per stream).
+    while (!intake_.push(cmd)) {
+      if (closed_.load(std::memory_order_acquire)) {
+        // The device is shutting down: this command may never run; refuse it.
+        std::unique_ptr<Command> lost(cmd);
+        return make_error(ErrorCode::Execution,
+                          "stream " + std::to_string(id_.value()) + ": the device shut down with the intake full");
+      }
+      schedule();
+      std::this_thread::yield();
+    }
+  } else {
+    (void)foreign_.push(cmd);  // may allocate a node; false only on allocation failure (throws first)
+    foreign_count_.fetch_add(1, std::memory_order_release);
+  }
+  schedule();
+  return Status::Ok();
+}
+
+void StreamActor::schedule() {
+  // acq_rel: release publishes our push to the actor that clears the flag (its exchange reads
+  // ours); acquire orders us after the actor's previous clear.
+  if (!scheduled_.exchange(true, std::memory_order_acq_rel)) boost::asio::post(strand_, [this] { run_turn(); });
+}
+
+bool StreamActor::has_work() const {
+  // read_available: consumer-side, acquire load of the write index.
+  return intake_.read_available() > 0 || foreign_count_.load(std::memory_order_acquire) > 0;
+}
+
+void StreamActor::run_turn() {
+  turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  std::size_t processed = 0;
+  auto run_owned = [this, &processed](Command* c) {
+    std::unique_ptr<Command> cmd(c);
+    run(*cmd);
+    ++processed;
+  };
+  while (processed < ctx_.drain_batch) {
+    Command* c = nullptr;
+    // Foreign commands first, so that a busy owner cannot starve drops, reads and drains from
+    // other threads (shutdown's drain among them).
+    if (foreign_count_.load(std::memory_order_acquire) > 0 && foreign_.pop(c)) {
+      foreign_count_.fetch_sub(1, std::memory_order_relaxed);
+      // Whatever the foreign producer saw submitted before its push is visible now (its push
+      // released, our pop acquired): register it first (see "Ordering" in the header). Only the
+      // commands present now: a producer pushing without pause cannot keep us here.
+      std::size_t visible = intake_.read_available();
+      Command* o = nullptr;
+      while (visible-- > 0 && intake_.pop(o)) run_owned(o);
+      run_owned(c);
+      continue;
+    }
+    if (intake_.pop(c)) {
+      run_owned(c);
+      continue;
+    }
+    break;
+  }
+  if (processed >= ctx_.drain_batch) {
+    // Batch spent: yield the pool thread to other strands; the flag stays set (we are still
+    // "scheduled"), so producers do not post a second turn.
+    deferred_.store(deferred_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    boost::asio::post(strand_, [this] { run_turn(); });
+    return;
+  }
+  (void)scheduled_.exchange(false, std::memory_order_acq_rel);
+  if (has_work() && !scheduled_.exchange(true, std::memory_order_acq_rel))
+    boost::asio::post(strand_, [this] { run_turn(); });
+}
+
+std::size_t StreamActor::drain_now() {
+  drains_.store(drains_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  return stream_.drain(*ctx_.store, *executor_);
+}
+
+void StreamActor::run(Command& command) {
+  DeviceBackend& backend = *ctx_.backend;
+  std::uint64_t executed = 0;
+  bool finished = false;
+  // Counters are published before a completion is fulfilled, so that a waiter reads them exact.
+  auto finish = [&] {
+    finished = true;
+    commands_.store(commands_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (executed != 0)
+      executed_.store(executed_.load(std::memory_order_relaxed) + executed, std::memory_order_relaxed);
+    publish_stats();
+  };
+  std::visit(
+      Overloaded{
+          [&](RegisterOpCmd& c) {
+            try {
+              executed += stream_.register_op(std::move(c.op), *ctx_.store, *executor_);
+            } catch (const std::exception& e) {
+              spdlog::error("kiln runtime: {}", internal_error(id_, "register_op", e).to_string());
+            }
+          },
+          [&](DrainCmd& c) {
+            Status st;
+            try {
+              executed += drain_now();
+            } catch (const std::exception& e) {
+              st = internal_error(id_, "drain", e);
+            }
+            finish();
+            c.done.set_value(std::move(st));
+          },
+          [&](ReadCmd& c) {
+            Result<HostData> out = make_error(ErrorCode::Internal, "read: not served");
+            try {
+              // fusion.md §16.4 read_plan / read / mark_read.
+              ir::TensorIr used = c.tensor;
+              if (!backend.is_materialized(c.tensor.id)) {
+                executed += drain_now();  // its producer is still queued (or it is errored)
+              } else if (c.tensor.status == ir::TensorStatus::ReadWrite &&
+                         stream_.queue().references_tensor(c.tensor.id)) {
+                stream_.queue().defer_free(c.tensor);  // last use, but queued ops still read it
+                used.status = ir::TensorStatus::ReadOnly;
+              }
+              if (used.status == ir::TensorStatus::ReadWrite) stream_.queue().forget_variable(used.id);
+              out = backend.download(used);
+            } catch (const std::exception& e) {
+              out = internal_error(id_, "read", e);
+            }
+            finish();
+            c.done.set_value(std::move(out));
+          },
+          [&](ForeignDropCmd& c) {
+            try {
+              // §16.5 foreign_drop; the fallback drains and queues the Drop.
+              if (backend.is_materialized(c.tensor.id)) {
+                fusion::OperationQueue& q = stream_.queue();
+                if (q.references_tensor(c.tensor.id)) {
+                  q.defer_free(c.tensor);
+                } else {
+                  q.forget_variable(c.tensor.id);
+                  backend.free(c.tensor);
+                }
+              } else {
+                executed += drain_now();
+                Result<ir::Operation> op = ir::build::drop(c.tensor);
+                if (op.ok()) executed += stream_.register_op(std::move(op).value(), *ctx_.store, *executor_);
+              }
+            } catch (const std::exception& e) {
+              spdlog::error("kiln runtime: {}", internal_error(id_, "foreign drop", e).to_string());
+            }
+          },
+          [&](ShareCmd& c) {
+            Status st;
+            try {
+              if (!backend.is_materialized(c.src)) executed += drain_now();  // the producer runs now
+              st = backend.alias(c.src, c.dst);
+            } catch (const std::exception& e) {
+              st = internal_error(id_, "shared view", e);
+            }
+            finish();
+            c.done.set_value(std::move(st));
+          },
+      },
+      command);
+  if (!finished) finish();
+}
+
+void StreamActor::publish_stats() {
+  const fusion::ProcessorStats& p = stream_.processor().stats();
+  pending_ops_.store(stream_.queue().size(), std::memory_order_relaxed);
+  cache_hits_.store(p.cache_hits, std::memory_order_relaxed);
+  explorations_.store(p.explorations, std::memory_order_relaxed);
+  plans_created_.store(p.plans_created, std::memory_order_relaxed);
+}
+
+StreamStats StreamActor::stats() const {
+  StreamStats s;
+  s.enqueued = enqueued_.load(std::memory_order_relaxed);
+  s.commands = commands_.load(std::memory_order_relaxed);
+  s.executed = executed_.load(std::memory_order_relaxed);
+  s.deferred = deferred_.load(std::memory_order_relaxed);
+  s.turns = turns_.load(std::memory_order_relaxed);
+  s.drains = drains_.load(std::memory_order_relaxed);
+  s.pending_ops = pending_ops_.load(std::memory_order_relaxed);
+  s.cache_hits = cache_hits_.load(std::memory_order_relaxed);
+  s.explorations = explorations_.load(std::memory_order_relaxed);
+  s.plans_created = plans_created_.load(std::memory_order_relaxed);
+  return s;
+}
+
+std::size_t StreamActor::cancel_pending(const std::string& reason) {
+  close();
+  std::size_t n = 0;
+  auto cancel = [&](Command* c) {
+    std::unique_ptr<Command> cmd(c);
+    ++n;
+    Error err = make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": cancelled: " + reason);
+    std::visit(Overloaded{
+                   [](RegisterOpCmd&) {},
+                   [&](DrainCmd& d) { d.done.set_value(err); },
+                   [&](ReadCmd& r) { r.done.set_value(err); },
+                   [](ForeignDropCmd&) {},
+                   [&](ShareCmd& s) { s.done.set_value(err); },
+               },
+               *cmd);
+  };
+  Command* c = nullptr;
+  while (intake_.pop(c)) cancel(c);
+  while (foreign_.pop(c)) cancel(c);
+  return n;
+}
+
+}  // namespace kiln::runtime

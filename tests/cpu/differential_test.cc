@@ -1,0 +1,139 @@
+// Differential tests: random programs run fused (FusionStream + default fusers + CpuExecutor)
+// and op by op on the reference executor; see differential_util.h for the programs and bounds.
+//
+//   KILN_DIFF_PROGRAMS=<n>   how many random programs (default 3000; 800 under AddressSanitizer)
+//   KILN_DIFF_SEED=<seed>    run only that program (the seed a failure printed)
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "differential_util.h"
+
+namespace kiln::cpu::difftest {
+namespace {
+
+std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::strtoull(v, nullptr, 10);
+}
+
+std::uint64_t default_programs() {
+#if defined(__SANITIZE_ADDRESS__)
+  return 800;
+#else
+  return 3000;
+#endif
+}
+
+std::string kind_counts(const CpuDeviceStats& s) {
+  std::ostringstream os;
+  os << "Elementwise=" << s.launches_by_kind[0] << " Matmul=" << s.launches_by_kind[1]
+ << " Reduce=" << s.launches_by_kind[2]
+     << " ReduceBroadcasted=" << s.launches_by_kind[3] << " NhwcRelayout=" << s.launches_by_kind[4]
+     << " replays=" << s.fused_replays << " fast_ops=" << s.fast_ops << " reference_ops=" << s.reference_ops
+     << " inplace=" << s.inplace_reuses << " cache hits/misses=" << s.kernel_cache_hits << "/"
+     << s.kernel_cache_misses;
+  return os.str();
+}
+
+void add(CpuDeviceStats& total, const CpuDeviceStats& s) {
+  total.fused_launches += s.fused_launches;
+  total.fused_replays += s.fused_replays;
+  total.fast_ops += s.fast_ops;
+  total.reference_ops += s.reference_ops;
+  total.kernel_cache_hits += s.kernel_cache_hits;
+  total.kernel_cache_misses += s.kernel_cache_misses;
+  total.inplace_reuses += s.inplace_reuses;
+  for (std::size_t k = 0; k < total.launches_by_kind.size(); ++k) total.launches_by_kind[k] += s.launches_by_kind[k];
+}
+
+// Each program on fresh devices and a fresh plan store, so that a seed replays exactly.
+TEST(Differential, RandomPrograms) {
+  std::vector<std::uint64_t> seeds;
+  if (std::getenv("KILN_DIFF_SEED") != nullptr) {
+    seeds.push_back(env_u64("KILN_DIFF_SEED", 0));
+  } else {
+    const std::uint64_t n = env_u64("KILN_DIFF_PROGRAMS", default_programs());
+    for (std::uint64_t i = 0; i < n; ++i) seeds.push_back(1000 + i);
+  }
+  CpuDeviceStats total;
+  std::uint64_t ops = 0, checks = 0;
+  int failures = 0;
+  std::vector<std::pair<double, std::uint64_t>> slowest;
+  for (std::uint64_t seed : seeds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const DiffProgram p = Generator(seed, seed).generate();
+    FusedSide fused;
+    ReferenceSide ref;
+    fused.run(p);
+    ref.run(p);
+    slowest.emplace_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), seed);
+    ops += p.ops.size();
+    checks += p.checks.size();
+    add(total, fused.device.stats());
+    const std::string diff = compare(p, fused.device, ref.device);
+    if (!diff.empty()) {
+      ADD_FAILURE() << "program differs (replay: KILN_DIFF_SEED=" << seed << ")\n" << p.to_string() << diff;
+      if (++failures >= 5) break;
+    }
+  }
+  std::sort(slowest.rbegin(), slowest.rend());
+  if (std::getenv("KILN_DIFF_VERBOSE") != nullptr)
+    for (std::size_t i = 0; i < std::min<std::size_t>(10, slowest.size()); ++i)
+      std::printf("  slow: seed %llu %.3f s\n", static_cast<unsigned long long>(slowest[i].second), slowest[i].first);
+  std::printf("[differential] %zu programs, %llu ops, %llu outputs compared; fused: %s\n", seeds.size(),
+              static_cast<unsigned long long>(ops), static_cast<unsigned long long>(checks), kind_counts(total).c_str());
+  // The generator must actually exercise every fused program kind.
+  if (seeds.size() >= 200) {
+    EXPECT_GT(total.launches_by_kind[0], 0u);
+    EXPECT_GT(total.launches_by_kind[1], 0u);
+    EXPECT_GT(total.launches_by_kind[2], 0u);
+    EXPECT_GT(total.inplace_reuses, 0u);
+    EXPECT_GT(total.fused_replays, 0u);
+  }
+}
+
+// One plan store, stream and device for several instances of each program structure, with new
+// sizes, scalars and data each time: cached plans and cached compiled forms must bind the new
+// values (each instance is compared with the reference).
+TEST(Differential, CachedPlanReruns) {
+  const std::uint64_t templates = env_u64("KILN_DIFF_RERUN_TEMPLATES", default_programs() / 10);
+  const std::uint64_t instances = 4;
+  std::uint64_t plan_hits = 0, kernel_hits = 0, fused = 0;
+  int failures = 0;
+  for (std::uint64_t t = 0; t < templates; ++t) {
+    const std::uint64_t seed = 500000 + t;
+    FusedSide side;
+    std::uint64_t next_id = 1;
+    for (std::uint64_t i = 0; i < instances; ++i) {
+      const DiffProgram p = Generator(seed, seed * 16 + i, next_id).generate();
+      next_id = p.end_id;
+      ReferenceSide ref;
+      side.run(p);
+      ref.run(p);
+      const std::string diff = compare(p, side.device, ref.device);
+      if (!diff.empty()) {
+        ADD_FAILURE() << "rerun " << i << " of structure seed " << seed << " differs\n" << p.to_string() << diff;
+        ++failures;
+      }
+      release(p, side.device);
+    }
+    plan_hits += side.stream.processor().stats().cache_hits;
+    kernel_hits += side.device.stats().kernel_cache_hits;
+    fused += side.device.stats().fused_launches;
+    if (failures >= 5) break;
+  }
+  std::printf("[differential] reruns: %llu structures x %llu instances: %llu cached plans executed, %llu fused "
+              "launches, %llu compiled-form cache hits\n",
+              static_cast<unsigned long long>(templates), static_cast<unsigned long long>(instances),
+              static_cast<unsigned long long>(plan_hits), static_cast<unsigned long long>(fused),
+              static_cast<unsigned long long>(kernel_hits));
+  if (templates >= 20) {
+    EXPECT_GT(plan_hits, 0u);
+    EXPECT_GT(kernel_hits, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cpu::difftest

@@ -1,0 +1,431 @@
+// Targeted tests of the fast CPU executor: each program kind, in-place reuse, errored inputs and
+// kernel faults (op-by-op replay), the compiled-form cache across sizes and scalars, single ops,
+// and the math approximations' error bounds.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+
+#include "../../cpu/src/fast_math.h"
+#include "differential_util.h"
+
+namespace kiln::cpu {
+namespace {
+
+using difftest::FusedSide;
+using ir::DType;
+using ir::Family;
+using ir::OpKind;
+using ir::Operation;
+using ir::ScalarIr;
+using ir::Shape;
+using ir::TensorId;
+using ir::TensorIr;
+using ir::TensorStatus;
+namespace dt = ir::dtypes;
+namespace b = ir::build;
+
+TensorIr use(TensorIr t, TensorStatus s) {
+  t.status = s;
+  return t;
+}
+Operation ok(Result<Operation> r) {
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
+  return std::move(r).value();
+}
+
+// A session: one fused side, an id counter, host helpers.
+struct Session : FusedSide {
+  std::uint64_t next = 1;
+  explicit Session(int threads = 2) : FusedSide(threads) {}
+  TensorId id() { return TensorId{next++}; }
+  TensorIr input(Shape shape, const std::vector<double>& values, DType d = dt::f32) {
+    TensorIr t{id(), std::move(shape), TensorStatus::ReadOnly, d};
+    EXPECT_TRUE(device.upload_f64(t.id, t.shape, d, values).ok());
+    return t;
+  }
+  TensorIr out(const Operation& op) { return op.outputs()[0]; }
+  TensorIr submit(Operation op) {
+    TensorIr o = op.outputs()[0];
+    o.status = TensorStatus::ReadOnly;  // later uses read it
+    stream.register_op(std::move(op), store, exec);
+    return o;
+  }
+  void sync() { stream.drain(store, exec); }
+  std::vector<double> read(const TensorIr& t) {
+    sync();
+    auto v = device.download_f64(t.id);
+    EXPECT_TRUE(v.ok()) << t.to_string() << ": " << (v.ok() ? "" : v.error().to_string());
+    return v.ok() ? *v : std::vector<double>{};
+  }
+};
+
+std::vector<double> iota(std::size_t n, double scale = 1.0, double offset = 0.0) {
+  std::vector<double> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = offset + scale * static_cast<double>((i * 37) % 101) / 101.0;
+  return v;
+}
+
+double rel_err(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+
+// W1: y = exp(a*b + c*s), fused into one Elementwise program.
+TensorIr register_w1(Session& s, const Shape& shape, double scalar, TensorIr* a_out = nullptr) {
+  const std::size_t n = ir::num_elements(shape);
+  const TensorIr a = s.input(shape, iota(n, 2, -1)), bb = s.input(shape, iota(n, 1.5, -0.5)),
+                 c = s.input(shape, iota(n, 1, -0.7));
+  if (a_out) *a_out = a;
+  const TensorIr t1 = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, a, bb, s.id())));
+  const TensorIr t2 =
+      s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, c, ScalarIr::Float(scalar), s.id())));
+  const TensorIr t3 = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(t1, TensorStatus::ReadWrite),
+                                            use(t2, TensorStatus::ReadWrite), s.id())));
+  return s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, use(t3, TensorStatus::ReadWrite), s.id())));
+}
+
+std::vector<double> w1_expected(const Shape& shape, double scalar) {
+  const std::size_t n = ir::num_elements(shape);
+  auto a = iota(n, 2, -1), bb = iota(n, 1.5, -0.5), c = iota(n, 1, -0.7);
+  std::vector<double> y(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float t = static_cast<float>(static_cast<float>(a[i]) * static_cast<float>(bb[i])) +
+                    static_cast<float>(static_cast<float>(c[i]) * static_cast<float>(scalar));
+    y[i] = std::exp(static_cast<double>(t));
+  }
+  return y;
+}
+
+TEST(FastExecutor, W1RunsAsOneFusedElementwiseProgram) {
+  Session s;
+  const TensorIr y = register_w1(s, {64, 64}, 2.0);
+  const std::vector<double> got = s.read(y);
+  const std::vector<double> want = w1_expected({64, 64}, 2.0);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_LE(rel_err(got[i], want[i]), 3e-7) << i;
+  const CpuDeviceStats st = s.device.stats();
+  EXPECT_EQ(st.fused_launches, 1u);
+  EXPECT_EQ(st.launches_by_kind[0], 1u);
+  EXPECT_EQ(st.fused_replays, 0u);
+  EXPECT_EQ(st.reference_ops, 0u);
+}
+
+// One compiled form for every size and scalar of one structure: the cache hits, and each run's
+// placeholders (sizes, the scalar) are bound anew.
+TEST(FastExecutor, CompiledFormIsReusedAcrossSizesAndScalars) {
+  Session s;
+  const std::vector<std::pair<Shape, double>> runs = {{{64, 48}, 2.0}, {{32, 48}, 3.0}, {{100, 7}, -1.5},
+                                                      {{3, 5}, 0.25}, {{300, 301}, 1.0}};
+  for (const auto& [shape, scalar] : runs) {
+    const TensorIr y = register_w1(s, shape, scalar);
+    const std::vector<double> got = s.read(y);
+    const std::vector<double> want = w1_expected(shape, scalar);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_LE(rel_err(got[i], want[i]), 3e-7) << ir::shape_to_string(shape) << " s=" << scalar << " element " << i;
+  }
+  const CpuDeviceStats st = s.device.stats();
+  EXPECT_EQ(st.fused_launches, runs.size());
+  EXPECT_EQ(st.kernel_cache_misses, 1u) << "one structure, one compile";
+  EXPECT_EQ(st.kernel_cache_hits, runs.size() - 1);
+  EXPECT_EQ(s.device.kernel_cache_size(), 1u);
+  EXPECT_GE(s.stream.processor().stats().cache_hits, runs.size() - 1) << "the plan itself is cached too";
+}
+
+
+// A consumed input's buffer becomes the output's when nothing else holds it.
+TEST(FastExecutor, ReusesAConsumedInputBufferInPlace) {
+  Session s;
+  const TensorIr x = s.input({40, 50}, iota(2000));
+  const std::byte* x_data = s.device.handles().get_handle_ref(x.id)->data();
+  const TensorIr t = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
+                                           use(x, TensorStatus::ReadWrite), ScalarIr::Float(2.0), s.id())));
+  const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_AddScalar,
+                                           use(t, TensorStatus::ReadWrite), ScalarIr::Float(1.0), s.id())));
+  const std::vector<double> got = s.read(y);
+  const std::vector<double> xs = iota(2000);
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<float>(static_cast<float>(xs[i]) * 2.0f) + 1.0f);
+  EXPECT_EQ(s.device.stats().inplace_reuses, 1u);
+  EXPECT_EQ(s.device.handles().get_handle_ref(y.id)->data(), x_data);
+  EXPECT_FALSE(s.device.handles().has_handle(x.id));
+}
+
+TEST(FastExecutor, NoInPlaceReuseWhileAnotherHandleSharesTheBuffer) {
+  Session s;
+  const TensorIr x = s.input({40, 50}, iota(2000));
+  const CpuTensor held = *s.device.tensor(x.id);  // e.g. a client still reading it
+  const TensorIr t = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
+                                           use(x, TensorStatus::ReadWrite), ScalarIr::Float(2.0), s.id())));
+  const TensorIr y = s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, use(t, TensorStatus::ReadWrite), s.id())));
+  (void)s.read(y);
+  EXPECT_EQ(s.device.stats().inplace_reuses, 0u);
+  EXPECT_NE(s.device.handles().get_handle_ref(y.id)->data(), held.data());
+  EXPECT_EQ(held.to_f64()[7], static_cast<float>(iota(2000)[7]));  // untouched
+}
+
+// An errored input: the fused program is replayed op by op, each op skipping as unfused.
+TEST(FastExecutor, ErroredInputReplaysTheProgramOpByOp) {
+  Session s;
+  TensorIr a;
+  const TensorIr y = [&] {
+    // W1 with `a` errored before the program runs.
+    const Shape shape{16, 8};
+    const TensorIr r = register_w1(s, shape, 2.0, &a);
+    s.device.handles().claim(a.id, ir::TensorError::make_root(ErrorCode::Execution, "upstream kernel failed"));
+    return r;
+  }();
+  s.sync();
+  const ir::TensorError root = *s.device.handles().entry(a.id)->error();
+  auto got = s.device.download_f64(y.id);
+  ASSERT_TRUE(got.is_errored());
+  EXPECT_TRUE(got.tensor_error()->same_root(root));
+  EXPECT_EQ(got.tensor_error()->depth, 3u);  // mul, add, exp skipped
+  EXPECT_EQ(s.device.stats().fused_replays, 1u);
+  EXPECT_EQ(s.device.stats().fused_launches, 0u);
+}
+
+// A kernel fault (integer division by zero) inside a fused program: nothing was consumed, the ops
+// replay, and the failing op's output carries a new root (depth 0), its consumer depth 1.
+TEST(FastExecutor, KernelFaultReplaysAndFailsTheFaultingOp) {
+  Session s;
+  const Shape shape{4, 5};
+  std::vector<double> num(20, 7), den(20, 2);
+  den[13] = 0;
+  const TensorIr n = s.input(shape, num, dt::i32);
+  const TensorIr d = s.input(shape, den, dt::i32);
+  const TensorIr q = s.submit(ok(b::binary(Family::NumericInt, OpKind::Numeric_Div, n, d, s.id())));
+  const TensorIr y = s.submit(ok(b::scalar(Family::NumericInt, OpKind::Numeric_AddScalar,
+                                           use(q, TensorStatus::ReadWrite), ScalarIr::Int(1), s.id())));
+  const TensorIr z = s.submit(ok(b::scalar(Family::NumericInt, OpKind::Numeric_MulScalar, n, ScalarIr::Int(3), s.id())));
+  s.sync();
+  auto yv = s.device.download_i64(y.id);
+  ASSERT_TRUE(yv.is_errored()) << (yv.ok() ? "no error" : yv.error().to_string());
+  EXPECT_EQ(yv.tensor_error()->depth, 1u);
+  EXPECT_THAT(yv.tensor_error()->root->message(), ::testing::HasSubstr("division by zero"));
+  EXPECT_EQ(s.device.stats().fused_replays, 1u);
+  // Inputs intact, unrelated outputs fine.
+  EXPECT_EQ((*s.device.download_i64(n.id))[0], 7);
+  EXPECT_EQ((*s.device.download_i64(z.id))[3], 21);
+}
+
+// Reduce: prologue (exp) -> sum over an axis -> epilogue (* 2), for the last and other axes.
+TEST(FastExecutor, ReduceProgramWithPrologueAndEpilogue) {
+  for (std::uint64_t axis : {2u, 1u, 0u}) {
+    Session s;
+    const Shape shape{6, 40, 33};
+    const std::vector<double> xs = iota(6 * 40 * 33, 2, -1);
+    const TensorIr x = s.input(shape, xs);
+    const TensorIr e = s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, x, s.id())));
+    const TensorIr r = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim,
+                                                 use(e, TensorStatus::ReadWrite), axis, 1, s.id())));
+    const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
+                                             use(r, TensorStatus::ReadWrite), ScalarIr::Float(2.0), s.id())));
+    const std::vector<double> got = s.read(y);
+    const std::uint64_t outer = axis == 0 ? 1 : (axis == 1 ? 6 : 6 * 40), n = shape[axis],
+                        inner = axis == 2 ? 1 : (axis == 1 ? 33 : 40 * 33);
+    ASSERT_EQ(got.size(), outer * inner);
+    for (std::uint64_t o = 0; o < outer; ++o)
+      for (std::uint64_t i = 0; i < inner; ++i) {
+        double acc = 0;
+        for (std::uint64_t j = 0; j < n; ++j) acc += std::exp(static_cast<double>(static_cast<float>(xs[(o * n + j) * inner + i])));
+        ASSERT_LE(rel_err(got[o * inner + i], 2 * acc), 5e-7) << "axis " << axis;
+      }
+    EXPECT_EQ(s.device.stats().launches_by_kind[2], 1u) << "axis " << axis;
+  }
+}
+
+// softmax over the last axis: a ReduceBroadcasted program.
+TEST(FastExecutor, SoftmaxRunsAsReduceBroadcasted) {
+  Session s;
+  const Shape shape{37, 129};
+  const std::vector<double> xs = iota(37 * 129, 8, -4);
+  const TensorIr x = s.input(shape, xs);
+  const TensorIr m = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_MaxDim, x, 1, 1, s.id())));
+  const TensorIr d = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite),
+                                           use(m, TensorStatus::ReadWrite), s.id())));
+  const TensorIr e = s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, use(d, TensorStatus::ReadWrite), s.id())));
+  const TensorIr sum = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim, e, 1, 1, s.id())));
+  const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Div, use(e, TensorStatus::ReadWrite),
+                                           use(sum, TensorStatus::ReadWrite), s.id())));
+  const std::vector<double> got = s.read(y);
+  for (std::size_t r = 0; r < 37; ++r) {
+    double mx = -1e30, acc = 0;
+    for (std::size_t c = 0; c < 129; ++c) mx = std::max(mx, static_cast<double>(static_cast<float>(xs[r * 129 + c])));
+    for (std::size_t c = 0; c < 129; ++c) acc += std::exp(static_cast<float>(xs[r * 129 + c]) - mx);
+    for (std::size_t c = 0; c < 129; ++c)
+      ASSERT_LE(rel_err(got[r * 129 + c], std::exp(static_cast<float>(xs[r * 129 + c]) - mx) / acc), 1e-6);
+  }
+  EXPECT_EQ(s.device.stats().launches_by_kind[3], 1u);
+  EXPECT_EQ(s.device.stats().fused_replays, 0u);
+}
+
+std::vector<double> host_matmul(const std::vector<double>& a, const std::vector<double>& w, std::size_t m,
+                                std::size_t k, std::size_t n) {
+  std::vector<double> c(m * n, 0.0);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t p = 0; p < k; ++p)
+      for (std::size_t j = 0; j < n; ++j) c[i * n + j] += a[i * k + p] * w[p * n + j];
+  return c;
+}
+
+std::vector<double> rounded(std::vector<double> v, DType d) {
+  for (double& x : v) x = d == dt::f64 ? x : static_cast<double>(static_cast<float>(x));
+  return v;
+}
+
+// (a @ w + bias) * 2: a Matmul program with its epilogue, f32 and f64, edge tiles included.
+TEST(FastExecutor, MatmulWithEpilogue) {
+  for (DType d : {dt::f32, dt::f64}) {
+    Session s;
+    const std::size_t m = 67, k = 45, n = 33;
+    const auto av = rounded(iota(m * k, 2, -1), d), wv = rounded(iota(k * n, 1, -0.5), d),
+               bv = rounded(iota(n, 1, 0.25), d);
+    const TensorIr a = s.input({m, k}, av, d), w = s.input({k, n}, wv, d), bias = s.input({1, n}, bv, d);
+    const TensorIr c = s.submit(ok(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id())));
+    const TensorIr t = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(c, TensorStatus::ReadWrite),
+                                             bias, s.id())));
+    const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
+                                             use(t, TensorStatus::ReadWrite), ScalarIr::Float(2.0), s.id())));
+    const std::vector<double> got = s.read(y);
+    const std::vector<double> ref = host_matmul(av, wv, m, k, n);
+    const double tol = d == dt::f64 ? 1e-13 : 2e-5;
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j)
+        ASSERT_NEAR(got[i * n + j], 2 * (ref[i * n + j] + bv[j]), tol * (1 + std::fabs(ref[i * n + j])))
+            << d.name() << " " << i << "," << j;
+    EXPECT_EQ(s.device.stats().launches_by_kind[1], 1u) << d.name();
+  }
+}
+
+// A single large matmul: full register tiles, several K blocks, row blocks in parallel.
+TEST(FastExecutor, LargeSingleMatmul) {
+  Session s;
+  const std::size_t m = 301, k = 517, n = 263;
+  const auto av = rounded(iota(m * k, 2, -1), dt::f32), wv = rounded(iota(k * n, 1, -0.5), dt::f32);
+  const TensorIr a = s.input({m, k}, av), w = s.input({k, n}, wv);
+  const TensorIr c = s.submit(ok(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id())));
+  const std::vector<double> got = s.read(c);
+  const std::vector<double> ref = host_matmul(av, wv, m, k, n);
+  for (std::size_t i = 0; i < m * n; ++i) ASSERT_NEAR(got[i], ref[i], 1e-4 * (1 + std::fabs(ref[i]))) << i;
+  EXPECT_EQ(s.device.stats().fast_ops, 1u);
+}
+
+// An intermediate with a broadcast shape kept after the kernel: stored once per element.
+TEST(FastExecutor, KeptBroadcastOutputOfAFusedBlock) {
+  Session s;
+  const std::size_t m = 70, n = 90;
+  const auto rv = iota(n, 1, 0.5), xv = iota(m * n, 2, -1);
+  const TensorIr row = s.input({1, n}, rv), x = s.input({m, n}, xv);
+  const TensorIr a = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, x, row, s.id())));
+  const TensorIr r2 = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, row, ScalarIr::Float(3.0), s.id())));
+  const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, use(a, TensorStatus::ReadWrite),
+                                           r2, s.id())));  // r2 stays alive: a kept [1, n] output
+  const std::vector<double> yv = s.read(y);
+  const std::vector<double> r2v = s.read(r2);
+  for (std::size_t j = 0; j < n; ++j) ASSERT_EQ(r2v[j], static_cast<float>(rv[j]) * 3.0f);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j)
+      ASSERT_EQ(yv[i * n + j], (static_cast<float>(xv[i * n + j]) + static_cast<float>(rv[j])) * (static_cast<float>(rv[j]) * 3.0f));
+  EXPECT_EQ(s.device.stats().fused_launches, 1u);
+}
+
+// Single operations run on the fast kernels (and reshape shares its buffer).
+TEST(FastExecutor, SingleOpsUseTheFastKernels) {
+  Session s;
+  const auto xv = iota(3 * 4 * 5, 2, -1);
+  const TensorIr x = s.input({3, 4, 5}, xv);
+  const TensorIr r = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_MaxDim, x, 1, 1, s.id())));
+  const TensorIr sw = s.submit(ok(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, x, 0, 2, s.id())));
+  const std::int64_t args[] = {12, 5};
+  const std::byte* x_data = s.device.handles().get_handle_ref(x.id)->data();
+  const TensorIr rs = s.submit(ok(b::shape_op(Family::BaseFloat, OpKind::Base_Reshape, use(x, TensorStatus::ReadWrite),
+                                              args, s.id())));
+  s.sync();
+  const std::vector<double> rv = s.read(r), swv = s.read(sw), rsv = s.read(rs);
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t k = 0; k < 5; ++k) {
+      double mx = -1e30;
+      for (std::size_t j = 0; j < 4; ++j) mx = std::max(mx, static_cast<double>(static_cast<float>(xv[(i * 4 + j) * 5 + k])));
+      ASSERT_EQ(rv[i * 5 + k], mx);
+      for (std::size_t j = 0; j < 4; ++j) ASSERT_EQ(swv[(k * 4 + j) * 3 + i], rsv[(i * 4 + j) * 5 + k]);
+    }
+  EXPECT_EQ(s.device.handles().get_handle_ref(rs.id)->data(), x_data);
+  EXPECT_EQ(s.device.stats().zero_copy_reshapes, 1u);
+  EXPECT_EQ(s.device.stats().reference_ops, 0u);
+}
+
+// The approximations' documented bounds, sampled densely (the exhaustive sweep over every float
+// is in docs/cpu-backend.md), and their special values.
+double ulp_error(float got, double want) {
+  if (std::isnan(want)) return std::isnan(got) ? 0 : 1e9;
+  if (std::isinf(want)) return static_cast<double>(got) == want ? 0 : 1e9;
+  const float w = static_cast<float>(want);
+  const double ulp = std::fabs(static_cast<double>(std::nextafter(std::fabs(w), INFINITY)) - std::fabs(w));
+  return std::fabs(static_cast<double>(got) - want) / (w == 0 ? std::ldexp(1.0, -149) : ulp);
+}
+
+TEST(FastMath, ApproximationsStayWithinTheirBounds) {
+  struct Case {
+    const char* name;
+    float (*fast)(float);
+    double (*exact)(double);
+    float lo, hi, max_ulp;
+  };
+  const Case cases[] = {
+      {"exp", fast::exp_f32, [](double v) { return std::exp(v); }, -104.f, 89.f, 1.0f},
+      {"log", fast::log_f32, [](double v) { return std::log(v); }, 1e-38f, 3e38f, 1.0f},
+      {"log1p", fast::log1p_f32, [](double v) { return std::log1p(v); }, -0.999f, 1e30f, 2.0f},
+      {"tanh", fast::tanh_f32, [](double v) { return std::tanh(v); }, -12.f, 12.f, 2.0f},
+  };
+  for (const Case& c : cases) {
+    double worst = 0;
+    float at = 0;
+    // Every 61st float bit pattern in [lo, hi] (both signs where the range has them).
+    const std::uint32_t step = 997;
+    for (int sign = 0; sign < 2; ++sign) {
+      for (std::uint32_t bits = 0; bits < 0x7f800000u; bits += step) {
+        float x = std::bit_cast<float>(bits | (sign ? 0x80000000u : 0u));
+        if (!(x >= c.lo && x <= c.hi)) continue;
+        const double e = ulp_error(c.fast(x), c.exact(static_cast<double>(x)));
+        if (e > worst) worst = e, at = x;
+      }
+    }
+    EXPECT_LE(worst, c.max_ulp) << c.name << " worst at " << at << " (" << worst << " ulp)";
+  }
+  EXPECT_EQ(fast::exp_f32(INFINITY), INFINITY);
+  EXPECT_EQ(fast::exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(fast::exp_f32(89.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(fast::exp_f32(NAN)));
+  EXPECT_EQ(fast::log_f32(0.0f), -INFINITY);
+  EXPECT_EQ(fast::log_f32(-0.0f), -INFINITY);
+  EXPECT_TRUE(std::isnan(fast::log_f32(-1.0f)));
+  EXPECT_EQ(fast::log_f32(INFINITY), INFINITY);
+  EXPECT_EQ(fast::log1p_f32(-1.0f), -INFINITY);
+  EXPECT_TRUE(std::isnan(fast::log1p_f32(-2.0f)));
+  EXPECT_EQ(fast::log1p_f32(INFINITY), INFINITY);
+  EXPECT_EQ(fast::tanh_f32(INFINITY), 1.0f);
+  EXPECT_EQ(fast::tanh_f32(-INFINITY), -1.0f);
+  EXPECT_TRUE(std::signbit(fast::tanh_f32(-0.0f)));
+  EXPECT_TRUE(std::isnan(fast::tanh_f32(NAN)));
+}
+
+TEST(FastMath, HalfConversionsMatchTheCodec) {
+  for (std::uint32_t bits = 0; bits < 0xffffffffu - 9973; bits += 9973) {
+    const float x = std::bit_cast<float>(bits);
+    const std::uint16_t h = fast::f32_to_f16_bits(x), bh = fast::f32_to_bf16_bits(x);
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(h)));
+      EXPECT_TRUE(std::isnan(bf16_to_f32(bh)));
+      continue;
+    }
+    ASSERT_EQ(h, f16_from_f32(x)) << x;
+    ASSERT_EQ(bh, bf16_from_f32(x)) << x;
+  }
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    const float a = fast::f16_bits_to_f32(static_cast<std::uint16_t>(h)), b16 = f16_to_f32(static_cast<std::uint16_t>(h));
+    if (std::isnan(b16)) ASSERT_TRUE(std::isnan(a));
+    else ASSERT_EQ(std::bit_cast<std::uint32_t>(a), std::bit_cast<std::uint32_t>(b16)) << h;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cpu

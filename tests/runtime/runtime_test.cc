@@ -1,0 +1,320 @@
+// The device runtime: values through the reference CPU backend, plan reuse across streams,
+// cross-stream dependencies, reads, foreign drops, execution failures, shutdown, and a small
+// multi-thread stress. Run under TSan in the tsan build.
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kiln/ir/builders.h"
+#include "kiln/cpu/reference_backend.h"
+#include "kiln/runtime/device.h"
+#include "kiln/runtime/session.h"
+
+namespace kiln::runtime {
+namespace {
+
+using ir::TensorId;
+using ir::TensorIr;
+using ir::TensorStatus;
+
+std::unique_ptr<Device> make_device(std::size_t threads = 4) {
+  RuntimeOptions o;
+  o.threads = threads;
+  o.fusion = fusion::FusionConfig{};  // never read a kiln.toml from the test's directory
+  o.wait_timeout = std::chrono::seconds(60);
+  Result<std::unique_ptr<Device>> d = Device::create(std::make_unique<cpu::ReferenceCpuBackend>(), std::move(o));
+  EXPECT_TRUE(d.ok());
+  return std::move(d).value();
+}
+
+template <class T>
+T ok(Result<T> r) {
+  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
+  EXPECT_TRUE(r.ok());
+  return std::move(r).value();
+}
+
+void expect_near_all(const std::vector<float>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i]))) << i;
+}
+
+TEST(Runtime, FusedElementwiseValues) {
+  auto dev = make_device();
+  {
+    Session s(*dev);
+    const std::vector<float> av{1, 2, 3, 4}, bv{0.5f, -1, 0.25f, 0}, cv{-1, 0.5f, 0, 0.125f};
+    Tensor a = ok(s.from_host(av, {2, 2}));
+    Tensor b = ok(s.from_host(bv, {2, 2}));
+    Tensor c = ok(s.from_host(cv, {2, 2}));
+    Tensor r = ok(s.exp(ok(s.add(ok(s.mul(a, b)), ok(s.mul_scalar(c, 2.0))))));
+    std::vector<double> want;
+    for (int i = 0; i < 4; ++i) want.push_back(std::exp(double(av[i]) * bv[i] + double(cv[i]) * 2.0));
+    expect_near_all(ok(s.to_host(std::move(r))), want);
+    StreamStats st = *dev->stream_stats(s.current_stream());
+    EXPECT_GE(st.executed, 4u);
+    EXPECT_EQ(st.pending_ops, 0u);
+    EXPECT_GE(dev->plan_store().size(), 1u);
+  }
+  ASSERT_TRUE(dev->shutdown().ok());
+  EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);  // every tensor dropped
+}
+
+TEST(Runtime, MatmulSumDimValuesAndBuilderErrors) {
+  auto dev = make_device();
+  Session s(*dev);
+  Tensor x = ok(s.from_host(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}));
+  Tensor w = ok(s.from_host(std::vector<float>{1, 0, 0, 1, 1, 1}, {3, 2}));
+  Tensor m = ok(s.matmul(x, w));  // [[1+3, 2+3], [4+6, 5+6]]
+  expect_near_all(ok(s.to_host(m)), {4, 5, 10, 11});
+  expect_near_all(ok(s.to_host(ok(s.sum_dim(m, 1)))), {9, 21});
+  Tensor bad = ok(s.from_host(std::vector<float>{1, 2, 3}, {3}));
+  Result<Tensor> r = s.add(m, bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("Add"), std::string::npos) << r.error().message;
+  Result<Tensor> mm = s.matmul(x, x);
+  ASSERT_FALSE(mm.ok());
+  // Nothing was queued for the failed builds: the stream still works.
+  expect_near_all(ok(s.to_host(ok(s.mul_scalar(bad, 2.0)))), {2, 4, 6});
+}
+
+// The same program on two threads (two implicit streams): the second finds the first's plans.
+TEST(Runtime, PlansAreSharedAcrossStreams) {
+  auto dev = make_device();
+  Session s(*dev);
+  auto program = [&s](StreamId* id) {
+    Tensor a = ok(s.from_host(std::vector<float>(64, 1.0f), {8, 8}));
+    Tensor b = ok(s.from_host(std::vector<float>(64, 2.0f), {8, 8}));
+    Tensor c = ok(s.from_host(std::vector<float>(64, 3.0f), {8, 8}));
+    Tensor r = ok(s.exp(ok(s.add(ok(s.mul(a, b)), ok(s.mul_scalar(c, 2.0))))));
+    std::vector<float> v = ok(s.to_host(std::move(r)));
+    EXPECT_NEAR(v[0], std::exp(8.0), 1e-2);
+    *id = s.current_stream();
+  };
+  StreamId s1(0), s2(0);
+  std::thread(program, &s1).join();
+  // The thread's last drops were queued at its exit: a drain (foreign, so ordered after them)
+  // lets the stream finish planning them before we count.
+  ASSERT_TRUE(dev->drain(s1).ok());
+  const std::size_t plans = dev->plan_store().size();
+  EXPECT_GE(plans, 1u);
+  std::thread(program, &s2).join();
+  ASSERT_NE(s1, s2);
+  ASSERT_TRUE(dev->drain(s2).ok());
+  EXPECT_EQ(dev->plan_store().size(), plans);
+  StreamStats st2 = *dev->stream_stats(s2);
+  EXPECT_GE(st2.cache_hits, 1u);
+  EXPECT_EQ(st2.explorations, 0u);
+  EXPECT_EQ(dev->stream_stats(s1)->plans_created, plans);
+}
+
+// Stream B consumes a tensor still pending on stream A: A is drained first (shared view).
+TEST(Runtime, CrossStreamDependencyDrainsProducer) {
+  auto dev = make_device();
+  Session s(*dev);
+  const StreamId a_stream = s.current_stream();
+  Tensor x = ok(s.from_host(std::vector<float>{0, 1, 2}, {3}));
+  Tensor y = ok(s.exp(x));  // Lazy: pending on A
+  std::vector<float> got;
+  std::thread([&] {
+    Tensor z = ok(s.mul_scalar(y, 2.0));  // on B: shares y, which drains A
+    got = ok(s.to_host(std::move(z)));
+  }).join();
+  expect_near_all(got, {2 * std::exp(0.0), 2 * std::exp(1.0), 2 * std::exp(2.0)});
+  StreamStats a = *dev->stream_stats(a_stream);
+  EXPECT_GE(a.drains, 1u);
+  EXPECT_EQ(a.pending_ops, 0u);
+  EXPECT_TRUE(dev->backend().is_materialized(y.id()));
+  // Explicit streams on one thread: the same rule.
+  Tensor w = ok(s.mul_scalar(x, 3.0));  // pending on A
+  Tensor v = s.executes(StreamId::from_number(7), [&] { return ok(s.add(w, x)); });
+  EXPECT_EQ(v.home(), StreamId::from_number(7));
+  expect_near_all(ok(s.to_host(v)), {0, 4, 8});
+}
+
+// The device-level rule (producer table): an op naming a tensor pending on another stream.
+TEST(Runtime, ProducerTableDrainsOtherStream) {
+  auto dev = make_device();
+  const StreamId A(100), B(101);
+  const TensorId x = dev->new_tensor_id(), y = dev->new_tensor_id(), z = dev->new_tensor_id();
+  std::vector<float> xv{1, 2};
+  ASSERT_TRUE(dev->upload(x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
+  const TensorIr xr{x, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+  ASSERT_TRUE(dev->register_op(A, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, xr, y))).ok());
+  EXPECT_EQ(dev->producer_of(y), A);
+  const TensorIr yr{y, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+  ASSERT_TRUE(dev->register_op(B, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, yr, z))).ok());
+  EXPECT_TRUE(dev->backend().is_materialized(y));  // A was drained before B queued its op
+  Result<HostData> d = dev->read(B, TensorIr{z, {2}, TensorStatus::ReadWrite, ir::dtypes::f32});
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  float out[2];
+  std::memcpy(out, d->bytes.data(), sizeof out);
+  EXPECT_NEAR(out[0], std::exp(std::exp(1.0)), 1e-4);
+  EXPECT_NEAR(out[1], std::exp(std::exp(2.0)), 1e-3);
+}
+
+// fusion.md §16.4: a read drains only when the tensor is not produced yet; a last-use read of a
+// tensor queued ops still reference defers its free.
+TEST(Runtime, ReadDrainsOnlyWhenNotProduced) {
+  auto dev = make_device();
+  Session s(*dev);
+  const StreamId id = s.current_stream();
+  Tensor x = ok(s.from_host(std::vector<float>{1, 2}, {2}));
+  Tensor y = ok(s.exp(x));
+  expect_near_all(ok(s.to_host(x)), {1, 2});  // materialized: Direct
+  StreamStats st = *dev->stream_stats(id);
+  EXPECT_EQ(st.drains, 0u);
+  EXPECT_EQ(st.pending_ops, 1u);
+  const TensorId xid = x.id();
+  expect_near_all(ok(s.to_host(std::move(x))), {1, 2});  // last use, still referenced: DeferFree
+  st = *dev->stream_stats(id);
+  EXPECT_EQ(st.drains, 0u);
+  EXPECT_EQ(st.pending_ops, 1u);
+  EXPECT_TRUE(dev->backend().is_materialized(xid));
+  expect_near_all(ok(s.to_host(y)), {std::exp(1.0), std::exp(2.0)});  // not produced: Drain
+  st = *dev->stream_stats(id);
+  EXPECT_EQ(st.drains, 1u);
+  EXPECT_EQ(st.pending_ops, 0u);
+  EXPECT_FALSE(dev->backend().is_materialized(xid));  // the deferred free ran at the boundary
+}
+
+// fusion.md §16.5: drops from another thread neither enter nor cut the pending segment.
+TEST(Runtime, ForeignDrops) {
+  auto dev = make_device();
+  Session s(*dev);
+  const StreamId id = s.current_stream();
+  Tensor x = ok(s.from_host(std::vector<float>{3, 4}, {2}));
+  Tensor y = ok(s.mul_scalar(x, 2.0));
+  const TensorId xid = x.id();
+  // Materialized and still referenced by the pending exp: the free is deferred. (The foreign
+  // command runs after every intake command pushed before it, so y is registered by then.)
+  std::thread([t = std::move(x)]() mutable { Tensor dropped = std::move(t); }).join();
+  // A drain from a third thread is a foreign command too, FIFO after the drop.
+  std::thread([&] { EXPECT_TRUE(dev->drain(id).ok()); }).join();
+  EXPECT_FALSE(dev->backend().is_materialized(xid));  // freed at the drain's boundary
+  EXPECT_EQ(dev->stream_stats(id)->drains, 1u);        // the drop itself did not drain
+  expect_near_all(ok(s.to_host(std::move(y))), {6, 8});
+  // A tensor not produced yet dropped from another thread: drain + queued Drop.
+  Tensor u = ok(s.from_host(std::vector<float>{1}, {1}));
+  Tensor v = ok(s.exp(u));
+  const TensorId vid = v.id();
+  std::thread([t = std::move(v)]() mutable { Tensor dropped = std::move(t); }).join();
+  std::thread([&] { EXPECT_TRUE(dev->drain(id).ok()); }).join();
+  EXPECT_FALSE(dev->backend().is_materialized(vid));
+  EXPECT_FALSE(dev->backend().error_of(vid).has_value());
+  EXPECT_EQ(dev->stream_stats(id)->pending_ops, 0u);
+}
+
+// An execution failure: downstream tensors are errored with the same root and a skip count;
+// other tensors and streams keep working.
+TEST(Runtime, ExecutionFailurePropagates) {
+  auto dev = make_device();
+  Session s(*dev);
+  Tensor x = ok(s.from_host(std::vector<float>{1, 2}, {2}));
+  Tensor bad = ok(s.custom("kiln.test.boom", {x}, {2}, ir::dtypes::f32));
+  Tensor d1 = ok(s.exp(bad));
+  Tensor d2 = ok(s.mul_scalar(d1, 2.0));
+  Tensor fine = ok(s.mul_scalar(x, 10.0));
+  ASSERT_TRUE(s.sync().ok());
+  std::optional<ir::TensorError> root = dev->backend().error_of(bad.id());
+  std::optional<ir::TensorError> e1 = dev->backend().error_of(d1.id());
+  std::optional<ir::TensorError> e2 = dev->backend().error_of(d2.id());
+  ASSERT_TRUE(root && e1 && e2);
+  EXPECT_TRUE(e1->same_root(*root));
+  EXPECT_TRUE(e2->same_root(*root));
+  EXPECT_EQ(root->depth, 0u);
+  EXPECT_EQ(e2->depth, 2u);
+  Result<std::vector<float>> r = s.to_host(d2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::Execution);
+  EXPECT_NE(r.error().message.find(root->root->message()), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("2 operations skipped"), std::string::npos) << r.error().message;
+  // The same stream and other streams keep working.
+  expect_near_all(ok(s.to_host(fine)), {10, 20});
+  std::vector<float> other;
+  std::thread([&] { other = ok(s.to_host(ok(s.exp(ok(s.from_host(std::vector<float>{0}, {1})))))); }).join();
+  expect_near_all(other, {1});
+  // A shared view of an errored tensor is errored with the same root.
+  std::thread([&] {
+    Tensor e = ok(s.exp(d1));
+    Result<std::vector<float>> er = s.to_host(std::move(e));
+    ASSERT_FALSE(er.ok());
+    EXPECT_NE(er.error().message.find(root->root->message()), std::string::npos);
+  }).join();
+}
+
+// Shutdown while producers are still pushing: returns, joins everything, later calls fail cleanly.
+TEST(Runtime, ShutdownWhileBusy) {
+  auto dev = make_device(2);
+  Session s(*dev);
+  std::atomic<int> started{0};
+  std::vector<std::thread> producers;
+  for (int t = 0; t < 4; ++t) {
+    producers.emplace_back([&] {
+      Result<Tensor> x = s.from_host(std::vector<float>(16, 0.0f), {16});
+      if (!x.ok()) return;
+      Tensor cur = std::move(x).value();
+      started.fetch_add(1);
+      for (int i = 0; i < 2000; ++i) {
+        Result<Tensor> n = s.mul_scalar(std::move(cur), 1.0);
+        if (!n.ok()) return;  // the device shut down
+        cur = std::move(n).value();
+      }
+    });
+  }
+  while (started.load() < 4) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = dev->shutdown();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  if (!st.ok()) {
+    EXPECT_NE(st.error().message.find("cancelled"), std::string::npos) << st.error().message;
+  }
+  for (auto& p : producers) p.join();
+  EXPECT_TRUE(dev->is_shut_down());
+  EXPECT_FALSE(s.from_host(std::vector<float>{1}, {1}).ok());
+  EXPECT_TRUE(dev->shutdown().ok());  // idempotent
+}
+
+// 8 threads x 200 ops on their own streams, with reads, cross-stream shares of a common tensor
+// and values checked.
+TEST(Runtime, StressThreadsTimesStreams) {
+  constexpr int kThreads = 8, kOps = 200;
+  auto dev = make_device(4);
+  Session s(*dev);
+  std::vector<Tensor> bases;
+  for (int t = 0; t < kThreads; ++t) bases.push_back(ok(s.from_host(std::vector<float>(4, float(t)), {4})));
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Tensor ones = ok(s.from_host(std::vector<float>(4, 1.0f), {4}));
+      Tensor x = ok(s.mul_scalar(bases[t], 1.0));  // shared view of a main-stream tensor
+      for (int k = 0; k < kOps; ++k) {
+        x = (k % 2 == 0) ? ok(s.add(std::move(x), ones)) : ok(s.mul_scalar(std::move(x), 1.0));
+        if (k % 50 == 49) {
+          std::vector<float> v = ok(s.to_host(x));
+          if (v.size() != 4 || v[0] != float(t + (k + 2) / 2)) failures.fetch_add(1);
+        }
+      }
+      std::vector<float> v = ok(s.to_host(std::move(x)));
+      for (float f : v)
+        if (f != float(t + kOps / 2)) failures.fetch_add(1);
+      std::vector<float> nb = ok(s.to_host(ok(s.add(bases[(t + 1) % kThreads], ones))));
+      if (nb[0] != float((t + 1) % kThreads + 1)) failures.fetch_add(1);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  bases.clear();
+  ASSERT_TRUE(dev->shutdown().ok());
+  EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
+}
+
+}  // namespace
+}  // namespace kiln::runtime
