@@ -20,6 +20,7 @@ PACKAGES=(
   libbenchmark-dev
   libtomlplusplus-dev         # kiln.toml
   libcli11-dev                # command-line flags
+  libeigen3-dev               # kiln-bench-peers times Eigen's sgemm beside kiln's matmul
   python3                     # bench comparison scripts
 )
 

@@ -79,7 +79,8 @@ CpuDeviceStats CpuDevice::stats() const {
   CpuDeviceStats s{get(counters_.fused_launches),      get(counters_.fused_replays),
                    get(counters_.fast_ops),            get(counters_.reference_ops),
                    get(counters_.kernel_cache_hits),   get(counters_.kernel_cache_misses),
-                   get(counters_.inplace_reuses),      get(counters_.zero_copy_reshapes)};
+                   get(counters_.inplace_reuses),      get(counters_.zero_copy_reshapes),
+                   get(counters_.row_interleaved)};
   for (std::size_t k = 0; k < s.launches_by_kind.size(); ++k) s.launches_by_kind[k] = get(counters_.launches_by_kind[k]);
   return s;
 }
@@ -88,7 +89,7 @@ void CpuDevice::reset_stats() {
   for (std::atomic<std::uint64_t>* a :
        {&counters_.fused_launches, &counters_.fused_replays, &counters_.fast_ops, &counters_.reference_ops,
         &counters_.kernel_cache_hits, &counters_.kernel_cache_misses, &counters_.inplace_reuses,
-        &counters_.zero_copy_reshapes})
+        &counters_.zero_copy_reshapes, &counters_.row_interleaved})
     a->store(0, std::memory_order_relaxed);
   for (auto& a : counters_.launches_by_kind) a.store(0, std::memory_order_relaxed);
 }

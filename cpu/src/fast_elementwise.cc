@@ -387,10 +387,10 @@ inline T un(T x) {
 
 template <Code C, class T, bool S>
 void k_binary(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
   const int bits = a.ins->bits;
-  const std::size_t n = a.n;
   if constexpr (S) {
     const T y = sval<T>(*a.s[0]);
     KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = bin<C, T>(x[i], y, bits);
@@ -402,9 +402,9 @@ void k_binary(const KArgs& a) {
 
 template <Code C, class T, bool S>
 void k_compare(const KArgs& a) {
+  const std::size_t n = a.n;
   B8* o = static_cast<B8*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
-  const std::size_t n = a.n;
   if constexpr (S) {
     const T y = sval<T>(*a.s[0]);
     KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = cmp<C, T>(x[i], y);
@@ -417,12 +417,13 @@ void k_compare(const KArgs& a) {
 // Integer division and floored remainder; a zero divisor is a fault (the reference fails too).
 template <Code C, class T, bool S>
 void k_idiv(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
   const T* yv = S ? nullptr : static_cast<const T*>(a.in[1]);
   const T ys = S ? sval<T>(*a.s[0]) : T{0};
   bool bad = false;
-  for (std::size_t i = 0; i < a.n; ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     const T d = S ? ys : yv[i];
     if (d == 0) {
       bad = true;
@@ -452,12 +453,13 @@ void k_idiv(const KArgs& a) {
 // dtype, as the reference does.
 template <Code C, class T, bool S>
 void k_float_libm2(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
   const T* yv = S ? nullptr : static_cast<const T*>(a.in[1]);
   const double ys = S ? static_cast<double>(sval<T>(*a.s[0])) : 0.0;
   const Fixup f = fixup_of(a.ins->out_dtype);
-  for (std::size_t i = 0; i < a.n; ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     const double xv = x[i];
     const double y = S ? ys : static_cast<double>(yv[i]);
     const double r = C == Code::Rem ? float_rem(xv, y) : std::pow(xv, y);
@@ -467,16 +469,18 @@ void k_float_libm2(const KArgs& a) {
 
 template <Code C, class T>
 void k_unary(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
-  KILN_IVDEP for (std::size_t i = 0; i < a.n; ++i) o[i] = un<C, T>(x[i]);
+  KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = un<C, T>(x[i]);
 }
 
 template <float (*F)(float)>
 void k_fast_f32(const KArgs& a) {
+  const std::size_t n = a.n;
   float* o = static_cast<float*>(a.out);
   const float* x = static_cast<const float*>(a.in[0]);
-  KILN_IVDEP for (std::size_t i = 0; i < a.n; ++i) o[i] = F(x[i]);
+  KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = F(x[i]);
 }
 
 double libm_exp(double v) { return std::exp(v); }
@@ -489,14 +493,16 @@ double libm_tanh(double v) { return std::tanh(v); }
 
 template <class T, double (*F)(double)>
 void k_libm(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
   const Fixup f = fixup_of(a.ins->out_dtype);
-  for (std::size_t i = 0; i < a.n; ++i) o[i] = round_to<T>(F(static_cast<double>(x[i])), f);
+  for (std::size_t i = 0; i < n; ++i) o[i] = round_to<T>(F(static_cast<double>(x[i])), f);
 }
 
 template <class T>
 void k_sqrt(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
   std::size_t i = 0;
@@ -504,23 +510,24 @@ void k_sqrt(const KArgs& a) {
   // -Wmaybe-uninitialized, and Zen 4 runs both at the same rate.
 #if defined(__AVX__)
   if constexpr (std::is_same_v<T, float>) {
-    for (; i + 8 <= a.n; i += 8) _mm256_storeu_ps(o + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
   } else {
-    for (; i + 4 <= a.n; i += 4) _mm256_storeu_pd(o + i, _mm256_sqrt_pd(_mm256_loadu_pd(x + i)));
+    for (; i + 4 <= n; i += 4) _mm256_storeu_pd(o + i, _mm256_sqrt_pd(_mm256_loadu_pd(x + i)));
   }
 #endif
-  for (; i < a.n; ++i) o[i] = std::sqrt(x[i]);
+  for (; i < n; ++i) o[i] = std::sqrt(x[i]);
 }
 
 template <class T, bool Inf>
 void k_class_test(const KArgs& a) {
+  const std::size_t n = a.n;
   B8* o = static_cast<B8*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
   constexpr T kInf = std::numeric_limits<T>::infinity();
   if constexpr (Inf) {
-    KILN_IVDEP for (std::size_t i = 0; i < a.n; ++i) o[i] = std::fabs(x[i]) == kInf;
+    KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = std::fabs(x[i]) == kInf;
   } else {
-    KILN_IVDEP for (std::size_t i = 0; i < a.n; ++i) o[i] = x[i] != x[i];
+    KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = x[i] != x[i];
   }
 }
 
@@ -544,9 +551,9 @@ D float_to_int(double v, int bits) {
 
 template <class S, class D>
 void k_cast(const KArgs& a) {
+  const std::size_t n = a.n;
   D* o = static_cast<D*>(a.out);
   const S* x = static_cast<const S*>(a.in[0]);
-  const std::size_t n = a.n;
   const ir::DType to = a.ins->out_dtype;
   if constexpr (std::is_same_v<S, B8>) {
     KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = static_cast<D>(x[i] != 0 ? 1 : 0);
@@ -571,11 +578,12 @@ void k_cast(const KArgs& a) {
 
 template <class T>
 void k_clamp(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* x = static_cast<const T*>(a.in[0]);
   const T lo = sval<T>(*a.s[0]);
   const T hi = sval<T>(*a.s[1]);
-  KILN_IVDEP for (std::size_t i = 0; i < a.n; ++i) {
+  KILN_IVDEP for (std::size_t i = 0; i < n; ++i) {
     T v = x[i] < lo ? lo : x[i];
     o[i] = v > hi ? hi : v;
   }
@@ -583,20 +591,22 @@ void k_clamp(const KArgs& a) {
 
 template <class T>
 void k_where(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* t = static_cast<const T*>(a.in[0]);
   const B8* m = static_cast<const B8*>(a.in[1]);
   const T* v = static_cast<const T*>(a.in[2]);
-  KILN_IVDEP for (std::size_t i = 0; i < a.n; ++i) o[i] = m[i] ? v[i] : t[i];
+  KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = m[i] ? v[i] : t[i];
 }
 
 template <class T>
 void k_mask_fill(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T* t = static_cast<const T*>(a.in[0]);
   const B8* m = static_cast<const B8*>(a.in[1]);
   const T s = sval<T>(*a.s[0]);
-  KILN_IVDEP for (std::size_t i = 0; i < a.n; ++i) o[i] = m[i] ? s : t[i];
+  KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = m[i] ? s : t[i];
 }
 
 template <class T>
@@ -606,9 +616,10 @@ void k_copy(const KArgs& a) {
 
 template <class T>
 void k_fill(const KArgs& a) {
+  const std::size_t n = a.n;
   T* o = static_cast<T*>(a.out);
   const T v = a.s[0] != nullptr ? sval<T>(*a.s[0]) : sval<T>(a.ins->imm);
-  for (std::size_t i = 0; i < a.n; ++i) o[i] = v;
+  for (std::size_t i = 0; i < n; ++i) o[i] = v;
 }
 
 // ---- Kernel selection
@@ -1159,6 +1170,53 @@ void walk(int rank, const std::array<std::uint64_t, kMaxRank>& dims, const std::
 
 }  // namespace
 
+std::uint64_t BlockRunner::streamed_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const Accessor& a : loads_)
+    if (!a.zero) bytes += numel_ * a.esize;
+  for (const Accessor& a : stores_) bytes += numel_ * a.esize;
+  return bytes;
+}
+
+void BlockRunner::use_streaming_stores() {
+#if defined(__AVX__)
+  for (std::size_t s = 0; s < stores_.size(); ++s) {
+    Accessor& a = stores_[s];
+    const CStore& cs = block_->stores[s];
+    if (!a.contiguous || a.masked || !stores_natively(a.dtype) || block_->regs[cs.reg].fixup != Fixup::None ||
+        launch_->output_inplace[cs.output] || preset_[cs.reg])
+      continue;
+    a.stream = true;
+    // The instruction that wrote it in place now writes its scratch slot; the store copies.
+    for (std::size_t i = 0; i < direct_.size(); ++i)
+      if (direct_[i] == static_cast<std::int32_t>(s)) direct_[i] = -1;
+    store_done_[s] = false;
+  }
+#endif
+}
+
+void stream_fence() {
+#if defined(__AVX__)
+  _mm_sfence();
+#endif
+}
+
+namespace {
+
+// dst[0, bytes) = src with non-temporal stores where both are 32-byte aligned.
+void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  std::size_t i = 0;
+#if defined(__AVX__)
+  if ((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) % 32 == 0) {
+    for (; i + 32 <= bytes; i += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_load_si256(reinterpret_cast<const __m256i*>(src + i)));
+  }
+#endif
+  if (i < bytes) std::memcpy(dst + i, src + i, bytes - i);
+}
+
+}  // namespace
+
 void BlockRunner::gather(const Accessor& a, std::uint64_t start, std::size_t n, void* dst, VClass cls) const {
   if (a.zero) {
     load_elements(a.base, a.dtype, 0, n, dst, cls);
@@ -1177,6 +1235,10 @@ void BlockRunner::gather(const Accessor& a, std::uint64_t start, std::size_t n, 
 }
 
 void BlockRunner::scatter(const Accessor& a, std::uint64_t start, std::size_t n, const void* src, VClass cls) const {
+  if (a.stream) {
+    stream_copy(a.base + start * a.esize, static_cast<const std::byte*>(src), n * a.esize);
+    return;
+  }
   if (a.contiguous && !a.masked) {
     store_elements(src, cls, n, a.base + start * a.esize, a.dtype, 1);
     return;
@@ -1347,21 +1409,27 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
   const CBlock& cb = launch.compiled->blocks[0];
   if (std::string e = runner.prepare(launch, 0, launch.concrete(cb.reference)); !e.empty()) return e;
   const std::uint64_t n = runner.numel();
-  const std::uint64_t chunks = (n + kBlock - 1) / kBlock;
+  const bool streaming = runner.streamed_bytes() > kStreamingBytes;
+  const std::size_t chunk = streaming ? kStreamChunk : kBlock;
+#ifndef KILN_NO_NT
+  if (streaming) runner.use_streaming_stores();
+#endif
+  const std::uint64_t chunks = (n + chunk - 1) / chunk;
   std::atomic<bool> failed{false};
   auto body = [&](std::uint64_t b, std::uint64_t e) {
     Scratch scratch(runner.scratch_bytes());
     std::vector<void*> ptrs(runner.num_regs(), nullptr);
     for (std::uint64_t c = b; c < e; ++c) {
-      const std::uint64_t start = c * kBlock;
-      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, n - start));
+      const std::uint64_t start = c * chunk;
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - start));
       if (!runner.run(start, len, scratch.data(), ptrs.data())) {
         failed.store(true, std::memory_order_relaxed);
-        return;
+        break;
       }
     }
+    if (streaming) stream_fence();
   };
-  parallel_ranges(launch, chunks, kParallelThreshold / kBlock / 2, body);
+  parallel_ranges(launch, chunks, kParallelThreshold / chunk / 2, body);
   if (failed.load(std::memory_order_relaxed)) *fault = true;
   return {};
 }

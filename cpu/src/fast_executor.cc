@@ -1,6 +1,9 @@
 // CpuExecutor: binds fused programs to tensors, sizes and scalars, runs their compiled forms,
 // and turns single operations into one-op programs for the same kernels (see cpu_executor.h).
 #include <algorithm>
+#include <atomic>
+#include <memory>
+#include <unordered_map>
 
 #include "fast_program.h"
 #include "kiln/cpu/cpu_executor.h"
@@ -41,23 +44,39 @@ ir::TensorIr with_status(const ir::TensorIr& t, TensorStatus s) {
 
 }  // namespace
 
-// ---- Running one program
+// ---- Binding, running and committing one program
 
-bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
-  const std::shared_ptr<const fast::CompiledProgram> compiled = device_.compiled(p);
-  if (!compiled->supported) return false;
-  CpuDevice::Handles& handles = device_.handles();
-  auto global = [&](std::uint64_t rel) -> const ir::TensorIr* {
-    return rel < bind.tensors.size() ? &bind.tensors[rel] : nullptr;
-  };
+namespace {
 
+using Binding = CpuExecutor::Binding;
+using Produced = std::unordered_map<std::uint64_t, CpuTensor>;
+
+struct Bound {
+  const FusedProgram* program = nullptr;
+  std::shared_ptr<const fast::CompiledProgram> compiled;
   fast::Launch launch;
+};
+
+const ir::TensorIr* global_of(const Binding& bind, std::uint64_t rel) {
+  return rel < bind.tensors.size() ? &bind.tensors[rel] : nullptr;
+}
+
+// Binds a program to tensors (from the handle container, or `produced` by an earlier stage of
+// the same launch), scalars and fresh (or reused) outputs. Changes nothing in the container;
+// false when the program cannot run here (the caller replays its ops).
+bool bind_program(CpuDevice& device, const FusedProgram& p, const Binding& bind, bool allow_inplace,
+                  const Produced* produced, Bound& b) {
+  b.program = &p;
+  b.compiled = device.compiled(p);
+  if (!b.compiled->supported) return false;
+  CpuDevice::Handles& handles = device.handles();
+  fast::Launch& launch = b.launch;
   launch.program = &p;
-  launch.compiled = compiled.get();
+  launch.compiled = b.compiled.get();
   launch.dims = bind.dims;
-  launch.allocator = &device_.allocator();
-  launch.arena = &device_.arena();
-  launch.threads = device_.threads();
+  launch.allocator = &device.allocator();
+  launch.arena = &device.arena();
+  launch.threads = device.threads();
 
   // Inputs: an errored one sends the program to the op-by-op path (each op skips as it would).
   const std::size_t ni = p.inputs.size();
@@ -65,10 +84,17 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
   for (std::size_t i = 0; i < ni; ++i) {
     const fusion::ProgramInput& in = p.inputs[i];
     if (in.role == fusion::InputRole::View) continue;
-    const ir::TensorIr* g = global(in.tensor);
+    const ir::TensorIr* g = global_of(bind, in.tensor);
     if (g == nullptr) return false;
-    if (handles.has_errors() && handles.error_of(g->id) != nullptr) return false;
-    const CpuTensor* t = handles.get_handle_ref(g->id);
+    const CpuTensor* t = nullptr;
+    if (produced != nullptr) {
+      auto it = produced->find(g->id.value());
+      if (it != produced->end()) t = &it->second;
+    }
+    if (t == nullptr) {
+      if (handles.has_errors() && handles.error_of(g->id) != nullptr) return false;
+      t = handles.get_handle_ref(g->id);
+    }
     if (t == nullptr || !(t->dtype() == in.dtype) || t->shape() != g->shape) return false;
     launch.inputs[i] = *t;
   }
@@ -80,7 +106,7 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
   }
 
   // Scalars, converted to their instructions' dtypes.
-  for (const fast::ScalarBind& s : compiled->scalars) {
+  for (const fast::ScalarBind& s : b.compiled->scalars) {
     if (s.placeholder >= bind.scalars.size()) return false;
     launch.scalars.push_back(convert_scalar(bind.scalars[s.placeholder], s.dtype));
   }
@@ -91,11 +117,11 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
   launch.outputs.resize(no);
   launch.output_inplace.assign(no, false);
   std::vector<bool> claimed(ni, false);
-  const bool inplace_ok = p.kind == ProgramKind::Elementwise && !compiled->may_fail;
+  const bool inplace_ok = allow_inplace && p.kind == ProgramKind::Elementwise && !b.compiled->may_fail;
   for (std::size_t o = 0; o < no; ++o) {
     const fusion::ProgramOutput& out = p.outputs[o];
     if (!out.written) continue;
-    const ir::TensorIr* g = global(out.tensor);
+    const ir::TensorIr* g = global_of(bind, out.tensor);
     if (g == nullptr || !(g->dtype == out.dtype)) return false;
     if (inplace_ok) {
       for (std::size_t i = 0; i < ni; ++i) {
@@ -105,8 +131,7 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
           continue;
         bool shared = false;  // another entry (a view, a second read) names the same tensor
         for (std::size_t j = 0; j < ni; ++j)
-          if (j != i && (p.inputs[j].tensor == in.tensor ||
-                         (p.inputs[j].view && p.inputs[j].view->source == i)))
+          if (j != i && (p.inputs[j].tensor == in.tensor || (p.inputs[j].view && p.inputs[j].view->source == i)))
             shared = true;
         // Exactly two owners: the container's entry and our copy.
         if (shared || launch.inputs[i]->buffer().use_count() != 2) continue;
@@ -119,35 +144,130 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
       }
     }
     if (!launch.outputs[o]) {
-      Result<CpuTensor> t = CpuTensor::allocate(device_.allocator(), g->shape, out.dtype);
+      Result<CpuTensor> t = CpuTensor::allocate(device.allocator(), g->shape, out.dtype);
       if (!t.ok()) return false;  // the ops, replayed, report the allocation failure
       launch.outputs[o] = std::move(t).value();
     }
   }
+  return true;
+}
 
+// After a successful run: consume ReadWrite inputs, register what the program keeps.
+void commit(CpuDevice& device, Bound& b, const Binding& bind) {
+  const FusedProgram& p = *b.program;
+  CpuDevice::Handles& handles = device.handles();
+  for (const fusion::ProgramInput& in : p.inputs) {
+    if (in.role == fusion::InputRole::View || in.status != TensorStatus::ReadWrite) continue;
+    (void)handles.free(with_status(*global_of(bind, in.tensor), TensorStatus::ReadWrite));
+  }
+  for (std::size_t o = 0; o < p.outputs.size(); ++o) {
+    const fusion::ProgramOutput& out = p.outputs[o];
+    if (!out.written || !out.kept) continue;
+    handles.register_handle(global_of(bind, out.tensor)->id, std::move(*b.launch.outputs[o]));
+    if (b.launch.output_inplace[o]) device.counters().inplace_reuses.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void count_launch(CpuDevice& device, ProgramKind kind) {
+  device.counters().fused_launches.fetch_add(1, std::memory_order_relaxed);
+  device.counters().launches_by_kind[static_cast<std::size_t>(kind)].fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
+  Bound b;
+  if (!bind_program(device_, p, bind, /*allow_inplace=*/true, nullptr, b)) return false;
   bool fault = false;
   std::string why;
   switch (p.kind) {
     case ProgramKind::Elementwise:
-    case ProgramKind::NhwcRelayout: why = fast::run_elementwise(launch, &fault); break;
-    case ProgramKind::Reduce: why = fast::run_reduce(launch, &fault); break;
-    case ProgramKind::Matmul: why = fast::run_matmul(launch, &fault); break;
+    case ProgramKind::NhwcRelayout: why = fast::run_elementwise(b.launch, &fault); break;
+    case ProgramKind::Reduce: why = fast::run_reduce(b.launch, &fault); break;
+    case ProgramKind::Matmul: why = fast::run_matmul(b.launch, &fault); break;
     case ProgramKind::ReduceBroadcasted: return false;
   }
   if (!why.empty() || fault) return false;
+  commit(device_, b, bind);
+  return true;
+}
 
-  // Commit: consume ReadWrite inputs, register what the program keeps.
-  for (std::size_t i = 0; i < ni; ++i) {
-    const fusion::ProgramInput& in = p.inputs[i];
-    if (in.role == fusion::InputRole::View || in.status != TensorStatus::ReadWrite) continue;
-    (void)handles.free(with_status(*global(in.tensor), TensorStatus::ReadWrite));
+// A ReduceBroadcasted program whose stages all iterate the same [rows, n] space (reductions over
+// the last axis, elementwise stages over the full shape): every stage runs on one group of rows
+// after the other, so what a stage writes for a later one is still in cache when it is read
+// (softmax: the exp(x - max) rows are summed, then divided, without a trip to memory).
+bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& bind) {
+  const std::size_t ns = p.stages.size();
+  if (ns == 0) return false;
+  std::vector<Bound> stages(ns);
+  Produced produced;
+  for (std::size_t k = 0; k < ns; ++k) {
+    const FusedProgram& st = p.stages[k];
+    if (st.kind != ProgramKind::Elementwise && st.kind != ProgramKind::Reduce) return false;
+    if (!bind_program(device_, st, bind, /*allow_inplace=*/false, &produced, stages[k])) return false;
+    for (std::size_t o = 0; o < st.outputs.size(); ++o)
+      if (st.outputs[o].written) produced.emplace(global_of(bind, st.outputs[o].tensor)->id.value(), *stages[k].launch.outputs[o]);
   }
-  for (std::size_t o = 0; o < no; ++o) {
-    const fusion::ProgramOutput& out = p.outputs[o];
-    if (!out.written || !out.kept) continue;
-    handles.register_handle(global(out.tensor)->id, std::move(*launch.outputs[o]));
-    if (launch.output_inplace[o]) device_.counters().inplace_reuses.fetch_add(1, std::memory_order_relaxed);
+  // The common row space.
+  const ir::Shape full = stages[0].launch.concrete(stages[0].compiled->blocks[0].reference);
+  if (full.empty() || full.size() > fast::kMaxRank) return false;
+  const std::uint64_t n = full.back();
+  const std::uint64_t total = ir::num_elements(full);
+  if (n == 0 || total == 0) return false;
+  const std::uint64_t rows = total / n;
+  std::vector<fast::BlockRunner> blocks(ns);
+  std::vector<std::unique_ptr<fast::ReduceRunner>> reductions(ns);
+  for (std::size_t k = 0; k < ns; ++k) {
+    const fast::Launch& l = stages[k].launch;
+    if (l.concrete(stages[k].compiled->blocks[0].reference) != full) return false;
+    if (p.stages[k].kind == ProgramKind::Elementwise) {
+      if (!blocks[k].prepare(l, 0, full).empty()) return false;
+    } else {
+      reductions[k] = std::make_unique<fast::ReduceRunner>();
+      if (!reductions[k]->prepare(l).empty() || !reductions[k]->rowwise() || reductions[k]->rows() != rows ||
+          reductions[k]->row_length() != n)
+        return false;
+    }
   }
+  // Row groups of ~16K elements: a few stages' rows stay within L2.
+  const std::uint64_t group = std::max<std::uint64_t>(1, 16384 / n);
+  const std::uint64_t groups = (rows + group - 1) / group;
+  const std::uint64_t grain = std::max<std::uint64_t>(1, fast::kParallelThreshold / 2 / (group * n));
+  std::atomic<bool> failed{false};
+  fast::parallel_ranges(stages[0].launch, groups, grain, [&](std::uint64_t g0, std::uint64_t g1) {
+    std::vector<std::unique_ptr<fast::Scratch>> scratch(ns);
+    std::vector<std::vector<void*>> ptrs(ns);
+    for (std::size_t k = 0; k < ns; ++k)
+      if (!reductions[k]) {
+        scratch[k] = std::make_unique<fast::Scratch>(blocks[k].scratch_bytes());
+        ptrs[k].resize(blocks[k].num_regs());
+      }
+    for (std::uint64_t g = g0; g < g1; ++g) {
+      const std::uint64_t r0 = g * group, r1 = std::min(rows, r0 + group);
+      for (std::size_t k = 0; k < ns; ++k) {
+        if (reductions[k]) {
+          if (!reductions[k]->run_rows(r0, r1)) {
+            failed.store(true, std::memory_order_relaxed);
+            return;
+          }
+          continue;
+        }
+        for (std::uint64_t s = r0 * n; s < r1 * n; s += fast::kBlock) {
+          const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(fast::kBlock, r1 * n - s));
+          if (!blocks[k].run(s, len, scratch[k]->data(), ptrs[k].data())) {
+            failed.store(true, std::memory_order_relaxed);
+            return;
+          }
+        }
+      }
+    }
+  });
+  if (failed.load(std::memory_order_relaxed)) return false;
+  for (std::size_t k = 0; k < ns; ++k) {
+    commit(device_, stages[k], bind);
+    count_launch(device_, p.stages[k].kind);
+  }
+  device_.counters().row_interleaved.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -165,6 +285,8 @@ void CpuExecutor::execute_optimization(const fusion::Optimization& opt, const fu
 void CpuExecutor::execute_program(const FusedProgram& p, const fusion::ExecutionContext& ctx, std::size_t offset) {
   if (p.kind == ProgramKind::ReduceBroadcasted) {
     device_.counters().launches_by_kind[static_cast<std::size_t>(p.kind)].fetch_add(1, std::memory_order_relaxed);
+    const ir::RelativeConverter& c = ctx.converter();
+    if (run_reduce_broadcasted(p, Binding{c.tensors_rel2glob(), c.shapes_rel2glob(), c.scalars()})) return;
     for (const FusedProgram& stage : p.stages) {
       execute_program(stage, ctx, offset);
       offset += stage.len;
@@ -178,8 +300,7 @@ void CpuExecutor::execute_program(const FusedProgram& p, const fusion::Execution
     replay(ctx, offset, p.len);
     return;
   }
-  device_.counters().fused_launches.fetch_add(1, std::memory_order_relaxed);
-  device_.counters().launches_by_kind[static_cast<std::size_t>(p.kind)].fetch_add(1, std::memory_order_relaxed);
+  count_launch(device_, p.kind);
   if (p.kind == ProgramKind::NhwcRelayout && p.captured_op_position < p.len) {
     // The module op the relayout feeds runs unfused; kiln's CPU kernels read row-major, so the
     // NHWC stride order is not applied (ProgramOutput::layout is a hint for GPU backends).

@@ -6,11 +6,13 @@
 // at -O3 -march=native: no per-element call into libm. Measured accuracy against the correctly
 // rounded result (every finite float32 input, exhaustively; docs/cpu-backend.md):
 //
-//   exp_f32    <= 1 ulp   (Cody-Waite reduction, Cephes degree-6 minimax polynomial, two-step
-//                          2^n scaling so that subnormal results round once)
-//   log_f32    <= 1 ulp   (Cephes logf: mantissa in [sqrt(1/2), sqrt(2)), degree-9 polynomial)
-//   log1p_f32  <= 2 ulp   (Goldberg: log(u) * x / (u - 1) with u = 1 + x)
-//   tanh_f32   <= 2 ulp   (odd minimax polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above)
+//   exp_f32    1.02 ulp  (Cody-Waite reduction, Cephes degree-6 minimax polynomial, two-step
+//                         2^n scaling so that subnormal results round once)
+//   log_f32    0.83 ulp  (Cephes logf: mantissa in [sqrt(1/2), sqrt(2)), degree-9 polynomial)
+//   log1p_f32  1.44 ulp  (log(u) + (x - (u - 1)) / u with u = 1 + x)
+//   tanh_f32   1.34 ulp  (odd minimax polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above)
+// (largest |fast - exact| / ulp(exact) over all finite inputs, exact = glibc's f64 result; a
+// correctly rounded function would reach 0.5.)
 //
 // Special values follow IEEE / C99 Annex F exactly (the differential tests compare NaN and Inf
 // positions): NaN in -> NaN out; exp(+inf) = +inf, exp(-inf) = +0, overflow -> +inf, underflow
@@ -39,14 +41,13 @@ inline float madd(float a, float b, float c) {
 
 // exp(x) for float32.
 inline float exp_f32(float x) {
-  // Clamp into the range where the reduction below is exact; NaN becomes 0 here (so that the
-  // float -> int conversion below is defined) and is restored at the end.
-  float xc = x < -104.0f ? -104.0f : x;
-  xc = xc > 89.0f ? 89.0f : xc;
-  xc = x == x ? xc : 0.0f;
+  // Clamp into the range where the reduction below is exact. Written as max / min (vmaxps /
+  // vminps): a NaN becomes -104 here, is carried harmlessly, and is restored at the end.
+  float xc = x > -104.0f ? x : -104.0f;
+  xc = xc < 89.0f ? xc : 89.0f;
   // n = round(x / ln 2) with the 1.5 * 2^23 trick (exact for |v| < 2^22).
   const float shifter = 12582912.0f;
-  const float n = (xc * 1.44269504088896341f + shifter) - shifter;
+  const float n = madd(xc, 1.44269504088896341f, shifter) - shifter;
   // r = x - n ln2, with ln2 split so that n * ln2_hi is exact (ln2_hi has 15 significant bits).
   float r = madd(n, -0.693145751953125f, xc);
   r = madd(n, -1.428606765330187045e-06f, r);
@@ -62,26 +63,33 @@ inline float exp_f32(float x) {
   // and 2^128 overflows to +inf exactly when the true result does.
   const std::int32_t ni = static_cast<std::int32_t>(n);
   const std::int32_t n1 = ni >> 1;
-  const std::int32_t n2 = ni - n1;
   const float s1 = std::bit_cast<float>(static_cast<std::int32_t>((n1 + 127) << 23));
-  const float s2 = std::bit_cast<float>(static_cast<std::int32_t>((n2 + 127) << 23));
+  const float s2 = std::bit_cast<float>(static_cast<std::int32_t>((ni - n1 + 127) << 23));
   const float res = (p * s1) * s2;
-  return x == x ? res : x;
+  return x != x ? x : res;
 }
 
-// log(x) for float32.
+// log(x) for float32. (Every select picks between values computed unconditionally: GCC does not
+// if-convert a select whose arm would compute, so arithmetic inside an arm keeps the loop scalar.)
 inline float log_f32(float x) {
   // Subnormal inputs: scale by 2^23 into the normal range first.
   const bool tiny = x < 1.17549435e-38f;
-  const float xs = tiny ? x * 8388608.0f : x;
+  const float scaled = x * 8388608.0f;
+  const float xs = tiny ? scaled : x;
   const std::int32_t bits = std::bit_cast<std::int32_t>(xs);
   // xs = m * 2^e with m in [0.5, 1).
-  float e = static_cast<float>(((bits >> 23) & 0xff) - 126) - (tiny ? 23.0f : 0.0f);
-  float m = std::bit_cast<float>(static_cast<std::int32_t>((bits & 0x007fffff) | 0x3f000000));
+  // (int -> float through the 2^23 magic number: GCC treats a conversion instruction as possibly
+  // trapping and would not vectorise the loop around it.)
+  const float e0 = std::bit_cast<float>(static_cast<std::int32_t>(0x4B000000 | ((bits >> 23) & 0xff))) - 8388734.0f;
+  const float e1 = e0 - 23.0f;
+  float e = tiny ? e1 : e0;
+  const float m = std::bit_cast<float>(static_cast<std::int32_t>((bits & 0x007fffff) | 0x3f000000));
   // Move m into [sqrt(1/2), sqrt(2)): f = m - 1 (or 2m - 1 with e - 1).
   const bool low = m < 0.707106781186547524f;
-  e = low ? e - 1.0f : e;
-  const float f = (low ? m + m : m) - 1.0f;
+  const float em1 = e - 1.0f;
+  e = low ? em1 : e;
+  const float m2 = m + m;
+  const float f = (low ? m2 : m) - 1.0f;
   const float z = f * f;
   float y = 7.0376836292e-2f;
   y = madd(y, f, -1.1514610310e-1f);
@@ -101,17 +109,21 @@ inline float log_f32(float x) {
   res = x == 0.0f ? -INFINITY : res;
   res = x < 0.0f ? NAN : res;
   res = x == INFINITY ? INFINITY : res;
-  return x == x ? res : x;
+  return x != x ? x : res;
 }
 
-// log(1 + x) for float32.
+// log(1 + x) for float32: log(u) plus the rounding error of u = 1 + x (exact: x - (u - 1)),
+// divided by u (the first-order correction, as in fdlibm's log1p).
 inline float log1p_f32(float x) {
   const float u = 1.0f + x;
   const float d = u - 1.0f;
+  const float q = (x - d) / u;
+  const float c = u != 0.0f ? q : 0.0f;  // x = -1: log(0) = -inf, no 0 / 0
+  const float l = log_f32(u) + c;
   // u == 1: x is below half an ulp of 1 and log1p(x) rounds to x.
-  float res = d == 0.0f ? x : log_f32(u) * (x / d);
+  float res = d == 0.0f ? x : l;
   res = x == INFINITY ? INFINITY : res;
-  return x == x ? res : x;
+  return x != x ? x : res;
 }
 
 // tanh(x) for float32.

@@ -39,6 +39,18 @@ namespace kiln::cpu::fast {
 // (docs/cpu-backend.md) 1024 and 2048 tie on W1/W3 and 4096 loses ~5% once registers spill out
 // of L1; 1024 keeps a 10-register f64 program (80 KiB) within L2 of the smallest core we target.
 inline constexpr std::size_t kBlock = 1024;
+// Chunk length of an elementwise launch that streams from DRAM (its tensors exceed
+// kStreamingBytes): shorter chunks interleave the streams' reads more finely, which keeps the
+// hardware prefetchers running; measured on W1 at 2^24 (docs/cpu-backend.md): 256 elements
+// 0.8 ns/elem, 1024 elements 1.3 ns/elem, while in cache 1024 is ~25% faster than 256.
+#ifndef KILN_STREAM_CHUNK
+#define KILN_STREAM_CHUNK 256
+#endif
+inline constexpr std::size_t kStreamChunk = KILN_STREAM_CHUNK;
+#ifndef KILN_STREAMING_MB
+#define KILN_STREAMING_MB 24
+#endif
+inline constexpr std::uint64_t kStreamingBytes = std::uint64_t{KILN_STREAMING_MB} << 20;
 // Highest rank a compiled form iterates natively; higher ranks run on the reference executor.
 inline constexpr std::size_t kMaxRank = 8;
 // Parallel loops split work only when a launch has at least this many elements. A oneTBB
@@ -195,6 +207,7 @@ struct Accessor {
   bool zero = false;        // every stride 0: one element broadcast everywhere
   bool masked = false;      // store: write only where every stride-0 dim has index 0
   bool alias = false;       // load: contiguous and native, read in place
+  bool stream = false;      // store: contiguous, native and large: non-temporal stores
 };
 
 // One block of a launch, bound to concrete sizes, ready to run chunk by chunk.
@@ -213,6 +226,14 @@ class BlockRunner {
   bool run(std::uint64_t start, std::size_t n, std::byte* scratch, void** ptrs) const;
 
   std::uint64_t numel() const { return numel_; }
+  // Bytes the block's loads and stores move over the whole iteration space (broadcast reads of
+  // one element excluded).
+  std::uint64_t streamed_bytes() const;
+  // Writes large contiguous outputs with non-temporal stores from now on (a launch that streams
+  // from DRAM: the output would only evict what the next chunks need, and the stores skip the
+  // read-for-ownership of each line). Call after prepare(); the caller fences (stream_fence)
+  // before the outputs are read elsewhere.
+  void use_streaming_stores();
   std::size_t num_regs() const { return block_->regs.size(); }
   std::size_t scratch_bytes() const { return std::size_t{block_->num_slots} * kBlock * 8; }
   const CBlock& block() const { return *block_; }
@@ -274,6 +295,28 @@ void parallel_ranges(const Launch& launch, std::uint64_t n, std::uint64_t grain,
 std::string run_elementwise(const Launch& launch, bool* fault);
 // Reduce: prologue, reduction, epilogue.
 std::string run_reduce(const Launch& launch, bool* fault);
+
+// A Reduce launch bound once and run whole, or row range by row range (reductions over the last
+// axis: a ReduceBroadcasted program interleaves its stages per group of rows).
+class ReduceRunner {
+ public:
+  ReduceRunner();
+  ~ReduceRunner();
+  ReduceRunner(const ReduceRunner&) = delete;
+  ReduceRunner& operator=(const ReduceRunner&) = delete;
+  std::string prepare(const Launch& launch);
+  void run(bool* fault);
+  // inner == 1: the reduced axis is the last non-trivial one, output row r reduces input row r.
+  bool rowwise() const;
+  std::uint64_t rows() const;
+  std::uint64_t row_length() const;
+  // Rows [begin, end) on the calling thread; false on a fault.
+  bool run_rows(std::uint64_t begin, std::uint64_t end);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 // Matmul + epilogue.
 std::string run_matmul(const Launch& launch, bool* fault);
 
@@ -281,6 +324,8 @@ std::string run_matmul(const Launch& launch, bool* fault);
 // element stride `stride`, 0 = broadcast one element) into a class array, and back.
 void load_elements(const std::byte* src, ir::DType dtype, std::int64_t stride, std::size_t n, void* dst, VClass cls);
 void store_elements(const void* src, VClass cls, std::size_t n, std::byte* dst, ir::DType dtype, std::int64_t stride);
+// Orders this thread's non-temporal stores before anything it does next (sfence on x86).
+void stream_fence();
 // Applies a register's fixup in place.
 void apply_fixup(void* data, VClass cls, Fixup f, std::size_t n);
 

@@ -214,6 +214,10 @@ struct ReduceCtx {
   Fixup out_fixup = Fixup::None;
   VClass out_cls = VClass::F32;
   std::atomic<bool> failed{false};
+  // Rows [row_begin, row_end) only (inner == 1), on the calling thread: a ReduceBroadcasted
+  // program runs its stages row group by row group.
+  bool range = false;
+  std::uint64_t row_begin = 0, row_end = 0;
 };
 
 constexpr std::uint64_t kShortInner = 16;
@@ -235,9 +239,7 @@ void reduce_loops(ReduceCtx& c) {
   };
 
   if (inner == 1) {
-    const std::uint64_t rows = c.outer;
-    const std::uint64_t grain = std::max<std::uint64_t>(1, half / std::max<std::uint64_t>(n, 1));
-    parallel_ranges(*c.launch, rows, grain, [&](std::uint64_t b, std::uint64_t e) {
+    auto rows_body = [&](std::uint64_t b, std::uint64_t e) {
       Scratch ps(c.prologue.scratch_bytes()), es(c.epilogue.scratch_bytes());
       std::vector<void*> pp(c.prologue.num_regs()), ep(c.epilogue.num_regs());
       std::vector<O> results(kBlock);
@@ -257,7 +259,13 @@ void reduce_loops(ReduceCtx& c) {
         }
         epilogue(results.data(), count, g, es.data(), ep.data());
       }
-    });
+    };
+    if (c.range) {
+      rows_body(c.row_begin, c.row_end);
+    } else {
+      const std::uint64_t grain = std::max<std::uint64_t>(1, half / std::max<std::uint64_t>(n, 1));
+      parallel_ranges(*c.launch, c.outer, grain, rows_body);
+    }
     return;
   }
 
@@ -402,7 +410,16 @@ std::uint64_t integral_max(ir::DType d) {
 
 }  // namespace
 
-std::string run_reduce(const Launch& launch, bool* fault) {
+struct ReduceRunner::State {
+  ReduceCtx c;
+  LoopFn loops = nullptr;
+  bool fault = false;  // fails before any element is read
+};
+
+ReduceRunner::ReduceRunner() : state_(std::make_unique<State>()) {}
+ReduceRunner::~ReduceRunner() = default;
+
+std::string ReduceRunner::prepare(const Launch& launch) {
   const CompiledProgram& cp = *launch.compiled;
   const CBlock& eb = cp.blocks[1];
   const fusion::Reduction& red = *eb.reduction;
@@ -411,8 +428,8 @@ std::string run_reduce(const Launch& launch, bool* fault) {
   const std::optional<VClass> in_cls = class_of(red.input_dtype);
   const std::optional<VClass> out_cls = class_of(red.out_dtype);
   if (!in_cls || !out_cls) return "reduction dtype";
-  const LoopFn loops = select_loops(*r, *in_cls, *out_cls);
-  if (loops == nullptr) return "reduction of " + red.input_dtype.name() + " to " + red.out_dtype.name();
+  state_->loops = select_loops(*r, *in_cls, *out_cls);
+  if (state_->loops == nullptr) return "reduction of " + red.input_dtype.name() + " to " + red.out_dtype.name();
 
   const ir::Shape in_shape = launch.concrete(cp.blocks[0].reference);
   const ir::Shape out_shape = launch.concrete(eb.reference);
@@ -422,11 +439,12 @@ std::string run_reduce(const Launch& launch, bool* fault) {
   expected[axis] = 1;
   if (expected != out_shape) return "reduction output shape";
 
-  ReduceCtx c;
+  ReduceCtx& c = state_->c;
   c.launch = &launch;
   c.red = &red;
   c.out_fixup = fixup_of(red.out_dtype);
   c.out_cls = *out_cls;
+  c.outer = c.n = c.inner = 1;
   for (std::size_t d = 0; d < axis; ++d) c.outer *= in_shape[d];
   c.n = in_shape[axis];
   for (std::size_t d = axis + 1; d < in_shape.size(); ++d) c.inner *= in_shape[d];
@@ -434,22 +452,48 @@ std::string run_reduce(const Launch& launch, bool* fault) {
   const std::uint32_t preset[] = {red.out};
   if (std::string e = c.epilogue.prepare(launch, 1, out_shape, preset); !e.empty()) return e;
 
-  if (c.outer * c.inner == 0) return {};
   // The reference's failures: no identity for an empty axis, an integer mean of nothing, an
   // index dtype too narrow for the axis.
   const bool no_identity = *r == Red::Max || *r == Red::Min || *r == Red::MaxAbs || *r == Red::ArgMax ||
                            *r == Red::ArgMin || (*r == Red::Mean && !red.input_dtype.is_float());
-  if (c.n == 0 && no_identity) {
+  const bool lines = c.outer * c.inner != 0;
+  state_->fault = lines && ((c.n == 0 && no_identity) ||
+                            ((*r == Red::ArgMax || *r == Red::ArgMin) &&
+                             (!red.out_dtype.is_integral() || c.n - 1 > integral_max(red.out_dtype))));
+  return {};
+}
+
+bool ReduceRunner::rowwise() const { return state_->c.inner == 1; }
+std::uint64_t ReduceRunner::rows() const { return state_->c.outer; }
+std::uint64_t ReduceRunner::row_length() const { return state_->c.n; }
+
+void ReduceRunner::run(bool* fault) {
+  ReduceCtx& c = state_->c;
+  if (state_->fault) {
     *fault = true;
-    return {};
+    return;
   }
-  if ((*r == Red::ArgMax || *r == Red::ArgMin) &&
-      (!red.out_dtype.is_integral() || c.n - 1 > integral_max(red.out_dtype))) {
-    *fault = true;
-    return {};
-  }
-  loops(c);
+  if (c.outer * c.inner == 0) return;
+  c.range = false;
+  state_->loops(c);
   if (c.failed.load(std::memory_order_relaxed)) *fault = true;
+}
+
+bool ReduceRunner::run_rows(std::uint64_t begin, std::uint64_t end) {
+  ReduceCtx& c = state_->c;
+  if (state_->fault) return false;
+  if (begin >= end) return true;
+  c.range = true;
+  c.row_begin = begin;
+  c.row_end = end;
+  state_->loops(c);
+  return !c.failed.load(std::memory_order_relaxed);
+}
+
+std::string run_reduce(const Launch& launch, bool* fault) {
+  ReduceRunner runner;
+  if (std::string e = runner.prepare(launch); !e.empty()) return e;
+  runner.run(fault);
   return {};
 }
 

@@ -1,32 +1,31 @@
 #include "kiln/runtime/device.h"
 
 #include <algorithm>
-#include <charconv>
 #include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
 namespace kiln::runtime {
-namespace {
-
-std::size_t resolve_threads(std::size_t requested, const fusion::EnvLookup& env) {
-  if (requested != 0) return requested;
-  if (std::optional<std::string> v = env("KILN_RUNTIME_THREADS")) {
-    std::size_t n = 0;
-    auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
-    if (ec == std::errc() && p == v->data() + v->size() && n > 0) return n;
-    spdlog::warn("kiln runtime: ignoring KILN_RUNTIME_THREADS='{}' (expected a positive integer)", *v);
-  }
-  return std::max<std::size_t>(1, std::thread::hardware_concurrency());
-}
-
-}  // namespace
 
 Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options) {
   if (!backend) return make_error(ErrorCode::Invalid, "Device::create: no backend");
-  if (options.drain_batch == 0) return make_error(ErrorCode::Config, "Device::create: drain_batch must be > 0");
+  // spdlog's registry is a lazy function-local static inside the (uninstrumented) libspdlog.so:
+  // first touched by two client threads at once (e.g. two failing drops after a shutdown), TSan
+  // cannot see its init guard and reports a race. Touching it here, before any thread of this
+  // device or its clients logs, makes that initialization happen-before every later log call.
+  (void)spdlog::default_logger_raw();
+  if (options.drain_batch && *options.drain_batch == 0)
+    return make_error(ErrorCode::Config, "Device::create: drain_batch must be > 0");
   if (!options.env) options.env = fusion::process_env();
+  // [runtime]: explicit options > environment > kiln.toml > defaults (runtime/config.h).
+  std::string warnings;
+  Result<RuntimeFileConfig> rt = load_runtime_config(options.config_path, options.env, &warnings);
+  if (!rt.ok()) return rt.error();
+  if (!warnings.empty()) spdlog::warn("kiln runtime: {}", warnings);
+  if (options.threads == 0)
+    options.threads = rt->threads.value_or(std::max<std::size_t>(1, std::thread::hardware_concurrency()));
+  if (!options.drain_batch) options.drain_batch = rt->drain_batch.value_or(kDefaultDrainBatch);
   fusion::FusionConfig config;
   if (options.fusion) {
     config = *options.fusion;
@@ -40,7 +39,7 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
     log = *options.log;
   else if (config.log_level != fusion::LogLevel::Disabled)
     log = fusion::FusionLog::to_stderr(config.log_level);
-  const std::size_t threads = resolve_threads(options.threads, options.env);
+  const std::size_t threads = options.threads;
   return std::unique_ptr<Device>(new Device(std::move(backend), std::move(options), config, std::move(log), threads));
 }
 
@@ -75,7 +74,7 @@ StreamActor* Device::actor(StreamId stream) {
     ctx.log = &log_;
     ctx.processor.max_blocks = config_.max_blocks;
     ctx.processor.max_explorations = config_.max_explorations;
-    ctx.drain_batch = options_.drain_batch;
+    ctx.drain_batch = *options_.drain_batch;
     a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
   }
   return a->second.get();  // actors are never erased before the device dies

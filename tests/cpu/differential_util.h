@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -1141,7 +1142,12 @@ inline void upload_inputs(const DiffProgram& p, CpuDevice& device) {
 // The fused side: a stream with the default fusers over a CpuExecutor. Reused across programs
 // (plans and compiled forms accumulate, as in a long-running daemon).
 struct FusedSide {
-  fusion::FusionLog log;
+  // KILN_DIFF_LOG=full (or basic, medium) prints the fusion log: what was fused and how.
+  fusion::FusionLog log = [] {
+    const char* level = std::getenv("KILN_DIFF_LOG");
+    const auto l = level ? fusion::parse_log_level(level) : std::nullopt;
+    return l ? fusion::FusionLog::to_stderr(*l) : fusion::FusionLog();
+  }();
   fusion::ExecutionPlanStore store;
   CpuDevice device;
   CpuExecutor exec{device};

@@ -64,6 +64,7 @@ struct CpuDeviceStats {
   std::uint64_t kernel_cache_misses = 0;  // compiled forms built
   std::uint64_t inplace_reuses = 0;       // outputs written into a consumed input's buffer
   std::uint64_t zero_copy_reshapes = 0;   // reshapes that share their input's buffer
+  std::uint64_t row_interleaved = 0;      // ReduceBroadcasted programs run row group by row group
   // fused_launches by fusion::ProgramKind (ReduceBroadcasted counts its stages as their kinds).
   std::array<std::uint64_t, 5> launches_by_kind{};
 };
@@ -116,7 +117,7 @@ class CpuDevice {
   // Counters the executors bump (relaxed atomics).
   struct Counters {
     std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0},
-        kernel_cache_hits{0}, kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0};
+        kernel_cache_hits{0}, kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0};
     std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
   };
   Counters& counters() { return counters_; }

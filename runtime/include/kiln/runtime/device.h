@@ -29,6 +29,7 @@
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/fusion/plan_store.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/config.h"
 #include "kiln/runtime/stream_actor.h"
 
 namespace kiln::runtime {
@@ -41,10 +42,15 @@ namespace kiln::runtime {
 inline constexpr std::size_t kDefaultDrainBatch = 64;
 
 struct RuntimeOptions {
-  // Pool threads; 0 = KILN_RUNTIME_THREADS from the environment, else the hardware concurrency.
+  // Pool threads; 0 = KILN_RUNTIME_THREADS from the environment, else kiln.toml
+  // [runtime] threads, else the hardware concurrency (runtime/config.h).
   std::size_t threads = 0;
-  std::size_t drain_batch = kDefaultDrainBatch;
-  // kiln.toml location; an absent file means defaults.
+  // Commands per actor turn; nullopt = KILN_RUNTIME_DRAIN_BATCH, else kiln.toml [runtime]
+  // drain_batch, else kDefaultDrainBatch. An explicit 0 is an error. Device::options() reports
+  // the resolved value.
+  std::optional<std::size_t> drain_batch;
+  // kiln.toml location; an absent file (or an empty path) means defaults. Its [runtime] table is
+  // read even when `fusion` is given explicitly.
   std::string config_path = "kiln.toml";
   // Explicit fusion settings: replace the file and the environment entirely.
   std::optional<fusion::FusionConfig> fusion;

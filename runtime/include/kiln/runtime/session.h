@@ -1,6 +1,13 @@
-// Session: the minimal in-process client API over a Device (fusion.md §16.1, §16.7): per-thread
-// implicit streams and explicit streams, RAII tensors with shared-counter statuses, f32 host
-// transfers and a handful of ops. (The full client API comes with the next part.)
+// Session: the in-process client API over a Device (fusion.md §16.1, §16.7): per-thread implicit
+// streams and explicit streams, RAII tensors with shared-counter statuses, typed host transfers
+// (f32, f64, i32, i64, bool) and the front-end ops, each lowered to exactly the IR of ir.md §5.11
+// through the ir builders (a builder's error reaches the caller as the Result's error, message
+// unchanged).
+//
+// Dtypes: the family of an op follows its operand (float → NumericFloat / BaseFloat, integer →
+// NumericInt / BaseInt, bool → BaseBool). Comparisons produce the device bool dtype
+// (kBoolDType, Bool(Native)); argmax produces kIndexDType (i64). Scalars are passed as double and
+// converted to the operand's dtype (ScalarIr::from_f64): integers beyond 2^53 lose precision.
 //
 // Thread-safety: a Session may be used from any number of threads at once; each thread works on
 // its current stream. A Tensor may be copied, moved and destroyed on any thread (its counter is
@@ -10,14 +17,19 @@
 // Usage:
 //   Session s(device);
 //   Tensor a = *s.from_host(std::vector<float>{1, 2}, {2});
-//   Tensor b = *s.exp(*s.mul_scalar(a, 2.0));        // Lazy: queued on this thread's stream
+//   Tensor b = *s.exp(*s.mul(a, 2.0));               // Lazy: queued on this thread's stream
 //   std::vector<float> v = *s.to_host(std::move(b)); // drains this stream (b not produced yet)
+//   Result<Tensor> bad = s.add(a, *s.from_host(std::vector<float>{1, 2, 3}, {3}));
+//   // !bad.ok(): "NumericFloat::Add: broadcast: incompatible dims ..."
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <type_traits>
 #include <span>
 #include <string>
 #include <thread>
@@ -118,17 +130,121 @@ class Session {
     return std::forward<F>(f)();
   }
 
+  // The device bool dtype (ir.md §5.11 `Bd`) and index dtype (`Id`).
+  static constexpr ir::DType kBoolDType = ir::dtypes::boolean;
+  static constexpr ir::DType kIndexDType = ir::dtypes::i64;
+
+  // ---- Host transfers. from_host: values.size() must equal the shape's element count (error
+  // IncompatibleShapes otherwise). to_host<T>: T must match the tensor's dtype exactly (float =
+  // f32, double = f64, int32_t, int64_t, bool; error DTypeMismatch otherwise). A moved last
+  // handle is consumed by the read.
   Result<Tensor> from_host(std::span<const float> values, ir::Shape shape);
-  Result<std::vector<float>> to_host(Tensor t);
+  Result<Tensor> from_host(std::span<const double> values, ir::Shape shape);
+  Result<Tensor> from_host(std::span<const std::int32_t> values, ir::Shape shape);
+  Result<Tensor> from_host(std::span<const std::int64_t> values, ir::Shape shape);
+  Result<Tensor> from_host(const std::vector<bool>& values, ir::Shape shape);
+  template <class T = float>
+  Result<std::vector<T>> to_host(Tensor t);
   // Drains the current stream.
   Status sync();
 
+  // ---- Arithmetic (float or int; tensor rhs broadcasts, scalar rhs is converted to D(lhs)).
   Result<Tensor> add(Tensor a, Tensor b);
+  Result<Tensor> sub(Tensor a, Tensor b);
   Result<Tensor> mul(Tensor a, Tensor b);
-  Result<Tensor> mul_scalar(Tensor a, double k);
+  Result<Tensor> div(Tensor a, Tensor b);
+  Result<Tensor> rem(Tensor a, Tensor b);
+  Result<Tensor> add(Tensor a, double s);
+  Result<Tensor> sub(Tensor a, double s);
+  Result<Tensor> mul(Tensor a, double s);
+  Result<Tensor> div(Tensor a, double s);
+  Result<Tensor> rem(Tensor a, double s);
+  Result<Tensor> mul_scalar(Tensor a, double k) { return mul(std::move(a), k); }
+  // pow: tensor exponent → Float Powf / NumericInt Powi; scalar exponent per ir.md §5.11 (0 →
+  // Ones, 1 → the input itself, 2 → Mul(x, x), −1 → Recip, −2 → Mul then Recip (float), else
+  // PowfScalar / PowiScalar).
+  Result<Tensor> pow(Tensor a, Tensor b);
+  Result<Tensor> pow(Tensor a, double e);
+
+  // ---- Unary. neg = MulScalar(−1); abs float or int; the rest float only.
+  Result<Tensor> neg(Tensor a);
+  Result<Tensor> abs(Tensor a);
   Result<Tensor> exp(Tensor a);
-  Result<Tensor> sum_dim(Tensor a, std::uint64_t axis);
+  Result<Tensor> log(Tensor a);
+  Result<Tensor> log1p(Tensor a);
+  Result<Tensor> sqrt(Tensor a);
+  Result<Tensor> rsqrt(Tensor a);  // Sqrt, then Recip (K)
+  Result<Tensor> sin(Tensor a);
+  Result<Tensor> cos(Tensor a);
+  Result<Tensor> tanh(Tensor a);
+  Result<Tensor> erf(Tensor a);
+  Result<Tensor> recip(Tensor a);
+  Result<Tensor> sigmoid(Tensor a);  // the 8-op sequence (casts through f32)
+  Result<Tensor> relu(Tensor a);     // LowerEqualElem(x, 0), MaskFill(x, m, 0)
+  Result<Tensor> gelu(Tensor a);     // exact: x * (1 + erf(x / √2)) / 2
+  Result<Tensor> silu(Tensor a);     // x * sigmoid(x)
+
+  // ---- Comparisons → kBoolDType tensors (eq of bool operands keeps D(lhs)).
+  Result<Tensor> eq(Tensor a, Tensor b);
+  Result<Tensor> ne(Tensor a, Tensor b);  // Equal, then Bool Not
+  Result<Tensor> lt(Tensor a, Tensor b);
+  Result<Tensor> le(Tensor a, Tensor b);
+  Result<Tensor> gt(Tensor a, Tensor b);
+  Result<Tensor> ge(Tensor a, Tensor b);
+  Result<Tensor> eq(Tensor a, double s);
+  Result<Tensor> ne(Tensor a, double s);
+  Result<Tensor> lt(Tensor a, double s);
+  Result<Tensor> le(Tensor a, double s);
+  Result<Tensor> gt(Tensor a, double s);
+  Result<Tensor> ge(Tensor a, double s);
+
+  // ---- Selection and conversion.
+  // out[i] = mask[i] ? value[i] : tensor[i] (Burn's tensor.mask_where(mask, value)).
+  Result<Tensor> mask_where(Tensor tensor, Tensor mask, Tensor value);
+  // out[i] = mask[i] ? value : tensor[i].
+  Result<Tensor> mask_fill(Tensor tensor, Tensor mask, double value);
+  Result<Tensor> clamp(Tensor a, double min, double max);
+  // Per ir.md §5.11 (float↔float Cast, int↔int Cast, IntoFloat, IntoInt, Bool IntoFloat/IntoInt);
+  // a cast to bool is an error (compare with ne(x, 0) instead).
+  Result<Tensor> cast(Tensor a, ir::DType target);
+
+  // ---- Reductions. Along `dim`: the IR keeps the axis (size 1); keepdim = false adds a Reshape
+  // that removes it (an error on a rank-1 input: kiln has no rank-0 tensors). Whole tensor: [1],
+  // or the rank-r all-ones shape with keepdim = true.
+  Result<Tensor> sum_dim(Tensor a, std::uint64_t dim, bool keepdim = true);
+  Result<Tensor> mean_dim(Tensor a, std::uint64_t dim, bool keepdim = true);
+  Result<Tensor> max_dim(Tensor a, std::uint64_t dim, bool keepdim = true);
+  Result<Tensor> min_dim(Tensor a, std::uint64_t dim, bool keepdim = true);
+  Result<Tensor> argmax(Tensor a, std::uint64_t dim, bool keepdim = true);  // kIndexDType
+  Result<Tensor> sum(Tensor a, bool keepdim = false);
+  Result<Tensor> mean(Tensor a, bool keepdim = false);
+
+  // ---- Compute and layout.
   Result<Tensor> matmul(Tensor a, Tensor b);
+  // `args` per ir shape::reshape (> 0 literal, 0 copies, −1 inferred once).
+  Result<Tensor> reshape(Tensor a, std::vector<std::int64_t> args);
+  Result<Tensor> swap_dims(Tensor a, std::uint64_t dim1, std::uint64_t dim2);
+  Result<Tensor> permute(Tensor a, std::vector<std::uint64_t> axes);
+  Result<Tensor> expand(Tensor a, ir::Shape shape);
+  Result<Tensor> slice(Tensor a, std::vector<ir::Slice> ranges);
+  Result<Tensor> cat(std::vector<Tensor> tensors, std::uint64_t dim);
+  // Base Gather{tensor, dim, indices} (indices integer, same rank as tensor).
+  Result<Tensor> gather(Tensor a, std::uint64_t dim, Tensor indices);
+
+  // ---- Composites (built from the ops above, as Burn's default implementations do).
+  // softmax: e = exp(x − max_dim(x, dim)); e / sum_dim(e, dim).
+  Result<Tensor> softmax(Tensor x, std::uint64_t dim);
+  // log_softmax: y = x − max_dim(x, dim); y − log(sum_dim(exp(y), dim)).
+  Result<Tensor> log_softmax(Tensor x, std::uint64_t dim);
+  // mean((pred − target)²) → [1] (the square as Mul(d, d)).
+  Result<Tensor> mse_loss(Tensor pred, Tensor target);
+  // Cross-entropy of logits [N, C] with target probabilities [N, C] (one-hot or smoothed):
+  // −mean_n(sum_c(target · log_softmax(logits, 1))) → [1] (Burn's cross_entropy_with_logits).
+  Result<Tensor> cross_entropy(Tensor logits, Tensor target_probs);
+  // The same with class indices [N] (integer dtype): −mean_n(log_softmax(logits, 1)[n, class_n])
+  // through Reshape(indices → [N, 1]) and Gather (Burn's CrossEntropyLoss without weights).
+  Result<Tensor> cross_entropy_indices(Tensor logits, Tensor classes);
+
   // A custom operation (no inference: the output shape and dtype are given). The reference
   // backend knows none, so executing one fails: the failure path of the tests.
   Result<Tensor> custom(std::string name, std::vector<Tensor> inputs, ir::Shape out_shape, ir::DType out_dtype);
@@ -139,10 +255,43 @@ class Session {
   // Shared views for inputs homed elsewhere, the op built (builder errors returned as is),
   // consumed inputs marked, the op queued on the current stream.
   Result<Tensor> run_op(std::span<Tensor> inputs, const Builder& build);
+  Result<Tensor> unary_op(Tensor a, ir::OpKind kind);
+  Result<Tensor> binary_op(Tensor a, Tensor b, ir::OpKind kind);
+  Result<Tensor> scalar_op(Tensor a, double s, ir::OpKind kind);
+  Result<Tensor> compare_op(Tensor a, Tensor b, ir::OpKind kind);
+  Result<Tensor> compare_scalar_op(Tensor a, double s, ir::OpKind kind);
+  Result<Tensor> reduce_dim_op(Tensor a, std::uint64_t dim, bool keepdim, ir::OpKind kind);
+  Result<Tensor> reduce_op(Tensor a, bool keepdim, ir::OpKind kind);
+  Result<Tensor> squeeze(Tensor a, std::uint64_t dim);
+  Result<Tensor> upload(ir::DType dtype, std::span<const std::byte> bytes, std::size_t count, ir::Shape shape);
+  Result<HostData> read(Tensor t, ir::DType want);
   void drop(const Tensor::State& s);
 
   Device& device_;
   StreamIdAllocator ids_;
 };
+
+template <class T>
+Result<std::vector<T>> Session::to_host(Tensor t) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
+                    std::is_same_v<T, std::int64_t> || std::is_same_v<T, bool>,
+                "to_host<T>: T is one of float, double, int32_t, int64_t, bool");
+  ir::DType want = std::is_same_v<T, float>          ? ir::dtypes::f32
+                   : std::is_same_v<T, double>       ? ir::dtypes::f64
+                   : std::is_same_v<T, std::int32_t> ? ir::dtypes::i32
+                   : std::is_same_v<T, std::int64_t> ? ir::dtypes::i64
+                                                     : kBoolDType;
+  Result<HostData> data = read(std::move(t), want);
+  if (!data.ok()) return data.error();
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<bool> out(data->bytes.size());
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = data->bytes[i] != std::byte{0};
+    return out;
+  } else {
+    std::vector<T> out(data->bytes.size() / sizeof(T));
+    std::memcpy(out.data(), data->bytes.data(), out.size() * sizeof(T));
+    return out;
+  }
+}
 
 }  // namespace kiln::runtime

@@ -1,0 +1,62 @@
+// The CPU device behind kiln-bench-peers: a CpuDevice with the requested thread count (its task
+// arena's concurrency) and one CpuExecutor. Every client of one thread count shares it; the
+// benchmark is single-threaded, so the device's one-actor rule holds.
+#include <cstdio>
+#include <string>
+
+#include "backends.h"
+#include "kiln/cpu/cpu_executor.h"
+#include "kiln/cpu/device.h"
+
+namespace kiln::bench::peers {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : device_(cpu::CpuDeviceOptions{.threads = threads}), exec_(device_) {}
+
+  fusion::Executor& executor() override { return exec_; }
+
+  void upload(TensorId id, const Shape& shape, std::span<const float> data) override {
+    const Status st = device_.upload<float>(id, shape, data);
+    if (!st.ok()) die("upload of " + id.to_string() + ": " + st.error().to_string());
+  }
+
+  std::vector<float> download(TensorId id, const Shape&) override {
+    auto values = device_.download<float>(id);
+    if (!values.ok()) die("download of " + id.to_string() + ": " + values.error().to_string());
+    return std::move(values).value();
+  }
+
+  void reset_counters() override { device_.reset_stats(); }
+
+  std::string counters() override {
+    const cpu::CpuDeviceStats s = device_.stats();
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  " dev_fused_launches=%llu dev_fused_replays=%llu dev_fast_ops=%llu dev_reference_ops=%llu"
+                  " dev_inplace_reuses=%llu",
+                  static_cast<unsigned long long>(s.fused_launches), static_cast<unsigned long long>(s.fused_replays),
+                  static_cast<unsigned long long>(s.fast_ops), static_cast<unsigned long long>(s.reference_ops),
+                  static_cast<unsigned long long>(s.inplace_reuses));
+    return buf;
+  }
+
+  int threads() const { return device_.threads(); }
+
+ private:
+  cpu::CpuDevice device_;
+  cpu::CpuExecutor exec_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuBackendInfo* info) {
+  auto backend = std::make_unique<CpuBackend>(threads);
+  if (backend->threads() != threads)
+    die("CpuDevice has " + std::to_string(backend->threads()) + " threads, asked for " + std::to_string(threads));
+  if (info) info->describe = "device=CpuDevice arena_threads=" + std::to_string(backend->threads());
+  return backend;
+}
+
+}  // namespace kiln::bench::peers
