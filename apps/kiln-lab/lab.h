@@ -25,7 +25,7 @@ using ir::TensorStatus;
 class Lab {
  public:
   explicit Lab(const fusion::FusionLog& log, fusion::ProcessorOptions options = {}, bool keep_records = true)
-      : log_(log), executor_(keep_records), stream_(fusion::default_fusers(log, fusion::FuserOptions{}), options, log) {}
+      : log_(log), executor_(keep_records), stream_(fusion::default_fusers(log_, fusion::FuserOptions{}), options, log_) {}
 
   // A tensor uploaded out of band (materialized before the program runs).
   TensorIr input(Shape shape) {
@@ -101,7 +101,7 @@ class Lab {
   std::size_t queued() const { return stream_.queue().size(); }
 
  private:
-  const fusion::FusionLog& log_;
+  fusion::FusionLog log_;  // a copy (cheap: a level and shared sinks), so a temporary log is fine
   fusion::ExecutionPlanStore store_;
   fusion::RecordingExecutor executor_;
   fusion::FusionStream stream_;
