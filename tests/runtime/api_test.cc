@@ -328,6 +328,7 @@ TEST_F(Api, PerThreadStreams) {
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
       streams[t] = s->current_stream().value();
+      EXPECT_EQ(s->current_stream().value(), streams[t]) << "the same thread gets the same stream (fusion.md §19.11.9)";
       Tensor x = ok(s->mul(shared, double(t + 1)));  // a shared view of another stream's tensor
       for (int i = 0; i < 20; ++i) x = ok(s->add(std::move(x), 1.0));
       std::vector<float> v = ok(s->to_host(std::move(x)));
