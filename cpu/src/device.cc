@@ -76,12 +76,11 @@ void CpuDevice::clear_kernel_cache() {
 
 CpuDeviceStats CpuDevice::stats() const {
   auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  CpuDeviceStats s{get(counters_.fused_launches),      get(counters_.fused_replays),
-                   get(counters_.fast_ops),            get(counters_.reference_ops),
-                   get(counters_.kernel_cache_hits),   get(counters_.kernel_cache_misses),
-                   get(counters_.inplace_reuses),      get(counters_.zero_copy_reshapes),
-                   get(counters_.row_interleaved)};
-  for (std::size_t k = 0; k < s.launches_by_kind.size(); ++k) s.launches_by_kind[k] = get(counters_.launches_by_kind[k]);
+  CpuDeviceStats s{get(counters_.fused_launches), get(counters_.fused_replays),      get(counters_.fast_ops),
+                   get(counters_.reference_ops),  get(counters_.kernel_cache_hits),  get(counters_.kernel_cache_misses),
+                   get(counters_.inplace_reuses), get(counters_.zero_copy_reshapes), get(counters_.row_interleaved)};
+  for (std::size_t k = 0; k < s.launches_by_kind.size(); ++k)
+    s.launches_by_kind[k] = get(counters_.launches_by_kind[k]);
   return s;
 }
 

@@ -21,80 +21,132 @@ constexpr std::uint32_t kNoSlot = std::numeric_limits<std::uint32_t>::max();
 std::optional<Code> code_of(OpKind k) {
   switch (k) {
     case OpKind::Numeric_Add:
-    case OpKind::Numeric_AddScalar: return Code::Add;
+    case OpKind::Numeric_AddScalar:
+      return Code::Add;
     case OpKind::Numeric_Sub:
-    case OpKind::Numeric_SubScalar: return Code::Sub;
+    case OpKind::Numeric_SubScalar:
+      return Code::Sub;
     case OpKind::Numeric_Mul:
-    case OpKind::Numeric_MulScalar: return Code::Mul;
+    case OpKind::Numeric_MulScalar:
+      return Code::Mul;
     case OpKind::Numeric_Div:
-    case OpKind::Numeric_DivScalar: return Code::Div;
+    case OpKind::Numeric_DivScalar:
+      return Code::Div;
     case OpKind::Numeric_Rem:
-    case OpKind::Numeric_RemScalar: return Code::Rem;
+    case OpKind::Numeric_RemScalar:
+      return Code::Rem;
     case OpKind::Float_Powf:
-    case OpKind::Float_PowfScalar: return Code::Pow;
+    case OpKind::Float_PowfScalar:
+      return Code::Pow;
     case OpKind::Int_BitwiseAnd:
-    case OpKind::Int_BitwiseAndScalar: return Code::BitAnd;
+    case OpKind::Int_BitwiseAndScalar:
+      return Code::BitAnd;
     case OpKind::Int_BitwiseOr:
-    case OpKind::Int_BitwiseOrScalar: return Code::BitOr;
+    case OpKind::Int_BitwiseOrScalar:
+      return Code::BitOr;
     case OpKind::Int_BitwiseXor:
-    case OpKind::Int_BitwiseXorScalar: return Code::BitXor;
+    case OpKind::Int_BitwiseXorScalar:
+      return Code::BitXor;
     case OpKind::Int_BitwiseLeftShift:
-    case OpKind::Int_BitwiseLeftShiftScalar: return Code::Shl;
+    case OpKind::Int_BitwiseLeftShiftScalar:
+      return Code::Shl;
     case OpKind::Int_BitwiseRightShift:
-    case OpKind::Int_BitwiseRightShiftScalar: return Code::Shr;
-    case OpKind::Bool_And: return Code::LogicAnd;
-    case OpKind::Bool_Or: return Code::LogicOr;
-    case OpKind::Bool_Xor: return Code::LogicXor;
-    case OpKind::Numeric_ClampMin: return Code::ClampMin;
-    case OpKind::Numeric_ClampMax: return Code::ClampMax;
+    case OpKind::Int_BitwiseRightShiftScalar:
+      return Code::Shr;
+    case OpKind::Bool_And:
+      return Code::LogicAnd;
+    case OpKind::Bool_Or:
+      return Code::LogicOr;
+    case OpKind::Bool_Xor:
+      return Code::LogicXor;
+    case OpKind::Numeric_ClampMin:
+      return Code::ClampMin;
+    case OpKind::Numeric_ClampMax:
+      return Code::ClampMax;
     case OpKind::Base_Equal:
-    case OpKind::Base_EqualElem: return Code::Eq;
+    case OpKind::Base_EqualElem:
+      return Code::Eq;
     case OpKind::Base_NotEqual:
-    case OpKind::Base_NotEqualElem: return Code::Ne;
+    case OpKind::Base_NotEqualElem:
+      return Code::Ne;
     case OpKind::Numeric_Greater:
-    case OpKind::Numeric_GreaterElem: return Code::Gt;
+    case OpKind::Numeric_GreaterElem:
+      return Code::Gt;
     case OpKind::Numeric_GreaterEqual:
-    case OpKind::Numeric_GreaterEqualElem: return Code::Ge;
+    case OpKind::Numeric_GreaterEqualElem:
+      return Code::Ge;
     case OpKind::Numeric_Lower:
-    case OpKind::Numeric_LowerElem: return Code::Lt;
+    case OpKind::Numeric_LowerElem:
+      return Code::Lt;
     case OpKind::Numeric_LowerEqual:
-    case OpKind::Numeric_LowerEqualElem: return Code::Le;
-    case OpKind::Numeric_Abs: return Code::Abs;
-    case OpKind::Numeric_Neg: return Code::Neg;
-    case OpKind::Numeric_Sign: return Code::Sign;
-    case OpKind::Float_Exp: return Code::Exp;
-    case OpKind::Float_Log: return Code::Log;
-    case OpKind::Float_Log1p: return Code::Log1p;
-    case OpKind::Float_Erf: return Code::Erf;
-    case OpKind::Float_Sqrt: return Code::Sqrt;
-    case OpKind::Float_Cos: return Code::Cos;
-    case OpKind::Float_Sin: return Code::Sin;
-    case OpKind::Float_Tanh: return Code::Tanh;
-    case OpKind::Float_Recip: return Code::Recip;
-    case OpKind::Float_Round: return Code::Round;
-    case OpKind::Float_Floor: return Code::Floor;
-    case OpKind::Float_Ceil: return Code::Ceil;
-    case OpKind::Float_Trunc: return Code::Trunc;
-    case OpKind::Float_IsNan: return Code::IsNan;
-    case OpKind::Float_IsInf: return Code::IsInf;
-    case OpKind::Int_BitwiseNot: return Code::BitNot;
-    case OpKind::Bool_Not: return Code::Not;
+    case OpKind::Numeric_LowerEqualElem:
+      return Code::Le;
+    case OpKind::Numeric_Abs:
+      return Code::Abs;
+    case OpKind::Numeric_Neg:
+      return Code::Neg;
+    case OpKind::Numeric_Sign:
+      return Code::Sign;
+    case OpKind::Float_Exp:
+      return Code::Exp;
+    case OpKind::Float_Log:
+      return Code::Log;
+    case OpKind::Float_Log1p:
+      return Code::Log1p;
+    case OpKind::Float_Erf:
+      return Code::Erf;
+    case OpKind::Float_Sqrt:
+      return Code::Sqrt;
+    case OpKind::Float_Cos:
+      return Code::Cos;
+    case OpKind::Float_Sin:
+      return Code::Sin;
+    case OpKind::Float_Tanh:
+      return Code::Tanh;
+    case OpKind::Float_Recip:
+      return Code::Recip;
+    case OpKind::Float_Round:
+      return Code::Round;
+    case OpKind::Float_Floor:
+      return Code::Floor;
+    case OpKind::Float_Ceil:
+      return Code::Ceil;
+    case OpKind::Float_Trunc:
+      return Code::Trunc;
+    case OpKind::Float_IsNan:
+      return Code::IsNan;
+    case OpKind::Float_IsInf:
+      return Code::IsInf;
+    case OpKind::Int_BitwiseNot:
+      return Code::BitNot;
+    case OpKind::Bool_Not:
+      return Code::Not;
     case OpKind::Base_Cast:
     case OpKind::Float_IntoInt:
     case OpKind::Int_IntoFloat:
     case OpKind::Bool_IntoFloat:
-    case OpKind::Bool_IntoInt: return Code::Cast;
-    case OpKind::Numeric_Clamp: return Code::Clamp;
-    case OpKind::Base_MaskWhere: return Code::MaskWhere;
-    case OpKind::Base_MaskFill: return Code::MaskFill;
-    case OpKind::Base_Reshape: return Code::Copy;
+    case OpKind::Bool_IntoInt:
+      return Code::Cast;
+    case OpKind::Numeric_Clamp:
+      return Code::Clamp;
+    case OpKind::Base_MaskWhere:
+      return Code::MaskWhere;
+    case OpKind::Base_MaskFill:
+      return Code::MaskFill;
+    case OpKind::Base_Reshape:
+      return Code::Copy;
     case OpKind::Base_Ones:
     case OpKind::Base_Zeros:
-    case OpKind::Numeric_Full: return Code::Fill;
-    case OpKind::Base_Gather: return Code::Gather;
-    case OpKind::Base_Select: return Code::Select;
-    case OpKind::Base_Cat: return Code::Cat;
-    default: return std::nullopt;
+    case OpKind::Numeric_Full:
+      return Code::Fill;
+    case OpKind::Base_Gather:
+      return Code::Gather;
+    case OpKind::Base_Select:
+      return Code::Select;
+    case OpKind::Base_Cat:
+      return Code::Cat;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -138,7 +190,8 @@ class Compiler {
           return unsupported("a reduce program has a prologue and a reduction block");
         out_.may_fail = true;  // empty reductions without identity, index dtypes too narrow
         break;
-      case ProgramKind::ReduceBroadcasted: break;
+      case ProgramKind::ReduceBroadcasted:
+        break;
     }
     for (const fusion::ProgramInput& in : p_.inputs)
       if (!class_of(in.dtype)) return unsupported("input dtype " + in.dtype.name());
@@ -224,10 +277,17 @@ class Compiler {
     if (bi + 1 < p_.blocks.size() && p_.blocks[bi + 1].reduction) {
       handover = p_.blocks[bi + 1].reduction->input;
       if (!reg_ok(*handover)) return fail("reduction input register");
+    }
+    elide_copies(cb, handover);
+    if (handover) {
       if (!(cb.regs[*handover].dtype == p_.blocks[bi + 1].reduction->input_dtype)) return fail("reduction input dtype");
     }
     assign_slots(cb, preset, handover);
     out_.blocks.push_back(std::move(cb));
+    // The next block's reduction reads this block's (possibly renamed) handover register.
+    if (handover) next_reduction_input_ = *handover;
+    if (out_.blocks.back().reduction && next_reduction_input_)
+      out_.blocks.back().reduction->input = *next_reduction_input_;
     return true;
   }
 
@@ -259,7 +319,9 @@ class Compiler {
             return fail("input operand");
           c.inputs.push_back(o.index);
           break;
-        case OperandKind::Scalar: scalars.push_back(o.index); break;
+        case OperandKind::Scalar:
+          scalars.push_back(o.index);
+          break;
       }
     }
     auto local_dtype = [&](std::size_t i) { return cb.regs[locals[i]].dtype; };
@@ -289,8 +351,8 @@ class Compiler {
                local_dtype(2) == ins.compute && ins.out_dtype == ins.compute;
           break;
         case Code::MaskFill:
-          ok = locals.size() == 2 && scalars.size() == 1 && local_dtype(0) == ins.compute &&
-               local_dtype(1).is_bool() && ins.out_dtype == ins.compute;
+          ok = locals.size() == 2 && scalars.size() == 1 && local_dtype(0) == ins.compute && local_dtype(1).is_bool() &&
+               ins.out_dtype == ins.compute;
           break;
         case Code::Fill:
           ok = locals.empty() && c.inputs.empty() && ins.out_dtype == ins.compute &&
@@ -309,24 +371,48 @@ class Compiler {
                ins.out_dtype == ins.compute;
           for (std::uint32_t i : c.inputs) ok = ok && p_.inputs[i].dtype == ins.compute;
           break;
-        default: ok = false;
+        default:
+          ok = false;
       }
     }
     if (!ok) return fail(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
     if (!c.inputs.empty()) {
       c.dim = ins.attrs[0];
-      c.num_inputs = static_cast<std::uint32_t>(c.inputs.size());
       cb.has_indexed = true;
       out_.may_fail = true;  // an index out of range
     }
     for (std::size_t i = 0; i < locals.size(); ++i) c.regs[i] = static_cast<std::int32_t>(locals[i]);
     for (std::size_t i = 0; i < scalars.size(); ++i) c.scalars[i] = scalar_slot(scalars[i], ins.compute);
     if ((k == Code::Div || k == Code::Rem) && ins.compute.is_integral()) out_.may_fail = true;
-    if (!bind_kernel(c, cb.regs[c.out])) return fail(std::string("no fast kernel for ") +
-                                                        std::string(ir::op_info(ins.op).variant) + " on " +
-                                                        ins.compute.name());
+    if (!bind_kernel(c, cb.regs[c.out]))
+      return fail(std::string("no fast kernel for ") + std::string(ir::op_info(ins.op).variant) + " on " +
+                  ins.compute.name());
     cb.instrs.push_back(std::move(c));
     return true;
+  }
+
+  // Copies (a same-shape reshape) and identity casts (f32 -> f32: a client lowering sigmoid emits
+  // two) compute nothing: their result register becomes another name of their operand, and the
+  // instruction goes (one pass over the chunk saved). A handover register is renamed too.
+  void elide_copies(CBlock& cb, std::optional<std::uint32_t>& handover) {
+    std::vector<std::uint32_t> alias(cb.regs.size());
+    for (std::size_t r = 0; r < alias.size(); ++r) alias[r] = static_cast<std::uint32_t>(r);
+    std::vector<CInstr> kept;
+    for (CInstr& ins : cb.instrs) {
+      for (std::int32_t& r : ins.regs)
+        if (r >= 0) r = static_cast<std::int32_t>(alias[static_cast<std::size_t>(r)]);
+      const bool identity = (ins.code == Code::Copy || ins.code == Code::Cast) && ins.compute == ins.out_dtype &&
+                            ins.regs[0] >= 0 && cb.regs[static_cast<std::size_t>(ins.regs[0])].dtype == ins.out_dtype;
+      if (identity) {
+        alias[ins.out] = static_cast<std::uint32_t>(ins.regs[0]);
+        continue;
+      }
+      kept.push_back(std::move(ins));
+    }
+    cb.instrs = std::move(kept);
+    for (CStore& st : cb.stores) st.reg = alias[st.reg];
+    if (handover) handover = alias[*handover];
+    if (cb.reduction) cb.reduction->out = alias[cb.reduction->out];
   }
 
   // Greedy slot assignment in program order: a register takes a free slot when it is defined
@@ -373,10 +459,17 @@ class Compiler {
       release_dead(static_cast<int>(i));
     }
     cb.num_slots = next;
+    // Last reader of each register: an instruction, or a store (after every instruction).
+    cb.last_read.assign(nregs, -1);
+    for (std::size_t i = 0; i < cb.instrs.size(); ++i)
+      for (std::int32_t r : cb.instrs[i].regs)
+        if (r >= 0) cb.last_read[static_cast<std::size_t>(r)] = static_cast<int>(i);
+    for (const CStore& st : cb.stores) cb.last_read[st.reg] = end;
   }
 
   const FusedProgram& p_;
   CompiledProgram out_;
+  std::optional<std::uint32_t> next_reduction_input_;
 };
 
 }  // namespace

@@ -23,16 +23,28 @@ namespace {
 fast::Scalar convert_scalar(const ir::ScalarIr& s, ir::DType d) {
   std::array<std::byte, 8> bytes{};
   switch (s.kind()) {
-    case ir::ScalarIr::Kind::Float: element::store_f64(bytes.data(), d, 0, s.as_float()); break;
-    case ir::ScalarIr::Kind::Int: element::store_i64(bytes.data(), d, 0, s.as_int()); break;
-    case ir::ScalarIr::Kind::UInt: element::store_u64(bytes.data(), d, 0, s.as_uint()); break;
-    case ir::ScalarIr::Kind::Bool: element::store_bool(bytes.data(), d, 0, s.as_bool()); break;
+    case ir::ScalarIr::Kind::Float:
+      element::store_f64(bytes.data(), d, 0, s.as_float());
+      break;
+    case ir::ScalarIr::Kind::Int:
+      element::store_i64(bytes.data(), d, 0, s.as_int());
+      break;
+    case ir::ScalarIr::Kind::UInt:
+      element::store_u64(bytes.data(), d, 0, s.as_uint());
+      break;
+    case ir::ScalarIr::Kind::Bool:
+      element::store_bool(bytes.data(), d, 0, s.as_bool());
+      break;
   }
   fast::Scalar out;
-  if (d.is_float()) out.f = element::load_f64(bytes.data(), d, 0);
-  else if (d.is_int()) out.i = element::load_i64(bytes.data(), d, 0);
-  else if (d.is_uint()) out.u = element::load_u64(bytes.data(), d, 0);
-  else out.b = element::load_bool(bytes.data(), d, 0) ? 1 : 0;
+  if (d.is_float())
+    out.f = element::load_f64(bytes.data(), d, 0);
+  else if (d.is_int())
+    out.i = element::load_i64(bytes.data(), d, 0);
+  else if (d.is_uint())
+    out.u = element::load_u64(bytes.data(), d, 0);
+  else
+    out.b = element::load_bool(bytes.data(), d, 0) ? 1 : 0;
   return out;
 }
 
@@ -133,6 +145,13 @@ bool bind_program(CpuDevice& device, const FusedProgram& p, const Binding& bind,
         for (std::size_t j = 0; j < ni; ++j)
           if (j != i && (p.inputs[j].tensor == in.tensor || (p.inputs[j].view && p.inputs[j].view->source == i)))
             shared = true;
+        // An input a store copies straight to an output (an elided copy) is read after the
+        // instructions, when an in-place output may already have overwritten it.
+        const fast::CBlock& cb = b.compiled->blocks[0];
+        for (const fast::CLoad& l : cb.loads)
+          if (l.source == fusion::LoadSource::Input && l.index == i)
+            for (const fast::CStore& st : cb.stores)
+              if (st.reg == l.reg) shared = true;
         // Exactly two owners: the container's entry and our copy.
         if (shared || launch.inputs[i]->buffer().use_count() != 2) continue;
         Result<CpuTensor> w = CpuTensor::wrap(launch.inputs[i]->buffer(), g->shape, out.dtype);
@@ -182,10 +201,17 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
   std::string why;
   switch (p.kind) {
     case ProgramKind::Elementwise:
-    case ProgramKind::NhwcRelayout: why = fast::run_elementwise(b.launch, &fault); break;
-    case ProgramKind::Reduce: why = fast::run_reduce(b.launch, &fault); break;
-    case ProgramKind::Matmul: why = fast::run_matmul(b.launch, &fault); break;
-    case ProgramKind::ReduceBroadcasted: return false;
+    case ProgramKind::NhwcRelayout:
+      why = fast::run_elementwise(b.launch, &fault);
+      break;
+    case ProgramKind::Reduce:
+      why = fast::run_reduce(b.launch, &fault);
+      break;
+    case ProgramKind::Matmul:
+      why = fast::run_matmul(b.launch, &fault);
+      break;
+    case ProgramKind::ReduceBroadcasted:
+      return false;
   }
   if (!why.empty() || fault) return false;
   commit(device_, b, bind);
@@ -206,7 +232,8 @@ bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& b
     if (st.kind != ProgramKind::Elementwise && st.kind != ProgramKind::Reduce) return false;
     if (!bind_program(device_, st, bind, /*allow_inplace=*/false, &produced, stages[k])) return false;
     for (std::size_t o = 0; o < st.outputs.size(); ++o)
-      if (st.outputs[o].written) produced.emplace(global_of(bind, st.outputs[o].tensor)->id.value(), *stages[k].launch.outputs[o]);
+      if (st.outputs[o].written)
+        produced.emplace(global_of(bind, st.outputs[o].tensor)->id.value(), *stages[k].launch.outputs[o]);
   }
   // The common row space.
   const ir::Shape full = stages[0].launch.concrete(stages[0].compiled->blocks[0].reference);
@@ -353,13 +380,20 @@ bool family_fits(const ir::Operation& op, ir::DType d) {
   switch (op.family) {
     case ir::Family::BaseFloat:
     case ir::Family::NumericFloat:
-    case ir::Family::Float: ok = d.is_float(); break;
+    case ir::Family::Float:
+      ok = d.is_float();
+      break;
     case ir::Family::BaseInt:
     case ir::Family::NumericInt:
-    case ir::Family::Int: ok = d.is_integral(); break;
+    case ir::Family::Int:
+      ok = d.is_integral();
+      break;
     case ir::Family::BaseBool:
-    case ir::Family::Bool: ok = d.is_bool(); break;
-    default: return false;
+    case ir::Family::Bool:
+      ok = d.is_bool();
+      break;
+    default:
+      return false;
   }
   if (ir::family_carries_dtype(op.family)) ok = ok && op.dtype == d;
   return ok;
@@ -397,13 +431,19 @@ bool eligible(const ir::Operation& op) {
       const ir::DType from = in[0].dtype, to = out.dtype;
       switch (op.kind) {
         case OpKind::Base_Cast:
-          return family_fits(op, from) &&
-                 (from.is_float() ? to.is_float() : from.is_integral() ? to.is_integral() : to.is_bool());
-        case OpKind::Float_IntoInt: return family_fits(op, from) && to.is_integral();
-        case OpKind::Int_IntoFloat: return family_fits(op, from) && to.is_float();
-        case OpKind::Bool_IntoFloat: return from.is_bool() && to.is_float();
-        case OpKind::Bool_IntoInt: return from.is_bool() && to.is_integral();
-        default: return false;
+          return family_fits(op, from) && (from.is_float()      ? to.is_float()
+                                           : from.is_integral() ? to.is_integral()
+                                                                : to.is_bool());
+        case OpKind::Float_IntoInt:
+          return family_fits(op, from) && to.is_integral();
+        case OpKind::Int_IntoFloat:
+          return family_fits(op, from) && to.is_float();
+        case OpKind::Bool_IntoFloat:
+          return from.is_bool() && to.is_float();
+        case OpKind::Bool_IntoInt:
+          return from.is_bool() && to.is_integral();
+        default:
+          return false;
       }
     }
     case ir::Signature::Clamp:
@@ -484,28 +524,38 @@ bool eligible(const ir::Operation& op) {
       Result<ir::Shape> s = ir::shape::matmul_output(in[0].shape, in[1].shape);
       return s.ok() && *s == out.shape;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
 // The dim reduction a whole-tensor reduction is (over a [n] view of the input).
 std::optional<OpKind> dim_kind_of(OpKind k) {
   switch (k) {
-    case OpKind::Numeric_Sum: return OpKind::Numeric_SumDim;
-    case OpKind::Numeric_Mean: return OpKind::Numeric_MeanDim;
-    case OpKind::Numeric_Prod: return OpKind::Numeric_ProdDim;
-    case OpKind::Numeric_Max: return OpKind::Numeric_MaxDim;
-    case OpKind::Numeric_Min: return OpKind::Numeric_MinDim;
-    case OpKind::Numeric_MaxAbs: return OpKind::Numeric_MaxAbsDim;
-    case OpKind::Base_All: return OpKind::Base_AllDim;
-    case OpKind::Base_Any: return OpKind::Base_AnyDim;
-    default: return std::nullopt;
+    case OpKind::Numeric_Sum:
+      return OpKind::Numeric_SumDim;
+    case OpKind::Numeric_Mean:
+      return OpKind::Numeric_MeanDim;
+    case OpKind::Numeric_Prod:
+      return OpKind::Numeric_ProdDim;
+    case OpKind::Numeric_Max:
+      return OpKind::Numeric_MaxDim;
+    case OpKind::Numeric_Min:
+      return OpKind::Numeric_MinDim;
+    case OpKind::Numeric_MaxAbs:
+      return OpKind::Numeric_MaxAbsDim;
+    case OpKind::Base_All:
+      return OpKind::Base_AllDim;
+    case OpKind::Base_Any:
+      return OpKind::Base_AnyDim;
+    default:
+      return std::nullopt;
   }
 }
 
 fusion::ProgramOutput program_output(OneOp& t, const ir::TensorIr& out, std::uint32_t block, std::uint32_t local) {
   return fusion::ProgramOutput{t.tensor(out), out.dtype, t.shape(out.shape), TensorStatus::NotInit, block, local,
-                               true, true, std::nullopt};
+                               true,          true,      std::nullopt};
 }
 
 // Builds the one-op program of an eligible op; nullopt when no compiled form applies.
@@ -531,7 +581,7 @@ std::optional<FusedProgram> synthesize(const ir::Operation& op, OneOp& t) {
     ins.out_dtype = out.dtype;
     ins.attrs = op.attrs;
     for (std::size_t i = 0; i < in.size(); ++i) {
-      fusion::ProgramInput pi{t.tensor(in[i]), in[i].dtype, t.shape(in[i].shape), in[i].status,
+      fusion::ProgramInput pi{t.tensor(in[i]),          in[i].dtype, t.shape(in[i].shape), in[i].status,
                               fusion::InputRole::Plain, std::nullopt};
       if (indexed) {
         pi.role = fusion::InputRole::Indexed;
@@ -604,8 +654,8 @@ std::optional<FusedProgram> synthesize(const ir::Operation& op, OneOp& t) {
     e.settings = fusion::FuseSettings::reduce_write();
     e.reference_shape = t.shape(out.shape);
     e.registers.push_back(out.dtype);
-    e.reduction = fusion::Reduction{*kind, op.family, axis, 0, 0, in[0].dtype,
-                                    fusion::reduce_accumulator(*kind, in[0].dtype), out.dtype};
+    e.reduction = fusion::Reduction{
+        *kind, op.family, axis, 0, 0, in[0].dtype, fusion::reduce_accumulator(*kind, in[0].dtype), out.dtype};
     e.stores.push_back(fusion::Store{0, 0});
     p.blocks.push_back(std::move(e));
     p.outputs.push_back(program_output(t, out, 1, 0));

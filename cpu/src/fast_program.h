@@ -15,6 +15,8 @@
 // const and is called concurrently by the tasks of one parallel loop (each with its own scratch).
 #pragma once
 
+#include <tbb/task_arena.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -25,8 +27,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <tbb/task_arena.h>
-
 #include "kiln/cpu/memory.h"
 #include "kiln/cpu/tensor.h"
 #include "kiln/fusion/fused_program.h"
@@ -34,23 +34,18 @@
 
 namespace kiln::cpu::fast {
 
-// Elements per chunk. numexpr's block size is 1024 (its docs: small enough that a dozen
-// temporaries stay in L1/L2, large enough to amortise the per-operation dispatch); measured here
-// (docs/cpu-backend.md) 1024 and 2048 tie on W1/W3 and 4096 loses ~5% once registers spill out
-// of L1; 1024 keeps a 10-register f64 program (80 KiB) within L2 of the smallest core we target.
+// Elements per chunk (numexpr's block size is 1024 too). Each instruction is one kernel call per
+// chunk, so longer chunks amortise the dispatch: W1 on 2^16 f32 elements (in cache) measured
+// 0.69 / 0.77 / 0.92 ns per element with 1024 / 512 / 256; and a 1024-element f64 register is
+// 8 KiB, so a dozen live ones still fit in L2. DRAM-bound launches use kStreamChunk instead.
 inline constexpr std::size_t kBlock = 1024;
-// Chunk length of an elementwise launch that streams from DRAM (its tensors exceed
-// kStreamingBytes): shorter chunks interleave the streams' reads more finely, which keeps the
-// hardware prefetchers running; measured on W1 at 2^24 (docs/cpu-backend.md): 256 elements
-// 0.8 ns/elem, 1024 elements 1.3 ns/elem, while in cache 1024 is ~25% faster than 256.
-#ifndef KILN_STREAM_CHUNK
-#define KILN_STREAM_CHUNK 256
-#endif
-inline constexpr std::size_t kStreamChunk = KILN_STREAM_CHUNK;
-#ifndef KILN_STREAMING_MB
-#define KILN_STREAMING_MB 24
-#endif
-inline constexpr std::uint64_t kStreamingBytes = std::uint64_t{KILN_STREAMING_MB} << 20;
+// Chunk length of a memory-bound elementwise launch that streams from DRAM (its tensors exceed
+// kStreamingBytes, most of the 32 MiB L3 of the machines we target): shorter chunks interleave
+// the streams' reads finely enough that the prefetchers keep every stream busy. Measured on W1
+// at 2^24 (docs/cpu-backend.md): 256 and 512 elements ~0.8 ns/elem, 1024 ~1.0-1.3, while in
+// cache 1024 is ~25% faster than 256 (4x fewer kernel dispatches per element).
+inline constexpr std::size_t kStreamChunk = 256;
+inline constexpr std::uint64_t kStreamingBytes = std::uint64_t{24} << 20;
 // Highest rank a compiled form iterates natively; higher ranks run on the reference executor.
 inline constexpr std::size_t kMaxRank = 8;
 // Parallel loops split work only when a launch has at least this many elements. A oneTBB
@@ -90,6 +85,7 @@ struct Scalar {
 
 // ---- Compiled instructions
 
+// clang-format off
 enum class Code : std::uint8_t {
   // binary arithmetic (tensor-tensor, or tensor-scalar with a scalar slot)
   Add, Sub, Mul, Div, Rem, Pow, BitAnd, BitOr, BitXor, Shl, Shr, LogicAnd, LogicOr, LogicXor, ClampMin, ClampMax,
@@ -103,6 +99,7 @@ enum class Code : std::uint8_t {
   // indexed reads (positions computed per element)
   Gather, Select, Cat,
 };
+// clang-format on
 
 struct CInstr;
 // n elements; operands already resolved to arrays of their class. Sets *fail on a fault.
@@ -122,15 +119,14 @@ struct CInstr {
   VClass out_cls = VClass::F32;  // result class
   ir::DType compute;             // operand dtype
   ir::DType out_dtype;
-  std::uint32_t out = 0;                          // register
-  std::array<std::int32_t, 3> regs{-1, -1, -1};   // register operands
-  std::array<std::int32_t, 2> scalars{-1, -1};    // scalar slots (CompiledProgram::scalars)
-  std::vector<std::uint32_t> inputs;              // program inputs (indexed ops)
-  std::uint32_t num_inputs = 0;
-  std::int64_t dim = 0;                           // indexed ops
-  int bits = 0;                                   // integer width of the compute dtype (shifts)
-  Scalar imm;                                     // Fill constant (Ones, Zeros)
-  bool exact_out = false;  // the kernel already rounded to the register's dtype: no fixup
+  std::uint32_t out = 0;                         // register
+  std::array<std::int32_t, 3> regs{-1, -1, -1};  // register operands
+  std::array<std::int32_t, 2> scalars{-1, -1};   // scalar slots (CompiledProgram::scalars)
+  std::vector<std::uint32_t> inputs;             // program inputs (indexed ops)
+  std::int64_t dim = 0;                          // indexed ops
+  int bits = 0;                                  // integer width of the compute dtype (shifts)
+  Scalar imm;                                    // Fill constant (Ones, Zeros)
+  bool exact_out = false;                        // the kernel already rounded to the register's dtype: no fixup
   KernelFn fn = nullptr;
 };
 
@@ -146,10 +142,12 @@ struct CStore {
 };
 
 struct CBlock {
-  ir::Shape reference;              // relative dim ids
+  ir::Shape reference;  // relative dim ids
   std::vector<RegInfo> regs;
   std::vector<std::uint32_t> slot;  // physical kBlock-element slot of each register
   std::uint32_t num_slots = 0;
+  std::vector<int> last_read;  // per register: last instruction reading it (instrs.size()
+                               // for a store), -1 if none
   std::vector<CLoad> loads;
   std::vector<CInstr> instrs;
   std::vector<CStore> stores;
@@ -165,8 +163,8 @@ struct ScalarBind {
 struct CompiledProgram {
   fusion::ProgramKind kind = fusion::ProgramKind::Elementwise;
   bool supported = true;
-  std::string why_unsupported;   // for the log / tests
-  bool may_fail = false;         // integer division, indexed reads: no in-place reuse
+  std::string why_unsupported;  // for the log / tests
+  bool may_fail = false;        // integer division, indexed reads: no in-place reuse
   std::vector<CBlock> blocks;
   std::vector<ScalarBind> scalars;
   std::vector<CompiledProgram> stages;  // ReduceBroadcasted
@@ -185,13 +183,13 @@ CompiledProgram compile_program(const fusion::FusedProgram& p);
 struct Launch {
   const fusion::FusedProgram* program = nullptr;
   const CompiledProgram* compiled = nullptr;
-  std::span<const std::uint64_t> dims;     // relative dim id -> size
-  std::vector<Scalar> scalars;             // per ScalarBind
+  std::span<const std::uint64_t> dims;            // relative dim id -> size
+  std::vector<Scalar> scalars;                    // per ScalarBind
   std::vector<std::optional<CpuTensor>> inputs;   // per program input (a View entry: its source)
   std::vector<std::optional<CpuTensor>> outputs;  // per program output, when written
-  std::vector<bool> output_inplace;        // reuses a consumed input's buffer
+  std::vector<bool> output_inplace;               // reuses a consumed input's buffer
   CpuAllocator* allocator = nullptr;
-  tbb::task_arena* arena = nullptr;        // null: run on the calling thread
+  tbb::task_arena* arena = nullptr;  // null: run on the calling thread
   int threads = 1;
 
   ir::Shape concrete(const ir::Shape& relative) const;
@@ -234,6 +232,8 @@ class BlockRunner {
   // read-for-ownership of each line). Call after prepare(); the caller fences (stream_fence)
   // before the outputs are read elsewhere.
   void use_streaming_stores();
+  // Each run() also prefetches the next `n` positions of its contiguous input streams.
+  void set_prefetch(bool on) { prefetch_ = on; }
   std::size_t num_regs() const { return block_->regs.size(); }
   std::size_t scratch_bytes() const { return std::size_t{block_->num_slots} * kBlock * 8; }
   const CBlock& block() const { return *block_; }
@@ -256,12 +256,15 @@ class BlockRunner {
   std::array<std::uint64_t, kMaxRank> dims_{};
   ir::Shape reference_;
   std::uint64_t numel_ = 0;
-  std::vector<Accessor> loads_;          // per CLoad
-  std::vector<Accessor> stores_;         // per CStore
-  std::vector<std::int32_t> direct_;     // per instruction: CStore written in place, or -1
-  std::vector<bool> store_done_;         // per CStore: written directly by its instruction
-  std::vector<bool> preset_;             // per register
-  std::vector<IndexedRead> indexed_;     // per program input (Indexed role only)
+  std::vector<Accessor> loads_;       // per CLoad
+  std::vector<Accessor> stores_;      // per CStore
+  std::vector<std::int32_t> direct_;  // per instruction: CStore written in place, or -1
+  std::vector<bool> store_done_;      // per CStore: written directly by its instruction
+  std::vector<bool> preset_;          // per register
+  std::vector<IndexedRead> indexed_;  // per program input (Indexed role only)
+  std::vector<KArgs> proto_;          // per instruction: scalars and instruction bound
+  std::vector<bool> fix_;             // per instruction: apply the register's fixup
+  bool prefetch_ = false;
 };
 
 // Scratch memory for one task: num bytes, 64-byte aligned.

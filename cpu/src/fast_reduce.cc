@@ -31,17 +31,28 @@ enum class Red { Sum, Mean, Prod, Max, Min, MaxAbs, ArgMax, ArgMin, Any, All };
 
 std::optional<Red> red_of(ir::OpKind k) {
   switch (k) {
-    case ir::OpKind::Numeric_SumDim: return Red::Sum;
-    case ir::OpKind::Numeric_MeanDim: return Red::Mean;
-    case ir::OpKind::Numeric_ProdDim: return Red::Prod;
-    case ir::OpKind::Numeric_MaxDim: return Red::Max;
-    case ir::OpKind::Numeric_MinDim: return Red::Min;
-    case ir::OpKind::Numeric_MaxAbsDim: return Red::MaxAbs;
-    case ir::OpKind::Numeric_ArgMax: return Red::ArgMax;
-    case ir::OpKind::Numeric_ArgMin: return Red::ArgMin;
-    case ir::OpKind::Base_AnyDim: return Red::Any;
-    case ir::OpKind::Base_AllDim: return Red::All;
-    default: return std::nullopt;
+    case ir::OpKind::Numeric_SumDim:
+      return Red::Sum;
+    case ir::OpKind::Numeric_MeanDim:
+      return Red::Mean;
+    case ir::OpKind::Numeric_ProdDim:
+      return Red::Prod;
+    case ir::OpKind::Numeric_MaxDim:
+      return Red::Max;
+    case ir::OpKind::Numeric_MinDim:
+      return Red::Min;
+    case ir::OpKind::Numeric_MaxAbsDim:
+      return Red::MaxAbs;
+    case ir::OpKind::Numeric_ArgMax:
+      return Red::ArgMax;
+    case ir::OpKind::Numeric_ArgMin:
+      return Red::ArgMin;
+    case ir::OpKind::Base_AnyDim:
+      return Red::Any;
+    case ir::OpKind::Base_AllDim:
+      return Red::All;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -57,9 +68,10 @@ struct StateOf {
   static constexpr bool kFloat = std::is_floating_point_v<T>;
   using type = std::conditional_t<
       R == Red::Sum || R == Red::Mean || R == Red::Prod, std::conditional_t<kFloat, double, T>,
-      std::conditional_t<R == Red::Max || R == Red::Min, T,
-                         std::conditional_t<R == Red::MaxAbs, std::conditional_t<kFloat, T, std::uint64_t>,
-                                            std::conditional_t<R == Red::ArgMax || R == Red::ArgMin, ArgState<T>, B8>>>>;
+      std::conditional_t<
+          R == Red::Max || R == Red::Min, T,
+          std::conditional_t<R == Red::MaxAbs, std::conditional_t<kFloat, T, std::uint64_t>,
+                             std::conditional_t<R == Red::ArgMax || R == Red::ArgMin, ArgState<T>, B8>>>>;
 };
 
 template <class T>
@@ -75,14 +87,18 @@ T wrap_mul(T a, T b) {
 
 template <class T>
 bool is_nan(T v) {
-  if constexpr (std::is_floating_point_v<T>) return std::isnan(v);
-  else return (void)v, false;
+  if constexpr (std::is_floating_point_v<T>)
+    return std::isnan(v);
+  else
+    return (void)v, false;
 }
 
 template <class T>
 std::uint64_t magnitude(T v) {
-  if constexpr (std::is_signed_v<T>) return v < 0 ? std::uint64_t{0} - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
-  else return static_cast<std::uint64_t>(v);
+  if constexpr (std::is_signed_v<T>)
+    return v < 0 ? std::uint64_t{0} - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
+  else
+    return static_cast<std::uint64_t>(v);
 }
 
 template <Red R, class T>
@@ -91,31 +107,48 @@ struct Acc {
   static constexpr bool kFloat = std::is_floating_point_v<T>;
 
   static S init() {
-    if constexpr (R == Red::Sum || R == Red::Mean) return S{0};
-    else if constexpr (R == Red::Prod) return S{1};
-    else if constexpr (R == Red::Max) return kFloat ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
-    else if constexpr (R == Red::Min) return kFloat ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
-    else if constexpr (R == Red::MaxAbs) return S{0};
-    else if constexpr (R == Red::ArgMax || R == Red::ArgMin) return S{};
-    else if constexpr (R == Red::All) return B8{1};
-    else return B8{0};
+    if constexpr (R == Red::Sum || R == Red::Mean)
+      return S{0};
+    else if constexpr (R == Red::Prod)
+      return S{1};
+    else if constexpr (R == Red::Max)
+      return kFloat ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+    else if constexpr (R == Red::Min)
+      return kFloat ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
+    else if constexpr (R == Red::MaxAbs)
+      return S{0};
+    else if constexpr (R == Red::ArgMax || R == Red::ArgMin)
+      return S{};
+    else if constexpr (R == Red::All)
+      return B8{1};
+    else
+      return B8{0};
   }
 
   static void point(S& s, T v, std::uint64_t j) {
     if constexpr (R == Red::Sum || R == Red::Mean) {
-      if constexpr (kFloat) s += static_cast<double>(v);
-      else s = wrap_add(s, v);
+      if constexpr (kFloat)
+        s += static_cast<double>(v);
+      else
+        s = wrap_add(s, v);
     } else if constexpr (R == Red::Prod) {
-      if constexpr (kFloat) s *= static_cast<double>(v);
-      else s = wrap_mul(s, v);
+      if constexpr (kFloat)
+        s *= static_cast<double>(v);
+      else
+        s = wrap_mul(s, v);
     } else if constexpr (R == Red::Max) {
-      s = (v > s || is_nan(v)) ? v : s;  // NaN propagates (and, once in, stays)
+      // NaN propagates (and, once in, stays). Bitwise `|`, not `||`: no branch, so the lanes
+      // loop below vectorises.
+      const bool take = (v > s) | is_nan(v);
+      s = take ? v : s;
     } else if constexpr (R == Red::Min) {
-      s = (v < s || is_nan(v)) ? v : s;
+      const bool take = (v < s) | is_nan(v);
+      s = take ? v : s;
     } else if constexpr (R == Red::MaxAbs) {
       if constexpr (kFloat) {
         const T a = std::fabs(v);
-        s = (a > s || a != a) ? a : s;
+        const bool take = (a > s) | (a != a);
+        s = take ? a : s;
       } else {
         const std::uint64_t a = magnitude(v);
         s = a > s ? a : s;
@@ -142,20 +175,71 @@ struct Acc {
   // A contiguous piece of one line: v[e] is element j0 + e of the reduced axis.
   static void horizontal(S& s, const T* v, std::size_t n, std::uint64_t j0) {
     constexpr bool kLanes = (R == Red::Sum || R == Red::Mean || R == Red::Prod || R == Red::Max || R == Red::Min);
-    if constexpr (kLanes) {
-      // Independent partial results in 16 lanes, so the loop vectorises; combined at the end.
-      constexpr std::size_t L = 16;
-      S lanes[L];
-      for (std::size_t l = 0; l < L; ++l) lanes[l] = init();
+    if constexpr (kLanes && !std::is_same_v<T, std::uint8_t>) {
+      // Independent partial results in the lanes of explicit vectors (GCC's vector extensions:
+      // the auto-vectoriser does not always see through the lanes loop once it is inlined into
+      // the row loop), combined at the end. Sums and products of floats widen to f64 lanes.
+      using A = std::conditional_t<std::is_same_v<S, double>, double, T>;
+      typedef A V __attribute__((vector_size(64)));
+      constexpr std::size_t W = 64 / sizeof(A);
+      V acc0, acc1;
+      for (std::size_t l = 0; l < W; ++l) acc0[l] = acc1[l] = init();
       std::size_t e = 0;
-      for (; e + L <= n; e += L) {
-        for (std::size_t l = 0; l < L; ++l) point(lanes[l], v[e + l], 0);
+      for (; e + 2 * W <= n; e += 2 * W) {
+        V x0, x1;
+        for (std::size_t l = 0; l < W; ++l) {
+          x0[l] = static_cast<A>(v[e + l]);
+          x1[l] = static_cast<A>(v[e + W + l]);
+        }
+        if constexpr (R == Red::Sum || R == Red::Mean) {
+          if constexpr (kFloat)
+            acc0 += x0, acc1 += x1;
+          else
+            wrap_add_v(acc0, x0), wrap_add_v(acc1, x1);
+        } else if constexpr (R == Red::Prod) {
+          if constexpr (kFloat)
+            acc0 *= x0, acc1 *= x1;
+          else
+            wrap_mul_v(acc0, x0), wrap_mul_v(acc1, x1);
+        } else if constexpr (R == Red::Max) {
+          if constexpr (kFloat) {
+            acc0 = ((x0 > acc0) | (x0 != x0)) ? x0 : acc0;
+            acc1 = ((x1 > acc1) | (x1 != x1)) ? x1 : acc1;
+          } else {
+            acc0 = x0 > acc0 ? x0 : acc0;
+            acc1 = x1 > acc1 ? x1 : acc1;
+          }
+        } else {
+          if constexpr (kFloat) {
+            acc0 = ((x0 < acc0) | (x0 != x0)) ? x0 : acc0;
+            acc1 = ((x1 < acc1) | (x1 != x1)) ? x1 : acc1;
+          } else {
+            acc0 = x0 < acc0 ? x0 : acc0;
+            acc1 = x1 < acc1 ? x1 : acc1;
+          }
+        }
       }
-      for (; e < n; ++e) point(lanes[e % L], v[e], 0);
-      for (std::size_t l = 0; l < L; ++l) combine(s, lanes[l]);
+      for (std::size_t l = 0; l < W; ++l) {
+        combine(s, static_cast<S>(acc0[l]));
+        combine(s, static_cast<S>(acc1[l]));
+      }
+      for (; e < n; ++e) point(s, v[e], 0);
     } else {
       for (std::size_t e = 0; e < n; ++e) point(s, v[e], j0 + e);
     }
+  }
+
+  // Wrapping vector integer arithmetic in place (signed overflow through the unsigned lanes).
+  // By reference: a 64-byte vector returned by value changes the ABI without AVX-512 (-Wpsabi).
+  template <class V>
+  static void wrap_add_v(V& a, const V& b) {
+    typedef std::uint64_t U __attribute__((vector_size(64)));
+    a = reinterpret_cast<V>(reinterpret_cast<const U&>(a) + reinterpret_cast<const U&>(b));
+  }
+  template <class V>
+  static void wrap_mul_v(V& a, const V& b) {
+    typedef std::uint64_t U __attribute__((vector_size(64)));
+    a = reinterpret_cast<V>(reinterpret_cast<const U&>(a) * reinterpret_cast<const U&>(b));
   }
 
   // n lines side by side: v[i] is element j of line i.
@@ -170,11 +254,15 @@ struct Acc {
   // Merges a partial state (lanes only: order-free reductions).
   static void combine(S& s, const S& p) {
     if constexpr (R == Red::Sum || R == Red::Mean) {
-      if constexpr (kFloat) s += p;
-      else s = wrap_add(s, p);
+      if constexpr (kFloat)
+        s += p;
+      else
+        s = wrap_add(s, p);
     } else if constexpr (R == Red::Prod) {
-      if constexpr (kFloat) s *= p;
-      else s = wrap_mul(s, p);
+      if constexpr (kFloat)
+        s *= p;
+      else
+        s = wrap_mul(s, p);
     } else if constexpr (R == Red::Max || R == Red::Min) {
       point(s, p, 0);
     }
@@ -192,8 +280,10 @@ struct Acc {
         return static_cast<O>(v);
       } else {
         if constexpr (R == Red::Mean) {
-          if constexpr (std::is_signed_v<T>) return static_cast<O>(s / static_cast<std::int64_t>(n));
-          else return static_cast<O>(s / n);
+          if constexpr (std::is_signed_v<T>)
+            return static_cast<O>(s / static_cast<std::int64_t>(n));
+          else
+            return static_cast<O>(s / n);
         }
         return static_cast<O>(s);
       }
@@ -345,11 +435,16 @@ using LoopFn = void (*)(ReduceCtx&);
 template <Red R>
 LoopFn same_class(VClass in) {
   switch (in) {
-    case VClass::F32: return &reduce_loops<R, float, float>;
-    case VClass::F64: return &reduce_loops<R, double, double>;
-    case VClass::I64: return &reduce_loops<R, std::int64_t, std::int64_t>;
-    case VClass::U64: return &reduce_loops<R, std::uint64_t, std::uint64_t>;
-    case VClass::Bool: return nullptr;
+    case VClass::F32:
+      return &reduce_loops<R, float, float>;
+    case VClass::F64:
+      return &reduce_loops<R, double, double>;
+    case VClass::I64:
+      return &reduce_loops<R, std::int64_t, std::int64_t>;
+    case VClass::U64:
+      return &reduce_loops<R, std::uint64_t, std::uint64_t>;
+    case VClass::Bool:
+      return nullptr;
   }
   return nullptr;
 }
@@ -364,11 +459,16 @@ LoopFn index_out(VClass out) {
 template <Red R>
 LoopFn arg_class(VClass in, VClass out) {
   switch (in) {
-    case VClass::F32: return index_out<R, float>(out);
-    case VClass::F64: return index_out<R, double>(out);
-    case VClass::I64: return index_out<R, std::int64_t>(out);
-    case VClass::U64: return index_out<R, std::uint64_t>(out);
-    case VClass::Bool: return nullptr;
+    case VClass::F32:
+      return index_out<R, float>(out);
+    case VClass::F64:
+      return index_out<R, double>(out);
+    case VClass::I64:
+      return index_out<R, std::int64_t>(out);
+    case VClass::U64:
+      return index_out<R, std::uint64_t>(out);
+    case VClass::Bool:
+      return nullptr;
   }
   return nullptr;
 }
@@ -377,27 +477,42 @@ template <Red R>
 LoopFn bool_out(VClass in, VClass out) {
   if (out != VClass::Bool) return nullptr;
   switch (in) {
-    case VClass::F32: return &reduce_loops<R, float, B8>;
-    case VClass::F64: return &reduce_loops<R, double, B8>;
-    case VClass::I64: return &reduce_loops<R, std::int64_t, B8>;
-    case VClass::U64: return &reduce_loops<R, std::uint64_t, B8>;
-    case VClass::Bool: return &reduce_loops<R, B8, B8>;
+    case VClass::F32:
+      return &reduce_loops<R, float, B8>;
+    case VClass::F64:
+      return &reduce_loops<R, double, B8>;
+    case VClass::I64:
+      return &reduce_loops<R, std::int64_t, B8>;
+    case VClass::U64:
+      return &reduce_loops<R, std::uint64_t, B8>;
+    case VClass::Bool:
+      return &reduce_loops<R, B8, B8>;
   }
   return nullptr;
 }
 
 LoopFn select_loops(Red r, VClass in, VClass out) {
   switch (r) {
-    case Red::Sum: return in == out ? same_class<Red::Sum>(in) : nullptr;
-    case Red::Mean: return in == out ? same_class<Red::Mean>(in) : nullptr;
-    case Red::Prod: return in == out ? same_class<Red::Prod>(in) : nullptr;
-    case Red::Max: return in == out ? same_class<Red::Max>(in) : nullptr;
-    case Red::Min: return in == out ? same_class<Red::Min>(in) : nullptr;
-    case Red::MaxAbs: return in == out ? same_class<Red::MaxAbs>(in) : nullptr;
-    case Red::ArgMax: return arg_class<Red::ArgMax>(in, out);
-    case Red::ArgMin: return arg_class<Red::ArgMin>(in, out);
-    case Red::Any: return bool_out<Red::Any>(in, out);
-    case Red::All: return bool_out<Red::All>(in, out);
+    case Red::Sum:
+      return in == out ? same_class<Red::Sum>(in) : nullptr;
+    case Red::Mean:
+      return in == out ? same_class<Red::Mean>(in) : nullptr;
+    case Red::Prod:
+      return in == out ? same_class<Red::Prod>(in) : nullptr;
+    case Red::Max:
+      return in == out ? same_class<Red::Max>(in) : nullptr;
+    case Red::Min:
+      return in == out ? same_class<Red::Min>(in) : nullptr;
+    case Red::MaxAbs:
+      return in == out ? same_class<Red::MaxAbs>(in) : nullptr;
+    case Red::ArgMax:
+      return arg_class<Red::ArgMax>(in, out);
+    case Red::ArgMin:
+      return arg_class<Red::ArgMin>(in, out);
+    case Red::Any:
+      return bool_out<Red::Any>(in, out);
+    case Red::All:
+      return bool_out<Red::All>(in, out);
   }
   return nullptr;
 }
@@ -457,9 +572,9 @@ std::string ReduceRunner::prepare(const Launch& launch) {
   const bool no_identity = *r == Red::Max || *r == Red::Min || *r == Red::MaxAbs || *r == Red::ArgMax ||
                            *r == Red::ArgMin || (*r == Red::Mean && !red.input_dtype.is_float());
   const bool lines = c.outer * c.inner != 0;
-  state_->fault = lines && ((c.n == 0 && no_identity) ||
-                            ((*r == Red::ArgMax || *r == Red::ArgMin) &&
-                             (!red.out_dtype.is_integral() || c.n - 1 > integral_max(red.out_dtype))));
+  state_->fault =
+      lines && ((c.n == 0 && no_identity) || ((*r == Red::ArgMax || *r == Red::ArgMin) &&
+                                              (!red.out_dtype.is_integral() || c.n - 1 > integral_max(red.out_dtype))));
   return {};
 }
 

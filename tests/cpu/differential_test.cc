@@ -31,12 +31,11 @@ std::uint64_t default_programs() {
 std::string kind_counts(const CpuDeviceStats& s) {
   std::ostringstream os;
   os << "Elementwise=" << s.launches_by_kind[0] << " Matmul=" << s.launches_by_kind[1]
- << " Reduce=" << s.launches_by_kind[2]
-     << " ReduceBroadcasted=" << s.launches_by_kind[3] << " (row-interleaved " << s.row_interleaved << ")"
-     << " NhwcRelayout=" << s.launches_by_kind[4]
-     << " replays=" << s.fused_replays << " fast_ops=" << s.fast_ops << " reference_ops=" << s.reference_ops
-     << " inplace=" << s.inplace_reuses << " cache hits/misses=" << s.kernel_cache_hits << "/"
-     << s.kernel_cache_misses;
+     << " Reduce=" << s.launches_by_kind[2] << " ReduceBroadcasted=" << s.launches_by_kind[3] << " (row-interleaved "
+     << s.row_interleaved << ")"
+     << " NhwcRelayout=" << s.launches_by_kind[4] << " replays=" << s.fused_replays << " fast_ops=" << s.fast_ops
+     << " reference_ops=" << s.reference_ops << " inplace=" << s.inplace_reuses
+     << " cache hits/misses=" << s.kernel_cache_hits << "/" << s.kernel_cache_misses;
   return os.str();
 }
 
@@ -87,7 +86,8 @@ TEST(Differential, RandomPrograms) {
     for (std::size_t i = 0; i < std::min<std::size_t>(10, slowest.size()); ++i)
       std::printf("  slow: seed %llu %.3f s\n", static_cast<unsigned long long>(slowest[i].second), slowest[i].first);
   std::printf("[differential] %zu programs, %llu ops, %llu outputs compared; fused: %s\n", seeds.size(),
-              static_cast<unsigned long long>(ops), static_cast<unsigned long long>(checks), kind_counts(total).c_str());
+              static_cast<unsigned long long>(ops), static_cast<unsigned long long>(checks),
+              kind_counts(total).c_str());
   // The generator must actually exercise every fused program kind.
   if (seeds.size() >= 200) {
     EXPECT_GT(total.launches_by_kind[0], 0u);
@@ -128,11 +128,12 @@ TEST(Differential, CachedPlanReruns) {
     fused += side.device.stats().fused_launches;
     if (failures >= 5) break;
   }
-  std::printf("[differential] reruns: %llu structures x %llu instances: %llu cached plans executed, %llu fused "
-              "launches, %llu compiled-form cache hits\n",
-              static_cast<unsigned long long>(templates), static_cast<unsigned long long>(instances),
-              static_cast<unsigned long long>(plan_hits), static_cast<unsigned long long>(fused),
-              static_cast<unsigned long long>(kernel_hits));
+  std::printf(
+      "[differential] reruns: %llu structures x %llu instances: %llu cached plans executed, %llu fused "
+      "launches, %llu compiled-form cache hits\n",
+      static_cast<unsigned long long>(templates), static_cast<unsigned long long>(instances),
+      static_cast<unsigned long long>(plan_hits), static_cast<unsigned long long>(fused),
+      static_cast<unsigned long long>(kernel_hits));
   if (templates >= 20) {
     EXPECT_GT(plan_hits, 0u);
     EXPECT_GT(kernel_hits, 0u);

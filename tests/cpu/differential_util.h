@@ -28,8 +28,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -50,8 +50,8 @@ namespace kiln::cpu::difftest {
 
 using ir::DType;
 using ir::Family;
-using ir::OpKind;
 using ir::Operation;
+using ir::OpKind;
 using ir::ScalarIr;
 using ir::Shape;
 using ir::TensorId;
@@ -92,7 +92,7 @@ struct DiffProgram {
   std::uint64_t seed = 0;
   std::uint64_t instance = 0;
   std::uint64_t first_id = 1, end_id = 1;  // tensor ids [first_id, end_id)
-  std::vector<std::uint64_t> sizes;  // per dim symbol (symbol 0 is size 1)
+  std::vector<std::uint64_t> sizes;        // per dim symbol (symbol 0 is size 1)
   std::vector<InputSpec> inputs;
   std::vector<Operation> ops;
   std::set<std::size_t> syncs;  // drain after op i
@@ -118,10 +118,10 @@ struct DiffProgram {
 // A value of the program being generated.
 struct Val {
   TensorIr t;
-  std::vector<int> sym;  // dim symbols
-  double lo = 0, hi = 0;  // finite values lie in [lo, hi] (floats)
+  std::vector<int> sym;     // dim symbols
+  double lo = 0, hi = 0;    // finite values lie in [lo, hi] (floats)
   double abs = 0, rel = 0;  // error bound (floats); 0 / 0 = bit-exact
-  bool keep = false;     // compared even if used later
+  bool keep = false;        // compared even if used later
   std::size_t created = 0;  // ops before it (0 for inputs)
   bool exact() const { return abs == 0 && rel == 0; }
   double mag() const { return std::max(std::fabs(lo), std::fabs(hi)); }
@@ -129,10 +129,14 @@ struct Val {
 
 inline double ulp_of(DType d) {
   switch (d.kind()) {
-    case ir::DTypeKind::F64: return std::ldexp(1.0, -52);
-    case ir::DTypeKind::F16: return std::ldexp(1.0, -10);
-    case ir::DTypeKind::BF16: return std::ldexp(1.0, -7);
-    default: return std::ldexp(1.0, -23);
+    case ir::DTypeKind::F64:
+      return std::ldexp(1.0, -52);
+    case ir::DTypeKind::F16:
+      return std::ldexp(1.0, -10);
+    case ir::DTypeKind::BF16:
+      return std::ldexp(1.0, -7);
+    default:
+      return std::ldexp(1.0, -23);
   }
 }
 
@@ -218,13 +222,25 @@ class Generator {
     v.t = TensorIr{fresh(), shape_of(sym), TensorStatus::ReadOnly, dtype};
     v.sym = std::move(sym);
     switch (kind) {
-      case DataKind::Positive: v.lo = 0.5, v.hi = 2; break;
+      case DataKind::Positive:
+        v.lo = 0.5, v.hi = 2;
+        break;
       case DataKind::General:
-      case DataKind::Special: v.lo = -2, v.hi = 2; break;
-      case DataKind::SmallInt: v.lo = -6, v.hi = 6; break;
-      case DataKind::NonZero: v.lo = 1, v.hi = 9; break;
-      case DataKind::Bool: v.lo = 0, v.hi = 1; break;
-      default: v.lo = -kInf, v.hi = kInf; break;
+      case DataKind::Special:
+        v.lo = -2, v.hi = 2;
+        break;
+      case DataKind::SmallInt:
+        v.lo = -6, v.hi = 6;
+        break;
+      case DataKind::NonZero:
+        v.lo = 1, v.hi = 9;
+        break;
+      case DataKind::Bool:
+        v.lo = 0, v.hi = 1;
+        break;
+      default:
+        v.lo = -kInf, v.hi = kInf;
+        break;
     }
     prog_.inputs.push_back(InputSpec{v.t, kind, bound_sym});
     vals_.push_back(v);
@@ -245,9 +261,12 @@ class Generator {
     if (a.size() != b.size()) return std::nullopt;
     std::vector<int> r(a.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
-      if (a[i] == b[i] || b[i] == 0) r[i] = a[i];
-      else if (a[i] == 0) r[i] = b[i];
-      else return std::nullopt;
+      if (a[i] == b[i] || b[i] == 0)
+        r[i] = a[i];
+      else if (a[i] == 0)
+        r[i] = b[i];
+      else
+        return std::nullopt;
     }
     return r;
   }
@@ -302,8 +321,8 @@ class Generator {
   }
 
   bool unary_float() {
-    static const OpKind kOps[] = {OpKind::Float_Exp,  OpKind::Float_Log,  OpKind::Float_Log1p, OpKind::Float_Erf,
-                                  OpKind::Float_Sqrt, OpKind::Float_Cos,  OpKind::Float_Sin,   OpKind::Float_Tanh,
+    static const OpKind kOps[] = {OpKind::Float_Exp,   OpKind::Float_Log,  OpKind::Float_Log1p, OpKind::Float_Erf,
+                                  OpKind::Float_Sqrt,  OpKind::Float_Cos,  OpKind::Float_Sin,   OpKind::Float_Tanh,
                                   OpKind::Float_Recip, OpKind::Numeric_Abs};
     const OpKind k = kOps[pick(10)];
     auto src = choose([](const Val& v) { return v.t.dtype.is_float(); });
@@ -331,7 +350,9 @@ class Generator {
       case OpKind::Float_Log1p:
         if (!x.exact() && !(x.lo > -0.9)) return false;
         o.lo = x.lo > -1 ? std::log1p(x.lo) : -kInf, o.hi = x.hi > -1 ? std::log1p(x.hi) : -kInf;
-        o.abs = x.exact() ? 0 : x.abs / (1 + x.lo) + term(x.rel, std::max(std::fabs(x.lo / (1 + x.lo)), std::fabs(x.hi / (1 + x.hi))));
+        o.abs = x.exact() ? 0
+                          : x.abs / (1 + x.lo) +
+                                term(x.rel, std::max(std::fabs(x.lo / (1 + x.lo)), std::fabs(x.hi / (1 + x.hi))));
         o.rel = (f32 ? 3 * u : 0) + rnd;
         break;
       case OpKind::Float_Erf:
@@ -490,9 +511,9 @@ class Generator {
   }
 
   bool comparison_mask() {
-    static const OpKind kCmp[] = {OpKind::Numeric_Greater,  OpKind::Numeric_GreaterEqual, OpKind::Numeric_Lower,
-                                  OpKind::Numeric_LowerEqual, OpKind::Base_Equal,         OpKind::Numeric_GreaterElem,
-                                  OpKind::Numeric_LowerElem, OpKind::Base_EqualElem,      OpKind::Base_NotEqual};
+    static const OpKind kCmp[] = {OpKind::Numeric_Greater,    OpKind::Numeric_GreaterEqual, OpKind::Numeric_Lower,
+                                  OpKind::Numeric_LowerEqual, OpKind::Base_Equal,           OpKind::Numeric_GreaterElem,
+                                  OpKind::Numeric_LowerElem,  OpKind::Base_EqualElem,       OpKind::Base_NotEqual};
     auto a = choose([](const Val& v) { return v.exact() && (v.t.dtype.is_float() || v.t.dtype.is_integral()); });
     if (!a) return false;
     const Val x = vals_[*a];
@@ -649,8 +670,8 @@ class Generator {
     std::vector<std::int64_t> args;
     if (r >= 2 && chance(30)) {
       // Merge the last two dims (a rank-reducing reshape: runs alone, zero-copy).
-      std::uint64_t n = prog_.sizes[static_cast<std::size_t>(x.sym[r - 2])] *
-                        prog_.sizes[static_cast<std::size_t>(x.sym[r - 1])];
+      std::uint64_t n =
+          prog_.sizes[static_cast<std::size_t>(x.sym[r - 2])] * prog_.sizes[static_cast<std::size_t>(x.sym[r - 1])];
       o.sym.pop_back();
       o.sym.back() = n == 1 ? 0 : new_symbol(n);
     } else if (r < 4) {
@@ -711,7 +732,7 @@ class Generator {
   bool reduction() {
     static const OpKind kOps[] = {OpKind::Numeric_SumDim, OpKind::Numeric_MeanDim, OpKind::Numeric_MaxDim,
                                   OpKind::Numeric_MinDim, OpKind::Numeric_ProdDim, OpKind::Numeric_MaxAbsDim,
-                                  OpKind::Numeric_ArgMax, OpKind::Numeric_ArgMin, OpKind::Base_AnyDim,
+                                  OpKind::Numeric_ArgMax, OpKind::Numeric_ArgMin,  OpKind::Base_AnyDim,
                                   OpKind::Base_AllDim};
     const OpKind k = kOps[pick(10)];
     const bool arg = k == OpKind::Numeric_ArgMax || k == OpKind::Numeric_ArgMin;
@@ -789,14 +810,14 @@ class Generator {
     o.lo = 2 * x.lo - 1, o.hi = 2 * x.hi + 1;
     o.abs = 2 * x.abs, o.rel = x.rel + (x.exact() ? 0 : ulp_of(x.t.dtype));
     if (!tight(o)) return;
-    emit(ok(ir::build::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x.t, ScalarIr::Float(2.0), fresh())),
-         o);
+    emit(ok(ir::build::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x.t, ScalarIr::Float(2.0), fresh())), o);
   }
 
   bool matmul() {
     // A [.., m, k] from the program (rank >= 2) or new; B [.., k, n] new; an epilogue follows.
     const DType d = fdt_ == dt::f64 ? dt::f64 : (pick(3) == 0 ? fdt_ : dt::f32);
-    auto a = choose([&](const Val& v) { return v.sym.size() >= 2 && v.sym.size() <= 3 && v.t.dtype == d && v.mag() <= 4; });
+    auto a =
+        choose([&](const Val& v) { return v.sym.size() >= 2 && v.sym.size() <= 3 && v.t.dtype == d && v.mag() <= 4; });
     Val x;
     if (a && chance(60)) {
       x = vals_[*a];
@@ -833,7 +854,8 @@ class Generator {
       e.keep = false;
       e.lo = mm.lo - 2, e.hi = mm.hi + 2;
       e.abs = delta(mm), e.rel = ulp_of(d);
-      const Val added = emit(ok(ir::build::binary(Family::NumericFloat, OpKind::Numeric_Add, mm.t, bias.t, fresh())), e);
+      const Val added =
+          emit(ok(ir::build::binary(Family::NumericFloat, OpKind::Numeric_Add, mm.t, bias.t, fresh())), e);
       if (chance(50)) scalar_on(added);
     }
     return true;
@@ -936,7 +958,8 @@ class Generator {
                                              ScalarIr::Float(dval(-1, 1)), fresh())),
                         z);
     Val o = zs;
-    const std::uint64_t h = prog_.sizes[static_cast<std::size_t>(xs[2])], w = prog_.sizes[static_cast<std::size_t>(xs[3])];
+    const std::uint64_t h = prog_.sizes[static_cast<std::size_t>(xs[2])],
+                        w = prog_.sizes[static_cast<std::size_t>(xs[3])];
     o.sym[2] = h - 1 == 1 ? 0 : new_symbol(h - 1);
     o.sym[3] = w - 1 == 1 ? 0 : new_symbol(w - 1);
     if (chance(50)) {
@@ -1112,14 +1135,23 @@ inline void upload_inputs(const DiffProgram& p, CpuDevice& device) {
       st = device.upload_bool(in.t.id, in.t.shape, d, v);
     } else if (d.is_integral()) {
       std::vector<std::int64_t> v(n);
-      const std::uint64_t bound = in.bound_sym < static_cast<int>(p.sizes.size()) ? p.sizes[static_cast<std::size_t>(in.bound_sym)] : 1;
+      const std::uint64_t bound =
+          in.bound_sym < static_cast<int>(p.sizes.size()) ? p.sizes[static_cast<std::size_t>(in.bound_sym)] : 1;
       for (std::uint64_t i = 0; i < n; ++i) {
         switch (in.kind) {
-          case DataKind::WideInt: v[i] = static_cast<std::int64_t>(rng()); break;
-          case DataKind::NonZero: v[i] = 1 + static_cast<std::int64_t>(rng() % 9); break;
+          case DataKind::WideInt:
+            v[i] = static_cast<std::int64_t>(rng());
+            break;
+          case DataKind::NonZero:
+            v[i] = 1 + static_cast<std::int64_t>(rng() % 9);
+            break;
           case DataKind::Index:
-          case DataKind::BadIndex: v[i] = static_cast<std::int64_t>(rng() % bound); break;
-          default: v[i] = static_cast<std::int64_t>(rng() % 13) - 6; break;
+          case DataKind::BadIndex:
+            v[i] = static_cast<std::int64_t>(rng() % bound);
+            break;
+          default:
+            v[i] = static_cast<std::int64_t>(rng() % 13) - 6;
+            break;
         }
       }
       if (in.kind == DataKind::BadIndex && n > 0) v[rng() % n] = static_cast<std::int64_t>(bound);
@@ -1224,14 +1256,18 @@ inline std::string compare(const DiffProgram& p, const CpuDevice& fused, const C
     for (std::size_t i = 0; i < x.size(); ++i) {
       const double f = x[i], r = y[i];
       bool good;
-      if (std::isnan(r) || std::isnan(f)) good = std::isnan(r) && std::isnan(f);
-      else if (std::isinf(r) || std::isinf(f)) good = f == r;
-      else if (c.exact) good = f == r;
-      else good = std::fabs(f - r) <= c.abs + c.rel * std::fabs(r) + 1e-300;
+      if (std::isnan(r) || std::isnan(f))
+        good = std::isnan(r) && std::isnan(f);
+      else if (std::isinf(r) || std::isinf(f))
+        good = f == r;
+      else if (c.exact)
+        good = f == r;
+      else
+        good = std::fabs(f - r) <= c.abs + c.rel * std::fabs(r) + 1e-300;
       if (!good) {
         err << "t" << c.id.value() << " (" << c.dtype.name() << (c.exact ? ", exact" : "") << ") element " << i
-            << ": fused " << describe_value(f) << " vs reference " << describe_value(r) << " (bound abs "
-            << c.abs << " rel " << c.rel << ")\n";
+            << ": fused " << describe_value(f) << " vs reference " << describe_value(r) << " (bound abs " << c.abs
+            << " rel " << c.rel << ")\n";
         ++problems;
         break;
       }

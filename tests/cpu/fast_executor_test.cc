@@ -16,8 +16,8 @@ namespace {
 using difftest::FusedSide;
 using ir::DType;
 using ir::Family;
-using ir::OpKind;
 using ir::Operation;
+using ir::OpKind;
 using ir::ScalarIr;
 using ir::Shape;
 using ir::TensorId;
@@ -67,6 +67,10 @@ std::vector<double> iota(std::size_t n, double scale = 1.0, double offset = 0.0)
   return v;
 }
 
+// One rounding per operation, as the kernels do (the compiler may not fuse them into an fma).
+[[gnu::noinline]] float mul_f32(float a, float b) { return a * b; }
+[[gnu::noinline]] float add_f32(float a, float b) { return a + b; }
+
 double rel_err(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
 
 // W1: y = exp(a*b + c*s), fused into one Elementwise program.
@@ -113,8 +117,14 @@ TEST(FastExecutor, W1RunsAsOneFusedElementwiseProgram) {
 // placeholders (sizes, the scalar) are bound anew.
 TEST(FastExecutor, CompiledFormIsReusedAcrossSizesAndScalars) {
   Session s;
-  const std::vector<std::pair<Shape, double>> runs = {{{64, 48}, 2.0}, {{32, 48}, 3.0}, {{100, 7}, -1.5},
-                                                      {{3, 5}, 0.25}, {{300, 301}, 1.0}};
+  const std::vector<std::pair<Shape, double>> runs = {
+      {{64, 48}, 2.0},
+      {{32, 48}, 3.0},
+      {{100, 7}, -1.5},
+      {{3, 5}, 0.25},
+      {{300, 301}, 1.0},
+      // > 24 MiB of streams: short chunks, prefetch, non-temporal stores
+      {{2048, 1100}, 0.5}};
   for (const auto& [shape, scalar] : runs) {
     const TensorIr y = register_w1(s, shape, scalar);
     const std::vector<double> got = s.read(y);
@@ -131,7 +141,6 @@ TEST(FastExecutor, CompiledFormIsReusedAcrossSizesAndScalars) {
   EXPECT_GE(s.stream.processor().stats().cache_hits, runs.size() - 1) << "the plan itself is cached too";
 }
 
-
 // A consumed input's buffer becomes the output's when nothing else holds it.
 TEST(FastExecutor, ReusesAConsumedInputBufferInPlace) {
   Session s;
@@ -143,10 +152,30 @@ TEST(FastExecutor, ReusesAConsumedInputBufferInPlace) {
                                            use(t, TensorStatus::ReadWrite), ScalarIr::Float(1.0), s.id())));
   const std::vector<double> got = s.read(y);
   const std::vector<double> xs = iota(2000);
-  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<float>(static_cast<float>(xs[i]) * 2.0f) + 1.0f);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i], static_cast<float>(static_cast<float>(xs[i]) * 2.0f) + 1.0f);
   EXPECT_EQ(s.device.stats().inplace_reuses, 1u);
   EXPECT_EQ(s.device.handles().get_handle_ref(y.id)->data(), x_data);
   EXPECT_FALSE(s.device.handles().has_handle(x.id));
+}
+
+// The same at a size that streams from DRAM (32 MiB): short chunks, prefetching, and the output
+// written in place into the input's buffer by the last instruction.
+TEST(FastExecutor, ReusesAConsumedInputBufferInPlaceWhileStreaming) {
+  Session s;
+  const std::size_t n = std::size_t{1} << 22;
+  const TensorIr x = s.input({n}, iota(n));
+  const std::byte* x_data = s.device.handles().get_handle_ref(x.id)->data();
+  const TensorIr t = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
+                                           use(x, TensorStatus::ReadWrite), ScalarIr::Float(2.0), s.id())));
+  const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_AddScalar,
+                                           use(t, TensorStatus::ReadWrite), ScalarIr::Float(1.0), s.id())));
+  const std::vector<double> got = s.read(y);
+  const std::vector<double> xs = iota(n);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i], static_cast<float>(static_cast<float>(xs[i]) * 2.0f) + 1.0f) << i;
+  EXPECT_EQ(s.device.stats().inplace_reuses, 1u);
+  EXPECT_EQ(s.device.handles().get_handle_ref(y.id)->data(), x_data);
 }
 
 TEST(FastExecutor, NoInPlaceReuseWhileAnotherHandleSharesTheBuffer) {
@@ -195,7 +224,8 @@ TEST(FastExecutor, KernelFaultReplaysAndFailsTheFaultingOp) {
   const TensorIr q = s.submit(ok(b::binary(Family::NumericInt, OpKind::Numeric_Div, n, d, s.id())));
   const TensorIr y = s.submit(ok(b::scalar(Family::NumericInt, OpKind::Numeric_AddScalar,
                                            use(q, TensorStatus::ReadWrite), ScalarIr::Int(1), s.id())));
-  const TensorIr z = s.submit(ok(b::scalar(Family::NumericInt, OpKind::Numeric_MulScalar, n, ScalarIr::Int(3), s.id())));
+  const TensorIr z =
+      s.submit(ok(b::scalar(Family::NumericInt, OpKind::Numeric_MulScalar, n, ScalarIr::Int(3), s.id())));
   s.sync();
   auto yv = s.device.download_i64(y.id);
   ASSERT_TRUE(yv.is_errored()) << (yv.ok() ? "no error" : yv.error().to_string());
@@ -215,8 +245,8 @@ TEST(FastExecutor, ReduceProgramWithPrologueAndEpilogue) {
     const std::vector<double> xs = iota(6 * 40 * 33, 2, -1);
     const TensorIr x = s.input(shape, xs);
     const TensorIr e = s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, x, s.id())));
-    const TensorIr r = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim,
-                                                 use(e, TensorStatus::ReadWrite), axis, 1, s.id())));
+    const TensorIr r = s.submit(ok(
+        b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim, use(e, TensorStatus::ReadWrite), axis, 1, s.id())));
     const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
                                              use(r, TensorStatus::ReadWrite), ScalarIr::Float(2.0), s.id())));
     const std::vector<double> got = s.read(y);
@@ -226,7 +256,8 @@ TEST(FastExecutor, ReduceProgramWithPrologueAndEpilogue) {
     for (std::uint64_t o = 0; o < outer; ++o)
       for (std::uint64_t i = 0; i < inner; ++i) {
         double acc = 0;
-        for (std::uint64_t j = 0; j < n; ++j) acc += std::exp(static_cast<double>(static_cast<float>(xs[(o * n + j) * inner + i])));
+        for (std::uint64_t j = 0; j < n; ++j)
+          acc += std::exp(static_cast<double>(static_cast<float>(xs[(o * n + j) * inner + i])));
         ASSERT_LE(rel_err(got[o * inner + i], 2 * acc), 5e-7) << "axis " << axis;
       }
     EXPECT_EQ(s.device.stats().launches_by_kind[2], 1u) << "axis " << axis;
@@ -237,33 +268,35 @@ TEST(FastExecutor, ReduceProgramWithPrologueAndEpilogue) {
 // exp prologue, then the division), its stages interleaved row group by row group.
 TEST(FastExecutor, SoftmaxRunsAsReduceBroadcasted) {
   for (const auto& [rows_, cols_] : {std::pair<std::size_t, std::size_t>{37, 129}, {300, 1024}}) {
-  const std::size_t R = rows_, C = cols_;
-  Session s;
-  const Shape shape{R, C};
-  const std::vector<double> xs = iota(R * C, 8, -4);
-  const TensorIr x = s.input(shape, xs);
-  const TensorIr h = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(0.5), s.id())));
-  const TensorIr m = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_MaxDim, h, 1, 1, s.id())));
-  const TensorIr d = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(h, TensorStatus::ReadWrite),
-                                           use(m, TensorStatus::ReadWrite), s.id())));
-  const TensorIr e = s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, use(d, TensorStatus::ReadWrite), s.id())));
-  const TensorIr sum = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim, e, 1, 1, s.id())));
-  const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Div, use(e, TensorStatus::ReadWrite),
-                                           use(sum, TensorStatus::ReadWrite), s.id())));
-  const std::vector<double> got = s.read(y);
-  for (std::size_t r = 0; r < R; ++r) {
-    double mx = -1e30, acc = 0;
-    auto hv = [&](std::size_t c) { return static_cast<double>(static_cast<float>(xs[r * C + c]) * 0.5f); };
-    for (std::size_t c = 0; c < C; ++c) mx = std::max(mx, hv(c));
-    for (std::size_t c = 0; c < C; ++c) acc += std::exp(hv(c) - mx);
-    for (std::size_t c = 0; c < C; ++c) ASSERT_LE(rel_err(got[r * C + c], std::exp(hv(c) - mx) / acc), 1e-6);
-  }
-  const CpuDeviceStats st = s.device.stats();
-  EXPECT_EQ(st.launches_by_kind[3], 1u);
-  EXPECT_EQ(st.launches_by_kind[2], 2u);  // its two Reduce stages
-  EXPECT_EQ(st.row_interleaved, 1u);
-  EXPECT_EQ(st.fused_replays, 0u);
-  EXPECT_EQ(st.fast_ops + st.reference_ops, 0u);
+    const std::size_t R = rows_, C = cols_;
+    Session s;
+    const Shape shape{R, C};
+    const std::vector<double> xs = iota(R * C, 8, -4);
+    const TensorIr x = s.input(shape, xs);
+    const TensorIr h =
+        s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(0.5), s.id())));
+    const TensorIr m = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_MaxDim, h, 1, 1, s.id())));
+    const TensorIr d = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(h, TensorStatus::ReadWrite),
+                                             use(m, TensorStatus::ReadWrite), s.id())));
+    const TensorIr e =
+        s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, use(d, TensorStatus::ReadWrite), s.id())));
+    const TensorIr sum = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim, e, 1, 1, s.id())));
+    const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Div, use(e, TensorStatus::ReadWrite),
+                                             use(sum, TensorStatus::ReadWrite), s.id())));
+    const std::vector<double> got = s.read(y);
+    for (std::size_t r = 0; r < R; ++r) {
+      double mx = -1e30, acc = 0;
+      auto hv = [&](std::size_t c) { return static_cast<double>(static_cast<float>(xs[r * C + c]) * 0.5f); };
+      for (std::size_t c = 0; c < C; ++c) mx = std::max(mx, hv(c));
+      for (std::size_t c = 0; c < C; ++c) acc += std::exp(hv(c) - mx);
+      for (std::size_t c = 0; c < C; ++c) ASSERT_LE(rel_err(got[r * C + c], std::exp(hv(c) - mx) / acc), 1e-6);
+    }
+    const CpuDeviceStats st = s.device.stats();
+    EXPECT_EQ(st.launches_by_kind[3], 1u);
+    EXPECT_EQ(st.launches_by_kind[2], 2u);  // its two Reduce stages
+    EXPECT_EQ(st.row_interleaved, 1u);
+    EXPECT_EQ(st.fused_replays, 0u);
+    EXPECT_EQ(st.fast_ops + st.reference_ops, 0u);
   }
 }
 
@@ -290,8 +323,8 @@ TEST(FastExecutor, MatmulWithEpilogue) {
                bv = rounded(iota(n, 1, 0.25), d);
     const TensorIr a = s.input({m, k}, av, d), w = s.input({k, n}, wv, d), bias = s.input({1, n}, bv, d);
     const TensorIr c = s.submit(ok(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id())));
-    const TensorIr t = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(c, TensorStatus::ReadWrite),
-                                             bias, s.id())));
+    const TensorIr t = s.submit(
+        ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(c, TensorStatus::ReadWrite), bias, s.id())));
     const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
                                              use(t, TensorStatus::ReadWrite), ScalarIr::Float(2.0), s.id())));
     const std::vector<double> got = s.read(y);
@@ -325,7 +358,8 @@ TEST(FastExecutor, KeptBroadcastOutputOfAFusedBlock) {
   const auto rv = iota(n, 1, 0.5), xv = iota(m * n, 2, -1);
   const TensorIr row = s.input({1, n}, rv), x = s.input({m, n}, xv);
   const TensorIr a = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, x, row, s.id())));
-  const TensorIr r2 = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, row, ScalarIr::Float(3.0), s.id())));
+  const TensorIr r2 =
+      s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, row, ScalarIr::Float(3.0), s.id())));
   const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, use(a, TensorStatus::ReadWrite),
                                            r2, s.id())));  // r2 stays alive: a kept [1, n] output
   const std::vector<double> yv = s.read(y);
@@ -333,8 +367,64 @@ TEST(FastExecutor, KeptBroadcastOutputOfAFusedBlock) {
   for (std::size_t j = 0; j < n; ++j) ASSERT_EQ(r2v[j], static_cast<float>(rv[j]) * 3.0f);
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j)
-      ASSERT_EQ(yv[i * n + j], (static_cast<float>(xv[i * n + j]) + static_cast<float>(rv[j])) * (static_cast<float>(rv[j]) * 3.0f));
+      ASSERT_EQ(yv[i * n + j],
+                (static_cast<float>(xv[i * n + j]) + static_cast<float>(rv[j])) * (static_cast<float>(rv[j]) * 3.0f));
   EXPECT_EQ(s.device.stats().fused_launches, 1u);
+}
+
+// A view (swap_dims) and an indexed read (gather) inside one elementwise program.
+TEST(FastExecutor, ViewsAndIndexedReadsFuse) {
+  Session s;
+  const std::size_t n = 6;
+  const auto xv = iota(n * n, 2, -1), tv = iota(n * 3, 1, 0);
+  std::vector<double> iv(n * n);
+  for (std::size_t i = 0; i < n * n; ++i) iv[i] = static_cast<double>((i * 7) % 3);
+  const TensorIr x = s.input({n, n}, xv), table = s.input({n, 3}, tv), idx = s.input({n, n}, iv, dt::i64);
+  const TensorIr t =
+      s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(2.0), s.id())));
+  const TensorIr v = s.submit(ok(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, x, 0, 1, s.id())));
+  const TensorIr u = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(t, TensorStatus::ReadWrite),
+                                           use(v, TensorStatus::ReadWrite), s.id())));
+  const TensorIr g = s.submit(ok(b::gather(Family::BaseFloat, OpKind::Base_Gather, table, 1, idx, s.id())));
+  const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, use(u, TensorStatus::ReadWrite),
+                                           use(g, TensorStatus::ReadWrite), s.id())));
+  const std::vector<double> got = s.read(y);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      const float a = add_f32(mul_f32(static_cast<float>(xv[i * n + j]), 2.0f), static_cast<float>(xv[j * n + i]));
+      const float want = a * static_cast<float>(tv[i * 3 + static_cast<std::size_t>(iv[i * n + j])]);
+      ASSERT_EQ(got[i * n + j], want) << i << "," << j;
+    }
+  EXPECT_GE(s.device.stats().fused_launches, 1u);
+  EXPECT_EQ(s.device.stats().fused_replays, 0u);
+}
+
+// Elementwise work feeding a pool: an NhwcRelayout program (written row-major on the CPU), then
+// the pool itself on the reference executor.
+TEST(FastExecutor, NhwcRelayoutRunsItsElementwisePartThenThePool) {
+  Session s;
+  const auto xv = iota(2 * 3 * 5 * 5, 4, -2);
+  const TensorIr x = s.input({2, 3, 5, 5}, xv);
+  const TensorIr y =
+      s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(-3.0), s.id())));
+  const TensorIr z = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_AddScalar,
+                                           use(y, TensorStatus::ReadWrite), ScalarIr::Float(1.0), s.id())));
+  b::MaxPool2dOptions opts;
+  opts.kernel = {2, 2};
+  const TensorIr p = s.submit(ok(b::max_pool2d(use(z, TensorStatus::ReadWrite), opts, s.id())));
+  const std::vector<double> got = s.read(p);
+  ASSERT_EQ(got.size(), 2u * 3 * 4 * 4);
+  for (std::size_t c = 0; c < 6; ++c)
+    for (std::size_t i = 0; i < 4; ++i)
+      for (std::size_t j = 0; j < 4; ++j) {
+        float mx = -1e30f;
+        for (std::size_t di = 0; di < 2; ++di)
+          for (std::size_t dj = 0; dj < 2; ++dj)
+            mx = std::max(mx, add_f32(mul_f32(static_cast<float>(xv[c * 25 + (i + di) * 5 + j + dj]), -3.0f), 1.0f));
+        ASSERT_EQ(got[c * 16 + i * 4 + j], mx) << c << " " << i << " " << j << " diff " << got[c * 16 + i * 4 + j] - mx;
+      }
+  EXPECT_EQ(s.device.stats().launches_by_kind[4], 1u);
+  EXPECT_EQ(s.device.stats().reference_ops, 1u);  // the pool
 }
 
 // Single operations run on the fast kernels (and reshape shares its buffer).
@@ -346,14 +436,15 @@ TEST(FastExecutor, SingleOpsUseTheFastKernels) {
   const TensorIr sw = s.submit(ok(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, x, 0, 2, s.id())));
   const std::int64_t args[] = {12, 5};
   const std::byte* x_data = s.device.handles().get_handle_ref(x.id)->data();
-  const TensorIr rs = s.submit(ok(b::shape_op(Family::BaseFloat, OpKind::Base_Reshape, use(x, TensorStatus::ReadWrite),
-                                              args, s.id())));
+  const TensorIr rs =
+      s.submit(ok(b::shape_op(Family::BaseFloat, OpKind::Base_Reshape, use(x, TensorStatus::ReadWrite), args, s.id())));
   s.sync();
   const std::vector<double> rv = s.read(r), swv = s.read(sw), rsv = s.read(rs);
   for (std::size_t i = 0; i < 3; ++i)
     for (std::size_t k = 0; k < 5; ++k) {
       double mx = -1e30;
-      for (std::size_t j = 0; j < 4; ++j) mx = std::max(mx, static_cast<double>(static_cast<float>(xv[(i * 4 + j) * 5 + k])));
+      for (std::size_t j = 0; j < 4; ++j)
+        mx = std::max(mx, static_cast<double>(static_cast<float>(xv[(i * 4 + j) * 5 + k])));
       ASSERT_EQ(rv[i * 5 + k], mx);
       for (std::size_t j = 0; j < 4; ++j) ASSERT_EQ(swv[(k * 4 + j) * 3 + i], rsv[(i * 4 + j) * 5 + k]);
     }
@@ -417,6 +508,26 @@ TEST(FastMath, ApproximationsStayWithinTheirBounds) {
   EXPECT_TRUE(std::isnan(fast::tanh_f32(NAN)));
 }
 
+#if defined(__AVX512F__)
+// The 16-lane kernels are bit-identical to the scalar functions (exhaustively checked once,
+// sampled here).
+TEST(FastMath, Avx512FormsMatchTheScalarFunctions) {
+  alignas(64) float in[16], e[16], t[16];
+  for (std::uint64_t b = 0; b < 0x100000000ull; b += 16 * 4099) {
+    for (int k = 0; k < 16; ++k)
+      in[k] = std::bit_cast<float>(static_cast<std::uint32_t>(b + static_cast<std::uint64_t>(k) * 257));
+    _mm512_store_ps(e, fast::exp16(_mm512_load_ps(in)));
+    _mm512_store_ps(t, fast::tanh16(_mm512_load_ps(in)));
+    for (int k = 0; k < 16; ++k) {
+      const float x = in[k], ex = fast::exp_f32(x), tx = fast::tanh_f32(x);
+      if (std::isnan(x)) continue;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(e[k]), std::bit_cast<std::uint32_t>(ex)) << x;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(t[k]), std::bit_cast<std::uint32_t>(tx)) << x;
+    }
+  }
+}
+#endif
+
 TEST(FastMath, HalfConversionsMatchTheCodec) {
   for (std::uint32_t bits = 0; bits < 0xffffffffu - 9973; bits += 9973) {
     const float x = std::bit_cast<float>(bits);
@@ -430,9 +541,12 @@ TEST(FastMath, HalfConversionsMatchTheCodec) {
     ASSERT_EQ(bh, bf16_from_f32(x)) << x;
   }
   for (std::uint32_t h = 0; h < 0x10000u; ++h) {
-    const float a = fast::f16_bits_to_f32(static_cast<std::uint16_t>(h)), b16 = f16_to_f32(static_cast<std::uint16_t>(h));
-    if (std::isnan(b16)) ASSERT_TRUE(std::isnan(a));
-    else ASSERT_EQ(std::bit_cast<std::uint32_t>(a), std::bit_cast<std::uint32_t>(b16)) << h;
+    const float a = fast::f16_bits_to_f32(static_cast<std::uint16_t>(h)),
+                b16 = f16_to_f32(static_cast<std::uint16_t>(h));
+    if (std::isnan(b16))
+      ASSERT_TRUE(std::isnan(a));
+    else
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(a), std::bit_cast<std::uint32_t>(b16)) << h;
   }
 }
 

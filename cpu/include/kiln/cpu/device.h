@@ -116,8 +116,8 @@ class CpuDevice {
 
   // Counters the executors bump (relaxed atomics).
   struct Counters {
-    std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0},
-        kernel_cache_hits{0}, kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0};
+    std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0}, kernel_cache_hits{0},
+        kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0};
     std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
   };
   Counters& counters() { return counters_; }
