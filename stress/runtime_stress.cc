@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kiln/cpu/cpu_backend.h"
 #include "kiln/cpu/reference_backend.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
@@ -49,13 +50,23 @@ double budget_seconds() {
   return 10.0;
 }
 
+// Built twice (stress/CMakeLists.txt): over the reference backend and over the fast one, whose
+// executors stage tensors in and out of the shared table around fused kernels.
+std::unique_ptr<DeviceBackend> make_backend() {
+#if KILN_TEST_FAST_BACKEND
+  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2});
+#else
+  return std::make_unique<cpu::ReferenceCpuBackend>();
+#endif
+}
+
 std::unique_ptr<Device> make_device(std::size_t threads) {
   RuntimeOptions o;
   o.threads = threads;
   o.fusion = fusion::FusionConfig{};
   o.config_path = "";
   o.wait_timeout = std::chrono::seconds(120);
-  Result<std::unique_ptr<Device>> d = Device::create(std::make_unique<cpu::ReferenceCpuBackend>(), std::move(o));
+  Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
   EXPECT_TRUE(d.ok());
   return std::move(d).value();
 }

@@ -76,12 +76,11 @@ const ir::TensorIr* global_of(const Binding& bind, std::uint64_t rel) {
 // Binds a program to tensors (from the handle container, or `produced` by an earlier stage of
 // the same launch), scalars and fresh (or reused) outputs. Changes nothing in the container;
 // false when the program cannot run here (the caller replays its ops).
-bool bind_program(CpuDevice& device, const FusedProgram& p, const Binding& bind, bool allow_inplace,
-                  const Produced* produced, Bound& b) {
+bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedProgram& p, const Binding& bind,
+                  bool allow_inplace, const Produced* produced, Bound& b) {
   b.program = &p;
   b.compiled = device.compiled(p);
   if (!b.compiled->supported) return false;
-  CpuDevice::Handles& handles = device.handles();
   fast::Launch& launch = b.launch;
   launch.program = &p;
   launch.compiled = b.compiled.get();
@@ -172,9 +171,8 @@ bool bind_program(CpuDevice& device, const FusedProgram& p, const Binding& bind,
 }
 
 // After a successful run: consume ReadWrite inputs, register what the program keeps.
-void commit(CpuDevice& device, Bound& b, const Binding& bind) {
+void commit(CpuDevice& device, CpuDevice::Handles& handles, Bound& b, const Binding& bind) {
   const FusedProgram& p = *b.program;
-  CpuDevice::Handles& handles = device.handles();
   for (const fusion::ProgramInput& in : p.inputs) {
     if (in.role == fusion::InputRole::View || in.status != TensorStatus::ReadWrite) continue;
     (void)handles.free(with_status(*global_of(bind, in.tensor), TensorStatus::ReadWrite));
@@ -196,7 +194,7 @@ void count_launch(CpuDevice& device, ProgramKind kind) {
 
 bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
   Bound b;
-  if (!bind_program(device_, p, bind, /*allow_inplace=*/true, nullptr, b)) return false;
+  if (!bind_program(device_, handles_, p, bind, /*allow_inplace=*/true, nullptr, b)) return false;
   bool fault = false;
   std::string why;
   switch (p.kind) {
@@ -214,7 +212,7 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
       return false;
   }
   if (!why.empty() || fault) return false;
-  commit(device_, b, bind);
+  commit(device_, handles_, b, bind);
   return true;
 }
 
@@ -230,7 +228,7 @@ bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& b
   for (std::size_t k = 0; k < ns; ++k) {
     const FusedProgram& st = p.stages[k];
     if (st.kind != ProgramKind::Elementwise && st.kind != ProgramKind::Reduce) return false;
-    if (!bind_program(device_, st, bind, /*allow_inplace=*/false, &produced, stages[k])) return false;
+    if (!bind_program(device_, handles_, st, bind, /*allow_inplace=*/false, &produced, stages[k])) return false;
     for (std::size_t o = 0; o < st.outputs.size(); ++o)
       if (st.outputs[o].written)
         produced.emplace(global_of(bind, st.outputs[o].tensor)->id.value(), *stages[k].launch.outputs[o]);
@@ -291,7 +289,7 @@ bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& b
   });
   if (failed.load(std::memory_order_relaxed)) return false;
   for (std::size_t k = 0; k < ns; ++k) {
-    commit(device_, stages[k], bind);
+    commit(device_, handles_, stages[k], bind);
     count_launch(device_, p.stages[k].kind);
   }
   device_.counters().row_interleaved.fetch_add(1, std::memory_order_relaxed);
@@ -340,7 +338,7 @@ void CpuExecutor::replay(const fusion::ExecutionContext& ctx, std::size_t offset
   for (std::size_t i = 0; i < len; ++i) execute_operation(ctx.operation_within_optimization(offset + i));
 }
 
-void CpuExecutor::free_tensor(const ir::TensorIr& t) { (void)device_.handles().free(t); }
+void CpuExecutor::free_tensor(const ir::TensorIr& t) { (void)handles_.free(t); }
 
 // ---- Single operations
 
@@ -692,13 +690,13 @@ void CpuExecutor::execute_operation(const ir::Operation& op) {
 void CpuExecutor::execute_reference(const ir::Operation& op) {
   device_.counters().reference_ops.fetch_add(1, std::memory_order_relaxed);
   // Errors are recorded in the handle container (outputs claimed); nothing else to do here.
-  (void)device_.reference().execute(op, device_.handles());
+  (void)reference_.execute(op, handles_);
 }
 
 bool CpuExecutor::execute_fast(const ir::Operation& op) {
   if (op.kind == OpKind::Drop_Drop || op.kind == OpKind::Init_Init) return false;
   if (!eligible(op)) return false;
-  CpuDevice::Handles& handles = device_.handles();
+  CpuDevice::Handles& handles = handles_;
   if (handles.has_errors())
     for (const ir::TensorIr& t : op.inputs())
       if (handles.error_of(t.id) != nullptr) return false;  // the reference skips it

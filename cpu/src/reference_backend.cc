@@ -52,100 +52,31 @@ fusion::FuserList ReferenceCpuBackend::fusers(const fusion::FusionLog& log) cons
 
 Status ReferenceCpuBackend::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,
                                    std::span<const std::byte> bytes) {
-  Result<CpuTensor> t = CpuTensor::from_bytes(allocator_, shape, dtype, bytes);
-  if (!t.ok()) return make_error(t.error().code, "upload of " + id.to_string() + ": " + t.error().message);
-  Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
-  s.table.register_handle(id, std::move(t).value());
-  return Status::Ok();
+  return table_.upload(allocator_, id, dtype, std::move(shape), bytes);
 }
 
-Result<HostData> ReferenceCpuBackend::download(const ir::TensorIr& t) {
-  Shard& s = shard(t.id);
-  std::unique_lock lock(s.mu);
-  const Container::Entry* e = s.table.entry(t.id);
-  if (e == nullptr || e->is_not_init())
-    return make_error(ErrorCode::InvalidHandle, "read of " + t.to_string() + ": the tensor has no value on the device");
-  if (const ir::TensorError* err = e->error()) {
-    Error out = make_error(ErrorCode::Execution, "read of " + t.id.to_string() + ": " + err->to_string());
-    s.table.free(t);
-    return out;
-  }
-  // Keep the buffer alive past the unlock: the copy shares it (CpuTensor holds a shared_ptr).
-  CpuTensor tensor = *e->handle();
-  s.table.free(t);
-  lock.unlock();
-  HostData data{tensor.dtype(), tensor.shape(), {}};
-  std::span<const std::byte> bytes = tensor.bytes();
-  data.bytes.assign(bytes.begin(), bytes.end());
-  return data;
-}
-
-bool ReferenceCpuBackend::is_materialized(ir::TensorId id) const {
-  const Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
-  const Container::Entry* e = s.table.entry(id);
-  return e != nullptr && e->is_existing();
-}
-
-std::optional<ir::TensorError> ReferenceCpuBackend::error_of(ir::TensorId id) const {
-  const Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
-  const ir::TensorError* e = s.table.error_of(id);
-  return e ? std::optional<ir::TensorError>(*e) : std::nullopt;
-}
-
-void ReferenceCpuBackend::free(const ir::TensorIr& t) {
-  if (t.status != ir::TensorStatus::ReadWrite) return;
-  Shard& s = shard(t.id);
-  std::lock_guard lock(s.mu);
-  (void)s.table.free(t);
-}
-
-Status ReferenceCpuBackend::alias(ir::TensorId src, ir::TensorId dst) {
-  std::optional<CpuTensor> handle;
-  std::optional<ir::TensorError> error;
-  {
-    Shard& s = shard(src);
-    std::lock_guard lock(s.mu);
-    const Container::Entry* e = s.table.entry(src);
-    if (e != nullptr && e->handle() != nullptr) handle = *e->handle();
-    if (e != nullptr && e->error() != nullptr) error = *e->error();
-  }
-  if (!handle && !error)
-    return make_error(ErrorCode::InvalidHandle,
-                      "shared view " + dst.to_string() + " of " + src.to_string() + ": the source has no value");
-  Shard& d = shard(dst);
-  std::lock_guard lock(d.mu);
-  if (handle)
-    d.table.register_handle(dst, std::move(*handle));
-  else
-    d.table.claim(dst, std::move(*error));  // same root, same depth (ir.md §11.3)
-  return Status::Ok();
-}
+Result<HostData> ReferenceCpuBackend::download(const ir::TensorIr& t) { return table_.download(t); }
+bool ReferenceCpuBackend::is_materialized(ir::TensorId id) const { return table_.is_materialized(id); }
+std::optional<ir::TensorError> ReferenceCpuBackend::error_of(ir::TensorId id) const { return table_.error_of(id); }
+void ReferenceCpuBackend::free(const ir::TensorIr& t) { table_.free(t); }
+Status ReferenceCpuBackend::alias(ir::TensorId src, ir::TensorId dst) { return table_.alias(src, dst); }
 
 MemoryStats ReferenceCpuBackend::memory_stats() const {
-  MemoryStats stats;
-  for (const Shard& s : shards_) {
-    std::lock_guard lock(s.mu);
-    stats.tensors += s.table.num_handles();
-    stats.errored += s.table.errored();
-  }
+  MemoryStats stats = table_.counts();
   stats.bytes_in_use = allocator_.stats().bytes_in_use;
   return stats;
 }
 
 Status ReferenceCpuBackend::run_operation(const ir::Operation& op, ReferenceExecutor& exec) {
+  using Container = ShardedTensorTable::Container;
   // 1. Copy the entries the op reads into a private container (handles share their buffers;
   //    errors share their roots). Only this stream names these ids (fusion.md §16.5: no queue
   //    holds another stream's id), so nothing changes them between here and step 3.
   Container local;
   for (const ir::TensorIr& t : op.nodes()) {
     if (local.has_handle(t.id)) continue;
-    Shard& s = shard(t.id);
-    std::lock_guard lock(s.mu);
-    const Container::Entry* e = s.table.entry(t.id);
-    if (e == nullptr) continue;
+    std::optional<ShardedTensorTable::Entry> e = table_.copy_entry(t.id);
+    if (!e) continue;
     if (const CpuTensor* h = e->handle())
       local.register_handle(t.id, *h);
     else if (const ir::TensorError* err = e->error())
@@ -154,21 +85,10 @@ Status ReferenceCpuBackend::run_operation(const ir::Operation& op, ReferenceExec
   // 2. Run it outside every lock.
   Status st = exec.execute(op, local);
   // 3. Publish: consumed (ReadWrite) inputs leave the table, outputs (values or claims) enter it.
-  for (const ir::TensorIr& in : op.inputs()) {
-    if (in.status != ir::TensorStatus::ReadWrite) continue;
-    Shard& s = shard(in.id);
-    std::lock_guard lock(s.mu);
-    (void)s.table.free(in);
-  }
+  for (const ir::TensorIr& in : op.inputs()) table_.free(in);
   for (const ir::TensorIr& out : op.outputs()) {
-    std::optional<Container::Entry> e = local.remove_handle(out.id);
-    if (!e) continue;
-    Shard& s = shard(out.id);
-    std::lock_guard lock(s.mu);
-    if (CpuTensor* h = e->handle())
-      s.table.register_handle(out.id, std::move(*h));
-    else if (const ir::TensorError* err = e->error())
-      s.table.claim(out.id, *err);
+    std::optional<ShardedTensorTable::Entry> e = local.remove_handle(out.id);
+    if (e) table_.put(out.id, std::move(*e));
   }
   return st;
 }

@@ -102,6 +102,19 @@ bool StreamActor::has_work() const {
   return intake_.read_available() > 0 || foreign_count_.load(std::memory_order_acquire) > 0;
 }
 
+namespace {
+// ~1–3 µs of polling (a pause is 10–140 cycles depending on the core).
+constexpr int kIdlePolls = 256;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+}  // namespace
+
 void StreamActor::run_turn() {
   turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   std::size_t processed = 0;
@@ -110,6 +123,7 @@ void StreamActor::run_turn() {
     run(*cmd);
     ++processed;
   };
+  int idle_polls = 0;
   while (processed < ctx_.drain_batch) {
     Command* c = nullptr;
     // Foreign commands first, so that a busy owner cannot starve drops, reads and drains from
@@ -127,6 +141,15 @@ void StreamActor::run_turn() {
     }
     if (intake_.pop(c)) {
       run_owned(c);
+      idle_polls = 0;
+      continue;
+    }
+    // A producer recording a program submits its next op within a microsecond or two: poll a
+    // little before going idle, so that the next op does not cost a post and a thread wake-up
+    // (a futex round trip of several µs) on each side.
+    if (processed > 0 && idle_polls < kIdlePolls) {
+      ++idle_polls;
+      cpu_relax();
       continue;
     }
     break;

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kiln/cpu/cpu_backend.h"
 #include "kiln/cpu/reference_backend.h"
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/device.h"
@@ -23,12 +24,22 @@ namespace {
 
 using ir::Shape;
 
+// The suite runs twice (tests/runtime/CMakeLists.txt): over the reference backend and over the
+// fast one, which stages each stream's tensors around its fused kernels.
+std::unique_ptr<DeviceBackend> make_backend() {
+#if KILN_TEST_FAST_BACKEND
+  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2});
+#else
+  return std::make_unique<cpu::ReferenceCpuBackend>();
+#endif
+}
+
 std::unique_ptr<Device> make_device(std::size_t threads = 2) {
   RuntimeOptions o;
   o.threads = threads;
   o.fusion = fusion::FusionConfig{};
   o.config_path = "";  // never read a kiln.toml from the test's directory
-  Result<std::unique_ptr<Device>> d = Device::create(std::make_unique<cpu::ReferenceCpuBackend>(), std::move(o));
+  Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
   EXPECT_TRUE(d.ok());
   return std::move(d).value();
 }
@@ -384,7 +395,7 @@ TEST(RuntimeConfig, PrecedenceFileEnvironmentOptions) {
       if (it == env.end()) return std::nullopt;
       return it->second;
     };
-    return Device::create(std::make_unique<cpu::ReferenceCpuBackend>(), std::move(o));
+    return Device::create(make_backend(), std::move(o));
   };
   {
     auto d = ok(make(0, std::nullopt));  // the file

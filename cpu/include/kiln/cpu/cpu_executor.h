@@ -22,8 +22,8 @@
 // unfused. Nothing is consumed or registered before a fused kernel succeeded, so a replay
 // always starts from the state the program found.
 //
-// Thread-safety: one executor per stream, called by that stream's actor only (like the device's
-// handle container it uses, see device.h).
+// Thread-safety: one executor per stream, called by that stream's actor only; the handle
+// container it works on is that caller's (the device's own one, or a private one).
 //
 // Usage:
 //   CpuDevice device({.threads = 2});
@@ -45,7 +45,15 @@ namespace kiln::cpu {
 
 class CpuExecutor final : public fusion::Executor {
  public:
-  explicit CpuExecutor(CpuDevice& device) : device_(device) {}
+  // An executor over the device's own handle container (one thread per device).
+  explicit CpuExecutor(CpuDevice& device)
+      : device_(device), handles_(device.handles()), reference_(device.reference()) {}
+  // An executor over a container of the caller's (CpuBackend stages a stream's tensors in a
+  // private container around every call); the device lends its allocator, compiled-kernel
+  // cache, task arena and counters; `reference` runs what the fast path does not (one per
+  // stream: it owns the stream's random generator).
+  CpuExecutor(CpuDevice& device, CpuDevice::Handles& handles, ReferenceExecutor& reference)
+      : device_(device), handles_(handles), reference_(reference) {}
 
   void execute_optimization(const fusion::Optimization& opt, const fusion::ExecutionContext& ctx) override;
   void execute_operation(const ir::Operation& op) override;
@@ -74,6 +82,8 @@ class CpuExecutor final : public fusion::Executor {
   void execute_reference(const ir::Operation& op);
 
   CpuDevice& device_;
+  CpuDevice::Handles& handles_;
+  ReferenceExecutor& reference_;
 };
 
 }  // namespace kiln::cpu

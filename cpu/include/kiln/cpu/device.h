@@ -79,6 +79,7 @@ class CpuDevice {
   CpuDevice& operator=(const CpuDevice&) = delete;
 
   CpuAllocator& allocator() { return allocator_; }
+  const CpuAllocator& allocator() const { return allocator_; }
   Handles& handles() { return handles_; }
   const Handles& handles() const { return handles_; }
   ReferenceExecutor& reference() { return reference_; }

@@ -4,12 +4,10 @@
 // Thread-safety: every method may be called from any thread (runtime/backend.h).
 #pragma once
 
-#include <array>
-#include <mutex>
-
 #include "kiln/cpu/memory.h"
 #include "kiln/cpu/reference_executor.h"
 #include "kiln/cpu/tensor.h"
+#include "kiln/cpu/tensor_table.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/runtime/backend.h"
 
@@ -20,16 +18,12 @@ using runtime::HostData;
 using runtime::MemoryStats;
 
 // The CPU reference backend: every op (fused or not) runs through ReferenceExecutor, one op
-// at a time (a fused optimization replays the operations it covers). The tensor table is sharded
-// by id; each shard is a mutex-protected HandleContainer<CpuTensor>, locked only to copy handles
-// in and results out: kernels run outside every lock, so streams execute in parallel.
+// at a time (a fused optimization replays the operations it covers), over the sharded tensor
+// table (tensor_table.h): kernels run outside every lock, so streams execute in parallel.
+// CpuBackend (cpu_backend.h) is the fast one; this one is the oracle the runtime tests and the
+// stress programs check against.
 class ReferenceCpuBackend final : public DeviceBackend {
  public:
-  // Shards of the tensor table: a power of two several times the pool's thread count (16 on the
-  // largest CI machine), so two streams touching the table at the same instant rarely hit the
-  // same shard lock; 64 mutexes padded to a cache line each cost 4 KiB.
-  static constexpr std::size_t kShards = 64;
-
   explicit ReferenceCpuBackend(CpuAllocatorOptions alloc_options = {});
   ~ReferenceCpuBackend() override;
 
@@ -51,17 +45,8 @@ class ReferenceCpuBackend final : public DeviceBackend {
   CpuAllocator& allocator() { return allocator_; }
 
  private:
-  using Container = ir::HandleContainer<CpuTensor>;
-  // One cache line (or more) per shard so that two shards' mutexes never share a line.
-  struct alignas(64) Shard {
-    mutable std::mutex mu;
-    Container table;  // guarded by mu
-  };
-  Shard& shard(ir::TensorId id) { return shards_[std::hash<ir::TensorId>{}(id) % kShards]; }
-  const Shard& shard(ir::TensorId id) const { return shards_[std::hash<ir::TensorId>{}(id) % kShards]; }
-
   CpuAllocator allocator_;
-  std::array<Shard, kShards> shards_;
+  ShardedTensorTable table_;  // after allocator_: its buffers go back to it first
 };
 
 }  // namespace kiln::cpu

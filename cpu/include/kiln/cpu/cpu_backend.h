@@ -1,0 +1,66 @@
+// CpuBackend: the CPU device's runtime::DeviceBackend — the fast fused executor (CpuExecutor)
+// for every stream, one shared compiled-kernel cache and task arena (a CpuDevice), and the
+// sharded tensor table every stream and client thread shares.
+//
+// How a stream's call runs: the entries its operations read are staged into a private
+// container (a ReadOnly use copies the entry, which shares the buffer; the tensor's last,
+// ReadWrite use moves it out of the table, so the executor may reuse its buffer in place), the
+// CpuExecutor runs on that container outside every lock, and what the operations produced is
+// published back. Only the stream that names a tensor touches it between staging and
+// publishing (fusion.md §16.5: a queue never holds another stream's id; cross-stream uses go
+// through a drain or a shared view), so staging never races a writer.
+//
+// Thread-safety: every method may be called from any thread (runtime/backend.h); an executor is
+// called by one stream actor at a time.
+//
+// Usage:
+//   auto dev = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2}));
+#pragma once
+
+#include <memory>
+
+#include "kiln/cpu/device.h"
+#include "kiln/cpu/tensor_table.h"
+#include "kiln/runtime/backend.h"
+
+namespace kiln::cpu {
+
+struct CpuBackendOptions {
+  // Worker threads one kernel launch may use (the shared task arena's concurrency); 0 = the
+  // hardware's. Streams run their launches on the same arena, so two streams busy at once share
+  // these workers instead of oversubscribing the cores.
+  int threads = 0;
+  CpuAllocatorOptions allocator{};
+  // Seed of the first stream's random generator; stream k uses seed + k.
+  std::uint64_t seed = ReferenceExecutor::kDefaultSeed;
+};
+
+class CpuBackend final : public runtime::DeviceBackend {
+ public:
+  explicit CpuBackend(CpuBackendOptions options = {});
+  ~CpuBackend() override;
+
+  std::string_view name() const override { return "cpu"; }
+  std::unique_ptr<fusion::Executor> make_executor() override;
+  fusion::FuserList fusers(const fusion::FusionLog& log) const override;
+  Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
+  Result<runtime::HostData> download(const ir::TensorIr& t) override;
+  bool is_materialized(ir::TensorId id) const override;
+  std::optional<ir::TensorError> error_of(ir::TensorId id) const override;
+  void free(const ir::TensorIr& t) override;
+  Status alias(ir::TensorId src, ir::TensorId dst) override;
+  runtime::MemoryStats memory_stats() const override;
+
+  // The shared allocator, kernel cache, arena and counters (its own handle container is unused).
+  CpuDevice& device() { return device_; }
+  CpuDeviceStats stats() const { return device_.stats(); }
+  ShardedTensorTable& table() { return table_; }
+
+ private:
+  CpuBackendOptions options_;
+  CpuDevice device_;
+  ShardedTensorTable table_;  // after device_: its buffers go back to the allocator first
+  std::atomic<std::uint64_t> next_seed_;
+};
+
+}  // namespace kiln::cpu
