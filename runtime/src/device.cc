@@ -172,6 +172,38 @@ Status Device::share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
   return wait_status(f, "shared view of " + src.to_string() + " from stream " + std::to_string(src_stream.value()));
 }
 
+Status Device::close_stream(StreamId stream) {
+  {
+    StreamTable::const_accessor a;
+    if (!streams_.find(a, stream.value())) return Status::Ok();
+  }
+  Status drained = drain(stream);
+  // Serialised with shutdown (which holds shutdown_mu_ while it uses its snapshot of actors).
+  std::lock_guard shutdown_lock(shutdown_mu_);
+  if (shut_down_) return drained;
+  std::unique_ptr<StreamActor> owned;
+  {
+    std::lock_guard streams_lock(streams_mu_);
+    StreamTable::accessor a;
+    if (!streams_.find(a, stream.value())) return drained;
+    a->second->close();
+    owned = std::move(a->second);
+    streams_.erase(a);
+  }
+  std::future<void> idle = owned->quiesce();
+  if (idle.wait_for(options_.wait_timeout) != std::future_status::ready) {
+    // A turn is stuck in a kernel: keep the actor alive until the device goes (after its pool
+    // joined) rather than destroy it under a running handler.
+    spdlog::warn("kiln runtime: close of stream {}: the actor did not go idle within {} ms; keeping it until "
+                 "shutdown", stream.value(), options_.wait_timeout.count());
+    std::lock_guard streams_lock(streams_mu_);
+    abandoned_.push_back(std::move(owned));
+    return make_error(ErrorCode::Execution, "close of stream " + std::to_string(stream.value()) + ": timed out");
+  }
+  (void)owned->cancel_pending("the stream was closed");
+  return drained;
+}
+
 std::optional<StreamStats> Device::stream_stats(StreamId stream) const {
   StreamTable::const_accessor a;
   if (!streams_.find(a, stream.value())) return std::nullopt;

@@ -281,6 +281,14 @@ StreamStats StreamActor::stats() const {
   return s;
 }
 
+std::future<void> StreamActor::quiesce() {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> f = done->get_future();
+  // The strand runs handlers in order: this one runs after every turn already posted.
+  boost::asio::post(strand_, [done] { done->set_value(); });
+  return f;
+}
+
 std::size_t StreamActor::cancel_pending(const std::string& reason) {
   close();
   std::size_t n = 0;

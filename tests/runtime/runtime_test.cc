@@ -335,6 +335,29 @@ TEST(Runtime, StressThreadsTimesStreams) {
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
 }
 
+// Stream removal (fusion.md §16.6): a closed stream's actor goes away after its work ran; its
+// results stay readable (they live in the device's table); the id can be used again afterwards.
+TEST(Runtime, CloseStreamDrainsAndRemovesTheActor) {
+  auto dev = make_device(2);
+  {
+    Session s(*dev);
+    const StreamId explicit_stream = StreamId::from_number(41);
+    Tensor a = ok(s.from_host(std::vector<float>{1, 2, 3, 4}, {4}));
+    Tensor r = s.executes(explicit_stream, [&] { return ok(s.exp(ok(s.mul(a, 2.0)))); });
+    const std::size_t before = dev->num_streams();
+    ASSERT_TRUE(dev->close_stream(explicit_stream).ok());
+    EXPECT_EQ(dev->num_streams(), before - 1);
+    EXPECT_FALSE(dev->stream_stats(explicit_stream).has_value());
+    EXPECT_TRUE(dev->backend().is_materialized(r.id()));  // the drain ran it
+    std::vector<float> got = ok(s.to_host(std::move(r)));  // re-creates the stream for the read
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_NEAR(got[3], std::exp(8.0), 1e-2);
+    EXPECT_TRUE(dev->close_stream(StreamId::from_number(999)).ok());  // unknown: nothing to do
+  }
+  ASSERT_TRUE(dev->shutdown().ok());
+  EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
+}
+
 // The MLP of the benchmarks and the demo (apps/common): matmuls, broadcasts, reductions, masks,
 // swaps and four fused Adam chains per step; 40 steps must bring the loss well down, and the
 // hand-written backward pass must agree with the forward one (a wrong kernel stalls the loss).

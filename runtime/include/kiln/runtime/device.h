@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/thread_pool.hpp>
 #include <tbb/concurrent_hash_map.h>
@@ -91,6 +92,11 @@ class Device {
   [[nodiscard]] Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst);
   // Makes the calling thread the intake producer of `stream` (its implicit stream).
   void claim_stream(StreamId stream);
+  // Stream removal (fusion.md §16.6): drains `stream`, then destroys its actor (its processor,
+  // executor and queues). The caller guarantees that no other thread uses the stream meanwhile
+  // and that no live tensor is homed on it any more (drop them first); a later use of the id
+  // creates a fresh stream. Ok for an unknown stream. Used by the daemon when a client goes.
+  [[nodiscard]] Status close_stream(StreamId stream);
 
   std::optional<StreamStats> stream_stats(StreamId stream) const;
   std::size_t num_streams() const { return streams_.size(); }
@@ -135,6 +141,7 @@ class Device {
   std::size_t threads_;
   boost::asio::thread_pool pool_;
   StreamTable streams_;
+  std::vector<std::unique_ptr<StreamActor>> abandoned_;  // closed streams that never went idle (streams_mu_)
   ProducerTable producers_;
   std::atomic<std::uint64_t> next_tensor_id_{0};
   std::atomic<bool> closed_{false};

@@ -128,8 +128,11 @@ class StreamActor {
 
   StreamStats stats() const;
 
-  // Device, at shutdown: refuse new commands.
+  // Device, at shutdown or close_stream: refuse new commands.
   void close() { closed_.store(true, std::memory_order_release); }
+  // Device, at close_stream (after close()): a future ready once every handler posted to the
+  // strand before this call has run, so that the actor can be destroyed.
+  std::future<void> quiesce();
   // Device, after the pool joined (no handler runs any more): completes every command still
   // queued with an error naming `reason`; returns how many there were.
   std::size_t cancel_pending(const std::string& reason);
