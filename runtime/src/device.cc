@@ -57,6 +57,21 @@ Device::~Device() {
   if (!st.ok()) spdlog::warn("kiln runtime: device shutdown: {}", st.error().to_string());
 }
 
+namespace {
+void add_counters(StreamStats& sum, const StreamStats& s) {
+  sum.enqueued += s.enqueued;
+  sum.commands += s.commands;
+  sum.executed += s.executed;
+  sum.deferred += s.deferred;
+  sum.turns += s.turns;
+  sum.drains += s.drains;
+  sum.pending_ops += s.pending_ops;
+  sum.cache_hits += s.cache_hits;
+  sum.explorations += s.explorations;
+  sum.plans_created += s.plans_created;
+}
+}  // namespace
+
 StreamActor* Device::actor(StreamId stream) {
   {
     StreamTable::const_accessor a;  // bucket read lock: the hot path
@@ -190,6 +205,12 @@ Status Device::close_stream(StreamId stream) {
     owned = std::move(a->second);
     streams_.erase(a);
   }
+  {
+    // Its counters live on in the totals (the drain above made them final).
+    const StreamStats st = owned->stats();
+    std::lock_guard streams_lock(streams_mu_);
+    add_counters(closed_totals_, st);
+  }
   std::future<void> idle = owned->quiesce();
   if (idle.wait_for(options_.wait_timeout) != std::future_status::ready) {
     // A turn is stuck in a kernel: keep the actor alive until the device goes (after its pool
@@ -202,6 +223,13 @@ Status Device::close_stream(StreamId stream) {
   }
   (void)owned->cancel_pending("the stream was closed");
   return drained;
+}
+
+StreamStats Device::totals() const {
+  std::lock_guard lock(streams_mu_);  // TBB tables may not be traversed during an insert
+  StreamStats sum = closed_totals_;
+  for (auto it = streams_.begin(); it != streams_.end(); ++it) add_counters(sum, it->second->stats());
+  return sum;
 }
 
 std::optional<StreamStats> Device::stream_stats(StreamId stream) const {

@@ -18,6 +18,9 @@
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
+#if KILN_TEST_IPC
+#include "ipc_harness.h"
+#endif
 
 namespace kiln::runtime {
 namespace {
@@ -27,7 +30,7 @@ using ir::Shape;
 // The suite runs twice (tests/runtime/CMakeLists.txt): over the reference backend and over the
 // fast one, which stages each stream's tensors around its fused kernels.
 std::unique_ptr<DeviceBackend> make_backend() {
-#if KILN_TEST_FAST_BACKEND
+#if KILN_TEST_FAST_BACKEND || KILN_TEST_IPC
   return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2});
 #else
   return std::make_unique<cpu::ReferenceCpuBackend>();
@@ -51,10 +54,18 @@ T ok(Result<T> r) {
   return std::move(r).value();
 }
 
+// Built three times (tests/runtime/CMakeLists.txt): in process over the reference and the fast
+// backend, and over IPC (KILN_TEST_IPC: the same Session API through the client library and a
+// daemon service on the fast backend).
 class Api : public ::testing::Test {
  protected:
   std::unique_ptr<Device> dev = make_device();
+#if KILN_TEST_IPC
+  kiln::testing::IpcHarness ipc{*dev};
+  std::unique_ptr<Session> s = std::make_unique<Session>(ipc.target());
+#else
   std::unique_ptr<Session> s = std::make_unique<Session>(*dev);
+#endif
 
   void TearDown() override { s.reset(); }
 
@@ -85,8 +96,14 @@ class Api : public ::testing::Test {
     const StreamId id = s->stream_ids().fresh();
     std::vector<Tensor> keep;
     return s->executes(id, [&] {
+#if KILN_TEST_IPC
+      const std::uint64_t before = ipc.target().ops_sent();
+      f(keep);
+      return ipc.target().ops_sent() - before;
+#else
       f(keep);
       return dev->stream_stats(id) ? dev->stream_stats(id)->enqueued : 0;
+#endif
     });
   }
 };

@@ -64,7 +64,24 @@ struct RuntimeOptions {
   fusion::EnvLookup env;
 };
 
-class Device {
+// What a Session needs from the place its operations go: the in-process Device, or the IPC
+// client library's connection to a daemon (ipc/remote_target.h). Same contracts as the Device
+// methods of the same names.
+class SessionTarget {
+ public:
+  virtual ~SessionTarget() = default;
+  virtual ir::TensorId new_tensor_id() = 0;
+  [[nodiscard]] virtual Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,
+                                      std::span<const std::byte> bytes) = 0;
+  [[nodiscard]] virtual Status register_op(StreamId stream, ir::Operation op) = 0;
+  [[nodiscard]] virtual Status drain(StreamId stream) = 0;
+  [[nodiscard]] virtual Result<HostData> read(StreamId home, const ir::TensorIr& t) = 0;
+  [[nodiscard]] virtual Status drop(StreamId home, const ir::TensorIr& t) = 0;
+  [[nodiscard]] virtual Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) = 0;
+  virtual void claim_stream(StreamId stream) = 0;
+};
+
+class Device final : public SessionTarget {
  public:
   // Reads the configuration (explicit options > environment > kiln.toml) and starts the pool.
   static Result<std::unique_ptr<Device>> create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options = {});
@@ -73,25 +90,25 @@ class Device {
   Device& operator=(const Device&) = delete;
 
   // A fresh tensor id (never reused).
-  ir::TensorId new_tensor_id() { return ir::TensorId(next_tensor_id_.fetch_add(1, std::memory_order_relaxed)); }
+  ir::TensorId new_tensor_id() override { return ir::TensorId(next_tensor_id_.fetch_add(1, std::memory_order_relaxed)); }
 
   // Registers host data under a fresh id (no stream involved).
-  [[nodiscard]] Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes);
+  [[nodiscard]] Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
   // Queues an op on `stream` (created on first use). An input still pending on another stream
   // (producer table) drains that stream first, blocking the caller.
-  [[nodiscard]] Status register_op(StreamId stream, ir::Operation op);
+  [[nodiscard]] Status register_op(StreamId stream, ir::Operation op) override;
   // Sync: executes everything queued on `stream`.
-  [[nodiscard]] Status drain(StreamId stream);
+  [[nodiscard]] Status drain(StreamId stream) override;
   // Reads a tensor whose home is `home` (drains only if the tensor is not produced yet).
-  [[nodiscard]] Result<HostData> read(StreamId home, const ir::TensorIr& t);
+  [[nodiscard]] Result<HostData> read(StreamId home, const ir::TensorIr& t) override;
   // The last drop of a tensor whose home is `home` (queued Drop from the owner thread, foreign
   // drop from any other). Never blocks.
-  [[nodiscard]] Status drop(StreamId home, const ir::TensorIr& t);
+  [[nodiscard]] Status drop(StreamId home, const ir::TensorIr& t) override;
   // A cross-stream shared view: drains `src_stream` if `src` is not produced yet, then `dst`
   // becomes an alias of `src` (errored source → errored alias, same root).
-  [[nodiscard]] Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst);
+  [[nodiscard]] Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) override;
   // Makes the calling thread the intake producer of `stream` (its implicit stream).
-  void claim_stream(StreamId stream);
+  void claim_stream(StreamId stream) override;
   // Stream removal (fusion.md §16.6): drains `stream`, then destroys its actor (its processor,
   // executor and queues). The caller guarantees that no other thread uses the stream meanwhile
   // and that no live tensor is homed on it any more (drop them first); a later use of the id
@@ -99,6 +116,9 @@ class Device {
   [[nodiscard]] Status close_stream(StreamId stream);
 
   std::optional<StreamStats> stream_stats(StreamId stream) const;
+  // Every stream's counters summed, closed streams included (status reports: cache hits,
+  // explorations, executed operations). Takes the stream-creation lock briefly.
+  StreamStats totals() const;
   std::size_t num_streams() const { return streams_.size(); }
   // The stream that produced a still-pending (not yet dropped or consumed) tensor.
   std::optional<StreamId> producer_of(ir::TensorId id) const;
@@ -142,10 +162,11 @@ class Device {
   boost::asio::thread_pool pool_;
   StreamTable streams_;
   std::vector<std::unique_ptr<StreamActor>> abandoned_;  // closed streams that never went idle (streams_mu_)
+  StreamStats closed_totals_;                             // counters of closed streams (streams_mu_)
   ProducerTable producers_;
   std::atomic<std::uint64_t> next_tensor_id_{0};
   std::atomic<bool> closed_{false};
-  std::mutex streams_mu_;   // stream creation vs shutdown's snapshot (never on the op path)
+  mutable std::mutex streams_mu_;  // stream creation vs snapshots and removal (never on the op path)
   std::mutex shutdown_mu_;  // serializes shutdown() calls only
   bool shut_down_ = false;  // guarded by shutdown_mu_
 };

@@ -1,6 +1,7 @@
-// Session: the in-process client API over a Device (fusion.md §16.1, §16.7): per-thread implicit
-// streams and explicit streams, RAII tensors with shared-counter statuses, typed host transfers
-// (f32, f64, i32, i64, bool) and the front-end ops, each lowered to exactly the IR of ir.md §5.11
+// Session: the client API (fusion.md §16.1, §16.7) over a Device in process, or over a daemon
+// connection (ipc/remote_target.h): per-thread implicit streams and explicit streams, RAII
+// tensors with shared-counter statuses, typed host transfers (f32, f64, i32, i64, bool) and the
+// front-end ops, each lowered to exactly the IR of ir.md §5.11
 // through the ir builders (a builder's error reaches the caller as the Result's error, message
 // unchanged).
 //
@@ -110,11 +111,12 @@ class Tensor {
 
 class Session {
  public:
-  explicit Session(Device& device) : device_(device) {}
+  // Over a Device (in process) or any other SessionTarget (the IPC client's connection).
+  explicit Session(SessionTarget& target) : device_(target) {}
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  Device& device() { return device_; }
+  SessionTarget& target() { return device_; }
   StreamIdAllocator& stream_ids() { return ids_; }
   // The calling thread's current stream (its implicit stream unless inside executes()).
   StreamId current_stream();
@@ -267,7 +269,7 @@ class Session {
   Result<HostData> read(Tensor t, ir::DType want);
   void drop(const Tensor::State& s);
 
-  Device& device_;
+  SessionTarget& device_;
   StreamIdAllocator ids_;
 };
 

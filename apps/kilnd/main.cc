@@ -1,0 +1,156 @@
+// kilnd: the per-device daemon. One process per device; clients connect on a Unix socket in
+// the runtime directory (kiln/ipc/control_server.h) and send operations over shared memory
+// (kiln/ipc/daemon.h). SIGTERM / SIGINT: stop accepting, drain every client's streams, free
+// everything, exit 0.
+//
+//   kilnd [--device auto|cpu|cuda|cuda:N] [--runtime-dir DIR] [--socket NAME] [--config FILE]
+//         [--allowed-group GROUP] [--job-memory-mib N] [--job-queued-ops N] [--arena-mib N]
+//         [--threads N] [--log-level info]
+#include <grp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "kiln/cpu/cpu_backend.h"
+#include "kiln/ipc/daemon.h"
+#include "kiln/ipc/unix_socket.h"
+#include "kiln/runtime/device.h"
+#if KILN_HAVE_CUDA
+#include "kiln/cuda/backend.h"
+#include "kiln/cuda/probe.h"
+#endif
+
+namespace {
+
+struct Backend {
+  std::unique_ptr<kiln::runtime::DeviceBackend> backend;
+  std::string name;  // "cpu", "cuda:0"
+  kiln::cpu::CpuBackend* cpu = nullptr;
+};
+
+kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) {
+  Backend b;
+#if KILN_HAVE_CUDA
+  const kiln::cuda::ProbeResult probe = kiln::cuda::probe();
+  KILN_ASSIGN_OR_RETURN(kiln::cuda::DeviceChoice choice, kiln::cuda::choose_device(request, probe));
+  spdlog::info("kilnd: device {} ({}); {}", choice.kind == kiln::cuda::DeviceKind::Cuda ? "cuda" : "cpu", choice.why,
+               probe.describe());
+  if (choice.kind == kiln::cuda::DeviceKind::Cuda) {
+    KILN_ASSIGN_OR_RETURN(auto cuda, kiln::cuda::CudaBackend::create({.device = choice.ordinal}));
+    b.backend = std::move(cuda);
+    b.name = "cuda:" + std::to_string(choice.ordinal);
+    return b;
+  }
+#else
+  if (request.rfind("cuda", 0) == 0)
+    return kiln::make_error(kiln::ErrorCode::Config,
+                            "--device " + request + ": this kilnd was built without the CUDA toolkit; use cpu or auto");
+  if (request != "auto" && request != "cpu" && !request.empty())
+    return kiln::make_error(kiln::ErrorCode::Config, "--device " + request + ": expected auto, cpu, cuda or cuda:N");
+  spdlog::info("kilnd: device cpu ({}; built without CUDA)", request.empty() ? "auto" : request);
+#endif
+  auto cpu = std::make_unique<kiln::cpu::CpuBackend>(kiln::cpu::CpuBackendOptions{.threads = cpu_threads});
+  b.cpu = cpu.get();
+  b.backend = std::move(cpu);
+  b.name = "cpu";
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kilnd: the kiln per-device tensor runtime daemon"};
+  std::string device = "auto";
+  if (const char* env = std::getenv("KILN_DEVICE")) device = env;
+  std::string runtime_dir, socket_name, config = "kiln.toml", allowed_group, log_level = "info";
+  std::uint64_t job_memory_mib = 0, job_queued_ops = 0, arena_mib = 64;
+  std::size_t threads = 0;
+  int kernel_threads = 0;
+  app.add_option("--device", device, "auto, cpu, cuda or cuda:N (env KILN_DEVICE)");
+  app.add_option("--runtime-dir", runtime_dir, "directory of the control socket (default $XDG_RUNTIME_DIR/kiln)");
+  app.add_option("--socket", socket_name, "socket file name (default kilnd-<device>.sock)");
+  app.add_option("--config", config, "kiln.toml with [fusion] and [runtime] settings");
+  app.add_option("--allowed-group", allowed_group, "a group whose members may connect besides this user");
+  app.add_option("--job-memory-mib", job_memory_mib, "live tensor memory per job, MiB (0 = unlimited)");
+  app.add_option("--job-queued-ops", job_queued_ops, "queued operations per job (0 = unlimited)");
+  app.add_option("--arena-mib", arena_mib, "per-client transfer arena, MiB")->check(CLI::Range(1, 65536));
+  app.add_option("--threads", threads, "stream-actor threads (default: [runtime] threads or the cores)");
+  app.add_option("--kernel-threads", kernel_threads, "CPU device: threads one kernel may use (0 = the cores)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+
+  // Signals are taken by sigwait on this thread; every thread created later inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that vanishes mid-send must not kill the daemon
+
+  kiln::Result<Backend> backend = make_backend(device, kernel_threads);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", backend.error().to_string().c_str());
+    return 2;
+  }
+  kiln::cpu::CpuBackend* cpu = backend->cpu;
+  const std::string device_name = backend->name;
+
+  kiln::ipc::DaemonOptions options;
+  options.server.runtime_dir = runtime_dir;
+  options.server.socket_name = socket_name.empty() ? kiln::ipc::daemon_socket_name(device_name) : socket_name;
+  options.server.segment.arena_bytes = arena_mib << 20;
+  if (!allowed_group.empty()) {
+    const group* g = getgrnam(allowed_group.c_str());
+    if (g == nullptr) {
+      std::fprintf(stderr, "kilnd: --allowed-group %s: no such group\n", allowed_group.c_str());
+      return 2;
+    }
+    options.server.allowed_gid = g->gr_gid;
+  }
+  options.job_memory_bytes = job_memory_mib << 20;
+  options.job_queued_ops = job_queued_ops;
+  options.device_name = device_name;
+
+  kiln::runtime::RuntimeOptions ro;
+  ro.threads = threads;
+  ro.config_path = config;
+  kiln::Result<std::unique_ptr<kiln::runtime::Device>> dev =
+      kiln::runtime::Device::create(std::move(backend->backend), std::move(ro));
+  if (!dev.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", dev.error().to_string().c_str());
+    return 2;
+  }
+  kiln::Result<std::unique_ptr<kiln::ipc::DaemonService>> service = kiln::ipc::DaemonService::start(**dev, options);
+  if (!service.ok()) {
+    // The usual cause: another daemon on this device ("another daemon is already running at ...").
+    std::fprintf(stderr, "kilnd: %s\n", service.error().to_string().c_str());
+    return 1;
+  }
+  if (cpu != nullptr) (*service)->set_fused_launch_counter([cpu] { return cpu->stats().fused_launches; });
+  spdlog::info("kilnd: ready on {} (device {}, {} stream threads)", (*service)->socket_path(), device_name,
+               (*dev)->threads());
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::info("kilnd: {} received: stopping (draining every client's streams)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  const kiln::ipc::DaemonStatus last = (*service)->status();
+  (*service)->stop();
+  kiln::Status down = (*dev)->shutdown();
+  const kiln::runtime::MemoryStats mem = (*dev)->backend().memory_stats();
+  spdlog::info("kilnd: stopped after {} client(s); {} plans; {} tensors and {} bytes left on the device",
+               last.clients_served, last.plans, mem.tensors, mem.bytes_in_use);
+  if (!down.ok()) {
+    spdlog::error("kilnd: {}", down.error().to_string());
+    return 1;
+  }
+  return 0;
+}

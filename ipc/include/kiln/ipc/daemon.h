@@ -1,0 +1,115 @@
+// DaemonService: the daemon's side of every client connection, over one runtime::Device.
+//
+// The control socket (control_server.h) admits clients; for each one the service runs a
+// ClientSession on its own thread: it pops commands from the client's ring (each copied out of
+// shared memory by the ring before anything looks at it), decodes them (protocol.h), checks
+// them against what the daemon has on record, runs them on the device and answers on the
+// completion ring.
+//
+// What a client can name is only its own: tensor and stream ids are the client's, translated
+// through the session's private tables into device ids; an id the client never created (or
+// already consumed) is an error completion ("read: tensor 12 is not one of this client's
+// tensors"), never an index. Every registered operation is rebuilt through the ir builders
+// (op_check.h) and its inputs' shapes and dtypes are compared with the daemon's record.
+// Tensors move between clients only by export (a random 64-bit token) and import by a client
+// of the same job, which gets an independent shared view (runtime Device::share).
+//
+// Completions: upload, read, sync, export, import, attach, close and status are answered;
+// register_op and drop are answered only when they fail (the client reports such an error at
+// its next sync or read), so the op path costs one ring record.
+//
+// Quotas apply per job (every client that connected with the same job name): bytes of live
+// tensors and queued (registered, not yet executed) operations. Exceeding one is an error
+// completion naming the quota; nothing is dropped.
+//
+// A client that goes (its control socket closes: exit, crash, SIGKILL) has its streams drained
+// and closed and every tensor it held dropped; nothing of it remains.
+//
+// Thread-safety: start/stop/status from any thread. Sessions run on their own threads; the
+// tables they share (jobs, export tokens, statistics) are behind one mutex that is never held
+// while the device runs anything.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/ipc/control_server.h"
+#include "kiln/ir/result.h"
+#include "kiln/runtime/device.h"
+
+namespace kiln::ipc {
+
+// The control socket's file name for a device: "kilnd-cpu.sock", "kilnd-cuda-0.sock". One
+// daemon per device: a second one finds the first answering on this name and refuses to start.
+std::string daemon_socket_name(const std::string& device);
+
+struct DaemonOptions {
+  ServerOptions server;
+  std::uint64_t job_memory_bytes = 0;  // live tensor bytes per job; 0 = unlimited
+  std::uint64_t job_queued_ops = 0;    // registered, not yet executed operations per job; 0 = unlimited
+  std::string device_name = "cpu";     // reported by status
+};
+
+struct ClientStatus {
+  std::uint64_t client_id = 0;
+  std::string job;
+  std::int64_t pid = 0;
+  std::uint64_t streams = 0;
+  std::uint64_t tensors = 0;
+  std::uint64_t tensor_bytes = 0;
+  std::uint64_t ops_registered = 0;
+  std::uint64_t queued_ops = 0;
+  std::uint64_t rejected = 0;  // commands answered with an error
+};
+
+struct JobStatus {
+  std::string name;
+  std::uint64_t clients = 0;
+  std::uint64_t tensor_bytes = 0;
+  std::uint64_t queued_ops = 0;
+};
+
+struct DaemonStatus {
+  std::string device;
+  std::string socket_path;
+  std::vector<ClientStatus> clients;
+  std::vector<JobStatus> jobs;
+  std::uint64_t clients_served = 0;  // since start
+  std::uint64_t streams = 0;         // device streams
+  std::uint64_t plans = 0;           // plan-store size
+  std::uint64_t cache_hits = 0;      // plans executed from the store (all streams, live ones)
+  std::uint64_t explorations = 0;
+  std::uint64_t fused_launches = 0;  // backend counter when it reports one (CPU device)
+  std::uint64_t memory_bytes = 0;    // backend allocator bytes in use
+  std::uint64_t device_tensors = 0;
+
+  std::string to_json() const;
+  std::string to_text() const;  // kilnctl status
+};
+
+class DaemonService {
+ public:
+  static Result<std::unique_ptr<DaemonService>> start(runtime::Device& device, DaemonOptions options);
+  ~DaemonService();
+  DaemonService(const DaemonService&) = delete;
+  DaemonService& operator=(const DaemonService&) = delete;
+
+  const std::string& socket_path() const;
+  // Stops accepting, disconnects every client, drains and frees what they held, joins every
+  // thread. Idempotent.
+  void stop();
+  DaemonStatus status() const;
+  // Backend counters the status reports (set by kilnd for the CPU device: fused launches).
+  void set_fused_launch_counter(std::function<std::uint64_t()> counter);
+
+  struct Impl;
+
+ private:
+  explicit DaemonService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::ipc

@@ -1,0 +1,198 @@
+// Wire protocol of the data plane: commands (client -> daemon, command ring) and completions
+// (daemon -> client, completion ring), one message per ring record.
+//
+// Thread-safety: pure functions; call from any thread.
+//
+// ---------------------------------------------------------------------------------------------
+// Format (protocol version kProtocolVersion = 1, agreed in the socket handshake). All integers
+// little-endian, fixed width; no padding; reserved bytes must be zero; no trailing bytes.
+//
+//   message   = kind u8, reserved u8 (0), reserved u16 (0), body_len u32, request_id u64, body
+//               (16-byte header; body_len = message size - 16; request_id chosen by the client,
+//               echoed in the completion)
+//   dtype     = kind u8 (ir::DTypeKind, F64..Bool; QFloat is not transferable), store u8
+//               (BoolStore for Bool, else 0)
+//   shape     = rank u8 (<= ir::codec::kMaxRank), dim u64 * rank
+//   tensor    = id u64, status u8 (ReadOnly or ReadWrite), dtype, shape      (an ir::TensorIr)
+//   range     = offset u64, length u64                       (ArenaRange, relative to the arena)
+//
+//   Commands                            body
+//   1 attach_stream                     stream u64
+//   2 register_op                       stream u64, op_len u32, op: an ir::codec Operation
+//                                       message (header included) of exactly op_len bytes, which
+//                                       ends the body
+//   3 upload                            tensor_id u64, dtype, shape, data range (length must be
+//                                       exactly the tensor's byte size)
+//   4 read                              stream u64, tensor, dest range (length = capacity, at
+//                                       least the tensor's byte size)
+//   5 sync                              stream u64
+//   6 drop                              stream u64, tensor
+//   7 export                            stream u64, tensor_id u64
+//   8 import                            stream u64, token u64, tensor_id u64 (the new id)
+//   9 close_stream                      stream u64
+//  10 status                            format u8 (0 text, 1 JSON)
+//
+//   Completions
+//   1 ok                                (empty)
+//   2 error                             code u8 (kiln::ErrorCode), reserved u8 (0),
+//                                       msg_len u16 (<= kMaxErrorMessageBytes), msg bytes
+//   3 read_done                         dtype, shape, data range (length = the byte size)
+//   4 exported                          token u64
+//   5 status_text                       text_len u32 (<= kMaxStatusBytes), text bytes (UTF-8)
+//
+// Decoding treats input as hostile (shared memory): every length, count, enum, rank, size and
+// arena range is checked before use, sizes with overflow checks; nothing allocates beyond the
+// input. Errors are ErrorCode::Decode with a message naming the field:
+//   "upload.shape: rank 17 exceeds the limit 16"
+//   "read.dest: range [4096, +64) is outside the arena of 4096 bytes"
+//   "command truncated: upload.data.length needs 8 bytes at offset 52, message has 56"
+// Every decodable message is the unique encoding of what it decodes to (the fuzzer checks it).
+//
+// What the decoder cannot check (the daemon must): that stream and tensor ids exist and belong
+// to the client, that tokens are valid, that a register_op's tensors have the shapes the
+// daemon has on record.
+//
+// Usage (daemon side):
+//   auto cmd = decode_command(msg, layout.arena_size);
+//   if (!cmd.ok()) {
+//     encode_completion(error_completion(peek_request_id(msg).value_or(0), cmd.error()), out);
+//     ...
+//   }
+// ---------------------------------------------------------------------------------------------
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "kiln/ipc/arena.h"
+#include "kiln/ir/dtype.h"
+#include "kiln/ir/operation.h"
+#include "kiln/ir/result.h"
+#include "kiln/ir/shape.h"
+#include "kiln/ir/tensor.h"
+
+namespace kiln::ipc {
+
+inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::size_t kMessageHeaderBytes = 16;
+// Bounds one message. A registered op encodes to ~100 bytes and the codec's own caps keep any
+// op far below this; it also caps what a hostile message can make the decoder look at.
+inline constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 20;
+// Error texts are for humans; longer ones are truncated by the encoder (at a UTF-8 boundary).
+inline constexpr std::size_t kMaxErrorMessageBytes = 1024;
+// The daemon's status report (kilnctl status); longer reports are truncated by the encoder.
+inline constexpr std::size_t kMaxStatusBytes = 64 * 1024;
+
+enum class CommandKind : std::uint8_t {
+  AttachStream = 1, RegisterOp, Upload, Read, Sync, Drop, Export, Import, CloseStream, Status,
+};
+enum class CompletionKind : std::uint8_t { Ok = 1, Error, ReadDone, Exported, StatusText };
+
+const char* command_kind_name(CommandKind k);       // "attach_stream", "register_op", ...
+const char* completion_kind_name(CompletionKind k);  // "ok", "error", ...
+
+// ---- commands ---------------------------------------------------------------------------------
+struct AttachStreamCmd { std::uint64_t stream = 0; friend bool operator==(const AttachStreamCmd&, const AttachStreamCmd&) = default; };
+struct RegisterOpCmd {
+  std::uint64_t stream = 0;
+  ir::Operation op;
+  friend bool operator==(const RegisterOpCmd& a, const RegisterOpCmd& b) { return a.stream == b.stream && a.op == b.op; }
+};
+struct UploadCmd {
+  ir::TensorId tensor{0};
+  ir::DType dtype;
+  ir::Shape shape;
+  ArenaRange data;  // the tensor's bytes, row-major, exactly tensor_bytes(dtype, shape) long
+  friend bool operator==(const UploadCmd&, const UploadCmd&) = default;
+};
+struct ReadCmd {
+  std::uint64_t stream = 0;  // the tensor's home stream
+  ir::TensorIr tensor;       // status ReadWrite when this read is the tensor's last use
+  ArenaRange dest;           // where the daemon writes; length is the capacity
+  friend bool operator==(const ReadCmd&, const ReadCmd&) = default;
+};
+struct SyncCmd { std::uint64_t stream = 0; friend bool operator==(const SyncCmd&, const SyncCmd&) = default; };
+struct DropCmd {
+  std::uint64_t stream = 0;
+  ir::TensorIr tensor;
+  friend bool operator==(const DropCmd&, const DropCmd&) = default;
+};
+struct ExportCmd {
+  std::uint64_t stream = 0;
+  ir::TensorId tensor{0};
+  friend bool operator==(const ExportCmd&, const ExportCmd&) = default;
+};
+struct ImportCmd {
+  std::uint64_t stream = 0;
+  std::uint64_t token = 0;
+  ir::TensorId tensor{0};  // the id the importing client gives the shared tensor
+  friend bool operator==(const ImportCmd&, const ImportCmd&) = default;
+};
+struct CloseStreamCmd { std::uint64_t stream = 0; friend bool operator==(const CloseStreamCmd&, const CloseStreamCmd&) = default; };
+struct StatusCmd { bool json = false; friend bool operator==(const StatusCmd&, const StatusCmd&) = default; };
+
+// Alternatives in CommandKind order (index + 1 == kind).
+using CommandBody = std::variant<AttachStreamCmd, RegisterOpCmd, UploadCmd, ReadCmd, SyncCmd, DropCmd, ExportCmd,
+                                 ImportCmd, CloseStreamCmd, StatusCmd>;
+struct Command {
+  std::uint64_t request_id = 0;
+  CommandBody body;
+  CommandKind kind() const { return static_cast<CommandKind>(body.index() + 1); }
+  friend bool operator==(const Command&, const Command&) = default;
+};
+
+// ---- completions ------------------------------------------------------------------------------
+struct OkCpl { friend bool operator==(const OkCpl&, const OkCpl&) = default; };
+struct ErrorCpl {
+  ErrorCode code = ErrorCode::Internal;
+  std::string message;  // at most kMaxErrorMessageBytes
+  friend bool operator==(const ErrorCpl&, const ErrorCpl&) = default;
+};
+struct ReadDoneCpl {
+  ir::DType dtype;
+  ir::Shape shape;
+  ArenaRange data;  // inside the read's dest range; length = tensor_bytes(dtype, shape)
+  friend bool operator==(const ReadDoneCpl&, const ReadDoneCpl&) = default;
+};
+struct ExportedCpl { std::uint64_t token = 0; friend bool operator==(const ExportedCpl&, const ExportedCpl&) = default; };
+struct StatusTextCpl {
+  std::string text;  // at most kMaxStatusBytes
+  friend bool operator==(const StatusTextCpl&, const StatusTextCpl&) = default;
+};
+
+using CompletionBody = std::variant<OkCpl, ErrorCpl, ReadDoneCpl, ExportedCpl, StatusTextCpl>;
+struct Completion {
+  std::uint64_t request_id = 0;
+  CompletionBody body;
+  CompletionKind kind() const { return static_cast<CompletionKind>(body.index() + 1); }
+  friend bool operator==(const Completion&, const Completion&) = default;
+};
+
+// An error completion carrying `e` (code and message; the message is truncated to fit).
+Completion error_completion(std::uint64_t request_id, const Error& e);
+
+// ---- encode / decode --------------------------------------------------------------------------
+// Append one message to `out`. Errors (ErrorCode::Invalid, nothing appended) for values the
+// format cannot carry: rank > kMaxRank, a QFloat dtype, a message over kMaxMessageBytes. An
+// error completion's message is truncated to kMaxErrorMessageBytes, never refused.
+Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out);
+Status encode_completion(const Completion& cpl, std::vector<std::uint8_t>& out);
+
+// Decode exactly one message; `arena_size` bounds every arena range (use the private layout's
+// arena_size, never a value read from shared memory).
+Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_t arena_size);
+Result<Completion> decode_completion(std::span<const std::uint8_t> bytes, std::uint64_t arena_size);
+
+// The request id of a message whose header is present (>= 16 bytes), whatever its body; lets
+// the daemon address an error completion to a message it could not decode.
+std::optional<std::uint64_t> peek_request_id(std::span<const std::uint8_t> bytes);
+
+// Bytes of a dense tensor (elements * dtype size), or an error naming the overflow or an
+// untransferable dtype (QFloat).
+Result<std::uint64_t> tensor_bytes(ir::DType dtype, const ir::Shape& shape);
+
+}  // namespace kiln::ipc

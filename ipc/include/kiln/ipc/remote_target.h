@@ -1,0 +1,106 @@
+// RemoteTarget: the client library — a runtime::SessionTarget whose operations go to a daemon
+// over the shared-memory rings, so that runtime::Session (the same session and tensor API as
+// in process) drives a device in another process:
+//
+//   auto remote = ipc::RemoteTarget::connect({.runtime_dir = dir, .job = "resnet"});
+//   runtime::Session s(**remote);
+//   Tensor y = *s.exp(*s.from_host(values, {n}));   // builders run here; ops go to the daemon
+//   std::vector<float> v = *s.to_host(std::move(y));
+//
+// Tensor and stream ids are this client's own (the daemon keeps them apart from every other
+// client's). Operations are built and checked by the same ir builders as in process, so an
+// input error is reported at the call that made it. register_op and drop are one ring record
+// each and get no answer unless the daemon rejects them (it should not, for ops built here);
+// such a rejection is reported by the next sync or read. Uploads and reads go through the
+// segment's arena (an upload larger than the arena is an error naming both sizes).
+//
+// Errors the user can act on: "daemon not running at PATH" (connect), "the daemon went away"
+// (any call after the daemon closed the connection; no call hangs: every wait is bounded and
+// watches the socket), the daemon's own messages for rejected commands.
+//
+// Thread-safety: every method may be called from any number of threads at once (a Session is
+// used from several); sends are serialised, and whichever thread waits for a completion pops
+// the ring for the others.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "kiln/ipc/arena.h"
+#include "kiln/ipc/control_client.h"
+#include "kiln/ipc/protocol.h"
+#include "kiln/runtime/device.h"
+
+namespace kiln::ipc {
+
+struct RemoteOptions : ClientOptions {
+  // Bound of every wait for a completion (a sync of a long queue included).
+  std::chrono::milliseconds reply_timeout{120'000};
+};
+
+class RemoteTarget final : public runtime::SessionTarget {
+ public:
+  static Result<std::unique_ptr<RemoteTarget>> connect(const RemoteOptions& options);
+  ~RemoteTarget() override;  // closes the connection: the daemon frees what is left
+  RemoteTarget(const RemoteTarget&) = delete;
+  RemoteTarget& operator=(const RemoteTarget&) = delete;
+
+  // runtime::SessionTarget
+  ir::TensorId new_tensor_id() override;
+  Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
+  Status register_op(runtime::StreamId stream, ir::Operation op) override;
+  Status drain(runtime::StreamId stream) override;
+  Result<runtime::HostData> read(runtime::StreamId home, const ir::TensorIr& t) override;
+  Status drop(runtime::StreamId home, const ir::TensorIr& t) override;
+  Status share(runtime::StreamId src_stream, ir::TensorId src, ir::TensorId dst) override;
+  void claim_stream(runtime::StreamId) override {}
+
+  // Beyond the in-process API: sharing with other processes of the same job.
+  Result<std::uint64_t> export_tensor(runtime::StreamId home, ir::TensorId id);
+  Status import_tensor(runtime::StreamId stream, std::uint64_t token, ir::TensorId id);
+  // The daemon's status report, as text or JSON (what `kilnctl status [--json]` prints).
+  Result<std::string> daemon_status(bool json);
+
+  std::uint64_t client_id() const { return conn_.client_id(); }
+  std::uint64_t requests() const { return next_request_.load(std::memory_order_relaxed) - 1; }
+  std::uint64_t ops_sent() const { return ops_sent_.load(std::memory_order_relaxed); }
+
+ private:
+  explicit RemoteTarget(ClientConnection conn, RemoteOptions options);
+  // Sends one command; returns its request id.
+  Result<std::uint64_t> send(CommandBody body);
+  // Waits for the completion of `request` (popping the ring for other waiters meanwhile).
+  Result<Completion> wait(std::uint64_t request);
+  // An error completion of a fire-and-forget command, if one arrived (reported once).
+  Status take_async_error();
+  Status completion_status(const Completion& c, const char* what);
+  Result<ArenaRange> allocate(std::uint64_t bytes, const char* what);
+  void free_range(ArenaRange r);
+
+  ClientConnection conn_;
+  RemoteOptions options_;
+  std::atomic<std::uint64_t> next_tensor_{1};
+  std::atomic<std::uint64_t> next_request_{1};
+  std::atomic<bool> daemon_gone_{false};
+  std::atomic<std::uint64_t> ops_sent_{0};
+
+  std::mutex send_mu_;  // one sender at a time (the command ring is single-producer)
+
+  std::mutex rx_mu_;  // guards everything below
+  std::condition_variable rx_cv_;
+  bool receiving_ = false;                     // a thread is popping the completion ring
+  std::map<std::uint64_t, Completion> ready_;  // completions waited for, not yet taken
+  std::map<std::uint64_t, bool> awaited_;      // requests some thread waits for
+  std::deque<Error> async_errors_;             // rejections of fire-and-forget commands
+  ArenaAllocator arena_alloc_;
+  std::vector<std::uint8_t> rx_buf_;
+};
+
+}  // namespace kiln::ipc

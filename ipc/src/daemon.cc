@@ -1,0 +1,710 @@
+// The daemon's client sessions over one device (kiln/ipc/daemon.h).
+#include "kiln/ipc/daemon.h"
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "kiln/ipc/op_check.h"
+#include "kiln/ipc/protocol.h"
+
+namespace kiln::ipc {
+
+using runtime::StreamId;
+
+namespace {
+
+constexpr std::chrono::milliseconds kReceivePoll{100};   // how often a session checks for stop
+constexpr std::chrono::milliseconds kSendTimeout{30'000};  // a client that never pops completions
+constexpr std::uint64_t kQueuedOpsRefresh = 64;            // ops between queued-op recounts
+
+// What the daemon knows of one client tensor.
+struct TensorRecord {
+  ir::TensorId global;
+  ir::Shape shape;
+  ir::DType dtype;
+  StreamId home;
+  std::uint64_t bytes = 0;
+};
+
+struct ExportRecord {
+  std::string job;
+  std::uint64_t client_id = 0;
+  std::uint64_t client_tensor = 0;
+  TensorRecord tensor;
+};
+
+std::string human_bytes(std::uint64_t b) {
+  if (b >= (std::uint64_t{1} << 30)) return fmt::format("{:.1f} GiB", double(b) / double(1 << 30));
+  if (b >= (std::uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", double(b) / double(1 << 20));
+  if (b >= (std::uint64_t{1} << 10)) return fmt::format("{:.1f} KiB", double(b) / double(1 << 10));
+  return fmt::format("{} B", b);
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct JobState {
+  std::uint64_t clients = 0;
+  std::uint64_t tensor_bytes = 0;
+  std::uint64_t queued_ops = 0;
+};
+
+class ClientSession;
+
+struct DaemonService::Impl {
+  runtime::Device& device;
+  DaemonOptions options;
+  boost::asio::io_context io;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
+  std::unique_ptr<ControlServer> server;
+  std::thread io_thread;
+  std::string socket_path;
+
+  mutable std::mutex mu;  // guards everything below
+  std::map<std::uint64_t, std::shared_ptr<ClientSession>> sessions;
+  std::vector<std::thread> finished_threads;  // sessions that ended, joined by the next reap
+  std::map<std::string, JobState> jobs;
+  std::unordered_map<std::uint64_t, ExportRecord> exports;
+  std::mt19937_64 token_rng{std::random_device{}()};
+  std::uint64_t clients_served = 0;
+  std::uint64_t next_stream = 1;  // device stream numbers handed to client streams
+  std::function<std::uint64_t()> fused_launches;
+  bool stopped = false;
+
+  Impl(runtime::Device& d, DaemonOptions o) : device(d), options(std::move(o)) {}
+
+  void on_client(std::unique_ptr<AcceptedClient> client);
+  DaemonStatus status();
+  void on_disconnect(std::uint64_t client_id, const Status& why);
+  void reap();
+};
+
+// One client: its tables and the thread that serves its ring.
+class ClientSession : public std::enable_shared_from_this<ClientSession> {
+ public:
+  ClientSession(DaemonService::Impl& service, std::unique_ptr<AcceptedClient> client)
+      : service_(service), client_(std::move(client)) {}
+
+  void start() {
+    thread_ = std::thread([self = shared_from_this()] { self->run(); });
+  }
+  void request_stop() { stop_.store(true, std::memory_order_release); }
+  std::thread take_thread() { return std::move(thread_); }
+  std::uint64_t id() const { return client_->client_id; }
+  const std::string& job() const { return client_->job; }
+
+  ClientStatus status() const {
+    std::lock_guard lock(stats_mu_);
+    return stats_;
+  }
+
+ private:
+  void run();
+  void serve(std::span<const std::uint8_t> message);
+  void cleanup();
+
+  // Handlers: an error return becomes an error completion for the request.
+  Status attach(const AttachStreamCmd& c, std::uint64_t rid);
+  Status register_op(RegisterOpCmd& c);
+  Status upload(const UploadCmd& c, std::uint64_t rid);
+  Status read(const ReadCmd& c, std::uint64_t rid);
+  Status sync(const SyncCmd& c, std::uint64_t rid);
+  Status drop(const DropCmd& c);
+  Status export_tensor(const ExportCmd& c, std::uint64_t rid);
+  Status import_tensor(const ImportCmd& c, std::uint64_t rid);
+  Status close_stream(const CloseStreamCmd& c, std::uint64_t rid);
+  Status status(const StatusCmd& c, std::uint64_t rid);
+
+  Status send(const Completion& cpl);
+  StreamId stream(std::uint64_t client_stream);
+  Result<TensorRecord*> lookup(std::uint64_t client_tensor, const char* what);
+  Status check_fresh(std::uint64_t client_tensor, const char* what) const;
+  Status charge(std::uint64_t bytes, const char* what);
+  void release(std::uint64_t bytes);
+  void forget(std::uint64_t client_tensor);
+  void publish_stats();
+  void refresh_queued_ops();
+
+  DaemonService::Impl& service_;
+  std::unique_ptr<AcceptedClient> client_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  // Session-thread state.
+  std::unordered_map<std::uint64_t, StreamId> streams_;
+  std::unordered_map<std::uint64_t, TensorRecord> tensors_;
+  std::uint64_t tensor_bytes_ = 0;
+  std::uint64_t ops_registered_ = 0;
+  std::uint64_t queued_ops_ = 0;
+  std::uint64_t rejected_ = 0;
+  std::vector<std::uint8_t> out_;
+
+  mutable std::mutex stats_mu_;
+  ClientStatus stats_;
+};
+
+// ---- Session thread
+
+void ClientSession::run() {
+  Endpoint& ep = client_->endpoint;
+  std::vector<std::uint8_t> buf(ep.max_receive_bytes());
+  spdlog::info("kilnd: client {} connected (job {}, pid {}, uid {})", id(), job(), client_->peer.pid, client_->peer.uid);
+  while (!stop_.load(std::memory_order_acquire)) {
+    Result<std::optional<std::size_t>> got = ep.receive(buf, kReceivePoll);
+    if (!got.ok()) {
+      // A ring the client corrupted: nothing more from it can be trusted.
+      spdlog::warn("kilnd: client {}: {}; disconnecting it", id(), got.error().to_string());
+      break;
+    }
+    if (!got->has_value()) continue;
+    serve(std::span<const std::uint8_t>(buf.data(), **got));
+  }
+  cleanup();
+  std::lock_guard lock(service_.mu);
+  if (auto it = service_.sessions.find(id()); it != service_.sessions.end()) {
+    service_.finished_threads.push_back(std::move(thread_));
+    service_.sessions.erase(it);
+  }
+  if (service_.server && !service_.stopped) service_.server->disconnect(id());
+}
+
+void ClientSession::serve(std::span<const std::uint8_t> message) {
+  const std::uint64_t arena_size = client_->endpoint.layout().arena_size;
+  Result<Command> decoded = decode_command(message, arena_size);
+  if (!decoded.ok()) {
+    ++rejected_;
+    (void)send(error_completion(peek_request_id(message).value_or(0), decoded.error()));
+    publish_stats();
+    return;
+  }
+  Command& cmd = *decoded;
+  const std::uint64_t rid = cmd.request_id;
+  Status st = std::visit(
+      [&](auto& c) -> Status {
+        using T = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<T, AttachStreamCmd>) return attach(c, rid);
+        if constexpr (std::is_same_v<T, RegisterOpCmd>) return register_op(c);
+        if constexpr (std::is_same_v<T, UploadCmd>) return upload(c, rid);
+        if constexpr (std::is_same_v<T, ReadCmd>) return read(c, rid);
+        if constexpr (std::is_same_v<T, SyncCmd>) return sync(c, rid);
+        if constexpr (std::is_same_v<T, DropCmd>) return drop(c);
+        if constexpr (std::is_same_v<T, ExportCmd>) return export_tensor(c, rid);
+        if constexpr (std::is_same_v<T, ImportCmd>) return import_tensor(c, rid);
+        if constexpr (std::is_same_v<T, CloseStreamCmd>) return close_stream(c, rid);
+        if constexpr (std::is_same_v<T, StatusCmd>) return status(c, rid);
+        return make_error(ErrorCode::Internal, "unhandled command");
+      },
+      cmd.body);
+  if (!st.ok()) {
+    ++rejected_;
+    Error e = st.error();
+    e.message = std::string(command_kind_name(cmd.kind())) + ": " + e.message;
+    (void)send(error_completion(rid, e));
+  }
+  publish_stats();
+}
+
+Status ClientSession::send(const Completion& cpl) {
+  out_.clear();
+  KILN_RETURN_IF_ERROR(encode_completion(cpl, out_));
+  Status st = client_->endpoint.send(out_, kSendTimeout);
+  if (!st.ok()) {
+    // The client stopped taking completions: treat it as gone.
+    spdlog::warn("kilnd: client {}: completion not delivered ({}); disconnecting it", id(), st.error().to_string());
+    request_stop();
+  }
+  return st;
+}
+
+StreamId ClientSession::stream(std::uint64_t client_stream) {
+  auto it = streams_.find(client_stream);
+  if (it != streams_.end()) return it->second;
+  std::uint64_t n;
+  {
+    std::lock_guard lock(service_.mu);
+    n = service_.next_stream++;
+  }
+  const StreamId s = StreamId::from_number(n);
+  streams_.emplace(client_stream, s);
+  return s;
+}
+
+Result<TensorRecord*> ClientSession::lookup(std::uint64_t client_tensor, const char* what) {
+  auto it = tensors_.find(client_tensor);
+  if (it == tensors_.end())
+    return make_error(ErrorCode::InvalidHandle,
+                      fmt::format("{}: tensor {} is not one of this client's live tensors", what, client_tensor));
+  return &it->second;
+}
+
+Status ClientSession::check_fresh(std::uint64_t client_tensor, const char* what) const {
+  if (tensors_.count(client_tensor) != 0)
+    return make_error(ErrorCode::Invalid, fmt::format("{}: tensor id {} is already in use by this client", what, client_tensor));
+  return Status::Ok();
+}
+
+Status ClientSession::charge(std::uint64_t bytes, const char* what) {
+  std::lock_guard lock(service_.mu);
+  JobState& job_state = service_.jobs[job()];
+  const std::uint64_t quota = service_.options.job_memory_bytes;
+  if (quota != 0 && (bytes > quota || job_state.tensor_bytes > quota - bytes))
+    return make_error(ErrorCode::ResourceExhausted,
+                      fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what, job(),
+                                  human_bytes(quota), human_bytes(job_state.tensor_bytes), human_bytes(bytes)));
+  job_state.tensor_bytes += bytes;
+  tensor_bytes_ += bytes;
+  return Status::Ok();
+}
+
+void ClientSession::release(std::uint64_t bytes) {
+  std::lock_guard lock(service_.mu);
+  JobState& job_state = service_.jobs[job()];
+  job_state.tensor_bytes -= std::min(job_state.tensor_bytes, bytes);
+  tensor_bytes_ -= std::min(tensor_bytes_, bytes);
+}
+
+// The tensor leaves this client's namespace (consumed, read for the last time, or dropped); an
+// export of it is withdrawn.
+void ClientSession::forget(std::uint64_t client_tensor) {
+  auto it = tensors_.find(client_tensor);
+  if (it == tensors_.end()) return;
+  release(it->second.bytes);
+  tensors_.erase(it);
+  std::lock_guard lock(service_.mu);
+  for (auto e = service_.exports.begin(); e != service_.exports.end();) {
+    if (e->second.client_id == id() && e->second.client_tensor == client_tensor)
+      e = service_.exports.erase(e);
+    else
+      ++e;
+  }
+}
+
+void ClientSession::refresh_queued_ops() {
+  std::uint64_t queued = 0;
+  for (const auto& [n, s] : streams_) {
+    std::optional<runtime::StreamStats> st = service_.device.stream_stats(s);
+    if (st) queued += st->pending_ops + (st->enqueued - std::min(st->enqueued, st->commands));
+  }
+  std::lock_guard lock(service_.mu);
+  JobState& job_state = service_.jobs[job()];
+  job_state.queued_ops = job_state.queued_ops - std::min(job_state.queued_ops, queued_ops_) + queued;
+  queued_ops_ = queued;
+}
+
+void ClientSession::publish_stats() {
+  std::lock_guard lock(stats_mu_);
+  stats_.client_id = id();
+  stats_.job = job();
+  stats_.pid = client_->peer.pid;
+  stats_.streams = streams_.size();
+  stats_.tensors = tensors_.size();
+  stats_.tensor_bytes = tensor_bytes_;
+  stats_.ops_registered = ops_registered_;
+  stats_.queued_ops = queued_ops_;
+  stats_.rejected = rejected_;
+}
+
+// ---- Handlers
+
+Status ClientSession::attach(const AttachStreamCmd& c, std::uint64_t rid) {
+  (void)stream(c.stream);
+  return send(Completion{rid, OkCpl{}});
+}
+
+Status ClientSession::register_op(RegisterOpCmd& c) {
+  ir::Operation& op = c.op;
+  KILN_RETURN_IF_ERROR(check_client_operation(op));
+  // Quota of queued operations: recounted every few ops (a stream stats read per stream).
+  const std::uint64_t limit = service_.options.job_queued_ops;
+  if (limit != 0) {
+    if (ops_registered_ % kQueuedOpsRefresh == 0) refresh_queued_ops();
+    std::lock_guard lock(service_.mu);
+    if (service_.jobs[job()].queued_ops >= limit)
+      return make_error(ErrorCode::ResourceExhausted,
+                        fmt::format("job '{}' has {} queued operations, its quota is {}: sync before queuing more", job(),
+                                    service_.jobs[job()].queued_ops, limit));
+  }
+  // Inputs: this client's live tensors, with the shapes and dtypes on record.
+  const std::size_t ni = op.num_inputs;
+  std::vector<std::uint64_t> consumed;
+  for (std::size_t i = 0; i < ni; ++i) {
+    ir::TensorIr& t = op.tensors[i];
+    KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(t.id.value(), "input"));
+    if (!(rec->dtype == t.dtype) || rec->shape != t.shape)
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("{}: input {} is {} {} on record, the message says {} {}", op.kind_name(), i,
+                                    ir::shape_to_string(rec->shape), rec->dtype.name(), ir::shape_to_string(t.shape),
+                                    t.dtype.name()));
+    if (t.status == ir::TensorStatus::ReadWrite) consumed.push_back(t.id.value());
+  }
+  for (std::size_t a = 0; a < consumed.size(); ++a)
+    for (std::size_t b = a + 1; b < consumed.size(); ++b)
+      if (consumed[a] == consumed[b])
+        return make_error(ErrorCode::Invalid, fmt::format("{}: tensor {} consumed twice", op.kind_name(), consumed[a]));
+  // Outputs: fresh ids; their bytes count against the job's memory quota.
+  std::uint64_t out_bytes = 0;
+  for (std::size_t o = ni; o < op.tensors.size(); ++o) {
+    KILN_RETURN_IF_ERROR(check_fresh(op.tensors[o].id.value(), "output"));
+    KILN_ASSIGN_OR_RETURN(std::uint64_t b, tensor_bytes(op.tensors[o].dtype, op.tensors[o].shape));
+    out_bytes += b;
+  }
+  KILN_RETURN_IF_ERROR(charge(out_bytes, op.kind_name().c_str()));
+  // Translate into device ids, then record outputs and forget consumed inputs.
+  const StreamId s = stream(c.stream);
+  std::vector<std::pair<std::uint64_t, TensorRecord>> produced;
+  for (std::size_t i = 0; i < op.tensors.size(); ++i) {
+    ir::TensorIr& t = op.tensors[i];
+    const std::uint64_t client_id = t.id.value();
+    if (i < ni) {
+      t.id = tensors_.at(client_id).global;
+    } else {
+      Result<std::uint64_t> bytes = tensor_bytes(t.dtype, t.shape);
+      TensorRecord rec{service_.device.new_tensor_id(), t.shape, t.dtype, s, bytes.ok() ? *bytes : 0};
+      t.id = rec.global;
+      produced.emplace_back(client_id, std::move(rec));
+    }
+  }
+  Status st = service_.device.register_op(s, std::move(op));
+  if (!st.ok()) {
+    release(out_bytes);
+    return st;
+  }
+  for (std::uint64_t id : consumed) forget(id);
+  for (auto& [client_id, rec] : produced) tensors_.emplace(client_id, std::move(rec));
+  ++ops_registered_;
+  return Status::Ok();
+}
+
+Status ClientSession::upload(const UploadCmd& c, std::uint64_t rid) {
+  KILN_RETURN_IF_ERROR(check_fresh(c.tensor.value(), "upload"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t bytes, tensor_bytes(c.dtype, c.shape));
+  if (bytes != c.data.length)
+    return make_error(ErrorCode::Invalid, fmt::format("the data range holds {} bytes, the tensor needs {}", c.data.length, bytes));
+  // Copy out of shared memory first: the client could rewrite the arena while we upload.
+  std::vector<std::byte> data(bytes);
+  KILN_RETURN_IF_ERROR(client_->endpoint.arena().read(
+      c.data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(data.data()), data.size())));
+  KILN_RETURN_IF_ERROR(charge(bytes, "upload"));
+  const ir::TensorId global = service_.device.new_tensor_id();
+  Status st = service_.device.upload(global, c.dtype, c.shape, data);
+  if (!st.ok()) {
+    release(bytes);
+    return st;
+  }
+  tensors_.emplace(c.tensor.value(), TensorRecord{global, c.shape, c.dtype, stream(0), bytes});
+  return send(Completion{rid, OkCpl{}});
+}
+
+Status ClientSession::read(const ReadCmd& c, std::uint64_t rid) {
+  KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(c.tensor.id.value(), "read"));
+  if (!(rec->dtype == c.tensor.dtype) || rec->shape != c.tensor.shape)
+    return make_error(ErrorCode::Invalid, fmt::format("tensor {} is {} {} on record, the message says {} {}",
+                                                      c.tensor.id.value(), ir::shape_to_string(rec->shape),
+                                                      rec->dtype.name(), ir::shape_to_string(c.tensor.shape),
+                                                      c.tensor.dtype.name()));
+  if (rec->bytes > c.dest.length)
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("the destination holds {} bytes, the tensor has {}", c.dest.length, rec->bytes));
+  const bool last_use = c.tensor.status == ir::TensorStatus::ReadWrite;
+  const ir::TensorIr t{rec->global, rec->shape, last_use ? ir::TensorStatus::ReadWrite : ir::TensorStatus::ReadOnly,
+                       rec->dtype};
+  Result<runtime::HostData> data = service_.device.read(rec->home, t);
+  if (last_use) forget(c.tensor.id.value());  // consumed by the read, whatever its outcome
+  if (!data.ok()) return data.error();
+  const std::vector<std::byte>& bytes = data->bytes;
+  KILN_RETURN_IF_ERROR(client_->endpoint.arena().write(
+      c.dest, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size())));
+  return send(Completion{rid, ReadDoneCpl{data->dtype, data->shape, ArenaRange{c.dest.offset, bytes.size()}}});
+}
+
+Status ClientSession::sync(const SyncCmd& c, std::uint64_t rid) {
+  KILN_RETURN_IF_ERROR(service_.device.drain(stream(c.stream)));
+  if (service_.options.job_queued_ops != 0) refresh_queued_ops();
+  return send(Completion{rid, OkCpl{}});
+}
+
+Status ClientSession::drop(const DropCmd& c) {
+  KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(c.tensor.id.value(), "drop"));
+  const ir::TensorIr t{rec->global, rec->shape, ir::TensorStatus::ReadWrite, rec->dtype};
+  Status st = service_.device.drop(rec->home, t);
+  forget(c.tensor.id.value());
+  return st;
+}
+
+Status ClientSession::export_tensor(const ExportCmd& c, std::uint64_t rid) {
+  KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(c.tensor.value(), "export"));
+  std::uint64_t token = 0;
+  {
+    std::lock_guard lock(service_.mu);
+    do token = service_.token_rng();
+    while (token == 0 || service_.exports.count(token) != 0);
+    service_.exports.emplace(token, ExportRecord{job(), id(), c.tensor.value(), *rec});
+  }
+  return send(Completion{rid, ExportedCpl{token}});
+}
+
+Status ClientSession::import_tensor(const ImportCmd& c, std::uint64_t rid) {
+  KILN_RETURN_IF_ERROR(check_fresh(c.tensor.value(), "import"));
+  std::optional<ExportRecord> src;
+  {
+    std::lock_guard lock(service_.mu);
+    auto it = service_.exports.find(c.token);
+    // One message for both cases: a token of another job must not be told apart from a wrong one.
+    if (it == service_.exports.end() || it->second.job != job())
+      return make_error(ErrorCode::InvalidHandle, "no tensor exported under this token for job '" + job() + "'");
+    src = it->second;
+  }
+  KILN_RETURN_IF_ERROR(charge(src->tensor.bytes, "import"));
+  const ir::TensorId global = service_.device.new_tensor_id();
+  Status st = service_.device.share(src->tensor.home, src->tensor.global, global);
+  if (!st.ok()) {
+    release(src->tensor.bytes);
+    return st;
+  }
+  tensors_.emplace(c.tensor.value(),
+                   TensorRecord{global, src->tensor.shape, src->tensor.dtype, stream(c.stream), src->tensor.bytes});
+  return send(Completion{rid, OkCpl{}});
+}
+
+Status ClientSession::close_stream(const CloseStreamCmd& c, std::uint64_t rid) {
+  auto it = streams_.find(c.stream);
+  if (it == streams_.end()) return send(Completion{rid, OkCpl{}});
+  for (const auto& [n, rec] : tensors_)
+    if (rec.home == it->second)
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("stream {} is still the home of tensor {}: drop it first", c.stream, n));
+  KILN_RETURN_IF_ERROR(service_.device.close_stream(it->second));
+  streams_.erase(it);
+  return send(Completion{rid, OkCpl{}});
+}
+
+Status ClientSession::status(const StatusCmd& c, std::uint64_t rid) {
+  publish_stats();
+  const DaemonStatus st = service_.status();
+  return send(Completion{rid, StatusTextCpl{c.json ? st.to_json() : st.to_text()}});
+}
+
+// ---- Cleanup when the client goes
+
+void ClientSession::cleanup() {
+  runtime::Device& device = service_.device;
+  // Drain first, so that every queued op that reads a tensor has run before it is dropped.
+  for (const auto& [n, s] : streams_) {
+    Status st = device.drain(s);
+    if (!st.ok()) spdlog::warn("kilnd: client {}: drain of stream {}: {}", id(), n, st.error().to_string());
+  }
+  for (const auto& [n, rec] : tensors_) {
+    Status st = device.drop(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadWrite, rec.dtype});
+    if (!st.ok()) spdlog::warn("kilnd: client {}: drop of tensor {}: {}", id(), n, st.error().to_string());
+  }
+  // The uploads' home (client stream 0) may never have been used by an op: make sure it exists
+  // in the table so that its drops are drained and it is closed like the others.
+  for (const auto& [n, s] : streams_) {
+    Status st = device.close_stream(s);
+    if (!st.ok()) spdlog::warn("kilnd: client {}: close of stream {}: {}", id(), n, st.error().to_string());
+  }
+  const std::size_t dropped = tensors_.size();
+  tensors_.clear();
+  {
+    std::lock_guard lock(service_.mu);
+    JobState& job_state = service_.jobs[job()];
+    job_state.tensor_bytes -= std::min(job_state.tensor_bytes, tensor_bytes_);
+    job_state.queued_ops -= std::min(job_state.queued_ops, queued_ops_);
+    if (job_state.clients > 0) --job_state.clients;
+    if (job_state.clients == 0) service_.jobs.erase(job());
+    for (auto e = service_.exports.begin(); e != service_.exports.end();)
+      e = e->second.client_id == id() ? service_.exports.erase(e) : std::next(e);
+  }
+  tensor_bytes_ = 0;
+  spdlog::info("kilnd: client {} (job {}) gone: {} stream(s) closed, {} tensor(s) freed", id(), job(), streams_.size(),
+               dropped);
+  streams_.clear();
+}
+
+// ---- Service
+
+void DaemonService::Impl::on_client(std::unique_ptr<AcceptedClient> client) {
+  reap();
+  auto session = std::make_shared<ClientSession>(*this, std::move(client));
+  {
+    std::lock_guard lock(mu);
+    if (stopped) return;
+    sessions.emplace(session->id(), session);
+    ++jobs[session->job()].clients;
+    ++clients_served;
+  }
+  session->start();
+}
+
+void DaemonService::Impl::on_disconnect(std::uint64_t client_id, const Status& why) {
+  std::lock_guard lock(mu);
+  auto it = sessions.find(client_id);
+  if (it == sessions.end()) return;
+  if (!why.ok()) spdlog::info("kilnd: client {}: {}", client_id, why.error().to_string());
+  it->second->request_stop();
+}
+
+void DaemonService::Impl::reap() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard lock(mu);
+    done.swap(finished_threads);
+  }
+  for (std::thread& t : done)
+    if (t.joinable()) t.join();
+}
+
+DaemonService::DaemonService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DaemonService::~DaemonService() { stop(); }
+
+Result<std::unique_ptr<DaemonService>> DaemonService::start(runtime::Device& device, DaemonOptions options) {
+  auto impl = std::make_unique<Impl>(device, std::move(options));
+  Impl* raw = impl.get();
+  ServerCallbacks cb;
+  cb.on_client = [raw](std::unique_ptr<AcceptedClient> c) { raw->on_client(std::move(c)); };
+  cb.on_disconnect = [raw](std::uint64_t id, const Status& why) { raw->on_disconnect(id, why); };
+  KILN_ASSIGN_OR_RETURN(impl->server, ControlServer::start(impl->io, impl->options.server, std::move(cb)));
+  impl->socket_path = impl->server->socket_path();
+  impl->work.emplace(impl->io.get_executor());
+  impl->io_thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<DaemonService>(new DaemonService(std::move(impl)));
+}
+
+const std::string& DaemonService::socket_path() const { return impl_->socket_path; }
+
+void DaemonService::stop() {
+  Impl& s = *impl_;
+  std::vector<std::shared_ptr<ClientSession>> sessions;
+  {
+    std::lock_guard lock(s.mu);
+    if (s.stopped) return;
+    s.stopped = true;
+    for (auto& [id, session] : s.sessions) sessions.push_back(session);
+  }
+  if (s.server) s.server->stop();
+  for (auto& session : sessions) session->request_stop();
+  // Each session cleans up (drains, drops, closes its streams) and moves its thread to
+  // finished_threads on the way out.
+  for (auto& session : sessions) {
+    for (;;) {
+      {
+        std::lock_guard lock(s.mu);
+        if (s.sessions.count(session->id()) == 0) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  s.reap();
+  s.work.reset();
+  s.io.stop();
+  if (s.io_thread.joinable()) s.io_thread.join();
+  s.server.reset();
+}
+
+void DaemonService::set_fused_launch_counter(std::function<std::uint64_t()> counter) {
+  std::lock_guard lock(impl_->mu);
+  impl_->fused_launches = std::move(counter);
+}
+
+DaemonStatus DaemonService::status() const { return impl_->status(); }
+
+DaemonStatus DaemonService::Impl::status() {
+  Impl& s = *this;
+  DaemonStatus st;
+  std::vector<std::shared_ptr<ClientSession>> live;
+  std::function<std::uint64_t()> fused;
+  {
+    std::lock_guard lock(s.mu);
+    for (auto& [id, session] : s.sessions) live.push_back(session);
+    for (const auto& [name, job] : s.jobs) st.jobs.push_back(JobStatus{name, job.clients, job.tensor_bytes, job.queued_ops});
+    st.clients_served = s.clients_served;
+    fused = s.fused_launches;
+  }
+  for (auto& session : live) st.clients.push_back(session->status());
+  st.device = s.options.device_name;
+  st.socket_path = s.socket_path;
+  st.streams = s.device.num_streams();
+  st.plans = s.device.plan_store().size();
+  const runtime::MemoryStats mem = s.device.backend().memory_stats();
+  st.memory_bytes = mem.bytes_in_use;
+  st.device_tensors = mem.tensors;
+  const runtime::StreamStats counters = s.device.totals();
+  st.cache_hits = counters.cache_hits;
+  st.explorations = counters.explorations;
+  if (fused) st.fused_launches = fused();
+  return st;
+}
+
+std::string daemon_socket_name(const std::string& device) {
+  std::string name = "kilnd-";
+  for (char c : device) name += (c == ':') ? '-' : c;
+  return name + ".sock";
+}
+
+std::string DaemonStatus::to_json() const {
+  std::string out = "{";
+  out += fmt::format("\"device\":\"{}\",\"socket\":\"{}\",\"clients_served\":{},\"streams\":{},\"plans\":{},", json_escape(device),
+                     json_escape(socket_path), clients_served, streams, plans);
+  const std::uint64_t lookups = cache_hits + explorations;
+  out += fmt::format("\"cache_hits\":{},\"explorations\":{},\"hit_rate\":{:.4f},\"fused_launches\":{},", cache_hits,
+                     explorations, lookups ? double(cache_hits) / double(lookups) : 0.0, fused_launches);
+  out += fmt::format("\"memory_bytes\":{},\"device_tensors\":{},", memory_bytes, device_tensors);
+  out += "\"jobs\":[";
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    out += fmt::format("{}{{\"name\":\"{}\",\"clients\":{},\"tensor_bytes\":{},\"queued_ops\":{}}}", i ? "," : "",
+                       json_escape(jobs[i].name), jobs[i].clients, jobs[i].tensor_bytes, jobs[i].queued_ops);
+  out += "],\"clients\":[";
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    const ClientStatus& c = clients[i];
+    out += fmt::format(
+        "{}{{\"id\":{},\"job\":\"{}\",\"pid\":{},\"streams\":{},\"tensors\":{},\"tensor_bytes\":{},\"ops\":{},"
+        "\"queued_ops\":{},\"rejected\":{}}}",
+        i ? "," : "", c.client_id, json_escape(c.job), c.pid, c.streams, c.tensors, c.tensor_bytes, c.ops_registered,
+        c.queued_ops, c.rejected);
+  }
+  out += "]}";
+  return out;
+}
+
+std::string DaemonStatus::to_text() const {
+  std::string out;
+  const std::uint64_t lookups = cache_hits + explorations;
+  out += fmt::format("kilnd on {} ({})\n", device, socket_path);
+  out += fmt::format("  clients now {}, served {}; streams {}\n", clients.size(), clients_served, streams);
+  out += fmt::format("  plan store: {} plans, {} cache hits, {} explorations, hit rate {:.1f}%\n", plans, cache_hits,
+                     explorations, lookups ? 100.0 * double(cache_hits) / double(lookups) : 0.0);
+  out += fmt::format("  fused launches {}; memory in use {} in {} tensors\n", fused_launches, human_bytes(memory_bytes),
+                     device_tensors);
+  for (const JobStatus& j : jobs)
+    out += fmt::format("  job {}: {} client(s), {} of tensors, {} queued ops\n", j.name, j.clients,
+                       human_bytes(j.tensor_bytes), j.queued_ops);
+  for (const ClientStatus& c : clients)
+    out += fmt::format("    client {} (pid {}, job {}): {} streams, {} tensors ({}), {} ops, {} queued, {} rejected\n",
+                       c.client_id, c.pid, c.job, c.streams, c.tensors, human_bytes(c.tensor_bytes), c.ops_registered,
+                       c.queued_ops, c.rejected);
+  return out;
+}
+
+}  // namespace kiln::ipc

@@ -1,0 +1,90 @@
+#include "kiln/ipc/endpoint.h"
+
+#include <string>
+
+namespace kiln::ipc {
+
+namespace {
+RingRegion tx_region(Side side, const Segment& s) {
+  return side == Side::Daemon ? s.completion_ring() : s.command_ring();
+}
+RingRegion rx_region(Side side, const Segment& s) {
+  return side == Side::Daemon ? s.command_ring() : s.completion_ring();
+}
+}  // namespace
+
+Endpoint::Endpoint(Side side, Segment segment, Bells bells)
+    : side_(side),
+      segment_(std::move(segment)),
+      bells_(std::move(bells)),
+      // tx: rings its ring's data bell for the consumer; rx: rings its ring's space bell.
+      tx_(tx_region(side, segment_),
+          bell_fd(side == Side::Daemon ? Bell::CompletionData : Bell::CommandData),
+          side == Side::Daemon ? "completion ring" : "command ring"),
+      rx_(rx_region(side, segment_),
+          bell_fd(side == Side::Daemon ? Bell::CommandSpace : Bell::CompletionSpace),
+          side == Side::Daemon ? "command ring" : "completion ring") {}
+
+Result<Endpoint> Endpoint::create_daemon_side(const SegmentConfig& config) {
+  KILN_ASSIGN_OR_RETURN(Segment seg, Segment::create(config, "kiln-client-segment"));
+  Bells bells;
+  for (auto& b : bells) {
+    KILN_ASSIGN_OR_RETURN(b, make_doorbell());
+  }
+  return Endpoint(Side::Daemon, std::move(seg), std::move(bells));
+}
+
+Result<Endpoint> Endpoint::attach_client_side(UniqueFd memfd, Bells bells) {
+  for (const auto& b : bells) {
+    if (!b) return make_error(ErrorCode::Invalid, "endpoint: missing doorbell fd");
+  }
+  KILN_ASSIGN_OR_RETURN(Segment seg, Segment::attach(std::move(memfd)));
+  return Endpoint(Side::Client, std::move(seg), std::move(bells));
+}
+
+Status Endpoint::send(std::span<const std::uint8_t> message, std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    KILN_ASSIGN_OR_RETURN(const PushStatus st, tx_.try_push(message));
+    if (st == PushStatus::Pushed) return Status::Ok();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      return make_error(ErrorCode::ResourceExhausted, std::string(side_ == Side::Daemon ? "completion" : "command") +
+                                                          " ring still full after " +
+                                                          std::to_string(timeout.count()) + " ms");
+    }
+    if (tx_.prepare_wait_for_space(message.size())) {
+      ++send_sleeps_;
+      auto woke = wait_readable(send_wake_fd(), left, hangup_fd_);
+      tx_.end_wait_for_space();
+      if (!woke.ok()) return woke.error();
+      if (*woke) KILN_RETURN_IF_ERROR(drain_doorbell(send_wake_fd()).status());
+    } else {
+      tx_.end_wait_for_space();
+    }
+  }
+}
+
+Result<std::optional<std::size_t>> Endpoint::receive(std::span<std::uint8_t> out, std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    KILN_ASSIGN_OR_RETURN(auto n, rx_.try_pop(out));
+    if (n) return n;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return std::optional<std::size_t>();
+    if (rx_.prepare_sleep()) {
+      ++receive_sleeps_;
+      auto woke = wait_readable(receive_wake_fd(), left, hangup_fd_);
+      rx_.end_sleep();
+      if (!woke.ok()) return woke.error();
+      // Reset the count so the next sleep really sleeps; a stale ring only causes a re-check.
+      if (*woke) KILN_RETURN_IF_ERROR(drain_doorbell(receive_wake_fd()).status());
+    } else {
+      rx_.end_sleep();
+    }
+  }
+}
+
+}  // namespace kiln::ipc

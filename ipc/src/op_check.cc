@@ -1,0 +1,149 @@
+// The daemon's rebuild check of client operations (kiln/ipc/op_check.h).
+#include "kiln/ipc/op_check.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "kiln/ir/builders.h"
+
+namespace kiln::ipc {
+namespace {
+
+using ir::OpKind;
+using ir::Signature;
+namespace build = ir::build;
+
+Result<std::uint64_t> attr_at(const ir::Operation& op, std::size_t i) {
+  if (i >= op.attrs.size() || op.attrs[i] < 0)
+    return make_error(ErrorCode::Invalid, fmt::format("{}: attribute {} missing or negative", op.kind_name(), i));
+  return static_cast<std::uint64_t>(op.attrs[i]);
+}
+
+// The builder call that would have produced `op`, from its own inputs, scalars and attributes.
+Result<ir::Operation> rebuild(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const auto out = op.outputs();
+  if (out.size() != 1)
+    return make_error(ErrorCode::Invalid, fmt::format("{}: not accepted over IPC (several outputs)", op.kind_name()));
+  const ir::TensorIr& o = out[0];
+  const ir::OpInfo& info = op.info();
+  const bool cmp = info.has(ir::kComparison);
+  switch (info.signature) {
+    case Signature::Unary:
+      if (in.size() != 1) break;
+      return cmp ? build::unary_comparison(op.family, op.kind, in[0], o.dtype, o.id)
+                 : build::unary(op.family, op.kind, in[0], o.id);
+    case Signature::Binary:
+      if (in.size() != 2) break;
+      return cmp ? build::binary_comparison(op.family, op.kind, in[0], in[1], o.dtype, o.id)
+                 : build::binary(op.family, op.kind, in[0], in[1], o.id);
+    case Signature::Scalar:
+      if (in.size() != 1 || op.scalars.size() != 1) break;
+      return cmp ? build::scalar_comparison(op.family, op.kind, in[0], op.scalars[0], o.dtype, o.id)
+                 : build::scalar(op.family, op.kind, in[0], op.scalars[0], o.id);
+    case Signature::Cast:
+      if (in.size() != 1) break;
+      return build::cast(op.family, op.kind, in[0], o.dtype, o.id);
+    case Signature::Clamp:
+      if (in.size() != 1 || op.scalars.size() != 2) break;
+      return build::clamp(op.family, op.kind, in[0], op.scalars[0], op.scalars[1], o.id);
+    case Signature::MaskWhere:
+      if (in.size() != 3) break;
+      return build::mask_where(op.family, op.kind, in[0], in[1], in[2], o.id);
+    case Signature::MaskFill:
+      if (in.size() != 2 || op.scalars.size() != 1) break;
+      return build::mask_fill(op.family, op.kind, in[0], in[1], op.scalars[0], o.id);
+    case Signature::Matmul:
+      if (in.size() != 2) break;
+      return o.dtype == in[0].dtype ? build::matmul(op.family, op.kind, in[0], in[1], o.id)
+                                    : build::matmul_mixed(op.family, op.kind, in[0], in[1], o.dtype, o.id);
+    case Signature::Reduce:
+      if (in.size() != 1) break;
+      return o.dtype == in[0].dtype ? build::reduce(op.family, op.kind, in[0], o.id)
+                                    : build::reduce_bool(op.family, op.kind, in[0], o.dtype, o.id);
+    case Signature::ReduceDim: {
+      if (in.size() != 1) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t axis, attr_at(op, 0));
+      KILN_ASSIGN_OR_RETURN(std::uint64_t acc, attr_at(op, 1));
+      if (info.has(ir::kIndexOutput)) return build::reduce_dim_arg(op.family, op.kind, in[0], axis, acc, o.dtype, o.id);
+      if (o.dtype.is_bool() && !in[0].dtype.is_bool())
+        return build::reduce_dim_bool(op.family, op.kind, in[0], axis, acc, o.dtype, o.id);
+      return build::reduce_dim(op.family, op.kind, in[0], axis, acc, o.id);
+    }
+    case Signature::ShapeOp: {
+      if (in.size() != 1) break;
+      // Reshape and Expand carry no attributes: the claimed output shape is the target, and the
+      // builder checks that it is one the input can take.
+      std::vector<std::int64_t> args;
+      for (std::uint64_t d : o.shape) {
+        if (d > static_cast<std::uint64_t>(INT64_MAX)) return make_error(ErrorCode::Invalid, "dimension out of range");
+        args.push_back(static_cast<std::int64_t>(d));
+      }
+      return build::shape_op(op.family, op.kind, in[0], args, o.id);
+    }
+    case Signature::SwapDims: {
+      if (in.size() != 1) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t d1, attr_at(op, 0));
+      KILN_ASSIGN_OR_RETURN(std::uint64_t d2, attr_at(op, 1));
+      return build::swap_dims(op.family, op.kind, in[0], d1, d2, o.id);
+    }
+    case Signature::Permute: {
+      if (in.size() != 1) break;
+      std::vector<std::uint64_t> axes;
+      for (std::size_t i = 0; i < op.attrs.size(); ++i) {
+        KILN_ASSIGN_OR_RETURN(std::uint64_t a, attr_at(op, i));
+        axes.push_back(a);
+      }
+      return build::permute(op.family, op.kind, in[0], axes, o.id);
+    }
+    case Signature::Slice:
+      if (in.size() != 1) break;
+      return build::slice(op.family, op.kind, in[0], std::span<const ir::Slice>(op.ranges.data(), op.ranges.size()),
+                          o.id);
+    case Signature::Cat: {
+      if (in.empty()) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+      return build::cat(op.family, op.kind, in, dim, o.id);
+    }
+    case Signature::Gather: {
+      if (in.size() != 2) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+      return build::gather(op.family, op.kind, in[0], dim, in[1], o.id);
+    }
+    case Signature::Creation:
+      if (!in.empty()) break;
+      return build::creation(op.family, op.kind, o.shape, o.dtype, o.id);
+    case Signature::Full:
+      if (!in.empty() || op.scalars.size() != 1) break;
+      return build::full(op.family, op.kind, o.shape, o.dtype, op.scalars[0], o.id);
+    default:
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));
+  }
+  return make_error(ErrorCode::Invalid, fmt::format("{}: unexpected number of inputs or scalars", op.kind_name()));
+}
+
+}  // namespace
+
+Status check_client_operation(const ir::Operation& op) {
+  KILN_RETURN_IF_ERROR(op.validate());
+  for (const ir::TensorIr& t : op.inputs())
+    if (t.status != ir::TensorStatus::ReadOnly && t.status != ir::TensorStatus::ReadWrite)
+      return make_error(ErrorCode::Invalid, fmt::format("{}: input {} has status {}; inputs are ReadOnly or ReadWrite",
+                                                        op.kind_name(), t.id.to_string(), ir::status_name(t.status)));
+  KILN_ASSIGN_OR_RETURN(ir::Operation rebuilt, rebuild(op));
+  if (rebuilt == op) return Status::Ok();
+  // Name what differs: outputs first (the usual lie), then anything else.
+  const auto claimed = op.outputs();
+  const auto inferred = rebuilt.outputs();
+  for (std::size_t i = 0; i < claimed.size() && i < inferred.size(); ++i)
+    if (!(claimed[i] == inferred[i]))
+      return make_error(ErrorCode::Invalid, fmt::format("{}: output {} is {} but the builder infers {}", op.kind_name(), i,
+                                                        claimed[i].to_string(), inferred[i].to_string()));
+  return make_error(ErrorCode::Invalid,
+                    fmt::format("{}: the operation differs from what its builder makes of its inputs and attributes",
+                                op.kind_name()));
+}
+
+}  // namespace kiln::ipc

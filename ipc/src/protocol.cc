@@ -1,0 +1,570 @@
+#include "kiln/ipc/protocol.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "kiln/ir/codec.h"
+
+namespace kiln::ipc {
+
+namespace {
+
+using ir::DType;
+using ir::DTypeKind;
+using ir::Shape;
+
+constexpr std::size_t kMaxRank = ir::codec::kMaxRank;
+
+// ---- writer -----------------------------------------------------------------------------------
+
+class Writer {
+ public:
+  explicit Writer(std::vector<std::uint8_t>& out) : out_(out) {}
+  void u8(std::uint8_t v) { out_.push_back(v); }
+  void u16(std::uint16_t v) { le(v, 2); }
+  void u32(std::uint32_t v) { le(v, 4); }
+  void u64(std::uint64_t v) { le(v, 8); }
+  void bytes(std::string_view s) { out_.insert(out_.end(), s.begin(), s.end()); }
+  std::size_t size() const { return out_.size(); }
+  void patch_u32(std::size_t at, std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) out_[at + static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(v >> (8 * i));
+  }
+  std::vector<std::uint8_t>& raw() { return out_; }
+
+ private:
+  void le(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  std::vector<std::uint8_t>& out_;
+};
+
+Status check_dtype_encodable(DType d) {
+  if (d.kind() == DTypeKind::QFloat) return make_error(ErrorCode::Invalid, "dtype qfloat is not transferable over ipc");
+  return Status::Ok();
+}
+Status check_shape_encodable(const Shape& s) {
+  if (s.size() > kMaxRank) {
+    return make_error(ErrorCode::Invalid, "rank " + std::to_string(s.size()) + " exceeds the limit " + std::to_string(kMaxRank));
+  }
+  return Status::Ok();
+}
+
+void put_dtype(Writer& w, DType d) {
+  w.u8(static_cast<std::uint8_t>(d.kind()));
+  w.u8(d.is_bool() ? static_cast<std::uint8_t>(d.bool_store()) : 0);
+}
+void put_shape(Writer& w, const Shape& s) {
+  w.u8(static_cast<std::uint8_t>(s.size()));
+  for (std::uint64_t d : s) w.u64(d);
+}
+void put_tensor(Writer& w, const ir::TensorIr& t) {
+  w.u64(t.id.value());
+  w.u8(static_cast<std::uint8_t>(t.status));
+  put_dtype(w, t.dtype);
+  put_shape(w, t.shape);
+}
+void put_range(Writer& w, ArenaRange r) {
+  w.u64(r.offset);
+  w.u64(r.length);
+}
+
+// Writes the header with a body_len placeholder; returns the message start.
+std::size_t begin_message(Writer& w, std::uint8_t kind, std::uint64_t request_id) {
+  const std::size_t start = w.size();
+  w.u8(kind);
+  w.u8(0);
+  w.u16(0);
+  w.u32(0);  // body_len, patched by end_message
+  w.u64(request_id);
+  return start;
+}
+Status end_message(Writer& w, std::size_t start) {
+  const std::size_t total = w.size() - start;
+  if (total > kMaxMessageBytes) {
+    w.raw().resize(start);
+    return make_error(ErrorCode::Invalid, "message of " + std::to_string(total) + " bytes exceeds the limit " +
+                                              std::to_string(kMaxMessageBytes));
+  }
+  w.patch_u32(start + 4, static_cast<std::uint32_t>(total - kMessageHeaderBytes));
+  return Status::Ok();
+}
+
+// ---- reader -----------------------------------------------------------------------------------
+
+// Reads fields in order; every error names the message kind and the field ("upload.shape").
+class Reader {
+ public:
+  Reader(std::span<const std::uint8_t> b, const char* what) : b_(b), what_(what), kind_(what) {}
+
+  void set_kind(const char* kind) { kind_ = kind; }
+  std::size_t remaining() const { return b_.size() - pos_; }
+  std::size_t pos() const { return pos_; }
+
+  Error fail(const char* field, const std::string& msg) const {
+    return make_error(ErrorCode::Decode, std::string(kind_) + "." + field + ": " + msg);
+  }
+
+  Result<std::uint64_t> uint(const char* field, int n) {
+    if (remaining() < static_cast<std::size_t>(n)) {
+      return make_error(ErrorCode::Decode, std::string(what_) + " truncated: " + kind_ + "." + field + " needs " +
+                                               std::to_string(n) + " bytes at offset " + std::to_string(pos_) +
+                                               ", message has " + std::to_string(b_.size()));
+    }
+    std::uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= std::uint64_t{b_[pos_ + static_cast<std::size_t>(i)]} << (8 * i);
+    pos_ += static_cast<std::size_t>(n);
+    return v;
+  }
+  Result<std::uint8_t> u8(const char* f) {
+    KILN_ASSIGN_OR_RETURN(auto v, uint(f, 1));
+    return static_cast<std::uint8_t>(v);
+  }
+  Result<std::uint16_t> u16(const char* f) {
+    KILN_ASSIGN_OR_RETURN(auto v, uint(f, 2));
+    return static_cast<std::uint16_t>(v);
+  }
+  Result<std::uint32_t> u32(const char* f) {
+    KILN_ASSIGN_OR_RETURN(auto v, uint(f, 4));
+    return static_cast<std::uint32_t>(v);
+  }
+  Result<std::uint64_t> u64(const char* f) { return uint(f, 8); }
+  Status zero_u8(const char* f) {
+    KILN_ASSIGN_OR_RETURN(auto v, u8(f));
+    if (v != 0) return fail(f, "reserved byte is " + std::to_string(v) + ", must be 0");
+    return Status::Ok();
+  }
+  std::span<const std::uint8_t> take(std::size_t n) {  // caller checked remaining()
+    auto s = b_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  Status finish() const {
+    if (remaining() != 0) {
+      return make_error(ErrorCode::Decode, std::string(kind_) + ": " + std::to_string(remaining()) +
+                                               " trailing bytes after the last field");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::span<const std::uint8_t> b_;
+  const char* what_;
+  const char* kind_;
+  std::size_t pos_ = 0;
+};
+
+Result<DType> get_dtype(Reader& r, const char* field) {
+  KILN_ASSIGN_OR_RETURN(const std::uint8_t kind, r.u8(field));
+  KILN_ASSIGN_OR_RETURN(const std::uint8_t store, r.u8(field));
+  if (kind == static_cast<std::uint8_t>(DTypeKind::QFloat)) return r.fail(field, "qfloat is not transferable over ipc");
+  if (kind > static_cast<std::uint8_t>(DTypeKind::Bool)) return r.fail(field, "unknown dtype kind " + std::to_string(kind));
+  if (kind == static_cast<std::uint8_t>(DTypeKind::Bool)) {
+    if (store > static_cast<std::uint8_t>(ir::BoolStore::U32)) {
+      return r.fail(field, "unknown bool store " + std::to_string(store));
+    }
+    return DType::boolean(static_cast<ir::BoolStore>(store));
+  }
+  if (store != 0) return r.fail(field, "store byte is " + std::to_string(store) + " for a non-bool dtype, must be 0");
+  return DType(static_cast<DTypeKind>(kind));
+}
+
+Result<Shape> get_shape(Reader& r, const char* field) {
+  KILN_ASSIGN_OR_RETURN(const std::uint8_t rank, r.u8(field));
+  if (rank > kMaxRank) {
+    return r.fail(field, "rank " + std::to_string(rank) + " exceeds the limit " + std::to_string(kMaxRank));
+  }
+  Shape s;
+  s.reserve(rank);  // <= 16 entries: bounded whatever the input
+  for (std::uint8_t i = 0; i < rank; ++i) {
+    KILN_ASSIGN_OR_RETURN(const std::uint64_t d, r.u64(field));
+    s.push_back(d);
+  }
+  return s;
+}
+
+Result<ir::TensorStatus> get_status(Reader& r, const char* field) {
+  KILN_ASSIGN_OR_RETURN(const std::uint8_t st, r.u8(field));
+  if (st == static_cast<std::uint8_t>(ir::TensorStatus::ReadOnly)) return ir::TensorStatus::ReadOnly;
+  if (st == static_cast<std::uint8_t>(ir::TensorStatus::ReadWrite)) return ir::TensorStatus::ReadWrite;
+  if (st == static_cast<std::uint8_t>(ir::TensorStatus::NotInit)) {
+    return r.fail(field, "status NotInit is not allowed (the tensor must exist)");
+  }
+  return r.fail(field, "unknown tensor status " + std::to_string(st));
+}
+
+Result<ir::TensorIr> get_tensor(Reader& r) {
+  ir::TensorIr t;
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor.id"));
+  t.id = ir::TensorId(id);
+  KILN_ASSIGN_OR_RETURN(t.status, get_status(r, "tensor.status"));
+  KILN_ASSIGN_OR_RETURN(t.dtype, get_dtype(r, "tensor.dtype"));
+  KILN_ASSIGN_OR_RETURN(t.shape, get_shape(r, "tensor.shape"));
+  return t;
+}
+
+Result<ArenaRange> get_range(Reader& r, const char* field, const char* off_field, const char* len_field,
+                             std::uint64_t arena_size) {
+  ArenaRange a;
+  KILN_ASSIGN_OR_RETURN(a.offset, r.u64(off_field));
+  KILN_ASSIGN_OR_RETURN(a.length, r.u64(len_field));
+  if (!range_fits(a, arena_size)) {
+    return r.fail(field, "range [" + std::to_string(a.offset) + ", +" + std::to_string(a.length) +
+                             ") is outside the arena of " + std::to_string(arena_size) + " bytes");
+  }
+  return a;
+}
+
+// The fixed header; leaves the reader at the body. `kind_count` bounds the kind byte.
+struct Header {
+  std::uint8_t kind;
+  std::uint64_t request_id;
+};
+Result<Header> get_header(Reader& r, std::span<const std::uint8_t> bytes, const char* what, std::uint8_t kind_count) {
+  if (bytes.size() > kMaxMessageBytes) {
+    return make_error(ErrorCode::Decode, std::string(what) + " of " + std::to_string(bytes.size()) +
+                                             " bytes exceeds the limit " + std::to_string(kMaxMessageBytes));
+  }
+  Header h{};
+  KILN_ASSIGN_OR_RETURN(h.kind, r.u8("kind"));
+  KILN_RETURN_IF_ERROR(r.zero_u8("reserved"));
+  KILN_ASSIGN_OR_RETURN(const std::uint16_t res16, r.u16("reserved"));
+  if (res16 != 0) return r.fail("reserved", "reserved bytes are not 0");
+  KILN_ASSIGN_OR_RETURN(const std::uint32_t body_len, r.u32("body_len"));
+  KILN_ASSIGN_OR_RETURN(h.request_id, r.u64("request_id"));
+  if (body_len != r.remaining()) {
+    return r.fail("body_len", std::to_string(body_len) + " but the message has " + std::to_string(r.remaining()) +
+                                  " bytes after the header");
+  }
+  if (h.kind == 0 || h.kind > kind_count) {
+    return r.fail("kind", std::string(what) + " kind " + std::to_string(h.kind) + " is unknown");
+  }
+  return h;
+}
+
+}  // namespace
+
+const char* command_kind_name(CommandKind k) {
+  switch (k) {
+    case CommandKind::AttachStream: return "attach_stream";
+    case CommandKind::RegisterOp: return "register_op";
+    case CommandKind::Upload: return "upload";
+    case CommandKind::Read: return "read";
+    case CommandKind::Sync: return "sync";
+    case CommandKind::Drop: return "drop";
+    case CommandKind::Export: return "export";
+    case CommandKind::Import: return "import";
+    case CommandKind::CloseStream: return "close_stream";
+    case CommandKind::Status: return "status";
+  }
+  return "unknown";
+}
+
+const char* completion_kind_name(CompletionKind k) {
+  switch (k) {
+    case CompletionKind::Ok: return "ok";
+    case CompletionKind::Error: return "error";
+    case CompletionKind::ReadDone: return "read_done";
+    case CompletionKind::Exported: return "exported";
+    case CompletionKind::StatusText: return "status_text";
+  }
+  return "unknown";
+}
+
+Result<std::uint64_t> tensor_bytes(ir::DType dtype, const ir::Shape& shape) {
+  if (dtype.is_quantized()) return make_error(ErrorCode::Unsupported, "dtype qfloat is not transferable over ipc");
+  std::uint64_t n = dtype.size_bytes();
+  for (std::uint64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) {
+      return make_error(ErrorCode::OutOfBounds, "tensor " + dtype.name() + ir::shape_to_string(shape) +
+                                                    " has more than 2^64 bytes");
+    }
+  }
+  return n;
+}
+
+Completion error_completion(std::uint64_t request_id, const Error& e) {
+  std::string msg = e.message;
+  if (msg.size() > kMaxErrorMessageBytes) {
+    std::size_t cut = kMaxErrorMessageBytes;
+    // Back up over UTF-8 continuation bytes so the text stays valid.
+    while (cut > 0 && (static_cast<unsigned char>(msg[cut]) & 0xC0) == 0x80) --cut;
+    msg.resize(cut);
+  }
+  return Completion{request_id, ErrorCpl{e.code, std::move(msg)}};
+}
+
+Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
+  // Check representability first, so that nothing is appended on error.
+  Status ok = std::visit(
+      [](const auto& b) -> Status {
+        using T = std::decay_t<decltype(b)>;
+        if constexpr (std::is_same_v<T, UploadCmd>) {
+          KILN_RETURN_IF_ERROR(check_dtype_encodable(b.dtype));
+          return check_shape_encodable(b.shape);
+        } else if constexpr (std::is_same_v<T, ReadCmd> || std::is_same_v<T, DropCmd>) {
+          KILN_RETURN_IF_ERROR(check_dtype_encodable(b.tensor.dtype));
+          return check_shape_encodable(b.tensor.shape);
+        } else {
+          return Status::Ok();
+        }
+      },
+      cmd.body);
+  KILN_RETURN_IF_ERROR(ok);
+  Writer w(out);
+  const std::size_t start = begin_message(w, static_cast<std::uint8_t>(cmd.kind()), cmd.request_id);
+  std::visit(
+      [&w](const auto& b) {
+        using T = std::decay_t<decltype(b)>;
+        if constexpr (std::is_same_v<T, AttachStreamCmd> || std::is_same_v<T, SyncCmd> ||
+                      std::is_same_v<T, CloseStreamCmd>) {
+          w.u64(b.stream);
+        } else if constexpr (std::is_same_v<T, RegisterOpCmd>) {
+          w.u64(b.stream);
+          const std::size_t len_at = w.size();
+          w.u32(0);
+          ir::codec::encode_operation(b.op, w.raw());
+          // An oversized op makes the whole message oversized; end_message refuses it.
+          const std::size_t op_len = w.size() - len_at - 4;
+          w.patch_u32(len_at, static_cast<std::uint32_t>(std::min<std::size_t>(op_len, UINT32_MAX)));
+        } else if constexpr (std::is_same_v<T, UploadCmd>) {
+          w.u64(b.tensor.value());
+          put_dtype(w, b.dtype);
+          put_shape(w, b.shape);
+          put_range(w, b.data);
+        } else if constexpr (std::is_same_v<T, ReadCmd>) {
+          w.u64(b.stream);
+          put_tensor(w, b.tensor);
+          put_range(w, b.dest);
+        } else if constexpr (std::is_same_v<T, DropCmd>) {
+          w.u64(b.stream);
+          put_tensor(w, b.tensor);
+        } else if constexpr (std::is_same_v<T, ExportCmd>) {
+          w.u64(b.stream);
+          w.u64(b.tensor.value());
+        } else if constexpr (std::is_same_v<T, ImportCmd>) {
+          w.u64(b.stream);
+          w.u64(b.token);
+          w.u64(b.tensor.value());
+        } else if constexpr (std::is_same_v<T, StatusCmd>) {
+          w.u8(b.json ? 1 : 0);
+        }
+      },
+      cmd.body);
+  return end_message(w, start);
+}
+
+Status encode_completion(const Completion& cpl, std::vector<std::uint8_t>& out) {
+  if (const auto* rd = std::get_if<ReadDoneCpl>(&cpl.body)) {
+    KILN_RETURN_IF_ERROR(check_dtype_encodable(rd->dtype));
+    KILN_RETURN_IF_ERROR(check_shape_encodable(rd->shape));
+  }
+  Writer w(out);
+  const std::size_t start = begin_message(w, static_cast<std::uint8_t>(cpl.kind()), cpl.request_id);
+  std::visit(
+      [&w](const auto& b) {
+        using T = std::decay_t<decltype(b)>;
+        if constexpr (std::is_same_v<T, ErrorCpl>) {
+          const Completion c = error_completion(0, Error{b.code, b.message});  // truncates
+          const auto& msg = std::get<ErrorCpl>(c.body).message;
+          w.u8(static_cast<std::uint8_t>(b.code));
+          w.u8(0);
+          w.u16(static_cast<std::uint16_t>(msg.size()));
+          w.bytes(msg);
+        } else if constexpr (std::is_same_v<T, ReadDoneCpl>) {
+          put_dtype(w, b.dtype);
+          put_shape(w, b.shape);
+          put_range(w, b.data);
+        } else if constexpr (std::is_same_v<T, ExportedCpl>) {
+          w.u64(b.token);
+        } else if constexpr (std::is_same_v<T, StatusTextCpl>) {
+          std::size_t cut = std::min(b.text.size(), kMaxStatusBytes);
+          // Back up over UTF-8 continuation bytes so the text stays valid.
+          while (cut > 0 && cut < b.text.size() && (static_cast<unsigned char>(b.text[cut]) & 0xC0) == 0x80) --cut;
+          w.u32(static_cast<std::uint32_t>(cut));
+          w.bytes(std::string_view(b.text).substr(0, cut));
+        }
+      },
+      cpl.body);
+  return end_message(w, start);
+}
+
+std::optional<std::uint64_t> peek_request_id(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() < kMessageHeaderBytes) return std::nullopt;
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= std::uint64_t{bytes[8 + static_cast<std::size_t>(i)]} << (8 * i);
+  return v;
+}
+
+Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_t arena_size) {
+  Reader r(bytes, "command");
+  KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "command", 10));
+  const auto kind = static_cast<CommandKind>(h.kind);
+  r.set_kind(command_kind_name(kind));
+  Command cmd;
+  cmd.request_id = h.request_id;
+  switch (kind) {
+    case CommandKind::AttachStream: {
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t s, r.u64("stream"));
+      cmd.body = AttachStreamCmd{s};
+      break;
+    }
+    case CommandKind::Sync: {
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t s, r.u64("stream"));
+      cmd.body = SyncCmd{s};
+      break;
+    }
+    case CommandKind::CloseStream: {
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t s, r.u64("stream"));
+      cmd.body = CloseStreamCmd{s};
+      break;
+    }
+    case CommandKind::RegisterOp: {
+      RegisterOpCmd c;
+      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+      KILN_ASSIGN_OR_RETURN(const std::uint32_t op_len, r.u32("op_len"));
+      if (op_len != r.remaining()) {
+        return r.fail("op_len", std::to_string(op_len) + " but " + std::to_string(r.remaining()) +
+                                    " bytes remain in the message");
+      }
+      auto op = ir::codec::decode_operation(r.take(op_len));
+      if (!op.ok()) return r.fail("op", op.error().message);
+      c.op = std::move(op).value();
+      cmd.body = std::move(c);
+      break;
+    }
+    case CommandKind::Upload: {
+      UploadCmd c;
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
+      c.tensor = ir::TensorId(id);
+      KILN_ASSIGN_OR_RETURN(c.dtype, get_dtype(r, "dtype"));
+      KILN_ASSIGN_OR_RETURN(c.shape, get_shape(r, "shape"));
+      KILN_ASSIGN_OR_RETURN(c.data, get_range(r, "data", "data.offset", "data.length", arena_size));
+      auto n = tensor_bytes(c.dtype, c.shape);
+      if (!n.ok()) return r.fail("shape", n.error().message);
+      if (*n != c.data.length) {
+        return r.fail("data", "length " + std::to_string(c.data.length) + " does not match " + c.dtype.name() +
+                                  ir::shape_to_string(c.shape) + " (" + std::to_string(*n) + " bytes)");
+      }
+      cmd.body = std::move(c);
+      break;
+    }
+    case CommandKind::Read: {
+      ReadCmd c;
+      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+      KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
+      KILN_ASSIGN_OR_RETURN(c.dest, get_range(r, "dest", "dest.offset", "dest.length", arena_size));
+      auto n = tensor_bytes(c.tensor.dtype, c.tensor.shape);
+      if (!n.ok()) return r.fail("tensor.shape", n.error().message);
+      if (*n > c.dest.length) {
+        return r.fail("dest", "capacity " + std::to_string(c.dest.length) + " is smaller than " +
+                                  c.tensor.dtype.name() + ir::shape_to_string(c.tensor.shape) + " (" +
+                                  std::to_string(*n) + " bytes)");
+      }
+      cmd.body = std::move(c);
+      break;
+    }
+    case CommandKind::Drop: {
+      DropCmd c;
+      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+      KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
+      cmd.body = std::move(c);
+      break;
+    }
+    case CommandKind::Export: {
+      ExportCmd c;
+      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
+      c.tensor = ir::TensorId(id);
+      cmd.body = c;
+      break;
+    }
+    case CommandKind::Import: {
+      ImportCmd c;
+      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+      KILN_ASSIGN_OR_RETURN(c.token, r.u64("token"));
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
+      c.tensor = ir::TensorId(id);
+      cmd.body = c;
+      break;
+    }
+    case CommandKind::Status: {
+      KILN_ASSIGN_OR_RETURN(const std::uint8_t format, r.u8("format"));
+      if (format > 1) return r.fail("format", "unknown status format " + std::to_string(format));
+      cmd.body = StatusCmd{format == 1};
+      break;
+    }
+  }
+  KILN_RETURN_IF_ERROR(r.finish());
+  return cmd;
+}
+
+Result<Completion> decode_completion(std::span<const std::uint8_t> bytes, std::uint64_t arena_size) {
+  Reader r(bytes, "completion");
+  KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "completion", 5));
+  const auto kind = static_cast<CompletionKind>(h.kind);
+  r.set_kind(completion_kind_name(kind));
+  Completion cpl;
+  cpl.request_id = h.request_id;
+  switch (kind) {
+    case CompletionKind::Ok:
+      cpl.body = OkCpl{};
+      break;
+    case CompletionKind::Error: {
+      ErrorCpl c;
+      KILN_ASSIGN_OR_RETURN(const std::uint8_t code, r.u8("code"));
+      if (code > static_cast<std::uint8_t>(ErrorCode::Internal)) {
+        return r.fail("code", "unknown error code " + std::to_string(code));
+      }
+      c.code = static_cast<ErrorCode>(code);
+      KILN_RETURN_IF_ERROR(r.zero_u8("reserved"));
+      KILN_ASSIGN_OR_RETURN(const std::uint16_t len, r.u16("msg_len"));
+      if (len > kMaxErrorMessageBytes) {
+        return r.fail("msg_len", std::to_string(len) + " exceeds the limit " + std::to_string(kMaxErrorMessageBytes));
+      }
+      if (len != r.remaining()) {
+        return r.fail("msg_len", std::to_string(len) + " but " + std::to_string(r.remaining()) + " bytes remain");
+      }
+      auto text = r.take(len);
+      c.message.assign(text.begin(), text.end());
+      cpl.body = std::move(c);
+      break;
+    }
+    case CompletionKind::ReadDone: {
+      ReadDoneCpl c;
+      KILN_ASSIGN_OR_RETURN(c.dtype, get_dtype(r, "dtype"));
+      KILN_ASSIGN_OR_RETURN(c.shape, get_shape(r, "shape"));
+      KILN_ASSIGN_OR_RETURN(c.data, get_range(r, "data", "data.offset", "data.length", arena_size));
+      auto n = tensor_bytes(c.dtype, c.shape);
+      if (!n.ok()) return r.fail("shape", n.error().message);
+      if (*n != c.data.length) {
+        return r.fail("data", "length " + std::to_string(c.data.length) + " does not match " + c.dtype.name() +
+                                  ir::shape_to_string(c.shape) + " (" + std::to_string(*n) + " bytes)");
+      }
+      cpl.body = std::move(c);
+      break;
+    }
+    case CompletionKind::Exported: {
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t token, r.u64("token"));
+      cpl.body = ExportedCpl{token};
+      break;
+    }
+    case CompletionKind::StatusText: {
+      KILN_ASSIGN_OR_RETURN(const std::uint32_t len, r.u32("text_len"));
+      if (len > kMaxStatusBytes) {
+        return r.fail("text_len", std::to_string(len) + " exceeds the limit " + std::to_string(kMaxStatusBytes));
+      }
+      if (len != r.remaining()) {
+        return r.fail("text_len", std::to_string(len) + " but " + std::to_string(r.remaining()) + " bytes remain");
+      }
+      auto text = r.take(len);
+      cpl.body = StatusTextCpl{std::string(text.begin(), text.end())};
+      break;
+    }
+  }
+  KILN_RETURN_IF_ERROR(r.finish());
+  return cpl;
+}
+
+}  // namespace kiln::ipc

@@ -1,0 +1,267 @@
+// The client library's SessionTarget over a daemon connection (kiln/ipc/remote_target.h).
+#include "kiln/ipc/remote_target.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace kiln::ipc {
+
+namespace {
+constexpr std::chrono::milliseconds kPoll{100};  // a waiter re-checks the socket this often
+constexpr std::chrono::milliseconds kSendTimeout{60'000};
+
+Error daemon_gone_error() {
+  return make_error(ErrorCode::Execution, "the daemon went away (its connection closed); reconnect to continue");
+}
+}  // namespace
+
+RemoteTarget::RemoteTarget(ClientConnection conn, RemoteOptions options)
+    : conn_(std::move(conn)),
+      options_(std::move(options)),
+      arena_alloc_(conn_.endpoint().layout().arena_size),
+      rx_buf_(conn_.endpoint().max_receive_bytes()) {
+  conn_.endpoint().watch_hangup(conn_.socket_fd());
+}
+
+RemoteTarget::~RemoteTarget() = default;
+
+Result<std::unique_ptr<RemoteTarget>> RemoteTarget::connect(const RemoteOptions& options) {
+  KILN_ASSIGN_OR_RETURN(ClientConnection conn, connect_to_daemon(options));
+  return std::unique_ptr<RemoteTarget>(new RemoteTarget(std::move(conn), options));
+}
+
+ir::TensorId RemoteTarget::new_tensor_id() {
+  return ir::TensorId(next_tensor_.fetch_add(1, std::memory_order_relaxed));
+}
+
+Result<std::uint64_t> RemoteTarget::send(CommandBody body) {
+  if (daemon_gone_.load(std::memory_order_acquire)) return daemon_gone_error();
+  const std::uint64_t request = next_request_.fetch_add(1, std::memory_order_relaxed);
+  std::vector<std::uint8_t> msg;
+  KILN_RETURN_IF_ERROR(encode_command(Command{request, std::move(body)}, msg));
+  std::lock_guard lock(send_mu_);
+  Status st = conn_.endpoint().send(msg, kSendTimeout);
+  if (!st.ok()) {
+    if (!conn_.daemon_alive()) {
+      daemon_gone_.store(true, std::memory_order_release);
+      rx_cv_.notify_all();
+      return daemon_gone_error();
+    }
+    return st.error();
+  }
+  return request;
+}
+
+Result<Completion> RemoteTarget::wait(std::uint64_t request) {
+  const auto deadline = std::chrono::steady_clock::now() + options_.reply_timeout;
+  std::unique_lock lock(rx_mu_);
+  awaited_[request] = true;
+  for (;;) {
+    if (auto it = ready_.find(request); it != ready_.end()) {
+      Completion c = std::move(it->second);
+      ready_.erase(it);
+      awaited_.erase(request);
+      return c;
+    }
+    if (daemon_gone_.load(std::memory_order_acquire)) {
+      awaited_.erase(request);
+      return daemon_gone_error();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      awaited_.erase(request);
+      return make_error(ErrorCode::Execution, fmt::format("no answer from the daemon within {} ms (request {})",
+                                                          options_.reply_timeout.count(), request));
+    }
+    if (receiving_) {
+      rx_cv_.wait_for(lock, kPoll);
+      continue;
+    }
+    // Become the receiver for everyone until one message arrives (or the poll interval ends).
+    receiving_ = true;
+    lock.unlock();
+    Result<std::optional<std::size_t>> got = conn_.endpoint().receive(rx_buf_, kPoll);
+    std::optional<Completion> cpl;
+    Error failure = make_error(ErrorCode::Internal, "");
+    bool failed = false;
+    if (!got.ok()) {
+      failed = true;
+      failure = got.error();
+    } else if (got->has_value()) {
+      Result<Completion> decoded = decode_completion(std::span<const std::uint8_t>(rx_buf_.data(), **got),
+                                                     conn_.endpoint().layout().arena_size);
+      if (decoded.ok())
+        cpl = std::move(decoded).value();
+      else {
+        failed = true;
+        failure = decoded.error();
+      }
+    }
+    lock.lock();
+    receiving_ = false;
+    if (failed) {
+      // A closed socket or a corrupt completion ring: nothing more can be trusted from it.
+      daemon_gone_.store(true, std::memory_order_release);
+      rx_cv_.notify_all();
+      awaited_.erase(request);
+      if (!conn_.daemon_alive()) return daemon_gone_error();
+      return make_error(ErrorCode::Execution, "connection to the daemon broken: " + failure.message);
+    }
+    if (cpl) {
+      if (awaited_.count(cpl->request_id) != 0)
+        ready_.emplace(cpl->request_id, std::move(*cpl));
+      else if (const auto* e = std::get_if<ErrorCpl>(&cpl->body))
+        async_errors_.push_back(make_error(e->code, e->message));
+    }
+    rx_cv_.notify_all();
+  }
+}
+
+Status RemoteTarget::take_async_error() {
+  std::lock_guard lock(rx_mu_);
+  if (async_errors_.empty()) return Status::Ok();
+  Error e = async_errors_.front();
+  async_errors_.pop_front();
+  e.message = "the daemon rejected an earlier operation: " + e.message;
+  return e;
+}
+
+Status RemoteTarget::completion_status(const Completion& c, const char* what) {
+  if (const auto* e = std::get_if<ErrorCpl>(&c.body)) return make_error(e->code, e->message);
+  if (!std::holds_alternative<OkCpl>(c.body))
+    return make_error(ErrorCode::Internal, fmt::format("{}: unexpected {} completion", what, completion_kind_name(c.kind())));
+  return Status::Ok();
+}
+
+Result<ArenaRange> RemoteTarget::allocate(std::uint64_t bytes, const char* what) {
+  if (bytes > arena_alloc_.capacity())
+    return make_error(ErrorCode::ResourceExhausted,
+                      fmt::format("{}: {} bytes do not fit the transfer arena of {} bytes (daemon --arena-mib)", what,
+                                  bytes, arena_alloc_.capacity()));
+  const auto deadline = std::chrono::steady_clock::now() + options_.reply_timeout;
+  std::unique_lock lock(rx_mu_);
+  for (;;) {
+    if (std::optional<ArenaRange> r = arena_alloc_.allocate(std::max<std::uint64_t>(bytes, 1))) return *r;
+    // Other threads' transfers hold the arena: their completions free it.
+    if (std::chrono::steady_clock::now() >= deadline)
+      return make_error(ErrorCode::ResourceExhausted, fmt::format("{}: the transfer arena stayed full", what));
+    rx_cv_.wait_for(lock, kPoll);
+  }
+}
+
+void RemoteTarget::free_range(ArenaRange r) {
+  {
+    std::lock_guard lock(rx_mu_);
+    (void)arena_alloc_.free(r);
+  }
+  rx_cv_.notify_all();
+}
+
+Status RemoteTarget::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(dtype, shape));
+  if (need != bytes.size())
+    return make_error(ErrorCode::Invalid, fmt::format("upload: {} bytes for a tensor of {}", bytes.size(), need));
+  KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "upload"));
+  const ArenaRange data{range.offset, need};  // `range` (rounded up) is what goes back to the allocator
+  Status written = conn_.endpoint().arena().write(
+      data, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()));
+  if (!written.ok()) {
+    free_range(range);
+    return written;
+  }
+  Result<std::uint64_t> request = send(UploadCmd{id, dtype, std::move(shape), data});
+  if (!request.ok()) {
+    free_range(range);
+    return request.error();
+  }
+  Result<Completion> c = wait(*request);
+  free_range(range);  // the completion (or the end of the connection) returns the range
+  if (!c.ok()) return c.error();
+  return completion_status(*c, "upload");
+}
+
+Status RemoteTarget::register_op(runtime::StreamId stream, ir::Operation op) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(RegisterOpCmd{stream.value(), std::move(op)}));
+  (void)request;
+  ops_sent_.fetch_add(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status RemoteTarget::drain(runtime::StreamId stream) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(SyncCmd{stream.value()}));
+  KILN_ASSIGN_OR_RETURN(Completion c, wait(request));
+  KILN_RETURN_IF_ERROR(completion_status(c, "sync"));
+  return take_async_error();
+}
+
+Result<runtime::HostData> RemoteTarget::read(runtime::StreamId home, const ir::TensorIr& t) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(t.dtype, t.shape));
+  KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "read"));
+  Result<std::uint64_t> request = send(ReadCmd{home.value(), t, range});
+  if (!request.ok()) {
+    free_range(range);
+    return request.error();
+  }
+  Result<Completion> c = wait(*request);
+  if (!c.ok()) {
+    free_range(range);
+    return c.error();
+  }
+  if (const auto* e = std::get_if<ErrorCpl>(&c->body)) {
+    free_range(range);
+    // The usual cause of a failed read is an op the daemon rejected earlier: say so first.
+    if (Status earlier = take_async_error(); !earlier.ok()) return earlier.error();
+    return make_error(e->code, e->message);
+  }
+  const auto* done = std::get_if<ReadDoneCpl>(&c->body);
+  if (done == nullptr || done->data.offset != range.offset || done->data.length > range.length ||
+      done->data.length != need) {
+    free_range(range);
+    return make_error(ErrorCode::Internal, "read: the daemon answered outside the requested range");
+  }
+  runtime::HostData data{done->dtype, done->shape, std::vector<std::byte>(done->data.length)};
+  Status copied = conn_.endpoint().arena().read(
+      done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(data.bytes.data()), data.bytes.size()));
+  free_range(range);
+  if (!copied.ok()) return copied.error();
+  return data;
+}
+
+Status RemoteTarget::drop(runtime::StreamId home, const ir::TensorIr& t) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(DropCmd{home.value(), t}));
+  (void)request;
+  return Status::Ok();
+}
+
+Result<std::uint64_t> RemoteTarget::export_tensor(runtime::StreamId home, ir::TensorId id) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(ExportCmd{home.value(), id}));
+  KILN_ASSIGN_OR_RETURN(Completion c, wait(request));
+  if (const auto* e = std::get_if<ErrorCpl>(&c.body)) return make_error(e->code, e->message);
+  const auto* ex = std::get_if<ExportedCpl>(&c.body);
+  if (ex == nullptr) return make_error(ErrorCode::Internal, "export: unexpected completion");
+  return ex->token;
+}
+
+Status RemoteTarget::import_tensor(runtime::StreamId stream, std::uint64_t token, ir::TensorId id) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(ImportCmd{stream.value(), token, id}));
+  KILN_ASSIGN_OR_RETURN(Completion c, wait(request));
+  return completion_status(c, "import");
+}
+
+// A view of one of our tensors on another of our streams: export it to ourselves and import
+// it under the new id (the daemon makes the shared view).
+Status RemoteTarget::share(runtime::StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t token, export_tensor(src_stream, src));
+  return import_tensor(src_stream, token, dst);
+}
+
+Result<std::string> RemoteTarget::daemon_status(bool json) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(StatusCmd{json}));
+  KILN_ASSIGN_OR_RETURN(Completion c, wait(request));
+  if (const auto* e = std::get_if<ErrorCpl>(&c.body)) return make_error(e->code, e->message);
+  const auto* text = std::get_if<StatusTextCpl>(&c.body);
+  if (text == nullptr) return make_error(ErrorCode::Internal, "status: unexpected completion");
+  return text->text;
+}
+
+}  // namespace kiln::ipc

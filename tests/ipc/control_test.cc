@@ -1,0 +1,400 @@
+// Tests for the control plane (kiln/ipc/handshake.h, unix_socket.h, control_server.h,
+// control_client.h): the credential policy (with fake uids and gids), job names, handshake
+// frames, the runtime directory's mode and owner checks, and the full handshake over a real
+// socket in a temporary runtime dir: descriptor passing, the segment used from both sides,
+// refusals with their reasons, version mismatch, peer-closure detection, no daemon.
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "kiln/ipc/control_client.h"
+#include "kiln/ipc/control_server.h"
+#include "kiln/ipc/handshake.h"
+#include "kiln/ipc/protocol.h"
+#include "kiln/ipc/unix_socket.h"
+
+namespace kiln::ipc {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// ---- pure parts -------------------------------------------------------------------------------
+
+TEST(CredentialPolicy, OwnUidAlwaysOtherUidsOnlyThroughTheGroup) {
+  const CredentialPolicy own{1000, std::nullopt};
+  EXPECT_TRUE(check_peer(own, PeerCredentials{1, 1000, 1000, {}}).ok());
+  auto refused = check_peer(own, PeerCredentials{2, 1001, 1001, {}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().message, "uid 1001 not allowed");
+  EXPECT_FALSE(check_peer(own, PeerCredentials{3, 0, 0, {}}).ok());  // root is not special
+
+  const CredentialPolicy group{1000, gid_t{2000}};
+  EXPECT_TRUE(check_peer(group, PeerCredentials{4, 1000, 1000, {}}).ok());
+  EXPECT_TRUE(check_peer(group, PeerCredentials{5, 1001, 2000, {}}).ok());           // primary group
+  EXPECT_TRUE(check_peer(group, PeerCredentials{6, 1002, 1002, {5, 2000, 7}}).ok());  // supplementary
+  auto no = check_peer(group, PeerCredentials{7, 1003, 1003, {5, 7}});
+  ASSERT_FALSE(no.ok());
+  EXPECT_EQ(no.error().message, "uid 1003 (gid 1003) not allowed: not the daemon's uid 1000 nor in group 2000");
+}
+
+TEST(Handshake, JobNames) {
+  EXPECT_TRUE(validate_job_name("resnet-50_train.v2").ok());
+  EXPECT_TRUE(validate_job_name(std::string(64, 'a')).ok());
+  EXPECT_FALSE(validate_job_name("").ok());
+  EXPECT_FALSE(validate_job_name(std::string(65, 'a')).ok());
+  EXPECT_FALSE(validate_job_name(".hidden").ok());
+  auto slash = validate_job_name("a/b");
+  ASSERT_FALSE(slash.ok());
+  EXPECT_EQ(slash.error().message,
+            "job name: byte 0x2f at 1 is not allowed (use A-Z a-z 0-9 . _ -, not starting with .)");
+  EXPECT_FALSE(validate_job_name(std::string("a\0b", 3)).ok());
+  EXPECT_FALSE(validate_job_name("caf\xc3\xa9").ok());
+}
+
+TEST(Handshake, FramesRoundTripAndRejectGarbage) {
+  const auto hello = encode_hello(Hello{1, "job-1"});
+  auto p = decode_prefix(std::span(hello).first(kFramePrefixBytes));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->magic, kHelloMagic);
+  auto h = decode_hello(*p, std::span(hello).subspan(kFramePrefixBytes));
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(h->job, "job-1");
+  EXPECT_EQ(h->version, 1);
+
+  Reply r{1, false, 0, 0, std::string(600, 'x')};  // reason truncated to 512
+  const auto reply = encode_reply(r);
+  auto rp = decode_prefix(std::span(reply).first(kFramePrefixBytes));
+  ASSERT_TRUE(rp.ok());
+  auto rr = decode_reply(*rp, std::span(reply).subspan(kFramePrefixBytes));
+  ASSERT_TRUE(rr.ok()) << rr.error().message;
+  EXPECT_FALSE(rr->accepted);
+  EXPECT_EQ(rr->reason.size(), kMaxReasonBytes);
+
+  std::vector<std::uint8_t> big = {0x4B, 0x4C, 0x4E, 0x48, 1, 0, 0xff, 0xff};
+  EXPECT_FALSE(decode_prefix(big).ok());
+  auto wrong = decode_reply(*p, std::span(hello).subspan(kFramePrefixBytes));  // a hello is no reply
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.error().message.find("not a kiln daemon"), std::string::npos);
+}
+
+// ---- runtime dir ------------------------------------------------------------------------------
+
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/kiln-ipc-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+mode_t mode_of(const std::string& p) {
+  struct stat st {};
+  ::lstat(p.c_str(), &st);
+  return st.st_mode & 07777;
+}
+
+TEST(RuntimeDir, CreatedPrivateAndCheckedWhenPresent) {
+  TempDir t;
+  const std::string dir = t.path + "/run";
+  ASSERT_TRUE(ensure_runtime_dir(dir).ok());
+  EXPECT_EQ(mode_of(dir), 0700u);
+  EXPECT_TRUE(ensure_runtime_dir(dir).ok());  // idempotent
+  ::chmod(dir.c_str(), 0755);
+  auto loose = ensure_runtime_dir(dir);
+  ASSERT_FALSE(loose.ok());
+  EXPECT_EQ(loose.error().message, "runtime dir " + dir + " has mode 0755, expected 0700 (fix or remove it)");
+
+  const std::string link = t.path + "/link";
+  ASSERT_EQ(::symlink(dir.c_str(), link.c_str()), 0);
+  auto sym = ensure_runtime_dir(link);
+  ASSERT_FALSE(sym.ok());
+  EXPECT_NE(sym.error().message.find("is not a directory (or is a symlink)"), std::string::npos);
+
+  const std::string grouped = t.path + "/grouped";
+  ASSERT_TRUE(ensure_runtime_dir(grouped, ::getegid()).ok());
+  EXPECT_EQ(mode_of(grouped), 0710u);
+
+  auto longp = socket_path(t.path + "/" + std::string(120, 'd'), "kilnd.sock");
+  ASSERT_FALSE(longp.ok());
+  EXPECT_NE(longp.error().message.find("is longer than 107 bytes"), std::string::npos);
+}
+
+// ---- the real socket --------------------------------------------------------------------------
+
+// A server on its own io_context thread, collecting what the callbacks report.
+struct Daemon {
+  explicit Daemon(std::string dir, ServerOptions o = {}) {
+    o.runtime_dir = std::move(dir);
+    o.segment = SegmentConfig{4096, 4096, 65536};
+    ServerCallbacks cb;
+    cb.admit = [this](const PeerCredentials&, std::string_view job) -> Status {
+      if (job == "over-quota") return make_error(ErrorCode::ResourceExhausted, "job over-quota has no quota left");
+      return Status::Ok();
+    };
+    cb.on_client = [this](std::unique_ptr<AcceptedClient> c) {
+      std::lock_guard lock(mu);
+      clients.push_back(std::move(c));
+      cv.notify_all();
+    };
+    cb.on_disconnect = [this](std::uint64_t id, const Status& why) {
+      std::lock_guard lock(mu);
+      gone.emplace_back(id, why.ok() ? std::string("ok") : why.error().message);
+      cv.notify_all();
+    };
+    auto s = ControlServer::start(io, std::move(o), std::move(cb));
+    if (!s.ok()) {
+      start_error = s.error().message;
+      return;
+    }
+    server = std::move(s).value();
+    thread = std::thread([this] { io.run(); });
+  }
+  ~Daemon() {
+    if (server) server->stop();
+    work.reset();
+    if (thread.joinable()) thread.join();
+    server.reset();
+  }
+  std::unique_ptr<AcceptedClient> wait_client() {
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, 10s, [&] { return !clients.empty(); })) return nullptr;
+    auto c = std::move(clients.front());
+    clients.erase(clients.begin());
+    return c;
+  }
+  std::optional<std::pair<std::uint64_t, std::string>> wait_gone() {
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, 10s, [&] { return !gone.empty(); })) return std::nullopt;
+    auto g = gone.front();
+    gone.erase(gone.begin());
+    return g;
+  }
+
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  std::unique_ptr<ControlServer> server;
+  std::string start_error;
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<AcceptedClient>> clients;
+  std::vector<std::pair<std::uint64_t, std::string>> gone;
+};
+
+ClientOptions client_options(const std::string& dir, std::string job = "test-job") {
+  ClientOptions o;
+  o.runtime_dir = dir;
+  o.job = std::move(job);
+  o.timeout = 5s;
+  return o;
+}
+
+TEST(Control, NoDaemonIsAClearError) {
+  TempDir t;
+  auto c = connect_to_daemon(client_options(t.path));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().message, "daemon not running at " + t.path + "/kilnd.sock");
+}
+
+TEST(Control, HandshakePassesTheSegmentAndBothSidesUseIt) {
+  TempDir t;
+  const std::string dir = t.path + "/run";
+  Daemon d(dir);
+  ASSERT_EQ(d.start_error, "");
+  EXPECT_EQ(mode_of(dir), 0700u);
+  EXPECT_EQ(mode_of(d.server->socket_path()), 0600u);
+
+  auto conn = connect_to_daemon(client_options(dir));
+  ASSERT_TRUE(conn.ok()) << conn.error().message;
+  auto accepted = d.wait_client();
+  ASSERT_NE(accepted, nullptr);
+  EXPECT_EQ(accepted->job, "test-job");
+  EXPECT_EQ(accepted->peer.uid, ::geteuid());
+  EXPECT_EQ(accepted->peer.pid, ::getpid());
+  EXPECT_EQ(accepted->client_id, conn->client_id());
+  EXPECT_EQ(conn->endpoint().layout(), accepted->endpoint.layout());
+  EXPECT_TRUE(conn->daemon_alive());
+
+  // Client uploads 6 floats through the arena; the daemon reads them and answers with a
+  // read_done that points at bytes it wrote back into the arena.
+  Endpoint& cep = conn->endpoint();
+  Endpoint& dep = accepted->endpoint;
+  ArenaAllocator alloc(cep.layout().arena_size);
+  const float values[6] = {1, 2, 3, 4, 5, 6};
+  auto range = alloc.allocate(sizeof values);
+  ASSERT_TRUE(range.has_value());
+  ASSERT_TRUE(cep.arena().write(*range, {reinterpret_cast<const std::uint8_t*>(values), sizeof values}).ok());
+  std::vector<std::uint8_t> msg;
+  ASSERT_TRUE(encode_command(Command{42, UploadCmd{ir::TensorId(1), ir::dtypes::f32, {2, 3}, *range}}, msg).ok());
+  ASSERT_TRUE(cep.send(msg, 1s).ok());
+
+  std::vector<std::uint8_t> buf(dep.max_receive_bytes());
+  auto n = dep.receive(buf, 5s);
+  ASSERT_TRUE(n.ok() && n->has_value());
+  auto cmd = decode_command({buf.data(), **n}, dep.layout().arena_size);
+  ASSERT_TRUE(cmd.ok()) << cmd.error().message;
+  ASSERT_EQ(cmd->kind(), CommandKind::Upload);
+  const auto& up = std::get<UploadCmd>(cmd->body);
+  float copy[6];
+  ASSERT_TRUE(dep.arena().read(up.data, {reinterpret_cast<std::uint8_t*>(copy), sizeof copy}).ok());
+  EXPECT_EQ(std::memcmp(copy, values, sizeof copy), 0);
+  for (float& f : copy) f *= 10;
+  ASSERT_TRUE(dep.arena().write(up.data, {reinterpret_cast<const std::uint8_t*>(copy), sizeof copy}).ok());
+  msg.clear();
+  ASSERT_TRUE(encode_completion(Completion{42, ReadDoneCpl{ir::dtypes::f32, {2, 3}, up.data}}, msg).ok());
+  ASSERT_TRUE(dep.send(msg, 1s).ok());
+
+  std::vector<std::uint8_t> cbuf(cep.max_receive_bytes());
+  auto m = cep.receive(cbuf, 5s);
+  ASSERT_TRUE(m.ok() && m->has_value());
+  auto cpl = decode_completion({cbuf.data(), **m}, cep.layout().arena_size);
+  ASSERT_TRUE(cpl.ok()) << cpl.error().message;
+  EXPECT_EQ(cpl->request_id, 42u);
+  const auto& done = std::get<ReadDoneCpl>(cpl->body);
+  float back[6];
+  ASSERT_TRUE(cep.arena().read(done.data, {reinterpret_cast<std::uint8_t*>(back), sizeof back}).ok());
+  EXPECT_EQ(back[5], 60.0f);
+  ASSERT_TRUE(alloc.free(*range).ok());
+
+  // The client goes away: the daemon learns it from the socket.
+  const std::uint64_t id = conn->client_id();
+  conn = make_error(ErrorCode::Internal, "dropped");  // destroys the connection
+  auto g = d.wait_gone();
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(g->first, id);
+  EXPECT_EQ(g->second, "ok");
+}
+
+TEST(Control, RefusalsCarryTheirReason) {
+  TempDir t;
+  Daemon d(t.path + "/run");
+  ASSERT_EQ(d.start_error, "");
+  auto quota = connect_to_daemon(client_options(t.path + "/run", "over-quota"));
+  ASSERT_FALSE(quota.ok());
+  EXPECT_EQ(quota.error().message, "refused: job over-quota has no quota left");
+
+  ClientOptions v2 = client_options(t.path + "/run");
+  v2.protocol_version = 2;
+  auto mismatch = connect_to_daemon(v2);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 1, client 2");
+
+  auto bad_job = connect_to_daemon(client_options(t.path + "/run", "a b"));
+  ASSERT_FALSE(bad_job.ok());
+  EXPECT_NE(bad_job.error().message.find("job name"), std::string::npos);
+
+  // A raw client sending a bad job name: the daemon refuses with the validator's reason.
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, d.server->socket_path().c_str());
+  ASSERT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  Hello h{kProtocolVersion, "x/y"};
+  const auto bytes = encode_hello(h);
+  ASSERT_EQ(::send(s.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  std::array<std::uint8_t, kFramePrefixBytes> pre{};
+  std::vector<UniqueFd> fds;
+  ASSERT_TRUE(recv_exact_with_fds(s.get(), pre, fds).ok());
+  auto p = decode_prefix(pre);
+  ASSERT_TRUE(p.ok());
+  std::vector<std::uint8_t> body(p->body_len);
+  ASSERT_TRUE(recv_exact_with_fds(s.get(), body, fds).ok());
+  auto r = decode_reply(*p, body);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->accepted);
+  EXPECT_NE(r->reason.find("job name: byte 0x2f"), std::string::npos) << r->reason;
+  EXPECT_TRUE(fds.empty());
+  {
+    std::lock_guard lock(d.mu);
+    EXPECT_TRUE(d.clients.empty());
+  }
+}
+
+TEST(Control, SilentClientIsDroppedAfterTheHandshakeTimeout) {
+  TempDir t;
+  ServerOptions o;
+  o.handshake_timeout = 200ms;
+  Daemon d(t.path + "/run", o);
+  ASSERT_EQ(d.start_error, "");
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, d.server->socket_path().c_str());
+  ASSERT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval tv{5, 0};
+  ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char c;
+  EXPECT_EQ(::recv(s.get(), &c, 1, 0), 0);  // EOF: the daemon hung up
+}
+
+TEST(Control, DaemonSideDisconnectAndShutdownAreSeenByTheClient) {
+  TempDir t;
+  Daemon d(t.path + "/run");
+  ASSERT_EQ(d.start_error, "");
+  auto conn = connect_to_daemon(client_options(t.path + "/run"));
+  ASSERT_TRUE(conn.ok()) << conn.error().message;
+  auto accepted = d.wait_client();
+  ASSERT_NE(accepted, nullptr);
+  // A completion published just before the daemon hangs up is still delivered.
+  std::vector<std::uint8_t> msg;
+  ASSERT_TRUE(encode_completion(Completion{9, OkCpl{}}, msg).ok());
+  ASSERT_TRUE(accepted->endpoint.send(msg, 1s).ok());
+  d.server->disconnect(accepted->client_id);
+  auto g = d.wait_gone();
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(g->second, "disconnected by the daemon");
+  std::vector<std::uint8_t> buf(conn->endpoint().max_receive_bytes());
+  auto last = conn->endpoint().receive(buf, 5s);
+  ASSERT_TRUE(last.ok() && last->has_value()) << (last.ok() ? "timeout" : last.error().message);
+  EXPECT_EQ(**last, msg.size());
+  // Then a client blocked on its ring notices the closed socket instead of waiting out the
+  // timeout.
+  const auto start = std::chrono::steady_clock::now();
+  auto r = conn->endpoint().receive(buf, 10s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "peer closed the connection");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_FALSE(conn->daemon_alive());
+}
+
+TEST(Control, OneDaemonPerSocketAndStaleSocketsAreReplaced) {
+  TempDir t;
+  const std::string dir = t.path + "/run";
+  {
+    Daemon first(dir);
+    ASSERT_EQ(first.start_error, "");
+    Daemon second(dir);
+    EXPECT_EQ(second.start_error, "another daemon is already running at " + dir + "/kilnd.sock");
+  }
+  EXPECT_FALSE(fs::exists(dir + "/kilnd.sock"));  // removed on stop
+  // A stale socket file (bound, never listened on, like a crashed daemon's) is replaced.
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, (dir + "/kilnd.sock").c_str());
+  ASSERT_EQ(::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  s.reset();
+  Daemon third(dir);
+  EXPECT_EQ(third.start_error, "");
+  auto conn = connect_to_daemon(client_options(dir));
+  EXPECT_TRUE(conn.ok()) << conn.error().message;
+}
+
+}  // namespace
+}  // namespace kiln::ipc

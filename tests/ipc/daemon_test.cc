@@ -1,0 +1,325 @@
+// The daemon service end to end, in one process: clients over real sockets and segments, a
+// Device on the fast CPU backend. Plans shared between clients, namespaces, hostile messages,
+// export/import, quotas, cleanup when a client goes, status.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "../runtime/ipc_harness.h"
+#include "kiln/cpu/cpu_backend.h"
+#include "kiln/ipc/control_client.h"
+#include "kiln/ipc/protocol.h"
+#include "kiln/ir/builders.h"
+#include "kiln/runtime/session.h"
+
+namespace kiln::ipc {
+namespace {
+
+using ir::DType;
+using ir::Shape;
+using ir::TensorId;
+using ir::TensorIr;
+using ir::TensorStatus;
+using runtime::Session;
+using runtime::StreamId;
+using runtime::Tensor;
+namespace dtypes = ir::dtypes;
+
+std::unique_ptr<runtime::Device> make_device() {
+  runtime::RuntimeOptions o;
+  o.threads = 2;
+  o.fusion = fusion::FusionConfig{};
+  o.config_path = "";
+  auto d = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1}), std::move(o));
+  EXPECT_TRUE(d.ok());
+  return std::move(d).value();
+}
+
+template <class T>
+T ok(Result<T> r) {
+  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
+  EXPECT_TRUE(r.ok());
+  return std::move(r).value();
+}
+
+// A chain of six elementwise ops and a read: one fused plan.
+std::vector<float> program(Session& s, const std::vector<float>& x) {
+  Tensor a = ok(s.from_host(x, {static_cast<std::uint64_t>(x.size())}));
+  Tensor y = ok(s.exp(ok(s.mul(ok(s.add(ok(s.mul(a, 0.5)), 1.0)), a))));
+  y = ok(s.sub(ok(s.tanh(std::move(y))), 0.25));
+  return ok(s.to_host(std::move(y)));
+}
+
+bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// A raw connection: sends hand-made messages and reads the completions.
+struct RawClient {
+  ClientConnection conn;
+  std::vector<std::uint8_t> buf;
+
+  explicit RawClient(ClientConnection c) : conn(std::move(c)), buf(conn.endpoint().max_receive_bytes()) {}
+
+  void send_bytes(const std::vector<std::uint8_t>& msg) {
+    ASSERT_TRUE(conn.endpoint().send(msg, std::chrono::seconds(10)).ok());
+  }
+  void send(const Command& c) {
+    std::vector<std::uint8_t> msg;
+    ASSERT_TRUE(encode_command(c, msg).ok());
+    send_bytes(msg);
+  }
+  Completion receive() {
+    auto got = conn.endpoint().receive(buf, std::chrono::seconds(20));
+    EXPECT_TRUE(got.ok() && got->has_value());
+    if (!got.ok() || !got->has_value()) return Completion{};
+    return ok(decode_completion(std::span<const std::uint8_t>(buf.data(), **got), conn.endpoint().layout().arena_size));
+  }
+  std::string expect_error(std::uint64_t request) {
+    Completion c = receive();
+    EXPECT_EQ(c.request_id, request);
+    const auto* e = std::get_if<ErrorCpl>(&c.body);
+    EXPECT_NE(e, nullptr) << "expected an error completion, got " << completion_kind_name(c.kind());
+    return e ? e->message : "";
+  }
+};
+
+RawClient raw_client(kiln::testing::IpcHarness& h, const std::string& job = "test") {
+  ClientOptions o;
+  o.runtime_dir = h.dir();
+  o.socket_name = "kilnd-test.sock";
+  o.job = job;
+  return RawClient(ok(connect_to_daemon(o)));
+}
+
+TEST(Daemon, PlansFoundByOneClientAreCacheHitsForTheNext) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  const std::vector<float> x{0.5f, -1, 2, 0.25f};
+  const std::size_t baseline_streams = dev->num_streams();
+  // Each client runs the program and leaves; its drops are drained when it goes.
+  auto run_client = [&](const std::string& job) {
+    auto client = h.connect(job);
+    std::vector<float> out;
+    {
+      Session s(*client);
+      out = program(s, x);
+    }
+    client.reset();
+    EXPECT_TRUE(wait_until([&] { return dev->num_streams() == baseline_streams; }));
+    return out;
+  };
+  const std::vector<float> first = run_client("one-job");
+  const runtime::StreamStats after_first = dev->totals();
+  EXPECT_GE(after_first.explorations, 1u);
+  const std::vector<float> second = run_client("another-job");
+  const runtime::StreamStats after_second = dev->totals();
+  EXPECT_EQ(after_second.explorations, after_first.explorations) << "the second client found every plan in the store";
+  EXPECT_GT(after_second.cache_hits, after_first.cache_hits);
+  ASSERT_EQ(first.size(), x.size());
+  EXPECT_EQ(first, second);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double a = x[i];
+    EXPECT_NEAR(first[i], std::tanh(std::exp((a * 0.5 + 1) * a)) - 0.25, 1e-5);
+  }
+}
+
+TEST(Daemon, ClientsCannotNameEachOthersTensors) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  Session a(h.target());
+  Tensor secret = ok(a.from_host(std::vector<float>{42, 43}, {2}));
+  auto intruder = h.connect("test");
+  // The intruder names the owner's id (1: the first id of every client): in its namespace
+  // there is no such tensor.
+  Result<runtime::HostData> stolen = intruder->read(StreamId(0), TensorIr{secret.id(), {2}, TensorStatus::ReadOnly, dtypes::f32});
+  ASSERT_FALSE(stolen.ok());
+  EXPECT_NE(stolen.error().message.find("not one of this client's live tensors"), std::string::npos)
+      << stolen.error().message;
+  // A drop of that id is refused too (reported at the intruder's next sync).
+  ASSERT_TRUE(intruder->drop(StreamId(0), TensorIr{secret.id(), {2}, TensorStatus::ReadWrite, dtypes::f32}).ok());
+  Status synced = intruder->drain(StreamId(0));
+  ASSERT_FALSE(synced.ok());
+  EXPECT_NE(synced.error().message.find("not one of this client's live tensors"), std::string::npos);
+  // The owner's tensor is untouched.
+  EXPECT_EQ(ok(a.to_host(secret)), (std::vector<float>{42, 43}));
+}
+
+TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  RawClient c = raw_client(h);
+  // 1. Garbage: a header with an unknown kind (request id 77 is still answered).
+  std::vector<std::uint8_t> junk(24, 0xAB);
+  std::memset(junk.data() + 1, 0, 3);
+  for (int i = 0; i < 8; ++i) junk[8 + i] = i == 0 ? 77 : 0;
+  junk[4] = 8;  // body_len
+  junk[5] = junk[6] = junk[7] = 0;
+  c.send_bytes(junk);
+  EXPECT_NE(c.expect_error(77).find("kind"), std::string::npos);
+  // 2. Truncated: a valid upload cut short.
+  std::vector<std::uint8_t> upload;
+  ASSERT_TRUE(encode_command(Command{78, UploadCmd{TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}}, upload).ok());
+  upload.resize(upload.size() - 5);
+  c.send_bytes(upload);
+  const std::string truncated = c.expect_error(78);  // the header survived: answered by its id
+  EXPECT_NE(truncated.find("body_len"), std::string::npos) << truncated;
+  // 3. An op whose output shape is a lie: [2] + [2] claimed to be [1000].
+  c.send(Command{79, UploadCmd{TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}});
+  EXPECT_TRUE(std::holds_alternative<OkCpl>(c.receive().body));
+  ir::Operation add =
+      ok(ir::build::binary(ir::Family::NumericFloat, ir::OpKind::Numeric_Add, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32},
+                           TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32}, TensorId(2)));
+  add.tensors[2].shape = Shape{1000};
+  c.send(Command{80, RegisterOpCmd{0, add}});
+  const std::string why = c.expect_error(80);
+  EXPECT_NE(why.find("builder infers"), std::string::npos) << why;
+  // 4. An input whose shape differs from the record.
+  ir::Operation add2 =
+      ok(ir::build::binary(ir::Family::NumericFloat, ir::OpKind::Numeric_Add, TensorIr{TensorId(1), {3}, TensorStatus::ReadOnly, dtypes::f32},
+                           TensorIr{TensorId(1), {3}, TensorStatus::ReadOnly, dtypes::f32}, TensorId(2)));
+  c.send(Command{81, RegisterOpCmd{0, add2}});
+  EXPECT_NE(c.expect_error(81).find("on record"), std::string::npos);
+  // 5. A read into a range outside the arena is refused by the decoder.
+  const std::uint64_t arena = c.conn.endpoint().layout().arena_size;
+  std::vector<std::uint8_t> read;
+  ASSERT_TRUE(encode_command(Command{82, ReadCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32},
+                                                 ArenaRange{0, 8}}},
+                             read)
+                  .ok());
+  // Patch dest.offset (the 8 bytes before dest.length at the end) to arena - 4.
+  const std::uint64_t bad = arena - 4;
+  std::memcpy(read.data() + read.size() - 16, &bad, 8);
+  c.send_bytes(read);
+  EXPECT_NE(c.expect_error(82).find("outside the arena"), std::string::npos);
+  // The daemon is still up and serves this client correctly.
+  c.send(Command{83, SyncCmd{0}});
+  EXPECT_TRUE(std::holds_alternative<OkCpl>(c.receive().body));
+  c.send(Command{84, ReadCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32}, ArenaRange{64, 8}}});
+  Completion done = c.receive();
+  EXPECT_TRUE(std::holds_alternative<ReadDoneCpl>(done.body));
+}
+
+TEST(Daemon, ExportImportWithinAJobOnly) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev, "trainer");
+  Session a(h.target());
+  Tensor weights = ok(a.from_host(std::vector<float>{1, 2, 3}, {3}));
+  const std::uint64_t token = ok(h.target().export_tensor(weights.home(), weights.id()));
+  auto same_job = h.connect("trainer");
+  const TensorId mine = same_job->new_tensor_id();
+  ASSERT_TRUE(same_job->import_tensor(StreamId(0), token, mine).ok());
+  Result<runtime::HostData> d = same_job->read(StreamId(0), TensorIr{mine, {3}, TensorStatus::ReadOnly, dtypes::f32});
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  std::vector<float> got(3);
+  std::memcpy(got.data(), d->bytes.data(), 12);
+  EXPECT_EQ(got, (std::vector<float>{1, 2, 3}));
+  auto other_job = h.connect("other");
+  Status refused = other_job->import_tensor(StreamId(0), token, other_job->new_tensor_id());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("no tensor exported under this token"), std::string::npos);
+}
+
+TEST(Daemon, JobMemoryQuota) {
+  auto dev = make_device();
+  char tmpl[] = "/tmp/kiln-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  DaemonOptions o;
+  o.server.runtime_dir = tmpl;
+  o.server.socket_name = "q.sock";
+  o.job_memory_bytes = 1024;
+  auto service = ok(DaemonService::start(*dev, o));
+  RemoteOptions r;
+  r.runtime_dir = tmpl;
+  r.socket_name = "q.sock";
+  r.job = "small";
+  auto remote = ok(RemoteTarget::connect(r));
+  {
+    Session s(*remote);
+    Tensor a = ok(s.from_host(std::vector<float>(128, 1.0f), {128}));  // 512 bytes
+    Tensor b = ok(s.from_host(std::vector<float>(64, 1.0f), {64}));    // 768
+    Result<Tensor> c = s.from_host(std::vector<float>(128, 1.0f), {128});
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.error().message.find("memory quota"), std::string::npos) << c.error().message;
+  }
+  remote.reset();
+  service->stop();
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST(Daemon, AClientThatGoesIsCleanedUp) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  const std::uint64_t baseline_tensors = dev->backend().memory_stats().tensors;
+  const std::uint64_t baseline_bytes = dev->backend().memory_stats().bytes_in_use;
+  const std::size_t baseline_streams = dev->num_streams();
+  {
+    // Uploads and ops through the target itself (no Session: nothing will drop them), then
+    // the connection closes, as when the process is killed.
+    auto doomed = h.connect("test");
+    for (std::uint64_t i = 0; i < 10; ++i) {
+      const TensorId in = doomed->new_tensor_id(), out = doomed->new_tensor_id();
+      std::vector<float> v(1000, float(i));
+      ASSERT_TRUE(doomed->upload(in, dtypes::f32, {1000}, std::as_bytes(std::span<const float>(v))).ok());
+      ir::Operation op = ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp,
+                                             TensorIr{in, {1000}, TensorStatus::ReadOnly, dtypes::f32}, out));
+      ASSERT_TRUE(doomed->register_op(StreamId(i % 3), std::move(op)).ok());
+    }
+    ASSERT_TRUE(doomed->drain(StreamId(0)).ok());
+    EXPECT_GT(dev->backend().memory_stats().tensors, baseline_tensors);
+    EXPECT_GT(dev->num_streams(), baseline_streams);
+  }
+  EXPECT_TRUE(wait_until([&] {
+    return dev->backend().memory_stats().tensors == baseline_tensors && dev->num_streams() == baseline_streams;
+  })) << dev->backend().memory_stats().tensors << " tensors, " << dev->num_streams() << " streams";
+  EXPECT_EQ(dev->backend().memory_stats().bytes_in_use, baseline_bytes);
+  // The service still serves the others.
+  Session s(h.target());
+  EXPECT_EQ(program(s, {1}).size(), 1u);
+}
+
+TEST(Daemon, StatusReportsClientsJobsAndPlans) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev, "status-job");
+  Session s(h.target());
+  (void)program(s, {1, 2});
+  const std::string json = ok(h.target().daemon_status(true));
+  EXPECT_NE(json.find("\"name\":\"status-job\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"plans\":"), std::string::npos);
+  const std::string text = ok(h.target().daemon_status(false));
+  EXPECT_NE(text.find("plan store"), std::string::npos) << text;
+  const DaemonStatus st = h.service().status();
+  EXPECT_EQ(st.clients.size(), 1u);
+  EXPECT_GE(st.plans, 1u);
+}
+
+TEST(Daemon, ClientSeesAClearErrorWhenTheDaemonGoes) {
+  auto dev = make_device();
+  auto h = std::make_unique<kiln::testing::IpcHarness>(*dev);
+  auto client = h->connect("test");
+  h->service().stop();
+  Status st = client->drain(StreamId(0));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("daemon went away"), std::string::npos) << st.error().message;
+  // Reconnecting finds no daemon, with a clear message.
+  RemoteOptions r;
+  r.runtime_dir = h->dir();
+  r.socket_name = "kilnd-test.sock";
+  auto again = RemoteTarget::connect(r);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.error().message.find("daemon not running"), std::string::npos) << again.error().message;
+}
+
+}  // namespace
+}  // namespace kiln::ipc

@@ -1,0 +1,72 @@
+// IpcHarness: a daemon service over a test's Device, listening in a private runtime directory,
+// and one client connection to it — so that a suite written against runtime::Session runs
+// through the IPC client library and the daemon unchanged (the API suite is built this way as
+// runtime_api_test_ipc).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "kiln/ipc/daemon.h"
+#include "kiln/ipc/remote_target.h"
+
+namespace kiln::testing {
+
+class IpcHarness {
+ public:
+  explicit IpcHarness(runtime::Device& device, std::string job = "test") {
+    char tmpl[] = "/tmp/kiln-test-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      ADD_FAILURE() << "mkdtemp failed";
+      return;
+    }
+    dir_ = tmpl;
+    ipc::DaemonOptions o;
+    o.server.runtime_dir = dir_;
+    o.server.socket_name = "kilnd-test.sock";
+    auto service = ipc::DaemonService::start(device, o);
+    if (!service.ok()) {
+      ADD_FAILURE() << service.error().to_string();
+      return;
+    }
+    service_ = std::move(service).value();
+    remote_ = connect(std::move(job));
+  }
+  ~IpcHarness() {
+    remote_.reset();
+    if (service_) service_->stop();
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+  IpcHarness(const IpcHarness&) = delete;
+  IpcHarness& operator=(const IpcHarness&) = delete;
+
+  // Another client of the same daemon.
+  std::unique_ptr<ipc::RemoteTarget> connect(std::string job) {
+    ipc::RemoteOptions r;
+    r.runtime_dir = dir_;
+    r.socket_name = "kilnd-test.sock";
+    r.job = std::move(job);
+    auto remote = ipc::RemoteTarget::connect(r);
+    if (!remote.ok()) {
+      ADD_FAILURE() << remote.error().to_string();
+      return nullptr;
+    }
+    return std::move(remote).value();
+  }
+
+  ipc::RemoteTarget& target() { return *remote_; }
+  ipc::DaemonService& service() { return *service_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<ipc::DaemonService> service_;
+  std::unique_ptr<ipc::RemoteTarget> remote_;
+};
+
+}  // namespace kiln::testing
