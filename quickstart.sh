@@ -32,15 +32,15 @@ step() {
 }
 
 # ---- main job ---------------------------------------------------------------------------------
-# What `./quickstart.sh demo` runs after the build. Today: the fusion lab, once it exists.
-# When the daemon lands, switch this function to the daemon demo (kilnd + the demo worker).
+# What `./quickstart.sh demo` runs after the build: kiln-demo starts kilnd on the best device
+# (the CPU without a GPU) and two training-worker processes that train a small MLP with Adam
+# through it, showing progress and the daemon's plan-cache figures; exit 0 only if every
+# worker's loss fell. KILN_DEMO_ARGS adds options (e.g. "--workers 4 --steps 400").
 main_job() {
-  # Until the daemon and its demo workers exist, the main job is the fusion lab: every scenario
-  # run through the search with the fusion log at level basic (kiln-lab <scenario> shows the
-  # full log of one scenario; kiln-lab --help lists them).
-  local lab=$1/apps/kiln-lab
-  [[ -x $lab ]] || die "$lab was not built"
-  step "running the fusion lab ($lab --all --log basic)" "$lab" --all --log basic
+  local demo=$1/apps/kiln-demo
+  [[ -x $demo ]] || die "$demo was not built"
+  # shellcheck disable=SC2086
+  step "running the demo ($demo --workers 2 ${KILN_DEMO_ARGS:-})" "$demo" --workers 2 ${KILN_DEMO_ARGS:-}
 }
 # -----------------------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@
 // run and a summary at the end. Exit 0 only if every worker's loss really fell (and the daemon
 // it started stopped cleanly).
 //
-//   kiln-demo [--workers 2] [--steps 120] [--device auto] [--connect] [--runtime-dir DIR]
+//   kiln-demo [--workers 2] [--steps 2000] [--device auto] [--connect] [--runtime-dir DIR]
 //             [--socket NAME] [--batch 64] [--hidden 64]
 #include <fcntl.h>
 #include <poll.h>
@@ -176,7 +176,7 @@ bool stop_daemon(Child& daemon) {
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln-demo: kilnd with training workers in separate processes"};
-  int workers = 2, steps = 120, worker_index = -1;
+  int workers = 2, steps = 2000, worker_index = -1;
   std::uint64_t batch = 64, hidden = 64;
   bool connect = false;
   std::string device = "auto", runtime_dir, socket;
@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
-    if (seconds_since(last_report) > 2.0) {
+    if (seconds_since(last_report) > 1.0) {
       std::printf("%s\n", daemon_line(*monitor).c_str());
       std::fflush(stdout);
       last_report = Clock::now();

@@ -50,6 +50,11 @@ Result<ClientConnection> connect_to_daemon(const ClientOptions& options) {
     if (err == ENOENT || err == ECONNREFUSED) {
       return make_error(ErrorCode::Execution, "daemon not running at " + path);
     }
+    if (err == EACCES || err == EPERM) {
+      // The runtime directory is private to the daemon's user (0700), or to its allowed group.
+      return make_error(ErrorCode::Invalid, "refused: no permission to reach " + path +
+                                                " (the daemon accepts only its own user and its --allowed-group)");
+    }
     return sys_error("connecting to the daemon at " + path, err);
   }
 

@@ -1,7 +1,11 @@
 // The daemon service end to end, in one process: clients over real sockets and segments, a
 // Device on the fast CPU backend. Plans shared between clients, namespaces, hostile messages,
 // export/import, quotas, cleanup when a client goes, status.
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -319,6 +323,78 @@ TEST(Daemon, ClientSeesAClearErrorWhenTheDaemonGoes) {
   auto again = RemoteTarget::connect(r);
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.error().message.find("daemon not running"), std::string::npos) << again.error().message;
+}
+
+// ---- Another uid (run as a separate user created for the test; needs root to create it and
+// to run a process as it).
+
+constexpr const char* kPeerUser = "kiln-test-peer";
+constexpr const char* kPeerGroup = "kiln-test-grp";
+
+// Creates the test's user and group if they are missing (idempotent). Empty = ready.
+std::string ensure_peer_user() {
+  if (getgrnam(kPeerGroup) == nullptr && std::system((std::string("groupadd --system ") + kPeerGroup).c_str()) != 0)
+    return "groupadd failed";
+  if (getpwnam(kPeerUser) == nullptr &&
+      std::system((std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + kPeerUser).c_str()) != 0)
+    return "useradd failed";
+  return "";
+}
+
+// Runs kilnctl as the peer user (setpriv: real and effective uid/gid, supplementary groups as
+// given) against the daemon; returns its exit status and output.
+std::pair<int, std::string> kilnctl_as_peer(const std::string& dir, const std::string& groups) {
+  const std::string cmd = std::string("setpriv --reuid=") + kPeerUser + " --regid=" + kPeerUser +
+                          (groups.empty() ? " --clear-groups" : " --groups=" + groups) + " " KILN_KILNCTL_PATH +
+                          " status --runtime-dir " + dir + " --socket kilnd-test.sock 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(DaemonSecurity, AnotherUidIsRefusedUnlessInTheAllowedGroup) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: it creates the user " << kPeerUser << " and runs kilnctl as it";
+  const std::string setup = ensure_peer_user();
+  ASSERT_EQ(setup, "") << "could not create the test user";
+  auto dev = make_device();
+  {
+    // Default policy: only the daemon's own uid. The peer cannot even reach the socket.
+    kiln::testing::IpcHarness h(*dev);
+    auto [rc, out] = kilnctl_as_peer(h.dir(), "");
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_NE(out.find("refused"), std::string::npos) << out;
+    // The daemon still serves its own user.
+    Session s(h.target());
+    EXPECT_EQ(program(s, {1}).size(), 1u);
+  }
+  {
+    // With an allowed group, the same user is let in when it is a member (positive control:
+    // the refusal above is the policy, not a broken setup)...
+    const group* g = getgrnam(kPeerGroup);
+    ASSERT_NE(g, nullptr);
+    char tmpl[] = "/tmp/kiln-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    ASSERT_EQ(chmod(tmpl, 0755), 0);  // the parent must be traversable; the daemon's dir is inside
+    const std::string dir = std::string(tmpl) + "/run";
+    DaemonOptions o;
+    o.server.runtime_dir = dir;
+    o.server.socket_name = "kilnd-test.sock";
+    o.server.allowed_gid = g->gr_gid;
+    auto service = ok(DaemonService::start(*dev, o));
+    auto [rc_in, out_in] = kilnctl_as_peer(dir, kPeerGroup);
+    EXPECT_EQ(rc_in, 0) << out_in;
+    EXPECT_NE(out_in.find("plan store"), std::string::npos) << out_in;
+    // ...and refused when it is not.
+    auto [rc_out, out_out] = kilnctl_as_peer(dir, "");
+    EXPECT_NE(rc_out, 0) << out_out;
+    EXPECT_NE(out_out.find("refused"), std::string::npos) << out_out;
+    service->stop();
+    std::filesystem::remove_all(tmpl);
+  }
 }
 
 }  // namespace
