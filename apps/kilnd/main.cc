@@ -5,7 +5,7 @@
 //
 //   kilnd [--device auto|cpu|cuda|cuda:N] [--runtime-dir DIR] [--socket NAME] [--config FILE]
 //         [--allowed-group GROUP] [--job-memory-mib N] [--job-queued-ops N] [--arena-mib N]
-//         [--threads N] [--log-level info]
+//         [--threads N] [--plan-cache DIR] [--log-level info]
 #include <grp.h>
 #include <signal.h>
 #include <unistd.h>
@@ -19,6 +19,7 @@
 #include <string>
 
 #include "kiln/cpu/cpu_backend.h"
+#include "kiln/fusion/plan_cache.h"
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/unix_socket.h"
 #include "kiln/runtime/device.h"
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kilnd: the kiln per-device tensor runtime daemon"};
   std::string device = "auto";
   if (const char* env = std::getenv("KILN_DEVICE")) device = env;
-  std::string runtime_dir, socket_name, config = "kiln.toml", allowed_group, log_level = "info";
+  std::string runtime_dir, socket_name, config = "kiln.toml", allowed_group, log_level = "info", plan_cache;
   std::uint64_t job_memory_mib = 0, job_queued_ops = 0, arena_mib = 64;
   std::size_t threads = 0;
   int kernel_threads = 0;
@@ -83,6 +84,8 @@ int main(int argc, char** argv) {
   app.add_option("--arena-mib", arena_mib, "per-client transfer arena, MiB")->check(CLI::Range(1, 65536));
   app.add_option("--threads", threads, "stream-actor threads (default: [runtime] threads or the cores)");
   app.add_option("--kernel-threads", kernel_threads, "CPU device: threads one kernel may use (0 = the cores)");
+  app.add_option("--plan-cache", plan_cache,
+                 "directory of the plan store on disk: loaded at start, saved at stop (owned by this user, 0700)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -129,6 +132,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kilnd: %s\n", dev.error().to_string().c_str());
     return 2;
   }
+  if (!plan_cache.empty()) {
+    // A missing, corrupt or foreign file is reported and ignored: the daemon starts either way.
+    const kiln::fusion::PlanCacheLoadReport r =
+        kiln::fusion::load_plan_cache((*dev)->plan_store(), plan_cache, kiln::fusion::FusionLog::to_stderr(kiln::fusion::LogLevel::Disabled));
+    if (r.found && r.ok())
+      spdlog::info("kilnd: plan cache {}: loaded {} plans ({} merged)", plan_cache, r.loaded, r.merged);
+    else if (!r.found)
+      spdlog::info("kilnd: plan cache {}: no saved plans yet", plan_cache);
+  }
   kiln::Result<std::unique_ptr<kiln::ipc::DaemonService>> service = kiln::ipc::DaemonService::start(**dev, options);
   if (!service.ok()) {
     // The usual cause: another daemon on this device ("another daemon is already running at ...").
@@ -145,6 +157,14 @@ int main(int argc, char** argv) {
   const kiln::ipc::DaemonStatus last = (*service)->status();
   (*service)->stop();
   kiln::Status down = (*dev)->shutdown();
+  if (!plan_cache.empty()) {
+    kiln::Result<kiln::fusion::PlanCacheSaveReport> saved = kiln::fusion::save_plan_cache((*dev)->plan_store(), plan_cache);
+    if (saved.ok())
+      spdlog::info("kilnd: plan cache {}: saved {} plans ({} bytes, {} not savable)", saved->file.string(), saved->saved,
+                   saved->bytes, saved->skipped);
+    else
+      spdlog::error("kilnd: plan cache {}: {}", plan_cache, saved.error().to_string());
+  }
   const kiln::runtime::MemoryStats mem = (*dev)->backend().memory_stats();
   spdlog::info("kilnd: stopped after {} client(s); {} plans; {} tensors and {} bytes left on the device",
                last.clients_served, last.plans, mem.tensors, mem.bytes_in_use);

@@ -1,5 +1,7 @@
 #include "kiln/runtime/session.h"
 
+#include <boost/container/small_vector.hpp>
+
 #include <cmath>
 #include <cstring>
 
@@ -139,10 +141,10 @@ Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
   const StreamId cur = current_stream();
   // Shared views (fusion.md §16.5): an input homed on another stream is aliased onto this one,
   // so no queue ever names another stream's tensor.
-  std::vector<Tensor> views;
-  views.reserve(inputs.size());
-  std::vector<Tensor*> used;
-  used.reserve(inputs.size());
+  // Inline storage: most ops have one to three inputs, and this is the op path (no heap).
+  boost::container::small_vector<Tensor, 3> views;
+  views.reserve(inputs.size());  // `used` points into it: no reallocation after this
+  boost::container::small_vector<Tensor*, 3> used;
   for (Tensor& t : inputs) {
     if (!t.valid()) return make_error(ErrorCode::InvalidHandle, "op input: moved-from tensor");
     if (t.home() == cur) {
@@ -154,11 +156,10 @@ Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
     views.push_back(Tensor(std::make_shared<Tensor::State>(this, dst, t.shape(), t.dtype(), cur)));
     used.push_back(&views.back());
   }
-  std::vector<ir::TensorIr> irs;
-  irs.reserve(used.size());
+  boost::container::small_vector<ir::TensorIr, 3> irs;
   for (Tensor* t : used) irs.push_back(t->use());
   const ir::TensorId out = device_.new_tensor_id();
-  Result<ir::Operation> op = build(irs, out);
+  Result<ir::Operation> op = build(std::span<const ir::TensorIr>(irs.data(), irs.size()), out);
   if (!op.ok()) return op.error();
   // Consumed inputs (counter 1): their handle must not register a Drop after this last use.
   for (std::size_t i = 0; i < used.size(); ++i)
