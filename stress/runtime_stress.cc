@@ -296,6 +296,8 @@ TEST(RuntimeStress, ThreadsTimesStreamsRandomPrograms) {
               static_cast<unsigned long long>(ops.load()), total * 0.6);
   ASSERT_TRUE(dev->shutdown().ok());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
+  Status leaks = dev->check_memory_leaks();  // fusion.md §16.8: no handle, no stream state left
+  EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
 }
 
 // Many threads syncing, reading and draining each other's streams at once.
@@ -344,6 +346,8 @@ TEST(RuntimeStress, SyncStorm) {
   check.report();
   ASSERT_TRUE(dev->shutdown().ok());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
+  Status leaks = dev->check_memory_leaks();  // fusion.md §16.8: no handle, no stream state left
+  EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
 }
 
 // Shutdown while producers are busy, repeated: shutdown returns, later calls fail cleanly, and

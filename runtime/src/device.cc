@@ -225,6 +225,54 @@ Status Device::close_stream(StreamId stream) {
   return drained;
 }
 
+std::string MemoryReport::to_string() const {
+  std::string out = "\n==== Fusion Memory Report ====\n";
+  out += " - Handles: " + std::to_string(handles) + "\n";
+  out += " - Streams: " + std::to_string(streams.size()) + "\n";
+  for (const StreamSnapshot& s : streams) {
+    out += "  - StreamId(" + std::to_string(s.id.value()) + ") => operations: " + std::to_string(s.operations) +
+           " cursor: " + std::to_string(s.cursor) + "\n";
+    for (const auto& [id, status] : s.variables)
+      out += "   - TensorId(" + std::to_string(id.value()) + ") => status: " + ir::status_name(status) + "\n";
+  }
+  out += "==============================\n";
+  return out;
+}
+
+MemoryReport Device::memory_report() {
+  // Serialised with close_stream and shutdown, which destroy or stop actors.
+  std::lock_guard shutdown_lock(shutdown_mu_);
+  std::vector<StreamActor*> actors;
+  {
+    std::lock_guard lock(streams_mu_);
+    for (auto it = streams_.begin(); it != streams_.end(); ++it) actors.push_back(it->second.get());
+  }
+  MemoryReport report;
+  for (StreamActor* a : actors) {
+    StreamSnapshot snap;
+    if (shut_down_) {
+      snap = a->snapshot_now();  // the pool has joined: no handler runs
+    } else {
+      std::future<StreamSnapshot> f = a->snapshot();
+      if (f.wait_for(options_.wait_timeout) != std::future_status::ready) {
+        snap.id = a->id();
+        snap.operations = ~std::uint64_t{0};  // reported as busy: not clean
+      } else {
+        snap = f.get();
+      }
+    }
+    if (snap.operations != 0 || !snap.variables.empty()) report.streams.push_back(std::move(snap));
+  }
+  report.handles = backend_->memory_stats().tensors;
+  return report;
+}
+
+Status Device::check_memory_leaks() {
+  MemoryReport r = memory_report();
+  if (r.clean()) return Status::Ok();
+  return make_error(ErrorCode::Execution, "memory check failed:" + r.to_string());
+}
+
 StreamStats Device::totals() const {
   std::lock_guard lock(streams_mu_);  // TBB tables may not be traversed during an insert
   StreamStats sum = closed_totals_;

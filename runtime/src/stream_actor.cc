@@ -1,5 +1,7 @@
 #include "kiln/runtime/stream_actor.h"
 
+#include <algorithm>
+
 #include <exception>
 #include <type_traits>
 #include <utility>
@@ -286,6 +288,23 @@ std::future<void> StreamActor::quiesce() {
   std::future<void> f = done->get_future();
   // The strand runs handlers in order: this one runs after every turn already posted.
   boost::asio::post(strand_, [done] { done->set_value(); });
+  return f;
+}
+
+StreamSnapshot StreamActor::snapshot_now() const {
+  StreamSnapshot snap;
+  snap.id = id_;
+  snap.operations = stream_.queue().size();
+  snap.cursor = stream_.cursor();
+  for (const auto& [id, status] : stream_.queue().variables()) snap.variables.emplace_back(id, status);
+  std::sort(snap.variables.begin(), snap.variables.end());
+  return snap;
+}
+
+std::future<StreamSnapshot> StreamActor::snapshot() {
+  auto done = std::make_shared<std::promise<StreamSnapshot>>();
+  std::future<StreamSnapshot> f = done->get_future();
+  boost::asio::post(strand_, [this, done] { done->set_value(snapshot_now()); });
   return f;
 }
 

@@ -81,6 +81,16 @@ class SessionTarget {
   virtual void claim_stream(StreamId stream) = 0;
 };
 
+// The memory check of fusion.md §16.8 (a test feature): the device's handles and every stream
+// that still tracks tensors or queues operations. clean() iff neither remains.
+struct MemoryReport {
+  std::uint64_t handles = 0;
+  std::vector<StreamSnapshot> streams;  // only streams with operations or variables left
+  bool clean() const { return handles == 0 && streams.empty(); }
+  // The spec's "==== Fusion Memory Report ====" rendering.
+  std::string to_string() const;
+};
+
 class Device final : public SessionTarget {
  public:
   // Reads the configuration (explicit options > environment > kiln.toml) and starts the pool.
@@ -119,6 +129,12 @@ class Device final : public SessionTarget {
   // Every stream's counters summed, closed streams included (status reports: cache hits,
   // explorations, executed operations). Takes the stream-creation lock briefly.
   StreamStats totals() const;
+  // fusion.md §16.8: a snapshot of what is left (each live stream answers on its strand; after
+  // shutdown the streams are read directly). check_memory_leaks(): Ok iff the report is clean,
+  // else an error carrying the report. Call it once every client tensor is gone and the streams
+  // have drained (e.g. after Session::sync, or after shutdown).
+  MemoryReport memory_report();
+  [[nodiscard]] Status check_memory_leaks();
   std::size_t num_streams() const { return streams_.size(); }
   // The stream that produced a still-pending (not yet dropped or consumed) tensor.
   std::optional<StreamId> producer_of(ir::TensorId id) const;

@@ -35,7 +35,9 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -102,6 +104,15 @@ struct StreamStats {
   std::uint64_t plans_created = 0;  // processor: plans this stream added to the store
 };
 
+// One stream's fusion state as the memory check sees it (fusion.md §16.8): the operations still
+// queued, the cursor, and every tensor the queue tracks with its last status.
+struct StreamSnapshot {
+  StreamId id{0};
+  std::uint64_t operations = 0;
+  std::uint64_t cursor = 0;
+  std::vector<std::pair<ir::TensorId, ir::TensorStatus>> variables;  // sorted by id
+};
+
 class StreamActor {
  public:
   // Intake ring capacity (commands): one page of pointers; a producer that runs 512 ops ahead
@@ -133,6 +144,10 @@ class StreamActor {
   // Device, at close_stream (after close()): a future ready once every handler posted to the
   // strand before this call has run, so that the actor can be destroyed.
   std::future<void> quiesce();
+  // Device, memory report: the snapshot, taken on the strand.
+  std::future<StreamSnapshot> snapshot();
+  // The same without the strand: only when no handler can run (after the pool joined).
+  StreamSnapshot snapshot_now() const;
   // Device, after the pool joined (no handler runs any more): completes every command still
   // queued with an error naming `reason`; returns how many there were.
   std::size_t cancel_pending(const std::string& reason);
