@@ -41,8 +41,8 @@ kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) 
 #if KILN_HAVE_CUDA
   const kiln::cuda::ProbeResult probe = kiln::cuda::probe();
   KILN_ASSIGN_OR_RETURN(kiln::cuda::DeviceChoice choice, kiln::cuda::choose_device(request, probe));
-  spdlog::info("kilnd: device {} ({}); {}", choice.kind == kiln::cuda::DeviceKind::Cuda ? "cuda" : "cpu", choice.why,
-               probe.describe());
+  spdlog::info("kilnd: device {} ({})", choice.kind == kiln::cuda::DeviceKind::Cuda ? "cuda" : "cpu", choice.why);
+  spdlog::debug("kilnd: {}", probe.describe());
   if (choice.kind == kiln::cuda::DeviceKind::Cuda) {
     KILN_ASSIGN_OR_RETURN(auto cuda, kiln::cuda::CudaBackend::create({.device = choice.ordinal}));
     b.backend = std::move(cuda);

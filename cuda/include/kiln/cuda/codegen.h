@@ -1,0 +1,126 @@
+// CUDA C++ code generation from fused programs (fusion/fused_program.h): pure, deterministic
+// text generation that needs no GPU and no CUDA library; NVRTC compiles the result (nvrtc.h).
+//
+// One FusedProgram becomes one translation unit: the shared prelude (prelude(): fp16 / bf16
+// headers, the parameter structs of launch_abi.h, integer and rounding helpers) followed by the
+// program's kernels:
+//
+//   Elementwise, NhwcRelayout   `<prefix>_s0_ew`  grid-stride loop, any strides (broadcast,
+//                                                 views, NHWC outputs, masked broadcast stores)
+//                               `<prefix>_s0_vec` grid-stride loop over 16-byte vectors: every
+//                                                 tensor contiguous and aligned (the host picks
+//                                                 it at launch), scalar tail
+//   Reduce                      `<prefix>_s0_rows` one thread block per output, tree reduction
+//                                                 in shared memory (inner == 1 rows)
+//                               `<prefix>_s0_cols` one thread per output, serial along the axis
+//                                                 (coalesced when inner > 1)
+//   Matmul                      `<prefix>_s0_mm`   64x64 tiles, 4x4 per thread, fused epilogue
+//   ReduceBroadcasted           the kernels of each stage k, `<prefix>_s<k>_...`, run in order
+//
+// Sizes and scalar values are kernel parameters (KilnIter, KilnAccess, ...), never constants,
+// so one compiled program serves every size and every scalar value of its structure.
+// Registers compute in the CPU fast path's classes (float for f32 / flex32 / f16 / bf16, double,
+// 64-bit signed / unsigned integers, bool) and are rounded / wrapped back to their dtype after
+// every instruction, as the reference executor's results are.
+//
+// Usage:
+//   Result<GeneratedProgram> g = generate(program, {.name_prefix = "kiln"});
+//   std::string src = g->source();                     // prelude() + body
+//   for (const KernelSpec& k : g->kernels) ...          // names, roles, parameter lists
+//
+// Thread-safety: pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/fusion/fused_program.h"
+#include "kiln/ir/result.h"
+
+namespace kiln::cuda {
+
+enum class KernelRole : std::uint8_t { ElementwiseStrided, ElementwiseVector, ReduceRows, ReduceCols, Matmul };
+std::string_view kernel_role_name(KernelRole r);
+
+// One kernel parameter, in declaration order; the host builds the argument list from these.
+enum class ParamKind : std::uint8_t {
+  Iter,         // KilnIter of block `block` (its reference shape)
+  LoadAccess,   // KilnAccess of load `index` of block `block`
+  StoreAccess,  // KilnAccess of store `index` of block `block`
+  InputPtr,     // device pointer of program input `index` (a View entry: its source's buffer)
+  OutputPtr,    // device pointer of program output `index`
+  Indexed,      // KilnIndexed of program input `index` (role Indexed)
+  Scalar,       // scalar slot `index` of GeneratedProgram::scalars, passed as its class type
+  ReduceShape,  // KilnReduceShape of the stage's reduction
+  MatmulShape,  // KilnMatmulShape
+  Fault,        // int*: set to nonzero by a fault (integer division by zero, index out of range)
+};
+struct KernelParam {
+  ParamKind kind = ParamKind::Iter;
+  std::uint32_t block = 0;
+  std::uint32_t index = 0;
+  friend bool operator==(const KernelParam&, const KernelParam&) = default;
+};
+
+struct KernelSpec {
+  std::string name;
+  KernelRole role = KernelRole::ElementwiseStrided;
+  std::uint32_t stage = 0;         // ReduceBroadcasted: the stage program; 0 otherwise
+  std::uint32_t vector_width = 1;  // ElementwiseVector: elements per 16-byte step
+  std::uint32_t threads = 256;     // threads per block the kernel is written for
+  std::vector<KernelParam> params;
+};
+
+// How a scalar is passed: the class its instruction computes in.
+enum class ScalarClass : std::uint8_t { F32, F64, I64, U64, Bool };
+ScalarClass scalar_class_of(ir::DType d);
+std::size_t scalar_class_size(ScalarClass c);
+
+struct ScalarSlot {
+  std::uint32_t placeholder = 0;  // k of the converter's scalars
+  ir::DType dtype;                // converted to this dtype first (the element codec's rules)
+  ScalarClass cls = ScalarClass::F32;
+};
+
+// What a program's stage needs from the host besides its kernels.
+struct StageInfo {
+  fusion::ProgramKind kind = fusion::ProgramKind::Elementwise;
+  // Per block: it has indexed reads (Gather / Select / Cat) and needs the true multi-index of its
+  // reference shape (the host must not merge or drop its dims).
+  std::vector<bool> indexed_blocks;
+  // Vector width of the stage's ElementwiseVector kernel, 0 when it has none.
+  std::uint32_t vector_width = 0;
+};
+
+struct GeneratedProgram {
+  std::string body;                  // the kernels; compile prelude() + body
+  std::vector<KernelSpec> kernels;
+  std::vector<ScalarSlot> scalars;
+  std::vector<StageInfo> stages;     // one per stage (one for every kind but ReduceBroadcasted)
+  // Whether a kernel may fault (integer division, indexed reads, reductions without identity):
+  // the host checks the fault word before it commits the outputs.
+  bool may_fault = false;
+
+  std::string source() const;
+};
+
+struct CodegenOptions {
+  // Prefix of the kernels' extern "C" names: several programs can share one translation unit
+  // (the NVRTC tests batch programs that way) when their prefixes differ.
+  std::string name_prefix = "kiln";
+  // Threads per block of every kernel (a power of two; the reductions' shared-memory trees and
+  // the matmul's 16x16 thread tile assume 256).
+  std::uint32_t threads = 256;
+};
+
+// The shared part of every translation unit: headers, parameter structs, helpers.
+std::string_view prelude();
+
+// The program's kernels. Errors (ErrorCode::Unsupported) name what the generator does not
+// handle (QFloat, ranks above kMaxRank, unknown instructions, malformed programs); the
+// backend then runs the program's operations one by one.
+Result<GeneratedProgram> generate(const fusion::FusedProgram& program, const CodegenOptions& options = {});
+
+}  // namespace kiln::cuda

@@ -1,0 +1,1227 @@
+// Fused program -> CUDA C++ (codegen.h). The generator mirrors the CPU fast path's compile step
+// (cpu/src/fast_compile.cc): the same register classes, fixups and operation semantics, emitted
+// as straight-line code per element instead of kernel calls per chunk.
+#include "kiln/cuda/codegen.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "kiln/cuda/launch_abi.h"
+#include "kiln/fusion/trace_fuser.h"
+#include "kiln/ir/op_table.h"
+
+namespace kiln::cuda {
+
+using fusion::FusedProgram;
+using fusion::Instruction;
+using fusion::OperandKind;
+using fusion::ProgramBlock;
+using fusion::ProgramKind;
+using ir::DType;
+using ir::DTypeKind;
+using ir::OpKind;
+
+std::string_view kernel_role_name(KernelRole r) {
+  switch (r) {
+    case KernelRole::ElementwiseStrided:
+      return "ew";
+    case KernelRole::ElementwiseVector:
+      return "vec";
+    case KernelRole::ReduceRows:
+      return "rows";
+    case KernelRole::ReduceCols:
+      return "cols";
+    case KernelRole::Matmul:
+      return "mm";
+  }
+  return "?";
+}
+
+ScalarClass scalar_class_of(DType d) {
+  if (d.kind() == DTypeKind::F64) return ScalarClass::F64;
+  if (d.is_float()) return ScalarClass::F32;
+  if (d.is_int()) return ScalarClass::I64;
+  if (d.is_uint()) return ScalarClass::U64;
+  return ScalarClass::Bool;
+}
+
+std::size_t scalar_class_size(ScalarClass c) {
+  switch (c) {
+    case ScalarClass::F32:
+    case ScalarClass::Bool:  // passed as int: a 1-byte kernel parameter buys nothing
+      return 4;
+    default:
+      return 8;
+  }
+}
+
+std::string GeneratedProgram::source() const {
+  std::string s(prelude());
+  s += body;
+  return s;
+}
+
+namespace {
+
+// ---- dtypes: storage type, register class, conversions
+
+enum class Cls : std::uint8_t { F32, F64, I64, U64, Bool };
+
+std::optional<Cls> cls_of(DType d) {
+  switch (d.kind()) {
+    case DTypeKind::F64:
+      return Cls::F64;
+    case DTypeKind::F32:
+    case DTypeKind::Flex32:
+    case DTypeKind::F16:
+    case DTypeKind::BF16:
+      return Cls::F32;
+    case DTypeKind::I64:
+    case DTypeKind::I32:
+    case DTypeKind::I16:
+    case DTypeKind::I8:
+      return Cls::I64;
+    case DTypeKind::U64:
+    case DTypeKind::U32:
+    case DTypeKind::U16:
+    case DTypeKind::U8:
+      return Cls::U64;
+    case DTypeKind::Bool:
+      return Cls::Bool;
+    case DTypeKind::QFloat:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+const char* cls_type(Cls c) {
+  switch (c) {
+    case Cls::F32:
+      return "float";
+    case Cls::F64:
+      return "double";
+    case Cls::I64:
+      return "long long";
+    case Cls::U64:
+      return "unsigned long long";
+    case Cls::Bool:
+      return "bool";
+  }
+  return "?";
+}
+
+// The C++ type a tensor of this dtype stores.
+std::string storage_type(DType d) {
+  switch (d.kind()) {
+    case DTypeKind::F64:
+      return "double";
+    case DTypeKind::F32:
+    case DTypeKind::Flex32:
+      return "float";
+    case DTypeKind::F16:
+      return "__half";
+    case DTypeKind::BF16:
+      return "__nv_bfloat16";
+    case DTypeKind::I64:
+      return "long long";
+    case DTypeKind::I32:
+      return "int";
+    case DTypeKind::I16:
+      return "short";
+    case DTypeKind::I8:
+      return "signed char";
+    case DTypeKind::U64:
+      return "unsigned long long";
+    case DTypeKind::U32:
+      return "unsigned int";
+    case DTypeKind::U16:
+      return "unsigned short";
+    case DTypeKind::U8:
+      return "unsigned char";
+    case DTypeKind::Bool:
+      return d.bool_store() == ir::BoolStore::U32 ? "unsigned int" : "unsigned char";
+    case DTypeKind::QFloat:
+      break;
+  }
+  return "void";
+}
+
+std::size_t storage_size(DType d) {
+  if (d.is_bool()) return d.bool_store() == ir::BoolStore::U32 ? 4 : 1;
+  return d.size_bytes();
+}
+
+// storage element expression -> register class value
+std::string load_conv(DType d, const std::string& e) {
+  switch (d.kind()) {
+    case DTypeKind::F16:
+      return "__half2float(" + e + ")";
+    case DTypeKind::BF16:
+      return "__bfloat162float(" + e + ")";
+    case DTypeKind::Bool:
+      return "(" + e + " != 0)";
+    default:
+      break;
+  }
+  if (d.is_int()) return "(long long)(" + e + ")";
+  if (d.is_uint()) return "(unsigned long long)(" + e + ")";
+  return e;
+}
+
+// register class value -> storage element
+std::string store_conv(DType d, const std::string& v) {
+  switch (d.kind()) {
+    case DTypeKind::F16:
+      return "__float2half_rn(" + v + ")";
+    case DTypeKind::BF16:
+      return "__float2bfloat16_rn(" + v + ")";
+    case DTypeKind::Bool:
+      return "(" + storage_type(d) + ")(" + v + " ? 1 : 0)";
+    default:
+      break;
+  }
+  if (d.is_integral()) return "(" + storage_type(d) + ")(" + v + ")";
+  return v;
+}
+
+// What keeps a register inside its dtype after an instruction computed it in the class.
+std::string fixup(DType d, const std::string& v) {
+  switch (d.kind()) {
+    case DTypeKind::F16:
+      return "kiln_f16(" + v + ")";
+    case DTypeKind::BF16:
+      return "kiln_bf16(" + v + ")";
+    case DTypeKind::I32:
+      return "(long long)(int)(" + v + ")";
+    case DTypeKind::I16:
+      return "(long long)(short)(" + v + ")";
+    case DTypeKind::I8:
+      return "(long long)(signed char)(" + v + ")";
+    case DTypeKind::U32:
+      return "(unsigned long long)(unsigned int)(" + v + ")";
+    case DTypeKind::U16:
+      return "(unsigned long long)(unsigned short)(" + v + ")";
+    case DTypeKind::U8:
+      return "(unsigned long long)(unsigned char)(" + v + ")";
+    default:
+      return v;
+  }
+}
+
+int int_bits(DType d) { return d.is_integral() ? static_cast<int>(d.size_bytes() * 8) : 0; }
+
+// ---- operations
+
+// clang-format off
+enum class Code : std::uint8_t {
+  Add, Sub, Mul, Div, Rem, Pow, BitAnd, BitOr, BitXor, Shl, Shr, LogicAnd, LogicOr, LogicXor, ClampMin, ClampMax,
+  Eq, Ne, Gt, Ge, Lt, Le,
+  Abs, Neg, Sign, Exp, Log, Log1p, Erf, Sqrt, Cos, Sin, Tanh, Recip, Round, Floor, Ceil, Trunc, IsNan, IsInf, BitNot, Not,
+  Cast, Clamp, MaskWhere, MaskFill, Copy, Fill, Gather, Select, Cat,
+};
+// clang-format on
+
+std::optional<Code> code_of(OpKind k) {
+  switch (k) {
+    case OpKind::Numeric_Add: case OpKind::Numeric_AddScalar: return Code::Add;
+    case OpKind::Numeric_Sub: case OpKind::Numeric_SubScalar: return Code::Sub;
+    case OpKind::Numeric_Mul: case OpKind::Numeric_MulScalar: return Code::Mul;
+    case OpKind::Numeric_Div: case OpKind::Numeric_DivScalar: return Code::Div;
+    case OpKind::Numeric_Rem: case OpKind::Numeric_RemScalar: return Code::Rem;
+    case OpKind::Float_Powf: case OpKind::Float_PowfScalar: return Code::Pow;
+    case OpKind::Int_BitwiseAnd: case OpKind::Int_BitwiseAndScalar: return Code::BitAnd;
+    case OpKind::Int_BitwiseOr: case OpKind::Int_BitwiseOrScalar: return Code::BitOr;
+    case OpKind::Int_BitwiseXor: case OpKind::Int_BitwiseXorScalar: return Code::BitXor;
+    case OpKind::Int_BitwiseLeftShift: case OpKind::Int_BitwiseLeftShiftScalar: return Code::Shl;
+    case OpKind::Int_BitwiseRightShift: case OpKind::Int_BitwiseRightShiftScalar: return Code::Shr;
+    case OpKind::Bool_And: return Code::LogicAnd;
+    case OpKind::Bool_Or: return Code::LogicOr;
+    case OpKind::Bool_Xor: return Code::LogicXor;
+    case OpKind::Numeric_ClampMin: return Code::ClampMin;
+    case OpKind::Numeric_ClampMax: return Code::ClampMax;
+    case OpKind::Base_Equal: case OpKind::Base_EqualElem: return Code::Eq;
+    case OpKind::Base_NotEqual: case OpKind::Base_NotEqualElem: return Code::Ne;
+    case OpKind::Numeric_Greater: case OpKind::Numeric_GreaterElem: return Code::Gt;
+    case OpKind::Numeric_GreaterEqual: case OpKind::Numeric_GreaterEqualElem: return Code::Ge;
+    case OpKind::Numeric_Lower: case OpKind::Numeric_LowerElem: return Code::Lt;
+    case OpKind::Numeric_LowerEqual: case OpKind::Numeric_LowerEqualElem: return Code::Le;
+    case OpKind::Numeric_Abs: return Code::Abs;
+    case OpKind::Numeric_Neg: return Code::Neg;
+    case OpKind::Numeric_Sign: return Code::Sign;
+    case OpKind::Float_Exp: return Code::Exp;
+    case OpKind::Float_Log: return Code::Log;
+    case OpKind::Float_Log1p: return Code::Log1p;
+    case OpKind::Float_Erf: return Code::Erf;
+    case OpKind::Float_Sqrt: return Code::Sqrt;
+    case OpKind::Float_Cos: return Code::Cos;
+    case OpKind::Float_Sin: return Code::Sin;
+    case OpKind::Float_Tanh: return Code::Tanh;
+    case OpKind::Float_Recip: return Code::Recip;
+    case OpKind::Float_Round: return Code::Round;
+    case OpKind::Float_Floor: return Code::Floor;
+    case OpKind::Float_Ceil: return Code::Ceil;
+    case OpKind::Float_Trunc: return Code::Trunc;
+    case OpKind::Float_IsNan: return Code::IsNan;
+    case OpKind::Float_IsInf: return Code::IsInf;
+    case OpKind::Int_BitwiseNot: return Code::BitNot;
+    case OpKind::Bool_Not: return Code::Not;
+    case OpKind::Base_Cast: case OpKind::Float_IntoInt: case OpKind::Int_IntoFloat:
+    case OpKind::Bool_IntoFloat: case OpKind::Bool_IntoInt: return Code::Cast;
+    case OpKind::Numeric_Clamp: return Code::Clamp;
+    case OpKind::Base_MaskWhere: return Code::MaskWhere;
+    case OpKind::Base_MaskFill: return Code::MaskFill;
+    case OpKind::Base_Reshape: return Code::Copy;
+    case OpKind::Base_Ones: case OpKind::Base_Zeros: case OpKind::Numeric_Full: return Code::Fill;
+    case OpKind::Base_Gather: return Code::Gather;
+    case OpKind::Base_Select: return Code::Select;
+    case OpKind::Base_Cat: return Code::Cat;
+    default: return std::nullopt;
+  }
+}
+
+bool is_binary(Code c) { return c <= Code::ClampMax; }
+bool is_comparison(Code c) { return c >= Code::Eq && c <= Code::Le; }
+bool is_unary(Code c) { return c >= Code::Abs && c <= Code::Not; }
+
+enum class Red : std::uint8_t { Sum, Mean, Prod, Max, Min, MaxAbs, ArgMax, ArgMin, Any, All };
+
+std::optional<Red> red_of(OpKind k) {
+  switch (k) {
+    case OpKind::Numeric_SumDim: return Red::Sum;
+    case OpKind::Numeric_MeanDim: return Red::Mean;
+    case OpKind::Numeric_ProdDim: return Red::Prod;
+    case OpKind::Numeric_MaxDim: return Red::Max;
+    case OpKind::Numeric_MinDim: return Red::Min;
+    case OpKind::Numeric_MaxAbsDim: return Red::MaxAbs;
+    case OpKind::Numeric_ArgMax: return Red::ArgMax;
+    case OpKind::Numeric_ArgMin: return Red::ArgMin;
+    case OpKind::Base_AnyDim: return Red::Any;
+    case OpKind::Base_AllDim: return Red::All;
+    default: return std::nullopt;
+  }
+}
+
+Error unsupported(std::string what) { return make_error(ErrorCode::Unsupported, "cuda codegen: " + std::move(what)); }
+
+// ---- text
+
+class Text {
+ public:
+  void line(int indent, std::string_view s) {
+    out_.append(static_cast<std::size_t>(indent) * 2, ' ');
+    out_ += s;
+    out_ += '\n';
+  }
+  std::string& str() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+// ---- one stage (a program that is not ReduceBroadcasted)
+
+// How a block body reads its positions: `pos` (linear position in the block's reference) and
+// `idx` (multi-index, computed when the iteration space is not contiguous or the block has
+// indexed reads). The vector kernel replaces loads and stores by lane accesses.
+struct BodyMode {
+  bool vector = false;        // lane body of the vector kernel
+  bool hoisted_bcast = false; // broadcast loads were read once before the loop (b<l> names)
+};
+
+class StageGen {
+ public:
+  StageGen(const FusedProgram& p, std::uint32_t stage, const CodegenOptions& opt, GeneratedProgram& out)
+      : p_(p), stage_(stage), opt_(opt), out_(out) {}
+
+  Status run() {
+    KILN_RETURN_IF_ERROR(validate());
+    StageInfo info;
+    info.kind = p_.kind;
+    for (const ProgramBlock& b : p_.blocks) info.indexed_blocks.push_back(block_indexed(b));
+    switch (p_.kind) {
+      case ProgramKind::Elementwise:
+      case ProgramKind::NhwcRelayout: {
+        KILN_RETURN_IF_ERROR(elementwise_strided());
+        if (!info.indexed_blocks[0]) {
+          KILN_RETURN_IF_ERROR(elementwise_vector());
+          info.vector_width = vector_width_;
+        }
+        break;
+      }
+      case ProgramKind::Reduce:
+        KILN_RETURN_IF_ERROR(reduce(KernelRole::ReduceRows));
+        KILN_RETURN_IF_ERROR(reduce(KernelRole::ReduceCols));
+        break;
+      case ProgramKind::Matmul:
+        KILN_RETURN_IF_ERROR(matmul());
+        break;
+      case ProgramKind::ReduceBroadcasted:
+        return unsupported("nested ReduceBroadcasted stage");
+    }
+    out_.stages.push_back(std::move(info));
+    return Status::Ok();
+  }
+
+ private:
+  // ---- validation (what the CPU compile step checks, plus the rank limit)
+
+  Status validate() {
+    switch (p_.kind) {
+      case ProgramKind::Elementwise:
+      case ProgramKind::NhwcRelayout:
+        if (p_.blocks.size() != 1) return unsupported("an elementwise program has one block");
+        break;
+      case ProgramKind::Matmul:
+        if (p_.blocks.size() != 1 || !p_.matmul) return unsupported("a matmul program has one block and a matmul");
+        if (p_.matmul->lhs >= p_.inputs.size() || p_.matmul->rhs >= p_.inputs.size())
+          return unsupported("matmul operands");
+        break;
+      case ProgramKind::Reduce:
+        if (p_.blocks.size() != 2 || !p_.blocks[1].reduction || p_.blocks[0].reduction)
+          return unsupported("a reduce program has a prologue and a reduction block");
+        break;
+      case ProgramKind::ReduceBroadcasted:
+        return unsupported("nested ReduceBroadcasted stage");
+    }
+    for (const fusion::ProgramInput& in : p_.inputs) {
+      if (!cls_of(in.dtype)) return unsupported("input dtype " + in.dtype.name());
+      if (in.shape.size() > static_cast<std::size_t>(kMaxRank)) return unsupported("rank above 8");
+      if (in.role == fusion::InputRole::View) {
+        if (!in.view || in.view->source >= p_.inputs.size()) return unsupported("view without a source");
+        if (in.view->op != OpKind::Base_SwapDims && in.view->op != OpKind::Base_Reshape)
+          return unsupported("view kind");
+        if (in.view->shape.size() > static_cast<std::size_t>(kMaxRank)) return unsupported("rank above 8");
+      }
+    }
+    for (const fusion::ProgramOutput& o : p_.outputs) {
+      if (!cls_of(o.dtype)) return unsupported("output dtype " + o.dtype.name());
+      if (o.shape.size() > static_cast<std::size_t>(kMaxRank)) return unsupported("rank above 8");
+    }
+    for (std::size_t bi = 0; bi < p_.blocks.size(); ++bi) {
+      const ProgramBlock& b = p_.blocks[bi];
+      if (b.reference_shape.size() > static_cast<std::size_t>(kMaxRank)) return unsupported("rank above 8");
+      for (const DType& d : b.registers)
+        if (!cls_of(d)) return unsupported("register dtype " + d.name());
+      auto reg_ok = [&](std::uint32_t r) { return r < b.registers.size(); };
+      for (const fusion::Load& l : b.loads) {
+        if (!reg_ok(l.local)) return unsupported("load register");
+        if (l.source == fusion::LoadSource::Input) {
+          if (l.index >= p_.inputs.size()) return unsupported("load of an unknown input");
+          if (p_.inputs[l.index].role == fusion::InputRole::Indexed) return unsupported("plain load of an indexed input");
+          if (!(p_.inputs[l.index].dtype == b.registers[l.local])) return unsupported("load dtype");
+        } else {
+          // A later block reading what an earlier block stored. Within one kernel the rows of
+          // the two blocks are not the same threads; the CPU runs blocks apart, we refuse.
+          return unsupported("a block loading another block's output");
+        }
+      }
+      for (const Instruction& ins : b.instructions)
+        if (!reg_ok(ins.out) || !(b.registers[ins.out] == ins.out_dtype)) return unsupported("instruction output");
+      for (const fusion::Store& s : b.stores) {
+        if (!reg_ok(s.local) || s.output >= p_.outputs.size()) return unsupported("store");
+        if (!(p_.outputs[s.output].dtype == b.registers[s.local])) return unsupported("store dtype");
+      }
+      if (b.reduction) {
+        if (bi != 1 || !reg_ok(b.reduction->out) || b.reduction->input >= p_.blocks[0].registers.size())
+          return unsupported("reduction registers");
+        if (!red_of(b.reduction->op)) return unsupported("reduction " + std::string(ir::op_info(b.reduction->op).variant));
+        if (!cls_of(b.reduction->input_dtype) || !cls_of(b.reduction->out_dtype)) return unsupported("reduction dtype");
+        if (!(p_.blocks[0].registers[b.reduction->input] == b.reduction->input_dtype) ||
+            !(b.registers[b.reduction->out] == b.reduction->out_dtype))
+          return unsupported("reduction register dtypes");
+        if (b.reduction->axis < 0 || static_cast<std::size_t>(b.reduction->axis) >= p_.blocks[0].reference_shape.size())
+          return unsupported("reduction axis");
+      }
+    }
+    if (p_.matmul && !(p_.matmul->out < p_.blocks[0].registers.size() &&
+                       p_.blocks[0].registers[p_.matmul->out] == p_.matmul->out_dtype))
+      return unsupported("matmul register");
+    if (p_.matmul && (!p_.inputs[p_.matmul->lhs].dtype.is_float() || !p_.inputs[p_.matmul->rhs].dtype.is_float() ||
+                      !p_.matmul->out_dtype.is_float()))
+      return unsupported("integer matmul");
+    return Status::Ok();
+  }
+
+  static bool block_indexed(const ProgramBlock& b) {
+    for (const Instruction& ins : b.instructions)
+      for (const fusion::Operand& o : ins.operands)
+        if (o.kind == OperandKind::Input) return true;
+    return false;
+  }
+
+  // ---- parameters
+
+  std::string kernel_name(KernelRole r) const {
+    return fmt::format("{}_s{}_{}", opt_.name_prefix, stage_, kernel_role_name(r));
+  }
+
+  std::uint32_t scalar_slot(std::uint32_t placeholder, DType d) {
+    for (std::size_t i = 0; i < out_.scalars.size(); ++i)
+      if (out_.scalars[i].placeholder == placeholder && out_.scalars[i].dtype == d) return static_cast<std::uint32_t>(i);
+    out_.scalars.push_back(ScalarSlot{placeholder, d, scalar_class_of(d)});
+    return static_cast<std::uint32_t>(out_.scalars.size() - 1);
+  }
+
+  // The parameter list of every kernel of this stage: iterations of each block, the reduction or
+  // matmul shape, then per block its loads (pointer + access) and stores, the indexed inputs,
+  // the scalars and the fault word. Kernels of one stage share it, so the host builds one
+  // argument list whichever kernel it launches.
+  void collect_params() {
+    params_.clear();
+    decls_.clear();
+    auto add = [&](KernelParam kp, std::string decl) {
+      params_.push_back(kp);
+      decls_.push_back(std::move(decl));
+    };
+    for (std::uint32_t b = 0; b < p_.blocks.size(); ++b)
+      add({ParamKind::Iter, b, 0}, fmt::format("const KilnIter it{}", b));
+    if (p_.kind == ProgramKind::Reduce) add({ParamKind::ReduceShape, 1, 0}, "const KilnReduceShape rs");
+    if (p_.kind == ProgramKind::Matmul) {
+      add({ParamKind::MatmulShape, 0, 0}, "const KilnMatmulShape ms");
+      for (std::uint32_t i : {p_.matmul->lhs, p_.matmul->rhs})
+        if (!has_input_ptr(i))
+          add({ParamKind::InputPtr, 0, i},
+              fmt::format("const {}* __restrict__ in{}", storage_type(p_.inputs[i].dtype), i));
+    }
+    for (std::uint32_t b = 0; b < p_.blocks.size(); ++b) {
+      const ProgramBlock& blk = p_.blocks[b];
+      for (std::uint32_t l = 0; l < blk.loads.size(); ++l) {
+        const std::uint32_t i = blk.loads[l].index;
+        if (!has_input_ptr(i))
+          add({ParamKind::InputPtr, 0, i},
+              fmt::format("const {}* __restrict__ in{}", storage_type(p_.inputs[i].dtype), i));
+        add({ParamKind::LoadAccess, b, l}, fmt::format("const KilnAccess la{}_{}", b, l));
+      }
+      for (std::uint32_t s = 0; s < blk.stores.size(); ++s) {
+        const std::uint32_t o = blk.stores[s].output;
+        bool have = false;
+        for (const KernelParam& kp : params_) have = have || (kp.kind == ParamKind::OutputPtr && kp.index == o);
+        if (!have)
+          add({ParamKind::OutputPtr, 0, o},
+              fmt::format("{}* __restrict__ out{}", storage_type(p_.outputs[o].dtype), o));
+        add({ParamKind::StoreAccess, b, s}, fmt::format("const KilnAccess sa{}_{}", b, s));
+      }
+      for (const Instruction& ins : blk.instructions)
+        for (const fusion::Operand& op : ins.operands) {
+          if (op.kind == OperandKind::Input) {
+            const std::uint32_t i = op.index;
+            if (!has_input_ptr(i))
+              add({ParamKind::InputPtr, 0, i},
+                  fmt::format("const {}* __restrict__ in{}", storage_type(p_.inputs[i].dtype), i));
+            bool have = false;
+            for (const KernelParam& kp : params_) have = have || (kp.kind == ParamKind::Indexed && kp.index == i);
+            if (!have) add({ParamKind::Indexed, 0, i}, fmt::format("const KilnIndexed ix{}", i));
+          } else if (op.kind == OperandKind::Scalar) {
+            const std::uint32_t slot = scalar_slot(op.index, ins.compute);
+            bool have = false;
+            for (const KernelParam& kp : params_) have = have || (kp.kind == ParamKind::Scalar && kp.index == slot);
+            if (!have)
+              add({ParamKind::Scalar, 0, slot},
+                  fmt::format("const {} s{}", scalar_param_type(out_.scalars[slot].cls), slot));
+          }
+        }
+    }
+    add({ParamKind::Fault, 0, 0}, "int* __restrict__ kiln_fault");
+  }
+
+  bool has_input_ptr(std::uint32_t i) const {
+    for (const KernelParam& kp : params_)
+      if (kp.kind == ParamKind::InputPtr && kp.index == i) return true;
+    return false;
+  }
+
+  static const char* scalar_param_type(ScalarClass c) {
+    switch (c) {
+      case ScalarClass::F32:
+        return "float";
+      case ScalarClass::F64:
+        return "double";
+      case ScalarClass::I64:
+        return "long long";
+      case ScalarClass::U64:
+        return "unsigned long long";
+      case ScalarClass::Bool:
+        return "int";
+    }
+    return "?";
+  }
+
+  std::string scalar_expr(std::uint32_t placeholder, DType d) {
+    const std::uint32_t slot = scalar_slot(placeholder, d);
+    if (out_.scalars[slot].cls == ScalarClass::Bool) return fmt::format("(s{} != 0)", slot);
+    return fmt::format("s{}", slot);
+  }
+
+  void open_kernel(Text& t, KernelRole role) {
+    KernelSpec k;
+    k.name = kernel_name(role);
+    k.role = role;
+    k.stage = stage_;
+    k.threads = opt_.threads;
+    k.params = params_;
+    if (role == KernelRole::ElementwiseVector) k.vector_width = vector_width_;
+    t.line(0, fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", opt_.threads, k.name));
+    for (std::size_t i = 0; i < decls_.size(); ++i)
+      t.line(2, decls_[i] + (i + 1 < decls_.size() ? "," : ") {"));
+    out_.kernels.push_back(std::move(k));
+  }
+
+  // ---- block bodies
+
+  static std::string reg(std::uint32_t r) { return fmt::format("r{}", r); }
+
+  // Storage element expression of load l of block b at the current position.
+  std::string load_elem(std::uint32_t b, std::uint32_t l, const BodyMode& m) const {
+    const fusion::Load& ld = p_.blocks[b].loads[l];
+    if (m.vector) return ld.broadcast ? fmt::format("in{}[0]", ld.index) : fmt::format("v{}.v[lane]", l);
+    return fmt::format("in{}[KILN_OFF(la{}_{}, pos, idx, it{})]", ld.index, b, l, b);
+  }
+
+  // Emits the loads, instructions and stores of block b (registers in `preset` are already
+  // defined by the caller: a reduction's result, the matmul product).
+  Status body(Text& t, int ind, std::uint32_t b, const BodyMode& m) {
+    const ProgramBlock& blk = p_.blocks[b];
+    for (std::uint32_t l = 0; l < blk.loads.size(); ++l) {
+      const fusion::Load& ld = blk.loads[l];
+      const DType d = blk.registers[ld.local];
+      const std::string e = (m.vector && ld.broadcast) ? fmt::format("b{}", l) : load_conv(d, load_elem(b, l, m));
+      t.line(ind, fmt::format("const {} {} = {};", cls_type(*cls_of(d)), reg(ld.local), e));
+    }
+    for (const Instruction& ins : blk.instructions) KILN_RETURN_IF_ERROR(instruction(t, ind, b, ins));
+    for (std::uint32_t s = 0; s < blk.stores.size(); ++s) {
+      const fusion::Store& st = blk.stores[s];
+      const DType d = p_.outputs[st.output].dtype;
+      const std::string v = store_conv(d, reg(st.local));
+      if (m.vector) {
+        t.line(ind, fmt::format("w{}.v[lane] = {};", s, v));
+      } else {
+        t.line(ind, fmt::format("if (!sa{0}_{1}.masked || kiln_first(idx, sa{0}_{1}, it{0}.rank)) out{2}[KILN_OFF(sa{0}_{1}, "
+                                "pos, idx, it{0})] = {3};",
+                                b, s, st.output, v));
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status instruction(Text& t, int ind, std::uint32_t b, const Instruction& ins) {
+    const ProgramBlock& blk = p_.blocks[b];
+    const std::optional<Code> code = code_of(ins.op);
+    if (!code) return unsupported("instruction " + std::string(ir::op_info(ins.op).variant));
+    const std::optional<Cls> cc = cls_of(ins.compute);
+    const std::optional<Cls> oc = cls_of(ins.out_dtype);
+    if (!cc || !oc) return unsupported("instruction dtype");
+    std::vector<std::string> x;         // register operands
+    std::vector<DType> xd;
+    std::vector<std::uint32_t> inputs;  // indexed program inputs
+    std::vector<std::string> s;         // scalar operands
+    for (const fusion::Operand& o : ins.operands) {
+      switch (o.kind) {
+        case OperandKind::Local:
+          if (o.index >= blk.registers.size()) return unsupported("operand register");
+          x.push_back(reg(o.index));
+          xd.push_back(blk.registers[o.index]);
+          break;
+        case OperandKind::Input:
+          if (o.index >= p_.inputs.size() || p_.inputs[o.index].role != fusion::InputRole::Indexed)
+            return unsupported("input operand");
+          inputs.push_back(o.index);
+          break;
+        case OperandKind::Scalar:
+          s.push_back(scalar_expr(o.index, ins.compute));
+          break;
+      }
+    }
+    const Code k = *code;
+    const Cls c = *cc;
+    const bool fl = c == Cls::F32 || c == Cls::F64;
+    const bool f32 = c == Cls::F32;
+    const char* ct = cls_type(c);
+    const char* ot = cls_type(*oc);
+    // Operand shape checks (the CPU compile step's).
+    auto same = [&](std::size_t i) { return i < xd.size() && xd[i] == ins.compute; };
+    bool ok = true;
+    if (is_binary(k) || is_comparison(k)) {
+      const bool scalar_rhs = x.size() == 1 && s.size() == 1;
+      ok = ((x.size() == 2 && s.empty()) || scalar_rhs) && same(0) && (scalar_rhs || same(1)) && inputs.empty();
+      ok = ok && (is_comparison(k) ? ins.out_dtype.is_bool() : ins.out_dtype == ins.compute);
+      if (ok && !is_comparison(k)) {
+        const bool is_int = c == Cls::I64 || c == Cls::U64;
+        const bool is_bool = c == Cls::Bool;
+        switch (k) {
+          case Code::Add: case Code::Sub: case Code::Mul: case Code::Div: case Code::Rem: case Code::ClampMin:
+          case Code::ClampMax:
+            ok = !is_bool;
+            break;
+          case Code::Pow:
+            ok = fl;
+            break;
+          case Code::BitAnd: case Code::BitOr: case Code::BitXor: case Code::Shl: case Code::Shr:
+            ok = is_int;
+            break;
+          case Code::LogicAnd: case Code::LogicOr: case Code::LogicXor:
+            ok = is_bool;
+            break;
+          default:
+            break;
+        }
+      }
+      if (!ok) return unsupported(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
+      if (x.size() == 1) x.push_back(s[0]);
+    } else if (is_unary(k)) {
+      ok = x.size() == 1 && s.empty() && inputs.empty() && same(0);
+      ok = ok && ((k == Code::IsNan || k == Code::IsInf) ? ins.out_dtype.is_bool() : ins.out_dtype == ins.compute);
+      switch (k) {
+        case Code::Exp: case Code::Log: case Code::Log1p: case Code::Erf: case Code::Sqrt: case Code::Cos: case Code::Sin:
+        case Code::Tanh: case Code::Recip: case Code::Round: case Code::Floor: case Code::Ceil: case Code::Trunc:
+        case Code::IsNan: case Code::IsInf:
+          ok = ok && fl;
+          break;
+        case Code::BitNot:
+          ok = ok && (c == Cls::I64 || c == Cls::U64);
+          break;
+        case Code::Not:
+          ok = ok && c == Cls::Bool;
+          break;
+        default:
+          ok = ok && c != Cls::Bool;
+          break;
+      }
+      if (!ok) return unsupported(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
+    }
+
+    std::string e;     // value in the output class
+    bool exact = false;  // already rounded to the output dtype
+    auto fn1 = [&](const char* f32name, const char* f64name) {
+      return fmt::format("{}({})", f32 ? f32name : f64name, x[0]);
+    };
+    switch (k) {
+      case Code::Add: e = fl ? x[0] + " + " + x[1] : fmt::format("kiln_wadd({}, {})", x[0], x[1]); break;
+      case Code::Sub: e = fl ? x[0] + " - " + x[1] : fmt::format("kiln_wsub({}, {})", x[0], x[1]); break;
+      case Code::Mul: e = fl ? x[0] + " * " + x[1] : fmt::format("kiln_wmul({}, {})", x[0], x[1]); break;
+      case Code::Div: e = fl ? x[0] + " / " + x[1] : fmt::format("kiln_div({}, {}, kiln_fault)", x[0], x[1]); break;
+      case Code::Rem:
+        e = fmt::format(fmt::runtime(fl ? "kiln_frem({}, {})" : "kiln_rem({}, {}, kiln_fault)"), x[0], x[1]);
+        break;
+      case Code::Pow: e = fmt::format("{}({}, {})", f32 ? "powf" : "pow", x[0], x[1]); break;
+      case Code::BitAnd: e = x[0] + " & " + x[1]; break;
+      case Code::BitOr: e = x[0] + " | " + x[1]; break;
+      case Code::BitXor: e = x[0] + " ^ " + x[1]; break;
+      case Code::Shl: e = fmt::format("kiln_shl({}, {}, {})", x[0], x[1], int_bits(ins.compute)); break;
+      case Code::Shr: e = fmt::format("kiln_shr({}, {}, {})", x[0], x[1], int_bits(ins.compute)); break;
+      case Code::LogicAnd: e = x[0] + " && " + x[1]; break;
+      case Code::LogicOr: e = x[0] + " || " + x[1]; break;
+      case Code::LogicXor: e = x[0] + " != " + x[1]; break;
+      case Code::ClampMin: e = fmt::format("({0} < {1} ? {1} : {0})", x[0], x[1]); break;
+      case Code::ClampMax: e = fmt::format("({0} > {1} ? {1} : {0})", x[0], x[1]); break;
+      case Code::Eq: e = x[0] + " == " + x[1]; break;
+      case Code::Ne: e = x[0] + " != " + x[1]; break;
+      case Code::Gt: e = x[0] + " > " + x[1]; break;
+      case Code::Ge: e = x[0] + " >= " + x[1]; break;
+      case Code::Lt: e = x[0] + " < " + x[1]; break;
+      case Code::Le: e = x[0] + " <= " + x[1]; break;
+      case Code::Abs: e = fmt::format("kiln_abs({})", x[0]); break;
+      case Code::Neg: e = fl ? "-" + x[0] : fmt::format("kiln_wsub(({})0, {})", ct, x[0]); break;
+      case Code::Sign: e = fmt::format("kiln_sign({})", x[0]); break;
+      case Code::Exp: e = fn1("expf", "exp"); break;
+      case Code::Log: e = fn1("logf", "log"); break;
+      case Code::Log1p: e = fn1("log1pf", "log1p"); break;
+      case Code::Erf: e = fn1("erff", "erf"); break;
+      case Code::Sqrt: e = fn1("sqrtf", "sqrt"); break;
+      case Code::Cos: e = fn1("cosf", "cos"); break;
+      case Code::Sin: e = fn1("sinf", "sin"); break;
+      case Code::Tanh: e = fn1("tanhf", "tanh"); break;
+      case Code::Recip: e = fmt::format("({})1 / {}", ct, x[0]); break;
+      case Code::Round: e = fn1("rintf", "rint"); break;  // half to even
+      case Code::Floor: e = fn1("floorf", "floor"); break;
+      case Code::Ceil: e = fn1("ceilf", "ceil"); break;
+      case Code::Trunc: e = fn1("truncf", "trunc"); break;
+      case Code::IsNan: e = fmt::format("({0} != {0})", x[0]); break;
+      case Code::IsInf: e = fmt::format("isinf({})", x[0]); break;
+      case Code::BitNot: e = "~" + x[0]; break;
+      case Code::Not: e = "!" + x[0]; break;
+      case Code::Cast: {
+        if (!(x.size() == 1 && s.empty() && inputs.empty() && same(0))) return unsupported("operands of a cast");
+        const Cls to = *oc;
+        if (c == Cls::Bool) {
+          e = fmt::format("({})({} ? 1 : 0)", ot, x[0]);
+        } else if (to == Cls::Bool) {
+          e = fmt::format("({} != 0)", x[0]);
+        } else if (fl && to == Cls::I64) {
+          e = fmt::format("kiln_f2i((double){}, {})", x[0], int_bits(ins.out_dtype));
+          exact = true;
+        } else if (fl && to == Cls::U64) {
+          e = fmt::format("kiln_f2u((double){}, {})", x[0], int_bits(ins.out_dtype));
+          exact = true;
+        } else if (to == Cls::F32 && c != Cls::F32) {
+          // From f64 or an integer: rounded once, straight to the target (never through f32).
+          if (ins.out_dtype.kind() == DTypeKind::F16)
+            e = fmt::format("kiln_f16d((double){})", x[0]);
+          else if (ins.out_dtype.kind() == DTypeKind::BF16)
+            e = fmt::format("kiln_bf16d((double){})", x[0]);
+          else
+            e = fmt::format("(float){}", x[0]);
+          exact = true;
+        } else {
+          e = fmt::format("({}){}", ot, x[0]);
+        }
+        break;
+      }
+      case Code::Copy:
+        if (!(x.size() == 1 && s.empty() && same(0) && ins.out_dtype == ins.compute)) return unsupported("copy");
+        e = x[0];
+        exact = true;
+        break;
+      case Code::Clamp:
+        if (!(x.size() == 1 && s.size() == 2 && same(0) && ins.out_dtype == ins.compute && c != Cls::Bool))
+          return unsupported("operands of clamp");
+        t.line(ind, fmt::format("const {0} {1}_lo = {2} < {3} ? {3} : {2};", ct, reg(ins.out), x[0], s[0]));
+        e = fmt::format("({0}_lo > {1} ? {1} : {0}_lo)", reg(ins.out), s[1]);
+        break;
+      case Code::MaskWhere:
+        if (!(x.size() == 3 && s.empty() && same(0) && xd[1].is_bool() && same(2) && ins.out_dtype == ins.compute))
+          return unsupported("operands of mask_where");
+        e = fmt::format("({} ? {} : {})", x[1], x[2], x[0]);
+        break;
+      case Code::MaskFill:
+        if (!(x.size() == 2 && s.size() == 1 && same(0) && xd[1].is_bool() && ins.out_dtype == ins.compute))
+          return unsupported("operands of mask_fill");
+        e = fmt::format("({} ? {} : {})", x[1], s[0], x[0]);
+        break;
+      case Code::Fill:
+        if (!(x.empty() && inputs.empty() && ins.out_dtype == ins.compute &&
+              s.size() == (ins.op == OpKind::Numeric_Full ? 1u : 0u)))
+          return unsupported("operands of a fill");
+        e = ins.op == OpKind::Numeric_Full ? s[0] : fmt::format("({})({})", ot, ins.op == OpKind::Base_Ones ? 1 : 0);
+        break;
+      case Code::Gather:
+      case Code::Select:
+      case Code::Cat:
+        return indexed(t, ind, ins, k, inputs);
+    }
+    std::string v = exact ? e : fixup(ins.out_dtype, "(" + e + ")");
+    t.line(ind, fmt::format("const {} {} = {};", ot, reg(ins.out), v));
+    return Status::Ok();
+  }
+
+  // Gather / Select / Cat: the source position from the true multi-index of the block.
+  Status indexed(Text& t, int ind, const Instruction& ins, Code k,
+                 const std::vector<std::uint32_t>& inputs) {
+    if (ins.attrs.size() != 1 || ins.attrs[0] < 0 || ins.attrs[0] >= kMaxRank || !(ins.out_dtype == ins.compute))
+      return unsupported("operands of an indexed read");
+    const std::int64_t dim = ins.attrs[0];
+    const std::string r = reg(ins.out);
+    const char* ot = cls_type(*cls_of(ins.out_dtype));
+    if (k == Code::Gather || k == Code::Select) {
+      if (inputs.size() != 2 || !(p_.inputs[inputs[0]].dtype == ins.compute) || !p_.inputs[inputs[1]].dtype.is_integral())
+        return unsupported("operands of gather / select");
+      const std::uint32_t xi = inputs[0], ii = inputs[1];
+      t.line(ind, fmt::format("{} {};", ot, r));
+      t.line(ind, "{");
+      t.line(ind + 1, "long long q[KILN_MAX_RANK];");
+      if (k == Code::Gather) {
+        t.line(ind + 1, "long long at = 0;");
+        t.line(ind + 1, "#pragma unroll");
+        t.line(ind + 1, fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) {{ q[d] = (d < ix{0}.rank && ix{0}.dims[d] != 1) ? "
+                                    "idx[d] : 0; if (d < ix{0}.rank) at += q[d] * ix{0}.strides[d]; }}",
+                                    ii));
+        t.line(ind + 1, fmt::format("long long v = kiln_index(in{}, at);", ii));
+      } else {
+        t.line(ind + 1, "#pragma unroll");
+        t.line(ind + 1, fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) q[d] = (d < ix{0}.rank && (d == {1} ? "
+                                    "ix{2}.dims[0] : ix{0}.dims[d]) != 1) ? idx[d] : 0;",
+                                    xi, dim, ii));
+        t.line(ind + 1, fmt::format("long long v = kiln_index(in{0}, q[{1}] * ix{0}.strides[0]);", ii, dim));
+      }
+      t.line(ind + 1, fmt::format("if (v < 0 || v >= ix{}.dims[{}]) {{ *kiln_fault = 1; v = 0; }}", xi, dim));
+      t.line(ind + 1, fmt::format("q[{}] = v;", dim));
+      t.line(ind + 1, "long long src = 0;");
+      t.line(ind + 1, "#pragma unroll");
+      t.line(ind + 1, fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) if (d < ix{0}.rank) src += q[d] * ix{0}.strides[d];", xi));
+      t.line(ind + 1, fmt::format("{} = {};", r, load_conv(ins.compute, fmt::format("in{}[src]", xi))));
+      t.line(ind, "}");
+      return Status::Ok();
+    }
+    // Cat
+    if (inputs.empty()) return unsupported("cat without inputs");
+    for (std::uint32_t i : inputs)
+      if (!(p_.inputs[i].dtype == ins.compute)) return unsupported("cat dtypes");
+    const std::uint32_t x0 = inputs[0];
+    t.line(ind, fmt::format("{} {} = 0;", ot, r));
+    t.line(ind, "{");
+    std::string total = "0LL";
+    for (std::uint32_t i : inputs) total += fmt::format(" + ix{}.dims[{}]", i, dim);
+    t.line(ind + 1, fmt::format("const long long total = {};", total));
+    t.line(ind + 1, "long long q[KILN_MAX_RANK];");
+    t.line(ind + 1, "#pragma unroll");
+    t.line(ind + 1, fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) q[d] = (d < ix{0}.rank && (d == {1} ? total : "
+                                "ix{0}.dims[d]) != 1) ? idx[d] : 0;",
+                                x0, dim));
+    t.line(ind + 1, fmt::format("long long along = q[{}];", dim));
+    for (std::uint32_t i : inputs) {
+      t.line(ind + 1, fmt::format("if (along >= 0 && along < ix{}.dims[{}]) {{", i, dim));
+      t.line(ind + 2, fmt::format("q[{}] = along; long long src = 0;", dim));
+      t.line(ind + 2, "#pragma unroll");
+      t.line(ind + 2, fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) if (d < ix{0}.rank) src += q[d] * ix{0}.strides[d];", i));
+      t.line(ind + 2, fmt::format("{} = {}; along = -1;", r, load_conv(ins.compute, fmt::format("in{}[src]", i))));
+      t.line(ind + 1, fmt::format("}} else if (along >= 0) {{ along -= ix{}.dims[{}]; }}", i, dim));
+    }
+    t.line(ind, "}");
+    return Status::Ok();
+  }
+
+  // ---- Elementwise
+
+  Status elementwise_strided() {
+    collect_params();
+    Text t;
+    open_kernel(t, KernelRole::ElementwiseStrided);
+    const bool indexed = block_indexed(p_.blocks[0]);
+    t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
+    t.line(1, "for (long long pos = (long long)blockIdx.x * blockDim.x + threadIdx.x; pos < it0.numel; pos += stride) {");
+    t.line(2, "long long idx[KILN_MAX_RANK];");
+    t.line(2, indexed ? "kiln_unravel(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel(pos, it0, idx);");
+    KILN_RETURN_IF_ERROR(body(t, 2, 0, BodyMode{}));
+    t.line(1, "}");
+    t.line(0, "}");
+    out_.body += t.str();
+    return Status::Ok();
+  }
+
+  // Every tensor contiguous (or, for broadcast loads, one element) and aligned to the vector:
+  // V elements per step, V = 16 bytes / the widest element.
+  Status elementwise_vector() {
+    const ProgramBlock& blk = p_.blocks[0];
+    std::size_t widest = 1;
+    for (const fusion::Load& l : blk.loads)
+      if (!l.broadcast) widest = std::max(widest, storage_size(p_.inputs[l.index].dtype));
+    for (const fusion::Store& s : blk.stores) widest = std::max(widest, storage_size(p_.outputs[s.output].dtype));
+    vector_width_ = static_cast<std::uint32_t>(16 / widest);
+    const std::uint32_t v = vector_width_;
+    collect_params();
+    Text t;
+    open_kernel(t, KernelRole::ElementwiseVector);
+    t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
+    t.line(1, fmt::format("const long long nv = it0.numel / {};", v));
+    for (std::uint32_t l = 0; l < blk.loads.size(); ++l) {
+      const fusion::Load& ld = blk.loads[l];
+      if (!ld.broadcast) continue;
+      const DType d = blk.registers[ld.local];
+      t.line(1, fmt::format("const {} b{} = {};", cls_type(*cls_of(d)), l, load_conv(d, fmt::format("in{}[0]", ld.index))));
+    }
+    t.line(1, "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += stride) {");
+    for (std::uint32_t l = 0; l < blk.loads.size(); ++l) {
+      const fusion::Load& ld = blk.loads[l];
+      if (ld.broadcast) continue;
+      const std::string st = storage_type(p_.inputs[ld.index].dtype);
+      t.line(2, fmt::format("const KilnVec<{0}, {1}> v{2} = reinterpret_cast<const KilnVec<{0}, {1}>*>(in{3})[j];", st, v,
+                            l, ld.index));
+    }
+    for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
+      t.line(2, fmt::format("KilnVec<{}, {}> w{};", storage_type(p_.outputs[blk.stores[s].output].dtype), v, s));
+    t.line(2, "#pragma unroll");
+    t.line(2, fmt::format("for (int lane = 0; lane < {}; ++lane) {{", v));
+    KILN_RETURN_IF_ERROR(body(t, 3, 0, BodyMode{.vector = true, .hoisted_bcast = true}));
+    t.line(2, "}");
+    for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
+      t.line(2, fmt::format("reinterpret_cast<KilnVec<{}, {}>*>(out{})[j] = w{};",
+                            storage_type(p_.outputs[blk.stores[s].output].dtype), v, blk.stores[s].output, s));
+    t.line(1, "}");
+    // The tail: positions past the last whole vector, one element per thread. Every accessor is
+    // contiguous (or a one-element broadcast, whose access strides are all 0).
+    t.line(1, fmt::format("for (long long pos = nv * {} + (long long)blockIdx.x * blockDim.x + threadIdx.x; pos < it0.numel; "
+                          "pos += stride) {{",
+                          v));
+    t.line(2, "long long idx[KILN_MAX_RANK];");
+    t.line(2, "if (!it0.contiguous) kiln_unravel(pos, it0, idx);");
+    KILN_RETURN_IF_ERROR(body(t, 2, 0, BodyMode{}));
+    t.line(1, "}");
+    t.line(0, "}");
+    out_.body += t.str();
+    return Status::Ok();
+  }
+
+  // ---- Reduce
+
+  struct RedText {
+    std::string acc_type, init, point, combine_a_b, finish;
+  };
+
+  Status reduction_text(RedText& rt) {
+    const fusion::Reduction& red = *p_.blocks[1].reduction;
+    const Red r = *red_of(red.op);
+    const Cls ic = *cls_of(red.input_dtype);
+    const Cls oc = *cls_of(red.out_dtype);
+    const bool fl = ic == Cls::F32 || ic == Cls::F64;
+    const char* it = cls_type(ic);
+    const char* ot = cls_type(oc);
+    const std::string x = reg(red.input);
+    switch (r) {
+      case Red::Sum:
+      case Red::Mean:
+      case Red::Prod: {
+        if (ic == Cls::Bool) return unsupported("sum of bools");
+        // Float sums, means and products accumulate in f64 whatever the input dtype, as the CPU
+        // backend and the reference do (more precise than fusion.md §14.7's f32 accumulator).
+        rt.acc_type = fl ? "double" : it;
+        const bool prod = r == Red::Prod;
+        rt.init = prod ? fmt::format("({})1", rt.acc_type) : fmt::format("({})0", rt.acc_type);
+        if (fl) {
+          rt.point = fmt::format(fmt::runtime(prod ? "acc * (double){}" : "acc + (double){}"), x);
+          rt.combine_a_b = prod ? "a * b" : "a + b";
+        } else {
+          rt.point = fmt::format(fmt::runtime(prod ? "kiln_wmul(acc, {})" : "kiln_wadd(acc, {})"), x);
+          rt.combine_a_b = prod ? "kiln_wmul(a, b)" : "kiln_wadd(a, b)";
+        }
+        std::string v = r == Red::Mean ? fmt::format("acc / ({})n", rt.acc_type) : std::string("acc");
+        if (fl) {
+          if (red.out_dtype.kind() == DTypeKind::F16)
+            rt.finish = fmt::format("kiln_f16d((double)({}))", v);
+          else if (red.out_dtype.kind() == DTypeKind::BF16)
+            rt.finish = fmt::format("kiln_bf16d((double)({}))", v);
+          else
+            rt.finish = fmt::format("({})({})", ot, v);
+        } else {
+          rt.finish = fixup(red.out_dtype, fmt::format("({})({})", ot, v));
+        }
+        break;
+      }
+      case Red::Max:
+      case Red::Min: {
+        if (ic == Cls::Bool) return unsupported("max of bools");
+        rt.acc_type = it;
+        const bool mx = r == Red::Max;
+        if (ic == Cls::F32) rt.init = mx ? "-KILN_INF" : "KILN_INF";
+        if (ic == Cls::F64) rt.init = mx ? "-KILN_DINF" : "KILN_DINF";
+        if (ic == Cls::I64) rt.init = mx ? "(-0x7fffffffffffffffLL - 1)" : "0x7fffffffffffffffLL";
+        if (ic == Cls::U64) rt.init = mx ? "0ULL" : "~0ULL";
+        rt.point = fmt::format("{}(acc, {})", mx ? "kiln_max" : "kiln_min", x);
+        rt.combine_a_b = mx ? "kiln_max(a, b)" : "kiln_min(a, b)";
+        rt.finish = fixup(red.out_dtype, fmt::format("({})acc", ot));
+        break;
+      }
+      case Red::MaxAbs: {
+        if (ic == Cls::Bool) return unsupported("max_abs of bools");
+        rt.acc_type = fl ? it : "unsigned long long";
+        rt.init = fmt::format("({})0", rt.acc_type);
+        rt.point = fmt::format(fmt::runtime(fl ? "kiln_max(acc, kiln_abs({}))" : "(kiln_mag({0}) > acc ? kiln_mag({0}) : acc)"), x);
+        rt.combine_a_b = fl ? "kiln_max(a, b)" : "(b > a ? b : a)";
+        rt.finish = fixup(red.out_dtype, fmt::format("({})acc", ot));
+        break;
+      }
+      case Red::ArgMax:
+      case Red::ArgMin: {
+        if (ic == Cls::Bool || !red.out_dtype.is_integral()) return unsupported("arg reduction dtypes");
+        rt.acc_type = fmt::format("KilnArg<{}>", it);
+        rt.init = fmt::format("kiln_arg_none<{}>()", it);
+        const char* mx = r == Red::ArgMax ? "true" : "false";
+        rt.point = fmt::format("kiln_arg<{}>(acc, kiln_arg_of({}, k))", mx, x);
+        rt.combine_a_b = fmt::format("kiln_arg<{}>(a, b)", mx);
+        rt.finish = fixup(red.out_dtype, fmt::format("({})acc.at", ot));
+        break;
+      }
+      case Red::Any:
+      case Red::All: {
+        rt.acc_type = "int";
+        const bool all = r == Red::All;
+        rt.init = all ? "1" : "0";
+        rt.point = fmt::format(fmt::runtime(all ? "(acc & ({} != 0))" : "(acc | ({} != 0))"), x);
+        rt.combine_a_b = all ? "(a & b)" : "(a | b)";
+        rt.finish = oc == Cls::Bool ? "(acc != 0)" : fmt::format("({})(acc != 0)", ot);
+        break;
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status reduce(KernelRole role) {
+    RedText rt;
+    KILN_RETURN_IF_ERROR(reduction_text(rt));
+    const fusion::Reduction& red = *p_.blocks[1].reduction;
+    const bool idx0 = block_indexed(p_.blocks[0]);
+    const bool idx1 = block_indexed(p_.blocks[1]);
+    collect_params();
+    Text t;
+    open_kernel(t, role);
+    const std::string combine_fn = fmt::format("[](const {0}& a, const {0}& b) {{ return {1}; }}", rt.acc_type, rt.combine_a_b);
+    if (role == KernelRole::ReduceRows) {
+      // One thread block per output; its threads stride along the reduced axis, then a tree in
+      // shared memory (blockDim.x is opt_.threads, a power of two).
+      t.line(1, fmt::format("__shared__ {} sh[{}];", rt.acc_type, opt_.threads));
+      t.line(1, fmt::format("const auto combine = {};", combine_fn));
+      t.line(1, "for (long long o = blockIdx.x; o < rs.outputs; o += gridDim.x) {");
+      t.line(2, "const long long ob = o / rs.inner, oi = o % rs.inner;");
+      t.line(2, fmt::format("{} acc = {};", rt.acc_type, rt.init));
+      t.line(2, "for (long long k = threadIdx.x; k < rs.n; k += blockDim.x) {");
+    } else {
+      // One thread per output, serial along the axis: neighbouring threads read neighbouring
+      // columns when inner > 1.
+      t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
+      t.line(1, "for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < rs.outputs; o += stride) {");
+      t.line(2, "const long long ob = o / rs.inner, oi = o % rs.inner;");
+      t.line(2, fmt::format("{} acc = {};", rt.acc_type, rt.init));
+      t.line(2, "for (long long k = 0; k < rs.n; ++k) {");
+    }
+    t.line(3, "const long long pos = (ob * rs.n + k) * rs.inner + oi;");
+    t.line(3, "long long idx[KILN_MAX_RANK];");
+    t.line(3, idx0 ? "kiln_unravel(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel(pos, it0, idx);");
+    KILN_RETURN_IF_ERROR(body(t, 3, 0, BodyMode{}));
+    t.line(3, fmt::format("acc = {};", rt.point));
+    t.line(2, "}");
+    int ind = 2;
+    if (role == KernelRole::ReduceRows) {
+      t.line(2, "sh[threadIdx.x] = acc;");
+      t.line(2, "__syncthreads();");
+      t.line(2, "for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {");
+      t.line(3, "if (threadIdx.x < s) sh[threadIdx.x] = combine(sh[threadIdx.x], sh[threadIdx.x + s]);");
+      t.line(3, "__syncthreads();");
+      t.line(2, "}");
+      t.line(2, "if (threadIdx.x == 0) {");
+      t.line(3, "acc = sh[0];");
+      ind = 3;
+    }
+    t.line(ind, "const long long n = rs.n; (void)n;");
+    t.line(ind, fmt::format("const {} {} = {};", cls_type(*cls_of(red.out_dtype)), reg(red.out), rt.finish));
+    t.line(ind, "const long long pos = o;");
+    t.line(ind, "long long idx[KILN_MAX_RANK];");
+    t.line(ind, idx1 ? "kiln_unravel(pos, it1, idx);" : "if (!it1.contiguous) kiln_unravel(pos, it1, idx);");
+    KILN_RETURN_IF_ERROR(body(t, ind, 1, BodyMode{}));
+    if (role == KernelRole::ReduceRows) {
+      t.line(2, "}");
+      t.line(2, "__syncthreads();  // sh[] is reused by the next output");
+    }
+    t.line(1, "}");
+    t.line(0, "}");
+    out_.body += t.str();
+    return Status::Ok();
+  }
+
+  // ---- Matmul
+
+  Status matmul() {
+    const fusion::MatmulSpec& mm = *p_.matmul;
+    const DType ld = p_.inputs[mm.lhs].dtype, rd = p_.inputs[mm.rhs].dtype;
+    // f16 / bf16 / f32 operands compute in f32; an f64 operand or output makes the product f64
+    // (the CPU GEMM's rule).
+    const bool f64 = ld.kind() == DTypeKind::F64 || rd.kind() == DTypeKind::F64 || mm.out_dtype.kind() == DTypeKind::F64;
+    const char* ct = f64 ? "double" : "float";
+    const bool idx0 = block_indexed(p_.blocks[0]);
+    collect_params();
+    Text t;
+    open_kernel(t, KernelRole::Matmul);
+    // 64x64 output tile per block of 256 threads (16x16), 4x4 outputs per thread, K in steps of
+    // 16 through shared memory: a plain, portable tiling (every architecture from sm_75); the
+    // tile sizes are the textbook ones that keep 2 x 4 KiB (f32) of shared memory per block.
+    t.line(1, fmt::format("__shared__ {} As[16][64 + 1];", ct));
+    t.line(1, fmt::format("__shared__ {} Bs[16][64];", ct));
+    t.line(1, "const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;");
+    t.line(1, "for (long long bt = blockIdx.z; bt < ms.batch; bt += gridDim.z) {");
+    t.line(2, "long long lb = 0, rb = 0;");
+    t.line(2, "{ long long rem = bt;");
+    t.line(2, "#pragma unroll");
+    t.line(2, "for (int d = KILN_MAX_RANK - 1; d >= 0; --d) if (d < ms.batch_rank) { const long long q = rem % ms.batch_dims[d]; "
+              "rem /= ms.batch_dims[d]; lb += q * ms.lhs_batch[d]; rb += q * ms.rhs_batch[d]; } }");
+    t.line(2, "for (long long m0 = (long long)blockIdx.y * 64; m0 < ms.m; m0 += (long long)gridDim.y * 64) {");
+    t.line(2, "for (long long n0 = (long long)blockIdx.x * 64; n0 < ms.n; n0 += (long long)gridDim.x * 64) {");
+    t.line(3, fmt::format("{} acc[4][4];", ct));
+    t.line(3, "#pragma unroll");
+    t.line(3, "for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) acc[i][j] = 0;");
+    t.line(3, "for (long long k0 = 0; k0 < ms.k; k0 += 16) {");
+    t.line(4, "for (int e = threadIdx.x; e < 64 * 16; e += blockDim.x) {");
+    t.line(5, "const int r = e / 16, c = e % 16; const long long gm = m0 + r, gk = k0 + c;");
+    t.line(5, fmt::format("As[c][r] = (gm < ms.m && gk < ms.k) ? ({}){} : ({})0;", ct,
+                          load_conv(ld, fmt::format("in{}[lb + gm * ms.k + gk]", mm.lhs)), ct));
+    t.line(4, "}");
+    t.line(4, "for (int e = threadIdx.x; e < 16 * 64; e += blockDim.x) {");
+    t.line(5, "const int r = e / 64, c = e % 64; const long long gk = k0 + r, gn = n0 + c;");
+    t.line(5, fmt::format("Bs[r][c] = (gk < ms.k && gn < ms.n) ? ({}){} : ({})0;", ct,
+                          load_conv(rd, fmt::format("in{}[rb + gk * ms.n + gn]", mm.rhs)), ct));
+    t.line(4, "}");
+    t.line(4, "__syncthreads();");
+    t.line(4, "#pragma unroll");
+    t.line(4, "for (int kk = 0; kk < 16; ++kk) {");
+    t.line(5, fmt::format("{} a[4], b[4];", ct));
+    t.line(5, "#pragma unroll");
+    t.line(5, "for (int i = 0; i < 4; ++i) { a[i] = As[kk][ty + 16 * i]; b[i] = Bs[kk][tx + 16 * i]; }");
+    t.line(5, "#pragma unroll");
+    t.line(5, "for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];");
+    t.line(4, "}");
+    t.line(4, "__syncthreads();");
+    t.line(3, "}");
+    // Epilogue: each product element, rounded to the matmul's output dtype, then block 0.
+    t.line(3, "#pragma unroll");
+    t.line(3, "for (int i = 0; i < 4; ++i) {");
+    t.line(3, "#pragma unroll");
+    t.line(3, "for (int j = 0; j < 4; ++j) {");
+    t.line(4, "const long long gm = m0 + ty + 16 * i, gn = n0 + tx + 16 * j;");
+    t.line(4, "if (gm >= ms.m || gn >= ms.n) continue;");
+    t.line(4, "const long long pos = (bt * ms.m + gm) * ms.n + gn;");
+    t.line(4, "long long idx[KILN_MAX_RANK];");
+    t.line(4, idx0 ? "kiln_unravel(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel(pos, it0, idx);");
+    const DType od = mm.out_dtype;
+    std::string prod;
+    if (od.kind() == DTypeKind::F16)
+      prod = "kiln_f16d((double)acc[i][j])";
+    else if (od.kind() == DTypeKind::BF16)
+      prod = "kiln_bf16d((double)acc[i][j])";
+    else
+      prod = fmt::format("({})acc[i][j]", cls_type(*cls_of(od)));
+    t.line(4, fmt::format("const {} {} = {};", cls_type(*cls_of(od)), reg(mm.out), prod));
+    KILN_RETURN_IF_ERROR(body(t, 4, 0, BodyMode{}));
+    t.line(3, "}");
+    t.line(3, "}");
+    t.line(2, "}");
+    t.line(2, "}");
+    t.line(1, "}");
+    t.line(0, "}");
+    out_.body += t.str();
+    return Status::Ok();
+  }
+
+  const FusedProgram& p_;
+  std::uint32_t stage_;
+  const CodegenOptions& opt_;
+  GeneratedProgram& out_;
+  std::vector<KernelParam> params_;
+  std::vector<std::string> decls_;
+  std::uint32_t vector_width_ = 0;
+};
+
+bool may_fault(const FusedProgram& p) {
+  if (p.kind == ProgramKind::Reduce) return true;  // empty reductions without identity, narrow index dtypes
+  for (const ProgramBlock& b : p.blocks)
+    for (const Instruction& ins : b.instructions) {
+      const std::optional<Code> c = code_of(ins.op);
+      if (c == Code::Gather || c == Code::Select || c == Code::Cat) return true;
+      if ((c == Code::Div || c == Code::Rem) && ins.compute.is_integral()) return true;
+    }
+  for (const FusedProgram& s : p.stages)
+    if (may_fault(s)) return true;
+  return false;
+}
+
+}  // namespace
+
+Result<GeneratedProgram> generate(const FusedProgram& program, const CodegenOptions& options) {
+  if (options.threads != 256) return unsupported("threads per block other than 256");
+  if (options.name_prefix.empty()) return unsupported("empty kernel name prefix");
+  GeneratedProgram g;
+  g.body = fmt::format("// program: {}, structural hash {:016x}\n", fusion::program_kind_name(program.kind),
+                       program.structural_hash());
+  if (program.kind == ProgramKind::ReduceBroadcasted) {
+    if (program.stages.empty()) return unsupported("ReduceBroadcasted without stages");
+    for (std::size_t s = 0; s < program.stages.size(); ++s) {
+      const FusedProgram& st = program.stages[s];
+      if (st.kind != ProgramKind::Elementwise && st.kind != ProgramKind::Reduce)
+        return unsupported("a ReduceBroadcasted stage that is neither Elementwise nor Reduce");
+      KILN_RETURN_IF_ERROR(StageGen(st, static_cast<std::uint32_t>(s), options, g).run());
+    }
+  } else {
+    KILN_RETURN_IF_ERROR(StageGen(program, 0, options, g).run());
+  }
+  g.may_fault = may_fault(program);
+  return g;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,191 @@
+// The CUDA generator without NVRTC: determinism, independence from sizes and scalar values,
+// the kernels each program kind gets, parameter lists, and what it refuses.
+// KILN_CUDA_DUMP=1 prints every generated source of the fused catalog.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "kiln/cuda/codegen.h"
+#include "kiln/cuda/launch_abi.h"
+#include "programs.h"
+
+namespace kiln::cuda {
+namespace {
+
+using testing::NamedProgram;
+
+bool dump() {
+  const char* d = std::getenv("KILN_CUDA_DUMP");
+  return d != nullptr && std::string(d) == "1";
+}
+
+TEST(Codegen, EveryCatalogProgramGeneratesDeterministically) {
+  std::vector<NamedProgram> all = testing::fused_catalog();
+  std::vector<NamedProgram> singles = testing::single_op_catalog();
+  for (NamedProgram& p : singles) all.push_back(std::move(p));
+  for (const NamedProgram& p : all) {
+    Result<GeneratedProgram> a = generate(p.program);
+    ASSERT_TRUE(a.ok()) << p.name << ": " << a.error().message;
+    Result<GeneratedProgram> b = generate(p.program);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(a->body, b->body) << p.name;
+    EXPECT_FALSE(a->kernels.empty()) << p.name;
+    EXPECT_EQ(a->source().rfind(std::string(prelude()), 0), 0u);
+    for (const KernelSpec& k : a->kernels) {
+      EXPECT_NE(a->body.find("void __launch_bounds__(256) " + k.name + "("), std::string::npos) << k.name;
+      ASSERT_FALSE(k.params.empty());
+      EXPECT_EQ(k.params.back().kind, ParamKind::Fault);
+    }
+    if (dump() && !p.single) std::printf("==== %s\n%s\n%s\n", p.name.c_str(), p.program.to_string().c_str(), a->body.c_str());
+  }
+}
+
+// Sizes and scalar values are parameters: the program of another size or scalar has the same
+// structure, hence the same source (and kernel cache entry).
+TEST(Codegen, SourceDoesNotDependOnSizesOrScalars) {
+  auto w1 = [](ir::Shape s, double scalar) {
+    using namespace testing;
+    Recorder r;
+    std::vector<NamedProgram> out;
+    const ir::DType d = dt::f32;
+    TensorIr a = r.input(s, d), bb = r.input(s, d), c = r.input(s, d);
+    TensorIr t1 = r.add(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, a, bb, r.id())));
+    TensorIr t2 = r.add(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, c, ScalarIr::Float(scalar), r.id())));
+    TensorIr t3 = r.add(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(t1, TensorStatus::ReadWrite),
+                                     use(t2, TensorStatus::ReadWrite), r.id())));
+    (void)r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, use(t3, TensorStatus::ReadWrite), r.id())));
+    r.finish("w1", out);
+    EXPECT_EQ(out.size(), 1u);
+    return out.empty() ? fusion::FusedProgram{} : out[0].program;
+  };
+  const fusion::FusedProgram p1 = w1({64, 32}, 2.0), p2 = w1({1000, 7}, -3.5);
+  EXPECT_EQ(p1.structural_hash(), p2.structural_hash());
+  Result<GeneratedProgram> g1 = generate(p1), g2 = generate(p2);
+  ASSERT_TRUE(g1.ok() && g2.ok());
+  EXPECT_EQ(g1->body, g2->body);
+  ASSERT_EQ(g1->scalars.size(), 1u);
+  EXPECT_EQ(g1->scalars[0].cls, ScalarClass::F32);
+  // W1: a strided and a vector kernel, 16-byte vectors of 4 floats, exp in f32.
+  ASSERT_EQ(g1->kernels.size(), 2u);
+  EXPECT_EQ(g1->kernels[0].role, KernelRole::ElementwiseStrided);
+  EXPECT_EQ(g1->kernels[1].role, KernelRole::ElementwiseVector);
+  EXPECT_EQ(g1->kernels[1].vector_width, 4u);
+  EXPECT_NE(g1->body.find("expf("), std::string::npos);
+  EXPECT_NE(g1->body.find("KilnVec<float, 4>"), std::string::npos);
+  EXPECT_FALSE(g1->may_fault);
+  ASSERT_EQ(g1->stages.size(), 1u);
+  EXPECT_EQ(g1->stages[0].vector_width, 4u);
+}
+
+TEST(Codegen, KernelsPerProgramKind) {
+  std::set<std::string> seen;
+  for (const NamedProgram& p : testing::fused_catalog()) {
+    Result<GeneratedProgram> g = generate(p.program);
+    ASSERT_TRUE(g.ok()) << p.name;
+    std::vector<KernelRole> roles;
+    for (const KernelSpec& k : g->kernels) roles.push_back(k.role);
+    switch (p.program.kind) {
+      case fusion::ProgramKind::Reduce:
+        EXPECT_EQ(roles, (std::vector<KernelRole>{KernelRole::ReduceRows, KernelRole::ReduceCols})) << p.name;
+        EXPECT_TRUE(g->may_fault) << "empty reductions without identity";
+        break;
+      case fusion::ProgramKind::Matmul:
+        EXPECT_EQ(roles, (std::vector<KernelRole>{KernelRole::Matmul})) << p.name;
+        break;
+      case fusion::ProgramKind::ReduceBroadcasted:
+        EXPECT_EQ(g->stages.size(), p.program.stages.size());
+        break;
+      default:
+        break;
+    }
+    seen.insert(std::string(fusion::program_kind_name(p.program.kind)));
+  }
+  EXPECT_TRUE(seen.count("Reduce") && seen.count("Matmul") && seen.count("ElementWise"));
+}
+
+TEST(Codegen, HalfPrecisionComputesInF32AndRoundsBack) {
+  for (const NamedProgram& p : testing::fused_catalog()) {
+    if (p.name != "f16 W1") continue;
+    Result<GeneratedProgram> g = generate(p.program);
+    ASSERT_TRUE(g.ok());
+    EXPECT_NE(g->body.find("__half2float("), std::string::npos);
+    EXPECT_NE(g->body.find("kiln_f16("), std::string::npos) << "each f16 result is rounded to f16";
+    EXPECT_NE(g->body.find("__float2half_rn("), std::string::npos);
+    EXPECT_NE(g->body.find("KilnVec<__half, 8>"), std::string::npos) << "8 halves per 16-byte vector";
+    return;
+  }
+  FAIL() << "no f16 W1 in the catalog";
+}
+
+TEST(Codegen, IntegerDivisionAndIndexedReadsMayFault) {
+  bool div = false, gather = false;
+  for (const NamedProgram& p : testing::fused_catalog()) {
+    Result<GeneratedProgram> g = generate(p.program);
+    ASSERT_TRUE(g.ok());
+    if (p.name == "i32 div-shift-compare") {
+      div = true;
+      EXPECT_TRUE(g->may_fault);
+      EXPECT_NE(g->body.find("kiln_div("), std::string::npos);
+    }
+    if (p.name.rfind("f32 gather-exp", 0) == 0 && p.program.kind == fusion::ProgramKind::Elementwise) {
+      gather = true;
+      EXPECT_TRUE(g->may_fault);
+      ASSERT_FALSE(g->stages.empty());
+      EXPECT_TRUE(g->stages[0].indexed_blocks[0]);
+      EXPECT_EQ(g->stages[0].vector_width, 0u) << "indexed blocks have no vector kernel";
+    }
+  }
+  EXPECT_TRUE(div && gather);
+}
+
+TEST(Codegen, RefusesWhatItCannotGenerate) {
+  fusion::FusedProgram p;
+  p.kind = fusion::ProgramKind::Elementwise;
+  Result<GeneratedProgram> g = generate(p);  // no block
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.error().code, ErrorCode::Unsupported);
+
+  // QFloat input
+  fusion::ProgramBlock b;
+  b.reference_shape = {1};
+  b.registers.push_back(ir::DType::qfloat({}));
+  b.loads.push_back(fusion::Load{fusion::LoadSource::Input, 0, 0, false});
+  p.blocks.push_back(b);
+  p.inputs.push_back(fusion::ProgramInput{0, ir::DType::qfloat({}), {1}, ir::TensorStatus::ReadOnly,
+                                          fusion::InputRole::Plain, std::nullopt});
+  g = generate(p);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.error().message.find("qfloat"), std::string::npos) << g.error().message;
+
+  // rank 9
+  fusion::FusedProgram q;
+  q.kind = fusion::ProgramKind::Elementwise;
+  fusion::ProgramBlock c;
+  c.reference_shape = ir::Shape(9, 1);
+  q.blocks.push_back(c);
+  g = generate(q);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.error().message.find("rank"), std::string::npos);
+
+  EXPECT_FALSE(generate(testing::fused_catalog()[0].program, {.name_prefix = ""}).ok());
+  EXPECT_FALSE(generate(testing::fused_catalog()[0].program, {.name_prefix = "k", .threads = 128}).ok());
+}
+
+// The prelude spells launch_abi.h's structs member for member.
+TEST(Codegen, PreludeSpellsTheHostAbi) {
+  const std::string_view pre = prelude();
+  EXPECT_NE(pre.find("struct KilnIter { long long numel; long long dims[KILN_MAX_RANK]; int rank; int contiguous; };"),
+            std::string::npos);
+  EXPECT_NE(pre.find("struct KilnAccess { long long strides[KILN_MAX_RANK]; int contiguous; int masked; };"),
+            std::string::npos);
+  EXPECT_NE(pre.find("struct KilnReduceShape { long long outer; long long n; long long inner; long long outputs; };"),
+            std::string::npos);
+  EXPECT_NE(pre.find("struct KilnIndexed { long long dims[KILN_MAX_RANK]; long long strides[KILN_MAX_RANK]; int rank; int pad; };"),
+            std::string::npos);
+  EXPECT_NE(pre.find("#define KILN_MAX_RANK 8"), std::string::npos);
+  static_assert(kMaxRank == 8);
+}
+
+}  // namespace
+}  // namespace kiln::cuda

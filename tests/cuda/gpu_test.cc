@@ -1,0 +1,358 @@
+// The CUDA backend on a GPU: transfers, fused programs of every kind against the reference
+// executor (random elementwise programs with broadcasting, reductions, softmax, matmul), kernel
+// faults (error model, quarantine), streams and caches. Every test but the first skips, with the
+// probe's reason, on a machine without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <unistd.h>
+
+#include "kiln/cpu/memory.h"
+#include "kiln/cpu/reference_executor.h"
+#include "kiln/cpu/tensor.h"
+#include "kiln/cuda/backend.h"
+#include "kiln/fusion/fusers.h"
+#include "kiln/fusion/plan_store.h"
+#include "kiln/fusion/stream.h"
+#include "kiln/ir/builders.h"
+
+namespace kiln::cuda {
+namespace {
+
+using ir::DType;
+using ir::Family;
+using ir::Operation;
+using ir::OpKind;
+using ir::ScalarIr;
+using ir::Shape;
+using ir::TensorId;
+using ir::TensorIr;
+using ir::TensorStatus;
+namespace dt = ir::dtypes;
+namespace b = ir::build;
+
+#define KILN_REQUIRE_GPU()                                                          \
+  do {                                                                              \
+    const ProbeResult kiln_probe = probe();                                         \
+    if (!kiln_probe.available()) GTEST_SKIP() << "needs a GPU: " << kiln_probe.reason; \
+  } while (0)
+
+TEST(CudaBackend, CreateReportsWhyThereIsNoGpu) {
+  const ProbeResult p = probe();
+  Result<std::unique_ptr<CudaBackend>> be = CudaBackend::create();
+  if (p.available()) {
+    ASSERT_TRUE(be.ok()) << be.error().message;
+    EXPECT_EQ((*be)->name(), "cuda");
+  } else {
+    ASSERT_FALSE(be.ok());
+    EXPECT_EQ(be.error().code, ErrorCode::Unsupported);
+    EXPECT_NE(be.error().message.find(p.reason), std::string::npos) << be.error().message;
+  }
+}
+
+TensorIr use(TensorIr t, TensorStatus s) {
+  t.status = s;
+  return t;
+}
+
+// Both sides of a differential run: the GPU (fusion stream + CudaBackend executor) and the
+// reference executor op by op on the host.
+struct Sides {
+  std::filesystem::path cache = std::filesystem::temp_directory_path() / ("kiln-gpu-test-" + std::to_string(::getpid()));
+  std::unique_ptr<CudaBackend> owned;
+  CudaBackend* gpu = nullptr;
+  std::unique_ptr<fusion::Executor> exec;
+  fusion::FusionLog log;
+  fusion::ExecutionPlanStore store;
+  std::unique_ptr<fusion::FusionStream> stream;
+  cpu::CpuAllocator alloc;
+  cpu::ReferenceExecutor ref{alloc};
+  ir::HandleContainer<cpu::CpuTensor> host;
+  std::vector<Operation> ops;
+  std::uint64_t next = 1;
+  const std::uint64_t first = next;
+
+  // A fresh backend, or (shared != nullptr) a stream of an existing one: ids start at
+  // `first_id` so that programs sharing a backend never collide.
+  explicit Sides(CudaBackend* shared = nullptr, std::uint64_t first_id = 1) : next(first_id) {
+    if (shared == nullptr) {
+      Result<std::unique_ptr<CudaBackend>> be = CudaBackend::create({.cache_dir = cache});
+      EXPECT_TRUE(be.ok()) << (be.ok() ? "" : be.error().message);
+      if (!be.ok()) return;
+      owned = std::move(be).value();
+      gpu = owned.get();
+    } else {
+      gpu = shared;
+    }
+    exec = gpu->make_executor();
+    stream = std::make_unique<fusion::FusionStream>(gpu->fusers(log), fusion::ProcessorOptions{}, log);
+  }
+  ~Sides() {
+    if (gpu != nullptr && owned == nullptr) {
+      // Release this program's tensors from the shared backend.
+      for (std::uint64_t i = first; i < next; ++i) gpu->free(TensorIr{TensorId{i}, {}, TensorStatus::ReadWrite, dt::f32});
+    }
+    exec.reset();
+    owned.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(cache, ec);
+  }
+  TensorId id() { return TensorId{next++}; }
+  TensorIr input(const Shape& s, DType d, std::mt19937_64& rng, double lo = -2, double hi = 2) {
+    const TensorIr t{id(), s, TensorStatus::ReadOnly, d};
+    std::uniform_real_distribution<double> u(lo, hi);
+    std::vector<double> v(ir::num_elements(s));
+    for (double& x : v) x = d.is_float() ? u(rng) : std::floor(u(rng));
+    Result<cpu::CpuTensor> h = cpu::CpuTensor::from_f64(alloc, s, d, v);
+    EXPECT_TRUE(h.ok());
+    EXPECT_TRUE(gpu->upload(t.id, d, s, h->bytes()).ok());
+    host.register_handle(t.id, std::move(h).value());
+    return t;
+  }
+  TensorIr add(Result<Operation> r) {
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
+    Operation op = std::move(r).value();
+    TensorIr o = op.outputs()[0];
+    o.status = TensorStatus::ReadOnly;
+    ops.push_back(op);
+    (void)ref.execute(op, host);
+    stream->register_op(std::move(op), store, *exec);
+    return o;
+  }
+  void sync() { stream->drain(store, *exec); }
+  // Compares one tensor: values within rel * |ref| + abs, NaN and infinities at the same places,
+  // or the same error.
+  void expect_close(const TensorIr& t, double rel, double abs) {
+    sync();
+    const cpu::CpuTensor* want = host.get_handle_ref(t.id);
+    Result<runtime::HostData> got = gpu->download(t);
+    if (want == nullptr) {
+      EXPECT_FALSE(got.ok()) << t.to_string() << ": the reference errored, the GPU did not";
+      return;
+    }
+    ASSERT_TRUE(got.ok()) << t.to_string() << ": " << got.error().message;
+    ASSERT_EQ(got->bytes.size(), want->bytes().size());
+    for (std::uint64_t i = 0; i < want->num_elements(); ++i) {
+      const double w = want->get_f64(i);
+      const double g = cpu::element::load_f64(got->bytes.data(), got->dtype, i);
+      if (std::isnan(w) || std::isinf(w)) {
+        ASSERT_EQ(std::isnan(g), std::isnan(w)) << t.to_string() << " element " << i;
+        if (std::isinf(w)) {
+          ASSERT_EQ(g, w) << t.to_string() << " element " << i;
+        }
+        continue;
+      }
+      ASSERT_LE(std::fabs(g - w), abs + rel * std::fabs(w)) << t.to_string() << " element " << i << ": " << g << " vs " << w;
+    }
+  }
+};
+
+TEST(CudaBackend, UploadDownloadRoundTrip) {
+  KILN_REQUIRE_GPU();
+  Sides s;
+  ASSERT_TRUE(s.gpu);
+  std::mt19937_64 rng(1);
+  for (DType d : {dt::f32, dt::f64, dt::f16, dt::bf16, dt::i64, dt::i32, dt::u8, dt::boolean}) {
+    const TensorIr t = s.input({3, 1000}, d, rng);
+    Result<runtime::HostData> h = s.gpu->download(t);
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    const cpu::CpuTensor* want = s.host.get_handle_ref(t.id);
+    ASSERT_EQ(h->bytes.size(), want->bytes().size());
+    EXPECT_EQ(0, std::memcmp(h->bytes.data(), want->bytes().data(), h->bytes.size())) << d.name();
+  }
+  // 80 MiB: several staging chunks.
+  const TensorIr big = s.input({20u << 20}, dt::f32, rng);
+  Result<runtime::HostData> h = s.gpu->download(big);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(0, std::memcmp(h->bytes.data(), s.host.get_handle_ref(big.id)->bytes().data(), h->bytes.size()));
+  EXPECT_GT(s.gpu->memory_stats().bytes_in_use, 80u << 20);
+}
+
+// Random elementwise programs with broadcasting, scalars, comparisons, masks and casts.
+TEST(CudaBackend, RandomElementwiseProgramsMatchTheReference) {
+  KILN_REQUIRE_GPU();
+  // Every program is a new structure, so a new NVRTC compilation (~0.1-0.3 s): 100 by default,
+  // bench/gpu/check.sh runs more.
+  const char* env = std::getenv("KILN_DIFF_PROGRAMS");
+  const int programs = env ? std::atoi(env) : 100;
+  Result<std::unique_ptr<CudaBackend>> shared = CudaBackend::create({.disk_cache = false});
+  ASSERT_TRUE(shared.ok()) << shared.error().message;
+  for (int prog = 0; prog < programs; ++prog) {
+    Sides s(shared->get(), static_cast<std::uint64_t>(prog) * 1000000 + 1);
+    ASSERT_TRUE(s.gpu);
+    std::mt19937_64 rng(static_cast<std::uint64_t>(prog) * 7919 + 1);
+    const DType d = (prog % 4 == 3) ? dt::f16 : (prog % 5 == 4 ? dt::f64 : dt::f32);
+    const std::uint64_t rows = 1 + rng() % 300, cols = 1 + rng() % 257;
+    const Shape full{rows, cols};
+    const Shape shapes[] = {full, {rows, 1}, {1, cols}, {1, 1}};
+    std::vector<TensorIr> live;
+    for (int i = 0; i < 3; ++i) live.push_back(s.input(shapes[rng() % 4], d, rng));
+    live.push_back(s.input(full, d, rng));
+    const Family nf = Family::NumericFloat;
+    const int len = 2 + static_cast<int>(rng() % 10);
+    for (int k = 0; k < len; ++k) {
+      const TensorIr x = live[rng() % live.size()], y = live[rng() % live.size()];
+      TensorIr out;
+      switch (rng() % 9) {
+        case 0: out = s.add(b::binary(nf, OpKind::Numeric_Add, x, y, s.id())); break;
+        case 1: out = s.add(b::binary(nf, OpKind::Numeric_Mul, x, y, s.id())); break;
+        case 2: out = s.add(b::binary(nf, OpKind::Numeric_Sub, x, y, s.id())); break;
+        case 3: out = s.add(b::scalar(nf, OpKind::Numeric_MulScalar, x, ScalarIr::Float(0.75), s.id())); break;
+        case 4: out = s.add(b::unary(Family::Float, OpKind::Float_Tanh, x, s.id())); break;
+        case 5: {
+          const TensorIr a = s.add(b::unary(nf, OpKind::Numeric_Abs, x, s.id()));
+          out = s.add(b::unary(Family::Float, OpKind::Float_Sqrt, a, s.id()));
+          break;
+        }
+        case 6: {
+          const TensorIr m = s.add(b::binary_comparison(nf, OpKind::Numeric_Greater, x, y, dt::boolean, s.id()));
+          out = s.add(b::mask_where(Family::BaseFloat, OpKind::Base_MaskWhere, x, m, y, s.id()));
+          break;
+        }
+        case 7: out = s.add(b::clamp(nf, OpKind::Numeric_Clamp, x, ScalarIr::Float(-1), ScalarIr::Float(1.5), s.id())); break;
+        default: {
+          const TensorIr e = s.add(b::clamp(nf, OpKind::Numeric_Clamp, x, ScalarIr::Float(-4), ScalarIr::Float(4), s.id()));
+          out = s.add(b::unary(Family::Float, OpKind::Float_Exp, e, s.id()));
+          break;
+        }
+      }
+      live.push_back(out);
+    }
+    // f32: CUDA's expf / tanhf are within 2 ulp, a dozen ops compound to ~1e-5; f16: f32 compute
+    // rounded per op can differ from the reference's f64 by an f16 ulp (1e-3) per op.
+    const double rel = d == dt::f16 ? 2e-2 : (d == dt::f64 ? 1e-12 : 2e-5);
+    for (std::size_t i = 4; i < live.size(); ++i) {
+      s.expect_close(live[i], rel, rel);
+      if (::testing::Test::HasFailure()) {
+        for (const Operation& op : s.ops) std::printf("  %s\n", op.to_string().c_str());
+        FAIL() << "program " << prog << " (KILN_DIFF_PROGRAMS=" << prog + 1 << " replays up to it)";
+      }
+    }
+  }
+}
+
+TEST(CudaBackend, FusedW1UsesTheVectorKernelAndTheCacheAcrossSizes) {
+  KILN_REQUIRE_GPU();
+  Sides s;
+  ASSERT_TRUE(s.gpu);
+  std::mt19937_64 rng(3);
+  const Family nf = Family::NumericFloat;
+  for (std::uint64_t n : {std::uint64_t{4096}, std::uint64_t{1} << 20, std::uint64_t{1000003}}) {
+    const TensorIr a = s.input({n}, dt::f32, rng), bb = s.input({n}, dt::f32, rng), c = s.input({n}, dt::f32, rng);
+    const TensorIr t1 = s.add(b::binary(nf, OpKind::Numeric_Mul, a, bb, s.id()));
+    const TensorIr t2 = s.add(b::scalar(nf, OpKind::Numeric_MulScalar, c, ScalarIr::Float(2), s.id()));
+    const TensorIr t3 = s.add(b::binary(nf, OpKind::Numeric_Add, use(t1, TensorStatus::ReadWrite),
+                                        use(t2, TensorStatus::ReadWrite), s.id()));
+    const TensorIr y = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(t3, TensorStatus::ReadWrite), s.id()));
+    s.expect_close(y, 3e-7, 0);
+  }
+  const CudaStats st = s.gpu->stats();
+  EXPECT_GE(st.fused_launches, 3u);
+  EXPECT_GE(st.vector_launches, 2u);
+  EXPECT_GE(st.kernel_cache_hits, 2u);
+  EXPECT_EQ(st.fused_replays, 0u);
+}
+
+TEST(CudaBackend, ReductionsSoftmaxAndMatmulMatchTheReference) {
+  KILN_REQUIRE_GPU();
+  Sides s;
+  ASSERT_TRUE(s.gpu);
+  std::mt19937_64 rng(5);
+  const Family nf = Family::NumericFloat;
+  // softmax over the last axis
+  const TensorIr x = s.input({64, 1024}, dt::f32, rng);
+  const TensorIr mx = s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, s.id()));
+  const TensorIr sh = s.add(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), s.id()));
+  const TensorIr ex = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(sh, TensorStatus::ReadWrite), s.id()));
+  const TensorIr sm = s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, ex, 1, 1, s.id()));
+  const TensorIr y = s.add(b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), s.id()));
+  s.expect_close(y, 1e-5, 1e-9);
+  // reductions over a middle axis (the cols kernel), every kind
+  const TensorIr z = s.input({8, 100, 33}, dt::f32, rng);
+  for (OpKind k : {OpKind::Numeric_SumDim, OpKind::Numeric_MeanDim, OpKind::Numeric_MaxDim, OpKind::Numeric_MinDim,
+                   OpKind::Numeric_MaxAbsDim})
+    s.expect_close(s.add(b::reduce_dim(nf, k, z, 1, 1, s.id())), 1e-5, 1e-6);
+  s.expect_close(s.add(b::reduce_dim_arg(nf, OpKind::Numeric_ArgMax, z, 2, 1, dt::i64, s.id())), 0, 0);
+  s.expect_close(s.add(b::reduce(nf, OpKind::Numeric_Sum, z, s.id())), 1e-5, 1e-4);
+  // matmul with a bias epilogue, batch broadcast
+  const TensorIr a = s.input({3, 70, 130}, dt::f32, rng), w = s.input({1, 130, 90}, dt::f32, rng),
+                 bias = s.input({1, 1, 90}, dt::f32, rng);
+  const TensorIr mm = s.add(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id()));
+  const TensorIr out = s.add(b::binary(nf, OpKind::Numeric_Add, use(mm, TensorStatus::ReadWrite), bias, s.id()));
+  s.expect_close(out, 1e-4, 1e-4);
+  EXPECT_EQ(s.gpu->stats().compile_failures, 0u);
+}
+
+// Integer division by zero inside a fused program: the outputs carry exactly the reference's
+// error, the program is quarantined, and its next run goes unfused without faulting again.
+TEST(CudaBackend, KernelFaultsFollowTheErrorModelAndQuarantine) {
+  KILN_REQUIRE_GPU();
+  Sides s;
+  ASSERT_TRUE(s.gpu);
+  std::mt19937_64 rng(7);
+  for (int run = 0; run < 2; ++run) {
+    const TensorIr a = s.input({64, 8}, dt::i32, rng, 1, 100);
+    const TensorIr z = s.input({1, 8}, dt::i32, rng, 0, 1);  // zeros: floor(U[0,1))
+    const TensorIr q = s.add(b::binary(Family::NumericInt, OpKind::Numeric_Div, a, z, s.id()));
+    const TensorIr r = s.add(b::scalar(Family::NumericInt, OpKind::Numeric_AddScalar, use(q, TensorStatus::ReadWrite),
+                                       ScalarIr::Int(1), s.id()));
+    s.sync();
+    EXPECT_FALSE(s.gpu->is_materialized(r.id));
+    ASSERT_TRUE(s.gpu->error_of(r.id).has_value());
+    EXPECT_EQ(s.gpu->error_of(r.id)->depth, 1u) << "one op skipped after the division";
+    EXPECT_EQ(s.host.error_of(r.id)->depth, 1u);
+  }
+  // Run 1: the fused program faults (quarantined), then its lone division faults too and runs
+  // on the host reference. Run 2: the plan goes unfused at once; the division faults again.
+  const CudaStats st = s.gpu->stats();
+  EXPECT_EQ(st.faults, 3u);
+  EXPECT_EQ(st.quarantined, 1u);
+  EXPECT_EQ(st.fused_replays, 2u);
+}
+
+TEST(CudaBackend, TwoStreamsShareTensorsThroughEvents) {
+  KILN_REQUIRE_GPU();
+  Sides s;
+  ASSERT_TRUE(s.gpu);
+  std::mt19937_64 rng(9);
+  std::unique_ptr<fusion::Executor> other = s.gpu->make_executor();
+  fusion::FusionStream second(s.gpu->fusers(s.log), fusion::ProcessorOptions{}, s.log);
+  const TensorIr x = s.input({1 << 20}, dt::f32, rng);
+  const TensorIr y = s.add(b::unary(Family::Float, OpKind::Float_Exp, x, s.id()));
+  s.sync();  // y is produced (queued) on the first stream
+  Operation op = b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, y, ScalarIr::Float(3), s.id()).value();
+  const TensorIr z = op.outputs()[0];
+  (void)s.ref.execute(op, s.host);
+  second.register_op(std::move(op), s.store, *other);
+  second.drain(s.store, *other);
+  s.expect_close(use(z, TensorStatus::ReadOnly), 3e-7, 0);
+  EXPECT_GE(s.gpu->stats().cross_stream_waits, 1u);
+}
+
+TEST(CudaBackend, CompiledKernelsComeBackFromTheDiskCache) {
+  KILN_REQUIRE_GPU();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kiln-disk-" + std::to_string(::getpid()));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  for (int round = 0; round < 2; ++round) {
+    Result<std::unique_ptr<CudaBackend>> be = CudaBackend::create({.cache_dir = dir});
+    ASSERT_TRUE(be.ok());
+    std::unique_ptr<fusion::Executor> exec = (*be)->make_executor();
+    const std::vector<float> v(1000, 1.5f);
+    ASSERT_TRUE((*be)->upload(TensorId{1}, dt::f32, {1000}, std::as_bytes(std::span(v))).ok());
+    exec->execute_operation(b::unary(Family::Float, OpKind::Float_Exp, TensorIr{TensorId{1}, {1000}, TensorStatus::ReadOnly, dt::f32},
+                                     TensorId{2}).value());
+    Result<runtime::HostData> h = (*be)->download(TensorIr{TensorId{2}, {1000}, TensorStatus::ReadOnly, dt::f32});
+    ASSERT_TRUE(h.ok());
+    float f;
+    std::memcpy(&f, h->bytes.data(), 4);
+    EXPECT_NEAR(f, std::exp(1.5f), 1e-6);
+    EXPECT_EQ((*be)->stats().disk_cache_hits, round == 0 ? 0u : 1u);
+  }
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace kiln::cuda

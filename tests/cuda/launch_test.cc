@@ -1,0 +1,265 @@
+// Host side of launches, without a GPU: accessors over broadcasting, views, NHWC outputs and
+// merged dims; reduction and matmul shapes; scalar conversion; vector eligibility; argument
+// packing against the generated parameter lists; single-op programs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kiln/cuda/launch.h"
+#include "kiln/cuda/single_op.h"
+#include "programs.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace testing;
+
+SingleOpProgram single(Result<Operation> op) {
+  EXPECT_TRUE(op.ok());
+  std::optional<SingleOpProgram> s = single_op_program(*op);
+  EXPECT_TRUE(s.has_value());
+  return std::move(*s);
+}
+
+ir::Shape ref_of(const SingleOpProgram& s, std::uint32_t block = 0) {
+  Result<ir::Shape> r = concrete_shape(s.program.blocks[block].reference_shape, s.binding());
+  EXPECT_TRUE(r.ok());
+  return *r;
+}
+
+TEST(Launch, ContiguousElementwiseMergesIntoOneDim) {
+  const SingleOpProgram s = single(b::binary(Family::NumericFloat, OpKind::Numeric_Add,
+                                             TensorIr{TensorId{1}, {4, 5, 6}, TensorStatus::ReadOnly, dt::f32},
+                                             TensorIr{TensorId{2}, {4, 5, 6}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), /*merge=*/true);
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  EXPECT_EQ(l->iter.rank, 1);
+  EXPECT_EQ(l->iter.dims[0], 120);
+  EXPECT_EQ(l->iter.numel, 120);
+  EXPECT_EQ(l->iter.contiguous, 1);
+  EXPECT_TRUE(l->vectorizable);
+  ASSERT_EQ(l->loads.size(), 2u);
+  EXPECT_EQ(l->loads[0].strides[0], 1);
+  EXPECT_EQ(l->stores[0].contiguous, 1);
+  // Unmerged: row-major strides of [4,5,6].
+  l = block_layout(s.program, 0, s.binding(), ref_of(s), /*merge=*/false);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->iter.rank, 3);
+  EXPECT_EQ(l->loads[1].strides[0], 30);
+  EXPECT_EQ(l->loads[1].strides[1], 6);
+  EXPECT_EQ(l->loads[1].strides[2], 1);
+}
+
+TEST(Launch, BroadcastInputsGetZeroStrides) {
+  const SingleOpProgram s = single(b::binary(Family::NumericFloat, OpKind::Numeric_Add,
+                                             TensorIr{TensorId{1}, {4, 1}, TensorStatus::ReadOnly, dt::f32},
+                                             TensorIr{TensorId{2}, {1, 5}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), true);
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  EXPECT_EQ(l->iter.rank, 2);
+  EXPECT_EQ(l->iter.contiguous, 0);
+  EXPECT_FALSE(l->vectorizable);
+  EXPECT_EQ(l->loads[0].strides[0], 1);
+  EXPECT_EQ(l->loads[0].strides[1], 0);
+  EXPECT_EQ(l->loads[1].strides[0], 0);
+  EXPECT_EQ(l->loads[1].strides[1], 1);
+  EXPECT_EQ(l->loads[0].contiguous, 0);
+  EXPECT_EQ(l->stores[0].contiguous, 1);
+
+  // A one-element broadcast keeps the vector kernel.
+  const SingleOpProgram t = single(b::binary(Family::NumericFloat, OpKind::Numeric_Mul,
+                                             TensorIr{TensorId{1}, {8, 16}, TensorStatus::ReadOnly, dt::f32},
+                                             TensorIr{TensorId{2}, {1, 1}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  l = block_layout(t.program, 0, t.binding(), ref_of(t), true);
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(l->vectorizable);
+  EXPECT_EQ(l->iter.rank, 1);
+  EXPECT_EQ(l->loads[1].strides[0], 0);
+}
+
+TEST(Launch, SwapDimsAndPermuteViews) {
+  const SingleOpProgram s = single(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims,
+                                                TensorIr{TensorId{1}, {3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, 0, 2,
+                                                TensorId{2}));
+  Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), false);
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  ASSERT_EQ(l->iter.rank, 3);
+  EXPECT_EQ(l->iter.dims[0], 5);
+  // Source [3,4,5] strides [20,5,1], swapped to [1,5,20].
+  EXPECT_EQ(l->loads[0].strides[0], 1);
+  EXPECT_EQ(l->loads[0].strides[1], 5);
+  EXPECT_EQ(l->loads[0].strides[2], 20);
+  EXPECT_EQ(l->loads[0].contiguous, 0);
+
+  const std::uint64_t axes[] = {2, 0, 1};
+  const SingleOpProgram p = single(b::permute(Family::BaseFloat, OpKind::Base_Permute,
+                                              TensorIr{TensorId{1}, {3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, axes,
+                                              TensorId{2}));
+  ASSERT_TRUE(p.permute_axes.has_value());
+  EXPECT_EQ(*p.permute_axes, (std::vector<std::uint64_t>{2, 0, 1}));
+  EXPECT_EQ(p.program.kind, fusion::ProgramKind::Elementwise);
+}
+
+TEST(Launch, NhwcOutputsAndMaskedBroadcastStores) {
+  // A program with an NHWC-laid-out output: strides follow the permutation.
+  SingleOpProgram s = single(b::unary(Family::Float, OpKind::Float_Exp,
+                                      TensorIr{TensorId{1}, {2, 3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, TensorId{2}));
+  s.program.outputs[0].layout = fusion::Permutation{0, 3, 1, 2};
+  Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), false);
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  // NHWC of [N=2,C=3,H=4,W=5]: strides N 60, C 1, H 15, W 3.
+  EXPECT_EQ(l->stores[0].strides[0], 60);
+  EXPECT_EQ(l->stores[0].strides[1], 1);
+  EXPECT_EQ(l->stores[0].strides[2], 15);
+  EXPECT_EQ(l->stores[0].strides[3], 3);
+  EXPECT_EQ(l->stores[0].contiguous, 0);
+  EXPECT_EQ(l->iter.contiguous, 0);
+
+  // A broadcast output (the program keeps a [4,1] value over a [4,5] reference): masked.
+  SingleOpProgram m = single(b::binary(Family::NumericFloat, OpKind::Numeric_Add,
+                                       TensorIr{TensorId{1}, {4, 5}, TensorStatus::ReadOnly, dt::f32},
+                                       TensorIr{TensorId{2}, {4, 1}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  m.tensors[m.program.outputs[0].tensor].shape = {4, 1};
+  l = block_layout(m.program, 0, m.binding(), ref_of(m), true);
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  EXPECT_EQ(l->stores[0].masked, 1);
+  EXPECT_EQ(l->stores[0].contiguous, 0);
+  EXPECT_FALSE(l->vectorizable);
+}
+
+TEST(Launch, ShapesThatDoNotBroadcastAreErrors) {
+  SingleOpProgram s = single(b::binary(Family::NumericFloat, OpKind::Numeric_Add,
+                                       TensorIr{TensorId{1}, {4, 5}, TensorStatus::ReadOnly, dt::f32},
+                                       TensorIr{TensorId{2}, {4, 5}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  s.tensors[s.program.inputs[1].tensor].shape = {3, 5};
+  Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), true);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.error().code, ErrorCode::IncompatibleShapes);
+}
+
+TEST(Launch, ReduceShapes) {
+  const SingleOpProgram s = single(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim,
+                                                 TensorIr{TensorId{1}, {6, 7, 8}, TensorStatus::ReadOnly, dt::f32}, 1, 1,
+                                                 TensorId{2}));
+  Result<KilnReduceShape> r = reduce_shape(s.program, s.binding());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->outer, 6);
+  EXPECT_EQ(r->n, 7);
+  EXPECT_EQ(r->inner, 8);
+  EXPECT_EQ(r->outputs, 48);
+  // A whole-tensor reduction reads a [n] view.
+  const SingleOpProgram f = single(b::reduce(Family::NumericFloat, OpKind::Numeric_Sum,
+                                             TensorIr{TensorId{1}, {6, 7}, TensorStatus::ReadOnly, dt::f32}, TensorId{2}));
+  r = reduce_shape(f.program, f.binding());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->outer, 1);
+  EXPECT_EQ(r->n, 42);
+  EXPECT_EQ(r->inner, 1);
+}
+
+TEST(Launch, MatmulShapesWithBroadcastBatches) {
+  Result<KilnMatmulShape> m = matmul_shape({2, 3, 8, 16}, {1, 3, 16, 4}, {2, 3, 8, 4});
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->m, 8);
+  EXPECT_EQ(m->n, 4);
+  EXPECT_EQ(m->k, 16);
+  EXPECT_EQ(m->batch, 6);
+  EXPECT_EQ(m->batch_rank, 2);
+  EXPECT_EQ(m->lhs_batch[0], 3 * 128);
+  EXPECT_EQ(m->lhs_batch[1], 128);
+  EXPECT_EQ(m->rhs_batch[0], 0);
+  EXPECT_EQ(m->rhs_batch[1], 64);
+  EXPECT_FALSE(matmul_shape({8, 16}, {15, 4}, {8, 4}).ok());
+}
+
+TEST(Launch, ScalarsConvertLikeTheReference) {
+  auto f32 = [](const ScalarArg& a) {
+    float v;
+    std::memcpy(&v, a.bytes.data(), 4);
+    return v;
+  };
+  auto i64 = [](const ScalarArg& a) {
+    std::int64_t v;
+    std::memcpy(&v, a.bytes.data(), 8);
+    return v;
+  };
+  // 0.1 rounded to f16 (0.0999755859375), passed as a float.
+  ScalarArg a = scalar_arg(ScalarIr::Float(0.1), ScalarSlot{0, dt::f16, ScalarClass::F32});
+  EXPECT_EQ(a.size, 4u);
+  EXPECT_EQ(f32(a), 0.0999755859375f);
+  // Float to i8: truncated and saturated.
+  a = scalar_arg(ScalarIr::Float(300.7), ScalarSlot{0, dt::i8, ScalarClass::I64});
+  EXPECT_EQ(a.size, 8u);
+  EXPECT_EQ(i64(a), 127);
+  a = scalar_arg(ScalarIr::Float(-2.9), ScalarSlot{0, dt::i32, ScalarClass::I64});
+  EXPECT_EQ(i64(a), -2);
+  a = scalar_arg(ScalarIr::Bool(true), ScalarSlot{0, dt::boolean, ScalarClass::Bool});
+  EXPECT_EQ(a.size, 4u);
+  EXPECT_EQ(a.bytes[0], std::byte{1});
+}
+
+TEST(Launch, PackedArgumentsFollowTheParameterLists) {
+  for (const NamedProgram& p : single_op_catalog()) {
+    if (p.program.kind == fusion::ProgramKind::ReduceBroadcasted) continue;
+    Result<GeneratedProgram> g = generate(p.program);
+    ASSERT_TRUE(g.ok()) << p.name;
+    StageArgs args;
+    args.blocks.resize(p.program.blocks.size());
+    for (std::uint32_t b = 0; b < p.program.blocks.size(); ++b) {
+      args.blocks[b].loads.resize(p.program.blocks[b].loads.size());
+      args.blocks[b].stores.resize(p.program.blocks[b].stores.size());
+    }
+    args.inputs.assign(p.program.inputs.size(), 0x1000);
+    args.outputs.assign(p.program.outputs.size(), 0x2000);
+    args.indexed.resize(p.program.inputs.size());
+    for (const ScalarSlot& s : g->scalars) args.scalars.push_back(scalar_arg(ScalarIr::Float(1), s));
+    for (const KernelSpec& k : g->kernels) {
+      Result<ArgPack> pack = pack_args(k, args);
+      ASSERT_TRUE(pack.ok()) << p.name << " " << k.name << ": " << pack.error().message;
+      ASSERT_EQ(pack->size(), k.params.size());
+      for (std::size_t i = 0; i < k.params.size(); ++i) {
+        std::size_t want = 0;
+        switch (k.params[i].kind) {
+          case ParamKind::Iter: want = sizeof(KilnIter); break;
+          case ParamKind::LoadAccess: case ParamKind::StoreAccess: want = sizeof(KilnAccess); break;
+          case ParamKind::InputPtr: case ParamKind::OutputPtr: case ParamKind::Fault: want = sizeof(void*); break;
+          case ParamKind::Indexed: want = sizeof(KilnIndexed); break;
+          case ParamKind::Scalar: want = scalar_class_size(g->scalars[k.params[i].index].cls); break;
+          case ParamKind::ReduceShape: want = sizeof(KilnReduceShape); break;
+          case ParamKind::MatmulShape: want = sizeof(KilnMatmulShape); break;
+        }
+        EXPECT_EQ(pack->bytes(i), want) << p.name << " param " << i;
+      }
+    }
+  }
+  StageArgs empty;
+  KernelSpec k;
+  k.params.push_back(KernelParam{ParamKind::InputPtr, 0, 3});
+  EXPECT_FALSE(pack_args(k, empty).ok());
+}
+
+TEST(Launch, VectorKernelNeedsAlignment) {
+  const SingleOpProgram s = single(b::binary(Family::NumericFloat, OpKind::Numeric_Add,
+                                             TensorIr{TensorId{1}, {64}, TensorStatus::ReadOnly, dt::f32},
+                                             TensorIr{TensorId{2}, {64}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), true);
+  ASSERT_TRUE(l.ok());
+  const std::uintptr_t in_ok[] = {256, 512}, in_bad[] = {256, 516}, out_ok[] = {1024};
+  EXPECT_TRUE(vector_aligned(s.program, *l, 4, in_ok, out_ok));
+  EXPECT_FALSE(vector_aligned(s.program, *l, 4, in_bad, out_ok));
+}
+
+TEST(Launch, OpsWithoutGeneratedKernelsFallBack) {
+  const TensorIr x{TensorId{1}, {4, 5}, TensorStatus::ReadOnly, dt::f32};
+  Result<Operation> cum = b::dim(Family::NumericFloat, OpKind::Numeric_CumSum, x, 1, TensorId{2});
+  ASSERT_TRUE(cum.ok());
+  EXPECT_FALSE(single_op_program(*cum).has_value());
+  const TensorIr xi{TensorId{1}, {4, 5}, TensorStatus::ReadOnly, dt::i32};
+  Result<Operation> imm = b::matmul(Family::Int, OpKind::Int_Matmul, xi,
+                                    TensorIr{TensorId{3}, {5, 2}, TensorStatus::ReadOnly, dt::i32}, TensorId{4});
+  ASSERT_TRUE(imm.ok());
+  EXPECT_FALSE(single_op_program(*imm).has_value()) << "integer matmul runs on the host";
+}
+
+}  // namespace
+}  // namespace kiln::cuda
