@@ -54,7 +54,7 @@ double budget_seconds() {
 // executors stage tensors in and out of the shared table around fused kernels.
 std::unique_ptr<DeviceBackend> make_backend() {
 #if KILN_TEST_FAST_BACKEND
-  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2});
+  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2, .jit = cpu::CpuJitMode::Off});
 #else
   return std::make_unique<cpu::ReferenceCpuBackend>();
 #endif

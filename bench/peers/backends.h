@@ -19,7 +19,8 @@ namespace kiln::bench::peers {
 struct CpuBackendInfo {
   std::string describe;
 };
-std::unique_ptr<Backend> make_cpu_backend(int threads, CpuBackendInfo* info = nullptr);
+// `jit`: compile fused elementwise programs to native loops (CpuJitMode::On) or interpret them.
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuBackendInfo* info = nullptr, bool jit = true);
 
 // No kernels: the recording executor tracks which tensors exist; downloads are zeros.
 class RecordingBackend final : public Backend {

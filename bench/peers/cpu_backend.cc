@@ -13,7 +13,9 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : device_(cpu::CpuDeviceOptions{.threads = threads}), exec_(device_) {}
+  CpuBackend(int threads, bool jit)
+      : device_(cpu::CpuDeviceOptions{.threads = threads, .jit = jit ? cpu::CpuJitMode::On : cpu::CpuJitMode::Off}),
+        exec_(device_) {}
 
   fusion::Executor& executor() override { return exec_; }
 
@@ -35,14 +37,15 @@ class CpuBackend final : public Backend {
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   " dev_fused_launches=%llu dev_fused_replays=%llu dev_fast_ops=%llu dev_reference_ops=%llu"
-                  " dev_inplace_reuses=%llu",
+                  " dev_inplace_reuses=%llu dev_jit_launches=%llu",
                   static_cast<unsigned long long>(s.fused_launches), static_cast<unsigned long long>(s.fused_replays),
                   static_cast<unsigned long long>(s.fast_ops), static_cast<unsigned long long>(s.reference_ops),
-                  static_cast<unsigned long long>(s.inplace_reuses));
+                  static_cast<unsigned long long>(s.inplace_reuses), static_cast<unsigned long long>(s.jit_launches));
     return buf;
   }
 
   int threads() const { return device_.threads(); }
+  bool jit() const { return device_.jit_enabled(); }
 
  private:
   cpu::CpuDevice device_;
@@ -51,11 +54,13 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, CpuBackendInfo* info) {
-  auto backend = std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuBackendInfo* info, bool jit) {
+  auto backend = std::make_unique<CpuBackend>(threads, jit);
   if (backend->threads() != threads)
     die("CpuDevice has " + std::to_string(backend->threads()) + " threads, asked for " + std::to_string(threads));
-  if (info) info->describe = "device=CpuDevice arena_threads=" + std::to_string(backend->threads());
+  if (info)
+    info->describe = "device=CpuDevice arena_threads=" + std::to_string(backend->threads()) +
+                     " jit=" + (backend->jit() ? "on" : "off");
   return backend;
 }
 

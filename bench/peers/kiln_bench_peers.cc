@@ -14,7 +14,9 @@
 // log on stderr). docs/benchmarks.md explains how to run it inside the kit's passes.
 //
 // usage: kiln-bench-peers [--workloads W1,W2,W3,W4,matmul1024] [--sizes 65536,1048576,16777216]
-//                         [--threads 1,2] [--mode fused|unfused|both] [--dry-run]
+//                         [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--dry-run]
+// --jit on (the default): fused elementwise programs run as JIT-compiled loops (compiled in the
+// untimed priming calls, cached on disk); off: the interpreter (docs/cpu-backend.md, "JIT").
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -44,13 +46,14 @@ struct Options {
   std::vector<int> threads{1, 2};
   std::vector<bool> fused{true, false};
   bool dry_run = false;
+  bool jit = true;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "kiln-bench-peers: %s\n"
                "usage: kiln-bench-peers [--workloads W1,W2,W3,W4,matmul1024] [--sizes 65536,1048576,16777216]\n"
-               "                        [--threads 1,2] [--mode fused|unfused|both] [--dry-run]\n",
+               "                        [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--dry-run]\n",
                why);
   std::exit(2);
 }
@@ -84,6 +87,10 @@ Options parse_options(int argc, char** argv) {
         if (t < 1) usage(("bad thread count " + s).c_str());
         o.threads.push_back(t);
       }
+    } else if (k == "--jit") {
+      if (v == "on") o.jit = true;
+      else if (v == "off") o.jit = false;
+      else usage(("bad --jit value " + v).c_str());
     } else if (k == "--mode") {
       if (v == "fused") o.fused = {true};
       else if (v == "unfused") o.fused = {false};
@@ -164,10 +171,10 @@ int run(const Options& o, const fusion::FusionLog& log) {
   std::map<int, std::unique_ptr<Backend>> devices;
   for (int t : o.threads) {
     CpuBackendInfo info;
-    devices[t] = make_cpu_backend(t, &info);
+    devices[t] = make_cpu_backend(t, &info, o.jit);
     std::printf("# kiln device threads=%d %s\n", t, info.describe.c_str());
   }
-  if (!devices.count(tmax)) devices[tmax] = make_cpu_backend(tmax);
+  if (!devices.count(tmax)) devices[tmax] = make_cpu_backend(tmax, nullptr, o.jit);
 #ifdef KILN_BENCH_HAVE_EIGEN
   const EigenGemmInfo eig = eigen_gemm_info();
   std::printf("# eigen (matmul1024 reference, same program) version=%s simd=%s openmp=%d\n", eig.version.c_str(),

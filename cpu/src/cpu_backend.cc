@@ -104,7 +104,11 @@ class CpuStreamExecutor final : public fusion::Executor {
 
 CpuBackend::CpuBackend(CpuBackendOptions options)
     : options_(options),
-      device_(CpuDeviceOptions{.threads = options.threads, .allocator = options.allocator, .seed = options.seed}),
+      device_(CpuDeviceOptions{.threads = options.threads,
+                               .allocator = options.allocator,
+                               .seed = options.seed,
+                               .jit = options.jit,
+                               .jit_cache_dir = options.jit_cache_dir}),
       next_seed_(options.seed) {}
 
 CpuBackend::~CpuBackend() = default;

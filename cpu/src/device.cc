@@ -2,9 +2,11 @@
 
 #include <tbb/info.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "fast_program.h"
+#include "jit.h"
 
 namespace kiln::cpu {
 
@@ -24,13 +26,42 @@ ir::HandleLookup<T> lookup_error(const CpuDevice::Handles& handles, ir::TensorId
       make_error(ErrorCode::InvalidHandle, "CpuDevice: " + id.to_string() + " has no data (absent or not written)"));
 }
 
+jit::Options jit_options(const CpuDeviceOptions& o) {
+  jit::Options j;
+  j.mode = o.jit == CpuJitMode::On ? jit::Mode::On : o.jit == CpuJitMode::Auto ? jit::Mode::Auto : jit::Mode::Off;
+  // The operator's override, e.g. KILN_CPU_JIT=0 to rule the JIT out when diagnosing, or
+  // KILN_CPU_JIT=1 to run a test suite through it.
+  if (const char* env = std::getenv("KILN_CPU_JIT"); env != nullptr && (env[0] == '0' || env[0] == '1'))
+    j.mode = env[0] == '1' ? jit::Mode::On : jit::Mode::Off;
+  j.cache_dir = o.jit_cache_dir;
+  j.compiler = o.jit_compiler;
+  return j;
+}
+
+// Programs below this many instructions stay on the interpreter: one instruction is already a
+// single tight kernel per chunk there (loads alias the inputs, the result goes straight to the
+// output), so a compiled loop gains little and every one-op structure would cost a compile.
+constexpr std::size_t kJitMinInstructions = 2;
+
 }  // namespace
 
 CpuDevice::CpuDevice(CpuDeviceOptions options)
     : allocator_(options.allocator),
       reference_(allocator_, options.seed),
       threads_(resolve_threads(options.threads)),
-      arena_(threads_) {}
+      arena_(threads_),
+      jit_(std::make_unique<jit::JitCache>(jit_options(options))) {}
+
+bool CpuDevice::jit_enabled() const { return jit_->enabled(); }
+
+const jit::Kernel* CpuDevice::jit_kernel(const fusion::FusedProgram& program, const fast::CompiledProgram& compiled) {
+  if (!jit_->enabled() || !compiled.supported || compiled.blocks.size() != 1 ||
+      compiled.blocks[0].instrs.size() < kJitMinInstructions)
+    return nullptr;
+  fast::JitSlot& slot = *compiled.jit;
+  std::call_once(slot.once, [&] { slot.kernel = jit_->kernel_for(program, compiled); });
+  return slot.kernel.get();
+}
 
 CpuDevice::~CpuDevice() = default;
 
@@ -81,6 +112,13 @@ CpuDeviceStats CpuDevice::stats() const {
                    get(counters_.inplace_reuses), get(counters_.zero_copy_reshapes), get(counters_.row_interleaved)};
   for (std::size_t k = 0; k < s.launches_by_kind.size(); ++k)
     s.launches_by_kind[k] = get(counters_.launches_by_kind[k]);
+  s.jit_launches = get(counters_.jit_launches);
+  const jit::Stats j = jit_->stats();
+  s.jit_compiles = j.compiles;
+  s.jit_disk_loads = j.disk_loads;
+  s.jit_failures = j.failures;
+  s.jit_declined = j.declined;
+  s.jit_corrupt = j.corrupt;
   return s;
 }
 
@@ -88,7 +126,7 @@ void CpuDevice::reset_stats() {
   for (std::atomic<std::uint64_t>* a :
        {&counters_.fused_launches, &counters_.fused_replays, &counters_.fast_ops, &counters_.reference_ops,
         &counters_.kernel_cache_hits, &counters_.kernel_cache_misses, &counters_.inplace_reuses,
-        &counters_.zero_copy_reshapes, &counters_.row_interleaved})
+        &counters_.zero_copy_reshapes, &counters_.row_interleaved, &counters_.jit_launches})
     a->store(0, std::memory_order_relaxed);
   for (auto& a : counters_.launches_by_kind) a.store(0, std::memory_order_relaxed);
 }

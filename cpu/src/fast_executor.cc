@@ -200,6 +200,7 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
   switch (p.kind) {
     case ProgramKind::Elementwise:
     case ProgramKind::NhwcRelayout:
+      b.launch.jit = device_.jit_kernel(p, *b.compiled);
       why = fast::run_elementwise(b.launch, &fault);
       break;
     case ProgramKind::Reduce:
@@ -212,6 +213,7 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
       return false;
   }
   if (!why.empty() || fault) return false;
+  if (b.launch.jit != nullptr) device_.counters().jit_launches.fetch_add(1, std::memory_order_relaxed);
   commit(device_, handles_, b, bind);
   return true;
 }

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -31,6 +32,10 @@
 #include "kiln/cpu/tensor.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/ir/operation.h"
+
+namespace kiln::cpu::jit {
+struct Kernel;
+}
 
 namespace kiln::cpu::fast {
 
@@ -160,8 +165,17 @@ struct ScalarBind {
   ir::DType dtype;                // converted to this dtype
 };
 
+// The JIT kernel of a compiled form (jit.h), built on the first launch that wants it rather than
+// with the compiled form: stages of a row-interleaved ReduceBroadcasted program and one-op
+// programs are compiled forms too, and would pay a compiler run they never use.
+struct JitSlot {
+  std::once_flag once;
+  std::shared_ptr<const jit::Kernel> kernel;
+};
+
 struct CompiledProgram {
   fusion::ProgramKind kind = fusion::ProgramKind::Elementwise;
+  std::shared_ptr<JitSlot> jit = std::make_shared<JitSlot>();
   bool supported = true;
   std::string why_unsupported;  // for the log / tests
   bool may_fail = false;        // integer division, indexed reads: no in-place reuse
@@ -191,6 +205,7 @@ struct Launch {
   CpuAllocator* allocator = nullptr;
   tbb::task_arena* arena = nullptr;  // null: run on the calling thread
   int threads = 1;
+  const jit::Kernel* jit = nullptr;  // Elementwise: run block 0 through this JIT kernel
 
   ir::Shape concrete(const ir::Shape& relative) const;
 };
@@ -235,6 +250,11 @@ class BlockRunner {
   // Each run() also prefetches the next `n` positions of its contiguous input streams.
   void set_prefetch(bool on) { prefetch_ = on; }
   std::size_t num_regs() const { return block_->regs.size(); }
+  // The coalesced iteration space and accessors prepare() bound (a JIT kernel walks them itself).
+  int rank() const { return rank_; }
+  const std::array<std::uint64_t, kMaxRank>& dims() const { return dims_; }
+  std::span<const Accessor> load_accessors() const { return loads_; }
+  std::span<const Accessor> store_accessors() const { return stores_; }
   std::size_t scratch_bytes() const { return std::size_t{block_->num_slots} * kBlock * 8; }
   const CBlock& block() const { return *block_; }
 
@@ -294,8 +314,10 @@ void parallel_ranges(const Launch& launch, std::uint64_t n, std::uint64_t grain,
 // ---- Program kinds (each returns an empty string on success, or the reason it could not run;
 // a non-empty result before any output was written lets the driver replay the ops instead).
 
-// Elementwise (also the first part of NhwcRelayout): block 0 over its reference shape.
+// Elementwise (also the first part of NhwcRelayout): block 0 over its reference shape; through
+// launch.jit when set (jit.cc), else the interpreter.
 std::string run_elementwise(const Launch& launch, bool* fault);
+std::string run_elementwise_jit(const Launch& launch, bool* fault);
 // Reduce: prologue, reduction, epilogue.
 std::string run_reduce(const Launch& launch, bool* fault);
 

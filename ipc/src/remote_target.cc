@@ -38,11 +38,23 @@ ir::TensorId RemoteTarget::new_tensor_id() {
 Result<std::uint64_t> RemoteTarget::send(CommandBody body) {
   if (daemon_gone_.load(std::memory_order_acquire)) return daemon_gone_error();
   const std::uint64_t request = next_request_.fetch_add(1, std::memory_order_relaxed);
+  // Commands with an answer are registered as awaited before they go out: another thread may
+  // be popping the completion ring, and it keeps only answers someone awaits (the others it
+  // takes for rejections of fire-and-forget commands).
+  const bool answered = !std::holds_alternative<RegisterOpCmd>(body) && !std::holds_alternative<DropCmd>(body);
   std::vector<std::uint8_t> msg;
   KILN_RETURN_IF_ERROR(encode_command(Command{request, std::move(body)}, msg));
+  if (answered) {
+    std::lock_guard lock(rx_mu_);
+    awaited_[request] = true;
+  }
   std::lock_guard lock(send_mu_);
   Status st = conn_.endpoint().send(msg, kSendTimeout);
   if (!st.ok()) {
+    if (answered) {
+      std::lock_guard rx_lock(rx_mu_);
+      awaited_.erase(request);
+    }
     if (!conn_.daemon_alive()) {
       daemon_gone_.store(true, std::memory_order_release);
       rx_cv_.notify_all();

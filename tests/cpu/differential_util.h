@@ -1186,6 +1186,7 @@ struct FusedSide {
   fusion::FusionStream stream{fusion::default_fusers(log), fusion::ProcessorOptions{}, log};
 
   explicit FusedSide(int threads = 2) : device(CpuDeviceOptions{.threads = threads}) {}
+  explicit FusedSide(CpuDeviceOptions options) : device(std::move(options)) {}
 
   void run(const DiffProgram& p) {
     upload_inputs(p, device);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -40,7 +41,7 @@ std::unique_ptr<runtime::Device> make_device() {
   o.threads = 2;
   o.fusion = fusion::FusionConfig{};
   o.config_path = "";
-  auto d = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1}), std::move(o));
+  auto d = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o));
   EXPECT_TRUE(d.ok());
   return std::move(d).value();
 }
@@ -323,6 +324,39 @@ TEST(Daemon, ClientSeesAClearErrorWhenTheDaemonGoes) {
   auto again = RemoteTarget::connect(r);
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.error().message.find("daemon not running"), std::string::npos) << again.error().message;
+}
+
+// Regression (found by stress/ipc_stress.cc): with several threads on one connection, the
+// thread popping the completion ring could take the answer to another thread's request before
+// that thread had registered as its waiter; the answer was dropped and the requester waited
+// out reply_timeout. Threads here make request/reply calls back to back, so answers often
+// arrive while their requester is between its send and its wait.
+TEST(Daemon, AnswersThatArriveBeforeTheirWaiterAreKept) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  RemoteOptions r;
+  r.runtime_dir = h.dir();
+  r.socket_name = "kilnd-test.sock";
+  r.reply_timeout = std::chrono::seconds(10);  // a lost answer fails the call instead of hanging
+  auto client = ok(RemoteTarget::connect(r));
+  Session s(*client);
+  const Tensor t = ok(s.from_host(std::vector<float>{1, 2}, {2}));
+  constexpr int kThreads = 4, kCalls = 400;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < kCalls && failures.load() == 0; ++k) {
+        const Status st = k % 2 == 0 ? client->export_tensor(t.home(), t.id()).status()
+                                     : client->drain(StreamId(static_cast<std::uint64_t>(i)));
+        if (!st.ok()) {
+          ADD_FAILURE() << "thread " << i << " call " << k << ": " << st.error().to_string();
+          failures.fetch_add(1);
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 // ---- Another uid (run as a separate user created for the test; needs root to create it and

@@ -28,7 +28,7 @@ using ir::TensorStatus;
 // fast one, which stages each stream's tensors around its fused kernels.
 std::unique_ptr<DeviceBackend> make_backend() {
 #if KILN_TEST_FAST_BACKEND
-  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2});
+  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2, .jit = cpu::CpuJitMode::Off});
 #else
   return std::make_unique<cpu::ReferenceCpuBackend>();
 #endif

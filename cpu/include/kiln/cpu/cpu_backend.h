@@ -33,6 +33,11 @@ struct CpuBackendOptions {
   CpuAllocatorOptions allocator{};
   // Seed of the first stream's random generator; stream k uses seed + k.
   std::uint64_t seed = ReferenceExecutor::kDefaultSeed;
+  // JIT compilation of fused elementwise programs (CpuJitMode in device.h): a long-lived backend
+  // amortises one compile per program structure over many launches, so Auto by default; tests
+  // that build many structures set Off.
+  CpuJitMode jit = CpuJitMode::Auto;
+  std::string jit_cache_dir;  // empty: the default (device.h)
 };
 
 class CpuBackend final : public runtime::DeviceBackend {

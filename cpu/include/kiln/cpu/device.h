@@ -30,6 +30,7 @@
 #include <memory>
 #include <shared_mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -44,6 +45,18 @@ namespace kiln::cpu {
 namespace fast {
 struct CompiledProgram;
 }
+namespace jit {
+class JitCache;
+struct Kernel;
+}
+
+// Whether fused elementwise programs are JIT-compiled to native loops (docs/cpu-backend.md,
+// "JIT"): Off = the interpreter only; On / Auto = compile with the system C++ compiler when one
+// is found (On warns when none is, Auto logs at debug). Each new program structure costs one
+// compiler run (~0.3-1 s, cached on disk), so the default stays Off for short-lived devices
+// (tests); CpuBackend (the daemon, kiln-bench-runtime) defaults to Auto. The environment
+// variable KILN_CPU_JIT=0 / 1 overrides the option (Off / On).
+enum class CpuJitMode : std::uint8_t { Off, On, Auto };
 
 struct CpuDeviceOptions {
   // Worker threads one launch may use (its task arena's concurrency); 0 = the hardware's.
@@ -51,6 +64,12 @@ struct CpuDeviceOptions {
   CpuAllocatorOptions allocator{};
   // Seed of the reference executor's random generator (Random / IntRandom ops).
   std::uint64_t seed = ReferenceExecutor::kDefaultSeed;
+  CpuJitMode jit = CpuJitMode::Off;
+  // Disk cache of compiled kernels; empty: $XDG_CACHE_HOME/kiln/cpu-jit or ~/.cache/kiln/cpu-jit
+  // (created 0700; a directory not private to this user is not used).
+  std::string jit_cache_dir;
+  // The compiler to run; empty: `c++`, then `g++`, on PATH.
+  std::string jit_compiler;
 };
 
 // A snapshot of the device's counters.
@@ -67,6 +86,14 @@ struct CpuDeviceStats {
   std::uint64_t row_interleaved = 0;      // ReduceBroadcasted programs run row group by row group
   // fused_launches by fusion::ProgramKind (ReduceBroadcasted counts its stages as their kinds).
   std::array<std::uint64_t, 5> launches_by_kind{};
+  // JIT (CpuJitMode): launches run by a compiled kernel; compiler runs; kernels loaded from the
+  // disk cache; failed compiles / loads; programs it declined; corrupt cache entries rebuilt.
+  std::uint64_t jit_launches = 0;
+  std::uint64_t jit_compiles = 0;
+  std::uint64_t jit_disk_loads = 0;
+  std::uint64_t jit_failures = 0;
+  std::uint64_t jit_declined = 0;
+  std::uint64_t jit_corrupt = 0;
 };
 
 class CpuDevice {
@@ -91,6 +118,10 @@ class CpuDevice {
   std::shared_ptr<const fast::CompiledProgram> compiled(const fusion::FusedProgram& program);
   std::size_t kernel_cache_size() const;
   void clear_kernel_cache();
+  // The JIT kernel of an Elementwise program's compiled form, built on first use; null when the
+  // JIT is off, declines the program or cannot compile (the interpreter runs it).
+  const jit::Kernel* jit_kernel(const fusion::FusedProgram& program, const fast::CompiledProgram& compiled);
+  bool jit_enabled() const;
 
   // ---- Statistics
   CpuDeviceStats stats() const;
@@ -118,7 +149,7 @@ class CpuDevice {
   // Counters the executors bump (relaxed atomics).
   struct Counters {
     std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0}, kernel_cache_hits{0},
-        kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0};
+        kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0}, jit_launches{0};
     std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
   };
   Counters& counters() { return counters_; }
@@ -136,6 +167,7 @@ class CpuDevice {
   tbb::task_arena arena_;
   mutable std::shared_mutex cache_mutex_;
   std::unordered_map<std::uint64_t, std::vector<CacheEntry>> cache_;
+  std::unique_ptr<jit::JitCache> jit_;
   Counters counters_;
 };
 

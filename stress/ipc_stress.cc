@@ -1,0 +1,776 @@
+// IPC stress (label `stress`): a daemon service runs in this process over a Device on the fast
+// CPU backend; separate client processes (this binary, exec'd in a worker mode) drive it.
+//
+//   * P = 3 program workers, each with S = 2 streams (one thread per stream), run random
+//     programs through runtime::Session over ipc::RemoteTarget: elementwise chains, reductions,
+//     small matmuls, mid-program reads, stream switches and tensors shared between the worker's
+//     streams (shared views made by export/import in the daemon). Every result is checked in
+//     the worker against a double-precision computation.
+//   * Worker 0 is SIGKILLed mid-run (it never stops on its own) while the others continue; its
+//     job must vanish from the daemon's accounts while they run, and when every client is gone
+//     the device's tensors, bytes in use and streams must be back at their baseline.
+//   * A flood client (a raw connection) registers thousands of ops without a sync, alternating
+//     streams so that every op waits for the previous one to run (the daemon drains the other
+//     stream before it registers the next): ops arrive far faster than they run. Its sends must
+//     block on a full command ring (Endpoint::send_sleeps() > 0) and no op may be lost: the
+//     final value is exact (integer arithmetic in f32) and the daemon counted every op.
+//
+// Why a daemon in process and workers exec'd: the test reads the device's memory directly, and
+// fork() of this multithreaded process would copy locks held by other threads; posix_spawn
+// (exec) gives each worker a fresh process.
+//
+// Bounded by KILN_STRESS_SECONDS (default 10): workers stop starting programs at 0.6 of it; the
+// whole test fails if it is not done after 2 × budget + 30 s (process start-up and teardown
+// under the sanitizers need the slack).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kiln/cpu/cpu_backend.h"
+#include "kiln/ipc/control_client.h"
+#include "kiln/ipc/daemon.h"
+#include "kiln/ipc/protocol.h"
+#include "kiln/ipc/remote_target.h"
+#include "kiln/ir/builders.h"
+#include "kiln/runtime/device.h"
+#include "kiln/runtime/session.h"
+
+// As in runtime_stress.cc: Boost.Lockfree's freelist does a benign read TSan reports
+// (boostorg/lockfree#78, open); the daemon's stream actors use that queue for foreign commands.
+extern "C" const char* __tsan_default_suppressions();
+extern "C" const char* __tsan_default_suppressions() { return "race:boost::lockfree::detail::freelist_stack\n"; }
+
+extern char** environ;
+
+namespace kiln::ipc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using runtime::Session;
+using runtime::StreamId;
+using runtime::Tensor;
+using Values = std::vector<double>;  // a [4, 4] tensor, row-major
+
+constexpr int kWorkers = 3;           // program workers (P)
+constexpr int kStreams = 2;           // streams per worker (S), one thread each
+constexpr int kDim = 4;
+constexpr int kShared = 3;            // tensors made on the worker's main thread, used on every stream
+constexpr int kSlots = 2;             // tensors handed from one stream to the other
+constexpr std::uint64_t kBallast = std::uint64_t{1} << 16;  // f32 elements each worker keeps alive
+constexpr std::uint64_t kFloodMaxOps = 20'000;
+constexpr std::uint64_t kFloodMinOps = 2'000;
+constexpr const char* kSocket = "kilnd-stress.sock";
+constexpr const char* kWorkerFlag = "--ipc-stress-worker";
+
+double budget_seconds() {
+  if (const char* v = std::getenv("KILN_STRESS_SECONDS")) {
+    const double s = std::atof(v);
+    if (s > 0) return s;
+  }
+  return 10.0;
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ======================================================================= worker processes
+
+// Failures of one worker, printed as FAIL lines (the parent shows them).
+class Checker {
+ public:
+  void fail(const std::string& what) {
+    std::lock_guard lock(mu_);
+    if (failures_.size() < 20) failures_.push_back(what);
+    ++count_;
+  }
+  template <class T>
+  std::optional<T> get(Result<T> r, const char* what) {
+    if (!r.ok()) {
+      fail(std::string(what) + ": " + r.error().to_string());
+      return std::nullopt;
+    }
+    return std::move(r).value();
+  }
+  int report() {
+    std::lock_guard lock(mu_);
+    for (const std::string& f : failures_) std::printf("FAIL %s\n", f.c_str());
+    std::fflush(stdout);
+    return count_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> failures_;
+  int count_ = 0;
+};
+
+std::vector<float> to_f32(const Values& v) { return std::vector<float>(v.begin(), v.end()); }
+
+// Each result is stored in f32; the reference rounds the same way after every op.
+Values round_f32(Values v) {
+  for (double& x : v) x = static_cast<float>(x);
+  return v;
+}
+
+bool near(const std::vector<float>& got, const Values& want, std::string* why) {
+  if (got.size() != want.size()) {
+    *why = "size " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+    return false;
+  }
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= 1e-4 * std::max(1.0, std::abs(want[i])))) {
+      *why = "at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
+      return false;
+    }
+  return true;
+}
+
+struct Handoff {
+  std::mutex mu;
+  std::optional<Tensor> tensor;  // guarded by mu
+  Values ref;                    // guarded by mu
+};
+
+struct Value {
+  Tensor t;
+  Values ref;
+};
+
+struct WorkerShared {
+  std::vector<Tensor> tensors;
+  std::vector<Values> refs;
+  std::vector<Handoff> slots = std::vector<Handoff>(kSlots);
+};
+
+// One random program (3–10 ops) on the calling thread, mostly on `streams[home]`; returns the
+// ops run. The same shapes of work as runtime_stress.cc, here through the daemon.
+std::uint64_t run_program(Session& s, std::mt19937_64& rng, const std::vector<StreamId>& streams, WorkerShared& w,
+                          Checker& check) {
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<std::uint64_t>(n)); };
+  StreamId stream = streams[pick(static_cast<int>(streams.size()))];
+  std::uint64_t ops = 0;
+  return s.executes(stream, [&]() -> std::uint64_t {
+    const int k0 = pick(kShared);
+    std::optional<Tensor> start = check.get(s.mul(w.tensors[k0], 1.0), "start");
+    if (!start) return ops;
+    Value x{std::move(*start), w.refs[k0]};
+    const int len = 3 + pick(8);
+    for (int i = 0; i < len; ++i) {
+      const int k = pick(kShared);
+      const Values& sk = w.refs[k];
+      std::optional<Tensor> n;
+      Values r = x.ref;
+      switch (pick(12)) {
+        case 0:
+          n = check.get(s.add(std::move(x.t), w.tensors[k]), "add");
+          for (int j = 0; j < 16; ++j) r[j] += sk[j];
+          break;
+        case 1:
+          n = check.get(s.mul(std::move(x.t), 0.5), "mul_scalar");
+          for (double& v : r) v *= 0.5;
+          break;
+        case 2:
+          n = check.get(s.tanh(std::move(x.t)), "tanh");
+          for (double& v : r) v = std::tanh(v);
+          break;
+        case 3:
+          n = check.get(s.sigmoid(std::move(x.t)), "sigmoid");
+          for (double& v : r) v = 1 / (1 + std::exp(-v));
+          break;
+        case 4:
+          n = check.get(s.sub(std::move(x.t), w.tensors[k]), "sub");
+          for (int j = 0; j < 16; ++j) r[j] -= sk[j];
+          break;
+        case 5:
+          n = check.get(s.relu(std::move(x.t)), "relu");
+          for (double& v : r) v = std::max(v, 0.0);
+          break;
+        case 6: {
+          std::optional<Tensor> m = check.get(s.matmul(std::move(x.t), w.tensors[k]), "matmul");
+          if (m) n = check.get(s.mul(std::move(*m), 0.25), "matmul scale");
+          for (int a = 0; a < kDim; ++a)
+            for (int b = 0; b < kDim; ++b) {
+              double acc = 0;
+              for (int c = 0; c < kDim; ++c) acc += x.ref[a * kDim + c] * sk[c * kDim + b];
+              r[a * kDim + b] = static_cast<float>(acc) * 0.25;
+            }
+          break;
+        }
+        case 7: {  // row sums, broadcast back: x + sum_dim(x, 1) / 8
+          Tensor copy = x.t;
+          std::optional<Tensor> rs = check.get(s.sum_dim(std::move(copy), 1), "sum_dim");
+          if (rs) rs = check.get(s.mul(std::move(*rs), 0.125), "sum_dim scale");
+          if (rs) n = check.get(s.add(std::move(x.t), std::move(*rs)), "sum_dim add");
+          for (int a = 0; a < kDim; ++a) {
+            double acc = 0;
+            for (int c = 0; c < kDim; ++c) acc += x.ref[a * kDim + c];
+            for (int c = 0; c < kDim; ++c) r[a * kDim + c] = x.ref[a * kDim + c] + static_cast<float>(acc) * 0.125;
+          }
+          break;
+        }
+        case 8: {  // column maxima, broadcast back: x - max_dim(x, 0) / 2
+          Tensor copy = x.t;
+          std::optional<Tensor> mx = check.get(s.max_dim(std::move(copy), 0), "max_dim");
+          if (mx) mx = check.get(s.mul(std::move(*mx), 0.5), "max_dim scale");
+          if (mx) n = check.get(s.sub(std::move(x.t), std::move(*mx)), "max_dim sub");
+          for (int c = 0; c < kDim; ++c) {
+            double m = x.ref[c];
+            for (int a = 1; a < kDim; ++a) m = std::max(m, x.ref[a * kDim + c]);
+            for (int a = 0; a < kDim; ++a) r[a * kDim + c] = x.ref[a * kDim + c] - static_cast<float>(m * 0.5);
+          }
+          break;
+        }
+        case 9: {  // a mid-program read through a second handle
+          std::optional<std::vector<float>> v = check.get(s.to_host(x.t), "mid read");
+          std::string why;
+          if (v && !near(*v, x.ref, &why)) check.fail("mid read: " + why);
+          n = std::move(x.t);
+          break;
+        }
+        case 10:  // continue on the other stream: the next op uses a shared view
+          stream = streams[pick(static_cast<int>(streams.size()))];
+          n = std::move(x.t);
+          s.executes(stream, [&] {
+            std::optional<Tensor> y = check.get(s.mul(std::move(*n), 1.0), "stream switch");
+            n = std::move(y);
+          });
+          break;
+        case 11: {  // a tensor the other stream's thread handed over (maybe still pending there)
+          Handoff& h = w.slots[pick(kSlots)];
+          std::optional<Tensor> other;
+          Values other_ref;
+          {
+            std::lock_guard lock(h.mu);
+            if (h.tensor) other = *h.tensor, other_ref = h.ref;
+          }
+          if (!other) {
+            n = std::move(x.t);
+            break;
+          }
+          n = check.get(s.add(std::move(x.t), std::move(*other)), "handoff add");
+          for (int j = 0; j < 16; ++j) r[j] += other_ref[j];
+          break;
+        }
+      }
+      if (!n) return ops;
+      ++ops;
+      x = Value{std::move(*n), round_f32(std::move(r))};
+    }
+    switch (pick(4)) {
+      case 0: {  // hand the result over (the slot's old tensor dies here or later)
+        Handoff& h = w.slots[pick(kSlots)];
+        std::lock_guard lock(h.mu);
+        h.tensor = x.t;
+        h.ref = x.ref;
+        break;
+      }
+      case 1:  // dropped without a read, sometimes after a sync
+        if (pick(2) == 0) {
+          Status st = s.sync();
+          if (!st.ok()) check.fail("sync: " + st.error().to_string());
+        }
+        return ops;
+      default: break;
+    }
+    std::optional<std::vector<float>> v = check.get(s.to_host(std::move(x.t)), "final read");
+    std::string why;
+    if (v && !near(*v, x.ref, &why)) check.fail("final read: " + why);
+    return ops;
+  });
+}
+
+RemoteOptions remote_options(const std::string& dir, const std::string& job) {
+  RemoteOptions o;
+  o.runtime_dir = dir;
+  o.socket_name = kSocket;
+  o.job = job;
+  return o;
+}
+
+// Program worker: S threads, one explicit stream each, random programs until `seconds` have
+// passed. Prints "PROGRESS n" after each program and "RESULT ..." at the end; exit 0 iff every
+// value was right.
+int program_worker(int index, const std::string& job, const std::string& dir, double seconds) {
+  auto remote = RemoteTarget::connect(remote_options(dir, job));
+  if (!remote.ok()) {
+    std::printf("FAIL connect: %s\n", remote.error().to_string().c_str());
+    return 1;
+  }
+  Checker check;
+  std::atomic<std::uint64_t> programs{0}, ops{0};
+  std::mutex out_mu;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  {
+    Session s(**remote);
+    std::mt19937_64 seed_rng(777 + static_cast<std::uint64_t>(index));
+    WorkerShared w;
+    for (int k = 0; k < kShared; ++k) {
+      Values v(16);
+      for (double& x : v) x = static_cast<float>(std::uniform_real_distribution<double>(-1, 1)(seed_rng));
+      std::optional<Tensor> t = check.get(s.from_host(to_f32(v), {kDim, kDim}), "shared upload");
+      if (!t) {
+        check.report();
+        return 1;
+      }
+      w.tensors.push_back(std::move(*t));
+      w.refs.push_back(std::move(v));
+    }
+    // Ballast: enough live memory that a leak after the kill would show, with integer values
+    // whose sum is exact in f32.
+    std::vector<float> ballast_values(kBallast);
+    double ballast_sum = 0;
+    for (std::uint64_t i = 0; i < kBallast; ++i) ballast_sum += ballast_values[i] = static_cast<float>(i % 17);
+    std::optional<Tensor> ballast = check.get(s.from_host(ballast_values, {kBallast}), "ballast upload");
+
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kStreams; ++t)
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(1000 * static_cast<std::uint64_t>(index) + static_cast<std::uint64_t>(t));
+        std::vector<StreamId> streams{s.stream_ids().fresh(), s.stream_ids().fresh()};
+        while (Clock::now() < deadline) {
+          ops.fetch_add(run_program(s, rng, streams, w, check), std::memory_order_relaxed);
+          const std::uint64_t n = programs.fetch_add(1, std::memory_order_relaxed) + 1;
+          std::lock_guard lock(out_mu);
+          std::printf("PROGRESS %llu\n", static_cast<unsigned long long>(n));
+          std::fflush(stdout);
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (Handoff& h : w.slots) h.tensor.reset();
+    if (ballast) {
+      std::optional<Tensor> total = check.get(s.sum(std::move(*ballast)), "ballast sum");
+      std::optional<std::vector<float>> v;
+      if (total) v = check.get(s.to_host(std::move(*total)), "ballast read");
+      if (v && (v->size() != 1 || (*v)[0] != static_cast<float>(ballast_sum)))
+        check.fail("ballast sum: " + (v->empty() ? std::string("empty") : std::to_string((*v)[0])) + " vs " +
+                   std::to_string(ballast_sum));
+    }
+  }
+  const int failures = check.report();
+  std::printf("RESULT programs=%llu ops=%llu failures=%d\n", static_cast<unsigned long long>(programs.load()),
+              static_cast<unsigned long long>(ops.load()), failures);
+  std::fflush(stdout);
+  return failures == 0 ? 0 : 1;
+}
+
+// ---- The flood client: a raw connection, so that it can count its blocked sends.
+
+class RawClient {
+ public:
+  explicit RawClient(ClientConnection c) : conn_(std::move(c)), buf_(conn_.endpoint().max_receive_bytes()) {}
+
+  Endpoint& endpoint() { return conn_.endpoint(); }
+  std::uint64_t client_id() const { return conn_.client_id(); }
+
+  // Pushes one command; blocks while the command ring is full (that is the backpressure).
+  Result<std::uint64_t> send(CommandBody body) {
+    const std::uint64_t rid = next_request_++;
+    std::vector<std::uint8_t> msg;
+    KILN_RETURN_IF_ERROR(encode_command(Command{rid, std::move(body)}, msg));
+    KILN_RETURN_IF_ERROR(conn_.endpoint().send(msg, std::chrono::seconds(120)));
+    return rid;
+  }
+  // The completion of `rid`; any other completion before it is an error completion of a
+  // register_op (they are answered only when rejected): that is a lost op.
+  Result<Completion> wait(std::uint64_t rid) {
+    for (;;) {
+      KILN_ASSIGN_OR_RETURN(std::optional<std::size_t> n, conn_.endpoint().receive(buf_, std::chrono::seconds(120)));
+      if (!n) return make_error(ErrorCode::Execution, "no completion within 120 s");
+      KILN_ASSIGN_OR_RETURN(Completion c, decode_completion(std::span<const std::uint8_t>(buf_.data(), *n),
+                                                            conn_.endpoint().layout().arena_size));
+      if (c.request_id == rid) return c;
+      const auto* e = std::get_if<ErrorCpl>(&c.body);
+      return make_error(ErrorCode::Execution, "request " + std::to_string(c.request_id) + " rejected: " +
+                                                  (e ? e->message : std::string("unexpected completion")));
+    }
+  }
+
+ private:
+  ClientConnection conn_;
+  std::vector<std::uint8_t> buf_;
+  std::uint64_t next_request_ = 1;
+};
+
+constexpr std::uint64_t kAbsent = ~std::uint64_t{0};
+
+// The number after `"key":` in `json` from position `from`; kAbsent if there is none.
+std::uint64_t json_u64(const std::string& json, const std::string& key, std::size_t from) {
+  const std::string k = "\"" + key + "\":";
+  const std::size_t at = from == std::string::npos ? std::string::npos : json.find(k, from);
+  if (at == std::string::npos) return kAbsent;
+  return std::strtoull(json.c_str() + at + k.size(), nullptr, 10);
+}
+
+Status flood(const std::string& dir, double seconds) {
+  ClientOptions o;
+  o.runtime_dir = dir;
+  o.socket_name = kSocket;
+  o.job = "flood";
+  KILN_ASSIGN_OR_RETURN(ClientConnection conn, connect_to_daemon(o));
+  RawClient c(std::move(conn));
+  const ir::DType f32 = ir::dtypes::f32;
+  const ir::Shape shape{4};
+  // x = [1, 2, 3, 4] through the arena.
+  std::vector<float> x0{1, 2, 3, 4};
+  Values ref(x0.begin(), x0.end());
+  KILN_RETURN_IF_ERROR(c.endpoint().arena().write(
+      ArenaRange{0, 16}, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(x0.data()), 16)));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t up, c.send(UploadCmd{ir::TensorId(1), f32, shape, ArenaRange{0, 16}}));
+  KILN_ASSIGN_OR_RETURN(Completion uploaded, c.wait(up));
+  if (!std::holds_alternative<OkCpl>(uploaded.body)) return make_error(ErrorCode::Execution, "upload not acknowledged");
+
+  // Integer adds and negations: exact in f32, and a lost, repeated or reordered op changes the
+  // result. Each op consumes the previous result on the other stream, so the daemon drains that
+  // stream (runs the previous op) before it can register this one.
+  const auto t0 = Clock::now();
+  std::uint64_t cur = 1, next_id = 2, sent = 0, stream = 0;
+  while (sent < kFloodMaxOps && (sent < kFloodMinOps || seconds_since(t0) < seconds)) {
+    stream = sent % 2;
+    const ir::TensorIr in{ir::TensorId(cur), shape, ir::TensorStatus::ReadWrite, f32};
+    const ir::TensorId out(next_id++);
+    Result<ir::Operation> op = make_error(ErrorCode::Internal, "");
+    if (sent % 5 == 4) {
+      op = ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_MulScalar, in, *ir::ScalarIr::from_f64(-1, f32), out);
+      for (double& v : ref) v = -v;
+    } else {
+      const double add = static_cast<double>(sent % 13 + 1);
+      op = ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, in, *ir::ScalarIr::from_f64(add, f32), out);
+      for (double& v : ref) v += add;
+    }
+    if (!op.ok()) return op.error();
+    KILN_RETURN_IF_ERROR(c.send(RegisterOpCmd{stream, std::move(op).value()}).status());
+    cur = out.value();
+    ++sent;
+  }
+  const double flood_s = seconds_since(t0);
+  const std::uint64_t sleeps = c.endpoint().send_sleeps();
+
+  KILN_ASSIGN_OR_RETURN(std::uint64_t rd,
+                        c.send(ReadCmd{stream, ir::TensorIr{ir::TensorId(cur), shape, ir::TensorStatus::ReadWrite, f32},
+                                       ArenaRange{64, 16}}));
+  KILN_ASSIGN_OR_RETURN(Completion read, c.wait(rd));
+  const auto* done = std::get_if<ReadDoneCpl>(&read.body);
+  if (done == nullptr) {
+    const auto* e = std::get_if<ErrorCpl>(&read.body);
+    return make_error(ErrorCode::Execution, "final read failed: " + (e ? e->message : std::string("?")));
+  }
+  std::vector<float> got(4);
+  KILN_RETURN_IF_ERROR(
+      c.endpoint().arena().read(done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(got.data()), 16)));
+  for (int i = 0; i < 4; ++i)
+    if (static_cast<double>(got[i]) != ref[i])
+      return make_error(ErrorCode::Execution, "flood result at " + std::to_string(i) + ": " + std::to_string(got[i]) +
+                                                  " vs " + std::to_string(ref[i]) + " (an op was lost or reordered)");
+
+  // The daemon's own count of this client's ops.
+  KILN_ASSIGN_OR_RETURN(std::uint64_t st, c.send(StatusCmd{true}));
+  KILN_ASSIGN_OR_RETURN(Completion status, c.wait(st));
+  const auto* text = std::get_if<StatusTextCpl>(&status.body);
+  if (text == nullptr) return make_error(ErrorCode::Execution, "status: unexpected completion");
+  const std::size_t me = text->text.find("{\"id\":" + std::to_string(c.client_id()) + ",");
+  const std::uint64_t counted = json_u64(text->text, "ops", me);
+  const std::uint64_t rejected = json_u64(text->text, "rejected", me);
+  if (counted != sent || rejected != 0)
+    return make_error(ErrorCode::Execution, "the daemon counted " + std::to_string(counted) + " ops and " +
+                                                std::to_string(rejected) + " rejections; sent " + std::to_string(sent) +
+                                                " (" + std::to_string(kAbsent) + ": not in its status)");
+  std::printf("RESULT flood ops=%llu seconds=%.2f send_sleeps=%llu\n", static_cast<unsigned long long>(sent), flood_s,
+              static_cast<unsigned long long>(sleeps));
+  std::fflush(stdout);
+  if (sleeps == 0)
+    return make_error(ErrorCode::Execution, "no backpressure: " + std::to_string(sent) +
+                                                " ops without a sync never found the command ring full");
+  return Status::Ok();
+}
+
+// argv: <self> --ipc-stress-worker <programs|flood> <index> <job> <runtime dir> <seconds>
+int worker_main(int argc, char** argv) {
+  if (argc != 7) {
+    std::printf("FAIL worker: expected 5 arguments after %s\n", kWorkerFlag);
+    return 2;
+  }
+  const std::string mode = argv[2], job = argv[4], dir = argv[5];
+  const int index = std::atoi(argv[3]);
+  const double seconds = std::atof(argv[6]);
+  if (mode == "programs") return program_worker(index, job, dir, seconds);
+  if (mode == "flood") {
+    Status st = flood(dir, seconds);
+    if (!st.ok()) {
+      std::printf("FAIL flood: %s\n", st.error().to_string().c_str());
+      return 1;
+    }
+    return 0;
+  }
+  std::printf("FAIL worker: unknown mode %s\n", mode.c_str());
+  return 2;
+}
+
+// ======================================================================= the test (parent)
+
+// A worker process with its output on a pipe.
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  int out = -1;  // read end of its stdout + stderr
+  std::string pending;
+  std::string log;  // everything but PROGRESS lines
+  std::uint64_t progress = 0;
+  bool result = false;  // printed a RESULT line
+  std::optional<int> status;
+
+  Child() = default;
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  Child(Child&& o) noexcept { *this = std::move(o); }
+  Child& operator=(Child&& o) noexcept {
+    std::swap(name, o.name), std::swap(pid, o.pid), std::swap(out, o.out), std::swap(pending, o.pending);
+    std::swap(log, o.log), std::swap(progress, o.progress), std::swap(result, o.result), std::swap(status, o.status);
+    return *this;
+  }
+  // Whatever happens to the test, no worker outlives it.
+  ~Child() {
+    if (pid > 0 && !status) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    if (out >= 0) ::close(out);
+  }
+
+  void take_output() {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(out, buf, sizeof buf);
+      if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          ::close(out);
+          out = -1;
+        }
+        return;
+      }
+      pending.append(buf, static_cast<std::size_t>(n));
+      for (std::size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+        const std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        if (line.rfind("PROGRESS ", 0) == 0) {
+          progress = std::strtoull(line.c_str() + 9, nullptr, 10);
+          continue;
+        }
+        if (line.rfind("RESULT ", 0) == 0) result = true;
+        log += line + "\n";
+        std::printf("[%s] %s\n", name.c_str(), line.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  bool reap() {
+    if (status) return true;
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) != pid) return false;
+    status = st;
+    return true;
+  }
+};
+
+// posix_spawn of this binary in worker mode, stdout and stderr on a pipe.
+Result<Child> spawn_worker(std::string name, std::vector<std::string> args) {
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return make_error(ErrorCode::Internal, "cannot resolve /proc/self/exe: " + ec.message());
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return make_error(ErrorCode::Internal, std::string("pipe2: ") + std::strerror(errno));
+  args.insert(args.begin(), {self, kWorkerFlag});
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDERR_FILENO);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    return make_error(ErrorCode::Internal, std::string("posix_spawn: ") + std::strerror(rc));
+  }
+  (void)fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  Child c;
+  c.name = std::move(name);
+  c.pid = pid;
+  c.out = fds[0];
+  return c;
+}
+
+std::unique_ptr<runtime::Device> make_device() {
+  runtime::RuntimeOptions o;
+  o.threads = 4;
+  o.fusion = fusion::FusionConfig{};
+  o.config_path = "";
+  o.wait_timeout = std::chrono::seconds(120);
+  auto d = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2}), std::move(o));
+  EXPECT_TRUE(d.ok()) << (d.ok() ? "" : d.error().to_string());
+  return d.ok() ? std::move(d).value() : nullptr;
+}
+
+bool job_present(const DaemonStatus& st, const std::string& job) {
+  return std::any_of(st.jobs.begin(), st.jobs.end(), [&](const JobStatus& j) { return j.name == job; });
+}
+bool pid_present(const DaemonStatus& st, pid_t pid) {
+  return std::any_of(st.clients.begin(), st.clients.end(), [&](const ClientStatus& c) { return c.pid == pid; });
+}
+
+TEST(IpcStress, WorkersFloodAndAKill) {
+  // Random programs make a new fused structure almost every time; a CPU backend that compiles
+  // each one (the JIT, where built in) would spend the budget in the compiler. KILN_CPU_JIT=1
+  // in the environment still forces it on.
+  setenv("KILN_CPU_JIT", "0", /*overwrite=*/0);
+  const double budget = budget_seconds();
+  const auto t0 = Clock::now();
+  const auto hard_deadline = t0 + std::chrono::duration<double>(2 * budget + 30);
+  auto dev = make_device();
+  ASSERT_NE(dev, nullptr);
+  char tmpl[] = "/tmp/kiln-ipc-stress-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  DaemonOptions o;
+  o.server.runtime_dir = dir;
+  o.server.socket_name = kSocket;
+  // A small command ring, so that the flood fills it within a few hundred ops; every client
+  // gets it, which only adds backpressure to the program workers' traffic.
+  o.server.segment.command_ring_bytes = std::uint64_t{64} << 10;
+  o.server.segment.arena_bytes = std::uint64_t{8} << 20;
+  auto service = DaemonService::start(*dev, o);
+  ASSERT_TRUE(service.ok()) << service.error().to_string();
+
+  const runtime::MemoryStats baseline = dev->backend().memory_stats();
+  const std::size_t baseline_streams = dev->num_streams();
+
+  // Worker 0 runs until killed; 1..P-1 for 0.6 of the budget; the flood for 0.4 of it.
+  std::vector<Child> kids;
+  const std::string run_s = std::to_string(0.6 * budget);
+  for (int i = 0; i < kWorkers; ++i) {
+    const bool doomed = i == 0;
+    auto c = spawn_worker("worker " + std::to_string(i),
+                          {"programs", std::to_string(i), doomed ? "doomed" : "stress", dir,
+                           doomed ? std::to_string(100 * budget) : run_s});
+    ASSERT_TRUE(c.ok()) << c.error().to_string();
+    kids.push_back(std::move(c).value());
+  }
+  {
+    auto c = spawn_worker("flood", {"flood", "0", "flood", dir, std::to_string(0.4 * budget)});
+    ASSERT_TRUE(c.ok()) << c.error().to_string();
+    kids.push_back(std::move(c).value());
+  }
+  Child& doomed = kids[0];
+  const pid_t doomed_pid = doomed.pid;
+
+  bool killed = false, doomed_cleaned = false, others_running_at_cleanup = false;
+  std::uint64_t progress_at_kill = 0;
+  double kill_at = 0, cleaned_at = 0;
+  for (;;) {
+    std::vector<pollfd> fds;
+    for (const Child& k : kids)
+      if (k.out >= 0) fds.push_back(pollfd{k.out, POLLIN, 0});
+    if (!fds.empty()) (void)poll(fds.data(), fds.size(), 50);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (Child& k : kids)
+      if (k.out >= 0) k.take_output();
+    // The kill: once worker 0 is busy and the others are well into their run.
+    if (!killed && doomed.progress >= 3 && seconds_since(t0) >= 0.3 * budget) {
+      ASSERT_EQ(kill(doomed_pid, SIGKILL), 0);
+      killed = true;
+      kill_at = seconds_since(t0);
+      progress_at_kill = doomed.progress;
+    }
+    if (killed && !doomed_cleaned) {
+      const DaemonStatus st = (*service)->status();
+      if (!pid_present(st, doomed_pid) && !job_present(st, "doomed")) {
+        doomed_cleaned = true;
+        cleaned_at = seconds_since(t0);
+        for (std::size_t i = 1; i < kids.size(); ++i) others_running_at_cleanup |= !kids[i].reap();
+      }
+    }
+    bool all_done = true;
+    for (Child& k : kids) all_done &= k.reap() && k.out < 0;
+    if (all_done) break;
+    if (Clock::now() > hard_deadline) {
+      ADD_FAILURE() << "time budget exceeded: workers still running after " << seconds_since(t0) << " s";
+      break;  // ~Child kills what is left
+    }
+  }
+  std::printf("stress: kill at %.1f s (worker 0 after %llu programs), its client cleaned up at %.1f s%s\n", kill_at,
+              static_cast<unsigned long long>(progress_at_kill), cleaned_at,
+              others_running_at_cleanup ? " while the other workers ran" : "");
+
+  EXPECT_TRUE(killed) << "worker 0 never got busy enough to be killed";
+  ASSERT_TRUE(doomed.status.has_value());
+  EXPECT_TRUE(WIFSIGNALED(*doomed.status) && WTERMSIG(*doomed.status) == SIGKILL) << doomed.log;
+  for (std::size_t i = 1; i < kids.size(); ++i) {
+    const Child& k = kids[i];
+    ASSERT_TRUE(k.status.has_value()) << k.name;
+    EXPECT_TRUE(WIFEXITED(*k.status) && WEXITSTATUS(*k.status) == 0 && k.result)
+        << k.name << " failed (status " << *k.status << "):\n"
+        << k.log;
+  }
+
+  // The killed client's job vanished from the accounts, and once every client is gone the
+  // daemon holds nothing more than before the test.
+  EXPECT_TRUE(doomed_cleaned) << "the killed worker's client was never cleaned up";
+  auto settled = [&] {
+    const DaemonStatus st = (*service)->status();
+    const runtime::MemoryStats m = dev->backend().memory_stats();
+    return st.clients.empty() && st.jobs.empty() && m.tensors == baseline.tensors &&
+           m.bytes_in_use == baseline.bytes_in_use && dev->num_streams() == baseline_streams;
+  };
+  const auto settle_deadline = Clock::now() + std::chrono::seconds(30);
+  while (!settled() && Clock::now() < settle_deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const runtime::MemoryStats after = dev->backend().memory_stats();
+  const DaemonStatus st = (*service)->status();
+  EXPECT_TRUE(settled()) << "leak: " << after.tensors << " tensors / " << after.bytes_in_use << " bytes (baseline "
+                         << baseline.tensors << " / " << baseline.bytes_in_use << "), " << dev->num_streams()
+                         << " streams (baseline " << baseline_streams << "), " << st.clients.size() << " clients, "
+                         << st.jobs.size() << " jobs";
+  EXPECT_EQ(st.clients_served, static_cast<std::uint64_t>(kWorkers + 1));
+  // And the runtime's own leak check (fusion.md §16.8) over every stream's tables.
+  const Status leaks = dev->check_memory_leaks();
+  EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
+
+  (*service)->stop();
+  EXPECT_TRUE(dev->shutdown().ok());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  EXPECT_LT(seconds_since(t0), 2 * budget + 30);
+  std::printf("stress: %.1f s in all (budget %.0f s)\n", seconds_since(t0), budget);
+}
+
+}  // namespace
+}  // namespace kiln::ipc
+
+// Worker mode first (before gtest or any thread exists in this process); else the tests.
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::string_view(argv[1]) == kiln::ipc::kWorkerFlag) return kiln::ipc::worker_main(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
