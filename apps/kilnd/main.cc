@@ -21,6 +21,7 @@
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/fusion/plan_cache.h"
 #include "kiln/ipc/daemon.h"
+#include "kiln/ipc/daemon_config.h"
 #include "kiln/ipc/unix_socket.h"
 #include "kiln/runtime/device.h"
 #if KILN_HAVE_CUDA
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N (env KILN_DEVICE)");
   app.add_option("--runtime-dir", runtime_dir, "directory of the control socket (default $XDG_RUNTIME_DIR/kiln)");
   app.add_option("--socket", socket_name, "socket file name (default kilnd-<device>.sock)");
-  app.add_option("--config", config, "kiln.toml with [fusion] and [runtime] settings");
+  app.add_option("--config", config, "kiln.toml with [daemon], [fusion] and [runtime] settings (flags win)");
   app.add_option("--allowed-group", allowed_group, "a group whose members may connect besides this user");
   app.add_option("--job-memory-mib", job_memory_mib, "live tensor memory per job, MiB (0 = unlimited)");
   app.add_option("--job-queued-ops", job_queued_ops, "queued operations per job (0 = unlimited)");
@@ -88,6 +89,25 @@ int main(int argc, char** argv) {
                  "directory of the plan store on disk: loaded at start, saved at stop (owned by this user, 0700)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
   CLI11_PARSE(app, argc, argv);
+
+  // kiln.toml's [daemon] table fills what neither a flag nor the environment set.
+  kiln::Result<kiln::ipc::DaemonFileConfig> file = kiln::ipc::load_daemon_config(config);
+  if (!file.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", file.error().to_string().c_str());
+    return 2;
+  }
+  auto from_file = [&](const char* flag, auto& target, const auto& value) {
+    if (app.count(flag) == 0 && value) target = *value;
+  };
+  if (std::getenv("KILN_DEVICE") == nullptr) from_file("--device", device, file->device);
+  from_file("--runtime-dir", runtime_dir, file->runtime_dir);
+  from_file("--socket", socket_name, file->socket);
+  from_file("--allowed-group", allowed_group, file->allowed_group);
+  from_file("--plan-cache", plan_cache, file->plan_cache);
+  from_file("--log-level", log_level, file->log_level);
+  from_file("--job-memory-mib", job_memory_mib, file->job_memory_mib);
+  from_file("--job-queued-ops", job_queued_ops, file->job_queued_ops);
+  from_file("--arena-mib", arena_mib, file->arena_mib);
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
 

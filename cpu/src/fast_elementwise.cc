@@ -1651,7 +1651,11 @@ bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, vo
 // ---- Elementwise programs
 
 std::string run_elementwise(const Launch& launch, bool* fault) {
-  if (launch.jit != nullptr) return run_elementwise_jit(launch, fault);
+  if (launch.jit != nullptr) {
+    bool declined = false;
+    std::string r = run_elementwise_jit(launch, fault, &declined);
+    if (!declined) return r;
+  }
   BlockRunner runner;
   const CBlock& cb = launch.compiled->blocks[0];
   if (std::string e = runner.prepare(launch, 0, launch.concrete(cb.reference)); !e.empty()) return e;

@@ -888,7 +888,7 @@ std::shared_ptr<const Kernel> JitCache::build_in(const std::string& dir, const s
 
 namespace kiln::cpu::fast {
 
-std::string run_elementwise_jit(const Launch& launch, bool* fault) {
+std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* declined) {
   const jit::Kernel& k = *launch.jit;
   // The interpreter's binding (coalesced iteration space, accessors, broadcast masks) is reused:
   // the kernel walks the same space, so what the interpreter accepts the kernel accepts.
@@ -916,6 +916,10 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault) {
   for (const Accessor& a : sa) {
     stores.push_back(access(a, a.masked));
     flat = flat && a.contiguous && !a.masked;
+  }
+  if (!flat) {
+    *declined = true;
+    return {};
   }
   std::vector<jit::ScalarValue> scalars;
   for (const Scalar& s : launch.scalars) scalars.push_back(jit::ScalarValue{s.f, s.i, s.u, s.b});
