@@ -51,13 +51,16 @@ before=$(plans)
 echo "== 4. SIGTERM"
 stop_daemon
 grep -q "0 tensors and 0 bytes left on the device" "$dir/first.log" || fail "memory left on the device at stop"
-grep -Eq "saved [1-9][0-9]* plans" "$dir/first.log" || fail "no plans saved"
+# The store may still grow after the status above (the clients' last drops are drained when
+# they go), so the reference is what the daemon says it saved.
+saved=$(sed -n 's/.*saved \([0-9]*\) plans.*/\1/p' "$dir/first.log")
+[[ -n $saved && $saved -ge $before ]] || fail "saved '${saved}' plans, the store had $before after the demo"
 [[ -f $cache/plans.kpc ]] || fail "no plans.kpc"
 
 echo "== 5. restart with the saved plans"
 start_daemon "$dir/restart.log"
 grep -Eq "loaded [1-9][0-9]* plans" "$dir/restart.log" || fail "no plans loaded at restart"
 after=$(plans)
-[[ $after -eq $before ]] || fail "restarted store has $after plans, the first run ended with $before"
+[[ $after -eq $saved ]] || fail "restarted store has $after plans, the first run saved $saved"
 stop_daemon
-echo "daemon_e2e: OK ($before plans kept across restarts)"
+echo "daemon_e2e: OK ($saved plans kept across restarts)"
