@@ -83,6 +83,9 @@ struct DaemonService::Impl {
 
   mutable std::mutex mu;  // guards everything below
   std::map<std::uint64_t, std::shared_ptr<ClientSession>> sessions;
+  // Each session's thread, created under `mu` together with the session's entry, so that the
+  // thread's own last act (moving itself to finished_threads, under `mu`) always finds it.
+  std::map<std::uint64_t, std::thread> threads;
   std::vector<std::thread> finished_threads;  // sessions that ended, joined by the next reap
   std::map<std::string, JobState> jobs;
   std::unordered_map<std::uint64_t, ExportRecord> exports;
@@ -106,11 +109,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   ClientSession(DaemonService::Impl& service, std::unique_ptr<AcceptedClient> client)
       : service_(service), client_(std::move(client)) {}
 
-  void start() {
-    thread_ = std::thread([self = shared_from_this()] { self->run(); });
+  // The session's thread (the caller stores it under the service's mutex, see Impl::threads).
+  std::thread launch() {
+    return std::thread([self = shared_from_this()] { self->run(); });
   }
   void request_stop() { stop_.store(true, std::memory_order_release); }
-  std::thread take_thread() { return std::move(thread_); }
   std::uint64_t id() const { return client_->client_id; }
   const std::string& job() const { return client_->job; }
 
@@ -148,7 +151,6 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   DaemonService::Impl& service_;
   std::unique_ptr<AcceptedClient> client_;
-  std::thread thread_;
   std::atomic<bool> stop_{false};
 
   // Session-thread state.
@@ -182,9 +184,10 @@ void ClientSession::run() {
   }
   cleanup();
   std::lock_guard lock(service_.mu);
-  if (auto it = service_.sessions.find(id()); it != service_.sessions.end()) {
-    service_.finished_threads.push_back(std::move(thread_));
-    service_.sessions.erase(it);
+  service_.sessions.erase(id());
+  if (auto t = service_.threads.find(id()); t != service_.threads.end()) {
+    service_.finished_threads.push_back(std::move(t->second));
+    service_.threads.erase(t);
   }
   if (service_.server && !service_.stopped) service_.server->disconnect(id());
 }
@@ -547,14 +550,12 @@ void ClientSession::cleanup() {
 void DaemonService::Impl::on_client(std::unique_ptr<AcceptedClient> client) {
   reap();
   auto session = std::make_shared<ClientSession>(*this, std::move(client));
-  {
-    std::lock_guard lock(mu);
-    if (stopped) return;
-    sessions.emplace(session->id(), session);
-    ++jobs[session->job()].clients;
-    ++clients_served;
-  }
-  session->start();
+  std::lock_guard lock(mu);
+  if (stopped) return;
+  sessions.emplace(session->id(), session);
+  ++jobs[session->job()].clients;
+  ++clients_served;
+  threads.emplace(session->id(), session->launch());
 }
 
 void DaemonService::Impl::on_disconnect(std::uint64_t client_id, const Status& why) {
