@@ -56,6 +56,7 @@
 #include "kiln/ir/builders.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
+#include "random_program.h"
 
 // As in runtime_stress.cc: Boost.Lockfree's freelist does a benign read TSan reports
 // (boostorg/lockfree#78, open); the daemon's stream actors use that queue for foreign commands.
@@ -71,11 +72,13 @@ using Clock = std::chrono::steady_clock;
 using runtime::Session;
 using runtime::StreamId;
 using runtime::Tensor;
-using Values = std::vector<double>;  // a [4, 4] tensor, row-major
+using stress::Checker;
+using stress::Handoff;
+using stress::kDim;
+using stress::Values;
 
 constexpr int kWorkers = 3;           // program workers (P)
 constexpr int kStreams = 2;           // streams per worker (S), one thread each
-constexpr int kDim = 4;
 constexpr int kShared = 3;            // tensors made on the worker's main thread, used on every stream
 constexpr int kSlots = 2;             // tensors handed from one stream to the other
 constexpr std::uint64_t kBallast = std::uint64_t{1} << 16;  // f32 elements each worker keeps alive
@@ -96,208 +99,11 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 // ======================================================================= worker processes
 
-// Failures of one worker, printed as FAIL lines (the parent shows them).
-class Checker {
- public:
-  void fail(const std::string& what) {
-    std::lock_guard lock(mu_);
-    if (failures_.size() < 20) failures_.push_back(what);
-    ++count_;
-  }
-  template <class T>
-  std::optional<T> get(Result<T> r, const char* what) {
-    if (!r.ok()) {
-      fail(std::string(what) + ": " + r.error().to_string());
-      return std::nullopt;
-    }
-    return std::move(r).value();
-  }
-  int report() {
-    std::lock_guard lock(mu_);
-    for (const std::string& f : failures_) std::printf("FAIL %s\n", f.c_str());
-    std::fflush(stdout);
-    return count_;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> failures_;
-  int count_ = 0;
-};
-
-std::vector<float> to_f32(const Values& v) { return std::vector<float>(v.begin(), v.end()); }
-
-// Each result is stored in f32; the reference rounds the same way after every op.
-Values round_f32(Values v) {
-  for (double& x : v) x = static_cast<float>(x);
-  return v;
-}
-
-bool near(const std::vector<float>& got, const Values& want, std::string* why) {
-  if (got.size() != want.size()) {
-    *why = "size " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
-    return false;
-  }
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(got[i] - want[i]) <= 1e-4 * std::max(1.0, std::abs(want[i])))) {
-      *why = "at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
-      return false;
-    }
-  return true;
-}
-
-struct Handoff {
-  std::mutex mu;
-  std::optional<Tensor> tensor;  // guarded by mu
-  Values ref;                    // guarded by mu
-};
-
-struct Value {
-  Tensor t;
-  Values ref;
-};
-
-struct WorkerShared {
-  std::vector<Tensor> tensors;
-  std::vector<Values> refs;
-  std::vector<Handoff> slots = std::vector<Handoff>(kSlots);
-};
-
-// One random program (3–10 ops) on the calling thread, mostly on `streams[home]`; returns the
-// ops run. The same shapes of work as runtime_stress.cc, here through the daemon.
-std::uint64_t run_program(Session& s, std::mt19937_64& rng, const std::vector<StreamId>& streams, WorkerShared& w,
-                          Checker& check) {
-  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<std::uint64_t>(n)); };
-  StreamId stream = streams[pick(static_cast<int>(streams.size()))];
-  std::uint64_t ops = 0;
-  return s.executes(stream, [&]() -> std::uint64_t {
-    const int k0 = pick(kShared);
-    std::optional<Tensor> start = check.get(s.mul(w.tensors[k0], 1.0), "start");
-    if (!start) return ops;
-    Value x{std::move(*start), w.refs[k0]};
-    const int len = 3 + pick(8);
-    for (int i = 0; i < len; ++i) {
-      const int k = pick(kShared);
-      const Values& sk = w.refs[k];
-      std::optional<Tensor> n;
-      Values r = x.ref;
-      switch (pick(12)) {
-        case 0:
-          n = check.get(s.add(std::move(x.t), w.tensors[k]), "add");
-          for (int j = 0; j < 16; ++j) r[j] += sk[j];
-          break;
-        case 1:
-          n = check.get(s.mul(std::move(x.t), 0.5), "mul_scalar");
-          for (double& v : r) v *= 0.5;
-          break;
-        case 2:
-          n = check.get(s.tanh(std::move(x.t)), "tanh");
-          for (double& v : r) v = std::tanh(v);
-          break;
-        case 3:
-          n = check.get(s.sigmoid(std::move(x.t)), "sigmoid");
-          for (double& v : r) v = 1 / (1 + std::exp(-v));
-          break;
-        case 4:
-          n = check.get(s.sub(std::move(x.t), w.tensors[k]), "sub");
-          for (int j = 0; j < 16; ++j) r[j] -= sk[j];
-          break;
-        case 5:
-          n = check.get(s.relu(std::move(x.t)), "relu");
-          for (double& v : r) v = std::max(v, 0.0);
-          break;
-        case 6: {
-          std::optional<Tensor> m = check.get(s.matmul(std::move(x.t), w.tensors[k]), "matmul");
-          if (m) n = check.get(s.mul(std::move(*m), 0.25), "matmul scale");
-          for (int a = 0; a < kDim; ++a)
-            for (int b = 0; b < kDim; ++b) {
-              double acc = 0;
-              for (int c = 0; c < kDim; ++c) acc += x.ref[a * kDim + c] * sk[c * kDim + b];
-              r[a * kDim + b] = static_cast<float>(acc) * 0.25;
-            }
-          break;
-        }
-        case 7: {  // row sums, broadcast back: x + sum_dim(x, 1) / 8
-          Tensor copy = x.t;
-          std::optional<Tensor> rs = check.get(s.sum_dim(std::move(copy), 1), "sum_dim");
-          if (rs) rs = check.get(s.mul(std::move(*rs), 0.125), "sum_dim scale");
-          if (rs) n = check.get(s.add(std::move(x.t), std::move(*rs)), "sum_dim add");
-          for (int a = 0; a < kDim; ++a) {
-            double acc = 0;
-            for (int c = 0; c < kDim; ++c) acc += x.ref[a * kDim + c];
-            for (int c = 0; c < kDim; ++c) r[a * kDim + c] = x.ref[a * kDim + c] + static_cast<float>(acc) * 0.125;
-          }
-          break;
-        }
-        case 8: {  // column maxima, broadcast back: x - max_dim(x, 0) / 2
-          Tensor copy = x.t;
-          std::optional<Tensor> mx = check.get(s.max_dim(std::move(copy), 0), "max_dim");
-          if (mx) mx = check.get(s.mul(std::move(*mx), 0.5), "max_dim scale");
-          if (mx) n = check.get(s.sub(std::move(x.t), std::move(*mx)), "max_dim sub");
-          for (int c = 0; c < kDim; ++c) {
-            double m = x.ref[c];
-            for (int a = 1; a < kDim; ++a) m = std::max(m, x.ref[a * kDim + c]);
-            for (int a = 0; a < kDim; ++a) r[a * kDim + c] = x.ref[a * kDim + c] - static_cast<float>(m * 0.5);
-          }
-          break;
-        }
-        case 9: {  // a mid-program read through a second handle
-          std::optional<std::vector<float>> v = check.get(s.to_host(x.t), "mid read");
-          std::string why;
-          if (v && !near(*v, x.ref, &why)) check.fail("mid read: " + why);
-          n = std::move(x.t);
-          break;
-        }
-        case 10:  // continue on the other stream: the next op uses a shared view
-          stream = streams[pick(static_cast<int>(streams.size()))];
-          n = std::move(x.t);
-          s.executes(stream, [&] {
-            std::optional<Tensor> y = check.get(s.mul(std::move(*n), 1.0), "stream switch");
-            n = std::move(y);
-          });
-          break;
-        case 11: {  // a tensor the other stream's thread handed over (maybe still pending there)
-          Handoff& h = w.slots[pick(kSlots)];
-          std::optional<Tensor> other;
-          Values other_ref;
-          {
-            std::lock_guard lock(h.mu);
-            if (h.tensor) other = *h.tensor, other_ref = h.ref;
-          }
-          if (!other) {
-            n = std::move(x.t);
-            break;
-          }
-          n = check.get(s.add(std::move(x.t), std::move(*other)), "handoff add");
-          for (int j = 0; j < 16; ++j) r[j] += other_ref[j];
-          break;
-        }
-      }
-      if (!n) return ops;
-      ++ops;
-      x = Value{std::move(*n), round_f32(std::move(r))};
-    }
-    switch (pick(4)) {
-      case 0: {  // hand the result over (the slot's old tensor dies here or later)
-        Handoff& h = w.slots[pick(kSlots)];
-        std::lock_guard lock(h.mu);
-        h.tensor = x.t;
-        h.ref = x.ref;
-        break;
-      }
-      case 1:  // dropped without a read, sometimes after a sync
-        if (pick(2) == 0) {
-          Status st = s.sync();
-          if (!st.ok()) check.fail("sync: " + st.error().to_string());
-        }
-        return ops;
-      default: break;
-    }
-    std::optional<std::vector<float>> v = check.get(s.to_host(std::move(x.t)), "final read");
-    std::string why;
-    if (v && !near(*v, x.ref, &why)) check.fail("final read: " + why);
-    return ops;
-  });
+// A worker's failures, printed as FAIL lines (the parent shows them); returns how many.
+int report(const Checker& check) {
+  for (const std::string& f : check.failures()) std::printf("FAIL %s\n", f.c_str());
+  std::fflush(stdout);
+  return check.count();
 }
 
 RemoteOptions remote_options(const std::string& dir, const std::string& job) {
@@ -324,17 +130,19 @@ int program_worker(int index, const std::string& job, const std::string& dir, do
   {
     Session s(**remote);
     std::mt19937_64 seed_rng(777 + static_cast<std::uint64_t>(index));
-    WorkerShared w;
+    std::vector<Tensor> shared;
+    std::vector<Values> shared_ref;
+    std::vector<Handoff> slots(kSlots);
     for (int k = 0; k < kShared; ++k) {
       Values v(16);
       for (double& x : v) x = static_cast<float>(std::uniform_real_distribution<double>(-1, 1)(seed_rng));
-      std::optional<Tensor> t = check.get(s.from_host(to_f32(v), {kDim, kDim}), "shared upload");
+      std::optional<Tensor> t = check.get(s.from_host(stress::to_f32(v), {kDim, kDim}), "shared upload");
       if (!t) {
-        check.report();
+        report(check);
         return 1;
       }
-      w.tensors.push_back(std::move(*t));
-      w.refs.push_back(std::move(v));
+      shared.push_back(std::move(*t));
+      shared_ref.push_back(std::move(v));
     }
     // Ballast: enough live memory that a leak after the kill would show, with integer values
     // whose sum is exact in f32.
@@ -349,7 +157,8 @@ int program_worker(int index, const std::string& job, const std::string& dir, do
         std::mt19937_64 rng(1000 * static_cast<std::uint64_t>(index) + static_cast<std::uint64_t>(t));
         std::vector<StreamId> streams{s.stream_ids().fresh(), s.stream_ids().fresh()};
         while (Clock::now() < deadline) {
-          ops.fetch_add(run_program(s, rng, streams, w, check), std::memory_order_relaxed);
+          ops.fetch_add(stress::run_program(s, rng, streams, shared, shared_ref, slots, check),
+                        std::memory_order_relaxed);
           const std::uint64_t n = programs.fetch_add(1, std::memory_order_relaxed) + 1;
           std::lock_guard lock(out_mu);
           std::printf("PROGRESS %llu\n", static_cast<unsigned long long>(n));
@@ -357,7 +166,7 @@ int program_worker(int index, const std::string& job, const std::string& dir, do
         }
       });
     for (auto& th : threads) th.join();
-    for (Handoff& h : w.slots) h.tensor.reset();
+    for (Handoff& h : slots) h.tensor.reset();
     if (ballast) {
       std::optional<Tensor> total = check.get(s.sum(std::move(*ballast)), "ballast sum");
       std::optional<std::vector<float>> v;
@@ -367,7 +176,7 @@ int program_worker(int index, const std::string& job, const std::string& dir, do
                    std::to_string(ballast_sum));
     }
   }
-  const int failures = check.report();
+  const int failures = report(check);
   std::printf("RESULT programs=%llu ops=%llu failures=%d\n", static_cast<unsigned long long>(programs.load()),
               static_cast<unsigned long long>(ops.load()), failures);
   std::fflush(stdout);
