@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common/cache_hit_program.h"
 #include "../common/metric_reporter.h"
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/ipc/remote_target.h"
@@ -60,8 +61,9 @@ using kiln::runtime::Tensor;
 
 constexpr const char* kSocket = "bench.sock";
 constexpr const char* kWorkerFlag = "--ipc-worker";
-constexpr int kOpsPerProgram = 9;
-constexpr int kProgramsPerIteration = 16;
+using kiln::bench::kOpsPerProgram;
+using kiln::bench::kProgramsPerIteration;
+using kiln::bench::tiny_programs;
 constexpr int kRttIterations = 20'000;
 constexpr int kRttWarmup = 500;
 constexpr std::uint64_t kTransferElements = std::uint64_t{4} << 20;  // 16 MiB of f32
@@ -115,28 +117,6 @@ std::unique_ptr<Device> make_device() {
 }
 
 // ---- The cache-hit loop of kiln-bench-runtime (BM_ApiCacheHit), same ops.
-
-// relu(tanh((a*b + a*2).exp() - b) * 0.5): 9 ops (relu is 2).
-Tensor tiny_program(Session& s, const Tensor& a, const Tensor& b) {
-  Tensor x = must(s.mul(a, b));
-  Tensor y = must(s.mul(a, 2.0));
-  x = must(s.add(std::move(x), std::move(y)));
-  x = must(s.exp(std::move(x)));
-  x = must(s.sub(std::move(x), b));
-  x = must(s.tanh(std::move(x)));
-  x = must(s.mul(std::move(x), 0.5));
-  return must(s.relu(std::move(x)));
-}
-
-// 16 programs whose results stay alive, a read of the last one, the drops of all 16.
-void tiny_programs(Session& s, const Tensor& a, const Tensor& b) {
-  std::vector<Tensor> results;
-  results.reserve(kProgramsPerIteration);
-  for (int i = 0; i < kProgramsPerIteration; ++i) results.push_back(tiny_program(s, a, b));
-  Tensor last = std::move(results.back());
-  results.pop_back();
-  benchmark::DoNotOptimize(must(s.to_host(std::move(last))));
-}
 
 struct LoopResult {
   std::uint64_t ops = 0;

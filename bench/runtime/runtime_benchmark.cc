@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "../common/cache_hit_program.h"
 #include "../common/metric_reporter.h"
 #include "kiln/apps/mlp_trainer.h"
 #include "kiln/cpu/cpu_backend.h"
@@ -66,31 +67,9 @@ T must(kiln::Result<T> r) {
   return std::move(r).value();
 }
 
-constexpr int kOpsPerProgram = 9;
-constexpr int kProgramsPerIteration = 16;
-// relu(tanh((a*b + a*2).exp() - b) * 0.5): 9 ops (relu is 2) on the calling thread's stream.
-Tensor tiny_program(Session& s, const Tensor& a, const Tensor& b) {
-  Tensor x = must(s.mul(a, b));
-  Tensor y = must(s.mul(a, 2.0));
-  x = must(s.add(std::move(x), std::move(y)));
-  x = must(s.exp(std::move(x)));
-  x = must(s.sub(std::move(x), b));
-  x = must(s.tanh(std::move(x)));
-  x = must(s.mul(std::move(x), 0.5));
-  return must(s.relu(std::move(x)));
-}
-
-// One iteration: 16 programs whose results stay alive, then a read of the last one (which
-// drains the stream) and the drops of all 16. Per op, that is the registration, the plan-cache
-// match, the dispatch and a kernel on [4] tensors, plus 1/144 of a drain round trip.
-void tiny_programs(Session& s, const Tensor& a, const Tensor& b) {
-  std::vector<Tensor> results;
-  results.reserve(kProgramsPerIteration);
-  for (int i = 0; i < kProgramsPerIteration; ++i) results.push_back(tiny_program(s, a, b));
-  Tensor last = std::move(results.back());
-  results.pop_back();
-  benchmark::DoNotOptimize(must(s.to_host(std::move(last))));
-}
+using kiln::bench::kOpsPerProgram;
+using kiln::bench::kProgramsPerIteration;
+using kiln::bench::tiny_programs;
 
 void BM_ApiCacheHit(benchmark::State& state) {
   Session& s = *g_session;
