@@ -372,7 +372,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
     defined[r] = true;
     return true;
   };
-  std::ostringstream body;   // per element (tail and general path): one local per register
+  std::ostringstream body;   // per element (the tail loop): one local per register
   std::ostringstream block;  // per block of kLanes elements: one local array per register
   // Whether the flat path runs blocks (programs with f32 exp / log / log1p / tanh). Others run
   // one plain vectorised loop: Adam-like programs (many streams, many live values) measured
@@ -499,60 +499,10 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
         "    return fault;\n"
         "  }\n";
 
-  // General path: runs along the innermost coalesced dim, any strides (broadcast, views,
-  // transposes), masked broadcast outputs (written only at broadcast index 0, as the
-  // interpreter's scatter does).
-  os << "  const int last = static_cast<int>(F->rank) - 1;\n"
-        "  std::uint64_t idx[kiln::cpu::jit::kAbiMaxRank] = {};\n"
-        "  {\n"
-        "    std::uint64_t rem = start;\n"
-        "    for (int d = last; d >= 0; --d) {\n"
-        "      idx[d] = rem % F->dims[d];\n"
-        "      rem /= F->dims[d];\n"
-        "    }\n"
-        "  }\n"
-        "  std::uint64_t done = 0;\n"
-        "  while (done < n) {\n"
-        "    const std::uint64_t left = F->dims[last] - idx[last];\n"
-        "    const std::uint64_t run = left < n - done ? left : n - done;\n"
-        "    const std::uint64_t i0 = idx[last];\n";
-  auto offsets = [&](const char* arr, std::size_t k, const std::string& type, const char* ptr, bool is_const) {
-    const std::string a = std::string("F->") + arr + "[" + std::to_string(k) + "]";
-    os << "    std::int64_t o_" << ptr << k << " = 0;\n"
-       << "    for (int d = 0; d <= last; ++d) o_" << ptr << k << " += static_cast<std::int64_t>(idx[d]) * " << a
-       << ".stride[d];\n"
-       << "    " << (is_const ? "const " : "") << type << "* const " << ptr << k << " = reinterpret_cast<"
-       << (is_const ? "const " : "") << type << "*>(" << a << ".base) + o_" << ptr << k << ";\n"
-       << "    const std::int64_t t_" << ptr << k << " = " << a << ".stride[last];\n";
-  };
-  for (std::size_t k = 0; k < b.loads.size(); ++k) offsets("loads", k, load_type(k), "p", true);
-  for (std::size_t k = 0; k < b.stores.size(); ++k) {
-    offsets("stores", k, store_type(k), "q", false);
-    os << "    bool w" << k << " = true;\n"
-       << "    if (F->stores[" << k << "].masked)\n"
-       << "      for (int d = 0; d < last; ++d)\n"
-       << "        if (F->stores[" << k << "].stride[d] == 0 && idx[d] != 0) w" << k << " = false;\n";
-  }
-  os << "    for (std::uint64_t j = 0; j < run; ++j) {\n"
-        "      const std::int64_t jj = static_cast<std::int64_t>(j);\n";
-  for (std::size_t k = 0; k < b.loads.size(); ++k)
-    os << "      const " << load_cls(k) << " " << load_reg(k) << " = "
-       << load_conv(load_dtype(k), "p" + std::to_string(k) + "[jj * t_p" + std::to_string(k) + "]") << ";\n";
-  os << body.str();
-  for (std::size_t k = 0; k < b.stores.size(); ++k) {
-    const std::string ks = std::to_string(k);
-    os << "      if (w" << ks << " && (t_q" << ks << " != 0 || i0 + j == 0)) q" << ks << "[jj * t_q" << ks
-       << "] = " << store_conv(store_dtype(k), store_val(k)) << ";\n";
-  }
-  os << "    }\n"
-        "    done += run;\n"
-        "    idx[last] += run;\n"
-        "    for (int d = last; d > 0 && idx[d] == F->dims[d]; --d) {\n"
-        "      idx[d] = 0;\n"
-        "      ++idx[d - 1];\n"
-        "    }\n"
-        "  }\n"
-        "  return fault;\n"
+  // No strided path: launches that need one (partial broadcasts, views, masked outputs) run on
+  // the interpreter, which is faster there (run_elementwise_jit declines them). Reaching this
+  // line would be a host bug; the fault flag makes the executor replay the ops, safely.
+  os << "  return 1;\n"
         "}\n";
   g.source = os.str();
   return g;
