@@ -42,14 +42,15 @@ Result<std::uint64_t> RemoteTarget::send(CommandBody body) {
   // be popping the completion ring, and it keeps only answers someone awaits (the others it
   // takes for rejections of fire-and-forget commands).
   const bool answered = !std::holds_alternative<RegisterOpCmd>(body) && !std::holds_alternative<DropCmd>(body);
-  std::vector<std::uint8_t> msg;
-  KILN_RETURN_IF_ERROR(encode_command(Command{request, std::move(body)}, msg));
+  std::lock_guard lock(send_mu_);
+  // One encoding buffer, reused under the send lock: no allocation per op on the client side.
+  tx_buf_.clear();
+  KILN_RETURN_IF_ERROR(encode_command(Command{request, std::move(body)}, tx_buf_));
   if (answered) {
-    std::lock_guard lock(rx_mu_);
+    std::lock_guard rx_lock(rx_mu_);
     awaited_[request] = true;
   }
-  std::lock_guard lock(send_mu_);
-  Status st = conn_.endpoint().send(msg, kSendTimeout);
+  Status st = conn_.endpoint().send(tx_buf_, kSendTimeout);
   if (!st.ok()) {
     if (answered) {
       std::lock_guard rx_lock(rx_mu_);

@@ -92,6 +92,7 @@ class RemoteTarget final : public runtime::SessionTarget {
   std::atomic<std::uint64_t> ops_sent_{0};
 
   std::mutex send_mu_;  // one sender at a time (the command ring is single-producer)
+  std::vector<std::uint8_t> tx_buf_;  // guarded by send_mu_
 
   std::mutex rx_mu_;  // guards everything below
   std::condition_variable rx_cv_;
