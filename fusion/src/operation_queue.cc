@@ -9,7 +9,7 @@
 
 namespace kiln::fusion {
 
-void OperationQueue::add(ir::Operation global) {
+void OperationQueue::add(ir::Operation&& global) {
   for (const ir::TensorIr& t : global.nodes()) variables_[t.id] = t.status;
   relative_.emplace_back();
   converter_.relativize_into(global, relative_.back());

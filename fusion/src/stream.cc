@@ -2,7 +2,7 @@
 
 namespace kiln::fusion {
 
-std::size_t FusionStream::register_op(ir::Operation op, ExecutionPlanStore& store, Executor& executor) {
+std::size_t FusionStream::register_op(ir::Operation&& op, ExecutionPlanStore& store, Executor& executor) {
   queue_.add(std::move(op));
   const std::size_t before = queue_.size();
   QueueSegment segment(queue_, executor, log_);

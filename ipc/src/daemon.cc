@@ -6,8 +6,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <boost/container/small_vector.hpp>
+
+#include <algorithm>
 #include <atomic>
 #include <map>
+#include <span>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -107,7 +111,13 @@ struct DaemonService::Impl {
 class ClientSession : public std::enable_shared_from_this<ClientSession> {
  public:
   ClientSession(DaemonService::Impl& service, std::unique_ptr<AcceptedClient> client)
-      : service_(service), client_(std::move(client)) {}
+      : service_(service), client_(std::move(client)) {
+    stats_.client_id = id();
+    stats_.job = job();
+    stats_.pid = client_->peer.pid;
+  }
+  // Under service_.mu, before launch().
+  void set_job_state(JobState* state) { job_state_ = state; }
 
   // The session's thread (the caller stores it under the service's mutex, see Impl::threads).
   std::thread launch() {
@@ -143,8 +153,13 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   StreamId stream(std::uint64_t client_stream);
   Result<TensorRecord*> lookup(std::uint64_t client_tensor, const char* what);
   Status check_fresh(std::uint64_t client_tensor, const char* what) const;
+  // Charges `bytes` to the job's memory quota; `what()` names the request in the error only.
+  template <class What>
+  Status charge(std::uint64_t bytes, const What& what);
   Status charge(std::uint64_t bytes, const char* what);
   void release(std::uint64_t bytes);
+  void release_locked(std::uint64_t bytes);  // under service_.mu
+  void forget(std::span<const std::uint64_t> client_tensors);
   void forget(std::uint64_t client_tensor);
   void publish_stats();
   void refresh_queued_ops();
@@ -152,6 +167,9 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   DaemonService::Impl& service_;
   std::unique_ptr<AcceptedClient> client_;
   std::atomic<bool> stop_{false};
+  // This client's job entry in service_.jobs (guarded by service_.mu): set before the session
+  // thread starts; the entry lives until the job's last session has cleaned up.
+  JobState* job_state_ = nullptr;
 
   // Session-thread state.
   std::unordered_map<std::uint64_t, StreamId> streams_;
@@ -268,12 +286,17 @@ Status ClientSession::check_fresh(std::uint64_t client_tensor, const char* what)
 }
 
 Status ClientSession::charge(std::uint64_t bytes, const char* what) {
+  return charge(bytes, [what] { return std::string(what); });
+}
+
+template <class What>
+Status ClientSession::charge(std::uint64_t bytes, const What& what) {
   std::lock_guard lock(service_.mu);
-  JobState& job_state = service_.jobs[job()];
+  JobState& job_state = *job_state_;
   const std::uint64_t quota = service_.options.job_memory_bytes;
   if (quota != 0 && (bytes > quota || job_state.tensor_bytes > quota - bytes))
     return make_error(ErrorCode::ResourceExhausted,
-                      fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what, job(),
+                      fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what(), job(),
                                   human_bytes(quota), human_bytes(job_state.tensor_bytes), human_bytes(bytes)));
   job_state.tensor_bytes += bytes;
   tensor_bytes_ += bytes;
@@ -282,26 +305,41 @@ Status ClientSession::charge(std::uint64_t bytes, const char* what) {
 
 void ClientSession::release(std::uint64_t bytes) {
   std::lock_guard lock(service_.mu);
-  JobState& job_state = service_.jobs[job()];
-  job_state.tensor_bytes -= std::min(job_state.tensor_bytes, bytes);
+  release_locked(bytes);
+}
+
+void ClientSession::release_locked(std::uint64_t bytes) {
+  job_state_->tensor_bytes -= std::min(job_state_->tensor_bytes, bytes);
   tensor_bytes_ -= std::min(tensor_bytes_, bytes);
 }
 
-// The tensor leaves this client's namespace (consumed, read for the last time, or dropped); an
-// export of it is withdrawn.
-void ClientSession::forget(std::uint64_t client_tensor) {
-  auto it = tensors_.find(client_tensor);
-  if (it == tensors_.end()) return;
-  release(it->second.bytes);
-  tensors_.erase(it);
+// The tensors leave this client's namespace (consumed, read for the last time, or dropped):
+// their bytes are released and any export of them is withdrawn, under one lock.
+void ClientSession::forget(std::span<const std::uint64_t> client_tensors) {
+  std::uint64_t bytes = 0;
+  std::size_t found = 0;
+  for (std::uint64_t t : client_tensors) {
+    auto it = tensors_.find(t);
+    if (it == tensors_.end()) continue;
+    bytes += it->second.bytes;
+    tensors_.erase(it);
+    ++found;
+  }
+  if (found == 0) return;
   std::lock_guard lock(service_.mu);
+  release_locked(bytes);
+  if (service_.exports.empty()) return;
   for (auto e = service_.exports.begin(); e != service_.exports.end();) {
-    if (e->second.client_id == id() && e->second.client_tensor == client_tensor)
+    const bool listed = std::find(client_tensors.begin(), client_tensors.end(), e->second.client_tensor) !=
+                        client_tensors.end();
+    if (e->second.client_id == id() && listed)
       e = service_.exports.erase(e);
     else
       ++e;
   }
 }
+
+void ClientSession::forget(std::uint64_t client_tensor) { forget(std::span<const std::uint64_t>(&client_tensor, 1)); }
 
 void ClientSession::refresh_queued_ops() {
   std::uint64_t queued = 0;
@@ -310,16 +348,13 @@ void ClientSession::refresh_queued_ops() {
     if (st) queued += st->pending_ops + (st->enqueued - std::min(st->enqueued, st->commands));
   }
   std::lock_guard lock(service_.mu);
-  JobState& job_state = service_.jobs[job()];
+  JobState& job_state = *job_state_;
   job_state.queued_ops = job_state.queued_ops - std::min(job_state.queued_ops, queued_ops_) + queued;
   queued_ops_ = queued;
 }
 
 void ClientSession::publish_stats() {
   std::lock_guard lock(stats_mu_);
-  stats_.client_id = id();
-  stats_.job = job();
-  stats_.pid = client_->peer.pid;
   stats_.streams = streams_.size();
   stats_.tensors = tensors_.size();
   stats_.tensor_bytes = tensor_bytes_;
@@ -343,17 +378,20 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   if (limit != 0) {
     if (ops_registered_ % kQueuedOpsRefresh == 0) refresh_queued_ops();
     std::lock_guard lock(service_.mu);
-    if (service_.jobs[job()].queued_ops >= limit)
+    if (job_state_->queued_ops >= limit)
       return make_error(ErrorCode::ResourceExhausted,
                         fmt::format("job '{}' has {} queued operations, its quota is {}: sync before queuing more", job(),
-                                    service_.jobs[job()].queued_ops, limit));
+                                    job_state_->queued_ops, limit));
   }
-  // Inputs: this client's live tensors, with the shapes and dtypes on record.
+  // Inputs: this client's live tensors, with the shapes and dtypes on record. Inline storage:
+  // this is the op path, and an op has a handful of inputs.
   const std::size_t ni = op.num_inputs;
-  std::vector<std::uint64_t> consumed;
+  boost::container::small_vector<std::uint64_t, 4> consumed;
+  boost::container::small_vector<const TensorRecord*, 4> input_records;
   for (std::size_t i = 0; i < ni; ++i) {
     ir::TensorIr& t = op.tensors[i];
     KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(t.id.value(), "input"));
+    input_records.push_back(rec);
     if (!(rec->dtype == t.dtype) || rec->shape != t.shape)
       return make_error(ErrorCode::Invalid,
                         fmt::format("{}: input {} is {} {} on record, the message says {} {}", op.kind_name(), i,
@@ -372,15 +410,15 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
     KILN_ASSIGN_OR_RETURN(std::uint64_t b, tensor_bytes(op.tensors[o].dtype, op.tensors[o].shape));
     out_bytes += b;
   }
-  KILN_RETURN_IF_ERROR(charge(out_bytes, op.kind_name().c_str()));
+  KILN_RETURN_IF_ERROR(charge(out_bytes, [&op] { return op.kind_name(); }));
   // Translate into device ids, then record outputs and forget consumed inputs.
   const StreamId s = stream(c.stream);
-  std::vector<std::pair<std::uint64_t, TensorRecord>> produced;
+  boost::container::small_vector<std::pair<std::uint64_t, TensorRecord>, 2> produced;
   for (std::size_t i = 0; i < op.tensors.size(); ++i) {
     ir::TensorIr& t = op.tensors[i];
     const std::uint64_t client_id = t.id.value();
     if (i < ni) {
-      t.id = tensors_.at(client_id).global;
+      t.id = input_records[i]->global;  // the records stay put until forget() below
     } else {
       Result<std::uint64_t> bytes = tensor_bytes(t.dtype, t.shape);
       TensorRecord rec{service_.device.new_tensor_id(), t.shape, t.dtype, s, bytes.ok() ? *bytes : 0};
@@ -393,7 +431,7 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
     release(out_bytes);
     return st;
   }
-  for (std::uint64_t id : consumed) forget(id);
+  forget(std::span<const std::uint64_t>(consumed.data(), consumed.size()));
   for (auto& [client_id, rec] : produced) tensors_.emplace(client_id, std::move(rec));
   ++ops_registered_;
   return Status::Ok();
@@ -531,7 +569,7 @@ void ClientSession::cleanup() {
   tensors_.clear();
   {
     std::lock_guard lock(service_.mu);
-    JobState& job_state = service_.jobs[job()];
+    JobState& job_state = *job_state_;
     job_state.tensor_bytes -= std::min(job_state.tensor_bytes, tensor_bytes_);
     job_state.queued_ops -= std::min(job_state.queued_ops, queued_ops_);
     if (job_state.clients > 0) --job_state.clients;
@@ -553,7 +591,9 @@ void DaemonService::Impl::on_client(std::unique_ptr<AcceptedClient> client) {
   std::lock_guard lock(mu);
   if (stopped) return;
   sessions.emplace(session->id(), session);
-  ++jobs[session->job()].clients;
+  JobState& job_state = jobs[session->job()];
+  ++job_state.clients;
+  session->set_job_state(&job_state);
   ++clients_served;
   threads.emplace(session->id(), session->launch());
 }

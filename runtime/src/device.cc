@@ -90,6 +90,7 @@ StreamActor* Device::actor(StreamId stream) {
     ctx.processor.max_blocks = config_.max_blocks;
     ctx.processor.max_explorations = config_.max_explorations;
     ctx.drain_batch = *options_.drain_batch;
+    ctx.turns_waiting = &turns_waiting_;
     a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
   }
   return a->second.get();  // actors are never erased before the device dies
@@ -119,19 +120,15 @@ Status Device::register_op(StreamId stream, ir::Operation op) {
       if (!st.ok()) return st;
     }
   }
-  for (const ir::TensorIr& out : op.outputs()) producers_.insert({out.id, stream});
+  for (const ir::TensorIr& out : op.outputs()) producers_.insert(out.id, stream);
   for (const ir::TensorIr& in : op.inputs())
     if (in.status == ir::TensorStatus::ReadWrite) producers_.erase(in.id);  // last use: no one names it again
   StreamActor* a = actor(stream);
   if (a == nullptr) return shut_down_error(stream);
-  return a->submit(RegisterOpCmd{std::move(op)});
+  return a->submit_op(std::move(op));
 }
 
-std::optional<StreamId> Device::producer_of(ir::TensorId id) const {
-  ProducerTable::const_accessor a;
-  if (!producers_.find(a, id)) return std::nullopt;
-  return a->second;
-}
+std::optional<StreamId> Device::producer_of(ir::TensorId id) const { return producers_.find(id); }
 
 template <class T>
 Result<T> Device::wait(std::future<Result<T>>& f, const std::string& what) const {

@@ -58,13 +58,22 @@ Status StreamActor::submit(Command cmd) {
   return push(new Command(std::move(cmd)));
 }
 
+Status StreamActor::submit_op(ir::Operation&& op) {
+  if (closed_.load(std::memory_order_acquire))
+    return make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": the device is shut down");
+  claim_owner();
+  auto* cmd = new Command(std::in_place_type<RegisterOpCmd>);
+  std::get<RegisterOpCmd>(*cmd).op = std::move(op);
+  return push(cmd);
+}
+
 Status StreamActor::submit_drop(const ir::TensorIr& t) {
   ir::TensorIr rw = t;
   rw.status = ir::TensorStatus::ReadWrite;
   if (is_owner()) {
     Result<ir::Operation> op = ir::build::drop(rw);
     if (!op.ok()) return op.error();
-    return submit(RegisterOpCmd{std::move(op).value()});
+    return submit_op(std::move(op).value());
   }
   if (closed_.load(std::memory_order_acquire))
     return make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": the device is shut down");
@@ -96,7 +105,12 @@ Status StreamActor::push(Command* cmd) {
 void StreamActor::schedule() {
   // acq_rel: release publishes our push to the actor that clears the flag (its exchange reads
   // ours); acquire orders us after the actor's previous clear.
-  if (!scheduled_.exchange(true, std::memory_order_acq_rel)) boost::asio::post(strand_, [this] { run_turn(); });
+  if (!scheduled_.exchange(true, std::memory_order_acq_rel)) post_turn();
+}
+
+void StreamActor::post_turn() {
+  if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_add(1, std::memory_order_relaxed);
+  boost::asio::post(strand_, [this] { run_turn(); });
 }
 
 bool StreamActor::has_work() const {
@@ -118,6 +132,7 @@ inline void cpu_relax() {
 }  // namespace
 
 void StreamActor::run_turn() {
+  if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_sub(1, std::memory_order_relaxed);
   turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   std::size_t processed = 0;
   auto run_owned = [this, &processed](Command* c) {
@@ -126,6 +141,7 @@ void StreamActor::run_turn() {
     ++processed;
   };
   int idle_polls = 0;
+  answered_waiter_ = false;
   while (processed < ctx_.drain_batch) {
     Command* c = nullptr;
     // Foreign commands first, so that a busy owner cannot starve drops, reads and drains from
@@ -148,8 +164,12 @@ void StreamActor::run_turn() {
     }
     // A producer recording a program submits its next op within a microsecond or two: poll a
     // little before going idle, so that the next op does not cost a post and a thread wake-up
-    // (a futex round trip of several µs) on each side.
-    if (processed > 0 && idle_polls < kIdlePolls) {
+    // (a futex round trip of several µs) on each side. Not while another stream's turn waits
+    // for a pool thread: polling would only delay it.
+    // Nor right after answering a drain, read or share: its caller was blocked, and its thread
+    // (or, over IPC, the daemon's session thread) needs the core now, not more ops from us.
+    if (processed > 0 && idle_polls < kIdlePolls && !answered_waiter_ &&
+        (ctx_.turns_waiting == nullptr || ctx_.turns_waiting->load(std::memory_order_relaxed) == 0)) {
       ++idle_polls;
       cpu_relax();
       continue;
@@ -160,12 +180,11 @@ void StreamActor::run_turn() {
     // Batch spent: yield the pool thread to other strands; the flag stays set (we are still
     // "scheduled"), so producers do not post a second turn.
     deferred_.store(deferred_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    boost::asio::post(strand_, [this] { run_turn(); });
+    post_turn();
     return;
   }
   (void)scheduled_.exchange(false, std::memory_order_acq_rel);
-  if (has_work() && !scheduled_.exchange(true, std::memory_order_acq_rel))
-    boost::asio::post(strand_, [this] { run_turn(); });
+  if (has_work() && !scheduled_.exchange(true, std::memory_order_acq_rel)) post_turn();
 }
 
 std::size_t StreamActor::drain_now() {
@@ -180,6 +199,7 @@ void StreamActor::run(Command& command) {
   // Counters are published before a completion is fulfilled, so that a waiter reads them exact.
   auto finish = [&] {
     finished = true;
+    answered_waiter_ = !std::holds_alternative<RegisterOpCmd>(command) && !std::holds_alternative<ForeignDropCmd>(command);
     commands_.store(commands_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (executed != 0)
       executed_.store(executed_.load(std::memory_order_relaxed) + executed, std::memory_order_relaxed);

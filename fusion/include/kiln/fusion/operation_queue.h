@@ -20,7 +20,7 @@ namespace kiln::fusion {
 class OperationQueue {
  public:
   // Appends an operation (global form) and its relative form (§4 add).
-  void add(ir::Operation global);
+  void add(ir::Operation&& global);
 
   std::span<const ir::Operation> global() const { return global_; }
   std::span<const ir::Operation> relative() const { return relative_; }

@@ -16,7 +16,11 @@ class FusionStream {
 
   // Appends a (global) operation and runs the processor in Lazy mode.
   // Returns how many operations executed as a consequence.
-  std::size_t register_op(ir::Operation op, ExecutionPlanStore& store, Executor& executor);
+  std::size_t register_op(ir::Operation&& op, ExecutionPlanStore& store, Executor& executor);
+  // The same with a copy of `op` (tests and tools replaying a recorded program).
+  std::size_t register_op(const ir::Operation& op, ExecutionPlanStore& store, Executor& executor) {
+    return register_op(ir::Operation(op), store, executor);
+  }
   // Sync: executes everything queued; a drain is an execution boundary even for an empty queue.
   std::size_t drain(ExecutionPlanStore& store, Executor& executor);
 

@@ -4,8 +4,8 @@
 //
 // Thread-safety: every public method may be called from any client thread, concurrently, except
 // the destructor. None may be called from inside a stream actor (they block on actors). The
-// stream and producer tables are oneTBB concurrent_hash_maps (per-bucket locks): no global lock
-// on the op path.
+// stream table is a oneTBB concurrent_hash_map (per-bucket locks), the producer table is sharded
+// (producer_table.h): no global lock on the op path.
 //
 // Usage:
 //   auto dev = Device::create(std::make_unique<cpu::ReferenceCpuBackend>(), RuntimeOptions{.threads = 4});
@@ -31,6 +31,7 @@
 #include "kiln/fusion/plan_store.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/config.h"
+#include "kiln/runtime/producer_table.h"
 #include "kiln/runtime/stream_actor.h"
 
 namespace kiln::runtime {
@@ -160,12 +161,7 @@ class Device final : public SessionTarget {
   Result<T> wait(std::future<Result<T>>& f, const std::string& what) const;
   Status wait_status(std::future<Status>& f, const std::string& what) const;
 
-  struct TensorIdHash {
-    static std::size_t hash(ir::TensorId id) { return std::hash<ir::TensorId>{}(id); }
-    static bool equal(ir::TensorId a, ir::TensorId b) { return a == b; }
-  };
   using StreamTable = tbb::concurrent_hash_map<std::uint64_t, std::unique_ptr<StreamActor>>;
-  using ProducerTable = tbb::concurrent_hash_map<ir::TensorId, StreamId, TensorIdHash>;
 
   // Declaration order is destruction order reversed: actors (streams_) go before the pool, the
   // store, the log and the backend they use.
@@ -175,6 +171,7 @@ class Device final : public SessionTarget {
   std::unique_ptr<DeviceBackend> backend_;
   fusion::ExecutionPlanStore store_;
   std::size_t threads_;
+  std::atomic<std::int64_t> turns_waiting_{0};  // see ActorContext::turns_waiting; outlives the pool
   boost::asio::thread_pool pool_;
   StreamTable streams_;
   std::vector<std::unique_ptr<StreamActor>> abandoned_;  // closed streams that never went idle (streams_mu_)

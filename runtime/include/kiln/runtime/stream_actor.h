@@ -59,6 +59,8 @@ using fusion::StreamId;
 struct RegisterOpCmd {
   ir::Operation op;
 };
+// RegisterOpCmd is built in place on the heap (StreamActor::submit_op): an ir::Operation is ~600 B
+// of inline small vectors, and every move of it on the op path shows in the cache-hit figure.
 // Sync: execute everything queued (fusion.md §16.3 drain).
 struct DrainCmd {
   std::promise<Status> done;
@@ -87,6 +89,9 @@ struct ActorContext {
   const fusion::FusionLog* log = nullptr;
   fusion::ProcessorOptions processor;
   std::size_t drain_batch = 64;
+  // Turns posted to the device's pool and not started yet, over all its actors: an actor polls
+  // for its producer's next op only while no other stream's turn is waiting for the thread.
+  std::atomic<std::int64_t>* turns_waiting = nullptr;
 };
 
 // A snapshot of the actor's counters (relaxed reads; exact after a completed drain/read of the
@@ -133,6 +138,8 @@ class StreamActor {
   void claim_owner();
   // Any thread: queues a command and wakes the actor if idle. Fails only once closed.
   [[nodiscard]] Status submit(Command cmd);
+  // The same for one operation, moved once, into the queued command.
+  [[nodiscard]] Status submit_op(ir::Operation&& op);
   // Any thread: a drop of a tensor whose home is this stream (fusion.md §16.7): from the owner a
   // Drop operation enters the queue; from any other thread it is a foreign drop (§16.5).
   [[nodiscard]] Status submit_drop(const ir::TensorIr& t);
@@ -156,6 +163,7 @@ class StreamActor {
   bool is_owner() const;
   Status push(Command* cmd);
   void schedule();
+  void post_turn();
   void run_turn();
   void run(Command& cmd);
   std::size_t drain_now();
@@ -167,6 +175,7 @@ class StreamActor {
   boost::asio::strand<boost::asio::thread_pool::executor_type> strand_;
 
   // Strand-only state.
+  bool answered_waiter_ = false;  // the last command run completed a promise someone waits on
   std::unique_ptr<fusion::Executor> executor_;
   fusion::FusionStream stream_;
 
