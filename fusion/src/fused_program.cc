@@ -247,9 +247,12 @@ std::string_view input_role_name(InputRole r) {
 }
 
 std::uint64_t FusedProgram::structural_hash() const {
+  if (const std::uint64_t h = hash_memo.get(); h != 0) return h;
   Hasher hs;
   hash_program(hs, *this);
-  return hs.finish();
+  const std::uint64_t h = hs.finish();
+  hash_memo.set(h);
+  return h;
 }
 
 bool operator==(const FusedProgram& a, const FusedProgram& b) {

@@ -36,7 +36,11 @@ StreamActor::StreamActor(StreamId id, ActorContext ctx, boost::asio::thread_pool
       stream_(ctx.backend->fusers(*ctx.log), ctx.processor, *ctx.log),
       foreign_(kForeignReserve) {}
 
-StreamActor::~StreamActor() { (void)cancel_pending("the stream was destroyed"); }
+StreamActor::~StreamActor() {
+  (void)cancel_pending("the stream was destroyed");
+  Command* c = nullptr;
+  while (recycled_.pop(c)) delete c;
+}
 
 void StreamActor::claim_owner() {
   std::thread::id none{};
@@ -62,7 +66,9 @@ Status StreamActor::submit_op(ir::Operation&& op) {
   if (closed_.load(std::memory_order_acquire))
     return make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": the device is shut down");
   claim_owner();
-  auto* cmd = new Command(std::in_place_type<RegisterOpCmd>);
+  // The owner (the only consumer of recycled_) reuses a command the actor has run.
+  Command* cmd = nullptr;
+  if (!is_owner() || !recycled_.pop(cmd)) cmd = new Command(std::in_place_type<RegisterOpCmd>);
   std::get<RegisterOpCmd>(*cmd).op = std::move(op);
   return push(cmd);
 }
@@ -139,6 +145,8 @@ void StreamActor::run_turn() {
     std::unique_ptr<Command> cmd(c);
     run(*cmd);
     ++processed;
+    // An intake registration goes back to its producer for reuse (no malloc/free pair per op).
+    if (std::holds_alternative<RegisterOpCmd>(*cmd) && recycled_.push(cmd.get())) (void)cmd.release();
   };
   int idle_polls = 0;
   answered_waiter_ = false;

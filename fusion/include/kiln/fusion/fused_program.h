@@ -49,6 +49,7 @@
 #pragma once
 
 #include <boost/container/small_vector.hpp>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -219,6 +220,28 @@ struct ProgramOutput {
   friend bool operator==(const ProgramOutput&, const ProgramOutput&) = default;
 };
 
+// structural_hash() remembered by the object that computed it. A plan's program is launched
+// over and over and its hash walks every block and instruction (a few % of the cache-hit path).
+// Copies start empty and it never takes part in ==, so a program built by copying and editing
+// another never carries a stale hash; a program must not be edited after it was hashed.
+class StructuralHashMemo {
+ public:
+  StructuralHashMemo() = default;
+  StructuralHashMemo(const StructuralHashMemo&) noexcept {}
+  StructuralHashMemo& operator=(const StructuralHashMemo&) noexcept {
+    value_.store(0, std::memory_order_relaxed);
+    return *this;
+  }
+  // 0: not computed yet (a real hash of 0 is just recomputed each time).
+  std::uint64_t get() const { return value_.load(std::memory_order_relaxed); }
+  void set(std::uint64_t h) const { value_.store(h, std::memory_order_relaxed); }
+
+ private:
+  // Relaxed: concurrent first calls compute the same value; the program itself is published to
+  // the launching threads by the plan store.
+  mutable std::atomic<std::uint64_t> value_{0};
+};
+
 struct FusedProgram {
   ProgramKind kind = ProgramKind::Elementwise;
   std::vector<ProgramInput> inputs;
@@ -230,8 +253,10 @@ struct FusedProgram {
   std::vector<FusedProgram> fallbacks;  // Matmul, Reduce (see above)
   std::size_t captured_op_position = 0;
   std::size_t len = 0;  // number of ops the program covers (a stage: its share of the ops, in order)
+  StructuralHashMemo hash_memo;
 
   // Hash for kernel caches: covers the whole structure, nothing concrete; consistent with ==.
+  // Computed once per object (see StructuralHashMemo).
   std::uint64_t structural_hash() const;
   friend bool operator==(const FusedProgram&, const FusedProgram&);
   // Readable, multi-line (fusion log, kiln-lab).

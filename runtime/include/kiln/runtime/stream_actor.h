@@ -184,6 +184,9 @@ class StreamActor {
   boost::lockfree::spsc_queue<Command*, boost::lockfree::capacity<kIntakeCapacity>> intake_;
   // Foreign commands: any producer / the strand consumes.
   boost::lockfree::queue<Command*> foreign_;
+  // Intake registrations the actor has run, handed back to the owner for its next op: the
+  // strand produces, the owner thread consumes (submit_op). Owned: deleted with the actor.
+  boost::lockfree::spsc_queue<Command*, boost::lockfree::capacity<kIntakeCapacity>> recycled_;
 
   // The intake's producer thread; written once (CAS from the default id), read by producers.
   alignas(64) std::atomic<std::thread::id> owner_{};
