@@ -76,8 +76,17 @@ void BM_ApiCacheHit(benchmark::State& state) {
   Tensor a = must(s.from_host(std::vector<float>{1, 2, 3, 4}, {4}));
   Tensor b = must(s.from_host(std::vector<float>{0.5f, -1, 0.25f, 2}, {4}));
   tiny_programs(s, a, b);  // explores once; later runs hit the cached plans
+  const kiln::runtime::StreamStats before = g_device->totals();
   for (auto _ : state) tiny_programs(s, a, b);
   state.SetItemsProcessed(state.iterations() * kOpsPerProgram * kProgramsPerIteration);
+  // How the actors ran, per iteration (all threads of the run together): strand turns, and
+  // waits (the read) served on the caller's thread.
+  if (state.thread_index() == 0) {
+    const kiln::runtime::StreamStats after = g_device->totals();
+    const double it = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+    state.counters["turns"] = static_cast<double>(after.turns - before.turns) / it;
+    state.counters["inline"] = static_cast<double>(after.inline_runs - before.inline_runs) / it;
+  }
 }
 BENCHMARK(BM_ApiCacheHit)->UseRealTime();
 BENCHMARK(BM_ApiCacheHit)->Threads(2)->UseRealTime();

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <string>
+#include <thread>
 
 namespace kiln::ipc {
 
@@ -75,6 +76,7 @@ namespace {
 // microseconds on a loaded VM. Polling a little longer than one wake-up keeps the common case
 // off the kernel; an idle connection still sleeps after this.
 constexpr std::chrono::microseconds kPollBeforeSleep{30};
+constexpr unsigned kPollRoundsPerYield = 4;  // a round is ~0.3-1 µs of pauses
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -90,11 +92,18 @@ Result<std::optional<std::size_t>> Endpoint::receive(std::span<std::uint8_t> out
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   const auto poll_until = start + std::min<Clock::duration>(kPollBeforeSleep, timeout);
+  unsigned polls = 0;
   for (;;) {
     KILN_ASSIGN_OR_RETURN(auto n, rx_.try_pop(out));
     if (n) return n;
     if (Clock::now() < poll_until) {
-      for (int i = 0; i < 32; ++i) cpu_relax();
+      // Every few rounds, let a runnable thread on this core go first: the peer we wait for is
+      // often queued right here (a wake-up lands on the waker's core), and pure spinning would
+      // hold it off for the whole poll window. With nothing else runnable this returns at once.
+      if (++polls % kPollRoundsPerYield == 0)
+        std::this_thread::yield();
+      else
+        for (int i = 0; i < 32; ++i) cpu_relax();
       continue;
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());

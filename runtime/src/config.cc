@@ -35,13 +35,19 @@ Result<RuntimeFileConfig> parse_runtime_config(std::string_view toml_text, std::
   const toml::table* rt = node->as_table();
   if (rt == nullptr) return make_error(ErrorCode::Config, fmt::format("{}: runtime must be a table", source_name));
   for (const auto& [key, value] : *rt) {
+    if (key.str() == "inline_waits") {
+      if (!value.is_boolean())
+        return make_error(ErrorCode::Config, fmt::format("{}: runtime.inline_waits must be true or false", source_name));
+      cfg.inline_waits = value.value<bool>();
+      continue;
+    }
     std::optional<std::size_t>* slot = nullptr;
     if (key.str() == "threads")
       slot = &cfg.threads;
     else if (key.str() == "drain_batch")
       slot = &cfg.drain_batch;
     else
-      return make_error(ErrorCode::Config, fmt::format("{}: runtime.{}: unknown key (expected threads or drain_batch)",
+      return make_error(ErrorCode::Config, fmt::format("{}: runtime.{}: unknown key (expected threads, drain_batch or inline_waits)",
                                                        source_name, key.str()));
     std::optional<std::int64_t> v = value.value<std::int64_t>();
     if (!value.is_integer() || !v || *v <= 0)
@@ -63,6 +69,15 @@ RuntimeFileConfig apply_runtime_env(RuntimeFileConfig cfg, const fusion::EnvLook
   };
   apply("KILN_RUNTIME_THREADS", cfg.threads);
   apply("KILN_RUNTIME_DRAIN_BATCH", cfg.drain_batch);
+  if (std::optional<std::string> v = env("KILN_RUNTIME_INLINE_WAITS")) {
+    if (*v == "1" || *v == "true")
+      cfg.inline_waits = true;
+    else if (*v == "0" || *v == "false")
+      cfg.inline_waits = false;
+    else if (warnings)
+      *warnings += fmt::format("{}KILN_RUNTIME_INLINE_WAITS='{}' is not 0, 1, true or false; ignored",
+                               warnings->empty() ? "" : "; ", *v);
+  }
   return cfg;
 }
 

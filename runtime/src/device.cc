@@ -26,6 +26,7 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
   if (options.threads == 0)
     options.threads = rt->threads.value_or(std::max<std::size_t>(1, std::thread::hardware_concurrency()));
   if (!options.drain_batch) options.drain_batch = rt->drain_batch.value_or(kDefaultDrainBatch);
+  if (!options.inline_waits) options.inline_waits = rt->inline_waits.value_or(true);
   fusion::FusionConfig config;
   if (options.fusion) {
     config = *options.fusion;
@@ -65,6 +66,7 @@ void add_counters(StreamStats& sum, const StreamStats& s) {
   sum.deferred += s.deferred;
   sum.turns += s.turns;
   sum.drains += s.drains;
+  sum.inline_runs += s.inline_runs;
   sum.pending_ops += s.pending_ops;
   sum.cache_hits += s.cache_hits;
   sum.explorations += s.explorations;
@@ -91,6 +93,7 @@ StreamActor* Device::actor(StreamId stream) {
     ctx.processor.max_explorations = config_.max_explorations;
     ctx.drain_batch = *options_.drain_batch;
     ctx.turns_waiting = &turns_waiting_;
+    ctx.inline_waits = *options_.inline_waits && backend_->executes_on_any_thread();
     a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
   }
   return a->second.get();  // actors are never erased before the device dies
@@ -150,21 +153,21 @@ Status Device::wait_status(std::future<Status>& f, const std::string& what) cons
 }
 
 Status Device::drain(StreamId stream) {
-  DrainCmd cmd;
-  std::future<Status> f = cmd.done.get_future();
+  Command cmd{std::in_place_type<DrainCmd>};
+  std::future<Status> f = std::get<DrainCmd>(cmd).done.get_future();
   StreamActor* a = actor(stream);
   if (a == nullptr) return shut_down_error(stream);
-  KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  if (!a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
   return wait_status(f, "drain of stream " + std::to_string(stream.value()));
 }
 
 Result<HostData> Device::read(StreamId home, const ir::TensorIr& t) {
-  ReadCmd cmd{t, {}};
-  std::future<Result<HostData>> f = cmd.done.get_future();
+  Command cmd{std::in_place_type<ReadCmd>, ReadCmd{t, {}}};
+  std::future<Result<HostData>> f = std::get<ReadCmd>(cmd).done.get_future();
   if (t.status == ir::TensorStatus::ReadWrite) producers_.erase(t.id);
   StreamActor* a = actor(home);
   if (a == nullptr) return shut_down_error(home);
-  KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  if (!a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
   return wait(f, "read of " + t.to_string() + " on stream " + std::to_string(home.value()));
 }
 
@@ -176,11 +179,11 @@ Status Device::drop(StreamId home, const ir::TensorIr& t) {
 }
 
 Status Device::share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
-  ShareCmd cmd{src, dst, {}};
-  std::future<Status> f = cmd.done.get_future();
+  Command cmd{std::in_place_type<ShareCmd>, ShareCmd{src, dst, {}}};
+  std::future<Status> f = std::get<ShareCmd>(cmd).done.get_future();
   StreamActor* a = actor(src_stream);
   if (a == nullptr) return shut_down_error(src_stream);
-  KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  if (!a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
   return wait_status(f, "shared view of " + src.to_string() + " from stream " + std::to_string(src_stream.value()));
 }
 

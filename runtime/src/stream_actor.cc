@@ -137,8 +137,72 @@ inline void cpu_relax() {
 }
 }  // namespace
 
+bool StreamActor::acquire_running() {
+  bool expected = false;
+  // acq_rel: acquire what the previous holder did with the stream's state; relaxed failure.
+  return running_.compare_exchange_strong(expected, true, std::memory_order_acq_rel, std::memory_order_relaxed);
+}
+
+void StreamActor::release_running() { running_.store(false, std::memory_order_release); }
+
+bool StreamActor::try_run_inline(Command& cmd) {
+  if (!ctx_.inline_waits || closed_.load(std::memory_order_acquire)) return false;
+  // Only a short backlog: a long one means the actor lags a producer that is still running ahead
+  // (a pipelined loop); its turn is about to start or already warm, and moving that work onto the
+  // caller's thread would only serialize it there.
+  if (intake_.read_available() + static_cast<std::size_t>(std::max<std::int64_t>(
+                                     0, foreign_count_.load(std::memory_order_relaxed))) > kInlineBacklog)
+    return false;
+  if (!acquire_running()) return false;
+  std::size_t ran = 0;
+  auto run_owned = [this, &ran](Command* c) {
+    std::unique_ptr<Command> owned(c);
+    run(*owned);
+    ++ran;
+    if (std::holds_alternative<RegisterOpCmd>(*owned) && recycled_.push(owned.get())) (void)owned.release();
+  };
+  // Exactly what was queued before the call (the caller's own commands among it), in the
+  // actor's order; later commands are left to the turn, so a flooding producer cannot hold us.
+  std::size_t intake_left = intake_.read_available();
+  std::int64_t foreign_left = foreign_count_.load(std::memory_order_acquire);
+  Command* c = nullptr;
+  while (foreign_left > 0 && foreign_.pop(c)) {
+    foreign_count_.fetch_sub(1, std::memory_order_relaxed);
+    --foreign_left;
+    std::size_t visible = intake_.read_available();
+    Command* o = nullptr;
+    while (visible-- > 0 && intake_.pop(o)) {
+      run_owned(o);
+      if (intake_left > 0) --intake_left;
+    }
+    run_owned(c);
+  }
+  while (intake_left > 0 && intake_.pop(c)) {
+    --intake_left;
+    run_owned(c);
+  }
+  run(cmd);
+  inline_runs_.store(inline_runs_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  end_of_turn();
+  return true;
+}
+
+void StreamActor::end_of_turn() {
+  release_running();
+  // The wake-up protocol's clear and re-check (see the header). Whoever releases the stream runs
+  // it, a turn or an inline waiter: a turn that found the stream held returned without running,
+  // and work its producer queued without posting (the flag was set) is seen here.
+  (void)scheduled_.exchange(false, std::memory_order_acq_rel);
+  if (has_work() && !scheduled_.exchange(true, std::memory_order_acq_rel)) post_turn();
+}
+
 void StreamActor::run_turn() {
   if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_sub(1, std::memory_order_relaxed);
+  if (!acquire_running()) {
+    // A waiter is running the stream inline; its end_of_turn() re-checks the queues and posts a
+    // turn for anything left, so this one has nothing to do.
+    return;
+  }
   turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   std::size_t processed = 0;
   auto run_owned = [this, &processed](Command* c) {
@@ -188,11 +252,11 @@ void StreamActor::run_turn() {
     // Batch spent: yield the pool thread to other strands; the flag stays set (we are still
     // "scheduled"), so producers do not post a second turn.
     deferred_.store(deferred_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    release_running();
     post_turn();
     return;
   }
-  (void)scheduled_.exchange(false, std::memory_order_acq_rel);
-  if (has_work() && !scheduled_.exchange(true, std::memory_order_acq_rel)) post_turn();
+  end_of_turn();
 }
 
 std::size_t StreamActor::drain_now() {
@@ -304,6 +368,7 @@ StreamStats StreamActor::stats() const {
   s.deferred = deferred_.load(std::memory_order_relaxed);
   s.turns = turns_.load(std::memory_order_relaxed);
   s.drains = drains_.load(std::memory_order_relaxed);
+  s.inline_runs = inline_runs_.load(std::memory_order_relaxed);
   s.pending_ops = pending_ops_.load(std::memory_order_relaxed);
   s.cache_hits = cache_hits_.load(std::memory_order_relaxed);
   s.explorations = explorations_.load(std::memory_order_relaxed);
@@ -311,11 +376,25 @@ StreamStats StreamActor::stats() const {
   return s;
 }
 
+template <class F>
+void StreamActor::post_exclusive(F fn) {
+  boost::asio::post(strand_, [this, fn = std::move(fn)]() mutable {
+    if (!acquire_running()) {  // an inline waiter holds the stream: after it
+      std::this_thread::yield();
+      post_exclusive(std::move(fn));
+      return;
+    }
+    fn();
+    release_running();
+  });
+}
+
 std::future<void> StreamActor::quiesce() {
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> f = done->get_future();
-  // The strand runs handlers in order: this one runs after every turn already posted.
-  boost::asio::post(strand_, [done] { done->set_value(); });
+  // The strand runs handlers in order: this one runs after every turn already posted, and it
+  // holds the stream, so no inline waiter is running either.
+  post_exclusive([done] { done->set_value(); });
   return f;
 }
 
@@ -332,7 +411,7 @@ StreamSnapshot StreamActor::snapshot_now() const {
 std::future<StreamSnapshot> StreamActor::snapshot() {
   auto done = std::make_shared<std::promise<StreamSnapshot>>();
   std::future<StreamSnapshot> f = done->get_future();
-  boost::asio::post(strand_, [this, done] { done->set_value(snapshot_now()); });
+  post_exclusive([this, done] { done->set_value(snapshot_now()); });
   return f;
 }
 

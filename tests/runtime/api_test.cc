@@ -392,6 +392,24 @@ TEST(RuntimeConfig, ParsesAndNamesTheKey) {
   r = parse_runtime_config("[runtime\n");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, ErrorCode::Config);
+  EXPECT_EQ(ok(parse_runtime_config("[runtime]\ninline_waits = false\n")).inline_waits, false);
+  EXPECT_EQ(ok(parse_runtime_config("[runtime]\ninline_waits = true\n")).inline_waits, true);
+  EXPECT_FALSE(ok(parse_runtime_config("[runtime]\nthreads = 2\n")).inline_waits.has_value());
+  r = parse_runtime_config("[runtime]\ninline_waits = 1\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().to_string().find("runtime.inline_waits"), std::string::npos) << r.error().to_string();
+  // The environment: 0/1/true/false, anything else ignored with a warning.
+  auto env_of = [](std::string value) {
+    return fusion::EnvLookup([value](std::string_view name) -> std::optional<std::string> {
+      if (name == "KILN_RUNTIME_INLINE_WAITS") return value;
+      return std::nullopt;
+    });
+  };
+  EXPECT_EQ(apply_runtime_env({}, env_of("0")).inline_waits, false);
+  EXPECT_EQ(apply_runtime_env({}, env_of("true")).inline_waits, true);
+  std::string warnings;
+  EXPECT_FALSE(apply_runtime_env({}, env_of("maybe"), &warnings).inline_waits.has_value());
+  EXPECT_NE(warnings.find("KILN_RUNTIME_INLINE_WAITS"), std::string::npos) << warnings;
 }
 
 TEST(RuntimeConfig, PrecedenceFileEnvironmentOptions) {

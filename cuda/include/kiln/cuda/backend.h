@@ -89,6 +89,8 @@ class CudaBackend final : public runtime::DeviceBackend {
   void free(const ir::TensorIr& t) override;
   [[nodiscard]] Status alias(ir::TensorId src, ir::TensorId dst) override;
   runtime::MemoryStats memory_stats() const override;
+  // The CUDA runtime's current device is per thread: kernels stay on the pool threads.
+  bool executes_on_any_thread() const override { return false; }
 
   CudaStats stats() const;
   const DeviceInfo& device_info() const;

@@ -73,6 +73,10 @@ class DeviceBackend {
   // src has no entry (or is NotInit).
   [[nodiscard]] virtual Status alias(ir::TensorId src, ir::TensorId dst) = 0;
   virtual MemoryStats memory_stats() const = 0;
+  // Whether a stream's executor may run on a client thread that waits for the stream (a drain,
+  // read or shared view run inline, see StreamActor::try_run_inline) rather than only on the
+  // device's pool threads. A backend with per-thread state (a current device) says no.
+  virtual bool executes_on_any_thread() const { return true; }
 };
 
 }  // namespace kiln::runtime

@@ -4,8 +4,9 @@
 //
 //   [runtime]   threads = 8        pool threads (>= 1; absent = hardware concurrency)
 //               drain_batch = 64   commands a stream actor runs per turn (>= 1)
-//   KILN_RUNTIME_THREADS, KILN_RUNTIME_DRAIN_BATCH (unparsable values are ignored with a warning,
-//   as for the KILN_FUSION_* variables)
+//               inline_waits = true  a thread waiting on an idle stream runs it itself
+//   KILN_RUNTIME_THREADS, KILN_RUNTIME_DRAIN_BATCH, KILN_RUNTIME_INLINE_WAITS (0|1|true|false)
+//   (unparsable values are ignored with a warning, as for the KILN_FUSION_* variables)
 //
 // Pure functions: safe from any thread.
 //
@@ -28,6 +29,7 @@ namespace kiln::runtime {
 struct RuntimeFileConfig {
   std::optional<std::size_t> threads;
   std::optional<std::size_t> drain_batch;
+  std::optional<bool> inline_waits;
 };
 
 // Parses the [runtime] table of a kiln.toml text. A malformed file, a key that is not a positive

@@ -51,6 +51,12 @@ struct RuntimeOptions {
   // drain_batch, else kDefaultDrainBatch. An explicit 0 is an error. Device::options() reports
   // the resolved value.
   std::optional<std::size_t> drain_batch;
+  // Whether a thread that waits on a stream (drain, read, shared view) with no turn running and
+  // at most a few commands queued runs them itself instead of waking a pool thread and sleeping
+  // (StreamActor::try_run_inline); nullopt = KILN_RUNTIME_INLINE_WAITS, else kiln.toml [runtime]
+  // inline_waits, else true. A backend whose kernels must stay on the pool threads
+  // (DeviceBackend::executes_on_any_thread) never runs inline.
+  std::optional<bool> inline_waits;
   // kiln.toml location; an absent file (or an empty path) means defaults. Its [runtime] table is
   // read even when `fusion` is given explicitly.
   std::string config_path = "kiln.toml";

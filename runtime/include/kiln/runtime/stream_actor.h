@@ -7,10 +7,13 @@
 //   * The intake SPSC queue has exactly one producer: the stream's *owner* thread (the thread
 //     whose implicit stream this is, or, for an explicit stream, the first thread that submits).
 //     Every other thread pushes to the `foreign_` MPMC queue. Both have one consumer: the strand.
-//   * stream_, executor_ and everything they hold: only inside strand handlers (run_turn).
+//   * stream_, executor_ and everything they hold: only by the holder of `running_`: a strand
+//     turn (run_turn), a strand handler (snapshot, quiesce), or a client thread about to block on
+//     a drain/read/share that found no turn running (try_run_inline, "caller runs"). Holders
+//     hand over with acq_rel, so they see each other's work as consecutive turns would.
 //   * close()/cancel_pending(): the device, at shutdown (cancel_pending after the pool joined).
 //
-// Wake-up protocol (no lost wake-up, at most one turn queued or running at a time):
+// Wake-up protocol (no lost wake-up; normally one turn queued or running at a time):
 //   producer:  push(cmd)                                    [queue's release store]
 //              if (!scheduled_.exchange(true, acq_rel)) post(strand, run_turn)
 //   actor:     run at most drain_batch commands; if the batch ran out, re-post (flag stays true);
@@ -20,6 +23,11 @@
 //   flag's modification order, the actor's exchange(false) reads it and synchronizes with it
 //   (acquire), so the producer's push is visible to the re-check; if it came after, the
 //   producer reads false and posts. Either way the command is seen.
+//   Inline waiters (try_run_inline) take `running_` instead of waiting for a turn; a turn that
+//   starts while one holds it returns at once, and the waiter runs the clear and re-check above
+//   when it lets go (end_of_turn), so its leftover work gets a turn. The clear may let a producer
+//   post a second turn while one is still queued; the strand runs them one after the other and
+//   the later one finds little or nothing to do.
 //
 // Ordering: commands from one thread run in the order that thread submitted them (each thread
 // uses exactly one of the two queues). A foreign command is run only after every intake command
@@ -92,6 +100,9 @@ struct ActorContext {
   // Turns posted to the device's pool and not started yet, over all its actors: an actor polls
   // for its producer's next op only while no other stream's turn is waiting for the thread.
   std::atomic<std::int64_t>* turns_waiting = nullptr;
+  // A waiting caller may run the stream's commands itself when no turn is running (see
+  // StreamActor::try_run_inline); false keeps every command on the pool threads.
+  bool inline_waits = true;
 };
 
 // A snapshot of the actor's counters (relaxed reads; exact after a completed drain/read of the
@@ -103,6 +114,7 @@ struct StreamStats {
   std::uint64_t deferred = 0;       // turns that hit drain_batch and re-posted with work left
   std::uint64_t turns = 0;          // strand handlers run
   std::uint64_t drains = 0;         // Sync passes (drain commands, draining reads, shares, drops)
+  std::uint64_t inline_runs = 0;    // drains, reads and shares run on the waiting caller's thread
   std::uint64_t pending_ops = 0;    // operations queued, not executed yet
   std::uint64_t cache_hits = 0;     // processor: cached plans executed
   std::uint64_t explorations = 0;   // processor: explorations completed
@@ -126,6 +138,8 @@ class StreamActor {
   // Initial nodes of the foreign queue (drops, reads and shares from other threads are rare
   // next to registrations); it grows on demand.
   static constexpr std::size_t kForeignReserve = 64;
+  // Most commands a waiter runs on its own thread before its own (try_run_inline).
+  static constexpr std::size_t kInlineBacklog = 8;
 
   StreamActor(StreamId id, ActorContext ctx, boost::asio::thread_pool& pool);
   ~StreamActor();
@@ -140,6 +154,14 @@ class StreamActor {
   [[nodiscard]] Status submit(Command cmd);
   // The same for one operation, moved once, into the queued command.
   [[nodiscard]] Status submit_op(ir::Operation&& op);
+  // Any thread, for a command whose caller is about to block on its promise (drain, read, shared
+  // view): if no turn is running, runs on the calling thread every command queued before it,
+  // then `cmd` itself, and returns true (the promise is then fulfilled). Returns false, leaving
+  // `cmd` untouched, when a turn holds the stream (or inline runs are off): submit it instead.
+  // A drain then costs no pool-thread wake-up and no futex wake of the waiter, which is most of a
+  // one-op sync's latency. Mutual exclusion with turns is `running_`, so the stream's state is
+  // still touched by one thread at a time, in submission order.
+  bool try_run_inline(Command& cmd);
   // Any thread: a drop of a tensor whose home is this stream (fusion.md §16.7): from the owner a
   // Drop operation enters the queue; from any other thread it is a foreign drop (§16.5).
   [[nodiscard]] Status submit_drop(const ir::TensorIr& t);
@@ -165,6 +187,12 @@ class StreamActor {
   void schedule();
   void post_turn();
   void run_turn();
+  bool acquire_running();
+  void release_running();
+  void end_of_turn();  // release the stream, then the wake-up protocol's clear and re-check
+  // Posts `fn` to the strand to run while holding the stream (after any inline waiter).
+  template <class F>
+  void post_exclusive(F fn);
   void run(Command& cmd);
   std::size_t drain_now();
   bool has_work() const;
@@ -195,6 +223,9 @@ class StreamActor {
   alignas(64) std::atomic<std::int64_t> foreign_count_{0};
   // True while a turn is posted or running (see the protocol above).
   alignas(64) std::atomic<bool> scheduled_{false};
+  // True while one thread runs the stream's commands: a turn or an inline waiter. Everything the
+  // strand-only state comment above says holds for whoever holds this flag (acq_rel hand-over).
+  std::atomic<bool> running_{false};
   std::atomic<bool> closed_{false};
 
   // Counters: enqueued_ by producers (relaxed fetch_add), the rest stored by the strand (relaxed).
@@ -204,6 +235,7 @@ class StreamActor {
   std::atomic<std::uint64_t> deferred_{0};
   std::atomic<std::uint64_t> turns_{0};
   std::atomic<std::uint64_t> drains_{0};
+  std::atomic<std::uint64_t> inline_runs_{0};
   std::atomic<std::uint64_t> pending_ops_{0};
   std::atomic<std::uint64_t> cache_hits_{0};
   std::atomic<std::uint64_t> explorations_{0};
