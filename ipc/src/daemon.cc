@@ -29,6 +29,9 @@ namespace {
 constexpr std::chrono::milliseconds kReceivePoll{100};   // how often a session checks for stop
 constexpr std::chrono::milliseconds kSendTimeout{30'000};  // a client that never pops completions
 constexpr std::uint64_t kQueuedOpsRefresh = 64;            // ops between queued-op recounts
+// Registrations made without waking their stream's actor while the client's ring still holds
+// messages, before the session wakes the actors anyway (see ClientSession::register_op).
+constexpr std::size_t kDeferredWakeMax = 32;
 
 // What the daemon knows of one client tensor.
 struct TensorRecord {
@@ -150,6 +153,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status status(const StatusCmd& c, std::uint64_t rid);
 
   Status send(const Completion& cpl);
+  void wake_deferred();
   StreamId stream(std::uint64_t client_stream);
   Result<TensorRecord*> lookup(std::uint64_t client_tensor, const char* what);
   Status check_fresh(std::uint64_t client_tensor, const char* what) const;
@@ -179,6 +183,9 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::uint64_t queued_ops_ = 0;
   std::uint64_t rejected_ = 0;
   std::vector<std::uint8_t> out_;
+  // Streams with registrations not woken yet, and how many (register_op, serve).
+  std::vector<StreamId> deferred_streams_;
+  std::size_t deferred_ops_ = 0;
 
   mutable std::mutex stats_mu_;
   ClientStatus stats_;
@@ -243,7 +250,16 @@ void ClientSession::serve(std::span<const std::uint8_t> message) {
     e.message = std::string(command_kind_name(cmd.kind())) + ": " + e.message;
     (void)send(error_completion(rid, e));
   }
+  // Registrations left unwoken run once the burst is over (nothing more in the ring) or long.
+  if (!deferred_streams_.empty() && (deferred_ops_ >= kDeferredWakeMax || !client_->endpoint.receive_pending()))
+    wake_deferred();
   publish_stats();
+}
+
+void ClientSession::wake_deferred() {
+  for (StreamId s : deferred_streams_) service_.device.wake_stream(s);
+  deferred_streams_.clear();
+  deferred_ops_ = 0;
 }
 
 Status ClientSession::send(const Completion& cpl) {
@@ -426,10 +442,19 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
       produced.emplace_back(client_id, std::move(rec));
     }
   }
-  Status st = service_.device.register_op(s, std::move(op));
+  // More messages waiting: register without waking the actor (serve() wakes it when the burst
+  // ends). An op followed by a sync then runs on this thread in the sync's inline drain, with no
+  // pool thread woken; a long burst still wakes the actor every kDeferredWakeMax ops.
+  const bool defer = client_->endpoint.receive_pending();
+  Status st = defer ? service_.device.register_op_deferred(s, std::move(op)) : service_.device.register_op(s, std::move(op));
   if (!st.ok()) {
     release(out_bytes);
     return st;
+  }
+  if (defer) {
+    if (std::find(deferred_streams_.begin(), deferred_streams_.end(), s) == deferred_streams_.end())
+      deferred_streams_.push_back(s);
+    ++deferred_ops_;
   }
   forget(std::span<const std::uint64_t>(consumed.data(), consumed.size()));
   for (auto& [client_id, rec] : produced) tensors_.emplace(client_id, std::move(rec));
@@ -550,6 +575,7 @@ Status ClientSession::status(const StatusCmd& c, std::uint64_t rid) {
 
 void ClientSession::cleanup() {
   runtime::Device& device = service_.device;
+  wake_deferred();
   // Drain first, so that every queued op that reads a tensor has run before it is dropped.
   for (const auto& [n, s] : streams_) {
     Status st = device.drain(s);

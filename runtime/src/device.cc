@@ -114,7 +114,18 @@ Status Device::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::sp
   return backend_->upload(id, dtype, std::move(shape), bytes);
 }
 
-Status Device::register_op(StreamId stream, ir::Operation op) {
+Status Device::register_op(StreamId stream, ir::Operation op) { return register_op_impl(stream, std::move(op), true); }
+
+Status Device::register_op_deferred(StreamId stream, ir::Operation op) {
+  return register_op_impl(stream, std::move(op), false);
+}
+
+void Device::wake_stream(StreamId stream) {
+  StreamTable::const_accessor a;
+  if (streams_.find(a, stream.value())) a->second->wake();
+}
+
+Status Device::register_op_impl(StreamId stream, ir::Operation&& op, bool wake) {
   // Cross-stream dependency: an input another stream produced and has not executed yet.
   for (const ir::TensorIr& in : op.inputs()) {
     std::optional<StreamId> producer = producer_of(in.id);
@@ -128,7 +139,7 @@ Status Device::register_op(StreamId stream, ir::Operation op) {
     if (in.status == ir::TensorStatus::ReadWrite) producers_.erase(in.id);  // last use: no one names it again
   StreamActor* a = actor(stream);
   if (a == nullptr) return shut_down_error(stream);
-  return a->submit_op(std::move(op));
+  return a->submit_op(std::move(op), wake);
 }
 
 std::optional<StreamId> Device::producer_of(ir::TensorId id) const { return producers_.find(id); }

@@ -62,7 +62,7 @@ Status StreamActor::submit(Command cmd) {
   return push(new Command(std::move(cmd)));
 }
 
-Status StreamActor::submit_op(ir::Operation&& op) {
+Status StreamActor::submit_op(ir::Operation&& op, bool wake) {
   if (closed_.load(std::memory_order_acquire))
     return make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": the device is shut down");
   claim_owner();
@@ -70,7 +70,7 @@ Status StreamActor::submit_op(ir::Operation&& op) {
   Command* cmd = nullptr;
   if (!is_owner() || !recycled_.pop(cmd)) cmd = new Command(std::in_place_type<RegisterOpCmd>);
   std::get<RegisterOpCmd>(*cmd).op = std::move(op);
-  return push(cmd);
+  return push(cmd, wake);
 }
 
 Status StreamActor::submit_drop(const ir::TensorIr& t) {
@@ -86,7 +86,7 @@ Status StreamActor::submit_drop(const ir::TensorIr& t) {
   return push(new Command(ForeignDropCmd{rw}));
 }
 
-Status StreamActor::push(Command* cmd) {
+Status StreamActor::push(Command* cmd, bool wake) {
   enqueued_.fetch_add(1, std::memory_order_relaxed);
   if (is_owner()) {
     // Full ring: wake the actor and yield until it makes room (bounded memory per stream).
@@ -104,8 +104,12 @@ Status StreamActor::push(Command* cmd) {
     (void)foreign_.push(cmd);  // may allocate a node; false only on allocation failure (throws first)
     foreign_count_.fetch_add(1, std::memory_order_release);
   }
-  schedule();
+  if (wake) schedule();
   return Status::Ok();
+}
+
+void StreamActor::wake() {
+  if (intake_.read_available() > 0 || foreign_count_.load(std::memory_order_acquire) > 0) schedule();
 }
 
 void StreamActor::schedule() {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -175,6 +176,42 @@ TEST(Runtime, ProducerTableDrainsOtherStream) {
   std::memcpy(out, d->bytes.data(), sizeof out);
   EXPECT_NEAR(out[0], std::exp(std::exp(1.0)), 1e-4);
   EXPECT_NEAR(out[1], std::exp(std::exp(2.0)), 1e-3);
+}
+
+// register_op_deferred queues without waking the actor: nothing runs until wake_stream (or a
+// wait on the stream); then the ops run in order with the usual results.
+TEST(Runtime, DeferredRegistrationsRunOnWakeOrWait) {
+  auto dev = make_device();
+  const StreamId A(200), B(201);
+  const TensorId x = dev->new_tensor_id();
+  std::vector<float> xv{0.5f, 1.0f};
+  ASSERT_TRUE(dev->upload(x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
+  const TensorIr xr{x, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+  auto exp_into = [&](StreamId s, const TensorIr& in, TensorId out) {
+    return dev->register_op_deferred(s, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, in, out)));
+  };
+  // Stream A: two deferred ops, then nothing for a while: the actor stays asleep.
+  const TensorId a1 = dev->new_tensor_id(), a2 = dev->new_tensor_id();
+  ASSERT_TRUE(exp_into(A, xr, a1).ok());
+  ASSERT_TRUE(exp_into(A, TensorIr{a1, {2}, TensorStatus::ReadWrite, ir::dtypes::f32}, a2).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(dev->stream_stats(A)->commands, 0u);
+  EXPECT_EQ(dev->stream_stats(A)->turns, 0u);
+  dev->wake_stream(A);
+  for (int i = 0; i < 2000 && dev->stream_stats(A)->commands < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(dev->stream_stats(A)->commands, 2u);
+  // Stream B: a deferred op followed directly by a read (which runs or wakes the stream).
+  const TensorId b1 = dev->new_tensor_id();
+  ASSERT_TRUE(exp_into(B, xr, b1).ok());
+  for (auto [stream, id, want] : {std::tuple{A, a2, std::exp(std::exp(0.5))}, std::tuple{B, b1, std::exp(0.5)}}) {
+    Result<HostData> d = dev->read(stream, TensorIr{id, {2}, TensorStatus::ReadWrite, ir::dtypes::f32});
+    ASSERT_TRUE(d.ok()) << d.error().to_string();
+    float out[2];
+    std::memcpy(out, d->bytes.data(), sizeof out);
+    EXPECT_NEAR(out[0], want, 1e-4 * want);
+  }
+  dev->wake_stream(StreamId(999));  // a stream that does not exist: nothing happens
 }
 
 // fusion.md §16.4: a read drains only when the tensor is not produced yet; a last-use read of a

@@ -83,6 +83,8 @@ class Endpoint {
   // Receiver thread only. Copies the next message into `out` (size it max_receive_bytes()) and
   // returns its length; nullopt if none arrived within `timeout`.
   Result<std::optional<std::size_t>> receive(std::span<std::uint8_t> out, std::chrono::milliseconds timeout);
+  // Receiver thread only: whether a message is waiting (receive would return at once).
+  bool receive_pending() const { return !rx_.empty(); }
 
   // Statistics of the blocking calls (their thread only): how often each actually slept.
   std::uint64_t send_sleeps() const { return send_sleeps_; }

@@ -114,6 +114,12 @@ class Device final : public SessionTarget {
   // Queues an op on `stream` (created on first use). An input still pending on another stream
   // (producer table) drains that stream first, blocking the caller.
   [[nodiscard]] Status register_op(StreamId stream, ir::Operation op) override;
+  // register_op without waking the stream's actor: for a caller that registers a burst and then
+  // calls wake_stream (or waits on the stream: drain, read and share run or wake it). The daemon
+  // uses it while a client's ring still holds messages, so that an op followed by a sync is
+  // registered and run by the session thread's inline drain with no pool thread woken at all.
+  [[nodiscard]] Status register_op_deferred(StreamId stream, ir::Operation op);
+  void wake_stream(StreamId stream);
   // Sync: executes everything queued on `stream`.
   [[nodiscard]] Status drain(StreamId stream) override;
   // Reads a tensor whose home is `home` (drains only if the tensor is not produced yet).
@@ -163,6 +169,7 @@ class Device final : public SessionTarget {
          fusion::FusionLog log, std::size_t threads);
   // The stream's actor, created on first use; nullptr once the device is shut down.
   StreamActor* actor(StreamId stream);
+  Status register_op_impl(StreamId stream, ir::Operation&& op, bool wake);
   template <class T>
   Result<T> wait(std::future<Result<T>>& f, const std::string& what) const;
   Status wait_status(std::future<Status>& f, const std::string& what) const;

@@ -153,7 +153,12 @@ class StreamActor {
   // Any thread: queues a command and wakes the actor if idle. Fails only once closed.
   [[nodiscard]] Status submit(Command cmd);
   // The same for one operation, moved once, into the queued command.
-  [[nodiscard]] Status submit_op(ir::Operation&& op);
+  // wake = false leaves the actor asleep (a caller that knows more commands follow at once,
+  // e.g. the daemon with messages still in a client's ring); it must call wake() or wait on the
+  // stream (drain, read, share) afterwards, or the operation stays queued.
+  [[nodiscard]] Status submit_op(ir::Operation&& op, bool wake = true);
+  // Any thread: schedules a turn if commands are queued (after submits with wake = false).
+  void wake();
   // Any thread, for a command whose caller is about to block on its promise (drain, read, shared
   // view): if no turn is running, runs on the calling thread every command queued before it,
   // then `cmd` itself, and returns true (the promise is then fulfilled). Returns false, leaving
@@ -183,7 +188,7 @@ class StreamActor {
 
  private:
   bool is_owner() const;
-  Status push(Command* cmd);
+  Status push(Command* cmd, bool wake = true);
   void schedule();
   void post_turn();
   void run_turn();
