@@ -244,6 +244,125 @@ inline __m512 tanh16(__m512 x) {
   const __mmask16 is_small = _mm512_mask_cmp_ps_mask(all, a, _mm512_set1_ps(0.625f), _CMP_LT_OQ);
   return _mm512_mask_mov_ps(signed_big, is_small, small);
 }
+
+// ---- Restricted-domain forms for blocks of lanes (the JIT's blocks): the same values, bit for
+// bit, as exp16 / log16 / tanh16 on their domain, without the work that only the rest of the
+// domain needs (clamps, vscalefps, special-value fixups). A JIT block runs them on every lane,
+// folding its inputs into a BlockCheck with integer max operations (off the FMA pipes these
+// chains saturate), and checks once, at the end of the block, before storing anything: when a
+// lane was outside a domain, the block is recomputed from its inputs with the general forms.
+// (Compared exhaustively with the general forms over every float of each domain.)
+
+// exp16 for |x| < 86 (no NaN): the clamps are identities, n = round(x / ln 2) is in [-124, 124]
+// and p in [0.70, 1.42], so p * 2^n is a normal number and the scaling is exact: vscalefps's
+// result is the exponent add bits(p) + (n << 23). n << 23 comes straight from the shifted sum
+// t = x / ln 2 + 1.5 * 2^23, whose low mantissa bits hold n (the offset's bits shift out).
+inline __m512 exp16_normal(__m512 x) {
+  const __m512 shifter = _mm512_set1_ps(12582912.0f);
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shifter);
+  const __m512 n = _mm512_sub_ps(t, shifter);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_castsi512_ps(
+      _mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(_mm512_castps_si512(t), 23)));
+}
+
+// log16 for 0 < x < +inf (subnormals included): none of the special-value fixups applies.
+inline __m512 log16_finite(__m512 x) {
+  const __mmask16 all = 0xFFFF;
+  const __m512 m = _mm512_mask_getmant_ps(x, all, x, _MM_MANT_NORM_p5_1, _MM_MANT_SIGN_src);
+  __m512 e = _mm512_add_ps(_mm512_mask_getexp_ps(x, all, x), _mm512_set1_ps(1.0f));
+  const __mmask16 low = _mm512_cmp_ps_mask(m, _mm512_set1_ps(0.707106781186547524f), _CMP_LT_OQ);
+  e = _mm512_mask_sub_ps(e, low, e, _mm512_set1_ps(1.0f));
+  const __m512 f = _mm512_sub_ps(_mm512_mask_add_ps(m, low, m, m), _mm512_set1_ps(1.0f));
+  const __m512 z = _mm512_mul_ps(f, f);
+  __m512 y = _mm512_set1_ps(7.0376836292e-2f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(-1.1514610310e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.1676998740e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(-1.2420140846e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.4249322787e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(-1.6668057665e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.0000714765e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(-2.4999993993e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(3.3333331174e-1f));
+  y = _mm512_mul_ps(_mm512_mul_ps(y, f), z);
+  y = _mm512_fmadd_ps(e, _mm512_set1_ps(-2.12194440e-4f), y);
+  y = _mm512_fmadd_ps(z, _mm512_set1_ps(-0.5f), y);
+  return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693359375f), _mm512_add_ps(f, y));
+}
+
+// tanh16 for |x| < 43 (no NaN; exp16_normal's domain for 2|x|), given a = |x|. The sign of a
+// zero result is restored with an OR of x's sign instead of a compare (compares run on the FMA
+// pipes): on the lanes that keep the polynomial (|x| < 0.625) x + x^3 P(x^2) has the sign of x,
+// and for x = -0 it is +0, which the OR turns into -0 as tanh16's fixup does.
+inline __m512 tanh16_normal(__m512 x, __m512 a) {
+  const __m512 xs = _mm512_and_ps(x, _mm512_set1_ps(-0.0f));
+  const __m512 z = _mm512_mul_ps(x, x);
+  __m512 p = _mm512_set1_ps(-5.70498872745e-3f);
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(2.06390887954e-2f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-5.37397155531e-2f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.33314422036e-1f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-3.33332819422e-1f));
+  const __m512 small = _mm512_or_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, z), x, x), xs);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 e = exp16_normal(_mm512_add_ps(a, a));
+  const __m512 big = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+  const __m512 signed_big = _mm512_or_ps(big, xs);
+  const __mmask16 is_small = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.625f), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(signed_big, is_small, small);
+}
+
+// What a block's restricted-domain forms were given (lane-wise unsigned maxima of the inputs'
+// bits), checked once at its end.
+struct BlockCheck {
+  __m512i exp_abs = _mm512_setzero_si512();   // |x| bits of exp inputs: must stay below 86
+  __m512i tanh_abs = _mm512_setzero_si512();  // |x| bits of tanh inputs: below 43
+  __m512i log_m1 = _mm512_setzero_si512();    // bits - 1 of log inputs: below 0x7f7fffff (0 < x < inf)
+  bool ok() const {
+    return (_mm512_cmp_epu32_mask(exp_abs, _mm512_set1_epi32(0x42AC0000), _MM_CMPINT_LT) &
+            _mm512_cmp_epu32_mask(tanh_abs, _mm512_set1_epi32(0x422C0000), _MM_CMPINT_LT) &
+            _mm512_cmp_epu32_mask(log_m1, _mm512_set1_epi32(0x7f7fffff), _MM_CMPINT_LT)) == 0xFFFF;
+  }
+};
+
+// out[0, N) = exp16 / log16 / tanh16 of in[0, N) when c.ok() at the end of the block (out may be in).
+template <int N>
+inline void exp_block_unchecked(const float* in, float* out, BlockCheck& c) {
+  static_assert(N % 16 == 0);
+  for (int v = 0; v < N; v += 16) {
+    const __m512 x = _mm512_loadu_ps(in + v);
+    c.exp_abs = _mm512_max_epu32(c.exp_abs, _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+    _mm512_storeu_ps(out + v, exp16_normal(x));
+  }
+}
+
+template <int N>
+inline void log_block_unchecked(const float* in, float* out, BlockCheck& c) {
+  static_assert(N % 16 == 0);
+  for (int v = 0; v < N; v += 16) {
+    const __m512 x = _mm512_loadu_ps(in + v);
+    c.log_m1 = _mm512_max_epu32(c.log_m1, _mm512_sub_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(1)));
+    _mm512_storeu_ps(out + v, log16_finite(x));
+  }
+}
+
+template <int N>
+inline void tanh_block_unchecked(const float* in, float* out, BlockCheck& c) {
+  static_assert(N % 16 == 0);
+  for (int v = 0; v < N; v += 16) {
+    const __m512 x = _mm512_loadu_ps(in + v);
+    const __m512 a = _mm512_andnot_ps(_mm512_set1_ps(-0.0f), x);
+    c.tanh_abs = _mm512_max_epu32(c.tanh_abs, _mm512_castps_si512(a));
+    _mm512_storeu_ps(out + v, tanh16_normal(x, a));
+  }
+}
 #endif
 
 // ---- f16 / bf16 <-> f32 bit conversions, branch-free (vectorisable); exact widening and

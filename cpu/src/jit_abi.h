@@ -15,7 +15,7 @@
 
 namespace kiln::cpu::jit {
 
-inline constexpr std::uint32_t kAbiVersion = 1;
+inline constexpr std::uint32_t kAbiVersion = 2;
 inline constexpr int kAbiMaxRank = 8;
 
 // A tensor read or written over the launch's coalesced iteration space: element offset of
@@ -50,7 +50,9 @@ struct Frame {
   // 1: every load is as the kernel's fast path expects (contiguous, or one element broadcast for
   // a broadcast load) and every store contiguous and unmasked: one flat loop over [start, start+n).
   std::uint32_t flat;
-  std::uint32_t pad;
+  // 1: the launch streams from DRAM (its tensors exceed kStreamingBytes, as the interpreter
+  // decides): the blocked loop writes 64-byte aligned f32 outputs with non-temporal stores.
+  std::uint32_t streaming;
 };
 
 // The kernel: runs flat positions [start, start + n) of the iteration space; returns 0, or
