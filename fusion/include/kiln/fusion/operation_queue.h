@@ -13,6 +13,7 @@
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/fusion/plan_store.h"
 #include "kiln/fusion/strategy.h"
+#include "kiln/ir/flat_id_map.h"
 #include "kiln/ir/relative.h"
 
 namespace kiln::fusion {
@@ -32,7 +33,7 @@ class OperationQueue {
   // True iff some queued global op has a node with this id.
   bool references_tensor(ir::TensorId id) const;
   // Last status seen for every referenced tensor (entries may outlive the ops).
-  const std::unordered_map<ir::TensorId, ir::TensorStatus>& variables() const { return variables_; }
+  const ir::FlatIdMap<ir::TensorStatus>& variables() const { return variables_; }
   void forget_variable(ir::TensorId id) { variables_.erase(id); }
 
   // Last-use frees requested from other threads, applied at the next execution boundary.
@@ -55,7 +56,8 @@ class OperationQueue {
   std::vector<ir::Operation> relative_;
   std::vector<std::size_t> shapes_assigned_;
   ir::RelativeConverter converter_;
-  std::unordered_map<ir::TensorId, ir::TensorStatus> variables_;
+  // Flat: every op inserts its outputs and erases its consumed inputs (no node per entry).
+  ir::FlatIdMap<ir::TensorStatus> variables_;
   std::vector<ir::TensorIr> deferred_frees_;
 };
 
