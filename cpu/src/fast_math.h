@@ -270,8 +270,8 @@ inline __m512 exp16_normal(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_castsi512_ps(
-      _mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(_mm512_castps_si512(t), 23)));
+  const __m512i ti = _mm512_castps_si512(t);
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_mask_slli_epi32(ti, 0xFFFF, ti, 23)));
 }
 
 // log16 for 0 < x < +inf (subnormals included): none of the special-value fixups applies.
@@ -338,7 +338,8 @@ inline void exp_block_unchecked(const float* in, float* out, BlockCheck& c) {
   static_assert(N % 16 == 0);
   for (int v = 0; v < N; v += 16) {
     const __m512 x = _mm512_loadu_ps(in + v);
-    c.exp_abs = _mm512_max_epu32(c.exp_abs, _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+    c.exp_abs = _mm512_mask_max_epu32(c.exp_abs, 0xFFFF, c.exp_abs,
+                                      _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
     _mm512_storeu_ps(out + v, exp16_normal(x));
   }
 }
@@ -348,7 +349,7 @@ inline void log_block_unchecked(const float* in, float* out, BlockCheck& c) {
   static_assert(N % 16 == 0);
   for (int v = 0; v < N; v += 16) {
     const __m512 x = _mm512_loadu_ps(in + v);
-    c.log_m1 = _mm512_max_epu32(c.log_m1, _mm512_sub_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(1)));
+    c.log_m1 = _mm512_mask_max_epu32(c.log_m1, 0xFFFF, c.log_m1, _mm512_sub_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(1)));
     _mm512_storeu_ps(out + v, log16_finite(x));
   }
 }
@@ -359,7 +360,7 @@ inline void tanh_block_unchecked(const float* in, float* out, BlockCheck& c) {
   for (int v = 0; v < N; v += 16) {
     const __m512 x = _mm512_loadu_ps(in + v);
     const __m512 a = _mm512_andnot_ps(_mm512_set1_ps(-0.0f), x);
-    c.tanh_abs = _mm512_max_epu32(c.tanh_abs, _mm512_castps_si512(a));
+    c.tanh_abs = _mm512_mask_max_epu32(c.tanh_abs, 0xFFFF, c.tanh_abs, _mm512_castps_si512(a));
     _mm512_storeu_ps(out + v, tanh16_normal(x, a));
   }
 }

@@ -2,17 +2,23 @@
 // programs (the differential generator, several sizes and scalars per structure), directed
 // programs (broadcast / strided inputs, every float dtype, integers and bools, a kernel fault,
 // a declined indexed program), one kernel per structure across sizes and scalars, and the disk
-// cache (a new device loads without compiling; a corrupt entry is rebuilt).
+// cache (a new device loads without compiling; a corrupt entry is rebuilt); and the checked
+// pass of f32 exp / log / tanh blocks against the interpreter, bit for bit, with NaN / Inf /
+// domain-edge values sprinkled through the blocks and the tail, sliced (unaligned) inputs, and
+// one streaming launch (non-temporal stores).
 //
 // Each new structure costs one compiler run (~0.3-1 s), so the random part is small; run more
 // with KILN_JIT_TEST_STRUCTURES=<n>. Skipped when no C++ compiler is on PATH or KILN_CPU_JIT=0.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <random>
 
 #include "differential_util.h"
 
@@ -111,6 +117,10 @@ std::vector<double> iota(std::size_t n, double scale = 1.0, double offset = 0.0)
   for (std::size_t i = 0; i < n; ++i) v[i] = offset + scale * static_cast<double>((i * 37) % 101) / 101.0;
   return v;
 }
+
+// One rounding per operation, as the kernels do: out of line, so that the compiler cannot
+// contract a product and a following sum into one fma (GCC does at -O3 -march=native).
+[[gnu::noinline]] float mul_f32(float a, float c) { return a * c; }
 
 double rel_err(double a, double c) { return std::fabs(a - c) / std::max(std::fabs(c), 1e-30); }
 
@@ -218,10 +228,12 @@ TEST_F(JitTest, BroadcastAndStridedInputs) {
   for (std::size_t j = 0; j < n; ++j) ASSERT_EQ(r2v[j], static_cast<float>(rv[j]) * 3.0f);
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
+      // Each product through mul_f32: the kernel rounds the product before the subtraction, and
+      // an inline `av * w - c` is contracted into one fma at -O3 -march=native.
       const float av = static_cast<float>(xv[i * n + j]) + static_cast<float>(rv[j]);
-      const float cvv = av * static_cast<float>(wv[j * m + i]);
+      const float cvv = mul_f32(av, static_cast<float>(wv[j * m + i]));
       const float dv = cvv - static_cast<float>(cv[i]);
-      ASSERT_EQ(yv[i * n + j], dv * (static_cast<float>(rv[j]) * 3.0f)) << i << "," << j;
+      ASSERT_EQ(yv[i * n + j], mul_f32(dv, mul_f32(static_cast<float>(rv[j]), 3.0f))) << i << "," << j;
     }
   EXPECT_GE(s.device.stats().jit_launches, 1u);
   EXPECT_EQ(s.device.stats().fused_replays, 0u);
@@ -375,6 +387,263 @@ TEST_F(JitTest, DiskCacheIsReusedAndCorruptEntriesAreRebuilt) {
     check_w1(s.read(register_w1(s, shape, 0.25)), shape, 0.25);
     EXPECT_EQ(s.device.stats().jit_disk_loads, 1u);  // the rebuilt entry
   }
+}
+
+// ---- The checked pass (f32 exp / log / tanh blocks): bit-identical to the interpreter whatever
+// the blocks hold.
+
+// f32 values that leave the restricted domains of the checked pass (NaNs with payloads, quiet
+// and signalling, both signs; infinities; the domain edges 86 and 43; huge values; zeros,
+// subnormals and negatives for log) or sit just inside them.
+std::vector<float> special_floats() {
+  std::vector<float> v;
+  for (std::uint32_t bits : {0x7fc00000u, 0x7fc00001u, 0xffc12345u, 0x7fa00000u, 0xff800001u, 0x7f800000u, 0xff800000u,
+                             0x00000001u, 0x80000001u, 0x007fffffu, 0x7f7fffffu, 0xff7fffffu})
+    v.push_back(std::bit_cast<float>(bits));
+  for (float x : {0.0f, -0.0f, 1e30f, -1e30f, 86.0f, -86.0f, 43.0f, -43.0f, 85.99999f, -42.99999f, 88.8f, 104.5f,
+                  -104.5f, 0.625f, -1.0f})
+    v.push_back(x);
+  return v;
+}
+
+// n values uniform in [-r, r], with special values sprinkled in: in about a third of the
+// 64-element blocks (one to three each, anywhere in the block, so that both 64- and
+// 128-element blocks meet them and others stay clean) and in the last 40 elements (the tail).
+std::vector<float> sprinkled(std::size_t n, float r, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-r, r);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  const std::vector<float> sp = special_floats();
+  auto put = [&](std::size_t at) { v[at] = sp[rng() % sp.size()]; };
+  for (std::size_t b = 0; b + 64 <= n; b += 64)
+    if (rng() % 3 == 0)
+      for (std::uint64_t k = 1 + rng() % 3; k > 0; --k) put(b + rng() % 64);
+  for (std::size_t k = 0; k < 4 && n > 0; ++k) put(n - 1 - rng() % std::min<std::size_t>(n, 40));
+  return v;
+}
+
+// A program over f32 inputs: registers its ops on a session, returns the output.
+using Program = TensorIr (*)(Session&, const std::vector<TensorIr>&);
+
+// W2-like: y = sqrt(abs(tanh(sigmoid(x*1.5 + 0.5)*x - 0.25))), sigmoid lowered as the fusion
+// client lowers it (cast, -x, exp, +1, log, -x, exp, cast): 15 ops, 128-element blocks.
+TensorIr w2_program(Session& s, const std::vector<TensorIr>& in) {
+  const TensorIr x = in[0];
+  constexpr auto RW = TensorStatus::ReadWrite;
+  auto sc = [&](OpKind k, const TensorIr& t, double v) {
+    return s.submit(ok(b::scalar(Family::NumericFloat, k, use(t, RW), ScalarIr::Float(v), s.id())));
+  };
+  auto fl = [&](OpKind k, const TensorIr& t) { return s.submit(ok(b::unary(Family::Float, k, use(t, RW), s.id()))); };
+  auto cast = [&](const TensorIr& t) {
+    return s.submit(ok(b::cast(Family::BaseFloat, OpKind::Base_Cast, use(t, RW), dt::f32, s.id())));
+  };
+  TensorIr t = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(1.5), s.id())));
+  t = sc(OpKind::Numeric_AddScalar, t, 0.5);
+  t = cast(t);
+  t = sc(OpKind::Numeric_MulScalar, t, -1.0);
+  t = fl(OpKind::Float_Exp, t);
+  t = sc(OpKind::Numeric_AddScalar, t, 1.0);
+  t = fl(OpKind::Float_Log, t);
+  t = sc(OpKind::Numeric_MulScalar, t, -1.0);
+  t = fl(OpKind::Float_Exp, t);
+  t = cast(t);
+  t = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, use(t, RW), x, s.id())));
+  t = sc(OpKind::Numeric_SubScalar, t, 0.25);
+  t = fl(OpKind::Float_Tanh, t);
+  t = s.submit(ok(b::unary(Family::NumericFloat, OpKind::Numeric_Abs, use(t, RW), s.id())));
+  return fl(OpKind::Float_Sqrt, t);
+}
+
+// exp / log / tanh of the raw input and of derived values: y = log(exp(x) + exp(-0.5x)) +
+// 0.25 log(x) + tanh(x) (exp(86), tanh(43), log(0), log(-1), log(inf) ... all reach the
+// kernels); 10 instructions on one stream, 128-element blocks.
+TensorIr chain_program(Session& s, const std::vector<TensorIr>& in) {
+  const TensorIr x = in[0];
+  constexpr auto RW = TensorStatus::ReadWrite;
+  auto fl = [&](OpKind k, const TensorIr& t) { return s.submit(ok(b::unary(Family::Float, k, t, s.id()))); };
+  auto add = [&](const TensorIr& l, const TensorIr& r) {
+    return s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(l, RW), use(r, RW), s.id())));
+  };
+  const TensorIr ex = fl(OpKind::Float_Exp, x);
+  const TensorIr lx = fl(OpKind::Float_Log, x);
+  const TensorIr tx = fl(OpKind::Float_Tanh, x);
+  const TensorIr m = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(-0.5), s.id())));
+  const TensorIr em = fl(OpKind::Float_Exp, use(m, RW));
+  const TensorIr ls = fl(OpKind::Float_Log, use(add(ex, em), RW));
+  const TensorIr q = s.submit(
+      ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, use(lx, RW), ScalarIr::Float(0.25), s.id())));
+  return add(add(ls, q), tx);
+}
+
+// Three streams, one of each function: y = log(a) + exp(b) - tanh(c): 5 instructions on 4
+// streams, memory-bound, 64-element blocks.
+TensorIr three_program(Session& s, const std::vector<TensorIr>& in) {
+  constexpr auto RW = TensorStatus::ReadWrite;
+  auto fl = [&](OpKind k, const TensorIr& t) { return s.submit(ok(b::unary(Family::Float, k, t, s.id()))); };
+  const TensorIr la = fl(OpKind::Float_Log, in[0]), eb = fl(OpKind::Float_Exp, in[1]), tc = fl(OpKind::Float_Tanh, in[2]);
+  const TensorIr sum = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(la, RW), use(eb, RW), s.id())));
+  return s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(sum, RW), use(tc, RW), s.id())));
+}
+
+// How many kernel sources in a cache directory contain `text`.
+std::size_t kernel_sources_with(const std::string& dir, const std::string& text) {
+  std::size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".cc") {
+      std::ifstream f(e.path());
+      const std::string src((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      n += src.find(text) != std::string::npos ? 1 : 0;
+    }
+  return n;
+}
+
+struct BothRuns {
+  std::vector<float> jit, interp;
+  CpuDeviceStats jit_stats;
+};
+
+// The program on the JIT device and on the interpreter (same ops, same ids, raw f32 uploads so
+// that NaN payloads survive). offset > 0: every input is uploaded with `offset` extra leading
+// elements and sliced off by a view, so that the kernel's loads start off any alignment.
+BothRuns run_both(const CpuDeviceOptions& jit_options, Program program, const std::vector<std::vector<float>>& inputs,
+                  std::size_t offset = 0) {
+  BothRuns r;
+  for (int side = 0; side < 2; ++side) {
+    CpuDeviceOptions o = jit_options;
+    if (side == 1) o.jit = CpuJitMode::Off;
+    Session s(o);
+    std::vector<TensorIr> in;
+    for (const std::vector<float>& v : inputs) {
+      std::vector<float> padded(offset, 1.0f);
+      padded.insert(padded.end(), v.begin(), v.end());
+      TensorIr t{s.id(), Shape{padded.size()}, TensorStatus::ReadOnly, dt::f32};
+      EXPECT_TRUE(s.device.upload<float>(t.id, t.shape, std::span<const float>(padded)).ok());
+      if (offset > 0) {
+        const ir::Slice range{static_cast<std::int64_t>(offset), std::nullopt, 1};
+        t = s.submit(ok(b::slice(Family::BaseFloat, OpKind::Base_Slice, t, std::span<const ir::Slice>(&range, 1), s.id())));
+      }
+      in.push_back(t);
+    }
+    const TensorIr y = program(s, in);
+    s.sync();
+    auto got = s.device.download<float>(y.id);
+    EXPECT_TRUE(got.ok());
+    (side == 0 ? r.jit : r.interp) = got.ok() ? *got : std::vector<float>{};
+    if (side == 0) r.jit_stats = s.device.stats();
+    EXPECT_EQ(s.device.stats().fused_replays, 0u);
+  }
+  return r;
+}
+
+// The kernel and the interpreter agree bit for bit (NaN payloads included) when they were
+// compiled for the same target: the JIT always compiles with -march=native, so this build (whose
+// flags the library shares) must have FMA too. fast_math.h's madd rounds once with FMA and
+// twice without, so a Debug build without -march=native differs in the last bits of exp / log /
+// tanh (1-2 ulp, amplified by the programs' cancellations). There the test still requires the
+// same NaN / infinity / zero results, bit for bit, and finite values within `tol` (absolute,
+// plus 1e-5 relative).
+#if defined(__FMA__)
+constexpr bool kSameTargetAsTheJit = true;
+#else
+constexpr bool kSameTargetAsTheJit = false;
+#endif
+
+void expect_same_bits(const BothRuns& r, const std::string& what, double tol, bool nan_payloads_exact) {
+  ASSERT_EQ(r.jit.size(), r.interp.size()) << what;
+  std::size_t bad = 0, inexact = 0, nan_payloads = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < r.jit.size(); ++i) {
+    const float a = r.jit[i], c = r.interp[i];
+    const auto ab = std::bit_cast<std::uint32_t>(a), cb = std::bit_cast<std::uint32_t>(c);
+    if (ab == cb) continue;
+    // NaN == NaN for programs where one operation can meet two NaNs with different payloads
+    // (several inputs): which one it keeps depends on the operand order the compiler picked
+    // (x86 keeps the first's; IEEE 754 leaves it open). With one input every NaN descends from
+    // one payload, and the bits must match.
+    if (!nan_payloads_exact && std::isnan(a) && std::isnan(c)) {
+      ++nan_payloads;
+      continue;
+    }
+    if (!kSameTargetAsTheJit && std::isfinite(a) && std::isfinite(c) && a != 0.0f && c != 0.0f) {
+      const double d = std::fabs(static_cast<double>(a) - static_cast<double>(c));
+      worst = std::max(worst, d);
+      ++inexact;
+      if (d <= tol + 1e-5 * std::fabs(static_cast<double>(c))) continue;
+    }
+    if (++bad <= 5)
+      ADD_FAILURE() << what << ": element " << i << " (block " << i / 128 << ", lane " << i % 128 << "): JIT 0x" << std::hex
+                    << ab << " (" << a << "), interpreter 0x" << cb << " (" << c << ")";
+  }
+  EXPECT_EQ(bad, 0u) << what;
+  if (nan_payloads > 0) std::printf("[jit] %s: %zu NaNs with other payloads\n", what.c_str(), nan_payloads);
+  if (!kSameTargetAsTheJit && inexact > 0)
+    std::printf("[jit] %s: %zu of %zu elements differ in the last bits (this build has no FMA, the JIT does), "
+                "largest difference %g\n",
+                what.c_str(), inexact, r.jit.size(), worst);
+}
+
+TEST_F(JitTest, CheckedBlocksMatchTheInterpreterWithSpecialValues) {
+  const CpuDeviceOptions o = options();
+  struct Case {
+    const char* name;
+    Program program;
+    std::size_t inputs;
+    float range;
+    double tol;  // without FMA in this build only (see expect_same_bits)
+  };
+  const Case cases[] = {
+      {"w2", w2_program, 1, 3.0f, 1e-4}, {"chain", chain_program, 1, 30.0f, 1e-4}, {"three", three_program, 3, 30.0f, 1e-4}};
+  std::uint64_t seed = 1;
+  for (const Case& c : cases) {
+    for (const std::size_t n : {std::size_t{1000}, std::size_t{4096 + 37}, std::size_t{256}, std::size_t{100}}) {
+      for (const std::size_t offset : {std::size_t{0}, std::size_t{3}}) {
+        std::vector<std::vector<float>> in;
+        for (std::size_t k = 0; k < c.inputs; ++k) in.push_back(sprinkled(n, c.range, seed++));
+        const BothRuns r = run_both(o, c.program, in, offset);
+        const std::string what = std::string(c.name) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset);
+        expect_same_bits(r, what, c.tol, c.inputs == 1);
+        EXPECT_GE(r.jit_stats.jit_launches, 1u) << what;
+        EXPECT_EQ(r.jit_stats.jit_failures, 0u) << what;
+        // The kernel ran, not the interpreter (sliced inputs too: a contiguous view from an
+        // offset is a flat load, unaligned).
+        EXPECT_EQ(r.jit_stats.jit_declined, 0u) << what;
+      }
+    }
+  }
+  // Three kernels, each with the checked pass; w2 and chain in 128-element blocks, three in 64.
+  EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "fast::BlockCheck chk;"), 3u);
+  EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "constexpr int kLanes = 128;"), 2u);
+  EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "constexpr int kLanes = 64;"), 1u);
+  // All clean (every block takes the checked pass's fast exit) and all special (every block is
+  // recomputed).
+  for (const Case& c : cases) {
+    std::vector<std::vector<float>> clean, dirty;
+    std::mt19937_64 rng(seed++);
+    const std::vector<float> sp = special_floats();
+    for (std::size_t k = 0; k < c.inputs; ++k) {
+      std::vector<float> v(2048), w(2048);
+      std::uniform_real_distribution<float> u(-c.range, c.range);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = u(rng), w[i] = sp[rng() % sp.size()];
+      clean.push_back(v);
+      dirty.push_back(w);
+    }
+    expect_same_bits(run_both(o, c.program, clean), std::string(c.name) + " clean", c.tol, c.inputs == 1);
+    expect_same_bits(run_both(o, c.program, dirty), std::string(c.name) + " all special", c.tol, c.inputs == 1);
+  }
+}
+
+// One launch above kStreamingBytes (2^23 f32 in, 2^23 out: 64 MiB): the non-temporal stores,
+// split between two threads.
+TEST_F(JitTest, StreamingLaunchWithNonTemporalStoresMatchesTheInterpreter) {
+  const std::size_t n = std::size_t{1} << 23;
+  const BothRuns r = run_both(options(2), w2_program, {sprinkled(n, 3.0f, 4242)});
+  expect_same_bits(r, "w2 n=2^23", 1e-4, true);
+  EXPECT_EQ(r.jit_stats.jit_launches, 1u);
+  EXPECT_EQ(r.jit_stats.jit_declined, 0u);
+  // The kernel has the non-temporal store path (taken at run time for streaming launches with
+  // 64-byte-aligned outputs).
+  EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "_mm512_stream_ps(q0"), 1u);
 }
 
 // Off unless asked for: the default device options never run a compiler.
