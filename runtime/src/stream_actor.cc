@@ -388,8 +388,12 @@ void StreamActor::post_exclusive(F fn) {
       post_exclusive(std::move(fn));
       return;
     }
-    fn();
+    // fn runs holding the stream and returns what to deliver once it is let go: a delivered
+    // promise may let its waiter destroy this actor (close_stream after quiesce), so nothing of
+    // `this` may be touched after it.
+    auto deliver = fn();
     release_running();
+    deliver();
   });
 }
 
@@ -398,7 +402,7 @@ std::future<void> StreamActor::quiesce() {
   std::future<void> f = done->get_future();
   // The strand runs handlers in order: this one runs after every turn already posted, and it
   // holds the stream, so no inline waiter is running either.
-  post_exclusive([done] { done->set_value(); });
+  post_exclusive([done] { return [done] { done->set_value(); }; });
   return f;
 }
 
@@ -415,7 +419,9 @@ StreamSnapshot StreamActor::snapshot_now() const {
 std::future<StreamSnapshot> StreamActor::snapshot() {
   auto done = std::make_shared<std::promise<StreamSnapshot>>();
   std::future<StreamSnapshot> f = done->get_future();
-  post_exclusive([this, done] { done->set_value(snapshot_now()); });
+  post_exclusive([this, done] {
+    return [done, snap = snapshot_now()]() mutable { done->set_value(std::move(snap)); };
+  });
   return f;
 }
 

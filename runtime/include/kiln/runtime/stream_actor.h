@@ -195,7 +195,9 @@ class StreamActor {
   bool acquire_running();
   void release_running();
   void end_of_turn();  // release the stream, then the wake-up protocol's clear and re-check
-  // Posts `fn` to the strand to run while holding the stream (after any inline waiter).
+  // Posts `fn` to the strand to run while holding the stream (after any inline waiter); fn
+  // returns a callable run after the stream is let go (delivering a result whose waiter may
+  // destroy the actor).
   template <class F>
   void post_exclusive(F fn);
   void run(Command& cmd);
