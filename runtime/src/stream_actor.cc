@@ -158,13 +158,6 @@ bool StreamActor::try_run_inline(Command& cmd) {
                                      0, foreign_count_.load(std::memory_order_relaxed))) > kInlineBacklog)
     return false;
   if (!acquire_running()) return false;
-  std::size_t ran = 0;
-  auto run_owned = [this, &ran](Command* c) {
-    std::unique_ptr<Command> owned(c);
-    run(*owned);
-    ++ran;
-    if (std::holds_alternative<RegisterOpCmd>(*owned) && recycled_.push(owned.get())) (void)owned.release();
-  };
   // Exactly what was queued before the call (the caller's own commands among it), in the
   // actor's order; later commands are left to the turn, so a flooding producer cannot hold us.
   std::size_t intake_left = intake_.read_available();
@@ -176,14 +169,14 @@ bool StreamActor::try_run_inline(Command& cmd) {
     std::size_t visible = intake_.read_available();
     Command* o = nullptr;
     while (visible-- > 0 && intake_.pop(o)) {
-      run_owned(o);
+      run_queued(o);
       if (intake_left > 0) --intake_left;
     }
-    run_owned(c);
+    run_queued(c);
   }
   while (intake_left > 0 && intake_.pop(c)) {
     --intake_left;
-    run_owned(c);
+    run_queued(c);
   }
   run(cmd);
   inline_runs_.store(inline_runs_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -200,6 +193,13 @@ void StreamActor::end_of_turn() {
   if (has_work() && !scheduled_.exchange(true, std::memory_order_acq_rel)) post_turn();
 }
 
+void StreamActor::run_queued(Command* c) {
+  std::unique_ptr<Command> cmd(c);
+  run(*cmd);
+  // A registration goes back to the stream's owner for reuse (no malloc/free pair per op).
+  if (std::holds_alternative<RegisterOpCmd>(*cmd) && recycled_.push(cmd.get())) (void)cmd.release();
+}
+
 void StreamActor::run_turn() {
   if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_sub(1, std::memory_order_relaxed);
   if (!acquire_running()) {
@@ -210,11 +210,8 @@ void StreamActor::run_turn() {
   turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   std::size_t processed = 0;
   auto run_owned = [this, &processed](Command* c) {
-    std::unique_ptr<Command> cmd(c);
-    run(*cmd);
+    run_queued(c);
     ++processed;
-    // An intake registration goes back to its producer for reuse (no malloc/free pair per op).
-    if (std::holds_alternative<RegisterOpCmd>(*cmd) && recycled_.push(cmd.get())) (void)cmd.release();
   };
   int idle_polls = 0;
   answered_waiter_ = false;

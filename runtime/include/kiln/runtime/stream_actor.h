@@ -201,6 +201,8 @@ class StreamActor {
   template <class F>
   void post_exclusive(F fn);
   void run(Command& cmd);
+  // Runs a command popped from a queue and frees or recycles it.
+  void run_queued(Command* c);
   std::size_t drain_now();
   bool has_work() const;
   void publish_stats();
