@@ -57,6 +57,12 @@ Result<ClientConnection> connect_to_daemon(const ClientOptions& options) {
     }
     return sys_error("connecting to the daemon at " + path, err);
   }
+  // Who answers: a socket planted by another user (in a runtime dir it could create first, or
+  // through a path the client was pointed to) must not receive our hello, let alone our data.
+  Result<PeerCredentials> daemon = peer_credentials(sock.get());
+  if (!daemon.ok()) return make_error(ErrorCode::Execution, "reading the credentials of the daemon at " + path + ": " + daemon.error().message);
+  if (Status trusted = check_daemon_peer(::geteuid(), *daemon); !trusted.ok())
+    return make_error(ErrorCode::Invalid, "refused: not trusting " + path + ": " + trusted.error().message);
 
   const auto hello = encode_hello(Hello{version, options.job});
   if (Status st = send_with_fds(sock.get(), hello, {}, options.timeout); !st.ok()) {

@@ -12,7 +12,10 @@
 #include <atomic>
 #include <map>
 #include <span>
+#include <memory>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -30,8 +33,15 @@ constexpr std::chrono::milliseconds kReceivePoll{100};   // how often a session 
 constexpr std::chrono::milliseconds kSendTimeout{30'000};  // a client that never pops completions
 constexpr std::uint64_t kQueuedOpsRefresh = 64;            // ops between queued-op recounts
 // Registrations made without waking their stream's actor while the client's ring still holds
-// messages, before the session wakes the actors anyway (see ClientSession::register_op).
-constexpr std::size_t kDeferredWakeMax = 32;
+// messages, before the session wakes the actors anyway (see ClientSession::register_op). A
+// worker's step up to its read fits (the read then runs it all on the session thread, no pool
+// thread woken: 4-process ops/s +10-20% over a limit of 32); half an actor's intake ring, so a
+// deferred burst never fills it.
+constexpr std::size_t kDeferredWakeMax = 256;
+
+// Bounds one staged (chunked) upload whatever the job's quota (0 = unlimited): far above any
+// tensor a kiln device holds; it caps what a quota-less client can make the daemon reserve.
+constexpr std::uint64_t kMaxStagedBytes = std::uint64_t{1} << 40;
 
 // What the daemon knows of one client tensor.
 struct TensorRecord {
@@ -151,9 +161,14 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status import_tensor(const ImportCmd& c, std::uint64_t rid);
   Status close_stream(const CloseStreamCmd& c, std::uint64_t rid);
   Status status(const StatusCmd& c, std::uint64_t rid);
+  Status upload_part(const UploadPartCmd& c, std::uint64_t rid);
+  Status read_part(const ReadPartCmd& c, std::uint64_t rid);
+  Result<ReadPartDoneCpl> read_window(const ReadPartCmd& c, const TensorRecord& rec);
+  void discard_staged_upload(std::uint64_t client_tensor);
 
   Status send(const Completion& cpl);
   void wake_deferred();
+  void note_deferred(StreamId s);  // a registration or drop left for wake_deferred()
   StreamId stream(std::uint64_t client_stream);
   Result<TensorRecord*> lookup(std::uint64_t client_tensor, const char* what);
   Status check_fresh(std::uint64_t client_tensor, const char* what) const;
@@ -183,9 +198,29 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::uint64_t queued_ops_ = 0;
   std::uint64_t rejected_ = 0;
   std::vector<std::uint8_t> out_;
+  // Chunked transfers in progress (upload_part, read_part; see protocol.h). An upload's staging
+  // buffer has the tensor's size, charged to the job's quota from its first part; the read
+  // snapshot is one device read, at most one per connection, bounded by a live tensor's size.
+  struct StagedUpload {
+    ir::DType dtype;
+    ir::Shape shape;
+    std::uint64_t total = 0;     // bytes of the tensor (charged)
+    std::uint64_t received = 0;  // bytes copied in so far: the next part's offset
+    std::unique_ptr<std::byte[]> data;
+  };
+  struct StagedRead {
+    std::uint64_t client_tensor = 0;
+    ir::TensorId global{0};
+    bool last_use = false;
+    std::uint64_t sent = 0;  // bytes copied out so far: the next window's offset
+    runtime::HostData data;
+  };
+  std::unordered_map<std::uint64_t, StagedUpload> staged_uploads_;
+  std::optional<StagedRead> staged_read_;
   // Streams with registrations not woken yet, and how many (register_op, serve).
   std::vector<StreamId> deferred_streams_;
   std::size_t deferred_ops_ = 0;
+  OperationCheckMemo op_check_;  // register_op's shape check, remembering accepted shapes
 
   mutable std::mutex stats_mu_;
   ClientStatus stats_;
@@ -241,6 +276,8 @@ void ClientSession::serve(std::span<const std::uint8_t> message) {
         if constexpr (std::is_same_v<T, ImportCmd>) return import_tensor(c, rid);
         if constexpr (std::is_same_v<T, CloseStreamCmd>) return close_stream(c, rid);
         if constexpr (std::is_same_v<T, StatusCmd>) return status(c, rid);
+        if constexpr (std::is_same_v<T, UploadPartCmd>) return upload_part(c, rid);
+        if constexpr (std::is_same_v<T, ReadPartCmd>) return read_part(c, rid);
         return make_error(ErrorCode::Internal, "unhandled command");
       },
       cmd.body);
@@ -254,6 +291,12 @@ void ClientSession::serve(std::span<const std::uint8_t> message) {
   if (!deferred_streams_.empty() && (deferred_ops_ >= kDeferredWakeMax || !client_->endpoint.receive_pending()))
     wake_deferred();
   publish_stats();
+}
+
+void ClientSession::note_deferred(StreamId s) {
+  if (std::find(deferred_streams_.begin(), deferred_streams_.end(), s) == deferred_streams_.end())
+    deferred_streams_.push_back(s);
+  ++deferred_ops_;
 }
 
 void ClientSession::wake_deferred() {
@@ -388,7 +431,7 @@ Status ClientSession::attach(const AttachStreamCmd& c, std::uint64_t rid) {
 
 Status ClientSession::register_op(RegisterOpCmd& c) {
   ir::Operation& op = c.op;
-  KILN_RETURN_IF_ERROR(check_client_operation(op));
+  KILN_RETURN_IF_ERROR(op_check_.check(op));
   // Quota of queued operations: recounted every few ops (a stream stats read per stream).
   const std::uint64_t limit = service_.options.job_queued_ops;
   if (limit != 0) {
@@ -443,19 +486,16 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
     }
   }
   // More messages waiting: register without waking the actor (serve() wakes it when the burst
-  // ends). An op followed by a sync then runs on this thread in the sync's inline drain, with no
-  // pool thread woken; a long burst still wakes the actor every kDeferredWakeMax ops.
+  // ends). A burst followed by a sync or read then runs on this thread, in the wait's inline run
+  // (StreamActor::try_run_inline takes any unscheduled backlog), with no pool thread woken; a
+  // long burst still wakes the actor every kDeferredWakeMax ops.
   const bool defer = client_->endpoint.receive_pending();
   Status st = defer ? service_.device.register_op_deferred(s, std::move(op)) : service_.device.register_op(s, std::move(op));
   if (!st.ok()) {
     release(out_bytes);
     return st;
   }
-  if (defer) {
-    if (std::find(deferred_streams_.begin(), deferred_streams_.end(), s) == deferred_streams_.end())
-      deferred_streams_.push_back(s);
-    ++deferred_ops_;
-  }
+  if (defer) note_deferred(s);
   forget(std::span<const std::uint64_t>(consumed.data(), consumed.size()));
   for (auto& [client_id, rec] : produced) tensors_.emplace(client_id, std::move(rec));
   ++ops_registered_;
@@ -513,7 +553,12 @@ Status ClientSession::sync(const SyncCmd& c, std::uint64_t rid) {
 Status ClientSession::drop(const DropCmd& c) {
   KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(c.tensor.id.value(), "drop"));
   const ir::TensorIr t{rec->global, rec->shape, ir::TensorStatus::ReadWrite, rec->dtype};
-  Status st = service_.device.drop(rec->home, t);
+  // Like a registration: a drop followed by more messages leaves the actor asleep (a worker's
+  // drops come in bursts, after the read that ended its step).
+  const bool defer = client_->endpoint.receive_pending();
+  const StreamId home = rec->home;
+  Status st = defer ? service_.device.drop_deferred(home, t) : service_.device.drop(home, t);
+  if (st.ok() && defer) note_deferred(home);
   forget(c.tensor.id.value());
   return st;
 }
@@ -571,6 +616,146 @@ Status ClientSession::status(const StatusCmd& c, std::uint64_t rid) {
   return send(Completion{rid, StatusTextCpl{c.json ? st.to_json() : st.to_text()}});
 }
 
+// ---- Chunked transfers (protocol.h, "Chunked transfers")
+
+void ClientSession::discard_staged_upload(std::uint64_t client_tensor) {
+  auto it = staged_uploads_.find(client_tensor);
+  if (it == staged_uploads_.end()) return;
+  release(it->second.total);
+  staged_uploads_.erase(it);
+}
+
+Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
+  const std::uint64_t id = c.tensor.value();
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t total, tensor_bytes(c.dtype, c.shape));
+  // The decoder checked these bounds; the staging copy below relies on them, so check again.
+  if (c.data.length == 0 || c.offset >= total || c.data.length > total - c.offset)
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("data: part [{}, +{}) is not inside the tensor's {} bytes", c.offset, c.data.length, total));
+  auto it = staged_uploads_.find(id);
+  if (it == staged_uploads_.end()) {
+    if (c.offset != 0)
+      return make_error(ErrorCode::Invalid, fmt::format("offset: {}, but no upload of tensor {} is in progress (its first "
+                                                        "part has offset 0)", c.offset, id));
+    KILN_RETURN_IF_ERROR(check_fresh(id, "tensor_id"));
+    if (staged_uploads_.size() >= kMaxStagedUploads)
+      return make_error(ErrorCode::ResourceExhausted,
+                        fmt::format("{} chunked uploads are already in progress on this connection (the limit)",
+                                    staged_uploads_.size()));
+    if (total > kMaxStagedBytes)
+      return make_error(ErrorCode::ResourceExhausted, fmt::format("shape: tensor {} of {} exceeds the largest chunked upload, {}",
+                                                                  id, human_bytes(total), human_bytes(kMaxStagedBytes)));
+    // The whole tensor is charged before anything is allocated: staged bytes count like live ones.
+    KILN_RETURN_IF_ERROR(charge(total, [&] { return fmt::format("staging tensor {}", id); }));
+    // Default-initialised: pages are touched only as parts arrive.
+    std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[total]);
+    if (!buf) {
+      release(total);
+      return make_error(ErrorCode::ResourceExhausted, fmt::format("cannot allocate {} to stage tensor {}", human_bytes(total), id));
+    }
+    it = staged_uploads_.emplace(id, StagedUpload{c.dtype, c.shape, total, 0, std::move(buf)}).first;
+  } else if (!(it->second.dtype == c.dtype) || it->second.shape != c.shape) {
+    const std::string msg = fmt::format("shape: tensor {} is being uploaded as {}{}, this part says {}{}; upload discarded", id,
+                                        it->second.dtype.name(), ir::shape_to_string(it->second.shape), c.dtype.name(),
+                                        ir::shape_to_string(c.shape));
+    discard_staged_upload(id);
+    return make_error(ErrorCode::Invalid, msg);
+  } else if (c.offset != it->second.received) {
+    const std::string msg = fmt::format("offset: {}, expected {} (the bytes received so far: parts arrive in order); upload "
+                                        "of tensor {} discarded", c.offset, it->second.received, id);
+    discard_staged_upload(id);
+    return make_error(ErrorCode::Invalid, msg);
+  }
+  StagedUpload& staged = it->second;
+  // Straight from shared memory into the private staging buffer: nothing reads the arena twice.
+  Status copied = client_->endpoint.arena().read(
+      c.data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(staged.data.get()) + c.offset, c.data.length));
+  if (!copied.ok()) {
+    discard_staged_upload(id);
+    return copied;
+  }
+  staged.received += c.data.length;
+  if (staged.received < staged.total) return send(Completion{rid, OkCpl{}});
+  // The last byte is in: the staging becomes the tensor, and its charge the tensor's.
+  StagedUpload done = std::move(staged);
+  staged_uploads_.erase(it);
+  if (Status fresh = check_fresh(id, "tensor_id"); !fresh.ok()) {  // uploaded or imported meanwhile
+    release(done.total);
+    return fresh;
+  }
+  const ir::TensorId global = service_.device.new_tensor_id();
+  Status st = service_.device.upload(global, done.dtype, done.shape, std::span<const std::byte>(done.data.get(), done.total));
+  if (!st.ok()) {
+    release(done.total);
+    return st;
+  }
+  tensors_.emplace(id, TensorRecord{global, done.shape, done.dtype, stream(0), done.total});
+  return send(Completion{rid, OkCpl{}});
+}
+
+Status ClientSession::read_part(const ReadPartCmd& c, std::uint64_t rid) {
+  const std::uint64_t id = c.tensor.id.value();
+  if (c.offset == 0) staged_read_.reset();  // a new chunked read replaces an abandoned one
+  Result<TensorRecord*> found = lookup(id, "tensor.id");
+  if (!found.ok()) {
+    staged_read_.reset();
+    return found.error();
+  }
+  const TensorRecord rec = **found;  // a copy: forget() below erases the entry
+  if (!(rec.dtype == c.tensor.dtype) || rec.shape != c.tensor.shape) {
+    staged_read_.reset();
+    return make_error(ErrorCode::Invalid, fmt::format("tensor {} is {} {} on record, the message says {} {}", id,
+                                                      ir::shape_to_string(rec.shape), rec.dtype.name(),
+                                                      ir::shape_to_string(c.tensor.shape), c.tensor.dtype.name()));
+  }
+  // Past here the tensor is this client's. A last use ends with the transfer: after its final
+  // window has been copied out, or at a window that fails, as a failed read consumes it.
+  Result<ReadPartDoneCpl> window = read_window(c, rec);
+  const bool final = window.ok() && window->offset + window->data.length == rec.bytes;
+  if (!window.ok() || final) staged_read_.reset();
+  if (c.tensor.status == ir::TensorStatus::ReadWrite && (!window.ok() || final)) {
+    Status dropped =
+        service_.device.drop(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadWrite, rec.dtype});
+    forget(id);
+    if (window.ok() && !dropped.ok()) return dropped;
+  }
+  if (!window.ok()) return window.error();
+  return send(Completion{rid, std::move(window).value()});
+}
+
+Result<ReadPartDoneCpl> ClientSession::read_window(const ReadPartCmd& c, const TensorRecord& rec) {
+  const std::uint64_t id = c.tensor.id.value();
+  const bool last_use = c.tensor.status == ir::TensorStatus::ReadWrite;
+  if (c.offset == 0) {
+    // One device read for the whole transfer, read-only: the tensor stays live meanwhile.
+    Result<runtime::HostData> data =
+        service_.device.read(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadOnly, rec.dtype});
+    if (!data.ok()) return data.error();
+    if (data->bytes.size() != rec.bytes)
+      return make_error(ErrorCode::Internal,
+                        fmt::format("the device returned {} bytes for tensor {} of {}", data->bytes.size(), id, rec.bytes));
+    staged_read_ = StagedRead{id, rec.global, last_use, 0, std::move(data).value()};
+  } else if (!staged_read_ || staged_read_->client_tensor != id || staged_read_->global != rec.global) {
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("offset: {}, but no read of tensor {} is in progress (its first window has offset 0)",
+                                  c.offset, id));
+  }
+  StagedRead& s = *staged_read_;
+  if (s.last_use != last_use)
+    return make_error(ErrorCode::Invalid, fmt::format("tensor.status: the read of tensor {} began as {}", id,
+                                                      s.last_use ? "a last use (ReadWrite)" : "ReadOnly"));
+  if (c.offset != s.sent)
+    return make_error(ErrorCode::Invalid, fmt::format("offset: {}, expected {} (the bytes read so far: windows come in order)",
+                                                      c.offset, s.sent));
+  const std::uint64_t total = s.data.bytes.size();
+  const std::uint64_t n = std::min(c.dest.length, total - s.sent);  // s.sent < total: the decoder's offset check
+  const ArenaRange dest{c.dest.offset, n};
+  KILN_RETURN_IF_ERROR(client_->endpoint.arena().write(
+      dest, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data.bytes.data()) + s.sent, n)));
+  s.sent += n;
+  return ReadPartDoneCpl{s.data.dtype, s.data.shape, c.offset, dest};
+}
+
 // ---- Cleanup when the client goes
 
 void ClientSession::cleanup() {
@@ -593,6 +778,9 @@ void ClientSession::cleanup() {
   }
   const std::size_t dropped = tensors_.size();
   tensors_.clear();
+  // Staged transfers go too; their charges are part of tensor_bytes_, released below.
+  staged_uploads_.clear();
+  staged_read_.reset();
   {
     std::lock_guard lock(service_.mu);
     JobState& job_state = *job_state_;

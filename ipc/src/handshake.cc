@@ -38,6 +38,12 @@ Status check_peer(const CredentialPolicy& policy, const PeerCredentials& peer) {
   return make_error(ErrorCode::Invalid, "uid " + std::to_string(peer.uid) + " not allowed");
 }
 
+Status check_daemon_peer(uid_t own_uid, const PeerCredentials& daemon) {
+  if (daemon.uid == own_uid || daemon.uid == 0) return Status::Ok();
+  return make_error(ErrorCode::Invalid, "the daemon runs as uid " + std::to_string(daemon.uid) + ", neither this process's uid " +
+                                            std::to_string(own_uid) + " nor root");
+}
+
 Status validate_job_name(std::string_view job) {
   if (job.empty() || job.size() > kMaxJobNameBytes) {
     return make_error(ErrorCode::Invalid, "job name: length " + std::to_string(job.size()) + " is outside [1, " +

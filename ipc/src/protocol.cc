@@ -216,6 +216,33 @@ Result<ArenaRange> get_range(Reader& r, const char* field, const char* off_field
   return a;
 }
 
+// A part or window of a tensor's bytes: at least 1 byte, [offset, offset + length) inside the
+// tensor's `size` bytes (overflow-safe).
+Status check_window(const Reader& r, const char* off_field, const char* data_field, std::uint64_t offset,
+                    std::uint64_t length, DType dtype, const Shape& shape, std::uint64_t size) {
+  const auto tensor = [&] { return dtype.name() + ir::shape_to_string(shape) + " (" + std::to_string(size) + " bytes)"; };
+  if (length == 0) return r.fail(data_field, "length 0: a part carries at least 1 byte");
+  if (offset >= size) return r.fail(off_field, std::to_string(offset) + " is not inside " + tensor());
+  if (length > size - offset) {
+    return r.fail(data_field, "length " + std::to_string(length) + " at offset " + std::to_string(offset) +
+                                  " runs past the end of " + tensor());
+  }
+  return Status::Ok();
+}
+
+// The body of a part (upload_part, read_part_done): dtype, shape, offset, data range, the range
+// a window inside the tensor. `Part` has dtype, shape, offset and data members.
+template <class Part>
+Status get_part(Reader& r, Part& c, std::uint64_t arena_size) {
+  KILN_ASSIGN_OR_RETURN(c.dtype, get_dtype(r, "dtype"));
+  KILN_ASSIGN_OR_RETURN(c.shape, get_shape(r, "shape"));
+  KILN_ASSIGN_OR_RETURN(c.offset, r.u64("offset"));
+  KILN_ASSIGN_OR_RETURN(c.data, get_range(r, "data", "data.offset", "data.length", arena_size));
+  auto n = tensor_bytes(c.dtype, c.shape);
+  if (!n.ok()) return r.fail("shape", n.error().message);
+  return check_window(r, "offset", "data", c.offset, c.data.length, c.dtype, c.shape, *n);
+}
+
 // The fixed header; leaves the reader at the body. `kind_count` bounds the kind byte.
 struct Header {
   std::uint8_t kind;
@@ -257,6 +284,8 @@ const char* command_kind_name(CommandKind k) {
     case CommandKind::Import: return "import";
     case CommandKind::CloseStream: return "close_stream";
     case CommandKind::Status: return "status";
+    case CommandKind::UploadPart: return "upload_part";
+    case CommandKind::ReadPart: return "read_part";
   }
   return "unknown";
 }
@@ -268,6 +297,7 @@ const char* completion_kind_name(CompletionKind k) {
     case CompletionKind::ReadDone: return "read_done";
     case CompletionKind::Exported: return "exported";
     case CompletionKind::StatusText: return "status_text";
+    case CompletionKind::ReadPartDone: return "read_part_done";
   }
   return "unknown";
 }
@@ -300,10 +330,11 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
   Status ok = std::visit(
       [](const auto& b) -> Status {
         using T = std::decay_t<decltype(b)>;
-        if constexpr (std::is_same_v<T, UploadCmd>) {
+        if constexpr (std::is_same_v<T, UploadCmd> || std::is_same_v<T, UploadPartCmd>) {
           KILN_RETURN_IF_ERROR(check_dtype_encodable(b.dtype));
           return check_shape_encodable(b.shape);
-        } else if constexpr (std::is_same_v<T, ReadCmd> || std::is_same_v<T, DropCmd>) {
+        } else if constexpr (std::is_same_v<T, ReadCmd> || std::is_same_v<T, DropCmd> ||
+                             std::is_same_v<T, ReadPartCmd>) {
           KILN_RETURN_IF_ERROR(check_dtype_encodable(b.tensor.dtype));
           return check_shape_encodable(b.tensor.shape);
         } else {
@@ -349,6 +380,17 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
           w.u64(b.tensor.value());
         } else if constexpr (std::is_same_v<T, StatusCmd>) {
           w.u8(b.json ? 1 : 0);
+        } else if constexpr (std::is_same_v<T, UploadPartCmd>) {
+          w.u64(b.tensor.value());
+          put_dtype(w, b.dtype);
+          put_shape(w, b.shape);
+          w.u64(b.offset);
+          put_range(w, b.data);
+        } else if constexpr (std::is_same_v<T, ReadPartCmd>) {
+          w.u64(b.stream);
+          put_tensor(w, b.tensor);
+          w.u64(b.offset);
+          put_range(w, b.dest);
         }
       },
       cmd.body);
@@ -359,6 +401,10 @@ Status encode_completion(const Completion& cpl, std::vector<std::uint8_t>& out) 
   if (const auto* rd = std::get_if<ReadDoneCpl>(&cpl.body)) {
     KILN_RETURN_IF_ERROR(check_dtype_encodable(rd->dtype));
     KILN_RETURN_IF_ERROR(check_shape_encodable(rd->shape));
+  }
+  if (const auto* rp = std::get_if<ReadPartDoneCpl>(&cpl.body)) {
+    KILN_RETURN_IF_ERROR(check_dtype_encodable(rp->dtype));
+    KILN_RETURN_IF_ERROR(check_shape_encodable(rp->shape));
   }
   Writer w(out);
   const std::size_t start = begin_message(w, static_cast<std::uint8_t>(cpl.kind()), cpl.request_id);
@@ -375,6 +421,11 @@ Status encode_completion(const Completion& cpl, std::vector<std::uint8_t>& out) 
         } else if constexpr (std::is_same_v<T, ReadDoneCpl>) {
           put_dtype(w, b.dtype);
           put_shape(w, b.shape);
+          put_range(w, b.data);
+        } else if constexpr (std::is_same_v<T, ReadPartDoneCpl>) {
+          put_dtype(w, b.dtype);
+          put_shape(w, b.shape);
+          w.u64(b.offset);
           put_range(w, b.data);
         } else if constexpr (std::is_same_v<T, ExportedCpl>) {
           w.u64(b.token);
@@ -399,7 +450,7 @@ std::optional<std::uint64_t> peek_request_id(std::span<const std::uint8_t> bytes
 
 Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_t arena_size) {
   Reader r(bytes, "command");
-  KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "command", 10));
+  KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "command", 12));
   const auto kind = static_cast<CommandKind>(h.kind);
   r.set_kind(command_kind_name(kind));
   Command cmd;
@@ -421,17 +472,16 @@ Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_
       break;
     }
     case CommandKind::RegisterOp: {
-      RegisterOpCmd c;
+      // Decoded in place: an Operation is ~600 bytes of inline lists, and this is the op path.
+      RegisterOpCmd& c = cmd.body.emplace<RegisterOpCmd>();
       KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
       KILN_ASSIGN_OR_RETURN(const std::uint32_t op_len, r.u32("op_len"));
       if (op_len != r.remaining()) {
         return r.fail("op_len", std::to_string(op_len) + " but " + std::to_string(r.remaining()) +
                                     " bytes remain in the message");
       }
-      auto op = ir::codec::decode_operation(r.take(op_len));
-      if (!op.ok()) return r.fail("op", op.error().message);
-      c.op = std::move(op).value();
-      cmd.body = std::move(c);
+      if (Status st = ir::codec::decode_operation_into(r.take(op_len), c.op); !st.ok())
+        return r.fail("op", st.error().message);
       break;
     }
     case CommandKind::Upload: {
@@ -495,6 +545,31 @@ Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_
       cmd.body = StatusCmd{format == 1};
       break;
     }
+    case CommandKind::UploadPart: {
+      UploadPartCmd c;
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
+      c.tensor = ir::TensorId(id);
+      KILN_RETURN_IF_ERROR(get_part(r, c, arena_size));
+      cmd.body = std::move(c);
+      break;
+    }
+    case CommandKind::ReadPart: {
+      ReadPartCmd c;
+      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+      KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
+      KILN_ASSIGN_OR_RETURN(c.offset, r.u64("offset"));
+      KILN_ASSIGN_OR_RETURN(c.dest, get_range(r, "dest", "dest.offset", "dest.length", arena_size));
+      auto n = tensor_bytes(c.tensor.dtype, c.tensor.shape);
+      if (!n.ok()) return r.fail("tensor.shape", n.error().message);
+      // The window must start inside the tensor; the daemon fills min(capacity, size - offset).
+      if (c.dest.length == 0) return r.fail("dest", "capacity 0: a window holds at least 1 byte");
+      if (c.offset >= *n) {
+        return r.fail("offset", std::to_string(c.offset) + " is not inside " + c.tensor.dtype.name() +
+                                    ir::shape_to_string(c.tensor.shape) + " (" + std::to_string(*n) + " bytes)");
+      }
+      cmd.body = std::move(c);
+      break;
+    }
   }
   KILN_RETURN_IF_ERROR(r.finish());
   return cmd;
@@ -502,7 +577,7 @@ Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_
 
 Result<Completion> decode_completion(std::span<const std::uint8_t> bytes, std::uint64_t arena_size) {
   Reader r(bytes, "completion");
-  KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "completion", 5));
+  KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "completion", 6));
   const auto kind = static_cast<CompletionKind>(h.kind);
   r.set_kind(completion_kind_name(kind));
   Completion cpl;
@@ -560,6 +635,12 @@ Result<Completion> decode_completion(std::span<const std::uint8_t> bytes, std::u
       }
       auto text = r.take(len);
       cpl.body = StatusTextCpl{std::string(text.begin(), text.end())};
+      break;
+    }
+    case CompletionKind::ReadPartDone: {
+      ReadPartDoneCpl c;
+      KILN_RETURN_IF_ERROR(get_part(r, c, arena_size));
+      cpl.body = std::move(c);
       break;
     }
   }

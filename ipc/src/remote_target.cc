@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <deque>
 
 namespace kiln::ipc {
 
@@ -14,6 +15,15 @@ constexpr std::chrono::milliseconds kSendTimeout{60'000};
 Error daemon_gone_error() {
   return make_error(ErrorCode::Execution, "the daemon went away (its connection closed); reconnect to continue");
 }
+
+// A part of a chunked transfer in flight: its request, the arena range it holds until the
+// completion arrives, and which bytes of the tensor it carries.
+struct InFlight {
+  std::uint64_t request = 0;
+  ArenaRange range;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
 }  // namespace
 
 RemoteTarget::RemoteTarget(ClientConnection conn, RemoteOptions options)
@@ -162,6 +172,11 @@ Result<ArenaRange> RemoteTarget::allocate(std::uint64_t bytes, const char* what)
   }
 }
 
+std::optional<ArenaRange> RemoteTarget::try_allocate(std::uint64_t bytes) {
+  std::lock_guard lock(rx_mu_);
+  return arena_alloc_.allocate(std::max<std::uint64_t>(bytes, 1));
+}
+
 void RemoteTarget::free_range(ArenaRange r) {
   {
     std::lock_guard lock(rx_mu_);
@@ -174,6 +189,7 @@ Status RemoteTarget::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, s
   KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(dtype, shape));
   if (need != bytes.size())
     return make_error(ErrorCode::Invalid, fmt::format("upload: {} bytes for a tensor of {}", bytes.size(), need));
+  if (need > arena_alloc_.capacity()) return upload_chunked(id, dtype, shape, bytes);
   KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "upload"));
   const ArenaRange data{range.offset, need};  // `range` (rounded up) is what goes back to the allocator
   Status written = conn_.endpoint().arena().write(
@@ -193,6 +209,131 @@ Status RemoteTarget::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, s
   return completion_status(*c, "upload");
 }
 
+// Half the arena, rounded down to the allocator's 64-byte alignment: one part is written (or
+// copied out) while the other is in flight.
+std::uint64_t RemoteTarget::part_bytes() const {
+  return std::max<std::uint64_t>(64, (arena_alloc_.capacity() / 2) & ~std::uint64_t{63});
+}
+
+Status RemoteTarget::upload_chunked(ir::TensorId id, ir::DType dtype, const ir::Shape& shape,
+                                    std::span<const std::byte> bytes) {
+  std::lock_guard chunked(chunk_mu_);
+  const std::uint64_t part = part_bytes();
+  std::deque<InFlight> in_flight;
+  Status failed = Status::Ok();  // the first failure; later parts are only settled
+  auto settle_oldest = [&] {
+    const InFlight f = in_flight.front();
+    in_flight.pop_front();
+    Result<Completion> c = wait(f.request);
+    free_range(f.range);  // the completion (or the end of the connection) returns the range
+    Status st = c.ok() ? completion_status(*c, "upload") : Status(c.error());
+    if (failed.ok() && !st.ok()) failed = std::move(st);
+  };
+  std::uint64_t sent = 0;
+  while (sent < bytes.size() && failed.ok()) {
+    const std::uint64_t n = std::min<std::uint64_t>(part, bytes.size() - sent);
+    // Earlier parts are waited for only as far as the arena needs their space.
+    std::optional<ArenaRange> range = try_allocate(n);
+    while (!range && !in_flight.empty() && failed.ok()) {
+      settle_oldest();
+      range = try_allocate(n);
+    }
+    if (!failed.ok()) {
+      if (range) free_range(*range);
+      break;
+    }
+    if (!range) {  // only other threads' transfers hold the arena: wait for them
+      Result<ArenaRange> r = allocate(n, "upload");
+      if (!r.ok()) {
+        failed = r.error();
+        break;
+      }
+      range = *r;
+    }
+    const ArenaRange data{range->offset, n};
+    Status written = conn_.endpoint().arena().write(
+        data, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()) + sent, n));
+    Result<std::uint64_t> request = written.ok() ? send(UploadPartCmd{id, dtype, shape, sent, data}) : Result<std::uint64_t>(written.error());
+    if (!request.ok()) {
+      free_range(*range);
+      failed = request.error();
+      break;
+    }
+    in_flight.push_back(InFlight{*request, *range, sent, n});
+    sent += n;
+  }
+  while (!in_flight.empty()) settle_oldest();
+  return failed;
+}
+
+Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::uint64_t bytes) {
+  std::lock_guard chunked(chunk_mu_);
+  const std::uint64_t part = part_bytes();
+  runtime::HostData out{t.dtype, t.shape, std::vector<std::byte>(bytes)};
+  std::deque<InFlight> in_flight;
+  std::optional<Error> failed;  // the first failure; later windows are only settled
+  bool rejected = false;        // the daemon answered with an error
+  auto settle_oldest = [&] {
+    const InFlight f = in_flight.front();
+    in_flight.pop_front();
+    Result<Completion> c = wait(f.request);
+    Status st = Status::Ok();
+    if (!c.ok()) {
+      st = c.error();
+    } else if (const auto* e = std::get_if<ErrorCpl>(&c->body)) {
+      st = make_error(e->code, e->message);
+      rejected = rejected || !failed;
+    } else if (const auto* done = std::get_if<ReadPartDoneCpl>(&c->body);
+               done == nullptr || done->offset != f.offset || done->data.offset != f.range.offset ||
+               done->data.length != f.length || !(done->dtype == t.dtype) || done->shape != t.shape) {
+      st = make_error(ErrorCode::Internal, "read: the daemon answered outside the requested window");
+    } else {
+      st = conn_.endpoint().arena().read(
+          done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.bytes.data()) + f.offset, f.length));
+    }
+    free_range(f.range);
+    if (!failed && !st.ok()) failed = st.error();
+  };
+  std::uint64_t requested = 0;
+  while (requested < bytes && !failed) {
+    const std::uint64_t n = std::min<std::uint64_t>(part, bytes - requested);
+    std::optional<ArenaRange> range = try_allocate(n);
+    while (!range && !in_flight.empty() && !failed) {
+      settle_oldest();
+      range = try_allocate(n);
+    }
+    if (failed) {
+      if (range) free_range(*range);
+      break;
+    }
+    if (!range) {
+      Result<ArenaRange> r = allocate(n, "read");
+      if (!r.ok()) {
+        failed = r.error();
+        break;
+      }
+      range = *r;
+    }
+    // The window's capacity is exactly n: the daemon fills all of it.
+    Result<std::uint64_t> request = send(ReadPartCmd{home.value(), t, requested, ArenaRange{range->offset, n}});
+    if (!request.ok()) {
+      free_range(*range);
+      failed = request.error();
+      break;
+    }
+    in_flight.push_back(InFlight{*request, *range, requested, n});
+    requested += n;
+  }
+  while (!in_flight.empty()) settle_oldest();
+  if (failed) {
+    // The usual cause of a failed read is an op the daemon rejected earlier: say so first.
+    if (rejected)
+      if (Status earlier = take_async_error(); !earlier.ok()) return earlier.error();
+    return *failed;
+  }
+  return out;
+}
+
 Status RemoteTarget::register_op(runtime::StreamId stream, ir::Operation op) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(RegisterOpCmd{stream.value(), std::move(op)}));
   (void)request;
@@ -209,6 +350,7 @@ Status RemoteTarget::drain(runtime::StreamId stream) {
 
 Result<runtime::HostData> RemoteTarget::read(runtime::StreamId home, const ir::TensorIr& t) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(t.dtype, t.shape));
+  if (need > arena_alloc_.capacity()) return read_chunked(home, t, need);
   KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "read"));
   Result<std::uint64_t> request = send(ReadCmd{home.value(), t, range});
   if (!request.ok()) {

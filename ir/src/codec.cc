@@ -594,12 +594,11 @@ const char* type_name(MessageType t) {
   return "?";
 }
 
-// Runs a whole-message decode: header of the expected type, body, no trailing bytes.
+// Runs a whole-message decode into `value`: header of the expected type, body, no trailing bytes.
 template <class T, class Body>
-Result<T> decode_message(std::span<const std::uint8_t> bytes, MessageType type, const Body& body) {
+Status decode_message_into(std::span<const std::uint8_t> bytes, MessageType type, const Body& body, T& value) {
   Reader r(bytes);
   MessageHeader h;
-  T value{};
   bool ok = read_header(r, h);
   if (ok && h.type != type)
     ok = r.fail(6, fmt::format("message type is {} (expected {})", type_name(h.type), type_name(type)));
@@ -609,6 +608,13 @@ Result<T> decode_message(std::span<const std::uint8_t> bytes, MessageType type, 
   if (!ok)
     return make_error(ErrorCode::Decode, fmt::format("codec: cannot decode {} message ({} bytes): {}",
                                                      type_name(type), bytes.size(), r.message()));
+  return Status::Ok();
+}
+
+template <class T, class Body>
+Result<T> decode_message(std::span<const std::uint8_t> bytes, MessageType type, const Body& body) {
+  T value{};
+  KILN_RETURN_IF_ERROR(decode_message_into(bytes, type, body, value));
   return value;
 }
 
@@ -672,6 +678,17 @@ Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes) {
 Result<Operation> decode_operation(std::span<const std::uint8_t> bytes) {
   return decode_message<Operation>(bytes, MessageType::Operation,
                                    [](Reader& r, Operation& op) { return read_operation(r, op); });
+}
+
+Status decode_operation_into(std::span<const std::uint8_t> bytes, Operation& op) {
+  // Reuse op's storage; read_operation sets every scalar field and appends to the lists.
+  op.tensors.clear();
+  op.scalars.clear();
+  op.ranges.clear();
+  op.attrs.clear();
+  op.custom_id.clear();
+  return decode_message_into(bytes, MessageType::Operation, [](Reader& r, Operation& o) { return read_operation(r, o); },
+                             op);
 }
 
 Result<std::vector<Operation>> decode_operations(std::span<const std::uint8_t> bytes) {

@@ -73,17 +73,17 @@ Status StreamActor::submit_op(ir::Operation&& op, bool wake) {
   return push(cmd, wake);
 }
 
-Status StreamActor::submit_drop(const ir::TensorIr& t) {
+Status StreamActor::submit_drop(const ir::TensorIr& t, bool wake) {
   ir::TensorIr rw = t;
   rw.status = ir::TensorStatus::ReadWrite;
   if (is_owner()) {
     Result<ir::Operation> op = ir::build::drop(rw);
     if (!op.ok()) return op.error();
-    return submit_op(std::move(op).value());
+    return submit_op(std::move(op).value(), wake);
   }
   if (closed_.load(std::memory_order_acquire))
     return make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": the device is shut down");
-  return push(new Command(ForeignDropCmd{rw}));
+  return push(new Command(ForeignDropCmd{rw}), wake);
 }
 
 Status StreamActor::push(Command* cmd, bool wake) {
@@ -151,10 +151,13 @@ void StreamActor::release_running() { running_.store(false, std::memory_order_re
 
 bool StreamActor::try_run_inline(Command& cmd) {
   if (!ctx_.inline_waits || closed_.load(std::memory_order_acquire)) return false;
-  // Only a short backlog: a long one means the actor lags a producer that is still running ahead
-  // (a pipelined loop); its turn is about to start or already warm, and moving that work onto the
-  // caller's thread would only serialize it there.
-  if (intake_.read_available() + static_cast<std::size_t>(std::max<std::int64_t>(
+  // Only a short backlog while a turn is scheduled: a long one then means the actor lags a
+  // producer that is still running ahead (a pipelined loop); its turn is about to start or
+  // already warm, and moving that work onto the caller's thread would only serialize it there.
+  // An unscheduled backlog is registrations whose wake-up was deferred (register_op_deferred):
+  // no turn is coming for them, so the waiter runs them, however many.
+  if (scheduled_.load(std::memory_order_acquire) &&
+      intake_.read_available() + static_cast<std::size_t>(std::max<std::int64_t>(
                                      0, foreign_count_.load(std::memory_order_relaxed))) > kInlineBacklog)
     return false;
   if (!acquire_running()) return false;
@@ -424,6 +427,10 @@ std::future<StreamSnapshot> StreamActor::snapshot() {
 
 std::size_t StreamActor::cancel_pending(const std::string& reason) {
   close();
+  // The queues have one consumer at a time: wait out whoever holds the stream, above all an
+  // inline waiter that got it before close() and may be running a long deferred backlog
+  // (try_run_inline checks closed_ first, so no new one comes; turns hold running_ too).
+  while (!acquire_running()) std::this_thread::yield();
   std::size_t n = 0;
   auto cancel = [&](Command* c) {
     std::unique_ptr<Command> cmd(c);
@@ -441,6 +448,7 @@ std::size_t StreamActor::cancel_pending(const std::string& reason) {
   Command* c = nullptr;
   while (intake_.pop(c)) cancel(c);
   while (foreign_.pop(c)) cancel(c);
+  release_running();
   return n;
 }
 

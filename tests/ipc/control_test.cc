@@ -2,10 +2,13 @@
 // control_client.h): the credential policy (with fake uids and gids), job names, handshake
 // frames, the runtime directory's mode and owner checks, and the full handshake over a real
 // socket in a temporary runtime dir: descriptor passing, the segment used from both sides,
-// refusals with their reasons, version mismatch, peer-closure detection, no daemon.
+// refusals with their reasons, version mismatch (both sides), peer-closure detection, no daemon,
+// and the client's check of the daemon's credentials (a fake uid, and a real one as root).
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -47,6 +50,18 @@ TEST(CredentialPolicy, OwnUidAlwaysOtherUidsOnlyThroughTheGroup) {
   auto no = check_peer(group, PeerCredentials{7, 1003, 1003, {5, 7}});
   ASSERT_FALSE(no.ok());
   EXPECT_EQ(no.error().message, "uid 1003 (gid 1003) not allowed: not the daemon's uid 1000 nor in group 2000");
+}
+
+// The client's side: it trusts a daemon of its own uid or root's, nobody else's.
+TEST(DaemonCredentials, OwnUidOrRootOnly) {
+  EXPECT_TRUE(check_daemon_peer(1000, PeerCredentials{1, 1000, 1000, {}}).ok());
+  EXPECT_TRUE(check_daemon_peer(1000, PeerCredentials{1, 0, 0, {}}).ok());  // a system daemon
+  EXPECT_TRUE(check_daemon_peer(0, PeerCredentials{1, 0, 0, {}}).ok());
+  auto planted = check_daemon_peer(1000, PeerCredentials{2, 1001, 1000, {1000}});  // same group: still not
+  ASSERT_FALSE(planted.ok());
+  EXPECT_EQ(planted.error().code, ErrorCode::Invalid);
+  EXPECT_EQ(planted.error().message, "the daemon runs as uid 1001, neither this process's uid 1000 nor root");
+  EXPECT_FALSE(check_daemon_peer(0, PeerCredentials{3, 1000, 1000, {}}).ok());  // root trusts only root
 }
 
 TEST(Handshake, JobNames) {
@@ -289,11 +304,18 @@ TEST(Control, RefusalsCarryTheirReason) {
   ASSERT_FALSE(quota.ok());
   EXPECT_EQ(quota.error().message, "refused: job over-quota has no quota left");
 
-  ClientOptions v2 = client_options(t.path + "/run");
-  v2.protocol_version = 2;
-  auto mismatch = connect_to_daemon(v2);
+  // A client of the previous version (no chunked transfers) and one of a later version.
+  ClientOptions v1 = client_options(t.path + "/run");
+  v1.protocol_version = kProtocolVersion - 1;
+  auto mismatch = connect_to_daemon(v1);
   ASSERT_FALSE(mismatch.ok());
-  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 1, client 2");
+  EXPECT_EQ(mismatch.error().code, ErrorCode::Unsupported);
+  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 2, client 1");
+  ClientOptions v3 = client_options(t.path + "/run");
+  v3.protocol_version = kProtocolVersion + 1;
+  mismatch = connect_to_daemon(v3);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 2, client 3");
 
   auto bad_job = connect_to_daemon(client_options(t.path + "/run", "a b"));
   ASSERT_FALSE(bad_job.ok());
@@ -324,6 +346,91 @@ TEST(Control, RefusalsCarryTheirReason) {
     std::lock_guard lock(d.mu);
     EXPECT_TRUE(d.clients.empty());
   }
+}
+
+// A listening socket answered by hand on its own thread: reads a hello and sends `reply`.
+struct FakeDaemon {
+  explicit FakeDaemon(const std::string& path, Reply reply) {
+    fd = UniqueFd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, path.c_str());
+    ok = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd.get(), 4) == 0;
+    if (!ok) return;
+    thread = std::thread([this, reply] {
+      UniqueFd c(::accept4(fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!c) return;
+      std::array<std::uint8_t, kFramePrefixBytes> pre{};
+      std::vector<UniqueFd> fds;
+      if (!recv_exact_with_fds(c.get(), pre, fds).ok()) return;
+      auto p = decode_prefix(pre);
+      if (!p.ok()) return;
+      std::vector<std::uint8_t> body(p->body_len);
+      if (!recv_exact_with_fds(c.get(), body, fds).ok()) return;
+      (void)send_with_fds(c.get(), encode_reply(reply), {}, 1000ms);
+      char byte;
+      (void)::recv(c.get(), &byte, 1, 0);  // until the client closes
+    });
+  }
+  ~FakeDaemon() {
+    if (thread.joinable()) thread.join();
+  }
+  UniqueFd fd;
+  bool ok = false;
+  std::thread thread;
+};
+
+// A daemon of an older version that (wrongly) accepts a newer client: the client itself refuses
+// it, naming both versions, before using anything it sent.
+TEST(Control, ClientRefusesADaemonOfAnotherVersion) {
+  TempDir t;
+  FakeDaemon d(t.path + "/kilnd.sock", Reply{static_cast<std::uint16_t>(kProtocolVersion - 1), true, 0, 7, ""});
+  ASSERT_TRUE(d.ok);
+  auto c = connect_to_daemon(client_options(t.path));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().code, ErrorCode::Unsupported);
+  EXPECT_EQ(c.error().message, "protocol version mismatch: daemon 1, client 2");
+}
+
+// A socket planted by another user: the client reads SO_PEERCRED right after connect() and
+// refuses to talk to it (it sends no hello). Needs root, to listen as another uid.
+TEST(Control, ClientRefusesADaemonOfAnotherUid) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: a child process listens as another uid";
+  TempDir t;
+  constexpr uid_t kOther = 54321;  // any uid but ours and root's; no account needed
+  ASSERT_EQ(::chown(t.path.c_str(), kOther, kOther), 0);
+  const std::string path = t.path + "/kilnd.sock";
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Only async-signal-safe calls here: the parent has threads.
+    char ok = 0;
+    if (::setgroups(0, nullptr) == 0 && ::setresgid(kOther, kOther, kOther) == 0 && ::setresuid(kOther, kOther, kOther) == 0) {
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+      if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd, 4) == 0) ok = 1;
+    }
+    (void)!::write(ready[1], &ok, 1);
+    char byte;
+    (void)!::read(done[0], &byte, 1);  // the connection stays pending in the backlog meanwhile
+    ::_exit(0);
+  }
+  char ok = 0;
+  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 1) << "the child could not listen as uid " << kOther;
+  auto c = connect_to_daemon(client_options(t.path));
+  (void)!::write(done[1], "x", 1);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().code, ErrorCode::Invalid);
+  EXPECT_EQ(c.error().message, "refused: not trusting " + path + ": the daemon runs as uid 54321, neither this process's uid 0 nor root");
 }
 
 TEST(Control, SilentClientIsDroppedAfterTheHandshakeTimeout) {

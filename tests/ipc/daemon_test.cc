@@ -208,6 +208,11 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   std::memcpy(read.data() + read.size() - 16, &bad, 8);
   c.send_bytes(read);
   EXPECT_NE(c.expect_error(82).find("outside the arena"), std::string::npos);
+  // 6. Chunked transfers out of order: a part that continues no upload, a window of no read.
+  c.send(Command{85, UploadPartCmd{TensorId(9), dtypes::f32, Shape{4}, 8, ArenaRange{0, 8}}});
+  EXPECT_NE(c.expect_error(85).find("no upload of tensor 9 is in progress"), std::string::npos);
+  c.send(Command{86, ReadPartCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32}, 4, ArenaRange{0, 4}}});
+  EXPECT_NE(c.expect_error(86).find("no read of tensor 1 is in progress"), std::string::npos);
   // The daemon is still up and serves this client correctly.
   c.send(Command{83, SyncCmd{0}});
   EXPECT_TRUE(std::holds_alternative<OkCpl>(c.receive().body));

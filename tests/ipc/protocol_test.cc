@@ -54,6 +54,10 @@ std::vector<Command> every_command() {
       {10, UploadCmd{TensorId(5), dtypes::i64, Shape{}, ArenaRange{0, 8}}},
       {11, UploadCmd{TensorId(6), DType::boolean(ir::BoolStore::U32), Shape(16, 1), ArenaRange{kArena - 4, 4}}},
       {12, UploadCmd{TensorId(7), dtypes::u8, Shape{0, 5}, ArenaRange{kArena, 0}}},
+      // Chunked transfers: a middle part, and a last-use window of the final byte.
+      {15, UploadPartCmd{TensorId(8), dtypes::f32, Shape{1000, 1000}, 524288, ArenaRange{64, 4096}}},
+      {16, ReadPartCmd{7, TensorIr{TensorId(8), {1000, 1000}, TensorStatus::ReadWrite, dtypes::f32}, 3999999,
+                       ArenaRange{0, kArena}}},
   };
 }
 
@@ -66,6 +70,7 @@ std::vector<Completion> every_completion() {
       {5, ExportedCpl{0x123456789abcdef0ull}},
       {6, StatusTextCpl{"{\"device\":\"cpu\"}"}},
       {7, StatusTextCpl{""}},
+      {8, ReadPartDoneCpl{dtypes::u8, Shape{3000000}, 2999000, ArenaRange{4096, 1000}}},
   };
 }
 
@@ -153,8 +158,8 @@ TEST(Protocol, RejectsOversizedAndOutOfRange) {
   // Unknown kinds, reserved bytes, trailing bytes.
   Bytes sync = encode(Command{1, SyncCmd{2}});
   Bytes k = sync;
-  k[0] = 12;
-  EXPECT_EQ(command_error(k), "command.kind: command kind 12 is unknown");
+  k[0] = 13;
+  EXPECT_EQ(command_error(k), "command.kind: command kind 13 is unknown");
   k[0] = 0;
   EXPECT_EQ(command_error(k), "command.kind: command kind 0 is unknown");
   Bytes res = sync;
@@ -219,6 +224,69 @@ TEST(Protocol, RejectsOversizedAndOutOfRange) {
   Bytes badop = reg;
   badop[kMessageHeaderBytes + 12] = 'X';  // the codec's magic
   EXPECT_EQ(command_error(badop).rfind("register_op.op: ", 0), 0u) << command_error(badop);
+}
+
+// upload_part, read_part, read_part_done: a part or window is non-empty and inside the tensor,
+// checked without overflow, each error naming the field.
+TEST(Protocol, ChunkedTransfersStayInsideTheTensor) {
+  const std::vector<Command> cmds = every_command();
+  const Command& part = cmds[cmds.size() - 2];
+  const Command& window = cmds[cmds.size() - 1];
+  ASSERT_EQ(part.kind(), CommandKind::UploadPart);
+  ASSERT_EQ(window.kind(), CommandKind::ReadPart);
+  // upload_part: tensor_id 8, dtype 2, shape 1 + 2 * 8, then offset, data.offset, data.length.
+  const std::size_t offset_at = kMessageHeaderBytes + 8 + 2 + 1 + 16;
+  const Bytes up = encode(part);
+  ASSERT_EQ(up.size(), offset_at + 24);
+  Bytes b = up;
+  put_u64(b, offset_at + 16, 0);
+  EXPECT_EQ(command_error(b), "upload_part.data: length 0: a part carries at least 1 byte");
+  b = up;
+  put_u64(b, offset_at, 4'000'000);
+  EXPECT_EQ(command_error(b), "upload_part.offset: 4000000 is not inside f32[1000,1000] (4000000 bytes)");
+  b = up;
+  put_u64(b, offset_at, 4'000'000 - 4095);
+  EXPECT_EQ(command_error(b),
+            "upload_part.data: length 4096 at offset 3995905 runs past the end of f32[1000,1000] (4000000 bytes)");
+  b = up;
+  put_u64(b, offset_at, std::numeric_limits<std::uint64_t>::max() - 100);  // offset + length wraps
+  EXPECT_NE(command_error(b).find("upload_part.offset: "), std::string::npos);
+  b = up;
+  put_u64(b, offset_at + 8, kArena - 100);
+  EXPECT_EQ(command_error(b), "upload_part.data: range [1048476, +4096) is outside the arena of 1048576 bytes");
+  b = up;
+  put_u64(b, kMessageHeaderBytes + 8 + 2 + 1, std::uint64_t{1} << 62);  // dim 0: 2^62 * 1000 * 4 overflows
+  EXPECT_NE(command_error(b).find("upload_part.shape: tensor f32[4611686018427387904,1000] has more than 2^64 bytes"),
+            std::string::npos);
+  // read_part: stream, tensor (id, status, dtype, shape), then offset, dest.offset, dest.length.
+  const Bytes rd = encode(window);
+  const std::size_t roff_at = rd.size() - 24;
+  b = rd;
+  put_u64(b, roff_at, 4'000'000);
+  EXPECT_EQ(command_error(b), "read_part.offset: 4000000 is not inside f32[1000,1000] (4000000 bytes)");
+  b = rd;
+  put_u64(b, roff_at + 16, 0);
+  EXPECT_EQ(command_error(b), "read_part.dest: capacity 0: a window holds at least 1 byte");
+  b = rd;
+  b[kMessageHeaderBytes + 16] = static_cast<std::uint8_t>(TensorStatus::NotInit);
+  EXPECT_EQ(command_error(b), "read_part.tensor.status: status NotInit is not allowed (the tensor must exist)");
+  // read_part_done: the window must lie inside the tensor too.
+  const Bytes done = encode(every_completion().back());
+  const std::size_t doff_at = done.size() - 24;
+  b = done;
+  put_u64(b, doff_at, 2'999'001);
+  auto r = decode_completion(b, kArena);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "read_part_done.data: length 1000 at offset 2999001 runs past the end of u8[3000000] (3000000 bytes)");
+  b = done;
+  put_u64(b, doff_at + 16, 0);
+  r = decode_completion(b, kArena);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "read_part_done.data: length 0: a part carries at least 1 byte");
+  // The encoder refuses what the format cannot carry, as for the whole-tensor commands.
+  Bytes out;
+  EXPECT_FALSE(encode_command(Command{1, UploadPartCmd{TensorId(1), dtypes::f32, Shape(17, 1), 0, ArenaRange{0, 4}}}, out).ok());
+  EXPECT_TRUE(out.empty());
 }
 
 TEST(Protocol, CompletionDecoderChecksCodesAndLengths) {

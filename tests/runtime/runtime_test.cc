@@ -214,6 +214,65 @@ TEST(Runtime, DeferredRegistrationsRunOnWakeOrWait) {
   dev->wake_stream(StreamId(999));  // a stream that does not exist: nothing happens
 }
 
+// A wait on a stream whose backlog was all registered without a wake-up runs the whole backlog
+// on the waiting thread, however long (no turn was coming for it); results as usual.
+TEST(Runtime, AWaitRunsAnUnwokenBacklogOfAnyLengthInline) {
+  auto dev = make_device();
+  const StreamId D(400);
+  const TensorId x = dev->new_tensor_id();
+  std::vector<float> xv{1.0f, 2.0f};
+  ASSERT_TRUE(dev->upload(x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
+  TensorIr cur{x, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+  constexpr int kOps = 40;  // well above StreamActor::kInlineBacklog
+  for (int i = 0; i < kOps; ++i) {
+    const TensorId next = dev->new_tensor_id();
+    ASSERT_TRUE(dev->register_op_deferred(D, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar,
+                                                                    cur, ir::ScalarIr::Float(0.5), next)))
+                    .ok());
+    cur = TensorIr{next, {2}, TensorStatus::ReadWrite, ir::dtypes::f32};
+  }
+  // The first op read x (ReadOnly); every later one consumed its predecessor.
+  Result<HostData> d = dev->read(D, cur);
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  float out[2];
+  std::memcpy(out, d->bytes.data(), sizeof out);
+  EXPECT_FLOAT_EQ(out[0], 1.0f + 0.5f * kOps);
+  EXPECT_FLOAT_EQ(out[1], 2.0f + 0.5f * kOps);
+  const StreamStats st = *dev->stream_stats(D);
+  EXPECT_EQ(st.turns, 0u);
+  EXPECT_EQ(st.inline_runs, 1u);
+  EXPECT_EQ(st.commands, static_cast<std::uint64_t>(kOps) + 1);
+}
+
+// drop_deferred: a queued Drop that does not wake the actor; the tensor is freed when the stream
+// is woken (or waited on), not before.
+TEST(Runtime, DeferredDropsRunOnWake) {
+  auto dev = make_device();
+  const StreamId C(300);
+  const TensorId x = dev->new_tensor_id();
+  std::vector<float> xv{0.5f, 1.0f};
+  ASSERT_TRUE(dev->upload(x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
+  const TensorIr xr{x, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+  const TensorId c1 = dev->new_tensor_id();
+  // Deferred, then drained by this thread (inline): no turn was ever posted for C, so none can
+  // come along later and run the drop below by chance.
+  ASSERT_TRUE(dev->register_op_deferred(C, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, xr, c1))).ok());
+  ASSERT_TRUE(dev->drain(C).ok());
+  ASSERT_EQ(dev->stream_stats(C)->turns, 0u);
+  const std::uint64_t tensors_with_c1 = dev->backend().memory_stats().tensors;
+  const std::uint64_t commands = dev->stream_stats(C)->commands;
+  ASSERT_TRUE(dev->drop_deferred(C, TensorIr{c1, {2}, TensorStatus::ReadWrite, ir::dtypes::f32}).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(dev->stream_stats(C)->commands, commands);  // not run: nobody woke the actor
+  EXPECT_EQ(dev->backend().memory_stats().tensors, tensors_with_c1);
+  dev->wake_stream(C);
+  for (int i = 0; i < 2000 && dev->stream_stats(C)->commands < commands + 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(dev->stream_stats(C)->commands, commands + 1);
+  ASSERT_TRUE(dev->drain(C).ok());
+  EXPECT_EQ(dev->backend().memory_stats().tensors, tensors_with_c1 - 1);
+}
+
 // fusion.md §16.4: a read drains only when the tensor is not produced yet; a last-use read of a
 // tensor queued ops still reference defers its free.
 TEST(Runtime, ReadDrainsOnlyWhenNotProduced) {

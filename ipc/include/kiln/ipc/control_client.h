@@ -10,6 +10,7 @@
 // Errors are what a user needs to act on:
 //   "daemon not running at /run/user/1000/kiln/kilnd.sock"
 //   "refused: uid 1001 not allowed"
+//   "refused: not trusting PATH: the daemon runs as uid 1001, neither this process's uid 1000 nor root"
 //   "protocol version mismatch: daemon 2, client 1"
 #pragma once
 

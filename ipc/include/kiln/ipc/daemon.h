@@ -14,9 +14,9 @@
 // Tensors move between clients only by export (a random 64-bit token) and import by a client
 // of the same job, which gets an independent shared view (runtime Device::share).
 //
-// Completions: upload, read, sync, export, import, attach, close and status are answered;
-// register_op and drop are answered only when they fail (the client reports such an error at
-// its next sync or read), so the op path costs one ring record.
+// Completions: upload, upload_part, read, read_part, sync, export, import, attach, close and
+// status are answered; register_op and drop are answered only when they fail (the client reports
+// such an error at its next sync or read), so the op path costs one ring record.
 //
 // Quotas apply per job (every client that connected with the same job name): bytes of live
 // tensors and queued (registered, not yet executed) operations. Exceeding one is an error

@@ -59,6 +59,12 @@ struct CredentialPolicy {
 // in group 2000" when a group is configured).
 Status check_peer(const CredentialPolicy& policy, const PeerCredentials& peer);
 
+// The client's side: the daemon at the other end of the socket (SO_PEERCRED, as of its
+// listen()) must run as `own_uid` (the client's effective uid) or as root; anything else is a
+// socket another user planted, not trusted. Ok, or ErrorCode::Invalid: "the daemon runs as uid
+// 1001, neither this process's uid 1000 nor root".
+Status check_daemon_peer(uid_t own_uid, const PeerCredentials& daemon);
+
 // A job name (quotas apply per job): 1..64 bytes of [A-Za-z0-9._-], not starting with '.'.
 // Errors name the first bad character: "job name: byte 0x2f at 3 is not allowed (use A-Z a-z
 // 0-9 . _ -)".

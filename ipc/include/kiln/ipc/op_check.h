@@ -10,13 +10,41 @@
 // Thread-safety: a pure function.
 #pragma once
 
+#include <array>
+#include <cstddef>
+
 #include "kiln/ir/operation.h"
 #include "kiln/ir/result.h"
 
 namespace kiln::ipc {
 
-// Ok, or ErrorCode::Invalid naming the kind and what differed ("NumericFloat::Add: output 0 is
+// `op` must have passed Operation::validate (ir::codec's decode does; rebuild indexes the op
+// table by its kind). Ok, or ErrorCode::Invalid naming the kind and what differed ("NumericFloat::Add: output 0 is
 // [2, 3] f32 but the builder infers [3, 3] f32"), or the builder's own error.
 Status check_client_operation(const ir::Operation& op);
+
+// check_client_operation with a memory of what it accepted. The builders look at an operation's
+// tensor ids only to see that its output is not one of its inputs; everything else they infer
+// is a function of kinds, dtypes, shapes, statuses, scalars and attributes. A worker's training
+// step sends the same few dozen of those over and over, so an operation equal to an accepted one
+// in all but its ids (compared field by field, not trusted to a hash) passes after that id
+// test, without the rebuild (a third of the daemon's per-op check and decode time).
+//
+// One per client session; not thread-safe. 64 direct-mapped slots (~40 KiB).
+class OperationCheckMemo {
+ public:
+  Status check(const ir::Operation& op);
+
+  std::uint64_t hits() const { return hits_; }
+
+ private:
+  static constexpr std::size_t kSlots = 64;
+  struct Slot {
+    bool used = false;
+    ir::Operation op;  // tensor ids zeroed
+  };
+  std::array<Slot, kSlots> slots_{};
+  std::uint64_t hits_ = 0;
+};
 
 }  // namespace kiln::ipc

@@ -4,8 +4,9 @@
 // Thread-safety: pure functions; call from any thread.
 //
 // ---------------------------------------------------------------------------------------------
-// Format (protocol version kProtocolVersion = 1, agreed in the socket handshake). All integers
-// little-endian, fixed width; no padding; reserved bytes must be zero; no trailing bytes.
+// Format (protocol version kProtocolVersion = 2, agreed in the socket handshake; version 2 added
+// upload_part, read_part and read_part_done). All integers little-endian, fixed width; no
+// padding; reserved bytes must be zero; no trailing bytes.
 //
 //   message   = kind u8, reserved u8 (0), reserved u16 (0), body_len u32, request_id u64, body
 //               (16-byte header; body_len = message size - 16; request_id chosen by the client,
@@ -31,6 +32,14 @@
 //   8 import                            stream u64, token u64, tensor_id u64 (the new id)
 //   9 close_stream                      stream u64
 //  10 status                            format u8 (0 text, 1 JSON)
+//  11 upload_part                       tensor_id u64, dtype, shape, offset u64, data range
+//                                       (one part of a tensor larger than the arena: offset =
+//                                       bytes received so far, length >= 1, offset + length <=
+//                                       the tensor's byte size; the tensor exists once the part
+//                                       reaching its end has arrived)
+//  12 read_part                         stream u64, tensor, offset u64, dest range (a window of
+//                                       the tensor's bytes: offset = bytes read so far and
+//                                       inside the tensor, length = capacity >= 1)
 //
 //   Completions
 //   1 ok                                (empty)
@@ -39,6 +48,19 @@
 //   3 read_done                         dtype, shape, data range (length = the byte size)
 //   4 exported                          token u64
 //   5 status_text                       text_len u32 (<= kMaxStatusBytes), text bytes (UTF-8)
+//   6 read_part_done                    dtype, shape, offset u64, data range (the window's
+//                                       bytes: length >= 1, offset + length <= the byte size)
+//
+// Chunked transfers (the daemon's rules; the decoder checks only the bounds above). Parts of an
+// upload arrive in order, each offset equal to the bytes received so far; the daemon stages them
+// in private memory, charged in full (the tensor's size) to the job's memory quota from the
+// first part, and creates the tensor when the last byte has arrived. A part that does not
+// follow (offset, dtype, shape), or names an id in use, is an error completion and discards
+// that staging; so does the client's disconnect. At most kMaxStagedUploads per connection.
+// A read_part at offset 0 snapshots the tensor (one read of the device; at most one chunked read
+// per connection, a new one replaces an abandoned one); later windows follow in order. A
+// ReadWrite (last-use) read consumes the tensor once its final window has been copied out, or
+// when a window of it fails, as a failed read would.
 //
 // Decoding treats input as hostile (shared memory): every length, count, enum, rank, size and
 // arena range is checked before use, sizes with overflow checks; nothing allocates beyond the
@@ -77,7 +99,7 @@
 
 namespace kiln::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;
 inline constexpr std::size_t kMessageHeaderBytes = 16;
 // Bounds one message. A registered op encodes to ~100 bytes and the codec's own caps keep any
 // op far below this; it also caps what a hostile message can make the decoder look at.
@@ -86,11 +108,14 @@ inline constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kMaxErrorMessageBytes = 1024;
 // The daemon's status report (kilnctl status); longer reports are truncated by the encoder.
 inline constexpr std::size_t kMaxStatusBytes = 64 * 1024;
+// Chunked uploads one connection may have in progress at once (the client library has at most
+// one): each stages up to its tensor's size, charged to the job's quota.
+inline constexpr std::size_t kMaxStagedUploads = 4;
 
 enum class CommandKind : std::uint8_t {
-  AttachStream = 1, RegisterOp, Upload, Read, Sync, Drop, Export, Import, CloseStream, Status,
+  AttachStream = 1, RegisterOp, Upload, Read, Sync, Drop, Export, Import, CloseStream, Status, UploadPart, ReadPart,
 };
-enum class CompletionKind : std::uint8_t { Ok = 1, Error, ReadDone, Exported, StatusText };
+enum class CompletionKind : std::uint8_t { Ok = 1, Error, ReadDone, Exported, StatusText, ReadPartDone };
 
 const char* command_kind_name(CommandKind k);       // "attach_stream", "register_op", ...
 const char* completion_kind_name(CompletionKind k);  // "ok", "error", ...
@@ -134,10 +159,27 @@ struct ImportCmd {
 };
 struct CloseStreamCmd { std::uint64_t stream = 0; friend bool operator==(const CloseStreamCmd&, const CloseStreamCmd&) = default; };
 struct StatusCmd { bool json = false; friend bool operator==(const StatusCmd&, const StatusCmd&) = default; };
+// One part of an upload larger than the arena (see "Chunked transfers" above).
+struct UploadPartCmd {
+  ir::TensorId tensor{0};
+  ir::DType dtype;
+  ir::Shape shape;
+  std::uint64_t offset = 0;  // where the part goes in the tensor's bytes: the bytes sent before it
+  ArenaRange data;           // the part's bytes: at least 1, offset + length <= the tensor's size
+  friend bool operator==(const UploadPartCmd&, const UploadPartCmd&) = default;
+};
+// One window of a read larger than the arena (see "Chunked transfers" above).
+struct ReadPartCmd {
+  std::uint64_t stream = 0;  // the tensor's home stream
+  ir::TensorIr tensor;       // status ReadWrite when this read is the tensor's last use
+  std::uint64_t offset = 0;  // the window's first byte in the tensor: the bytes read before it
+  ArenaRange dest;           // where the daemon writes; length (>= 1) is the capacity
+  friend bool operator==(const ReadPartCmd&, const ReadPartCmd&) = default;
+};
 
 // Alternatives in CommandKind order (index + 1 == kind).
 using CommandBody = std::variant<AttachStreamCmd, RegisterOpCmd, UploadCmd, ReadCmd, SyncCmd, DropCmd, ExportCmd,
-                                 ImportCmd, CloseStreamCmd, StatusCmd>;
+                                 ImportCmd, CloseStreamCmd, StatusCmd, UploadPartCmd, ReadPartCmd>;
 struct Command {
   std::uint64_t request_id = 0;
   CommandBody body;
@@ -164,7 +206,15 @@ struct StatusTextCpl {
   friend bool operator==(const StatusTextCpl&, const StatusTextCpl&) = default;
 };
 
-using CompletionBody = std::variant<OkCpl, ErrorCpl, ReadDoneCpl, ExportedCpl, StatusTextCpl>;
+struct ReadPartDoneCpl {
+  ir::DType dtype;
+  ir::Shape shape;
+  std::uint64_t offset = 0;  // the window's first byte in the tensor
+  ArenaRange data;           // inside the read_part's dest range: min(capacity, size - offset) bytes
+  friend bool operator==(const ReadPartDoneCpl&, const ReadPartDoneCpl&) = default;
+};
+
+using CompletionBody = std::variant<OkCpl, ErrorCpl, ReadDoneCpl, ExportedCpl, StatusTextCpl, ReadPartDoneCpl>;
 struct Completion {
   std::uint64_t request_id = 0;
   CompletionBody body;

@@ -12,7 +12,8 @@
 // input error is reported at the call that made it. register_op and drop are one ring record
 // each and get no answer unless the daemon rejects them (it should not, for ops built here);
 // such a rejection is reported by the next sync or read. Uploads and reads go through the
-// segment's arena (an upload larger than the arena is an error naming both sizes).
+// segment's arena; one larger than the arena moves in parts of half the arena (upload_part,
+// read_part), two in flight, one chunked transfer per connection at a time, transparently.
 //
 // Errors the user can act on: "daemon not running at PATH" (connect), "the daemon went away"
 // (any call after the daemon closed the connection; no call hangs: every wait is bounded and
@@ -82,7 +83,12 @@ class RemoteTarget final : public runtime::SessionTarget {
   Status take_async_error();
   Status completion_status(const Completion& c, const char* what);
   Result<ArenaRange> allocate(std::uint64_t bytes, const char* what);
+  std::optional<ArenaRange> try_allocate(std::uint64_t bytes);  // nullopt when no room now
   void free_range(ArenaRange r);
+  // Transfers larger than the arena, in parts of part_bytes() (protocol.h, "Chunked transfers").
+  std::uint64_t part_bytes() const;
+  Status upload_chunked(ir::TensorId id, ir::DType dtype, const ir::Shape& shape, std::span<const std::byte> bytes);
+  Result<runtime::HostData> read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::uint64_t bytes);
 
   ClientConnection conn_;
   RemoteOptions options_;
@@ -91,6 +97,9 @@ class RemoteTarget final : public runtime::SessionTarget {
   std::atomic<bool> daemon_gone_{false};
   std::atomic<std::uint64_t> ops_sent_{0};
 
+  // One chunked transfer at a time: the daemon keeps one chunked read per connection, and two
+  // transfers of half the arena each would only take turns for its space anyway.
+  std::mutex chunk_mu_;
   std::mutex send_mu_;  // one sender at a time (the command ring is single-producer)
   std::vector<std::uint8_t> tx_buf_;  // guarded by send_mu_
 

@@ -43,7 +43,7 @@ inline constexpr std::uint64_t kArenaAlignment = 4096;                   // page
 struct SegmentConfig {
   // Defaults: commands are small (a registered op encodes to ~100 bytes), so 1 MiB holds
   // thousands of queued ops; completions are smaller still; the arena holds a few typical
-  // activations (64 MiB). Uploads larger than the arena are refused (see docs/ipc.md).
+  // activations (64 MiB). Larger transfers move through it in parts (see docs/ipc.md).
   std::uint64_t command_ring_bytes = std::uint64_t{1} << 20;
   std::uint64_t completion_ring_bytes = std::uint64_t{1} << 18;
   std::uint64_t arena_bytes = std::uint64_t{64} << 20;

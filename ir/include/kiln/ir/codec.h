@@ -129,6 +129,9 @@ Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes);
 
 // Decode a whole message of the given type; the input must hold exactly one message.
 Result<Operation> decode_operation(std::span<const std::uint8_t> bytes);
+// The same into an existing operation (its storage reused; on error `op` holds a partial decode).
+// The hot path of a receiver that decodes one op per message.
+Status decode_operation_into(std::span<const std::uint8_t> bytes, Operation& op);
 Result<std::vector<Operation>> decode_operations(std::span<const std::uint8_t> bytes);
 // The graph's inputs and outputs are carried as sent, not re-derived: a receiver that relies on
 // them should check them against classify(graph.operations) (ir.md §7).

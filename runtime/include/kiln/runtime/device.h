@@ -127,6 +127,8 @@ class Device final : public SessionTarget {
   // The last drop of a tensor whose home is `home` (queued Drop from the owner thread, foreign
   // drop from any other). Never blocks.
   [[nodiscard]] Status drop(StreamId home, const ir::TensorIr& t) override;
+  // drop without waking the home stream's actor (see register_op_deferred).
+  [[nodiscard]] Status drop_deferred(StreamId home, const ir::TensorIr& t);
   // A cross-stream shared view: drains `src_stream` if `src` is not produced yet, then `dst`
   // becomes an alias of `src` (errored source → errored alias, same root).
   [[nodiscard]] Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) override;
@@ -170,9 +172,11 @@ class Device final : public SessionTarget {
   // The stream's actor, created on first use; nullptr once the device is shut down.
   StreamActor* actor(StreamId stream);
   Status register_op_impl(StreamId stream, ir::Operation&& op, bool wake);
-  template <class T>
-  Result<T> wait(std::future<Result<T>>& f, const std::string& what) const;
-  Status wait_status(std::future<Status>& f, const std::string& what) const;
+  Status drop_impl(StreamId home, const ir::TensorIr& t, bool wake);
+  // Waits for an actor's answer (spins briefly, then sleeps up to options().wait_timeout);
+  // what() names the wait in the timeout error.
+  template <class V, class What>
+  V wait(std::future<V>& f, const What& what) const;
 
   using StreamTable = tbb::concurrent_hash_map<std::uint64_t, std::unique_ptr<StreamActor>>;
 

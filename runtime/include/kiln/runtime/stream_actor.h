@@ -169,7 +169,8 @@ class StreamActor {
   bool try_run_inline(Command& cmd);
   // Any thread: a drop of a tensor whose home is this stream (fusion.md §16.7): from the owner a
   // Drop operation enters the queue; from any other thread it is a foreign drop (§16.5).
-  [[nodiscard]] Status submit_drop(const ir::TensorIr& t);
+  // wake = false as for submit_op.
+  [[nodiscard]] Status submit_drop(const ir::TensorIr& t, bool wake = true);
 
   StreamStats stats() const;
 
