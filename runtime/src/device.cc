@@ -101,7 +101,10 @@ StreamActor* Device::actor(StreamId stream) {
     ctx.inline_waits = *options_.inline_waits && backend_->executes_on_any_thread();
     a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
   }
-  return a->second.get();  // actors are never erased before the device dies
+  // Valid until close_stream(stream) destroys it (after draining and quiescing it): a caller
+  // racing a close of the same stream may still touch a destroyed actor — a known gap (shared
+  // ownership of actors is the fix; see docs/runtime.md, "Streams").
+  return a->second.get();
 }
 
 namespace {
