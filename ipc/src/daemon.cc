@@ -163,7 +163,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status status(const StatusCmd& c, std::uint64_t rid);
   Status upload_part(const UploadPartCmd& c, std::uint64_t rid);
   Status read_part(const ReadPartCmd& c, std::uint64_t rid);
-  Result<ReadPartDoneCpl> read_window(const ReadPartCmd& c, const TensorRecord& rec);
+  Result<ReadPartDoneCpl> read_window(const ReadPartCmd& c);  // of staged_read_
+  void reset_staged_read();  // ends the chunked read, releasing what it was charged
   void discard_staged_upload(std::uint64_t client_tensor);
 
   Status send(const Completion& cpl);
@@ -208,11 +209,14 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     std::uint64_t received = 0;  // bytes copied in so far: the next part's offset
     std::unique_ptr<std::byte[]> data;
   };
+  // One chunked read at a time (the client serialises them): a snapshot of the tensor, taken at
+  // the first window. Read-only: dropped with its tensor (forget); a last use: the tensor is
+  // consumed at once and its charge moves here.
   struct StagedRead {
     std::uint64_t client_tensor = 0;
-    ir::TensorId global{0};
     bool last_use = false;
-    std::uint64_t sent = 0;  // bytes copied out so far: the next window's offset
+    std::uint64_t sent = 0;     // bytes copied out so far: the next window's offset
+    std::uint64_t charged = 0;  // quota bytes to release when the read ends
     runtime::HostData data;
   };
   std::unordered_map<std::uint64_t, StagedUpload> staged_uploads_;
@@ -258,6 +262,8 @@ void ClientSession::serve(std::span<const std::uint8_t> message) {
   if (!decoded.ok()) {
     ++rejected_;
     (void)send(error_completion(peek_request_id(message).value_or(0), decoded.error()));
+    // The burst may end with this message: wake what it deferred, as below.
+    if (!deferred_streams_.empty() && !client_->endpoint.receive_pending()) wake_deferred();
     publish_stats();
     return;
   }
@@ -383,6 +389,7 @@ void ClientSession::forget(std::span<const std::uint64_t> client_tensors) {
     bytes += it->second.bytes;
     tensors_.erase(it);
     ++found;
+    if (staged_read_ && !staged_read_->last_use && staged_read_->client_tensor == t) staged_read_.reset();
   }
   if (found == 0) return;
   std::lock_guard lock(service_.mu);
@@ -638,10 +645,9 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
       return make_error(ErrorCode::Invalid, fmt::format("offset: {}, but no upload of tensor {} is in progress (its first "
                                                         "part has offset 0)", c.offset, id));
     KILN_RETURN_IF_ERROR(check_fresh(id, "tensor_id"));
-    if (staged_uploads_.size() >= kMaxStagedUploads)
-      return make_error(ErrorCode::ResourceExhausted,
-                        fmt::format("{} chunked uploads are already in progress on this connection (the limit)",
-                                    staged_uploads_.size()));
+    // One chunked upload at a time per connection (the client library serialises them): an
+    // unfinished one was abandoned (its client gave up), and goes with its charge.
+    while (!staged_uploads_.empty()) discard_staged_upload(staged_uploads_.begin()->first);
     if (total > kMaxStagedBytes)
       return make_error(ErrorCode::ResourceExhausted, fmt::format("shape: tensor {} of {} exceeds the largest chunked upload, {}",
                                                                   id, human_bytes(total), human_bytes(kMaxStagedBytes)));
@@ -695,55 +701,60 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
 
 Status ClientSession::read_part(const ReadPartCmd& c, std::uint64_t rid) {
   const std::uint64_t id = c.tensor.id.value();
-  if (c.offset == 0) staged_read_.reset();  // a new chunked read replaces an abandoned one
-  Result<TensorRecord*> found = lookup(id, "tensor.id");
-  if (!found.ok()) {
-    staged_read_.reset();
-    return found.error();
-  }
-  const TensorRecord rec = **found;  // a copy: forget() below erases the entry
-  if (!(rec.dtype == c.tensor.dtype) || rec.shape != c.tensor.shape) {
-    staged_read_.reset();
-    return make_error(ErrorCode::Invalid, fmt::format("tensor {} is {} {} on record, the message says {} {}", id,
-                                                      ir::shape_to_string(rec.shape), rec.dtype.name(),
-                                                      ir::shape_to_string(c.tensor.shape), c.tensor.dtype.name()));
-  }
-  // Past here the tensor is this client's. A last use ends with the transfer: after its final
-  // window has been copied out, or at a window that fails, as a failed read consumes it.
-  Result<ReadPartDoneCpl> window = read_window(c, rec);
-  const bool final = window.ok() && window->offset + window->data.length == rec.bytes;
-  if (!window.ok() || final) staged_read_.reset();
-  if (c.tensor.status == ir::TensorStatus::ReadWrite && (!window.ok() || final)) {
-    Status dropped =
-        service_.device.drop(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadWrite, rec.dtype});
-    forget(id);
-    if (window.ok() && !dropped.ok()) return dropped;
-  }
-  if (!window.ok()) return window.error();
-  return send(Completion{rid, std::move(window).value()});
-}
-
-Result<ReadPartDoneCpl> ClientSession::read_window(const ReadPartCmd& c, const TensorRecord& rec) {
-  const std::uint64_t id = c.tensor.id.value();
   const bool last_use = c.tensor.status == ir::TensorStatus::ReadWrite;
   if (c.offset == 0) {
-    // One device read for the whole transfer, read-only: the tensor stays live meanwhile.
+    reset_staged_read();  // a new chunked read replaces an abandoned one
+    KILN_ASSIGN_OR_RETURN(TensorRecord * found, lookup(id, "tensor.id"));
+    const TensorRecord rec = *found;  // a copy: forget() below erases the entry
+    if (!(rec.dtype == c.tensor.dtype) || rec.shape != c.tensor.shape)
+      return make_error(ErrorCode::Invalid, fmt::format("tensor {} is {} {} on record, the message says {} {}", id,
+                                                        ir::shape_to_string(rec.shape), rec.dtype.name(),
+                                                        ir::shape_to_string(c.tensor.shape), c.tensor.dtype.name()));
+    // One device read for the whole transfer. A last use consumes the tensor here, whatever the
+    // outcome (as a one-piece read does): the snapshot holds its bytes and takes over its quota
+    // charge, so a client that abandons the transfer leaves nothing live behind it.
     Result<runtime::HostData> data =
         service_.device.read(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadOnly, rec.dtype});
+    if (last_use) {
+      Status dropped =
+          service_.device.drop(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadWrite, rec.dtype});
+      forget(id);
+      if (data.ok() && !dropped.ok()) return dropped;
+    }
     if (!data.ok()) return data.error();
     if (data->bytes.size() != rec.bytes)
       return make_error(ErrorCode::Internal,
                         fmt::format("the device returned {} bytes for tensor {} of {}", data->bytes.size(), id, rec.bytes));
-    staged_read_ = StagedRead{id, rec.global, last_use, 0, std::move(data).value()};
-  } else if (!staged_read_ || staged_read_->client_tensor != id || staged_read_->global != rec.global) {
+    std::uint64_t charged = 0;
+    if (last_use) {
+      KILN_RETURN_IF_ERROR(charge(rec.bytes, [&] { return fmt::format("the read snapshot of tensor {}", id); }));
+      charged = rec.bytes;
+    }
+    // A read-only snapshot is not charged: it goes with its tensor (forget() drops it), so the
+    // job pays for those bytes once.
+    staged_read_ = StagedRead{id, last_use, 0, charged, std::move(data).value()};
+  } else if (!staged_read_ || staged_read_->client_tensor != id) {
     return make_error(ErrorCode::Invalid,
                       fmt::format("offset: {}, but no read of tensor {} is in progress (its first window has offset 0)",
                                   c.offset, id));
   }
+  Result<ReadPartDoneCpl> window = read_window(c);
+  // The transfer ends at its final window, or at one that fails.
+  if (!window.ok() || staged_read_->sent == staged_read_->data.bytes.size()) reset_staged_read();
+  if (!window.ok()) return window.error();
+  return send(Completion{rid, std::move(window).value()});
+}
+
+Result<ReadPartDoneCpl> ClientSession::read_window(const ReadPartCmd& c) {
+  const std::uint64_t id = c.tensor.id.value();
   StagedRead& s = *staged_read_;
-  if (s.last_use != last_use)
+  if (s.last_use != (c.tensor.status == ir::TensorStatus::ReadWrite))
     return make_error(ErrorCode::Invalid, fmt::format("tensor.status: the read of tensor {} began as {}", id,
                                                       s.last_use ? "a last use (ReadWrite)" : "ReadOnly"));
+  if (!(s.data.dtype == c.tensor.dtype) || s.data.shape != c.tensor.shape)
+    return make_error(ErrorCode::Invalid, fmt::format("tensor: the read of tensor {} began as {} {}, this window says {} {}",
+                                                      id, ir::shape_to_string(s.data.shape), s.data.dtype.name(),
+                                                      ir::shape_to_string(c.tensor.shape), c.tensor.dtype.name()));
   if (c.offset != s.sent)
     return make_error(ErrorCode::Invalid, fmt::format("offset: {}, expected {} (the bytes read so far: windows come in order)",
                                                       c.offset, s.sent));
@@ -754,6 +765,12 @@ Result<ReadPartDoneCpl> ClientSession::read_window(const ReadPartCmd& c, const T
       dest, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data.bytes.data()) + s.sent, n)));
   s.sent += n;
   return ReadPartDoneCpl{s.data.dtype, s.data.shape, c.offset, dest};
+}
+
+void ClientSession::reset_staged_read() {
+  if (!staged_read_) return;
+  if (staged_read_->charged != 0) release(staged_read_->charged);
+  staged_read_.reset();
 }
 
 // ---- Cleanup when the client goes

@@ -212,7 +212,9 @@ Status RemoteTarget::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, s
 // Half the arena, rounded down to the allocator's 64-byte alignment: one part is written (or
 // copied out) while the other is in flight.
 std::uint64_t RemoteTarget::part_bytes() const {
-  return std::max<std::uint64_t>(64, (arena_alloc_.capacity() / 2) & ~std::uint64_t{63});
+  // A quarter: with two parts in flight, half the arena stays free for other threads' transfers
+  // (half-arena parts filled it, and a waiter woken by a freed part lost the race to the next).
+  return std::max<std::uint64_t>(64, (arena_alloc_.capacity() / 4) & ~std::uint64_t{63});
 }
 
 Status RemoteTarget::upload_chunked(ir::TensorId id, ir::DType dtype, const ir::Shape& shape,

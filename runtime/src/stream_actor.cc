@@ -1,6 +1,7 @@
 #include "kiln/runtime/stream_actor.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <exception>
 #include <type_traits>
@@ -131,6 +132,8 @@ bool StreamActor::has_work() const {
 namespace {
 // ~1–3 µs of polling (a pause is 10–140 cycles depending on the core).
 constexpr int kIdlePolls = 256;
+// How long cancel_pending waits for whoever holds the stream (a turn or inline waiter).
+constexpr std::chrono::seconds kCancelWait{30};
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -161,6 +164,10 @@ bool StreamActor::try_run_inline(Command& cmd) {
                                      0, foreign_count_.load(std::memory_order_relaxed))) > kInlineBacklog)
     return false;
   if (!acquire_running()) return false;
+  if (closed_.load(std::memory_order_acquire)) {  // closed between the check above and now
+    release_running();
+    return false;
+  }
   // Exactly what was queued before the call (the caller's own commands among it), in the
   // actor's order; later commands are left to the turn, so a flooding producer cannot hold us.
   std::size_t intake_left = intake_.read_available();
@@ -430,7 +437,17 @@ std::size_t StreamActor::cancel_pending(const std::string& reason) {
   // The queues have one consumer at a time: wait out whoever holds the stream, above all an
   // inline waiter that got it before close() and may be running a long deferred backlog
   // (try_run_inline checks closed_ first, so no new one comes; turns hold running_ too).
-  while (!acquire_running()) std::this_thread::yield();
+  // Bounded: a holder stuck in a kernel must not hang shutdown; its commands are then left
+  // (their waiters time out on their own) rather than popped under it.
+  const auto give_up = std::chrono::steady_clock::now() + kCancelWait;
+  while (!acquire_running()) {
+    if (std::chrono::steady_clock::now() >= give_up) {
+      spdlog::warn("kiln runtime: stream {}: still running after {} s; its queued commands are not cancelled",
+                   id_.value(), kCancelWait.count());
+      return 0;
+    }
+    std::this_thread::yield();
+  }
   std::size_t n = 0;
   auto cancel = [&](Command* c) {
     std::unique_ptr<Command> cmd(c);

@@ -56,11 +56,12 @@
 // in private memory, charged in full (the tensor's size) to the job's memory quota from the
 // first part, and creates the tensor when the last byte has arrived. A part that does not
 // follow (offset, dtype, shape), or names an id in use, is an error completion and discards
-// that staging; so does the client's disconnect. At most kMaxStagedUploads per connection.
+// that staging; so does the client's disconnect. One upload per connection is staged at a
+// time: a new one (offset 0) discards an unfinished one, which its client abandoned.
 // A read_part at offset 0 snapshots the tensor (one read of the device; at most one chunked read
 // per connection, a new one replaces an abandoned one); later windows follow in order. A
-// ReadWrite (last-use) read consumes the tensor once its final window has been copied out, or
-// when a window of it fails, as a failed read would.
+// ReadWrite (last-use) read consumes the tensor at that first window (the snapshot takes over
+// its quota charge until the transfer ends); a read-only snapshot goes when its tensor does.
 //
 // Decoding treats input as hostile (shared memory): every length, count, enum, rank, size and
 // arena range is checked before use, sizes with overflow checks; nothing allocates beyond the
@@ -108,9 +109,6 @@ inline constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kMaxErrorMessageBytes = 1024;
 // The daemon's status report (kilnctl status); longer reports are truncated by the encoder.
 inline constexpr std::size_t kMaxStatusBytes = 64 * 1024;
-// Chunked uploads one connection may have in progress at once (the client library has at most
-// one): each stages up to its tensor's size, charged to the job's quota.
-inline constexpr std::size_t kMaxStagedUploads = 4;
 
 enum class CommandKind : std::uint8_t {
   AttachStream = 1, RegisterOp, Upload, Read, Sync, Drop, Export, Import, CloseStream, Status, UploadPart, ReadPart,

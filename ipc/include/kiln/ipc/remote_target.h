@@ -12,8 +12,9 @@
 // input error is reported at the call that made it. register_op and drop are one ring record
 // each and get no answer unless the daemon rejects them (it should not, for ops built here);
 // such a rejection is reported by the next sync or read. Uploads and reads go through the
-// segment's arena; one larger than the arena moves in parts of half the arena (upload_part,
-// read_part), two in flight, one chunked transfer per connection at a time, transparently.
+// segment's arena; one larger than the arena moves in parts of a quarter of the arena
+// (upload_part, read_part), two in flight, one chunked transfer per connection at a time,
+// transparently.
 //
 // Errors the user can act on: "daemon not running at PATH" (connect), "the daemon went away"
 // (any call after the daemon closed the connection; no call hangs: every wait is bounded and
@@ -97,8 +98,8 @@ class RemoteTarget final : public runtime::SessionTarget {
   std::atomic<bool> daemon_gone_{false};
   std::atomic<std::uint64_t> ops_sent_{0};
 
-  // One chunked transfer at a time: the daemon keeps one chunked read per connection, and two
-  // transfers of half the arena each would only take turns for its space anyway.
+  // One chunked transfer at a time: the daemon stages one chunked upload and one chunked read
+  // per connection (a new one discards an unfinished one as abandoned).
   std::mutex chunk_mu_;
   std::mutex send_mu_;  // one sender at a time (the command ring is single-producer)
   std::vector<std::uint8_t> tx_buf_;  // guarded by send_mu_
