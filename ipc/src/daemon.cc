@@ -167,6 +167,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void reset_staged_read();  // ends the chunked read, releasing what it was charged
   void discard_staged_upload(std::uint64_t client_tensor);
 
+  void dispatch(Command& cmd);  // runs a decoded command, answering an error completion on failure
   Status send(const Completion& cpl);
   void wake_deferred();
   void note_deferred(StreamId s);  // a registration or drop left for wake_deferred()
@@ -262,12 +263,17 @@ void ClientSession::serve(std::span<const std::uint8_t> message) {
   if (!decoded.ok()) {
     ++rejected_;
     (void)send(error_completion(peek_request_id(message).value_or(0), decoded.error()));
-    // The burst may end with this message: wake what it deferred, as below.
-    if (!deferred_streams_.empty() && !client_->endpoint.receive_pending()) wake_deferred();
-    publish_stats();
-    return;
+  } else {
+    dispatch(*decoded);
   }
-  Command& cmd = *decoded;
+  // Registrations and drops left unwoken run once the burst is over (nothing more in the ring,
+  // whatever this message was) or long.
+  if (!deferred_streams_.empty() && (deferred_ops_ >= kDeferredWakeMax || !client_->endpoint.receive_pending()))
+    wake_deferred();
+  publish_stats();
+}
+
+void ClientSession::dispatch(Command& cmd) {
   const std::uint64_t rid = cmd.request_id;
   Status st = std::visit(
       [&](auto& c) -> Status {
@@ -293,10 +299,6 @@ void ClientSession::serve(std::span<const std::uint8_t> message) {
     e.message = std::string(command_kind_name(cmd.kind())) + ": " + e.message;
     (void)send(error_completion(rid, e));
   }
-  // Registrations left unwoken run once the burst is over (nothing more in the ring) or long.
-  if (!deferred_streams_.empty() && (deferred_ops_ >= kDeferredWakeMax || !client_->endpoint.receive_pending()))
-    wake_deferred();
-  publish_stats();
 }
 
 void ClientSession::note_deferred(StreamId s) {

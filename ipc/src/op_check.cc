@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kiln/ir/builders.h"
+#include "kiln/ir/hash.h"
 
 namespace kiln::ipc {
 namespace {
@@ -148,19 +149,20 @@ Status check_client_operation(const ir::Operation& op) {
 
 namespace {
 
-// Everything but the tensor ids, mixed (a slot index; equality decides).
+// Everything but the tensor ids, with the project's structural mix (a slot index; equality
+// decides).
 std::uint64_t shape_hash(const ir::Operation& op) {
-  std::uint64_t h = 0x9E3779B97F4A7C15ull;
-  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 0xD6E8FEB86659FD93ull; };
-  mix(static_cast<std::uint64_t>(op.kind) << 16 | static_cast<std::uint64_t>(op.family) << 8 | op.num_inputs);
-  mix(static_cast<std::uint64_t>(op.dtype.kind()));
+  ir::StructuralHasher hs;
+  hs.add(static_cast<std::uint64_t>(op.kind) << 16 | static_cast<std::uint64_t>(op.family) << 8 | op.num_inputs);
+  hs.add_dtype(op.dtype);
   for (const ir::TensorIr& t : op.tensors) {
-    mix(static_cast<std::uint64_t>(t.status) << 8 | static_cast<std::uint64_t>(t.dtype.kind()));
-    for (std::uint64_t d : t.shape) mix(d);
+    hs.add_enum(t.status);
+    hs.add_dtype(t.dtype);
+    hs.add_shape(t.shape);
   }
-  for (const ir::ScalarIr& v : op.scalars) mix(v.hash_bits());
-  for (std::int64_t a : op.attrs) mix(static_cast<std::uint64_t>(a));
-  return h ^ (h >> 29);
+  for (const ir::ScalarIr& v : op.scalars) hs.add(v.hash_bits());
+  for (std::int64_t a : op.attrs) hs.add(static_cast<std::uint64_t>(a));
+  return hs.finish();
 }
 
 bool equal_but_ids(const ir::Operation& a, const ir::Operation& b) {

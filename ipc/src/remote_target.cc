@@ -217,55 +217,62 @@ std::uint64_t RemoteTarget::part_bytes() const {
   return std::max<std::uint64_t>(64, (arena_alloc_.capacity() / 4) & ~std::uint64_t{63});
 }
 
+Result<std::optional<ArenaRange>> RemoteTarget::next_part_range(std::uint64_t n,
+                                                               const std::function<bool()>& settle_oldest,
+                                                               const std::function<bool()>& failed, const char* what) {
+  std::optional<ArenaRange> range = try_allocate(n);
+  while (!range && !failed() && settle_oldest()) range = try_allocate(n);
+  if (failed()) {
+    if (range) free_range(*range);
+    return std::optional<ArenaRange>();
+  }
+  if (range) return range;
+  KILN_ASSIGN_OR_RETURN(ArenaRange r, allocate(n, what));  // only other threads' transfers hold the arena
+  return std::optional<ArenaRange>(r);
+}
+
 Status RemoteTarget::upload_chunked(ir::TensorId id, ir::DType dtype, const ir::Shape& shape,
                                     std::span<const std::byte> bytes) {
   std::lock_guard chunked(chunk_mu_);
   const std::uint64_t part = part_bytes();
   std::deque<InFlight> in_flight;
-  Status failed = Status::Ok();  // the first failure; later parts are only settled
+  std::optional<Error> failed;  // the first failure; later parts are only settled
   auto settle_oldest = [&] {
+    if (in_flight.empty()) return false;
     const InFlight f = in_flight.front();
     in_flight.pop_front();
     Result<Completion> c = wait(f.request);
     free_range(f.range);  // the completion (or the end of the connection) returns the range
     Status st = c.ok() ? completion_status(*c, "upload") : Status(c.error());
-    if (failed.ok() && !st.ok()) failed = std::move(st);
+    if (!failed && !st.ok()) failed = st.error();
+    return true;
   };
+  auto has_failed = [&] { return failed.has_value(); };
   std::uint64_t sent = 0;
-  while (sent < bytes.size() && failed.ok()) {
+  while (sent < bytes.size() && !failed) {
     const std::uint64_t n = std::min<std::uint64_t>(part, bytes.size() - sent);
     // Earlier parts are waited for only as far as the arena needs their space.
-    std::optional<ArenaRange> range = try_allocate(n);
-    while (!range && !in_flight.empty() && failed.ok()) {
-      settle_oldest();
-      range = try_allocate(n);
-    }
-    if (!failed.ok()) {
-      if (range) free_range(*range);
-      break;
-    }
-    if (!range) {  // only other threads' transfers hold the arena: wait for them
-      Result<ArenaRange> r = allocate(n, "upload");
-      if (!r.ok()) {
-        failed = r.error();
-        break;
-      }
-      range = *r;
-    }
-    const ArenaRange data{range->offset, n};
+    Result<std::optional<ArenaRange>> next = next_part_range(n, settle_oldest, has_failed, "upload");
+    if (!next.ok()) failed = next.error();
+    if (failed) break;
+    const ArenaRange range = **next;
+    const ArenaRange data{range.offset, n};
     Status written = conn_.endpoint().arena().write(
         data, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()) + sent, n));
-    Result<std::uint64_t> request = written.ok() ? send(UploadPartCmd{id, dtype, shape, sent, data}) : Result<std::uint64_t>(written.error());
+    Result<std::uint64_t> request =
+        written.ok() ? send(UploadPartCmd{id, dtype, shape, sent, data}) : Result<std::uint64_t>(written.error());
     if (!request.ok()) {
-      free_range(*range);
+      free_range(range);
       failed = request.error();
       break;
     }
-    in_flight.push_back(InFlight{*request, *range, sent, n});
+    in_flight.push_back(InFlight{*request, range, sent, n});
     sent += n;
   }
-  while (!in_flight.empty()) settle_oldest();
-  return failed;
+  while (settle_oldest()) {
+  }
+  if (failed) return *failed;
+  return Status::Ok();
 }
 
 Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::uint64_t bytes) {
@@ -276,6 +283,7 @@ Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, con
   std::optional<Error> failed;  // the first failure; later windows are only settled
   bool rejected = false;        // the daemon answered with an error
   auto settle_oldest = [&] {
+    if (in_flight.empty()) return false;
     const InFlight f = in_flight.front();
     in_flight.pop_front();
     Result<Completion> c = wait(f.request);
@@ -295,38 +303,28 @@ Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, con
     }
     free_range(f.range);
     if (!failed && !st.ok()) failed = st.error();
+    return true;
   };
+  auto has_failed = [&] { return failed.has_value(); };
   std::uint64_t requested = 0;
   while (requested < bytes && !failed) {
     const std::uint64_t n = std::min<std::uint64_t>(part, bytes - requested);
-    std::optional<ArenaRange> range = try_allocate(n);
-    while (!range && !in_flight.empty() && !failed) {
-      settle_oldest();
-      range = try_allocate(n);
-    }
-    if (failed) {
-      if (range) free_range(*range);
-      break;
-    }
-    if (!range) {
-      Result<ArenaRange> r = allocate(n, "read");
-      if (!r.ok()) {
-        failed = r.error();
-        break;
-      }
-      range = *r;
-    }
+    Result<std::optional<ArenaRange>> next = next_part_range(n, settle_oldest, has_failed, "read");
+    if (!next.ok()) failed = next.error();
+    if (failed) break;
+    const ArenaRange range = **next;
     // The window's capacity is exactly n: the daemon fills all of it.
-    Result<std::uint64_t> request = send(ReadPartCmd{home.value(), t, requested, ArenaRange{range->offset, n}});
+    Result<std::uint64_t> request = send(ReadPartCmd{home.value(), t, requested, ArenaRange{range.offset, n}});
     if (!request.ok()) {
-      free_range(*range);
+      free_range(range);
       failed = request.error();
       break;
     }
-    in_flight.push_back(InFlight{*request, *range, requested, n});
+    in_flight.push_back(InFlight{*request, range, requested, n});
     requested += n;
   }
-  while (!in_flight.empty()) settle_oldest();
+  while (settle_oldest()) {
+  }
   if (failed) {
     // The usual cause of a failed read is an op the daemon rejected earlier: say so first.
     if (rejected)

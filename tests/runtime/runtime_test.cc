@@ -52,6 +52,14 @@ T ok(Result<T> r) {
   return std::move(r).value();
 }
 
+// A [2] f32 tensor uploaded under a fresh id, as a ReadOnly occurrence.
+TensorIr upload_f32x2(Device& dev, float a, float b) {
+  const TensorId id = dev.new_tensor_id();
+  const std::vector<float> v{a, b};
+  EXPECT_TRUE(dev.upload(id, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(v))).ok());
+  return TensorIr{id, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+}
+
 void expect_near_all(const std::vector<float>& got, const std::vector<double>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i]))) << i;
@@ -183,10 +191,7 @@ TEST(Runtime, ProducerTableDrainsOtherStream) {
 TEST(Runtime, DeferredRegistrationsRunOnWakeOrWait) {
   auto dev = make_device();
   const StreamId A(200), B(201);
-  const TensorId x = dev->new_tensor_id();
-  std::vector<float> xv{0.5f, 1.0f};
-  ASSERT_TRUE(dev->upload(x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
-  const TensorIr xr{x, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+  const TensorIr xr = upload_f32x2(*dev, 0.5f, 1.0f);
   auto exp_into = [&](StreamId s, const TensorIr& in, TensorId out) {
     return dev->register_op_deferred(s, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, in, out)));
   };
@@ -219,10 +224,7 @@ TEST(Runtime, DeferredRegistrationsRunOnWakeOrWait) {
 TEST(Runtime, AWaitRunsAnUnwokenBacklogOfAnyLengthInline) {
   auto dev = make_device();
   const StreamId D(400);
-  const TensorId x = dev->new_tensor_id();
-  std::vector<float> xv{1.0f, 2.0f};
-  ASSERT_TRUE(dev->upload(x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
-  TensorIr cur{x, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+  TensorIr cur = upload_f32x2(*dev, 1.0f, 2.0f);
   constexpr int kOps = 40;  // well above StreamActor::kInlineBacklog
   for (int i = 0; i < kOps; ++i) {
     const TensorId next = dev->new_tensor_id();
@@ -249,10 +251,7 @@ TEST(Runtime, AWaitRunsAnUnwokenBacklogOfAnyLengthInline) {
 TEST(Runtime, DeferredDropsRunOnWake) {
   auto dev = make_device();
   const StreamId C(300);
-  const TensorId x = dev->new_tensor_id();
-  std::vector<float> xv{0.5f, 1.0f};
-  ASSERT_TRUE(dev->upload(x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
-  const TensorIr xr{x, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
+  const TensorIr xr = upload_f32x2(*dev, 0.5f, 1.0f);
   const TensorId c1 = dev->new_tensor_id();
   // Deferred, then drained by this thread (inline): no turn was ever posted for C, so none can
   // come along later and run the drop below by chance.

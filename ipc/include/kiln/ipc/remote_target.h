@@ -29,6 +29,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -88,6 +89,12 @@ class RemoteTarget final : public runtime::SessionTarget {
   void free_range(ArenaRange r);
   // Transfers larger than the arena, in parts of part_bytes() (protocol.h, "Chunked transfers").
   std::uint64_t part_bytes() const;
+  // The arena range for a part of n bytes. While the arena has no room, earlier parts are
+  // settled oldest first (settle_oldest(): false when none is in flight) until there is, or
+  // until failed() (a settled part's error): then nullopt. With none in flight, waits for other
+  // threads' transfers (an error if that wait fails).
+  Result<std::optional<ArenaRange>> next_part_range(std::uint64_t n, const std::function<bool()>& settle_oldest,
+                                                    const std::function<bool()>& failed, const char* what);
   Status upload_chunked(ir::TensorId id, ir::DType dtype, const ir::Shape& shape, std::span<const std::byte> bytes);
   Result<runtime::HostData> read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::uint64_t bytes);
 
