@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -34,7 +35,7 @@ namespace {
 struct Backend {
   std::unique_ptr<kiln::runtime::DeviceBackend> backend;
   std::string name;  // "cpu", "cuda:0"
-  kiln::cpu::CpuBackend* cpu = nullptr;
+  std::function<std::uint64_t()> fused_launches;  // for kilnctl status; reads the backend's counter
 };
 
 kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) {
@@ -46,6 +47,7 @@ kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) 
   spdlog::debug("kilnd: {}", probe.describe());
   if (choice.kind == kiln::cuda::DeviceKind::Cuda) {
     KILN_ASSIGN_OR_RETURN(auto cuda, kiln::cuda::CudaBackend::create({.device = choice.ordinal}));
+    b.fused_launches = [gpu = cuda.get()] { return gpu->stats().fused_launches; };
     b.backend = std::move(cuda);
     b.name = "cuda:" + std::to_string(choice.ordinal);
     return b;
@@ -59,7 +61,7 @@ kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) 
   spdlog::info("kilnd: device cpu ({}; built without CUDA)", request.empty() ? "auto" : request);
 #endif
   auto cpu = std::make_unique<kiln::cpu::CpuBackend>(kiln::cpu::CpuBackendOptions{.threads = cpu_threads});
-  b.cpu = cpu.get();
+  b.fused_launches = [c = cpu.get()] { return c->stats().fused_launches; };
   b.backend = std::move(cpu);
   b.name = "cpu";
   return b;
@@ -124,7 +126,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kilnd: %s\n", backend.error().to_string().c_str());
     return 2;
   }
-  kiln::cpu::CpuBackend* cpu = backend->cpu;
   const std::string device_name = backend->name;
 
   kiln::ipc::DaemonOptions options;
@@ -167,7 +168,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kilnd: %s\n", service.error().to_string().c_str());
     return 1;
   }
-  if (cpu != nullptr) (*service)->set_fused_launch_counter([cpu] { return cpu->stats().fused_launches; });
+  // The backend is owned by the device, which outlives the service.
+  (*service)->set_fused_launch_counter(backend->fused_launches);
   spdlog::info("kilnd: ready on {} (device {}, {} stream threads)", (*service)->socket_path(), device_name,
                (*dev)->threads());
 

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # bench/gpu/check.sh — the CUDA backend's check on a GPU machine, in under 8 minutes:
 #   1. probe (nvidia-smi, when present)
-#   2. configure and build the cuda module, its tests and kiln-gpu-bench (Release)
-#   3. the cuda tests (NVRTC compilation for sm_90 and the oldest architecture, codegen, launch
-#      helpers, disk cache, and the GPU tests; fails if the GPU tests skip on a GPU machine)
+#   2. configure and build the cuda module, its tests, kiln-gpu-bench and the daemon (Release),
+#      then NVRTC compilation of every kernel kind for sm_90 and the oldest architecture; or,
+#      with KILN_GPU_PREBUILT=DIR, the programs bench/gpu/pack.sh built elsewhere (for a GPU
+#      machine without kiln's build dependencies; NVRTC is then the machine's own)
+#   3. the cuda unit tests (codegen, launch helpers, probe, disk cache) and the GPU tests
+#      (fails if they skip on a GPU machine), side by side with
 #   4. differential tests against the CPU reference executor (random elementwise programs;
-#      KILN_DIFF_PROGRAMS, default 300; each is a new structure, so a new NVRTC compilation)
+#      KILN_DIFF_PROGRAMS, default 300; each is a new structure, so a new NVRTC compilation),
+#      and KILN_FAST_DIFF_PROGRAMS (default 100) of them again with fast f32 exp/log
 #   5. benchmarks W1-W4 at 2^24..2^28 elements: kiln fused and unfused, a device-to-device copy,
+#      kiln fused with fast f32 exp/log (peer kiln-cuda-fused-fastmath),
 #      PyTorch eager, torch.compile and CuPy (missing libraries are skipped with a message), in
 #      the peer kit's line format; joined into a table when the kit's summarize.py is found
+#   6. kiln-demo on the GPU: kilnd --device cuda and two training workers (KILN_GPU_NO_DEMO=1
+#      skips it; KILN_GPU_DEMO_STEPS, default 300)
 # Everything goes to $OUT/check.log (default build/gpu/check/check.log); result lines to
 # $OUT/results.txt. Exit status: 0 when every step passed, else the number of failed steps.
 #
@@ -26,6 +33,7 @@ export BENCH_TARGET_S=${BENCH_TARGET_S:-0.1}
 export BENCH_MIN_REPS=${BENCH_MIN_REPS:-5}
 export BENCH_WARMUP_S=${BENCH_WARMUP_S:-0.05}
 DIFF_PROGRAMS=${KILN_DIFF_PROGRAMS:-300}
+FAST_DIFF_PROGRAMS=${KILN_FAST_DIFF_PROGRAMS:-100}
 # Kernels compiled by this run land in a private cache (rebuilt on every check).
 export KILN_CUDA_CACHE_DIR=${KILN_CUDA_CACHE_DIR:-$OUT/kernel-cache}
 
@@ -76,39 +84,112 @@ command -v nvcc > /dev/null && nvcc --version | tail -1 || echo "# nvcc not on P
 
 JOBS=$(nproc 2> /dev/null || echo 4)
 TARGETS=(kiln_cuda cuda_codegen_test cuda_launch_test cuda_probe_test cuda_disk_cache_test cuda_nvrtc_test
-  cuda_gpu_test kiln-gpu-bench)
+  cuda_gpu_test kiln-gpu-bench kilnd kiln-demo kilnctl)
 
-step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DKILN_BUILD_FUZZERS=OFF -DKILN_BUILD_BENCH=ON -DKILN_BUILD_TESTS=ON
-if [[ ! -f $BUILD/build.ninja ]]; then
-  echo "### configure produced no build; stopping"
-  exit 1
-fi
-if ! grep -q "kiln_cuda" "$BUILD/build.ninja"; then
-  echo "### CMake did not find the CUDA toolkit: no cuda module to check (see the configure output)"
-  exit 1
-fi
-step build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
-
-if [[ -x $BUILD/tests/cuda/cuda_gpu_test ]]; then
-  # (the GPU test's own differential run is 100 programs; step 4 runs more)
-  step tests 150 ctest --test-dir "$BUILD" -R '^cuda_' --output-on-failure --timeout 140 -j 2
-  # On a GPU machine the GPU tests must run, not skip.
-  if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
-    step gpu-tests-ran 60 bash -c "! '$BUILD/tests/cuda/cuda_gpu_test' --gtest_filter='-*Random*' | tee '$OUT/gpu_test.txt' | grep -q SKIPPED"
+if [[ -n ${KILN_GPU_PREBUILT:-} ]]; then
+  # Programs built elsewhere by bench/gpu/pack.sh: this machine needs the CUDA driver and NVRTC
+  # (the toolkit's or a Python wheel's), not kiln's build dependencies.
+  PRE=$(cd "$KILN_GPU_PREBUILT" && pwd)
+  BIN=$PRE/bin
+  echo "# prebuilt programs from $PRE (commit $(cat "$PRE/commit" 2> /dev/null || echo '?'))"
+  nvrtc_dir=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [[ -e $d/libnvrtc.so.13 ]] && nvrtc_dir=$d && break
+  done
+  [[ -z $nvrtc_dir ]] && nvrtc_dir=$(dirname "$(find /usr /opt -name 'libnvrtc.so.13' 2> /dev/null | head -1)" 2> /dev/null || true)
+  echo "# NVRTC from ${nvrtc_dir:-nowhere}"
+  export LD_LIBRARY_PATH="$PRE/lib${nvrtc_dir:+:$nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [[ -z ${KILN_CUDA_INCLUDE:-} && ! -f /usr/local/cuda/include/cuda_fp16.h ]]; then
+    inc=$(find /usr /opt -name cuda_fp16.h -path '*include*' 2> /dev/null | head -1)
+    [[ -n $inc ]] && export KILN_CUDA_INCLUDE=$(dirname "$inc")
   fi
-  step differential 120 env KILN_DIFF_PROGRAMS="$DIFF_PROGRAMS" "$BUILD/tests/cuda/cuda_gpu_test" \
-    --gtest_filter='*RandomElementwise*'
+  echo "# CUDA headers for NVRTC: ${KILN_CUDA_INCLUDE:-/usr/local/cuda/include}"
+  RUN=()
+  if ! "$BIN/cuda_probe_test" --gtest_list_tests > /dev/null 2>&1; then
+    # An older C library here than where they were built: the packed loader and run time.
+    "$BIN/cuda_probe_test" --gtest_list_tests 2>&1 | head -3
+    RUN=("$PRE/lib/sys/ld-linux-x86-64.so.2" --library-path "$PRE/lib/sys:$LD_LIBRARY_PATH")
+    echo "# running the programs through the packed loader"
+  fi
+else
+  BIN=$BUILD/bin-links
+  RUN=()
+  step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DKILN_BUILD_FUZZERS=OFF -DKILN_BUILD_BENCH=ON -DKILN_BUILD_TESTS=ON
+  if [[ ! -f $BUILD/build.ninja ]]; then
+    echo "### configure produced no build; stopping"
+    exit 1
+  fi
+  if ! grep -q "kiln_cuda" "$BUILD/build.ninja"; then
+    echo "### CMake did not find the CUDA toolkit: no cuda module to check (see the configure output)"
+    exit 1
+  fi
+  step build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
+  step nvrtc 150 "$BUILD/tests/cuda/cuda_nvrtc_test"
+  mkdir -p "$BIN"
+  for p in tests/cuda/cuda_codegen_test tests/cuda/cuda_launch_test tests/cuda/cuda_probe_test \
+    tests/cuda/cuda_disk_cache_test tests/cuda/cuda_gpu_test bench/gpu/kiln-gpu-bench apps/kilnd apps/kiln-demo \
+    apps/kilnctl; do
+    [[ -x $BUILD/$p ]] && ln -sf "$BUILD/$p" "$BIN/"
+  done
 fi
 
-if [[ -x $BUILD/bench/gpu/kiln-gpu-bench ]]; then
-  step bench-kiln 150 bash -c "'$BUILD/bench/gpu/kiln-gpu-bench' --sizes '$SIZES' | tee -a '$RESULTS'"
+if [[ -x $BIN/cuda_gpu_test ]]; then
+  for t in codegen launch probe disk_cache; do
+    step "unit-$t" 60 "${RUN[@]}" "$BIN/cuda_${t}_test" --gtest_brief=1
+  done
+  # The GPU tests and the differential run side by side (NVRTC compiles on the CPU); the
+  # benchmarks below run alone. The GPU test's own differential case is left to step
+  # "differential", which runs more programs (each a new structure: a new NVRTC compilation).
+  timeout --kill-after=10 150 "${RUN[@]}" "$BIN/cuda_gpu_test" --gtest_filter='-*Random*' > "$OUT/gpu_test.txt" 2>&1 &
+  gpu_pid=$!
+  # The same differential programs with fast f32 exp/log (CudaBackendOptions::fast_math): the
+  # approximations must stay inside the same tolerances.
+  timeout --kill-after=10 150 env KILN_CUDA_FAST_MATH=1 KILN_DIFF_PROGRAMS="$FAST_DIFF_PROGRAMS" "${RUN[@]}" \
+    "$BIN/cuda_gpu_test" --gtest_filter='*RandomElementwise*' > "$OUT/gpu_fast_diff.txt" 2>&1 &
+  fast_pid=$!
+  step differential 150 env KILN_DIFF_PROGRAMS="$DIFF_PROGRAMS" "${RUN[@]}" "$BIN/cuda_gpu_test" \
+    --gtest_filter='*RandomElementwise*'
+  gpu_rc=0 fast_rc=0
+  wait "$gpu_pid" || gpu_rc=$?
+  wait "$fast_pid" || fast_rc=$?
+  echo "### differential-fast-math (side by side; output follows)"
+  tail -5 "$OUT/gpu_fast_diff.txt"
+  if ((fast_rc != 0)); then
+    grep -B2 -A8 Failure "$OUT/gpu_fast_diff.txt" | head -40
+    echo "### differential-fast-math: FAILED (exit $fast_rc)"
+    FAILED+=("differential-fast-math (exit $fast_rc)")
+  else
+    echo "### differential-fast-math: ok"
+  fi
+  echo "### gpu-tests (side by side with the differential run; output follows)"
+  cat "$OUT/gpu_test.txt"
+  if ((gpu_rc != 0)); then
+    echo "### gpu-tests: FAILED (exit $gpu_rc)"
+    FAILED+=("gpu-tests (exit $gpu_rc)")
+  elif grep -q SKIPPED "$OUT/gpu_test.txt" && command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
+    echo "### gpu-tests: SKIPPED on a machine with a GPU"
+    FAILED+=("gpu-tests (skipped)")
+  else
+    echo "### gpu-tests: ok"
+  fi
+fi
+
+if [[ -x $BIN/kiln-gpu-bench ]]; then
+  step bench-kiln 150 bash -c "set -o pipefail; ${RUN[*]} '$BIN/kiln-gpu-bench' --sizes '$SIZES' | tee -a '$RESULTS'"
+  step bench-kiln-fast-math 90 bash -c "set -o pipefail; ${RUN[*]} '$BIN/kiln-gpu-bench' --sizes '$SIZES' --fast-math \
+    --no-copy --modes fused | tee -a '$RESULTS'"
 fi
 PY=${PYTHON:-python3}
 if command -v "$PY" > /dev/null; then
-  step bench-peers 200 bash -c "'$PY' '$ROOT/bench/gpu/peer_gpu.py' --sizes '$SIZES' | tee -a '$RESULTS'"
+  step bench-peers 200 bash -c "set -o pipefail; '$PY' '$ROOT/bench/gpu/peer_gpu.py' --sizes '$SIZES' | tee -a '$RESULTS'"
 else
   echo "# no $PY: PyTorch / CuPy peers skipped"
+fi
+
+if [[ -x $BIN/kiln-demo && -z ${KILN_GPU_NO_DEMO:-} ]]; then
+  # The daemon on the GPU, two training workers over IPC (the README's demo, shorter).
+  step demo 90 "${RUN[@]}" "$BIN/kiln-demo" --device cuda --workers 2 --steps "${KILN_GPU_DEMO_STEPS:-300}"
 fi
 
 KIT=${KILN_PEERS_DIR:-$ROOT/../shared/bench-peers}

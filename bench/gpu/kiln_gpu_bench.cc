@@ -9,6 +9,9 @@
 // kernels are built in the priming calls (time_calls' `prime`), never timed.
 //
 // Usage: kiln-gpu-bench [--workloads W1,W2,W3,W4] [--sizes 16777216,...] [--modes fused,unfused]
+//                       [--fast-math] [--no-copy]
+// --fast-math: kernels with approximate f32 exp/log (CudaBackendOptions::fast_math); the
+// peers are then named kiln-cuda-fused-fastmath / kiln-cuda-unfused-fastmath.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -60,7 +63,9 @@ class GpuBackend final : public Backend {
   cuda::CudaStats base_;
 };
 
-const char* peer_name(bool fused) { return fused ? "kiln-cuda-fused" : "kiln-cuda-unfused"; }
+std::string peer_name(bool fused, bool fast_math) {
+  return std::string(fused ? "kiln-cuda-fused" : "kiln-cuda-unfused") + (fast_math ? "-fastmath" : "");
+}
 
 std::vector<std::string> list_arg(int argc, char** argv, const char* name, const char* fallback) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -90,7 +95,12 @@ int run(int argc, char** argv) {
   std::vector<long> sizes;
   for (const std::string& s : list_arg(argc, argv, "--sizes", "16777216,33554432,67108864,134217728,268435456"))
     sizes.push_back(std::atol(s.c_str()));
-  Result<std::unique_ptr<cuda::CudaBackend>> be = cuda::CudaBackend::create();
+  bool fast_math = false, copy = true;
+  for (int i = 1; i < argc; ++i) {
+    fast_math |= std::strcmp(argv[i], "--fast-math") == 0;
+    copy &= std::strcmp(argv[i], "--no-copy") != 0;
+  }
+  Result<std::unique_ptr<cuda::CudaBackend>> be = cuda::CudaBackend::create({.fast_math = fast_math});
   if (!be.ok()) {
     std::printf("# kiln-gpu-bench: no CUDA backend: %s\n", be.error().message.c_str());
     return 3;
@@ -101,7 +111,8 @@ int run(int argc, char** argv) {
   fusion::FusionLog log;
   GpuBackend backend(gpu);
   bool all_ok = true;
-  for (long n : sizes) time_copy(params, n);
+  if (copy)
+    for (long n : sizes) time_copy(params, n);
   for (const std::string& w : workloads) {
     for (const std::string& mode : modes) {  // correctness at the smallest size, before timing
       const bool fused = mode == "fused";
@@ -112,7 +123,7 @@ int run(int argc, char** argv) {
       wl->call(c);
       const CheckResult r = wl->check(c);
       wl->teardown(c);
-      std::printf("# check peer=%s workload=%s n=%ld max_err=%.3g ok=%d\n", peer_name(fused), w.c_str(), sizes.front(),
+      std::printf("# check peer=%s workload=%s n=%ld max_err=%.3g ok=%d\n", peer_name(fused, fast_math).c_str(), w.c_str(), sizes.front(),
                   r.err, static_cast<int>(r.ok));
       all_ok &= r.ok;
     }
@@ -134,7 +145,7 @@ int run(int argc, char** argv) {
         const std::string extra = backend.counters();
         wl->teardown(c);
         (void)gpu.synchronize();
-        emit(peer_name(fused), w, n, 1, bytes_per_elem(w), ts, extra);
+        emit(peer_name(fused, fast_math), w, n, 1, bytes_per_elem(w), ts, extra);
       }
     }
   }

@@ -179,8 +179,14 @@ def run_torch(args, compiled):
                     got = inp["p"]
                 elif not compiled:
                     got = y
-                err = ((got.double() - ref).abs() / ref.abs().clamp_min(1e-6)).max().item()
-                ok = err < 1e-4
+                if w == "W2":
+                    # sqrt(|t|) near t = 0 turns an f32 rounding of t into ~sqrt(ulp) of absolute
+                    # error: absolute, with kiln's own W2 bound (bench/peers/workloads.h).
+                    err = (got.double() - ref).abs().max().item()
+                    ok = err < 2e-3
+                else:
+                    err = ((got.double() - ref).abs() / ref.abs().clamp_min(1e-6)).max().item()
+                    ok = err < 1e-4
                 ok_all &= ok
                 print(f"# check peer={peer} workload={w} n={n} max_err={err:.3g} ok={int(ok)}", flush=True)
                 inp = torch_inputs(torch, w, n)

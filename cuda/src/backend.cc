@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -204,6 +206,7 @@ struct CudaBackend::Impl {
   StreamPtr transfer;
   std::optional<DiskCache> disk;
   CompileOptions compile;
+  CodegenOptions codegen;
   Counters counters;
 
   // Tensor table: sharded like the CPU reference backend's (64 mutexes, kernels and copies run
@@ -275,7 +278,7 @@ struct CudaBackend::Impl {
 
   std::shared_ptr<const LoadedProgram> build(const FusedProgram& p) {
     auto out = std::make_shared<LoadedProgram>();
-    Result<GeneratedProgram> g = generate(p);
+    Result<GeneratedProgram> g = generate(p, codegen);
     if (!g.ok()) {
       out->error = g.error().message;
       spdlog::info("kiln cuda: {} program runs unfused: {}", fusion::program_kind_name(p.kind), out->error);
@@ -504,6 +507,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       Result<BlockLayout> l =
           block_layout(p, blk, layout_bind, *ref, /*merge=*/!stage.indexed_blocks[blk] && permute == nullptr);
       if (!l.ok()) return false;
+      if (l->iter.rank < 0 || static_cast<std::uint32_t>(l->iter.rank) > stage.max_rank) return false;
       args.blocks.push_back(std::move(l).value());
     }
     if (permute != nullptr) {
@@ -826,6 +830,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(CudaBackendOptions opti
   KILN_CUDA_TRY("configuring the memory pool", cudaMemPoolSetAttribute(impl->pool, cudaMemPoolAttrReleaseThreshold, &keep));
   KILN_ASSIGN_OR_RETURN(impl->transfer, CudaStream::create());
   KILN_ASSIGN_OR_RETURN(impl->staging, PinnedBuffer::create(std::max<std::size_t>(options.staging_bytes, 4096)));
+  if (options.fast_math) {
+    impl->codegen.fast_math = *options.fast_math;
+  } else if (const char* env = std::getenv("KILN_CUDA_FAST_MATH"); env != nullptr) {
+    impl->codegen.fast_math = std::string_view(env) == "1";
+  }
   impl->compile.arch = impl->info.arch();
   // Architectures newer than this NVRTC knows get PTX for the newest it knows (the driver JITs).
   const std::vector<int> archs = nvrtc_supported_archs();
@@ -840,8 +849,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(CudaBackendOptions opti
     else
       spdlog::warn("kiln cuda: no on-disk kernel cache: {}", d.error().message);
   }
-  spdlog::info("kiln cuda: device {}: {} (sm_{}), kernels for {}_{}", options.device, impl->info.name,
-               impl->info.arch(), impl->compile.cubin ? "sm" : "compute", impl->compile.arch);
+  spdlog::info("kiln cuda: device {}: {} (sm_{}), kernels for {}_{}{}", options.device, impl->info.name,
+               impl->info.arch(), impl->compile.cubin ? "sm" : "compute", impl->compile.arch,
+               impl->codegen.fast_math ? ", fast f32 exp/log" : "");
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 

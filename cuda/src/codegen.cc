@@ -339,6 +339,7 @@ class StageGen {
     KILN_RETURN_IF_ERROR(validate());
     StageInfo info;
     info.kind = p_.kind;
+    info.max_rank = max_rank();
     for (const ProgramBlock& b : p_.blocks) info.indexed_blocks.push_back(block_indexed(b));
     switch (p_.kind) {
       case ProgramKind::Elementwise:
@@ -565,7 +566,16 @@ class StageGen {
     t.line(0, fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", opt_.threads, k.name));
     for (std::size_t i = 0; i < decls_.size(); ++i)
       t.line(2, decls_[i] + (i + 1 < decls_.size() ? "," : ") {"));
+    t.line(1, fmt::format("[[maybe_unused]] constexpr int KILN_R = {};", max_rank()));
     out_.kernels.push_back(std::move(k));
+  }
+
+  // The rank bound of this stage's kernels (KILN_R): its blocks' iteration spaces, at least 1
+  // (a launch merges dims, never adds them; a rank-0 space launches as [1]).
+  std::uint32_t max_rank() const {
+    std::size_t r = 1;
+    for (const ProgramBlock& b : p_.blocks) r = std::max(r, b.reference_shape.size());
+    return static_cast<std::uint32_t>(r);
   }
 
   // ---- block bodies
@@ -597,7 +607,7 @@ class StageGen {
       if (m.vector) {
         t.line(ind, fmt::format("w{}.v[lane] = {};", s, v));
       } else {
-        t.line(ind, fmt::format("if (!sa{0}_{1}.masked || kiln_first(idx, sa{0}_{1}, it{0}.rank)) out{2}[KILN_OFF(sa{0}_{1}, "
+        t.line(ind, fmt::format("if (!sa{0}_{1}.masked || kiln_first<KILN_R>(idx, sa{0}_{1}, it{0}.rank)) out{2}[KILN_OFF(sa{0}_{1}, "
                                 "pos, idx, it{0})] = {3};",
                                 b, s, st.output, v));
       }
@@ -724,8 +734,8 @@ class StageGen {
       case Code::Abs: e = fmt::format("kiln_abs({})", x[0]); break;
       case Code::Neg: e = fl ? "-" + x[0] : fmt::format("kiln_wsub(({})0, {})", ct, x[0]); break;
       case Code::Sign: e = fmt::format("kiln_sign({})", x[0]); break;
-      case Code::Exp: e = fn1("expf", "exp"); break;
-      case Code::Log: e = fn1("logf", "log"); break;
+      case Code::Exp: e = fn1(opt_.fast_math ? "__expf" : "expf", "exp"); break;
+      case Code::Log: e = fn1(opt_.fast_math ? "__logf" : "logf", "log"); break;
       case Code::Log1p: e = fn1("log1pf", "log1p"); break;
       case Code::Erf: e = fn1("erff", "erf"); break;
       case Code::Sqrt: e = fn1("sqrtf", "sqrt"); break;
@@ -881,7 +891,7 @@ class StageGen {
     t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
     t.line(1, "for (long long pos = (long long)blockIdx.x * blockDim.x + threadIdx.x; pos < it0.numel; pos += stride) {");
     t.line(2, "long long idx[KILN_MAX_RANK];");
-    t.line(2, indexed ? "kiln_unravel(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel(pos, it0, idx);");
+    t.line(2, indexed ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
     KILN_RETURN_IF_ERROR(body(t, 2, 0, BodyMode{}));
     t.line(1, "}");
     t.line(0, "}");
@@ -934,7 +944,7 @@ class StageGen {
                           "pos += stride) {{",
                           v));
     t.line(2, "long long idx[KILN_MAX_RANK];");
-    t.line(2, "if (!it0.contiguous) kiln_unravel(pos, it0, idx);");
+    t.line(2, "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
     KILN_RETURN_IF_ERROR(body(t, 2, 0, BodyMode{}));
     t.line(1, "}");
     t.line(0, "}");
@@ -1046,13 +1056,15 @@ class StageGen {
     open_kernel(t, role);
     const std::string combine_fn = fmt::format("[](const {0}& a, const {0}& b) {{ return {1}; }}", rt.acc_type, rt.combine_a_b);
     if (role == KernelRole::ReduceRows) {
-      // One thread block per output; its threads stride along the reduced axis, then a tree in
-      // shared memory (blockDim.x is opt_.threads, a power of two).
-      t.line(1, fmt::format("__shared__ {} sh[{}];", rt.acc_type, opt_.threads));
+      // One thread block per output; its threads stride along the reduced axis (unrolled, so
+      // that each thread has several loads in flight), then warp shuffles and one exchange
+      // through shared memory (blockDim.x is opt_.threads, a multiple of 32).
+      t.line(1, fmt::format("__shared__ {} sh[{}];", rt.acc_type, std::max<std::uint32_t>(opt_.threads / 32, 1)));
       t.line(1, fmt::format("const auto combine = {};", combine_fn));
       t.line(1, "for (long long o = blockIdx.x; o < rs.outputs; o += gridDim.x) {");
       t.line(2, "const long long ob = o / rs.inner, oi = o % rs.inner;");
       t.line(2, fmt::format("{} acc = {};", rt.acc_type, rt.init));
+      t.line(2, "#pragma unroll 4");
       t.line(2, "for (long long k = threadIdx.x; k < rs.n; k += blockDim.x) {");
     } else {
       // One thread per output, serial along the axis: neighbouring threads read neighbouring
@@ -1065,27 +1077,30 @@ class StageGen {
     }
     t.line(3, "const long long pos = (ob * rs.n + k) * rs.inner + oi;");
     t.line(3, "long long idx[KILN_MAX_RANK];");
-    t.line(3, idx0 ? "kiln_unravel(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel(pos, it0, idx);");
+    t.line(3, idx0 ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
     KILN_RETURN_IF_ERROR(body(t, 3, 0, BodyMode{}));
     t.line(3, fmt::format("acc = {};", rt.point));
     t.line(2, "}");
     int ind = 2;
     if (role == KernelRole::ReduceRows) {
-      t.line(2, "sh[threadIdx.x] = acc;");
+      // Every combine is order-independent up to rounding (arg ties go to the lower index).
+      t.line(2, "#pragma unroll");
+      t.line(2, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
+      t.line(2, "if ((threadIdx.x & 31u) == 0) sh[threadIdx.x >> 5] = acc;");
       t.line(2, "__syncthreads();");
-      t.line(2, "for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {");
-      t.line(3, "if (threadIdx.x < s) sh[threadIdx.x] = combine(sh[threadIdx.x], sh[threadIdx.x + s]);");
-      t.line(3, "__syncthreads();");
+      t.line(2, "if (threadIdx.x < 32) {");
+      t.line(3, fmt::format("acc = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : {};", rt.init));
+      t.line(3, "#pragma unroll");
+      t.line(3, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
       t.line(2, "}");
       t.line(2, "if (threadIdx.x == 0) {");
-      t.line(3, "acc = sh[0];");
       ind = 3;
     }
     t.line(ind, "const long long n = rs.n; (void)n;");
     t.line(ind, fmt::format("const {} {} = {};", cls_type(*cls_of(red.out_dtype)), reg(red.out), rt.finish));
     t.line(ind, "const long long pos = o;");
     t.line(ind, "long long idx[KILN_MAX_RANK];");
-    t.line(ind, idx1 ? "kiln_unravel(pos, it1, idx);" : "if (!it1.contiguous) kiln_unravel(pos, it1, idx);");
+    t.line(ind, idx1 ? "kiln_unravel<KILN_R>(pos, it1, idx);" : "if (!it1.contiguous) kiln_unravel<KILN_R>(pos, it1, idx);");
     KILN_RETURN_IF_ERROR(body(t, ind, 1, BodyMode{}));
     if (role == KernelRole::ReduceRows) {
       t.line(2, "}");
@@ -1158,7 +1173,7 @@ class StageGen {
     t.line(4, "if (gm >= ms.m || gn >= ms.n) continue;");
     t.line(4, "const long long pos = (bt * ms.m + gm) * ms.n + gn;");
     t.line(4, "long long idx[KILN_MAX_RANK];");
-    t.line(4, idx0 ? "kiln_unravel(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel(pos, it0, idx);");
+    t.line(4, idx0 ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
     const DType od = mm.out_dtype;
     std::string prod;
     if (od.kind() == DTypeKind::F16)

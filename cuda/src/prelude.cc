@@ -23,37 +23,45 @@ template <class T, int V> struct alignas(sizeof(T) * V) KilnVec { T v[V]; };
 template <class T> struct KilnArg { T best; long long at; int has; };
 
 // Position -> multi-index over the iteration space (dims beyond rank are 0). Fixed trip counts
-// with a rank test keep idx[] in registers.
+// with a rank test keep idx[] in registers. R is the kernel's rank bound (KILN_R: the largest
+// rank of the program's iteration spaces, a structural fact; the host refuses a launch whose
+// rank exceeds it): the unrolled loops cost R steps, not KILN_MAX_RANK predicated ones, which
+// was most of a broadcast kernel's instructions.
 // 64-bit division is a ~40-instruction software routine on the GPU; below 2^32 positions the
 // 32-bit hardware-assisted one is used (every launch of fewer than 4G elements).
+template <int R>
 __device__ __forceinline__ void kiln_unravel(long long pos, const KilnIter& it, long long* idx) {
   if (it.numel <= 0xffffffffLL) {
     unsigned int p = (unsigned int)pos;
 #pragma unroll
-    for (int d = KILN_MAX_RANK - 1; d >= 0; --d) {
+    for (int d = R - 1; d >= 0; --d) {
       if (d < it.rank) { const unsigned int s = (unsigned int)it.dims[d]; idx[d] = p % s; p /= s; } else { idx[d] = 0; }
     }
-    return;
+  } else {
+#pragma unroll
+    for (int d = R - 1; d >= 0; --d) {
+      if (d < it.rank) { const long long s = it.dims[d]; idx[d] = pos % s; pos /= s; } else { idx[d] = 0; }
+    }
   }
 #pragma unroll
-  for (int d = KILN_MAX_RANK - 1; d >= 0; --d) {
-    if (d < it.rank) { const long long s = it.dims[d]; idx[d] = pos % s; pos /= s; } else { idx[d] = 0; }
-  }
+  for (int d = R; d < KILN_MAX_RANK; ++d) idx[d] = 0;
 }
+template <int R>
 __device__ __forceinline__ long long kiln_dot(const long long* idx, const KilnAccess& a, int rank) {
   long long off = 0;
 #pragma unroll
-  for (int d = 0; d < KILN_MAX_RANK; ++d) if (d < rank) off += idx[d] * a.strides[d];
+  for (int d = 0; d < R; ++d) if (d < rank) off += idx[d] * a.strides[d];
   return off;
 }
 // A broadcast output is written once: by the position whose broadcast indices are all 0.
+template <int R>
 __device__ __forceinline__ bool kiln_first(const long long* idx, const KilnAccess& a, int rank) {
   bool w = true;
 #pragma unroll
-  for (int d = 0; d < KILN_MAX_RANK; ++d) if (d < rank && a.strides[d] == 0 && idx[d] != 0) w = false;
+  for (int d = 0; d < R; ++d) if (d < rank && a.strides[d] == 0 && idx[d] != 0) w = false;
   return w;
 }
-#define KILN_OFF(acc, pos, idx, it) ((acc).contiguous ? (pos) : kiln_dot((idx), (acc), (it).rank))
+#define KILN_OFF(acc, pos, idx, it) ((acc).contiguous ? (pos) : kiln_dot<KILN_R>((idx), (acc), (it).rank))
 
 // Rounding to a narrower float dtype held in an f32 register.
 __device__ __forceinline__ float kiln_f16(float v) { return __half2float(__float2half_rn(v)); }
@@ -161,6 +169,14 @@ template <bool Max, class T> __device__ __forceinline__ KilnArg<T> kiln_arg(Kiln
   const bool better = Max ? (b.best > a.best) : (b.best < a.best);
   if (better || (b.best == a.best && b.at < a.at)) return b;
   return a;
+}
+// Warp shuffles of reduction accumulators (a KilnArg member by member).
+template <class T> __device__ __forceinline__ T kiln_shfl_down(T v, int off) { return __shfl_down_sync(0xffffffffu, v, off); }
+template <class T> __device__ __forceinline__ KilnArg<T> kiln_shfl_down(KilnArg<T> v, int off) {
+  v.best = kiln_shfl_down(v.best, off);
+  v.at = __shfl_down_sync(0xffffffffu, v.at, off);
+  v.has = __shfl_down_sync(0xffffffffu, v.has, off);
+  return v;
 }
 template <class T> __device__ __forceinline__ KilnArg<T> kiln_arg_of(T v, long long j) { KilnArg<T> r; r.best = v; r.at = j; r.has = 1; return r; }
 template <class T> __device__ __forceinline__ KilnArg<T> kiln_arg_none() { KilnArg<T> r; r.best = T(0); r.at = 0; r.has = 0; return r; }

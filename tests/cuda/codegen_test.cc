@@ -3,6 +3,7 @@
 // KILN_CUDA_DUMP=1 prints every generated source of the fused catalog.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <set>
 
@@ -76,6 +77,37 @@ TEST(Codegen, SourceDoesNotDependOnSizesOrScalars) {
   EXPECT_FALSE(g1->may_fault);
   ASSERT_EQ(g1->stages.size(), 1u);
   EXPECT_EQ(g1->stages[0].vector_width, 4u);
+}
+
+// fast_math swaps the f32 exp and log for the hardware approximations and nothing else: f64
+// keeps the library functions, the other instructions are the same text.
+TEST(Codegen, FastMathSwapsOnlyF32ExpAndLog) {
+  int f32_seen = 0, f64_seen = 0;
+  for (const NamedProgram& p : testing::single_op_catalog()) {
+    std::string name = p.name;
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const bool f32 = name.rfind("f32 ", 0) == 0, f64 = name.rfind("f64 ", 0) == 0;
+    const bool exp = name.substr(4) == "exp", log = name.substr(4) == "log";
+    if (!(f32 || f64) || !(exp || log)) continue;
+    Result<GeneratedProgram> accurate = generate(p.program), fast = generate(p.program, {.fast_math = true});
+    ASSERT_TRUE(accurate.ok() && fast.ok()) << p.name;
+    const std::string lib = exp ? "expf(" : "logf(", approx = exp ? "__expf(" : "__logf(";
+    if (f32) {
+      ++f32_seen;
+      EXPECT_NE(accurate->body.find("(" + lib), std::string::npos) << p.name;
+      EXPECT_EQ(accurate->body.find(approx), std::string::npos) << p.name;
+      EXPECT_NE(fast->body.find(approx), std::string::npos) << p.name;
+      EXPECT_EQ(fast->body.find("(" + lib), std::string::npos) << p.name;
+      std::string undo = fast->body;
+      for (std::size_t at; (at = undo.find(approx)) != std::string::npos;) undo.replace(at, approx.size(), lib);
+      EXPECT_EQ(undo, accurate->body) << p.name << ": only the function names differ";
+    } else {
+      ++f64_seen;
+      EXPECT_EQ(fast->body, accurate->body) << p.name;
+    }
+  }
+  EXPECT_GE(f32_seen, 2);
+  EXPECT_GE(f64_seen, 2);
 }
 
 TEST(Codegen, KernelsPerProgramKind) {

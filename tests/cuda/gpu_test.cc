@@ -170,7 +170,8 @@ TEST(CudaBackend, UploadDownloadRoundTrip) {
   EXPECT_GT(s.gpu->memory_stats().bytes_in_use, 80u << 20);
 }
 
-// Random elementwise programs with broadcasting, scalars, comparisons, masks and casts.
+// Random elementwise programs with broadcasting, scalars, comparisons, masks, exp and log.
+// check.sh runs them again with KILN_CUDA_FAST_MATH=1 (approximate f32 exp/log).
 TEST(CudaBackend, RandomElementwiseProgramsMatchTheReference) {
   KILN_REQUIRE_GPU();
   // Every program is a new structure, so a new NVRTC compilation (~0.1-0.3 s): 100 by default,
@@ -195,7 +196,7 @@ TEST(CudaBackend, RandomElementwiseProgramsMatchTheReference) {
     for (int k = 0; k < len; ++k) {
       const TensorIr x = live[rng() % live.size()], y = live[rng() % live.size()];
       TensorIr out;
-      switch (rng() % 9) {
+      switch (rng() % 10) {
         case 0: out = s.add(b::binary(nf, OpKind::Numeric_Add, x, y, s.id())); break;
         case 1: out = s.add(b::binary(nf, OpKind::Numeric_Mul, x, y, s.id())); break;
         case 2: out = s.add(b::binary(nf, OpKind::Numeric_Sub, x, y, s.id())); break;
@@ -212,6 +213,12 @@ TEST(CudaBackend, RandomElementwiseProgramsMatchTheReference) {
           break;
         }
         case 7: out = s.add(b::clamp(nf, OpKind::Numeric_Clamp, x, ScalarIr::Float(-1), ScalarIr::Float(1.5), s.id())); break;
+        case 8: {
+          const TensorIr a = s.add(b::unary(nf, OpKind::Numeric_Abs, x, s.id()));
+          const TensorIr a1 = s.add(b::scalar(nf, OpKind::Numeric_AddScalar, a, ScalarIr::Float(0.5), s.id()));
+          out = s.add(b::unary(Family::Float, OpKind::Float_Log, a1, s.id()));
+          break;
+        }
         default: {
           const TensorIr e = s.add(b::clamp(nf, OpKind::Numeric_Clamp, x, ScalarIr::Float(-4), ScalarIr::Float(4), s.id()));
           out = s.add(b::unary(Family::Float, OpKind::Float_Exp, e, s.id()));
@@ -246,7 +253,9 @@ TEST(CudaBackend, FusedW1UsesTheVectorKernelAndTheCacheAcrossSizes) {
     const TensorIr t3 = s.add(b::binary(nf, OpKind::Numeric_Add, use(t1, TensorStatus::ReadWrite),
                                         use(t2, TensorStatus::ReadWrite), s.id()));
     const TensorIr y = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(t3, TensorStatus::ReadWrite), s.id()));
-    s.expect_close(y, 3e-7, 0);
+    // NVRTC contracts a * b + t into one FMA (rounded once, where the reference rounds twice):
+    // the exponent's argument (|a b + 2c| <= 8) may differ by an ulp, 5e-7 relative after exp.
+    s.expect_close(y, 2e-6, 0);
   }
   const CudaStats st = s.gpu->stats();
   EXPECT_GE(st.fused_launches, 3u);

@@ -172,6 +172,20 @@ TEST(Nvrtc, EveryFusedProgramKindCompiles) {
   compile_catalog(catalog, 32);
 }
 
+TEST(Nvrtc, FastMathKernelsCompile) {
+  for (const NamedProgram& p : testing::fused_catalog()) {
+    if (p.name != "f32 W1") continue;
+    Result<GeneratedProgram> g = generate(p.program, {.fast_math = true});
+    ASSERT_TRUE(g.ok());
+    ASSERT_NE(g->body.find("__expf("), std::string::npos);
+    Result<CompiledCode> c = nvrtc_compile(g->source(), "fast.cu", {.arch = 90});
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_TRUE(c->is_cubin);
+    return;
+  }
+  FAIL() << "no f32 W1 in the catalog";
+}
+
 TEST(Nvrtc, PtxForForwardCompatibility) {
   const std::vector<NamedProgram> catalog = testing::fused_catalog();
   ASSERT_FALSE(catalog.empty());

@@ -51,6 +51,9 @@ struct CudaBackendOptions {
   // Pinned staging buffer per transfer chunk. 32 MiB: large enough that a copy runs at PCIe /
   // NVLink-C2C speed (the per-copy overhead is ~10 us), small enough to keep pinned memory low.
   std::size_t staging_bytes = std::size_t{32} << 20;
+  // Approximate f32 exp/log in generated kernels (CodegenOptions::fast_math). nullopt: the
+  // environment decides (KILN_CUDA_FAST_MATH=1), else off.
+  std::optional<bool> fast_math;
 };
 
 struct CudaStats {

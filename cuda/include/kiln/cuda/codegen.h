@@ -92,6 +92,9 @@ struct StageInfo {
   std::vector<bool> indexed_blocks;
   // Vector width of the stage's ElementwiseVector kernel, 0 when it has none.
   std::uint32_t vector_width = 0;
+  // The kernels' rank bound (KILN_R in the source): a launch whose iteration space has more dims
+  // must not run them (the host replays op by op instead).
+  std::uint32_t max_rank = 1;
 };
 
 struct GeneratedProgram {
@@ -110,9 +113,15 @@ struct CodegenOptions {
   // Prefix of the kernels' extern "C" names: several programs can share one translation unit
   // (the NVRTC tests batch programs that way) when their prefixes differ.
   std::string name_prefix = "kiln";
-  // Threads per block of every kernel (a power of two; the reductions' shared-memory trees and
-  // the matmul's 16x16 thread tile assume 256).
+  // Threads per block of every kernel (a power of two, at least 32: the row reductions combine
+  // warps by shuffles; the matmul's 16x16 thread tile assumes 256).
   std::uint32_t threads = 256;
+  // f32 exp and log through the hardware approximations (__expf, __logf: ex2/lg2.approx,
+  // denormal results flushed to zero) instead of the accurate library functions. What
+  // torch.compile's Triton kernels do for exp; opt-in here (CudaBackendOptions::fast_math),
+  // since __expf's error grows with |x| (about 2 + 1.2|x| ulp) and __logf's is absolute (2^-21)
+  // near 1. f64, f16/bf16 rounding and every other function are unchanged.
+  bool fast_math = false;
 };
 
 // The shared part of every translation unit: headers, parameter structs, helpers.
