@@ -189,7 +189,7 @@ struct LoadedProgram {
 };
 
 struct Counters {
-  std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, single_op_kernels{0}, host_ops{0},
+  std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, row_vector_launches{0}, single_op_kernels{0}, host_ops{0},
       fused_replays{0}, faults{0}, quarantined{0}, cuda_errors{0}, kernel_cache_hits{0}, kernel_cache_misses{0},
       disk_cache_hits{0}, compile_failures{0}, cross_stream_waits{0};
   std::array<std::atomic<std::uint64_t>, 5> by_kind{};
@@ -585,6 +585,13 @@ class CudaStreamExecutor final : public fusion::Executor {
       kernel = find(g, KernelRole::ElementwiseVector);
       b_.counters.vector_launches.fetch_add(1, std::memory_order_relaxed);
       work = (work + stage.vector_width - 1) / stage.vector_width;
+    } else if ((p.kind == ProgramKind::Elementwise || p.kind == ProgramKind::NhwcRelayout) &&
+               stage.row_vector_width > 0 && permute == nullptr &&
+               row_vector_eligible(p, args.blocks[0], stage.row_vector_width, args.inputs, args.outputs) &&
+               find(g, KernelRole::ElementwiseRowVector) < g.kernels.size()) {
+      kernel = find(g, KernelRole::ElementwiseRowVector);
+      b_.counters.row_vector_launches.fetch_add(1, std::memory_order_relaxed);
+      work /= stage.row_vector_width;  // a whole number of vectors: the innermost dim is a multiple
     }
     args.fault = reinterpret_cast<std::uintptr_t>(fault_->data());
 
@@ -978,6 +985,7 @@ CudaStats CudaBackend::stats() const {
   s.fused_launches = ld(c.fused_launches);
   for (std::size_t i = 0; i < 5; ++i) s.launches_by_kind[i] = ld(c.by_kind[i]);
   s.vector_launches = ld(c.vector_launches);
+  s.row_vector_launches = ld(c.row_vector_launches);
   s.single_op_kernels = ld(c.single_op_kernels);
   s.host_ops = ld(c.host_ops);
   s.fused_replays = ld(c.fused_replays);

@@ -35,6 +35,8 @@ std::string_view kernel_role_name(KernelRole r) {
       return "cols";
     case KernelRole::Matmul:
       return "mm";
+    case KernelRole::ElementwiseRowVector:
+      return "rowvec";
   }
   return "?";
 }
@@ -328,6 +330,7 @@ class Text {
 struct BodyMode {
   bool vector = false;        // lane body of the vector kernel
   bool hoisted_bcast = false; // broadcast loads were read once before the loop (b<l> names)
+  bool row = false;           // lane body of the row-vector kernel: every load is v<l>.v[lane]
 };
 
 class StageGen {
@@ -348,6 +351,12 @@ class StageGen {
         if (!info.indexed_blocks[0]) {
           KILN_RETURN_IF_ERROR(elementwise_vector());
           info.vector_width = vector_width_;
+          bool broadcast = false;
+          for (const fusion::Load& l : p_.blocks[0].loads) broadcast = broadcast || l.broadcast;
+          if (broadcast) {
+            KILN_RETURN_IF_ERROR(elementwise_row_vector());
+            info.row_vector_width = row_vector_width_;
+          }
         }
         break;
       }
@@ -563,6 +572,7 @@ class StageGen {
     k.threads = opt_.threads;
     k.params = params_;
     if (role == KernelRole::ElementwiseVector) k.vector_width = vector_width_;
+    if (role == KernelRole::ElementwiseRowVector) k.vector_width = row_vector_width_;
     t.line(0, fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", opt_.threads, k.name));
     for (std::size_t i = 0; i < decls_.size(); ++i)
       t.line(2, decls_[i] + (i + 1 < decls_.size() ? "," : ") {"));
@@ -585,6 +595,7 @@ class StageGen {
   // Storage element expression of load l of block b at the current position.
   std::string load_elem(std::uint32_t b, std::uint32_t l, const BodyMode& m) const {
     const fusion::Load& ld = p_.blocks[b].loads[l];
+    if (m.row) return fmt::format("v{}.v[lane]", l);
     if (m.vector) return ld.broadcast ? fmt::format("in{}[0]", ld.index) : fmt::format("v{}.v[lane]", l);
     return fmt::format("in{}[KILN_OFF(la{}_{}, pos, idx, it{})]", ld.index, b, l, b);
   }
@@ -596,7 +607,8 @@ class StageGen {
     for (std::uint32_t l = 0; l < blk.loads.size(); ++l) {
       const fusion::Load& ld = blk.loads[l];
       const DType d = blk.registers[ld.local];
-      const std::string e = (m.vector && ld.broadcast) ? fmt::format("b{}", l) : load_conv(d, load_elem(b, l, m));
+      const std::string e =
+          (m.vector && !m.row && ld.broadcast) ? fmt::format("b{}", l) : load_conv(d, load_elem(b, l, m));
       t.line(ind, fmt::format("const {} {} = {};", cls_type(*cls_of(d)), reg(ld.local), e));
     }
     for (const Instruction& ins : blk.instructions) KILN_RETURN_IF_ERROR(instruction(t, ind, b, ins));
@@ -952,6 +964,59 @@ class StageGen {
     return Status::Ok();
   }
 
+  // Broadcast inputs along rows ([rows, 1] against [rows, cols], or [1, cols] biases): V
+  // consecutive positions of one row per step, one unravel per step; a load whose innermost
+  // stride is 0 reads one element and repeats it, one whose stride is 1 reads a vector. The
+  // host launches it when the innermost dim is a multiple of V, every store is unmasked with
+  // innermost stride 1, and every stride-1 access starts its rows on a vector boundary
+  // (row_vector_eligible); the stride test per load is uniform across the launch.
+  Status elementwise_row_vector() {
+    const ProgramBlock& blk = p_.blocks[0];
+    std::size_t widest = 1;
+    for (const fusion::Load& l : blk.loads) widest = std::max(widest, storage_size(p_.inputs[l.index].dtype));
+    for (const fusion::Store& s : blk.stores) widest = std::max(widest, storage_size(p_.outputs[s.output].dtype));
+    row_vector_width_ = static_cast<std::uint32_t>(16 / widest);
+    const std::uint32_t v = row_vector_width_;
+    collect_params();
+    Text t;
+    open_kernel(t, KernelRole::ElementwiseRowVector);
+    t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
+    t.line(1, fmt::format("const long long nv = it0.numel / {};", v));
+    t.line(1, "const int last = it0.rank - 1;");
+    for (std::uint32_t l = 0; l < blk.loads.size(); ++l)
+      t.line(1, fmt::format("const bool whole{0} = la0_{0}.strides[last] != 0;  // a vector, else one element repeated", l));
+    t.line(1, "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += stride) {");
+    t.line(2, fmt::format("const long long pos = j * {};", v));
+    t.line(2, "long long idx[KILN_MAX_RANK];");
+    t.line(2, "kiln_unravel<KILN_R>(pos, it0, idx);");
+    for (std::uint32_t l = 0; l < blk.loads.size(); ++l) {
+      const fusion::Load& ld = blk.loads[l];
+      const std::string st = storage_type(p_.inputs[ld.index].dtype);
+      t.line(2, fmt::format("KilnVec<{}, {}> v{};", st, v, l));
+      t.line(2, "{");
+      t.line(3, fmt::format("const long long off = kiln_dot<KILN_R>(idx, la0_{}, it0.rank);", l));
+      t.line(3, fmt::format("if (whole{0}) {{ v{0} = *reinterpret_cast<const KilnVec<{1}, {2}>*>(in{3} + off); }}", l, st, v,
+                            ld.index));
+      t.line(3, fmt::format("else {{ const {0} e = in{1}[off];", st, ld.index));
+      t.line(3, "#pragma unroll");
+      t.line(3, fmt::format("for (int lane = 0; lane < {}; ++lane) v{}.v[lane] = e; }}", v, l));
+      t.line(2, "}");
+    }
+    for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
+      t.line(2, fmt::format("KilnVec<{}, {}> w{};", storage_type(p_.outputs[blk.stores[s].output].dtype), v, s));
+    t.line(2, "#pragma unroll");
+    t.line(2, fmt::format("for (int lane = 0; lane < {}; ++lane) {{", v));
+    KILN_RETURN_IF_ERROR(body(t, 3, 0, BodyMode{.vector = true, .row = true}));
+    t.line(2, "}");
+    for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
+      t.line(2, fmt::format("*reinterpret_cast<KilnVec<{0}, {1}>*>(out{2} + kiln_dot<KILN_R>(idx, sa0_{3}, it0.rank)) = w{3};",
+                            storage_type(p_.outputs[blk.stores[s].output].dtype), v, blk.stores[s].output, s));
+    t.line(1, "}");
+    t.line(0, "}");
+    out_.body += t.str();
+    return Status::Ok();
+  }
+
   // ---- Reduce
 
   struct RedText {
@@ -1201,6 +1266,7 @@ class StageGen {
   std::vector<KernelParam> params_;
   std::vector<std::string> decls_;
   std::uint32_t vector_width_ = 0;
+  std::uint32_t row_vector_width_ = 0;
 };
 
 bool may_fault(const FusedProgram& p) {

@@ -357,6 +357,42 @@ bool vector_aligned(const FusedProgram& p, const BlockLayout& layout, std::uint3
   return true;
 }
 
+bool row_vector_eligible(const FusedProgram& p, const BlockLayout& layout, std::uint32_t vector_width,
+                         std::span<const std::uintptr_t> input_ptrs, std::span<const std::uintptr_t> output_ptrs) {
+  if (vector_width == 0 || p.blocks.empty()) return false;
+  const fusion::ProgramBlock& b = p.blocks[0];
+  const int rank = layout.iter.rank;
+  if (rank < 1 || rank > kMaxRank || layout.loads.size() != b.loads.size() || layout.stores.size() != b.stores.size())
+    return false;
+  const auto width = static_cast<std::int64_t>(vector_width);
+  if (layout.iter.dims[rank - 1] % width != 0) return false;
+  auto esize = [](ir::DType d) -> std::uintptr_t {
+    if (d.is_bool()) return d.bool_store() == ir::BoolStore::U32 ? 4 : 1;
+    return d.size_bytes();
+  };
+  // One access: innermost stride 0 (loads only) or 1, rows on vector boundaries.
+  auto fits = [&](const KilnAccess& a, std::uintptr_t ptr, ir::DType d, bool store) {
+    const std::int64_t inner = a.strides[rank - 1];
+    if (store ? (inner != 1 || a.masked != 0) : (inner != 0 && inner != 1)) return false;
+    if (inner == 0) return true;
+    for (int dim = 0; dim + 1 < rank; ++dim)
+      if (a.strides[dim] % width != 0) return false;
+    return ptr % (vector_width * esize(d)) == 0;
+  };
+  for (std::size_t l = 0; l < b.loads.size(); ++l) {
+    const fusion::Load& ld = b.loads[l];
+    if (ld.index >= input_ptrs.size() || !fits(layout.loads[l], input_ptrs[ld.index], p.inputs[ld.index].dtype, false))
+      return false;
+  }
+  for (std::size_t s = 0; s < b.stores.size(); ++s) {
+    const fusion::Store& st = b.stores[s];
+    if (st.output >= output_ptrs.size() ||
+        !fits(layout.stores[s], output_ptrs[st.output], p.outputs[st.output].dtype, true))
+      return false;
+  }
+  return true;
+}
+
 void ArgPack::add(const void* data, std::size_t size) {
   std::vector<std::byte> v(size);
   std::memcpy(v.data(), data, size);

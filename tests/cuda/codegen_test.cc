@@ -3,6 +3,7 @@
 // KILN_CUDA_DUMP=1 prints every generated source of the fused catalog.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <set>
@@ -108,6 +109,37 @@ TEST(Codegen, FastMathSwapsOnlyF32ExpAndLog) {
   }
   EXPECT_GE(f32_seen, 2);
   EXPECT_GE(f64_seen, 2);
+}
+
+// Elementwise blocks with broadcast loads get the row-vector kernel (every load a vector or a
+// repeated element, chosen by its innermost stride at run time); blocks without get none.
+TEST(Codegen, BroadcastBlocksGetTheRowVectorKernel) {
+  int with = 0, without = 0;
+  for (const NamedProgram& p : testing::fused_catalog()) {
+    if (p.program.kind != fusion::ProgramKind::Elementwise) continue;
+    bool broadcast = false;
+    for (const fusion::Load& l : p.program.blocks[0].loads) broadcast = broadcast || l.broadcast;
+    Result<GeneratedProgram> g = generate(p.program);
+    ASSERT_TRUE(g.ok()) << p.name;
+    const auto row = std::find_if(g->kernels.begin(), g->kernels.end(),
+                                  [](const KernelSpec& k) { return k.role == KernelRole::ElementwiseRowVector; });
+    const bool has_vector = g->stages[0].vector_width > 0;
+    if (broadcast && has_vector) {
+      ++with;
+      ASSERT_NE(row, g->kernels.end()) << p.name;
+      EXPECT_EQ(row->vector_width, g->stages[0].row_vector_width) << p.name;
+      EXPECT_GT(row->vector_width, 0u);
+      EXPECT_NE(g->body.find("kiln_s0_rowvec("), std::string::npos);
+      EXPECT_NE(g->body.find("const bool whole0 = la0_0.strides[last] != 0;"), std::string::npos)
+          << "the per-load stride test";
+    } else if (!broadcast) {
+      ++without;
+      EXPECT_EQ(row, g->kernels.end()) << p.name;
+      EXPECT_EQ(g->stages[0].row_vector_width, 0u) << p.name;
+    }
+  }
+  EXPECT_GE(with, 1);
+  EXPECT_GE(without, 1);
 }
 
 TEST(Codegen, KernelsPerProgramKind) {

@@ -264,6 +264,35 @@ TEST(CudaBackend, FusedW1UsesTheVectorKernelAndTheCacheAcrossSizes) {
   EXPECT_EQ(st.fused_replays, 0u);
 }
 
+// [rows, 1] and [1, cols] broadcasts along rows of a multiple of the vector width take the
+// row-vector kernel; a row length that is not a multiple takes the strided one; both match.
+TEST(CudaBackend, RowBroadcastsTakeTheRowVectorPath) {
+  KILN_REQUIRE_GPU();
+  Sides s;
+  ASSERT_TRUE(s.gpu);
+  std::mt19937_64 rng(11);
+  const Family nf = Family::NumericFloat;
+  for (DType d : {dt::f32, dt::f16}) {
+    for (std::uint64_t cols : {std::uint64_t{1024}, std::uint64_t{1022}}) {
+      const CudaStats before = s.gpu->stats();
+      const TensorIr x = s.input({48, cols}, d, rng), m = s.input({48, 1}, d, rng), bias = s.input({1, cols}, d, rng);
+      const TensorIr t = s.add(b::binary(nf, OpKind::Numeric_Sub, x, m, s.id()));
+      const TensorIr e = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(t, TensorStatus::ReadWrite), s.id()));
+      const TensorIr y = s.add(b::binary(nf, OpKind::Numeric_Add, use(e, TensorStatus::ReadWrite), bias, s.id()));
+      const double tol = d == dt::f16 ? 4e-3 : 2e-6;
+      s.expect_close(y, tol, tol);
+      const CudaStats after = s.gpu->stats();
+      // V = 4 floats or 8 halves: 1022 is a multiple of neither.
+      if (cols == 1024) {
+        EXPECT_GE(after.row_vector_launches - before.row_vector_launches, 1u) << d.name();
+      } else {
+        EXPECT_EQ(after.row_vector_launches, before.row_vector_launches) << d.name();
+      }
+      EXPECT_EQ(after.fused_replays, before.fused_replays);
+    }
+  }
+}
+
 TEST(CudaBackend, ReductionsSoftmaxAndMatmulMatchTheReference) {
   KILN_REQUIRE_GPU();
   Sides s;

@@ -249,6 +249,58 @@ TEST(Launch, VectorKernelNeedsAlignment) {
   EXPECT_FALSE(vector_aligned(s.program, *l, 4, in_bad, out_ok));
 }
 
+// The row-vector kernel: [rows, 1] and [1, cols] broadcasts along rows whose length is a
+// multiple of the vector, rows on vector boundaries, unmasked stores.
+TEST(Launch, RowVectorKernelEligibility) {
+  auto layout_of = [](const SingleOpProgram& s) {
+    Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), true);
+    EXPECT_TRUE(l.ok());
+    return *l;
+  };
+  auto sub = [](Shape a, Shape b, DType d = dt::f32) {
+    return single(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, TensorIr{TensorId{1}, std::move(a), TensorStatus::ReadOnly, d},
+                            TensorIr{TensorId{2}, std::move(b), TensorStatus::ReadOnly, d}, TensorId{3}));
+  };
+  const std::uintptr_t in_ok[] = {256, 512}, out_ok[] = {1024};
+  // softmax's x - max: [64, 1024] - [64, 1]
+  const SingleOpProgram rows = sub({64, 1024}, {64, 1});
+  const BlockLayout lr = layout_of(rows);
+  EXPECT_FALSE(lr.vectorizable);
+  EXPECT_TRUE(row_vector_eligible(rows.program, lr, 4, in_ok, out_ok));
+  // a [1, cols] bias: its innermost stride is 1, its outer stride 0 (a multiple of anything)
+  const SingleOpProgram bias = sub({64, 1024}, {1, 1024});
+  EXPECT_TRUE(row_vector_eligible(bias.program, layout_of(bias), 4, in_ok, out_ok));
+  // the pair of them: [64, 1] - [1, 1024] broadcasts both ways
+  const SingleOpProgram both = sub({64, 1}, {1, 1024});
+  EXPECT_TRUE(row_vector_eligible(both.program, layout_of(both), 4, in_ok, out_ok));
+  // rows not a multiple of the vector
+  const SingleOpProgram odd = sub({64, 1022}, {64, 1});
+  EXPECT_FALSE(row_vector_eligible(odd.program, layout_of(odd), 4, in_ok, out_ok));
+  EXPECT_TRUE(row_vector_eligible(odd.program, layout_of(odd), 2, in_ok, out_ok));
+  // a misaligned stride-1 input or output; a misaligned stride-0 input is fine
+  const std::uintptr_t in_bad[] = {260, 512}, in_bad_bcast[] = {256, 516}, out_bad[] = {1028};
+  EXPECT_FALSE(row_vector_eligible(rows.program, lr, 4, in_bad, out_ok));
+  EXPECT_TRUE(row_vector_eligible(rows.program, lr, 4, in_bad_bcast, out_ok));
+  EXPECT_FALSE(row_vector_eligible(rows.program, lr, 4, in_ok, out_bad));
+  // the broadcast dim innermost: [64, 1] against [64, 3, 1]-like layouts whose innermost stride
+  // is neither 0 nor 1 (a transposed view) are refused
+  BlockLayout strided = lr;
+  strided.loads[0].strides[1] = 2;
+  EXPECT_FALSE(row_vector_eligible(rows.program, strided, 4, in_ok, out_ok));
+  // masked (broadcast) stores, or a store whose innermost stride is not 1
+  BlockLayout masked = lr;
+  masked.stores[0].masked = 1;
+  EXPECT_FALSE(row_vector_eligible(rows.program, masked, 4, in_ok, out_ok));
+  BlockLayout store0 = lr;
+  store0.stores[0].strides[1] = 0;
+  EXPECT_FALSE(row_vector_eligible(rows.program, store0, 4, in_ok, out_ok));
+  // outer strides must keep stride-1 rows on vector boundaries
+  BlockLayout outer = lr;
+  outer.loads[0].strides[0] = 1026;
+  EXPECT_FALSE(row_vector_eligible(rows.program, outer, 4, in_ok, out_ok));
+  EXPECT_FALSE(row_vector_eligible(rows.program, lr, 0, in_ok, out_ok));
+}
+
 TEST(Launch, OpsWithoutGeneratedKernelsFallBack) {
   const TensorIr x{TensorId{1}, {4, 5}, TensorStatus::ReadOnly, dt::f32};
   Result<Operation> cum = b::dim(Family::NumericFloat, OpKind::Numeric_CumSum, x, 1, TensorId{2});

@@ -41,7 +41,17 @@
 
 namespace kiln::cuda {
 
-enum class KernelRole : std::uint8_t { ElementwiseStrided, ElementwiseVector, ReduceRows, ReduceCols, Matmul };
+enum class KernelRole : std::uint8_t {
+  ElementwiseStrided,
+  ElementwiseVector,
+  ReduceRows,
+  ReduceCols,
+  Matmul,
+  // 16-byte vectors along the innermost dim, each load either a vector (stride 1) or one
+  // element repeated (stride 0: a [rows, 1] broadcast), one unravel per vector. Generated for
+  // elementwise blocks with broadcast loads; launched when row_vector_eligible() holds.
+  ElementwiseRowVector,
+};
 std::string_view kernel_role_name(KernelRole r);
 
 // One kernel parameter, in declaration order; the host builds the argument list from these.
@@ -68,7 +78,7 @@ struct KernelSpec {
   std::string name;
   KernelRole role = KernelRole::ElementwiseStrided;
   std::uint32_t stage = 0;         // ReduceBroadcasted: the stage program; 0 otherwise
-  std::uint32_t vector_width = 1;  // ElementwiseVector: elements per 16-byte step
+  std::uint32_t vector_width = 1;  // ElementwiseVector / ElementwiseRowVector: elements per 16-byte step
   std::uint32_t threads = 256;     // threads per block the kernel is written for
   std::vector<KernelParam> params;
 };
@@ -92,6 +102,9 @@ struct StageInfo {
   std::vector<bool> indexed_blocks;
   // Vector width of the stage's ElementwiseVector kernel, 0 when it has none.
   std::uint32_t vector_width = 0;
+  // Vector width of its ElementwiseRowVector kernel (16 bytes / the widest of every load and
+  // store), 0 when it has none.
+  std::uint32_t row_vector_width = 0;
   // The kernels' rank bound (KILN_R in the source): a launch whose iteration space has more dims
   // must not run them (the host replays op by op instead).
   std::uint32_t max_rank = 1;

@@ -71,6 +71,13 @@ ScalarArg scalar_arg(const ir::ScalarIr& value, const ScalarSlot& slot);
 bool vector_aligned(const fusion::FusedProgram& p, const BlockLayout& layout, std::uint32_t vector_width,
                     std::span<const std::uintptr_t> input_ptrs, std::span<const std::uintptr_t> output_ptrs);
 
+// Whether block 0's layout can run the ElementwiseRowVector kernel of width `vector_width`: the
+// innermost dim is a multiple of it; every load's innermost stride is 0 or 1 and every store's
+// is 1, unmasked; every stride-1 access has outer strides that are multiples of the width and
+// a base pointer aligned to the vector (so each row starts on a vector boundary).
+bool row_vector_eligible(const fusion::FusedProgram& p, const BlockLayout& layout, std::uint32_t vector_width,
+                         std::span<const std::uintptr_t> input_ptrs, std::span<const std::uintptr_t> output_ptrs);
+
 // Everything a stage's kernels read, resolved; pack_args picks what a kernel's parameter list
 // names, in order.
 struct StageArgs {
