@@ -911,6 +911,19 @@ class StageGen {
     return Status::Ok();
   }
 
+  // The vector kernels' step body: the stores' vectors w<s>, then block 0 once per lane (the
+  // loads' vectors v<l> are the caller's).
+  Status vector_lanes(Text& t, std::uint32_t v, const BodyMode& mode) {
+    const ProgramBlock& blk = p_.blocks[0];
+    for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
+      t.line(2, fmt::format("KilnVec<{}, {}> w{};", storage_type(p_.outputs[blk.stores[s].output].dtype), v, s));
+    t.line(2, "#pragma unroll");
+    t.line(2, fmt::format("for (int lane = 0; lane < {}; ++lane) {{", v));
+    KILN_RETURN_IF_ERROR(body(t, 3, 0, mode));
+    t.line(2, "}");
+    return Status::Ok();
+  }
+
   // Every tensor contiguous (or, for broadcast loads, one element) and aligned to the vector:
   // V elements per step, V = 16 bytes / the widest element.
   Status elementwise_vector() {
@@ -940,12 +953,7 @@ class StageGen {
       t.line(2, fmt::format("const KilnVec<{0}, {1}> v{2} = reinterpret_cast<const KilnVec<{0}, {1}>*>(in{3})[j];", st, v,
                             l, ld.index));
     }
-    for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
-      t.line(2, fmt::format("KilnVec<{}, {}> w{};", storage_type(p_.outputs[blk.stores[s].output].dtype), v, s));
-    t.line(2, "#pragma unroll");
-    t.line(2, fmt::format("for (int lane = 0; lane < {}; ++lane) {{", v));
-    KILN_RETURN_IF_ERROR(body(t, 3, 0, BodyMode{.vector = true, .hoisted_bcast = true}));
-    t.line(2, "}");
+    KILN_RETURN_IF_ERROR(vector_lanes(t, v, BodyMode{.vector = true, .hoisted_bcast = true}));
     for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
       t.line(2, fmt::format("reinterpret_cast<KilnVec<{}, {}>*>(out{})[j] = w{};",
                             storage_type(p_.outputs[blk.stores[s].output].dtype), v, blk.stores[s].output, s));
@@ -1002,12 +1010,7 @@ class StageGen {
       t.line(3, fmt::format("for (int lane = 0; lane < {}; ++lane) v{}.v[lane] = e; }}", v, l));
       t.line(2, "}");
     }
-    for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
-      t.line(2, fmt::format("KilnVec<{}, {}> w{};", storage_type(p_.outputs[blk.stores[s].output].dtype), v, s));
-    t.line(2, "#pragma unroll");
-    t.line(2, fmt::format("for (int lane = 0; lane < {}; ++lane) {{", v));
-    KILN_RETURN_IF_ERROR(body(t, 3, 0, BodyMode{.vector = true, .row = true}));
-    t.line(2, "}");
+    KILN_RETURN_IF_ERROR(vector_lanes(t, v, BodyMode{.vector = true, .row = true}));
     for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
       t.line(2, fmt::format("*reinterpret_cast<KilnVec<{0}, {1}>*>(out{2} + kiln_dot<KILN_R>(idx, sa0_{3}, it0.rank)) = w{3};",
                             storage_type(p_.outputs[blk.stores[s].output].dtype), v, blk.stores[s].output, s));
