@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/container/small_vector.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -42,6 +43,18 @@ constexpr std::size_t kDeferredWakeMax = 256;
 // Bounds one staged (chunked) upload whatever the job's quota (0 = unlimited): far above any
 // tensor a kiln device holds; it caps what a quota-less client can make the daemon reserve.
 constexpr std::uint64_t kMaxStagedBytes = std::uint64_t{1} << 40;
+
+// The largest staging this machine could hold: kMaxStagedBytes, or the physical memory when
+// that is smaller. A request above it is refused before the allocation is tried (a sanitizer's
+// allocator aborts the process on an impossible size instead of returning null).
+std::uint64_t staging_limit() {
+  static const std::uint64_t limit = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return kMaxStagedBytes;
+    return std::min(kMaxStagedBytes, static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page));
+  }();
+  return limit;
+}
 
 // What the daemon knows of one client tensor.
 struct TensorRecord {
@@ -650,9 +663,10 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
     // One chunked upload at a time per connection (the client library serialises them): an
     // unfinished one was abandoned (its client gave up), and goes with its charge.
     while (!staged_uploads_.empty()) discard_staged_upload(staged_uploads_.begin()->first);
-    if (total > kMaxStagedBytes)
-      return make_error(ErrorCode::ResourceExhausted, fmt::format("shape: tensor {} of {} exceeds the largest chunked upload, {}",
-                                                                  id, human_bytes(total), human_bytes(kMaxStagedBytes)));
+    if (total > staging_limit())
+      return make_error(ErrorCode::ResourceExhausted,
+                        fmt::format("shape: tensor {} of {} exceeds the largest chunked upload this machine can stage, {}",
+                                    id, human_bytes(total), human_bytes(staging_limit())));
     // The whole tensor is charged before anything is allocated: staged bytes count like live ones.
     KILN_RETURN_IF_ERROR(charge(total, [&] { return fmt::format("staging tensor {}", id); }));
     // Default-initialised: pages are touched only as parts arrive.

@@ -439,6 +439,25 @@ TEST(ChunkedTransfer, MalformedOutOfOrderAndMismatchedPartsAreErrors) {
   EXPECT_EQ(back, v);
 }
 
+// Without a quota, a staging larger than this machine's memory (1 TiB, or 2^38 bytes: more than
+// any CI or development machine here has) is refused before anything is allocated (under a
+// sanitizer the allocator used to abort the daemon first); the session goes on.
+TEST(ChunkedTransfer, AStagingLargerThanTheMachineIsRefusedBeforeAllocating) {
+  SmallArenaDaemon d(0);
+  const std::vector<std::uint8_t> chunk = random_bytes(4096, 13);
+  RawClient c = raw_client(d, "huge");
+  std::uint64_t rid = 1, id = 1;
+  for (std::uint64_t bytes : {std::uint64_t{1} << 40, std::uint64_t{1} << 38}) {
+    c.part(rid, id++, dtypes::u8, Shape{bytes}, 0, chunk);
+    const std::string e = c.expect_error(rid++);
+    EXPECT_NE(e.find("exceeds the largest chunked upload this machine can stage"), std::string::npos) << e;
+    EXPECT_EQ(d.job_bytes("huge"), 0u);
+  }
+  c.part(rid, id, dtypes::u8, Shape{2 * kMiB}, 0, chunk);
+  c.expect_ok(rid);
+  EXPECT_EQ(d.job_bytes("huge"), 2 * kMiB);
+}
+
 TEST(ChunkedTransfer, StagedBytesCountAgainstTheJobQuota) {
   SmallArenaDaemon d(3 * kMiB);
   const Shape two_mib{2 * kMiB};
