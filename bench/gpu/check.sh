@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # bench/gpu/check.sh — the CUDA backend's check on a GPU machine, in under 8 minutes:
 #   1. probe (nvidia-smi, when present)
-#   2. configure and build the cuda module, its tests, kiln-gpu-bench and the daemon (Release),
-#      then NVRTC compilation of every kernel kind for sm_90 and the oldest architecture; or,
-#      with KILN_GPU_PREBUILT=DIR, the programs bench/gpu/pack.sh built elsewhere (for a GPU
-#      machine without kiln's build dependencies; NVRTC is then the machine's own)
-#   3. the cuda unit tests (codegen, launch helpers, probe, disk cache) and the GPU tests
-#      (fails if they skip on a GPU machine), side by side with
+#   2. configure and build the programs of bench/gpu/programs.sh (Release); or, with
+#      KILN_GPU_PREBUILT=DIR, take them from DIR, where bench/gpu/pack.sh packed them elsewhere
+#      (for a GPU machine without kiln's build dependencies; NVRTC is then the machine's own)
+#   3. the cuda unit tests (codegen, launch helpers, probe, disk cache), NVRTC compilation of
+#      every kernel kind for sm_90 and the oldest architecture, and the GPU tests (fails if
+#      they skip on a GPU machine), side by side with
 #   4. differential tests against the CPU reference executor (random elementwise programs;
 #      KILN_DIFF_PROGRAMS, default 300; each is a new structure, so a new NVRTC compilation),
 #      and KILN_FAST_DIFF_PROGRAMS (default 100) of them again with fast f32 exp/log
@@ -20,7 +20,8 @@
 # $OUT/results.txt. Exit status: 0 when every step passed, else the number of failed steps.
 #
 # Knobs: KILN_GPU_BUILD (build dir), KILN_GPU_OUT, KILN_GPU_SIZES (comma list), KILN_DIFF_PROGRAMS,
-# KILN_GPU_BUDGET_S (total budget, default 470), BENCH_TARGET_S / BENCH_MIN_REPS (timing).
+# KILN_GPU_BUDGET_S (total budget, default 470), BENCH_TARGET_S / BENCH_MIN_REPS (timing),
+# KILN_GPU_PREBUILT, KILN_GPU_NO_DEMO, PYTHON. Needs bash >= 4.4 (empty arrays under set -u).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -83,8 +84,8 @@ fi
 command -v nvcc > /dev/null && nvcc --version | tail -1 || echo "# nvcc not on PATH (CMake may still find the toolkit)"
 
 JOBS=$(nproc 2> /dev/null || echo 4)
-TARGETS=(kiln_cuda cuda_codegen_test cuda_launch_test cuda_probe_test cuda_disk_cache_test cuda_nvrtc_test
-  cuda_gpu_test kiln-gpu-bench kilnd kiln-demo kilnctl)
+# shellcheck source=bench/gpu/programs.sh
+source "$ROOT/bench/gpu/programs.sh"
 
 if [[ -n ${KILN_GPU_PREBUILT:-} ]]; then
   # Programs built elsewhere by bench/gpu/pack.sh: this machine needs the CUDA driver and NVRTC
@@ -96,26 +97,28 @@ if [[ -n ${KILN_GPU_PREBUILT:-} ]]; then
   for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
     [[ -e $d/libnvrtc.so.13 ]] && nvrtc_dir=$d && break
   done
-  [[ -z $nvrtc_dir ]] && nvrtc_dir=$(dirname "$(find /usr /opt -name 'libnvrtc.so.13' 2> /dev/null | head -1)" 2> /dev/null || true)
+  if [[ -z $nvrtc_dir ]]; then
+    found=$(find /usr /opt -name 'libnvrtc.so.13' 2> /dev/null | head -1 || true)
+    [[ -n $found ]] && nvrtc_dir=$(dirname "$found")
+  fi
   echo "# NVRTC from ${nvrtc_dir:-nowhere}"
   export LD_LIBRARY_PATH="$PRE/lib${nvrtc_dir:+:$nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if [[ -z ${KILN_CUDA_INCLUDE:-} && ! -f /usr/local/cuda/include/cuda_fp16.h ]]; then
-    inc=$(find /usr /opt -name cuda_fp16.h -path '*include*' 2> /dev/null | head -1)
+    inc=$(find /usr /opt -name cuda_fp16.h -path '*include*' 2> /dev/null | head -1 || true)
     [[ -n $inc ]] && export KILN_CUDA_INCLUDE=$(dirname "$inc")
   fi
   echo "# CUDA headers for NVRTC: ${KILN_CUDA_INCLUDE:-/usr/local/cuda/include}"
   RUN=()
   if ! "$BIN/cuda_probe_test" --gtest_list_tests > /dev/null 2>&1; then
     # An older C library here than where they were built: the packed loader and run time.
-    "$BIN/cuda_probe_test" --gtest_list_tests 2>&1 | head -3
+    { "$BIN/cuda_probe_test" --gtest_list_tests 2>&1 || true; } | head -3 || true
     RUN=("$PRE/lib/sys/ld-linux-x86-64.so.2" --library-path "$PRE/lib/sys:$LD_LIBRARY_PATH")
     echo "# running the programs through the packed loader"
   fi
 else
   BIN=$BUILD/bin-links
   RUN=()
-  step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DKILN_BUILD_FUZZERS=OFF -DKILN_BUILD_BENCH=ON -DKILN_BUILD_TESTS=ON
+  step configure 120 cmake -S "$ROOT" -B "$BUILD" "${KILN_GPU_CMAKE_FLAGS[@]}"
   if [[ ! -f $BUILD/build.ninja ]]; then
     echo "### configure produced no build; stopping"
     exit 1
@@ -124,20 +127,32 @@ else
     echo "### CMake did not find the CUDA toolkit: no cuda module to check (see the configure output)"
     exit 1
   fi
-  step build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
-  step nvrtc 150 "$BUILD/tests/cuda/cuda_nvrtc_test"
+  targets=()
+  for p in "${KILN_GPU_PROGRAMS[@]}"; do targets+=("$(basename "$p")"); done
+  step build 240 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
   mkdir -p "$BIN"
-  for p in tests/cuda/cuda_codegen_test tests/cuda/cuda_launch_test tests/cuda/cuda_probe_test \
-    tests/cuda/cuda_disk_cache_test tests/cuda/cuda_gpu_test bench/gpu/kiln-gpu-bench apps/kilnd apps/kiln-demo \
-    apps/kilnctl; do
-    [[ -x $BUILD/$p ]] && ln -sf "$BUILD/$p" "$BIN/"
+  for p in "${KILN_GPU_PROGRAMS[@]}"; do
+    if [[ -x $BUILD/$p ]]; then ln -sf "$BUILD/$p" "$BIN/"; fi
   done
 fi
+# Every program the steps below run must be there: a missing one is a failed step, never a
+# silently skipped check.
+for p in "${KILN_GPU_PROGRAMS[@]}"; do
+  if [[ ! -x $BIN/$(basename "$p") ]]; then
+    echo "### missing program: $(basename "$p") (not built or not packed)"
+    FAILED+=("missing $(basename "$p")")
+  fi
+done
+# printf %q: the runner's words survive the bash -c of the benchmark steps.
+RUN_Q=""
+if ((${#RUN[@]} > 0)); then RUN_Q=$(printf '%q ' "${RUN[@]}"); fi
 
 if [[ -x $BIN/cuda_gpu_test ]]; then
   for t in codegen launch probe disk_cache; do
     step "unit-$t" 60 "${RUN[@]}" "$BIN/cuda_${t}_test" --gtest_brief=1
   done
+  # Every kernel kind compiled by this machine's NVRTC for sm_90 and the oldest architecture.
+  step nvrtc 150 "${RUN[@]}" "$BIN/cuda_nvrtc_test" --gtest_brief=1
   # The GPU tests and the differential run side by side (NVRTC compiles on the CPU); the
   # benchmarks below run alone. The GPU test's own differential case is left to step
   # "differential", which runs more programs (each a new structure: a new NVRTC compilation).
@@ -156,7 +171,7 @@ if [[ -x $BIN/cuda_gpu_test ]]; then
   echo "### differential-fast-math (side by side; output follows)"
   tail -5 "$OUT/gpu_fast_diff.txt"
   if ((fast_rc != 0)); then
-    grep -B2 -A8 Failure "$OUT/gpu_fast_diff.txt" | head -40
+    { grep -B2 -A8 Failure "$OUT/gpu_fast_diff.txt" || true; } | head -40 || true
     echo "### differential-fast-math: FAILED (exit $fast_rc)"
     FAILED+=("differential-fast-math (exit $fast_rc)")
   else
@@ -176,8 +191,8 @@ if [[ -x $BIN/cuda_gpu_test ]]; then
 fi
 
 if [[ -x $BIN/kiln-gpu-bench ]]; then
-  step bench-kiln 150 bash -c "set -o pipefail; ${RUN[*]} '$BIN/kiln-gpu-bench' --sizes '$SIZES' | tee -a '$RESULTS'"
-  step bench-kiln-fast-math 90 bash -c "set -o pipefail; ${RUN[*]} '$BIN/kiln-gpu-bench' --sizes '$SIZES' --fast-math \
+  step bench-kiln 150 bash -c "set -o pipefail; ${RUN_Q}'$BIN/kiln-gpu-bench' --sizes '$SIZES' | tee -a '$RESULTS'"
+  step bench-kiln-fast-math 90 bash -c "set -o pipefail; ${RUN_Q}'$BIN/kiln-gpu-bench' --sizes '$SIZES' --fast-math \
     --no-copy --modes fused | tee -a '$RESULTS'"
 fi
 PY=${PYTHON:-python3}
@@ -188,8 +203,13 @@ else
 fi
 
 if [[ -x $BIN/kiln-demo && -z ${KILN_GPU_NO_DEMO:-} ]]; then
-  # The daemon on the GPU, two training workers over IPC (the README's demo, shorter).
-  step demo 90 "${RUN[@]}" "$BIN/kiln-demo" --device cuda --workers 2 --steps "${KILN_GPU_DEMO_STEPS:-300}"
+  if ((${#RUN[@]} > 0)); then
+    # kiln-demo starts kilnd and its workers itself (exec), past the packed loader.
+    echo "### demo: skipped (the programs need the packed loader here, and kiln-demo execs kilnd directly)"
+  else
+    # The daemon on the GPU, two training workers over IPC (the README's demo, shorter).
+    step demo 90 "$BIN/kiln-demo" --device cuda --workers 2 --steps "${KILN_GPU_DEMO_STEPS:-300}"
+  fi
 fi
 
 KIT=${KILN_PEERS_DIR:-$ROOT/../shared/bench-peers}

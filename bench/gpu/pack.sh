@@ -13,23 +13,34 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${KILN_GPU_BUILD:-$ROOT/build/gpu}
 DEST=${1:-$ROOT/.gpu-carry}
-PROGRAMS=(tests/cuda/cuda_codegen_test tests/cuda/cuda_launch_test tests/cuda/cuda_probe_test
-  tests/cuda/cuda_disk_cache_test tests/cuda/cuda_gpu_test bench/gpu/kiln-gpu-bench bench/kiln-bench-runtime
-  apps/kilnd apps/kiln-demo apps/kilnctl)
+# shellcheck source=bench/gpu/programs.sh
+source "$ROOT/bench/gpu/programs.sh"
 
 if [[ ! -f $BUILD/build.ninja ]]; then
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
-    -DKILN_BUILD_FUZZERS=OFF -DKILN_BUILD_BENCH=ON -DKILN_BUILD_TESTS=ON
+  cmake -S "$ROOT" -B "$BUILD" "${KILN_GPU_CMAKE_FLAGS[@]}"
+elif ! grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD/CMakeCache.txt"; then
+  echo "pack.sh: $BUILD is not a Release build; use another KILN_GPU_BUILD" >&2
+  exit 1
 fi
 targets=()
-for p in "${PROGRAMS[@]}"; do targets+=("$(basename "$p")"); done
+for p in "${KILN_GPU_PROGRAMS[@]}"; do targets+=("$(basename "$p")"); done
 cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}"
 
+# DEST is replaced whole: only a directory this script made (it holds `commit`) or a new one.
+if [[ -e $DEST && ! -f $DEST/commit ]]; then
+  echo "pack.sh: $DEST exists and is not a pack directory (no commit file); not replacing it" >&2
+  exit 1
+fi
 rm -rf "$DEST"
 mkdir -p "$DEST/bin" "$DEST/lib/sys"
-for p in "${PROGRAMS[@]}"; do cp "$BUILD/$p" "$DEST/bin/"; done
+for p in "${KILN_GPU_PROGRAMS[@]}"; do cp "$BUILD/$p" "$DEST/bin/"; done
 declare -A seen=()
-for p in "${PROGRAMS[@]}"; do
+for p in "${KILN_GPU_PROGRAMS[@]}"; do
+  if ldd "$BUILD/$p" | grep -q 'not found'; then
+    echo "pack.sh: $p needs a library this machine does not have:" >&2
+    ldd "$BUILD/$p" | grep 'not found' >&2
+    exit 1
+  fi
   while read -r name path; do
     [[ -z $path || -n ${seen[$name]:-} ]] && continue
     seen[$name]=1
@@ -41,5 +52,5 @@ for p in "${PROGRAMS[@]}"; do
     esac
   done < <(ldd "$BUILD/$p" | awk '/=>/ {print $1, $3} !/=>/ && /ld-linux/ {n=$1; sub(".*/", "", n); print n, $1}')
 done
-git -C "$ROOT" rev-parse HEAD > "$DEST/commit" 2> /dev/null || true
+git -C "$ROOT" rev-parse HEAD > "$DEST/commit" 2> /dev/null || echo unknown > "$DEST/commit"
 echo "# packed $(ls "$DEST/bin" | wc -l) programs, $(du -sh "$DEST" | cut -f1), into $DEST"

@@ -16,6 +16,12 @@ using fusion::InputRole;
 
 namespace {
 
+// Bytes of one stored element (the kernels' storage types: bools as u8 or u32).
+std::uintptr_t element_bytes(ir::DType d) {
+  if (d.is_bool()) return d.bool_store() == ir::BoolStore::U32 ? 4 : 1;
+  return d.size_bytes();
+}
+
 using Strides = std::vector<std::int64_t>;
 
 Strides row_major(const ir::Shape& s) {
@@ -339,19 +345,15 @@ bool vector_aligned(const FusedProgram& p, const BlockLayout& layout, std::uint3
                     std::span<const std::uintptr_t> input_ptrs, std::span<const std::uintptr_t> output_ptrs) {
   if (!layout.vectorizable || vector_width == 0 || p.blocks.empty()) return false;
   const fusion::ProgramBlock& b = p.blocks[0];
-  auto esize = [](ir::DType d) -> std::uintptr_t {
-    if (d.is_bool()) return d.bool_store() == ir::BoolStore::U32 ? 4 : 1;
-    return d.size_bytes();
-  };
   for (const fusion::Load& l : b.loads) {
     if (l.broadcast) continue;
     if (l.index >= input_ptrs.size()) return false;
-    const std::uintptr_t bytes = vector_width * esize(p.inputs[l.index].dtype);
+    const std::uintptr_t bytes = vector_width * element_bytes(p.inputs[l.index].dtype);
     if (input_ptrs[l.index] % bytes != 0) return false;
   }
   for (const fusion::Store& s : b.stores) {
     if (s.output >= output_ptrs.size()) return false;
-    const std::uintptr_t bytes = vector_width * esize(p.outputs[s.output].dtype);
+    const std::uintptr_t bytes = vector_width * element_bytes(p.outputs[s.output].dtype);
     if (output_ptrs[s.output] % bytes != 0) return false;
   }
   return true;
@@ -366,10 +368,6 @@ bool row_vector_eligible(const FusedProgram& p, const BlockLayout& layout, std::
     return false;
   const auto width = static_cast<std::int64_t>(vector_width);
   if (layout.iter.dims[rank - 1] % width != 0) return false;
-  auto esize = [](ir::DType d) -> std::uintptr_t {
-    if (d.is_bool()) return d.bool_store() == ir::BoolStore::U32 ? 4 : 1;
-    return d.size_bytes();
-  };
   // One access: innermost stride 0 (loads only) or 1, rows on vector boundaries.
   auto fits = [&](const KilnAccess& a, std::uintptr_t ptr, ir::DType d, bool store) {
     const std::int64_t inner = a.strides[rank - 1];
@@ -377,7 +375,7 @@ bool row_vector_eligible(const FusedProgram& p, const BlockLayout& layout, std::
     if (inner == 0) return true;
     for (int dim = 0; dim + 1 < rank; ++dim)
       if (a.strides[dim] % width != 0) return false;
-    return ptr % (vector_width * esize(d)) == 0;
+    return ptr % (vector_width * element_bytes(d)) == 0;
   };
   for (std::size_t l = 0; l < b.loads.size(); ++l) {
     const fusion::Load& ld = b.loads[l];

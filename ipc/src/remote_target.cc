@@ -29,6 +29,7 @@ struct InFlight {
 RemoteTarget::RemoteTarget(ClientConnection conn, RemoteOptions options)
     : conn_(std::move(conn)),
       options_(std::move(options)),
+      reply_timeout_ms_(options_.reply_timeout.count()),
       arena_alloc_(conn_.endpoint().layout().arena_size),
       rx_buf_(conn_.endpoint().max_receive_bytes()) {
   conn_.endpoint().watch_hangup(conn_.socket_fd());
@@ -76,8 +77,9 @@ Result<std::uint64_t> RemoteTarget::send(CommandBody body) {
   return request;
 }
 
-Result<Completion> RemoteTarget::wait(std::uint64_t request) {
-  const auto deadline = std::chrono::steady_clock::now() + options_.reply_timeout;
+Result<Completion> RemoteTarget::wait(std::uint64_t request, bool holds_range) {
+  const std::chrono::milliseconds timeout(reply_timeout_ms_.load(std::memory_order_relaxed));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lock(rx_mu_);
   awaited_[request] = true;
   for (;;) {
@@ -93,8 +95,9 @@ Result<Completion> RemoteTarget::wait(std::uint64_t request) {
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       awaited_.erase(request);
+      if (holds_range) timed_out_.insert(request);
       return make_error(ErrorCode::Execution, fmt::format("no answer from the daemon within {} ms (request {})",
-                                                          options_.reply_timeout.count(), request));
+                                                          timeout.count(), request));
     }
     if (receiving_) {
       rx_cv_.wait_for(lock, kPoll);
@@ -131,10 +134,17 @@ Result<Completion> RemoteTarget::wait(std::uint64_t request) {
       return make_error(ErrorCode::Execution, "connection to the daemon broken: " + failure.message);
     }
     if (cpl) {
-      if (awaited_.count(cpl->request_id) != 0)
+      if (awaited_.count(cpl->request_id) != 0) {
         ready_.emplace(cpl->request_id, std::move(*cpl));
-      else if (const auto* e = std::get_if<ErrorCpl>(&cpl->body))
+      } else if (timed_out_.erase(cpl->request_id) != 0) {
+        // A late answer to a wait that gave up: the daemon is done with its range.
+        if (auto q = quarantined_.find(cpl->request_id); q != quarantined_.end()) {
+          (void)arena_alloc_.free(q->second);
+          quarantined_.erase(q);
+        }
+      } else if (const auto* e = std::get_if<ErrorCpl>(&cpl->body)) {
         async_errors_.push_back(make_error(e->code, e->message));
+      }
     }
     rx_cv_.notify_all();
   }
@@ -161,7 +171,8 @@ Result<ArenaRange> RemoteTarget::allocate(std::uint64_t bytes, const char* what)
     return make_error(ErrorCode::ResourceExhausted,
                       fmt::format("{}: {} bytes do not fit the transfer arena of {} bytes (daemon --arena-mib)", what,
                                   bytes, arena_alloc_.capacity()));
-  const auto deadline = std::chrono::steady_clock::now() + options_.reply_timeout;
+  const std::chrono::milliseconds timeout(reply_timeout_ms_.load(std::memory_order_relaxed));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lock(rx_mu_);
   for (;;) {
     if (std::optional<ArenaRange> r = arena_alloc_.allocate(std::max<std::uint64_t>(bytes, 1))) return *r;
@@ -185,6 +196,25 @@ void RemoteTarget::free_range(ArenaRange r) {
   rx_cv_.notify_all();
 }
 
+std::uint64_t RemoteTarget::quarantined_bytes() const {
+  std::lock_guard lock(rx_mu_);
+  std::uint64_t n = 0;
+  for (const auto& [request, range] : quarantined_) n += range.length;
+  return n;
+}
+
+void RemoteTarget::release_range(std::uint64_t request, ArenaRange r) {
+  {
+    std::lock_guard lock(rx_mu_);
+    if (timed_out_.count(request) != 0) {
+      quarantined_.emplace(request, r);  // its late answer frees it (wait)
+      return;
+    }
+    (void)arena_alloc_.free(r);
+  }
+  rx_cv_.notify_all();
+}
+
 Status RemoteTarget::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(dtype, shape));
   if (need != bytes.size())
@@ -203,8 +233,8 @@ Status RemoteTarget::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, s
     free_range(range);
     return request.error();
   }
-  Result<Completion> c = wait(*request);
-  free_range(range);  // the completion (or the end of the connection) returns the range
+  Result<Completion> c = wait(*request, /*holds_range=*/true);
+  release_range(*request, range);  // the completion (or the end of the connection) returns the range
   if (!c.ok()) return c.error();
   return completion_status(*c, "upload");
 }
@@ -241,8 +271,8 @@ Status RemoteTarget::upload_chunked(ir::TensorId id, ir::DType dtype, const ir::
     if (in_flight.empty()) return false;
     const InFlight f = in_flight.front();
     in_flight.pop_front();
-    Result<Completion> c = wait(f.request);
-    free_range(f.range);  // the completion (or the end of the connection) returns the range
+    Result<Completion> c = wait(f.request, /*holds_range=*/true);
+    release_range(f.request, f.range);  // the completion (or the end of the connection) returns the range
     Status st = c.ok() ? completion_status(*c, "upload") : Status(c.error());
     if (!failed && !st.ok()) failed = st.error();
     return true;
@@ -286,7 +316,7 @@ Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, con
     if (in_flight.empty()) return false;
     const InFlight f = in_flight.front();
     in_flight.pop_front();
-    Result<Completion> c = wait(f.request);
+    Result<Completion> c = wait(f.request, /*holds_range=*/true);
     Status st = Status::Ok();
     if (!c.ok()) {
       st = c.error();
@@ -301,7 +331,7 @@ Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, con
       st = conn_.endpoint().arena().read(
           done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.bytes.data()) + f.offset, f.length));
     }
-    free_range(f.range);
+    release_range(f.request, f.range);
     if (!failed && !st.ok()) failed = st.error();
     return true;
   };
@@ -357,13 +387,13 @@ Result<runtime::HostData> RemoteTarget::read(runtime::StreamId home, const ir::T
     free_range(range);
     return request.error();
   }
-  Result<Completion> c = wait(*request);
+  Result<Completion> c = wait(*request, /*holds_range=*/true);
   if (!c.ok()) {
-    free_range(range);
+    release_range(*request, range);
     return c.error();
   }
   if (const auto* e = std::get_if<ErrorCpl>(&c->body)) {
-    free_range(range);
+    release_range(*request, range);
     // The usual cause of a failed read is an op the daemon rejected earlier: say so first.
     if (Status earlier = take_async_error(); !earlier.ok()) return earlier.error();
     return make_error(e->code, e->message);
@@ -371,13 +401,13 @@ Result<runtime::HostData> RemoteTarget::read(runtime::StreamId home, const ir::T
   const auto* done = std::get_if<ReadDoneCpl>(&c->body);
   if (done == nullptr || done->data.offset != range.offset || done->data.length > range.length ||
       done->data.length != need) {
-    free_range(range);
+    release_range(*request, range);
     return make_error(ErrorCode::Internal, "read: the daemon answered outside the requested range");
   }
   runtime::HostData data{done->dtype, done->shape, std::vector<std::byte>(done->data.length)};
   Status copied = conn_.endpoint().arena().read(
       done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(data.bytes.data()), data.bytes.size()));
-  free_range(range);
+  release_range(*request, range);
   if (!copied.ok()) return copied.error();
   return data;
 }

@@ -323,6 +323,26 @@ TEST(CudaBackend, ReductionsSoftmaxAndMatmulMatchTheReference) {
   EXPECT_EQ(s.gpu->stats().compile_failures, 0u);
 }
 
+// Row reductions (warp shuffles): rows shorter than a warp, more rows than the grid has blocks
+// (each block then reduces several rows, reusing its shared exchange), and arg ties (integer
+// values in [-2, 2): the first index of the best value wins, whatever the combination order).
+TEST(CudaBackend, RowReductionsOfShortRowsAndMoreRowsThanBlocks) {
+  KILN_REQUIRE_GPU();
+  Sides s;
+  ASSERT_TRUE(s.gpu);
+  std::mt19937_64 rng(13);
+  const Family nf = Family::NumericFloat;
+  for (std::uint64_t n : {std::uint64_t{1}, std::uint64_t{7}, std::uint64_t{33}, std::uint64_t{300}}) {
+    const TensorIr x = s.input({20000, n}, dt::f32, rng);
+    const TensorIr ties = s.input({20000, n}, dt::i32, rng);
+    s.expect_close(s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, x, 1, 1, s.id())), 1e-5, 1e-5);
+    s.expect_close(s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, s.id())), 0, 0);
+    s.expect_close(s.add(b::reduce_dim_arg(Family::NumericInt, OpKind::Numeric_ArgMax, ties, 1, 1, dt::i64, s.id())), 0, 0);
+    s.expect_close(s.add(b::reduce_dim_arg(Family::NumericInt, OpKind::Numeric_ArgMin, ties, 1, 1, dt::i64, s.id())), 0, 0);
+  }
+  EXPECT_EQ(s.gpu->stats().host_ops, 0u);
+}
+
 // Integer division by zero inside a fused program: the outputs carry exactly the reference's
 // error, the program is quarantined, and its next run goes unfused without faulting again.
 TEST(CudaBackend, KernelFaultsFollowTheErrorModelAndQuarantine) {

@@ -458,6 +458,33 @@ TEST(ChunkedTransfer, AStagingLargerThanTheMachineIsRefusedBeforeAllocating) {
   EXPECT_EQ(d.job_bytes("huge"), 2 * kMiB);
 }
 
+// A read whose answer comes after the client gave up: the daemon still writes the result into
+// the read's arena range, so the client keeps that range allocated (nothing else is placed in
+// it) until the late answer arrives, then frees it.
+TEST(ChunkedTransfer, ATimedOutReadKeepsItsArenaRangeUntilTheLateAnswer) {
+  SmallArenaDaemon d;
+  auto client = d.connect("slow");
+  runtime::Session s(*client);
+  const std::uint64_t n = 768;
+  const std::vector<float> v(n * n, 0.5f);
+  runtime::Tensor a = ok(s.from_host(std::span<const float>(v), {n, n}));
+  runtime::Tensor b = ok(s.from_host(std::span<const float>(v), {n, n}));
+  runtime::Tensor total = ok(s.sum(ok(s.matmul(a, b))));  // milliseconds of kernel time at least
+  client->set_reply_timeout(1ms);
+  Result<std::vector<float>> early = s.to_host(total);  // a copy: the tensor stays
+  ASSERT_FALSE(early.ok());
+  EXPECT_NE(early.error().message.find("no answer from the daemon within 1 ms"), std::string::npos) << early.error().message;
+  EXPECT_GT(client->quarantined_bytes(), 0u);
+  client->set_reply_timeout(30s);
+  // Any later answered request pops the late one, which frees the range.
+  ASSERT_TRUE(client->daemon_status(false).ok());
+  EXPECT_TRUE(wait_until([&] { return client->quarantined_bytes() == 0 || !client->daemon_status(false).ok(); }));
+  EXPECT_EQ(client->quarantined_bytes(), 0u);
+  const std::vector<float> got = ok(s.to_host(std::move(total)));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_NEAR(got[0], 0.25 * n * n * n, 1e-3 * 0.25 * n * n * n);
+}
+
 TEST(ChunkedTransfer, StagedBytesCountAgainstTheJobQuota) {
   SmallArenaDaemon d(3 * kMiB);
   const Shape two_mib{2 * kMiB};

@@ -126,8 +126,8 @@ struct CodegenOptions {
   // Prefix of the kernels' extern "C" names: several programs can share one translation unit
   // (the NVRTC tests batch programs that way) when their prefixes differ.
   std::string name_prefix = "kiln";
-  // Threads per block of every kernel (a power of two, at least 32: the row reductions combine
-  // warps by shuffles; the matmul's 16x16 thread tile assumes 256).
+  // Threads per block of every kernel: 256 (generate() refuses any other; the row reductions'
+  // warp shuffles need a multiple of 32, the matmul's 16x16 thread tile exactly 256).
   std::uint32_t threads = 256;
   // f32 exp and log through the hardware approximations (__expf, __logf: ex2/lg2.approx,
   // denormal results flushed to zero) instead of the accurate library functions. What

@@ -74,19 +74,29 @@ class RemoteTarget final : public runtime::SessionTarget {
   std::uint64_t client_id() const { return conn_.client_id(); }
   std::uint64_t requests() const { return next_request_.load(std::memory_order_relaxed) - 1; }
   std::uint64_t ops_sent() const { return ops_sent_.load(std::memory_order_relaxed); }
+  // How long a request waits for its answer from now on (RemoteOptions::reply_timeout at first).
+  void set_reply_timeout(std::chrono::milliseconds t) { reply_timeout_ms_.store(t.count(), std::memory_order_relaxed); }
+  // Arena bytes held by requests whose wait timed out, until their late answers arrive.
+  std::uint64_t quarantined_bytes() const;
 
  private:
   explicit RemoteTarget(ClientConnection conn, RemoteOptions options);
   // Sends one command; returns its request id.
   Result<std::uint64_t> send(CommandBody body);
   // Waits for the completion of `request` (popping the ring for other waiters meanwhile).
-  Result<Completion> wait(std::uint64_t request);
+  // `holds_range`: the request names an arena range the daemon reads or writes; if the wait
+  // times out, release_range() then keeps that range until the late answer arrives.
+  Result<Completion> wait(std::uint64_t request, bool holds_range = false);
   // An error completion of a fire-and-forget command, if one arrived (reported once).
   Status take_async_error();
   Status completion_status(const Completion& c, const char* what);
   Result<ArenaRange> allocate(std::uint64_t bytes, const char* what);
   std::optional<ArenaRange> try_allocate(std::uint64_t bytes);  // nullopt when no room now
   void free_range(ArenaRange r);
+  // Returns the range of `request` once its wait is over: freed, unless the wait timed out, in
+  // which case the daemon may still write into it: it stays allocated (quarantined) until the
+  // request's answer arrives, or with the connection.
+  void release_range(std::uint64_t request, ArenaRange r);
   // Transfers larger than the arena, in parts of part_bytes() (protocol.h, "Chunked transfers").
   std::uint64_t part_bytes() const;
   // The arena range for a part of n bytes. While the arena has no room, earlier parts are
@@ -104,6 +114,7 @@ class RemoteTarget final : public runtime::SessionTarget {
   std::atomic<std::uint64_t> next_request_{1};
   std::atomic<bool> daemon_gone_{false};
   std::atomic<std::uint64_t> ops_sent_{0};
+  std::atomic<std::chrono::milliseconds::rep> reply_timeout_ms_;
 
   // One chunked transfer at a time: the daemon stages one chunked upload and one chunked read
   // per connection (a new one discards an unfinished one as abandoned).
@@ -111,12 +122,14 @@ class RemoteTarget final : public runtime::SessionTarget {
   std::mutex send_mu_;  // one sender at a time (the command ring is single-producer)
   std::vector<std::uint8_t> tx_buf_;  // guarded by send_mu_
 
-  std::mutex rx_mu_;  // guards everything below
+  mutable std::mutex rx_mu_;  // guards everything below
   std::condition_variable rx_cv_;
   bool receiving_ = false;                     // a thread is popping the completion ring
   std::map<std::uint64_t, Completion> ready_;  // completions waited for, not yet taken
   std::map<std::uint64_t, bool> awaited_;      // requests some thread waits for
   std::deque<Error> async_errors_;             // rejections of fire-and-forget commands
+  std::unordered_set<std::uint64_t> timed_out_;              // range-holding requests whose wait gave up
+  std::unordered_map<std::uint64_t, ArenaRange> quarantined_;  // their ranges, until the late answer
   ArenaAllocator arena_alloc_;
   std::vector<std::uint8_t> rx_buf_;
 };
