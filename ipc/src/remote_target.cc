@@ -305,10 +305,10 @@ Status RemoteTarget::upload_chunked(ir::TensorId id, ir::DType dtype, const ir::
   return Status::Ok();
 }
 
-Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::uint64_t bytes) {
+Status RemoteTarget::read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::span<std::byte> out) {
   std::lock_guard chunked(chunk_mu_);
   const std::uint64_t part = part_bytes();
-  runtime::HostData out{t.dtype, t.shape, std::vector<std::byte>(bytes)};
+  const std::uint64_t bytes = out.size();
   std::deque<InFlight> in_flight;
   std::optional<Error> failed;  // the first failure; later windows are only settled
   bool rejected = false;        // the daemon answered with an error
@@ -329,7 +329,7 @@ Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, con
       st = make_error(ErrorCode::Internal, "read: the daemon answered outside the requested window");
     } else {
       st = conn_.endpoint().arena().read(
-          done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.bytes.data()) + f.offset, f.length));
+          done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.data()) + f.offset, f.length));
     }
     release_range(f.request, f.range);
     if (!failed && !st.ok()) failed = st.error();
@@ -361,7 +361,7 @@ Result<runtime::HostData> RemoteTarget::read_chunked(runtime::StreamId home, con
       if (Status earlier = take_async_error(); !earlier.ok()) return earlier.error();
     return *failed;
   }
-  return out;
+  return Status::Ok();
 }
 
 Status RemoteTarget::register_op(runtime::StreamId stream, ir::Operation op) {
@@ -380,7 +380,17 @@ Status RemoteTarget::drain(runtime::StreamId stream) {
 
 Result<runtime::HostData> RemoteTarget::read(runtime::StreamId home, const ir::TensorIr& t) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(t.dtype, t.shape));
-  if (need > arena_alloc_.capacity()) return read_chunked(home, t, need);
+  runtime::HostData data{t.dtype, t.shape, std::vector<std::byte>(need)};
+  KILN_RETURN_IF_ERROR(read_into(home, t, data.bytes));
+  return data;
+}
+
+Status RemoteTarget::read_into(runtime::StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(t.dtype, t.shape));
+  if (need != dst.size())
+    return make_error(ErrorCode::Invalid, fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(), need,
+                                                      dst.size()));
+  if (need > arena_alloc_.capacity()) return read_chunked(home, t, dst);
   KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "read"));
   Result<std::uint64_t> request = send(ReadCmd{home.value(), t, range});
   if (!request.ok()) {
@@ -400,16 +410,15 @@ Result<runtime::HostData> RemoteTarget::read(runtime::StreamId home, const ir::T
   }
   const auto* done = std::get_if<ReadDoneCpl>(&c->body);
   if (done == nullptr || done->data.offset != range.offset || done->data.length > range.length ||
-      done->data.length != need) {
+      done->data.length != need || !(done->dtype == t.dtype) || done->shape != t.shape) {
     release_range(*request, range);
     return make_error(ErrorCode::Internal, "read: the daemon answered outside the requested range");
   }
-  runtime::HostData data{done->dtype, done->shape, std::vector<std::byte>(done->data.length)};
+  // Straight from the arena into the caller's buffer.
   Status copied = conn_.endpoint().arena().read(
-      done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(data.bytes.data()), data.bytes.size()));
+      done->data, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(dst.data()), dst.size()));
   release_range(*request, range);
-  if (!copied.ok()) return copied.error();
-  return data;
+  return copied;
 }
 
 Status RemoteTarget::drop(runtime::StreamId home, const ir::TensorIr& t) {

@@ -1,9 +1,11 @@
 #include "kiln/runtime/device.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace kiln::runtime {
@@ -115,6 +117,15 @@ Error shut_down_error(StreamId stream) {
 
 void Device::claim_stream(StreamId stream) {
   if (StreamActor* a = actor(stream)) a->claim_owner();
+}
+
+Status SessionTarget::read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) {
+  KILN_ASSIGN_OR_RETURN(HostData data, read(home, t));
+  if (data.bytes.size() != dst.size())
+    return make_error(ErrorCode::Invalid, fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(),
+                                                      data.bytes.size(), dst.size()));
+  if (!dst.empty()) std::memcpy(dst.data(), data.bytes.data(), dst.size());
+  return Status::Ok();
 }
 
 Status Device::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) {

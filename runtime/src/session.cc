@@ -124,7 +124,7 @@ Result<Tensor> Session::from_host(const std::vector<bool>& values, ir::Shape sha
   return upload(kBoolDType, bytes, values.size(), std::move(shape));
 }
 
-Result<HostData> Session::read(Tensor t, ir::DType want) {
+Result<ir::TensorIr> Session::begin_read(Tensor& t, ir::DType want) {
   if (!t.valid()) return make_error(ErrorCode::InvalidHandle, "to_host: moved-from tensor");
   if (t.dtype() != want)
     return make_error(ErrorCode::DTypeMismatch,
@@ -132,6 +132,11 @@ Result<HostData> Session::read(Tensor t, ir::DType want) {
   ir::TensorIr ir = t.use();
   // A consuming read (last handle): the read releases the entry, so the handle must not drop it.
   if (ir.status == ir::TensorStatus::ReadWrite) t.state_->counter.fetch_add(1, std::memory_order_relaxed);
+  return ir;
+}
+
+Result<HostData> Session::read(Tensor t, ir::DType want) {
+  KILN_ASSIGN_OR_RETURN(ir::TensorIr ir, begin_read(t, want));
   return device_.read(t.home(), ir);
 }
 

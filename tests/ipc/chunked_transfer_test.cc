@@ -197,6 +197,26 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
   EXPECT_TRUE(back.dtype == dtypes::u8);
   EXPECT_EQ(back.shape, (Shape{u.size()}));
 
+  // read_into: straight into the caller's buffer, which must have exactly the tensor's bytes;
+  // the same contract for the daemon's client and for a Device (the default implementation).
+  for (runtime::SessionTarget* target : {static_cast<runtime::SessionTarget*>(client.get()),
+                                         static_cast<runtime::SessionTarget*>(d.device.get())}) {
+    for (std::uint64_t n : {std::uint64_t{1000}, kArena + 3}) {  // one piece, and chunked over IPC
+      const std::vector<std::uint8_t> v = random_bytes(n, n + 1);
+      const TensorId t = target->new_tensor_id();
+      ASSERT_TRUE(target->upload(t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok());
+      const TensorIr ro{t, {n}, TensorStatus::ReadOnly, dtypes::u8};
+      std::vector<std::byte> wrong(n - 1), right(n);
+      const Status refused = target->read_into(StreamId(0), ro, wrong);
+      ASSERT_FALSE(refused.ok());
+      EXPECT_EQ(refused.error().code, ErrorCode::Invalid);
+      EXPECT_NE(refused.error().message.find("into a buffer of " + std::to_string(n - 1)), std::string::npos)
+          << refused.error().message;
+      ASSERT_TRUE(target->read_into(StreamId(0), TensorIr{t, {n}, TensorStatus::ReadWrite, dtypes::u8}, right).ok());
+      EXPECT_EQ(std::memcmp(right.data(), v.data(), n), 0) << n;
+    }
+  }
+
   // An upload that exactly fills the arena still goes in one piece; one byte more is chunked.
   for (std::uint64_t n : {kArena, kArena + 1}) {
     const std::vector<std::uint8_t> v = random_bytes(n, n);

@@ -61,6 +61,8 @@ class RemoteTarget final : public runtime::SessionTarget {
   Status register_op(runtime::StreamId stream, ir::Operation op) override;
   Status drain(runtime::StreamId stream) override;
   Result<runtime::HostData> read(runtime::StreamId home, const ir::TensorIr& t) override;
+  // Straight from the arena into `dst` (no intermediate buffer).
+  Status read_into(runtime::StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) override;
   Status drop(runtime::StreamId home, const ir::TensorIr& t) override;
   Status share(runtime::StreamId src_stream, ir::TensorId src, ir::TensorId dst) override;
   void claim_stream(runtime::StreamId) override {}
@@ -106,7 +108,7 @@ class RemoteTarget final : public runtime::SessionTarget {
   Result<std::optional<ArenaRange>> next_part_range(std::uint64_t n, const std::function<bool()>& settle_oldest,
                                                     const std::function<bool()>& failed, const char* what);
   Status upload_chunked(ir::TensorId id, ir::DType dtype, const ir::Shape& shape, std::span<const std::byte> bytes);
-  Result<runtime::HostData> read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::uint64_t bytes);
+  Status read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::span<std::byte> out);
 
   ClientConnection conn_;
   RemoteOptions options_;

@@ -83,6 +83,10 @@ class SessionTarget {
   [[nodiscard]] virtual Status register_op(StreamId stream, ir::Operation op) = 0;
   [[nodiscard]] virtual Status drain(StreamId stream) = 0;
   [[nodiscard]] virtual Result<HostData> read(StreamId home, const ir::TensorIr& t) = 0;
+  // read() into the caller's buffer, which must hold exactly the tensor's bytes (an Invalid
+  // error otherwise). The default reads and copies; a target that can write the caller's
+  // buffer directly (the IPC client: straight from the arena) saves a buffer and a copy.
+  [[nodiscard]] virtual Status read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst);
   [[nodiscard]] virtual Status drop(StreamId home, const ir::TensorIr& t) = 0;
   [[nodiscard]] virtual Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) = 0;
   virtual void claim_stream(StreamId stream) = 0;

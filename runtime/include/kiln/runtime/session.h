@@ -267,6 +267,8 @@ class Session {
   Result<Tensor> squeeze(Tensor a, std::uint64_t dim);
   Result<Tensor> upload(ir::DType dtype, std::span<const std::byte> bytes, std::size_t count, ir::Shape shape);
   Result<HostData> read(Tensor t, ir::DType want);
+  // The checks and handle bookkeeping of a read; the tensor to read (its home is t.home()).
+  Result<ir::TensorIr> begin_read(Tensor& t, ir::DType want);
   void drop(const Tensor::State& s);
 
   SessionTarget& device_;
@@ -283,15 +285,19 @@ Result<std::vector<T>> Session::to_host(Tensor t) {
                    : std::is_same_v<T, std::int32_t> ? ir::dtypes::i32
                    : std::is_same_v<T, std::int64_t> ? ir::dtypes::i64
                                                      : kBoolDType;
-  Result<HostData> data = read(std::move(t), want);
-  if (!data.ok()) return data.error();
   if constexpr (std::is_same_v<T, bool>) {
+    Result<HostData> data = read(std::move(t), want);
+    if (!data.ok()) return data.error();
     std::vector<bool> out(data->bytes.size());
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = data->bytes[i] != std::byte{0};
     return out;
   } else {
-    std::vector<T> out(data->bytes.size() / sizeof(T));
-    std::memcpy(out.data(), data->bytes.data(), out.size() * sizeof(T));
+    // Straight into the result: one buffer, one copy (from the IPC arena, say).
+    Result<ir::TensorIr> read_ir = begin_read(t, want);
+    if (!read_ir.ok()) return read_ir.error();
+    std::vector<T> out(ir::num_elements(read_ir->shape));
+    Status st = device_.read_into(t.home(), *read_ir, std::as_writable_bytes(std::span<T>(out)));
+    if (!st.ok()) return st.error();
     return out;
   }
 }
