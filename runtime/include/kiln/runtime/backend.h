@@ -55,7 +55,9 @@ class DeviceBackend {
   virtual fusion::FuserList fusers(const fusion::FusionLog& log) const = 0;
 
   // Registers host data under a fresh id (no stream involved: the id is new, fusion.md §16.2
-  // register_tensor_handle). Errors name the id, shape and dtype that did not fit.
+  // register_tensor_handle). Errors name the id, shape and dtype that did not fit. `bytes` may
+  // be memory another process can write meanwhile (the daemon passes its client's arena range):
+  // an upload copies them once and decides nothing on their values.
   [[nodiscard]] virtual Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,
                                       std::span<const std::byte> bytes) = 0;
   // Copies a tensor to the host; t.status == ReadWrite also releases its entry. An Errored
