@@ -586,9 +586,8 @@ class CudaStreamExecutor final : public fusion::Executor {
       b_.counters.vector_launches.fetch_add(1, std::memory_order_relaxed);
       work = (work + stage.vector_width - 1) / stage.vector_width;
     } else if ((p.kind == ProgramKind::Elementwise || p.kind == ProgramKind::NhwcRelayout) &&
-               stage.row_vector_width > 0 && permute == nullptr &&
-               row_vector_eligible(p, args.blocks[0], stage.row_vector_width, args.inputs, args.outputs) &&
-               find(g, KernelRole::ElementwiseRowVector) < g.kernels.size()) {
+               stage.row_vector_width > 0 && permute == nullptr &&  // width > 0: the stage has the kernel
+               row_vector_eligible(p, args.blocks[0], stage.row_vector_width, args.inputs, args.outputs)) {
       kernel = find(g, KernelRole::ElementwiseRowVector);
       b_.counters.row_vector_launches.fetch_add(1, std::memory_order_relaxed);
       work /= stage.row_vector_width;  // a whole number of vectors: the innermost dim is a multiple

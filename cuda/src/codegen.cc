@@ -911,6 +911,17 @@ class StageGen {
     return Status::Ok();
   }
 
+  // Elements per 16-byte vector: 16 / the widest stored element among block 0's stores and its
+  // loads (the broadcast loads too when they are read as vectors, as in the row-vector kernel).
+  std::uint32_t vector_width_of(bool broadcast_loads) const {
+    const ProgramBlock& blk = p_.blocks[0];
+    std::size_t widest = 1;
+    for (const fusion::Load& l : blk.loads)
+      if (broadcast_loads || !l.broadcast) widest = std::max(widest, storage_size(p_.inputs[l.index].dtype));
+    for (const fusion::Store& s : blk.stores) widest = std::max(widest, storage_size(p_.outputs[s.output].dtype));
+    return static_cast<std::uint32_t>(16 / widest);
+  }
+
   // The vector kernels' step body: the stores' vectors w<s>, then block 0 once per lane (the
   // loads' vectors v<l> are the caller's).
   Status vector_lanes(Text& t, std::uint32_t v, const BodyMode& mode) {
@@ -928,11 +939,7 @@ class StageGen {
   // V elements per step, V = 16 bytes / the widest element.
   Status elementwise_vector() {
     const ProgramBlock& blk = p_.blocks[0];
-    std::size_t widest = 1;
-    for (const fusion::Load& l : blk.loads)
-      if (!l.broadcast) widest = std::max(widest, storage_size(p_.inputs[l.index].dtype));
-    for (const fusion::Store& s : blk.stores) widest = std::max(widest, storage_size(p_.outputs[s.output].dtype));
-    vector_width_ = static_cast<std::uint32_t>(16 / widest);
+    vector_width_ = vector_width_of(/*broadcast_loads=*/false);
     const std::uint32_t v = vector_width_;
     collect_params();
     Text t;
@@ -980,10 +987,7 @@ class StageGen {
   // (row_vector_eligible); the stride test per load is uniform across the launch.
   Status elementwise_row_vector() {
     const ProgramBlock& blk = p_.blocks[0];
-    std::size_t widest = 1;
-    for (const fusion::Load& l : blk.loads) widest = std::max(widest, storage_size(p_.inputs[l.index].dtype));
-    for (const fusion::Store& s : blk.stores) widest = std::max(widest, storage_size(p_.outputs[s.output].dtype));
-    row_vector_width_ = static_cast<std::uint32_t>(16 / widest);
+    row_vector_width_ = vector_width_of(/*broadcast_loads=*/true);
     const std::uint32_t v = row_vector_width_;
     collect_params();
     Text t;

@@ -120,6 +120,12 @@ void Device::claim_stream(StreamId stream) {
 }
 
 Status SessionTarget::read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) {
+  // Checked before the read, which may consume the tensor (a last use); the read's own size is
+  // checked after it (quantized and bool stores have their own layouts).
+  if (const std::uint64_t want = ir::num_elements(t.shape) * t.dtype.size_bytes();
+      !t.dtype.is_quantized() && !t.dtype.is_bool() && want != dst.size())
+    return make_error(ErrorCode::Invalid, fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(), want,
+                                                      dst.size()));
   KILN_ASSIGN_OR_RETURN(HostData data, read(home, t));
   if (data.bytes.size() != dst.size())
     return make_error(ErrorCode::Invalid, fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(),

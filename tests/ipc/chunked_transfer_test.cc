@@ -205,14 +205,15 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
       const std::vector<std::uint8_t> v = random_bytes(n, n + 1);
       const TensorId t = target->new_tensor_id();
       ASSERT_TRUE(target->upload(t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok());
-      const TensorIr ro{t, {n}, TensorStatus::ReadOnly, dtypes::u8};
+      // Refused before anything is read: even a last-use read leaves the tensor in place.
+      const TensorIr last{t, {n}, TensorStatus::ReadWrite, dtypes::u8};
       std::vector<std::byte> wrong(n - 1), right(n);
-      const Status refused = target->read_into(StreamId(0), ro, wrong);
+      const Status refused = target->read_into(StreamId(0), last, wrong);
       ASSERT_FALSE(refused.ok());
       EXPECT_EQ(refused.error().code, ErrorCode::Invalid);
       EXPECT_NE(refused.error().message.find("into a buffer of " + std::to_string(n - 1)), std::string::npos)
           << refused.error().message;
-      ASSERT_TRUE(target->read_into(StreamId(0), TensorIr{t, {n}, TensorStatus::ReadWrite, dtypes::u8}, right).ok());
+      ASSERT_TRUE(target->read_into(StreamId(0), last, right).ok());
       EXPECT_EQ(std::memcmp(right.data(), v.data(), n), 0) << n;
     }
   }
