@@ -86,6 +86,7 @@ void BM_ApiCacheHit(benchmark::State& state) {
     const double it = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
     state.counters["turns"] = static_cast<double>(after.turns - before.turns) / it;
     state.counters["inline"] = static_cast<double>(after.inline_runs - before.inline_runs) / it;
+    state.counters["deferred"] = static_cast<double>(after.deferred - before.deferred) / it;
   }
 }
 BENCHMARK(BM_ApiCacheHit)->UseRealTime();
@@ -116,6 +117,7 @@ void per_iteration_stats(benchmark::State& state, Device& dev) {
   state.counters["fast_ops"] = static_cast<double>(st.fast_ops) / it;
   state.counters["ref_ops"] = static_cast<double>(st.reference_ops) / it;
   state.counters["replays"] = static_cast<double>(st.fused_replays) / it;
+  state.counters["inplace"] = static_cast<double>(st.inplace_reuses) / it;
 }
 
 // An Adam step over state.range(0) parameter tensors of 2^20 f32 elements each, each with its

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -190,6 +191,46 @@ TEST(CpuAllocatorTest, BuffersMayOutliveTheirAllocator) {
   }
   EXPECT_EQ(kept->data()[100], std::byte{7});
   kept.reset();  // returns the block to the (closing) pool, which frees it: ASan checks no leak
+}
+
+// Large blocks start at rotating cache colours (memory.cc): 64 live blocks of the smallest
+// coloured size, freshly mapped, take 64 distinct offsets within a page;
+// huge blocks keep their mapping on a huge-page boundary (the colour is the only offset);
+// every block stays aligned, fully writable, and comes back from the pool unchanged.
+TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
+  CpuAllocator alloc;
+  constexpr std::uint64_t kPage = 4096;
+  std::vector<CpuBuffer> live;
+  std::set<std::uintptr_t> colours;
+  for (int i = 0; i < 64; ++i) {
+    auto b = alloc.allocate(64 << 10);
+    ASSERT_TRUE(b.ok());
+    EXPECT_TRUE(aligned(b->data()));
+    std::memset(b->data(), 0x5A, static_cast<std::size_t>(b->capacity()));
+    colours.insert(reinterpret_cast<std::uintptr_t>(b->data()) % kPage);
+    live.push_back(std::move(b).value());
+  }
+  EXPECT_EQ(colours.size(), 64u) << "64 consecutive coloured blocks share page offsets";
+
+  std::vector<CpuBuffer> huge;
+  for (int i = 0; i < 4; ++i) {
+    auto b = alloc.allocate(CpuAllocator::kHugePageThreshold + 1000);
+    ASSERT_TRUE(b.ok());
+    EXPECT_TRUE(aligned(b->data()));
+    const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(b->data());
+    EXPECT_EQ((at - at % kPage) % CpuAllocator::kHugePageThreshold, 0u) << "huge block " << i;
+    std::memset(b->data(), 0x5A, static_cast<std::size_t>(b->capacity()));
+    huge.push_back(std::move(b).value());
+  }
+  EXPECT_NE(reinterpret_cast<std::uintptr_t>(huge[0].data()) % kPage, reinterpret_cast<std::uintptr_t>(huge[1].data()) % kPage);
+
+  // Pooled reuse hands back the same (coloured) address.
+  const std::byte* first = live.front().data();
+  live.erase(live.begin());
+  auto again = alloc.allocate(64 << 10);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->data(), first);
+  EXPECT_EQ(alloc.stats().pool_hits, 1u);
 }
 
 TEST(CpuAllocatorTest, ConcurrentStreamsKeepTheCountsExact) {

@@ -117,6 +117,10 @@ class CpuAllocator {
   // advised MADV_HUGEPAGE: large tensors get huge-page backing (fewer TLB misses when kernels
   // stream through them) and a trimmed block goes straight back to the system.
   static constexpr std::uint64_t kHugePageThreshold = std::uint64_t{2} << 20;
+  // Blocks of 64 KiB or more are cache-coloured: each one the system hands out starts at a
+  // rotating multiple of 64 bytes within one extra page (not counted in the statistics or the
+  // limit), so that kernels streaming many large tensors at once do not map them all onto the
+  // same cache sets (memory.cc says why and what it measured).
 
  private:
   std::shared_ptr<detail::CpuPool> pool_;
