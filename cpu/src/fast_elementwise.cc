@@ -1413,15 +1413,18 @@ std::uint64_t BlockRunner::streamed_bytes() const {
   return bytes;
 }
 
+bool BlockRunner::streamable_store(std::size_t s) const {
+  const Accessor& a = stores_[s];
+  const CStore& cs = block_->stores[s];
+  return a.contiguous && !a.masked && stores_natively(a.dtype) && block_->regs[cs.reg].fixup == Fixup::None &&
+         !launch_->output_inplace[cs.output] && !preset_[cs.reg];
+}
+
 void BlockRunner::use_streaming_stores() {
 #if defined(__AVX__)
   for (std::size_t s = 0; s < stores_.size(); ++s) {
-    Accessor& a = stores_[s];
-    const CStore& cs = block_->stores[s];
-    if (!a.contiguous || a.masked || !stores_natively(a.dtype) || block_->regs[cs.reg].fixup != Fixup::None ||
-        launch_->output_inplace[cs.output] || preset_[cs.reg])
-      continue;
-    a.stream = true;
+    if (!streamable_store(s)) continue;
+    stores_[s].stream = true;
     // The instruction that wrote it in place now writes its scratch slot; the store copies.
     for (std::size_t i = 0; i < direct_.size(); ++i)
       if (direct_[i] == static_cast<std::int32_t>(s)) direct_[i] = -1;
@@ -1672,6 +1675,10 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
   if (streaming && memory_bound) {
     runner.use_streaming_stores();
     runner.set_prefetch(true);
+    std::uint64_t streamed = 0;
+    for (const Accessor& a : runner.store_accessors()) streamed += a.stream ? 1 : 0;
+    if (streamed != 0 && launch.nontemporal_outputs != nullptr)
+      launch.nontemporal_outputs->fetch_add(streamed, std::memory_order_relaxed);
   }
   const std::uint64_t chunks = (n + chunk - 1) / chunk;
   std::atomic<bool> failed{false};

@@ -18,6 +18,7 @@
 #include <tbb/task_arena.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -206,6 +207,8 @@ struct Launch {
   tbb::task_arena* arena = nullptr;  // null: run on the calling thread
   int threads = 1;
   const jit::Kernel* jit = nullptr;  // Elementwise: run block 0 through this JIT kernel
+  // The device's counter of outputs written with non-temporal stores (null: not counted).
+  std::atomic<std::uint64_t>* nontemporal_outputs = nullptr;
 
   ir::Shape concrete(const ir::Shape& relative) const;
 };
@@ -246,6 +249,9 @@ class BlockRunner {
   // from DRAM: the output would only evict what the next chunks need, and the stores skip the
   // read-for-ownership of each line). Call after prepare(); the caller fences (stream_fence)
   // before the outputs are read elsewhere.
+  // Whether store s may be written with non-temporal stores: contiguous, unmasked, native, no
+  // fixup, and a fresh buffer (never an output written in place over a consumed input).
+  bool streamable_store(std::size_t s) const;
   void use_streaming_stores();
   // Each run() also prefetches the next `n` positions of its contiguous input streams.
   void set_prefetch(bool on) { prefetch_ = on; }

@@ -487,21 +487,30 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   for (std::size_t k = 0; k < b.stores.size(); ++k)
     os << "    " << store_type(k) << "* const q" << k << " = reinterpret_cast<" << store_type(k) << "*>(F->stores["
        << k << "].base) + start;\n";
-  // Non-temporal stores for the blocks' f32 outputs of a launch that streams from DRAM (no
-  // read for ownership, no eviction of inputs still to come; W2 at 2^24 1.32 -> 1.29 ns per
-  // element), when every such output is 64-byte aligned (a block is 64 or 128 floats).
+  // Non-temporal stores for the fresh f32 outputs of a launch that streams from DRAM (no read
+  // for ownership, no eviction of inputs still to come; W2 at 2^24 1.32 -> 1.29 ns per element),
+  // chosen per output at run time (Access::nontemporal: never one written in place), each only
+  // when it is 64-byte aligned (a block or chunk is a multiple of 16 floats).
   auto nt_store = [&](std::size_t k) {
     const ir::DTypeKind d = store_dtype(k).kind();
     return d == ir::DTypeKind::F32 || d == ir::DTypeKind::Flex32;
   };
-  std::string nt_aligned;
+  std::vector<std::size_t> nt_stores;
   for (std::size_t k = 0; k < b.stores.size(); ++k)
-    if (nt_store(k)) nt_aligned += " | reinterpret_cast<std::uintptr_t>(q" + std::to_string(k) + ")";
-  const bool use_nt = blocked && !nt_aligned.empty();
-  if (use_nt)
-    os << "#if defined(__AVX512F__)\n"
-          "    const bool nt = F->streaming != 0 && ((std::uintptr_t{0}" << nt_aligned << ") & 63) == 0;\n"
+    if (nt_store(k)) nt_stores.push_back(k);
+  const bool use_nt = !nt_stores.empty();
+  auto nt_flag = [](std::size_t k) { return "nt" + std::to_string(k); };
+  if (use_nt) {
+    os << "#if defined(__AVX512F__)\n";
+    std::string any;
+    for (std::size_t k : nt_stores) {
+      os << "    const bool " << nt_flag(k) << " = F->stores[" << k
+         << "].nontemporal != 0 && (reinterpret_cast<std::uintptr_t>(q" << k << ") & 63) == 0;\n";
+      any += (any.empty() ? "" : " || ") + nt_flag(k);
+    }
+    os << "    const bool any_nt = " << any << ";\n"
           "#endif\n";
+  }
   // Blocks of kLanes elements first, one short loop per instruction over local arrays: the
   // compiler keeps them in vector registers, and the kLanes / 16 independent vectors per
   // instruction give the core independent work along a long chain of instructions (one
@@ -526,7 +535,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
                               store_conv(store_dtype(k), store_val(k) + "[l]") + ";\n";
     if (use_nt && nt_store(k))
       block_stores << "#if defined(__AVX512F__)\n"
-                   << "      if (nt) {\n"
+                   << "      if (" << nt_flag(k) << ") {\n"
                    << "        for (int v = 0; v < kLanes; v += 16) _mm512_stream_ps(q" << k << " + i + v, _mm512_loadu_ps("
                    << store_val(k) << " + v));\n"
                    << "      } else {\n"
@@ -550,6 +559,38 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   }
   os << block_loads.str() << block.str() << block_stores.str();
   os << "    }\n";
+  // The plain loop of a program without blocks, when some output is written non-temporally:
+  // chunks of 256 positions through the same vectorised loop, those outputs into L1 scratch
+  // arrays, then streamed out (GCC has no non-temporal form of a plain store). Fused Adam over 4
+  // parameters, two of its 16 outputs fresh: see docs/benchmarks.md.
+  if (use_nt && !blocked) {
+    os << "#if defined(__AVX512F__)\n"
+          "    if (any_nt) {\n"
+          "      constexpr std::uint64_t kChunk = 256;\n"
+          "      for (; i + kChunk <= n; i += kChunk) {\n";
+    for (std::size_t k : nt_stores)
+      os << "        alignas(64) float t" << k << "[kChunk];\n"
+         << "        float* const d" << k << " = " << nt_flag(k) << " ? t" << k << " : q" << k << " + i;\n";
+    for (std::size_t k = 0; k < b.stores.size(); ++k)
+      if (!nt_store(k)) os << "        " << store_type(k) << "* const d" << k << " = q" << k << " + i;\n";
+    os << "#pragma GCC ivdep\n"
+          "        for (std::uint64_t j = 0; j < kChunk; ++j) {\n";
+    for (std::size_t k = 0; k < b.loads.size(); ++k)
+      os << "      const " << load_cls(k) << " " << load_reg(k) << " = "
+         << (g.load_broadcast[k] ? "b" + std::to_string(k) : load_conv(load_dtype(k), "p" + std::to_string(k) + "[i + j]"))
+         << ";\n";
+    os << body.str();
+    for (std::size_t k = 0; k < b.stores.size(); ++k)
+      os << "          d" << k << "[j] = " << store_conv(store_dtype(k), store_val(k)) << ";\n";
+    os << "        }\n";
+    for (std::size_t k : nt_stores)
+      os << "        if (" << nt_flag(k) << ")\n"
+         << "          for (std::uint64_t v = 0; v < kChunk; v += 16) _mm512_stream_ps(q" << k << " + i + v, _mm512_load_ps(t"
+         << k << " + v));\n";
+    os << "      }\n"
+          "    }\n"
+          "#endif\n";
+  }
   os << "#pragma GCC ivdep\n"
         "    for (; i < n; ++i) {\n";
   for (std::size_t k = 0; k < b.loads.size(); ++k)
@@ -562,7 +603,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   os << "    }\n";
   if (use_nt)
     os << "#if defined(__AVX512F__)\n"
-          "    if (nt) _mm_sfence();\n"
+          "    if (any_nt) _mm_sfence();\n"
           "#endif\n";
   os << "    return fault;\n"
         "  }\n";
@@ -915,6 +956,9 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
   if (std::string e = runner.prepare(launch, 0, launch.concrete(cb.reference)); !e.empty()) return e;
   const std::uint64_t n = runner.numel();
   if (n == 0) return {};
+  // Fresh outputs of a launch streaming from DRAM are marked for non-temporal stores (the
+  // interpreter's selection; the kernel takes them for f32 outputs that are 64-byte aligned).
+  const bool streaming = runner.streamed_bytes() > kStreamingBytes;
   const std::span<const Accessor> la = runner.load_accessors();
   const std::span<const Accessor> sa = runner.store_accessors();
   if (la.size() != k.load_broadcast.size()) return "jit kernel does not match the program";
@@ -931,8 +975,14 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
     loads.push_back(access(la[i], false));
     flat = flat && (k.load_broadcast[i] ? la[i].zero : la[i].contiguous);
   }
-  for (const Accessor& a : sa) {
-    stores.push_back(access(a, a.masked));
+  std::uint64_t nontemporal = 0;
+  for (std::size_t i = 0; i < sa.size(); ++i) {
+    const Accessor& a = sa[i];
+    jit::Access x = access(a, a.masked);
+    const bool f32 = a.dtype.kind() == ir::DTypeKind::F32 || a.dtype.kind() == ir::DTypeKind::Flex32;
+    x.nontemporal = streaming && f32 && runner.streamable_store(i) ? 1 : 0;
+    if (x.nontemporal != 0 && reinterpret_cast<std::uintptr_t>(a.base) % 64 == 0) ++nontemporal;
+    stores.push_back(x);
     flat = flat && a.contiguous && !a.masked;
   }
   if (!flat) {
@@ -950,7 +1000,6 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
   f.f16_from_f64 = &kiln::cpu::f16_from_f64;
   f.bf16_from_f64 = &kiln::cpu::bf16_from_f64;
   f.flat = flat ? 1 : 0;
-  f.streaming = runner.streamed_bytes() > kStreamingBytes ? 1 : 0;
   // Pieces of kBlock positions, split between threads as the interpreter splits its chunks;
   // each task runs its whole contiguous range in one call.
   const std::uint64_t pieces = (n + kBlock - 1) / kBlock;
@@ -961,6 +1010,8 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
     if (k.fn(&f, start, end - start) != 0) failed.store(true, std::memory_order_relaxed);
   });
   if (failed.load(std::memory_order_relaxed)) *fault = true;
+  if (nontemporal != 0 && launch.nontemporal_outputs != nullptr)
+    launch.nontemporal_outputs->fetch_add(nontemporal, std::memory_order_relaxed);
   return {};
 }
 

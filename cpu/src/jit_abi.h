@@ -15,7 +15,7 @@
 
 namespace kiln::cpu::jit {
 
-inline constexpr std::uint32_t kAbiVersion = 2;
+inline constexpr std::uint32_t kAbiVersion = 3;
 inline constexpr int kAbiMaxRank = 8;
 
 // A tensor read or written over the launch's coalesced iteration space: element offset of
@@ -26,7 +26,12 @@ struct Access {
   // Store only: a broadcast output, written only where every stride-0 dim has index 0 (one
   // writer per element, so chunks never race).
   std::uint32_t masked;
-  std::uint32_t pad;
+  // Store only: 1 = a fresh f32 output of a launch that streams from DRAM (the interpreter's
+  // criterion, BlockRunner::use_streaming_stores): written with non-temporal stores where the
+  // kernel has them and the output is 64-byte aligned, so that its lines are not first read for
+  // ownership. 0 for an output written in place over a consumed input: its lines were just
+  // loaded, and a non-temporal store would evict them (measured 1.8x slower on fused Adam).
+  std::uint32_t nontemporal;
 };
 
 // A scalar operand, already converted to its instruction's dtype and read through its class.
@@ -50,9 +55,7 @@ struct Frame {
   // 1: every load is as the kernel's fast path expects (contiguous, or one element broadcast for
   // a broadcast load) and every store contiguous and unmasked: one flat loop over [start, start+n).
   std::uint32_t flat;
-  // 1: the launch streams from DRAM (its tensors exceed kStreamingBytes, as the interpreter
-  // decides): the blocked loop writes 64-byte aligned f32 outputs with non-temporal stores.
-  std::uint32_t streaming;
+  std::uint32_t pad;
 };
 
 // The kernel: runs flat positions [start, start + n) of the iteration space; returns 0, or

@@ -5,7 +5,7 @@
 // cache (a new device loads without compiling; a corrupt entry is rebuilt); and the checked
 // pass of f32 exp / log / tanh blocks against the interpreter, bit for bit, with NaN / Inf /
 // domain-edge values sprinkled through the blocks and the tail, sliced (unaligned) inputs, and
-// one streaming launch (non-temporal stores).
+// streaming launches (non-temporal stores for fresh outputs, blocked and plain loops).
 //
 // Each new structure costs one compiler run (~0.3-1 s), so the random part is small; run more
 // with KILN_JIT_TEST_STRUCTURES=<n>. Skipped when no C++ compiler is on PATH or KILN_CPU_JIT=0.
@@ -644,6 +644,62 @@ TEST_F(JitTest, StreamingLaunchWithNonTemporalStoresMatchesTheInterpreter) {
   // The kernel has the non-temporal store path (taken at run time for streaming launches with
   // 64-byte-aligned outputs).
   EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "_mm512_stream_ps(q0"), 1u);
+}
+
+// A memory-bound streaming launch (no exp / log / tanh: the plain loop, not blocks) with one
+// output written in place over a consumed input and one fresh output: the fresh one is written
+// non-temporally through the chunked path, the in-place one with plain stores (a non-temporal
+// store would evict the lines its loads just brought in), and both match the interpreter bit
+// for bit, the tail past the last 256-position chunk included.
+TEST_F(JitTest, StreamingPlainLoopWritesOnlyFreshOutputsNonTemporally) {
+  const std::size_t n = (std::size_t{1} << 22) + 100;  // 2 inputs + 2 outputs of 16 MiB: streaming
+  const std::vector<float> xs = sprinkled(n, 4.0f, 77), ys = sprinkled(n, 4.0f, 78);
+  std::vector<float> got[2][2];
+  CpuDeviceStats stats[2];
+  for (int side = 0; side < 2; ++side) {
+    CpuDeviceOptions o = options(2);
+    if (side == 1) o.jit = CpuJitMode::Off;
+    Session s(o);
+    TensorIr x{s.id(), Shape{n}, TensorStatus::ReadOnly, dt::f32}, y{s.id(), Shape{n}, TensorStatus::ReadOnly, dt::f32};
+    ASSERT_TRUE(s.device.upload<float>(x.id, x.shape, std::span<const float>(xs)).ok());
+    ASSERT_TRUE(s.device.upload<float>(y.id, y.shape, std::span<const float>(ys)).ok());
+    constexpr auto RW = TensorStatus::ReadWrite;
+    const TensorIr a = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(0.5), s.id())));
+    const TensorIr u = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(a, RW), use(y, RW), s.id())));
+    const TensorIr sq = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, x, x, s.id())));
+    const TensorIr w = s.submit(
+        ok(b::scalar(Family::NumericFloat, OpKind::Numeric_SubScalar, use(sq, RW), ScalarIr::Float(0.25), s.id())));
+    s.sync();
+    for (int k = 0; k < 2; ++k) {
+      auto v = s.device.download<float>((k == 0 ? u : w).id);
+      ASSERT_TRUE(v.ok());
+      got[side][k] = *v;
+    }
+    stats[side] = s.device.stats();
+    EXPECT_EQ(stats[side].fused_replays, 0u);
+  }
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_EQ(got[0][k].size(), n);
+    ASSERT_EQ(got[1][k].size(), n);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::bit_cast<std::uint32_t>(got[0][k][i]) != std::bit_cast<std::uint32_t>(got[1][k][i]) && ++bad <= 3)
+        ADD_FAILURE() << (k == 0 ? "u" : "w") << "[" << i << "]: JIT " << got[0][k][i] << ", interpreter " << got[1][k][i];
+    EXPECT_EQ(bad, 0u);
+  }
+  EXPECT_EQ(stats[0].jit_launches, 1u);
+  // One output took the consumed input's buffer; only the other, fresh one is non-temporal,
+  // in the kernel (always built for this machine) and in the interpreter where this build has
+  // AVX (the interpreter's streaming stores are AVX code).
+  EXPECT_EQ(stats[0].inplace_reuses, 1u);
+  EXPECT_EQ(stats[0].nontemporal_outputs, 1u);
+  EXPECT_EQ(stats[1].inplace_reuses, 1u);
+#if defined(__AVX__)
+  EXPECT_EQ(stats[1].nontemporal_outputs, 1u);
+#else
+  EXPECT_EQ(stats[1].nontemporal_outputs, 0u);
+#endif
+  EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "alignas(64) float t0[kChunk];"), 1u);
 }
 
 // Off unless asked for: the default device options never run a compiler.

@@ -84,6 +84,8 @@ struct CpuDeviceStats {
   std::uint64_t inplace_reuses = 0;       // outputs written into a consumed input's buffer
   std::uint64_t zero_copy_reshapes = 0;   // reshapes that share their input's buffer
   std::uint64_t row_interleaved = 0;      // ReduceBroadcasted programs run row group by row group
+  std::uint64_t nontemporal_outputs = 0;  // outputs of streaming launches written with non-temporal
+                                          // stores (fresh buffers: no read for ownership)
   // fused_launches by fusion::ProgramKind (ReduceBroadcasted counts its stages as their kinds).
   std::array<std::uint64_t, 5> launches_by_kind{};
   // JIT (CpuJitMode): launches run by a compiled kernel; compiler runs; kernels loaded from the
@@ -149,7 +151,8 @@ class CpuDevice {
   // Counters the executors bump (relaxed atomics).
   struct Counters {
     std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0}, kernel_cache_hits{0},
-        kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0}, jit_launches{0};
+        kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0}, jit_launches{0},
+        nontemporal_outputs{0};
     std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
   };
   Counters& counters() { return counters_; }
