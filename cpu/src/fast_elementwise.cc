@@ -1413,6 +1413,11 @@ std::uint64_t BlockRunner::streamed_bytes() const {
   return bytes;
 }
 
+bool BlockRunner::streams_outputs() const {
+  const bool memory_bound = block_->instrs.size() <= 2 * (block_->loads.size() + block_->stores.size());
+  return memory_bound && streamed_bytes() > kStreamingBytes;
+}
+
 bool BlockRunner::streamable_store(std::size_t s) const {
   const Accessor& a = stores_[s];
   const CStore& cs = block_->stores[s];
@@ -1669,16 +1674,11 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
   // chunks, whose per-instruction dispatch is 4x cheaper per element, and measured no gain
   // from prefetching or streaming stores.
   const bool streaming = runner.streamed_bytes() > kStreamingBytes;
-  const bool memory_bound =
-      runner.block().instrs.size() <= 2 * (runner.block().loads.size() + runner.block().stores.size());
-  const std::size_t chunk = streaming && memory_bound ? kStreamChunk : kBlock;
-  if (streaming && memory_bound) {
+  const bool streams = runner.streams_outputs();
+  const std::size_t chunk = streams ? kStreamChunk : kBlock;
+  if (streams) {
     runner.use_streaming_stores();
     runner.set_prefetch(true);
-    std::uint64_t streamed = 0;
-    for (const Accessor& a : runner.store_accessors()) streamed += a.stream ? 1 : 0;
-    if (streamed != 0 && launch.nontemporal_outputs != nullptr)
-      launch.nontemporal_outputs->fetch_add(streamed, std::memory_order_relaxed);
   }
   const std::uint64_t chunks = (n + chunk - 1) / chunk;
   std::atomic<bool> failed{false};
@@ -1696,7 +1696,15 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
     if (streaming) stream_fence();
   };
   parallel_ranges(launch, chunks, kParallelThreshold / chunk / 2, body);
-  if (failed.load(std::memory_order_relaxed)) *fault = true;
+  if (failed.load(std::memory_order_relaxed)) {
+    *fault = true;  // replayed op by op: nothing of this launch counts
+    return {};
+  }
+  if (launch.nontemporal_outputs != nullptr) {
+    std::uint64_t streamed = 0;
+    for (const Accessor& a : runner.store_accessors()) streamed += a.stream ? 1 : 0;
+    if (streamed != 0) launch.nontemporal_outputs->fetch_add(streamed, std::memory_order_relaxed);
+  }
   return {};
 }
 

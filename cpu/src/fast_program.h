@@ -249,6 +249,9 @@ class BlockRunner {
   // from DRAM: the output would only evict what the next chunks need, and the stores skip the
   // read-for-ownership of each line). Call after prepare(); the caller fences (stream_fence)
   // before the outputs are read elsewhere.
+  // Whether the launch writes its outputs with non-temporal stores: it streams from DRAM (more
+  // than kStreamingBytes) and is memory-bound (at most ~2 instructions per stream).
+  bool streams_outputs() const;
   // Whether store s may be written with non-temporal stores: contiguous, unmasked, native, no
   // fixup, and a fresh buffer (never an output written in place over a consumed input).
   bool streamable_store(std::size_t s) const;

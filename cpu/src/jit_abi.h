@@ -26,11 +26,12 @@ struct Access {
   // Store only: a broadcast output, written only where every stride-0 dim has index 0 (one
   // writer per element, so chunks never race).
   std::uint32_t masked;
-  // Store only: 1 = a fresh f32 output of a launch that streams from DRAM (the interpreter's
-  // criterion, BlockRunner::use_streaming_stores): written with non-temporal stores where the
-  // kernel has them and the output is 64-byte aligned, so that its lines are not first read for
-  // ownership. 0 for an output written in place over a consumed input: its lines were just
-  // loaded, and a non-temporal store would evict them (measured 1.8x slower on fused Adam).
+  // Store only: 1 = a fresh f32 output of a memory-bound launch that streams from DRAM (the
+  // interpreter's criterion, BlockRunner::streams_outputs and streamable_store): written with
+  // non-temporal stores where the kernel has them (AVX-512) and the output is 64-byte aligned,
+  // so that its lines are not first read for ownership. 0 for an output written in place over a
+  // consumed input: its lines were just loaded, and streaming them evicts them (fused Adam's
+  // kernel with its 14 in-place outputs streamed: 1.8x slower).
   std::uint32_t nontemporal;
 };
 
@@ -56,6 +57,9 @@ struct Frame {
   // a broadcast load) and every store contiguous and unmasked: one flat loop over [start, start+n).
   std::uint32_t flat;
   std::uint32_t pad;
+  // Out: the kernel ORs in bit k (k < 64) for each store k it wrote with non-temporal stores in
+  // this call (atomically: the calls of one launch run on several threads). Null: not reported.
+  std::uint64_t* streamed;
 };
 
 // The kernel: runs flat positions [start, start + n) of the iteration space; returns 0, or

@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <sys/mman.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -61,7 +65,7 @@ static_assert(class_size_at(0) == 64 && class_size_at(4) == 320 && class_size_at
 // Measured (this repo's CPU, AVX-512): a loop over 19 input and 16 output 4 MiB streams, the
 // shape of the fused Adam kernel over four parameters, 1.20 -> 0.55 ns per element; fused Adam
 // over 8 parameters in kiln-bench-runtime, see docs/benchmarks.md.
-// The threshold keeps the extra page under 1/16 of the block.
+// The threshold keeps the extra page at most 1/16 of the block.
 constexpr std::uint64_t kColourThreshold = std::uint64_t{64} << 10;
 constexpr std::uint64_t kColourSpan = 4096;  // one page: colours 0, 64, ..., 4032 bytes
 
@@ -72,6 +76,22 @@ constexpr std::uint64_t colour_offset(std::uint64_t n) { return (n * 9 % (kColou
 static_assert(colour_offset(0) == 0 && colour_offset(1) == 576 && colour_offset(64) == 0);
 
 bool coloured(std::uint64_t cs) { return cs >= kColourThreshold; }
+
+// Under AddressSanitizer the colour bytes before a block and the rest of its page after it are
+// poisoned, so that an access just outside a coloured tensor is still reported (the system
+// allocation they belong to would otherwise make them addressable).
+#if defined(__SANITIZE_ADDRESS__)
+void poison_colour(std::byte* start, std::byte* data, std::uint64_t cs) {
+  ASAN_POISON_MEMORY_REGION(start, static_cast<std::size_t>(data - start));
+  ASAN_POISON_MEMORY_REGION(data + cs, static_cast<std::size_t>(start + cs + kColourSpan - (data + cs)));
+}
+void unpoison_colour(std::byte* start, std::uint64_t cs) {
+  ASAN_UNPOISON_MEMORY_REGION(start, static_cast<std::size_t>(cs + kColourSpan));
+}
+#else
+void poison_colour(std::byte*, std::byte*, std::uint64_t) {}
+void unpoison_colour(std::byte*, std::uint64_t) {}
+#endif
 
 std::byte* system_allocate(std::uint64_t cs, std::uint64_t colour) {
   if (cs >= CpuAllocator::kHugePageThreshold) {
@@ -92,12 +112,15 @@ std::byte* system_allocate(std::uint64_t cs, std::uint64_t colour) {
     // Advice only: a kernel without transparent huge pages refuses it, and the block still works.
     (void)::madvise(base, len, MADV_HUGEPAGE);
 #endif
+    poison_colour(base, base + colour, cs);
     return base + colour;  // huge-page aligned plus a multiple of 64
   }
   if (coloured(cs)) {
     // Page aligned, so system_free finds the start again by clearing the colour bits.
     auto* p = static_cast<std::byte*>(std::aligned_alloc(kColourSpan, static_cast<std::size_t>(cs + kColourSpan)));
-    return p == nullptr ? nullptr : p + colour;
+    if (p == nullptr) return nullptr;
+    poison_colour(p, p + colour, cs);
+    return p + colour;
   }
   // cs is a multiple of 64, as aligned_alloc requires.
   return static_cast<std::byte*>(std::aligned_alloc(kCpuAlignment, static_cast<std::size_t>(cs)));
@@ -107,6 +130,7 @@ void system_free(std::byte* p, std::uint64_t cs) noexcept {
   if (coloured(cs)) {
     const std::uintptr_t colour = reinterpret_cast<std::uintptr_t>(p) % kColourSpan;
     p -= colour;
+    unpoison_colour(p, cs);
   }
   if (cs >= CpuAllocator::kHugePageThreshold) {
     ::munmap(p, static_cast<std::size_t>(cs + kColourSpan));

@@ -3,7 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -224,6 +231,14 @@ TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
   }
   EXPECT_NE(reinterpret_cast<std::uintptr_t>(huge[0].data()) % kPage, reinterpret_cast<std::uintptr_t>(huge[1].data()) % kPage);
 
+#if defined(__SANITIZE_ADDRESS__)
+  // The padding around a coloured block stays poisoned: an access just outside is reported.
+  for (const CpuBuffer& b : live) {
+    if (reinterpret_cast<std::uintptr_t>(b.data()) % kPage != 0) EXPECT_TRUE(__asan_address_is_poisoned(b.data() - 1));
+    EXPECT_TRUE(__asan_address_is_poisoned(b.data() + b.capacity()));
+  }
+#endif
+
   // Pooled reuse hands back the same (coloured) address.
   const std::byte* first = live.front().data();
   live.erase(live.begin());
@@ -231,6 +246,18 @@ TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->data(), first);
   EXPECT_EQ(alloc.stats().pool_hits, 1u);
+
+  // Released huge blocks are unmapped from their true start (the colour taken off again).
+  std::vector<std::uintptr_t> starts;
+  for (const CpuBuffer& b : huge) starts.push_back(reinterpret_cast<std::uintptr_t>(b.data()) / kPage * kPage);
+  huge.clear();
+  alloc.release_cached();
+  for (std::uintptr_t start : starts) {
+    unsigned char resident = 0;
+    errno = 0;
+    EXPECT_EQ(::mincore(reinterpret_cast<void*>(start), kPage, &resident), -1);
+    EXPECT_EQ(errno, ENOMEM) << "the page at a released huge block's start is still mapped";
+  }
 }
 
 TEST(CpuAllocatorTest, ConcurrentStreamsKeepTheCountsExact) {

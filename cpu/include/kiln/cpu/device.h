@@ -84,8 +84,9 @@ struct CpuDeviceStats {
   std::uint64_t inplace_reuses = 0;       // outputs written into a consumed input's buffer
   std::uint64_t zero_copy_reshapes = 0;   // reshapes that share their input's buffer
   std::uint64_t row_interleaved = 0;      // ReduceBroadcasted programs run row group by row group
-  std::uint64_t nontemporal_outputs = 0;  // outputs of streaming launches written with non-temporal
-                                          // stores (fresh buffers: no read for ownership)
+  std::uint64_t nontemporal_outputs = 0;  // fresh outputs of memory-bound launches streaming from
+                                          // DRAM written with non-temporal stores (no read for
+                                          // ownership), as the kernel that wrote them reports
   // fused_launches by fusion::ProgramKind (ReduceBroadcasted counts its stages as their kinds).
   std::array<std::uint64_t, 5> launches_by_kind{};
   // JIT (CpuJitMode): launches run by a compiled kernel; compiler runs; kernels loaded from the
