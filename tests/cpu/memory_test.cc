@@ -234,7 +234,9 @@ TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
 #if defined(__SANITIZE_ADDRESS__)
   // The padding around a coloured block stays poisoned: an access just outside is reported.
   for (const CpuBuffer& b : live) {
-    if (reinterpret_cast<std::uintptr_t>(b.data()) % kPage != 0) EXPECT_TRUE(__asan_address_is_poisoned(b.data() - 1));
+    if (reinterpret_cast<std::uintptr_t>(b.data()) % kPage != 0) {
+      EXPECT_TRUE(__asan_address_is_poisoned(b.data() - 1));
+    }
     EXPECT_TRUE(__asan_address_is_poisoned(b.data() + b.capacity()));
   }
 #endif
