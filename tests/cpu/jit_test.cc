@@ -651,8 +651,8 @@ TEST_F(JitTest, StreamingLaunchWithNonTemporalStoresMatchesTheInterpreter) {
 // output written in place over a consumed input, a fresh f32 output, a fresh bool output and a
 // broadcast load. Only the fresh f32 output is flagged for non-temporal stores, and the kernel
 // reports (Frame::streamed) that it streamed exactly one output, where it has the AVX-512 path;
-// every output matches the interpreter bit for bit, including the 100 positions past the last
-// 256-position chunk. (What reaches memory is the same either way: the count is what tells a
+// every output matches the interpreter bit for bit (NaN payloads aside where two NaNs meet),
+// including the 100 positions past the last 256-position chunk. (What reaches memory is the same either way: the count is what tells a
 // kernel that streams, or streams the wrong output, from one that ignores the flags.)
 TEST_F(JitTest, StreamingPlainLoopWritesOnlyFreshOutputsNonTemporally) {
   const std::size_t n = (std::size_t{1} << 22) + 100;  // 2 inputs + 3 outputs of ~16 MiB: streaming
@@ -693,12 +693,9 @@ TEST_F(JitTest, StreamingPlainLoopWritesOnlyFreshOutputsNonTemporally) {
   }
   for (int k = 0; k < 2; ++k) {
     ASSERT_EQ(got[0][k].size(), n);
-    ASSERT_EQ(got[1][k].size(), n);
-    std::size_t bad = 0;
-    for (std::size_t i = 0; i < n; ++i)
-      if (std::bit_cast<std::uint32_t>(got[0][k][i]) != std::bit_cast<std::uint32_t>(got[1][k][i]) && ++bad <= 3)
-        ADD_FAILURE() << (k == 0 ? "u" : "w") << "[" << i << "]: JIT " << got[0][k][i] << ", interpreter " << got[1][k][i];
-    EXPECT_EQ(bad, 0u);
+    // u = x*c + y meets two NaNs at some positions (the payload kept is the compiler's operand
+    // order); w descends from x alone, so its NaN payloads must match too.
+    expect_same_bits(BothRuns{got[0][k], got[1][k], stats[0]}, k == 0 ? "u" : "w", 0.0, k == 1);
   }
   EXPECT_EQ(positive[0], positive[1]);
   EXPECT_EQ(stats[0].jit_launches, 1u);
