@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -488,10 +488,10 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   for (std::size_t k = 0; k < b.stores.size(); ++k)
     os << "    " << store_type(k) << "* const q" << k << " = reinterpret_cast<" << store_type(k) << "*>(F->stores["
        << k << "].base) + start;\n";
-  // Non-temporal stores for the fresh f32 outputs of a launch that streams from DRAM (no read
-  // for ownership, no eviction of inputs still to come; W2 at 2^24 1.32 -> 1.29 ns per element),
-  // chosen per output at run time (Access::nontemporal: never one written in place), each only
-  // when it is 64-byte aligned (a block or chunk is a multiple of 16 floats).
+  // Non-temporal stores for the fresh f32 outputs of a memory-bound launch that streams from
+  // DRAM (no read for ownership, no eviction of inputs still to come; W1 at 2^24 -10%), chosen
+  // per output at run time (Access::nontemporal: never one written in place), each only when it
+  // is 64-byte aligned (a block or chunk is a multiple of 16 floats).
   auto nt_store = [&](std::size_t k) {
     const ir::DTypeKind d = store_dtype(k).kind();
     return d == ir::DTypeKind::F32 || d == ir::DTypeKind::Flex32;
