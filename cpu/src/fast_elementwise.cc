@@ -1673,7 +1673,6 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
   // non-temporal stores. Compute-bound ones (W2: 11 instructions over 2 streams) keep long
   // chunks, whose per-instruction dispatch is 4x cheaper per element, and measured no gain
   // from prefetching or streaming stores.
-  const bool streaming = runner.streamed_bytes() > kStreamingBytes;
   const bool streams = runner.streams_outputs();
   const std::size_t chunk = streams ? kStreamChunk : kBlock;
   if (streams) {
@@ -1693,14 +1692,14 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
         break;
       }
     }
-    if (streaming) stream_fence();
+    if (streams) stream_fence();  // only a streaming launch wrote non-temporally
   };
   parallel_ranges(launch, chunks, kParallelThreshold / chunk / 2, body);
   if (failed.load(std::memory_order_relaxed)) {
     *fault = true;  // replayed op by op: nothing of this launch counts
     return {};
   }
-  if (launch.nontemporal_outputs != nullptr) {
+  if (streams && launch.nontemporal_outputs != nullptr) {
     std::uint64_t streamed = 0;
     for (const Accessor& a : runner.store_accessors()) streamed += a.stream ? 1 : 0;
     if (streamed != 0) launch.nontemporal_outputs->fetch_add(streamed, std::memory_order_relaxed);

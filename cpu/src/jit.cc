@@ -560,6 +560,20 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   }
   os << block_loads.str() << block.str() << block_stores.str();
   os << "    }\n";
+  // One position of a plain loop: every load at input position `at`, the instructions, and
+  // every store k to `<dest>k[<dest_at>]`.
+  auto element = [&](const std::string& at, const char* dest, const std::string& dest_at) {
+    std::ostringstream e;
+    for (std::size_t k = 0; k < b.loads.size(); ++k)
+      e << "      const " << load_cls(k) << " " << load_reg(k) << " = "
+        << (g.load_broadcast[k] ? "b" + std::to_string(k)
+                                : load_conv(load_dtype(k), "p" + std::to_string(k) + "[" + at + "]"))
+        << ";\n";
+    e << body.str();
+    for (std::size_t k = 0; k < b.stores.size(); ++k)
+      e << "      " << dest << k << "[" << dest_at << "] = " << store_conv(store_dtype(k), store_val(k)) << ";\n";
+    return e.str();
+  };
   // The plain loop of a program without blocks, when some output is written non-temporally:
   // chunks of 256 positions through the same vectorised loop, those outputs into L1 scratch
   // arrays (one per f32 output: which are flagged is known only at run time), then streamed out
@@ -576,15 +590,8 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
     for (std::size_t k = 0; k < b.stores.size(); ++k)
       if (!nt_store(k)) os << "        " << store_type(k) << "* const d" << k << " = q" << k << " + i;\n";
     os << "#pragma GCC ivdep\n"
-          "        for (std::uint64_t j = 0; j < kChunk; ++j) {\n";
-    for (std::size_t k = 0; k < b.loads.size(); ++k)
-      os << "      const " << load_cls(k) << " " << load_reg(k) << " = "
-         << (g.load_broadcast[k] ? "b" + std::to_string(k) : load_conv(load_dtype(k), "p" + std::to_string(k) + "[i + j]"))
-         << ";\n";
-    os << body.str();
-    for (std::size_t k = 0; k < b.stores.size(); ++k)
-      os << "          d" << k << "[j] = " << store_conv(store_dtype(k), store_val(k)) << ";\n";
-    os << "        }\n";
+          "        for (std::uint64_t j = 0; j < kChunk; ++j) {\n"
+       << element("i + j", "d", "j") << "        }\n";
     for (std::size_t k : nt_stores)
       os << "        if (" << nt_flag(k) << ")\n"
          << "          for (std::uint64_t v = 0; v < kChunk; v += 16) _mm512_stream_ps(q" << k << " + i + v, _mm512_load_ps(t"
@@ -605,15 +612,8 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
           "#endif\n";
   }
   os << "#pragma GCC ivdep\n"
-        "    for (; i < n; ++i) {\n";
-  for (std::size_t k = 0; k < b.loads.size(); ++k)
-    os << "      const " << load_cls(k) << " " << load_reg(k) << " = "
-       << (g.load_broadcast[k] ? "b" + std::to_string(k) : load_conv(load_dtype(k), "p" + std::to_string(k) + "[i]"))
-       << ";\n";
-  os << body.str();
-  for (std::size_t k = 0; k < b.stores.size(); ++k)
-    os << "      q" << k << "[i] = " << store_conv(store_dtype(k), store_val(k)) << ";\n";
-  os << "    }\n";
+        "    for (; i < n; ++i) {\n"
+     << element("i", "q", "i") << "    }\n";
   if (use_nt)
     os << "#if defined(__AVX512F__)\n"
           "    if (any_nt) _mm_sfence();\n"
