@@ -24,6 +24,7 @@
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/daemon_config.h"
 #include "kiln/ipc/unix_socket.h"
+#include "kiln/runtime/config.h"
 #include "kiln/runtime/device.h"
 #if KILN_HAVE_CUDA
 #include "kiln/cuda/backend.h"
@@ -147,6 +148,13 @@ int main(int argc, char** argv) {
   kiln::runtime::RuntimeOptions ro;
   ro.threads = threads;
   ro.config_path = config;
+  // Waiters do not spin here unless kiln.toml or KILN_RUNTIME_SPIN_WAITS asks for it: a session
+  // thread's waits mostly run inline, and its client already polls for the answer, so a spinning
+  // session thread would take the core the actor needs (measured in docs/decisions.md, ipc).
+  // A malformed file is reported by Device::create below.
+  if (kiln::Result<kiln::runtime::RuntimeFileConfig> rc = kiln::runtime::load_runtime_config(config, kiln::fusion::process_env());
+      !rc.ok() || !rc->spin_waits)
+    ro.spin_waits = false;
   kiln::Result<std::unique_ptr<kiln::runtime::Device>> dev =
       kiln::runtime::Device::create(std::move(backend->backend), std::move(ro));
   if (!dev.ok()) {

@@ -5,6 +5,8 @@
 #include <string>
 #include <thread>
 
+#include "kiln/ir/cpu_relax.h"
+
 namespace kiln::ipc {
 
 namespace {
@@ -77,14 +79,6 @@ namespace {
 // off the kernel; an idle connection still sleeps after this.
 constexpr std::chrono::microseconds kPollBeforeSleep{30};
 constexpr unsigned kPollRoundsPerYield = 4;  // a round is ~0.3-1 µs of pauses
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 }  // namespace
 
 Result<std::optional<std::size_t>> Endpoint::receive(std::span<std::uint8_t> out, std::chrono::milliseconds timeout) {

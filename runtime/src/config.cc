@@ -35,10 +35,11 @@ Result<RuntimeFileConfig> parse_runtime_config(std::string_view toml_text, std::
   const toml::table* rt = node->as_table();
   if (rt == nullptr) return make_error(ErrorCode::Config, fmt::format("{}: runtime must be a table", source_name));
   for (const auto& [key, value] : *rt) {
-    if (key.str() == "inline_waits") {
+    if (key.str() == "inline_waits" || key.str() == "spin_waits") {
       if (!value.is_boolean())
-        return make_error(ErrorCode::Config, fmt::format("{}: runtime.inline_waits must be true or false", source_name));
-      cfg.inline_waits = value.value<bool>();
+        return make_error(ErrorCode::Config,
+                          fmt::format("{}: runtime.{} must be true or false", source_name, key.str()));
+      (key.str() == "inline_waits" ? cfg.inline_waits : cfg.spin_waits) = value.value<bool>();
       continue;
     }
     std::optional<std::size_t>* slot = nullptr;
@@ -47,7 +48,7 @@ Result<RuntimeFileConfig> parse_runtime_config(std::string_view toml_text, std::
     else if (key.str() == "drain_batch")
       slot = &cfg.drain_batch;
     else
-      return make_error(ErrorCode::Config, fmt::format("{}: runtime.{}: unknown key (expected threads, drain_batch or inline_waits)",
+      return make_error(ErrorCode::Config, fmt::format("{}: runtime.{}: unknown key (expected threads, drain_batch, inline_waits or spin_waits)",
                                                        source_name, key.str()));
     std::optional<std::int64_t> v = value.value<std::int64_t>();
     if (!value.is_integer() || !v || *v <= 0)
@@ -69,15 +70,18 @@ RuntimeFileConfig apply_runtime_env(RuntimeFileConfig cfg, const fusion::EnvLook
   };
   apply("KILN_RUNTIME_THREADS", cfg.threads);
   apply("KILN_RUNTIME_DRAIN_BATCH", cfg.drain_batch);
-  if (std::optional<std::string> v = env("KILN_RUNTIME_INLINE_WAITS")) {
+  auto apply_bool = [&](std::string_view name, std::optional<bool>& slot) {
+    std::optional<std::string> v = env(name);
+    if (!v) return;
     if (*v == "1" || *v == "true")
-      cfg.inline_waits = true;
+      slot = true;
     else if (*v == "0" || *v == "false")
-      cfg.inline_waits = false;
+      slot = false;
     else if (warnings)
-      *warnings += fmt::format("{}KILN_RUNTIME_INLINE_WAITS='{}' is not 0, 1, true or false; ignored",
-                               warnings->empty() ? "" : "; ", *v);
-  }
+      *warnings += fmt::format("{}{}='{}' is not 0, 1, true or false; ignored", warnings->empty() ? "" : "; ", name, *v);
+  };
+  apply_bool("KILN_RUNTIME_INLINE_WAITS", cfg.inline_waits);
+  apply_bool("KILN_RUNTIME_SPIN_WAITS", cfg.spin_waits);
   return cfg;
 }
 

@@ -8,11 +8,21 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "kiln/ir/cpu_relax.h"
+
 namespace kiln::runtime {
 
 namespace {
 // Largest read a waiting caller runs itself (see Device::read).
 constexpr std::uint64_t kInlineReadBytes = 256 * 1024;
+// Longest a waiter spins for its answer before sleeping (Device::wait): a few wake-up latencies;
+// the cache-hit loop's read waits ~40–60 µs for its actor to catch up.
+constexpr std::chrono::microseconds kWaitSpin{200};
+constexpr unsigned kSpinWaitsMinCores = 2;  // RuntimeOptions::spin_waits' default: on from 2 cores
+constexpr int kWaitSpinRound = 32;  // pauses between checks of the clock, busy count and progress
+// Longest the actor may run no command before a spinning waiter gives up: a pool-thread wake-up
+// (~20 µs on this VM) fits, a starved actor or a long kernel does not last much longer.
+constexpr std::chrono::microseconds kWaitSpinStall{30};
 }  // namespace
 
 Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options) {
@@ -34,6 +44,9 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
     options.threads = rt->threads.value_or(std::max<std::size_t>(1, std::thread::hardware_concurrency()));
   if (!options.drain_batch) options.drain_batch = rt->drain_batch.value_or(kDefaultDrainBatch);
   if (!options.inline_waits) options.inline_waits = rt->inline_waits.value_or(true);
+  // Spin waits need a core for the waiter beside its actor.
+  if (!options.spin_waits)
+    options.spin_waits = rt->spin_waits.value_or(std::thread::hardware_concurrency() >= kSpinWaitsMinCores);
   fusion::FusionConfig config;
   if (options.fusion) {
     config = *options.fusion;
@@ -58,6 +71,7 @@ Device::Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, f
       log_(std::move(log)),
       backend_(std::move(backend)),
       threads_(threads),
+      spin_waits_(options_.spin_waits.value_or(false)),
       pool_(threads) {}
 
 Device::~Device() {
@@ -100,6 +114,7 @@ StreamActor* Device::actor(StreamId stream) {
     ctx.processor.max_explorations = config_.max_explorations;
     ctx.drain_batch = *options_.drain_batch;
     ctx.turns_waiting = &turns_waiting_;
+    ctx.busy_streams = &busy_streams_;
     ctx.inline_waits = *options_.inline_waits && backend_->executes_on_any_thread();
     a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
   }
@@ -169,11 +184,45 @@ Status Device::register_op_impl(StreamId stream, ir::Operation&& op, bool wake) 
 
 std::optional<StreamId> Device::producer_of(ir::TensorId id) const { return producers_.find(id); }
 
+bool Device::spin_before_sleep(const StreamActor& a) const {
+  if (!spin_waits_ || cores_ < kSpinWaitsMinCores) return false;
+  return busy_streams_.load(std::memory_order_relaxed) - (a.scheduled() ? 1 : 0) <= 0;
+}
+
 // `what` names the wait in the timeout error only (no string built per drain or read).
 template <class V, class What>
-V Device::wait(std::future<V>& f, const What& what) const {
-  // No busy-wait first: with two producers and two actors on two cores, a spinning waiter took
-  // the core its own answer needed (2-producer ops/s fell from 2.1 M to 1.3 M).
+V Device::wait(std::future<V>& f, const StreamActor* spin_on, const What& what) const {
+  // Spin first, while no other stream is busy: a sleeping waiter costs a futex wake-up on the
+  // actor's side and tens of µs before it runs again on a VM (its idle vCPU halted), and its
+  // actor, told the waiter spins, keeps polling for the next op instead of going idle. With
+  // other streams busy the cores are theirs: spinning then took the core an answer needed
+  // (two producers and two actors on two cores: 2.1 M → 1.3 M ops/s).
+  if (spin_on != nullptr) {
+    const auto until = std::chrono::steady_clock::now() + kWaitSpin;
+    std::uint64_t progress = spin_on->progress();
+    auto progressed_at = std::chrono::steady_clock::now();
+    for (;;) {
+      for (int i = 0; i < kWaitSpinRound; ++i) {
+        if (f.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+          spun_waits_.fetch_add(1, std::memory_order_relaxed);
+          return f.get();
+        }
+        cpu_relax();
+      }
+      // One busy stream is the waiter's own (its actor at work), more mean others want cores.
+      const auto now = std::chrono::steady_clock::now();
+      if (busy_streams_.load(std::memory_order_relaxed) > 1 || now >= until) break;
+      // Spin only while the actor visibly runs beside us. If it ran no command for a wake-up's
+      // time it is in a long kernel, or waiting for a core — perhaps this one (a wake-up lands on
+      // the waker's core, and a spinner there starves its actor): sleep and leave the core.
+      if (const std::uint64_t p = spin_on->progress(); p != progress) {
+        progress = p;
+        progressed_at = now;
+      } else if (now - progressed_at >= kWaitSpinStall) {
+        break;
+      }
+    }
+  }
   if (f.wait_for(options_.wait_timeout) != std::future_status::ready) {
     const std::string name = what();
     spdlog::warn("kiln runtime: {} did not complete within {} ms; giving up the wait", name,
@@ -188,8 +237,9 @@ Status Device::drain(StreamId stream) {
   std::future<Status> f = std::get<DrainCmd>(cmd).done.get_future();
   StreamActor* a = actor(stream);
   if (a == nullptr) return shut_down_error(stream);
+  const StreamActor* spin_on = (std::get<DrainCmd>(cmd).waiter_spins = spin_before_sleep(*a)) ? a : nullptr;
   if (!a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  return wait(f, [stream] { return "drain of stream " + std::to_string(stream.value()); });
+  return wait(f, spin_on, [stream] { return "drain of stream " + std::to_string(stream.value()); });
 }
 
 Result<HostData> Device::read(StreamId home, const ir::TensorIr& t) {
@@ -202,8 +252,9 @@ Result<HostData> Device::read(StreamId home, const ir::TensorIr& t) {
   // allocated by the pool thread whose heap has recycled the last one (16 MiB reads on a busy
   // client heap fell from 4.4 to 0.8 GB/s, every buffer a fresh mmap).
   const bool small = ir::num_elements(t.shape) * t.dtype.size_bytes() <= kInlineReadBytes;
+  const StreamActor* spin_on = (std::get<ReadCmd>(cmd).waiter_spins = spin_before_sleep(*a)) ? a : nullptr;
   if (!small || !a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  return wait(f, [&t, home] { return "read of " + t.to_string() + " on stream " + std::to_string(home.value()); });
+  return wait(f, spin_on, [&t, home] { return "read of " + t.to_string() + " on stream " + std::to_string(home.value()); });
 }
 
 Status Device::drop(StreamId home, const ir::TensorIr& t) { return drop_impl(home, t, true); }
@@ -222,8 +273,9 @@ Status Device::share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
   std::future<Status> f = std::get<ShareCmd>(cmd).done.get_future();
   StreamActor* a = actor(src_stream);
   if (a == nullptr) return shut_down_error(src_stream);
+  const StreamActor* spin_on = (std::get<ShareCmd>(cmd).waiter_spins = spin_before_sleep(*a)) ? a : nullptr;
   if (!a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  return wait(f, [src, src_stream] {
+  return wait(f, spin_on, [src, src_stream] {
     return "shared view of " + src.to_string() + " from stream " + std::to_string(src_stream.value());
   });
 }

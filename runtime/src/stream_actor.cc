@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kiln/ir/builders.h"
+#include "kiln/ir/cpu_relax.h"
 
 namespace kiln::runtime {
 namespace {
@@ -116,7 +117,20 @@ void StreamActor::wake() {
 void StreamActor::schedule() {
   // acq_rel: release publishes our push to the actor that clears the flag (its exchange reads
   // ours); acquire orders us after the actor's previous clear.
-  if (!scheduled_.exchange(true, std::memory_order_acq_rel)) post_turn();
+  if (!scheduled_.exchange(true, std::memory_order_acq_rel)) {
+    count_busy(+1);
+    post_turn();
+  }
+}
+
+bool StreamActor::alone_on_device() const {
+  // Relaxed hints: a wrong answer costs one extra re-post or one batch of delay, never a command.
+  if (ctx_.turns_waiting != nullptr && ctx_.turns_waiting->load(std::memory_order_relaxed) > 0) return false;
+  return ctx_.busy_streams == nullptr || ctx_.busy_streams->load(std::memory_order_relaxed) <= 1;
+}
+
+void StreamActor::count_busy(std::int64_t delta) {
+  if (ctx_.busy_streams) ctx_.busy_streams->fetch_add(delta, std::memory_order_relaxed);
 }
 
 void StreamActor::post_turn() {
@@ -134,14 +148,6 @@ namespace {
 constexpr int kIdlePolls = 256;
 // How long cancel_pending waits for whoever holds the stream (a turn or inline waiter).
 constexpr std::chrono::seconds kCancelWait{30};
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 }  // namespace
 
 bool StreamActor::acquire_running() {
@@ -199,8 +205,11 @@ void StreamActor::end_of_turn() {
   // The wake-up protocol's clear and re-check (see the header). Whoever releases the stream runs
   // it, a turn or an inline waiter: a turn that found the stream held returned without running,
   // and work its producer queued without posting (the flag was set) is seen here.
-  (void)scheduled_.exchange(false, std::memory_order_acq_rel);
-  if (has_work() && !scheduled_.exchange(true, std::memory_order_acq_rel)) post_turn();
+  if (scheduled_.exchange(false, std::memory_order_acq_rel)) count_busy(-1);
+  if (has_work() && !scheduled_.exchange(true, std::memory_order_acq_rel)) {
+    count_busy(+1);
+    post_turn();
+  }
 }
 
 void StreamActor::run_queued(Command* c) {
@@ -225,7 +234,16 @@ void StreamActor::run_turn() {
   };
   int idle_polls = 0;
   answered_waiter_ = false;
-  while (processed < ctx_.drain_batch) {
+  for (;;) {
+    if (processed >= ctx_.drain_batch) {
+      // Batch spent: re-post, handing the pool thread to the other strands' turns. When this is
+      // the device's only busy stream, nothing waits for the thread, and a re-post would only
+      // wake an idle pool thread (asio wakes one per post) to run the next turn elsewhere: the
+      // next turn starts here instead (counted as a turn, not as deferred).
+      if (!alone_on_device()) break;
+      turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      processed = 0;
+    }
     Command* c = nullptr;
     // Foreign commands first, so that a busy owner cannot starve drops, reads and drains from
     // other threads (shutdown's drain among them).
@@ -282,7 +300,11 @@ void StreamActor::run(Command& command) {
   // Counters are published before a completion is fulfilled, so that a waiter reads them exact.
   auto finish = [&] {
     finished = true;
-    answered_waiter_ = !std::holds_alternative<RegisterOpCmd>(command) && !std::holds_alternative<ForeignDropCmd>(command);
+    // A waiter that sleeps needs the core now; one that spins already has its own.
+    answered_waiter_ = std::visit(Overloaded{[](const RegisterOpCmd&) { return false; },
+                                             [](const ForeignDropCmd&) { return false; },
+                                             [](const auto& c) { return !c.waiter_spins; }},
+                                  command);
     commands_.store(commands_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (executed != 0)
       executed_.store(executed_.load(std::memory_order_relaxed) + executed, std::memory_order_relaxed);

@@ -399,9 +399,10 @@ TEST(RuntimeConfig, ParsesAndNamesTheKey) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().to_string().find("runtime.inline_waits"), std::string::npos) << r.error().to_string();
   // The environment: 0/1/true/false, anything else ignored with a warning.
-  auto env_of = [](std::string value) {
-    return fusion::EnvLookup([value](std::string_view name) -> std::optional<std::string> {
-      if (name == "KILN_RUNTIME_INLINE_WAITS") return value;
+  // One variable set to `value` (KILN_RUNTIME_INLINE_WAITS unless named).
+  auto env_of = [](std::string value, std::string variable = "KILN_RUNTIME_INLINE_WAITS") {
+    return fusion::EnvLookup([value, variable](std::string_view name) -> std::optional<std::string> {
+      if (name == variable) return value;
       return std::nullopt;
     });
   };
@@ -410,6 +411,19 @@ TEST(RuntimeConfig, ParsesAndNamesTheKey) {
   std::string warnings;
   EXPECT_FALSE(apply_runtime_env({}, env_of("maybe"), &warnings).inline_waits.has_value());
   EXPECT_NE(warnings.find("KILN_RUNTIME_INLINE_WAITS"), std::string::npos) << warnings;
+  // spin_waits: the same rules, its own key and variable.
+  EXPECT_EQ(ok(parse_runtime_config("[runtime]\nspin_waits = false\n")).spin_waits, false);
+  EXPECT_FALSE(ok(parse_runtime_config("[runtime]\ninline_waits = false\n")).spin_waits.has_value());
+  r = parse_runtime_config("[runtime]\nspin_waits = \"no\"\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().to_string().find("runtime.spin_waits"), std::string::npos) << r.error().to_string();
+  auto spin_env = [&](std::string value) { return env_of(std::move(value), "KILN_RUNTIME_SPIN_WAITS"); };
+  EXPECT_EQ(apply_runtime_env({}, spin_env("1")).spin_waits, true);
+  EXPECT_EQ(apply_runtime_env({}, spin_env("false")).spin_waits, false);
+  EXPECT_FALSE(apply_runtime_env({}, spin_env("0")).inline_waits.has_value());
+  warnings.clear();
+  EXPECT_FALSE(apply_runtime_env({}, spin_env("often"), &warnings).spin_waits.has_value());
+  EXPECT_NE(warnings.find("KILN_RUNTIME_SPIN_WAITS"), std::string::npos) << warnings;
 }
 
 TEST(RuntimeConfig, PrecedenceFileEnvironmentOptions) {
@@ -437,7 +451,14 @@ TEST(RuntimeConfig, PrecedenceFileEnvironmentOptions) {
     EXPECT_EQ(d->threads(), 3u);
     EXPECT_EQ(d->options().drain_batch, 7u);
     EXPECT_EQ(d->config().max_explorations, 4u);
+    // Not set anywhere: spin waits from 2 cores on.
+    EXPECT_EQ(d->options().spin_waits, std::thread::hardware_concurrency() >= 2);
   }
+  env["KILN_RUNTIME_SPIN_WAITS"] = "1";
+  EXPECT_EQ(ok(make(0, std::nullopt))->options().spin_waits, true);
+  env["KILN_RUNTIME_SPIN_WAITS"] = "false";
+  EXPECT_EQ(ok(make(0, std::nullopt))->options().spin_waits, false);
+  env.erase("KILN_RUNTIME_SPIN_WAITS");
   env["KILN_RUNTIME_THREADS"] = "2";
   env["KILN_RUNTIME_DRAIN_BATCH"] = "5";
   {

@@ -246,6 +246,103 @@ TEST(Runtime, AWaitRunsAnUnwokenBacklogOfAnyLengthInline) {
   EXPECT_EQ(st.commands, static_cast<std::uint64_t>(kOps) + 1);
 }
 
+// A device with these runtime options (threads, drain_batch, inline and spin waits), no kiln.toml.
+std::unique_ptr<Device> make_tuned_device(std::size_t threads, std::size_t drain_batch, bool spin_waits) {
+  RuntimeOptions o;
+  o.threads = threads;
+  o.drain_batch = drain_batch;
+  o.inline_waits = false;  // every wait goes through a turn
+  o.spin_waits = spin_waits;
+  o.config_path = "";
+  o.fusion = fusion::FusionConfig{};
+  Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
+  EXPECT_TRUE(d.ok());
+  return std::move(d).value();
+}
+
+// `n` deferred AddScalar(+0.5) ops on `s` from `start`; returns the last result (ReadWrite).
+TensorIr add_halves_deferred(Device& dev, StreamId s, TensorIr cur, int n) {
+  for (int i = 0; i < n; ++i) {
+    const TensorId next = dev.new_tensor_id();
+    EXPECT_TRUE(dev.register_op_deferred(s, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar,
+                                                                  cur, ir::ScalarIr::Float(0.5), next)))
+                    .ok());
+    cur = TensorIr{next, {2}, TensorStatus::ReadWrite, ir::dtypes::f32};
+  }
+  return cur;
+}
+
+float first_f32(const Result<HostData>& d) {
+  float v = 0;
+  if (d.ok() && d->bytes.size() >= sizeof v) std::memcpy(&v, d->bytes.data(), sizeof v);
+  return v;
+}
+
+// The only busy stream of its device runs one batch after another in the same turn: a spent
+// batch is a turn boundary (counted), never a re-post, since no other turn waits for the thread.
+TEST(Runtime, AStreamAloneStartsItsNextTurnInPlace) {
+  auto dev = make_tuned_device(2, 4, false);
+  const StreamId E(500);
+  constexpr int kOps = 40;
+  const TensorIr last = add_halves_deferred(*dev, E, upload_f32x2(*dev, 1.0f, 2.0f), kOps);
+  Result<HostData> d = dev->read(E, last);  // wakes the stream: one turn runs the 41 commands
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  EXPECT_FLOAT_EQ(first_f32(d), 1.0f + 0.5f * kOps);
+  const StreamStats st = *dev->stream_stats(E);
+  EXPECT_EQ(st.commands, static_cast<std::uint64_t>(kOps) + 1);
+  EXPECT_EQ(st.deferred, 0u);
+  EXPECT_GE(st.turns, static_cast<std::uint64_t>(kOps / 4));  // a turn per batch of 4
+}
+
+// With another stream's turn waiting for the device's only pool thread, a spent batch re-posts
+// (the fairness point): the waiting stream runs before the busy one finishes.
+TEST(Runtime, ASpentBatchRePostsWhileAnotherStreamWaitsForTheThread) {
+  auto dev = make_tuned_device(1, 2, false);
+  const StreamId F(600), G(601);
+  const TensorIr x = upload_f32x2(*dev, 1.0f, 2.0f);
+  bool re_posted = false;
+  // F's 64-command turn must still be running when G's turn is posted right after it; a client
+  // thread preempted for that whole turn would miss it, so a few tries are allowed.
+  for (int attempt = 0; attempt < 20 && !re_posted; ++attempt) {
+    const std::uint64_t before = dev->stream_stats(F) ? dev->stream_stats(F)->deferred : 0;
+    const TensorIr f_last = add_halves_deferred(*dev, F, x, 64);
+    const TensorIr g_last = add_halves_deferred(*dev, G, x, 1);
+    dev->wake_stream(F);
+    dev->wake_stream(G);
+    Result<HostData> g = dev->read(G, g_last);
+    Result<HostData> f = dev->read(F, f_last);
+    ASSERT_TRUE(f.ok() && g.ok());
+    EXPECT_FLOAT_EQ(first_f32(f), 1.0f + 0.5f * 64);
+    EXPECT_FLOAT_EQ(first_f32(g), 1.5f);
+    re_posted = dev->stream_stats(F)->deferred > before;
+  }
+  EXPECT_TRUE(re_posted) << "a spent batch never re-posted while another turn waited";
+}
+
+// A waiter spins for its answer (RuntimeOptions::spin_waits) only when asked to and when the
+// machine has a core for it beside the actor; the answers are the same either way.
+TEST(Runtime, WaitersSpinOnlyWhenAskedAndACoreIsFree) {
+  for (bool spin : {false, true}) {
+    auto dev = make_tuned_device(2, 64, spin);
+    const StreamId H(700);
+    TensorIr cur = upload_f32x2(*dev, 0.0f, 0.0f);
+    constexpr int kReads = 200;
+    for (int i = 0; i < kReads; ++i) {
+      const TensorIr next = add_halves_deferred(*dev, H, cur, 1);
+      Result<HostData> d = dev->read(H, TensorIr{next.id, next.shape, TensorStatus::ReadOnly, next.dtype});
+      ASSERT_TRUE(d.ok()) << d.error().to_string();
+      ASSERT_FLOAT_EQ(first_f32(d), 0.5f * static_cast<float>(i + 1));
+      cur = next;
+    }
+    if (!spin || std::thread::hardware_concurrency() < 2) {
+      EXPECT_EQ(dev->spun_waits(), 0u) << "spin " << spin;
+    } else {
+      // Each answer takes a pool-thread wake-up and two tiny ops, well within the ~200 µs spin.
+      EXPECT_GT(dev->spun_waits(), 0u);
+    }
+  }
+}
+
 // drop_deferred: a queued Drop that does not wake the actor; the tensor is freed when the stream
 // is woken (or waited on), not before.
 TEST(Runtime, DeferredDropsRunOnWake) {

@@ -57,6 +57,13 @@ struct RuntimeOptions {
   // inline_waits, else true. A backend whose kernels must stay on the pool threads
   // (DeviceBackend::executes_on_any_thread) never runs inline.
   std::optional<bool> inline_waits;
+  // Whether a thread that waits on a stream spins for the answer (up to ~200 µs, while its actor
+  // keeps running commands) before it sleeps, as long as no other stream of the device is busy
+  // (Device::wait); nullopt = KILN_RUNTIME_SPIN_WAITS, else kiln.toml [runtime] spin_waits, else
+  // on with 2 or more cores (a single core never spins). kilnd turns it off unless configured: its session threads share the
+  // cores with their clients, which poll for the answer too. Device::options() reports the
+  // resolved value.
+  std::optional<bool> spin_waits;
   // kiln.toml location; an absent file (or an empty path) means defaults. Its [runtime] table is
   // read even when `fusion` is given explicitly.
   std::string config_path = "kiln.toml";
@@ -148,6 +155,9 @@ class Device final : public SessionTarget {
   // Every stream's counters summed, closed streams included (status reports: cache hits,
   // explorations, executed operations). Takes the stream-creation lock briefly.
   StreamStats totals() const;
+  // Drains, reads and shared views whose answer came while their caller spun for it
+  // (RuntimeOptions::spin_waits), over the device's life.
+  std::uint64_t spun_waits() const { return spun_waits_.load(std::memory_order_relaxed); }
   // fusion.md §16.8: a snapshot of what is left (each live stream answers on its strand; after
   // shutdown the streams are read directly). check_memory_leaks(): Ok iff the report is clean,
   // else an error carrying the report. Call it once every client tensor is gone and the streams
@@ -179,8 +189,14 @@ class Device final : public SessionTarget {
   Status drop_impl(StreamId home, const ir::TensorIr& t, bool wake);
   // Waits for an actor's answer (spins briefly, then sleeps up to options().wait_timeout);
   // what() names the wait in the timeout error.
+  // spin_on: the actor the caller may spin on for the answer first (decided by
+  // spin_before_sleep() when the command was made, so that the actor knows the waiter keeps its
+  // core); nullptr = sleep at once.
   template <class V, class What>
-  V wait(std::future<V>& f, const What& what) const;
+  V wait(std::future<V>& f, const StreamActor* spin_on, const What& what) const;
+  // Whether a waiter on `a` should spin before it sleeps: spin waits are on, the machine has a
+  // core for the waiter beside the actor, and no other stream of the device is busy.
+  bool spin_before_sleep(const StreamActor& a) const;
 
   using StreamTable = tbb::concurrent_hash_map<std::uint64_t, std::unique_ptr<StreamActor>>;
 
@@ -193,6 +209,10 @@ class Device final : public SessionTarget {
   fusion::ExecutionPlanStore store_;
   std::size_t threads_;
   std::atomic<std::int64_t> turns_waiting_{0};  // see ActorContext::turns_waiting; outlives the pool
+  bool spin_waits_ = false;                      // options_.spin_waits, resolved
+  std::atomic<std::int64_t> busy_streams_{0};   // see ActorContext::busy_streams; outlives the pool
+  mutable std::atomic<std::uint64_t> spun_waits_{0};  // waits answered while spinning
+  const unsigned cores_ = std::thread::hardware_concurrency();
   boost::asio::thread_pool pool_;
   StreamTable streams_;
   std::vector<std::unique_ptr<StreamActor>> abandoned_;  // closed streams that never went idle (streams_mu_)

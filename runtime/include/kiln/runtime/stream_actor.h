@@ -16,9 +16,13 @@
 // Wake-up protocol (no lost wake-up; normally one turn queued or running at a time):
 //   producer:  push(cmd)                                    [queue's release store]
 //              if (!scheduled_.exchange(true, acq_rel)) post(strand, run_turn)
-//   actor:     run at most drain_batch commands; if the batch ran out, re-post (flag stays true);
-//              else scheduled_.exchange(false, acq_rel), then re-check both queues and, if one
-//              has work, claim the flag again (exchange(true)) and re-post.
+//   actor:     run at most drain_batch commands; if the batch ran out, re-post (flag stays true)
+//              — or, when no other stream of the device is busy and no turn waits for a pool
+//              thread, start the next turn in place; else scheduled_.exchange(false, acq_rel),
+//              then re-check both queues and, if one has work, claim the flag again
+//              (exchange(true)) and re-post.
+//   Every flip of scheduled_ is counted in ActorContext::busy_streams (+1 on false→true, -1 on
+//   true→false): the device-wide number of busy streams that waiters and actors consult.
 //   The clear is an RMW, not a plain store: if a producer's exchange(true) came first in the
 //   flag's modification order, the actor's exchange(false) reads it and synchronizes with it
 //   (acquire), so the producer's push is visible to the re-check; if it came after, the
@@ -72,11 +76,13 @@ struct RegisterOpCmd {
 // Sync: execute everything queued (fusion.md §16.3 drain).
 struct DrainCmd {
   std::promise<Status> done;
+  bool waiter_spins = false;  // its caller spins for the answer (Device::wait) instead of sleeping
 };
 // Read a tensor whose home is this stream (§16.4: drain only if not produced yet).
 struct ReadCmd {
   ir::TensorIr tensor;
   std::promise<Result<HostData>> done;
+  bool waiter_spins = false;
 };
 // A drop issued by a thread other than the owner (§16.5 register_foreign_drop).
 struct ForeignDropCmd {
@@ -87,6 +93,7 @@ struct ShareCmd {
   ir::TensorId src;
   ir::TensorId dst;
   std::promise<Status> done;
+  bool waiter_spins = false;
 };
 using Command = std::variant<RegisterOpCmd, DrainCmd, ReadCmd, ForeignDropCmd, ShareCmd>;
 
@@ -100,6 +107,9 @@ struct ActorContext {
   // Turns posted to the device's pool and not started yet, over all its actors: an actor polls
   // for its producer's next op only while no other stream's turn is waiting for the thread.
   std::atomic<std::int64_t>* turns_waiting = nullptr;
+  // Streams of the device with a turn posted or running (their `scheduled` flag set): a waiter
+  // spins for its answer only while no stream but its own is busy (Device::wait).
+  std::atomic<std::int64_t>* busy_streams = nullptr;
   // A waiting caller may run the stream's commands itself when no turn is running (see
   // StreamActor::try_run_inline); false keeps every command on the pool threads.
   bool inline_waits = true;
@@ -147,6 +157,10 @@ class StreamActor {
   StreamActor& operator=(const StreamActor&) = delete;
 
   StreamId id() const { return id_; }
+  // Any thread: whether a turn is posted or running (a hint; relaxed).
+  bool scheduled() const { return scheduled_.load(std::memory_order_relaxed); }
+  // Any thread: commands run so far (a relaxed progress hint for spinning waiters).
+  std::uint64_t progress() const { return commands_.load(std::memory_order_relaxed); }
 
   // Any thread: makes the calling thread the intake's producer if none is set yet.
   void claim_owner();
@@ -191,6 +205,9 @@ class StreamActor {
   bool is_owner() const;
   Status push(Command* cmd, bool wake = true);
   void schedule();
+  void count_busy(std::int64_t delta);  // ActorContext::busy_streams, on a flip of scheduled_
+  // No other stream of the device is busy and no turn waits for a pool thread.
+  bool alone_on_device() const;
   void post_turn();
   void run_turn();
   bool acquire_running();
