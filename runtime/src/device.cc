@@ -15,14 +15,8 @@ namespace kiln::runtime {
 namespace {
 // Largest read a waiting caller runs itself (see Device::read).
 constexpr std::uint64_t kInlineReadBytes = 256 * 1024;
-// Longest a waiter spins for its answer before sleeping (Device::wait): a few wake-up latencies;
-// the cache-hit loop's read waits ~40–60 µs for its actor to catch up.
-constexpr std::chrono::microseconds kWaitSpin{200};
 constexpr unsigned kSpinWaitsMinCores = 2;  // RuntimeOptions::spin_waits' default: on from 2 cores
 constexpr int kWaitSpinRound = 32;  // pauses between checks of the clock, busy count and progress
-// Longest the actor may run no command before a spinning waiter gives up: a pool-thread wake-up
-// (~20 µs on this VM) fits, a starved actor or a long kernel does not last much longer.
-constexpr std::chrono::microseconds kWaitSpinStall{30};
 }  // namespace
 
 Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options) {
@@ -100,8 +94,8 @@ StreamActor* Device::actor(StreamId stream) {
     StreamTable::const_accessor a;  // bucket read lock: the hot path
     if (streams_.find(a, stream.value())) return a->second.get();
   }
-  // Creation is rare: serialized with shutdown's snapshot of the table (TBB tables may not be
-  // traversed while another thread inserts).
+  // Creation is rare: serialized under streams_mu_ with the traversals of live_actors_
+  // (shutdown, reports, totals), which never walk the TBB table itself.
   std::lock_guard lock(streams_mu_);
   if (closed_.load(std::memory_order_acquire)) return nullptr;
   StreamTable::accessor a;
@@ -117,6 +111,7 @@ StreamActor* Device::actor(StreamId stream) {
     ctx.busy_streams = &busy_streams_;
     ctx.inline_waits = *options_.inline_waits && backend_->executes_on_any_thread();
     a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
+    live_actors_.push_back(a->second.get());
   }
   // Valid until close_stream(stream) destroys it (after draining and quiescing it): a caller
   // racing a close of the same stream may still touch a destroyed actor — a known gap (shared
@@ -191,15 +186,17 @@ bool Device::spin_before_sleep(const StreamActor& a) const {
 
 // `what` names the wait in the timeout error only (no string built per drain or read).
 template <class V, class What>
-V Device::wait(std::future<V>& f, const StreamActor* spin_on, const What& what) const {
+V Device::wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::uint64_t>>& progress_of,
+               const What& what) const {
   // Spin first, while no other stream is busy: a sleeping waiter costs a futex wake-up on the
   // actor's side and tens of µs before it runs again on a VM (its idle vCPU halted), and its
   // actor, told the waiter spins, keeps polling for the next op instead of going idle. With
   // other streams busy the cores are theirs: spinning then took the core an answer needed
   // (two producers and two actors on two cores: 2.1 M → 1.3 M ops/s).
-  if (spin_on != nullptr) {
-    const auto until = std::chrono::steady_clock::now() + kWaitSpin;
-    std::uint64_t progress = spin_on->progress();
+  if (progress_of != nullptr) {
+    // The cache-hit loop's read waits ~40–60 µs for its actor to catch up (spin_wait_limit 200).
+    const auto until = std::chrono::steady_clock::now() + options_.spin_wait_limit;
+    std::uint64_t progress = progress_of->load(std::memory_order_relaxed);
     auto progressed_at = std::chrono::steady_clock::now();
     for (;;) {
       for (int i = 0; i < kWaitSpinRound; ++i) {
@@ -215,10 +212,10 @@ V Device::wait(std::future<V>& f, const StreamActor* spin_on, const What& what) 
       // Spin only while the actor visibly runs beside us. If it ran no command for a wake-up's
       // time it is in a long kernel, or waiting for a core — perhaps this one (a wake-up lands on
       // the waker's core, and a spinner there starves its actor): sleep and leave the core.
-      if (const std::uint64_t p = spin_on->progress(); p != progress) {
+      if (const std::uint64_t p = progress_of->load(std::memory_order_relaxed); p != progress) {
         progress = p;
         progressed_at = now;
-      } else if (now - progressed_at >= kWaitSpinStall) {
+      } else if (now - progressed_at >= options_.spin_wait_stall) {
         break;
       }
     }
@@ -237,9 +234,12 @@ Status Device::drain(StreamId stream) {
   std::future<Status> f = std::get<DrainCmd>(cmd).done.get_future();
   StreamActor* a = actor(stream);
   if (a == nullptr) return shut_down_error(stream);
-  const StreamActor* spin_on = (std::get<DrainCmd>(cmd).waiter_spins = spin_before_sleep(*a)) ? a : nullptr;
-  if (!a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  return wait(f, spin_on, [stream] { return "drain of stream " + std::to_string(stream.value()); });
+  std::shared_ptr<const std::atomic<std::uint64_t>> progress;
+  if (!a->try_run_inline(cmd)) {
+    if ((std::get<DrainCmd>(cmd).waiter_spins = spin_before_sleep(*a))) progress = a->progress_counter();
+    KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  }
+  return wait(f, progress, [stream] { return "drain of stream " + std::to_string(stream.value()); });
 }
 
 Result<HostData> Device::read(StreamId home, const ir::TensorIr& t) {
@@ -252,9 +252,12 @@ Result<HostData> Device::read(StreamId home, const ir::TensorIr& t) {
   // allocated by the pool thread whose heap has recycled the last one (16 MiB reads on a busy
   // client heap fell from 4.4 to 0.8 GB/s, every buffer a fresh mmap).
   const bool small = ir::num_elements(t.shape) * t.dtype.size_bytes() <= kInlineReadBytes;
-  const StreamActor* spin_on = (std::get<ReadCmd>(cmd).waiter_spins = spin_before_sleep(*a)) ? a : nullptr;
-  if (!small || !a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  return wait(f, spin_on, [&t, home] { return "read of " + t.to_string() + " on stream " + std::to_string(home.value()); });
+  std::shared_ptr<const std::atomic<std::uint64_t>> progress;
+  if (!small || !a->try_run_inline(cmd)) {
+    if ((std::get<ReadCmd>(cmd).waiter_spins = spin_before_sleep(*a))) progress = a->progress_counter();
+    KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  }
+  return wait(f, progress, [&t, home] { return "read of " + t.to_string() + " on stream " + std::to_string(home.value()); });
 }
 
 Status Device::drop(StreamId home, const ir::TensorIr& t) { return drop_impl(home, t, true); }
@@ -273,9 +276,12 @@ Status Device::share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
   std::future<Status> f = std::get<ShareCmd>(cmd).done.get_future();
   StreamActor* a = actor(src_stream);
   if (a == nullptr) return shut_down_error(src_stream);
-  const StreamActor* spin_on = (std::get<ShareCmd>(cmd).waiter_spins = spin_before_sleep(*a)) ? a : nullptr;
-  if (!a->try_run_inline(cmd)) KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  return wait(f, spin_on, [src, src_stream] {
+  std::shared_ptr<const std::atomic<std::uint64_t>> progress;
+  if (!a->try_run_inline(cmd)) {
+    if ((std::get<ShareCmd>(cmd).waiter_spins = spin_before_sleep(*a))) progress = a->progress_counter();
+    KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
+  }
+  return wait(f, progress, [src, src_stream] {
     return "shared view of " + src.to_string() + " from stream " + std::to_string(src_stream.value());
   });
 }
@@ -297,6 +303,7 @@ Status Device::close_stream(StreamId stream) {
     a->second->close();
     owned = std::move(a->second);
     streams_.erase(a);
+    std::erase(live_actors_, owned.get());
   }
   {
     // Its counters live on in the totals (the drain above made them final).
@@ -338,7 +345,7 @@ MemoryReport Device::memory_report() {
   std::vector<StreamActor*> actors;
   {
     std::lock_guard lock(streams_mu_);
-    for (auto it = streams_.begin(); it != streams_.end(); ++it) actors.push_back(it->second.get());
+    actors = live_actors_;
   }
   MemoryReport report;
   for (StreamActor* a : actors) {
@@ -367,9 +374,9 @@ Status Device::check_memory_leaks() {
 }
 
 StreamStats Device::totals() const {
-  std::lock_guard lock(streams_mu_);  // TBB tables may not be traversed during an insert
+  std::lock_guard lock(streams_mu_);
   StreamStats sum = closed_totals_;
-  for (auto it = streams_.begin(); it != streams_.end(); ++it) add_counters(sum, it->second->stats());
+  for (const StreamActor* a : live_actors_) add_counters(sum, a->stats());
   return sum;
 }
 
@@ -389,7 +396,7 @@ Status Device::shutdown() {
   {
     std::lock_guard streams_lock(streams_mu_);
     closed_.store(true, std::memory_order_release);
-    for (auto it = streams_.begin(); it != streams_.end(); ++it) actors.push_back(it->second.get());
+    actors = live_actors_;
   }
   std::string problems;
   bool timed_out = false;

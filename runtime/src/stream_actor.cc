@@ -305,7 +305,7 @@ void StreamActor::run(Command& command) {
                                              [](const ForeignDropCmd&) { return false; },
                                              [](const auto& c) { return !c.waiter_spins; }},
                                   command);
-    commands_.store(commands_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    commands_->store(commands_->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (executed != 0)
       executed_.store(executed_.load(std::memory_order_relaxed) + executed, std::memory_order_relaxed);
     publish_stats();
@@ -396,7 +396,7 @@ void StreamActor::publish_stats() {
 StreamStats StreamActor::stats() const {
   StreamStats s;
   s.enqueued = enqueued_.load(std::memory_order_relaxed);
-  s.commands = commands_.load(std::memory_order_relaxed);
+  s.commands = commands_->load(std::memory_order_relaxed);
   s.executed = executed_.load(std::memory_order_relaxed);
   s.deferred = deferred_.load(std::memory_order_relaxed);
   s.turns = turns_.load(std::memory_order_relaxed);
@@ -411,7 +411,11 @@ StreamStats StreamActor::stats() const {
 
 template <class F>
 void StreamActor::post_exclusive(F fn) {
+  // Counted as a waiting turn, so that a turn running batch after batch in place (the stream
+  // alone on its device) re-posts and lets it in.
+  if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_add(1, std::memory_order_relaxed);
   boost::asio::post(strand_, [this, fn = std::move(fn)]() mutable {
+    if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_sub(1, std::memory_order_relaxed);
     if (!acquire_running()) {  // an inline waiter holds the stream: after it
       std::this_thread::yield();
       post_exclusive(std::move(fn));

@@ -74,6 +74,11 @@ struct RuntimeOptions {
   // Bound of every blocking wait (drain, read, shared view, shutdown per stream). A wait that
   // runs out logs its reason and returns an error.
   std::chrono::milliseconds wait_timeout{60'000};
+  // Spin waits: the longest a waiter spins, and the longest its actor may run no command before
+  // the waiter gives up and sleeps (a pool-thread wake-up, ~20 µs on a VM, fits; a starved
+  // actor or a long kernel does not last much longer). Tests stretch both.
+  std::chrono::microseconds spin_wait_limit{200};
+  std::chrono::microseconds spin_wait_stall{30};
   // Environment lookup (tests inject one); default: the process environment.
   fusion::EnvLookup env;
 };
@@ -189,11 +194,12 @@ class Device final : public SessionTarget {
   Status drop_impl(StreamId home, const ir::TensorIr& t, bool wake);
   // Waits for an actor's answer (spins briefly, then sleeps up to options().wait_timeout);
   // what() names the wait in the timeout error.
-  // spin_on: the actor the caller may spin on for the answer first (decided by
-  // spin_before_sleep() when the command was made, so that the actor knows the waiter keeps its
-  // core); nullptr = sleep at once.
+  // progress: the actor's command count, when the caller may spin for the answer first
+  // (decided by spin_before_sleep() before the command was submitted, so that the actor knows
+  // the waiter keeps its core); nullptr = sleep at once.
   template <class V, class What>
-  V wait(std::future<V>& f, const StreamActor* spin_on, const What& what) const;
+  V wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::uint64_t>>& progress,
+         const What& what) const;
   // Whether a waiter on `a` should spin before it sleeps: spin waits are on, the machine has a
   // core for the waiter beside the actor, and no other stream of the device is busy.
   bool spin_before_sleep(const StreamActor& a) const;
@@ -215,6 +221,10 @@ class Device final : public SessionTarget {
   const unsigned cores_ = std::thread::hardware_concurrency();
   boost::asio::thread_pool pool_;
   StreamTable streams_;
+  // The actors of streams_, for traversals (reports, totals, shutdown) under streams_mu_: a TBB
+  // table may not be traversed while other threads use it, not even by lookups alone (a lookup
+  // after the table grew rehashes its bucket in place; TSan caught a report doing so).
+  std::vector<StreamActor*> live_actors_;
   std::vector<std::unique_ptr<StreamActor>> abandoned_;  // closed streams that never went idle (streams_mu_)
   StreamStats closed_totals_;                             // counters of closed streams (streams_mu_)
   ProducerTable producers_;

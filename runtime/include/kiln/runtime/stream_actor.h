@@ -159,8 +159,9 @@ class StreamActor {
   StreamId id() const { return id_; }
   // Any thread: whether a turn is posted or running (a hint; relaxed).
   bool scheduled() const { return scheduled_.load(std::memory_order_relaxed); }
-  // Any thread: commands run so far (a relaxed progress hint for spinning waiters).
-  std::uint64_t progress() const { return commands_.load(std::memory_order_relaxed); }
+  // Any thread: the count of commands run, shared so that a spinning waiter may keep reading it
+  // after the actor is gone (close_stream may destroy it once the waiter's answer is in).
+  std::shared_ptr<const std::atomic<std::uint64_t>> progress_counter() const { return commands_; }
 
   // Any thread: makes the calling thread the intake's producer if none is set yet.
   void claim_owner();
@@ -257,7 +258,8 @@ class StreamActor {
 
   // Counters: enqueued_ by producers (relaxed fetch_add), the rest stored by the strand (relaxed).
   alignas(64) std::atomic<std::uint64_t> enqueued_{0};
-  alignas(64) std::atomic<std::uint64_t> commands_{0};
+  // Commands run: a relaxed progress hint for spinning waiters (Device::wait) as well.
+  const std::shared_ptr<std::atomic<std::uint64_t>> commands_ = std::make_shared<std::atomic<std::uint64_t>>(0);
   std::atomic<std::uint64_t> executed_{0};
   std::atomic<std::uint64_t> deferred_{0};
   std::atomic<std::uint64_t> turns_{0};
