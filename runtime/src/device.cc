@@ -1,5 +1,7 @@
 #include "kiln/runtime/device.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -19,6 +21,17 @@ constexpr unsigned kSpinWaitsMinCores = 2;  // RuntimeOptions::spin_waits' defau
 constexpr int kWaitSpinRound = 32;  // pauses between checks of the clock, busy count and progress
 }  // namespace
 
+unsigned usable_cores() {
+  // The process's affinity mask (taskset, a container's cpuset), not every online CPU, which is
+  // what std::thread::hardware_concurrency() counts.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    if (const int n = CPU_COUNT(&set); n > 0) return static_cast<unsigned>(n);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options) {
   if (!backend) return make_error(ErrorCode::Invalid, "Device::create: no backend");
   // spdlog's registry is a lazy function-local static inside the (uninstrumented) libspdlog.so:
@@ -35,12 +48,12 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
   if (!rt.ok()) return rt.error();
   if (!warnings.empty()) spdlog::warn("kiln runtime: {}", warnings);
   if (options.threads == 0)
-    options.threads = rt->threads.value_or(std::max<std::size_t>(1, std::thread::hardware_concurrency()));
+    options.threads = rt->threads.value_or(usable_cores());
   if (!options.drain_batch) options.drain_batch = rt->drain_batch.value_or(kDefaultDrainBatch);
   if (!options.inline_waits) options.inline_waits = rt->inline_waits.value_or(true);
   // Spin waits need a core for the waiter beside its actor.
   if (!options.spin_waits)
-    options.spin_waits = rt->spin_waits.value_or(std::thread::hardware_concurrency() >= kSpinWaitsMinCores);
+    options.spin_waits = rt->spin_waits.value_or(usable_cores() >= kSpinWaitsMinCores);
   fusion::FusionConfig config;
   if (options.fusion) {
     config = *options.fusion;

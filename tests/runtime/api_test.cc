@@ -1,6 +1,8 @@
 // The client API (session.h): every front-end op against values computed here in double
 // precision, the lowering's op counts (ir.md §5.11), composites against their formulas, builder
 // errors reaching the caller, per-thread streams, and the [runtime] configuration.
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -426,6 +428,22 @@ TEST(RuntimeConfig, ParsesAndNamesTheKey) {
   EXPECT_NE(warnings.find("KILN_RUNTIME_SPIN_WAITS"), std::string::npos) << warnings;
 }
 
+// With nothing configured, the pool has a thread per core the process may run on (its
+// affinity mask), which the waiters' spin rule counts too.
+TEST(RuntimeConfig, DefaultsFollowTheUsableCores) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  EXPECT_EQ(usable_cores(), static_cast<unsigned>(CPU_COUNT(&set)));
+  EXPECT_LE(usable_cores(), std::max(1u, std::thread::hardware_concurrency()));
+  RuntimeOptions o;
+  o.config_path = "";
+  o.env = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
+  auto d = ok(Device::create(make_backend(), std::move(o)));
+  EXPECT_EQ(d->threads(), usable_cores());
+  EXPECT_EQ(d->options().spin_waits, usable_cores() >= 2);
+}
+
 TEST(RuntimeConfig, PrecedenceFileEnvironmentOptions) {
   const std::filesystem::path path =
       std::filesystem::temp_directory_path() / ("kiln_api_test_" + std::to_string(::getpid()) + ".toml");
@@ -452,7 +470,7 @@ TEST(RuntimeConfig, PrecedenceFileEnvironmentOptions) {
     EXPECT_EQ(d->options().drain_batch, 7u);
     EXPECT_EQ(d->config().max_explorations, 4u);
     // Not set anywhere: spin waits from 2 cores on.
-    EXPECT_EQ(d->options().spin_waits, std::thread::hardware_concurrency() >= 2);
+    EXPECT_EQ(d->options().spin_waits, usable_cores() >= 2);
   }
   env["KILN_RUNTIME_SPIN_WAITS"] = "1";
   EXPECT_EQ(ok(make(0, std::nullopt))->options().spin_waits, true);

@@ -2,7 +2,7 @@
 // read by Device::create beside the [fusion] tables. Precedence: explicit RuntimeOptions >
 // environment > kiln.toml > defaults.
 //
-//   [runtime]   threads = 8        pool threads (>= 1; absent = hardware concurrency)
+//   [runtime]   threads = 8        pool threads (>= 1; absent = the cores the process may use)
 //               drain_batch = 64   commands a stream actor runs per turn (>= 1)
 //               inline_waits = true  a thread waiting on an idle stream runs it itself
 //               spin_waits = true    a waiter spins for its answer (<= 200 µs) while no other

@@ -43,9 +43,14 @@ namespace kiln::runtime {
 // estimate; the runtime benchmark (next part) is to tune it.
 inline constexpr std::size_t kDefaultDrainBatch = 64;
 
+// Cores this process may run on (its affinity mask: taskset, a container's cpuset), at least 1:
+// the default pool size, and what the spin-wait rule counts. CPU quotas (cgroup cpu.max) are not
+// seen.
+unsigned usable_cores();
+
 struct RuntimeOptions {
   // Pool threads; 0 = KILN_RUNTIME_THREADS from the environment, else kiln.toml
-  // [runtime] threads, else the hardware concurrency (runtime/config.h).
+  // [runtime] threads, else usable_cores() (runtime/config.h).
   std::size_t threads = 0;
   // Commands per actor turn; nullopt = KILN_RUNTIME_DRAIN_BATCH, else kiln.toml [runtime]
   // drain_batch, else kDefaultDrainBatch. An explicit 0 is an error. Device::options() reports
@@ -218,7 +223,7 @@ class Device final : public SessionTarget {
   bool spin_waits_ = false;                      // options_.spin_waits, resolved
   std::atomic<std::int64_t> busy_streams_{0};   // see ActorContext::busy_streams; outlives the pool
   mutable std::atomic<std::uint64_t> spun_waits_{0};  // waits answered while spinning
-  const unsigned cores_ = std::thread::hardware_concurrency();
+  const unsigned cores_ = usable_cores();
   boost::asio::thread_pool pool_;
   StreamTable streams_;
   // The actors of streams_, for traversals (reports, totals, shutdown) under streams_mu_: a TBB
