@@ -78,7 +78,7 @@ Device::Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, f
       log_(std::move(log)),
       backend_(std::move(backend)),
       threads_(threads),
-      spin_waits_(options_.spin_waits.value_or(false)),
+      spin_waits_(options_.spin_waits.value_or(false) && usable_cores() >= kSpinWaitsMinCores),
       pool_(threads) {}
 
 Device::~Device() {
@@ -193,7 +193,7 @@ Status Device::register_op_impl(StreamId stream, ir::Operation&& op, bool wake) 
 std::optional<StreamId> Device::producer_of(ir::TensorId id) const { return producers_.find(id); }
 
 bool Device::spin_before_sleep(const StreamActor& a) const {
-  if (!spin_waits_ || cores_ < kSpinWaitsMinCores) return false;
+  if (!spin_waits_) return false;
   return busy_streams_.load(std::memory_order_relaxed) - (a.scheduled() ? 1 : 0) <= 0;
 }
 
@@ -208,9 +208,9 @@ V Device::wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::u
   // (two producers and two actors on two cores: 2.1 M → 1.3 M ops/s).
   if (progress_of != nullptr) {
     // The cache-hit loop's read waits ~40–60 µs for its actor to catch up (spin_wait_limit 200).
-    const auto until = std::chrono::steady_clock::now() + options_.spin_wait_limit;
-    std::uint64_t progress = progress_of->load(std::memory_order_relaxed);
     auto progressed_at = std::chrono::steady_clock::now();
+    const auto until = progressed_at + options_.spin_wait_limit;
+    std::uint64_t progress = progress_of->load(std::memory_order_relaxed);
     for (;;) {
       for (int i = 0; i < kWaitSpinRound; ++i) {
         if (f.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {

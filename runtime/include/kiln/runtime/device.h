@@ -65,9 +65,9 @@ struct RuntimeOptions {
   // Whether a thread that waits on a stream spins for the answer (up to ~200 µs, while its actor
   // keeps running commands) before it sleeps, as long as no other stream of the device is busy
   // (Device::wait); nullopt = KILN_RUNTIME_SPIN_WAITS, else kiln.toml [runtime] spin_waits, else
-  // on with 2 or more cores (a single core never spins). kilnd turns it off unless configured: its session threads share the
-  // cores with their clients, which poll for the answer too. Device::options() reports the
-  // resolved value.
+  // on with 2 or more usable cores (a single core never spins, whatever the setting). kilnd
+  // turns it off unless configured: its session threads share the cores with their clients,
+  // which poll for the answer too. Device::options() reports the resolved setting.
   std::optional<bool> spin_waits;
   // kiln.toml location; an absent file (or an empty path) means defaults. Its [runtime] table is
   // read even when `fusion` is given explicitly.
@@ -205,8 +205,8 @@ class Device final : public SessionTarget {
   template <class V, class What>
   V wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::uint64_t>>& progress,
          const What& what) const;
-  // Whether a waiter on `a` should spin before it sleeps: spin waits are on, the machine has a
-  // core for the waiter beside the actor, and no other stream of the device is busy.
+  // Whether a waiter on `a` should spin before it sleeps: spin waits are on (spin_waits_) and no
+  // other stream of the device is busy.
   bool spin_before_sleep(const StreamActor& a) const;
 
   using StreamTable = tbb::concurrent_hash_map<std::uint64_t, std::unique_ptr<StreamActor>>;
@@ -220,10 +220,9 @@ class Device final : public SessionTarget {
   fusion::ExecutionPlanStore store_;
   std::size_t threads_;
   std::atomic<std::int64_t> turns_waiting_{0};  // see ActorContext::turns_waiting; outlives the pool
-  bool spin_waits_ = false;                      // options_.spin_waits, resolved
+  bool spin_waits_ = false;  // options_.spin_waits, and a core for the waiter beside its actor
   std::atomic<std::int64_t> busy_streams_{0};   // see ActorContext::busy_streams; outlives the pool
   mutable std::atomic<std::uint64_t> spun_waits_{0};  // waits answered while spinning
-  const unsigned cores_ = usable_cores();
   boost::asio::thread_pool pool_;
   StreamTable streams_;
   // The actors of streams_, for traversals (reports, totals, shutdown) under streams_mu_: a TBB
