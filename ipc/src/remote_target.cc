@@ -364,7 +364,7 @@ Status RemoteTarget::read_chunked(runtime::StreamId home, const ir::TensorIr& t,
   return Status::Ok();
 }
 
-Status RemoteTarget::register_op(runtime::StreamId stream, ir::Operation op) {
+Status RemoteTarget::register_op(runtime::StreamId stream, ir::Operation&& op) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(RegisterOpCmd{stream.value(), std::move(op)}));
   (void)request;
   ops_sent_.fetch_add(1, std::memory_order_relaxed);

@@ -162,9 +162,9 @@ Status Device::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::sp
   return backend_->upload(id, dtype, std::move(shape), bytes);
 }
 
-Status Device::register_op(StreamId stream, ir::Operation op) { return register_op_impl(stream, std::move(op), true); }
+Status Device::register_op(StreamId stream, ir::Operation&& op) { return register_op_impl(stream, std::move(op), true); }
 
-Status Device::register_op_deferred(StreamId stream, ir::Operation op) {
+Status Device::register_op_deferred(StreamId stream, ir::Operation&& op) {
   return register_op_impl(stream, std::move(op), false);
 }
 

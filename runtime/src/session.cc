@@ -169,9 +169,10 @@ Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
   // Consumed inputs (counter 1): their handle must not register a Drop after this last use.
   for (std::size_t i = 0; i < used.size(); ++i)
     if (irs[i].status == ir::TensorStatus::ReadWrite) used[i]->state_->counter.fetch_add(1, std::memory_order_relaxed);
-  const ir::TensorIr result = op->outputs()[0];
+  ir::Shape shape = op->outputs()[0].shape;  // the op moves into the queue; its output's shape and dtype stay here
+  const ir::DType dtype = op->outputs()[0].dtype;
   KILN_RETURN_IF_ERROR(device_.register_op(cur, std::move(op).value()));
-  return Tensor(std::make_shared<Tensor::State>(this, out, result.shape, result.dtype, cur));
+  return Tensor(std::make_shared<Tensor::State>(this, out, std::move(shape), dtype, cur));
 }
 
 namespace {

@@ -89,8 +89,8 @@ Status StreamActor::submit_drop(const ir::TensorIr& t, bool wake) {
 }
 
 Status StreamActor::push(Command* cmd, bool wake) {
-  enqueued_.fetch_add(1, std::memory_order_relaxed);
   if (is_owner()) {
+    enqueued_.store(enqueued_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     // Full ring: wake the actor and yield until it makes room (bounded memory per stream).
     while (!intake_.push(cmd)) {
       if (closed_.load(std::memory_order_acquire)) {
@@ -103,6 +103,7 @@ Status StreamActor::push(Command* cmd, bool wake) {
       std::this_thread::yield();
     }
   } else {
+    foreign_enqueued_.fetch_add(1, std::memory_order_relaxed);
     (void)foreign_.push(cmd);  // may allocate a node; false only on allocation failure (throws first)
     foreign_count_.fetch_add(1, std::memory_order_release);
   }
@@ -395,7 +396,7 @@ void StreamActor::publish_stats() {
 
 StreamStats StreamActor::stats() const {
   StreamStats s;
-  s.enqueued = enqueued_.load(std::memory_order_relaxed);
+  s.enqueued = enqueued_.load(std::memory_order_relaxed) + foreign_enqueued_.load(std::memory_order_relaxed);
   s.commands = commands_->load(std::memory_order_relaxed);
   s.executed = executed_.load(std::memory_order_relaxed);
   s.deferred = deferred_.load(std::memory_order_relaxed);

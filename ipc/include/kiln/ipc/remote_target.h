@@ -58,7 +58,7 @@ class RemoteTarget final : public runtime::SessionTarget {
   // runtime::SessionTarget
   ir::TensorId new_tensor_id() override;
   Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
-  Status register_op(runtime::StreamId stream, ir::Operation op) override;
+  Status register_op(runtime::StreamId stream, ir::Operation&& op) override;
   Status drain(runtime::StreamId stream) override;
   Result<runtime::HostData> read(runtime::StreamId home, const ir::TensorIr& t) override;
   // Straight from the arena into `dst` (no intermediate buffer).

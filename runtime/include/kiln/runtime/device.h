@@ -97,7 +97,7 @@ class SessionTarget {
   virtual ir::TensorId new_tensor_id() = 0;
   [[nodiscard]] virtual Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,
                                       std::span<const std::byte> bytes) = 0;
-  [[nodiscard]] virtual Status register_op(StreamId stream, ir::Operation op) = 0;
+  [[nodiscard]] virtual Status register_op(StreamId stream, ir::Operation&& op) = 0;
   [[nodiscard]] virtual Status drain(StreamId stream) = 0;
   [[nodiscard]] virtual Result<HostData> read(StreamId home, const ir::TensorIr& t) = 0;
   // read() into the caller's buffer, which must hold exactly the tensor's bytes (an Invalid
@@ -134,12 +134,12 @@ class Device final : public SessionTarget {
   [[nodiscard]] Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
   // Queues an op on `stream` (created on first use). An input still pending on another stream
   // (producer table) drains that stream first, blocking the caller.
-  [[nodiscard]] Status register_op(StreamId stream, ir::Operation op) override;
+  [[nodiscard]] Status register_op(StreamId stream, ir::Operation&& op) override;
   // register_op without waking the stream's actor: for a caller that registers a burst and then
   // calls wake_stream (or waits on the stream: drain, read and share run or wake it). The daemon
   // uses it while a client's ring still holds messages, so that an op followed by a sync is
   // registered and run by the session thread's inline drain with no pool thread woken at all.
-  [[nodiscard]] Status register_op_deferred(StreamId stream, ir::Operation op);
+  [[nodiscard]] Status register_op_deferred(StreamId stream, ir::Operation&& op);
   void wake_stream(StreamId stream);
   // Sync: executes everything queued on `stream`.
   [[nodiscard]] Status drain(StreamId stream) override;

@@ -249,6 +249,7 @@ class StreamActor {
   // Foreign commands pushed and not popped yet: producers fetch_add(release) after their push,
   // the strand fetch_sub(relaxed) after each pop and load(acquire) in the re-check.
   alignas(64) std::atomic<std::int64_t> foreign_count_{0};
+  std::atomic<std::uint64_t> foreign_enqueued_{0};  // on the line foreign producers write anyway
   // True while a turn is posted or running (see the protocol above).
   alignas(64) std::atomic<bool> scheduled_{false};
   // True while one thread runs the stream's commands: a turn or an inline waiter. Everything the
@@ -256,7 +257,9 @@ class StreamActor {
   std::atomic<bool> running_{false};
   std::atomic<bool> closed_{false};
 
-  // Counters: enqueued_ by producers (relaxed fetch_add), the rest stored by the strand (relaxed).
+  // Counters, all relaxed. enqueued_ is the owner's alone: a plain load and store per op, not a
+  // locked read-modify-write (a full barrier on x86); other producers count in foreign_enqueued_.
+  // The rest are stored by the strand.
   alignas(64) std::atomic<std::uint64_t> enqueued_{0};
   // Commands run: a relaxed progress hint for spinning waiters (Device::wait) as well.
   const std::shared_ptr<std::atomic<std::uint64_t>> commands_ = std::make_shared<std::atomic<std::uint64_t>>(0);
