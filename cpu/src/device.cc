@@ -2,11 +2,13 @@
 
 #include <tbb/info.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
 #include "fast_program.h"
 #include "jit.h"
+#include "kiln/runtime/usable_cores.h"
 
 namespace kiln::cpu {
 
@@ -14,7 +16,9 @@ namespace {
 
 int resolve_threads(int requested) {
   if (requested > 0) return requested;
-  const int n = tbb::info::default_concurrency();
+  // TBB's default follows the affinity mask but not a cgroup CPU quota (oneTBB issue 190);
+  // usable_cores() sees both.
+  const int n = std::min(tbb::info::default_concurrency(), static_cast<int>(runtime::usable_cores()));
   return n > 0 ? n : 1;
 }
 

@@ -1,10 +1,7 @@
 #include "kiln/runtime/device.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,17 +17,6 @@ constexpr std::uint64_t kInlineReadBytes = 256 * 1024;
 constexpr unsigned kSpinWaitsMinCores = 2;  // RuntimeOptions::spin_waits' default: on from 2 cores
 constexpr int kWaitSpinRound = 32;  // pauses between checks of the clock, busy count and progress
 }  // namespace
-
-unsigned usable_cores() {
-  // The process's affinity mask (taskset, a container's cpuset), not every online CPU, which is
-  // what std::thread::hardware_concurrency() counts.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    if (const int n = CPU_COUNT(&set); n > 0) return static_cast<unsigned>(n);
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options) {
   if (!backend) return make_error(ErrorCode::Invalid, "Device::create: no backend");

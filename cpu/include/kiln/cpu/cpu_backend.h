@@ -27,7 +27,7 @@ namespace kiln::cpu {
 
 struct CpuBackendOptions {
   // Worker threads one kernel launch may use (the shared task arena's concurrency); 0 = the
-  // hardware's. Streams run their launches on the same arena, so two streams busy at once share
+  // cores the process may use (runtime::usable_cores(): affinity mask and cgroup quota). Streams run their launches on the same arena, so two streams busy at once share
   // these workers instead of oversubscribing the cores.
   int threads = 0;
   CpuAllocatorOptions allocator{};

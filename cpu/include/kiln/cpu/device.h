@@ -59,7 +59,7 @@ struct Kernel;
 enum class CpuJitMode : std::uint8_t { Off, On, Auto };
 
 struct CpuDeviceOptions {
-  // Worker threads one launch may use (its task arena's concurrency); 0 = the hardware's.
+  // Worker threads one launch may use (its task arena's concurrency); 0 = runtime::usable_cores().
   int threads = 0;
   CpuAllocatorOptions allocator{};
   // Seed of the reference executor's random generator (Random / IntRandom ops).

@@ -33,6 +33,7 @@
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/producer_table.h"
 #include "kiln/runtime/stream_actor.h"
+#include "kiln/runtime/usable_cores.h"
 
 namespace kiln::runtime {
 
@@ -42,11 +43,6 @@ namespace kiln::runtime {
 // while the post/strand overhead (~0.1–0.5 µs per turn) stays under 1% of a turn. A first
 // estimate; the runtime benchmark (next part) is to tune it.
 inline constexpr std::size_t kDefaultDrainBatch = 64;
-
-// Cores this process may run on (its affinity mask: taskset, a container's cpuset), at least 1:
-// the default pool size, and what the spin-wait rule counts. CPU quotas (cgroup cpu.max) are not
-// seen.
-unsigned usable_cores();
 
 struct RuntimeOptions {
   // Pool threads; 0 = KILN_RUNTIME_THREADS from the environment, else kiln.toml
