@@ -27,8 +27,9 @@ namespace kiln::cpu {
 
 struct CpuBackendOptions {
   // Worker threads one kernel launch may use (the shared task arena's concurrency); 0 = the
-  // cores the process may use (runtime::usable_cores(): affinity mask and cgroup quota). Streams run their launches on the same arena, so two streams busy at once share
-  // these workers instead of oversubscribing the cores.
+  // cores the process may use (runtime::usable_cores(): affinity mask and cgroup quota).
+  // Streams run their launches on the same arena, so two streams busy at once share these
+  // workers instead of oversubscribing the cores.
   int threads = 0;
   CpuAllocatorOptions allocator{};
   // Seed of the first stream's random generator; stream k uses seed + k.

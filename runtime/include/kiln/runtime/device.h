@@ -10,7 +10,7 @@
 // Usage:
 //   auto dev = Device::create(std::make_unique<cpu::ReferenceCpuBackend>(), RuntimeOptions{.threads = 4});
 //   StreamId s = StreamId(0);
-//   (*dev)->register_op(s, op);              // Lazy, returns at once
+//   (*dev)->register_op(s, std::move(op));   // Lazy, returns at once
 //   Result<HostData> d = (*dev)->read(s, t); // drains s only if t is not produced yet
 #pragma once
 

@@ -261,11 +261,12 @@ class StreamActor {
   // locked read-modify-write (a full barrier on x86); other producers count in foreign_enqueued_.
   // The rest are stored by the strand.
   alignas(64) std::atomic<std::uint64_t> enqueued_{0};
-  // Commands run: a relaxed progress hint for spinning waiters (Device::wait) as well.
-  const std::shared_ptr<std::atomic<std::uint64_t>> commands_ = std::make_shared<std::atomic<std::uint64_t>>(0);
-  // The strand's counters start a cache line of their own, away from enqueued_ (a producer's
-  // fetch_add per op).
+  // The strand's counters start a cache line of their own, away from enqueued_ (the owner's
+  // store per op).
   alignas(64) std::atomic<std::uint64_t> executed_{0};
+  // Commands run: a relaxed progress hint for spinning waiters (Device::wait) as well. The
+  // pointer is read by the strand per command: on the strand's line, not the producer's.
+  const std::shared_ptr<std::atomic<std::uint64_t>> commands_ = std::make_shared<std::atomic<std::uint64_t>>(0);
   std::atomic<std::uint64_t> deferred_{0};
   std::atomic<std::uint64_t> turns_{0};
   std::atomic<std::uint64_t> drains_{0};
