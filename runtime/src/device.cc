@@ -106,6 +106,7 @@ StreamActor* Device::actor(StreamId stream) {
     ctx.processor.max_blocks = config_.max_blocks;
     ctx.processor.max_explorations = config_.max_explorations;
     ctx.drain_batch = *options_.drain_batch;
+    ctx.idle_polls = options_.turn_idle_polls;
     ctx.turns_waiting = &turns_waiting_;
     ctx.busy_streams = &busy_streams_;
     ctx.inline_waits = *options_.inline_waits && backend_->executes_on_any_thread();

@@ -145,8 +145,6 @@ bool StreamActor::has_work() const {
 }
 
 namespace {
-// ~1–3 µs of polling (a pause is 10–140 cycles depending on the core).
-constexpr int kIdlePolls = 256;
 // How long cancel_pending waits for whoever holds the stream (a turn or inline waiter).
 constexpr std::chrono::seconds kCancelWait{30};
 }  // namespace
@@ -228,10 +226,12 @@ void StreamActor::run_turn() {
     return;
   }
   turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  std::size_t processed = 0;
-  auto run_owned = [this, &processed](Command* c) {
+  std::size_t processed = 0;  // in this batch
+  bool ran = false;           // anything at all in this call (a batch restarted in place resets `processed`)
+  auto run_owned = [this, &processed, &ran](Command* c) {
     run_queued(c);
     ++processed;
+    ran = true;
   };
   int idle_polls = 0;
   answered_waiter_ = false;
@@ -265,12 +265,13 @@ void StreamActor::run_turn() {
       continue;
     }
     // A producer recording a program submits its next op within a microsecond or two: poll a
-    // little before going idle, so that the next op does not cost a post and a thread wake-up
-    // (a futex round trip of several µs) on each side. Not while another stream's turn waits
+    // little before going idle (ActorContext::idle_polls). Not while another stream's turn waits
     // for a pool thread: polling would only delay it.
     // Nor right after answering a drain, read or share: its caller was blocked, and its thread
     // (or, over IPC, the daemon's session thread) needs the core now, not more ops from us.
-    if (processed > 0 && idle_polls < kIdlePolls && !answered_waiter_ &&
+    // (Whether this call ran anything, not this batch: a batch just restarted in place has run
+    // nothing yet, and ending the turn there cost a post and a wake-up per batch.)
+    if (ran && idle_polls < ctx_.idle_polls && !answered_waiter_ &&
         (ctx_.turns_waiting == nullptr || ctx_.turns_waiting->load(std::memory_order_relaxed) == 0)) {
       ++idle_polls;
       cpu_relax();

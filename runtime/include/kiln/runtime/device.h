@@ -80,6 +80,9 @@ struct RuntimeOptions {
   // actor or a long kernel does not last much longer). Tests stretch both.
   std::chrono::microseconds spin_wait_limit{200};
   std::chrono::microseconds spin_wait_stall{30};
+  // Pauses a turn polls its intake for the producer's next op before it ends (ActorContext::
+  // idle_polls). Tests stretch it.
+  int turn_idle_polls = kDefaultTurnIdlePolls;
   // Environment lookup (tests inject one); default: the process environment.
   fusion::EnvLookup env;
 };
