@@ -88,45 +88,56 @@ void add_counters(StreamStats& sum, const StreamStats& s) {
 }
 }  // namespace
 
-StreamActor* Device::actor(StreamId stream) {
+bool Device::hold_actor(StreamId stream, StreamTable::const_accessor& held) {
+  if (streams_.find(held, stream.value())) return true;  // bucket read lock: the hot path
   {
-    StreamTable::const_accessor a;  // bucket read lock: the hot path
-    if (streams_.find(a, stream.value())) return a->second.get();
-  }
-  // Creation is rare: serialized under streams_mu_ with the traversals of live_actors_
-  // (shutdown, reports, totals), which never walk the TBB table itself.
-  std::lock_guard lock(streams_mu_);
-  if (closed_.load(std::memory_order_acquire)) return nullptr;
-  StreamTable::accessor a;
-  if (streams_.insert(a, stream.value())) {
-    ActorContext ctx;
-    ctx.backend = backend_.get();
-    ctx.store = &store_;
-    ctx.log = &log_;
-    ctx.processor.max_blocks = config_.max_blocks;
-    ctx.processor.max_explorations = config_.max_explorations;
-    ctx.drain_batch = *options_.drain_batch;
-    ctx.idle_polls = options_.turn_idle_polls;
-    ctx.turns_waiting = &turns_waiting_;
-    ctx.busy_streams = &busy_streams_;
-    ctx.inline_waits = *options_.inline_waits && backend_->executes_on_any_thread();
-    a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
-    live_actors_.push_back(a->second.get());
-  }
-  // Valid until close_stream(stream) destroys it (after draining and quiescing it): a caller
-  // racing a close of the same stream may still touch a destroyed actor — a known gap (shared
-  // ownership of actors is the fix; see docs/runtime.md, "Streams").
-  return a->second.get();
+    // Creation is rare: serialized under streams_mu_ with the traversals of live_actors_
+    // (shutdown, reports, totals), which never walk the TBB table itself.
+    std::lock_guard lock(streams_mu_);
+    if (closed_.load(std::memory_order_acquire)) return false;
+    StreamTable::accessor a;
+    if (streams_.insert(a, stream.value())) {
+      ActorContext ctx;
+      ctx.backend = backend_.get();
+      ctx.store = &store_;
+      ctx.log = &log_;
+      ctx.processor.max_blocks = config_.max_blocks;
+      ctx.processor.max_explorations = config_.max_explorations;
+      ctx.drain_batch = *options_.drain_batch;
+      ctx.idle_polls = options_.turn_idle_polls;
+      ctx.turns_waiting = &turns_waiting_;
+      ctx.busy_streams = &busy_streams_;
+      ctx.inline_waits = *options_.inline_waits && backend_->executes_on_any_thread();
+      a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
+      live_actors_.push_back(a->second.get());
+    }
+  }  // the write lock goes before the read lock is taken (same bucket)
+  // Fails only when a close of the stream erased it in between.
+  return streams_.find(held, stream.value());
 }
 
 namespace {
-Error shut_down_error(StreamId stream) {
-  return make_error(ErrorCode::Execution, "stream " + std::to_string(stream.value()) + ": the device is shut down");
+Error unavailable_error(StreamId stream) {
+  return make_error(ErrorCode::Execution,
+                    "stream " + std::to_string(stream.value()) + ": the stream was closed, or the device is shut down");
 }
 }  // namespace
 
+template <class Cmd>
+Status Device::dispatch_waited(StreamId stream, Command& cmd, bool may_inline,
+                               std::shared_ptr<const std::atomic<std::uint64_t>>& progress) {
+  StreamTable::const_accessor held;  // released on return, before the caller's wait: a close may
+                                     // then destroy the actor; the answer's future outlives it
+  if (!hold_actor(stream, held)) return unavailable_error(stream);
+  StreamActor& a = *held->second;
+  if (may_inline && a.try_run_inline(cmd)) return Status::Ok();
+  if ((std::get<Cmd>(cmd).waiter_spins = spin_before_sleep(a))) progress = a.progress_counter();
+  return a.submit(std::move(cmd));
+}
+
 void Device::claim_stream(StreamId stream) {
-  if (StreamActor* a = actor(stream)) a->claim_owner();
+  StreamTable::const_accessor held;
+  if (hold_actor(stream, held)) held->second->claim_owner();
 }
 
 Status SessionTarget::read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) {
@@ -172,9 +183,9 @@ Status Device::register_op_impl(StreamId stream, ir::Operation&& op, bool wake) 
   for (const ir::TensorIr& out : op.outputs()) producers_.insert(out.id, stream);
   for (const ir::TensorIr& in : op.inputs())
     if (in.status == ir::TensorStatus::ReadWrite) producers_.erase(in.id);  // last use: no one names it again
-  StreamActor* a = actor(stream);
-  if (a == nullptr) return shut_down_error(stream);
-  return a->submit_op(std::move(op), wake);
+  StreamTable::const_accessor held;
+  if (!hold_actor(stream, held)) return unavailable_error(stream);
+  return held->second->submit_op(std::move(op), wake);
 }
 
 std::optional<StreamId> Device::producer_of(ir::TensorId id) const { return producers_.find(id); }
@@ -232,13 +243,8 @@ V Device::wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::u
 Status Device::drain(StreamId stream) {
   Command cmd{std::in_place_type<DrainCmd>};
   std::future<Status> f = std::get<DrainCmd>(cmd).done.get_future();
-  StreamActor* a = actor(stream);
-  if (a == nullptr) return shut_down_error(stream);
   std::shared_ptr<const std::atomic<std::uint64_t>> progress;
-  if (!a->try_run_inline(cmd)) {
-    if ((std::get<DrainCmd>(cmd).waiter_spins = spin_before_sleep(*a))) progress = a->progress_counter();
-    KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  }
+  KILN_RETURN_IF_ERROR(dispatch_waited<DrainCmd>(stream, cmd, true, progress));
   return wait(f, progress, [stream] { return "drain of stream " + std::to_string(stream.value()); });
 }
 
@@ -246,17 +252,12 @@ Result<HostData> Device::read(StreamId home, const ir::TensorIr& t) {
   Command cmd{std::in_place_type<ReadCmd>, ReadCmd{t, {}}};
   std::future<Result<HostData>> f = std::get<ReadCmd>(cmd).done.get_future();
   if (t.status == ir::TensorStatus::ReadWrite) producers_.erase(t.id);
-  StreamActor* a = actor(home);
-  if (a == nullptr) return shut_down_error(home);
   // Inline only for small reads: a large one is dominated by its copy, and its buffer is better
   // allocated by the pool thread whose heap has recycled the last one (16 MiB reads on a busy
   // client heap fell from 4.4 to 0.8 GB/s, every buffer a fresh mmap).
   const bool small = ir::num_elements(t.shape) * t.dtype.size_bytes() <= kInlineReadBytes;
   std::shared_ptr<const std::atomic<std::uint64_t>> progress;
-  if (!small || !a->try_run_inline(cmd)) {
-    if ((std::get<ReadCmd>(cmd).waiter_spins = spin_before_sleep(*a))) progress = a->progress_counter();
-    KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  }
+  KILN_RETURN_IF_ERROR(dispatch_waited<ReadCmd>(home, cmd, small, progress));
   return wait(f, progress, [&t, home] { return "read of " + t.to_string() + " on stream " + std::to_string(home.value()); });
 }
 
@@ -266,21 +267,16 @@ Status Device::drop_deferred(StreamId home, const ir::TensorIr& t) { return drop
 
 Status Device::drop_impl(StreamId home, const ir::TensorIr& t, bool wake) {
   producers_.erase(t.id);
-  StreamActor* a = actor(home);
-  if (a == nullptr) return shut_down_error(home);
-  return a->submit_drop(t, wake);
+  StreamTable::const_accessor held;
+  if (!hold_actor(home, held)) return unavailable_error(home);
+  return held->second->submit_drop(t, wake);
 }
 
 Status Device::share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
   Command cmd{std::in_place_type<ShareCmd>, ShareCmd{src, dst, {}}};
   std::future<Status> f = std::get<ShareCmd>(cmd).done.get_future();
-  StreamActor* a = actor(src_stream);
-  if (a == nullptr) return shut_down_error(src_stream);
   std::shared_ptr<const std::atomic<std::uint64_t>> progress;
-  if (!a->try_run_inline(cmd)) {
-    if ((std::get<ShareCmd>(cmd).waiter_spins = spin_before_sleep(*a))) progress = a->progress_counter();
-    KILN_RETURN_IF_ERROR(a->submit(std::move(cmd)));
-  }
+  KILN_RETURN_IF_ERROR(dispatch_waited<ShareCmd>(src_stream, cmd, true, progress));
   return wait(f, progress, [src, src_stream] {
     return "shared view of " + src.to_string() + " from stream " + std::to_string(src_stream.value());
   });
@@ -322,6 +318,13 @@ Status Device::close_stream(StreamId stream) {
     return make_error(ErrorCode::Execution, "close of stream " + std::to_string(stream.value()) + ": timed out");
   }
   (void)owned->cancel_pending("the stream was closed");
+  // A turn that was running when the quiesce was posted may have re-posted itself behind it (a
+  // spent batch, or work queued before the close); it finds the queues empty now and ends.
+  if (!owned->wait_turns_out(options_.wait_timeout)) {
+    std::lock_guard streams_lock(streams_mu_);
+    abandoned_.push_back(std::move(owned));
+    return make_error(ErrorCode::Execution, "close of stream " + std::to_string(stream.value()) + ": timed out");
+  }
   return drained;
 }
 

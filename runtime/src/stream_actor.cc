@@ -135,6 +135,7 @@ void StreamActor::count_busy(std::int64_t delta) {
 }
 
 void StreamActor::post_turn() {
+  turns_in_flight_.fetch_add(1, std::memory_order_relaxed);
   if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_add(1, std::memory_order_relaxed);
   boost::asio::post(strand_, [this] { run_turn(); });
 }
@@ -219,6 +220,12 @@ void StreamActor::run_queued(Command* c) {
 }
 
 void StreamActor::run_turn() {
+  // Leaving, whichever way: the decrement is the turn's last touch of this actor (release: a
+  // closer that sees 0 may destroy it). Declared first, so it runs after everything below.
+  struct Leave {
+    std::atomic<std::int64_t>& in_flight;
+    ~Leave() { in_flight.fetch_sub(1, std::memory_order_release); }
+  } leave{turns_in_flight_};
   if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_sub(1, std::memory_order_relaxed);
   if (!acquire_running()) {
     // A waiter is running the stream inline; its end_of_turn() re-checks the queues and posts a
@@ -432,6 +439,15 @@ void StreamActor::post_exclusive(F fn) {
   });
 }
 
+bool StreamActor::wait_turns_out(std::chrono::milliseconds limit) const {
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  while (turns_in_flight_.load(std::memory_order_acquire) != 0) {
+    if (std::chrono::steady_clock::now() >= give_up) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 std::future<void> StreamActor::quiesce() {
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> f = done->get_future();
@@ -492,7 +508,12 @@ std::size_t StreamActor::cancel_pending(const std::string& reason) {
   };
   Command* c = nullptr;
   while (intake_.pop(c)) cancel(c);
-  while (foreign_.pop(c)) cancel(c);
+  while (foreign_.pop(c)) {
+    // Counted down like a turn's pop: a count left above zero made has_work() true for good, and
+    // every later turn re-posted itself (a closed stream's turns never ended).
+    foreign_count_.fetch_sub(1, std::memory_order_relaxed);
+    cancel(c);
+  }
   release_running();
   return n;
 }

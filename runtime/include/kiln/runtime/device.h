@@ -192,8 +192,19 @@ class Device final : public SessionTarget {
  private:
   Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, fusion::FusionConfig config,
          fusion::FusionLog log, std::size_t threads);
-  // The stream's actor, created on first use; nullptr once the device is shut down.
-  StreamActor* actor(StreamId stream);
+  using StreamTable = tbb::concurrent_hash_map<std::uint64_t, std::unique_ptr<StreamActor>>;
+  // The stream's actor (created on first use) with its table entry read-locked in `held`:
+  // close_stream cannot erase and destroy the actor while `held` lives. Held across calls into
+  // the actor that do not wait (a push, an inline run of what is queued), never across a wait,
+  // and never two at once (a read lock taken again while a writer is queued on the bucket would
+  // deadlock). false: the stream was just closed, or the device is shut down.
+  bool hold_actor(StreamId stream, StreamTable::const_accessor& held);
+  // A drain, read or share (Cmd): run inline when `may_inline` and the stream allows it, else
+  // submitted to the held actor, with `progress` set when its waiter is to spin. The caller
+  // waits afterwards, the actor no longer held.
+  template <class Cmd>
+  Status dispatch_waited(StreamId stream, Command& cmd, bool may_inline,
+                         std::shared_ptr<const std::atomic<std::uint64_t>>& progress);
   Status register_op_impl(StreamId stream, ir::Operation&& op, bool wake);
   Status drop_impl(StreamId home, const ir::TensorIr& t, bool wake);
   // Waits for an actor's answer (spins briefly, then sleeps up to options().wait_timeout);
@@ -207,8 +218,6 @@ class Device final : public SessionTarget {
   // Whether a waiter on `a` should spin before it sleeps: spin waits are on (spin_waits_) and no
   // other stream of the device is busy.
   bool spin_before_sleep(const StreamActor& a) const;
-
-  using StreamTable = tbb::concurrent_hash_map<std::uint64_t, std::unique_ptr<StreamActor>>;
 
   // Declaration order is destruction order reversed: actors (streams_) go before the pool, the
   // store, the log and the backend they use.

@@ -209,6 +209,10 @@ class StreamActor {
   // Device, after the pool joined (no handler runs any more): completes every command still
   // queued with an error naming `reason`; returns how many there were.
   std::size_t cancel_pending(const std::string& reason);
+  // Device, at close_stream after quiesce() and cancel_pending(): waits until no turn is posted
+  // or running (a turn running when quiesce() was posted may have re-posted itself behind it);
+  // false if one is still there after `limit` (stuck in a kernel: the actor must be kept).
+  bool wait_turns_out(std::chrono::milliseconds limit) const;
 
  private:
   bool is_owner() const;
@@ -260,6 +264,8 @@ class StreamActor {
   std::atomic<std::uint64_t> foreign_enqueued_{0};  // on the line foreign producers write anyway
   // True while a turn is posted or running (see the protocol above).
   alignas(64) std::atomic<bool> scheduled_{false};
+  // Turns posted and not finished: the last thing a turn touches is its decrement (run_turn).
+  std::atomic<std::int64_t> turns_in_flight_{0};
   // True while one thread runs the stream's commands: a turn or an inline waiter. Everything the
   // strand-only state comment above says holds for whoever holds this flag (acq_rel hand-over).
   std::atomic<bool> running_{false};
