@@ -301,29 +301,33 @@ Status Device::close_stream(StreamId stream) {
     streams_.erase(a);
     std::erase(live_actors_, owned.get());
   }
-  {
-    // Its counters live on in the totals (the drain above made them final).
+  // A turn stuck in a kernel: keep the actor alive until the device goes (after its pool joined)
+  // rather than destroy it under a running handler. Its counters join the totals either way
+  // (final once no turn is left; what it had run so far otherwise).
+  auto keep = [&](const char* what) -> Status {
+    spdlog::warn("kiln runtime: close of stream {}: {} within {} ms; keeping the actor until shutdown", stream.value(),
+                 what, options_.wait_timeout.count());
     const StreamStats st = owned->stats();
     std::lock_guard streams_lock(streams_mu_);
     add_counters(closed_totals_, st);
-  }
-  std::future<void> idle = owned->quiesce();
-  if (idle.wait_for(options_.wait_timeout) != std::future_status::ready) {
-    // A turn is stuck in a kernel: keep the actor alive until the device goes (after its pool
-    // joined) rather than destroy it under a running handler.
-    spdlog::warn("kiln runtime: close of stream {}: the actor did not go idle within {} ms; keeping it until "
-                 "shutdown", stream.value(), options_.wait_timeout.count());
-    std::lock_guard streams_lock(streams_mu_);
     abandoned_.push_back(std::move(owned));
     return make_error(ErrorCode::Execution, "close of stream " + std::to_string(stream.value()) + ": timed out");
-  }
+  };
+  std::future<void> idle = owned->quiesce();
+  if (idle.wait_for(options_.wait_timeout) != std::future_status::ready) return keep("the actor did not go idle");
   (void)owned->cancel_pending("the stream was closed");
   // A turn that was running when the quiesce was posted may have re-posted itself behind it (a
   // spent batch, or work queued before the close); it finds the queues empty now and ends.
-  if (!owned->wait_turns_out(options_.wait_timeout)) {
+  if (!owned->wait_turns_out(options_.wait_timeout)) return keep("a turn did not end");
+  // Such a turn may have found the stream held by cancel_pending and left without clearing the
+  // actor's busy flag: the device's busy count must not keep it (it would stop every later spin
+  // and in-place turn).
+  owned->retire();
+  {
+    // Its counters live on in the totals, final now that no turn is left.
+    const StreamStats st = owned->stats();
     std::lock_guard streams_lock(streams_mu_);
-    abandoned_.push_back(std::move(owned));
-    return make_error(ErrorCode::Execution, "close of stream " + std::to_string(stream.value()) + ": timed out");
+    add_counters(closed_totals_, st);
   }
   return drained;
 }

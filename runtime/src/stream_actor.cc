@@ -229,7 +229,8 @@ void StreamActor::run_turn() {
   if (ctx_.turns_waiting) ctx_.turns_waiting->fetch_sub(1, std::memory_order_relaxed);
   if (!acquire_running()) {
     // A waiter is running the stream inline; its end_of_turn() re-checks the queues and posts a
-    // turn for anything left, so this one has nothing to do.
+    // turn for anything left, so this one has nothing to do. (Or a close's cancel_pending holds
+    // it: StreamActor::retire() then clears the busy flag this turn leaves set.)
     return;
   }
   turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -441,11 +442,20 @@ void StreamActor::post_exclusive(F fn) {
 
 bool StreamActor::wait_turns_out(std::chrono::milliseconds limit) const {
   const auto give_up = std::chrono::steady_clock::now() + limit;
-  while (turns_in_flight_.load(std::memory_order_acquire) != 0) {
+  for (int round = 0; turns_in_flight_.load(std::memory_order_acquire) != 0; ++round) {
     if (std::chrono::steady_clock::now() >= give_up) return false;
-    std::this_thread::yield();
+    // Yield first (the turn is normally next on a pool thread), then sleep: a turn stuck in a
+    // kernel must not have the closer spin on a core for the whole limit.
+    if (round < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return true;
+}
+
+void StreamActor::retire() {
+  if (scheduled_.exchange(false, std::memory_order_acq_rel)) count_busy(-1);
 }
 
 std::future<void> StreamActor::quiesce() {

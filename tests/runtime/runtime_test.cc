@@ -658,14 +658,14 @@ TEST(Runtime, CloseStreamDrainsAndRemovesTheActor) {
 }
 
 // A close racing other threads that use the same stream (a cross-stream drain, an importer's
-// shared view, a reader, a foreign drop, a wake): every call completes, or fails with an error
+// shared view, a reader, a foreign registration, a wake): every call completes, or fails with an error
 // that names the closed stream; none reaches a destroyed actor. An actor is reached with its
 // table entry read-locked, and a close waits for that lock before it erases and destroys it (the
 // dev preset's ASan and the tsan preset report a use after free otherwise).
 TEST(Runtime, ClosingAStreamWhileOtherThreadsUseIt) {
   auto dev = make_device(2);
   const TensorIr x = upload_f32x2(*dev, 1.0f, 2.0f);
-  std::atomic<int> failures{0}, unavailable{0};
+  std::atomic<int> failures{0}, unavailable{0}, after_close{0};
   auto check = [&](const Status& st) {
     if (st.ok()) return;
     if (st.error().message.find("closed") != std::string::npos) {
@@ -693,10 +693,14 @@ TEST(Runtime, ClosingAStreamWhileOtherThreadsUseIt) {
       users.emplace_back([&, kind] {
         // Until a little after the close: calls before, during and after it.
         for (int i = 0; i < 400 && !(closed.load() && i > 20); ++i) {
+          if (closed.load()) after_close.fetch_add(1);
           switch (kind) {
             case 0: {
               Result<HostData> d = dev->read(s, y_ro);
-              if (d.ok() && first_f32(d) != 1.5f) failures.fetch_add(1);
+              if (d.ok() && first_f32(d) != 1.5f) {
+                ADD_FAILURE() << "read " << first_f32(d) << ", want 1.5";
+                failures.fetch_add(1);
+              }
               if (!d.ok()) check(d.error());
               break;
             }
@@ -723,8 +727,11 @@ TEST(Runtime, ClosingAStreamWhileOtherThreadsUseIt) {
     closed.store(true);
     for (std::thread& t : users) t.join();
     check(dev->close_stream(s));  // whatever the late calls re-created
+    EXPECT_FALSE(dev->stream_stats(s).has_value());
   }
   EXPECT_EQ(failures.load(), 0);
+  // The race was run: calls came after closes, not only before them.
+  EXPECT_GT(after_close.load(), 0);
   EXPECT_TRUE(dev->shutdown().ok());
 }
 

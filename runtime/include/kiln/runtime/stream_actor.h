@@ -11,7 +11,8 @@
 //     turn (run_turn), a strand handler (snapshot, quiesce), or a client thread about to block on
 //     a drain/read/share that found no turn running (try_run_inline, "caller runs"). Holders
 //     hand over with acq_rel, so they see each other's work as consecutive turns would.
-//   * close()/cancel_pending(): the device, at shutdown (cancel_pending after the pool joined).
+//   * close()/cancel_pending(): the device, at shutdown (cancel_pending after the pool joined)
+//     and at close_stream (after quiesce(), the pool running; cancel_pending holds `running_`).
 //
 // Wake-up protocol (no lost wake-up; normally one turn queued or running at a time):
 //   producer:  push(cmd)                                    [queue's release store]
@@ -206,13 +207,17 @@ class StreamActor {
   std::future<StreamSnapshot> snapshot();
   // The same without the strand: only when no handler can run (after the pool joined).
   StreamSnapshot snapshot_now() const;
-  // Device, after the pool joined (no handler runs any more): completes every command still
-  // queued with an error naming `reason`; returns how many there were.
+  // Device, after the pool joined (shutdown) or after quiesce() (close_stream): completes every
+  // command still queued with an error naming `reason` (registrations and drops are dropped);
+  // returns how many there were.
   std::size_t cancel_pending(const std::string& reason);
   // Device, at close_stream after quiesce() and cancel_pending(): waits until no turn is posted
   // or running (a turn running when quiesce() was posted may have re-posted itself behind it);
   // false if one is still there after `limit` (stuck in a kernel: the actor must be kept).
   bool wait_turns_out(std::chrono::milliseconds limit) const;
+  // Device, at close_stream once wait_turns_out() returned true: takes the actor's busy flag
+  // out of the device's busy count if a turn left it set.
+  void retire();
 
  private:
   bool is_owner() const;
