@@ -33,13 +33,14 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
   Result<RuntimeFileConfig> rt = load_runtime_config(options.config_path, options.env, &warnings);
   if (!rt.ok()) return rt.error();
   if (!warnings.empty()) spdlog::warn("kiln runtime: {}", warnings);
+  const unsigned cores = usable_cores();  // reads the cgroup files: once per device
   if (options.threads == 0)
-    options.threads = rt->threads.value_or(usable_cores());
+    options.threads = rt->threads.value_or(cores);
   if (!options.drain_batch) options.drain_batch = rt->drain_batch.value_or(kDefaultDrainBatch);
   if (!options.inline_waits) options.inline_waits = rt->inline_waits.value_or(true);
   // Spin waits need a core for the waiter beside its actor.
   if (!options.spin_waits)
-    options.spin_waits = rt->spin_waits.value_or(usable_cores() >= kSpinWaitsMinCores);
+    options.spin_waits = rt->spin_waits.value_or(cores >= kSpinWaitsMinCores);
   fusion::FusionConfig config;
   if (options.fusion) {
     config = *options.fusion;
@@ -54,17 +55,20 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
   else if (config.log_level != fusion::LogLevel::Disabled)
     log = fusion::FusionLog::to_stderr(config.log_level);
   const std::size_t threads = options.threads;
-  return std::unique_ptr<Device>(new Device(std::move(backend), std::move(options), config, std::move(log), threads));
+  // An explicit `true` stays reported as asked, but never spins without a core to spare.
+  const bool spin_waits = *options.spin_waits && cores >= kSpinWaitsMinCores;
+  return std::unique_ptr<Device>(
+      new Device(std::move(backend), std::move(options), config, std::move(log), threads, spin_waits));
 }
 
 Device::Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, fusion::FusionConfig config,
-               fusion::FusionLog log, std::size_t threads)
+               fusion::FusionLog log, std::size_t threads, bool spin_waits)
     : options_(std::move(options)),
       config_(config),
       log_(std::move(log)),
       backend_(std::move(backend)),
       threads_(threads),
-      spin_waits_(options_.spin_waits.value_or(false) && usable_cores() >= kSpinWaitsMinCores),
+      spin_waits_(spin_waits),
       pool_(threads) {}
 
 Device::~Device() {

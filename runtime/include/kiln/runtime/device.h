@@ -191,7 +191,7 @@ class Device final : public SessionTarget {
 
  private:
   Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, fusion::FusionConfig config,
-         fusion::FusionLog log, std::size_t threads);
+         fusion::FusionLog log, std::size_t threads, bool spin_waits);
   using StreamTable = tbb::concurrent_hash_map<std::uint64_t, std::unique_ptr<StreamActor>>;
   // The stream's actor (created on first use) with its table entry read-locked in `held`:
   // close_stream cannot erase and destroy the actor while `held` lives. Held across calls into
