@@ -94,10 +94,13 @@ std::string json_escape(const std::string& s) {
 
 }  // namespace
 
+// A job's totals over its sessions. The two counts change on the op path (every registration
+// charges its outputs, every consumed input releases), so they are atomics, not fields under the
+// service's mutex: four clients' session threads took that one lock 2-3 times per op.
 struct JobState {
-  std::uint64_t clients = 0;
-  std::uint64_t tensor_bytes = 0;
-  std::uint64_t queued_ops = 0;
+  std::uint64_t clients = 0;                   // under DaemonService::Impl::mu
+  std::atomic<std::uint64_t> tensor_bytes{0};  // bytes charged by its sessions
+  std::atomic<std::uint64_t> queued_ops{0};    // sum of its sessions' last recounts
 };
 
 class ClientSession;
@@ -185,6 +188,14 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void wake_deferred();
   void note_deferred(StreamId s);  // a registration or drop left for wake_deferred()
   StreamId stream(std::uint64_t client_stream);
+  // A fresh device tensor id, from this session's current block of ir::kTensorIdBlock.
+  ir::TensorId fresh_id() {
+    if (next_id_ == end_id_) {
+      next_id_ = service_.device.new_tensor_ids(ir::kTensorIdBlock).value();
+      end_id_ = next_id_ + ir::kTensorIdBlock;
+    }
+    return ir::TensorId(next_id_++);
+  }
   Result<TensorRecord*> lookup(std::uint64_t client_tensor, const char* what);
   Status check_fresh(std::uint64_t client_tensor, const char* what) const;
   // Charges `bytes` to the job's memory quota; `what()` names the request in the error only.
@@ -192,7 +203,6 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status charge(std::uint64_t bytes, const What& what);
   Status charge(std::uint64_t bytes, const char* what);
   void release(std::uint64_t bytes);
-  void release_locked(std::uint64_t bytes);  // under service_.mu
   void forget(std::span<const std::uint64_t> client_tensors);
   void forget(std::uint64_t client_tensor);
   void publish_stats();
@@ -201,14 +211,19 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   DaemonService::Impl& service_;
   std::unique_ptr<AcceptedClient> client_;
   std::atomic<bool> stop_{false};
-  // This client's job entry in service_.jobs (guarded by service_.mu): set before the session
-  // thread starts; the entry lives until the job's last session has cleaned up.
+  // This client's job entry in service_.jobs (the map and `clients` under service_.mu, the
+  // counters atomic): set before the session thread starts; the entry lives until the job's
+  // last session has cleaned up.
   JobState* job_state_ = nullptr;
 
   // Session-thread state.
   std::unordered_map<std::uint64_t, StreamId> streams_;
   std::unordered_map<std::uint64_t, TensorRecord> tensors_;
+  // This client's entries in service_.exports, by client tensor (only this thread adds or
+  // removes them): forget() withdraws a tensor's exports without scanning the device's.
+  std::unordered_multimap<std::uint64_t, std::uint64_t> exported_;  // client tensor -> token
   std::uint64_t tensor_bytes_ = 0;
+  std::uint64_t next_id_ = 0, end_id_ = 0;  // fresh_id()'s block
   std::uint64_t ops_registered_ = 0;
   std::uint64_t queued_ops_ = 0;
   std::uint64_t rejected_ = 0;
@@ -371,53 +386,54 @@ Status ClientSession::charge(std::uint64_t bytes, const char* what) {
 
 template <class What>
 Status ClientSession::charge(std::uint64_t bytes, const What& what) {
-  std::lock_guard lock(service_.mu);
-  JobState& job_state = *job_state_;
+  std::atomic<std::uint64_t>& in_use = job_state_->tensor_bytes;
   const std::uint64_t quota = service_.options.job_memory_bytes;
-  if (quota != 0 && (bytes > quota || job_state.tensor_bytes > quota - bytes))
-    return make_error(ErrorCode::ResourceExhausted,
-                      fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what(), job(),
-                                  human_bytes(quota), human_bytes(job_state.tensor_bytes), human_bytes(bytes)));
-  job_state.tensor_bytes += bytes;
+  if (quota == 0) {
+    in_use.fetch_add(bytes, std::memory_order_relaxed);
+    tensor_bytes_ += bytes;
+    return Status::Ok();
+  }
+  std::uint64_t cur = in_use.load(std::memory_order_relaxed);
+  // The quota check and the charge as one step against the job's other sessions.
+  do {
+    if (bytes > quota || cur > quota - bytes)
+      return make_error(ErrorCode::ResourceExhausted,
+                        fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what(), job(),
+                                    human_bytes(quota), human_bytes(cur), human_bytes(bytes)));
+  } while (!in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
   tensor_bytes_ += bytes;
   return Status::Ok();
 }
 
 void ClientSession::release(std::uint64_t bytes) {
-  std::lock_guard lock(service_.mu);
-  release_locked(bytes);
-}
-
-void ClientSession::release_locked(std::uint64_t bytes) {
-  job_state_->tensor_bytes -= std::min(job_state_->tensor_bytes, bytes);
-  tensor_bytes_ -= std::min(tensor_bytes_, bytes);
+  // Never more than this session holds: the job's count is the sum of its sessions' own.
+  bytes = std::min(tensor_bytes_, bytes);
+  job_state_->tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  tensor_bytes_ -= bytes;
 }
 
 // The tensors leave this client's namespace (consumed, read for the last time, or dropped):
-// their bytes are released and any export of them is withdrawn, under one lock.
+// their bytes are released and any export of them is withdrawn. The op path takes no lock here
+// unless a forgotten tensor was exported.
 void ClientSession::forget(std::span<const std::uint64_t> client_tensors) {
   std::uint64_t bytes = 0;
-  std::size_t found = 0;
+  boost::container::small_vector<std::uint64_t, 2> tokens;
   for (std::uint64_t t : client_tensors) {
     auto it = tensors_.find(t);
     if (it == tensors_.end()) continue;
     bytes += it->second.bytes;
     tensors_.erase(it);
-    ++found;
     if (staged_read_ && !staged_read_->last_use && staged_read_->client_tensor == t) staged_read_.reset();
+    if (exported_.empty()) continue;
+    for (auto [e, end] = exported_.equal_range(t); e != end;) {
+      tokens.push_back(e->second);
+      e = exported_.erase(e);
+    }
   }
-  if (found == 0) return;
+  if (bytes != 0) release(bytes);
+  if (tokens.empty()) return;
   std::lock_guard lock(service_.mu);
-  release_locked(bytes);
-  if (service_.exports.empty()) return;
-  for (auto e = service_.exports.begin(); e != service_.exports.end();) {
-    const bool listed = std::find(client_tensors.begin(), client_tensors.end(), e->second.client_tensor) !=
-                        client_tensors.end();
-    if (e->second.client_id == id() && listed)
-      e = service_.exports.erase(e);
-    else
-      ++e;
-  }
+  for (std::uint64_t token : tokens) service_.exports.erase(token);
 }
 
 void ClientSession::forget(std::uint64_t client_tensor) { forget(std::span<const std::uint64_t>(&client_tensor, 1)); }
@@ -428,9 +444,8 @@ void ClientSession::refresh_queued_ops() {
     std::optional<runtime::StreamStats> st = service_.device.stream_stats(s);
     if (st) queued += st->pending_ops + (st->enqueued - std::min(st->enqueued, st->commands));
   }
-  std::lock_guard lock(service_.mu);
-  JobState& job_state = *job_state_;
-  job_state.queued_ops = job_state.queued_ops - std::min(job_state.queued_ops, queued_ops_) + queued;
+  // The job's count is the sum of its sessions' last recounts: swap this session's share.
+  job_state_->queued_ops.fetch_add(queued - queued_ops_, std::memory_order_relaxed);  // modular
   queued_ops_ = queued;
 }
 
@@ -458,11 +473,10 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   const std::uint64_t limit = service_.options.job_queued_ops;
   if (limit != 0) {
     if (ops_registered_ % kQueuedOpsRefresh == 0) refresh_queued_ops();
-    std::lock_guard lock(service_.mu);
-    if (job_state_->queued_ops >= limit)
+    if (const std::uint64_t queued = job_state_->queued_ops.load(std::memory_order_relaxed); queued >= limit)
       return make_error(ErrorCode::ResourceExhausted,
                         fmt::format("job '{}' has {} queued operations, its quota is {}: sync before queuing more", job(),
-                                    job_state_->queued_ops, limit));
+                                    queued, limit));
   }
   // Inputs: this client's live tensors, with the shapes and dtypes on record. Inline storage:
   // this is the op path, and an op has a handful of inputs.
@@ -502,7 +516,7 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
       t.id = input_records[i]->global;  // the records stay put until forget() below
     } else {
       Result<std::uint64_t> bytes = tensor_bytes(t.dtype, t.shape);
-      TensorRecord rec{service_.device.new_tensor_id(), t.shape, t.dtype, s, bytes.ok() ? *bytes : 0};
+      TensorRecord rec{fresh_id(), t.shape, t.dtype, s, bytes.ok() ? *bytes : 0};
       t.id = rec.global;
       produced.emplace_back(client_id, std::move(rec));
     }
@@ -535,7 +549,7 @@ Status ClientSession::upload(const UploadCmd& c, std::uint64_t rid) {
   // buffer and a second copy per upload.)
   KILN_ASSIGN_OR_RETURN(std::span<std::uint8_t> shared, client_->endpoint.arena().slice(c.data));
   KILN_RETURN_IF_ERROR(charge(bytes, "upload"));
-  const ir::TensorId global = service_.device.new_tensor_id();
+  const ir::TensorId global = fresh_id();
   Status st = service_.device.upload(global, c.dtype, c.shape, std::as_bytes(shared.first(bytes)));
   if (!st.ok()) {
     release(bytes);
@@ -595,6 +609,7 @@ Status ClientSession::export_tensor(const ExportCmd& c, std::uint64_t rid) {
     while (token == 0 || service_.exports.count(token) != 0);
     service_.exports.emplace(token, ExportRecord{job(), id(), c.tensor.value(), *rec});
   }
+  exported_.emplace(c.tensor.value(), token);
   return send(Completion{rid, ExportedCpl{token}});
 }
 
@@ -610,7 +625,7 @@ Status ClientSession::import_tensor(const ImportCmd& c, std::uint64_t rid) {
     src = it->second;
   }
   KILN_RETURN_IF_ERROR(charge(src->tensor.bytes, "import"));
-  const ir::TensorId global = service_.device.new_tensor_id();
+  const ir::TensorId global = fresh_id();
   Status st = service_.device.share(src->tensor.home, src->tensor.global, global);
   if (!st.ok()) {
     release(src->tensor.bytes);
@@ -706,7 +721,7 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
     release(done.total);
     return fresh;
   }
-  const ir::TensorId global = service_.device.new_tensor_id();
+  const ir::TensorId global = fresh_id();
   Status st = service_.device.upload(global, done.dtype, done.shape, std::span<const std::byte>(done.data.get(), done.total));
   if (!st.ok()) {
     release(done.total);
@@ -818,14 +833,15 @@ void ClientSession::cleanup() {
   {
     std::lock_guard lock(service_.mu);
     JobState& job_state = *job_state_;
-    job_state.tensor_bytes -= std::min(job_state.tensor_bytes, tensor_bytes_);
-    job_state.queued_ops -= std::min(job_state.queued_ops, queued_ops_);
+    job_state.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
+    job_state.queued_ops.fetch_sub(queued_ops_, std::memory_order_relaxed);
     if (job_state.clients > 0) --job_state.clients;
     if (job_state.clients == 0) service_.jobs.erase(job());
-    for (auto e = service_.exports.begin(); e != service_.exports.end();)
-      e = e->second.client_id == id() ? service_.exports.erase(e) : std::next(e);
+    for (const auto& [tensor, token] : exported_) service_.exports.erase(token);
   }
+  exported_.clear();
   tensor_bytes_ = 0;
+  queued_ops_ = 0;
   spdlog::info("kilnd: client {} (job {}) gone: {} stream(s) closed, {} tensor(s) freed", id(), job(), streams_.size(),
                dropped);
   streams_.clear();
@@ -927,7 +943,8 @@ DaemonStatus DaemonService::Impl::status() {
   {
     std::lock_guard lock(s.mu);
     for (auto& [id, session] : s.sessions) live.push_back(session);
-    for (const auto& [name, job] : s.jobs) st.jobs.push_back(JobStatus{name, job.clients, job.tensor_bytes, job.queued_ops});
+    for (const auto& [name, job] : s.jobs) st.jobs.push_back(JobStatus{name, job.clients, job.tensor_bytes.load(std::memory_order_relaxed),
+                                                                    job.queued_ops.load(std::memory_order_relaxed)});
     st.clients_served = s.clients_served;
     fused = s.fused_launches;
   }

@@ -180,21 +180,36 @@ bool equal_but_ids(const ir::Operation& a, const ir::Operation& b) {
 }  // namespace
 
 Status OperationCheckMemo::check(const ir::Operation& op) {
-  Slot& slot = slots_[shape_hash(op) % kSlots];
-  if (slot.used && equal_but_ids(slot.op, op)) {
+  const std::uint64_t hash = shape_hash(op);
+  std::array<Slot, kWays>& set = sets_[hash % kSets];
+  ++tick_;
+  for (Slot& slot : set) {
+    if (!slot.used || slot.hash != hash || !equal_but_ids(slot.op, op)) continue;
     // The one id rule of the builders (ir builders' finish): an output is none of the inputs
     // (an accepted shape has exactly one output).
     const ir::TensorId out = op.tensors.back().id;
     for (const ir::TensorIr& in : op.inputs())
       if (in.id == out)
         return make_error(ErrorCode::Invalid, fmt::format("{}: output id {} is also an input", op.kind_name(), out.value()));
+    slot.last_use = tick_;
     ++hits_;
     return Status::Ok();
   }
   KILN_RETURN_IF_ERROR(check_client_operation(op));
-  slot.op = op;
-  for (ir::TensorIr& t : slot.op.tensors) t.id = ir::TensorId(0);
-  slot.used = true;
+  // An unused way, else the least recently used one.
+  Slot* victim = &set[0];
+  for (Slot& slot : set) {
+    if (!slot.used) {
+      victim = &slot;
+      break;
+    }
+    if (slot.last_use < victim->last_use) victim = &slot;
+  }
+  victim->op = op;
+  for (ir::TensorIr& t : victim->op.tensors) t.id = ir::TensorId(0);
+  victim->hash = hash;
+  victim->last_use = tick_;
+  victim->used = true;
   return Status::Ok();
 }
 

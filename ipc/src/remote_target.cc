@@ -46,6 +46,10 @@ ir::TensorId RemoteTarget::new_tensor_id() {
   return ir::TensorId(next_tensor_.fetch_add(1, std::memory_order_relaxed));
 }
 
+ir::TensorId RemoteTarget::new_tensor_ids(std::uint64_t count) {
+  return ir::TensorId(next_tensor_.fetch_add(count, std::memory_order_relaxed));
+}
+
 Result<std::uint64_t> RemoteTarget::send(CommandBody body) {
   if (daemon_gone_.load(std::memory_order_acquire)) return daemon_gone_error();
   const std::uint64_t request = next_request_.fetch_add(1, std::memory_order_relaxed);

@@ -194,6 +194,15 @@ Status Device::register_op_impl(StreamId stream, ir::Operation&& op, bool wake) 
 
 std::optional<StreamId> Device::producer_of(ir::TensorId id) const { return producers_.find(id); }
 
+ir::TensorId Device::new_tensor_ids(std::uint64_t count) {
+  std::uint64_t next = next_tensor_id_.load(std::memory_order_relaxed);
+  std::uint64_t first = 0;
+  do {
+    first = (next + ir::kTensorIdBlock - 1) / ir::kTensorIdBlock * ir::kTensorIdBlock;  // the skipped ids are never used
+  } while (!next_tensor_id_.compare_exchange_weak(next, first + count, std::memory_order_relaxed));
+  return ir::TensorId(first);
+}
+
 bool Device::spin_before_sleep(const StreamActor& a) const {
   if (!spin_waits_) return false;
   return busy_streams_.load(std::memory_order_relaxed) - (a.scheduled() ? 1 : 0) <= 0;
@@ -297,12 +306,19 @@ Status Device::close_stream(StreamId stream) {
   if (shut_down_) return drained;
   std::unique_ptr<StreamActor> owned;
   {
-    std::lock_guard streams_lock(streams_mu_);
+    // The entry's write lock waits for every call that holds the stream (a long inline run
+    // among them) with no time bound, so it is taken outside the creation lock: new streams
+    // are made meanwhile. A creation of this same id waits for it under the creation lock,
+    // which is safe: nothing here takes that lock before the entry is erased.
     StreamTable::accessor a;
     if (!streams_.find(a, stream.value())) return drained;
     a->second->close();
     owned = std::move(a->second);
     streams_.erase(a);
+  }
+  {
+    // Until here the actor stayed listed, alive (owned), for the totals and reports.
+    std::lock_guard streams_lock(streams_mu_);
     std::erase(live_actors_, owned.get());
   }
   // A turn stuck in a kernel: keep the actor alive until the device goes (after its pool joined)

@@ -18,6 +18,7 @@ namespace {
 struct StreamSlot {
   std::weak_ptr<const int> owner;
   std::uint64_t stream;
+  std::uint64_t next_id = 0, end_id = 0;  // the thread's block of tensor ids (next_tensor_id)
 };
 thread_local std::vector<StreamSlot> t_stream_slots;
 
@@ -36,6 +37,16 @@ StreamId StreamIdAllocator::current(bool* assigned) {
   t_stream_slots.push_back(StreamSlot{token_, id});
   if (assigned) *assigned = true;
   return StreamId(id);
+}
+
+ir::TensorId StreamIdAllocator::next_tensor_id(SessionTarget& target) {
+  StreamSlot* s = find_slot(token_);
+  if (s == nullptr) return target.new_tensor_id();
+  if (s->next_id == s->end_id) {
+    s->next_id = target.new_tensor_ids(ir::kTensorIdBlock).value();
+    s->end_id = s->next_id + ir::kTensorIdBlock;
+  }
+  return ir::TensorId(s->next_id++);
 }
 
 StreamId StreamIdAllocator::set_current(StreamId id) {
@@ -100,7 +111,7 @@ Result<Tensor> Session::upload(ir::DType dtype, std::span<const std::byte> bytes
     return make_error(ErrorCode::IncompatibleShapes, "from_host: " + std::to_string(count) + " values for shape " +
                                                          ir::shape_to_string(shape));
   const StreamId home = current_stream();
-  const ir::TensorId id = device_.new_tensor_id();
+  const ir::TensorId id = ids_.next_tensor_id(device_);
   KILN_RETURN_IF_ERROR(device_.upload(id, dtype, shape, bytes));
   return Tensor(std::make_shared<Tensor::State>(this, id, std::move(shape), dtype, home));
 }
@@ -156,14 +167,14 @@ Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
       used.push_back(&t);
       continue;
     }
-    const ir::TensorId dst = device_.new_tensor_id();
+    const ir::TensorId dst = ids_.next_tensor_id(device_);
     KILN_RETURN_IF_ERROR(device_.share(t.home(), t.id(), dst));
     views.push_back(Tensor(std::make_shared<Tensor::State>(this, dst, t.shape(), t.dtype(), cur)));
     used.push_back(&views.back());
   }
   boost::container::small_vector<ir::TensorIr, 3> irs;
   for (Tensor* t : used) irs.push_back(t->use());
-  const ir::TensorId out = device_.new_tensor_id();
+  const ir::TensorId out = ids_.next_tensor_id(device_);
   Result<ir::Operation> op = build(std::span<const ir::TensorIr>(irs.data(), irs.size()), out);
   if (!op.ok()) return op.error();
   // Consumed inputs (counter 1): their handle must not register a Drop after this last use.

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -221,6 +222,23 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   EXPECT_TRUE(std::holds_alternative<ReadDoneCpl>(done.body));
 }
 
+// Imports `token` under a fresh id of `client`'s and reads the 3 floats it names (empty on error).
+std::vector<float> import_and_read3(RemoteTarget& client, std::uint64_t token) {
+  const TensorId mine = client.new_tensor_id();
+  if (Status st = client.import_tensor(StreamId(0), token, mine); !st.ok()) {
+    ADD_FAILURE() << st.error().to_string();
+    return {};
+  }
+  Result<runtime::HostData> d = client.read(StreamId(0), TensorIr{mine, {3}, TensorStatus::ReadOnly, dtypes::f32});
+  if (!d.ok()) {
+    ADD_FAILURE() << d.error().to_string();
+    return {};
+  }
+  std::vector<float> got(3);
+  std::memcpy(got.data(), d->bytes.data(), 12);
+  return got;
+}
+
 TEST(Daemon, ExportImportWithinAJobOnly) {
   auto dev = make_device();
   kiln::testing::IpcHarness h(*dev, "trainer");
@@ -228,44 +246,101 @@ TEST(Daemon, ExportImportWithinAJobOnly) {
   Tensor weights = ok(a.from_host(std::vector<float>{1, 2, 3}, {3}));
   const std::uint64_t token = ok(h.target().export_tensor(weights.home(), weights.id()));
   auto same_job = h.connect("trainer");
-  const TensorId mine = same_job->new_tensor_id();
-  ASSERT_TRUE(same_job->import_tensor(StreamId(0), token, mine).ok());
-  Result<runtime::HostData> d = same_job->read(StreamId(0), TensorIr{mine, {3}, TensorStatus::ReadOnly, dtypes::f32});
-  ASSERT_TRUE(d.ok()) << d.error().to_string();
-  std::vector<float> got(3);
-  std::memcpy(got.data(), d->bytes.data(), 12);
-  EXPECT_EQ(got, (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(import_and_read3(*same_job, token), (std::vector<float>{1, 2, 3}));
   auto other_job = h.connect("other");
   Status refused = other_job->import_tensor(StreamId(0), token, other_job->new_tensor_id());
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("no tensor exported under this token"), std::string::npos);
 }
 
+// A tensor's exports go when it leaves the client's namespace (its drop here), and only its own:
+// the session withdraws them from its own index, not by scanning every export.
+TEST(Daemon, ADroppedTensorsExportsAreWithdrawnAndOnlyThose) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev, "trainer");
+  Session a(h.target());
+  Tensor kept = ok(a.from_host(std::vector<float>{1, 2, 3}, {3}));
+  std::uint64_t dropped_tokens[2] = {0, 0};
+  std::uint64_t kept_token = 0;
+  {
+    Tensor gone = ok(a.from_host(std::vector<float>{4, 5, 6}, {3}));
+    dropped_tokens[0] = ok(h.target().export_tensor(gone.home(), gone.id()));
+    dropped_tokens[1] = ok(h.target().export_tensor(gone.home(), gone.id()));  // twice: two tokens
+    kept_token = ok(h.target().export_tensor(kept.home(), kept.id()));
+  }  // `gone` dropped here
+  ASSERT_TRUE(a.sync().ok());
+  auto other = h.connect("trainer");
+  for (std::uint64_t token : dropped_tokens) {
+    Status refused = other->import_tensor(StreamId(0), token, other->new_tensor_id());
+    ASSERT_FALSE(refused.ok()) << "token " << token << " outlived its tensor";
+    EXPECT_NE(refused.error().message.find("no tensor exported under this token"), std::string::npos);
+  }
+  EXPECT_EQ(import_and_read3(*other, kept_token), (std::vector<float>{1, 2, 3}));
+}
+
+DaemonOptions with_job_memory(std::uint64_t bytes) {
+  DaemonOptions o;
+  o.job_memory_bytes = bytes;
+  return o;
+}
+
+// The job's byte count is shared by its sessions and follows charges and releases exactly: what
+// one client frees, another of the same job can use; the status reports the sum, and a client
+// that goes takes its share with it.
+TEST(Daemon, AJobsSessionsShareItsMemoryQuota) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev, "shared", with_job_memory(1040));
+  auto second = h.connect("shared");
+  auto job_bytes = [&] {
+    for (const JobStatus& j : h.service().status().jobs)
+      if (j.name == "shared") return j.tensor_bytes;
+    return std::uint64_t{0};
+  };
+  Session s1(h.target());
+  std::optional<Tensor> big = ok(s1.from_host(std::vector<float>(192, 1.0f), {192}));  // 768 bytes
+  Tensor kept = ok(s1.from_host(std::vector<float>(4, 1.0f), {4}));                    // 784
+  {
+    Session s2(*second);
+    Tensor small = ok(s2.from_host(std::vector<float>(32, 1.0f), {32}));  // 912
+    ASSERT_TRUE(s2.sync().ok());
+    EXPECT_EQ(job_bytes(), 912u);
+    Result<Tensor> refused = s2.from_host(std::vector<float>(33, 1.0f), {33});  // 1044
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("memory quota"), std::string::npos) << refused.error().message;
+    // An op's output is charged before its consumed input is released: 912 + 128 fits exactly.
+    Tensor doubled = ok(s2.mul(std::move(small), 2.0));
+    ASSERT_TRUE(s2.sync().ok());
+    EXPECT_EQ(job_bytes(), 912u);
+    big.reset();  // the first client's drop frees room for the second
+    ASSERT_TRUE(s1.sync().ok());
+    EXPECT_EQ(job_bytes(), 144u);
+    Tensor now_fits = ok(s2.from_host(std::vector<float>(192, 1.0f), {192}));
+    EXPECT_EQ(ok(s2.to_host(std::move(doubled))), std::vector<float>(32, 2.0f));  // consumed
+    ASSERT_TRUE(s2.sync().ok());
+    EXPECT_EQ(job_bytes(), 16u + 768u);
+  }  // the second Session's tensors are dropped
+  ASSERT_TRUE(second->drain(StreamId(0)).ok());
+  EXPECT_EQ(job_bytes(), 16u);
+  // A tensor no Session will drop, then the client goes: the daemon frees it and releases its
+  // bytes from the job's count.
+  const std::vector<float> raw(16, 1.0f);
+  ASSERT_TRUE(second->upload(second->new_tensor_id(), dtypes::f32, {16}, std::as_bytes(std::span<const float>(raw))).ok());
+  ASSERT_TRUE(second->drain(StreamId(0)).ok());
+  EXPECT_EQ(job_bytes(), 16u + 64u);
+  second.reset();
+  EXPECT_TRUE(wait_until([&] { return job_bytes() == 16u; })) << job_bytes();
+  EXPECT_EQ(ok(s1.to_host(std::move(kept))), std::vector<float>(4, 1.0f));
+}
+
 TEST(Daemon, JobMemoryQuota) {
   auto dev = make_device();
-  char tmpl[] = "/tmp/kiln-test-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  DaemonOptions o;
-  o.server.runtime_dir = tmpl;
-  o.server.socket_name = "q.sock";
-  o.job_memory_bytes = 1024;
-  auto service = ok(DaemonService::start(*dev, o));
-  RemoteOptions r;
-  r.runtime_dir = tmpl;
-  r.socket_name = "q.sock";
-  r.job = "small";
-  auto remote = ok(RemoteTarget::connect(r));
-  {
-    Session s(*remote);
-    Tensor a = ok(s.from_host(std::vector<float>(128, 1.0f), {128}));  // 512 bytes
-    Tensor b = ok(s.from_host(std::vector<float>(64, 1.0f), {64}));    // 768
-    Result<Tensor> c = s.from_host(std::vector<float>(128, 1.0f), {128});
-    ASSERT_FALSE(c.ok());
-    EXPECT_NE(c.error().message.find("memory quota"), std::string::npos) << c.error().message;
-  }
-  remote.reset();
-  service->stop();
-  std::filesystem::remove_all(tmpl);
+  kiln::testing::IpcHarness h(*dev, "small", with_job_memory(1024));
+  Session s(h.target());
+  Tensor a = ok(s.from_host(std::vector<float>(128, 1.0f), {128}));  // 512 bytes
+  Tensor b = ok(s.from_host(std::vector<float>(64, 1.0f), {64}));    // 768
+  Result<Tensor> c = s.from_host(std::vector<float>(128, 1.0f), {128});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message.find("memory quota"), std::string::npos) << c.error().message;
 }
 
 TEST(Daemon, AClientThatGoesIsCleanedUp) {

@@ -18,14 +18,15 @@ namespace kiln::testing {
 
 class IpcHarness {
  public:
-  explicit IpcHarness(runtime::Device& device, std::string job = "test") {
+  // `options`: the daemon's, but for the runtime directory and socket, which the harness picks.
+  explicit IpcHarness(runtime::Device& device, std::string job = "test", ipc::DaemonOptions options = {}) {
     char tmpl[] = "/tmp/kiln-test-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       ADD_FAILURE() << "mkdtemp failed";
       return;
     }
     dir_ = tmpl;
-    ipc::DaemonOptions o;
+    ipc::DaemonOptions o = std::move(options);
     o.server.runtime_dir = dir_;
     o.server.socket_name = "kilnd-test.sock";
     auto service = ipc::DaemonService::start(device, o);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -139,6 +140,47 @@ TEST(Runtime, PlansAreSharedAcrossStreams) {
   EXPECT_GE(st2.cache_hits, 1u);
   EXPECT_EQ(st2.explorations, 0u);
   EXPECT_EQ(dev->stream_stats(s1)->plans_created, plans);
+}
+
+// A thread's tensors take ids from its own block (ir::kTensorIdBlock consecutive ids taken from
+// the device at a time), so that they share shards of the device's tables: another thread's
+// tensors in between do not interrupt the sequence, never come from the same block, and ids stay
+// unique across refills.
+TEST(Runtime, EachThreadTakesItsTensorIdsFromItsOwnBlock) {
+  auto dev = make_device(2);
+  Session s(*dev);
+  auto chain = [&s](Tensor x, std::size_t n, std::vector<std::uint64_t>* ids) {
+    for (std::size_t i = 0; i < n; ++i) {
+      x = ok(s.add(std::move(x), 1.0));
+      ids->push_back(x.id().value());
+    }
+    return x;
+  };
+  std::vector<std::uint64_t> mine, other;
+  (void)dev->new_tensor_id();  // a single id first: blocks are still aligned to their size
+  Tensor x = ok(s.from_host(std::vector<float>{1, 2}, {2}));
+  mine.push_back(x.id().value());
+  x = chain(std::move(x), 10, &mine);
+  std::thread([&] {
+    Tensor y = ok(s.from_host(std::vector<float>{5}, {1}));
+    other.push_back(y.id().value());
+    y = chain(std::move(y), 10, &other);
+    EXPECT_EQ(ok(s.to_host(std::move(y))), (std::vector<float>{15}));
+  }).join();
+  x = chain(std::move(x), ir::kTensorIdBlock + 20, &mine);  // spans a refill
+  EXPECT_EQ(ok(s.to_host(std::move(x))), (std::vector<float>{float(1 + ir::kTensorIdBlock + 30), float(2 + ir::kTensorIdBlock + 30)}));
+  EXPECT_EQ(mine[0] % ir::kTensorIdBlock, 0u);
+  EXPECT_EQ(other[0] % ir::kTensorIdBlock, 0u);
+  // This thread's first block: consecutive ids, the other thread's ops in between.
+  for (std::size_t i = 1; i < ir::kTensorIdBlock; ++i) ASSERT_EQ(mine[i], mine[i - 1] + 1) << "at " << i;
+  for (std::size_t i = 1; i < other.size(); ++i) EXPECT_EQ(other[i], other[i - 1] + 1);
+  // The other thread's block is not this one's.
+  for (std::uint64_t id : other) EXPECT_FALSE(id >= mine[0] && id < mine[0] + ir::kTensorIdBlock) << id;
+  std::set<std::uint64_t> all(mine.begin(), mine.end());
+  all.insert(other.begin(), other.end());
+  EXPECT_EQ(all.size(), mine.size() + other.size()) << "an id was handed out twice";
+  // The device's single ids (uploads through the Device itself) come from outside every block.
+  EXPECT_EQ(all.count(dev->new_tensor_id().value()), 0u);
 }
 
 // Stream B consumes a tensor still pending on stream A: A is drained first (shared view).

@@ -30,7 +30,9 @@ Status check_client_operation(const ir::Operation& op);
 // in all but its ids (compared field by field, not trusted to a hash) passes after that id
 // test, without the rebuild (a third of the daemon's per-op check and decode time).
 //
-// One per client session; not thread-safe. 64 direct-mapped slots (~40 KiB).
+// One per client session; not thread-safe. 64 sets of 4 ways, least recently used out (~150
+// KiB): direct-mapped, a step's few dozen shapes met in a slot often enough that a pair of them
+// evicted each other on every step, each paying a rebuild.
 class OperationCheckMemo {
  public:
   Status check(const ir::Operation& op);
@@ -38,12 +40,16 @@ class OperationCheckMemo {
   std::uint64_t hits() const { return hits_; }
 
  private:
-  static constexpr std::size_t kSlots = 64;
+  static constexpr std::size_t kSets = 64;
+  static constexpr std::size_t kWays = 4;
   struct Slot {
     bool used = false;
-    ir::Operation op;  // tensor ids zeroed
+    std::uint64_t hash = 0;     // of the op as remembered (a quick mismatch; equality decides)
+    std::uint64_t last_use = 0;  // tick of the last hit or fill
+    ir::Operation op;            // tensor ids zeroed
   };
-  std::array<Slot, kSlots> slots_{};
+  std::array<std::array<Slot, kWays>, kSets> sets_{};
+  std::uint64_t tick_ = 0;
   std::uint64_t hits_ = 0;
 };
 

@@ -57,6 +57,7 @@ class RemoteTarget final : public runtime::SessionTarget {
 
   // runtime::SessionTarget
   ir::TensorId new_tensor_id() override;
+  ir::TensorId new_tensor_ids(std::uint64_t count) override;
   Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
   Status register_op(runtime::StreamId stream, ir::Operation&& op) override;
   Status drain(runtime::StreamId stream) override;

@@ -94,6 +94,9 @@ class SessionTarget {
  public:
   virtual ~SessionTarget() = default;
   virtual ir::TensorId new_tensor_id() = 0;
+  // The first of `count` consecutive fresh ids (a Session's threads take theirs in blocks of
+  // ir::kTensorIdBlock).
+  virtual ir::TensorId new_tensor_ids(std::uint64_t count) = 0;
   [[nodiscard]] virtual Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,
                                       std::span<const std::byte> bytes) = 0;
   [[nodiscard]] virtual Status register_op(StreamId stream, ir::Operation&& op) = 0;
@@ -128,6 +131,11 @@ class Device final : public SessionTarget {
 
   // A fresh tensor id (never reused).
   ir::TensorId new_tensor_id() override { return ir::TensorId(next_tensor_id_.fetch_add(1, std::memory_order_relaxed)); }
+  // The first of `count` consecutive fresh ids (never reused), aligned to ir::kTensorIdBlock: a
+  // producer that takes its ids in blocks keeps its tensors in one shard of the producer table,
+  // which shards by aligned block (single ids taken meanwhile would otherwise misalign every
+  // later block over two shards).
+  ir::TensorId new_tensor_ids(std::uint64_t count) override;
 
   // Registers host data under a fresh id (no stream involved).
   [[nodiscard]] Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;

@@ -63,11 +63,9 @@ class ProducerTable {
     ir::FlatIdMap<std::uint64_t> map;  // id -> stream number
   };
 
-  // Ids are consecutive integers: the top bits of a multiplicative mix pick the shard (the map
-  // inside uses lower bits of its own mix).
-  static std::size_t shard_index(ir::TensorId id) {
-    return static_cast<std::size_t>((id.value() * 0xD6E8FEB86659FD93ull) >> (64 - 6));
-  }
+  // By the id's block (ir::kTensorIdBlock): a producer's tensors share its block's shard. The
+  // top bits of the block's hash pick it (the map inside mixes the id itself).
+  static std::size_t shard_index(ir::TensorId id) { return static_cast<std::size_t>(ir::tensor_id_block_hash(id) >> (64 - 6)); }
   const Shard& shard_of(ir::TensorId id) const { return shards_[shard_index(id)]; }
   Shard& shard_of(ir::TensorId id) { return shards_[shard_index(id)]; }
   static_assert(kShards == 64, "shard_index takes the top 6 bits");

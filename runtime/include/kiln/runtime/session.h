@@ -54,6 +54,11 @@ class StreamIdAllocator {
   StreamId fresh() { return StreamId(next_.fetch_add(1, std::memory_order_relaxed)); }
   // Sets the calling thread's current stream; returns the previous one (assigning it if needed).
   StreamId set_current(StreamId id);
+  // A fresh id of `target`'s, from the calling thread's block of ir::kTensorIdBlock ids (taken
+  // from `target` when spent), so that a thread's tensors share a shard of the producer table.
+  // `target` must be the same on every call (the Session's own): the block is cached per thread
+  // and allocator, not per target. A thread with no current stream yet gets a single id.
+  ir::TensorId next_tensor_id(SessionTarget& target);
 
  private:
   // Identifies this allocator in the per-thread slots (session.cc): a thread's slot for an
