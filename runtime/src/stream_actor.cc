@@ -507,11 +507,24 @@ std::size_t StreamActor::cancel_pending(const std::string& reason) {
     std::unique_ptr<Command> cmd(c);
     ++n;
     Error err = make_error(ErrorCode::Execution, "stream " + std::to_string(id_.value()) + ": cancelled: " + reason);
+    // What a cancelled op consumed, and a cancelled drop's tensor, are released now: no one
+    // names them again (their last use was this command), so nothing else would ever free them.
+    // An id that never materialized (another cancelled op's output) is a no-op.
+    auto release = [&](const ir::TensorIr& t) {
+      try {
+        ctx_.backend->free(t);
+      } catch (const std::exception& e) {  // cancel_pending also runs in the destructor
+        spdlog::error("kiln runtime: {}", internal_error(id_, "release of a cancelled command's tensor", e).to_string());
+      }
+    };
     std::visit(Overloaded{
-                   [](RegisterOpCmd&) {},
+                   [&](RegisterOpCmd& r) {
+                     for (const ir::TensorIr& in : r.op.inputs())
+                       if (in.status == ir::TensorStatus::ReadWrite) release(in);
+                   },
                    [&](DrainCmd& d) { d.done.set_value(err); },
                    [&](ReadCmd& r) { r.done.set_value(err); },
-                   [](ForeignDropCmd&) {},
+                   [&](ForeignDropCmd& d) { release(d.tensor); },
                    [&](ShareCmd& s) { s.done.set_value(err); },
                },
                *cmd);

@@ -332,6 +332,52 @@ TEST(Daemon, AJobsSessionsShareItsMemoryQuota) {
   EXPECT_EQ(ok(s1.to_host(std::move(kept))), std::vector<float>(4, 1.0f));
 }
 
+// Two clients of one job race to its quota: the check and the charge are one step, so exactly
+// as many equal uploads are accepted as fit, and while both hold theirs the job's count is the sum.
+TEST(Daemon, ClientsRacingToTheirJobsQuotaNeverExceedIt) {
+  auto dev = make_device();
+  constexpr std::uint64_t kTensor = 256 * sizeof(float), kFit = 48;
+  kiln::testing::IpcHarness h(*dev, "race", with_job_memory(kFit * kTensor));
+  auto second = h.connect("race");
+  auto job_bytes = [&] {
+    for (const JobStatus& j : h.service().status().jobs)
+      if (j.name == "race") return j.tensor_bytes;
+    return std::uint64_t{0};
+  };
+  std::atomic<std::uint64_t> accepted{0};
+  std::atomic<int> refused{0};
+  std::atomic<bool> checked{false};
+  auto fill = [&](RemoteTarget& client, bool checks) {
+    Session s(client);
+    std::vector<Tensor> held;
+    for (;;) {
+      Result<Tensor> t = s.from_host(std::vector<float>(256, 1.0f), {256});
+      if (!t.ok()) {
+        EXPECT_NE(t.error().message.find("memory quota"), std::string::npos) << t.error().message;
+        break;
+      }
+      held.push_back(std::move(t).value());
+    }
+    accepted.fetch_add(held.size());
+    refused.fetch_add(1);
+    auto wait_for = [](const auto& done) {
+      for (int i = 0; i < 20000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return done();
+    };
+    EXPECT_TRUE(wait_for([&] { return refused.load() == 2; }));
+    if (checks) {
+      EXPECT_EQ(accepted.load(), kFit);
+      EXPECT_EQ(job_bytes(), accepted.load() * kTensor);
+      checked.store(true);
+    } else {
+      EXPECT_TRUE(wait_for([&] { return checked.load(); }));  // hold ours until the count is read
+    }
+  };
+  std::thread other(fill, std::ref(*second), false);
+  fill(h.target(), true);
+  other.join();
+}
+
 TEST(Daemon, JobMemoryQuota) {
   auto dev = make_device();
   kiln::testing::IpcHarness h(*dev, "small", with_job_memory(1024));

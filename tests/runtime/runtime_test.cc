@@ -12,12 +12,15 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/thread_pool.hpp>
+
 #include "kiln/apps/mlp_trainer.h"
 #include "kiln/ir/builders.h"
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/cpu/reference_backend.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
+#include "kiln/runtime/stream_actor.h"
 
 namespace kiln::runtime {
 namespace {
@@ -775,6 +778,50 @@ TEST(Runtime, ClosingAStreamWhileOtherThreadsUseIt) {
   // The race was run: calls came after closes, not only before them.
   EXPECT_GT(after_close.load(), 0);
   EXPECT_TRUE(dev->shutdown().ok());
+}
+
+// A close or shutdown cancels what its drain did not run. A cancelled registration and a
+// cancelled drop are not run, but what they consumed is released: no later command names those
+// tensors, so nothing else would free them (a daemon would hold them until it stops).
+TEST(Runtime, CancelledRegistrationsAndDropsReleaseWhatTheyConsumed) {
+  std::unique_ptr<DeviceBackend> backend = make_backend();
+  std::uint64_t next_id = 1;
+  auto upload = [&](float v) {
+    const TensorId id(next_id++);
+    const std::vector<float> data{v, v};
+    EXPECT_TRUE(backend->upload(id, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(data))).ok());
+    return TensorIr{id, {2}, TensorStatus::ReadWrite, ir::dtypes::f32};
+  };
+  const TensorIr consumed = upload(1.0f), dropped = upload(2.0f), kept = upload(3.0f);
+  const std::uint64_t before = backend->memory_stats().tensors;
+  ASSERT_EQ(before, 3u);
+  fusion::FusionLog log;
+  fusion::ExecutionPlanStore store;
+  std::atomic<std::int64_t> turns_waiting{0}, busy_streams{0};
+  boost::asio::thread_pool pool(1);
+  ActorContext ctx;
+  ctx.backend = backend.get();
+  ctx.store = &store;
+  ctx.log = &log;
+  ctx.turns_waiting = &turns_waiting;
+  ctx.busy_streams = &busy_streams;
+  {
+    StreamActor actor(StreamId(1), ctx, pool);
+    // Queued without waking the actor (as the daemon defers a burst): nothing runs them.
+    ASSERT_TRUE(actor.submit_op(ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, consumed, TensorId(100))), false).ok());
+    TensorIr kept_ro = kept;
+    kept_ro.status = TensorStatus::ReadOnly;  // read, not consumed: it stays
+    ASSERT_TRUE(actor.submit_op(ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, kept_ro, TensorId(101))), false).ok());
+    // A drop from another thread than the stream's producer: a foreign drop.
+    std::thread([&] { ASSERT_TRUE(actor.submit_drop(dropped, false).ok()); }).join();
+    EXPECT_EQ(backend->memory_stats().tensors, before);
+    EXPECT_EQ(actor.cancel_pending("test"), 3u);
+    EXPECT_EQ(backend->memory_stats().tensors, 1u);  // `kept` only; the outputs never existed
+    EXPECT_TRUE(backend->is_materialized(kept.id));
+    EXPECT_FALSE(backend->is_materialized(consumed.id));
+    EXPECT_FALSE(backend->is_materialized(dropped.id));
+  }
+  pool.join();
 }
 
 // fusion.md §16.8: the memory check. A live tensor shows in the report (its handle and the

@@ -208,8 +208,9 @@ class StreamActor {
   // The same without the strand: only when no handler can run (after the pool joined).
   StreamSnapshot snapshot_now() const;
   // Device, after the pool joined (shutdown) or after quiesce() (close_stream): completes every
-  // command still queued with an error naming `reason` (registrations and drops are dropped);
-  // returns how many there were.
+  // command still queued with an error naming `reason`; registrations and drops are not run, but
+  // the tensors they consumed are released (nothing else would free them); returns how many
+  // commands there were.
   std::size_t cancel_pending(const std::string& reason);
   // Device, at close_stream after quiesce() and cancel_pending(): waits until no turn is posted
   // or running (a turn running when quiesce() was posted may have re-posted itself behind it);
