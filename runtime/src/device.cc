@@ -316,20 +316,23 @@ Status Device::close_stream(StreamId stream) {
     owned = std::move(a->second);
     streams_.erase(a);
   }
-  {
-    // Until here the actor stayed listed, alive (owned), for the totals and reports.
+  // The actor stays listed in live_actors_ (alive: owned here) until its counters move into the
+  // closed totals, in one step under streams_mu_: totals() never misses them (a caller that saw
+  // the stream gone from the table read totals without the closed stream's work).
+  auto unlist = [&] {
+    const StreamStats st = owned->stats();
     std::lock_guard streams_lock(streams_mu_);
     std::erase(live_actors_, owned.get());
-  }
+    add_counters(closed_totals_, st);
+  };
   // A turn stuck in a kernel: keep the actor alive until the device goes (after its pool joined)
   // rather than destroy it under a running handler. Its counters join the totals either way
   // (final once no turn is left; what it had run so far otherwise).
   auto keep = [&](const char* what) -> Status {
     spdlog::warn("kiln runtime: close of stream {}: {} within {} ms; keeping the actor until shutdown", stream.value(),
                  what, options_.wait_timeout.count());
-    const StreamStats st = owned->stats();
+    unlist();
     std::lock_guard streams_lock(streams_mu_);
-    add_counters(closed_totals_, st);
     abandoned_.push_back(std::move(owned));
     return make_error(ErrorCode::Execution, "close of stream " + std::to_string(stream.value()) + ": timed out");
   };
@@ -343,12 +346,7 @@ Status Device::close_stream(StreamId stream) {
   // actor's busy flag: the device's busy count must not keep it (it would stop every later spin
   // and in-place turn).
   owned->retire();
-  {
-    // Its counters live on in the totals, final now that no turn is left.
-    const StreamStats st = owned->stats();
-    std::lock_guard streams_lock(streams_mu_);
-    add_counters(closed_totals_, st);
-  }
+  unlist();  // final counters now that no turn is left
   return drained;
 }
 
