@@ -179,6 +179,8 @@ bool equal_but_ids(const ir::Operation& a, const ir::Operation& b) {
 
 }  // namespace
 
+std::size_t OperationCheckMemo::set_of(const ir::Operation& op) { return shape_hash(op) % kSets; }
+
 Status OperationCheckMemo::check(const ir::Operation& op) {
   const std::uint64_t hash = shape_hash(op);
   std::array<Slot, kWays>& set = sets_[hash % kSets];

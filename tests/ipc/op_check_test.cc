@@ -97,5 +97,30 @@ TEST(OperationCheckMemo, AStepsWorkingSetOfShapesIsRememberedWhole) {
   EXPECT_EQ(memo.hits(), 40u);
 }
 
+// A full set gives up its least recently used shape: one more shape than the set holds evicts
+// the oldest, not one that was just checked.
+TEST(OperationCheckMemo, AFullSetEvictsItsLeastRecentlyUsedShape) {
+  // Shapes that share a set, found by their set index (ids do not count).
+  const std::size_t n = OperationCheckMemo::ways() + 1;
+  std::vector<std::uint64_t> sizes;
+  const std::size_t set = OperationCheckMemo::set_of(add(1, 2, 3, {1}, {1}));
+  for (std::uint64_t size = 1; sizes.size() < n && size < 100000; ++size)
+    if (OperationCheckMemo::set_of(add(1, 2, 3, {size}, {size})) == set) sizes.push_back(size);
+  ASSERT_EQ(sizes.size(), n);
+  OperationCheckMemo memo;
+  for (std::size_t i = 0; i + 1 < n; ++i) ASSERT_TRUE(memo.check(add(1, 2, 3, {sizes[i]}, {sizes[i]})).ok());
+  ASSERT_EQ(memo.hits(), 0u);
+  ASSERT_TRUE(memo.check(add(4, 5, 6, {sizes[0]}, {sizes[0]})).ok());  // the oldest, used again
+  ASSERT_EQ(memo.hits(), 1u);
+  ASSERT_TRUE(memo.check(add(1, 2, 3, {sizes[n - 1]}, {sizes[n - 1]})).ok());  // evicts sizes[1]
+  ASSERT_EQ(memo.hits(), 1u);
+  for (std::size_t i : {std::size_t{0}, std::size_t{2}, n - 1}) {
+    ASSERT_TRUE(memo.check(add(7, 8, 9, {sizes[i]}, {sizes[i]})).ok());
+  }
+  EXPECT_EQ(memo.hits(), 4u) << "a recently used shape was evicted";
+  ASSERT_TRUE(memo.check(add(7, 8, 9, {sizes[1]}, {sizes[1]})).ok());
+  EXPECT_EQ(memo.hits(), 4u) << "the least recently used shape was kept";
+}
+
 }  // namespace
 }  // namespace kiln::ipc

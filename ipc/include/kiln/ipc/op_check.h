@@ -38,6 +38,9 @@ class OperationCheckMemo {
   Status check(const ir::Operation& op);
 
   std::uint64_t hits() const { return hits_; }
+  // The set `op` is remembered in (its shape, not its ids, decides): for tests of the eviction.
+  static std::size_t set_of(const ir::Operation& op);
+  static constexpr std::size_t ways() { return kWays; }
 
  private:
   static constexpr std::size_t kSets = 64;
