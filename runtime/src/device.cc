@@ -319,11 +319,13 @@ Status Device::close_stream(StreamId stream) {
   // The actor stays listed in live_actors_ (alive: owned here) until its counters move into the
   // closed totals, in one step under streams_mu_: totals() never misses them (a caller that saw
   // the stream gone from the table read totals without the closed stream's work).
-  auto unlist = [&] {
+  // `abandon`: the actor is kept until the device goes (see keep), listed there in the same step.
+  auto unlist = [&](bool abandon) {
     const StreamStats st = owned->stats();
     std::lock_guard streams_lock(streams_mu_);
     std::erase(live_actors_, owned.get());
     add_counters(closed_totals_, st);
+    if (abandon) abandoned_.push_back(std::move(owned));
   };
   // A turn stuck in a kernel: keep the actor alive until the device goes (after its pool joined)
   // rather than destroy it under a running handler. Its counters join the totals either way
@@ -331,9 +333,7 @@ Status Device::close_stream(StreamId stream) {
   auto keep = [&](const char* what) -> Status {
     spdlog::warn("kiln runtime: close of stream {}: {} within {} ms; keeping the actor until shutdown", stream.value(),
                  what, options_.wait_timeout.count());
-    unlist();
-    std::lock_guard streams_lock(streams_mu_);
-    abandoned_.push_back(std::move(owned));
+    unlist(/*abandon=*/true);
     return make_error(ErrorCode::Execution, "close of stream " + std::to_string(stream.value()) + ": timed out");
   };
   std::future<void> idle = owned->quiesce();
@@ -346,7 +346,7 @@ Status Device::close_stream(StreamId stream) {
   // actor's busy flag: the device's busy count must not keep it (it would stop every later spin
   // and in-place turn).
   owned->retire();
-  unlist();  // final counters now that no turn is left
+  unlist(/*abandon=*/false);  // final counters now that no turn is left
   return drained;
 }
 

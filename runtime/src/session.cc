@@ -22,11 +22,17 @@ struct StreamSlot {
 };
 thread_local std::vector<StreamSlot> t_stream_slots;
 
-StreamSlot* find_slot(const std::shared_ptr<const int>& token) {
-  std::erase_if(t_stream_slots, [](const StreamSlot& s) { return s.owner.expired(); });
+StreamSlot* lookup_slot(const std::shared_ptr<const int>& token) {
   for (StreamSlot& s : t_stream_slots)
     if (!s.owner.owner_before(token) && !token.owner_before(s.owner)) return &s;
   return nullptr;
+}
+
+// lookup_slot after sweeping the slots of dead allocators (once per call of current(), which
+// every op makes first).
+StreamSlot* find_slot(const std::shared_ptr<const int>& token) {
+  std::erase_if(t_stream_slots, [](const StreamSlot& s) { return s.owner.expired(); });
+  return lookup_slot(token);
 }
 
 }  // namespace
@@ -40,7 +46,7 @@ StreamId StreamIdAllocator::current(bool* assigned) {
 }
 
 ir::TensorId StreamIdAllocator::next_tensor_id(SessionTarget& target) {
-  StreamSlot* s = find_slot(token_);
+  StreamSlot* s = lookup_slot(token_);  // current() swept the slots on this op already
   if (s == nullptr) return target.new_tensor_id();
   if (s->next_id == s->end_id) {
     s->next_id = target.new_tensor_ids(ir::kTensorIdBlock).value();
