@@ -3,6 +3,7 @@
 // scalar slots. Structure only: nothing here depends on sizes or scalar values.
 #include <algorithm>
 #include <limits>
+#include <map>
 
 #include "fast_program.h"
 
@@ -283,6 +284,7 @@ class Compiler {
       if (!(cb.regs[*handover].dtype == p_.blocks[bi + 1].reduction->input_dtype)) return fail("reduction input dtype");
     }
     assign_slots(cb, preset, handover);
+    assign_parts(cb, b);
     out_.blocks.push_back(std::move(cb));
     // The next block's reduction reads this block's (possibly renamed) handover register.
     if (handover) next_reduction_input_ = *handover;
@@ -419,6 +421,47 @@ class Compiler {
   // (loads at the start; an instruction's output before its dying operands are released, so an
   // output never shares memory with an operand) and gives it back after its last use. Stored
   // registers and the reduction handover live to the end; preset registers have no slot.
+  // CBlock::parts (see there), after copies were elided (their registers renamed).
+  static void assign_parts(CBlock& cb, const fusion::ProgramBlock& b) {
+    const std::size_t nregs = cb.regs.size();
+    std::vector<std::uint32_t> root(nregs);
+    for (std::uint32_t r = 0; r < nregs; ++r) root[r] = r;
+    auto find = [&](std::uint32_t r) {
+      while (root[r] != r) r = root[r] = root[root[r]];
+      return r;
+    };
+    auto join = [&](std::uint32_t x, std::uint32_t y) { root[find(x)] = find(y); };
+    auto broadcast = [&](std::size_t k) { return k < b.loads.size() && b.loads[k].broadcast; };
+    std::vector<bool> broadcast_reg(nregs, false);
+    std::map<std::pair<fusion::LoadSource, std::uint32_t>, std::uint32_t> first_load;  // source -> register
+    for (std::size_t k = 0; k < cb.loads.size(); ++k) {
+      const CLoad& l = cb.loads[k];
+      if (l.reg >= nregs) return;
+      if (broadcast(k)) {
+        broadcast_reg[l.reg] = true;
+        continue;
+      }
+      const auto [it, fresh] = first_load.emplace(std::pair{l.source, l.index}, l.reg);
+      if (!fresh) join(l.reg, it->second);
+    }
+    for (const CInstr& ins : cb.instrs) {
+      if (ins.out >= nregs) return;
+      for (std::int32_t r : ins.regs)
+        if (r >= 0 && static_cast<std::size_t>(r) < nregs && !broadcast_reg[static_cast<std::size_t>(r)])
+          join(ins.out, static_cast<std::uint32_t>(r));
+    }
+    std::vector<std::uint32_t> part_of_root(nregs, kNoPart);
+    auto part = [&](std::uint32_t r) {
+      std::uint32_t& p = part_of_root[find(r)];
+      if (p == kNoPart) p = cb.parts++;
+      return p;
+    };
+    for (const CInstr& ins : cb.instrs) cb.instr_part.push_back(part(ins.out));
+    for (const CStore& s : cb.stores) cb.store_part.push_back(s.reg < nregs ? part(s.reg) : kNoPart);
+    for (std::size_t k = 0; k < cb.loads.size(); ++k)
+      cb.load_part.push_back(broadcast(k) ? kNoPart : part_of_root[find(cb.loads[k].reg)]);
+  }
+
   static void assign_slots(CBlock& cb, const std::vector<bool>& preset, std::optional<std::uint32_t> handover) {
     const std::size_t nregs = cb.regs.size();
     const int end = static_cast<int>(cb.instrs.size());

@@ -90,6 +90,7 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   launch.arena = &device.arena();
   launch.threads = device.threads();
   launch.nontemporal_outputs = &device.counters().nontemporal_outputs;
+  launch.jit_part_by_part = &device.counters().jit_part_by_part;
 
   // Inputs: an errored one sends the program to the op-by-op path (each op skips as it would).
   const std::size_t ni = p.inputs.size();

@@ -54,6 +54,8 @@ inline constexpr std::size_t kStreamChunk = 256;
 inline constexpr std::uint64_t kStreamingBytes = std::uint64_t{24} << 20;
 // Highest rank a compiled form iterates natively; higher ranks run on the reference executor.
 inline constexpr std::size_t kMaxRank = 8;
+// CBlock::load_part of a load that belongs to no single part.
+inline constexpr std::uint32_t kNoPart = ~std::uint32_t{0};
 // Parallel loops split work only when a launch has at least this many elements. A oneTBB
 // fork-join costs a few microseconds; 2^16 f32 elements of a memory-bound elementwise loop take
 // ~10-20 us on one core, so below that the split costs as much as it saves.
@@ -159,6 +161,16 @@ struct CBlock {
   std::vector<CStore> stores;
   std::optional<fusion::Reduction> reduction;  // Reduce programs, block 1
   bool has_indexed = false;
+  // The block's independent parts: connected components of its registers, joined by the
+  // instructions that read them and by loads of the same input. A broadcast load joins nothing
+  // (one element, read by every part that uses it). Only parts with an instruction or a store
+  // count. A JIT kernel can run a block's parts one after another (fewer streams at a time:
+  // fused Adam, one part per parameter) when no part writes what another reads (jit.cc,
+  // by_component).
+  std::uint32_t parts = 0;
+  std::vector<std::uint32_t> load_part;   // kNoPart: a broadcast load, or one nothing reads
+  std::vector<std::uint32_t> instr_part;
+  std::vector<std::uint32_t> store_part;
 };
 
 struct ScalarBind {
@@ -209,6 +221,8 @@ struct Launch {
   const jit::Kernel* jit = nullptr;  // Elementwise: run block 0 through this JIT kernel
   // The device's counter of outputs written with non-temporal stores (null: not counted).
   std::atomic<std::uint64_t>* nontemporal_outputs = nullptr;
+  // The device's counter of JIT launches that ran their parts one after another (null: not counted).
+  std::atomic<std::uint64_t>* jit_part_by_part = nullptr;
 
   ir::Shape concrete(const ir::Shape& relative) const;
 };

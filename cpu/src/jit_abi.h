@@ -15,7 +15,7 @@
 
 namespace kiln::cpu::jit {
 
-inline constexpr std::uint32_t kAbiVersion = 3;
+inline constexpr std::uint32_t kAbiVersion = 4;
 inline constexpr int kAbiMaxRank = 8;
 
 // A tensor read or written over the launch's coalesced iteration space: element offset of
@@ -56,7 +56,11 @@ struct Frame {
   // 1: every load is as the kernel's fast path expects (contiguous, or one element broadcast for
   // a broadcast load) and every store contiguous and unmasked: one flat loop over [start, start+n).
   std::uint32_t flat;
-  std::uint32_t pad;
+  // 1: run the program's independent parts one after another over [start, start + n) (fewer
+  // streams at a time), for kernels generated with more than one part. The launch sets it only
+  // when no part writes a buffer that another part reads (an output written in place over a
+  // consumed input of another part would otherwise be read after it was overwritten).
+  std::uint32_t by_component;
   // Out: the kernel ORs in bit k (k < 64) for each store k it wrote with non-temporal stores in
   // this call (atomically: the calls of one launch run on several threads). Null: not reported.
   std::uint64_t* streamed;

@@ -5,7 +5,8 @@
 // cache (a new device loads without compiling; a corrupt entry is rebuilt); and the checked
 // pass of f32 exp / log / tanh blocks against the interpreter, bit for bit, with NaN / Inf /
 // domain-edge values sprinkled through the blocks and the tail, sliced (unaligned) inputs, and
-// streaming launches (non-temporal stores for fresh outputs, blocked and plain loops).
+// streaming launches (non-temporal stores for fresh outputs, blocked and plain loops); programs
+// of independent parts run part by part, and in one pass when one part writes what another reads.
 //
 // Each new structure costs one compiler run (~0.3-1 s), so the random part is small; run more
 // with KILN_JIT_TEST_STRUCTURES=<n>. Skipped when no C++ compiler is on PATH or KILN_CPU_JIT=0.
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 
@@ -503,12 +505,18 @@ struct BothRuns {
   CpuDeviceStats jit_stats;
 };
 
-// The program on the JIT device and on the interpreter (same ops, same ids, raw f32 uploads so
-// that NaN payloads survive). offset > 0: every input is uploaded with `offset` extra leading
-// elements and sliced off by a view, so that the kernel's loads start off any alignment.
-BothRuns run_both(const CpuDeviceOptions& jit_options, Program program, const std::vector<std::vector<float>>& inputs,
-                  std::size_t offset = 0) {
-  BothRuns r;
+// A program with any number of results, run on the JIT device and on the interpreter (same ops,
+// same ids, raw f32 uploads so that NaN payloads survive): every result per side, and each
+// side's stats. offset > 0: every input is uploaded with `offset` extra leading elements and
+// sliced off by a view, so that the kernel's loads start off any alignment.
+struct PartsRun {
+  std::vector<std::vector<float>> jit, interp;
+  CpuDeviceStats jit_stats, interp_stats;
+};
+using OutputsProgram = std::function<std::vector<TensorIr>(Session&, const std::vector<TensorIr>&)>;
+PartsRun run_parts(const CpuDeviceOptions& jit_options, const OutputsProgram& program,
+                   const std::vector<std::vector<float>>& inputs, std::size_t offset = 0) {
+  PartsRun r;
   for (int side = 0; side < 2; ++side) {
     CpuDeviceOptions o = jit_options;
     if (side == 1) o.jit = CpuJitMode::Off;
@@ -525,15 +533,26 @@ BothRuns run_both(const CpuDeviceOptions& jit_options, Program program, const st
       }
       in.push_back(t);
     }
-    const TensorIr y = program(s, in);
+    const std::vector<TensorIr> outs = program(s, in);
     s.sync();
-    auto got = s.device.download<float>(y.id);
-    EXPECT_TRUE(got.ok());
-    (side == 0 ? r.jit : r.interp) = got.ok() ? *got : std::vector<float>{};
-    if (side == 0) r.jit_stats = s.device.stats();
+    for (const TensorIr& y : outs) {
+      auto got = s.device.download<float>(y.id);
+      EXPECT_TRUE(got.ok());
+      (side == 0 ? r.jit : r.interp).push_back(got.ok() ? *got : std::vector<float>{});
+    }
+    (side == 0 ? r.jit_stats : r.interp_stats) = s.device.stats();
     EXPECT_EQ(s.device.stats().fused_replays, 0u);
   }
   return r;
+}
+
+// The same for a program with one result.
+BothRuns run_both(const CpuDeviceOptions& jit_options, Program program, const std::vector<std::vector<float>>& inputs,
+                  std::size_t offset = 0) {
+  PartsRun r = run_parts(
+      jit_options, [&](Session& s, const std::vector<TensorIr>& in) { return std::vector<TensorIr>{program(s, in)}; },
+      inputs, offset);
+  return BothRuns{std::move(r.jit.at(0)), std::move(r.interp.at(0)), r.jit_stats};
 }
 
 // The kernel and the interpreter agree bit for bit (NaN payloads included) when they were
@@ -704,6 +723,85 @@ TEST_F(JitTest, StreamingPlainLoopWritesOnlyFreshOutputsNonTemporally) {
   // The kernel is compiled for this machine (-march=native): it streams where the CPU has AVX-512.
   EXPECT_EQ(stats[0].nontemporal_outputs, __builtin_cpu_supports("avx512f") ? 1u : 0u);
   EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "constexpr std::uint64_t kChunk = 256;"), 1u);
+}
+
+// A program of three independent parts (an Adam-like update per "parameter": each reads its
+// own p, g, m and writes p', m' in place over p and m), which also share one broadcast input
+// (c, one element: it joins no parts). Large enough to run part by part: one launch, one
+// kernel with three parts, each output bit-identical to the interpreter's and written over a
+// consumed input of its own part.
+TEST_F(JitTest, IndependentPartsRunOneAfterAnother) {
+  constexpr std::size_t n = (std::size_t{1} << 16) + 37;
+  std::vector<std::vector<float>> in;
+  for (std::size_t k = 0; k < 9; ++k) in.push_back(sprinkled(n, 2.0f, 900 + k));
+  in.push_back({0.125f});  // c
+  const OutputsProgram parts = [](Session& s, const std::vector<TensorIr>& t) {
+    constexpr auto RW = TensorStatus::ReadWrite;
+    auto bin = [&](OpKind k, const TensorIr& x, const TensorIr& y) {
+      return s.submit(ok(b::binary(Family::NumericFloat, k, x, y, s.id())));
+    };
+    auto sc = [&](OpKind k, const TensorIr& x, double v) {
+      return s.submit(ok(b::scalar(Family::NumericFloat, k, x, ScalarIr::Float(v), s.id())));
+    };
+    const TensorIr& c = t[9];
+    std::vector<TensorIr> outs;
+    for (std::size_t k = 0; k < 3; ++k) {
+      const TensorIr &p = t[3 * k], &g = t[3 * k + 1], &m = t[3 * k + 2];
+      // Intermediates are consumed by their last use (as the API's drops do), so that each part
+      // has as many consumed inputs (p, m) as outputs (p', m'); g stays the caller's.
+      const TensorIr m2 = bin(OpKind::Numeric_Add, use(sc(OpKind::Numeric_MulScalar, use(m, RW), 0.9), RW),
+                              use(bin(OpKind::Numeric_Mul, g, c), RW));
+      const TensorIr g2 = sc(OpKind::Numeric_AddScalar, use(bin(OpKind::Numeric_Mul, g, g), RW), 1.0);
+      const TensorIr step = bin(OpKind::Numeric_Div, m2, use(g2, RW));
+      outs.push_back(bin(OpKind::Numeric_Sub, use(p, RW), use(step, RW)));
+      outs.push_back(m2);
+    }
+    return outs;
+  };
+  const PartsRun r = run_parts(options(2), parts, in);
+  ASSERT_EQ(r.jit.size(), 6u);
+  for (std::size_t k = 0; k < r.jit.size(); ++k)
+    expect_same_bits(BothRuns{r.jit[k], r.interp[k], r.jit_stats}, "output " + std::to_string(k), 0.0, false);
+  EXPECT_EQ(r.jit_stats.jit_launches, 1u);
+  EXPECT_EQ(r.jit_stats.jit_part_by_part, 1u);
+  EXPECT_EQ(r.interp_stats.jit_part_by_part, 0u);
+  EXPECT_EQ(r.jit_stats.inplace_reuses, 6u);
+  EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "if (F->by_component)"), 1u);
+
+  // The same structure at a small size (cache-resident: the streams interleave for free) runs
+  // as one pass.
+  std::vector<std::vector<float>> small;
+  for (std::size_t k = 0; k < 9; ++k) small.push_back(sprinkled(1000, 2.0f, 950 + k));
+  small.push_back({0.125f});
+  const PartsRun q = run_parts(options(2), parts, small);
+  for (std::size_t k = 0; k < q.jit.size(); ++k)
+    expect_same_bits(BothRuns{q.jit[k], q.interp[k], q.jit_stats}, "small output " + std::to_string(k), 0.0, false);
+  EXPECT_EQ(q.jit_stats.jit_launches, 1u);
+  EXPECT_EQ(q.jit_stats.jit_part_by_part, 0u);
+}
+
+// Two parts where the first part's output takes over the buffer of an input that only the
+// second part reads (u = x * 3 is written in place over y, which w = y + 1 consumes). One pass
+// reads y[i] before writing u[i]; part by part, u would overwrite all of y before w reads it.
+// The launch sees the overlap and runs the kernel in one pass.
+TEST_F(JitTest, PartsRunTogetherWhenOneWritesWhatAnotherReads) {
+  constexpr std::size_t n = (std::size_t{1} << 16) + 5;
+  const OutputsProgram crossed = [](Session& s, const std::vector<TensorIr>& in) {
+    constexpr auto RW = TensorStatus::ReadWrite;
+    const TensorIr u = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, in[0], ScalarIr::Float(3.0), s.id())));
+    const TensorIr w =
+        s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_AddScalar, use(in[1], RW), ScalarIr::Float(1.0), s.id())));
+    const TensorIr u2 = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_SubScalar, use(u, RW), ScalarIr::Float(0.5), s.id())));
+    return std::vector<TensorIr>{u2, w};
+  };
+  const PartsRun r = run_parts(options(1), crossed, {sprinkled(n, 2.0f, 31), sprinkled(n, 2.0f, 32)});
+  ASSERT_EQ(r.jit.size(), 2u);
+  expect_same_bits(BothRuns{r.jit[0], r.interp[0], r.jit_stats}, "u", 0.0, true);
+  expect_same_bits(BothRuns{r.jit[1], r.interp[1], r.jit_stats}, "w", 0.0, true);
+  EXPECT_EQ(r.jit_stats.jit_launches, 1u);
+  EXPECT_EQ(r.jit_stats.inplace_reuses, 1u);  // u took over y's buffer
+  EXPECT_EQ(r.jit_stats.jit_part_by_part, 0u);
+  EXPECT_EQ(kernel_sources_with(dir_ + "/cache", "if (F->by_component)"), 1u);
 }
 
 // Off unless asked for: the default device options never run a compiler.
