@@ -417,13 +417,15 @@ class Compiler {
     if (cb.reduction) cb.reduction->out = alias[cb.reduction->out];
   }
 
-  // Greedy slot assignment in program order: a register takes a free slot when it is defined
-  // (loads at the start; an instruction's output before its dying operands are released, so an
-  // output never shares memory with an operand) and gives it back after its last use. Stored
-  // registers and the reduction handover live to the end; preset registers have no slot.
   // CBlock::parts (see there), after copies were elided (their registers renamed).
   static void assign_parts(CBlock& cb, const fusion::ProgramBlock& b) {
     const std::size_t nregs = cb.regs.size();
+    for (const CLoad& l : cb.loads)
+      if (l.reg >= nregs) return;  // no parts (compile_program checked the registers before)
+    for (const CInstr& ins : cb.instrs)
+      if (ins.out >= nregs) return;
+    for (const CStore& st : cb.stores)
+      if (st.reg >= nregs) return;
     std::vector<std::uint32_t> root(nregs);
     for (std::uint32_t r = 0; r < nregs; ++r) root[r] = r;
     auto find = [&](std::uint32_t r) {
@@ -436,7 +438,6 @@ class Compiler {
     std::map<std::pair<fusion::LoadSource, std::uint32_t>, std::uint32_t> first_load;  // source -> register
     for (std::size_t k = 0; k < cb.loads.size(); ++k) {
       const CLoad& l = cb.loads[k];
-      if (l.reg >= nregs) return;
       if (broadcast(k)) {
         broadcast_reg[l.reg] = true;
         continue;
@@ -444,24 +445,31 @@ class Compiler {
       const auto [it, fresh] = first_load.emplace(std::pair{l.source, l.index}, l.reg);
       if (!fresh) join(l.reg, it->second);
     }
-    for (const CInstr& ins : cb.instrs) {
-      if (ins.out >= nregs) return;
+    for (const CInstr& ins : cb.instrs)
       for (std::int32_t r : ins.regs)
         if (r >= 0 && static_cast<std::size_t>(r) < nregs && !broadcast_reg[static_cast<std::size_t>(r)])
           join(ins.out, static_cast<std::uint32_t>(r));
-    }
+    // Parts are numbered by their stores; what reaches no store (an unread instruction, a load
+    // nothing reads) goes with part 0, so that it still runs exactly once (a dead integer
+    // division still faults, as in the interpreter).
     std::vector<std::uint32_t> part_of_root(nregs, kNoPart);
-    auto part = [&](std::uint32_t r) {
-      std::uint32_t& p = part_of_root[find(r)];
+    for (const CStore& st : cb.stores) {
+      std::uint32_t& p = part_of_root[find(st.reg)];
       if (p == kNoPart) p = cb.parts++;
-      return p;
+      cb.store_part.push_back(p);
+    }
+    auto part = [&](std::uint32_t r) {
+      const std::uint32_t p = part_of_root[find(r)];
+      return p == kNoPart ? 0 : p;
     };
     for (const CInstr& ins : cb.instrs) cb.instr_part.push_back(part(ins.out));
-    for (const CStore& s : cb.stores) cb.store_part.push_back(s.reg < nregs ? part(s.reg) : kNoPart);
-    for (std::size_t k = 0; k < cb.loads.size(); ++k)
-      cb.load_part.push_back(broadcast(k) ? kNoPart : part_of_root[find(cb.loads[k].reg)]);
+    for (std::size_t k = 0; k < cb.loads.size(); ++k) cb.load_part.push_back(broadcast(k) ? kNoPart : part(cb.loads[k].reg));
   }
 
+  // Greedy slot assignment in program order: a register takes a free slot when it is defined
+  // (loads at the start; an instruction's output before its dying operands are released, so an
+  // output never shares memory with an operand) and gives it back after its last use. Stored
+  // registers and the reduction handover live to the end; preset registers have no slot.
   static void assign_slots(CBlock& cb, const std::vector<bool>& preset, std::optional<std::uint32_t> handover) {
     const std::size_t nregs = cb.regs.size();
     const int end = static_cast<int>(cb.instrs.size());

@@ -162,15 +162,21 @@ struct CBlock {
   std::optional<fusion::Reduction> reduction;  // Reduce programs, block 1
   bool has_indexed = false;
   // The block's independent parts: connected components of its registers, joined by the
-  // instructions that read them and by loads of the same input. A broadcast load joins nothing
-  // (one element, read by every part that uses it). Only parts with an instruction or a store
-  // count. A JIT kernel can run a block's parts one after another (fewer streams at a time:
-  // fused Adam, one part per parameter) when no part writes what another reads (jit.cc,
-  // by_component).
+  // instructions that read them and by loads of the same input, numbered by their stores. A
+  // broadcast load joins nothing (one element, read by every part that uses it). Instructions
+  // and loads that reach no store belong to part 0. A JIT kernel can run a block's parts one
+  // after another (fewer streams at a time: fused Adam, one part per parameter) when no part
+  // writes what another reads (jit.cc, by_component). A value computed from broadcast loads
+  // alone (a fill, c * k) joins every part that reads it.
   std::uint32_t parts = 0;
-  std::vector<std::uint32_t> load_part;   // kNoPart: a broadcast load, or one nothing reads
+  std::vector<std::uint32_t> load_part;   // kNoPart: a broadcast load
   std::vector<std::uint32_t> instr_part;
   std::vector<std::uint32_t> store_part;
+  // More than one part, with a part for every load, instruction and store.
+  bool split_into_parts() const {
+    return parts > 1 && load_part.size() == loads.size() && instr_part.size() == instrs.size() &&
+           store_part.size() == stores.size();
+  }
 };
 
 struct ScalarBind {

@@ -464,9 +464,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
 
   // Per load, the parts (CBlock::parts) that read it: its own, or for a broadcast load every
   // part with an instruction reading it or a store of it.
-  const bool parts_ok = b.load_part.size() == b.loads.size() && b.instr_part.size() == b.instrs.size() &&
-                        b.store_part.size() == b.stores.size();
-  const std::uint32_t parts = parts_ok ? b.parts : 0;
+  const std::uint32_t parts = b.split_into_parts() ? b.parts : 0;
   std::vector<std::vector<bool>> load_uses(b.loads.size(), std::vector<bool>(parts, false));
   for (std::size_t k = 0; k < b.loads.size() && parts > 1; ++k) {
     const std::uint32_t r = b.loads[k].reg;
@@ -1051,7 +1049,7 @@ namespace {
 // launch where it is not runs in one pass.
 bool by_component(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores, std::uint64_t n) {
   constexpr std::uint64_t kMinPositions = std::uint64_t{1} << 14;
-  if (cb.parts < 2 || n < kMinPositions) return false;
+  if (!cb.split_into_parts() || n < kMinPositions) return false;
   if (loads.size() != cb.load_part.size() || stores.size() != cb.store_part.size()) return false;
   auto range = [&](const Accessor& a) {
     const auto lo = reinterpret_cast<std::uintptr_t>(a.base);
@@ -1060,7 +1058,7 @@ bool by_component(const CBlock& cb, std::span<const Accessor> loads, std::span<c
   for (std::size_t s = 0; s < stores.size(); ++s) {
     const auto [s_lo, s_hi] = range(stores[s]);
     for (std::size_t l = 0; l < loads.size(); ++l) {
-      if (cb.load_part[l] == cb.store_part[s]) continue;
+      if (cb.load_part[l] != fast::kNoPart && cb.load_part[l] == cb.store_part[s]) continue;
       const auto [l_lo, l_hi] = range(loads[l]);
       if (l_lo < s_hi && s_lo < l_hi) return false;
     }
