@@ -125,6 +125,7 @@ void per_iteration_stats(benchmark::State& state, Device& dev) {
   state.counters["ref_ops"] = static_cast<double>(st.reference_ops) / it;
   state.counters["replays"] = static_cast<double>(st.fused_replays) / it;
   state.counters["inplace"] = static_cast<double>(st.inplace_reuses) / it;
+  state.counters["apart"] = static_cast<double>(st.part_by_part) / it;  // launches run part by part
 }
 
 // An Adam step over state.range(0) parameter tensors of 2^20 f32 elements each, each with its

@@ -118,7 +118,7 @@ CpuDeviceStats CpuDevice::stats() const {
     s.launches_by_kind[k] = get(counters_.launches_by_kind[k]);
   s.jit_launches = get(counters_.jit_launches);
   s.nontemporal_outputs = get(counters_.nontemporal_outputs);
-  s.jit_part_by_part = get(counters_.jit_part_by_part);
+  s.part_by_part = get(counters_.part_by_part);
   const jit::Stats j = jit_->stats();
   s.jit_compiles = j.compiles;
   s.jit_disk_loads = j.disk_loads;
@@ -133,7 +133,7 @@ void CpuDevice::reset_stats() {
        {&counters_.fused_launches, &counters_.fused_replays, &counters_.fast_ops, &counters_.reference_ops,
         &counters_.kernel_cache_hits, &counters_.kernel_cache_misses, &counters_.inplace_reuses,
         &counters_.zero_copy_reshapes, &counters_.row_interleaved, &counters_.jit_launches,
-        &counters_.nontemporal_outputs, &counters_.jit_part_by_part})
+        &counters_.nontemporal_outputs, &counters_.part_by_part})
     a->store(0, std::memory_order_relaxed);
   for (auto& a : counters_.launches_by_kind) a.store(0, std::memory_order_relaxed);
 }

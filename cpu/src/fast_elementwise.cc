@@ -1596,17 +1596,46 @@ bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_
   return true;
 }
 
-bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, void** ptrs) const {
+bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores, std::uint64_t n) {
+  constexpr std::uint64_t kMinPositions = std::uint64_t{1} << 14;
+  if (!cb.split_into_parts() || n < kMinPositions) return false;
+  if (loads.size() != cb.load_part.size() || stores.size() != cb.store_part.size()) return false;
+  // Flat accessors only: what each touches is then one range.
+  for (const Accessor& a : loads)
+    if (!a.contiguous && !a.zero) return false;
+  for (const Accessor& a : stores)
+    if (!a.contiguous || a.masked) return false;
+  auto range = [&](const Accessor& a) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(a.base);
+    return std::pair{lo, lo + (a.zero ? 1 : n) * a.esize};
+  };
+  for (std::size_t s = 0; s < stores.size(); ++s) {
+    const auto [s_lo, s_hi] = range(stores[s]);
+    for (std::size_t l = 0; l < loads.size(); ++l) {
+      if (cb.load_part[l] != kNoPart && cb.load_part[l] == cb.store_part[s]) continue;
+      const auto [l_lo, l_hi] = range(loads[l]);
+      if (l_lo < s_hi && s_lo < l_hi) return false;
+    }
+  }
+  return true;
+}
+
+bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, void** ptrs, std::uint32_t part) const {
   const CBlock& b = *block_;
   const std::size_t slot_bytes = kBlock * 8;
+  // A load, instruction or store of another part is skipped (part == kNoPart: none is).
+  auto other = [&](const std::vector<std::uint32_t>& parts, std::size_t i) {
+    return part != kNoPart && parts[i] != kNoPart && parts[i] != part;
+  };
   if (prefetch_ && start + n < numel_) {
     // The next chunk of every contiguous input stream, into L2 (prefetcht1): a chunk's
     // operations run one after another, so without it a stream idles while the others are read
     // and DRAM latency is exposed at every chunk (W1 at 2^24: 0.98 -> 0.79 ns/elem, W3 2.37 ->
     // 1.70; prefetching into L1 instead evicts the chunk being computed and loses).
     const std::size_t next = static_cast<std::size_t>(std::min<std::uint64_t>(n, numel_ - start - n));
-    for (const Accessor& a : loads_) {
-      if (!a.contiguous || a.zero) continue;
+    for (std::size_t i = 0; i < loads_.size(); ++i) {
+      const Accessor& a = loads_[i];
+      if (!a.contiguous || a.zero || other(b.load_part, i)) continue;
       const std::byte* p = a.base + (start + n) * a.esize;
       for (std::size_t off = 0; off < next * a.esize; off += 64) __builtin_prefetch(p + off, 0, 2);
     }
@@ -1614,7 +1643,7 @@ bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, vo
   for (std::size_t i = 0; i < b.loads.size(); ++i) {
     const CLoad& l = b.loads[i];
     const Accessor& a = loads_[i];
-    if (preset_[l.reg]) continue;
+    if (preset_[l.reg] || other(b.load_part, i)) continue;
     if (a.alias) {
       ptrs[l.reg] = a.base + start * a.esize;
     } else {
@@ -1625,6 +1654,7 @@ bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, vo
   }
   bool fail = false;
   for (std::size_t i = 0; i < b.instrs.size(); ++i) {
+    if (other(b.instr_part, i)) continue;
     const CInstr& ins = b.instrs[i];
     void* out;
     if (direct_[i] >= 0) {
@@ -1649,7 +1679,7 @@ bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, vo
     if (fix_[i]) apply_fixup(out, b.regs[ins.out].cls, b.regs[ins.out].fixup, n);
   }
   for (std::size_t s = 0; s < b.stores.size(); ++s) {
-    if (store_done_[s]) continue;
+    if (store_done_[s] || other(b.store_part, s)) continue;
     const CStore& cs = b.stores[s];
     scatter(stores_[s], start, n, ptrs[cs.reg], b.regs[cs.reg].cls);
   }
@@ -1680,16 +1710,22 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
     runner.set_prefetch(true);
   }
   const std::uint64_t chunks = (n + chunk - 1) / chunk;
+  // Independent parts one after another over each range (fused Adam: a parameter's streams at
+  // a time instead of every parameter's), when no part writes what another reads.
+  const bool apart = parts_run_apart(cb, runner.load_accessors(), runner.store_accessors(), n);
+  const std::uint32_t passes = apart ? cb.parts : 1;
   std::atomic<bool> failed{false};
   auto body = [&](std::uint64_t b, std::uint64_t e) {
     Scratch scratch(runner.scratch_bytes());
     std::vector<void*> ptrs(runner.num_regs(), nullptr);
-    for (std::uint64_t c = b; c < e; ++c) {
-      const std::uint64_t start = c * chunk;
-      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - start));
-      if (!runner.run(start, len, scratch.data(), ptrs.data())) {
-        failed.store(true, std::memory_order_relaxed);
-        break;
+    for (std::uint32_t pass = 0; pass < passes && !failed.load(std::memory_order_relaxed); ++pass) {
+      for (std::uint64_t c = b; c < e; ++c) {
+        const std::uint64_t start = c * chunk;
+        const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - start));
+        if (!runner.run(start, len, scratch.data(), ptrs.data(), apart ? pass : kNoPart)) {
+          failed.store(true, std::memory_order_relaxed);
+          break;
+        }
       }
     }
     if (streams) stream_fence();  // only a streaming launch wrote non-temporally
@@ -1699,6 +1735,7 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
     *fault = true;  // replayed op by op: nothing of this launch counts
     return {};
   }
+  if (apart && launch.part_by_part != nullptr) launch.part_by_part->fetch_add(1, std::memory_order_relaxed);
   if (streams && launch.nontemporal_outputs != nullptr) {
     std::uint64_t streamed = 0;
     for (const Accessor& a : runner.store_accessors()) streamed += a.stream ? 1 : 0;

@@ -90,7 +90,7 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   launch.arena = &device.arena();
   launch.threads = device.threads();
   launch.nontemporal_outputs = &device.counters().nontemporal_outputs;
-  launch.jit_part_by_part = &device.counters().jit_part_by_part;
+  launch.part_by_part = &device.counters().part_by_part;
 
   // Inputs: an errored one sends the program to the op-by-op path (each op skips as it would).
   const std::size_t ni = p.inputs.size();
@@ -132,17 +132,37 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   launch.output_inplace.assign(no, false);
   std::vector<bool> claimed(ni, false);
   const bool inplace_ok = allow_inplace && p.kind == ProgramKind::Elementwise && !b.compiled->may_fail;
+  // With independent parts (CBlock::parts), an output takes over a consumed input of its own
+  // part first, and another part's only when its own has none that fits: a launch runs its
+  // parts one after another only when no part writes what another reads (parts_run_apart).
+  // Fused Adam's second kernel crossed parts with first fit, and ran in one pass.
+  const fast::CBlock* block0 = b.compiled->blocks.empty() ? nullptr : &b.compiled->blocks[0];
+  std::vector<std::uint32_t> input_part, output_part;
+  if (inplace_ok && block0 != nullptr && block0->split_into_parts()) {
+    input_part.assign(ni, fast::kNoPart);
+    output_part.assign(no, fast::kNoPart);
+    for (std::size_t k = 0; k < block0->loads.size(); ++k) {
+      const fast::CLoad& l = block0->loads[k];
+      if (l.source == fusion::LoadSource::Input && l.index < ni && input_part[l.index] == fast::kNoPart)
+        input_part[l.index] = block0->load_part[k];
+    }
+    for (std::size_t k = 0; k < block0->stores.size(); ++k)
+      if (block0->stores[k].output < no) output_part[block0->stores[k].output] = block0->store_part[k];
+  }
   for (std::size_t o = 0; o < no; ++o) {
     const fusion::ProgramOutput& out = p.outputs[o];
     if (!out.written) continue;
     const ir::TensorIr* g = global_of(bind, out.tensor);
     if (g == nullptr || !(g->dtype == out.dtype)) return false;
-    if (inplace_ok) {
+    const std::uint32_t own = output_part.empty() ? fast::kNoPart : output_part[o];
+    // Round 0: inputs of the output's own part; round 1: any.
+    for (int round = own == fast::kNoPart ? 1 : 0; inplace_ok && round < 2 && !launch.outputs[o]; ++round) {
       for (std::size_t i = 0; i < ni; ++i) {
         const fusion::ProgramInput& in = p.inputs[i];
         if (claimed[i] || in.status != TensorStatus::ReadWrite || in.role != fusion::InputRole::Plain ||
             !(in.dtype == out.dtype) || launch.inputs[i]->shape() != g->shape)
           continue;
+        if (round == 0 && input_part[i] != own) continue;
         bool shared = false;  // another entry (a view, a second read) names the same tensor
         for (std::size_t j = 0; j < ni; ++j)
           if (j != i && (p.inputs[j].tensor == in.tensor || (p.inputs[j].view && p.inputs[j].view->source == i)))

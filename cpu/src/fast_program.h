@@ -227,8 +227,8 @@ struct Launch {
   const jit::Kernel* jit = nullptr;  // Elementwise: run block 0 through this JIT kernel
   // The device's counter of outputs written with non-temporal stores (null: not counted).
   std::atomic<std::uint64_t>* nontemporal_outputs = nullptr;
-  // The device's counter of JIT launches that ran their parts one after another (null: not counted).
-  std::atomic<std::uint64_t>* jit_part_by_part = nullptr;
+  // The device's counter of launches that ran their parts one after another (null: not counted).
+  std::atomic<std::uint64_t>* part_by_part = nullptr;
 
   ir::Shape concrete(const ir::Shape& relative) const;
 };
@@ -246,6 +246,14 @@ struct Accessor {
   bool stream = false;      // store: contiguous, native and large: non-temporal stores
 };
 
+// Whether a launch of block `cb` over n positions, with these (flat or strided) accessors, may
+// run its parts one after another, each over the whole range (fast_elementwise.cc): the block
+// has several parts, n is large (below ~L2 size the streams interleave for free), and no store
+// of one part overlaps a load of another (an output written in place over another part's
+// consumed input would be overwritten before that part reads it; one pass reads each position
+// before writing it).
+bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores, std::uint64_t n);
+
 // One block of a launch, bound to concrete sizes, ready to run chunk by chunk.
 class BlockRunner {
  public:
@@ -259,7 +267,9 @@ class BlockRunner {
   // num_slots() * kBlock * 8 bytes, 64-byte aligned; `ptrs` one pointer per register (preset
   // ones filled in by the caller; on return every register's values for these positions).
   // Returns false when a kernel faulted (integer division by zero, index out of range).
-  bool run(std::uint64_t start, std::size_t n, std::byte* scratch, void** ptrs) const;
+  // `part`: only that part's loads, instructions and stores (CBlock::parts; broadcast loads for
+  // every part), for a launch that runs its parts one after another (parts_run_apart).
+  bool run(std::uint64_t start, std::size_t n, std::byte* scratch, void** ptrs, std::uint32_t part = kNoPart) const;
 
   std::uint64_t numel() const { return numel_; }
   // Bytes the block's loads and stores move over the whole iteration space (broadcast reads of

@@ -681,7 +681,8 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   // own parameter, gradient and moments) can run one part after another over the range rather
   // than all of them in each iteration: 7 streams at a time instead of 35 (a standalone loop of
   // 8 Adam parameters: 6.3 ms interleaved, 4.5 ms part by part). The launch allows it
-  // (Frame::by_component) only when no part writes a buffer that another part reads.
+  // (Frame::by_component, from parts_run_apart) only when no part writes a buffer that another
+  // part reads.
   if (parts > 1) {
     os << "    if (F->by_component) {\n";
     for (std::uint32_t c = 0; c < parts; ++c) {
@@ -1038,36 +1039,6 @@ std::shared_ptr<const Kernel> JitCache::build_in(const std::string& dir, const s
 
 namespace kiln::cpu::fast {
 
-namespace {
-
-// Whether a flat launch of a kernel with several parts (CBlock::parts) may run them one after
-// another: only when it is large (below ~L2 size the streams interleave for free and the extra
-// loops cost) and no store of one part overlaps a load of another. An output that took over a
-// consumed input's buffer is written in place: one pass reads each position before writing it,
-// part by part would not. bind_program takes the first consumed input that fits, which is the
-// output's own part's when the parts' chains were traced one after another (fused Adam); a
-// launch where it is not runs in one pass.
-bool by_component(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores, std::uint64_t n) {
-  constexpr std::uint64_t kMinPositions = std::uint64_t{1} << 14;
-  if (!cb.split_into_parts() || n < kMinPositions) return false;
-  if (loads.size() != cb.load_part.size() || stores.size() != cb.store_part.size()) return false;
-  auto range = [&](const Accessor& a) {
-    const auto lo = reinterpret_cast<std::uintptr_t>(a.base);
-    return std::pair{lo, lo + (a.zero ? 1 : n) * a.esize};
-  };
-  for (std::size_t s = 0; s < stores.size(); ++s) {
-    const auto [s_lo, s_hi] = range(stores[s]);
-    for (std::size_t l = 0; l < loads.size(); ++l) {
-      if (cb.load_part[l] != fast::kNoPart && cb.load_part[l] == cb.store_part[s]) continue;
-      const auto [l_lo, l_hi] = range(loads[l]);
-      if (l_lo < s_hi && s_lo < l_hi) return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
 std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* declined) {
   const jit::Kernel& k = *launch.jit;
   // The interpreter's binding (coalesced iteration space, accessors, broadcast masks) is reused:
@@ -1120,7 +1091,7 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
   f.f16_from_f64 = &kiln::cpu::f16_from_f64;
   f.bf16_from_f64 = &kiln::cpu::bf16_from_f64;
   f.flat = flat ? 1 : 0;
-  f.by_component = by_component(cb, la, sa, n) ? 1 : 0;
+  f.by_component = parts_run_apart(cb, la, sa, n) ? 1 : 0;
   std::uint64_t streamed = 0;  // written by the kernel calls (__atomic_fetch_or), read after the join
   f.streamed = &streamed;
   // Pieces of kBlock positions, split between threads as the interpreter splits its chunks;
@@ -1136,8 +1107,8 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
     *fault = true;  // replayed op by op: nothing of this launch counts
     return {};
   }
-  if (f.by_component != 0 && launch.jit_part_by_part != nullptr)
-    launch.jit_part_by_part->fetch_add(1, std::memory_order_relaxed);
+  if (f.by_component != 0 && launch.part_by_part != nullptr)
+    launch.part_by_part->fetch_add(1, std::memory_order_relaxed);
   const auto mask = __atomic_load_n(&streamed, __ATOMIC_RELAXED);
   if (mask != 0 && launch.nontemporal_outputs != nullptr)
     launch.nontemporal_outputs->fetch_add(static_cast<std::uint64_t>(std::popcount(mask)), std::memory_order_relaxed);

@@ -97,9 +97,10 @@ struct CpuDeviceStats {
   std::uint64_t jit_failures = 0;
   std::uint64_t jit_declined = 0;
   std::uint64_t jit_corrupt = 0;
-  // JIT launches of a program with independent parts (fused Adam over several parameters) that
-  // ran them one after another, a few streams at a time (cpu-backend.md, "JIT").
-  std::uint64_t jit_part_by_part = 0;
+  // Elementwise launches (JIT or interpreter) of a program with independent parts (fused Adam
+  // over several parameters) that ran them one after another, a few streams at a time
+  // (cpu-backend.md, "Independent parts").
+  std::uint64_t part_by_part = 0;
 };
 
 class CpuDevice {
@@ -156,7 +157,7 @@ class CpuDevice {
   struct Counters {
     std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0}, kernel_cache_hits{0},
         kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0}, jit_launches{0},
-        nontemporal_outputs{0}, jit_part_by_part{0};
+        nontemporal_outputs{0}, part_by_part{0};
     std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
   };
   Counters& counters() { return counters_; }
