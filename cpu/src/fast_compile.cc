@@ -464,6 +464,25 @@ class Compiler {
     };
     for (const CInstr& ins : cb.instrs) cb.instr_part.push_back(part(ins.out));
     for (std::size_t k = 0; k < cb.loads.size(); ++k) cb.load_part.push_back(broadcast(k) ? kNoPart : part(cb.loads[k].reg));
+    // Per part, its loads: a broadcast load for each part with an instruction or store reading it.
+    std::vector<std::vector<bool>> reads(cb.parts, std::vector<bool>(cb.loads.size(), false));
+    std::vector<std::vector<std::uint32_t>> loads_of_reg(nregs);
+    for (std::size_t k = 0; k < cb.loads.size(); ++k) {
+      if (cb.load_part[k] != kNoPart && cb.load_part[k] < cb.parts) reads[cb.load_part[k]][k] = true;
+      if (broadcast(k)) loads_of_reg[cb.loads[k].reg].push_back(static_cast<std::uint32_t>(k));
+    }
+    for (std::size_t i = 0; i < cb.instrs.size(); ++i)
+      for (std::int32_t r : cb.instrs[i].regs)
+        if (r >= 0 && static_cast<std::size_t>(r) < nregs && cb.instr_part[i] < cb.parts)
+          for (std::uint32_t k : loads_of_reg[static_cast<std::size_t>(r)]) reads[cb.instr_part[i]][k] = true;
+    for (std::size_t i = 0; i < cb.stores.size(); ++i)
+      for (std::uint32_t k : loads_of_reg[cb.stores[i].reg]) reads[cb.store_part[i]][k] = true;
+    for (std::uint32_t p = 0; p < cb.parts; ++p) {
+      cb.part_loads_begin.push_back(static_cast<std::uint32_t>(cb.part_loads.size()));
+      for (std::size_t k = 0; k < cb.loads.size(); ++k)
+        if (reads[p][k]) cb.part_loads.push_back(static_cast<std::uint32_t>(k));
+    }
+    cb.part_loads_begin.push_back(static_cast<std::uint32_t>(cb.part_loads.size()));
   }
 
   // Greedy slot assignment in program order: a register takes a free slot when it is defined

@@ -1597,8 +1597,7 @@ bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_
 }
 
 bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores, std::uint64_t n) {
-  constexpr std::uint64_t kMinPositions = std::uint64_t{1} << 14;
-  if (!cb.split_into_parts() || n < kMinPositions) return false;
+  if (!cb.split_into_parts() || n < kMinPartPositions) return false;
   if (loads.size() != cb.load_part.size() || stores.size() != cb.store_part.size()) return false;
   // Flat accessors only: what each touches is then one range.
   for (const Accessor& a : loads)
@@ -1623,9 +1622,15 @@ bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::spa
 bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, void** ptrs, std::uint32_t part) const {
   const CBlock& b = *block_;
   const std::size_t slot_bytes = kBlock * 8;
-  // A load, instruction or store of another part is skipped (part == kNoPart: none is).
-  auto other = [&](const std::vector<std::uint32_t>& parts, std::size_t i) {
-    return part != kNoPart && parts[i] != kNoPart && parts[i] != part;
+  // An instruction or store of another part is skipped (part == kNoPart: none is); the loads
+  // are the part's own list (its broadcast loads included).
+  auto other = [&](const std::vector<std::uint32_t>& parts, std::size_t i) { return part != kNoPart && parts[i] != part; };
+  auto for_each_load = [&](auto&& f) {
+    if (part == kNoPart) {
+      for (std::size_t i = 0; i < b.loads.size(); ++i) f(i);
+    } else {
+      for (std::uint32_t i : b.loads_of_part(part)) f(i);
+    }
   };
   if (prefetch_ && start + n < numel_) {
     // The next chunk of every contiguous input stream, into L2 (prefetcht1): a chunk's
@@ -1635,15 +1640,15 @@ bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, vo
     const std::size_t next = static_cast<std::size_t>(std::min<std::uint64_t>(n, numel_ - start - n));
     for (std::size_t i = 0; i < loads_.size(); ++i) {
       const Accessor& a = loads_[i];
-      if (!a.contiguous || a.zero || other(b.load_part, i)) continue;
+      if (!a.contiguous || a.zero || (part != kNoPart && b.load_part[i] != part)) continue;
       const std::byte* p = a.base + (start + n) * a.esize;
       for (std::size_t off = 0; off < next * a.esize; off += 64) __builtin_prefetch(p + off, 0, 2);
     }
   }
-  for (std::size_t i = 0; i < b.loads.size(); ++i) {
+  for_each_load([&](std::size_t i) {
     const CLoad& l = b.loads[i];
     const Accessor& a = loads_[i];
-    if (preset_[l.reg] || other(b.load_part, i)) continue;
+    if (preset_[l.reg]) return;
     if (a.alias) {
       ptrs[l.reg] = a.base + start * a.esize;
     } else {
@@ -1651,7 +1656,7 @@ bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, vo
       gather(a, start, n, dst, b.regs[l.reg].cls);
       ptrs[l.reg] = dst;
     }
-  }
+  });
   bool fail = false;
   for (std::size_t i = 0; i < b.instrs.size(); ++i) {
     if (other(b.instr_part, i)) continue;

@@ -132,13 +132,25 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   launch.output_inplace.assign(no, false);
   std::vector<bool> claimed(ni, false);
   const bool inplace_ok = allow_inplace && p.kind == ProgramKind::Elementwise && !b.compiled->may_fail;
-  // With independent parts (CBlock::parts), an output takes over a consumed input of its own
-  // part first, and another part's only when its own has none that fits: a launch runs its
-  // parts one after another only when no part writes what another reads (parts_run_apart).
-  // Fused Adam's second kernel crossed parts with first fit, and ran in one pass.
+  // With independent parts (CBlock::parts), every output first takes over a consumed input of
+  // its own part, and only then may one take another part's: a launch runs its parts one after
+  // another only when no part writes what another reads (parts_run_apart). Fused Adam's second
+  // kernel crossed parts with first fit, and ran in one pass. Small launches never split
+  // (kMinPartPositions): first fit, as before.
   const fast::CBlock* block0 = b.compiled->blocks.empty() ? nullptr : &b.compiled->blocks[0];
+  std::vector<const ir::TensorIr*> globals(no, nullptr);
+  bool split = false;
+  for (std::size_t o = 0; o < no; ++o) {
+    const fusion::ProgramOutput& out = p.outputs[o];
+    if (!out.written) continue;
+    const ir::TensorIr* g = global_of(bind, out.tensor);
+    if (g == nullptr || !(g->dtype == out.dtype)) return false;
+    globals[o] = g;
+    split = split || ir::num_elements(g->shape) >= fast::kMinPartPositions;
+  }
   std::vector<std::uint32_t> input_part, output_part;
-  if (inplace_ok && block0 != nullptr && block0->split_into_parts()) {
+  split = split && inplace_ok && block0 != nullptr && block0->split_into_parts();
+  if (split) {
     input_part.assign(ni, fast::kNoPart);
     output_part.assign(no, fast::kNoPart);
     for (std::size_t k = 0; k < block0->loads.size(); ++k) {
@@ -149,46 +161,49 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
     for (std::size_t k = 0; k < block0->stores.size(); ++k)
       if (block0->stores[k].output < no) output_part[block0->stores[k].output] = block0->store_part[k];
   }
-  for (std::size_t o = 0; o < no; ++o) {
+  // Output o over a consumed input that fits (of its own part only, when own_part_only).
+  auto take_over = [&](std::size_t o, bool own_part_only) {
+    const ir::TensorIr* g = globals[o];
     const fusion::ProgramOutput& out = p.outputs[o];
-    if (!out.written) continue;
-    const ir::TensorIr* g = global_of(bind, out.tensor);
-    if (g == nullptr || !(g->dtype == out.dtype)) return false;
-    const std::uint32_t own = output_part.empty() ? fast::kNoPart : output_part[o];
-    // Round 0: inputs of the output's own part; round 1: any.
-    for (int round = own == fast::kNoPart ? 1 : 0; inplace_ok && round < 2 && !launch.outputs[o]; ++round) {
-      for (std::size_t i = 0; i < ni; ++i) {
-        const fusion::ProgramInput& in = p.inputs[i];
-        if (claimed[i] || in.status != TensorStatus::ReadWrite || in.role != fusion::InputRole::Plain ||
-            !(in.dtype == out.dtype) || launch.inputs[i]->shape() != g->shape)
-          continue;
-        if (round == 0 && input_part[i] != own) continue;
-        bool shared = false;  // another entry (a view, a second read) names the same tensor
-        for (std::size_t j = 0; j < ni; ++j)
-          if (j != i && (p.inputs[j].tensor == in.tensor || (p.inputs[j].view && p.inputs[j].view->source == i)))
-            shared = true;
-        // An input a store copies straight to an output (an elided copy) is read after the
-        // instructions, when an in-place output may already have overwritten it.
-        const fast::CBlock& cb = b.compiled->blocks[0];
-        for (const fast::CLoad& l : cb.loads)
-          if (l.source == fusion::LoadSource::Input && l.index == i)
-            for (const fast::CStore& st : cb.stores)
-              if (st.reg == l.reg) shared = true;
-        // Exactly two owners: the container's entry and our copy.
-        if (shared || launch.inputs[i]->buffer().use_count() != 2) continue;
-        Result<CpuTensor> w = CpuTensor::wrap(launch.inputs[i]->buffer(), g->shape, out.dtype);
-        if (!w.ok()) continue;
-        launch.outputs[o] = std::move(w).value();
-        launch.output_inplace[o] = true;
-        claimed[i] = true;
-        break;
-      }
+    for (std::size_t i = 0; i < ni; ++i) {
+      const fusion::ProgramInput& in = p.inputs[i];
+      if (claimed[i] || in.status != TensorStatus::ReadWrite || in.role != fusion::InputRole::Plain ||
+          !(in.dtype == out.dtype) || launch.inputs[i]->shape() != g->shape)
+        continue;
+      if (own_part_only && input_part[i] != output_part[o]) continue;
+      bool shared = false;  // another entry (a view, a second read) names the same tensor
+      for (std::size_t j = 0; j < ni; ++j)
+        if (j != i && (p.inputs[j].tensor == in.tensor || (p.inputs[j].view && p.inputs[j].view->source == i)))
+          shared = true;
+      // An input a store copies straight to an output (an elided copy) is read after the
+      // instructions, when an in-place output may already have overwritten it.
+      const fast::CBlock& cb = b.compiled->blocks[0];
+      for (const fast::CLoad& l : cb.loads)
+        if (l.source == fusion::LoadSource::Input && l.index == i)
+          for (const fast::CStore& st : cb.stores)
+            if (st.reg == l.reg) shared = true;
+      // Exactly two owners: the container's entry and our copy.
+      if (shared || launch.inputs[i]->buffer().use_count() != 2) continue;
+      Result<CpuTensor> w = CpuTensor::wrap(launch.inputs[i]->buffer(), g->shape, out.dtype);
+      if (!w.ok()) continue;
+      launch.outputs[o] = std::move(w).value();
+      launch.output_inplace[o] = true;
+      claimed[i] = true;
+      return;
     }
-    if (!launch.outputs[o]) {
-      Result<CpuTensor> t = CpuTensor::allocate(device.allocator(), g->shape, out.dtype);
-      if (!t.ok()) return false;  // the ops, replayed, report the allocation failure
-      launch.outputs[o] = std::move(t).value();
-    }
+  };
+  if (inplace_ok) {
+    if (split)
+      for (std::size_t o = 0; o < no; ++o)
+        if (globals[o] != nullptr && output_part[o] != fast::kNoPart) take_over(o, true);
+    for (std::size_t o = 0; o < no; ++o)
+      if (globals[o] != nullptr && !launch.outputs[o]) take_over(o, false);
+  }
+  for (std::size_t o = 0; o < no; ++o) {
+    if (globals[o] == nullptr || launch.outputs[o]) continue;
+    Result<CpuTensor> t = CpuTensor::allocate(device.allocator(), globals[o]->shape, p.outputs[o].dtype);
+    if (!t.ok()) return false;  // the ops, replayed, report the allocation failure
+    launch.outputs[o] = std::move(t).value();
   }
   return true;
 }

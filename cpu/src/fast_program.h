@@ -164,20 +164,30 @@ struct CBlock {
   // The block's independent parts: connected components of its registers, joined by the
   // instructions that read them and by loads of the same input, numbered by their stores. A
   // broadcast load joins nothing (one element, read by every part that uses it). Instructions
-  // and loads that reach no store belong to part 0. A JIT kernel can run a block's parts one
-  // after another (fewer streams at a time: fused Adam, one part per parameter) when no part
-  // writes what another reads (jit.cc, by_component). A value computed from broadcast loads
-  // alone (a fill, c * k) joins every part that reads it.
+  // and loads that reach no store belong to part 0. A launch (JIT kernel or interpreter) can
+  // run a block's parts one after another (fewer streams at a time: fused Adam, one part per
+  // parameter) when no part writes what another reads (parts_run_apart). A value computed from
+  // broadcast loads alone (a fill, c * k) joins every part that reads it.
   std::uint32_t parts = 0;
   std::vector<std::uint32_t> load_part;   // kNoPart: a broadcast load
   std::vector<std::uint32_t> instr_part;
   std::vector<std::uint32_t> store_part;
+  // Per part, the loads it reads (its own, and the broadcast loads its instructions or stores
+  // read): part p's are part_loads[part_loads_begin[p] .. part_loads_begin[p + 1]).
+  std::vector<std::uint32_t> part_loads_begin;
+  std::vector<std::uint32_t> part_loads;
   // More than one part, with a part for every load, instruction and store.
   bool split_into_parts() const {
     return parts > 1 && load_part.size() == loads.size() && instr_part.size() == instrs.size() &&
-           store_part.size() == stores.size();
+           store_part.size() == stores.size() && part_loads_begin.size() == std::size_t{parts} + 1;
+  }
+  std::span<const std::uint32_t> loads_of_part(std::uint32_t p) const {
+    return std::span<const std::uint32_t>(part_loads).subspan(part_loads_begin[p], part_loads_begin[p + 1] - part_loads_begin[p]);
   }
 };
+// Launches of fewer positions run their parts together (parts_run_apart): below ~L2 size the
+// streams interleave for free.
+inline constexpr std::uint64_t kMinPartPositions = std::uint64_t{1} << 14;
 
 struct ScalarBind {
   std::uint32_t placeholder = 0;  // k of ctx.converter().scalars()[k]

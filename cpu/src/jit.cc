@@ -462,20 +462,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   g.load_broadcast.resize(b.loads.size());
   for (std::size_t k = 0; k < b.loads.size(); ++k) g.load_broadcast[k] = p.blocks[0].loads[k].broadcast;
 
-  // Per load, the parts (CBlock::parts) that read it: its own, or for a broadcast load every
-  // part with an instruction reading it or a store of it.
   const std::uint32_t parts = b.split_into_parts() ? b.parts : 0;
-  std::vector<std::vector<bool>> load_uses(b.loads.size(), std::vector<bool>(parts, false));
-  for (std::size_t k = 0; k < b.loads.size() && parts > 1; ++k) {
-    const std::uint32_t r = b.loads[k].reg;
-    if (b.load_part[k] < parts) load_uses[k][b.load_part[k]] = true;
-    if (!g.load_broadcast[k]) continue;
-    for (std::size_t i = 0; i < b.instrs.size(); ++i)
-      for (std::int32_t o : b.instrs[i].regs)
-        if (o >= 0 && static_cast<std::uint32_t>(o) == r && b.instr_part[i] < parts) load_uses[k][b.instr_part[i]] = true;
-    for (std::size_t i = 0; i < b.stores.size(); ++i)
-      if (b.stores[i].reg == r && b.store_part[i] < parts) load_uses[k][b.store_part[i]] = true;
-  }
 
   std::ostringstream os;
   for (const char* part : kPreludeParts) os << part << "\n";
@@ -687,7 +674,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
     os << "    if (F->by_component) {\n";
     for (std::uint32_t c = 0; c < parts; ++c) {
       std::vector<bool> load_in(b.loads.size()), instr_in(b.instrs.size()), store_in(b.stores.size());
-      for (std::size_t k = 0; k < b.loads.size(); ++k) load_in[k] = load_uses[k][c];
+      for (std::uint32_t k : b.loads_of_part(c)) load_in[k] = true;
       for (std::size_t k = 0; k < b.instrs.size(); ++k) instr_in[k] = b.instr_part[k] == c;
       for (std::size_t k = 0; k < b.stores.size(); ++k) store_in[k] = b.store_part[k] == c;
       emit_pass(load_in, instr_in, store_in);
