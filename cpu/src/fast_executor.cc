@@ -138,14 +138,12 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   // kernel crossed parts with first fit, and ran in one pass. Small launches never split
   // (kMinPartPositions): first fit, as before.
   const fast::CBlock* block0 = b.compiled->blocks.empty() ? nullptr : &b.compiled->blocks[0];
-  std::vector<const ir::TensorIr*> globals(no, nullptr);
   bool split = false;
   for (std::size_t o = 0; o < no; ++o) {
     const fusion::ProgramOutput& out = p.outputs[o];
     if (!out.written) continue;
     const ir::TensorIr* g = global_of(bind, out.tensor);
     if (g == nullptr || !(g->dtype == out.dtype)) return false;
-    globals[o] = g;
     split = split || ir::num_elements(g->shape) >= fast::kMinPartPositions;
   }
   std::vector<std::uint32_t> input_part, output_part;
@@ -163,8 +161,8 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   }
   // Output o over a consumed input that fits (of its own part only, when own_part_only).
   auto take_over = [&](std::size_t o, bool own_part_only) {
-    const ir::TensorIr* g = globals[o];
     const fusion::ProgramOutput& out = p.outputs[o];
+    const ir::TensorIr* g = global_of(bind, out.tensor);  // checked above
     for (std::size_t i = 0; i < ni; ++i) {
       const fusion::ProgramInput& in = p.inputs[i];
       if (claimed[i] || in.status != TensorStatus::ReadWrite || in.role != fusion::InputRole::Plain ||
@@ -177,10 +175,9 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
           shared = true;
       // An input a store copies straight to an output (an elided copy) is read after the
       // instructions, when an in-place output may already have overwritten it.
-      const fast::CBlock& cb = b.compiled->blocks[0];
-      for (const fast::CLoad& l : cb.loads)
+      for (const fast::CLoad& l : block0->loads)
         if (l.source == fusion::LoadSource::Input && l.index == i)
-          for (const fast::CStore& st : cb.stores)
+          for (const fast::CStore& st : block0->stores)
             if (st.reg == l.reg) shared = true;
       // Exactly two owners: the container's entry and our copy.
       if (shared || launch.inputs[i]->buffer().use_count() != 2) continue;
@@ -195,13 +192,13 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   if (inplace_ok) {
     if (split)
       for (std::size_t o = 0; o < no; ++o)
-        if (globals[o] != nullptr && output_part[o] != fast::kNoPart) take_over(o, true);
+        if (p.outputs[o].written && output_part[o] != fast::kNoPart) take_over(o, true);
     for (std::size_t o = 0; o < no; ++o)
-      if (globals[o] != nullptr && !launch.outputs[o]) take_over(o, false);
+      if (p.outputs[o].written && !launch.outputs[o]) take_over(o, false);
   }
   for (std::size_t o = 0; o < no; ++o) {
-    if (globals[o] == nullptr || launch.outputs[o]) continue;
-    Result<CpuTensor> t = CpuTensor::allocate(device.allocator(), globals[o]->shape, p.outputs[o].dtype);
+    if (!p.outputs[o].written || launch.outputs[o]) continue;
+    Result<CpuTensor> t = CpuTensor::allocate(device.allocator(), global_of(bind, p.outputs[o].tensor)->shape, p.outputs[o].dtype);
     if (!t.ok()) return false;  // the ops, replayed, report the allocation failure
     launch.outputs[o] = std::move(t).value();
   }

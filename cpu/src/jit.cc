@@ -527,7 +527,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
                        const std::vector<bool>& store_in) {
     std::string body, block, fblock;
     bool blocked = false, checked = false;
-    std::size_t instrs = 0, streams = 0;
+    std::size_t instrs = 0;
     for (std::size_t i = 0; i < texts.size(); ++i)
       if (instr_in[i]) {
         body += texts[i].body;
@@ -545,7 +545,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
         stores.push_back(k);
         if (nt_store(k)) nt_stores.push_back(k);
       }
-    streams = loads.size() + stores.size();
+    const std::size_t streams = loads.size() + stores.size();
     const bool use_nt = !nt_stores.empty();
     os << "    {\n";
     if (use_nt) {
