@@ -245,7 +245,7 @@ Status flood(const std::string& dir, double seconds) {
   Values ref(x0.begin(), x0.end());
   KILN_RETURN_IF_ERROR(c.endpoint().arena().write(
       ArenaRange{0, 16}, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(x0.data()), 16)));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t up, c.send(UploadCmd{ir::TensorId(1), f32, shape, ArenaRange{0, 16}}));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t up, c.send(UploadCmd{0, ir::TensorId(1), f32, shape, ArenaRange{0, 16}}));
   KILN_ASSIGN_OR_RETURN(Completion uploaded, c.wait(up));
   if (!std::holds_alternative<OkCpl>(uploaded.body)) return make_error(ErrorCode::Execution, "upload not acknowledged");
 

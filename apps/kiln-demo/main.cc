@@ -210,7 +210,9 @@ int main(int argc, char** argv) {
     if (socket.empty()) socket = "kilnd-demo.sock";
     std::printf("kiln-demo: starting kilnd (--device %s) in %s\n", device.c_str(), dir.c_str());
     std::fflush(stdout);
-    daemon = spawn({bin + "/kilnd", "--device", device, "--runtime-dir", dir, "--socket", socket}, false);
+    // Its own lock directory too: the demo's daemon is private, and runs beside any kilnd that
+    // serves this device for real.
+    daemon = spawn({bin + "/kilnd", "--device", device, "--runtime-dir", dir, "--socket", socket, "--lock-dir", dir}, false);
     if (daemon.pid <= 0) {
       std::fprintf(stderr, "kiln-demo: cannot start %s/kilnd\n", bin.c_str());
       return 1;

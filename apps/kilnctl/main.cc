@@ -3,15 +3,21 @@
 //   kilnctl status [--json] [--runtime-dir DIR] [--socket NAME]
 //
 // Without --socket it asks every daemon whose socket is in the runtime directory
-// (kilnd-<device>.sock). Exit status: 0 when every daemon answered, 1 when none runs, 2 on a
+// (kilnd-<device>.sock). A member of a daemon's --allowed-group may search that directory (0710)
+// but not list it: kilnctl then looks for the devices' default socket names one by one. Exit status: 0 when every daemon answered, 1 when none runs, 2 on a
 // usage error.
 #include <CLI/CLI.hpp>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "kiln/ipc/daemon.h"
 #include "kiln/ipc/remote_target.h"
 #include "kiln/ipc/unix_socket.h"
 
@@ -35,6 +41,30 @@ int main(int argc, char** argv) {
     for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
       const std::string name = entry.path().filename().string();
       if (name.rfind("kilnd", 0) == 0 && name.size() > 5 && name.substr(name.size() - 5) == ".sock") sockets.push_back(name);
+    }
+    if (ec == std::errc::permission_denied) {
+      // Searchable but not listable (a group member), or not even searchable (another user):
+      // try the default socket names; stat() needs only search permission.
+      std::vector<std::string> names{kiln::ipc::daemon_socket_name("cpu")};
+      for (int gpu = 0; gpu < 16; ++gpu) names.push_back(kiln::ipc::daemon_socket_name("cuda:" + std::to_string(gpu)));
+      int err = 0;
+      for (const std::string& name : names) {
+        struct stat st {};
+        if (::stat((dir + "/" + name).c_str(), &st) == 0)
+          sockets.push_back(name);
+        else if (errno == EACCES)
+          err = EACCES;
+      }
+      if (sockets.empty() && err == EACCES) {
+        std::fprintf(stderr,
+                     "kilnctl: refused: no permission to reach %s (the daemon accepts only its own user and its "
+                     "--allowed-group)\n",
+                     dir.c_str());
+        return 1;
+      }
+    } else if (ec && ec != std::errc::no_such_file_or_directory) {
+      std::fprintf(stderr, "kilnctl: cannot list %s: %s\n", dir.c_str(), ec.message().c_str());
+      return 1;
     }
   }
   if (sockets.empty()) {

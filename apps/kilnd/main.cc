@@ -5,9 +5,11 @@
 //
 //   kilnd [--device auto|cpu|cuda|cuda:N] [--runtime-dir DIR] [--socket NAME] [--config FILE]
 //         [--allowed-group GROUP] [--job-memory-mib N] [--job-queued-ops N] [--arena-mib N]
-//         [--threads N] [--plan-cache DIR] [--log-level info]
+//         [--threads N] [--plan-cache DIR] [--lock-dir DIR] [--max-connections N]
+//         [--max-connections-per-uid N] [--log-level info]
 #include <grp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +25,7 @@
 #include "kiln/fusion/plan_cache.h"
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/daemon_config.h"
+#include "kiln/ipc/device_lock.h"
 #include "kiln/ipc/unix_socket.h"
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/device.h"
@@ -68,6 +71,21 @@ kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) 
   return b;
 }
 
+// Raises the soft descriptor limit to the hard one (each client holds 6 descriptors: its socket,
+// segment and four doorbells), and returns how many clients fit with room for the daemon's own.
+std::uint64_t raise_descriptor_limit() {
+  constexpr std::uint64_t kPerClient = 6, kReserve = 64;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  if (lim.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+  return lim.rlim_cur > kReserve ? (lim.rlim_cur - kReserve) / kPerClient : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,7 +93,10 @@ int main(int argc, char** argv) {
   std::string device = "auto";
   if (const char* env = std::getenv("KILN_DEVICE")) device = env;
   std::string runtime_dir, socket_name, config = "kiln.toml", allowed_group, log_level = "info", plan_cache;
+  std::string lock_dir;
   std::uint64_t job_memory_mib = 0, job_queued_ops = 0, arena_mib = 64;
+  std::uint64_t max_connections = kiln::ipc::ServerOptions{}.max_connections;
+  std::uint64_t max_connections_per_uid = kiln::ipc::ServerOptions{}.max_connections_per_uid;
   std::size_t threads = 0;
   int kernel_threads = 0;
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N (env KILN_DEVICE)");
@@ -90,6 +111,12 @@ int main(int argc, char** argv) {
   app.add_option("--kernel-threads", kernel_threads, "CPU device: threads one kernel may use (0 = the cores)");
   app.add_option("--plan-cache", plan_cache,
                  "directory of the plan store on disk: loaded at start, saved at stop (owned by this user, 0700)");
+  app.add_option("--lock-dir", lock_dir,
+                 "directory of the per-device lock (default /run/kiln as root, else the user's own)");
+  app.add_option("--max-connections", max_connections, "client connections open at once, in all")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
+  app.add_option("--max-connections-per-uid", max_connections_per_uid, "client connections open at once per uid")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
   CLI11_PARSE(app, argc, argv);
 
@@ -111,6 +138,9 @@ int main(int argc, char** argv) {
   from_file("--job-memory-mib", job_memory_mib, file->job_memory_mib);
   from_file("--job-queued-ops", job_queued_ops, file->job_queued_ops);
   from_file("--arena-mib", arena_mib, file->arena_mib);
+  from_file("--lock-dir", lock_dir, file->lock_dir);
+  from_file("--max-connections", max_connections, file->max_connections);
+  from_file("--max-connections-per-uid", max_connections_per_uid, file->max_connections_per_uid);
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
 
@@ -128,11 +158,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string device_name = backend->name;
+  // One daemon per device on this machine, whatever its socket is called; held until exit.
+  kiln::Result<kiln::ipc::DeviceLock> device_lock = kiln::ipc::DeviceLock::acquire(device_name, lock_dir);
+  if (!device_lock.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", device_lock.error().to_string().c_str());
+    return 1;
+  }
+  if (const std::uint64_t fit = raise_descriptor_limit(); fit != 0 && fit < max_connections) {
+    spdlog::warn("kilnd: the descriptor limit fits {} clients: max_connections {} lowered to it", fit, max_connections);
+    max_connections = fit;
+  }
 
   kiln::ipc::DaemonOptions options;
   options.server.runtime_dir = runtime_dir;
   options.server.socket_name = socket_name.empty() ? kiln::ipc::daemon_socket_name(device_name) : socket_name;
   options.server.segment.arena_bytes = arena_mib << 20;
+  options.server.max_connections = max_connections;
+  options.server.max_connections_per_uid = max_connections_per_uid;
   if (!allowed_group.empty()) {
     const group* g = getgrnam(allowed_group.c_str());
     if (g == nullptr) {

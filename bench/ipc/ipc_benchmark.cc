@@ -453,7 +453,7 @@ int main(int argc, char** argv) {
   g_dir = g_owned_dir = tmpl;
   const std::string log = g_dir + "/kilnd.log";
   Daemon daemon{spawn({kilnd, "--device", "cpu", "--runtime-dir", g_dir, "--socket", kSocket, "--threads", "2",
-                       "--kernel-threads", "1"},
+                       "--kernel-threads", "1", "--lock-dir", g_dir},
                       false, log),
                 log};
   g_kilnd_pid = daemon.process.pid;

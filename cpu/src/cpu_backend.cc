@@ -35,6 +35,7 @@ class CpuStreamExecutor final : public fusion::Executor {
   }
 
   void free_tensor(const ir::TensorIr& t) override { table_.free(t); }
+  std::optional<ir::TensorError> take_failure() override { return failure_.take(); }
 
  private:
   struct Staged {
@@ -76,7 +77,9 @@ class CpuStreamExecutor final : public fusion::Executor {
   void publish_outputs(const ir::Operation& op) {
     for (const ir::TensorIr& out : op.outputs()) {
       std::optional<Entry> e = local_.remove_handle(out.id);
-      if (e) table_.put(out.id, std::move(*e));
+      if (!e) continue;
+      if (const ir::TensorError* err = e->error()) failure_.note(*err);
+      table_.put(out.id, std::move(*e));
     }
   }
 
@@ -98,6 +101,7 @@ class CpuStreamExecutor final : public fusion::Executor {
   CpuExecutor exec_;
   std::vector<Staged> staged_;
   std::vector<ir::TensorId> produced_;
+  fusion::FirstFailure failure_;
 };
 
 }  // namespace

@@ -27,12 +27,16 @@ class ReferenceStreamExecutor final : public fusion::Executor {
     // A failure is recorded on the outputs (Errored) and reported when they are read; the log
     // line helps whoever debugs the stream.
     if (!st.ok()) spdlog::debug("kiln runtime: op failed or skipped: {}", st.error().to_string());
+    for (const ir::TensorIr& out : op.outputs())
+      if (std::optional<ir::TensorError> e = backend_.error_of(out.id)) failure_.note(*e);
   }
   void free_tensor(const ir::TensorIr& t) override { backend_.free(t); }
+  std::optional<ir::TensorError> take_failure() override { return failure_.take(); }
 
  private:
   ReferenceCpuBackend& backend_;
   ReferenceExecutor exec_;
+  fusion::FirstFailure failure_;
 };
 
 }  // namespace

@@ -410,6 +410,8 @@ class CudaStreamExecutor final : public fusion::Executor {
     run_on_host(op);
   }
 
+  std::optional<ir::TensorError> take_failure() override { return failure_.take(); }
+
   void free_tensor(const ir::TensorIr& t) override {
     if (t.status != TensorStatus::ReadWrite) return;
     auto& s = b_.shard(t.id);
@@ -678,6 +680,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     b_.counters.cuda_errors.fetch_add(1, std::memory_order_relaxed);
     spdlog::error("kiln cuda: {}", err.message);
     const ir::TensorError te = ir::TensorError::make_root(err);
+    failure_.note(te);
     for (const fusion::ProgramInput& in : p.inputs) {
       if (in.role == fusion::InputRole::View || in.status != TensorStatus::ReadWrite) continue;
       const ir::TensorIr* g = global_of(bind, in.tensor);
@@ -795,6 +798,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       } else if (const ir::TensorError* te = e->error()) {
         err = *te;
       }
+      if (err) failure_.note(*err);
       auto& s = b_.shard(out.id);
       std::lock_guard lock(s.mu);
       if (dev)
@@ -810,6 +814,7 @@ class CudaStreamExecutor final : public fusion::Executor {
   std::unique_ptr<PinnedBuffer> fault_host_;  // its pinned mirror
   cpu::CpuAllocator allocator_;             // host fallback buffers
   cpu::ReferenceExecutor reference_;        // host fallback (owns this stream's RNG)
+  fusion::FirstFailure failure_;            // take_failure()
 };
 
 }  // namespace

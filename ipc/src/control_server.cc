@@ -51,6 +51,8 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
     std::vector<std::uint8_t> body;
     std::array<std::uint8_t, 1> watch_byte{};
     bool kicked = false;
+    bool counted = false;  // in open_total / open_by_uid (uncount)
+    std::string over_limit;  // non-empty: refused after its hello, with this reason
   };
 
   Impl(asio::io_context& io, ServerOptions o, ServerCallbacks cb)
@@ -71,6 +73,35 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
   std::uint64_t next_id = 1;
   bool stopped = false;
   std::map<std::uint64_t, std::shared_ptr<Conn>> clients;  // handshaken, watched
+  std::size_t open_total = 0;                  // connections counted (accepted, not dropped)
+  std::map<uid_t, std::size_t> open_by_uid;
+
+  // Counts a new connection against the limits; false when it must be closed unread (far past
+  // one). A connection just past a limit is counted and marked to be refused with the reason.
+  bool count(Conn& c) {
+    std::size_t& mine = open_by_uid[c.peer.uid];
+    if (open_total >= options.max_connections + kRefusalSlack || mine >= options.max_connections_per_uid + kRefusalSlack) {
+      if (mine == 0) open_by_uid.erase(c.peer.uid);
+      return false;
+    }
+    if (open_total >= options.max_connections)
+      c.over_limit = "the daemon has " + std::to_string(open_total) + " connections open, its limit " +
+                     "(daemon.max_connections = " + std::to_string(options.max_connections) + "); try again later";
+    else if (mine >= options.max_connections_per_uid)
+      c.over_limit = "uid " + std::to_string(c.peer.uid) + " has " + std::to_string(mine) +
+                     " connections open, its limit (daemon.max_connections_per_uid = " +
+                     std::to_string(options.max_connections_per_uid) + "); close one first";
+    ++open_total;
+    ++mine;
+    c.counted = true;
+    return true;
+  }
+  void uncount(Conn& c) {
+    if (!c.counted) return;
+    c.counted = false;
+    --open_total;
+    if (auto it = open_by_uid.find(c.peer.uid); it != open_by_uid.end() && --it->second == 0) open_by_uid.erase(it);
+  }
 
   void accept_next() {
     acceptor.async_accept([self = shared_from_this()](error_code ec, local_socket s) {
@@ -92,6 +123,7 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
     auto creds = peer_credentials(c->socket.native_handle());
     if (!creds.ok()) return;  // drop: cannot know who it is
     c->peer = std::move(creds).value();
+    if (!count(*c)) return;  // far past a limit: closed unread (the socket goes with `c`)
     c->timer.expires_after(options.handshake_timeout);
     c->timer.async_wait([c](error_code ec) {
       if (!ec) {
@@ -113,6 +145,7 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
   }
 
   void drop(const std::shared_ptr<Conn>& c) {
+    uncount(*c);
     error_code ignored;
     c->timer.cancel();
     c->socket.close(ignored);
@@ -135,6 +168,7 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
     }
     auto hello = decode_hello(p, c->body);
     if (!hello.ok()) return refuse(c, hello.error().message);
+    if (!c->over_limit.empty()) return refuse(c, c->over_limit);
     if (Status st = check_peer(policy, c->peer); !st.ok()) return refuse(c, st.error().message);
     if (callbacks.admit) {
       if (Status st = callbacks.admit(c->peer, hello->job); !st.ok()) return refuse(c, st.error().message);

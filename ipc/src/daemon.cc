@@ -7,7 +7,11 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/container/small_vector.hpp>
+#include <sys/random.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <atomic>
@@ -17,7 +21,6 @@
 #include <mutex>
 #include <new>
 #include <optional>
-#include <random>
 #include <thread>
 #include <unordered_map>
 
@@ -66,11 +69,28 @@ struct TensorRecord {
 };
 
 struct ExportRecord {
+  ExportToken token;  // the whole token; the table is keyed by its index
   std::string job;
   std::uint64_t client_id = 0;
   std::uint64_t client_tensor = 0;
   TensorRecord tensor;
 };
+
+// A fresh token from the OS's secure random source (getrandom(2), the kernel's CSPRNG; it blocks
+// only before the kernel's pool is first seeded, early at boot).
+Result<ExportToken> new_export_token() {
+  ExportToken t;
+  std::size_t got = 0;
+  while (got < t.bytes.size()) {
+    const ssize_t n = ::getrandom(t.bytes.data() + got, t.bytes.size() - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return make_error(ErrorCode::Internal, fmt::format("getrandom: {}", std::strerror(errno)));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  return t;
+}
 
 std::string human_bytes(std::uint64_t b) {
   if (b >= (std::uint64_t{1} << 30)) return fmt::format("{:.1f} GiB", double(b) / double(1 << 30));
@@ -121,8 +141,7 @@ struct DaemonService::Impl {
   std::map<std::uint64_t, std::thread> threads;
   std::vector<std::thread> finished_threads;  // sessions that ended, joined by the next reap
   std::map<std::string, JobState> jobs;
-  std::unordered_map<std::uint64_t, ExportRecord> exports;
-  std::mt19937_64 token_rng{std::random_device{}()};
+  std::unordered_map<std::uint64_t, ExportRecord> exports;  // by ExportToken::index()
   std::uint64_t clients_served = 0;
   std::uint64_t next_stream = 1;  // device stream numbers handed to client streams
   std::function<std::uint64_t()> fused_launches;
@@ -197,6 +216,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     return ir::TensorId(next_id_++);
   }
   Result<TensorRecord*> lookup(std::uint64_t client_tensor, const char* what);
+  // Makes `to` the tensor's home: its old home is drained first, so that no op queued there still
+  // reads the tensor when `to` consumes or drops it (a drop goes to the home, and a queue must
+  // never name another stream's tensor: fusion.md §16.5). A well-behaved client shares across
+  // streams (export and import) and uploads onto the stream that uses a tensor, and never pays it.
+  Status rehome(TensorRecord& rec, StreamId to);
   Status check_fresh(std::uint64_t client_tensor, const char* what) const;
   // Charges `bytes` to the job's memory quota; `what()` names the request in the error only.
   template <class What>
@@ -221,17 +245,19 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::unordered_map<std::uint64_t, TensorRecord> tensors_;
   // This client's entries in service_.exports, by client tensor (only this thread adds or
   // removes them): forget() withdraws a tensor's exports without scanning the device's.
-  std::unordered_multimap<std::uint64_t, std::uint64_t> exported_;  // client tensor -> token
+  std::unordered_multimap<std::uint64_t, std::uint64_t> exported_;  // client tensor -> token index
   std::uint64_t tensor_bytes_ = 0;
   std::uint64_t next_id_ = 0, end_id_ = 0;  // fresh_id()'s block
   std::uint64_t ops_registered_ = 0;
   std::uint64_t queued_ops_ = 0;
   std::uint64_t rejected_ = 0;
+  std::uint64_t rehomed_ = 0;  // tensors moved to another stream by an op (rehome)
   std::vector<std::uint8_t> out_;
   // Chunked transfers in progress (upload_part, read_part; see protocol.h). An upload's staging
   // buffer has the tensor's size, charged to the job's quota from its first part; the read
   // snapshot is one device read, at most one per connection, bounded by a live tensor's size.
   struct StagedUpload {
+    std::uint64_t stream = 0;  // the client's home stream for the tensor
     ir::DType dtype;
     ir::Shape shape;
     std::uint64_t total = 0;     // bytes of the tensor (charged)
@@ -292,6 +318,7 @@ void ClientSession::serve(std::span<const std::uint8_t> message) {
     ++rejected_;
     (void)send(error_completion(peek_request_id(message).value_or(0), decoded.error()));
   } else {
+    if (service_.options.before_command) service_.options.before_command(*decoded);
     dispatch(*decoded);
   }
   // Registrations and drops left unwoken run once the burst is over (nothing more in the ring,
@@ -372,6 +399,13 @@ Result<TensorRecord*> ClientSession::lookup(std::uint64_t client_tensor, const c
     return make_error(ErrorCode::InvalidHandle,
                       fmt::format("{}: tensor {} is not one of this client's live tensors", what, client_tensor));
   return &it->second;
+}
+
+Status ClientSession::rehome(TensorRecord& rec, StreamId to) {
+  KILN_RETURN_IF_ERROR(service_.device.barrier(rec.home));
+  ++rehomed_;
+  rec.home = to;
+  return Status::Ok();
 }
 
 Status ClientSession::check_fresh(std::uint64_t client_tensor, const char* what) const {
@@ -482,7 +516,7 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   // this is the op path, and an op has a handful of inputs.
   const std::size_t ni = op.num_inputs;
   boost::container::small_vector<std::uint64_t, 4> consumed;
-  boost::container::small_vector<const TensorRecord*, 4> input_records;
+  boost::container::small_vector<TensorRecord*, 4> input_records;
   for (std::size_t i = 0; i < ni; ++i) {
     ir::TensorIr& t = op.tensors[i];
     KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(t.id.value(), "input"));
@@ -505,9 +539,13 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
     KILN_ASSIGN_OR_RETURN(std::uint64_t b, tensor_bytes(op.tensors[o].dtype, op.tensors[o].shape));
     out_bytes += b;
   }
+  const StreamId s = stream(c.stream);
+  // An input homed on another of this client's streams moves here first (rehome): its old home's
+  // queued reads run before anything on this stream can free it.
+  for (TensorRecord* rec : input_records)
+    if (rec->home != s) KILN_RETURN_IF_ERROR(rehome(*rec, s));
   KILN_RETURN_IF_ERROR(charge(out_bytes, [&op] { return op.kind_name(); }));
   // Translate into device ids, then record outputs and forget consumed inputs.
-  const StreamId s = stream(c.stream);
   boost::container::small_vector<std::pair<std::uint64_t, TensorRecord>, 2> produced;
   for (std::size_t i = 0; i < op.tensors.size(); ++i) {
     ir::TensorIr& t = op.tensors[i];
@@ -550,12 +588,13 @@ Status ClientSession::upload(const UploadCmd& c, std::uint64_t rid) {
   KILN_ASSIGN_OR_RETURN(std::span<std::uint8_t> shared, client_->endpoint.arena().slice(c.data));
   KILN_RETURN_IF_ERROR(charge(bytes, "upload"));
   const ir::TensorId global = fresh_id();
-  Status st = service_.device.upload(global, c.dtype, c.shape, std::as_bytes(shared.first(bytes)));
+  const StreamId home = stream(c.stream);
+  Status st = service_.device.upload(home, global, c.dtype, c.shape, std::as_bytes(shared.first(bytes)));
   if (!st.ok()) {
     release(bytes);
     return st;
   }
-  tensors_.emplace(c.tensor.value(), TensorRecord{global, c.shape, c.dtype, stream(0), bytes});
+  tensors_.emplace(c.tensor.value(), TensorRecord{global, c.shape, c.dtype, home, bytes});
   return send(Completion{rid, OkCpl{}});
 }
 
@@ -602,14 +641,15 @@ Status ClientSession::drop(const DropCmd& c) {
 
 Status ClientSession::export_tensor(const ExportCmd& c, std::uint64_t rid) {
   KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(c.tensor.value(), "export"));
-  std::uint64_t token = 0;
-  {
+  ExportToken token;
+  for (;;) {
+    KILN_ASSIGN_OR_RETURN(token, new_export_token());
     std::lock_guard lock(service_.mu);
-    do token = service_.token_rng();
-    while (token == 0 || service_.exports.count(token) != 0);
-    service_.exports.emplace(token, ExportRecord{job(), id(), c.tensor.value(), *rec});
+    if (service_.exports.count(token.index()) != 0) continue;  // 2^-64 per live export: draw again
+    service_.exports.emplace(token.index(), ExportRecord{token, job(), id(), c.tensor.value(), *rec});
+    break;
   }
-  exported_.emplace(c.tensor.value(), token);
+  exported_.emplace(c.tensor.value(), token.index());
   return send(Completion{rid, ExportedCpl{token}});
 }
 
@@ -618,21 +658,22 @@ Status ClientSession::import_tensor(const ImportCmd& c, std::uint64_t rid) {
   std::optional<ExportRecord> src;
   {
     std::lock_guard lock(service_.mu);
-    auto it = service_.exports.find(c.token);
-    // One message for both cases: a token of another job must not be told apart from a wrong one.
-    if (it == service_.exports.end() || it->second.job != job())
+    auto it = service_.exports.find(c.token.index());
+    // One message for every case: a token of another job must not be told apart from a wrong one.
+    if (it == service_.exports.end() || !token_equal(it->second.token, c.token) || it->second.job != job())
       return make_error(ErrorCode::InvalidHandle, "no tensor exported under this token for job '" + job() + "'");
     src = it->second;
   }
   KILN_RETURN_IF_ERROR(charge(src->tensor.bytes, "import"));
   const ir::TensorId global = fresh_id();
-  Status st = service_.device.share(src->tensor.home, src->tensor.global, global);
+  const StreamId home = stream(c.stream);
+  Status st = service_.device.share(src->tensor.home, src->tensor.global, home, global);
   if (!st.ok()) {
     release(src->tensor.bytes);
     return st;
   }
   tensors_.emplace(c.tensor.value(),
-                   TensorRecord{global, src->tensor.shape, src->tensor.dtype, stream(c.stream), src->tensor.bytes});
+                   TensorRecord{global, src->tensor.shape, src->tensor.dtype, home, src->tensor.bytes});
   return send(Completion{rid, OkCpl{}});
 }
 
@@ -691,11 +732,16 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
       release(total);
       return make_error(ErrorCode::ResourceExhausted, fmt::format("cannot allocate {} to stage tensor {}", human_bytes(total), id));
     }
-    it = staged_uploads_.emplace(id, StagedUpload{c.dtype, c.shape, total, 0, std::move(buf)}).first;
+    it = staged_uploads_.emplace(id, StagedUpload{c.stream, c.dtype, c.shape, total, 0, std::move(buf)}).first;
   } else if (!(it->second.dtype == c.dtype) || it->second.shape != c.shape) {
     const std::string msg = fmt::format("shape: tensor {} is being uploaded as {}{}, this part says {}{}; upload discarded", id,
                                         it->second.dtype.name(), ir::shape_to_string(it->second.shape), c.dtype.name(),
                                         ir::shape_to_string(c.shape));
+    discard_staged_upload(id);
+    return make_error(ErrorCode::Invalid, msg);
+  } else if (it->second.stream != c.stream) {
+    const std::string msg = fmt::format("stream: tensor {} is being uploaded onto stream {}, this part says {}; upload "
+                                        "discarded", id, it->second.stream, c.stream);
     discard_staged_upload(id);
     return make_error(ErrorCode::Invalid, msg);
   } else if (c.offset != it->second.received) {
@@ -722,12 +768,14 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
     return fresh;
   }
   const ir::TensorId global = fresh_id();
-  Status st = service_.device.upload(global, done.dtype, done.shape, std::span<const std::byte>(done.data.get(), done.total));
+  const StreamId home = stream(done.stream);
+  Status st = service_.device.upload(home, global, done.dtype, done.shape,
+                                     std::span<const std::byte>(done.data.get(), done.total));
   if (!st.ok()) {
     release(done.total);
     return st;
   }
-  tensors_.emplace(id, TensorRecord{global, done.shape, done.dtype, stream(0), done.total});
+  tensors_.emplace(id, TensorRecord{global, done.shape, done.dtype, home, done.total});
   return send(Completion{rid, OkCpl{}});
 }
 
@@ -812,14 +860,14 @@ void ClientSession::cleanup() {
   wake_deferred();
   // Drain first, so that every queued op that reads a tensor has run before it is dropped.
   for (const auto& [n, s] : streams_) {
-    Status st = device.drain(s);
+    Status st = device.barrier(s);
     if (!st.ok()) spdlog::warn("kilnd: client {}: drain of stream {}: {}", id(), n, st.error().to_string());
   }
   for (const auto& [n, rec] : tensors_) {
     Status st = device.drop(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadWrite, rec.dtype});
     if (!st.ok()) spdlog::warn("kilnd: client {}: drop of tensor {}: {}", id(), n, st.error().to_string());
   }
-  // The uploads' home (client stream 0) may never have been used by an op: make sure it exists
+  // An upload's home may never have been used by an op: make sure it exists
   // in the table so that its drops are drained and it is closed like the others.
   for (const auto& [n, s] : streams_) {
     Status st = device.close_stream(s);

@@ -35,13 +35,17 @@ Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::st
     else if (k == "allowed_group") text = &cfg.allowed_group;
     else if (k == "plan_cache") text = &cfg.plan_cache;
     else if (k == "log_level") text = &cfg.log_level;
+    else if (k == "lock_dir") text = &cfg.lock_dir;
+    else if (k == "max_connections") number = &cfg.max_connections, minimum = 1;
+    else if (k == "max_connections_per_uid") number = &cfg.max_connections_per_uid, minimum = 1;
     else if (k == "job_memory_mib") number = &cfg.job_memory_mib;
     else if (k == "job_queued_ops") number = &cfg.job_queued_ops;
     else if (k == "arena_mib") number = &cfg.arena_mib, minimum = 1;
     else
       return make_error(ErrorCode::Config,
                         fmt::format("{}: daemon.{}: unknown key (expected device, runtime_dir, socket, allowed_group, "
-                                    "job_memory_mib, job_queued_ops, arena_mib, plan_cache or log_level)",
+                                    "job_memory_mib, job_queued_ops, arena_mib, plan_cache, log_level, lock_dir, "
+                                    "max_connections or max_connections_per_uid)",
                                     source_name, k));
     if (text != nullptr) {
       std::optional<std::string> v = value.value<std::string>();

@@ -65,6 +65,9 @@ void put_tensor(Writer& w, const ir::TensorIr& t) {
   put_dtype(w, t.dtype);
   put_shape(w, t.shape);
 }
+void put_token(Writer& w, const ExportToken& t) {
+  for (std::uint8_t b : t.bytes) w.u8(b);
+}
 void put_range(Writer& w, ArenaRange r) {
   w.u64(r.offset);
   w.u64(r.length);
@@ -106,12 +109,15 @@ class Reader {
     return make_error(ErrorCode::Decode, std::string(kind_) + "." + field + ": " + msg);
   }
 
+  // An error naming the field when fewer than n bytes remain.
+  Status need(const char* field, std::size_t n) const {
+    if (remaining() >= n) return Status::Ok();
+    return make_error(ErrorCode::Decode, std::string(what_) + " truncated: " + kind_ + "." + field + " needs " +
+                                             std::to_string(n) + " bytes at offset " + std::to_string(pos_) +
+                                             ", message has " + std::to_string(b_.size()));
+  }
   Result<std::uint64_t> uint(const char* field, int n) {
-    if (remaining() < static_cast<std::size_t>(n)) {
-      return make_error(ErrorCode::Decode, std::string(what_) + " truncated: " + kind_ + "." + field + " needs " +
-                                               std::to_string(n) + " bytes at offset " + std::to_string(pos_) +
-                                               ", message has " + std::to_string(b_.size()));
-    }
+    KILN_RETURN_IF_ERROR(need(field, static_cast<std::size_t>(n)));
     std::uint64_t v = 0;
     for (int i = 0; i < n; ++i) v |= std::uint64_t{b_[pos_ + static_cast<std::size_t>(i)]} << (8 * i);
     pos_ += static_cast<std::size_t>(n);
@@ -232,6 +238,14 @@ Status check_window(const Reader& r, const char* off_field, const char* data_fie
 
 // The body of a part (upload_part, read_part_done): dtype, shape, offset, data range, the range
 // a window inside the tensor. `Part` has dtype, shape, offset and data members.
+Result<ExportToken> get_token(Reader& r, const char* field) {
+  KILN_RETURN_IF_ERROR(r.need(field, ExportToken::kBytes));
+  ExportToken t;
+  std::span<const std::uint8_t> b = r.take(ExportToken::kBytes);
+  std::copy(b.begin(), b.end(), t.bytes.begin());
+  return t;
+}
+
 template <class Part>
 Status get_part(Reader& r, Part& c, std::uint64_t arena_size) {
   KILN_ASSIGN_OR_RETURN(c.dtype, get_dtype(r, "dtype"));
@@ -314,6 +328,20 @@ Result<std::uint64_t> tensor_bytes(ir::DType dtype, const ir::Shape& shape) {
   return n;
 }
 
+std::uint64_t ExportToken::index() const {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8; ++i) v |= std::uint64_t{bytes[i]} << (8 * i);
+  return v;
+}
+
+bool token_equal(const ExportToken& a, const ExportToken& b) {
+  // Every byte is looked at whatever differs; the volatile keeps the compiler from turning the
+  // fold into an early-exit comparison.
+  volatile std::uint8_t diff = 0;
+  for (std::size_t i = 0; i < ExportToken::kBytes; ++i) diff = static_cast<std::uint8_t>(diff | (a.bytes[i] ^ b.bytes[i]));
+  return diff == 0;
+}
+
 Completion error_completion(std::uint64_t request_id, const Error& e) {
   std::string msg = e.message;
   if (msg.size() > kMaxErrorMessageBytes) {
@@ -360,6 +388,7 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
           const std::size_t op_len = w.size() - len_at - 4;
           w.patch_u32(len_at, static_cast<std::uint32_t>(std::min<std::size_t>(op_len, UINT32_MAX)));
         } else if constexpr (std::is_same_v<T, UploadCmd>) {
+          w.u64(b.stream);
           w.u64(b.tensor.value());
           put_dtype(w, b.dtype);
           put_shape(w, b.shape);
@@ -376,11 +405,12 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
           w.u64(b.tensor.value());
         } else if constexpr (std::is_same_v<T, ImportCmd>) {
           w.u64(b.stream);
-          w.u64(b.token);
+          put_token(w, b.token);
           w.u64(b.tensor.value());
         } else if constexpr (std::is_same_v<T, StatusCmd>) {
           w.u8(b.json ? 1 : 0);
         } else if constexpr (std::is_same_v<T, UploadPartCmd>) {
+          w.u64(b.stream);
           w.u64(b.tensor.value());
           put_dtype(w, b.dtype);
           put_shape(w, b.shape);
@@ -428,7 +458,7 @@ Status encode_completion(const Completion& cpl, std::vector<std::uint8_t>& out) 
           w.u64(b.offset);
           put_range(w, b.data);
         } else if constexpr (std::is_same_v<T, ExportedCpl>) {
-          w.u64(b.token);
+          put_token(w, b.token);
         } else if constexpr (std::is_same_v<T, StatusTextCpl>) {
           std::size_t cut = std::min(b.text.size(), kMaxStatusBytes);
           // Back up over UTF-8 continuation bytes so the text stays valid.
@@ -486,6 +516,7 @@ Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_
     }
     case CommandKind::Upload: {
       UploadCmd c;
+      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
       KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
       c.tensor = ir::TensorId(id);
       KILN_ASSIGN_OR_RETURN(c.dtype, get_dtype(r, "dtype"));
@@ -533,7 +564,7 @@ Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_
     case CommandKind::Import: {
       ImportCmd c;
       KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(c.token, r.u64("token"));
+      KILN_ASSIGN_OR_RETURN(c.token, get_token(r, "token"));
       KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
       c.tensor = ir::TensorId(id);
       cmd.body = c;
@@ -547,6 +578,7 @@ Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_
     }
     case CommandKind::UploadPart: {
       UploadPartCmd c;
+      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
       KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
       c.tensor = ir::TensorId(id);
       KILN_RETURN_IF_ERROR(get_part(r, c, arena_size));
@@ -621,7 +653,7 @@ Result<Completion> decode_completion(std::span<const std::uint8_t> bytes, std::u
       break;
     }
     case CompletionKind::Exported: {
-      KILN_ASSIGN_OR_RETURN(const std::uint64_t token, r.u64("token"));
+      KILN_ASSIGN_OR_RETURN(ExportToken token, get_token(r, "token"));
       cpl.body = ExportedCpl{token};
       break;
     }

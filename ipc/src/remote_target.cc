@@ -219,11 +219,12 @@ void RemoteTarget::release_range(std::uint64_t request, ArenaRange r) {
   rx_cv_.notify_all();
 }
 
-Status RemoteTarget::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) {
+Status RemoteTarget::upload(runtime::StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
+                            std::span<const std::byte> bytes) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(dtype, shape));
   if (need != bytes.size())
     return make_error(ErrorCode::Invalid, fmt::format("upload: {} bytes for a tensor of {}", bytes.size(), need));
-  if (need > arena_alloc_.capacity()) return upload_chunked(id, dtype, shape, bytes);
+  if (need > arena_alloc_.capacity()) return upload_chunked(home, id, dtype, shape, bytes);
   KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "upload"));
   const ArenaRange data{range.offset, need};  // `range` (rounded up) is what goes back to the allocator
   Status written = conn_.endpoint().arena().write(
@@ -232,7 +233,7 @@ Status RemoteTarget::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, s
     free_range(range);
     return written;
   }
-  Result<std::uint64_t> request = send(UploadCmd{id, dtype, std::move(shape), data});
+  Result<std::uint64_t> request = send(UploadCmd{home.value(), id, dtype, std::move(shape), data});
   if (!request.ok()) {
     free_range(range);
     return request.error();
@@ -265,7 +266,7 @@ Result<std::optional<ArenaRange>> RemoteTarget::next_part_range(std::uint64_t n,
   return std::optional<ArenaRange>(r);
 }
 
-Status RemoteTarget::upload_chunked(ir::TensorId id, ir::DType dtype, const ir::Shape& shape,
+Status RemoteTarget::upload_chunked(runtime::StreamId home, ir::TensorId id, ir::DType dtype, const ir::Shape& shape,
                                     std::span<const std::byte> bytes) {
   std::lock_guard chunked(chunk_mu_);
   const std::uint64_t part = part_bytes();
@@ -294,7 +295,7 @@ Status RemoteTarget::upload_chunked(ir::TensorId id, ir::DType dtype, const ir::
     Status written = conn_.endpoint().arena().write(
         data, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()) + sent, n));
     Result<std::uint64_t> request =
-        written.ok() ? send(UploadPartCmd{id, dtype, shape, sent, data}) : Result<std::uint64_t>(written.error());
+        written.ok() ? send(UploadPartCmd{home.value(), id, dtype, shape, sent, data}) : Result<std::uint64_t>(written.error());
     if (!request.ok()) {
       free_range(range);
       failed = request.error();
@@ -431,7 +432,7 @@ Status RemoteTarget::drop(runtime::StreamId home, const ir::TensorIr& t) {
   return Status::Ok();
 }
 
-Result<std::uint64_t> RemoteTarget::export_tensor(runtime::StreamId home, ir::TensorId id) {
+Result<ExportToken> RemoteTarget::export_tensor(runtime::StreamId home, ir::TensorId id) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(ExportCmd{home.value(), id}));
   KILN_ASSIGN_OR_RETURN(Completion c, wait(request));
   if (const auto* e = std::get_if<ErrorCpl>(&c.body)) return make_error(e->code, e->message);
@@ -440,17 +441,17 @@ Result<std::uint64_t> RemoteTarget::export_tensor(runtime::StreamId home, ir::Te
   return ex->token;
 }
 
-Status RemoteTarget::import_tensor(runtime::StreamId stream, std::uint64_t token, ir::TensorId id) {
+Status RemoteTarget::import_tensor(runtime::StreamId stream, const ExportToken& token, ir::TensorId id) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(ImportCmd{stream.value(), token, id}));
   KILN_ASSIGN_OR_RETURN(Completion c, wait(request));
   return completion_status(c, "import");
 }
 
 // A view of one of our tensors on another of our streams: export it to ourselves and import
-// it under the new id (the daemon makes the shared view).
-Status RemoteTarget::share(runtime::StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
-  KILN_ASSIGN_OR_RETURN(std::uint64_t token, export_tensor(src_stream, src));
-  return import_tensor(src_stream, token, dst);
+// it under the new id, homed on the stream that will use it (the daemon makes the shared view).
+Status RemoteTarget::share(runtime::StreamId src_stream, ir::TensorId src, runtime::StreamId dst_stream, ir::TensorId dst) {
+  KILN_ASSIGN_OR_RETURN(ExportToken token, export_tensor(src_stream, src));
+  return import_tensor(dst_stream, token, dst);
 }
 
 Result<std::string> RemoteTarget::daemon_status(bool json) {

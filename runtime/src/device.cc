@@ -159,7 +159,8 @@ Status SessionTarget::read_into(StreamId home, const ir::TensorIr& t, std::span<
   return Status::Ok();
 }
 
-Status Device::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) {
+Status Device::upload(StreamId /*home*/, ir::TensorId id, ir::DType dtype, ir::Shape shape,
+                      std::span<const std::byte> bytes) {
   if (is_shut_down()) return make_error(ErrorCode::Execution, "upload: the device is shut down");
   return backend_->upload(id, dtype, std::move(shape), bytes);
 }
@@ -180,7 +181,7 @@ Status Device::register_op_impl(StreamId stream, ir::Operation&& op, bool wake) 
   for (const ir::TensorIr& in : op.inputs()) {
     std::optional<StreamId> producer = producer_of(in.id);
     if (producer && *producer != stream && !backend_->is_materialized(in.id)) {
-      Status st = drain(*producer);
+      Status st = barrier(*producer);
       if (!st.ok()) return st;
     }
   }
@@ -253,8 +254,13 @@ V Device::wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::u
   return f.get();  // every path of the actor sets a value (never an exception)
 }
 
-Status Device::drain(StreamId stream) {
+Status Device::drain(StreamId stream) { return drain_impl(stream, true); }
+
+Status Device::barrier(StreamId stream) { return drain_impl(stream, false); }
+
+Status Device::drain_impl(StreamId stream, bool report_failure) {
   Command cmd{std::in_place_type<DrainCmd>};
+  std::get<DrainCmd>(cmd).report_failure = report_failure;
   std::future<Status> f = std::get<DrainCmd>(cmd).done.get_future();
   std::shared_ptr<const std::atomic<std::uint64_t>> progress;
   KILN_RETURN_IF_ERROR(dispatch_waited<DrainCmd>(stream, cmd, true, progress));
@@ -285,7 +291,7 @@ Status Device::drop_impl(StreamId home, const ir::TensorIr& t, bool wake) {
   return held->second->submit_drop(t, wake);
 }
 
-Status Device::share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) {
+Status Device::share(StreamId src_stream, ir::TensorId src, StreamId /*dst_stream*/, ir::TensorId dst) {
   Command cmd{std::in_place_type<ShareCmd>, ShareCmd{src, dst, {}}};
   std::future<Status> f = std::get<ShareCmd>(cmd).done.get_future();
   std::shared_ptr<const std::atomic<std::uint64_t>> progress;
@@ -300,7 +306,7 @@ Status Device::close_stream(StreamId stream) {
     StreamTable::const_accessor a;
     if (!streams_.find(a, stream.value())) return Status::Ok();
   }
-  Status drained = drain(stream);
+  Status drained = barrier(stream);
   // Serialised with shutdown (which holds shutdown_mu_ while it uses its snapshot of actors).
   std::lock_guard shutdown_lock(shutdown_mu_);
   if (shut_down_) return drained;
@@ -427,6 +433,7 @@ Status Device::shutdown() {
   bool timed_out = false;
   for (StreamActor* a : actors) {
     DrainCmd cmd;
+    cmd.report_failure = false;  // the clients' syncs report their failures, not the shutdown
     std::future<Status> f = cmd.done.get_future();
     Status st = a->submit(std::move(cmd));
     if (st.ok()) {

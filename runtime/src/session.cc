@@ -118,7 +118,7 @@ Result<Tensor> Session::upload(ir::DType dtype, std::span<const std::byte> bytes
                                                          ir::shape_to_string(shape));
   const StreamId home = current_stream();
   const ir::TensorId id = ids_.next_tensor_id(device_);
-  KILN_RETURN_IF_ERROR(device_.upload(id, dtype, shape, bytes));
+  KILN_RETURN_IF_ERROR(device_.upload(home, id, dtype, shape, bytes));
   return Tensor(std::make_shared<Tensor::State>(this, id, std::move(shape), dtype, home));
 }
 
@@ -174,7 +174,7 @@ Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
       continue;
     }
     const ir::TensorId dst = ids_.next_tensor_id(device_);
-    KILN_RETURN_IF_ERROR(device_.share(t.home(), t.id(), dst));
+    KILN_RETURN_IF_ERROR(device_.share(t.home(), t.id(), cur, dst));
     views.push_back(Tensor(std::make_shared<Tensor::State>(this, dst, t.shape(), t.dtype(), cur)));
     used.push_back(&views.back());
   }

@@ -23,6 +23,14 @@ struct Overloaded : F... {
 template <class... F>
 Overloaded(F...) -> Overloaded<F...>;
 
+// What a reporting drain answers for an execution failure: the root cause, the op it happened in
+// (the root's context) and how many ops were skipped because of it, under the root's code.
+Error failure_error(StreamId id, const ir::TensorError& e) {
+  std::string msg = "stream " + std::to_string(id.value()) + ": " + e.to_string();
+  if (e.root && e.root->has_context()) msg += "; the failed operation: " + e.root->context();
+  return make_error(e.root ? e.root->kind() : ErrorCode::Execution, std::move(msg));
+}
+
 Error internal_error(StreamId id, const char* what, const std::exception& e) {
   return make_error(ErrorCode::Internal, std::string("stream ") + std::to_string(id.value()) + ": " + what +
                                              " threw: " + e.what());
@@ -333,6 +341,8 @@ void StreamActor::run(Command& command) {
             Status st;
             try {
               executed += drain_now();
+              if (c.report_failure)
+                if (std::optional<ir::TensorError> failed = executor_->take_failure()) st = failure_error(id_, *failed);
             } catch (const std::exception& e) {
               st = internal_error(id_, "drain", e);
             }

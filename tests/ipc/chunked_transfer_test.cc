@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <random>
 #include <thread>
 #include <vector>
@@ -68,7 +69,7 @@ struct SmallArenaDaemon {
   std::string dir;
   std::unique_ptr<DaemonService> service;
 
-  explicit SmallArenaDaemon(std::uint64_t job_memory_bytes = 0) {
+  explicit SmallArenaDaemon(std::uint64_t job_memory_bytes = 0, std::function<void(const Command&)> before_command = {}) {
     runtime::RuntimeOptions o;
     o.threads = 2;
     o.fusion = fusion::FusionConfig{};
@@ -83,6 +84,7 @@ struct SmallArenaDaemon {
     d.server.socket_name = "kilnd-test.sock";
     d.server.segment.arena_bytes = kArena;
     d.job_memory_bytes = job_memory_bytes;
+    d.before_command = std::move(before_command);
     service = ok(DaemonService::start(*device, d));
   }
   ~SmallArenaDaemon() {
@@ -146,7 +148,7 @@ struct RawClient {
   void part(std::uint64_t rid, std::uint64_t id, DType dtype, const Shape& shape, std::uint64_t offset,
             std::span<const std::uint8_t> bytes, std::uint64_t at = 0) {
     ASSERT_TRUE(arena.write(ArenaRange{at, bytes.size()}, bytes).ok());
-    send(Command{rid, UploadPartCmd{TensorId(id), dtype, shape, offset, ArenaRange{at, bytes.size()}}});
+    send(Command{rid, UploadPartCmd{0, TensorId(id), dtype, shape, offset, ArenaRange{at, bytes.size()}}});
   }
 };
 
@@ -187,7 +189,7 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
   const std::vector<std::uint8_t> u = random_bytes(2 * kMiB + kMiB / 2 + 7, 3);
   const TensorId id = client->new_tensor_id();
   const std::uint64_t requests = client->requests();
-  ASSERT_TRUE(client->upload(id, dtypes::u8, {u.size()}, std::as_bytes(std::span<const std::uint8_t>(u))).ok());
+  ASSERT_TRUE(client->upload(StreamId(0), id, dtypes::u8, {u.size()}, std::as_bytes(std::span<const std::uint8_t>(u))).ok());
   EXPECT_EQ(client->requests() - requests, 11u);  // parts of a quarter of the arena: 10 full ones and 7 bytes
   runtime::HostData back =
       ok(client->read(StreamId(0), TensorIr{id, {u.size()}, TensorStatus::ReadWrite, dtypes::u8}));
@@ -204,7 +206,7 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
     for (std::uint64_t n : {std::uint64_t{1000}, kArena + 3}) {  // one piece, and chunked over IPC
       const std::vector<std::uint8_t> v = random_bytes(n, n + 1);
       const TensorId t = target->new_tensor_id();
-      ASSERT_TRUE(target->upload(t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok());
+      ASSERT_TRUE(target->upload(StreamId(0), t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok());
       // Refused before anything is read: even a last-use read leaves the tensor in place.
       const TensorIr last{t, {n}, TensorStatus::ReadWrite, dtypes::u8};
       std::vector<std::byte> wrong(n - 1), right(n);
@@ -222,7 +224,7 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
   for (std::uint64_t n : {kArena, kArena + 1}) {
     const std::vector<std::uint8_t> v = random_bytes(n, n);
     const TensorId t = client->new_tensor_id();
-    ASSERT_TRUE(client->upload(t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok()) << n;
+    ASSERT_TRUE(client->upload(StreamId(0), t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok()) << n;
     runtime::HostData r = ok(client->read(StreamId(0), TensorIr{t, {n}, TensorStatus::ReadWrite, dtypes::u8}));
     EXPECT_EQ(r.bytes.size(), n);
     EXPECT_EQ(std::memcmp(r.bytes.data(), v.data(), n), 0) << n;
@@ -244,7 +246,7 @@ TEST(ChunkedTransfer, ThreadsShareOneConnectionAndItsArena) {
         const std::size_t n = (k % 2 == 0) ? 2 * kMiB + 333 * static_cast<std::size_t>(i + 1) : 4096 + static_cast<std::size_t>(i);
         const std::vector<std::uint8_t> v = random_bytes(n, static_cast<std::uint64_t>(100 * i + k));
         const TensorId id = client->new_tensor_id();
-        Status up = client->upload(id, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v)));
+        Status up = client->upload(StreamId(0), id, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v)));
         Result<runtime::HostData> r =
             up.ok() ? client->read(StreamId(0), TensorIr{id, {n}, TensorStatus::ReadWrite, dtypes::u8})
                     : Result<runtime::HostData>(up.error());
@@ -385,22 +387,22 @@ TEST(ChunkedTransfer, MalformedOutOfOrderAndMismatchedPartsAreErrors) {
             std::string::npos);
   c.part(11, 1, dtypes::f32, shape, 4000, bytes(0, 1));
   EXPECT_NE(c.expect_error(11).find("upload_part.offset: 4000 is not inside f32[1000]"), std::string::npos);
-  c.send(Command{12, UploadPartCmd{TensorId(1), dtypes::f32, shape, 0, ArenaRange{kArena - 10, 20}}});
+  c.send(Command{12, UploadPartCmd{0, TensorId(1), dtypes::f32, shape, 0, ArenaRange{kArena - 10, 20}}});
   EXPECT_NE(c.expect_error(12).find("outside the arena"), std::string::npos);
   // A truncated part: answered by its request id.
   std::vector<std::uint8_t> cut;
-  ASSERT_TRUE(encode_command(Command{13, UploadPartCmd{TensorId(1), dtypes::f32, shape, 0, ArenaRange{0, 8}}}, cut).ok());
+  ASSERT_TRUE(encode_command(Command{13, UploadPartCmd{0, TensorId(1), dtypes::f32, shape, 0, ArenaRange{0, 8}}}, cut).ok());
   cut.resize(cut.size() - 3);
   c.send_bytes(cut);
   EXPECT_NE(c.expect_error(13).find("body_len"), std::string::npos);
   // 5. An id in use, and one taken while its parts were on the way.
-  c.send(Command{14, UploadCmd{TensorId(2), dtypes::f32, Shape{2}, ArenaRange{0, 8}}});
+  c.send(Command{14, UploadCmd{0, TensorId(2), dtypes::f32, Shape{2}, ArenaRange{0, 8}}});
   c.expect_ok(14);
   c.part(15, 2, dtypes::f32, shape, 0, bytes(0, 1000));
   EXPECT_NE(c.expect_error(15).find("tensor id 2 is already in use"), std::string::npos);
   c.part(16, 3, dtypes::f32, shape, 0, bytes(0, 3000));
   c.expect_ok(16);
-  c.send(Command{17, UploadCmd{TensorId(3), dtypes::f32, Shape{2}, ArenaRange{0, 8}}});
+  c.send(Command{17, UploadCmd{0, TensorId(3), dtypes::f32, Shape{2}, ArenaRange{0, 8}}});
   c.expect_ok(17);
   c.part(18, 3, dtypes::f32, shape, 3000, bytes(3000, 1000));
   EXPECT_NE(c.expect_error(18).find("tensor id 3 is already in use"), std::string::npos);
@@ -483,19 +485,35 @@ TEST(ChunkedTransfer, AStagingLargerThanTheMachineIsRefusedBeforeAllocating) {
 // the read's arena range, so the client keeps that range allocated (nothing else is placed in
 // it) until the late answer arrives, then frees it.
 TEST(ChunkedTransfer, ATimedOutReadKeepsItsArenaRangeUntilTheLateAnswer) {
-  SmallArenaDaemon d;
+  // The daemon holds every read until the test opens the gate: the client's 1 ms timeout passes
+  // for sure, in a fast build as in a slow one (the answer used to race the clock).
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  bool gate_open = false;
+  auto open_gate = [&] {
+    if (!gate_open) gate.set_value();
+    gate_open = true;
+  };
+  SmallArenaDaemon d(0, [opened](const Command& c) {
+    if (std::holds_alternative<ReadCmd>(c.body)) opened.wait();
+  });
+  struct OpenAtExit {  // a failed assertion must not leave the daemon's session thread held
+    std::function<void()> open;
+    ~OpenAtExit() { open(); }
+  } open_at_exit{open_gate};
   auto client = d.connect("slow");
   runtime::Session s(*client);
-  const std::uint64_t n = 768;
+  const std::uint64_t n = 64;
   const std::vector<float> v(n * n, 0.5f);
   runtime::Tensor a = ok(s.from_host(std::span<const float>(v), {n, n}));
   runtime::Tensor b = ok(s.from_host(std::span<const float>(v), {n, n}));
-  runtime::Tensor total = ok(s.sum(ok(s.matmul(a, b))));  // milliseconds of kernel time at least
+  runtime::Tensor total = ok(s.sum(ok(s.matmul(a, b))));
   client->set_reply_timeout(1ms);
   Result<std::vector<float>> early = s.to_host(total);  // a copy: the tensor stays
   ASSERT_FALSE(early.ok());
   EXPECT_NE(early.error().message.find("no answer from the daemon within 1 ms"), std::string::npos) << early.error().message;
   EXPECT_GT(client->quarantined_bytes(), 0u);
+  open_gate();
   client->set_reply_timeout(30s);
   // Any later answered request pops the late one, which frees the range.
   ASSERT_TRUE(client->daemon_status(false).ok());
@@ -537,7 +555,7 @@ TEST(ChunkedTransfer, StagedBytesCountAgainstTheJobQuota) {
   // Through the client library: over the quota is a clear error, under it works.
   auto client = d.connect("lib");
   const std::vector<std::uint8_t> big = random_bytes(3 * kMiB + 1, 12);
-  Status refused = client->upload(client->new_tensor_id(), dtypes::u8, {big.size()}, std::as_bytes(std::span<const std::uint8_t>(big)));
+  Status refused = client->upload(StreamId(0), client->new_tensor_id(), dtypes::u8, {big.size()}, std::as_bytes(std::span<const std::uint8_t>(big)));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code, ErrorCode::ResourceExhausted);
   EXPECT_NE(refused.error().message.find("upload_part: staging tensor"), std::string::npos) << refused.error().message;
@@ -545,7 +563,7 @@ TEST(ChunkedTransfer, StagedBytesCountAgainstTheJobQuota) {
   EXPECT_EQ(d.job_bytes("lib"), 0u);
   const TensorId id = client->new_tensor_id();
   const std::span<const std::uint8_t> fits(big.data(), 2 * kMiB + 3);
-  ASSERT_TRUE(client->upload(id, dtypes::u8, {fits.size()}, std::as_bytes(fits)).ok());
+  ASSERT_TRUE(client->upload(StreamId(0), id, dtypes::u8, {fits.size()}, std::as_bytes(fits)).ok());
   EXPECT_EQ(d.job_bytes("lib"), fits.size());
   runtime::HostData r = ok(client->read(StreamId(0), TensorIr{id, {fits.size()}, TensorStatus::ReadWrite, dtypes::u8}));
   EXPECT_EQ(std::memcmp(r.bytes.data(), fits.data(), fits.size()), 0);

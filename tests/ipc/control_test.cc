@@ -5,6 +5,7 @@
 // refusals with their reasons, version mismatch (both sides), peer-closure detection, no daemon,
 // and the client's check of the daemon's credentials (a fake uid, and a real one as root).
 #include <grp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -23,6 +24,7 @@
 
 #include "kiln/ipc/control_client.h"
 #include "kiln/ipc/control_server.h"
+#include "kiln/ipc/device_lock.h"
 #include "kiln/ipc/handshake.h"
 #include "kiln/ipc/protocol.h"
 #include "kiln/ipc/unix_socket.h"
@@ -153,6 +155,12 @@ TEST(RuntimeDir, CreatedPrivateAndCheckedWhenPresent) {
 // ---- the real socket --------------------------------------------------------------------------
 
 // A server on its own io_context thread, collecting what the callbacks report.
+template <class T>
+T ok(Result<T> r) {
+  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
+  return std::move(r).value();
+}
+
 struct Daemon {
   explicit Daemon(std::string dir, ServerOptions o = {}) {
     o.runtime_dir = std::move(dir);
@@ -224,7 +232,7 @@ TEST(Control, NoDaemonIsAClearError) {
   TempDir t;
   auto c = connect_to_daemon(client_options(t.path));
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.error().message, "daemon not running at " + t.path + "/kilnd.sock");
+  EXPECT_EQ(c.error().message, "daemon not running at " + t.path + "/kilnd-cpu.sock");
 }
 
 TEST(Control, HandshakePassesTheSegmentAndBothSidesUseIt) {
@@ -256,7 +264,7 @@ TEST(Control, HandshakePassesTheSegmentAndBothSidesUseIt) {
   ASSERT_TRUE(range.has_value());
   ASSERT_TRUE(cep.arena().write(*range, {reinterpret_cast<const std::uint8_t*>(values), sizeof values}).ok());
   std::vector<std::uint8_t> msg;
-  ASSERT_TRUE(encode_command(Command{42, UploadCmd{ir::TensorId(1), ir::dtypes::f32, {2, 3}, *range}}, msg).ok());
+  ASSERT_TRUE(encode_command(Command{42, UploadCmd{0, ir::TensorId(1), ir::dtypes::f32, {2, 3}, *range}}, msg).ok());
   ASSERT_TRUE(cep.send(msg, 1s).ok());
 
   std::vector<std::uint8_t> buf(dep.max_receive_bytes());
@@ -304,18 +312,19 @@ TEST(Control, RefusalsCarryTheirReason) {
   ASSERT_FALSE(quota.ok());
   EXPECT_EQ(quota.error().message, "refused: job over-quota has no quota left");
 
-  // A client of the previous version (no chunked transfers) and one of a later version.
+  // A client of the previous version (64-bit tokens, uploads without a stream) and one of a later
+  // version.
   ClientOptions v1 = client_options(t.path + "/run");
   v1.protocol_version = kProtocolVersion - 1;
   auto mismatch = connect_to_daemon(v1);
   ASSERT_FALSE(mismatch.ok());
   EXPECT_EQ(mismatch.error().code, ErrorCode::Unsupported);
-  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 2, client 1");
+  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 3, client 2");
   ClientOptions v3 = client_options(t.path + "/run");
   v3.protocol_version = kProtocolVersion + 1;
   mismatch = connect_to_daemon(v3);
   ASSERT_FALSE(mismatch.ok());
-  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 2, client 3");
+  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 3, client 4");
 
   auto bad_job = connect_to_daemon(client_options(t.path + "/run", "a b"));
   ASSERT_FALSE(bad_job.ok());
@@ -384,12 +393,12 @@ struct FakeDaemon {
 // it, naming both versions, before using anything it sent.
 TEST(Control, ClientRefusesADaemonOfAnotherVersion) {
   TempDir t;
-  FakeDaemon d(t.path + "/kilnd.sock", Reply{static_cast<std::uint16_t>(kProtocolVersion - 1), true, 0, 7, ""});
+  FakeDaemon d(t.path + "/kilnd-cpu.sock", Reply{static_cast<std::uint16_t>(kProtocolVersion - 1), true, 0, 7, ""});
   ASSERT_TRUE(d.ok);
   auto c = connect_to_daemon(client_options(t.path));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.error().code, ErrorCode::Unsupported);
-  EXPECT_EQ(c.error().message, "protocol version mismatch: daemon 1, client 2");
+  EXPECT_EQ(c.error().message, "protocol version mismatch: daemon 2, client 3");
 }
 
 // A socket planted by another user: the client reads SO_PEERCRED right after connect() and
@@ -399,7 +408,7 @@ TEST(Control, ClientRefusesADaemonOfAnotherUid) {
   TempDir t;
   constexpr uid_t kOther = 54321;  // any uid but ours and root's; no account needed
   ASSERT_EQ(::chown(t.path.c_str(), kOther, kOther), 0);
-  const std::string path = t.path + "/kilnd.sock";
+  const std::string path = t.path + "/kilnd-cpu.sock";
   int ready[2], done[2];
   ASSERT_EQ(::pipe(ready), 0);
   ASSERT_EQ(::pipe(done), 0);
@@ -431,6 +440,86 @@ TEST(Control, ClientRefusesADaemonOfAnotherUid) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.error().code, ErrorCode::Invalid);
   EXPECT_EQ(c.error().message, "refused: not trusting " + path + ": the daemon runs as uid 54321, neither this process's uid 0 nor root");
+}
+
+// Issue 19.9: one uid opened connections until the daemon ran out of descriptors. Past its
+// limit a uid is refused with the reason; far past it a connection is closed unread; a freed
+// slot is usable again, and the total limit holds the same way.
+TEST(Control, ConnectionsAreCappedPerUidAndInAll) {
+  TempDir t;
+  ServerOptions o;
+  o.max_connections_per_uid = 3;
+  Daemon d(t.path + "/run", o);
+  ASSERT_EQ(d.start_error, "");
+  std::vector<ClientConnection> held;
+  for (int i = 0; i < 3; ++i) held.push_back(ok(connect_to_daemon(client_options(t.path + "/run"))));
+  auto refused = connect_to_daemon(client_options(t.path + "/run"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("connections open, its limit (daemon.max_connections_per_uid = 3)"),
+            std::string::npos) << refused.error().message;
+  // A flood of silent sockets past the slack: each is closed unread, none holds a descriptor.
+  std::vector<UniqueFd> flood;
+  for (std::size_t i = 0; i < kRefusalSlack + 8; ++i) {
+    UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, d.server->socket_path().c_str());
+    ASSERT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    flood.push_back(std::move(s));
+  }
+  // The last one is past the slack: the daemon closes it (EOF) without waiting for a hello.
+  pollfd p{flood.back().get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1) << "the daemon kept a connection far past the limit open";
+  char byte = 0;
+  EXPECT_EQ(::read(flood.back().get(), &byte, 1), 0);
+  flood.clear();
+  held.pop_back();  // a slot frees (the daemon sees the EOF) ...
+  bool admitted = false;
+  for (int i = 0; i < 100 && !admitted; ++i) {
+    admitted = connect_to_daemon(client_options(t.path + "/run")).ok();
+    if (!admitted) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(admitted) << "a freed slot was not given back";
+}
+
+TEST(Control, TheTotalConnectionLimitHolds) {
+  TempDir t;
+  ServerOptions o;
+  o.max_connections = 2;
+  Daemon d(t.path + "/run", o);
+  ASSERT_EQ(d.start_error, "");
+  auto a = ok(connect_to_daemon(client_options(t.path + "/run")));
+  auto b = ok(connect_to_daemon(client_options(t.path + "/run")));
+  auto refused = connect_to_daemon(client_options(t.path + "/run"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("(daemon.max_connections = 2)"), std::string::npos) << refused.error().message;
+}
+
+// Issue 19.13: one daemon per device, whatever its socket's name.
+TEST(DeviceLock, ASecondDaemonForTheDeviceIsRefusedWithTheHoldersPid) {
+  TempDir t;
+  const std::string dir = t.path + "/locks";
+  auto first = DeviceLock::acquire("cuda:0", dir);
+  ASSERT_TRUE(first.ok()) << first.error().to_string();
+  EXPECT_EQ(first->path(), dir + "/kilnd-cuda-0.lock");
+  EXPECT_EQ(mode_of(dir), 0700u);
+  auto second = DeviceLock::acquire("cuda:0", dir);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().message, "another kilnd (pid " + std::to_string(::getpid()) +
+                                        ") already serves device cuda:0 (lock " + dir + "/kilnd-cuda-0.lock)");
+  EXPECT_TRUE(DeviceLock::acquire("cpu", dir).ok()) << "another device has its own lock";
+  { DeviceLock gone = std::move(first).value(); }
+  EXPECT_TRUE(DeviceLock::acquire("cuda:0", dir).ok()) << "the lock goes with its holder";
+}
+
+TEST(DeviceLock, ALockDirectoryAnotherUserCouldWriteIsRefused) {
+  TempDir t;
+  const std::string dir = t.path + "/open";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  auto lock = DeviceLock::acquire("cpu", dir);
+  ASSERT_FALSE(lock.ok());
+  EXPECT_NE(lock.error().message.find("mode 0777"), std::string::npos) << lock.error().message;
 }
 
 TEST(Control, SilentClientIsDroppedAfterTheHandshakeTimeout) {
@@ -487,14 +576,14 @@ TEST(Control, OneDaemonPerSocketAndStaleSocketsAreReplaced) {
     Daemon first(dir);
     ASSERT_EQ(first.start_error, "");
     Daemon second(dir);
-    EXPECT_EQ(second.start_error, "another daemon is already running at " + dir + "/kilnd.sock");
+    EXPECT_EQ(second.start_error, "another daemon is already running at " + dir + "/kilnd-cpu.sock");
   }
-  EXPECT_FALSE(fs::exists(dir + "/kilnd.sock"));  // removed on stop
+  EXPECT_FALSE(fs::exists(dir + "/kilnd-cpu.sock"));  // removed on stop
   // A stale socket file (bound, never listened on, like a crashed daemon's) is replaced.
   UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  std::strcpy(addr.sun_path, (dir + "/kilnd.sock").c_str());
+  std::strcpy(addr.sun_path, (dir + "/kilnd-cpu.sock").c_str());
   ASSERT_EQ(::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   s.reset();
   Daemon third(dir);

@@ -141,6 +141,88 @@ TEST(Daemon, PlansFoundByOneClientAreCacheHitsForTheNext) {
   }
 }
 
+// Issue 19.1: a drop overtook the ops that read its tensor. The daemon homed an upload on the
+// client's stream 0 and an imported view on its source's stream, where the client's Session homes
+// both on the stream that uses them; the drop went to the daemon's home, which ran it at once,
+// while the reads still waited in the other stream's lazy queue. Here the reads wait there for
+// sure (nothing triggers them before the final read), and a sync of stream 0 stands for a pool
+// thread that runs stream 0 first.
+TEST(DaemonOrdering, ADropNeverOvertakesTheOpsThatReadItsTensor) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  Session s(h.target());
+  const std::vector<float> x{0.5f, -1, 2, 0.25f};
+  const std::vector<float> got = s.executes(StreamId::from_number(5), [&] {
+    Tensor in = ok(s.from_host(x, {4}));
+    Tensor y = ok(s.mul(ok(s.exp(in)), in));  // two reads of `in`, queued on stream 5
+    { Tensor last = std::move(in); }           // its last handle goes: the Drop
+    EXPECT_TRUE(h.target().drain(StreamId(0)).ok());
+    return ok(s.to_host(std::move(y)));
+  });
+  ASSERT_EQ(got.size(), x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_FLOAT_EQ(got[i], std::exp(x[i]) * x[i]);
+}
+
+// The same through a shared view: a tensor of stream 5 used on stream 6 is exported and imported
+// there (RemoteTarget::share); the view must live on stream 6, where its reads are queued.
+TEST(DaemonOrdering, ASharedViewLivesOnTheStreamThatUsesIt) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  Session s(h.target());
+  const std::vector<float> x{1, 2, 3};
+  Tensor a = s.executes(StreamId::from_number(5), [&] { return ok(s.from_host(x, {3})); });
+  const std::vector<float> got = s.executes(StreamId::from_number(6), [&] {
+    Tensor y = ok(s.add(ok(s.exp(a)), 1.0));  // a view of `a` on stream 6, read there
+    // The view's last handle went with the op's temporaries: its Drop is queued by now.
+    EXPECT_TRUE(h.target().drain(StreamId::from_number(5)).ok());
+    return ok(s.to_host(std::move(y)));
+  });
+  ASSERT_EQ(got.size(), x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_FLOAT_EQ(got[i], std::exp(x[i]) + 1);
+}
+
+// A client that uses a tensor on another of its streams without a view (the raw protocol allows
+// it) gets it moved to that stream first: the old home is drained, and the drop, now sent to the
+// new home, comes after the reads there.
+TEST(DaemonOrdering, ATensorUsedOnAnotherStreamMovesThere) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  ipc::RemoteTarget& t = h.target();
+  const std::vector<float> x{1, 2, 3};
+  const TensorId in = t.new_tensor_id(), e = t.new_tensor_id();
+  ASSERT_TRUE(t.upload(StreamId(0), in, dtypes::f32, {3}, std::as_bytes(std::span<const float>(x))).ok());
+  const TensorIr read_only{in, {3}, TensorStatus::ReadOnly, dtypes::f32};
+  ASSERT_TRUE(t.register_op(StreamId(1), ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, read_only, e))).ok());
+  ASSERT_TRUE(t.drop(StreamId(0), TensorIr{in, {3}, TensorStatus::ReadWrite, dtypes::f32}).ok());
+  ASSERT_TRUE(t.drain(StreamId(0)).ok());
+  std::vector<float> got(3);
+  ASSERT_TRUE(t.read_into(StreamId(1), TensorIr{e, {3}, TensorStatus::ReadWrite, dtypes::f32},
+                          std::as_writable_bytes(std::span<float>(got))).ok());
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_FLOAT_EQ(got[i], std::exp(x[i]));
+}
+
+// Issue 19.2: a sync reports the first execution failure of its stream since the last sync,
+// naming the op; the failed tensors keep their errors (ir.md §11), and the next sync is clean.
+TEST(DaemonErrors, ASyncReportsTheFirstFailureSinceTheLastSync) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  ipc::RemoteTarget& t = h.target();
+  const ir::Shape huge{std::uint64_t{1} << 20, std::uint64_t{1} << 20};  // 4 TiB of f32
+  const TensorId zeros = t.new_tensor_id(), sum = t.new_tensor_id();
+  ASSERT_TRUE(t.register_op(StreamId(0), ok(ir::build::creation(ir::Family::BaseFloat, ir::OpKind::Base_Zeros, huge,
+                                                                 dtypes::f32, zeros))).ok());
+  const TensorIr z{zeros, huge, TensorStatus::ReadWrite, dtypes::f32};
+  ASSERT_TRUE(t.register_op(StreamId(0), ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, z,
+                                                               ok(ir::ScalarIr::from_f64(1.0, dtypes::f32)), sum))).ok());
+  Status synced = t.drain(StreamId(0));
+  ASSERT_FALSE(synced.ok()) << "a sync answered ok for work that failed";
+  EXPECT_EQ(synced.error().code, ErrorCode::ResourceExhausted) << synced.error().to_string();
+  EXPECT_NE(synced.error().message.find("Zeros"), std::string::npos) << synced.error().message;
+  // The failure was reported once (the tensor keeps its error: ir.md §11, tested in runtime_test).
+  EXPECT_TRUE(t.drain(StreamId(0)).ok());
+  ASSERT_TRUE(t.drop(StreamId(0), TensorIr{sum, huge, TensorStatus::ReadWrite, dtypes::f32}).ok());
+}
+
 TEST(Daemon, ClientsCannotNameEachOthersTensors) {
   auto dev = make_device();
   kiln::testing::IpcHarness h(*dev);
@@ -176,13 +258,13 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   EXPECT_NE(c.expect_error(77).find("kind"), std::string::npos);
   // 2. Truncated: a valid upload cut short.
   std::vector<std::uint8_t> upload;
-  ASSERT_TRUE(encode_command(Command{78, UploadCmd{TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}}, upload).ok());
+  ASSERT_TRUE(encode_command(Command{78, UploadCmd{0, TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}}, upload).ok());
   upload.resize(upload.size() - 5);
   c.send_bytes(upload);
   const std::string truncated = c.expect_error(78);  // the header survived: answered by its id
   EXPECT_NE(truncated.find("body_len"), std::string::npos) << truncated;
   // 3. An op whose output shape is a lie: [2] + [2] claimed to be [1000].
-  c.send(Command{79, UploadCmd{TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}});
+  c.send(Command{79, UploadCmd{0, TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}});
   EXPECT_TRUE(std::holds_alternative<OkCpl>(c.receive().body));
   ir::Operation add =
       ok(ir::build::binary(ir::Family::NumericFloat, ir::OpKind::Numeric_Add, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32},
@@ -210,7 +292,7 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   c.send_bytes(read);
   EXPECT_NE(c.expect_error(82).find("outside the arena"), std::string::npos);
   // 6. Chunked transfers out of order: a part that continues no upload, a window of no read.
-  c.send(Command{85, UploadPartCmd{TensorId(9), dtypes::f32, Shape{4}, 8, ArenaRange{0, 8}}});
+  c.send(Command{85, UploadPartCmd{0, TensorId(9), dtypes::f32, Shape{4}, 8, ArenaRange{0, 8}}});
   EXPECT_NE(c.expect_error(85).find("no upload of tensor 9 is in progress"), std::string::npos);
   c.send(Command{86, ReadPartCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32}, 4, ArenaRange{0, 4}}});
   EXPECT_NE(c.expect_error(86).find("no read of tensor 1 is in progress"), std::string::npos);
@@ -223,7 +305,7 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
 }
 
 // Imports `token` under a fresh id of `client`'s and reads the 3 floats it names (empty on error).
-std::vector<float> import_and_read3(RemoteTarget& client, std::uint64_t token) {
+std::vector<float> import_and_read3(RemoteTarget& client, const ExportToken& token) {
   const TensorId mine = client.new_tensor_id();
   if (Status st = client.import_tensor(StreamId(0), token, mine); !st.ok()) {
     ADD_FAILURE() << st.error().to_string();
@@ -244,7 +326,7 @@ TEST(Daemon, ExportImportWithinAJobOnly) {
   kiln::testing::IpcHarness h(*dev, "trainer");
   Session a(h.target());
   Tensor weights = ok(a.from_host(std::vector<float>{1, 2, 3}, {3}));
-  const std::uint64_t token = ok(h.target().export_tensor(weights.home(), weights.id()));
+  const ExportToken token = ok(h.target().export_tensor(weights.home(), weights.id()));
   auto same_job = h.connect("trainer");
   EXPECT_EQ(import_and_read3(*same_job, token), (std::vector<float>{1, 2, 3}));
   auto other_job = h.connect("other");
@@ -260,8 +342,8 @@ TEST(Daemon, ADroppedTensorsExportsAreWithdrawnAndOnlyThose) {
   kiln::testing::IpcHarness h(*dev, "trainer");
   Session a(h.target());
   Tensor kept = ok(a.from_host(std::vector<float>{1, 2, 3}, {3}));
-  std::uint64_t dropped_tokens[2] = {0, 0};
-  std::uint64_t kept_token = 0;
+  ExportToken dropped_tokens[2];
+  ExportToken kept_token;
   {
     Tensor gone = ok(a.from_host(std::vector<float>{4, 5, 6}, {3}));
     dropped_tokens[0] = ok(h.target().export_tensor(gone.home(), gone.id()));
@@ -270,9 +352,9 @@ TEST(Daemon, ADroppedTensorsExportsAreWithdrawnAndOnlyThose) {
   }  // `gone` dropped here
   ASSERT_TRUE(a.sync().ok());
   auto other = h.connect("trainer");
-  for (std::uint64_t token : dropped_tokens) {
+  for (const ExportToken& token : dropped_tokens) {
     Status refused = other->import_tensor(StreamId(0), token, other->new_tensor_id());
-    ASSERT_FALSE(refused.ok()) << "token " << token << " outlived its tensor";
+    ASSERT_FALSE(refused.ok()) << "a token outlived its tensor";
     EXPECT_NE(refused.error().message.find("no tensor exported under this token"), std::string::npos);
   }
   EXPECT_EQ(import_and_read3(*other, kept_token), (std::vector<float>{1, 2, 3}));
@@ -324,7 +406,7 @@ TEST(Daemon, AJobsSessionsShareItsMemoryQuota) {
   // A tensor no Session will drop, then the client goes: the daemon frees it and releases its
   // bytes from the job's count.
   const std::vector<float> raw(16, 1.0f);
-  ASSERT_TRUE(second->upload(second->new_tensor_id(), dtypes::f32, {16}, std::as_bytes(std::span<const float>(raw))).ok());
+  ASSERT_TRUE(second->upload(StreamId(0), second->new_tensor_id(), dtypes::f32, {16}, std::as_bytes(std::span<const float>(raw))).ok());
   ASSERT_TRUE(second->drain(StreamId(0)).ok());
   EXPECT_EQ(job_bytes(), 16u + 64u);
   second.reset();
@@ -402,7 +484,7 @@ TEST(Daemon, AClientThatGoesIsCleanedUp) {
     for (std::uint64_t i = 0; i < 10; ++i) {
       const TensorId in = doomed->new_tensor_id(), out = doomed->new_tensor_id();
       std::vector<float> v(1000, float(i));
-      ASSERT_TRUE(doomed->upload(in, dtypes::f32, {1000}, std::as_bytes(std::span<const float>(v))).ok());
+      ASSERT_TRUE(doomed->upload(StreamId(0), in, dtypes::f32, {1000}, std::as_bytes(std::span<const float>(v))).ok());
       ir::Operation op = ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp,
                                              TensorIr{in, {1000}, TensorStatus::ReadOnly, dtypes::f32}, out));
       ASSERT_TRUE(doomed->register_op(StreamId(i % 3), std::move(op)).ok());
@@ -503,10 +585,12 @@ std::string ensure_peer_user() {
 
 // Runs kilnctl as the peer user (setpriv: real and effective uid/gid, supplementary groups as
 // given) against the daemon; returns its exit status and output.
-std::pair<int, std::string> kilnctl_as_peer(const std::string& dir, const std::string& groups) {
+// `socket` empty: no --socket (kilnctl finds the daemons itself).
+std::pair<int, std::string> kilnctl_as_peer(const std::string& dir, const std::string& groups,
+                                            const std::string& socket = "kilnd-test.sock") {
   const std::string cmd = std::string("setpriv --reuid=") + kPeerUser + " --regid=" + kPeerUser +
                           (groups.empty() ? " --clear-groups" : " --groups=" + groups) + " " KILN_KILNCTL_PATH +
-                          " status --runtime-dir " + dir + " --socket kilnd-test.sock 2>&1";
+                          " status --runtime-dir " + dir + (socket.empty() ? "" : " --socket " + socket) + " 2>&1";
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};
@@ -527,6 +611,10 @@ TEST(DaemonSecurity, AnotherUidIsRefusedUnlessInTheAllowedGroup) {
     auto [rc, out] = kilnctl_as_peer(h.dir(), "");
     EXPECT_NE(rc, 0) << out;
     EXPECT_NE(out.find("refused"), std::string::npos) << out;
+    // Without --socket too (issue 19.14: it said "no kilnd is running").
+    auto [rc_any, out_any] = kilnctl_as_peer(h.dir(), "", "");
+    EXPECT_NE(rc_any, 0) << out_any;
+    EXPECT_NE(out_any.find("refused: no permission to reach"), std::string::npos) << out_any;
     // The daemon still serves its own user.
     Session s(h.target());
     EXPECT_EQ(program(s, {1}).size(), 1u);
@@ -542,14 +630,18 @@ TEST(DaemonSecurity, AnotherUidIsRefusedUnlessInTheAllowedGroup) {
     const std::string dir = std::string(tmpl) + "/run";
     DaemonOptions o;
     o.server.runtime_dir = dir;
-    o.server.socket_name = "kilnd-test.sock";
+    o.server.socket_name = daemon_socket_name("cpu");
     o.server.allowed_gid = g->gr_gid;
     auto service = ok(DaemonService::start(*dev, o));
-    auto [rc_in, out_in] = kilnctl_as_peer(dir, kPeerGroup);
+    auto [rc_in, out_in] = kilnctl_as_peer(dir, kPeerGroup, daemon_socket_name("cpu"));
     EXPECT_EQ(rc_in, 0) << out_in;
     EXPECT_NE(out_in.find("plan store"), std::string::npos) << out_in;
+    // A member cannot list the 0710 directory; kilnctl finds the default socket name anyway.
+    auto [rc_found, out_found] = kilnctl_as_peer(dir, kPeerGroup, "");
+    EXPECT_EQ(rc_found, 0) << out_found;
+    EXPECT_NE(out_found.find("plan store"), std::string::npos) << out_found;
     // ...and refused when it is not.
-    auto [rc_out, out_out] = kilnctl_as_peer(dir, "");
+    auto [rc_out, out_out] = kilnctl_as_peer(dir, "", daemon_socket_name("cpu"));
     EXPECT_NE(rc_out, 0) << out_out;
     EXPECT_NE(out_out.find("refused"), std::string::npos) << out_out;
     service->stop();

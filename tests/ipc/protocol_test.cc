@@ -37,25 +37,32 @@ ir::Operation add_op() {
   return std::move(ir::build::binary(ir::Family::NumericFloat, ir::OpKind::Numeric_Add, a, b, TensorId(3))).value();
 }
 
+// A token whose every byte differs (a field read at the wrong offset or width shows).
+ExportToken sample_token() {
+  ExportToken t;
+  for (std::size_t i = 0; i < t.bytes.size(); ++i) t.bytes[i] = static_cast<std::uint8_t>(0xa0 + i);
+  return t;
+}
+
 std::vector<Command> every_command() {
   return {
       {1, AttachStreamCmd{7}},
       {2, RegisterOpCmd{7, add_op()}},
-      {3, UploadCmd{TensorId(1), dtypes::f32, Shape{2, 3}, ArenaRange{64, 24}}},
+      {3, UploadCmd{7, TensorId(1), dtypes::f32, Shape{2, 3}, ArenaRange{64, 24}}},
       {4, ReadCmd{7, TensorIr{TensorId(3), {2, 3}, TensorStatus::ReadWrite, dtypes::f32}, ArenaRange{128, 4096}}},
       {5, SyncCmd{7}},
       {6, DropCmd{7, TensorIr{TensorId(3), {4}, TensorStatus::ReadWrite, DType::boolean(ir::BoolStore::U8)}}},
       {7, ExportCmd{7, TensorId(3)}},
-      {8, ImportCmd{9, 0xfeedface, TensorId(44)}},
+      {8, ImportCmd{9, sample_token(), TensorId(44)}},
       {std::numeric_limits<std::uint64_t>::max(), CloseStreamCmd{7}},
       {13, StatusCmd{false}},
       {14, StatusCmd{true}},
       // Edge values: rank 0, max rank, bool u32 store, zero-size dims.
-      {10, UploadCmd{TensorId(5), dtypes::i64, Shape{}, ArenaRange{0, 8}}},
-      {11, UploadCmd{TensorId(6), DType::boolean(ir::BoolStore::U32), Shape(16, 1), ArenaRange{kArena - 4, 4}}},
-      {12, UploadCmd{TensorId(7), dtypes::u8, Shape{0, 5}, ArenaRange{kArena, 0}}},
+      {10, UploadCmd{0, TensorId(5), dtypes::i64, Shape{}, ArenaRange{0, 8}}},
+      {11, UploadCmd{std::numeric_limits<std::uint64_t>::max(), TensorId(6), DType::boolean(ir::BoolStore::U32), Shape(16, 1), ArenaRange{kArena - 4, 4}}},
+      {12, UploadCmd{3, TensorId(7), dtypes::u8, Shape{0, 5}, ArenaRange{kArena, 0}}},
       // Chunked transfers: a middle part, and a last-use window of the final byte.
-      {15, UploadPartCmd{TensorId(8), dtypes::f32, Shape{1000, 1000}, 524288, ArenaRange{64, 4096}}},
+      {15, UploadPartCmd{7, TensorId(8), dtypes::f32, Shape{1000, 1000}, 524288, ArenaRange{64, 4096}}},
       {16, ReadPartCmd{7, TensorIr{TensorId(8), {1000, 1000}, TensorStatus::ReadWrite, dtypes::f32}, 3999999,
                        ArenaRange{0, kArena}}},
   };
@@ -67,7 +74,7 @@ std::vector<Completion> every_completion() {
       {2, ErrorCpl{ErrorCode::InvalidHandle, "read of TensorId(3): unknown tensor"}},
       {3, ErrorCpl{ErrorCode::Internal, ""}},
       {4, ReadDoneCpl{dtypes::bf16, Shape{3, 5}, ArenaRange{256, 30}}},
-      {5, ExportedCpl{0x123456789abcdef0ull}},
+      {5, ExportedCpl{sample_token()}},
       {6, StatusTextCpl{"{\"device\":\"cpu\"}"}},
       {7, StatusTextCpl{""}},
       {8, ReadPartDoneCpl{dtypes::u8, Shape{3000000}, 2999000, ArenaRange{4096, 1000}}},
@@ -171,7 +178,7 @@ TEST(Protocol, RejectsOversizedAndOutOfRange) {
   EXPECT_EQ(command_error(trail), "sync: 1 trailing bytes after the last field");
 
   // Upload: rank, dtype, store, arena range, length mismatch, overflow.
-  const std::size_t dtype_at = kMessageHeaderBytes + 8;
+  const std::size_t dtype_at = kMessageHeaderBytes + 8 + 8;  // after stream and tensor_id
   const std::size_t rank_at = dtype_at + 2;
   Bytes up = encode(every_command()[2]);
   Bytes r17 = up;
@@ -234,8 +241,9 @@ TEST(Protocol, ChunkedTransfersStayInsideTheTensor) {
   const Command& window = cmds[cmds.size() - 1];
   ASSERT_EQ(part.kind(), CommandKind::UploadPart);
   ASSERT_EQ(window.kind(), CommandKind::ReadPart);
-  // upload_part: tensor_id 8, dtype 2, shape 1 + 2 * 8, then offset, data.offset, data.length.
-  const std::size_t offset_at = kMessageHeaderBytes + 8 + 2 + 1 + 16;
+  // upload_part: stream 8, tensor_id 8, dtype 2, shape 1 + 2 * 8, then offset, data.offset,
+  // data.length.
+  const std::size_t offset_at = kMessageHeaderBytes + 8 + 8 + 2 + 1 + 16;
   const Bytes up = encode(part);
   ASSERT_EQ(up.size(), offset_at + 24);
   Bytes b = up;
@@ -255,7 +263,7 @@ TEST(Protocol, ChunkedTransfersStayInsideTheTensor) {
   put_u64(b, offset_at + 8, kArena - 100);
   EXPECT_EQ(command_error(b), "upload_part.data: range [1048476, +4096) is outside the arena of 1048576 bytes");
   b = up;
-  put_u64(b, kMessageHeaderBytes + 8 + 2 + 1, std::uint64_t{1} << 62);  // dim 0: 2^62 * 1000 * 4 overflows
+  put_u64(b, kMessageHeaderBytes + 16 + 2 + 1, std::uint64_t{1} << 62);  // dim 0: 2^62 * 1000 * 4 overflows
   EXPECT_NE(command_error(b).find("upload_part.shape: tensor f32[4611686018427387904,1000] has more than 2^64 bytes"),
             std::string::npos);
   // read_part: stream, tensor (id, status, dtype, shape), then offset, dest.offset, dest.length.
@@ -285,7 +293,7 @@ TEST(Protocol, ChunkedTransfersStayInsideTheTensor) {
   EXPECT_EQ(r.error().message, "read_part_done.data: length 0: a part carries at least 1 byte");
   // The encoder refuses what the format cannot carry, as for the whole-tensor commands.
   Bytes out;
-  EXPECT_FALSE(encode_command(Command{1, UploadPartCmd{TensorId(1), dtypes::f32, Shape(17, 1), 0, ArenaRange{0, 4}}}, out).ok());
+  EXPECT_FALSE(encode_command(Command{1, UploadPartCmd{0, TensorId(1), dtypes::f32, Shape(17, 1), 0, ArenaRange{0, 4}}}, out).ok());
   EXPECT_TRUE(out.empty());
 }
 
@@ -323,11 +331,11 @@ TEST(Protocol, ErrorCompletionTruncatesLongMessagesAtACharacterBoundary) {
 
 TEST(Protocol, EncoderRefusesWhatTheFormatCannotCarry) {
   Bytes b;
-  Status s = encode_command(Command{1, UploadCmd{TensorId(1), dtypes::f32, Shape(17, 1), ArenaRange{0, 4}}}, b);
+  Status s = encode_command(Command{1, UploadCmd{0, TensorId(1), dtypes::f32, Shape(17, 1), ArenaRange{0, 4}}}, b);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().message, "rank 17 exceeds the limit 16");
   ir::QuantScheme q;
-  s = encode_command(Command{1, UploadCmd{TensorId(1), DType::qfloat(q), Shape{4}, ArenaRange{0, 4}}}, b);
+  s = encode_command(Command{1, UploadCmd{0, TensorId(1), DType::qfloat(q), Shape{4}, ArenaRange{0, 4}}}, b);
   ASSERT_FALSE(s.ok());
   EXPECT_TRUE(b.empty());  // nothing appended on error
   EXPECT_FALSE(peek_request_id(Bytes(15, 0)).has_value());
@@ -365,6 +373,26 @@ TEST(Protocol, TenThousandRandomMutationsNeverCrash) {
     }
   }
   EXPECT_GT(decoded, 100);  // the mutations do reach the field checks
+}
+
+TEST(Protocol, TokensCompareEveryByteAndIndexByTheFirstEight) {
+  const ExportToken a = sample_token();
+  EXPECT_TRUE(token_equal(a, a));
+  EXPECT_EQ(a.index(), 0xa7a6a5a4a3a2a1a0ull);
+  for (std::size_t i = 0; i < ExportToken::kBytes; ++i) {
+    ExportToken b = a;
+    b.bytes[i] ^= 0x01;
+    EXPECT_FALSE(token_equal(a, b)) << "byte " << i;
+  }
+}
+
+TEST(Protocol, ATruncatedTokenIsNamed) {
+  Bytes b = encode(Command{8, ImportCmd{9, sample_token(), TensorId(44)}});
+  b.resize(16 + 8 + 20);  // header, stream, 20 of the token's 32 bytes
+  b[4] = static_cast<std::uint8_t>(b.size() - 16);
+  auto c = decode_command(b, kArena);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message.find("import.token needs 32 bytes"), std::string::npos) << c.error().message;
 }
 
 // The fuzzer's checked-in seeds are decodable messages of every kind, each the unique encoding of

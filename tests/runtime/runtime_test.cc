@@ -60,7 +60,7 @@ T ok(Result<T> r) {
 TensorIr upload_f32x2(Device& dev, float a, float b) {
   const TensorId id = dev.new_tensor_id();
   const std::vector<float> v{a, b};
-  EXPECT_TRUE(dev.upload(id, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(v))).ok());
+  EXPECT_TRUE(dev.upload(StreamId(0), id, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(v))).ok());
   return TensorIr{id, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
 }
 
@@ -216,7 +216,7 @@ TEST(Runtime, ProducerTableDrainsOtherStream) {
   const StreamId A(100), B(101);
   const TensorId x = dev->new_tensor_id(), y = dev->new_tensor_id(), z = dev->new_tensor_id();
   std::vector<float> xv{1, 2};
-  ASSERT_TRUE(dev->upload(x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
+  ASSERT_TRUE(dev->upload(StreamId(0), x, ir::dtypes::f32, {2}, std::as_bytes(std::span<const float>(xv))).ok());
   const TensorIr xr{x, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
   ASSERT_TRUE(dev->register_op(A, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, xr, y))).ok());
   EXPECT_EQ(dev->producer_of(y), A);
@@ -759,7 +759,7 @@ TEST(Runtime, ClosingAStreamWhileOtherThreadsUseIt) {
             }
             case 1: {
               const TensorId view = dev->new_tensor_id();
-              check(dev->share(s, y, view));
+              check(dev->share(s, y, s, view));
               break;
             }
             case 2:

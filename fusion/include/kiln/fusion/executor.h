@@ -6,9 +6,12 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
+#include <utility>
 
 #include "kiln/fusion/fuser.h"
+#include "kiln/ir/handle_error.h"
 #include "kiln/ir/operation.h"
 #include "kiln/ir/relative.h"
 
@@ -34,6 +37,19 @@ class ExecutionContext {
   std::span<const std::size_t> ordering_;
 };
 
+// The first failure an executor met since it was last asked: what a drain reports to its caller
+// (the tensors keep their errors as ir.md §11 says; this only tells the sync that work failed).
+class FirstFailure {
+ public:
+  void note(const ir::TensorError& e) {
+    if (!first_) first_ = e;
+  }
+  std::optional<ir::TensorError> take() { return std::exchange(first_, std::nullopt); }
+
+ private:
+  std::optional<ir::TensorError> first_;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -46,6 +62,10 @@ class Executor {
   // drain_queue's free of an executed node (fusion.md §15.2): release the handle iff the
   // occurrence is ReadWrite (a no-op when a kernel already consumed it).
   virtual void free_tensor(const ir::TensorIr& t) = 0;
+  // The first output this executor left Errored since the last call (a new failure, or an op
+  // skipped because an input carried an earlier one), cleared by the call. An executor that
+  // keeps no such record (a test's recording executor) returns nullopt.
+  virtual std::optional<ir::TensorError> take_failure() { return std::nullopt; }
 };
 
 }  // namespace kiln::fusion

@@ -8,7 +8,7 @@
 //   KILN_ASSIGN_OR_RETURN(ClientConnection conn, connect_to_daemon({.job = "resnet-train"}));
 //   Endpoint& ep = conn.endpoint();   // send commands, receive completions (endpoint.h)
 // Errors are what a user needs to act on:
-//   "daemon not running at /run/user/1000/kiln/kilnd.sock"
+//   "daemon not running at /run/user/1000/kiln/kilnd-cpu.sock"
 //   "refused: uid 1001 not allowed"
 //   "refused: not trusting PATH: the daemon runs as uid 1001, neither this process's uid 1000 nor root"
 //   "protocol version mismatch: daemon 2, client 1"
@@ -26,7 +26,7 @@ namespace kiln::ipc {
 
 struct ClientOptions {
   std::string runtime_dir;  // empty: default_runtime_dir()
-  std::string socket_name = "kilnd.sock";
+  std::string socket_name = "kilnd-cpu.sock";
   std::string job = "default";
   std::chrono::milliseconds timeout{10'000};  // bounds connect + handshake
   // Sent in the hello; tests override it to check the mismatch path.

@@ -41,11 +41,18 @@ namespace kiln::ipc {
 
 struct ServerOptions {
   std::string runtime_dir;                   // empty: default_runtime_dir()
-  std::string socket_name = "kilnd.sock";
+  std::string socket_name = "kilnd-cpu.sock";  // the CPU daemon's (daemon_socket_name)
   std::optional<gid_t> allowed_gid;          // besides our own uid (runtime dir becomes 0710)
   SegmentConfig segment;                     // per-client segment sizes
   std::chrono::milliseconds handshake_timeout{5000};  // a silent client is dropped after this
+  // Connections open at once (handshaking or connected), in all and per client uid. One past a
+  // limit is refused with a message naming it, after its hello; past the limit plus
+  // kRefusalSlack it is closed at once, unread, so a flood cannot exhaust the daemon's files.
+  std::size_t max_connections = 1024;
+  std::size_t max_connections_per_uid = 128;
 };
+// Connections beyond a limit that are still answered with the reason (see ServerOptions).
+inline constexpr std::size_t kRefusalSlack = 16;
 
 // A client that completed the handshake. Ownership passes to on_client.
 struct AcceptedClient {

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "kiln/ipc/control_server.h"
+#include "kiln/ipc/protocol.h"
 #include "kiln/ir/result.h"
 #include "kiln/runtime/device.h"
 
@@ -51,6 +52,10 @@ struct DaemonOptions {
   std::uint64_t job_memory_bytes = 0;  // live tensor bytes per job; 0 = unlimited
   std::uint64_t job_queued_ops = 0;    // registered, not yet executed operations per job; 0 = unlimited
   std::string device_name = "cpu";     // reported by status
+  // Test hook: called on a client's session thread with each decoded command before it is
+  // served. Tests hold an answer here to make a client's timeout happen for sure, not by a race
+  // against the clock. Unset in kilnd.
+  std::function<void(const Command&)> before_command;
 };
 
 struct ClientStatus {

@@ -28,8 +28,8 @@
 namespace kiln::ipc {
 
 struct DaemonFileConfig {
-  std::optional<std::string> device, runtime_dir, socket, allowed_group, plan_cache, log_level;
-  std::optional<std::uint64_t> job_memory_mib, job_queued_ops, arena_mib;
+  std::optional<std::string> device, runtime_dir, socket, allowed_group, plan_cache, log_level, lock_dir;
+  std::optional<std::uint64_t> job_memory_mib, job_queued_ops, arena_mib, max_connections, max_connections_per_uid;
 };
 
 Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::string_view source_name = "kiln.toml");

@@ -4,8 +4,9 @@
 // Thread-safety: pure functions; call from any thread.
 //
 // ---------------------------------------------------------------------------------------------
-// Format (protocol version kProtocolVersion = 2, agreed in the socket handshake; version 2 added
-// upload_part, read_part and read_part_done). All integers little-endian, fixed width; no
+// Format (protocol version kProtocolVersion = 3, agreed in the socket handshake; version 2 added
+// upload_part, read_part and read_part_done; version 3 gave upload and upload_part the tensor's
+// home stream and widened export tokens to 32 random bytes). All integers little-endian, fixed width; no
 // padding; reserved bytes must be zero; no trailing bytes.
 //
 //   message   = kind u8, reserved u8 (0), reserved u16 (0), body_len u32, request_id u64, body
@@ -16,23 +17,25 @@
 //   shape     = rank u8 (<= ir::codec::kMaxRank), dim u64 * rank
 //   tensor    = id u64, status u8 (ReadOnly or ReadWrite), dtype, shape      (an ir::TensorIr)
 //   range     = offset u64, length u64                       (ArenaRange, relative to the arena)
+//   token     = 32 bytes                                      (ExportToken)
 //
 //   Commands                            body
 //   1 attach_stream                     stream u64
 //   2 register_op                       stream u64, op_len u32, op: an ir::codec Operation
 //                                       message (header included) of exactly op_len bytes, which
 //                                       ends the body
-//   3 upload                            tensor_id u64, dtype, shape, data range (length must be
-//                                       exactly the tensor's byte size)
+//   3 upload                            stream u64 (the tensor's home), tensor_id u64, dtype, shape,
+//                                       data range (length must be exactly the tensor's byte size)
 //   4 read                              stream u64, tensor, dest range (length = capacity, at
 //                                       least the tensor's byte size)
 //   5 sync                              stream u64
 //   6 drop                              stream u64, tensor
 //   7 export                            stream u64, tensor_id u64
-//   8 import                            stream u64, token u64, tensor_id u64 (the new id)
+//   8 import                            stream u64, token, tensor_id u64 (the new id)
 //   9 close_stream                      stream u64
 //  10 status                            format u8 (0 text, 1 JSON)
-//  11 upload_part                       tensor_id u64, dtype, shape, offset u64, data range
+//  11 upload_part                       stream u64 (the tensor's home), tensor_id u64, dtype, shape,
+//                                       offset u64, data range
 //                                       (one part of a tensor larger than the arena: offset =
 //                                       bytes received so far, length >= 1, offset + length <=
 //                                       the tensor's byte size; the tensor exists once the part
@@ -46,7 +49,7 @@
 //   2 error                             code u8 (kiln::ErrorCode), reserved u8 (0),
 //                                       msg_len u16 (<= kMaxErrorMessageBytes), msg bytes
 //   3 read_done                         dtype, shape, data range (length = the byte size)
-//   4 exported                          token u64
+//   4 exported                          token
 //   5 status_text                       text_len u32 (<= kMaxStatusBytes), text bytes (UTF-8)
 //   6 read_part_done                    dtype, shape, offset u64, data range (the window's
 //                                       bytes: length >= 1, offset + length <= the byte size)
@@ -84,6 +87,7 @@
 // ---------------------------------------------------------------------------------------------
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -100,7 +104,7 @@
 
 namespace kiln::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 2;
+inline constexpr std::uint16_t kProtocolVersion = 3;
 inline constexpr std::size_t kMessageHeaderBytes = 16;
 // Bounds one message. A registered op encodes to ~100 bytes and the codec's own caps keep any
 // op far below this; it also caps what a hostile message can make the decoder look at.
@@ -118,6 +122,20 @@ enum class CompletionKind : std::uint8_t { Ok = 1, Error, ReadDone, Exported, St
 const char* command_kind_name(CommandKind k);       // "attach_stream", "register_op", ...
 const char* completion_kind_name(CompletionKind k);  // "ok", "error", ...
 
+// What an export hands out and an import presents: 32 bytes from the OS's secure random source
+// (the daemon's export_token(); never from a seeded generator, whose state a client could rebuild
+// from the tokens it was given). The first 8 bytes index the daemon's export table; all 32 are
+// compared in constant time (token_equal), so at least 192 bits stay secret from a timing probe.
+struct ExportToken {
+  static constexpr std::size_t kBytes = 32;
+  std::array<std::uint8_t, kBytes> bytes{};
+  // The table index: the first 8 bytes, little-endian.
+  std::uint64_t index() const;
+  friend bool operator==(const ExportToken&, const ExportToken&) = default;
+};
+// Constant-time equality (no early exit on the first differing byte).
+bool token_equal(const ExportToken& a, const ExportToken& b);
+
 // ---- commands ---------------------------------------------------------------------------------
 struct AttachStreamCmd { std::uint64_t stream = 0; friend bool operator==(const AttachStreamCmd&, const AttachStreamCmd&) = default; };
 struct RegisterOpCmd {
@@ -126,6 +144,7 @@ struct RegisterOpCmd {
   friend bool operator==(const RegisterOpCmd& a, const RegisterOpCmd& b) { return a.stream == b.stream && a.op == b.op; }
 };
 struct UploadCmd {
+  std::uint64_t stream = 0;  // the tensor's home: the stream whose ops use it and that drops it
   ir::TensorId tensor{0};
   ir::DType dtype;
   ir::Shape shape;
@@ -150,8 +169,8 @@ struct ExportCmd {
   friend bool operator==(const ExportCmd&, const ExportCmd&) = default;
 };
 struct ImportCmd {
-  std::uint64_t stream = 0;
-  std::uint64_t token = 0;
+  std::uint64_t stream = 0;  // the shared tensor's home on the importing side
+  ExportToken token;
   ir::TensorId tensor{0};  // the id the importing client gives the shared tensor
   friend bool operator==(const ImportCmd&, const ImportCmd&) = default;
 };
@@ -159,6 +178,7 @@ struct CloseStreamCmd { std::uint64_t stream = 0; friend bool operator==(const C
 struct StatusCmd { bool json = false; friend bool operator==(const StatusCmd&, const StatusCmd&) = default; };
 // One part of an upload larger than the arena (see "Chunked transfers" above).
 struct UploadPartCmd {
+  std::uint64_t stream = 0;  // the tensor's home, as for UploadCmd (the same in every part)
   ir::TensorId tensor{0};
   ir::DType dtype;
   ir::Shape shape;
@@ -198,7 +218,7 @@ struct ReadDoneCpl {
   ArenaRange data;  // inside the read's dest range; length = tensor_bytes(dtype, shape)
   friend bool operator==(const ReadDoneCpl&, const ReadDoneCpl&) = default;
 };
-struct ExportedCpl { std::uint64_t token = 0; friend bool operator==(const ExportedCpl&, const ExportedCpl&) = default; };
+struct ExportedCpl { ExportToken token; friend bool operator==(const ExportedCpl&, const ExportedCpl&) = default; };
 struct StatusTextCpl {
   std::string text;  // at most kMaxStatusBytes
   friend bool operator==(const StatusTextCpl&, const StatusTextCpl&) = default;

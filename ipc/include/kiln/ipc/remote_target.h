@@ -58,19 +58,20 @@ class RemoteTarget final : public runtime::SessionTarget {
   // runtime::SessionTarget
   ir::TensorId new_tensor_id() override;
   ir::TensorId new_tensor_ids(std::uint64_t count) override;
-  Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
+  Status upload(runtime::StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
+                std::span<const std::byte> bytes) override;
   Status register_op(runtime::StreamId stream, ir::Operation&& op) override;
   Status drain(runtime::StreamId stream) override;
   Result<runtime::HostData> read(runtime::StreamId home, const ir::TensorIr& t) override;
   // Straight from the arena into `dst` (no intermediate buffer).
   Status read_into(runtime::StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) override;
   Status drop(runtime::StreamId home, const ir::TensorIr& t) override;
-  Status share(runtime::StreamId src_stream, ir::TensorId src, ir::TensorId dst) override;
+  Status share(runtime::StreamId src_stream, ir::TensorId src, runtime::StreamId dst_stream, ir::TensorId dst) override;
   void claim_stream(runtime::StreamId) override {}
 
   // Beyond the in-process API: sharing with other processes of the same job.
-  Result<std::uint64_t> export_tensor(runtime::StreamId home, ir::TensorId id);
-  Status import_tensor(runtime::StreamId stream, std::uint64_t token, ir::TensorId id);
+  Result<ExportToken> export_tensor(runtime::StreamId home, ir::TensorId id);
+  Status import_tensor(runtime::StreamId stream, const ExportToken& token, ir::TensorId id);
   // The daemon's status report, as text or JSON (what `kilnctl status [--json]` prints).
   Result<std::string> daemon_status(bool json);
 
@@ -108,7 +109,8 @@ class RemoteTarget final : public runtime::SessionTarget {
   // threads' transfers (an error if that wait fails).
   Result<std::optional<ArenaRange>> next_part_range(std::uint64_t n, const std::function<bool()>& settle_oldest,
                                                     const std::function<bool()>& failed, const char* what);
-  Status upload_chunked(ir::TensorId id, ir::DType dtype, const ir::Shape& shape, std::span<const std::byte> bytes);
+  Status upload_chunked(runtime::StreamId home, ir::TensorId id, ir::DType dtype, const ir::Shape& shape,
+                        std::span<const std::byte> bytes);
   Status read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::span<std::byte> out);
 
   ClientConnection conn_;

@@ -19,7 +19,9 @@
 
 namespace kiln::ipc {
 
-inline constexpr const char* kDefaultSocketName = "kilnd.sock";
+// The CPU daemon's socket (daemon_socket_name("cpu")): what a client and a server use unless
+// told otherwise; a GPU daemon listens on kilnd-cuda-<N>.sock.
+inline constexpr const char* kDefaultSocketName = "kilnd-cpu.sock";
 
 // $XDG_RUNTIME_DIR/kiln when XDG_RUNTIME_DIR is set, else /tmp/kiln-<euid>.
 std::string default_runtime_dir();

@@ -97,9 +97,13 @@ class SessionTarget {
   // The first of `count` consecutive fresh ids (a Session's threads take theirs in blocks of
   // ir::kTensorIdBlock).
   virtual ir::TensorId new_tensor_ids(std::uint64_t count) = 0;
-  [[nodiscard]] virtual Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,
+  // A new tensor with the given bytes, homed on `home`: the stream whose operations use it and
+  // that drops it (fusion.md §16.7; a daemon keeps the home per tensor).
+  [[nodiscard]] virtual Status upload(StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
                                       std::span<const std::byte> bytes) = 0;
   [[nodiscard]] virtual Status register_op(StreamId stream, ir::Operation&& op) = 0;
+  // Sync: runs everything queued on `stream`; an error names the stream's first execution
+  // failure since the last drain (the failed tensors keep their errors, ir.md §11).
   [[nodiscard]] virtual Status drain(StreamId stream) = 0;
   [[nodiscard]] virtual Result<HostData> read(StreamId home, const ir::TensorIr& t) = 0;
   // read() into the caller's buffer, which must hold exactly the tensor's bytes (an Invalid
@@ -107,7 +111,8 @@ class SessionTarget {
   // buffer directly (the IPC client: straight from the arena) saves a buffer and a copy.
   [[nodiscard]] virtual Status read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst);
   [[nodiscard]] virtual Status drop(StreamId home, const ir::TensorIr& t) = 0;
-  [[nodiscard]] virtual Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) = 0;
+  // A shared view `dst`, homed on `dst_stream`, of `src` homed on `src_stream` (fusion.md §16.5).
+  [[nodiscard]] virtual Status share(StreamId src_stream, ir::TensorId src, StreamId dst_stream, ir::TensorId dst) = 0;
   virtual void claim_stream(StreamId stream) = 0;
 };
 
@@ -138,7 +143,10 @@ class Device final : public SessionTarget {
   ir::TensorId new_tensor_ids(std::uint64_t count) override;
 
   // Registers host data under a fresh id (no stream involved).
-  [[nodiscard]] Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
+  // The device keeps no home per tensor (its client, a Session or the daemon, does): `home` is
+  // only part of the SessionTarget contract.
+  [[nodiscard]] Status upload(StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
+                              std::span<const std::byte> bytes) override;
   // Queues an op on `stream` (created on first use). An input still pending on another stream
   // (producer table) drains that stream first, blocking the caller.
   [[nodiscard]] Status register_op(StreamId stream, ir::Operation&& op) override;
@@ -148,8 +156,15 @@ class Device final : public SessionTarget {
   // registered and run by the session thread's inline drain with no pool thread woken at all.
   [[nodiscard]] Status register_op_deferred(StreamId stream, ir::Operation&& op);
   void wake_stream(StreamId stream);
-  // Sync: executes everything queued on `stream`.
+  // Sync: executes everything queued on `stream`, then answers the stream's first execution
+  // failure since the last drain, naming the op (and takes it: the next drain reports only what
+  // fails after this one).
   [[nodiscard]] Status drain(StreamId stream) override;
+  // An ordering drain: executes everything queued on `stream` and reports only whether it could
+  // (a closed stream, a timeout); execution failures stay for the stream's next drain. For work
+  // that must come after the stream's queued ops (cross-stream dependencies, closes, the
+  // daemon's re-homing of a tensor), not for a client's sync.
+  [[nodiscard]] Status barrier(StreamId stream);
   // Reads a tensor whose home is `home` (drains only if the tensor is not produced yet).
   [[nodiscard]] Result<HostData> read(StreamId home, const ir::TensorIr& t) override;
   // The last drop of a tensor whose home is `home` (queued Drop from the owner thread, foreign
@@ -159,7 +174,7 @@ class Device final : public SessionTarget {
   [[nodiscard]] Status drop_deferred(StreamId home, const ir::TensorIr& t);
   // A cross-stream shared view: drains `src_stream` if `src` is not produced yet, then `dst`
   // becomes an alias of `src` (errored source → errored alias, same root).
-  [[nodiscard]] Status share(StreamId src_stream, ir::TensorId src, ir::TensorId dst) override;
+  [[nodiscard]] Status share(StreamId src_stream, ir::TensorId src, StreamId dst_stream, ir::TensorId dst) override;
   // Makes the calling thread the intake producer of `stream` (its implicit stream).
   void claim_stream(StreamId stream) override;
   // Stream removal (fusion.md §16.6): drains `stream`, then destroys its actor (its processor,
@@ -215,6 +230,7 @@ class Device final : public SessionTarget {
                          std::shared_ptr<const std::atomic<std::uint64_t>>& progress);
   Status register_op_impl(StreamId stream, ir::Operation&& op, bool wake);
   Status drop_impl(StreamId home, const ir::TensorIr& t, bool wake);
+  Status drain_impl(StreamId stream, bool report_failure);
   // Waits for an actor's answer (spins briefly, then sleeps up to options().wait_timeout);
   // what() names the wait in the timeout error.
   // progress: the actor's command count, when the caller may spin for the answer first

@@ -74,10 +74,14 @@ struct RegisterOpCmd {
 };
 // RegisterOpCmd is built in place on the heap (StreamActor::submit_op): an ir::Operation is ~600 B
 // of inline small vectors, and every move of it on the op path shows in the cache-hit figure.
-// Sync: execute everything queued (fusion.md §16.3 drain).
+// Sync: execute everything queued (fusion.md §16.3 drain). With report_failure, the answer is
+// the first execution failure of the stream since the last such drain (naming the failed op), if
+// any; without, failures stay for the next reporting drain (an ordering drain: a cross-stream
+// dependency, a close, a daemon's re-home).
 struct DrainCmd {
   std::promise<Status> done;
   bool waiter_spins = false;  // its caller spins for the answer (Device::wait) instead of sleeping
+  bool report_failure = true;
 };
 // Read a tensor whose home is this stream (§16.4: drain only if not produced yet).
 struct ReadCmd {
