@@ -591,6 +591,10 @@ TEST(Runtime, ExecutionFailurePropagates) {
   Tensor d1 = ok(s.exp(bad));
   Tensor d2 = ok(s.mul_scalar(d1, 2.0));
   Tensor fine = ok(s.mul_scalar(x, 10.0));
+  // The sync reports the stream's first failure since the last sync (issue 19.2), once.
+  Status synced = s.sync();
+  ASSERT_FALSE(synced.ok()) << "a sync answered ok for work that failed";
+  EXPECT_NE(synced.error().message.find("kiln.test.boom"), std::string::npos) << synced.error().message;
   ASSERT_TRUE(s.sync().ok());
   std::optional<ir::TensorError> root = dev->backend().error_of(bad.id());
   std::optional<ir::TensorError> e1 = dev->backend().error_of(d1.id());
