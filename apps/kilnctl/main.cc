@@ -4,8 +4,8 @@
 //
 // Without --socket it asks every daemon whose socket is in the runtime directory
 // (kilnd-<device>.sock). A member of a daemon's --allowed-group may search that directory (0710)
-// but not list it: kilnctl then looks for the devices' default socket names one by one. Exit status: 0 when every daemon answered, 1 when none runs, 2 on a
-// usage error.
+// but not list it: kilnctl then looks for the devices' default socket names one by one.
+// Exit status: 0 when every daemon answered, 1 when none runs, 2 on a usage error.
 #include <CLI/CLI.hpp>
 
 #include <sys/stat.h>

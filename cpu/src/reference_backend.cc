@@ -26,7 +26,8 @@ class ReferenceStreamExecutor final : public fusion::Executor {
     Status st = backend_.run_operation(op, exec_);
     // A failure is recorded on the outputs (Errored) and reported when they are read; the log
     // line helps whoever debugs the stream.
-    if (!st.ok()) spdlog::debug("kiln runtime: op failed or skipped: {}", st.error().to_string());
+    if (st.ok()) return;
+    spdlog::debug("kiln runtime: op failed or skipped: {}", st.error().to_string());
     for (const ir::TensorIr& out : op.outputs())
       if (std::optional<ir::TensorError> e = backend_.error_of(out.id)) failure_.note(*e);
   }

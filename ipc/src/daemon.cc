@@ -24,6 +24,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "kiln/ipc/device_lock.h"
 #include "kiln/ipc/op_check.h"
 #include "kiln/ipc/protocol.h"
 
@@ -251,7 +252,6 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::uint64_t ops_registered_ = 0;
   std::uint64_t queued_ops_ = 0;
   std::uint64_t rejected_ = 0;
-  std::uint64_t rehomed_ = 0;  // tensors moved to another stream by an op (rehome)
   std::vector<std::uint8_t> out_;
   // Chunked transfers in progress (upload_part, read_part; see protocol.h). An upload's staging
   // buffer has the tensor's size, charged to the job's quota from its first part; the read
@@ -403,7 +403,6 @@ Result<TensorRecord*> ClientSession::lookup(std::uint64_t client_tensor, const c
 
 Status ClientSession::rehome(TensorRecord& rec, StreamId to) {
   KILN_RETURN_IF_ERROR(service_.device.barrier(rec.home));
-  ++rehomed_;
   rec.home = to;
   return Status::Ok();
 }
@@ -1011,11 +1010,7 @@ DaemonStatus DaemonService::Impl::status() {
   return st;
 }
 
-std::string daemon_socket_name(const std::string& device) {
-  std::string name = "kilnd-";
-  for (char c : device) name += (c == ':') ? '-' : c;
-  return name + ".sock";
-}
+std::string daemon_socket_name(const std::string& device) { return daemon_file_stem(device) + ".sock"; }
 
 std::string DaemonStatus::to_json() const {
   std::string out = "{";

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <string>
 
 #include "kiln/ipc/unix_socket.h"
@@ -16,16 +15,16 @@ namespace kiln::ipc {
 std::string default_lock_dir() {
   struct stat st {};
   if (::geteuid() == 0 && ::stat("/run", &st) == 0 && S_ISDIR(st.st_mode)) return "/run/kiln";
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/')
-    return std::string(xdg) + "/kiln-locks";
-  return "/tmp/kiln-locks-" + std::to_string(::geteuid());
+  return default_runtime_dir() + "-locks";
 }
 
-std::string device_lock_name(const std::string& device) {
+std::string daemon_file_stem(const std::string& device) {
   std::string name = "kilnd-";
   for (char c : device) name += (c == ':' || c == '/') ? '-' : c;
-  return name + ".lock";
+  return name;
 }
+
+std::string device_lock_name(const std::string& device) { return daemon_file_stem(device) + ".lock"; }
 
 namespace {
 

@@ -26,9 +26,10 @@ Overloaded(F...) -> Overloaded<F...>;
 // What a reporting drain answers for an execution failure: the root cause, the op it happened in
 // (the root's context) and how many ops were skipped because of it, under the root's code.
 Error failure_error(StreamId id, const ir::TensorError& e) {
-  std::string msg = "stream " + std::to_string(id.value()) + ": " + e.to_string();
-  if (e.root && e.root->has_context()) msg += "; the failed operation: " + e.root->context();
-  return make_error(e.root ? e.root->kind() : ErrorCode::Execution, std::move(msg));
+  Error err = e.to_error();
+  err.message = "stream " + std::to_string(id.value()) + ": " + err.message;
+  if (e.root && e.root->has_context()) err.message += "; the failed operation: " + e.root->context();
+  return err;
 }
 
 Error internal_error(StreamId id, const char* what, const std::exception& e) {

@@ -155,6 +155,16 @@ TEST(RuntimeDir, CreatedPrivateAndCheckedWhenPresent) {
 // ---- the real socket --------------------------------------------------------------------------
 
 // A server on its own io_context thread, collecting what the callbacks report.
+// A plain connected Unix socket to `path` (no handshake); invalid if the connect failed.
+UniqueFd connect_raw(const std::string& path) {
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, path.c_str());
+  if (!s || ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return UniqueFd();
+  return s;
+}
+
 template <class T>
 T ok(Result<T> r) {
   if (!r.ok()) ADD_FAILURE() << r.error().to_string();
@@ -331,11 +341,8 @@ TEST(Control, RefusalsCarryTheirReason) {
   EXPECT_NE(bad_job.error().message.find("job name"), std::string::npos);
 
   // A raw client sending a bad job name: the daemon refuses with the validator's reason.
-  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strcpy(addr.sun_path, d.server->socket_path().c_str());
-  ASSERT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  UniqueFd s = connect_raw(d.server->socket_path());
+  ASSERT_TRUE(s.valid());
   Hello h{kProtocolVersion, "x/y"};
   const auto bytes = encode_hello(h);
   ASSERT_EQ(::send(s.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
@@ -460,12 +467,8 @@ TEST(Control, ConnectionsAreCappedPerUidAndInAll) {
   // A flood of silent sockets past the slack: each is closed unread, none holds a descriptor.
   std::vector<UniqueFd> flood;
   for (std::size_t i = 0; i < kRefusalSlack + 8; ++i) {
-    UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strcpy(addr.sun_path, d.server->socket_path().c_str());
-    ASSERT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    flood.push_back(std::move(s));
+    flood.push_back(connect_raw(d.server->socket_path()));
+    ASSERT_TRUE(flood.back().valid());
   }
   // The last one is past the slack: the daemon closes it (EOF) without waiting for a hello.
   pollfd p{flood.back().get(), POLLIN, 0};
@@ -528,11 +531,8 @@ TEST(Control, SilentClientIsDroppedAfterTheHandshakeTimeout) {
   o.handshake_timeout = 200ms;
   Daemon d(t.path + "/run", o);
   ASSERT_EQ(d.start_error, "");
-  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strcpy(addr.sun_path, d.server->socket_path().c_str());
-  ASSERT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  UniqueFd s = connect_raw(d.server->socket_path());
+  ASSERT_TRUE(s.valid());
   timeval tv{5, 0};
   ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   char c;

@@ -6,8 +6,9 @@
 //
 // Where the lock lives decides who can hold it in the daemon's place (docs/daemon.md, "Security
 // model"): root's daemons lock in /run/kiln (root-owned, 0700: no other user can create or hold
-// the file); another user's daemon locks in its own lock directory ($XDG_RUNTIME_DIR/kiln-locks,
-// or /tmp/kiln-locks-<uid>, 0700 and owned by that user, refused otherwise). So two users may
+// the file); another user's daemon locks in its own lock directory (default_runtime_dir() +
+// "-locks": $XDG_RUNTIME_DIR/kiln-locks or /tmp/kiln-<uid>-locks, 0700 and owned by that user,
+// refused otherwise). So two users may
 // each run their own CPU daemon; one GPU is served by one daemon when the service runs as root
 // (the systemd unit) or every daemon of it uses one --lock-dir.
 //
@@ -40,6 +41,9 @@ class DeviceLock {
   std::string path_;
 };
 
+// A device's daemon files are named from one stem: "kilnd-cpu", "kilnd-cuda-0" (the socket
+// adds ".sock": daemon_socket_name, the lock ".lock").
+std::string daemon_file_stem(const std::string& device);
 // The lock file's name for a device: "kilnd-cpu.lock", "kilnd-cuda-0.lock".
 std::string device_lock_name(const std::string& device);
 
