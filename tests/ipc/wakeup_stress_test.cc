@@ -43,10 +43,16 @@ double budget_seconds() {
 // Small rings so that producers hit "full" often (the space-wait path).
 SegmentConfig stress_config() { return SegmentConfig{4096, 4096, 4096}; }
 
-// A random pause now and then: about one message in 512 sleeps 0-100 us, long enough for the
-// other side to drain the ring and go to sleep (or fill it and wait).
-void maybe_pause(std::mt19937_64& rng) {
-  if ((rng() & 511) == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 100));
+// A random pause now and then: about one message in 512 sleeps 0-100 us, so that wake-ups race
+// the re-checks at every distance. Every 4096th message a long pause (2 ms, far beyond the
+// receiver's 30 us poll and the time to fill a 4 KiB ring) makes the other side go to sleep
+// for sure: random short pauses alone left the receivers polling through a whole run on a
+// loaded 2-core machine, and the slow paths untested.
+void maybe_pause(std::mt19937_64& rng, std::uint64_t seq) {
+  if (seq % 4096 == 4095)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  else if ((rng() & 511) == 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 100));
 }
 
 // Message: seq u64, then (len - 8) bytes derived from seq. Lengths 8..263.
@@ -84,7 +90,7 @@ SendResult run_sender(Endpoint& ep, std::uint64_t seed) {
     }
     if (last) break;
     ++r.sent;
-    maybe_pause(rng);
+    maybe_pause(rng, seq);
   }
   r.sleeps = ep.send_sleeps();
   return r;
@@ -116,8 +122,8 @@ ReceiveResult run_receiver(Endpoint& ep, std::uint64_t seed) {
       r.error = "message #" + std::to_string(seq) + " is corrupted";
       break;
     }
+    maybe_pause(rng, r.received);
     ++r.received;
-    maybe_pause(rng);
   }
   r.sleeps = ep.receive_sleeps();
   return r;
