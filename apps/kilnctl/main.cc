@@ -6,6 +6,8 @@
 // (kilnd-<device>.sock). A member of a daemon's --allowed-group may search that directory (0710)
 // but not list it: kilnctl then looks for the devices' default socket names one by one.
 // Exit status: 0 when every daemon answered, 1 when none runs, 2 on a usage error.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
 #include <sys/stat.h>
@@ -76,7 +78,9 @@ int main(int argc, char** argv) {
     kiln::ipc::RemoteOptions o;
     o.runtime_dir = dir;
     o.socket_name = name;
-    o.job = "kilnctl";
+    // A job of its own per user: jobs belong to their creator's uid, so a shared name would
+    // refuse the second user's kilnctl while the first one's is connected.
+    o.job = "kilnctl-" + std::to_string(::getuid());
     o.timeout = std::chrono::milliseconds(5000);
     o.reply_timeout = std::chrono::milliseconds(10'000);
     auto remote = kiln::ipc::RemoteTarget::connect(o);

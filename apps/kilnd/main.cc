@@ -4,9 +4,12 @@
 // everything, exit 0.
 //
 //   kilnd [--device auto|cpu|cuda|cuda:N] [--runtime-dir DIR] [--socket NAME] [--config FILE]
-//         [--allowed-group GROUP] [--job-memory-mib N] [--job-queued-ops N] [--arena-mib N]
-//         [--threads N] [--plan-cache DIR] [--lock-dir DIR] [--max-connections N]
-//         [--max-connections-per-uid N] [--log-level info]
+//         [--allowed-group GROUP] [--job-policy uid|group|any] [--job-memory-mib N]
+//         [--job-queued-ops N] [--uid-memory-mib N] [--uid-queued-ops N] [--uid-jobs N]
+//         [--device-memory-mib N] [--completion-timeout-ms N] [--large-block-mib N]
+//         [--large-block-retention-ms N] [--arena-mib N] [--threads N] [--plan-cache DIR]
+//         [--plan-save-ms N] [--staging-mib N] [--lock-dir DIR] [--max-connections N]
+//         [--max-connections-per-uid N] [--kernel-threads N] [--log-level info]
 #include <grp.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -15,9 +18,13 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -26,6 +33,7 @@
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/daemon_config.h"
 #include "kiln/ipc/device_lock.h"
+#include "kiln/ipc/memory_limit.h"
 #include "kiln/ipc/unix_socket.h"
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/device.h"
@@ -42,7 +50,51 @@ struct Backend {
   std::function<std::uint64_t()> fused_launches;  // for kilnctl status; reads the backend's counter
 };
 
-kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) {
+// What the backend is built with besides the device: its memory limit and, on the CPU, when
+// freed memory goes back to the system.
+struct BackendSettings {
+  int cpu_threads = 0;
+  std::optional<std::uint64_t> device_memory_bytes;  // nullopt: the default; 0: none
+  std::uint64_t large_block_bytes = std::uint64_t{16} << 20;
+  std::chrono::milliseconds large_block_retention{2000};
+};
+
+// The device memory limit (issue 19.6): the configured one, else the default for the device
+// (kiln/ipc/memory_limit.h), logged with where it came from. nullopt: no limit.
+std::optional<std::uint64_t> device_memory_limit(const BackendSettings& s, std::optional<std::uint64_t> gpu_memory) {
+  auto mib = [](std::uint64_t b) { return b >> 20; };
+  if (s.device_memory_bytes) {
+    if (*s.device_memory_bytes == 0) {
+      spdlog::warn("kilnd: no device memory limit (daemon.device_memory_mib = 0): one client can exhaust the device");
+      return std::nullopt;
+    }
+    spdlog::info("kilnd: device memory limit {} MiB (configured)", mib(*s.device_memory_bytes));
+    return s.device_memory_bytes;
+  }
+  if (gpu_memory && *gpu_memory == 0) {
+    spdlog::warn("kilnd: no device memory limit: the driver reported no memory size for the GPU");
+    return std::nullopt;
+  }
+  if (gpu_memory) {
+    const auto limit = static_cast<std::uint64_t>(static_cast<double>(*gpu_memory) * 0.9);
+    spdlog::info("kilnd: device memory limit {} MiB (90% of the GPU's {} MiB)", mib(limit), mib(*gpu_memory));
+    return limit;
+  }
+  const kiln::ipc::HostMemory host = kiln::ipc::read_host_memory();
+  const std::optional<std::uint64_t> limit = kiln::ipc::default_host_memory_limit(host);
+  if (!limit) {
+    spdlog::warn("kilnd: no device memory limit: neither MemTotal nor a memory cgroup limit could be read");
+    return std::nullopt;
+  }
+  if (host.cgroup_limit && *host.cgroup_limit < host.mem_total)
+    spdlog::info("kilnd: device memory limit {} MiB (80% of the memory cgroup's {} MiB, {})", mib(*limit),
+                 mib(*host.cgroup_limit), host.cgroup_file);
+  else
+    spdlog::info("kilnd: device memory limit {} MiB (80% of MemTotal {} MiB)", mib(*limit), mib(host.mem_total));
+  return limit;
+}
+
+kiln::Result<Backend> make_backend(const std::string& request, const BackendSettings& settings) {
   Backend b;
 #if KILN_HAVE_CUDA
   const kiln::cuda::ProbeResult probe = kiln::cuda::probe();
@@ -50,7 +102,9 @@ kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) 
   spdlog::info("kilnd: device {} ({})", choice.kind == kiln::cuda::DeviceKind::Cuda ? "cuda" : "cpu", choice.why);
   spdlog::debug("kilnd: {}", probe.describe());
   if (choice.kind == kiln::cuda::DeviceKind::Cuda) {
-    KILN_ASSIGN_OR_RETURN(auto cuda, kiln::cuda::CudaBackend::create({.device = choice.ordinal}));
+    const std::uint64_t gpu_memory = probe.devices[static_cast<std::size_t>(choice.ordinal)].total_memory;
+    KILN_ASSIGN_OR_RETURN(auto cuda, kiln::cuda::CudaBackend::create(
+                                         {.device = choice.ordinal, .byte_limit = device_memory_limit(settings, gpu_memory)}));
     b.fused_launches = [gpu = cuda.get()] { return gpu->stats().fused_launches; };
     b.backend = std::move(cuda);
     b.name = "cuda:" + std::to_string(choice.ordinal);
@@ -64,7 +118,11 @@ kiln::Result<Backend> make_backend(const std::string& request, int cpu_threads) 
     return kiln::make_error(kiln::ErrorCode::Config, "--device " + request + ": expected auto, cpu, cuda or cuda:N");
   spdlog::info("kilnd: device cpu ({}; built without CUDA)", request.empty() ? "auto" : request);
 #endif
-  auto cpu = std::make_unique<kiln::cpu::CpuBackend>(kiln::cpu::CpuBackendOptions{.threads = cpu_threads});
+  kiln::cpu::CpuBackendOptions cpu_options{.threads = settings.cpu_threads};
+  cpu_options.allocator.byte_limit = device_memory_limit(settings, std::nullopt);
+  cpu_options.allocator.large_block_bytes = settings.large_block_bytes;
+  cpu_options.allocator.large_block_retention = settings.large_block_retention;
+  auto cpu = std::make_unique<kiln::cpu::CpuBackend>(cpu_options);
   b.fused_launches = [c = cpu.get()] { return c->stats().fused_launches; };
   b.backend = std::move(cpu);
   b.name = "cpu";
@@ -86,42 +144,85 @@ std::uint64_t raise_descriptor_limit() {
   return lim.rlim_cur > kReserve ? (lim.rlim_cur - kReserve) / kPerClient : 1;
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"kilnd: the kiln per-device tensor runtime daemon"};
+// Every setting of kilnd: flags > environment (KILN_DEVICE) > kiln.toml's [daemon] > defaults.
+struct Settings {
   std::string device = "auto";
-  if (const char* env = std::getenv("KILN_DEVICE")) device = env;
-  std::string runtime_dir, socket_name, config = "kiln.toml", allowed_group, log_level = "info", plan_cache;
-  std::string lock_dir;
+  std::string runtime_dir, socket_name, config = "kiln.toml", allowed_group, log_level = "info", plan_cache, lock_dir;
+  std::string job_policy = "uid";
   std::uint64_t job_memory_mib = 0, job_queued_ops = 0, arena_mib = 64;
+  std::uint64_t uid_memory_mib = 0;
+  std::uint64_t uid_queued_ops = kiln::ipc::DaemonOptions{}.uid_queued_ops;
+  std::uint64_t uid_jobs = kiln::ipc::DaemonOptions{}.uid_jobs;
+  std::uint64_t device_memory_mib = 0;  // used only when set (flag or file); absent: the default
+  bool device_memory_set = false;
+  std::uint64_t completion_timeout_ms = 5000, large_block_mib = 16, large_block_retention_ms = 2000;
+  std::uint64_t plan_save_ms = 2000;
+  std::uint64_t staging_mib = 0;  // used only when set; absent: a share of the host's memory
+  bool staging_set = false;
   std::uint64_t max_connections = kiln::ipc::ServerOptions{}.max_connections;
   std::uint64_t max_connections_per_uid = kiln::ipc::ServerOptions{}.max_connections_per_uid;
   std::size_t threads = 0;
   int kernel_threads = 0;
-  app.add_option("--device", device, "auto, cpu, cuda or cuda:N (env KILN_DEVICE)");
-  app.add_option("--runtime-dir", runtime_dir, "directory of the control socket (default $XDG_RUNTIME_DIR/kiln)");
-  app.add_option("--socket", socket_name, "socket file name (default kilnd-<device>.sock)");
-  app.add_option("--config", config, "kiln.toml with [daemon], [fusion] and [runtime] settings (flags win)");
-  app.add_option("--allowed-group", allowed_group, "a group whose members may connect besides this user");
-  app.add_option("--job-memory-mib", job_memory_mib, "live tensor memory per job, MiB (0 = unlimited)");
-  app.add_option("--job-queued-ops", job_queued_ops, "queued operations per job (0 = unlimited)");
-  app.add_option("--arena-mib", arena_mib, "per-client transfer arena, MiB")->check(CLI::Range(1, 65536));
-  app.add_option("--threads", threads, "stream-actor threads (default: [runtime] threads or the cores)");
-  app.add_option("--kernel-threads", kernel_threads, "CPU device: threads one kernel may use (0 = the cores)");
-  app.add_option("--plan-cache", plan_cache,
-                 "directory of the plan store on disk: loaded at start, saved at stop (owned by this user, 0700)");
-  app.add_option("--lock-dir", lock_dir,
+};
+
+// Parses the flags and kiln.toml into `s`; returns an exit status to stop with, or nullopt.
+std::optional<int> read_settings(int argc, char** argv, Settings& s) {
+  CLI::App app{"kilnd: the kiln per-device tensor runtime daemon"};
+  if (const char* env = std::getenv("KILN_DEVICE")) s.device = env;
+  app.add_option("--device", s.device, "auto, cpu, cuda or cuda:N (env KILN_DEVICE)");
+  app.add_option("--runtime-dir", s.runtime_dir, "directory of the control socket (default $XDG_RUNTIME_DIR/kiln)");
+  app.add_option("--socket", s.socket_name, "socket file name (default kilnd-<device>.sock)");
+  app.add_option("--config", s.config, "kiln.toml with [daemon], [fusion] and [runtime] settings (flags win)");
+  app.add_option("--allowed-group", s.allowed_group, "a group whose members may connect besides this user");
+  app.add_option("--job-policy", s.job_policy, "who may join a job: uid (its creator's), group (primary gid), any")
+      ->check(CLI::IsMember({"uid", "group", "any"}));
+  // MiB bounded so that the bytes cannot overflow (an overflow to 0 would mean "unlimited").
+  constexpr std::uint64_t kMaxMib = std::uint64_t{1} << 24;
+  app.add_option("--job-memory-mib", s.job_memory_mib, "live tensor memory per job, MiB (0 = unlimited)")
+      ->check(CLI::Range(std::uint64_t{0}, kMaxMib));
+  app.add_option("--job-queued-ops", s.job_queued_ops, "queued operations per job (0 = unlimited)");
+  app.add_option("--uid-memory-mib", s.uid_memory_mib, "live tensor memory per client uid, MiB (0 = unlimited)")
+      ->check(CLI::Range(std::uint64_t{0}, kMaxMib));
+  app.add_option("--uid-queued-ops", s.uid_queued_ops, "queued operations per client uid (0 = unlimited)");
+  app.add_option("--uid-jobs", s.uid_jobs, "jobs one client uid may own at once (0 = unlimited)");
+  app.add_option("--device-memory-mib", s.device_memory_mib,
+                 "device memory limit, MiB (default: 80% of min(cgroup limit, MemTotal) on the CPU, 90% of a GPU's; "
+                 "0 = none)")
+      ->check(CLI::Range(std::uint64_t{0}, kMaxMib));
+  app.add_option("--staging-mib", s.staging_mib,
+                 "host memory for chunked transfers, all clients (default: 15% of min(cgroup limit, MemTotal) "
+                 "on the CPU, 50% with a GPU; 0 = unlimited)")
+      ->check(CLI::Range(std::uint64_t{0}, kMaxMib));
+  app.add_option("--completion-timeout-ms", s.completion_timeout_ms,
+                 "a client whose completion ring stays full this long is disconnected")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 32));
+  app.add_option("--large-block-mib", s.large_block_mib, "CPU device: freed blocks this large go back to the system...")
+      ->check(CLI::Range(std::uint64_t{1}, kMaxMib));
+  app.add_option("--large-block-retention-ms", s.large_block_retention_ms, "...after this long unused (0 = at once)")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 32));
+  app.add_option("--plan-save-ms", s.plan_save_ms, "with --plan-cache: new plans are saved this long after they appear")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 32));
+  app.add_option("--arena-mib", s.arena_mib, "per-client transfer arena, MiB")->check(CLI::Range(1, 65536));
+  app.add_option("--threads", s.threads, "stream-actor threads (default: [runtime] threads or the cores)");
+  app.add_option("--kernel-threads", s.kernel_threads, "CPU device: threads one kernel may use (0 = the cores)");
+  app.add_option("--plan-cache", s.plan_cache,
+                 "directory of the plan store on disk: loaded at start, saved as plans appear and at stop (0700)");
+  app.add_option("--lock-dir", s.lock_dir,
                  "directory of the per-device lock (default /run/kiln as root, else the user's own)");
-  app.add_option("--max-connections", max_connections, "client connections open at once, in all")
+  app.add_option("--max-connections", s.max_connections, "client connections open at once, in all")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
-  app.add_option("--max-connections-per-uid", max_connections_per_uid, "client connections open at once per uid")
+  app.add_option("--max-connections-per-uid", s.max_connections_per_uid, "client connections open at once per uid")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--log-level", s.log_level, "trace, debug, info, warn, error");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
 
   // kiln.toml's [daemon] table fills what neither a flag nor the environment set.
-  kiln::Result<kiln::ipc::DaemonFileConfig> file = kiln::ipc::load_daemon_config(config);
+  kiln::Result<kiln::ipc::DaemonFileConfig> file = kiln::ipc::load_daemon_config(s.config);
   if (!file.ok()) {
     std::fprintf(stderr, "kilnd: %s\n", file.error().to_string().c_str());
     return 2;
@@ -129,19 +230,72 @@ int main(int argc, char** argv) {
   auto from_file = [&](const char* flag, auto& target, const auto& value) {
     if (app.count(flag) == 0 && value) target = *value;
   };
-  if (std::getenv("KILN_DEVICE") == nullptr) from_file("--device", device, file->device);
-  from_file("--runtime-dir", runtime_dir, file->runtime_dir);
-  from_file("--socket", socket_name, file->socket);
-  from_file("--allowed-group", allowed_group, file->allowed_group);
-  from_file("--plan-cache", plan_cache, file->plan_cache);
-  from_file("--log-level", log_level, file->log_level);
-  from_file("--job-memory-mib", job_memory_mib, file->job_memory_mib);
-  from_file("--job-queued-ops", job_queued_ops, file->job_queued_ops);
-  from_file("--arena-mib", arena_mib, file->arena_mib);
-  from_file("--lock-dir", lock_dir, file->lock_dir);
-  from_file("--max-connections", max_connections, file->max_connections);
-  from_file("--max-connections-per-uid", max_connections_per_uid, file->max_connections_per_uid);
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (std::getenv("KILN_DEVICE") == nullptr) from_file("--device", s.device, file->device);
+  from_file("--runtime-dir", s.runtime_dir, file->runtime_dir);
+  from_file("--socket", s.socket_name, file->socket);
+  from_file("--allowed-group", s.allowed_group, file->allowed_group);
+  from_file("--plan-cache", s.plan_cache, file->plan_cache);
+  from_file("--log-level", s.log_level, file->log_level);
+  from_file("--job-policy", s.job_policy, file->job_policy);
+  from_file("--job-memory-mib", s.job_memory_mib, file->job_memory_mib);
+  from_file("--job-queued-ops", s.job_queued_ops, file->job_queued_ops);
+  from_file("--uid-memory-mib", s.uid_memory_mib, file->uid_memory_mib);
+  from_file("--uid-queued-ops", s.uid_queued_ops, file->uid_queued_ops);
+  from_file("--uid-jobs", s.uid_jobs, file->uid_jobs);
+  from_file("--device-memory-mib", s.device_memory_mib, file->device_memory_mib);
+  s.device_memory_set = app.count("--device-memory-mib") != 0 || file->device_memory_mib.has_value();
+  from_file("--completion-timeout-ms", s.completion_timeout_ms, file->completion_timeout_ms);
+  from_file("--large-block-mib", s.large_block_mib, file->large_block_mib);
+  from_file("--large-block-retention-ms", s.large_block_retention_ms, file->large_block_retention_ms);
+  from_file("--plan-save-ms", s.plan_save_ms, file->plan_save_ms);
+  from_file("--staging-mib", s.staging_mib, file->staging_mib);
+  s.staging_set = app.count("--staging-mib") != 0 || file->staging_mib.has_value();
+  from_file("--arena-mib", s.arena_mib, file->arena_mib);
+  from_file("--lock-dir", s.lock_dir, file->lock_dir);
+  from_file("--max-connections", s.max_connections, file->max_connections);
+  from_file("--max-connections-per-uid", s.max_connections_per_uid, file->max_connections_per_uid);
+  return std::nullopt;
+}
+
+// The daemon service's options from the settings; an exit status on a bad group name.
+kiln::Result<kiln::ipc::DaemonOptions> daemon_options(const Settings& s, const std::string& device_name) {
+  kiln::ipc::DaemonOptions options;
+  options.server.runtime_dir = s.runtime_dir;
+  options.server.socket_name = s.socket_name.empty() ? kiln::ipc::daemon_socket_name(device_name) : s.socket_name;
+  options.server.segment.arena_bytes = s.arena_mib << 20;
+  options.server.max_connections = s.max_connections;
+  options.server.max_connections_per_uid = s.max_connections_per_uid;
+  if (!s.allowed_group.empty()) {
+    const group* g = getgrnam(s.allowed_group.c_str());
+    if (g == nullptr) return kiln::make_error(kiln::ErrorCode::Config, "--allowed-group " + s.allowed_group + ": no such group");
+    options.server.allowed_gid = g->gr_gid;
+  }
+  KILN_ASSIGN_OR_RETURN(options.job_policy, kiln::ipc::parse_job_policy(s.job_policy));
+  options.job_memory_bytes = s.job_memory_mib << 20;
+  options.job_queued_ops = s.job_queued_ops;
+  options.uid_memory_bytes = s.uid_memory_mib << 20;
+  options.uid_queued_ops = s.uid_queued_ops;
+  options.uid_jobs = s.uid_jobs;
+  options.completion_timeout = std::chrono::milliseconds(s.completion_timeout_ms);
+  options.device_name = device_name;
+  if (s.staging_set) {
+    options.staging_bytes = s.staging_mib << 20;
+  } else {
+    // Chunked transfers stage in host memory beside the CPU device's 80%: 15% keeps the sum
+    // under the host's limit. With a GPU the host memory is the staging's alone.
+    const double share = device_name == "cpu" ? 0.15 : 0.5;
+    options.staging_bytes = kiln::ipc::default_host_memory_limit(kiln::ipc::read_host_memory(), share).value_or(0);
+  }
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  if (std::optional<int> exit_status = read_settings(argc, argv, settings)) return *exit_status;
+  const Settings& s = settings;
+  spdlog::set_level(spdlog::level::from_str(s.log_level));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
 
   // Signals are taken by sigwait on this thread; every thread created later inherits the mask.
@@ -152,49 +306,42 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that vanishes mid-send must not kill the daemon
 
-  kiln::Result<Backend> backend = make_backend(device, kernel_threads);
+  BackendSettings backend_settings;
+  backend_settings.cpu_threads = s.kernel_threads;
+  if (s.device_memory_set) backend_settings.device_memory_bytes = s.device_memory_mib << 20;
+  backend_settings.large_block_bytes = s.large_block_mib << 20;
+  backend_settings.large_block_retention = std::chrono::milliseconds(s.large_block_retention_ms);
+  kiln::Result<Backend> backend = make_backend(s.device, backend_settings);
   if (!backend.ok()) {
     std::fprintf(stderr, "kilnd: %s\n", backend.error().to_string().c_str());
     return 2;
   }
   const std::string device_name = backend->name;
   // One daemon per device on this machine, whatever its socket is called; held until exit.
-  kiln::Result<kiln::ipc::DeviceLock> device_lock = kiln::ipc::DeviceLock::acquire(device_name, lock_dir);
+  kiln::Result<kiln::ipc::DeviceLock> device_lock = kiln::ipc::DeviceLock::acquire(device_name, s.lock_dir);
   if (!device_lock.ok()) {
     std::fprintf(stderr, "kilnd: %s\n", device_lock.error().to_string().c_str());
     return 1;
   }
-  if (const std::uint64_t fit = raise_descriptor_limit(); fit != 0 && fit < max_connections) {
-    spdlog::warn("kilnd: the descriptor limit fits {} clients: max_connections {} lowered to it", fit, max_connections);
-    max_connections = fit;
+  kiln::Result<kiln::ipc::DaemonOptions> options = daemon_options(s, device_name);
+  if (!options.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", options.error().message.c_str());
+    return 2;
   }
-
-  kiln::ipc::DaemonOptions options;
-  options.server.runtime_dir = runtime_dir;
-  options.server.socket_name = socket_name.empty() ? kiln::ipc::daemon_socket_name(device_name) : socket_name;
-  options.server.segment.arena_bytes = arena_mib << 20;
-  options.server.max_connections = max_connections;
-  options.server.max_connections_per_uid = max_connections_per_uid;
-  if (!allowed_group.empty()) {
-    const group* g = getgrnam(allowed_group.c_str());
-    if (g == nullptr) {
-      std::fprintf(stderr, "kilnd: --allowed-group %s: no such group\n", allowed_group.c_str());
-      return 2;
-    }
-    options.server.allowed_gid = g->gr_gid;
+  if (const std::uint64_t fit = raise_descriptor_limit(); fit != 0 && fit < options->server.max_connections) {
+    spdlog::warn("kilnd: the descriptor limit fits {} clients: max_connections {} lowered to it", fit,
+                 options->server.max_connections);
+    options->server.max_connections = fit;
   }
-  options.job_memory_bytes = job_memory_mib << 20;
-  options.job_queued_ops = job_queued_ops;
-  options.device_name = device_name;
 
   kiln::runtime::RuntimeOptions ro;
-  ro.threads = threads;
-  ro.config_path = config;
+  ro.threads = s.threads;
+  ro.config_path = s.config;
   // Waiters do not spin here unless kiln.toml or KILN_RUNTIME_SPIN_WAITS asks for it: a session
   // thread's waits mostly run inline, and its client already polls for the answer, so a spinning
   // session thread would take the core the actor needs (measured in docs/decisions.md, ipc).
   // A malformed file is reported by Device::create below.
-  if (kiln::Result<kiln::runtime::RuntimeFileConfig> rc = kiln::runtime::load_runtime_config(config, kiln::fusion::process_env());
+  if (kiln::Result<kiln::runtime::RuntimeFileConfig> rc = kiln::runtime::load_runtime_config(s.config, kiln::fusion::process_env());
       !rc.ok() || !rc->spin_waits)
     ro.spin_waits = false;
   kiln::Result<std::unique_ptr<kiln::runtime::Device>> dev =
@@ -203,16 +350,35 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kilnd: %s\n", dev.error().to_string().c_str());
     return 2;
   }
-  if (!plan_cache.empty()) {
+  // Declared after `dev`: stopped (its final save) before the store it watches goes.
+  std::optional<kiln::fusion::PlanCacheAutosaver> plan_saver;
+  auto last_saved = std::make_shared<std::atomic<std::uint64_t>>(0);  // plans in the last file written
+  if (!s.plan_cache.empty()) {
     // A missing, corrupt or foreign file is reported and ignored: the daemon starts either way.
-    const kiln::fusion::PlanCacheLoadReport r =
-        kiln::fusion::load_plan_cache((*dev)->plan_store(), plan_cache, kiln::fusion::FusionLog::to_stderr(kiln::fusion::LogLevel::Disabled));
+    const kiln::fusion::PlanCacheLoadReport r = kiln::fusion::load_plan_cache(
+        (*dev)->plan_store(), s.plan_cache, kiln::fusion::FusionLog::to_stderr(kiln::fusion::LogLevel::Disabled));
     if (r.found && r.ok())
-      spdlog::info("kilnd: plan cache {}: loaded {} plans ({} merged)", plan_cache, r.loaded, r.merged);
-    else if (!r.found)
-      spdlog::info("kilnd: plan cache {}: no saved plans yet", plan_cache);
+      spdlog::info("kilnd: plan cache {}: loaded {} plans ({} merged)", s.plan_cache, r.loaded, r.merged);
+    else if (r.nothing_saved())
+      spdlog::info("kilnd: plan cache {}: no saved plans yet", s.plan_cache);
+    // Otherwise load_plan_cache warned already (a refused directory, or a bad file the next save
+    // replaces). New plans are saved as they are learned, so a SIGKILL loses only the last
+    // plan_save_ms or so; a refused directory is retried with a back-off (its owner may fix it).
+    kiln::fusion::PlanCacheAutosaverOptions saver;
+    saver.debounce = std::chrono::milliseconds(s.plan_save_ms);
+    saver.max_delay = std::max(saver.debounce, saver.max_delay);
+    saver.on_save = [dir = s.plan_cache, last_saved](const kiln::Result<kiln::fusion::PlanCacheSaveReport>& saved) {
+      if (saved.ok()) {
+        last_saved->store(saved->saved, std::memory_order_relaxed);
+        spdlog::debug("kilnd: plan cache {}: saved {} plans ({} bytes, {} not savable)", saved->file.string(),
+                      saved->saved, saved->bytes, saved->skipped);
+      } else {
+        spdlog::error("kilnd: plan cache {}: {}", dir, saved.error().to_string());
+      }
+    };
+    plan_saver.emplace((*dev)->plan_store(), s.plan_cache, std::move(saver));
   }
-  kiln::Result<std::unique_ptr<kiln::ipc::DaemonService>> service = kiln::ipc::DaemonService::start(**dev, options);
+  kiln::Result<std::unique_ptr<kiln::ipc::DaemonService>> service = kiln::ipc::DaemonService::start(**dev, *options);
   if (!service.ok()) {
     // The usual cause: another daemon on this device ("another daemon is already running at ...").
     std::fprintf(stderr, "kilnd: %s\n", service.error().to_string().c_str());
@@ -229,13 +395,14 @@ int main(int argc, char** argv) {
   const kiln::ipc::DaemonStatus last = (*service)->status();
   (*service)->stop();
   kiln::Status down = (*dev)->shutdown();
-  if (!plan_cache.empty()) {
-    kiln::Result<kiln::fusion::PlanCacheSaveReport> saved = kiln::fusion::save_plan_cache((*dev)->plan_store(), plan_cache);
-    if (saved.ok())
-      spdlog::info("kilnd: plan cache {}: saved {} plans ({} bytes, {} not savable)", saved->file.string(), saved->saved,
-                   saved->bytes, saved->skipped);
-    else
-      spdlog::error("kilnd: plan cache {}: {}", plan_cache, saved.error().to_string());
+  if (plan_saver) {
+    plan_saver->stop();  // the streams are drained: writes what is still unsaved
+    const kiln::fusion::PlanCacheAutosaverStats st = plan_saver->stats();
+    if (st.saves == 0 && st.failures == 0)
+      spdlog::info("kilnd: plan cache {}: no new plans to save", s.plan_cache);
+    else if (st.last_error.empty())
+      spdlog::info("kilnd: plan cache {}: saved {} plans ({} saves this run)", s.plan_cache,
+                   last_saved->load(std::memory_order_relaxed), st.saves);
   }
   const kiln::runtime::MemoryStats mem = (*dev)->backend().memory_stats();
   spdlog::info("kilnd: stopped after {} client(s); {} plans; {} tensors and {} bytes left on the device",

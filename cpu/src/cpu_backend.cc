@@ -141,4 +141,6 @@ runtime::MemoryStats CpuBackend::memory_stats() const {
   return stats;
 }
 
+std::uint64_t CpuBackend::release_idle_memory() { return device_.allocator().release_idle(); }
+
 }  // namespace kiln::cpu

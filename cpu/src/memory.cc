@@ -6,12 +6,17 @@
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #endif
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <vector>
@@ -145,6 +150,46 @@ void update_max(std::atomic<std::uint64_t>& target, std::uint64_t value) {
   }
 }
 
+void update_min(std::atomic<std::int64_t>& target, std::int64_t value) {
+  std::int64_t cur = target.load(std::memory_order_relaxed);
+  while (cur > value && !target.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
+  }
+}
+
+// Blocks below kHugePageThreshold come from glibc's heap: freeing them puts them on its free
+// lists, and only malloc_trim hands the pages back. It walks every arena under its lock, so it
+// runs only when a release freed at least this much heap memory: 16 MiB (the default large
+// block) is well above the noise of a daemon's baseline and rare enough to make the walk cheap.
+constexpr std::uint64_t kTrimBytes = std::uint64_t{16} << 20;
+
+void trim_heap(std::uint64_t heap_bytes_freed) noexcept {
+#if defined(__GLIBC__)
+  if (heap_bytes_freed >= kTrimBytes) (void)::malloc_trim(0);
+#else
+  (void)heap_bytes_freed;
+#endif
+}
+
+bool from_heap(std::uint64_t cs) { return cs < CpuAllocator::kHugePageThreshold; }
+
+std::int64_t to_ns(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// The retention in nanoseconds, saturated (milliseconds::max() would overflow the conversion).
+std::int64_t retention_ns(std::chrono::milliseconds retention) {
+  constexpr std::int64_t kMaxMs = std::numeric_limits<std::int64_t>::max() / 1'000'000;
+  if (retention.count() <= 0) return 0;
+  if (retention.count() >= kMaxMs) return std::numeric_limits<std::int64_t>::max();
+  return retention.count() * 1'000'000;
+}
+
+// now - since >= retention, without overflow for any `now` a caller passes (`since` is a real
+// steady_clock reading, so not negative).
+bool held_at_least(std::int64_t now_ns, std::int64_t since_ns, std::int64_t retention) {
+  return now_ns >= since_ns && now_ns - since_ns >= retention;
+}
+
 }  // namespace
 
 // The shared state behind a CpuAllocator and every buffer it handed out.
@@ -155,8 +200,10 @@ void update_max(std::atomic<std::uint64_t>& target, std::uint64_t value) {
 // suffice: they keep each counter exact, which is all the byte limit needs.
 class CpuPool : public std::enable_shared_from_this<CpuPool> {
  public:
-  explicit CpuPool(CpuAllocatorOptions options) : options_(options) {
+  explicit CpuPool(CpuAllocatorOptions options)
+      : options_(options), retention_ns_(retention_ns(options.large_block_retention)) {
     for (std::size_t i = 0; i < kNumClasses; ++i) classes_[i].size = class_size_at(i);
+    while (first_large_ < kNumClasses && classes_[first_large_].size < options_.large_block_bytes) ++first_large_;
   }
   CpuPool(const CpuPool&) = delete;
   CpuPool& operator=(const CpuPool&) = delete;
@@ -172,6 +219,7 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
                                     bytes, CpuAllocator::kMaxAllocation));
     }
     const std::uint64_t cs = *cs_opt;
+    release_due_large_blocks();
 
     // Reserve the bytes first, so that concurrent requests can never exceed the limit together.
     std::uint64_t in_use = in_use_.load(std::memory_order_relaxed);
@@ -214,24 +262,101 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
   void release(std::byte* block, std::uint64_t cs) noexcept {
     in_use_.fetch_sub(cs, std::memory_order_relaxed);
     deallocations_.fetch_add(1, std::memory_order_relaxed);
-    if (!closing_.load(std::memory_order_relaxed) && push(block, cs)) return;
-    system_free(block, cs);
+    if (closing_.load(std::memory_order_relaxed) || !push(block, cs)) {
+      system_free(block, cs);
+      released_.fetch_add(cs, std::memory_order_relaxed);
+    }
+    release_due_large_blocks();
   }
 
   std::uint64_t release_cached() noexcept {
     std::uint64_t released = 0;
+    std::uint64_t heap_freed = 0;
     for (SizeClass& c : classes_) {
-      std::vector<std::byte*> blocks;
+      std::vector<FreeBlock> blocks;
       {
         std::lock_guard<std::mutex> lock(c.mu);
         blocks.swap(c.free);
       }
       if (blocks.empty()) continue;
       const std::uint64_t cs = c.size;
-      for (std::byte* b : blocks) system_free(b, cs);
+      for (const FreeBlock& b : blocks) system_free(b.data, cs);
       released += cs * blocks.size();
+      if (from_heap(cs)) heap_freed += cs * blocks.size();
       cached_.fetch_sub(cs * blocks.size(), std::memory_order_relaxed);
     }
+    released_.fetch_add(released, std::memory_order_relaxed);
+    trim_heap(heap_freed);
+    return released;
+  }
+
+  // Releases the large blocks cached for at least the retention as of `now_ns`. `wait`: block
+  // until another thread's release is done (the owner's timer); otherwise (the lazy calls on the
+  // allocation path) leave the work to that thread.
+  // The owner's timer, after release_idle: a pool that saw no allocation and no free for the
+  // retention (an idle daemon) gives back its small blocks too, so a process's resident memory
+  // returns near its baseline after a workload, not only after large transfers. Counting the
+  // operations keeps the allocation path free of any clock read for this.
+  std::uint64_t release_if_idle(std::int64_t now_ns) noexcept {
+    const std::uint64_t ops =
+        allocations_.load(std::memory_order_relaxed) + deallocations_.load(std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(idle_mu_);
+      if (ops != idle_ops_ || idle_since_ns_ > now_ns) {
+        idle_ops_ = ops;
+        idle_since_ns_ = now_ns;
+        return 0;
+      }
+      if (!held_at_least(now_ns, idle_since_ns_, retention_ns_)) return 0;
+    }
+    if (cached_.load(std::memory_order_relaxed) == 0) return 0;
+    return release_cached();
+  }
+
+  std::uint64_t release_idle(std::int64_t now_ns, bool wait) noexcept {
+    if (!large_block_due(now_ns)) return 0;
+    std::unique_lock<std::mutex> releasing(release_mu_, std::defer_lock);
+    if (wait) {
+      releasing.lock();
+    } else if (!releasing.try_lock()) {
+      return 0;
+    }
+    // Forget the hint, then rebuild it from what each class keeps. A block pushed into a class
+    // after the scan below passed it lowers the hint after this store (the class mutex orders
+    // the two), one pushed before is seen by the scan: either way no cached block is left later
+    // than the hint, so none stays resident past its retention for want of a check.
+    oldest_large_ns_.store(kNoLargeBlock, std::memory_order_relaxed);
+    std::uint64_t released = 0;
+    std::uint64_t heap_freed = 0;
+    for (std::size_t i = first_large_; i < kNumClasses; ++i) {
+      SizeClass& c = classes_[i];
+      std::int64_t oldest_kept = kNoLargeBlock;
+      std::size_t freed = 0;
+      {
+        // The blocks are unmapped under the class mutex: the lists are short (a few blocks of a
+        // class at most), the release is rare (once per retention at most), and compacting in
+        // place keeps this path free of allocation (it runs inside ~CpuBuffer).
+        std::lock_guard<std::mutex> lock(c.mu);
+        std::size_t kept = 0;
+        for (const FreeBlock& b : c.free) {
+          if (held_at_least(now_ns, b.freed_ns, retention_ns_)) {
+            system_free(b.data, c.size);
+            ++freed;
+          } else {
+            oldest_kept = std::min(oldest_kept, b.freed_ns);
+            c.free[kept++] = b;
+          }
+        }
+        c.free.resize(kept);
+      }
+      if (oldest_kept != kNoLargeBlock) update_min(oldest_large_ns_, oldest_kept);
+      if (freed == 0) continue;
+      released += c.size * freed;
+      if (from_heap(c.size)) heap_freed += c.size * freed;
+      cached_.fetch_sub(c.size * freed, std::memory_order_relaxed);
+    }
+    released_.fetch_add(released, std::memory_order_relaxed);
+    trim_heap(heap_freed);
     return released;
   }
 
@@ -251,30 +376,55 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
     s.allocations = allocations_.load(std::memory_order_relaxed);
     s.deallocations = deallocations_.load(std::memory_order_relaxed);
     s.failures = failures_.load(std::memory_order_relaxed);
+    s.released_bytes = released_.load(std::memory_order_relaxed);
     return s;
   }
 
   const CpuAllocatorOptions& options() const { return options_; }
 
  private:
+  struct FreeBlock {
+    std::byte* data;
+    std::int64_t freed_ns;  // steady_clock time it was pooled; large classes only (else 0)
+  };
   struct SizeClass {
     std::mutex mu;
-    std::vector<std::byte*> free;  // guarded by mu
-    std::uint64_t size = 0;        // the class size; set once at construction, then read-only
+    std::vector<FreeBlock> free;  // guarded by mu; the most recently freed last (reused first)
+    std::uint64_t size = 0;       // the class size; set once at construction, then read-only
   };
+
+  static constexpr std::int64_t kNoLargeBlock = std::numeric_limits<std::int64_t>::max();
+
+  bool large(std::uint64_t cs) const { return cs >= options_.large_block_bytes; }
+
+  // Whether some cached large block may have outlived the retention: reads only the hint.
+  bool large_block_due(std::int64_t now_ns) const {
+    const std::int64_t oldest = oldest_large_ns_.load(std::memory_order_relaxed);
+    return oldest != kNoLargeBlock && held_at_least(now_ns, oldest, retention_ns_);
+  }
+
+  // The lazy check on every allocate and free: one relaxed load while no large block is cached,
+  // a clock read while one is.
+  void release_due_large_blocks() noexcept {
+    if (oldest_large_ns_.load(std::memory_order_relaxed) == kNoLargeBlock) return;
+    (void)release_idle(to_ns(std::chrono::steady_clock::now()), /*wait=*/false);
+  }
 
   std::byte* pop(std::uint64_t cs) {
     SizeClass& c = classes_[class_index(cs)];
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.free.empty()) return nullptr;
-    std::byte* b = c.free.back();
+    std::byte* b = c.free.back().data;
     c.free.pop_back();
     cached_.fetch_sub(cs, std::memory_order_relaxed);
+    // The hint may now be older than every block left: the next release scan corrects it.
     return b;
   }
 
   // Keeps the block if the cache has room; false = the caller frees it.
   bool push(std::byte* block, std::uint64_t cs) noexcept {
+    const bool is_large = large(cs);
+    if (is_large && retention_ns_ == 0) return false;
     if (cached_.fetch_add(cs, std::memory_order_relaxed) + cs > options_.max_cached_bytes) {
       cached_.fetch_sub(cs, std::memory_order_relaxed);
       return false;
@@ -282,7 +432,11 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
     SizeClass& c = classes_[class_index(cs)];
     try {
       std::lock_guard<std::mutex> lock(c.mu);
-      c.free.push_back(block);
+      const std::int64_t now = is_large ? to_ns(std::chrono::steady_clock::now()) : 0;
+      c.free.push_back(FreeBlock{block, now});
+      // Under the class mutex, so that release_idle's scan either sees the block or its reset
+      // of the hint comes first (see there).
+      if (is_large) update_min(oldest_large_ns_, now);
       return true;
     } catch (...) {  // the free list could not grow: give the block back instead
       cached_.fetch_sub(cs, std::memory_order_relaxed);
@@ -291,7 +445,16 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
   }
 
   const CpuAllocatorOptions options_;
+  const std::int64_t retention_ns_;  // options_.large_block_retention, saturated; 0 = never pool
+  std::size_t first_large_ = 0;      // index of the first large class (kNumClasses: none)
   std::array<SizeClass, kNumClasses> classes_;
+  std::mutex release_mu_;  // one release_idle scan at a time
+  std::mutex idle_mu_;     // guards the two below (release_if_idle)
+  std::uint64_t idle_ops_ = 0;      // allocations + frees at the last idle check
+  std::int64_t idle_since_ns_ = 0;  // when that count was first seen
+  // The steady_clock time (ns) no later than the freeing of every cached large block;
+  // kNoLargeBlock when none is cached. A hint: it may be older than the truth (after a pop).
+  std::atomic<std::int64_t> oldest_large_ns_{kNoLargeBlock};
   std::atomic<bool> closing_{false};
   std::atomic<std::uint64_t> next_colour_{0};  // coloured blocks handed out by the system so far
   std::atomic<std::uint64_t> in_use_{0};
@@ -302,6 +465,7 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
   std::atomic<std::uint64_t> allocations_{0};
   std::atomic<std::uint64_t> deallocations_{0};
   std::atomic<std::uint64_t> failures_{0};
+  std::atomic<std::uint64_t> released_{0};
 };
 
 }  // namespace detail
@@ -357,6 +521,12 @@ CpuAllocatorStats CpuAllocator::stats() const { return pool_->stats(); }
 const CpuAllocatorOptions& CpuAllocator::options() const { return pool_->options(); }
 
 std::uint64_t CpuAllocator::release_cached() { return pool_->release_cached(); }
+
+std::uint64_t CpuAllocator::release_idle(std::chrono::steady_clock::time_point now) {
+  const std::int64_t now_ns = detail::to_ns(now);
+  const std::uint64_t large = pool_->release_idle(now_ns, /*wait=*/true);
+  return large + pool_->release_if_idle(now_ns);
+}
 
 std::optional<std::uint64_t> CpuAllocator::size_class(std::uint64_t bytes) {
   if (bytes > kMaxAllocation) return std::nullopt;

@@ -72,6 +72,8 @@ MemoryStats ReferenceCpuBackend::memory_stats() const {
   return stats;
 }
 
+std::uint64_t ReferenceCpuBackend::release_idle_memory() { return allocator_.release_idle(); }
+
 Status ReferenceCpuBackend::run_operation(const ir::Operation& op, ReferenceExecutor& exec) {
   using Container = ShardedTensorTable::Container;
   // 1. Copy the entries the op reads into a private container (handles share their buffers;

@@ -133,18 +133,50 @@ class CudaLibrary {
   cudaLibrary_t lib_;
 };
 
+// The device memory limit (CudaBackendOptions::byte_limit): bytes of live buffers, checked
+// before each pool allocation, so that one client's request past it is its own error and not an
+// out-of-memory for every stream. Shared by the buffers, which may outlive the backend.
+struct MemoryBudget {
+  std::optional<std::uint64_t> limit;
+  std::atomic<std::uint64_t> used{0};
+
+  Status reserve(std::uint64_t bytes) {
+    std::uint64_t cur = used.load(std::memory_order_relaxed);
+    do {
+      if (limit && (bytes > *limit || cur > *limit - bytes))
+        return make_error(ErrorCode::ResourceExhausted,
+                          fmt::format("allocating {} MiB: the device memory limit of {} MiB has {} MiB in use "
+                                      "(daemon.device_memory_mib)",
+                                      bytes >> 20, *limit >> 20, cur >> 20));
+    } while (!used.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+    return Status::Ok();
+  }
+  void release(std::uint64_t bytes) { used.fetch_sub(bytes, std::memory_order_relaxed); }
+};
+using BudgetPtr = std::shared_ptr<MemoryBudget>;
+
 // A pool allocation, freed stream-ordered on the last stream that used it: the free is ordered
 // after every kernel that stream queued on the buffer, and a buffer used by a second stream is
 // handed over with an event first (use_on), so the last user is the only one still pending.
+// `budget` null: not counted (the backend's own bookkeeping buffers).
 class DeviceBuffer {
  public:
-  static Result<std::shared_ptr<DeviceBuffer>> allocate(cudaMemPool_t pool, std::size_t bytes, const StreamPtr& stream) {
+  static Result<std::shared_ptr<DeviceBuffer>> allocate(const BudgetPtr& budget, cudaMemPool_t pool, std::size_t bytes,
+                                                        const StreamPtr& stream) {
     void* p = nullptr;
-    if (bytes > 0) KILN_CUDA_TRY(fmt::format("allocating {} bytes", bytes), cudaMallocFromPoolAsync(&p, bytes, pool, stream->get()));
-    return std::shared_ptr<DeviceBuffer>(new DeviceBuffer(p, bytes, stream));
+    if (budget) KILN_RETURN_IF_ERROR(budget->reserve(bytes));
+    // From here the buffer owns the reservation (and the memory): its destructor returns both,
+    // whatever fails below.
+    std::shared_ptr<DeviceBuffer> buf(new DeviceBuffer(nullptr, bytes, stream, budget));
+    if (bytes > 0) {
+      KILN_CUDA_TRY(fmt::format("allocating {} bytes", bytes), cudaMallocFromPoolAsync(&p, bytes, pool, stream->get()));
+      buf->p_ = p;
+    }
+    return buf;
   }
   ~DeviceBuffer() {
     if (p_ != nullptr) (void)cudaFreeAsync(p_, last_->get());
+    if (budget_) budget_->release(n_);
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -164,9 +196,11 @@ class DeviceBuffer {
   }
 
  private:
-  DeviceBuffer(void* p, std::size_t n, StreamPtr s) : p_(p), n_(n), last_(std::move(s)) {}
+  DeviceBuffer(void* p, std::size_t n, StreamPtr s, BudgetPtr budget)
+      : p_(p), n_(n), budget_(std::move(budget)), last_(std::move(s)) {}
   void* p_;
   std::size_t n_;
+  BudgetPtr budget_;
   std::mutex mu_;
   StreamPtr last_;  // guarded by mu_
 };
@@ -203,6 +237,7 @@ struct CudaBackend::Impl {
   CudaBackendOptions options;
   DeviceInfo info;
   cudaMemPool_t pool = nullptr;
+  BudgetPtr budget = std::make_shared<MemoryBudget>();
   StreamPtr transfer;
   std::optional<DiskCache> disk;
   CompileOptions compile;
@@ -356,7 +391,7 @@ struct CudaBackend::Impl {
     if (bytes.size() != want)
       return make_error(ErrorCode::Invalid, fmt::format("{} bytes for {} {} (expected {})", bytes.size(), dtype.name(),
                                                         ir::shape_to_string(shape), want));
-    KILN_ASSIGN_OR_RETURN(BufferPtr buf, DeviceBuffer::allocate(pool, bytes.size(), transfer));
+    KILN_ASSIGN_OR_RETURN(BufferPtr buf, DeviceBuffer::allocate(budget, pool, bytes.size(), transfer));
     KILN_RETURN_IF_ERROR(to_device(buf->data(), bytes));
     return CudaTensor{std::move(buf), shape, dtype};
   }
@@ -575,7 +610,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       const ir::TensorIr* gt = global_of(bind, out.tensor);
       if (gt == nullptr || !(gt->dtype == out.dtype)) return false;
       const std::uint64_t bytes = ir::num_elements(gt->shape) * out.dtype.size_bytes();
-      Result<BufferPtr> buf = DeviceBuffer::allocate(b_.pool, static_cast<std::size_t>(bytes), stream_);
+      Result<BufferPtr> buf = DeviceBuffer::allocate(b_.budget, b_.pool, static_cast<std::size_t>(bytes), stream_);
       if (!buf.ok()) return fail_with(p, bind, buf.error());
       outputs[o] = CudaTensor{std::move(buf).value(), gt->shape, out.dtype};
       args.outputs.push_back(reinterpret_cast<std::uintptr_t>(outputs[o]->buffer->data()));
@@ -830,6 +865,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(CudaBackendOptions opti
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->info = p.devices[static_cast<std::size_t>(options.device)];
+  impl->budget->limit = options.byte_limit;
   if (!impl->info.memory_pools)
     return make_error(ErrorCode::Unsupported, fmt::format("CUDA backend: {} has no stream-ordered memory pools",
                                                           impl->info.name));
@@ -879,13 +915,13 @@ std::unique_ptr<fusion::Executor> CudaBackend::make_executor() {
   (void)impl_->set_device();
   Result<StreamPtr> s = CudaStream::create();
   Result<std::unique_ptr<PinnedBuffer>> host = PinnedBuffer::create(sizeof(int));
-  Result<BufferPtr> fault = s.ok() ? DeviceBuffer::allocate(impl_->pool, sizeof(int), *s) : Result<BufferPtr>(s.error());
+  Result<BufferPtr> fault = s.ok() ? DeviceBuffer::allocate(nullptr, impl_->pool, sizeof(int), *s) : Result<BufferPtr>(s.error());
   if (!s.ok() || !host.ok() || !fault.ok()) {
     // The interface has no error channel here; an executor without a stream would be worse
     // than failing loudly at the first kernel, so the transfer stream serves (correct, serial).
     spdlog::error("kiln cuda: a stream's resources could not be created; it shares the transfer stream");
     Result<std::unique_ptr<PinnedBuffer>> h2 = PinnedBuffer::create(sizeof(int));
-    Result<BufferPtr> f2 = DeviceBuffer::allocate(impl_->pool, sizeof(int), impl_->transfer);
+    Result<BufferPtr> f2 = DeviceBuffer::allocate(nullptr, impl_->pool, sizeof(int), impl_->transfer);
     return std::make_unique<CudaStreamExecutor>(*impl_, impl_->transfer, f2.ok() ? *f2 : nullptr,
                                                 h2.ok() ? std::move(h2).value() : nullptr);
   }

@@ -1153,10 +1153,13 @@ PlanCacheLoadReport load_plan_cache(ExecutionPlanStore& store, const std::filesy
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno == ENOENT) return report;  // first run: nothing saved yet
+    report.directory_refused = true;
     return ignore(PlanCacheProblem::Unreadable, fmt::format("cannot stat the directory: {}", errno_text(errno)));
   }
-  if (Status safe = check_private_dir(dir, st); !safe.ok())
+  if (Status safe = check_private_dir(dir, st); !safe.ok()) {
+    report.directory_refused = true;
     return ignore(PlanCacheProblem::UnsafeDirectory, safe.error().message);
+  }
 
   // O_NOFOLLOW: the file is ours to read, not whatever a link points at.
   UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));

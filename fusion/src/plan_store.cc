@@ -27,6 +27,9 @@
 //                 slot is in plans; the accessor's release/acquire makes the slot visible to
 //                 every reader that finds the id.
 //   by_kind       tbb::concurrent_hash_map<(kind, family), sorted ids>: only explains cache misses.
+//   generation    std::atomic<uint64_t>, incremented (release) after each change is visible: after
+//                 `published` for a new plan, after the winning CAS for a new trigger. A reader
+//                 that loads it (acquire) and then reads the store sees at least those changes.
 //
 // Lock order (deadlock freedom): first_op bucket -> append_mu -> by_kind bucket. Nothing ever
 // takes them in another order, and no reader holds more than one.
@@ -128,12 +131,13 @@ struct ExecutionPlanStore::Impl {
     return s.triggers.load(std::memory_order_acquire)->list;
   }
 
-  static void add_trigger_to(Slot& s, const ExecutionTrigger& trigger) {
+  // True when the trigger was added (false: an equal one was already there).
+  static bool add_trigger_to(Slot& s, const ExecutionTrigger& trigger) {
     // acquire: the list we copy must be fully visible (pairs with the CAS release below).
     const TriggerVersion* current = s.triggers.load(std::memory_order_acquire);
     for (;;) {
       const TriggerList& list = *current->list;
-      if (std::find(list.begin(), list.end(), trigger) != list.end()) return;  // dedupe
+      if (std::find(list.begin(), list.end(), trigger) != list.end()) return false;  // dedupe
       auto grown = std::make_shared<TriggerList>(list);
       grown->push_back(trigger);
       auto next = std::make_unique<TriggerVersion>(TriggerVersion{std::move(grown), current});
@@ -142,7 +146,7 @@ struct ExecutionPlanStore::Impl {
       if (s.triggers.compare_exchange_weak(current, next.get(), std::memory_order_acq_rel,
                                            std::memory_order_acquire)) {
         next.release();  // owned by the chain now
-        return;
+        return true;
       }
     }
   }
@@ -151,6 +155,12 @@ struct ExecutionPlanStore::Impl {
   tbb::concurrent_vector<std::unique_ptr<Slot>> plans;
   std::mutex append_mu;                     // serialises appends to `plans` (write path only)
   std::atomic<std::size_t> published{0};    // every id < published is fully constructed
+  std::atomic<std::uint64_t> generation{0}; // changes so far (see the layout above)
+
+  // release: the change just made (a published slot, a CAS-ed trigger list) is visible to whoever
+  // loads the new value with acquire.
+  void count_change() { generation.fetch_add(1, std::memory_order_release); }
+
   FirstOpMap first_op;
   KindMap by_kind;
 };
@@ -186,7 +196,7 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, Execut
     for (PlanId existing : starter->ids) {
       Impl::Slot& s = im.slot(existing);
       if (s.plan.operations == plan.operations) {
-        Impl::add_trigger_to(s, trigger);
+        if (Impl::add_trigger_to(s, trigger)) im.count_change();
         return AddResult{existing, false};
       }
     }
@@ -205,6 +215,7 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, Execut
     // only ever grows by one, in id order.
     im.published.store(id + 1, std::memory_order_release);
   }
+  im.count_change();
 
   // Publish the id in the bucket (visible to readers once `acc` is released).
   if (starter != nullptr) {
@@ -224,7 +235,7 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, Execut
 }
 
 void ExecutionPlanStore::add_trigger(PlanId id, const ExecutionTrigger& trigger) {
-  Impl::add_trigger_to(impl_->slot(id), trigger);
+  if (Impl::add_trigger_to(impl_->slot(id), trigger)) impl_->count_change();
 }
 
 const ExecutionPlan& ExecutionPlanStore::plan(PlanId id) const { return impl_->slot(id).plan; }
@@ -248,5 +259,9 @@ std::vector<PlanId> ExecutionPlanStore::find_same_first_kind(const ir::Operation
 }
 
 std::size_t ExecutionPlanStore::size() const { return impl_->published.load(std::memory_order_acquire); }
+
+std::uint64_t ExecutionPlanStore::generation() const {
+  return impl_->generation.load(std::memory_order_acquire);  // pairs with count_change()
+}
 
 }  // namespace kiln::fusion

@@ -3,6 +3,7 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -23,6 +24,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "kiln/ipc/device_lock.h"
 #include "kiln/ipc/op_check.h"
@@ -34,8 +36,10 @@ using runtime::StreamId;
 
 namespace {
 
-constexpr std::chrono::milliseconds kReceivePoll{100};   // how often a session checks for stop
-constexpr std::chrono::milliseconds kSendTimeout{30'000};  // a client that never pops completions
+constexpr std::chrono::milliseconds kReceivePoll{100};  // how often a session checks for stop
+// A completion waits for ring space in slices of this, checking for stop between them, so a stop
+// never waits on a client that does not pop its completions.
+constexpr std::chrono::milliseconds kSendSlice{50};
 constexpr std::uint64_t kQueuedOpsRefresh = 64;            // ops between queued-op recounts
 // Registrations made without waking their stream's actor while the client's ring still holds
 // messages, before the session wakes the actors anyway (see ClientSession::register_op). A
@@ -115,13 +119,68 @@ std::string json_escape(const std::string& s) {
 
 }  // namespace
 
-// A job's totals over its sessions. The two counts change on the op path (every registration
-// charges its outputs, every consumed input releases), so they are atomics, not fields under the
-// service's mutex: four clients' session threads took that one lock 2-3 times per op.
+// Usage counted against a quota by several sessions: a job's, or a uid's. The two counts change
+// on the op path (every registration charges its outputs, every consumed input releases), so they
+// are atomics, not fields under the service's mutex: four clients' session threads took that one
+// lock 2-3 times per op.
+struct Usage {
+  std::atomic<std::uint64_t> tensor_bytes{0};  // bytes charged by the sessions
+  std::atomic<std::uint64_t> queued_ops{0};    // sum of the sessions' last recounts
+};
+
+// A job's owner and totals over its sessions.
 struct JobState {
-  std::uint64_t clients = 0;                   // under DaemonService::Impl::mu
-  std::atomic<std::uint64_t> tensor_bytes{0};  // bytes charged by its sessions
-  std::atomic<std::uint64_t> queued_ops{0};    // sum of its sessions' last recounts
+  uid_t owner_uid = 0;        // the creator's credentials (fixed)
+  gid_t owner_gid = 0;
+  std::uint64_t clients = 0;  // under DaemonService::Impl::mu
+  Usage usage;
+};
+
+// A client uid's totals over its sessions and the jobs it owns.
+struct UidState {
+  std::uint64_t clients = 0;  // under DaemonService::Impl::mu
+  std::uint64_t jobs = 0;     // jobs it owns; under DaemonService::Impl::mu
+  Usage usage;
+};
+
+// Adds `n` to `in_use` unless the sum passes `limit` (0 = none), as one step against the other
+// sessions adding to it; `seen` is the count the refusal saw.
+bool try_add(std::atomic<std::uint64_t>& in_use, std::uint64_t limit, std::uint64_t n, std::uint64_t& seen) {
+  seen = in_use.load(std::memory_order_relaxed);
+  if (limit == 0) {
+    in_use.fetch_add(n, std::memory_order_relaxed);
+    return true;
+  }
+  do {
+    if (n > limit || seen > limit - n) return false;
+  } while (!in_use.compare_exchange_weak(seen, seen + n, std::memory_order_relaxed));
+  return true;
+}
+
+// Bytes of the daemon's host staging (a chunked upload's buffer, a chunked read's snapshot) held
+// against DaemonOptions::staging_bytes, released when the staging goes, however it goes.
+class StagingReservation {
+ public:
+  StagingReservation() = default;
+  StagingReservation(std::atomic<std::uint64_t>& in_use, std::uint64_t bytes) : in_use_(&in_use), bytes_(bytes) {}
+  StagingReservation(StagingReservation&& o) noexcept : in_use_(std::exchange(o.in_use_, nullptr)), bytes_(o.bytes_) {}
+  StagingReservation& operator=(StagingReservation&& o) noexcept {
+    if (this != &o) {
+      reset();
+      in_use_ = std::exchange(o.in_use_, nullptr);
+      bytes_ = o.bytes_;
+    }
+    return *this;
+  }
+  ~StagingReservation() { reset(); }
+  void reset() {
+    if (in_use_ != nullptr) in_use_->fetch_sub(bytes_, std::memory_order_relaxed);
+    in_use_ = nullptr;
+  }
+
+ private:
+  std::atomic<std::uint64_t>* in_use_ = nullptr;
+  std::uint64_t bytes_ = 0;
 };
 
 class ClientSession;
@@ -134,6 +193,7 @@ struct DaemonService::Impl {
   std::unique_ptr<ControlServer> server;
   std::thread io_thread;
   std::string socket_path;
+  std::optional<boost::asio::steady_timer> maintenance;  // on `io`: memory given back when idle
 
   mutable std::mutex mu;  // guards everything below
   std::map<std::uint64_t, std::shared_ptr<ClientSession>> sessions;
@@ -142,18 +202,25 @@ struct DaemonService::Impl {
   std::map<std::uint64_t, std::thread> threads;
   std::vector<std::thread> finished_threads;  // sessions that ended, joined by the next reap
   std::map<std::string, JobState> jobs;
+  std::map<uid_t, UidState> uids;  // every uid with a client or a job
   std::unordered_map<std::uint64_t, ExportRecord> exports;  // by ExportToken::index()
   std::uint64_t clients_served = 0;
+  std::atomic<std::uint64_t> staged_bytes{0};  // every session's staging (StagingReservation)
+  std::atomic<bool> stopping{false};            // stop() began (for the sessions' logs)
   std::uint64_t next_stream = 1;  // device stream numbers handed to client streams
   std::function<std::uint64_t()> fused_launches;
   bool stopped = false;
 
   Impl(runtime::Device& d, DaemonOptions o) : device(d), options(std::move(o)) {}
 
+  Status admit(const PeerCredentials& peer, std::string_view job);
   void on_client(std::unique_ptr<AcceptedClient> client);
-  DaemonStatus status();
+  DaemonStatus status(std::optional<uid_t> viewer);
+  // Under `mu`: the session is gone; its job and uid entries end with their last client.
+  void leave(const std::string& job, uid_t uid);
   void on_disconnect(std::uint64_t client_id, const Status& why);
   void reap();
+  void schedule_maintenance();
 };
 
 // One client: its tables and the thread that serves its ring.
@@ -164,9 +231,15 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     stats_.client_id = id();
     stats_.job = job();
     stats_.pid = client_->peer.pid;
+    stats_.uid = client_->peer.uid;
   }
   // Under service_.mu, before launch().
-  void set_job_state(JobState* state) { job_state_ = state; }
+  void set_usage(JobState* job, UidState* uid) {
+    job_state_ = job;
+    uid_state_ = uid;
+  }
+  uid_t uid() const { return client_->peer.uid; }
+  gid_t gid() const { return client_->peer.gid; }
 
   // The session's thread (the caller stores it under the service's mutex, see Impl::threads).
   std::thread launch() {
@@ -202,6 +275,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Result<ReadPartDoneCpl> read_window(const ReadPartCmd& c);  // of staged_read_
   void reset_staged_read();  // ends the chunked read, releasing what it was charged
   void discard_staged_upload(std::uint64_t client_tensor);
+  // Reserves `bytes` of the daemon's staging memory; `what` names the request in the error.
+  Result<StagingReservation> reserve_staging(std::uint64_t bytes, const std::string& what);
 
   void dispatch(Command& cmd);  // runs a decoded command, answering an error completion on failure
   Status send(const Completion& cpl);
@@ -232,6 +307,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void forget(std::uint64_t client_tensor);
   void publish_stats();
   void refresh_queued_ops();
+  Status check_queued_ops();  // the job's and the uid's queued-op quotas, before a registration
 
   DaemonService::Impl& service_;
   std::unique_ptr<AcceptedClient> client_;
@@ -240,6 +316,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   // counters atomic): set before the session thread starts; the entry lives until the job's
   // last session has cleaned up.
   JobState* job_state_ = nullptr;
+  UidState* uid_state_ = nullptr;  // the same for this client's uid
 
   // Session-thread state.
   std::unordered_map<std::uint64_t, StreamId> streams_;
@@ -263,6 +340,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     std::uint64_t total = 0;     // bytes of the tensor (charged)
     std::uint64_t received = 0;  // bytes copied in so far: the next part's offset
     std::unique_ptr<std::byte[]> data;
+    StagingReservation staging;
   };
   // One chunked read at a time (the client serialises them): a snapshot of the tensor, taken at
   // the first window. Read-only: dropped with its tensor (forget); a last use: the tensor is
@@ -273,6 +351,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     std::uint64_t sent = 0;     // bytes copied out so far: the next window's offset
     std::uint64_t charged = 0;  // quota bytes to release when the read ends
     runtime::HostData data;
+    StagingReservation staging;
   };
   std::unordered_map<std::uint64_t, StagedUpload> staged_uploads_;
   std::optional<StagedRead> staged_read_;
@@ -298,7 +377,12 @@ void ClientSession::run() {
       spdlog::warn("kilnd: client {}: {}; disconnecting it", id(), got.error().to_string());
       break;
     }
-    if (!got->has_value()) continue;
+    if (!got->has_value()) {
+      // Idle: its queued ops may have run since the last recount, and a stale share would
+      // count against the job's and the uid's other sessions.
+      if (queued_ops_ != 0) refresh_queued_ops();
+      continue;
+    }
     serve(std::span<const std::uint8_t>(buf.data(), **got));
   }
   cleanup();
@@ -350,6 +434,8 @@ void ClientSession::dispatch(Command& cmd) {
       cmd.body);
   if (!st.ok()) {
     ++rejected_;
+    // A session on its way out (its answer not delivered, a stop) answers nothing more.
+    if (stop_.load(std::memory_order_acquire)) return;
     Error e = st.error();
     e.message = std::string(command_kind_name(cmd.kind())) + ": " + e.message;
     (void)send(error_completion(rid, e));
@@ -371,13 +457,28 @@ void ClientSession::wake_deferred() {
 Status ClientSession::send(const Completion& cpl) {
   out_.clear();
   KILN_RETURN_IF_ERROR(encode_completion(cpl, out_));
-  Status st = client_->endpoint.send(out_, kSendTimeout);
-  if (!st.ok()) {
-    // The client stopped taking completions: treat it as gone.
-    spdlog::warn("kilnd: client {}: completion not delivered ({}); disconnecting it", id(), st.error().to_string());
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + service_.options.completion_timeout;
+  for (;;) {
+    // In slices, so that a stop (or the timeout) ends the wait on a client that does not pop.
+    Status st = client_->endpoint.send(out_, kSendSlice);
+    if (st.ok()) return st;
+    const bool ring_full = st.error().code == ErrorCode::ResourceExhausted;
+    if (ring_full && !stop_.load(std::memory_order_acquire) && Clock::now() < deadline) continue;
+    const bool stopping = stop_.load(std::memory_order_acquire);
+    std::string why = !ring_full ? st.error().to_string()
+                      : stopping && service_.stopping.load(std::memory_order_acquire)
+                          ? "the daemon is stopping"
+                      : stopping ? "the client went away"
+                                 : fmt::format("its completion ring stayed full for {} ms (daemon.completion_timeout_ms)",
+                                               service_.options.completion_timeout.count());
+    // A client that went, or a stop, is already logged; a stuck client is news.
+    if (!stopping)
+      spdlog::warn("kilnd: client {} (job {}, pid {}): completion not delivered: {}; disconnecting it", id(), job(),
+                   client_->peer.pid, why);
     request_stop();
+    return make_error(ErrorCode::ResourceExhausted, "completion not delivered: " + why);
   }
-  return st;
 }
 
 StreamId ClientSession::stream(std::uint64_t client_stream) {
@@ -419,29 +520,28 @@ Status ClientSession::charge(std::uint64_t bytes, const char* what) {
 
 template <class What>
 Status ClientSession::charge(std::uint64_t bytes, const What& what) {
-  std::atomic<std::uint64_t>& in_use = job_state_->tensor_bytes;
-  const std::uint64_t quota = service_.options.job_memory_bytes;
-  if (quota == 0) {
-    in_use.fetch_add(bytes, std::memory_order_relaxed);
-    tensor_bytes_ += bytes;
-    return Status::Ok();
+  const DaemonOptions& o = service_.options;
+  std::uint64_t seen = 0;
+  if (!try_add(job_state_->usage.tensor_bytes, o.job_memory_bytes, bytes, seen))
+    return make_error(ErrorCode::ResourceExhausted,
+                      fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what(), job(),
+                                  human_bytes(o.job_memory_bytes), human_bytes(seen), human_bytes(bytes)));
+  if (!try_add(uid_state_->usage.tensor_bytes, o.uid_memory_bytes, bytes, seen)) {
+    job_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    return make_error(ErrorCode::ResourceExhausted,
+                      fmt::format("{}: uid {} memory quota of {} exceeded ({} in use, {} more asked)", what(), uid(),
+                                  human_bytes(o.uid_memory_bytes), human_bytes(seen), human_bytes(bytes)));
   }
-  std::uint64_t cur = in_use.load(std::memory_order_relaxed);
-  // The quota check and the charge as one step against the job's other sessions.
-  do {
-    if (bytes > quota || cur > quota - bytes)
-      return make_error(ErrorCode::ResourceExhausted,
-                        fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what(), job(),
-                                    human_bytes(quota), human_bytes(cur), human_bytes(bytes)));
-  } while (!in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
   tensor_bytes_ += bytes;
   return Status::Ok();
 }
 
 void ClientSession::release(std::uint64_t bytes) {
-  // Never more than this session holds: the job's count is the sum of its sessions' own.
+  // Never more than this session holds: the job's and the uid's counts are sums of their
+  // sessions' own.
   bytes = std::min(tensor_bytes_, bytes);
-  job_state_->tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  job_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  uid_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
   tensor_bytes_ -= bytes;
 }
 
@@ -477,8 +577,10 @@ void ClientSession::refresh_queued_ops() {
     std::optional<runtime::StreamStats> st = service_.device.stream_stats(s);
     if (st) queued += st->pending_ops + (st->enqueued - std::min(st->enqueued, st->commands));
   }
-  // The job's count is the sum of its sessions' last recounts: swap this session's share.
-  job_state_->queued_ops.fetch_add(queued - queued_ops_, std::memory_order_relaxed);  // modular
+  // The job's and the uid's counts are sums of their sessions' last recounts: swap this
+  // session's share.
+  job_state_->usage.queued_ops.fetch_add(queued - queued_ops_, std::memory_order_relaxed);  // modular
+  uid_state_->usage.queued_ops.fetch_add(queued - queued_ops_, std::memory_order_relaxed);
   queued_ops_ = queued;
 }
 
@@ -502,15 +604,7 @@ Status ClientSession::attach(const AttachStreamCmd& c, std::uint64_t rid) {
 Status ClientSession::register_op(RegisterOpCmd& c) {
   ir::Operation& op = c.op;
   KILN_RETURN_IF_ERROR(op_check_.check(op));
-  // Quota of queued operations: recounted every few ops (a stream stats read per stream).
-  const std::uint64_t limit = service_.options.job_queued_ops;
-  if (limit != 0) {
-    if (ops_registered_ % kQueuedOpsRefresh == 0) refresh_queued_ops();
-    if (const std::uint64_t queued = job_state_->queued_ops.load(std::memory_order_relaxed); queued >= limit)
-      return make_error(ErrorCode::ResourceExhausted,
-                        fmt::format("job '{}' has {} queued operations, its quota is {}: sync before queuing more", job(),
-                                    queued, limit));
-  }
+  KILN_RETURN_IF_ERROR(check_queued_ops());
   // Inputs: this client's live tensors, with the shapes and dtypes on record. Inline storage:
   // this is the op path, and an op has a handful of inputs.
   const std::size_t ni = op.num_inputs;
@@ -619,9 +713,35 @@ Status ClientSession::read(const ReadCmd& c, std::uint64_t rid) {
   return send(Completion{rid, ReadDoneCpl{data->dtype, data->shape, ArenaRange{c.dest.offset, bytes.size()}}});
 }
 
+Status ClientSession::check_queued_ops() {
+  // Recounted every few ops (a stream stats read per stream), and before any refusal: this
+  // session's share may be stale (its ops ran since), and so may an idle session's (recounted by
+  // run() while it waits).
+  const std::uint64_t job_limit = service_.options.job_queued_ops, uid_limit = service_.options.uid_queued_ops;
+  if (job_limit == 0 && uid_limit == 0) return Status::Ok();
+  if (ops_registered_ % kQueuedOpsRefresh == 0) refresh_queued_ops();
+  auto over = [&] {
+    return (job_limit != 0 && job_state_->usage.queued_ops.load(std::memory_order_relaxed) >= job_limit) ||
+           (uid_limit != 0 && uid_state_->usage.queued_ops.load(std::memory_order_relaxed) >= uid_limit);
+  };
+  if (!over()) return Status::Ok();
+  refresh_queued_ops();
+  if (const std::uint64_t queued = job_state_->usage.queued_ops.load(std::memory_order_relaxed);
+      job_limit != 0 && queued >= job_limit)
+    return make_error(ErrorCode::ResourceExhausted,
+                      fmt::format("job '{}' has {} queued operations, its quota is {}: sync before queuing more", job(),
+                                  queued, job_limit));
+  if (const std::uint64_t queued = uid_state_->usage.queued_ops.load(std::memory_order_relaxed);
+      uid_limit != 0 && queued >= uid_limit)
+    return make_error(ErrorCode::ResourceExhausted,
+                      fmt::format("uid {} has {} queued operations, its quota is {}: sync before queuing more", uid(),
+                                  queued, uid_limit));
+  return Status::Ok();
+}
+
 Status ClientSession::sync(const SyncCmd& c, std::uint64_t rid) {
   KILN_RETURN_IF_ERROR(service_.device.drain(stream(c.stream)));
-  if (service_.options.job_queued_ops != 0) refresh_queued_ops();
+  if (service_.options.job_queued_ops != 0 || service_.options.uid_queued_ops != 0) refresh_queued_ops();
   return send(Completion{rid, OkCpl{}});
 }
 
@@ -690,11 +810,22 @@ Status ClientSession::close_stream(const CloseStreamCmd& c, std::uint64_t rid) {
 
 Status ClientSession::status(const StatusCmd& c, std::uint64_t rid) {
   publish_stats();
-  const DaemonStatus st = service_.status();
+  const DaemonStatus st = service_.status(uid());
   return send(Completion{rid, StatusTextCpl{c.json ? st.to_json() : st.to_text()}});
 }
 
 // ---- Chunked transfers (protocol.h, "Chunked transfers")
+
+Result<StagingReservation> ClientSession::reserve_staging(std::uint64_t bytes, const std::string& what) {
+  const std::uint64_t limit = service_.options.staging_bytes;
+  std::uint64_t seen = 0;
+  if (!try_add(service_.staged_bytes, limit, bytes, seen))
+    return make_error(ErrorCode::ResourceExhausted,
+                      fmt::format("{}: the daemon's staging memory of {} cannot take {} more ({} in use by chunked "
+                                  "transfers; daemon.staging_mib)",
+                                  what, human_bytes(limit), human_bytes(bytes), human_bytes(seen)));
+  return StagingReservation(service_.staged_bytes, bytes);
+}
 
 void ClientSession::discard_staged_upload(std::uint64_t client_tensor) {
   auto it = staged_uploads_.find(client_tensor);
@@ -723,6 +854,8 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
       return make_error(ErrorCode::ResourceExhausted,
                         fmt::format("shape: tensor {} of {} exceeds the largest chunked upload this machine can stage, {}",
                                     id, human_bytes(total), human_bytes(staging_limit())));
+    // The daemon's staging memory first (host memory no device limit counts), then the quotas.
+    KILN_ASSIGN_OR_RETURN(StagingReservation staging, reserve_staging(total, fmt::format("staging tensor {}", id)));
     // The whole tensor is charged before anything is allocated: staged bytes count like live ones.
     KILN_RETURN_IF_ERROR(charge(total, [&] { return fmt::format("staging tensor {}", id); }));
     // Default-initialised: pages are touched only as parts arrive.
@@ -731,7 +864,8 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
       release(total);
       return make_error(ErrorCode::ResourceExhausted, fmt::format("cannot allocate {} to stage tensor {}", human_bytes(total), id));
     }
-    it = staged_uploads_.emplace(id, StagedUpload{c.stream, c.dtype, c.shape, total, 0, std::move(buf)}).first;
+    it = staged_uploads_.emplace(id, StagedUpload{c.stream, c.dtype, c.shape, total, 0, std::move(buf), std::move(staging)})
+             .first;
   } else if (!(it->second.dtype == c.dtype) || it->second.shape != c.shape) {
     const std::string msg = fmt::format("shape: tensor {} is being uploaded as {}{}, this part says {}{}; upload discarded", id,
                                         it->second.dtype.name(), ir::shape_to_string(it->second.shape), c.dtype.name(),
@@ -789,11 +923,14 @@ Status ClientSession::read_part(const ReadPartCmd& c, std::uint64_t rid) {
       return make_error(ErrorCode::Invalid, fmt::format("tensor {} is {} {} on record, the message says {} {}", id,
                                                         ir::shape_to_string(rec.shape), rec.dtype.name(),
                                                         ir::shape_to_string(c.tensor.shape), c.tensor.dtype.name()));
-    // One device read for the whole transfer. A last use consumes the tensor here, whatever the
-    // outcome (as a one-piece read does): the snapshot holds its bytes and takes over its quota
-    // charge, so a client that abandons the transfer leaves nothing live behind it.
+    // One device read for the whole transfer, into staging memory reserved first. A last use
+    // consumes the tensor here, whatever the outcome (as a one-piece read does): the snapshot
+    // holds its bytes and takes over its quota charge, so a client that abandons the transfer
+    // leaves nothing live behind it.
+    Result<StagingReservation> staging = reserve_staging(rec.bytes, fmt::format("the read snapshot of tensor {}", id));
     Result<runtime::HostData> data =
-        service_.device.read(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadOnly, rec.dtype});
+        staging.ok() ? service_.device.read(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadOnly, rec.dtype})
+                     : Result<runtime::HostData>(staging.error());
     if (last_use) {
       Status dropped =
           service_.device.drop(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadWrite, rec.dtype});
@@ -811,7 +948,7 @@ Status ClientSession::read_part(const ReadPartCmd& c, std::uint64_t rid) {
     }
     // A read-only snapshot is not charged: it goes with its tensor (forget() drops it), so the
     // job pays for those bytes once.
-    staged_read_ = StagedRead{id, last_use, 0, charged, std::move(data).value()};
+    staged_read_ = StagedRead{id, last_use, 0, charged, std::move(data).value(), std::move(staging).value()};
   } else if (!staged_read_ || staged_read_->client_tensor != id) {
     return make_error(ErrorCode::Invalid,
                       fmt::format("offset: {}, but no read of tensor {} is in progress (its first window has offset 0)",
@@ -879,12 +1016,12 @@ void ClientSession::cleanup() {
   staged_read_.reset();
   {
     std::lock_guard lock(service_.mu);
-    JobState& job_state = *job_state_;
-    job_state.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
-    job_state.queued_ops.fetch_sub(queued_ops_, std::memory_order_relaxed);
-    if (job_state.clients > 0) --job_state.clients;
-    if (job_state.clients == 0) service_.jobs.erase(job());
+    for (Usage* u : {&job_state_->usage, &uid_state_->usage}) {
+      u->tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
+      u->queued_ops.fetch_sub(queued_ops_, std::memory_order_relaxed);
+    }
     for (const auto& [tensor, token] : exported_) service_.exports.erase(token);
+    service_.leave(job(), uid());
   }
   exported_.clear();
   tensor_bytes_ = 0;
@@ -896,17 +1033,94 @@ void ClientSession::cleanup() {
 
 // ---- Service
 
+Result<JobPolicy> parse_job_policy(std::string_view name) {
+  if (name == "uid") return JobPolicy::Uid;
+  if (name == "group") return JobPolicy::Group;
+  if (name == "any") return JobPolicy::Any;
+  return make_error(ErrorCode::Config, fmt::format("job policy '{}': expected uid, group or any", name));
+}
+
+const char* job_policy_name(JobPolicy p) {
+  switch (p) {
+    case JobPolicy::Uid: return "uid";
+    case JobPolicy::Group: return "group";
+    case JobPolicy::Any: return "any";
+  }
+  return "?";
+}
+
+// On the control server's strand, before on_client of the same client (nothing of another
+// client's handshake runs between the two, so the job this checks is the one on_client joins, or
+// none).
+Status DaemonService::Impl::admit(const PeerCredentials& peer, std::string_view job) {
+  std::lock_guard lock(mu);
+  // kilnctl's job per user (kilnctl-<uid>) is that uid's alone, and never counts as a job it
+  // owns: nobody can keep a user from reading the daemon's status.
+  constexpr std::string_view kKilnctl = "kilnctl-";
+  const bool kilnctl = job.substr(0, kKilnctl.size()) == kKilnctl;
+  if (kilnctl && job.substr(kKilnctl.size()) != std::to_string(peer.uid))
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("job '{}': names kilnctl-<uid> are kilnctl's, each for its own uid", job));
+  auto it = jobs.find(std::string(job));
+  if (it != jobs.end()) {
+    const JobState& j = it->second;
+    const bool allowed = options.job_policy == JobPolicy::Any || peer.uid == j.owner_uid ||
+                         (options.job_policy == JobPolicy::Group && peer.gid == j.owner_gid);
+    // The owner is not named: a client learns only that the name is taken.
+    if (!allowed)
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("job '{}' belongs to another user (daemon.job_policy = {}); choose another job name",
+                                    job, job_policy_name(options.job_policy)));
+    return Status::Ok();
+  }
+  if (options.uid_jobs != 0 && !kilnctl) {
+    auto u = uids.find(peer.uid);
+    if (u != uids.end() && u->second.jobs >= options.uid_jobs)
+      return make_error(ErrorCode::ResourceExhausted,
+                        fmt::format("uid {} owns {} jobs, its limit (daemon.uid_jobs = {}); a new job starts when one "
+                                    "of them ends",
+                                    peer.uid, u->second.jobs, options.uid_jobs));
+  }
+  return Status::Ok();
+}
+
 void DaemonService::Impl::on_client(std::unique_ptr<AcceptedClient> client) {
   reap();
   auto session = std::make_shared<ClientSession>(*this, std::move(client));
   std::lock_guard lock(mu);
   if (stopped) return;
   sessions.emplace(session->id(), session);
-  JobState& job_state = jobs[session->job()];
+  UidState& uid_state = uids[session->uid()];
+  ++uid_state.clients;
+  auto [job, created] = jobs.try_emplace(session->job());
+  JobState& job_state = job->second;
+  if (created) {
+    // The first client's credentials own the job until its last client leaves.
+    job_state.owner_uid = session->uid();
+    job_state.owner_gid = session->gid();
+    ++uid_state.jobs;
+  }
   ++job_state.clients;
-  session->set_job_state(&job_state);
+  session->set_usage(&job_state, &uid_state);
   ++clients_served;
   threads.emplace(session->id(), session->launch());
+}
+
+void DaemonService::Impl::leave(const std::string& job, uid_t uid) {
+  // A uid's entry goes with its last client and its last owned job (under a shared policy an
+  // owner's job may outlive the owner's clients).
+  auto drop_if_unused = [this](uid_t u) {
+    auto it = uids.find(u);
+    if (it != uids.end() && it->second.clients == 0 && it->second.jobs == 0) uids.erase(it);
+  };
+  if (auto me = uids.find(uid); me != uids.end() && me->second.clients > 0) --me->second.clients;
+  if (auto j = jobs.find(job); j != jobs.end() && --j->second.clients == 0) {
+    const uid_t owner_uid = j->second.owner_uid;
+    if (auto owner = uids.find(owner_uid); owner != uids.end() && owner->second.jobs > 0) --owner->second.jobs;
+    jobs.erase(j);
+    drop_if_unused(owner_uid);
+  }
+  drop_if_unused(uid);
 }
 
 void DaemonService::Impl::on_disconnect(std::uint64_t client_id, const Status& why) {
@@ -915,6 +1129,19 @@ void DaemonService::Impl::on_disconnect(std::uint64_t client_id, const Status& w
   if (it == sessions.end()) return;
   if (!why.ok()) spdlog::info("kilnd: client {}: {}", client_id, why.error().to_string());
   it->second->request_stop();
+}
+
+// Every DaemonOptions::maintenance_interval: large free blocks the backend pooled longer than its
+// retention go back to the OS, so an idle daemon's memory returns near its baseline (an
+// allocation or free does the same lazily; this covers a daemon that does neither).
+void DaemonService::Impl::schedule_maintenance() {
+  maintenance->expires_after(options.maintenance_interval);
+  maintenance->async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;  // cancelled: stopping
+    const std::uint64_t released = device.backend().release_idle_memory();
+    if (released != 0) spdlog::debug("kilnd: gave {} of idle memory back to the system", human_bytes(released));
+    schedule_maintenance();
+  });
 }
 
 void DaemonService::Impl::reap() {
@@ -935,11 +1162,16 @@ Result<std::unique_ptr<DaemonService>> DaemonService::start(runtime::Device& dev
   auto impl = std::make_unique<Impl>(device, std::move(options));
   Impl* raw = impl.get();
   ServerCallbacks cb;
+  cb.admit = [raw](const PeerCredentials& peer, std::string_view job) { return raw->admit(peer, job); };
   cb.on_client = [raw](std::unique_ptr<AcceptedClient> c) { raw->on_client(std::move(c)); };
   cb.on_disconnect = [raw](std::uint64_t id, const Status& why) { raw->on_disconnect(id, why); };
   KILN_ASSIGN_OR_RETURN(impl->server, ControlServer::start(impl->io, impl->options.server, std::move(cb)));
   impl->socket_path = impl->server->socket_path();
   impl->work.emplace(impl->io.get_executor());
+  if (impl->options.maintenance_interval.count() > 0) {
+    impl->maintenance.emplace(impl->io);
+    impl->schedule_maintenance();
+  }
   impl->io_thread = std::thread([raw] { raw->io.run(); });
   return std::unique_ptr<DaemonService>(new DaemonService(std::move(impl)));
 }
@@ -953,6 +1185,7 @@ void DaemonService::stop() {
     std::lock_guard lock(s.mu);
     if (s.stopped) return;
     s.stopped = true;
+    s.stopping.store(true, std::memory_order_release);
     for (auto& [id, session] : s.sessions) sessions.push_back(session);
   }
   if (s.server) s.server->stop();
@@ -972,6 +1205,7 @@ void DaemonService::stop() {
   s.work.reset();
   s.io.stop();
   if (s.io_thread.joinable()) s.io_thread.join();
+  s.maintenance.reset();  // its handler ran on the io thread, joined above
   s.server.reset();
 }
 
@@ -980,18 +1214,26 @@ void DaemonService::set_fused_launch_counter(std::function<std::uint64_t()> coun
   impl_->fused_launches = std::move(counter);
 }
 
-DaemonStatus DaemonService::status() const { return impl_->status(); }
+DaemonStatus DaemonService::status() const { return impl_->status(std::nullopt); }
 
-DaemonStatus DaemonService::Impl::status() {
+DaemonStatus DaemonService::status_for(std::uint32_t viewer) const { return impl_->status(viewer); }
+
+DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
   Impl& s = *this;
+  // The daemon's own uid and root see everything; any other client its own uid's share.
+  if (viewer && (*viewer == 0 || *viewer == ::geteuid())) viewer.reset();
   DaemonStatus st;
   std::vector<std::shared_ptr<ClientSession>> live;
   std::function<std::uint64_t()> fused;
   {
     std::lock_guard lock(s.mu);
-    for (auto& [id, session] : s.sessions) live.push_back(session);
-    for (const auto& [name, job] : s.jobs) st.jobs.push_back(JobStatus{name, job.clients, job.tensor_bytes.load(std::memory_order_relaxed),
-                                                                    job.queued_ops.load(std::memory_order_relaxed)});
+    for (auto& [id, session] : s.sessions)
+      if (!viewer || session->uid() == *viewer) live.push_back(session);
+    for (const auto& [name, job] : s.jobs) {
+      if (viewer && job.owner_uid != *viewer) continue;
+      st.jobs.push_back(JobStatus{name, job.owner_uid, job.clients, job.usage.tensor_bytes.load(std::memory_order_relaxed),
+                                  job.usage.queued_ops.load(std::memory_order_relaxed)});
+    }
     st.clients_served = s.clients_served;
     fused = s.fused_launches;
   }
@@ -1022,15 +1264,16 @@ std::string DaemonStatus::to_json() const {
   out += fmt::format("\"memory_bytes\":{},\"device_tensors\":{},", memory_bytes, device_tensors);
   out += "\"jobs\":[";
   for (std::size_t i = 0; i < jobs.size(); ++i)
-    out += fmt::format("{}{{\"name\":\"{}\",\"clients\":{},\"tensor_bytes\":{},\"queued_ops\":{}}}", i ? "," : "",
-                       json_escape(jobs[i].name), jobs[i].clients, jobs[i].tensor_bytes, jobs[i].queued_ops);
+    out += fmt::format("{}{{\"name\":\"{}\",\"owner_uid\":{},\"clients\":{},\"tensor_bytes\":{},\"queued_ops\":{}}}",
+                       i ? "," : "", json_escape(jobs[i].name), jobs[i].owner_uid, jobs[i].clients, jobs[i].tensor_bytes,
+                       jobs[i].queued_ops);
   out += "],\"clients\":[";
   for (std::size_t i = 0; i < clients.size(); ++i) {
     const ClientStatus& c = clients[i];
     out += fmt::format(
-        "{}{{\"id\":{},\"job\":\"{}\",\"pid\":{},\"streams\":{},\"tensors\":{},\"tensor_bytes\":{},\"ops\":{},"
+        "{}{{\"id\":{},\"job\":\"{}\",\"pid\":{},\"uid\":{},\"streams\":{},\"tensors\":{},\"tensor_bytes\":{},\"ops\":{},"
         "\"queued_ops\":{},\"rejected\":{}}}",
-        i ? "," : "", c.client_id, json_escape(c.job), c.pid, c.streams, c.tensors, c.tensor_bytes, c.ops_registered,
+        i ? "," : "", c.client_id, json_escape(c.job), c.pid, c.uid, c.streams, c.tensors, c.tensor_bytes, c.ops_registered,
         c.queued_ops, c.rejected);
   }
   out += "]}";
@@ -1047,11 +1290,11 @@ std::string DaemonStatus::to_text() const {
   out += fmt::format("  fused launches {}; memory in use {} in {} tensors\n", fused_launches, human_bytes(memory_bytes),
                      device_tensors);
   for (const JobStatus& j : jobs)
-    out += fmt::format("  job {}: {} client(s), {} of tensors, {} queued ops\n", j.name, j.clients,
+    out += fmt::format("  job {} (uid {}): {} client(s), {} of tensors, {} queued ops\n", j.name, j.owner_uid, j.clients,
                        human_bytes(j.tensor_bytes), j.queued_ops);
   for (const ClientStatus& c : clients)
-    out += fmt::format("    client {} (pid {}, job {}): {} streams, {} tensors ({}), {} ops, {} queued, {} rejected\n",
-                       c.client_id, c.pid, c.job, c.streams, c.tensors, human_bytes(c.tensor_bytes), c.ops_registered,
+    out += fmt::format("    client {} (pid {}, uid {}, job {}): {} streams, {} tensors ({}), {} ops, {} queued, {} rejected\n",
+                       c.client_id, c.pid, c.uid, c.job, c.streams, c.tensors, human_bytes(c.tensor_bytes), c.ops_registered,
                        c.queued_ops, c.rejected);
   return out;
 }

@@ -1,10 +1,13 @@
 // kiln.toml's [daemon] table (kiln/ipc/daemon_config.h).
 #include "kiln/ipc/daemon_config.h"
 
+#include "kiln/ipc/daemon.h"
+
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
@@ -24,39 +27,71 @@ Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::st
   if (node == nullptr) return cfg;
   const toml::table* d = node->as_table();
   if (d == nullptr) return make_error(ErrorCode::Config, fmt::format("{}: daemon must be a table", source_name));
+  // Every key of the table: its field, and an integer's bounds (MiB and ms values are bounded so
+  // that their conversion to bytes or a deadline cannot overflow).
+  constexpr std::int64_t kMaxMib = std::int64_t{1} << 24, kMaxMs = std::int64_t{1} << 32;
+  constexpr std::int64_t kNoMax = std::numeric_limits<std::int64_t>::max();
+  struct Key {
+    const char* name;
+    std::optional<std::string>* text;
+    std::optional<std::uint64_t>* number;
+    std::int64_t minimum;
+    std::int64_t maximum = kNoMax;
+  };
+  const Key keys[] = {
+      {"device", &cfg.device, nullptr, 0},
+      {"runtime_dir", &cfg.runtime_dir, nullptr, 0},
+      {"socket", &cfg.socket, nullptr, 0},
+      {"allowed_group", &cfg.allowed_group, nullptr, 0},
+      {"plan_cache", &cfg.plan_cache, nullptr, 0},
+      {"log_level", &cfg.log_level, nullptr, 0},
+      {"lock_dir", &cfg.lock_dir, nullptr, 0},
+      {"job_policy", &cfg.job_policy, nullptr, 0},
+      {"max_connections", nullptr, &cfg.max_connections, 1},
+      {"max_connections_per_uid", nullptr, &cfg.max_connections_per_uid, 1},
+      {"job_memory_mib", nullptr, &cfg.job_memory_mib, 0, kMaxMib},
+      {"job_queued_ops", nullptr, &cfg.job_queued_ops, 0},
+      {"uid_memory_mib", nullptr, &cfg.uid_memory_mib, 0, kMaxMib},
+      {"uid_queued_ops", nullptr, &cfg.uid_queued_ops, 0},
+      {"uid_jobs", nullptr, &cfg.uid_jobs, 0},
+      {"device_memory_mib", nullptr, &cfg.device_memory_mib, 0, kMaxMib},
+      {"completion_timeout_ms", nullptr, &cfg.completion_timeout_ms, 1, kMaxMs},
+      {"large_block_mib", nullptr, &cfg.large_block_mib, 1, kMaxMib},
+      {"large_block_retention_ms", nullptr, &cfg.large_block_retention_ms, 0, kMaxMs},
+      {"plan_save_ms", nullptr, &cfg.plan_save_ms, 1, kMaxMs},
+      {"arena_mib", nullptr, &cfg.arena_mib, 1, 65536},
+      {"staging_mib", nullptr, &cfg.staging_mib, 0, kMaxMib},
+  };
   for (const auto& [key, value] : *d) {
     const std::string k(key.str());
-    std::optional<std::string>* text = nullptr;
-    std::optional<std::uint64_t>* number = nullptr;
-    std::int64_t minimum = 0;
-    if (k == "device") text = &cfg.device;
-    else if (k == "runtime_dir") text = &cfg.runtime_dir;
-    else if (k == "socket") text = &cfg.socket;
-    else if (k == "allowed_group") text = &cfg.allowed_group;
-    else if (k == "plan_cache") text = &cfg.plan_cache;
-    else if (k == "log_level") text = &cfg.log_level;
-    else if (k == "lock_dir") text = &cfg.lock_dir;
-    else if (k == "max_connections") number = &cfg.max_connections, minimum = 1;
-    else if (k == "max_connections_per_uid") number = &cfg.max_connections_per_uid, minimum = 1;
-    else if (k == "job_memory_mib") number = &cfg.job_memory_mib;
-    else if (k == "job_queued_ops") number = &cfg.job_queued_ops;
-    else if (k == "arena_mib") number = &cfg.arena_mib, minimum = 1;
-    else
+    const Key* found = nullptr;
+    for (const Key& candidate : keys)
+      if (k == candidate.name) found = &candidate;
+    if (found == nullptr) {
+      std::string names;
+      for (const Key& candidate : keys) names += std::string(names.empty() ? "" : ", ") + candidate.name;
       return make_error(ErrorCode::Config,
-                        fmt::format("{}: daemon.{}: unknown key (expected device, runtime_dir, socket, allowed_group, "
-                                    "job_memory_mib, job_queued_ops, arena_mib, plan_cache, log_level, lock_dir, "
-                                    "max_connections or max_connections_per_uid)",
-                                    source_name, k));
+                        fmt::format("{}: daemon.{}: unknown key (expected one of {})", source_name, k, names));
+    }
+    std::optional<std::string>* text = found->text;
+    std::optional<std::uint64_t>* number = found->number;
+    const std::int64_t minimum = found->minimum, maximum = found->maximum;
     if (text != nullptr) {
       std::optional<std::string> v = value.value<std::string>();
       if (!value.is_string() || !v || v->empty())
         return make_error(ErrorCode::Config, fmt::format("{}: daemon.{} must be a non-empty string", source_name, k));
       *text = std::move(*v);
+      if (k == "job_policy") {
+        if (Result<JobPolicy> policy = parse_job_policy(**text); !policy.ok())
+          return make_error(ErrorCode::Config, fmt::format("{}: daemon.job_policy: {}", source_name, policy.error().message));
+      }
     } else {
       std::optional<std::int64_t> v = value.value<std::int64_t>();
-      if (!value.is_integer() || !v || *v < minimum)
+      if (!value.is_integer() || !v || *v < minimum || *v > maximum)
         return make_error(ErrorCode::Config,
-                          fmt::format("{}: daemon.{} must be an integer >= {}", source_name, k, minimum));
+                          maximum == kNoMax
+                              ? fmt::format("{}: daemon.{} must be an integer >= {}", source_name, k, minimum)
+                              : fmt::format("{}: daemon.{} must be an integer in [{}, {}]", source_name, k, minimum, maximum));
       *number = static_cast<std::uint64_t>(*v);
     }
   }

@@ -87,9 +87,14 @@ Result<std::optional<std::size_t>> Endpoint::receive(std::span<std::uint8_t> out
   const auto deadline = start + timeout;
   const auto poll_until = start + std::min<Clock::duration>(kPollBeforeSleep, timeout);
   unsigned polls = 0;
+  bool woken = false;  // the last sleep ended on the doorbell
   for (;;) {
     KILN_ASSIGN_OR_RETURN(auto n, rx_.try_pop(out));
     if (n) return n;
+    if (woken) {
+      woken = false;
+      pace_spurious_wake(deadline);
+    }
     if (Clock::now() < poll_until) {
       // Every few rounds, let a runnable thread on this core go first: the peer we wait for is
       // often queued right here (a wake-up lands on the waker's core), and pure spinning would
@@ -108,11 +113,27 @@ Result<std::optional<std::size_t>> Endpoint::receive(std::span<std::uint8_t> out
       rx_.end_sleep();
       if (!woke.ok()) return woke.error();
       // Reset the count so the next sleep really sleeps; a stale ring only causes a re-check.
-      if (*woke) KILN_RETURN_IF_ERROR(drain_doorbell(receive_wake_fd()).status());
+      if (*woke) {
+        KILN_RETURN_IF_ERROR(drain_doorbell(receive_wake_fd()).status());
+        woken = true;
+      }
     } else {
       rx_.end_sleep();
     }
   }
+}
+
+void Endpoint::pace_spurious_wake(std::chrono::steady_clock::time_point deadline) {
+  const auto now = std::chrono::steady_clock::now();
+  ++spurious_wakes_;
+  if (now - spurious_window_start_ >= kSpuriousWindow) {
+    spurious_window_start_ = now;
+    spurious_in_window_ = 0;
+  }
+  if (++spurious_in_window_ <= kSpuriousWakesPerWindow) return;
+  // Doorbell spam: deaf to the doorbell for the rest of the window (the ring is checked again
+  // right after, so nothing waits longer than that).
+  std::this_thread::sleep_until(std::min(spurious_window_start_ + kSpuriousWindow, deadline));
 }
 
 }  // namespace kiln::ipc

@@ -2,7 +2,8 @@
 // fusers, saved, loaded into a fresh store and run again as pure cache hits with identical
 // execution; dedupe on load; and a file treated as untrusted: wrong magic / version / op table,
 // checksum mismatches, every truncation, thousands of random corruptions (with and without a
-// fixed-up checksum) rejected with the right reason and never a crash; unsafe directories refused.
+// fixed-up checksum) rejected with the right reason and never a crash; unsafe directories refused
+// (and reported as refused, not as empty); the autosaver writing new plans without a clean stop.
 #include "kiln/fusion/plan_cache.h"
 
 #include <fcntl.h>
@@ -11,12 +12,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kiln/fusion/fused_program.h"
@@ -656,6 +663,58 @@ TEST(PlanCacheDir, UnsafeDirectoriesAreRefused) {
   EXPECT_FALSE(save_plan_cache(store, dir.path() / "file").ok());
 }
 
+// kilnd tells "nothing saved yet" from "the directory was refused" by the report alone.
+TEST(PlanCacheDir, ReportTellsARefusedDirectoryFromNothingSaved) {
+  ExecutionPlanStore store;
+  small_store(store);
+  TempDir dir;
+  ExecutionPlanStore fresh;
+
+  auto r = load_plan_cache(fresh, dir.path() / "absent", FusionLog{});
+  EXPECT_TRUE(r.nothing_saved());
+  EXPECT_FALSE(r.directory_refused);
+  r = load_plan_cache(fresh, dir.path(), FusionLog{});  // the directory, but no file yet
+  EXPECT_TRUE(r.nothing_saved());
+  EXPECT_FALSE(r.directory_refused);
+
+  const fs::path cache = dir.path() / "cache";
+  ASSERT_TRUE(save_plan_cache(store, cache).ok());
+  r = load_plan_cache(fresh, cache, FusionLog{});
+  ASSERT_TRUE(r.ok()) << r.reason;
+  EXPECT_TRUE(r.found);
+  EXPECT_FALSE(r.nothing_saved());
+  EXPECT_FALSE(r.directory_refused);
+
+  // Unsafe, with a good file in it: refused, and not "nothing saved".
+  ASSERT_EQ(::chmod(cache.c_str(), 0770), 0);
+  auto capture = std::make_shared<LogCapture>();
+  ExecutionPlanStore other;
+  r = load_plan_cache(other, cache, FusionLog::to_capture(LogLevel::Basic, capture));
+  EXPECT_TRUE(r.directory_refused);
+  EXPECT_FALSE(r.nothing_saved());
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.problem, PlanCacheProblem::UnsafeDirectory) << r.reason;
+  EXPECT_EQ(other.size(), 0u);
+  ASSERT_EQ(capture->lines().size(), 1u) << "one warning, from load_plan_cache";
+  EXPECT_NE(capture->lines()[0].find("unsafe directory"), std::string::npos) << capture->lines()[0];
+  ASSERT_EQ(::chmod(cache.c_str(), 0700), 0);
+
+  // A directory that cannot even be examined (a path through a regular file): refused too.
+  write_file(dir.path() / "file", {1, 2, 3});
+  r = load_plan_cache(other, dir.path() / "file" / "cache", FusionLog{});
+  EXPECT_TRUE(r.directory_refused);
+  EXPECT_FALSE(r.nothing_saved());
+  EXPECT_EQ(r.problem, PlanCacheProblem::Unreadable) << r.reason;
+
+  // A bad file in a good directory: found and ignored, the directory itself accepted.
+  write_file(cache / "plans.kpc", {'K', 'P', 'L'});
+  r = load_plan_cache(other, cache, FusionLog{});
+  EXPECT_TRUE(r.found);
+  EXPECT_FALSE(r.directory_refused);
+  EXPECT_FALSE(r.nothing_saved());
+  EXPECT_EQ(r.problem, PlanCacheProblem::Truncated);
+}
+
 TEST(PlanCacheDir, CorruptFileIsIgnoredWithAWarning) {
   TempDir dir;
   ExecutionPlanStore store;
@@ -702,6 +761,227 @@ TEST(PlanCacheDir, TooLargeFileIsNotRead) {
   fs::resize_file(file, kMaxPlanCacheBytes + 1);  // sparse: no disk used
   ExecutionPlanStore fresh;
   EXPECT_EQ(load_plan_cache(fresh, dir.path(), FusionLog{}).problem, PlanCacheProblem::TooLarge);
+}
+
+// ---- Autosaver.
+
+using namespace std::chrono_literals;
+
+// Real plans to publish into the stores the autosaver watches, explored once for every test.
+const ExecutionPlanStore& learned() {
+  static ExecutionPlanStore store;
+  static const bool explored = (small_store(store), true);
+  (void)explored;
+  return store;
+}
+
+// Publishes learned plan `id` into `store`, as a stream that explored it would.
+std::vector<Operation> publish(ExecutionPlanStore& store, PlanId id) {
+  const ExecutionPlan& plan = learned().plan(id);
+  EXPECT_TRUE(store.add(plan, learned().triggers(id)->front()).inserted);
+  return plan.operations;
+}
+
+// A trigger no plan has yet: each one is a change of the store.
+ExecutionTrigger fresh_trigger(std::uint64_t k) {
+  Operation op = learned().plan(0).operations.front();
+  op.tensors.front().id = ir::TensorId(100000 + k);
+  return ExecutionTrigger::on_operations({op});
+}
+
+// Waits for `done` with a deadline far above any expected delay: the tests check what the saver
+// does, never how fast a loaded machine lets it.
+template <class Done>
+bool eventually(Done done, std::chrono::seconds limit = 30s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// The plan with these operations as the next daemon run would see it (nullopt: not on disk).
+std::optional<TriggerList> on_disk(const fs::path& dir, const std::vector<Operation>& ops) {
+  ExecutionPlanStore fresh;
+  if (!load_plan_cache(fresh, dir, FusionLog{}).found) return std::nullopt;
+  for (PlanId id : fresh.find_starting_with(ops.front()))
+    if (fresh.plan(id).operations == ops) return *fresh.triggers(id);
+  return std::nullopt;
+}
+
+// Counts on_save calls and keeps the last error, for the tests to read from their own thread.
+struct SaveLog {
+  std::atomic<int> ok{0};
+  std::atomic<int> failed{0};
+  std::mutex mu;
+  std::string last_error;  // guarded by mu
+  std::function<void(const Result<PlanCacheSaveReport>&)> callback() {
+    return [this](const Result<PlanCacheSaveReport>& r) {
+      if (r.ok()) {
+        ok.fetch_add(1);
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      last_error = r.error().to_string();
+      failed.fetch_add(1);
+    };
+  }
+};
+
+TEST(PlanCacheAutosaver, NewPlanIsOnDiskWithoutStop) {
+  TempDir dir;
+  const fs::path cache = dir.path() / "cache";
+  ExecutionPlanStore live;
+  SaveLog log;
+  PlanCacheAutosaver saver(live, cache, {.debounce = 50ms, .poll_interval = 10ms, .on_save = log.callback()});
+  const std::vector<Operation> ops = publish(live, 0);
+  ASSERT_TRUE(eventually([&] { return on_disk(cache, ops).has_value(); })) << "never saved";
+  // Not stopped: the file was written by the background saver, as a SIGKILL would find it.
+  ASSERT_TRUE(eventually([&] { return log.ok.load() >= 1; }));
+  const PlanCacheAutosaverStats st = saver.stats();
+  EXPECT_GE(st.saves, 1u);
+  EXPECT_EQ(st.failures, 0u);
+  EXPECT_EQ(st.last_error, "");
+  EXPECT_EQ(st.saved_generation, live.generation());
+  EXPECT_EQ(log.failed.load(), 0);
+
+  // A second plan later: saved too, next to the first.
+  const std::vector<Operation> more = publish(live, 1);
+  ASSERT_TRUE(eventually([&] { return on_disk(cache, more).has_value(); }));
+  EXPECT_TRUE(on_disk(cache, ops).has_value());
+}
+
+TEST(PlanCacheAutosaver, ConstantlyChangingStoreIsStillSaved) {
+  TempDir dir;
+  ExecutionPlanStore live;
+  const std::vector<Operation> ops = publish(live, 0);
+  const std::uint64_t before = live.generation();
+  // The store never stays quiet for an hour: only max_delay can start a save.
+  PlanCacheAutosaver saver(live, dir.path(), {.debounce = 1h, .max_delay = 50ms, .poll_interval = 5ms});
+  std::atomic<bool> writing{true};
+  std::thread writer([&] {
+    for (std::uint64_t k = 0; writing.load(); ++k) {
+      live.add_trigger(0, fresh_trigger(k));
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  // Two saves while the changes go on: the saver keeps saving, not only once.
+  const bool saved = eventually([&] { return saver.stats().saves >= 2; });
+  writing.store(false);
+  writer.join();
+  ASSERT_TRUE(saved) << "never saved while the store kept changing";
+  const PlanCacheAutosaverStats st = saver.stats();
+  EXPECT_GT(st.saved_generation, before);
+  EXPECT_EQ(st.failures, 0u);
+  const auto triggers = on_disk(dir.path(), ops);
+  ASSERT_TRUE(triggers.has_value());
+  EXPECT_GT(triggers->size(), 1u) << "changes made while the saver ran are in the file";
+}
+
+TEST(PlanCacheAutosaver, StopWritesTheLastChange) {
+  TempDir dir;
+  ExecutionPlanStore live;
+  SaveLog log;
+  std::vector<Operation> ops;
+  {
+    // Deadlines no test reaches: only stop() can save.
+    PlanCacheAutosaver saver(live, dir.path(), {.debounce = 1h, .max_delay = 1h, .on_save = log.callback()});
+    ops = publish(live, 0);
+    EXPECT_EQ(saver.stats().saves, 0u);
+    saver.stop();
+    EXPECT_EQ(saver.stats().saves, 1u);
+    EXPECT_EQ(saver.stats().saved_generation, live.generation());
+    EXPECT_EQ(log.ok.load(), 1) << "stop() returns after the final on_save";
+    EXPECT_TRUE(on_disk(dir.path(), ops).has_value());
+    saver.stop();  // idempotent: nothing more to write, nothing written
+    EXPECT_EQ(saver.stats().saves, 1u);
+  }  // and the destructor after stop() neither
+  EXPECT_EQ(log.ok.load(), 1);
+
+  // The destructor alone stops (and saves) too.
+  {
+    PlanCacheAutosaver saver(live, dir.path(), {.debounce = 1h, .max_delay = 1h});
+    live.add_trigger(0, fresh_trigger(1));
+  }
+  const auto triggers = on_disk(dir.path(), ops);
+  ASSERT_TRUE(triggers.has_value());
+  EXPECT_EQ(triggers->back(), fresh_trigger(1));
+}
+
+TEST(PlanCacheAutosaver, NothingIsWrittenWhenNothingChanged) {
+  TempDir dir;
+  const fs::path cache = dir.path() / "cache";
+  ExecutionPlanStore live;
+  publish(live, 0);  // before the saver: as if loaded from the cache at start
+  publish(live, 1);
+  SaveLog log;
+  PlanCacheAutosaver saver(live, cache, {.debounce = 1ms, .max_delay = 1ms, .poll_interval = 1ms, .on_save = log.callback()});
+  // Republishing what is there is no change.
+  EXPECT_FALSE(live.add(learned().plan(0), learned().triggers(0)->front()).inserted);
+  live.add_trigger(0, learned().triggers(0)->front());
+  // Many polls' worth of time (no event to wait for: it must not happen).
+  std::this_thread::sleep_for(200ms);
+  saver.stop();
+  const PlanCacheAutosaverStats st = saver.stats();
+  EXPECT_EQ(st.saves, 0u);
+  EXPECT_EQ(st.failures, 0u);
+  EXPECT_EQ(log.ok.load() + log.failed.load(), 0);
+  EXPECT_FALSE(fs::exists(cache)) << "not even the directory was created";
+}
+
+TEST(PlanCacheAutosaver, FailingDirectoryIsReportedWithoutSpinning) {
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);  // unsafe: save_plan_cache refuses it
+  ExecutionPlanStore live;
+  SaveLog log;
+  PlanCacheAutosaver saver(live, dir.path(),
+                           {.debounce = 1ms, .max_delay = 1ms, .poll_interval = 1ms, .error_backoff = 1h,
+                            .on_save = log.callback()});
+  publish(live, 0);
+  ASSERT_TRUE(eventually([&] { return log.failed.load() >= 1; })) << "the error never reached on_save";
+  // More changes, and many polls, inside the back-off: no further attempt.
+  for (std::uint64_t k = 0; k < 50; ++k) {
+    live.add_trigger(0, fresh_trigger(k));
+    std::this_thread::sleep_for(2ms);
+  }
+  std::this_thread::sleep_for(100ms);
+  PlanCacheAutosaverStats st = saver.stats();
+  EXPECT_EQ(st.failures, 1u);
+  EXPECT_EQ(st.saves, 0u);
+  EXPECT_NE(st.last_error.find("writable by group or others"), std::string::npos) << st.last_error;
+  EXPECT_EQ(log.failed.load(), 1);
+  {
+    std::lock_guard<std::mutex> lock(log.mu);
+    EXPECT_EQ(log.last_error, st.last_error);
+  }
+  // stop() still makes its one last attempt (and reports it); nothing is thrown.
+  saver.stop();
+  st = saver.stats();
+  EXPECT_EQ(st.failures, 2u);
+  EXPECT_EQ(log.failed.load(), 2);
+  EXPECT_EQ(log.ok.load(), 0);
+  EXPECT_FALSE(fs::exists(dir.path() / "plans.kpc"));
+}
+
+TEST(PlanCacheAutosaver, RetriesAfterTheBackOffAndRecovers) {
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);
+  ExecutionPlanStore live;
+  SaveLog log;
+  PlanCacheAutosaver saver(live, dir.path(),
+                           {.debounce = 1ms, .poll_interval = 1ms, .error_backoff = 20ms, .max_error_backoff = 100ms,
+                            .on_save = log.callback()});
+  const std::vector<Operation> ops = publish(live, 0);
+  ASSERT_TRUE(eventually([&] { return log.failed.load() >= 1; }));
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0700), 0);  // the owner fixes the directory
+  // No further change: the pending plan is written once the back-off has passed.
+  ASSERT_TRUE(eventually([&] { return on_disk(dir.path(), ops).has_value(); }));
+  ASSERT_TRUE(eventually([&] { return log.ok.load() >= 1; }));
+  const PlanCacheAutosaverStats st = saver.stats();
+  EXPECT_EQ(st.saves, 1u);
+  EXPECT_EQ(st.last_error, "") << "a success clears it";
+  EXPECT_EQ(st.saved_generation, live.generation());
 }
 
 }  // namespace

@@ -232,6 +232,26 @@ TEST(PlanStoreDeathTest, EmptyPlanIsAnInternalError) {
 #endif
 }
 
+TEST(PlanStore, GenerationCountsEveryChangeAndNothingElse) {
+  ExecutionPlanStore store;
+  EXPECT_EQ(store.generation(), 0u);
+  const PlanId id = store.add(plan_of({op1()}), ExecutionTrigger::always()).id;
+  EXPECT_EQ(store.generation(), 1u) << "a new plan";
+  // Duplicates and reads change nothing a saved copy would miss.
+  store.add(plan_of({op1()}), ExecutionTrigger::always());
+  store.add_trigger(id, ExecutionTrigger::always());
+  (void)store.find_starting_with(op1());
+  (void)store.triggers(id);
+  EXPECT_EQ(store.generation(), 1u);
+  store.add(plan_of({op1()}), ExecutionTrigger::on_sync());  // existing plan, new trigger
+  EXPECT_EQ(store.generation(), 2u);
+  store.add_trigger(id, ExecutionTrigger::on_operations({op2()}));
+  EXPECT_EQ(store.generation(), 3u);
+  store.add(plan_of({op1(), op2()}), ExecutionTrigger::always());
+  EXPECT_EQ(store.generation(), 4u);
+  EXPECT_EQ(store.size(), 2u);
+}
+
 // ---- concurrency ------------------------------------------------------------------------------
 
 // 64 distinct sequences over 8 ops: 4 first ops (so 16 plans share each first-op entry), some
@@ -322,6 +342,11 @@ void run_concurrent(ExecutionPlanStore& store) {
       for (std::size_t b = a + 1; b < triggers.size(); ++b) EXPECT_FALSE(triggers[a] == triggers[b]);
     }
   }
+  // Each plan arrived with one trigger and every later one was counted once: no increment lost
+  // to a race, and none for the many duplicates.
+  std::uint64_t changes = 0;
+  for (PlanId id = 0; id < store.size(); ++id) changes += store.triggers(id)->size();
+  EXPECT_EQ(store.generation(), changes);
   // Every thread saw the same id for the same sequence.
   for (const auto& per_thread : seen) {
     for (const auto& [k, id] : per_thread) EXPECT_EQ(id, id_of.at(k)) << "sequence " << k;
@@ -366,6 +391,7 @@ TEST(PlanStoreConcurrency, TriggerWritersOnOnePlanLoseNothing) {
   for (auto& th : threads) th.join();
   const TriggerList& triggers = *store.triggers(id);
   ASSERT_EQ(triggers.size(), 1 + 4 * kPerThread);
+  EXPECT_EQ(store.generation(), triggers.size()) << "one count per trigger that landed";
   std::set<std::string> names;
   for (const ExecutionTrigger& tr : triggers) names.insert(tr.to_string() + (tr.operations.empty() ? "" : tr.operations[0].to_string()));
   EXPECT_EQ(names.size(), triggers.size());

@@ -33,6 +33,42 @@ max_explorations = 3
   EXPECT_EQ(*c->log_level, "debug");
 }
 
+// Issue 19's keys: job policy, per-uid quotas, the device memory limit, the stuck-client timeout,
+// memory given back, plan saves.
+TEST(DaemonConfig, ReadsTheLimitsKeys) {
+  Result<DaemonFileConfig> c = parse_daemon_config(R"(
+[daemon]
+job_policy = "group"
+uid_memory_mib = 8192
+uid_queued_ops = 5000
+uid_jobs = 4
+device_memory_mib = 0
+completion_timeout_ms = 250
+large_block_mib = 32
+large_block_retention_ms = 0
+plan_save_ms = 500
+)");
+  ASSERT_TRUE(c.ok()) << c.error().to_string();
+  EXPECT_EQ(*c->job_policy, "group");
+  EXPECT_EQ(*c->uid_memory_mib, 8192u);
+  EXPECT_EQ(*c->uid_queued_ops, 5000u);
+  EXPECT_EQ(*c->uid_jobs, 4u);
+  EXPECT_EQ(*c->device_memory_mib, 0u);
+  EXPECT_EQ(*c->completion_timeout_ms, 250u);
+  EXPECT_EQ(*c->large_block_mib, 32u);
+  EXPECT_EQ(*c->large_block_retention_ms, 0u);
+  EXPECT_EQ(*c->plan_save_ms, 500u);
+  Result<DaemonFileConfig> bad = parse_daemon_config("[daemon]\njob_policy = \"everyone\"\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("daemon.job_policy: job policy 'everyone': expected uid, group or any"),
+            std::string::npos)
+      << bad.error().message;
+  Result<DaemonFileConfig> zero = parse_daemon_config("[daemon]\ncompletion_timeout_ms = 0\n");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.error().message.find("daemon.completion_timeout_ms must be an integer in [1, 4294967296]"),
+            std::string::npos);
+}
+
 TEST(DaemonConfig, AbsentTableOrFileSetsNothing) {
   Result<DaemonFileConfig> c = parse_daemon_config("[runtime]\nthreads = 2\n");
   ASSERT_TRUE(c.ok());
@@ -49,7 +85,10 @@ TEST(DaemonConfig, ErrorsNameTheKey) {
     EXPECT_FALSE(c.ok()) << text;
     return c.ok() ? std::string() : c.error().message;
   };
-  EXPECT_NE(message("[daemon]\narena_mib = 0\n").find("daemon.arena_mib must be an integer >= 1"), std::string::npos);
+  EXPECT_NE(message("[daemon]\narena_mib = 0\n").find("daemon.arena_mib must be an integer in [1, 65536]"), std::string::npos);
+  // Bounded so that MiB -> bytes cannot overflow into "unlimited".
+  EXPECT_NE(message("[daemon]\nuid_memory_mib = 17592186044416\n").find("daemon.uid_memory_mib must be an integer in"),
+            std::string::npos);
   EXPECT_NE(message("[daemon]\njob_memory_mib = -5\n").find("daemon.job_memory_mib"), std::string::npos);
   EXPECT_NE(message("[daemon]\ndevice = 3\n").find("daemon.device must be a non-empty string"), std::string::npos);
   EXPECT_NE(message("[daemon]\nsokcet = \"x\"\n").find("daemon.sokcet: unknown key"), std::string::npos);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../runtime/ipc_harness.h"
+#include "peer_user.h"
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/ipc/control_client.h"
 #include "kiln/ipc/protocol.h"
@@ -26,6 +27,9 @@
 
 namespace kiln::ipc {
 namespace {
+
+using kiln::testing::ok;
+using kiln::testing::wait_until;
 
 using ir::DType;
 using ir::Shape;
@@ -47,28 +51,12 @@ std::unique_ptr<runtime::Device> make_device() {
   return std::move(d).value();
 }
 
-template <class T>
-T ok(Result<T> r) {
-  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
-  EXPECT_TRUE(r.ok());
-  return std::move(r).value();
-}
-
 // A chain of six elementwise ops and a read: one fused plan.
 std::vector<float> program(Session& s, const std::vector<float>& x) {
   Tensor a = ok(s.from_host(x, {static_cast<std::uint64_t>(x.size())}));
   Tensor y = ok(s.exp(ok(s.mul(ok(s.add(ok(s.mul(a, 0.5)), 1.0)), a))));
   y = ok(s.sub(ok(s.tanh(std::move(y))), 0.25));
   return ok(s.to_host(std::move(y)));
-}
-
-bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
 }
 
 // A raw connection: sends hand-made messages and reads the completions.
@@ -567,38 +555,12 @@ TEST(Daemon, AnswersThatArriveBeforeTheirWaiterAreKept) {
   EXPECT_EQ(failures.load(), 0);
 }
 
-// ---- Another uid (run as a separate user created for the test; needs root to create it and
-// to run a process as it).
+// ---- Another uid (peer_user.h).
 
-constexpr const char* kPeerUser = "kiln-test-peer";
-constexpr const char* kPeerGroup = "kiln-test-grp";
-
-// Creates the test's user and group if they are missing (idempotent). Empty = ready.
-std::string ensure_peer_user() {
-  if (getgrnam(kPeerGroup) == nullptr && std::system((std::string("groupadd --system ") + kPeerGroup).c_str()) != 0)
-    return "groupadd failed";
-  if (getpwnam(kPeerUser) == nullptr &&
-      std::system((std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + kPeerUser).c_str()) != 0)
-    return "useradd failed";
-  return "";
-}
-
-// Runs kilnctl as the peer user (setpriv: real and effective uid/gid, supplementary groups as
-// given) against the daemon; returns its exit status and output.
-// `socket` empty: no --socket (kilnctl finds the daemons itself).
-std::pair<int, std::string> kilnctl_as_peer(const std::string& dir, const std::string& groups,
-                                            const std::string& socket = "kilnd-test.sock") {
-  const std::string cmd = std::string("setpriv --reuid=") + kPeerUser + " --regid=" + kPeerUser +
-                          (groups.empty() ? " --clear-groups" : " --groups=" + groups) + " " KILN_KILNCTL_PATH +
-                          " status --runtime-dir " + dir + (socket.empty() ? "" : " --socket " + socket) + " 2>&1";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using kiln::testing::ensure_peer_user;
+using kiln::testing::kilnctl_as_peer;
+using kiln::testing::kPeerGroup;
+using kiln::testing::kPeerUser;
 
 TEST(DaemonSecurity, AnotherUidIsRefusedUnlessInTheAllowedGroup) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root: it creates the user " << kPeerUser << " and runs kilnctl as it";

@@ -7,14 +7,36 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/remote_target.h"
 
 namespace kiln::testing {
+
+// The value of a Result a test expects to succeed (a failure is reported, then the value read).
+template <class T>
+T ok(Result<T> r) {
+  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
+  EXPECT_TRUE(r.ok());
+  return std::move(r).value();
+}
+
+// Polls `done` every 10 ms until it holds or `limit` passes; whether it held. A deadline for a
+// condition, never a speed.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
 
 class IpcHarness {
  public:

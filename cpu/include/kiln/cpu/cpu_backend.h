@@ -56,6 +56,9 @@ class CpuBackend final : public runtime::DeviceBackend {
   void free(const ir::TensorIr& t) override;
   Status alias(ir::TensorId src, ir::TensorId dst) override;
   runtime::MemoryStats memory_stats() const override;
+  // The allocator's large blocks idle past options.allocator.large_block_retention
+  // (CpuAllocator::release_idle).
+  std::uint64_t release_idle_memory() override;
 
   // The shared allocator, kernel cache, arena and counters (its own handle container is unused).
   CpuDevice& device() { return device_; }

@@ -3,7 +3,8 @@
 //
 // Thread-safety: CpuAllocator is safe to use from any number of threads at once (the streams of
 // one device allocate concurrently): each size class has its own mutex around its free list,
-// and the statistics are atomics. A CpuBuffer is owned by one thread at a time (it is move-only);
+// and the statistics are atomics; releasing idle blocks (release_idle) may run concurrently with
+// allocation from any thread. A CpuBuffer is owned by one thread at a time (it is move-only);
 // share it as std::shared_ptr<CpuBuffer> (several tensor handles aliasing one buffer), whose
 // last owner returns the block to the pool from whatever thread drops it. Buffers keep the pool
 // alive: an allocator may be destroyed while buffers it handed out are still in use.
@@ -15,8 +16,11 @@
 //   std::memset(buf->data(), 0, buf->size());
 //   auto shared = alloc.allocate_shared(256);         // Result<std::shared_ptr<CpuBuffer>>
 //   alloc.stats().pool_hits;                          // a later allocate(4096) reuses the block
+//   alloc.release_idle();                             // an owner's maintenance timer: large blocks
+//                                                     // idle past large_block_retention go back
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,6 +45,21 @@ struct CpuAllocatorOptions {
   // training steps of the models kiln targets resident, small enough that an idle daemon does
   // not hold much more than its live tensors. Configurable; 0 disables pooling.
   std::uint64_t max_cached_bytes = std::uint64_t{1} << 30;
+  // A freed block whose size class is at least this is "large": it is pooled for at most
+  // large_block_retention, then goes back to the system, so that one big transfer or a burst of
+  // big temporaries does not stay resident in an idle daemon. 16 MiB: every large block is then
+  // a mapping of its own (at least kHugePageThreshold, see system_allocate in memory.cc), so
+  // releasing it really returns its pages whatever glibc's heap does; and mapping a fresh one
+  // again costs page faults that are small beside the work a kernel does over 16 MiB, while the
+  // many smaller temporaries of a step stay pooled (bounded by max_cached_bytes) as before.
+  std::uint64_t large_block_bytes = std::uint64_t{16} << 20;
+  // How long a freed large block stays pooled for reuse. 2 s is a round bound, not a
+  // measurement: longer than the gap between two training steps of the models kiln targets (so
+  // a steady loop keeps hitting the pool), short enough that an idle daemon falls back to its
+  // live tensors within seconds. Expired blocks are released lazily by later allocate/free
+  // calls and by release_idle(), which an owner calls from a timer so that an allocator nobody
+  // calls also gives them back. 0 (or negative) = large blocks are never pooled.
+  std::chrono::milliseconds large_block_retention{2000};
 };
 
 struct CpuAllocatorStats {
@@ -52,6 +71,9 @@ struct CpuAllocatorStats {
   std::uint64_t allocations = 0;    // successful allocations (hits + misses)
   std::uint64_t deallocations = 0;  // buffers returned
   std::uint64_t failures = 0;       // requests refused (limit or system)
+  std::uint64_t released_bytes = 0; // size classes given back to the system so far (from the
+                                    // pools, or freed past them); what the system handed out is
+                                    // bytes_in_use + cached_bytes + released_bytes
 };
 
 namespace detail {
@@ -107,6 +129,13 @@ class CpuAllocator {
   const CpuAllocatorOptions& options() const;
   // Returns every cached block to the system; returns how many bytes were released.
   std::uint64_t release_cached();
+  // Returns the large blocks (options().large_block_bytes) cached for at least
+  // large_block_retention as of `now` to the system; returns how many bytes were released.
+  // Small blocks stay while the pool is in use; once a call finds no allocation and no free
+  // since a call at least large_block_retention earlier, every cached block goes (the pool is
+  // idle: a daemon between jobs). Cheap when nothing is due, so an owner may call it from a
+  // timer every second or so; a `now` in the future lets a test release without waiting.
+  std::uint64_t release_idle(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
   // The size class a request of `bytes` is served from; nullopt when it exceeds the largest
   // class (kMaxAllocation).

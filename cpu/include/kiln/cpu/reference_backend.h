@@ -37,6 +37,7 @@ class ReferenceCpuBackend final : public DeviceBackend {
   void free(const ir::TensorIr& t) override;
   Status alias(ir::TensorId src, ir::TensorId dst) override;
   MemoryStats memory_stats() const override;
+  std::uint64_t release_idle_memory() override;  // CpuAllocator::release_idle
 
   // Runs one global operation against the shared table (used by this backend's executors).
   // Returns the executor's status (a failure has already been recorded as Errored outputs).

@@ -44,6 +44,9 @@ namespace kiln::cuda {
 
 struct CudaBackendOptions {
   int device = 0;
+  // Most bytes of live device buffers; none = the device's memory. A request past it fails with
+  // ErrorCode::ResourceExhausted (kilnd sets a fraction of the device's memory by default).
+  std::optional<std::uint64_t> byte_limit;
   // Compiled-kernel cache directory; nullopt: DiskCache::default_dir(). An unusable directory
   // (another owner, group-writable) is logged and the backend runs without a disk cache.
   std::optional<std::filesystem::path> cache_dir;

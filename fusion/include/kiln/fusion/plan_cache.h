@@ -36,20 +36,27 @@
 //   PlanCacheLoadReport r = load_plan_cache(store, dir, log);   // at start; never fails
 //   ... run ...
 //   if (Result<PlanCacheSaveReport> s = save_plan_cache(store, dir); !s.ok()) warn(s.error());
+// or, so that a crash loses only the last few seconds, a PlanCacheAutosaver (below) from the load
+// to the stop.
 //
-// Thread-safety: free functions without shared state. Saving reads the store through its
-// concurrent API (a plan published meanwhile may or may not be included); loading inserts through
-// ExecutionPlanStore::add, so either may run while streams use the store. Two processes saving
-// into the same directory each write a private temporary file and rename it: the last one wins,
-// and a reader always sees one whole file.
+// Thread-safety: free functions without shared state (PlanCacheAutosaver states its own below).
+// Saving reads the store through its concurrent API (a plan published meanwhile may or may not be
+// included); loading inserts through ExecutionPlanStore::add, so either may run while streams use
+// the store. Two processes saving into the same directory each write a private temporary file
+// and rename it: the last one wins, and a reader always sees one whole file.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "kiln/fusion/fusion_log.h"
@@ -84,12 +91,17 @@ enum class PlanCacheProblem : std::uint8_t {
 const char* plan_cache_problem_name(PlanCacheProblem p);
 
 struct PlanCacheLoadReport {
-  bool found = false;       // DIR/plans.kpc existed
+  bool found = false;       // DIR/plans.kpc existed (not looked for when the directory was refused)
+  // DIR was not used: it is not ours alone (problem UnsafeDirectory), or stat(2) failed other
+  // than with ENOENT (Unreadable). Not "nothing saved yet": a file may well be there.
+  bool directory_refused = false;
   std::size_t loaded = 0;   // plans new to the store
   std::size_t merged = 0;   // plans the store already had (same operations): triggers merged
   PlanCacheProblem problem = PlanCacheProblem::None;  // != None: the whole file was ignored
   std::string reason;       // what was wrong (names the field and byte offset); empty if fine
   bool ok() const { return problem == PlanCacheProblem::None; }
+  // Nothing to load and nothing wrong: DIR or DIR/plans.kpc does not exist yet (a first run).
+  bool nothing_saved() const { return !found && ok(); }
 };
 
 struct PlanCacheSaveReport {
@@ -145,10 +157,94 @@ Status validate_plan(const ExecutionPlan& plan, const TriggerList& triggers);
 Result<PlanCacheSaveReport> save_plan_cache(const ExecutionPlanStore& store, const std::filesystem::path& dir);
 
 // Loads DIR/plans.kpc into `store`. Never fails: a missing directory or file loads nothing
-// (found = false, ok()); an unsafe directory or a file that is unreadable, corrupt, truncated or
-// from another version is ignored with a warning (spdlog's default logger, and the fusion log at
-// level basic) and the report says why.
+// (nothing_saved()); an unsafe directory (directory_refused) or a file that is unreadable,
+// corrupt, truncated or from another version is ignored with a warning (spdlog's default logger,
+// and the fusion log at level basic) and the report says why.
 PlanCacheLoadReport load_plan_cache(ExecutionPlanStore& store, const std::filesystem::path& dir,
                                     const FusionLog& log);
+
+// ---- Saving as plans are learned.
+
+struct PlanCacheAutosaverOptions {
+  // Quiet period: a save waits until the store has not changed for this long, so a burst of new
+  // plans (a program being explored) is written once rather than once per plan.
+  std::chrono::milliseconds debounce{2000};
+  // ... but never longer than this after the first unsaved change was seen, so a store that
+  // changes constantly is still saved: a SIGKILL loses at most about this much learning.
+  std::chrono::milliseconds max_delay{5000};
+  // How often the saver reads ExecutionPlanStore::generation(). The store has no change
+  // notification (its writers are the streams' hot path), and one atomic load five times a
+  // second costs nothing; the deadlines above are met to within one interval.
+  std::chrono::milliseconds poll_interval{200};
+  // After a failed save no attempt for this long, doubled per consecutive failure up to
+  // max_error_backoff (a success resets it): a broken directory costs one attempt and one
+  // on_save call per back-off, never a busy loop. Unsaved changes stay pending meanwhile.
+  std::chrono::milliseconds error_backoff{10'000};
+  std::chrono::milliseconds max_error_backoff{600'000};  // ten minutes: at most six reports an hour
+  // Called on the saver thread after every attempt, successful or not, stop()'s final one
+  // included. It must not throw, and must not call stop() or destroy the saver. Empty: attempts
+  // are only counted (stats()).
+  std::function<void(const Result<PlanCacheSaveReport>&)> on_save;
+};
+
+struct PlanCacheAutosaverStats {
+  std::uint64_t saves = 0;             // successful saves
+  std::uint64_t failures = 0;          // failed attempts
+  std::uint64_t saved_generation = 0;  // store generation the file holds (at first: at construction)
+  std::string last_error;              // the latest attempt's error; empty after a success
+};
+
+// Saves a store into DIR with save_plan_cache (atomic: a reader or a crash sees a whole file)
+// whenever it changed, debounced, so a daemon killed without a clean stop loses at most the
+// last few seconds of learned plans.
+//
+// What the store holds at construction counts as saved (typically it was just loaded from DIR):
+// only later changes are written, and nothing at all if nothing changes.
+//
+// Usage (the daemon; the store outlives the saver):
+//   load_plan_cache(store, dir, log);
+//   PlanCacheAutosaver saver(store, dir, {.on_save = [](const Result<PlanCacheSaveReport>& r) {
+//                              if (!r.ok()) spdlog::error("{}", r.error().to_string()); }});
+//   ... streams run ...
+//   saver.stop();  // once the streams have stopped: writes what is still unsaved
+//
+// Thread-safety: the constructor starts one background thread; it alone saves and calls on_save,
+// and holds no lock while saving (it reads the store through its concurrent API, so streams keep
+// publishing; a plan published during a save goes into the next one). stop() and stats() may be
+// called from any thread except from on_save; stop() is idempotent and concurrent calls are
+// serialised (join_mu_). The stop flag and the stats are guarded by mu_.
+class PlanCacheAutosaver {
+ public:
+  PlanCacheAutosaver(const ExecutionPlanStore& store, std::filesystem::path dir,
+                     PlanCacheAutosaverOptions options = {});
+  ~PlanCacheAutosaver();  // stop()
+  PlanCacheAutosaver(const PlanCacheAutosaver&) = delete;
+  PlanCacheAutosaver& operator=(const PlanCacheAutosaver&) = delete;
+
+  // Wakes the saver, which saves once more if anything is unsaved (even during an error
+  // back-off), then joins it. Returns after that final attempt and its on_save call.
+  void stop();
+
+  PlanCacheAutosaverStats stats() const;
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  void run();
+  // One save_plan_cache attempt: updates stats_ (and `saved`, the generation the file holds, on
+  // success) and calls on_save. Returns whether it succeeded.
+  bool save_now(std::uint64_t& saved);
+
+  const ExecutionPlanStore& store_;
+  const std::filesystem::path dir_;
+  const PlanCacheAutosaverOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;     // signalled by stop()
+  bool stopping_ = false;            // guarded by mu_
+  PlanCacheAutosaverStats stats_;    // guarded by mu_
+
+  std::mutex join_mu_;               // serialises stop()'s join
+  std::thread thread_;               // started by the constructor's body: every member is ready
+};
 
 }  // namespace kiln::fusion

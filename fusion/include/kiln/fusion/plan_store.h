@@ -87,6 +87,13 @@ class ExecutionPlanStore {
   // Number of published plans; every id below it is resolvable.
   std::size_t size() const;
 
+  // Counts the changes a saved copy of the store would miss: +1 for each plan published and
+  // each trigger actually added (by add() or add_trigger(); a duplicate changes nothing and
+  // counts nothing). Starts at 0, never decreases: equal values mean nothing changed, so the
+  // plan cache autosaver compares it instead of walking the plans. A reader that sees value g
+  // also sees every change counted in g (release increment, acquire load).
+  std::uint64_t generation() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -11,16 +11,31 @@
 // already consumed) is an error completion ("read: tensor 12 is not one of this client's
 // tensors"), never an index. Every registered operation is rebuilt through the ir builders
 // (op_check.h) and its inputs' shapes and dtypes are compared with the daemon's record.
-// Tensors move between clients only by export (a random 64-bit token) and import by a client
+// Tensors move between clients only by export (a random 256-bit token) and import by a client
 // of the same job, which gets an independent shared view (runtime Device::share).
 //
 // Completions: upload, upload_part, read, read_part, sync, export, import, attach, close and
 // status are answered; register_op and drop are answered only when they fail (the client reports
 // such an error at its next sync or read), so the op path costs one ring record.
 //
-// Quotas apply per job (every client that connected with the same job name): bytes of live
-// tensors and queued (registered, not yet executed) operations. Exceeding one is an error
-// completion naming the quota; nothing is dropped.
+// Jobs belong to credentials: the client that creates a job (the first to connect with its
+// name) makes its uid (and primary gid) the job's owner; another client may join it only as
+// DaemonOptions::job_policy allows (by default the same uid). A job, its quota use and its exports
+// end when its last client leaves; the name is then free for anyone.
+//
+// Quotas apply per job (every client of the job) and per uid (every client of that user, whatever
+// its jobs): bytes of live tensors and queued (registered, not yet executed) operations; the
+// number of jobs a uid owns is capped too. Exceeding one is an error completion naming the quota;
+// nothing is dropped.
+//
+// Status: a client sees the device's totals, its own uid's jobs and clients; the daemon's uid and
+// root see every job and client.
+//
+// The daemon never blocks on one client: a completion that a client does not take within
+// DaemonOptions::completion_timeout (its ring stays full) disconnects it, with the reason logged,
+// and a stop interrupts such a wait at once. A client whose doorbell rings with nothing in its
+// ring (spam) is paced by its endpoint (endpoint.h), so its wake-ups cost the daemon a bounded
+// share of a core.
 //
 // A client that goes (its control socket closes: exit, crash, SIGKILL) has its streams drained
 // and closed and every tensor it held dropped; nothing of it remains.
@@ -30,10 +45,12 @@
 // while the device runs anything.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/ipc/control_server.h"
@@ -47,10 +64,35 @@ namespace kiln::ipc {
 // daemon per device: a second one finds the first answering on this name and refuses to start.
 std::string daemon_socket_name(const std::string& device);
 
+// Who may join a job its owner created (daemon.job_policy in kiln.toml).
+enum class JobPolicy {
+  Uid,    // "uid": clients of the owner's uid only (the default)
+  Group,  // "group": also clients whose primary gid is the owner's (a team sharing one group)
+  Any,    // "any": every client allowed to connect (a single trusted team; the pre-v3 behaviour)
+};
+Result<JobPolicy> parse_job_policy(std::string_view name);
+const char* job_policy_name(JobPolicy p);
+
 struct DaemonOptions {
   ServerOptions server;
   std::uint64_t job_memory_bytes = 0;  // live tensor bytes per job; 0 = unlimited
   std::uint64_t job_queued_ops = 0;    // registered, not yet executed operations per job; 0 = unlimited
+  JobPolicy job_policy = JobPolicy::Uid;
+  std::uint64_t uid_memory_bytes = 0;  // live tensor bytes per client uid; 0 = unlimited
+  // Queued operations per client uid. A bound by default: queued ops hold memory in the daemon
+  // (their IR and their outputs' handles) that no tensor quota counts. 0 = unlimited.
+  std::uint64_t uid_queued_ops = std::uint64_t{1} << 20;
+  std::uint64_t uid_jobs = 64;  // jobs one uid may own at once; 0 = unlimited
+  // How long a completion may wait for room in a client's ring before the client is
+  // disconnected as stuck. A live client pops its completions within microseconds.
+  std::chrono::milliseconds completion_timeout{5000};
+  // Host memory for chunked transfers, all clients together: a chunked upload stages its whole
+  // tensor, a chunked read snapshots it, and neither is device memory, so no device limit
+  // counts them. 0 = unlimited (kilnd sets a share of the host's memory).
+  std::uint64_t staging_bytes = 0;
+  // How often the daemon gives the backend's idle memory back (DeviceBackend::release_idle_memory);
+  // 0 = never (an allocation or free still does it lazily).
+  std::chrono::milliseconds maintenance_interval{1000};
   std::string device_name = "cpu";     // reported by status
   // Test hook: called on a client's session thread with each decoded command before it is
   // served. Tests hold an answer here to make a client's timeout happen for sure, not by a race
@@ -62,6 +104,7 @@ struct ClientStatus {
   std::uint64_t client_id = 0;
   std::string job;
   std::int64_t pid = 0;
+  std::uint32_t uid = 0;
   std::uint64_t streams = 0;
   std::uint64_t tensors = 0;
   std::uint64_t tensor_bytes = 0;
@@ -72,6 +115,7 @@ struct ClientStatus {
 
 struct JobStatus {
   std::string name;
+  std::uint32_t owner_uid = 0;
   std::uint64_t clients = 0;
   std::uint64_t tensor_bytes = 0;
   std::uint64_t queued_ops = 0;
@@ -106,7 +150,10 @@ class DaemonService {
   // Stops accepting, disconnects every client, drains and frees what they held, joins every
   // thread. Idempotent.
   void stop();
-  DaemonStatus status() const;
+  DaemonStatus status() const;  // everything: for the daemon itself
+  // What a client of uid `viewer` may see: the device's totals, and only the jobs and clients of
+  // its own uid, unless it is the daemon's uid or root.
+  DaemonStatus status_for(std::uint32_t viewer) const;
   // Backend counters the status reports (set by kilnd for the CPU device: fused launches).
   void set_fused_launch_counter(std::function<std::uint64_t()> counter);
 

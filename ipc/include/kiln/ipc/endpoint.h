@@ -82,6 +82,15 @@ class Endpoint {
   Status send(std::span<const std::uint8_t> message, std::chrono::milliseconds timeout);
   // Receiver thread only. Copies the next message into `out` (size it max_receive_bytes()) and
   // returns its length; nullopt if none arrived within `timeout`.
+  //
+  // Spurious wake-ups are paced: a peer that follows the ring protocol rings the doorbell only when
+  // this side sleeps with a message to take, so a wake-up that finds the ring empty is a race
+  // (rare) or doorbell spam. Past kSpuriousWakesPerWindow of them in one kSpuriousWindow the
+  // receiver stops listening to the doorbell until the window ends (it still returns within its
+  // timeout), so a spamming peer costs this thread at most ~900 wake-ups a second instead of
+  // a core, and a message that arrives meanwhile waits at most one window.
+  static constexpr std::chrono::milliseconds kSpuriousWindow{10};
+  static constexpr unsigned kSpuriousWakesPerWindow = 8;
   Result<std::optional<std::size_t>> receive(std::span<std::uint8_t> out, std::chrono::milliseconds timeout);
   // Receiver thread only: whether a message is waiting (receive would return at once).
   bool receive_pending() const { return !rx_.empty(); }
@@ -89,6 +98,7 @@ class Endpoint {
   // Statistics of the blocking calls (their thread only): how often each actually slept.
   std::uint64_t send_sleeps() const { return send_sleeps_; }
   std::uint64_t receive_sleeps() const { return receive_sleeps_; }
+  std::uint64_t spurious_wakes() const { return spurious_wakes_; }  // woken with an empty ring
 
  private:
   Endpoint(Side side, Segment segment, Bells bells);
@@ -101,6 +111,11 @@ class Endpoint {
   int hangup_fd_ = -1;
   std::uint64_t send_sleeps_ = 0;
   std::uint64_t receive_sleeps_ = 0;
+  // Spurious wake-up pacing (receive()).
+  void pace_spurious_wake(std::chrono::steady_clock::time_point deadline);
+  std::uint64_t spurious_wakes_ = 0;
+  std::chrono::steady_clock::time_point spurious_window_start_{};
+  unsigned spurious_in_window_ = 0;
 };
 
 }  // namespace kiln::ipc

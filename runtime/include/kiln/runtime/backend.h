@@ -75,6 +75,11 @@ class DeviceBackend {
   // src has no entry (or is NotInit).
   [[nodiscard]] virtual Status alias(ir::TensorId src, ir::TensorId dst) = 0;
   virtual MemoryStats memory_stats() const = 0;
+  // Gives memory the backend keeps cached for reuse, and has kept idle past its retention, back
+  // to the system; returns the bytes released. The owner (the daemon) calls it from a
+  // maintenance timer, so that an idle process falls back to its live tensors even when no
+  // allocation comes to release lazily. Default: nothing is cached, 0.
+  virtual std::uint64_t release_idle_memory() { return 0; }
   // Whether a stream's executor may run on a client thread that waits for the stream (a drain,
   // read or shared view run inline, see StreamActor::try_run_inline) rather than only on the
   // device's pool threads. A backend with per-thread state (a current device) says no.
