@@ -22,6 +22,8 @@ PACKAGES=(
   libcli11-dev                # command-line flags
   libeigen3-dev               # kiln-bench-peers times Eigen's sgemm beside kiln's matmul
   python3                     # bench comparison scripts
+  procps                      # pkill, ps: the daemon tests end their helper processes
+  util-linux passwd           # setpriv, useradd: the tests run clients as a second user (root)
 )
 
 case "${1:-}" in

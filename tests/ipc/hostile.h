@@ -1,6 +1,7 @@
 // Hostile clients for the daemon's tests and scripts: each misbehaves the way issue 19 tried the
-// daemon (claiming jobs, flooding connections, never popping completions, spamming doorbells),
-// through the real control socket and segment, never by reaching into the daemon.
+// daemon (predicting export tokens, claiming jobs, flooding connections, never popping
+// completions, spamming doorbells), through the real control socket and segment, never by
+// reaching into the daemon.
 //
 // Used by tests/ipc/hostile_test.cc in process and by the kiln_hostile tool (hostile_main.cc)
 // that scripts and tests run as another user or next to a real kilnd.
@@ -11,6 +12,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <random>
+#include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -83,6 +87,31 @@ inline Flood flood_connections(const Target& t, std::size_t n, const std::string
     }
   }
   return f;
+}
+
+// The next `n` outputs of a std::mt19937_64 whose last 312 outputs were `seen` (the attack that
+// rebuilt the daemon's old token generator): each output is untempered into the state word it
+// came from, and an engine loaded with those 312 words goes on exactly where the seen one was.
+inline std::vector<std::uint64_t> predict_mt19937_64(std::span<const std::uint64_t> seen, std::size_t n) {
+  constexpr std::size_t kWords = 312;
+  if (seen.size() < kWords) return {};
+  auto untemper = [](std::uint64_t y) {
+    y ^= y >> 43;
+    y ^= (y << 37) & 0xFFF7EEE000000000ull;
+    std::uint64_t x = y;
+    for (int i = 0; i < 4; ++i) x = y ^ ((x << 17) & 0x71D67FFFEDA60000ull);
+    y = x;
+    for (int i = 0; i < 3; ++i) x = y ^ ((x >> 29) & 0x5555555555555555ull);
+    return x;
+  };
+  std::stringstream state;
+  for (std::size_t i = seen.size() - kWords; i < seen.size(); ++i) state << untemper(seen[i]) << ' ';
+  state << kWords;  // the position: the next output regenerates the state
+  std::mt19937_64 engine;
+  state >> engine;
+  std::vector<std::uint64_t> next(n);
+  for (auto& v : next) v = engine();
+  return next;
 }
 
 }  // namespace kiln::testing::hostile

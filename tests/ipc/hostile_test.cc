@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <thread>
 
 #include "../runtime/ipc_harness.h"
@@ -52,6 +54,49 @@ float served_value(Session& s) {
 }
 
 std::size_t clients_of(const DaemonService& service) { return service.status().clients.size(); }
+
+// ---- Item 3: export tokens cannot be predicted from earlier ones.
+
+TEST(Tokens, CannotBePredictedFromEarlierOnes) {
+  // Positive control: the predictor rebuilds a real mt19937_64 from 312 outputs (the old tokens).
+  std::mt19937_64 old_generator(0xC0FFEE);
+  std::vector<std::uint64_t> old_tokens(312);
+  for (auto& t : old_tokens) t = old_generator();
+  const std::vector<std::uint64_t> predicted = hostile::predict_mt19937_64(old_tokens, 4);
+  for (std::uint64_t p : predicted) EXPECT_EQ(p, old_generator());
+
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  Session s(h.target());
+  Tensor secret = ok(s.from_host(std::vector<float>{1, 2, 3}, {3}));
+  // 312 exports, then the attack on every 8-byte word of them; nothing imports.
+  std::vector<ExportToken> tokens;
+  for (int i = 0; i < 312; ++i) tokens.push_back(ok(h.target().export_tensor(secret.home(), secret.id())));
+  auto other = h.connect("test");  // same job: only the token stands between it and the tensor
+  ASSERT_NE(other, nullptr);
+  for (std::size_t word = 0; word < 4; ++word) {
+    std::vector<std::uint64_t> seen;
+    for (const ExportToken& t : tokens) {
+      std::uint64_t v = 0;
+      std::memcpy(&v, t.bytes.data() + 8 * word, 8);
+      seen.push_back(v);
+    }
+    const std::vector<std::uint64_t> next = hostile::predict_mt19937_64(seen, 8);
+    for (std::size_t k = 0; k + 4 <= next.size(); ++k) {
+      ExportToken guess;
+      std::memcpy(guess.bytes.data(), next.data() + k, 32);
+      Status st = other->import_tensor(runtime::StreamId(0), guess, other->new_tensor_id());
+      EXPECT_FALSE(st.ok()) << "a predicted token imported another client's tensor";
+    }
+  }
+  // A real token with one bit flipped in its tail (the part not used for the lookup) is refused:
+  // the whole token is compared.
+  ExportToken flipped = tokens.front();
+  flipped.bytes[31] ^= 1;
+  EXPECT_FALSE(other->import_tensor(runtime::StreamId(0), flipped, other->new_tensor_id()).ok());
+  // And the real one works (the refusals above are the tokens', not a broken import).
+  EXPECT_TRUE(other->import_tensor(runtime::StreamId(0), tokens.back(), other->new_tensor_id()).ok());
+}
 
 // ---- Item 10: a client that stops reading holds up nothing.
 
