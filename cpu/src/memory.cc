@@ -219,7 +219,7 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
                                     bytes, CpuAllocator::kMaxAllocation));
     }
     const std::uint64_t cs = *cs_opt;
-    release_due_large_blocks();
+    if (large(cs)) release_due_large_blocks();
 
     // Reserve the bytes first, so that concurrent requests can never exceed the limit together.
     std::uint64_t in_use = in_use_.load(std::memory_order_relaxed);
@@ -266,7 +266,7 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
       system_free(block, cs);
       released_.fetch_add(cs, std::memory_order_relaxed);
     }
-    release_due_large_blocks();
+    if (large(cs)) release_due_large_blocks();
   }
 
   std::uint64_t release_cached() noexcept {
@@ -403,8 +403,10 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
     return oldest != kNoLargeBlock && held_at_least(now_ns, oldest, retention_ns_);
   }
 
-  // The lazy check on every allocate and free: one relaxed load while no large block is cached,
-  // a clock read while one is.
+  // The lazy check on a large block's allocate and free: one relaxed load while no large block is
+  // cached, a clock read while one is. Only there: a small block's path (a kernel's temporaries)
+  // stays free of clock reads, and the owner's timer (release_idle) covers a pool whose large
+  // classes go quiet.
   void release_due_large_blocks() noexcept {
     if (oldest_large_ns_.load(std::memory_order_relaxed) == kNoLargeBlock) return;
     (void)release_idle(to_ns(std::chrono::steady_clock::now()), /*wait=*/false);

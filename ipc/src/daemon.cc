@@ -124,7 +124,7 @@ std::string json_escape(const std::string& s) {
 // are atomics, not fields under the service's mutex: four clients' session threads took that one
 // lock 2-3 times per op.
 struct Usage {
-  std::atomic<std::uint64_t> tensor_bytes{0};  // bytes charged by the sessions
+  std::atomic<std::uint64_t> tensor_bytes{0};  // bytes charged by the sessions (a uid's: only under a uid quota)
   std::atomic<std::uint64_t> queued_ops{0};    // sum of the sessions' last recounts
 };
 
@@ -526,7 +526,9 @@ Status ClientSession::charge(std::uint64_t bytes, const What& what) {
     return make_error(ErrorCode::ResourceExhausted,
                       fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what(), job(),
                                   human_bytes(o.job_memory_bytes), human_bytes(seen), human_bytes(bytes)));
-  if (!try_add(uid_state_->usage.tensor_bytes, o.uid_memory_bytes, bytes, seen)) {
+  // The uid's count only when it has a quota: a uid's sessions all share that counter, and the
+  // op path should not bounce its cache line between them for nothing.
+  if (o.uid_memory_bytes != 0 && !try_add(uid_state_->usage.tensor_bytes, o.uid_memory_bytes, bytes, seen)) {
     job_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
     return make_error(ErrorCode::ResourceExhausted,
                       fmt::format("{}: uid {} memory quota of {} exceeded ({} in use, {} more asked)", what(), uid(),
@@ -541,7 +543,7 @@ void ClientSession::release(std::uint64_t bytes) {
   // sessions' own.
   bytes = std::min(tensor_bytes_, bytes);
   job_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  uid_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  if (service_.options.uid_memory_bytes != 0) uid_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
   tensor_bytes_ -= bytes;
 }
 
@@ -1016,10 +1018,10 @@ void ClientSession::cleanup() {
   staged_read_.reset();
   {
     std::lock_guard lock(service_.mu);
-    for (Usage* u : {&job_state_->usage, &uid_state_->usage}) {
-      u->tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
-      u->queued_ops.fetch_sub(queued_ops_, std::memory_order_relaxed);
-    }
+    job_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
+    if (service_.options.uid_memory_bytes != 0)
+      uid_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
+    for (Usage* u : {&job_state_->usage, &uid_state_->usage}) u->queued_ops.fetch_sub(queued_ops_, std::memory_order_relaxed);
     for (const auto& [tensor, token] : exported_) service_.exports.erase(token);
     service_.leave(job(), uid());
   }
