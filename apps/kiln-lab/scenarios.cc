@@ -75,7 +75,7 @@ ScenarioResult chains(const fusion::FusionLog& log, const fusion::ProcessorOptio
   const auto& records = lab.executor().records();
   result.ok = nothing_ran_before_sync && records.size() == 1 && records[0].fused && records[0].operations.size() == 40;
   std::uint64_t score = 0;
-  if (lab.store().size() > 0) score = lab.store().plan(0).optimization.strategy.score();
+  if (lab.store().size() > 0) score = lab.store().plan(0)->optimization.strategy.score();
   result.ok = result.ok && score == 7390;
   result.summary = fmt::format("chains: {} execution(s) after the sync: {} (score {})", records.size(),
                                describe_fused(lab.executor(), 0), score);

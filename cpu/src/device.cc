@@ -54,6 +54,7 @@ CpuDevice::CpuDevice(CpuDeviceOptions options)
       reference_(allocator_, options.seed),
       threads_(resolve_threads(options.threads)),
       arena_(threads_),
+      max_kernels_(options.max_kernels),
       jit_(std::make_unique<jit::JitCache>(jit_options(options))) {}
 
 bool CpuDevice::jit_enabled() const { return jit_->enabled(); }
@@ -71,16 +72,18 @@ CpuDevice::~CpuDevice() = default;
 
 std::shared_ptr<const fast::CompiledProgram> CpuDevice::compiled(const fusion::FusedProgram& program) {
   const std::uint64_t hash = program.structural_hash();
+  auto hit = [&](const CacheEntry& e) {
+    counters_.kernel_cache_hits.fetch_add(1, std::memory_order_relaxed);
+    const std::uint64_t now = cache_clock_.load(std::memory_order_relaxed);
+    if (e.last_used->load(std::memory_order_relaxed) != now) e.last_used->store(now, std::memory_order_relaxed);
+    return e.compiled;
+  };
   {
     std::shared_lock lock(cache_mutex_);
     auto it = cache_.find(hash);
     if (it != cache_.end()) {
-      for (const CacheEntry& e : it->second) {
-        if (e.program == program) {
-          counters_.kernel_cache_hits.fetch_add(1, std::memory_order_relaxed);
-          return e.compiled;
-        }
-      }
+      for (const CacheEntry& e : it->second)
+        if (e.program == program) return hit(e);
     }
   }
   // Compile outside the lock; a concurrent compile of the same structure keeps the first entry.
@@ -88,25 +91,47 @@ std::shared_ptr<const fast::CompiledProgram> CpuDevice::compiled(const fusion::F
   std::unique_lock lock(cache_mutex_);
   std::vector<CacheEntry>& bucket = cache_[hash];
   for (const CacheEntry& e : bucket)
-    if (e.program == program) {
-      counters_.kernel_cache_hits.fetch_add(1, std::memory_order_relaxed);
-      return e.compiled;
-    }
+    if (e.program == program) return hit(e);
   counters_.kernel_cache_misses.fetch_add(1, std::memory_order_relaxed);
-  bucket.push_back(CacheEntry{program, built});
+  const std::uint64_t now = cache_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+  bucket.push_back(CacheEntry{program, built, std::make_unique<std::atomic<std::uint64_t>>(now)});
+  ++cache_entries_;
+  if (max_kernels_ != 0 && cache_entries_ > max_kernels_) evict_coldest_kernels();
   return built;
+}
+
+void CpuDevice::evict_coldest_kernels() {
+  // Down to the bound less an eighth, so that this walk runs once per max_kernels/8 builds.
+  const std::size_t target = max_kernels_ - std::max<std::size_t>(max_kernels_ / 8, 1);
+  std::vector<std::uint64_t> stamps;
+  stamps.reserve(cache_entries_);
+  for (const auto& [hash, bucket] : cache_)
+    for (const CacheEntry& e : bucket) stamps.push_back(e.last_used->load(std::memory_order_relaxed));
+  const std::size_t excess = cache_entries_ - target;
+  std::nth_element(stamps.begin(), stamps.begin() + static_cast<std::ptrdiff_t>(excess - 1), stamps.end());
+  const std::uint64_t cutoff = stamps[excess - 1];  // drop entries at or below it, `excess` at most
+  std::size_t dropped = 0;
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    std::erase_if(it->second, [&](const CacheEntry& e) {
+      if (dropped == excess || e.last_used->load(std::memory_order_relaxed) > cutoff) return false;
+      ++dropped;
+      return true;
+    });
+    it = it->second.empty() ? cache_.erase(it) : std::next(it);
+  }
+  cache_entries_ -= dropped;
+  counters_.kernel_cache_evictions.fetch_add(dropped, std::memory_order_relaxed);
 }
 
 std::size_t CpuDevice::kernel_cache_size() const {
   std::shared_lock lock(cache_mutex_);
-  std::size_t n = 0;
-  for (const auto& [hash, bucket] : cache_) n += bucket.size();
-  return n;
+  return cache_entries_;
 }
 
 void CpuDevice::clear_kernel_cache() {
   std::unique_lock lock(cache_mutex_);
   cache_.clear();
+  cache_entries_ = 0;
 }
 
 CpuDeviceStats CpuDevice::stats() const {
@@ -119,6 +144,7 @@ CpuDeviceStats CpuDevice::stats() const {
   s.jit_launches = get(counters_.jit_launches);
   s.nontemporal_outputs = get(counters_.nontemporal_outputs);
   s.part_by_part = get(counters_.part_by_part);
+  s.kernel_cache_evictions = get(counters_.kernel_cache_evictions);
   const jit::Stats j = jit_->stats();
   s.jit_compiles = j.compiles;
   s.jit_disk_loads = j.disk_loads;
@@ -133,7 +159,7 @@ void CpuDevice::reset_stats() {
        {&counters_.fused_launches, &counters_.fused_replays, &counters_.fast_ops, &counters_.reference_ops,
         &counters_.kernel_cache_hits, &counters_.kernel_cache_misses, &counters_.inplace_reuses,
         &counters_.zero_copy_reshapes, &counters_.row_interleaved, &counters_.jit_launches,
-        &counters_.nontemporal_outputs, &counters_.part_by_part})
+        &counters_.nontemporal_outputs, &counters_.part_by_part, &counters_.kernel_cache_evictions})
     a->store(0, std::memory_order_relaxed);
   for (auto& a : counters_.launches_by_kind) a.store(0, std::memory_order_relaxed);
 }

@@ -950,9 +950,16 @@ std::shared_ptr<const Kernel> JitCache::kernel_for(const fusion::FusedProgram& p
   for (const std::string& f : compile_flags()) keyed += f + " ";
   keyed += "\n" + toolchain_id_;
   const std::string key = hash_hex(keyed);
-  if (auto it = loaded_.find(key); it != loaded_.end()) return it->second;
+  if (auto it = loaded_.find(key); it != loaded_.end()) {
+    if (it->second.failed) return nullptr;
+    if (std::shared_ptr<const Kernel> k = it->second.kernel.lock()) return k;
+  }
   std::shared_ptr<const Kernel> k = load_or_build(key, g);
-  loaded_.emplace(key, k);
+  loaded_[key] = Loaded{k, k == nullptr};
+  if (loaded_.size() >= prune_at_) {
+    std::erase_if(loaded_, [](const auto& entry) { return !entry.second.failed && entry.second.kernel.expired(); });
+    prune_at_ = std::max<std::size_t>(64, 2 * loaded_.size());
+  }
   return k;
 }
 

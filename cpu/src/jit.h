@@ -108,7 +108,14 @@ class JitCache {
   std::string compiler_;       // resolved absolute path; empty: none
   std::string toolchain_id_;   // compiler identity + CPU identity, part of every key
   std::string disk_dir_;       // usable cache directory; empty: compile in a private temp dir
-  std::unordered_map<std::string, std::shared_ptr<const Kernel>> loaded_;  // key -> kernel (null: failed)
+  // key -> the kernel while some compiled form holds it (the device's bounded cache owns the
+  // kernels; one dropped there is unloaded, and loaded again from disk if needed), or a failure.
+  struct Loaded {
+    std::weak_ptr<const Kernel> kernel;
+    bool failed = false;
+  };
+  std::unordered_map<std::string, Loaded> loaded_;
+  std::size_t prune_at_ = 64;  // loaded_'s size at which unloaded entries are swept
   Stats stats_;
 };
 

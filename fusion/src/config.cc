@@ -58,6 +58,9 @@ Result<FusionConfig> parse_fusion_config(std::string_view toml_text, std::string
       cfg.max_explorations = v;
     }
   }
+  if (auto n = fusion["max_plans"]; n) {
+    KILN_ASSIGN_OR_RETURN(cfg.max_plans, read_count(n, "fusion.max_plans", source_name));
+  }
   if (auto n = fusion["logger"]["level"]; n) {
     auto s = n.value<std::string>();
     auto level = s ? parse_log_level(*s) : std::nullopt;
@@ -82,6 +85,12 @@ FusionConfig apply_fusion_env(FusionConfig cfg, const EnvLookup& env, std::strin
       warn(fmt::format("KILN_FUSION_LOG={} is not a level (disabled, basic, medium, full); kept {}", *v,
                        log_level_name(cfg.log_level)));
     cfg.log_to_stderr = cfg.log_level != LogLevel::Disabled;
+  }
+  if (auto v = env("KILN_FUSION_MAX_PLANS")) {
+    if (auto n = parse_unsigned(*v))
+      cfg.max_plans = *n;
+    else
+      warn(fmt::format("KILN_FUSION_MAX_PLANS={} is not an unsigned integer; ignored", *v));
   }
   if (auto v = env("KILN_FUSION_MAX_EXPLORATIONS")) {
     if (auto n = parse_unsigned(*v))

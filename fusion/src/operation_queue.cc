@@ -38,9 +38,7 @@ void OperationQueue::flush_deferred(Executor& executor) {
   deferred_frees_ = std::move(keep);
 }
 
-void OperationQueue::execute_plan(PlanId id, const ExecutionPlanStore& store, Executor& executor,
-                                  const FusionLog& log) {
-  const ExecutionPlan& plan = store.plan(id);
+void OperationQueue::execute_plan(PlanId id, const ExecutionPlan& plan, Executor& executor, const FusionLog& log) {
   const std::size_t len = plan.optimization.ordering.size();
   const std::size_t assigned =
       (len >= 1 && len - 1 < shapes_assigned_.size()) ? shapes_assigned_[len - 1] : 1;

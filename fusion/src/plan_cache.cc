@@ -984,15 +984,15 @@ SerializedPlans serialize_plans(const ExecutionPlanStore& store, std::string_vie
   // The plan count is only known after skipping: encode the plans first, then prefix the count.
   std::vector<std::uint8_t> plans;
   Writer w(plans);
-  const std::size_t n = store.size();  // plans published later are not included
-  for (PlanId id = 0; id < n; ++id) {
-    const ExecutionPlan& plan = store.plan(id);
-    if (!serializable(plan.optimization.strategy)) {
+  for (PlanId id : store.ids()) {  // plans published later are not included
+    const PlanPin plan = store.plan(id);
+    const TriggerSnapshot triggers = store.triggers(id);
+    if (plan == nullptr || triggers == nullptr) continue;  // evicted meanwhile
+    if (!serializable(plan->optimization.strategy)) {
       ++out.skipped;
       continue;
     }
-    const TriggerSnapshot triggers = store.triggers(id);
-    put_plan(w, plan, *triggers);
+    put_plan(w, *plan, *triggers);
     ++out.saved;
   }
   pw.varint(out.saved);

@@ -2,44 +2,56 @@
 //
 // Layout and synchronisation (see also the header's thread-safety contract):
 //
-//   plans         tbb::concurrent_vector<unique_ptr<Slot>>. A Slot is built completely before it
-//                 is appended; slots never move (the vector owns pointers, and concurrent_vector
-//                 never relocates elements anyway), so `plan(id)` hands out stable references.
-//                 Appends are serialised by `append_mu` (write path only, once per new plan) so
-//                 that ids are handed out in order and `published` is always a prefix count.
+//   by_id         tbb::concurrent_hash_map<id, shared_ptr<Slot>>: the plans kept now. A Slot is
+//                 built completely before it is inserted; plan(id) copies its shared_ptr under a
+//                 read lock on one bucket and hands out an aliasing pin to the plan, so an
+//                 evicted slot lives on while anyone holds a pin or a trigger snapshot of it.
+//   kept          every kept slot by id (std::map), guarded by `append_mu`, which also serialises
+//                 publishing (ids in order) and eviction: the eviction's walk over the plans and
+//                 the size need one consistent list, which the concurrent map cannot give.
 //   Slot.triggers std::atomic<const TriggerVersion*>: copy-on-write, lock-free. A version holds
 //                 an immutable list (a shared_ptr, handed to readers as the snapshot) and points to
 //                 the version it replaced. Readers load the head (acquire) and copy its shared_ptr;
 //                 add_trigger copies the list, appends, and CASes a new head (acq_rel on success,
 //                 acquire on failure), retrying against the newer list if another writer won.
-//                 Old versions are never freed while the store lives (a reader may still be
-//                 copying their shared_ptr): a plan that gains k triggers keeps k lists. Triggers
-//                 per plan are few (OnSync, Always, one OnOperations per distinct tail seen), so
-//                 this is cheaper than hazard pointers. Why not std::atomic<std::shared_ptr>:
-//                 libstdc++ 12 implements it with a low-bit spinlock whose load() unlocks with a
-//                 relaxed RMW, so the reader's plain read of the pointer is not ordered before the
-//                 next writer's plain write; ThreadSanitizer reports it (google/sanitizers#1558).
+//                 Old versions are freed only with the slot (a reader holding the slot may still
+//                 be copying their shared_ptr): a plan that gains k triggers keeps k lists.
+//                 Triggers per plan are few (OnSync, Always, one OnOperations per distinct tail
+//                 seen), so this is cheaper than hazard pointers. Why not
+//                 std::atomic<std::shared_ptr>: libstdc++ 12 implements it with a low-bit spinlock
+//                 whose load() unlocks with a relaxed RMW, so the reader's plain read of the
+//                 pointer is not ordered before the next writer's plain write; ThreadSanitizer
+//                 reports it (google/sanitizers#1558).
+//   Slot.last_used the `clock` value when the plan was published or last marked used. The clock
+//                 counts published plans, so a hot plan's stamp is written once per new plan at
+//                 most, not once per run (no shared cache line written on the hot path).
 //   first_op      tbb::concurrent_hash_map<hash, Bucket>. A Bucket is the explicit collision
 //                 list of §5.6: (first op, plan ids in insertion order) entries, compared with ==.
 //                 Readers take a read accessor on ONE bucket; add() takes the write accessor of
 //                 ONE bucket, so two streams exploring the same sequence at once are serialised
 //                 and only one plan is created. An id is published in a bucket only after its
-//                 slot is in plans; the accessor's release/acquire makes the slot visible to
-//                 every reader that finds the id.
+//                 slot is in by_id; the accessor's release/acquire makes the slot visible to every
+//                 reader that finds the id.
 //   by_kind       tbb::concurrent_hash_map<(kind, family), sorted ids>: only explains cache misses.
 //   generation    std::atomic<uint64_t>, incremented (release) after each change is visible: after
-//                 `published` for a new plan, after the winning CAS for a new trigger. A reader
-//                 that loads it (acquire) and then reads the store sees at least those changes.
+//                 a new plan is in by_id, after the winning CAS for a new trigger, after an
+//                 eviction. A reader that loads it (acquire) and then reads the store sees at least
+//                 those changes.
 //
-// Lock order (deadlock freedom): first_op bucket -> append_mu -> by_kind bucket. Nothing ever
-// takes them in another order, and no reader holds more than one.
+// Eviction (bounded stores only) runs in add() after its bucket is released, by one thread at a
+// time (`evict_mu`; it runs once per bound/8 new plans, so publishers rarely wait on it). Under append_mu it picks the coldest plans and takes them out of `kept` and by_id;
+// then, holding nothing else, it takes their ids out of their first_op and by_kind buckets. In
+// between, an index may name an evicted id: look-ups of it find no plan, and add() skips it.
+//
+// Lock order (deadlock freedom): evict_mu -> first_op bucket -> append_mu -> by_id / by_kind
+// bucket. Nothing ever takes them in another order, and no reader holds more than one.
 #include "kiln/fusion/plan_store.h"
 
 #include <oneapi/tbb/concurrent_hash_map.h>
-#include <oneapi/tbb/concurrent_vector.h>
 
 #include <algorithm>
 #include <cassert>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -87,13 +99,14 @@ struct ExecutionPlanStore::Impl {
   };
 
   struct Slot {
-    Slot(ExecutionPlan p, ExecutionTrigger t)
+    Slot(ExecutionPlan p, ExecutionTrigger t, std::uint64_t now)
         : plan(std::move(p)),
-          triggers(new TriggerVersion{std::make_shared<const TriggerList>(TriggerList{std::move(t)}), nullptr}) {}
+          triggers(new TriggerVersion{std::make_shared<const TriggerList>(TriggerList{std::move(t)}), nullptr}),
+          last_used(now) {}
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
     ~Slot() {
-      // Only the store's destructor gets here: no reader is left.
+      // The last holder is gone: no reader is left.
       const TriggerVersion* v = triggers.load(std::memory_order_relaxed);
       while (v != nullptr) {
         const TriggerVersion* previous = v->previous;
@@ -103,7 +116,9 @@ struct ExecutionPlanStore::Impl {
     }
     const ExecutionPlan plan;                       // immutable once published
     std::atomic<const TriggerVersion*> triggers;    // newest version, never null
+    std::atomic<std::uint64_t> last_used;           // `clock` when published or last used
   };
+  using SlotPtr = std::shared_ptr<Slot>;
 
   // One first op and the plans that start with it (§5.6 `starters`), ids in insertion order.
   struct Starter {
@@ -114,16 +129,14 @@ struct ExecutionPlanStore::Impl {
   using Bucket = std::vector<Starter>;
   using FirstOpMap = tbb::concurrent_hash_map<std::uint64_t, Bucket, MixedHashCompare>;
   using KindMap = tbb::concurrent_hash_map<std::uint64_t, std::vector<PlanId>, MixedHashCompare>;
+  using IdMap = tbb::concurrent_hash_map<std::uint64_t, SlotPtr, MixedHashCompare>;
 
-  explicit Impl(OpHasher h) : hasher(std::move(h)) {}
+  Impl(OpHasher h, PlanStoreOptions o) : hasher(std::move(h)), options(o) {}
 
-  const Slot& slot(PlanId id) const {
-    assert(id < published.load(std::memory_order_acquire) && "plan id out of range");
-    return *plans[id];
-  }
-  Slot& slot(PlanId id) {
-    assert(id < published.load(std::memory_order_acquire) && "plan id out of range");
-    return *plans[id];
+  SlotPtr find(PlanId id) const {
+    IdMap::const_accessor acc;  // read lock on one bucket
+    if (!by_id.find(acc, id)) return nullptr;
+    return acc->second;
   }
 
   static TriggerSnapshot snapshot(const Slot& s) {
@@ -151,30 +164,106 @@ struct ExecutionPlanStore::Impl {
     }
   }
 
-  OpHasher hasher;
-  tbb::concurrent_vector<std::unique_ptr<Slot>> plans;
-  std::mutex append_mu;                     // serialises appends to `plans` (write path only)
-  std::atomic<std::size_t> published{0};    // every id < published is fully constructed
-  std::atomic<std::uint64_t> generation{0}; // changes so far (see the layout above)
-
-  // release: the change just made (a published slot, a CAS-ed trigger list) is visible to whoever
-  // loads the new value with acquire.
+  // release: the change just made (a published slot, a CAS-ed trigger list, an eviction) is
+  // visible to whoever loads the new value with acquire.
   void count_change() { generation.fetch_add(1, std::memory_order_release); }
+
+  void evict_if_over_bound();
+  void unindex(PlanId id, const ir::Operation& first);
+
+  OpHasher hasher;
+  const PlanStoreOptions options;
+  IdMap by_id;
+  std::mutex append_mu;
+  std::map<PlanId, SlotPtr> kept;               // guarded by append_mu
+  PlanId next_id = 0;                           // guarded by append_mu
+  std::atomic<std::size_t> kept_count{0};       // kept.size(), readable without the mutex
+  std::atomic<std::uint64_t> clock{0};          // plans published so far (recency)
+  std::atomic<std::uint64_t> evictions{0};
+  std::atomic<std::uint64_t> generation{0};     // changes so far (see the layout above)
+  std::mutex evict_mu;                          // one evicting thread at a time
 
   FirstOpMap first_op;
   KindMap by_kind;
 };
 
+void ExecutionPlanStore::Impl::evict_if_over_bound() {
+  const std::size_t bound = options.max_plans;
+  if (bound == 0 || kept_count.load(std::memory_order_relaxed) <= bound) return;
+  // A second publisher past the bound waits for the first's eviction, then finds the store
+  // within it (a try-lock could leave the store over its bound when the last two publish at once).
+  std::lock_guard<std::mutex> evicting(evict_mu);
+
+  std::vector<SlotPtr> victims;
+  std::vector<PlanId> victim_ids;
+  {
+    std::lock_guard<std::mutex> lock(append_mu);
+    if (kept.size() <= bound) return;
+    // Down to the bound less an eighth, so that eviction runs once per bound/8 new plans.
+    const std::size_t target = bound - std::max<std::size_t>(bound / 8, 1);
+    const std::size_t excess = kept.size() - target;
+    std::vector<std::pair<std::uint64_t, PlanId>> by_age;
+    by_age.reserve(kept.size());
+    for (const auto& [id, slot] : kept) by_age.emplace_back(slot->last_used.load(std::memory_order_relaxed), id);
+    // Coldest first; among equals the older id.
+    std::nth_element(by_age.begin(), by_age.begin() + static_cast<std::ptrdiff_t>(excess - 1), by_age.end());
+    for (std::size_t i = 0; i < excess; ++i) {
+      const PlanId id = by_age[i].second;
+      auto it = kept.find(id);
+      victims.push_back(std::move(it->second));
+      victim_ids.push_back(id);
+      kept.erase(it);
+      by_id.erase(id);
+    }
+    kept_count.store(kept.size(), std::memory_order_relaxed);
+  }
+  evictions.fetch_add(victims.size(), std::memory_order_relaxed);
+  count_change();
+  for (std::size_t i = 0; i < victims.size(); ++i) unindex(victim_ids[i], victims[i]->plan.operations.front());
+}
+
+void ExecutionPlanStore::Impl::unindex(PlanId id, const ir::Operation& first) {
+  {
+    FirstOpMap::accessor acc;
+    if (first_op.find(acc, hasher(first))) {
+      Bucket& bucket = acc->second;
+      for (auto s = bucket.begin(); s != bucket.end(); ++s) {
+        if (!(s->op == first)) continue;
+        std::erase(s->ids, id);
+        if (s->ids.empty()) bucket.erase(s);
+        break;
+      }
+      if (bucket.empty()) first_op.erase(acc);
+    }
+  }
+  KindMap::accessor kacc;
+  if (by_kind.find(kacc, kind_key(first))) {
+    std::vector<PlanId>& ids = kacc->second;
+    auto it = std::lower_bound(ids.begin(), ids.end(), id);
+    if (it != ids.end() && *it == id) ids.erase(it);
+    if (ids.empty()) by_kind.erase(kacc);
+  }
+}
+
 ExecutionPlanStore::ExecutionPlanStore() : ExecutionPlanStore(OpHasher(&ir::hash_operation)) {}
 
-ExecutionPlanStore::ExecutionPlanStore(OpHasher hasher) : impl_(std::make_unique<Impl>(std::move(hasher))) {}
+ExecutionPlanStore::ExecutionPlanStore(PlanStoreOptions options)
+    : ExecutionPlanStore(OpHasher(&ir::hash_operation), options) {}
+
+ExecutionPlanStore::ExecutionPlanStore(OpHasher hasher, PlanStoreOptions options)
+    : impl_(std::make_unique<Impl>(std::move(hasher), options)) {}
 
 ExecutionPlanStore::~ExecutionPlanStore() = default;
 
 ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, ExecutionTrigger trigger) {
   assert(!plan.operations.empty() && "ExecutionPlanStore::add: a plan must cover at least one op");
-  if (plan.operations.empty()) return AddResult{kInvalidPlanId, false};
+  if (plan.operations.empty()) return AddResult{kInvalidPlanId, false, nullptr};
+  AddResult result = publish(std::move(plan), std::move(trigger));
+  if (result.inserted) impl_->evict_if_over_bound();  // with no bucket held (lock order)
+  return result;
+}
 
+ExecutionPlanStore::AddResult ExecutionPlanStore::publish(ExecutionPlan plan, ExecutionTrigger trigger) {
   Impl& im = *impl_;
   const std::uint64_t h = im.hasher(plan.operations.front());
 
@@ -194,26 +283,28 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, Execut
   if (starter != nullptr) {
     // Another stream may have explored the very same sequence: keep one plan, add the trigger.
     for (PlanId existing : starter->ids) {
-      Impl::Slot& s = im.slot(existing);
-      if (s.plan.operations == plan.operations) {
-        if (Impl::add_trigger_to(s, trigger)) im.count_change();
-        return AddResult{existing, false};
+      Impl::SlotPtr s = im.find(existing);
+      if (s == nullptr) continue;  // evicted; its id leaves this bucket shortly
+      if (s->plan.operations == plan.operations) {
+        if (Impl::add_trigger_to(*s, trigger)) im.count_change();
+        const ExecutionPlan* p = &s->plan;
+        return AddResult{existing, false, PlanPin(std::move(s), p)};
       }
     }
   }
 
   const std::uint64_t kk = kind_key(plan.operations.front());
   // Build the slot completely before it becomes reachable.
-  auto slot = std::make_unique<Impl::Slot>(std::move(plan), std::move(trigger));
-  const Impl::Slot* raw = slot.get();
+  auto slot = std::make_shared<Impl::Slot>(std::move(plan), std::move(trigger),
+                                           im.clock.fetch_add(1, std::memory_order_relaxed) + 1);
   PlanId id;
   {
     std::lock_guard<std::mutex> lock(im.append_mu);
-    auto it = im.plans.push_back(std::move(slot));
-    id = static_cast<PlanId>(it - im.plans.begin());
-    // release: size() readers that see id+1 also see the slot. Under the mutex, so the count
-    // only ever grows by one, in id order.
-    im.published.store(id + 1, std::memory_order_release);
+    id = im.next_id++;
+    im.kept.emplace(id, slot);
+    im.kept_count.store(im.kept.size(), std::memory_order_relaxed);
+    // The by_id bucket's lock orders the slot's construction before any reader that finds it.
+    im.by_id.insert({id, slot});
   }
   im.count_change();
 
@@ -221,7 +312,7 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, Execut
   if (starter != nullptr) {
     starter->ids.push_back(id);
   } else {
-    bucket.push_back(Impl::Starter{raw->plan.operations.front(), {id}});  // new op or hash collision
+    bucket.push_back(Impl::Starter{slot->plan.operations.front(), {id}});  // new op or hash collision
   }
 
   {
@@ -231,16 +322,36 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, Execut
     // Plans of one kind may come from different first-op buckets in any order: keep ids sorted.
     ids.insert(std::upper_bound(ids.begin(), ids.end(), id), id);
   }
-  return AddResult{id, true};
+  const ExecutionPlan* p = &slot->plan;
+  return AddResult{id, true, PlanPin(std::move(slot), p)};
 }
 
 void ExecutionPlanStore::add_trigger(PlanId id, const ExecutionTrigger& trigger) {
-  if (Impl::add_trigger_to(impl_->slot(id), trigger)) impl_->count_change();
+  if (Impl::SlotPtr s = impl_->find(id); s != nullptr && Impl::add_trigger_to(*s, trigger)) impl_->count_change();
 }
 
-const ExecutionPlan& ExecutionPlanStore::plan(PlanId id) const { return impl_->slot(id).plan; }
+PlanPin ExecutionPlanStore::plan(PlanId id) const {
+  Impl::SlotPtr s = impl_->find(id);
+  if (s == nullptr) return nullptr;
+  const ExecutionPlan* p = &s->plan;
+  return PlanPin(std::move(s), p);  // aliasing: keeps the slot alive
+}
 
-TriggerSnapshot ExecutionPlanStore::triggers(PlanId id) const { return Impl::snapshot(impl_->slot(id)); }
+TriggerSnapshot ExecutionPlanStore::triggers(PlanId id) const {
+  Impl::SlotPtr s = impl_->find(id);
+  return s == nullptr ? nullptr : Impl::snapshot(*s);
+}
+
+void ExecutionPlanStore::mark_used(PlanId id) {
+  Impl& im = *impl_;
+  if (im.options.max_plans == 0) return;  // nothing is ever evicted: recency is not needed
+  Impl::IdMap::const_accessor acc;
+  if (!im.by_id.find(acc, id)) return;
+  const std::uint64_t now = im.clock.load(std::memory_order_relaxed);
+  // Written only when it changes: a plan run in a loop writes its stamp once per new plan.
+  if (acc->second->last_used.load(std::memory_order_relaxed) != now)
+    acc->second->last_used.store(now, std::memory_order_relaxed);
+}
 
 std::vector<PlanId> ExecutionPlanStore::find_starting_with(const ir::Operation& op) const {
   const Impl& im = *impl_;
@@ -258,7 +369,19 @@ std::vector<PlanId> ExecutionPlanStore::find_same_first_kind(const ir::Operation
   return acc->second;
 }
 
-std::size_t ExecutionPlanStore::size() const { return impl_->published.load(std::memory_order_acquire); }
+std::size_t ExecutionPlanStore::size() const { return impl_->kept_count.load(std::memory_order_relaxed); }
+
+std::vector<PlanId> ExecutionPlanStore::ids() const {
+  std::lock_guard<std::mutex> lock(impl_->append_mu);
+  std::vector<PlanId> out;
+  out.reserve(impl_->kept.size());
+  for (const auto& entry : impl_->kept) out.push_back(entry.first);
+  return out;
+}
+
+std::uint64_t ExecutionPlanStore::evicted() const { return impl_->evictions.load(std::memory_order_relaxed); }
+
+std::size_t ExecutionPlanStore::max_plans() const { return impl_->options.max_plans; }
 
 std::uint64_t ExecutionPlanStore::generation() const {
   return impl_->generation.load(std::memory_order_acquire);  // pairs with count_change()

@@ -2,7 +2,7 @@
 //
 // Hot path: update() runs for every op of every stream. When nothing changes it allocates
 // nothing: candidates and availables are compacted in place, plan op lists are read through the
-// store's stable references, trigger op lists through the snapshot each available holds. Only a
+// pins the policy holds, trigger op lists through the snapshot each available holds. Only a
 // segment's first op (one index look-up) and a plan becoming available (one trigger snapshot and
 // its validators) allocate.
 #include "kiln/fusion/policy.h"
@@ -37,7 +37,8 @@ void Policy::update(const ExecutionPlanStore& store, const ir::Operation& op) {
     // Plans are only ever matched from the segment's first op (§6.3).
     candidates_.clear();
     for (PlanId id : store.find_starting_with(op)) {
-      candidates_.push_back(Candidate{id, &store.plan(id), OperationsValidator{}});
+      PlanPin plan = store.plan(id);
+      if (plan != nullptr) candidates_.push_back(Candidate{id, std::move(plan), OperationsValidator{}});
     }
   }
   for (Candidate& c : candidates_) c.validator.update(op, num_operations_, c.plan->operations);
@@ -51,14 +52,14 @@ void Policy::check_candidates(const ExecutionPlanStore& store) {
   // In-place, order-preserving compaction: keep the candidates still Validating.
   std::size_t keep = 0;
   for (std::size_t i = 0; i < candidates_.size(); ++i) {
-    const Candidate& c = candidates_[i];
+    Candidate& c = candidates_[i];
     switch (c.validator.state()) {
       case OperationsValidator::State::Validating:
-        if (keep != i) candidates_[keep] = c;
+        if (keep != i) candidates_[keep] = std::move(c);
         ++keep;
         break;
       case OperationsValidator::State::Found:
-        make_available(store, c.id, c.validator.found_size());
+        make_available(store, c);
         break;
       case OperationsValidator::State::Invalidated:
         break;
@@ -67,15 +68,17 @@ void Policy::check_candidates(const ExecutionPlanStore& store) {
   candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(keep), candidates_.end());
 }
 
-void Policy::make_available(const ExecutionPlanStore& store, PlanId id, std::size_t size) {
+void Policy::make_available(const ExecutionPlanStore& store, Candidate& c) {
   // The trigger list as it is NOW; triggers added later are not seen by this entry (§6.3).
-  TriggerSnapshot snapshot = store.triggers(id);
+  TriggerSnapshot snapshot = store.triggers(c.id);
+  if (snapshot == nullptr) return;  // evicted while it was matched: as if it had never been cached
   std::vector<TriggerValidator> validators;
   validators.reserve(snapshot->size());
   for (std::size_t i = 0; i < snapshot->size(); ++i) {
     validators.push_back(TriggerValidator{(*snapshot)[i].kind, i, OperationsValidator{}, std::nullopt});
   }
-  availables_.push_back(Available{id, size, std::move(snapshot), std::move(validators)});
+  availables_.push_back(
+      Available{c.id, std::move(c.plan), c.validator.found_size(), std::move(snapshot), std::move(validators)});
 }
 
 void Policy::update_availables(const ir::Operation& op) {
@@ -115,7 +118,7 @@ void Policy::check_availables() {
 
 Action Policy::action(const ExecutionPlanStore& /*store*/, std::span<const ir::Operation> ops,
                       ExecutionMode mode) const {
-  // Candidates reference the store's plans directly (Candidate::plan), so the store is not read.
+  // Candidates hold their plans (Candidate::plan), so the store is not read.
   assert(num_operations_ >= ops.size() && "policy analysed fewer ops than asked about");
   if (num_operations_ < ops.size()) return Action::explore();  // internal bug; see header
 
@@ -144,6 +147,14 @@ Action Policy::action(const ExecutionPlanStore& /*store*/, std::span<const ir::O
     if (c.plan->operations.size() == n) return Action::execute(c.id);
   }
   return Action::explore();
+}
+
+PlanPin Policy::pinned(PlanId id) const {
+  for (const Available& a : availables_)
+    if (a.id == id) return a.plan;
+  for (const Candidate& c : candidates_)
+    if (c.id == id) return c.plan;
+  return nullptr;
 }
 
 void Policy::reset() {

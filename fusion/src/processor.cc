@@ -34,7 +34,10 @@ void Processor::process(Segment& segment, ExecutionPlanStore& store, ExecutionMo
       });
       if (mode == ExecutionMode::Sync) store.add_trigger(action.plan, ExecutionTrigger::on_sync());
       ++stats_.cache_hits;
-      segment.execute(action.plan, store);
+      store.mark_used(action.plan);
+      const PlanPin plan = policy_.pinned(action.plan);
+      assert(plan != nullptr && "the policy executes only plans it holds");
+      segment.execute(action.plan, *plan);
       reset(store, segment.operations());
     }
   }
@@ -49,8 +52,8 @@ void Processor::explore(Segment& segment, ExecutionPlanStore& store, ExecutionMo
   ExplorationResult r = explorer_.explore(ops, mode);
   switch (r.kind) {
     case ExplorationResult::Kind::Completed: {
-      const PlanId id = on_exploration_completed(ops, store, std::move(r.optimization), mode);
-      segment.execute(id, store);
+      const auto [id, plan] = on_exploration_completed(ops, store, std::move(r.optimization), mode);
+      segment.execute(id, *plan);
       reset(store, segment.operations());
       break;
     }
@@ -73,8 +76,9 @@ void Processor::reset(const ExecutionPlanStore& store, std::span<const ir::Opera
   for (const ir::Operation& op : remaining) policy_.update(store, op);
 }
 
-PlanId Processor::on_exploration_completed(std::span<const ir::Operation> ops, ExecutionPlanStore& store,
-                                           BlockOptimization opt, ExecutionMode mode) {
+std::pair<PlanId, PlanPin> Processor::on_exploration_completed(std::span<const ir::Operation> ops,
+                                                               ExecutionPlanStore& store, BlockOptimization opt,
+                                                               ExecutionMode mode) {
   const std::size_t k = opt.ordering.size();
   ++stats_.explorations;
   log_.log(LogLevel::Full, [&] {
@@ -89,12 +93,14 @@ PlanId Processor::on_exploration_completed(std::span<const ir::Operation> ops, E
   const Action existing = policy_.action(store, prefix, ExecutionMode::Sync);
   if (existing.kind == Action::Kind::Execute) {
     store.add_trigger(existing.plan, trigger);
-    return existing.plan;
+    store.mark_used(existing.plan);
+    return {existing.plan, policy_.pinned(existing.plan)};
   }
   // Otherwise publish; the store deduplicates against plans other streams published meanwhile.
   auto added = store.add(ExecutionPlan{{prefix.begin(), prefix.end()}, std::move(opt)}, std::move(trigger));
   if (added.inserted) ++stats_.plans_created;
-  return added.id;
+  else store.mark_used(added.id);
+  return {added.id, std::move(added.plan)};
 }
 
 // ---- cache-miss explanations
@@ -145,14 +151,17 @@ std::string explain_cache_miss(const ExecutionPlanStore& store, std::span<const 
   if (!ids.empty()) {
     // Plans start like this segment: report the one that matched longest.
     PlanId best = ids[0];
+    PlanPin best_plan;
     std::size_t best_len = 0;
     for (PlanId id : ids) {
-      const auto& plan_ops = store.plan(id).operations;
+      PlanPin plan = store.plan(id);
+      if (plan == nullptr) continue;  // evicted meanwhile
       std::size_t k = 0;
-      while (k < plan_ops.size() && k < ops.size() && plan_ops[k] == ops[k]) ++k;
-      if (k > best_len) best = id, best_len = k;
+      while (k < plan->operations.size() && k < ops.size() && plan->operations[k] == ops[k]) ++k;
+      if (best_plan == nullptr || k > best_len) best = id, best_plan = std::move(plan), best_len = k;
     }
-    const auto& plan_ops = store.plan(best).operations;
+    if (best_plan == nullptr) return fmt::format("the plans that started like this were evicted ({} plans cached)", n_plans);
+    const auto& plan_ops = best_plan->operations;
     if (best_len < plan_ops.size() && best_len < ops.size())
       return fmt::format("closest plan #{} ({} ops) matches {} ops; op {} {}", best, plan_ops.size(), best_len,
                          best_len, describe_first_difference(ops[best_len], plan_ops[best_len]));
@@ -166,9 +175,10 @@ std::string explain_cache_miss(const ExecutionPlanStore& store, std::span<const 
     return fmt::format("no cached plan starts with {} ({} plans cached)", ops[0].kind_name(), n_plans);
   // Closest: the first plan whose first op differs latest in field order is as good as any;
   // report the first one with its first differing field.
-  const auto& cached = store.plan(similar.back()).operations;
+  const PlanPin cached = store.plan(similar.back());
+  if (cached == nullptr) return fmt::format("no cached plan starts with {} ({} plans cached)", ops[0].kind_name(), n_plans);
   return fmt::format("no cached plan starts with this op; closest plan #{}: op 0 {}", similar.back(),
-                     describe_first_difference(ops[0], cached[0]));
+                     describe_first_difference(ops[0], cached->operations[0]));
 }
 
 }  // namespace kiln::fusion

@@ -1246,6 +1246,8 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
   st.socket_path = s.socket_path;
   st.streams = s.device.num_streams();
   st.plans = s.device.plan_store().size();
+  st.max_plans = s.device.plan_store().max_plans();
+  st.plans_evicted = s.device.plan_store().evicted();
   const runtime::MemoryStats mem = s.device.backend().memory_stats();
   st.memory_bytes = mem.bytes_in_use;
   st.device_tensors = mem.tensors;
@@ -1263,6 +1265,7 @@ std::string DaemonStatus::to_json() const {
   out += fmt::format("\"device\":\"{}\",\"socket\":\"{}\",\"clients_served\":{},\"streams\":{},\"plans\":{},", json_escape(device),
                      json_escape(socket_path), clients_served, streams, plans);
   const std::uint64_t lookups = cache_hits + explorations;
+  out += fmt::format("\"max_plans\":{},\"plans_evicted\":{},", max_plans, plans_evicted);
   out += fmt::format("\"cache_hits\":{},\"explorations\":{},\"hit_rate\":{:.4f},\"fused_launches\":{},", cache_hits,
                      explorations, lookups ? double(cache_hits) / double(lookups) : 0.0, fused_launches);
   out += fmt::format("\"memory_bytes\":{},\"device_tensors\":{},", memory_bytes, device_tensors);
@@ -1289,8 +1292,9 @@ std::string DaemonStatus::to_text() const {
   const std::uint64_t lookups = cache_hits + explorations;
   out += fmt::format("kilnd on {} ({})\n", device, socket_path);
   out += fmt::format("  clients now {}, served {}; streams {}\n", clients.size(), clients_served, streams);
-  out += fmt::format("  plan store: {} plans, {} cache hits, {} explorations, hit rate {:.1f}%\n", plans, cache_hits,
-                     explorations, lookups ? 100.0 * double(cache_hits) / double(lookups) : 0.0);
+  out += fmt::format("  plan store: {} plans ({}), {} cache hits, {} explorations, hit rate {:.1f}%\n", plans,
+                     max_plans ? fmt::format("at most {}, {} evicted", max_plans, plans_evicted) : std::string("unbounded"),
+                     cache_hits, explorations, lookups ? 100.0 * double(cache_hits) / double(lookups) : 0.0);
   out += fmt::format("  fused launches {}; memory in use {} in {} tensors\n", fused_launches, human_bytes(memory_bytes),
                      device_tensors);
   for (const JobStatus& j : jobs)

@@ -103,6 +103,20 @@ TEST(Differential, RandomPrograms) {
   }
 }
 
+// Runs one instance of a structure on a reused fused side and on a fresh reference, compares them
+// and forgets the instance's tensors; `next_id` moves past the instance's ids.
+bool rerun_matches(FusedSide& side, const DiffProgram& p, std::uint64_t& next_id, const std::string& label) {
+  next_id = p.end_id;
+  ReferenceSide ref;
+  side.run(p);
+  ref.run(p);
+  const std::string diff = compare(p, side.device, ref.device);
+  release(p, side.device);
+  if (diff.empty()) return true;
+  ADD_FAILURE() << label << " differs\n" << p.to_string() << diff;
+  return false;
+}
+
 // One plan store, stream and device for several instances of each program structure, with new
 // sizes, scalars and data each time: cached plans and cached compiled forms must bind the new
 // values (each instance is compared with the reference).
@@ -116,17 +130,8 @@ TEST(Differential, CachedPlanReruns) {
     FusedSide side;
     std::uint64_t next_id = 1;
     for (std::uint64_t i = 0; i < instances; ++i) {
-      const DiffProgram p = Generator(seed, seed * 16 + i, next_id).generate();
-      next_id = p.end_id;
-      ReferenceSide ref;
-      side.run(p);
-      ref.run(p);
-      const std::string diff = compare(p, side.device, ref.device);
-      if (!diff.empty()) {
-        ADD_FAILURE() << "rerun " << i << " of structure seed " << seed << " differs\n" << p.to_string() << diff;
-        ++failures;
-      }
-      release(p, side.device);
+      failures += !rerun_matches(side, Generator(seed, seed * 16 + i, next_id).generate(), next_id,
+                                 "rerun " + std::to_string(i) + " of structure seed " + std::to_string(seed));
     }
     plan_hits += side.stream.processor().stats().cache_hits;
     kernel_hits += side.device.stats().kernel_cache_hits;
@@ -143,6 +148,39 @@ TEST(Differential, CachedPlanReruns) {
     EXPECT_GT(plan_hits, 0u);
     EXPECT_GT(kernel_hits, 0u);
   }
+}
+
+// Beyond Burn: a plan store and a compiled-form cache bounded far below what the programs need
+// (8 plans, 8 compiled forms). Each structure runs twice in a row (its plans are hits), and
+// structures are interleaved over rounds, so plans and compiled forms are evicted between
+// instances and while a stream holds them: every instance must compute what the reference does.
+TEST(Differential, TinyBoundedCachesEvictAndRebuild) {
+  const std::uint64_t structures = std::max<std::uint64_t>(8, env_u64("KILN_DIFF_RERUN_TEMPLATES", default_programs() / 10) / 4);
+  constexpr std::uint64_t kRounds = 3, kBound = 8;
+  CpuDeviceOptions device_options{.threads = 2};
+  device_options.max_kernels = kBound;
+  FusedSide side(device_options, fusion::PlanStoreOptions{.max_plans = kBound});
+  int failures = 0;
+  std::uint64_t next_id = 1;
+  for (std::uint64_t round = 0; round < kRounds && failures < 5; ++round) {
+    for (std::uint64_t i = 0; i < 2 * structures && failures < 5; ++i) {
+      const std::uint64_t seed = 700000 + i / 2;
+      failures += !rerun_matches(side, Generator(seed, seed * 16 + round * 2 + i % 2, next_id).generate(), next_id,
+                                 "round " + std::to_string(round) + " of structure seed " + std::to_string(seed));
+      EXPECT_LE(side.store.size(), kBound);
+      EXPECT_LE(side.device.kernel_cache_size(), kBound);
+    }
+  }
+  const CpuDeviceStats st = side.device.stats();
+  std::printf("[differential] bounded caches: %llu structures x %llu rounds: %llu plans evicted, %llu compiled forms "
+              "evicted, %llu cached plans executed\n",
+              static_cast<unsigned long long>(structures), static_cast<unsigned long long>(kRounds),
+              static_cast<unsigned long long>(side.store.evicted()),
+              static_cast<unsigned long long>(st.kernel_cache_evictions),
+              static_cast<unsigned long long>(side.stream.processor().stats().cache_hits));
+  EXPECT_GT(side.store.evicted(), 0u);
+  EXPECT_GT(st.kernel_cache_evictions, 0u);
+  EXPECT_GT(side.stream.processor().stats().cache_hits, 0u) << "cached plans ran between evictions";
 }
 
 }  // namespace

@@ -1187,6 +1187,8 @@ struct FusedSide {
 
   explicit FusedSide(int threads = 2) : device(CpuDeviceOptions{.threads = threads}) {}
   explicit FusedSide(CpuDeviceOptions options) : device(std::move(options)) {}
+  FusedSide(CpuDeviceOptions options, fusion::PlanStoreOptions store_options)
+      : store(store_options), device(std::move(options)) {}
 
   void run(const DiffProgram& p) {
     upload_inputs(p, device);

@@ -49,12 +49,12 @@ TEST(FusionConcurrency, SharedStoreManyStreams) {
   const std::size_t n = store.size();
   ASSERT_GT(n, 0u);
   for (PlanId i = 0; i < n; ++i) {
-    const auto& ops = store.plan(i).operations;
+    const auto& ops = store.plan(i)->operations;
     auto found = store.find_starting_with(ops[0]);
     EXPECT_NE(std::find(found.begin(), found.end(), i), found.end()) << "plan " << i << " lost from the index";
     for (PlanId j : found) {
       if (j == i) continue;
-      EXPECT_FALSE(store.plan(j).operations == ops) << "plans " << i << " and " << j << " are duplicates";
+      EXPECT_FALSE(store.plan(j)->operations == ops) << "plans " << i << " and " << j << " are duplicates";
     }
   }
 }

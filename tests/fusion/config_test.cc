@@ -23,12 +23,14 @@ TEST(FusionConfig, Defaults) {
   EXPECT_EQ(cfg->max_blocks, 5u);
   EXPECT_FALSE(cfg->max_explorations.has_value());
   EXPECT_EQ(cfg->log_level, LogLevel::Disabled);
+  EXPECT_EQ(cfg->max_plans, 8192u) << "the device's store is bounded unless the file says 0";
 }
 
 TEST(FusionConfig, FileValues) {
   auto cfg = parse_fusion_config(R"(
 [fusion]
 max_explorations = 7
+max_plans = 0
 [fusion.beam_search]
 max_blocks = 3
 [fusion.logger]
@@ -37,6 +39,7 @@ level = "medium"
   ASSERT_TRUE(cfg.ok()) << cfg.error().to_string();
   EXPECT_EQ(cfg->max_blocks, 3u);
   EXPECT_EQ(cfg->max_explorations, 7u);
+  EXPECT_EQ(cfg->max_plans, 0u) << "0: every plan kept, as Burn does";
   EXPECT_EQ(cfg->log_level, LogLevel::Medium);
 }
 
@@ -47,6 +50,9 @@ TEST(FusionConfig, BadValuesAreErrorsNamingTheKey) {
   auto negative = parse_fusion_config("[fusion.beam_search]\nmax_blocks = -1\n");
   ASSERT_FALSE(negative.ok());
   EXPECT_THAT(negative.error().message, ::testing::HasSubstr("max_blocks"));
+  auto bad_plans = parse_fusion_config("[fusion]\nmax_plans = \"many\"\n");
+  ASSERT_FALSE(bad_plans.ok());
+  EXPECT_THAT(bad_plans.error().message, ::testing::HasSubstr("fusion.max_plans"));
   auto syntax = parse_fusion_config("[fusion\n", "x.toml");
   ASSERT_FALSE(syntax.ok());
   EXPECT_EQ(syntax.error().code, ErrorCode::Config);
@@ -58,12 +64,13 @@ TEST(FusionConfig, EnvironmentOverrides) {
   base.log_level = LogLevel::Basic;
   std::string warnings;
   auto cfg = apply_fusion_env(base, env_of({{"KILN_FUSION_LOG", "FULL"}, {"KILN_FUSION_MAX_EXPLORATIONS", "12"},
-                                            {"KILN_FUSION_MAX_BLOCKS", "2"}}),
+                                            {"KILN_FUSION_MAX_BLOCKS", "2"}, {"KILN_FUSION_MAX_PLANS", "64"}}),
                               &warnings);
   EXPECT_EQ(cfg.log_level, LogLevel::Full);
   EXPECT_TRUE(cfg.log_to_stderr);
   EXPECT_EQ(cfg.max_explorations, 12u);
   EXPECT_EQ(cfg.max_blocks, 2u);
+  EXPECT_EQ(cfg.max_plans, 64u);
   EXPECT_TRUE(warnings.empty());
 }
 
@@ -71,13 +78,16 @@ TEST(FusionConfig, UnparsableEnvironmentIsIgnoredWithAWarning) {
   FusionConfig base;
   base.log_level = LogLevel::Medium;
   std::string warnings;
-  auto cfg = apply_fusion_env(base, env_of({{"KILN_FUSION_LOG", "verbose"}, {"KILN_FUSION_MAX_EXPLORATIONS", "x"}}),
-                              &warnings);
+  auto cfg = apply_fusion_env(
+      base, env_of({{"KILN_FUSION_LOG", "verbose"}, {"KILN_FUSION_MAX_EXPLORATIONS", "x"}, {"KILN_FUSION_MAX_PLANS", "-3"}}),
+      &warnings);
   EXPECT_EQ(cfg.log_level, LogLevel::Medium) << "an unknown level keeps the file value";
   EXPECT_TRUE(cfg.log_to_stderr) << "the variable being set switches stderr on";
   EXPECT_FALSE(cfg.max_explorations.has_value());
   EXPECT_THAT(warnings, ::testing::HasSubstr("KILN_FUSION_LOG"));
   EXPECT_THAT(warnings, ::testing::HasSubstr("KILN_FUSION_MAX_EXPLORATIONS"));
+  EXPECT_THAT(warnings, ::testing::HasSubstr("KILN_FUSION_MAX_PLANS"));
+  EXPECT_EQ(cfg.max_plans, 8192u);
 }
 
 TEST(FusionConfig, LevelNames) {

@@ -216,11 +216,11 @@ Pass run_all(const std::vector<Template>& templates, ExecutionPlanStore& store, 
 ::testing::AssertionResult same_stores(const ExecutionPlanStore& a, const ExecutionPlanStore& b) {
   if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " vs " << b.size() << " plans";
   for (PlanId id = 0; id < a.size(); ++id) {
-    if (a.plan(id).operations != b.plan(id).operations)
+    if (a.plan(id)->operations != b.plan(id)->operations)
       return ::testing::AssertionFailure() << "plan " << id << ": operations differ";
-    if (!(a.plan(id).optimization == b.plan(id).optimization))
+    if (!(a.plan(id)->optimization == b.plan(id)->optimization))
       return ::testing::AssertionFailure() << "plan " << id << ": optimization differs";
-    if (auto r = same_strategy(a.plan(id).optimization.strategy, b.plan(id).optimization.strategy); !r)
+    if (auto r = same_strategy(a.plan(id)->optimization.strategy, b.plan(id)->optimization.strategy); !r)
       return ::testing::AssertionFailure() << "plan " << id << ": " << r.message();
     if (*a.triggers(id) != *b.triggers(id)) return ::testing::AssertionFailure() << "plan " << id << ": triggers differ";
   }
@@ -359,7 +359,7 @@ TEST(PlanCache, EncodingIsCanonical) {
   EXPECT_TRUE(same_stores(store, copy));
   EXPECT_EQ(serialize_plans(copy).bytes, s.bytes) << "re-encoding a decoded file gives the same bytes";
   for (PlanId id = 0; id < store.size(); ++id)
-    EXPECT_TRUE(validate_plan(store.plan(id), *store.triggers(id)).ok()) << "every live plan validates";
+    EXPECT_TRUE(validate_plan(*store.plan(id), *store.triggers(id)).ok()) << "every live plan validates";
 }
 
 // A ReduceBroadcasted program (stages, each a Reduce program with fallbacks) from the fuser
@@ -386,13 +386,13 @@ TEST(PlanCache, ReduceBroadcastedProgramRoundTrips) {
   store.add(ExecutionPlan{ops, BlockOptimization(ExecutionStrategy::optimization(opt, all, fuser.properties().score), all)},
             ExecutionTrigger::on_sync());
   store.add_trigger(0, ExecutionTrigger::on_operations({ops[0]}));
-  ASSERT_TRUE(validate_plan(store.plan(0), *store.triggers(0)).ok());
+  ASSERT_TRUE(validate_plan(*store.plan(0), *store.triggers(0)).ok());
   ExecutionPlanStore copy;
   const auto r = load_plans(serialize_plans(store).bytes, copy);
   ASSERT_TRUE(r.ok()) << r.reason;
   EXPECT_EQ(r.loaded, 1u);
   EXPECT_TRUE(same_stores(store, copy));
-  const auto& program = dynamic_cast<const FusedOptimization&>(*copy.plan(0).optimization.strategy.opt()).program();
+  const auto& program = dynamic_cast<const FusedOptimization&>(*copy.plan(0)->optimization.strategy.opt()).program();
   EXPECT_EQ(program.stages.size(), 2u);
 }
 
@@ -414,10 +414,10 @@ TEST(PlanCache, LoadDeduplicatesAgainstPlansAlreadyThere) {
   EXPECT_EQ(partial.size(), before + r.loaded);
   // Every plan of the file is findable by its operations, with at least the file's triggers.
   for (PlanId id = 0; id < full.size(); ++id) {
-    const auto& ops = full.plan(id).operations;
+    const auto& ops = full.plan(id)->operations;
     bool found = false;
     for (PlanId other : partial.find_starting_with(ops.front())) {
-      if (partial.plan(other).operations != ops) continue;
+      if (partial.plan(other)->operations != ops) continue;
       found = true;
       for (const auto& t : *full.triggers(id)) {
         const auto mine = partial.triggers(other);
@@ -449,7 +449,7 @@ TEST(PlanCache, PlansWithUnserializableOptimizationsAreSkipped) {
   const std::size_t real = store.size();
   // Copy a real plan's first op and give it an optimization of an unknown kind.
   ExecutionPlan opaque;
-  opaque.operations = {store.plan(0).operations.front()};
+  opaque.operations = {store.plan(0)->operations.front()};
   opaque.operations.front().tensors.front().id = ir::TensorId(999);  // distinct from plan 0
   opaque.optimization = BlockOptimization(
       ExecutionStrategy::optimization(std::make_shared<OpaqueOptimization>(), Ordering{0}, 5), Ordering{0});
@@ -464,7 +464,7 @@ TEST(PlanCache, PlansWithUnserializableOptimizationsAreSkipped) {
   const auto r = load_plan_cache(fresh, dir.path(), FusionLog{});
   ASSERT_TRUE(r.ok()) << r.reason;
   EXPECT_EQ(r.loaded, real);
-  EXPECT_FALSE(validate_plan(store.plan(real), *store.triggers(real)).ok());
+  EXPECT_FALSE(validate_plan(*store.plan(real), *store.triggers(real)).ok());
 }
 
 TEST(PlanCache, EmptyStoreRoundTrips) {
@@ -584,7 +584,7 @@ TEST(PlanCache, CorruptPayloadWithValidChecksumNeverCrashes) {
       // A change the format cannot tell from a real plan (a tensor id, a score): still valid.
       ++accepted;
       for (PlanId id = 0; id < target.size(); ++id)
-        ASSERT_TRUE(validate_plan(target.plan(id), *target.triggers(id)).ok());
+        ASSERT_TRUE(validate_plan(*target.plan(id), *target.triggers(id)).ok());
     } else {
       ++rejected;
       ASSERT_EQ(r.problem, PlanCacheProblem::Malformed) << r.reason;
@@ -777,14 +777,14 @@ const ExecutionPlanStore& learned() {
 
 // Publishes learned plan `id` into `store`, as a stream that explored it would.
 std::vector<Operation> publish(ExecutionPlanStore& store, PlanId id) {
-  const ExecutionPlan& plan = learned().plan(id);
-  EXPECT_TRUE(store.add(plan, learned().triggers(id)->front()).inserted);
-  return plan.operations;
+  const PlanPin plan = learned().plan(id);
+  EXPECT_TRUE(store.add(*plan, learned().triggers(id)->front()).inserted);
+  return plan->operations;
 }
 
 // A trigger no plan has yet: each one is a change of the store.
 ExecutionTrigger fresh_trigger(std::uint64_t k) {
-  Operation op = learned().plan(0).operations.front();
+  Operation op = learned().plan(0)->operations.front();
   op.tensors.front().id = ir::TensorId(100000 + k);
   return ExecutionTrigger::on_operations({op});
 }
@@ -806,7 +806,7 @@ std::optional<TriggerList> on_disk(const fs::path& dir, const std::vector<Operat
   ExecutionPlanStore fresh;
   if (!load_plan_cache(fresh, dir, FusionLog{}).found) return std::nullopt;
   for (PlanId id : fresh.find_starting_with(ops.front()))
-    if (fresh.plan(id).operations == ops) return *fresh.triggers(id);
+    if (fresh.plan(id)->operations == ops) return *fresh.triggers(id);
   return std::nullopt;
 }
 
@@ -918,7 +918,7 @@ TEST(PlanCacheAutosaver, NothingIsWrittenWhenNothingChanged) {
   SaveLog log;
   PlanCacheAutosaver saver(live, cache, {.debounce = 1ms, .max_delay = 1ms, .poll_interval = 1ms, .on_save = log.callback()});
   // Republishing what is there is no change.
-  EXPECT_FALSE(live.add(learned().plan(0), learned().triggers(0)->front()).inserted);
+  EXPECT_FALSE(live.add(*learned().plan(0), learned().triggers(0)->front()).inserted);
   live.add_trigger(0, learned().triggers(0)->front());
   // Many polls' worth of time (no event to wait for: it must not happen).
   std::this_thread::sleep_for(200ms);

@@ -142,7 +142,7 @@ TEST(PlanStore, IdsAreDenseInInsertionOrder) {
     EXPECT_EQ(r.id, i);
     EXPECT_EQ(store.size(), i + 1);
   }
-  EXPECT_EQ(store.plan(3).operations, std::vector<Operation>{log_op(3, 4)});
+  EXPECT_EQ(store.plan(3)->operations, std::vector<Operation>{log_op(3, 4)});
 }
 
 TEST(PlanStore, AddOfAnExistingSequenceOnlyAddsTheTrigger) {
@@ -192,12 +192,12 @@ TEST(PlanStore, TriggerSnapshotsNeverChange) {
 TEST(PlanStore, PlanReferencesAreStableAcrossGrowth) {
   ExecutionPlanStore store;
   store.add(plan_of({op1(), op2()}), ExecutionTrigger::always());
-  const ExecutionPlan* first = &store.plan(0);
+  const ExecutionPlan* first = store.plan(0).get();
   const Operation* first_op = first->operations.data();
   for (std::uint64_t i = 0; i < 5000; ++i) store.add(plan_of({log_op(i, i + 1)}), ExecutionTrigger::always());
-  EXPECT_EQ(&store.plan(0), first);
-  EXPECT_EQ(store.plan(0).operations.data(), first_op);
-  EXPECT_EQ(store.plan(0).operations, (std::vector<Operation>{op1(), op2()}));
+  EXPECT_EQ(store.plan(0).get(), first);
+  EXPECT_EQ(store.plan(0)->operations.data(), first_op);
+  EXPECT_EQ(store.plan(0)->operations, (std::vector<Operation>{op1(), op2()}));
   EXPECT_EQ(store.size(), 5001u);
 }
 
@@ -291,11 +291,11 @@ void run_concurrent(ExecutionPlanStore& store) {
         auto r = store.add(plan_of(ops), trigger_for(static_cast<std::size_t>(i + t)));
         auto [it, fresh] = seen[t].emplace(k, r.id);
         if (!fresh && it->second != r.id) failures.fetch_add(1);
-        if (store.plan(r.id).operations != ops) failures.fetch_add(1);
+        if (store.plan(r.id)->operations != ops) failures.fetch_add(1);
 
         // Readers: every id found is resolvable and starts with the op looked up.
         for (PlanId id : store.find_starting_with(first)) {
-          if (id >= store.size() || !(store.plan(id).operations.front() == first)) failures.fetch_add(1);
+          if (id >= store.size() || !(store.plan(id)->operations.front() == first)) failures.fetch_add(1);
           if (store.triggers(id)->empty()) failures.fetch_add(1);
         }
         const Ids found = store.find_starting_with(first);
@@ -328,13 +328,13 @@ void run_concurrent(ExecutionPlanStore& store) {
     const Ids found = store.find_starting_with(ops.front());
     std::vector<PlanId> matches;
     for (PlanId id : found) {
-      if (store.plan(id).operations == ops) matches.push_back(id);
+      if (store.plan(id)->operations == ops) matches.push_back(id);
     }
     ASSERT_EQ(matches.size(), 1u) << "sequence " << k;
     id_of[k] = matches.front();
   }
   for (PlanId id = 0; id < store.size(); ++id) {
-    EXPECT_TRUE(distinct.insert(store.plan(id).operations).second) << "duplicate plan " << id;
+    EXPECT_TRUE(distinct.insert(store.plan(id)->operations).second) << "duplicate plan " << id;
     const TriggerList& triggers = *store.triggers(id);
     EXPECT_FALSE(triggers.empty());
     EXPECT_LE(triggers.size(), 4u);
@@ -395,6 +395,137 @@ TEST(PlanStoreConcurrency, TriggerWritersOnOnePlanLoseNothing) {
   std::set<std::string> names;
   for (const ExecutionTrigger& tr : triggers) names.insert(tr.to_string() + (tr.operations.empty() ? "" : tr.operations[0].to_string()));
   EXPECT_EQ(names.size(), triggers.size());
+}
+
+// ---- a bounded store (beyond Burn: PlanStoreOptions::max_plans) ---------------------------------
+
+// Plan k: Log(k -> k+1000), one first op of its own.
+ExecutionPlan numbered_plan(std::uint64_t k) { return plan_of({log_op(k, k + 1000)}); }
+
+TEST(BoundedPlanStore, PublishingPastTheBoundEvictsTheColdestEighth) {
+  ExecutionPlanStore store(PlanStoreOptions{.max_plans = 16});
+  for (std::uint64_t k = 0; k < 16; ++k) ASSERT_EQ(store.add(numbered_plan(k), ExecutionTrigger::always()).id, k);
+  EXPECT_EQ(store.size(), 16u);
+  EXPECT_EQ(store.evicted(), 0u);
+  // Plans 0-3 ran after the others were published: they are the warmest now.
+  for (PlanId id : {0, 1, 2, 3}) store.mark_used(id);
+  const std::uint64_t generation = store.generation();
+
+  // The 17th plan takes the store past its bound: down to 16 - 16/8 = 14, the three coldest go
+  // (plans 4, 5 and 6, published earliest and never run since).
+  ASSERT_EQ(store.add(numbered_plan(16), ExecutionTrigger::always()).id, 16u);
+  EXPECT_EQ(store.size(), 14u);
+  EXPECT_EQ(store.evicted(), 3u);
+  EXPECT_EQ(store.generation(), generation + 2) << "the new plan and the eviction";
+  EXPECT_EQ(store.ids(), (Ids{0, 1, 2, 3, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}));
+  for (PlanId id : {4, 5, 6}) {
+    EXPECT_EQ(store.plan(id), nullptr) << "plan " << id;
+    EXPECT_EQ(store.triggers(id), nullptr) << "plan " << id;
+    EXPECT_TRUE(store.find_starting_with(log_op(id, id + 1000)).empty()) << "plan " << id;
+    store.add_trigger(id, ExecutionTrigger::on_sync());  // nothing to add it to: no change
+  }
+  EXPECT_EQ(store.generation(), generation + 2);
+  const Ids same_kind = store.find_same_first_kind(log_op(0, 1));
+  EXPECT_EQ(same_kind, store.ids()) << "the kind index forgets the evicted plans too";
+  for (PlanId id : {0, 3, 7, 16}) {
+    ASSERT_NE(store.plan(id), nullptr) << "plan " << id;
+    EXPECT_EQ(store.plan(id)->operations, numbered_plan(id).operations) << "plan " << id;
+    EXPECT_EQ(store.find_starting_with(log_op(id, id + 1000)), Ids{id});
+  }
+}
+
+TEST(BoundedPlanStore, AnEvictedSequenceComesBackUnderANewId) {
+  ExecutionPlanStore store(PlanStoreOptions{.max_plans = 8});
+  for (std::uint64_t k = 0; k < 9; ++k) store.add(numbered_plan(k), ExecutionTrigger::always());
+  ASSERT_EQ(store.plan(0), nullptr) << "plan 0, the coldest, was evicted";
+  const auto again = store.add(numbered_plan(0), ExecutionTrigger::on_sync());
+  EXPECT_TRUE(again.inserted);
+  EXPECT_EQ(again.id, 9u) << "ids are never reused";
+  EXPECT_EQ(store.find_starting_with(log_op(0, 1000)), Ids{9});
+  EXPECT_EQ(*store.triggers(9), TriggerList{ExecutionTrigger::on_sync()});
+}
+
+TEST(BoundedPlanStore, APinnedPlanOutlivesItsEviction) {
+  ExecutionPlanStore store(PlanStoreOptions{.max_plans = 4});
+  const auto first = store.add(plan_of({op1(), op2()}), ExecutionTrigger::always());
+  const PlanPin pinned = store.plan(first.id);
+  const TriggerSnapshot triggers = store.triggers(first.id);
+  for (std::uint64_t k = 0; k < 8; ++k) store.add(numbered_plan(k), ExecutionTrigger::always());
+  ASSERT_EQ(store.plan(first.id), nullptr) << "evicted from the store";
+  // What was pinned before is whole: a stream that matched it still runs it.
+  EXPECT_EQ(pinned->operations, (std::vector<Operation>{op1(), op2()}));
+  EXPECT_EQ(first.plan->operations, (std::vector<Operation>{op1(), op2()}));
+  EXPECT_EQ(*triggers, TriggerList{ExecutionTrigger::always()});
+}
+
+TEST(BoundedPlanStore, ARecentlyUsedPlanSurvivesEveryEviction) {
+  ExecutionPlanStore store(PlanStoreOptions{.max_plans = 8});
+  const PlanId hot = store.add(plan_of({op1()}), ExecutionTrigger::always()).id;
+  for (std::uint64_t k = 0; k < 200; ++k) {
+    store.add(numbered_plan(k), ExecutionTrigger::always());
+    store.mark_used(hot);  // it runs between every two new plans
+    ASSERT_NE(store.plan(hot), nullptr) << "after plan " << k;
+  }
+  EXPECT_LE(store.size(), 8u);
+  EXPECT_EQ(store.evicted(), 201u - store.size());
+}
+
+TEST(BoundedPlanStore, WithoutABoundNothingIsEvictedAndIdsStayDense) {
+  ExecutionPlanStore store;
+  EXPECT_EQ(store.max_plans(), 0u);
+  for (std::uint64_t k = 0; k < 1000; ++k) store.add(numbered_plan(k), ExecutionTrigger::always());
+  EXPECT_EQ(store.size(), 1000u);
+  EXPECT_EQ(store.evicted(), 0u);
+  const Ids ids = store.ids();
+  ASSERT_EQ(ids.size(), 1000u);
+  for (PlanId id = 0; id < 1000; ++id) EXPECT_EQ(ids[id], id);
+}
+
+// Threads publish, pin, find and mark plans while the bound keeps evicting (run under TSan too):
+// every plan found is either whole (its operations are the sequence it was found under) or
+// gone, never half there, and the store ends within its bound with its indexes consistent.
+TEST(BoundedPlanStoreConcurrency, EvictionRacesWithReadersAndWriters) {
+  constexpr std::size_t kBound = 32;
+  constexpr int kThreads = 6, kIterations = 3000;
+  ExecutionPlanStore store(PlanStoreOptions{.max_plans = kBound});
+  std::atomic<int> failures{0};
+  std::barrier start(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      for (int i = 0; i < kIterations; ++i) {
+        // 256 sequences: more than the bound, so plans come, go and come back.
+        const std::uint64_t k = (static_cast<std::uint64_t>(i) * (2 * t + 1) + static_cast<std::uint64_t>(t)) % 256;
+        const std::vector<Operation> ops{log_op(k % 16, 100), log_op(k, 200)};
+        auto r = store.add(plan_of(ops), trigger_for(static_cast<std::size_t>(i)));
+        if (r.plan == nullptr || r.plan->operations != ops) failures.fetch_add(1);
+        for (PlanId id : store.find_starting_with(ops.front())) {
+          const PlanPin p = store.plan(id);
+          if (p != nullptr && !(p->operations.front() == ops.front())) failures.fetch_add(1);
+          const TriggerSnapshot tr = store.triggers(id);
+          if (tr != nullptr && tr->empty()) failures.fetch_add(1);
+          store.mark_used(id);
+        }
+        store.add_trigger(r.id, ExecutionTrigger::on_sync());
+        (void)store.find_same_first_kind(ops.front());
+        if (i % 64 == 0) (void)store.ids();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(store.size(), kBound);
+  EXPECT_GT(store.evicted(), 0u);
+  // The indexes name exactly the kept plans.
+  const Ids kept = store.ids();
+  EXPECT_EQ(kept.size(), store.size());
+  std::set<PlanId> indexed;
+  for (std::uint64_t f = 0; f < 16; ++f)
+    for (PlanId id : store.find_starting_with(log_op(f, 100))) EXPECT_TRUE(indexed.insert(id).second);
+  EXPECT_EQ(indexed, std::set<PlanId>(kept.begin(), kept.end()));
+  EXPECT_EQ(store.find_same_first_kind(log_op(0, 100)), kept);
+  for (PlanId id : kept) EXPECT_NE(store.plan(id), nullptr);
 }
 
 }  // namespace

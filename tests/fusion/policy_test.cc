@@ -312,6 +312,48 @@ TEST(Policy, FailedTriggerStopsDeferring) {
   EXPECT_EQ(p2.action(store, other.prefix(3), ExecutionMode::Lazy), Action::explore());
 }
 
+// ---- a bounded store evicting plans the policy is matching (beyond Burn) -----------------------
+
+// Fills a store bounded at 8 with other plans until `id` is evicted.
+void evict(ExecutionPlanStore& store, PlanId id) {
+  for (std::uint64_t k = 0; store.plan(id) != nullptr; ++k)
+    add_plan(store, {log_op(1000 + k, 2000 + k)}, {ExecutionTrigger::always()});
+}
+
+TEST(PolicyWithABoundedStore, AnAvailablePlanEvictedBeforeItRunsStillRuns) {
+  ExecutionPlanStore store(PlanStoreOptions{.max_plans = 8});
+  TestStream s(2);
+  const PlanId id = add_plan(store, s.slice(0, 2), {ExecutionTrigger::always()});
+  Policy policy;
+  policy.update(store, s.ops[0]);
+  policy.update(store, s.ops[1]);
+  evict(store, id);
+  // The policy pinned the plan when it matched: it executes it, whole.
+  ASSERT_EQ(policy.action(store, s.prefix(2), ExecutionMode::Lazy), Action::execute(id));
+  const PlanPin plan = policy.pinned(id);
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(plan->operations, s.slice(0, 2));
+}
+
+TEST(PolicyWithABoundedStore, ACandidateEvictedWhileItIsMatchedIsForgotten) {
+  ExecutionPlanStore store(PlanStoreOptions{.max_plans = 8});
+  TestStream s(2);
+  const PlanId id = add_plan(store, s.slice(0, 2), {ExecutionTrigger::always()});
+  Policy policy;
+  policy.update(store, s.ops[0]);
+  EXPECT_EQ(policy.action(store, s.prefix(1), ExecutionMode::Lazy), Action::defer());
+  evict(store, id);
+  // It completes after its eviction: its trigger list is gone with it, so it is as if it had
+  // never been cached, and the stream explores (and publishes it again).
+  policy.update(store, s.ops[1]);
+  EXPECT_EQ(policy.action(store, s.prefix(2), ExecutionMode::Lazy), Action::explore());
+  EXPECT_EQ(policy.action(store, s.prefix(2), ExecutionMode::Sync), Action::explore());
+  // A fresh match finds nothing either.
+  policy.reset();
+  policy.update(store, s.ops[0]);
+  EXPECT_EQ(policy.action(store, s.prefix(1), ExecutionMode::Lazy), Action::explore());
+}
+
 TEST(PolicyDeathTest, AskingAboutMoreOpsThanAnalysedIsAnInternalError) {
   ExecutionPlanStore store;
   TestStream s(2);

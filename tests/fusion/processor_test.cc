@@ -15,9 +15,9 @@ using ir::Operation;
 class TestSegment final : public Segment {
  public:
   std::span<const Operation> operations() const override { return ops; }
-  void execute(PlanId id, const ExecutionPlanStore& store) override {
+  void execute(PlanId id, const ExecutionPlan& plan) override {
     executed.push_back(id);
-    remove(store.plan(id).optimization.strategy);
+    remove(plan.optimization.strategy);
   }
   void execute_unfused(const BlockOptimization& bo) override {
     ++unfused_runs;
@@ -77,7 +77,7 @@ TEST(Processor, ComplexStream) {  // §19.6.1
   EXPECT_EQ(h.queued(), 0u);
   ASSERT_EQ(h.executions(), 1u);
   EXPECT_EQ(h.last(), 0u);
-  EXPECT_EQ(h.store().plan(0).operations, ops({op1(), op1()}));
+  EXPECT_EQ(h.store().plan(0)->operations, ops({op1(), op1()}));
   EXPECT_EQ(h.triggers(0), always());
   h.add(op1());
   EXPECT_EQ(h.queued(), 1u);
@@ -86,9 +86,9 @@ TEST(Processor, ComplexStream) {  // §19.6.1
   EXPECT_EQ(h.queued(), 0u);
   EXPECT_EQ(h.executions(), 2u);
   EXPECT_EQ(h.last(), 1u);
-  EXPECT_EQ(h.store().plan(1).operations, ops({op1(), op2()}));
+  EXPECT_EQ(h.store().plan(1)->operations, ops({op1(), op2()}));
   EXPECT_EQ(h.triggers(1), always());
-  EXPECT_EQ(h.store().plan(1).optimization.strategy, O(0, 2, {0, 1}, 2));
+  EXPECT_EQ(h.store().plan(1)->optimization.strategy, O(0, 2, {0, 1}, 2));
   h.add(op2());
   EXPECT_EQ(h.queued(), 1u);
   EXPECT_EQ(h.executions(), 2u);
@@ -96,8 +96,8 @@ TEST(Processor, ComplexStream) {  // §19.6.1
   EXPECT_EQ(h.queued(), 0u);
   EXPECT_EQ(h.executions(), 3u);
   EXPECT_EQ(h.last(), 2u);
-  EXPECT_EQ(h.store().plan(2).operations, ops({op2(), op2()}));
-  EXPECT_EQ(h.store().plan(2).optimization.strategy, O(1, 2, {0, 1}, 2));
+  EXPECT_EQ(h.store().plan(2)->operations, ops({op2(), op2()}));
+  EXPECT_EQ(h.store().plan(2)->optimization.strategy, O(1, 2, {0, 1}, 2));
   h.add(op1());
   EXPECT_EQ(h.queued(), 1u);
   EXPECT_EQ(h.executions(), 3u);
@@ -120,7 +120,7 @@ TEST(Processor, ReuseOfUnfusedPlans) {  // §19.6.2
   h.add(op3());
   EXPECT_EQ(h.queued(), 0u);
   ASSERT_EQ(h.executions(), 1u);
-  EXPECT_EQ(h.store().plan(0).operations, ops({op3()}));
+  EXPECT_EQ(h.store().plan(0)->operations, ops({op3()}));
   EXPECT_EQ(h.triggers(0), always());
   h.add(op3());
   EXPECT_EQ(h.queued(), 0u);
@@ -133,9 +133,9 @@ TEST(Processor, ReuseOfUnfusedPlans) {  // §19.6.2
   EXPECT_EQ(h.queued(), 0u);
   EXPECT_EQ(h.executions(), 3u);
   EXPECT_EQ(h.last(), 1u);
-  EXPECT_EQ(h.store().plan(1).operations, ops({op1(), op3()}));
+  EXPECT_EQ(h.store().plan(1)->operations, ops({op1(), op3()}));
   EXPECT_EQ(h.triggers(1), always());
-  EXPECT_EQ(h.store().plan(1).optimization.strategy.kind(), ExecutionStrategy::Kind::Operations);
+  EXPECT_EQ(h.store().plan(1)->optimization.strategy.kind(), ExecutionStrategy::Kind::Operations);
 }
 
 TEST(Processor, OverlappingFusers) {  // §19.6.3
@@ -150,15 +150,15 @@ TEST(Processor, OverlappingFusers) {  // §19.6.3
   h.add(op2());
   EXPECT_EQ(h.queued(), 2u);
   ASSERT_EQ(h.executions(), 1u);
-  EXPECT_EQ(h.store().plan(0).operations, ops({op1(), op2()}));
+  EXPECT_EQ(h.store().plan(0)->operations, ops({op1(), op2()}));
   EXPECT_EQ(h.triggers(0), TriggerList{ExecutionTrigger::on_operations({op1(), op2()})});
-  EXPECT_EQ(h.store().plan(0).optimization.strategy, O(0, 2, {0, 1}, 2));
+  EXPECT_EQ(h.store().plan(0)->optimization.strategy, O(0, 2, {0, 1}, 2));
   h.add(op2());
   EXPECT_EQ(h.queued(), 0u);
   EXPECT_EQ(h.executions(), 3u);
   EXPECT_EQ(h.triggers(0), (TriggerList{ExecutionTrigger::on_operations({op1(), op2()}),
                                         ExecutionTrigger::on_operations({op2()})}));
-  EXPECT_EQ(h.store().plan(1).operations, ops({op2()}));
+  EXPECT_EQ(h.store().plan(1)->operations, ops({op2()}));
   EXPECT_EQ(h.triggers(1), always());
   h.add(op1());
   EXPECT_EQ(h.queued(), 1u);
@@ -171,7 +171,7 @@ TEST(Processor, OverlappingFusers) {  // §19.6.3
   EXPECT_EQ(h.queued(), 0u);
   EXPECT_EQ(h.executions(), 4u);
   EXPECT_EQ(h.last(), 2u);
-  EXPECT_EQ(h.store().plan(2).operations, ops({op1(), op2(), op1(), op1()}));
+  EXPECT_EQ(h.store().plan(2)->operations, ops({op1(), op2(), op1(), op1()}));
   EXPECT_EQ(h.triggers(2), always());
   h.add(op1());
   h.add(op2());
@@ -182,16 +182,16 @@ TEST(Processor, OverlappingFusers) {  // §19.6.3
   EXPECT_EQ(h.queued(), 0u);
   EXPECT_EQ(h.executions(), 5u);
   EXPECT_EQ(h.last(), 3u);
-  EXPECT_EQ(h.store().plan(3).operations, ops({op1(), op2(), op1()}));
+  EXPECT_EQ(h.store().plan(3)->operations, ops({op1(), op2(), op1()}));
   EXPECT_EQ(h.triggers(3), TriggerList{ExecutionTrigger::on_sync()});
-  EXPECT_EQ(h.store().plan(3).optimization.strategy, C({O(0, 2, {0, 1}, 2), U({2})}));
-  EXPECT_EQ(h.store().plan(3).optimization.ordering, (Ordering{0, 1, 2}));
+  EXPECT_EQ(h.store().plan(3)->optimization.strategy, C({O(0, 2, {0, 1}, 2), U({2})}));
+  EXPECT_EQ(h.store().plan(3)->optimization.ordering, (Ordering{0, 1, 2}));
   EXPECT_EQ(h.triggers(0).size(), 2u) << "plan 0 keeps exactly its two OnOperations triggers";
   h.add(op3());
   EXPECT_EQ(h.queued(), 0u);
   EXPECT_EQ(h.executions(), 6u);
   EXPECT_EQ(h.last(), 4u);
-  EXPECT_EQ(h.store().plan(4).operations, ops({op3()}));
+  EXPECT_EQ(h.store().plan(4)->operations, ops({op3()}));
   EXPECT_EQ(h.triggers(4), always());
   h.add(op3());
   EXPECT_EQ(h.executions(), 7u);
@@ -207,10 +207,10 @@ TEST(Processor, SyncPlansAreReusable) {  // §19.6.4
   h.sync();
   ASSERT_EQ(h.executions(), 1u);
   EXPECT_EQ(h.last(), 0u);
-  EXPECT_EQ(h.store().plan(0).operations, ops({op1(), op2(), op3()}));
+  EXPECT_EQ(h.store().plan(0)->operations, ops({op1(), op2(), op3()}));
   EXPECT_EQ(h.triggers(0), TriggerList{ExecutionTrigger::on_sync()});
-  EXPECT_EQ(h.store().plan(0).optimization.strategy, C({O(0, 2, {0, 1}, 2), U({2})}));
-  EXPECT_EQ(h.store().plan(0).optimization.ordering, (Ordering{0, 1, 2}));
+  EXPECT_EQ(h.store().plan(0)->optimization.strategy, C({O(0, 2, {0, 1}, 2), U({2})}));
+  EXPECT_EQ(h.store().plan(0)->optimization.ordering, (Ordering{0, 1, 2}));
   EXPECT_EQ(h.processor().explorer().num_explorations(), 1u);
   h.add(op1());
   h.add(op2());

@@ -80,7 +80,7 @@ TEST(OperationQueue, ShapeIdGuardRunsUnfused) {  // §15.1 check 1, §19.14
                                                              std::make_shared<ShapeIdOptimization>(1, 3), {0}, 10),
                                                          {0})},
                          ExecutionTrigger::always());
-  q.execute_plan(added.id, store, ex, log);
+  q.execute_plan(added.id, *added.plan, ex, log);
   EXPECT_EQ(q.size(), 0u);
   ASSERT_EQ(ex.records().size(), 1u);
   EXPECT_FALSE(ex.records()[0].fused);
@@ -100,7 +100,7 @@ TEST(OperationQueue, ShapeIdWithinPrefixRunsFused) {
                                                              std::make_shared<ShapeIdOptimization>(1, 2), {0}, 10),
                                                          {0})},
                          ExecutionTrigger::always());
-  q.execute_plan(added.id, store, ex, log);
+  q.execute_plan(added.id, *added.plan, ex, log);
   ASSERT_EQ(ex.records().size(), 1u);
   EXPECT_TRUE(ex.records()[0].fused);
 }
@@ -114,7 +114,7 @@ TEST(OperationQueue, PositionsBeyondTheQueueRunUnfused) {  // §15.1 check 2
   ExecutionPlanStore store;
   auto added = store.add(ExecutionPlan{{q.relative()[0]}, BlockOptimization(U({0, 1}), {0, 1})},
                          ExecutionTrigger::always());
-  q.execute_plan(added.id, store, ex, log);
+  q.execute_plan(added.id, *added.plan, ex, log);
   EXPECT_EQ(q.size(), 0u);
   EXPECT_EQ(ex.executed().size(), 1u);
   ASSERT_EQ(capture->lines().size(), 1u);

@@ -57,12 +57,13 @@ TEST(SeedScenario, Score630) {
   EXPECT_THAT(lines[11], HasSubstr("t1:f32[64,64], t2:f32[64,64]"));
 
   ASSERT_EQ(lab.store().size(), 1u);
-  const auto& plan = lab.store().plan(0);
-  EXPECT_EQ(plan.operations.size(), 4u);
+  const fusion::PlanPin plan = lab.store().plan(0);
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(plan->operations.size(), 4u);
   EXPECT_EQ(*lab.store().triggers(0), fusion::TriggerList{fusion::ExecutionTrigger::on_sync()});
-  EXPECT_EQ(plan.optimization.strategy.kind(), fusion::ExecutionStrategy::Kind::Optimization);
-  EXPECT_EQ(plan.optimization.strategy.score(), 630u);
-  EXPECT_EQ(plan.optimization.ordering, (fusion::Ordering{0, 1, 2, 3}));
+  EXPECT_EQ(plan->optimization.strategy.kind(), fusion::ExecutionStrategy::Kind::Optimization);
+  EXPECT_EQ(plan->optimization.strategy.score(), 630u);
+  EXPECT_EQ(plan->optimization.ordering, (fusion::Ordering{0, 1, 2, 3}));
   ASSERT_EQ(lab.executor().records().size(), 1u);
   EXPECT_TRUE(lab.executor().records()[0].fused);
   EXPECT_TRUE(lab.executor().has_handle(w.t7.id));
@@ -156,7 +157,7 @@ TEST(SeedScenario, FiveChainsFuseInto40OpKernel) {
   const auto& ops = lab.executor().records()[0].operations;
   ASSERT_EQ(ops.size(), 40u);
   for (int k = 0; k < 5; ++k) EXPECT_EQ(ops[8 * k].kind, OpKind::Numeric_MulScalar);
-  EXPECT_EQ(lab.store().plan(0).optimization.strategy.score(), 7390u);
+  EXPECT_EQ(lab.store().plan(0)->optimization.strategy.score(), 7390u);
 }
 
 TEST(SeedScenario, SixthChainMergesAtMaxBlocks) {
@@ -170,7 +171,7 @@ TEST(SeedScenario, SixthChainMergesAtMaxBlocks) {
   lab.sync();
   ASSERT_EQ(lab.executor().records().size(), 1u);
   EXPECT_EQ(lab.executor().records()[0].operations.size(), 48u);
-  EXPECT_EQ(lab.store().plan(0).optimization.strategy.score(), 8870u);
+  EXPECT_EQ(lab.store().plan(0)->optimization.strategy.score(), 8870u);
 }
 
 // ---- §19.14 integration expectations

@@ -505,6 +505,42 @@ TEST(Daemon, StatusReportsClientsJobsAndPlans) {
   EXPECT_GE(st.plans, 1u);
 }
 
+// Beyond Burn: the device's plan store is bounded ([fusion] max_plans). A client that sends
+// ever new program structures makes the daemon evict cold plans; every answer stays right, and
+// status shows the bound and the evictions.
+TEST(Daemon, ABoundedPlanStoreEvictsColdPlansAndStatusShowsIt) {
+  runtime::RuntimeOptions o;
+  o.threads = 2;
+  fusion::FusionConfig fusion_config;
+  fusion_config.max_plans = 4;
+  o.fusion = fusion_config;
+  o.config_path = "";
+  auto created = runtime::Device::create(
+      std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o));
+  ASSERT_TRUE(created.ok());
+  auto dev = std::move(created).value();
+  kiln::testing::IpcHarness h(*dev, "bounded");
+  Session s(h.target());
+  for (int round = 0; round < 2; ++round) {
+    for (int k = 1; k <= 12; ++k) {
+      // k additions of 1: a structure of its own for each k (relative shapes make sizes alike).
+      Tensor y = ok(s.from_host(std::vector<float>{1, 2, 3}, {3}));
+      for (int i = 0; i < k; ++i) y = ok(s.add(std::move(y), 1.0));
+      EXPECT_EQ(ok(s.to_host(std::move(y))), (std::vector<float>{1.0f + k, 2.0f + k, 3.0f + k})) << "k " << k;
+    }
+  }
+  ASSERT_TRUE(s.sync().ok());
+  const DaemonStatus st = h.service().status();
+  EXPECT_EQ(st.max_plans, 4u);
+  EXPECT_LE(st.plans, 4u);
+  EXPECT_GT(st.plans_evicted, 0u);
+  const std::string json = ok(h.target().daemon_status(true));
+  EXPECT_NE(json.find("\"max_plans\":4,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"plans_evicted\":"), std::string::npos) << json;
+  const std::string text = ok(h.target().daemon_status(false));
+  EXPECT_NE(text.find("(at most 4, "), std::string::npos) << text;
+}
+
 TEST(Daemon, ClientSeesAClearErrorWhenTheDaemonGoes) {
   auto dev = make_device();
   auto h = std::make_unique<kiln::testing::IpcHarness>(*dev);

@@ -70,6 +70,10 @@ struct CpuDeviceOptions {
   std::string jit_cache_dir;
   // The compiler to run; empty: `c++`, then `g++`, on PATH.
   std::string jit_compiler;
+  // Compiled forms kept (one per program structure, with its JIT kernel); past it the coldest
+  // eighth (least recently built or used) is dropped and built again when next needed.
+  // 0 keeps every one. A client that sends ever new program shapes must not grow the daemon.
+  std::size_t max_kernels = 8192;
 };
 
 // A snapshot of the device's counters.
@@ -84,6 +88,7 @@ struct CpuDeviceStats {
   std::uint64_t inplace_reuses = 0;       // outputs written into a consumed input's buffer
   std::uint64_t zero_copy_reshapes = 0;   // reshapes that share their input's buffer
   std::uint64_t row_interleaved = 0;      // ReduceBroadcasted programs run row group by row group
+  std::uint64_t kernel_cache_evictions = 0;  // compiled forms dropped by max_kernels
   std::uint64_t nontemporal_outputs = 0;  // fresh outputs of memory-bound launches streaming from
                                           // DRAM written with non-temporal stores (no read for
                                           // ownership), as the kernel that wrote them reports
@@ -121,7 +126,8 @@ class CpuDevice {
   int threads() const { return threads_; }
 
   // ---- Compiled kernels: one compiled form per program structure (FusedProgram::structural_hash,
-  // then == on a hash match), reused for every size and scalar value.
+  // then == on a hash match), reused for every size and scalar value; at most
+  // CpuDeviceOptions::max_kernels of them (a launch holds its own, so dropping one is safe).
   std::shared_ptr<const fast::CompiledProgram> compiled(const fusion::FusedProgram& program);
   std::size_t kernel_cache_size() const;
   void clear_kernel_cache();
@@ -157,7 +163,7 @@ class CpuDevice {
   struct Counters {
     std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0}, kernel_cache_hits{0},
         kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0}, jit_launches{0},
-        nontemporal_outputs{0}, part_by_part{0};
+        nontemporal_outputs{0}, part_by_part{0}, kernel_cache_evictions{0};
     std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
   };
   Counters& counters() { return counters_; }
@@ -166,15 +172,22 @@ class CpuDevice {
   struct CacheEntry {
     fusion::FusedProgram program;
     std::shared_ptr<const fast::CompiledProgram> compiled;
+    // cache_clock_ when built or last used; written on a hit only when it changed, so a hot
+    // structure's entry is not a cache line every launch writes.
+    std::unique_ptr<std::atomic<std::uint64_t>> last_used;
   };
+  void evict_coldest_kernels();  // under cache_mutex_ (exclusive)
 
   CpuAllocator allocator_;
   Handles handles_;
   ReferenceExecutor reference_;
   int threads_;
   tbb::task_arena arena_;
+  std::size_t max_kernels_;
   mutable std::shared_mutex cache_mutex_;
-  std::unordered_map<std::uint64_t, std::vector<CacheEntry>> cache_;
+  std::unordered_map<std::uint64_t, std::vector<CacheEntry>> cache_;  // guarded by cache_mutex_
+  std::size_t cache_entries_ = 0;                                      // guarded by cache_mutex_
+  std::atomic<std::uint64_t> cache_clock_{0};                          // compiled forms built so far
   std::unique_ptr<jit::JitCache> jit_;
   Counters counters_;
 };

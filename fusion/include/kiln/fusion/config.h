@@ -2,9 +2,10 @@
 // architecture "Configuration").
 //
 //   [fusion]               max_explorations = 10        (also accepted under [fusion.beam_search])
+//   [fusion]               max_plans = 8192             (0: every plan kept, as Burn does)
 //   [fusion.beam_search]   max_blocks = 5
 //   [fusion.logger]        level = "medium"             (disabled | basic | medium | full)
-//   KILN_FUSION_LOG, KILN_FUSION_MAX_EXPLORATIONS, KILN_FUSION_MAX_BLOCKS
+//   KILN_FUSION_LOG, KILN_FUSION_MAX_EXPLORATIONS, KILN_FUSION_MAX_BLOCKS, KILN_FUSION_MAX_PLANS
 #pragma once
 
 #include <cstddef>
@@ -21,6 +22,9 @@ namespace kiln::fusion {
 struct FusionConfig {
   std::size_t max_blocks = 5;                   // Burn's default; see fusion.md §9.5
   std::optional<std::size_t> max_explorations;  // none = unlimited
+  // The device's plan store keeps at most this many plans, evicting the coldest (beyond Burn,
+  // whose store grows without bound: 0 restores that). ~34 KiB each with their kernels.
+  std::size_t max_plans = 8192;
   LogLevel log_level = LogLevel::Disabled;
   // Whether the environment asked for the log (then it goes to stderr even when the file set
   // no sink, as Burn does).

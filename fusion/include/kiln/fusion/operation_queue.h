@@ -43,7 +43,7 @@ class OperationQueue {
 
   // §15.1: runs a cached plan after the two safety checks (falling back to its operations
   // unfused in submission order when a check fails).
-  void execute_plan(PlanId id, const ExecutionPlanStore& store, Executor& executor, const FusionLog& log);
+  void execute_plan(PlanId id, const ExecutionPlan& plan, Executor& executor, const FusionLog& log);
   // §15.2 run: executes a strategy whose covered positions are exactly 0..n-1, then drains them.
   void run(const BlockOptimization& bo, Executor& executor, const FusionLog& log);
 

@@ -4,9 +4,16 @@
 // Thread-safety: every method may be called from any thread at any time. The store is read far
 // more than written: lookups take a read lock on ONE index bucket (oneTBB concurrent_hash_map),
 // inserts a write lock on that bucket only, plus a short append mutex taken only when a NEW plan
-// is appended (it keeps ids dense and in order); readers take no global lock. A published
-// ExecutionPlan (its operations and optimization) is immutable; only its trigger list grows,
-// copy-on-write, so readers holding a snapshot never see it change. Plans are never removed.
+// is appended (it keeps ids in order); readers take no global lock. A published ExecutionPlan
+// (its operations and optimization) is immutable; only its trigger list grows, copy-on-write, so
+// readers holding a snapshot never see it change.
+//
+// Bounded or not: Burn keeps every plan for the store's life, and so does a store built with
+// max_plans = 0. With a bound (beyond Burn: a daemon that serves ever new program shapes must not
+// grow without limit), publishing a plan past it evicts the coldest eighth of the store: the
+// plans least recently published or executed (mark_used). An evicted plan is gone from every
+// look-up; whoever pinned it (a PlanPin) keeps it alive and may still run it. Ids are never
+// reused, so an id names one plan forever, and a look-up of an evicted id finds nothing.
 #pragma once
 
 #include <atomic>
@@ -48,6 +55,14 @@ struct ExecutionPlan {
   std::vector<ir::Operation> operations;  // relative ops, non-empty
   BlockOptimization optimization;
 };
+// A plan held alive (and unchanged) however the store changes meanwhile; null: no such plan.
+using PlanPin = std::shared_ptr<const ExecutionPlan>;
+
+struct PlanStoreOptions {
+  // Most plans kept; 0 keeps every plan for the store's life (Burn's behaviour). Past it, the
+  // coldest eighth (at least one) is evicted.
+  std::size_t max_plans = 0;
+};
 
 class ExecutionPlanStore {
  public:
@@ -55,7 +70,8 @@ class ExecutionPlanStore {
   using OpHasher = std::function<std::uint64_t(const ir::Operation&)>;
 
   ExecutionPlanStore();
-  explicit ExecutionPlanStore(OpHasher hasher);
+  explicit ExecutionPlanStore(PlanStoreOptions options);
+  explicit ExecutionPlanStore(OpHasher hasher, PlanStoreOptions options = {});
   ~ExecutionPlanStore();
   ExecutionPlanStore(const ExecutionPlanStore&) = delete;
   ExecutionPlanStore& operator=(const ExecutionPlanStore&) = delete;
@@ -63,6 +79,7 @@ class ExecutionPlanStore {
   struct AddResult {
     PlanId id;
     bool inserted;  // false: a plan with exactly these operations existed; it gained the trigger
+    PlanPin plan;   // the plan under `id`, pinned (null only with kInvalidPlanId)
   };
   // Publishes a plan with one trigger. Atomic per first-op bucket: if a plan with identical
   // operations is already there (another stream explored the same sequence at the same time),
@@ -71,30 +88,40 @@ class ExecutionPlanStore {
   // in debug builds; a release build stores nothing and returns {kInvalidPlanId, false}.
   AddResult add(ExecutionPlan plan, ExecutionTrigger trigger);
 
-  // Appends the trigger unless an equal one is already there.
+  // Appends the trigger unless an equal one is already there (nothing when `id` was evicted).
   void add_trigger(PlanId id, const ExecutionTrigger& trigger);
 
-  // Stable reference: plans are never moved or removed.
-  // Precondition (plan, triggers, add_trigger): `id` came from add(), find_*() or is < size().
-  const ExecutionPlan& plan(PlanId id) const;
+  // The plan under `id`, pinned; null when it was evicted (or never existed).
+  PlanPin plan(PlanId id) const;
+  // Its trigger list as it is now; null when the plan was evicted (or never existed).
   TriggerSnapshot triggers(PlanId id) const;
+  // Records that the plan ran: the eviction keeps recently used plans. No-op without a bound.
+  void mark_used(PlanId id);
 
-  // Ids of all plans whose first op equals `op`, in insertion order (§5.6 find).
+  // Ids of the plans whose first op equals `op`, in insertion order (§5.6 find). An id may
+  // name a plan evicted since: plan(id) is then null.
   std::vector<PlanId> find_starting_with(const ir::Operation& op) const;
   // Plans whose first op has the same kind and family as `op` (for cache-miss explanations).
   std::vector<PlanId> find_same_first_kind(const ir::Operation& op) const;
 
-  // Number of published plans; every id below it is resolvable.
+  // Number of plans kept now. Without a bound (nothing evicted) the ids are 0 .. size()-1.
   std::size_t size() const;
+  // The ids of the plans kept now, ascending.
+  std::vector<PlanId> ids() const;
+  // Plans evicted so far, and the bound (0: none).
+  std::uint64_t evicted() const;
+  std::size_t max_plans() const;
 
-  // Counts the changes a saved copy of the store would miss: +1 for each plan published and
-  // each trigger actually added (by add() or add_trigger(); a duplicate changes nothing and
-  // counts nothing). Starts at 0, never decreases: equal values mean nothing changed, so the
+  // Counts the changes a saved copy of the store would miss: +1 for each plan published, each
+  // trigger actually added (by add() or add_trigger(); a duplicate changes nothing and counts
+  // nothing) and each eviction. Starts at 0, never decreases: equal values mean nothing changed, so the
   // plan cache autosaver compares it instead of walking the plans. A reader that sees value g
   // also sees every change counted in g (release increment, acquire load).
   std::uint64_t generation() const;
 
  private:
+  AddResult publish(ExecutionPlan plan, ExecutionTrigger trigger);  // add() without the eviction
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

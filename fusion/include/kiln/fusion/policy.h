@@ -54,11 +54,14 @@ class Policy {
   Action action(const ExecutionPlanStore& store, std::span<const ir::Operation> ops, ExecutionMode mode) const;
   void reset();
   std::size_t num_operations() const { return num_operations_; }
+  // The plan an Execute action names, pinned by this policy when it matched: a plan the store
+  // evicts meanwhile still runs. Null for an id the policy does not hold (a bug).
+  PlanPin pinned(PlanId id) const;
 
  private:
   struct Candidate {
     PlanId id;
-    const ExecutionPlan* plan;  // the store's stable plan (never copied)
+    PlanPin plan;  // the store's plan, pinned while it is matched (never copied)
     OperationsValidator validator;
   };
   struct TriggerValidator {
@@ -69,13 +72,14 @@ class Policy {
   };
   struct Available {
     PlanId id;
+    PlanPin plan;
     std::size_t size;
     TriggerSnapshot triggers;  // snapshot taken when the plan became available
     std::vector<TriggerValidator> validators;
   };
 
   void check_candidates(const ExecutionPlanStore& store);
-  void make_available(const ExecutionPlanStore& store, PlanId id, std::size_t size);
+  void make_available(const ExecutionPlanStore& store, Candidate& c);
   void update_availables(const ir::Operation& op);
   void check_availables();
 

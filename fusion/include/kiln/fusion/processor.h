@@ -22,7 +22,8 @@ class Segment {
  public:
   virtual ~Segment() = default;
   virtual std::span<const ir::Operation> operations() const = 0;
-  virtual void execute(PlanId id, const ExecutionPlanStore& store) = 0;
+  // Runs a cached plan (pinned by the caller for the call); `id` names it in logs.
+  virtual void execute(PlanId id, const ExecutionPlan& plan) = 0;
   virtual void execute_unfused(const BlockOptimization& bo) = 0;
 };
 
@@ -32,9 +33,7 @@ class QueueSegment final : public Segment {
   QueueSegment(OperationQueue& queue, Executor& executor, const FusionLog& log)
       : queue_(queue), executor_(executor), log_(log) {}
   std::span<const ir::Operation> operations() const override { return queue_.relative(); }
-  void execute(PlanId id, const ExecutionPlanStore& store) override {
-    queue_.execute_plan(id, store, executor_, log_);
-  }
+  void execute(PlanId id, const ExecutionPlan& plan) override { queue_.execute_plan(id, plan, executor_, log_); }
   void execute_unfused(const BlockOptimization& bo) override { queue_.run(bo, executor_, log_); }
 
  private:
@@ -68,8 +67,9 @@ class Processor {
  private:
   void explore(Segment& segment, ExecutionPlanStore& store, ExecutionMode mode);
   void reset(const ExecutionPlanStore& store, std::span<const ir::Operation> remaining);
-  PlanId on_exploration_completed(std::span<const ir::Operation> ops, ExecutionPlanStore& store,
-                                  BlockOptimization opt, ExecutionMode mode);
+  // The plan that now covers the explored prefix (new, or cached and given the trigger), pinned.
+  std::pair<PlanId, PlanPin> on_exploration_completed(std::span<const ir::Operation> ops, ExecutionPlanStore& store,
+                                                      BlockOptimization opt, ExecutionMode mode);
 
   const FusionLog& log_;
   Policy policy_;

@@ -129,6 +129,8 @@ struct DaemonStatus {
   std::uint64_t clients_served = 0;  // since start
   std::uint64_t streams = 0;         // device streams
   std::uint64_t plans = 0;           // plan-store size
+  std::uint64_t max_plans = 0;       // its bound (0: unbounded, as in Burn)
+  std::uint64_t plans_evicted = 0;   // plans evicted by the bound since start
   std::uint64_t cache_hits = 0;      // plans executed from the store (all streams, live ones)
   std::uint64_t explorations = 0;
   std::uint64_t fused_launches = 0;  // backend counter when it reports one (CPU device)
