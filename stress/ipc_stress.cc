@@ -53,6 +53,7 @@
 
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/ipc/control_client.h"
+#include "kiln/fusion/config.h"
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/protocol.h"
 #include "kiln/ipc/remote_target.h"
@@ -472,7 +473,8 @@ Result<Child> spawn_worker(std::string name, std::vector<std::string> args) {
 std::unique_ptr<runtime::Device> make_device() {
   runtime::RuntimeOptions o;
   o.threads = 4;
-  o.fusion = fusion::FusionConfig{};
+  // The environment may set [fusion] keys (KILN_FUSION_MAX_PLANS for a soak); no kiln.toml.
+  o.fusion = fusion::apply_fusion_env(fusion::FusionConfig{}, fusion::process_env());
   o.config_path = "";
   o.wait_timeout = std::chrono::seconds(120);
   auto d = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2}), std::move(o));
@@ -741,6 +743,13 @@ TEST(IpcSoak, KillsHostileClientsAndFloods) {
   std::printf("soak: %zu plans in the store (at most %zu, %llu evicted); resident %.1f MiB before the heap was trimmed\n",
               dev->plan_store().size(), dev->plan_store().max_plans(),
               static_cast<unsigned long long>(dev->plan_store().evicted()), double(rss_before_trim) / (1 << 20));
+  std::size_t triggers = 0, most_triggers = 0;
+  for (fusion::PlanId id : dev->plan_store().ids())
+    if (const fusion::TriggerSnapshot t = dev->plan_store().triggers(id)) {
+      triggers += t->size();
+      most_triggers = std::max(most_triggers, t->size());
+    }
+  std::printf("soak: %zu triggers on the plans kept, at most %zu on one plan\n", triggers, most_triggers);
   std::printf("soak: resident at the end: anonymous %.1f MiB, files %.1f MiB, shared memory %.1f MiB\n",
               double(status_bytes("RssAnon")) / (1 << 20), double(status_bytes("RssFile")) / (1 << 20),
               double(status_bytes("RssShmem")) / (1 << 20));

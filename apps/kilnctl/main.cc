@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "kiln/ipc/daemon.h"
 #include "kiln/ipc/remote_target.h"
 #include "kiln/ipc/unix_socket.h"
 

@@ -102,7 +102,7 @@ std::shared_ptr<const fast::CompiledProgram> CpuDevice::compiled(const fusion::F
 
 void CpuDevice::evict_coldest_kernels() {
   // Down to the bound less an eighth, so that this walk runs once per max_kernels/8 builds.
-  const std::size_t target = max_kernels_ - std::max<std::size_t>(max_kernels_ / 8, 1);
+  const std::size_t target = std::max<std::size_t>(max_kernels_ - std::max<std::size_t>(max_kernels_ / 8, 1), 1);
   std::vector<std::uint64_t> stamps;
   stamps.reserve(cache_entries_);
   for (const auto& [hash, bucket] : cache_)

@@ -61,6 +61,9 @@ Result<FusionConfig> parse_fusion_config(std::string_view toml_text, std::string
   if (auto n = fusion["max_plans"]; n) {
     KILN_ASSIGN_OR_RETURN(cfg.max_plans, read_count(n, "fusion.max_plans", source_name));
   }
+  if (auto n = fusion["max_plan_triggers"]; n) {
+    KILN_ASSIGN_OR_RETURN(cfg.max_plan_triggers, read_count(n, "fusion.max_plan_triggers", source_name));
+  }
   if (auto n = fusion["logger"]["level"]; n) {
     auto s = n.value<std::string>();
     auto level = s ? parse_log_level(*s) : std::nullopt;
@@ -91,6 +94,12 @@ FusionConfig apply_fusion_env(FusionConfig cfg, const EnvLookup& env, std::strin
       cfg.max_plans = *n;
     else
       warn(fmt::format("KILN_FUSION_MAX_PLANS={} is not an unsigned integer; ignored", *v));
+  }
+  if (auto v = env("KILN_FUSION_MAX_PLAN_TRIGGERS")) {
+    if (auto n = parse_unsigned(*v))
+      cfg.max_plan_triggers = *n;
+    else
+      warn(fmt::format("KILN_FUSION_MAX_PLAN_TRIGGERS={} is not an unsigned integer; ignored", *v));
   }
   if (auto v = env("KILN_FUSION_MAX_EXPLORATIONS")) {
     if (auto n = parse_unsigned(*v))

@@ -9,19 +9,15 @@
 //   kept          every kept slot by id (std::map), guarded by `append_mu`, which also serialises
 //                 publishing (ids in order) and eviction: the eviction's walk over the plans and
 //                 the size need one consistent list, which the concurrent map cannot give.
-//   Slot.triggers std::atomic<const TriggerVersion*>: copy-on-write, lock-free. A version holds
-//                 an immutable list (a shared_ptr, handed to readers as the snapshot) and points to
-//                 the version it replaced. Readers load the head (acquire) and copy its shared_ptr;
-//                 add_trigger copies the list, appends, and CASes a new head (acq_rel on success,
-//                 acquire on failure), retrying against the newer list if another writer won.
-//                 Old versions are freed only with the slot (a reader holding the slot may still
-//                 be copying their shared_ptr): a plan that gains k triggers keeps k lists.
-//                 Triggers per plan are few (OnSync, Always, one OnOperations per distinct tail
-//                 seen), so this is cheaper than hazard pointers. Why not
-//                 std::atomic<std::shared_ptr>: libstdc++ 12 implements it with a low-bit spinlock
-//                 whose load() unlocks with a relaxed RMW, so the reader's plain read of the
-//                 pointer is not ordered before the next writer's plain write; ThreadSanitizer
-//                 reports it (google/sanitizers#1558).
+//   Slot.triggers the current trigger list, an immutable shared list handed to readers as their
+//                 snapshot, guarded by the slot's own mutex: a reader copies the pointer under it,
+//                 a writer builds the grown list and swaps it in under it. A replaced list lives
+//                 as long as a snapshot of it does, no longer, so a plan's triggers cost memory in
+//                 proportion to their number (an earlier lock-free version kept every old list:
+//                 quadratic in the triggers, and the soak grew to 16 GiB on a few hot plans). The
+//                 mutex is taken once per plan a stream matches and per trigger added, never per op.
+//                 Past PlanStoreOptions::max_plan_triggers OnOperations triggers, adding one drops
+//                 the oldest (beyond Burn, whose list grows with every new tail seen).
 //   Slot.last_used the `clock` value when the plan was published or last marked used. The clock
 //                 counts published plans, so a hot plan's stamp is written once per new plan at
 //                 most, not once per run (no shared cache line written on the hot path).
@@ -34,17 +30,19 @@
 //                 reader that finds the id.
 //   by_kind       tbb::concurrent_hash_map<(kind, family), sorted ids>: only explains cache misses.
 //   generation    std::atomic<uint64_t>, incremented (release) after each change is visible: after
-//                 a new plan is in by_id, after the winning CAS for a new trigger, after an
+//                 a new plan is in by_id, after a new trigger list is swapped in, after an
 //                 eviction. A reader that loads it (acquire) and then reads the store sees at least
 //                 those changes.
 //
 // Eviction (bounded stores only) runs in add() after its bucket is released, by one thread at a
-// time (`evict_mu`; it runs once per bound/8 new plans, so publishers rarely wait on it). Under append_mu it picks the coldest plans and takes them out of `kept` and by_id;
-// then, holding nothing else, it takes their ids out of their first_op and by_kind buckets. In
+// time (`evict_mu`; it runs once per bound/8 new plans, so publishers rarely wait on it). Under
+// append_mu it picks the coldest plans and takes them out of `kept` and by_id; then, holding
+// nothing else, it takes their ids out of their first_op and by_kind buckets. In
 // between, an index may name an evicted id: look-ups of it find no plan, and add() skips it.
 //
 // Lock order (deadlock freedom): evict_mu -> first_op bucket -> append_mu -> by_id / by_kind
-// bucket. Nothing ever takes them in another order, and no reader holds more than one.
+// bucket; a slot's triggers_mu is a leaf (taken last, nothing taken under it). Nothing ever takes
+// them in another order, and no reader holds more than one.
 #include "kiln/fusion/plan_store.h"
 
 #include <oneapi/tbb/concurrent_hash_map.h>
@@ -92,31 +90,15 @@ std::uint64_t kind_key(const ir::Operation& op) {
 }  // namespace
 
 struct ExecutionPlanStore::Impl {
-  // One published trigger list; immutable.
-  struct TriggerVersion {
-    TriggerSnapshot list;
-    const TriggerVersion* previous;  // the version it replaced (kept alive, see above)
-  };
-
   struct Slot {
     Slot(ExecutionPlan p, ExecutionTrigger t, std::uint64_t now)
-        : plan(std::move(p)),
-          triggers(new TriggerVersion{std::make_shared<const TriggerList>(TriggerList{std::move(t)}), nullptr}),
-          last_used(now) {}
+        : plan(std::move(p)), triggers(std::make_shared<const TriggerList>(TriggerList{std::move(t)})), last_used(now) {}
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
-    ~Slot() {
-      // The last holder is gone: no reader is left.
-      const TriggerVersion* v = triggers.load(std::memory_order_relaxed);
-      while (v != nullptr) {
-        const TriggerVersion* previous = v->previous;
-        delete v;
-        v = previous;
-      }
-    }
-    const ExecutionPlan plan;                       // immutable once published
-    std::atomic<const TriggerVersion*> triggers;    // newest version, never null
-    std::atomic<std::uint64_t> last_used;           // `clock` when published or last used
+    const ExecutionPlan plan;              // immutable once published
+    std::mutex triggers_mu;
+    TriggerSnapshot triggers;              // guarded by triggers_mu; never null
+    std::atomic<std::uint64_t> last_used;  // `clock` when published or last used
   };
   using SlotPtr = std::shared_ptr<Slot>;
 
@@ -139,32 +121,28 @@ struct ExecutionPlanStore::Impl {
     return acc->second;
   }
 
-  static TriggerSnapshot snapshot(const Slot& s) {
-    // acquire: pairs with the release of the CAS that published this version.
-    return s.triggers.load(std::memory_order_acquire)->list;
+  static TriggerSnapshot snapshot(Slot& s) {
+    std::lock_guard<std::mutex> lock(s.triggers_mu);
+    return s.triggers;
   }
 
   // True when the trigger was added (false: an equal one was already there).
-  static bool add_trigger_to(Slot& s, const ExecutionTrigger& trigger) {
-    // acquire: the list we copy must be fully visible (pairs with the CAS release below).
-    const TriggerVersion* current = s.triggers.load(std::memory_order_acquire);
-    for (;;) {
-      const TriggerList& list = *current->list;
-      if (std::find(list.begin(), list.end(), trigger) != list.end()) return false;  // dedupe
-      auto grown = std::make_shared<TriggerList>(list);
-      grown->push_back(trigger);
-      auto next = std::make_unique<TriggerVersion>(TriggerVersion{std::move(grown), current});
-      // Success: release publishes the new version and list (acq_rel: also orders our read of
-      // `current`). Failure: `current` is reloaded with acquire; retry against the newer list.
-      if (s.triggers.compare_exchange_weak(current, next.get(), std::memory_order_acq_rel,
-                                           std::memory_order_acquire)) {
-        next.release();  // owned by the chain now
-        return true;
-      }
+  bool add_trigger_to(Slot& s, const ExecutionTrigger& trigger) const {
+    std::lock_guard<std::mutex> lock(s.triggers_mu);
+    const TriggerList& list = *s.triggers;
+    if (std::find(list.begin(), list.end(), trigger) != list.end()) return false;  // dedupe
+    auto grown = std::make_shared<TriggerList>(list);
+    if (const std::size_t cap = options.max_plan_triggers; cap != 0 && trigger.kind == ExecutionTrigger::Kind::OnOperations) {
+      const auto on_operations = [](const ExecutionTrigger& t) { return t.kind == ExecutionTrigger::Kind::OnOperations; };
+      if (static_cast<std::size_t>(std::count_if(grown->begin(), grown->end(), on_operations)) >= cap)
+        grown->erase(std::find_if(grown->begin(), grown->end(), on_operations));  // the oldest tail
     }
+    grown->push_back(trigger);
+    s.triggers = std::move(grown);
+    return true;
   }
 
-  // release: the change just made (a published slot, a CAS-ed trigger list, an eviction) is
+  // release: the change just made (a published slot, a new trigger list, an eviction) is
   // visible to whoever loads the new value with acquire.
   void count_change() { generation.fetch_add(1, std::memory_order_release); }
 
@@ -199,8 +177,9 @@ void ExecutionPlanStore::Impl::evict_if_over_bound() {
   {
     std::lock_guard<std::mutex> lock(append_mu);
     if (kept.size() <= bound) return;
-    // Down to the bound less an eighth, so that eviction runs once per bound/8 new plans.
-    const std::size_t target = bound - std::max<std::size_t>(bound / 8, 1);
+    // Down to the bound less an eighth, so that eviction runs once per bound/8 new plans; the
+    // warmest plan (the one just published, at least) always stays.
+    const std::size_t target = std::max<std::size_t>(bound - std::max<std::size_t>(bound / 8, 1), 1);
     const std::size_t excess = kept.size() - target;
     std::vector<std::pair<std::uint64_t, PlanId>> by_age;
     by_age.reserve(kept.size());
@@ -286,7 +265,7 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::publish(ExecutionPlan plan, Ex
       Impl::SlotPtr s = im.find(existing);
       if (s == nullptr) continue;  // evicted; its id leaves this bucket shortly
       if (s->plan.operations == plan.operations) {
-        if (Impl::add_trigger_to(*s, trigger)) im.count_change();
+        if (im.add_trigger_to(*s, trigger)) im.count_change();
         const ExecutionPlan* p = &s->plan;
         return AddResult{existing, false, PlanPin(std::move(s), p)};
       }
@@ -327,7 +306,7 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::publish(ExecutionPlan plan, Ex
 }
 
 void ExecutionPlanStore::add_trigger(PlanId id, const ExecutionTrigger& trigger) {
-  if (Impl::SlotPtr s = impl_->find(id); s != nullptr && Impl::add_trigger_to(*s, trigger)) impl_->count_change();
+  if (Impl::SlotPtr s = impl_->find(id); s != nullptr && impl_->add_trigger_to(*s, trigger)) impl_->count_change();
 }
 
 PlanPin ExecutionPlanStore::plan(PlanId id) const {

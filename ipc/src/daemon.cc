@@ -742,7 +742,14 @@ Status ClientSession::check_queued_ops() {
 }
 
 Status ClientSession::sync(const SyncCmd& c, std::uint64_t rid) {
-  KILN_RETURN_IF_ERROR(service_.device.drain(stream(c.stream)));
+  const StreamId device_stream = stream(c.stream);
+  if (Status st = service_.device.drain(device_stream); !st.ok()) {
+    // The device names its own stream; the client knows the stream by its own number.
+    Error e = st.error();
+    const std::string internal = fmt::format("stream {}: ", device_stream.value());
+    if (e.message.rfind(internal, 0) == 0) e.message.replace(0, internal.size(), fmt::format("stream {}: ", c.stream));
+    return e;
+  }
   if (service_.options.job_queued_ops != 0 || service_.options.uid_queued_ops != 0) refresh_queued_ops();
   return send(Completion{rid, OkCpl{}});
 }
@@ -1257,8 +1264,6 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
   if (fused) st.fused_launches = fused();
   return st;
 }
-
-std::string daemon_socket_name(const std::string& device) { return daemon_file_stem(device) + ".sock"; }
 
 std::string DaemonStatus::to_json() const {
   std::string out = "{";

@@ -18,12 +18,6 @@ std::string default_lock_dir() {
   return default_runtime_dir() + "-locks";
 }
 
-std::string daemon_file_stem(const std::string& device) {
-  std::string name = "kilnd-";
-  for (char c : device) name += (c == ':' || c == '/') ? '-' : c;
-  return name;
-}
-
 std::string device_lock_name(const std::string& device) { return daemon_file_stem(device) + ".lock"; }
 
 namespace {

@@ -29,6 +29,14 @@ std::string default_runtime_dir() {
   return "/tmp/kiln-" + std::to_string(::geteuid());
 }
 
+std::string daemon_file_stem(const std::string& device) {
+  std::string name = "kilnd-";
+  for (char c : device) name += (c == ':' || c == '/') ? '-' : c;
+  return name;
+}
+
+std::string daemon_socket_name(const std::string& device) { return daemon_file_stem(device) + ".sock"; }
+
 Status ensure_runtime_dir(const std::string& path, std::optional<gid_t> group) {
   const mode_t want = group ? 0710 : 0700;
   bool created = false;

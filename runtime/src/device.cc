@@ -67,7 +67,7 @@ Device::Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, f
       config_(config),
       log_(std::move(log)),
       backend_(std::move(backend)),
-      store_(fusion::PlanStoreOptions{.max_plans = config.max_plans}),
+      store_(fusion::PlanStoreOptions{.max_plans = config.max_plans, .max_plan_triggers = config.max_plan_triggers}),
       threads_(threads),
       spin_waits_(spin_waits),
       pool_(threads) {}

@@ -9,6 +9,7 @@
 
 #include "../../cpu/src/fast_math.h"
 #include "differential_util.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::cpu {
 namespace {
@@ -30,10 +31,7 @@ TensorIr use(TensorIr t, TensorStatus s) {
   t.status = s;
   return t;
 }
-Operation ok(Result<Operation> r) {
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
-  return std::move(r).value();
-}
+using ::kiln::testing::ok;
 
 // A session: one fused side, an id counter, host helpers.
 struct Session : FusedSide {

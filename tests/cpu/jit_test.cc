@@ -23,6 +23,7 @@
 #include <random>
 
 #include "differential_util.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::cpu {
 namespace {
@@ -85,10 +86,7 @@ TensorIr use(TensorIr t, TensorStatus s) {
   t.status = s;
   return t;
 }
-Operation ok(Result<Operation> r) {
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
-  return std::move(r).value();
-}
+using ::kiln::testing::ok;
 
 struct Session : FusedSide {
   std::uint64_t next = 1;

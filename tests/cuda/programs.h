@@ -16,6 +16,7 @@
 #include "kiln/fusion/plan_store.h"
 #include "kiln/fusion/stream.h"
 #include "kiln/ir/builders.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::cuda::testing {
 
@@ -54,10 +55,7 @@ class CaptureExecutor final : public fusion::Executor {
   std::vector<NamedProgram> captured;
 };
 
-inline Operation ok(Result<Operation> r) {
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
-  return std::move(r).value();
-}
+using ::kiln::testing::ok;
 inline TensorIr use(TensorIr t, TensorStatus s) {
   t.status = s;
   return t;

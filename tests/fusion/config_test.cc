@@ -24,6 +24,7 @@ TEST(FusionConfig, Defaults) {
   EXPECT_FALSE(cfg->max_explorations.has_value());
   EXPECT_EQ(cfg->log_level, LogLevel::Disabled);
   EXPECT_EQ(cfg->max_plans, 8192u) << "the device's store is bounded unless the file says 0";
+  EXPECT_EQ(cfg->max_plan_triggers, 64u);
 }
 
 TEST(FusionConfig, FileValues) {
@@ -31,6 +32,7 @@ TEST(FusionConfig, FileValues) {
 [fusion]
 max_explorations = 7
 max_plans = 0
+max_plan_triggers = 0
 [fusion.beam_search]
 max_blocks = 3
 [fusion.logger]
@@ -40,6 +42,7 @@ level = "medium"
   EXPECT_EQ(cfg->max_blocks, 3u);
   EXPECT_EQ(cfg->max_explorations, 7u);
   EXPECT_EQ(cfg->max_plans, 0u) << "0: every plan kept, as Burn does";
+  EXPECT_EQ(cfg->max_plan_triggers, 0u);
   EXPECT_EQ(cfg->log_level, LogLevel::Medium);
 }
 
@@ -64,13 +67,15 @@ TEST(FusionConfig, EnvironmentOverrides) {
   base.log_level = LogLevel::Basic;
   std::string warnings;
   auto cfg = apply_fusion_env(base, env_of({{"KILN_FUSION_LOG", "FULL"}, {"KILN_FUSION_MAX_EXPLORATIONS", "12"},
-                                            {"KILN_FUSION_MAX_BLOCKS", "2"}, {"KILN_FUSION_MAX_PLANS", "64"}}),
+                                            {"KILN_FUSION_MAX_BLOCKS", "2"}, {"KILN_FUSION_MAX_PLANS", "64"},
+                                            {"KILN_FUSION_MAX_PLAN_TRIGGERS", "8"}}),
                               &warnings);
   EXPECT_EQ(cfg.log_level, LogLevel::Full);
   EXPECT_TRUE(cfg.log_to_stderr);
   EXPECT_EQ(cfg.max_explorations, 12u);
   EXPECT_EQ(cfg.max_blocks, 2u);
   EXPECT_EQ(cfg.max_plans, 64u);
+  EXPECT_EQ(cfg.max_plan_triggers, 8u);
   EXPECT_TRUE(warnings.empty());
 }
 

@@ -470,6 +470,60 @@ TEST(BoundedPlanStore, ARecentlyUsedPlanSurvivesEveryEviction) {
   EXPECT_EQ(store.evicted(), 201u - store.size());
 }
 
+TEST(BoundedPlanStore, ABoundOfOneKeepsThePlanJustPublished) {
+  ExecutionPlanStore store(PlanStoreOptions{.max_plans = 1});
+  for (std::uint64_t k = 0; k < 5; ++k) {
+    const auto r = store.add(numbered_plan(k), ExecutionTrigger::always());
+    EXPECT_EQ(store.ids(), Ids{r.id}) << "plan " << k;
+    EXPECT_NE(store.plan(r.id), nullptr);
+  }
+  EXPECT_EQ(store.evicted(), 4u);
+}
+
+ExecutionTrigger tail(std::uint64_t k) { return ExecutionTrigger::on_operations({log_op(k, k + 1)}); }
+
+TEST(BoundedPlanStore, PastTheTriggerCapTheOldestTailIsDropped) {
+  ExecutionPlanStore store(PlanStoreOptions{.max_plan_triggers = 2});
+  const PlanId id = store.add(plan_of({op1()}), ExecutionTrigger::always()).id;
+  store.add_trigger(id, tail(1));
+  store.add_trigger(id, tail(2));
+  EXPECT_EQ(*store.triggers(id), (TriggerList{ExecutionTrigger::always(), tail(1), tail(2)}));
+  const std::uint64_t generation = store.generation();
+  store.add_trigger(id, tail(3));  // a third tail: the first goes
+  EXPECT_EQ(*store.triggers(id), (TriggerList{ExecutionTrigger::always(), tail(2), tail(3)}));
+  EXPECT_EQ(store.generation(), generation + 1);
+  store.add_trigger(id, ExecutionTrigger::on_sync());  // not a tail: the cap does not count it
+  EXPECT_EQ(*store.triggers(id), (TriggerList{ExecutionTrigger::always(), tail(2), tail(3), ExecutionTrigger::on_sync()}));
+  store.add_trigger(id, tail(3));  // already there: nothing changes
+  EXPECT_EQ(store.triggers(id)->size(), 4u);
+  EXPECT_EQ(store.generation(), generation + 2);
+}
+
+TEST(PlanStore, WithoutATriggerCapEveryTailIsKept) {
+  ExecutionPlanStore store;
+  const PlanId id = store.add(plan_of({op1()}), ExecutionTrigger::always()).id;
+  for (std::uint64_t k = 0; k < 300; ++k) store.add_trigger(id, tail(k));
+  EXPECT_EQ(store.triggers(id)->size(), 301u);
+}
+
+// A replaced trigger list lives as long as a snapshot of it, no longer: a plan's triggers cost
+// memory in proportion to their number. (Every old list was once kept for the store's life: a
+// plan given k tails held k lists of up to k triggers, and the soak grew to 16 GiB.)
+TEST(PlanStore, ReplacedTriggerListsAreFreedOnceNoSnapshotHoldsThem) {
+  ExecutionPlanStore store;
+  const PlanId id = store.add(plan_of({op1()}), ExecutionTrigger::always()).id;
+  std::weak_ptr<const TriggerList> first = store.triggers(id);
+  TriggerSnapshot held = store.triggers(id);
+  store.add_trigger(id, tail(1));
+  std::weak_ptr<const TriggerList> second = store.triggers(id);
+  store.add_trigger(id, tail(2));
+  EXPECT_TRUE(second.expired()) << "no snapshot held the second list: it is gone";
+  EXPECT_FALSE(first.expired()) << "a reader still holds the first list";
+  EXPECT_EQ(*held, TriggerList{ExecutionTrigger::always()});
+  held.reset();
+  EXPECT_TRUE(first.expired());
+}
+
 TEST(BoundedPlanStore, WithoutABoundNothingIsEvictedAndIdsStayDense) {
   ExecutionPlanStore store;
   EXPECT_EQ(store.max_plans(), 0u);

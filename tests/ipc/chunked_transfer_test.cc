@@ -22,6 +22,7 @@
 #include "kiln/ipc/protocol.h"
 #include "kiln/ipc/remote_target.h"
 #include "kiln/runtime/session.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ipc {
 namespace {
@@ -40,12 +41,7 @@ using namespace std::chrono_literals;
 constexpr std::uint64_t kArena = std::uint64_t{1} << 20;
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 
-template <class T>
-T ok(Result<T> r) {
-  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
-  EXPECT_TRUE(r.ok());
-  return std::move(r).value();
-}
+using ::kiln::testing::ok;
 
 bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 20s) {
   const auto end = std::chrono::steady_clock::now() + limit;

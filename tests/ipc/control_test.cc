@@ -28,6 +28,7 @@
 #include "kiln/ipc/handshake.h"
 #include "kiln/ipc/protocol.h"
 #include "kiln/ipc/unix_socket.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ipc {
 namespace {
@@ -165,11 +166,7 @@ UniqueFd connect_raw(const std::string& path) {
   return s;
 }
 
-template <class T>
-T ok(Result<T> r) {
-  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
-  return std::move(r).value();
-}
+using ::kiln::testing::ok;
 
 struct Daemon {
   explicit Daemon(std::string dir, ServerOptions o = {}) {

@@ -22,6 +22,7 @@
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/ipc/control_client.h"
 #include "kiln/ipc/protocol.h"
+#include "kiln/ipc/unix_socket.h"
 #include "kiln/ir/builders.h"
 #include "kiln/runtime/session.h"
 
@@ -206,6 +207,8 @@ TEST(DaemonErrors, ASyncReportsTheFirstFailureSinceTheLastSync) {
   ASSERT_FALSE(synced.ok()) << "a sync answered ok for work that failed";
   EXPECT_EQ(synced.error().code, ErrorCode::ResourceExhausted) << synced.error().to_string();
   EXPECT_NE(synced.error().message.find("Zeros"), std::string::npos) << synced.error().message;
+  // It names the stream as the client knows it, not the daemon's own number for it.
+  EXPECT_EQ(synced.error().message.rfind("sync: stream 0: execution failed", 0), 0u) << synced.error().message;
   // The failure was reported once (the tensor keeps its error: ir.md §11, tested in runtime_test).
   EXPECT_TRUE(t.drain(StreamId(0)).ok());
   ASSERT_TRUE(t.drop(StreamId(0), TensorIr{sum, huge, TensorStatus::ReadWrite, dtypes::f32}).ok());

@@ -18,6 +18,7 @@
 #include "hostile.h"
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/ipc/protocol.h"
+#include "kiln/ipc/unix_socket.h"
 #include "kiln/runtime/session.h"
 #include "peer_user.h"
 

@@ -19,6 +19,7 @@
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
+#include "kiln/testing/status.h"
 #if KILN_TEST_IPC
 #include "ipc_harness.h"
 #endif
@@ -48,12 +49,7 @@ std::unique_ptr<Device> make_device(std::size_t threads = 2) {
   return std::move(d).value();
 }
 
-template <class T>
-T ok(Result<T> r) {
-  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
-  EXPECT_TRUE(r.ok());
-  return std::move(r).value();
-}
+using ::kiln::testing::ok;
 
 // Built three times (tests/runtime/CMakeLists.txt): in process over the reference and the fast
 // backend, and over IPC (KILN_TEST_IPC: the same Session API through the client library and a

@@ -16,16 +16,10 @@
 
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/remote_target.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::testing {
 
-// The value of a Result a test expects to succeed (a failure is reported, then the value read).
-template <class T>
-T ok(Result<T> r) {
-  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
-  EXPECT_TRUE(r.ok());
-  return std::move(r).value();
-}
 
 // Polls `done` every 10 ms until it holds or `limit` passes; whether it held. A deadline for a
 // condition, never a speed.

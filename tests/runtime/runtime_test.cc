@@ -21,6 +21,7 @@
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
 #include "kiln/runtime/stream_actor.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::runtime {
 namespace {
@@ -49,12 +50,7 @@ std::unique_ptr<Device> make_device(std::size_t threads = 4) {
   return std::move(d).value();
 }
 
-template <class T>
-T ok(Result<T> r) {
-  if (!r.ok()) ADD_FAILURE() << r.error().to_string();
-  EXPECT_TRUE(r.ok());
-  return std::move(r).value();
-}
+using ::kiln::testing::ok;
 
 // A [2] f32 tensor uploaded under a fresh id, as a ReadOnly occurrence.
 TensorIr upload_f32x2(Device& dev, float a, float b) {

@@ -3,9 +3,11 @@
 //
 //   [fusion]               max_explorations = 10        (also accepted under [fusion.beam_search])
 //   [fusion]               max_plans = 8192             (0: every plan kept, as Burn does)
+//   [fusion]               max_plan_triggers = 64       (0: every trigger kept, as Burn does)
 //   [fusion.beam_search]   max_blocks = 5
 //   [fusion.logger]        level = "medium"             (disabled | basic | medium | full)
-//   KILN_FUSION_LOG, KILN_FUSION_MAX_EXPLORATIONS, KILN_FUSION_MAX_BLOCKS, KILN_FUSION_MAX_PLANS
+//   KILN_FUSION_LOG, KILN_FUSION_MAX_EXPLORATIONS, KILN_FUSION_MAX_BLOCKS, KILN_FUSION_MAX_PLANS,
+//   KILN_FUSION_MAX_PLAN_TRIGGERS
 #pragma once
 
 #include <cstddef>
@@ -25,6 +27,8 @@ struct FusionConfig {
   // The device's plan store keeps at most this many plans, evicting the coldest (beyond Burn,
   // whose store grows without bound: 0 restores that). ~34 KiB each with their kernels.
   std::size_t max_plans = 8192;
+  // OnOperations triggers one plan keeps (the oldest is dropped past it); 0 keeps every one.
+  std::size_t max_plan_triggers = 64;
   LogLevel log_level = LogLevel::Disabled;
   // Whether the environment asked for the log (then it goes to stderr even when the file set
   // no sink, as Burn does).

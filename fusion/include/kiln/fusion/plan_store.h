@@ -6,7 +6,7 @@
 // inserts a write lock on that bucket only, plus a short append mutex taken only when a NEW plan
 // is appended (it keeps ids in order); readers take no global lock. A published ExecutionPlan
 // (its operations and optimization) is immutable; only its trigger list grows, copy-on-write, so
-// readers holding a snapshot never see it change.
+// readers holding a snapshot never see it change (a short per-plan mutex guards the swap).
 //
 // Bounded or not: Burn keeps every plan for the store's life, and so does a store built with
 // max_plans = 0. With a bound (beyond Burn: a daemon that serves ever new program shapes must not
@@ -62,6 +62,10 @@ struct PlanStoreOptions {
   // Most plans kept; 0 keeps every plan for the store's life (Burn's behaviour). Past it, the
   // coldest eighth (at least one) is evicted.
   std::size_t max_plans = 0;
+  // Most OnOperations triggers one plan keeps; 0 keeps every one (Burn's behaviour). Past it,
+  // adding one drops the oldest: a plan matched by ever new tails (random programs, a hostile
+  // client) must not grow without limit, nor make every match validate thousands of tails.
+  std::size_t max_plan_triggers = 0;
 };
 
 class ExecutionPlanStore {

@@ -60,10 +60,6 @@
 
 namespace kiln::ipc {
 
-// The control socket's file name for a device: "kilnd-cpu.sock", "kilnd-cuda-0.sock". One
-// daemon per device: a second one finds the first answering on this name and refuses to start.
-std::string daemon_socket_name(const std::string& device);
-
 // Who may join a job its owner created (daemon.job_policy in kiln.toml).
 enum class JobPolicy {
   Uid,    // "uid": clients of the owner's uid only (the default)

@@ -41,9 +41,6 @@ class DeviceLock {
   std::string path_;
 };
 
-// A device's daemon files are named from one stem: "kilnd-cpu", "kilnd-cuda-0" (the socket
-// adds ".sock": daemon_socket_name, the lock ".lock").
-std::string daemon_file_stem(const std::string& device);
 // The lock file's name for a device: "kilnd-cpu.lock", "kilnd-cuda-0.lock".
 std::string device_lock_name(const std::string& device);
 

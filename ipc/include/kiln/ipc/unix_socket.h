@@ -26,6 +26,13 @@ inline constexpr const char* kDefaultSocketName = "kilnd-cpu.sock";
 // $XDG_RUNTIME_DIR/kiln when XDG_RUNTIME_DIR is set, else /tmp/kiln-<euid>.
 std::string default_runtime_dir();
 
+// A device's daemon files are named from one stem: "kilnd-cpu", "kilnd-cuda-0" (the socket
+// adds ".sock": daemon_socket_name, the lock ".lock": device_lock_name).
+std::string daemon_file_stem(const std::string& device);
+// The control socket's file name for a device: "kilnd-cpu.sock", "kilnd-cuda-0.sock". One
+// daemon per device: a second one finds the first answering on this name and refuses to start.
+std::string daemon_socket_name(const std::string& device);
+
 // Creates `path` (one level; its parent must exist) with mode 0700, or 0710 with group
 // `group` when other users of that group may connect (they need search permission to reach
 // the socket, never listing). An existing directory is accepted only if it is a real
