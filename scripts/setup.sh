@@ -21,7 +21,7 @@ PACKAGES=(
   libtomlplusplus-dev         # kiln.toml
   libcli11-dev                # command-line flags
   libeigen3-dev               # kiln-bench-peers times Eigen's sgemm beside kiln's matmul
-  python3                     # bench comparison scripts
+  python3                     # bench comparison scripts, the layering check (lint)
   procps                      # pkill, ps: the daemon tests end their helper processes
   util-linux passwd           # setpriv, useradd: the tests run clients as a second user (root)
 )
