@@ -19,7 +19,7 @@
 #include "kiln/cpu/memory.h"
 #include "kiln/cpu/tensor.h"
 #include "kiln/ir/operation.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::cpu::reference {
 

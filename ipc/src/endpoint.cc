@@ -5,7 +5,7 @@
 #include <string>
 #include <thread>
 
-#include "kiln/ir/cpu_relax.h"
+#include "kiln/base/cpu_relax.h"
 
 namespace kiln::ipc {
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "kiln/ir/cpu_relax.h"
+#include "kiln/base/cpu_relax.h"
 
 namespace kiln::runtime {
 

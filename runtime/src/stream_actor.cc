@@ -11,7 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kiln/ir/builders.h"
-#include "kiln/ir/cpu_relax.h"
+#include "kiln/base/cpu_relax.h"
 
 namespace kiln::runtime {
 namespace {

@@ -27,7 +27,7 @@
 #include <optional>
 #include <span>
 
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::cpu {
 

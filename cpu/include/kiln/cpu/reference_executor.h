@@ -60,7 +60,7 @@
 #include "kiln/cpu/tensor.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/operation.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::cpu {
 

@@ -26,7 +26,7 @@
 
 #include "kiln/cpu/memory.h"
 #include "kiln/ir/dtype.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 #include "kiln/ir/shape.h"
 
 namespace kiln::cpu {

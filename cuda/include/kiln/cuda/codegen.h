@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "kiln/fusion/fused_program.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::cuda {
 

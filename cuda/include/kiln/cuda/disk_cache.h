@@ -26,7 +26,7 @@
 #include <string_view>
 
 #include "kiln/cuda/nvrtc.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::cuda {
 

@@ -16,7 +16,7 @@
 #include "kiln/cuda/codegen.h"
 #include "kiln/cuda/launch_abi.h"
 #include "kiln/fusion/fused_program.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 #include "kiln/ir/scalar.h"
 #include "kiln/ir/tensor.h"
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::cuda {
 

@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "kiln/fusion/fusion_log.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::fusion {
 

@@ -61,7 +61,7 @@
 
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/fusion/plan_store.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::fusion {
 

@@ -21,7 +21,7 @@
 #include <optional>
 #include <span>
 
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

@@ -20,7 +20,7 @@
 
 #include "kiln/ipc/endpoint.h"
 #include "kiln/ipc/fd.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

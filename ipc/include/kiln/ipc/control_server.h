@@ -35,7 +35,7 @@
 #include "kiln/ipc/endpoint.h"
 #include "kiln/ipc/handshake.h"
 #include "kiln/ipc/segment.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

@@ -55,7 +55,7 @@
 
 #include "kiln/ipc/control_server.h"
 #include "kiln/ipc/protocol.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 #include "kiln/runtime/device.h"
 
 namespace kiln::ipc {

@@ -33,7 +33,7 @@
 #include <string>
 #include <string_view>
 
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

@@ -34,7 +34,7 @@
 #include "kiln/ipc/fd.h"
 #include "kiln/ipc/ring.h"
 #include "kiln/ipc/segment.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

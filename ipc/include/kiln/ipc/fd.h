@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

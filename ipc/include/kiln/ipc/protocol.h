@@ -98,7 +98,7 @@
 #include "kiln/ipc/arena.h"
 #include "kiln/ir/dtype.h"
 #include "kiln/ir/operation.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 #include "kiln/ir/shape.h"
 #include "kiln/ir/tensor.h"
 

@@ -42,7 +42,7 @@
 #include <span>
 
 #include "kiln/ipc/segment.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

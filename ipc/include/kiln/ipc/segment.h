@@ -25,7 +25,7 @@
 #include <string>
 
 #include "kiln/ipc/fd.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

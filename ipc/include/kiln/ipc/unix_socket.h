@@ -15,7 +15,7 @@
 
 #include "kiln/ipc/fd.h"
 #include "kiln/ipc/handshake.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

@@ -73,7 +73,7 @@
 
 #include "kiln/ir/graph.h"
 #include "kiln/ir/operation.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ir::codec {
 

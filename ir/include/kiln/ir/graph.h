@@ -24,7 +24,7 @@
 
 #include "kiln/ir/operation.h"
 #include "kiln/ir/relative.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ir {
 

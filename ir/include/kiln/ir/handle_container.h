@@ -36,7 +36,7 @@
 
 #include "kiln/ir/handle_error.h"
 #include "kiln/ir/operation.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 #include "kiln/ir/shape.h"
 #include "kiln/ir/tensor.h"
 

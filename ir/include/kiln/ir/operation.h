@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kiln/ir/op_table.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 #include "kiln/ir/scalar.h"
 #include "kiln/ir/tensor.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "kiln/ir/dtype.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ir {
 

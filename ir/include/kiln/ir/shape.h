@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::ir {
 

@@ -26,7 +26,7 @@
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/handle_error.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 #include "kiln/ir/tensor.h"
 
 namespace kiln::runtime {

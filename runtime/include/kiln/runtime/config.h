@@ -25,7 +25,7 @@
 #include <string_view>
 
 #include "kiln/fusion/config.h"
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::runtime {
 

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln::apps {
 

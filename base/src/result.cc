@@ -1,4 +1,4 @@
-#include "kiln/ir/result.h"
+#include "kiln/base/result.h"
 
 namespace kiln {
 
