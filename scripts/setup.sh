@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# scripts/setup.sh: install what kiln needs to build and test, from Debian's packages.
+# scripts/setup.sh: install what kiln needs to build and test, from Debian's packages, then the
+# project's PyPI tools into a virtual environment, <repo>/.venv.
 #
 # Idempotent: each package is checked with dpkg-query; `apt-get update` and `apt-get install`
 # run only when something is missing. Runs as root, or through `sudo -n` otherwise.
-# Then reports the optional CUDA toolkit and GPU driver (never fails on them).
+# The venv is made with Debian's /usr/bin/python3 when it is missing (or broken); each pin
+# of scripts/requirements-dev.txt (`name==version` lines) is compared with what the venv has,
+# and pip runs only when one is missing or at another version: a second run does no network
+# work. Then reports the optional CUDA toolkit and GPU driver (never fails on them).
 #
 # Usage: scripts/setup.sh [-h|--help]
 set -euo pipefail
@@ -22,12 +26,13 @@ PACKAGES=(
   libcli11-dev                # command-line flags
   libeigen3-dev               # kiln-bench-peers times Eigen's sgemm beside kiln's matmul
   python3                     # bench comparison scripts, the layering check (lint)
+  python3-venv                # `python3 -m venv` with pip: the project venv (.venv) for PyPI tools
   procps                      # pkill, ps: the daemon tests end their helper processes
   util-linux passwd           # setpriv, useradd: the tests run clients as a second user (root)
 )
 
 case "${1:-}" in
-  -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
   "") ;;
   *) echo "setup.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 esac
@@ -83,6 +88,79 @@ if ((${#missing[@]})); then
   ((${#still[@]} == 0)) || die "still not installed after apt-get: ${still[*]}"
 else
   echo "==> setup: all packages present (no apt-get run)"
+fi
+
+# The project venv: PyPI tools (lizard for scripts/function_sizes.py), pinned exactly in
+# scripts/requirements-dev.txt. Made by the invoking user (not through sudo), with Debian's
+# python3 so that it is the same interpreter on every machine, whatever else is on PATH.
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=$ROOT/.venv
+REQS=$ROOT/scripts/requirements-dev.txt
+SYS_PYTHON=/usr/bin/python3
+[[ -f $REQS ]] || die "$REQS is missing"
+[[ -x $SYS_PYTHON ]] || die "$SYS_PYTHON is missing (Debian package python3)"
+
+# A usable venv runs its python and has pip; anything less (a copy from another machine, a venv
+# made before python3-venv was installed) is made again.
+venv_ok() { [[ -x $VENV/bin/python ]] && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; }
+
+if venv_ok; then
+  printf '==> setup: venv %s (%s)\n' "$VENV" "$("$VENV/bin/python" --version 2>&1)"
+else
+  if [[ -e $VENV ]]; then
+    echo "==> setup: venv $VENV is unusable (no python or no pip): making it again"
+    rm -rf -- "$VENV"
+  else
+    echo "==> setup: making the venv $VENV ($("$SYS_PYTHON" --version 2>&1), $SYS_PYTHON -m venv)"
+  fi
+  "$SYS_PYTHON" -m venv "$VENV" || die "'$SYS_PYTHON -m venv $VENV' failed (see above)"
+  venv_ok || die "the new venv $VENV has no working pip"
+fi
+
+# Compares each `name==version` pin with the venv's installed distributions (no network, no pip):
+# prints one line per pin, as the Debian check does, and exits 1 when any is missing or differs,
+# 2 when the file has a line that is not an exact pin.
+check_pins() {
+  "$VENV/bin/python" - "$REQS" <<'PY'
+import re, sys
+from importlib import metadata
+pin = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;#]+)\s*$")
+bad = 0
+for n, raw in enumerate(open(sys.argv[1], encoding="utf-8"), 1):
+    line = re.sub(r"(^|\s)#.*", "", raw).strip()
+    if not line or line.startswith("#") or line.startswith("-"):  # comments, pip options
+        continue
+    m = pin.match(line)
+    if not m:
+        print(f"setup.sh: error: {sys.argv[1]}:{n}: not an exact pin (name==version): {line}",
+              file=sys.stderr)
+        sys.exit(2)
+    name, want = m.group(1), m.group(3)
+    try:
+        have = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        have = None
+    if have == want:
+        print(f"    ok       {name:<22} {have}")
+    else:
+        print(f"    {'missing' if have is None else 'differs'}  {name:<22} "
+              f"{'wanted ' + want if have is None else have + ', wanted ' + want}")
+        bad = 1
+sys.exit(bad)
+PY
+}
+
+echo "==> setup: checking the pins of ${REQS#"$ROOT"/} in the venv"
+rc=0; check_pins || rc=$?
+((rc != 2)) || die "fix $REQS (every package line must be name==version)"
+if ((rc)); then
+  echo "==> setup: pip install -r ${REQS#"$ROOT"/} (into $VENV)"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -r "$REQS" ||
+    die "'pip install -r $REQS' failed (see above)"
+  echo "==> setup: checking the pins again"
+  check_pins || die "the venv still differs from $REQS after pip install"
+else
+  echo "==> setup: all pins present (no pip run)"
 fi
 
 # Optional: the CUDA toolkit (the cuda module builds when CMake finds it) and a GPU driver.

@@ -601,7 +601,7 @@ TEST(IpcStress, WorkersFloodAndAKill) {
                          << " streams (baseline " << baseline_streams << "), " << st.clients.size() << " clients, "
                          << st.jobs.size() << " jobs";
   EXPECT_EQ(st.clients_served, static_cast<std::uint64_t>(kWorkers + 1));
-  // And the runtime's own leak check (fusion.md §16.8) over every stream's tables.
+  // And the runtime's own leak check (docs/spec/fusion.md §16.8) over every stream's tables.
   const Status leaks = dev->check_memory_leaks();
   EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
 

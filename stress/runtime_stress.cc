@@ -121,7 +121,7 @@ TEST(RuntimeStress, ThreadsTimesStreamsRandomPrograms) {
               static_cast<unsigned long long>(ops.load()), total * 0.6);
   ASSERT_TRUE(dev->shutdown().ok());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
-  Status leaks = dev->check_memory_leaks();  // fusion.md §16.8: no handle, no stream state left
+  Status leaks = dev->check_memory_leaks();  // docs/spec/fusion.md §16.8: no handle, no stream state left
   EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
 }
 
@@ -171,7 +171,7 @@ TEST(RuntimeStress, SyncStorm) {
   report(check);
   ASSERT_TRUE(dev->shutdown().ok());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
-  Status leaks = dev->check_memory_leaks();  // fusion.md §16.8: no handle, no stream state left
+  Status leaks = dev->check_memory_leaks();  // docs/spec/fusion.md §16.8: no handle, no stream state left
   EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
 }
 

@@ -20,7 +20,7 @@ using ir::TensorIr;
 using ir::TensorStatus;
 
 // One device with one stream: a plan store, a recording executor and the stream's processor.
-// Programs are written with explicit tensor statuses, as a client derives them (fusion.md §16.7):
+// Programs are written with explicit tensor statuses, as a client derives them (docs/spec/fusion.md §16.7):
 // an op output is NotInit, later uses ReadOnly, the last use ReadWrite (or a Drop).
 class Lab {
  public:
@@ -56,7 +56,7 @@ class Lab {
     submit(Operation{kind, family, ir::dtypes::f32, 1, {use(in, s), out}, {}, {}, {}, {}});
     return out;
   }
-  // Dim reduction keeping the axis (size 1), accumulator 1 (ir.md §5.11).
+  // Dim reduction keeping the axis (size 1), accumulator 1 (docs/spec/ir.md §5.11).
   TensorIr reduce_dim(OpKind kind, const TensorIr& in, TensorStatus s, std::int64_t axis) {
     Shape shape = in.shape;
     shape[static_cast<std::size_t>(axis)] = 1;
@@ -86,7 +86,7 @@ class Lab {
   void drop(const TensorIr& t) {
     submit(Operation{OpKind::Drop_Drop, Family::Drop, ir::dtypes::f32, 1, {use(t, TensorStatus::ReadWrite)}, {}, {}, {}, {}});
   }
-  // A read drains the stream only when the tensor is not produced yet (fusion.md §16.4).
+  // A read drains the stream only when the tensor is not produced yet (docs/spec/fusion.md §16.4).
   void read(const TensorIr& t) {
     if (!executor_.has_handle(t.id)) stream_.drain(store_, executor_);
   }
@@ -108,7 +108,7 @@ class Lab {
   std::uint64_t next_id_ = 1;
 };
 
-// The spec's (a*b + c*s).exp() (fusion.md §3.11): Mul, MulScalar, Add, Exp on fresh inputs.
+// The spec's (a*b + c*s).exp() (docs/spec/fusion.md §3.11): Mul, MulScalar, Add, Exp on fresh inputs.
 struct W1Program {
   TensorIr a, b, c, t4, t5, t6, t7;
 };
@@ -124,7 +124,7 @@ inline W1Program register_w1(Lab& lab, const Shape& shape, double s) {
   return w;
 }
 
-// `n` independent 8-op single-input chains on 256x256 (fusion.md §19.1.4, with the stand-in
+// `n` independent 8-op single-input chains on 256x256 (docs/spec/fusion.md §19.1.4, with the stand-in
 // middle ops the spec suggests); returns each chain's surviving output.
 inline std::vector<TensorIr> register_chains(Lab& lab, int n) {
   std::vector<TensorIr> outs;

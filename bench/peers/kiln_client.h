@@ -1,5 +1,5 @@
 // A minimal kiln client for the peer benchmark: registers operations on one FusionStream the
-// way the fusion client does (ir.md §5.11 lowerings, fusion.md §16.7 statuses: an op output is
+// way the fusion client does (docs/spec/ir.md §5.11 lowerings, docs/spec/fusion.md §16.7 statuses: an op output is
 // NotInit with a fresh id, later uses ReadOnly, the last use ReadWrite), reads by draining, and
 // uploads / downloads through a Backend (the CPU device, or a recording stand-in for --dry-run).
 //
@@ -139,7 +139,7 @@ class Client {
     return submit(ir::build::matmul(Family::Float, OpKind::Float_Matmul, use(lhs, ls), use(rhs, rs), fresh_id()),
                   "matmul");
   }
-  // sigmoid as the fusion client lowers it (ir.md §5.11): Cast(f32), MulScalar(-1), Exp,
+  // sigmoid as the fusion client lowers it (docs/spec/ir.md §5.11): Cast(f32), MulScalar(-1), Exp,
   // AddScalar(1), Log, MulScalar(-1), Exp, Cast(f32) — both casts emitted even for f32.
   TensorIr sigmoid(const TensorIr& x, TensorStatus s) {
     TensorIr t = cast_f32(x, s);
@@ -151,11 +151,11 @@ class Client {
     t = fl(OpKind::Float_Exp, t, TensorStatus::ReadWrite);
     return cast_f32(t, TensorStatus::ReadWrite);
   }
-  // End of life of a tensor no op consumed (fusion.md §16.7).
+  // End of life of a tensor no op consumed (docs/spec/fusion.md §16.7).
   void drop(const TensorIr& t) {
     register_op(unwrap(ir::build::drop(use(t, TensorStatus::ReadWrite)), "drop"));
   }
-  // A read of a tensor not produced yet drains the stream (fusion.md §16.4).
+  // A read of a tensor not produced yet drains the stream (docs/spec/fusion.md §16.4).
   void drain() { stream_.drain(store_, counting_); }
 
   const fusion::ProcessorStats& stats() const { return stream_.processor().stats(); }

@@ -1,6 +1,6 @@
 // The peer kit's workloads W1-W4 (../shared/bench-peers/README.md "Workloads") and the
 // matmul1024 figure, written as a kiln client writes them: operations lowered as the fusion
-// client lowers them (ir.md §5.11), statuses as a client derives them (fusion.md §16.7).
+// client lowers them (docs/spec/ir.md §5.11), statuses as a client derives them (docs/spec/fusion.md §16.7).
 //
 // One call of a workload = (drop the previous call's outputs, as a client reassigning `y`
 // would) + register its operations with fresh output ids + drain (the read of the outputs).

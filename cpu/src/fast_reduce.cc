@@ -11,7 +11,7 @@
 //   1 < inner < 16    short columns: a task walks its o's contiguously and scatters each element
 //                     into its column's accumulator.
 // Float sums, means and products accumulate in f64 whatever the input dtype (more precise than
-// the f32 accumulator fusion.md §14.7 asks for, and the reference's choice, so results round to
+// the f32 accumulator docs/spec/fusion.md §14.7 asks for, and the reference's choice, so results round to
 // the same float almost always); integers wrap in 64 bits (the reference's rule).
 #include <atomic>
 #include <cmath>

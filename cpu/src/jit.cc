@@ -25,6 +25,9 @@
 #include <spdlog/spdlog.h>
 
 #include "fast_program.h"
+#include "kiln/base/files.h"
+#include "kiln/base/hash.h"
+#include "kiln/base/posix.h"
 #include "kiln/cpu/tensor.h"
 
 extern char** environ;
@@ -711,24 +714,6 @@ const std::vector<std::string>& compile_flags() {
 
 namespace {
 
-// A file removed when the object goes, unless kept.
-class TempFile {
- public:
-  TempFile() = default;
-  explicit TempFile(std::string path) : path_(std::move(path)) {}
-  ~TempFile() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  TempFile(TempFile&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
-  const std::string& path() const { return path_; }
-  void keep() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 // A private directory removed (when empty) when the object goes.
 class TempDir {
  public:
@@ -755,19 +740,9 @@ std::optional<TempFile> make_temp(const std::string& dir, const std::string& pre
   const int fd = ::mkstemps(templ.data(), static_cast<int>(suffix.size()));
   if (fd < 0) return std::nullopt;
   TempFile f(templ);
-  std::size_t off = 0;
-  bool ok = true;
-  while (off < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + off, text.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      ok = false;
-      break;
-    }
-    off += static_cast<std::size_t>(w);
-  }
-  ok = ::close(fd) == 0 && ok;
-  if (!ok) return std::nullopt;
+  UniqueFd file(fd);
+  const auto bytes = std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size());
+  if (!write_all(file.get(), bytes, templ).ok() || file.close() != 0) return std::nullopt;
   return f;
 }
 
@@ -824,13 +799,10 @@ std::string load_library(const std::string& path, const std::string& key, const 
   return {};
 }
 
-// 128-bit FNV-1a (two 64-bit lanes with different offsets), as 32 hex digits: a file name.
+// 128 bits of FNV-1a (two 64-bit lanes with different offsets), as 32 hex digits: a file name.
+// (A collision cannot load a wrong kernel: the library's stored key is compared on load.)
 std::string hash_hex(const std::string& s) {
-  std::uint64_t h1 = 0xcbf29ce484222325ull, h2 = 0x84222325cbf29ce4ull;
-  for (unsigned char ch : s) {
-    h1 = (h1 ^ ch) * 0x100000001b3ull;
-    h2 = (h2 ^ ch) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
-  }
+  const std::uint64_t h1 = fnv1a64(s), h2 = fnv1a64(s, kFnv64Offset ^ 0x9e3779b97f4a7c15ull);
   char buf[33];
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h1),
                 static_cast<unsigned long long>(h2));
@@ -853,18 +825,9 @@ std::string find_on_path(const char* name) {
   return {};
 }
 
-// mkdir -p with mode 0700 for what it creates; then the directory must be ours and private.
+// An absolute directory, created when missing, that must be ours and private (base/files.h).
 bool private_dir(const std::string& dir) {
-  if (dir.empty() || dir[0] != '/') return false;
-  for (std::size_t at = 1; at <= dir.size(); ++at) {
-    if (at != dir.size() && dir[at] != '/') continue;
-    const std::string part = dir.substr(0, at);
-    if (::mkdir(part.c_str(), 0700) != 0 && errno != EEXIST) return false;
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
-  // Another user's (or a group- / world-writable) directory could hold a planted library.
-  return st.st_uid == ::geteuid() && (st.st_mode & 0022) == 0;
+  return !dir.empty() && dir[0] == '/' && ensure_private_dir(dir, "cpu jit cache").ok();
 }
 
 std::string default_cache_dir() {

@@ -77,7 +77,7 @@ std::uint64_t ReferenceCpuBackend::release_idle_memory() { return allocator_.rel
 Status ReferenceCpuBackend::run_operation(const ir::Operation& op, ReferenceExecutor& exec) {
   using Container = ShardedTensorTable::Container;
   // 1. Copy the entries the op reads into a private container (handles share their buffers;
-  //    errors share their roots). Only this stream names these ids (fusion.md §16.5: no queue
+  //    errors share their roots). Only this stream names these ids (docs/spec/fusion.md §16.5: no queue
   //    holds another stream's id), so nothing changes them between here and step 3.
   Container local;
   for (const ir::TensorIr& t : op.nodes()) {

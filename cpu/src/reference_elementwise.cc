@@ -338,7 +338,7 @@ Result<Outputs> run_unary(const Ctx& c) {
   });
 }
 
-// ---- Binary (broadcasting, ir.md §4: equal ranks)
+// ---- Binary (broadcasting, docs/spec/ir.md §4: equal ranks)
 
 Result<Outputs> run_binary(const Ctx& c) {
   const OpKind k = c.op.kind;

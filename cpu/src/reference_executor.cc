@@ -186,7 +186,7 @@ namespace {
 // ---- Whole-op checks
 
 // The family fits the operand's dtype (the first input, or the output of a creation op) and a
-// carried dtype is the operand's, as the builders guarantee (ir.md §5.11).
+// carried dtype is the operand's, as the builders guarantee (docs/spec/ir.md §5.11).
 Status check_family(const ir::Operation& op) {
   const ir::OpInfo& info = op.info();
   if (op.tensors.empty()) return Status::Ok();
@@ -258,7 +258,7 @@ bool structurally_sound(const ir::Operation& op) {
 std::string op_name(const ir::Operation& op) { return structurally_sound(op) ? op.kind_name() : "Operation"; }
 
 // A failed op: ReadWrite inputs are released as if consumed, outputs are claimed with a new root
-// (ir.md §11.3). An output id that is also an input (a malformed op) is left alone, so that the
+// (docs/spec/ir.md §11.3). An output id that is also an input (a malformed op) is left alone, so that the
 // claim never destroys a live input; an op whose tensor lists cannot be read changes nothing.
 Status fail(ReferenceExecutor::Handles& handles, const ir::Operation& op, Error error) {
   if (!structurally_sound(op)) return error;

@@ -190,7 +190,7 @@ std::vector<std::uint64_t> strides_of(const ir::Shape& s);
 // Multi-index of a linear index.
 void unravel(std::uint64_t linear, const ir::Shape& s, Index& idx);
 std::uint64_t ravel(const Index& idx, const std::vector<std::uint64_t>& strides);
-// For each element of `out`, the linear index of the element of `in` it reads under ir.md §4
+// For each element of `out`, the linear index of the element of `in` it reads under docs/spec/ir.md §4
 // broadcasting (equal ranks; each dim of `in` equal to out's or 1).
 std::vector<std::uint64_t> broadcast_map(const ir::Shape& in, const ir::Shape& out);
 // Product of the dims in [from, to).

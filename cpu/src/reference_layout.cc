@@ -47,7 +47,7 @@ Result<CpuTensor> copy_of(const Ctx& c, const CpuTensor& t) {
   return out;
 }
 
-// Position of the i-th element of a slice in its dimension of size n (ir.md §4; Burn's negative
+// Position of the i-th element of a slice in its dimension of size n (docs/spec/ir.md §4; Burn's negative
 // steps walk the clamped range [begin, end) backwards from end - 1).
 std::uint64_t slice_position(const ir::Slice& s, std::uint64_t n, std::uint64_t i) {
   const std::uint64_t b = s.begin_in(n);
@@ -86,7 +86,7 @@ Result<Outputs> run_reshape(const Ctx& c) {
   return single(std::move(out));
 }
 
-// ---- Expand: right-aligned broadcast to the output shape (ir.md §4 expand).
+// ---- Expand: right-aligned broadcast to the output shape (docs/spec/ir.md §4 expand).
 
 Result<Outputs> run_expand(const Ctx& c) {
   const CpuTensor& x = c.in[0];
@@ -387,7 +387,7 @@ Result<Outputs> run_repeat_dim(const Ctx& c) {
   });
 }
 
-// ---- Pad{mode, (before, after) for the last m dims, constant?} (ir.md §6.4). Reflect mirrors
+// ---- Pad{mode, (before, after) for the last m dims, constant?} (docs/spec/ir.md §6.4). Reflect mirrors
 // without repeating the edge (PyTorch's "reflect"), Edge repeats the edge ("replicate").
 
 Result<Outputs> run_pad(const Ctx& c) {

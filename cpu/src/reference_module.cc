@@ -47,7 +47,7 @@ std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::ui
 
 }  // namespace
 
-// ---- Matmul: [..., m, k] x [..., k, n] -> [..., m, n], batch dims broadcast (ir.md §4
+// ---- Matmul: [..., m, k] x [..., k, n] -> [..., m, n], batch dims broadcast (docs/spec/ir.md §4
 // matmul_output). Float: any two float dtypes (mixed), f64 accumulation, output rounded once.
 // Int: equal integer dtypes, wrapping accumulation.
 

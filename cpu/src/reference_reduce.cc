@@ -173,7 +173,7 @@ Result<Outputs> reduce_lines(const Ctx& c, Red r, const CpuTensor& x, const Axis
 
 }  // namespace
 
-// ---- Whole-tensor reductions: output shape [1] (rank 1, ir.md §5.11).
+// ---- Whole-tensor reductions: output shape [1] (rank 1, docs/spec/ir.md §5.11).
 
 Result<Outputs> run_reduce(const Ctx& c) {
   const CpuTensor& x = c.in[0];

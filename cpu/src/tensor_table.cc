@@ -87,7 +87,7 @@ Status ShardedTensorTable::alias(ir::TensorId src, ir::TensorId dst) {
   if (!e || e->is_not_init())
     return make_error(ErrorCode::InvalidHandle,
                       "shared view " + dst.to_string() + " of " + src.to_string() + ": the source has no value");
-  // An Errored source gives an Errored view with the same root and depth (ir.md §11.3).
+  // An Errored source gives an Errored view with the same root and depth (docs/spec/ir.md §11.3).
   put(dst, std::move(*e));
   return Status::Ok();
 }

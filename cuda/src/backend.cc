@@ -710,7 +710,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     }
   }
 
-  // A CUDA error: the launch's outputs carry it (ir.md §11.3), consumed inputs are released.
+  // A CUDA error: the launch's outputs carry it (docs/spec/ir.md §11.3), consumed inputs are released.
   bool fail_with(const FusedProgram& p, const Binding& bind, const Error& err) {
     b_.counters.cuda_errors.fetch_add(1, std::memory_order_relaxed);
     spdlog::error("kiln cuda: {}", err.message);

@@ -1045,7 +1045,7 @@ class StageGen {
       case Red::Prod: {
         if (ic == Cls::Bool) return unsupported("sum of bools");
         // Float sums, means and products accumulate in f64 whatever the input dtype, as the CPU
-        // backend and the reference do (more precise than fusion.md §14.7's f32 accumulator).
+        // backend and the reference do (more precise than docs/spec/fusion.md §14.7's f32 accumulator).
         rt.acc_type = fl ? "double" : it;
         const bool prod = r == Red::Prod;
         rt.init = prod ? fmt::format("({})1", rt.acc_type) : fmt::format("({})0", rt.acc_type);

@@ -247,7 +247,7 @@ Reachability Dag::reachability() const {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Execution-order validity (fusion.md §12.5)
+// Execution-order validity (docs/spec/fusion.md §12.5)
 // ---------------------------------------------------------------------------------------------
 
 namespace {

@@ -1,4 +1,4 @@
-// ElementWise (fusion.md §14.4), NHWCRelayout (§14.6) and the default registry (§14.1).
+// ElementWise (docs/spec/fusion.md §14.4), NHWCRelayout (§14.6) and the default registry (§14.1).
 #include <memory>
 
 #include "kiln/fusion/fusers.h"

@@ -1,4 +1,4 @@
-// Matmul (fusion.md §14.5): a Float::Matmul head, then an elementwise epilogue that reads the
+// Matmul (docs/spec/fusion.md §14.5): a Float::Matmul head, then an elementwise epilogue that reads the
 // matmul result as a local value; a fallback trace (the epilogue alone) runs after an unfused
 // matmul when the fused kernel cannot be used.
 #include <memory>

@@ -42,34 +42,46 @@ void MultiStream::drain(StreamId stream, Executor& executor) {
   it->second->drain(store_, executor);
 }
 
-ReadPlan MultiStream::read_plan(StreamId stream, const ir::TensorIr& t, const Presence& present) const {
-  if (!present(t.id)) return ReadPlan::Drain;  // its producer is still queued (or it is errored)
+ReadPlan read_plan(const OperationQueue* queue, const ir::TensorIr& t, bool materialized) {
+  if (!materialized) return ReadPlan::Drain;  // its producer is still queued (or it is errored)
   if (t.status != ir::TensorStatus::ReadWrite) return ReadPlan::Direct;
-  const FusionStream* s = this->stream(stream);
-  if (s && s->queue().references_tensor(t.id)) return ReadPlan::DeferFree;
+  if (queue != nullptr && queue->references_tensor(t.id)) return ReadPlan::DeferFree;
   return ReadPlan::Direct;
 }
 
-ir::TensorIr MultiStream::read(StreamId stream, const ir::TensorIr& t, Executor& executor, const Presence& present) {
+ir::TensorIr serve_read(OperationQueue& queue, const ir::TensorIr& t, ReadPlan plan) {
   ir::TensorIr used = t;
-  switch (read_plan(stream, t, present)) {
-    case ReadPlan::Drain: drain(stream, executor); break;
-    case ReadPlan::Direct: break;
-    case ReadPlan::DeferFree:
-      get_or_create(stream).queue().defer_free(t);
-      used.status = ir::TensorStatus::ReadOnly;
-      break;
+  if (plan == ReadPlan::DeferFree) {
+    queue.defer_free(t);
+    used.status = ir::TensorStatus::ReadOnly;
   }
-  mark_read(stream, used);
+  if (used.status == ir::TensorStatus::ReadWrite) queue.forget_variable(used.id);
   return used;
 }
 
-void MultiStream::mark_read(StreamId stream, const ir::TensorIr& t) {
-  if (t.status != ir::TensorStatus::ReadWrite) return;
+bool defer_foreign_drop(OperationQueue& queue, const ir::TensorIr& t) {
+  if (queue.references_tensor(t.id)) {
+    queue.defer_free(t);
+    return true;
+  }
+  queue.forget_variable(t.id);
+  return false;
+}
+
+ReadPlan MultiStream::read_plan(StreamId stream, const ir::TensorIr& t, const Presence& present) const {
+  const FusionStream* s = this->stream(stream);
+  return fusion::read_plan(s ? &s->queue() : nullptr, t, present(t.id));
+}
+
+ir::TensorIr MultiStream::read(StreamId stream, const ir::TensorIr& t, Executor& executor, const Presence& present) {
+  const ReadPlan plan = read_plan(stream, t, present);
+  if (plan == ReadPlan::Drain) drain(stream, executor);
   auto it = streams_.find(stream);
-  if (it == streams_.end()) return;
-  it->second->queue().forget_variable(t.id);
-  if (it->second->queue().variables().empty()) streams_.erase(it);  // §16.6 stream removal
+  if (it == streams_.end()) return t;  // nothing queued, no variable to forget
+  const ir::TensorIr used = serve_read(it->second->queue(), t, plan);
+  // §16.6 stream removal, after a last-use read.
+  if (used.status == ir::TensorStatus::ReadWrite && it->second->queue().variables().empty()) streams_.erase(it);
+  return used;
 }
 
 bool MultiStream::foreign_drop(StreamId stream, const ir::TensorIr& t, Executor& executor, const Presence& present) {
@@ -81,10 +93,7 @@ bool MultiStream::foreign_drop(StreamId stream, const ir::TensorIr& t, Executor&
     return true;
   }
   OperationQueue& q = it->second->queue();
-  if (q.references_tensor(t.id)) {
-    q.defer_free(t);
-  } else {
-    q.forget_variable(t.id);
+  if (!defer_foreign_drop(q, t)) {
     executor.free_tensor(t);
     if (q.variables().empty()) streams_.erase(it);
   }

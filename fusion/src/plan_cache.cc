@@ -18,6 +18,10 @@
 #include <system_error>
 #include <utility>
 
+#include "kiln/base/bytes.h"
+#include "kiln/base/files.h"
+#include "kiln/base/hash.h"
+#include "kiln/base/posix.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/ir/codec.h"
 
@@ -74,68 +78,13 @@ constexpr std::size_t kMinInstructionBytes = 7;
 constexpr std::size_t kMinOperandBytes = 2;
 constexpr std::size_t kMinStoreBytes = 2;
 constexpr std::size_t kMinOutputBytes = 9;
-constexpr std::size_t kMaxVarintBytes = 10;
-
-// 64-bit FNV-1a: no dependency, and any single changed byte always changes the result (each
-// step is a bijection of the state for a fixed input byte).
-std::uint64_t fnv1a64(std::span<const std::uint8_t> bytes) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::uint8_t b : bytes) {
-    h ^= b;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 // =============================================================================================
 // Encoding (total: every in-memory value has an encoding; validation is the decoder's job).
 
-class Writer {
- public:
-  explicit Writer(std::vector<std::uint8_t>& out) : out_(out) {}
-  void u8(std::uint8_t v) { out_.push_back(v); }
-  void u16(std::uint16_t v) { fixed(v, 2); }
-  void u32(std::uint32_t v) { fixed(v, 4); }
-  void u64(std::uint64_t v) { fixed(v, 8); }
-  void boolean(bool v) { u8(v ? 1 : 0); }
-  void varint(std::uint64_t v) {
-    while (v >= 0x80) {
-      out_.push_back(static_cast<std::uint8_t>(v | 0x80));
-      v >>= 7;
-    }
-    out_.push_back(static_cast<std::uint8_t>(v));
-  }
-  void svarint(std::int64_t v) {
-    varint((static_cast<std::uint64_t>(v) << 1) ^ (v < 0 ? ~std::uint64_t{0} : std::uint64_t{0}));
-  }
-  template <class E>
-  void enumeration(E e) {
-    u8(static_cast<std::uint8_t>(e));
-  }
-  void bytes(std::span<const std::uint8_t> b) { out_.insert(out_.end(), b.begin(), b.end()); }
-  std::vector<std::uint8_t>& out() { return out_; }
-
- private:
-  void fixed(std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
-  }
-  std::vector<std::uint8_t>& out_;
-};
-
-void put_dtype(Writer& w, const ir::DType& d) {
-  w.enumeration(d.kind());
-  if (d.kind() == ir::DTypeKind::Bool) {
-    w.enumeration(d.bool_store());
-  } else if (d.kind() == ir::DTypeKind::QFloat) {
-    const ir::QuantScheme& s = d.scheme();
-    w.enumeration(s.value);
-    w.enumeration(s.store);
-    w.u8(s.packed_dim);
-    w.u8(s.block_rank);
-    for (std::uint16_t b : s.block) w.u16(b);
-    w.enumeration(s.param);
-  }
-}
+using Writer = ByteWriter;
+using ir::codec::put_dtype;
+using ir::codec::read_dtype;
 
 void put_shape(Writer& w, const ir::Shape& s) {
   w.varint(s.size());
@@ -309,62 +258,14 @@ void put_plan(Writer& w, const ExecutionPlan& plan, const TriggerList& triggers)
 // Decoding. Every read is bounds-checked; the first failure records a message naming the field
 // and its byte offset in the file, and every caller unwinds with `false`.
 
-class Reader {
+// base's ByteReader, plus the plan format's own fields.
+class Reader : public ByteReader {
  public:
-  Reader(std::span<const std::uint8_t> bytes, std::size_t base) : bytes_(bytes), base_(base) {}
+  using ByteReader::ByteReader;
+  using ByteReader::take;
 
-  std::size_t offset() const { return base_ + pos_; }
-  std::size_t remaining() const { return bytes_.size() - pos_; }
-  bool at_end() const { return pos_ == bytes_.size(); }
-  const std::string& error() const { return error_; }
-
-  bool fail(std::size_t at, std::string message) {
-    if (error_.empty()) error_ = fmt::format("byte {}: {}", at, message);
-    return false;
-  }
-  bool fail(std::string message) { return fail(offset(), std::move(message)); }
-
-  bool u8(std::uint8_t& v, const char* what) {
-    if (pos_ >= bytes_.size()) return fail(fmt::format("truncated: {} missing", what));
-    v = bytes_[pos_++];
-    return true;
-  }
-  bool u16(std::uint16_t& v, const char* what) {
-    std::uint64_t x = 0;
-    if (!fixed(x, 2, what)) return false;
-    v = static_cast<std::uint16_t>(x);
-    return true;
-  }
-  bool boolean(bool& v, const char* what) {
-    const std::size_t at = offset();
-    std::uint8_t b = 0;
-    if (!u8(b, what)) return false;
-    if (b > 1) return fail(at, fmt::format("{} is {}, not 0 or 1", what, b));
-    v = b == 1;
-    return true;
-  }
-  bool varint(std::uint64_t& v, const char* what) {
-    const std::size_t at = offset();
-    std::uint64_t x = 0;
-    for (std::size_t i = 0; i < kMaxVarintBytes; ++i) {
-      if (pos_ >= bytes_.size()) return fail(at, fmt::format("truncated: {} (varint) incomplete", what));
-      const std::uint8_t b = bytes_[pos_++];
-      if (i == kMaxVarintBytes - 1 && b > 1) return fail(at, fmt::format("{} (varint) exceeds 64 bits", what));
-      x |= static_cast<std::uint64_t>(b & 0x7f) << (7 * i);
-      if ((b & 0x80) == 0) {
-        if (b == 0 && i > 0) return fail(at, fmt::format("{} (varint) is not in its shortest form", what));
-        v = x;
-        return true;
-      }
-    }
-    return fail(at, fmt::format("{} (varint) is too long", what));
-  }
-  bool svarint(std::int64_t& v, const char* what) {
-    std::uint64_t u = 0;
-    if (!varint(u, what)) return false;
-    v = static_cast<std::int64_t>((u >> 1) ^ (~(u & 1) + 1));
-    return true;
-  }
+  bool u16(std::uint16_t& v, const char* what) { return fixed(v, what); }
+  // A varint that must fit 32 bits.
   bool u32(std::uint32_t& v, const char* what) {
     const std::size_t at = offset();
     std::uint64_t x = 0;
@@ -379,15 +280,6 @@ class Reader {
     v = static_cast<std::size_t>(x);
     return true;
   }
-  template <class E>
-  bool enumeration(E& out, std::uint8_t max, const char* what) {
-    const std::size_t at = offset();
-    std::uint8_t v = 0;
-    if (!u8(v, what)) return false;
-    if (v > max) return fail(at, fmt::format("unknown {} {} (largest is {})", what, v, max));
-    out = static_cast<E>(v);
-    return true;
-  }
   bool op_kind(ir::OpKind& out, const char* what) {
     const std::size_t at = offset();
     std::uint64_t v = 0;
@@ -400,67 +292,16 @@ class Reader {
   bool family(ir::Family& out, const char* what) {
     return enumeration(out, static_cast<std::uint8_t>(ir::kNumFamilies - 1), what);
   }
-  // A count whose elements each take at least `min_bytes`: checked against the remaining bytes
-  // before the caller reserves anything.
-  bool count(std::size_t& n, std::size_t min_bytes, const char* what) {
-    const std::size_t at = offset();
-    std::uint64_t v = 0;
-    if (!varint(v, what)) return false;
-    if (v > remaining() / min_bytes)
-      return fail(at, fmt::format("{} {} cannot fit in the {} byte(s) that remain", what, v, remaining()));
-    n = static_cast<std::size_t>(v);
-    return true;
-  }
-  // The next `n` bytes (already checked to exist by the caller through count()).
+  // The next `n` bytes, already checked to exist by the caller through count().
   std::span<const std::uint8_t> take(std::size_t n) {
-    auto s = bytes_.subspan(pos_, n);
-    pos_ += n;
-    return s;
+    std::span<const std::uint8_t> out;
+    (void)take(n, out, "bytes");
+    return out;
   }
-
- private:
-  bool fixed(std::uint64_t& v, int n, const char* what) {
-    if (remaining() < static_cast<std::size_t>(n)) return fail(fmt::format("truncated: {} missing", what));
-    v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(bytes_[pos_++]) << (8 * i);
-    return true;
-  }
-
-  std::span<const std::uint8_t> bytes_;
-  std::size_t base_;
-  std::size_t pos_ = 0;
-  std::string error_;
 };
 
-bool read_dtype(Reader& r, ir::DType& out, const char* what) {
-  ir::DTypeKind kind{};
-  if (!r.enumeration(kind, static_cast<std::uint8_t>(ir::DTypeKind::QFloat), what)) return false;
-  if (kind == ir::DTypeKind::Bool) {
-    ir::BoolStore store{};
-    if (!r.enumeration(store, static_cast<std::uint8_t>(ir::BoolStore::U32), "bool store")) return false;
-    out = ir::DType::boolean(store);
-    return true;
-  }
-  if (kind == ir::DTypeKind::QFloat) {
-    ir::QuantScheme s;
-    if (!r.enumeration(s.value, static_cast<std::uint8_t>(ir::QuantValue::Q2S), "quantization value")) return false;
-    if (!r.enumeration(s.store, static_cast<std::uint8_t>(ir::QuantStoreKind::PackedNative), "quantization store"))
-      return false;
-    if (!r.u8(s.packed_dim, "quantization packed dim")) return false;
-    const std::size_t at = r.offset();
-    if (!r.u8(s.block_rank, "quantization block rank")) return false;
-    if (s.block_rank > s.block.size())
-      return r.fail(at, fmt::format("quantization block rank {} exceeds {}", s.block_rank, s.block.size()));
-    for (std::uint16_t& b : s.block)
-      if (!r.u16(b, "quantization block dim")) return false;
-    if (!r.enumeration(s.param, static_cast<std::uint8_t>(ir::QuantParam::BF16), "quantization parameter"))
-      return false;
-    out = ir::DType::qfloat(s);
-    return true;
-  }
-  out = ir::DType(kind);
-  return true;
-}
+// The reader's error as this format words it: "byte <n>: <message>".
+std::string located(const Reader& r) { return fmt::format("byte {}: {}", r.error_offset(), r.error()); }
 
 bool read_shape(Reader& r, ir::Shape& out, const char* what) {
   const std::size_t at = r.offset();
@@ -859,95 +700,6 @@ DecodedPlans failed(PlanCacheProblem problem, std::string reason) {
   return d;
 }
 
-// ---- POSIX helpers.
-
-// Owns a file descriptor.
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  // Closes now, reporting the error (close can report a deferred write error).
-  int close() {
-    const int fd = std::exchange(fd_, -1);
-    return fd >= 0 ? ::close(fd) : 0;
-  }
-
- private:
-  int fd_;
-};
-
-// Removes a temporary file unless the rename committed it.
-class TempFile {
- public:
-  explicit TempFile(std::string path) : path_(std::move(path)) {}
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-  void commit() { committed_ = true; }
-
- private:
-  std::string path_;
-  bool committed_ = false;
-};
-
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-Error config_error(std::string message) { return make_error(ErrorCode::Config, std::move(message)); }
-
-// The directory is ours alone: another user, or anyone in a group, could otherwise plant plans
-// the daemon would run.
-Status check_private_dir(const std::filesystem::path& dir, const struct stat& st) {
-  if (!S_ISDIR(st.st_mode)) return config_error(fmt::format("plan cache {}: not a directory", dir.string()));
-  if (st.st_uid != ::geteuid())
-    return config_error(fmt::format("plan cache {}: owned by uid {}, not by this process's uid {}", dir.string(),
-                                    st.st_uid, ::geteuid()));
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-    return config_error(fmt::format("plan cache {}: writable by group or others (mode {:o}); expected 0700",
-                                    dir.string(), st.st_mode & 07777));
-  return Status::Ok();
-}
-
-Status ensure_private_dir(const std::filesystem::path& dir) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    if (errno != ENOENT)
-      return config_error(fmt::format("plan cache {}: cannot stat: {}", dir.string(), errno_text(errno)));
-    // Parents with the usual permissions (they may be shared, like ~/.cache); the cache itself 0700.
-    if (dir.has_parent_path()) {
-      std::error_code ec;
-      std::filesystem::create_directories(dir.parent_path(), ec);
-      if (ec) return config_error(fmt::format("plan cache {}: cannot create parent: {}", dir.string(), ec.message()));
-    }
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-      return config_error(fmt::format("plan cache {}: cannot create: {}", dir.string(), errno_text(errno)));
-    if (::stat(dir.c_str(), &st) != 0)
-      return config_error(fmt::format("plan cache {}: cannot stat: {}", dir.string(), errno_text(errno)));
-  }
-  return check_private_dir(dir, st);
-}
-
-Status write_all(int fd, std::span<const std::uint8_t> bytes, const std::string& path) {
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t k = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return config_error(fmt::format("plan cache {}: write failed: {}", path, errno_text(errno)));
-    }
-    done += static_cast<std::size_t>(k);
-  }
-  return Status::Ok();
-}
-
 void warn(const FusionLog& log, const std::string& message) {
   spdlog::warn("{}", message);
   log.log(LogLevel::Basic, [&] { return message; });
@@ -1071,12 +823,12 @@ DecodedPlans decode_plans(std::span<const std::uint8_t> bytes, std::string_view 
   Reader r(payload, header_size);
   DecodedPlans out;
   std::size_t n = 0;
-  if (!r.count(n, kMinPlanBytes, "plan count")) return failed(PlanCacheProblem::Malformed, r.error());
+  if (!r.count(n, kMinPlanBytes, "plan count")) return failed(PlanCacheProblem::Malformed, located(r));
   out.plans.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t at = r.offset();
     if (!read_plan(r, out.plans[i]))
-      return failed(PlanCacheProblem::Malformed, fmt::format("plan {}: {}", i, r.error()));
+      return failed(PlanCacheProblem::Malformed, fmt::format("plan {}: {}", i, located(r)));
     if (std::string e = check_plan(out.plans[i].plan, out.plans[i].triggers); !e.empty())
       return failed(PlanCacheProblem::Malformed, fmt::format("plan {} (byte {}): {}", i, at, e));
   }
@@ -1107,29 +859,10 @@ PlanCacheLoadReport load_plans(std::span<const std::uint8_t> bytes, ExecutionPla
 }
 
 Result<PlanCacheSaveReport> save_plan_cache(const ExecutionPlanStore& store, const std::filesystem::path& dir) {
-  KILN_RETURN_IF_ERROR(ensure_private_dir(dir));
+  KILN_RETURN_IF_ERROR(ensure_private_dir(dir, "plan cache"));
   SerializedPlans s = serialize_plans(store);
   const std::filesystem::path file = dir / kPlanCacheFileName;
-
-  // mkstemp: a fresh private (0600) name in the same directory, so the rename is atomic and two
-  // savers never write the same temporary file.
-  std::string tmpl = (dir / ".plans.kpc.XXXXXX").string();
-  UniqueFd fd(::mkstemp(tmpl.data()));
-  if (!fd.valid())
-    return config_error(fmt::format("plan cache {}: cannot create a temporary file: {}", dir.string(), errno_text(errno)));
-  TempFile tmp(tmpl);
-  KILN_RETURN_IF_ERROR(write_all(fd.get(), s.bytes, tmp.path()));
-  // fsync before rename: after a crash the name points at the whole new file or the old one.
-  if (::fsync(fd.get()) != 0)
-    return config_error(fmt::format("plan cache {}: fsync failed: {}", tmp.path(), errno_text(errno)));
-  if (fd.close() != 0)
-    return config_error(fmt::format("plan cache {}: close failed: {}", tmp.path(), errno_text(errno)));
-  if (::rename(tmp.path().c_str(), file.c_str()) != 0)
-    return config_error(fmt::format("plan cache {}: rename failed: {}", file.string(), errno_text(errno)));
-  tmp.commit();
-  // The rename itself is durable once the directory is synced; failing that is not worth an
-  // error (the file is complete either way).
-  if (UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dfd.valid()) (void)::fsync(dfd.get());
+  KILN_RETURN_IF_ERROR(write_file_atomically(dir, kPlanCacheFileName, s.bytes, "plan cache"));
 
   PlanCacheSaveReport report;
   report.saved = s.saved;
@@ -1156,7 +889,7 @@ PlanCacheLoadReport load_plan_cache(ExecutionPlanStore& store, const std::filesy
     report.directory_refused = true;
     return ignore(PlanCacheProblem::Unreadable, fmt::format("cannot stat the directory: {}", errno_text(errno)));
   }
-  if (Status safe = check_private_dir(dir, st); !safe.ok()) {
+  if (Status safe = check_private_dir(dir, st, "plan cache"); !safe.ok()) {
     report.directory_refused = true;
     return ignore(PlanCacheProblem::UnsafeDirectory, safe.error().message);
   }

@@ -1,4 +1,4 @@
-// ExecutionPlanStore: the device-level plan cache and its first-op index (fusion.md §5.3–§5.6).
+// ExecutionPlanStore: the device-level plan cache and its first-op index (docs/spec/fusion.md §5.3–§5.6).
 //
 // Layout and synchronisation (see also the header's thread-safety contract):
 //
@@ -53,6 +53,8 @@
 #include <mutex>
 #include <utility>
 
+#include "kiln/base/hash.h"
+
 namespace kiln::fusion {
 
 std::string ExecutionTrigger::to_string() const {
@@ -76,9 +78,7 @@ namespace {
 // selected by the low bits.
 struct MixedHashCompare {
   static std::size_t hash(std::uint64_t x) {
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64 finaliser
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return static_cast<std::size_t>(x ^ (x >> 31));
+    return static_cast<std::size_t>(splitmix64_mix(x));
   }
   static bool equal(std::uint64_t a, std::uint64_t b) { return a == b; }
 };

@@ -1,4 +1,4 @@
-// Policy: incremental cache matching of one stream's segment (fusion.md §6.1–§6.5).
+// Policy: incremental cache matching of one stream's segment (docs/spec/fusion.md §6.1–§6.5).
 //
 // Hot path: update() runs for every op of every stream. When nothing changes it allocates
 // nothing: candidates and availables are compacted in place, plan op lists are read through the

@@ -1,4 +1,4 @@
-// ReduceBroadcasted (fusion.md §14.8): chains Reduce blocks that reduce the same relative input
+// ReduceBroadcasted (docs/spec/fusion.md §14.8): chains Reduce blocks that reduce the same relative input
 // shape along the same (last) axis, with elementwise blocks broadcasting the reduced values back
 // (softmax-like patterns). Each block is a Reduce fuser of its own; the program runs the blocks'
 // programs as stages, passing values between them through global memory.

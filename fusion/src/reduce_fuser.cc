@@ -1,4 +1,4 @@
-// Reduce (fusion.md §14.7): elementwise ops fused on read, one dim reduction, elementwise ops
+// Reduce (docs/spec/fusion.md §14.7): elementwise ops fused on read, one dim reduction, elementwise ops
 // fused on write; a read fallback and a write fallback (each the elementwise ops alone) let the
 // reduction run unfused in between.
 #include <memory>

@@ -294,7 +294,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Result<TensorRecord*> lookup(std::uint64_t client_tensor, const char* what);
   // Makes `to` the tensor's home: its old home is drained first, so that no op queued there still
   // reads the tensor when `to` consumes or drops it (a drop goes to the home, and a queue must
-  // never name another stream's tensor: fusion.md §16.5). A well-behaved client shares across
+  // never name another stream's tensor: docs/spec/fusion.md §16.5). A well-behaved client shares across
   // streams (export and import) and uploads onto the stream that uses a tensor, and never pays it.
   Status rehome(TensorRecord& rec, StreamId to);
   Status check_fresh(std::uint64_t client_tensor, const char* what) const;

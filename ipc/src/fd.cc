@@ -12,21 +12,6 @@
 
 namespace kiln::ipc {
 
-void UniqueFd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);  // close() errors are not actionable (the fd is gone either way)
-  fd_ = fd;
-}
-
-Result<UniqueFd> UniqueFd::dup() const {
-  const int d = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
-  if (d < 0) return sys_error("dup of fd " + std::to_string(fd_), errno);
-  return UniqueFd(d);
-}
-
-Error sys_error(const std::string& what, int err) {
-  return make_error(ErrorCode::Execution, what + ": " + std::strerror(err));
-}
-
 Result<UniqueFd> make_doorbell() {
   const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return sys_error("eventfd", errno);

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "kiln/base/bytes.h"
 #include "kiln/ir/codec.h"
 
 namespace kiln::ipc {
@@ -19,26 +20,7 @@ constexpr std::size_t kMaxRank = ir::codec::kMaxRank;
 
 // ---- writer -----------------------------------------------------------------------------------
 
-class Writer {
- public:
-  explicit Writer(std::vector<std::uint8_t>& out) : out_(out) {}
-  void u8(std::uint8_t v) { out_.push_back(v); }
-  void u16(std::uint16_t v) { le(v, 2); }
-  void u32(std::uint32_t v) { le(v, 4); }
-  void u64(std::uint64_t v) { le(v, 8); }
-  void bytes(std::string_view s) { out_.insert(out_.end(), s.begin(), s.end()); }
-  std::size_t size() const { return out_.size(); }
-  void patch_u32(std::size_t at, std::uint32_t v) {
-    for (int i = 0; i < 4; ++i) out_[at + static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(v >> (8 * i));
-  }
-  std::vector<std::uint8_t>& raw() { return out_; }
-
- private:
-  void le(std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
-  }
-  std::vector<std::uint8_t>& out_;
-};
+using Writer = ByteWriter;
 
 Status check_dtype_encodable(DType d) {
   if (d.kind() == DTypeKind::QFloat) return make_error(ErrorCode::Invalid, "dtype qfloat is not transferable over ipc");
@@ -86,7 +68,7 @@ std::size_t begin_message(Writer& w, std::uint8_t kind, std::uint64_t request_id
 Status end_message(Writer& w, std::size_t start) {
   const std::size_t total = w.size() - start;
   if (total > kMaxMessageBytes) {
-    w.raw().resize(start);
+    w.out().resize(start);
     return make_error(ErrorCode::Invalid, "message of " + std::to_string(total) + " bytes exceeds the limit " +
                                               std::to_string(kMaxMessageBytes));
   }
@@ -118,8 +100,7 @@ class Reader {
   }
   Result<std::uint64_t> uint(const char* field, int n) {
     KILN_RETURN_IF_ERROR(need(field, static_cast<std::size_t>(n)));
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= std::uint64_t{b_[pos_ + static_cast<std::size_t>(i)]} << (8 * i);
+    const std::uint64_t v = load_le(b_.data() + pos_, static_cast<std::size_t>(n));
     pos_ += static_cast<std::size_t>(n);
     return v;
   }
@@ -383,7 +364,7 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
           w.u64(b.stream);
           const std::size_t len_at = w.size();
           w.u32(0);
-          ir::codec::encode_operation(b.op, w.raw());
+          ir::codec::encode_operation(b.op, w.out());
           // An oversized op makes the whole message oversized; end_message refuses it.
           const std::size_t op_len = w.size() - len_at - 4;
           w.patch_u32(len_at, static_cast<std::uint32_t>(std::min<std::size_t>(op_len, UINT32_MAX)));

@@ -1,4 +1,4 @@
-// IR builders (ir.md §6): shape and dtype inference plus validation, one builder per signature.
+// IR builders (docs/spec/ir.md §6): shape and dtype inference plus validation, one builder per signature.
 #include "kiln/ir/builders.h"
 
 #include <fmt/format.h>
@@ -74,7 +74,7 @@ Status check_kind(const Ctx& c, Signature sig, OutKind out_kind) {
   return Status::Ok();
 }
 
-// The family fits the operand dtype (ir.md §5.1: the variant says which tensor kind it applies to).
+// The family fits the operand dtype (docs/spec/ir.md §5.1: the variant says which tensor kind it applies to).
 Status check_operand(const Ctx& c, DType d) {
   bool fits = false;
   switch (op_info(c.kind).group) {
@@ -92,7 +92,7 @@ Status check_operand(const Ctx& c, DType d) {
   return Status::Ok();
 }
 
-// same(a, b) of ir.md §6.2.
+// same(a, b) of docs/spec/ir.md §6.2.
 Status check_same(const Ctx& c, const TensorIr& a, const char* a_name, const TensorIr& b, const char* b_name) {
   if (!(a.dtype == b.dtype))
     return c.error(ErrorCode::DTypeMismatch, fmt::format("dtypes differ: {} {} vs {} {}", a_name, a.dtype.name(),
@@ -172,7 +172,7 @@ Result<Operation> one_to_one(const Ctx& c, const TensorIr& input, Shape shape, D
   return finish(c, std::move(op));
 }
 
-// ir.md §6.2: permuting a QFloat tensor permutes the block shape like the tensor (the block is
+// docs/spec/ir.md §6.2: permuting a QFloat tensor permutes the block shape like the tensor (the block is
 // right-aligned to the tensor's dims, missing leading entries are 1) and moves the packed dim
 // with its axis. `axes` is a valid permutation of 0..rank-1.
 Result<DType> permute_dtype(const Ctx& c, DType d, std::span<const std::uint64_t> axes) {
@@ -413,7 +413,7 @@ namespace {
 Result<Operation> reduce_impl(const Ctx& c, OutKind kind, const TensorIr& input, DType out_dtype, TensorId out) {
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::Reduce, kind));
   KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
-  return one_to_one(c, input, Shape{1}, out_dtype, out);  // rank 1, never rank 0 (ir.md §5.11)
+  return one_to_one(c, input, Shape{1}, out_dtype, out);  // rank 1, never rank 0 (docs/spec/ir.md §5.11)
 }
 
 Result<Operation> reduce_dim_impl(const Ctx& c, OutKind kind, const TensorIr& input, std::uint64_t axis,
@@ -618,7 +618,7 @@ Result<Operation> slice_assign(Family family, OpKind kind, const TensorIr& tenso
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::SliceAssign, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
   KILN_RETURN_IF_ERROR(check_same(c, tensor, "tensor", value, "value"));
-  // Range count and steps as for Slice; the value's element count is not checked (ir.md §6.3).
+  // Range count and steps as for Slice; the value's element count is not checked (docs/spec/ir.md §6.3).
   KILN_RETURN_IF_ERROR(c.wrap(shape::slice(tensor.shape, ranges)).status());
   Operation op = new_op(c, tensor.dtype);
   op.num_inputs = 2;

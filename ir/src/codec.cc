@@ -11,6 +11,8 @@
 #include <tuple>
 #include <utility>
 
+#include "kiln/base/hash.h"
+
 namespace kiln::ir::codec {
 namespace {
 
@@ -43,19 +45,11 @@ constexpr std::size_t kMinRangeBytes = 3;      // start, has_end, step
 constexpr std::size_t kMinAttrBytes = 1;
 constexpr std::size_t kMinOperationBytes = 9;  // kind, family, dtype, num_inputs, 5 counts
 constexpr std::size_t kMinIdBytes = 1;
-constexpr std::size_t kMaxVarintBytes = 10;
 
 // ---- Op table fingerprint (FNV-1a over "Group/Variant/Signature;" of every row, in order).
-constexpr std::uint32_t fnv1a(std::uint32_t h, std::string_view s) {
-  for (char c : s) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 16777619u;
-  }
-  return h;
-}
 constexpr std::uint32_t kTableFingerprint = [] {
-  std::uint32_t h = 2166136261u;
-#define KILN_OP(group, variant, sig, tags) h = fnv1a(h, #group "/" #variant "/" #sig ";");
+  std::uint32_t h = kFnv32Offset;
+#define KILN_OP(group, variant, sig, tags) h = fnv1a32(#group "/" #variant "/" #sig ";", h);
 #include "kiln/ir/op_table.def"
 #undef KILN_OP
   return h;
@@ -90,65 +84,12 @@ class PtrWriter {
 };
 
 template <class W>
-void put_u8(W& w, std::uint8_t v) {
-  w.byte(v);
-}
-template <class W>
-void put_u16(W& w, std::uint16_t v) {
-  w.byte(static_cast<std::uint8_t>(v));
-  w.byte(static_cast<std::uint8_t>(v >> 8));
-}
-template <class W>
-void put_u32(W& w, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) w.byte(static_cast<std::uint8_t>(v >> (8 * i)));
-}
-template <class W>
-void put_u64(W& w, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) w.byte(static_cast<std::uint8_t>(v >> (8 * i)));
-}
-template <class W>
-void put_varint(W& w, std::uint64_t v) {
-  while (v >= 0x80) {
-    w.byte(static_cast<std::uint8_t>(v | 0x80));
-    v >>= 7;
-  }
-  w.byte(static_cast<std::uint8_t>(v));
-}
-constexpr std::uint64_t zigzag(std::int64_t v) {
-  return (static_cast<std::uint64_t>(v) << 1) ^ (v < 0 ? ~std::uint64_t{0} : std::uint64_t{0});
-}
-constexpr std::int64_t unzigzag(std::uint64_t u) {
-  // (u >> 1) ^ -(u & 1), written without signed overflow.
-  return static_cast<std::int64_t>((u >> 1) ^ (~(u & 1) + 1));
-}
-template <class W>
-void put_svarint(W& w, std::int64_t v) {
-  put_varint(w, zigzag(v));
-}
-
-template <class W>
 void put_header(W& w, MessageType type) {
   w.bytes(kMagic.data(), kMagic.size());
   put_u16(w, kFormatVersion);
   put_u8(w, static_cast<std::uint8_t>(type));
   put_u8(w, 0);
   put_u32(w, kTableFingerprint);
-}
-
-template <class W>
-void put_dtype(W& w, const DType& d) {
-  put_u8(w, static_cast<std::uint8_t>(d.kind()));
-  if (d.is_bool()) {
-    put_u8(w, static_cast<std::uint8_t>(d.bool_store()));
-  } else if (d.is_quantized()) {
-    const QuantScheme& s = d.scheme();
-    put_u8(w, static_cast<std::uint8_t>(s.value));
-    put_u8(w, static_cast<std::uint8_t>(s.store));
-    put_u8(w, s.packed_dim);
-    put_u8(w, s.block_rank);
-    for (std::uint16_t b : s.block) put_u16(w, b);
-    put_u8(w, static_cast<std::uint8_t>(s.param));
-  }
 }
 
 template <class W>
@@ -253,103 +194,15 @@ Result<std::size_t> write_message(std::span<std::uint8_t> buf, MessageType type,
 // byte offset; callers add context on the way out (wrap) and the entry point turns it into an
 // Error. Nothing on the success path builds strings.
 
-class Reader {
- public:
-  explicit Reader(std::span<const std::uint8_t> bytes) : data_(bytes.data()), size_(bytes.size()) {}
+using Reader = ByteReader;
 
-  std::size_t offset() const { return pos_; }
-  std::size_t remaining() const { return size_ - pos_; }
-
-  // Records an error about the value that starts at `at`.
-  bool fail(std::size_t at, std::string what) {
-    if (!failed_) {
-      failed_ = true;
-      message_ = fmt::format("{} at byte offset {}", what, at);
-    }
-    return false;
-  }
-  // Prefixes context ("operation #3: ") to the recorded error.
-  bool wrap(std::string_view context) {
-    message_ = fmt::format("{}: {}", context, message_);
-    return false;
-  }
-  const std::string& message() const { return message_; }
-
-  bool need(std::size_t n, const char* what) {
-    if (remaining() < n)
-      return fail(pos_, fmt::format("truncated input: {} needs {} byte(s), {} left", what, n, remaining()));
-    return true;
-  }
-  bool u8(std::uint8_t& v, const char* what) {
-    if (!need(1, what)) return false;
-    v = data_[pos_++];
-    return true;
-  }
-  template <class T>
-  bool fixed(T& v, const char* what) {
-    if (!need(sizeof(T), what)) return false;
-    std::uint64_t x = 0;
-    for (std::size_t i = 0; i < sizeof(T); ++i) x |= static_cast<std::uint64_t>(data_[pos_ + i]) << (8 * i);
-    pos_ += sizeof(T);
-    v = static_cast<T>(x);
-    return true;
-  }
-  // Canonical LEB128: at most 10 bytes, no bits beyond 64, no redundant trailing 0x00 byte.
-  bool varint(std::uint64_t& v, const char* what) {
-    const std::size_t at = pos_;
-    std::uint64_t x = 0;
-    for (std::size_t i = 0; i < kMaxVarintBytes; ++i) {
-      if (pos_ >= size_)
-        return fail(at, fmt::format("truncated input: {} (varint) ends after {} byte(s)", what, i));
-      const std::uint8_t b = data_[pos_++];
-      if (i == kMaxVarintBytes - 1 && b > 1) return fail(at, fmt::format("{} (varint) exceeds 64 bits", what));
-      x |= static_cast<std::uint64_t>(b & 0x7f) << (7 * i);
-      if ((b & 0x80) == 0) {
-        if (b == 0 && i > 0) return fail(at, fmt::format("{} (varint) is not in its shortest form", what));
-        v = x;
-        return true;
-      }
-    }
-    // Unreachable: the 10th byte either fails above or ends the varint (b <= 1 has no 0x80 bit).
-    return fail(at, fmt::format("{} (varint) is too long", what));
-  }
-  bool svarint(std::int64_t& v, const char* what) {
-    std::uint64_t u = 0;
-    if (!varint(u, what)) return false;
-    v = unzigzag(u);
-    return true;
-  }
-  // A varint count, checked against a hard cap and against what the remaining bytes can hold
-  // (each element needs at least `min_bytes`), before the caller reserves anything.
-  bool count(std::size_t& n, std::size_t cap, std::size_t min_bytes, const char* what) {
-    const std::size_t at = pos_;
-    std::uint64_t v = 0;
-    if (!varint(v, what)) return false;
-    if (v > cap) return fail(at, fmt::format("{} {} exceeds the limit of {}", what, v, cap));
-    if (v > remaining() / min_bytes)
-      return fail(at, fmt::format("{} {} cannot fit in the {} remaining byte(s) (each needs at least {})", what, v,
-                                  remaining(), min_bytes));
-    n = static_cast<std::size_t>(v);
-    return true;
-  }
-  bool span(std::size_t n, const std::uint8_t*& p, const char* what) {
-    if (!need(n, what)) return false;
-    p = data_ + pos_;
-    pos_ += n;
-    return true;
-  }
-
- private:
-  const std::uint8_t* data_;
-  std::size_t size_;
-  std::size_t pos_ = 0;
-  bool failed_ = false;
-  std::string message_;
-};
+// The reader's error as this codec words it: "<message> at byte offset <n>".
+std::string located(const Reader& r) { return fmt::format("{} at byte offset {}", r.error(), r.error_offset()); }
 
 bool read_header(Reader& r, MessageHeader& h) {
-  const std::uint8_t* magic = nullptr;
-  if (!r.span(kMagic.size(), magic, "magic")) return false;
+  std::span<const std::uint8_t> magic_bytes;
+  if (!r.take(kMagic.size(), magic_bytes, "magic")) return false;
+  const std::uint8_t* magic = magic_bytes.data();
   if (std::memcmp(magic, kMagic.data(), kMagic.size()) != 0)
     return r.fail(0, fmt::format("wrong magic {:02x} {:02x} {:02x} {:02x} (expected \"KIRC\")", magic[0], magic[1],
                                  magic[2], magic[3]));
@@ -376,53 +229,14 @@ bool read_header(Reader& r, MessageHeader& h) {
   return true;
 }
 
-// An enum stored as u8, checked against its largest value.
-template <class E>
-bool read_enum(Reader& r, E& out, std::uint8_t max, const char* what) {
-  const std::size_t at = r.offset();
-  std::uint8_t v = 0;
-  if (!r.u8(v, what)) return false;
-  if (v > max) return r.fail(at, fmt::format("unknown {} {} (largest is {})", what, v, max));
-  out = static_cast<E>(v);
-  return true;
-}
-
-bool read_dtype(Reader& r, DType& out) {
-  DTypeKind kind{};
-  if (!read_enum(r, kind, kMaxDTypeKind, "dtype kind")) return false;
-  if (kind == DTypeKind::Bool) {
-    BoolStore store{};
-    if (!read_enum(r, store, kMaxBoolStore, "bool store")) return false;
-    out = DType::boolean(store);
-    return true;
-  }
-  if (kind == DTypeKind::QFloat) {
-    QuantScheme s;
-    if (!read_enum(r, s.value, kMaxQuantValue, "quantization value type")) return false;
-    if (!read_enum(r, s.store, kMaxQuantStore, "quantization store")) return false;
-    if (!r.u8(s.packed_dim, "quantization packed dim")) return false;
-    const std::size_t at = r.offset();
-    if (!r.u8(s.block_rank, "quantization block rank")) return false;
-    if (s.block_rank > s.block.size())
-      return r.fail(at, fmt::format("quantization block rank {} exceeds {}", s.block_rank, s.block.size()));
-    for (std::uint16_t& b : s.block)
-      if (!r.fixed(b, "quantization block dim")) return false;
-    if (!read_enum(r, s.param, kMaxQuantParam, "quantization parameter precision")) return false;
-    out = DType::qfloat(s);
-    return true;
-  }
-  out = DType(kind);
-  return true;
-}
-
 bool read_tensor(Reader& r, TensorIr& t) {
   std::uint64_t id = 0;
   if (!r.varint(id, "tensor id")) return false;
   t.id = TensorId(id);
-  if (!read_enum(r, t.status, kMaxStatus, "tensor status")) return false;
-  if (!read_dtype(r, t.dtype)) return false;
+  if (!r.enumeration(t.status, kMaxStatus, "tensor status")) return false;
+  if (!read_dtype(r, t.dtype, "dtype kind")) return false;
   std::size_t rank = 0;
-  if (!r.count(rank, kMaxRank, 1, "tensor rank")) return false;
+  if (!r.count(rank, 1, "tensor rank", kMaxRank)) return false;
   t.shape.resize(rank);
   for (std::uint64_t& d : t.shape)
     if (!r.varint(d, "shape dim")) return false;
@@ -431,7 +245,7 @@ bool read_tensor(Reader& r, TensorIr& t) {
 
 bool read_scalar(Reader& r, ScalarIr& s) {
   ScalarIr::Kind kind{};
-  if (!read_enum(r, kind, kMaxScalarKind, "scalar kind")) return false;
+  if (!r.enumeration(kind, kMaxScalarKind, "scalar kind")) return false;
   switch (kind) {
     case ScalarIr::Kind::Float: {
       std::uint64_t bits = 0;
@@ -462,7 +276,7 @@ bool read_scalar(Reader& r, ScalarIr& s) {
       return true;
     }
   }
-  return false;  // unreachable: read_enum bounds the kind
+  return false;  // unreachable: enumeration() bounds the kind
 }
 
 bool read_range(Reader& r, Slice& s) {
@@ -524,35 +338,36 @@ bool read_operation(Reader& r, Operation& op) {
   if (kind >= static_cast<std::uint64_t>(kNumOpKinds))
     return r.fail(start, fmt::format("unknown operation kind {} (the op table has {})", kind, kNumOpKinds));
   op.kind = static_cast<OpKind>(kind);
-  if (!read_enum(r, op.family, static_cast<std::uint8_t>(kNumFamilies - 1), "family")) return false;
-  if (!read_dtype(r, op.dtype)) return r.wrap("carried dtype");
+  if (!r.enumeration(op.family, static_cast<std::uint8_t>(kNumFamilies - 1), "family")) return false;
+  if (!read_dtype(r, op.dtype, "dtype kind")) return r.wrap("carried dtype");
   if (!r.u8(op.num_inputs, "num_inputs")) return false;
 
   std::size_t n = 0;
-  if (!r.count(n, kMaxTensorsPerOp, kMinTensorBytes, "tensor count")) return false;
+  if (!r.count(n, kMinTensorBytes, "tensor count", kMaxTensorsPerOp)) return false;
   op.tensors.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     if (!read_tensor(r, op.tensors.emplace_back())) return r.wrap(fmt::format("tensor {}", i));
   }
-  if (!r.count(n, kMaxScalarsPerOp, kMinScalarBytes, "scalar count")) return false;
+  if (!r.count(n, kMinScalarBytes, "scalar count", kMaxScalarsPerOp)) return false;
   op.scalars.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     if (!read_scalar(r, op.scalars.emplace_back())) return r.wrap(fmt::format("scalar {}", i));
   }
-  if (!r.count(n, kMaxRangesPerOp, kMinRangeBytes, "range count")) return false;
+  if (!r.count(n, kMinRangeBytes, "range count", kMaxRangesPerOp)) return false;
   op.ranges.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     if (!read_range(r, op.ranges.emplace_back())) return r.wrap(fmt::format("range {}", i));
   }
-  if (!r.count(n, kMaxAttrsPerOp, kMinAttrBytes, "attribute count")) return false;
+  if (!r.count(n, kMinAttrBytes, "attribute count", kMaxAttrsPerOp)) return false;
   op.attrs.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     if (!r.svarint(op.attrs.emplace_back(), "attribute")) return r.wrap(fmt::format("attribute {}", i));
   }
   const std::size_t id_at = r.offset();
-  if (!r.count(n, kMaxCustomIdBytes, 1, "custom id length")) return false;
-  const std::uint8_t* id = nullptr;
-  if (!r.span(n, id, "custom id")) return false;
+  if (!r.count(n, 1, "custom id length", kMaxCustomIdBytes)) return false;
+  std::span<const std::uint8_t> id_bytes;
+  if (!r.take(n, id_bytes, "custom id")) return false;
+  const std::uint8_t* id = id_bytes.data();
   if (const std::size_t bad = bad_custom_id_byte(id, n); bad != n)
     return r.fail(id_at, fmt::format("custom id is not printable UTF-8 (byte {} of {})", bad, n));
   op.custom_id.assign(reinterpret_cast<const char*>(id), n);
@@ -564,7 +379,7 @@ bool read_operation(Reader& r, Operation& op) {
 
 bool read_operations(Reader& r, std::vector<Operation>& ops) {
   std::size_t n = 0;
-  if (!r.count(n, kMaxOperations, kMinOperationBytes, "operation count")) return false;
+  if (!r.count(n, kMinOperationBytes, "operation count", kMaxOperations)) return false;
   ops.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t at = r.offset();
@@ -575,7 +390,7 @@ bool read_operations(Reader& r, std::vector<Operation>& ops) {
 
 bool read_ids(Reader& r, std::vector<TensorId>& ids, const char* what) {
   std::size_t n = 0;
-  if (!r.count(n, kMaxGraphBoundary, kMinIdBytes, what)) return false;
+  if (!r.count(n, kMinIdBytes, what, kMaxGraphBoundary)) return false;
   ids.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     std::uint64_t v = 0;
@@ -607,7 +422,7 @@ Status decode_message_into(std::span<const std::uint8_t> bytes, MessageType type
     ok = r.fail(r.offset(), fmt::format("{} trailing byte(s) after the message", r.remaining()));
   if (!ok)
     return make_error(ErrorCode::Decode, fmt::format("codec: cannot decode {} message ({} bytes): {}",
-                                                     type_name(type), bytes.size(), r.message()));
+                                                     type_name(type), bytes.size(), located(r)));
   return Status::Ok();
 }
 
@@ -671,7 +486,7 @@ Result<MessageHeader> decode_header(std::span<const std::uint8_t> bytes) {
   Reader r(bytes);
   MessageHeader h;
   if (!read_header(r, h))
-    return make_error(ErrorCode::Decode, fmt::format("codec: cannot decode message header: {}", r.message()));
+    return make_error(ErrorCode::Decode, fmt::format("codec: cannot decode message header: {}", located(r)));
   return h;
 }
 
@@ -702,6 +517,34 @@ Result<GraphIr> decode_graph(std::span<const std::uint8_t> bytes) {
     if (!read_ids(r, g.inputs, "graph input")) return false;
     return read_ids(r, g.outputs, "graph output");
   });
+}
+
+bool read_dtype(ByteReader& r, DType& out, const char* what) {
+  DTypeKind kind{};
+  if (!r.enumeration(kind, kMaxDTypeKind, what)) return false;
+  if (kind == DTypeKind::Bool) {
+    BoolStore store{};
+    if (!r.enumeration(store, kMaxBoolStore, "bool store")) return false;
+    out = DType::boolean(store);
+    return true;
+  }
+  if (kind == DTypeKind::QFloat) {
+    QuantScheme s;
+    if (!r.enumeration(s.value, kMaxQuantValue, "quantization value type")) return false;
+    if (!r.enumeration(s.store, kMaxQuantStore, "quantization store")) return false;
+    if (!r.u8(s.packed_dim, "quantization packed dim")) return false;
+    const std::size_t at = r.offset();
+    if (!r.u8(s.block_rank, "quantization block rank")) return false;
+    if (s.block_rank > s.block.size())
+      return r.fail(at, fmt::format("quantization block rank {} exceeds {}", s.block_rank, s.block.size()));
+    for (std::uint16_t& b : s.block)
+      if (!r.fixed(b, "quantization block dim")) return false;
+    if (!r.enumeration(s.param, kMaxQuantParam, "quantization parameter precision")) return false;
+    out = DType::qfloat(s);
+    return true;
+  }
+  out = DType(kind);
+  return true;
 }
 
 }  // namespace kiln::ir::codec

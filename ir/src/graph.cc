@@ -1,4 +1,4 @@
-// GraphIr boundary classification (ir.md §7) and cached-graph bindings (ir.md §8).
+// GraphIr boundary classification (docs/spec/ir.md §7) and cached-graph bindings (docs/spec/ir.md §8).
 #include "kiln/ir/graph.h"
 
 #include <fmt/format.h>
@@ -54,7 +54,7 @@ Result<IdMap> boundary_ids(const GraphBindings& bindings) {
   return ids;
 }
 
-// Writes the bound copy of `rel` into `out` (visit_mut of ir.md §5.1 with the rules of §8).
+// Writes the bound copy of `rel` into `out` (visit_mut of docs/spec/ir.md §5.1 with the rules of §8).
 void bind_operation(const Operation& rel, const GraphBindings& bindings, IdMap& ids, IntermediateIdSource& source,
                     Operation& out) {
   out = rel;

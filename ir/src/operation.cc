@@ -160,7 +160,7 @@ std::uint64_t hash_operation(const Operation& op) {
   hs.add(static_cast<std::uint64_t>(op.kind) << 8 | static_cast<std::uint64_t>(op.family));
   if (family_carries_dtype(op.family)) hs.add_dtype(op.dtype);
   if (op.info().signature == Signature::Random) {
-    // Only the output and the kind of distribution (fusion.md §3.8).
+    // Only the output and the kind of distribution (docs/spec/fusion.md §3.8).
     for (const TensorIr& t : op.outputs()) hash_tensor_into(hs, t);
     if (!op.attrs.empty()) hs.add(static_cast<std::uint64_t>(op.attrs[0]));
     return hs.finish();

@@ -1,4 +1,4 @@
-// RelativeConverter (fusion.md §3.1–§3.7).
+// RelativeConverter (docs/spec/fusion.md §3.1–§3.7).
 #include "kiln/ir/relative.h"
 
 #include <cassert>
@@ -8,14 +8,14 @@ namespace kiln::ir {
 RelativeConverter::RelativeConverter() { seed_shapes(); }
 
 void RelativeConverter::seed_shapes() {
-  // The dimension value 1 is always relative dim id 0 (fusion.md §3.1).
+  // The dimension value 1 is always relative dim id 0 (docs/spec/fusion.md §3.1).
   shapes_glob2rel_.emplace(1, 0);
   shapes_rel2glob_.push_back(1);
 }
 
 void RelativeConverter::clear() {
   // clear() keeps the vectors' capacity and the maps' bucket arrays: the queue clears the
-  // converter after every execution (fusion.md §3.9), so storage is reused across segments.
+  // converter after every execution (docs/spec/fusion.md §3.9), so storage is reused across segments.
   tensors_rel2glob_.clear();
   tensors_glob2rel_.clear();
   shapes_glob2rel_.clear();
@@ -34,7 +34,7 @@ std::uint64_t RelativeConverter::relativize_dim(std::uint64_t value) {
 
 void RelativeConverter::relativize_tensor_into(const TensorIr& global, TensorIr& out) {
   assert(&global != &out);
-  // Ids by first appearance (fusion.md §3.2); rel2glob always holds the latest occurrence.
+  // Ids by first appearance (docs/spec/fusion.md §3.2); rel2glob always holds the latest occurrence.
   auto [it, inserted] = tensors_glob2rel_.try_emplace(global.id, tensors_rel2glob_.size());
   const std::uint64_t rel = it->second;
   if (inserted) {
@@ -45,7 +45,7 @@ void RelativeConverter::relativize_tensor_into(const TensorIr& global, TensorIr&
   out.id = TensorId(rel);
   out.shape.resize(global.shape.size());
   for (std::size_t i = 0; i < global.shape.size(); ++i) out.shape[i] = relativize_dim(global.shape[i]);
-  // Status and dtype are kept verbatim (fusion.md §3.3).
+  // Status and dtype are kept verbatim (docs/spec/fusion.md §3.3).
   out.status = global.status;
   out.dtype = global.dtype;
 }
@@ -57,14 +57,14 @@ TensorIr RelativeConverter::relativize_tensor(const TensorIr& global) {
 }
 
 ScalarIr RelativeConverter::relativize_scalar(const ScalarIr& value) {
-  // Positional, never deduplicated, whatever the variant (fusion.md §3.4).
+  // Positional, never deduplicated, whatever the variant (docs/spec/fusion.md §3.4).
   const std::uint64_t k = scalars_.size();
   scalars_.push_back(value);
   return ScalarIr::UInt(k);
 }
 
 Slice RelativeConverter::relativize_range(const Slice& value) {
-  // fusion.md §3.5: {start = k, end = None, step = 1}.
+  // docs/spec/fusion.md §3.5: {start = k, end = None, step = 1}.
   const std::uint64_t k = ranges_.size();
   ranges_.push_back(value);
   return Slice{static_cast<std::int64_t>(k), std::nullopt, 1};

@@ -1,4 +1,4 @@
-// Shape rules of ir.md §4: broadcasting, reshape, slicing, concatenation, matmul and the
+// Shape rules of docs/spec/ir.md §4: broadcasting, reshape, slicing, concatenation, matmul and the
 // spatial formulas. Every rule returns an error value naming the offending shapes or dims.
 #include "kiln/ir/shape.h"
 
@@ -29,7 +29,7 @@ Error overflow_error(const char* what) {
   return make_error(ErrorCode::Invalid, fmt::format("{}: size overflows 64 bits", what));
 }
 
-// Maps a slice index into [0, n] (ir.md §4): negative counts from the end, clamped.
+// Maps a slice index into [0, n] (docs/spec/ir.md §4): negative counts from the end, clamped.
 std::uint64_t clamp_index(std::int64_t i, std::uint64_t n) {
   if (i < 0) {
     // -i as unsigned is exact even for INT64_MIN.

@@ -161,7 +161,7 @@ Status Session::sync() { return device_.drain(current_stream()); }
 
 Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
   const StreamId cur = current_stream();
-  // Shared views (fusion.md §16.5): an input homed on another stream is aliased onto this one,
+  // Shared views (docs/spec/fusion.md §16.5): an input homed on another stream is aliased onto this one,
   // so no queue ever names another stream's tensor.
   // Inline storage: most ops have one to three inputs, and this is the op path (no heap).
   boost::container::small_vector<Tensor, 3> views;
@@ -200,10 +200,10 @@ using ir::TensorIr;
 namespace build = ir::build;
 
 bool is_floatish(ir::DType d) { return d.is_float() || d.is_quantized(); }
-// F/I of ir.md §5.11: the operand's numeric family (a bool operand gets NumericInt, which the
+// F/I of docs/spec/ir.md §5.11: the operand's numeric family (a bool operand gets NumericInt, which the
 // builder rejects with its own message).
 Family numeric_family(const TensorIr& t) { return is_floatish(t.dtype) ? Family::NumericFloat : Family::NumericInt; }
-// Base* of ir.md §5.11.
+// Base* of docs/spec/ir.md §5.11.
 Family base_family(const TensorIr& t) {
   if (is_floatish(t.dtype)) return Family::BaseFloat;
   return t.dtype.is_bool() ? Family::BaseBool : Family::BaseInt;
@@ -252,7 +252,7 @@ Result<Tensor> Session::scalar_op(Tensor a, double s, OpKind kind) {
 Result<Tensor> Session::compare_op(Tensor a, Tensor b, OpKind kind) {
   Tensor in[] = {std::move(a), std::move(b)};
   return run_op(in, [kind](std::span<const TensorIr> t, ir::TensorId out) {
-    // eq of bool operands keeps D(lhs) (ir.md §5.11).
+    // eq of bool operands keeps D(lhs) (docs/spec/ir.md §5.11).
     const ir::DType bd = t[0].dtype.is_bool() ? t[0].dtype : kBoolDType;
     return build::binary_comparison(family_for(kind, t[0]), kind, t[0], t[1], bd, out);
   });
@@ -344,7 +344,7 @@ Result<Tensor> Session::rsqrt(Tensor a) {
 Result<Tensor> Session::sigmoid(Tensor a) {
   if (!a.valid()) return make_error(ErrorCode::InvalidHandle, "sigmoid: moved-from tensor");
   const ir::DType dtype = a.dtype();
-  // exp(−log(1 + exp(−x))) computed in f32; both casts are emitted even for f32 (ir.md §5.11).
+  // exp(−log(1 + exp(−x))) computed in f32; both casts are emitted even for f32 (docs/spec/ir.md §5.11).
   KILN_ASSIGN_OR_RETURN(Tensor t, cast(std::move(a), ir::dtypes::f32));
   KILN_ASSIGN_OR_RETURN(t, mul(std::move(t), -1.0));
   KILN_ASSIGN_OR_RETURN(t, exp(std::move(t)));

@@ -353,17 +353,11 @@ void StreamActor::run(Command& command) {
           [&](ReadCmd& c) {
             Result<HostData> out = make_error(ErrorCode::Internal, "read: not served");
             try {
-              // fusion.md §16.4 read_plan / read / mark_read.
-              ir::TensorIr used = c.tensor;
-              if (!backend.is_materialized(c.tensor.id)) {
-                executed += drain_now();  // its producer is still queued (or it is errored)
-              } else if (c.tensor.status == ir::TensorStatus::ReadWrite &&
-                         stream_.queue().references_tensor(c.tensor.id)) {
-                stream_.queue().defer_free(c.tensor);  // last use, but queued ops still read it
-                used.status = ir::TensorStatus::ReadOnly;
-              }
-              if (used.status == ir::TensorStatus::ReadWrite) stream_.queue().forget_variable(used.id);
-              out = backend.download(used);
+              // docs/spec/fusion.md §16.4 read_plan / read / mark_read (the rules in fusion/multi_stream.h).
+              const fusion::ReadPlan plan =
+                  fusion::read_plan(&stream_.queue(), c.tensor, backend.is_materialized(c.tensor.id));
+              if (plan == fusion::ReadPlan::Drain) executed += drain_now();  // its producer is still queued
+              out = backend.download(fusion::serve_read(stream_.queue(), c.tensor, plan));
             } catch (const std::exception& e) {
               out = internal_error(id_, "read", e);
             }
@@ -374,13 +368,7 @@ void StreamActor::run(Command& command) {
             try {
               // §16.5 foreign_drop; the fallback drains and queues the Drop.
               if (backend.is_materialized(c.tensor.id)) {
-                fusion::OperationQueue& q = stream_.queue();
-                if (q.references_tensor(c.tensor.id)) {
-                  q.defer_free(c.tensor);
-                } else {
-                  q.forget_variable(c.tensor.id);
-                  backend.free(c.tensor);
-                }
+                if (!fusion::defer_foreign_drop(stream_.queue(), c.tensor)) backend.free(c.tensor);
               } else {
                 executed += drain_now();
                 Result<ir::Operation> op = ir::build::drop(c.tensor);

@@ -264,7 +264,7 @@ TEST(ReferenceExecutorTest, InputsAreNeverModifiedAndOutputsNeverAlias) {
   EXPECT_FALSE(d.tensor(y).shares_buffer_with(before));
 }
 
-// ---- Error model (ir.md §11)
+// ---- Error model (docs/spec/ir.md §11)
 
 TEST(ReferenceExecutorTest, FailureClaimsSkipsPropagateAndTheStreamKeepsRunning) {
   Device d;

@@ -1,4 +1,4 @@
-// Block (fusion.md §10.1-§10.4) and the block dependency checks of §19.9 items 1-6.
+// Block (docs/spec/fusion.md §10.1-§10.4) and the block dependency checks of §19.9 items 1-6.
 #include "kiln/fusion/block.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Tests for the dependency-graph toolkit (fusion.md §12; vectors of §19.10).
+// Tests for the dependency-graph toolkit (docs/spec/fusion.md §12; vectors of §19.10).
 #include "kiln/fusion/dag.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Execution table formatting (fusion.md §17.3, §17.5, §19.12).
+// Execution table formatting (docs/spec/fusion.md §17.3, §17.5, §19.12).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Tests for the built-in fusers (fusion.md §14.1, §14.4–§14.8; vectors §19.13) on hand-built
+// Tests for the built-in fusers (docs/spec/fusion.md §14.1, §14.4–§14.8; vectors §19.13) on hand-built
 // RELATIVE ops with statuses as a real program produces them.
 #include "kiln/fusion/fusers.h"
 

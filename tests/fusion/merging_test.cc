@@ -1,4 +1,4 @@
-// Merging a list of blocks (fusion.md §11), §19.9 items 7-13.
+// Merging a list of blocks (docs/spec/fusion.md §11), §19.9 items 7-13.
 #include "kiln/fusion/merging.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// MultiStream reads and foreign drops (fusion.md §19.11 items 1–8): a single fuser that is always
+// MultiStream reads and foreign drops (docs/spec/fusion.md §19.11 items 1–8): a single fuser that is always
 // Open and never ready (ops accumulate until a drain); executed ops register their outputs.
 #include <gtest/gtest.h>
 
@@ -192,6 +192,33 @@ TEST(MultiStreamStreams, SharedViewDrainsOnlyTheFirstTime) {
   EXPECT_FALSE(h.streams.prepare_shared_view(h.s, TensorId(1), h.ex, h.present));
   EXPECT_EQ(StreamId::from_number(3).value(), (std::uint64_t{1} << 63) | 3u);
   (void)other;
+}
+
+// The per-stream rules the runtime's stream actors call directly (no MultiStream around them).
+TEST(StreamRules, ReadPlanServeReadAndForeignDropOnOneQueue) {
+  OperationQueue q;
+  q.add(exp_op(0, 1));  // queued: reads t0
+  // Not materialized: drain first, whatever the status.
+  EXPECT_EQ(read_plan(&q, T(0, TensorStatus::ReadOnly), false), ReadPlan::Drain);
+  // Materialized, not a last use: direct.
+  EXPECT_EQ(read_plan(&q, T(0, TensorStatus::ReadOnly), true), ReadPlan::Direct);
+  // A last use of a tensor the queue still reads: defer its free; read it ReadOnly.
+  EXPECT_EQ(read_plan(&q, T(0, TensorStatus::ReadWrite), true), ReadPlan::DeferFree);
+  const ir::TensorIr used = serve_read(q, T(0, TensorStatus::ReadWrite), ReadPlan::DeferFree);
+  EXPECT_EQ(used.status, TensorStatus::ReadOnly);
+  ASSERT_EQ(q.deferred_frees().size(), 1u);
+  EXPECT_EQ(q.deferred_frees()[0].id, TensorId(0));
+  // A last use the queue does not read (or no queue at all): direct, and the variable is forgotten.
+  EXPECT_EQ(read_plan(&q, T(7, TensorStatus::ReadWrite), true), ReadPlan::Direct);
+  EXPECT_EQ(read_plan(nullptr, T(0, TensorStatus::ReadWrite), true), ReadPlan::Direct);
+  EXPECT_EQ(q.variables().count(TensorId(1)), 1u);
+  EXPECT_EQ(serve_read(q, T(1, TensorStatus::ReadWrite), ReadPlan::Direct).status, TensorStatus::ReadWrite);
+  EXPECT_EQ(q.variables().count(TensorId(1)), 0u);
+  // Foreign drops: deferred while queued ops read the tensor, the caller frees it otherwise.
+  EXPECT_TRUE(defer_foreign_drop(q, T(0, TensorStatus::ReadWrite)));
+  EXPECT_EQ(q.deferred_frees().size(), 2u);
+  EXPECT_FALSE(defer_foreign_drop(q, T(9, TensorStatus::ReadWrite)));
+  EXPECT_EQ(q.deferred_frees().size(), 2u);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Test helpers for the fusion search (fusion.md §19 "Conventions"): Burn's test PatternFuser,
+// Test helpers for the fusion search (docs/spec/fusion.md §19 "Conventions"): Burn's test PatternFuser,
 // the TestOptimization it finishes, tensor/op builders (T, add, add_rw, op1, op2, op3) and the
 // strategy builders O / U / C. Header-only and self-contained so processor and stream tests can
 // share it.

@@ -1,4 +1,4 @@
-// Tests for ExecutionPlanStore and its first-op index (fusion.md §5.3–§5.6, vectors §19.4), plus
+// Tests for ExecutionPlanStore and its first-op index (docs/spec/fusion.md §5.3–§5.6, vectors §19.4), plus
 // concurrency tests (run them under -DKILN_SANITIZE=thread as well).
 #include "kiln/fusion/plan_store.h"
 

@@ -1,4 +1,4 @@
-// Tests for the Policy (fusion.md §6, vectors §19.5) and OperationsValidator (§6.1).
+// Tests for the Policy (docs/spec/fusion.md §6, vectors §19.5) and OperationsValidator (§6.1).
 #include "kiln/fusion/policy.h"
 
 #include <gtest/gtest.h>

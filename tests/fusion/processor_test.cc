@@ -1,4 +1,4 @@
-// Processor vectors (fusion.md §19.6): pattern fusers, a test segment that uses ops as given
+// Processor vectors (docs/spec/fusion.md §19.6): pattern fusers, a test segment that uses ops as given
 // (no relativization), Lazy `add` and explicit `sync`.
 #include <gtest/gtest.h>
 

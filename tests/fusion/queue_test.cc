@@ -1,4 +1,4 @@
-// OperationQueue (fusion.md §4) and plan execution against it (§15: the two safety checks, run,
+// OperationQueue (docs/spec/fusion.md §4) and plan execution against it (§15: the two safety checks, run,
 // drain_queue, deferred frees).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Random operation programs for the fusion property and concurrency tests: sequences with
-// client-side status semantics (fusion.md §16.7: outputs NotInit, uses ReadOnly, the last use
+// client-side status semantics (docs/spec/fusion.md §16.7: outputs NotInit, uses ReadOnly, the last use
 // ReadWrite or a Drop), reads that drain, and explicit syncs; plus the checks that every
 // registered operation executed exactly once, in an order that respects every data dependency
 // and every drop.

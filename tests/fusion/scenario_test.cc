@@ -1,4 +1,4 @@
-// End-to-end seed scenarios (fusion.md §19.1) and Burn integration expectations (§19.14):
+// End-to-end seed scenarios (docs/spec/fusion.md §19.1) and Burn integration expectations (§19.14):
 // real relativization, the default fusers, one stream, a recording executor.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

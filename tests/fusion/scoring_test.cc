@@ -1,4 +1,4 @@
-// Tests for Scoring (fusion.md §14.3, vectors §19.2).
+// Tests for Scoring (docs/spec/fusion.md §14.3, vectors §19.2).
 #include "kiln/fusion/scoring.h"
 
 #include <gtest/gtest.h>

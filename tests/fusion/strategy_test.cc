@@ -1,4 +1,4 @@
-// ExecutionStrategy and BlockOptimization (fusion.md §5.1, §5.2).
+// ExecutionStrategy and BlockOptimization (docs/spec/fusion.md §5.1, §5.2).
 #include "kiln/fusion/strategy.h"
 
 #include <gtest/gtest.h>

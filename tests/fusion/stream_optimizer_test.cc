@@ -1,4 +1,4 @@
-// StreamOptimizer (fusion.md §9), BlocksOptimizer (§10.5) and repair_order (§10.6):
+// StreamOptimizer (docs/spec/fusion.md §9), BlocksOptimizer (§10.5) and repair_order (§10.6):
 // §19.7 items 1-14 and §19.8 items 1-5.
 #include "kiln/fusion/stream_optimizer.h"
 

@@ -1,4 +1,4 @@
-// Tests for the trace fuser engine (fusion.md §14.2, §14.3) and the FusedProgram it finishes.
+// Tests for the trace fuser engine (docs/spec/fusion.md §14.2, §14.3) and the FusedProgram it finishes.
 // Ops are RELATIVE ops built by hand, with statuses as a real program produces them
 // (intermediates consumed with ReadWrite).
 #include "kiln/fusion/trace_fuser.h"
@@ -74,7 +74,7 @@ TraceFuser elementwise(std::uint32_t max_bindings = 64, FusionLog log = {}) {
   return TraceFuser(FuseSettings::elementwise(), max_bindings, std::move(log));
 }
 
-// The seed program (a*b + c*2.0).exp() in relative form (fusion.md §3.11).
+// The seed program (a*b + c*2.0).exp() in relative form (docs/spec/fusion.md §3.11).
 std::vector<Operation> seed_630() {
   const Shape s{1, 1};
   return {mul(T(0, s, RO), T(1, s, RO), T(2, s, NI)), mul_scalar(T(3, s, RO), 0, T(4, s, NI)),

@@ -191,7 +191,7 @@ TEST(DaemonOrdering, ATensorUsedOnAnotherStreamMovesThere) {
 }
 
 // Issue 19.2: a sync reports the first execution failure of its stream since the last sync,
-// naming the op; the failed tensors keep their errors (ir.md §11), and the next sync is clean.
+// naming the op; the failed tensors keep their errors (docs/spec/ir.md §11), and the next sync is clean.
 TEST(DaemonErrors, ASyncReportsTheFirstFailureSinceTheLastSync) {
   auto dev = make_device();
   kiln::testing::IpcHarness h(*dev);
@@ -209,7 +209,7 @@ TEST(DaemonErrors, ASyncReportsTheFirstFailureSinceTheLastSync) {
   EXPECT_NE(synced.error().message.find("Zeros"), std::string::npos) << synced.error().message;
   // It names the stream as the client knows it, not the daemon's own number for it.
   EXPECT_EQ(synced.error().message.rfind("sync: stream 0: execution failed", 0), 0u) << synced.error().message;
-  // The failure was reported once (the tensor keeps its error: ir.md §11, tested in runtime_test).
+  // The failure was reported once (the tensor keeps its error: docs/spec/ir.md §11, tested in runtime_test).
   EXPECT_TRUE(t.drain(StreamId(0)).ok());
   ASSERT_TRUE(t.drop(StreamId(0), TensorIr{sum, huge, TensorStatus::ReadWrite, dtypes::f32}).ok());
 }

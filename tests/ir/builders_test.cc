@@ -1,4 +1,4 @@
-// IR builders (ir.md §6) and the builder vectors of ir.md §12.5.
+// IR builders (docs/spec/ir.md §6) and the builder vectors of docs/spec/ir.md §12.5.
 #include "kiln/ir/builders.h"
 
 #include <gtest/gtest.h>
@@ -63,7 +63,7 @@ std::int64_t bits(double v) {
 
 const TensorIr& out(const Operation& op, std::size_t i = 0) { return op.outputs()[i]; }
 
-// ============================ ir.md §12.5 vectors ============================
+// ============================ docs/spec/ir.md §12.5 vectors ============================
 
 // Item 1.
 TEST(BuildersVector1, BinaryBroadcastsLeftOnes) {
@@ -471,7 +471,7 @@ TEST(BuildBinary, BoolIntAndBaseEqual) {
   BUILD(shl, build::binary(Family::Int, OpKind::Int_BitwiseLeftShift, t(1, {2}, dtypes::i32), t(2, {2}, dtypes::i32),
                            id(3)));
   EXPECT_EQ(out(shl).dtype, dtypes::i32);
-  // Equal of two bool tensors outputs D(lhs) (ir.md §5.11): the caller passes it.
+  // Equal of two bool tensors outputs D(lhs) (docs/spec/ir.md §5.11): the caller passes it.
   const DType b8 = DType::boolean(BoolStore::U8);
   BUILD(eq, build::binary_comparison(Family::BaseBool, OpKind::Base_Equal, t(1, {2}, b8), t(2, {2}, b8), b8, id(3)));
   EXPECT_EQ(out(eq).dtype, b8);

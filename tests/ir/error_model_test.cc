@@ -1,4 +1,4 @@
-// The error model of the handle container and its executor-side propagation: ir.md §11 and the
+// The error model of the handle container and its executor-side propagation: docs/spec/ir.md §11 and the
 // vectors of §12.4 (items 13 and 16 proper are runtime-level and tested with the server; 16's
 // container building block is tested here).
 #include <gtest/gtest.h>

@@ -9,12 +9,13 @@
 
 #include <gtest/gtest.h>
 
-#include "kiln/ir/flat_id_map.h"
+#include "kiln/base/flat_id_map.h"
+#include "kiln/ir/tensor.h"
 
 namespace kiln::ir {
 namespace {
 
-void expect_same(const FlatIdMap<std::uint64_t>& m, const std::unordered_map<std::uint64_t, std::uint64_t>& model,
+void expect_same(const FlatIdMap<TensorId, std::uint64_t>& m, const std::unordered_map<std::uint64_t, std::uint64_t>& model,
                  std::uint64_t key_space) {
   ASSERT_EQ(m.size(), model.size());
   ASSERT_EQ(m.empty(), model.empty());
@@ -40,7 +41,7 @@ void expect_same(const FlatIdMap<std::uint64_t>& m, const std::unordered_map<std
 TEST(FlatIdMap, MatchesAnUnorderedMapUnderRandomInsertsAndErases) {
   for (std::uint64_t key_space : {7ull, 40ull, 1000ull, 30000ull}) {
     std::mt19937_64 rng(key_space);
-    FlatIdMap<std::uint64_t> m;
+    FlatIdMap<TensorId, std::uint64_t> m;
     std::unordered_map<std::uint64_t, std::uint64_t> model;
     for (int step = 0; step < 60000; ++step) {
       const std::uint64_t k = rng() % key_space;
@@ -67,7 +68,7 @@ TEST(FlatIdMap, MatchesAnUnorderedMapUnderRandomInsertsAndErases) {
 }
 
 TEST(FlatIdMap, ValueInitialisesAndThrowsOnAbsentAt) {
-  FlatIdMap<TensorStatus> m;
+  FlatIdMap<TensorId, TensorStatus> m;
   EXPECT_TRUE(m.empty());
   EXPECT_EQ(m.begin(), m.end());
   EXPECT_THROW((void)m.at(TensorId(3)), std::out_of_range);
@@ -82,7 +83,7 @@ TEST(FlatIdMap, ValueInitialisesAndThrowsOnAbsentAt) {
 
 TEST(FlatIdMap, OpPathPatternStaysSmallAndExact) {
   // Consecutive output ids inserted, each erased 300 ids later (its last use).
-  FlatIdMap<std::uint64_t> m;
+  FlatIdMap<TensorId, std::uint64_t> m;
   std::unordered_map<std::uint64_t, std::uint64_t> model;
   for (std::uint64_t id = 0; id < 50000; ++id) {
     m[TensorId(id)] = id % 5;

@@ -1,4 +1,4 @@
-// GraphIr classification (ir.md §7, vectors §12.1) and cached-graph bindings (ir.md §8, §12.2).
+// GraphIr classification (docs/spec/ir.md §7, vectors §12.1) and cached-graph bindings (docs/spec/ir.md §8, §12.2).
 #include "kiln/ir/graph.h"
 
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@ constexpr auto RO = TensorStatus::ReadOnly;
 constexpr auto RW = TensorStatus::ReadWrite;
 constexpr auto NI = TensorStatus::NotInit;
 
-// ir.md §12.1: t(id) = TensorIr::uninit(id, [1], f32).
+// docs/spec/ir.md §12.1: t(id) = TensorIr::uninit(id, [1], f32).
 TensorIr t(std::uint64_t id) { return TensorIr::uninit(TensorId(id), Shape{1}, f32); }
 TensorIr T(std::uint64_t id, Shape shape, TensorStatus status = NI, DType dtype = f32) {
   return TensorIr{TensorId(id), std::move(shape), status, dtype};
@@ -59,7 +59,7 @@ std::vector<TensorId> ids(std::initializer_list<std::uint64_t> v) {
   return out;
 }
 
-// ---- ir.md §12.1
+// ---- docs/spec/ir.md §12.1
 
 TEST(GraphIrVectors, Item1FirstUseOrder) {
   GraphIr g({custom("first", {t(9), t(3)}, {t(5)}), custom("second", {t(5)}, {t(7)}), drop(t(5))});
@@ -145,7 +145,7 @@ TEST(IntermediateIdSource, Bit63AndUnique) {
   EXPECT_EQ(other.next(), TensorId(IntermediateIdSource::kIntermediateBit));
 }
 
-// ---- ir.md §12.2
+// ---- docs/spec/ir.md §12.2
 
 // Slice(t0[0,1] -> t1[0,1], ranges [Slice(0, none, 1)]), custom("bound", [t1], [t2], [UInt(0)]).
 GraphIr slice_then_custom() {
@@ -344,7 +344,7 @@ TEST(GraphReplay, BadBindingsVisitNothing) {
   EXPECT_EQ(calls, 0);
 }
 
-// ---- client side: bindings from a converter, then bound on the server (fusion.md §3.11 segment)
+// ---- client side: bindings from a converter, then bound on the server (docs/spec/fusion.md §3.11 segment)
 
 TEST(GraphClientBindings, RoundTripThroughConverter) {
   const Shape sh{64, 32};

@@ -1,4 +1,4 @@
-// HandleContainer without errors: ir.md §10 and the vectors of §12.3.
+// HandleContainer without errors: docs/spec/ir.md §10 and the vectors of §12.3.
 #include "kiln/ir/handle_container.h"
 
 #include <gtest/gtest.h>

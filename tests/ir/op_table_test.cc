@@ -1,5 +1,5 @@
 // The op table (op_table.def / op_table.h) and Operation: kind names, tensor formatting,
-// validate(), equality and hashing (fusion.md §3.8, §17.4-§17.5), mark_read_only (ir.md §5.1).
+// validate(), equality and hashing (docs/spec/fusion.md §3.8, §17.4-§17.5), mark_read_only (docs/spec/ir.md §5.1).
 #include "kiln/ir/op_table.h"
 
 #include <gtest/gtest.h>
@@ -135,7 +135,7 @@ TEST(OpTable, Tags) {
   EXPECT_TRUE(op_info(OpKind::Base_Cat).has(kIndexed));
 }
 
-// ---- Names and formatting (fusion.md §17.4-§17.5)
+// ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)
 
 TEST(KindName, FamilyColonVariantAndSpecialCases) {
   Operation op;
@@ -264,7 +264,7 @@ TEST(Validate, CatchesStatusFamilyAndRangeErrors) {
   }
 }
 
-// ---- Equality and hashing (fusion.md §3.8)
+// ---- Equality and hashing (docs/spec/fusion.md §3.8)
 
 TEST(OperationHash, EqualOpsHashEqual) {
   const Operation a = add_op();
@@ -328,7 +328,7 @@ TEST(OperationHash, RandomHashesOnlyOutputAndDistributionKind) {
   EXPECT_NE(hash_operation(u01), hash_operation(other_out));
 }
 
-// ---- mark_read_only (ir.md §5.1)
+// ---- mark_read_only (docs/spec/ir.md §5.1)
 
 TEST(MarkReadOnly, OnlyListedReadWriteInputsChange) {
   Operation op = add_op(1, 2, 3, TensorStatus::ReadWrite);

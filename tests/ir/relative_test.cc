@@ -1,4 +1,4 @@
-// RelativeConverter: fusion.md §3 (relative form), §3.11 worked example and §19.3 items 1–4.
+// RelativeConverter: docs/spec/fusion.md §3 (relative form), §3.11 worked example and §19.3 items 1–4.
 #include "kiln/ir/relative.h"
 
 #include <gtest/gtest.h>
@@ -44,7 +44,7 @@ Operation exp(TensorIr in, TensorIr out) {
   return make(OpKind::Float_Exp, Family::Float, {std::move(in)}, {std::move(out)});
 }
 
-// The segment of fusion.md §3.11 on an n×m shape, with global ids starting at `base` and the
+// The segment of docs/spec/fusion.md §3.11 on an n×m shape, with global ids starting at `base` and the
 // scalar `s`: Mul(t1, t2 -> t4), MulScalar(t3, s -> t5), Add(t4 RW, t5 RW -> t6), Exp(t6 RW -> t7).
 std::vector<Operation> worked_segment(std::uint64_t base, std::uint64_t n, std::uint64_t m, double s) {
   const Shape sh{n, m};
@@ -63,7 +63,7 @@ std::vector<Operation> relativize_all(RelativeConverter& conv, const std::vector
   return out;
 }
 
-// ---- fusion.md §3.11
+// ---- docs/spec/fusion.md §3.11
 
 TEST(RelativeWorkedExample, MulMulScalarAddExp) {
   RelativeConverter conv;
@@ -124,7 +124,7 @@ TEST(RelativeWorkedExample, NonSquareShapeBecomesOneTwo) {
   }
 }
 
-// ---- fusion.md §19.3
+// ---- docs/spec/fusion.md §19.3
 
 TEST(RelativeVectors, Item1SharedDimIdsAcrossTensors) {
   RelativeConverter conv;

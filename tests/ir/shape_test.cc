@@ -1,4 +1,4 @@
-// Shape rules of ir.md §4 and the shape vectors of §12.5 (items 1-6, 8, 9).
+// Shape rules of docs/spec/ir.md §4 and the shape vectors of §12.5 (items 1-6, 8, 9).
 #include "kiln/ir/shape.h"
 
 #include <gtest/gtest.h>
@@ -48,7 +48,7 @@ TEST(NumElements, ProductOfDims) {
   EXPECT_EQ(num_elements({5, 0, 3}), 0u);
 }
 
-// ---- broadcast (ir.md §12.5 item 1, shape part)
+// ---- broadcast (docs/spec/ir.md §12.5 item 1, shape part)
 
 TEST(Broadcast, Vector1LeftOnesTakeRight) { EXPECT_SHAPE(shape::broadcast({1, 1, 2, 4}, {7, 6, 2, 4}), 7, 6, 2, 4); }
 

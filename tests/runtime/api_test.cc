@@ -1,5 +1,5 @@
 // The client API (session.h): every front-end op against values computed here in double
-// precision, the lowering's op counts (ir.md §5.11), composites against their formulas, builder
+// precision, the lowering's op counts (docs/spec/ir.md §5.11), composites against their formulas, builder
 // errors reaching the caller, per-thread streams, and the [runtime] configuration.
 
 #include <algorithm>
@@ -174,7 +174,7 @@ TEST_F(Api, PowLowering) {
   }
   expect_near(get(s->pow(t, f32({2, 0.5f, -1}, {3})), {3}), {0.25, std::sqrt(2.0), 1.0 / 3});
   EXPECT_EQ(get_i64(s->pow(i64({2, -3}, {2}), 3.0), {2}), (std::vector<std::int64_t>{8, -27}));
-  // ir.md §5.11: 0 → Ones, 1 → nothing, 2 → Mul, −1 → Recip, −2 → Mul + Recip, else PowfScalar.
+  // docs/spec/ir.md §5.11: 0 → Ones, 1 → nothing, 2 → Mul, −1 → Recip, −2 → Mul + Recip, else PowfScalar.
   std::map<double, std::uint64_t> want_ops{{0, 1}, {1, 0}, {2, 1}, {-1, 1}, {-2, 2}, {0.5, 1}};
   for (auto [e, n] : want_ops)
     EXPECT_EQ(ops_registered([&](std::vector<Tensor>& keep) {
@@ -209,7 +209,7 @@ TEST_F(Api, UnaryOps) {
   Tensor d = ok(s->sigmoid(ok(s->from_host(std::vector<double>{0.5}, {1}))));
   EXPECT_EQ(d.dtype(), ir::dtypes::f64);
   EXPECT_NEAR(ok(s->to_host<double>(std::move(d)))[0], 1 / (1 + std::exp(-0.5)), 1e-6);
-  // Lowering lengths (ir.md §5.11).
+  // Lowering lengths (docs/spec/ir.md §5.11).
   auto count = [&](Result<Tensor> (Session::*op)(Tensor)) {
     return ops_registered([&](std::vector<Tensor>& keep) {
       keep.push_back(f32(any, {4}));
@@ -353,7 +353,7 @@ TEST_F(Api, PerThreadStreams) {
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
       streams[t] = s->current_stream().value();
-      EXPECT_EQ(s->current_stream().value(), streams[t]) << "the same thread gets the same stream (fusion.md §19.11.9)";
+      EXPECT_EQ(s->current_stream().value(), streams[t]) << "the same thread gets the same stream (docs/spec/fusion.md §19.11 item 9)";
       Tensor x = ok(s->mul(shared, double(t + 1)));  // a shared view of another stream's tensor
       for (int i = 0; i < 20; ++i) x = ok(s->add(std::move(x), 1.0));
       std::vector<float> v = ok(s->to_host(std::move(x)));

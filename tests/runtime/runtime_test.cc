@@ -487,7 +487,7 @@ TEST(Runtime, DeferredDropsRunOnWake) {
   EXPECT_EQ(dev->backend().memory_stats().tensors, tensors_with_c1 - 1);
 }
 
-// fusion.md §16.4: a read drains only when the tensor is not produced yet; a last-use read of a
+// docs/spec/fusion.md §16.4: a read drains only when the tensor is not produced yet; a last-use read of a
 // tensor queued ops still reference defers its free.
 TEST(Runtime, ReadDrainsOnlyWhenNotProduced) {
   auto dev = make_device();
@@ -550,7 +550,7 @@ TEST(Runtime, InlineWaitsServeAnIdleStreamOnTheCallersThread) {
   }
 }
 
-// fusion.md §16.5: drops from another thread neither enter nor cut the pending segment.
+// docs/spec/fusion.md §16.5: drops from another thread neither enter nor cut the pending segment.
 TEST(Runtime, ForeignDrops) {
   auto dev = make_device();
   Session s(*dev);
@@ -687,7 +687,7 @@ TEST(Runtime, StressThreadsTimesStreams) {
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
 }
 
-// Stream removal (fusion.md §16.6): a closed stream's actor goes away after its work ran; its
+// Stream removal (docs/spec/fusion.md §16.6): a closed stream's actor goes away after its work ran; its
 // results stay readable (they live in the device's table); the id can be used again afterwards.
 TEST(Runtime, CloseStreamDrainsAndRemovesTheActor) {
   auto dev = make_device(2);
@@ -832,7 +832,7 @@ TEST(Runtime, CancelledRegistrationsAndDropsReleaseWhatTheyConsumed) {
   pool.join();
 }
 
-// fusion.md §16.8: the memory check. A live tensor shows in the report (its handle and the
+// docs/spec/fusion.md §16.8: the memory check. A live tensor shows in the report (its handle and the
 // stream variable that tracks it, in the spec's rendering); once it is dropped and the stream
 // drained, the check passes.
 TEST(Runtime, MemoryCheckReportsWhatIsLeft) {

@@ -11,13 +11,13 @@
 namespace kiln {
 
 enum class ErrorCode {
-  // Shape errors (ir.md §4).
+  // Shape errors (docs/spec/ir.md §4).
   RankMismatch,
   IncompatibleDims,
   OutOfBounds,
   IncompatibleShapes,
   Invalid,
-  // dtype rule violated (ir.md §6.2).
+  // dtype rule violated (docs/spec/ir.md §6.2).
   DTypeMismatch,
   // A value the IR cannot represent or a feature kiln does not implement.
   Unsupported,

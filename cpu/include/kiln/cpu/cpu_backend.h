@@ -7,7 +7,7 @@
 // ReadWrite use moves it out of the table, so the executor may reuse its buffer in place), the
 // CpuExecutor runs on that container outside every lock, and what the operations produced is
 // published back. Only the stream that names a tensor touches it between staging and
-// publishing (fusion.md §16.5: a queue never holds another stream's id; cross-stream uses go
+// publishing (docs/spec/fusion.md §16.5: a queue never holds another stream's id; cross-stream uses go
 // through a drain or a shared view), so staging never races a writer.
 //
 // Thread-safety: every method may be called from any thread (runtime/backend.h); an executor is

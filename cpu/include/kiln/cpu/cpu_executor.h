@@ -15,7 +15,7 @@
 //                         without a copy; everything else on the device's ReferenceExecutor.
 //   free_tensor           releases a ReadWrite occurrence's handle.
 //
-// Error model (ir.md §11.3): a fused program with an errored input, or whose kernel faults
+// Error model (docs/spec/ir.md §11.3): a fused program with an errored input, or whose kernel faults
 // (integer division by zero, an index out of range, an empty reduction without identity), or
 // that the fast path cannot run (an unexpected dtype, a shape that does not fit), is replayed
 // op by op (ctx.operation_within_optimization) — each op then skips or fails exactly as it would

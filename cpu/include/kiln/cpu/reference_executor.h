@@ -13,10 +13,10 @@
 //     bool (any store). QFloat tensors are rejected (Unsupported).
 //   * The op is checked before anything runs: Operation::validate(), the family against the
 //     operand dtype, every attribute, every output shape and dtype against the rule that
-//     produces it (ir.md §4, §6), and every input handle's shape and dtype against its IR
+//     produces it (docs/spec/ir.md §4, §6), and every input handle's shape and dtype against its IR
 //     occurrence. An op that passes validate() can never crash the executor or reach undefined
 //     behaviour; anything else comes back as an error value.
-//   * Error model (ir.md §11): if an input is Errored the op is skipped (skip_if_errored): its
+//   * Error model (docs/spec/ir.md §11): if an input is Errored the op is skipped (skip_if_errored): its
 //     outputs are claimed with the downstream error, its ReadWrite inputs released, and the
 //     propagated error is returned. If the op fails (bad attribute, index out of range, integer
 //     division by zero, allocation refused, unsupported dtype, unknown custom op, ...), its

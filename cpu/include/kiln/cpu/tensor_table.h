@@ -1,5 +1,5 @@
 // ShardedTensorTable: a CPU device's tensor table shared by every stream, executor and client
-// thread: HandleContainer<CpuTensor> semantics (ir.md §10–11) behind 64 mutex-protected shards.
+// thread: HandleContainer<CpuTensor> semantics (docs/spec/ir.md §10–11) behind 64 mutex-protected shards.
 //
 // Backends copy entries out to a stream-private container before running kernels and publish
 // results after, so a shard lock is held only for a hash-map operation and a shared_ptr copy —

@@ -11,7 +11,7 @@
 //   kernels      generated once per program structure (in-memory cache keyed by the structural
 //                hash, compared with ==, for this device's architecture), CUBINs cached on disk
 //                (disk_cache.h), loaded with cudaLibraryLoadData
-//   errors       the ir error model (ir.md §11): an errored input sends a fused program to the
+//   errors       the ir error model (docs/spec/ir.md §11): an errored input sends a fused program to the
 //                op-by-op path; a program that can fault (integer division, indexed reads,
 //                reductions without identity) is checked right after its launch and, on a fault,
 //                discarded, quarantined (it runs unfused from then on) and replayed op by op,

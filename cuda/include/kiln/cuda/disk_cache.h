@@ -67,7 +67,7 @@ class DiskCache {
 
  private:
   struct Counters {
-    std::atomic<std::uint64_t> hits{0}, misses{0}, rejected{0}, stores{0}, temp{0};
+    std::atomic<std::uint64_t> hits{0}, misses{0}, rejected{0}, stores{0};
   };
   DiskCache(std::filesystem::path dir, CacheVersions versions)
       : dir_(std::move(dir)), versions_(std::move(versions)), counters_(std::make_unique<Counters>()) {}

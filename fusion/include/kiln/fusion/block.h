@@ -1,5 +1,5 @@
 // Block: a group of queued operations tied together by shared tensors, each block owning its own
-// clones of every fuser (fusion.md §10.1-§10.4).
+// clones of every fuser (docs/spec/fusion.md §10.1-§10.4).
 //
 // A block keeps its ops in REGISTRATION order with their queue positions (0-based), the tensor
 // bookkeeping the dependency graph needs (produced / external reads / freed), and the set of
@@ -30,7 +30,7 @@ namespace kiln::fusion {
 
 enum class RegistrationResult : std::uint8_t { Accepted, NotPartOfTheGraph };
 
-// The DAG view of one op (fusion.md §12.1): read = all input ids, freed = ReadWrite inputs,
+// The DAG view of one op (docs/spec/fusion.md §12.1): read = all input ids, freed = ReadWrite inputs,
 // produced = output ids, position = its queue position.
 DagNode operation_node(const ir::Operation& op, std::size_t position);
 

@@ -1,4 +1,4 @@
-// Fusion configuration: kiln.toml, overridden by the environment (fusion.md §17.1, §18;
+// Fusion configuration: kiln.toml, overridden by the environment (docs/spec/fusion.md §17.1, §18;
 // architecture "Configuration").
 //
 //   [fusion]               max_explorations = 10        (also accepted under [fusion.beam_search])
@@ -22,7 +22,7 @@
 namespace kiln::fusion {
 
 struct FusionConfig {
-  std::size_t max_blocks = 5;                   // Burn's default; see fusion.md §9.5
+  std::size_t max_blocks = 5;                   // Burn's default; see docs/spec/fusion.md §9.5
   std::optional<std::size_t> max_explorations;  // none = unlimited
   // The device's plan store keeps at most this many plans, evicting the coldest (beyond Burn,
   // whose store grows without bound: 0 restores that). ~34 KiB each with their kernels.

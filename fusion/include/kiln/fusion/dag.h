@@ -1,4 +1,4 @@
-// Dependency-graph toolkit of the search (fusion.md §12): node sets, the DAG over blocks or
+// Dependency-graph toolkit of the search (docs/spec/fusion.md §12): node sets, the DAG over blocks or
 // strategy chunks, reachability, contraction checks and execution-order validity.
 //
 // Thread-safety: plain values; no shared state.
@@ -27,7 +27,7 @@ struct DagNode {
 };
 
 // A set of node indices: one inline 64-bit word for 0..63, a growable vector beyond, kept
-// canonical (no trailing zero words) so that == is structural (fusion.md §12.4).
+// canonical (no trailing zero words) so that == is structural (docs/spec/fusion.md §12.4).
 class SubGraph {
  public:
   SubGraph() = default;
@@ -78,7 +78,7 @@ class Dag {
   std::vector<std::vector<std::size_t>> deps_;  // deps_[i] = nodes i depends on
 };
 
-// is_valid_execution_order (fusion.md §12.5): nodes in execution order.
+// is_valid_execution_order (docs/spec/fusion.md §12.5): nodes in execution order.
 bool is_valid_execution_order(std::span<const DagNode* const> order);
 bool is_valid_execution_order(std::span<const DagNode> order);
 

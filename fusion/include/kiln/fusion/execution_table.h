@@ -1,5 +1,5 @@
 // The execution table ("fusion trace") logged at Full level for every plan execution
-// (fusion.md §17.3).
+// (docs/spec/fusion.md §17.3).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The interface between the search and a backend: what the processor asks an executor to do
-// when a plan runs (fusion.md §3.10, §15.2). Backends (CPU, CUDA) implement Executor; the
+// when a plan runs (docs/spec/fusion.md §3.10, §15.2). Backends (CPU, CUDA) implement Executor; the
 // fusion tests use a recording executor.
 //
 // Thread-safety: an Executor is called by one stream actor at a time for that stream.
@@ -38,7 +38,7 @@ class ExecutionContext {
 };
 
 // The first failure an executor met since it was last asked: what a drain reports to its caller
-// (the tensors keep their errors as ir.md §11 says; this only tells the sync that work failed).
+// (the tensors keep their errors as docs/spec/ir.md §11 says; this only tells the sync that work failed).
 class FirstFailure {
  public:
   void note(const ir::TensorError& e) {
@@ -59,7 +59,7 @@ class Executor {
   virtual void execute_optimization(const Optimization& opt, const ExecutionContext& ctx) = 0;
   // Runs one operation alone (its global form).
   virtual void execute_operation(const ir::Operation& op) = 0;
-  // drain_queue's free of an executed node (fusion.md §15.2): release the handle iff the
+  // drain_queue's free of an executed node (docs/spec/fusion.md §15.2): release the handle iff the
   // occurrence is ReadWrite (a no-op when a kernel already consumed it).
   virtual void free_tensor(const ir::TensorIr& t) = 0;
   // The first output this executor left Errored since the last call (a new failure, or an op

@@ -1,5 +1,5 @@
 // Explorer: feeds a stream's deferred operations to its StreamOptimizer and commits an
-// optimization when nothing can grow any more (Lazy) or at a drain (Sync) (fusion.md §8).
+// optimization when nothing can grow any more (Lazy) or at a drain (Sync) (docs/spec/fusion.md §8).
 //
 // Thread-safety: owned by one stream actor.
 #pragma once

@@ -4,7 +4,7 @@
 // A program is independent of concrete sizes and scalar values, so one compiled kernel serves
 // every size and every scalar value of the same structure:
 //   * tensors are RELATIVE ids; at run time the execution context's converter maps each one to
-//     its latest global TensorIr (global id and concrete shape, fusion.md §3.10), but the
+//     its latest global TensorIr (global id and concrete shape, docs/spec/fusion.md §3.10), but the
 //     status used to fetch the handle is the one recorded here (a ReadWrite input may be
 //     consumed / its buffer reused);
 //   * shapes are relative dim ids (0 means size 1; equal ids mean equal sizes), resolved through
@@ -61,7 +61,7 @@
 
 namespace kiln::fusion {
 
-// ---- Trace settings (fusion.md §14.9). Only `broadcast` and `output_shape_updates` change what
+// ---- Trace settings (docs/spec/fusion.md §14.9). Only `broadcast` and `output_shape_updates` change what
 // a fuser accepts; the rest are code-generation hints carried by every block.
 enum class Vectorization : std::uint8_t { Activated, Deactivated, SmallerOrEqualThanPreviousBlock };
 enum class RefLayout : std::uint8_t {
@@ -91,7 +91,7 @@ struct FuseSettings {
 // ---- Program parts.
 
 enum class ProgramKind : std::uint8_t { Elementwise, Matmul, Reduce, ReduceBroadcasted, NhwcRelayout };
-// "ElementWise", "Matmul", "Reduce", "ReduceBroadcasted", "NHWCRelayout" (fusion.md §14.1).
+// "ElementWise", "Matmul", "Reduce", "ReduceBroadcasted", "NHWCRelayout" (docs/spec/fusion.md §14.1).
 std::string_view program_kind_name(ProgramKind k);
 
 enum class InputRole : std::uint8_t {
@@ -262,7 +262,7 @@ struct FusedProgram {
   // Readable, multi-line (fusion log, kiln-lab).
   std::string to_string() const;
   // Largest relative dim id in any block's reference shape, over stages and fallbacks too
-  // (fusion.md §14.2); none when every reference shape is empty.
+  // (docs/spec/fusion.md §14.2); none when every reference shape is empty.
   std::optional<std::uint64_t> max_relative_shape_id() const;
   // Number of buffers bound: inputs that are not views, plus written outputs.
   std::size_t num_bindings() const;

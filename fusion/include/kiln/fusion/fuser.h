@@ -1,4 +1,4 @@
-// The OperationFuser contract (fusion.md §13) and the Optimization a fuser finishes.
+// The OperationFuser contract (docs/spec/fusion.md §13) and the Optimization a fuser finishes.
 //
 // Fusers only ever see RELATIVE operations (scalars are UInt placeholders, shapes are relative
 // dim ids where 0 means size 1). A fuser accepts a prefix of the operations it is offered: on the

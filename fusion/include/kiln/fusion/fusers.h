@@ -1,4 +1,4 @@
-// The built-in fusers (fusion.md §14.4–§14.8), all built on the trace fuser engine, and the
+// The built-in fusers (docs/spec/fusion.md §14.4–§14.8), all built on the trace fuser engine, and the
 // registry list a new stream starts with.
 //
 //   ElementWise        the trace fuser alone (§14.4).

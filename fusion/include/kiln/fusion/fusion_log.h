@@ -1,4 +1,4 @@
-// The fusion log (fusion.md §17): levels disabled < basic < medium < full; messages are built
+// The fusion log (docs/spec/fusion.md §17): levels disabled < basic < medium < full; messages are built
 // lazily (no formatting cost when filtered out) and go to spdlog (stderr by default) under the
 // logger name "kiln::fusion". Tests capture the lines instead.
 //

@@ -1,4 +1,4 @@
-// Merging a list of blocks (fusion.md §11): a two-step heuristic (recursive halves, then
+// Merging a list of blocks (docs/spec/fusion.md §11): a two-step heuristic (recursive halves, then
 // accumulation) because an exhaustive search is exponential.
 //
 // Every block passed in is read-only; results are new blocks (clones). The guard is the

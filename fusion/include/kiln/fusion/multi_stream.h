@@ -1,8 +1,9 @@
-// MultiStream: the streams of one device and the rules that connect them (fusion.md §16.3–§16.6):
+// MultiStream: the streams of one device and the rules that connect them (docs/spec/fusion.md §16.3–§16.6):
 // registration, drains, reads (when a read drains, when a last-use read defers its free) and
 // foreign drops (drops issued from another stream, which must neither enter nor cut the pending
 // segment). Backend-neutral and single-threaded: it is Burn's server-actor view of the streams;
-// the multi-threaded runtime applies the same per-stream rules from each stream's actor.
+// the multi-threaded runtime applies the same per-stream rules (read_plan, serve_read,
+// defer_foreign_drop below) from each stream's actor.
 //
 // Thread-safety: none; one owner at a time.
 #pragma once
@@ -14,6 +15,7 @@
 #include <memory>
 #include <unordered_set>
 
+#include "kiln/fusion/operation_queue.h"
 #include "kiln/fusion/stream.h"
 
 namespace kiln::fusion {
@@ -22,7 +24,7 @@ class StreamId {
  public:
   constexpr explicit StreamId(std::uint64_t v) : value_(v) {}
   constexpr std::uint64_t value() const { return value_; }
-  // User-pinned streams never collide with implicit ids (fusion.md §16.1).
+  // User-pinned streams never collide with implicit ids (docs/spec/fusion.md §16.1).
   static constexpr StreamId from_number(std::uint64_t n) { return StreamId(n | (std::uint64_t{1} << 63)); }
   friend constexpr auto operator<=>(StreamId, StreamId) = default;
 
@@ -37,6 +39,20 @@ enum class ReadPlan : std::uint8_t {
   DeferFree,  // a last-use read of a tensor queued ops still reference: read it ReadOnly, free later
 };
 const char* read_plan_name(ReadPlan p);
+
+// ---- The per-stream rules, the one implementation both MultiStream (single-threaded, the
+// spec's view) and the runtime's stream actors (one per stream) apply.
+
+// §16.4 read_plan: how a read of `t` is served on a stream whose queue is `queue` (null: the
+// stream has nothing queued), given whether `t` has a materialized handle on the device.
+ReadPlan read_plan(const OperationQueue* queue, const ir::TensorIr& t, bool materialized);
+// §16.4 read + mark_read, after any drain the plan asked for: defers the free of a DeferFree
+// read, and forgets a last-use read's variable. Returns the occurrence to read the data with
+// (status ReadOnly when the free was deferred).
+ir::TensorIr serve_read(OperationQueue& queue, const ir::TensorIr& t, ReadPlan plan);
+// §16.5 foreign_drop of a materialized tensor: deferred when queued ops still read it (true:
+// the queue frees it later), forgotten otherwise (false: the caller frees it now).
+bool defer_foreign_drop(OperationQueue& queue, const ir::TensorIr& t);
 
 class MultiStream {
  public:
@@ -53,7 +69,8 @@ class MultiStream {
 
   ReadPlan read_plan(StreamId stream, const ir::TensorIr& t, const Presence& present) const;
   // Serves a read: drains or defers as read_plan says and returns the occurrence to fetch the
-  // data with (status ReadOnly when the free was deferred); then applies mark_read.
+  // data with (status ReadOnly when the free was deferred), then removes a stream left without
+  // variables (§16.6).
   ir::TensorIr read(StreamId stream, const ir::TensorIr& t, Executor& executor, const Presence& present);
   // §16.5 foreign_drop: true if handled without touching the segment.
   bool foreign_drop(StreamId stream, const ir::TensorIr& t, Executor& executor, const Presence& present);
@@ -71,7 +88,6 @@ class MultiStream {
 
  private:
   FusionStream& get_or_create(StreamId id);
-  void mark_read(StreamId stream, const ir::TensorIr& t);
 
   FuserFactory fusers_;
   ProcessorOptions options_;

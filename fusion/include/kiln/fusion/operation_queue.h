@@ -1,4 +1,4 @@
-// OperationQueue: one stream's pending operations in global and relative form (fusion.md §4),
+// OperationQueue: one stream's pending operations in global and relative form (docs/spec/fusion.md §4),
 // and the execution of plans and strategies against it (§15).
 //
 // Thread-safety: owned by one stream actor.
@@ -13,7 +13,7 @@
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/fusion/plan_store.h"
 #include "kiln/fusion/strategy.h"
-#include "kiln/ir/flat_id_map.h"
+#include "kiln/base/flat_id_map.h"
 #include "kiln/ir/relative.h"
 
 namespace kiln::fusion {
@@ -33,7 +33,7 @@ class OperationQueue {
   // True iff some queued global op has a node with this id.
   bool references_tensor(ir::TensorId id) const;
   // Last status seen for every referenced tensor (entries may outlive the ops).
-  const ir::FlatIdMap<ir::TensorStatus>& variables() const { return variables_; }
+  const FlatIdMap<ir::TensorId, ir::TensorStatus>& variables() const { return variables_; }
   void forget_variable(ir::TensorId id) { variables_.erase(id); }
 
   // Last-use frees requested from other threads, applied at the next execution boundary.
@@ -57,7 +57,7 @@ class OperationQueue {
   std::vector<std::size_t> shapes_assigned_;
   ir::RelativeConverter converter_;
   // Flat: every op inserts its outputs and erases its consumed inputs (no node per entry).
-  ir::FlatIdMap<ir::TensorStatus> variables_;
+  FlatIdMap<ir::TensorId, ir::TensorStatus> variables_;
   std::vector<ir::TensorIr> deferred_frees_;
 };
 

@@ -1,4 +1,4 @@
-// Execution plans and the device-level ExecutionPlanStore (fusion.md §5.3–§5.6), shared by
+// Execution plans and the device-level ExecutionPlanStore (docs/spec/fusion.md §5.3–§5.6), shared by
 // every stream (and, through the daemon, every client process) of a device.
 //
 // Thread-safety: every method may be called from any thread at any time. The store is read far

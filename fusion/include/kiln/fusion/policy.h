@@ -1,5 +1,5 @@
 // Policy: incremental matching of a stream's relative segment against the plan store
-// (fusion.md §6). One per stream, inside its Processor.
+// (docs/spec/fusion.md §6). One per stream, inside its Processor.
 //
 // Thread-safety: owned by one stream actor; reads the (concurrent) store. A Policy refers to
 // plans of the store given to update(); pass that same store to action() until reset().

@@ -1,5 +1,5 @@
 // Processor: a stream's Policy + Explorer, driving a segment in Lazy or Sync mode
-// (fusion.md §7). Backend-neutral: what "execute" means is the Segment's business.
+// (docs/spec/fusion.md §7). Backend-neutral: what "execute" means is the Segment's business.
 //
 // Thread-safety: owned by one stream actor; shares only the (concurrent) plan store.
 #pragma once

@@ -1,4 +1,4 @@
-// Scoring (fusion.md §14.3): the cost model of the trace fusers, kept apart from the search.
+// Scoring (docs/spec/fusion.md §14.3): the cost model of the trace fusers, kept apart from the search.
 //
 // The unfused side is accumulated op by op (register_op, for every op a trace fuser accepted,
 // Drop included); the fused side (global reads, global writes, view penalties) is counted on the

@@ -1,4 +1,4 @@
-// Execution strategies and block optimizations (fusion.md §5.1, §5.2).
+// Execution strategies and block optimizations (docs/spec/fusion.md §5.1, §5.2).
 //
 // An ordering lists queue positions in EXECUTION order (not necessarily ascending).
 #pragma once

@@ -1,5 +1,5 @@
 // FusionStream: one stream's queue and processor, the unit a stream actor drives
-// (fusion.md §16.3 register / drain, without threads or cross-stream logic).
+// (docs/spec/fusion.md §16.3 register / drain, without threads or cross-stream logic).
 //
 // Thread-safety: owned by one stream actor; shares only the (concurrent) plan store.
 #pragma once

@@ -1,4 +1,4 @@
-// StreamOptimizer (fusion.md §9), BlocksOptimizer (§10.5) and repair_order (§10.6): the search
+// StreamOptimizer (docs/spec/fusion.md §9), BlocksOptimizer (§10.5) and repair_order (§10.6): the search
 // that assigns a stream's relative ops to blocks whose fusers compete, then commits one
 // BlockOptimization.
 //

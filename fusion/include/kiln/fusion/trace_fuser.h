@@ -1,4 +1,4 @@
-// The trace fuser (fusion.md §14.2): the incremental engine every cubecl-style fuser is built
+// The trace fuser (docs/spec/fusion.md §14.2): the incremental engine every cubecl-style fuser is built
 // on. It records a kernel trace (one or more trace blocks over relative tensors), decides which
 // relative ops the trace can take (output-shape compatibility, trace limits, read / view /
 // indexed-input rules), counts the fused trace's global traffic for the score (§14.3) and turns

@@ -1,4 +1,4 @@
-// IR builders (ir.md §6): build one Operation from its input tensors and attributes, inferring
+// IR builders (docs/spec/ir.md §6): build one Operation from its input tensors and attributes, inferring
 // the output shape and dtype and validating everything a kernel would otherwise trip over.
 // Building the IR is where shape and dtype errors surface: an executor never re-checks them.
 //
@@ -17,13 +17,13 @@
 //     input ids.
 //   * NumericFloat / NumericInt / Float carry the dtype of the numeric operand in
 //     Operation::dtype: the input dtype for arithmetic, comparisons, ArgMax/ArgMin and IntoInt;
-//     the created dtype for Full and Random (ir.md §5.11). Other families leave it default.
+//     the created dtype for Full and Random (docs/spec/ir.md §5.11). Other families leave it default.
 //   * Kinds whose output is the bool dtype (tag kComparison) are built with the `*_comparison`
 //     / `*_bool` builders, which take that dtype; ArgMax/ArgMin with `reduce_dim_arg` (index
 //     dtype). The plain builders reject them, so the output dtype is never guessed.
 //   * Errors are values whose message starts with the op's kind name and names the offending
 //     shapes or dtypes: "NumericFloat::Add: broadcast: incompatible dims 2 and 4 at dim 1
-//     ([2,2] vs [2,4])". Codes: the shape codes of ir.md §4, DTypeMismatch, Invalid.
+//     ([2,2] vs [2,4])". Codes: the shape codes of docs/spec/ir.md §4, DTypeMismatch, Invalid.
 //   * The result always passes Operation::validate().
 //
 // Example:
@@ -91,7 +91,7 @@ struct AvgPool2dOptions {
   bool ceil_mode = false;
 };
 
-// Padding of one dimension (Pad, ir.md §6.4).
+// Padding of one dimension (Pad, docs/spec/ir.md §6.4).
 struct PadPair {
   std::uint64_t before = 0;
   std::uint64_t after = 0;
@@ -164,7 +164,7 @@ Result<Operation> topk_with_indices(Family family, OpKind kind, const TensorIr& 
 // Expand: `args` is the target shape (non-negative), per shape::expand.
 Result<Operation> shape_op(Family family, OpKind kind, const TensorIr& input, std::span<const std::int64_t> args,
                            TensorId out);
-// SwapDims / Permute adjust a QFloat scheme (ir.md §6.2).
+// SwapDims / Permute adjust a QFloat scheme (docs/spec/ir.md §6.2).
 Result<Operation> swap_dims(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim1, std::uint64_t dim2,
                             TensorId out);
 Result<Operation> permute(Family family, OpKind kind, const TensorIr& input, std::span<const std::uint64_t> axes,
@@ -180,7 +180,7 @@ Result<Operation> slice(Family family, OpKind kind, const TensorIr& tensor, std:
                         TensorId out);
 Result<Operation> slice_assign(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
                                const TensorIr& value, TensorId out);
-// Numeric Pad: `padding` applies to the last padding.size() dims, in dim order (ir.md §6.4);
+// Numeric Pad: `padding` applies to the last padding.size() dims, in dim order (docs/spec/ir.md §6.4);
 // `constant` is required for PadMode::Constant and forbidden otherwise.
 Result<Operation> pad(Family family, OpKind kind, const TensorIr& input, std::span<const PadPair> padding,
                       PadMode mode, std::optional<ScalarIr> constant, TensorId out);

@@ -1,5 +1,5 @@
 // Versioned binary codec for operations, operation lists and graphs: the wire format of the
-// shared-memory IPC path and of the remote/replay path (ir.md §0, §8).
+// shared-memory IPC path and of the remote/replay path (docs/spec/ir.md §0, §8).
 //
 // Thread-safety: every function is pure (no shared state); call from any thread.
 //
@@ -71,6 +71,7 @@
 #include <span>
 #include <vector>
 
+#include "kiln/base/bytes.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/operation.h"
 #include "kiln/base/result.h"
@@ -134,7 +135,28 @@ Result<Operation> decode_operation(std::span<const std::uint8_t> bytes);
 Status decode_operation_into(std::span<const std::uint8_t> bytes, Operation& op);
 Result<std::vector<Operation>> decode_operations(std::span<const std::uint8_t> bytes);
 // The graph's inputs and outputs are carried as sent, not re-derived: a receiver that relies on
-// them should check them against classify(graph.operations) (ir.md §7).
+// them should check them against classify(graph.operations) (docs/spec/ir.md §7).
 Result<GraphIr> decode_graph(std::span<const std::uint8_t> bytes);
+
+// ---- The dtype's encoding, shared by every format that stores dtypes (these messages, the plan
+// cache): kind; then the bool store, or the quantization scheme (value, store, packed dim, block
+// rank, four u16 block dims, parameter precision).
+template <class Sink>
+void put_dtype(Sink& s, const DType& d) {
+  put_u8(s, static_cast<std::uint8_t>(d.kind()));
+  if (d.is_bool()) {
+    put_u8(s, static_cast<std::uint8_t>(d.bool_store()));
+  } else if (d.is_quantized()) {
+    const QuantScheme& q = d.scheme();
+    put_u8(s, static_cast<std::uint8_t>(q.value));
+    put_u8(s, static_cast<std::uint8_t>(q.store));
+    put_u8(s, q.packed_dim);
+    put_u8(s, q.block_rank);
+    for (std::uint16_t b : q.block) put_u16(s, b);
+    put_u8(s, static_cast<std::uint8_t>(q.param));
+  }
+}
+// Reads what put_dtype wrote; `what` names the value in an error ("input dtype").
+bool read_dtype(ByteReader& r, DType& out, const char* what);
 
 }  // namespace kiln::ir::codec

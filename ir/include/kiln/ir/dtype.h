@@ -1,4 +1,4 @@
-// DType: the element types of the IR (ir.md §3), with QFloat's quantization scheme.
+// DType: the element types of the IR (docs/spec/ir.md §3), with QFloat's quantization scheme.
 #pragma once
 
 #include <array>
@@ -67,7 +67,7 @@ class DType {
 
   // Bytes per element as stored (bool: by its store; QFloat: not a fixed size, 0).
   std::size_t size_bytes() const;
-  // "f32", "bool(Native)", "qfloat(...)" (fusion.md §17.5).
+  // "f32", "bool(Native)", "qfloat(...)" (docs/spec/fusion.md §17.5).
   std::string name() const;
 
   friend constexpr bool operator==(const DType& a, const DType& b) {

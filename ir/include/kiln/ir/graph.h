@@ -1,5 +1,5 @@
-// GraphIr with boundary classification (ir.md §7), and cached graphs: GraphId, GraphBindings,
-// bind and replay (ir.md §8).
+// GraphIr with boundary classification (docs/spec/ir.md §7), and cached graphs: GraphId, GraphBindings,
+// bind and replay (docs/spec/ir.md §8).
 //
 // Thread-safety: every function here is pure apart from IntermediateIdSource, whose next() may be
 // called from any thread. A GraphIr is plain data.
@@ -34,7 +34,7 @@ struct GraphBoundary {
   friend bool operator==(const GraphBoundary&, const GraphBoundary&) = default;
 };
 
-// classify(ops) (ir.md §7). Init does not produce; Drop and every ReadWrite use consume.
+// classify(ops) (docs/spec/ir.md §7). Init does not produce; Drop and every ReadWrite use consume.
 // Never reads out of bounds, even for an op whose num_inputs exceeds its tensor count.
 GraphBoundary classify(std::span<const Operation> ops);
 
@@ -51,7 +51,7 @@ struct GraphIr {
   friend bool operator==(const GraphIr&, const GraphIr&) = default;
 };
 
-// Id under which a relative graph is registered once (ir.md §8).
+// Id under which a relative graph is registered once (docs/spec/ir.md §8).
 class GraphId {
  public:
   constexpr explicit GraphId(std::uint64_t v) : value_(v) {}
@@ -69,7 +69,7 @@ struct TensorBinding {
   friend bool operator==(const TensorBinding&, const TensorBinding&) = default;
 };
 
-// What each invocation of a cached graph sends (ir.md §8). Every table is dense and indexed by
+// What each invocation of a cached graph sends (docs/spec/ir.md §8). Every table is dense and indexed by
 // the placeholder: shapes by relative dim id, scalars by UInt(k), ranges by a relative slice's start.
 struct GraphBindings {
   std::vector<TensorBinding> tensors;  // boundary tensors only (inputs, surviving outputs)
@@ -80,7 +80,7 @@ struct GraphBindings {
 };
 
 // Fresh ids for the intermediates of bound graphs: a counter with bit 63 set, so they never
-// collide with client ids (ir.md §8). Kiln has no process-wide counter: the device owns one
+// collide with client ids (docs/spec/ir.md §8). Kiln has no process-wide counter: the device owns one
 // source and passes it to bind/replay, so tests start fresh.
 // Thread-safety: next() may be called from any thread concurrently.
 class IntermediateIdSource {
@@ -105,7 +105,7 @@ class IntermediateIdSource {
   std::atomic<std::uint64_t> counter_{0};
 };
 
-// ---- Client side (ir.md §8, "Relativize")
+// ---- Client side (docs/spec/ir.md §8, "Relativize")
 
 // A surviving output the client must register a handle for: the client's global tensor
 // (latest occurrence: id, shape, dtype) now lives under `concrete` on the server.
@@ -122,18 +122,18 @@ struct ClientBindings {
 };
 
 // The concrete id of the handle that holds `global`, or nullopt when it has none (the input is
-// then not listed, as in ir.md §8).
+// then not listed, as in docs/spec/ir.md §8).
 using InputResolver = std::function<std::optional<TensorId>(const TensorIr& global)>;
 // A new concrete id for an output (the client's own id source).
 using ConcreteIdSource = std::function<TensorId()>;
 
 // Builds the bindings of `relative_graph` (the relative ops of a segment, boundary classified on
-// relative ids) from the converter that relativized it (its execution context, fusion.md §3.10).
+// relative ids) from the converter that relativized it (its execution context, docs/spec/fusion.md §3.10).
 // Relative ids the context does not know are skipped. Copies shapes, scalars and ranges.
 ClientBindings make_bindings(const GraphIr& relative_graph, const RelativeConverter& context,
                              const InputResolver& resolve_input, const ConcreteIdSource& new_concrete_id);
 
-// ---- Server side (ir.md §8, "Bind / replay")
+// ---- Server side (docs/spec/ir.md §8, "Bind / replay")
 //
 // The bindings come from remote clients and are checked before anything is bound:
 //   * a relative id bound twice, two relative ids bound to one concrete id, or a concrete id with

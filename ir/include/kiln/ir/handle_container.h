@@ -1,5 +1,5 @@
 // HandleContainer: one device's map from tensor ids to handle entries (NotInit / Existing /
-// Errored), with the error model and the executor-side propagation helpers (ir.md §10, §11).
+// Errored), with the error model and the executor-side propagation helpers (docs/spec/ir.md §10, §11).
 //
 // Thread-safety: none. A container is owned by one actor (the device server) or guarded by the
 // device that owns it; every method, const ones included (error_of feeds the instrument), must
@@ -58,7 +58,7 @@ struct NoHandleInstrument;
 template <class H, class Instrument = NoHandleInstrument>
 class HandleContainer;
 
-// One entry: NotInit | Existing(H) | Errored(TensorError) (ir.md §10). Default: NotInit.
+// One entry: NotInit | Existing(H) | Errored(TensorError) (docs/spec/ir.md §10). Default: NotInit.
 template <class H>
 class HandleEntry {
  public:
@@ -93,7 +93,7 @@ class HandleEntry {
   std::variant<std::monostate, H, TensorError> v_;
 };
 
-// A backend resource plus its logical shape (ir.md §9).
+// A backend resource plus its logical shape (docs/spec/ir.md §9).
 template <class H>
 struct TensorHandle {
   H handle;
@@ -167,7 +167,7 @@ class [[nodiscard]] HandleLookup {
 };
 
 // The default instrument: nothing, and no storage ([[no_unique_address]]). Tests substitute one
-// that counts the per-tensor error look-ups (ir.md §12.4 item 14); the hook is called exactly
+// that counts the per-tensor error look-ups (docs/spec/ir.md §12.4 item 14); the hook is called exactly
 // when the container searches its map on behalf of an error check.
 struct NoHandleInstrument {
   void on_error_lookup(TensorId) noexcept {}
@@ -185,7 +185,7 @@ class HandleContainer {
   HandleContainer& operator=(const HandleContainer&) = delete;
   ~HandleContainer() = default;
 
-  // ---- Handles (ir.md §10) -------------------------------------------------------------------
+  // ---- Handles (docs/spec/ir.md §10) -------------------------------------------------------------------
 
   // Inserts or overwrites Existing(h). Overwriting an Errored entry clears the claim (recovery).
   void register_handle(TensorId id, H h) {
@@ -293,7 +293,7 @@ class HandleContainer {
     return ids;
   }
 
-  // Carried by fork, otherwise unused (ir.md §10).
+  // Carried by fork, otherwise unused (docs/spec/ir.md §10).
   std::uint64_t counter() const { return counter_; }
   void set_counter(std::uint64_t c) { counter_ = c; }
 
@@ -302,7 +302,7 @@ class HandleContainer {
   // the other. Used by autotune: each trial runs on a fork.
   HandleContainer fork() const { return HandleContainer(*this); }
 
-  // ---- Error model (ir.md §11.2) -------------------------------------------------------------
+  // ---- Error model (docs/spec/ir.md §11.2) -------------------------------------------------------------
 
   // Number of Errored entries.
   std::size_t errored() const { return errored_; }
@@ -342,7 +342,7 @@ class HandleContainer {
     return it == handles_.end() ? nullptr : it->second.error();
   }
 
-  // (K) Building block of a cross-stream shared view (fusion.md §16.5, ir.md §11.3): if `src`
+  // (K) Building block of a cross-stream shared view (docs/spec/fusion.md §16.5, docs/spec/ir.md §11.3): if `src`
   // is Errored, registers `dst` as Errored with the same root and depth and returns true;
   // otherwise changes nothing and returns false (the caller aliases a handle as usual).
   bool alias_errored(TensorId src, TensorId dst) {
@@ -366,7 +366,7 @@ class HandleContainer {
   [[no_unique_address]] mutable Instrument instrument_{};
 };
 
-// ---- Executor side (ir.md §11.3) ---------------------------------------------------------------
+// ---- Executor side (docs/spec/ir.md §11.3) ---------------------------------------------------------------
 
 // A skipped op: which input carried the error, and what its outputs were claimed with.
 struct OpSkip {
@@ -421,7 +421,7 @@ TensorError fail_op(HandleContainer<H, I>& handles, const Operation& op, const E
   return fail_op(handles, op, ExecutionError::from(error, std::move(context)));
 }
 
-// Moving a tensor to another container or device (change of client, ir.md §11.3): if the source
+// Moving a tensor to another container or device (change of client, docs/spec/ir.md §11.3): if the source
 // entry is Errored, `dst_id` becomes Errored in `dst` with the same TensorError (same root, same
 // depth), the source is released per src_ir.status (ReadWrite removes it), and it returns true.
 // Otherwise nothing changes and it returns false: the caller transfers the data itself.

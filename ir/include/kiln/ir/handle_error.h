@@ -1,5 +1,5 @@
 // ExecutionError and TensorError: the root cause of a failed execution and its propagation to
-// the tensors that were never written because of it (ir.md §11.1).
+// the tensors that were never written because of it (docs/spec/ir.md §11.1).
 //
 // Thread-safety: both types are immutable once built. An ExecutionError is shared read-only
 // (std::shared_ptr<const ExecutionError>) by every tensor that carries it, across containers,

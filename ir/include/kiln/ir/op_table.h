@@ -10,7 +10,7 @@
 
 namespace kiln::ir {
 
-// The outer variant of an operation (fusion.md §17.4). Base* and Numeric* say which tensor kind
+// The outer variant of an operation (docs/spec/fusion.md §17.4). Base* and Numeric* say which tensor kind
 // the op is applied to; NumericFloat, NumericInt and Float also carry a DType.
 enum class Family : std::uint8_t {
   BaseFloat, BaseInt, BaseBool, NumericFloat, NumericInt, Bool, Int, Float,
@@ -28,7 +28,7 @@ constexpr bool family_carries_dtype(Family f) {
 enum class OpGroup : std::uint8_t { Base, Numeric, Float, Int, Bool, Module, Init, Custom, Drop, Distributed };
 bool group_admits(OpGroup g, Family f);
 
-// Argument structs (ir.md §5.2). Attribute layouts (all attributes are i64, compared verbatim):
+// Argument structs (docs/spec/ir.md §5.2). Attribute layouts (all attributes are i64, compared verbatim):
 //   ReduceDim [axis, accumulator_len]        Dim [axis]            SwapDims [dim1, dim2]
 //   Permute, Flip [axes...]                  Gather, Select [dim]  Scatter, SelectAssign [dim, update]
 //   RepeatDim [dim, times]                   Cat [dim]             ReduceDimWithIndices [dim]
@@ -59,7 +59,7 @@ struct SignatureInfo {
 };
 const SignatureInfo& signature_info(Signature s);
 
-// Tags (ir.md §5.3) plus facts asked by fusers and executors.
+// Tags (docs/spec/ir.md §5.3) plus facts asked by fusers and executors.
 using OpTags = std::uint32_t;
 inline constexpr OpTags kNone = 0;
 inline constexpr OpTags kElementwise = 1u << 0;   // E: fusable by the elementwise trace fuser

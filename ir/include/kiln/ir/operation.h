@@ -1,8 +1,8 @@
-// Operation: one IR operation as plain data (ir.md §5), with equality and hashing fit for the
-// plan index (fusion.md §3.8).
+// Operation: one IR operation as plain data (docs/spec/ir.md §5), with equality and hashing fit for the
+// plan index (docs/spec/fusion.md §3.8).
 //
 // Every operation has the same flat layout, whatever its kind:
-//   tensors  inputs then outputs, in the argument struct's field order (ir.md §5.2), so that
+//   tensors  inputs then outputs, in the argument struct's field order (docs/spec/ir.md §5.2), so that
 //            nodes(op) == tensors and relativization visits them in the normative order;
 //   scalars  every ScalarIr field in field order (relativized into placeholders);
 //   ranges   the slice ranges of Slice / SliceAssign (relativized into placeholders);
@@ -61,7 +61,7 @@ struct Operation {
   bool is_drop() const { return kind == OpKind::Drop_Drop; }
   bool is_init() const { return kind == OpKind::Init_Init; }
 
-  // "NumericFloat::MulScalar", "Drop", "Custom", "Init::InitOperationIr" (fusion.md §17.4).
+  // "NumericFloat::MulScalar", "Drop", "Custom", "Init::InitOperationIr" (docs/spec/fusion.md §17.4).
   std::string kind_name() const;
   // One line: kind, inputs -> outputs, scalars, attributes.
   std::string to_string() const;
@@ -70,7 +70,7 @@ struct Operation {
   // counts, carried dtype. Returns an error naming the op and what is wrong.
   Status validate() const;
 
-  // mark_read_only(ids) (ir.md §5.1): inputs whose id is listed and whose status is ReadWrite
+  // mark_read_only(ids) (docs/spec/ir.md §5.1): inputs whose id is listed and whose status is ReadWrite
   // become ReadOnly; returns the original occurrences changed. Init never changes.
   std::vector<TensorIr> mark_read_only(std::span<const TensorId> ids);
 
@@ -78,7 +78,7 @@ struct Operation {
 };
 
 // Hash consistent with operator== (floats by bit pattern; Random hashes only its output tensor
-// and the kind of distribution, fusion.md §3.8).
+// and the kind of distribution, docs/spec/fusion.md §3.8).
 std::uint64_t hash_operation(const Operation& op);
 std::uint64_t hash_tensor(const TensorIr& t);
 

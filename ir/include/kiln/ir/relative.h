@@ -1,5 +1,5 @@
 // RelativeConverter: rewrites operations into the relative form the fusion search and the plan
-// cache see (fusion.md §3): tensor ids numbered by first appearance, dimension values numbered
+// cache see (docs/spec/fusion.md §3): tensor ids numbered by first appearance, dimension values numbered
 // with the value 1 always id 0, scalars and slice ranges replaced by positional placeholders
 // whose concrete values are kept here and bound again at execution.
 //
@@ -10,7 +10,7 @@
 //   Operation rel;
 //   for (const Operation& op : segment) conv.relativize_into(op, rel);  // rel's storage reused
 //   conv.scalars()[0];            // concrete value of placeholder UInt(0)
-//   conv.clear();                 // after execution: renumber the rest of the queue (fusion.md §3.9)
+//   conv.clear();                 // after execution: renumber the rest of the queue (docs/spec/fusion.md §3.9)
 #pragma once
 
 #include <cstdint>
@@ -45,7 +45,7 @@ class RelativeConverter {
   std::size_t num_relative_shapes() const { return shapes_rel2glob_.size(); }
   std::size_t num_relative_tensors() const { return tensors_rel2glob_.size(); }
 
-  // The execution context (fusion.md §3.10).
+  // The execution context (docs/spec/fusion.md §3.10).
   // Latest global occurrence of relative tensor `rel`, or nullptr.
   const TensorIr* global_tensor(std::uint64_t rel) const {
     return rel < tensors_rel2glob_.size() ? &tensors_rel2glob_[rel] : nullptr;

@@ -1,4 +1,4 @@
-// ScalarIr: the serializable literal carried by operations (ir.md §1).
+// ScalarIr: the serializable literal carried by operations (docs/spec/ir.md §1).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,7 @@ class ScalarIr {
   static constexpr ScalarIr Bool(bool v) { return ScalarIr(Kind::Bool, 0, 0, v ? 1 : 0); }
 
   // ScalarIr::new(value, dtype): float dtypes -> Float, signed -> Int, unsigned -> UInt,
-  // bool -> Bool; QFloat is unsupported (an error value, ir.md §1).
+  // bool -> Bool; QFloat is unsupported (an error value, docs/spec/ir.md §1).
   static Result<ScalarIr> from_f64(double value, DType dtype);
 
   constexpr Kind kind() const { return kind_; }

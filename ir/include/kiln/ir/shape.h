@@ -1,4 +1,4 @@
-// Shape and Slice, and the shape rules the builders use (ir.md §4).
+// Shape and Slice, and the shape rules the builders use (docs/spec/ir.md §4).
 #pragma once
 
 #include <boost/container/small_vector.hpp>
@@ -25,7 +25,7 @@ struct Slice {
   std::optional<std::int64_t> end;
   std::int64_t step = 1;
 
-  // Concrete [start, end) in a dimension of size n, after clamping (ir.md §4).
+  // Concrete [start, end) in a dimension of size n, after clamping (docs/spec/ir.md §4).
   std::uint64_t begin_in(std::uint64_t n) const;
   std::uint64_t end_in(std::uint64_t n) const;
   // Output size in a dimension of size n.
@@ -50,7 +50,7 @@ Result<Shape> cat(std::span<const Shape> shapes, std::uint64_t dim);
 Result<Shape> slice(const Shape& self, std::span<const Slice> ranges);
 Result<Shape> matmul_output(const Shape& lhs, const Shape& rhs);
 
-// Spatial formulas (ir.md §4); an error instead of wrapping when a numerator is negative.
+// Spatial formulas (docs/spec/ir.md §4); an error instead of wrapping when a numerator is negative.
 Result<std::uint64_t> conv_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
                                   std::uint64_t padding, std::uint64_t dilation);
 Result<std::uint64_t> pool_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,

@@ -1,4 +1,4 @@
-// TensorId, TensorStatus and TensorIr: one use of a tensor inside an operation (ir.md §2).
+// TensorId, TensorStatus and TensorIr: one use of a tensor inside an operation (docs/spec/ir.md §2).
 #pragma once
 
 #include <compare>
@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "kiln/base/hash.h"
 #include "kiln/ir/dtype.h"
 #include "kiln/ir/shape.h"
 
@@ -33,10 +34,7 @@ class TensorId {
 inline constexpr std::uint64_t kTensorIdBlock = 256;
 // A well-mixed hash of an id's block (splitmix64's finaliser): its top bits choose a shard.
 constexpr std::uint64_t tensor_id_block_hash(TensorId id) {
-  std::uint64_t x = id.value() / kTensorIdBlock + 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
+  return splitmix64_mix(id.value() / kTensorIdBlock + 0x9E3779B97F4A7C15ull);
 }
 
 // NotInit: this use creates the tensor. ReadOnly: read, used again later. ReadWrite: last use.
@@ -52,7 +50,7 @@ struct TensorIr {
   static TensorIr uninit(TensorId id, Shape shape, DType dtype) {
     return TensorIr{id, std::move(shape), TensorStatus::NotInit, dtype};
   }
-  // "t42:f32[2,3,4]" (fusion.md §17.5).
+  // "t42:f32[2,3,4]" (docs/spec/fusion.md §17.5).
   std::string to_string() const;
   friend bool operator==(const TensorIr&, const TensorIr&) = default;
 };
@@ -63,9 +61,6 @@ template <>
 struct std::hash<kiln::ir::TensorId> {
   std::size_t operator()(kiln::ir::TensorId id) const noexcept {
     // splitmix64 finaliser: ids are sequential, spread them over buckets.
-    std::uint64_t x = id.value() + 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return static_cast<std::size_t>(x ^ (x >> 31));
+    return static_cast<std::size_t>(kiln::splitmix64_mix(id.value() + 0x9E3779B97F4A7C15ull));
   }
 };

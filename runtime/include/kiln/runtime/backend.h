@@ -54,7 +54,7 @@ class DeviceBackend {
   // The fuser prototypes a new stream's processor starts with (registry order).
   virtual fusion::FuserList fusers(const fusion::FusionLog& log) const = 0;
 
-  // Registers host data under a fresh id (no stream involved: the id is new, fusion.md §16.2
+  // Registers host data under a fresh id (no stream involved: the id is new, docs/spec/fusion.md §16.2
   // register_tensor_handle). Errors name the id, shape and dtype that did not fit. `bytes` may
   // be memory another process can write meanwhile (the daemon passes its client's arena range):
   // an upload copies them once and decides nothing on their values.
@@ -70,7 +70,7 @@ class DeviceBackend {
   virtual std::optional<ir::TensorError> error_of(ir::TensorId id) const = 0;
   // Releases the entry iff t.status == ReadWrite; an absent id is a no-op.
   virtual void free(const ir::TensorIr& t) = 0;
-  // A cross-stream shared view (fusion.md §16.5): dst becomes an independent entry over src's
+  // A cross-stream shared view (docs/spec/fusion.md §16.5): dst becomes an independent entry over src's
   // buffer; an Errored src gives an Errored dst with the same root and depth. InvalidHandle if
   // src has no entry (or is NotInit).
   [[nodiscard]] virtual Status alias(ir::TensorId src, ir::TensorId dst) = 0;

@@ -98,12 +98,12 @@ class SessionTarget {
   // ir::kTensorIdBlock).
   virtual ir::TensorId new_tensor_ids(std::uint64_t count) = 0;
   // A new tensor with the given bytes, homed on `home`: the stream whose operations use it and
-  // that drops it (fusion.md §16.7; a daemon keeps the home per tensor).
+  // that drops it (docs/spec/fusion.md §16.7; a daemon keeps the home per tensor).
   [[nodiscard]] virtual Status upload(StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
                                       std::span<const std::byte> bytes) = 0;
   [[nodiscard]] virtual Status register_op(StreamId stream, ir::Operation&& op) = 0;
   // Sync: runs everything queued on `stream`; an error names the stream's first execution
-  // failure since the last drain (the failed tensors keep their errors, ir.md §11).
+  // failure since the last drain (the failed tensors keep their errors, docs/spec/ir.md §11).
   [[nodiscard]] virtual Status drain(StreamId stream) = 0;
   [[nodiscard]] virtual Result<HostData> read(StreamId home, const ir::TensorIr& t) = 0;
   // read() into the caller's buffer, which must hold exactly the tensor's bytes (an Invalid
@@ -111,12 +111,12 @@ class SessionTarget {
   // buffer directly (the IPC client: straight from the arena) saves a buffer and a copy.
   [[nodiscard]] virtual Status read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst);
   [[nodiscard]] virtual Status drop(StreamId home, const ir::TensorIr& t) = 0;
-  // A shared view `dst`, homed on `dst_stream`, of `src` homed on `src_stream` (fusion.md §16.5).
+  // A shared view `dst`, homed on `dst_stream`, of `src` homed on `src_stream` (docs/spec/fusion.md §16.5).
   [[nodiscard]] virtual Status share(StreamId src_stream, ir::TensorId src, StreamId dst_stream, ir::TensorId dst) = 0;
   virtual void claim_stream(StreamId stream) = 0;
 };
 
-// The memory check of fusion.md §16.8 (a test feature): the device's handles and every stream
+// The memory check of docs/spec/fusion.md §16.8 (a test feature): the device's handles and every stream
 // that still tracks tensors or queues operations. clean() iff neither remains.
 struct MemoryReport {
   std::uint64_t handles = 0;
@@ -177,7 +177,7 @@ class Device final : public SessionTarget {
   [[nodiscard]] Status share(StreamId src_stream, ir::TensorId src, StreamId dst_stream, ir::TensorId dst) override;
   // Makes the calling thread the intake producer of `stream` (its implicit stream).
   void claim_stream(StreamId stream) override;
-  // Stream removal (fusion.md §16.6): drains `stream`, then destroys its actor (its processor,
+  // Stream removal (docs/spec/fusion.md §16.6): drains `stream`, then destroys its actor (its processor,
   // executor and queues). The caller guarantees that no other thread uses the stream meanwhile
   // and that no live tensor is homed on it any more (drop them first); a later use of the id
   // creates a fresh stream. Ok for an unknown stream. Used by the daemon when a client goes.
@@ -190,7 +190,7 @@ class Device final : public SessionTarget {
   // Drains, reads and shared views whose answer came while their caller spun for it
   // (RuntimeOptions::spin_waits), over the device's life.
   std::uint64_t spun_waits() const { return spun_waits_.load(std::memory_order_relaxed); }
-  // fusion.md §16.8: a snapshot of what is left (each live stream answers on its strand; after
+  // docs/spec/fusion.md §16.8: a snapshot of what is left (each live stream answers on its strand; after
   // shutdown the streams are read directly). check_memory_leaks(): Ok iff the report is clean,
   // else an error carrying the report. Call it once every client tensor is gone and the streams
   // have drained (e.g. after Session::sync, or after shutdown).

@@ -3,7 +3,7 @@
 //
 // On the op path every registration does a find per input, an insert per output and an erase per
 // consumed input. tbb::concurrent_hash_map allocated and freed a node for each insert/erase (two
-// malloc-family calls per op); here each of 64 shards is an ir::FlatIdMap (open addressing, no
+// malloc-family calls per op); here each of 64 shards is a FlatIdMap (open addressing, no
 // node per entry) under its own lock, held for a few probes: a tbb::spin_mutex, whose release is
 // a plain store (a std::mutex pays a second atomic read-modify-write to unlock, 3-4 times per op).
 #pragma once
@@ -17,7 +17,7 @@
 #include <optional>
 
 #include "kiln/fusion/multi_stream.h"
-#include "kiln/ir/flat_id_map.h"
+#include "kiln/base/flat_id_map.h"
 #include "kiln/ir/tensor.h"
 
 namespace kiln::runtime {
@@ -60,7 +60,7 @@ class ProducerTable {
 
   struct alignas(64) Shard {
     mutable tbb::spin_mutex mu;
-    ir::FlatIdMap<std::uint64_t> map;  // id -> stream number
+    FlatIdMap<ir::TensorId, std::uint64_t> map;  // id -> stream number
   };
 
   // By the id's block (ir::kTensorIdBlock): a producer's tensors share its block's shard. The

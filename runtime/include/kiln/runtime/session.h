@@ -1,7 +1,7 @@
-// Session: the client API (fusion.md §16.1, §16.7) over a Device in process, or over a daemon
+// Session: the client API (docs/spec/fusion.md §16.1, §16.7) over a Device in process, or over a daemon
 // connection (ipc/remote_target.h): per-thread implicit streams and explicit streams, RAII
 // tensors with shared-counter statuses, typed host transfers (f32, f64, i32, i64, bool) and the
-// front-end ops, each lowered to exactly the IR of ir.md §5.11
+// front-end ops, each lowered to exactly the IR of docs/spec/ir.md §5.11
 // through the ir builders (a builder's error reaches the caller as the Result's error, message
 // unchanged).
 //
@@ -42,7 +42,7 @@
 
 namespace kiln::runtime {
 
-// Stream identities (fusion.md §16.1) without global state: each thread's current stream, assigned
+// Stream identities (docs/spec/fusion.md §16.1) without global state: each thread's current stream, assigned
 // lazily from this allocator's counter (first thread 0, next 1, ...), fresh ids, and scoped
 // overrides. Any thread.
 class StreamIdAllocator {
@@ -87,7 +87,7 @@ class Tensor {
   const ir::Shape& shape() const { return state_->shape; }
   ir::DType dtype() const { return state_->dtype; }
   StreamId home() const { return state_->home; }
-  // ReadWrite when this is the only handle (counter 1), else ReadOnly (fusion.md §16.7).
+  // ReadWrite when this is the only handle (counter 1), else ReadOnly (docs/spec/fusion.md §16.7).
   ir::TensorStatus status() const;
   bool valid() const { return state_ != nullptr; }
 
@@ -137,7 +137,7 @@ class Session {
     return std::forward<F>(f)();
   }
 
-  // The device bool dtype (ir.md §5.11 `Bd`) and index dtype (`Id`).
+  // The device bool dtype (docs/spec/ir.md §5.11 `Bd`) and index dtype (`Id`).
   static constexpr ir::DType kBoolDType = ir::dtypes::boolean;
   static constexpr ir::DType kIndexDType = ir::dtypes::i64;
 
@@ -167,7 +167,7 @@ class Session {
   Result<Tensor> div(Tensor a, double s);
   Result<Tensor> rem(Tensor a, double s);
   Result<Tensor> mul_scalar(Tensor a, double k) { return mul(std::move(a), k); }
-  // pow: tensor exponent → Float Powf / NumericInt Powi; scalar exponent per ir.md §5.11 (0 →
+  // pow: tensor exponent → Float Powf / NumericInt Powi; scalar exponent per docs/spec/ir.md §5.11 (0 →
   // Ones, 1 → the input itself, 2 → Mul(x, x), −1 → Recip, −2 → Mul then Recip (float), else
   // PowfScalar / PowiScalar).
   Result<Tensor> pow(Tensor a, Tensor b);
@@ -211,7 +211,7 @@ class Session {
   // out[i] = mask[i] ? value : tensor[i].
   Result<Tensor> mask_fill(Tensor tensor, Tensor mask, double value);
   Result<Tensor> clamp(Tensor a, double min, double max);
-  // Per ir.md §5.11 (float↔float Cast, int↔int Cast, IntoFloat, IntoInt, Bool IntoFloat/IntoInt);
+  // Per docs/spec/ir.md §5.11 (float↔float Cast, int↔int Cast, IntoFloat, IntoInt, Bool IntoFloat/IntoInt);
   // a cast to bool is an error (compare with ne(x, 0) instead).
   Result<Tensor> cast(Tensor a, ir::DType target);
 

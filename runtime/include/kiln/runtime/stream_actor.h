@@ -74,7 +74,7 @@ struct RegisterOpCmd {
 };
 // RegisterOpCmd is built in place on the heap (StreamActor::submit_op): an ir::Operation is ~600 B
 // of inline small vectors, and every move of it on the op path shows in the cache-hit figure.
-// Sync: execute everything queued (fusion.md §16.3 drain). With report_failure, the answer is
+// Sync: execute everything queued (docs/spec/fusion.md §16.3 drain). With report_failure, the answer is
 // the first execution failure of the stream since the last such drain (naming the failed op), if
 // any; without, failures stay for the next reporting drain (an ordering drain: a cross-stream
 // dependency, a close, a daemon's re-home).
@@ -144,7 +144,7 @@ struct StreamStats {
   std::uint64_t plans_created = 0;  // processor: plans this stream added to the store
 };
 
-// One stream's fusion state as the memory check sees it (fusion.md §16.8): the operations still
+// One stream's fusion state as the memory check sees it (docs/spec/fusion.md §16.8): the operations still
 // queued, the cursor, and every tensor the queue tracks with its last status.
 struct StreamSnapshot {
   StreamId id{0};
@@ -195,7 +195,7 @@ class StreamActor {
   // one-op sync's latency. Mutual exclusion with turns is `running_`, so the stream's state is
   // still touched by one thread at a time, in submission order.
   bool try_run_inline(Command& cmd);
-  // Any thread: a drop of a tensor whose home is this stream (fusion.md §16.7): from the owner a
+  // Any thread: a drop of a tensor whose home is this stream (docs/spec/fusion.md §16.7): from the owner a
   // Drop operation enters the queue; from any other thread it is a foreign drop (§16.5).
   // wake = false as for submit_op.
   [[nodiscard]] Status submit_drop(const ir::TensorIr& t, bool wake = true);

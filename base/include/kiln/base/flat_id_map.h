@@ -1,5 +1,7 @@
-// FlatIdMap<V>: a map from TensorId to a small value, stored flat (open addressing, linear
-// probing, deletion by backward shift: no tombstones, no node per entry).
+// FlatIdMap<Id, V>: a map from an integer id to a small value, stored flat (open addressing,
+// linear probing, deletion by backward shift: no tombstones, no node per entry). `Id` is an id
+// type with `std::uint64_t value()` and an explicit constructor from std::uint64_t (ir::TensorId);
+// the all-ones value is reserved (ids count up from 0).
 //
 // For the op path's per-tensor tables (a stream queue's variables, the device's producer
 // table): every operation inserts its outputs and erases its consumed inputs, and a node-based
@@ -10,7 +12,7 @@
 // and `.second` (the value), in no particular order; any insertion or erasure invalidates
 // iterators and pointers.
 //
-//   FlatIdMap<TensorStatus> m;
+//   FlatIdMap<ir::TensorId, ir::TensorStatus> m;
 //   m[TensorId(3)] = TensorStatus::ReadOnly;
 //   for (const auto& [id, status] : m) ...
 #pragma once
@@ -18,17 +20,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
-#include "kiln/ir/tensor.h"
+namespace kiln {
 
-namespace kiln::ir {
-
-template <class V>
+template <class Id, class V>
 class FlatIdMap {
  public:
   struct Entry {
-    TensorId first{kEmptyKey};
+    Id first{kEmptyKey};
     V second{};
   };
 
@@ -68,27 +69,27 @@ class FlatIdMap {
   }
 
   // nullptr when absent.
-  V* find(TensorId id) {
+  V* find(Id id) {
     const std::size_t i = index_of(id.value());
     return i == kNotFound ? nullptr : &slots_[i].second;
   }
-  const V* find(TensorId id) const {
+  const V* find(Id id) const {
     const std::size_t i = index_of(id.value());
     return i == kNotFound ? nullptr : &slots_[i].second;
   }
-  std::size_t count(TensorId id) const { return index_of(id.value()) == kNotFound ? 0 : 1; }
-  const V& at(TensorId id) const {
+  std::size_t count(Id id) const { return index_of(id.value()) == kNotFound ? 0 : 1; }
+  const V& at(Id id) const {
     const V* v = find(id);
-    if (v == nullptr) throw std::out_of_range("FlatIdMap::at: no entry for " + id.to_string());
+    if (v == nullptr) throw std::out_of_range("FlatIdMap::at: no entry for id " + std::to_string(id.value()));
     return *v;
   }
 
   // The value of `id`, inserted value-initialized if absent.
-  V& operator[](TensorId id) { return slots_[slot_for(id.value())].second; }
-  void insert_or_assign(TensorId id, V value) { (*this)[id] = std::move(value); }
+  V& operator[](Id id) { return slots_[slot_for(id.value())].second; }
+  void insert_or_assign(Id id, V value) { (*this)[id] = std::move(value); }
 
   // Returns whether an entry was removed.
-  bool erase(TensorId id) {
+  bool erase(Id id) {
     std::size_t hole = index_of(id.value());
     if (hole == kNotFound) return false;
     // Backward shift: move each later entry of the run whose home does not lie cyclically in
@@ -137,7 +138,7 @@ class FlatIdMap {
     std::size_t i = home(key);
     while (slots_[i].first.value() != kEmptyKey && slots_[i].first.value() != key) i = (i + 1) & mask;
     if (slots_[i].first.value() == kEmptyKey) {
-      slots_[i].first = TensorId(key);
+      slots_[i].first = Id(key);
       ++used_;
     }
     return i;
@@ -155,4 +156,4 @@ class FlatIdMap {
   std::size_t used_ = 0;
 };
 
-}  // namespace kiln::ir
+}  // namespace kiln
