@@ -121,8 +121,7 @@ def check_line(line, spec, known_names, root=".", rel=""):
                     problems.append((text, f"the range {item} does not run forwards"))
         elif name in known_names:
             where = "a bare spec citation" if not path else f"the spec cited by the path {path}{name}.md"
-            problems.append((text, f"{where}; cite it as {SPEC_DIR}/{name}.md §N "
-                                   f"(scripts/rewrite_citations.py)"))
+            problems.append((text, f"{where}; cite it as {SPEC_DIR}/{name}.md §N"))
     for m in FOREIGN_SPEC_PATH.finditer(line):
         if m.group("name") not in known_names or any(c.start() <= m.start() < c.end() for c in citations):
             continue
