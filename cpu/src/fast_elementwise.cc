@@ -2,7 +2,7 @@
 // compiler's vectoriser), loads and stores with broadcast / strided / converting access, the
 // BlockRunner that runs one compiled block over a chunk of positions, and Elementwise programs.
 //
-// Numerics match the reference executor (cpu/include/kiln/cpu/reference_executor.h) exactly
+// Numerics match the reference executor (cpu/include/kiln/reference/reference_executor.h) exactly
 // wherever the reference's result is a correctly rounded function of the operands: +, -, *, /,
 // sqrt, comparisons, casts, integer arithmetic (wrapping), clamp, masks. f32 registers compute in
 // f32: the reference computes in f64 and rounds once, which for these operations gives the same

@@ -28,7 +28,7 @@
 #include "kiln/base/files.h"
 #include "kiln/base/hash.h"
 #include "kiln/base/posix.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/tensor.h"
 
 extern char** environ;
 

@@ -17,9 +17,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kiln/cpu/memory.h"
-#include "kiln/cpu/reference_executor.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/reference_executor.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/cuda/codegen.h"
 #include "kiln/cuda/disk_cache.h"
 #include "kiln/cuda/launch.h"

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/ir/shape.h"
 
 namespace kiln::cuda {

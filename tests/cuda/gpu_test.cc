@@ -9,9 +9,9 @@
 #include <random>
 #include <unistd.h>
 
-#include "kiln/cpu/memory.h"
-#include "kiln/cpu/reference_executor.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/reference_executor.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/cuda/backend.h"
 #include "kiln/fusion/fusers.h"
 #include "kiln/fusion/plan_store.h"

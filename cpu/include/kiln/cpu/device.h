@@ -34,9 +34,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/cpu/memory.h"
-#include "kiln/cpu/reference_executor.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/reference_executor.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/ir/handle_container.h"
 

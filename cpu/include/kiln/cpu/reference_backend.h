@@ -4,9 +4,9 @@
 // Thread-safety: every method may be called from any thread (runtime/backend.h).
 #pragma once
 
-#include "kiln/cpu/memory.h"
-#include "kiln/cpu/reference_executor.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/reference_executor.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/cpu/tensor_table.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/runtime/backend.h"

@@ -18,8 +18,8 @@
 #include <mutex>
 #include <optional>
 
-#include "kiln/cpu/memory.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/runtime/backend.h"
 

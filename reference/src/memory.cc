@@ -1,4 +1,4 @@
-#include "kiln/cpu/memory.h"
+#include "kiln/reference/memory.h"
 
 #include <fmt/format.h>
 #include <sys/mman.h>

@@ -24,7 +24,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kiln/cpu/memory.h"
+#include "kiln/reference/memory.h"
 #include "kiln/ir/dtype.h"
 #include "kiln/base/result.h"
 #include "kiln/ir/shape.h"

@@ -16,8 +16,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "kiln/cpu/memory.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/ir/operation.h"
 #include "kiln/base/result.h"
 

@@ -56,8 +56,8 @@
 
 #include <cstdint>
 
-#include "kiln/cpu/memory.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/operation.h"
 #include "kiln/base/result.h"

@@ -1,6 +1,6 @@
 // CpuAllocator: size classes, alignment, pooling and its statistics, the byte limit, threads,
 // and large blocks going back to the system after their retention.
-#include "kiln/cpu/memory.h"
+#include "kiln/reference/memory.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // CpuTensor, the element codec and the f16 / bf16 conversions.
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/tensor.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/tensor.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 // The reference executor's driver (checks, error model, handle traffic, dispatch), the lifecycle
 // and collective ops, and the helpers shared by the kernels.
-#include "kiln/cpu/reference_executor.h"
+#include "kiln/reference/reference_executor.h"
 
 #include <fmt/format.h>
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "kiln/cpu/memory.h"
-#include "kiln/cpu/reference_executor.h"
-#include "kiln/cpu/tensor.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/reference_executor.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/ir/builders.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/operation.h"
