@@ -66,7 +66,7 @@ class CpuStreamExecutor final : public fusion::Executor {
       std::optional<Entry> e = consume ? table_.take(in.id) : table_.copy_entry(in.id);
       staged_.push_back({in.id, consume});
       if (!e) continue;
-      if (CpuTensor* h = e->handle())
+      if (HostTensor* h = e->handle())
         local_.register_handle(in.id, std::move(*h));
       else if (const ir::TensorError* err = e->error())
         local_.claim(in.id, *err);

@@ -165,41 +165,41 @@ void CpuDevice::reset_stats() {
 }
 
 Status CpuDevice::upload_f64(ir::TensorId id, ir::Shape shape, ir::DType dtype, std::span<const double> values) {
-  Result<CpuTensor> t = CpuTensor::from_f64(allocator_, std::move(shape), dtype, values);
+  Result<HostTensor> t = HostTensor::from_f64(allocator_, std::move(shape), dtype, values);
   if (!t.ok()) return t.error();
   upload(id, std::move(t).value());
   return Status::Ok();
 }
 
 Status CpuDevice::upload_i64(ir::TensorId id, ir::Shape shape, ir::DType dtype, std::span<const std::int64_t> values) {
-  Result<CpuTensor> t = CpuTensor::from_i64(allocator_, std::move(shape), dtype, values);
+  Result<HostTensor> t = HostTensor::from_i64(allocator_, std::move(shape), dtype, values);
   if (!t.ok()) return t.error();
   upload(id, std::move(t).value());
   return Status::Ok();
 }
 
 Status CpuDevice::upload_bool(ir::TensorId id, ir::Shape shape, ir::DType dtype, const std::vector<bool>& values) {
-  Result<CpuTensor> t = CpuTensor::from_bool(allocator_, std::move(shape), dtype, values);
+  Result<HostTensor> t = HostTensor::from_bool(allocator_, std::move(shape), dtype, values);
   if (!t.ok()) return t.error();
   upload(id, std::move(t).value());
   return Status::Ok();
 }
 
-ir::HandleLookup<CpuTensor> CpuDevice::tensor(ir::TensorId id) const {
-  if (const CpuTensor* t = handles_.get_handle_ref(id)) return ir::HandleLookup<CpuTensor>::found(*t);
-  return lookup_error<CpuTensor>(handles_, id);
+ir::HandleLookup<HostTensor> CpuDevice::tensor(ir::TensorId id) const {
+  if (const HostTensor* t = handles_.get_handle_ref(id)) return ir::HandleLookup<HostTensor>::found(*t);
+  return lookup_error<HostTensor>(handles_, id);
 }
 
 ir::HandleLookup<std::vector<double>> CpuDevice::download_f64(ir::TensorId id) const {
-  return tensor(id).map([](CpuTensor&& t) { return t.to_f64(); });
+  return tensor(id).map([](HostTensor&& t) { return t.to_f64(); });
 }
 
 ir::HandleLookup<std::vector<std::int64_t>> CpuDevice::download_i64(ir::TensorId id) const {
-  return tensor(id).map([](CpuTensor&& t) { return t.to_i64(); });
+  return tensor(id).map([](HostTensor&& t) { return t.to_i64(); });
 }
 
 ir::HandleLookup<std::vector<bool>> CpuDevice::download_bool(ir::TensorId id) const {
-  return tensor(id).map([](CpuTensor&& t) { return t.to_bool(); });
+  return tensor(id).map([](HostTensor&& t) { return t.to_bool(); });
 }
 
 }  // namespace kiln::cpu

@@ -1182,7 +1182,7 @@ std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::
     Accessor& a = loads_[i];
     ir::Shape shape;
     std::array<std::int64_t, kMaxRank> strides{};
-    const CpuTensor* t = nullptr;
+    const HostTensor* t = nullptr;
     if (l.source == fusion::LoadSource::Input) {
       const fusion::ProgramInput& in = prog.inputs[l.index];
       if (!launch.inputs[l.index]) return "input not bound";
@@ -1226,7 +1226,7 @@ std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::
     const CStore& s = block_->stores[i];
     Accessor& a = stores_[i];
     if (!launch.outputs[s.output]) return "output not allocated";
-    const CpuTensor& t = *launch.outputs[s.output];
+    const HostTensor& t = *launch.outputs[s.output];
     if (t.shape().size() > kMaxRank) return "output rank";
     bool bc = false;
     if (std::string e = map_onto(t.shape(), row_major(t.shape()), reference, a.stride, &bc); !e.empty()) return e;
@@ -1333,7 +1333,7 @@ std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::
     for (std::size_t i = 0; i < prog.inputs.size(); ++i) {
       if (prog.inputs[i].role != fusion::InputRole::Indexed) continue;
       if (!launch.inputs[i]) return "indexed input not bound";
-      const CpuTensor& t = *launch.inputs[i];
+      const HostTensor& t = *launch.inputs[i];
       if (t.shape().size() > kMaxRank) return "indexed input rank";
       IndexedRead& ir_ = indexed_[i];
       ir_.base = t.data();

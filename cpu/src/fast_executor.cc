@@ -62,7 +62,7 @@ ir::TensorIr with_status(const ir::TensorIr& t, TensorStatus s) {
 namespace {
 
 using Binding = CpuExecutor::Binding;
-using Produced = std::unordered_map<std::uint64_t, CpuTensor>;
+using Produced = std::unordered_map<std::uint64_t, HostTensor>;
 
 struct Bound {
   const FusedProgram* program = nullptr;
@@ -100,7 +100,7 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
     if (in.role == fusion::InputRole::View) continue;
     const ir::TensorIr* g = global_of(bind, in.tensor);
     if (g == nullptr) return false;
-    const CpuTensor* t = nullptr;
+    const HostTensor* t = nullptr;
     if (produced != nullptr) {
       auto it = produced->find(g->id.value());
       if (it != produced->end()) t = &it->second;
@@ -181,7 +181,7 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
             if (st.reg == l.reg) shared = true;
       // Exactly two owners: the container's entry and our copy.
       if (shared || launch.inputs[i]->buffer().use_count() != 2) continue;
-      Result<CpuTensor> w = CpuTensor::wrap(launch.inputs[i]->buffer(), g->shape, out.dtype);
+      Result<HostTensor> w = HostTensor::wrap(launch.inputs[i]->buffer(), g->shape, out.dtype);
       if (!w.ok()) continue;
       launch.outputs[o] = std::move(w).value();
       launch.output_inplace[o] = true;
@@ -198,7 +198,7 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   }
   for (std::size_t o = 0; o < no; ++o) {
     if (!p.outputs[o].written || launch.outputs[o]) continue;
-    Result<CpuTensor> t = CpuTensor::allocate(device.allocator(), global_of(bind, p.outputs[o].tensor)->shape, p.outputs[o].dtype);
+    Result<HostTensor> t = HostTensor::allocate(device.allocator(), global_of(bind, p.outputs[o].tensor)->shape, p.outputs[o].dtype);
     if (!t.ok()) return false;  // the ops, replayed, report the allocation failure
     launch.outputs[o] = std::move(t).value();
   }
@@ -406,9 +406,9 @@ bool CpuExecutor::execute_fast(const ir::Operation& op) {
     // Row-major data is its own reshape: share the buffer.
     const ir::TensorIr& in = op.inputs()[0];
     const ir::TensorIr& out = op.outputs()[0];
-    const CpuTensor* t = handles.get_handle_ref(in.id);
+    const HostTensor* t = handles.get_handle_ref(in.id);
     if (t == nullptr || !(t->dtype() == in.dtype) || t->shape() != in.shape) return false;
-    Result<CpuTensor> view = CpuTensor::wrap(t->buffer(), out.shape, out.dtype);
+    Result<HostTensor> view = HostTensor::wrap(t->buffer(), out.shape, out.dtype);
     if (!view.ok()) return false;
     (void)handles.free(in);
     handles.register_handle(out.id, std::move(view).value());

@@ -336,8 +336,8 @@ std::string run_matmul(const Launch& launch, bool* fault) {
   const CBlock& cb = launch.compiled->blocks[0];
   if (spec.lhs >= p.inputs.size() || spec.rhs >= p.inputs.size()) return "matmul operands";
   if (!launch.inputs[spec.lhs] || !launch.inputs[spec.rhs]) return "matmul operands not bound";
-  const CpuTensor& a = *launch.inputs[spec.lhs];
-  const CpuTensor& b = *launch.inputs[spec.rhs];
+  const HostTensor& a = *launch.inputs[spec.lhs];
+  const HostTensor& b = *launch.inputs[spec.rhs];
   if (!a.dtype().is_float() || !b.dtype().is_float()) return "matmul of non-float operands";
   const ir::Shape out_shape = launch.concrete(cb.reference);
   const std::size_t r = out_shape.size();
@@ -370,7 +370,7 @@ std::string run_matmul(const Launch& launch, bool* fault) {
   std::vector<std::uint32_t> written;
   for (const CStore& s : cb.stores) {
     if (s.reg != spec.out || !launch.outputs[s.output]) continue;
-    const CpuTensor& o = *launch.outputs[s.output];
+    const HostTensor& o = *launch.outputs[s.output];
     const bool native =
         f64 ? o.dtype() == ir::dtypes::f64 : (o.dtype() == ir::dtypes::f32 || o.dtype() == ir::dtypes::flex32);
     if (native && o.shape() == out_shape) {
@@ -383,7 +383,7 @@ std::string run_matmul(const Launch& launch, bool* fault) {
   if (std::string e = x.epilogue.prepare(launch, 0, out_shape, preset, written); !e.empty()) return e;
   const std::uint64_t total = ir::num_elements(out_shape);
   if (total == 0) return {};
-  Result<CpuBuffer> temp = CpuBuffer();
+  Result<HostBuffer> temp = HostBuffer();
   if (x.c == nullptr) {
     temp = launch.allocator->allocate(total * tsize);
     if (!temp.ok()) return temp.error().message;

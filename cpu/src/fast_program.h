@@ -29,8 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kiln/reference/memory.h"
-#include "kiln/reference/tensor.h"
+#include "kiln/cpu/host.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/ir/operation.h"
 
@@ -228,10 +227,10 @@ struct Launch {
   const CompiledProgram* compiled = nullptr;
   std::span<const std::uint64_t> dims;            // relative dim id -> size
   std::vector<Scalar> scalars;                    // per ScalarBind
-  std::vector<std::optional<CpuTensor>> inputs;   // per program input (a View entry: its source)
-  std::vector<std::optional<CpuTensor>> outputs;  // per program output, when written
+  std::vector<std::optional<HostTensor>> inputs;   // per program input (a View entry: its source)
+  std::vector<std::optional<HostTensor>> outputs;  // per program output, when written
   std::vector<bool> output_inplace;               // reuses a consumed input's buffer
-  CpuAllocator* allocator = nullptr;
+  HostAllocator* allocator = nullptr;
   tbb::task_arena* arena = nullptr;  // null: run on the calling thread
   int threads = 1;
   const jit::Kernel* jit = nullptr;  // Elementwise: run block 0 through this JIT kernel

@@ -28,7 +28,7 @@
 #include "kiln/base/files.h"
 #include "kiln/base/hash.h"
 #include "kiln/base/posix.h"
-#include "kiln/reference/tensor.h"
+#include "kiln/cpu/host.h"
 
 extern char** environ;
 
@@ -1045,8 +1045,8 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
   f.loads = loads.data();
   f.stores = stores.data();
   f.scalars = scalars.data();
-  f.f16_from_f64 = &kiln::cpu::f16_from_f64;
-  f.bf16_from_f64 = &kiln::cpu::bf16_from_f64;
+  f.f16_from_f64 = &kiln::reference::f16_from_f64;
+  f.bf16_from_f64 = &kiln::reference::bf16_from_f64;
   f.flat = flat ? 1 : 0;
   f.by_component = parts_run_apart(cb, la, sa, n) ? 1 : 0;
   std::uint64_t streamed = 0;  // written by the kernel calls (__atomic_fetch_or), read after the join

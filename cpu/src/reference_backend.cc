@@ -42,7 +42,7 @@ class ReferenceStreamExecutor final : public fusion::Executor {
 
 }  // namespace
 
-ReferenceCpuBackend::ReferenceCpuBackend(CpuAllocatorOptions alloc_options) : allocator_(alloc_options) {}
+ReferenceCpuBackend::ReferenceCpuBackend(HostAllocatorOptions alloc_options) : allocator_(alloc_options) {}
 
 // The tables hold buffers of allocator_; they are declared after it and destroyed first.
 ReferenceCpuBackend::~ReferenceCpuBackend() = default;
@@ -84,7 +84,7 @@ Status ReferenceCpuBackend::run_operation(const ir::Operation& op, ReferenceExec
     if (local.has_handle(t.id)) continue;
     std::optional<ShardedTensorTable::Entry> e = table_.copy_entry(t.id);
     if (!e) continue;
-    if (const CpuTensor* h = e->handle())
+    if (const HostTensor* h = e->handle())
       local.register_handle(t.id, *h);
     else if (const ir::TensorError* err = e->error())
       local.claim(t.id, *err);

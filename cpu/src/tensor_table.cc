@@ -6,13 +6,13 @@ namespace kiln::cpu {
 void ShardedTensorTable::put(ir::TensorId id, Entry entry) {
   Shard& s = shard(id);
   std::lock_guard lock(s.mu);
-  if (CpuTensor* h = entry.handle())
+  if (HostTensor* h = entry.handle())
     s.table.register_handle(id, std::move(*h));
   else if (const ir::TensorError* err = entry.error())
     s.table.claim(id, *err);
 }
 
-void ShardedTensorTable::register_handle(ir::TensorId id, CpuTensor tensor) {
+void ShardedTensorTable::register_handle(ir::TensorId id, HostTensor tensor) {
   Shard& s = shard(id);
   std::lock_guard lock(s.mu);
   s.table.register_handle(id, std::move(tensor));
@@ -32,9 +32,9 @@ std::optional<ShardedTensorTable::Entry> ShardedTensorTable::take(ir::TensorId i
   return s.table.remove_handle(id);
 }
 
-Status ShardedTensorTable::upload(CpuAllocator& allocator, ir::TensorId id, ir::DType dtype, ir::Shape shape,
+Status ShardedTensorTable::upload(HostAllocator& allocator, ir::TensorId id, ir::DType dtype, ir::Shape shape,
                                   std::span<const std::byte> bytes) {
-  Result<CpuTensor> t = CpuTensor::from_bytes(allocator, shape, dtype, bytes);
+  Result<HostTensor> t = HostTensor::from_bytes(allocator, shape, dtype, bytes);
   if (!t.ok()) return make_error(t.error().code, "upload of " + id.to_string() + ": " + t.error().message);
   register_handle(id, std::move(t).value());
   return Status::Ok();
@@ -52,7 +52,7 @@ Result<runtime::HostData> ShardedTensorTable::download(const ir::TensorIr& t) {
     return out;
   }
   // The copy shares the buffer, which stays alive past the unlock.
-  CpuTensor tensor = *e->handle();
+  HostTensor tensor = *e->handle();
   s.table.free(t);
   lock.unlock();
   runtime::HostData data{tensor.dtype(), tensor.shape(), {}};

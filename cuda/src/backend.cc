@@ -783,7 +783,7 @@ class CudaStreamExecutor final : public fusion::Executor {
   // outputs uploaded. Slow, but every operation of the IR runs, with the reference's errors.
   void run_on_host(const ir::Operation& op) {
     b_.counters.host_ops.fetch_add(1, std::memory_order_relaxed);
-    ir::HandleContainer<cpu::CpuTensor> local;
+    ir::HandleContainer<reference::HostTensor> local;
     for (const ir::TensorIr& t : op.inputs()) {
       if (local.has_handle(t.id)) continue;
       std::optional<CudaTensor> dev;
@@ -801,7 +801,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       if (!dev) continue;
       Result<std::vector<std::byte>> bytes = b_.download_tensor(*dev);
       if (bytes.ok()) {
-        Result<cpu::CpuTensor> h = cpu::CpuTensor::from_bytes(allocator_, dev->shape, dev->dtype, *bytes);
+        Result<reference::HostTensor> h = reference::HostTensor::from_bytes(allocator_, dev->shape, dev->dtype, *bytes);
         if (h.ok()) {
           local.register_handle(t.id, std::move(h).value());
           continue;
@@ -820,11 +820,11 @@ class CudaStreamExecutor final : public fusion::Executor {
       (void)s.table.free(in);
     }
     for (const ir::TensorIr& out : op.outputs()) {
-      std::optional<ir::HandleContainer<cpu::CpuTensor>::Entry> e = local.remove_handle(out.id);
+      std::optional<ir::HandleContainer<reference::HostTensor>::Entry> e = local.remove_handle(out.id);
       if (!e) continue;
       std::optional<CudaTensor> dev;
       std::optional<ir::TensorError> err;
-      if (cpu::CpuTensor* h = e->handle()) {
+      if (reference::HostTensor* h = e->handle()) {
         Result<CudaTensor> up = b_.upload_tensor(h->shape(), h->dtype(), h->bytes());
         if (up.ok())
           dev = std::move(up).value();
@@ -847,8 +847,8 @@ class CudaStreamExecutor final : public fusion::Executor {
   StreamPtr stream_;
   BufferPtr fault_;                         // one int on the device
   std::unique_ptr<PinnedBuffer> fault_host_;  // its pinned mirror
-  cpu::CpuAllocator allocator_;             // host fallback buffers
-  cpu::ReferenceExecutor reference_;        // host fallback (owns this stream's RNG)
+  reference::HostAllocator allocator_;             // host fallback buffers
+  reference::ReferenceExecutor reference_;        // host fallback (owns this stream's RNG)
   fusion::FirstFailure failure_;            // take_failure()
 };
 

@@ -297,43 +297,43 @@ ScalarArg scalar_arg(const ir::ScalarIr& s, const ScalarSlot& slot) {
   const ir::DType d = slot.dtype;
   switch (s.kind()) {
     case ir::ScalarIr::Kind::Float:
-      cpu::element::store_f64(e.data(), d, 0, s.as_float());
+      reference::element::store_f64(e.data(), d, 0, s.as_float());
       break;
     case ir::ScalarIr::Kind::Int:
-      cpu::element::store_i64(e.data(), d, 0, s.as_int());
+      reference::element::store_i64(e.data(), d, 0, s.as_int());
       break;
     case ir::ScalarIr::Kind::UInt:
-      cpu::element::store_u64(e.data(), d, 0, s.as_uint());
+      reference::element::store_u64(e.data(), d, 0, s.as_uint());
       break;
     case ir::ScalarIr::Kind::Bool:
-      cpu::element::store_bool(e.data(), d, 0, s.as_bool());
+      reference::element::store_bool(e.data(), d, 0, s.as_bool());
       break;
   }
   ScalarArg out;
   out.size = scalar_class_size(slot.cls);
   switch (slot.cls) {
     case ScalarClass::F32: {
-      const float v = static_cast<float>(cpu::element::load_f64(e.data(), d, 0));
+      const float v = static_cast<float>(reference::element::load_f64(e.data(), d, 0));
       std::memcpy(out.bytes.data(), &v, sizeof v);
       break;
     }
     case ScalarClass::F64: {
-      const double v = cpu::element::load_f64(e.data(), d, 0);
+      const double v = reference::element::load_f64(e.data(), d, 0);
       std::memcpy(out.bytes.data(), &v, sizeof v);
       break;
     }
     case ScalarClass::I64: {
-      const std::int64_t v = cpu::element::load_i64(e.data(), d, 0);
+      const std::int64_t v = reference::element::load_i64(e.data(), d, 0);
       std::memcpy(out.bytes.data(), &v, sizeof v);
       break;
     }
     case ScalarClass::U64: {
-      const std::uint64_t v = cpu::element::load_u64(e.data(), d, 0);
+      const std::uint64_t v = reference::element::load_u64(e.data(), d, 0);
       std::memcpy(out.bytes.data(), &v, sizeof v);
       break;
     }
     case ScalarClass::Bool: {
-      const std::int32_t v = cpu::element::load_bool(e.data(), d, 0) ? 1 : 0;
+      const std::int32_t v = reference::element::load_bool(e.data(), d, 0) ? 1 : 0;
       std::memcpy(out.bytes.data(), &v, sizeof v);
       break;
     }

@@ -21,7 +21,7 @@
 #include <new>
 #include <vector>
 
-namespace kiln::cpu {
+namespace kiln::reference {
 namespace detail {
 namespace {
 
@@ -35,13 +35,13 @@ constexpr std::size_t kNumClasses = 160;
 constexpr std::uint64_t round_up(std::uint64_t n, std::uint64_t g) { return (n + g - 1) / g * g; }
 
 constexpr std::uint64_t class_of(std::uint64_t n) {
-  if (n <= 256) return std::max<std::uint64_t>(kCpuAlignment, round_up(n, kCpuAlignment));
+  if (n <= 256) return std::max<std::uint64_t>(kHostAlignment, round_up(n, kHostAlignment));
   const int p = std::bit_width(n - 1);  // 2^(p-1) < n <= 2^p, p >= 9
   return round_up(n, std::uint64_t{1} << (p - 3));
 }
 
 constexpr std::size_t class_index(std::uint64_t cs) {
-  if (cs <= 256) return static_cast<std::size_t>(cs / kCpuAlignment - 1);
+  if (cs <= 256) return static_cast<std::size_t>(cs / kHostAlignment - 1);
   const int p = std::bit_width(cs - 1);
   const std::uint64_t g = std::uint64_t{1} << (p - 3);
   return static_cast<std::size_t>(4 + (p - 9) * 4 + static_cast<int>(cs / g) - 5);
@@ -49,7 +49,7 @@ constexpr std::size_t class_index(std::uint64_t cs) {
 
 // Inverse of class_index.
 constexpr std::uint64_t class_size_at(std::size_t i) {
-  if (i < 4) return (i + 1) * kCpuAlignment;
+  if (i < 4) return (i + 1) * kHostAlignment;
   const std::size_t j = i - 4;
   const int p = 9 + static_cast<int>(j / 4);
   return (5 + j % 4) * (std::uint64_t{1} << (p - 3));
@@ -57,9 +57,9 @@ constexpr std::uint64_t class_size_at(std::size_t i) {
 
 static_assert(class_of(0) == 64 && class_of(65) == 128 && class_of(257) == 320 && class_of(513) == 640);
 static_assert(class_index(64) == 0 && class_index(256) == 3 && class_index(320) == 4 && class_index(512) == 7);
-static_assert(class_index(CpuAllocator::kMaxAllocation) == kNumClasses - 1);
+static_assert(class_index(HostAllocator::kMaxAllocation) == kNumClasses - 1);
 static_assert(class_size_at(0) == 64 && class_size_at(4) == 320 && class_size_at(7) == 512 &&
-              class_size_at(kNumClasses - 1) == CpuAllocator::kMaxAllocation);
+              class_size_at(kNumClasses - 1) == HostAllocator::kMaxAllocation);
 
 // Cache colouring. System blocks start at addresses that repeat modulo a page (mmap: at 0;
 // aligned_alloc of large sizes: at its header's offset), so without it every large tensor
@@ -99,13 +99,13 @@ void unpoison_colour(std::byte*, std::uint64_t) {}
 #endif
 
 std::byte* system_allocate(std::uint64_t cs, std::uint64_t colour) {
-  if (cs >= CpuAllocator::kHugePageThreshold) {
+  if (cs >= HostAllocator::kHugePageThreshold) {
     // The mapping starts on a huge-page boundary (the kernel aligns only mappings whose length
     // is a multiple of 2 MiB, which the colour page breaks): map one huge page more and unmap
     // the unaligned head and the excess tail. Without it the blocks lost their huge pages and
     // unfused Adam over 8 parameters slowed from ~17 to ~22 ms.
     const std::size_t len = static_cast<std::size_t>(cs + kColourSpan);
-    const std::size_t huge = static_cast<std::size_t>(CpuAllocator::kHugePageThreshold);
+    const std::size_t huge = static_cast<std::size_t>(HostAllocator::kHugePageThreshold);
     void* p = ::mmap(nullptr, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return nullptr;
     auto* raw = static_cast<std::byte*>(p);
@@ -128,7 +128,7 @@ std::byte* system_allocate(std::uint64_t cs, std::uint64_t colour) {
     return p + colour;
   }
   // cs is a multiple of 64, as aligned_alloc requires.
-  return static_cast<std::byte*>(std::aligned_alloc(kCpuAlignment, static_cast<std::size_t>(cs)));
+  return static_cast<std::byte*>(std::aligned_alloc(kHostAlignment, static_cast<std::size_t>(cs)));
 }
 
 void system_free(std::byte* p, std::uint64_t cs) noexcept {
@@ -137,7 +137,7 @@ void system_free(std::byte* p, std::uint64_t cs) noexcept {
     p -= colour;
     unpoison_colour(p, cs);
   }
-  if (cs >= CpuAllocator::kHugePageThreshold) {
+  if (cs >= HostAllocator::kHugePageThreshold) {
     ::munmap(p, static_cast<std::size_t>(cs + kColourSpan));
   } else {
     std::free(p);
@@ -170,7 +170,7 @@ void trim_heap(std::uint64_t heap_bytes_freed) noexcept {
 #endif
 }
 
-bool from_heap(std::uint64_t cs) { return cs < CpuAllocator::kHugePageThreshold; }
+bool from_heap(std::uint64_t cs) { return cs < HostAllocator::kHugePageThreshold; }
 
 std::int64_t to_ns(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -192,31 +192,31 @@ bool held_at_least(std::int64_t now_ns, std::int64_t since_ns, std::int64_t rete
 
 }  // namespace
 
-// The shared state behind a CpuAllocator and every buffer it handed out.
+// The shared state behind a HostAllocator and every buffer it handed out.
 //
 // Memory orders: every counter is a statistic or a budget; none publishes memory to another
-// thread (the blocks themselves travel under the size-class mutex, or inside the CpuBuffer that
+// thread (the blocks themselves travel under the size-class mutex, or inside the HostBuffer that
 // the caller hands over with its own synchronisation), so relaxed atomic read-modify-writes
 // suffice: they keep each counter exact, which is all the byte limit needs.
-class CpuPool : public std::enable_shared_from_this<CpuPool> {
+class HostPool : public std::enable_shared_from_this<HostPool> {
  public:
-  explicit CpuPool(CpuAllocatorOptions options)
+  explicit HostPool(HostAllocatorOptions options)
       : options_(options), retention_ns_(retention_ns(options.large_block_retention)) {
     for (std::size_t i = 0; i < kNumClasses; ++i) classes_[i].size = class_size_at(i);
     while (first_large_ < kNumClasses && classes_[first_large_].size < options_.large_block_bytes) ++first_large_;
   }
-  CpuPool(const CpuPool&) = delete;
-  CpuPool& operator=(const CpuPool&) = delete;
-  ~CpuPool() { release_cached(); }
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+  ~HostPool() { release_cached(); }
 
-  Result<CpuBuffer> allocate(std::uint64_t bytes) {
-    const std::optional<std::uint64_t> cs_opt = CpuAllocator::size_class(bytes);
+  Result<HostBuffer> allocate(std::uint64_t bytes) {
+    const std::optional<std::uint64_t> cs_opt = HostAllocator::size_class(bytes);
     if (!cs_opt) {
       failures_.fetch_add(1, std::memory_order_relaxed);
       return make_error(ErrorCode::ResourceExhausted,
-                        fmt::format("CpuAllocator: cannot allocate {} bytes: more than the largest allocation "
+                        fmt::format("HostAllocator: cannot allocate {} bytes: more than the largest allocation "
                                     "({} bytes)",
-                                    bytes, CpuAllocator::kMaxAllocation));
+                                    bytes, HostAllocator::kMaxAllocation));
     }
     const std::uint64_t cs = *cs_opt;
     if (large(cs)) release_due_large_blocks();
@@ -228,7 +228,7 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
         failures_.fetch_add(1, std::memory_order_relaxed);
         const std::uint64_t limit = *options_.byte_limit;
         return make_error(ErrorCode::ResourceExhausted,
-                          fmt::format("CpuAllocator: cannot allocate {} bytes (size class {}): {} bytes in use of "
+                          fmt::format("HostAllocator: cannot allocate {} bytes (size class {}): {} bytes in use of "
                                       "the {} byte limit, {} bytes available",
                                       bytes, cs, in_use, limit, in_use >= limit ? 0 : limit - in_use));
       }
@@ -250,15 +250,15 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
         in_use_.fetch_sub(cs, std::memory_order_relaxed);
         failures_.fetch_add(1, std::memory_order_relaxed);
         return make_error(ErrorCode::ResourceExhausted,
-                          fmt::format("CpuAllocator: the system refused {} bytes (size class {}); {} bytes in use",
+                          fmt::format("HostAllocator: the system refused {} bytes (size class {}); {} bytes in use",
                                       bytes, cs, in_use));
       }
     }
     allocations_.fetch_add(1, std::memory_order_relaxed);
-    return CpuBuffer(shared_from_this(), block, bytes, cs);
+    return HostBuffer(shared_from_this(), block, bytes, cs);
   }
 
-  // Called by ~CpuBuffer, from any thread.
+  // Called by ~HostBuffer, from any thread.
   void release(std::byte* block, std::uint64_t cs) noexcept {
     in_use_.fetch_sub(cs, std::memory_order_relaxed);
     deallocations_.fetch_add(1, std::memory_order_relaxed);
@@ -335,7 +335,7 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
       {
         // The blocks are unmapped under the class mutex: the lists are short (a few blocks of a
         // class at most), the release is rare (once per retention at most), and compacting in
-        // place keeps this path free of allocation (it runs inside ~CpuBuffer).
+        // place keeps this path free of allocation (it runs inside ~HostBuffer).
         std::lock_guard<std::mutex> lock(c.mu);
         std::size_t kept = 0;
         for (const FreeBlock& b : c.free) {
@@ -366,8 +366,8 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
     release_cached();
   }
 
-  CpuAllocatorStats stats() const {
-    CpuAllocatorStats s;
+  HostAllocatorStats stats() const {
+    HostAllocatorStats s;
     s.bytes_in_use = in_use_.load(std::memory_order_relaxed);
     s.peak_bytes = peak_.load(std::memory_order_relaxed);
     s.cached_bytes = cached_.load(std::memory_order_relaxed);
@@ -380,7 +380,7 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
     return s;
   }
 
-  const CpuAllocatorOptions& options() const { return options_; }
+  const HostAllocatorOptions& options() const { return options_; }
 
  private:
   struct FreeBlock {
@@ -446,7 +446,7 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
     }
   }
 
-  const CpuAllocatorOptions options_;
+  const HostAllocatorOptions options_;
   const std::int64_t retention_ns_;  // options_.large_block_retention, saturated; 0 = never pool
   std::size_t first_large_ = 0;      // index of the first large class (kNumClasses: none)
   std::array<SizeClass, kNumClasses> classes_;
@@ -472,16 +472,16 @@ class CpuPool : public std::enable_shared_from_this<CpuPool> {
 
 }  // namespace detail
 
-// ---- CpuBuffer
+// ---- HostBuffer
 
-CpuBuffer::CpuBuffer(CpuBuffer&& other) noexcept
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept
     : pool_(std::move(other.pool_)), data_(other.data_), size_(other.size_), capacity_(other.capacity_) {
   other.data_ = nullptr;
   other.size_ = 0;
   other.capacity_ = 0;
 }
 
-CpuBuffer& CpuBuffer::operator=(CpuBuffer&& other) noexcept {
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   if (this != &other) {
     reset();
     pool_ = std::move(other.pool_);
@@ -495,9 +495,9 @@ CpuBuffer& CpuBuffer::operator=(CpuBuffer&& other) noexcept {
   return *this;
 }
 
-CpuBuffer::~CpuBuffer() { reset(); }
+HostBuffer::~HostBuffer() { reset(); }
 
-void CpuBuffer::reset() noexcept {
+void HostBuffer::reset() noexcept {
   if (data_ != nullptr && pool_) pool_->release(data_, capacity_);
   pool_.reset();
   data_ = nullptr;
@@ -505,34 +505,34 @@ void CpuBuffer::reset() noexcept {
   capacity_ = 0;
 }
 
-// ---- CpuAllocator
+// ---- HostAllocator
 
-CpuAllocator::CpuAllocator(CpuAllocatorOptions options) : pool_(std::make_shared<detail::CpuPool>(options)) {}
+HostAllocator::HostAllocator(HostAllocatorOptions options) : pool_(std::make_shared<detail::HostPool>(options)) {}
 
-CpuAllocator::~CpuAllocator() { pool_->close(); }
+HostAllocator::~HostAllocator() { pool_->close(); }
 
-Result<CpuBuffer> CpuAllocator::allocate(std::uint64_t bytes) { return pool_->allocate(bytes); }
+Result<HostBuffer> HostAllocator::allocate(std::uint64_t bytes) { return pool_->allocate(bytes); }
 
-Result<std::shared_ptr<CpuBuffer>> CpuAllocator::allocate_shared(std::uint64_t bytes) {
-  KILN_ASSIGN_OR_RETURN(CpuBuffer buffer, pool_->allocate(bytes));
-  return std::make_shared<CpuBuffer>(std::move(buffer));
+Result<std::shared_ptr<HostBuffer>> HostAllocator::allocate_shared(std::uint64_t bytes) {
+  KILN_ASSIGN_OR_RETURN(HostBuffer buffer, pool_->allocate(bytes));
+  return std::make_shared<HostBuffer>(std::move(buffer));
 }
 
-CpuAllocatorStats CpuAllocator::stats() const { return pool_->stats(); }
+HostAllocatorStats HostAllocator::stats() const { return pool_->stats(); }
 
-const CpuAllocatorOptions& CpuAllocator::options() const { return pool_->options(); }
+const HostAllocatorOptions& HostAllocator::options() const { return pool_->options(); }
 
-std::uint64_t CpuAllocator::release_cached() { return pool_->release_cached(); }
+std::uint64_t HostAllocator::release_cached() { return pool_->release_cached(); }
 
-std::uint64_t CpuAllocator::release_idle(std::chrono::steady_clock::time_point now) {
+std::uint64_t HostAllocator::release_idle(std::chrono::steady_clock::time_point now) {
   const std::int64_t now_ns = detail::to_ns(now);
   const std::uint64_t large = pool_->release_idle(now_ns, /*wait=*/true);
   return large + pool_->release_if_idle(now_ns);
 }
 
-std::optional<std::uint64_t> CpuAllocator::size_class(std::uint64_t bytes) {
+std::optional<std::uint64_t> HostAllocator::size_class(std::uint64_t bytes) {
   if (bytes > kMaxAllocation) return std::nullopt;
   return detail::class_of(bytes);
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::reference

@@ -11,7 +11,7 @@
 
 #include "reference_internal.h"
 
-namespace kiln::cpu::reference {
+namespace kiln::reference::kernels {
 namespace {
 
 using ir::OpKind;
@@ -260,7 +260,7 @@ Error division_by_zero(const Ctx& c) {
 
 Result<Outputs> run_unary(const Ctx& c) {
   const OpKind k = c.op.kind;
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
   const bool to_bool = k == OpKind::Float_IsNan || k == OpKind::Float_IsInf;
   if (to_bool) {
@@ -268,7 +268,7 @@ Result<Outputs> run_unary(const Ctx& c) {
   } else {
     KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   }
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t n = x.num_elements();
   const Domain d = domain_of(x.dtype());
 
@@ -342,8 +342,8 @@ Result<Outputs> run_unary(const Ctx& c) {
 
 Result<Outputs> run_binary(const Ctx& c) {
   const OpKind k = c.op.kind;
-  const CpuTensor& a = c.in[0];
-  const CpuTensor& b = c.in[1];
+  const HostTensor& a = c.in[0];
+  const HostTensor& b = c.in[1];
   KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::broadcast(a.shape(), b.shape())));
   const std::optional<Cmp> cmp = cmp_of(k);
@@ -357,7 +357,7 @@ Result<Outputs> run_binary(const Ctx& c) {
     if (!arith_applies(*op, d))
       return c.error(ErrorCode::DTypeMismatch, fmt::format("does not apply to {}", a.to_string()));
   }
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::vector<std::uint64_t> ma = broadcast_map(a.shape(), out.shape());
   const std::vector<std::uint64_t> mb = broadcast_map(b.shape(), out.shape());
   const int bits = d == Domain::Int || d == Domain::UInt ? int_bits(a.dtype()) : 0;
@@ -381,7 +381,7 @@ Result<Outputs> run_binary(const Ctx& c) {
 
 Result<Outputs> run_scalar(const Ctx& c) {
   const OpKind k = c.op.kind;
-  const CpuTensor& a = c.in[0];
+  const HostTensor& a = c.in[0];
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, a.shape()));
   const std::optional<Cmp> cmp = cmp_of(k);
   const std::optional<Arith> op = arith_of(k);
@@ -394,7 +394,7 @@ Result<Outputs> run_scalar(const Ctx& c) {
     if (!arith_applies(*op, d))
       return c.error(ErrorCode::DTypeMismatch, fmt::format("does not apply to {}", a.to_string()));
   }
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const int bits = d == Domain::Int || d == Domain::UInt ? int_bits(a.dtype()) : 0;
   return dispatch(d, [&]<class T>() -> Result<Outputs> {
     const T s = scalar_as<T>(c.op.scalars[0], a.dtype());
@@ -415,7 +415,7 @@ Result<Outputs> run_scalar(const Ctx& c) {
 // ---- Casts: the element codec's conversions (ir DType docs in tensor.h).
 
 Result<Outputs> run_cast(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const ir::DType target = c.out_ir().dtype;
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
   bool ok = false;
@@ -434,7 +434,7 @@ Result<Outputs> run_cast(const Ctx& c) {
   if (!ok)
     return c.error(ErrorCode::DTypeMismatch,
                    fmt::format("cannot convert {} to {}", x.dtype().name(), target.name()));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   return dispatch(domain_of(x.dtype()), [&]<class T>() -> Result<Outputs> {
     for (std::uint64_t i = 0; i < x.num_elements(); ++i) store<T>(out, i, load<T>(x, i));
     return single(std::move(out));
@@ -444,12 +444,12 @@ Result<Outputs> run_cast(const Ctx& c) {
 // ---- Clamp: min first, then max (Burn's two mask_fills): NaN stays NaN; min > max gives max.
 
 Result<Outputs> run_clamp(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   const Domain d = domain_of(x.dtype());
   if (d == Domain::Bool) return c.error(ErrorCode::DTypeMismatch, "does not apply to bool tensors");
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   return dispatch(d, [&]<class T>() -> Result<Outputs> {
     const T lo = scalar_as<T>(c.op.scalars[0], x.dtype());
     const T hi = scalar_as<T>(c.op.scalars[1], x.dtype());
@@ -467,16 +467,16 @@ Result<Outputs> run_clamp(const Ctx& c) {
 // Elements are copied bit for bit (NaN payloads and signed zeros survive).
 
 Result<Outputs> run_mask_where(const Ctx& c) {
-  const CpuTensor& t = c.in[0];
-  const CpuTensor& m = c.in[1];
-  const CpuTensor& v = c.in[2];
+  const HostTensor& t = c.in[0];
+  const HostTensor& m = c.in[1];
+  const HostTensor& v = c.in[2];
   if (!m.dtype().is_bool())
     return c.error(ErrorCode::DTypeMismatch, fmt::format("mask {} must be bool", m.to_string()));
   KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
   const ir::Shape shapes[] = {t.shape(), m.shape(), v.shape()};
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::broadcast_many(shapes)));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, t.dtype()));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::vector<std::uint64_t> mt = broadcast_map(t.shape(), out.shape());
   const std::vector<std::uint64_t> mm = broadcast_map(m.shape(), out.shape());
   const std::vector<std::uint64_t> mv = broadcast_map(v.shape(), out.shape());
@@ -493,13 +493,13 @@ Result<Outputs> run_mask_where(const Ctx& c) {
 // ---- MaskFill{tensor, mask, value}: out = mask ? value : tensor, broadcast(tensor, mask).
 
 Result<Outputs> run_mask_fill(const Ctx& c) {
-  const CpuTensor& t = c.in[0];
-  const CpuTensor& m = c.in[1];
+  const HostTensor& t = c.in[0];
+  const HostTensor& m = c.in[1];
   if (!m.dtype().is_bool())
     return c.error(ErrorCode::DTypeMismatch, fmt::format("mask {} must be bool", m.to_string()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::broadcast(t.shape(), m.shape())));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, t.dtype()));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const ElementBytes fill = scalar_element(c.op.scalars[0], t.dtype());
   const std::size_t width = static_cast<std::size_t>(t.dtype().size_bytes());
   const std::vector<std::uint64_t> mt = broadcast_map(t.shape(), out.shape());
@@ -514,4 +514,4 @@ Result<Outputs> run_mask_fill(const Ctx& c) {
   return single(std::move(out));
 }
 
-}  // namespace kiln::cpu::reference
+}  // namespace kiln::reference::kernels

@@ -10,8 +10,8 @@
 
 #include "reference_internal.h"
 
-namespace kiln::cpu {
-namespace reference {
+namespace kiln::reference {
+namespace kernels {
 
 // ---- Checks
 
@@ -158,7 +158,7 @@ std::uint64_t dims_product(const ir::Shape& s, std::size_t from, std::size_t to)
   return p;
 }
 
-bool read_index(const CpuTensor& t, std::uint64_t i, std::uint64_t& out) {
+bool read_index(const HostTensor& t, std::uint64_t i, std::uint64_t& out) {
   if (t.dtype().is_int()) {
     const std::int64_t v = t.get_i64(i);
     if (v < 0) return false;
@@ -169,7 +169,7 @@ bool read_index(const CpuTensor& t, std::uint64_t i, std::uint64_t& out) {
   return true;
 }
 
-Result<std::uint64_t> checked_index(const Ctx& c, const CpuTensor& indices, std::uint64_t i, std::uint64_t size,
+Result<std::uint64_t> checked_index(const Ctx& c, const HostTensor& indices, std::uint64_t i, std::uint64_t size,
                                     const char* what) {
   std::uint64_t v = 0;
   if (!read_index(indices, i, v))
@@ -280,7 +280,7 @@ Status run_init(ReferenceExecutor::Handles& handles, const ir::Operation& op) {
   const ir::TensorIr& out = op.outputs()[0];
   const auto* entry = handles.entry(out.id);
   if (entry != nullptr && entry->is_errored()) return Status::Ok();  // claimed out of band; readers see why
-  const CpuTensor* t = handles.get_handle_ref(out.id);
+  const HostTensor* t = handles.get_handle_ref(out.id);
   if (t == nullptr)
     return fail(handles, op,
                 make_error(ErrorCode::InvalidHandle,
@@ -314,7 +314,7 @@ Result<Outputs> run_all_reduce(const Ctx& c) {
                    fmt::format("{} devices take part; the CPU device reduces over itself only", c.op.attrs.size() - 1));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, c.in[0].shape()));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, c.in[0].dtype()));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   if (out.size_bytes() != 0)
     std::memcpy(out.mutable_data(), c.in[0].data(), static_cast<std::size_t>(out.size_bytes()));
   return single(std::move(out));
@@ -373,11 +373,11 @@ Result<Outputs> run_kernel(const Ctx& c) {
 }
 
 }  // namespace
-}  // namespace reference
+}  // namespace kernels
 
 // ---- ReferenceExecutor
 
-ReferenceExecutor::ReferenceExecutor(CpuAllocator& allocator, std::uint64_t seed)
+ReferenceExecutor::ReferenceExecutor(HostAllocator& allocator, std::uint64_t seed)
     : allocator_(allocator), rng_state_(seed) {}
 
 Status ReferenceExecutor::execute(const ir::Operation& op, Handles& handles) {
@@ -386,19 +386,19 @@ Status ReferenceExecutor::execute(const ir::Operation& op, Handles& handles) {
   try {
     return execute_checked(op, handles);
   } catch (const std::bad_alloc&) {
-    return reference::fail(handles, op,
+    return kernels::fail(handles, op,
                            make_error(ErrorCode::ResourceExhausted,
                                       fmt::format("{}: out of host memory for the reference kernel's scratch space",
-                                                  reference::op_name(op))));
+                                                  kernels::op_name(op))));
   } catch (const std::exception& e) {
-    return reference::fail(handles, op,
+    return kernels::fail(handles, op,
                            make_error(ErrorCode::Internal, fmt::format("{}: unexpected exception: {}",
-                                                                       reference::op_name(op), e.what())));
+                                                                       kernels::op_name(op), e.what())));
   }
 }
 
 Status ReferenceExecutor::execute_checked(const ir::Operation& op, Handles& handles) {
-  using namespace reference;
+  using namespace kernels;
   if (Status st = op.validate(); !st.ok()) return fail(handles, op, st.error());
 
   switch (op.kind) {
@@ -417,10 +417,10 @@ Status ReferenceExecutor::execute_checked(const ir::Operation& op, Handles& hand
 
   // Inputs are read without removing their entries (an op may name one tensor twice, in any
   // order of statuses); ReadWrite entries are released once the kernel is done.
-  std::vector<CpuTensor> inputs;
+  std::vector<HostTensor> inputs;
   inputs.reserve(op.num_inputs);
   for (const ir::TensorIr& in : op.inputs()) {
-    ir::HandleLookup<CpuTensor> h = handles.get_handle(in.id, ir::TensorStatus::ReadOnly);
+    ir::HandleLookup<HostTensor> h = handles.get_handle(in.id, ir::TensorStatus::ReadOnly);
     if (!h.ok()) return fail(handles, op, h.error());
     if (h->shape() != in.shape || !(h->dtype() == in.dtype))
       return fail(handles, op,
@@ -452,4 +452,4 @@ Status ReferenceExecutor::execute_checked(const ir::Operation& op, Handles& hand
   return Status::Ok();
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::reference

@@ -21,9 +21,9 @@
 #include "kiln/ir/operation.h"
 #include "kiln/base/result.h"
 
-namespace kiln::cpu::reference {
+namespace kiln::reference::kernels {
 
-using Outputs = boost::container::small_vector<CpuTensor, 2>;
+using Outputs = boost::container::small_vector<HostTensor, 2>;
 using Index = boost::container::small_vector<std::uint64_t, 6>;
 
 // SplitMix64 (Steele, Lea, Flood 2014): a tiny generator whose output sequence is fully specified,
@@ -56,8 +56,8 @@ class Rng {
 // the allocator and the stream's generator.
 struct Ctx {
   const ir::Operation& op;
-  std::span<const CpuTensor> in;
-  CpuAllocator& alloc;
+  std::span<const HostTensor> in;
+  HostAllocator& alloc;
   Rng& rng;
 
   const ir::TensorIr& out_ir(std::size_t i = 0) const { return op.outputs()[i]; }
@@ -66,8 +66,8 @@ struct Ctx {
     return make_error(code, fmt::format("{}: {}", op.kind_name(), what));
   }
   // A fresh output with the IR occurrence's shape and dtype (contents unspecified).
-  Result<CpuTensor> new_output(std::size_t i = 0) const {
-    return CpuTensor::allocate(alloc, out_ir(i).shape, out_ir(i).dtype);
+  Result<HostTensor> new_output(std::size_t i = 0) const {
+    return HostTensor::allocate(alloc, out_ir(i).shape, out_ir(i).dtype);
   }
 };
 
@@ -112,7 +112,7 @@ decltype(auto) dispatch(Domain d, F&& f) {
 }
 
 template <class T>
-T load(const CpuTensor& t, std::uint64_t i) {
+T load(const HostTensor& t, std::uint64_t i) {
   if constexpr (std::is_same_v<T, double>) return t.get_f64(i);
   else if constexpr (std::is_same_v<T, std::int64_t>) return t.get_i64(i);
   else if constexpr (std::is_same_v<T, std::uint64_t>) return t.get_u64(i);
@@ -120,7 +120,7 @@ T load(const CpuTensor& t, std::uint64_t i) {
 }
 
 template <class T>
-void store(const CpuTensor& t, std::uint64_t i, T v) {
+void store(const HostTensor& t, std::uint64_t i, T v) {
   if constexpr (std::is_same_v<T, double>) element::store_f64(t.mutable_data(), t.dtype(), i, v);
   else if constexpr (std::is_same_v<T, std::int64_t>) element::store_i64(t.mutable_data(), t.dtype(), i, v);
   else if constexpr (std::is_same_v<T, std::uint64_t>) element::store_u64(t.mutable_data(), t.dtype(), i, v);
@@ -197,15 +197,15 @@ std::vector<std::uint64_t> broadcast_map(const ir::Shape& in, const ir::Shape& o
 std::uint64_t dims_product(const ir::Shape& s, std::size_t from, std::size_t to);
 
 // Copies element si of src into element di of dst (same dtype).
-inline void copy_element(const CpuTensor& src, std::uint64_t si, const CpuTensor& dst, std::uint64_t di) {
+inline void copy_element(const HostTensor& src, std::uint64_t si, const HostTensor& dst, std::uint64_t di) {
   const std::size_t n = static_cast<std::size_t>(src.dtype().size_bytes());
   std::memcpy(dst.mutable_data() + di * n, src.data() + si * n, n);
 }
 
 // Reads element i of an integer tensor as an index; false when the value is negative.
-bool read_index(const CpuTensor& t, std::uint64_t i, std::uint64_t& out);
+bool read_index(const HostTensor& t, std::uint64_t i, std::uint64_t& out);
 // An index read from `indices` (element i) checked against a dimension of size `size`.
-Result<std::uint64_t> checked_index(const Ctx& c, const CpuTensor& indices, std::uint64_t i, std::uint64_t size,
+Result<std::uint64_t> checked_index(const Ctx& c, const HostTensor& indices, std::uint64_t i, std::uint64_t size,
                                     const char* what);
 
 // Applies Scatter / SelectAssign's update rule (attribute) to old and new values.
@@ -276,10 +276,10 @@ Result<Outputs> run_avg_pool2d(const Ctx& c);
 Result<Outputs> run_embedding(const Ctx& c);
 
 // One output as the kernels' result.
-inline Result<Outputs> single(CpuTensor t) {
+inline Result<Outputs> single(HostTensor t) {
   Outputs o;
   o.push_back(std::move(t));
   return o;
 }
 
-}  // namespace kiln::cpu::reference
+}  // namespace kiln::reference::kernels

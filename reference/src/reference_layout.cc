@@ -13,12 +13,12 @@
 
 #include "reference_internal.h"
 
-namespace kiln::cpu::reference {
+namespace kiln::reference::kernels {
 namespace {
 
 using ir::OpKind;
 
-Status expect_index_tensor(const Ctx& c, const CpuTensor& t, const char* what) {
+Status expect_index_tensor(const Ctx& c, const HostTensor& t, const char* what) {
   if (!t.dtype().is_integral())
     return c.error(ErrorCode::DTypeMismatch, fmt::format("{} {} must have an integer dtype", what, t.to_string()));
   return Status::Ok();
@@ -27,8 +27,8 @@ Status expect_index_tensor(const Ctx& c, const CpuTensor& t, const char* what) {
 // Builds the output by copying, for each output element (by multi-index), the input element
 // `source(out_index, in_index)` names in `in_index`.
 template <class F>
-Result<Outputs> gather_elements(const Ctx& c, const CpuTensor& in, F&& source) {
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+Result<Outputs> gather_elements(const Ctx& c, const HostTensor& in, F&& source) {
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::vector<std::uint64_t> in_strides = strides_of(in.shape());
   Index oi;
   Index ii(in.shape().size());
@@ -41,8 +41,8 @@ Result<Outputs> gather_elements(const Ctx& c, const CpuTensor& in, F&& source) {
 }
 
 // A copy of `t` (same shape and dtype) as the output to update in place.
-Result<CpuTensor> copy_of(const Ctx& c, const CpuTensor& t) {
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+Result<HostTensor> copy_of(const Ctx& c, const HostTensor& t) {
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   if (t.size_bytes() != 0) std::memcpy(out.mutable_data(), t.data(), static_cast<std::size_t>(t.size_bytes()));
   return out;
 }
@@ -58,7 +58,7 @@ std::uint64_t slice_position(const ir::Slice& s, std::uint64_t n, std::uint64_t 
 }
 
 // Applies an IndexingUpdate to output element `dst` with element `src` of `value` (same dtype).
-void update_element(ir::IndexingUpdate u, const CpuTensor& value, std::uint64_t src, const CpuTensor& out,
+void update_element(ir::IndexingUpdate u, const HostTensor& value, std::uint64_t src, const HostTensor& out,
                     std::uint64_t dst) {
   if (u == ir::IndexingUpdate::Assign) {
     copy_element(value, src, out, dst);  // bit for bit
@@ -74,14 +74,14 @@ void update_element(ir::IndexingUpdate u, const CpuTensor& value, std::uint64_t 
 // ---- Reshape: the same elements in the same order under a new shape.
 
 Result<Outputs> run_reshape(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_ASSIGN_OR_RETURN(std::uint64_t n, checked_num_elements(c.out_ir().shape));
   if (n != x.num_elements())
     return c.error(ErrorCode::Invalid, fmt::format("cannot reshape {} ({} elements) to {} ({} elements)",
                                                    x.to_string(), x.num_elements(),
                                                    ir::shape_to_string(c.out_ir().shape), n));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   if (out.size_bytes() != 0) std::memcpy(out.mutable_data(), x.data(), static_cast<std::size_t>(out.size_bytes()));
   return single(std::move(out));
 }
@@ -89,7 +89,7 @@ Result<Outputs> run_reshape(const Ctx& c) {
 // ---- Expand: right-aligned broadcast to the output shape (docs/spec/ir.md §4 expand).
 
 Result<Outputs> run_expand(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::expand(x.shape(), c.out_ir().shape)));
   const std::size_t offset = c.out_ir().shape.size() - x.shape().size();
@@ -101,7 +101,7 @@ Result<Outputs> run_expand(const Ctx& c) {
 // ---- SwapDims / Permute / Flip
 
 Result<Outputs> run_swap_dims(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const std::size_t rank = x.shape().size();
   KILN_ASSIGN_OR_RETURN(std::size_t d1, axis_attr(c, 0, rank, "dim1"));
   KILN_ASSIGN_OR_RETURN(std::size_t d2, axis_attr(c, 1, rank, "dim2"));
@@ -114,7 +114,7 @@ Result<Outputs> run_swap_dims(const Ctx& c) {
 }
 
 Result<Outputs> run_permute(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   Index axes;
   for (std::int64_t a : c.op.attrs) {
     if (a < 0) return c.error(ErrorCode::Invalid, fmt::format("negative axis {}", a));
@@ -130,7 +130,7 @@ Result<Outputs> run_permute(const Ctx& c) {
 }
 
 Result<Outputs> run_flip(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const std::size_t rank = x.shape().size();
   std::vector<bool> flipped(rank, false);
   for (std::size_t i = 0; i < c.op.attrs.size(); ++i) {
@@ -148,7 +148,7 @@ Result<Outputs> run_flip(const Ctx& c) {
 // ---- Slice / SliceAssign (ranges apply to the leading dims; the others are kept whole)
 
 Result<Outputs> run_slice(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const auto ranges = std::span<const ir::Slice>(c.op.ranges.data(), c.op.ranges.size());
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::slice(x.shape(), ranges)));
@@ -159,8 +159,8 @@ Result<Outputs> run_slice(const Ctx& c) {
 }
 
 Result<Outputs> run_slice_assign(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
-  const CpuTensor& value = c.in[1];
+  const HostTensor& x = c.in[0];
+  const HostTensor& value = c.in[1];
   const auto ranges = std::span<const ir::Slice>(c.op.ranges.data(), c.op.ranges.size());
   KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
@@ -170,7 +170,7 @@ Result<Outputs> run_slice_assign(const Ctx& c) {
     return c.error(ErrorCode::IncompatibleShapes,
                    fmt::format("value {} does not fit the sliced region {} of {}", value.to_string(),
                                ir::shape_to_string(region), x.to_string()));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, copy_of(c, x));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, copy_of(c, x));
   const std::vector<std::uint64_t> out_strides = strides_of(x.shape());
   Index vi;
   Index oi(x.shape().size());
@@ -186,8 +186,8 @@ Result<Outputs> run_slice_assign(const Ctx& c) {
 // ---- Select{tensor, dim, indices}: out[.., j, ..] = tensor[.., indices[j], ..].
 
 Result<Outputs> run_select(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
-  const CpuTensor& idx = c.in[1];
+  const HostTensor& x = c.in[0];
+  const HostTensor& idx = c.in[1];
   KILN_ASSIGN_OR_RETURN(std::size_t dim, axis_attr(c, 0, x.shape().size(), "dim"));
   KILN_RETURN_IF_ERROR(expect_index_tensor(c, idx, "indices"));
   if (idx.shape().size() != 1)
@@ -211,9 +211,9 @@ Result<Outputs> run_select(const Ctx& c) {
 // repeated index, the last write wins.
 
 Result<Outputs> run_select_assign(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
-  const CpuTensor& idx = c.in[1];
-  const CpuTensor& value = c.in[2];
+  const HostTensor& x = c.in[0];
+  const HostTensor& idx = c.in[1];
+  const HostTensor& value = c.in[2];
   KILN_ASSIGN_OR_RETURN(std::size_t dim, axis_attr(c, 0, x.shape().size(), "dim"));
   KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate update, update_attr(c, 1));
   KILN_RETURN_IF_ERROR(expect_index_tensor(c, idx, "indices"));
@@ -231,7 +231,7 @@ Result<Outputs> run_select_assign(const Ctx& c) {
   for (std::uint64_t j = 0; j < idx.num_elements(); ++j) {
     KILN_ASSIGN_OR_RETURN(at[j], checked_index(c, idx, j, x.shape()[dim], "select_assign"));
   }
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, copy_of(c, x));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, copy_of(c, x));
   // value viewed as [outer, J, inner], out as [outer, N, inner]; j outermost, so that updates at a
   // repeated index apply in index order.
   const std::uint64_t outer = dims_product(x.shape(), 0, dim);
@@ -249,8 +249,8 @@ Result<Outputs> run_select_assign(const Ctx& c) {
 // indices has the tensor's rank and is no larger than it in the other dims.
 
 Result<Outputs> run_gather(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
-  const CpuTensor& idx = c.in[1];
+  const HostTensor& x = c.in[0];
+  const HostTensor& idx = c.in[1];
   const std::size_t rank = x.shape().size();
   KILN_ASSIGN_OR_RETURN(std::size_t dim, axis_attr(c, 0, rank, "dim"));
   KILN_RETURN_IF_ERROR(expect_index_tensor(c, idx, "indices"));
@@ -263,7 +263,7 @@ Result<Outputs> run_gather(const Ctx& c) {
                                                                 x.to_string(), d));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, idx.shape()));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::vector<std::uint64_t> in_strides = strides_of(x.shape());
   Index p;
   for (std::uint64_t i = 0; i < idx.num_elements(); ++i) {
@@ -280,9 +280,9 @@ Result<Outputs> run_gather(const Ctx& c) {
 // both tensors, is no larger than value in any dim and no larger than tensor outside `dim`.
 
 Result<Outputs> run_scatter(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
-  const CpuTensor& idx = c.in[1];
-  const CpuTensor& value = c.in[2];
+  const HostTensor& x = c.in[0];
+  const HostTensor& idx = c.in[1];
+  const HostTensor& value = c.in[2];
   const std::size_t rank = x.shape().size();
   KILN_ASSIGN_OR_RETURN(std::size_t dim, axis_attr(c, 0, rank, "dim"));
   KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate update, update_attr(c, 1));
@@ -298,7 +298,7 @@ Result<Outputs> run_scatter(const Ctx& c) {
                                  value.to_string(), x.to_string(), d));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, copy_of(c, x));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, copy_of(c, x));
   const std::vector<std::uint64_t> out_strides = strides_of(x.shape());
   const std::vector<std::uint64_t> value_strides = strides_of(value.shape());
   Index p;
@@ -316,8 +316,8 @@ Result<Outputs> run_scatter(const Ctx& c) {
 // tuple copies the sub-tensor data[i0, .., ik-1, ...].
 
 Result<Outputs> run_gather_nd(const Ctx& c) {
-  const CpuTensor& data = c.in[0];
-  const CpuTensor& idx = c.in[1];
+  const HostTensor& data = c.in[0];
+  const HostTensor& idx = c.in[1];
   KILN_RETURN_IF_ERROR(expect_index_tensor(c, idx, "indices"));
   const ir::Shape& is = idx.shape();
   if (is.empty()) return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", idx.to_string()));
@@ -330,7 +330,7 @@ Result<Outputs> run_gather_nd(const Ctx& c) {
   expected.insert(expected.end(), data.shape().begin() + static_cast<std::ptrdiff_t>(kk), data.shape().end());
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, data.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, expected));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::vector<std::uint64_t> data_strides = strides_of(data.shape());
   const std::uint64_t inner = dims_product(data.shape(), kk, data.shape().size());
   const std::uint64_t tuples = dims_product(is, 0, is.size() - 1);
@@ -349,7 +349,7 @@ Result<Outputs> run_gather_nd(const Ctx& c) {
 // ---- Cat{tensors, dim}
 
 Result<Outputs> run_cat(const Ctx& c) {
-  const CpuTensor& first = c.in[0];
+  const HostTensor& first = c.in[0];
   const std::size_t rank = first.shape().size();
   KILN_ASSIGN_OR_RETURN(std::size_t dim, axis_attr(c, 0, rank, "dim"));
   std::vector<ir::Shape> shapes;
@@ -359,12 +359,12 @@ Result<Outputs> run_cat(const Ctx& c) {
   }
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, first.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::cat(shapes, dim)));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t outer = dims_product(out.shape(), 0, dim);
   const std::uint64_t inner = dims_product(out.shape(), dim + 1, rank);
   const std::uint64_t out_block = out.shape()[dim] * inner;
   std::uint64_t offset = 0;  // start of the current input's block inside an output block
-  for (const CpuTensor& t : c.in) {
+  for (const HostTensor& t : c.in) {
     const std::uint64_t block = t.shape()[dim] * inner;
     for (std::uint64_t o = 0; o < outer; ++o)
       for (std::uint64_t e = 0; e < block; ++e) copy_element(t, o * block + e, out, o * out_block + offset + e);
@@ -376,7 +376,7 @@ Result<Outputs> run_cat(const Ctx& c) {
 // ---- RepeatDim{dim, times}: the whole dim tiled `times` times ([a, b] -> [a, b, a, b]).
 
 Result<Outputs> run_repeat_dim(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   KILN_ASSIGN_OR_RETURN(std::size_t dim, axis_attr(c, 0, x.shape().size(), "dim"));
   KILN_ASSIGN_OR_RETURN(std::uint64_t times, count_attr(c, 1, "times"));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
@@ -391,7 +391,7 @@ Result<Outputs> run_repeat_dim(const Ctx& c) {
 // without repeating the edge (PyTorch's "reflect"), Edge repeats the edge ("replicate").
 
 Result<Outputs> run_pad(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const ir::Shape& in = x.shape();
   const std::int64_t mode_attr = c.op.attrs[0];
   if (mode_attr < 0 || mode_attr > static_cast<std::int64_t>(ir::PadMode::Edge))
@@ -423,7 +423,7 @@ Result<Outputs> run_pad(const Ctx& c) {
   }
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, expected));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const ElementBytes fill = mode == ir::PadMode::Constant ? scalar_element(c.op.scalars[0], x.dtype()) : ElementBytes{};
   const std::size_t width = static_cast<std::size_t>(x.dtype().size_bytes());
   const std::vector<std::uint64_t> in_strides = strides_of(in);
@@ -461,7 +461,7 @@ Result<Outputs> run_pad(const Ctx& c) {
 
 Result<Outputs> run_creation(const Ctx& c) {
   const ir::DType dtype = c.out_ir().dtype;
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, CpuTensor::zeros(c.alloc, c.out_ir().shape, dtype));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, HostTensor::zeros(c.alloc, c.out_ir().shape, dtype));
   ElementBytes value;
   switch (c.op.kind) {
     case OpKind::Base_Empty:
@@ -552,7 +552,7 @@ Result<Outputs> run_random(const Ctx& c) {
     default: break;
   }
 
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   for (std::uint64_t i = 0; i < out.num_elements(); ++i) {
     switch (kind) {
@@ -585,4 +585,4 @@ Result<Outputs> run_random(const Ctx& c) {
   return single(std::move(out));
 }
 
-}  // namespace kiln::cpu::reference
+}  // namespace kiln::reference::kernels

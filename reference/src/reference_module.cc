@@ -8,7 +8,7 @@
 
 #include "reference_internal.h"
 
-namespace kiln::cpu::reference {
+namespace kiln::reference::kernels {
 namespace {
 
 using ir::OpKind;
@@ -19,7 +19,7 @@ Result<std::uint64_t> positive_attr(const Ctx& c, std::size_t i, const char* wha
   return static_cast<std::uint64_t>(a);
 }
 
-Status expect_rank(const Ctx& c, const CpuTensor& t, std::size_t rank, const char* what) {
+Status expect_rank(const Ctx& c, const HostTensor& t, std::size_t rank, const char* what) {
   if (t.shape().size() != rank)
     return c.error(ErrorCode::RankMismatch, fmt::format("{} {} must have rank {}", what, t.to_string(), rank));
   return Status::Ok();
@@ -52,8 +52,8 @@ std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::ui
 // Int: equal integer dtypes, wrapping accumulation.
 
 Result<Outputs> run_matmul(const Ctx& c) {
-  const CpuTensor& a = c.in[0];
-  const CpuTensor& b = c.in[1];
+  const HostTensor& a = c.in[0];
+  const HostTensor& b = c.in[1];
   const bool is_float = c.op.kind == OpKind::Float_Matmul;
   if (is_float) {
     if (!a.dtype().is_float() || !b.dtype().is_float() || !c.out_ir().dtype.is_float())
@@ -64,7 +64,7 @@ Result<Outputs> run_matmul(const Ctx& c) {
     KILN_RETURN_IF_ERROR(expect_out_integral(c, 0));
   }
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::matmul_output(a.shape(), b.shape())));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::size_t r = out.shape().size();
   const std::uint64_t m = a.shape()[r - 2];
   const std::uint64_t k = a.shape()[r - 1];
@@ -106,9 +106,9 @@ Result<Outputs> run_matmul(const Ctx& c) {
 //   x[n, g * cin_g + ci, oh * s0 - p0 + i * d0, ow * s1 - p1 + j * d1] * w[co, ci, i, j].
 
 Result<Outputs> run_conv2d(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
-  const CpuTensor& w = c.in[1];
-  const CpuTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
+  const HostTensor& x = c.in[0];
+  const HostTensor& w = c.in[1];
+  const HostTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
   KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
   KILN_RETURN_IF_ERROR(expect_rank(c, w, 4, "weight"));
   KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
@@ -132,7 +132,7 @@ Result<Outputs> run_conv2d(const Ctx& c) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::conv_output(xs[2], ws[2], s0, p0, d0));
   KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::conv_output(xs[3], ws[3], s1, p1, d1));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], ws[0], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t N = xs[0], C_in = xs[1], H = xs[2], W = xs[3];
   const std::uint64_t C_out = ws[0], cin_g = ws[1], KH = ws[2], KW = ws[3];
   const std::uint64_t cout_g = C_out / groups;
@@ -167,9 +167,9 @@ Result<Outputs> run_conv2d(const Ctx& c) {
 // the padding crops), and padding_out only lengthens the output.
 
 Result<Outputs> run_conv_transpose1d(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
-  const CpuTensor& w = c.in[1];
-  const CpuTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
+  const HostTensor& x = c.in[0];
+  const HostTensor& w = c.in[1];
+  const HostTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
   KILN_RETURN_IF_ERROR(expect_rank(c, x, 3, "x"));
   KILN_RETURN_IF_ERROR(expect_rank(c, w, 3, "weight"));
   KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
@@ -192,7 +192,7 @@ Result<Outputs> run_conv_transpose1d(const Ctx& c) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t L_out,
                         ir::shape::conv_transpose_output(xs[2], ws[2], stride, padding, padding_out, dilation));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], C_out, L_out}));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t N = xs[0], C_in = xs[1], L = xs[2];
   const std::uint64_t cout_g = ws[1], K = ws[2];
   const std::uint64_t cin_g = C_in / groups;
@@ -223,7 +223,7 @@ Result<Outputs> run_conv_transpose1d(const Ctx& c) {
 // padding (possible in ceil mode with the spec's output formula) gives -inf.
 
 Result<Outputs> run_max_pool2d(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_ASSIGN_OR_RETURN(std::uint64_t k0, positive_attr(c, 0, "kernel size"));
@@ -239,7 +239,7 @@ Result<Outputs> run_max_pool2d(const Ctx& c) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::pool_output(xs[2], k0, s0, p0, d0, ceil_mode));
   KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::pool_output(xs[3], k1, s1, p1, d1, ceil_mode));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], xs[1], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3];
   for (std::uint64_t pl = 0; pl < planes; ++pl)
     for (std::uint64_t oh = 0; oh < oh_n; ++oh)
@@ -267,7 +267,7 @@ Result<Outputs> run_max_pool2d(const Ctx& c) {
 // outside the input in ceil mode) gives 0, as PyTorch's kernel does.
 
 Result<Outputs> run_avg_pool2d(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_ASSIGN_OR_RETURN(std::uint64_t k0, positive_attr(c, 0, "kernel size"));
@@ -282,7 +282,7 @@ Result<Outputs> run_avg_pool2d(const Ctx& c) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::pool_output(xs[2], k0, s0, p0, 1, ceil_mode));
   KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::pool_output(xs[3], k1, s1, p1, 1, ceil_mode));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], xs[1], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3];
   // Window [start, start + k) in padded coordinates (shifted by +pad so they stay unsigned).
   auto clip = [](std::uint64_t lo, std::uint64_t hi, std::uint64_t min, std::uint64_t max, std::uint64_t& a,
@@ -316,15 +316,15 @@ Result<Outputs> run_avg_pool2d(const Ctx& c) {
 // ---- Embedding{weights [V, E], indices [B, S]}: out[b, s, :] = weights[indices[b, s], :].
 
 Result<Outputs> run_embedding(const Ctx& c) {
-  const CpuTensor& weights = c.in[0];
-  const CpuTensor& idx = c.in[1];
+  const HostTensor& weights = c.in[0];
+  const HostTensor& idx = c.in[1];
   KILN_RETURN_IF_ERROR(expect_rank(c, weights, 2, "weights"));
   KILN_RETURN_IF_ERROR(expect_rank(c, idx, 2, "indices"));
   if (!idx.dtype().is_integral())
     return c.error(ErrorCode::DTypeMismatch, fmt::format("indices {} must have an integer dtype", idx.to_string()));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, weights.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{idx.shape()[0], idx.shape()[1], weights.shape()[1]}));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t E = weights.shape()[1];
   for (std::uint64_t t = 0; t < idx.num_elements(); ++t) {
     KILN_ASSIGN_OR_RETURN(std::uint64_t row, checked_index(c, idx, t, weights.shape()[0], "embedding"));
@@ -333,4 +333,4 @@ Result<Outputs> run_embedding(const Ctx& c) {
   return single(std::move(out));
 }
 
-}  // namespace kiln::cpu::reference
+}  // namespace kiln::reference::kernels

@@ -13,7 +13,7 @@
 
 #include "reference_internal.h"
 
-namespace kiln::cpu::reference {
+namespace kiln::reference::kernels {
 namespace {
 
 using ir::OpKind;
@@ -52,7 +52,7 @@ struct AxisView {
 AxisView axis_view(const ir::Shape& s, std::size_t axis) {
   return AxisView{dims_product(s, 0, axis), s[axis], dims_product(s, axis + 1, s.size())};
 }
-AxisView whole_view(const CpuTensor& t) { return AxisView{1, t.num_elements(), 1}; }
+AxisView whole_view(const HostTensor& t) { return AxisView{1, t.num_elements(), 1}; }
 
 // Does `a` beat the current best `b` for ArgMax / ArgMin? Strict, so the first occurrence wins;
 // NaN beats everything (PyTorch: the index of the first NaN).
@@ -73,8 +73,8 @@ auto magnitude(T v) {
 }
 
 // Reduces every (o, i) line of the view into output element o * inner + i.
-Result<Outputs> reduce_lines(const Ctx& c, Red r, const CpuTensor& x, const AxisView& v) {
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+Result<Outputs> reduce_lines(const Ctx& c, Red r, const HostTensor& x, const AxisView& v) {
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t lines = v.outer * v.inner;
   if (lines == 0) return single(std::move(out));
 
@@ -176,7 +176,7 @@ Result<Outputs> reduce_lines(const Ctx& c, Red r, const CpuTensor& x, const Axis
 // ---- Whole-tensor reductions: output shape [1] (rank 1, docs/spec/ir.md §5.11).
 
 Result<Outputs> run_reduce(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const std::optional<Red> r = red_of(c.op.kind);
   if (!r) return c.error(ErrorCode::Internal, "reduce: unknown kind");
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{1}));
@@ -192,7 +192,7 @@ Result<Outputs> run_reduce(const Ctx& c) {
 // every kind of the table.
 
 Result<Outputs> run_reduce_dim(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const std::optional<Red> r = red_of(c.op.kind);
   if (!r) return c.error(ErrorCode::Internal, "reduce_dim: unknown kind");
   KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "axis"));
@@ -215,7 +215,7 @@ Result<Outputs> run_reduce_dim(const Ctx& c) {
 // first occurrence (the first NaN if any), both with the axis kept at size 1.
 
 Result<Outputs> run_reduce_dim_with_indices(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const bool is_max = c.op.kind == OpKind::Numeric_MaxDimWithIndices;
   if (!is_max && c.op.kind != OpKind::Numeric_MinDimWithIndices)
     return c.error(ErrorCode::Internal, "reduce_dim_with_indices: unknown kind");
@@ -226,8 +226,8 @@ Result<Outputs> run_reduce_dim_with_indices(const Ctx& c) {
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 1, expected));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   const AxisView v = axis_view(x.shape(), axis);
-  KILN_ASSIGN_OR_RETURN(CpuTensor values, c.new_output(0));
-  KILN_ASSIGN_OR_RETURN(CpuTensor indices, c.new_output(1));
+  KILN_ASSIGN_OR_RETURN(HostTensor values, c.new_output(0));
+  KILN_ASSIGN_OR_RETURN(HostTensor indices, c.new_output(1));
   Outputs outs;
   if (v.outer * v.inner != 0) {
     if (v.n == 0) return c.error(ErrorCode::Invalid, "cannot reduce an empty dimension: the reduction has no identity");
@@ -267,7 +267,7 @@ Result<Outputs> run_reduce_dim_with_indices(const Ctx& c) {
 // (PyTorch's sort order).
 
 Result<Outputs> run_topk_with_indices(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "dim"));
   KILN_ASSIGN_OR_RETURN(std::uint64_t k, count_attr(c, 1, "k"));
   if (k > x.shape()[axis])
@@ -279,8 +279,8 @@ Result<Outputs> run_topk_with_indices(const Ctx& c) {
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   const AxisView v = axis_view(x.shape(), axis);
   KILN_RETURN_IF_ERROR(expect_index_fits(c, 1, v.n == 0 ? 0 : v.n - 1));
-  KILN_ASSIGN_OR_RETURN(CpuTensor values, c.new_output(0));
-  KILN_ASSIGN_OR_RETURN(CpuTensor indices, c.new_output(1));
+  KILN_ASSIGN_OR_RETURN(HostTensor values, c.new_output(0));
+  KILN_ASSIGN_OR_RETURN(HostTensor indices, c.new_output(1));
   Status st = dispatch(domain_of(x.dtype()), [&]<class T>() -> Status {
     if constexpr (std::is_same_v<T, bool>) {
       return c.error(ErrorCode::DTypeMismatch, "top-k of a bool tensor");
@@ -318,7 +318,7 @@ Result<Outputs> run_topk_with_indices(const Ctx& c) {
 // running value; CumMax / CumMin propagate NaN (once seen, every later output is NaN).
 
 Result<Outputs> run_cumulative(const Ctx& c) {
-  const CpuTensor& x = c.in[0];
+  const HostTensor& x = c.in[0];
   const OpKind k = c.op.kind;
   if (k != OpKind::Numeric_CumSum && k != OpKind::Numeric_CumProd && k != OpKind::Numeric_CumMin &&
       k != OpKind::Numeric_CumMax)
@@ -326,7 +326,7 @@ Result<Outputs> run_cumulative(const Ctx& c) {
   KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "axis"));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(CpuTensor out, c.new_output());
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const AxisView v = axis_view(x.shape(), axis);
   return dispatch(domain_of(x.dtype()), [&]<class T>() -> Result<Outputs> {
     if constexpr (std::is_same_v<T, bool>) {
@@ -358,4 +358,4 @@ Result<Outputs> run_cumulative(const Ctx& c) {
   });
 }
 
-}  // namespace kiln::cpu::reference
+}  // namespace kiln::reference::kernels

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <limits>
 
-namespace kiln::cpu {
+namespace kiln::reference {
 namespace {
 
 using ir::DType;
@@ -292,7 +292,7 @@ void store_bool(std::byte* base, DType d, std::uint64_t i, bool v) {
 
 }  // namespace element
 
-// ---- CpuTensor
+// ---- HostTensor
 
 Result<std::uint64_t> checked_num_elements(const ir::Shape& shape, std::uint64_t elem_bytes) {
   std::uint64_t n = 1;
@@ -308,7 +308,7 @@ Result<std::uint64_t> checked_num_elements(const ir::Shape& shape, std::uint64_t
   return n;
 }
 
-bool CpuTensor::stores(DType d, std::size_t size, Storage kind) {
+bool HostTensor::stores(DType d, std::size_t size, Storage kind) {
   switch (kind) {
     case Storage::Bool: return d.is_bool();
     case Storage::Float:
@@ -323,40 +323,40 @@ bool CpuTensor::stores(DType d, std::size_t size, Storage kind) {
   return false;
 }
 
-Result<CpuTensor> CpuTensor::wrap(std::shared_ptr<CpuBuffer> buffer, ir::Shape shape, DType dtype) {
-  if (!buffer) return make_error(ErrorCode::Invalid, "CpuTensor: null buffer");
+Result<HostTensor> HostTensor::wrap(std::shared_ptr<HostBuffer> buffer, ir::Shape shape, DType dtype) {
+  if (!buffer) return make_error(ErrorCode::Invalid, "HostTensor: null buffer");
   if (dtype.is_quantized())
     return make_error(ErrorCode::Unsupported,
-                      fmt::format("CpuTensor: {} tensors are not supported on the CPU device", dtype.name()));
+                      fmt::format("HostTensor: {} tensors are not supported on the CPU device", dtype.name()));
   KILN_ASSIGN_OR_RETURN(std::uint64_t n, checked_num_elements(shape, dtype.size_bytes()));
   const std::uint64_t need = n * dtype.size_bytes();
   if (buffer->size() < need)
-    return make_error(ErrorCode::Invalid, fmt::format("CpuTensor: a {} tensor of shape {} needs {} bytes, the buffer "
+    return make_error(ErrorCode::Invalid, fmt::format("HostTensor: a {} tensor of shape {} needs {} bytes, the buffer "
                                                       "holds {}",
                                                       dtype.name(), ir::shape_to_string(shape), need, buffer->size()));
-  return CpuTensor(std::move(buffer), std::move(shape), dtype, n);
+  return HostTensor(std::move(buffer), std::move(shape), dtype, n);
 }
 
-Result<CpuTensor> CpuTensor::allocate(CpuAllocator& alloc, ir::Shape shape, DType dtype) {
+Result<HostTensor> HostTensor::allocate(HostAllocator& alloc, ir::Shape shape, DType dtype) {
   if (dtype.is_quantized())
     return make_error(ErrorCode::Unsupported,
-                      fmt::format("CpuTensor: {} tensors are not supported on the CPU device", dtype.name()));
+                      fmt::format("HostTensor: {} tensors are not supported on the CPU device", dtype.name()));
   KILN_ASSIGN_OR_RETURN(std::uint64_t n, checked_num_elements(shape, dtype.size_bytes()));
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<CpuBuffer> buffer, alloc.allocate_shared(n * dtype.size_bytes()));
-  return CpuTensor(std::move(buffer), std::move(shape), dtype, n);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, alloc.allocate_shared(n * dtype.size_bytes()));
+  return HostTensor(std::move(buffer), std::move(shape), dtype, n);
 }
 
-Result<CpuTensor> CpuTensor::zeros(CpuAllocator& alloc, ir::Shape shape, DType dtype) {
-  KILN_ASSIGN_OR_RETURN(CpuTensor t, allocate(alloc, std::move(shape), dtype));
+Result<HostTensor> HostTensor::zeros(HostAllocator& alloc, ir::Shape shape, DType dtype) {
+  KILN_ASSIGN_OR_RETURN(HostTensor t, allocate(alloc, std::move(shape), dtype));
   if (t.size_bytes() != 0) std::memset(t.mutable_data(), 0, static_cast<std::size_t>(t.size_bytes()));
   return t;
 }
 
-Result<CpuTensor> CpuTensor::from_bytes(CpuAllocator& alloc, ir::Shape shape, DType dtype,
+Result<HostTensor> HostTensor::from_bytes(HostAllocator& alloc, ir::Shape shape, DType dtype,
                                         std::span<const std::byte> bytes) {
-  KILN_ASSIGN_OR_RETURN(CpuTensor t, allocate(alloc, std::move(shape), dtype));
+  KILN_ASSIGN_OR_RETURN(HostTensor t, allocate(alloc, std::move(shape), dtype));
   if (bytes.size() != t.size_bytes())
-    return make_error(ErrorCode::Invalid, fmt::format("CpuTensor::from_bytes: {} needs {} bytes, got {}",
+    return make_error(ErrorCode::Invalid, fmt::format("HostTensor::from_bytes: {} needs {} bytes, got {}",
                                                       t.to_string(), t.size_bytes(), bytes.size()));
   if (!bytes.empty()) std::memcpy(t.mutable_data(), bytes.data(), bytes.size());
   return t;
@@ -364,38 +364,38 @@ Result<CpuTensor> CpuTensor::from_bytes(CpuAllocator& alloc, ir::Shape shape, DT
 
 namespace {
 template <class T, class Store>
-Result<CpuTensor> from_converted(CpuAllocator& alloc, ir::Shape shape, DType dtype, std::uint64_t count,
+Result<HostTensor> from_converted(HostAllocator& alloc, ir::Shape shape, DType dtype, std::uint64_t count,
                                  const char* what, Store store) {
-  KILN_ASSIGN_OR_RETURN(CpuTensor t, CpuTensor::allocate(alloc, std::move(shape), dtype));
+  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::allocate(alloc, std::move(shape), dtype));
   if (count != t.num_elements())
-    return make_error(ErrorCode::Invalid, fmt::format("CpuTensor::{}: {} has {} elements, got {} values", what,
+    return make_error(ErrorCode::Invalid, fmt::format("HostTensor::{}: {} has {} elements, got {} values", what,
                                                       t.to_string(), t.num_elements(), count));
   for (std::uint64_t i = 0; i < count; ++i) store(t.mutable_data(), i);
   return t;
 }
 }  // namespace
 
-Result<CpuTensor> CpuTensor::from_f64(CpuAllocator& alloc, ir::Shape shape, DType dtype,
+Result<HostTensor> HostTensor::from_f64(HostAllocator& alloc, ir::Shape shape, DType dtype,
                                       std::span<const double> values) {
   return from_converted<double>(alloc, std::move(shape), dtype, values.size(), "from_f64",
                                 [&](std::byte* base, std::uint64_t i) { element::store_f64(base, dtype, i, values[i]); });
 }
 
-Result<CpuTensor> CpuTensor::from_i64(CpuAllocator& alloc, ir::Shape shape, DType dtype,
+Result<HostTensor> HostTensor::from_i64(HostAllocator& alloc, ir::Shape shape, DType dtype,
                                       std::span<const std::int64_t> values) {
   return from_converted<std::int64_t>(
       alloc, std::move(shape), dtype, values.size(), "from_i64",
       [&](std::byte* base, std::uint64_t i) { element::store_i64(base, dtype, i, values[i]); });
 }
 
-Result<CpuTensor> CpuTensor::from_u64(CpuAllocator& alloc, ir::Shape shape, DType dtype,
+Result<HostTensor> HostTensor::from_u64(HostAllocator& alloc, ir::Shape shape, DType dtype,
                                       std::span<const std::uint64_t> values) {
   return from_converted<std::uint64_t>(
       alloc, std::move(shape), dtype, values.size(), "from_u64",
       [&](std::byte* base, std::uint64_t i) { element::store_u64(base, dtype, i, values[i]); });
 }
 
-Result<CpuTensor> CpuTensor::from_bool(CpuAllocator& alloc, ir::Shape shape, DType dtype,
+Result<HostTensor> HostTensor::from_bool(HostAllocator& alloc, ir::Shape shape, DType dtype,
                                        const std::vector<bool>& values) {
   return from_converted<bool>(alloc, std::move(shape), dtype, values.size(), "from_bool",
                               [&](std::byte* base, std::uint64_t i) {
@@ -403,27 +403,27 @@ Result<CpuTensor> CpuTensor::from_bool(CpuAllocator& alloc, ir::Shape shape, DTy
                               });
 }
 
-std::vector<double> CpuTensor::to_f64() const {
+std::vector<double> HostTensor::to_f64() const {
   std::vector<double> out(static_cast<std::size_t>(num_elements_));
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = get_f64(i);
   return out;
 }
-std::vector<std::int64_t> CpuTensor::to_i64() const {
+std::vector<std::int64_t> HostTensor::to_i64() const {
   std::vector<std::int64_t> out(static_cast<std::size_t>(num_elements_));
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = get_i64(i);
   return out;
 }
-std::vector<std::uint64_t> CpuTensor::to_u64() const {
+std::vector<std::uint64_t> HostTensor::to_u64() const {
   std::vector<std::uint64_t> out(static_cast<std::size_t>(num_elements_));
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = get_u64(i);
   return out;
 }
-std::vector<bool> CpuTensor::to_bool() const {
+std::vector<bool> HostTensor::to_bool() const {
   std::vector<bool> out(static_cast<std::size_t>(num_elements_));
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = get_bool(i);
   return out;
 }
 
-std::string CpuTensor::to_string() const { return dtype_.name() + ir::shape_to_string(shape_); }
+std::string HostTensor::to_string() const { return dtype_.name() + ir::shape_to_string(shape_); }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::reference

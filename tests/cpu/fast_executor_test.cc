@@ -179,7 +179,7 @@ TEST(FastExecutor, ReusesAConsumedInputBufferInPlaceWhileStreaming) {
 TEST(FastExecutor, NoInPlaceReuseWhileAnotherHandleSharesTheBuffer) {
   Session s;
   const TensorIr x = s.input({40, 50}, iota(2000));
-  const CpuTensor held = *s.device.tensor(x.id);  // e.g. a client still reading it
+  const HostTensor held = *s.device.tensor(x.id);  // e.g. a client still reading it
   const TensorIr t = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
                                            use(x, TensorStatus::ReadWrite), ScalarIr::Float(2.0), s.id())));
   const TensorIr y = s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, use(t, TensorStatus::ReadWrite), s.id())));

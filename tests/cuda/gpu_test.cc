@@ -67,9 +67,9 @@ struct Sides {
   fusion::FusionLog log;
   fusion::ExecutionPlanStore store;
   std::unique_ptr<fusion::FusionStream> stream;
-  cpu::CpuAllocator alloc;
-  cpu::ReferenceExecutor ref{alloc};
-  ir::HandleContainer<cpu::CpuTensor> host;
+  reference::HostAllocator alloc;
+  reference::ReferenceExecutor ref{alloc};
+  ir::HandleContainer<reference::HostTensor> host;
   std::vector<Operation> ops;
   std::uint64_t next = 1;
   const std::uint64_t first = next;
@@ -105,7 +105,7 @@ struct Sides {
     std::uniform_real_distribution<double> u(lo, hi);
     std::vector<double> v(ir::num_elements(s));
     for (double& x : v) x = d.is_float() ? u(rng) : std::floor(u(rng));
-    Result<cpu::CpuTensor> h = cpu::CpuTensor::from_f64(alloc, s, d, v);
+    Result<reference::HostTensor> h = reference::HostTensor::from_f64(alloc, s, d, v);
     EXPECT_TRUE(h.ok());
     EXPECT_TRUE(gpu->upload(t.id, d, s, h->bytes()).ok());
     host.register_handle(t.id, std::move(h).value());
@@ -126,7 +126,7 @@ struct Sides {
   // or the same error.
   void expect_close(const TensorIr& t, double rel, double abs) {
     sync();
-    const cpu::CpuTensor* want = host.get_handle_ref(t.id);
+    const reference::HostTensor* want = host.get_handle_ref(t.id);
     Result<runtime::HostData> got = gpu->download(t);
     if (want == nullptr) {
       EXPECT_FALSE(got.ok()) << t.to_string() << ": the reference errored, the GPU did not";
@@ -136,7 +136,7 @@ struct Sides {
     ASSERT_EQ(got->bytes.size(), want->bytes().size());
     for (std::uint64_t i = 0; i < want->num_elements(); ++i) {
       const double w = want->get_f64(i);
-      const double g = cpu::element::load_f64(got->bytes.data(), got->dtype, i);
+      const double g = reference::element::load_f64(got->bytes.data(), got->dtype, i);
       if (std::isnan(w) || std::isinf(w)) {
         ASSERT_EQ(std::isnan(g), std::isnan(w)) << t.to_string() << " element " << i;
         if (std::isinf(w)) {
@@ -158,7 +158,7 @@ TEST(CudaBackend, UploadDownloadRoundTrip) {
     const TensorIr t = s.input({3, 1000}, d, rng);
     Result<runtime::HostData> h = s.gpu->download(t);
     ASSERT_TRUE(h.ok()) << h.error().message;
-    const cpu::CpuTensor* want = s.host.get_handle_ref(t.id);
+    const reference::HostTensor* want = s.host.get_handle_ref(t.id);
     ASSERT_EQ(h->bytes.size(), want->bytes().size());
     EXPECT_EQ(0, std::memcmp(h->bytes.data(), want->bytes().data(), h->bytes.size())) << d.name();
   }

@@ -1,4 +1,4 @@
-// CpuAllocator: size classes, alignment, pooling and its statistics, the byte limit, threads,
+// HostAllocator: size classes, alignment, pooling and its statistics, the byte limit, threads,
 // and large blocks going back to the system after their retention.
 #include "kiln/reference/memory.h"
 
@@ -23,59 +23,59 @@
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/cpu/reference_backend.h"
 
-namespace kiln::cpu {
+namespace kiln::reference {
 namespace {
 
-bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kCpuAlignment == 0; }
+bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kHostAlignment == 0; }
 
-TEST(CpuAllocatorTest, SizeClassesBoundTheWasteAndCoverTheRange) {
-  EXPECT_EQ(CpuAllocator::size_class(0), 64u);
-  EXPECT_EQ(CpuAllocator::size_class(1), 64u);
-  EXPECT_EQ(CpuAllocator::size_class(64), 64u);
-  EXPECT_EQ(CpuAllocator::size_class(65), 128u);
-  EXPECT_EQ(CpuAllocator::size_class(256), 256u);
-  EXPECT_EQ(CpuAllocator::size_class(257), 320u);
-  EXPECT_EQ(CpuAllocator::size_class(1000), 1024u);
-  EXPECT_EQ(CpuAllocator::size_class(1025), 1280u);
-  EXPECT_EQ(CpuAllocator::size_class(CpuAllocator::kMaxAllocation), CpuAllocator::kMaxAllocation);
-  EXPECT_FALSE(CpuAllocator::size_class(CpuAllocator::kMaxAllocation + 1).has_value());
+TEST(HostAllocatorTest, SizeClassesBoundTheWasteAndCoverTheRange) {
+  EXPECT_EQ(HostAllocator::size_class(0), 64u);
+  EXPECT_EQ(HostAllocator::size_class(1), 64u);
+  EXPECT_EQ(HostAllocator::size_class(64), 64u);
+  EXPECT_EQ(HostAllocator::size_class(65), 128u);
+  EXPECT_EQ(HostAllocator::size_class(256), 256u);
+  EXPECT_EQ(HostAllocator::size_class(257), 320u);
+  EXPECT_EQ(HostAllocator::size_class(1000), 1024u);
+  EXPECT_EQ(HostAllocator::size_class(1025), 1280u);
+  EXPECT_EQ(HostAllocator::size_class(HostAllocator::kMaxAllocation), HostAllocator::kMaxAllocation);
+  EXPECT_FALSE(HostAllocator::size_class(HostAllocator::kMaxAllocation + 1).has_value());
   // Every class is a multiple of the alignment and at most 25% above the request (above 256 B).
   for (std::uint64_t n = 1; n < (1u << 20); n = n * 3 / 2 + 1) {
-    const std::uint64_t cs = *CpuAllocator::size_class(n);
+    const std::uint64_t cs = *HostAllocator::size_class(n);
     EXPECT_GE(cs, n);
-    EXPECT_EQ(cs % kCpuAlignment, 0u) << n;
+    EXPECT_EQ(cs % kHostAlignment, 0u) << n;
     if (n > 256) {
       EXPECT_LE(cs, n + n / 4) << n;
     }
   }
 }
 
-TEST(CpuAllocatorTest, BlocksAreAlignedWritableAndSized) {
-  CpuAllocator alloc;
+TEST(HostAllocatorTest, BlocksAreAlignedWritableAndSized) {
+  HostAllocator alloc;
   for (std::uint64_t n : {0ull, 1ull, 63ull, 100ull, 4096ull, 100000ull, 3ull << 20}) {
     auto b = alloc.allocate(n);
     ASSERT_TRUE(b.ok()) << n;
     EXPECT_NE(b->data(), nullptr);
     EXPECT_TRUE(aligned(b->data())) << n;
     EXPECT_EQ(b->size(), n);
-    EXPECT_EQ(b->capacity(), *CpuAllocator::size_class(n));
+    EXPECT_EQ(b->capacity(), *HostAllocator::size_class(n));
     std::memset(b->data(), 0xAB, static_cast<std::size_t>(b->capacity()));  // the whole class is usable
   }
 }
 
-TEST(CpuAllocatorTest, FreedBlocksAreReusedAndCounted) {
-  CpuAllocator alloc;
+TEST(HostAllocatorTest, FreedBlocksAreReusedAndCounted) {
+  HostAllocator alloc;
   const std::byte* first = nullptr;
   {
     auto b = alloc.allocate(1000);
     ASSERT_TRUE(b.ok());
     first = b->data();
-    const CpuAllocatorStats s = alloc.stats();
+    const HostAllocatorStats s = alloc.stats();
     EXPECT_EQ(s.bytes_in_use, 1024u);
     EXPECT_EQ(s.pool_misses, 1u);
     EXPECT_EQ(s.pool_hits, 0u);
   }
-  CpuAllocatorStats s = alloc.stats();
+  HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(s.bytes_in_use, 0u);
   EXPECT_EQ(s.cached_bytes, 1024u);
   EXPECT_EQ(s.deallocations, 1u);
@@ -93,8 +93,8 @@ TEST(CpuAllocatorTest, FreedBlocksAreReusedAndCounted) {
   EXPECT_EQ(alloc.stats().pool_misses, 2u);
 }
 
-TEST(CpuAllocatorTest, PeakTracksTheHighestUse) {
-  CpuAllocator alloc;
+TEST(HostAllocatorTest, PeakTracksTheHighestUse) {
+  HostAllocator alloc;
   {
     auto a = alloc.allocate(4096);
     auto b = alloc.allocate(4096);
@@ -102,13 +102,13 @@ TEST(CpuAllocatorTest, PeakTracksTheHighestUse) {
   }
   auto c = alloc.allocate(64);
   ASSERT_TRUE(c.ok());
-  const CpuAllocatorStats s = alloc.stats();
+  const HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(s.peak_bytes, 8192u);
   EXPECT_EQ(s.bytes_in_use, 64u);
 }
 
-TEST(CpuAllocatorTest, ByteLimitReportsRequestedAndAvailable) {
-  CpuAllocator alloc({.byte_limit = 10000});
+TEST(HostAllocatorTest, ByteLimitReportsRequestedAndAvailable) {
+  HostAllocator alloc({.byte_limit = 10000});
   auto a = alloc.allocate(8000);  // class 8192
   ASSERT_TRUE(a.ok());
   auto b = alloc.allocate(4000);  // class 4096: 8192 + 4096 > 10000
@@ -125,8 +125,8 @@ TEST(CpuAllocatorTest, ByteLimitReportsRequestedAndAvailable) {
   EXPECT_TRUE(alloc.allocate(8000).ok());
 }
 
-TEST(CpuAllocatorTest, CachedBlocksAreReleasedUnderThePressureOfTheLimit) {
-  CpuAllocator alloc({.byte_limit = 16384});
+TEST(HostAllocatorTest, CachedBlocksAreReleasedUnderThePressureOfTheLimit) {
+  HostAllocator alloc({.byte_limit = 16384});
   { auto a = alloc.allocate(12000); }  // 12288 cached
   EXPECT_EQ(alloc.stats().cached_bytes, 12288u);
   auto b = alloc.allocate(16000);  // class 16384: live + cached would pass the limit
@@ -134,9 +134,9 @@ TEST(CpuAllocatorTest, CachedBlocksAreReleasedUnderThePressureOfTheLimit) {
   EXPECT_EQ(alloc.stats().cached_bytes, 0u);
 }
 
-TEST(CpuAllocatorTest, TooLargeIsAnErrorNotACrash) {
-  CpuAllocator alloc;
-  auto a = alloc.allocate(CpuAllocator::kMaxAllocation + 1);
+TEST(HostAllocatorTest, TooLargeIsAnErrorNotACrash) {
+  HostAllocator alloc;
+  auto a = alloc.allocate(HostAllocator::kMaxAllocation + 1);
   ASSERT_FALSE(a.ok());
   EXPECT_EQ(a.error().code, ErrorCode::ResourceExhausted);
   auto s = alloc.allocate_shared(~std::uint64_t{0});
@@ -144,21 +144,21 @@ TEST(CpuAllocatorTest, TooLargeIsAnErrorNotACrash) {
   EXPECT_EQ(s.error().code, ErrorCode::ResourceExhausted);
 }
 
-TEST(CpuAllocatorTest, CacheCapSendsExtraBlocksBack) {
-  CpuAllocator alloc({.max_cached_bytes = 4096});
+TEST(HostAllocatorTest, CacheCapSendsExtraBlocksBack) {
+  HostAllocator alloc({.max_cached_bytes = 4096});
   {
     auto a = alloc.allocate(4096);
     auto b = alloc.allocate(4096);
   }
-  const CpuAllocatorStats s = alloc.stats();
+  const HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(s.cached_bytes, 4096u);  // one kept, one returned
   EXPECT_EQ(s.deallocations, 2u);
   EXPECT_EQ(alloc.release_cached(), 4096u);
   EXPECT_EQ(alloc.stats().cached_bytes, 0u);
 }
 
-TEST(CpuAllocatorTest, HugeBlocksArePooledToo) {
-  CpuAllocator alloc;
+TEST(HostAllocatorTest, HugeBlocksArePooledToo) {
+  HostAllocator alloc;
   const std::uint64_t n = 8ull << 20;
   const std::byte* p = nullptr;
   {
@@ -174,30 +174,30 @@ TEST(CpuAllocatorTest, HugeBlocksArePooledToo) {
   EXPECT_EQ(alloc.stats().pool_hits, 1u);
 }
 
-TEST(CpuAllocatorTest, BuffersMoveAndShare) {
-  CpuAllocator alloc;
+TEST(HostAllocatorTest, BuffersMoveAndShare) {
+  HostAllocator alloc;
   auto a = alloc.allocate(100);
   ASSERT_TRUE(a.ok());
-  CpuBuffer moved = std::move(a).value();
+  HostBuffer moved = std::move(a).value();
   EXPECT_EQ(moved.size(), 100u);
-  CpuBuffer target;
+  HostBuffer target;
   EXPECT_TRUE(target.empty());
   target = std::move(moved);
   EXPECT_TRUE(moved.empty());  // NOLINT: moved-from state is specified
   EXPECT_EQ(alloc.stats().bytes_in_use, 128u);
   auto shared = alloc.allocate_shared(100);
   ASSERT_TRUE(shared.ok());
-  std::shared_ptr<CpuBuffer> alias = *shared;
+  std::shared_ptr<HostBuffer> alias = *shared;
   shared->reset();
   EXPECT_EQ(alloc.stats().bytes_in_use, 256u);  // the alias keeps it alive
   alias.reset();
   EXPECT_EQ(alloc.stats().bytes_in_use, 128u);
 }
 
-TEST(CpuAllocatorTest, BuffersMayOutliveTheirAllocator) {
-  std::shared_ptr<CpuBuffer> kept;
+TEST(HostAllocatorTest, BuffersMayOutliveTheirAllocator) {
+  std::shared_ptr<HostBuffer> kept;
   {
-    CpuAllocator alloc;
+    HostAllocator alloc;
     auto b = alloc.allocate_shared(1 << 12);
     ASSERT_TRUE(b.ok());
     kept = *b;
@@ -211,10 +211,10 @@ TEST(CpuAllocatorTest, BuffersMayOutliveTheirAllocator) {
 // coloured size, freshly mapped, take 64 distinct offsets within a page;
 // huge blocks keep their mapping on a huge-page boundary (the colour is the only offset);
 // every block stays aligned, fully writable, and comes back from the pool unchanged.
-TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
-  CpuAllocator alloc;
+TEST(HostAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
+  HostAllocator alloc;
   constexpr std::uint64_t kPage = 4096;
-  std::vector<CpuBuffer> live;
+  std::vector<HostBuffer> live;
   std::set<std::uintptr_t> colours;
   for (int i = 0; i < 64; ++i) {
     auto b = alloc.allocate(64 << 10);
@@ -226,13 +226,13 @@ TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
   }
   EXPECT_EQ(colours.size(), 64u) << "64 consecutive coloured blocks share page offsets";
 
-  std::vector<CpuBuffer> huge;
+  std::vector<HostBuffer> huge;
   for (int i = 0; i < 4; ++i) {
-    auto b = alloc.allocate(CpuAllocator::kHugePageThreshold + 1000);
+    auto b = alloc.allocate(HostAllocator::kHugePageThreshold + 1000);
     ASSERT_TRUE(b.ok());
     EXPECT_TRUE(aligned(b->data()));
     const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(b->data());
-    EXPECT_EQ((at - at % kPage) % CpuAllocator::kHugePageThreshold, 0u) << "huge block " << i;
+    EXPECT_EQ((at - at % kPage) % HostAllocator::kHugePageThreshold, 0u) << "huge block " << i;
     std::memset(b->data(), 0x5A, static_cast<std::size_t>(b->capacity()));
     huge.push_back(std::move(b).value());
   }
@@ -240,7 +240,7 @@ TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
 
 #if defined(__SANITIZE_ADDRESS__)
   // The padding around a coloured block stays poisoned: an access just outside is reported.
-  for (const CpuBuffer& b : live) {
+  for (const HostBuffer& b : live) {
     if (reinterpret_cast<std::uintptr_t>(b.data()) % kPage != 0) {
       EXPECT_TRUE(__asan_address_is_poisoned(b.data() - 1));
     }
@@ -258,7 +258,7 @@ TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
 
   // Released huge blocks are unmapped from their true start (the colour taken off again).
   std::vector<std::uintptr_t> starts;
-  for (const CpuBuffer& b : huge) starts.push_back(reinterpret_cast<std::uintptr_t>(b.data()) / kPage * kPage);
+  for (const HostBuffer& b : huge) starts.push_back(reinterpret_cast<std::uintptr_t>(b.data()) / kPage * kPage);
   huge.clear();
   alloc.release_cached();
   for (std::uintptr_t start : starts) {
@@ -269,15 +269,15 @@ TEST(CpuAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
   }
 }
 
-TEST(CpuAllocatorTest, ConcurrentStreamsKeepTheCountsExact) {
-  CpuAllocator alloc({.byte_limit = 64ull << 20});
+TEST(HostAllocatorTest, ConcurrentStreamsKeepTheCountsExact) {
+  HostAllocator alloc({.byte_limit = 64ull << 20});
   constexpr int kThreads = 8;
   constexpr int kRounds = 2000;
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      std::vector<CpuBuffer> live;
+      std::vector<HostBuffer> live;
       for (int i = 0; i < kRounds; ++i) {
         const std::uint64_t n = 64u << ((i + t) % 10);
         auto b = alloc.allocate(n);
@@ -292,7 +292,7 @@ TEST(CpuAllocatorTest, ConcurrentStreamsKeepTheCountsExact) {
     });
   }
   for (auto& th : threads) th.join();
-  const CpuAllocatorStats s = alloc.stats();
+  const HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(s.bytes_in_use, 0u);
   EXPECT_EQ(s.allocations, static_cast<std::uint64_t>(kThreads * kRounds));
@@ -302,9 +302,9 @@ TEST(CpuAllocatorTest, ConcurrentStreamsKeepTheCountsExact) {
   EXPECT_LE(s.peak_bytes, 64ull << 20);
 }
 
-TEST(CpuAllocatorTest, ConcurrentRequestsNeverPassTheLimitTogether) {
+TEST(HostAllocatorTest, ConcurrentRequestsNeverPassTheLimitTogether) {
   const std::uint64_t limit = 1 << 20;
-  CpuAllocator alloc({.byte_limit = limit});
+  HostAllocator alloc({.byte_limit = limit});
   std::atomic<std::uint64_t> refused{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -330,12 +330,12 @@ using std::chrono::steady_clock;
 constexpr std::uint64_t kLarge = std::uint64_t{32} << 20;
 constexpr std::uint64_t kMid = std::uint64_t{24} << 20;
 
-TEST(CpuAllocatorTest, LargeBlocksAreReusedWithinTheRetentionAndReleasedAfter) {
+TEST(HostAllocatorTest, LargeBlocksAreReusedWithinTheRetentionAndReleasedAfter) {
   // A minute: far beyond any pause of a loaded test machine, so nothing expires by itself.
   const std::chrono::milliseconds retention = std::chrono::minutes(1);
-  CpuAllocator alloc({.large_block_retention = retention});
-  ASSERT_EQ(CpuAllocator::size_class(kLarge), kLarge);
-  ASSERT_EQ(CpuAllocator::size_class(kMid), kMid);
+  HostAllocator alloc({.large_block_retention = retention});
+  ASSERT_EQ(HostAllocator::size_class(kLarge), kLarge);
+  ASSERT_EQ(HostAllocator::size_class(kMid), kMid);
   const std::byte* first = nullptr;
   {
     auto a = alloc.allocate(kLarge);
@@ -353,7 +353,7 @@ TEST(CpuAllocatorTest, LargeBlocksAreReusedWithinTheRetentionAndReleasedAfter) {
   EXPECT_EQ(alloc.stats().cached_bytes, kLarge);
 
   EXPECT_EQ(alloc.release_idle(steady_clock::now() + retention + std::chrono::seconds(1)), kLarge);
-  CpuAllocatorStats s = alloc.stats();
+  HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(s.cached_bytes, 0u);
   EXPECT_EQ(s.released_bytes, kLarge);
   EXPECT_EQ(alloc.release_idle(steady_clock::now() + 2 * retention), 0u) << "released twice";
@@ -365,9 +365,9 @@ TEST(CpuAllocatorTest, LargeBlocksAreReusedWithinTheRetentionAndReleasedAfter) {
   EXPECT_EQ(s.pool_hits, 1u);
 }
 
-TEST(CpuAllocatorTest, ExpiredLargeBlocksAreReleasedByLaterAllocatorCalls) {
+TEST(HostAllocatorTest, ExpiredLargeBlocksAreReleasedByLaterAllocatorCalls) {
   // No timer here: the next large allocation (of another class) notices the expired block.
-  CpuAllocator alloc({.large_block_retention = std::chrono::milliseconds(1)});
+  HostAllocator alloc({.large_block_retention = std::chrono::milliseconds(1)});
   {
     auto a = alloc.allocate(kLarge);
     ASSERT_TRUE(a.ok()) << a.error().message;
@@ -375,18 +375,18 @@ TEST(CpuAllocatorTest, ExpiredLargeBlocksAreReleasedByLaterAllocatorCalls) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   auto other = alloc.allocate(kMid);
   ASSERT_TRUE(other.ok()) << other.error().message;
-  const CpuAllocatorStats s = alloc.stats();
+  const HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(s.cached_bytes, 0u);
   EXPECT_EQ(s.released_bytes, kLarge);
 }
 
-TEST(CpuAllocatorTest, ZeroRetentionNeverPoolsLargeBlocks) {
-  CpuAllocator alloc({.large_block_retention = std::chrono::milliseconds(0)});
+TEST(HostAllocatorTest, ZeroRetentionNeverPoolsLargeBlocks) {
+  HostAllocator alloc({.large_block_retention = std::chrono::milliseconds(0)});
   for (int i = 0; i < 2; ++i) {
     auto a = alloc.allocate(kLarge);
     ASSERT_TRUE(a.ok()) << a.error().message;
   }
-  CpuAllocatorStats s = alloc.stats();
+  HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(s.cached_bytes, 0u);
   EXPECT_EQ(s.pool_hits, 0u);
   EXPECT_EQ(s.pool_misses, 2u);
@@ -394,14 +394,14 @@ TEST(CpuAllocatorTest, ZeroRetentionNeverPoolsLargeBlocks) {
   // The threshold is configurable: below it blocks are still pooled.
   { auto a = alloc.allocate(kLarge / 4); }
   EXPECT_EQ(alloc.stats().cached_bytes, kLarge / 4);
-  CpuAllocator strict({.large_block_bytes = 4096, .large_block_retention = std::chrono::milliseconds(0)});
+  HostAllocator strict({.large_block_bytes = 4096, .large_block_retention = std::chrono::milliseconds(0)});
   { auto a = strict.allocate(4096); }
   EXPECT_EQ(strict.stats().cached_bytes, 0u);
 }
 
-TEST(CpuAllocatorTest, SmallBlocksStayPooledPastTheRetention) {
+TEST(HostAllocatorTest, SmallBlocksStayPooledPastTheRetention) {
   const std::chrono::milliseconds retention(10);
-  CpuAllocator alloc({.large_block_retention = retention});
+  HostAllocator alloc({.large_block_retention = retention});
   const std::uint64_t small = 1u << 20;  // below large_block_bytes
   const std::byte* first = nullptr;
   {
@@ -420,9 +420,9 @@ TEST(CpuAllocatorTest, SmallBlocksStayPooledPastTheRetention) {
 
 // An idle pool (no allocation, no free between two owner calls a retention apart) gives back its
 // small blocks too: after a workload the process's memory returns near its baseline.
-TEST(CpuAllocatorTest, AnIdlePoolGivesBackItsSmallBlocksToo) {
+TEST(HostAllocatorTest, AnIdlePoolGivesBackItsSmallBlocksToo) {
   const std::chrono::milliseconds retention(100);
-  CpuAllocator alloc({.large_block_retention = retention});
+  HostAllocator alloc({.large_block_retention = retention});
   const std::uint64_t small = 1u << 20;
   { auto a = alloc.allocate(small); }
   const auto t = steady_clock::now();
@@ -438,9 +438,9 @@ TEST(CpuAllocatorTest, AnIdlePoolGivesBackItsSmallBlocksToo) {
   EXPECT_EQ(alloc.stats().released_bytes, small);
 }
 
-TEST(CpuAllocatorTest, ReleaseIdleKeepsTheBlocksFreedSinceAndStaysExactUnderThreads) {
+TEST(HostAllocatorTest, ReleaseIdleKeepsTheBlocksFreedSinceAndStaysExactUnderThreads) {
   const std::chrono::milliseconds retention = std::chrono::minutes(1);
-  CpuAllocator alloc({.large_block_retention = retention});
+  HostAllocator alloc({.large_block_retention = retention});
   { auto old = alloc.allocate(kLarge); }
   const auto cut = steady_clock::now();
   { auto fresh = alloc.allocate(kMid); }  // 24 MiB, another class
@@ -467,7 +467,7 @@ TEST(CpuAllocatorTest, ReleaseIdleKeepsTheBlocksFreedSinceAndStaysExactUnderThre
   stop.store(true);
   releaser.join();
   (void)alloc.release_idle(steady_clock::now() + 2 * retention);
-  const CpuAllocatorStats s = alloc.stats();
+  const HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(s.bytes_in_use, 0u);
   EXPECT_EQ(s.cached_bytes, 0u);
   EXPECT_EQ(s.pool_hits + s.pool_misses, s.allocations);
@@ -493,13 +493,13 @@ std::uint64_t resident_bytes() {
 // The issue this answers: after one 300 MiB transfer the daemon stayed 600 MB resident with no
 // tensor alive. Large blocks are mappings of their own (memory.cc), which AddressSanitizer does
 // not quarantine, so this holds under the dev preset's ASan as well as in release.
-TEST(CpuAllocatorTest, ResidentMemoryReturnsNearItsBaselineAfterALargeBlockIsReleased) {
+TEST(HostAllocatorTest, ResidentMemoryReturnsNearItsBaselineAfterALargeBlockIsReleased) {
   const std::uint64_t baseline = resident_bytes();
   if (baseline == 0) GTEST_SKIP() << "no VmRSS in /proc/self/status: cannot measure resident memory";
   const std::uint64_t n = std::uint64_t{256} << 20;
   const std::uint64_t slack = std::uint64_t{64} << 20;
   const std::chrono::milliseconds retention = std::chrono::minutes(1);
-  CpuAllocator alloc({.large_block_retention = retention});
+  HostAllocator alloc({.large_block_retention = retention});
   {
     auto b = alloc.allocate(n);
     ASSERT_TRUE(b.ok()) << b.error().message;
@@ -509,18 +509,19 @@ TEST(CpuAllocatorTest, ResidentMemoryReturnsNearItsBaselineAfterALargeBlockIsRel
   // Pooled within the retention: still resident, ready for the next step.
   EXPECT_GE(resident_bytes(), baseline + n - slack);
   EXPECT_EQ(alloc.release_idle(steady_clock::now() + retention + std::chrono::seconds(1)),
-            *CpuAllocator::size_class(n));
+            *HostAllocator::size_class(n));
   const std::uint64_t after = resident_bytes();
   EXPECT_LE(after, baseline + slack) << "resident " << (after >> 20) << " MiB, baseline " << (baseline >> 20) << " MiB";
 }
 
 // The daemon reaches the allocator through the device's backend without knowing its type.
-TEST(CpuAllocatorTest, BackendsReleaseIdleMemoryThroughTheRuntimeInterface) {
-  const CpuAllocatorOptions options{.large_block_retention = std::chrono::milliseconds(1)};
+TEST(HostAllocatorTest, BackendsReleaseIdleMemoryThroughTheRuntimeInterface) {
+  const HostAllocatorOptions options{.large_block_retention = std::chrono::milliseconds(1)};
   std::vector<std::unique_ptr<runtime::DeviceBackend>> backends;
   backends.push_back(
-      std::make_unique<CpuBackend>(CpuBackendOptions{.threads = 1, .allocator = options, .jit = CpuJitMode::Off}));
-  backends.push_back(std::make_unique<ReferenceCpuBackend>(options));
+      std::make_unique<cpu::CpuBackend>(
+          cpu::CpuBackendOptions{.threads = 1, .allocator = options, .jit = cpu::CpuJitMode::Off}));
+  backends.push_back(std::make_unique<cpu::ReferenceCpuBackend>(options));
   const std::vector<float> values(static_cast<std::size_t>(kLarge / sizeof(float)), 1.0f);
   for (auto& backend : backends) {
     const ir::TensorId id{1};
@@ -535,4 +536,4 @@ TEST(CpuAllocatorTest, BackendsReleaseIdleMemoryThroughTheRuntimeInterface) {
 }
 
 }  // namespace
-}  // namespace kiln::cpu
+}  // namespace kiln::reference

@@ -2,7 +2,7 @@
 // casts, clamp, mask_where and mask_fill. Expected values are computed by hand.
 #include "reference_test_util.h"
 
-namespace kiln::cpu::testing {
+namespace kiln::reference::testing {
 namespace {
 
 using F = Family;
@@ -424,4 +424,4 @@ TEST(ReferenceMaskTest, MaskMustBeBool) {
 }
 
 }  // namespace
-}  // namespace kiln::cpu::testing
+}  // namespace kiln::reference::testing

@@ -10,7 +10,7 @@
 
 #include "reference_test_util.h"
 
-namespace kiln::cpu::testing {
+namespace kiln::reference::testing {
 namespace {
 
 using F = Family;
@@ -120,7 +120,7 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
     case Signature::Full: return b::full(f, k, s, t, scalar_for(t), o);
     case Signature::Random: return b::random(f, k, s, t, b::DistributionIr::uniform(0, 3), o);
     case Signature::Init: {
-      d.handles.register_handle(o, *CpuTensor::zeros(d.alloc, s, t));
+      d.handles.register_handle(o, *HostTensor::zeros(d.alloc, s, t));
       return b::init(s, t, o);
     }
     case Signature::Gather: return b::gather(f, k, x(), 1, d.i64({2, 2}, index, {2, 0, 1, 1}), o);
@@ -220,7 +220,7 @@ TEST(ReferenceExecutorTest, EveryOpKindRunsOnEveryDtypeItAdmits) {
       EXPECT_TRUE(st.ok()) << op->value().to_string() << ": " << st.error().to_string();
       EXPECT_FALSE(d.handles.has_errors()) << op->value().to_string();
       for (const TensorIr& out : op->value().outputs()) {
-        const CpuTensor* h = d.handles.get_handle_ref(out.id);
+        const HostTensor* h = d.handles.get_handle_ref(out.id);
         ASSERT_NE(h, nullptr) << op->value().to_string();
         EXPECT_EQ(h->shape(), out.shape);
         EXPECT_EQ(h->dtype(), out.dtype);
@@ -258,7 +258,7 @@ TEST(ReferenceExecutorTest, OneTensorUsedTwiceInEitherStatusOrder) {
 TEST(ReferenceExecutorTest, InputsAreNeverModifiedAndOutputsNeverAlias) {
   Device d;
   const TensorIr x = d.f64({3}, dtypes::f32, {1, 2, 3});
-  const CpuTensor before = d.tensor(x.id);
+  const HostTensor before = d.tensor(x.id);
   const TensorId y = d.ok(b::scalar(F::NumericFloat, K::Numeric_MulScalar, x, ScalarIr::Float(2), d.fresh()));
   EXPECT_EQ(d.f64_of(x.id), (std::vector<double>{1, 2, 3}));
   EXPECT_FALSE(d.tensor(y).shares_buffer_with(before));
@@ -385,7 +385,7 @@ TEST(ReferenceExecutorTest, InvalidOperationsAreErrors) {
 }
 
 TEST(ReferenceExecutorTest, ExhaustionIsAnErrorAndTheNextOpRuns) {
-  CpuAllocator small({.byte_limit = 4096});
+  HostAllocator small({.byte_limit = 4096});
   ReferenceExecutor exec(small);
   ReferenceExecutor::Handles handles;
   auto big = b::creation(F::BaseFloat, K::Base_Zeros, {2048}, dtypes::f32, TensorId{1});
@@ -404,7 +404,7 @@ TEST(ReferenceExecutorTest, ExhaustionIsAnErrorAndTheNextOpRuns) {
 TEST(ReferenceExecutorTest, InitChecksTheOutOfBandHandle) {
   Device d;
   const TensorId id = d.fresh();
-  d.handles.register_handle(id, *CpuTensor::from_f64(d.alloc, {2}, dtypes::f32, std::vector<double>{1, 2}));
+  d.handles.register_handle(id, *HostTensor::from_f64(d.alloc, {2}, dtypes::f32, std::vector<double>{1, 2}));
   EXPECT_TRUE(d.run(b::init({2}, dtypes::f32, id)).ok());
   EXPECT_EQ(d.f64_of(id), (std::vector<double>{1, 2}));
   // Missing: error, claimed.
@@ -413,7 +413,7 @@ TEST(ReferenceExecutorTest, InitChecksTheOutOfBandHandle) {
   EXPECT_TRUE(d.handles.entry(missing)->is_errored());
   // Registered with another shape: error, and the entry becomes Errored (readers see why).
   const TensorId wrong = d.fresh();
-  d.handles.register_handle(wrong, *CpuTensor::zeros(d.alloc, {3}, dtypes::f32));
+  d.handles.register_handle(wrong, *HostTensor::zeros(d.alloc, {3}, dtypes::f32));
   EXPECT_FALSE(d.run(b::init({2}, dtypes::f32, wrong)).ok());
   EXPECT_TRUE(d.handles.entry(wrong)->is_errored());
   // Already claimed out of band (a failed upload): nothing more to say.
@@ -461,7 +461,7 @@ TEST(ReferenceExecutorTest, AllReduceOnOneDeviceIsTheIdentity) {
 
 // Streams of one device: one executor and container each, one shared allocator.
 TEST(ReferenceExecutorTest, StreamsShareOneAllocator) {
-  CpuAllocator alloc;
+  HostAllocator alloc;
   std::vector<std::thread> streams;
   std::atomic<int> failures{0};
   for (int s = 0; s < 4; ++s) {
@@ -481,7 +481,7 @@ TEST(ReferenceExecutorTest, StreamsShareOneAllocator) {
           failures.fetch_add(1);
         prev = out;
       }
-      const CpuTensor* last = handles.get_handle_ref(prev);
+      const HostTensor* last = handles.get_handle_ref(prev);
       if (last == nullptr || last->get_f64(63) != 501 || handles.num_handles() != 1) failures.fetch_add(1);
     });
   }
@@ -618,4 +618,4 @@ TEST(ReferenceExecutorFuzzTest, MutatedOperationsNeverCrash) {
 }
 
 }  // namespace
-}  // namespace kiln::cpu::testing
+}  // namespace kiln::reference::testing

@@ -1,7 +1,7 @@
 // Reference executor: layout, indexing and creation ops.
 #include "reference_test_util.h"
 
-namespace kiln::cpu::testing {
+namespace kiln::reference::testing {
 namespace {
 
 using F = Family;
@@ -345,4 +345,4 @@ TEST(ReferenceCreationTest, RandomParametersAreChecked) {
 }
 
 }  // namespace
-}  // namespace kiln::cpu::testing
+}  // namespace kiln::reference::testing

@@ -3,7 +3,7 @@
 
 #include "reference_test_util.h"
 
-namespace kiln::cpu::testing {
+namespace kiln::reference::testing {
 namespace {
 
 using F = Family;
@@ -257,4 +257,4 @@ TEST(ReferenceModuleTest, ForcedBadOptionsAreErrors) {
 }
 
 }  // namespace
-}  // namespace kiln::cpu::testing
+}  // namespace kiln::reference::testing

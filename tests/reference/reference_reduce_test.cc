@@ -1,7 +1,7 @@
 // Reference executor: reductions, arg reductions, max/min with indices, top-k, cumulative scans.
 #include "reference_test_util.h"
 
-namespace kiln::cpu::testing {
+namespace kiln::reference::testing {
 namespace {
 
 using F = Family;
@@ -248,4 +248,4 @@ TEST(ReferenceReduceTest, BadAttributesAreErrors) {
 }
 
 }  // namespace
-}  // namespace kiln::cpu::testing
+}  // namespace kiln::reference::testing

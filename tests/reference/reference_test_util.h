@@ -18,7 +18,7 @@
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/operation.h"
 
-namespace kiln::cpu::testing {
+namespace kiln::reference::testing {
 
 using namespace kiln::ir;  // NOLINT: test brevity
 namespace b = kiln::ir::build;
@@ -28,7 +28,7 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 class Device {
  public:
-  CpuAllocator alloc;
+  HostAllocator alloc;
   ReferenceExecutor exec{alloc};
   ReferenceExecutor::Handles handles;
 
@@ -37,29 +37,29 @@ class Device {
   // Registers host data and returns an occurrence of it with the given status.
   TensorIr f64(Shape shape, DType dtype, const std::vector<double>& values,
                TensorStatus status = TensorStatus::ReadOnly) {
-    auto t = CpuTensor::from_f64(alloc, shape, dtype, values);
+    auto t = HostTensor::from_f64(alloc, shape, dtype, values);
     EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().to_string());
     return put(std::move(t).value(), status);
   }
   TensorIr i64(Shape shape, DType dtype, const std::vector<std::int64_t>& values,
                TensorStatus status = TensorStatus::ReadOnly) {
-    auto t = CpuTensor::from_i64(alloc, shape, dtype, values);
+    auto t = HostTensor::from_i64(alloc, shape, dtype, values);
     EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().to_string());
     return put(std::move(t).value(), status);
   }
   TensorIr u64(Shape shape, DType dtype, const std::vector<std::uint64_t>& values,
                TensorStatus status = TensorStatus::ReadOnly) {
-    auto t = CpuTensor::from_u64(alloc, shape, dtype, values);
+    auto t = HostTensor::from_u64(alloc, shape, dtype, values);
     EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().to_string());
     return put(std::move(t).value(), status);
   }
   TensorIr boolean(Shape shape, const std::vector<bool>& values, DType dtype = dtypes::boolean,
                    TensorStatus status = TensorStatus::ReadOnly) {
-    auto t = CpuTensor::from_bool(alloc, shape, dtype, values);
+    auto t = HostTensor::from_bool(alloc, shape, dtype, values);
     EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().to_string());
     return put(std::move(t).value(), status);
   }
-  TensorIr put(CpuTensor t, TensorStatus status = TensorStatus::ReadOnly) {
+  TensorIr put(HostTensor t, TensorStatus status = TensorStatus::ReadOnly) {
     const TensorId id = fresh();
     TensorIr ir{id, t.shape(), status, t.dtype()};
     handles.register_handle(id, std::move(t));
@@ -81,10 +81,10 @@ class Device {
   }
 
   // The tensor registered under id (an empty one, and a test failure, if there is none).
-  CpuTensor tensor(TensorId id) {
-    if (const CpuTensor* t = handles.get_handle_ref(id)) return *t;
+  HostTensor tensor(TensorId id) {
+    if (const HostTensor* t = handles.get_handle_ref(id)) return *t;
     ADD_FAILURE() << id.to_string() << " has no handle";
-    return *CpuTensor::zeros(alloc, Shape{0}, dtypes::f32);
+    return *HostTensor::zeros(alloc, Shape{0}, dtypes::f32);
   }
   std::vector<double> f64_of(TensorId id) { return tensor(id).to_f64(); }
   std::vector<std::int64_t> i64_of(TensorId id) { return tensor(id).to_i64(); }
@@ -138,4 +138,4 @@ inline TensorIr rw(TensorIr t) {
   return t;
 }
 
-}  // namespace kiln::cpu::testing
+}  // namespace kiln::reference::testing

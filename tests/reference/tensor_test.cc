@@ -1,4 +1,4 @@
-// CpuTensor, the element codec and the f16 / bf16 conversions.
+// HostTensor, the element codec and the f16 / bf16 conversions.
 #include "kiln/reference/tensor.h"
 
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-namespace kiln::cpu {
+namespace kiln::reference {
 namespace {
 
 using namespace kiln::ir;  // NOLINT
@@ -227,11 +227,11 @@ TEST(ElementCodecTest, BoolStoresAndTruthiness) {
   EXPECT_EQ(element::load_f64(buf, dtypes::bf16, 0), 1.0);
 }
 
-// ---- CpuTensor
+// ---- HostTensor
 
-TEST(CpuTensorTest, FromAndToHostData) {
-  CpuAllocator alloc;
-  auto t = CpuTensor::from_f64(alloc, {2, 2}, dtypes::bf16, std::vector<double>{1, 2.5, -0.1, 3});
+TEST(HostTensorTest, FromAndToHostData) {
+  HostAllocator alloc;
+  auto t = HostTensor::from_f64(alloc, {2, 2}, dtypes::bf16, std::vector<double>{1, 2.5, -0.1, 3});
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->to_string(), "bf16[2,2]");
   EXPECT_EQ(t->size_bytes(), 8u);
@@ -240,58 +240,58 @@ TEST(CpuTensorTest, FromAndToHostData) {
   EXPECT_TRUE(t->to_values<float>().empty());  // bf16 is not stored as float
 
   const std::vector<std::int32_t> v{1, -2, 3};
-  auto u = CpuTensor::from_values<std::int32_t>(alloc, {3}, v);
+  auto u = HostTensor::from_values<std::int32_t>(alloc, {3}, v);
   ASSERT_TRUE(u.ok());
   EXPECT_EQ(u->dtype(), dtypes::i32);
   EXPECT_EQ(u->to_values<std::int32_t>(), v);
   EXPECT_EQ(u->to_i64(), (std::vector<std::int64_t>{1, -2, 3}));
   EXPECT_EQ(u->to_u64()[1], static_cast<std::uint64_t>(-2));
 
-  auto f = CpuTensor::from_values<float>(alloc, {2}, dtypes::flex32, std::vector<float>{0.5f, 2.f});
+  auto f = HostTensor::from_values<float>(alloc, {2}, dtypes::flex32, std::vector<float>{0.5f, 2.f});
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->to_f64(), (std::vector<double>{0.5, 2}));
-  EXPECT_FALSE(CpuTensor::from_values<float>(alloc, {2}, dtypes::f64, std::vector<float>{0.5f, 2.f}).ok());
+  EXPECT_FALSE(HostTensor::from_values<float>(alloc, {2}, dtypes::f64, std::vector<float>{0.5f, 2.f}).ok());
 
-  auto bl = CpuTensor::from_bool(alloc, {3}, DType::boolean(BoolStore::U32), {true, false, true});
+  auto bl = HostTensor::from_bool(alloc, {3}, DType::boolean(BoolStore::U32), {true, false, true});
   ASSERT_TRUE(bl.ok());
   EXPECT_EQ(bl->size_bytes(), 12u);
   EXPECT_EQ(bl->to_bool(), (std::vector<bool>{true, false, true}));
   EXPECT_EQ(bl->to_values<std::uint32_t>(), (std::vector<std::uint32_t>{1, 0, 1}));
   EXPECT_EQ(bl->to_values<bool>(), (std::vector<bool>{true, false, true}));
 
-  auto scalar = CpuTensor::from_f64(alloc, {}, dtypes::f64, std::vector<double>{7});
+  auto scalar = HostTensor::from_f64(alloc, {}, dtypes::f64, std::vector<double>{7});
   ASSERT_TRUE(scalar.ok());
   EXPECT_EQ(scalar->num_elements(), 1u);
-  auto empty = CpuTensor::zeros(alloc, {0, 3}, dtypes::i16);
+  auto empty = HostTensor::zeros(alloc, {0, 3}, dtypes::i16);
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->num_elements(), 0u);
   EXPECT_TRUE(empty->to_i64().empty());
 }
 
-TEST(CpuTensorTest, BadInputsAreErrors) {
-  CpuAllocator alloc;
-  EXPECT_FALSE(CpuTensor::from_f64(alloc, {3}, dtypes::f32, std::vector<double>{1, 2}).ok());
+TEST(HostTensorTest, BadInputsAreErrors) {
+  HostAllocator alloc;
+  EXPECT_FALSE(HostTensor::from_f64(alloc, {3}, dtypes::f32, std::vector<double>{1, 2}).ok());
   std::vector<std::byte> bytes(7);
-  EXPECT_FALSE(CpuTensor::from_bytes(alloc, {2}, dtypes::f32, bytes).ok());
-  EXPECT_EQ(CpuTensor::allocate(alloc, {2}, DType::qfloat({})).error().code, ErrorCode::Unsupported);
-  EXPECT_FALSE(CpuTensor::allocate(alloc, {1ull << 40, 1ull << 40}, dtypes::f32).ok());  // overflows
+  EXPECT_FALSE(HostTensor::from_bytes(alloc, {2}, dtypes::f32, bytes).ok());
+  EXPECT_EQ(HostTensor::allocate(alloc, {2}, DType::qfloat({})).error().code, ErrorCode::Unsupported);
+  EXPECT_FALSE(HostTensor::allocate(alloc, {1ull << 40, 1ull << 40}, dtypes::f32).ok());  // overflows
   auto buf = alloc.allocate_shared(8);
   ASSERT_TRUE(buf.ok());
-  EXPECT_FALSE(CpuTensor::wrap(*buf, {4}, dtypes::f32).ok());  // 16 bytes needed
-  EXPECT_FALSE(CpuTensor::wrap(nullptr, {1}, dtypes::f32).ok());
-  auto w = CpuTensor::wrap(*buf, {2}, dtypes::f32);
+  EXPECT_FALSE(HostTensor::wrap(*buf, {4}, dtypes::f32).ok());  // 16 bytes needed
+  EXPECT_FALSE(HostTensor::wrap(nullptr, {1}, dtypes::f32).ok());
+  auto w = HostTensor::wrap(*buf, {2}, dtypes::f32);
   ASSERT_TRUE(w.ok());
-  auto alias = CpuTensor::wrap(*buf, {8}, dtypes::u8);
+  auto alias = HostTensor::wrap(*buf, {8}, dtypes::u8);
   ASSERT_TRUE(alias.ok());
   EXPECT_TRUE(w->shares_buffer_with(*alias));
 }
 
-TEST(CpuTensorTest, ExhaustionIsAnErrorValue) {
-  CpuAllocator alloc({.byte_limit = 1024});
-  auto t = CpuTensor::zeros(alloc, {1000}, dtypes::f32);
+TEST(HostTensorTest, ExhaustionIsAnErrorValue) {
+  HostAllocator alloc({.byte_limit = 1024});
+  auto t = HostTensor::zeros(alloc, {1000}, dtypes::f32);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.error().code, ErrorCode::ResourceExhausted);
 }
 
 }  // namespace
-}  // namespace kiln::cpu
+}  // namespace kiln::reference

@@ -31,7 +31,7 @@ struct CpuBackendOptions {
   // Streams run their launches on the same arena, so two streams busy at once share these
   // workers instead of oversubscribing the cores.
   int threads = 0;
-  CpuAllocatorOptions allocator{};
+  HostAllocatorOptions allocator{};
   // Seed of the first stream's random generator; stream k uses seed + k.
   std::uint64_t seed = ReferenceExecutor::kDefaultSeed;
   // JIT compilation of fused elementwise programs (CpuJitMode in device.h): a long-lived backend
@@ -57,7 +57,7 @@ class CpuBackend final : public runtime::DeviceBackend {
   Status alias(ir::TensorId src, ir::TensorId dst) override;
   runtime::MemoryStats memory_stats() const override;
   // The allocator's large blocks idle past options.allocator.large_block_retention
-  // (CpuAllocator::release_idle).
+  // (HostAllocator::release_idle).
   std::uint64_t release_idle_memory() override;
 
   // The shared allocator, kernel cache, arena and counters (its own handle container is unused).

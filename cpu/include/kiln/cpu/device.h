@@ -34,9 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/reference/memory.h"
-#include "kiln/reference/reference_executor.h"
-#include "kiln/reference/tensor.h"
+#include "kiln/cpu/host.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/ir/handle_container.h"
 
@@ -61,7 +59,7 @@ enum class CpuJitMode : std::uint8_t { Off, On, Auto };
 struct CpuDeviceOptions {
   // Worker threads one launch may use (its task arena's concurrency); 0 = runtime::usable_cores().
   int threads = 0;
-  CpuAllocatorOptions allocator{};
+  HostAllocatorOptions allocator{};
   // Seed of the reference executor's random generator (Random / IntRandom ops).
   std::uint64_t seed = ReferenceExecutor::kDefaultSeed;
   CpuJitMode jit = CpuJitMode::Off;
@@ -110,15 +108,15 @@ struct CpuDeviceStats {
 
 class CpuDevice {
  public:
-  using Handles = ir::HandleContainer<CpuTensor>;
+  using Handles = ir::HandleContainer<HostTensor>;
 
   explicit CpuDevice(CpuDeviceOptions options = {});
   ~CpuDevice();
   CpuDevice(const CpuDevice&) = delete;
   CpuDevice& operator=(const CpuDevice&) = delete;
 
-  CpuAllocator& allocator() { return allocator_; }
-  const CpuAllocator& allocator() const { return allocator_; }
+  HostAllocator& allocator() { return allocator_; }
+  const HostAllocator& allocator() const { return allocator_; }
   Handles& handles() { return handles_; }
   const Handles& handles() const { return handles_; }
   ReferenceExecutor& reference() { return reference_; }
@@ -142,7 +140,7 @@ class CpuDevice {
 
   // ---- Host data. Uploads register a tensor under `id` (replacing any entry); downloads read
   // a tensor back, or return its TensorError when it is errored (InvalidHandle when absent).
-  void upload(ir::TensorId id, CpuTensor tensor) { handles_.register_handle(id, std::move(tensor)); }
+  void upload(ir::TensorId id, HostTensor tensor) { handles_.register_handle(id, std::move(tensor)); }
   template <class T>
   Status upload(ir::TensorId id, ir::Shape shape, std::span<const T> values);
   // Values converted with the element codec (rounded once to `dtype`).
@@ -150,8 +148,8 @@ class CpuDevice {
   Status upload_i64(ir::TensorId id, ir::Shape shape, ir::DType dtype, std::span<const std::int64_t> values);
   Status upload_bool(ir::TensorId id, ir::Shape shape, ir::DType dtype, const std::vector<bool>& values);
 
-  ir::HandleLookup<CpuTensor> tensor(ir::TensorId id) const;
-  // Raw elements; T must be the dtype's storage type (CpuTensor::to_values), else DTypeMismatch.
+  ir::HandleLookup<HostTensor> tensor(ir::TensorId id) const;
+  // Raw elements; T must be the dtype's storage type (HostTensor::to_values), else DTypeMismatch.
   template <class T>
   ir::HandleLookup<std::vector<T>> download(ir::TensorId id) const;
   // Every element through the codec (any dtype).
@@ -178,7 +176,7 @@ class CpuDevice {
   };
   void evict_coldest_kernels();  // under cache_mutex_ (exclusive)
 
-  CpuAllocator allocator_;
+  HostAllocator allocator_;
   Handles handles_;
   ReferenceExecutor reference_;
   int threads_;
@@ -194,7 +192,7 @@ class CpuDevice {
 
 template <class T>
 Status CpuDevice::upload(ir::TensorId id, ir::Shape shape, std::span<const T> values) {
-  Result<CpuTensor> t = CpuTensor::from_values<T>(allocator_, std::move(shape), values);
+  Result<HostTensor> t = HostTensor::from_values<T>(allocator_, std::move(shape), values);
   if (!t.ok()) return t.error();
   upload(id, std::move(t).value());
   return Status::Ok();
@@ -202,8 +200,8 @@ Status CpuDevice::upload(ir::TensorId id, ir::Shape shape, std::span<const T> va
 
 template <class T>
 ir::HandleLookup<std::vector<T>> CpuDevice::download(ir::TensorId id) const {
-  ir::HandleLookup<CpuTensor> t = tensor(id);
-  if (!t.ok()) return std::move(t).map([](CpuTensor&&) { return std::vector<T>(); });
+  ir::HandleLookup<HostTensor> t = tensor(id);
+  if (!t.ok()) return std::move(t).map([](HostTensor&&) { return std::vector<T>(); });
   std::vector<T> values = t->template to_values<T>();
   if (values.empty() && t->num_elements() != 0)
     return ir::HandleLookup<std::vector<T>>::invalid(

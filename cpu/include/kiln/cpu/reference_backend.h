@@ -4,9 +4,7 @@
 // Thread-safety: every method may be called from any thread (runtime/backend.h).
 #pragma once
 
-#include "kiln/reference/memory.h"
-#include "kiln/reference/reference_executor.h"
-#include "kiln/reference/tensor.h"
+#include "kiln/cpu/host.h"
 #include "kiln/cpu/tensor_table.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/runtime/backend.h"
@@ -24,7 +22,7 @@ using runtime::MemoryStats;
 // stress programs check against.
 class ReferenceCpuBackend final : public DeviceBackend {
  public:
-  explicit ReferenceCpuBackend(CpuAllocatorOptions alloc_options = {});
+  explicit ReferenceCpuBackend(HostAllocatorOptions alloc_options = {});
   ~ReferenceCpuBackend() override;
 
   std::string_view name() const override { return "cpu-reference"; }
@@ -37,16 +35,16 @@ class ReferenceCpuBackend final : public DeviceBackend {
   void free(const ir::TensorIr& t) override;
   Status alias(ir::TensorId src, ir::TensorId dst) override;
   MemoryStats memory_stats() const override;
-  std::uint64_t release_idle_memory() override;  // CpuAllocator::release_idle
+  std::uint64_t release_idle_memory() override;  // HostAllocator::release_idle
 
   // Runs one global operation against the shared table (used by this backend's executors).
   // Returns the executor's status (a failure has already been recorded as Errored outputs).
   Status run_operation(const ir::Operation& op, ReferenceExecutor& exec);
 
-  CpuAllocator& allocator() { return allocator_; }
+  HostAllocator& allocator() { return allocator_; }
 
  private:
-  CpuAllocator allocator_;
+  HostAllocator allocator_;
   ShardedTensorTable table_;  // after allocator_: its buffers go back to it first
 };
 

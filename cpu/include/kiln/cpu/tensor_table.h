@@ -1,5 +1,5 @@
 // ShardedTensorTable: a CPU device's tensor table shared by every stream, executor and client
-// thread: HandleContainer<CpuTensor> semantics (docs/spec/ir.md §10–11) behind 64 mutex-protected shards.
+// thread: HandleContainer<HostTensor> semantics (docs/spec/ir.md §10–11) behind 64 mutex-protected shards.
 //
 // Backends copy entries out to a stream-private container before running kernels and publish
 // results after, so a shard lock is held only for a hash-map operation and a shared_ptr copy —
@@ -18,8 +18,7 @@
 #include <mutex>
 #include <optional>
 
-#include "kiln/reference/memory.h"
-#include "kiln/reference/tensor.h"
+#include "kiln/cpu/host.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/runtime/backend.h"
 
@@ -27,7 +26,7 @@ namespace kiln::cpu {
 
 class ShardedTensorTable {
  public:
-  using Container = ir::HandleContainer<CpuTensor>;
+  using Container = ir::HandleContainer<HostTensor>;
   using Entry = Container::Entry;
 
   // A power of two several times the largest pool's thread count (16 on the largest CI
@@ -38,7 +37,7 @@ class ShardedTensorTable {
   // Inserts or overwrites: Existing(h) for a handle, Errored(e) for an error (a NotInit entry
   // inserts nothing).
   void put(ir::TensorId id, Entry entry);
-  void register_handle(ir::TensorId id, CpuTensor tensor);
+  void register_handle(ir::TensorId id, HostTensor tensor);
   // A copy of the entry (the handle shares its buffer; the error shares its root); nullopt when
   // absent.
   std::optional<Entry> copy_entry(ir::TensorId id) const;
@@ -46,7 +45,7 @@ class ShardedTensorTable {
   std::optional<Entry> take(ir::TensorId id);
 
   // DeviceBackend's table operations (runtime/backend.h), shared by the CPU backends.
-  Status upload(CpuAllocator& allocator, ir::TensorId id, ir::DType dtype, ir::Shape shape,
+  Status upload(HostAllocator& allocator, ir::TensorId id, ir::DType dtype, ir::Shape shape,
                 std::span<const std::byte> bytes);
   Result<runtime::HostData> download(const ir::TensorIr& t);
   bool is_materialized(ir::TensorId id) const;

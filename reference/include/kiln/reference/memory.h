@@ -1,20 +1,20 @@
-// CpuAllocator and CpuBuffer: the CPU device's memory, 64-byte aligned blocks pooled by size
+// HostAllocator and HostBuffer: the CPU device's memory, 64-byte aligned blocks pooled by size
 // class, with statistics and an optional byte limit reported as an error value.
 //
-// Thread-safety: CpuAllocator is safe to use from any number of threads at once (the streams of
+// Thread-safety: HostAllocator is safe to use from any number of threads at once (the streams of
 // one device allocate concurrently): each size class has its own mutex around its free list,
 // and the statistics are atomics; releasing idle blocks (release_idle) may run concurrently with
-// allocation from any thread. A CpuBuffer is owned by one thread at a time (it is move-only);
-// share it as std::shared_ptr<CpuBuffer> (several tensor handles aliasing one buffer), whose
+// allocation from any thread. A HostBuffer is owned by one thread at a time (it is move-only);
+// share it as std::shared_ptr<HostBuffer> (several tensor handles aliasing one buffer), whose
 // last owner returns the block to the pool from whatever thread drops it. Buffers keep the pool
 // alive: an allocator may be destroyed while buffers it handed out are still in use.
 //
 // Usage:
-//   kiln::cpu::CpuAllocator alloc({.byte_limit = 1ull << 30});
-//   auto buf = alloc.allocate(4096);                 // Result<CpuBuffer>
+//   kiln::reference::HostAllocator alloc({.byte_limit = 1ull << 30});
+//   auto buf = alloc.allocate(4096);                 // Result<HostBuffer>
 //   if (!buf) return buf.error();                     // ResourceExhausted: names requested/available
 //   std::memset(buf->data(), 0, buf->size());
-//   auto shared = alloc.allocate_shared(256);         // Result<std::shared_ptr<CpuBuffer>>
+//   auto shared = alloc.allocate_shared(256);         // Result<std::shared_ptr<HostBuffer>>
 //   alloc.stats().pool_hits;                          // a later allocate(4096) reuses the block
 //   alloc.release_idle();                             // an owner's maintenance timer: large blocks
 //                                                     // idle past large_block_retention go back
@@ -29,14 +29,14 @@
 
 #include "kiln/base/result.h"
 
-namespace kiln::cpu {
+namespace kiln::reference {
 
 // 64 bytes: one cache line on x86-64 and AArch64, and the width of an AVX-512 vector, so a
 // vectorised kernel may use aligned loads from the start of every buffer and two buffers never
 // share a cache line (no false sharing between streams).
-inline constexpr std::size_t kCpuAlignment = 64;
+inline constexpr std::size_t kHostAlignment = 64;
 
-struct CpuAllocatorOptions {
+struct HostAllocatorOptions {
   // Most bytes handed out at once (sum of the size classes of live buffers); none = unlimited.
   // A request that would exceed it fails with ErrorCode::ResourceExhausted.
   std::optional<std::uint64_t> byte_limit;
@@ -62,7 +62,7 @@ struct CpuAllocatorOptions {
   std::chrono::milliseconds large_block_retention{2000};
 };
 
-struct CpuAllocatorStats {
+struct HostAllocatorStats {
   std::uint64_t bytes_in_use = 0;   // size classes of the live buffers
   std::uint64_t peak_bytes = 0;     // highest bytes_in_use seen
   std::uint64_t cached_bytes = 0;   // blocks held in the pools, ready for reuse
@@ -77,19 +77,19 @@ struct CpuAllocatorStats {
 };
 
 namespace detail {
-class CpuPool;
+class HostPool;
 }
 
-// A block of memory owned by exactly one CpuBuffer; returned to its pool on destruction.
+// A block of memory owned by exactly one HostBuffer; returned to its pool on destruction.
 // size() is what was asked for; capacity() the size class actually reserved (>= size()).
-class CpuBuffer {
+class HostBuffer {
  public:
-  CpuBuffer() = default;  // empty: data() == nullptr, size() == 0
-  CpuBuffer(CpuBuffer&& other) noexcept;
-  CpuBuffer& operator=(CpuBuffer&& other) noexcept;
-  CpuBuffer(const CpuBuffer&) = delete;
-  CpuBuffer& operator=(const CpuBuffer&) = delete;
-  ~CpuBuffer();
+  HostBuffer() = default;  // empty: data() == nullptr, size() == 0
+  HostBuffer(HostBuffer&& other) noexcept;
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
 
   std::byte* data() { return data_; }
   const std::byte* data() const { return data_; }
@@ -100,33 +100,33 @@ class CpuBuffer {
   std::span<const std::byte> bytes() const { return {data_, static_cast<std::size_t>(size_)}; }
 
  private:
-  friend class detail::CpuPool;
-  CpuBuffer(std::shared_ptr<detail::CpuPool> pool, std::byte* data, std::uint64_t size, std::uint64_t capacity)
+  friend class detail::HostPool;
+  HostBuffer(std::shared_ptr<detail::HostPool> pool, std::byte* data, std::uint64_t size, std::uint64_t capacity)
       : pool_(std::move(pool)), data_(data), size_(size), capacity_(capacity) {}
   void reset() noexcept;
 
-  std::shared_ptr<detail::CpuPool> pool_;
+  std::shared_ptr<detail::HostPool> pool_;
   std::byte* data_ = nullptr;
   std::uint64_t size_ = 0;
   std::uint64_t capacity_ = 0;
 };
 
-class CpuAllocator {
+class HostAllocator {
  public:
-  explicit CpuAllocator(CpuAllocatorOptions options = {});
-  CpuAllocator(const CpuAllocator&) = delete;
-  CpuAllocator& operator=(const CpuAllocator&) = delete;
-  ~CpuAllocator();
+  explicit HostAllocator(HostAllocatorOptions options = {});
+  HostAllocator(const HostAllocator&) = delete;
+  HostAllocator& operator=(const HostAllocator&) = delete;
+  ~HostAllocator();
 
   // A 64-byte aligned block of at least `bytes` bytes (contents unspecified: a pooled block keeps
   // what its previous owner wrote). Zero bytes still yields a valid, non-null minimum block.
   // Errors (ErrorCode::ResourceExhausted): over the byte limit — the message names the requested
   // bytes, the size class, the bytes in use and the available bytes — or refused by the system.
-  Result<CpuBuffer> allocate(std::uint64_t bytes);
-  Result<std::shared_ptr<CpuBuffer>> allocate_shared(std::uint64_t bytes);
+  Result<HostBuffer> allocate(std::uint64_t bytes);
+  Result<std::shared_ptr<HostBuffer>> allocate_shared(std::uint64_t bytes);
 
-  CpuAllocatorStats stats() const;
-  const CpuAllocatorOptions& options() const;
+  HostAllocatorStats stats() const;
+  const HostAllocatorOptions& options() const;
   // Returns every cached block to the system; returns how many bytes were released.
   std::uint64_t release_cached();
   // Returns the large blocks (options().large_block_bytes) cached for at least
@@ -152,7 +152,7 @@ class CpuAllocator {
   // same cache sets (memory.cc says why and what it measured).
 
  private:
-  std::shared_ptr<detail::CpuPool> pool_;
+  std::shared_ptr<detail::HostPool> pool_;
 };
 
-}  // namespace kiln::cpu
+}  // namespace kiln::reference

@@ -5,7 +5,7 @@
 //
 // Thread-safety: one executor per stream (it owns that stream's random generator); execute() must
 // not be called concurrently on one executor or one handle container. Executors of different
-// streams may share one CpuAllocator.
+// streams may share one HostAllocator.
 //
 // Contract of execute(op, handles):
 //   * Every OpKind of op_table.def runs, for every dtype the op admits: f64, f32, flex32 (stored
@@ -46,10 +46,10 @@
 //     truncates; 0.1 on an f16 tensor is f16's 0.1), then used.
 //
 // Usage:
-//   CpuAllocator alloc;
+//   HostAllocator alloc;
 //   ReferenceExecutor exec(alloc);
-//   ir::HandleContainer<CpuTensor> handles;
-//   handles.register_handle(TensorId{1}, *CpuTensor::from_f64(alloc, {2}, dtypes::f32, std::vector<double>{1, 2}));
+//   ir::HandleContainer<HostTensor> handles;
+//   handles.register_handle(TensorId{1}, *HostTensor::from_f64(alloc, {2}, dtypes::f32, std::vector<double>{1, 2}));
 //   Status st = exec.execute(op, handles);   // op: e.g. build::unary(Family::Float, OpKind::Float_Exp, ...)
 //   if (!st.ok()) log(st.error().to_string());  // outputs were claimed; keep going
 #pragma once
@@ -62,28 +62,28 @@
 #include "kiln/ir/operation.h"
 #include "kiln/base/result.h"
 
-namespace kiln::cpu {
+namespace kiln::reference {
 
 class ReferenceExecutor {
  public:
-  using Handles = ir::HandleContainer<CpuTensor>;
+  using Handles = ir::HandleContainer<HostTensor>;
   // Seed of a fresh executor's random generator ("kiln" in ASCII); any value works.
   static constexpr std::uint64_t kDefaultSeed = 0x6b696c6e;
 
-  explicit ReferenceExecutor(CpuAllocator& allocator, std::uint64_t seed = kDefaultSeed);
+  explicit ReferenceExecutor(HostAllocator& allocator, std::uint64_t seed = kDefaultSeed);
 
   // Runs one operation; see the contract above.
   Status execute(const ir::Operation& op, Handles& handles);
 
   // Restarts the random generator: the same seed and the same ops give the same values.
   void reseed(std::uint64_t seed) { rng_state_ = seed; }
-  CpuAllocator& allocator() const { return allocator_; }
+  HostAllocator& allocator() const { return allocator_; }
 
  private:
   Status execute_checked(const ir::Operation& op, Handles& handles);
 
-  CpuAllocator& allocator_;
+  HostAllocator& allocator_;
   std::uint64_t rng_state_;  // SplitMix64 state, advanced by Random / IntRandom
 };
 
-}  // namespace kiln::cpu
+}  // namespace kiln::reference

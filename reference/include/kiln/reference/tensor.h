@@ -1,17 +1,17 @@
-// CpuTensor: a CPU device tensor (a shared buffer, a shape and a dtype, contiguous row-major),
+// HostTensor: a CPU device tensor (a shared buffer, a shape and a dtype, contiguous row-major),
 // with the element codec every CPU kernel uses (load/store any dtype as f64, i64, u64 or bool)
 // and exact f16/bf16 conversions.
 //
-// Thread-safety: a CpuTensor is a value (a shared_ptr to its buffer plus metadata); copies alias
+// Thread-safety: a HostTensor is a value (a shared_ptr to its buffer plus metadata); copies alias
 // one buffer. Buffers are written only by the kernel that produces them, before the tensor is
 // registered as a handle; once shared, a buffer is read-only, so any number of threads (streams)
 // may read one concurrently.
 //
 // Usage:
-//   CpuAllocator alloc;
-//   auto t = CpuTensor::from_f64(alloc, {2, 2}, dtypes::bf16, std::vector<double>{1, 2.5, -0.1, 3});
+//   HostAllocator alloc;
+//   auto t = HostTensor::from_f64(alloc, {2, 2}, dtypes::bf16, std::vector<double>{1, 2.5, -0.1, 3});
 //   t->to_f64();                  // {1, 2.5, -0.10009765625, 3}: rounded to bf16 on the way in
-//   auto u = CpuTensor::from_values<std::int32_t>(alloc, {3}, std::vector<std::int32_t>{1, 2, 3});
+//   auto u = HostTensor::from_values<std::int32_t>(alloc, {3}, std::vector<std::int32_t>{1, 2, 3});
 //   u->to_values<std::int32_t>(); // {1, 2, 3}
 #pragma once
 
@@ -29,7 +29,7 @@
 #include "kiln/base/result.h"
 #include "kiln/ir/shape.h"
 
-namespace kiln::cpu {
+namespace kiln::reference {
 
 // ---- f16 / bf16 (IEEE binary16 and bfloat16 bit patterns)
 //
@@ -83,33 +83,33 @@ constexpr ir::DType native_dtype() {
   else static_assert(sizeof(T) == 0, "no dtype is stored as this type");
 }
 
-class CpuTensor {
+class HostTensor {
  public:
   // Wraps an existing buffer. Errors: null buffer, QFloat dtype, element count overflow, or a
   // buffer smaller than the shape needs.
-  static Result<CpuTensor> wrap(std::shared_ptr<CpuBuffer> buffer, ir::Shape shape, ir::DType dtype);
+  static Result<HostTensor> wrap(std::shared_ptr<HostBuffer> buffer, ir::Shape shape, ir::DType dtype);
   // A new tensor; contents unspecified (a pooled block).
-  static Result<CpuTensor> allocate(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype);
+  static Result<HostTensor> allocate(HostAllocator& alloc, ir::Shape shape, ir::DType dtype);
   // A new tensor with every byte zero (0, +0.0, false).
-  static Result<CpuTensor> zeros(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype);
+  static Result<HostTensor> zeros(HostAllocator& alloc, ir::Shape shape, ir::DType dtype);
   // A copy of raw bytes laid out as the dtype stores them; the byte count must match exactly.
-  static Result<CpuTensor> from_bytes(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+  static Result<HostTensor> from_bytes(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
                                       std::span<const std::byte> bytes);
   // Typed host data stored as native_dtype<T>(), or as `dtype` whose storage must be T (see
   // to_values: f16 bits as std::uint16_t, ...). The count must match.
   template <class T>
-  static Result<CpuTensor> from_values(CpuAllocator& alloc, ir::Shape shape, std::span<const T> values);
+  static Result<HostTensor> from_values(HostAllocator& alloc, ir::Shape shape, std::span<const T> values);
   template <class T>
-  static Result<CpuTensor> from_values(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+  static Result<HostTensor> from_values(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
                                        std::span<const T> values);
   // Host values converted element by element with the codec above; the count must match.
-  static Result<CpuTensor> from_f64(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+  static Result<HostTensor> from_f64(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
                                     std::span<const double> values);
-  static Result<CpuTensor> from_i64(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+  static Result<HostTensor> from_i64(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
                                     std::span<const std::int64_t> values);
-  static Result<CpuTensor> from_u64(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+  static Result<HostTensor> from_u64(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
                                     std::span<const std::uint64_t> values);
-  static Result<CpuTensor> from_bool(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+  static Result<HostTensor> from_bool(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
                                      const std::vector<bool>& values);
 
   const ir::Shape& shape() const { return shape_; }
@@ -121,8 +121,8 @@ class CpuTensor {
   // Only for the kernel producing this tensor, before it is shared (see the header comment).
   std::byte* mutable_data() const { return buffer_->data(); }
   std::span<const std::byte> bytes() const { return {data(), static_cast<std::size_t>(size_bytes())}; }
-  const std::shared_ptr<CpuBuffer>& buffer() const { return buffer_; }
-  bool shares_buffer_with(const CpuTensor& other) const { return buffer_ == other.buffer_; }
+  const std::shared_ptr<HostBuffer>& buffer() const { return buffer_; }
+  bool shares_buffer_with(const HostTensor& other) const { return buffer_ == other.buffer_; }
 
   // One element through the codec.
   double get_f64(std::uint64_t i) const { return element::load_f64(data(), dtype_, i); }
@@ -145,7 +145,7 @@ class CpuTensor {
   std::string to_string() const;
 
  private:
-  CpuTensor(std::shared_ptr<CpuBuffer> buffer, ir::Shape shape, ir::DType dtype, std::uint64_t n)
+  HostTensor(std::shared_ptr<HostBuffer> buffer, ir::Shape shape, ir::DType dtype, std::uint64_t n)
       : buffer_(std::move(buffer)), shape_(std::move(shape)), dtype_(dtype), num_elements_(n) {}
 
   enum class Storage { Float, Signed, Unsigned, Bool };
@@ -159,7 +159,7 @@ class CpuTensor {
   // Whether `dtype` stores its elements as a C++ type of this size and kind.
   static bool stores(ir::DType dtype, std::size_t size, Storage kind);
 
-  std::shared_ptr<CpuBuffer> buffer_;
+  std::shared_ptr<HostBuffer> buffer_;
   ir::Shape shape_;
   ir::DType dtype_;
   std::uint64_t num_elements_ = 0;
@@ -170,17 +170,17 @@ class CpuTensor {
 Result<std::uint64_t> checked_num_elements(const ir::Shape& shape, std::uint64_t elem_bytes = 1);
 
 template <class T>
-Result<CpuTensor> CpuTensor::from_values(CpuAllocator& alloc, ir::Shape shape, std::span<const T> values) {
+Result<HostTensor> HostTensor::from_values(HostAllocator& alloc, ir::Shape shape, std::span<const T> values) {
   return from_values<T>(alloc, std::move(shape), native_dtype<T>(), values);
 }
 
 template <class T>
-Result<CpuTensor> CpuTensor::from_values(CpuAllocator& alloc, ir::Shape shape, ir::DType dtype,
+Result<HostTensor> HostTensor::from_values(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
                                          std::span<const T> values) {
   static_assert(std::is_trivially_copyable_v<T>);
   if (!stores(dtype, sizeof(T), storage_of<T>()))
     return make_error(ErrorCode::DTypeMismatch,
-                      "CpuTensor::from_values: " + dtype.name() + " is not stored as a " + std::to_string(sizeof(T)) +
+                      "HostTensor::from_values: " + dtype.name() + " is not stored as a " + std::to_string(sizeof(T)) +
                           "-byte value of this kind");
   if constexpr (std::is_same_v<T, bool>) {
     return from_bool(alloc, std::move(shape), dtype, std::vector<bool>(values.begin(), values.end()));
@@ -190,7 +190,7 @@ Result<CpuTensor> CpuTensor::from_values(CpuAllocator& alloc, ir::Shape shape, i
 }
 
 template <class T>
-std::vector<T> CpuTensor::to_values() const {
+std::vector<T> HostTensor::to_values() const {
   static_assert(std::is_trivially_copyable_v<T>);
   if (!stores(dtype_, sizeof(T), storage_of<T>())) return {};
   std::vector<T> out(static_cast<std::size_t>(num_elements_));
@@ -202,4 +202,4 @@ std::vector<T> CpuTensor::to_values() const {
   return out;
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::reference
