@@ -16,21 +16,10 @@
 #include <unordered_set>
 
 #include "kiln/fusion/operation_queue.h"
+#include "kiln/fusion/stream_id.h"
 #include "kiln/fusion/stream.h"
 
 namespace kiln::fusion {
-
-class StreamId {
- public:
-  constexpr explicit StreamId(std::uint64_t v) : value_(v) {}
-  constexpr std::uint64_t value() const { return value_; }
-  // User-pinned streams never collide with implicit ids (docs/spec/fusion.md §16.1).
-  static constexpr StreamId from_number(std::uint64_t n) { return StreamId(n | (std::uint64_t{1} << 63)); }
-  friend constexpr auto operator<=>(StreamId, StreamId) = default;
-
- private:
-  std::uint64_t value_;
-};
 
 // How a read is served (§16.4).
 enum class ReadPlan : std::uint8_t {

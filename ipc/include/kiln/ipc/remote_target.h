@@ -39,7 +39,7 @@
 #include "kiln/ipc/arena.h"
 #include "kiln/ipc/control_client.h"
 #include "kiln/ipc/protocol.h"
-#include "kiln/runtime/device.h"
+#include "kiln/runtime/session_target.h"
 
 namespace kiln::ipc {
 

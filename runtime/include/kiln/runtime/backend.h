@@ -28,15 +28,9 @@
 #include "kiln/ir/handle_error.h"
 #include "kiln/base/result.h"
 #include "kiln/ir/tensor.h"
+#include "kiln/runtime/session_target.h"
 
 namespace kiln::runtime {
-
-// A tensor's contents on the host: dtype, shape and the bytes in row-major order.
-struct HostData {
-  ir::DType dtype;
-  ir::Shape shape;
-  std::vector<std::byte> bytes;
-};
 
 struct MemoryStats {
   std::uint64_t tensors = 0;        // entries in the tensor table (any state)

@@ -32,6 +32,7 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/producer_table.h"
+#include "kiln/runtime/session_target.h"
 #include "kiln/runtime/stream_actor.h"
 #include "kiln/runtime/usable_cores.h"
 
@@ -85,35 +86,6 @@ struct RuntimeOptions {
   int turn_idle_polls = kDefaultTurnIdlePolls;
   // Environment lookup (tests inject one); default: the process environment.
   fusion::EnvLookup env;
-};
-
-// What a Session needs from the place its operations go: the in-process Device, or the IPC
-// client library's connection to a daemon (ipc/remote_target.h). Same contracts as the Device
-// methods of the same names.
-class SessionTarget {
- public:
-  virtual ~SessionTarget() = default;
-  virtual ir::TensorId new_tensor_id() = 0;
-  // The first of `count` consecutive fresh ids (a Session's threads take theirs in blocks of
-  // ir::kTensorIdBlock).
-  virtual ir::TensorId new_tensor_ids(std::uint64_t count) = 0;
-  // A new tensor with the given bytes, homed on `home`: the stream whose operations use it and
-  // that drops it (docs/spec/fusion.md §16.7; a daemon keeps the home per tensor).
-  [[nodiscard]] virtual Status upload(StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
-                                      std::span<const std::byte> bytes) = 0;
-  [[nodiscard]] virtual Status register_op(StreamId stream, ir::Operation&& op) = 0;
-  // Sync: runs everything queued on `stream`; an error names the stream's first execution
-  // failure since the last drain (the failed tensors keep their errors, docs/spec/ir.md §11).
-  [[nodiscard]] virtual Status drain(StreamId stream) = 0;
-  [[nodiscard]] virtual Result<HostData> read(StreamId home, const ir::TensorIr& t) = 0;
-  // read() into the caller's buffer, which must hold exactly the tensor's bytes (an Invalid
-  // error otherwise). The default reads and copies; a target that can write the caller's
-  // buffer directly (the IPC client: straight from the arena) saves a buffer and a copy.
-  [[nodiscard]] virtual Status read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst);
-  [[nodiscard]] virtual Status drop(StreamId home, const ir::TensorIr& t) = 0;
-  // A shared view `dst`, homed on `dst_stream`, of `src` homed on `src_stream` (docs/spec/fusion.md §16.5).
-  [[nodiscard]] virtual Status share(StreamId src_stream, ir::TensorId src, StreamId dst_stream, ir::TensorId dst) = 0;
-  virtual void claim_stream(StreamId stream) = 0;
 };
 
 // The memory check of docs/spec/fusion.md §16.8 (a test feature): the device's handles and every stream

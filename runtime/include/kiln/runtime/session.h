@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "kiln/ir/builders.h"
-#include "kiln/runtime/device.h"
+#include "kiln/runtime/session_target.h"
 
 namespace kiln::runtime {
 
