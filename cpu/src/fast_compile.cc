@@ -6,6 +6,7 @@
 #include <map>
 
 #include "fast_program.h"
+#include "kiln/fusion/lowering.h"
 
 namespace kiln::cpu::fast {
 namespace {
@@ -19,141 +20,7 @@ using ir::OpKind;
 
 constexpr std::uint32_t kNoSlot = std::numeric_limits<std::uint32_t>::max();
 
-std::optional<Code> code_of(OpKind k) {
-  switch (k) {
-    case OpKind::Numeric_Add:
-    case OpKind::Numeric_AddScalar:
-      return Code::Add;
-    case OpKind::Numeric_Sub:
-    case OpKind::Numeric_SubScalar:
-      return Code::Sub;
-    case OpKind::Numeric_Mul:
-    case OpKind::Numeric_MulScalar:
-      return Code::Mul;
-    case OpKind::Numeric_Div:
-    case OpKind::Numeric_DivScalar:
-      return Code::Div;
-    case OpKind::Numeric_Rem:
-    case OpKind::Numeric_RemScalar:
-      return Code::Rem;
-    case OpKind::Float_Powf:
-    case OpKind::Float_PowfScalar:
-      return Code::Pow;
-    case OpKind::Int_BitwiseAnd:
-    case OpKind::Int_BitwiseAndScalar:
-      return Code::BitAnd;
-    case OpKind::Int_BitwiseOr:
-    case OpKind::Int_BitwiseOrScalar:
-      return Code::BitOr;
-    case OpKind::Int_BitwiseXor:
-    case OpKind::Int_BitwiseXorScalar:
-      return Code::BitXor;
-    case OpKind::Int_BitwiseLeftShift:
-    case OpKind::Int_BitwiseLeftShiftScalar:
-      return Code::Shl;
-    case OpKind::Int_BitwiseRightShift:
-    case OpKind::Int_BitwiseRightShiftScalar:
-      return Code::Shr;
-    case OpKind::Bool_And:
-      return Code::LogicAnd;
-    case OpKind::Bool_Or:
-      return Code::LogicOr;
-    case OpKind::Bool_Xor:
-      return Code::LogicXor;
-    case OpKind::Numeric_ClampMin:
-      return Code::ClampMin;
-    case OpKind::Numeric_ClampMax:
-      return Code::ClampMax;
-    case OpKind::Base_Equal:
-    case OpKind::Base_EqualElem:
-      return Code::Eq;
-    case OpKind::Base_NotEqual:
-    case OpKind::Base_NotEqualElem:
-      return Code::Ne;
-    case OpKind::Numeric_Greater:
-    case OpKind::Numeric_GreaterElem:
-      return Code::Gt;
-    case OpKind::Numeric_GreaterEqual:
-    case OpKind::Numeric_GreaterEqualElem:
-      return Code::Ge;
-    case OpKind::Numeric_Lower:
-    case OpKind::Numeric_LowerElem:
-      return Code::Lt;
-    case OpKind::Numeric_LowerEqual:
-    case OpKind::Numeric_LowerEqualElem:
-      return Code::Le;
-    case OpKind::Numeric_Abs:
-      return Code::Abs;
-    case OpKind::Numeric_Neg:
-      return Code::Neg;
-    case OpKind::Numeric_Sign:
-      return Code::Sign;
-    case OpKind::Float_Exp:
-      return Code::Exp;
-    case OpKind::Float_Log:
-      return Code::Log;
-    case OpKind::Float_Log1p:
-      return Code::Log1p;
-    case OpKind::Float_Erf:
-      return Code::Erf;
-    case OpKind::Float_Sqrt:
-      return Code::Sqrt;
-    case OpKind::Float_Cos:
-      return Code::Cos;
-    case OpKind::Float_Sin:
-      return Code::Sin;
-    case OpKind::Float_Tanh:
-      return Code::Tanh;
-    case OpKind::Float_Recip:
-      return Code::Recip;
-    case OpKind::Float_Round:
-      return Code::Round;
-    case OpKind::Float_Floor:
-      return Code::Floor;
-    case OpKind::Float_Ceil:
-      return Code::Ceil;
-    case OpKind::Float_Trunc:
-      return Code::Trunc;
-    case OpKind::Float_IsNan:
-      return Code::IsNan;
-    case OpKind::Float_IsInf:
-      return Code::IsInf;
-    case OpKind::Int_BitwiseNot:
-      return Code::BitNot;
-    case OpKind::Bool_Not:
-      return Code::Not;
-    case OpKind::Base_Cast:
-    case OpKind::Float_IntoInt:
-    case OpKind::Int_IntoFloat:
-    case OpKind::Bool_IntoFloat:
-    case OpKind::Bool_IntoInt:
-      return Code::Cast;
-    case OpKind::Numeric_Clamp:
-      return Code::Clamp;
-    case OpKind::Base_MaskWhere:
-      return Code::MaskWhere;
-    case OpKind::Base_MaskFill:
-      return Code::MaskFill;
-    case OpKind::Base_Reshape:
-      return Code::Copy;
-    case OpKind::Base_Ones:
-    case OpKind::Base_Zeros:
-    case OpKind::Numeric_Full:
-      return Code::Fill;
-    case OpKind::Base_Gather:
-      return Code::Gather;
-    case OpKind::Base_Select:
-      return Code::Select;
-    case OpKind::Base_Cat:
-      return Code::Cat;
-    default:
-      return std::nullopt;
-  }
-}
 
-bool is_binary(Code c) { return c <= Code::ClampMax; }
-bool is_comparison(Code c) { return c >= Code::Eq && c <= Code::Le; }
-bool is_unary(Code c) { return c >= Code::Abs && c <= Code::Not; }
 
 // The constant of Ones / Zeros in a dtype, read through its class.
 Scalar constant(ir::DType d, int value) {
@@ -266,7 +133,7 @@ class Compiler {
       cb.loads.push_back(CLoad{l.local, l.source, l.index});
     }
     for (const Instruction& ins : b.instructions) {
-      if (!compile_instr(ins, cb)) return false;
+      if (!compile_instr(b, ins, cb)) return false;
     }
     for (const fusion::Store& s : b.stores) {
       if (!reg_ok(s.local) || s.output >= p_.outputs.size()) return fail("store");
@@ -293,91 +160,28 @@ class Compiler {
     return true;
   }
 
-  bool compile_instr(const Instruction& ins, CBlock& cb) {
-    const std::optional<Code> code = code_of(ins.op);
-    if (!code) return fail(std::string("instruction ") + std::string(ir::op_info(ins.op).variant));
+  bool compile_instr(const ProgramBlock& blk, const Instruction& ins, CBlock& cb) {
+    // The shared lowering (fusion/lowering.h) picks the code and checks the operands.
+    fusion::lowering::Lowered lowered;
+    if (std::string why = fusion::lowering::lower_instruction(p_, blk, ins, lowered); !why.empty())
+      return fail(std::move(why));
     const std::optional<VClass> cls = class_of(ins.compute);
     const std::optional<VClass> out_cls = class_of(ins.out_dtype);
     if (!cls || !out_cls) return fail("instruction dtype");
-    if (ins.out >= cb.regs.size() || !(cb.regs[ins.out].dtype == ins.out_dtype)) return fail("instruction output");
+    const Code k = lowered.code;
+    const std::vector<std::uint32_t>& locals = lowered.operands.locals;
+    const std::vector<std::uint32_t>& scalars = lowered.operands.scalars;
     CInstr c;
-    c.code = *code;
+    c.code = k;
     c.cls = *cls;
     c.out_cls = *out_cls;
     c.compute = ins.compute;
     c.out_dtype = ins.out_dtype;
     c.out = ins.out;
     c.bits = int_bits_of(ins.compute);
-    std::vector<std::uint32_t> locals;
-    std::vector<std::uint32_t> scalars;
-    for (const fusion::Operand& o : ins.operands) {
-      switch (o.kind) {
-        case OperandKind::Local:
-          if (o.index >= cb.regs.size()) return fail("operand register");
-          locals.push_back(o.index);
-          break;
-        case OperandKind::Input:
-          if (o.index >= p_.inputs.size() || p_.inputs[o.index].role != fusion::InputRole::Indexed)
-            return fail("input operand");
-          c.inputs.push_back(o.index);
-          break;
-        case OperandKind::Scalar:
-          scalars.push_back(o.index);
-          break;
-      }
-    }
-    auto local_dtype = [&](std::size_t i) { return cb.regs[locals[i]].dtype; };
-    const Code k = *code;
-    bool ok = true;
-    if (is_binary(k) || is_comparison(k)) {
-      const bool scalar_rhs = locals.size() == 1 && scalars.size() == 1;
-      ok = (locals.size() == 2 && scalars.empty()) || scalar_rhs;
-      ok = ok && local_dtype(0) == ins.compute && (scalar_rhs || local_dtype(1) == ins.compute);
-      ok = ok && (is_comparison(k) ? ins.out_dtype.is_bool() : ins.out_dtype == ins.compute);
-    } else if (is_unary(k)) {
-      ok = locals.size() == 1 && scalars.empty() && local_dtype(0) == ins.compute;
-      ok = ok && ((k == Code::IsNan || k == Code::IsInf) ? ins.out_dtype.is_bool() : ins.out_dtype == ins.compute);
-    } else {
-      switch (k) {
-        case Code::Cast:
-        case Code::Copy:
-          ok = locals.size() == 1 && scalars.empty() && local_dtype(0) == ins.compute;
-          if (k == Code::Copy) ok = ok && ins.out_dtype == ins.compute;
-          break;
-        case Code::Clamp:
-          ok = locals.size() == 1 && scalars.size() == 2 && local_dtype(0) == ins.compute &&
-               ins.out_dtype == ins.compute;
-          break;
-        case Code::MaskWhere:
-          ok = locals.size() == 3 && scalars.empty() && local_dtype(0) == ins.compute && local_dtype(1).is_bool() &&
-               local_dtype(2) == ins.compute && ins.out_dtype == ins.compute;
-          break;
-        case Code::MaskFill:
-          ok = locals.size() == 2 && scalars.size() == 1 && local_dtype(0) == ins.compute && local_dtype(1).is_bool() &&
-               ins.out_dtype == ins.compute;
-          break;
-        case Code::Fill:
-          ok = locals.empty() && c.inputs.empty() && ins.out_dtype == ins.compute &&
-               scalars.size() == (ins.op == OpKind::Numeric_Full ? 1u : 0u);
-          if (ins.op == OpKind::Base_Ones) c.imm = constant(ins.out_dtype, 1);
-          if (ins.op == OpKind::Base_Zeros) c.imm = constant(ins.out_dtype, 0);
-          break;
-        case Code::Gather:
-        case Code::Select:
-          ok = locals.empty() && scalars.empty() && c.inputs.size() == 2 && ins.attrs.size() == 1 &&
-               p_.inputs[c.inputs[0]].dtype == ins.compute && p_.inputs[c.inputs[1]].dtype.is_integral() &&
-               ins.out_dtype == ins.compute;
-          break;
-        case Code::Cat:
-          ok = locals.empty() && scalars.empty() && !c.inputs.empty() && ins.attrs.size() == 1 &&
-               ins.out_dtype == ins.compute;
-          for (std::uint32_t i : c.inputs) ok = ok && p_.inputs[i].dtype == ins.compute;
-          break;
-        default:
-          ok = false;
-      }
-    }
-    if (!ok) return fail(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
+    c.inputs = lowered.operands.inputs;
+    if (k == Code::Fill && ins.op == OpKind::Base_Ones) c.imm = constant(ins.out_dtype, 1);
+    if (k == Code::Fill && ins.op == OpKind::Base_Zeros) c.imm = constant(ins.out_dtype, 0);
     if (!c.inputs.empty()) {
       c.dim = ins.attrs[0];
       cb.has_indexed = true;
@@ -385,7 +189,7 @@ class Compiler {
     }
     for (std::size_t i = 0; i < locals.size(); ++i) c.regs[i] = static_cast<std::int32_t>(locals[i]);
     for (std::size_t i = 0; i < scalars.size(); ++i) c.scalars[i] = scalar_slot(scalars[i], ins.compute);
-    if ((k == Code::Div || k == Code::Rem) && ins.compute.is_integral()) out_.may_fail = true;
+    if (fusion::lowering::may_fault(k, ins.compute)) out_.may_fail = true;
     if (!bind_kernel(c, cb.regs[c.out]))
       return fail(std::string("no fast kernel for ") + std::string(ir::op_info(ins.op).variant) + " on " +
                   ins.compute.name());

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kiln/cpu/host.h"
+#include "kiln/fusion/lowering.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/ir/operation.h"
 
@@ -92,21 +93,8 @@ struct Scalar {
 
 // ---- Compiled instructions
 
-// clang-format off
-enum class Code : std::uint8_t {
-  // binary arithmetic (tensor-tensor, or tensor-scalar with a scalar slot)
-  Add, Sub, Mul, Div, Rem, Pow, BitAnd, BitOr, BitXor, Shl, Shr, LogicAnd, LogicOr, LogicXor, ClampMin, ClampMax,
-  // comparisons (bool out)
-  Eq, Ne, Gt, Ge, Lt, Le,
-  // unary
-  Abs, Neg, Sign, Exp, Log, Log1p, Erf, Sqrt, Cos, Sin, Tanh, Recip, Round, Floor, Ceil, Trunc, IsNan, IsInf, BitNot,
-  Not,
-  // others
-  Cast, Clamp, MaskWhere, MaskFill, Copy, Fill,
-  // indexed reads (positions computed per element)
-  Gather, Select, Cat,
-};
-// clang-format on
+// The shared lowering's instruction codes (fusion/lowering.h).
+using Code = fusion::lowering::Code;
 
 struct CInstr;
 // n elements; operands already resolved to arrays of their class. Sets *fail on a fault.

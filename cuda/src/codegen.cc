@@ -1,6 +1,7 @@
-// Fused program -> CUDA C++ (codegen.h). The generator mirrors the CPU fast path's compile step
-// (cpu/src/fast_compile.cc): the same register classes, fixups and operation semantics, emitted
-// as straight-line code per element instead of kernel calls per chunk.
+// Fused program -> CUDA C++ (codegen.h). Instructions are lowered by the shared lowering
+// (fusion/lowering.h), as the CPU fast path's compile step lowers them; the generator mirrors
+// that step's register classes, fixups and operation semantics, emitted as straight-line code per
+// element instead of kernel calls per chunk.
 #include "kiln/cuda/codegen.h"
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include <optional>
 
 #include "kiln/cuda/launch_abi.h"
+#include "kiln/fusion/lowering.h"
 #include "kiln/fusion/trace_fuser.h"
 #include "kiln/ir/op_table.h"
 
@@ -216,76 +218,11 @@ int int_bits(DType d) { return d.is_integral() ? static_cast<int>(d.size_bytes()
 
 // ---- operations
 
-// clang-format off
-enum class Code : std::uint8_t {
-  Add, Sub, Mul, Div, Rem, Pow, BitAnd, BitOr, BitXor, Shl, Shr, LogicAnd, LogicOr, LogicXor, ClampMin, ClampMax,
-  Eq, Ne, Gt, Ge, Lt, Le,
-  Abs, Neg, Sign, Exp, Log, Log1p, Erf, Sqrt, Cos, Sin, Tanh, Recip, Round, Floor, Ceil, Trunc, IsNan, IsInf, BitNot, Not,
-  Cast, Clamp, MaskWhere, MaskFill, Copy, Fill, Gather, Select, Cat,
-};
-// clang-format on
+using fusion::lowering::Code;
+using fusion::lowering::is_binary;
+using fusion::lowering::is_comparison;
 
-std::optional<Code> code_of(OpKind k) {
-  switch (k) {
-    case OpKind::Numeric_Add: case OpKind::Numeric_AddScalar: return Code::Add;
-    case OpKind::Numeric_Sub: case OpKind::Numeric_SubScalar: return Code::Sub;
-    case OpKind::Numeric_Mul: case OpKind::Numeric_MulScalar: return Code::Mul;
-    case OpKind::Numeric_Div: case OpKind::Numeric_DivScalar: return Code::Div;
-    case OpKind::Numeric_Rem: case OpKind::Numeric_RemScalar: return Code::Rem;
-    case OpKind::Float_Powf: case OpKind::Float_PowfScalar: return Code::Pow;
-    case OpKind::Int_BitwiseAnd: case OpKind::Int_BitwiseAndScalar: return Code::BitAnd;
-    case OpKind::Int_BitwiseOr: case OpKind::Int_BitwiseOrScalar: return Code::BitOr;
-    case OpKind::Int_BitwiseXor: case OpKind::Int_BitwiseXorScalar: return Code::BitXor;
-    case OpKind::Int_BitwiseLeftShift: case OpKind::Int_BitwiseLeftShiftScalar: return Code::Shl;
-    case OpKind::Int_BitwiseRightShift: case OpKind::Int_BitwiseRightShiftScalar: return Code::Shr;
-    case OpKind::Bool_And: return Code::LogicAnd;
-    case OpKind::Bool_Or: return Code::LogicOr;
-    case OpKind::Bool_Xor: return Code::LogicXor;
-    case OpKind::Numeric_ClampMin: return Code::ClampMin;
-    case OpKind::Numeric_ClampMax: return Code::ClampMax;
-    case OpKind::Base_Equal: case OpKind::Base_EqualElem: return Code::Eq;
-    case OpKind::Base_NotEqual: case OpKind::Base_NotEqualElem: return Code::Ne;
-    case OpKind::Numeric_Greater: case OpKind::Numeric_GreaterElem: return Code::Gt;
-    case OpKind::Numeric_GreaterEqual: case OpKind::Numeric_GreaterEqualElem: return Code::Ge;
-    case OpKind::Numeric_Lower: case OpKind::Numeric_LowerElem: return Code::Lt;
-    case OpKind::Numeric_LowerEqual: case OpKind::Numeric_LowerEqualElem: return Code::Le;
-    case OpKind::Numeric_Abs: return Code::Abs;
-    case OpKind::Numeric_Neg: return Code::Neg;
-    case OpKind::Numeric_Sign: return Code::Sign;
-    case OpKind::Float_Exp: return Code::Exp;
-    case OpKind::Float_Log: return Code::Log;
-    case OpKind::Float_Log1p: return Code::Log1p;
-    case OpKind::Float_Erf: return Code::Erf;
-    case OpKind::Float_Sqrt: return Code::Sqrt;
-    case OpKind::Float_Cos: return Code::Cos;
-    case OpKind::Float_Sin: return Code::Sin;
-    case OpKind::Float_Tanh: return Code::Tanh;
-    case OpKind::Float_Recip: return Code::Recip;
-    case OpKind::Float_Round: return Code::Round;
-    case OpKind::Float_Floor: return Code::Floor;
-    case OpKind::Float_Ceil: return Code::Ceil;
-    case OpKind::Float_Trunc: return Code::Trunc;
-    case OpKind::Float_IsNan: return Code::IsNan;
-    case OpKind::Float_IsInf: return Code::IsInf;
-    case OpKind::Int_BitwiseNot: return Code::BitNot;
-    case OpKind::Bool_Not: return Code::Not;
-    case OpKind::Base_Cast: case OpKind::Float_IntoInt: case OpKind::Int_IntoFloat:
-    case OpKind::Bool_IntoFloat: case OpKind::Bool_IntoInt: return Code::Cast;
-    case OpKind::Numeric_Clamp: return Code::Clamp;
-    case OpKind::Base_MaskWhere: return Code::MaskWhere;
-    case OpKind::Base_MaskFill: return Code::MaskFill;
-    case OpKind::Base_Reshape: return Code::Copy;
-    case OpKind::Base_Ones: case OpKind::Base_Zeros: case OpKind::Numeric_Full: return Code::Fill;
-    case OpKind::Base_Gather: return Code::Gather;
-    case OpKind::Base_Select: return Code::Select;
-    case OpKind::Base_Cat: return Code::Cat;
-    default: return std::nullopt;
-  }
-}
 
-bool is_binary(Code c) { return c <= Code::ClampMax; }
-bool is_comparison(Code c) { return c >= Code::Eq && c <= Code::Le; }
-bool is_unary(Code c) { return c >= Code::Abs && c <= Code::Not; }
 
 enum class Red : std::uint8_t { Sum, Mean, Prod, Max, Min, MaxAbs, ArgMax, ArgMin, Any, All };
 
@@ -629,89 +566,27 @@ class StageGen {
 
   Status instruction(Text& t, int ind, std::uint32_t b, const Instruction& ins) {
     const ProgramBlock& blk = p_.blocks[b];
-    const std::optional<Code> code = code_of(ins.op);
-    if (!code) return unsupported("instruction " + std::string(ir::op_info(ins.op).variant));
+    // The shared lowering (fusion/lowering.h) picks the code and checks the operands.
+    fusion::lowering::Lowered lowered;
+    if (std::string why = fusion::lowering::lower_instruction(p_, blk, ins, lowered); !why.empty())
+      return unsupported(std::move(why));
     const std::optional<Cls> cc = cls_of(ins.compute);
     const std::optional<Cls> oc = cls_of(ins.out_dtype);
     if (!cc || !oc) return unsupported("instruction dtype");
-    std::vector<std::string> x;         // register operands
-    std::vector<DType> xd;
-    std::vector<std::uint32_t> inputs;  // indexed program inputs
-    std::vector<std::string> s;         // scalar operands
-    for (const fusion::Operand& o : ins.operands) {
-      switch (o.kind) {
-        case OperandKind::Local:
-          if (o.index >= blk.registers.size()) return unsupported("operand register");
-          x.push_back(reg(o.index));
-          xd.push_back(blk.registers[o.index]);
-          break;
-        case OperandKind::Input:
-          if (o.index >= p_.inputs.size() || p_.inputs[o.index].role != fusion::InputRole::Indexed)
-            return unsupported("input operand");
-          inputs.push_back(o.index);
-          break;
-        case OperandKind::Scalar:
-          s.push_back(scalar_expr(o.index, ins.compute));
-          break;
-      }
-    }
-    const Code k = *code;
+    const Code k = lowered.code;
+    if (!fusion::lowering::dtype_supported(k, ins.compute))
+      return unsupported(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
+    std::vector<std::string> x;  // register operands, then (binary with a scalar) the scalar
+    for (std::uint32_t r : lowered.operands.locals) x.push_back(reg(r));
+    const std::vector<std::uint32_t>& inputs = lowered.operands.inputs;  // indexed program inputs
+    std::vector<std::string> s;  // scalar operands
+    for (std::uint32_t slot : lowered.operands.scalars) s.push_back(scalar_expr(slot, ins.compute));
     const Cls c = *cc;
     const bool fl = c == Cls::F32 || c == Cls::F64;
     const bool f32 = c == Cls::F32;
     const char* ct = cls_type(c);
     const char* ot = cls_type(*oc);
-    // Operand shape checks (the CPU compile step's).
-    auto same = [&](std::size_t i) { return i < xd.size() && xd[i] == ins.compute; };
-    bool ok = true;
-    if (is_binary(k) || is_comparison(k)) {
-      const bool scalar_rhs = x.size() == 1 && s.size() == 1;
-      ok = ((x.size() == 2 && s.empty()) || scalar_rhs) && same(0) && (scalar_rhs || same(1)) && inputs.empty();
-      ok = ok && (is_comparison(k) ? ins.out_dtype.is_bool() : ins.out_dtype == ins.compute);
-      if (ok && !is_comparison(k)) {
-        const bool is_int = c == Cls::I64 || c == Cls::U64;
-        const bool is_bool = c == Cls::Bool;
-        switch (k) {
-          case Code::Add: case Code::Sub: case Code::Mul: case Code::Div: case Code::Rem: case Code::ClampMin:
-          case Code::ClampMax:
-            ok = !is_bool;
-            break;
-          case Code::Pow:
-            ok = fl;
-            break;
-          case Code::BitAnd: case Code::BitOr: case Code::BitXor: case Code::Shl: case Code::Shr:
-            ok = is_int;
-            break;
-          case Code::LogicAnd: case Code::LogicOr: case Code::LogicXor:
-            ok = is_bool;
-            break;
-          default:
-            break;
-        }
-      }
-      if (!ok) return unsupported(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
-      if (x.size() == 1) x.push_back(s[0]);
-    } else if (is_unary(k)) {
-      ok = x.size() == 1 && s.empty() && inputs.empty() && same(0);
-      ok = ok && ((k == Code::IsNan || k == Code::IsInf) ? ins.out_dtype.is_bool() : ins.out_dtype == ins.compute);
-      switch (k) {
-        case Code::Exp: case Code::Log: case Code::Log1p: case Code::Erf: case Code::Sqrt: case Code::Cos: case Code::Sin:
-        case Code::Tanh: case Code::Recip: case Code::Round: case Code::Floor: case Code::Ceil: case Code::Trunc:
-        case Code::IsNan: case Code::IsInf:
-          ok = ok && fl;
-          break;
-        case Code::BitNot:
-          ok = ok && (c == Cls::I64 || c == Cls::U64);
-          break;
-        case Code::Not:
-          ok = ok && c == Cls::Bool;
-          break;
-        default:
-          ok = ok && c != Cls::Bool;
-          break;
-      }
-      if (!ok) return unsupported(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
-    }
+    if ((is_binary(k) || is_comparison(k)) && x.size() == 1) x.push_back(s[0]);
 
     std::string e;     // value in the output class
     bool exact = false;  // already rounded to the output dtype
@@ -764,7 +639,6 @@ class StageGen {
       case Code::BitNot: e = "~" + x[0]; break;
       case Code::Not: e = "!" + x[0]; break;
       case Code::Cast: {
-        if (!(x.size() == 1 && s.empty() && inputs.empty() && same(0))) return unsupported("operands of a cast");
         const Cls to = *oc;
         if (c == Cls::Bool) {
           e = fmt::format("({})({} ? 1 : 0)", ot, x[0]);
@@ -791,30 +665,20 @@ class StageGen {
         break;
       }
       case Code::Copy:
-        if (!(x.size() == 1 && s.empty() && same(0) && ins.out_dtype == ins.compute)) return unsupported("copy");
         e = x[0];
         exact = true;
         break;
       case Code::Clamp:
-        if (!(x.size() == 1 && s.size() == 2 && same(0) && ins.out_dtype == ins.compute && c != Cls::Bool))
-          return unsupported("operands of clamp");
         t.line(ind, fmt::format("const {0} {1}_lo = {2} < {3} ? {3} : {2};", ct, reg(ins.out), x[0], s[0]));
         e = fmt::format("({0}_lo > {1} ? {1} : {0}_lo)", reg(ins.out), s[1]);
         break;
       case Code::MaskWhere:
-        if (!(x.size() == 3 && s.empty() && same(0) && xd[1].is_bool() && same(2) && ins.out_dtype == ins.compute))
-          return unsupported("operands of mask_where");
         e = fmt::format("({} ? {} : {})", x[1], x[2], x[0]);
         break;
       case Code::MaskFill:
-        if (!(x.size() == 2 && s.size() == 1 && same(0) && xd[1].is_bool() && ins.out_dtype == ins.compute))
-          return unsupported("operands of mask_fill");
         e = fmt::format("({} ? {} : {})", x[1], s[0], x[0]);
         break;
       case Code::Fill:
-        if (!(x.empty() && inputs.empty() && ins.out_dtype == ins.compute &&
-              s.size() == (ins.op == OpKind::Numeric_Full ? 1u : 0u)))
-          return unsupported("operands of a fill");
         e = ins.op == OpKind::Numeric_Full ? s[0] : fmt::format("({})({})", ot, ins.op == OpKind::Base_Ones ? 1 : 0);
         break;
       case Code::Gather:
@@ -1280,9 +1144,8 @@ bool may_fault(const FusedProgram& p) {
   if (p.kind == ProgramKind::Reduce) return true;  // empty reductions without identity, narrow index dtypes
   for (const ProgramBlock& b : p.blocks)
     for (const Instruction& ins : b.instructions) {
-      const std::optional<Code> c = code_of(ins.op);
-      if (c == Code::Gather || c == Code::Select || c == Code::Cat) return true;
-      if ((c == Code::Div || c == Code::Rem) && ins.compute.is_integral()) return true;
+      const std::optional<Code> c = fusion::lowering::code_of(ins.op);
+      if (c && fusion::lowering::may_fault(*c, ins.compute)) return true;
     }
   for (const FusedProgram& s : p.stages)
     if (may_fault(s)) return true;
