@@ -60,6 +60,7 @@
 #include "kiln/ir/builders.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
+#include "kiln/testing/status.h"
 #include "random_program.h"
 #include "../tests/ipc/hostile.h"
 
@@ -606,7 +607,7 @@ TEST(IpcStress, WorkersFloodAndAKill) {
   EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
 
   (*service)->stop();
-  EXPECT_TRUE(dev->shutdown().ok());
+  KILN_EXPECT_OK(dev->shutdown());
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   EXPECT_LT(seconds_since(t0), 2 * budget + 30);
@@ -780,7 +781,7 @@ TEST(IpcSoak, KillsHostileClientsAndFloods) {
   const Status leaks = dev->check_memory_leaks();
   EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
   (*service)->stop();
-  EXPECT_TRUE(dev->shutdown().ok());
+  KILN_EXPECT_OK(dev->shutdown());
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }

@@ -21,6 +21,7 @@
 #include "kiln/cpu/reference_backend.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
+#include "kiln/testing/status.h"
 #include "random_program.h"
 
 // Boost.Lockfree's freelist (the foreign-command queue of stream_actor.h) reads the `next` of a
@@ -72,7 +73,7 @@ std::unique_ptr<Device> make_device(std::size_t threads) {
   o.config_path = "";
   o.wait_timeout = std::chrono::seconds(120);
   Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
-  EXPECT_TRUE(d.ok());
+  KILN_EXPECT_OK(d);
   return std::move(d).value();
 }
 
@@ -119,7 +120,7 @@ TEST(RuntimeStress, ThreadsTimesStreamsRandomPrograms) {
   EXPECT_GT(programs.load(), 0u);
   std::printf("stress: %llu programs, %llu ops in %.1f s\n", static_cast<unsigned long long>(programs.load()),
               static_cast<unsigned long long>(ops.load()), total * 0.6);
-  ASSERT_TRUE(dev->shutdown().ok());
+  KILN_ASSERT_OK(dev->shutdown());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
   Status leaks = dev->check_memory_leaks();  // docs/spec/fusion.md §16.8: no handle, no stream state left
   EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();
@@ -169,7 +170,7 @@ TEST(RuntimeStress, SyncStorm) {
     for (auto& th : threads) th.join();
   }
   report(check);
-  ASSERT_TRUE(dev->shutdown().ok());
+  KILN_ASSERT_OK(dev->shutdown());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
   Status leaks = dev->check_memory_leaks();  // docs/spec/fusion.md §16.8: no handle, no stream state left
   EXPECT_TRUE(leaks.ok()) << leaks.error().to_string();

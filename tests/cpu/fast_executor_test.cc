@@ -40,7 +40,7 @@ struct Session : FusedSide {
   TensorId id() { return TensorId{next++}; }
   TensorIr input(Shape shape, const std::vector<double>& values, DType d = dt::f32) {
     TensorIr t{id(), std::move(shape), TensorStatus::ReadOnly, d};
-    EXPECT_TRUE(device.upload_f64(t.id, t.shape, d, values).ok());
+    KILN_EXPECT_OK(device.upload_f64(t.id, t.shape, d, values));
     return t;
   }
   TensorIr out(const Operation& op) { return op.outputs()[0]; }

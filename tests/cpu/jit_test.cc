@@ -94,7 +94,7 @@ struct Session : FusedSide {
   TensorId id() { return TensorId{next++}; }
   TensorIr input(Shape shape, const std::vector<double>& values, DType d = dt::f32) {
     TensorIr t{id(), std::move(shape), TensorStatus::ReadOnly, d};
-    EXPECT_TRUE(device.upload_f64(t.id, t.shape, d, values).ok());
+    KILN_EXPECT_OK(device.upload_f64(t.id, t.shape, d, values));
     return t;
   }
   TensorIr submit(Operation op) {
@@ -261,8 +261,8 @@ TEST_F(JitTest, EveryDtypeMatchesTheReference) {
         ok(b::scalar(Family::NumericFloat, OpKind::Numeric_AddScalar, use(u, TensorStatus::ReadWrite),
                      ScalarIr::Float(0.1), v.id)),
         ok(b::binary(Family::NumericFloat, OpKind::Numeric_Div, use(v, TensorStatus::ReadWrite), x, y.id))};
-    ASSERT_TRUE(ref.upload_f64(x.id, x.shape, d, iota(n, 4, -2)).ok());
-    ASSERT_TRUE(ref.upload_f64(z.id, z.shape, d, iota(n, 3, -1)).ok());
+    KILN_ASSERT_OK(ref.upload_f64(x.id, x.shape, d, iota(n, 4, -2)));
+    KILN_ASSERT_OK(ref.upload_f64(z.id, z.shape, d, iota(n, 3, -1)));
     for (const Operation& op : ops) (void)ref.reference().execute(op, ref.handles());
     const std::vector<double> want = *ref.download_f64(y.id);
     ASSERT_EQ(got.size(), want.size());
@@ -524,7 +524,7 @@ PartsRun run_parts(const CpuDeviceOptions& jit_options, const OutputsProgram& pr
       std::vector<float> padded(offset, 1.0f);
       padded.insert(padded.end(), v.begin(), v.end());
       TensorIr t{s.id(), Shape{padded.size()}, TensorStatus::ReadOnly, dt::f32};
-      EXPECT_TRUE(s.device.upload<float>(t.id, t.shape, std::span<const float>(padded)).ok());
+      KILN_EXPECT_OK(s.device.upload<float>(t.id, t.shape, std::span<const float>(padded)));
       if (offset > 0) {
         const ir::Slice range{static_cast<std::int64_t>(offset), std::nullopt, 1};
         t = s.submit(ok(b::slice(Family::BaseFloat, OpKind::Base_Slice, t, std::span<const ir::Slice>(&range, 1), s.id())));
@@ -535,7 +535,7 @@ PartsRun run_parts(const CpuDeviceOptions& jit_options, const OutputsProgram& pr
     s.sync();
     for (const TensorIr& y : outs) {
       auto got = s.device.download<float>(y.id);
-      EXPECT_TRUE(got.ok());
+      KILN_EXPECT_OK(got);
       (side == 0 ? r.jit : r.interp).push_back(got.ok() ? *got : std::vector<float>{});
     }
     (side == 0 ? r.jit_stats : r.interp_stats) = s.device.stats();
@@ -684,9 +684,9 @@ TEST_F(JitTest, StreamingPlainLoopWritesOnlyFreshOutputsNonTemporally) {
     Session s(o);
     TensorIr x{s.id(), Shape{n}, TensorStatus::ReadOnly, dt::f32}, y{s.id(), Shape{n}, TensorStatus::ReadOnly, dt::f32};
     TensorIr c{s.id(), Shape{1}, TensorStatus::ReadOnly, dt::f32};
-    ASSERT_TRUE(s.device.upload<float>(x.id, x.shape, std::span<const float>(xs)).ok());
-    ASSERT_TRUE(s.device.upload<float>(y.id, y.shape, std::span<const float>(ys)).ok());
-    ASSERT_TRUE(s.device.upload<float>(c.id, c.shape, std::span<const float>(cs)).ok());
+    KILN_ASSERT_OK(s.device.upload<float>(x.id, x.shape, std::span<const float>(xs)));
+    KILN_ASSERT_OK(s.device.upload<float>(y.id, y.shape, std::span<const float>(ys)));
+    KILN_ASSERT_OK(s.device.upload<float>(c.id, c.shape, std::span<const float>(cs)));
     constexpr auto RW = TensorStatus::ReadWrite;
     const TensorIr a = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, x, c, s.id())));
     const TensorIr u = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(a, RW), use(y, RW), s.id())));
@@ -699,11 +699,11 @@ TEST_F(JitTest, StreamingPlainLoopWritesOnlyFreshOutputsNonTemporally) {
     s.sync();
     for (int k = 0; k < 2; ++k) {
       auto v = s.device.download<float>((k == 0 ? u : w).id);
-      ASSERT_TRUE(v.ok());
+      KILN_ASSERT_OK(v);
       got[side][k] = *v;
     }
     auto bools = s.device.download_bool(gt.id);
-    ASSERT_TRUE(bools.ok());
+    KILN_ASSERT_OK(bools);
     for (bool v : *bools) positive[side].push_back(v ? 1 : 0);
     stats[side] = s.device.stats();
     EXPECT_EQ(stats[side].fused_replays, 0u);

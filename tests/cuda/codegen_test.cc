@@ -10,6 +10,7 @@
 
 #include "kiln/cuda/codegen.h"
 #include "kiln/cuda/launch_abi.h"
+#include "kiln/testing/status.h"
 #include "programs.h"
 
 namespace kiln::cuda {
@@ -30,7 +31,7 @@ TEST(Codegen, EveryCatalogProgramGeneratesDeterministically) {
     Result<GeneratedProgram> a = generate(p.program);
     ASSERT_TRUE(a.ok()) << p.name << ": " << a.error().message;
     Result<GeneratedProgram> b = generate(p.program);
-    ASSERT_TRUE(b.ok());
+    KILN_ASSERT_OK(b);
     EXPECT_EQ(a->body, b->body) << p.name;
     EXPECT_FALSE(a->kernels.empty()) << p.name;
     EXPECT_EQ(a->source().rfind(std::string(prelude()), 0), 0u);
@@ -172,7 +173,7 @@ TEST(Codegen, HalfPrecisionComputesInF32AndRoundsBack) {
   for (const NamedProgram& p : testing::fused_catalog()) {
     if (p.name != "f16 W1") continue;
     Result<GeneratedProgram> g = generate(p.program);
-    ASSERT_TRUE(g.ok());
+    KILN_ASSERT_OK(g);
     EXPECT_NE(g->body.find("__half2float("), std::string::npos);
     EXPECT_NE(g->body.find("kiln_f16("), std::string::npos) << "each f16 result is rounded to f16";
     EXPECT_NE(g->body.find("__float2half_rn("), std::string::npos);
@@ -186,7 +187,7 @@ TEST(Codegen, IntegerDivisionAndIndexedReadsMayFault) {
   bool div = false, gather = false;
   for (const NamedProgram& p : testing::fused_catalog()) {
     Result<GeneratedProgram> g = generate(p.program);
-    ASSERT_TRUE(g.ok());
+    KILN_ASSERT_OK(g);
     if (p.name == "i32 div-shift-compare") {
       div = true;
       EXPECT_TRUE(g->may_fault);

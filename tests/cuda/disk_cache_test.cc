@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "kiln/cuda/disk_cache.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::cuda {
 namespace {
@@ -47,7 +48,7 @@ TEST_F(DiskCacheTest, CreatesAPrivateDirectoryAndRoundTrips) {
   const CompileOptions opts{.arch = 90};
   const std::uint64_t key = code_key("extern \"C\" __global__ void k() {}", opts);
   EXPECT_FALSE(cache->load(key, opts).has_value());
-  ASSERT_TRUE(cache->store(key, code(90, 1000)).ok());
+  KILN_ASSERT_OK(cache->store(key, code(90, 1000)));
   std::optional<CompiledCode> hit = cache->load(key, opts);
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(hit->bytes, code(90, 1000).bytes);
@@ -79,7 +80,7 @@ TEST_F(DiskCacheTest, CorruptEntriesAreIgnoredAndRebuilt) {
   const fs::path path = cache->entry_path(key, opts);
 
   auto corrupt = [&](auto&& edit) {
-    ASSERT_TRUE(cache->store(key, code(90, 512)).ok());
+    KILN_ASSERT_OK(cache->store(key, code(90, 512)));
     std::ifstream in(path, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     in.close();
@@ -111,20 +112,20 @@ TEST_F(DiskCacheTest, EntriesOfOtherVersionsAreIgnored) {
   const std::uint64_t key = code_key("source", opts);
   {
     Result<DiskCache> old = DiskCache::open(root_, CacheVersions{"0.0.9", 13000, 0});
-    ASSERT_TRUE(old.ok());
-    ASSERT_TRUE(old->store(key, code(90, 64)).ok());
+    KILN_ASSERT_OK(old);
+    KILN_ASSERT_OK(old->store(key, code(90, 64)));
   }
   Result<DiskCache> now = DiskCache::open(root_, versions());
-  ASSERT_TRUE(now.ok());
+  KILN_ASSERT_OK(now);
   EXPECT_FALSE(now->load(key, opts).has_value()) << "another kiln version";
   {
     Result<DiskCache> other = DiskCache::open(root_, CacheVersions{"0.1.0", 12080, 0});
-    ASSERT_TRUE(other->store(key, code(90, 64)).ok());
+    KILN_ASSERT_OK(other->store(key, code(90, 64)));
   }
   EXPECT_FALSE(now->load(key, opts).has_value()) << "another NVRTC";
   {
     Result<DiskCache> other = DiskCache::open(root_, CacheVersions{"0.1.0", 13000, 12040});
-    ASSERT_TRUE(other->store(key, code(90, 64)).ok());
+    KILN_ASSERT_OK(other->store(key, code(90, 64)));
   }
   EXPECT_FALSE(now->load(key, opts).has_value()) << "another driver";
   EXPECT_EQ(now->stats().rejected, 3u);
@@ -138,7 +139,7 @@ TEST_F(DiskCacheTest, RefusesDirectoriesOthersCouldWrite) {
   EXPECT_EQ(cache.error().code, ErrorCode::Config);
   EXPECT_NE(cache.error().message.find("writable by group or others"), std::string::npos) << cache.error().message;
   ASSERT_EQ(::chmod(root_.c_str(), 0700), 0);
-  EXPECT_TRUE(DiskCache::open(root_, versions()).ok());
+  KILN_EXPECT_OK(DiskCache::open(root_, versions()));
   // A file where the directory should be.
   const fs::path file = root_ / "file";
   std::ofstream(file) << "x";

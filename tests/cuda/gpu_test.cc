@@ -17,6 +17,7 @@
 #include "kiln/fusion/plan_store.h"
 #include "kiln/fusion/stream.h"
 #include "kiln/ir/builders.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::cuda {
 namespace {
@@ -106,8 +107,8 @@ struct Sides {
     std::vector<double> v(ir::num_elements(s));
     for (double& x : v) x = d.is_float() ? u(rng) : std::floor(u(rng));
     Result<reference::HostTensor> h = reference::HostTensor::from_f64(alloc, s, d, v);
-    EXPECT_TRUE(h.ok());
-    EXPECT_TRUE(gpu->upload(t.id, d, s, h->bytes()).ok());
+    KILN_EXPECT_OK(h);
+    KILN_EXPECT_OK(gpu->upload(t.id, d, s, h->bytes()));
     host.register_handle(t.id, std::move(h).value());
     return t;
   }
@@ -165,7 +166,7 @@ TEST(CudaBackend, UploadDownloadRoundTrip) {
   // 80 MiB: several staging chunks.
   const TensorIr big = s.input({20u << 20}, dt::f32, rng);
   Result<runtime::HostData> h = s.gpu->download(big);
-  ASSERT_TRUE(h.ok());
+  KILN_ASSERT_OK(h);
   EXPECT_EQ(0, std::memcmp(h->bytes.data(), s.host.get_handle_ref(big.id)->bytes().data(), h->bytes.size()));
   EXPECT_GT(s.gpu->memory_stats().bytes_in_use, 80u << 20);
 }
@@ -396,14 +397,14 @@ TEST(CudaBackend, CompiledKernelsComeBackFromTheDiskCache) {
   std::filesystem::remove_all(dir, ec);
   for (int round = 0; round < 2; ++round) {
     Result<std::unique_ptr<CudaBackend>> be = CudaBackend::create({.cache_dir = dir});
-    ASSERT_TRUE(be.ok());
+    KILN_ASSERT_OK(be);
     std::unique_ptr<fusion::Executor> exec = (*be)->make_executor();
     const std::vector<float> v(1000, 1.5f);
     ASSERT_TRUE((*be)->upload(TensorId{1}, dt::f32, {1000}, std::as_bytes(std::span(v))).ok());
     exec->execute_operation(b::unary(Family::Float, OpKind::Float_Exp, TensorIr{TensorId{1}, {1000}, TensorStatus::ReadOnly, dt::f32},
                                      TensorId{2}).value());
     Result<runtime::HostData> h = (*be)->download(TensorIr{TensorId{2}, {1000}, TensorStatus::ReadOnly, dt::f32});
-    ASSERT_TRUE(h.ok());
+    KILN_ASSERT_OK(h);
     float f;
     std::memcpy(&f, h->bytes.data(), 4);
     EXPECT_NEAR(f, std::exp(1.5f), 1e-6);

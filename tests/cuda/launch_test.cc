@@ -7,6 +7,7 @@
 
 #include "kiln/cuda/launch.h"
 #include "kiln/cuda/single_op.h"
+#include "kiln/testing/status.h"
 #include "programs.h"
 
 namespace kiln::cuda {
@@ -15,7 +16,7 @@ namespace {
 using namespace testing;
 
 SingleOpProgram single(Result<Operation> op) {
-  EXPECT_TRUE(op.ok());
+  KILN_EXPECT_OK(op);
   std::optional<SingleOpProgram> s = single_op_program(*op);
   EXPECT_TRUE(s.has_value());
   return std::move(*s);
@@ -23,7 +24,7 @@ SingleOpProgram single(Result<Operation> op) {
 
 ir::Shape ref_of(const SingleOpProgram& s, std::uint32_t block = 0) {
   Result<ir::Shape> r = concrete_shape(s.program.blocks[block].reference_shape, s.binding());
-  EXPECT_TRUE(r.ok());
+  KILN_EXPECT_OK(r);
   return *r;
 }
 
@@ -43,7 +44,7 @@ TEST(Launch, ContiguousElementwiseMergesIntoOneDim) {
   EXPECT_EQ(l->stores[0].contiguous, 1);
   // Unmerged: row-major strides of [4,5,6].
   l = block_layout(s.program, 0, s.binding(), ref_of(s), /*merge=*/false);
-  ASSERT_TRUE(l.ok());
+  KILN_ASSERT_OK(l);
   EXPECT_EQ(l->iter.rank, 3);
   EXPECT_EQ(l->loads[1].strides[0], 30);
   EXPECT_EQ(l->loads[1].strides[1], 6);
@@ -71,7 +72,7 @@ TEST(Launch, BroadcastInputsGetZeroStrides) {
                                              TensorIr{TensorId{1}, {8, 16}, TensorStatus::ReadOnly, dt::f32},
                                              TensorIr{TensorId{2}, {1, 1}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
   l = block_layout(t.program, 0, t.binding(), ref_of(t), true);
-  ASSERT_TRUE(l.ok());
+  KILN_ASSERT_OK(l);
   EXPECT_TRUE(l->vectorizable);
   EXPECT_EQ(l->iter.rank, 1);
   EXPECT_EQ(l->loads[1].strides[0], 0);
@@ -243,7 +244,7 @@ TEST(Launch, VectorKernelNeedsAlignment) {
                                              TensorIr{TensorId{1}, {64}, TensorStatus::ReadOnly, dt::f32},
                                              TensorIr{TensorId{2}, {64}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
   Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), true);
-  ASSERT_TRUE(l.ok());
+  KILN_ASSERT_OK(l);
   const std::uintptr_t in_ok[] = {256, 512}, in_bad[] = {256, 516}, out_ok[] = {1024};
   EXPECT_TRUE(vector_aligned(s.program, *l, 4, in_ok, out_ok));
   EXPECT_FALSE(vector_aligned(s.program, *l, 4, in_bad, out_ok));
@@ -254,7 +255,7 @@ TEST(Launch, VectorKernelNeedsAlignment) {
 TEST(Launch, RowVectorKernelEligibility) {
   auto layout_of = [](const SingleOpProgram& s) {
     Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), true);
-    EXPECT_TRUE(l.ok());
+    KILN_EXPECT_OK(l);
     return *l;
   };
   auto sub = [](Shape a, Shape b, DType d = dt::f32) {
@@ -304,12 +305,12 @@ TEST(Launch, RowVectorKernelEligibility) {
 TEST(Launch, OpsWithoutGeneratedKernelsFallBack) {
   const TensorIr x{TensorId{1}, {4, 5}, TensorStatus::ReadOnly, dt::f32};
   Result<Operation> cum = b::dim(Family::NumericFloat, OpKind::Numeric_CumSum, x, 1, TensorId{2});
-  ASSERT_TRUE(cum.ok());
+  KILN_ASSERT_OK(cum);
   EXPECT_FALSE(single_op_program(*cum).has_value());
   const TensorIr xi{TensorId{1}, {4, 5}, TensorStatus::ReadOnly, dt::i32};
   Result<Operation> imm = b::matmul(Family::Int, OpKind::Int_Matmul, xi,
                                     TensorIr{TensorId{3}, {5, 2}, TensorStatus::ReadOnly, dt::i32}, TensorId{4});
-  ASSERT_TRUE(imm.ok());
+  KILN_ASSERT_OK(imm);
   EXPECT_FALSE(single_op_program(*imm).has_value()) << "integer matmul runs on the host";
 }
 

@@ -16,6 +16,7 @@
 
 #include "kiln/cuda/codegen.h"
 #include "kiln/cuda/nvrtc.h"
+#include "kiln/testing/status.h"
 #include "programs.h"
 
 namespace kiln::cuda {
@@ -176,7 +177,7 @@ TEST(Nvrtc, FastMathKernelsCompile) {
   for (const NamedProgram& p : testing::fused_catalog()) {
     if (p.name != "f32 W1") continue;
     Result<GeneratedProgram> g = generate(p.program, {.fast_math = true});
-    ASSERT_TRUE(g.ok());
+    KILN_ASSERT_OK(g);
     ASSERT_NE(g->body.find("__expf("), std::string::npos);
     Result<CompiledCode> c = nvrtc_compile(g->source(), "fast.cu", {.arch = 90});
     ASSERT_TRUE(c.ok()) << c.error().message;
@@ -190,7 +191,7 @@ TEST(Nvrtc, PtxForForwardCompatibility) {
   const std::vector<NamedProgram> catalog = testing::fused_catalog();
   ASSERT_FALSE(catalog.empty());
   Result<GeneratedProgram> g = generate(catalog[0].program);
-  ASSERT_TRUE(g.ok());
+  KILN_ASSERT_OK(g);
   Result<CompiledCode> c = nvrtc_compile(g->source(), "ptx.cu", {.arch = 90, .cubin = false});
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_FALSE(c->is_cubin);

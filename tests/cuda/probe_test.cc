@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/cuda/probe.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::cuda {
 namespace {
@@ -46,12 +47,12 @@ ProbeResult without_gpu() {
 
 TEST(Probe, AutoPicksTheGpuWhenThereIsOne) {
   Result<DeviceChoice> c = choose_device("auto", with_gpu());
-  ASSERT_TRUE(c.ok());
+  KILN_ASSERT_OK(c);
   EXPECT_EQ(c->kind, DeviceKind::Cuda);
   EXPECT_EQ(c->ordinal, 0);
   EXPECT_NE(c->why.find("H200"), std::string::npos);
   c = choose_device("", without_gpu());
-  ASSERT_TRUE(c.ok());
+  KILN_ASSERT_OK(c);
   EXPECT_EQ(c->kind, DeviceKind::Cpu);
   EXPECT_EQ(c->why, "auto: no GPU: no CUDA driver found");
 }
@@ -88,14 +89,14 @@ namespace {
 TEST(Probe, SelectDeviceReadsTheEnvironment) {
   ::setenv("KILN_DEVICE", "cpu", 1);
   Result<DeviceChoice> c = select_device("");
-  ASSERT_TRUE(c.ok());
+  KILN_ASSERT_OK(c);
   EXPECT_EQ(c->kind, DeviceKind::Cpu);
   ::setenv("KILN_DEVICE", "nonsense", 1);
   EXPECT_FALSE(select_device("").ok());
   EXPECT_TRUE(select_device("cpu").ok()) << "the flag wins over the environment";
   ::unsetenv("KILN_DEVICE");
   c = select_device("auto");
-  ASSERT_TRUE(c.ok());
+  KILN_ASSERT_OK(c);
   EXPECT_EQ(c->kind == DeviceKind::Cuda, probe().available());
 }
 

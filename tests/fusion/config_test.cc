@@ -5,6 +5,7 @@
 #include <map>
 
 #include "kiln/fusion/config.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::fusion {
 namespace {
@@ -19,7 +20,7 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
 
 TEST(FusionConfig, Defaults) {
   auto cfg = parse_fusion_config("");
-  ASSERT_TRUE(cfg.ok());
+  KILN_ASSERT_OK(cfg);
   EXPECT_EQ(cfg->max_blocks, 5u);
   EXPECT_FALSE(cfg->max_explorations.has_value());
   EXPECT_EQ(cfg->log_level, LogLevel::Disabled);

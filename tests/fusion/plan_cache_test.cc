@@ -28,6 +28,7 @@
 
 #include "kiln/fusion/fused_program.h"
 #include "kiln/fusion/fusers.h"
+#include "kiln/testing/status.h"
 #include "random_program.h"
 
 namespace kiln::fusion::testing {
@@ -352,7 +353,7 @@ TEST(PlanCache, EncodingIsCanonical) {
   ASSERT_EQ(d.plans.size(), store.size());
   ExecutionPlanStore copy;
   for (PlanRecord& rec : d.plans) {
-    EXPECT_TRUE(validate_plan(rec.plan, rec.triggers).ok());
+    KILN_EXPECT_OK(validate_plan(rec.plan, rec.triggers));
     auto added = copy.add(std::move(rec.plan), rec.triggers.front());
     for (std::size_t i = 1; i < rec.triggers.size(); ++i) copy.add_trigger(added.id, rec.triggers[i]);
   }
@@ -386,7 +387,7 @@ TEST(PlanCache, ReduceBroadcastedProgramRoundTrips) {
   store.add(ExecutionPlan{ops, BlockOptimization(ExecutionStrategy::optimization(opt, all, fuser.properties().score), all)},
             ExecutionTrigger::on_sync());
   store.add_trigger(0, ExecutionTrigger::on_operations({ops[0]}));
-  ASSERT_TRUE(validate_plan(*store.plan(0), *store.triggers(0)).ok());
+  KILN_ASSERT_OK(validate_plan(*store.plan(0), *store.triggers(0)));
   ExecutionPlanStore copy;
   const auto r = load_plans(serialize_plans(store).bytes, copy);
   ASSERT_TRUE(r.ok()) << r.reason;
@@ -429,7 +430,7 @@ TEST(PlanCache, LoadDeduplicatesAgainstPlansAlreadyThere) {
   // Loading the same file again adds nothing.
   const std::size_t after = partial.size();
   const PlanCacheLoadReport again = load_plans(s.bytes, partial);
-  ASSERT_TRUE(again.ok());
+  KILN_ASSERT_OK(again);
   EXPECT_EQ(again.loaded, 0u);
   EXPECT_EQ(again.merged, full.size());
   EXPECT_EQ(partial.size(), after);
@@ -483,7 +484,7 @@ TEST(PlanCache, HeaderProblemsHaveTheirReason) {
   ExecutionPlanStore store;
   small_store(store);
   const std::vector<std::uint8_t> good = serialize_plans(store).bytes;
-  ASSERT_TRUE(decode_plans(good).ok());
+  KILN_ASSERT_OK(decode_plans(good));
   auto check = [&](std::vector<std::uint8_t> bytes, PlanCacheProblem want, const char* what) {
     ExecutionPlanStore target;
     const auto r = load_plans(bytes, target);
@@ -584,7 +585,7 @@ TEST(PlanCache, CorruptPayloadWithValidChecksumNeverCrashes) {
       // A change the format cannot tell from a real plan (a tensor id, a score): still valid.
       ++accepted;
       for (PlanId id = 0; id < target.size(); ++id)
-        ASSERT_TRUE(validate_plan(*target.plan(id), *target.triggers(id)).ok());
+        KILN_ASSERT_OK(validate_plan(*target.plan(id), *target.triggers(id)));
     } else {
       ++rejected;
       ASSERT_EQ(r.problem, PlanCacheProblem::Malformed) << r.reason;
@@ -601,10 +602,10 @@ TEST(PlanCacheDir, MissingDirectoryOrFileLoadsNothing) {
   TempDir dir;
   ExecutionPlanStore store;
   auto r = load_plan_cache(store, dir.path() / "absent", FusionLog{});
-  EXPECT_TRUE(r.ok());
+  KILN_EXPECT_OK(r);
   EXPECT_FALSE(r.found);
   r = load_plan_cache(store, dir.path(), FusionLog{});
-  EXPECT_TRUE(r.ok());
+  KILN_EXPECT_OK(r);
   EXPECT_FALSE(r.found);
   EXPECT_EQ(r.loaded, 0u);
 }
@@ -623,7 +624,7 @@ TEST(PlanCacheDir, SaveCreatesAPrivateDirectoryAndLeavesNoTemporaryFile) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(static_cast<std::size_t>(st.st_size), saved->bytes);
   // Saving again replaces the file atomically; nothing else is left in the directory.
-  ASSERT_TRUE(save_plan_cache(store, cache).ok());
+  KILN_ASSERT_OK(save_plan_cache(store, cache));
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(cache)) names.push_back(e.path().filename().string());
   EXPECT_EQ(names, std::vector<std::string>{"plans.kpc"});
@@ -634,7 +635,7 @@ TEST(PlanCacheDir, UnsafeDirectoriesAreRefused) {
   small_store(store);
   for (mode_t mode : {0770, 0707, 0777, 0720}) {
     TempDir dir;
-    ASSERT_TRUE(save_plan_cache(store, dir.path()).ok());
+    KILN_ASSERT_OK(save_plan_cache(store, dir.path()));
     ASSERT_EQ(::chmod(dir.path().c_str(), mode), 0);
     auto saved = save_plan_cache(store, dir.path());
     ASSERT_FALSE(saved.ok()) << std::oct << mode;
@@ -648,7 +649,7 @@ TEST(PlanCacheDir, UnsafeDirectoriesAreRefused) {
   // Owned by another user (only root can arrange that).
   if (::geteuid() == 0) {
     TempDir dir;
-    ASSERT_TRUE(save_plan_cache(store, dir.path()).ok());
+    KILN_ASSERT_OK(save_plan_cache(store, dir.path()));
     ASSERT_EQ(::chown(dir.path().c_str(), 65534, 65534), 0);
     auto saved = save_plan_cache(store, dir.path());
     ASSERT_FALSE(saved.ok());
@@ -678,7 +679,7 @@ TEST(PlanCacheDir, ReportTellsARefusedDirectoryFromNothingSaved) {
   EXPECT_FALSE(r.directory_refused);
 
   const fs::path cache = dir.path() / "cache";
-  ASSERT_TRUE(save_plan_cache(store, cache).ok());
+  KILN_ASSERT_OK(save_plan_cache(store, cache));
   r = load_plan_cache(fresh, cache, FusionLog{});
   ASSERT_TRUE(r.ok()) << r.reason;
   EXPECT_TRUE(r.found);
@@ -719,7 +720,7 @@ TEST(PlanCacheDir, CorruptFileIsIgnoredWithAWarning) {
   TempDir dir;
   ExecutionPlanStore store;
   small_store(store);
-  ASSERT_TRUE(save_plan_cache(store, dir.path()).ok());
+  KILN_ASSERT_OK(save_plan_cache(store, dir.path()));
   const fs::path file = dir.path() / "plans.kpc";
   auto bytes = read_file(file);
   bytes[bytes.size() / 2] ^= 0x01;
@@ -744,7 +745,7 @@ TEST(PlanCacheDir, CorruptFileIsIgnoredWithAWarning) {
   // A symlink is not followed.
   fs::remove(file);
   TempDir other;
-  ASSERT_TRUE(save_plan_cache(store, other.path()).ok());
+  KILN_ASSERT_OK(save_plan_cache(store, other.path()));
   fs::create_symlink(other.path() / "plans.kpc", file);
   EXPECT_EQ(load_plan_cache(fresh, dir.path(), FusionLog{}).problem, PlanCacheProblem::Unreadable);
   EXPECT_EQ(fresh.size(), 0u);

@@ -116,10 +116,10 @@ struct RawClient {
 
   void send(const Command& c) {
     std::vector<std::uint8_t> msg;
-    ASSERT_TRUE(encode_command(c, msg).ok());
-    ASSERT_TRUE(conn.endpoint().send(msg, 10s).ok());
+    KILN_ASSERT_OK(encode_command(c, msg));
+    KILN_ASSERT_OK(conn.endpoint().send(msg, 10s));
   }
-  void send_bytes(const std::vector<std::uint8_t>& msg) { ASSERT_TRUE(conn.endpoint().send(msg, 10s).ok()); }
+  void send_bytes(const std::vector<std::uint8_t>& msg) { KILN_ASSERT_OK(conn.endpoint().send(msg, 10s)); }
   Completion receive() {
     auto got = conn.endpoint().receive(buf, 20s);
     EXPECT_TRUE(got.ok() && got->has_value());
@@ -143,7 +143,7 @@ struct RawClient {
   // Writes `bytes` at arena offset `at` and sends them as the part at `offset` of tensor `id`.
   void part(std::uint64_t rid, std::uint64_t id, DType dtype, const Shape& shape, std::uint64_t offset,
             std::span<const std::uint8_t> bytes, std::uint64_t at = 0) {
-    ASSERT_TRUE(arena.write(ArenaRange{at, bytes.size()}, bytes).ok());
+    KILN_ASSERT_OK(arena.write(ArenaRange{at, bytes.size()}, bytes));
     send(Command{rid, UploadPartCmd{0, TensorId(id), dtype, shape, offset, ArenaRange{at, bytes.size()}}});
   }
 };
@@ -211,7 +211,7 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
       EXPECT_EQ(refused.error().code, ErrorCode::Invalid);
       EXPECT_NE(refused.error().message.find("into a buffer of " + std::to_string(n - 1)), std::string::npos)
           << refused.error().message;
-      ASSERT_TRUE(target->read_into(StreamId(0), last, right).ok());
+      KILN_ASSERT_OK(target->read_into(StreamId(0), last, right));
       EXPECT_EQ(std::memcmp(right.data(), v.data(), n), 0) << n;
     }
   }
@@ -226,7 +226,7 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
     EXPECT_EQ(std::memcmp(r.bytes.data(), v.data(), n), 0) << n;
   }
   // Nothing staged is left behind: the job holds no bytes once its tensors are consumed.
-  ASSERT_TRUE(client->drain(StreamId(0)).ok());
+  KILN_ASSERT_OK(client->drain(StreamId(0)));
   EXPECT_EQ(d.job_bytes("test"), 0u);
 }
 
@@ -285,7 +285,7 @@ TEST(ChunkedTransfer, LastUseReadConsumesTheTensorAtItsFirstWindow) {
     ASSERT_NE(w, nullptr) << (std::holds_alternative<ErrorCpl>(done.body) ? std::get<ErrorCpl>(done.body).message : "");
     EXPECT_EQ(w->offset, off);
     EXPECT_EQ(w->data, (ArenaRange{64, len}));
-    ASSERT_TRUE(c.arena.read(w->data, std::span(back).subspan(off, len)).ok());
+    KILN_ASSERT_OK(c.arena.read(w->data, std::span(back).subspan(off, len)));
     if (off + len < n) {
       // Consumed at the first window: gone from the client's table (the session publishes its
       // counts after sending the completion, hence the wait); the snapshot holds the bytes and
@@ -387,7 +387,7 @@ TEST(ChunkedTransfer, MalformedOutOfOrderAndMismatchedPartsAreErrors) {
   EXPECT_NE(c.expect_error(12).find("outside the arena"), std::string::npos);
   // A truncated part: answered by its request id.
   std::vector<std::uint8_t> cut;
-  ASSERT_TRUE(encode_command(Command{13, UploadPartCmd{0, TensorId(1), dtypes::f32, shape, 0, ArenaRange{0, 8}}}, cut).ok());
+  KILN_ASSERT_OK(encode_command(Command{13, UploadPartCmd{0, TensorId(1), dtypes::f32, shape, 0, ArenaRange{0, 8}}}, cut));
   cut.resize(cut.size() - 3);
   c.send_bytes(cut);
   EXPECT_NE(c.expect_error(13).find("body_len"), std::string::npos);
@@ -453,7 +453,7 @@ TEST(ChunkedTransfer, MalformedOutOfOrderAndMismatchedPartsAreErrors) {
     Completion w = c.receive();
     ASSERT_TRUE(std::holds_alternative<ReadPartDoneCpl>(w.body));
     const auto& done = std::get<ReadPartDoneCpl>(w.body);
-    ASSERT_TRUE(c.arena.read(done.data, std::span(back).subspan(off, done.data.length)).ok());
+    KILN_ASSERT_OK(c.arena.read(done.data, std::span(back).subspan(off, done.data.length)));
   }
   EXPECT_EQ(back, v);
 }
@@ -512,7 +512,7 @@ TEST(ChunkedTransfer, ATimedOutReadKeepsItsArenaRangeUntilTheLateAnswer) {
   open_gate();
   client->set_reply_timeout(30s);
   // Any later answered request pops the late one, which frees the range.
-  ASSERT_TRUE(client->daemon_status(false).ok());
+  KILN_ASSERT_OK(client->daemon_status(false));
   EXPECT_TRUE(wait_until([&] { return client->quarantined_bytes() == 0 || !client->daemon_status(false).ok(); }));
   EXPECT_EQ(client->quarantined_bytes(), 0u);
   const std::vector<float> got = ok(s.to_host(std::move(total)));
@@ -559,7 +559,7 @@ TEST(ChunkedTransfer, StagedBytesCountAgainstTheJobQuota) {
   EXPECT_EQ(d.job_bytes("lib"), 0u);
   const TensorId id = client->new_tensor_id();
   const std::span<const std::uint8_t> fits(big.data(), 2 * kMiB + 3);
-  ASSERT_TRUE(client->upload(StreamId(0), id, dtypes::u8, {fits.size()}, std::as_bytes(fits)).ok());
+  KILN_ASSERT_OK(client->upload(StreamId(0), id, dtypes::u8, {fits.size()}, std::as_bytes(fits)));
   EXPECT_EQ(d.job_bytes("lib"), fits.size());
   runtime::HostData r = ok(client->read(StreamId(0), TensorIr{id, {fits.size()}, TensorStatus::ReadWrite, dtypes::u8}));
   EXPECT_EQ(std::memcmp(r.bytes.data(), fits.data(), fits.size()), 0);

@@ -40,16 +40,16 @@ namespace fs = std::filesystem;
 
 TEST(CredentialPolicy, OwnUidAlwaysOtherUidsOnlyThroughTheGroup) {
   const CredentialPolicy own{1000, std::nullopt};
-  EXPECT_TRUE(check_peer(own, PeerCredentials{1, 1000, 1000, {}}).ok());
+  KILN_EXPECT_OK(check_peer(own, PeerCredentials{1, 1000, 1000, {}}));
   auto refused = check_peer(own, PeerCredentials{2, 1001, 1001, {}});
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().message, "uid 1001 not allowed");
   EXPECT_FALSE(check_peer(own, PeerCredentials{3, 0, 0, {}}).ok());  // root is not special
 
   const CredentialPolicy group{1000, gid_t{2000}};
-  EXPECT_TRUE(check_peer(group, PeerCredentials{4, 1000, 1000, {}}).ok());
-  EXPECT_TRUE(check_peer(group, PeerCredentials{5, 1001, 2000, {}}).ok());           // primary group
-  EXPECT_TRUE(check_peer(group, PeerCredentials{6, 1002, 1002, {5, 2000, 7}}).ok());  // supplementary
+  KILN_EXPECT_OK(check_peer(group, PeerCredentials{4, 1000, 1000, {}}));
+  KILN_EXPECT_OK(check_peer(group, PeerCredentials{5, 1001, 2000, {}}));           // primary group
+  KILN_EXPECT_OK(check_peer(group, PeerCredentials{6, 1002, 1002, {5, 2000, 7}}));  // supplementary
   auto no = check_peer(group, PeerCredentials{7, 1003, 1003, {5, 7}});
   ASSERT_FALSE(no.ok());
   EXPECT_EQ(no.error().message, "uid 1003 (gid 1003) not allowed: not the daemon's uid 1000 nor in group 2000");
@@ -57,9 +57,9 @@ TEST(CredentialPolicy, OwnUidAlwaysOtherUidsOnlyThroughTheGroup) {
 
 // The client's side: it trusts a daemon of its own uid or root's, nobody else's.
 TEST(DaemonCredentials, OwnUidOrRootOnly) {
-  EXPECT_TRUE(check_daemon_peer(1000, PeerCredentials{1, 1000, 1000, {}}).ok());
-  EXPECT_TRUE(check_daemon_peer(1000, PeerCredentials{1, 0, 0, {}}).ok());  // a system daemon
-  EXPECT_TRUE(check_daemon_peer(0, PeerCredentials{1, 0, 0, {}}).ok());
+  KILN_EXPECT_OK(check_daemon_peer(1000, PeerCredentials{1, 1000, 1000, {}}));
+  KILN_EXPECT_OK(check_daemon_peer(1000, PeerCredentials{1, 0, 0, {}}));  // a system daemon
+  KILN_EXPECT_OK(check_daemon_peer(0, PeerCredentials{1, 0, 0, {}}));
   auto planted = check_daemon_peer(1000, PeerCredentials{2, 1001, 1000, {1000}});  // same group: still not
   ASSERT_FALSE(planted.ok());
   EXPECT_EQ(planted.error().code, ErrorCode::Invalid);
@@ -68,8 +68,8 @@ TEST(DaemonCredentials, OwnUidOrRootOnly) {
 }
 
 TEST(Handshake, JobNames) {
-  EXPECT_TRUE(validate_job_name("resnet-50_train.v2").ok());
-  EXPECT_TRUE(validate_job_name(std::string(64, 'a')).ok());
+  KILN_EXPECT_OK(validate_job_name("resnet-50_train.v2"));
+  KILN_EXPECT_OK(validate_job_name(std::string(64, 'a')));
   EXPECT_FALSE(validate_job_name("").ok());
   EXPECT_FALSE(validate_job_name(std::string(65, 'a')).ok());
   EXPECT_FALSE(validate_job_name(".hidden").ok());
@@ -84,7 +84,7 @@ TEST(Handshake, JobNames) {
 TEST(Handshake, FramesRoundTripAndRejectGarbage) {
   const auto hello = encode_hello(Hello{1, "job-1"});
   auto p = decode_prefix(std::span(hello).first(kFramePrefixBytes));
-  ASSERT_TRUE(p.ok());
+  KILN_ASSERT_OK(p);
   EXPECT_EQ(p->magic, kHelloMagic);
   auto h = decode_hello(*p, std::span(hello).subspan(kFramePrefixBytes));
   ASSERT_TRUE(h.ok()) << h.error().message;
@@ -94,7 +94,7 @@ TEST(Handshake, FramesRoundTripAndRejectGarbage) {
   Reply r{1, false, 0, 0, std::string(600, 'x')};  // reason truncated to 512
   const auto reply = encode_reply(r);
   auto rp = decode_prefix(std::span(reply).first(kFramePrefixBytes));
-  ASSERT_TRUE(rp.ok());
+  KILN_ASSERT_OK(rp);
   auto rr = decode_reply(*rp, std::span(reply).subspan(kFramePrefixBytes));
   ASSERT_TRUE(rr.ok()) << rr.error().message;
   EXPECT_FALSE(rr->accepted);
@@ -130,9 +130,9 @@ mode_t mode_of(const std::string& p) {
 TEST(RuntimeDir, CreatedPrivateAndCheckedWhenPresent) {
   TempDir t;
   const std::string dir = t.path + "/run";
-  ASSERT_TRUE(ensure_runtime_dir(dir).ok());
+  KILN_ASSERT_OK(ensure_runtime_dir(dir));
   EXPECT_EQ(mode_of(dir), 0700u);
-  EXPECT_TRUE(ensure_runtime_dir(dir).ok());  // idempotent
+  KILN_EXPECT_OK(ensure_runtime_dir(dir));  // idempotent
   ::chmod(dir.c_str(), 0755);
   auto loose = ensure_runtime_dir(dir);
   ASSERT_FALSE(loose.ok());
@@ -145,7 +145,7 @@ TEST(RuntimeDir, CreatedPrivateAndCheckedWhenPresent) {
   EXPECT_NE(sym.error().message.find("is not a directory (or is a symlink)"), std::string::npos);
 
   const std::string grouped = t.path + "/grouped";
-  ASSERT_TRUE(ensure_runtime_dir(grouped, ::getegid()).ok());
+  KILN_ASSERT_OK(ensure_runtime_dir(grouped, ::getegid()));
   EXPECT_EQ(mode_of(grouped), 0710u);
 
   auto longp = socket_path(t.path + "/" + std::string(120, 'd'), "kilnd.sock");
@@ -269,10 +269,10 @@ TEST(Control, HandshakePassesTheSegmentAndBothSidesUseIt) {
   const float values[6] = {1, 2, 3, 4, 5, 6};
   auto range = alloc.allocate(sizeof values);
   ASSERT_TRUE(range.has_value());
-  ASSERT_TRUE(cep.arena().write(*range, {reinterpret_cast<const std::uint8_t*>(values), sizeof values}).ok());
+  KILN_ASSERT_OK(cep.arena().write(*range, {reinterpret_cast<const std::uint8_t*>(values), sizeof values}));
   std::vector<std::uint8_t> msg;
-  ASSERT_TRUE(encode_command(Command{42, UploadCmd{0, ir::TensorId(1), ir::dtypes::f32, {2, 3}, *range}}, msg).ok());
-  ASSERT_TRUE(cep.send(msg, 1s).ok());
+  KILN_ASSERT_OK(encode_command(Command{42, UploadCmd{0, ir::TensorId(1), ir::dtypes::f32, {2, 3}, *range}}, msg));
+  KILN_ASSERT_OK(cep.send(msg, 1s));
 
   std::vector<std::uint8_t> buf(dep.max_receive_bytes());
   auto n = dep.receive(buf, 5s);
@@ -282,13 +282,13 @@ TEST(Control, HandshakePassesTheSegmentAndBothSidesUseIt) {
   ASSERT_EQ(cmd->kind(), CommandKind::Upload);
   const auto& up = std::get<UploadCmd>(cmd->body);
   float copy[6];
-  ASSERT_TRUE(dep.arena().read(up.data, {reinterpret_cast<std::uint8_t*>(copy), sizeof copy}).ok());
+  KILN_ASSERT_OK(dep.arena().read(up.data, {reinterpret_cast<std::uint8_t*>(copy), sizeof copy}));
   EXPECT_EQ(std::memcmp(copy, values, sizeof copy), 0);
   for (float& f : copy) f *= 10;
-  ASSERT_TRUE(dep.arena().write(up.data, {reinterpret_cast<const std::uint8_t*>(copy), sizeof copy}).ok());
+  KILN_ASSERT_OK(dep.arena().write(up.data, {reinterpret_cast<const std::uint8_t*>(copy), sizeof copy}));
   msg.clear();
-  ASSERT_TRUE(encode_completion(Completion{42, ReadDoneCpl{ir::dtypes::f32, {2, 3}, up.data}}, msg).ok());
-  ASSERT_TRUE(dep.send(msg, 1s).ok());
+  KILN_ASSERT_OK(encode_completion(Completion{42, ReadDoneCpl{ir::dtypes::f32, {2, 3}, up.data}}, msg));
+  KILN_ASSERT_OK(dep.send(msg, 1s));
 
   std::vector<std::uint8_t> cbuf(cep.max_receive_bytes());
   auto m = cep.receive(cbuf, 5s);
@@ -298,9 +298,9 @@ TEST(Control, HandshakePassesTheSegmentAndBothSidesUseIt) {
   EXPECT_EQ(cpl->request_id, 42u);
   const auto& done = std::get<ReadDoneCpl>(cpl->body);
   float back[6];
-  ASSERT_TRUE(cep.arena().read(done.data, {reinterpret_cast<std::uint8_t*>(back), sizeof back}).ok());
+  KILN_ASSERT_OK(cep.arena().read(done.data, {reinterpret_cast<std::uint8_t*>(back), sizeof back}));
   EXPECT_EQ(back[5], 60.0f);
-  ASSERT_TRUE(alloc.free(*range).ok());
+  KILN_ASSERT_OK(alloc.free(*range));
 
   // The client goes away: the daemon learns it from the socket.
   const std::uint64_t id = conn->client_id();
@@ -345,13 +345,13 @@ TEST(Control, RefusalsCarryTheirReason) {
   ASSERT_EQ(::send(s.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
   std::array<std::uint8_t, kFramePrefixBytes> pre{};
   std::vector<UniqueFd> fds;
-  ASSERT_TRUE(recv_exact_with_fds(s.get(), pre, fds).ok());
+  KILN_ASSERT_OK(recv_exact_with_fds(s.get(), pre, fds));
   auto p = decode_prefix(pre);
-  ASSERT_TRUE(p.ok());
+  KILN_ASSERT_OK(p);
   std::vector<std::uint8_t> body(p->body_len);
-  ASSERT_TRUE(recv_exact_with_fds(s.get(), body, fds).ok());
+  KILN_ASSERT_OK(recv_exact_with_fds(s.get(), body, fds));
   auto r = decode_reply(*p, body);
-  ASSERT_TRUE(r.ok());
+  KILN_ASSERT_OK(r);
   EXPECT_FALSE(r->accepted);
   EXPECT_NE(r->reason.find("job name: byte 0x2f"), std::string::npos) << r->reason;
   EXPECT_TRUE(fds.empty());
@@ -546,8 +546,8 @@ TEST(Control, DaemonSideDisconnectAndShutdownAreSeenByTheClient) {
   ASSERT_NE(accepted, nullptr);
   // A completion published just before the daemon hangs up is still delivered.
   std::vector<std::uint8_t> msg;
-  ASSERT_TRUE(encode_completion(Completion{9, OkCpl{}}, msg).ok());
-  ASSERT_TRUE(accepted->endpoint.send(msg, 1s).ok());
+  KILN_ASSERT_OK(encode_completion(Completion{9, OkCpl{}}, msg));
+  KILN_ASSERT_OK(accepted->endpoint.send(msg, 1s));
   d.server->disconnect(accepted->client_id);
   auto g = d.wait_gone();
   ASSERT_TRUE(g.has_value());

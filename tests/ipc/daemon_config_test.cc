@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/ipc/daemon_config.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ipc {
 namespace {
@@ -71,11 +72,11 @@ plan_save_ms = 500
 
 TEST(DaemonConfig, AbsentTableOrFileSetsNothing) {
   Result<DaemonFileConfig> c = parse_daemon_config("[runtime]\nthreads = 2\n");
-  ASSERT_TRUE(c.ok());
+  KILN_ASSERT_OK(c);
   EXPECT_FALSE(c->device.has_value());
   EXPECT_FALSE(c->arena_mib.has_value());
   Result<DaemonFileConfig> f = load_daemon_config("/nonexistent/kiln.toml");
-  ASSERT_TRUE(f.ok());
+  KILN_ASSERT_OK(f);
   EXPECT_FALSE(f->socket.has_value());
 }
 

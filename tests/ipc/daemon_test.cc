@@ -25,6 +25,7 @@
 #include "kiln/ipc/unix_socket.h"
 #include "kiln/ir/builders.h"
 #include "kiln/runtime/session.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ipc {
 namespace {
@@ -48,7 +49,7 @@ std::unique_ptr<runtime::Device> make_device() {
   o.fusion = fusion::FusionConfig{};
   o.config_path = "";
   auto d = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o));
-  EXPECT_TRUE(d.ok());
+  KILN_EXPECT_OK(d);
   return std::move(d).value();
 }
 
@@ -68,11 +69,11 @@ struct RawClient {
   explicit RawClient(ClientConnection c) : conn(std::move(c)), buf(conn.endpoint().max_receive_bytes()) {}
 
   void send_bytes(const std::vector<std::uint8_t>& msg) {
-    ASSERT_TRUE(conn.endpoint().send(msg, std::chrono::seconds(10)).ok());
+    KILN_ASSERT_OK(conn.endpoint().send(msg, std::chrono::seconds(10)));
   }
   void send(const Command& c) {
     std::vector<std::uint8_t> msg;
-    ASSERT_TRUE(encode_command(c, msg).ok());
+    KILN_ASSERT_OK(encode_command(c, msg));
     send_bytes(msg);
   }
   Completion receive() {
@@ -145,7 +146,7 @@ TEST(DaemonOrdering, ADropNeverOvertakesTheOpsThatReadItsTensor) {
     Tensor in = ok(s.from_host(x, {4}));
     Tensor y = ok(s.mul(ok(s.exp(in)), in));  // two reads of `in`, queued on stream 5
     { Tensor last = std::move(in); }           // its last handle goes: the Drop
-    EXPECT_TRUE(h.target().drain(StreamId(0)).ok());
+    KILN_EXPECT_OK(h.target().drain(StreamId(0)));
     return ok(s.to_host(std::move(y)));
   });
   ASSERT_EQ(got.size(), x.size());
@@ -163,7 +164,7 @@ TEST(DaemonOrdering, ASharedViewLivesOnTheStreamThatUsesIt) {
   const std::vector<float> got = s.executes(StreamId::from_number(6), [&] {
     Tensor y = ok(s.add(ok(s.exp(a)), 1.0));  // a view of `a` on stream 6, read there
     // The view's last handle went with the op's temporaries: its Drop is queued by now.
-    EXPECT_TRUE(h.target().drain(StreamId::from_number(5)).ok());
+    KILN_EXPECT_OK(h.target().drain(StreamId::from_number(5)));
     return ok(s.to_host(std::move(y)));
   });
   ASSERT_EQ(got.size(), x.size());
@@ -182,8 +183,8 @@ TEST(DaemonOrdering, ATensorUsedOnAnotherStreamMovesThere) {
   ASSERT_TRUE(t.upload(StreamId(0), in, dtypes::f32, {3}, std::as_bytes(std::span<const float>(x))).ok());
   const TensorIr read_only{in, {3}, TensorStatus::ReadOnly, dtypes::f32};
   ASSERT_TRUE(t.register_op(StreamId(1), ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, read_only, e))).ok());
-  ASSERT_TRUE(t.drop(StreamId(0), TensorIr{in, {3}, TensorStatus::ReadWrite, dtypes::f32}).ok());
-  ASSERT_TRUE(t.drain(StreamId(0)).ok());
+  KILN_ASSERT_OK(t.drop(StreamId(0), TensorIr{in, {3}, TensorStatus::ReadWrite, dtypes::f32}));
+  KILN_ASSERT_OK(t.drain(StreamId(0)));
   std::vector<float> got(3);
   ASSERT_TRUE(t.read_into(StreamId(1), TensorIr{e, {3}, TensorStatus::ReadWrite, dtypes::f32},
                           std::as_writable_bytes(std::span<float>(got))).ok());
@@ -210,8 +211,8 @@ TEST(DaemonErrors, ASyncReportsTheFirstFailureSinceTheLastSync) {
   // It names the stream as the client knows it, not the daemon's own number for it.
   EXPECT_EQ(synced.error().message.rfind("sync: stream 0: execution failed", 0), 0u) << synced.error().message;
   // The failure was reported once (the tensor keeps its error: docs/spec/ir.md §11, tested in runtime_test).
-  EXPECT_TRUE(t.drain(StreamId(0)).ok());
-  ASSERT_TRUE(t.drop(StreamId(0), TensorIr{sum, huge, TensorStatus::ReadWrite, dtypes::f32}).ok());
+  KILN_EXPECT_OK(t.drain(StreamId(0)));
+  KILN_ASSERT_OK(t.drop(StreamId(0), TensorIr{sum, huge, TensorStatus::ReadWrite, dtypes::f32}));
 }
 
 TEST(Daemon, ClientsCannotNameEachOthersTensors) {
@@ -227,7 +228,7 @@ TEST(Daemon, ClientsCannotNameEachOthersTensors) {
   EXPECT_NE(stolen.error().message.find("not one of this client's live tensors"), std::string::npos)
       << stolen.error().message;
   // A drop of that id is refused too (reported at the intruder's next sync).
-  ASSERT_TRUE(intruder->drop(StreamId(0), TensorIr{secret.id(), {2}, TensorStatus::ReadWrite, dtypes::f32}).ok());
+  KILN_ASSERT_OK(intruder->drop(StreamId(0), TensorIr{secret.id(), {2}, TensorStatus::ReadWrite, dtypes::f32}));
   Status synced = intruder->drain(StreamId(0));
   ASSERT_FALSE(synced.ok());
   EXPECT_NE(synced.error().message.find("not one of this client's live tensors"), std::string::npos);
@@ -249,7 +250,7 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   EXPECT_NE(c.expect_error(77).find("kind"), std::string::npos);
   // 2. Truncated: a valid upload cut short.
   std::vector<std::uint8_t> upload;
-  ASSERT_TRUE(encode_command(Command{78, UploadCmd{0, TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}}, upload).ok());
+  KILN_ASSERT_OK(encode_command(Command{78, UploadCmd{0, TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}}, upload));
   upload.resize(upload.size() - 5);
   c.send_bytes(upload);
   const std::string truncated = c.expect_error(78);  // the header survived: answered by its id
@@ -273,10 +274,10 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   // 5. A read into a range outside the arena is refused by the decoder.
   const std::uint64_t arena = c.conn.endpoint().layout().arena_size;
   std::vector<std::uint8_t> read;
-  ASSERT_TRUE(encode_command(Command{82, ReadCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32},
+  KILN_ASSERT_OK(encode_command(Command{82, ReadCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32},
                                                  ArenaRange{0, 8}}},
                              read)
-                  .ok());
+                  );
   // Patch dest.offset (the 8 bytes before dest.length at the end) to arena - 4.
   const std::uint64_t bad = arena - 4;
   std::memcpy(read.data() + read.size() - 16, &bad, 8);
@@ -341,7 +342,7 @@ TEST(Daemon, ADroppedTensorsExportsAreWithdrawnAndOnlyThose) {
     dropped_tokens[1] = ok(h.target().export_tensor(gone.home(), gone.id()));  // twice: two tokens
     kept_token = ok(h.target().export_tensor(kept.home(), kept.id()));
   }  // `gone` dropped here
-  ASSERT_TRUE(a.sync().ok());
+  KILN_ASSERT_OK(a.sync());
   auto other = h.connect("trainer");
   for (const ExportToken& token : dropped_tokens) {
     Status refused = other->import_tensor(StreamId(0), token, other->new_tensor_id());
@@ -375,30 +376,30 @@ TEST(Daemon, AJobsSessionsShareItsMemoryQuota) {
   {
     Session s2(*second);
     Tensor small = ok(s2.from_host(std::vector<float>(32, 1.0f), {32}));  // 912
-    ASSERT_TRUE(s2.sync().ok());
+    KILN_ASSERT_OK(s2.sync());
     EXPECT_EQ(job_bytes(), 912u);
     Result<Tensor> refused = s2.from_host(std::vector<float>(33, 1.0f), {33});  // 1044
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.error().message.find("memory quota"), std::string::npos) << refused.error().message;
     // An op's output is charged before its consumed input is released: 912 + 128 fits exactly.
     Tensor doubled = ok(s2.mul(std::move(small), 2.0));
-    ASSERT_TRUE(s2.sync().ok());
+    KILN_ASSERT_OK(s2.sync());
     EXPECT_EQ(job_bytes(), 912u);
     big.reset();  // the first client's drop frees room for the second
-    ASSERT_TRUE(s1.sync().ok());
+    KILN_ASSERT_OK(s1.sync());
     EXPECT_EQ(job_bytes(), 144u);
     Tensor now_fits = ok(s2.from_host(std::vector<float>(192, 1.0f), {192}));
     EXPECT_EQ(ok(s2.to_host(std::move(doubled))), std::vector<float>(32, 2.0f));  // consumed
-    ASSERT_TRUE(s2.sync().ok());
+    KILN_ASSERT_OK(s2.sync());
     EXPECT_EQ(job_bytes(), 16u + 768u);
   }  // the second Session's tensors are dropped
-  ASSERT_TRUE(second->drain(StreamId(0)).ok());
+  KILN_ASSERT_OK(second->drain(StreamId(0)));
   EXPECT_EQ(job_bytes(), 16u);
   // A tensor no Session will drop, then the client goes: the daemon frees it and releases its
   // bytes from the job's count.
   const std::vector<float> raw(16, 1.0f);
   ASSERT_TRUE(second->upload(StreamId(0), second->new_tensor_id(), dtypes::f32, {16}, std::as_bytes(std::span<const float>(raw))).ok());
-  ASSERT_TRUE(second->drain(StreamId(0)).ok());
+  KILN_ASSERT_OK(second->drain(StreamId(0)));
   EXPECT_EQ(job_bytes(), 16u + 64u);
   second.reset();
   EXPECT_TRUE(wait_until([&] { return job_bytes() == 16u; })) << job_bytes();
@@ -478,9 +479,9 @@ TEST(Daemon, AClientThatGoesIsCleanedUp) {
       ASSERT_TRUE(doomed->upload(StreamId(0), in, dtypes::f32, {1000}, std::as_bytes(std::span<const float>(v))).ok());
       ir::Operation op = ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp,
                                              TensorIr{in, {1000}, TensorStatus::ReadOnly, dtypes::f32}, out));
-      ASSERT_TRUE(doomed->register_op(StreamId(i % 3), std::move(op)).ok());
+      KILN_ASSERT_OK(doomed->register_op(StreamId(i % 3), std::move(op)));
     }
-    ASSERT_TRUE(doomed->drain(StreamId(0)).ok());
+    KILN_ASSERT_OK(doomed->drain(StreamId(0)));
     EXPECT_GT(dev->backend().memory_stats().tensors, baseline_tensors);
     EXPECT_GT(dev->num_streams(), baseline_streams);
   }
@@ -520,7 +521,7 @@ TEST(Daemon, ABoundedPlanStoreEvictsColdPlansAndStatusShowsIt) {
   o.config_path = "";
   auto created = runtime::Device::create(
       std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o));
-  ASSERT_TRUE(created.ok());
+  KILN_ASSERT_OK(created);
   auto dev = std::move(created).value();
   kiln::testing::IpcHarness h(*dev, "bounded");
   Session s(h.target());
@@ -532,7 +533,7 @@ TEST(Daemon, ABoundedPlanStoreEvictsColdPlansAndStatusShowsIt) {
       EXPECT_EQ(ok(s.to_host(std::move(y))), (std::vector<float>{1.0f + k, 2.0f + k, 3.0f + k})) << "k " << k;
     }
   }
-  ASSERT_TRUE(s.sync().ok());
+  KILN_ASSERT_OK(s.sync());
   const DaemonStatus st = h.service().status();
   EXPECT_EQ(st.max_plans, 4u);
   EXPECT_LE(st.plans, 4u);

@@ -20,6 +20,7 @@
 #include "kiln/ipc/protocol.h"
 #include "kiln/ipc/unix_socket.h"
 #include "kiln/runtime/session.h"
+#include "kiln/testing/status.h"
 #include "peer_user.h"
 
 namespace kiln::ipc {
@@ -40,7 +41,7 @@ std::unique_ptr<runtime::Device> make_device() {
   o.config_path = "";
   auto d = runtime::Device::create(
       std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o));
-  EXPECT_TRUE(d.ok());
+  KILN_EXPECT_OK(d);
   return std::move(d).value();
 }
 
@@ -96,7 +97,7 @@ TEST(Tokens, CannotBePredictedFromEarlierOnes) {
   flipped.bytes[31] ^= 1;
   EXPECT_FALSE(other->import_tensor(runtime::StreamId(0), flipped, other->new_tensor_id()).ok());
   // And the real one works (the refusals above are the tokens', not a broken import).
-  EXPECT_TRUE(other->import_tensor(runtime::StreamId(0), tokens.back(), other->new_tensor_id()).ok());
+  KILN_EXPECT_OK(other->import_tensor(runtime::StreamId(0), tokens.back(), other->new_tensor_id()));
 }
 
 // ---- Item 10: a client that stops reading holds up nothing.
@@ -156,7 +157,7 @@ TEST(DoorbellSpam, SpuriousWakeUpsArePaced) {
     }
     // Then one real message, which the receiver must still get.
     const std::uint8_t msg[8] = {42};
-    EXPECT_TRUE(client.send(msg, std::chrono::seconds(5)).ok());
+    KILN_EXPECT_OK(client.send(msg, std::chrono::seconds(5)));
   });
   std::vector<std::uint8_t> buf(daemon->max_receive_bytes());
   const auto start = Clock::now();
@@ -273,7 +274,7 @@ TEST(UidQuotas, QueuedOperationsAreCappedPerUid) {
   // 70 + 70: each job alone stays under 100, the uid does not.
   EXPECT_EQ(queue(s1, 70, false), "");
   // A round trip on the first connection: its session has taken all 70 before the second starts.
-  ASSERT_TRUE(h.target().daemon_status(false).ok());
+  KILN_ASSERT_OK(h.target().daemon_status(false));
   const std::string refusal = queue(s2, 70, true);
   EXPECT_NE(refusal.find("uid"), std::string::npos) << refusal;
   EXPECT_NE(refusal.find("queued operations"), std::string::npos) << refusal;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/ir/builders.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ipc {
 namespace {
@@ -31,16 +32,16 @@ ir::Operation add(std::uint64_t a, std::uint64_t b, std::uint64_t out, ir::Shape
 
 TEST(OperationCheckMemo, AcceptsTheSameShapeWithOtherIdsFromMemory) {
   OperationCheckMemo memo;
-  ASSERT_TRUE(memo.check(add(1, 2, 3)).ok());
+  KILN_ASSERT_OK(memo.check(add(1, 2, 3)));
   EXPECT_EQ(memo.hits(), 0u);
-  ASSERT_TRUE(memo.check(add(10, 11, 12)).ok());
-  ASSERT_TRUE(memo.check(add(7, 7, 8)).ok());  // the same tensor twice as inputs is a valid add
+  KILN_ASSERT_OK(memo.check(add(10, 11, 12)));
+  KILN_ASSERT_OK(memo.check(add(7, 7, 8)));  // the same tensor twice as inputs is a valid add
   EXPECT_EQ(memo.hits(), 2u);
 }
 
 TEST(OperationCheckMemo, AHitStillRefusesAnOutputThatIsAnInput) {
   OperationCheckMemo memo;
-  ASSERT_TRUE(memo.check(add(1, 2, 3)).ok());
+  KILN_ASSERT_OK(memo.check(add(1, 2, 3)));
   ir::Operation aliased = add(10, 11, 12);
   aliased.tensors[2].id = TensorId(11);
   const Status st = memo.check(aliased);
@@ -51,7 +52,7 @@ TEST(OperationCheckMemo, AHitStillRefusesAnOutputThatIsAnInput) {
 
 TEST(OperationCheckMemo, ALieDiffersFromEveryAcceptedShapeAndIsRebuiltAndRefused) {
   OperationCheckMemo memo;
-  ASSERT_TRUE(memo.check(add(1, 2, 3)).ok());
+  KILN_ASSERT_OK(memo.check(add(1, 2, 3)));
   // Claimed output shape, output dtype, input status NotInit, an extra scalar: each differs
   // from the accepted op in one field only.
   ir::Operation wrong_shape = add(4, 5, 6);
@@ -67,7 +68,7 @@ TEST(OperationCheckMemo, ALieDiffersFromEveryAcceptedShapeAndIsRebuiltAndRefused
     EXPECT_FALSE(check_client_operation(*op).ok()) << op->to_string();
   }
   EXPECT_EQ(memo.hits(), 0u);
-  ASSERT_TRUE(memo.check(add(4, 5, 6)).ok());  // the true shape is still remembered
+  KILN_ASSERT_OK(memo.check(add(4, 5, 6)));  // the true shape is still remembered
   EXPECT_EQ(memo.hits(), 1u);
 }
 
@@ -108,17 +109,17 @@ TEST(OperationCheckMemo, AFullSetEvictsItsLeastRecentlyUsedShape) {
     if (OperationCheckMemo::set_of(add(1, 2, 3, {size}, {size})) == set) sizes.push_back(size);
   ASSERT_EQ(sizes.size(), n);
   OperationCheckMemo memo;
-  for (std::size_t i = 0; i + 1 < n; ++i) ASSERT_TRUE(memo.check(add(1, 2, 3, {sizes[i]}, {sizes[i]})).ok());
+  for (std::size_t i = 0; i + 1 < n; ++i) KILN_ASSERT_OK(memo.check(add(1, 2, 3, {sizes[i]}, {sizes[i]})));
   ASSERT_EQ(memo.hits(), 0u);
-  ASSERT_TRUE(memo.check(add(4, 5, 6, {sizes[0]}, {sizes[0]})).ok());  // the oldest, used again
+  KILN_ASSERT_OK(memo.check(add(4, 5, 6, {sizes[0]}, {sizes[0]})));  // the oldest, used again
   ASSERT_EQ(memo.hits(), 1u);
-  ASSERT_TRUE(memo.check(add(1, 2, 3, {sizes[n - 1]}, {sizes[n - 1]})).ok());  // evicts sizes[1]
+  KILN_ASSERT_OK(memo.check(add(1, 2, 3, {sizes[n - 1]}, {sizes[n - 1]})));  // evicts sizes[1]
   ASSERT_EQ(memo.hits(), 1u);
   for (std::size_t i : {std::size_t{0}, std::size_t{2}, n - 1}) {
-    ASSERT_TRUE(memo.check(add(7, 8, 9, {sizes[i]}, {sizes[i]})).ok());
+    KILN_ASSERT_OK(memo.check(add(7, 8, 9, {sizes[i]}, {sizes[i]})));
   }
   EXPECT_EQ(memo.hits(), 4u) << "a recently used shape was evicted";
-  ASSERT_TRUE(memo.check(add(7, 8, 9, {sizes[1]}, {sizes[1]})).ok());
+  KILN_ASSERT_OK(memo.check(add(7, 8, 9, {sizes[1]}, {sizes[1]})));
   EXPECT_EQ(memo.hits(), 4u) << "the least recently used shape was kept";
 }
 

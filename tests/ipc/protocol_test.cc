@@ -17,6 +17,7 @@
 
 #include "kiln/ir/builders.h"
 #include "kiln/ir/codec.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ipc {
 namespace {
@@ -323,7 +324,7 @@ TEST(Protocol, ErrorCompletionTruncatesLongMessagesAtACharacterBoundary) {
   const Completion c = error_completion(5, make_error(ErrorCode::Execution, msg));
   EXPECT_EQ(std::get<ErrorCpl>(c.body).message, std::string(kMaxErrorMessageBytes - 1, 'a'));
   Bytes b;
-  ASSERT_TRUE(encode_completion(Completion{6, ErrorCpl{ErrorCode::Execution, msg}}, b).ok());
+  KILN_ASSERT_OK(encode_completion(Completion{6, ErrorCpl{ErrorCode::Execution, msg}}, b));
   auto d = decode_completion(b, kArena);
   ASSERT_TRUE(d.ok()) << d.error().message;
   EXPECT_EQ(std::get<ErrorCpl>(d->body).message.size(), kMaxErrorMessageBytes - 1);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kiln/ipc/fd.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ipc {
 namespace {
@@ -44,7 +45,7 @@ TEST(Ring, RoundTripAndEmpty) {
   auto c = f.consumer();
   Bytes buf(c.max_message_bytes());
   auto empty = c.try_pop(buf);
-  ASSERT_TRUE(empty.ok());
+  KILN_ASSERT_OK(empty);
   EXPECT_FALSE(empty->has_value());
   const Bytes m = pattern(13, 1);
   ASSERT_EQ(*p.try_push(m), PushStatus::Pushed);
@@ -93,7 +94,7 @@ TEST(Ring, WrapAroundSplitCopies) {
     const std::size_t n = 1 + rng() % 700;
     Bytes m = pattern(n, sent);
     auto st = p.try_push(m);
-    ASSERT_TRUE(st.ok());
+    KILN_ASSERT_OK(st);
     if (*st == PushStatus::Pushed) {
       expected.push_back(std::move(m));
       ++sent;
@@ -123,7 +124,7 @@ TEST(Ring, FullIsBackpressureNeverADrop) {
     Bytes m = pattern(40, pushed);
     std::memcpy(m.data(), &pushed, sizeof pushed);
     auto st = p.try_push(m);
-    ASSERT_TRUE(st.ok());
+    KILN_ASSERT_OK(st);
     if (*st == PushStatus::Full) break;
     ++pushed;
   }
@@ -291,7 +292,7 @@ TEST(Ring, TwoThreadsWithSleeps) {
     std::memcpy(m.data(), &i, sizeof i);
     for (;;) {
       auto st = p.try_push(m);
-      ASSERT_TRUE(st.ok());
+      KILN_ASSERT_OK(st);
       if (*st == PushStatus::Pushed) break;
       std::this_thread::yield();
     }

@@ -15,6 +15,7 @@
 #include <random>
 
 #include "kiln/ipc/arena.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ipc {
 namespace {
@@ -121,7 +122,7 @@ TEST(Segment, AttachRejectsUnsealedTinyAndUsedSegments) {
   }
   {
     auto s = Segment::create(small_config());
-    ASSERT_TRUE(s.ok());
+    KILN_ASSERT_OK(s);
     s->command_ring().control->head.store(8);
     auto r = Segment::attach(UniqueFd(::fcntl(s->fd(), F_DUPFD_CLOEXEC, 0)));
     ASSERT_FALSE(r.ok());
@@ -130,13 +131,13 @@ TEST(Segment, AttachRejectsUnsealedTinyAndUsedSegments) {
   {
     // Completions the daemon published before the client mapped the segment are fine.
     auto s = Segment::create(small_config());
-    ASSERT_TRUE(s.ok());
+    KILN_ASSERT_OK(s);
     s->completion_ring().control->head.store(64);
     EXPECT_TRUE(Segment::attach(UniqueFd(::fcntl(s->fd(), F_DUPFD_CLOEXEC, 0))).ok());
   }
   {
     auto s = Segment::create(small_config());
-    ASSERT_TRUE(s.ok());
+    KILN_ASSERT_OK(s);
     SegmentHeader h;
     std::memcpy(&h, s->bytes().data(), sizeof h);
     h.layout_version = 7;
@@ -150,18 +151,18 @@ TEST(Segment, AttachRejectsUnsealedTinyAndUsedSegments) {
 TEST(Arena, ViewChecksBoundsWithoutOverflow) {
   std::vector<std::uint8_t> mem(4096);
   ArenaView a(mem);
-  EXPECT_TRUE(a.slice({0, 4096}).ok());
-  EXPECT_TRUE(a.slice({4096, 0}).ok());
+  KILN_EXPECT_OK(a.slice({0, 4096}));
+  KILN_EXPECT_OK(a.slice({4096, 0}));
   auto bad = a.slice({4000, 100});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message, "arena range [4000, +100) is outside the arena of 4096 bytes");
   EXPECT_FALSE(a.slice({std::numeric_limits<std::uint64_t>::max(), 2}).ok());
   EXPECT_FALSE(a.slice({8, std::numeric_limits<std::uint64_t>::max()}).ok());
   const std::uint8_t src[4] = {1, 2, 3, 4};
-  ASSERT_TRUE(a.write({10, 4}, src).ok());
+  KILN_ASSERT_OK(a.write({10, 4}, src));
   EXPECT_FALSE(a.write({10, 3}, src).ok());  // does not fit the range
   std::uint8_t out[4] = {};
-  ASSERT_TRUE(a.read({10, 4}, out).ok());
+  KILN_ASSERT_OK(a.read({10, 4}, out));
   EXPECT_EQ(std::memcmp(src, out, 4), 0);
 }
 
@@ -177,13 +178,13 @@ TEST(Arena, AllocatorAlignsCoalescesAndRejectsForgedFrees) {
   EXPECT_EQ(r1->length, 100u);
   EXPECT_FALSE(a.allocate(4096).has_value());  // not now: ranges are in use
   EXPECT_FALSE(a.allocate(0).has_value());
-  EXPECT_TRUE(a.free(*r2).ok());
+  KILN_EXPECT_OK(a.free(*r2));
   auto again = a.free(*r2);
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.error().message.find("not an allocated range"), std::string::npos);
   EXPECT_FALSE(a.free({1, 10}).ok());
-  EXPECT_TRUE(a.free(*r1).ok());
-  EXPECT_TRUE(a.free(*r3).ok());
+  KILN_EXPECT_OK(a.free(*r1));
+  KILN_EXPECT_OK(a.free(*r3));
   EXPECT_EQ(a.bytes_free(), 4096u);
   auto whole = a.allocate(4096);  // everything coalesced back into one run
   ASSERT_TRUE(whole.has_value());
@@ -212,11 +213,11 @@ TEST(Arena, AllocatorRandomisedNeverOverlaps) {
     } else {
       auto it = live.begin();
       std::advance(it, static_cast<long>(rng() % live.size()));
-      ASSERT_TRUE(a.free(it->second).ok());
+      KILN_ASSERT_OK(a.free(it->second));
       live.erase(it);
     }
   }
-  for (auto& [off, r] : live) ASSERT_TRUE(a.free(r).ok());
+  for (auto& [off, r] : live) KILN_ASSERT_OK(a.free(r));
   EXPECT_EQ(a.bytes_free(), a.capacity());
   EXPECT_EQ(a.ranges_in_use(), 0u);
 }

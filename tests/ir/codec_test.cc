@@ -4,6 +4,7 @@
 // Set KILN_WRITE_CODEC_SEEDS=<dir> to (re)write the fuzzer seed corpus
 // (fuzz/seeds/ir_codec_fuzzer) from the SeedCorpus test.
 #include "kiln/ir/codec.h"
+#include "kiln/testing/status.h"
 
 #include <gtest/gtest.h>
 
@@ -400,16 +401,16 @@ TEST(Codec, EncodeIntoCallerBuffer) {
   const Operation op = custom_with_edge_scalars();
   Bytes one(codec::encoded_size(op));
   auto w1 = codec::encode_operation_into(op, one);
-  ASSERT_TRUE(w1.ok());
+  KILN_ASSERT_OK(w1);
   auto back = decode_operation(one);
   ASSERT_TRUE(back.ok()) << back.error().to_string();
   expect_identical(op, *back);
 
   const GraphIr g = small_graph();
   Bytes gb(codec::encoded_size(g));
-  ASSERT_TRUE(codec::encode_graph_into(g, gb).ok());
+  KILN_ASSERT_OK(codec::encode_graph_into(g, gb));
   auto gback = decode_graph(gb);
-  ASSERT_TRUE(gback.ok());
+  KILN_ASSERT_OK(gback);
   EXPECT_TRUE(*gback == g);
   EXPECT_FALSE(codec::encode_graph_into(g, std::span<std::uint8_t>(gb.data(), 3)).ok());
 }
@@ -482,7 +483,7 @@ TEST(Codec, UnknownEnumValuesAreRejected) {
   const std::size_t h = codec::kHeaderSize;
   const std::size_t kind_len = static_cast<std::size_t>(drop.kind) >= 0x80 ? 2 : 1;
   const std::size_t family_at = h + kind_len, dtype_at = family_at + 1, tensor_at = dtype_at + 3;
-  ASSERT_TRUE(decode_operation(good).ok());
+  KILN_ASSERT_OK(decode_operation(good));
   auto check = [&](std::size_t at, std::uint8_t value, const std::string& needle) {
     Bytes b = good;
     b[at] = value;

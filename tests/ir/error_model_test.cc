@@ -16,6 +16,7 @@
 
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/handle_error.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::ir {
 namespace {
@@ -745,7 +746,7 @@ TEST(ErrorModel, SkippedOpReleasesReadWriteInputs) {  // §12.4.15
   ran.register_handle(tid(2), "a");
   ran.register_handle(tid(3), "b");
   const Operation same_op = custom({rw(1), rw(2), ro(3)}, {out(10), out(11)});
-  for (const TensorIr& in : same_op.inputs()) ASSERT_TRUE(ran.get_handle(in.id, in.status).ok());
+  for (const TensorIr& in : same_op.inputs()) KILN_ASSERT_OK(ran.get_handle(in.id, in.status));
   ran.register_handle(tid(10), "o");
   ran.register_handle(tid(11), "o");
   EXPECT_EQ(ran.handle_ids(), c.handle_ids());

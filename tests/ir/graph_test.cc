@@ -1,5 +1,6 @@
 // GraphIr classification (docs/spec/ir.md §7, vectors §12.1) and cached-graph bindings (docs/spec/ir.md §8, §12.2).
 #include "kiln/ir/graph.h"
+#include "kiln/testing/status.h"
 
 #include <gtest/gtest.h>
 
@@ -190,8 +191,8 @@ TEST(GraphBindingVectors, Item2IntermediatesFreshPerBinding) {
   GraphBindings b2{{{TensorId(0), TensorId(20)}, {TensorId(2), TensorId(22)}}, {2}, {}, {}};
   auto g1 = bind(graph, b1, src);
   auto g2 = bind(graph, b2, src);
-  ASSERT_TRUE(g1.ok());
-  ASSERT_TRUE(g2.ok());
+  KILN_ASSERT_OK(g1);
+  KILN_ASSERT_OK(g2);
   const TensorId i1 = g1->operations[0].tensors[1].id;
   const TensorId i2 = g2->operations[0].tensors[1].id;
   EXPECT_EQ(i1, g1->operations[1].tensors[0].id);
@@ -240,10 +241,10 @@ TEST(GraphBind, OutOfRangePlaceholdersStayAsTheyAre) {
 TEST(GraphBind, EmptyBindingsAndEmptyGraph) {
   IntermediateIdSource src;
   auto g = bind(GraphIr{}, GraphBindings{}, src);
-  ASSERT_TRUE(g.ok());
+  KILN_ASSERT_OK(g);
   EXPECT_TRUE(g->empty());
   auto h = bind(slice_then_custom(), GraphBindings{}, src);
-  ASSERT_TRUE(h.ok());
+  KILN_ASSERT_OK(h);
   EXPECT_EQ(h->operations[0].tensors[0].shape, (Shape{0, 1}));  // no shapes table: dims as they are
 }
 
@@ -293,7 +294,7 @@ TEST(GraphBind, NonPlaceholderScalarKindsStay) {
   b.scalars = {ScalarIr::Float(7.0)};
   IntermediateIdSource src;
   auto g = bind(graph, b, src);
-  ASSERT_TRUE(g.ok());
+  KILN_ASSERT_OK(g);
   EXPECT_EQ(g->operations[0].scalars[0], ScalarIr::Int(0));
   EXPECT_EQ(g->operations[0].scalars[1], ScalarIr::Bool(false));
 }
@@ -306,13 +307,13 @@ TEST(GraphReplay, VisitsBoundOpsInOrder) {
                   {Slice{2, 8, 2}}};
   IntermediateIdSource s1, s2;  // two fresh sources hand out the same ids
   auto bound = bind(graph, b, s1);
-  ASSERT_TRUE(bound.ok());
+  KILN_ASSERT_OK(bound);
   std::vector<Operation> seen;
   Status st = replay(graph, b, s2, [&](const Operation& op) {
     seen.push_back(op);
     return Status::Ok();
   });
-  ASSERT_TRUE(st.ok());
+  KILN_ASSERT_OK(st);
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0].kind, OpKind::Base_Slice);
   EXPECT_EQ(seen[1].custom_id, "bound");

@@ -1,5 +1,6 @@
 // HandleContainer without errors: docs/spec/ir.md §10 and the vectors of §12.3.
 #include "kiln/ir/handle_container.h"
+#include "kiln/testing/status.h"
 
 #include <gtest/gtest.h>
 
@@ -74,7 +75,7 @@ TEST(HandleContainer, ForkCarriesCounterAndRemovalsStayIsolated) {
   EXPECT_EQ(c.counter(), 42u);
   // Consuming in the fork does not consume in the original.
   auto h = f.get_handle(tid(1), TensorStatus::ReadWrite);
-  ASSERT_TRUE(h.ok());
+  KILN_ASSERT_OK(h);
   EXPECT_FALSE(f.has_handle(tid(1)));
   EXPECT_TRUE(c.has_handle(tid(1)));
 }
@@ -86,13 +87,13 @@ TEST(HandleContainer, GetHandleReadOnlyKeepsReadWriteRemoves) {  // §12.3.5
   c.register_handle(tid(1), "h");
   auto a = c.get_handle(tid(1), TensorStatus::ReadOnly);
   auto b = c.get_handle(tid(1), TensorStatus::ReadOnly);
-  ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(b.ok());
+  KILN_ASSERT_OK(a);
+  KILN_ASSERT_OK(b);
   EXPECT_EQ(*a, "h");
   EXPECT_EQ(*b, "h");
   EXPECT_TRUE(c.has_handle(tid(1)));
   auto last = c.get_handle(tid(1), TensorStatus::ReadWrite);
-  ASSERT_TRUE(last.ok());
+  KILN_ASSERT_OK(last);
   EXPECT_EQ(*last, "h");
   EXPECT_FALSE(c.has_handle(tid(1)));
   EXPECT_EQ(c.num_handles(), 0u);
@@ -184,12 +185,12 @@ TEST(HandleContainer, GetTensorHandleCarriesShapeAndFollowsStatus) {
   Container c;
   c.register_handle(tid(4), "buf");
   auto ro = c.get_tensor_handle(t(4, TensorStatus::ReadOnly));
-  ASSERT_TRUE(ro.ok());
+  KILN_ASSERT_OK(ro);
   EXPECT_EQ(ro->handle, "buf");
   EXPECT_EQ(ro->shape, (Shape{2, 3}));
   EXPECT_TRUE(c.has_handle(tid(4)));
   auto rw = c.get_tensor_handle(t(4, TensorStatus::ReadWrite));
-  ASSERT_TRUE(rw.ok());
+  KILN_ASSERT_OK(rw);
   EXPECT_EQ(rw->handle, "buf");
   EXPECT_FALSE(c.has_handle(tid(4)));
   auto missing = c.get_tensor_handle(t(4, TensorStatus::ReadOnly));
@@ -254,9 +255,9 @@ TEST(HandleContainer, CopyIsOnlyThroughFork) {
 TEST(HandleLookup, MapPassesErrorsThrough) {
   auto found = HandleLookup<int>::found(3);
   auto mapped = std::move(found).map([](int v) { return std::to_string(v * 2); });
-  ASSERT_TRUE(mapped.ok());
+  KILN_ASSERT_OK(mapped);
   EXPECT_EQ(*mapped, "6");
-  EXPECT_TRUE(mapped.status().ok());
+  KILN_EXPECT_OK(mapped.status());
 
   TensorError e = TensorError::make_root(ErrorCode::ResourceExhausted, "oom");
   auto err = HandleLookup<int>::errored(e).map([](int v) { return v + 1; });

@@ -13,6 +13,7 @@
 
 #include "kiln/ir/builders.h"
 #include "kiln/ir/operation.h"
+#include "kiln/testing/status.h"
 
 namespace kiln {
 inline void PrintTo(ErrorCode c, std::ostream* os) { *os << error_code_name(c); }
@@ -176,9 +177,9 @@ TEST(TensorFormatting, ToStringAndLists) {
 // ---- validate()
 
 TEST(Validate, BuiltOpsAreValid) {
-  EXPECT_TRUE(add_op().validate().ok());
-  EXPECT_TRUE(mul_scalar_op(ScalarIr::Float(2)).validate().ok());
-  EXPECT_TRUE(random_op({}).validate().ok());
+  KILN_EXPECT_OK(add_op().validate());
+  KILN_EXPECT_OK(mul_scalar_op(ScalarIr::Float(2)).validate());
+  KILN_EXPECT_OK(random_op({}).validate());
 }
 
 TEST(Validate, CatchesWrongCounts) {

@@ -22,6 +22,7 @@
 
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/cpu/reference_backend.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::reference {
 namespace {
@@ -68,7 +69,7 @@ TEST(HostAllocatorTest, FreedBlocksAreReusedAndCounted) {
   const std::byte* first = nullptr;
   {
     auto b = alloc.allocate(1000);
-    ASSERT_TRUE(b.ok());
+    KILN_ASSERT_OK(b);
     first = b->data();
     const HostAllocatorStats s = alloc.stats();
     EXPECT_EQ(s.bytes_in_use, 1024u);
@@ -81,7 +82,7 @@ TEST(HostAllocatorTest, FreedBlocksAreReusedAndCounted) {
   EXPECT_EQ(s.deallocations, 1u);
   // Same class (1000 and 1024 both map to 1024): a hit, same block.
   auto again = alloc.allocate(1024);
-  ASSERT_TRUE(again.ok());
+  KILN_ASSERT_OK(again);
   EXPECT_EQ(again->data(), first);
   s = alloc.stats();
   EXPECT_EQ(s.pool_hits, 1u);
@@ -89,7 +90,7 @@ TEST(HostAllocatorTest, FreedBlocksAreReusedAndCounted) {
   EXPECT_EQ(s.cached_bytes, 0u);
   // Another class: a miss.
   auto other = alloc.allocate(5000);
-  ASSERT_TRUE(other.ok());
+  KILN_ASSERT_OK(other);
   EXPECT_EQ(alloc.stats().pool_misses, 2u);
 }
 
@@ -101,7 +102,7 @@ TEST(HostAllocatorTest, PeakTracksTheHighestUse) {
     ASSERT_TRUE(a.ok() && b.ok());
   }
   auto c = alloc.allocate(64);
-  ASSERT_TRUE(c.ok());
+  KILN_ASSERT_OK(c);
   const HostAllocatorStats s = alloc.stats();
   EXPECT_EQ(s.peak_bytes, 8192u);
   EXPECT_EQ(s.bytes_in_use, 64u);
@@ -110,7 +111,7 @@ TEST(HostAllocatorTest, PeakTracksTheHighestUse) {
 TEST(HostAllocatorTest, ByteLimitReportsRequestedAndAvailable) {
   HostAllocator alloc({.byte_limit = 10000});
   auto a = alloc.allocate(8000);  // class 8192
-  ASSERT_TRUE(a.ok());
+  KILN_ASSERT_OK(a);
   auto b = alloc.allocate(4000);  // class 4096: 8192 + 4096 > 10000
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.error().code, ErrorCode::ResourceExhausted);
@@ -120,9 +121,9 @@ TEST(HostAllocatorTest, ByteLimitReportsRequestedAndAvailable) {
   EXPECT_EQ(alloc.stats().failures, 1u);
   EXPECT_EQ(alloc.stats().bytes_in_use, 8192u);
   // Within the limit still works, and freeing makes room again.
-  EXPECT_TRUE(alloc.allocate(1000).ok());
+  KILN_EXPECT_OK(alloc.allocate(1000));
   a = alloc.allocate(0);  // releases the 8192 block
-  EXPECT_TRUE(alloc.allocate(8000).ok());
+  KILN_EXPECT_OK(alloc.allocate(8000));
 }
 
 TEST(HostAllocatorTest, CachedBlocksAreReleasedUnderThePressureOfTheLimit) {
@@ -130,7 +131,7 @@ TEST(HostAllocatorTest, CachedBlocksAreReleasedUnderThePressureOfTheLimit) {
   { auto a = alloc.allocate(12000); }  // 12288 cached
   EXPECT_EQ(alloc.stats().cached_bytes, 12288u);
   auto b = alloc.allocate(16000);  // class 16384: live + cached would pass the limit
-  ASSERT_TRUE(b.ok());
+  KILN_ASSERT_OK(b);
   EXPECT_EQ(alloc.stats().cached_bytes, 0u);
 }
 
@@ -163,13 +164,13 @@ TEST(HostAllocatorTest, HugeBlocksArePooledToo) {
   const std::byte* p = nullptr;
   {
     auto a = alloc.allocate(n);
-    ASSERT_TRUE(a.ok());
+    KILN_ASSERT_OK(a);
     p = a->data();
     EXPECT_TRUE(aligned(p));
     std::memset(a->data(), 1, static_cast<std::size_t>(n));
   }
   auto again = alloc.allocate(n);
-  ASSERT_TRUE(again.ok());
+  KILN_ASSERT_OK(again);
   EXPECT_EQ(again->data(), p);
   EXPECT_EQ(alloc.stats().pool_hits, 1u);
 }
@@ -177,7 +178,7 @@ TEST(HostAllocatorTest, HugeBlocksArePooledToo) {
 TEST(HostAllocatorTest, BuffersMoveAndShare) {
   HostAllocator alloc;
   auto a = alloc.allocate(100);
-  ASSERT_TRUE(a.ok());
+  KILN_ASSERT_OK(a);
   HostBuffer moved = std::move(a).value();
   EXPECT_EQ(moved.size(), 100u);
   HostBuffer target;
@@ -186,7 +187,7 @@ TEST(HostAllocatorTest, BuffersMoveAndShare) {
   EXPECT_TRUE(moved.empty());  // NOLINT: moved-from state is specified
   EXPECT_EQ(alloc.stats().bytes_in_use, 128u);
   auto shared = alloc.allocate_shared(100);
-  ASSERT_TRUE(shared.ok());
+  KILN_ASSERT_OK(shared);
   std::shared_ptr<HostBuffer> alias = *shared;
   shared->reset();
   EXPECT_EQ(alloc.stats().bytes_in_use, 256u);  // the alias keeps it alive
@@ -199,7 +200,7 @@ TEST(HostAllocatorTest, BuffersMayOutliveTheirAllocator) {
   {
     HostAllocator alloc;
     auto b = alloc.allocate_shared(1 << 12);
-    ASSERT_TRUE(b.ok());
+    KILN_ASSERT_OK(b);
     kept = *b;
     std::memset(kept->data(), 7, 1 << 12);
   }
@@ -218,7 +219,7 @@ TEST(HostAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
   std::set<std::uintptr_t> colours;
   for (int i = 0; i < 64; ++i) {
     auto b = alloc.allocate(64 << 10);
-    ASSERT_TRUE(b.ok());
+    KILN_ASSERT_OK(b);
     EXPECT_TRUE(aligned(b->data()));
     std::memset(b->data(), 0x5A, static_cast<std::size_t>(b->capacity()));
     colours.insert(reinterpret_cast<std::uintptr_t>(b->data()) % kPage);
@@ -229,7 +230,7 @@ TEST(HostAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
   std::vector<HostBuffer> huge;
   for (int i = 0; i < 4; ++i) {
     auto b = alloc.allocate(HostAllocator::kHugePageThreshold + 1000);
-    ASSERT_TRUE(b.ok());
+    KILN_ASSERT_OK(b);
     EXPECT_TRUE(aligned(b->data()));
     const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(b->data());
     EXPECT_EQ((at - at % kPage) % HostAllocator::kHugePageThreshold, 0u) << "huge block " << i;
@@ -252,7 +253,7 @@ TEST(HostAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
   const std::byte* first = live.front().data();
   live.erase(live.begin());
   auto again = alloc.allocate(64 << 10);
-  ASSERT_TRUE(again.ok());
+  KILN_ASSERT_OK(again);
   EXPECT_EQ(again->data(), first);
   EXPECT_EQ(alloc.stats().pool_hits, 1u);
 

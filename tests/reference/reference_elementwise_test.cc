@@ -1,6 +1,7 @@
 // Reference executor: unary, binary and scalar arithmetic, comparisons, bitwise and bool ops,
 // casts, clamp, mask_where and mask_fill. Expected values are computed by hand.
 #include "reference_test_util.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -414,7 +415,7 @@ TEST(ReferenceMaskTest, MaskMustBeBool) {
   const TensorIr t = d.f64({2}, dtypes::f32, {1, 2});
   const TensorIr m = d.i64({2}, dtypes::u8, {1, 0});
   auto op = b::mask_fill(F::BaseFloat, K::Base_MaskFill, t, d.boolean({2}, {true, false}), ScalarIr::Float(0), d.fresh());
-  ASSERT_TRUE(op.ok());
+  KILN_ASSERT_OK(op);
   Operation bad = *op;
   bad.tensors[1] = m;  // passes validate(): the executor must check
   Status st = d.exec.execute(bad, d.handles);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "reference_test_util.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -296,7 +297,7 @@ TEST(ReferenceExecutorTest, FailureClaimsSkipsPropagateAndTheStreamKeepsRunning)
   EXPECT_EQ(d.i64_of(ok), (std::vector<std::int64_t>{2, 3}));
   // Dropping the errored tensor clears the error count.
   const TensorIr e1_ir{next->outputs()[0].id, {2}, TensorStatus::ReadWrite, dtypes::i32};
-  EXPECT_TRUE(d.run(b::drop(e1_ir)).ok());
+  KILN_EXPECT_OK(d.run(b::drop(e1_ir)));
   EXPECT_FALSE(d.handles.has_errors());
 }
 
@@ -329,7 +330,7 @@ TEST(ReferenceExecutorTest, QuantizedTensorsAreRejected) {
   Device d;
   const TensorIr q{d.fresh(), {2}, TensorStatus::ReadOnly, DType::qfloat({})};
   auto op = b::unary(F::NumericFloat, K::Numeric_Abs, q, d.fresh());
-  ASSERT_TRUE(op.ok());
+  KILN_ASSERT_OK(op);
   Status st = d.run(op);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, ErrorCode::Unsupported);
@@ -340,7 +341,7 @@ TEST(ReferenceExecutorTest, FamilyAndCarriedDtypeMustFitTheOperand) {
   Device d;
   const TensorIr x = d.f64({2}, dtypes::f32, {1, 2});
   auto op = b::unary(F::NumericFloat, K::Numeric_Abs, x, d.fresh());
-  ASSERT_TRUE(op.ok());
+  KILN_ASSERT_OK(op);
   Operation bad = *op;
   bad.family = F::NumericInt;
   bad.dtype = dtypes::i32;
@@ -359,7 +360,7 @@ TEST(ReferenceExecutorTest, InvalidOperationsAreErrors) {
   Device d;
   const TensorIr x = d.f64({2}, dtypes::f32, {1, 2});
   auto op = b::unary(F::Float, K::Float_Exp, x, d.fresh());
-  ASSERT_TRUE(op.ok());
+  KILN_ASSERT_OK(op);
   Operation bad = *op;
   bad.scalars.push_back(ScalarIr::Float(1));  // Unary carries no scalar: validate() fails
   EXPECT_EQ(d.exec.execute(bad, d.handles).error().code, ErrorCode::Invalid);
@@ -395,7 +396,7 @@ TEST(ReferenceExecutorTest, ExhaustionIsAnErrorAndTheNextOpRuns) {
   EXPECT_NE(st.error().message.find("8192 bytes"), std::string::npos) << st.error().message;
   EXPECT_TRUE(handles.entry(TensorId{1})->is_errored());
   auto small_op = b::creation(F::BaseFloat, K::Base_Ones, {16}, dtypes::f32, TensorId{2});
-  EXPECT_TRUE(exec.execute(*small_op, handles).ok());
+  KILN_EXPECT_OK(exec.execute(*small_op, handles));
   EXPECT_EQ(handles.get_handle_ref(TensorId{2})->to_f64()[15], 1.0);
 }
 
@@ -405,7 +406,7 @@ TEST(ReferenceExecutorTest, InitChecksTheOutOfBandHandle) {
   Device d;
   const TensorId id = d.fresh();
   d.handles.register_handle(id, *HostTensor::from_f64(d.alloc, {2}, dtypes::f32, std::vector<double>{1, 2}));
-  EXPECT_TRUE(d.run(b::init({2}, dtypes::f32, id)).ok());
+  KILN_EXPECT_OK(d.run(b::init({2}, dtypes::f32, id)));
   EXPECT_EQ(d.f64_of(id), (std::vector<double>{1, 2}));
   // Missing: error, claimed.
   const TensorId missing = d.fresh();
@@ -419,13 +420,13 @@ TEST(ReferenceExecutorTest, InitChecksTheOutOfBandHandle) {
   // Already claimed out of band (a failed upload): nothing more to say.
   const TensorId claimed = d.fresh();
   d.handles.claim(claimed, ir::TensorError::make_root(ErrorCode::Execution, "upload failed"));
-  EXPECT_TRUE(d.run(b::init({2}, dtypes::f32, claimed)).ok());
+  KILN_EXPECT_OK(d.run(b::init({2}, dtypes::f32, claimed)));
 }
 
 TEST(ReferenceExecutorTest, DropFreesAndReportsMissingHandles) {
   Device d;
   const TensorIr x = d.f64({2}, dtypes::f32, {1, 2}, TensorStatus::ReadWrite);
-  EXPECT_TRUE(d.run(b::drop(x)).ok());
+  KILN_EXPECT_OK(d.run(b::drop(x)));
   EXPECT_FALSE(d.handles.has_handle(x.id));
   EXPECT_EQ(d.alloc.stats().bytes_in_use, 0u);  // the buffer went back to the pool
   EXPECT_EQ(d.run(b::drop(x)).error().code, ErrorCode::InvalidHandle);
@@ -456,7 +457,7 @@ TEST(ReferenceExecutorTest, AllReduceOnOneDeviceIsTheIdentity) {
   EXPECT_EQ(d.i64_of(d.ok(b::all_reduce(xi, ReduceOperation::Mean, {}, d.fresh()))), (std::vector<std::int64_t>{5, 7}));
   const b::DeviceId two[] = {{0, 0}, {0, 1}};
   EXPECT_EQ(d.run(b::all_reduce(x, ReduceOperation::Sum, two, d.fresh())).error().code, ErrorCode::Unsupported);
-  EXPECT_TRUE(d.run(b::sync_collective()).ok());
+  KILN_EXPECT_OK(d.run(b::sync_collective()));
 }
 
 // Streams of one device: one executor and container each, one shared allocator.

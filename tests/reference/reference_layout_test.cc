@@ -1,5 +1,6 @@
 // Reference executor: layout, indexing and creation ops.
 #include "reference_test_util.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -242,7 +243,7 @@ TEST(ReferenceLayoutTest, PadConstantReflectEdge) {
             (std::vector<std::int64_t>{9, 9, 9, 1, 2, 9, 3, 4, 9}));
   // Reflect wider than the dim allows: rejected by the builder, and by the executor when forced.
   auto op = b::pad(F::NumericFloat, K::Numeric_Pad, x, last, PadMode::Reflect, std::nullopt, d.fresh());
-  ASSERT_TRUE(op.ok());
+  KILN_ASSERT_OK(op);
   Operation bad = *op;
   bad.attrs = {static_cast<std::int64_t>(PadMode::Reflect), 3, 0};
   bad.tensors[1].shape = {2, 6};
@@ -338,7 +339,7 @@ TEST(ReferenceCreationTest, RandomParametersAreChecked) {
                                d.fresh()))
                    .ok());  // empty range
   auto op = b::random(F::Float, K::Float_Random, {2}, dtypes::f32, {}, d.fresh());
-  ASSERT_TRUE(op.ok());
+  KILN_ASSERT_OK(op);
   Operation bad = *op;
   bad.attrs[0] = 9;  // unknown distribution
   EXPECT_FALSE(d.exec.execute(bad, d.handles).ok());

@@ -2,6 +2,7 @@
 #include <random>
 
 #include "reference_test_util.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -234,7 +235,7 @@ TEST(ReferenceModuleTest, ForcedBadOptionsAreErrors) {
   const TensorIr x = d.f64({1, 2, 3, 3}, dtypes::f32, iota1(18));
   const TensorIr w = d.f64({2, 2, 2, 2}, dtypes::f32, iota1(16));
   auto op = b::conv2d(x, w, std::nullopt, {}, d.fresh());
-  ASSERT_TRUE(op.ok());
+  KILN_ASSERT_OK(op);
   for (std::size_t i = 0; i < op->attrs.size(); ++i) {
     for (std::int64_t v : {std::int64_t{0}, std::int64_t{-1}, std::int64_t{1} << 62, std::int64_t{3}}) {
       Operation bad = *op;
@@ -250,7 +251,7 @@ TEST(ReferenceModuleTest, ForcedBadOptionsAreErrors) {
     }
   }
   auto pool = b::max_pool2d(x, {}, d.fresh());
-  ASSERT_TRUE(pool.ok());
+  KILN_ASSERT_OK(pool);
   Operation bad = *pool;
   bad.attrs[8] = 2;  // ceil_mode must be a flag
   EXPECT_FALSE(d.exec.execute(bad, d.handles).ok());

@@ -1,5 +1,6 @@
 // Reference executor: reductions, arg reductions, max/min with indices, top-k, cumulative scans.
 #include "reference_test_util.h"
+#include "kiln/testing/status.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -228,7 +229,7 @@ TEST(ReferenceReduceTest, BadAttributesAreErrors) {
   Device d;
   const TensorIr x = d.f64({2, 3}, dtypes::f32, {1, 2, 3, 4, 5, 6});
   auto op = b::reduce_dim(F::NumericFloat, K::Numeric_SumDim, x, 1, 1, d.fresh());
-  ASSERT_TRUE(op.ok());
+  KILN_ASSERT_OK(op);
   Operation bad = *op;
   bad.attrs[0] = 5;  // axis out of range
   EXPECT_EQ(d.exec.execute(bad, d.handles).error().code, ErrorCode::OutOfBounds);
@@ -239,7 +240,7 @@ TEST(ReferenceReduceTest, BadAttributesAreErrors) {
   bad.tensors[1].shape = {2, 3};  // output shape that the op does not produce
   EXPECT_EQ(d.exec.execute(bad, d.handles).error().code, ErrorCode::IncompatibleShapes);
   auto tk = b::topk_with_indices(F::NumericFloat, K::Numeric_TopKWithIndices, x, 1, 2, dtypes::i64, d.fresh(), d.fresh());
-  ASSERT_TRUE(tk.ok());
+  KILN_ASSERT_OK(tk);
   bad = *tk;
   bad.attrs[1] = 4;  // k > dim
   EXPECT_FALSE(d.exec.execute(bad, d.handles).ok());

@@ -1,5 +1,6 @@
 // HostTensor, the element codec and the f16 / bf16 conversions.
 #include "kiln/reference/tensor.h"
+#include "kiln/testing/status.h"
 
 #include <gtest/gtest.h>
 
@@ -232,7 +233,7 @@ TEST(ElementCodecTest, BoolStoresAndTruthiness) {
 TEST(HostTensorTest, FromAndToHostData) {
   HostAllocator alloc;
   auto t = HostTensor::from_f64(alloc, {2, 2}, dtypes::bf16, std::vector<double>{1, 2.5, -0.1, 3});
-  ASSERT_TRUE(t.ok());
+  KILN_ASSERT_OK(t);
   EXPECT_EQ(t->to_string(), "bf16[2,2]");
   EXPECT_EQ(t->size_bytes(), 8u);
   EXPECT_EQ(t->to_f64(), (std::vector<double>{1, 2.5, -0.10009765625, 3}));
@@ -241,29 +242,29 @@ TEST(HostTensorTest, FromAndToHostData) {
 
   const std::vector<std::int32_t> v{1, -2, 3};
   auto u = HostTensor::from_values<std::int32_t>(alloc, {3}, v);
-  ASSERT_TRUE(u.ok());
+  KILN_ASSERT_OK(u);
   EXPECT_EQ(u->dtype(), dtypes::i32);
   EXPECT_EQ(u->to_values<std::int32_t>(), v);
   EXPECT_EQ(u->to_i64(), (std::vector<std::int64_t>{1, -2, 3}));
   EXPECT_EQ(u->to_u64()[1], static_cast<std::uint64_t>(-2));
 
   auto f = HostTensor::from_values<float>(alloc, {2}, dtypes::flex32, std::vector<float>{0.5f, 2.f});
-  ASSERT_TRUE(f.ok());
+  KILN_ASSERT_OK(f);
   EXPECT_EQ(f->to_f64(), (std::vector<double>{0.5, 2}));
   EXPECT_FALSE(HostTensor::from_values<float>(alloc, {2}, dtypes::f64, std::vector<float>{0.5f, 2.f}).ok());
 
   auto bl = HostTensor::from_bool(alloc, {3}, DType::boolean(BoolStore::U32), {true, false, true});
-  ASSERT_TRUE(bl.ok());
+  KILN_ASSERT_OK(bl);
   EXPECT_EQ(bl->size_bytes(), 12u);
   EXPECT_EQ(bl->to_bool(), (std::vector<bool>{true, false, true}));
   EXPECT_EQ(bl->to_values<std::uint32_t>(), (std::vector<std::uint32_t>{1, 0, 1}));
   EXPECT_EQ(bl->to_values<bool>(), (std::vector<bool>{true, false, true}));
 
   auto scalar = HostTensor::from_f64(alloc, {}, dtypes::f64, std::vector<double>{7});
-  ASSERT_TRUE(scalar.ok());
+  KILN_ASSERT_OK(scalar);
   EXPECT_EQ(scalar->num_elements(), 1u);
   auto empty = HostTensor::zeros(alloc, {0, 3}, dtypes::i16);
-  ASSERT_TRUE(empty.ok());
+  KILN_ASSERT_OK(empty);
   EXPECT_EQ(empty->num_elements(), 0u);
   EXPECT_TRUE(empty->to_i64().empty());
 }
@@ -276,13 +277,13 @@ TEST(HostTensorTest, BadInputsAreErrors) {
   EXPECT_EQ(HostTensor::allocate(alloc, {2}, DType::qfloat({})).error().code, ErrorCode::Unsupported);
   EXPECT_FALSE(HostTensor::allocate(alloc, {1ull << 40, 1ull << 40}, dtypes::f32).ok());  // overflows
   auto buf = alloc.allocate_shared(8);
-  ASSERT_TRUE(buf.ok());
+  KILN_ASSERT_OK(buf);
   EXPECT_FALSE(HostTensor::wrap(*buf, {4}, dtypes::f32).ok());  // 16 bytes needed
   EXPECT_FALSE(HostTensor::wrap(nullptr, {1}, dtypes::f32).ok());
   auto w = HostTensor::wrap(*buf, {2}, dtypes::f32);
-  ASSERT_TRUE(w.ok());
+  KILN_ASSERT_OK(w);
   auto alias = HostTensor::wrap(*buf, {8}, dtypes::u8);
-  ASSERT_TRUE(alias.ok());
+  KILN_ASSERT_OK(alias);
   EXPECT_TRUE(w->shares_buffer_with(*alias));
 }
 

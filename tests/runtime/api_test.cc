@@ -45,7 +45,7 @@ std::unique_ptr<Device> make_device(std::size_t threads = 2) {
   o.fusion = fusion::FusionConfig{};
   o.config_path = "";  // never read a kiln.toml from the test's directory
   Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
-  EXPECT_TRUE(d.ok());
+  KILN_EXPECT_OK(d);
   return std::move(d).value();
 }
 
@@ -365,7 +365,7 @@ TEST_F(Api, PerThreadStreams) {
     for (int u = 0; u < t; ++u) EXPECT_NE(streams[t], streams[u]);
     expect_near(results[t], {1.0 * (t + 1) + 20, 2.0 * (t + 1) + 20, 3.0 * (t + 1) + 20, 4.0 * (t + 1) + 20});
   }
-  EXPECT_TRUE(s->sync().ok());
+  KILN_EXPECT_OK(s->sync());
 }
 
 // ---- [runtime] configuration

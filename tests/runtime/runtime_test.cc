@@ -46,7 +46,7 @@ std::unique_ptr<Device> make_device(std::size_t threads = 4) {
   o.fusion = fusion::FusionConfig{};  // never read a kiln.toml from the test's directory
   o.wait_timeout = std::chrono::seconds(60);
   Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
-  EXPECT_TRUE(d.ok());
+  KILN_EXPECT_OK(d);
   return std::move(d).value();
 }
 
@@ -88,7 +88,7 @@ TEST(Runtime, FusedElementwiseValues) {
     EXPECT_EQ(cs.fused_replays, 0u);
 #endif
   }
-  ASSERT_TRUE(dev->shutdown().ok());
+  KILN_ASSERT_OK(dev->shutdown());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);  // every tensor dropped
   EXPECT_EQ(dev->backend().memory_stats().bytes_in_use, 0u);  // and every buffer released
 }
@@ -128,12 +128,12 @@ TEST(Runtime, PlansAreSharedAcrossStreams) {
   std::thread(program, &s1).join();
   // The thread's last drops were queued at its exit: a drain (foreign, so ordered after them)
   // lets the stream finish planning them before we count.
-  ASSERT_TRUE(dev->drain(s1).ok());
+  KILN_ASSERT_OK(dev->drain(s1));
   const std::size_t plans = dev->plan_store().size();
   EXPECT_GE(plans, 1u);
   std::thread(program, &s2).join();
   ASSERT_NE(s1, s2);
-  ASSERT_TRUE(dev->drain(s2).ok());
+  KILN_ASSERT_OK(dev->drain(s2));
   EXPECT_EQ(dev->plan_store().size(), plans);
   StreamStats st2 = *dev->stream_stats(s2);
   EXPECT_GE(st2.cache_hits, 1u);
@@ -238,8 +238,8 @@ TEST(Runtime, DeferredRegistrationsRunOnWakeOrWait) {
   };
   // Stream A: two deferred ops, then nothing for a while: the actor stays asleep.
   const TensorId a1 = dev->new_tensor_id(), a2 = dev->new_tensor_id();
-  ASSERT_TRUE(exp_into(A, xr, a1).ok());
-  ASSERT_TRUE(exp_into(A, TensorIr{a1, {2}, TensorStatus::ReadWrite, ir::dtypes::f32}, a2).ok());
+  KILN_ASSERT_OK(exp_into(A, xr, a1));
+  KILN_ASSERT_OK(exp_into(A, TensorIr{a1, {2}, TensorStatus::ReadWrite, ir::dtypes::f32}, a2));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(dev->stream_stats(A)->commands, 0u);
   EXPECT_EQ(dev->stream_stats(A)->turns, 0u);
@@ -249,7 +249,7 @@ TEST(Runtime, DeferredRegistrationsRunOnWakeOrWait) {
   EXPECT_EQ(dev->stream_stats(A)->commands, 2u);
   // Stream B: a deferred op followed directly by a read (which runs or wakes the stream).
   const TensorId b1 = dev->new_tensor_id();
-  ASSERT_TRUE(exp_into(B, xr, b1).ok());
+  KILN_ASSERT_OK(exp_into(B, xr, b1));
   for (auto [stream, id, want] : {std::tuple{A, a2, std::exp(std::exp(0.5))}, std::tuple{B, b1, std::exp(0.5)}}) {
     Result<HostData> d = dev->read(stream, TensorIr{id, {2}, TensorStatus::ReadWrite, ir::dtypes::f32});
     ASSERT_TRUE(d.ok()) << d.error().to_string();
@@ -301,7 +301,7 @@ std::unique_ptr<Device> make_tuned_device(std::size_t threads, std::size_t drain
   o.config_path = "";
   o.fusion = fusion::FusionConfig{};
   Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
-  EXPECT_TRUE(d.ok());
+  KILN_EXPECT_OK(d);
   return std::move(d).value();
 }
 
@@ -471,11 +471,11 @@ TEST(Runtime, DeferredDropsRunOnWake) {
   // Deferred, then drained by this thread (inline): no turn was ever posted for C, so none can
   // come along later and run the drop below by chance.
   ASSERT_TRUE(dev->register_op_deferred(C, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, xr, c1))).ok());
-  ASSERT_TRUE(dev->drain(C).ok());
+  KILN_ASSERT_OK(dev->drain(C));
   ASSERT_EQ(dev->stream_stats(C)->turns, 0u);
   const std::uint64_t tensors_with_c1 = dev->backend().memory_stats().tensors;
   const std::uint64_t commands = dev->stream_stats(C)->commands;
-  ASSERT_TRUE(dev->drop_deferred(C, TensorIr{c1, {2}, TensorStatus::ReadWrite, ir::dtypes::f32}).ok());
+  KILN_ASSERT_OK(dev->drop_deferred(C, TensorIr{c1, {2}, TensorStatus::ReadWrite, ir::dtypes::f32}));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(dev->stream_stats(C)->commands, commands);  // not run: nobody woke the actor
   EXPECT_EQ(dev->backend().memory_stats().tensors, tensors_with_c1);
@@ -483,7 +483,7 @@ TEST(Runtime, DeferredDropsRunOnWake) {
   for (int i = 0; i < 2000 && dev->stream_stats(C)->commands < commands + 1; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(dev->stream_stats(C)->commands, commands + 1);
-  ASSERT_TRUE(dev->drain(C).ok());
+  KILN_ASSERT_OK(dev->drain(C));
   EXPECT_EQ(dev->backend().memory_stats().tensors, tensors_with_c1 - 1);
 }
 
@@ -532,7 +532,7 @@ TEST(Runtime, InlineWaitsServeAnIdleStreamOnTheCallersThread) {
     std::uint64_t inline_runs = 0;
     for (int i = 0; i < 2000 && inline_runs == 0; ++i) {
       x = ok(s.add(std::move(x), 1.0));
-      ASSERT_TRUE(s.sync().ok());
+      KILN_ASSERT_OK(s.sync());
       inline_runs = dev->stream_stats(id)->inline_runs;
     }
     if (inline_waits)
@@ -562,7 +562,7 @@ TEST(Runtime, ForeignDrops) {
   // command runs after every intake command pushed before it, so y is registered by then.)
   std::thread([t = std::move(x)]() mutable { Tensor dropped = std::move(t); }).join();
   // A drain from a third thread is a foreign command too, FIFO after the drop.
-  std::thread([&] { EXPECT_TRUE(dev->drain(id).ok()); }).join();
+  std::thread([&] { KILN_EXPECT_OK(dev->drain(id)); }).join();
   EXPECT_FALSE(dev->backend().is_materialized(xid));  // freed at the drain's boundary
   EXPECT_EQ(dev->stream_stats(id)->drains, 1u);        // the drop itself did not drain
   expect_near_all(ok(s.to_host(std::move(y))), {6, 8});
@@ -571,7 +571,7 @@ TEST(Runtime, ForeignDrops) {
   Tensor v = ok(s.exp(u));
   const TensorId vid = v.id();
   std::thread([t = std::move(v)]() mutable { Tensor dropped = std::move(t); }).join();
-  std::thread([&] { EXPECT_TRUE(dev->drain(id).ok()); }).join();
+  std::thread([&] { KILN_EXPECT_OK(dev->drain(id)); }).join();
   EXPECT_FALSE(dev->backend().is_materialized(vid));
   EXPECT_FALSE(dev->backend().error_of(vid).has_value());
   EXPECT_EQ(dev->stream_stats(id)->pending_ops, 0u);
@@ -591,7 +591,7 @@ TEST(Runtime, ExecutionFailurePropagates) {
   Status synced = s.sync();
   ASSERT_FALSE(synced.ok()) << "a sync answered ok for work that failed";
   EXPECT_NE(synced.error().message.find("kiln.test.boom"), std::string::npos) << synced.error().message;
-  ASSERT_TRUE(s.sync().ok());
+  KILN_ASSERT_OK(s.sync());
   std::optional<ir::TensorError> root = dev->backend().error_of(bad.id());
   std::optional<ir::TensorError> e1 = dev->backend().error_of(d1.id());
   std::optional<ir::TensorError> e2 = dev->backend().error_of(d2.id());
@@ -649,7 +649,7 @@ TEST(Runtime, ShutdownWhileBusy) {
   for (auto& p : producers) p.join();
   EXPECT_TRUE(dev->is_shut_down());
   EXPECT_FALSE(s.from_host(std::vector<float>{1}, {1}).ok());
-  EXPECT_TRUE(dev->shutdown().ok());  // idempotent
+  KILN_EXPECT_OK(dev->shutdown());  // idempotent
 }
 
 // 8 threads x 200 ops on their own streams, with reads, cross-stream shares of a common tensor
@@ -683,7 +683,7 @@ TEST(Runtime, StressThreadsTimesStreams) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
   bases.clear();
-  ASSERT_TRUE(dev->shutdown().ok());
+  KILN_ASSERT_OK(dev->shutdown());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
 }
 
@@ -697,16 +697,16 @@ TEST(Runtime, CloseStreamDrainsAndRemovesTheActor) {
     Tensor a = ok(s.from_host(std::vector<float>{1, 2, 3, 4}, {4}));
     Tensor r = s.executes(explicit_stream, [&] { return ok(s.exp(ok(s.mul(a, 2.0)))); });
     const std::size_t before = dev->num_streams();
-    ASSERT_TRUE(dev->close_stream(explicit_stream).ok());
+    KILN_ASSERT_OK(dev->close_stream(explicit_stream));
     EXPECT_EQ(dev->num_streams(), before - 1);
     EXPECT_FALSE(dev->stream_stats(explicit_stream).has_value());
     EXPECT_TRUE(dev->backend().is_materialized(r.id()));  // the drain ran it
     std::vector<float> got = ok(s.to_host(std::move(r)));  // re-creates the stream for the read
     ASSERT_EQ(got.size(), 4u);
     EXPECT_NEAR(got[3], std::exp(8.0), 1e-2);
-    EXPECT_TRUE(dev->close_stream(StreamId::from_number(999)).ok());  // unknown: nothing to do
+    KILN_EXPECT_OK(dev->close_stream(StreamId::from_number(999)));  // unknown: nothing to do
   }
-  ASSERT_TRUE(dev->shutdown().ok());
+  KILN_ASSERT_OK(dev->shutdown());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
 }
 
@@ -785,7 +785,7 @@ TEST(Runtime, ClosingAStreamWhileOtherThreadsUseIt) {
   EXPECT_EQ(failures.load(), 0);
   // The race was run: calls came after closes, not only before them.
   EXPECT_GT(after_close.load(), 0);
-  EXPECT_TRUE(dev->shutdown().ok());
+  KILN_EXPECT_OK(dev->shutdown());
 }
 
 // A close or shutdown cancels what its drain did not run. A cancelled registration and a
@@ -821,7 +821,7 @@ TEST(Runtime, CancelledRegistrationsAndDropsReleaseWhatTheyConsumed) {
     kept_ro.status = TensorStatus::ReadOnly;  // read, not consumed: it stays
     ASSERT_TRUE(actor.submit_op(ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, kept_ro, TensorId(101))), false).ok());
     // A drop from another thread than the stream's producer: a foreign drop.
-    std::thread([&] { ASSERT_TRUE(actor.submit_drop(dropped, false).ok()); }).join();
+    std::thread([&] { KILN_ASSERT_OK(actor.submit_drop(dropped, false)); }).join();
     EXPECT_EQ(backend->memory_stats().tensors, before);
     EXPECT_EQ(actor.cancel_pending("test"), 3u);
     EXPECT_EQ(backend->memory_stats().tensors, 1u);  // `kept` only; the outputs never existed
@@ -840,7 +840,7 @@ TEST(Runtime, MemoryCheckReportsWhatIsLeft) {
   {
     Session s(*dev);
     Tensor kept = ok(s.exp(ok(s.from_host(std::vector<float>{1, 2}, {2}))));
-    ASSERT_TRUE(s.sync().ok());
+    KILN_ASSERT_OK(s.sync());
     const MemoryReport r = dev->memory_report();
     EXPECT_FALSE(r.clean());
     EXPECT_GE(r.handles, 1u);
@@ -853,7 +853,7 @@ TEST(Runtime, MemoryCheckReportsWhatIsLeft) {
     EXPECT_NE(leak.error().message.find("Handles: "), std::string::npos);
   }
   // The session's drops are queued; a drain of the stream runs them.
-  ASSERT_TRUE(dev->shutdown().ok());
+  KILN_ASSERT_OK(dev->shutdown());
   Status clean = dev->check_memory_leaks();
   EXPECT_TRUE(clean.ok()) << clean.error().to_string();
 }
@@ -866,7 +866,7 @@ TEST(Runtime, MlpTrainingLossFalls) {
   {
     Session s(*dev);
     apps::MlpTrainer<Session, Tensor> mlp(s, apps::MlpOptions{.batch = 32, .seed = 7});
-    ASSERT_TRUE(mlp.init().ok());
+    KILN_ASSERT_OK(mlp.init());
     double first = 0, last = 0;
     for (int i = 0; i < 40; ++i) {
       Result<double> loss = mlp.step();
@@ -877,7 +877,7 @@ TEST(Runtime, MlpTrainingLossFalls) {
     }
     EXPECT_LT(last, 0.6 * first) << "first " << first << " last " << last;
   }
-  ASSERT_TRUE(dev->shutdown().ok());
+  KILN_ASSERT_OK(dev->shutdown());
   EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);
 }
 

@@ -27,11 +27,17 @@ Status status_of(const Result<T>& r) {
 }
 
 // For EXPECT_PRED_FORMAT1: success, or the expression and its error.
+// Anything else with ok() (the plan cache's reports, ...) passes or fails on ok() alone.
 template <class S>
 ::testing::AssertionResult IsOk(const char* expression, const S& value) {
-  const Status st = status_of(value);
-  if (st.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << expression << " failed: " << st.error().to_string();
+  if constexpr (requires { status_of(value); }) {
+    const Status st = status_of(value);
+    if (st.ok()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << expression << " failed: " << st.error().to_string();
+  } else {
+    if (value.ok()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << expression << " is not ok";
+  }
 }
 
 // The value of a Result a test expects to succeed. A failure is reported with its error, then
