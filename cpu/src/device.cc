@@ -79,7 +79,7 @@ std::shared_ptr<const fast::CompiledProgram> CpuDevice::compiled(const fusion::F
     return e.compiled;
   };
   {
-    std::shared_lock lock(cache_mutex_);
+    ReaderLock lock(cache_mutex_);
     auto it = cache_.find(hash);
     if (it != cache_.end()) {
       for (const CacheEntry& e : it->second)
@@ -88,7 +88,7 @@ std::shared_ptr<const fast::CompiledProgram> CpuDevice::compiled(const fusion::F
   }
   // Compile outside the lock; a concurrent compile of the same structure keeps the first entry.
   auto built = std::make_shared<const fast::CompiledProgram>(fast::compile_program(program));
-  std::unique_lock lock(cache_mutex_);
+  WriterLock lock(cache_mutex_);
   std::vector<CacheEntry>& bucket = cache_[hash];
   for (const CacheEntry& e : bucket)
     if (e.program == program) return hit(e);
@@ -124,12 +124,12 @@ void CpuDevice::evict_coldest_kernels() {
 }
 
 std::size_t CpuDevice::kernel_cache_size() const {
-  std::shared_lock lock(cache_mutex_);
+  ReaderLock lock(cache_mutex_);
   return cache_entries_;
 }
 
 void CpuDevice::clear_kernel_cache() {
-  std::unique_lock lock(cache_mutex_);
+  WriterLock lock(cache_mutex_);
   cache_.clear();
   cache_entries_ = 0;
 }

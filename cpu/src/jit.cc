@@ -862,7 +862,7 @@ JitCache::JitCache(Options options) : options_(std::move(options)) {}
 JitCache::~JitCache() = default;
 
 Stats JitCache::stats() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return stats_;
 }
 
@@ -902,7 +902,7 @@ std::shared_ptr<const Kernel> JitCache::kernel_for(const fusion::FusedProgram& p
                                                    const fast::CompiledProgram& compiled) {
   if (!enabled()) return nullptr;
   Generated g = generate_source(program, compiled);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (!g.declined.empty()) {
     ++stats_.declined;
     spdlog::debug("kiln cpu jit: declined ({})", g.declined);
@@ -951,25 +951,27 @@ std::shared_ptr<const Kernel> JitCache::load_or_build(const std::string& key, co
   return build_in(dir.path(), key, g, dir.path() + "/" + key + ".so");
 }
 
+std::shared_ptr<const Kernel> JitCache::failed_build(const std::string& key, const std::string& why) {
+  ++stats_.failures;
+  spdlog::debug("kiln cpu jit: compiling {} failed, the interpreter runs it: {}", key, why);
+  return nullptr;
+}
+
 std::shared_ptr<const Kernel> JitCache::build_in(const std::string& dir, const std::string& key, const Generated& g,
                                                  const std::string& final_path) {
   const std::string text = g.source + "extern \"C\" __attribute__((visibility(\"default\"))) const char kiln_jit_key[] = \"" +
                            key + "\";\n";
-  auto fail = [&](const std::string& why) -> std::shared_ptr<const Kernel> {
-    ++stats_.failures;
-    spdlog::debug("kiln cpu jit: compiling {} failed, the interpreter runs it: {}", key, why);
-    return nullptr;
-  };
   std::optional<TempFile> src = make_temp(dir, key, ".cc", text);
   std::optional<TempFile> out = make_temp(dir, key, ".so.tmp", "");
   std::optional<TempFile> log = make_temp(dir, key, ".log", "");
-  if (!src || !out || !log) return fail("cannot write temporary files in " + dir);
+  if (!src || !out || !log) return failed_build(key, "cannot write temporary files in " + dir);
   std::vector<std::string> args{compiler_};
   for (const std::string& f : compile_flags()) args.push_back(f);
   args.insert(args.end(), {"-o", out->path(), src->path()});
-  if (std::string e = run_process(args, log->path()); !e.empty()) return fail(e);
+  if (std::string e = run_process(args, log->path()); !e.empty()) return failed_build(key, e);
   // Publish atomically: a concurrent process sees either no entry or a complete one.
-  if (::rename(out->path().c_str(), final_path.c_str()) != 0) return fail("rename: " + std::string(std::strerror(errno)));
+  if (::rename(out->path().c_str(), final_path.c_str()) != 0)
+    return failed_build(key, "rename: " + std::string(std::strerror(errno)));
   out->keep();
   // The source stays next to its library in the disk cache: what the JIT generated for a
   // program can be read (and recompiled by hand with compile_flags()) when diagnosing.
@@ -984,7 +986,7 @@ std::shared_ptr<const Kernel> JitCache::build_in(const std::string& dir, const s
   std::shared_ptr<const Kernel> k;
   if (std::string e = load_library(final_path, key, g, k); !e.empty()) {
     ::unlink(final_path.c_str());
-    return fail("the compiled library does not load: " + e);
+    return failed_build(key, "the compiled library does not load: " + e);
   }
   ++stats_.compiles;
   return k;

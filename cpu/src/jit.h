@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "jit_abi.h"
+#include "kiln/base/mutex.h"
 
 namespace kiln::fusion {
 struct FusedProgram;
@@ -97,26 +98,28 @@ class JitCache {
   Stats stats() const;
 
  private:
-  bool ensure_toolchain();  // under mutex_
-  std::shared_ptr<const Kernel> load_or_build(const std::string& key, const Generated& g);
+  bool ensure_toolchain() KILN_REQUIRES(mutex_);
+  std::shared_ptr<const Kernel> load_or_build(const std::string& key, const Generated& g) KILN_REQUIRES(mutex_);
   std::shared_ptr<const Kernel> build_in(const std::string& dir, const std::string& key, const Generated& g,
-                                         const std::string& final_path);
+                                         const std::string& final_path) KILN_REQUIRES(mutex_);
+  // Counts and logs a failed build; null, the kernel there is not.
+  std::shared_ptr<const Kernel> failed_build(const std::string& key, const std::string& why) KILN_REQUIRES(mutex_);
 
   Options options_;
-  mutable std::mutex mutex_;
-  bool probed_ = false;
-  std::string compiler_;       // resolved absolute path; empty: none
-  std::string toolchain_id_;   // compiler identity + CPU identity, part of every key
-  std::string disk_dir_;       // usable cache directory; empty: compile in a private temp dir
+  mutable Mutex mutex_;
+  bool probed_ KILN_GUARDED_BY(mutex_) = false;
+  std::string compiler_ KILN_GUARDED_BY(mutex_);      // resolved absolute path; empty: none
+  std::string toolchain_id_ KILN_GUARDED_BY(mutex_);  // compiler + CPU identity, part of every key
+  std::string disk_dir_ KILN_GUARDED_BY(mutex_);  // usable cache directory; empty: a private temp dir
   // key -> the kernel while some compiled form holds it (the device's bounded cache owns the
   // kernels; one dropped there is unloaded, and loaded again from disk if needed), or a failure.
   struct Loaded {
     std::weak_ptr<const Kernel> kernel;
     bool failed = false;
   };
-  std::unordered_map<std::string, Loaded> loaded_;
-  std::size_t prune_at_ = 64;  // loaded_'s size at which unloaded entries are swept
-  Stats stats_;
+  std::unordered_map<std::string, Loaded> loaded_ KILN_GUARDED_BY(mutex_);
+  std::size_t prune_at_ KILN_GUARDED_BY(mutex_) = 64;  // loaded_'s size at which unloaded entries are swept
+  Stats stats_ KILN_GUARDED_BY(mutex_);
 };
 
 // The compiler flags of every kernel (part of the cache key).

@@ -5,7 +5,7 @@ namespace kiln::cpu {
 
 void ShardedTensorTable::put(ir::TensorId id, Entry entry) {
   Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   if (HostTensor* h = entry.handle())
     s.table.register_handle(id, std::move(*h));
   else if (const ir::TensorError* err = entry.error())
@@ -14,13 +14,13 @@ void ShardedTensorTable::put(ir::TensorId id, Entry entry) {
 
 void ShardedTensorTable::register_handle(ir::TensorId id, HostTensor tensor) {
   Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   s.table.register_handle(id, std::move(tensor));
 }
 
 std::optional<ShardedTensorTable::Entry> ShardedTensorTable::copy_entry(ir::TensorId id) const {
   const Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   const Entry* e = s.table.entry(id);
   if (e == nullptr) return std::nullopt;
   return *e;
@@ -28,7 +28,7 @@ std::optional<ShardedTensorTable::Entry> ShardedTensorTable::copy_entry(ir::Tens
 
 std::optional<ShardedTensorTable::Entry> ShardedTensorTable::take(ir::TensorId id) {
   Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   return s.table.remove_handle(id);
 }
 
@@ -42,7 +42,7 @@ Status ShardedTensorTable::upload(HostAllocator& allocator, ir::TensorId id, ir:
 
 Result<runtime::HostData> ShardedTensorTable::download(const ir::TensorIr& t) {
   Shard& s = shard(t.id);
-  std::unique_lock lock(s.mu);
+  MutexLock lock(s.mu);
   const Entry* e = s.table.entry(t.id);
   if (e == nullptr || e->is_not_init())
     return make_error(ErrorCode::InvalidHandle, "read of " + t.to_string() + ": the tensor has no value on the device");
@@ -63,14 +63,14 @@ Result<runtime::HostData> ShardedTensorTable::download(const ir::TensorIr& t) {
 
 bool ShardedTensorTable::is_materialized(ir::TensorId id) const {
   const Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   const Entry* e = s.table.entry(id);
   return e != nullptr && e->is_existing();
 }
 
 std::optional<ir::TensorError> ShardedTensorTable::error_of(ir::TensorId id) const {
   const Shard& s = shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   const ir::TensorError* e = s.table.error_of(id);
   return e ? std::optional<ir::TensorError>(*e) : std::nullopt;
 }
@@ -78,7 +78,7 @@ std::optional<ir::TensorError> ShardedTensorTable::error_of(ir::TensorId id) con
 void ShardedTensorTable::free(const ir::TensorIr& t) {
   if (t.status != ir::TensorStatus::ReadWrite) return;
   Shard& s = shard(t.id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   (void)s.table.free(t);
 }
 
@@ -95,7 +95,7 @@ Status ShardedTensorTable::alias(ir::TensorId src, ir::TensorId dst) {
 runtime::MemoryStats ShardedTensorTable::counts() const {
   runtime::MemoryStats stats;
   for (const Shard& s : shards_) {
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     stats.tensors += s.table.num_handles();
     stats.errored += s.table.errored();
   }

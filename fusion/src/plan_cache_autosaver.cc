@@ -38,11 +38,11 @@ PlanCacheAutosaver::PlanCacheAutosaver(const ExecutionPlanStore& store, std::fil
 PlanCacheAutosaver::~PlanCacheAutosaver() { stop(); }
 
 void PlanCacheAutosaver::stop() {
-  std::lock_guard<std::mutex> join_lock(join_mu_);
+  MutexLock join_lock(join_mu_);
   // From on_save this would join the calling thread itself.
   assert(std::this_thread::get_id() != thread_.get_id() && "PlanCacheAutosaver::stop called from on_save");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   wake_.notify_all();
@@ -50,7 +50,7 @@ void PlanCacheAutosaver::stop() {
 }
 
 PlanCacheAutosaverStats PlanCacheAutosaver::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 
@@ -60,7 +60,7 @@ bool PlanCacheAutosaver::save_now(std::uint64_t& saved) {
   const std::uint64_t g = store_.generation();
   const Result<PlanCacheSaveReport> r = save_catching(store_, dir_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (r.ok()) {
       ++stats_.saves;
       stats_.saved_generation = g;
@@ -85,7 +85,7 @@ void PlanCacheAutosaver::run() {
   Clock::time_point retry_at = Clock::time_point::min();  // no attempt before (error back-off)
   Clock::duration backoff = options_.error_backoff;
 
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   saved = seen = stats_.saved_generation;
   while (!stopping_) {
     Clock::duration wait = poll;
@@ -96,7 +96,9 @@ void PlanCacheAutosaver::run() {
           std::max(std::min(last_change + options_.debounce, first_change + options_.max_delay), retry_at);
       wait = std::clamp<Clock::duration>(due - Clock::now(), Clock::duration::zero(), poll);
     }
-    if (wake_.wait_for(lock, wait, [this] { return stopping_; })) break;
+    // A spurious wake-up only makes this poll early.
+    wake_.wait_for(lock, wait);
+    if (stopping_) break;
     lock.unlock();  // never held while saving: stop() and stats() stay responsive
 
     const Clock::time_point now = Clock::now();

@@ -54,6 +54,7 @@
 #include <utility>
 
 #include "kiln/base/hash.h"
+#include "kiln/base/mutex.h"
 
 namespace kiln::fusion {
 
@@ -96,8 +97,8 @@ struct ExecutionPlanStore::Impl {
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
     const ExecutionPlan plan;              // immutable once published
-    std::mutex triggers_mu;
-    TriggerSnapshot triggers;              // guarded by triggers_mu; never null
+    Mutex triggers_mu;
+    TriggerSnapshot triggers KILN_GUARDED_BY(triggers_mu);  // never null
     std::atomic<std::uint64_t> last_used;  // `clock` when published or last used
   };
   using SlotPtr = std::shared_ptr<Slot>;
@@ -122,13 +123,13 @@ struct ExecutionPlanStore::Impl {
   }
 
   static TriggerSnapshot snapshot(Slot& s) {
-    std::lock_guard<std::mutex> lock(s.triggers_mu);
+    MutexLock lock(s.triggers_mu);
     return s.triggers;
   }
 
   // True when the trigger was added (false: an equal one was already there).
   bool add_trigger_to(Slot& s, const ExecutionTrigger& trigger) const {
-    std::lock_guard<std::mutex> lock(s.triggers_mu);
+    MutexLock lock(s.triggers_mu);
     const TriggerList& list = *s.triggers;
     if (std::find(list.begin(), list.end(), trigger) != list.end()) return false;  // dedupe
     auto grown = std::make_shared<TriggerList>(list);
@@ -152,14 +153,14 @@ struct ExecutionPlanStore::Impl {
   OpHasher hasher;
   const PlanStoreOptions options;
   IdMap by_id;
-  std::mutex append_mu;
-  std::map<PlanId, SlotPtr> kept;               // guarded by append_mu
-  PlanId next_id = 0;                           // guarded by append_mu
+  Mutex append_mu KILN_ACQUIRED_AFTER(evict_mu);
+  std::map<PlanId, SlotPtr> kept KILN_GUARDED_BY(append_mu);
+  PlanId next_id KILN_GUARDED_BY(append_mu) = 0;
   std::atomic<std::size_t> kept_count{0};       // kept.size(), readable without the mutex
   std::atomic<std::uint64_t> clock{0};          // plans published so far (recency)
   std::atomic<std::uint64_t> evictions{0};
   std::atomic<std::uint64_t> generation{0};     // changes so far (see the layout above)
-  std::mutex evict_mu;                          // one evicting thread at a time
+  Mutex evict_mu;                               // one evicting thread at a time
 
   FirstOpMap first_op;
   KindMap by_kind;
@@ -170,12 +171,12 @@ void ExecutionPlanStore::Impl::evict_if_over_bound() {
   if (bound == 0 || kept_count.load(std::memory_order_relaxed) <= bound) return;
   // A second publisher past the bound waits for the first's eviction, then finds the store
   // within it (a try-lock could leave the store over its bound when the last two publish at once).
-  std::lock_guard<std::mutex> evicting(evict_mu);
+  MutexLock evicting(evict_mu);
 
   std::vector<SlotPtr> victims;
   std::vector<PlanId> victim_ids;
   {
-    std::lock_guard<std::mutex> lock(append_mu);
+    MutexLock lock(append_mu);
     if (kept.size() <= bound) return;
     // Down to the bound less an eighth, so that eviction runs once per bound/8 new plans; the
     // warmest plan (the one just published, at least) always stays.
@@ -278,7 +279,7 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::publish(ExecutionPlan plan, Ex
                                            im.clock.fetch_add(1, std::memory_order_relaxed) + 1);
   PlanId id;
   {
-    std::lock_guard<std::mutex> lock(im.append_mu);
+    MutexLock lock(im.append_mu);
     id = im.next_id++;
     im.kept.emplace(id, slot);
     im.kept_count.store(im.kept.size(), std::memory_order_relaxed);
@@ -351,7 +352,7 @@ std::vector<PlanId> ExecutionPlanStore::find_same_first_kind(const ir::Operation
 std::size_t ExecutionPlanStore::size() const { return impl_->kept_count.load(std::memory_order_relaxed); }
 
 std::vector<PlanId> ExecutionPlanStore::ids() const {
-  std::lock_guard<std::mutex> lock(impl_->append_mu);
+  MutexLock lock(impl_->append_mu);
   std::vector<PlanId> out;
   out.reserve(impl_->kept.size());
   for (const auto& entry : impl_->kept) out.push_back(entry.first);

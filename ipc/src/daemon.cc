@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "kiln/base/mutex.h"
 #include "kiln/ipc/device_lock.h"
 #include "kiln/ipc/op_check.h"
 #include "kiln/ipc/protocol.h"
@@ -195,29 +196,31 @@ struct DaemonService::Impl {
   std::string socket_path;
   std::optional<boost::asio::steady_timer> maintenance;  // on `io`: memory given back when idle
 
-  mutable std::mutex mu;  // guards everything below
-  std::map<std::uint64_t, std::shared_ptr<ClientSession>> sessions;
+  mutable Mutex mu;
+  std::map<std::uint64_t, std::shared_ptr<ClientSession>> sessions KILN_GUARDED_BY(mu);
   // Each session's thread, created under `mu` together with the session's entry, so that the
   // thread's own last act (moving itself to finished_threads, under `mu`) always finds it.
-  std::map<std::uint64_t, std::thread> threads;
-  std::vector<std::thread> finished_threads;  // sessions that ended, joined by the next reap
-  std::map<std::string, JobState> jobs;
-  std::map<uid_t, UidState> uids;  // every uid with a client or a job
-  std::unordered_map<std::uint64_t, ExportRecord> exports;  // by ExportToken::index()
-  std::uint64_t clients_served = 0;
+  std::map<std::uint64_t, std::thread> threads KILN_GUARDED_BY(mu);
+  std::vector<std::thread> finished_threads KILN_GUARDED_BY(mu);  // sessions that ended, joined by the next reap
+  std::map<std::string, JobState> jobs KILN_GUARDED_BY(mu);
+  std::map<uid_t, UidState> uids KILN_GUARDED_BY(mu);  // every uid with a client or a job
+  std::unordered_map<std::uint64_t, ExportRecord> exports KILN_GUARDED_BY(mu);  // by ExportToken::index()
+  std::uint64_t clients_served KILN_GUARDED_BY(mu) = 0;
   std::atomic<std::uint64_t> staged_bytes{0};  // every session's staging (StagingReservation)
   std::atomic<bool> stopping{false};            // stop() began (for the sessions' logs)
-  std::uint64_t next_stream = 1;  // device stream numbers handed to client streams
+  std::uint64_t next_stream KILN_GUARDED_BY(mu) = 1;  // device stream numbers handed to client streams
   std::function<std::uint64_t()> fused_launches;
-  bool stopped = false;
+  bool stopped KILN_GUARDED_BY(mu) = false;
 
   Impl(runtime::Device& d, DaemonOptions o) : device(d), options(std::move(o)) {}
 
   Status admit(const PeerCredentials& peer, std::string_view job);
   void on_client(std::unique_ptr<AcceptedClient> client);
   DaemonStatus status(std::optional<uid_t> viewer);
-  // Under `mu`: the session is gone; its job and uid entries end with their last client.
-  void leave(const std::string& job, uid_t uid);
+  // The session is gone; its job and uid entries end with their last client.
+  void leave(const std::string& job, uid_t uid) KILN_REQUIRES(mu);
+  // A uid's entry goes with its last client and its last owned job.
+  void drop_if_unused(uid_t u) KILN_REQUIRES(mu);
   void on_disconnect(std::uint64_t client_id, const Status& why);
   void reap();
   void schedule_maintenance();
@@ -250,7 +253,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   const std::string& job() const { return client_->job; }
 
   ClientStatus status() const {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     return stats_;
   }
 
@@ -360,8 +363,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::size_t deferred_ops_ = 0;
   OperationCheckMemo op_check_;  // register_op's shape check, remembering accepted shapes
 
-  mutable std::mutex stats_mu_;
-  ClientStatus stats_;
+  mutable Mutex stats_mu_;
+  ClientStatus stats_ KILN_GUARDED_BY(stats_mu_);
 };
 
 // ---- Session thread
@@ -386,7 +389,7 @@ void ClientSession::run() {
     serve(std::span<const std::uint8_t>(buf.data(), **got));
   }
   cleanup();
-  std::lock_guard lock(service_.mu);
+  MutexLock lock(service_.mu);
   service_.sessions.erase(id());
   if (auto t = service_.threads.find(id()); t != service_.threads.end()) {
     service_.finished_threads.push_back(std::move(t->second));
@@ -486,7 +489,7 @@ StreamId ClientSession::stream(std::uint64_t client_stream) {
   if (it != streams_.end()) return it->second;
   std::uint64_t n;
   {
-    std::lock_guard lock(service_.mu);
+    MutexLock lock(service_.mu);
     n = service_.next_stream++;
   }
   const StreamId s = StreamId::from_number(n);
@@ -567,7 +570,7 @@ void ClientSession::forget(std::span<const std::uint64_t> client_tensors) {
   }
   if (bytes != 0) release(bytes);
   if (tokens.empty()) return;
-  std::lock_guard lock(service_.mu);
+  MutexLock lock(service_.mu);
   for (std::uint64_t token : tokens) service_.exports.erase(token);
 }
 
@@ -587,7 +590,7 @@ void ClientSession::refresh_queued_ops() {
 }
 
 void ClientSession::publish_stats() {
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   stats_.streams = streams_.size();
   stats_.tensors = tensors_.size();
   stats_.tensor_bytes = tensor_bytes_;
@@ -772,7 +775,7 @@ Status ClientSession::export_tensor(const ExportCmd& c, std::uint64_t rid) {
   ExportToken token;
   for (;;) {
     KILN_ASSIGN_OR_RETURN(token, new_export_token());
-    std::lock_guard lock(service_.mu);
+    MutexLock lock(service_.mu);
     if (service_.exports.count(token.index()) != 0) continue;  // 2^-64 per live export: draw again
     service_.exports.emplace(token.index(), ExportRecord{token, job(), id(), c.tensor.value(), *rec});
     break;
@@ -785,7 +788,7 @@ Status ClientSession::import_tensor(const ImportCmd& c, std::uint64_t rid) {
   KILN_RETURN_IF_ERROR(check_fresh(c.tensor.value(), "import"));
   std::optional<ExportRecord> src;
   {
-    std::lock_guard lock(service_.mu);
+    MutexLock lock(service_.mu);
     auto it = service_.exports.find(c.token.index());
     // One message for every case: a token of another job must not be told apart from a wrong one.
     if (it == service_.exports.end() || !token_equal(it->second.token, c.token) || it->second.job != job())
@@ -1024,7 +1027,7 @@ void ClientSession::cleanup() {
   staged_uploads_.clear();
   staged_read_.reset();
   {
-    std::lock_guard lock(service_.mu);
+    MutexLock lock(service_.mu);
     job_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
     if (service_.options.uid_memory_bytes != 0)
       uid_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
@@ -1062,7 +1065,7 @@ const char* job_policy_name(JobPolicy p) {
 // client's handshake runs between the two, so the job this checks is the one on_client joins, or
 // none).
 Status DaemonService::Impl::admit(const PeerCredentials& peer, std::string_view job) {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   // kilnctl's job per user (kilnctl-<uid>) is that uid's alone, and never counts as a job it
   // owns: nobody can keep a user from reading the daemon's status.
   constexpr std::string_view kKilnctl = "kilnctl-";
@@ -1096,7 +1099,7 @@ Status DaemonService::Impl::admit(const PeerCredentials& peer, std::string_view 
 void DaemonService::Impl::on_client(std::unique_ptr<AcceptedClient> client) {
   reap();
   auto session = std::make_shared<ClientSession>(*this, std::move(client));
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   if (stopped) return;
   sessions.emplace(session->id(), session);
   UidState& uid_state = uids[session->uid()];
@@ -1115,13 +1118,13 @@ void DaemonService::Impl::on_client(std::unique_ptr<AcceptedClient> client) {
   threads.emplace(session->id(), session->launch());
 }
 
+void DaemonService::Impl::drop_if_unused(uid_t u) {
+  // (Under a shared policy an owner's job may outlive the owner's clients.)
+  auto it = uids.find(u);
+  if (it != uids.end() && it->second.clients == 0 && it->second.jobs == 0) uids.erase(it);
+}
+
 void DaemonService::Impl::leave(const std::string& job, uid_t uid) {
-  // A uid's entry goes with its last client and its last owned job (under a shared policy an
-  // owner's job may outlive the owner's clients).
-  auto drop_if_unused = [this](uid_t u) {
-    auto it = uids.find(u);
-    if (it != uids.end() && it->second.clients == 0 && it->second.jobs == 0) uids.erase(it);
-  };
   if (auto me = uids.find(uid); me != uids.end() && me->second.clients > 0) --me->second.clients;
   if (auto j = jobs.find(job); j != jobs.end() && --j->second.clients == 0) {
     const uid_t owner_uid = j->second.owner_uid;
@@ -1133,7 +1136,7 @@ void DaemonService::Impl::leave(const std::string& job, uid_t uid) {
 }
 
 void DaemonService::Impl::on_disconnect(std::uint64_t client_id, const Status& why) {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   auto it = sessions.find(client_id);
   if (it == sessions.end()) return;
   if (!why.ok()) spdlog::info("kilnd: client {}: {}", client_id, why.error().to_string());
@@ -1156,7 +1159,7 @@ void DaemonService::Impl::schedule_maintenance() {
 void DaemonService::Impl::reap() {
   std::vector<std::thread> done;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     done.swap(finished_threads);
   }
   for (std::thread& t : done)
@@ -1191,7 +1194,7 @@ void DaemonService::stop() {
   Impl& s = *impl_;
   std::vector<std::shared_ptr<ClientSession>> sessions;
   {
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     if (s.stopped) return;
     s.stopped = true;
     s.stopping.store(true, std::memory_order_release);
@@ -1204,7 +1207,7 @@ void DaemonService::stop() {
   for (auto& session : sessions) {
     for (;;) {
       {
-        std::lock_guard lock(s.mu);
+        MutexLock lock(s.mu);
         if (s.sessions.count(session->id()) == 0) break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -1219,7 +1222,7 @@ void DaemonService::stop() {
 }
 
 void DaemonService::set_fused_launch_counter(std::function<std::uint64_t()> counter) {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   impl_->fused_launches = std::move(counter);
 }
 
@@ -1237,7 +1240,7 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
   std::vector<std::shared_ptr<ClientSession>> live;
   std::function<std::uint64_t()> fused;
   {
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     for (auto& [id, session] : s.sessions)
       if (everything || session->uid() == who) live.push_back(session);
     for (const auto& [name, job] : s.jobs) {

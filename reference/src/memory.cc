@@ -1,5 +1,7 @@
 #include "kiln/reference/memory.h"
 
+#include "kiln/base/mutex.h"
+
 #include <fmt/format.h>
 #include <sys/mman.h>
 
@@ -275,7 +277,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     for (SizeClass& c : classes_) {
       std::vector<FreeBlock> blocks;
       {
-        std::lock_guard<std::mutex> lock(c.mu);
+        MutexLock lock(c.mu);
         blocks.swap(c.free);
       }
       if (blocks.empty()) continue;
@@ -301,7 +303,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     const std::uint64_t ops =
         allocations_.load(std::memory_order_relaxed) + deallocations_.load(std::memory_order_relaxed);
     {
-      std::lock_guard<std::mutex> lock(idle_mu_);
+      MutexLock lock(idle_mu_);
       if (ops != idle_ops_ || idle_since_ns_ > now_ns) {
         idle_ops_ = ops;
         idle_since_ns_ = now_ns;
@@ -336,7 +338,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
         // The blocks are unmapped under the class mutex: the lists are short (a few blocks of a
         // class at most), the release is rare (once per retention at most), and compacting in
         // place keeps this path free of allocation (it runs inside ~HostBuffer).
-        std::lock_guard<std::mutex> lock(c.mu);
+        MutexLock lock(c.mu);
         std::size_t kept = 0;
         for (const FreeBlock& b : c.free) {
           if (held_at_least(now_ns, b.freed_ns, retention_ns_)) {
@@ -388,8 +390,8 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     std::int64_t freed_ns;  // steady_clock time it was pooled; large classes only (else 0)
   };
   struct SizeClass {
-    std::mutex mu;
-    std::vector<FreeBlock> free;  // guarded by mu; the most recently freed last (reused first)
+    Mutex mu;
+    std::vector<FreeBlock> free KILN_GUARDED_BY(mu);  // the most recently freed last (reused first)
     std::uint64_t size = 0;       // the class size; set once at construction, then read-only
   };
 
@@ -414,7 +416,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
 
   std::byte* pop(std::uint64_t cs) {
     SizeClass& c = classes_[class_index(cs)];
-    std::lock_guard<std::mutex> lock(c.mu);
+    MutexLock lock(c.mu);
     if (c.free.empty()) return nullptr;
     std::byte* b = c.free.back().data;
     c.free.pop_back();
@@ -433,7 +435,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     }
     SizeClass& c = classes_[class_index(cs)];
     try {
-      std::lock_guard<std::mutex> lock(c.mu);
+      MutexLock lock(c.mu);
       const std::int64_t now = is_large ? to_ns(std::chrono::steady_clock::now()) : 0;
       c.free.push_back(FreeBlock{block, now});
       // Under the class mutex, so that release_idle's scan either sees the block or its reset
@@ -451,9 +453,9 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   std::size_t first_large_ = 0;      // index of the first large class (kNumClasses: none)
   std::array<SizeClass, kNumClasses> classes_;
   std::mutex release_mu_;  // one release_idle scan at a time
-  std::mutex idle_mu_;     // guards the two below (release_if_idle)
-  std::uint64_t idle_ops_ = 0;      // allocations + frees at the last idle check
-  std::int64_t idle_since_ns_ = 0;  // when that count was first seen
+  Mutex idle_mu_;          // release_if_idle's two below
+  std::uint64_t idle_ops_ KILN_GUARDED_BY(idle_mu_) = 0;      // allocations + frees at the last idle check
+  std::int64_t idle_since_ns_ KILN_GUARDED_BY(idle_mu_) = 0;  // when that count was first seen
   // The steady_clock time (ns) no later than the freeing of every cached large block;
   // kNoLargeBlock when none is cached. A hint: it may be older than the truth (after a pop).
   std::atomic<std::int64_t> oldest_large_ns_{kNoLargeBlock};

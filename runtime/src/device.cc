@@ -98,7 +98,7 @@ bool Device::hold_actor(StreamId stream, StreamTable::const_accessor& held) {
   {
     // Creation is rare: serialized under streams_mu_ with the traversals of live_actors_
     // (shutdown, reports, totals), which never walk the TBB table itself.
-    std::lock_guard lock(streams_mu_);
+    MutexLock lock(streams_mu_);
     if (closed_.load(std::memory_order_acquire)) return false;
     StreamTable::accessor a;
     if (streams_.insert(a, stream.value())) {
@@ -309,7 +309,7 @@ Status Device::close_stream(StreamId stream) {
   }
   Status drained = barrier(stream);
   // Serialised with shutdown (which holds shutdown_mu_ while it uses its snapshot of actors).
-  std::lock_guard shutdown_lock(shutdown_mu_);
+  MutexLock shutdown_lock(shutdown_mu_);
   if (shut_down_) return drained;
   std::unique_ptr<StreamActor> owned;
   {
@@ -329,7 +329,7 @@ Status Device::close_stream(StreamId stream) {
   // `abandon`: the actor is kept until the device goes (see keep), listed there in the same step.
   auto unlist = [&](bool abandon) {
     const StreamStats st = owned->stats();
-    std::lock_guard streams_lock(streams_mu_);
+    MutexLock streams_lock(streams_mu_);
     std::erase(live_actors_, owned.get());
     add_counters(closed_totals_, st);
     if (abandon) abandoned_.push_back(std::move(owned));
@@ -373,10 +373,10 @@ std::string MemoryReport::to_string() const {
 
 MemoryReport Device::memory_report() {
   // Serialised with close_stream and shutdown, which destroy or stop actors.
-  std::lock_guard shutdown_lock(shutdown_mu_);
+  MutexLock shutdown_lock(shutdown_mu_);
   std::vector<StreamActor*> actors;
   {
-    std::lock_guard lock(streams_mu_);
+    MutexLock lock(streams_mu_);
     actors = live_actors_;
   }
   MemoryReport report;
@@ -406,7 +406,7 @@ Status Device::check_memory_leaks() {
 }
 
 StreamStats Device::totals() const {
-  std::lock_guard lock(streams_mu_);
+  MutexLock lock(streams_mu_);
   StreamStats sum = closed_totals_;
   for (const StreamActor* a : live_actors_) add_counters(sum, a->stats());
   return sum;
@@ -419,14 +419,14 @@ std::optional<StreamStats> Device::stream_stats(StreamId stream) const {
 }
 
 Status Device::shutdown() {
-  std::lock_guard lock(shutdown_mu_);
+  MutexLock lock(shutdown_mu_);
   if (shut_down_) return Status::Ok();
   shut_down_ = true;
   // 1. Refuse new streams and snapshot the table (under the creation lock), drain every stream
   //    (bounded waits), then refuse new commands.
   std::vector<StreamActor*> actors;
   {
-    std::lock_guard streams_lock(streams_mu_);
+    MutexLock streams_lock(streams_mu_);
     closed_.store(true, std::memory_order_release);
     actors = live_actors_;
   }

@@ -34,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/base/mutex.h"
 #include "kiln/cpu/host.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/ir/handle_container.h"
@@ -174,7 +175,7 @@ class CpuDevice {
     // structure's entry is not a cache line every launch writes.
     std::unique_ptr<std::atomic<std::uint64_t>> last_used;
   };
-  void evict_coldest_kernels();  // under cache_mutex_ (exclusive)
+  void evict_coldest_kernels() KILN_REQUIRES(cache_mutex_);
 
   HostAllocator allocator_;
   Handles handles_;
@@ -182,9 +183,9 @@ class CpuDevice {
   int threads_;
   tbb::task_arena arena_;
   std::size_t max_kernels_;
-  mutable std::shared_mutex cache_mutex_;
-  std::unordered_map<std::uint64_t, std::vector<CacheEntry>> cache_;  // guarded by cache_mutex_
-  std::size_t cache_entries_ = 0;                                      // guarded by cache_mutex_
+  mutable SharedMutex cache_mutex_;
+  std::unordered_map<std::uint64_t, std::vector<CacheEntry>> cache_ KILN_GUARDED_BY(cache_mutex_);
+  std::size_t cache_entries_ KILN_GUARDED_BY(cache_mutex_) = 0;
   std::atomic<std::uint64_t> cache_clock_{0};                          // compiled forms built so far
   std::unique_ptr<jit::JitCache> jit_;
   Counters counters_;

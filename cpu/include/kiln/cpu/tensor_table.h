@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 
+#include "kiln/base/mutex.h"
 #include "kiln/cpu/host.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/runtime/backend.h"
@@ -57,8 +58,8 @@ class ShardedTensorTable {
 
  private:
   struct alignas(64) Shard {
-    mutable std::mutex mu;
-    Container table;  // guarded by mu
+    mutable Mutex mu;
+    Container table KILN_GUARDED_BY(mu);
   };
   Shard& shard(ir::TensorId id) { return shards_[std::hash<ir::TensorId>{}(id) % kShards]; }
   const Shard& shard(ir::TensorId id) const { return shards_[std::hash<ir::TensorId>{}(id) % kShards]; }

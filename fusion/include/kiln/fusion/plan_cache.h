@@ -59,9 +59,10 @@
 #include <thread>
 #include <vector>
 
+#include "kiln/base/mutex.h"
+#include "kiln/base/result.h"
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/fusion/plan_store.h"
-#include "kiln/base/result.h"
 
 namespace kiln::fusion {
 
@@ -212,7 +213,7 @@ struct PlanCacheAutosaverStats {
 // and holds no lock while saving (it reads the store through its concurrent API, so streams keep
 // publishing; a plan published during a save goes into the next one). stop() and stats() may be
 // called from any thread except from on_save; stop() is idempotent and concurrent calls are
-// serialised (join_mu_). The stop flag and the stats are guarded by mu_.
+// serialised (join_mu_). The stop flag and the stats are guarded by mu_ (checked by clang).
 class PlanCacheAutosaver {
  public:
   PlanCacheAutosaver(const ExecutionPlanStore& store, std::filesystem::path dir,
@@ -238,12 +239,12 @@ class PlanCacheAutosaver {
   const std::filesystem::path dir_;
   const PlanCacheAutosaverOptions options_;
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;     // signalled by stop()
-  bool stopping_ = false;            // guarded by mu_
-  PlanCacheAutosaverStats stats_;    // guarded by mu_
+  mutable Mutex mu_;
+  std::condition_variable_any wake_;  // signalled by stop()
+  bool stopping_ KILN_GUARDED_BY(mu_) = false;
+  PlanCacheAutosaverStats stats_ KILN_GUARDED_BY(mu_);
 
-  std::mutex join_mu_;               // serialises stop()'s join
+  Mutex join_mu_ KILN_ACQUIRED_BEFORE(mu_);  // serialises stop()'s join
   std::thread thread_;               // started by the constructor's body: every member is ready
 };
 

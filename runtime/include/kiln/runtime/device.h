@@ -26,6 +26,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <tbb/concurrent_hash_map.h>
 
+#include "kiln/base/mutex.h"
 #include "kiln/fusion/config.h"
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/fusion/plan_store.h"
@@ -232,15 +233,15 @@ class Device final : public SessionTarget {
   // The actors of streams_, for traversals (reports, totals, shutdown) under streams_mu_: a TBB
   // table may not be traversed while other threads use it, not even by lookups alone (a lookup
   // after the table grew rehashes its bucket in place; TSan caught a report doing so).
-  std::vector<StreamActor*> live_actors_;
-  std::vector<std::unique_ptr<StreamActor>> abandoned_;  // closed streams that never went idle (streams_mu_)
-  StreamStats closed_totals_;                             // counters of closed streams (streams_mu_)
+  std::vector<StreamActor*> live_actors_ KILN_GUARDED_BY(streams_mu_);
+  std::vector<std::unique_ptr<StreamActor>> abandoned_ KILN_GUARDED_BY(streams_mu_);  // closed streams never idle
+  StreamStats closed_totals_ KILN_GUARDED_BY(streams_mu_);  // counters of closed streams
   ProducerTable producers_;
   std::atomic<std::uint64_t> next_tensor_id_{0};
   std::atomic<bool> closed_{false};
-  mutable std::mutex streams_mu_;  // stream creation vs snapshots and removal (never on the op path)
-  std::mutex shutdown_mu_;  // serializes shutdown() calls only
-  bool shut_down_ = false;  // guarded by shutdown_mu_
+  mutable Mutex streams_mu_;  // stream creation vs snapshots and removal (never on the op path)
+  Mutex shutdown_mu_ KILN_ACQUIRED_BEFORE(streams_mu_);  // serializes shutdown() and closes
+  bool shut_down_ KILN_GUARDED_BY(shutdown_mu_) = false;
 };
 
 }  // namespace kiln::runtime
