@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 
 #include "kiln/ipc/arena.h"
 #include "kiln/ipc/control_client.h"
