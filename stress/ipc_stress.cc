@@ -51,9 +51,10 @@
 
 #include <gtest/gtest.h>
 
+#include "../tests/ipc/hostile.h"
 #include "kiln/cpu/cpu_backend.h"
-#include "kiln/ipc/control_client.h"
 #include "kiln/fusion/config.h"
+#include "kiln/ipc/control_client.h"
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/protocol.h"
 #include "kiln/ipc/remote_target.h"
@@ -62,7 +63,6 @@
 #include "kiln/runtime/session.h"
 #include "kiln/testing/status.h"
 #include "random_program.h"
-#include "../tests/ipc/hostile.h"
 
 // As in runtime_stress.cc: Boost.Lockfree's freelist does a benign read TSan reports
 // (boostorg/lockfree#78, open); the daemon's stream actors use that queue for foreign commands.
@@ -83,10 +83,10 @@ using stress::Handoff;
 using stress::kDim;
 using stress::Values;
 
-constexpr int kWorkers = 3;           // program workers (P)
-constexpr int kStreams = 2;           // streams per worker (S), one thread each
-constexpr int kShared = 3;            // tensors made on the worker's main thread, used on every stream
-constexpr int kSlots = 2;             // tensors handed from one stream to the other
+constexpr int kWorkers = 3;  // program workers (P)
+constexpr int kStreams = 2;  // streams per worker (S), one thread each
+constexpr int kShared = 3;   // tensors made on the worker's main thread, used on every stream
+constexpr int kSlots = 2;    // tensors handed from one stream to the other
 constexpr std::uint64_t kBallast = std::uint64_t{1} << 16;  // f32 elements each worker keeps alive
 constexpr std::uint64_t kFloodMaxOps = 20'000;
 constexpr std::uint64_t kFloodMinOps = 2'000;
@@ -266,11 +266,13 @@ Status flood(const std::string& dir, double seconds) {
     const ir::TensorId out(next_id++);
     Result<ir::Operation> op = make_error(ErrorCode::Internal, "");
     if (sent % 5 == 4) {
-      op = ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_MulScalar, in, *ir::ScalarIr::from_f64(-1, f32), out);
+      op = ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_MulScalar, in,
+                             *ir::ScalarIr::from_f64(-1, f32), out);
       for (double& v : ref) v = -v;
     } else {
       const double add = static_cast<double>(sent % 13 + 1);
-      op = ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, in, *ir::ScalarIr::from_f64(add, f32), out);
+      op = ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, in,
+                             *ir::ScalarIr::from_f64(add, f32), out);
       for (double& v : ref) v += add;
     }
     if (!op.ok()) return op.error();
@@ -328,7 +330,8 @@ int hostile_worker(const std::string& mode, const std::string& job, const std::s
     // Two bursts may overlap: together under the per-uid cap (128), so the soak's own workers
     // still get in.
     kiln::testing::hostile::Flood f = kiln::testing::hostile::flood_connections(target, 50, job);
-    std::printf("RESULT connections open=%zu refused=%llu\n", f.open.size(), static_cast<unsigned long long>(f.refused));
+    std::printf("RESULT connections open=%zu refused=%llu\n", f.open.size(),
+                static_cast<unsigned long long>(f.refused));
     std::fflush(stdout);
     std::this_thread::sleep_for(span);
     return 0;
@@ -478,7 +481,8 @@ std::unique_ptr<runtime::Device> make_device() {
   o.fusion = fusion::apply_fusion_env(fusion::FusionConfig{}, fusion::process_env());
   o.config_path = "";
   o.wait_timeout = std::chrono::seconds(120);
-  auto d = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2}), std::move(o));
+  auto d =
+      runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2}), std::move(o));
   EXPECT_TRUE(d.ok()) << (d.ok() ? "" : d.error().to_string());
   return d.ok() ? std::move(d).value() : nullptr;
 }
@@ -521,9 +525,8 @@ TEST(IpcStress, WorkersFloodAndAKill) {
   const std::string run_s = std::to_string(0.6 * budget);
   for (int i = 0; i < kWorkers; ++i) {
     const bool doomed = i == 0;
-    auto c = spawn_worker("worker " + std::to_string(i),
-                          {"programs", std::to_string(i), doomed ? "doomed" : "stress", dir,
-                           doomed ? std::to_string(100 * budget) : run_s});
+    auto c = spawn_worker("worker " + std::to_string(i), {"programs", std::to_string(i), doomed ? "doomed" : "stress",
+                                                          dir, doomed ? std::to_string(100 * budget) : run_s});
     ASSERT_TRUE(c.ok()) << c.error().to_string();
     kids.push_back(std::move(c).value());
   }
@@ -542,8 +545,10 @@ TEST(IpcStress, WorkersFloodAndAKill) {
     std::vector<pollfd> fds;
     for (const Child& k : kids)
       if (k.out >= 0) fds.push_back(pollfd{k.out, POLLIN, 0});
-    if (!fds.empty()) (void)poll(fds.data(), fds.size(), 50);
-    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!fds.empty())
+      (void)poll(fds.data(), fds.size(), 50);
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     for (Child& k : kids)
       if (k.out >= 0) k.take_output();
     // The kill: once worker 0 is busy and the others are well into their run.
@@ -660,10 +665,13 @@ TEST(IpcSoak, KillsHostileClientsAndFloods) {
   std::uint64_t spawned = 0, kills = 0, hostiles = 0, wrong = 0, finished = 0;
   std::string wrong_logs;
   auto spawn = [&](const std::string& mode, const std::string& job, double seconds) {
-    auto c = spawn_worker(mode + " " + std::to_string(spawned), {mode, std::to_string(spawned), job, dir, std::to_string(seconds)});
+    auto c = spawn_worker(mode + " " + std::to_string(spawned),
+                          {mode, std::to_string(spawned), job, dir, std::to_string(seconds)});
     ++spawned;
-    if (c.ok()) kids.push_back(std::move(c).value());
-    else ADD_FAILURE() << c.error().to_string();
+    if (c.ok())
+      kids.push_back(std::move(c).value());
+    else
+      ADD_FAILURE() << c.error().to_string();
   };
   // Takes the children's output and reaps the finished: a worker that was not killed must have
   // exited 0 (a wrong value makes a program worker exit 1 with FAIL lines).
@@ -741,9 +749,10 @@ TEST(IpcSoak, KillsHostileClientsAndFloods) {
   (void)::malloc_trim(0);  // what the heap keeps of freed memory is not kiln's to hold
 #endif
   const std::uint64_t rss_end = resident_bytes();
-  std::printf("soak: %zu plans in the store (at most %zu, %llu evicted); resident %.1f MiB before the heap was trimmed\n",
-              dev->plan_store().size(), dev->plan_store().max_plans(),
-              static_cast<unsigned long long>(dev->plan_store().evicted()), double(rss_before_trim) / (1 << 20));
+  std::printf(
+      "soak: %zu plans in the store (at most %zu, %llu evicted); resident %.1f MiB before the heap was trimmed\n",
+      dev->plan_store().size(), dev->plan_store().max_plans(),
+      static_cast<unsigned long long>(dev->plan_store().evicted()), double(rss_before_trim) / (1 << 20));
   std::size_t triggers = 0, most_triggers = 0;
   for (fusion::PlanId id : dev->plan_store().ids())
     if (const fusion::TriggerSnapshot t = dev->plan_store().triggers(id)) {
@@ -762,8 +771,8 @@ TEST(IpcSoak, KillsHostileClientsAndFloods) {
       static_cast<unsigned long long>(hostiles), static_cast<unsigned long long>(finished),
       static_cast<unsigned long long>(wrong), static_cast<unsigned long long>(after.tensors),
       static_cast<unsigned long long>(after.bytes_in_use), static_cast<unsigned long long>(baseline.tensors),
-      static_cast<unsigned long long>(baseline.bytes_in_use), double(rss_end) / (1 << 20), double(rss_start) / (1 << 20),
-      static_cast<unsigned long long>((*service)->status().clients_served));
+      static_cast<unsigned long long>(baseline.bytes_in_use), double(rss_end) / (1 << 20),
+      double(rss_start) / (1 << 20), static_cast<unsigned long long>((*service)->status().clients_served));
   // Near where it started but for the plans: the device's pools went back (the daemon found them
   // idle), and so did the heap. Not under AddressSanitizer: its allocator keeps what was freed (its quarantine, and
   // no release to the system by default), so the figure there says nothing about kiln's.

@@ -39,14 +39,14 @@ using Clock = std::chrono::steady_clock;
 using stress::Checker;
 using stress::Handoff;
 using stress::kDim;
-using stress::Values;
 using stress::round_f32;
 using stress::to_f32;
+using stress::Values;
 
-constexpr int kThreads = 4;          // client threads
+constexpr int kThreads = 4;           // client threads
 constexpr int kStreamsPerThread = 2;  // explicit streams each thread switches between
-constexpr int kShared = 3;           // tensors made on the main thread, read by every stream
-constexpr int kSlots = 4;            // tensors handed from one thread to another
+constexpr int kShared = 3;            // tensors made on the main thread, read by every stream
+constexpr int kSlots = 4;             // tensors handed from one thread to another
 
 double budget_seconds() {
   if (const char* v = std::getenv("KILN_STRESS_SECONDS")) {
@@ -109,7 +109,8 @@ TEST(RuntimeStress, ThreadsTimesStreamsRandomPrograms) {
         for (int m = 0; m < kStreamsPerThread; ++m) streams.push_back(s.stream_ids().fresh());
         streams.push_back(s.current_stream());  // and the thread's implicit stream
         while (Clock::now() < deadline) {
-          ops.fetch_add(stress::run_program(s, rng, streams, shared, shared_ref, slots, check), std::memory_order_relaxed);
+          ops.fetch_add(stress::run_program(s, rng, streams, shared, shared_ref, slots, check),
+                        std::memory_order_relaxed);
           programs.fetch_add(1, std::memory_order_relaxed);
         }
       });
@@ -195,8 +196,8 @@ TEST(RuntimeStress, ShutdownWhileBusy) {
           Tensor x = std::move(x0).value();
           const StreamId mine = s.stream_ids().fresh();
           for (int i = 0;; ++i) {
-            Result<Tensor> y = (i % 3 == 0 && t % 2 == 0) ? s.executes(mine, [&] { return s.tanh(x); })
-                                                          : s.mul(std::move(x), 1.0);
+            Result<Tensor> y =
+                (i % 3 == 0 && t % 2 == 0) ? s.executes(mine, [&] { return s.tanh(x); }) : s.mul(std::move(x), 1.0);
             if (!y.ok()) return;  // shut down
             x = std::move(y).value();
             if (i % 64 == 63 && !s.to_host(x).ok()) return;

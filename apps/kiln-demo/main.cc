@@ -148,9 +148,11 @@ std::string daemon_line(kiln::ipc::RemoteTarget& monitor) {
   kiln::Result<std::string> st = monitor.daemon_status(true);
   if (!st.ok()) return "daemon: " + st.error().message;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "daemon: %.0f plans, plan-cache hit rate %.1f%%, %.0f explorations, %.0f fused launches, %.1f MiB in use",
-                json_number(*st, "plans"), 100 * json_number(*st, "hit_rate"), json_number(*st, "explorations"),
-                json_number(*st, "fused_launches"), json_number(*st, "memory_bytes") / (1 << 20));
+  std::snprintf(
+      buf, sizeof buf,
+      "daemon: %.0f plans, plan-cache hit rate %.1f%%, %.0f explorations, %.0f fused launches, %.1f MiB in use",
+      json_number(*st, "plans"), 100 * json_number(*st, "hit_rate"), json_number(*st, "explorations"),
+      json_number(*st, "fused_launches"), json_number(*st, "memory_bytes") / (1 << 20));
   return buf;
 }
 
@@ -185,8 +187,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "training steps per worker")->check(CLI::Range(4, 1000000));
   app.add_option("--device", device, "device of the daemon this demo starts: auto, cpu, cuda, cuda:N");
   app.add_flag("--connect", connect, "use a running kilnd (see --runtime-dir, --socket) instead of starting one");
-  app.add_option("--runtime-dir", runtime_dir, "the daemon's runtime directory (default: a private one, or the "
-                                               "default one with --connect)");
+  app.add_option("--runtime-dir", runtime_dir,
+                 "the daemon's runtime directory (default: a private one, or the "
+                 "default one with --connect)");
   app.add_option("--socket", socket, "the daemon's socket name (default kilnd-<device>.sock)");
   app.add_option("--batch", batch, "batch size")->check(CLI::Range(1, 4096));
   app.add_option("--hidden", hidden, "hidden units")->check(CLI::Range(1, 4096));
@@ -212,7 +215,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     // Its own lock directory too: the demo's daemon is private, and runs beside any kilnd that
     // serves this device for real.
-    daemon = spawn({bin + "/kilnd", "--device", device, "--runtime-dir", dir, "--socket", socket, "--lock-dir", dir}, false);
+    daemon =
+        spawn({bin + "/kilnd", "--device", device, "--runtime-dir", dir, "--socket", socket, "--lock-dir", dir}, false);
     if (daemon.pid <= 0) {
       std::fprintf(stderr, "kiln-demo: cannot start %s/kilnd\n", bin.c_str());
       return 1;
@@ -255,10 +259,10 @@ int main(int argc, char** argv) {
   const auto t0 = Clock::now();
   std::vector<Child> kids;
   for (int i = 0; i < workers; ++i)
-    kids.push_back(spawn({bin + "/kiln-demo", "--worker-index", std::to_string(i), "--runtime-dir", dir, "--socket",
-                          socket, "--steps", std::to_string(steps), "--batch", std::to_string(batch), "--hidden",
-                          std::to_string(hidden)},
-                         true));
+    kids.push_back(
+        spawn({bin + "/kiln-demo", "--worker-index", std::to_string(i), "--runtime-dir", dir, "--socket", socket,
+               "--steps", std::to_string(steps), "--batch", std::to_string(batch), "--hidden", std::to_string(hidden)},
+              true));
 
   auto last_report = Clock::now();
   std::size_t running = kids.size();
@@ -305,8 +309,9 @@ int main(int argc, char** argv) {
     double f = 0, l = 0, secs = 0;
     unsigned long long commands = 0;
     int fell = 0;
-    if (k.result.empty() || std::sscanf(k.result.c_str(), "RESULT first_loss=%lf last_loss=%lf steps=%*d commands=%llu seconds=%lf fell=%d",
-                                        &f, &l, &commands, &secs, &fell) != 5) {
+    if (k.result.empty() ||
+        std::sscanf(k.result.c_str(), "RESULT first_loss=%lf last_loss=%lf steps=%*d commands=%llu seconds=%lf fell=%d",
+                    &f, &l, &commands, &secs, &fell) != 5) {
       std::printf("worker %zu: FAILED (exit %d, no result)\n", i, k.status.value_or(-1));
       all_ok = false;
       continue;

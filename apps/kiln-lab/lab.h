@@ -11,8 +11,8 @@
 namespace kiln::lab {
 
 using ir::Family;
-using ir::OpKind;
 using ir::Operation;
+using ir::OpKind;
 using ir::ScalarIr;
 using ir::Shape;
 using ir::TensorId;
@@ -25,7 +25,9 @@ using ir::TensorStatus;
 class Lab {
  public:
   explicit Lab(const fusion::FusionLog& log, fusion::ProcessorOptions options = {}, bool keep_records = true)
-      : log_(log), executor_(keep_records), stream_(fusion::default_fusers(log_, fusion::FuserOptions{}), options, log_) {}
+      : log_(log),
+        executor_(keep_records),
+        stream_(fusion::default_fusers(log_, fusion::FuserOptions{}), options, log_) {}
 
   // A tensor uploaded out of band (materialized before the program runs).
   TensorIr input(Shape shape) {
@@ -33,9 +35,7 @@ class Lab {
     executor_.materialize(t.id);
     return t;
   }
-  TensorIr fresh(const Shape& shape) {
-    return TensorIr::uninit(TensorId(next_id_++), shape, ir::dtypes::f32);
-  }
+  TensorIr fresh(const Shape& shape) { return TensorIr::uninit(TensorId(next_id_++), shape, ir::dtypes::f32); }
   static TensorIr use(TensorIr t, TensorStatus s) {
     t.status = s;
     return t;
@@ -43,12 +43,14 @@ class Lab {
 
   TensorIr binary(OpKind kind, const TensorIr& lhs, TensorStatus ls, const TensorIr& rhs, TensorStatus rs) {
     TensorIr out = fresh(lhs.shape);
-    submit(Operation{kind, Family::NumericFloat, ir::dtypes::f32, 2, {use(lhs, ls), use(rhs, rs), out}, {}, {}, {}, {}});
+    submit(
+        Operation{kind, Family::NumericFloat, ir::dtypes::f32, 2, {use(lhs, ls), use(rhs, rs), out}, {}, {}, {}, {}});
     return out;
   }
   TensorIr scalar(OpKind kind, const TensorIr& lhs, TensorStatus ls, double value) {
     TensorIr out = fresh(lhs.shape);
-    submit(Operation{kind, Family::NumericFloat, ir::dtypes::f32, 1, {use(lhs, ls), out}, {ScalarIr::Float(value)}, {}, {}, {}});
+    submit(Operation{
+        kind, Family::NumericFloat, ir::dtypes::f32, 1, {use(lhs, ls), out}, {ScalarIr::Float(value)}, {}, {}, {}});
     return out;
   }
   TensorIr unary(OpKind kind, Family family, const TensorIr& in, TensorStatus s) {
@@ -68,14 +70,16 @@ class Lab {
     Shape shape = in.shape;
     std::swap(shape[static_cast<std::size_t>(d1)], shape[static_cast<std::size_t>(d2)]);
     TensorIr out = fresh(shape);
-    submit(Operation{OpKind::Base_SwapDims, Family::BaseFloat, ir::dtypes::f32, 1, {use(in, s), out}, {}, {}, {d1, d2}, {}});
+    submit(Operation{
+        OpKind::Base_SwapDims, Family::BaseFloat, ir::dtypes::f32, 1, {use(in, s), out}, {}, {}, {d1, d2}, {}});
     return out;
   }
   TensorIr matmul(const TensorIr& lhs, TensorStatus ls, const TensorIr& rhs, TensorStatus rs) {
     Shape shape = lhs.shape;
     shape.back() = rhs.shape.back();
     TensorIr out = fresh(shape);
-    submit(Operation{OpKind::Float_Matmul, Family::Float, ir::dtypes::f32, 2, {use(lhs, ls), use(rhs, rs), out}, {}, {}, {}, {}});
+    submit(Operation{
+        OpKind::Float_Matmul, Family::Float, ir::dtypes::f32, 2, {use(lhs, ls), use(rhs, rs), out}, {}, {}, {}, {}});
     return out;
   }
   TensorIr ones(const Shape& shape) {
@@ -84,7 +88,8 @@ class Lab {
     return out;
   }
   void drop(const TensorIr& t) {
-    submit(Operation{OpKind::Drop_Drop, Family::Drop, ir::dtypes::f32, 1, {use(t, TensorStatus::ReadWrite)}, {}, {}, {}, {}});
+    submit(Operation{
+        OpKind::Drop_Drop, Family::Drop, ir::dtypes::f32, 1, {use(t, TensorStatus::ReadWrite)}, {}, {}, {}, {}});
   }
   // A read drains the stream only when the tensor is not produced yet (docs/spec/fusion.md §16.4).
   void read(const TensorIr& t) {

@@ -1,9 +1,9 @@
 // kiln-lab: runs named fusion scenarios through one stream's processor with a recording
 // executor and prints the fusion log, so every decision of the search can be read.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 

@@ -153,12 +153,13 @@ ScenarioResult cap(const fusion::FusionLog& log, const fusion::ProcessorOptions&
 const std::vector<Scenario>& scenarios() {
   static const std::vector<Scenario> kScenarios = {
       {"reuse",
-       "(a*b + c*s).exp() on 64x64 three times, then s=3.0, then 32x32, then 64x32: one plan reused, 64x32 explores again",
+       "(a*b + c*s).exp() on 64x64 three times, then s=3.0, then 32x32, then 64x32: one plan reused, 64x32 explores "
+       "again",
        reuse},
-      {"chains", "five independent 8-op elementwise chains on 256x256 before one sync: one fused 40-op kernel (score 7390)",
+      {"chains",
+       "five independent 8-op elementwise chains on 256x256 before one sync: one fused 40-op kernel (score 7390)",
        chains},
-      {"softmax", "softmax over the last axis of 64x1024 (max, sub, exp, sum, div): how the scores split it",
-       softmax},
+      {"softmax", "softmax over the last axis of 64x1024 (max, sub, exp, sum, div): how the scores split it", softmax},
       {"matmul", "x @ w + bias, then tanh: the matmul with its epilogue fused (Matmul fuser)", matmul},
       {"views", "(a.swap_dims(0,1) + b).exp(): a first-use view runs alone, the rest fuses", views},
       {"cap", "max_explorations = 1: one plan is explored and reused, a new program runs unfused", cap},

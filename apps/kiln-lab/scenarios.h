@@ -13,8 +13,8 @@
 namespace kiln::lab {
 
 struct ScenarioResult {
-  bool ok = true;              // the scenario's own expectations held
-  std::string summary;         // one line: what happened (plans, hits, fused blocks)
+  bool ok = true;       // the scenario's own expectations held
+  std::string summary;  // one line: what happened (plans, hits, fused blocks)
 };
 
 struct Scenario {

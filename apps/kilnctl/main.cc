@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
       const std::string name = entry.path().filename().string();
-      if (name.rfind("kilnd", 0) == 0 && name.size() > 5 && name.substr(name.size() - 5) == ".sock") sockets.push_back(name);
+      if (name.rfind("kilnd", 0) == 0 && name.size() > 5 && name.substr(name.size() - 5) == ".sock")
+        sockets.push_back(name);
     }
     if (ec == std::errc::permission_denied) {
       // Searchable but not listable (a group member), or not even searchable (another user):

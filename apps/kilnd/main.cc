@@ -15,8 +15,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -46,7 +46,7 @@ namespace {
 
 struct Backend {
   std::unique_ptr<kiln::runtime::DeviceBackend> backend;
-  std::string name;  // "cpu", "cuda:0"
+  std::string name;                               // "cpu", "cuda:0"
   std::function<std::uint64_t()> fused_launches;  // for kilnctl status; reads the backend's counter
 };
 
@@ -103,8 +103,9 @@ kiln::Result<Backend> make_backend(const std::string& request, const BackendSett
   spdlog::debug("kilnd: {}", probe.describe());
   if (choice.kind == kiln::cuda::DeviceKind::Cuda) {
     const std::uint64_t gpu_memory = probe.devices[static_cast<std::size_t>(choice.ordinal)].total_memory;
-    KILN_ASSIGN_OR_RETURN(auto cuda, kiln::cuda::CudaBackend::create(
-                                         {.device = choice.ordinal, .byte_limit = device_memory_limit(settings, gpu_memory)}));
+    KILN_ASSIGN_OR_RETURN(auto cuda,
+                          kiln::cuda::CudaBackend::create(
+                              {.device = choice.ordinal, .byte_limit = device_memory_limit(settings, gpu_memory)}));
     b.fused_launches = [gpu = cuda.get()] { return gpu->stats().fused_launches; };
     b.backend = std::move(cuda);
     b.name = "cuda:" + std::to_string(choice.ordinal);
@@ -143,7 +144,6 @@ std::uint64_t raise_descriptor_limit() {
   if (lim.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
   return lim.rlim_cur > kReserve ? (lim.rlim_cur - kReserve) / kPerClient : 1;
 }
-
 
 // Every setting of kilnd: flags > environment (KILN_DEVICE) > kiln.toml's [daemon] > defaults.
 struct Settings {
@@ -267,7 +267,8 @@ kiln::Result<kiln::ipc::DaemonOptions> daemon_options(const Settings& s, const s
   options.server.max_connections_per_uid = s.max_connections_per_uid;
   if (!s.allowed_group.empty()) {
     const group* g = getgrnam(s.allowed_group.c_str());
-    if (g == nullptr) return kiln::make_error(kiln::ErrorCode::Config, "--allowed-group " + s.allowed_group + ": no such group");
+    if (g == nullptr)
+      return kiln::make_error(kiln::ErrorCode::Config, "--allowed-group " + s.allowed_group + ": no such group");
     options.server.allowed_gid = g->gr_gid;
   }
   KILN_ASSIGN_OR_RETURN(options.job_policy, kiln::ipc::parse_job_policy(s.job_policy));
@@ -341,7 +342,8 @@ int main(int argc, char** argv) {
   // thread's waits mostly run inline, and its client already polls for the answer, so a spinning
   // session thread would take the core the actor needs (measured in docs/decisions.md, ipc).
   // A malformed file is reported by Device::create below.
-  if (kiln::Result<kiln::runtime::RuntimeFileConfig> rc = kiln::runtime::load_runtime_config(s.config, kiln::fusion::process_env());
+  if (kiln::Result<kiln::runtime::RuntimeFileConfig> rc =
+          kiln::runtime::load_runtime_config(s.config, kiln::fusion::process_env());
       !rc.ok() || !rc->spin_waits)
     ro.spin_waits = false;
   kiln::Result<std::unique_ptr<kiln::runtime::Device>> dev =

@@ -43,8 +43,7 @@ bool ByteReader::bad_varint(std::size_t start, const char* what, std::size_t byt
   return fail(at, fmt::format("{} (varint) is too long", what));
 }
 
-bool ByteReader::bad_count(std::size_t at, const char* what, std::uint64_t v, std::size_t min_bytes,
-                           std::size_t cap) {
+bool ByteReader::bad_count(std::size_t at, const char* what, std::uint64_t v, std::size_t min_bytes, std::size_t cap) {
   if (v > cap) return fail(at, fmt::format("{} {} exceeds the limit of {}", what, v, cap));
   return fail(at, fmt::format("{} {} cannot fit in the {} remaining byte(s) (each needs at least {})", what, v,
                               remaining(), min_bytes));

@@ -16,14 +16,14 @@ TempFile::~TempFile() {
 }
 
 Status check_private_dir(const std::filesystem::path& dir, const struct stat& st, std::string_view what) {
-  if (!S_ISDIR(st.st_mode)) return make_error(ErrorCode::Config, fmt::format("{} {}: not a directory", what, dir.string()));
+  if (!S_ISDIR(st.st_mode))
+    return make_error(ErrorCode::Config, fmt::format("{} {}: not a directory", what, dir.string()));
   if (st.st_uid != ::geteuid())
     return make_error(ErrorCode::Config, fmt::format("{} {}: owned by uid {}, not by this process's uid {}", what,
                                                      dir.string(), st.st_uid, ::geteuid()));
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-    return make_error(ErrorCode::Config,
-                      fmt::format("{} {}: writable by group or others (mode {:o}); expected 0700", what,
-                                  dir.string(), st.st_mode & 07777));
+    return make_error(ErrorCode::Config, fmt::format("{} {}: writable by group or others (mode {:o}); expected 0700",
+                                                     what, dir.string(), st.st_mode & 07777));
   return Status::Ok();
 }
 

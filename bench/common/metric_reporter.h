@@ -37,14 +37,13 @@ class MetricReporter : public benchmark::ConsoleReporter {
 
   void Finalize() override {
     ConsoleReporter::Finalize();
-    for (const auto& [name, v] : values_) std::printf("metric=%s value=%.4g unit=%s\n", name.c_str(), v.second, v.first.c_str());
+    for (const auto& [name, v] : values_)
+      std::printf("metric=%s value=%.4g unit=%s\n", name.c_str(), v.second, v.first.c_str());
     std::fflush(stdout);
   }
 
   // Seconds per iteration of a run (real time).
-  static double seconds_per_iteration(const Run& r) {
-    return r.GetAdjustedRealTime() * multiplier(r.time_unit);
-  }
+  static double seconds_per_iteration(const Run& r) { return r.GetAdjustedRealTime() * multiplier(r.time_unit); }
 
  private:
   static double multiplier(benchmark::TimeUnit u) {

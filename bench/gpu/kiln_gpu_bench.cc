@@ -45,17 +45,18 @@ class GpuBackend final : public Backend {
   std::string counters() override {
     const cuda::CudaStats s = b_.stats();
     char buf[400];
-    std::snprintf(buf, sizeof buf,
-                  " dev_fused_launches=%llu dev_vector_launches=%llu dev_row_vector_launches=%llu dev_single_op_kernels=%llu"
-                  " dev_host_ops=%llu"
-                  " dev_replays=%llu pool_high_mib=%llu",
-                  static_cast<unsigned long long>(s.fused_launches - base_.fused_launches),
-                  static_cast<unsigned long long>(s.vector_launches - base_.vector_launches),
-                  static_cast<unsigned long long>(s.row_vector_launches - base_.row_vector_launches),
-                  static_cast<unsigned long long>(s.single_op_kernels - base_.single_op_kernels),
-                  static_cast<unsigned long long>(s.host_ops - base_.host_ops),
-                  static_cast<unsigned long long>(s.fused_replays - base_.fused_replays),
-                  static_cast<unsigned long long>(s.pool_used_high >> 20));
+    std::snprintf(
+        buf, sizeof buf,
+        " dev_fused_launches=%llu dev_vector_launches=%llu dev_row_vector_launches=%llu dev_single_op_kernels=%llu"
+        " dev_host_ops=%llu"
+        " dev_replays=%llu pool_high_mib=%llu",
+        static_cast<unsigned long long>(s.fused_launches - base_.fused_launches),
+        static_cast<unsigned long long>(s.vector_launches - base_.vector_launches),
+        static_cast<unsigned long long>(s.row_vector_launches - base_.row_vector_launches),
+        static_cast<unsigned long long>(s.single_op_kernels - base_.single_op_kernels),
+        static_cast<unsigned long long>(s.host_ops - base_.host_ops),
+        static_cast<unsigned long long>(s.fused_replays - base_.fused_replays),
+        static_cast<unsigned long long>(s.pool_used_high >> 20));
     return buf;
   }
 
@@ -125,8 +126,8 @@ int run(int argc, char** argv) {
       wl->call(c);
       const CheckResult r = wl->check(c);
       wl->teardown(c);
-      std::printf("# check peer=%s workload=%s n=%ld max_err=%.3g ok=%d\n", peer_name(fused, fast_math).c_str(), w.c_str(), sizes.front(),
-                  r.err, static_cast<int>(r.ok));
+      std::printf("# check peer=%s workload=%s n=%ld max_err=%.3g ok=%d\n", peer_name(fused, fast_math).c_str(),
+                  w.c_str(), sizes.front(), r.err, static_cast<int>(r.ok));
       all_ok &= r.ok;
     }
     for (long n : sizes) {

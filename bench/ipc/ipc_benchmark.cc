@@ -93,9 +93,9 @@ void must(const kiln::Status& st) {
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Set in main before any benchmark runs.
-std::string g_dir;                                // the daemon's runtime directory
-kiln::ipc::RemoteTarget* g_remote = nullptr;      // the main process's connection
-double g_window = 5.0;                            // seconds of each ops/s measurement
+std::string g_dir;                            // the daemon's runtime directory
+kiln::ipc::RemoteTarget* g_remote = nullptr;  // the main process's connection
+double g_window = 5.0;                        // seconds of each ops/s measurement
 
 kiln::ipc::RemoteOptions remote_options(const std::string& job) {
   kiln::ipc::RemoteOptions o;
@@ -148,7 +148,9 @@ struct Child {
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
   Child(Child&& o) noexcept
-      : pid(std::exchange(o.pid, -1)), in(std::exchange(o.in, -1)), out(std::exchange(o.out, -1)),
+      : pid(std::exchange(o.pid, -1)),
+        in(std::exchange(o.in, -1)),
+        out(std::exchange(o.out, -1)),
         buffered(std::move(o.buffered)) {}
   Child& operator=(Child&&) = delete;
   ~Child() {
@@ -282,7 +284,9 @@ void sync_rtt(benchmark::State& state, Session& s) {
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
   std::sort(us.begin(), us.end());
-  auto at = [&](double q) { return us.empty() ? 0.0 : us[std::min(us.size() - 1, static_cast<std::size_t>(q * double(us.size())))]; };
+  auto at = [&](double q) {
+    return us.empty() ? 0.0 : us[std::min(us.size() - 1, static_cast<std::size_t>(q * double(us.size())))];
+  };
   state.counters["median_us"] = at(0.5);
   state.counters["p99_us"] = at(0.99);
   state.counters["max_us"] = us.empty() ? 0.0 : us.back();
@@ -339,7 +343,8 @@ void BM_OpsProcs(benchmark::State& state) {
       if (!line || std::sscanf(line->c_str(), "OPS %llu %lf", &ops, &secs) != 2 || secs <= 0)
         die("worker gave no result: " + line.value_or("(no output)"));
       total += double(ops) / secs;
-      if (const int rc = k.wait_exit(std::chrono::seconds(30)); rc != 0) die("worker exited with " + std::to_string(rc));
+      if (const int rc = k.wait_exit(std::chrono::seconds(30)); rc != 0)
+        die("worker exited with " + std::to_string(rc));
     }
   }
   state.counters["ops_per_s"] = total;
@@ -437,8 +442,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if ((a == "--kilnd" || a == "--window") && i + 1 < argc) {
-      if (a == "--kilnd") kilnd = argv[++i];
-      else g_window = std::max(0.5, std::atof(argv[++i]));
+      if (a == "--kilnd")
+        kilnd = argv[++i];
+      else
+        g_window = std::max(0.5, std::atof(argv[++i]));
     } else {
       rest.push_back(argv[i]);
     }

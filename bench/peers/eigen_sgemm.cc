@@ -36,7 +36,8 @@ std::vector<double> time_eigen_sgemm(const TimingParams& p, std::span<const floa
   Eigen::setNbThreads(threads);
   Eigen::Map<const RowMajor> A(a.data(), n, n), B(b.data(), n, n);
   Eigen::Map<RowMajor> C(c.data(), n, n);
-  return time_calls(p, [&] { C.noalias() = A * B; }, /*prime=*/0);
+  return time_calls(
+      p, [&] { C.noalias() = A * B; }, /*prime=*/0);
 }
 
 }  // namespace kiln::bench::peers

@@ -17,9 +17,9 @@
 namespace kiln::bench::peers {
 
 struct EigenGemmInfo {
-  std::string version;       // "3.4.0"
-  std::string simd;          // Eigen::SimdInstructionSetsInUse()
-  int max_threads = 1;       // 1 without OpenMP
+  std::string version;  // "3.4.0"
+  std::string simd;     // Eigen::SimdInstructionSetsInUse()
+  int max_threads = 1;  // 1 without OpenMP
 };
 
 EigenGemmInfo eigen_gemm_info();

@@ -69,9 +69,9 @@ std::vector<double> time_calls(const TimingParams& p, F&& call, int prime = 2) {
     ++k;
   }
   const double est = (now_s() - t0) / static_cast<double>(k);
-  const long reps = static_cast<long>(std::min<double>(
-      static_cast<double>(p.max_reps),
-      std::max<double>(static_cast<double>(p.min_reps), p.target_s / std::max(est, 1e-9))));
+  const long reps = static_cast<long>(
+      std::min<double>(static_cast<double>(p.max_reps),
+                       std::max<double>(static_cast<double>(p.min_reps), p.target_s / std::max(est, 1e-9))));
   std::vector<double> ts(static_cast<std::size_t>(reps));
   for (auto& t : ts) {
     const auto s = std::chrono::steady_clock::now();
@@ -95,16 +95,15 @@ inline void emit(std::string_view peer, std::string_view workload, long n, int t
                  std::span<const double> sorted_ns, const std::string& extra = {}) {
   const std::size_t r = sorted_ns.size();
   const double ns = median(sorted_ns) / static_cast<double>(n);
-  const std::size_t i90 =
-      std::min(r - 1, static_cast<std::size_t>(std::ceil(0.9 * static_cast<double>(r))) - 1);
+  const std::size_t i90 = std::min(r - 1, static_cast<std::size_t>(std::ceil(0.9 * static_cast<double>(r))) - 1);
   const char* pass = std::getenv("BENCH_PASS");
   const bool has_pass = pass != nullptr && *pass != '\0';
-  std::printf("peer=%.*s workload=%.*s n=%ld ns_per_elem=%.4g gbps=%.2f threads=%d reps=%zu "
-              "min_ns_per_elem=%.4g p90_ns_per_elem=%.4g%s%s%s\n",
-              static_cast<int>(peer.size()), peer.data(), static_cast<int>(workload.size()), workload.data(), n, ns,
-              bytes_per_elem / ns, threads, r, sorted_ns[0] / static_cast<double>(n),
-              sorted_ns[i90] / static_cast<double>(n), extra.c_str(), has_pass ? " pass=" : "",
-              has_pass ? pass : "");
+  std::printf(
+      "peer=%.*s workload=%.*s n=%ld ns_per_elem=%.4g gbps=%.2f threads=%d reps=%zu "
+      "min_ns_per_elem=%.4g p90_ns_per_elem=%.4g%s%s%s\n",
+      static_cast<int>(peer.size()), peer.data(), static_cast<int>(workload.size()), workload.data(), n, ns,
+      bytes_per_elem / ns, threads, r, sorted_ns[0] / static_cast<double>(n), sorted_ns[i90] / static_cast<double>(n),
+      extra.c_str(), has_pass ? " pass=" : "", has_pass ? pass : "");
   std::fflush(stdout);
 }
 

@@ -88,14 +88,21 @@ Options parse_options(int argc, char** argv) {
         o.threads.push_back(t);
       }
     } else if (k == "--jit") {
-      if (v == "on") o.jit = true;
-      else if (v == "off") o.jit = false;
-      else usage(("bad --jit value " + v).c_str());
+      if (v == "on")
+        o.jit = true;
+      else if (v == "off")
+        o.jit = false;
+      else
+        usage(("bad --jit value " + v).c_str());
     } else if (k == "--mode") {
-      if (v == "fused") o.fused = {true};
-      else if (v == "unfused") o.fused = {false};
-      else if (v == "both") o.fused = {true, false};
-      else usage(("bad mode " + v).c_str());
+      if (v == "fused")
+        o.fused = {true};
+      else if (v == "unfused")
+        o.fused = {false};
+      else if (v == "both")
+        o.fused = {true, false};
+      else
+        usage(("bad mode " + v).c_str());
     } else {
       usage(("unknown option " + k).c_str());
     }
@@ -218,8 +225,8 @@ int run(const Options& o, const fusion::FusionLog& log) {
           const long faults0 = minor_faults();
           wl->call(c);
           const long faults = minor_faults() - faults0;
-          std::string extra = counters_keys(c.counters()) + c.backend().counters() +
-                              " minor_faults=" + std::to_string(faults);
+          std::string extra =
+              counters_keys(c.counters()) + c.backend().counters() + " minor_faults=" + std::to_string(faults);
           if (is_matmul) {
             char buf[64];
             std::snprintf(buf, sizeof buf, " gflops=%.2f", 2.0 * kMatmulN * kMatmulN * kMatmulN / median(ts));

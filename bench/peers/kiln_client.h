@@ -25,8 +25,8 @@
 namespace kiln::bench::peers {
 
 using ir::Family;
-using ir::OpKind;
 using ir::Operation;
+using ir::OpKind;
 using ir::Shape;
 using ir::TensorId;
 using ir::TensorIr;
@@ -70,8 +70,10 @@ class CountingExecutor final : public fusion::Executor {
     inner_.execute_optimization(opt, ctx);
   }
   void execute_operation(const ir::Operation& op) override {
-    if (op.is_drop()) ++drops;
-    else ++single_ops;
+    if (op.is_drop())
+      ++drops;
+    else
+      ++single_ops;
     inner_.execute_operation(op);
   }
   void free_tensor(const ir::TensorIr& t) override { inner_.free_tensor(t); }
@@ -152,9 +154,7 @@ class Client {
     return cast_f32(t, TensorStatus::ReadWrite);
   }
   // End of life of a tensor no op consumed (docs/spec/fusion.md §16.7).
-  void drop(const TensorIr& t) {
-    register_op(unwrap(ir::build::drop(use(t, TensorStatus::ReadWrite)), "drop"));
-  }
+  void drop(const TensorIr& t) { register_op(unwrap(ir::build::drop(use(t, TensorStatus::ReadWrite)), "drop")); }
   // A read of a tensor not produced yet drains the stream (docs/spec/fusion.md §16.4).
   void drain() { stream_.drain(store_, counting_); }
 

@@ -201,8 +201,8 @@ class W3 final : public Workload {
       pmax = std::max(pmax, std::fabs(static_cast<double>(p_[i])));
     }
     em /= mmax;
-    const double ulp = std::nextafter(static_cast<float>(pmax), std::numeric_limits<float>::infinity()) -
-                       static_cast<float>(pmax);
+    const double ulp =
+        std::nextafter(static_cast<float>(pmax), std::numeric_limits<float>::infinity()) - static_cast<float>(pmax);
     return {std::max(std::max(em, ev), ed / dmax), em < 1e-5 && ev < 1e-5 && ed <= 2 * ulp + 1e-3 * dmax};
   }
   void teardown(Client& c) override { release(c, {p_t_, g_t_, m_t_, v_t_}, std::nullopt); }

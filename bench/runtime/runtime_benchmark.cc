@@ -17,8 +17,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "../common/cache_hit_program.h"
@@ -30,11 +30,11 @@
 
 namespace {
 
+using kiln::Status;
 using kiln::runtime::Device;
 using kiln::runtime::RuntimeOptions;
 using kiln::runtime::Session;
 using kiln::runtime::Tensor;
-using kiln::Status;
 
 std::unique_ptr<Device> make_device(std::optional<std::size_t> max_explorations) {
   RuntimeOptions o;
@@ -45,8 +45,8 @@ std::unique_ptr<Device> make_device(std::optional<std::size_t> max_explorations)
   o.fusion = f;
   // Kernels use one worker each: the figures are the runtime's, and the 2-producer run must
   // not compete with a launch's own helper threads for the machine's cores.
-  auto d = Device::create(std::make_unique<kiln::cpu::CpuBackend>(kiln::cpu::CpuBackendOptions{.threads = 1}),
-                          std::move(o));
+  auto d =
+      Device::create(std::make_unique<kiln::cpu::CpuBackend>(kiln::cpu::CpuBackendOptions{.threads = 1}), std::move(o));
   if (!d.ok()) {
     std::fprintf(stderr, "kiln-bench-runtime: %s\n", d.error().to_string().c_str());
     std::abort();
@@ -143,7 +143,8 @@ void run_adam(benchmark::State& state, std::optional<std::size_t> max_exploratio
     std::vector<Adam> params;
     for (std::size_t i = 0; i < count; ++i) {
       grads.push_back(must(s.from_host(grad, {n})));
-      params.push_back(Adam{must(s.from_host(ones, {n})), must(s.from_host(zeros, {n})), must(s.from_host(zeros, {n}))});
+      params.push_back(
+          Adam{must(s.from_host(ones, {n})), must(s.from_host(zeros, {n})), must(s.from_host(zeros, {n}))});
     }
     int t = 1;
     auto step = [&] {
@@ -164,7 +165,6 @@ void BM_AdamFused(benchmark::State& state) { run_adam(state, std::nullopt); }
 void BM_AdamUnfused(benchmark::State& state) { run_adam(state, 0); }
 BENCHMARK(BM_AdamFused)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AdamUnfused)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
-
 
 void BM_MlpStep(benchmark::State& state) {
   auto dev = make_device(std::nullopt);

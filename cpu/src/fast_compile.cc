@@ -20,8 +20,6 @@ using ir::OpKind;
 
 constexpr std::uint32_t kNoSlot = std::numeric_limits<std::uint32_t>::max();
 
-
-
 // The constant of Ones / Zeros in a dtype, read through its class.
 Scalar constant(ir::DType d, int value) {
   Scalar s;
@@ -58,8 +56,7 @@ class Compiler {
           return unsupported("a reduce program has a prologue and a reduction block");
         out_.may_fail = true;  // empty reductions without identity, index dtypes too narrow
         break;
-      case ProgramKind::ReduceBroadcasted:
-        break;
+      case ProgramKind::ReduceBroadcasted: break;
     }
     for (const fusion::ProgramInput& in : p_.inputs)
       if (!class_of(in.dtype)) return unsupported("input dtype " + in.dtype.name());
@@ -267,7 +264,8 @@ class Compiler {
       return p == kNoPart ? 0 : p;
     };
     for (const CInstr& ins : cb.instrs) cb.instr_part.push_back(part(ins.out));
-    for (std::size_t k = 0; k < cb.loads.size(); ++k) cb.load_part.push_back(broadcast(k) ? kNoPart : part(cb.loads[k].reg));
+    for (std::size_t k = 0; k < cb.loads.size(); ++k)
+      cb.load_part.push_back(broadcast(k) ? kNoPart : part(cb.loads[k].reg));
     // Per part, its loads: a broadcast load for each part with an instruction or store reading it.
     std::vector<std::vector<bool>> reads(cb.parts, std::vector<bool>(cb.loads.size(), false));
     std::vector<std::vector<std::uint32_t>> loads_of_reg(nregs);

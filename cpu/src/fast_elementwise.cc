@@ -36,38 +36,29 @@ namespace kiln::cpu::fast {
 
 std::size_t class_size(VClass c) {
   switch (c) {
-    case VClass::F32:
-      return 4;
-    case VClass::Bool:
-      return 1;
-    default:
-      return 8;
+    case VClass::F32: return 4;
+    case VClass::Bool: return 1;
+    default: return 8;
   }
 }
 
 std::optional<VClass> class_of(ir::DType d) {
   switch (d.kind()) {
-    case ir::DTypeKind::F64:
-      return VClass::F64;
+    case ir::DTypeKind::F64: return VClass::F64;
     case ir::DTypeKind::F32:
     case ir::DTypeKind::Flex32:
     case ir::DTypeKind::F16:
-    case ir::DTypeKind::BF16:
-      return VClass::F32;
+    case ir::DTypeKind::BF16: return VClass::F32;
     case ir::DTypeKind::I64:
     case ir::DTypeKind::I32:
     case ir::DTypeKind::I16:
-    case ir::DTypeKind::I8:
-      return VClass::I64;
+    case ir::DTypeKind::I8: return VClass::I64;
     case ir::DTypeKind::U64:
     case ir::DTypeKind::U32:
     case ir::DTypeKind::U16:
-    case ir::DTypeKind::U8:
-      return VClass::U64;
-    case ir::DTypeKind::Bool:
-      return VClass::Bool;
-    case ir::DTypeKind::QFloat:
-      return std::nullopt;
+    case ir::DTypeKind::U8: return VClass::U64;
+    case ir::DTypeKind::Bool: return VClass::Bool;
+    case ir::DTypeKind::QFloat: return std::nullopt;
   }
   return std::nullopt;
 }
@@ -78,35 +69,23 @@ bool stores_natively(ir::DType d) {
     case ir::DTypeKind::F32:
     case ir::DTypeKind::Flex32:
     case ir::DTypeKind::I64:
-    case ir::DTypeKind::U64:
-      return true;
-    case ir::DTypeKind::Bool:
-      return d.bool_store() != ir::BoolStore::U32;
-    default:
-      return false;
+    case ir::DTypeKind::U64: return true;
+    case ir::DTypeKind::Bool: return d.bool_store() != ir::BoolStore::U32;
+    default: return false;
   }
 }
 
 Fixup fixup_of(ir::DType d) {
   switch (d.kind()) {
-    case ir::DTypeKind::F16:
-      return Fixup::F16;
-    case ir::DTypeKind::BF16:
-      return Fixup::BF16;
-    case ir::DTypeKind::I32:
-      return Fixup::Wrap32;
-    case ir::DTypeKind::I16:
-      return Fixup::Wrap16;
-    case ir::DTypeKind::I8:
-      return Fixup::Wrap8;
-    case ir::DTypeKind::U32:
-      return Fixup::WrapU32;
-    case ir::DTypeKind::U16:
-      return Fixup::WrapU16;
-    case ir::DTypeKind::U8:
-      return Fixup::WrapU8;
-    default:
-      return Fixup::None;
+    case ir::DTypeKind::F16: return Fixup::F16;
+    case ir::DTypeKind::BF16: return Fixup::BF16;
+    case ir::DTypeKind::I32: return Fixup::Wrap32;
+    case ir::DTypeKind::I16: return Fixup::Wrap16;
+    case ir::DTypeKind::I8: return Fixup::Wrap8;
+    case ir::DTypeKind::U32: return Fixup::WrapU32;
+    case ir::DTypeKind::U16: return Fixup::WrapU16;
+    case ir::DTypeKind::U8: return Fixup::WrapU8;
+    default: return Fixup::None;
   }
 }
 
@@ -190,41 +169,23 @@ void load_elements(const std::byte* src, ir::DType dtype, std::int64_t stride, s
         load_run<float>(src, stride, n, d, same<float>());
       return;
     }
-    case VClass::F64:
-      load_run<double>(src, stride, n, static_cast<double*>(dst), same<double>());
-      return;
+    case VClass::F64: load_run<double>(src, stride, n, static_cast<double*>(dst), same<double>()); return;
     case VClass::I64: {
       auto* d = static_cast<std::int64_t*>(dst);
       switch (dtype.kind()) {
-        case DTypeKind::I32:
-          load_run<std::int32_t>(src, stride, n, d, cast_to<std::int64_t>());
-          return;
-        case DTypeKind::I16:
-          load_run<std::int16_t>(src, stride, n, d, cast_to<std::int64_t>());
-          return;
-        case DTypeKind::I8:
-          load_run<std::int8_t>(src, stride, n, d, cast_to<std::int64_t>());
-          return;
-        default:
-          load_run<std::int64_t>(src, stride, n, d, same<std::int64_t>());
-          return;
+        case DTypeKind::I32: load_run<std::int32_t>(src, stride, n, d, cast_to<std::int64_t>()); return;
+        case DTypeKind::I16: load_run<std::int16_t>(src, stride, n, d, cast_to<std::int64_t>()); return;
+        case DTypeKind::I8: load_run<std::int8_t>(src, stride, n, d, cast_to<std::int64_t>()); return;
+        default: load_run<std::int64_t>(src, stride, n, d, same<std::int64_t>()); return;
       }
     }
     case VClass::U64: {
       auto* d = static_cast<std::uint64_t*>(dst);
       switch (dtype.kind()) {
-        case DTypeKind::U32:
-          load_run<std::uint32_t>(src, stride, n, d, cast_to<std::uint64_t>());
-          return;
-        case DTypeKind::U16:
-          load_run<std::uint16_t>(src, stride, n, d, cast_to<std::uint64_t>());
-          return;
-        case DTypeKind::U8:
-          load_run<std::uint8_t>(src, stride, n, d, cast_to<std::uint64_t>());
-          return;
-        default:
-          load_run<std::uint64_t>(src, stride, n, d, same<std::uint64_t>());
-          return;
+        case DTypeKind::U32: load_run<std::uint32_t>(src, stride, n, d, cast_to<std::uint64_t>()); return;
+        case DTypeKind::U16: load_run<std::uint16_t>(src, stride, n, d, cast_to<std::uint64_t>()); return;
+        case DTypeKind::U8: load_run<std::uint8_t>(src, stride, n, d, cast_to<std::uint64_t>()); return;
+        default: load_run<std::uint64_t>(src, stride, n, d, same<std::uint64_t>()); return;
       }
     }
     case VClass::Bool: {
@@ -251,41 +212,23 @@ void store_elements(const void* src, VClass cls, std::size_t n, std::byte* dst, 
         store_run<float>(s, n, dst, stride, same<float>());
       return;
     }
-    case VClass::F64:
-      store_run<double>(static_cast<const double*>(src), n, dst, stride, same<double>());
-      return;
+    case VClass::F64: store_run<double>(static_cast<const double*>(src), n, dst, stride, same<double>()); return;
     case VClass::I64: {
       const auto* s = static_cast<const std::int64_t*>(src);
       switch (dtype.kind()) {
-        case DTypeKind::I32:
-          store_run<std::int32_t>(s, n, dst, stride, cast_to<std::int32_t>());
-          return;
-        case DTypeKind::I16:
-          store_run<std::int16_t>(s, n, dst, stride, cast_to<std::int16_t>());
-          return;
-        case DTypeKind::I8:
-          store_run<std::int8_t>(s, n, dst, stride, cast_to<std::int8_t>());
-          return;
-        default:
-          store_run<std::int64_t>(s, n, dst, stride, same<std::int64_t>());
-          return;
+        case DTypeKind::I32: store_run<std::int32_t>(s, n, dst, stride, cast_to<std::int32_t>()); return;
+        case DTypeKind::I16: store_run<std::int16_t>(s, n, dst, stride, cast_to<std::int16_t>()); return;
+        case DTypeKind::I8: store_run<std::int8_t>(s, n, dst, stride, cast_to<std::int8_t>()); return;
+        default: store_run<std::int64_t>(s, n, dst, stride, same<std::int64_t>()); return;
       }
     }
     case VClass::U64: {
       const auto* s = static_cast<const std::uint64_t*>(src);
       switch (dtype.kind()) {
-        case DTypeKind::U32:
-          store_run<std::uint32_t>(s, n, dst, stride, cast_to<std::uint32_t>());
-          return;
-        case DTypeKind::U16:
-          store_run<std::uint16_t>(s, n, dst, stride, cast_to<std::uint16_t>());
-          return;
-        case DTypeKind::U8:
-          store_run<std::uint8_t>(s, n, dst, stride, cast_to<std::uint8_t>());
-          return;
-        default:
-          store_run<std::uint64_t>(s, n, dst, stride, same<std::uint64_t>());
-          return;
+        case DTypeKind::U32: store_run<std::uint32_t>(s, n, dst, stride, cast_to<std::uint32_t>()); return;
+        case DTypeKind::U16: store_run<std::uint16_t>(s, n, dst, stride, cast_to<std::uint16_t>()); return;
+        case DTypeKind::U8: store_run<std::uint8_t>(s, n, dst, stride, cast_to<std::uint8_t>()); return;
+        default: store_run<std::uint64_t>(s, n, dst, stride, same<std::uint64_t>()); return;
       }
     }
     case VClass::Bool: {
@@ -313,17 +256,10 @@ void apply_fixup(void* data, VClass cls, Fixup f, std::size_t n) {
   if (cls == VClass::I64) {
     auto* d = static_cast<std::int64_t*>(data);
     switch (f) {
-      case Fixup::Wrap32:
-        KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int32_t>(d[i]);
-        break;
-      case Fixup::Wrap16:
-        KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int16_t>(d[i]);
-        break;
-      case Fixup::Wrap8:
-        KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int8_t>(d[i]);
-        break;
-      default:
-        break;
+      case Fixup::Wrap32: KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int32_t>(d[i]); break;
+      case Fixup::Wrap16: KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int16_t>(d[i]); break;
+      case Fixup::Wrap8: KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int8_t>(d[i]); break;
+      default: break;
     }
     return;
   }
@@ -336,11 +272,8 @@ void apply_fixup(void* data, VClass cls, Fixup f, std::size_t n) {
       case Fixup::WrapU16:
         KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::uint16_t>(d[i]);
         break;
-      case Fixup::WrapU8:
-        KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::uint8_t>(d[i]);
-        break;
-      default:
-        break;
+      case Fixup::WrapU8: KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::uint8_t>(d[i]); break;
+      default: break;
     }
   }
 }
@@ -738,21 +671,16 @@ void k_fill(const KArgs& a) {
 
 // ---- Kernel selection
 
-#define KILN_BY_CLASS(name)          \
-  KernelFn name##_for(VClass c) {    \
-    switch (c) {                     \
-      case VClass::F32:              \
-        return &name<float>;         \
-      case VClass::F64:              \
-        return &name<double>;        \
-      case VClass::I64:              \
-        return &name<std::int64_t>;  \
-      case VClass::U64:              \
-        return &name<std::uint64_t>; \
-      case VClass::Bool:             \
-        return &name<B8>;            \
-    }                                \
-    return nullptr;                  \
+#define KILN_BY_CLASS(name)                          \
+  KernelFn name##_for(VClass c) {                    \
+    switch (c) {                                     \
+      case VClass::F32: return &name<float>;         \
+      case VClass::F64: return &name<double>;        \
+      case VClass::I64: return &name<std::int64_t>;  \
+      case VClass::U64: return &name<std::uint64_t>; \
+      case VClass::Bool: return &name<B8>;           \
+    }                                                \
+    return nullptr;                                  \
   }
 KILN_BY_CLASS(k_clamp)
 KILN_BY_CLASS(k_where)
@@ -764,16 +692,11 @@ KILN_BY_CLASS(k_fill)
 template <Code C, bool S>
 KernelFn arith_kernel(VClass c) {
   switch (c) {
-    case VClass::F32:
-      return &k_binary<C, float, S>;
-    case VClass::F64:
-      return &k_binary<C, double, S>;
-    case VClass::I64:
-      return &k_binary<C, std::int64_t, S>;
-    case VClass::U64:
-      return &k_binary<C, std::uint64_t, S>;
-    case VClass::Bool:
-      return nullptr;
+    case VClass::F32: return &k_binary<C, float, S>;
+    case VClass::F64: return &k_binary<C, double, S>;
+    case VClass::I64: return &k_binary<C, std::int64_t, S>;
+    case VClass::U64: return &k_binary<C, std::uint64_t, S>;
+    case VClass::Bool: return nullptr;
   }
   return nullptr;
 }
@@ -803,12 +726,9 @@ KernelFn div_kernel(VClass c) {
         return &k_binary<C, double, S>;
       else
         return &k_float_libm2<C, double, S>;
-    case VClass::I64:
-      return &k_idiv<C, std::int64_t, S>;
-    case VClass::U64:
-      return &k_idiv<C, std::uint64_t, S>;
-    case VClass::Bool:
-      return nullptr;
+    case VClass::I64: return &k_idiv<C, std::int64_t, S>;
+    case VClass::U64: return &k_idiv<C, std::uint64_t, S>;
+    case VClass::Bool: return nullptr;
   }
   return nullptr;
 }
@@ -816,14 +736,10 @@ KernelFn div_kernel(VClass c) {
 template <Code C, bool S>
 KernelFn compare_kernel(VClass c) {
   switch (c) {
-    case VClass::F32:
-      return &k_compare<C, float, S>;
-    case VClass::F64:
-      return &k_compare<C, double, S>;
-    case VClass::I64:
-      return &k_compare<C, std::int64_t, S>;
-    case VClass::U64:
-      return &k_compare<C, std::uint64_t, S>;
+    case VClass::F32: return &k_compare<C, float, S>;
+    case VClass::F64: return &k_compare<C, double, S>;
+    case VClass::I64: return &k_compare<C, std::int64_t, S>;
+    case VClass::U64: return &k_compare<C, std::uint64_t, S>;
     case VClass::Bool:
       if constexpr (C == Code::Eq || C == Code::Ne)
         return &k_compare<C, B8, S>;
@@ -836,70 +752,43 @@ KernelFn compare_kernel(VClass c) {
 template <bool S>
 KernelFn binary_kernel(Code code, VClass c) {
   switch (code) {
-    case Code::Add:
-      return arith_kernel<Code::Add, S>(c);
-    case Code::Sub:
-      return arith_kernel<Code::Sub, S>(c);
-    case Code::Mul:
-      return arith_kernel<Code::Mul, S>(c);
-    case Code::ClampMin:
-      return arith_kernel<Code::ClampMin, S>(c);
-    case Code::ClampMax:
-      return arith_kernel<Code::ClampMax, S>(c);
-    case Code::Div:
-      return div_kernel<Code::Div, S>(c);
-    case Code::Rem:
-      return div_kernel<Code::Rem, S>(c);
+    case Code::Add: return arith_kernel<Code::Add, S>(c);
+    case Code::Sub: return arith_kernel<Code::Sub, S>(c);
+    case Code::Mul: return arith_kernel<Code::Mul, S>(c);
+    case Code::ClampMin: return arith_kernel<Code::ClampMin, S>(c);
+    case Code::ClampMax: return arith_kernel<Code::ClampMax, S>(c);
+    case Code::Div: return div_kernel<Code::Div, S>(c);
+    case Code::Rem: return div_kernel<Code::Rem, S>(c);
     case Code::Pow:
       if (c == VClass::F32) return &k_float_libm2<Code::Pow, float, S>;
       if (c == VClass::F64) return &k_float_libm2<Code::Pow, double, S>;
       return nullptr;
-    case Code::BitAnd:
-      return int_kernel<Code::BitAnd, S>(c);
-    case Code::BitOr:
-      return int_kernel<Code::BitOr, S>(c);
-    case Code::BitXor:
-      return int_kernel<Code::BitXor, S>(c);
-    case Code::Shl:
-      return int_kernel<Code::Shl, S>(c);
-    case Code::Shr:
-      return int_kernel<Code::Shr, S>(c);
-    case Code::LogicAnd:
-      return bool_kernel<Code::LogicAnd, S>(c);
-    case Code::LogicOr:
-      return bool_kernel<Code::LogicOr, S>(c);
-    case Code::LogicXor:
-      return bool_kernel<Code::LogicXor, S>(c);
-    case Code::Eq:
-      return compare_kernel<Code::Eq, S>(c);
-    case Code::Ne:
-      return compare_kernel<Code::Ne, S>(c);
-    case Code::Gt:
-      return compare_kernel<Code::Gt, S>(c);
-    case Code::Ge:
-      return compare_kernel<Code::Ge, S>(c);
-    case Code::Lt:
-      return compare_kernel<Code::Lt, S>(c);
-    case Code::Le:
-      return compare_kernel<Code::Le, S>(c);
-    default:
-      return nullptr;
+    case Code::BitAnd: return int_kernel<Code::BitAnd, S>(c);
+    case Code::BitOr: return int_kernel<Code::BitOr, S>(c);
+    case Code::BitXor: return int_kernel<Code::BitXor, S>(c);
+    case Code::Shl: return int_kernel<Code::Shl, S>(c);
+    case Code::Shr: return int_kernel<Code::Shr, S>(c);
+    case Code::LogicAnd: return bool_kernel<Code::LogicAnd, S>(c);
+    case Code::LogicOr: return bool_kernel<Code::LogicOr, S>(c);
+    case Code::LogicXor: return bool_kernel<Code::LogicXor, S>(c);
+    case Code::Eq: return compare_kernel<Code::Eq, S>(c);
+    case Code::Ne: return compare_kernel<Code::Ne, S>(c);
+    case Code::Gt: return compare_kernel<Code::Gt, S>(c);
+    case Code::Ge: return compare_kernel<Code::Ge, S>(c);
+    case Code::Lt: return compare_kernel<Code::Lt, S>(c);
+    case Code::Le: return compare_kernel<Code::Le, S>(c);
+    default: return nullptr;
   }
 }
 
 template <Code C>
 KernelFn numeric_unary(VClass c) {
   switch (c) {
-    case VClass::F32:
-      return &k_unary<C, float>;
-    case VClass::F64:
-      return &k_unary<C, double>;
-    case VClass::I64:
-      return &k_unary<C, std::int64_t>;
-    case VClass::U64:
-      return &k_unary<C, std::uint64_t>;
-    case VClass::Bool:
-      return nullptr;
+    case VClass::F32: return &k_unary<C, float>;
+    case VClass::F64: return &k_unary<C, double>;
+    case VClass::I64: return &k_unary<C, std::int64_t>;
+    case VClass::U64: return &k_unary<C, std::uint64_t>;
+    case VClass::Bool: return nullptr;
   }
   return nullptr;
 }
@@ -921,32 +810,22 @@ KernelFn libm_kernel(VClass c) {
 template <class S>
 KernelFn cast_from(VClass to) {
   switch (to) {
-    case VClass::F32:
-      return &k_cast<S, float>;
-    case VClass::F64:
-      return &k_cast<S, double>;
-    case VClass::I64:
-      return &k_cast<S, std::int64_t>;
-    case VClass::U64:
-      return &k_cast<S, std::uint64_t>;
-    case VClass::Bool:
-      return &k_cast<S, B8>;
+    case VClass::F32: return &k_cast<S, float>;
+    case VClass::F64: return &k_cast<S, double>;
+    case VClass::I64: return &k_cast<S, std::int64_t>;
+    case VClass::U64: return &k_cast<S, std::uint64_t>;
+    case VClass::Bool: return &k_cast<S, B8>;
   }
   return nullptr;
 }
 
 KernelFn cast_kernel(VClass from, VClass to) {
   switch (from) {
-    case VClass::F32:
-      return cast_from<float>(to);
-    case VClass::F64:
-      return cast_from<double>(to);
-    case VClass::I64:
-      return cast_from<std::int64_t>(to);
-    case VClass::U64:
-      return cast_from<std::uint64_t>(to);
-    case VClass::Bool:
-      return cast_from<B8>(to);
+    case VClass::F32: return cast_from<float>(to);
+    case VClass::F64: return cast_from<double>(to);
+    case VClass::I64: return cast_from<std::int64_t>(to);
+    case VClass::U64: return cast_from<std::uint64_t>(to);
+    case VClass::Bool: return cast_from<B8>(to);
   }
   return nullptr;
 }
@@ -1013,30 +892,14 @@ bool bind_kernel(CInstr& ins, const RegInfo& out) {
       if (c == VClass::F32) fn = &k_sqrt<float>;
       if (c == VClass::F64) fn = &k_sqrt<double>;
       break;
-    case Code::Abs:
-      fn = numeric_unary<Code::Abs>(c);
-      break;
-    case Code::Neg:
-      fn = numeric_unary<Code::Neg>(c);
-      break;
-    case Code::Sign:
-      fn = numeric_unary<Code::Sign>(c);
-      break;
-    case Code::Recip:
-      fn = float_unary<Code::Recip>(c);
-      break;
-    case Code::Round:
-      fn = float_unary<Code::Round>(c);
-      break;
-    case Code::Floor:
-      fn = float_unary<Code::Floor>(c);
-      break;
-    case Code::Ceil:
-      fn = float_unary<Code::Ceil>(c);
-      break;
-    case Code::Trunc:
-      fn = float_unary<Code::Trunc>(c);
-      break;
+    case Code::Abs: fn = numeric_unary<Code::Abs>(c); break;
+    case Code::Neg: fn = numeric_unary<Code::Neg>(c); break;
+    case Code::Sign: fn = numeric_unary<Code::Sign>(c); break;
+    case Code::Recip: fn = float_unary<Code::Recip>(c); break;
+    case Code::Round: fn = float_unary<Code::Round>(c); break;
+    case Code::Floor: fn = float_unary<Code::Floor>(c); break;
+    case Code::Ceil: fn = float_unary<Code::Ceil>(c); break;
+    case Code::Trunc: fn = float_unary<Code::Trunc>(c); break;
     case Code::IsNan:
       if (c == VClass::F32) fn = &k_class_test<float, false>;
       if (c == VClass::F64) fn = &k_class_test<double, false>;
@@ -1059,21 +922,11 @@ bool bind_kernel(CInstr& ins, const RegInfo& out) {
       exact = (c == VClass::F32 || c == VClass::F64) && (ins.out_cls == VClass::I64 || ins.out_cls == VClass::U64);
       exact = exact || (ins.out_cls == VClass::F32 && c != VClass::F32 && c != VClass::Bool);
       break;
-    case Code::Clamp:
-      fn = c == VClass::Bool ? nullptr : k_clamp_for(c);
-      break;
-    case Code::MaskWhere:
-      fn = k_where_for(c);
-      break;
-    case Code::MaskFill:
-      fn = k_mask_fill_for(c);
-      break;
-    case Code::Copy:
-      fn = k_copy_for(c);
-      break;
-    case Code::Fill:
-      fn = k_fill_for(c);
-      break;
+    case Code::Clamp: fn = c == VClass::Bool ? nullptr : k_clamp_for(c); break;
+    case Code::MaskWhere: fn = k_where_for(c); break;
+    case Code::MaskFill: fn = k_mask_fill_for(c); break;
+    case Code::Copy: fn = k_copy_for(c); break;
+    case Code::Fill: fn = k_fill_for(c); break;
     default: {
       const bool scalar_rhs = ins.scalars[0] >= 0 && ins.regs[1] < 0;
       fn = scalar_rhs ? binary_kernel<true>(ins.code, c) : binary_kernel<false>(ins.code, c);
@@ -1594,8 +1447,7 @@ bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_
         }
         break;
       }
-      default:
-        return false;
+      default: return false;
     }
     for (std::size_t d = r; d-- > 0;) {
       if (++idx[d] < reference_[d]) break;
@@ -1605,7 +1457,8 @@ bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_
   return true;
 }
 
-bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores, std::uint64_t n) {
+bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores,
+                     std::uint64_t n) {
   if (!cb.split_into_parts() || n < kMinPartPositions) return false;
   if (loads.size() != cb.load_part.size() || stores.size() != cb.store_part.size()) return false;
   // Flat accessors only: what each touches is then one range.
@@ -1633,7 +1486,9 @@ bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, vo
   const std::size_t slot_bytes = kBlock * 8;
   // An instruction or store of another part is skipped (part == kNoPart: none is); the loads
   // are the part's own list (its broadcast loads included).
-  auto other = [&](const std::vector<std::uint32_t>& parts, std::size_t i) { return part != kNoPart && parts[i] != part; };
+  auto other = [&](const std::vector<std::uint32_t>& parts, std::size_t i) {
+    return part != kNoPart && parts[i] != part;
+  };
   auto for_each_load = [&](auto&& f) {
     if (part == kNoPart) {
       for (std::size_t i = 0; i < b.loads.size(); ++i) f(i);

@@ -24,18 +24,10 @@ namespace {
 fast::Scalar convert_scalar(const ir::ScalarIr& s, ir::DType d) {
   std::array<std::byte, 8> bytes{};
   switch (s.kind()) {
-    case ir::ScalarIr::Kind::Float:
-      element::store_f64(bytes.data(), d, 0, s.as_float());
-      break;
-    case ir::ScalarIr::Kind::Int:
-      element::store_i64(bytes.data(), d, 0, s.as_int());
-      break;
-    case ir::ScalarIr::Kind::UInt:
-      element::store_u64(bytes.data(), d, 0, s.as_uint());
-      break;
-    case ir::ScalarIr::Kind::Bool:
-      element::store_bool(bytes.data(), d, 0, s.as_bool());
-      break;
+    case ir::ScalarIr::Kind::Float: element::store_f64(bytes.data(), d, 0, s.as_float()); break;
+    case ir::ScalarIr::Kind::Int: element::store_i64(bytes.data(), d, 0, s.as_int()); break;
+    case ir::ScalarIr::Kind::UInt: element::store_u64(bytes.data(), d, 0, s.as_uint()); break;
+    case ir::ScalarIr::Kind::Bool: element::store_bool(bytes.data(), d, 0, s.as_bool()); break;
   }
   fast::Scalar out;
   if (d.is_float())
@@ -198,7 +190,8 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   }
   for (std::size_t o = 0; o < no; ++o) {
     if (!p.outputs[o].written || launch.outputs[o]) continue;
-    Result<HostTensor> t = HostTensor::allocate(device.allocator(), global_of(bind, p.outputs[o].tensor)->shape, p.outputs[o].dtype);
+    Result<HostTensor> t =
+        HostTensor::allocate(device.allocator(), global_of(bind, p.outputs[o].tensor)->shape, p.outputs[o].dtype);
     if (!t.ok()) return false;  // the ops, replayed, report the allocation failure
     launch.outputs[o] = std::move(t).value();
   }
@@ -238,14 +231,9 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
       b.launch.jit = device_.jit_kernel(p, *b.compiled);
       why = fast::run_elementwise(b.launch, &fault);
       break;
-    case ProgramKind::Reduce:
-      why = fast::run_reduce(b.launch, &fault);
-      break;
-    case ProgramKind::Matmul:
-      why = fast::run_matmul(b.launch, &fault);
-      break;
-    case ProgramKind::ReduceBroadcasted:
-      return false;
+    case ProgramKind::Reduce: why = fast::run_reduce(b.launch, &fault); break;
+    case ProgramKind::Matmul: why = fast::run_matmul(b.launch, &fault); break;
+    case ProgramKind::ReduceBroadcasted: return false;
   }
   if (!why.empty() || fault) return false;
   if (b.launch.jit != nullptr) device_.counters().jit_launches.fetch_add(1, std::memory_order_relaxed);
@@ -378,7 +366,6 @@ void CpuExecutor::replay(const fusion::ExecutionContext& ctx, std::size_t offset
 void CpuExecutor::free_tensor(const ir::TensorIr& t) { (void)handles_.free(t); }
 
 // ---- Single operations
-
 
 void CpuExecutor::execute_operation(const ir::Operation& op) {
   if (execute_fast(op)) {

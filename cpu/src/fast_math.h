@@ -349,7 +349,8 @@ inline void log_block_unchecked(const float* in, float* out, BlockCheck& c) {
   static_assert(N % 16 == 0);
   for (int v = 0; v < N; v += 16) {
     const __m512 x = _mm512_loadu_ps(in + v);
-    c.log_m1 = _mm512_mask_max_epu32(c.log_m1, 0xFFFF, c.log_m1, _mm512_sub_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(1)));
+    c.log_m1 = _mm512_mask_max_epu32(c.log_m1, 0xFFFF, c.log_m1,
+                                     _mm512_sub_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(1)));
     _mm512_storeu_ps(out + v, log16_finite(x));
   }
 }

@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "kiln/cpu/host.h"
-#include "kiln/fusion/lowering.h"
 #include "kiln/fusion/fused_program.h"
+#include "kiln/fusion/lowering.h"
 #include "kiln/ir/operation.h"
 
 namespace kiln::cpu::jit {
@@ -156,7 +156,7 @@ struct CBlock {
   // parameter) when no part writes what another reads (parts_run_apart). A value computed from
   // broadcast loads alone (a fill, c * k) joins every part that reads it.
   std::uint32_t parts = 0;
-  std::vector<std::uint32_t> load_part;   // kNoPart: a broadcast load
+  std::vector<std::uint32_t> load_part;  // kNoPart: a broadcast load
   std::vector<std::uint32_t> instr_part;
   std::vector<std::uint32_t> store_part;
   // Per part, the loads it reads (its own, and the broadcast loads its instructions or stores
@@ -169,7 +169,8 @@ struct CBlock {
            store_part.size() == stores.size() && part_loads_begin.size() == std::size_t{parts} + 1;
   }
   std::span<const std::uint32_t> loads_of_part(std::uint32_t p) const {
-    return std::span<const std::uint32_t>(part_loads).subspan(part_loads_begin[p], part_loads_begin[p + 1] - part_loads_begin[p]);
+    return std::span<const std::uint32_t>(part_loads)
+        .subspan(part_loads_begin[p], part_loads_begin[p + 1] - part_loads_begin[p]);
   }
 };
 // Launches of fewer positions run their parts together (parts_run_apart): below ~L2 size the
@@ -213,11 +214,11 @@ CompiledProgram compile_program(const fusion::FusedProgram& p);
 struct Launch {
   const fusion::FusedProgram* program = nullptr;
   const CompiledProgram* compiled = nullptr;
-  std::span<const std::uint64_t> dims;            // relative dim id -> size
-  std::vector<Scalar> scalars;                    // per ScalarBind
+  std::span<const std::uint64_t> dims;             // relative dim id -> size
+  std::vector<Scalar> scalars;                     // per ScalarBind
   std::vector<std::optional<HostTensor>> inputs;   // per program input (a View entry: its source)
   std::vector<std::optional<HostTensor>> outputs;  // per program output, when written
-  std::vector<bool> output_inplace;               // reuses a consumed input's buffer
+  std::vector<bool> output_inplace;                // reuses a consumed input's buffer
   HostAllocator* allocator = nullptr;
   tbb::task_arena* arena = nullptr;  // null: run on the calling thread
   int threads = 1;
@@ -249,7 +250,8 @@ struct Accessor {
 // of one part overlaps a load of another (an output written in place over another part's
 // consumed input would be overwritten before that part reads it; one pass reads each position
 // before writing it).
-bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores, std::uint64_t n);
+bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::span<const Accessor> stores,
+                     std::uint64_t n);
 
 // One block of a launch, bound to concrete sizes, ready to run chunk by chunk.
 class BlockRunner {

@@ -31,28 +31,17 @@ enum class Red { Sum, Mean, Prod, Max, Min, MaxAbs, ArgMax, ArgMin, Any, All };
 
 std::optional<Red> red_of(ir::OpKind k) {
   switch (k) {
-    case ir::OpKind::Numeric_SumDim:
-      return Red::Sum;
-    case ir::OpKind::Numeric_MeanDim:
-      return Red::Mean;
-    case ir::OpKind::Numeric_ProdDim:
-      return Red::Prod;
-    case ir::OpKind::Numeric_MaxDim:
-      return Red::Max;
-    case ir::OpKind::Numeric_MinDim:
-      return Red::Min;
-    case ir::OpKind::Numeric_MaxAbsDim:
-      return Red::MaxAbs;
-    case ir::OpKind::Numeric_ArgMax:
-      return Red::ArgMax;
-    case ir::OpKind::Numeric_ArgMin:
-      return Red::ArgMin;
-    case ir::OpKind::Base_AnyDim:
-      return Red::Any;
-    case ir::OpKind::Base_AllDim:
-      return Red::All;
-    default:
-      return std::nullopt;
+    case ir::OpKind::Numeric_SumDim: return Red::Sum;
+    case ir::OpKind::Numeric_MeanDim: return Red::Mean;
+    case ir::OpKind::Numeric_ProdDim: return Red::Prod;
+    case ir::OpKind::Numeric_MaxDim: return Red::Max;
+    case ir::OpKind::Numeric_MinDim: return Red::Min;
+    case ir::OpKind::Numeric_MaxAbsDim: return Red::MaxAbs;
+    case ir::OpKind::Numeric_ArgMax: return Red::ArgMax;
+    case ir::OpKind::Numeric_ArgMin: return Red::ArgMin;
+    case ir::OpKind::Base_AnyDim: return Red::Any;
+    case ir::OpKind::Base_AllDim: return Red::All;
+    default: return std::nullopt;
   }
 }
 
@@ -435,16 +424,11 @@ using LoopFn = void (*)(ReduceCtx&);
 template <Red R>
 LoopFn same_class(VClass in) {
   switch (in) {
-    case VClass::F32:
-      return &reduce_loops<R, float, float>;
-    case VClass::F64:
-      return &reduce_loops<R, double, double>;
-    case VClass::I64:
-      return &reduce_loops<R, std::int64_t, std::int64_t>;
-    case VClass::U64:
-      return &reduce_loops<R, std::uint64_t, std::uint64_t>;
-    case VClass::Bool:
-      return nullptr;
+    case VClass::F32: return &reduce_loops<R, float, float>;
+    case VClass::F64: return &reduce_loops<R, double, double>;
+    case VClass::I64: return &reduce_loops<R, std::int64_t, std::int64_t>;
+    case VClass::U64: return &reduce_loops<R, std::uint64_t, std::uint64_t>;
+    case VClass::Bool: return nullptr;
   }
   return nullptr;
 }
@@ -459,16 +443,11 @@ LoopFn index_out(VClass out) {
 template <Red R>
 LoopFn arg_class(VClass in, VClass out) {
   switch (in) {
-    case VClass::F32:
-      return index_out<R, float>(out);
-    case VClass::F64:
-      return index_out<R, double>(out);
-    case VClass::I64:
-      return index_out<R, std::int64_t>(out);
-    case VClass::U64:
-      return index_out<R, std::uint64_t>(out);
-    case VClass::Bool:
-      return nullptr;
+    case VClass::F32: return index_out<R, float>(out);
+    case VClass::F64: return index_out<R, double>(out);
+    case VClass::I64: return index_out<R, std::int64_t>(out);
+    case VClass::U64: return index_out<R, std::uint64_t>(out);
+    case VClass::Bool: return nullptr;
   }
   return nullptr;
 }
@@ -477,42 +456,27 @@ template <Red R>
 LoopFn bool_out(VClass in, VClass out) {
   if (out != VClass::Bool) return nullptr;
   switch (in) {
-    case VClass::F32:
-      return &reduce_loops<R, float, B8>;
-    case VClass::F64:
-      return &reduce_loops<R, double, B8>;
-    case VClass::I64:
-      return &reduce_loops<R, std::int64_t, B8>;
-    case VClass::U64:
-      return &reduce_loops<R, std::uint64_t, B8>;
-    case VClass::Bool:
-      return &reduce_loops<R, B8, B8>;
+    case VClass::F32: return &reduce_loops<R, float, B8>;
+    case VClass::F64: return &reduce_loops<R, double, B8>;
+    case VClass::I64: return &reduce_loops<R, std::int64_t, B8>;
+    case VClass::U64: return &reduce_loops<R, std::uint64_t, B8>;
+    case VClass::Bool: return &reduce_loops<R, B8, B8>;
   }
   return nullptr;
 }
 
 LoopFn select_loops(Red r, VClass in, VClass out) {
   switch (r) {
-    case Red::Sum:
-      return in == out ? same_class<Red::Sum>(in) : nullptr;
-    case Red::Mean:
-      return in == out ? same_class<Red::Mean>(in) : nullptr;
-    case Red::Prod:
-      return in == out ? same_class<Red::Prod>(in) : nullptr;
-    case Red::Max:
-      return in == out ? same_class<Red::Max>(in) : nullptr;
-    case Red::Min:
-      return in == out ? same_class<Red::Min>(in) : nullptr;
-    case Red::MaxAbs:
-      return in == out ? same_class<Red::MaxAbs>(in) : nullptr;
-    case Red::ArgMax:
-      return arg_class<Red::ArgMax>(in, out);
-    case Red::ArgMin:
-      return arg_class<Red::ArgMin>(in, out);
-    case Red::Any:
-      return bool_out<Red::Any>(in, out);
-    case Red::All:
-      return bool_out<Red::All>(in, out);
+    case Red::Sum: return in == out ? same_class<Red::Sum>(in) : nullptr;
+    case Red::Mean: return in == out ? same_class<Red::Mean>(in) : nullptr;
+    case Red::Prod: return in == out ? same_class<Red::Prod>(in) : nullptr;
+    case Red::Max: return in == out ? same_class<Red::Max>(in) : nullptr;
+    case Red::Min: return in == out ? same_class<Red::Min>(in) : nullptr;
+    case Red::MaxAbs: return in == out ? same_class<Red::MaxAbs>(in) : nullptr;
+    case Red::ArgMax: return arg_class<Red::ArgMax>(in, out);
+    case Red::ArgMin: return arg_class<Red::ArgMin>(in, out);
+    case Red::Any: return bool_out<Red::Any>(in, out);
+    case Red::All: return bool_out<Red::All>(in, out);
   }
   return nullptr;
 }

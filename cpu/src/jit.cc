@@ -46,16 +46,11 @@ namespace {
 
 const char* ctype(VClass c) {
   switch (c) {
-    case VClass::F32:
-      return "float";
-    case VClass::F64:
-      return "double";
-    case VClass::I64:
-      return "std::int64_t";
-    case VClass::U64:
-      return "std::uint64_t";
-    case VClass::Bool:
-      return "rt::B8";
+    case VClass::F32: return "float";
+    case VClass::F64: return "double";
+    case VClass::I64: return "std::int64_t";
+    case VClass::U64: return "std::uint64_t";
+    case VClass::Bool: return "rt::B8";
   }
   return "void";
 }
@@ -63,34 +58,21 @@ const char* ctype(VClass c) {
 // The C++ type a tensor of `d` stores its elements as.
 const char* storage_type(ir::DType d) {
   switch (d.kind()) {
-    case ir::DTypeKind::F64:
-      return "double";
+    case ir::DTypeKind::F64: return "double";
     case ir::DTypeKind::F32:
-    case ir::DTypeKind::Flex32:
-      return "float";
+    case ir::DTypeKind::Flex32: return "float";
     case ir::DTypeKind::F16:
-    case ir::DTypeKind::BF16:
-      return "std::uint16_t";
-    case ir::DTypeKind::I64:
-      return "std::int64_t";
-    case ir::DTypeKind::I32:
-      return "std::int32_t";
-    case ir::DTypeKind::I16:
-      return "std::int16_t";
-    case ir::DTypeKind::I8:
-      return "std::int8_t";
-    case ir::DTypeKind::U64:
-      return "std::uint64_t";
-    case ir::DTypeKind::U32:
-      return "std::uint32_t";
-    case ir::DTypeKind::U16:
-      return "std::uint16_t";
-    case ir::DTypeKind::U8:
-      return "std::uint8_t";
-    case ir::DTypeKind::Bool:
-      return d.bool_store() == ir::BoolStore::U32 ? "std::uint32_t" : "std::uint8_t";
-    case ir::DTypeKind::QFloat:
-      return nullptr;
+    case ir::DTypeKind::BF16: return "std::uint16_t";
+    case ir::DTypeKind::I64: return "std::int64_t";
+    case ir::DTypeKind::I32: return "std::int32_t";
+    case ir::DTypeKind::I16: return "std::int16_t";
+    case ir::DTypeKind::I8: return "std::int8_t";
+    case ir::DTypeKind::U64: return "std::uint64_t";
+    case ir::DTypeKind::U32: return "std::uint32_t";
+    case ir::DTypeKind::U16: return "std::uint16_t";
+    case ir::DTypeKind::U8: return "std::uint8_t";
+    case ir::DTypeKind::Bool: return d.bool_store() == ir::BoolStore::U32 ? "std::uint32_t" : "std::uint8_t";
+    case ir::DTypeKind::QFloat: return nullptr;
   }
   return nullptr;
 }
@@ -98,42 +80,32 @@ const char* storage_type(ir::DType d) {
 // Storage element -> register value (load_elements' conversions).
 std::string load_conv(ir::DType d, const std::string& e) {
   switch (d.kind()) {
-    case ir::DTypeKind::F16:
-      return "fast::f16_bits_to_f32(" + e + ")";
-    case ir::DTypeKind::BF16:
-      return "fast::bf16_bits_to_f32(" + e + ")";
+    case ir::DTypeKind::F16: return "fast::f16_bits_to_f32(" + e + ")";
+    case ir::DTypeKind::BF16: return "fast::bf16_bits_to_f32(" + e + ")";
     case ir::DTypeKind::I32:
     case ir::DTypeKind::I16:
-    case ir::DTypeKind::I8:
-      return "static_cast<std::int64_t>(" + e + ")";
+    case ir::DTypeKind::I8: return "static_cast<std::int64_t>(" + e + ")";
     case ir::DTypeKind::U32:
     case ir::DTypeKind::U16:
-    case ir::DTypeKind::U8:
-      return "static_cast<std::uint64_t>(" + e + ")";
-    case ir::DTypeKind::Bool:
-      return "static_cast<rt::B8>((" + e + ") != 0)";
-    default:
-      return e;
+    case ir::DTypeKind::U8: return "static_cast<std::uint64_t>(" + e + ")";
+    case ir::DTypeKind::Bool: return "static_cast<rt::B8>((" + e + ") != 0)";
+    default: return e;
   }
 }
 
 // Register value -> storage element (store_elements' conversions).
 std::string store_conv(ir::DType d, const std::string& e) {
   switch (d.kind()) {
-    case ir::DTypeKind::F16:
-      return "fast::f32_to_f16_bits(" + e + ")";
-    case ir::DTypeKind::BF16:
-      return "fast::f32_to_bf16_bits(" + e + ")";
+    case ir::DTypeKind::F16: return "fast::f32_to_f16_bits(" + e + ")";
+    case ir::DTypeKind::BF16: return "fast::f32_to_bf16_bits(" + e + ")";
     case ir::DTypeKind::I32:
     case ir::DTypeKind::I16:
     case ir::DTypeKind::I8:
     case ir::DTypeKind::U32:
     case ir::DTypeKind::U16:
     case ir::DTypeKind::U8:
-    case ir::DTypeKind::Bool:
-      return std::string("static_cast<") + storage_type(d) + ">(" + e + ")";
-    default:
-      return e;
+    case ir::DTypeKind::Bool: return std::string("static_cast<") + storage_type(d) + ">(" + e + ")";
+    default: return e;
   }
 }
 
@@ -147,24 +119,15 @@ std::string round_to(VClass c, Fixup f, const std::string& d) {
 
 std::string apply_fixup(VClass c, Fixup f, const std::string& e) {
   switch (f) {
-    case Fixup::None:
-      return e;
-    case Fixup::F16:
-      return "rt::fix_f16(" + e + ")";
-    case Fixup::BF16:
-      return "rt::fix_bf16(" + e + ")";
-    case Fixup::Wrap32:
-      return "static_cast<std::int64_t>(static_cast<std::int32_t>(" + e + "))";
-    case Fixup::Wrap16:
-      return "static_cast<std::int64_t>(static_cast<std::int16_t>(" + e + "))";
-    case Fixup::Wrap8:
-      return "static_cast<std::int64_t>(static_cast<std::int8_t>(" + e + "))";
-    case Fixup::WrapU32:
-      return "static_cast<std::uint64_t>(static_cast<std::uint32_t>(" + e + "))";
-    case Fixup::WrapU16:
-      return "static_cast<std::uint64_t>(static_cast<std::uint16_t>(" + e + "))";
-    case Fixup::WrapU8:
-      return "static_cast<std::uint64_t>(static_cast<std::uint8_t>(" + e + "))";
+    case Fixup::None: return e;
+    case Fixup::F16: return "rt::fix_f16(" + e + ")";
+    case Fixup::BF16: return "rt::fix_bf16(" + e + ")";
+    case Fixup::Wrap32: return "static_cast<std::int64_t>(static_cast<std::int32_t>(" + e + "))";
+    case Fixup::Wrap16: return "static_cast<std::int64_t>(static_cast<std::int16_t>(" + e + "))";
+    case Fixup::Wrap8: return "static_cast<std::int64_t>(static_cast<std::int8_t>(" + e + "))";
+    case Fixup::WrapU32: return "static_cast<std::uint64_t>(static_cast<std::uint32_t>(" + e + "))";
+    case Fixup::WrapU16: return "static_cast<std::uint64_t>(static_cast<std::uint16_t>(" + e + "))";
+    case Fixup::WrapU8: return "static_cast<std::uint64_t>(static_cast<std::uint8_t>(" + e + "))";
   }
   (void)c;
   return e;
@@ -187,7 +150,9 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
   const std::string y = ins.regs[1] >= 0 ? opnd(ins.regs[1]) : (ins.scalars[0] >= 0 ? scalar(ins.scalars[0]) : "");
   const bool fast_f32 = c == VClass::F32 && out_fix == Fixup::None;
   auto dbl = [](const std::string& e) { return "static_cast<double>(" + e + ")"; };
-  auto libm = [&](const char* fn) { return is_float(c) ? round_to(c, out_fix, std::string(fn) + "(" + dbl(a) + ")") : ""; };
+  auto libm = [&](const char* fn) {
+    return is_float(c) ? round_to(c, out_fix, std::string(fn) + "(" + dbl(a) + ")") : "";
+  };
   auto fastf = [&](const char* f32fn, const char* libfn) {
     if (!is_float(c)) return std::string();
     return fast_f32 ? std::string("fast::") + f32fn + "(" + a + ")" : libm(libfn);
@@ -260,41 +225,25 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
     case Code::Sign:
       if (c == VClass::Bool) return {};
       return "rt::sign<" + T + ">(" + a + ")";
-    case Code::Exp:
-      return fastf("exp_f32", "std::exp");
-    case Code::Log:
-      return fastf("log_f32", "std::log");
-    case Code::Log1p:
-      return fastf("log1p_f32", "std::log1p");
-    case Code::Tanh:
-      return fastf("tanh_f32", "std::tanh");
-    case Code::Erf:
-      return libm("std::erf");
-    case Code::Sin:
-      return libm("std::sin");
-    case Code::Cos:
-      return libm("std::cos");
-    case Code::Sqrt:
-      return is_float(c) ? "std::sqrt(" + a + ")" : "";
-    case Code::Recip:
-      return is_float(c) ? "(" + T + "{1} / " + a + ")" : "";
+    case Code::Exp: return fastf("exp_f32", "std::exp");
+    case Code::Log: return fastf("log_f32", "std::log");
+    case Code::Log1p: return fastf("log1p_f32", "std::log1p");
+    case Code::Tanh: return fastf("tanh_f32", "std::tanh");
+    case Code::Erf: return libm("std::erf");
+    case Code::Sin: return libm("std::sin");
+    case Code::Cos: return libm("std::cos");
+    case Code::Sqrt: return is_float(c) ? "std::sqrt(" + a + ")" : "";
+    case Code::Recip: return is_float(c) ? "(" + T + "{1} / " + a + ")" : "";
     case Code::Round:
       if (!is_float(c)) return {};
       return (c == VClass::F32 ? "__builtin_roundevenf(" : "__builtin_roundeven(") + a + ")";
-    case Code::Floor:
-      return is_float(c) ? "std::floor(" + a + ")" : "";
-    case Code::Ceil:
-      return is_float(c) ? "std::ceil(" + a + ")" : "";
-    case Code::Trunc:
-      return is_float(c) ? "std::trunc(" + a + ")" : "";
-    case Code::IsNan:
-      return is_float(c) ? "static_cast<rt::B8>(" + a + " != " + a + ")" : "";
-    case Code::IsInf:
-      return is_float(c) ? "rt::is_inf<" + T + ">(" + a + ")" : "";
-    case Code::BitNot:
-      return is_int(c) ? "static_cast<" + T + ">(~" + a + ")" : "";
-    case Code::Not:
-      return c == VClass::Bool ? "static_cast<rt::B8>(" + a + " ^ 1)" : "";
+    case Code::Floor: return is_float(c) ? "std::floor(" + a + ")" : "";
+    case Code::Ceil: return is_float(c) ? "std::ceil(" + a + ")" : "";
+    case Code::Trunc: return is_float(c) ? "std::trunc(" + a + ")" : "";
+    case Code::IsNan: return is_float(c) ? "static_cast<rt::B8>(" + a + " != " + a + ")" : "";
+    case Code::IsInf: return is_float(c) ? "rt::is_inf<" + T + ">(" + a + ")" : "";
+    case Code::BitNot: return is_int(c) ? "static_cast<" + T + ">(~" + a + ")" : "";
+    case Code::Not: return c == VClass::Bool ? "static_cast<rt::B8>(" + a + " ^ 1)" : "";
     case Code::Cast: {
       const VClass to = ins.out_cls;
       const std::string D = ctype(to);
@@ -317,8 +266,7 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
     case Code::MaskFill:
       if (ins.regs[1] < 0 || ins.scalars[0] < 0) return {};
       return "(" + opnd(ins.regs[1]) + " ? " + scalar(ins.scalars[0]) + " : " + a + ")";
-    case Code::Copy:
-      return a;
+    case Code::Copy: return a;
     case Code::Fill: {
       if (ins.scalars[0] >= 0) return scalar(ins.scalars[0]);
       // Ones / Zeros: the constant is 0 or 1 in every class.
@@ -327,8 +275,7 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
     }
     case Code::Gather:
     case Code::Select:
-    case Code::Cat:
-      return {};
+    case Code::Cat: return {};
   }
   return {};
 }
@@ -336,16 +283,11 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
 std::string scalar_init(VClass c, std::int32_t slot) {
   const std::string s = "F->scalars[" + std::to_string(slot) + "]";
   switch (c) {
-    case VClass::F32:
-      return "static_cast<float>(" + s + ".f)";
-    case VClass::F64:
-      return s + ".f";
-    case VClass::I64:
-      return s + ".i";
-    case VClass::U64:
-      return s + ".u";
-    case VClass::Bool:
-      return "static_cast<rt::B8>(" + s + ".b)";
+    case VClass::F32: return "static_cast<float>(" + s + ".f)";
+    case VClass::F64: return s + ".f";
+    case VClass::I64: return s + ".i";
+    case VClass::U64: return s + ".u";
+    case VClass::Bool: return "static_cast<rt::B8>(" + s + ".b)";
   }
   return "0";
 }
@@ -425,19 +367,24 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
     // The f32 fast functions run as their AVX-512 forms (bit-identical to the scalar ones,
     // fast_math.h) where the target has them: the auto-vectorised scalar forms take twice the
     // instructions, which W2-like chains of exp / log / tanh feel.
-    const char* v16 = ins.code == Code::Exp ? "exp16" : ins.code == Code::Log ? "log16" : ins.code == Code::Log1p ? "log1p16"
-                      : ins.code == Code::Tanh ? "tanh16" : nullptr;
+    const char* v16 = ins.code == Code::Exp     ? "exp16"
+                      : ins.code == Code::Log   ? "log16"
+                      : ins.code == Code::Log1p ? "log1p16"
+                      : ins.code == Code::Tanh  ? "tanh16"
+                                                : nullptr;
     // exp, log and tanh also have restricted-domain forms for the checked pass (see below).
-    const char* vfast = ins.code == Code::Exp ? "exp_block_unchecked" : ins.code == Code::Log ? "log_block_unchecked"
-                        : ins.code == Code::Tanh ? "tanh_block_unchecked" : nullptr;
+    const char* vfast = ins.code == Code::Exp    ? "exp_block_unchecked"
+                        : ins.code == Code::Log  ? "log_block_unchecked"
+                        : ins.code == Code::Tanh ? "tanh_block_unchecked"
+                                                 : nullptr;
     const bool fast_f32 = ins.cls == VClass::F32 && out.fixup == Fixup::None;
     const std::string decl = "      " + std::string(ctype(out.cls)) + " " + o + "[kLanes];\n";
     block << decl;
     fblock << decl;
     if (v16 != nullptr && fast_f32) {
       t.blocked = true;
-      const std::string general = "      for (int v = 0; v < kLanes; v += 16) _mm512_storeu_ps(" + o + " + v, fast::" + v16 +
-                                  "(_mm512_loadu_ps(" + reg(ins.regs[0]) + " + v)));\n";
+      const std::string general = "      for (int v = 0; v < kLanes; v += 16) _mm512_storeu_ps(" + o +
+                                  " + v, fast::" + v16 + "(_mm512_loadu_ps(" + reg(ins.regs[0]) + " + v)));\n";
       block << "#if defined(__AVX512F__)\n"
             << general << "#else\n"
             << "      for (int l = 0; l < kLanes; ++l) " << o << "[l] = " << eb << ";\n"
@@ -501,8 +448,8 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
       os << "    const " << load_type(k) << "* const p" << k << " = " << base << " + start;\n";
   }
   for (std::size_t k = 0; k < b.stores.size(); ++k)
-    os << "    " << store_type(k) << "* const q" << k << " = reinterpret_cast<" << store_type(k) << "*>(F->stores["
-       << k << "].base) + start;\n";
+    os << "    " << store_type(k) << "* const q" << k << " = reinterpret_cast<" << store_type(k) << "*>(F->stores[" << k
+       << "].base) + start;\n";
   // Non-temporal stores for the fresh f32 outputs of a memory-bound launch that streams from
   // DRAM (no read for ownership, no eviction of inputs still to come; W1 at 2^24 -10%), chosen
   // per output at run time (Access::nontemporal: never one written in place), each only when it
@@ -555,7 +502,9 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
       std::string any;
       for (std::size_t k : nt_stores) any += (any.empty() ? "" : " || ") + nt_flag(k);
       os << "#if defined(__AVX512F__)\n"
-            "    const bool any_nt = " << any << ";\n"
+            "    const bool any_nt = "
+         << any
+         << ";\n"
             "#endif\n";
     }
     // Blocks of kLanes elements first, one short loop per instruction over local arrays: the
@@ -567,24 +516,27 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
     // ones 4 (W1 at 2^24 streams 20% slower from DRAM with 128-element blocks).
     // Every block's loads happen before its stores, so an in-place output is still safe.
     const bool compute_bound = instrs > 2 * streams;
-    os << "    constexpr int kLanes = " << (compute_bound ? 128 : 64) << ";\n"
+    os << "    constexpr int kLanes = " << (compute_bound ? 128 : 64)
+       << ";\n"
           "    std::uint64_t i = 0;\n"
-          "    for (; " << (blocked ? "" : "false && ") << "i + kLanes <= n; i += kLanes) {\n";
+          "    for (; "
+       << (blocked ? "" : "false && ") << "i + kLanes <= n; i += kLanes) {\n";
     std::ostringstream block_loads, block_stores;
     for (std::size_t k : loads) {
       block_loads << "      " << load_cls(k) << " " << load_reg(k) << "[kLanes];\n"
                   << "      for (int l = 0; l < kLanes; ++l) " << load_reg(k) << "[l] = "
-                  << (g.load_broadcast[k] ? "b" + std::to_string(k) : load_conv(load_dtype(k), "p" + std::to_string(k) + "[i + l]"))
+                  << (g.load_broadcast[k] ? "b" + std::to_string(k)
+                                          : load_conv(load_dtype(k), "p" + std::to_string(k) + "[i + l]"))
                   << ";\n";
     }
     for (std::size_t k : stores) {
-      const std::string plain = "for (int l = 0; l < kLanes; ++l) q" + std::to_string(k) + "[i + l] = " +
-                                store_conv(store_dtype(k), store_val(k) + "[l]") + ";\n";
+      const std::string plain = "for (int l = 0; l < kLanes; ++l) q" + std::to_string(k) +
+                                "[i + l] = " + store_conv(store_dtype(k), store_val(k) + "[l]") + ";\n";
       if (nt_store(k))
         block_stores << "#if defined(__AVX512F__)\n"
                      << "      if (" << nt_flag(k) << ") {\n"
-                     << "        for (int v = 0; v < kLanes; v += 16) _mm512_stream_ps(q" << k << " + i + v, _mm512_loadu_ps("
-                     << store_val(k) << " + v));\n"
+                     << "        for (int v = 0; v < kLanes; v += 16) _mm512_stream_ps(q" << k
+                     << " + i + v, _mm512_loadu_ps(" << store_val(k) << " + v));\n"
                      << "      } else {\n"
                      << "        " << plain << "      }\n"
                      << "#else\n"
@@ -596,8 +548,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
       os << "#if defined(__AVX512F__)\n"
             "    {\n"
             "      fast::BlockCheck chk;\n"
-         << block_loads.str() << fblock
-         << "      if (__builtin_expect(chk.ok(), 1)) {\n"
+         << block_loads.str() << fblock << "      if (__builtin_expect(chk.ok(), 1)) {\n"
          << block_stores.str()
          << "        continue;\n"
             "      }\n"
@@ -640,8 +591,8 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
          << element("i + j", "d", "j") << "        }\n";
       for (std::size_t k : nt_stores)
         os << "        if (" << nt_flag(k) << ")\n"
-           << "          for (std::uint64_t v = 0; v < kChunk; v += 16) _mm512_stream_ps(q" << k << " + i + v, _mm512_load_ps(t"
-           << k << " + v));\n";
+           << "          for (std::uint64_t v = 0; v < kChunk; v += 16) _mm512_stream_ps(q" << k
+           << " + i + v, _mm512_load_ps(t" << k << " + v));\n";
       os << "      }\n"
             "    }\n"
             "#endif\n";
@@ -702,11 +653,16 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
 const std::vector<std::string>& compile_flags() {
   // -ffp-contract=off: no multiply-add fusion across the program's own roundings (GCC fuses by
   // default in GNU mode); no -ffast-math: NaN / Inf and rounding as the interpreter.
-  static const std::vector<std::string> kFlags = {"-std=c++20",         "-O3",
-                                                   "-march=native",      "-fPIC",
-                                                   "-shared",            "-fno-math-errno",
-                                                   "-ffp-contract=off",  "-fvisibility=hidden",
-                                                   "-fno-semantic-interposition", "-w"};
+  static const std::vector<std::string> kFlags = {"-std=c++20",
+                                                  "-O3",
+                                                  "-march=native",
+                                                  "-fPIC",
+                                                  "-shared",
+                                                  "-fno-math-errno",
+                                                  "-ffp-contract=off",
+                                                  "-fvisibility=hidden",
+                                                  "-fno-semantic-interposition",
+                                                  "-w"};
   return kFlags;
 }
 
@@ -892,9 +848,10 @@ bool JitCache::ensure_toolchain() {
   if (private_dir(dir))
     disk_dir_ = dir;
   else
-    spdlog::debug("kiln cpu jit: cache directory '{}' is not usable (not creatable, or not private to this user); "
-                  "kernels are compiled for this process only",
-                  dir);
+    spdlog::debug(
+        "kiln cpu jit: cache directory '{}' is not usable (not creatable, or not private to this user); "
+        "kernels are compiled for this process only",
+        dir);
   return true;
 }
 
@@ -959,8 +916,8 @@ std::shared_ptr<const Kernel> JitCache::failed_build(const std::string& key, con
 
 std::shared_ptr<const Kernel> JitCache::build_in(const std::string& dir, const std::string& key, const Generated& g,
                                                  const std::string& final_path) {
-  const std::string text = g.source + "extern \"C\" __attribute__((visibility(\"default\"))) const char kiln_jit_key[] = \"" +
-                           key + "\";\n";
+  const std::string text =
+      g.source + "extern \"C\" __attribute__((visibility(\"default\"))) const char kiln_jit_key[] = \"" + key + "\";\n";
   std::optional<TempFile> src = make_temp(dir, key, ".cc", text);
   std::optional<TempFile> out = make_temp(dir, key, ".so.tmp", "");
   std::optional<TempFile> log = make_temp(dir, key, ".log", "");

@@ -76,11 +76,11 @@ struct Options {
 };
 
 struct Stats {
-  std::uint64_t compiles = 0;     // compiler runs that produced a loadable kernel
-  std::uint64_t disk_loads = 0;   // kernels loaded from the disk cache without compiling
-  std::uint64_t failures = 0;     // compiler runs or loads that failed (interpreter used)
-  std::uint64_t declined = 0;     // programs the JIT does not handle (interpreter used)
-  std::uint64_t corrupt = 0;      // disk-cache entries that did not load and were rebuilt
+  std::uint64_t compiles = 0;    // compiler runs that produced a loadable kernel
+  std::uint64_t disk_loads = 0;  // kernels loaded from the disk cache without compiling
+  std::uint64_t failures = 0;    // compiler runs or loads that failed (interpreter used)
+  std::uint64_t declined = 0;    // programs the JIT does not handle (interpreter used)
+  std::uint64_t corrupt = 0;     // disk-cache entries that did not load and were rebuilt
 };
 
 class JitCache {
@@ -93,8 +93,7 @@ class JitCache {
   bool enabled() const { return options_.mode != Mode::Off; }
   // The kernel of a program, compiled or loaded on first request; null when the JIT is off,
   // declines the program, or cannot compile (the interpreter runs it). Blocks while compiling.
-  std::shared_ptr<const Kernel> kernel_for(const fusion::FusedProgram& program,
-                                           const fast::CompiledProgram& compiled);
+  std::shared_ptr<const Kernel> kernel_for(const fusion::FusedProgram& program, const fast::CompiledProgram& compiled);
   Stats stats() const;
 
  private:
@@ -110,7 +109,7 @@ class JitCache {
   bool probed_ KILN_GUARDED_BY(mutex_) = false;
   std::string compiler_ KILN_GUARDED_BY(mutex_);      // resolved absolute path; empty: none
   std::string toolchain_id_ KILN_GUARDED_BY(mutex_);  // compiler + CPU identity, part of every key
-  std::string disk_dir_ KILN_GUARDED_BY(mutex_);  // usable cache directory; empty: a private temp dir
+  std::string disk_dir_ KILN_GUARDED_BY(mutex_);      // usable cache directory; empty: a private temp dir
   // key -> the kernel while some compiled form holds it (the device's bounded cache owns the
   // kernels; one dropped there is unloaded, and loaded again from disk if needed), or a failure.
   struct Loaded {

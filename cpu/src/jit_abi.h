@@ -46,8 +46,8 @@ struct ScalarValue {
 struct Frame {
   std::uint64_t rank;  // 1..kAbiMaxRank
   std::uint64_t dims[kAbiMaxRank];
-  const Access* loads;   // per block load, in CBlock::loads order
-  const Access* stores;  // per block store, in CBlock::stores order
+  const Access* loads;         // per block load, in CBlock::loads order
+  const Access* stores;        // per block store, in CBlock::stores order
   const ScalarValue* scalars;  // per CompiledProgram::scalars slot
   // kiln's f64 -> f16 / bf16 narrowing (rounded once from the double), for results computed in
   // f64 (libm functions, casts): passed in so that the kernel rounds exactly as the interpreter.

@@ -4,8 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kiln/fusion/fusers.h"
 #include "kiln/cpu/reference_backend.h"
+#include "kiln/fusion/fusers.h"
 
 namespace kiln::cpu {
 namespace {
@@ -14,8 +14,7 @@ namespace {
 // table. Called by one stream actor at a time.
 class ReferenceStreamExecutor final : public fusion::Executor {
  public:
-  explicit ReferenceStreamExecutor(ReferenceCpuBackend& backend)
-      : backend_(backend), exec_(backend.allocator()) {}
+  explicit ReferenceStreamExecutor(ReferenceCpuBackend& backend) : backend_(backend), exec_(backend.allocator()) {}
 
   // The reference backend has no fused kernels: a fused optimization replays the operations it
   // covers, in the optimization's order (the fast CPU executor will replace this).

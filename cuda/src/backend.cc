@@ -17,9 +17,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kiln/reference/memory.h"
-#include "kiln/reference/reference_executor.h"
-#include "kiln/reference/tensor.h"
 #include "kiln/cuda/codegen.h"
 #include "kiln/cuda/disk_cache.h"
 #include "kiln/cuda/launch.h"
@@ -28,6 +25,9 @@
 #include "kiln/fusion/fusers.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/shape.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/reference_executor.h"
+#include "kiln/reference/tensor.h"
 
 namespace kiln::cuda {
 
@@ -43,9 +43,9 @@ Error cuda_error(std::string_view what, cudaError_t e) {
   return make_error(ErrorCode::Execution, fmt::format("CUDA: {}: {}", what, cuda_message(e)));
 }
 
-#define KILN_CUDA_TRY(what, expr)                          \
-  do {                                                     \
-    const cudaError_t _kiln_e = (expr);                    \
+#define KILN_CUDA_TRY(what, expr)                                 \
+  do {                                                            \
+    const cudaError_t _kiln_e = (expr);                           \
     if (_kiln_e != cudaSuccess) return cuda_error(what, _kiln_e); \
   } while (0)
 
@@ -223,9 +223,9 @@ struct LoadedProgram {
 };
 
 struct Counters {
-  std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, row_vector_launches{0}, single_op_kernels{0}, host_ops{0},
-      fused_replays{0}, faults{0}, quarantined{0}, cuda_errors{0}, kernel_cache_hits{0}, kernel_cache_misses{0},
-      disk_cache_hits{0}, compile_failures{0}, cross_stream_waits{0};
+  std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, row_vector_launches{0}, single_op_kernels{0},
+      host_ops{0}, fused_replays{0}, faults{0}, quarantined{0}, cuda_errors{0}, kernel_cache_hits{0},
+      kernel_cache_misses{0}, disk_cache_hits{0}, compile_failures{0}, cross_stream_waits{0};
   std::array<std::atomic<std::uint64_t>, 5> by_kind{};
 };
 
@@ -363,9 +363,8 @@ struct CudaBackend::Impl {
     for (std::size_t done = 0; done < src.size();) {
       const std::size_t n = std::min(staging->size(), src.size() - done);
       std::memcpy(staging->data(), src.data() + done, n);
-      KILN_CUDA_TRY("copying to the device",
-                    cudaMemcpyAsync(static_cast<std::byte*>(dst) + done, staging->data(), n, cudaMemcpyHostToDevice,
-                                    transfer->get()));
+      KILN_CUDA_TRY("copying to the device", cudaMemcpyAsync(static_cast<std::byte*>(dst) + done, staging->data(), n,
+                                                             cudaMemcpyHostToDevice, transfer->get()));
       KILN_CUDA_TRY("waiting for a copy to the device", cudaStreamSynchronize(transfer->get()));
       done += n;
     }
@@ -375,9 +374,8 @@ struct CudaBackend::Impl {
     std::lock_guard lock(staging_mu);
     for (std::size_t done = 0; done < dst.size();) {
       const std::size_t n = std::min(staging->size(), dst.size() - done);
-      KILN_CUDA_TRY("copying to the host",
-                    cudaMemcpyAsync(staging->data(), static_cast<const std::byte*>(src) + done, n,
-                                    cudaMemcpyDeviceToHost, transfer->get()));
+      KILN_CUDA_TRY("copying to the host", cudaMemcpyAsync(staging->data(), static_cast<const std::byte*>(src) + done,
+                                                           n, cudaMemcpyDeviceToHost, transfer->get()));
       KILN_CUDA_TRY("waiting for a copy to the host", cudaStreamSynchronize(transfer->get()));
       std::memcpy(dst.data() + done, staging->data(), n);
       done += n;
@@ -413,7 +411,10 @@ namespace {
 class CudaStreamExecutor final : public fusion::Executor {
  public:
   CudaStreamExecutor(CudaBackend::Impl& b, StreamPtr stream, BufferPtr fault, std::unique_ptr<PinnedBuffer> fault_host)
-      : b_(b), stream_(std::move(stream)), fault_(std::move(fault)), fault_host_(std::move(fault_host)),
+      : b_(b),
+        stream_(std::move(stream)),
+        fault_(std::move(fault)),
+        fault_host_(std::move(fault_host)),
         reference_(allocator_) {}
 
   void execute_optimization(const fusion::Optimization& opt, const fusion::ExecutionContext& ctx) override {
@@ -561,9 +562,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     std::uint64_t work = static_cast<std::uint64_t>(args.blocks[0].iter.numel);
     switch (p.kind) {
       case ProgramKind::Elementwise:
-      case ProgramKind::NhwcRelayout:
-        kernel = find(g, KernelRole::ElementwiseStrided);
-        break;
+      case ProgramKind::NhwcRelayout: kernel = find(g, KernelRole::ElementwiseStrided); break;
       case ProgramKind::Reduce: {
         Result<KilnReduceShape> rs = reduce_shape(p, bind);
         if (!rs.ok() || !reduce_runs(p, *rs)) return false;  // the reference reports its error
@@ -573,15 +572,13 @@ class CudaStreamExecutor final : public fusion::Executor {
         break;
       }
       case ProgramKind::Matmul: {
-        Result<KilnMatmulShape> ms =
-            matmul_shape(inputs[p.matmul->lhs]->shape, inputs[p.matmul->rhs]->shape, *ref0);
+        Result<KilnMatmulShape> ms = matmul_shape(inputs[p.matmul->lhs]->shape, inputs[p.matmul->rhs]->shape, *ref0);
         if (!ms.ok()) return false;
         args.matmul = *ms;
         kernel = find(g, KernelRole::Matmul);
         break;
       }
-      case ProgramKind::ReduceBroadcasted:
-        return false;
+      case ProgramKind::ReduceBroadcasted: return false;
     }
     if (kernel >= g.kernels.size()) return false;
     for (std::size_t i = 0; i < ni; ++i) {
@@ -647,8 +644,8 @@ class CudaStreamExecutor final : public fusion::Executor {
     if (g.may_fault) {
       // Checked now, before anything is committed: a faulting program leaves the table as it
       // found it and replays op by op, each op then failing or skipping exactly as unfused.
-      cudaError_t e = cudaMemcpyAsync(fault_host_->data(), fault_->data(), sizeof(int), cudaMemcpyDeviceToHost,
-                                      stream_->get());
+      cudaError_t e =
+          cudaMemcpyAsync(fault_host_->data(), fault_->data(), sizeof(int), cudaMemcpyDeviceToHost, stream_->get());
       if (e == cudaSuccess) e = cudaStreamSynchronize(stream_->get());
       if (e != cudaSuccess) return fail_with(p, bind, cuda_error("checking a kernel's fault word", e));
       int fault = 0;
@@ -700,8 +697,7 @@ class CudaStreamExecutor final : public fusion::Executor {
                     static_cast<unsigned>(std::clamp<std::uint64_t>(tiles(ms.m), 1, 65535)),
                     static_cast<unsigned>(std::clamp<std::uint64_t>(static_cast<std::uint64_t>(ms.batch), 1, 65535)));
       }
-      case KernelRole::ReduceRows:
-        return dim3(static_cast<unsigned>(std::clamp<std::uint64_t>(work, 1, fill * 4)));
+      case KernelRole::ReduceRows: return dim3(static_cast<unsigned>(std::clamp<std::uint64_t>(work, 1, fill * 4)));
       default: {
         (void)kind;
         const std::uint64_t blocks = (work + 255) / 256;
@@ -845,11 +841,11 @@ class CudaStreamExecutor final : public fusion::Executor {
 
   CudaBackend::Impl& b_;
   StreamPtr stream_;
-  BufferPtr fault_;                         // one int on the device
+  BufferPtr fault_;                           // one int on the device
   std::unique_ptr<PinnedBuffer> fault_host_;  // its pinned mirror
-  reference::HostAllocator allocator_;             // host fallback buffers
-  reference::ReferenceExecutor reference_;        // host fallback (owns this stream's RNG)
-  fusion::FirstFailure failure_;            // take_failure()
+  reference::HostAllocator allocator_;        // host fallback buffers
+  reference::ReferenceExecutor reference_;    // host fallback (owns this stream's RNG)
+  fusion::FirstFailure failure_;              // take_failure()
 };
 
 }  // namespace
@@ -860,21 +856,22 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(CudaBackendOptions opti
   const ProbeResult p = probe();
   if (!p.available()) return make_error(ErrorCode::Unsupported, "CUDA backend: no GPU: " + p.reason);
   if (options.device < 0 || static_cast<std::size_t>(options.device) >= p.devices.size())
-    return make_error(ErrorCode::Unsupported, fmt::format("CUDA backend: no device {} ({} found)", options.device,
-                                                          p.devices.size()));
+    return make_error(ErrorCode::Unsupported,
+                      fmt::format("CUDA backend: no device {} ({} found)", options.device, p.devices.size()));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->info = p.devices[static_cast<std::size_t>(options.device)];
   impl->budget->limit = options.byte_limit;
   if (!impl->info.memory_pools)
-    return make_error(ErrorCode::Unsupported, fmt::format("CUDA backend: {} has no stream-ordered memory pools",
-                                                          impl->info.name));
+    return make_error(ErrorCode::Unsupported,
+                      fmt::format("CUDA backend: {} has no stream-ordered memory pools", impl->info.name));
   KILN_RETURN_IF_ERROR(impl->set_device());
   KILN_CUDA_TRY("getting the memory pool", cudaDeviceGetDefaultMemPool(&impl->pool, options.device));
   // Keep freed memory in the pool (a caching allocator, as PyTorch's): the default threshold 0
   // returns it to the driver at every synchronisation, and re-mapping costs more than a kernel.
   std::uint64_t keep = ~std::uint64_t{0};
-  KILN_CUDA_TRY("configuring the memory pool", cudaMemPoolSetAttribute(impl->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  KILN_CUDA_TRY("configuring the memory pool",
+                cudaMemPoolSetAttribute(impl->pool, cudaMemPoolAttrReleaseThreshold, &keep));
   KILN_ASSIGN_OR_RETURN(impl->transfer, CudaStream::create());
   KILN_ASSIGN_OR_RETURN(impl->staging, PinnedBuffer::create(std::max<std::size_t>(options.staging_bytes, 4096)));
   if (options.fast_math) {
@@ -915,7 +912,8 @@ std::unique_ptr<fusion::Executor> CudaBackend::make_executor() {
   (void)impl_->set_device();
   Result<StreamPtr> s = CudaStream::create();
   Result<std::unique_ptr<PinnedBuffer>> host = PinnedBuffer::create(sizeof(int));
-  Result<BufferPtr> fault = s.ok() ? DeviceBuffer::allocate(nullptr, impl_->pool, sizeof(int), *s) : Result<BufferPtr>(s.error());
+  Result<BufferPtr> fault =
+      s.ok() ? DeviceBuffer::allocate(nullptr, impl_->pool, sizeof(int), *s) : Result<BufferPtr>(s.error());
   if (!s.ok() || !host.ok() || !fault.ok()) {
     // The interface has no error channel here; an executor without a stream would be worse
     // than failing loudly at the first kernel, so the transfer stream serves (correct, serial).
@@ -950,7 +948,8 @@ Result<runtime::HostData> CudaBackend::download(const ir::TensorIr& t) {
     std::lock_guard lock(s.mu);
     const auto* e = s.table.entry(t.id);
     if (e == nullptr || e->is_not_init())
-      return make_error(ErrorCode::InvalidHandle, "read of " + t.to_string() + ": the tensor has no value on the device");
+      return make_error(ErrorCode::InvalidHandle,
+                        "read of " + t.to_string() + ": the tensor has no value on the device");
     if (const ir::TensorError* err = e->error()) {
       Error out = make_error(ErrorCode::Execution, "read of " + t.id.to_string() + ": " + err->to_string());
       (void)s.table.free(t);
@@ -1039,7 +1038,8 @@ CudaStats CudaBackend::stats() const {
   s.cross_stream_waits = ld(c.cross_stream_waits);
   std::uint64_t v = 0;
   if (cudaMemPoolGetAttribute(impl_->pool, cudaMemPoolAttrUsedMemCurrent, &v) == cudaSuccess) s.pool_used_bytes = v;
-  if (cudaMemPoolGetAttribute(impl_->pool, cudaMemPoolAttrReservedMemCurrent, &v) == cudaSuccess) s.pool_reserved_bytes = v;
+  if (cudaMemPoolGetAttribute(impl_->pool, cudaMemPoolAttrReservedMemCurrent, &v) == cudaSuccess)
+    s.pool_reserved_bytes = v;
   if (cudaMemPoolGetAttribute(impl_->pool, cudaMemPoolAttrUsedMemHigh, &v) == cudaSuccess) s.pool_used_high = v;
   return s;
 }

@@ -27,18 +27,12 @@ using ir::OpKind;
 
 std::string_view kernel_role_name(KernelRole r) {
   switch (r) {
-    case KernelRole::ElementwiseStrided:
-      return "ew";
-    case KernelRole::ElementwiseVector:
-      return "vec";
-    case KernelRole::ReduceRows:
-      return "rows";
-    case KernelRole::ReduceCols:
-      return "cols";
-    case KernelRole::Matmul:
-      return "mm";
-    case KernelRole::ElementwiseRowVector:
-      return "rowvec";
+    case KernelRole::ElementwiseStrided: return "ew";
+    case KernelRole::ElementwiseVector: return "vec";
+    case KernelRole::ReduceRows: return "rows";
+    case KernelRole::ReduceCols: return "cols";
+    case KernelRole::Matmul: return "mm";
+    case KernelRole::ElementwiseRowVector: return "rowvec";
   }
   return "?";
 }
@@ -56,8 +50,7 @@ std::size_t scalar_class_size(ScalarClass c) {
     case ScalarClass::F32:
     case ScalarClass::Bool:  // passed as int: a 1-byte kernel parameter buys nothing
       return 4;
-    default:
-      return 8;
+    default: return 8;
   }
 }
 
@@ -75,43 +68,32 @@ enum class Cls : std::uint8_t { F32, F64, I64, U64, Bool };
 
 std::optional<Cls> cls_of(DType d) {
   switch (d.kind()) {
-    case DTypeKind::F64:
-      return Cls::F64;
+    case DTypeKind::F64: return Cls::F64;
     case DTypeKind::F32:
     case DTypeKind::Flex32:
     case DTypeKind::F16:
-    case DTypeKind::BF16:
-      return Cls::F32;
+    case DTypeKind::BF16: return Cls::F32;
     case DTypeKind::I64:
     case DTypeKind::I32:
     case DTypeKind::I16:
-    case DTypeKind::I8:
-      return Cls::I64;
+    case DTypeKind::I8: return Cls::I64;
     case DTypeKind::U64:
     case DTypeKind::U32:
     case DTypeKind::U16:
-    case DTypeKind::U8:
-      return Cls::U64;
-    case DTypeKind::Bool:
-      return Cls::Bool;
-    case DTypeKind::QFloat:
-      return std::nullopt;
+    case DTypeKind::U8: return Cls::U64;
+    case DTypeKind::Bool: return Cls::Bool;
+    case DTypeKind::QFloat: return std::nullopt;
   }
   return std::nullopt;
 }
 
 const char* cls_type(Cls c) {
   switch (c) {
-    case Cls::F32:
-      return "float";
-    case Cls::F64:
-      return "double";
-    case Cls::I64:
-      return "long long";
-    case Cls::U64:
-      return "unsigned long long";
-    case Cls::Bool:
-      return "bool";
+    case Cls::F32: return "float";
+    case Cls::F64: return "double";
+    case Cls::I64: return "long long";
+    case Cls::U64: return "unsigned long long";
+    case Cls::Bool: return "bool";
   }
   return "?";
 }
@@ -119,35 +101,21 @@ const char* cls_type(Cls c) {
 // The C++ type a tensor of this dtype stores.
 std::string storage_type(DType d) {
   switch (d.kind()) {
-    case DTypeKind::F64:
-      return "double";
+    case DTypeKind::F64: return "double";
     case DTypeKind::F32:
-    case DTypeKind::Flex32:
-      return "float";
-    case DTypeKind::F16:
-      return "__half";
-    case DTypeKind::BF16:
-      return "__nv_bfloat16";
-    case DTypeKind::I64:
-      return "long long";
-    case DTypeKind::I32:
-      return "int";
-    case DTypeKind::I16:
-      return "short";
-    case DTypeKind::I8:
-      return "signed char";
-    case DTypeKind::U64:
-      return "unsigned long long";
-    case DTypeKind::U32:
-      return "unsigned int";
-    case DTypeKind::U16:
-      return "unsigned short";
-    case DTypeKind::U8:
-      return "unsigned char";
-    case DTypeKind::Bool:
-      return d.bool_store() == ir::BoolStore::U32 ? "unsigned int" : "unsigned char";
-    case DTypeKind::QFloat:
-      break;
+    case DTypeKind::Flex32: return "float";
+    case DTypeKind::F16: return "__half";
+    case DTypeKind::BF16: return "__nv_bfloat16";
+    case DTypeKind::I64: return "long long";
+    case DTypeKind::I32: return "int";
+    case DTypeKind::I16: return "short";
+    case DTypeKind::I8: return "signed char";
+    case DTypeKind::U64: return "unsigned long long";
+    case DTypeKind::U32: return "unsigned int";
+    case DTypeKind::U16: return "unsigned short";
+    case DTypeKind::U8: return "unsigned char";
+    case DTypeKind::Bool: return d.bool_store() == ir::BoolStore::U32 ? "unsigned int" : "unsigned char";
+    case DTypeKind::QFloat: break;
   }
   return "void";
 }
@@ -160,14 +128,10 @@ std::size_t storage_size(DType d) {
 // storage element expression -> register class value
 std::string load_conv(DType d, const std::string& e) {
   switch (d.kind()) {
-    case DTypeKind::F16:
-      return "__half2float(" + e + ")";
-    case DTypeKind::BF16:
-      return "__bfloat162float(" + e + ")";
-    case DTypeKind::Bool:
-      return "(" + e + " != 0)";
-    default:
-      break;
+    case DTypeKind::F16: return "__half2float(" + e + ")";
+    case DTypeKind::BF16: return "__bfloat162float(" + e + ")";
+    case DTypeKind::Bool: return "(" + e + " != 0)";
+    default: break;
   }
   if (d.is_int()) return "(long long)(" + e + ")";
   if (d.is_uint()) return "(unsigned long long)(" + e + ")";
@@ -177,14 +141,10 @@ std::string load_conv(DType d, const std::string& e) {
 // register class value -> storage element
 std::string store_conv(DType d, const std::string& v) {
   switch (d.kind()) {
-    case DTypeKind::F16:
-      return "__float2half_rn(" + v + ")";
-    case DTypeKind::BF16:
-      return "__float2bfloat16_rn(" + v + ")";
-    case DTypeKind::Bool:
-      return "(" + storage_type(d) + ")(" + v + " ? 1 : 0)";
-    default:
-      break;
+    case DTypeKind::F16: return "__float2half_rn(" + v + ")";
+    case DTypeKind::BF16: return "__float2bfloat16_rn(" + v + ")";
+    case DTypeKind::Bool: return "(" + storage_type(d) + ")(" + v + " ? 1 : 0)";
+    default: break;
   }
   if (d.is_integral()) return "(" + storage_type(d) + ")(" + v + ")";
   return v;
@@ -193,24 +153,15 @@ std::string store_conv(DType d, const std::string& v) {
 // What keeps a register inside its dtype after an instruction computed it in the class.
 std::string fixup(DType d, const std::string& v) {
   switch (d.kind()) {
-    case DTypeKind::F16:
-      return "kiln_f16(" + v + ")";
-    case DTypeKind::BF16:
-      return "kiln_bf16(" + v + ")";
-    case DTypeKind::I32:
-      return "(long long)(int)(" + v + ")";
-    case DTypeKind::I16:
-      return "(long long)(short)(" + v + ")";
-    case DTypeKind::I8:
-      return "(long long)(signed char)(" + v + ")";
-    case DTypeKind::U32:
-      return "(unsigned long long)(unsigned int)(" + v + ")";
-    case DTypeKind::U16:
-      return "(unsigned long long)(unsigned short)(" + v + ")";
-    case DTypeKind::U8:
-      return "(unsigned long long)(unsigned char)(" + v + ")";
-    default:
-      return v;
+    case DTypeKind::F16: return "kiln_f16(" + v + ")";
+    case DTypeKind::BF16: return "kiln_bf16(" + v + ")";
+    case DTypeKind::I32: return "(long long)(int)(" + v + ")";
+    case DTypeKind::I16: return "(long long)(short)(" + v + ")";
+    case DTypeKind::I8: return "(long long)(signed char)(" + v + ")";
+    case DTypeKind::U32: return "(unsigned long long)(unsigned int)(" + v + ")";
+    case DTypeKind::U16: return "(unsigned long long)(unsigned short)(" + v + ")";
+    case DTypeKind::U8: return "(unsigned long long)(unsigned char)(" + v + ")";
+    default: return v;
   }
 }
 
@@ -221,8 +172,6 @@ int int_bits(DType d) { return d.is_integral() ? static_cast<int>(d.size_bytes()
 using fusion::lowering::Code;
 using fusion::lowering::is_binary;
 using fusion::lowering::is_comparison;
-
-
 
 enum class Red : std::uint8_t { Sum, Mean, Prod, Max, Min, MaxAbs, ArgMax, ArgMin, Any, All };
 
@@ -265,9 +214,9 @@ class Text {
 // `idx` (multi-index, computed when the iteration space is not contiguous or the block has
 // indexed reads). The vector kernel replaces loads and stores by lane accesses.
 struct BodyMode {
-  bool vector = false;        // lane body of the vector kernel
-  bool hoisted_bcast = false; // broadcast loads were read once before the loop (b<l> names)
-  bool row = false;           // lane body of the row-vector kernel: every load is v<l>.v[lane]
+  bool vector = false;         // lane body of the vector kernel
+  bool hoisted_bcast = false;  // broadcast loads were read once before the loop (b<l> names)
+  bool row = false;            // lane body of the row-vector kernel: every load is v<l>.v[lane]
 };
 
 class StageGen {
@@ -301,11 +250,8 @@ class StageGen {
         KILN_RETURN_IF_ERROR(reduce(KernelRole::ReduceRows));
         KILN_RETURN_IF_ERROR(reduce(KernelRole::ReduceCols));
         break;
-      case ProgramKind::Matmul:
-        KILN_RETURN_IF_ERROR(matmul());
-        break;
-      case ProgramKind::ReduceBroadcasted:
-        return unsupported("nested ReduceBroadcasted stage");
+      case ProgramKind::Matmul: KILN_RETURN_IF_ERROR(matmul()); break;
+      case ProgramKind::ReduceBroadcasted: return unsupported("nested ReduceBroadcasted stage");
     }
     out_.stages.push_back(std::move(info));
     return Status::Ok();
@@ -329,8 +275,7 @@ class StageGen {
         if (p_.blocks.size() != 2 || !p_.blocks[1].reduction || p_.blocks[0].reduction)
           return unsupported("a reduce program has a prologue and a reduction block");
         break;
-      case ProgramKind::ReduceBroadcasted:
-        return unsupported("nested ReduceBroadcasted stage");
+      case ProgramKind::ReduceBroadcasted: return unsupported("nested ReduceBroadcasted stage");
     }
     for (const fusion::ProgramInput& in : p_.inputs) {
       if (!cls_of(in.dtype)) return unsupported("input dtype " + in.dtype.name());
@@ -356,7 +301,8 @@ class StageGen {
         if (!reg_ok(l.local)) return unsupported("load register");
         if (l.source == fusion::LoadSource::Input) {
           if (l.index >= p_.inputs.size()) return unsupported("load of an unknown input");
-          if (p_.inputs[l.index].role == fusion::InputRole::Indexed) return unsupported("plain load of an indexed input");
+          if (p_.inputs[l.index].role == fusion::InputRole::Indexed)
+            return unsupported("plain load of an indexed input");
           if (!(p_.inputs[l.index].dtype == b.registers[l.local])) return unsupported("load dtype");
         } else {
           // A later block reading what an earlier block stored. Within one kernel the rows of
@@ -373,7 +319,8 @@ class StageGen {
       if (b.reduction) {
         if (bi != 1 || !reg_ok(b.reduction->out) || b.reduction->input >= p_.blocks[0].registers.size())
           return unsupported("reduction registers");
-        if (!red_of(b.reduction->op)) return unsupported("reduction " + std::string(ir::op_info(b.reduction->op).variant));
+        if (!red_of(b.reduction->op))
+          return unsupported("reduction " + std::string(ir::op_info(b.reduction->op).variant));
         if (!cls_of(b.reduction->input_dtype) || !cls_of(b.reduction->out_dtype)) return unsupported("reduction dtype");
         if (!(p_.blocks[0].registers[b.reduction->input] == b.reduction->input_dtype) ||
             !(b.registers[b.reduction->out] == b.reduction->out_dtype))
@@ -406,7 +353,8 @@ class StageGen {
 
   std::uint32_t scalar_slot(std::uint32_t placeholder, DType d) {
     for (std::size_t i = 0; i < out_.scalars.size(); ++i)
-      if (out_.scalars[i].placeholder == placeholder && out_.scalars[i].dtype == d) return static_cast<std::uint32_t>(i);
+      if (out_.scalars[i].placeholder == placeholder && out_.scalars[i].dtype == d)
+        return static_cast<std::uint32_t>(i);
     out_.scalars.push_back(ScalarSlot{placeholder, d, scalar_class_of(d)});
     return static_cast<std::uint32_t>(out_.scalars.size() - 1);
   }
@@ -481,16 +429,11 @@ class StageGen {
 
   static const char* scalar_param_type(ScalarClass c) {
     switch (c) {
-      case ScalarClass::F32:
-        return "float";
-      case ScalarClass::F64:
-        return "double";
-      case ScalarClass::I64:
-        return "long long";
-      case ScalarClass::U64:
-        return "unsigned long long";
-      case ScalarClass::Bool:
-        return "int";
+      case ScalarClass::F32: return "float";
+      case ScalarClass::F64: return "double";
+      case ScalarClass::I64: return "long long";
+      case ScalarClass::U64: return "unsigned long long";
+      case ScalarClass::Bool: return "int";
     }
     return "?";
   }
@@ -511,8 +454,7 @@ class StageGen {
     if (role == KernelRole::ElementwiseVector) k.vector_width = vector_width_;
     if (role == KernelRole::ElementwiseRowVector) k.vector_width = row_vector_width_;
     t.line(0, fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", opt_.threads, k.name));
-    for (std::size_t i = 0; i < decls_.size(); ++i)
-      t.line(2, decls_[i] + (i + 1 < decls_.size() ? "," : ") {"));
+    for (std::size_t i = 0; i < decls_.size(); ++i) t.line(2, decls_[i] + (i + 1 < decls_.size() ? "," : ") {"));
     t.line(1, fmt::format("[[maybe_unused]] constexpr int KILN_R = {};", max_rank()));
     out_.kernels.push_back(std::move(k));
   }
@@ -556,9 +498,12 @@ class StageGen {
       if (m.vector) {
         t.line(ind, fmt::format("w{}.v[lane] = {};", s, v));
       } else {
-        t.line(ind, fmt::format("if (!sa{0}_{1}.masked || kiln_first<KILN_R>(idx, sa{0}_{1}, it{0}.rank)) out{2}[KILN_OFF(sa{0}_{1}, "
-                                "pos, idx, it{0})] = {3};",
-                                b, s, st.output, v));
+        t.line(
+            ind,
+            fmt::format(
+                "if (!sa{0}_{1}.masked || kiln_first<KILN_R>(idx, sa{0}_{1}, it{0}.rank)) out{2}[KILN_OFF(sa{0}_{1}, "
+                "pos, idx, it{0})] = {3};",
+                b, s, st.output, v));
       }
     }
     return Status::Ok();
@@ -579,7 +524,7 @@ class StageGen {
     std::vector<std::string> x;  // register operands, then (binary with a scalar) the scalar
     for (std::uint32_t r : lowered.operands.locals) x.push_back(reg(r));
     const std::vector<std::uint32_t>& inputs = lowered.operands.inputs;  // indexed program inputs
-    std::vector<std::string> s;  // scalar operands
+    std::vector<std::string> s;                                          // scalar operands
     for (std::uint32_t slot : lowered.operands.scalars) s.push_back(scalar_expr(slot, ins.compute));
     const Cls c = *cc;
     const bool fl = c == Cls::F32 || c == Cls::F64;
@@ -588,7 +533,7 @@ class StageGen {
     const char* ot = cls_type(*oc);
     if ((is_binary(k) || is_comparison(k)) && x.size() == 1) x.push_back(s[0]);
 
-    std::string e;     // value in the output class
+    std::string e;       // value in the output class
     bool exact = false;  // already rounded to the output dtype
     auto fn1 = [&](const char* f32name, const char* f64name) {
       return fmt::format("{}({})", f32 ? f32name : f64name, x[0]);
@@ -672,19 +617,14 @@ class StageGen {
         t.line(ind, fmt::format("const {0} {1}_lo = {2} < {3} ? {3} : {2};", ct, reg(ins.out), x[0], s[0]));
         e = fmt::format("({0}_lo > {1} ? {1} : {0}_lo)", reg(ins.out), s[1]);
         break;
-      case Code::MaskWhere:
-        e = fmt::format("({} ? {} : {})", x[1], x[2], x[0]);
-        break;
-      case Code::MaskFill:
-        e = fmt::format("({} ? {} : {})", x[1], s[0], x[0]);
-        break;
+      case Code::MaskWhere: e = fmt::format("({} ? {} : {})", x[1], x[2], x[0]); break;
+      case Code::MaskFill: e = fmt::format("({} ? {} : {})", x[1], s[0], x[0]); break;
       case Code::Fill:
         e = ins.op == OpKind::Numeric_Full ? s[0] : fmt::format("({})({})", ot, ins.op == OpKind::Base_Ones ? 1 : 0);
         break;
       case Code::Gather:
       case Code::Select:
-      case Code::Cat:
-        return indexed(t, ind, ins, k, inputs);
+      case Code::Cat: return indexed(t, ind, ins, k, inputs);
     }
     std::string v = exact ? e : fixup(ins.out_dtype, "(" + e + ")");
     t.line(ind, fmt::format("const {} {} = {};", ot, reg(ins.out), v));
@@ -692,15 +632,15 @@ class StageGen {
   }
 
   // Gather / Select / Cat: the source position from the true multi-index of the block.
-  Status indexed(Text& t, int ind, const Instruction& ins, Code k,
-                 const std::vector<std::uint32_t>& inputs) {
+  Status indexed(Text& t, int ind, const Instruction& ins, Code k, const std::vector<std::uint32_t>& inputs) {
     if (ins.attrs.size() != 1 || ins.attrs[0] < 0 || ins.attrs[0] >= kMaxRank || !(ins.out_dtype == ins.compute))
       return unsupported("operands of an indexed read");
     const std::int64_t dim = ins.attrs[0];
     const std::string r = reg(ins.out);
     const char* ot = cls_type(*cls_of(ins.out_dtype));
     if (k == Code::Gather || k == Code::Select) {
-      if (inputs.size() != 2 || !(p_.inputs[inputs[0]].dtype == ins.compute) || !p_.inputs[inputs[1]].dtype.is_integral())
+      if (inputs.size() != 2 || !(p_.inputs[inputs[0]].dtype == ins.compute) ||
+          !p_.inputs[inputs[1]].dtype.is_integral())
         return unsupported("operands of gather / select");
       const std::uint32_t xi = inputs[0], ii = inputs[1];
       t.line(ind, fmt::format("{} {};", ot, r));
@@ -709,9 +649,10 @@ class StageGen {
       if (k == Code::Gather) {
         t.line(ind + 1, "long long at = 0;");
         t.line(ind + 1, "#pragma unroll");
-        t.line(ind + 1, fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) {{ q[d] = (d < ix{0}.rank && ix{0}.dims[d] != 1) ? "
-                                    "idx[d] : 0; if (d < ix{0}.rank) at += q[d] * ix{0}.strides[d]; }}",
-                                    ii));
+        t.line(ind + 1,
+               fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) {{ q[d] = (d < ix{0}.rank && ix{0}.dims[d] != 1) ? "
+                           "idx[d] : 0; if (d < ix{0}.rank) at += q[d] * ix{0}.strides[d]; }}",
+                           ii));
         t.line(ind + 1, fmt::format("long long v = kiln_index(in{}, at);", ii));
       } else {
         t.line(ind + 1, "#pragma unroll");
@@ -724,7 +665,9 @@ class StageGen {
       t.line(ind + 1, fmt::format("q[{}] = v;", dim));
       t.line(ind + 1, "long long src = 0;");
       t.line(ind + 1, "#pragma unroll");
-      t.line(ind + 1, fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) if (d < ix{0}.rank) src += q[d] * ix{0}.strides[d];", xi));
+      t.line(ind + 1,
+             fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) if (d < ix{0}.rank) src += q[d] * ix{0}.strides[d];",
+                         xi));
       t.line(ind + 1, fmt::format("{} = {};", r, load_conv(ins.compute, fmt::format("in{}[src]", xi))));
       t.line(ind, "}");
       return Status::Ok();
@@ -749,7 +692,9 @@ class StageGen {
       t.line(ind + 1, fmt::format("if (along >= 0 && along < ix{}.dims[{}]) {{", i, dim));
       t.line(ind + 2, fmt::format("q[{}] = along; long long src = 0;", dim));
       t.line(ind + 2, "#pragma unroll");
-      t.line(ind + 2, fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) if (d < ix{0}.rank) src += q[d] * ix{0}.strides[d];", i));
+      t.line(ind + 2,
+             fmt::format("for (int d = 0; d < KILN_MAX_RANK; ++d) if (d < ix{0}.rank) src += q[d] * ix{0}.strides[d];",
+                         i));
       t.line(ind + 2, fmt::format("{} = {}; along = -1;", r, load_conv(ins.compute, fmt::format("in{}[src]", i))));
       t.line(ind + 1, fmt::format("}} else if (along >= 0) {{ along -= ix{}.dims[{}]; }}", i, dim));
     }
@@ -765,9 +710,11 @@ class StageGen {
     open_kernel(t, KernelRole::ElementwiseStrided);
     const bool indexed = block_indexed(p_.blocks[0]);
     t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
-    t.line(1, "for (long long pos = (long long)blockIdx.x * blockDim.x + threadIdx.x; pos < it0.numel; pos += stride) {");
+    t.line(1,
+           "for (long long pos = (long long)blockIdx.x * blockDim.x + threadIdx.x; pos < it0.numel; pos += stride) {");
     t.line(2, "long long idx[KILN_MAX_RANK];");
-    t.line(2, indexed ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
+    t.line(2, indexed ? "kiln_unravel<KILN_R>(pos, it0, idx);"
+                      : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
     KILN_RETURN_IF_ERROR(body(t, 2, 0, BodyMode{}));
     t.line(1, "}");
     t.line(0, "}");
@@ -814,15 +761,16 @@ class StageGen {
       const fusion::Load& ld = blk.loads[l];
       if (!ld.broadcast) continue;
       const DType d = blk.registers[ld.local];
-      t.line(1, fmt::format("const {} b{} = {};", cls_type(*cls_of(d)), l, load_conv(d, fmt::format("in{}[0]", ld.index))));
+      t.line(1, fmt::format("const {} b{} = {};", cls_type(*cls_of(d)), l,
+                            load_conv(d, fmt::format("in{}[0]", ld.index))));
     }
     t.line(1, "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += stride) {");
     for (std::uint32_t l = 0; l < blk.loads.size(); ++l) {
       const fusion::Load& ld = blk.loads[l];
       if (ld.broadcast) continue;
       const std::string st = storage_type(p_.inputs[ld.index].dtype);
-      t.line(2, fmt::format("const KilnVec<{0}, {1}> v{2} = reinterpret_cast<const KilnVec<{0}, {1}>*>(in{3})[j];", st, v,
-                            l, ld.index));
+      t.line(2, fmt::format("const KilnVec<{0}, {1}> v{2} = reinterpret_cast<const KilnVec<{0}, {1}>*>(in{3})[j];", st,
+                            v, l, ld.index));
     }
     KILN_RETURN_IF_ERROR(vector_lanes(t, v, BodyMode{.vector = true, .hoisted_bcast = true}));
     for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
@@ -831,9 +779,10 @@ class StageGen {
     t.line(1, "}");
     // The tail: positions past the last whole vector, one element per thread. Every accessor is
     // contiguous (or a one-element broadcast, whose access strides are all 0).
-    t.line(1, fmt::format("for (long long pos = nv * {} + (long long)blockIdx.x * blockDim.x + threadIdx.x; pos < it0.numel; "
-                          "pos += stride) {{",
-                          v));
+    t.line(1, fmt::format(
+                  "for (long long pos = nv * {} + (long long)blockIdx.x * blockDim.x + threadIdx.x; pos < it0.numel; "
+                  "pos += stride) {{",
+                  v));
     t.line(2, "long long idx[KILN_MAX_RANK];");
     t.line(2, "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
     KILN_RETURN_IF_ERROR(body(t, 2, 0, BodyMode{}));
@@ -860,7 +809,8 @@ class StageGen {
     t.line(1, fmt::format("const long long nv = it0.numel / {};", v));
     t.line(1, "const int last = it0.rank - 1;");
     for (std::uint32_t l = 0; l < blk.loads.size(); ++l)
-      t.line(1, fmt::format("const bool whole{0} = la0_{0}.strides[last] != 0;  // a vector, else one element repeated", l));
+      t.line(1, fmt::format("const bool whole{0} = la0_{0}.strides[last] != 0;  // a vector, else one element repeated",
+                            l));
     t.line(1, "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += stride) {");
     t.line(2, fmt::format("const long long pos = j * {};", v));
     t.line(2, "long long idx[KILN_MAX_RANK];");
@@ -871,8 +821,8 @@ class StageGen {
       t.line(2, fmt::format("KilnVec<{}, {}> v{};", st, v, l));
       t.line(2, "{");
       t.line(3, fmt::format("const long long off = kiln_dot<KILN_R>(idx, la0_{}, it0.rank);", l));
-      t.line(3, fmt::format("if (whole{0}) {{ v{0} = *reinterpret_cast<const KilnVec<{1}, {2}>*>(in{3} + off); }}", l, st, v,
-                            ld.index));
+      t.line(3, fmt::format("if (whole{0}) {{ v{0} = *reinterpret_cast<const KilnVec<{1}, {2}>*>(in{3} + off); }}", l,
+                            st, v, ld.index));
       t.line(3, fmt::format("else {{ const {0} e = in{1}[off];", st, ld.index));
       t.line(3, "#pragma unroll");
       t.line(3, fmt::format("for (int lane = 0; lane < {}; ++lane) v{}.v[lane] = e; }}", v, l));
@@ -880,8 +830,9 @@ class StageGen {
     }
     KILN_RETURN_IF_ERROR(vector_lanes(t, v, BodyMode{.vector = true, .row = true}));
     for (std::uint32_t s = 0; s < blk.stores.size(); ++s)
-      t.line(2, fmt::format("*reinterpret_cast<KilnVec<{0}, {1}>*>(out{2} + kiln_dot<KILN_R>(idx, sa0_{3}, it0.rank)) = w{3};",
-                            storage_type(p_.outputs[blk.stores[s].output].dtype), v, blk.stores[s].output, s));
+      t.line(2, fmt::format(
+                    "*reinterpret_cast<KilnVec<{0}, {1}>*>(out{2} + kiln_dot<KILN_R>(idx, sa0_{3}, it0.rank)) = w{3};",
+                    storage_type(p_.outputs[blk.stores[s].output].dtype), v, blk.stores[s].output, s));
     t.line(1, "}");
     t.line(0, "}");
     out_.body += t.str();
@@ -951,7 +902,8 @@ class StageGen {
         if (ic == Cls::Bool) return unsupported("max_abs of bools");
         rt.acc_type = fl ? it : "unsigned long long";
         rt.init = fmt::format("({})0", rt.acc_type);
-        rt.point = fmt::format(fmt::runtime(fl ? "kiln_max(acc, kiln_abs({}))" : "(kiln_mag({0}) > acc ? kiln_mag({0}) : acc)"), x);
+        rt.point = fmt::format(
+            fmt::runtime(fl ? "kiln_max(acc, kiln_abs({}))" : "(kiln_mag({0}) > acc ? kiln_mag({0}) : acc)"), x);
         rt.combine_a_b = fl ? "kiln_max(a, b)" : "(b > a ? b : a)";
         rt.finish = fixup(red.out_dtype, fmt::format("({})acc", ot));
         break;
@@ -990,7 +942,8 @@ class StageGen {
     collect_params();
     Text t;
     open_kernel(t, role);
-    const std::string combine_fn = fmt::format("[](const {0}& a, const {0}& b) {{ return {1}; }}", rt.acc_type, rt.combine_a_b);
+    const std::string combine_fn =
+        fmt::format("[](const {0}& a, const {0}& b) {{ return {1}; }}", rt.acc_type, rt.combine_a_b);
     if (role == KernelRole::ReduceRows) {
       // One thread block per output; its threads stride along the reduced axis (unrolled, so
       // that each thread has several loads in flight), then warp shuffles and one exchange
@@ -1013,7 +966,8 @@ class StageGen {
     }
     t.line(3, "const long long pos = (ob * rs.n + k) * rs.inner + oi;");
     t.line(3, "long long idx[KILN_MAX_RANK];");
-    t.line(3, idx0 ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
+    t.line(3,
+           idx0 ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
     KILN_RETURN_IF_ERROR(body(t, 3, 0, BodyMode{}));
     t.line(3, fmt::format("acc = {};", rt.point));
     t.line(2, "}");
@@ -1036,7 +990,8 @@ class StageGen {
     t.line(ind, fmt::format("const {} {} = {};", cls_type(*cls_of(red.out_dtype)), reg(red.out), rt.finish));
     t.line(ind, "const long long pos = o;");
     t.line(ind, "long long idx[KILN_MAX_RANK];");
-    t.line(ind, idx1 ? "kiln_unravel<KILN_R>(pos, it1, idx);" : "if (!it1.contiguous) kiln_unravel<KILN_R>(pos, it1, idx);");
+    t.line(ind,
+           idx1 ? "kiln_unravel<KILN_R>(pos, it1, idx);" : "if (!it1.contiguous) kiln_unravel<KILN_R>(pos, it1, idx);");
     KILN_RETURN_IF_ERROR(body(t, ind, 1, BodyMode{}));
     if (role == KernelRole::ReduceRows) {
       t.line(2, "}");
@@ -1055,7 +1010,8 @@ class StageGen {
     const DType ld = p_.inputs[mm.lhs].dtype, rd = p_.inputs[mm.rhs].dtype;
     // f16 / bf16 / f32 operands compute in f32; an f64 operand or output makes the product f64
     // (the CPU GEMM's rule).
-    const bool f64 = ld.kind() == DTypeKind::F64 || rd.kind() == DTypeKind::F64 || mm.out_dtype.kind() == DTypeKind::F64;
+    const bool f64 =
+        ld.kind() == DTypeKind::F64 || rd.kind() == DTypeKind::F64 || mm.out_dtype.kind() == DTypeKind::F64;
     const char* ct = f64 ? "double" : "float";
     const bool idx0 = block_indexed(p_.blocks[0]);
     collect_params();
@@ -1071,8 +1027,10 @@ class StageGen {
     t.line(2, "long long lb = 0, rb = 0;");
     t.line(2, "{ long long rem = bt;");
     t.line(2, "#pragma unroll");
-    t.line(2, "for (int d = KILN_MAX_RANK - 1; d >= 0; --d) if (d < ms.batch_rank) { const long long q = rem % ms.batch_dims[d]; "
-              "rem /= ms.batch_dims[d]; lb += q * ms.lhs_batch[d]; rb += q * ms.rhs_batch[d]; } }");
+    t.line(2,
+           "for (int d = KILN_MAX_RANK - 1; d >= 0; --d) if (d < ms.batch_rank) { const long long q = rem % "
+           "ms.batch_dims[d]; "
+           "rem /= ms.batch_dims[d]; lb += q * ms.lhs_batch[d]; rb += q * ms.rhs_batch[d]; } }");
     t.line(2, "for (long long m0 = (long long)blockIdx.y * 64; m0 < ms.m; m0 += (long long)gridDim.y * 64) {");
     t.line(2, "for (long long n0 = (long long)blockIdx.x * 64; n0 < ms.n; n0 += (long long)gridDim.x * 64) {");
     t.line(3, fmt::format("{} acc[4][4];", ct));
@@ -1109,7 +1067,8 @@ class StageGen {
     t.line(4, "if (gm >= ms.m || gn >= ms.n) continue;");
     t.line(4, "const long long pos = (bt * ms.m + gm) * ms.n + gn;");
     t.line(4, "long long idx[KILN_MAX_RANK];");
-    t.line(4, idx0 ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
+    t.line(4,
+           idx0 ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
     const DType od = mm.out_dtype;
     std::string prod;
     if (od.kind() == DTypeKind::F16)

@@ -47,8 +47,8 @@ CacheVersions current_versions() {
 }
 
 std::uint64_t code_key(std::string_view source, const CompileOptions& options) {
-  const std::string opts = fmt::format("arch={};cubin={};lineinfo={};format={}", options.arch, options.cubin,
-                                       options.line_info, kFormat);
+  const std::string opts =
+      fmt::format("arch={};cubin={};lineinfo={};format={}", options.arch, options.cubin, options.line_info, kFormat);
   return fnv1a64(opts, fnv1a64(source));
 }
 
@@ -71,9 +71,9 @@ std::filesystem::path DiskCache::entry_path(std::uint64_t key, const CompileOpti
 }
 
 DiskCacheStats DiskCache::stats() const {
-  return DiskCacheStats{counters_->hits.load(std::memory_order_relaxed), counters_->misses.load(std::memory_order_relaxed),
-                        counters_->rejected.load(std::memory_order_relaxed),
-                        counters_->stores.load(std::memory_order_relaxed)};
+  return DiskCacheStats{
+      counters_->hits.load(std::memory_order_relaxed), counters_->misses.load(std::memory_order_relaxed),
+      counters_->rejected.load(std::memory_order_relaxed), counters_->stores.load(std::memory_order_relaxed)};
 }
 
 std::optional<CompiledCode> DiskCache::load(std::uint64_t key, const CompileOptions& options) const {

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kiln/reference/tensor.h"
 #include "kiln/ir/shape.h"
+#include "kiln/reference/tensor.h"
 
 namespace kiln::cuda {
 
@@ -39,8 +39,9 @@ Strides row_major(const ir::Shape& s) {
 Result<Strides> broadcast_to(const ir::Shape& shape, const Strides& st, const ir::Shape& reference, bool* broadcast,
                              std::string_view what) {
   if (shape.size() > reference.size())
-    return make_error(ErrorCode::IncompatibleShapes, fmt::format("{} {} does not broadcast to {}", what,
-                                                                 ir::shape_to_string(shape), ir::shape_to_string(reference)));
+    return make_error(ErrorCode::IncompatibleShapes,
+                      fmt::format("{} {} does not broadcast to {}", what, ir::shape_to_string(shape),
+                                  ir::shape_to_string(reference)));
   Strides out(reference.size(), 0);
   const std::size_t lead = reference.size() - shape.size();
   for (std::size_t d = lead; d < reference.size(); ++d) {
@@ -51,9 +52,9 @@ Result<Strides> broadcast_to(const ir::Shape& shape, const Strides& st, const ir
       out[d] = 0;
       if (broadcast) *broadcast = true;
     } else {
-      return make_error(ErrorCode::IncompatibleShapes, fmt::format("{} {} does not broadcast to {}", what,
-                                                                   ir::shape_to_string(shape),
-                                                                   ir::shape_to_string(reference)));
+      return make_error(ErrorCode::IncompatibleShapes,
+                        fmt::format("{} {} does not broadcast to {}", what, ir::shape_to_string(shape),
+                                    ir::shape_to_string(reference)));
     }
   }
   for (std::size_t d = 0; d < lead; ++d)
@@ -66,7 +67,8 @@ const ir::TensorIr* global_of(const Binding& b, std::uint64_t rel) {
 }
 
 // Strides of program input i (a view: through its view) over the reference.
-Result<Strides> input_strides(const FusedProgram& p, std::uint32_t i, const Binding& binding, const ir::Shape& reference) {
+Result<Strides> input_strides(const FusedProgram& p, std::uint32_t i, const Binding& binding,
+                              const ir::Shape& reference) {
   const fusion::ProgramInput& in = p.inputs[i];
   std::uint32_t src = i;
   if (in.role == InputRole::View) {
@@ -87,7 +89,8 @@ Result<Strides> input_strides(const FusedProgram& p, std::uint32_t i, const Bind
       std::swap(st[d1], st[d2]);
     } else {
       KILN_ASSIGN_OR_RETURN(ir::Shape vs, concrete_shape(in.view->shape, binding));
-      if (ir::num_elements(vs) != ir::num_elements(shape)) return make_error(ErrorCode::Invalid, "reshape view: element count");
+      if (ir::num_elements(vs) != ir::num_elements(shape))
+        return make_error(ErrorCode::Invalid, "reshape view: element count");
       shape = vs;
       st = row_major(shape);  // a reshape of a row-major buffer is row-major in its own shape
     }
@@ -96,8 +99,8 @@ Result<Strides> input_strides(const FusedProgram& p, std::uint32_t i, const Bind
 }
 
 // Strides of program output o over the reference; `masked` when it is a broadcast output.
-Result<Strides> output_strides(const FusedProgram& p, std::uint32_t o, const Binding& binding, const ir::Shape& reference,
-                               bool* masked) {
+Result<Strides> output_strides(const FusedProgram& p, std::uint32_t o, const Binding& binding,
+                               const ir::Shape& reference, bool* masked) {
   const fusion::ProgramOutput& out = p.outputs[o];
   const ir::TensorIr* g = global_of(binding, out.tensor);
   if (g == nullptr) return make_error(ErrorCode::Internal, fmt::format("output {}: unknown relative tensor", o));
@@ -145,7 +148,8 @@ KilnAccess to_access(const Strides& st, bool contiguous, bool masked) {
 Result<ir::Shape> concrete_shape(const ir::Shape& relative, const Binding& binding) {
   ir::Shape out;
   for (std::uint64_t id : relative) {
-    if (id >= binding.dims.size()) return make_error(ErrorCode::Internal, fmt::format("relative dim {} is unbound", id));
+    if (id >= binding.dims.size())
+      return make_error(ErrorCode::Internal, fmt::format("relative dim {} is unbound", id));
     out.push_back(binding.dims[id]);
   }
   return out;
@@ -237,13 +241,14 @@ Result<KilnReduceShape> reduce_shape(const FusedProgram& p, const Binding& bindi
     return make_error(ErrorCode::Invalid, "reduction axis or ranks");
   for (std::size_t d = 0; d < in.size(); ++d)
     if (d != static_cast<std::size_t>(axis) ? out[d] != in[d] : out[d] != 1)
-      return make_error(ErrorCode::IncompatibleShapes, fmt::format("reduction {} -> {}", ir::shape_to_string(in),
-                                                                   ir::shape_to_string(out)));
+      return make_error(ErrorCode::IncompatibleShapes,
+                        fmt::format("reduction {} -> {}", ir::shape_to_string(in), ir::shape_to_string(out)));
   KilnReduceShape r;
   r.outer = r.inner = 1;
   for (std::size_t d = 0; d < static_cast<std::size_t>(axis); ++d) r.outer *= static_cast<std::int64_t>(in[d]);
   r.n = static_cast<std::int64_t>(in[static_cast<std::size_t>(axis)]);
-  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < in.size(); ++d) r.inner *= static_cast<std::int64_t>(in[d]);
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < in.size(); ++d)
+    r.inner *= static_cast<std::int64_t>(in[d]);
   r.outputs = r.outer * r.inner;
   return r;
 }
@@ -257,9 +262,8 @@ Result<KilnMatmulShape> matmul_shape(const ir::Shape& lhs, const ir::Shape& rhs,
   s.n = static_cast<std::int64_t>(rhs.back());
   if (static_cast<std::int64_t>(rhs[rhs.size() - 2]) != s.k || static_cast<std::int64_t>(out[out.size() - 2]) != s.m ||
       static_cast<std::int64_t>(out.back()) != s.n)
-    return make_error(ErrorCode::IncompatibleShapes,
-                      fmt::format("matmul {} x {} -> {}", ir::shape_to_string(lhs), ir::shape_to_string(rhs),
-                                  ir::shape_to_string(out)));
+    return make_error(ErrorCode::IncompatibleShapes, fmt::format("matmul {} x {} -> {}", ir::shape_to_string(lhs),
+                                                                 ir::shape_to_string(rhs), ir::shape_to_string(out)));
   const ir::Shape ob(out.begin(), out.end() - 2);
   const ir::Shape lb(lhs.begin(), lhs.end() - 2);
   const ir::Shape rb(rhs.begin(), rhs.end() - 2);
@@ -296,18 +300,10 @@ ScalarArg scalar_arg(const ir::ScalarIr& s, const ScalarSlot& slot) {
   std::array<std::byte, 8> e{};
   const ir::DType d = slot.dtype;
   switch (s.kind()) {
-    case ir::ScalarIr::Kind::Float:
-      reference::element::store_f64(e.data(), d, 0, s.as_float());
-      break;
-    case ir::ScalarIr::Kind::Int:
-      reference::element::store_i64(e.data(), d, 0, s.as_int());
-      break;
-    case ir::ScalarIr::Kind::UInt:
-      reference::element::store_u64(e.data(), d, 0, s.as_uint());
-      break;
-    case ir::ScalarIr::Kind::Bool:
-      reference::element::store_bool(e.data(), d, 0, s.as_bool());
-      break;
+    case ir::ScalarIr::Kind::Float: reference::element::store_f64(e.data(), d, 0, s.as_float()); break;
+    case ir::ScalarIr::Kind::Int: reference::element::store_i64(e.data(), d, 0, s.as_int()); break;
+    case ir::ScalarIr::Kind::UInt: reference::element::store_u64(e.data(), d, 0, s.as_uint()); break;
+    case ir::ScalarIr::Kind::Bool: reference::element::store_bool(e.data(), d, 0, s.as_bool()); break;
   }
   ScalarArg out;
   out.size = scalar_class_size(slot.cls);
@@ -433,15 +429,9 @@ Result<ArgPack> pack_args(const KernelSpec& kernel, const StageArgs& a) {
         if (kp.index >= a.scalars.size()) return make_error(ErrorCode::Internal, "pack: unbound scalar");
         pack.add(a.scalars[kp.index].bytes.data(), a.scalars[kp.index].size);
         break;
-      case ParamKind::ReduceShape:
-        pack.add(&a.reduce, sizeof(KilnReduceShape));
-        break;
-      case ParamKind::MatmulShape:
-        pack.add(&a.matmul, sizeof(KilnMatmulShape));
-        break;
-      case ParamKind::Fault:
-        pack.add(&a.fault, sizeof(std::uintptr_t));
-        break;
+      case ParamKind::ReduceShape: pack.add(&a.reduce, sizeof(KilnReduceShape)); break;
+      case ParamKind::MatmulShape: pack.add(&a.matmul, sizeof(KilnMatmulShape)); break;
+      case ParamKind::Fault: pack.add(&a.fault, sizeof(std::uintptr_t)); break;
     }
   }
   return pack;

@@ -3,9 +3,9 @@
 
 #include <nvrtc.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cstdlib>
-#include <fmt/format.h>
 #include <memory>
 
 namespace kiln::cuda {
@@ -66,14 +66,15 @@ Result<CompiledCode> nvrtc_compile(std::string_view source, std::string_view nam
   ProgramHandle prog(raw);
   // sm_XX produces SASS (a CUBIN) for exactly that architecture; compute_XX produces PTX.
   const std::string arch = fmt::format("--gpu-architecture={}_{}", options.cubin ? "sm" : "compute", options.arch);
-  const std::string include = "--include-path=" + (options.include_dir.empty() ? default_include_dir() : options.include_dir);
+  const std::string include =
+      "--include-path=" + (options.include_dir.empty() ? default_include_dir() : options.include_dir);
   std::vector<const char*> opts = {arch.c_str(), include.c_str(), "--std=c++17", "--device-as-default-execution-space"};
   if (options.line_info) opts.push_back("--generate-line-info");
   r = nvrtcCompileProgram(prog.get(), static_cast<int>(opts.size()), opts.data());
   std::string log = program_log(prog.get());
   if (r != NVRTC_SUCCESS)
-    return make_error(ErrorCode::Execution,
-                      fmt::format("nvrtc: compiling {} for sm_{}: {}\n{}", nm, options.arch, nvrtcGetErrorString(r), log));
+    return make_error(ErrorCode::Execution, fmt::format("nvrtc: compiling {} for sm_{}: {}\n{}", nm, options.arch,
+                                                        nvrtcGetErrorString(r), log));
   CompiledCode out;
   out.is_cubin = options.cubin;
   out.arch = options.arch;
@@ -86,7 +87,8 @@ Result<CompiledCode> nvrtc_compile(std::string_view source, std::string_view nam
   r = options.cubin ? nvrtcGetCUBIN(prog.get(), reinterpret_cast<char*>(out.bytes.data()))
                     : nvrtcGetPTX(prog.get(), reinterpret_cast<char*>(out.bytes.data()));
   if (r != NVRTC_SUCCESS)
-    return make_error(ErrorCode::Execution, fmt::format("nvrtc: reading the code of {}: {}", nm, nvrtcGetErrorString(r)));
+    return make_error(ErrorCode::Execution,
+                      fmt::format("nvrtc: reading the code of {}: {}", nm, nvrtcGetErrorString(r)));
   return out;
 }
 

@@ -88,13 +88,14 @@ Result<DeviceChoice> choose_device(std::string_view request, const ProbeResult& 
       const char* e = r.data() + r.size();
       auto [ptr, ec] = std::from_chars(b, e, ordinal);
       if (ec != std::errc() || ptr != e || b == e || ordinal < 0)
-        return make_error(ErrorCode::Config, fmt::format("device '{}': expected cuda:N with N a device number", request));
+        return make_error(ErrorCode::Config,
+                          fmt::format("device '{}': expected cuda:N with N a device number", request));
     }
     if (!probe.available())
       return make_error(ErrorCode::Config, fmt::format("device '{}' requested, but no GPU: {}", request, probe.reason));
     if (static_cast<std::size_t>(ordinal) >= probe.devices.size())
-      return make_error(ErrorCode::Config, fmt::format("device '{}' requested, but only {} CUDA device(s) found", request,
-                                                       probe.devices.size()));
+      return make_error(ErrorCode::Config, fmt::format("device '{}' requested, but only {} CUDA device(s) found",
+                                                       request, probe.devices.size()));
     const DeviceInfo& d = probe.devices[static_cast<std::size_t>(ordinal)];
     return DeviceChoice{DeviceKind::Cuda, ordinal, fmt::format("requested: {} (sm_{})", d.name, d.arch())};
   }
@@ -110,8 +111,8 @@ Result<DeviceChoice> select_device(std::string_view flag) {
     spdlog::error("kiln: device: {}", c.error().message);
     return c;
   }
-  spdlog::info("kiln: device: {} ({})", c->kind == DeviceKind::Cpu ? std::string("cpu") : fmt::format("cuda:{}", c->ordinal),
-               c->why);
+  spdlog::info("kiln: device: {} ({})",
+               c->kind == DeviceKind::Cpu ? std::string("cpu") : fmt::format("cuda:{}", c->ordinal), c->why);
   return c;
 }
 

@@ -14,7 +14,6 @@ using fusion::ProgramKind;
 using ir::OpKind;
 using ir::TensorStatus;
 
-
 std::optional<SingleOpProgram> single_op_program(const ir::Operation& op) {
   if (op.kind == OpKind::Drop_Drop || op.kind == OpKind::Init_Init) return std::nullopt;
   fusion::OneOpTables t;

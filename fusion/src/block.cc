@@ -106,7 +106,8 @@ bool Block::merge(const Block& other) {
   const bool self_ready = has_ready_optimization();
   const bool other_ready = other.has_ready_optimization();
   constituents_.union_with(other.constituents_);
-  for (std::size_t i = 0; i < other.operations_.size(); ++i) register_op(other.operations_[i], other.ordering_[i], true);
+  for (std::size_t i = 0; i < other.operations_.size(); ++i)
+    register_op(other.operations_[i], other.ordering_[i], true);
   // Keep the merge while the merged block can still grow; otherwise only when it creates a
   // ready fusion that neither side had (merging two ready blocks would hide one of them).
   if (still_optimizing()) return true;

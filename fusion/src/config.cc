@@ -2,11 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <toml++/toml.h>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-#include <toml++/toml.h>
 
 namespace kiln::fusion {
 namespace {
@@ -18,8 +18,7 @@ std::optional<std::size_t> parse_unsigned(std::string_view s) {
   return v;
 }
 
-Result<std::size_t> read_count(toml::node_view<toml::node> node, std::string_view key,
-                               std::string_view source) {
+Result<std::size_t> read_count(toml::node_view<toml::node> node, std::string_view key, std::string_view source) {
   auto v = node.value<std::int64_t>();
   if (!v || *v < 0)
     return make_error(ErrorCode::Config, fmt::format("{}: {} must be a non-negative integer", source, key));
@@ -68,9 +67,9 @@ Result<FusionConfig> parse_fusion_config(std::string_view toml_text, std::string
     auto s = n.value<std::string>();
     auto level = s ? parse_log_level(*s) : std::nullopt;
     if (!level)
-      return make_error(ErrorCode::Config,
-                        fmt::format("{}: fusion.logger.level must be one of disabled, basic, medium, full",
-                                    source_name));
+      return make_error(
+          ErrorCode::Config,
+          fmt::format("{}: fusion.logger.level must be one of disabled, basic, medium, full", source_name));
     cfg.log_level = *level;
     cfg.log_to_stderr = *level != LogLevel::Disabled;
   }

@@ -20,9 +20,7 @@ bool DagNode::produces(ir::TensorId id) const {
   return std::find(produced.begin(), produced.end(), id) != produced.end();
 }
 
-bool DagNode::reads(ir::TensorId id) const {
-  return std::find(read.begin(), read.end(), id) != read.end();
-}
+bool DagNode::reads(ir::TensorId id) const { return std::find(read.begin(), read.end(), id) != read.end(); }
 
 // ---------------------------------------------------------------------------------------------
 // SubGraph

@@ -12,8 +12,7 @@ Explorer::Explorer(FuserList prototypes, std::size_t max_blocks, std::optional<s
 
 ExplorationResult Explorer::explore(std::span<const ir::Operation> ops, ExecutionMode mode) {
   log_.log(LogLevel::Full, [&] {
-    return fmt::format("[explorer] explore ({}): {} deferred of {} queued", mode_name(mode), num_deferred_,
-                       ops.size());
+    return fmt::format("[explorer] explore ({}): {} deferred of {} queued", mode_name(mode), num_deferred_, ops.size());
   });
   if (max_explorations_ && num_explorations_ >= *max_explorations_) {
     // Exploration cap (§8.3): everything queued runs one by one; nothing is cached.

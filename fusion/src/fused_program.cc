@@ -128,9 +128,8 @@ std::string settings_to_string(const FuseSettings& s) {
   const char* layout = s.ref_layout == RefLayout::Any             ? "any"
                        : s.ref_layout == RefLayout::AnyKeepOutput ? "any-keep-output"
                                                                   : "contiguous";
-  return fmt::format("broadcast={} shape_updates={} inplace={} vectorization={} layout={}",
-                     s.broadcast ? "on" : "off", s.output_shape_updates ? "on" : "off",
-                     s.inplace ? "on" : "off", vec, layout);
+  return fmt::format("broadcast={} shape_updates={} inplace={} vectorization={} layout={}", s.broadcast ? "on" : "off",
+                     s.output_shape_updates ? "on" : "off", s.inplace ? "on" : "off", vec, layout);
 }
 
 std::string operand_to_string(const Operand& o) {
@@ -147,8 +146,8 @@ std::string op_name(ir::OpKind k, ir::Family f) {
 }
 
 void append_program(std::string& s, const FusedProgram& p, const std::string& indent) {
-  s += fmt::format("{}{} program ({} ops): {} input(s), {} output(s), {} block(s)", indent, program_kind_name(p.kind), p.len,
-                   p.inputs.size(), p.outputs.size(), p.blocks.size());
+  s += fmt::format("{}{} program ({} ops): {} input(s), {} output(s), {} block(s)", indent, program_kind_name(p.kind),
+                   p.len, p.inputs.size(), p.outputs.size(), p.blocks.size());
   if (!p.scalars.empty()) {
     s += ", scalars [";
     for (std::size_t i = 0; i < p.scalars.size(); ++i) s += fmt::format("{}s{}", i ? ", " : "", p.scalars[i]);
@@ -189,8 +188,7 @@ void append_program(std::string& s, const FusedProgram& p, const std::string& in
     for (const Instruction& ins : b.instructions) {
       s += fmt::format("{}    r{}:{} = {}<{}>(", indent, ins.out, ins.out_dtype.name(), op_name(ins.op, ins.family),
                        ins.compute.name());
-      for (std::size_t i = 0; i < ins.operands.size(); ++i)
-        s += (i ? ", " : "") + operand_to_string(ins.operands[i]);
+      for (std::size_t i = 0; i < ins.operands.size(); ++i) s += (i ? ", " : "") + operand_to_string(ins.operands[i]);
       s += ")";
       if (!ins.attrs.empty()) {
         s += " attrs[";
@@ -205,7 +203,9 @@ void append_program(std::string& s, const FusedProgram& p, const std::string& in
     const ProgramOutput& o = p.outputs[i];
     s += fmt::format("{}  out{} t{}:{}{} {} b{}.r{} {}", indent, i, o.tensor, o.dtype.name(),
                      ir::shape_to_string(o.shape), ir::status_name(o.status), o.block, o.local,
-                     !o.written ? "local" : o.kept ? "written" : "written (temporary)");
+                     !o.written ? "local"
+                     : o.kept   ? "written"
+                                : "written (temporary)");
     if (o.layout) {
       s += " strides[";
       for (std::size_t k = 0; k < o.layout->size(); ++k) s += fmt::format("{}{}", k ? "," : "", (*o.layout)[k]);
@@ -256,9 +256,9 @@ std::uint64_t FusedProgram::structural_hash() const {
 }
 
 bool operator==(const FusedProgram& a, const FusedProgram& b) {
-  return a.kind == b.kind && a.captured_op_position == b.captured_op_position && a.len == b.len && a.inputs == b.inputs &&
-         a.scalars == b.scalars && a.blocks == b.blocks && a.outputs == b.outputs && a.matmul == b.matmul &&
-         a.stages == b.stages && a.fallbacks == b.fallbacks;
+  return a.kind == b.kind && a.captured_op_position == b.captured_op_position && a.len == b.len &&
+         a.inputs == b.inputs && a.scalars == b.scalars && a.blocks == b.blocks && a.outputs == b.outputs &&
+         a.matmul == b.matmul && a.stages == b.stages && a.fallbacks == b.fallbacks;
 }
 
 std::string FusedProgram::to_string() const {

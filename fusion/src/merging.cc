@@ -16,8 +16,7 @@ void accumulate(std::vector<Block>& list, std::vector<Block>& failed, const Reac
       list = std::move(r.merged);
       for (Block& b : r.failed) failed.push_back(std::move(b));
       break;
-    case MergeResult::Kind::Fail:
-      break;
+    case MergeResult::Kind::Fail: break;
   }
 }
 
@@ -101,9 +100,7 @@ MergeResult merge_block_list(std::span<const Block* const> bs, bool sorted, cons
     const std::size_t end = std::min((g + 1) * step, bs.size());
     MergeResult r = merge_block_list(bs.subspan(begin, end - begin), false, guard);
     switch (r.kind) {
-      case MergeResult::Kind::Full:
-        full.push_back(std::move(r.merged[0]));
-        break;
+      case MergeResult::Kind::Full: full.push_back(std::move(r.merged[0])); break;
       case MergeResult::Kind::Partial:
         append(partial, r.merged);
         append(failed, r.failed);
@@ -117,17 +114,17 @@ MergeResult merge_block_list(std::span<const Block* const> bs, bool sorted, cons
   if (partial.size() == 1 && full.empty() && failed.empty()) return MergeResult::full(std::move(partial[0]));
 
   // Step 2: accumulate.
-  if (partial.size() > 1) accumulate(partial, failed, guard);                                   // (a)
-  if (!failed.empty()) {                                                                        // (b)
+  if (partial.size() > 1) accumulate(partial, failed, guard);  // (a)
+  if (!failed.empty()) {                                       // (b)
     append(partial, failed);
     accumulate(partial, failed, guard);
   }
-  if (full.size() > 1) accumulate(full, failed, guard);                                         // (c)
-  if (!full.empty()) {                                                                          // (d)
+  if (full.size() > 1) accumulate(full, failed, guard);  // (c)
+  if (!full.empty()) {                                   // (d)
     append(full, failed);
     accumulate(full, failed, guard);
   }
-  if (!full.empty() || !partial.empty()) {                                                      // (e)
+  if (!full.empty() || !partial.empty()) {  // (e)
     append(full, partial);
     accumulate(full, failed, guard);
   }

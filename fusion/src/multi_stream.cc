@@ -11,8 +11,7 @@ const char* read_plan_name(ReadPlan p) {
   return "?";
 }
 
-MultiStream::MultiStream(FuserFactory fusers, ProcessorOptions options, const FusionLog& log,
-                         ExecutionPlanStore& store)
+MultiStream::MultiStream(FuserFactory fusers, ProcessorOptions options, const FusionLog& log, ExecutionPlanStore& store)
     : fusers_(std::move(fusers)), options_(options), log_(log), store_(store) {}
 
 FusionStream& MultiStream::get_or_create(StreamId id) {

@@ -40,14 +40,14 @@ void OperationQueue::flush_deferred(Executor& executor) {
 
 void OperationQueue::execute_plan(PlanId id, const ExecutionPlan& plan, Executor& executor, const FusionLog& log) {
   const std::size_t len = plan.optimization.ordering.size();
-  const std::size_t assigned =
-      (len >= 1 && len - 1 < shapes_assigned_.size()) ? shapes_assigned_[len - 1] : 1;
+  const std::size_t assigned = (len >= 1 && len - 1 < shapes_assigned_.size()) ? shapes_assigned_[len - 1] : 1;
   // Check 1: the plan bakes in a relative dim id this queue's prefix never assigned.
   if (auto m = plan.optimization.strategy.max_relative_shape_id(); m && *m >= assigned) {
     log.log(LogLevel::Medium, [&] {
-      return fmt::format("[plan] #{} needs relative shape id {} but the stream assigned {}; running its {} "
-                         "operations unfused",
-                         id, *m, assigned, len);
+      return fmt::format(
+          "[plan] #{} needs relative shape id {} but the stream assigned {}; running its {} "
+          "operations unfused",
+          id, *m, assigned, len);
     });
     run(BlockOptimization::unfused(std::min(len, global_.size())), executor, log);
     return;
@@ -57,8 +57,8 @@ void OperationQueue::execute_plan(PlanId id, const ExecutionPlan& plan, Executor
     if (p >= global_.size()) {
       const std::size_t n = std::min(len, global_.size());
       log.log(LogLevel::Medium, [&] {
-        return fmt::format("[plan] #{} names operation {} but the queue holds {}; running {} operations unfused", id,
-                           p, global_.size(), n);
+        return fmt::format("[plan] #{} names operation {} but the queue holds {}; running {} operations unfused", id, p,
+                           global_.size(), n);
       });
       run(BlockOptimization::unfused(n), executor, log);
       return;

@@ -54,7 +54,7 @@ constexpr std::array<std::uint8_t, 4> kMagic = {'K', 'P', 'L', 'N'};
 // magic, format version, reserved, op table fingerprint, kiln version length.
 constexpr std::size_t kFixedHeaderBytes = 4 + 2 + 2 + 4 + 1;
 constexpr std::size_t kTrailerHeaderBytes = 8 + 8;  // payload length, checksum
-constexpr std::size_t kMaxVersionBytes = 255;        // a u8 length
+constexpr std::size_t kMaxVersionBytes = 255;       // a u8 length
 
 // Optimization kinds in the strategy tree. 0 is never written, so a zeroed region is refused.
 constexpr std::uint8_t kOptFused = 1;
@@ -67,12 +67,12 @@ constexpr int kMaxStrategyDepth = 64;
 
 // Minimum encoded size of each element, to reject counts the remaining bytes cannot hold before
 // anything is reserved (so a decoded value costs at most a small multiple of its bytes).
-constexpr std::size_t kMinPlanBytes = 20;      // ops (len + 13-byte empty list), trigger, ordering, leaf
-constexpr std::size_t kMinTriggerBytes = 2;    // kind, ops length
-constexpr std::size_t kMinStrategyBytes = 2;   // kind, count
-constexpr std::size_t kMinProgramBytes = 10;   // kind, 2 sizes, 5 counts, 2 flags
-constexpr std::size_t kMinInputBytes = 6;      // tensor, dtype, rank, status, role, has_view
-constexpr std::size_t kMinBlockBytes = 11;     // rank, 5 settings, 5 counts/flags
+constexpr std::size_t kMinPlanBytes = 20;     // ops (len + 13-byte empty list), trigger, ordering, leaf
+constexpr std::size_t kMinTriggerBytes = 2;   // kind, ops length
+constexpr std::size_t kMinStrategyBytes = 2;  // kind, count
+constexpr std::size_t kMinProgramBytes = 10;  // kind, 2 sizes, 5 counts, 2 flags
+constexpr std::size_t kMinInputBytes = 6;     // tensor, dtype, rank, status, role, has_view
+constexpr std::size_t kMinBlockBytes = 11;    // rank, 5 settings, 5 counts/flags
 constexpr std::size_t kMinLoadBytes = 4;
 constexpr std::size_t kMinInstructionBytes = 7;
 constexpr std::size_t kMinOperandBytes = 2;
@@ -206,10 +206,8 @@ void put_program(Writer& w, const FusedProgram& p) {
 // False when the strategy holds an optimization this format cannot rebuild.
 bool serializable(const ExecutionStrategy& s) {
   switch (s.kind()) {
-    case ExecutionStrategy::Kind::Optimization:
-      return dynamic_cast<const FusedOptimization*>(s.opt().get()) != nullptr;
-    case ExecutionStrategy::Kind::Operations:
-      return true;
+    case ExecutionStrategy::Kind::Optimization: return dynamic_cast<const FusedOptimization*>(s.opt().get()) != nullptr;
+    case ExecutionStrategy::Kind::Operations: return true;
     case ExecutionStrategy::Kind::Composed:
       return std::all_of(s.children().begin(), s.children().end(), [](const auto& c) { return serializable(c); });
   }
@@ -228,9 +226,7 @@ void put_strategy(Writer& w, const ExecutionStrategy& s) {
       w.varint(s.score());
       break;
     }
-    case ExecutionStrategy::Kind::Operations:
-      put_ordering(w, s.ordering());
-      break;
+    case ExecutionStrategy::Kind::Operations: put_ordering(w, s.ordering()); break;
     case ExecutionStrategy::Kind::Composed:
       w.varint(s.children().size());
       for (const ExecutionStrategy& c : s.children()) put_strategy(w, c);
@@ -307,7 +303,8 @@ bool read_shape(Reader& r, ir::Shape& out, const char* what) {
   const std::size_t at = r.offset();
   std::size_t rank = 0;
   if (!r.count(rank, 1, what)) return false;
-  if (rank > ir::codec::kMaxRank) return r.fail(at, fmt::format("{} rank {} exceeds {}", what, rank, ir::codec::kMaxRank));
+  if (rank > ir::codec::kMaxRank)
+    return r.fail(at, fmt::format("{} rank {} exceeds {}", what, rank, ir::codec::kMaxRank));
   out.clear();
   for (std::size_t i = 0; i < rank; ++i) {
     std::uint64_t d = 0;
@@ -381,10 +378,12 @@ bool read_program(Reader& r, FusedProgram& p, int depth) {
     if (!r.boolean(b.settings.broadcast, "settings.broadcast")) return false;
     if (!r.boolean(b.settings.output_shape_updates, "settings.output_shape_updates")) return false;
     if (!r.boolean(b.settings.inplace, "settings.inplace")) return false;
-    if (!r.enumeration(b.settings.vectorization, static_cast<std::uint8_t>(Vectorization::SmallerOrEqualThanPreviousBlock),
+    if (!r.enumeration(b.settings.vectorization,
+                       static_cast<std::uint8_t>(Vectorization::SmallerOrEqualThanPreviousBlock),
                        "settings.vectorization"))
       return false;
-    if (!r.enumeration(b.settings.ref_layout, static_cast<std::uint8_t>(RefLayout::OnlyContiguous), "settings.ref_layout"))
+    if (!r.enumeration(b.settings.ref_layout, static_cast<std::uint8_t>(RefLayout::OnlyContiguous),
+                       "settings.ref_layout"))
       return false;
     if (!r.count(n, 1, "register count")) return false;
     b.registers.resize(n);
@@ -538,7 +537,8 @@ bool read_plan(Reader& r, PlanRecord& rec) {
     if (!r.varint(len, "trigger operations length")) return false;
     if (len != 0) {
       if (len > r.remaining())
-        return r.fail(at, fmt::format("trigger operations length {} exceeds the {} byte(s) that remain", len, r.remaining()));
+        return r.fail(
+            at, fmt::format("trigger operations length {} exceeds the {} byte(s) that remain", len, r.remaining()));
       auto decoded = ir::codec::decode_operations(r.take(static_cast<std::size_t>(len)));
       if (!decoded.ok()) return r.fail(at, "trigger operations: " + decoded.error().message);
       if (decoded->empty()) return r.fail(at, "trigger operations: an empty list written as a message");
@@ -577,7 +577,8 @@ std::string check_program(const FusedProgram& p, std::size_t plan_scalars, int d
   }
   for (std::size_t i = 0; i < p.scalars.size(); ++i) {
     if (p.scalars[i] >= plan_scalars)
-      return fmt::format("scalar placeholder {} but the plan's operations carry {} scalar(s)", p.scalars[i], plan_scalars);
+      return fmt::format("scalar placeholder {} but the plan's operations carry {} scalar(s)", p.scalars[i],
+                         plan_scalars);
     if (i > 0 && p.scalars[i] <= p.scalars[i - 1]) return "scalar placeholders not strictly ascending";
   }
   for (std::size_t bi = 0; bi < n_blocks; ++bi) {
@@ -600,15 +601,17 @@ std::string check_program(const FusedProgram& p, std::size_t plan_scalars, int d
       const Instruction& ins = b.instructions[ii];
       if (ins.out >= regs) return fmt::format("block {} instruction {}: output r{} out of range", bi, ii, ins.out);
       for (const Operand& o : ins.operands) {
-        const bool fine = o.kind == OperandKind::Local   ? o.index < regs
-                          : o.kind == OperandKind::Input ? o.index < n_in
-                                                         : std::binary_search(p.scalars.begin(), p.scalars.end(), o.index);
+        const bool fine = o.kind == OperandKind::Local ? o.index < regs
+                          : o.kind == OperandKind::Input
+                              ? o.index < n_in
+                              : std::binary_search(p.scalars.begin(), p.scalars.end(), o.index);
         if (!fine) return fmt::format("block {} instruction {}: operand index {} out of range", bi, ii, o.index);
       }
     }
     for (std::size_t si = 0; si < b.stores.size(); ++si)
       if (b.stores[si].output >= n_out || b.stores[si].local >= regs)
-        return fmt::format("block {} store {}: out{} <- r{} out of range", bi, si, b.stores[si].output, b.stores[si].local);
+        return fmt::format("block {} store {}: out{} <- r{} out of range", bi, si, b.stores[si].output,
+                           b.stores[si].local);
   }
   for (std::size_t oi = 0; oi < n_out; ++oi) {
     const ProgramOutput& o = p.outputs[oi];
@@ -627,7 +630,8 @@ std::string check_program(const FusedProgram& p, std::size_t plan_scalars, int d
   if (p.matmul.has_value() != (p.kind == ProgramKind::Matmul))
     return fmt::format("{} program {} a matmul", program_kind_name(p.kind), p.matmul ? "carries" : "lacks");
   if (p.matmul) {
-    if (p.matmul->lhs >= n_in || p.matmul->rhs >= n_in || n_blocks == 0 || p.matmul->out >= p.blocks[0].registers.size())
+    if (p.matmul->lhs >= n_in || p.matmul->rhs >= n_in || n_blocks == 0 ||
+        p.matmul->out >= p.blocks[0].registers.size())
       return "matmul operands or output register out of range";
   }
   for (std::size_t i = 0; i < p.stages.size(); ++i)
@@ -652,8 +656,7 @@ std::string check_strategy(const ExecutionStrategy& s, std::size_t plan_scalars,
       if (auto e = check_program(fused->program(), plan_scalars, 0); !e.empty()) return "fused program: " + e;
       return {};
     }
-    case ExecutionStrategy::Kind::Operations:
-      return {};
+    case ExecutionStrategy::Kind::Operations: return {};
     case ExecutionStrategy::Kind::Composed:
       for (const ExecutionStrategy& c : s.children())
         if (auto e = check_strategy(c, plan_scalars, depth + 1); !e.empty()) return e;
@@ -787,7 +790,8 @@ DecodedPlans decode_plans(std::span<const std::uint8_t> bytes, std::string_view 
   if (version != kPlanCacheFormatVersion)
     return failed(PlanCacheProblem::FormatVersion,
                   fmt::format("format version {}, this kiln reads version {}", version, kPlanCacheFormatVersion));
-  if (reserved != 0) return failed(PlanCacheProblem::Malformed, fmt::format("byte 6: reserved field is {}, not 0", reserved));
+  if (reserved != 0)
+    return failed(PlanCacheProblem::Malformed, fmt::format("byte 6: reserved field is {}, not 0", reserved));
 
   const std::size_t header_size = kFixedHeaderBytes + vlen + kTrailerHeaderBytes;
   if (bytes.size() < header_size)
@@ -797,10 +801,10 @@ DecodedPlans decode_plans(std::span<const std::uint8_t> bytes, std::string_view 
   Reader t(bytes.subspan(kFixedHeaderBytes + vlen, kTrailerHeaderBytes), kFixedHeaderBytes + vlen);
   std::uint16_t parts[8] = {};
   for (std::uint16_t& part : parts) (void)t.u16(part, "header");
-  const std::uint64_t payload_len = parts[0] | std::uint64_t{parts[1]} << 16 | std::uint64_t{parts[2]} << 32 |
-                                    std::uint64_t{parts[3]} << 48;
-  const std::uint64_t checksum = parts[4] | std::uint64_t{parts[5]} << 16 | std::uint64_t{parts[6]} << 32 |
-                                 std::uint64_t{parts[7]} << 48;
+  const std::uint64_t payload_len =
+      parts[0] | std::uint64_t{parts[1]} << 16 | std::uint64_t{parts[2]} << 32 | std::uint64_t{parts[3]} << 48;
+  const std::uint64_t checksum =
+      parts[4] | std::uint64_t{parts[5]} << 16 | std::uint64_t{parts[6]} << 32 | std::uint64_t{parts[7]} << 48;
 
   if (file_version != expected_kiln_version)
     return failed(PlanCacheProblem::KilnVersion,

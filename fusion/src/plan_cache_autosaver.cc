@@ -78,10 +78,10 @@ bool PlanCacheAutosaver::save_now(std::uint64_t& saved) {
 void PlanCacheAutosaver::run() {
   // A zero interval would make the wait below a busy loop.
   const Clock::duration poll = std::max<Clock::duration>(options_.poll_interval, std::chrono::milliseconds(1));
-  std::uint64_t saved = 0;    // generation the file holds
-  std::uint64_t seen = 0;     // generation at the last poll
-  bool pending = false;       // seen != saved: something waits to be written
-  Clock::time_point first_change, last_change;  // when a poll first / last saw the pending changes
+  std::uint64_t saved = 0;                                // generation the file holds
+  std::uint64_t seen = 0;                                 // generation at the last poll
+  bool pending = false;                                   // seen != saved: something waits to be written
+  Clock::time_point first_change, last_change;            // when a poll first / last saw the pending changes
   Clock::time_point retry_at = Clock::time_point::min();  // no attempt before (error back-off)
   Clock::duration backoff = options_.error_backoff;
 

@@ -78,9 +78,7 @@ namespace {
 // Spreads the (injectable, possibly poor) op hash over concurrent_hash_map's buckets, which are
 // selected by the low bits.
 struct MixedHashCompare {
-  static std::size_t hash(std::uint64_t x) {
-    return static_cast<std::size_t>(splitmix64_mix(x));
-  }
+  static std::size_t hash(std::uint64_t x) { return static_cast<std::size_t>(splitmix64_mix(x)); }
   static bool equal(std::uint64_t a, std::uint64_t b) { return a == b; }
 };
 
@@ -93,13 +91,15 @@ std::uint64_t kind_key(const ir::Operation& op) {
 struct ExecutionPlanStore::Impl {
   struct Slot {
     Slot(ExecutionPlan p, ExecutionTrigger t, std::uint64_t now)
-        : plan(std::move(p)), triggers(std::make_shared<const TriggerList>(TriggerList{std::move(t)})), last_used(now) {}
+        : plan(std::move(p)),
+          triggers(std::make_shared<const TriggerList>(TriggerList{std::move(t)})),
+          last_used(now) {}
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
-    const ExecutionPlan plan;              // immutable once published
+    const ExecutionPlan plan;  // immutable once published
     Mutex triggers_mu;
     TriggerSnapshot triggers KILN_GUARDED_BY(triggers_mu);  // never null
-    std::atomic<std::uint64_t> last_used;  // `clock` when published or last used
+    std::atomic<std::uint64_t> last_used;                   // `clock` when published or last used
   };
   using SlotPtr = std::shared_ptr<Slot>;
 
@@ -133,8 +133,11 @@ struct ExecutionPlanStore::Impl {
     const TriggerList& list = *s.triggers;
     if (std::find(list.begin(), list.end(), trigger) != list.end()) return false;  // dedupe
     auto grown = std::make_shared<TriggerList>(list);
-    if (const std::size_t cap = options.max_plan_triggers; cap != 0 && trigger.kind == ExecutionTrigger::Kind::OnOperations) {
-      const auto on_operations = [](const ExecutionTrigger& t) { return t.kind == ExecutionTrigger::Kind::OnOperations; };
+    if (const std::size_t cap = options.max_plan_triggers;
+        cap != 0 && trigger.kind == ExecutionTrigger::Kind::OnOperations) {
+      const auto on_operations = [](const ExecutionTrigger& t) {
+        return t.kind == ExecutionTrigger::Kind::OnOperations;
+      };
       if (static_cast<std::size_t>(std::count_if(grown->begin(), grown->end(), on_operations)) >= cap)
         grown->erase(std::find_if(grown->begin(), grown->end(), on_operations));  // the oldest tail
     }
@@ -156,11 +159,11 @@ struct ExecutionPlanStore::Impl {
   Mutex append_mu KILN_ACQUIRED_AFTER(evict_mu);
   std::map<PlanId, SlotPtr> kept KILN_GUARDED_BY(append_mu);
   PlanId next_id KILN_GUARDED_BY(append_mu) = 0;
-  std::atomic<std::size_t> kept_count{0};       // kept.size(), readable without the mutex
-  std::atomic<std::uint64_t> clock{0};          // plans published so far (recency)
+  std::atomic<std::size_t> kept_count{0};  // kept.size(), readable without the mutex
+  std::atomic<std::uint64_t> clock{0};     // plans published so far (recency)
   std::atomic<std::uint64_t> evictions{0};
-  std::atomic<std::uint64_t> generation{0};     // changes so far (see the layout above)
-  Mutex evict_mu;                               // one evicting thread at a time
+  std::atomic<std::uint64_t> generation{0};  // changes so far (see the layout above)
+  Mutex evict_mu;                            // one evicting thread at a time
 
   FirstOpMap first_op;
   KindMap by_kind;

@@ -58,11 +58,8 @@ void Policy::check_candidates(const ExecutionPlanStore& store) {
         if (keep != i) candidates_[keep] = std::move(c);
         ++keep;
         break;
-      case OperationsValidator::State::Found:
-        make_available(store, c);
-        break;
-      case OperationsValidator::State::Invalidated:
-        break;
+      case OperationsValidator::State::Found: make_available(store, c); break;
+      case OperationsValidator::State::Invalidated: break;
     }
   }
   candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(keep), candidates_.end());
@@ -106,11 +103,8 @@ void Policy::check_availables() {
             return;
           }
           break;
-        case ExecutionTrigger::Kind::Always:
-          found_ = std::pair{a.id, a.size};
-          return;
-        case ExecutionTrigger::Kind::OnSync:
-          break;  // never consulted while matching (§5.3)
+        case ExecutionTrigger::Kind::Always: found_ = std::pair{a.id, a.size}; return;
+        case ExecutionTrigger::Kind::OnSync: break;  // never consulted while matching (§5.3)
       }
     }
   }
@@ -158,7 +152,7 @@ PlanPin Policy::pinned(PlanId id) const {
 }
 
 void Policy::reset() {
-  candidates_.clear();   // keeps capacity
+  candidates_.clear();  // keeps capacity
   availables_.clear();
   found_.reset();
   num_operations_ = 0;

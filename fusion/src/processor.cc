@@ -29,8 +29,8 @@ void Processor::process(Segment& segment, ExecutionPlanStore& store, ExecutionMo
       break;
     } else {
       log_.log(LogLevel::Full, [&] {
-        return fmt::format("[plan] cache hit: execute plan #{} ({}, segment has {} ops)", action.plan,
-                           mode_name(mode), ops.size());
+        return fmt::format("[plan] cache hit: execute plan #{} ({}, segment has {} ops)", action.plan, mode_name(mode),
+                           ops.size());
       });
       if (mode == ExecutionMode::Sync) store.add_trigger(action.plan, ExecutionTrigger::on_sync());
       ++stats_.cache_hits;
@@ -84,10 +84,10 @@ std::pair<PlanId, PlanPin> Processor::on_exploration_completed(std::span<const i
   log_.log(LogLevel::Full, [&] {
     return fmt::format("[plan] exploration completed: {}, {}/{} ops optimized", mode_name(mode), k, ops.size());
   });
-  ExecutionTrigger trigger = mode == ExecutionMode::Sync ? ExecutionTrigger::on_sync()
-                             : k == ops.size()
-                                 ? ExecutionTrigger::always()
-                                 : ExecutionTrigger::on_operations({ops.begin() + static_cast<std::ptrdiff_t>(k), ops.end()});
+  ExecutionTrigger trigger =
+      mode == ExecutionMode::Sync ? ExecutionTrigger::on_sync()
+      : k == ops.size()           ? ExecutionTrigger::always()
+                        : ExecutionTrigger::on_operations({ops.begin() + static_cast<std::ptrdiff_t>(k), ops.end()});
   auto prefix = ops.first(k);
   // The same plan is already cached (seen by this stream's policy): it only gains the trigger.
   const Action existing = policy_.action(store, prefix, ExecutionMode::Sync);
@@ -98,8 +98,10 @@ std::pair<PlanId, PlanPin> Processor::on_exploration_completed(std::span<const i
   }
   // Otherwise publish; the store deduplicates against plans other streams published meanwhile.
   auto added = store.add(ExecutionPlan{{prefix.begin(), prefix.end()}, std::move(opt)}, std::move(trigger));
-  if (added.inserted) ++stats_.plans_created;
-  else store.mark_used(added.id);
+  if (added.inserted)
+    ++stats_.plans_created;
+  else
+    store.mark_used(added.id);
   return {added.id, std::move(added.plan)};
 }
 
@@ -124,8 +126,7 @@ std::string describe_first_difference(const ir::Operation& op, const ir::Operati
     if (!(a.dtype == b.dtype)) return fmt::format("{} dtype {} vs cached {}", label, a.dtype.name(), b.dtype.name());
     if (a.status != b.status)
       return fmt::format("{} status {} vs cached {}", label, ir::status_name(a.status), ir::status_name(b.status));
-    if (a.id != b.id)
-      return fmt::format("{} relative id {} vs cached {}", label, a.id.value(), b.id.value());
+    if (a.id != b.id) return fmt::format("{} relative id {} vs cached {}", label, a.id.value(), b.id.value());
   }
   if (op.scalars.size() != cached.scalars.size())
     return fmt::format("{} scalars vs cached {}", op.scalars.size(), cached.scalars.size());
@@ -160,7 +161,8 @@ std::string explain_cache_miss(const ExecutionPlanStore& store, std::span<const 
       while (k < plan->operations.size() && k < ops.size() && plan->operations[k] == ops[k]) ++k;
       if (best_plan == nullptr || k > best_len) best = id, best_plan = std::move(plan), best_len = k;
     }
-    if (best_plan == nullptr) return fmt::format("the plans that started like this were evicted ({} plans cached)", n_plans);
+    if (best_plan == nullptr)
+      return fmt::format("the plans that started like this were evicted ({} plans cached)", n_plans);
     const auto& plan_ops = best_plan->operations;
     if (best_len < plan_ops.size() && best_len < ops.size())
       return fmt::format("closest plan #{} ({} ops) matches {} ops; op {} {}", best, plan_ops.size(), best_len,
@@ -176,7 +178,8 @@ std::string explain_cache_miss(const ExecutionPlanStore& store, std::span<const 
   // Closest: the first plan whose first op differs latest in field order is as good as any;
   // report the first one with its first differing field.
   const PlanPin cached = store.plan(similar.back());
-  if (cached == nullptr) return fmt::format("no cached plan starts with {} ({} plans cached)", ops[0].kind_name(), n_plans);
+  if (cached == nullptr)
+    return fmt::format("no cached plan starts with {} ({} plans cached)", ops[0].kind_name(), n_plans);
   return fmt::format("no cached plan starts with this op; closest plan #{}: op 0 {}", similar.back(),
                      describe_first_difference(ops[0], cached->operations[0]));
 }

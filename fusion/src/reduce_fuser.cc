@@ -34,8 +34,7 @@ void ReduceFuser::on_reduce(const ir::Operation& op) {
   const bool well_formed = op.inputs().size() == 1 && op.outputs().size() == 1 && !op.attrs.empty();
   // The reduction must read exactly the shape the prologue produces; in particular a reduction
   // as the first op always closes (the shape is still empty).
-  if (!well_formed || main_.current_output_shape().empty() ||
-      main_.current_output_shape() != op.inputs()[0].shape) {
+  if (!well_formed || main_.current_output_shape().empty() || main_.current_output_shape() != op.inputs()[0].shape) {
     main_.close();
     read_fallback_.close();
     return;

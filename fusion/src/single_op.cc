@@ -17,20 +17,13 @@ bool family_fits(const ir::Operation& op, ir::DType d) {
   switch (op.family) {
     case ir::Family::BaseFloat:
     case ir::Family::NumericFloat:
-    case ir::Family::Float:
-      ok = d.is_float();
-      break;
+    case ir::Family::Float: ok = d.is_float(); break;
     case ir::Family::BaseInt:
     case ir::Family::NumericInt:
-    case ir::Family::Int:
-      ok = d.is_integral();
-      break;
+    case ir::Family::Int: ok = d.is_integral(); break;
     case ir::Family::BaseBool:
-    case ir::Family::Bool:
-      ok = d.is_bool();
-      break;
-    default:
-      return false;
+    case ir::Family::Bool: ok = d.is_bool(); break;
+    default: return false;
   }
   if (ir::family_carries_dtype(op.family)) ok = ok && op.dtype == d;
   return ok;
@@ -73,16 +66,11 @@ bool single_op_eligible(const ir::Operation& op, std::size_t max_rank) {
           return family_fits(op, from) && (from.is_float()      ? to.is_float()
                                            : from.is_integral() ? to.is_integral()
                                                                 : to.is_bool());
-        case OpKind::Float_IntoInt:
-          return family_fits(op, from) && to.is_integral();
-        case OpKind::Int_IntoFloat:
-          return family_fits(op, from) && to.is_float();
-        case OpKind::Bool_IntoFloat:
-          return from.is_bool() && to.is_float();
-        case OpKind::Bool_IntoInt:
-          return from.is_bool() && to.is_integral();
-        default:
-          return false;
+        case OpKind::Float_IntoInt: return family_fits(op, from) && to.is_integral();
+        case OpKind::Int_IntoFloat: return family_fits(op, from) && to.is_float();
+        case OpKind::Bool_IntoFloat: return from.is_bool() && to.is_float();
+        case OpKind::Bool_IntoInt: return from.is_bool() && to.is_integral();
+        default: return false;
       }
     }
     case ir::Signature::Clamp:
@@ -163,8 +151,7 @@ bool single_op_eligible(const ir::Operation& op, std::size_t max_rank) {
       Result<ir::Shape> s = ir::shape::matmul_output(in[0].shape, in[1].shape);
       return s.ok() && *s == out.shape;
     }
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -173,24 +160,15 @@ namespace {
 
 std::optional<OpKind> dim_kind_of(OpKind k) {
   switch (k) {
-    case OpKind::Numeric_Sum:
-      return OpKind::Numeric_SumDim;
-    case OpKind::Numeric_Mean:
-      return OpKind::Numeric_MeanDim;
-    case OpKind::Numeric_Prod:
-      return OpKind::Numeric_ProdDim;
-    case OpKind::Numeric_Max:
-      return OpKind::Numeric_MaxDim;
-    case OpKind::Numeric_Min:
-      return OpKind::Numeric_MinDim;
-    case OpKind::Numeric_MaxAbs:
-      return OpKind::Numeric_MaxAbsDim;
-    case OpKind::Base_All:
-      return OpKind::Base_AllDim;
-    case OpKind::Base_Any:
-      return OpKind::Base_AnyDim;
-    default:
-      return std::nullopt;
+    case OpKind::Numeric_Sum: return OpKind::Numeric_SumDim;
+    case OpKind::Numeric_Mean: return OpKind::Numeric_MeanDim;
+    case OpKind::Numeric_Prod: return OpKind::Numeric_ProdDim;
+    case OpKind::Numeric_Max: return OpKind::Numeric_MaxDim;
+    case OpKind::Numeric_Min: return OpKind::Numeric_MinDim;
+    case OpKind::Numeric_MaxAbs: return OpKind::Numeric_MaxAbsDim;
+    case OpKind::Base_All: return OpKind::Base_AllDim;
+    case OpKind::Base_Any: return OpKind::Base_AnyDim;
+    default: return std::nullopt;
   }
 }
 
@@ -198,7 +176,7 @@ std::optional<OpKind> dim_kind_of(OpKind k) {
 
 ProgramOutput single_op_output(OneOpTables& t, const ir::TensorIr& out, std::uint32_t block, std::uint32_t local) {
   return ProgramOutput{t.tensor(out), out.dtype, t.shape(out.shape), TensorStatus::NotInit, block, local,
-                               true,          true,      std::nullopt};
+                       true,          true,      std::nullopt};
 }
 
 // Builds the one-op program of an eligible op; nullopt when no compiled form applies.
@@ -224,8 +202,7 @@ std::optional<FusedProgram> synthesize_single_op(const ir::Operation& op, OneOpT
     ins.out_dtype = out.dtype;
     ins.attrs = op.attrs;
     for (std::size_t i = 0; i < in.size(); ++i) {
-      ProgramInput pi{t.tensor(in[i]),          in[i].dtype, t.shape(in[i].shape), in[i].status,
-                              InputRole::Plain, std::nullopt};
+      ProgramInput pi{t.tensor(in[i]), in[i].dtype, t.shape(in[i].shape), in[i].status, InputRole::Plain, std::nullopt};
       if (indexed) {
         pi.role = InputRole::Indexed;
         ins.operands.push_back(Operand::input(static_cast<std::uint32_t>(i)));
@@ -257,11 +234,11 @@ std::optional<FusedProgram> synthesize_single_op(const ir::Operation& op, OneOpT
   if (op.kind == OpKind::Base_SwapDims) {
     p.kind = ProgramKind::Elementwise;
     b.reference_shape = t.shape(out.shape);
-    p.inputs.push_back(ProgramInput{t.tensor(in[0]), in[0].dtype, t.shape(in[0].shape), in[0].status,
-                                            InputRole::Plain, std::nullopt});
+    p.inputs.push_back(
+        ProgramInput{t.tensor(in[0]), in[0].dtype, t.shape(in[0].shape), in[0].status, InputRole::Plain, std::nullopt});
     ViewSpec v{OpKind::Base_SwapDims, 0, op.attrs[0], op.attrs[1], b.reference_shape};
-    p.inputs.push_back(ProgramInput{p.inputs[0].tensor, in[0].dtype, p.inputs[0].shape, in[0].status,
-                                            InputRole::View, v});
+    p.inputs.push_back(
+        ProgramInput{p.inputs[0].tensor, in[0].dtype, p.inputs[0].shape, in[0].status, InputRole::View, v});
     b.registers.push_back(out.dtype);
     b.loads.push_back(Load{LoadSource::Input, 1, 0, false});
     b.stores.push_back(Store{0, 0});
@@ -276,8 +253,8 @@ std::optional<FusedProgram> synthesize_single_op(const ir::Operation& op, OneOpT
     if (!kind) return std::nullopt;
     p.kind = ProgramKind::Reduce;
     p.captured_op_position = 0;
-    p.inputs.push_back(ProgramInput{t.tensor(in[0]), in[0].dtype, t.shape(in[0].shape), in[0].status,
-                                            InputRole::Plain, std::nullopt});
+    p.inputs.push_back(
+        ProgramInput{t.tensor(in[0]), in[0].dtype, t.shape(in[0].shape), in[0].status, InputRole::Plain, std::nullopt});
     ir::Shape reduce_in = p.inputs[0].shape;
     std::uint32_t load_input = 0;
     std::int64_t axis = full ? 0 : op.attrs[0];
@@ -285,8 +262,8 @@ std::optional<FusedProgram> synthesize_single_op(const ir::Operation& op, OneOpT
       // Read the input as a [n] view.
       reduce_in = ir::Shape{t.dim(ir::num_elements(in[0].shape))};
       ViewSpec v{OpKind::Base_Reshape, 0, 0, 0, reduce_in};
-      p.inputs.push_back(ProgramInput{p.inputs[0].tensor, in[0].dtype, p.inputs[0].shape, in[0].status,
-                                              InputRole::View, v});
+      p.inputs.push_back(
+          ProgramInput{p.inputs[0].tensor, in[0].dtype, p.inputs[0].shape, in[0].status, InputRole::View, v});
       load_input = 1;
     }
     b.reference_shape = reduce_in;
@@ -297,8 +274,8 @@ std::optional<FusedProgram> synthesize_single_op(const ir::Operation& op, OneOpT
     e.settings = FuseSettings::reduce_write();
     e.reference_shape = t.shape(out.shape);
     e.registers.push_back(out.dtype);
-    e.reduction = Reduction{
-        *kind, op.family, axis, 0, 0, in[0].dtype, reduce_accumulator(*kind, in[0].dtype), out.dtype};
+    e.reduction =
+        Reduction{*kind, op.family, axis, 0, 0, in[0].dtype, reduce_accumulator(*kind, in[0].dtype), out.dtype};
     e.stores.push_back(Store{0, 0});
     p.blocks.push_back(std::move(e));
     p.outputs.push_back(single_op_output(t, out, 1, 0));
@@ -309,7 +286,7 @@ std::optional<FusedProgram> synthesize_single_op(const ir::Operation& op, OneOpT
     p.kind = ProgramKind::Matmul;
     for (std::size_t i = 0; i < 2; ++i)
       p.inputs.push_back(ProgramInput{t.tensor(in[i]), in[i].dtype, t.shape(in[i].shape), in[i].status,
-                                              InputRole::Plain, std::nullopt});
+                                      InputRole::Plain, std::nullopt});
     b.settings = FuseSettings::matmul_epilogue();
     b.reference_shape = t.shape(out.shape);
     b.registers.push_back(out.dtype);
@@ -321,6 +298,5 @@ std::optional<FusedProgram> synthesize_single_op(const ir::Operation& op, OneOpT
   }
   return std::nullopt;
 }
-
 
 }  // namespace kiln::fusion

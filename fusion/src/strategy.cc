@@ -60,10 +60,8 @@ ExecutionStrategy ExecutionStrategy::composed(std::vector<ExecutionStrategy> chi
 
 std::optional<std::uint64_t> ExecutionStrategy::max_relative_shape_id() const {
   switch (kind_) {
-    case Kind::Optimization:
-      return opt_ ? opt_->max_relative_shape_id() : std::nullopt;
-    case Kind::Operations:
-      return std::nullopt;
+    case Kind::Optimization: return opt_ ? opt_->max_relative_shape_id() : std::nullopt;
+    case Kind::Operations: return std::nullopt;
     case Kind::Composed: {
       std::optional<std::uint64_t> best;
       for (const ExecutionStrategy& c : children_) {
@@ -95,10 +93,9 @@ Ordering ExecutionStrategy::flatten() const {
 std::string ExecutionStrategy::to_string() const {
   switch (kind_) {
     case Kind::Optimization:
-      return "O(" + std::string(opt_ ? opt_->name() : std::string_view("null")) + "," +
-             ordering_to_string(ordering_) + "," + std::to_string(score_) + ")";
-    case Kind::Operations:
-      return "U(" + ordering_to_string(ordering_) + ")";
+      return "O(" + std::string(opt_ ? opt_->name() : std::string_view("null")) + "," + ordering_to_string(ordering_) +
+             "," + std::to_string(score_) + ")";
+    case Kind::Operations: return "U(" + ordering_to_string(ordering_) + ")";
     case Kind::Composed: {
       std::string s = "C([";
       for (std::size_t i = 0; i < children_.size(); ++i) {

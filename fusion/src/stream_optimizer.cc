@@ -145,16 +145,14 @@ std::vector<Block> BlocksOptimizer::merging_pass(std::vector<Block> blocks) {
   const Reachability guard = Dag(std::span<const DagNode>(nodes)).reachability();
   MergeResult r = merge_block_list(std::span<const Block>(blocks), false, guard);
   switch (r.kind) {
-    case MergeResult::Kind::Full:
-      return std::move(r.merged);
+    case MergeResult::Kind::Full: return std::move(r.merged);
     case MergeResult::Kind::Partial: {
       std::vector<Block> out = std::move(r.merged);
       for (Block& b : r.failed) out.push_back(std::move(b));
       Block::sort_by_start_pos(out);
       return out;
     }
-    case MergeResult::Kind::Fail:
-      break;
+    case MergeResult::Kind::Fail: break;
   }
   return blocks;
 }
@@ -227,9 +225,8 @@ StreamOptimizer::StreamOptimizer(FuserList prototypes, std::optional<std::size_t
 
 void StreamOptimizer::register_op(const ir::Operation& op) {
   if (stopped_) {
-    log_->log(LogLevel::Full, [&] {
-      return fmt::format("[stream] {} dropped (optimizer stopped at op {})", op.kind_name(), length_);
-    });
+    log_->log(LogLevel::Full,
+              [&] { return fmt::format("[stream] {} dropped (optimizer stopped at op {})", op.kind_name(), length_); });
     return;
   }
   if (blocks_.empty()) {
@@ -239,8 +236,7 @@ void StreamOptimizer::register_op(const ir::Operation& op) {
   }
   switch (merge_blocks(op, false)) {
     case MergeStep::Full:
-    case MergeStep::NoNeed:
-      break;
+    case MergeStep::NoNeed: break;
     case MergeStep::Fail:
     case MergeStep::Partial:
       // The op ties together blocks that cannot be merged: it gets its own block that depends
@@ -375,7 +371,8 @@ StreamOptimizer::MergeStep StreamOptimizer::merge_blocks(const ir::Operation& op
   MergeResult r = merge_block_list(std::span<const Block* const>(candidates), false, guard);
   if (r.is_fail()) return MergeStep::Fail;
 
-  for (auto it = idx.rbegin(); it != idx.rend(); ++it) blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(*it));
+  for (auto it = idx.rbegin(); it != idx.rend(); ++it)
+    blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(*it));
   for (Block& b : r.merged) blocks_.push_back(std::move(b));
   for (Block& b : r.failed) blocks_.push_back(std::move(b));
   Block::sort_by_start_pos(blocks_);

@@ -295,8 +295,8 @@ FuserProperties TraceFuser::properties() const {
 
 void TraceFuser::close_on(const ir::Operation& op, std::string_view reason) {
   log_.log(LogLevel::Full, [&] {
-    return fmt::format("[fuser] closed on {} ({}); had {} ops, est_bindings={}/{}", ir::family_name(op.family),
-                       reason, num_ops_, trace_.estimate_bindings(), max_bindings_);
+    return fmt::format("[fuser] closed on {} ({}); had {} ops, est_bindings={}/{}", ir::family_name(op.family), reason,
+                       num_ops_, trace_.estimate_bindings(), max_bindings_);
   });
   status_ = FuserStatus::Closed;
 }
@@ -445,8 +445,7 @@ bool TraceFuser::fuse_traced(const ir::Operation& op) {
     }
     for (const ir::ScalarIr& s : op.scalars) {
       // Fusers only see relative ops: every scalar is a UInt placeholder.
-      if (s.kind() != ir::ScalarIr::Kind::UInt || s.as_uint() > std::numeric_limits<std::uint32_t>::max())
-        return false;
+      if (s.kind() != ir::ScalarIr::Kind::UInt || s.as_uint() > std::numeric_limits<std::uint32_t>::max()) return false;
       const auto k = static_cast<std::uint32_t>(s.as_uint());
       t.use_scalar(k);
       ins.operands.push_back(Operand::scalar(k));
@@ -515,8 +514,8 @@ bool fuse_both(TraceFuser& a, TraceFuser& b, const ir::Operation& op) {
 }
 
 ir::DType reduce_accumulator(ir::OpKind kind, ir::DType input) {
-  const bool widens = kind == ir::OpKind::Numeric_SumDim || kind == ir::OpKind::Numeric_MeanDim ||
-                      kind == ir::OpKind::Numeric_ProdDim;
+  const bool widens =
+      kind == ir::OpKind::Numeric_SumDim || kind == ir::OpKind::Numeric_MeanDim || kind == ir::OpKind::Numeric_ProdDim;
   if (!widens) return input;
   switch (input.kind()) {
     case ir::DTypeKind::F16:

@@ -7,9 +7,7 @@
 namespace kiln::ipc {
 
 namespace {
-std::string range_text(ArenaRange r) {
-  return "[" + std::to_string(r.offset) + ", +" + std::to_string(r.length) + ")";
-}
+std::string range_text(ArenaRange r) { return "[" + std::to_string(r.offset) + ", +" + std::to_string(r.length) + ")"; }
 }  // namespace
 
 Result<std::span<std::uint8_t>> ArenaView::slice(ArenaRange r) const {
@@ -23,8 +21,8 @@ Result<std::span<std::uint8_t>> ArenaView::slice(ArenaRange r) const {
 Status ArenaView::write(ArenaRange r, std::span<const std::uint8_t> src) const {
   KILN_ASSIGN_OR_RETURN(auto dst, slice(r));
   if (src.size() > dst.size()) {
-    return make_error(ErrorCode::OutOfBounds, "arena write of " + std::to_string(src.size()) +
-                                                  " bytes into range " + range_text(r));
+    return make_error(ErrorCode::OutOfBounds,
+                      "arena write of " + std::to_string(src.size()) + " bytes into range " + range_text(r));
   }
   if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
   return Status::Ok();
@@ -33,8 +31,8 @@ Status ArenaView::write(ArenaRange r, std::span<const std::uint8_t> src) const {
 Status ArenaView::read(ArenaRange r, std::span<std::uint8_t> out) const {
   KILN_ASSIGN_OR_RETURN(auto src, slice(r));
   if (out.size() > src.size()) {
-    return make_error(ErrorCode::OutOfBounds, "arena read of " + std::to_string(out.size()) +
-                                                  " bytes from range " + range_text(r));
+    return make_error(ErrorCode::OutOfBounds,
+                      "arena read of " + std::to_string(out.size()) + " bytes from range " + range_text(r));
   }
   if (!out.empty()) std::memcpy(out.data(), src.data(), out.size());
   return Status::Ok();

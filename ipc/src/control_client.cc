@@ -60,7 +60,9 @@ Result<ClientConnection> connect_to_daemon(const ClientOptions& options) {
   // Who answers: a socket planted by another user (in a runtime dir it could create first, or
   // through a path the client was pointed to) must not receive our hello, let alone our data.
   Result<PeerCredentials> daemon = peer_credentials(sock.get());
-  if (!daemon.ok()) return make_error(ErrorCode::Execution, "reading the credentials of the daemon at " + path + ": " + daemon.error().message);
+  if (!daemon.ok())
+    return make_error(ErrorCode::Execution,
+                      "reading the credentials of the daemon at " + path + ": " + daemon.error().message);
   if (Status trusted = check_daemon_peer(::geteuid(), *daemon); !trusted.ok())
     return make_error(ErrorCode::Invalid, "refused: not trusting " + path + ": " + trusted.error().message);
 

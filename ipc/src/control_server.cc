@@ -51,7 +51,7 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
     std::vector<std::uint8_t> body;
     std::array<std::uint8_t, 1> watch_byte{};
     bool kicked = false;
-    bool counted = false;  // in open_total / open_by_uid (uncount)
+    bool counted = false;    // in open_total / open_by_uid (uncount)
     std::string over_limit;  // non-empty: refused after its hello, with this reason
   };
 
@@ -73,14 +73,15 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
   std::uint64_t next_id = 1;
   bool stopped = false;
   std::map<std::uint64_t, std::shared_ptr<Conn>> clients;  // handshaken, watched
-  std::size_t open_total = 0;                  // connections counted (accepted, not dropped)
+  std::size_t open_total = 0;                              // connections counted (accepted, not dropped)
   std::map<uid_t, std::size_t> open_by_uid;
 
   // Counts a new connection against the limits; false when it must be closed unread (far past
   // one). A connection just past a limit is counted and marked to be refused with the reason.
   bool count(Conn& c) {
     std::size_t& mine = open_by_uid[c.peer.uid];
-    if (open_total >= options.max_connections + kRefusalSlack || mine >= options.max_connections_per_uid + kRefusalSlack) {
+    if (open_total >= options.max_connections + kRefusalSlack ||
+        mine >= options.max_connections_per_uid + kRefusalSlack) {
       if (mine == 0) open_by_uid.erase(c.peer.uid);
       return false;
     }
@@ -191,30 +192,31 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
     c->timer.cancel();
     clients.emplace(c->id, c);
     watch(c);
-    auto accepted = std::make_unique<AcceptedClient>(
-        AcceptedClient{c->id, c->peer, std::move(hello->job), std::move(ep).value()});
+    auto accepted =
+        std::make_unique<AcceptedClient>(AcceptedClient{c->id, c->peer, std::move(hello->job), std::move(ep).value()});
     callbacks.on_client(std::move(accepted));
   }
 
   // After the handshake the client never writes to the socket: the read completes only at EOF,
   // on error, on a protocol violation, or when the daemon closes it.
   void watch(const std::shared_ptr<Conn>& c) {
-    c->socket.async_read_some(asio::buffer(c->watch_byte), [self = shared_from_this(), c](error_code ec, std::size_t n) {
-      if (self->stopped) return;
-      auto it = self->clients.find(c->id);
-      if (it == self->clients.end()) return;
-      self->clients.erase(it);
-      Status why;
-      if (c->kicked) {
-        why = make_error(ErrorCode::Execution, "disconnected by the daemon");
-      } else if (!ec && n > 0) {
-        why = make_error(ErrorCode::Decode, "client sent data on the control socket after the handshake");
-      } else if (ec && ec != asio::error::eof) {
-        why = make_error(ErrorCode::Execution, "control socket: " + ec.message());
-      }
-      self->drop(c);
-      self->callbacks.on_disconnect(c->id, why);
-    });
+    c->socket.async_read_some(
+        asio::buffer(c->watch_byte), [self = shared_from_this(), c](error_code ec, std::size_t n) {
+          if (self->stopped) return;
+          auto it = self->clients.find(c->id);
+          if (it == self->clients.end()) return;
+          self->clients.erase(it);
+          Status why;
+          if (c->kicked) {
+            why = make_error(ErrorCode::Execution, "disconnected by the daemon");
+          } else if (!ec && n > 0) {
+            why = make_error(ErrorCode::Decode, "client sent data on the control socket after the handshake");
+          } else if (ec && ec != asio::error::eof) {
+            why = make_error(ErrorCode::Execution, "control socket: " + ec.message());
+          }
+          self->drop(c);
+          self->callbacks.on_disconnect(c->id, why);
+        });
   }
 
   void do_stop() {
@@ -231,7 +233,8 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
   }
 };
 
-ControlServer::ControlServer(std::shared_ptr<Impl> impl, std::string path) : impl_(std::move(impl)), path_(std::move(path)) {}
+ControlServer::ControlServer(std::shared_ptr<Impl> impl, std::string path)
+    : impl_(std::move(impl)), path_(std::move(path)) {}
 
 Result<std::unique_ptr<ControlServer>> ControlServer::start(asio::io_context& io, ServerOptions options,
                                                             ServerCallbacks callbacks) {

@@ -1,15 +1,15 @@
 // The daemon's client sessions over one device (kiln/ipc/daemon.h).
 #include "kiln/ipc/daemon.h"
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
-#include <boost/container/small_vector.hpp>
 #include <sys/random.h>
 #include <unistd.h>
+#include <boost/container/small_vector.hpp>
 
 #include <cerrno>
 #include <cstring>
@@ -17,11 +17,11 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
-#include <span>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -41,7 +41,7 @@ constexpr std::chrono::milliseconds kReceivePoll{100};  // how often a session c
 // A completion waits for ring space in slices of this, checking for stop between them, so a stop
 // never waits on a client that does not pop its completions.
 constexpr std::chrono::milliseconds kSendSlice{50};
-constexpr std::uint64_t kQueuedOpsRefresh = 64;            // ops between queued-op recounts
+constexpr std::uint64_t kQueuedOpsRefresh = 64;  // ops between queued-op recounts
 // Registrations made without waking their stream's actor while the client's ring still holds
 // messages, before the session wakes the actors anyway (see ClientSession::register_op). A
 // worker's step up to its read fits (the read then runs it all on the session thread, no pool
@@ -131,7 +131,7 @@ struct Usage {
 
 // A job's owner and totals over its sessions.
 struct JobState {
-  uid_t owner_uid = 0;        // the creator's credentials (fixed)
+  uid_t owner_uid = 0;  // the creator's credentials (fixed)
   gid_t owner_gid = 0;
   std::uint64_t clients = 0;  // under DaemonService::Impl::mu
   Usage usage;
@@ -203,11 +203,11 @@ struct DaemonService::Impl {
   std::map<std::uint64_t, std::thread> threads KILN_GUARDED_BY(mu);
   std::vector<std::thread> finished_threads KILN_GUARDED_BY(mu);  // sessions that ended, joined by the next reap
   std::map<std::string, JobState> jobs KILN_GUARDED_BY(mu);
-  std::map<uid_t, UidState> uids KILN_GUARDED_BY(mu);  // every uid with a client or a job
+  std::map<uid_t, UidState> uids KILN_GUARDED_BY(mu);                           // every uid with a client or a job
   std::unordered_map<std::uint64_t, ExportRecord> exports KILN_GUARDED_BY(mu);  // by ExportToken::index()
   std::uint64_t clients_served KILN_GUARDED_BY(mu) = 0;
-  std::atomic<std::uint64_t> staged_bytes{0};  // every session's staging (StagingReservation)
-  std::atomic<bool> stopping{false};            // stop() began (for the sessions' logs)
+  std::atomic<std::uint64_t> staged_bytes{0};         // every session's staging (StagingReservation)
+  std::atomic<bool> stopping{false};                  // stop() began (for the sessions' logs)
   std::uint64_t next_stream KILN_GUARDED_BY(mu) = 1;  // device stream numbers handed to client streams
   std::function<std::uint64_t()> fused_launches;
   bool stopped KILN_GUARDED_BY(mu) = false;
@@ -276,7 +276,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status upload_part(const UploadPartCmd& c, std::uint64_t rid);
   Status read_part(const ReadPartCmd& c, std::uint64_t rid);
   Result<ReadPartDoneCpl> read_window(const ReadPartCmd& c);  // of staged_read_
-  void reset_staged_read();  // ends the chunked read, releasing what it was charged
+  void reset_staged_read();                                   // ends the chunked read, releasing what it was charged
   void discard_staged_upload(std::uint64_t client_tensor);
   // Reserves `bytes` of the daemon's staging memory; `what` names the request in the error.
   Result<StagingReservation> reserve_staging(std::uint64_t bytes, const std::string& what);
@@ -372,7 +372,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 void ClientSession::run() {
   Endpoint& ep = client_->endpoint;
   std::vector<std::uint8_t> buf(ep.max_receive_bytes());
-  spdlog::info("kilnd: client {} connected (job {}, pid {}, uid {})", id(), job(), client_->peer.pid, client_->peer.uid);
+  spdlog::info("kilnd: client {} connected (job {}, pid {}, uid {})", id(), job(), client_->peer.pid,
+               client_->peer.uid);
   while (!stop_.load(std::memory_order_acquire)) {
     Result<std::optional<std::size_t>> got = ep.receive(buf, kReceivePoll);
     if (!got.ok()) {
@@ -469,12 +470,12 @@ Status ClientSession::send(const Completion& cpl) {
     const bool ring_full = st.error().code == ErrorCode::ResourceExhausted;
     if (ring_full && !stop_.load(std::memory_order_acquire) && Clock::now() < deadline) continue;
     const bool stopping = stop_.load(std::memory_order_acquire);
-    std::string why = !ring_full ? st.error().to_string()
-                      : stopping && service_.stopping.load(std::memory_order_acquire)
-                          ? "the daemon is stopping"
-                      : stopping ? "the client went away"
-                                 : fmt::format("its completion ring stayed full for {} ms (daemon.completion_timeout_ms)",
-                                               service_.options.completion_timeout.count());
+    std::string why = !ring_full                                                      ? st.error().to_string()
+                      : stopping && service_.stopping.load(std::memory_order_acquire) ? "the daemon is stopping"
+                      : stopping
+                          ? "the client went away"
+                          : fmt::format("its completion ring stayed full for {} ms (daemon.completion_timeout_ms)",
+                                        service_.options.completion_timeout.count());
     // A client that went, or a stop, is already logged; a stuck client is news.
     if (!stopping)
       spdlog::warn("kilnd: client {} (job {}, pid {}): completion not delivered: {}; disconnecting it", id(), job(),
@@ -513,7 +514,8 @@ Status ClientSession::rehome(TensorRecord& rec, StreamId to) {
 
 Status ClientSession::check_fresh(std::uint64_t client_tensor, const char* what) const {
   if (tensors_.count(client_tensor) != 0)
-    return make_error(ErrorCode::Invalid, fmt::format("{}: tensor id {} is already in use by this client", what, client_tensor));
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("{}: tensor id {} is already in use by this client", what, client_tensor));
   return Status::Ok();
 }
 
@@ -546,7 +548,8 @@ void ClientSession::release(std::uint64_t bytes) {
   // sessions' own.
   bytes = std::min(tensor_bytes_, bytes);
   job_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  if (service_.options.uid_memory_bytes != 0) uid_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  if (service_.options.uid_memory_bytes != 0)
+    uid_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
   tensor_bytes_ -= bytes;
 }
 
@@ -662,7 +665,8 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   // (StreamActor::try_run_inline takes any unscheduled backlog), with no pool thread woken; a
   // long burst still wakes the actor every kDeferredWakeMax ops.
   const bool defer = client_->endpoint.receive_pending();
-  Status st = defer ? service_.device.register_op_deferred(s, std::move(op)) : service_.device.register_op(s, std::move(op));
+  Status st =
+      defer ? service_.device.register_op_deferred(s, std::move(op)) : service_.device.register_op(s, std::move(op));
   if (!st.ok()) {
     release(out_bytes);
     return st;
@@ -678,7 +682,8 @@ Status ClientSession::upload(const UploadCmd& c, std::uint64_t rid) {
   KILN_RETURN_IF_ERROR(check_fresh(c.tensor.value(), "upload"));
   KILN_ASSIGN_OR_RETURN(std::uint64_t bytes, tensor_bytes(c.dtype, c.shape));
   if (bytes != c.data.length)
-    return make_error(ErrorCode::Invalid, fmt::format("the data range holds {} bytes, the tensor needs {}", c.data.length, bytes));
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("the data range holds {} bytes, the tensor needs {}", c.data.length, bytes));
   // Straight from shared memory into the new tensor: the backend copies the bytes once and
   // decides nothing on their values (DeviceBackend::upload), so a client rewriting its range
   // meanwhile can only tear its own tensor's values. (A private copy first cost a zeroed
@@ -699,10 +704,10 @@ Status ClientSession::upload(const UploadCmd& c, std::uint64_t rid) {
 Status ClientSession::read(const ReadCmd& c, std::uint64_t rid) {
   KILN_ASSIGN_OR_RETURN(TensorRecord * rec, lookup(c.tensor.id.value(), "read"));
   if (!(rec->dtype == c.tensor.dtype) || rec->shape != c.tensor.shape)
-    return make_error(ErrorCode::Invalid, fmt::format("tensor {} is {} {} on record, the message says {} {}",
-                                                      c.tensor.id.value(), ir::shape_to_string(rec->shape),
-                                                      rec->dtype.name(), ir::shape_to_string(c.tensor.shape),
-                                                      c.tensor.dtype.name()));
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("tensor {} is {} {} on record, the message says {} {}", c.tensor.id.value(),
+                                  ir::shape_to_string(rec->shape), rec->dtype.name(),
+                                  ir::shape_to_string(c.tensor.shape), c.tensor.dtype.name()));
   if (rec->bytes > c.dest.length)
     return make_error(ErrorCode::Invalid,
                       fmt::format("the destination holds {} bytes, the tensor has {}", c.dest.length, rec->bytes));
@@ -851,21 +856,24 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
   KILN_ASSIGN_OR_RETURN(const std::uint64_t total, tensor_bytes(c.dtype, c.shape));
   // The decoder checked these bounds; the staging copy below relies on them, so check again.
   if (c.data.length == 0 || c.offset >= total || c.data.length > total - c.offset)
-    return make_error(ErrorCode::Invalid,
-                      fmt::format("data: part [{}, +{}) is not inside the tensor's {} bytes", c.offset, c.data.length, total));
+    return make_error(ErrorCode::Invalid, fmt::format("data: part [{}, +{}) is not inside the tensor's {} bytes",
+                                                      c.offset, c.data.length, total));
   auto it = staged_uploads_.find(id);
   if (it == staged_uploads_.end()) {
     if (c.offset != 0)
-      return make_error(ErrorCode::Invalid, fmt::format("offset: {}, but no upload of tensor {} is in progress (its first "
-                                                        "part has offset 0)", c.offset, id));
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("offset: {}, but no upload of tensor {} is in progress (its first "
+                                    "part has offset 0)",
+                                    c.offset, id));
     KILN_RETURN_IF_ERROR(check_fresh(id, "tensor_id"));
     // One chunked upload at a time per connection (the client library serialises them): an
     // unfinished one was abandoned (its client gave up), and goes with its charge.
     while (!staged_uploads_.empty()) discard_staged_upload(staged_uploads_.begin()->first);
     if (total > staging_limit())
-      return make_error(ErrorCode::ResourceExhausted,
-                        fmt::format("shape: tensor {} of {} exceeds the largest chunked upload this machine can stage, {}",
-                                    id, human_bytes(total), human_bytes(staging_limit())));
+      return make_error(
+          ErrorCode::ResourceExhausted,
+          fmt::format("shape: tensor {} of {} exceeds the largest chunked upload this machine can stage, {}", id,
+                      human_bytes(total), human_bytes(staging_limit())));
     // The daemon's staging memory first (host memory no device limit counts), then the quotas.
     KILN_ASSIGN_OR_RETURN(StagingReservation staging, reserve_staging(total, fmt::format("staging tensor {}", id)));
     // The whole tensor is charged before anything is allocated: staged bytes count like live ones.
@@ -874,24 +882,30 @@ Status ClientSession::upload_part(const UploadPartCmd& c, std::uint64_t rid) {
     std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[total]);
     if (!buf) {
       release(total);
-      return make_error(ErrorCode::ResourceExhausted, fmt::format("cannot allocate {} to stage tensor {}", human_bytes(total), id));
+      return make_error(ErrorCode::ResourceExhausted,
+                        fmt::format("cannot allocate {} to stage tensor {}", human_bytes(total), id));
     }
-    it = staged_uploads_.emplace(id, StagedUpload{c.stream, c.dtype, c.shape, total, 0, std::move(buf), std::move(staging)})
+    it = staged_uploads_
+             .emplace(id, StagedUpload{c.stream, c.dtype, c.shape, total, 0, std::move(buf), std::move(staging)})
              .first;
   } else if (!(it->second.dtype == c.dtype) || it->second.shape != c.shape) {
-    const std::string msg = fmt::format("shape: tensor {} is being uploaded as {}{}, this part says {}{}; upload discarded", id,
-                                        it->second.dtype.name(), ir::shape_to_string(it->second.shape), c.dtype.name(),
-                                        ir::shape_to_string(c.shape));
+    const std::string msg = fmt::format(
+        "shape: tensor {} is being uploaded as {}{}, this part says {}{}; upload discarded", id,
+        it->second.dtype.name(), ir::shape_to_string(it->second.shape), c.dtype.name(), ir::shape_to_string(c.shape));
     discard_staged_upload(id);
     return make_error(ErrorCode::Invalid, msg);
   } else if (it->second.stream != c.stream) {
-    const std::string msg = fmt::format("stream: tensor {} is being uploaded onto stream {}, this part says {}; upload "
-                                        "discarded", id, it->second.stream, c.stream);
+    const std::string msg = fmt::format(
+        "stream: tensor {} is being uploaded onto stream {}, this part says {}; upload "
+        "discarded",
+        id, it->second.stream, c.stream);
     discard_staged_upload(id);
     return make_error(ErrorCode::Invalid, msg);
   } else if (c.offset != it->second.received) {
-    const std::string msg = fmt::format("offset: {}, expected {} (the bytes received so far: parts arrive in order); upload "
-                                        "of tensor {} discarded", c.offset, it->second.received, id);
+    const std::string msg = fmt::format(
+        "offset: {}, expected {} (the bytes received so far: parts arrive in order); upload "
+        "of tensor {} discarded",
+        c.offset, it->second.received, id);
     discard_staged_upload(id);
     return make_error(ErrorCode::Invalid, msg);
   }
@@ -941,8 +955,9 @@ Status ClientSession::read_part(const ReadPartCmd& c, std::uint64_t rid) {
     // leaves nothing live behind it.
     Result<StagingReservation> staging = reserve_staging(rec.bytes, fmt::format("the read snapshot of tensor {}", id));
     Result<runtime::HostData> data =
-        staging.ok() ? service_.device.read(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadOnly, rec.dtype})
-                     : Result<runtime::HostData>(staging.error());
+        staging.ok()
+            ? service_.device.read(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadOnly, rec.dtype})
+            : Result<runtime::HostData>(staging.error());
     if (last_use) {
       Status dropped =
           service_.device.drop(rec.home, ir::TensorIr{rec.global, rec.shape, ir::TensorStatus::ReadWrite, rec.dtype});
@@ -951,8 +966,8 @@ Status ClientSession::read_part(const ReadPartCmd& c, std::uint64_t rid) {
     }
     if (!data.ok()) return data.error();
     if (data->bytes.size() != rec.bytes)
-      return make_error(ErrorCode::Internal,
-                        fmt::format("the device returned {} bytes for tensor {} of {}", data->bytes.size(), id, rec.bytes));
+      return make_error(ErrorCode::Internal, fmt::format("the device returned {} bytes for tensor {} of {}",
+                                                         data->bytes.size(), id, rec.bytes));
     std::uint64_t charged = 0;
     if (last_use) {
       KILN_RETURN_IF_ERROR(charge(rec.bytes, [&] { return fmt::format("the read snapshot of tensor {}", id); }));
@@ -980,12 +995,14 @@ Result<ReadPartDoneCpl> ClientSession::read_window(const ReadPartCmd& c) {
     return make_error(ErrorCode::Invalid, fmt::format("tensor.status: the read of tensor {} began as {}", id,
                                                       s.last_use ? "a last use (ReadWrite)" : "ReadOnly"));
   if (!(s.data.dtype == c.tensor.dtype) || s.data.shape != c.tensor.shape)
-    return make_error(ErrorCode::Invalid, fmt::format("tensor: the read of tensor {} began as {} {}, this window says {} {}",
-                                                      id, ir::shape_to_string(s.data.shape), s.data.dtype.name(),
-                                                      ir::shape_to_string(c.tensor.shape), c.tensor.dtype.name()));
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("tensor: the read of tensor {} began as {} {}, this window says {} {}", id,
+                                  ir::shape_to_string(s.data.shape), s.data.dtype.name(),
+                                  ir::shape_to_string(c.tensor.shape), c.tensor.dtype.name()));
   if (c.offset != s.sent)
-    return make_error(ErrorCode::Invalid, fmt::format("offset: {}, expected {} (the bytes read so far: windows come in order)",
-                                                      c.offset, s.sent));
+    return make_error(
+        ErrorCode::Invalid,
+        fmt::format("offset: {}, expected {} (the bytes read so far: windows come in order)", c.offset, s.sent));
   const std::uint64_t total = s.data.bytes.size();
   const std::uint64_t n = std::min(c.dest.length, total - s.sent);  // s.sent < total: the decoder's offset check
   const ArenaRange dest{c.dest.offset, n};
@@ -1031,7 +1048,8 @@ void ClientSession::cleanup() {
     job_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
     if (service_.options.uid_memory_bytes != 0)
       uid_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
-    for (Usage* u : {&job_state_->usage, &uid_state_->usage}) u->queued_ops.fetch_sub(queued_ops_, std::memory_order_relaxed);
+    for (Usage* u : {&job_state_->usage, &uid_state_->usage})
+      u->queued_ops.fetch_sub(queued_ops_, std::memory_order_relaxed);
     for (const auto& [tensor, token] : exported_) service_.exports.erase(token);
     service_.leave(job(), uid());
   }
@@ -1080,9 +1098,10 @@ Status DaemonService::Impl::admit(const PeerCredentials& peer, std::string_view 
                          (options.job_policy == JobPolicy::Group && peer.gid == j.owner_gid);
     // The owner is not named: a client learns only that the name is taken.
     if (!allowed)
-      return make_error(ErrorCode::Invalid,
-                        fmt::format("job '{}' belongs to another user (daemon.job_policy = {}); choose another job name",
-                                    job, job_policy_name(options.job_policy)));
+      return make_error(
+          ErrorCode::Invalid,
+          fmt::format("job '{}' belongs to another user (daemon.job_policy = {}); choose another job name", job,
+                      job_policy_name(options.job_policy)));
     return Status::Ok();
   }
   if (options.uid_jobs != 0 && !kilnctl) {
@@ -1245,7 +1264,8 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
       if (everything || session->uid() == who) live.push_back(session);
     for (const auto& [name, job] : s.jobs) {
       if (!everything && job.owner_uid != who) continue;
-      st.jobs.push_back(JobStatus{name, job.owner_uid, job.clients, job.usage.tensor_bytes.load(std::memory_order_relaxed),
+      st.jobs.push_back(JobStatus{name, job.owner_uid, job.clients,
+                                  job.usage.tensor_bytes.load(std::memory_order_relaxed),
                                   job.usage.queued_ops.load(std::memory_order_relaxed)});
     }
     st.clients_served = s.clients_served;
@@ -1270,8 +1290,8 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
 
 std::string DaemonStatus::to_json() const {
   std::string out = "{";
-  out += fmt::format("\"device\":\"{}\",\"socket\":\"{}\",\"clients_served\":{},\"streams\":{},\"plans\":{},", json_escape(device),
-                     json_escape(socket_path), clients_served, streams, plans);
+  out += fmt::format("\"device\":\"{}\",\"socket\":\"{}\",\"clients_served\":{},\"streams\":{},\"plans\":{},",
+                     json_escape(device), json_escape(socket_path), clients_served, streams, plans);
   const std::uint64_t lookups = cache_hits + explorations;
   out += fmt::format("\"max_plans\":{},\"plans_evicted\":{},", max_plans, plans_evicted);
   out += fmt::format("\"cache_hits\":{},\"explorations\":{},\"hit_rate\":{:.4f},\"fused_launches\":{},", cache_hits,
@@ -1280,16 +1300,17 @@ std::string DaemonStatus::to_json() const {
   out += "\"jobs\":[";
   for (std::size_t i = 0; i < jobs.size(); ++i)
     out += fmt::format("{}{{\"name\":\"{}\",\"owner_uid\":{},\"clients\":{},\"tensor_bytes\":{},\"queued_ops\":{}}}",
-                       i ? "," : "", json_escape(jobs[i].name), jobs[i].owner_uid, jobs[i].clients, jobs[i].tensor_bytes,
-                       jobs[i].queued_ops);
+                       i ? "," : "", json_escape(jobs[i].name), jobs[i].owner_uid, jobs[i].clients,
+                       jobs[i].tensor_bytes, jobs[i].queued_ops);
   out += "],\"clients\":[";
   for (std::size_t i = 0; i < clients.size(); ++i) {
     const ClientStatus& c = clients[i];
     out += fmt::format(
-        "{}{{\"id\":{},\"job\":\"{}\",\"pid\":{},\"uid\":{},\"streams\":{},\"tensors\":{},\"tensor_bytes\":{},\"ops\":{},"
+        "{}{{\"id\":{},\"job\":\"{}\",\"pid\":{},\"uid\":{},\"streams\":{},\"tensors\":{},\"tensor_bytes\":{},\"ops\":{"
+        "},"
         "\"queued_ops\":{},\"rejected\":{}}}",
-        i ? "," : "", c.client_id, json_escape(c.job), c.pid, c.uid, c.streams, c.tensors, c.tensor_bytes, c.ops_registered,
-        c.queued_ops, c.rejected);
+        i ? "," : "", c.client_id, json_escape(c.job), c.pid, c.uid, c.streams, c.tensors, c.tensor_bytes,
+        c.ops_registered, c.queued_ops, c.rejected);
   }
   out += "]}";
   return out;
@@ -1300,18 +1321,20 @@ std::string DaemonStatus::to_text() const {
   const std::uint64_t lookups = cache_hits + explorations;
   out += fmt::format("kilnd on {} ({})\n", device, socket_path);
   out += fmt::format("  clients now {}, served {}; streams {}\n", clients.size(), clients_served, streams);
-  out += fmt::format("  plan store: {} plans ({}), {} cache hits, {} explorations, hit rate {:.1f}%\n", plans,
-                     max_plans ? fmt::format("at most {}, {} evicted", max_plans, plans_evicted) : std::string("unbounded"),
-                     cache_hits, explorations, lookups ? 100.0 * double(cache_hits) / double(lookups) : 0.0);
+  out += fmt::format(
+      "  plan store: {} plans ({}), {} cache hits, {} explorations, hit rate {:.1f}%\n", plans,
+      max_plans ? fmt::format("at most {}, {} evicted", max_plans, plans_evicted) : std::string("unbounded"),
+      cache_hits, explorations, lookups ? 100.0 * double(cache_hits) / double(lookups) : 0.0);
   out += fmt::format("  fused launches {}; memory in use {} in {} tensors\n", fused_launches, human_bytes(memory_bytes),
                      device_tensors);
   for (const JobStatus& j : jobs)
-    out += fmt::format("  job {} (uid {}): {} client(s), {} of tensors, {} queued ops\n", j.name, j.owner_uid, j.clients,
-                       human_bytes(j.tensor_bytes), j.queued_ops);
+    out += fmt::format("  job {} (uid {}): {} client(s), {} of tensors, {} queued ops\n", j.name, j.owner_uid,
+                       j.clients, human_bytes(j.tensor_bytes), j.queued_ops);
   for (const ClientStatus& c : clients)
-    out += fmt::format("    client {} (pid {}, uid {}, job {}): {} streams, {} tensors ({}), {} ops, {} queued, {} rejected\n",
-                       c.client_id, c.pid, c.uid, c.job, c.streams, c.tensors, human_bytes(c.tensor_bytes), c.ops_registered,
-                       c.queued_ops, c.rejected);
+    out += fmt::format(
+        "    client {} (pid {}, uid {}, job {}): {} streams, {} tensors ({}), {} ops, {} queued, {} rejected\n",
+        c.client_id, c.pid, c.uid, c.job, c.streams, c.tensors, human_bytes(c.tensor_bytes), c.ops_registered,
+        c.queued_ops, c.rejected);
   return out;
 }
 

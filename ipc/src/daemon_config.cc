@@ -7,8 +7,8 @@
 #include <toml++/toml.h>
 
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace kiln::ipc {
@@ -83,15 +83,17 @@ Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::st
       *text = std::move(*v);
       if (k == "job_policy") {
         if (Result<JobPolicy> policy = parse_job_policy(**text); !policy.ok())
-          return make_error(ErrorCode::Config, fmt::format("{}: daemon.job_policy: {}", source_name, policy.error().message));
+          return make_error(ErrorCode::Config,
+                            fmt::format("{}: daemon.job_policy: {}", source_name, policy.error().message));
       }
     } else {
       std::optional<std::int64_t> v = value.value<std::int64_t>();
       if (!value.is_integer() || !v || *v < minimum || *v > maximum)
-        return make_error(ErrorCode::Config,
-                          maximum == kNoMax
-                              ? fmt::format("{}: daemon.{} must be an integer >= {}", source_name, k, minimum)
-                              : fmt::format("{}: daemon.{} must be an integer in [{}, {}]", source_name, k, minimum, maximum));
+        return make_error(
+            ErrorCode::Config,
+            maximum == kNoMax
+                ? fmt::format("{}: daemon.{} must be an integer >= {}", source_name, k, minimum)
+                : fmt::format("{}: daemon.{} must be an integer in [{}, {}]", source_name, k, minimum, maximum));
       *number = static_cast<std::uint64_t>(*v);
     }
   }

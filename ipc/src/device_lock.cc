@@ -48,7 +48,8 @@ Result<DeviceLock> DeviceLock::acquire(const std::string& device, std::string di
     return sys_error("locking " + path, errno);
   }
   const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+  if (::ftruncate(fd.get(), 0) != 0 ||
+      ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
     return sys_error("writing the pid into " + path, errno);
   return DeviceLock(std::move(fd), path);
 }

@@ -23,11 +23,9 @@ Endpoint::Endpoint(Side side, Segment segment, Bells bells)
       segment_(std::move(segment)),
       bells_(std::move(bells)),
       // tx: rings its ring's data bell for the consumer; rx: rings its ring's space bell.
-      tx_(tx_region(side, segment_),
-          bell_fd(side == Side::Daemon ? Bell::CompletionData : Bell::CommandData),
+      tx_(tx_region(side, segment_), bell_fd(side == Side::Daemon ? Bell::CompletionData : Bell::CommandData),
           side == Side::Daemon ? "completion ring" : "command ring"),
-      rx_(rx_region(side, segment_),
-          bell_fd(side == Side::Daemon ? Bell::CommandSpace : Bell::CompletionSpace),
+      rx_(rx_region(side, segment_), bell_fd(side == Side::Daemon ? Bell::CommandSpace : Bell::CompletionSpace),
           side == Side::Daemon ? "command ring" : "completion ring") {}
 
 Result<Endpoint> Endpoint::create_daemon_side(const SegmentConfig& config) {
@@ -56,8 +54,8 @@ Status Endpoint::send(std::span<const std::uint8_t> message, std::chrono::millis
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       return make_error(ErrorCode::ResourceExhausted, std::string(side_ == Side::Daemon ? "completion" : "command") +
-                                                          " ring still full after " +
-                                                          std::to_string(timeout.count()) + " ms");
+                                                          " ring still full after " + std::to_string(timeout.count()) +
+                                                          " ms");
     }
     if (tx_.prepare_wait_for_space(message.size())) {
       ++send_sleeps_;

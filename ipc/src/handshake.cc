@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 
-
 namespace kiln::ipc {
 
 namespace {
@@ -32,16 +31,16 @@ Status check_peer(const CredentialPolicy& policy, const PeerCredentials& peer) {
       return Status::Ok();
     }
     return make_error(ErrorCode::Invalid, "uid " + std::to_string(peer.uid) + " (gid " + std::to_string(peer.gid) +
-                                              ") not allowed: not the daemon's uid " +
-                                              std::to_string(policy.own_uid) + " nor in group " + std::to_string(g));
+                                              ") not allowed: not the daemon's uid " + std::to_string(policy.own_uid) +
+                                              " nor in group " + std::to_string(g));
   }
   return make_error(ErrorCode::Invalid, "uid " + std::to_string(peer.uid) + " not allowed");
 }
 
 Status check_daemon_peer(uid_t own_uid, const PeerCredentials& daemon) {
   if (daemon.uid == own_uid || daemon.uid == 0) return Status::Ok();
-  return make_error(ErrorCode::Invalid, "the daemon runs as uid " + std::to_string(daemon.uid) + ", neither this process's uid " +
-                                            std::to_string(own_uid) + " nor root");
+  return make_error(ErrorCode::Invalid, "the daemon runs as uid " + std::to_string(daemon.uid) +
+                                            ", neither this process's uid " + std::to_string(own_uid) + " nor root");
 }
 
 Status validate_job_name(std::string_view job) {
@@ -113,7 +112,8 @@ std::vector<std::uint8_t> encode_reply(const Reply& r) {
 
 Result<Reply> decode_reply(const FramePrefix& p, std::span<const std::uint8_t> body) {
   if (p.magic != kReplyMagic) return bad("bad reply magic (not a kiln daemon)");
-  if (body.size() != p.body_len || body.size() < 16) return bad("reply body of " + std::to_string(body.size()) + " bytes");
+  if (body.size() != p.body_len || body.size() < 16)
+    return bad("reply body of " + std::to_string(body.size()) + " bytes");
   Reply r;
   r.version = p.version;
   const auto status = body[0];
@@ -122,7 +122,8 @@ Result<Reply> decode_reply(const FramePrefix& p, std::span<const std::uint8_t> b
   const auto reason_len = static_cast<std::size_t>(get_le(body, 2, 2));
   r.num_fds = static_cast<std::uint32_t>(get_le(body, 4, 4));
   r.client_id = get_le(body, 8, 8);
-  if (reason_len > kMaxReasonBytes || reason_len != body.size() - 16) return bad("reply reason length " + std::to_string(reason_len));
+  if (reason_len > kMaxReasonBytes || reason_len != body.size() - 16)
+    return bad("reply reason length " + std::to_string(reason_len));
   r.reason.assign(body.begin() + 16, body.end());
   return r;
 }

@@ -91,7 +91,8 @@ HostMemory read_host_memory(const std::string& proc, const std::string& cgroup_r
       // v2: the unified hierarchy is the mount itself, or "unified" under it on hybrid systems.
       for (const std::filesystem::path& mount : {root, root / "unified"}) {
         std::error_code ec;
-        if (std::filesystem::exists(mount / "cgroup.controllers", ec)) smallest_on_path(mount, path, "memory.max", host);
+        if (std::filesystem::exists(mount / "cgroup.controllers", ec))
+          smallest_on_path(mount, path, "memory.max", host);
       }
       continue;
     }

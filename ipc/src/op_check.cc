@@ -140,8 +140,8 @@ Status check_client_operation(const ir::Operation& op) {
   const auto inferred = rebuilt.outputs();
   for (std::size_t i = 0; i < claimed.size() && i < inferred.size(); ++i)
     if (!(claimed[i] == inferred[i]))
-      return make_error(ErrorCode::Invalid, fmt::format("{}: output {} is {} but the builder infers {}", op.kind_name(), i,
-                                                        claimed[i].to_string(), inferred[i].to_string()));
+      return make_error(ErrorCode::Invalid, fmt::format("{}: output {} is {} but the builder infers {}", op.kind_name(),
+                                                        i, claimed[i].to_string(), inferred[i].to_string()));
   return make_error(ErrorCode::Invalid,
                     fmt::format("{}: the operation differs from what its builder makes of its inputs and attributes",
                                 op.kind_name()));
@@ -192,7 +192,8 @@ Status OperationCheckMemo::check(const ir::Operation& op) {
     const ir::TensorId out = op.tensors.back().id;
     for (const ir::TensorIr& in : op.inputs())
       if (in.id == out)
-        return make_error(ErrorCode::Invalid, fmt::format("{}: output id {} is also an input", op.kind_name(), out.value()));
+        return make_error(ErrorCode::Invalid,
+                          fmt::format("{}: output id {} is also an input", op.kind_name(), out.value()));
     slot.last_use = tick_;
     ++hits_;
     return Status::Ok();

@@ -28,7 +28,8 @@ Status check_dtype_encodable(DType d) {
 }
 Status check_shape_encodable(const Shape& s) {
   if (s.size() > kMaxRank) {
-    return make_error(ErrorCode::Invalid, "rank " + std::to_string(s.size()) + " exceeds the limit " + std::to_string(kMaxRank));
+    return make_error(ErrorCode::Invalid,
+                      "rank " + std::to_string(s.size()) + " exceeds the limit " + std::to_string(kMaxRank));
   }
   return Status::Ok();
 }
@@ -146,7 +147,8 @@ Result<DType> get_dtype(Reader& r, const char* field) {
   KILN_ASSIGN_OR_RETURN(const std::uint8_t kind, r.u8(field));
   KILN_ASSIGN_OR_RETURN(const std::uint8_t store, r.u8(field));
   if (kind == static_cast<std::uint8_t>(DTypeKind::QFloat)) return r.fail(field, "qfloat is not transferable over ipc");
-  if (kind > static_cast<std::uint8_t>(DTypeKind::Bool)) return r.fail(field, "unknown dtype kind " + std::to_string(kind));
+  if (kind > static_cast<std::uint8_t>(DTypeKind::Bool))
+    return r.fail(field, "unknown dtype kind " + std::to_string(kind));
   if (kind == static_cast<std::uint8_t>(DTypeKind::Bool)) {
     if (store > static_cast<std::uint8_t>(ir::BoolStore::U32)) {
       return r.fail(field, "unknown bool store " + std::to_string(store));
@@ -207,7 +209,9 @@ Result<ArenaRange> get_range(Reader& r, const char* field, const char* off_field
 // tensor's `size` bytes (overflow-safe).
 Status check_window(const Reader& r, const char* off_field, const char* data_field, std::uint64_t offset,
                     std::uint64_t length, DType dtype, const Shape& shape, std::uint64_t size) {
-  const auto tensor = [&] { return dtype.name() + ir::shape_to_string(shape) + " (" + std::to_string(size) + " bytes)"; };
+  const auto tensor = [&] {
+    return dtype.name() + ir::shape_to_string(shape) + " (" + std::to_string(size) + " bytes)";
+  };
   if (length == 0) return r.fail(data_field, "length 0: a part carries at least 1 byte");
   if (offset >= size) return r.fail(off_field, std::to_string(offset) + " is not inside " + tensor());
   if (length > size - offset) {
@@ -302,8 +306,8 @@ Result<std::uint64_t> tensor_bytes(ir::DType dtype, const ir::Shape& shape) {
   std::uint64_t n = dtype.size_bytes();
   for (std::uint64_t d : shape) {
     if (__builtin_mul_overflow(n, d, &n)) {
-      return make_error(ErrorCode::OutOfBounds, "tensor " + dtype.name() + ir::shape_to_string(shape) +
-                                                    " has more than 2^64 bytes");
+      return make_error(ErrorCode::OutOfBounds,
+                        "tensor " + dtype.name() + ir::shape_to_string(shape) + " has more than 2^64 bytes");
     }
   }
   return n;
@@ -319,7 +323,8 @@ bool token_equal(const ExportToken& a, const ExportToken& b) {
   // Every byte is looked at whatever differs; the volatile keeps the compiler from turning the
   // fold into an early-exit comparison.
   volatile std::uint8_t diff = 0;
-  for (std::size_t i = 0; i < ExportToken::kBytes; ++i) diff = static_cast<std::uint8_t>(diff | (a.bytes[i] ^ b.bytes[i]));
+  for (std::size_t i = 0; i < ExportToken::kBytes; ++i)
+    diff = static_cast<std::uint8_t>(diff | (a.bytes[i] ^ b.bytes[i]));
   return diff == 0;
 }
 
@@ -596,9 +601,7 @@ Result<Completion> decode_completion(std::span<const std::uint8_t> bytes, std::u
   Completion cpl;
   cpl.request_id = h.request_id;
   switch (kind) {
-    case CompletionKind::Ok:
-      cpl.body = OkCpl{};
-      break;
+    case CompletionKind::Ok: cpl.body = OkCpl{}; break;
     case CompletionKind::Error: {
       ErrorCpl c;
       KILN_ASSIGN_OR_RETURN(const std::uint8_t code, r.u8("code"));

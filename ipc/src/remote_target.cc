@@ -100,8 +100,8 @@ Result<Completion> RemoteTarget::wait(std::uint64_t request, bool holds_range) {
     if (std::chrono::steady_clock::now() >= deadline) {
       awaited_.erase(request);
       if (holds_range) timed_out_.insert(request);
-      return make_error(ErrorCode::Execution, fmt::format("no answer from the daemon within {} ms (request {})",
-                                                          timeout.count(), request));
+      return make_error(ErrorCode::Execution,
+                        fmt::format("no answer from the daemon within {} ms (request {})", timeout.count(), request));
     }
     if (receiving_) {
       rx_cv_.wait_for(lock, kPoll);
@@ -118,8 +118,8 @@ Result<Completion> RemoteTarget::wait(std::uint64_t request, bool holds_range) {
       failed = true;
       failure = got.error();
     } else if (got->has_value()) {
-      Result<Completion> decoded = decode_completion(std::span<const std::uint8_t>(rx_buf_.data(), **got),
-                                                     conn_.endpoint().layout().arena_size);
+      Result<Completion> decoded =
+          decode_completion(std::span<const std::uint8_t>(rx_buf_.data(), **got), conn_.endpoint().layout().arena_size);
       if (decoded.ok())
         cpl = std::move(decoded).value();
       else {
@@ -166,7 +166,8 @@ Status RemoteTarget::take_async_error() {
 Status RemoteTarget::completion_status(const Completion& c, const char* what) {
   if (const auto* e = std::get_if<ErrorCpl>(&c.body)) return make_error(e->code, e->message);
   if (!std::holds_alternative<OkCpl>(c.body))
-    return make_error(ErrorCode::Internal, fmt::format("{}: unexpected {} completion", what, completion_kind_name(c.kind())));
+    return make_error(ErrorCode::Internal,
+                      fmt::format("{}: unexpected {} completion", what, completion_kind_name(c.kind())));
   return Status::Ok();
 }
 
@@ -253,8 +254,8 @@ std::uint64_t RemoteTarget::part_bytes() const {
 }
 
 Result<std::optional<ArenaRange>> RemoteTarget::next_part_range(std::uint64_t n,
-                                                               const std::function<bool()>& settle_oldest,
-                                                               const std::function<bool()>& failed, const char* what) {
+                                                                const std::function<bool()>& settle_oldest,
+                                                                const std::function<bool()>& failed, const char* what) {
   std::optional<ArenaRange> range = try_allocate(n);
   while (!range && !failed() && settle_oldest()) range = try_allocate(n);
   if (failed()) {
@@ -294,8 +295,8 @@ Status RemoteTarget::upload_chunked(runtime::StreamId home, ir::TensorId id, ir:
     const ArenaRange data{range.offset, n};
     Status written = conn_.endpoint().arena().write(
         data, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()) + sent, n));
-    Result<std::uint64_t> request =
-        written.ok() ? send(UploadPartCmd{home.value(), id, dtype, shape, sent, data}) : Result<std::uint64_t>(written.error());
+    Result<std::uint64_t> request = written.ok() ? send(UploadPartCmd{home.value(), id, dtype, shape, sent, data})
+                                                 : Result<std::uint64_t>(written.error());
     if (!request.ok()) {
       free_range(range);
       failed = request.error();
@@ -393,8 +394,8 @@ Result<runtime::HostData> RemoteTarget::read(runtime::StreamId home, const ir::T
 Status RemoteTarget::read_into(runtime::StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) {
   KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(t.dtype, t.shape));
   if (need != dst.size())
-    return make_error(ErrorCode::Invalid, fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(), need,
-                                                      dst.size()));
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(), need, dst.size()));
   if (need > arena_alloc_.capacity()) return read_chunked(home, t, dst);
   KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "read"));
   Result<std::uint64_t> request = send(ReadCmd{home.value(), t, range});
@@ -449,7 +450,8 @@ Status RemoteTarget::import_tensor(runtime::StreamId stream, const ExportToken& 
 
 // A view of one of our tensors on another of our streams: export it to ourselves and import
 // it under the new id, homed on the stream that will use it (the daemon makes the shared view).
-Status RemoteTarget::share(runtime::StreamId src_stream, ir::TensorId src, runtime::StreamId dst_stream, ir::TensorId dst) {
+Status RemoteTarget::share(runtime::StreamId src_stream, ir::TensorId src, runtime::StreamId dst_stream,
+                           ir::TensorId dst) {
   KILN_ASSIGN_OR_RETURN(ExportToken token, export_tensor(src_stream, src));
   return import_tensor(dst_stream, token, dst);
 }

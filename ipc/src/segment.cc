@@ -23,9 +23,7 @@ constexpr std::uint64_t kMaxSegmentBytes = kArenaAlignment * 2 + 2 * (kControlBy
 
 constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
-bool ring_capacity_ok(std::uint64_t c) {
-  return std::has_single_bit(c) && c >= kMinRingBytes && c <= kMaxRingBytes;
-}
+bool ring_capacity_ok(std::uint64_t c) { return std::has_single_bit(c) && c >= kMinRingBytes && c <= kMaxRingBytes; }
 
 std::string range_text(std::uint64_t off, std::uint64_t len) {
   return "[" + std::to_string(off) + ", +" + std::to_string(len) + ")";
@@ -43,9 +41,9 @@ RingControl* control_at(std::uint8_t* base, std::uint64_t off) {
 
 Result<SegmentLayout> compute_layout(const SegmentConfig& c) {
   auto bad_ring = [](const char* field, std::uint64_t v) {
-    return make_error(ErrorCode::Invalid, std::string(field) + " " + std::to_string(v) +
-                                              " is not a power of two in [" + std::to_string(kMinRingBytes) +
-                                              ", " + std::to_string(kMaxRingBytes) + "]");
+    return make_error(ErrorCode::Invalid, std::string(field) + " " + std::to_string(v) + " is not a power of two in [" +
+                                              std::to_string(kMinRingBytes) + ", " + std::to_string(kMaxRingBytes) +
+                                              "]");
   };
   if (!ring_capacity_ok(c.command_ring_bytes)) return bad_ring("command_ring_bytes", c.command_ring_bytes);
   if (!ring_capacity_ok(c.completion_ring_bytes)) return bad_ring("completion_ring_bytes", c.completion_ring_bytes);
@@ -59,8 +57,7 @@ Result<SegmentLayout> compute_layout(const SegmentConfig& c) {
   l.command_ring_capacity = c.command_ring_bytes;
   l.completion_ring_offset = align_up(l.command_ring_offset + kControlBytes + l.command_ring_capacity, kCacheLine);
   l.completion_ring_capacity = c.completion_ring_bytes;
-  l.arena_offset =
-      align_up(l.completion_ring_offset + kControlBytes + l.completion_ring_capacity, kArenaAlignment);
+  l.arena_offset = align_up(l.completion_ring_offset + kControlBytes + l.completion_ring_capacity, kArenaAlignment);
   l.arena_size = c.arena_bytes;
   l.total_size = l.arena_offset + l.arena_size;
   return l;
@@ -102,8 +99,8 @@ Result<SegmentLayout> validate_header(const SegmentHeader& h, std::uint64_t file
   std::uint64_t cursor = kHeaderBytes;
   auto region = [&](const char* name, std::uint64_t off, std::uint64_t len, std::uint64_t align) -> Status {
     if (off % align != 0) {
-      return header_error(std::string(name) + " offset " + std::to_string(off) + " is not " +
-                          std::to_string(align) + "-byte aligned");
+      return header_error(std::string(name) + " offset " + std::to_string(off) + " is not " + std::to_string(align) +
+                          "-byte aligned");
     }
     if (off < cursor) {
       return header_error(std::string(name) + " " + range_text(off, len) + " overlaps what precedes it (ends at " +
@@ -127,7 +124,8 @@ Result<SegmentLayout> validate_header(const SegmentHeader& h, std::uint64_t file
   if (h.arena_size == 0 || h.arena_size > kMaxArenaBytes) {
     return header_error("arena size " + std::to_string(h.arena_size) + " is out of range");
   }
-  KILN_RETURN_IF_ERROR(region("command ring", h.command_ring_offset, kControlBytes + h.command_ring_capacity, kCacheLine));
+  KILN_RETURN_IF_ERROR(
+      region("command ring", h.command_ring_offset, kControlBytes + h.command_ring_capacity, kCacheLine));
   KILN_RETURN_IF_ERROR(
       region("completion ring", h.completion_ring_offset, kControlBytes + h.completion_ring_capacity, kCacheLine));
   KILN_RETURN_IF_ERROR(region("arena", h.arena_offset, h.arena_size, kArenaAlignment));

@@ -67,8 +67,8 @@ Status ensure_runtime_dir(const std::string& path, std::optional<gid_t> group) {
                                              ", not by this process's uid " + std::to_string(::geteuid()));
   }
   if ((st.st_mode & 07777) != want) {
-    return make_error(ErrorCode::Config, "runtime dir " + path + " has mode " + mode_text(st.st_mode) +
-                                             ", expected " + mode_text(want) + " (fix or remove it)");
+    return make_error(ErrorCode::Config, "runtime dir " + path + " has mode " + mode_text(st.st_mode) + ", expected " +
+                                             mode_text(want) + " (fix or remove it)");
   }
   if (group && st.st_gid != *group) {
     return make_error(ErrorCode::Config, "runtime dir " + path + " belongs to group " + std::to_string(st.st_gid) +
@@ -175,7 +175,8 @@ Status recv_exact_with_fds(int fd, std::span<std::uint8_t> out, std::vector<Uniq
         fds.emplace_back(d);
       }
     }
-    if (msg.msg_flags & MSG_CTRUNC) return make_error(ErrorCode::Decode, "too many descriptors (control data truncated)");
+    if (msg.msg_flags & MSG_CTRUNC)
+      return make_error(ErrorCode::Decode, "too many descriptors (control data truncated)");
     if (n == 0) {
       return make_error(ErrorCode::Execution, "connection closed after " + std::to_string(got) + " of " +
                                                   std::to_string(out.size()) + " bytes");

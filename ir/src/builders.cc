@@ -62,11 +62,12 @@ Status check_kind(const Ctx& c, Signature sig, OutKind out_kind) {
   if (!group_admits(info.group, c.family))
     return c.error(ErrorCode::Invalid,
                    fmt::format("{} cannot belong to family {}", info.variant, family_name(c.family)));
-  const OutKind actual = info.has(kComparison) ? OutKind::Bool : info.has(kIndexOutput) ? OutKind::Index : OutKind::Plain;
+  const OutKind actual = info.has(kComparison)    ? OutKind::Bool
+                         : info.has(kIndexOutput) ? OutKind::Index
+                                                  : OutKind::Plain;
   if (actual != out_kind) {
     static constexpr const char* kWhat[] = {"the operand's dtype", "the bool dtype", "the index dtype"};
-    static constexpr const char* kBuilder[] = {"a plain builder", "a *_comparison / *_bool builder",
-                                               "reduce_dim_arg"};
+    static constexpr const char* kBuilder[] = {"a plain builder", "a *_comparison / *_bool builder", "reduce_dim_arg"};
     return c.error(ErrorCode::Invalid,
                    fmt::format("outputs {}, this builder outputs {}: build it with {}", kWhat[static_cast<int>(actual)],
                                kWhat[static_cast<int>(out_kind)], kBuilder[static_cast<int>(actual)]));
@@ -95,8 +96,8 @@ Status check_operand(const Ctx& c, DType d) {
 // same(a, b) of docs/spec/ir.md §6.2.
 Status check_same(const Ctx& c, const TensorIr& a, const char* a_name, const TensorIr& b, const char* b_name) {
   if (!(a.dtype == b.dtype))
-    return c.error(ErrorCode::DTypeMismatch, fmt::format("dtypes differ: {} {} vs {} {}", a_name, a.dtype.name(),
-                                                         b_name, b.dtype.name()));
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("dtypes differ: {} {} vs {} {}", a_name, a.dtype.name(), b_name, b.dtype.name()));
   return Status::Ok();
 }
 
@@ -121,8 +122,8 @@ Status check_axis(const Ctx& c, std::uint64_t axis, const Shape& s, const char* 
 
 Status check_rank(const Ctx& c, const TensorIr& t, std::size_t rank, const char* what) {
   if (t.shape.size() != rank)
-    return c.error(ErrorCode::RankMismatch, fmt::format("{} must have rank {}, has rank {} ({})", what, rank,
-                                                        t.shape.size(), t.to_string()));
+    return c.error(ErrorCode::RankMismatch,
+                   fmt::format("{} must have rank {}, has rank {} ({})", what, rank, t.shape.size(), t.to_string()));
   return Status::Ok();
 }
 
@@ -181,8 +182,8 @@ Result<DType> permute_dtype(const Ctx& c, DType d, std::span<const std::uint64_t
   const std::size_t rank = axes.size();
   if (s.store != QuantStoreKind::Native) {
     if (s.packed_dim >= rank)
-      return c.error(ErrorCode::Invalid, fmt::format("packed dim {} out of bounds for rank {} ({})", s.packed_dim,
-                                                     rank, d.name()));
+      return c.error(ErrorCode::Invalid,
+                     fmt::format("packed dim {} out of bounds for rank {} ({})", s.packed_dim, rank, d.name()));
     const std::uint64_t packed_axis = rank - s.packed_dim - 1;
     const auto it = std::find(axes.begin(), axes.end(), packed_axis);
     const std::size_t new_pos = static_cast<std::size_t>(it - axes.begin());
@@ -194,8 +195,8 @@ Result<DType> permute_dtype(const Ctx& c, DType d, std::span<const std::uint64_t
       const std::size_t from_back = s.block_rank - j;  // 1 = last dim
       if (from_back > rank) {
         if (s.block[j] != 1)
-          return c.error(ErrorCode::Invalid,
-                         fmt::format("block of rank {} does not fit a rank-{} tensor ({})", s.block_rank, rank, d.name()));
+          return c.error(ErrorCode::Invalid, fmt::format("block of rank {} does not fit a rank-{} tensor ({})",
+                                                         s.block_rank, rank, d.name()));
         continue;
       }
       full[rank - from_back] = s.block[j];
@@ -207,9 +208,8 @@ Result<DType> permute_dtype(const Ctx& c, DType d, std::span<const std::uint64_t
     const std::size_t needed = rank - leading_ones;
     const std::size_t new_rank = std::max<std::size_t>(std::min<std::size_t>(s.block_rank, rank), needed);
     if (new_rank > s.block.size())
-      return c.error(ErrorCode::Unsupported,
-                     fmt::format("permuted block needs {} dims, a scheme holds at most {} ({})", new_rank,
-                                 s.block.size(), d.name()));
+      return c.error(ErrorCode::Unsupported, fmt::format("permuted block needs {} dims, a scheme holds at most {} ({})",
+                                                         new_rank, s.block.size(), d.name()));
     s.block = {};
     for (std::size_t j = 0; j < new_rank; ++j) s.block[j] = static_cast<std::uint16_t>(moved[rank - new_rank + j]);
     s.block_rank = static_cast<std::uint8_t>(new_rank);
@@ -515,8 +515,8 @@ Result<Operation> shape_op(Family family, OpKind kind, const TensorIr& input, st
     Shape target;
     for (std::int64_t a : args) {
       if (a < 0)
-        return c.error(ErrorCode::Invalid, fmt::format("negative target dim {} (expand of {})", a,
-                                                       shape_to_string(input.shape)));
+        return c.error(ErrorCode::Invalid,
+                       fmt::format("negative target dim {} (expand of {})", a, shape_to_string(input.shape)));
       target.push_back(static_cast<std::uint64_t>(a));
     }
     KILN_ASSIGN_OR_RETURN(shape, c.wrap(shape::expand(input.shape, target)));
@@ -533,7 +533,8 @@ Result<Operation> swap_dims(Family family, OpKind kind, const TensorIr& input, s
   boost::container::small_vector<std::uint64_t, 6> axes(input.shape.size());
   for (std::size_t i = 0; i < axes.size(); ++i) axes[i] = i;
   std::swap(axes[dim1], axes[dim2]);
-  KILN_ASSIGN_OR_RETURN(DType dtype, permute_dtype(c, input.dtype, std::span<const std::uint64_t>(axes.data(), axes.size())));
+  KILN_ASSIGN_OR_RETURN(DType dtype,
+                        permute_dtype(c, input.dtype, std::span<const std::uint64_t>(axes.data(), axes.size())));
   return one_to_one(c, input, std::move(shape), dtype, out, {attr(dim1), attr(dim2)});
 }
 
@@ -565,8 +566,8 @@ Result<Operation> flip(Family family, OpKind kind, const TensorIr& input, std::s
   return one_to_one(c, input, input.shape, input.dtype, out, std::move(attrs));
 }
 
-Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
-                             std::uint64_t times, TensorId out) {
+Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, std::uint64_t times,
+                             TensorId out) {
   const Ctx c{family, kind};
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::RepeatDim, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
@@ -629,15 +630,15 @@ Result<Operation> slice_assign(Family family, OpKind kind, const TensorIr& tenso
   return finish(c, std::move(op));
 }
 
-Result<Operation> pad(Family family, OpKind kind, const TensorIr& input, std::span<const PadPair> padding,
-                      PadMode mode, std::optional<ScalarIr> constant, TensorId out) {
+Result<Operation> pad(Family family, OpKind kind, const TensorIr& input, std::span<const PadPair> padding, PadMode mode,
+                      std::optional<ScalarIr> constant, TensorId out) {
   const Ctx c{family, kind};
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::Pad, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
   const Shape& in = input.shape;
   if (padding.size() > in.size())
-    return c.error(ErrorCode::RankMismatch, fmt::format("{} padding pairs for rank {} ({})", padding.size(), in.size(),
-                                                        shape_to_string(in)));
+    return c.error(ErrorCode::RankMismatch,
+                   fmt::format("{} padding pairs for rank {} ({})", padding.size(), in.size(), shape_to_string(in)));
   if (mode == PadMode::Constant && !constant) return c.error(ErrorCode::Invalid, "constant padding needs a value");
   if (mode != PadMode::Constant && constant)
     return c.error(ErrorCode::Invalid, "only constant padding carries a value");
@@ -674,8 +675,8 @@ Result<Operation> pad(Family family, OpKind kind, const TensorIr& input, std::sp
 
 // ---- Indexing
 
-Result<Operation> gather(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
-                         const TensorIr& indices, TensorId out) {
+Result<Operation> gather(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, const TensorIr& indices,
+                         TensorId out) {
   const Ctx c{family, kind};
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::Gather, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
@@ -710,8 +711,8 @@ Result<Operation> scatter(Family family, OpKind kind, const TensorIr& tensor, st
   return finish(c, std::move(op));
 }
 
-Result<Operation> select(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
-                         const TensorIr& indices, TensorId out) {
+Result<Operation> select(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, const TensorIr& indices,
+                         TensorId out) {
   const Ctx c{family, kind};
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::Select, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
@@ -755,7 +756,8 @@ Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, co
   KILN_RETURN_IF_ERROR(check_operand(c, data.dtype));
   KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
   const Shape& is = indices.shape;
-  if (is.empty()) return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", indices.to_string()));
+  if (is.empty())
+    return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", indices.to_string()));
   const std::uint64_t k = is.back();
   if (k > data.shape.size())
     return c.error(ErrorCode::OutOfBounds,
@@ -858,8 +860,8 @@ Result<Operation> conv2d(const TensorIr& x, const TensorIr& weight, const std::o
                           c.wrap(shape::conv_output(xs[2 + i], ws[2 + i], o.stride[i], o.padding[i], o.dilation[i])));
   }
   return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, std::move(shape), x.dtype, out,
-                   {attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]), attr(o.padding[1]),
-                    attr(o.dilation[0]), attr(o.dilation[1]), attr(o.groups)});
+                   {attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]), attr(o.padding[1]), attr(o.dilation[0]),
+                    attr(o.dilation[1]), attr(o.groups)});
 }
 
 Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
@@ -879,7 +881,7 @@ Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, co
   const std::uint64_t channels_out = ws[1] * o.groups;
   KILN_RETURN_IF_ERROR(check_bias(c, bias, channels_out));
   KILN_ASSIGN_OR_RETURN(std::uint64_t length, c.wrap(shape::conv_transpose_output(xs[2], ws[2], o.stride, o.padding,
-                                                                                   o.padding_out, o.dilation)));
+                                                                                  o.padding_out, o.dilation)));
   return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, Shape{xs[0], channels_out, length}, x.dtype, out,
                    {attr(o.stride), attr(o.padding), attr(o.padding_out), attr(o.dilation), attr(o.groups)});
 }
@@ -918,8 +920,8 @@ Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, Te
   KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
   KILN_RETURN_IF_ERROR(check_rank(c, weights, 2, "weights"));
   KILN_RETURN_IF_ERROR(check_rank(c, indices, 2, "indices"));
-  return module_op(c, {&weights, &indices}, Shape{indices.shape[0], indices.shape[1], weights.shape[1]},
-                   weights.dtype, out, {});
+  return module_op(c, {&weights, &indices}, Shape{indices.shape[0], indices.shape[1], weights.shape[1]}, weights.dtype,
+                   out, {});
 }
 
 // ---- Lifecycle, custom, collectives
@@ -965,7 +967,8 @@ Result<Operation> all_reduce(const TensorIr& tensor, ReduceOperation reduce_op, 
                              TensorId out) {
   const Ctx c{Family::Distributed, OpKind::Distributed_AllReduce};
   if (reduce_op != ReduceOperation::Sum && reduce_op != ReduceOperation::Mean)
-    return c.error(ErrorCode::Invalid, fmt::format("unknown reduce operation {}", static_cast<std::int64_t>(reduce_op)));
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("unknown reduce operation {}", static_cast<std::int64_t>(reduce_op)));
   AttrList attrs{static_cast<std::int64_t>(reduce_op)};
   for (const DeviceId& d : device_ids)
     attrs.push_back(static_cast<std::int64_t>((std::uint64_t{d.type} << 16) | d.index));

@@ -39,9 +39,9 @@ constexpr std::uint8_t kMaxScalarKind = static_cast<std::uint8_t>(ScalarIr::Kind
 
 // Minimum encoded size of each element, used to reject counts the remaining bytes cannot hold
 // before anything is reserved.
-constexpr std::size_t kMinTensorBytes = 4;     // id, status, dtype kind, rank
-constexpr std::size_t kMinScalarBytes = 2;     // kind, 1-byte value
-constexpr std::size_t kMinRangeBytes = 3;      // start, has_end, step
+constexpr std::size_t kMinTensorBytes = 4;  // id, status, dtype kind, rank
+constexpr std::size_t kMinScalarBytes = 2;  // kind, 1-byte value
+constexpr std::size_t kMinRangeBytes = 3;   // start, has_end, step
 constexpr std::size_t kMinAttrBytes = 1;
 constexpr std::size_t kMinOperationBytes = 9;  // kind, family, dtype, num_inputs, 5 counts
 constexpr std::size_t kMinIdBytes = 1;
@@ -176,8 +176,7 @@ void append_message(std::vector<std::uint8_t>& out, MessageType type, const Body
 }
 
 template <class Body>
-Result<std::size_t> write_message(std::span<std::uint8_t> buf, MessageType type, const Body& body,
-                                  const char* what) {
+Result<std::size_t> write_message(std::span<std::uint8_t> buf, MessageType type, const Body& body, const char* what) {
   const std::size_t n = message_size(type, body);
   if (buf.size() < n)
     return make_error(ErrorCode::ResourceExhausted,
@@ -313,12 +312,16 @@ std::size_t bad_custom_id_byte(const std::uint8_t* s, std::size_t n) {
       if (c == 0xc2) lo = 0xa0;  // U+0080..U+009F are C1 controls
     } else if (c >= 0xe0 && c <= 0xef) {
       len = 3;
-      if (c == 0xe0) lo = 0xa0;        // overlong
-      else if (c == 0xed) hi = 0x9f;   // surrogates
+      if (c == 0xe0)
+        lo = 0xa0;  // overlong
+      else if (c == 0xed)
+        hi = 0x9f;  // surrogates
     } else if (c >= 0xf0 && c <= 0xf4) {
       len = 4;
-      if (c == 0xf0) lo = 0x90;        // overlong
-      else if (c == 0xf4) hi = 0x8f;   // above U+10FFFF
+      if (c == 0xf0)
+        lo = 0x90;  // overlong
+      else if (c == 0xf4)
+        hi = 0x8f;  // above U+10FFFF
     } else {
       return i;
     }
@@ -421,8 +424,8 @@ Status decode_message_into(std::span<const std::uint8_t> bytes, MessageType type
   if (ok && r.remaining() != 0)
     ok = r.fail(r.offset(), fmt::format("{} trailing byte(s) after the message", r.remaining()));
   if (!ok)
-    return make_error(ErrorCode::Decode, fmt::format("codec: cannot decode {} message ({} bytes): {}",
-                                                     type_name(type), bytes.size(), located(r)));
+    return make_error(ErrorCode::Decode, fmt::format("codec: cannot decode {} message ({} bytes): {}", type_name(type),
+                                                     bytes.size(), located(r)));
   return Status::Ok();
 }
 
@@ -466,10 +469,12 @@ void encode_graph(const GraphIr& graph, std::vector<std::uint8_t>& out) {
 }
 
 Result<std::size_t> encode_operation_into(const Operation& op, std::span<std::uint8_t> buf) {
-  return write_message(buf, MessageType::Operation, [&](auto& w) { put_operation(w, op); }, "operation");
+  return write_message(
+      buf, MessageType::Operation, [&](auto& w) { put_operation(w, op); }, "operation");
 }
 Result<std::size_t> encode_operations_into(std::span<const Operation> ops, std::span<std::uint8_t> buf) {
-  return write_message(buf, MessageType::OperationList, [&](auto& w) { put_operations(w, ops); }, "operation list");
+  return write_message(
+      buf, MessageType::OperationList, [&](auto& w) { put_operations(w, ops); }, "operation list");
 }
 Result<std::size_t> encode_graph_into(const GraphIr& graph, std::span<std::uint8_t> buf) {
   return write_message(
@@ -502,13 +507,14 @@ Status decode_operation_into(std::span<const std::uint8_t> bytes, Operation& op)
   op.ranges.clear();
   op.attrs.clear();
   op.custom_id.clear();
-  return decode_message_into(bytes, MessageType::Operation, [](Reader& r, Operation& o) { return read_operation(r, o); },
-                             op);
+  return decode_message_into(
+      bytes, MessageType::Operation, [](Reader& r, Operation& o) { return read_operation(r, o); }, op);
 }
 
 Result<std::vector<Operation>> decode_operations(std::span<const std::uint8_t> bytes) {
   return decode_message<std::vector<Operation>>(
-      bytes, MessageType::OperationList, [](Reader& r, std::vector<Operation>& ops) { return read_operations(r, ops); });
+      bytes, MessageType::OperationList,
+      [](Reader& r, std::vector<Operation>& ops) { return read_operations(r, ops); });
 }
 
 Result<GraphIr> decode_graph(std::span<const std::uint8_t> bytes) {

@@ -21,10 +21,19 @@ std::string QuantScheme::to_string() const {
 
 std::size_t DType::size_bytes() const {
   switch (kind_) {
-    case DTypeKind::F64: case DTypeKind::I64: case DTypeKind::U64: return 8;
-    case DTypeKind::F32: case DTypeKind::Flex32: case DTypeKind::I32: case DTypeKind::U32: return 4;
-    case DTypeKind::F16: case DTypeKind::BF16: case DTypeKind::I16: case DTypeKind::U16: return 2;
-    case DTypeKind::I8: case DTypeKind::U8: return 1;
+    case DTypeKind::F64:
+    case DTypeKind::I64:
+    case DTypeKind::U64: return 8;
+    case DTypeKind::F32:
+    case DTypeKind::Flex32:
+    case DTypeKind::I32:
+    case DTypeKind::U32: return 4;
+    case DTypeKind::F16:
+    case DTypeKind::BF16:
+    case DTypeKind::I16:
+    case DTypeKind::U16: return 2;
+    case DTypeKind::I8:
+    case DTypeKind::U8: return 1;
     case DTypeKind::Bool: return bool_store_ == BoolStore::U32 ? 4 : 1;
     case DTypeKind::QFloat: return 0;
   }
@@ -60,11 +69,23 @@ std::string DType::name() const {
 
 std::optional<DType> parse_dtype(std::string_view n) {
   static constexpr std::pair<std::string_view, DType> kNames[] = {
-      {"f64", dtypes::f64}, {"f32", dtypes::f32}, {"flex32", dtypes::flex32}, {"f16", dtypes::f16},
-      {"bf16", dtypes::bf16}, {"i64", dtypes::i64}, {"i32", dtypes::i32}, {"i16", dtypes::i16},
-      {"i8", dtypes::i8}, {"u64", dtypes::u64}, {"u32", dtypes::u32}, {"u16", dtypes::u16},
-      {"u8", dtypes::u8}, {"bool", dtypes::boolean}, {"bool(Native)", dtypes::boolean},
-      {"bool(U8)", DType::boolean(BoolStore::U8)}, {"bool(U32)", DType::boolean(BoolStore::U32)},
+      {"f64", dtypes::f64},
+      {"f32", dtypes::f32},
+      {"flex32", dtypes::flex32},
+      {"f16", dtypes::f16},
+      {"bf16", dtypes::bf16},
+      {"i64", dtypes::i64},
+      {"i32", dtypes::i32},
+      {"i16", dtypes::i16},
+      {"i8", dtypes::i8},
+      {"u64", dtypes::u64},
+      {"u32", dtypes::u32},
+      {"u16", dtypes::u16},
+      {"u8", dtypes::u8},
+      {"bool", dtypes::boolean},
+      {"bool(Native)", dtypes::boolean},
+      {"bool(U8)", DType::boolean(BoolStore::U8)},
+      {"bool(U32)", DType::boolean(BoolStore::U32)},
   };
   for (const auto& [name, d] : kNames)
     if (name == n) return d;

@@ -44,9 +44,9 @@ Result<IdMap> boundary_ids(const GraphBindings& bindings) {
                         fmt::format("bind: relative tensor {} bound to {}, an id reserved for intermediates (bit 63)",
                                     b.relative.value(), b.concrete.value()));
     if (!ids.emplace(b.relative, b.concrete).second)
-      return make_error(ErrorCode::Invalid, fmt::format("bind: relative tensor {} bound twice (to {} and {})",
-                                                        b.relative.value(), ids.at(b.relative).value(),
-                                                        b.concrete.value()));
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("bind: relative tensor {} bound twice (to {} and {})", b.relative.value(),
+                                    ids.at(b.relative).value(), b.concrete.value()));
     if (!concrete.insert(b.concrete).second)
       return make_error(ErrorCode::Invalid,
                         fmt::format("bind: concrete tensor {} bound to two relative tensors", b.concrete.value()));

@@ -44,8 +44,6 @@ std::string TensorError::to_string() const {
   return s;
 }
 
-Error TensorError::to_error() const {
-  return make_error(root ? root->kind() : ErrorCode::Execution, to_string());
-}
+Error TensorError::to_error() const { return make_error(root ? root->kind() : ErrorCode::Execution, to_string()); }
 
 }  // namespace kiln::ir

@@ -59,8 +59,8 @@ constexpr SignatureInfo kSignatures[] = {
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);
 
 constexpr std::string_view kFamilyNames[kNumFamilies] = {
-    "BaseFloat", "BaseInt", "BaseBool", "NumericFloat", "NumericInt", "Bool", "Int", "Float",
-    "Module", "Init", "Custom", "Drop", "Distributed", "Activation"};
+    "BaseFloat", "BaseInt", "BaseBool", "NumericFloat", "NumericInt", "Bool",        "Int",
+    "Float",     "Module",  "Init",     "Custom",       "Drop",       "Distributed", "Activation"};
 
 }  // namespace
 
@@ -94,8 +94,11 @@ bool group_admits(OpGroup g, Family f) {
 
 std::optional<OpGroup> group_of_family(Family f) {
   switch (f) {
-    case Family::BaseFloat: case Family::BaseInt: case Family::BaseBool: return OpGroup::Base;
-    case Family::NumericFloat: case Family::NumericInt: return OpGroup::Numeric;
+    case Family::BaseFloat:
+    case Family::BaseInt:
+    case Family::BaseBool: return OpGroup::Base;
+    case Family::NumericFloat:
+    case Family::NumericInt: return OpGroup::Numeric;
     case Family::Float: return OpGroup::Float;
     case Family::Int: return OpGroup::Int;
     case Family::Bool: return OpGroup::Bool;

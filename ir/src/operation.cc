@@ -84,8 +84,8 @@ Status Operation::validate() const {
   auto name = [this] { return kind_name(); };
   if (family == Family::NumericFloat || family == Family::Float) {
     if (!dtype.is_float() && !dtype.is_quantized())
-      return make_error(ErrorCode::DTypeMismatch,
-                        fmt::format("{}: family {} carries non-float dtype {}", name(), family_name(family), dtype.name()));
+      return make_error(ErrorCode::DTypeMismatch, fmt::format("{}: family {} carries non-float dtype {}", name(),
+                                                              family_name(family), dtype.name()));
   } else if (family == Family::NumericInt) {
     if (!dtype.is_integral())
       return make_error(ErrorCode::DTypeMismatch,
@@ -93,26 +93,25 @@ Status Operation::validate() const {
   }
   const SignatureInfo& sig = signature_info(in.signature);
   if (num_inputs > tensors.size())
-    return make_error(ErrorCode::Invalid, fmt::format("{}: {} inputs declared but only {} tensors", name(),
-                                                      num_inputs, tensors.size()));
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("{}: {} inputs declared but only {} tensors", name(), num_inputs, tensors.size()));
   const std::size_t outs = tensors.size() - num_inputs;
   if (!in_range(num_inputs, sig.min_inputs, sig.max_inputs))
     return make_error(ErrorCode::Invalid, fmt::format("{}: takes {}..{} inputs, got {}", name(), sig.min_inputs,
                                                       sig.max_inputs, num_inputs));
   if (sig.outputs != kVariadic && outs != static_cast<std::size_t>(sig.outputs))
-    return make_error(ErrorCode::Invalid,
-                      fmt::format("{}: produces {} outputs, got {}", name(), sig.outputs, outs));
+    return make_error(ErrorCode::Invalid, fmt::format("{}: produces {} outputs, got {}", name(), sig.outputs, outs));
   if (!in_range(scalars.size(), sig.min_scalars, sig.max_scalars))
     return make_error(ErrorCode::Invalid, fmt::format("{}: takes {}..{} scalars, got {}", name(), sig.min_scalars,
                                                       sig.max_scalars, scalars.size()));
   if (!in_range(attrs.size(), sig.min_attrs, sig.max_attrs))
-    return make_error(ErrorCode::Invalid, fmt::format("{}: takes {}..{} attributes, got {}", name(),
-                                                      sig.min_attrs, sig.max_attrs, attrs.size()));
+    return make_error(ErrorCode::Invalid, fmt::format("{}: takes {}..{} attributes, got {}", name(), sig.min_attrs,
+                                                      sig.max_attrs, attrs.size()));
   if (!sig.ranges && !ranges.empty())
     return make_error(ErrorCode::Invalid, fmt::format("{}: carries no slice ranges", name()));
   if (sig.ranges && !tensors.empty() && ranges.size() > tensors[0].shape.size())
-    return make_error(ErrorCode::RankMismatch, fmt::format("{}: {} ranges for a rank-{} tensor", name(),
-                                                           ranges.size(), tensors[0].shape.size()));
+    return make_error(ErrorCode::RankMismatch, fmt::format("{}: {} ranges for a rank-{} tensor", name(), ranges.size(),
+                                                           tensors[0].shape.size()));
   for (const Slice& r : ranges)
     if (r.step == 0) return make_error(ErrorCode::Invalid, fmt::format("{}: slice step must not be 0", name()));
   if (kind != OpKind::Custom_Custom && !custom_id.empty())

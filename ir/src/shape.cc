@@ -40,8 +40,8 @@ std::uint64_t clamp_index(std::int64_t i, std::uint64_t n) {
 }
 
 // The numerator shared by the convolution and pooling formulas: in + 2p − d(k − 1) − 1.
-Result<std::uint64_t> window_numerator(const char* what, std::uint64_t in, std::uint64_t kernel,
-                                       std::uint64_t stride, std::uint64_t padding, std::uint64_t dilation) {
+Result<std::uint64_t> window_numerator(const char* what, std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
+                                       std::uint64_t padding, std::uint64_t dilation) {
   if (stride == 0) return make_error(ErrorCode::Invalid, fmt::format("{}: stride must be at least 1", what));
   if (kernel == 0) return make_error(ErrorCode::Invalid, fmt::format("{}: kernel size must be at least 1", what));
   if (dilation == 0) return make_error(ErrorCode::Invalid, fmt::format("{}: dilation must be at least 1", what));
@@ -59,7 +59,9 @@ Result<std::uint64_t> window_numerator(const char* what, std::uint64_t in, std::
 
 }  // namespace
 
-std::string shape_to_string(const Shape& s) { return list_to_string(std::span<const std::uint64_t>(s.data(), s.size())); }
+std::string shape_to_string(const Shape& s) {
+  return list_to_string(std::span<const std::uint64_t>(s.data(), s.size()));
+}
 
 std::uint64_t num_elements(const Shape& s) {
   std::uint64_t n = 1;
@@ -164,8 +166,7 @@ Result<Shape> reshape(const Shape& self, std::span<const std::int64_t> args) {
   }
   if (inferred) {
     if (known == 0) return invalid("cannot infer -1 when the other dims multiply to 0");
-    if (total % known != 0)
-      return invalid(fmt::format("{} elements are not divisible by {}", total, known));
+    if (total % known != 0) return invalid(fmt::format("{} elements are not divisible by {}", total, known));
     out[*inferred] = total / known;
   } else if (known != total) {
     return invalid(fmt::format("element count {} differs from {}", known, total));
@@ -185,9 +186,8 @@ Result<Shape> swapped(const Shape& self, std::uint64_t d1, std::uint64_t d2) {
 
 Result<Shape> permuted(const Shape& self, std::span<const std::uint64_t> axes) {
   if (axes.size() != self.size())
-    return make_error(ErrorCode::RankMismatch,
-                      fmt::format("permute: {} axes {} for rank {} ({})", axes.size(), list_to_string(axes),
-                                  self.size(), shape_to_string(self)));
+    return make_error(ErrorCode::RankMismatch, fmt::format("permute: {} axes {} for rank {} ({})", axes.size(),
+                                                           list_to_string(axes), self.size(), shape_to_string(self)));
   Shape out(self.size());
   boost::container::small_vector<bool, 8> seen(self.size(), false);
   for (std::size_t i = 0; i < axes.size(); ++i) {
@@ -221,8 +221,8 @@ Result<Shape> cat(std::span<const Shape> shapes, std::uint64_t dim) {
     const Shape& s = shapes[i];
     if (s.size() != first.size())
       return make_error(ErrorCode::RankMismatch,
-                        fmt::format("cat: rank mismatch {} vs {} (tensor 0 {} vs tensor {} {})", first.size(),
-                                    s.size(), shape_to_string(first), i, shape_to_string(s)));
+                        fmt::format("cat: rank mismatch {} vs {} (tensor 0 {} vs tensor {} {})", first.size(), s.size(),
+                                    shape_to_string(first), i, shape_to_string(s)));
     for (std::size_t d = 0; d < s.size(); ++d) {
       if (d != dim && s[d] != first[d])
         return make_error(ErrorCode::IncompatibleShapes,
@@ -241,8 +241,8 @@ Result<Shape> slice(const Shape& self, std::span<const Slice> ranges) {
   Shape out = self;
   for (std::size_t i = 0; i < ranges.size(); ++i) {
     if (ranges[i].step == 0)
-      return make_error(ErrorCode::Invalid,
-                        fmt::format("slice: step 0 in {} at dim {} ({})", ranges[i].to_string(), i, shape_to_string(self)));
+      return make_error(ErrorCode::Invalid, fmt::format("slice: step 0 in {} at dim {} ({})", ranges[i].to_string(), i,
+                                                        shape_to_string(self)));
     out[i] = ranges[i].output_size(self[i]);
   }
   return out;

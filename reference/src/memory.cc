@@ -244,10 +244,10 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
       misses_.fetch_add(1, std::memory_order_relaxed);
       // Under a limit, cached blocks count against it too: when live plus cached bytes would pass
       // it, give the cache back before asking the system for more.
-      if (options_.byte_limit &&
-          in_use + cs + cached_.load(std::memory_order_relaxed) > *options_.byte_limit)
+      if (options_.byte_limit && in_use + cs + cached_.load(std::memory_order_relaxed) > *options_.byte_limit)
         release_cached();
-      block = system_allocate(cs, coloured(cs) ? colour_offset(next_colour_.fetch_add(1, std::memory_order_relaxed)) : 0);
+      block =
+          system_allocate(cs, coloured(cs) ? colour_offset(next_colour_.fetch_add(1, std::memory_order_relaxed)) : 0);
       if (block == nullptr) {
         in_use_.fetch_sub(cs, std::memory_order_relaxed);
         failures_.fetch_add(1, std::memory_order_relaxed);
@@ -392,7 +392,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   struct SizeClass {
     Mutex mu;
     std::vector<FreeBlock> free KILN_GUARDED_BY(mu);  // the most recently freed last (reused first)
-    std::uint64_t size = 0;       // the class size; set once at construction, then read-only
+    std::uint64_t size = 0;                           // the class size; set once at construction, then read-only
   };
 
   static constexpr std::int64_t kNoLargeBlock = std::numeric_limits<std::int64_t>::max();
@@ -452,8 +452,8 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   const std::int64_t retention_ns_;  // options_.large_block_retention, saturated; 0 = never pool
   std::size_t first_large_ = 0;      // index of the first large class (kNumClasses: none)
   std::array<SizeClass, kNumClasses> classes_;
-  std::mutex release_mu_;  // one release_idle scan at a time
-  Mutex idle_mu_;          // release_if_idle's two below
+  std::mutex release_mu_;                                     // one release_idle scan at a time
+  Mutex idle_mu_;                                             // release_if_idle's two below
   std::uint64_t idle_ops_ KILN_GUARDED_BY(idle_mu_) = 0;      // allocations + frees at the last idle check
   std::int64_t idle_since_ns_ KILN_GUARDED_BY(idle_mu_) = 0;  // when that count was first seen
   // The steady_clock time (ns) no later than the freeing of every cached large block;

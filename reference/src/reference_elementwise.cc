@@ -20,7 +20,7 @@ using ir::OpKind;
 // on the floating-point environment's rounding mode.
 double round_half_even(double x) {
   if (!std::isfinite(x)) return x;
-  const double r = std::round(x);  // half away from zero
+  const double r = std::round(x);                                             // half away from zero
   if (std::fabs(x - std::trunc(x)) == 0.5) return 2.0 * std::round(x / 2.0);  // tie: the even neighbour
   return r;
 }
@@ -105,7 +105,22 @@ T shift_right(T a, T b, int bits) {
 
 // The value-producing binary ops, by kind (the scalar kinds map onto them).
 enum class Arith {
-  Add, Sub, Mul, Div, Rem, Pow, BitAnd, BitOr, BitXor, Shl, Shr, LogicAnd, LogicOr, LogicXor, ClampMin, ClampMax
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Rem,
+  Pow,
+  BitAnd,
+  BitOr,
+  BitXor,
+  Shl,
+  Shr,
+  LogicAnd,
+  LogicOr,
+  LogicXor,
+  ClampMin,
+  ClampMax
 };
 enum class Cmp { Eq, Ne, Gt, Ge, Lt, Le };
 
@@ -212,15 +227,19 @@ T arith(Arith op, T a, T b, int bits, IntFault& fault) {
           fault.division_by_zero = true;
           return 0;
         }
-        if constexpr (std::is_signed_v<T>) return int_div(a, b);
-        else return a / b;
+        if constexpr (std::is_signed_v<T>)
+          return int_div(a, b);
+        else
+          return a / b;
       case Arith::Rem:
         if (b == 0) {
           fault.division_by_zero = true;
           return 0;
         }
-        if constexpr (std::is_signed_v<T>) return int_rem(a, b);
-        else return a % b;
+        if constexpr (std::is_signed_v<T>)
+          return int_rem(a, b);
+        else
+          return a % b;
       case Arith::Pow: return int_pow<T>(a, b, fault);
       case Arith::BitAnd: return a & b;
       case Arith::BitOr: return a | b;
@@ -250,9 +269,7 @@ bool arith_applies(Arith op, Domain d) {
   }
 }
 
-Error division_by_zero(const Ctx& c) {
-  return c.error(ErrorCode::Execution, "integer division by zero");
-}
+Error division_by_zero(const Ctx& c) { return c.error(ErrorCode::Execution, "integer division by zero"); }
 
 }  // namespace
 
@@ -318,13 +335,17 @@ Result<Outputs> run_unary(const Ctx& c) {
         T r = 0;
         switch (k) {
           case OpKind::Numeric_Abs:
-            if constexpr (std::is_signed_v<T>) r = v < 0 ? wrap_sub(T{0}, v) : v;
-            else r = v;
+            if constexpr (std::is_signed_v<T>)
+              r = v < 0 ? wrap_sub(T{0}, v) : v;
+            else
+              r = v;
             break;
           case OpKind::Numeric_Neg: r = wrap_sub(T{0}, v); break;
           case OpKind::Numeric_Sign:
-            if constexpr (std::is_signed_v<T>) r = v > 0 ? 1 : (v < 0 ? -1 : 0);
-            else r = v != 0 ? 1 : 0;
+            if constexpr (std::is_signed_v<T>)
+              r = v > 0 ? 1 : (v < 0 ? -1 : 0);
+            else
+              r = v != 0 ? 1 : 0;
             break;
           case OpKind::Int_BitwiseNot: r = static_cast<T>(~v); break;
           default: return c.error(ErrorCode::DTypeMismatch, fmt::format("does not apply to {}", x.to_string()));
@@ -421,9 +442,7 @@ Result<Outputs> run_cast(const Ctx& c) {
   bool ok = false;
   switch (c.op.kind) {
     case OpKind::Base_Cast:
-      ok = x.dtype().is_float()      ? target.is_float()
-           : x.dtype().is_integral() ? target.is_integral()
-                                     : target.is_bool();
+      ok = x.dtype().is_float() ? target.is_float() : x.dtype().is_integral() ? target.is_integral() : target.is_bool();
       break;
     case OpKind::Float_IntoInt:
     case OpKind::Bool_IntoInt: ok = target.is_integral(); break;
@@ -432,8 +451,7 @@ Result<Outputs> run_cast(const Ctx& c) {
     default: return c.error(ErrorCode::Internal, "cast: unknown kind");
   }
   if (!ok)
-    return c.error(ErrorCode::DTypeMismatch,
-                   fmt::format("cannot convert {} to {}", x.dtype().name(), target.name()));
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("cannot convert {} to {}", x.dtype().name(), target.name()));
   KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   return dispatch(domain_of(x.dtype()), [&]<class T>() -> Result<Outputs> {
     for (std::uint64_t i = 0; i < x.num_elements(); ++i) store<T>(out, i, load<T>(x, i));

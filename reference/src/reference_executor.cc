@@ -30,8 +30,8 @@ Status expect_out_shape(const Ctx& c, std::size_t out, const Result<ir::Shape>& 
 
 Status expect_out_dtype(const Ctx& c, std::size_t out, ir::DType expected) {
   if (!(c.out_ir(out).dtype == expected))
-    return c.error(ErrorCode::DTypeMismatch, fmt::format("output {} must have dtype {}", c.out_ir(out).to_string(),
-                                                         expected.name()));
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("output {} must have dtype {}", c.out_ir(out).to_string(), expected.name()));
   return Status::Ok();
 }
 
@@ -61,8 +61,7 @@ Status expect_same_dtype(const Ctx& c, std::size_t a, std::size_t b) {
   const ir::TensorIr& x = c.op.inputs()[a];
   const ir::TensorIr& y = c.op.inputs()[b];
   if (!(x.dtype == y.dtype))
-    return c.error(ErrorCode::DTypeMismatch,
-                   fmt::format("dtypes differ: {} vs {}", x.to_string(), y.to_string()));
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("dtypes differ: {} vs {}", x.to_string(), y.to_string()));
   return Status::Ok();
 }
 
@@ -87,7 +86,8 @@ Result<bool> flag_attr(const Ctx& c, std::size_t i, const char* what) {
 
 Result<ir::IndexingUpdate> update_attr(const Ctx& c, std::size_t i) {
   const std::int64_t a = c.op.attrs[i];
-  if (a < static_cast<std::int64_t>(ir::IndexingUpdate::Assign) || a > static_cast<std::int64_t>(ir::IndexingUpdate::Max))
+  if (a < static_cast<std::int64_t>(ir::IndexingUpdate::Assign) ||
+      a > static_cast<std::int64_t>(ir::IndexingUpdate::Max))
     return c.error(ErrorCode::Invalid, fmt::format("unknown indexing update {}", a));
   return static_cast<ir::IndexingUpdate>(a);
 }
@@ -173,8 +173,8 @@ Result<std::uint64_t> checked_index(const Ctx& c, const HostTensor& indices, std
                                     const char* what) {
   std::uint64_t v = 0;
   if (!read_index(indices, i, v))
-    return c.error(ErrorCode::OutOfBounds, fmt::format("{} index {} (element {}) is negative", what,
-                                                       indices.get_i64(i), i));
+    return c.error(ErrorCode::OutOfBounds,
+                   fmt::format("{} index {} (element {}) is negative", what, indices.get_i64(i), i));
   if (v >= size)
     return c.error(ErrorCode::OutOfBounds,
                    fmt::format("{} index {} (element {}) out of range for a dimension of size {}", what, v, i, size));
@@ -205,13 +205,12 @@ Status check_family(const ir::Operation& op) {
     case ir::OpGroup::Distributed: break;
   }
   if (!fits)
-    return make_error(ErrorCode::DTypeMismatch, fmt::format("{}: family {} does not apply to operand dtype {}",
-                                                            op.kind_name(), ir::family_name(op.family),
-                                                            operand.name()));
-  if (ir::family_carries_dtype(op.family) && !(op.dtype == operand))
     return make_error(ErrorCode::DTypeMismatch,
-                      fmt::format("{}: carried dtype {} differs from the operand dtype {}", op.kind_name(),
-                                  op.dtype.name(), operand.name()));
+                      fmt::format("{}: family {} does not apply to operand dtype {}", op.kind_name(),
+                                  ir::family_name(op.family), operand.name()));
+  if (ir::family_carries_dtype(op.family) && !(op.dtype == operand))
+    return make_error(ErrorCode::DTypeMismatch, fmt::format("{}: carried dtype {} differs from the operand dtype {}",
+                                                            op.kind_name(), op.dtype.name(), operand.name()));
   return Status::Ok();
 }
 
@@ -222,9 +221,10 @@ Status check_not_quantized(const ir::Operation& op) {
                         fmt::format("{}: quantized tensor {} is not supported by the CPU reference executor",
                                     op.kind_name(), t.to_string()));
   if (ir::family_carries_dtype(op.family) && op.dtype.is_quantized())
-    return make_error(ErrorCode::Unsupported, fmt::format("{}: quantized dtype {} is not supported by the CPU reference "
-                                                          "executor",
-                                                          op.kind_name(), op.dtype.name()));
+    return make_error(ErrorCode::Unsupported,
+                      fmt::format("{}: quantized dtype {} is not supported by the CPU reference "
+                                  "executor",
+                                  op.kind_name(), op.dtype.name()));
   return Status::Ok();
 }
 
@@ -282,10 +282,10 @@ Status run_init(ReferenceExecutor::Handles& handles, const ir::Operation& op) {
   if (entry != nullptr && entry->is_errored()) return Status::Ok();  // claimed out of band; readers see why
   const HostTensor* t = handles.get_handle_ref(out.id);
   if (t == nullptr)
-    return fail(handles, op,
-                make_error(ErrorCode::InvalidHandle,
-                           fmt::format("Init: {} has no buffer: it must be registered before its Init runs",
-                                       out.to_string())));
+    return fail(
+        handles, op,
+        make_error(ErrorCode::InvalidHandle,
+                   fmt::format("Init: {} has no buffer: it must be registered before its Init runs", out.to_string())));
   if (t->shape() != out.shape || !(t->dtype() == out.dtype)) {
     Error e = make_error(ErrorCode::IncompatibleShapes,
                          fmt::format("Init: {} was registered as {}", out.to_string(), t->to_string()));
@@ -361,9 +361,9 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Embedding: return run_embedding(c);
     case S::AllReduce: return run_all_reduce(c);
     case S::Custom:
-      return c.error(ErrorCode::Unsupported,
-                     fmt::format("unknown custom operation '{}': the CPU reference executor implements none",
-                                 c.op.custom_id));
+      return c.error(
+          ErrorCode::Unsupported,
+          fmt::format("unknown custom operation '{}': the CPU reference executor implements none", c.op.custom_id));
     // Handled by the driver before any kernel runs.
     case S::Init:
     case S::Drop:
@@ -387,13 +387,13 @@ Status ReferenceExecutor::execute(const ir::Operation& op, Handles& handles) {
     return execute_checked(op, handles);
   } catch (const std::bad_alloc&) {
     return kernels::fail(handles, op,
-                           make_error(ErrorCode::ResourceExhausted,
-                                      fmt::format("{}: out of host memory for the reference kernel's scratch space",
-                                                  kernels::op_name(op))));
+                         make_error(ErrorCode::ResourceExhausted,
+                                    fmt::format("{}: out of host memory for the reference kernel's scratch space",
+                                                kernels::op_name(op))));
   } catch (const std::exception& e) {
-    return kernels::fail(handles, op,
-                           make_error(ErrorCode::Internal, fmt::format("{}: unexpected exception: {}",
-                                                                       kernels::op_name(op), e.what())));
+    return kernels::fail(
+        handles, op,
+        make_error(ErrorCode::Internal, fmt::format("{}: unexpected exception: {}", kernels::op_name(op), e.what())));
   }
 }
 
@@ -402,7 +402,7 @@ Status ReferenceExecutor::execute_checked(const ir::Operation& op, Handles& hand
   if (Status st = op.validate(); !st.ok()) return fail(handles, op, st.error());
 
   switch (op.kind) {
-    case ir::OpKind::Drop_Drop: return run_drop(handles, op);  // frees whatever the entry holds
+    case ir::OpKind::Drop_Drop: return run_drop(handles, op);          // frees whatever the entry holds
     case ir::OpKind::Distributed_SyncCollective: return Status::Ok();  // nothing pending on one device
     case ir::OpKind::Init_Init: return run_init(handles, op);
     default: break;
@@ -424,8 +424,8 @@ Status ReferenceExecutor::execute_checked(const ir::Operation& op, Handles& hand
     if (!h.ok()) return fail(handles, op, h.error());
     if (h->shape() != in.shape || !(h->dtype() == in.dtype))
       return fail(handles, op,
-                  make_error(ErrorCode::IncompatibleShapes,
-                             fmt::format("{}: input {} is held as {}", op.kind_name(), in.to_string(), h->to_string())));
+                  make_error(ErrorCode::IncompatibleShapes, fmt::format("{}: input {} is held as {}", op.kind_name(),
+                                                                        in.to_string(), h->to_string())));
     inputs.push_back(std::move(h).value());
   }
 
@@ -436,15 +436,15 @@ Status ReferenceExecutor::execute_checked(const ir::Operation& op, Handles& hand
   Outputs& outs = result.value();
   // Defensive: a kernel always returns what the IR declares; never register anything else.
   if (outs.size() != op.outputs().size())
-    return fail(handles, op, make_error(ErrorCode::Internal, fmt::format("{}: kernel returned {} outputs, expected {}",
-                                                                         op.kind_name(), outs.size(),
-                                                                         op.outputs().size())));
+    return fail(handles, op,
+                make_error(ErrorCode::Internal, fmt::format("{}: kernel returned {} outputs, expected {}",
+                                                            op.kind_name(), outs.size(), op.outputs().size())));
   for (std::size_t i = 0; i < outs.size(); ++i) {
     const ir::TensorIr& o = op.outputs()[i];
     if (outs[i].shape() != o.shape || !(outs[i].dtype() == o.dtype))
-      return fail(handles, op, make_error(ErrorCode::Internal, fmt::format("{}: kernel produced {} for output {}",
-                                                                           op.kind_name(), outs[i].to_string(),
-                                                                           o.to_string())));
+      return fail(handles, op,
+                  make_error(ErrorCode::Internal, fmt::format("{}: kernel produced {} for output {}", op.kind_name(),
+                                                              outs[i].to_string(), o.to_string())));
   }
   inputs.clear();
   ir::release_consumed_inputs(handles, op);

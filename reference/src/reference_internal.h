@@ -2,8 +2,8 @@
 // domains, index arithmetic, and the kernel entry points (one per operation family).
 #pragma once
 
-#include <boost/container/small_vector.hpp>
 #include <fmt/format.h>
+#include <boost/container/small_vector.hpp>
 
 #include <array>
 #include <cmath>
@@ -16,10 +16,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/base/result.h"
+#include "kiln/ir/operation.h"
 #include "kiln/reference/memory.h"
 #include "kiln/reference/tensor.h"
-#include "kiln/ir/operation.h"
-#include "kiln/base/result.h"
 
 namespace kiln::reference::kernels {
 
@@ -113,18 +113,26 @@ decltype(auto) dispatch(Domain d, F&& f) {
 
 template <class T>
 T load(const HostTensor& t, std::uint64_t i) {
-  if constexpr (std::is_same_v<T, double>) return t.get_f64(i);
-  else if constexpr (std::is_same_v<T, std::int64_t>) return t.get_i64(i);
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return t.get_u64(i);
-  else return t.get_bool(i);
+  if constexpr (std::is_same_v<T, double>)
+    return t.get_f64(i);
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return t.get_i64(i);
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return t.get_u64(i);
+  else
+    return t.get_bool(i);
 }
 
 template <class T>
 void store(const HostTensor& t, std::uint64_t i, T v) {
-  if constexpr (std::is_same_v<T, double>) element::store_f64(t.mutable_data(), t.dtype(), i, v);
-  else if constexpr (std::is_same_v<T, std::int64_t>) element::store_i64(t.mutable_data(), t.dtype(), i, v);
-  else if constexpr (std::is_same_v<T, std::uint64_t>) element::store_u64(t.mutable_data(), t.dtype(), i, v);
-  else element::store_bool(t.mutable_data(), t.dtype(), i, v);
+  if constexpr (std::is_same_v<T, double>)
+    element::store_f64(t.mutable_data(), t.dtype(), i, v);
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    element::store_i64(t.mutable_data(), t.dtype(), i, v);
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    element::store_u64(t.mutable_data(), t.dtype(), i, v);
+  else
+    element::store_bool(t.mutable_data(), t.dtype(), i, v);
 }
 
 // A scalar converted to one element of `dtype` (the cast rules of the element codec, from the
@@ -138,10 +146,14 @@ ElementBytes scalar_element(const ir::ScalarIr& s, ir::DType dtype);
 template <class T>
 T scalar_as(const ir::ScalarIr& s, ir::DType dtype) {
   const ElementBytes e = scalar_element(s, dtype);
-  if constexpr (std::is_same_v<T, double>) return element::load_f64(e.bytes.data(), dtype, 0);
-  else if constexpr (std::is_same_v<T, std::int64_t>) return element::load_i64(e.bytes.data(), dtype, 0);
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return element::load_u64(e.bytes.data(), dtype, 0);
-  else return element::load_bool(e.bytes.data(), dtype, 0);
+  if constexpr (std::is_same_v<T, double>)
+    return element::load_f64(e.bytes.data(), dtype, 0);
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return element::load_i64(e.bytes.data(), dtype, 0);
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return element::load_u64(e.bytes.data(), dtype, 0);
+  else
+    return element::load_bool(e.bytes.data(), dtype, 0);
 }
 
 // Bits of an integer dtype (8 for i8 / u8 ...).
@@ -168,8 +180,10 @@ inline std::uint64_t wrap_mul(std::uint64_t a, std::uint64_t b) { return a * b; 
 
 template <class T>
 bool is_nan(T v) {
-  if constexpr (std::is_same_v<T, double>) return v != v;
-  else return false;
+  if constexpr (std::is_same_v<T, double>)
+    return v != v;
+  else
+    return false;
 }
 template <class T>
 T max_nan(T a, T b) {
@@ -214,13 +228,19 @@ T apply_update(ir::IndexingUpdate u, T old, T v) {
   switch (u) {
     case ir::IndexingUpdate::Assign: return v;
     case ir::IndexingUpdate::Add:
-      if constexpr (std::is_same_v<T, bool>) return old || v;  // bool: add saturates to or
-      else if constexpr (std::is_same_v<T, double>) return old + v;
-      else return wrap_add(old, v);
+      if constexpr (std::is_same_v<T, bool>)
+        return old || v;  // bool: add saturates to or
+      else if constexpr (std::is_same_v<T, double>)
+        return old + v;
+      else
+        return wrap_add(old, v);
     case ir::IndexingUpdate::Mul:
-      if constexpr (std::is_same_v<T, bool>) return old && v;
-      else if constexpr (std::is_same_v<T, double>) return old * v;
-      else return wrap_mul(old, v);
+      if constexpr (std::is_same_v<T, bool>)
+        return old && v;
+      else if constexpr (std::is_same_v<T, double>)
+        return old * v;
+      else
+        return wrap_mul(old, v);
     case ir::IndexingUpdate::Min: return min_nan(old, v);
     case ir::IndexingUpdate::Max: return max_nan(old, v);
   }
@@ -242,8 +262,8 @@ Result<Outputs> run_mask_where(const Ctx& c);
 Result<Outputs> run_mask_fill(const Ctx& c);
 
 // reference_reduce.cc
-Result<Outputs> run_reduce(const Ctx& c);                  // whole tensor
-Result<Outputs> run_reduce_dim(const Ctx& c);              // along an axis, incl. ArgMax / ArgMin
+Result<Outputs> run_reduce(const Ctx& c);      // whole tensor
+Result<Outputs> run_reduce_dim(const Ctx& c);  // along an axis, incl. ArgMax / ArgMin
 Result<Outputs> run_reduce_dim_with_indices(const Ctx& c);
 Result<Outputs> run_topk_with_indices(const Ctx& c);
 Result<Outputs> run_cumulative(const Ctx& c);

@@ -64,9 +64,8 @@ void update_element(ir::IndexingUpdate u, const HostTensor& value, std::uint64_t
     copy_element(value, src, out, dst);  // bit for bit
     return;
   }
-  dispatch(domain_of(out.dtype()), [&]<class T>() {
-    store<T>(out, dst, apply_update<T>(u, load<T>(out, dst), load<T>(value, src)));
-  });
+  dispatch(domain_of(out.dtype()),
+           [&]<class T>() { store<T>(out, dst, apply_update<T>(u, load<T>(out, dst), load<T>(value, src))); });
 }
 
 }  // namespace
@@ -78,9 +77,8 @@ Result<Outputs> run_reshape(const Ctx& c) {
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_ASSIGN_OR_RETURN(std::uint64_t n, checked_num_elements(c.out_ir().shape));
   if (n != x.num_elements())
-    return c.error(ErrorCode::Invalid, fmt::format("cannot reshape {} ({} elements) to {} ({} elements)",
-                                                   x.to_string(), x.num_elements(),
-                                                   ir::shape_to_string(c.out_ir().shape), n));
+    return c.error(ErrorCode::Invalid, fmt::format("cannot reshape {} ({} elements) to {} ({} elements)", x.to_string(),
+                                                   x.num_elements(), ir::shape_to_string(c.out_ir().shape), n));
   KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   if (out.size_bytes() != 0) std::memcpy(out.mutable_data(), x.data(), static_cast<std::size_t>(out.size_bytes()));
   return single(std::move(out));
@@ -122,8 +120,8 @@ Result<Outputs> run_permute(const Ctx& c) {
   }
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   // shape::permuted checks that the axes are a permutation of 0..rank-1.
-  KILN_RETURN_IF_ERROR(expect_out_shape(
-      c, 0, ir::shape::permuted(x.shape(), std::span<const std::uint64_t>(axes.data(), axes.size()))));
+  KILN_RETURN_IF_ERROR(
+      expect_out_shape(c, 0, ir::shape::permuted(x.shape(), std::span<const std::uint64_t>(axes.data(), axes.size()))));
   return gather_elements(c, x, [&](const Index& o, Index& in) {
     for (std::size_t i = 0; i < axes.size(); ++i) in[axes[i]] = o[i];  // out dim i is in dim axes[i]
   });
@@ -223,8 +221,8 @@ Result<Outputs> run_select_assign(const Ctx& c) {
   ir::Shape value_shape = x.shape();
   value_shape[dim] = idx.shape()[0];
   if (value.shape() != value_shape)
-    return c.error(ErrorCode::IncompatibleShapes, fmt::format("value {} must have shape {}", value.to_string(),
-                                                              ir::shape_to_string(value_shape)));
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("value {} must have shape {}", value.to_string(), ir::shape_to_string(value_shape)));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
   std::vector<std::uint64_t> at(static_cast<std::size_t>(idx.num_elements()));
@@ -259,8 +257,8 @@ Result<Outputs> run_gather(const Ctx& c) {
                    fmt::format("indices {} must have the rank of {}", idx.to_string(), x.to_string()));
   for (std::size_t d = 0; d < rank; ++d)
     if (d != dim && idx.shape()[d] > x.shape()[d])
-      return c.error(ErrorCode::IncompatibleShapes, fmt::format("indices {} exceed {} in dim {}", idx.to_string(),
-                                                                x.to_string(), d));
+      return c.error(ErrorCode::IncompatibleShapes,
+                     fmt::format("indices {} exceed {} in dim {}", idx.to_string(), x.to_string(), d));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, idx.shape()));
   KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
@@ -293,9 +291,8 @@ Result<Outputs> run_scatter(const Ctx& c) {
                                                         idx.to_string(), value.to_string(), x.to_string()));
   for (std::size_t d = 0; d < rank; ++d)
     if (idx.shape()[d] > value.shape()[d] || (d != dim && idx.shape()[d] > x.shape()[d]))
-      return c.error(ErrorCode::IncompatibleShapes,
-                     fmt::format("indices {} exceed value {} or tensor {} in dim {}", idx.to_string(),
-                                 value.to_string(), x.to_string(), d));
+      return c.error(ErrorCode::IncompatibleShapes, fmt::format("indices {} exceed value {} or tensor {} in dim {}",
+                                                                idx.to_string(), value.to_string(), x.to_string(), d));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
   KILN_ASSIGN_OR_RETURN(HostTensor out, copy_of(c, x));
@@ -320,11 +317,12 @@ Result<Outputs> run_gather_nd(const Ctx& c) {
   const HostTensor& idx = c.in[1];
   KILN_RETURN_IF_ERROR(expect_index_tensor(c, idx, "indices"));
   const ir::Shape& is = idx.shape();
-  if (is.empty()) return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", idx.to_string()));
+  if (is.empty())
+    return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", idx.to_string()));
   const std::uint64_t k = is.back();
   if (k > data.shape().size())
-    return c.error(ErrorCode::OutOfBounds, fmt::format("indices {} address {} dims of {}", idx.to_string(), k,
-                                                       data.to_string()));
+    return c.error(ErrorCode::OutOfBounds,
+                   fmt::format("indices {} address {} dims of {}", idx.to_string(), k, data.to_string()));
   const std::size_t kk = static_cast<std::size_t>(k);
   ir::Shape expected(is.begin(), is.end() - 1);
   expected.insert(expected.end(), data.shape().begin() + static_cast<std::ptrdiff_t>(kk), data.shape().end());
@@ -400,8 +398,7 @@ Result<Outputs> run_pad(const Ctx& c) {
   if ((c.op.attrs.size() - 1) % 2 != 0)
     return c.error(ErrorCode::Invalid, "padding attributes must come in (before, after) pairs");
   const std::size_t m = (c.op.attrs.size() - 1) / 2;
-  if (m > in.size())
-    return c.error(ErrorCode::RankMismatch, fmt::format("{} padding pairs for {}", m, x.to_string()));
+  if (m > in.size()) return c.error(ErrorCode::RankMismatch, fmt::format("{} padding pairs for {}", m, x.to_string()));
   if ((mode == ir::PadMode::Constant) != (c.op.scalars.size() == 1))
     return c.error(ErrorCode::Invalid, "constant padding carries exactly one value, the other modes none");
   std::vector<std::uint64_t> before(in.size(), 0);
@@ -412,8 +409,8 @@ Result<Outputs> run_pad(const Ctx& c) {
     KILN_ASSIGN_OR_RETURN(std::uint64_t a, count_attr(c, 2 + 2 * i, "padding"));
     if (b != 0 || a != 0) {
       if (mode == ir::PadMode::Reflect && (in[d] == 0 || b > in[d] - 1 || a > in[d] - 1))
-        return c.error(ErrorCode::Invalid, fmt::format("reflect padding ({}, {}) of dim {} needs both at most {} - 1",
-                                                       b, a, d, in[d]));
+        return c.error(ErrorCode::Invalid,
+                       fmt::format("reflect padding ({}, {}) of dim {} needs both at most {} - 1", b, a, d, in[d]));
       if (mode == ir::PadMode::Edge && in[d] == 0)
         return c.error(ErrorCode::Invalid, fmt::format("edge padding of dim {} of size 0", d));
     }
@@ -538,8 +535,7 @@ Result<Outputs> run_random(const Ctx& c) {
     for (std::int64_t v : {lo, hi - 1}) {
       element::store_i64(probe.data(), dtype, 0, v);
       if (element::load_i64(probe.data(), dtype, 0) != v)
-        return c.error(ErrorCode::Invalid,
-                       fmt::format("integer range [{}, {}) does not fit {}", lo, hi, dtype.name()));
+        return c.error(ErrorCode::Invalid, fmt::format("integer range [{}, {}) does not fit {}", lo, hi, dtype.name()));
     }
   }
 

@@ -89,8 +89,10 @@ Result<Outputs> run_matmul(const Ctx& c) {
             for (std::uint64_t p = 0; p < k; ++p) {
               const T x = load<T>(a, a0 + i * k + p);
               const T y = load<T>(b, b0 + p * n + j);
-              if constexpr (std::is_same_v<T, double>) acc += x * y;
-              else acc = wrap_add(acc, wrap_mul(x, y));
+              if constexpr (std::is_same_v<T, double>)
+                acc += x * y;
+              else
+                acc = wrap_add(acc, wrap_mul(x, y));
             }
             store<T>(out, o0 + i * n + j, acc);
           }
@@ -150,7 +152,8 @@ Result<Outputs> run_conv2d(const Ctx& c) {
               for (std::uint64_t j = 0; j < KW; ++j) {
                 std::uint64_t wp = 0;
                 if (!window_pos(ow * s1, j, d1, p1, W, wp)) continue;
-                acc += x.get_f64(((nb * C_in + cin) * H + h) * W + wp) * w.get_f64(((co * cin_g + ci) * KH + i) * KW + j);
+                acc +=
+                    x.get_f64(((nb * C_in + cin) * H + h) * W + wp) * w.get_f64(((co * cin_g + ci) * KH + i) * KW + j);
               }
             }
           }
@@ -188,7 +191,8 @@ Result<Outputs> run_conv_transpose1d(const Ctx& c) {
   std::uint64_t C_out = 0;
   if (__builtin_mul_overflow(ws[1], groups, &C_out)) return c.error(ErrorCode::Invalid, "channel count overflows");
   if (bias && (bias->shape().size() != 1 || bias->shape()[0] != C_out))
-    return c.error(ErrorCode::IncompatibleShapes, fmt::format("bias {} must have shape [{}]", bias->to_string(), C_out));
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("bias {} must have shape [{}]", bias->to_string(), C_out));
   KILN_ASSIGN_OR_RETURN(std::uint64_t L_out,
                         ir::shape::conv_transpose_output(xs[2], ws[2], stride, padding, padding_out, dilation));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], C_out, L_out}));

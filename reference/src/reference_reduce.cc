@@ -66,10 +66,12 @@ bool beats(bool is_max, T a, T b) {
 // |v| as a magnitude that never overflows (u64 for integers).
 template <class T>
 auto magnitude(T v) {
-  if constexpr (std::is_same_v<T, double>) return std::fabs(v);
+  if constexpr (std::is_same_v<T, double>)
+    return std::fabs(v);
   else if constexpr (std::is_same_v<T, std::int64_t>)
     return v < 0 ? std::uint64_t{0} - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
-  else return v;
+  else
+    return v;
 }
 
 // Reduces every (o, i) line of the view into output element o * inner + i.
@@ -109,13 +111,18 @@ Result<Outputs> reduce_lines(const Ctx& c, Red r, const HostTensor& x, const Axi
             case Red::Mean: {
               T acc = 0;
               for (std::uint64_t j = 0; j < v.n; ++j) {
-                if constexpr (std::is_same_v<T, double>) acc += load<T>(x, v.at(o, j, i));
-                else acc = wrap_add(acc, load<T>(x, v.at(o, j, i)));
+                if constexpr (std::is_same_v<T, double>)
+                  acc += load<T>(x, v.at(o, j, i));
+                else
+                  acc = wrap_add(acc, load<T>(x, v.at(o, j, i)));
               }
               if (r == Red::Mean) {
-                if constexpr (std::is_same_v<T, double>) acc = acc / static_cast<double>(v.n);  // 0/0 = NaN if empty
-                else if constexpr (std::is_signed_v<T>) acc = acc / static_cast<std::int64_t>(v.n);  // truncates
-                else acc = acc / v.n;
+                if constexpr (std::is_same_v<T, double>)
+                  acc = acc / static_cast<double>(v.n);  // 0/0 = NaN if empty
+                else if constexpr (std::is_signed_v<T>)
+                  acc = acc / static_cast<std::int64_t>(v.n);  // truncates
+                else
+                  acc = acc / v.n;
               }
               store<T>(out, dst, acc);
               break;
@@ -123,8 +130,10 @@ Result<Outputs> reduce_lines(const Ctx& c, Red r, const HostTensor& x, const Axi
             case Red::Prod: {
               T acc = 1;
               for (std::uint64_t j = 0; j < v.n; ++j) {
-                if constexpr (std::is_same_v<T, double>) acc *= load<T>(x, v.at(o, j, i));
-                else acc = wrap_mul(acc, load<T>(x, v.at(o, j, i)));
+                if constexpr (std::is_same_v<T, double>)
+                  acc *= load<T>(x, v.at(o, j, i));
+                else
+                  acc = wrap_mul(acc, load<T>(x, v.at(o, j, i)));
               }
               store<T>(out, dst, acc);
               break;
@@ -142,8 +151,10 @@ Result<Outputs> reduce_lines(const Ctx& c, Red r, const HostTensor& x, const Axi
             case Red::MaxAbs: {
               auto acc = magnitude(load<T>(x, v.at(o, 0, i)));
               for (std::uint64_t j = 1; j < v.n; ++j) acc = max_nan(acc, magnitude(load<T>(x, v.at(o, j, i))));
-              if constexpr (std::is_same_v<T, double>) store<double>(out, dst, acc);
-              else store<std::uint64_t>(out, dst, acc);  // wraps like abs: |i8 -128| stays -128
+              if constexpr (std::is_same_v<T, double>)
+                store<double>(out, dst, acc);
+              else
+                store<std::uint64_t>(out, dst, acc);  // wraps like abs: |i8 -128| stays -128
               break;
             }
             case Red::ArgMax:
@@ -340,11 +351,15 @@ Result<Outputs> run_cumulative(const Ctx& c) {
             if (j == 0) {
               acc = e;
             } else if (k == OpKind::Numeric_CumSum) {
-              if constexpr (std::is_same_v<T, double>) acc += e;
-              else acc = wrap_add(acc, e);
+              if constexpr (std::is_same_v<T, double>)
+                acc += e;
+              else
+                acc = wrap_add(acc, e);
             } else if (k == OpKind::Numeric_CumProd) {
-              if constexpr (std::is_same_v<T, double>) acc *= e;
-              else acc = wrap_mul(acc, e);
+              if constexpr (std::is_same_v<T, double>)
+                acc *= e;
+              else
+                acc = wrap_mul(acc, e);
             } else if (k == OpKind::Numeric_CumMax) {
               acc = max_nan(acc, e);
             } else {

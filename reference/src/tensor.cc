@@ -38,13 +38,13 @@ std::uint16_t narrow(double v, const NarrowFormat& f) {
   const auto exp_all = static_cast<std::uint16_t>(((1u << f.exp_bits) - 1) << mant_bits);
   if (e == 0x7FF) {
     if (frac != 0) return static_cast<std::uint16_t>(sign | exp_all | (1u << (mant_bits - 1)));  // quiet NaN
-    return static_cast<std::uint16_t>(sign | exp_all);                                          // infinity
+    return static_cast<std::uint16_t>(sign | exp_all);                                           // infinity
   }
   if (e == 0 && frac == 0) return sign;  // signed zero
   // |v| = M * 2^E exactly.
   const std::uint64_t M = e == 0 ? frac : (frac | (std::uint64_t{1} << 52));
   const int E = e == 0 ? -1074 : e - 1075;
-  const int k = std::bit_width(M) - 1 + E;  // floor(log2 |v|)
+  const int k = std::bit_width(M) - 1 + E;                            // floor(log2 |v|)
   if (k > f.bias) return static_cast<std::uint16_t>(sign | exp_all);  // beyond the largest binade: infinity
   // The target's unit in the last place is 2^q; the result is round(|v| / 2^q) * 2^q.
   int q = std::max(k, f.emin) - mant_bits;
@@ -353,7 +353,7 @@ Result<HostTensor> HostTensor::zeros(HostAllocator& alloc, ir::Shape shape, DTyp
 }
 
 Result<HostTensor> HostTensor::from_bytes(HostAllocator& alloc, ir::Shape shape, DType dtype,
-                                        std::span<const std::byte> bytes) {
+                                          std::span<const std::byte> bytes) {
   KILN_ASSIGN_OR_RETURN(HostTensor t, allocate(alloc, std::move(shape), dtype));
   if (bytes.size() != t.size_bytes())
     return make_error(ErrorCode::Invalid, fmt::format("HostTensor::from_bytes: {} needs {} bytes, got {}",
@@ -365,7 +365,7 @@ Result<HostTensor> HostTensor::from_bytes(HostAllocator& alloc, ir::Shape shape,
 namespace {
 template <class T, class Store>
 Result<HostTensor> from_converted(HostAllocator& alloc, ir::Shape shape, DType dtype, std::uint64_t count,
-                                 const char* what, Store store) {
+                                  const char* what, Store store) {
   KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::allocate(alloc, std::move(shape), dtype));
   if (count != t.num_elements())
     return make_error(ErrorCode::Invalid, fmt::format("HostTensor::{}: {} has {} elements, got {} values", what,
@@ -376,27 +376,28 @@ Result<HostTensor> from_converted(HostAllocator& alloc, ir::Shape shape, DType d
 }  // namespace
 
 Result<HostTensor> HostTensor::from_f64(HostAllocator& alloc, ir::Shape shape, DType dtype,
-                                      std::span<const double> values) {
-  return from_converted<double>(alloc, std::move(shape), dtype, values.size(), "from_f64",
-                                [&](std::byte* base, std::uint64_t i) { element::store_f64(base, dtype, i, values[i]); });
+                                        std::span<const double> values) {
+  return from_converted<double>(
+      alloc, std::move(shape), dtype, values.size(), "from_f64",
+      [&](std::byte* base, std::uint64_t i) { element::store_f64(base, dtype, i, values[i]); });
 }
 
 Result<HostTensor> HostTensor::from_i64(HostAllocator& alloc, ir::Shape shape, DType dtype,
-                                      std::span<const std::int64_t> values) {
+                                        std::span<const std::int64_t> values) {
   return from_converted<std::int64_t>(
       alloc, std::move(shape), dtype, values.size(), "from_i64",
       [&](std::byte* base, std::uint64_t i) { element::store_i64(base, dtype, i, values[i]); });
 }
 
 Result<HostTensor> HostTensor::from_u64(HostAllocator& alloc, ir::Shape shape, DType dtype,
-                                      std::span<const std::uint64_t> values) {
+                                        std::span<const std::uint64_t> values) {
   return from_converted<std::uint64_t>(
       alloc, std::move(shape), dtype, values.size(), "from_u64",
       [&](std::byte* base, std::uint64_t i) { element::store_u64(base, dtype, i, values[i]); });
 }
 
 Result<HostTensor> HostTensor::from_bool(HostAllocator& alloc, ir::Shape shape, DType dtype,
-                                       const std::vector<bool>& values) {
+                                         const std::vector<bool>& values) {
   return from_converted<bool>(alloc, std::move(shape), dtype, values.size(), "from_bool",
                               [&](std::byte* base, std::uint64_t i) {
                                 element::store_bool(base, dtype, i, values[static_cast<std::size_t>(i)]);

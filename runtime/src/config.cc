@@ -48,8 +48,10 @@ Result<RuntimeFileConfig> parse_runtime_config(std::string_view toml_text, std::
     else if (key.str() == "drain_batch")
       slot = &cfg.drain_batch;
     else
-      return make_error(ErrorCode::Config, fmt::format("{}: runtime.{}: unknown key (expected threads, drain_batch, inline_waits or spin_waits)",
-                                                       source_name, key.str()));
+      return make_error(
+          ErrorCode::Config,
+          fmt::format("{}: runtime.{}: unknown key (expected threads, drain_batch, inline_waits or spin_waits)",
+                      source_name, key.str()));
     std::optional<std::int64_t> v = value.value<std::int64_t>();
     if (!value.is_integer() || !v || *v <= 0)
       return make_error(ErrorCode::Config,
@@ -78,7 +80,8 @@ RuntimeFileConfig apply_runtime_env(RuntimeFileConfig cfg, const fusion::EnvLook
     else if (*v == "0" || *v == "false")
       slot = false;
     else if (warnings)
-      *warnings += fmt::format("{}{}='{}' is not 0, 1, true or false; ignored", warnings->empty() ? "" : "; ", name, *v);
+      *warnings +=
+          fmt::format("{}{}='{}' is not 0, 1, true or false; ignored", warnings->empty() ? "" : "; ", name, *v);
   };
   apply_bool("KILN_RUNTIME_INLINE_WAITS", cfg.inline_waits);
   apply_bool("KILN_RUNTIME_SPIN_WAITS", cfg.spin_waits);

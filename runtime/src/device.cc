@@ -15,7 +15,7 @@ namespace {
 // Largest read a waiting caller runs itself (see Device::read).
 constexpr std::uint64_t kInlineReadBytes = 256 * 1024;
 constexpr unsigned kSpinWaitsMinCores = 2;  // RuntimeOptions::spin_waits' default: on from 2 cores
-constexpr int kWaitSpinRound = 32;  // pauses between checks of the clock, busy count and progress
+constexpr int kWaitSpinRound = 32;          // pauses between checks of the clock, busy count and progress
 }  // namespace
 
 Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options) {
@@ -34,13 +34,11 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
   if (!rt.ok()) return rt.error();
   if (!warnings.empty()) spdlog::warn("kiln runtime: {}", warnings);
   const unsigned cores = usable_cores();  // reads the cgroup files: once per device
-  if (options.threads == 0)
-    options.threads = rt->threads.value_or(cores);
+  if (options.threads == 0) options.threads = rt->threads.value_or(cores);
   if (!options.drain_batch) options.drain_batch = rt->drain_batch.value_or(kDefaultDrainBatch);
   if (!options.inline_waits) options.inline_waits = rt->inline_waits.value_or(true);
   // Spin waits need a core for the waiter beside its actor.
-  if (!options.spin_waits)
-    options.spin_waits = rt->spin_waits.value_or(cores >= kSpinWaitsMinCores);
+  if (!options.spin_waits) options.spin_waits = rt->spin_waits.value_or(cores >= kSpinWaitsMinCores);
   fusion::FusionConfig config;
   if (options.fusion) {
     config = *options.fusion;
@@ -150,8 +148,8 @@ Status SessionTarget::read_into(StreamId home, const ir::TensorIr& t, std::span<
   // checked after it (quantized and bool stores have their own layouts).
   if (const std::uint64_t want = ir::num_elements(t.shape) * t.dtype.size_bytes();
       !t.dtype.is_quantized() && !t.dtype.is_bool() && want != dst.size())
-    return make_error(ErrorCode::Invalid, fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(), want,
-                                                      dst.size()));
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(), want, dst.size()));
   KILN_ASSIGN_OR_RETURN(HostData data, read(home, t));
   if (data.bytes.size() != dst.size())
     return make_error(ErrorCode::Invalid, fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(),
@@ -166,7 +164,9 @@ Status Device::upload(StreamId /*home*/, ir::TensorId id, ir::DType dtype, ir::S
   return backend_->upload(id, dtype, std::move(shape), bytes);
 }
 
-Status Device::register_op(StreamId stream, ir::Operation&& op) { return register_op_impl(stream, std::move(op), true); }
+Status Device::register_op(StreamId stream, ir::Operation&& op) {
+  return register_op_impl(stream, std::move(op), true);
+}
 
 Status Device::register_op_deferred(StreamId stream, ir::Operation&& op) {
   return register_op_impl(stream, std::move(op), false);
@@ -200,7 +200,8 @@ ir::TensorId Device::new_tensor_ids(std::uint64_t count) {
   std::uint64_t next = next_tensor_id_.load(std::memory_order_relaxed);
   std::uint64_t first = 0;
   do {
-    first = (next + ir::kTensorIdBlock - 1) / ir::kTensorIdBlock * ir::kTensorIdBlock;  // the skipped ids are never used
+    first =
+        (next + ir::kTensorIdBlock - 1) / ir::kTensorIdBlock * ir::kTensorIdBlock;  // the skipped ids are never used
   } while (!next_tensor_id_.compare_exchange_weak(next, first + count, std::memory_order_relaxed));
   return ir::TensorId(first);
 }
@@ -250,7 +251,8 @@ V Device::wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::u
     const std::string name = what();
     spdlog::warn("kiln runtime: {} did not complete within {} ms; giving up the wait", name,
                  options_.wait_timeout.count());
-    return make_error(ErrorCode::Execution, name + ": timed out after " + std::to_string(options_.wait_timeout.count()) + " ms");
+    return make_error(ErrorCode::Execution,
+                      name + ": timed out after " + std::to_string(options_.wait_timeout.count()) + " ms");
   }
   return f.get();  // every path of the actor sets a value (never an exception)
 }
@@ -278,7 +280,8 @@ Result<HostData> Device::read(StreamId home, const ir::TensorIr& t) {
   const bool small = ir::num_elements(t.shape) * t.dtype.size_bytes() <= kInlineReadBytes;
   std::shared_ptr<const std::atomic<std::uint64_t>> progress;
   KILN_RETURN_IF_ERROR(dispatch_waited<ReadCmd>(home, cmd, small, progress));
-  return wait(f, progress, [&t, home] { return "read of " + t.to_string() + " on stream " + std::to_string(home.value()); });
+  return wait(f, progress,
+              [&t, home] { return "read of " + t.to_string() + " on stream " + std::to_string(home.value()); });
 }
 
 Status Device::drop(StreamId home, const ir::TensorIr& t) { return drop_impl(home, t, true); }

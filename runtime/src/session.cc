@@ -111,11 +111,10 @@ void Session::drop(const Tensor::State& s) {
   if (!st.ok()) spdlog::debug("kiln runtime: drop of {}: {}", s.id.to_string(), st.error().to_string());
 }
 
-Result<Tensor> Session::upload(ir::DType dtype, std::span<const std::byte> bytes, std::size_t count,
-                               ir::Shape shape) {
+Result<Tensor> Session::upload(ir::DType dtype, std::span<const std::byte> bytes, std::size_t count, ir::Shape shape) {
   if (ir::num_elements(shape) != count)
-    return make_error(ErrorCode::IncompatibleShapes, "from_host: " + std::to_string(count) + " values for shape " +
-                                                         ir::shape_to_string(shape));
+    return make_error(ErrorCode::IncompatibleShapes,
+                      "from_host: " + std::to_string(count) + " values for shape " + ir::shape_to_string(shape));
   const StreamId home = current_stream();
   const ir::TensorId id = ids_.next_tensor_id(device_);
   KILN_RETURN_IF_ERROR(device_.upload(home, id, dtype, shape, bytes));
@@ -383,7 +382,9 @@ Result<Tensor> Session::lt(Tensor a, Tensor b) { return compare_op(std::move(a),
 Result<Tensor> Session::le(Tensor a, Tensor b) {
   return compare_op(std::move(a), std::move(b), OpKind::Numeric_LowerEqual);
 }
-Result<Tensor> Session::gt(Tensor a, Tensor b) { return compare_op(std::move(a), std::move(b), OpKind::Numeric_Greater); }
+Result<Tensor> Session::gt(Tensor a, Tensor b) {
+  return compare_op(std::move(a), std::move(b), OpKind::Numeric_Greater);
+}
 Result<Tensor> Session::ge(Tensor a, Tensor b) {
   return compare_op(std::move(a), std::move(b), OpKind::Numeric_GreaterEqual);
 }
@@ -392,7 +393,9 @@ Result<Tensor> Session::lt(Tensor a, double s) { return compare_scalar_op(std::m
 Result<Tensor> Session::le(Tensor a, double s) {
   return compare_scalar_op(std::move(a), s, OpKind::Numeric_LowerEqualElem);
 }
-Result<Tensor> Session::gt(Tensor a, double s) { return compare_scalar_op(std::move(a), s, OpKind::Numeric_GreaterElem); }
+Result<Tensor> Session::gt(Tensor a, double s) {
+  return compare_scalar_op(std::move(a), s, OpKind::Numeric_GreaterElem);
+}
 Result<Tensor> Session::ge(Tensor a, double s) {
   return compare_scalar_op(std::move(a), s, OpKind::Numeric_GreaterEqualElem);
 }
@@ -615,8 +618,7 @@ Result<Tensor> Session::cross_entropy_indices(Tensor logits, Tensor classes) {
   return neg(std::move(l));
 }
 
-Result<Tensor> Session::custom(std::string name, std::vector<Tensor> inputs, ir::Shape out_shape,
-                               ir::DType out_dtype) {
+Result<Tensor> Session::custom(std::string name, std::vector<Tensor> inputs, ir::Shape out_shape, ir::DType out_dtype) {
   return run_op(inputs, [&](std::span<const ir::TensorIr> t, ir::TensorId out) {
     const ir::TensorIr o = ir::TensorIr::uninit(out, out_shape, out_dtype);
     return ir::build::custom(name, t, std::span<const ir::TensorIr>(&o, 1), {});

@@ -7,11 +7,11 @@
 #include <type_traits>
 #include <utility>
 
-#include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
 
-#include "kiln/ir/builders.h"
 #include "kiln/base/cpu_relax.h"
+#include "kiln/ir/builders.h"
 
 namespace kiln::runtime {
 namespace {
@@ -33,8 +33,8 @@ Error failure_error(StreamId id, const ir::TensorError& e) {
 }
 
 Error internal_error(StreamId id, const char* what, const std::exception& e) {
-  return make_error(ErrorCode::Internal, std::string("stream ") + std::to_string(id.value()) + ": " + what +
-                                             " threw: " + e.what());
+  return make_error(ErrorCode::Internal,
+                    std::string("stream ") + std::to_string(id.value()) + ": " + what + " threw: " + e.what());
 }
 
 }  // namespace
@@ -175,8 +175,9 @@ bool StreamActor::try_run_inline(Command& cmd) {
   // An unscheduled backlog is registrations whose wake-up was deferred (register_op_deferred):
   // no turn is coming for them, so the waiter runs them, however many.
   if (scheduled_.load(std::memory_order_acquire) &&
-      intake_.read_available() + static_cast<std::size_t>(std::max<std::int64_t>(
-                                     0, foreign_count_.load(std::memory_order_relaxed))) > kInlineBacklog)
+      intake_.read_available() +
+              static_cast<std::size_t>(std::max<std::int64_t>(0, foreign_count_.load(std::memory_order_relaxed))) >
+          kInlineBacklog)
     return false;
   if (!acquire_running()) return false;
   if (closed_.load(std::memory_order_acquire)) {  // closed between the check above and now
@@ -320,77 +321,76 @@ void StreamActor::run(Command& command) {
   auto finish = [&] {
     finished = true;
     // A waiter that sleeps needs the core now; one that spins already has its own.
-    answered_waiter_ = std::visit(Overloaded{[](const RegisterOpCmd&) { return false; },
-                                             [](const ForeignDropCmd&) { return false; },
-                                             [](const auto& c) { return !c.waiter_spins; }},
-                                  command);
+    answered_waiter_ =
+        std::visit(Overloaded{[](const RegisterOpCmd&) { return false; }, [](const ForeignDropCmd&) { return false; },
+                              [](const auto& c) { return !c.waiter_spins; }},
+                   command);
     commands_->store(commands_->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    if (executed != 0)
-      executed_.store(executed_.load(std::memory_order_relaxed) + executed, std::memory_order_relaxed);
+    if (executed != 0) executed_.store(executed_.load(std::memory_order_relaxed) + executed, std::memory_order_relaxed);
     publish_stats();
   };
-  std::visit(
-      Overloaded{
-          [&](RegisterOpCmd& c) {
-            try {
-              executed += stream_.register_op(std::move(c.op), *ctx_.store, *executor_);
-            } catch (const std::exception& e) {
-              spdlog::error("kiln runtime: {}", internal_error(id_, "register_op", e).to_string());
-            }
-          },
-          [&](DrainCmd& c) {
-            Status st;
-            try {
-              executed += drain_now();
-              if (c.report_failure)
-                if (std::optional<ir::TensorError> failed = executor_->take_failure()) st = failure_error(id_, *failed);
-            } catch (const std::exception& e) {
-              st = internal_error(id_, "drain", e);
-            }
-            finish();
-            c.done.set_value(std::move(st));
-          },
-          [&](ReadCmd& c) {
-            Result<HostData> out = make_error(ErrorCode::Internal, "read: not served");
-            try {
-              // docs/spec/fusion.md §16.4 read_plan / read / mark_read (the rules in fusion/multi_stream.h).
-              const fusion::ReadPlan plan =
-                  fusion::read_plan(&stream_.queue(), c.tensor, backend.is_materialized(c.tensor.id));
-              if (plan == fusion::ReadPlan::Drain) executed += drain_now();  // its producer is still queued
-              out = backend.download(fusion::serve_read(stream_.queue(), c.tensor, plan));
-            } catch (const std::exception& e) {
-              out = internal_error(id_, "read", e);
-            }
-            finish();
-            c.done.set_value(std::move(out));
-          },
-          [&](ForeignDropCmd& c) {
-            try {
-              // §16.5 foreign_drop; the fallback drains and queues the Drop.
-              if (backend.is_materialized(c.tensor.id)) {
-                if (!fusion::defer_foreign_drop(stream_.queue(), c.tensor)) backend.free(c.tensor);
-              } else {
-                executed += drain_now();
-                Result<ir::Operation> op = ir::build::drop(c.tensor);
-                if (op.ok()) executed += stream_.register_op(std::move(op).value(), *ctx_.store, *executor_);
-              }
-            } catch (const std::exception& e) {
-              spdlog::error("kiln runtime: {}", internal_error(id_, "foreign drop", e).to_string());
-            }
-          },
-          [&](ShareCmd& c) {
-            Status st;
-            try {
-              if (!backend.is_materialized(c.src)) executed += drain_now();  // the producer runs now
-              st = backend.alias(c.src, c.dst);
-            } catch (const std::exception& e) {
-              st = internal_error(id_, "shared view", e);
-            }
-            finish();
-            c.done.set_value(std::move(st));
-          },
-      },
-      command);
+  std::visit(Overloaded{
+                 [&](RegisterOpCmd& c) {
+                   try {
+                     executed += stream_.register_op(std::move(c.op), *ctx_.store, *executor_);
+                   } catch (const std::exception& e) {
+                     spdlog::error("kiln runtime: {}", internal_error(id_, "register_op", e).to_string());
+                   }
+                 },
+                 [&](DrainCmd& c) {
+                   Status st;
+                   try {
+                     executed += drain_now();
+                     if (c.report_failure)
+                       if (std::optional<ir::TensorError> failed = executor_->take_failure())
+                         st = failure_error(id_, *failed);
+                   } catch (const std::exception& e) {
+                     st = internal_error(id_, "drain", e);
+                   }
+                   finish();
+                   c.done.set_value(std::move(st));
+                 },
+                 [&](ReadCmd& c) {
+                   Result<HostData> out = make_error(ErrorCode::Internal, "read: not served");
+                   try {
+                     // docs/spec/fusion.md §16.4 read_plan / read / mark_read (the rules in fusion/multi_stream.h).
+                     const fusion::ReadPlan plan =
+                         fusion::read_plan(&stream_.queue(), c.tensor, backend.is_materialized(c.tensor.id));
+                     if (plan == fusion::ReadPlan::Drain) executed += drain_now();  // its producer is still queued
+                     out = backend.download(fusion::serve_read(stream_.queue(), c.tensor, plan));
+                   } catch (const std::exception& e) {
+                     out = internal_error(id_, "read", e);
+                   }
+                   finish();
+                   c.done.set_value(std::move(out));
+                 },
+                 [&](ForeignDropCmd& c) {
+                   try {
+                     // §16.5 foreign_drop; the fallback drains and queues the Drop.
+                     if (backend.is_materialized(c.tensor.id)) {
+                       if (!fusion::defer_foreign_drop(stream_.queue(), c.tensor)) backend.free(c.tensor);
+                     } else {
+                       executed += drain_now();
+                       Result<ir::Operation> op = ir::build::drop(c.tensor);
+                       if (op.ok()) executed += stream_.register_op(std::move(op).value(), *ctx_.store, *executor_);
+                     }
+                   } catch (const std::exception& e) {
+                     spdlog::error("kiln runtime: {}", internal_error(id_, "foreign drop", e).to_string());
+                   }
+                 },
+                 [&](ShareCmd& c) {
+                   Status st;
+                   try {
+                     if (!backend.is_materialized(c.src)) executed += drain_now();  // the producer runs now
+                     st = backend.alias(c.src, c.dst);
+                   } catch (const std::exception& e) {
+                     st = internal_error(id_, "shared view", e);
+                   }
+                   finish();
+                   c.done.set_value(std::move(st));
+                 },
+             },
+             command);
   if (!finished) finish();
 }
 
@@ -479,9 +479,8 @@ StreamSnapshot StreamActor::snapshot_now() const {
 std::future<StreamSnapshot> StreamActor::snapshot() {
   auto done = std::make_shared<std::promise<StreamSnapshot>>();
   std::future<StreamSnapshot> f = done->get_future();
-  post_exclusive([this, done] {
-    return [done, snap = snapshot_now()]() mutable { done->set_value(std::move(snap)); };
-  });
+  post_exclusive(
+      [this, done] { return [done, snap = snapshot_now()]() mutable { done->set_value(std::move(snap)); }; });
   return f;
 }
 
@@ -513,7 +512,8 @@ std::size_t StreamActor::cancel_pending(const std::string& reason) {
       try {
         ctx_.backend->free(t);
       } catch (const std::exception& e) {  // cancel_pending also runs in the destructor
-        spdlog::error("kiln runtime: {}", internal_error(id_, "release of a cancelled command's tensor", e).to_string());
+        spdlog::error("kiln runtime: {}",
+                      internal_error(id_, "release of a cancelled command's tensor", e).to_string());
       }
     };
     std::visit(Overloaded{

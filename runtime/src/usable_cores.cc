@@ -84,8 +84,8 @@ std::optional<unsigned> read_cfs_quota(const std::string& dir) {
 std::string unescape(std::string_view s) {
   std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3' && s[i + 2] >= '0' &&
-        s[i + 2] <= '7' && s[i + 3] >= '0' && s[i + 3] <= '7') {
+    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3' && s[i + 2] >= '0' && s[i + 2] <= '7' &&
+        s[i + 3] >= '0' && s[i + 3] <= '7') {
       out.push_back(static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0')));
       i += 3;
     } else {
@@ -175,7 +175,8 @@ std::optional<unsigned> cgroup_cpu_quota_cores(const std::string& proc_cgroup, c
       if (m.v2 != v2 || (!v2 && !lists(m.super_options, "cpu"))) continue;
       const auto parts = relative_components(path, m.root);
       if (!parts) continue;
-      const std::optional<unsigned> q = v2 ? smallest_quota(m, *parts, read_cpu_max) : smallest_quota(m, *parts, read_cfs_quota);
+      const std::optional<unsigned> q =
+          v2 ? smallest_quota(m, *parts, read_cpu_max) : smallest_quota(m, *parts, read_cfs_quota);
       if (q && (!best || *q < *best)) best = q;
     }
   }

@@ -155,7 +155,8 @@ TEST(Differential, CachedPlanReruns) {
 // structures are interleaved over rounds, so plans and compiled forms are evicted between
 // instances and while a stream holds them: every instance must compute what the reference does.
 TEST(Differential, TinyBoundedCachesEvictAndRebuild) {
-  const std::uint64_t structures = std::max<std::uint64_t>(8, env_u64("KILN_DIFF_RERUN_TEMPLATES", default_programs() / 10) / 4);
+  const std::uint64_t structures =
+      std::max<std::uint64_t>(8, env_u64("KILN_DIFF_RERUN_TEMPLATES", default_programs() / 10) / 4);
   constexpr std::uint64_t kRounds = 3, kBound = 8;
   CpuDeviceOptions device_options{.threads = 2};
   device_options.max_kernels = kBound;
@@ -172,12 +173,12 @@ TEST(Differential, TinyBoundedCachesEvictAndRebuild) {
     }
   }
   const CpuDeviceStats st = side.device.stats();
-  std::printf("[differential] bounded caches: %llu structures x %llu rounds: %llu plans evicted, %llu compiled forms "
-              "evicted, %llu cached plans executed\n",
-              static_cast<unsigned long long>(structures), static_cast<unsigned long long>(kRounds),
-              static_cast<unsigned long long>(side.store.evicted()),
-              static_cast<unsigned long long>(st.kernel_cache_evictions),
-              static_cast<unsigned long long>(side.stream.processor().stats().cache_hits));
+  std::printf(
+      "[differential] bounded caches: %llu structures x %llu rounds: %llu plans evicted, %llu compiled forms "
+      "evicted, %llu cached plans executed\n",
+      static_cast<unsigned long long>(structures), static_cast<unsigned long long>(kRounds),
+      static_cast<unsigned long long>(side.store.evicted()), static_cast<unsigned long long>(st.kernel_cache_evictions),
+      static_cast<unsigned long long>(side.stream.processor().stats().cache_hits));
   EXPECT_GT(side.store.evicted(), 0u);
   EXPECT_GT(st.kernel_cache_evictions, 0u);
   EXPECT_GT(side.stream.processor().stats().cache_hits, 0u) << "cached plans ran between evictions";

@@ -129,14 +129,10 @@ struct Val {
 
 inline double ulp_of(DType d) {
   switch (d.kind()) {
-    case ir::DTypeKind::F64:
-      return std::ldexp(1.0, -52);
-    case ir::DTypeKind::F16:
-      return std::ldexp(1.0, -10);
-    case ir::DTypeKind::BF16:
-      return std::ldexp(1.0, -7);
-    default:
-      return std::ldexp(1.0, -23);
+    case ir::DTypeKind::F64: return std::ldexp(1.0, -52);
+    case ir::DTypeKind::F16: return std::ldexp(1.0, -10);
+    case ir::DTypeKind::BF16: return std::ldexp(1.0, -7);
+    default: return std::ldexp(1.0, -23);
   }
 }
 
@@ -222,25 +218,13 @@ class Generator {
     v.t = TensorIr{fresh(), shape_of(sym), TensorStatus::ReadOnly, dtype};
     v.sym = std::move(sym);
     switch (kind) {
-      case DataKind::Positive:
-        v.lo = 0.5, v.hi = 2;
-        break;
+      case DataKind::Positive: v.lo = 0.5, v.hi = 2; break;
       case DataKind::General:
-      case DataKind::Special:
-        v.lo = -2, v.hi = 2;
-        break;
-      case DataKind::SmallInt:
-        v.lo = -6, v.hi = 6;
-        break;
-      case DataKind::NonZero:
-        v.lo = 1, v.hi = 9;
-        break;
-      case DataKind::Bool:
-        v.lo = 0, v.hi = 1;
-        break;
-      default:
-        v.lo = -kInf, v.hi = kInf;
-        break;
+      case DataKind::Special: v.lo = -2, v.hi = 2; break;
+      case DataKind::SmallInt: v.lo = -6, v.hi = 6; break;
+      case DataKind::NonZero: v.lo = 1, v.hi = 9; break;
+      case DataKind::Bool: v.lo = 0, v.hi = 1; break;
+      default: v.lo = -kInf, v.hi = kInf; break;
     }
     prog_.inputs.push_back(InputSpec{v.t, kind, bound_sym});
     vals_.push_back(v);
@@ -1139,19 +1123,11 @@ inline void upload_inputs(const DiffProgram& p, CpuDevice& device) {
           in.bound_sym < static_cast<int>(p.sizes.size()) ? p.sizes[static_cast<std::size_t>(in.bound_sym)] : 1;
       for (std::uint64_t i = 0; i < n; ++i) {
         switch (in.kind) {
-          case DataKind::WideInt:
-            v[i] = static_cast<std::int64_t>(rng());
-            break;
-          case DataKind::NonZero:
-            v[i] = 1 + static_cast<std::int64_t>(rng() % 9);
-            break;
+          case DataKind::WideInt: v[i] = static_cast<std::int64_t>(rng()); break;
+          case DataKind::NonZero: v[i] = 1 + static_cast<std::int64_t>(rng() % 9); break;
           case DataKind::Index:
-          case DataKind::BadIndex:
-            v[i] = static_cast<std::int64_t>(rng() % bound);
-            break;
-          default:
-            v[i] = static_cast<std::int64_t>(rng() % 13) - 6;
-            break;
+          case DataKind::BadIndex: v[i] = static_cast<std::int64_t>(rng() % bound); break;
+          default: v[i] = static_cast<std::int64_t>(rng() % 13) - 6; break;
         }
       }
       if (in.kind == DataKind::BadIndex && n > 0) v[rng() % n] = static_cast<std::int64_t>(bound);

@@ -42,9 +42,8 @@ struct Fn {
   Forms forms;
   bool (*domain)(std::uint32_t);
 };
-const Fn kFns[] = {{"exp", fm::exp_forms, exp_domain},
-                   {"log", fm::log_forms, log_domain},
-                   {"tanh", fm::tanh_forms, tanh_domain}};
+const Fn kFns[] = {
+    {"exp", fm::exp_forms, exp_domain}, {"log", fm::log_forms, log_domain}, {"tanh", fm::tanh_forms, tanh_domain}};
 
 class FastMathDomains : public ::testing::Test {
  protected:
@@ -83,8 +82,9 @@ TEST_F(FastMathDomains, RestrictedFormsMatchTheGeneralFormsOnRandomInputs) {
     std::vector<float> in;
     in.reserve(kBits + kLinear);
     const bool is_log = f.domain == log_domain;
-    const std::uint32_t hi = f.domain == exp_domain ? bits_of(86.0f) : f.domain == tanh_domain ? bits_of(43.0f)
-                                                                                               : bits_of(FLT_MAX) + 1;
+    const std::uint32_t hi = f.domain == exp_domain    ? bits_of(86.0f)
+                             : f.domain == tanh_domain ? bits_of(43.0f)
+                                                       : bits_of(FLT_MAX) + 1;
     std::uniform_int_distribution<std::uint32_t> mag(is_log ? 1u : 0u, hi - 1);
     for (std::size_t i = 0; i < kBits; ++i) {
       const std::uint32_t sign = !is_log && (rng() & 1) != 0 ? 0x80000000u : 0u;
@@ -108,8 +108,8 @@ TEST_F(FastMathDomains, RestrictedFormsMatchTheGeneralFormsOnRandomInputs) {
 // a lane that moves through the block).
 TEST_F(FastMathDomains, EveryFloatNearTheDomainEdges) {
   constexpr std::uint32_t kRadius = 1u << 14;
-  const std::uint32_t edges[] = {bits_of(86.0f), bits_of(43.0f), bits_of(0.625f), bits_of(1.0f),
-                                 bits_of(FLT_MIN), 1u, bits_of(FLT_MAX), 0u};
+  const std::uint32_t edges[] = {
+      bits_of(86.0f), bits_of(43.0f), bits_of(0.625f), bits_of(1.0f), bits_of(FLT_MIN), 1u, bits_of(FLT_MAX), 0u};
   std::mt19937_64 rng(7);
   for (const Fn& f : kFns) {
     std::vector<float> inside;
@@ -133,9 +133,11 @@ TEST_F(FastMathDomains, EveryFloatNearTheDomainEdges) {
     for (std::size_t k = 0; k < outside.size(); ++k) {
       const int lane = static_cast<int>(k % kLanes);
       blk[static_cast<std::size_t>(lane)] = from_bits(outside[k]);
-      const bool ok = f.domain == exp_domain   ? fm::checked_block(kLanes, blk.data(), out.data(), nullptr, nullptr, nullptr, nullptr)
-                      : f.domain == log_domain ? fm::checked_block(kLanes, nullptr, nullptr, blk.data(), out.data(), nullptr, nullptr)
-                                               : fm::checked_block(kLanes, nullptr, nullptr, nullptr, nullptr, blk.data(), out.data());
+      const bool ok = f.domain == exp_domain
+                          ? fm::checked_block(kLanes, blk.data(), out.data(), nullptr, nullptr, nullptr, nullptr)
+                      : f.domain == log_domain
+                          ? fm::checked_block(kLanes, nullptr, nullptr, blk.data(), out.data(), nullptr, nullptr)
+                          : fm::checked_block(kLanes, nullptr, nullptr, nullptr, nullptr, blk.data(), out.data());
       if (ok && passed++ == 0) example = outside[k];
       blk[static_cast<std::size_t>(lane)] = 1.5f;
     }
@@ -157,12 +159,13 @@ TEST_F(FastMathDomains, BlockCheckFailsForAnyOutOfDomainLane) {
                                 0xffc00000u, 0xff800001u, 0xffd23456u, 0xffffffffu};
   const float inf = from_bits(0x7f800000u);
   // Values outside each domain (NaNs added below).
-  const std::vector<float> bad_exp = {inf, -inf, 86.0f, -86.0f, std::nextafter(86.0f, 100.0f), 88.7f, 89.0f, 104.0f,
-                                      -104.0f, 1e30f, -1e30f, FLT_MAX, -FLT_MAX};
-  const std::vector<float> bad_tanh = {inf, -inf, 43.0f, -43.0f, std::nextafter(43.0f, 50.0f), 50.0f, -85.9f,
+  const std::vector<float> bad_exp = {inf,    -inf,    86.0f,   -86.0f,  std::nextafter(86.0f, 100.0f),
+                                      88.7f,  89.0f,   104.0f,  -104.0f, 1e30f,
+                                      -1e30f, FLT_MAX, -FLT_MAX};
+  const std::vector<float> bad_tanh = {inf,   -inf,   43.0f,   -43.0f,  std::nextafter(43.0f, 50.0f), 50.0f, -85.9f,
                                        1e30f, -1e30f, FLT_MAX, -FLT_MAX};
-  const std::vector<float> bad_log = {0.0f, -0.0f, inf, -inf, -1.0f, -FLT_MIN, from_bits(0x80000001u), -FLT_MAX,
-                                      -1e30f, -0.5f};
+  const std::vector<float> bad_log = {0.0f,     -0.0f,  inf,  -inf, -1.0f, -FLT_MIN, from_bits(0x80000001u),
+                                      -FLT_MAX, -1e30f, -0.5f};
   for (int lanes : {64, 128}) {
     const auto n = static_cast<std::size_t>(lanes);
     std::vector<float> ei(n), li(n), ti(n), eo(n), lo(n), to(n), fast(n), want(n);
@@ -170,16 +173,20 @@ TEST_F(FastMathDomains, BlockCheckFailsForAnyOutOfDomainLane) {
       std::uniform_real_distribution<float> e(-85.99f, 85.99f), l(1e-30f, 1e30f), t(-42.99f, 42.99f);
       for (std::size_t k = 0; k < n; ++k) ei[k] = e(rng), li[k] = l(rng), ti[k] = t(rng);
       // The extremes inside the domains, at a few lanes.
-      ei[3] = std::nextafter(86.0f, 0.0f), ei[n - 1] = -std::nextafter(86.0f, 0.0f), ei[7] = -0.0f, ei[8] = from_bits(1);
+      ei[3] = std::nextafter(86.0f, 0.0f), ei[n - 1] = -std::nextafter(86.0f, 0.0f), ei[7] = -0.0f,
+      ei[8] = from_bits(1);
       ti[5] = std::nextafter(43.0f, 0.0f), ti[n - 2] = -std::nextafter(43.0f, 0.0f), ti[9] = -0.0f, ti[10] = 0.0f;
       ti[11] = from_bits(0x80000001u), ti[12] = 0.625f, ti[13] = -std::nextafter(0.625f, 0.0f);
       li[2] = from_bits(1), li[n - 3] = FLT_MAX, li[6] = FLT_MIN, li[14] = 1.0f;
     };
-    auto run = [&] { return fm::checked_block(lanes, ei.data(), eo.data(), li.data(), lo.data(), ti.data(), to.data()); };
+    auto run = [&] {
+      return fm::checked_block(lanes, ei.data(), eo.data(), li.data(), lo.data(), ti.data(), to.data());
+    };
     for (int round = 0; round < 4; ++round) {
       fill();
       ASSERT_TRUE(run()) << lanes << " lanes, in-domain block " << round;
-      const std::pair<const std::vector<float>*, const std::vector<float>*> outs[] = {{&ei, &eo}, {&li, &lo}, {&ti, &to}};
+      const std::pair<const std::vector<float>*, const std::vector<float>*> outs[] = {
+          {&ei, &eo}, {&li, &lo}, {&ti, &to}};
       for (std::size_t k = 0; k < 3; ++k) {
         kFns[k].forms(outs[k].first->data(), fast.data(), want.data(), n);
         for (std::size_t v = 0; v < n; ++v)

@@ -181,11 +181,12 @@ TEST_F(JitTest, RandomProgramsMatchTheReference) {
     declined += st.jit_declined;
     interp += st.launches_by_kind[0] - std::min(st.launches_by_kind[0], st.jit_launches);
   }
-  std::printf("[jit] %llu structures x %llu instances: %llu JIT launches, %llu kernels, %llu declined, %llu "
-              "interpreted elementwise launches\n",
-              static_cast<unsigned long long>(structures), static_cast<unsigned long long>(instances),
-              static_cast<unsigned long long>(launches), static_cast<unsigned long long>(compiles),
-              static_cast<unsigned long long>(declined), static_cast<unsigned long long>(interp));
+  std::printf(
+      "[jit] %llu structures x %llu instances: %llu JIT launches, %llu kernels, %llu declined, %llu "
+      "interpreted elementwise launches\n",
+      static_cast<unsigned long long>(structures), static_cast<unsigned long long>(instances),
+      static_cast<unsigned long long>(launches), static_cast<unsigned long long>(compiles),
+      static_cast<unsigned long long>(declined), static_cast<unsigned long long>(interp));
   EXPECT_GT(launches, compiles);  // kernels were rerun with new sizes and scalars
   EXPECT_GT(compiles, 0u);
 }
@@ -211,18 +212,17 @@ TEST_F(JitTest, BroadcastAndStridedInputs) {
   Session s(options());
   const std::size_t m = 70, n = 90;
   const auto rv = iota(n, 1, 0.5), cv = iota(m, 1, -0.25), xv = iota(m * n, 2, -1), wv = iota(n * m, 1.5, -0.5);
-  const TensorIr row = s.input({1, n}, rv), col = s.input({m, 1}, cv), x = s.input({m, n}, xv),
-                 w = s.input({n, m}, wv);
+  const TensorIr row = s.input({1, n}, rv), col = s.input({m, 1}, cv), x = s.input({m, n}, xv), w = s.input({n, m}, wv);
   const TensorIr a = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, x, row, s.id())));
   const TensorIr wt = s.submit(ok(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, w, 0, 1, s.id())));
   const TensorIr c = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, use(a, TensorStatus::ReadWrite),
                                            use(wt, TensorStatus::ReadWrite), s.id())));
   const TensorIr r2 =
       s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, row, ScalarIr::Float(3.0), s.id())));
-  const TensorIr d = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(c, TensorStatus::ReadWrite),
-                                           col, s.id())));
-  const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, use(d, TensorStatus::ReadWrite),
-                                           r2, s.id())));
+  const TensorIr d =
+      s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(c, TensorStatus::ReadWrite), col, s.id())));
+  const TensorIr y =
+      s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, use(d, TensorStatus::ReadWrite), r2, s.id())));
   const std::vector<double> yv = s.read(y);
   const std::vector<double> r2v = s.read(r2);
   for (std::size_t j = 0; j < n; ++j) ASSERT_EQ(r2v[j], static_cast<float>(rv[j]) * 3.0f);
@@ -247,11 +247,12 @@ TEST_F(JitTest, EveryDtypeMatchesTheReference) {
     const std::size_t n = 3000;
     const TensorIr x = s.input({n}, iota(n, 4, -2), d), z = s.input({n}, iota(n, 3, -1), d);
     const TensorIr t = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, x, z, s.id())));
-    const TensorIr u = s.submit(ok(b::unary(Family::Float, OpKind::Float_Sin, use(t, TensorStatus::ReadWrite), s.id())));
+    const TensorIr u =
+        s.submit(ok(b::unary(Family::Float, OpKind::Float_Sin, use(t, TensorStatus::ReadWrite), s.id())));
     const TensorIr v = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_AddScalar,
                                              use(u, TensorStatus::ReadWrite), ScalarIr::Float(0.1), s.id())));
-    const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Div, use(v, TensorStatus::ReadWrite),
-                                             x, s.id())));
+    const TensorIr y =
+        s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Div, use(v, TensorStatus::ReadWrite), x, s.id())));
     const std::vector<double> got = s.read(y);
     // The same ops on the reference executor.
     CpuDevice ref(CpuDeviceOptions{.threads = 1});
@@ -283,15 +284,16 @@ TEST_F(JitTest, EveryDtypeMatchesTheReference) {
   const TensorIr p = s.submit(ok(b::binary(Family::NumericInt, OpKind::Numeric_Mul, a, c, s.id())));
   const TensorIr q = s.submit(ok(b::scalar(Family::NumericInt, OpKind::Numeric_AddScalar,
                                            use(p, TensorStatus::ReadWrite), ScalarIr::Int(100), s.id())));
-  const TensorIr g = s.submit(ok(b::binary_comparison(Family::NumericInt, OpKind::Numeric_Greater, q, a,
-                                                      dt::boolean, s.id())));
+  const TensorIr g =
+      s.submit(ok(b::binary_comparison(Family::NumericInt, OpKind::Numeric_Greater, q, a, dt::boolean, s.id())));
   const TensorIr y = s.submit(ok(b::mask_fill(Family::BaseInt, OpKind::Base_MaskFill, use(q, TensorStatus::ReadWrite),
                                               g, ScalarIr::Int(-7), s.id())));
   s.sync();
   const std::vector<std::int64_t> yv = *s.device.download_i64(y.id);
   const std::vector<bool> gv = *s.device.download_bool(g.id);
   for (std::size_t i = 0; i < n; ++i) {
-    const auto qv = static_cast<std::int8_t>(static_cast<std::int8_t>(static_cast<int>(av[i]) * static_cast<int>(cv[i])) + 100);
+    const auto qv =
+        static_cast<std::int8_t>(static_cast<std::int8_t>(static_cast<int>(av[i]) * static_cast<int>(cv[i])) + 100);
     const bool gt = qv > static_cast<int>(av[i]);
     ASSERT_EQ(gv[i], gt) << i;
     ASSERT_EQ(yv[i], gt ? -7 : qv) << i;
@@ -335,8 +337,8 @@ TEST_F(JitTest, DeclinedProgramsRunOnTheInterpreter) {
                                            use(g, TensorStatus::ReadWrite), s.id())));
   const std::vector<double> got = s.read(y);
   for (std::size_t i = 0; i < n * n; ++i) {
-    const float want = (static_cast<float>(xv[i]) * 2.0f) *
-                       static_cast<float>(tv[(i / n) * 3 + static_cast<std::size_t>(iv[i])]);
+    const float want =
+        (static_cast<float>(xv[i]) * 2.0f) * static_cast<float>(tv[(i / n) * 3 + static_cast<std::size_t>(iv[i])]);
     ASSERT_EQ(got[i], want) << i;
   }
   const CpuDeviceStats st = s.device.stats();
@@ -371,9 +373,7 @@ TEST_F(JitTest, DiskCacheIsReusedAndCorruptEntriesAreRebuilt) {
     EXPECT_EQ(s.device.stats().jit_disk_loads, 1u);
     EXPECT_EQ(s.device.stats().jit_launches, 1u);
   }
-  {
-    std::ofstream(libs[0], std::ios::binary | std::ios::trunc) << "not a shared library";
-  }
+  { std::ofstream(libs[0], std::ios::binary | std::ios::trunc) << "not a shared library"; }
   {
     Session s(options());
     check_w1(s.read(register_w1(s, shape, 0.5)), shape, 0.5);
@@ -438,7 +438,8 @@ TensorIr w2_program(Session& s, const std::vector<TensorIr>& in) {
   auto cast = [&](const TensorIr& t) {
     return s.submit(ok(b::cast(Family::BaseFloat, OpKind::Base_Cast, use(t, RW), dt::f32, s.id())));
   };
-  TensorIr t = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(1.5), s.id())));
+  TensorIr t =
+      s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(1.5), s.id())));
   t = sc(OpKind::Numeric_AddScalar, t, 0.5);
   t = cast(t);
   t = sc(OpKind::Numeric_MulScalar, t, -1.0);
@@ -468,7 +469,8 @@ TensorIr chain_program(Session& s, const std::vector<TensorIr>& in) {
   const TensorIr ex = fl(OpKind::Float_Exp, x);
   const TensorIr lx = fl(OpKind::Float_Log, x);
   const TensorIr tx = fl(OpKind::Float_Tanh, x);
-  const TensorIr m = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(-0.5), s.id())));
+  const TensorIr m =
+      s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(-0.5), s.id())));
   const TensorIr em = fl(OpKind::Float_Exp, use(m, RW));
   const TensorIr ls = fl(OpKind::Float_Log, use(add(ex, em), RW));
   const TensorIr q = s.submit(
@@ -481,8 +483,10 @@ TensorIr chain_program(Session& s, const std::vector<TensorIr>& in) {
 TensorIr three_program(Session& s, const std::vector<TensorIr>& in) {
   constexpr auto RW = TensorStatus::ReadWrite;
   auto fl = [&](OpKind k, const TensorIr& t) { return s.submit(ok(b::unary(Family::Float, k, t, s.id()))); };
-  const TensorIr la = fl(OpKind::Float_Log, in[0]), eb = fl(OpKind::Float_Exp, in[1]), tc = fl(OpKind::Float_Tanh, in[2]);
-  const TensorIr sum = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(la, RW), use(eb, RW), s.id())));
+  const TensorIr la = fl(OpKind::Float_Log, in[0]), eb = fl(OpKind::Float_Exp, in[1]),
+                 tc = fl(OpKind::Float_Tanh, in[2]);
+  const TensorIr sum =
+      s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(la, RW), use(eb, RW), s.id())));
   return s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(sum, RW), use(tc, RW), s.id())));
 }
 
@@ -527,7 +531,8 @@ PartsRun run_parts(const CpuDeviceOptions& jit_options, const OutputsProgram& pr
       KILN_EXPECT_OK(s.device.upload<float>(t.id, t.shape, std::span<const float>(padded)));
       if (offset > 0) {
         const ir::Slice range{static_cast<std::int64_t>(offset), std::nullopt, 1};
-        t = s.submit(ok(b::slice(Family::BaseFloat, OpKind::Base_Slice, t, std::span<const ir::Slice>(&range, 1), s.id())));
+        t = s.submit(
+            ok(b::slice(Family::BaseFloat, OpKind::Base_Slice, t, std::span<const ir::Slice>(&range, 1), s.id())));
       }
       in.push_back(t);
     }
@@ -589,15 +594,16 @@ void expect_same_bits(const BothRuns& r, const std::string& what, double tol, bo
       if (d <= tol + 1e-5 * std::fabs(static_cast<double>(c))) continue;
     }
     if (++bad <= 5)
-      ADD_FAILURE() << what << ": element " << i << " (block " << i / 128 << ", lane " << i % 128 << "): JIT 0x" << std::hex
-                    << ab << " (" << a << "), interpreter 0x" << cb << " (" << c << ")";
+      ADD_FAILURE() << what << ": element " << i << " (block " << i / 128 << ", lane " << i % 128 << "): JIT 0x"
+                    << std::hex << ab << " (" << a << "), interpreter 0x" << cb << " (" << c << ")";
   }
   EXPECT_EQ(bad, 0u) << what;
   if (nan_payloads > 0) std::printf("[jit] %s: %zu NaNs with other payloads\n", what.c_str(), nan_payloads);
   if (!kSameTargetAsTheJit && inexact > 0)
-    std::printf("[jit] %s: %zu of %zu elements differ in the last bits (this build has no FMA, the JIT does), "
-                "largest difference %g\n",
-                what.c_str(), inexact, r.jit.size(), worst);
+    std::printf(
+        "[jit] %s: %zu of %zu elements differ in the last bits (this build has no FMA, the JIT does), "
+        "largest difference %g\n",
+        what.c_str(), inexact, r.jit.size(), worst);
 }
 
 TEST_F(JitTest, CheckedBlocksMatchTheInterpreterWithSpecialValues) {
@@ -609,8 +615,9 @@ TEST_F(JitTest, CheckedBlocksMatchTheInterpreterWithSpecialValues) {
     float range;
     double tol;  // without FMA in this build only (see expect_same_bits)
   };
-  const Case cases[] = {
-      {"w2", w2_program, 1, 3.0f, 1e-4}, {"chain", chain_program, 1, 30.0f, 1e-4}, {"three", three_program, 3, 30.0f, 1e-4}};
+  const Case cases[] = {{"w2", w2_program, 1, 3.0f, 1e-4},
+                        {"chain", chain_program, 1, 30.0f, 1e-4},
+                        {"three", three_program, 3, 30.0f, 1e-4}};
   std::uint64_t seed = 1;
   for (const Case& c : cases) {
     for (const std::size_t n : {std::size_t{1000}, std::size_t{4096 + 37}, std::size_t{256}, std::size_t{100}}) {
@@ -669,8 +676,8 @@ TEST_F(JitTest, StreamingLaunchWithNonTemporalStoresMatchesTheInterpreter) {
 // broadcast load. Only the fresh f32 output is flagged for non-temporal stores, and the kernel
 // reports (Frame::streamed) that it streamed exactly one output, where it has the AVX-512 path;
 // every output matches the interpreter bit for bit (NaN payloads aside where two NaNs meet),
-// including the 100 positions past the last 256-position chunk. (What reaches memory is the same either way: the count is what tells a
-// kernel that streams, or streams the wrong output, from one that ignores the flags.)
+// including the 100 positions past the last 256-position chunk. (What reaches memory is the same either way: the count
+// is what tells a kernel that streams, or streams the wrong output, from one that ignores the flags.)
 TEST_F(JitTest, StreamingPlainLoopWritesOnlyFreshOutputsNonTemporally) {
   const std::size_t n = (std::size_t{1} << 22) + 100;  // 2 inputs + 3 outputs of ~16 MiB: streaming
   const std::vector<float> xs = sprinkled(n, 4.0f, 77), ys = sprinkled(n, 4.0f, 78);
@@ -689,13 +696,13 @@ TEST_F(JitTest, StreamingPlainLoopWritesOnlyFreshOutputsNonTemporally) {
     KILN_ASSERT_OK(s.device.upload<float>(c.id, c.shape, std::span<const float>(cs)));
     constexpr auto RW = TensorStatus::ReadWrite;
     const TensorIr a = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, x, c, s.id())));
-    const TensorIr u = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(a, RW), use(y, RW), s.id())));
+    const TensorIr u =
+        s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(a, RW), use(y, RW), s.id())));
     const TensorIr sq = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, x, x, s.id())));
     const TensorIr w = s.submit(
         ok(b::scalar(Family::NumericFloat, OpKind::Numeric_SubScalar, use(sq, RW), ScalarIr::Float(0.25), s.id())));
-    const TensorIr gt =
-        s.submit(ok(b::scalar_comparison(Family::NumericFloat, OpKind::Numeric_GreaterElem, x, ScalarIr::Float(0.0),
-                                         dt::boolean, s.id())));
+    const TensorIr gt = s.submit(ok(b::scalar_comparison(Family::NumericFloat, OpKind::Numeric_GreaterElem, x,
+                                                         ScalarIr::Float(0.0), dt::boolean, s.id())));
     s.sync();
     for (int k = 0; k < 2; ++k) {
       auto v = s.device.download<float>((k == 0 ? u : w).id);
@@ -826,7 +833,8 @@ TEST(Parts, AdamOverEightParametersRunsPartByPart) {
   std::string dir = (fs::temp_directory_path() / "kiln-parts-test-XXXXXX").string();
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
   const PartsRun r = run_parts(
-      CpuDeviceOptions{.threads = 1, .jit = jit ? CpuJitMode::On : CpuJitMode::Off, .jit_cache_dir = dir + "/cache"}, adam, in);
+      CpuDeviceOptions{.threads = 1, .jit = jit ? CpuJitMode::On : CpuJitMode::Off, .jit_cache_dir = dir + "/cache"},
+      adam, in);
   std::error_code ec;
   fs::remove_all(dir, ec);
   ASSERT_EQ(r.jit.size(), 3 * kParams);
@@ -863,11 +871,13 @@ TEST_F(JitTest, BlockedAndPlainPartsStreamTheirOwnOutputs) {
   const OutputsProgram two = [](Session& s, const std::vector<TensorIr>& in) {
     constexpr auto RW = TensorStatus::ReadWrite;
     const TensorIr u = s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, in[0], s.id())));
-    const TensorIr h = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, in[1], ScalarIr::Float(0.5), s.id())));
+    const TensorIr h =
+        s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, in[1], ScalarIr::Float(0.5), s.id())));
     const TensorIr w = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(h, RW), in[2], s.id())));
     return std::vector<TensorIr>{u, w};
   };
-  const PartsRun r = run_parts(options(2), two, {sprinkled(n, 30.0f, 61), sprinkled(n, 4.0f, 62), sprinkled(n, 4.0f, 63)});
+  const PartsRun r =
+      run_parts(options(2), two, {sprinkled(n, 30.0f, 61), sprinkled(n, 4.0f, 62), sprinkled(n, 4.0f, 63)});
   ASSERT_EQ(r.jit.size(), 2u);
   // NaN == NaN for exp: its AVX-512 form (the JIT's, -march=native) quiets a signalling NaN,
   // the scalar form of a build without AVX-512 (this test's interpreter in Debug) passes it on.
@@ -914,10 +924,12 @@ TEST_F(JitTest, PartsRunTogetherWhenOneWritesWhatAnotherReads) {
   constexpr std::size_t n = (std::size_t{1} << 16) + 5;
   const OutputsProgram crossed = [](Session& s, const std::vector<TensorIr>& in) {
     constexpr auto RW = TensorStatus::ReadWrite;
-    const TensorIr u = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, in[0], ScalarIr::Float(3.0), s.id())));
+    const TensorIr u =
+        s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, in[0], ScalarIr::Float(3.0), s.id())));
     const TensorIr w =
         s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(in[1], RW), use(in[2], RW), s.id())));
-    const TensorIr u2 = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_SubScalar, use(u, RW), ScalarIr::Float(0.5), s.id())));
+    const TensorIr u2 = s.submit(
+        ok(b::scalar(Family::NumericFloat, OpKind::Numeric_SubScalar, use(u, RW), ScalarIr::Float(0.5), s.id())));
     return std::vector<TensorIr>{u2, w};
   };
   const PartsRun r =

@@ -40,7 +40,8 @@ TEST(Codegen, EveryCatalogProgramGeneratesDeterministically) {
       ASSERT_FALSE(k.params.empty());
       EXPECT_EQ(k.params.back().kind, ParamKind::Fault);
     }
-    if (dump() && !p.single) std::printf("==== %s\n%s\n%s\n", p.name.c_str(), p.program.to_string().c_str(), a->body.c_str());
+    if (dump() && !p.single)
+      std::printf("==== %s\n%s\n%s\n", p.name.c_str(), p.program.to_string().c_str(), a->body.c_str());
   }
 }
 
@@ -54,7 +55,8 @@ TEST(Codegen, SourceDoesNotDependOnSizesOrScalars) {
     const ir::DType d = dt::f32;
     TensorIr a = r.input(s, d), bb = r.input(s, d), c = r.input(s, d);
     TensorIr t1 = r.add(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, a, bb, r.id())));
-    TensorIr t2 = r.add(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, c, ScalarIr::Float(scalar), r.id())));
+    TensorIr t2 =
+        r.add(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, c, ScalarIr::Float(scalar), r.id())));
     TensorIr t3 = r.add(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(t1, TensorStatus::ReadWrite),
                                      use(t2, TensorStatus::ReadWrite), r.id())));
     (void)r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, use(t3, TensorStatus::ReadWrite), r.id())));
@@ -158,11 +160,8 @@ TEST(Codegen, KernelsPerProgramKind) {
       case fusion::ProgramKind::Matmul:
         EXPECT_EQ(roles, (std::vector<KernelRole>{KernelRole::Matmul})) << p.name;
         break;
-      case fusion::ProgramKind::ReduceBroadcasted:
-        EXPECT_EQ(g->stages.size(), p.program.stages.size());
-        break;
-      default:
-        break;
+      case fusion::ProgramKind::ReduceBroadcasted: EXPECT_EQ(g->stages.size(), p.program.stages.size()); break;
+      default: break;
     }
     seen.insert(std::string(fusion::program_kind_name(p.program.kind)));
   }
@@ -217,8 +216,8 @@ TEST(Codegen, RefusesWhatItCannotGenerate) {
   b.registers.push_back(ir::DType::qfloat({}));
   b.loads.push_back(fusion::Load{fusion::LoadSource::Input, 0, 0, false});
   p.blocks.push_back(b);
-  p.inputs.push_back(fusion::ProgramInput{0, ir::DType::qfloat({}), {1}, ir::TensorStatus::ReadOnly,
-                                          fusion::InputRole::Plain, std::nullopt});
+  p.inputs.push_back(fusion::ProgramInput{
+      0, ir::DType::qfloat({}), {1}, ir::TensorStatus::ReadOnly, fusion::InputRole::Plain, std::nullopt});
   g = generate(p);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.error().message.find("qfloat"), std::string::npos) << g.error().message;
@@ -246,7 +245,8 @@ TEST(Codegen, PreludeSpellsTheHostAbi) {
             std::string::npos);
   EXPECT_NE(pre.find("struct KilnReduceShape { long long outer; long long n; long long inner; long long outputs; };"),
             std::string::npos);
-  EXPECT_NE(pre.find("struct KilnIndexed { long long dims[KILN_MAX_RANK]; long long strides[KILN_MAX_RANK]; int rank; int pad; };"),
+  EXPECT_NE(pre.find("struct KilnIndexed { long long dims[KILN_MAX_RANK]; long long strides[KILN_MAX_RANK]; int rank; "
+                     "int pad; };"),
             std::string::npos);
   EXPECT_NE(pre.find("#define KILN_MAX_RANK 8"), std::string::npos);
   static_assert(kMaxRank == 8);

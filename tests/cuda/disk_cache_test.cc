@@ -3,10 +3,10 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <unistd.h>
 
 #include "kiln/cuda/disk_cache.h"
 #include "kiln/testing/status.h"
@@ -19,9 +19,8 @@ namespace fs = std::filesystem;
 class DiskCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("kiln-cuda-cache-test-" + std::to_string(::getpid()) + "-" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    root_ = fs::temp_directory_path() / ("kiln-cuda-cache-test-" + std::to_string(::getpid()) + "-" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
   }
   void TearDown() override { fs::remove_all(root_); }

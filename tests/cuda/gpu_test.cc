@@ -4,19 +4,19 @@
 // probe's reason, on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <random>
-#include <unistd.h>
 
-#include "kiln/reference/memory.h"
-#include "kiln/reference/reference_executor.h"
-#include "kiln/reference/tensor.h"
 #include "kiln/cuda/backend.h"
 #include "kiln/fusion/fusers.h"
 #include "kiln/fusion/plan_store.h"
 #include "kiln/fusion/stream.h"
 #include "kiln/ir/builders.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/reference_executor.h"
+#include "kiln/reference/tensor.h"
 #include "kiln/testing/status.h"
 
 namespace kiln::cuda {
@@ -34,9 +34,9 @@ using ir::TensorStatus;
 namespace dt = ir::dtypes;
 namespace b = ir::build;
 
-#define KILN_REQUIRE_GPU()                                                          \
-  do {                                                                              \
-    const ProbeResult kiln_probe = probe();                                         \
+#define KILN_REQUIRE_GPU()                                                             \
+  do {                                                                                 \
+    const ProbeResult kiln_probe = probe();                                            \
     if (!kiln_probe.available()) GTEST_SKIP() << "needs a GPU: " << kiln_probe.reason; \
   } while (0)
 
@@ -61,7 +61,8 @@ TensorIr use(TensorIr t, TensorStatus s) {
 // Both sides of a differential run: the GPU (fusion stream + CudaBackend executor) and the
 // reference executor op by op on the host.
 struct Sides {
-  std::filesystem::path cache = std::filesystem::temp_directory_path() / ("kiln-gpu-test-" + std::to_string(::getpid()));
+  std::filesystem::path cache =
+      std::filesystem::temp_directory_path() / ("kiln-gpu-test-" + std::to_string(::getpid()));
   std::unique_ptr<CudaBackend> owned;
   CudaBackend* gpu = nullptr;
   std::unique_ptr<fusion::Executor> exec;
@@ -93,7 +94,8 @@ struct Sides {
   ~Sides() {
     if (gpu != nullptr && owned == nullptr) {
       // Release this program's tensors from the shared backend.
-      for (std::uint64_t i = first; i < next; ++i) gpu->free(TensorIr{TensorId{i}, {}, TensorStatus::ReadWrite, dt::f32});
+      for (std::uint64_t i = first; i < next; ++i)
+        gpu->free(TensorIr{TensorId{i}, {}, TensorStatus::ReadWrite, dt::f32});
     }
     exec.reset();
     owned.reset();
@@ -145,7 +147,8 @@ struct Sides {
         }
         continue;
       }
-      ASSERT_LE(std::fabs(g - w), abs + rel * std::fabs(w)) << t.to_string() << " element " << i << ": " << g << " vs " << w;
+      ASSERT_LE(std::fabs(g - w), abs + rel * std::fabs(w))
+          << t.to_string() << " element " << i << ": " << g << " vs " << w;
     }
   }
 };
@@ -213,7 +216,9 @@ TEST(CudaBackend, RandomElementwiseProgramsMatchTheReference) {
           out = s.add(b::mask_where(Family::BaseFloat, OpKind::Base_MaskWhere, x, m, y, s.id()));
           break;
         }
-        case 7: out = s.add(b::clamp(nf, OpKind::Numeric_Clamp, x, ScalarIr::Float(-1), ScalarIr::Float(1.5), s.id())); break;
+        case 7:
+          out = s.add(b::clamp(nf, OpKind::Numeric_Clamp, x, ScalarIr::Float(-1), ScalarIr::Float(1.5), s.id()));
+          break;
         case 8: {
           const TensorIr a = s.add(b::unary(nf, OpKind::Numeric_Abs, x, s.id()));
           const TensorIr a1 = s.add(b::scalar(nf, OpKind::Numeric_AddScalar, a, ScalarIr::Float(0.5), s.id()));
@@ -221,7 +226,8 @@ TEST(CudaBackend, RandomElementwiseProgramsMatchTheReference) {
           break;
         }
         default: {
-          const TensorIr e = s.add(b::clamp(nf, OpKind::Numeric_Clamp, x, ScalarIr::Float(-4), ScalarIr::Float(4), s.id()));
+          const TensorIr e =
+              s.add(b::clamp(nf, OpKind::Numeric_Clamp, x, ScalarIr::Float(-4), ScalarIr::Float(4), s.id()));
           out = s.add(b::unary(Family::Float, OpKind::Float_Exp, e, s.id()));
           break;
         }
@@ -251,8 +257,8 @@ TEST(CudaBackend, FusedW1UsesTheVectorKernelAndTheCacheAcrossSizes) {
     const TensorIr a = s.input({n}, dt::f32, rng), bb = s.input({n}, dt::f32, rng), c = s.input({n}, dt::f32, rng);
     const TensorIr t1 = s.add(b::binary(nf, OpKind::Numeric_Mul, a, bb, s.id()));
     const TensorIr t2 = s.add(b::scalar(nf, OpKind::Numeric_MulScalar, c, ScalarIr::Float(2), s.id()));
-    const TensorIr t3 = s.add(b::binary(nf, OpKind::Numeric_Add, use(t1, TensorStatus::ReadWrite),
-                                        use(t2, TensorStatus::ReadWrite), s.id()));
+    const TensorIr t3 = s.add(
+        b::binary(nf, OpKind::Numeric_Add, use(t1, TensorStatus::ReadWrite), use(t2, TensorStatus::ReadWrite), s.id()));
     const TensorIr y = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(t3, TensorStatus::ReadWrite), s.id()));
     // NVRTC contracts a * b + t into one FMA (rounded once, where the reference rounds twice):
     // the exponent's argument (|a b + 2c| <= 8) may differ by an ulp, 5e-7 relative after exp.
@@ -303,10 +309,12 @@ TEST(CudaBackend, ReductionsSoftmaxAndMatmulMatchTheReference) {
   // softmax over the last axis
   const TensorIr x = s.input({64, 1024}, dt::f32, rng);
   const TensorIr mx = s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, s.id()));
-  const TensorIr sh = s.add(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), s.id()));
+  const TensorIr sh = s.add(
+      b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), s.id()));
   const TensorIr ex = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(sh, TensorStatus::ReadWrite), s.id()));
   const TensorIr sm = s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, ex, 1, 1, s.id()));
-  const TensorIr y = s.add(b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), s.id()));
+  const TensorIr y = s.add(
+      b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), s.id()));
   s.expect_close(y, 1e-5, 1e-9);
   // reductions over a middle axis (the cols kernel), every kind
   const TensorIr z = s.input({8, 100, 33}, dt::f32, rng);
@@ -338,8 +346,10 @@ TEST(CudaBackend, RowReductionsOfShortRowsAndMoreRowsThanBlocks) {
     const TensorIr ties = s.input({20000, n}, dt::i32, rng);
     s.expect_close(s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, x, 1, 1, s.id())), 1e-5, 1e-5);
     s.expect_close(s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, s.id())), 0, 0);
-    s.expect_close(s.add(b::reduce_dim_arg(Family::NumericInt, OpKind::Numeric_ArgMax, ties, 1, 1, dt::i64, s.id())), 0, 0);
-    s.expect_close(s.add(b::reduce_dim_arg(Family::NumericInt, OpKind::Numeric_ArgMin, ties, 1, 1, dt::i64, s.id())), 0, 0);
+    s.expect_close(s.add(b::reduce_dim_arg(Family::NumericInt, OpKind::Numeric_ArgMax, ties, 1, 1, dt::i64, s.id())), 0,
+                   0);
+    s.expect_close(s.add(b::reduce_dim_arg(Family::NumericInt, OpKind::Numeric_ArgMin, ties, 1, 1, dt::i64, s.id())), 0,
+                   0);
   }
   EXPECT_EQ(s.gpu->stats().host_ops, 0u);
 }
@@ -392,7 +402,8 @@ TEST(CudaBackend, TwoStreamsShareTensorsThroughEvents) {
 
 TEST(CudaBackend, CompiledKernelsComeBackFromTheDiskCache) {
   KILN_REQUIRE_GPU();
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kiln-disk-" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kiln-disk-" + std::to_string(::getpid()));
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   for (int round = 0; round < 2; ++round) {
@@ -401,8 +412,9 @@ TEST(CudaBackend, CompiledKernelsComeBackFromTheDiskCache) {
     std::unique_ptr<fusion::Executor> exec = (*be)->make_executor();
     const std::vector<float> v(1000, 1.5f);
     ASSERT_TRUE((*be)->upload(TensorId{1}, dt::f32, {1000}, std::as_bytes(std::span(v))).ok());
-    exec->execute_operation(b::unary(Family::Float, OpKind::Float_Exp, TensorIr{TensorId{1}, {1000}, TensorStatus::ReadOnly, dt::f32},
-                                     TensorId{2}).value());
+    exec->execute_operation(b::unary(Family::Float, OpKind::Float_Exp,
+                                     TensorIr{TensorId{1}, {1000}, TensorStatus::ReadOnly, dt::f32}, TensorId{2})
+                                .value());
     Result<runtime::HostData> h = (*be)->download(TensorIr{TensorId{2}, {1000}, TensorStatus::ReadOnly, dt::f32});
     KILN_ASSERT_OK(h);
     float f;

@@ -29,9 +29,9 @@ ir::Shape ref_of(const SingleOpProgram& s, std::uint32_t block = 0) {
 }
 
 TEST(Launch, ContiguousElementwiseMergesIntoOneDim) {
-  const SingleOpProgram s = single(b::binary(Family::NumericFloat, OpKind::Numeric_Add,
-                                             TensorIr{TensorId{1}, {4, 5, 6}, TensorStatus::ReadOnly, dt::f32},
-                                             TensorIr{TensorId{2}, {4, 5, 6}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  const SingleOpProgram s = single(b::binary(
+      Family::NumericFloat, OpKind::Numeric_Add, TensorIr{TensorId{1}, {4, 5, 6}, TensorStatus::ReadOnly, dt::f32},
+      TensorIr{TensorId{2}, {4, 5, 6}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
   Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), /*merge=*/true);
   ASSERT_TRUE(l.ok()) << l.error().message;
   EXPECT_EQ(l->iter.rank, 1);
@@ -52,9 +52,9 @@ TEST(Launch, ContiguousElementwiseMergesIntoOneDim) {
 }
 
 TEST(Launch, BroadcastInputsGetZeroStrides) {
-  const SingleOpProgram s = single(b::binary(Family::NumericFloat, OpKind::Numeric_Add,
-                                             TensorIr{TensorId{1}, {4, 1}, TensorStatus::ReadOnly, dt::f32},
-                                             TensorIr{TensorId{2}, {1, 5}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  const SingleOpProgram s = single(b::binary(
+      Family::NumericFloat, OpKind::Numeric_Add, TensorIr{TensorId{1}, {4, 1}, TensorStatus::ReadOnly, dt::f32},
+      TensorIr{TensorId{2}, {1, 5}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
   Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), true);
   ASSERT_TRUE(l.ok()) << l.error().message;
   EXPECT_EQ(l->iter.rank, 2);
@@ -68,9 +68,9 @@ TEST(Launch, BroadcastInputsGetZeroStrides) {
   EXPECT_EQ(l->stores[0].contiguous, 1);
 
   // A one-element broadcast keeps the vector kernel.
-  const SingleOpProgram t = single(b::binary(Family::NumericFloat, OpKind::Numeric_Mul,
-                                             TensorIr{TensorId{1}, {8, 16}, TensorStatus::ReadOnly, dt::f32},
-                                             TensorIr{TensorId{2}, {1, 1}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  const SingleOpProgram t = single(b::binary(
+      Family::NumericFloat, OpKind::Numeric_Mul, TensorIr{TensorId{1}, {8, 16}, TensorStatus::ReadOnly, dt::f32},
+      TensorIr{TensorId{2}, {1, 1}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
   l = block_layout(t.program, 0, t.binding(), ref_of(t), true);
   KILN_ASSERT_OK(l);
   EXPECT_TRUE(l->vectorizable);
@@ -79,9 +79,9 @@ TEST(Launch, BroadcastInputsGetZeroStrides) {
 }
 
 TEST(Launch, SwapDimsAndPermuteViews) {
-  const SingleOpProgram s = single(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims,
-                                                TensorIr{TensorId{1}, {3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, 0, 2,
-                                                TensorId{2}));
+  const SingleOpProgram s =
+      single(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims,
+                          TensorIr{TensorId{1}, {3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, 0, 2, TensorId{2}));
   Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), false);
   ASSERT_TRUE(l.ok()) << l.error().message;
   ASSERT_EQ(l->iter.rank, 3);
@@ -93,9 +93,9 @@ TEST(Launch, SwapDimsAndPermuteViews) {
   EXPECT_EQ(l->loads[0].contiguous, 0);
 
   const std::uint64_t axes[] = {2, 0, 1};
-  const SingleOpProgram p = single(b::permute(Family::BaseFloat, OpKind::Base_Permute,
-                                              TensorIr{TensorId{1}, {3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, axes,
-                                              TensorId{2}));
+  const SingleOpProgram p =
+      single(b::permute(Family::BaseFloat, OpKind::Base_Permute,
+                        TensorIr{TensorId{1}, {3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, axes, TensorId{2}));
   ASSERT_TRUE(p.permute_axes.has_value());
   EXPECT_EQ(*p.permute_axes, (std::vector<std::uint64_t>{2, 0, 1}));
   EXPECT_EQ(p.program.kind, fusion::ProgramKind::Elementwise);
@@ -103,8 +103,9 @@ TEST(Launch, SwapDimsAndPermuteViews) {
 
 TEST(Launch, NhwcOutputsAndMaskedBroadcastStores) {
   // A program with an NHWC-laid-out output: strides follow the permutation.
-  SingleOpProgram s = single(b::unary(Family::Float, OpKind::Float_Exp,
-                                      TensorIr{TensorId{1}, {2, 3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, TensorId{2}));
+  SingleOpProgram s =
+      single(b::unary(Family::Float, OpKind::Float_Exp,
+                      TensorIr{TensorId{1}, {2, 3, 4, 5}, TensorStatus::ReadOnly, dt::f32}, TensorId{2}));
   s.program.outputs[0].layout = fusion::Permutation{0, 3, 1, 2};
   Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), false);
   ASSERT_TRUE(l.ok()) << l.error().message;
@@ -139,9 +140,9 @@ TEST(Launch, ShapesThatDoNotBroadcastAreErrors) {
 }
 
 TEST(Launch, ReduceShapes) {
-  const SingleOpProgram s = single(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim,
-                                                 TensorIr{TensorId{1}, {6, 7, 8}, TensorStatus::ReadOnly, dt::f32}, 1, 1,
-                                                 TensorId{2}));
+  const SingleOpProgram s =
+      single(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim,
+                           TensorIr{TensorId{1}, {6, 7, 8}, TensorStatus::ReadOnly, dt::f32}, 1, 1, TensorId{2}));
   Result<KilnReduceShape> r = reduce_shape(s.program, s.binding());
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->outer, 6);
@@ -149,8 +150,9 @@ TEST(Launch, ReduceShapes) {
   EXPECT_EQ(r->inner, 8);
   EXPECT_EQ(r->outputs, 48);
   // A whole-tensor reduction reads a [n] view.
-  const SingleOpProgram f = single(b::reduce(Family::NumericFloat, OpKind::Numeric_Sum,
-                                             TensorIr{TensorId{1}, {6, 7}, TensorStatus::ReadOnly, dt::f32}, TensorId{2}));
+  const SingleOpProgram f =
+      single(b::reduce(Family::NumericFloat, OpKind::Numeric_Sum,
+                       TensorIr{TensorId{1}, {6, 7}, TensorStatus::ReadOnly, dt::f32}, TensorId{2}));
   r = reduce_shape(f.program, f.binding());
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->outer, 1);
@@ -222,8 +224,11 @@ TEST(Launch, PackedArgumentsFollowTheParameterLists) {
         std::size_t want = 0;
         switch (k.params[i].kind) {
           case ParamKind::Iter: want = sizeof(KilnIter); break;
-          case ParamKind::LoadAccess: case ParamKind::StoreAccess: want = sizeof(KilnAccess); break;
-          case ParamKind::InputPtr: case ParamKind::OutputPtr: case ParamKind::Fault: want = sizeof(void*); break;
+          case ParamKind::LoadAccess:
+          case ParamKind::StoreAccess: want = sizeof(KilnAccess); break;
+          case ParamKind::InputPtr:
+          case ParamKind::OutputPtr:
+          case ParamKind::Fault: want = sizeof(void*); break;
           case ParamKind::Indexed: want = sizeof(KilnIndexed); break;
           case ParamKind::Scalar: want = scalar_class_size(g->scalars[k.params[i].index].cls); break;
           case ParamKind::ReduceShape: want = sizeof(KilnReduceShape); break;
@@ -240,9 +245,9 @@ TEST(Launch, PackedArgumentsFollowTheParameterLists) {
 }
 
 TEST(Launch, VectorKernelNeedsAlignment) {
-  const SingleOpProgram s = single(b::binary(Family::NumericFloat, OpKind::Numeric_Add,
-                                             TensorIr{TensorId{1}, {64}, TensorStatus::ReadOnly, dt::f32},
-                                             TensorIr{TensorId{2}, {64}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
+  const SingleOpProgram s = single(
+      b::binary(Family::NumericFloat, OpKind::Numeric_Add, TensorIr{TensorId{1}, {64}, TensorStatus::ReadOnly, dt::f32},
+                TensorIr{TensorId{2}, {64}, TensorStatus::ReadOnly, dt::f32}, TensorId{3}));
   Result<BlockLayout> l = block_layout(s.program, 0, s.binding(), ref_of(s), true);
   KILN_ASSERT_OK(l);
   const std::uintptr_t in_ok[] = {256, 512}, in_bad[] = {256, 516}, out_ok[] = {1024};
@@ -259,7 +264,8 @@ TEST(Launch, RowVectorKernelEligibility) {
     return *l;
   };
   auto sub = [](Shape a, Shape b, DType d = dt::f32) {
-    return single(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, TensorIr{TensorId{1}, std::move(a), TensorStatus::ReadOnly, d},
+    return single(b::binary(Family::NumericFloat, OpKind::Numeric_Sub,
+                            TensorIr{TensorId{1}, std::move(a), TensorStatus::ReadOnly, d},
                             TensorIr{TensorId{2}, std::move(b), TensorStatus::ReadOnly, d}, TensorId{3}));
   };
   const std::uintptr_t in_ok[] = {256, 512}, out_ok[] = {1024};

@@ -41,7 +41,8 @@ TEST(Nvrtc, ReportsVersionAndArchitectures) {
 }
 
 TEST(Nvrtc, CompileErrorsComeBackWithTheLog) {
-  Result<CompiledCode> c = nvrtc_compile("extern \"C\" __global__ void k() { this is not cuda; }", "bad.cu", {.arch = 90});
+  Result<CompiledCode> c =
+      nvrtc_compile("extern \"C\" __global__ void k() { this is not cuda; }", "bad.cu", {.arch = 90});
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.error().code, ErrorCode::Execution);
   EXPECT_NE(c.error().message.find("bad.cu"), std::string::npos) << c.error().message;

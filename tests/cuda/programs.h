@@ -35,7 +35,7 @@ namespace b = ir::build;
 struct NamedProgram {
   std::string name;
   fusion::FusedProgram program;
-  std::vector<ir::Operation> ops;  // the global ops it covers (fused captures) or the single op
+  std::vector<ir::Operation> ops;         // the global ops it covers (fused captures) or the single op
   std::optional<SingleOpProgram> single;  // single-op programs: their own relative tables
 };
 
@@ -133,8 +133,8 @@ inline std::vector<NamedProgram> single_op_catalog() {
   for (DType d : floats) {
     const std::string n = d.name();
     const Family nf = Family::NumericFloat;
-    for (OpKind k : {OpKind::Numeric_Add, OpKind::Numeric_Sub, OpKind::Numeric_Mul, OpKind::Numeric_Div,
-                     OpKind::Numeric_Rem})
+    for (OpKind k :
+         {OpKind::Numeric_Add, OpKind::Numeric_Sub, OpKind::Numeric_Mul, OpKind::Numeric_Div, OpKind::Numeric_Rem})
       add_single(out, n + " binary " + std::string(ir::op_info(k).variant), b::binary(nf, k, t(s, d), t(s, d), o()));
     add_single(out, n + " powf", b::binary(Family::Float, OpKind::Float_Powf, t(s, d), t(s, d), o()));
     // broadcast patterns: row, column, one element
@@ -149,8 +149,8 @@ inline std::vector<NamedProgram> single_op_catalog() {
     add_single(out, n + " powf_scalar",
                b::scalar(Family::Float, OpKind::Float_PowfScalar, t(s, d), ScalarIr::Float(2.5), o()));
     for (OpKind k : {OpKind::Float_Exp, OpKind::Float_Log, OpKind::Float_Log1p, OpKind::Float_Erf, OpKind::Float_Sqrt,
-                     OpKind::Float_Cos, OpKind::Float_Sin, OpKind::Float_Tanh, OpKind::Float_Recip,
-                     OpKind::Float_Round, OpKind::Float_Floor, OpKind::Float_Ceil, OpKind::Float_Trunc})
+                     OpKind::Float_Cos, OpKind::Float_Sin, OpKind::Float_Tanh, OpKind::Float_Recip, OpKind::Float_Round,
+                     OpKind::Float_Floor, OpKind::Float_Ceil, OpKind::Float_Trunc})
       add_single(out, n + " " + std::string(ir::op_info(k).variant), b::unary(Family::Float, k, t(s, d), o()));
     for (OpKind k : {OpKind::Numeric_Abs, OpKind::Numeric_Neg, OpKind::Numeric_Sign})
       add_single(out, n + " " + std::string(ir::op_info(k).variant), b::unary(nf, k, t(s, d), o()));
@@ -160,15 +160,19 @@ inline std::vector<NamedProgram> single_op_catalog() {
                b::binary_comparison(nf, OpKind::Numeric_Greater, t(s, d), t({1, 5}, d), dt::boolean, o()));
     add_single(out, n + " equal",
                b::binary_comparison(Family::BaseFloat, OpKind::Base_Equal, t(s, d), t(s, d), dt::boolean, o()));
-    add_single(out, n + " lower_equal_elem",
-               b::scalar_comparison(nf, OpKind::Numeric_LowerEqualElem, t(s, d), ScalarIr::Float(0.5), dt::boolean, o()));
-    add_single(out, n + " clamp", b::clamp(nf, OpKind::Numeric_Clamp, t(s, d), ScalarIr::Float(-1), ScalarIr::Float(1), o()));
-    add_single(out, n + " mask_where", b::mask_where(Family::BaseFloat, OpKind::Base_MaskWhere, t(s, d),
-                                                     t({4, 1}, dt::boolean), t(s, d), o()));
-    add_single(out, n + " mask_fill", b::mask_fill(Family::BaseFloat, OpKind::Base_MaskFill, t(s, d),
-                                                   t(s, dt::boolean), ScalarIr::Float(0), o()));
+    add_single(
+        out, n + " lower_equal_elem",
+        b::scalar_comparison(nf, OpKind::Numeric_LowerEqualElem, t(s, d), ScalarIr::Float(0.5), dt::boolean, o()));
+    add_single(out, n + " clamp",
+               b::clamp(nf, OpKind::Numeric_Clamp, t(s, d), ScalarIr::Float(-1), ScalarIr::Float(1), o()));
+    add_single(out, n + " mask_where",
+               b::mask_where(Family::BaseFloat, OpKind::Base_MaskWhere, t(s, d), t({4, 1}, dt::boolean), t(s, d), o()));
+    add_single(
+        out, n + " mask_fill",
+        b::mask_fill(Family::BaseFloat, OpKind::Base_MaskFill, t(s, d), t(s, dt::boolean), ScalarIr::Float(0), o()));
     for (DType to : {dt::f32, dt::f64, dt::f16, dt::bf16})
-      if (!(to == d)) add_single(out, n + " cast to " + to.name(), b::cast(Family::BaseFloat, OpKind::Base_Cast, t(s, d), to, o()));
+      if (!(to == d))
+        add_single(out, n + " cast to " + to.name(), b::cast(Family::BaseFloat, OpKind::Base_Cast, t(s, d), to, o()));
     add_single(out, n + " into_int i32", b::cast(Family::Float, OpKind::Float_IntoInt, t(s, d), dt::i32, o()));
     add_single(out, n + " into_int u8", b::cast(Family::Float, OpKind::Float_IntoInt, t(s, d), dt::u8, o()));
     for (OpKind k : {OpKind::Numeric_SumDim, OpKind::Numeric_MeanDim, OpKind::Numeric_ProdDim, OpKind::Numeric_MaxDim,
@@ -178,13 +182,16 @@ inline std::vector<NamedProgram> single_op_catalog() {
     add_single(out, n + " argmin first", b::reduce_dim_arg(nf, OpKind::Numeric_ArgMin, t(s, d), 0, 1, dt::i32, o()));
     add_single(out, n + " sum all", b::reduce(nf, OpKind::Numeric_Sum, t(s, d), o()));
     add_single(out, n + " max all", b::reduce(nf, OpKind::Numeric_Max, t(s, d), o()));
-    add_single(out, n + " matmul", b::matmul(Family::Float, OpKind::Float_Matmul, t({2, 8, 16}, d), t({2, 16, 4}, d), o()));
+    add_single(out, n + " matmul",
+               b::matmul(Family::Float, OpKind::Float_Matmul, t({2, 8, 16}, d), t({2, 16, 4}, d), o()));
     add_single(out, n + " full", b::full(nf, OpKind::Numeric_Full, s, d, ScalarIr::Float(3), o()));
     add_single(out, n + " ones", b::creation(Family::BaseFloat, OpKind::Base_Ones, s, d, o()));
-    add_single(out, n + " swap_dims", b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, t({3, 4, 5}, d), 0, 2, o()));
+    add_single(out, n + " swap_dims",
+               b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, t({3, 4, 5}, d), 0, 2, o()));
     const std::uint64_t axes[] = {2, 0, 1};
     add_single(out, n + " permute", b::permute(Family::BaseFloat, OpKind::Base_Permute, t({3, 4, 5}, d), axes, o()));
-    add_single(out, n + " gather", b::gather(Family::BaseFloat, OpKind::Base_Gather, t(s, d), 1, t({4, 3}, dt::i64), o()));
+    add_single(out, n + " gather",
+               b::gather(Family::BaseFloat, OpKind::Base_Gather, t(s, d), 1, t({4, 3}, dt::i64), o()));
     add_single(out, n + " select", b::select(Family::BaseFloat, OpKind::Base_Select, t(s, d), 0, t({7}, dt::i32), o()));
     const TensorIr parts[] = {t({2, 5}, d), t({3, 5}, d)};
     add_single(out, n + " cat", b::cat(Family::BaseFloat, OpKind::Base_Cat, parts, 0, o()));
@@ -192,44 +199,52 @@ inline std::vector<NamedProgram> single_op_catalog() {
   for (DType d : ints) {
     const std::string n = d.name();
     const Family nf = Family::NumericInt;
-    for (OpKind k : {OpKind::Numeric_Add, OpKind::Numeric_Sub, OpKind::Numeric_Mul, OpKind::Numeric_Div,
-                     OpKind::Numeric_Rem})
-      add_single(out, n + " binary " + std::string(ir::op_info(k).variant), b::binary(nf, k, t(s, d), t({1, 5}, d), o()));
-    for (OpKind k : {OpKind::Int_BitwiseAnd, OpKind::Int_BitwiseOr, OpKind::Int_BitwiseXor, OpKind::Int_BitwiseLeftShift,
-                     OpKind::Int_BitwiseRightShift})
+    for (OpKind k :
+         {OpKind::Numeric_Add, OpKind::Numeric_Sub, OpKind::Numeric_Mul, OpKind::Numeric_Div, OpKind::Numeric_Rem})
+      add_single(out, n + " binary " + std::string(ir::op_info(k).variant),
+                 b::binary(nf, k, t(s, d), t({1, 5}, d), o()));
+    for (OpKind k : {OpKind::Int_BitwiseAnd, OpKind::Int_BitwiseOr, OpKind::Int_BitwiseXor,
+                     OpKind::Int_BitwiseLeftShift, OpKind::Int_BitwiseRightShift})
       add_single(out, n + " " + std::string(ir::op_info(k).variant), b::binary(Family::Int, k, t(s, d), t(s, d), o()));
-    for (OpKind k : {OpKind::Int_BitwiseAndScalar, OpKind::Int_BitwiseLeftShiftScalar, OpKind::Int_BitwiseRightShiftScalar})
-      add_single(out, n + " " + std::string(ir::op_info(k).variant), b::scalar(Family::Int, k, t(s, d), scalar_for(d, 3), o()));
+    for (OpKind k :
+         {OpKind::Int_BitwiseAndScalar, OpKind::Int_BitwiseLeftShiftScalar, OpKind::Int_BitwiseRightShiftScalar})
+      add_single(out, n + " " + std::string(ir::op_info(k).variant),
+                 b::scalar(Family::Int, k, t(s, d), scalar_for(d, 3), o()));
     add_single(out, n + " bitwise_not", b::unary(Family::Int, OpKind::Int_BitwiseNot, t(s, d), o()));
     for (OpKind k : {OpKind::Numeric_AddScalar, OpKind::Numeric_DivScalar, OpKind::Numeric_RemScalar})
-      add_single(out, n + " scalar " + std::string(ir::op_info(k).variant), b::scalar(nf, k, t(s, d), scalar_for(d, 3), o()));
+      add_single(out, n + " scalar " + std::string(ir::op_info(k).variant),
+                 b::scalar(nf, k, t(s, d), scalar_for(d, 3), o()));
     for (OpKind k : {OpKind::Numeric_Abs, OpKind::Numeric_Neg, OpKind::Numeric_Sign})
       add_single(out, n + " " + std::string(ir::op_info(k).variant), b::unary(nf, k, t(s, d), o()));
     add_single(out, n + " lower", b::binary_comparison(nf, OpKind::Numeric_Lower, t(s, d), t(s, d), dt::boolean, o()));
-    add_single(out, n + " clamp", b::clamp(nf, OpKind::Numeric_Clamp, t(s, d), scalar_for(d, 1), scalar_for(d, 9), o()));
+    add_single(out, n + " clamp",
+               b::clamp(nf, OpKind::Numeric_Clamp, t(s, d), scalar_for(d, 1), scalar_for(d, 9), o()));
     add_single(out, n + " into_float f32", b::cast(Family::Int, OpKind::Int_IntoFloat, t(s, d), dt::f32, o()));
     add_single(out, n + " into_float f16", b::cast(Family::Int, OpKind::Int_IntoFloat, t(s, d), dt::f16, o()));
     add_single(out, n + " cast i16", b::cast(Family::BaseInt, OpKind::Base_Cast, t(s, d), dt::i16, o()));
-    for (OpKind k : {OpKind::Numeric_SumDim, OpKind::Numeric_MeanDim, OpKind::Numeric_MaxDim, OpKind::Numeric_MaxAbsDim})
+    for (OpKind k :
+         {OpKind::Numeric_SumDim, OpKind::Numeric_MeanDim, OpKind::Numeric_MaxDim, OpKind::Numeric_MaxAbsDim})
       add_single(out, n + " " + std::string(ir::op_info(k).variant), b::reduce_dim(nf, k, t({6, 7}, d), 0, 1, o()));
     add_single(out, n + " argmax", b::reduce_dim_arg(nf, OpKind::Numeric_ArgMax, t(s, d), 1, 1, dt::i64, o()));
     add_single(out, n + " prod all", b::reduce(nf, OpKind::Numeric_Prod, t(s, d), o()));
-    add_single(out, n + " mask_fill", b::mask_fill(Family::BaseInt, OpKind::Base_MaskFill, t(s, d), t({1, 5}, dt::boolean),
-                                                   scalar_for(d, 7), o()));
+    add_single(
+        out, n + " mask_fill",
+        b::mask_fill(Family::BaseInt, OpKind::Base_MaskFill, t(s, d), t({1, 5}, dt::boolean), scalar_for(d, 7), o()));
     add_single(out, n + " zeros", b::creation(Family::BaseInt, OpKind::Base_Zeros, s, d, o()));
   }
   for (DType d : {dt::boolean, DType::boolean(ir::BoolStore::U32)}) {
     const std::string n = d.name();
     for (OpKind k : {OpKind::Bool_And, OpKind::Bool_Or, OpKind::Bool_Xor})
-      add_single(out, n + " " + std::string(ir::op_info(k).variant), b::binary(Family::Bool, k, t(s, d), t({4, 1}, d), o()));
+      add_single(out, n + " " + std::string(ir::op_info(k).variant),
+                 b::binary(Family::Bool, k, t(s, d), t({4, 1}, d), o()));
     add_single(out, n + " not", b::unary(Family::Bool, OpKind::Bool_Not, t(s, d), o()));
     add_single(out, n + " equal", b::binary_comparison(Family::BaseBool, OpKind::Base_Equal, t(s, d), t(s, d), d, o()));
     add_single(out, n + " any_dim", b::reduce_dim_bool(Family::BaseBool, OpKind::Base_AnyDim, t(s, d), 1, 1, d, o()));
     add_single(out, n + " all", b::reduce_bool(Family::BaseBool, OpKind::Base_All, t(s, d), d, o()));
     add_single(out, n + " into_float", b::cast(Family::Bool, OpKind::Bool_IntoFloat, t(s, d), dt::f32, o()));
     add_single(out, n + " into_int", b::cast(Family::Bool, OpKind::Bool_IntoInt, t(s, d), dt::i64, o()));
-    add_single(out, n + " mask_where", b::mask_where(Family::BaseBool, OpKind::Base_MaskWhere, t(s, d), t(s, dt::boolean),
-                                                     t(s, d), o()));
+    add_single(out, n + " mask_where",
+               b::mask_where(Family::BaseBool, OpKind::Base_MaskWhere, t(s, d), t(s, dt::boolean), t(s, d), o()));
   }
   return out;
 }
@@ -254,10 +269,13 @@ inline std::vector<NamedProgram> fused_catalog() {
     {  // broadcast bias + relu-ish (lower_equal + mask_fill) with a swap_dims view
       Recorder r;
       TensorIr x = r.input({8, 16}, d), bias = r.input({1, 16}, d), y = r.input({16, 8}, d);
-      TensorIr yt = r.add(ok(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, use(y, TensorStatus::ReadWrite), 0, 1, r.id())));
+      TensorIr yt = r.add(
+          ok(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, use(y, TensorStatus::ReadWrite), 0, 1, r.id())));
       TensorIr t1 = r.add(ok(b::binary(nf, OpKind::Numeric_Add, x, bias, r.id())));
-      TensorIr t2 = r.add(ok(b::binary(nf, OpKind::Numeric_Mul, use(t1, TensorStatus::ReadWrite), use(yt, TensorStatus::ReadWrite), r.id())));
-      TensorIr m = r.add(ok(b::scalar_comparison(nf, OpKind::Numeric_LowerEqualElem, t2, ScalarIr::Float(0), dt::boolean, r.id())));
+      TensorIr t2 = r.add(ok(b::binary(nf, OpKind::Numeric_Mul, use(t1, TensorStatus::ReadWrite),
+                                       use(yt, TensorStatus::ReadWrite), r.id())));
+      TensorIr m = r.add(
+          ok(b::scalar_comparison(nf, OpKind::Numeric_LowerEqualElem, t2, ScalarIr::Float(0), dt::boolean, r.id())));
       TensorIr t3 = r.add(ok(b::mask_fill(Family::BaseFloat, OpKind::Base_MaskFill, use(t2, TensorStatus::ReadWrite),
                                           use(m, TensorStatus::ReadWrite), ScalarIr::Float(0), r.id())));
       (void)r.add(ok(b::cast(Family::BaseFloat, OpKind::Base_Cast, use(t3, TensorStatus::ReadWrite), dt::f32, r.id())));
@@ -268,7 +286,8 @@ inline std::vector<NamedProgram> fused_catalog() {
       TensorIr x = r.input({32, 64}, d);
       TensorIr e = r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, use(x, TensorStatus::ReadWrite), r.id())));
       TensorIr s = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_SumDim, use(e, TensorStatus::ReadWrite), 1, 1, r.id())));
-      (void)r.add(ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(s, TensorStatus::ReadWrite), ScalarIr::Float(0.5), r.id())));
+      (void)r.add(
+          ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(s, TensorStatus::ReadWrite), ScalarIr::Float(0.5), r.id())));
       r.finish(n + " reduce-prologue-epilogue", out);
     }
     {  // reduce over a middle axis, max with prologue
@@ -276,35 +295,43 @@ inline std::vector<NamedProgram> fused_catalog() {
       TensorIr x = r.input({4, 16, 8}, d);
       TensorIr a = r.add(ok(b::unary(nf, OpKind::Numeric_Abs, use(x, TensorStatus::ReadWrite), r.id())));
       TensorIr m = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MaxDim, use(a, TensorStatus::ReadWrite), 1, 1, r.id())));
-      (void)r.add(ok(b::scalar(nf, OpKind::Numeric_AddScalar, use(m, TensorStatus::ReadWrite), ScalarIr::Float(1), r.id())));
+      (void)r.add(
+          ok(b::scalar(nf, OpKind::Numeric_AddScalar, use(m, TensorStatus::ReadWrite), ScalarIr::Float(1), r.id())));
       r.finish(n + " max-middle-axis", out);
     }
     {  // W4 softmax over the last axis
       Recorder r;
       TensorIr x = r.input({16, 128}, d);
       TensorIr mx = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, r.id())));
-      TensorIr sh = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), r.id())));
+      TensorIr sh = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite),
+                                       use(mx, TensorStatus::ReadWrite), r.id())));
       TensorIr ex = r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, use(sh, TensorStatus::ReadWrite), r.id())));
       TensorIr sm = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_SumDim, ex, 1, 1, r.id())));
-      (void)r.add(ok(b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), r.id())));
+      (void)r.add(ok(b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite),
+                               use(sm, TensorStatus::ReadWrite), r.id())));
       r.finish(n + " softmax", out);
     }
     {  // softmax with an elementwise op first (a ReduceBroadcasted candidate)
       Recorder r;
       TensorIr x0 = r.input({16, 128}, d);
-      TensorIr x = r.add(ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(x0, TensorStatus::ReadWrite), ScalarIr::Float(0.5), r.id())));
+      TensorIr x = r.add(
+          ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(x0, TensorStatus::ReadWrite), ScalarIr::Float(0.5), r.id())));
       TensorIr mx = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, r.id())));
-      TensorIr sh = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), r.id())));
+      TensorIr sh = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite),
+                                       use(mx, TensorStatus::ReadWrite), r.id())));
       TensorIr ex = r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, use(sh, TensorStatus::ReadWrite), r.id())));
       TensorIr sm = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_SumDim, ex, 1, 1, r.id())));
-      (void)r.add(ok(b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), r.id())));
+      (void)r.add(ok(b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite),
+                               use(sm, TensorStatus::ReadWrite), r.id())));
       r.finish(n + " scaled-softmax", out);
     }
     {  // matmul + bias + tanh epilogue
       Recorder r;
       TensorIr a = r.input({2, 32, 64}, d), w = r.input({1, 64, 48}, d), bias = r.input({1, 1, 48}, d);
-      TensorIr mm = r.add(ok(b::matmul(Family::Float, OpKind::Float_Matmul, use(a, TensorStatus::ReadWrite), use(w, TensorStatus::ReadWrite), r.id())));
-      TensorIr t1 = r.add(ok(b::binary(nf, OpKind::Numeric_Add, use(mm, TensorStatus::ReadWrite), use(bias, TensorStatus::ReadWrite), r.id())));
+      TensorIr mm = r.add(ok(b::matmul(Family::Float, OpKind::Float_Matmul, use(a, TensorStatus::ReadWrite),
+                                       use(w, TensorStatus::ReadWrite), r.id())));
+      TensorIr t1 = r.add(ok(b::binary(nf, OpKind::Numeric_Add, use(mm, TensorStatus::ReadWrite),
+                                       use(bias, TensorStatus::ReadWrite), r.id())));
       (void)r.add(ok(b::unary(Family::Float, OpKind::Float_Tanh, use(t1, TensorStatus::ReadWrite), r.id())));
       r.finish(n + " matmul-bias-tanh", out);
     }
@@ -314,18 +341,26 @@ inline std::vector<NamedProgram> fused_catalog() {
     const Shape s{256};
     const DType d = dt::f32;
     TensorIr p = r.input(s, d), g = r.input(s, d), m = r.input(s, d), v = r.input(s, d);
-    TensorIr m1 = r.add(ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(m, TensorStatus::ReadWrite), ScalarIr::Float(0.9), r.id())));
+    TensorIr m1 = r.add(
+        ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(m, TensorStatus::ReadWrite), ScalarIr::Float(0.9), r.id())));
     TensorIr g1 = r.add(ok(b::scalar(nf, OpKind::Numeric_MulScalar, g, ScalarIr::Float(0.1), r.id())));
-    TensorIr m2 = r.add(ok(b::binary(nf, OpKind::Numeric_Add, use(m1, TensorStatus::ReadWrite), use(g1, TensorStatus::ReadWrite), r.id())));
-    TensorIr v1 = r.add(ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(v, TensorStatus::ReadWrite), ScalarIr::Float(0.999), r.id())));
+    TensorIr m2 = r.add(ok(b::binary(nf, OpKind::Numeric_Add, use(m1, TensorStatus::ReadWrite),
+                                     use(g1, TensorStatus::ReadWrite), r.id())));
+    TensorIr v1 = r.add(
+        ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(v, TensorStatus::ReadWrite), ScalarIr::Float(0.999), r.id())));
     TensorIr gg = r.add(ok(b::binary(nf, OpKind::Numeric_Mul, g, use(g, TensorStatus::ReadWrite), r.id())));
-    TensorIr g2 = r.add(ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(gg, TensorStatus::ReadWrite), ScalarIr::Float(0.001), r.id())));
-    TensorIr v2 = r.add(ok(b::binary(nf, OpKind::Numeric_Add, use(v1, TensorStatus::ReadWrite), use(g2, TensorStatus::ReadWrite), r.id())));
+    TensorIr g2 = r.add(
+        ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(gg, TensorStatus::ReadWrite), ScalarIr::Float(0.001), r.id())));
+    TensorIr v2 = r.add(ok(b::binary(nf, OpKind::Numeric_Add, use(v1, TensorStatus::ReadWrite),
+                                     use(g2, TensorStatus::ReadWrite), r.id())));
     TensorIr sq = r.add(ok(b::unary(Family::Float, OpKind::Float_Sqrt, v2, r.id())));
-    TensorIr de = r.add(ok(b::scalar(nf, OpKind::Numeric_AddScalar, use(sq, TensorStatus::ReadWrite), ScalarIr::Float(1e-8), r.id())));
+    TensorIr de = r.add(
+        ok(b::scalar(nf, OpKind::Numeric_AddScalar, use(sq, TensorStatus::ReadWrite), ScalarIr::Float(1e-8), r.id())));
     TensorIr up = r.add(ok(b::binary(nf, OpKind::Numeric_Div, m2, use(de, TensorStatus::ReadWrite), r.id())));
-    TensorIr st = r.add(ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(up, TensorStatus::ReadWrite), ScalarIr::Float(1e-3), r.id())));
-    (void)r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(p, TensorStatus::ReadWrite), use(st, TensorStatus::ReadWrite), r.id())));
+    TensorIr st = r.add(
+        ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(up, TensorStatus::ReadWrite), ScalarIr::Float(1e-3), r.id())));
+    (void)r.add(ok(
+        b::binary(nf, OpKind::Numeric_Sub, use(p, TensorStatus::ReadWrite), use(st, TensorStatus::ReadWrite), r.id())));
     r.finish("f32 W3 adam", out);
   }
   {  // integer chain with division (may fault) and a comparison into a mask
@@ -333,17 +368,22 @@ inline std::vector<NamedProgram> fused_catalog() {
     const DType d = dt::i32;
     TensorIr a = r.input({32, 8}, d), bb = r.input({1, 8}, d);
     TensorIr q = r.add(ok(b::binary(Family::NumericInt, OpKind::Numeric_Div, a, bb, r.id())));
-    TensorIr s = r.add(ok(b::scalar(Family::Int, OpKind::Int_BitwiseLeftShiftScalar, use(q, TensorStatus::ReadWrite), ScalarIr::Int(2), r.id())));
-    TensorIr c = r.add(ok(b::binary_comparison(Family::NumericInt, OpKind::Numeric_Greater, use(s, TensorStatus::ReadWrite), use(a, TensorStatus::ReadWrite), dt::boolean, r.id())));
+    TensorIr s = r.add(ok(b::scalar(Family::Int, OpKind::Int_BitwiseLeftShiftScalar, use(q, TensorStatus::ReadWrite),
+                                    ScalarIr::Int(2), r.id())));
+    TensorIr c =
+        r.add(ok(b::binary_comparison(Family::NumericInt, OpKind::Numeric_Greater, use(s, TensorStatus::ReadWrite),
+                                      use(a, TensorStatus::ReadWrite), dt::boolean, r.id())));
     (void)r.add(ok(b::cast(Family::Bool, OpKind::Bool_IntoFloat, use(c, TensorStatus::ReadWrite), dt::f32, r.id())));
     r.finish("i32 div-shift-compare", out);
   }
   {  // gather inside a fused chain
     Recorder r;
     TensorIr x = r.input({8, 16}, dt::f32), ix = r.input({8, 4}, dt::i64);
-    TensorIr g = r.add(ok(b::gather(Family::BaseFloat, OpKind::Base_Gather, use(x, TensorStatus::ReadWrite), 1, use(ix, TensorStatus::ReadWrite), r.id())));
+    TensorIr g = r.add(ok(b::gather(Family::BaseFloat, OpKind::Base_Gather, use(x, TensorStatus::ReadWrite), 1,
+                                    use(ix, TensorStatus::ReadWrite), r.id())));
     TensorIr e = r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, use(g, TensorStatus::ReadWrite), r.id())));
-    (void)r.add(ok(b::scalar(nf, OpKind::Numeric_AddScalar, use(e, TensorStatus::ReadWrite), ScalarIr::Float(1), r.id())));
+    (void)r.add(
+        ok(b::scalar(nf, OpKind::Numeric_AddScalar, use(e, TensorStatus::ReadWrite), ScalarIr::Float(1), r.id())));
     r.finish("f32 gather-exp", out);
   }
   return out;

@@ -67,9 +67,12 @@ TEST(FusionConfig, EnvironmentOverrides) {
   FusionConfig base;
   base.log_level = LogLevel::Basic;
   std::string warnings;
-  auto cfg = apply_fusion_env(base, env_of({{"KILN_FUSION_LOG", "FULL"}, {"KILN_FUSION_MAX_EXPLORATIONS", "12"},
-                                            {"KILN_FUSION_MAX_BLOCKS", "2"}, {"KILN_FUSION_MAX_PLANS", "64"},
-                                            {"KILN_FUSION_MAX_PLAN_TRIGGERS", "8"}}),
+  auto cfg = apply_fusion_env(base,
+                              env_of({{"KILN_FUSION_LOG", "FULL"},
+                                      {"KILN_FUSION_MAX_EXPLORATIONS", "12"},
+                                      {"KILN_FUSION_MAX_BLOCKS", "2"},
+                                      {"KILN_FUSION_MAX_PLANS", "64"},
+                                      {"KILN_FUSION_MAX_PLAN_TRIGGERS", "8"}}),
                               &warnings);
   EXPECT_EQ(cfg.log_level, LogLevel::Full);
   EXPECT_TRUE(cfg.log_to_stderr);
@@ -85,7 +88,8 @@ TEST(FusionConfig, UnparsableEnvironmentIsIgnoredWithAWarning) {
   base.log_level = LogLevel::Medium;
   std::string warnings;
   auto cfg = apply_fusion_env(
-      base, env_of({{"KILN_FUSION_LOG", "verbose"}, {"KILN_FUSION_MAX_EXPLORATIONS", "x"}, {"KILN_FUSION_MAX_PLANS", "-3"}}),
+      base,
+      env_of({{"KILN_FUSION_LOG", "verbose"}, {"KILN_FUSION_MAX_EXPLORATIONS", "x"}, {"KILN_FUSION_MAX_PLANS", "-3"}}),
       &warnings);
   EXPECT_EQ(cfg.log_level, LogLevel::Medium) << "an unknown level keeps the file value";
   EXPECT_TRUE(cfg.log_to_stderr) << "the variable being set switches stderr on";

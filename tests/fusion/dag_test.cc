@@ -25,8 +25,7 @@ std::vector<TensorId> ids(std::initializer_list<std::uint64_t> values) {
 // A node as §19.10 writes it: position / reads / produces / frees. "frees X" means the node
 // reads X for the last time, so X goes into both read() and freed().
 DagNode node(std::uint64_t position, std::initializer_list<std::uint64_t> reads,
-             std::initializer_list<std::uint64_t> produces,
-             std::initializer_list<std::uint64_t> frees = {}) {
+             std::initializer_list<std::uint64_t> produces, std::initializer_list<std::uint64_t> frees = {}) {
   DagNode n;
   n.position = position;
   n.read = ids(reads);
@@ -204,8 +203,7 @@ TEST(DagTest, Item4WriteAfterRead) {
 }
 
 TEST(DagTest, Item5Diamond) {
-  std::vector<DagNode> nodes{node(0, {1}, {10}), node(1, {10}, {11}), node(2, {10}, {12}),
-                             node(3, {11, 12}, {13})};
+  std::vector<DagNode> nodes{node(0, {1}, {10}), node(1, {10}, {11}), node(2, {10}, {12}), node(3, {11, 12}, {13})};
   Dag dag(nodes);
   EXPECT_EQ(dag.dependencies()[3], (Indices{1, 2}));
   EXPECT_EQ(dag.topological_order(), Order(Indices{0, 1, 2, 3}));
@@ -216,8 +214,7 @@ TEST(DagTest, Item5Diamond) {
 }
 
 TEST(DagTest, PositionTieBrokenByIndex) {
-  std::vector<DagNode> nodes{node(5, {}, {1}), node(3, {}, {2}), node(3, {}, {3}),
-                             node(0, {1}, {4})};
+  std::vector<DagNode> nodes{node(5, {}, {1}), node(3, {}, {2}), node(3, {}, {3}), node(0, {1}, {4})};
   Dag dag(nodes);
   // Node 3 depends on node 0, so it waits even though its position is smallest.
   EXPECT_EQ(dag.topological_order(), Order(Indices{1, 2, 0, 3}));
@@ -285,8 +282,7 @@ TEST(ReachabilityTest, ThreeNodeChain) {
 }
 
 TEST(ReachabilityTest, FourNodeChain) {
-  std::vector<DagNode> nodes{node(0, {}, {10}), node(1, {10}, {11}), node(2, {11}, {12}),
-                             node(3, {12}, {13})};
+  std::vector<DagNode> nodes{node(0, {}, {10}), node(1, {10}, {11}), node(2, {11}, {12}), node(3, {12}, {13})};
   Reachability r = Dag(nodes).reachability();
   EXPECT_FALSE(r.can_contract(set_of({0}), set_of({3})));
   EXPECT_FALSE(r.can_contract(set_of({0}), set_of({2})));
@@ -390,8 +386,7 @@ TEST(LifetimeTest, ProducingAFreedIdRevivesIt) {
   std::vector<DagNode> nodes{node(0, {}, {10}, {5}), node(1, {}, {5}), node(2, {5}, {11})};
   // 5 is produced somewhere, so node 0 reading it first is a read before its producer.
   EXPECT_FALSE(valid_in_order(nodes, {0, 1, 2}));
-  std::vector<DagNode> revive{node(0, {}, {5}), node(1, {}, {10}, {5}), node(2, {}, {5}),
-                              node(3, {5}, {11})};
+  std::vector<DagNode> revive{node(0, {}, {5}), node(1, {}, {10}, {5}), node(2, {}, {5}), node(3, {5}, {11})};
   EXPECT_TRUE(valid_in_order(revive, {0, 1, 2, 3}));
   EXPECT_FALSE(valid_in_order(revive, {0, 1, 3, 2}));  // read after free
 }
@@ -561,9 +556,8 @@ TEST(DagRandomTest, NoEdgesReproducesPositionOrder) {
     }
     Indices expected(nodes.size());
     for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = i;
-    std::stable_sort(expected.begin(), expected.end(), [&](std::size_t a, std::size_t b) {
-      return nodes[a].position < nodes[b].position;
-    });
+    std::stable_sort(expected.begin(), expected.end(),
+                     [&](std::size_t a, std::size_t b) { return nodes[a].position < nodes[b].position; });
     EXPECT_EQ(Dag(nodes).topological_order(), Order(expected));
   }
 }

@@ -47,8 +47,12 @@ Operation make(OpKind kind, Family family, std::vector<TensorIr> inputs, std::ve
   return op;
 }
 
-Operation add(TensorIr l, TensorIr r, TensorIr o) { return make(OpKind::Numeric_Add, Family::NumericFloat, {l, r}, {o}); }
-Operation mul(TensorIr l, TensorIr r, TensorIr o) { return make(OpKind::Numeric_Mul, Family::NumericFloat, {l, r}, {o}); }
+Operation add(TensorIr l, TensorIr r, TensorIr o) {
+  return make(OpKind::Numeric_Add, Family::NumericFloat, {l, r}, {o});
+}
+Operation mul(TensorIr l, TensorIr r, TensorIr o) {
+  return make(OpKind::Numeric_Mul, Family::NumericFloat, {l, r}, {o});
+}
 Operation mul_scalar(TensorIr l, std::uint64_t k, TensorIr o) {
   return make(OpKind::Numeric_MulScalar, Family::NumericFloat, {l}, {o}, {ir::ScalarIr::UInt(k)});
 }
@@ -380,8 +384,8 @@ TEST(Reduce, ReduceInputStillNeededIsWritten) {
 
 TEST(Reduce, HalfPrecisionSumAccumulatesInF32) {
   ReduceFuser f(kBindings);
-  f.fuse(make(OpKind::Float_Exp, Family::Float, {T(0, {1, 2}, RO, ir::dtypes::f16)}, {T(1, {1, 2}, NI, ir::dtypes::f16)},
-              {}, {}, ir::dtypes::f16));
+  f.fuse(make(OpKind::Float_Exp, Family::Float, {T(0, {1, 2}, RO, ir::dtypes::f16)},
+              {T(1, {1, 2}, NI, ir::dtypes::f16)}, {}, {}, ir::dtypes::f16));
   f.fuse(reduce_dim(OpKind::Numeric_SumDim, T(1, {1, 2}, RW, ir::dtypes::f16), T(2, {1, 0}, NI, ir::dtypes::f16), 1));
   ASSERT_TRUE(f.properties().ready);
   const FusedProgram p = f.program();

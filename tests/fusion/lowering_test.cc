@@ -72,7 +72,8 @@ TEST(Lowering, ComparisonsProduceBoolAndIndicesAreChecked) {
   const OneBlock b;
   Lowered l;
   const ir::DType boolean = ir::DType::boolean(ir::BoolStore::Native);
-  EXPECT_EQ(b.lower(instr(OpKind::Numeric_Greater, dt::f32, boolean, {Operand::local(0), Operand::local(1)}, 2), l), "");
+  EXPECT_EQ(b.lower(instr(OpKind::Numeric_Greater, dt::f32, boolean, {Operand::local(0), Operand::local(1)}, 2), l),
+            "");
   EXPECT_EQ(l.code, Code::Gt);
   EXPECT_EQ(b.lower(instr(OpKind::Numeric_Greater, dt::f32, dt::f32, {Operand::local(0), Operand::local(1)}), l),
             "operands of Greater");

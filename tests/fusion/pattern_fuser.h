@@ -41,8 +41,7 @@ namespace kiln::fusion::testing {
 
 class TestOptimization final : public Optimization {
  public:
-  TestOptimization(std::size_t id, std::size_t size)
-      : id_(id), size_(size), name_("TestOpt" + std::to_string(id)) {}
+  TestOptimization(std::size_t id, std::size_t size) : id_(id), size_(size), name_("TestOpt" + std::to_string(id)) {}
   std::size_t id() const { return id_; }
   std::size_t len() const override { return size_; }
   std::string_view name() const override { return name_; }
@@ -107,8 +106,8 @@ FuserList fuser_list(F&&... fusers) {
 // Tensors and ops
 // ---------------------------------------------------------------------------------------------
 
-inline ir::TensorIr T(std::uint64_t id, ir::Shape shape = {32, 32}, ir::TensorStatus status = ir::TensorStatus::ReadOnly,
-                      ir::DType dtype = ir::dtypes::f32) {
+inline ir::TensorIr T(std::uint64_t id, ir::Shape shape = {32, 32},
+                      ir::TensorStatus status = ir::TensorStatus::ReadOnly, ir::DType dtype = ir::dtypes::f32) {
   return ir::TensorIr{ir::TensorId(id), std::move(shape), status, dtype};
 }
 inline ir::TensorIr T(std::uint64_t id, ir::TensorStatus status) { return T(id, {32, 32}, status); }

@@ -43,13 +43,23 @@ Template softmax_template() {
   Template t;
   t.num_inputs = 2;  // value 0: x (n x n), value 1: a row (unused)
   t.steps = {
-      Step{.kind = Step::Kind::SumDim, .a = 0},                                                   // 2
-      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Sub, .a = 0, .b = 2, .last_a = true,
-           .last_b = true, .broadcast_b = true},                                                  // 3
-      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Exp, .a = 3, .last_a = true},           // 4
-      Step{.kind = Step::Kind::SumDim, .a = 4},                                                   // 5
-      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Div, .a = 4, .b = 5, .last_a = true,
-           .last_b = true, .broadcast_b = true},                                                  // 6
+      Step{.kind = Step::Kind::SumDim, .a = 0},  // 2
+      Step{.kind = Step::Kind::Binary,
+           .op = OpKind::Numeric_Sub,
+           .a = 0,
+           .b = 2,
+           .last_a = true,
+           .last_b = true,
+           .broadcast_b = true},                                                         // 3
+      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Exp, .a = 3, .last_a = true},  // 4
+      Step{.kind = Step::Kind::SumDim, .a = 4},                                          // 5
+      Step{.kind = Step::Kind::Binary,
+           .op = OpKind::Numeric_Div,
+           .a = 4,
+           .b = 5,
+           .last_a = true,
+           .last_b = true,
+           .broadcast_b = true},  // 6
       Step{.kind = Step::Kind::Read, .a = 6},
   };
   return t;
@@ -60,10 +70,14 @@ Template matmul_template() {
   Template t;
   t.num_inputs = 3;  // x, w, bias row
   t.steps = {
-      Step{.kind = Step::Kind::Matmul, .a = 0, .b = 1},                                            // 3
-      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Add, .a = 3, .b = 2, .last_a = true,
-           .broadcast_b = true},                                                                   // 4
-      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Tanh, .a = 4, .last_a = true},           // 5
+      Step{.kind = Step::Kind::Matmul, .a = 0, .b = 1},  // 3
+      Step{.kind = Step::Kind::Binary,
+           .op = OpKind::Numeric_Add,
+           .a = 3,
+           .b = 2,
+           .last_a = true,
+           .broadcast_b = true},                                                          // 4
+      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Tanh, .a = 4, .last_a = true},  // 5
       Step{.kind = Step::Kind::Read, .a = 5},
   };
   return t;
@@ -74,13 +88,12 @@ Template elementwise_template() {
   Template t;
   t.num_inputs = 4;
   t.steps = {
-      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Mul, .a = 0, .b = 1},                // 4
-      Step{.kind = Step::Kind::Scalar, .op = OpKind::Numeric_MulScalar, .a = 2, .scalar = 2.0},   // 5
-      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Add, .a = 4, .b = 5, .last_a = true,
-           .last_b = true},                                                                        // 6
-      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Exp, .a = 6, .last_a = true},           // 7
-      Step{.kind = Step::Kind::SwapDims, .a = 7, .last_a = true},                                 // 8
-      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Add, .a = 8, .b = 0, .last_a = true}, // 9
+      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Mul, .a = 0, .b = 1},                                  // 4
+      Step{.kind = Step::Kind::Scalar, .op = OpKind::Numeric_MulScalar, .a = 2, .scalar = 2.0},                     // 5
+      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Add, .a = 4, .b = 5, .last_a = true, .last_b = true},  // 6
+      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Exp, .a = 6, .last_a = true},                             // 7
+      Step{.kind = Step::Kind::SwapDims, .a = 7, .last_a = true},                                                   // 8
+      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Add, .a = 8, .b = 0, .last_a = true},                  // 9
       Step{.kind = Step::Kind::Read, .a = 9},
       Step{.kind = Step::Kind::Drop, .a = 9, .last_a = true},
   };
@@ -93,16 +106,20 @@ Template reduce_template() {
   Template t;
   t.num_inputs = 3;  // x, y, a row
   t.steps = {
-      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Exp, .a = 0, .last_a = true},            // 3
-      Step{.kind = Step::Kind::SumDim, .a = 3, .last_a = true},                                    // 4
-      Step{.kind = Step::Kind::Scalar, .op = OpKind::Numeric_MulScalar, .a = 4, .last_a = true,
-           .scalar = 3.0},                                                                         // 5
+      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Exp, .a = 0, .last_a = true},                          // 3
+      Step{.kind = Step::Kind::SumDim, .a = 3, .last_a = true},                                                  // 4
+      Step{.kind = Step::Kind::Scalar, .op = OpKind::Numeric_MulScalar, .a = 4, .last_a = true, .scalar = 3.0},  // 5
       Step{.kind = Step::Kind::Read, .a = 5},
-      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Exp, .a = 1},                            // 6
-      Step{.kind = Step::Kind::SumDim, .a = 6, .last_a = true},                                    // 7
-      Step{.kind = Step::Kind::Binary, .op = OpKind::Numeric_Add, .a = 1, .b = 7, .last_a = true,
-           .last_b = true, .broadcast_b = true},                                                   // 8
-      Step{.kind = Step::Kind::SumDim, .a = 8, .last_a = true},                                    // 9
+      Step{.kind = Step::Kind::Unary, .op = OpKind::Float_Exp, .a = 1},  // 6
+      Step{.kind = Step::Kind::SumDim, .a = 6, .last_a = true},          // 7
+      Step{.kind = Step::Kind::Binary,
+           .op = OpKind::Numeric_Add,
+           .a = 1,
+           .b = 7,
+           .last_a = true,
+           .last_b = true,
+           .broadcast_b = true},                                 // 8
+      Step{.kind = Step::Kind::SumDim, .a = 8, .last_a = true},  // 9
       Step{.kind = Step::Kind::Read, .a = 9},
   };
   return t;
@@ -169,12 +186,42 @@ Pass run_all(const std::vector<Template>& templates, ExecutionPlanStore& store, 
   const TensorIr total = tensor({n, 1}, TensorStatus::NotInit);
   const auto f32 = ir::dtypes::f32;
   submit(Operation{OpKind::Float_Exp, Family::Float, f32, 1, {x, e}, {}, {}, {}, {}});
-  submit(Operation{OpKind::Numeric_SumDim, Family::NumericFloat, f32, 1, {with(e, TensorStatus::ReadOnly), sum}, {}, {}, {1, 1}, {}});
-  submit(Operation{OpKind::Numeric_MulScalar, Family::NumericFloat, f32, 1, {with(sum, TensorStatus::ReadWrite), scaled},
-                   {ir::ScalarIr::Float(2.0)}, {}, {}, {}});
-  submit(Operation{OpKind::Numeric_Div, Family::NumericFloat, f32, 2,
-                   {with(e, TensorStatus::ReadWrite), with(scaled, TensorStatus::ReadWrite), ratio}, {}, {}, {}, {}});
-  submit(Operation{OpKind::Numeric_SumDim, Family::NumericFloat, f32, 1, {with(ratio, TensorStatus::ReadWrite), total}, {}, {}, {1, 1}, {}});
+  submit(Operation{OpKind::Numeric_SumDim,
+                   Family::NumericFloat,
+                   f32,
+                   1,
+                   {with(e, TensorStatus::ReadOnly), sum},
+                   {},
+                   {},
+                   {1, 1},
+                   {}});
+  submit(Operation{OpKind::Numeric_MulScalar,
+                   Family::NumericFloat,
+                   f32,
+                   1,
+                   {with(sum, TensorStatus::ReadWrite), scaled},
+                   {ir::ScalarIr::Float(2.0)},
+                   {},
+                   {},
+                   {}});
+  submit(Operation{OpKind::Numeric_Div,
+                   Family::NumericFloat,
+                   f32,
+                   2,
+                   {with(e, TensorStatus::ReadWrite), with(scaled, TensorStatus::ReadWrite), ratio},
+                   {},
+                   {},
+                   {},
+                   {}});
+  submit(Operation{OpKind::Numeric_SumDim,
+                   Family::NumericFloat,
+                   f32,
+                   1,
+                   {with(ratio, TensorStatus::ReadWrite), total},
+                   {},
+                   {},
+                   {1, 1},
+                   {}});
   stream.drain(store, executor);
   EXPECT_TRUE(check_execution(registered, executor.executed()));
   out.records.insert(out.records.end(), executor.records().begin(), executor.records().end());
@@ -223,7 +270,8 @@ Pass run_all(const std::vector<Template>& templates, ExecutionPlanStore& store, 
       return ::testing::AssertionFailure() << "plan " << id << ": optimization differs";
     if (auto r = same_strategy(a.plan(id)->optimization.strategy, b.plan(id)->optimization.strategy); !r)
       return ::testing::AssertionFailure() << "plan " << id << ": " << r.message();
-    if (*a.triggers(id) != *b.triggers(id)) return ::testing::AssertionFailure() << "plan " << id << ": triggers differ";
+    if (*a.triggers(id) != *b.triggers(id))
+      return ::testing::AssertionFailure() << "plan " << id << ": triggers differ";
   }
   return ::testing::AssertionSuccess();
 }
@@ -291,9 +339,7 @@ void fix_header(std::vector<std::uint8_t>& file) {
 }
 
 // A small store from the three hand-written programs (a few KiB: every truncation is tested).
-void small_store(ExecutionPlanStore& store) {
-  explore_until_stable(hand_written(), store);
-}
+void small_store(ExecutionPlanStore& store) { explore_until_stable(hand_written(), store); }
 
 // =============================================================================================
 
@@ -316,7 +362,8 @@ TEST(PlanCache, SavedPlansAreCacheHitsInTheNextRun) {
   // The next daemon run: a fresh store, loaded from disk.
   ExecutionPlanStore second;
   auto capture = std::make_shared<LogCapture>();
-  const PlanCacheLoadReport report = load_plan_cache(second, dir.path(), FusionLog::to_capture(LogLevel::Basic, capture));
+  const PlanCacheLoadReport report =
+      load_plan_cache(second, dir.path(), FusionLog::to_capture(LogLevel::Basic, capture));
   ASSERT_TRUE(report.ok()) << report.reason;
   EXPECT_TRUE(report.found);
   EXPECT_EQ(report.loaded, first.size());
@@ -367,14 +414,48 @@ TEST(PlanCache, EncodingIsCanonical) {
 // itself, on the spec's workflow 1 (fusers_test.cc), through the file and back.
 TEST(PlanCache, ReduceBroadcastedProgramRoundTrips) {
   const auto f32 = ir::dtypes::f32;
-  auto T = [](std::uint64_t id, Shape shape, TensorStatus s) { return TensorIr{TensorId(id), std::move(shape), s, ir::dtypes::f32}; };
+  auto T = [](std::uint64_t id, Shape shape, TensorStatus s) {
+    return TensorIr{TensorId(id), std::move(shape), s, ir::dtypes::f32};
+  };
   const auto NI = TensorStatus::NotInit, RW = TensorStatus::ReadWrite;
   std::vector<Operation> ops = {
       Operation{OpKind::Base_Ones, Family::BaseFloat, f32, 0, {T(0, {1, 2}, NI)}, {}, {}, {}, {}},
-      Operation{OpKind::Numeric_SumDim, Family::NumericFloat, f32, 1, {T(0, {1, 2}, RW), T(1, {1, 0}, NI)}, {}, {}, {1, 1}, {}},
-      Operation{OpKind::Numeric_Add, Family::NumericFloat, f32, 2, {T(1, {1, 0}, RW), T(2, {1, 0}, RW), T(3, {1, 0}, NI)}, {}, {}, {}, {}},
-      Operation{OpKind::Numeric_Add, Family::NumericFloat, f32, 2, {T(3, {1, 0}, RW), T(4, {1, 2}, RW), T(5, {1, 2}, NI)}, {}, {}, {}, {}},
-      Operation{OpKind::Numeric_SumDim, Family::NumericFloat, f32, 1, {T(5, {1, 2}, RW), T(6, {1, 0}, NI)}, {}, {}, {1, 1}, {}},
+      Operation{OpKind::Numeric_SumDim,
+                Family::NumericFloat,
+                f32,
+                1,
+                {T(0, {1, 2}, RW), T(1, {1, 0}, NI)},
+                {},
+                {},
+                {1, 1},
+                {}},
+      Operation{OpKind::Numeric_Add,
+                Family::NumericFloat,
+                f32,
+                2,
+                {T(1, {1, 0}, RW), T(2, {1, 0}, RW), T(3, {1, 0}, NI)},
+                {},
+                {},
+                {},
+                {}},
+      Operation{OpKind::Numeric_Add,
+                Family::NumericFloat,
+                f32,
+                2,
+                {T(3, {1, 0}, RW), T(4, {1, 2}, RW), T(5, {1, 2}, NI)},
+                {},
+                {},
+                {},
+                {}},
+      Operation{OpKind::Numeric_SumDim,
+                Family::NumericFloat,
+                f32,
+                1,
+                {T(5, {1, 2}, RW), T(6, {1, 0}, NI)},
+                {},
+                {},
+                {1, 1},
+                {}},
   };
   ReduceBroadcastedFuser fuser(64);
   for (const Operation& op : ops) fuser.fuse(op);
@@ -384,8 +465,9 @@ TEST(PlanCache, ReduceBroadcastedProgramRoundTrips) {
   ASSERT_EQ(opt->len(), 5u);
   const Ordering all{0, 1, 2, 3, 4};
   ExecutionPlanStore store;
-  store.add(ExecutionPlan{ops, BlockOptimization(ExecutionStrategy::optimization(opt, all, fuser.properties().score), all)},
-            ExecutionTrigger::on_sync());
+  store.add(
+      ExecutionPlan{ops, BlockOptimization(ExecutionStrategy::optimization(opt, all, fuser.properties().score), all)},
+      ExecutionTrigger::on_sync());
   store.add_trigger(0, ExecutionTrigger::on_operations({ops[0]}));
   KILN_ASSERT_OK(validate_plan(*store.plan(0), *store.triggers(0)));
   ExecutionPlanStore copy;
@@ -566,7 +648,8 @@ TEST(PlanCache, CorruptPayloadWithValidChecksumNeverCrashes) {
     const int mode = static_cast<int>(rng() % 4);
     if (mode == 0) {  // flip bytes
       const int flips = 1 + static_cast<int>(rng() % 3);
-      for (int f = 0; f < flips; ++f) bytes[off + rng() % (bytes.size() - off)] ^= static_cast<std::uint8_t>(1 + rng() % 255);
+      for (int f = 0; f < flips; ++f)
+        bytes[off + rng() % (bytes.size() - off)] ^= static_cast<std::uint8_t>(1 + rng() % 255);
     } else if (mode == 1) {  // a random byte value (large varints, enums out of range)
       bytes[off + rng() % (bytes.size() - off)] = static_cast<std::uint8_t>(rng());
     } else if (mode == 2) {  // truncate the payload
@@ -917,7 +1000,8 @@ TEST(PlanCacheAutosaver, NothingIsWrittenWhenNothingChanged) {
   publish(live, 0);  // before the saver: as if loaded from the cache at start
   publish(live, 1);
   SaveLog log;
-  PlanCacheAutosaver saver(live, cache, {.debounce = 1ms, .max_delay = 1ms, .poll_interval = 1ms, .on_save = log.callback()});
+  PlanCacheAutosaver saver(live, cache,
+                           {.debounce = 1ms, .max_delay = 1ms, .poll_interval = 1ms, .on_save = log.callback()});
   // Republishing what is there is no change.
   EXPECT_FALSE(live.add(*learned().plan(0), learned().triggers(0)->front()).inserted);
   live.add_trigger(0, learned().triggers(0)->front());
@@ -936,9 +1020,9 @@ TEST(PlanCacheAutosaver, FailingDirectoryIsReportedWithoutSpinning) {
   ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);  // unsafe: save_plan_cache refuses it
   ExecutionPlanStore live;
   SaveLog log;
-  PlanCacheAutosaver saver(live, dir.path(),
-                           {.debounce = 1ms, .max_delay = 1ms, .poll_interval = 1ms, .error_backoff = 1h,
-                            .on_save = log.callback()});
+  PlanCacheAutosaver saver(
+      live, dir.path(),
+      {.debounce = 1ms, .max_delay = 1ms, .poll_interval = 1ms, .error_backoff = 1h, .on_save = log.callback()});
   publish(live, 0);
   ASSERT_TRUE(eventually([&] { return log.failed.load() >= 1; })) << "the error never reached on_save";
   // More changes, and many polls, inside the back-off: no further attempt.
@@ -971,7 +1055,10 @@ TEST(PlanCacheAutosaver, RetriesAfterTheBackOffAndRecovers) {
   ExecutionPlanStore live;
   SaveLog log;
   PlanCacheAutosaver saver(live, dir.path(),
-                           {.debounce = 1ms, .poll_interval = 1ms, .error_backoff = 20ms, .max_error_backoff = 100ms,
+                           {.debounce = 1ms,
+                            .poll_interval = 1ms,
+                            .error_backoff = 20ms,
+                            .max_error_backoff = 100ms,
                             .on_save = log.callback()});
   const std::vector<Operation> ops = publish(live, 0);
   ASSERT_TRUE(eventually([&] { return log.failed.load() >= 1; }));

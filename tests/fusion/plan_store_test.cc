@@ -167,13 +167,13 @@ TEST(PlanStore, AddOfAnExistingSequenceOnlyAddsTheTrigger) {
 TEST(PlanStore, AddTriggerDeduplicatesEqualTriggers) {
   ExecutionPlanStore store;
   PlanId id = store.add(plan_of({op1()}), ExecutionTrigger::on_operations({op2()})).id;
-  store.add_trigger(id, ExecutionTrigger::on_operations({op2()}));       // equal: ignored
+  store.add_trigger(id, ExecutionTrigger::on_operations({op2()}));         // equal: ignored
   store.add_trigger(id, ExecutionTrigger::on_operations({op2(), op1()}));  // different ops: kept
   store.add_trigger(id, ExecutionTrigger::on_sync());
   store.add_trigger(id, ExecutionTrigger::on_sync());
   EXPECT_EQ(*store.triggers(id),
-            (TriggerList{ExecutionTrigger::on_operations({op2()}),
-                         ExecutionTrigger::on_operations({op2(), op1()}), ExecutionTrigger::on_sync()}));
+            (TriggerList{ExecutionTrigger::on_operations({op2()}), ExecutionTrigger::on_operations({op2(), op1()}),
+                         ExecutionTrigger::on_sync()}));
 }
 
 TEST(PlanStore, TriggerSnapshotsNeverChange) {
@@ -203,10 +203,10 @@ TEST(PlanStore, PlanReferencesAreStableAcrossGrowth) {
 
 TEST(PlanStore, FindSameFirstKind) {
   ExecutionPlanStore store;
-  store.add(plan_of({op1()}), ExecutionTrigger::always());                                     // 0
-  store.add(plan_of({op2()}), ExecutionTrigger::always());                                     // 1
+  store.add(plan_of({op1()}), ExecutionTrigger::always());                                            // 0
+  store.add(plan_of({op2()}), ExecutionTrigger::always());                                            // 1
   store.add(plan_of({binary(ir::OpKind::Numeric_Add, 7, 8, 9), op2()}), ExecutionTrigger::always());  // 2
-  store.add(plan_of({op2(), op1()}), ExecutionTrigger::always());                              // 3
+  store.add(plan_of({op2(), op1()}), ExecutionTrigger::always());                                     // 3
   EXPECT_EQ(store.find_same_first_kind(binary(ir::OpKind::Numeric_Add, 3, 4, 5)), Ids({0, 2}));
   EXPECT_EQ(store.find_same_first_kind(op2()), Ids({1, 3}));
   EXPECT_EQ(store.find_same_first_kind(op3_sub()), Ids{});
@@ -316,10 +316,9 @@ void run_concurrent(ExecutionPlanStore& store) {
   // Exactly one plan per distinct sequence: nothing lost, nothing duplicated.
   ASSERT_EQ(store.size(), kNumSequences);
   std::set<std::vector<Operation>, decltype([](const auto& a, const auto& b) {
-             return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(),
-                                                 [](const Operation& x, const Operation& y) {
-                                                   return x.to_string() < y.to_string();
-                                                 });
+             return std::lexicographical_compare(
+                 a.begin(), a.end(), b.begin(), b.end(),
+                 [](const Operation& x, const Operation& y) { return x.to_string() < y.to_string(); });
            })>
       distinct;
   std::map<std::size_t, PlanId> id_of;
@@ -393,7 +392,8 @@ TEST(PlanStoreConcurrency, TriggerWritersOnOnePlanLoseNothing) {
   ASSERT_EQ(triggers.size(), 1 + 4 * kPerThread);
   EXPECT_EQ(store.generation(), triggers.size()) << "one count per trigger that landed";
   std::set<std::string> names;
-  for (const ExecutionTrigger& tr : triggers) names.insert(tr.to_string() + (tr.operations.empty() ? "" : tr.operations[0].to_string()));
+  for (const ExecutionTrigger& tr : triggers)
+    names.insert(tr.to_string() + (tr.operations.empty() ? "" : tr.operations[0].to_string()));
   EXPECT_EQ(names.size(), triggers.size());
 }
 
@@ -493,7 +493,8 @@ TEST(BoundedPlanStore, PastTheTriggerCapTheOldestTailIsDropped) {
   EXPECT_EQ(*store.triggers(id), (TriggerList{ExecutionTrigger::always(), tail(2), tail(3)}));
   EXPECT_EQ(store.generation(), generation + 1);
   store.add_trigger(id, ExecutionTrigger::on_sync());  // not a tail: the cap does not count it
-  EXPECT_EQ(*store.triggers(id), (TriggerList{ExecutionTrigger::always(), tail(2), tail(3), ExecutionTrigger::on_sync()}));
+  EXPECT_EQ(*store.triggers(id),
+            (TriggerList{ExecutionTrigger::always(), tail(2), tail(3), ExecutionTrigger::on_sync()}));
   store.add_trigger(id, tail(3));  // already there: nothing changes
   EXPECT_EQ(store.triggers(id)->size(), 4u);
   EXPECT_EQ(store.generation(), generation + 2);

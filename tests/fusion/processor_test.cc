@@ -156,8 +156,8 @@ TEST(Processor, OverlappingFusers) {  // §19.6.3
   h.add(op2());
   EXPECT_EQ(h.queued(), 0u);
   EXPECT_EQ(h.executions(), 3u);
-  EXPECT_EQ(h.triggers(0), (TriggerList{ExecutionTrigger::on_operations({op1(), op2()}),
-                                        ExecutionTrigger::on_operations({op2()})}));
+  EXPECT_EQ(h.triggers(0),
+            (TriggerList{ExecutionTrigger::on_operations({op1(), op2()}), ExecutionTrigger::on_operations({op2()})}));
   EXPECT_EQ(h.store().plan(1)->operations, ops({op2()}));
   EXPECT_EQ(h.triggers(1), always());
   h.add(op1());

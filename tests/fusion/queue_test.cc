@@ -75,11 +75,11 @@ TEST(OperationQueue, ShapeIdGuardRunsUnfused) {  // §15.1 check 1, §19.14
   ExecutionPlanStore store;
   // The plan's kernel bakes in relative dim id 3, but this queue's one-op prefix assigned 3 ids
   // (0, 1, 2): 3 >= 3 -> unfused.
-  auto added = store.add(ExecutionPlan{{q.relative()[0]},
-                                       BlockOptimization(ExecutionStrategy::optimization(
-                                                             std::make_shared<ShapeIdOptimization>(1, 3), {0}, 10),
-                                                         {0})},
-                         ExecutionTrigger::always());
+  auto added = store.add(
+      ExecutionPlan{{q.relative()[0]},
+                    BlockOptimization(
+                        ExecutionStrategy::optimization(std::make_shared<ShapeIdOptimization>(1, 3), {0}, 10), {0})},
+      ExecutionTrigger::always());
   q.execute_plan(added.id, *added.plan, ex, log);
   EXPECT_EQ(q.size(), 0u);
   ASSERT_EQ(ex.records().size(), 1u);
@@ -95,11 +95,11 @@ TEST(OperationQueue, ShapeIdWithinPrefixRunsFused) {
   RecordingExecutor ex;
   q.add(exp_op(10, TensorStatus::ReadOnly, 11));
   ExecutionPlanStore store;
-  auto added = store.add(ExecutionPlan{{q.relative()[0]},
-                                       BlockOptimization(ExecutionStrategy::optimization(
-                                                             std::make_shared<ShapeIdOptimization>(1, 2), {0}, 10),
-                                                         {0})},
-                         ExecutionTrigger::always());
+  auto added = store.add(
+      ExecutionPlan{{q.relative()[0]},
+                    BlockOptimization(
+                        ExecutionStrategy::optimization(std::make_shared<ShapeIdOptimization>(1, 2), {0}, 10), {0})},
+      ExecutionTrigger::always());
   q.execute_plan(added.id, *added.plan, ex, log);
   ASSERT_EQ(ex.records().size(), 1u);
   EXPECT_TRUE(ex.records()[0].fused);
@@ -112,8 +112,8 @@ TEST(OperationQueue, PositionsBeyondTheQueueRunUnfused) {  // §15.1 check 2
   RecordingExecutor ex;
   q.add(exp_op(10, TensorStatus::ReadOnly, 11));
   ExecutionPlanStore store;
-  auto added = store.add(ExecutionPlan{{q.relative()[0]}, BlockOptimization(U({0, 1}), {0, 1})},
-                         ExecutionTrigger::always());
+  auto added =
+      store.add(ExecutionPlan{{q.relative()[0]}, BlockOptimization(U({0, 1}), {0, 1})}, ExecutionTrigger::always());
   q.execute_plan(added.id, *added.plan, ex, log);
   EXPECT_EQ(q.size(), 0u);
   EXPECT_EQ(ex.executed().size(), 1u);

@@ -20,8 +20,8 @@
 namespace kiln::fusion::testing {
 
 using ir::Family;
-using ir::OpKind;
 using ir::Operation;
+using ir::OpKind;
 using ir::Shape;
 using ir::TensorId;
 using ir::TensorIr;
@@ -31,7 +31,7 @@ using ir::TensorStatus;
 struct Step {
   enum class Kind { Unary, Binary, Scalar, SumDim, Matmul, SwapDims, Drop, Read, Sync } kind;
   OpKind op = OpKind::Float_Exp;
-  int a = 0, b = 0;          // indices into the template's value list
+  int a = 0, b = 0;  // indices into the template's value list
   bool last_a = false, last_b = false;
   double scalar = 1.0;
   bool broadcast_b = false;  // b has shape [1, n] (a broadcast row)
@@ -198,9 +198,7 @@ class ProgramRunner {
           if (!executor_.has_handle(va.id)) stream_.drain(store_, executor_);
           EXPECT_TRUE(executor_.has_handle(va.id)) << "a read finds its tensor materialized after the drain";
           continue;
-        case Step::Kind::Sync:
-          stream_.drain(store_, executor_);
-          continue;
+        case Step::Kind::Sync: stream_.drain(store_, executor_); continue;
       }
       if (op.kind != OpKind::Drop_Drop) values.push_back(op.outputs()[0]);
       registered.push_back(op);
@@ -220,8 +218,7 @@ class ProgramRunner {
 inline ::testing::AssertionResult check_execution(const std::vector<Operation>& registered,
                                                   const std::vector<Operation>& executed) {
   if (registered.size() != executed.size())
-    return ::testing::AssertionFailure() << registered.size() << " registered but " << executed.size()
-                                         << " executed";
+    return ::testing::AssertionFailure() << registered.size() << " registered but " << executed.size() << " executed";
   std::unordered_map<std::uint64_t, int> count;  // by hash of the op
   std::unordered_set<std::uint64_t> produced_anywhere;
   for (const auto& op : registered) {
@@ -237,11 +234,11 @@ inline ::testing::AssertionResult check_execution(const std::vector<Operation>& 
     for (const auto& t : op.inputs()) {
       const auto id = t.id.value();
       if (dead.count(id))
-        return ::testing::AssertionFailure() << "op " << i << " reads t" << id << " after its last use: "
-                                             << op.to_string();
+        return ::testing::AssertionFailure()
+               << "op " << i << " reads t" << id << " after its last use: " << op.to_string();
       if (!alive.count(id) && produced_anywhere.count(id))
-        return ::testing::AssertionFailure() << "op " << i << " reads t" << id << " before its producer: "
-                                             << op.to_string();
+        return ::testing::AssertionFailure()
+               << "op " << i << " reads t" << id << " before its producer: " << op.to_string();
     }
     for (const auto& t : op.inputs())
       if (t.status == TensorStatus::ReadWrite) {

@@ -36,8 +36,8 @@ TEST(Scoring, Section19_2Table) {
   };
   for (const Row& r : rows) {
     Scoring s(r.ur, r.uw, r.n);
-    EXPECT_EQ(s.evaluate(r.fr, r.fw, r.p), r.score) << r.ur << "," << r.uw << "," << r.n << " | " << r.fr << ","
-                                                    << r.fw << "," << r.p;
+    EXPECT_EQ(s.evaluate(r.fr, r.fw, r.p), r.score)
+        << r.ur << "," << r.uw << "," << r.n << " | " << r.fr << "," << r.fw << "," << r.p;
     EXPECT_EQ(fusion_score(r.ur, r.uw, r.n, FusedIo{r.fr, r.fw, r.p}), r.score);
   }
 }

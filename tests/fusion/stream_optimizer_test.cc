@@ -36,7 +36,7 @@ struct Harness {
   std::unique_ptr<StreamOptimizer> so;
 
   Harness(FuserList fusers, std::optional<std::size_t> max_blocks = StreamOptimizer::kDefaultMaxBlocks,
-      LogLevel level = LogLevel::Full)
+          LogLevel level = LogLevel::Full)
       : log(FusionLog::to_capture(level, capture)),
         so(std::make_unique<StreamOptimizer>(std::move(fusers), max_blocks, log)) {}
 
@@ -155,8 +155,7 @@ TEST(StreamOptimizer, Item12DependentBlock) {
   EXPECT_EQ(r.so->num_blocks(), 3u);
   EXPECT_EQ(r.so->length(), 5u);
   EXPECT_FALSE(r.so->stopped());
-  EXPECT_EQ(r.so->optimize(ops),
-            bo(C({O(0, 2, {0, 1}, 2), O(1, 2, {2, 3}, 2), U({4})}), {0, 1, 2, 3, 4}));
+  EXPECT_EQ(r.so->optimize(ops), bo(C({O(0, 2, {0, 1}, 2), O(1, 2, {2, 3}, 2), U({4})}), {0, 1, 2, 3, 4}));
   EXPECT_EQ(r.lines(), (std::vector<std::string>{
                            "[stream] op 0 NumericFloat::Add → new block (total: 1)",
                            "[stream] op 1 NumericFloat::Add → accepted in 1/1 block(s)",
@@ -177,8 +176,9 @@ TEST(StreamOptimizer, Item13DependentOpAtMaxBlocksStops) {
   EXPECT_FALSE(r.so->still_optimizing());
   EXPECT_EQ(r.so->length(), 4u);
   EXPECT_EQ(r.so->num_blocks(), 2u);
-  EXPECT_EQ(r.lines(), (std::vector<std::string>{
-                           "[stream] stopped (max_blocks=2 reached on dependency) at op 4 (NumericFloat::Add)"}));
+  EXPECT_EQ(
+      r.lines(),
+      (std::vector<std::string>{"[stream] stopped (max_blocks=2 reached on dependency) at op 4 (NumericFloat::Add)"}));
   Ops ops = {a1, a2, b1, b2};
   EXPECT_EQ(r.so->optimize(ops), bo(C({O(0, 2, {0, 1}, 2), O(1, 2, {2, 3}, 2)}), {0, 1, 2, 3}));
 }

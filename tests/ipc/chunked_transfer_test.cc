@@ -65,13 +65,15 @@ struct SmallArenaDaemon {
   std::string dir;
   std::unique_ptr<DaemonService> service;
 
-  explicit SmallArenaDaemon(std::uint64_t job_memory_bytes = 0, std::function<void(const Command&)> before_command = {}) {
+  explicit SmallArenaDaemon(std::uint64_t job_memory_bytes = 0,
+                            std::function<void(const Command&)> before_command = {}) {
     runtime::RuntimeOptions o;
     o.threads = 2;
     o.fusion = fusion::FusionConfig{};
     o.config_path = "";
     device = ok(runtime::Device::create(
-        std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o)));
+        std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}),
+        std::move(o)));
     char tmpl[] = "/tmp/kiln-chunk-test-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) ADD_FAILURE() << "mkdtemp failed";
     dir = tmpl;
@@ -185,10 +187,10 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
   const std::vector<std::uint8_t> u = random_bytes(2 * kMiB + kMiB / 2 + 7, 3);
   const TensorId id = client->new_tensor_id();
   const std::uint64_t requests = client->requests();
-  ASSERT_TRUE(client->upload(StreamId(0), id, dtypes::u8, {u.size()}, std::as_bytes(std::span<const std::uint8_t>(u))).ok());
+  ASSERT_TRUE(
+      client->upload(StreamId(0), id, dtypes::u8, {u.size()}, std::as_bytes(std::span<const std::uint8_t>(u))).ok());
   EXPECT_EQ(client->requests() - requests, 11u);  // parts of a quarter of the arena: 10 full ones and 7 bytes
-  runtime::HostData back =
-      ok(client->read(StreamId(0), TensorIr{id, {u.size()}, TensorStatus::ReadWrite, dtypes::u8}));
+  runtime::HostData back = ok(client->read(StreamId(0), TensorIr{id, {u.size()}, TensorStatus::ReadWrite, dtypes::u8}));
   EXPECT_EQ(client->requests() - requests, 22u);
   ASSERT_EQ(back.bytes.size(), u.size());
   EXPECT_EQ(std::memcmp(back.bytes.data(), u.data(), u.size()), 0);
@@ -197,12 +199,13 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
 
   // read_into: straight into the caller's buffer, which must have exactly the tensor's bytes;
   // the same contract for the daemon's client and for a Device (the default implementation).
-  for (runtime::SessionTarget* target : {static_cast<runtime::SessionTarget*>(client.get()),
-                                         static_cast<runtime::SessionTarget*>(d.device.get())}) {
+  for (runtime::SessionTarget* target :
+       {static_cast<runtime::SessionTarget*>(client.get()), static_cast<runtime::SessionTarget*>(d.device.get())}) {
     for (std::uint64_t n : {std::uint64_t{1000}, kArena + 3}) {  // one piece, and chunked over IPC
       const std::vector<std::uint8_t> v = random_bytes(n, n + 1);
       const TensorId t = target->new_tensor_id();
-      ASSERT_TRUE(target->upload(StreamId(0), t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok());
+      ASSERT_TRUE(
+          target->upload(StreamId(0), t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok());
       // Refused before anything is read: even a last-use read leaves the tensor in place.
       const TensorIr last{t, {n}, TensorStatus::ReadWrite, dtypes::u8};
       std::vector<std::byte> wrong(n - 1), right(n);
@@ -220,7 +223,8 @@ TEST(ChunkedTransfer, TensorsLargerThanTheArenaRoundTripBitForBit) {
   for (std::uint64_t n : {kArena, kArena + 1}) {
     const std::vector<std::uint8_t> v = random_bytes(n, n);
     const TensorId t = client->new_tensor_id();
-    ASSERT_TRUE(client->upload(StreamId(0), t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok()) << n;
+    ASSERT_TRUE(client->upload(StreamId(0), t, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v))).ok())
+        << n;
     runtime::HostData r = ok(client->read(StreamId(0), TensorIr{t, {n}, TensorStatus::ReadWrite, dtypes::u8}));
     EXPECT_EQ(r.bytes.size(), n);
     EXPECT_EQ(std::memcmp(r.bytes.data(), v.data(), n), 0) << n;
@@ -239,7 +243,8 @@ TEST(ChunkedTransfer, ThreadsShareOneConnectionAndItsArena) {
     threads.emplace_back([&, i] {
       for (int k = 0; k < 4 && failures.load() == 0; ++k) {
         // Big (chunked) and small (one piece) transfers interleaved across threads.
-        const std::size_t n = (k % 2 == 0) ? 2 * kMiB + 333 * static_cast<std::size_t>(i + 1) : 4096 + static_cast<std::size_t>(i);
+        const std::size_t n =
+            (k % 2 == 0) ? 2 * kMiB + 333 * static_cast<std::size_t>(i + 1) : 4096 + static_cast<std::size_t>(i);
         const std::vector<std::uint8_t> v = random_bytes(n, static_cast<std::uint64_t>(100 * i + k));
         const TensorId id = client->new_tensor_id();
         Status up = client->upload(StreamId(0), id, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v)));
@@ -247,7 +252,8 @@ TEST(ChunkedTransfer, ThreadsShareOneConnectionAndItsArena) {
             up.ok() ? client->read(StreamId(0), TensorIr{id, {n}, TensorStatus::ReadWrite, dtypes::u8})
                     : Result<runtime::HostData>(up.error());
         if (!r.ok() || r->bytes.size() != n || std::memcmp(r->bytes.data(), v.data(), n) != 0) {
-          ADD_FAILURE() << "thread " << i << " transfer " << k << ": " << (r.ok() ? "bytes differ" : r.error().to_string());
+          ADD_FAILURE() << "thread " << i << " transfer " << k << ": "
+                        << (r.ok() ? "bytes differ" : r.error().to_string());
           failures.fetch_add(1);
         }
       }
@@ -293,7 +299,8 @@ TEST(ChunkedTransfer, LastUseReadConsumesTheTensorAtItsFirstWindow) {
       EXPECT_TRUE(wait_until([&] {
         const DaemonStatus st = d.service->status();
         return st.clients.size() == 1 && st.clients[0].tensors == 0;
-      })) << "after the window at " << off;
+      })) << "after the window at "
+          << off;
       EXPECT_EQ(d.job_bytes("test"), n);
     }
   }
@@ -379,7 +386,8 @@ TEST(ChunkedTransfer, MalformedOutOfOrderAndMismatchedPartsAreErrors) {
   c.part(9, 1, dtypes::f32, shape, 0, bytes(0, 0));
   EXPECT_NE(c.expect_error(9).find("upload_part.data: length 0"), std::string::npos);
   c.part(10, 1, dtypes::f32, shape, 3500, bytes(0, 1000));
-  EXPECT_NE(c.expect_error(10).find("upload_part.data: length 1000 at offset 3500 runs past the end of f32[1000] (4000 bytes)"),
+  EXPECT_NE(c.expect_error(10).find(
+                "upload_part.data: length 1000 at offset 3500 runs past the end of f32[1000] (4000 bytes)"),
             std::string::npos);
   c.part(11, 1, dtypes::f32, shape, 4000, bytes(0, 1));
   EXPECT_NE(c.expect_error(11).find("upload_part.offset: 4000 is not inside f32[1000]"), std::string::npos);
@@ -387,7 +395,8 @@ TEST(ChunkedTransfer, MalformedOutOfOrderAndMismatchedPartsAreErrors) {
   EXPECT_NE(c.expect_error(12).find("outside the arena"), std::string::npos);
   // A truncated part: answered by its request id.
   std::vector<std::uint8_t> cut;
-  KILN_ASSERT_OK(encode_command(Command{13, UploadPartCmd{0, TensorId(1), dtypes::f32, shape, 0, ArenaRange{0, 8}}}, cut));
+  KILN_ASSERT_OK(
+      encode_command(Command{13, UploadPartCmd{0, TensorId(1), dtypes::f32, shape, 0, ArenaRange{0, 8}}}, cut));
   cut.resize(cut.size() - 3);
   c.send_bytes(cut);
   EXPECT_NE(c.expect_error(13).find("body_len"), std::string::npos);
@@ -419,7 +428,8 @@ TEST(ChunkedTransfer, MalformedOutOfOrderAndMismatchedPartsAreErrors) {
   const TensorIr t2{TensorId(2), Shape{2}, TensorStatus::ReadOnly, dtypes::f32};
   c.send(Command{31, ReadPartCmd{0, t2, 4, ArenaRange{0, 64}}});
   EXPECT_NE(c.expect_error(31).find("read_part: offset: 4, but no read of tensor 2 is in progress"), std::string::npos);
-  c.send(Command{32, ReadPartCmd{0, TensorIr{TensorId(99), Shape{2}, TensorStatus::ReadOnly, dtypes::f32}, 0, ArenaRange{0, 64}}});
+  c.send(Command{
+      32, ReadPartCmd{0, TensorIr{TensorId(99), Shape{2}, TensorStatus::ReadOnly, dtypes::f32}, 0, ArenaRange{0, 64}}});
   EXPECT_NE(c.expect_error(32).find("not one of this client's live tensors"), std::string::npos);
   c.send(Command{33, ReadPartCmd{0, t2, 0, ArenaRange{0, 4}}});
   ASSERT_TRUE(std::holds_alternative<ReadPartDoneCpl>(c.receive().body));
@@ -427,13 +437,17 @@ TEST(ChunkedTransfer, MalformedOutOfOrderAndMismatchedPartsAreErrors) {
   EXPECT_NE(c.expect_error(34).find("offset: 2, expected 4"), std::string::npos);
   c.send(Command{35, ReadPartCmd{0, t2, 0, ArenaRange{0, 4}}});
   ASSERT_TRUE(std::holds_alternative<ReadPartDoneCpl>(c.receive().body));
-  c.send(Command{36, ReadPartCmd{0, TensorIr{TensorId(2), Shape{2}, TensorStatus::ReadWrite, dtypes::f32}, 4, ArenaRange{0, 4}}});
+  c.send(Command{
+      36, ReadPartCmd{0, TensorIr{TensorId(2), Shape{2}, TensorStatus::ReadWrite, dtypes::f32}, 4, ArenaRange{0, 4}}});
   EXPECT_NE(c.expect_error(36).find("tensor.status: the read of tensor 2 began as ReadOnly"), std::string::npos);
-  c.send(Command{37, ReadPartCmd{0, TensorIr{TensorId(3), Shape{3}, TensorStatus::ReadOnly, dtypes::f32}, 0, ArenaRange{0, 64}}});
+  c.send(Command{
+      37, ReadPartCmd{0, TensorIr{TensorId(3), Shape{3}, TensorStatus::ReadOnly, dtypes::f32}, 0, ArenaRange{0, 64}}});
   EXPECT_NE(c.expect_error(37).find("on record"), std::string::npos);
-  c.send(Command{38, ReadPartCmd{0, TensorIr{TensorId(3), Shape{2}, TensorStatus::ReadOnly, dtypes::f32}, 8, ArenaRange{0, 64}}});
+  c.send(Command{
+      38, ReadPartCmd{0, TensorIr{TensorId(3), Shape{2}, TensorStatus::ReadOnly, dtypes::f32}, 8, ArenaRange{0, 64}}});
   EXPECT_NE(c.expect_error(38).find("read_part.offset: 8 is not inside f32[2] (8 bytes)"), std::string::npos);
-  c.send(Command{39, ReadPartCmd{0, TensorIr{TensorId(3), Shape{2}, TensorStatus::ReadOnly, dtypes::f32}, 0, ArenaRange{0, 0}}});
+  c.send(Command{
+      39, ReadPartCmd{0, TensorIr{TensorId(3), Shape{2}, TensorStatus::ReadOnly, dtypes::f32}, 0, ArenaRange{0, 0}}});
   EXPECT_NE(c.expect_error(39).find("read_part.dest: capacity 0"), std::string::npos);
 
   c.part(60, 101, dtypes::f32, shape, 0, bytes(0, 4));  // discarded by an out-of-order part
@@ -507,7 +521,8 @@ TEST(ChunkedTransfer, ATimedOutReadKeepsItsArenaRangeUntilTheLateAnswer) {
   client->set_reply_timeout(1ms);
   Result<std::vector<float>> early = s.to_host(total);  // a copy: the tensor stays
   ASSERT_FALSE(early.ok());
-  EXPECT_NE(early.error().message.find("no answer from the daemon within 1 ms"), std::string::npos) << early.error().message;
+  EXPECT_NE(early.error().message.find("no answer from the daemon within 1 ms"), std::string::npos)
+      << early.error().message;
   EXPECT_GT(client->quarantined_bytes(), 0u);
   open_gate();
   client->set_reply_timeout(30s);
@@ -551,7 +566,8 @@ TEST(ChunkedTransfer, StagedBytesCountAgainstTheJobQuota) {
   // Through the client library: over the quota is a clear error, under it works.
   auto client = d.connect("lib");
   const std::vector<std::uint8_t> big = random_bytes(3 * kMiB + 1, 12);
-  Status refused = client->upload(StreamId(0), client->new_tensor_id(), dtypes::u8, {big.size()}, std::as_bytes(std::span<const std::uint8_t>(big)));
+  Status refused = client->upload(StreamId(0), client->new_tensor_id(), dtypes::u8, {big.size()},
+                                  std::as_bytes(std::span<const std::uint8_t>(big)));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code, ErrorCode::ResourceExhausted);
   EXPECT_NE(refused.error().message.find("upload_part: staging tensor"), std::string::npos) << refused.error().message;

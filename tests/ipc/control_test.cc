@@ -14,8 +14,8 @@
 
 #include <gtest/gtest.h>
 
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -48,7 +48,7 @@ TEST(CredentialPolicy, OwnUidAlwaysOtherUidsOnlyThroughTheGroup) {
 
   const CredentialPolicy group{1000, gid_t{2000}};
   KILN_EXPECT_OK(check_peer(group, PeerCredentials{4, 1000, 1000, {}}));
-  KILN_EXPECT_OK(check_peer(group, PeerCredentials{5, 1001, 2000, {}}));           // primary group
+  KILN_EXPECT_OK(check_peer(group, PeerCredentials{5, 1001, 2000, {}}));            // primary group
   KILN_EXPECT_OK(check_peer(group, PeerCredentials{6, 1002, 1002, {5, 2000, 7}}));  // supplementary
   auto no = check_peer(group, PeerCredentials{7, 1003, 1003, {5, 7}});
   ASSERT_FALSE(no.ok());
@@ -421,7 +421,8 @@ TEST(Control, ClientRefusesADaemonOfAnotherUid) {
   if (child == 0) {
     // Only async-signal-safe calls here: the parent has threads.
     char ok = 0;
-    if (::setgroups(0, nullptr) == 0 && ::setresgid(kOther, kOther, kOther) == 0 && ::setresuid(kOther, kOther, kOther) == 0) {
+    if (::setgroups(0, nullptr) == 0 && ::setresgid(kOther, kOther, kOther) == 0 &&
+        ::setresuid(kOther, kOther, kOther) == 0) {
       const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
       sockaddr_un addr{};
       addr.sun_family = AF_UNIX;
@@ -443,7 +444,8 @@ TEST(Control, ClientRefusesADaemonOfAnotherUid) {
   for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.error().code, ErrorCode::Invalid);
-  EXPECT_EQ(c.error().message, "refused: not trusting " + path + ": the daemon runs as uid 54321, neither this process's uid 0 nor root");
+  EXPECT_EQ(c.error().message,
+            "refused: not trusting " + path + ": the daemon runs as uid 54321, neither this process's uid 0 nor root");
 }
 
 // Issue 19.9: one uid opened connections until the daemon ran out of descriptors. Past its
@@ -460,7 +462,8 @@ TEST(Control, ConnectionsAreCappedPerUidAndInAll) {
   auto refused = connect_to_daemon(client_options(t.path + "/run"));
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("connections open, its limit (daemon.max_connections_per_uid = 3)"),
-            std::string::npos) << refused.error().message;
+            std::string::npos)
+      << refused.error().message;
   // A flood of silent sockets past the slack: each is closed unread, none holds a descriptor.
   std::vector<UniqueFd> flood;
   for (std::size_t i = 0; i < kRefusalSlack + 8; ++i) {

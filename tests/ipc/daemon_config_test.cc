@@ -86,7 +86,8 @@ TEST(DaemonConfig, ErrorsNameTheKey) {
     EXPECT_FALSE(c.ok()) << text;
     return c.ok() ? std::string() : c.error().message;
   };
-  EXPECT_NE(message("[daemon]\narena_mib = 0\n").find("daemon.arena_mib must be an integer in [1, 65536]"), std::string::npos);
+  EXPECT_NE(message("[daemon]\narena_mib = 0\n").find("daemon.arena_mib must be an integer in [1, 65536]"),
+            std::string::npos);
   // Bounded so that MiB -> bytes cannot overflow into "unlimited".
   EXPECT_NE(message("[daemon]\nuid_memory_mib = 17592186044416\n").find("daemon.uid_memory_mib must be an integer in"),
             std::string::npos);

@@ -10,15 +10,14 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
-#include <cstring>
 #include <thread>
 #include <vector>
 
 #include "../runtime/ipc_harness.h"
-#include "peer_user.h"
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/ipc/control_client.h"
 #include "kiln/ipc/protocol.h"
@@ -26,6 +25,7 @@
 #include "kiln/ir/builders.h"
 #include "kiln/runtime/session.h"
 #include "kiln/testing/status.h"
+#include "peer_user.h"
 
 namespace kiln::ipc {
 namespace {
@@ -48,7 +48,9 @@ std::unique_ptr<runtime::Device> make_device() {
   o.threads = 2;
   o.fusion = fusion::FusionConfig{};
   o.config_path = "";
-  auto d = runtime::Device::create(std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o));
+  auto d = runtime::Device::create(
+      std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}),
+      std::move(o));
   KILN_EXPECT_OK(d);
   return std::move(d).value();
 }
@@ -145,7 +147,7 @@ TEST(DaemonOrdering, ADropNeverOvertakesTheOpsThatReadItsTensor) {
   const std::vector<float> got = s.executes(StreamId::from_number(5), [&] {
     Tensor in = ok(s.from_host(x, {4}));
     Tensor y = ok(s.mul(ok(s.exp(in)), in));  // two reads of `in`, queued on stream 5
-    { Tensor last = std::move(in); }           // its last handle goes: the Drop
+    { Tensor last = std::move(in); }          // its last handle goes: the Drop
     KILN_EXPECT_OK(h.target().drain(StreamId(0)));
     return ok(s.to_host(std::move(y)));
   });
@@ -182,12 +184,14 @@ TEST(DaemonOrdering, ATensorUsedOnAnotherStreamMovesThere) {
   const TensorId in = t.new_tensor_id(), e = t.new_tensor_id();
   ASSERT_TRUE(t.upload(StreamId(0), in, dtypes::f32, {3}, std::as_bytes(std::span<const float>(x))).ok());
   const TensorIr read_only{in, {3}, TensorStatus::ReadOnly, dtypes::f32};
-  ASSERT_TRUE(t.register_op(StreamId(1), ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, read_only, e))).ok());
+  ASSERT_TRUE(
+      t.register_op(StreamId(1), ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, read_only, e))).ok());
   KILN_ASSERT_OK(t.drop(StreamId(0), TensorIr{in, {3}, TensorStatus::ReadWrite, dtypes::f32}));
   KILN_ASSERT_OK(t.drain(StreamId(0)));
   std::vector<float> got(3);
   ASSERT_TRUE(t.read_into(StreamId(1), TensorIr{e, {3}, TensorStatus::ReadWrite, dtypes::f32},
-                          std::as_writable_bytes(std::span<float>(got))).ok());
+                          std::as_writable_bytes(std::span<float>(got)))
+                  .ok());
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_FLOAT_EQ(got[i], std::exp(x[i]));
 }
 
@@ -200,10 +204,12 @@ TEST(DaemonErrors, ASyncReportsTheFirstFailureSinceTheLastSync) {
   const ir::Shape huge{std::uint64_t{1} << 20, std::uint64_t{1} << 20};  // 4 TiB of f32
   const TensorId zeros = t.new_tensor_id(), sum = t.new_tensor_id();
   ASSERT_TRUE(t.register_op(StreamId(0), ok(ir::build::creation(ir::Family::BaseFloat, ir::OpKind::Base_Zeros, huge,
-                                                                 dtypes::f32, zeros))).ok());
+                                                                dtypes::f32, zeros)))
+                  .ok());
   const TensorIr z{zeros, huge, TensorStatus::ReadWrite, dtypes::f32};
-  ASSERT_TRUE(t.register_op(StreamId(0), ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, z,
-                                                               ok(ir::ScalarIr::from_f64(1.0, dtypes::f32)), sum))).ok());
+  ASSERT_TRUE(t.register_op(StreamId(0), ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar,
+                                                              z, ok(ir::ScalarIr::from_f64(1.0, dtypes::f32)), sum)))
+                  .ok());
   Status synced = t.drain(StreamId(0));
   ASSERT_FALSE(synced.ok()) << "a sync answered ok for work that failed";
   EXPECT_EQ(synced.error().code, ErrorCode::ResourceExhausted) << synced.error().to_string();
@@ -223,7 +229,8 @@ TEST(Daemon, ClientsCannotNameEachOthersTensors) {
   auto intruder = h.connect("test");
   // The intruder names the owner's id (1: the first id of every client): in its namespace
   // there is no such tensor.
-  Result<runtime::HostData> stolen = intruder->read(StreamId(0), TensorIr{secret.id(), {2}, TensorStatus::ReadOnly, dtypes::f32});
+  Result<runtime::HostData> stolen =
+      intruder->read(StreamId(0), TensorIr{secret.id(), {2}, TensorStatus::ReadOnly, dtypes::f32});
   ASSERT_FALSE(stolen.ok());
   EXPECT_NE(stolen.error().message.find("not one of this client's live tensors"), std::string::npos)
       << stolen.error().message;
@@ -250,7 +257,8 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   EXPECT_NE(c.expect_error(77).find("kind"), std::string::npos);
   // 2. Truncated: a valid upload cut short.
   std::vector<std::uint8_t> upload;
-  KILN_ASSERT_OK(encode_command(Command{78, UploadCmd{0, TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}}, upload));
+  KILN_ASSERT_OK(
+      encode_command(Command{78, UploadCmd{0, TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}}, upload));
   upload.resize(upload.size() - 5);
   c.send_bytes(upload);
   const std::string truncated = c.expect_error(78);  // the header survived: answered by its id
@@ -259,7 +267,8 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   c.send(Command{79, UploadCmd{0, TensorId(1), dtypes::f32, Shape{2}, ArenaRange{0, 8}}});
   EXPECT_TRUE(std::holds_alternative<OkCpl>(c.receive().body));
   ir::Operation add =
-      ok(ir::build::binary(ir::Family::NumericFloat, ir::OpKind::Numeric_Add, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32},
+      ok(ir::build::binary(ir::Family::NumericFloat, ir::OpKind::Numeric_Add,
+                           TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32},
                            TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32}, TensorId(2)));
   add.tensors[2].shape = Shape{1000};
   c.send(Command{80, RegisterOpCmd{0, add}});
@@ -267,17 +276,17 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   EXPECT_NE(why.find("builder infers"), std::string::npos) << why;
   // 4. An input whose shape differs from the record.
   ir::Operation add2 =
-      ok(ir::build::binary(ir::Family::NumericFloat, ir::OpKind::Numeric_Add, TensorIr{TensorId(1), {3}, TensorStatus::ReadOnly, dtypes::f32},
+      ok(ir::build::binary(ir::Family::NumericFloat, ir::OpKind::Numeric_Add,
+                           TensorIr{TensorId(1), {3}, TensorStatus::ReadOnly, dtypes::f32},
                            TensorIr{TensorId(1), {3}, TensorStatus::ReadOnly, dtypes::f32}, TensorId(2)));
   c.send(Command{81, RegisterOpCmd{0, add2}});
   EXPECT_NE(c.expect_error(81).find("on record"), std::string::npos);
   // 5. A read into a range outside the arena is refused by the decoder.
   const std::uint64_t arena = c.conn.endpoint().layout().arena_size;
   std::vector<std::uint8_t> read;
-  KILN_ASSERT_OK(encode_command(Command{82, ReadCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32},
-                                                 ArenaRange{0, 8}}},
-                             read)
-                  );
+  KILN_ASSERT_OK(encode_command(
+      Command{82, ReadCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32}, ArenaRange{0, 8}}},
+      read));
   // Patch dest.offset (the 8 bytes before dest.length at the end) to arena - 4.
   const std::uint64_t bad = arena - 4;
   std::memcpy(read.data() + read.size() - 16, &bad, 8);
@@ -286,7 +295,8 @@ TEST(Daemon, MalformedAndLyingMessagesGetErrorCompletions) {
   // 6. Chunked transfers out of order: a part that continues no upload, a window of no read.
   c.send(Command{85, UploadPartCmd{0, TensorId(9), dtypes::f32, Shape{4}, 8, ArenaRange{0, 8}}});
   EXPECT_NE(c.expect_error(85).find("no upload of tensor 9 is in progress"), std::string::npos);
-  c.send(Command{86, ReadPartCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32}, 4, ArenaRange{0, 4}}});
+  c.send(Command{86,
+                 ReadPartCmd{0, TensorIr{TensorId(1), {2}, TensorStatus::ReadOnly, dtypes::f32}, 4, ArenaRange{0, 4}}});
   EXPECT_NE(c.expect_error(86).find("no read of tensor 1 is in progress"), std::string::npos);
   // The daemon is still up and serves this client correctly.
   c.send(Command{83, SyncCmd{0}});
@@ -398,7 +408,10 @@ TEST(Daemon, AJobsSessionsShareItsMemoryQuota) {
   // A tensor no Session will drop, then the client goes: the daemon frees it and releases its
   // bytes from the job's count.
   const std::vector<float> raw(16, 1.0f);
-  ASSERT_TRUE(second->upload(StreamId(0), second->new_tensor_id(), dtypes::f32, {16}, std::as_bytes(std::span<const float>(raw))).ok());
+  ASSERT_TRUE(
+      second
+          ->upload(StreamId(0), second->new_tensor_id(), dtypes::f32, {16}, std::as_bytes(std::span<const float>(raw)))
+          .ok());
   KILN_ASSERT_OK(second->drain(StreamId(0)));
   EXPECT_EQ(job_bytes(), 16u + 64u);
   second.reset();
@@ -487,7 +500,8 @@ TEST(Daemon, AClientThatGoesIsCleanedUp) {
   }
   EXPECT_TRUE(wait_until([&] {
     return dev->backend().memory_stats().tensors == baseline_tensors && dev->num_streams() == baseline_streams;
-  })) << dev->backend().memory_stats().tensors << " tensors, " << dev->num_streams() << " streams";
+  })) << dev->backend().memory_stats().tensors
+      << " tensors, " << dev->num_streams() << " streams";
   EXPECT_EQ(dev->backend().memory_stats().bytes_in_use, baseline_bytes);
   // The service still serves the others.
   Session s(h.target());
@@ -520,7 +534,8 @@ TEST(Daemon, ABoundedPlanStoreEvictsColdPlansAndStatusShowsIt) {
   o.fusion = fusion_config;
   o.config_path = "";
   auto created = runtime::Device::create(
-      std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o));
+      std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}),
+      std::move(o));
   KILN_ASSERT_OK(created);
   auto dev = std::move(created).value();
   kiln::testing::IpcHarness h(*dev, "bounded");

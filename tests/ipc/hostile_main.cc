@@ -66,13 +66,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
-    if (a == "--runtime-dir" && has_value) target.runtime_dir = argv[++i];
-    else if (a == "--socket" && has_value) target.socket_name = argv[++i];
-    else if (a == "--job" && has_value) job = argv[++i];
-    else if (a == "--seconds" && has_value) seconds = std::atof(argv[++i]);
-    else if (a == "--mib" && has_value) mib = std::strtoull(argv[++i], nullptr, 10);
-    else if (mode.empty() && a.rfind("--", 0) != 0) mode = a;
-    else return usage();
+    if (a == "--runtime-dir" && has_value)
+      target.runtime_dir = argv[++i];
+    else if (a == "--socket" && has_value)
+      target.socket_name = argv[++i];
+    else if (a == "--job" && has_value)
+      job = argv[++i];
+    else if (a == "--seconds" && has_value)
+      seconds = std::atof(argv[++i]);
+    else if (a == "--mib" && has_value)
+      mib = std::strtoull(argv[++i], nullptr, 10);
+    else if (mode.empty() && a.rfind("--", 0) != 0)
+      mode = a;
+    else
+      return usage();
   }
   if (mode.empty() || target.socket_name.empty()) return usage();
   const auto hold = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));

@@ -2,8 +2,8 @@
 // segment: a client that never pops its completions, doorbell spam, job names claimed by another
 // user, status read by another user, quotas dodged with made-up job names. Another uid is a system
 // user created for the test (peer_user.h; root only) running the kiln_hostile tool.
-#include <gtest/gtest.h>
 #include <grp.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,7 +40,8 @@ std::unique_ptr<runtime::Device> make_device() {
   o.fusion = fusion::FusionConfig{};
   o.config_path = "";
   auto d = runtime::Device::create(
-      std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}), std::move(o));
+      std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 1, .jit = cpu::CpuJitMode::Off}),
+      std::move(o));
   KILN_EXPECT_OK(d);
   return std::move(d).value();
 }
@@ -222,8 +223,10 @@ TEST(UidQuotas, MadeUpJobNamesShareTheUidsMemoryQuota) {
     sessions.push_back(std::make_unique<Session>(*remotes.back()));
     // 32 KiB each: within every job's quota, past the uid's from the fourth on.
     Result<Tensor> t = sessions.back()->from_host(std::vector<float>(8192, 1.0f), {8192});
-    if (t.ok()) held.push_back(std::move(t).value());
-    else refusal = t.error().message;
+    if (t.ok())
+      held.push_back(std::move(t).value());
+    else
+      refusal = t.error().message;
   }
   EXPECT_EQ(held.size(), 3u);
   EXPECT_NE(refusal.find("uid"), std::string::npos) << refusal;
@@ -287,7 +290,8 @@ TEST(UidQuotas, QueuedOperationsAreCappedPerUid) {
 class OtherUid : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "needs root: it creates the user " << kiln::testing::kPeerUser << " and runs as it";
+    if (geteuid() != 0)
+      GTEST_SKIP() << "needs root: it creates the user " << kiln::testing::kPeerUser << " and runs as it";
     ASSERT_EQ(kiln::testing::ensure_peer_user(), "") << "could not create the test user";
     const group* g = getgrnam(kiln::testing::kPeerGroup);
     ASSERT_NE(g, nullptr);
@@ -355,10 +359,12 @@ TEST_F(OtherUid, TheGroupPolicyLetsAPrimaryGroupShareAJob) {
   start(JobPolicy::Group);
   // The peer user creates the job and holds it.
   // Held far longer than the test (a loaded machine must not end it early); killed at the end.
-  std::jthread owner([&] { (void)kiln::testing::run_as_peer(kiln::testing::kPeerGroup, hostile_cmd("team", "join", 60)); });
+  std::jthread owner(
+      [&] { (void)kiln::testing::run_as_peer(kiln::testing::kPeerGroup, hostile_cmd("team", "join", 60)); });
   ASSERT_TRUE(wait_until([&] { return has_job("team"); }));
   // nobody, in the peer's primary group, may join; root (another uid, another group) may not.
-  auto [rc, out] = kiln::testing::run_as("nobody", kiln::testing::kPeerUser, kiln::testing::kPeerGroup, hostile_cmd("team"));
+  auto [rc, out] =
+      kiln::testing::run_as("nobody", kiln::testing::kPeerUser, kiln::testing::kPeerGroup, hostile_cmd("team"));
   EXPECT_NE(out.find("accepted"), std::string::npos) << out;
   auto root = hostile::connect(target(), "team");
   ASSERT_FALSE(root.ok());
@@ -379,9 +385,11 @@ TEST_F(OtherUid, TheAnyPolicyKeepsJobsOpen) {
 TEST_F(OtherUid, StatusShowsAClientOnlyItsOwnUidsJobs) {
   start(JobPolicy::Uid);
   auto mine = ok(hostile::connect(target(), "root-secret-job"));
-  std::jthread peer([&] { (void)kiln::testing::run_as_peer(kiln::testing::kPeerGroup, hostile_cmd("peer-visible", "join", 60)); });
+  std::jthread peer(
+      [&] { (void)kiln::testing::run_as_peer(kiln::testing::kPeerGroup, hostile_cmd("peer-visible", "join", 60)); });
   ASSERT_TRUE(wait_until([&] { return has_job("peer-visible"); }));
-  auto [rc, out] = kiln::testing::kilnctl_as_peer(dir(), kiln::testing::kPeerGroup, daemon_socket_name("cpu"), "--json");
+  auto [rc, out] =
+      kiln::testing::kilnctl_as_peer(dir(), kiln::testing::kPeerGroup, daemon_socket_name("cpu"), "--json");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("peer-visible"), std::string::npos) << out;
   EXPECT_EQ(out.find("root-secret-job"), std::string::npos) << "another user's job is visible:\n" << out;

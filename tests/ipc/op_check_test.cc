@@ -90,7 +90,8 @@ TEST(OperationCheckMemo, ShapesSharingASlotAreEachCheckedOnTheirOwn) {
 TEST(OperationCheckMemo, AStepsWorkingSetOfShapesIsRememberedWhole) {
   OperationCheckMemo memo;
   auto pass = [&memo](std::uint64_t first_id) {
-    for (std::uint64_t n = 1; n <= 40; ++n) ASSERT_TRUE(memo.check(add(first_id, first_id + 1, first_id + 2, {n}, {n})).ok()) << n;
+    for (std::uint64_t n = 1; n <= 40; ++n)
+      ASSERT_TRUE(memo.check(add(first_id, first_id + 1, first_id + 2, {n}, {n})).ok()) << n;
   };
   pass(1);
   EXPECT_EQ(memo.hits(), 0u);

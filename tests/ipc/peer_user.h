@@ -22,7 +22,8 @@ inline std::string ensure_peer_user() {
   if (getgrnam(kPeerGroup) == nullptr && std::system((std::string("groupadd --system ") + kPeerGroup).c_str()) != 0)
     return "groupadd failed";
   if (getpwnam(kPeerUser) == nullptr &&
-      std::system((std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + kPeerUser).c_str()) != 0)
+      std::system((std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + kPeerUser).c_str()) !=
+          0)
     return "useradd failed";
   return "";
 }

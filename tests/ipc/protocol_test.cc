@@ -60,7 +60,8 @@ std::vector<Command> every_command() {
       {14, StatusCmd{true}},
       // Edge values: rank 0, max rank, bool u32 store, zero-size dims.
       {10, UploadCmd{0, TensorId(5), dtypes::i64, Shape{}, ArenaRange{0, 8}}},
-      {11, UploadCmd{std::numeric_limits<std::uint64_t>::max(), TensorId(6), DType::boolean(ir::BoolStore::U32), Shape(16, 1), ArenaRange{kArena - 4, 4}}},
+      {11, UploadCmd{std::numeric_limits<std::uint64_t>::max(), TensorId(6), DType::boolean(ir::BoolStore::U32),
+                     Shape(16, 1), ArenaRange{kArena - 4, 4}}},
       {12, UploadCmd{3, TensorId(7), dtypes::u8, Shape{0, 5}, ArenaRange{kArena, 0}}},
       // Chunked transfers: a middle part, and a last-use window of the final byte.
       {15, UploadPartCmd{7, TensorId(8), dtypes::f32, Shape{1000, 1000}, 524288, ArenaRange{64, 4096}}},
@@ -286,7 +287,8 @@ TEST(Protocol, ChunkedTransfersStayInsideTheTensor) {
   put_u64(b, doff_at, 2'999'001);
   auto r = decode_completion(b, kArena);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().message, "read_part_done.data: length 1000 at offset 2999001 runs past the end of u8[3000000] (3000000 bytes)");
+  EXPECT_EQ(r.error().message,
+            "read_part_done.data: length 1000 at offset 2999001 runs past the end of u8[3000000] (3000000 bytes)");
   b = done;
   put_u64(b, doff_at + 16, 0);
   r = decode_completion(b, kArena);
@@ -294,7 +296,9 @@ TEST(Protocol, ChunkedTransfersStayInsideTheTensor) {
   EXPECT_EQ(r.error().message, "read_part_done.data: length 0: a part carries at least 1 byte");
   // The encoder refuses what the format cannot carry, as for the whole-tensor commands.
   Bytes out;
-  EXPECT_FALSE(encode_command(Command{1, UploadPartCmd{0, TensorId(1), dtypes::f32, Shape(17, 1), 0, ArenaRange{0, 4}}}, out).ok());
+  EXPECT_FALSE(
+      encode_command(Command{1, UploadPartCmd{0, TensorId(1), dtypes::f32, Shape(17, 1), 0, ArenaRange{0, 4}}}, out)
+          .ok());
   EXPECT_TRUE(out.empty());
 }
 
@@ -359,8 +363,12 @@ TEST(Protocol, TenThousandRandomMutationsNeverCrash) {
         case 0: b[rng() % b.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8)); break;
         case 1: b[rng() % b.size()] = static_cast<std::uint8_t>(rng()); break;
         case 2: b.resize(rng() % (b.size() + 1)); break;
-        case 3: b.insert(b.begin() + static_cast<long>(rng() % (b.size() + 1)), static_cast<std::uint8_t>(rng())); break;
-        case 4: if (b.size() >= 8) put_u32(b, 4, static_cast<std::uint32_t>(b.size() - std::min<std::size_t>(b.size(), 16))); break;
+        case 3:
+          b.insert(b.begin() + static_cast<long>(rng() % (b.size() + 1)), static_cast<std::uint8_t>(rng()));
+          break;
+        case 4:
+          if (b.size() >= 8) put_u32(b, 4, static_cast<std::uint32_t>(b.size() - std::min<std::size_t>(b.size(), 16)));
+          break;
       }
       if (b.empty()) b.push_back(static_cast<std::uint8_t>(rng()));
     }

@@ -70,8 +70,7 @@ TEST(SegmentLayout, HeaderValidationRejectsInconsistencies) {
       {"arena misaligned", [](SegmentHeader& h) { h.arena_offset += 64; }, "arena offset"},
       {"arena past end", [](SegmentHeader& h) { h.arena_size += 4096; }, "extends past the segment end"},
       {"arena huge", [](SegmentHeader& h) { h.arena_size = std::numeric_limits<std::uint64_t>::max(); }, "arena size"},
-      {"offset huge",
-       [](SegmentHeader& h) { h.arena_offset = std::numeric_limits<std::uint64_t>::max() - 4095; },
+      {"offset huge", [](SegmentHeader& h) { h.arena_offset = std::numeric_limits<std::uint64_t>::max() - 4095; },
        "extends past the segment end"},
   };
   for (const Case& c : cases) {

@@ -193,8 +193,8 @@ TEST(BuildersVector7, ReduceDimTopKGatherNd) {
   EXPECT_EQ(out(tk, 1), TensorIr::uninit(id(3), {4, 3}, dtypes::i64));
   EXPECT_EQ(tk.attrs, (AttrList{1, 3}));
 
-  BUILD(gn, build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, t(1, {5, 6, 7}), t(2, {3, 2}, dtypes::i64),
-                             id(3)));
+  BUILD(gn,
+        build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, t(1, {5, 6, 7}), t(2, {3, 2}, dtypes::i64), id(3)));
   EXPECT_EQ(out(gn).shape, (Shape{3, 7}));
   EXPECT_EQ(out(gn).dtype, dtypes::f32);
 }
@@ -285,9 +285,9 @@ TEST(Builders, KindMustHaveTheBuildersSignature) {
 TEST(Builders, GroupMustAdmitTheFamily) {
   EXPECT_ERR(build::binary(Family::Float, OpKind::Numeric_Add, t(1, {2}), t(2, {2}), id(3)), ErrorCode::Invalid);
   EXPECT_ERR(build::unary(Family::NumericFloat, OpKind::Float_Exp, t(1, {2}), id(2)), ErrorCode::Invalid);
-  EXPECT_ERR(build::shape_op(Family::NumericFloat, OpKind::Base_Reshape, t(1, {2}), std::vector<std::int64_t>{2},
-                             id(2)),
-             ErrorCode::Invalid);
+  EXPECT_ERR(
+      build::shape_op(Family::NumericFloat, OpKind::Base_Reshape, t(1, {2}), std::vector<std::int64_t>{2}, id(2)),
+      ErrorCode::Invalid);
 }
 
 TEST(Builders, FamilyMustFitTheOperandDtype) {
@@ -296,9 +296,9 @@ TEST(Builders, FamilyMustFitTheOperandDtype) {
   EXPECT_EQ(message_of(r), "NumericInt::Add: family NumericInt does not apply to operand dtype f32");
   EXPECT_ERR(build::shape_op(Family::BaseInt, OpKind::Base_Reshape, t(1, {2}), std::vector<std::int64_t>{2}, id(2)),
              ErrorCode::DTypeMismatch);
-  EXPECT_ERR(build::shape_op(Family::BaseFloat, OpKind::Base_Reshape, t(1, {2}, kBool), std::vector<std::int64_t>{2},
-                             id(2)),
-             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(
+      build::shape_op(Family::BaseFloat, OpKind::Base_Reshape, t(1, {2}, kBool), std::vector<std::int64_t>{2}, id(2)),
+      ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::unary(Family::Float, OpKind::Float_Exp, t(1, {2}, dtypes::i32), id(2)), ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::unary(Family::Int, OpKind::Int_BitwiseNot, t(1, {2}), id(2)), ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::unary(Family::Bool, OpKind::Bool_Not, t(1, {2}, dtypes::u8), id(2)), ErrorCode::DTypeMismatch);
@@ -339,12 +339,12 @@ TEST(Builders, OutputDtypeKindPicksTheBuilder) {
   EXPECT_ERR(build::reduce(Family::BaseFloat, OpKind::Base_All, t(1, {4}), id(2)), ErrorCode::Invalid);
   EXPECT_ERR(build::unary(Family::Float, OpKind::Float_IsNan, t(1, {4}), id(2)), ErrorCode::Invalid);
   // The explicit dtype must be of the right kind.
-  EXPECT_ERR(build::binary_comparison(Family::NumericFloat, OpKind::Numeric_Greater, t(1, {2}), t(2, {2}),
-                                      dtypes::f32, id(3)),
-             ErrorCode::DTypeMismatch);
-  EXPECT_ERR(build::reduce_dim_arg(Family::NumericFloat, OpKind::Numeric_ArgMax, t(1, {4, 5}), 1, 1, dtypes::f32,
-                                   id(2)),
-             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(
+      build::binary_comparison(Family::NumericFloat, OpKind::Numeric_Greater, t(1, {2}), t(2, {2}), dtypes::f32, id(3)),
+      ErrorCode::DTypeMismatch);
+  EXPECT_ERR(
+      build::reduce_dim_arg(Family::NumericFloat, OpKind::Numeric_ArgMax, t(1, {4, 5}), 1, 1, dtypes::f32, id(2)),
+      ErrorCode::DTypeMismatch);
 }
 
 // Every row of the op table can be built through the builder of its signature.
@@ -367,8 +367,7 @@ Result<Operation> build_any(OpKind kind) {
   const TensorId o = id(10);
   const ScalarIr s = ScalarIr::Float(1);
   switch (info.signature) {
-    case Signature::Unary:
-      return cmp ? build::unary_comparison(f, kind, x, kBool, o) : build::unary(f, kind, x, o);
+    case Signature::Unary: return cmp ? build::unary_comparison(f, kind, x, kBool, o) : build::unary(f, kind, x, o);
     case Signature::Binary:
       return cmp ? build::binary_comparison(f, kind, x, y, kBool, o) : build::binary(f, kind, x, y, o);
     case Signature::Scalar:
@@ -386,9 +385,9 @@ Result<Operation> build_any(OpKind kind) {
       return build::reduce_dim(f, kind, x, 1, 1, o);
     case Signature::Dim: return build::dim(f, kind, x, 0, o);
     case Signature::ShapeOp:
-      return build::shape_op(f, kind, x,
-                             kind == OpKind::Base_Reshape ? std::vector<std::int64_t>{6} : std::vector<std::int64_t>{4, 2, 3},
-                             o);
+      return build::shape_op(
+          f, kind, x, kind == OpKind::Base_Reshape ? std::vector<std::int64_t>{6} : std::vector<std::int64_t>{4, 2, 3},
+          o);
     case Signature::SwapDims: return build::swap_dims(f, kind, x, 0, 1, o);
     case Signature::Permute: return build::permute(f, kind, x, std::vector<std::uint64_t>{1, 0}, o);
     case Signature::Flip: return build::flip(f, kind, x, std::vector<std::uint64_t>{1}, o);
@@ -407,8 +406,7 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::Clamp: return build::clamp(f, kind, x, s, s, o);
     case Signature::RepeatDim: return build::repeat_dim(f, kind, x, 0, 2, o);
     case Signature::Cat: return build::cat(f, kind, std::vector<TensorIr>{x, y}, 0, o);
-    case Signature::ReduceDimWithIndices:
-      return build::reduce_dim_with_indices(f, kind, x, 1, dtypes::i64, o, id(11));
+    case Signature::ReduceDimWithIndices: return build::reduce_dim_with_indices(f, kind, x, 1, dtypes::i64, o, id(11));
     case Signature::TopKWithIndices: return build::topk_with_indices(f, kind, x, 1, 2, dtypes::i64, o, id(11));
     case Signature::GatherNd: return build::gather_nd(f, kind, x, t(3, {4, 1}, dtypes::i64), o);
     case Signature::Conv2d:
@@ -419,8 +417,7 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::MaxPool2d: return build::max_pool2d(t(1, {1, 2, 5, 5}), build::MaxPool2dOptions{}, o);
     case Signature::AvgPool2d: return build::avg_pool2d(t(1, {1, 2, 5, 5}), build::AvgPool2dOptions{}, o);
     case Signature::Embedding: return build::embedding(t(1, {10, 4}), t(3, {2, 3}, dtypes::i64), o);
-    case Signature::Pad:
-      return build::pad(f, kind, x, std::vector<build::PadPair>{{1, 1}}, PadMode::Constant, s, o);
+    case Signature::Pad: return build::pad(f, kind, x, std::vector<build::PadPair>{{1, 1}}, PadMode::Constant, s, o);
     case Signature::AllReduce: return build::all_reduce(x, ReduceOperation::Sum, {}, o);
     case Signature::SyncCollective: return build::sync_collective();
     case Signature::Custom:
@@ -509,15 +506,16 @@ TEST(BuildCast, TargetKindPerOp) {
   auto r = build::cast(Family::BaseFloat, OpKind::Base_Cast, t(1, {2}), dtypes::i32, id(2));
   EXPECT_ERR(r, ErrorCode::DTypeMismatch);
   EXPECT_EQ(message_of(r), "BaseFloat::Cast: cannot cast f32 to i32: the target must be a float dtype");
-  EXPECT_ERR(build::cast(Family::Float, OpKind::Float_IntoInt, t(1, {2}), dtypes::f64, id(2)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::cast(Family::Float, OpKind::Float_IntoInt, t(1, {2}), dtypes::f64, id(2)),
+             ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::cast(Family::Bool, OpKind::Bool_IntoFloat, t(1, {2}, kBool), dtypes::i32, id(2)),
              ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::cast(Family::Int, OpKind::Int_IntoFloat, t(1, {2}), dtypes::f32, id(2)), ErrorCode::DTypeMismatch);
 }
 
 TEST(BuildClampMask, ShapesAndDtypes) {
-  BUILD(cl, build::clamp(Family::NumericFloat, OpKind::Numeric_Clamp, t(1, {3}), ScalarIr::Float(0),
-                         ScalarIr::Float(6), id(2)));
+  BUILD(cl, build::clamp(Family::NumericFloat, OpKind::Numeric_Clamp, t(1, {3}), ScalarIr::Float(0), ScalarIr::Float(6),
+                         id(2)));
   EXPECT_EQ(cl.scalars, (ScalarList{ScalarIr::Float(0), ScalarIr::Float(6)}));
   EXPECT_EQ(out(cl).shape, (Shape{3}));
 
@@ -531,8 +529,9 @@ TEST(BuildClampMask, ShapesAndDtypes) {
   EXPECT_ERR(build::mask_where(Family::BaseFloat, OpKind::Base_MaskWhere, t(1, {3}), t(2, {3}, kBool),
                                t(3, {3}, dtypes::f16), id(4)),
              ErrorCode::DTypeMismatch);
-  EXPECT_ERR(build::mask_where(Family::BaseFloat, OpKind::Base_MaskWhere, t(1, {3}), t(2, {2}, kBool), t(3, {3}), id(4)),
-             ErrorCode::IncompatibleDims);
+  EXPECT_ERR(
+      build::mask_where(Family::BaseFloat, OpKind::Base_MaskWhere, t(1, {3}), t(2, {2}, kBool), t(3, {3}), id(4)),
+      ErrorCode::IncompatibleDims);
 
   BUILD(mf, build::mask_fill(Family::BaseInt, OpKind::Base_MaskFill, t(1, {4, 1}, dtypes::i32), t(2, {4, 5}, kBool),
                              ScalarIr::Int(7), id(3)));
@@ -549,14 +548,16 @@ TEST(BuildMatmul, MixedRulesAndExplicitDtype) {
   const DType q = qfloat_packed(1);
   BUILD(fq, build::matmul(Family::Float, OpKind::Float_Matmul, t(1, {2, 3}), t(2, {3, 4}, q), id(3)));
   EXPECT_EQ(out(fq).dtype, dtypes::f32);
-  BUILD(mixed, build::matmul_mixed(Family::Float, OpKind::Float_Matmul, t(1, {2, 3}, q), t(2, {3, 4}), dtypes::f32,
-                                   id(3)));
+  BUILD(mixed,
+        build::matmul_mixed(Family::Float, OpKind::Float_Matmul, t(1, {2, 3}, q), t(2, {3, 4}), dtypes::f32, id(3)));
   EXPECT_EQ(out(mixed).dtype, dtypes::f32);
   EXPECT_EQ(mixed.dtype, q);
-  BUILD(ii, build::matmul(Family::Int, OpKind::Int_Matmul, t(1, {2, 3}, dtypes::i32), t(2, {3, 4}, dtypes::i32), id(3)));
+  BUILD(ii,
+        build::matmul(Family::Int, OpKind::Int_Matmul, t(1, {2, 3}, dtypes::i32), t(2, {3, 4}, dtypes::i32), id(3)));
   EXPECT_EQ(out(ii).dtype, dtypes::i32);
-  EXPECT_ERR(build::matmul(Family::Int, OpKind::Int_Matmul, t(1, {2, 3}, dtypes::i32), t(2, {3, 4}, dtypes::i64), id(3)),
-             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(
+      build::matmul(Family::Int, OpKind::Int_Matmul, t(1, {2, 3}, dtypes::i32), t(2, {3, 4}, dtypes::i64), id(3)),
+      ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::matmul_mixed(Family::Float, OpKind::Float_Matmul, t(1, {2, 3}), t(2, {3, 4}), dtypes::i32, id(3)),
              ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::matmul(Family::Float, OpKind::Float_Matmul, t(1, {2, 3, 4}), t(2, {3, 4, 5}), id(3)),
@@ -577,8 +578,8 @@ TEST(BuildReduceDim, AxesIndexAndBoolOutputs) {
                                   dtypes::i32, id(2)));
   EXPECT_EQ(out(am), TensorIr::uninit(id(2), {1, 5}, dtypes::i32));
   EXPECT_EQ(am.dtype, dtypes::f16);  // ArgMax carries the input dtype
-  BUILD(any, build::reduce_dim_bool(Family::BaseInt, OpKind::Base_AnyDim, t(1, {4, 5}, dtypes::i32), 1, 1, kBool,
-                                    id(2)));
+  BUILD(any,
+        build::reduce_dim_bool(Family::BaseInt, OpKind::Base_AnyDim, t(1, {4, 5}, dtypes::i32), 1, 1, kBool, id(2)));
   EXPECT_EQ(out(any), TensorIr::uninit(id(2), {4, 1}, kBool));
   EXPECT_ERR(build::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim, t(1, {4, 5}), 2, 1, id(2)),
              ErrorCode::OutOfBounds);
@@ -608,15 +609,15 @@ TEST(BuildWithIndices, MaxDimAndTopK) {
   EXPECT_ERR(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, t(1, {4, 5}), 1, 6,
                                       dtypes::i64, id(2), id(3)),
              ErrorCode::Invalid);
-  EXPECT_ERR(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, t(1, {4, 5}), 1, 2,
-                                      kBool, id(2), id(3)),
+  EXPECT_ERR(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, t(1, {4, 5}), 1, 2, kBool,
+                                      id(2), id(3)),
              ErrorCode::DTypeMismatch);
 }
 
 TEST(BuildLayout, ExpandRejectsNegativeTargets) {
-  EXPECT_ERR(build::shape_op(Family::BaseFloat, OpKind::Base_Expand, t(1, {3, 1}), std::vector<std::int64_t>{3, -1},
-                             id(2)),
-             ErrorCode::Invalid);
+  EXPECT_ERR(
+      build::shape_op(Family::BaseFloat, OpKind::Base_Expand, t(1, {3, 1}), std::vector<std::int64_t>{3, -1}, id(2)),
+      ErrorCode::Invalid);
 }
 
 TEST(BuildLayout, SwapDims) {
@@ -693,15 +694,15 @@ TEST(BuildLayout, SliceAndSliceAssign) {
   const Slice zero_step[] = {Slice{0, 4, 0}};
   EXPECT_ERR(build::slice(Family::BaseFloat, OpKind::Base_Slice, t(1, {10}), zero_step, id(2)), ErrorCode::Invalid);
 
-  BUILD(sa, build::slice_assign(Family::BaseFloat, OpKind::Base_SliceAssign, t(1, {10, 4}), ranges, t(2, {5, 2}),
-                                id(3)));
+  BUILD(sa,
+        build::slice_assign(Family::BaseFloat, OpKind::Base_SliceAssign, t(1, {10, 4}), ranges, t(2, {5, 2}), id(3)));
   EXPECT_EQ(out(sa), TensorIr::uninit(id(3), {10, 4}, dtypes::f32));
   EXPECT_EQ(sa.num_inputs, 2);
   EXPECT_EQ(sa.ranges.size(), 2u);
   const Slice three[] = {Slice{0, 1, 1}, Slice{0, 1, 1}, Slice{0, 1, 1}};
-  EXPECT_ERR(build::slice_assign(Family::BaseFloat, OpKind::Base_SliceAssign, t(1, {10, 4}), three, t(2, {1, 1}),
-                                 id(3)),
-             ErrorCode::RankMismatch);
+  EXPECT_ERR(
+      build::slice_assign(Family::BaseFloat, OpKind::Base_SliceAssign, t(1, {10, 4}), three, t(2, {1, 1}), id(3)),
+      ErrorCode::RankMismatch);
   EXPECT_ERR(build::slice_assign(Family::BaseFloat, OpKind::Base_SliceAssign, t(1, {10, 4}), ranges,
                                  t(2, {5, 2}, dtypes::f64), id(3)),
              ErrorCode::DTypeMismatch);
@@ -716,8 +717,8 @@ TEST(BuildPad, ModesValuesAndLayout) {
   EXPECT_EQ(rf.attrs, (AttrList{static_cast<std::int64_t>(PadMode::Reflect), 1, 2, 3, 3}));
   EXPECT_TRUE(rf.scalars.empty());
   EXPECT_EQ(rf.dtype, dtypes::i32);
-  BUILD(edge, build::pad(Family::NumericFloat, OpKind::Numeric_Pad, t(1, {0, 4}), std::vector<build::PadPair>{{0, 0},
-                         {2, 2}}, PadMode::Edge, std::nullopt, id(2)));
+  BUILD(edge, build::pad(Family::NumericFloat, OpKind::Numeric_Pad, t(1, {0, 4}),
+                         std::vector<build::PadPair>{{0, 0}, {2, 2}}, PadMode::Edge, std::nullopt, id(2)));
   EXPECT_EQ(out(edge).shape, (Shape{0, 8}));  // a (0, 0) pair leaves the empty dim alone
   EXPECT_ERR(build::pad(Family::NumericFloat, OpKind::Numeric_Pad, t(1, {4}), std::vector<build::PadPair>{{1, 1}},
                         PadMode::Constant, std::nullopt, id(2)),
@@ -771,8 +772,8 @@ TEST(BuildIndexing, SelectSelectAssign) {
 }
 
 TEST(BuildIndexing, GatherNdBounds) {
-  BUILD(full, build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, t(1, {5, 6, 7}), t(2, {4, 3}, dtypes::i64),
-                               id(3)));
+  BUILD(full,
+        build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, t(1, {5, 6, 7}), t(2, {4, 3}, dtypes::i64), id(3)));
   EXPECT_EQ(out(full).shape, (Shape{4}));
   EXPECT_ERR(build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, t(1, {5, 6}), t(2, {4, 3}, dtypes::i64), id(3)),
              ErrorCode::OutOfBounds);
@@ -797,8 +798,8 @@ TEST(BuildCreation, CreationFullRandom) {
   EXPECT_ERR(build::full(Family::NumericInt, OpKind::Numeric_Full, {3}, kBool, ScalarIr::Bool(true), id(1)),
              ErrorCode::DTypeMismatch);
 
-  BUILD(rnd, build::random(Family::Float, OpKind::Float_Random, {2, 2}, dtypes::f32, DistributionIr::uniform(2, 3),
-                           id(1)));
+  BUILD(rnd,
+        build::random(Family::Float, OpKind::Float_Random, {2, 2}, dtypes::f32, DistributionIr::uniform(2, 3), id(1)));
   EXPECT_EQ(rnd.attrs, (AttrList{static_cast<std::int64_t>(Distribution::Uniform), bits(2), bits(3)}));
   EXPECT_EQ(rnd.dtype, dtypes::f32);
   BUILD(irnd, build::random(Family::NumericInt, OpKind::Numeric_IntRandom, {2}, dtypes::i32,

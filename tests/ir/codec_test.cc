@@ -93,12 +93,13 @@ Operation make_op(OpKind kind, Family family, std::uint64_t first_id = 1) {
   Operation op;
   op.kind = kind;
   op.family = family;
-  if (family == Family::NumericInt) op.dtype = dtypes::i32;
-  else if (family == Family::NumericFloat || family == Family::Float) op.dtype = dtypes::f16;
+  if (family == Family::NumericInt)
+    op.dtype = dtypes::i32;
+  else if (family == Family::NumericFloat || family == Family::Float)
+    op.dtype = dtypes::f16;
   const DType tdt = family == Family::BaseBool || family == Family::Bool ? dtypes::boolean
-                    : family == Family::BaseInt || family == Family::NumericInt || family == Family::Int
-                        ? dtypes::i64
-                        : dtypes::f32;
+                    : family == Family::BaseInt || family == Family::NumericInt || family == Family::Int ? dtypes::i64
+                                                                                                         : dtypes::f32;
   const int ins = sig.max_inputs == kVariadic ? sig.min_inputs + 2 : sig.max_inputs;
   const int outs = sig.outputs == kVariadic ? 2 : sig.outputs;
   std::uint64_t id = first_id;
@@ -468,9 +469,9 @@ TEST(Codec, NonCanonicalVarintsAreRejected) {
   expect_decode_error(decode_operations(message(codec::MessageType::OperationList, {0x80, 0x00})),
                       "not in its shortest form");
   // 11-byte and >64-bit varints.
-  expect_decode_error(
-      decode_operations(message(codec::MessageType::OperationList, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02})),
-      "exceeds 64 bits");
+  expect_decode_error(decode_operations(message(codec::MessageType::OperationList,
+                                                {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02})),
+                      "exceeds 64 bits");
   expect_decode_error(decode_operations(message(codec::MessageType::OperationList, {0xff, 0xff})), "truncated input");
 }
 
@@ -560,8 +561,7 @@ TEST(Codec, InvalidOperationsAreRejectedAfterDecoding) {
   codec::encode_operation(rank, rb);
   auto rr = decode_operation(rb);
   ASSERT_FALSE(rr.ok());
-  EXPECT_NE(rr.error().message.find("tensor rank 17 exceeds the limit of 16"), std::string::npos)
-      << rr.error().message;
+  EXPECT_NE(rr.error().message.find("tensor rank 17 exceeds the limit of 16"), std::string::npos) << rr.error().message;
 
   for (const char* bad : {"a\nb", "\x7f", "\xc2\x85", "\xc3", "\xed\xa0\x80", "\xff", "\xe0\x80\xaf"}) {
     Operation c = make_op(OpKind::Custom_Custom, Family::Custom);
@@ -605,7 +605,8 @@ TEST(Codec, EveryTruncationFailsCleanly) {
   }
   Bytes ob;
   codec::encode_operation(custom_with_edge_scalars(), ob);
-  for (std::size_t n = 0; n < ob.size(); ++n) ASSERT_FALSE(decode_operation(std::span<const std::uint8_t>(ob.data(), n)).ok());
+  for (std::size_t n = 0; n < ob.size(); ++n)
+    ASSERT_FALSE(decode_operation(std::span<const std::uint8_t>(ob.data(), n)).ok());
 }
 
 TEST(Codec, RandomByteFlipsNeverCrashAndStayCanonical) {
@@ -627,8 +628,10 @@ TEST(Codec, RandomByteFlipsNeverCrashAndStayCanonical) {
     const int flips = 1 + static_cast<int>(rng() % 4);
     for (int f = 0; f < flips; ++f) {
       const std::size_t at = rng() % b.size();
-      if (rng() % 2) b[at] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
-      else b[at] = static_cast<std::uint8_t>(rng());
+      if (rng() % 2)
+        b[at] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+      else
+        b[at] = static_cast<std::uint8_t>(rng());
     }
     if (rng() % 8 == 0) b.resize(rng() % (b.size() + 1));
     // Anything that decodes re-encodes to the same bytes.
@@ -723,8 +726,8 @@ TEST(Codec, DecodedMemoryIsProportionalToInput) {
   const std::size_t used = g_allocated_bytes.load() - before;
   ASSERT_TRUE(r.ok()) << r.error().to_string();
   const double ratio = static_cast<double>(used) / static_cast<double>(b.size());
-  std::printf("codec: %zu-byte message -> %zu bytes decoded (x%.0f, sizeof(Operation) = %zu)\n", b.size(), used,
-              ratio, sizeof(Operation));
+  std::printf("codec: %zu-byte message -> %zu bytes decoded (x%.0f, sizeof(Operation) = %zu)\n", b.size(), used, ratio,
+              sizeof(Operation));
   EXPECT_LT(ratio, 200.0);
 }
 

@@ -81,7 +81,7 @@ TEST(TensorError, RootDepthAndFormatting) {
   EXPECT_EQ(d3.to_string(), "execution failed: matmul: out of memory (3 operations skipped since)");
   EXPECT_TRUE(same_root(e, d3));
   EXPECT_EQ(d3.root.get(), e.root.get());  // shared, not copied
-  EXPECT_EQ(e.depth, 0u);                   // downstream() does not change its source
+  EXPECT_EQ(e.depth, 0u);                  // downstream() does not change its source
   Error as_error = d3.to_error();
   EXPECT_EQ(as_error.code, ErrorCode::ResourceExhausted);
   EXPECT_EQ(as_error.message, d3.to_string());
@@ -157,7 +157,7 @@ TEST(ErrorModel, ClaimUnwrittenOnlyClaimsUnwritten) {  // §12.4.4
   EXPECT_TRUE(c.error_of(tid(6))->same_root(e));
   EXPECT_TRUE(c.error_of(tid(7))->same_root(e0));
   EXPECT_TRUE(c.error_of(tid(8))->same_root(e));  // NotInit = nobody wrote it
-  EXPECT_EQ(c.errored(), 3u);                    // 6, 7 and 8; without 8 it is the vector's 2
+  EXPECT_EQ(c.errored(), 3u);                     // 6, 7 and 8; without 8 it is the vector's 2
   EXPECT_EQ(count_errored_entries(c), c.errored());
 }
 
@@ -203,7 +203,7 @@ TEST(ErrorModel, DepthGrowsAlongSkippedOps) {  // §12.4.5
   EXPECT_TRUE(c.error_of(tid(4))->same_root(r));
   EXPECT_EQ(c.error_of(tid(4))->to_string(), "execution failed: kernel A failed (2 operations skipped since)");
   EXPECT_FALSE(c.has_handle(tid(3)));  // consumed by C (ReadWrite)
-  EXPECT_EQ(c.errored(), 2u);           // x and z
+  EXPECT_EQ(c.errored(), 2u);          // x and z
   // The input of A was never touched.
   EXPECT_EQ(*c.get_handle_ref(tid(1)), "in");
 }
@@ -435,7 +435,8 @@ std::string check_world(const World& w) {
     why += "errored() = " + std::to_string(w.c.errored()) + " but " + std::to_string(container_errored) +
            " Errored entries; ";
   if (w.c.errored() != errored_entries)
-    why += "errored() = " + std::to_string(w.c.errored()) + " but the model has " + std::to_string(errored_entries) + "; ";
+    why +=
+        "errored() = " + std::to_string(w.c.errored()) + " but the model has " + std::to_string(errored_entries) + "; ";
   if (w.c.has_errors() != (w.c.errored() > 0)) why += "has_errors() disagrees with errored(); ";
   if (w.c.num_handles() != w.m.size())
     why += "num_handles " + std::to_string(w.c.num_handles()) + " vs model " + std::to_string(w.m.size()) + "; ";
@@ -453,7 +454,8 @@ std::string check_world(const World& w) {
       why += at + " state " + handle_state_name(e->state()) + " vs model " + handle_state_name(me.state) + "; ";
     } else if (me.state == HandleState::Existing && *e->handle() != me.handle) {
       why += at + " handle differs; ";
-    } else if (me.state == HandleState::Errored && (e->error()->root.get() != me.root || e->error()->depth != me.depth)) {
+    } else if (me.state == HandleState::Errored &&
+               (e->error()->root.get() != me.root || e->error()->depth != me.depth)) {
       why += at + " error identity differs; ";
     }
   }
@@ -612,7 +614,8 @@ std::string run_sequence(std::uint64_t seed, int steps) {
         auto root = ExecutionError::make(ErrorCode::Execution, "failure at step " + std::to_string(step));
         for (auto x : outs) {
           auto it = m.find(x);
-          if (it == m.end() || it->second.state == HandleState::NotInit) m[x] = ModelEntry{HandleState::Errored, {}, root.get(), 0};
+          if (it == m.end() || it->second.state == HandleState::NotInit)
+            m[x] = ModelEntry{HandleState::Errored, {}, root.get(), 0};
         }
         TensorError r = fail_op(c, custom({}, out_irs), root);
         roots.push_back(r);
@@ -655,7 +658,7 @@ std::string run_sequence(std::uint64_t seed, int steps) {
   return {};
 }
 
-TEST(ErrorModel, CounterNeverDrifts) {  // §12.4.12
+TEST(ErrorModel, CounterNeverDrifts) {                        // §12.4.12
   constexpr std::uint64_t kBaseSeed = 0x6b696c6e00000000ull;  // fixed: failures reproduce
   constexpr int kSequences = 2000;
   constexpr int kSteps = 100;

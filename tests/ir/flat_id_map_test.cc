@@ -15,8 +15,8 @@
 namespace kiln::ir {
 namespace {
 
-void expect_same(const FlatIdMap<TensorId, std::uint64_t>& m, const std::unordered_map<std::uint64_t, std::uint64_t>& model,
-                 std::uint64_t key_space) {
+void expect_same(const FlatIdMap<TensorId, std::uint64_t>& m,
+                 const std::unordered_map<std::uint64_t, std::uint64_t>& model, std::uint64_t key_space) {
   ASSERT_EQ(m.size(), model.size());
   ASSERT_EQ(m.empty(), model.empty());
   for (std::uint64_t k = 0; k < key_space; ++k) {
@@ -33,7 +33,8 @@ void expect_same(const FlatIdMap<TensorId, std::uint64_t>& m, const std::unorder
   }
   // Iteration visits every entry exactly once.
   std::map<std::uint64_t, std::uint64_t> seen;
-  for (const auto& [id, value] : m) EXPECT_TRUE(seen.emplace(id.value(), value).second) << "visited twice: " << id.value();
+  for (const auto& [id, value] : m)
+    EXPECT_TRUE(seen.emplace(id.value(), value).second) << "visited twice: " << id.value();
   EXPECT_EQ(seen.size(), model.size());
   for (const auto& [k, v] : seen) EXPECT_EQ(model.at(k), v);
 }
@@ -46,9 +47,7 @@ TEST(FlatIdMap, MatchesAnUnorderedMapUnderRandomInsertsAndErases) {
     for (int step = 0; step < 60000; ++step) {
       const std::uint64_t k = rng() % key_space;
       switch (rng() % 4) {
-        case 0:
-          EXPECT_EQ(m.erase(TensorId(k)), model.erase(k) == 1) << k;
-          break;
+        case 0: EXPECT_EQ(m.erase(TensorId(k)), model.erase(k) == 1) << k; break;
         case 1: {
           const std::uint64_t v = rng() % 100;
           m.insert_or_assign(TensorId(k), v);

@@ -117,7 +117,7 @@ TEST(GraphIr, EmptyGraph) {
 TEST(GraphIr, InPlaceOpConsumesAndProduces) {
   // Log(t0 RW -> t0): t0 is read (so it is an input) and produced again; the later read keeps it.
   GraphIr g({unary(OpKind::Float_Log, with(t(0), RW), t(0))});
-  EXPECT_TRUE(g.inputs.empty());  // produced by a compute op
+  EXPECT_TRUE(g.inputs.empty());   // produced by a compute op
   EXPECT_TRUE(g.outputs.empty());  // consumed by its ReadWrite use
 }
 
@@ -232,7 +232,7 @@ TEST(GraphBind, OutOfRangePlaceholdersStayAsTheyAre) {
   EXPECT_EQ(ops[1].scalars[0], ScalarIr::Float(-1.0));
   EXPECT_EQ(ops[1].scalars[1], ScalarIr::UInt(9));
   EXPECT_EQ(ops[2].scalars[0], ScalarIr::Float(0.5));  // not a placeholder
-  EXPECT_EQ(ops[2].tensors[1].shape, (Shape{1}));  // dim id 1 >= len(shapes): kept
+  EXPECT_EQ(ops[2].tensors[1].shape, (Shape{1}));      // dim id 1 >= len(shapes): kept
   // Every tensor was unbound: all fresh intermediate ids.
   for (const Operation& op : ops)
     for (const TensorIr& x : op.tensors) EXPECT_TRUE(IntermediateIdSource::is_intermediate(x.id));
@@ -303,8 +303,8 @@ TEST(GraphBind, NonPlaceholderScalarKindsStay) {
 
 TEST(GraphReplay, VisitsBoundOpsInOrder) {
   const GraphIr graph = slice_then_custom();
-  GraphBindings b{{{TensorId(0), TensorId(100)}, {TensorId(2), TensorId(102)}}, {4, 8}, {ScalarIr::Int(12)},
-                  {Slice{2, 8, 2}}};
+  GraphBindings b{
+      {{TensorId(0), TensorId(100)}, {TensorId(2), TensorId(102)}}, {4, 8}, {ScalarIr::Int(12)}, {Slice{2, 8, 2}}};
   IntermediateIdSource s1, s2;  // two fresh sources hand out the same ids
   auto bound = bind(graph, b, s1);
   KILN_ASSERT_OK(bound);

@@ -247,8 +247,8 @@ TEST(HandleContainer, CopyIsOnlyThroughFork) {
   static_assert(!std::is_copy_assignable_v<Container>);
   static_assert(std::is_nothrow_move_constructible_v<Container>);
   // The default instrument takes no room.
-  static_assert(sizeof(HandleContainer<std::string>) ==
-                sizeof(std::unordered_map<TensorId, HandleEntry<std::string>>) + sizeof(std::uint64_t) + sizeof(std::size_t));
+  static_assert(sizeof(HandleContainer<std::string>) == sizeof(std::unordered_map<TensorId, HandleEntry<std::string>>) +
+                                                            sizeof(std::uint64_t) + sizeof(std::size_t));
   SUCCEED();
 }
 

@@ -287,9 +287,8 @@ TEST(OperationHash, EqualityCoversEveryField) {
   Operation kind_differs = base;
   kind_differs.kind = OpKind::Numeric_Sub;
   EXPECT_FALSE(base == kind_differs);
-  Operation dtype_differs =
-      built(build::binary(Family::NumericFloat, OpKind::Numeric_Add, t(1, {2, 3}, dtypes::f16),
-                          t(2, {2, 3}, dtypes::f16), TensorId{3}));
+  Operation dtype_differs = built(build::binary(Family::NumericFloat, OpKind::Numeric_Add, t(1, {2, 3}, dtypes::f16),
+                                                t(2, {2, 3}, dtypes::f16), TensorId{3}));
   EXPECT_FALSE(base == dtype_differs);
   EXPECT_FALSE(mul_scalar_op(ScalarIr::Float(2)) == mul_scalar_op(ScalarIr::Int(2)));
   // Families without a dtype ignore Operation::dtype.
@@ -319,13 +318,12 @@ TEST(OperationHash, NanScalarOpIsNotEqualToItself) {
 TEST(OperationHash, RandomHashesOnlyOutputAndDistributionKind) {
   const Operation u01 = random_op(build::DistributionIr::uniform(0, 1));
   const Operation u23 = random_op(build::DistributionIr::uniform(2, 3));
-  EXPECT_FALSE(u01 == u23);  // parameters are compared
+  EXPECT_FALSE(u01 == u23);                             // parameters are compared
   EXPECT_EQ(hash_operation(u01), hash_operation(u23));  // but not hashed
   const Operation n01 = random_op(build::DistributionIr::normal(0, 1));
   EXPECT_NE(hash_operation(u01), hash_operation(n01));
-  const Operation other_out =
-      built(build::random(Family::Float, OpKind::Float_Random, {2, 3}, dtypes::f32,
-                          build::DistributionIr::uniform(0, 1), TensorId{9}));
+  const Operation other_out = built(build::random(Family::Float, OpKind::Float_Random, {2, 3}, dtypes::f32,
+                                                  build::DistributionIr::uniform(0, 1), TensorId{9}));
   EXPECT_NE(hash_operation(u01), hash_operation(other_out));
 }
 
@@ -337,16 +335,16 @@ TEST(MarkReadOnly, OnlyListedReadWriteInputsChange) {
   const std::vector<TensorIr> changed = op.mark_read_only(ids);
   ASSERT_EQ(changed.size(), 1u);
   EXPECT_EQ(changed[0], t(2, {2, 3}, dtypes::f32, TensorStatus::ReadWrite));  // the original occurrence
-  EXPECT_EQ(op.inputs()[0].status, TensorStatus::ReadWrite);  // not listed
+  EXPECT_EQ(op.inputs()[0].status, TensorStatus::ReadWrite);                  // not listed
   EXPECT_EQ(op.inputs()[1].status, TensorStatus::ReadOnly);
   EXPECT_EQ(op.outputs()[0].status, TensorStatus::NotInit);  // outputs never change
-  EXPECT_TRUE(op.mark_read_only(ids).empty());  // already ReadOnly
+  EXPECT_TRUE(op.mark_read_only(ids).empty());               // already ReadOnly
 }
 
 TEST(MarkReadOnly, RepeatedInputsAndInit) {
-  Operation op = built(build::binary(Family::NumericFloat, OpKind::Numeric_Mul,
-                                     t(1, {2}, dtypes::f32, TensorStatus::ReadWrite),
-                                     t(1, {2}, dtypes::f32, TensorStatus::ReadWrite), TensorId{2}));
+  Operation op =
+      built(build::binary(Family::NumericFloat, OpKind::Numeric_Mul, t(1, {2}, dtypes::f32, TensorStatus::ReadWrite),
+                          t(1, {2}, dtypes::f32, TensorStatus::ReadWrite), TensorId{2}));
   const TensorId ids[] = {TensorId{1}};
   EXPECT_EQ(op.mark_read_only(ids).size(), 2u);
   Operation init = built(build::init({2}, dtypes::f32, TensorId{1}));

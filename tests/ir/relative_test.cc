@@ -249,8 +249,8 @@ TEST(RelativeConverter, OtherFieldsKeptVerbatim) {
   EXPECT_EQ(rel.tensors[0], T(0, {1, 2}, RO, dtypes::i32));
   EXPECT_EQ(rel.tensors[1], T(1, {1, 0}, NI, dtypes::i32));
 
-  Operation custom = make(OpKind::Custom_Custom, Family::Custom, {T(9, {3}, RO)}, {T(10, {3}), T(11, {3})},
-                          {ScalarIr::Int(5)});
+  Operation custom =
+      make(OpKind::Custom_Custom, Family::Custom, {T(9, {3}, RO)}, {T(10, {3}), T(11, {3})}, {ScalarIr::Int(5)});
   custom.custom_id = "my_kernel";
   const Operation crel = conv.relativize(custom);
   EXPECT_EQ(crel.custom_id, "my_kernel");
@@ -289,8 +289,8 @@ TEST(RelativeConverter, RelativizeIntoReusesAndOverwritesOut) {
   RelativeConverter a, b;
   Operation out;
   const auto segment = worked_segment(0, 64, 32, 2.0);
-  Operation slice = make(OpKind::Base_Slice, Family::BaseFloat, {T(10, {16, 9, 4, 3, 2, 7, 5}, RO)},
-                         {T(11, {3, 9, 4, 3, 2, 7, 5})});
+  Operation slice =
+      make(OpKind::Base_Slice, Family::BaseFloat, {T(10, {16, 9, 4, 3, 2, 7, 5}, RO)}, {T(11, {3, 9, 4, 3, 2, 7, 5})});
   slice.ranges.push_back(Slice{2, 8, 2});
   Operation custom = make(OpKind::Custom_Custom, Family::Custom, {T(1, {64, 32}, RO)}, {}, {});
   custom.custom_id = "a_rather_long_custom_identifier_beyond_sso";

@@ -14,18 +14,18 @@ inline void PrintTo(ErrorCode c, std::ostream* os) { *os << error_code_name(c); 
 namespace kiln::ir {
 namespace {
 
-#define EXPECT_ERR(expr, expected)                                              \
-  do {                                                                          \
-    auto _r = (expr);                                                           \
-    ASSERT_FALSE(_r.ok()) << #expr << " succeeded, expected " << #expected;     \
-    EXPECT_EQ(_r.error().code, expected) << _r.error().to_string();             \
+#define EXPECT_ERR(expr, expected)                                          \
+  do {                                                                      \
+    auto _r = (expr);                                                       \
+    ASSERT_FALSE(_r.ok()) << #expr << " succeeded, expected " << #expected; \
+    EXPECT_EQ(_r.error().code, expected) << _r.error().to_string();         \
   } while (0)
 
-#define EXPECT_SHAPE(expr, ...)                                                  \
-  do {                                                                           \
-    auto _r = (expr);                                                            \
-    ASSERT_TRUE(_r.ok()) << #expr << ": " << _r.error().to_string();             \
-    EXPECT_EQ(*_r, (Shape{__VA_ARGS__})) << shape_to_string(*_r);                \
+#define EXPECT_SHAPE(expr, ...)                                      \
+  do {                                                               \
+    auto _r = (expr);                                                \
+    ASSERT_TRUE(_r.ok()) << #expr << ": " << _r.error().to_string(); \
+    EXPECT_EQ(*_r, (Shape{__VA_ARGS__})) << shape_to_string(*_r);    \
   } while (0)
 
 Result<Shape> reshape(const Shape& s, std::vector<std::int64_t> args) { return shape::reshape(s, args); }
@@ -244,8 +244,8 @@ TEST(Spatial, Vector8Formulas) {
 
 TEST(Spatial, MoreFormulas) {
   EXPECT_EQ(*shape::conv_output(32, 3, 2, 0, 1), 15u);
-  EXPECT_EQ(*shape::conv_output(10, 3, 1, 0, 2), 6u);  // effective kernel 5
-  EXPECT_EQ(*shape::conv_output(3, 3, 1, 0, 1), 1u);   // numerator exactly 0
+  EXPECT_EQ(*shape::conv_output(10, 3, 1, 0, 2), 6u);       // effective kernel 5
+  EXPECT_EQ(*shape::conv_output(3, 3, 1, 0, 1), 1u);        // numerator exactly 0
   EXPECT_EQ(*shape::pool_output(6, 2, 2, 0, 1, true), 3u);  // ceil of an exact division
   EXPECT_EQ(*shape::pool_output(7, 3, 2, 1, 1, false), 4u);
   EXPECT_EQ(*shape::conv_transpose_output(1, 1, 1, 0, 0, 1), 1u);

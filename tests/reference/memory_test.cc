@@ -237,7 +237,8 @@ TEST(HostAllocatorTest, LargeBlocksStartAtDistinctCacheColours) {
     std::memset(b->data(), 0x5A, static_cast<std::size_t>(b->capacity()));
     huge.push_back(std::move(b).value());
   }
-  EXPECT_NE(reinterpret_cast<std::uintptr_t>(huge[0].data()) % kPage, reinterpret_cast<std::uintptr_t>(huge[1].data()) % kPage);
+  EXPECT_NE(reinterpret_cast<std::uintptr_t>(huge[0].data()) % kPage,
+            reinterpret_cast<std::uintptr_t>(huge[1].data()) % kPage);
 
 #if defined(__SANITIZE_ADDRESS__)
   // The padding around a coloured block stays poisoned: an access just outside is reported.
@@ -519,9 +520,8 @@ TEST(HostAllocatorTest, ResidentMemoryReturnsNearItsBaselineAfterALargeBlockIsRe
 TEST(HostAllocatorTest, BackendsReleaseIdleMemoryThroughTheRuntimeInterface) {
   const HostAllocatorOptions options{.large_block_retention = std::chrono::milliseconds(1)};
   std::vector<std::unique_ptr<runtime::DeviceBackend>> backends;
-  backends.push_back(
-      std::make_unique<cpu::CpuBackend>(
-          cpu::CpuBackendOptions{.threads = 1, .allocator = options, .jit = cpu::CpuJitMode::Off}));
+  backends.push_back(std::make_unique<cpu::CpuBackend>(
+      cpu::CpuBackendOptions{.threads = 1, .allocator = options, .jit = cpu::CpuJitMode::Off}));
   backends.push_back(std::make_unique<cpu::ReferenceCpuBackend>(options));
   const std::vector<float> values(static_cast<std::size_t>(kLarge / sizeof(float)), 1.0f);
   for (auto& backend : backends) {

@@ -1,7 +1,7 @@
 // Reference executor: unary, binary and scalar arithmetic, comparisons, bitwise and bool ops,
 // casts, clamp, mask_where and mask_fill. Expected values are computed by hand.
-#include "reference_test_util.h"
 #include "kiln/testing/status.h"
+#include "reference_test_util.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -15,15 +15,18 @@ TEST(ReferenceUnaryTest, FloatFunctions) {
   Device d;
   const TensorIr x = d.f64({4}, dtypes::f64, {0.0, 1.0, -2.0, 0.5});
   auto run = [&](K k) { return d.f64_of(d.ok(b::unary(F::Float, k, x, d.fresh()))); };
-  EXPECT_THAT(run(K::Float_Exp), Near(std::vector<double>{1, 2.718281828459045, 0.1353352832366127, 1.6487212707001282}, 1e-15));
+  EXPECT_THAT(run(K::Float_Exp),
+              Near(std::vector<double>{1, 2.718281828459045, 0.1353352832366127, 1.6487212707001282}, 1e-15));
   EXPECT_THAT(run(K::Float_Log), NanEq(std::vector<double>{-kInf, 0, kNaN, std::log(0.5)}));
   EXPECT_THAT(run(K::Float_Log1p), Near(std::vector<double>{0, std::log(2.0), kNaN, std::log(1.5)}, 1e-15));
   EXPECT_THAT(run(K::Float_Sqrt), NanEq(std::vector<double>{0, 1, kNaN, std::sqrt(0.5)}));
   EXPECT_THAT(run(K::Float_Recip), NanEq(std::vector<double>{kInf, 1, -0.5, 2}));
-  EXPECT_THAT(run(K::Float_Erf), Near(std::vector<double>{0, 0.8427007929497149, -0.9953222650189527, 0.5204998778130465}, 1e-15));
+  EXPECT_THAT(run(K::Float_Erf),
+              Near(std::vector<double>{0, 0.8427007929497149, -0.9953222650189527, 0.5204998778130465}, 1e-15));
   EXPECT_THAT(run(K::Float_Cos), Near(std::vector<double>{1, std::cos(1.0), std::cos(-2.0), std::cos(0.5)}, 0));
   EXPECT_THAT(run(K::Float_Sin), Near(std::vector<double>{0, std::sin(1.0), std::sin(-2.0), std::sin(0.5)}, 0));
-  EXPECT_THAT(run(K::Float_Tanh), Near(std::vector<double>{0, 0.7615941559557649, -0.9640275800758169, 0.46211715726000974}, 1e-15));
+  EXPECT_THAT(run(K::Float_Tanh),
+              Near(std::vector<double>{0, 0.7615941559557649, -0.9640275800758169, 0.46211715726000974}, 1e-15));
 }
 
 TEST(ReferenceUnaryTest, RoundingFamilyRoundsHalfToEven) {
@@ -69,7 +72,8 @@ TEST(ReferenceUnaryTest, BitwiseNotAndBoolNot) {
   const TensorIr xi = d.i64({3}, dtypes::i32, {0, -1, 5});
   EXPECT_EQ(d.i64_of(d.ok(b::unary(F::Int, K::Int_BitwiseNot, xi, d.fresh()))), (std::vector<std::int64_t>{-1, 0, -6}));
   const TensorIr xu = d.u64({2}, dtypes::u8, {0, 0xF0});
-  EXPECT_EQ(d.u64_of(d.ok(b::unary(F::Int, K::Int_BitwiseNot, xu, d.fresh()))), (std::vector<std::uint64_t>{255, 0x0F}));
+  EXPECT_EQ(d.u64_of(d.ok(b::unary(F::Int, K::Int_BitwiseNot, xu, d.fresh()))),
+            (std::vector<std::uint64_t>{255, 0x0F}));
   const TensorIr xb = d.boolean({3}, {true, false, true}, DType::boolean(BoolStore::U32));
   EXPECT_EQ(d.bool_of(d.ok(b::unary(F::Bool, K::Bool_Not, xb, d.fresh()))), (std::vector<bool>{false, true, false}));
 }
@@ -254,9 +258,7 @@ TEST(ReferenceBinaryTest, ComparisonsWithNanAndBroadcasting) {
   Device d;
   const TensorIr a = d.f64({3, 1}, dtypes::f32, {1, kNaN, 3});
   const TensorIr c = d.f64({1, 2}, dtypes::f32, {1, kNaN});
-  auto cmp = [&](F f, K k) {
-    return d.bool_of(d.ok(b::binary_comparison(f, k, a, c, dtypes::boolean, d.fresh())));
-  };
+  auto cmp = [&](F f, K k) { return d.bool_of(d.ok(b::binary_comparison(f, k, a, c, dtypes::boolean, d.fresh()))); };
   // Output order: (a0,c0) (a0,c1) (a1,c0) (a1,c1) (a2,c0) (a2,c1).
   EXPECT_EQ(cmp(F::BaseFloat, K::Base_Equal), (std::vector<bool>{1, 0, 0, 0, 0, 0}));
   EXPECT_EQ(cmp(F::BaseFloat, K::Base_NotEqual), (std::vector<bool>{0, 1, 1, 1, 1, 1}));
@@ -323,17 +325,17 @@ TEST(ReferenceScalarTest, ClampMinMaxAndClamp) {
               NanEq(std::vector<double>{-1, 0, 5, kNaN, kInf}));
   EXPECT_THAT(d.f64_of(d.ok(b::scalar(F::NumericFloat, K::Numeric_ClampMax, x, ScalarIr::Float(1), d.fresh()))),
               NanEq(std::vector<double>{-5, 0, 1, kNaN, 1}));
-  EXPECT_THAT(d.f64_of(d.ok(b::clamp(F::NumericFloat, K::Numeric_Clamp, x, ScalarIr::Float(-1), ScalarIr::Float(2),
-                                     d.fresh()))),
+  EXPECT_THAT(d.f64_of(d.ok(
+                  b::clamp(F::NumericFloat, K::Numeric_Clamp, x, ScalarIr::Float(-1), ScalarIr::Float(2), d.fresh()))),
               NanEq(std::vector<double>{-1, 0, 2, kNaN, 2}));
   // min > max: everything becomes max (Burn's two mask_fills, PyTorch's clamp).
-  EXPECT_THAT(d.f64_of(d.ok(b::clamp(F::NumericFloat, K::Numeric_Clamp, x, ScalarIr::Float(3), ScalarIr::Float(1),
-                                     d.fresh()))),
-              NanEq(std::vector<double>{1, 1, 1, kNaN, 1}));
+  EXPECT_THAT(
+      d.f64_of(d.ok(b::clamp(F::NumericFloat, K::Numeric_Clamp, x, ScalarIr::Float(3), ScalarIr::Float(1), d.fresh()))),
+      NanEq(std::vector<double>{1, 1, 1, kNaN, 1}));
   const TensorIr xi = d.i64({4}, dtypes::u8, {0, 10, 200, 255});
-  EXPECT_EQ(d.u64_of(d.ok(b::clamp(F::NumericInt, K::Numeric_Clamp, xi, ScalarIr::Int(5), ScalarIr::Int(200),
-                                   d.fresh()))),
-            (std::vector<std::uint64_t>{5, 10, 200, 200}));
+  EXPECT_EQ(
+      d.u64_of(d.ok(b::clamp(F::NumericInt, K::Numeric_Clamp, xi, ScalarIr::Int(5), ScalarIr::Int(200), d.fresh()))),
+      (std::vector<std::uint64_t>{5, 10, 200, 200}));
 }
 
 // ---- Casts
@@ -414,7 +416,8 @@ TEST(ReferenceMaskTest, MaskMustBeBool) {
   Device d;
   const TensorIr t = d.f64({2}, dtypes::f32, {1, 2});
   const TensorIr m = d.i64({2}, dtypes::u8, {1, 0});
-  auto op = b::mask_fill(F::BaseFloat, K::Base_MaskFill, t, d.boolean({2}, {true, false}), ScalarIr::Float(0), d.fresh());
+  auto op =
+      b::mask_fill(F::BaseFloat, K::Base_MaskFill, t, d.boolean({2}, {true, false}), ScalarIr::Float(0), d.fresh());
   KILN_ASSERT_OK(op);
   Operation bad = *op;
   bad.tensors[1] = m;  // passes validate(): the executor must check

@@ -8,8 +8,8 @@
 #include <set>
 #include <thread>
 
-#include "reference_test_util.h"
 #include "kiln/testing/status.h"
+#include "reference_test_util.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -21,7 +21,8 @@ using K = OpKind;
 
 std::vector<double> ramp(std::uint64_t n, DType t) {
   std::vector<double> v(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = t.is_bool() ? static_cast<double>(i % 2) : 1.0 + static_cast<double>(i % 4);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = t.is_bool() ? static_cast<double>(i % 2) : 1.0 + static_cast<double>(i % 4);
   if (t.is_float())
     for (double& x : v) x *= 0.5;
   return v;
@@ -77,8 +78,7 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
   const Shape s{2, 3};
   auto x = [&] { return data(d, s, t); };
   switch (info.signature) {
-    case Signature::Unary:
-      return cmp ? b::unary_comparison(f, k, x(), boolean, o) : b::unary(f, k, x(), o);
+    case Signature::Unary: return cmp ? b::unary_comparison(f, k, x(), boolean, o) : b::unary(f, k, x(), o);
     case Signature::Binary: {
       const TensorIr rhs = data(d, {1, 3}, t);
       return cmp ? b::binary_comparison(f, k, x(), rhs, boolean, o) : b::binary(f, k, x(), rhs, o);
@@ -88,7 +88,7 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
     case Signature::Cast: {
       DType target = dtypes::f32;
       if (k == K::Base_Cast)
-        target = t.is_bool() ? DType::boolean(t.bool_store() == BoolStore::U32 ? BoolStore::Native : BoolStore::U32)
+        target = t.is_bool()    ? DType::boolean(t.bool_store() == BoolStore::U32 ? BoolStore::Native : BoolStore::U32)
                  : t.is_float() ? (t == dtypes::f16 ? dtypes::bf16 : dtypes::f16)
                                 : (t == dtypes::i8 ? dtypes::u64 : dtypes::i8);
       if (k == K::Float_IntoInt || k == K::Bool_IntoInt) target = dtypes::i32;
@@ -129,7 +129,8 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       return b::scatter(f, k, x(), 1, d.i64({2, 2}, index, {2, 0, 1, 1}), data(d, {2, 2}, t), IndexingUpdate::Add, o);
     case Signature::Select: return b::select(f, k, x(), 1, d.i64({2}, dtypes::u8, {2, 0}), o);
     case Signature::SelectAssign:
-      return b::select_assign(f, k, x(), 1, d.i64({2}, dtypes::i16, {2, 2}), data(d, {2, 2}, t), IndexingUpdate::Max, o);
+      return b::select_assign(f, k, x(), 1, d.i64({2}, dtypes::i16, {2, 2}), data(d, {2, 2}, t), IndexingUpdate::Max,
+                              o);
     case Signature::Slice: {
       const Slice r[] = {Slice{0, 2, 1}, Slice{0, std::nullopt, -1}};
       return b::slice(f, k, x(), r, o);
@@ -139,7 +140,8 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       return b::slice_assign(f, k, x(), r, data(d, {1, 3}, t), o);
     }
     case Signature::MaskWhere:
-      return b::mask_where(f, k, x(), d.boolean({2, 3}, {true, false, true, false, false, true}), data(d, {2, 1}, t), o);
+      return b::mask_where(f, k, x(), d.boolean({2, 3}, {true, false, true, false, false, true}), data(d, {2, 1}, t),
+                           o);
     case Signature::MaskFill: return b::mask_fill(f, k, x(), d.boolean({1, 3}, {true, false, true}), scalar_for(t), o);
     case Signature::Clamp:
       return b::clamp(f, k, x(), t.is_float() ? ScalarIr::Float(0.7) : ScalarIr::Int(2),
@@ -197,10 +199,9 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
   return std::nullopt;
 }
 
-const DType kAllDtypes[] = {dtypes::f64, dtypes::f32, dtypes::flex32, dtypes::f16, dtypes::bf16,
-                            dtypes::i64, dtypes::i32, dtypes::i16,    dtypes::i8,  dtypes::u64,
-                            dtypes::u32, dtypes::u16, dtypes::u8,     dtypes::boolean,
-                            DType::boolean(BoolStore::U32)};
+const DType kAllDtypes[] = {dtypes::f64, dtypes::f32, dtypes::flex32, dtypes::f16,     dtypes::bf16,
+                            dtypes::i64, dtypes::i32, dtypes::i16,    dtypes::i8,      dtypes::u64,
+                            dtypes::u32, dtypes::u16, dtypes::u8,     dtypes::boolean, DType::boolean(BoolStore::U32)};
 
 TEST(ReferenceExecutorTest, EveryOpKindRunsOnEveryDtypeItAdmits) {
   std::set<int> covered;
@@ -435,7 +436,8 @@ TEST(ReferenceExecutorTest, DropFreesAndReportsMissingHandles) {
 TEST(ReferenceExecutorTest, CustomOpsAreUnknownAndClaimTheirOutputs) {
   Device d;
   const TensorIr x = d.f64({2}, dtypes::f32, {1, 2}, TensorStatus::ReadWrite);
-  const TensorIr outs[] = {TensorIr::uninit(d.fresh(), {2}, dtypes::f32), TensorIr::uninit(d.fresh(), {1}, dtypes::i64)};
+  const TensorIr outs[] = {TensorIr::uninit(d.fresh(), {2}, dtypes::f32),
+                           TensorIr::uninit(d.fresh(), {1}, dtypes::i64)};
   const TensorIr ins[] = {x};
   auto op = b::custom("flash_attention", ins, outs, {});
   Status st = d.run(op);
@@ -498,7 +500,17 @@ TEST(ReferenceExecutorTest, StreamsShareOneAllocator) {
 // every output either registered or claimed.
 
 std::int64_t wild_int(std::mt19937_64& rng) {
-  static const std::int64_t kValues[] = {-1, 0, 1, 2, 3, 4, 5, 7, 64, 1 << 20, std::int64_t{1} << 40,
+  static const std::int64_t kValues[] = {-1,
+                                         0,
+                                         1,
+                                         2,
+                                         3,
+                                         4,
+                                         5,
+                                         7,
+                                         64,
+                                         1 << 20,
+                                         std::int64_t{1} << 40,
                                          std::numeric_limits<std::int64_t>::max(),
                                          std::numeric_limits<std::int64_t>::min()};
   return kValues[rng() % std::size(kValues)];

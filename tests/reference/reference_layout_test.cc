@@ -1,6 +1,6 @@
 // Reference executor: layout, indexing and creation ops.
-#include "reference_test_util.h"
 #include "kiln/testing/status.h"
+#include "reference_test_util.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -134,18 +134,18 @@ TEST(ReferenceIndexingTest, SelectAssignWithEveryUpdate) {
   const TensorIr xi = d.i64({2, 2}, dtypes::i8, {100, 1, 2, 3});
   const TensorIr ci = d.i64({1}, dtypes::i64, {0});
   const TensorIr vi = d.i64({2, 1}, dtypes::i8, {100, -5});
-  EXPECT_EQ(d.i64_of(d.ok(b::select_assign(F::BaseInt, K::Base_SelectAssign, xi, 1, ci, vi, IndexingUpdate::Add,
-                                           d.fresh()))),
-            (std::vector<std::int64_t>{-56, 1, -3, 3}));
+  EXPECT_EQ(
+      d.i64_of(d.ok(b::select_assign(F::BaseInt, K::Base_SelectAssign, xi, 1, ci, vi, IndexingUpdate::Add, d.fresh()))),
+      (std::vector<std::int64_t>{-56, 1, -3, 3}));
   // Bool: Add is or, Mul is and.
   const TensorIr xb = d.boolean({2}, {false, true});
   const TensorIr cb = d.i64({2}, dtypes::i64, {0, 1});
   const TensorIr vb = d.boolean({2}, {true, false});
-  EXPECT_EQ(d.bool_of(d.ok(b::select_assign(F::BaseBool, K::Base_SelectAssign, xb, 0, cb, vb, IndexingUpdate::Add,
-                                            d.fresh()))),
+  EXPECT_EQ(d.bool_of(d.ok(
+                b::select_assign(F::BaseBool, K::Base_SelectAssign, xb, 0, cb, vb, IndexingUpdate::Add, d.fresh()))),
             (std::vector<bool>{true, true}));
-  EXPECT_EQ(d.bool_of(d.ok(b::select_assign(F::BaseBool, K::Base_SelectAssign, xb, 0, cb, vb, IndexingUpdate::Mul,
-                                            d.fresh()))),
+  EXPECT_EQ(d.bool_of(d.ok(
+                b::select_assign(F::BaseBool, K::Base_SelectAssign, xb, 0, cb, vb, IndexingUpdate::Mul, d.fresh()))),
             (std::vector<bool>{false, false}));
 }
 
@@ -225,11 +225,10 @@ TEST(ReferenceLayoutTest, PadConstantReflectEdge) {
   Device d;
   const TensorIr x = d.f64({2, 3}, dtypes::f32, {1, 2, 3, 4, 5, 6});
   const b::PadPair last[] = {{2, 1}};
-  EXPECT_EQ(d.f64_of(d.ok(b::pad(F::NumericFloat, K::Numeric_Pad, x, last, PadMode::Constant, ScalarIr::Float(-1),
-                                 d.fresh()))),
+  EXPECT_EQ(d.f64_of(d.ok(
+                b::pad(F::NumericFloat, K::Numeric_Pad, x, last, PadMode::Constant, ScalarIr::Float(-1), d.fresh()))),
             (std::vector<double>{-1, -1, 1, 2, 3, -1, -1, -1, 4, 5, 6, -1}));
-  EXPECT_EQ(d.f64_of(d.ok(b::pad(F::NumericFloat, K::Numeric_Pad, x, last, PadMode::Reflect, std::nullopt,
-                                 d.fresh()))),
+  EXPECT_EQ(d.f64_of(d.ok(b::pad(F::NumericFloat, K::Numeric_Pad, x, last, PadMode::Reflect, std::nullopt, d.fresh()))),
             (std::vector<double>{3, 2, 1, 2, 3, 2, 6, 5, 4, 5, 6, 5}));
   EXPECT_EQ(d.f64_of(d.ok(b::pad(F::NumericFloat, K::Numeric_Pad, x, last, PadMode::Edge, std::nullopt, d.fresh()))),
             (std::vector<double>{1, 1, 1, 2, 3, 3, 4, 4, 4, 5, 6, 6}));
@@ -238,9 +237,9 @@ TEST(ReferenceLayoutTest, PadConstantReflectEdge) {
   const TensorId p = d.ok(b::pad(F::NumericInt, K::Numeric_Pad, xi, both, PadMode::Edge, std::nullopt, d.fresh()));
   EXPECT_EQ(d.shape_of(p), (Shape{3, 3}));
   EXPECT_EQ(d.i64_of(p), (std::vector<std::int64_t>{1, 2, 2, 1, 2, 2, 3, 4, 4}));
-  EXPECT_EQ(d.i64_of(d.ok(b::pad(F::NumericInt, K::Numeric_Pad, xi, both, PadMode::Constant, ScalarIr::Int(9),
-                                 d.fresh()))),
-            (std::vector<std::int64_t>{9, 9, 9, 1, 2, 9, 3, 4, 9}));
+  EXPECT_EQ(
+      d.i64_of(d.ok(b::pad(F::NumericInt, K::Numeric_Pad, xi, both, PadMode::Constant, ScalarIr::Int(9), d.fresh()))),
+      (std::vector<std::int64_t>{9, 9, 9, 1, 2, 9, 3, 4, 9}));
   // Reflect wider than the dim allows: rejected by the builder, and by the executor when forced.
   auto op = b::pad(F::NumericFloat, K::Numeric_Pad, x, last, PadMode::Reflect, std::nullopt, d.fresh());
   KILN_ASSERT_OK(op);
@@ -260,9 +259,9 @@ TEST(ReferenceCreationTest, EmptyZerosOnesFull) {
             (std::vector<double>{1, 1}));
   const TensorId ob = d.ok(b::creation(F::BaseBool, K::Base_Ones, {2}, DType::boolean(BoolStore::U32), d.fresh()));
   EXPECT_EQ(d.tensor(ob).to_values<std::uint32_t>(), (std::vector<std::uint32_t>{1, 1}));
-  EXPECT_EQ(d.f64_of(d.ok(b::full(F::NumericFloat, K::Numeric_Full, {2, 2}, dtypes::f32, ScalarIr::Float(2.5),
-                                  d.fresh()))),
-            (std::vector<double>{2.5, 2.5, 2.5, 2.5}));
+  EXPECT_EQ(
+      d.f64_of(d.ok(b::full(F::NumericFloat, K::Numeric_Full, {2, 2}, dtypes::f32, ScalarIr::Float(2.5), d.fresh()))),
+      (std::vector<double>{2.5, 2.5, 2.5, 2.5}));
   EXPECT_EQ(d.u64_of(d.ok(b::full(F::NumericInt, K::Numeric_Full, {1}, dtypes::u16, ScalarIr::Int(-1), d.fresh()))),
             (std::vector<std::uint64_t>{65535}));
   EXPECT_EQ(d.shape_of(d.ok(b::creation(F::BaseFloat, K::Base_Zeros, {}, dtypes::f64, d.fresh()))), (Shape{}));

@@ -1,8 +1,8 @@
 // Reference executor: matmul, conv2d, conv_transpose1d, max_pool2d, avg_pool2d, embedding.
 #include <random>
 
-#include "reference_test_util.h"
 #include "kiln/testing/status.h"
+#include "reference_test_util.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -194,8 +194,7 @@ TEST(ReferencePoolTest, AvgPool2dDivisors) {
   EXPECT_EQ(d.f64_of(d.ok(b::avg_pool2d(x, o, d.fresh()))),
             (std::vector<double>{0.25, 1.25, 1, 3.5, 8.5, 5, 3.25, 7.25, 4}));
   o.count_include_pad = false;
-  EXPECT_EQ(d.f64_of(d.ok(b::avg_pool2d(x, o, d.fresh()))),
-            (std::vector<double>{1, 2.5, 4, 7, 8.5, 10, 13, 14.5, 16}));
+  EXPECT_EQ(d.f64_of(d.ok(b::avg_pool2d(x, o, d.fresh()))), (std::vector<double>{1, 2.5, 4, 7, 8.5, 10, 13, 14.5, 16}));
   // Ceil mode: the last window sticks out past the (unpadded) input and is divided by what it
   // covers of the padded input (PyTorch).
   const TensorIr x5 = d.f64({1, 1, 5, 5}, dtypes::f64, iota1(25));

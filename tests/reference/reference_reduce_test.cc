@@ -1,6 +1,6 @@
 // Reference executor: reductions, arg reductions, max/min with indices, top-k, cumulative scans.
-#include "reference_test_util.h"
 #include "kiln/testing/status.h"
+#include "reference_test_util.h"
 
 namespace kiln::reference::testing {
 namespace {
@@ -74,7 +74,8 @@ TEST(ReferenceReduceTest, EmptyInputs) {
   const TensorIr x = d.f64({0}, dtypes::f32, {});
   EXPECT_EQ(d.f64_of(d.ok(b::reduce(F::NumericFloat, K::Numeric_Sum, x, d.fresh()))), (std::vector<double>{0}));
   EXPECT_EQ(d.f64_of(d.ok(b::reduce(F::NumericFloat, K::Numeric_Prod, x, d.fresh()))), (std::vector<double>{1}));
-  EXPECT_THAT(d.f64_of(d.ok(b::reduce(F::NumericFloat, K::Numeric_Mean, x, d.fresh()))), NanEq(std::vector<double>{kNaN}));
+  EXPECT_THAT(d.f64_of(d.ok(b::reduce(F::NumericFloat, K::Numeric_Mean, x, d.fresh()))),
+              NanEq(std::vector<double>{kNaN}));
   EXPECT_EQ(d.bool_of(d.ok(b::reduce_bool(F::BaseFloat, K::Base_All, x, dtypes::boolean, d.fresh()))),
             (std::vector<bool>{true}));
   EXPECT_EQ(d.bool_of(d.ok(b::reduce_bool(F::BaseFloat, K::Base_Any, x, dtypes::boolean, d.fresh()))),
@@ -172,8 +173,8 @@ TEST(ReferenceReduceTest, MaxMinDimWithIndices) {
   EXPECT_THAT(d.f64_of(op2->outputs()[0].id), NanEq(std::vector<double>{kNaN, 0, kNaN}));
   EXPECT_EQ(d.i64_of(op2->outputs()[1].id), (std::vector<std::int64_t>{1, 1, 1}));
   const TensorIr xi = d.i64({3}, dtypes::i32, {-1, -9, -9});
-  auto op3 = b::reduce_dim_with_indices(F::NumericInt, K::Numeric_MinDimWithIndices, xi, 0, dtypes::i64, d.fresh(),
-                                        d.fresh());
+  auto op3 =
+      b::reduce_dim_with_indices(F::NumericInt, K::Numeric_MinDimWithIndices, xi, 0, dtypes::i64, d.fresh(), d.fresh());
   d.ok(op3);
   EXPECT_EQ(d.i64_of(op3->outputs()[0].id), (std::vector<std::int64_t>{-9}));
   EXPECT_EQ(d.i64_of(op3->outputs()[1].id), (std::vector<std::int64_t>{1}));
@@ -182,20 +183,20 @@ TEST(ReferenceReduceTest, MaxMinDimWithIndices) {
 TEST(ReferenceReduceTest, TopKSortsDescendingStablyWithNanFirst) {
   Device d;
   const TensorIr x = d.f64({2, 4}, dtypes::f32, {1, 5, 3, 5, 2, kNaN, 8, -1});
-  auto op = b::topk_with_indices(F::NumericFloat, K::Numeric_TopKWithIndices, x, 1, 3, dtypes::i64, d.fresh(),
-                                 d.fresh());
+  auto op =
+      b::topk_with_indices(F::NumericFloat, K::Numeric_TopKWithIndices, x, 1, 3, dtypes::i64, d.fresh(), d.fresh());
   d.ok(op);
   EXPECT_EQ(d.shape_of(op->outputs()[0].id), (Shape{2, 3}));
   EXPECT_THAT(d.f64_of(op->outputs()[0].id), NanEq(std::vector<double>{5, 5, 3, kNaN, 8, 2}));
   EXPECT_EQ(d.i64_of(op->outputs()[1].id), (std::vector<std::int64_t>{1, 3, 2, 1, 2, 0}));
   const TensorIr xi = d.i64({3, 2}, dtypes::i64, {4, 0, 9, 1, 4, 2});
-  auto op2 = b::topk_with_indices(F::NumericInt, K::Numeric_TopKWithIndices, xi, 0, 2, dtypes::i32, d.fresh(),
-                                  d.fresh());
+  auto op2 =
+      b::topk_with_indices(F::NumericInt, K::Numeric_TopKWithIndices, xi, 0, 2, dtypes::i32, d.fresh(), d.fresh());
   d.ok(op2);
   EXPECT_EQ(d.i64_of(op2->outputs()[0].id), (std::vector<std::int64_t>{9, 2, 4, 1}));
   EXPECT_EQ(d.i64_of(op2->outputs()[1].id), (std::vector<std::int64_t>{1, 2, 0, 1}));
-  auto op3 = b::topk_with_indices(F::NumericInt, K::Numeric_TopKWithIndices, xi, 0, 0, dtypes::i32, d.fresh(),
-                                  d.fresh());
+  auto op3 =
+      b::topk_with_indices(F::NumericInt, K::Numeric_TopKWithIndices, xi, 0, 0, dtypes::i32, d.fresh(), d.fresh());
   d.ok(op3);
   EXPECT_EQ(d.shape_of(op3->outputs()[0].id), (Shape{0, 2}));
 }
@@ -239,7 +240,8 @@ TEST(ReferenceReduceTest, BadAttributesAreErrors) {
   bad = *op;
   bad.tensors[1].shape = {2, 3};  // output shape that the op does not produce
   EXPECT_EQ(d.exec.execute(bad, d.handles).error().code, ErrorCode::IncompatibleShapes);
-  auto tk = b::topk_with_indices(F::NumericFloat, K::Numeric_TopKWithIndices, x, 1, 2, dtypes::i64, d.fresh(), d.fresh());
+  auto tk =
+      b::topk_with_indices(F::NumericFloat, K::Numeric_TopKWithIndices, x, 1, 2, dtypes::i64, d.fresh(), d.fresh());
   KILN_ASSERT_OK(tk);
   bad = *tk;
   bad.attrs[1] = 4;  // k > dim

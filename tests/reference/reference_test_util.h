@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "kiln/reference/memory.h"
-#include "kiln/reference/reference_executor.h"
-#include "kiln/reference/tensor.h"
 #include "kiln/ir/builders.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/operation.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/reference_executor.h"
+#include "kiln/reference/tensor.h"
 
 namespace kiln::reference::testing {
 
@@ -75,8 +75,8 @@ class Device {
   // Runs and expects success; returns the first output's id.
   TensorId ok(const Result<Operation>& op) {
     Status st = run(op);
-    EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().to_string()) << "\n  op: "
-                         << (op.ok() ? op->to_string() : std::string("(not built)"));
+    EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().to_string())
+                         << "\n  op: " << (op.ok() ? op->to_string() : std::string("(not built)"));
     return op.ok() && !op->outputs().empty() ? op->outputs()[0].id : TensorId{0};
   }
 

@@ -30,9 +30,9 @@ TEST(HalfTest, F16KnownValues) {
   EXPECT_EQ(f16_from_f64(-0.0), 0x8000);
   EXPECT_EQ(f16_from_f64(1.0), 0x3C00);
   EXPECT_EQ(f16_from_f64(-2.0), 0xC000);
-  EXPECT_EQ(f16_from_f64(65504.0), 0x7BFF);          // largest finite
-  EXPECT_EQ(f16_from_f64(65519.99), 0x7BFF);         // below the midpoint to 2^16
-  EXPECT_EQ(f16_from_f64(65520.0), 0x7C00);          // the midpoint rounds to even = infinity
+  EXPECT_EQ(f16_from_f64(65504.0), 0x7BFF);   // largest finite
+  EXPECT_EQ(f16_from_f64(65519.99), 0x7BFF);  // below the midpoint to 2^16
+  EXPECT_EQ(f16_from_f64(65520.0), 0x7C00);   // the midpoint rounds to even = infinity
   EXPECT_EQ(f16_from_f64(1e10), 0x7C00);
   EXPECT_EQ(f16_from_f64(-1e300), 0xFC00);
   EXPECT_EQ(f16_from_f64(kInf), 0x7C00);
@@ -45,7 +45,7 @@ TEST(HalfTest, F16KnownValues) {
   EXPECT_EQ(f16_from_f64(1e-300), 0x0000);
   EXPECT_EQ(f16_from_f64(-1e-300), 0x8000);
   EXPECT_EQ(f16_from_f64(std::ldexp(1023.0, -24) + std::ldexp(1.0, -25)), 0x0400);  // subnormal carries to normal
-  EXPECT_EQ(f16_from_f64(1.0 + std::ldexp(1.0, -11)), 0x3C00);  // tie between 1 and 1+2^-10: even
+  EXPECT_EQ(f16_from_f64(1.0 + std::ldexp(1.0, -11)), 0x3C00);                      // tie between 1 and 1+2^-10: even
   EXPECT_EQ(f16_from_f64(1.0 + 3 * std::ldexp(1.0, -11)), 0x3C02);
   EXPECT_EQ(f16_from_f64(0.1), 0x2E66);
   EXPECT_TRUE(is_nan16(f16_from_f64(kNaN), false));
@@ -91,7 +91,9 @@ TEST(HalfTest, F16MatchesTheCompilersConversion) {
     double v;
     switch (i % 3) {
       case 0: v = std::bit_cast<double>(rng()); break;  // any pattern
-      case 1: v = std::ldexp(std::uniform_real_distribution<double>(-1, 1)(rng), static_cast<int>(rng() % 50) - 30); break;
+      case 1:
+        v = std::ldexp(std::uniform_real_distribution<double>(-1, 1)(rng), static_cast<int>(rng() % 50) - 30);
+        break;
       default: v = std::ldexp(static_cast<double>(rng() % 4096), static_cast<int>(rng() % 60) - 40); break;
     }
     const _Float16 h = static_cast<_Float16>(v);
@@ -116,8 +118,8 @@ TEST(HalfTest, Bf16KnownValues) {
   EXPECT_EQ(bf16_from_f64(3.4e38), 0x7F80);  // rounds past the largest finite (3.3895e38)
   EXPECT_EQ(bf16_from_f64(1e39), 0x7F80);
   EXPECT_EQ(bf16_from_f64(-kInf), 0xFF80);
-  EXPECT_EQ(bf16_from_f64(std::ldexp(1.0, -133)), 0x0001);  // smallest subnormal
-  EXPECT_EQ(bf16_from_f64(std::ldexp(1.0, -134)), 0x0000);  // tie to even
+  EXPECT_EQ(bf16_from_f64(std::ldexp(1.0, -133)), 0x0001);      // smallest subnormal
+  EXPECT_EQ(bf16_from_f64(std::ldexp(1.0, -134)), 0x0000);      // tie to even
   EXPECT_EQ(bf16_from_f64(1.0 + std::ldexp(1.0, -8)), 0x3F80);  // tie: even
   EXPECT_EQ(bf16_from_f64(1.0 + 3 * std::ldexp(1.0, -8)), 0x3F82);
   EXPECT_TRUE(is_nan16(bf16_from_f64(kNaN), true));

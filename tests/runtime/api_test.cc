@@ -118,7 +118,7 @@ std::vector<double> map(const std::vector<float>& x, double (*f)(double)) {
 }
 
 const std::vector<float> kA{1.5f, -2, 0.25f, 3, -0.5f, 4};  // [2, 3]
-const std::vector<float> kB{0.5f, 2, -1.25f};              // [1, 3]
+const std::vector<float> kB{0.5f, 2, -1.25f};               // [1, 3]
 
 TEST_F(Api, HostTransfersForEveryDtype) {
   EXPECT_EQ(ok(s->to_host<float>(f32({1, 2}, {2}))), (std::vector<float>{1, 2}));
@@ -178,9 +178,11 @@ TEST_F(Api, PowLowering) {
   std::map<double, std::uint64_t> want_ops{{0, 1}, {1, 0}, {2, 1}, {-1, 1}, {-2, 2}, {0.5, 1}};
   for (auto [e, n] : want_ops)
     EXPECT_EQ(ops_registered([&](std::vector<Tensor>& keep) {
-      keep.push_back(f32(x, {3}));
-      keep.push_back(ok(s->pow(keep[0], e)));
-    }), n) << e;
+                keep.push_back(f32(x, {3}));
+                keep.push_back(ok(s->pow(keep[0], e)));
+              }),
+              n)
+        << e;
 }
 
 TEST_F(Api, UnaryOps) {
@@ -307,13 +309,16 @@ TEST_F(Api, Composites) {
   for (int r = 0; r < 2; ++r) {
     double z = 0;
     for (int c = 0; c < 3; ++c) z += std::exp(double(kA[r * 3 + c]));
-    for (int c = 0; c < 3; ++c) sm.push_back(std::exp(double(kA[r * 3 + c])) / z), lsm.push_back(kA[r * 3 + c] - std::log(z));
+    for (int c = 0; c < 3; ++c)
+      sm.push_back(std::exp(double(kA[r * 3 + c])) / z), lsm.push_back(kA[r * 3 + c] - std::log(z));
   }
   expect_near(get(s->softmax(x, 1), {2, 3}), sm);
   expect_near(get(s->log_softmax(x, 1), {2, 3}), lsm);
   Tensor y = f32({1, -1, 0, 2, 2, 2}, {2, 3});
   double mse = 0;
-  for (int i = 0; i < 6; ++i) mse += (double(kA[i]) - (std::vector<double>{1, -1, 0, 2, 2, 2})[i]) * (double(kA[i]) - (std::vector<double>{1, -1, 0, 2, 2, 2})[i]);
+  for (int i = 0; i < 6; ++i)
+    mse += (double(kA[i]) - (std::vector<double>{1, -1, 0, 2, 2, 2})[i]) *
+           (double(kA[i]) - (std::vector<double>{1, -1, 0, 2, 2, 2})[i]);
   expect_near(get(s->mse_loss(x, y), {1}), {mse / 6});
   // Classes 2 and 0.
   const double ce = -(lsm[2] + lsm[3]) / 2;
@@ -353,7 +358,8 @@ TEST_F(Api, PerThreadStreams) {
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
       streams[t] = s->current_stream().value();
-      EXPECT_EQ(s->current_stream().value(), streams[t]) << "the same thread gets the same stream (docs/spec/fusion.md §19.11 item 9)";
+      EXPECT_EQ(s->current_stream().value(), streams[t])
+          << "the same thread gets the same stream (docs/spec/fusion.md §19.11 item 9)";
       Tensor x = ok(s->mul(shared, double(t + 1)));  // a shared view of another stream's tensor
       for (int i = 0; i < 20; ++i) x = ok(s->add(std::move(x), 1.0));
       std::vector<float> v = ok(s->to_host(std::move(x)));

@@ -20,7 +20,6 @@
 
 namespace kiln::testing {
 
-
 // Polls `done` every 10 ms until it holds or `limit` passes; whether it held. A deadline for a
 // condition, never a speed.
 inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {

@@ -89,7 +89,8 @@ TEST(ProducerTable, ConcurrentWritersKeepEveryEntry) {
   for (std::thread& th : threads) th.join();
   std::unordered_map<std::uint64_t, std::uint64_t> model;
   for (int t = 0; t < kThreads; ++t)
-    for (std::uint64_t i = 1; i < kPerThread; i += 2) model[i * kThreads + static_cast<std::uint64_t>(t)] = static_cast<std::uint64_t>(t);
+    for (std::uint64_t i = 1; i < kPerThread; i += 2)
+      model[i * kThreads + static_cast<std::uint64_t>(t)] = static_cast<std::uint64_t>(t);
   expect_same(table, model, kPerThread * kThreads);
 }
 

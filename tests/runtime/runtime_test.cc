@@ -15,9 +15,9 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "kiln/apps/mlp_trainer.h"
-#include "kiln/ir/builders.h"
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/cpu/reference_backend.h"
+#include "kiln/ir/builders.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
 #include "kiln/runtime/stream_actor.h"
@@ -62,7 +62,8 @@ TensorIr upload_f32x2(Device& dev, float a, float b) {
 
 void expect_near_all(const std::vector<float>& got, const std::vector<double>& want) {
   ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i]))) << i;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i]))) << i;
 }
 
 TEST(Runtime, FusedElementwiseValues) {
@@ -89,7 +90,7 @@ TEST(Runtime, FusedElementwiseValues) {
 #endif
   }
   KILN_ASSERT_OK(dev->shutdown());
-  EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);  // every tensor dropped
+  EXPECT_EQ(dev->backend().memory_stats().tensors, 0u);       // every tensor dropped
   EXPECT_EQ(dev->backend().memory_stats().bytes_in_use, 0u);  // and every buffer released
 }
 
@@ -167,7 +168,8 @@ TEST(Runtime, EachThreadTakesItsTensorIdsFromItsOwnBlock) {
     EXPECT_EQ(ok(s.to_host(std::move(y))), (std::vector<float>{15}));
   }).join();
   x = chain(std::move(x), ir::kTensorIdBlock + 20, &mine);  // spans a refill
-  EXPECT_EQ(ok(s.to_host(std::move(x))), (std::vector<float>{float(1 + ir::kTensorIdBlock + 30), float(2 + ir::kTensorIdBlock + 30)}));
+  EXPECT_EQ(ok(s.to_host(std::move(x))),
+            (std::vector<float>{float(1 + ir::kTensorIdBlock + 30), float(2 + ir::kTensorIdBlock + 30)}));
   EXPECT_EQ(mine[0] % ir::kTensorIdBlock, 0u);
   EXPECT_EQ(other[0] % ir::kTensorIdBlock, 0u);
   // This thread's first block: consecutive ids, the other thread's ops in between.
@@ -269,9 +271,10 @@ TEST(Runtime, AWaitRunsAnUnwokenBacklogOfAnyLengthInline) {
   constexpr int kOps = 40;  // well above StreamActor::kInlineBacklog
   for (int i = 0; i < kOps; ++i) {
     const TensorId next = dev->new_tensor_id();
-    ASSERT_TRUE(dev->register_op_deferred(D, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar,
-                                                                    cur, ir::ScalarIr::Float(0.5), next)))
-                    .ok());
+    ASSERT_TRUE(
+        dev->register_op_deferred(D, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, cur,
+                                                          ir::ScalarIr::Float(0.5), next)))
+            .ok());
     cur = TensorIr{next, {2}, TensorStatus::ReadWrite, ir::dtypes::f32};
   }
   // The first op read x (ReadOnly); every later one consumed its predecessor.
@@ -309,9 +312,10 @@ std::unique_ptr<Device> make_tuned_device(std::size_t threads, std::size_t drain
 TensorIr add_halves_deferred(Device& dev, StreamId s, TensorIr cur, int n) {
   for (int i = 0; i < n; ++i) {
     const TensorId next = dev.new_tensor_id();
-    EXPECT_TRUE(dev.register_op_deferred(s, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar,
-                                                                  cur, ir::ScalarIr::Float(0.5), next)))
-                    .ok());
+    EXPECT_TRUE(
+        dev.register_op_deferred(s, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, cur,
+                                                         ir::ScalarIr::Float(0.5), next)))
+            .ok());
     cur = TensorIr{next, {2}, TensorStatus::ReadWrite, ir::dtypes::f32};
   }
   return cur;
@@ -413,7 +417,7 @@ TEST(Runtime, AStreamRunningInPlaceLetsItsSnapshotIn) {
     while (!reported.load() && std::chrono::steady_clock::now() < give_up) {
       const TensorId next = dev->new_tensor_id();
       if (!dev->register_op(K, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, cur,
-                                                     ir::ScalarIr::Float(0.5), next)))
+                                                    ir::ScalarIr::Float(0.5), next)))
                .ok())
         break;
       // Each op consumes the last one's output: memory stays bounded, and the actor never runs
@@ -470,7 +474,8 @@ TEST(Runtime, DeferredDropsRunOnWake) {
   const TensorId c1 = dev->new_tensor_id();
   // Deferred, then drained by this thread (inline): no turn was ever posted for C, so none can
   // come along later and run the drop below by chance.
-  ASSERT_TRUE(dev->register_op_deferred(C, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, xr, c1))).ok());
+  ASSERT_TRUE(
+      dev->register_op_deferred(C, ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, xr, c1))).ok());
   KILN_ASSERT_OK(dev->drain(C));
   ASSERT_EQ(dev->stream_stats(C)->turns, 0u);
   const std::uint64_t tensors_with_c1 = dev->backend().memory_stats().tensors;
@@ -564,7 +569,7 @@ TEST(Runtime, ForeignDrops) {
   // A drain from a third thread is a foreign command too, FIFO after the drop.
   std::thread([&] { KILN_EXPECT_OK(dev->drain(id)); }).join();
   EXPECT_FALSE(dev->backend().is_materialized(xid));  // freed at the drain's boundary
-  EXPECT_EQ(dev->stream_stats(id)->drains, 1u);        // the drop itself did not drain
+  EXPECT_EQ(dev->stream_stats(id)->drains, 1u);       // the drop itself did not drain
   expect_near_all(ok(s.to_host(std::move(y))), {6, 8});
   // A tensor not produced yet dropped from another thread: drain + queued Drop.
   Tensor u = ok(s.from_host(std::vector<float>{1}, {1}));
@@ -700,7 +705,7 @@ TEST(Runtime, CloseStreamDrainsAndRemovesTheActor) {
     KILN_ASSERT_OK(dev->close_stream(explicit_stream));
     EXPECT_EQ(dev->num_streams(), before - 1);
     EXPECT_FALSE(dev->stream_stats(explicit_stream).has_value());
-    EXPECT_TRUE(dev->backend().is_materialized(r.id()));  // the drain ran it
+    EXPECT_TRUE(dev->backend().is_materialized(r.id()));   // the drain ran it
     std::vector<float> got = ok(s.to_host(std::move(r)));  // re-creates the stream for the read
     ASSERT_EQ(got.size(), 4u);
     EXPECT_NEAR(got[3], std::exp(8.0), 1e-2);
@@ -737,7 +742,7 @@ TEST(Runtime, ClosingAStreamWhileOtherThreadsUseIt) {
     const StreamId s(7000 + round);
     const TensorId y = dev->new_tensor_id();
     ASSERT_TRUE(dev->register_op(s, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, x,
-                                                          ir::ScalarIr::Float(0.5), y)))
+                                                         ir::ScalarIr::Float(0.5), y)))
                     .ok());
     const TensorIr y_ro{y, {2}, TensorStatus::ReadOnly, ir::dtypes::f32};
     std::atomic<bool> closed{false};
@@ -816,10 +821,14 @@ TEST(Runtime, CancelledRegistrationsAndDropsReleaseWhatTheyConsumed) {
   {
     StreamActor actor(StreamId(1), ctx, pool);
     // Queued without waking the actor (as the daemon defers a burst): nothing runs them.
-    ASSERT_TRUE(actor.submit_op(ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, consumed, TensorId(100))), false).ok());
+    ASSERT_TRUE(
+        actor.submit_op(ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, consumed, TensorId(100))), false)
+            .ok());
     TensorIr kept_ro = kept;
     kept_ro.status = TensorStatus::ReadOnly;  // read, not consumed: it stays
-    ASSERT_TRUE(actor.submit_op(ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, kept_ro, TensorId(101))), false).ok());
+    ASSERT_TRUE(
+        actor.submit_op(ok(ir::build::unary(ir::Family::Float, ir::OpKind::Float_Exp, kept_ro, TensorId(101))), false)
+            .ok());
     // A drop from another thread than the stream's producer: a foreign drop.
     std::thread([&] { KILN_ASSERT_OK(actor.submit_drop(dropped, false)); }).join();
     EXPECT_EQ(backend->memory_stats().tensors, before);

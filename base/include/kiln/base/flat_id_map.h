@@ -64,9 +64,7 @@ class FlatIdMap {
   iterator begin() { return iterator(slots_.data(), slots_.data() + slots_.size()); }
   iterator end() { return iterator(slots_.data() + slots_.size(), slots_.data() + slots_.size()); }
   const_iterator begin() const { return const_iterator(slots_.data(), slots_.data() + slots_.size()); }
-  const_iterator end() const {
-    return const_iterator(slots_.data() + slots_.size(), slots_.data() + slots_.size());
-  }
+  const_iterator end() const { return const_iterator(slots_.data() + slots_.size(), slots_.data() + slots_.size()); }
 
   // nullptr when absent.
   V* find(Id id) {

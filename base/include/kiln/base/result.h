@@ -109,10 +109,10 @@ class [[nodiscard]] Result {
 // Propagate an error from an expression returning Status or Result<T>.
 #define KILN_CONCAT_INNER(a, b) a##b
 #define KILN_CONCAT(a, b) KILN_CONCAT_INNER(a, b)
-#define KILN_RETURN_IF_ERROR(expr)                 \
-  do {                                             \
-    auto _kiln_st = (expr);                        \
-    if (!_kiln_st.ok()) return _kiln_st.error();   \
+#define KILN_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    auto _kiln_st = (expr);                      \
+    if (!_kiln_st.ok()) return _kiln_st.error(); \
   } while (0)
 #define KILN_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                               \

@@ -47,7 +47,7 @@ struct CompiledProgram;
 namespace jit {
 class JitCache;
 struct Kernel;
-}
+}  // namespace jit
 
 // Whether fused elementwise programs are JIT-compiled to native loops (docs/cpu-backend.md,
 // "JIT"): Off = the interpreter only; On / Auto = compile with the system C++ compiler when one
@@ -77,20 +77,20 @@ struct CpuDeviceOptions {
 
 // A snapshot of the device's counters.
 struct CpuDeviceStats {
-  std::uint64_t fused_launches = 0;       // fused programs (or ReduceBroadcasted stages) run fast
-  std::uint64_t fused_replays = 0;        // fused programs replayed op by op (errored input, fault,
-                                          // unsupported structure)
-  std::uint64_t fast_ops = 0;             // single operations run by the fast kernels
-  std::uint64_t reference_ops = 0;        // single operations run by the reference executor
-  std::uint64_t kernel_cache_hits = 0;    // compiled forms found in the cache
-  std::uint64_t kernel_cache_misses = 0;  // compiled forms built
-  std::uint64_t inplace_reuses = 0;       // outputs written into a consumed input's buffer
-  std::uint64_t zero_copy_reshapes = 0;   // reshapes that share their input's buffer
-  std::uint64_t row_interleaved = 0;      // ReduceBroadcasted programs run row group by row group
+  std::uint64_t fused_launches = 0;          // fused programs (or ReduceBroadcasted stages) run fast
+  std::uint64_t fused_replays = 0;           // fused programs replayed op by op (errored input, fault,
+                                             // unsupported structure)
+  std::uint64_t fast_ops = 0;                // single operations run by the fast kernels
+  std::uint64_t reference_ops = 0;           // single operations run by the reference executor
+  std::uint64_t kernel_cache_hits = 0;       // compiled forms found in the cache
+  std::uint64_t kernel_cache_misses = 0;     // compiled forms built
+  std::uint64_t inplace_reuses = 0;          // outputs written into a consumed input's buffer
+  std::uint64_t zero_copy_reshapes = 0;      // reshapes that share their input's buffer
+  std::uint64_t row_interleaved = 0;         // ReduceBroadcasted programs run row group by row group
   std::uint64_t kernel_cache_evictions = 0;  // compiled forms dropped by max_kernels
-  std::uint64_t nontemporal_outputs = 0;  // fresh outputs of memory-bound launches streaming from
-                                          // DRAM written with non-temporal stores (no read for
-                                          // ownership), as the kernel that wrote them reports
+  std::uint64_t nontemporal_outputs = 0;     // fresh outputs of memory-bound launches streaming from
+                                             // DRAM written with non-temporal stores (no read for
+                                             // ownership), as the kernel that wrote them reports
   // fused_launches by fusion::ProgramKind (ReduceBroadcasted counts its stages as their kinds).
   std::array<std::uint64_t, 5> launches_by_kind{};
   // JIT (CpuJitMode): launches run by a compiled kernel; compiler runs; kernels loaded from the
@@ -186,7 +186,7 @@ class CpuDevice {
   mutable SharedMutex cache_mutex_;
   std::unordered_map<std::uint64_t, std::vector<CacheEntry>> cache_ KILN_GUARDED_BY(cache_mutex_);
   std::size_t cache_entries_ KILN_GUARDED_BY(cache_mutex_) = 0;
-  std::atomic<std::uint64_t> cache_clock_{0};                          // compiled forms built so far
+  std::atomic<std::uint64_t> cache_clock_{0};  // compiled forms built so far
   std::unique_ptr<jit::JitCache> jit_;
   Counters counters_;
 };

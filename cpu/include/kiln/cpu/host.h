@@ -9,23 +9,23 @@
 
 namespace kiln::cpu {
 
+using reference::bf16_from_f32;
+using reference::bf16_from_f64;
+using reference::bf16_to_f32;
+using reference::bf16_to_f64;
+using reference::checked_num_elements;
+using reference::f16_from_f32;
+using reference::f16_from_f64;
+using reference::f16_to_f32;
+using reference::f16_to_f64;
 using reference::HostAllocator;
 using reference::HostAllocatorOptions;
 using reference::HostAllocatorStats;
 using reference::HostBuffer;
 using reference::HostTensor;
 using reference::kHostAlignment;
-using reference::ReferenceExecutor;
-using reference::checked_num_elements;
 using reference::native_dtype;
-using reference::bf16_from_f32;
-using reference::bf16_from_f64;
-using reference::bf16_to_f32;
-using reference::bf16_to_f64;
-using reference::f16_from_f32;
-using reference::f16_from_f64;
-using reference::f16_to_f32;
-using reference::f16_to_f64;
+using reference::ReferenceExecutor;
 namespace element = reference::element;
 
 }  // namespace kiln::cpu

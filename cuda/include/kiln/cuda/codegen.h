@@ -36,8 +36,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kiln/fusion/fused_program.h"
 #include "kiln/base/result.h"
+#include "kiln/fusion/fused_program.h"
 
 namespace kiln::cuda {
 
@@ -111,10 +111,10 @@ struct StageInfo {
 };
 
 struct GeneratedProgram {
-  std::string body;                  // the kernels; compile prelude() + body
+  std::string body;  // the kernels; compile prelude() + body
   std::vector<KernelSpec> kernels;
   std::vector<ScalarSlot> scalars;
-  std::vector<StageInfo> stages;     // one per stage (one for every kind but ReduceBroadcasted)
+  std::vector<StageInfo> stages;  // one per stage (one for every kind but ReduceBroadcasted)
   // Whether a kernel may fault (integer division, indexed reads, reductions without identity):
   // the host checks the fault word before it commits the outputs.
   bool may_fault = false;

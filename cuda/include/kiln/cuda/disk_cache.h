@@ -25,8 +25,8 @@
 #include <string>
 #include <string_view>
 
-#include "kiln/cuda/nvrtc.h"
 #include "kiln/base/result.h"
+#include "kiln/cuda/nvrtc.h"
 
 namespace kiln::cuda {
 

@@ -13,10 +13,10 @@
 #include <span>
 #include <vector>
 
+#include "kiln/base/result.h"
 #include "kiln/cuda/codegen.h"
 #include "kiln/cuda/launch_abi.h"
 #include "kiln/fusion/fused_program.h"
-#include "kiln/base/result.h"
 #include "kiln/ir/scalar.h"
 #include "kiln/ir/tensor.h"
 
@@ -84,11 +84,11 @@ struct StageArgs {
   std::vector<BlockLayout> blocks;
   KilnReduceShape reduce{};
   KilnMatmulShape matmul{};
-  std::vector<std::uintptr_t> inputs;    // per program input (a View entry: its source's buffer)
-  std::vector<std::uintptr_t> outputs;   // per program output (0 when not written)
-  std::vector<KilnIndexed> indexed;      // per program input (used for Indexed roles)
-  std::vector<ScalarArg> scalars;        // per GeneratedProgram scalar slot
-  std::uintptr_t fault = 0;              // int* fault word
+  std::vector<std::uintptr_t> inputs;   // per program input (a View entry: its source's buffer)
+  std::vector<std::uintptr_t> outputs;  // per program output (0 when not written)
+  std::vector<KilnIndexed> indexed;     // per program input (used for Indexed roles)
+  std::vector<ScalarArg> scalars;       // per GeneratedProgram scalar slot
+  std::uintptr_t fault = 0;             // int* fault word
 };
 
 // The argument list of one launch: storage for each parameter and the void* array

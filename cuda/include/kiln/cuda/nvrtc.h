@@ -20,8 +20,8 @@
 namespace kiln::cuda {
 
 struct CompileOptions {
-  int arch = 90;     // compute capability major * 10 + minor: sm_90
-  bool cubin = true; // CUBIN (loads without a JIT step); false: PTX (forward compatible)
+  int arch = 90;      // compute capability major * 10 + minor: sm_90
+  bool cubin = true;  // CUBIN (loads without a JIT step); false: PTX (forward compatible)
   // Directory holding cuda_fp16.h / cuda_bf16.h; empty: the toolkit's include directory found at
   // build time (KILN_CUDA_INCLUDE_DIR), overridden by the environment variable KILN_CUDA_INCLUDE.
   std::string include_dir;
@@ -32,7 +32,7 @@ struct CompiledCode {
   std::vector<std::byte> bytes;  // CUBIN, or PTX text with its terminating NUL
   bool is_cubin = true;
   int arch = 0;
-  std::string log;               // NVRTC's log (warnings), may be empty
+  std::string log;  // NVRTC's log (warnings), may be empty
 };
 
 // Compiles `source`. Errors: ErrorCode::Execution with the NVRTC log (a compilation error is a

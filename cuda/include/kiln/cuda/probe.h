@@ -23,10 +23,10 @@ namespace kiln::cuda {
 struct DeviceInfo {
   int ordinal = 0;
   std::string name;
-  int major = 0, minor = 0;            // compute capability
-  std::uint64_t total_memory = 0;      // bytes
+  int major = 0, minor = 0;        // compute capability
+  std::uint64_t total_memory = 0;  // bytes
   int multiprocessors = 0;
-  bool memory_pools = false;           // cudaMallocAsync supported
+  bool memory_pools = false;  // cudaMallocAsync supported
   int arch() const { return major * 10 + minor; }
 };
 

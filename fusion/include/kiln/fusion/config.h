@@ -16,8 +16,8 @@
 #include <string>
 #include <string_view>
 
-#include "kiln/fusion/fusion_log.h"
 #include "kiln/base/result.h"
+#include "kiln/fusion/fusion_log.h"
 
 namespace kiln::fusion {
 

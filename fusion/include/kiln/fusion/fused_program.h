@@ -48,8 +48,8 @@
 // Thread-safety: immutable values once built; share freely.
 #pragma once
 
-#include <boost/container/small_vector.hpp>
 #include <atomic>
+#include <boost/container/small_vector.hpp>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -81,8 +81,11 @@ struct FuseSettings {
   static FuseSettings matmul_epilogue() { return {.output_shape_updates = false}; }
   static FuseSettings reduce_read() { return {.broadcast = false, .ref_layout = RefLayout::OnlyContiguous}; }
   static FuseSettings reduce_write() {
-    return {.broadcast = false, .output_shape_updates = false, .inplace = false,
-            .vectorization = Vectorization::SmallerOrEqualThanPreviousBlock, .ref_layout = RefLayout::OnlyContiguous};
+    return {.broadcast = false,
+            .output_shape_updates = false,
+            .inplace = false,
+            .vectorization = Vectorization::SmallerOrEqualThanPreviousBlock,
+            .ref_layout = RefLayout::OnlyContiguous};
   }
   static FuseSettings nhwc() { return {.ref_layout = RefLayout::AnyKeepOutput}; }
   friend bool operator==(const FuseSettings&, const FuseSettings&) = default;
@@ -106,15 +109,15 @@ std::string_view input_role_name(InputRole r);
 struct ViewSpec {
   ir::OpKind op = ir::OpKind::Base_SwapDims;  // Base_SwapDims or Base_Reshape
   std::uint32_t source = 0;
-  std::int64_t dim1 = 0, dim2 = 0;            // SwapDims
-  ir::Shape shape;                            // the view's relative shape
+  std::int64_t dim1 = 0, dim2 = 0;  // SwapDims
+  ir::Shape shape;                  // the view's relative shape
   friend bool operator==(const ViewSpec&, const ViewSpec&) = default;
 };
 
 struct ProgramInput {
   std::uint64_t tensor = 0;  // relative id
   ir::DType dtype;
-  ir::Shape shape;           // relative shape of the tensor
+  ir::Shape shape;                                       // relative shape of the tensor
   ir::TensorStatus status = ir::TensorStatus::ReadOnly;  // latest use in the trace
   InputRole role = InputRole::Plain;
   std::optional<ViewSpec> view;  // role View
@@ -155,7 +158,7 @@ struct Load {
   LoadSource source = LoadSource::Input;
   std::uint32_t index = 0;  // program input, or program output written by an earlier block
   std::uint32_t local = 0;
-  bool broadcast = false;   // the tensor has relative dim 0 where the block's reference has not
+  bool broadcast = false;  // the tensor has relative dim 0 where the block's reference has not
   friend bool operator==(const Load&, const Load&) = default;
 };
 
@@ -186,7 +189,7 @@ struct MatmulSpec {
   std::uint32_t lhs = 0;
   std::uint32_t rhs = 0;
   std::uint32_t out = 0;
-  ir::DType dtype;      // the op's carried dtype
+  ir::DType dtype;  // the op's carried dtype
   ir::DType out_dtype;
   friend bool operator==(const MatmulSpec&, const MatmulSpec&) = default;
 };
@@ -211,11 +214,11 @@ struct ProgramOutput {
   ir::DType dtype;
   ir::Shape shape;
   ir::TensorStatus status = ir::TensorStatus::NotInit;  // latest use in the trace
-  std::uint32_t block = 0;   // producing block
-  std::uint32_t local = 0;   // its register there
-  bool written = false;      // stored to global memory
-  bool kept = false;         // still needed after the kernel (status != ReadWrite): register its
-                             // handle; written && !kept = a temporary between blocks
+  std::uint32_t block = 0;                              // producing block
+  std::uint32_t local = 0;                              // its register there
+  bool written = false;                                 // stored to global memory
+  bool kept = false;                  // still needed after the kernel (status != ReadWrite): register its
+                                      // handle; written && !kept = a temporary between blocks
   std::optional<Permutation> layout;  // stride order to write it with (NHWC), default row-major
   friend bool operator==(const ProgramOutput&, const ProgramOutput&) = default;
 };

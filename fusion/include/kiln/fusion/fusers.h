@@ -140,7 +140,7 @@ class ReduceBroadcastedFuser final : public OperationFuser {
   FusionLog log_;
   std::vector<ReduceFuser> blocks_;
   State state_ = State::Starting;
-  ir::Shape shape_;      // Init: the reduction input's relative shape
+  ir::Shape shape_;        // Init: the reduction input's relative shape
   std::int64_t axis_ = 0;  // Init: the reduced axis
   std::size_t num_ops_ = 0;
 };

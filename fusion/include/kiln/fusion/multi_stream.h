@@ -16,8 +16,8 @@
 #include <unordered_set>
 
 #include "kiln/fusion/operation_queue.h"
-#include "kiln/fusion/stream_id.h"
 #include "kiln/fusion/stream.h"
+#include "kiln/fusion/stream_id.h"
 
 namespace kiln::fusion {
 

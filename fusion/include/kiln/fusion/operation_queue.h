@@ -9,11 +9,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/base/flat_id_map.h"
 #include "kiln/fusion/executor.h"
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/fusion/plan_store.h"
 #include "kiln/fusion/strategy.h"
-#include "kiln/base/flat_id_map.h"
 #include "kiln/ir/relative.h"
 
 namespace kiln::fusion {

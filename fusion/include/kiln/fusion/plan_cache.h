@@ -92,14 +92,14 @@ enum class PlanCacheProblem : std::uint8_t {
 const char* plan_cache_problem_name(PlanCacheProblem p);
 
 struct PlanCacheLoadReport {
-  bool found = false;       // DIR/plans.kpc existed (not looked for when the directory was refused)
+  bool found = false;  // DIR/plans.kpc existed (not looked for when the directory was refused)
   // DIR was not used: it is not ours alone (problem UnsafeDirectory), or stat(2) failed other
   // than with ENOENT (Unreadable). Not "nothing saved yet": a file may well be there.
   bool directory_refused = false;
-  std::size_t loaded = 0;   // plans new to the store
-  std::size_t merged = 0;   // plans the store already had (same operations): triggers merged
+  std::size_t loaded = 0;                             // plans new to the store
+  std::size_t merged = 0;                             // plans the store already had (same operations): triggers merged
   PlanCacheProblem problem = PlanCacheProblem::None;  // != None: the whole file was ignored
-  std::string reason;       // what was wrong (names the field and byte offset); empty if fine
+  std::string reason;                                 // what was wrong (names the field and byte offset); empty if fine
   bool ok() const { return problem == PlanCacheProblem::None; }
   // Nothing to load and nothing wrong: DIR or DIR/plans.kpc does not exist yet (a first run).
   bool nothing_saved() const { return !found && ok(); }
@@ -161,8 +161,7 @@ Result<PlanCacheSaveReport> save_plan_cache(const ExecutionPlanStore& store, con
 // (nothing_saved()); an unsafe directory (directory_refused) or a file that is unreadable,
 // corrupt, truncated or from another version is ignored with a warning (spdlog's default logger,
 // and the fusion log at level basic) and the report says why.
-PlanCacheLoadReport load_plan_cache(ExecutionPlanStore& store, const std::filesystem::path& dir,
-                                    const FusionLog& log);
+PlanCacheLoadReport load_plan_cache(ExecutionPlanStore& store, const std::filesystem::path& dir, const FusionLog& log);
 
 // ---- Saving as plans are learned.
 
@@ -245,7 +244,7 @@ class PlanCacheAutosaver {
   PlanCacheAutosaverStats stats_ KILN_GUARDED_BY(mu_);
 
   Mutex join_mu_ KILN_ACQUIRED_BEFORE(mu_);  // serialises stop()'s join
-  std::thread thread_;               // started by the constructor's body: every member is ready
+  std::thread thread_;                       // started by the constructor's body: every member is ready
 };
 
 }  // namespace kiln::fusion

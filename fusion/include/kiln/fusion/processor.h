@@ -43,15 +43,15 @@ class QueueSegment final : public Segment {
 };
 
 struct ProcessorStats {
-  std::uint64_t cache_hits = 0;        // cached plans executed
-  std::uint64_t explorations = 0;      // explorations completed (new or existing plan)
-  std::uint64_t plans_created = 0;     // plans this processor added to the store
-  std::uint64_t unfused_capped = 0;    // segments run unfused because of max_explorations
+  std::uint64_t cache_hits = 0;      // cached plans executed
+  std::uint64_t explorations = 0;    // explorations completed (new or existing plan)
+  std::uint64_t plans_created = 0;   // plans this processor added to the store
+  std::uint64_t unfused_capped = 0;  // segments run unfused because of max_explorations
 };
 
 struct ProcessorOptions {
-  std::size_t max_blocks = 5;                     // [fusion.beam_search] max_blocks
-  std::optional<std::size_t> max_explorations;    // [fusion] max_explorations; none = unlimited
+  std::size_t max_blocks = 5;                   // [fusion.beam_search] max_blocks
+  std::optional<std::size_t> max_explorations;  // [fusion] max_explorations; none = unlimited
 };
 
 class Processor {

@@ -20,8 +20,8 @@ class RecordingExecutor final : public Executor {
 
   struct Record {
     bool fused = false;
-    std::string name;                      // optimization name (fused only)
-    std::vector<ir::Operation> operations; // global ops, in the order they ran / are covered
+    std::string name;                       // optimization name (fused only)
+    std::vector<ir::Operation> operations;  // global ops, in the order they ran / are covered
   };
 
   void execute_optimization(const Optimization& opt, const ExecutionContext& ctx) override;

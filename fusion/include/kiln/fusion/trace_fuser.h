@@ -31,9 +31,9 @@ namespace kiln::fusion {
 
 // A tensor the trace reads from an input buffer (a binding).
 struct TraceInput {
-  ir::TensorIr tensor;      // relative; status = its latest use in the trace
-  bool indexed = false;     // read only through Gather / Select / Cat (not a block read)
-  bool unhandled = false;   // registered by a composite fuser (matmul operand; not a block read)
+  ir::TensorIr tensor;     // relative; status = its latest use in the trace
+  bool indexed = false;    // read only through Gather / Select / Cat (not a block read)
+  bool unhandled = false;  // registered by a composite fuser (matmul operand; not a block read)
 };
 
 // A tensor some op of the trace produced.

@@ -18,9 +18,9 @@
 #include <cstdint>
 #include <string>
 
+#include "kiln/base/result.h"
 #include "kiln/ipc/endpoint.h"
 #include "kiln/ipc/fd.h"
-#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

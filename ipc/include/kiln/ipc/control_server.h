@@ -32,18 +32,18 @@
 #include <string>
 #include <string_view>
 
+#include "kiln/base/result.h"
 #include "kiln/ipc/endpoint.h"
 #include "kiln/ipc/handshake.h"
 #include "kiln/ipc/segment.h"
-#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 
 struct ServerOptions {
-  std::string runtime_dir;                   // empty: default_runtime_dir()
-  std::string socket_name = "kilnd-cpu.sock";  // the CPU daemon's (daemon_socket_name)
-  std::optional<gid_t> allowed_gid;          // besides our own uid (runtime dir becomes 0710)
-  SegmentConfig segment;                     // per-client segment sizes
+  std::string runtime_dir;                            // empty: default_runtime_dir()
+  std::string socket_name = "kilnd-cpu.sock";         // the CPU daemon's (daemon_socket_name)
+  std::optional<gid_t> allowed_gid;                   // besides our own uid (runtime dir becomes 0710)
+  SegmentConfig segment;                              // per-client segment sizes
   std::chrono::milliseconds handshake_timeout{5000};  // a silent client is dropped after this
   // Connections open at once (handshaking or connected), in all and per client uid. One past a
   // limit is refused with a message naming it, after its hello; past the limit plus
@@ -59,7 +59,7 @@ struct AcceptedClient {
   std::uint64_t client_id = 0;  // assigned by the server, never reused by it
   PeerCredentials peer;
   std::string job;
-  Endpoint endpoint;            // daemon side: receive commands, send completions
+  Endpoint endpoint;  // daemon side: receive commands, send completions
 };
 
 struct ServerCallbacks {

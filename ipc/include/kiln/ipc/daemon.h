@@ -53,9 +53,9 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/base/result.h"
 #include "kiln/ipc/control_server.h"
 #include "kiln/ipc/protocol.h"
-#include "kiln/base/result.h"
 #include "kiln/runtime/device.h"
 
 namespace kiln::ipc {
@@ -89,7 +89,7 @@ struct DaemonOptions {
   // How often the daemon gives the backend's idle memory back (DeviceBackend::release_idle_memory);
   // 0 = never (an allocation or free still does it lazily).
   std::chrono::milliseconds maintenance_interval{1000};
-  std::string device_name = "cpu";     // reported by status
+  std::string device_name = "cpu";  // reported by status
   // Test hook: called on a client's session thread with each decoded command before it is
   // served. Tests hold an answer here to make a client's timeout happen for sure, not by a race
   // against the clock. Unset in kilnd.

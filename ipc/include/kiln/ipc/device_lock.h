@@ -17,8 +17,8 @@
 
 #include <string>
 
-#include "kiln/ipc/fd.h"
 #include "kiln/base/result.h"
+#include "kiln/ipc/fd.h"
 
 namespace kiln::ipc {
 

@@ -30,11 +30,11 @@
 #include <optional>
 #include <span>
 
+#include "kiln/base/result.h"
 #include "kiln/ipc/arena.h"
 #include "kiln/ipc/fd.h"
 #include "kiln/ipc/ring.h"
 #include "kiln/ipc/segment.h"
-#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 
@@ -62,9 +62,7 @@ class Endpoint {
   int bell_fd(Bell b) const { return bells_[static_cast<std::size_t>(b)].get(); }
   // The doorbell this side's receiver sleeps on (its rx ring's data bell), and the one its
   // sender sleeps on while the tx ring is full (the tx ring's space bell).
-  int receive_wake_fd() const {
-    return bell_fd(side_ == Side::Daemon ? Bell::CommandData : Bell::CompletionData);
-  }
+  int receive_wake_fd() const { return bell_fd(side_ == Side::Daemon ? Bell::CommandData : Bell::CompletionData); }
   int send_wake_fd() const { return bell_fd(side_ == Side::Daemon ? Bell::CompletionSpace : Bell::CommandSpace); }
 
   RingProducer& tx() { return tx_; }  // daemon: completion ring; client: command ring

@@ -13,8 +13,8 @@
 #include <array>
 #include <cstddef>
 
-#include "kiln/ir/operation.h"
 #include "kiln/base/result.h"
+#include "kiln/ir/operation.h"
 
 namespace kiln::ipc {
 
@@ -47,7 +47,7 @@ class OperationCheckMemo {
   static constexpr std::size_t kWays = 4;
   struct Slot {
     bool used = false;
-    std::uint64_t hash = 0;     // of the op as remembered (a quick mismatch; equality decides)
+    std::uint64_t hash = 0;      // of the op as remembered (a quick mismatch; equality decides)
     std::uint64_t last_use = 0;  // tick of the last hit or fill
     ir::Operation op;            // tensor ids zeroed
   };

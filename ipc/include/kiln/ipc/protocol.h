@@ -95,10 +95,10 @@
 #include <variant>
 #include <vector>
 
+#include "kiln/base/result.h"
 #include "kiln/ipc/arena.h"
 #include "kiln/ir/dtype.h"
 #include "kiln/ir/operation.h"
-#include "kiln/base/result.h"
 #include "kiln/ir/shape.h"
 #include "kiln/ir/tensor.h"
 
@@ -115,11 +115,22 @@ inline constexpr std::size_t kMaxErrorMessageBytes = 1024;
 inline constexpr std::size_t kMaxStatusBytes = 64 * 1024;
 
 enum class CommandKind : std::uint8_t {
-  AttachStream = 1, RegisterOp, Upload, Read, Sync, Drop, Export, Import, CloseStream, Status, UploadPart, ReadPart,
+  AttachStream = 1,
+  RegisterOp,
+  Upload,
+  Read,
+  Sync,
+  Drop,
+  Export,
+  Import,
+  CloseStream,
+  Status,
+  UploadPart,
+  ReadPart,
 };
 enum class CompletionKind : std::uint8_t { Ok = 1, Error, ReadDone, Exported, StatusText, ReadPartDone };
 
-const char* command_kind_name(CommandKind k);       // "attach_stream", "register_op", ...
+const char* command_kind_name(CommandKind k);        // "attach_stream", "register_op", ...
 const char* completion_kind_name(CompletionKind k);  // "ok", "error", ...
 
 // What an export hands out and an import presents: 32 bytes from the OS's secure random source
@@ -137,11 +148,16 @@ struct ExportToken {
 bool token_equal(const ExportToken& a, const ExportToken& b);
 
 // ---- commands ---------------------------------------------------------------------------------
-struct AttachStreamCmd { std::uint64_t stream = 0; friend bool operator==(const AttachStreamCmd&, const AttachStreamCmd&) = default; };
+struct AttachStreamCmd {
+  std::uint64_t stream = 0;
+  friend bool operator==(const AttachStreamCmd&, const AttachStreamCmd&) = default;
+};
 struct RegisterOpCmd {
   std::uint64_t stream = 0;
   ir::Operation op;
-  friend bool operator==(const RegisterOpCmd& a, const RegisterOpCmd& b) { return a.stream == b.stream && a.op == b.op; }
+  friend bool operator==(const RegisterOpCmd& a, const RegisterOpCmd& b) {
+    return a.stream == b.stream && a.op == b.op;
+  }
 };
 struct UploadCmd {
   std::uint64_t stream = 0;  // the tensor's home: the stream whose ops use it and that drops it
@@ -157,7 +173,10 @@ struct ReadCmd {
   ArenaRange dest;           // where the daemon writes; length is the capacity
   friend bool operator==(const ReadCmd&, const ReadCmd&) = default;
 };
-struct SyncCmd { std::uint64_t stream = 0; friend bool operator==(const SyncCmd&, const SyncCmd&) = default; };
+struct SyncCmd {
+  std::uint64_t stream = 0;
+  friend bool operator==(const SyncCmd&, const SyncCmd&) = default;
+};
 struct DropCmd {
   std::uint64_t stream = 0;
   ir::TensorIr tensor;
@@ -174,8 +193,14 @@ struct ImportCmd {
   ir::TensorId tensor{0};  // the id the importing client gives the shared tensor
   friend bool operator==(const ImportCmd&, const ImportCmd&) = default;
 };
-struct CloseStreamCmd { std::uint64_t stream = 0; friend bool operator==(const CloseStreamCmd&, const CloseStreamCmd&) = default; };
-struct StatusCmd { bool json = false; friend bool operator==(const StatusCmd&, const StatusCmd&) = default; };
+struct CloseStreamCmd {
+  std::uint64_t stream = 0;
+  friend bool operator==(const CloseStreamCmd&, const CloseStreamCmd&) = default;
+};
+struct StatusCmd {
+  bool json = false;
+  friend bool operator==(const StatusCmd&, const StatusCmd&) = default;
+};
 // One part of an upload larger than the arena (see "Chunked transfers" above).
 struct UploadPartCmd {
   std::uint64_t stream = 0;  // the tensor's home, as for UploadCmd (the same in every part)
@@ -206,7 +231,9 @@ struct Command {
 };
 
 // ---- completions ------------------------------------------------------------------------------
-struct OkCpl { friend bool operator==(const OkCpl&, const OkCpl&) = default; };
+struct OkCpl {
+  friend bool operator==(const OkCpl&, const OkCpl&) = default;
+};
 struct ErrorCpl {
   ErrorCode code = ErrorCode::Internal;
   std::string message;  // at most kMaxErrorMessageBytes
@@ -218,7 +245,10 @@ struct ReadDoneCpl {
   ArenaRange data;  // inside the read's dest range; length = tensor_bytes(dtype, shape)
   friend bool operator==(const ReadDoneCpl&, const ReadDoneCpl&) = default;
 };
-struct ExportedCpl { ExportToken token; friend bool operator==(const ExportedCpl&, const ExportedCpl&) = default; };
+struct ExportedCpl {
+  ExportToken token;
+  friend bool operator==(const ExportedCpl&, const ExportedCpl&) = default;
+};
 struct StatusTextCpl {
   std::string text;  // at most kMaxStatusBytes
   friend bool operator==(const StatusTextCpl&, const StatusTextCpl&) = default;

@@ -125,16 +125,16 @@ class RemoteTarget final : public runtime::SessionTarget {
   // One chunked transfer at a time: the daemon stages one chunked upload and one chunked read
   // per connection (a new one discards an unfinished one as abandoned).
   std::mutex chunk_mu_;
-  std::mutex send_mu_;  // one sender at a time (the command ring is single-producer)
+  std::mutex send_mu_;                // one sender at a time (the command ring is single-producer)
   std::vector<std::uint8_t> tx_buf_;  // guarded by send_mu_
 
   mutable std::mutex rx_mu_;  // guards everything below
   std::condition_variable rx_cv_;
-  bool receiving_ = false;                     // a thread is popping the completion ring
-  std::map<std::uint64_t, Completion> ready_;  // completions waited for, not yet taken
-  std::map<std::uint64_t, bool> awaited_;      // requests some thread waits for
-  std::deque<Error> async_errors_;             // rejections of fire-and-forget commands
-  std::unordered_set<std::uint64_t> timed_out_;              // range-holding requests whose wait gave up
+  bool receiving_ = false;                                     // a thread is popping the completion ring
+  std::map<std::uint64_t, Completion> ready_;                  // completions waited for, not yet taken
+  std::map<std::uint64_t, bool> awaited_;                      // requests some thread waits for
+  std::deque<Error> async_errors_;                             // rejections of fire-and-forget commands
+  std::unordered_set<std::uint64_t> timed_out_;                // range-holding requests whose wait gave up
   std::unordered_map<std::uint64_t, ArenaRange> quarantined_;  // their ranges, until the late answer
   ArenaAllocator arena_alloc_;
   std::vector<std::uint8_t> rx_buf_;

@@ -41,8 +41,8 @@
 #include <optional>
 #include <span>
 
-#include "kiln/ipc/segment.h"
 #include "kiln/base/result.h"
+#include "kiln/ipc/segment.h"
 
 namespace kiln::ipc {
 

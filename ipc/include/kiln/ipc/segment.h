@@ -24,8 +24,8 @@
 #include <span>
 #include <string>
 
-#include "kiln/ipc/fd.h"
 #include "kiln/base/result.h"
+#include "kiln/ipc/fd.h"
 
 namespace kiln::ipc {
 
@@ -36,7 +36,7 @@ inline constexpr std::size_t kCacheLine = 64;  // x86-64 and most aarch64 parts
 // Ring capacities: powers of two in [kMinRingBytes, kMaxRingBytes]. The minimum keeps room for
 // several records of the largest fixed-size messages; the maximum bounds what one client pins.
 inline constexpr std::uint64_t kMinRingBytes = 4096;
-inline constexpr std::uint64_t kMaxRingBytes = std::uint64_t{1} << 26;  // 64 MiB
+inline constexpr std::uint64_t kMaxRingBytes = std::uint64_t{1} << 26;   // 64 MiB
 inline constexpr std::uint64_t kMaxArenaBytes = std::uint64_t{1} << 36;  // 64 GiB
 inline constexpr std::uint64_t kArenaAlignment = 4096;                   // page: the arena can be madvised
 
@@ -69,8 +69,8 @@ static_assert(sizeof(SegmentHeader) == 128);
 // Control block at the start of each ring region. Each index on its own cache line so the
 // producer's and consumer's writes do not false-share; the two sleep flags likewise.
 struct RingControl {
-  alignas(kCacheLine) std::atomic<std::uint64_t> head;  // bytes ever published; producer writes
-  alignas(kCacheLine) std::atomic<std::uint64_t> tail;  // bytes ever consumed; consumer writes
+  alignas(kCacheLine) std::atomic<std::uint64_t> head;               // bytes ever published; producer writes
+  alignas(kCacheLine) std::atomic<std::uint64_t> tail;               // bytes ever consumed; consumer writes
   alignas(kCacheLine) std::atomic<std::uint32_t> consumer_sleeping;  // consumer writes, producer reads
   alignas(kCacheLine) std::atomic<std::uint32_t> producer_waiting;   // producer writes, consumer reads
 };
@@ -156,8 +156,7 @@ class Segment {
   std::span<std::uint8_t> bytes() const { return {map_.data(), map_.size()}; }
 
  private:
-  Segment(UniqueFd fd, Mapping map, SegmentLayout layout)
-      : fd_(std::move(fd)), map_(std::move(map)), layout_(layout) {}
+  Segment(UniqueFd fd, Mapping map, SegmentLayout layout) : fd_(std::move(fd)), map_(std::move(map)), layout_(layout) {}
   UniqueFd fd_;
   Mapping map_;
   SegmentLayout layout_;

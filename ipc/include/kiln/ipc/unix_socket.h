@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "kiln/base/result.h"
 #include "kiln/ipc/fd.h"
 #include "kiln/ipc/handshake.h"
-#include "kiln/base/result.h"
 
 namespace kiln::ipc {
 

@@ -107,8 +107,7 @@ struct DeviceId {
 
 // Unary: output = input shape and dtype. Comparison kinds (IsNan, IsInf): unary_comparison.
 Result<Operation> unary(Family family, OpKind kind, const TensorIr& input, TensorId out);
-Result<Operation> unary_comparison(Family family, OpKind kind, const TensorIr& input, DType bool_dtype,
-                                   TensorId out);
+Result<Operation> unary_comparison(Family family, OpKind kind, const TensorIr& input, DType bool_dtype, TensorId out);
 // Binary: broadcast(lhs, rhs), same(lhs, rhs). Comparisons (Equal, Greater, ...): binary_comparison.
 Result<Operation> binary(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, TensorId out);
 Result<Operation> binary_comparison(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs,
@@ -121,8 +120,7 @@ Result<Operation> scalar_comparison(Family family, OpKind kind, const TensorIr& 
 // which must be of the kind the op converts to.
 Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType target, TensorId out);
 // Clamp{tensor, min, max}.
-Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max,
-                        TensorId out);
+Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max, TensorId out);
 // MaskWhere{tensor, mask, value}: broadcast_many, same(tensor, value); mask must be bool.
 Result<Operation> mask_where(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask,
                              const TensorIr& value, TensorId out);
@@ -172,8 +170,8 @@ Result<Operation> permute(Family family, OpKind kind, const TensorIr& input, std
 // Flip: axes must be distinct and < rank (K: Burn leaves them unchecked).
 Result<Operation> flip(Family family, OpKind kind, const TensorIr& input, std::span<const std::uint64_t> axes,
                        TensorId out);
-Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
-                             std::uint64_t times, TensorId out);
+Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, std::uint64_t times,
+                             TensorId out);
 Result<Operation> cat(Family family, OpKind kind, std::span<const TensorIr> tensors, std::uint64_t dim, TensorId out);
 // Slice: shape::slice; at most rank ranges, steps != 0.
 Result<Operation> slice(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
@@ -182,19 +180,19 @@ Result<Operation> slice_assign(Family family, OpKind kind, const TensorIr& tenso
                                const TensorIr& value, TensorId out);
 // Numeric Pad: `padding` applies to the last padding.size() dims, in dim order (docs/spec/ir.md §6.4);
 // `constant` is required for PadMode::Constant and forbidden otherwise.
-Result<Operation> pad(Family family, OpKind kind, const TensorIr& input, std::span<const PadPair> padding,
-                      PadMode mode, std::optional<ScalarIr> constant, TensorId out);
+Result<Operation> pad(Family family, OpKind kind, const TensorIr& input, std::span<const PadPair> padding, PadMode mode,
+                      std::optional<ScalarIr> constant, TensorId out);
 
 // ---- Indexing (indices must have an integer dtype; dim < rank)
 
 // Gather{tensor, dim, indices}: shape of indices (same rank as tensor), tensor dtype.
-Result<Operation> gather(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
-                         const TensorIr& indices, TensorId out);
+Result<Operation> gather(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, const TensorIr& indices,
+                         TensorId out);
 Result<Operation> scatter(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
                           const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out);
 // Select{tensor, dim, indices}: tensor with [dim] = indices[0]; indices of rank 1.
-Result<Operation> select(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
-                         const TensorIr& indices, TensorId out);
+Result<Operation> select(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, const TensorIr& indices,
+                         TensorId out);
 Result<Operation> select_assign(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
                                 const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out);
 // GatherNd{data, indices}: indices[0..m-1] ++ data[k..], m = rank(indices), k = indices[m-1].

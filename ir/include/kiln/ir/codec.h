@@ -72,9 +72,9 @@
 #include <vector>
 
 #include "kiln/base/bytes.h"
+#include "kiln/base/result.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/operation.h"
-#include "kiln/base/result.h"
 
 namespace kiln::ir::codec {
 

@@ -11,9 +11,19 @@
 namespace kiln::ir {
 
 enum class DTypeKind : std::uint8_t {
-  F64, F32, Flex32, F16, BF16,
-  I64, I32, I16, I8,
-  U64, U32, U16, U8,
+  F64,
+  F32,
+  Flex32,
+  F16,
+  BF16,
+  I64,
+  I32,
+  I16,
+  I8,
+  U64,
+  U32,
+  U16,
+  U8,
   Bool,
   QFloat,
 };
@@ -30,9 +40,9 @@ enum class QuantParam : std::uint8_t { F32, F16, BF16 };
 struct QuantScheme {
   QuantValue value = QuantValue::Q8S;
   QuantStoreKind store = QuantStoreKind::Native;
-  std::uint8_t packed_dim = 0;            // meaningful for the packed stores
-  std::uint8_t block_rank = 0;            // 0 = one scale for the whole tensor
-  std::array<std::uint16_t, 4> block{};   // block shape, block_rank entries used
+  std::uint8_t packed_dim = 0;           // meaningful for the packed stores
+  std::uint8_t block_rank = 0;           // 0 = one scale for the whole tensor
+  std::array<std::uint16_t, 4> block{};  // block shape, block_rank entries used
   QuantParam param = QuantParam::F32;
 
   friend bool operator==(const QuantScheme&, const QuantScheme&) = default;

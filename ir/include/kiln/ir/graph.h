@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/base/result.h"
 #include "kiln/ir/operation.h"
 #include "kiln/ir/relative.h"
-#include "kiln/base/result.h"
 
 namespace kiln::ir {
 

@@ -34,9 +34,9 @@
 #include <variant>
 #include <vector>
 
+#include "kiln/base/result.h"
 #include "kiln/ir/handle_error.h"
 #include "kiln/ir/operation.h"
-#include "kiln/base/result.h"
 #include "kiln/ir/shape.h"
 #include "kiln/ir/tensor.h"
 
@@ -370,9 +370,9 @@ class HandleContainer {
 
 // A skipped op: which input carried the error, and what its outputs were claimed with.
 struct OpSkip {
-  TensorId input;             // the first Errored input, in input order
-  TensorError error;          // downstream() of that input's error; every output carries it
-  std::size_t released = 0;   // ReadWrite input entries removed as if consumed
+  TensorId input;            // the first Errored input, in input order
+  TensorError error;         // downstream() of that input's error; every output carries it
+  std::size_t released = 0;  // ReadWrite input entries removed as if consumed
 };
 
 // Releases every ReadWrite input of `op` as if the op had consumed it (an absent entry is a
@@ -392,7 +392,8 @@ std::size_t release_consumed_inputs(HandleContainer<H, I>& handles, const Operat
 // Cost with no errors in the container: one branch, no per-input look-up.
 template <class H, class I>
 [[nodiscard]] std::optional<OpSkip> skip_if_errored(HandleContainer<H, I>& handles, const Operation& op) {
-  if (!handles.has_errors()) [[likely]] return std::nullopt;
+  if (!handles.has_errors()) [[likely]]
+    return std::nullopt;
   for (const TensorIr& in : op.inputs()) {
     const TensorError* e = handles.error_of(in.id);
     if (e == nullptr) continue;
@@ -416,8 +417,7 @@ TensorError fail_op(HandleContainer<H, I>& handles, const Operation& op, std::sh
   return err;
 }
 template <class H, class I>
-TensorError fail_op(HandleContainer<H, I>& handles, const Operation& op, const Error& error,
-                    std::string context = {}) {
+TensorError fail_op(HandleContainer<H, I>& handles, const Operation& op, const Error& error, std::string context = {}) {
   return fail_op(handles, op, ExecutionError::from(error, std::move(context)));
 }
 

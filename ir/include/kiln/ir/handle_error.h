@@ -72,9 +72,7 @@ struct TensorError {
   Error to_error() const;
 
   // Same root object and same depth.
-  friend bool operator==(const TensorError& a, const TensorError& b) {
-    return a.same_root(b) && a.depth == b.depth;
-  }
+  friend bool operator==(const TensorError& a, const TensorError& b) { return a.same_root(b) && a.depth == b.depth; }
 };
 
 inline bool same_root(const TensorError& a, const TensorError& b) { return a.same_root(b); }

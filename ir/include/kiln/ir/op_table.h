@@ -13,8 +13,20 @@ namespace kiln::ir {
 // The outer variant of an operation (docs/spec/fusion.md §17.4). Base* and Numeric* say which tensor kind
 // the op is applied to; NumericFloat, NumericInt and Float also carry a DType.
 enum class Family : std::uint8_t {
-  BaseFloat, BaseInt, BaseBool, NumericFloat, NumericInt, Bool, Int, Float,
-  Module, Init, Custom, Drop, Distributed, Activation,
+  BaseFloat,
+  BaseInt,
+  BaseBool,
+  NumericFloat,
+  NumericInt,
+  Bool,
+  Int,
+  Float,
+  Module,
+  Init,
+  Custom,
+  Drop,
+  Distributed,
+  Activation,
 };
 inline constexpr int kNumFamilies = 14;
 std::string_view family_name(Family f);
@@ -40,22 +52,57 @@ bool group_admits(OpGroup g, Family f);
 //   Pad [mode, before0, after0, before1, after1, ...]  (scalar: the constant, mode Constant only)
 //   AllReduce [reduce_op, device ids packed as (type << 16 | index)...]
 enum class Signature : std::uint8_t {
-  Unary, Binary, Scalar, Matmul, Cast, Reduce, ReduceDim, Dim, ShapeOp, SwapDims, Permute, Flip,
-  Creation, Full, Random, Init, Gather, Scatter, Select, SelectAssign, Slice, SliceAssign,
-  MaskWhere, MaskFill, Clamp, RepeatDim, Cat, ReduceDimWithIndices, TopKWithIndices, GatherNd,
-  Conv2d, ConvTranspose1d, MaxPool2d, AvgPool2d, Embedding, Pad, AllReduce, SyncCollective,
-  Custom, Drop,
+  Unary,
+  Binary,
+  Scalar,
+  Matmul,
+  Cast,
+  Reduce,
+  ReduceDim,
+  Dim,
+  ShapeOp,
+  SwapDims,
+  Permute,
+  Flip,
+  Creation,
+  Full,
+  Random,
+  Init,
+  Gather,
+  Scatter,
+  Select,
+  SelectAssign,
+  Slice,
+  SliceAssign,
+  MaskWhere,
+  MaskFill,
+  Clamp,
+  RepeatDim,
+  Cat,
+  ReduceDimWithIndices,
+  TopKWithIndices,
+  GatherNd,
+  Conv2d,
+  ConvTranspose1d,
+  MaxPool2d,
+  AvgPool2d,
+  Embedding,
+  Pad,
+  AllReduce,
+  SyncCollective,
+  Custom,
+  Drop,
 };
 
 // How many of each argument a signature carries; kVariadic = any number.
 inline constexpr int kVariadic = -1;
 struct SignatureInfo {
   std::string_view name;
-  int min_inputs, max_inputs;   // max_inputs may be kVariadic
-  int outputs;                  // may be kVariadic (Custom)
-  int min_scalars, max_scalars; // max may be kVariadic
-  int min_attrs, max_attrs;     // max may be kVariadic
-  bool ranges;                  // carries slice ranges (one per leading dim, at most rank)
+  int min_inputs, max_inputs;    // max_inputs may be kVariadic
+  int outputs;                   // may be kVariadic (Custom)
+  int min_scalars, max_scalars;  // max may be kVariadic
+  int min_attrs, max_attrs;      // max may be kVariadic
+  bool ranges;                   // carries slice ranges (one per leading dim, at most rank)
 };
 const SignatureInfo& signature_info(Signature s);
 

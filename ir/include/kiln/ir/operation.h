@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kiln/ir/op_table.h"
 #include "kiln/base/result.h"
+#include "kiln/ir/op_table.h"
 #include "kiln/ir/scalar.h"
 #include "kiln/ir/tensor.h"
 
@@ -46,14 +46,12 @@ struct Operation {
   ScalarList scalars;
   RangeList ranges;
   AttrList attrs;
-  std::string custom_id;        // Custom only
+  std::string custom_id;  // Custom only
 
   const OpInfo& info() const { return op_info(kind); }
   std::span<const TensorIr> inputs() const { return {tensors.data(), num_inputs}; }
   std::span<TensorIr> inputs() { return {tensors.data(), num_inputs}; }
-  std::span<const TensorIr> outputs() const {
-    return {tensors.data() + num_inputs, tensors.size() - num_inputs};
-  }
+  std::span<const TensorIr> outputs() const { return {tensors.data() + num_inputs, tensors.size() - num_inputs}; }
   std::span<TensorIr> outputs() { return {tensors.data() + num_inputs, tensors.size() - num_inputs}; }
   // nodes(op) = inputs then outputs.
   std::span<const TensorIr> nodes() const { return {tensors.data(), tensors.size()}; }

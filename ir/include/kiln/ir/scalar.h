@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "kiln/ir/dtype.h"
 #include "kiln/base/result.h"
+#include "kiln/ir/dtype.h"
 
 namespace kiln::ir {
 

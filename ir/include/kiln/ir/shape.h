@@ -15,8 +15,8 @@ namespace kiln::ir {
 // not allocate for ordinary ranks.
 using Shape = boost::container::small_vector<std::uint64_t, 6>;
 
-std::string shape_to_string(const Shape& s);    // "[2,3,4]"
-std::uint64_t num_elements(const Shape& s);     // product (1 for rank 0)
+std::string shape_to_string(const Shape& s);  // "[2,3,4]"
+std::uint64_t num_elements(const Shape& s);   // product (1 for rank 0)
 
 // One range of a slice: start, optional exclusive end, step != 0 (negative indices count from
 // the end of the dimension).
@@ -51,13 +51,12 @@ Result<Shape> slice(const Shape& self, std::span<const Slice> ranges);
 Result<Shape> matmul_output(const Shape& lhs, const Shape& rhs);
 
 // Spatial formulas (docs/spec/ir.md §4); an error instead of wrapping when a numerator is negative.
-Result<std::uint64_t> conv_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
-                                  std::uint64_t padding, std::uint64_t dilation);
-Result<std::uint64_t> pool_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
-                                  std::uint64_t padding, std::uint64_t dilation, bool ceil_mode);
+Result<std::uint64_t> conv_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride, std::uint64_t padding,
+                                  std::uint64_t dilation);
+Result<std::uint64_t> pool_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride, std::uint64_t padding,
+                                  std::uint64_t dilation, bool ceil_mode);
 Result<std::uint64_t> conv_transpose_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
-                                            std::uint64_t padding, std::uint64_t padding_out,
-                                            std::uint64_t dilation);
+                                            std::uint64_t padding, std::uint64_t padding_out, std::uint64_t dilation);
 std::uint64_t unfold_windows(std::uint64_t size, std::uint64_t window, std::uint64_t step);
 }  // namespace shape
 

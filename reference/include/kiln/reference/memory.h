@@ -63,17 +63,17 @@ struct HostAllocatorOptions {
 };
 
 struct HostAllocatorStats {
-  std::uint64_t bytes_in_use = 0;   // size classes of the live buffers
-  std::uint64_t peak_bytes = 0;     // highest bytes_in_use seen
-  std::uint64_t cached_bytes = 0;   // blocks held in the pools, ready for reuse
-  std::uint64_t pool_hits = 0;      // allocations served from a pool
-  std::uint64_t pool_misses = 0;    // allocations that asked the system
-  std::uint64_t allocations = 0;    // successful allocations (hits + misses)
-  std::uint64_t deallocations = 0;  // buffers returned
-  std::uint64_t failures = 0;       // requests refused (limit or system)
-  std::uint64_t released_bytes = 0; // size classes given back to the system so far (from the
-                                    // pools, or freed past them); what the system handed out is
-                                    // bytes_in_use + cached_bytes + released_bytes
+  std::uint64_t bytes_in_use = 0;    // size classes of the live buffers
+  std::uint64_t peak_bytes = 0;      // highest bytes_in_use seen
+  std::uint64_t cached_bytes = 0;    // blocks held in the pools, ready for reuse
+  std::uint64_t pool_hits = 0;       // allocations served from a pool
+  std::uint64_t pool_misses = 0;     // allocations that asked the system
+  std::uint64_t allocations = 0;     // successful allocations (hits + misses)
+  std::uint64_t deallocations = 0;   // buffers returned
+  std::uint64_t failures = 0;        // requests refused (limit or system)
+  std::uint64_t released_bytes = 0;  // size classes given back to the system so far (from the
+                                     // pools, or freed past them); what the system handed out is
+                                     // bytes_in_use + cached_bytes + released_bytes
 };
 
 namespace detail {

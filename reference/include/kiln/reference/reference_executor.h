@@ -56,11 +56,11 @@
 
 #include <cstdint>
 
-#include "kiln/reference/memory.h"
-#include "kiln/reference/tensor.h"
+#include "kiln/base/result.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/operation.h"
-#include "kiln/base/result.h"
+#include "kiln/reference/memory.h"
+#include "kiln/reference/tensor.h"
 
 namespace kiln::reference {
 

@@ -24,10 +24,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "kiln/reference/memory.h"
-#include "kiln/ir/dtype.h"
 #include "kiln/base/result.h"
+#include "kiln/ir/dtype.h"
 #include "kiln/ir/shape.h"
+#include "kiln/reference/memory.h"
 
 namespace kiln::reference {
 
@@ -69,18 +69,30 @@ void store_bool(std::byte* base, ir::DType dtype, std::uint64_t i, bool v);
 template <class T>
 constexpr ir::DType native_dtype() {
   using ir::DTypeKind;
-  if constexpr (std::is_same_v<T, double>) return ir::DType(DTypeKind::F64);
-  else if constexpr (std::is_same_v<T, float>) return ir::DType(DTypeKind::F32);
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ir::DType(DTypeKind::I64);
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ir::DType(DTypeKind::I32);
-  else if constexpr (std::is_same_v<T, std::int16_t>) return ir::DType(DTypeKind::I16);
-  else if constexpr (std::is_same_v<T, std::int8_t>) return ir::DType(DTypeKind::I8);
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return ir::DType(DTypeKind::U64);
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return ir::DType(DTypeKind::U32);
-  else if constexpr (std::is_same_v<T, std::uint16_t>) return ir::DType(DTypeKind::U16);
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return ir::DType(DTypeKind::U8);
-  else if constexpr (std::is_same_v<T, bool>) return ir::DType::boolean();
-  else static_assert(sizeof(T) == 0, "no dtype is stored as this type");
+  if constexpr (std::is_same_v<T, double>)
+    return ir::DType(DTypeKind::F64);
+  else if constexpr (std::is_same_v<T, float>)
+    return ir::DType(DTypeKind::F32);
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return ir::DType(DTypeKind::I64);
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return ir::DType(DTypeKind::I32);
+  else if constexpr (std::is_same_v<T, std::int16_t>)
+    return ir::DType(DTypeKind::I16);
+  else if constexpr (std::is_same_v<T, std::int8_t>)
+    return ir::DType(DTypeKind::I8);
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return ir::DType(DTypeKind::U64);
+  else if constexpr (std::is_same_v<T, std::uint32_t>)
+    return ir::DType(DTypeKind::U32);
+  else if constexpr (std::is_same_v<T, std::uint16_t>)
+    return ir::DType(DTypeKind::U16);
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    return ir::DType(DTypeKind::U8);
+  else if constexpr (std::is_same_v<T, bool>)
+    return ir::DType::boolean();
+  else
+    static_assert(sizeof(T) == 0, "no dtype is stored as this type");
 }
 
 class HostTensor {
@@ -94,23 +106,23 @@ class HostTensor {
   static Result<HostTensor> zeros(HostAllocator& alloc, ir::Shape shape, ir::DType dtype);
   // A copy of raw bytes laid out as the dtype stores them; the byte count must match exactly.
   static Result<HostTensor> from_bytes(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
-                                      std::span<const std::byte> bytes);
+                                       std::span<const std::byte> bytes);
   // Typed host data stored as native_dtype<T>(), or as `dtype` whose storage must be T (see
   // to_values: f16 bits as std::uint16_t, ...). The count must match.
   template <class T>
   static Result<HostTensor> from_values(HostAllocator& alloc, ir::Shape shape, std::span<const T> values);
   template <class T>
   static Result<HostTensor> from_values(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
-                                       std::span<const T> values);
+                                        std::span<const T> values);
   // Host values converted element by element with the codec above; the count must match.
   static Result<HostTensor> from_f64(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
-                                    std::span<const double> values);
+                                     std::span<const double> values);
   static Result<HostTensor> from_i64(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
-                                    std::span<const std::int64_t> values);
+                                     std::span<const std::int64_t> values);
   static Result<HostTensor> from_u64(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
-                                    std::span<const std::uint64_t> values);
+                                     std::span<const std::uint64_t> values);
   static Result<HostTensor> from_bool(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
-                                     const std::vector<bool>& values);
+                                      const std::vector<bool>& values);
 
   const ir::Shape& shape() const { return shape_; }
   ir::DType dtype() const { return dtype_; }
@@ -151,10 +163,14 @@ class HostTensor {
   enum class Storage { Float, Signed, Unsigned, Bool };
   template <class T>
   static constexpr Storage storage_of() {
-    if constexpr (std::is_same_v<T, bool>) return Storage::Bool;
-    else if constexpr (std::is_floating_point_v<T>) return Storage::Float;
-    else if constexpr (std::is_signed_v<T>) return Storage::Signed;
-    else return Storage::Unsigned;
+    if constexpr (std::is_same_v<T, bool>)
+      return Storage::Bool;
+    else if constexpr (std::is_floating_point_v<T>)
+      return Storage::Float;
+    else if constexpr (std::is_signed_v<T>)
+      return Storage::Signed;
+    else
+      return Storage::Unsigned;
   }
   // Whether `dtype` stores its elements as a C++ type of this size and kind.
   static bool stores(ir::DType dtype, std::size_t size, Storage kind);
@@ -176,12 +192,11 @@ Result<HostTensor> HostTensor::from_values(HostAllocator& alloc, ir::Shape shape
 
 template <class T>
 Result<HostTensor> HostTensor::from_values(HostAllocator& alloc, ir::Shape shape, ir::DType dtype,
-                                         std::span<const T> values) {
+                                           std::span<const T> values) {
   static_assert(std::is_trivially_copyable_v<T>);
   if (!stores(dtype, sizeof(T), storage_of<T>()))
-    return make_error(ErrorCode::DTypeMismatch,
-                      "HostTensor::from_values: " + dtype.name() + " is not stored as a " + std::to_string(sizeof(T)) +
-                          "-byte value of this kind");
+    return make_error(ErrorCode::DTypeMismatch, "HostTensor::from_values: " + dtype.name() + " is not stored as a " +
+                                                    std::to_string(sizeof(T)) + "-byte value of this kind");
   if constexpr (std::is_same_v<T, bool>) {
     return from_bool(alloc, std::move(shape), dtype, std::vector<bool>(values.begin(), values.end()));
   } else {

@@ -21,21 +21,21 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/base/result.h"
 #include "kiln/fusion/executor.h"
 #include "kiln/fusion/fuser.h"
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/handle_error.h"
-#include "kiln/base/result.h"
 #include "kiln/ir/tensor.h"
 #include "kiln/runtime/session_target.h"
 
 namespace kiln::runtime {
 
 struct MemoryStats {
-  std::uint64_t tensors = 0;        // entries in the tensor table (any state)
-  std::uint64_t errored = 0;        // Errored entries
-  std::uint64_t bytes_in_use = 0;   // bytes the backend's allocator holds for live buffers
+  std::uint64_t tensors = 0;       // entries in the tensor table (any state)
+  std::uint64_t errored = 0;       // Errored entries
+  std::uint64_t bytes_in_use = 0;  // bytes the backend's allocator holds for live buffers
 };
 
 class DeviceBackend {

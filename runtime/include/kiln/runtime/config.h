@@ -24,8 +24,8 @@
 #include <string>
 #include <string_view>
 
-#include "kiln/fusion/config.h"
 #include "kiln/base/result.h"
+#include "kiln/fusion/config.h"
 
 namespace kiln::runtime {
 

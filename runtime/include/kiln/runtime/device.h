@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include <boost/asio/thread_pool.hpp>
 #include <tbb/concurrent_hash_map.h>
+#include <boost/asio/thread_pool.hpp>
 
 #include "kiln/base/mutex.h"
 #include "kiln/fusion/config.h"
@@ -108,7 +108,9 @@ class Device final : public SessionTarget {
   Device& operator=(const Device&) = delete;
 
   // A fresh tensor id (never reused).
-  ir::TensorId new_tensor_id() override { return ir::TensorId(next_tensor_id_.fetch_add(1, std::memory_order_relaxed)); }
+  ir::TensorId new_tensor_id() override {
+    return ir::TensorId(next_tensor_id_.fetch_add(1, std::memory_order_relaxed));
+  }
   // The first of `count` consecutive fresh ids (never reused), aligned to ir::kTensorIdBlock: a
   // producer that takes its ids in blocks keeps its tensors in one shard of the producer table,
   // which shards by aligned block (single ids taken meanwhile would otherwise misalign every
@@ -210,8 +212,7 @@ class Device final : public SessionTarget {
   // (decided by spin_before_sleep() before the command was submitted, so that the actor knows
   // the waiter keeps its core); nullptr = sleep at once.
   template <class V, class What>
-  V wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::uint64_t>>& progress,
-         const What& what) const;
+  V wait(std::future<V>& f, const std::shared_ptr<const std::atomic<std::uint64_t>>& progress, const What& what) const;
   // Whether a waiter on `a` should spin before it sleeps: spin waits are on (spin_waits_) and no
   // other stream of the device is busy.
   bool spin_before_sleep(const StreamActor& a) const;
@@ -224,9 +225,9 @@ class Device final : public SessionTarget {
   std::unique_ptr<DeviceBackend> backend_;
   fusion::ExecutionPlanStore store_;
   std::size_t threads_;
-  std::atomic<std::int64_t> turns_waiting_{0};  // see ActorContext::turns_waiting; outlives the pool
-  bool spin_waits_ = false;  // options_.spin_waits, and a core for the waiter beside its actor
-  std::atomic<std::int64_t> busy_streams_{0};   // see ActorContext::busy_streams; outlives the pool
+  std::atomic<std::int64_t> turns_waiting_{0};        // see ActorContext::turns_waiting; outlives the pool
+  bool spin_waits_ = false;                           // options_.spin_waits, and a core for the waiter beside its actor
+  std::atomic<std::int64_t> busy_streams_{0};         // see ActorContext::busy_streams; outlives the pool
   mutable std::atomic<std::uint64_t> spun_waits_{0};  // waits answered while spinning
   boost::asio::thread_pool pool_;
   StreamTable streams_;
@@ -235,7 +236,7 @@ class Device final : public SessionTarget {
   // after the table grew rehashes its bucket in place; TSan caught a report doing so).
   std::vector<StreamActor*> live_actors_ KILN_GUARDED_BY(streams_mu_);
   std::vector<std::unique_ptr<StreamActor>> abandoned_ KILN_GUARDED_BY(streams_mu_);  // closed streams never idle
-  StreamStats closed_totals_ KILN_GUARDED_BY(streams_mu_);  // counters of closed streams
+  StreamStats closed_totals_ KILN_GUARDED_BY(streams_mu_);                            // counters of closed streams
   ProducerTable producers_;
   std::atomic<std::uint64_t> next_tensor_id_{0};
   std::atomic<bool> closed_{false};

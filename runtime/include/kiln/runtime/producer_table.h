@@ -16,8 +16,8 @@
 #include <oneapi/tbb/spin_mutex.h>
 #include <optional>
 
-#include "kiln/fusion/multi_stream.h"
 #include "kiln/base/flat_id_map.h"
+#include "kiln/fusion/multi_stream.h"
 #include "kiln/ir/tensor.h"
 
 namespace kiln::runtime {
@@ -65,7 +65,9 @@ class ProducerTable {
 
   // By the id's block (ir::kTensorIdBlock): a producer's tensors share its block's shard. The
   // top bits of the block's hash pick it (the map inside mixes the id itself).
-  static std::size_t shard_index(ir::TensorId id) { return static_cast<std::size_t>(ir::tensor_id_block_hash(id) >> (64 - 6)); }
+  static std::size_t shard_index(ir::TensorId id) {
+    return static_cast<std::size_t>(ir::tensor_id_block_hash(id) >> (64 - 6));
+  }
   const Shard& shard_of(ir::TensorId id) const { return shards_[shard_index(id)]; }
   Shard& shard_of(ir::TensorId id) { return shards_[shard_index(id)]; }
   static_assert(kShards == 64, "shard_index takes the top 6 bits");

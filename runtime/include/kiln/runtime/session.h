@@ -30,10 +30,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <type_traits>
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 

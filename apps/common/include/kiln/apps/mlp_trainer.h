@@ -77,7 +77,8 @@ class MlpTrainer {
     for (std::uint64_t r = 0; r < o_.batch; ++r)
       for (std::uint64_t c = 0; c < o_.outputs; ++c) {
         double acc = 0;
-        for (std::uint64_t k = 0; k < o_.inputs; ++k) acc += double(x[r * o_.inputs + k]) * projection_[k * o_.outputs + c];
+        for (std::uint64_t k = 0; k < o_.inputs; ++k)
+          acc += double(x[r * o_.inputs + k]) * projection_[k * o_.outputs + c];
         t[r * o_.outputs + c] = static_cast<float>(std::tanh(acc));
       }
     auto xs = s_.from_host(x, {o_.batch, o_.inputs});
@@ -96,8 +97,8 @@ class MlpTrainer {
     std::optional<Tensor> m, v;
   };
 
-#define KILN_MLP_TRY(var, expr)         \
-  auto var##_r = (expr);                \
+#define KILN_MLP_TRY(var, expr)              \
+  auto var##_r = (expr);                     \
   if (!var##_r.ok()) return var##_r.error(); \
   Tensor var = std::move(var##_r).value()
 

@@ -69,8 +69,8 @@ MATCHER_P2(StatusIs, code, substring,
 
 #define KILN_EXPECT_OK(expr) EXPECT_PRED_FORMAT1(::kiln::testing::IsOk, expr)
 #define KILN_ASSERT_OK(expr) ASSERT_PRED_FORMAT1(::kiln::testing::IsOk, expr)
-#define KILN_ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr)                                     \
-  auto tmp = (expr);                                                                        \
+#define KILN_ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr)                                                  \
+  auto tmp = (expr);                                                                                    \
   ASSERT_TRUE(tmp.ok()) << #expr << " failed: " << ::kiln::testing::status_of(tmp).error().to_string(); \
   lhs = std::move(tmp).value()
 #define ASSERT_OK_AND_ASSIGN(lhs, expr) KILN_ASSERT_OK_AND_ASSIGN_IMPL(KILN_CONCAT(_kiln_aoa_, __LINE__), lhs, expr)
