@@ -110,9 +110,16 @@ struct ExecutionPlanStore::Impl {
   };
   // The explicit collision list of one hash value; almost always one entry.
   using Bucket = std::vector<Starter>;
-  using FirstOpMap = tbb::concurrent_hash_map<std::uint64_t, Bucket, MixedHashCompare>;
-  using KindMap = tbb::concurrent_hash_map<std::uint64_t, std::vector<PlanId>, MixedHashCompare>;
-  using IdMap = tbb::concurrent_hash_map<std::uint64_t, SlotPtr, MixedHashCompare>;
+  // Nodes from the C++ allocator (malloc), not TBB's scalable allocator: eviction erases entries
+  // while other threads insert, and memory recycled inside libtbbmalloc (not instrumented) makes
+  // ThreadSanitizer report a node's construction as racing with the unlock of the node it
+  // reuses. Entries are published rarely; lookups allocate nothing.
+  template <class V>
+  using Map =
+      tbb::concurrent_hash_map<std::uint64_t, V, MixedHashCompare, std::allocator<std::pair<const std::uint64_t, V>>>;
+  using FirstOpMap = Map<Bucket>;
+  using KindMap = Map<std::vector<PlanId>>;
+  using IdMap = Map<SlotPtr>;
 
   Impl(OpHasher h, PlanStoreOptions o) : hasher(std::move(h)), options(o) {}
 
