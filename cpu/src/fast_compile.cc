@@ -13,7 +13,6 @@ namespace {
 
 using fusion::FusedProgram;
 using fusion::Instruction;
-using fusion::OperandKind;
 using fusion::ProgramBlock;
 using fusion::ProgramKind;
 using ir::OpKind;

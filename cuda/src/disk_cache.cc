@@ -2,13 +2,10 @@
 #include "kiln/cuda/disk_cache.h"
 
 #include <cuda_runtime_api.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
