@@ -19,31 +19,30 @@ inline constexpr std::uint64_t kFnv64Prime = 0x100000001b3ull;
 inline constexpr std::uint32_t kFnv32Offset = 2166136261u;
 inline constexpr std::uint32_t kFnv32Prime = 16777619u;
 
-constexpr std::uint64_t fnv1a64(std::span<const std::uint8_t> bytes, std::uint64_t seed = kFnv64Offset) {
-  std::uint64_t h = seed;
-  for (std::uint8_t b : bytes) {
-    h ^= b;
-    h *= kFnv64Prime;
+namespace detail {
+// One FNV-1a loop for both widths and every byte range (bytes, chars); the element is read as
+// an unsigned byte so a char and the same uint8_t value hash alike.
+template <class Word, Word kPrime, class Bytes>
+constexpr Word fnv1a(const Bytes& bytes, Word seed) {
+  Word h = seed;
+  for (auto b : bytes) {
+    h ^= static_cast<unsigned char>(b);
+    h *= kPrime;
   }
   return h;
+}
+}  // namespace detail
+
+constexpr std::uint64_t fnv1a64(std::span<const std::uint8_t> bytes, std::uint64_t seed = kFnv64Offset) {
+  return detail::fnv1a<std::uint64_t, kFnv64Prime>(bytes, seed);
 }
 
 constexpr std::uint64_t fnv1a64(std::string_view text, std::uint64_t seed = kFnv64Offset) {
-  std::uint64_t h = seed;
-  for (char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= kFnv64Prime;
-  }
-  return h;
+  return detail::fnv1a<std::uint64_t, kFnv64Prime>(text, seed);
 }
 
 constexpr std::uint32_t fnv1a32(std::string_view text, std::uint32_t seed = kFnv32Offset) {
-  std::uint32_t h = seed;
-  for (char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= kFnv32Prime;
-  }
-  return h;
+  return detail::fnv1a<std::uint32_t, kFnv32Prime>(text, seed);
 }
 
 constexpr std::uint64_t splitmix64_mix(std::uint64_t x) {
