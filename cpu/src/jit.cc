@@ -139,24 +139,35 @@ std::string scalar(std::int32_t s) { return "s" + std::to_string(s); }
 bool is_float(VClass c) { return c == VClass::F32 || c == VClass::F64; }
 bool is_int(VClass c) { return c == VClass::I64 || c == VClass::U64; }
 
-// The expression of one instruction, before the register fixup; empty when unsupported.
-// Mirrors bind_kernel's choice of kernel (fast_elementwise.cc) case by case.
-std::string expression(const CInstr& ins, const CBlock& b, const std::string& sub) {
-  auto opnd = [&](std::int32_t r) { return "r" + std::to_string(r) + sub; };
+// `e` converted to double, as text.
+std::string as_double(const std::string& e) { return "static_cast<double>(" + e + ")"; }
+
+// What an instruction's expression is written from: its operands as text, and its result fixup.
+struct ExprOperands {
+  // Appended to every register name: "" per element, "[l]" per lane of a block.
+  std::string sub;
+  std::string a;                // the first register operand
+  std::string y;                // the second operand: a register, else the first scalar slot
+  Fixup out_fix = Fixup::None;  // the fixup of the result register
+  std::string operand(std::int32_t r) const { return "r" + std::to_string(r) + sub; }
+};
+
+// The operands of `ins` in block `b`, with `sub` appended to register names.
+ExprOperands expr_operands(const CInstr& ins, const CBlock& b, const std::string& sub) {
+  ExprOperands o;
+  o.sub = sub;
+  o.out_fix = b.regs[ins.out].fixup;
+  o.a = ins.regs[0] >= 0 ? o.operand(ins.regs[0]) : std::string();
+  o.y = ins.regs[1] >= 0 ? o.operand(ins.regs[1]) : (ins.scalars[0] >= 0 ? scalar(ins.scalars[0]) : "");
+  return o;
+}
+
+// Binary arithmetic, bitwise, logical and shift instructions, and the one-sided clamps.
+std::string binary_expression(const CInstr& ins, const ExprOperands& o) {
   const VClass c = ins.cls;
   const std::string T = ctype(c);
-  const Fixup out_fix = b.regs[ins.out].fixup;
-  const std::string a = ins.regs[0] >= 0 ? opnd(ins.regs[0]) : std::string();
-  const std::string y = ins.regs[1] >= 0 ? opnd(ins.regs[1]) : (ins.scalars[0] >= 0 ? scalar(ins.scalars[0]) : "");
-  const bool fast_f32 = c == VClass::F32 && out_fix == Fixup::None;
-  auto dbl = [](const std::string& e) { return "static_cast<double>(" + e + ")"; };
-  auto libm = [&](const char* fn) {
-    return is_float(c) ? round_to(c, out_fix, std::string(fn) + "(" + dbl(a) + ")") : "";
-  };
-  auto fastf = [&](const char* f32fn, const char* libfn) {
-    if (!is_float(c)) return std::string();
-    return fast_f32 ? std::string("fast::") + f32fn + "(" + a + ")" : libm(libfn);
-  };
+  const std::string& a = o.a;
+  const std::string& y = o.y;
   switch (ins.code) {
     case Code::Add:
     case Code::Sub:
@@ -172,11 +183,11 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
       if (is_int(c)) return "rt::idiv<" + T + ">(" + a + ", " + y + ", fault)";
       return {};
     case Code::Rem:
-      if (is_float(c)) return round_to(c, out_fix, "rt::float_rem(" + dbl(a) + ", " + dbl(y) + ")");
+      if (is_float(c)) return round_to(c, o.out_fix, "rt::float_rem(" + as_double(a) + ", " + as_double(y) + ")");
       if (is_int(c)) return "rt::irem<" + T + ">(" + a + ", " + y + ", fault)";
       return {};
     case Code::Pow:
-      if (is_float(c)) return round_to(c, out_fix, "std::pow(" + dbl(a) + ", " + dbl(y) + ")");
+      if (is_float(c)) return round_to(c, o.out_fix, "std::pow(" + as_double(a) + ", " + as_double(y) + ")");
       return {};
     case Code::BitAnd:
     case Code::BitOr:
@@ -203,17 +214,33 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
     case Code::ClampMax:
       if (c == VClass::Bool) return {};
       return "(" + a + " > " + y + " ? " + y + " : " + a + ")";
-    case Code::Eq:
-    case Code::Ne:
-    case Code::Gt:
-    case Code::Ge:
-    case Code::Lt:
-    case Code::Le: {
-      static constexpr const char* kOps[] = {" == ", " != ", " > ", " >= ", " < ", " <= "};
-      if (c == VClass::Bool && ins.code != Code::Eq && ins.code != Code::Ne) return {};
-      const auto k = static_cast<std::size_t>(ins.code) - static_cast<std::size_t>(Code::Eq);
-      return "static_cast<rt::B8>(" + a + kOps[k] + y + ")";
-    }
+    default: return {};
+  }
+}
+
+// Comparisons: a bool result; only equality on bools.
+std::string comparison_expression(const CInstr& ins, const ExprOperands& o) {
+  static constexpr const char* kOps[] = {" == ", " != ", " > ", " >= ", " < ", " <= "};
+  if (ins.cls == VClass::Bool && ins.code != Code::Eq && ins.code != Code::Ne) return {};
+  const auto k = static_cast<std::size_t>(ins.code) - static_cast<std::size_t>(Code::Eq);
+  return "static_cast<rt::B8>(" + o.a + kOps[k] + o.y + ")";
+}
+
+// Unary math: signs, the libm functions (f32 exp / log / log1p / tanh through fast_math.h),
+// roundings, float classification and negations.
+std::string unary_expression(const CInstr& ins, const ExprOperands& o) {
+  const VClass c = ins.cls;
+  const std::string T = ctype(c);
+  const std::string& a = o.a;
+  const bool fast_f32 = c == VClass::F32 && o.out_fix == Fixup::None;
+  auto libm = [&](const char* fn) {
+    return is_float(c) ? round_to(c, o.out_fix, std::string(fn) + "(" + as_double(a) + ")") : "";
+  };
+  auto fastf = [&](const char* f32fn, const char* libfn) {
+    if (!is_float(c)) return std::string();
+    return fast_f32 ? std::string("fast::") + f32fn + "(" + a + ")" : libm(libfn);
+  };
+  switch (ins.code) {
     case Code::Abs:
       if (is_float(c)) return "std::fabs(" + a + ")";
       if (is_int(c)) return "rt::iabs<" + T + ">(" + a + ")";
@@ -244,28 +271,43 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
     case Code::IsInf: return is_float(c) ? "rt::is_inf<" + T + ">(" + a + ")" : "";
     case Code::BitNot: return is_int(c) ? "static_cast<" + T + ">(~" + a + ")" : "";
     case Code::Not: return c == VClass::Bool ? "static_cast<rt::B8>(" + a + " ^ 1)" : "";
-    case Code::Cast: {
-      const VClass to = ins.out_cls;
-      const std::string D = ctype(to);
-      if (c == VClass::Bool) return "static_cast<" + D + ">(" + a + " != 0 ? 1 : 0)";
-      if (to == VClass::Bool) return "static_cast<rt::B8>(" + a + " != 0)";
-      if (is_float(c) && is_int(to))
-        return "rt::float_to_int<" + D + ">(" + dbl(a) + ", " + std::to_string(ins.out_dtype.size_bytes() * 8) + ")";
-      if (to == VClass::F32 && c != VClass::F32) {
-        const Fixup f = fast::fixup_of(ins.out_dtype);
-        return f == Fixup::None ? "static_cast<float>(" + a + ")" : round_to(VClass::F32, f, dbl(a));
-      }
-      return "static_cast<" + D + ">(" + a + ")";
-    }
+    default: return {};
+  }
+}
+
+// A cast from the instruction's class to its output class (and dtype, for f32's roundings).
+std::string cast_expression(const CInstr& ins, const ExprOperands& o) {
+  const VClass c = ins.cls;
+  const std::string& a = o.a;
+  const VClass to = ins.out_cls;
+  const std::string D = ctype(to);
+  if (c == VClass::Bool) return "static_cast<" + D + ">(" + a + " != 0 ? 1 : 0)";
+  if (to == VClass::Bool) return "static_cast<rt::B8>(" + a + " != 0)";
+  if (is_float(c) && is_int(to))
+    return "rt::float_to_int<" + D + ">(" + as_double(a) + ", " + std::to_string(ins.out_dtype.size_bytes() * 8) + ")";
+  if (to == VClass::F32 && c != VClass::F32) {
+    const Fixup f = fast::fixup_of(ins.out_dtype);
+    return f == Fixup::None ? "static_cast<float>(" + a + ")" : round_to(VClass::F32, f, as_double(a));
+  }
+  return "static_cast<" + D + ">(" + a + ")";
+}
+
+// Instructions that choose rather than compute: the two-sided clamp, the masked selects, copies
+// and fills.
+std::string select_fill_expression(const CInstr& ins, const ExprOperands& o) {
+  const VClass c = ins.cls;
+  const std::string T = ctype(c);
+  const std::string& a = o.a;
+  switch (ins.code) {
     case Code::Clamp:
       if (c == VClass::Bool || ins.scalars[0] < 0 || ins.scalars[1] < 0) return {};
       return "rt::clamp<" + T + ">(" + a + ", " + scalar(ins.scalars[0]) + ", " + scalar(ins.scalars[1]) + ")";
     case Code::MaskWhere:
       if (ins.regs[1] < 0 || ins.regs[2] < 0) return {};
-      return "(" + opnd(ins.regs[1]) + " ? " + opnd(ins.regs[2]) + " : " + a + ")";
+      return "(" + o.operand(ins.regs[1]) + " ? " + o.operand(ins.regs[2]) + " : " + a + ")";
     case Code::MaskFill:
       if (ins.regs[1] < 0 || ins.scalars[0] < 0) return {};
-      return "(" + opnd(ins.regs[1]) + " ? " + scalar(ins.scalars[0]) + " : " + a + ")";
+      return "(" + o.operand(ins.regs[1]) + " ? " + scalar(ins.scalars[0]) + " : " + a + ")";
     case Code::Copy: return a;
     case Code::Fill: {
       if (ins.scalars[0] >= 0) return scalar(ins.scalars[0]);
@@ -273,11 +315,20 @@ std::string expression(const CInstr& ins, const CBlock& b, const std::string& su
       const bool one = c == VClass::Bool ? ins.imm.b != 0 : is_float(c) ? ins.imm.f != 0 : ins.imm.i != 0;
       return "static_cast<" + T + ">(" + (one ? "1" : "0") + ")";
     }
-    case Code::Gather:
-    case Code::Select:
-    case Code::Cat: return {};
+    default: return {};
   }
-  return {};
+}
+
+// The expression of one instruction, before the register fixup; empty when unsupported.
+// Mirrors bind_kernel's choice of kernel (fast_elementwise.cc) case by case.
+std::string expression(const CInstr& ins, const CBlock& b, const std::string& sub) {
+  const ExprOperands o = expr_operands(ins, b, sub);
+  if (fusion::lowering::is_binary(ins.code)) return binary_expression(ins, o);
+  if (fusion::lowering::is_comparison(ins.code)) return comparison_expression(ins, o);
+  if (fusion::lowering::is_unary(ins.code)) return unary_expression(ins, o);
+  if (ins.code == Code::Cast) return cast_expression(ins, o);
+  if (fusion::lowering::is_indexed(ins.code)) return {};  // gather / select / cat
+  return select_fill_expression(ins, o);
 }
 
 std::string scalar_init(VClass c, std::int32_t slot) {
@@ -292,24 +343,85 @@ std::string scalar_init(VClass c, std::int32_t slot) {
   return "0";
 }
 
-}  // namespace
+// Per instruction, its text in each form of the loop: per element (the plain and tail loops:
+// one local per register), per block of kLanes elements (one local array per register), and
+// in the checked pass of a block (AVX-512 only, see FlatPathWriter::checked_block).
+struct InstrText {
+  std::string body, block, fblock;
+  // The instruction makes its pass run blocks (f32 exp / log / log1p / tanh). Passes without
+  // one run one plain vectorised loop: Adam-like programs (many streams, many live values)
+  // measured faster that way (W3 0.32 vs 0.50 ns per element), a block's arrays spilling.
+  bool blocked = false;
+  bool checked = false;  // it has a restricted-domain form for the checked pass
+};
 
-Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledProgram& cp) {
-  Generated g;
-  auto decline = [&](std::string why) {
-    g.declined = std::move(why);
-    g.source.clear();
-    return g;
-  };
-  if (!cp.supported) return decline("not compiled: " + cp.why_unsupported);
+// Why the program gets no JIT kernel, from its kind and shape alone; empty when it may get one.
+std::string program_declined(const fusion::FusedProgram& p, const fast::CompiledProgram& cp) {
+  if (!cp.supported) return "not compiled: " + cp.why_unsupported;
   if (p.kind != fusion::ProgramKind::Elementwise && p.kind != fusion::ProgramKind::NhwcRelayout)
-    return decline("not an elementwise program");
-  if (cp.blocks.size() != 1 || p.blocks.size() != 1) return decline("not one block");
+    return "not an elementwise program";
+  if (cp.blocks.size() != 1 || p.blocks.size() != 1) return "not one block";
   const CBlock& b = cp.blocks[0];
-  if (b.has_indexed) return decline("indexed reads (gather / select / cat)");
-  if (b.reduction) return decline("a reduction");
-  if (b.loads.size() != p.blocks[0].loads.size()) return decline("load list");
+  if (b.has_indexed) return "indexed reads (gather / select / cat)";
+  if (b.reduction) return "a reduction";
+  if (b.loads.size() != p.blocks[0].loads.size()) return "load list";
+  return {};
+}
 
+// One instruction's text in the three forms of the loop, from its expressions per element (`e`)
+// and per lane of a block (`eb`), fixup included.
+InstrText instruction_text(const CInstr& ins, const fast::RegInfo& out, const std::string& e, const std::string& eb) {
+  const std::string o = reg(static_cast<std::int32_t>(ins.out));
+  InstrText t;
+  std::ostringstream body, block, fblock;
+  body << "      const " << ctype(out.cls) << " " << o << " = " << e << ";\n";
+  // The f32 fast functions run as their AVX-512 forms (bit-identical to the scalar ones,
+  // fast_math.h) where the target has them: the auto-vectorised scalar forms take twice the
+  // instructions, which W2-like chains of exp / log / tanh feel.
+  const char* v16 = ins.code == Code::Exp     ? "exp16"
+                    : ins.code == Code::Log   ? "log16"
+                    : ins.code == Code::Log1p ? "log1p16"
+                    : ins.code == Code::Tanh  ? "tanh16"
+                                              : nullptr;
+  // exp, log and tanh also have restricted-domain forms for the checked pass (see
+  // FlatPathWriter::checked_block).
+  const char* vfast = ins.code == Code::Exp    ? "exp_block_unchecked"
+                      : ins.code == Code::Log  ? "log_block_unchecked"
+                      : ins.code == Code::Tanh ? "tanh_block_unchecked"
+                                               : nullptr;
+  const bool fast_f32 = ins.cls == VClass::F32 && out.fixup == Fixup::None;
+  const std::string decl = "      " + std::string(ctype(out.cls)) + " " + o + "[kLanes];\n";
+  block << decl;
+  fblock << decl;
+  if (v16 != nullptr && fast_f32) {
+    t.blocked = true;
+    const std::string general = "      for (int v = 0; v < kLanes; v += 16) _mm512_storeu_ps(" + o +
+                                " + v, fast::" + v16 + "(_mm512_loadu_ps(" + reg(ins.regs[0]) + " + v)));\n";
+    block << "#if defined(__AVX512F__)\n"
+          << general << "#else\n"
+          << "      for (int l = 0; l < kLanes; ++l) " << o << "[l] = " << eb << ";\n"
+          << "#endif\n";
+    if (vfast != nullptr) {
+      t.checked = true;
+      fblock << "      fast::" << vfast << "<kLanes>(" << reg(ins.regs[0]) << ", " << o << ", chk);\n";
+    } else {
+      fblock << general;
+    }
+  } else {
+    block << "      for (int l = 0; l < kLanes; ++l) " << o << "[l] = " << eb << ";\n";
+    fblock << "      for (int l = 0; l < kLanes; ++l) " << o << "[l] = " << eb << ";\n";
+  }
+  t.body = body.str();
+  t.block = block.str();
+  t.fblock = fblock.str();
+  return t;
+}
+
+// Checks block 0's loads, instructions and stores, and builds the instructions' texts into
+// `texts`; returns why the program is declined, empty when it is not.
+std::string instruction_texts(const fusion::FusedProgram& p, const fast::CompiledProgram& cp,
+                              std::vector<InstrText>& texts) {
+  const CBlock& b = cp.blocks[0];
   // Definitions in order: every register defined once, before its first use (the interpreter's
   // compiled forms are SSA; anything else is declined rather than guessed at).
   const std::size_t nregs = b.regs.size();
@@ -319,102 +431,42 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
     defined[r] = true;
     return true;
   };
-  // Per instruction, its text in each form of the loop: per element (the plain and tail loops:
-  // one local per register), per block of kLanes elements (one local array per register), and
-  // in the checked pass of a block (AVX-512 only, see below).
-  struct InstrText {
-    std::string body, block, fblock;
-    // The instruction makes its pass run blocks (f32 exp / log / log1p / tanh). Passes without
-    // one run one plain vectorised loop: Adam-like programs (many streams, many live values)
-    // measured faster that way (W3 0.32 vs 0.50 ns per element), a block's arrays spilling.
-    bool blocked = false;
-    bool checked = false;  // it has a restricted-domain form for the checked pass
-  };
-  std::vector<InstrText> texts;
-  // The blocked loop first runs a block through the restricted-domain forms of exp / log /
-  // tanh (fast_math.h: no clamps, no vscalefps, no special-value fixups) while collecting their
-  // inputs' ranges, and checks once at the end, before any store: a block with a lane outside
-  // those domains (NaN, infinities, |x| >= 86 for exp, ...) is recomputed from its inputs with
-  // the general forms. Same bits either way; W2 1.55 -> 1.3 ns per element (one check per
-  // block instead of one per instruction, with a branch each, saves 3-4%).
   for (const fast::CLoad& l : b.loads) {
-    if (l.source != fusion::LoadSource::Input) return decline("a load of an earlier block's output");
-    if (!define(l.reg)) return decline("a register loaded twice");
+    if (l.source != fusion::LoadSource::Input) return "a load of an earlier block's output";
+    if (!define(l.reg)) return "a register loaded twice";
     const ir::DType d = p.inputs[l.index].dtype;
-    if (storage_type(d) == nullptr || !(d == b.regs[l.reg].dtype)) return decline("load dtype");
+    if (storage_type(d) == nullptr || !(d == b.regs[l.reg].dtype)) return "load dtype";
   }
   for (const CInstr& ins : b.instrs) {
-    if (ins.fn == nullptr) return decline("an instruction without a kernel");
+    if (ins.fn == nullptr) return "an instruction without a kernel";
     for (std::int32_t r : ins.regs)
       if (r >= 0 && (static_cast<std::size_t>(r) >= nregs || !defined[static_cast<std::size_t>(r)]))
-        return decline("an operand read before it is defined");
+        return "an operand read before it is defined";
     for (std::int32_t s : ins.scalars)
-      if (s >= 0 && static_cast<std::size_t>(s) >= cp.scalars.size()) return decline("scalar slot");
+      if (s >= 0 && static_cast<std::size_t>(s) >= cp.scalars.size()) return "scalar slot";
     std::string e = expression(ins, b, "");
     std::string eb = expression(ins, b, "[l]");
-    if (e.empty() || eb.empty()) return decline(std::string("no JIT form for an instruction on ") + ins.compute.name());
+    if (e.empty() || eb.empty()) return std::string("no JIT form for an instruction on ") + ins.compute.name();
     const fast::RegInfo& out = b.regs[ins.out];
-    if (out.cls != ins.out_cls) return decline("instruction result class");
+    if (out.cls != ins.out_cls) return "instruction result class";
     if (!ins.exact_out) {
       e = apply_fixup(out.cls, out.fixup, e);
       eb = apply_fixup(out.cls, out.fixup, eb);
     }
-    if (!define(ins.out)) return decline("a register defined twice");
-    const std::string o = reg(static_cast<std::int32_t>(ins.out));
-    InstrText& t = texts.emplace_back();
-    std::ostringstream body, block, fblock;
-    body << "      const " << ctype(out.cls) << " " << o << " = " << e << ";\n";
-    // The f32 fast functions run as their AVX-512 forms (bit-identical to the scalar ones,
-    // fast_math.h) where the target has them: the auto-vectorised scalar forms take twice the
-    // instructions, which W2-like chains of exp / log / tanh feel.
-    const char* v16 = ins.code == Code::Exp     ? "exp16"
-                      : ins.code == Code::Log   ? "log16"
-                      : ins.code == Code::Log1p ? "log1p16"
-                      : ins.code == Code::Tanh  ? "tanh16"
-                                                : nullptr;
-    // exp, log and tanh also have restricted-domain forms for the checked pass (see below).
-    const char* vfast = ins.code == Code::Exp    ? "exp_block_unchecked"
-                        : ins.code == Code::Log  ? "log_block_unchecked"
-                        : ins.code == Code::Tanh ? "tanh_block_unchecked"
-                                                 : nullptr;
-    const bool fast_f32 = ins.cls == VClass::F32 && out.fixup == Fixup::None;
-    const std::string decl = "      " + std::string(ctype(out.cls)) + " " + o + "[kLanes];\n";
-    block << decl;
-    fblock << decl;
-    if (v16 != nullptr && fast_f32) {
-      t.blocked = true;
-      const std::string general = "      for (int v = 0; v < kLanes; v += 16) _mm512_storeu_ps(" + o +
-                                  " + v, fast::" + v16 + "(_mm512_loadu_ps(" + reg(ins.regs[0]) + " + v)));\n";
-      block << "#if defined(__AVX512F__)\n"
-            << general << "#else\n"
-            << "      for (int l = 0; l < kLanes; ++l) " << o << "[l] = " << eb << ";\n"
-            << "#endif\n";
-      if (vfast != nullptr) {
-        t.checked = true;
-        fblock << "      fast::" << vfast << "<kLanes>(" << reg(ins.regs[0]) << ", " << o << ", chk);\n";
-      } else {
-        fblock << general;
-      }
-    } else {
-      block << "      for (int l = 0; l < kLanes; ++l) " << o << "[l] = " << eb << ";\n";
-      fblock << "      for (int l = 0; l < kLanes; ++l) " << o << "[l] = " << eb << ";\n";
-    }
-    t.body = body.str();
-    t.block = block.str();
-    t.fblock = fblock.str();
+    if (!define(ins.out)) return "a register defined twice";
+    texts.push_back(instruction_text(ins, out, e, eb));
   }
   for (const fast::CStore& s : b.stores) {
-    if (s.reg >= nregs || !defined[s.reg]) return decline("a store of an undefined register");
-    if (storage_type(p.outputs[s.output].dtype) == nullptr) return decline("store dtype");
+    if (s.reg >= nregs || !defined[s.reg]) return "a store of an undefined register";
+    if (storage_type(p.outputs[s.output].dtype) == nullptr) return "store dtype";
   }
-  if (b.instrs.empty()) return decline("no instructions");
+  if (b.instrs.empty()) return "no instructions";
+  return {};
+}
 
-  g.load_broadcast.resize(b.loads.size());
-  for (std::size_t k = 0; k < b.loads.size(); ++k) g.load_broadcast[k] = p.blocks[0].loads[k].broadcast;
-
-  const std::uint32_t parts = b.split_into_parts() ? b.parts : 0;
-
-  std::ostringstream os;
+// The prelude, the kernel's signature and its scalars; returns why the program is declined,
+// empty when it is not.
+std::string write_kernel_head(std::ostringstream& os, const fast::CompiledProgram& cp) {
   for (const char* part : kPreludeParts) os << part << "\n";
   os << "// ---- generated kernel\n"
         "extern \"C\" __attribute__((visibility(\"default\"))) int kiln_jit_run(const kiln::cpu::jit::Frame* F, "
@@ -424,199 +476,95 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
         "  int fault = 0;\n";
   for (std::size_t s = 0; s < cp.scalars.size(); ++s) {
     const auto cls = fast::class_of(cp.scalars[s].dtype);
-    if (!cls) return decline("scalar dtype");
+    if (!cls) return "scalar dtype";
     os << "  const " << ctype(*cls) << " " << scalar(static_cast<std::int32_t>(s)) << " = "
        << scalar_init(*cls, static_cast<std::int32_t>(s)) << ";\n";
   }
-  auto load_type = [&](std::size_t k) { return std::string(storage_type(p.inputs[b.loads[k].index].dtype)); };
-  auto load_dtype = [&](std::size_t k) { return p.inputs[b.loads[k].index].dtype; };
-  auto store_type = [&](std::size_t k) { return std::string(storage_type(p.outputs[b.stores[k].output].dtype)); };
-  auto store_dtype = [&](std::size_t k) { return p.outputs[b.stores[k].output].dtype; };
-  auto load_reg = [&](std::size_t k) { return reg(static_cast<std::int32_t>(b.loads[k].reg)); };
-  auto load_cls = [&](std::size_t k) { return std::string(ctype(b.regs[b.loads[k].reg].cls)); };
-  auto store_val = [&](std::size_t k) { return reg(static_cast<std::int32_t>(b.stores[k].reg)); };
+  return {};
+}
+
+// The run-time flag that store k goes out non-temporally.
+std::string nt_flag(std::size_t k) { return "nt" + std::to_string(k); }
+
+// What one pass of the flat path runs: its instructions' texts joined in order, and its loads
+// and stores.
+struct PassSelection {
+  std::string body, block, fblock;
+  bool blocked = false, checked = false;  // some instruction makes it run blocks / a checked pass
+  std::size_t instrs = 0;
+  std::vector<std::size_t> loads, stores, nt_stores;
+  bool use_nt() const { return !nt_stores.empty(); }
+};
+
+// Writes the flat path of block 0's kernel: the loops over contiguous inputs and outputs.
+class FlatPathWriter {
+ public:
+  FlatPathWriter(const fusion::FusedProgram& p, const CBlock& b, const std::vector<InstrText>& texts,
+                 const std::vector<bool>& load_broadcast, std::ostringstream& os)
+      : p_(p), b_(b), texts_(texts), load_broadcast_(load_broadcast), os_(os) {}
 
   // Fast path: flat loops; every input contiguous from `start` or one broadcast element,
   // every output contiguous. ivdep: an output may be the buffer of an input consumed in place,
   // but only at the same position, which is read before it is written in the same iteration.
-  os << "  if (F->flat) {\n";
-  for (std::size_t k = 0; k < b.loads.size(); ++k) {
-    const std::string base = "reinterpret_cast<const " + load_type(k) + "*>(F->loads[" + std::to_string(k) + "].base)";
-    if (g.load_broadcast[k])
-      os << "    const " << load_cls(k) << " b" << k << " = " << load_conv(load_dtype(k), base + "[0]") << ";\n";
-    else
-      os << "    const " << load_type(k) << "* const p" << k << " = " << base << " + start;\n";
+  void write() {
+    os_ << "  if (F->flat) {\n";
+    pointers();
+    nontemporal_flags();
+    const std::uint32_t parts = b_.split_into_parts() ? b_.parts : 0;
+    if (parts > 1) passes_by_part(parts);
+    pass(std::vector<bool>(b_.loads.size(), true), std::vector<bool>(b_.instrs.size(), true),
+         std::vector<bool>(b_.stores.size(), true));
+    os_ << "    return fault;\n"
+           "  }\n";
   }
-  for (std::size_t k = 0; k < b.stores.size(); ++k)
-    os << "    " << store_type(k) << "* const q" << k << " = reinterpret_cast<" << store_type(k) << "*>(F->stores[" << k
-       << "].base) + start;\n";
+
+ private:
+  // Load / store k's storage type and dtype, and the register it reads into / stores from.
+  std::string load_type(std::size_t k) const { return std::string(storage_type(p_.inputs[b_.loads[k].index].dtype)); }
+  ir::DType load_dtype(std::size_t k) const { return p_.inputs[b_.loads[k].index].dtype; }
+  std::string store_type(std::size_t k) const {
+    return std::string(storage_type(p_.outputs[b_.stores[k].output].dtype));
+  }
+  ir::DType store_dtype(std::size_t k) const { return p_.outputs[b_.stores[k].output].dtype; }
+  std::string load_reg(std::size_t k) const { return reg(static_cast<std::int32_t>(b_.loads[k].reg)); }
+  std::string load_cls(std::size_t k) const { return std::string(ctype(b_.regs[b_.loads[k].reg].cls)); }
+  std::string store_val(std::size_t k) const { return reg(static_cast<std::int32_t>(b_.stores[k].reg)); }
+  // An f32 output, which may go out non-temporally (see nontemporal_flags).
+  bool nt_store(std::size_t k) const {
+    const ir::DTypeKind d = store_dtype(k).kind();
+    return d == ir::DTypeKind::F32 || d == ir::DTypeKind::Flex32;
+  }
+
+  // Each input's pointer from `start` (or its broadcast element) and each output's pointer.
+  void pointers() {
+    for (std::size_t k = 0; k < b_.loads.size(); ++k) {
+      const std::string base =
+          "reinterpret_cast<const " + load_type(k) + "*>(F->loads[" + std::to_string(k) + "].base)";
+      if (load_broadcast_[k])
+        os_ << "    const " << load_cls(k) << " b" << k << " = " << load_conv(load_dtype(k), base + "[0]") << ";\n";
+      else
+        os_ << "    const " << load_type(k) << "* const p" << k << " = " << base << " + start;\n";
+    }
+    for (std::size_t k = 0; k < b_.stores.size(); ++k)
+      os_ << "    " << store_type(k) << "* const q" << k << " = reinterpret_cast<" << store_type(k) << "*>(F->stores["
+          << k << "].base) + start;\n";
+  }
+
   // Non-temporal stores for the fresh f32 outputs of a memory-bound launch that streams from
   // DRAM (no read for ownership, no eviction of inputs still to come; W1 at 2^24 -10%), chosen
   // per output at run time (Access::nontemporal: never one written in place), each only when it
   // is 64-byte aligned (a block or chunk is a multiple of 16 floats).
-  auto nt_store = [&](std::size_t k) {
-    const ir::DTypeKind d = store_dtype(k).kind();
-    return d == ir::DTypeKind::F32 || d == ir::DTypeKind::Flex32;
-  };
-  auto nt_flag = [](std::size_t k) { return "nt" + std::to_string(k); };
-  {
+  void nontemporal_flags() {
     bool any = false;
-    for (std::size_t k = 0; k < b.stores.size(); ++k)
+    for (std::size_t k = 0; k < b_.stores.size(); ++k)
       if (nt_store(k)) {
-        if (!any) os << "#if defined(__AVX512F__)\n";
+        if (!any) os_ << "#if defined(__AVX512F__)\n";
         any = true;
-        os << "    const bool " << nt_flag(k) << " = F->stores[" << k
-           << "].nontemporal != 0 && (reinterpret_cast<std::uintptr_t>(q" << k << ") & 63) == 0;\n";
+        os_ << "    const bool " << nt_flag(k) << " = F->stores[" << k
+            << "].nontemporal != 0 && (reinterpret_cast<std::uintptr_t>(q" << k << ") & 63) == 0;\n";
       }
-    if (any) os << "#endif\n";
+    if (any) os_ << "#endif\n";
   }
-
-  // One pass of the flat path over [start, start + n): the selected loads, instructions and
-  // stores (a connected component of the program, or all of it), in a scope of its own.
-  auto emit_pass = [&](const std::vector<bool>& load_in, const std::vector<bool>& instr_in,
-                       const std::vector<bool>& store_in) {
-    std::string body, block, fblock;
-    bool blocked = false, checked = false;
-    std::size_t instrs = 0;
-    for (std::size_t i = 0; i < texts.size(); ++i)
-      if (instr_in[i]) {
-        body += texts[i].body;
-        block += texts[i].block;
-        fblock += texts[i].fblock;
-        blocked = blocked || texts[i].blocked;
-        checked = checked || texts[i].checked;
-        ++instrs;
-      }
-    std::vector<std::size_t> loads, stores, nt_stores;
-    for (std::size_t k = 0; k < b.loads.size(); ++k)
-      if (load_in[k]) loads.push_back(k);
-    for (std::size_t k = 0; k < b.stores.size(); ++k)
-      if (store_in[k]) {
-        stores.push_back(k);
-        if (nt_store(k)) nt_stores.push_back(k);
-      }
-    const std::size_t streams = loads.size() + stores.size();
-    const bool use_nt = !nt_stores.empty();
-    os << "    {\n";
-    if (use_nt) {
-      std::string any;
-      for (std::size_t k : nt_stores) any += (any.empty() ? "" : " || ") + nt_flag(k);
-      os << "#if defined(__AVX512F__)\n"
-            "    const bool any_nt = "
-         << any
-         << ";\n"
-            "#endif\n";
-    }
-    // Blocks of kLanes elements first, one short loop per instruction over local arrays: the
-    // compiler keeps them in vector registers, and the kLanes / 16 independent vectors per
-    // instruction give the core independent work along a long chain of instructions (one
-    // 16-lane vector per iteration leaves W2 latency-bound: 2.6 vs 1.6 ns per element).
-    // Compute-bound passes (more than ~2 instructions per stream, the interpreter's criterion)
-    // take 8 vectors (W2 7% faster than with 4; 12 or 16 spill and are slower), memory-bound
-    // ones 4 (W1 at 2^24 streams 20% slower from DRAM with 128-element blocks).
-    // Every block's loads happen before its stores, so an in-place output is still safe.
-    const bool compute_bound = instrs > 2 * streams;
-    os << "    constexpr int kLanes = " << (compute_bound ? 128 : 64)
-       << ";\n"
-          "    std::uint64_t i = 0;\n"
-          "    for (; "
-       << (blocked ? "" : "false && ") << "i + kLanes <= n; i += kLanes) {\n";
-    std::ostringstream block_loads, block_stores;
-    for (std::size_t k : loads) {
-      block_loads << "      " << load_cls(k) << " " << load_reg(k) << "[kLanes];\n"
-                  << "      for (int l = 0; l < kLanes; ++l) " << load_reg(k) << "[l] = "
-                  << (g.load_broadcast[k] ? "b" + std::to_string(k)
-                                          : load_conv(load_dtype(k), "p" + std::to_string(k) + "[i + l]"))
-                  << ";\n";
-    }
-    for (std::size_t k : stores) {
-      const std::string plain = "for (int l = 0; l < kLanes; ++l) q" + std::to_string(k) +
-                                "[i + l] = " + store_conv(store_dtype(k), store_val(k) + "[l]") + ";\n";
-      if (nt_store(k))
-        block_stores << "#if defined(__AVX512F__)\n"
-                     << "      if (" << nt_flag(k) << ") {\n"
-                     << "        for (int v = 0; v < kLanes; v += 16) _mm512_stream_ps(q" << k
-                     << " + i + v, _mm512_loadu_ps(" << store_val(k) << " + v));\n"
-                     << "      } else {\n"
-                     << "        " << plain << "      }\n"
-                     << "#else\n"
-                     << "      " << plain << "#endif\n";
-      else
-        block_stores << "      " << plain;
-    }
-    if (checked) {
-      os << "#if defined(__AVX512F__)\n"
-            "    {\n"
-            "      fast::BlockCheck chk;\n"
-         << block_loads.str() << fblock << "      if (__builtin_expect(chk.ok(), 1)) {\n"
-         << block_stores.str()
-         << "        continue;\n"
-            "      }\n"
-            "    }\n"
-            "#endif\n";
-    }
-    os << block_loads.str() << block << block_stores.str();
-    os << "    }\n";
-    // One position of a plain loop: every load at input position `at`, the instructions, and
-    // every store k to `<dest>k[<dest_at>]`.
-    auto element = [&](const std::string& at, const char* dest, const std::string& dest_at) {
-      std::ostringstream e;
-      for (std::size_t k : loads)
-        e << "      const " << load_cls(k) << " " << load_reg(k) << " = "
-          << (g.load_broadcast[k] ? "b" + std::to_string(k)
-                                  : load_conv(load_dtype(k), "p" + std::to_string(k) + "[" + at + "]"))
-          << ";\n";
-      e << body;
-      for (std::size_t k : stores)
-        e << "      " << dest << k << "[" << dest_at << "] = " << store_conv(store_dtype(k), store_val(k)) << ";\n";
-      return e.str();
-    };
-    // The plain loop of a pass without blocks, when some output is written non-temporally:
-    // chunks of 256 positions through the same vectorised loop, those outputs into L1 scratch
-    // arrays (one per f32 output: which are flagged is known only at run time), then streamed
-    // out (GCC has no non-temporal form of a plain store). Measured on fused Adam's 35-stream
-    // kernel (docs/decisions.md): 8.6 -> 5.6 ms with all 16 outputs fresh, no change with 2 of 16.
-    if (use_nt && !blocked) {
-      os << "#if defined(__AVX512F__)\n"
-            "    if (any_nt) {\n"
-            "      constexpr std::uint64_t kChunk = 256;\n"
-            "      for (; i + kChunk <= n; i += kChunk) {\n";
-      for (std::size_t k : nt_stores)
-        os << "        alignas(64) float t" << k << "[kChunk];\n"
-           << "        float* const d" << k << " = " << nt_flag(k) << " ? t" << k << " : q" << k << " + i;\n";
-      for (std::size_t k : stores)
-        if (!nt_store(k)) os << "        " << store_type(k) << "* const d" << k << " = q" << k << " + i;\n";
-      os << "#pragma GCC ivdep\n"
-            "        for (std::uint64_t j = 0; j < kChunk; ++j) {\n"
-         << element("i + j", "d", "j") << "        }\n";
-      for (std::size_t k : nt_stores)
-        os << "        if (" << nt_flag(k) << ")\n"
-           << "          for (std::uint64_t v = 0; v < kChunk; v += 16) _mm512_stream_ps(q" << k
-           << " + i + v, _mm512_load_ps(t" << k << " + v));\n";
-      os << "      }\n"
-            "    }\n"
-            "#endif\n";
-    }
-    // Which stores went out non-temporally: the flagged ones, if a block or chunk ran at all.
-    if (use_nt) {
-      os << "#if defined(__AVX512F__)\n"
-            "    if (any_nt && i > 0 && F->streamed != nullptr) {\n"
-            "      std::uint64_t mask = 0;\n";
-      for (std::size_t k : nt_stores)
-        if (k < 64) os << "      if (" << nt_flag(k) << ") mask |= std::uint64_t{1} << " << k << ";\n";
-      os << "      __atomic_fetch_or(F->streamed, mask, __ATOMIC_RELAXED);\n"
-            "    }\n"
-            "#endif\n";
-    }
-    os << "#pragma GCC ivdep\n"
-          "    for (; i < n; ++i) {\n"
-       << element("i", "q", "i") << "    }\n";
-    if (use_nt)
-      os << "#if defined(__AVX512F__)\n"
-            "    if (any_nt) _mm_sfence();\n"
-            "#endif\n";
-    os << "    }\n";
-  };
 
   // A program made of independent parts (fused Adam: one part per parameter, each reading its
   // own parameter, gradient and moments) can run one part after another over the range rather
@@ -624,23 +572,235 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   // 8 Adam parameters: 6.3 ms interleaved, 4.5 ms part by part). The launch allows it
   // (Frame::by_component, from parts_run_apart) only when no part writes a buffer that another
   // part reads.
-  if (parts > 1) {
-    os << "    if (F->by_component) {\n";
+  void passes_by_part(std::uint32_t parts) {
+    os_ << "    if (F->by_component) {\n";
     for (std::uint32_t c = 0; c < parts; ++c) {
-      std::vector<bool> load_in(b.loads.size()), instr_in(b.instrs.size()), store_in(b.stores.size());
-      for (std::uint32_t k : b.loads_of_part(c)) load_in[k] = true;
-      for (std::size_t k = 0; k < b.instrs.size(); ++k) instr_in[k] = b.instr_part[k] == c;
-      for (std::size_t k = 0; k < b.stores.size(); ++k) store_in[k] = b.store_part[k] == c;
-      emit_pass(load_in, instr_in, store_in);
+      std::vector<bool> load_in(b_.loads.size()), instr_in(b_.instrs.size()), store_in(b_.stores.size());
+      for (std::uint32_t k : b_.loads_of_part(c)) load_in[k] = true;
+      for (std::size_t k = 0; k < b_.instrs.size(); ++k) instr_in[k] = b_.instr_part[k] == c;
+      for (std::size_t k = 0; k < b_.stores.size(); ++k) store_in[k] = b_.store_part[k] == c;
+      pass(load_in, instr_in, store_in);
     }
-    os << "    return fault;\n"
-          "    }\n";
+    os_ << "    return fault;\n"
+           "    }\n";
   }
-  emit_pass(std::vector<bool>(b.loads.size(), true), std::vector<bool>(b.instrs.size(), true),
-            std::vector<bool>(b.stores.size(), true));
-  os << "    return fault;\n"
-        "  }\n";
 
+  // One pass of the flat path over [start, start + n): the selected loads, instructions and
+  // stores (a connected component of the program, or all of it), in a scope of its own.
+  void pass(const std::vector<bool>& load_in, const std::vector<bool>& instr_in, const std::vector<bool>& store_in) {
+    const PassSelection s = selection(load_in, instr_in, store_in);
+    os_ << "    {\n";
+    if (s.use_nt()) any_nt(s);
+    blocked_loop(s);
+    if (s.use_nt() && !s.blocked) nontemporal_chunks(s);
+    if (s.use_nt()) streamed_mask(s);
+    tail_loop(s);
+    os_ << "    }\n";
+  }
+
+  // The texts, loads and stores of a pass.
+  PassSelection selection(const std::vector<bool>& load_in, const std::vector<bool>& instr_in,
+                          const std::vector<bool>& store_in) const {
+    PassSelection s;
+    for (std::size_t i = 0; i < texts_.size(); ++i)
+      if (instr_in[i]) {
+        s.body += texts_[i].body;
+        s.block += texts_[i].block;
+        s.fblock += texts_[i].fblock;
+        s.blocked = s.blocked || texts_[i].blocked;
+        s.checked = s.checked || texts_[i].checked;
+        ++s.instrs;
+      }
+    for (std::size_t k = 0; k < b_.loads.size(); ++k)
+      if (load_in[k]) s.loads.push_back(k);
+    for (std::size_t k = 0; k < b_.stores.size(); ++k)
+      if (store_in[k]) {
+        s.stores.push_back(k);
+        if (nt_store(k)) s.nt_stores.push_back(k);
+      }
+    return s;
+  }
+
+  // Whether any of the pass's outputs goes out non-temporally.
+  void any_nt(const PassSelection& s) {
+    std::string any;
+    for (std::size_t k : s.nt_stores) any += (any.empty() ? "" : " || ") + nt_flag(k);
+    os_ << "#if defined(__AVX512F__)\n"
+           "    const bool any_nt = "
+        << any
+        << ";\n"
+           "#endif\n";
+  }
+
+  // Blocks of kLanes elements first, one short loop per instruction over local arrays: the
+  // compiler keeps them in vector registers, and the kLanes / 16 independent vectors per
+  // instruction give the core independent work along a long chain of instructions (one
+  // 16-lane vector per iteration leaves W2 latency-bound: 2.6 vs 1.6 ns per element).
+  // Compute-bound passes (more than ~2 instructions per stream, the interpreter's criterion)
+  // take 8 vectors (W2 7% faster than with 4; 12 or 16 spill and are slower), memory-bound
+  // ones 4 (W1 at 2^24 streams 20% slower from DRAM with 128-element blocks).
+  // Every block's loads happen before its stores, so an in-place output is still safe.
+  void blocked_loop(const PassSelection& s) {
+    const std::size_t streams = s.loads.size() + s.stores.size();
+    const bool compute_bound = s.instrs > 2 * streams;
+    os_ << "    constexpr int kLanes = " << (compute_bound ? 128 : 64)
+        << ";\n"
+           "    std::uint64_t i = 0;\n"
+           "    for (; "
+        << (s.blocked ? "" : "false && ") << "i + kLanes <= n; i += kLanes) {\n";
+    const std::string loads = block_loads(s);
+    const std::string stores = block_stores(s);
+    if (s.checked) checked_block(s, loads, stores);
+    os_ << loads << s.block << stores;
+    os_ << "    }\n";
+  }
+
+  // A block's loads into local arrays.
+  std::string block_loads(const PassSelection& s) const {
+    std::ostringstream text;
+    for (std::size_t k : s.loads) {
+      text << "      " << load_cls(k) << " " << load_reg(k) << "[kLanes];\n"
+           << "      for (int l = 0; l < kLanes; ++l) " << load_reg(k) << "[l] = "
+           << (load_broadcast_[k] ? "b" + std::to_string(k)
+                                  : load_conv(load_dtype(k), "p" + std::to_string(k) + "[i + l]"))
+           << ";\n";
+    }
+    return text.str();
+  }
+
+  // A block's stores from local arrays, the f32 ones streamed when flagged.
+  std::string block_stores(const PassSelection& s) const {
+    std::ostringstream text;
+    for (std::size_t k : s.stores) {
+      const std::string plain = "for (int l = 0; l < kLanes; ++l) q" + std::to_string(k) +
+                                "[i + l] = " + store_conv(store_dtype(k), store_val(k) + "[l]") + ";\n";
+      if (nt_store(k))
+        text << "#if defined(__AVX512F__)\n"
+             << "      if (" << nt_flag(k) << ") {\n"
+             << "        for (int v = 0; v < kLanes; v += 16) _mm512_stream_ps(q" << k << " + i + v, _mm512_loadu_ps("
+             << store_val(k) << " + v));\n"
+             << "      } else {\n"
+             << "        " << plain << "      }\n"
+             << "#else\n"
+             << "      " << plain << "#endif\n";
+      else
+        text << "      " << plain;
+    }
+    return text.str();
+  }
+
+  // The blocked loop first runs a block through the restricted-domain forms of exp / log /
+  // tanh (fast_math.h: no clamps, no vscalefps, no special-value fixups) while collecting their
+  // inputs' ranges, and checks once at the end, before any store: a block with a lane outside
+  // those domains (NaN, infinities, |x| >= 86 for exp, ...) is recomputed from its inputs with
+  // the general forms. Same bits either way; W2 1.55 -> 1.3 ns per element (one check per
+  // block instead of one per instruction, with a branch each, saves 3-4%).
+  void checked_block(const PassSelection& s, const std::string& loads, const std::string& stores) {
+    os_ << "#if defined(__AVX512F__)\n"
+           "    {\n"
+           "      fast::BlockCheck chk;\n"
+        << loads << s.fblock << "      if (__builtin_expect(chk.ok(), 1)) {\n"
+        << stores
+        << "        continue;\n"
+           "      }\n"
+           "    }\n"
+           "#endif\n";
+  }
+
+  // One position of a plain loop: every load at input position `at`, the instructions, and
+  // every store k to `<dest>k[<dest_at>]`.
+  std::string element(const PassSelection& s, const std::string& at, const char* dest,
+                      const std::string& dest_at) const {
+    std::ostringstream e;
+    for (std::size_t k : s.loads)
+      e << "      const " << load_cls(k) << " " << load_reg(k) << " = "
+        << (load_broadcast_[k] ? "b" + std::to_string(k)
+                               : load_conv(load_dtype(k), "p" + std::to_string(k) + "[" + at + "]"))
+        << ";\n";
+    e << s.body;
+    for (std::size_t k : s.stores)
+      e << "      " << dest << k << "[" << dest_at << "] = " << store_conv(store_dtype(k), store_val(k)) << ";\n";
+    return e.str();
+  }
+
+  // The plain loop of a pass without blocks, when some output is written non-temporally:
+  // chunks of 256 positions through the same vectorised loop, those outputs into L1 scratch
+  // arrays (one per f32 output: which are flagged is known only at run time), then streamed
+  // out (GCC has no non-temporal form of a plain store). Measured on fused Adam's 35-stream
+  // kernel (docs/decisions.md): 8.6 -> 5.6 ms with all 16 outputs fresh, no change with 2 of 16.
+  void nontemporal_chunks(const PassSelection& s) {
+    os_ << "#if defined(__AVX512F__)\n"
+           "    if (any_nt) {\n"
+           "      constexpr std::uint64_t kChunk = 256;\n"
+           "      for (; i + kChunk <= n; i += kChunk) {\n";
+    for (std::size_t k : s.nt_stores)
+      os_ << "        alignas(64) float t" << k << "[kChunk];\n"
+          << "        float* const d" << k << " = " << nt_flag(k) << " ? t" << k << " : q" << k << " + i;\n";
+    for (std::size_t k : s.stores)
+      if (!nt_store(k)) os_ << "        " << store_type(k) << "* const d" << k << " = q" << k << " + i;\n";
+    os_ << "#pragma GCC ivdep\n"
+           "        for (std::uint64_t j = 0; j < kChunk; ++j) {\n"
+        << element(s, "i + j", "d", "j") << "        }\n";
+    for (std::size_t k : s.nt_stores)
+      os_ << "        if (" << nt_flag(k) << ")\n"
+          << "          for (std::uint64_t v = 0; v < kChunk; v += 16) _mm512_stream_ps(q" << k
+          << " + i + v, _mm512_load_ps(t" << k << " + v));\n";
+    os_ << "      }\n"
+           "    }\n"
+           "#endif\n";
+  }
+
+  // Which stores went out non-temporally: the flagged ones, if a block or chunk ran at all.
+  void streamed_mask(const PassSelection& s) {
+    os_ << "#if defined(__AVX512F__)\n"
+           "    if (any_nt && i > 0 && F->streamed != nullptr) {\n"
+           "      std::uint64_t mask = 0;\n";
+    for (std::size_t k : s.nt_stores)
+      if (k < 64) os_ << "      if (" << nt_flag(k) << ") mask |= std::uint64_t{1} << " << k << ";\n";
+    os_ << "      __atomic_fetch_or(F->streamed, mask, __ATOMIC_RELAXED);\n"
+           "    }\n"
+           "#endif\n";
+  }
+
+  // The positions left after the blocks or chunks, one at a time (vectorised by the compiler),
+  // then the fence after any streamed store.
+  void tail_loop(const PassSelection& s) {
+    os_ << "#pragma GCC ivdep\n"
+           "    for (; i < n; ++i) {\n"
+        << element(s, "i", "q", "i") << "    }\n";
+    if (s.use_nt())
+      os_ << "#if defined(__AVX512F__)\n"
+             "    if (any_nt) _mm_sfence();\n"
+             "#endif\n";
+  }
+
+  const fusion::FusedProgram& p_;
+  const CBlock& b_;
+  const std::vector<InstrText>& texts_;
+  const std::vector<bool>& load_broadcast_;
+  std::ostringstream& os_;
+};
+
+}  // namespace
+
+Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledProgram& cp) {
+  Generated g;
+  auto decline = [&](std::string why) {
+    g.declined = std::move(why);
+    g.source.clear();
+    return g;
+  };
+  if (std::string why = program_declined(p, cp); !why.empty()) return decline(std::move(why));
+  const CBlock& b = cp.blocks[0];
+  std::vector<InstrText> texts;
+  if (std::string why = instruction_texts(p, cp, texts); !why.empty()) return decline(std::move(why));
+
+  g.load_broadcast.resize(b.loads.size());
+  for (std::size_t k = 0; k < b.loads.size(); ++k) g.load_broadcast[k] = p.blocks[0].loads[k].broadcast;
+
+  std::ostringstream os;
+  if (std::string why = write_kernel_head(os, cp); !why.empty()) return decline(std::move(why));
+  FlatPathWriter(p, b, texts, g.load_broadcast, os).write();
   // No strided path: launches that need one (partial broadcasts, views, masked outputs) run on
   // the interpreter, which is faster there (run_elementwise_jit declines them). Reaching this
   // line would be a host bug; the fault flag makes the executor replay the ops, safely.

@@ -172,6 +172,8 @@ int int_bits(DType d) { return d.is_integral() ? static_cast<int>(d.size_bytes()
 using fusion::lowering::Code;
 using fusion::lowering::is_binary;
 using fusion::lowering::is_comparison;
+using fusion::lowering::is_indexed;
+using fusion::lowering::is_unary;
 
 enum class Red : std::uint8_t { Sum, Mean, Prod, Max, Min, MaxAbs, ArgMax, ArgMin, Any, All };
 
@@ -192,6 +194,131 @@ std::optional<Red> red_of(OpKind k) {
 }
 
 Error unsupported(std::string what) { return make_error(ErrorCode::Unsupported, "cuda codegen: " + std::move(what)); }
+
+// ---- instruction expressions, one function per family (StageGen::value_text dispatches)
+
+// An instruction's operands as text, with the classes it computes in and converts to.
+struct OperandText {
+  std::vector<std::string> x;  // register operands, then (binary with a scalar) the scalar
+  std::vector<std::string> s;  // scalar operands
+  Cls c = Cls::F32;            // the compute class
+  Cls to = Cls::F32;           // the output class
+  bool fl = false;             // the compute class is a float class
+  bool f32 = false;            // the compute class is f32
+  const char* ct = nullptr;    // the compute class's type
+  const char* ot = nullptr;    // the output class's type
+};
+
+// An instruction's value in the output class.
+struct ValueText {
+  std::string e;
+  bool exact = false;  // already rounded to the output dtype
+};
+
+// Binary arithmetic, bitwise, shift and logical operations, and the one-sided clamps.
+std::string binary_text(Code k, const OperandText& o, DType compute) {
+  const std::vector<std::string>& x = o.x;
+  const bool fl = o.fl;
+  switch (k) {
+    case Code::Add: return fl ? x[0] + " + " + x[1] : fmt::format("kiln_wadd({}, {})", x[0], x[1]);
+    case Code::Sub: return fl ? x[0] + " - " + x[1] : fmt::format("kiln_wsub({}, {})", x[0], x[1]);
+    case Code::Mul: return fl ? x[0] + " * " + x[1] : fmt::format("kiln_wmul({}, {})", x[0], x[1]);
+    case Code::Div: return fl ? x[0] + " / " + x[1] : fmt::format("kiln_div({}, {}, kiln_fault)", x[0], x[1]);
+    case Code::Rem:
+      return fmt::format(fmt::runtime(fl ? "kiln_frem({}, {})" : "kiln_rem({}, {}, kiln_fault)"), x[0], x[1]);
+    case Code::Pow: return fmt::format("{}({}, {})", o.f32 ? "powf" : "pow", x[0], x[1]);
+    case Code::BitAnd: return x[0] + " & " + x[1];
+    case Code::BitOr: return x[0] + " | " + x[1];
+    case Code::BitXor: return x[0] + " ^ " + x[1];
+    case Code::Shl: return fmt::format("kiln_shl({}, {}, {})", x[0], x[1], int_bits(compute));
+    case Code::Shr: return fmt::format("kiln_shr({}, {}, {})", x[0], x[1], int_bits(compute));
+    case Code::LogicAnd: return x[0] + " && " + x[1];
+    case Code::LogicOr: return x[0] + " || " + x[1];
+    case Code::LogicXor: return x[0] + " != " + x[1];
+    case Code::ClampMin: return fmt::format("({0} < {1} ? {1} : {0})", x[0], x[1]);
+    case Code::ClampMax: return fmt::format("({0} > {1} ? {1} : {0})", x[0], x[1]);
+    default: return {};
+  }
+}
+
+// Comparisons: a bool result.
+std::string comparison_text(Code k, const OperandText& o) {
+  const std::vector<std::string>& x = o.x;
+  switch (k) {
+    case Code::Eq: return x[0] + " == " + x[1];
+    case Code::Ne: return x[0] + " != " + x[1];
+    case Code::Gt: return x[0] + " > " + x[1];
+    case Code::Ge: return x[0] + " >= " + x[1];
+    case Code::Lt: return x[0] + " < " + x[1];
+    case Code::Le: return x[0] + " <= " + x[1];
+    default: return {};
+  }
+}
+
+// Unary math: signs, the math library's functions (fast exp / log with `fast_math`), roundings,
+// float classification and negations.
+std::string unary_text(Code k, const OperandText& o, bool fast_math) {
+  const std::vector<std::string>& x = o.x;
+  auto fn1 = [&](const char* f32name, const char* f64name) {
+    return fmt::format("{}({})", o.f32 ? f32name : f64name, x[0]);
+  };
+  switch (k) {
+    case Code::Abs: return fmt::format("kiln_abs({})", x[0]);
+    case Code::Neg: return o.fl ? "-" + x[0] : fmt::format("kiln_wsub(({})0, {})", o.ct, x[0]);
+    case Code::Sign: return fmt::format("kiln_sign({})", x[0]);
+    case Code::Exp: return fn1(fast_math ? "__expf" : "expf", "exp");
+    case Code::Log: return fn1(fast_math ? "__logf" : "logf", "log");
+    case Code::Log1p: return fn1("log1pf", "log1p");
+    case Code::Erf: return fn1("erff", "erf");
+    case Code::Sqrt: return fn1("sqrtf", "sqrt");
+    case Code::Cos: return fn1("cosf", "cos");
+    case Code::Sin: return fn1("sinf", "sin");
+    case Code::Tanh: return fn1("tanhf", "tanh");
+    case Code::Recip: return fmt::format("({})1 / {}", o.ct, x[0]);
+    case Code::Round: return fn1("rintf", "rint");  // half to even
+    case Code::Floor: return fn1("floorf", "floor");
+    case Code::Ceil: return fn1("ceilf", "ceil");
+    case Code::Trunc: return fn1("truncf", "trunc");
+    case Code::IsNan: return fmt::format("({0} != {0})", x[0]);
+    case Code::IsInf: return fmt::format("isinf({})", x[0]);
+    case Code::BitNot: return "~" + x[0];
+    case Code::Not: return "!" + x[0];
+    default: return {};
+  }
+}
+
+// A cast to the output class; from a float to an integer, or rounded to f32 storage, it is
+// exact.
+ValueText cast_text(const OperandText& o, DType out_dtype) {
+  const std::vector<std::string>& x = o.x;
+  const Cls c = o.c;
+  const Cls to = o.to;
+  std::string e;
+  bool exact = false;
+  if (c == Cls::Bool) {
+    e = fmt::format("({})({} ? 1 : 0)", o.ot, x[0]);
+  } else if (to == Cls::Bool) {
+    e = fmt::format("({} != 0)", x[0]);
+  } else if (o.fl && to == Cls::I64) {
+    e = fmt::format("kiln_f2i((double){}, {})", x[0], int_bits(out_dtype));
+    exact = true;
+  } else if (o.fl && to == Cls::U64) {
+    e = fmt::format("kiln_f2u((double){}, {})", x[0], int_bits(out_dtype));
+    exact = true;
+  } else if (to == Cls::F32 && c != Cls::F32) {
+    // From f64 or an integer: rounded once, straight to the target (never through f32).
+    if (out_dtype.kind() == DTypeKind::F16)
+      e = fmt::format("kiln_f16d((double){})", x[0]);
+    else if (out_dtype.kind() == DTypeKind::BF16)
+      e = fmt::format("kiln_bf16d((double){})", x[0]);
+    else
+      e = fmt::format("(float){}", x[0]);
+    exact = true;
+  } else {
+    e = fmt::format("({}){}", o.ot, x[0]);
+  }
+  return {e, exact};
+}
 
 // ---- text
 
@@ -509,6 +636,8 @@ class StageGen {
     return Status::Ok();
   }
 
+  // Emits one instruction of block b: lowered, its operands as text, then its value (or its
+  // indexed read).
   Status instruction(Text& t, int ind, std::uint32_t b, const Instruction& ins) {
     const ProgramBlock& blk = p_.blocks[b];
     // The shared lowering (fusion/lowering.h) picks the code and checks the operands.
@@ -521,114 +650,64 @@ class StageGen {
     const Code k = lowered.code;
     if (!fusion::lowering::dtype_supported(k, ins.compute))
       return unsupported(std::string("operands of ") + std::string(ir::op_info(ins.op).variant));
-    std::vector<std::string> x;  // register operands, then (binary with a scalar) the scalar
-    for (std::uint32_t r : lowered.operands.locals) x.push_back(reg(r));
+    const OperandText o = operand_text(ins, k, lowered.operands, *cc, *oc);
     const std::vector<std::uint32_t>& inputs = lowered.operands.inputs;  // indexed program inputs
-    std::vector<std::string> s;                                          // scalar operands
-    for (std::uint32_t slot : lowered.operands.scalars) s.push_back(scalar_expr(slot, ins.compute));
-    const Cls c = *cc;
-    const bool fl = c == Cls::F32 || c == Cls::F64;
-    const bool f32 = c == Cls::F32;
-    const char* ct = cls_type(c);
-    const char* ot = cls_type(*oc);
-    if ((is_binary(k) || is_comparison(k)) && x.size() == 1) x.push_back(s[0]);
+    if (is_indexed(k)) return indexed(t, ind, ins, k, inputs);
+    const ValueText value = value_text(t, ind, ins, k, o);
+    std::string v = value.exact ? value.e : fixup(ins.out_dtype, "(" + value.e + ")");
+    t.line(ind, fmt::format("const {} {} = {};", o.ot, reg(ins.out), v));
+    return Status::Ok();
+  }
 
-    std::string e;       // value in the output class
-    bool exact = false;  // already rounded to the output dtype
-    auto fn1 = [&](const char* f32name, const char* f64name) {
-      return fmt::format("{}({})", f32 ? f32name : f64name, x[0]);
-    };
+  // An instruction's register and scalar operands as text, with its compute class `c` and
+  // output class `to`.
+  OperandText operand_text(const Instruction& ins, Code k, const fusion::lowering::Operands& operands, Cls c, Cls to) {
+    OperandText o;
+    for (std::uint32_t r : operands.locals) o.x.push_back(reg(r));
+    for (std::uint32_t slot : operands.scalars) o.s.push_back(scalar_expr(slot, ins.compute));
+    o.c = c;
+    o.to = to;
+    o.fl = c == Cls::F32 || c == Cls::F64;
+    o.f32 = c == Cls::F32;
+    o.ct = cls_type(c);
+    o.ot = cls_type(to);
+    if ((is_binary(k) || is_comparison(k)) && o.x.size() == 1) o.x.push_back(o.s[0]);
+    return o;
+  }
+
+  // The value of a non-indexed instruction, from the function of its family.
+  ValueText value_text(Text& t, int ind, const Instruction& ins, Code k, const OperandText& o) const {
+    if (is_binary(k)) return {binary_text(k, o, ins.compute)};
+    if (is_comparison(k)) return {comparison_text(k, o)};
+    if (is_unary(k)) return {unary_text(k, o, opt_.fast_math)};
+    if (k == Code::Cast) return cast_text(o, ins.out_dtype);
+    return select_fill_text(t, ind, ins, k, o);
+  }
+
+  // Copies, the two-sided clamp (its lower bound on a line of its own), masked selects and
+  // fills.
+  static ValueText select_fill_text(Text& t, int ind, const Instruction& ins, Code k, const OperandText& o) {
+    const std::vector<std::string>& x = o.x;
+    const std::vector<std::string>& s = o.s;
+    std::string e;
+    bool exact = false;
     switch (k) {
-      case Code::Add: e = fl ? x[0] + " + " + x[1] : fmt::format("kiln_wadd({}, {})", x[0], x[1]); break;
-      case Code::Sub: e = fl ? x[0] + " - " + x[1] : fmt::format("kiln_wsub({}, {})", x[0], x[1]); break;
-      case Code::Mul: e = fl ? x[0] + " * " + x[1] : fmt::format("kiln_wmul({}, {})", x[0], x[1]); break;
-      case Code::Div: e = fl ? x[0] + " / " + x[1] : fmt::format("kiln_div({}, {}, kiln_fault)", x[0], x[1]); break;
-      case Code::Rem:
-        e = fmt::format(fmt::runtime(fl ? "kiln_frem({}, {})" : "kiln_rem({}, {}, kiln_fault)"), x[0], x[1]);
-        break;
-      case Code::Pow: e = fmt::format("{}({}, {})", f32 ? "powf" : "pow", x[0], x[1]); break;
-      case Code::BitAnd: e = x[0] + " & " + x[1]; break;
-      case Code::BitOr: e = x[0] + " | " + x[1]; break;
-      case Code::BitXor: e = x[0] + " ^ " + x[1]; break;
-      case Code::Shl: e = fmt::format("kiln_shl({}, {}, {})", x[0], x[1], int_bits(ins.compute)); break;
-      case Code::Shr: e = fmt::format("kiln_shr({}, {}, {})", x[0], x[1], int_bits(ins.compute)); break;
-      case Code::LogicAnd: e = x[0] + " && " + x[1]; break;
-      case Code::LogicOr: e = x[0] + " || " + x[1]; break;
-      case Code::LogicXor: e = x[0] + " != " + x[1]; break;
-      case Code::ClampMin: e = fmt::format("({0} < {1} ? {1} : {0})", x[0], x[1]); break;
-      case Code::ClampMax: e = fmt::format("({0} > {1} ? {1} : {0})", x[0], x[1]); break;
-      case Code::Eq: e = x[0] + " == " + x[1]; break;
-      case Code::Ne: e = x[0] + " != " + x[1]; break;
-      case Code::Gt: e = x[0] + " > " + x[1]; break;
-      case Code::Ge: e = x[0] + " >= " + x[1]; break;
-      case Code::Lt: e = x[0] + " < " + x[1]; break;
-      case Code::Le: e = x[0] + " <= " + x[1]; break;
-      case Code::Abs: e = fmt::format("kiln_abs({})", x[0]); break;
-      case Code::Neg: e = fl ? "-" + x[0] : fmt::format("kiln_wsub(({})0, {})", ct, x[0]); break;
-      case Code::Sign: e = fmt::format("kiln_sign({})", x[0]); break;
-      case Code::Exp: e = fn1(opt_.fast_math ? "__expf" : "expf", "exp"); break;
-      case Code::Log: e = fn1(opt_.fast_math ? "__logf" : "logf", "log"); break;
-      case Code::Log1p: e = fn1("log1pf", "log1p"); break;
-      case Code::Erf: e = fn1("erff", "erf"); break;
-      case Code::Sqrt: e = fn1("sqrtf", "sqrt"); break;
-      case Code::Cos: e = fn1("cosf", "cos"); break;
-      case Code::Sin: e = fn1("sinf", "sin"); break;
-      case Code::Tanh: e = fn1("tanhf", "tanh"); break;
-      case Code::Recip: e = fmt::format("({})1 / {}", ct, x[0]); break;
-      case Code::Round: e = fn1("rintf", "rint"); break;  // half to even
-      case Code::Floor: e = fn1("floorf", "floor"); break;
-      case Code::Ceil: e = fn1("ceilf", "ceil"); break;
-      case Code::Trunc: e = fn1("truncf", "trunc"); break;
-      case Code::IsNan: e = fmt::format("({0} != {0})", x[0]); break;
-      case Code::IsInf: e = fmt::format("isinf({})", x[0]); break;
-      case Code::BitNot: e = "~" + x[0]; break;
-      case Code::Not: e = "!" + x[0]; break;
-      case Code::Cast: {
-        const Cls to = *oc;
-        if (c == Cls::Bool) {
-          e = fmt::format("({})({} ? 1 : 0)", ot, x[0]);
-        } else if (to == Cls::Bool) {
-          e = fmt::format("({} != 0)", x[0]);
-        } else if (fl && to == Cls::I64) {
-          e = fmt::format("kiln_f2i((double){}, {})", x[0], int_bits(ins.out_dtype));
-          exact = true;
-        } else if (fl && to == Cls::U64) {
-          e = fmt::format("kiln_f2u((double){}, {})", x[0], int_bits(ins.out_dtype));
-          exact = true;
-        } else if (to == Cls::F32 && c != Cls::F32) {
-          // From f64 or an integer: rounded once, straight to the target (never through f32).
-          if (ins.out_dtype.kind() == DTypeKind::F16)
-            e = fmt::format("kiln_f16d((double){})", x[0]);
-          else if (ins.out_dtype.kind() == DTypeKind::BF16)
-            e = fmt::format("kiln_bf16d((double){})", x[0]);
-          else
-            e = fmt::format("(float){}", x[0]);
-          exact = true;
-        } else {
-          e = fmt::format("({}){}", ot, x[0]);
-        }
-        break;
-      }
       case Code::Copy:
         e = x[0];
         exact = true;
         break;
       case Code::Clamp:
-        t.line(ind, fmt::format("const {0} {1}_lo = {2} < {3} ? {3} : {2};", ct, reg(ins.out), x[0], s[0]));
+        t.line(ind, fmt::format("const {0} {1}_lo = {2} < {3} ? {3} : {2};", o.ct, reg(ins.out), x[0], s[0]));
         e = fmt::format("({0}_lo > {1} ? {1} : {0}_lo)", reg(ins.out), s[1]);
         break;
       case Code::MaskWhere: e = fmt::format("({} ? {} : {})", x[1], x[2], x[0]); break;
       case Code::MaskFill: e = fmt::format("({} ? {} : {})", x[1], s[0], x[0]); break;
       case Code::Fill:
-        e = ins.op == OpKind::Numeric_Full ? s[0] : fmt::format("({})({})", ot, ins.op == OpKind::Base_Ones ? 1 : 0);
+        e = ins.op == OpKind::Numeric_Full ? s[0] : fmt::format("({})({})", o.ot, ins.op == OpKind::Base_Ones ? 1 : 0);
         break;
-      case Code::Gather:
-      case Code::Select:
-      case Code::Cat: return indexed(t, ind, ins, k, inputs);
+      default: break;
     }
-    std::string v = exact ? e : fixup(ins.out_dtype, "(" + e + ")");
-    t.line(ind, fmt::format("const {} {} = {};", ot, reg(ins.out), v));
-    return Status::Ok();
+    return {e, exact};
   }
 
   // Gather / Select / Cat: the source position from the true multi-index of the block.
