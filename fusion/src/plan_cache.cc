@@ -101,80 +101,120 @@ void put_ordering(Writer& w, const Ordering& o) {
   for (std::size_t p : o) w.varint(p);
 }
 
-void put_program(Writer& w, const FusedProgram& p) {
+// Program header: kind, captured op position and len.
+void put_program_header(Writer& w, const FusedProgram& p) {
   w.enumeration(p.kind);
   w.varint(p.captured_op_position);
   w.varint(p.len);
-  w.varint(p.inputs.size());
-  for (const ProgramInput& in : p.inputs) {
+}
+
+// An input's view read (role View).
+void put_view(Writer& w, const ViewSpec& v) {
+  w.varint(static_cast<std::uint64_t>(v.op));
+  w.varint(v.source);
+  w.svarint(v.dim1);
+  w.svarint(v.dim2);
+  put_shape(w, v.shape);
+}
+
+// Program inputs: count, then each input with its optional view.
+void put_inputs(Writer& w, std::span<const ProgramInput> inputs) {
+  w.varint(inputs.size());
+  for (const ProgramInput& in : inputs) {
     w.varint(in.tensor);
     put_dtype(w, in.dtype);
     put_shape(w, in.shape);
     w.enumeration(in.status);
     w.enumeration(in.role);
     w.boolean(in.view.has_value());
-    if (in.view) {
-      w.varint(static_cast<std::uint64_t>(in.view->op));
-      w.varint(in.view->source);
-      w.svarint(in.view->dim1);
-      w.svarint(in.view->dim2);
-      put_shape(w, in.view->shape);
-    }
+    if (in.view) put_view(w, *in.view);
   }
-  w.varint(p.scalars.size());
-  for (std::uint32_t k : p.scalars) w.varint(k);
-  w.varint(p.blocks.size());
-  for (const ProgramBlock& b : p.blocks) {
-    put_shape(w, b.reference_shape);
-    w.boolean(b.settings.broadcast);
-    w.boolean(b.settings.output_shape_updates);
-    w.boolean(b.settings.inplace);
-    w.enumeration(b.settings.vectorization);
-    w.enumeration(b.settings.ref_layout);
-    w.varint(b.registers.size());
-    for (const ir::DType& d : b.registers) put_dtype(w, d);
-    w.boolean(b.reduction.has_value());
-    if (b.reduction) {
-      const Reduction& r = *b.reduction;
-      w.varint(static_cast<std::uint64_t>(r.op));
-      w.enumeration(r.family);
-      w.svarint(r.axis);
-      w.varint(r.input);
-      w.varint(r.out);
-      put_dtype(w, r.input_dtype);
-      put_dtype(w, r.accumulator);
-      put_dtype(w, r.out_dtype);
-    }
-    w.varint(b.loads.size());
-    for (const Load& l : b.loads) {
-      w.enumeration(l.source);
-      w.varint(l.index);
-      w.varint(l.local);
-      w.boolean(l.broadcast);
-    }
-    w.varint(b.instructions.size());
-    for (const Instruction& ins : b.instructions) {
-      w.varint(static_cast<std::uint64_t>(ins.op));
-      w.enumeration(ins.family);
-      put_dtype(w, ins.compute);
-      put_dtype(w, ins.out_dtype);
-      w.varint(ins.operands.size());
-      for (const Operand& o : ins.operands) {
-        w.enumeration(o.kind);
-        w.varint(o.index);
-      }
-      w.varint(ins.attrs.size());
-      for (std::int64_t a : ins.attrs) w.svarint(a);
-      w.varint(ins.out);
-    }
-    w.varint(b.stores.size());
-    for (const Store& s : b.stores) {
-      w.varint(s.output);
-      w.varint(s.local);
-    }
+}
+
+// Scalar placeholders: count, then each index.
+void put_scalars(Writer& w, std::span<const std::uint32_t> scalars) {
+  w.varint(scalars.size());
+  for (std::uint32_t k : scalars) w.varint(k);
+}
+
+// A block's settings.
+void put_settings(Writer& w, const FuseSettings& s) {
+  w.boolean(s.broadcast);
+  w.boolean(s.output_shape_updates);
+  w.boolean(s.inplace);
+  w.enumeration(s.vectorization);
+  w.enumeration(s.ref_layout);
+}
+
+// A block's optional reduction: presence flag, then its fields.
+void put_reduction(Writer& w, const std::optional<Reduction>& reduction) {
+  w.boolean(reduction.has_value());
+  if (reduction) {
+    const Reduction& r = *reduction;
+    w.varint(static_cast<std::uint64_t>(r.op));
+    w.enumeration(r.family);
+    w.svarint(r.axis);
+    w.varint(r.input);
+    w.varint(r.out);
+    put_dtype(w, r.input_dtype);
+    put_dtype(w, r.accumulator);
+    put_dtype(w, r.out_dtype);
   }
-  w.varint(p.outputs.size());
-  for (const ProgramOutput& o : p.outputs) {
+}
+
+// A block's loads: count, then each load.
+void put_loads(Writer& w, std::span<const Load> loads) {
+  w.varint(loads.size());
+  for (const Load& l : loads) {
+    w.enumeration(l.source);
+    w.varint(l.index);
+    w.varint(l.local);
+    w.boolean(l.broadcast);
+  }
+}
+
+// One instruction: op, family, dtypes, operands, attributes, output register.
+void put_instruction(Writer& w, const Instruction& ins) {
+  w.varint(static_cast<std::uint64_t>(ins.op));
+  w.enumeration(ins.family);
+  put_dtype(w, ins.compute);
+  put_dtype(w, ins.out_dtype);
+  w.varint(ins.operands.size());
+  for (const Operand& o : ins.operands) {
+    w.enumeration(o.kind);
+    w.varint(o.index);
+  }
+  w.varint(ins.attrs.size());
+  for (std::int64_t a : ins.attrs) w.svarint(a);
+  w.varint(ins.out);
+}
+
+// A block's stores: count, then each store.
+void put_stores(Writer& w, std::span<const Store> stores) {
+  w.varint(stores.size());
+  for (const Store& s : stores) {
+    w.varint(s.output);
+    w.varint(s.local);
+  }
+}
+
+// One block: reference shape, settings, registers, reduction, loads, instructions, stores.
+void put_block(Writer& w, const ProgramBlock& b) {
+  put_shape(w, b.reference_shape);
+  put_settings(w, b.settings);
+  w.varint(b.registers.size());
+  for (const ir::DType& d : b.registers) put_dtype(w, d);
+  put_reduction(w, b.reduction);
+  put_loads(w, b.loads);
+  w.varint(b.instructions.size());
+  for (const Instruction& ins : b.instructions) put_instruction(w, ins);
+  put_stores(w, b.stores);
+}
+
+// Program outputs: count, then each output with its optional layout.
+void put_outputs(Writer& w, std::span<const ProgramOutput> outputs) {
+  w.varint(outputs.size());
+  for (const ProgramOutput& o : outputs) {
     w.varint(o.tensor);
     put_dtype(w, o.dtype);
     put_shape(w, o.shape);
@@ -189,14 +229,28 @@ void put_program(Writer& w, const FusedProgram& p) {
       for (std::uint32_t a : *o.layout) w.varint(a);
     }
   }
-  w.boolean(p.matmul.has_value());
-  if (p.matmul) {
-    w.varint(p.matmul->lhs);
-    w.varint(p.matmul->rhs);
-    w.varint(p.matmul->out);
-    put_dtype(w, p.matmul->dtype);
-    put_dtype(w, p.matmul->out_dtype);
+}
+
+// The program's optional matmul: presence flag, then its fields.
+void put_matmul(Writer& w, const std::optional<MatmulSpec>& matmul) {
+  w.boolean(matmul.has_value());
+  if (matmul) {
+    w.varint(matmul->lhs);
+    w.varint(matmul->rhs);
+    w.varint(matmul->out);
+    put_dtype(w, matmul->dtype);
+    put_dtype(w, matmul->out_dtype);
   }
+}
+
+void put_program(Writer& w, const FusedProgram& p) {
+  put_program_header(w, p);
+  put_inputs(w, p.inputs);
+  put_scalars(w, p.scalars);
+  w.varint(p.blocks.size());
+  for (const ProgramBlock& b : p.blocks) put_block(w, b);
+  put_outputs(w, p.outputs);
+  put_matmul(w, p.matmul);
   w.varint(p.stages.size());
   for (const FusedProgram& s : p.stages) put_program(w, s);
   w.varint(p.fallbacks.size());
@@ -337,17 +391,28 @@ bool read_ordering(Reader& r, Ordering& out, const char* what) {
   return true;
 }
 
-bool read_program(Reader& r, FusedProgram& p, int depth) {
-  if (depth > kMaxProgramDepth)
-    return r.fail(fmt::format("fused programs nested deeper than {} (stages / fallbacks)", kMaxProgramDepth));
+// Program header: kind, captured op position and len.
+bool read_program_header(Reader& r, FusedProgram& p) {
   if (!r.enumeration(p.kind, static_cast<std::uint8_t>(ProgramKind::NhwcRelayout), "program kind")) return false;
   if (!r.size(p.captured_op_position, "captured op position")) return false;
-  if (!r.size(p.len, "program len")) return false;
+  return r.size(p.len, "program len");
+}
 
+// An input's view read (role View).
+bool read_view(Reader& r, ViewSpec& v) {
+  if (!r.op_kind(v.op, "view op")) return false;
+  if (!r.u32(v.source, "view source")) return false;
+  if (!r.svarint(v.dim1, "view dim1")) return false;
+  if (!r.svarint(v.dim2, "view dim2")) return false;
+  return read_shape(r, v.shape, "view shape");
+}
+
+// Program inputs: count, then each input with its optional view.
+bool read_inputs(Reader& r, std::vector<ProgramInput>& inputs) {
   std::size_t n = 0;
   if (!r.count(n, kMinInputBytes, "program input count")) return false;
-  p.inputs.resize(n);
-  for (ProgramInput& in : p.inputs) {
+  inputs.resize(n);
+  for (ProgramInput& in : inputs) {
     if (!r.varint(in.tensor, "input tensor")) return false;
     if (!read_dtype(r, in.dtype, "input dtype")) return false;
     if (!read_shape(r, in.shape, "input shape")) return false;
@@ -357,90 +422,130 @@ bool read_program(Reader& r, FusedProgram& p, int depth) {
     if (!r.boolean(has_view, "input has-view flag")) return false;
     if (has_view) {
       ViewSpec v;
-      if (!r.op_kind(v.op, "view op")) return false;
-      if (!r.u32(v.source, "view source")) return false;
-      if (!r.svarint(v.dim1, "view dim1")) return false;
-      if (!r.svarint(v.dim2, "view dim2")) return false;
-      if (!read_shape(r, v.shape, "view shape")) return false;
+      if (!read_view(r, v)) return false;
       in.view = std::move(v);
     }
   }
+  return true;
+}
 
+// Scalar placeholders: count, then each index.
+bool read_scalars(Reader& r, std::vector<std::uint32_t>& scalars) {
+  std::size_t n = 0;
   if (!r.count(n, 1, "scalar count")) return false;
-  p.scalars.resize(n);
-  for (std::uint32_t& k : p.scalars)
+  scalars.resize(n);
+  for (std::uint32_t& k : scalars)
     if (!r.u32(k, "scalar placeholder")) return false;
+  return true;
+}
 
-  if (!r.count(n, kMinBlockBytes, "block count")) return false;
-  p.blocks.resize(n);
-  for (ProgramBlock& b : p.blocks) {
-    if (!read_shape(r, b.reference_shape, "reference shape")) return false;
-    if (!r.boolean(b.settings.broadcast, "settings.broadcast")) return false;
-    if (!r.boolean(b.settings.output_shape_updates, "settings.output_shape_updates")) return false;
-    if (!r.boolean(b.settings.inplace, "settings.inplace")) return false;
-    if (!r.enumeration(b.settings.vectorization,
-                       static_cast<std::uint8_t>(Vectorization::SmallerOrEqualThanPreviousBlock),
-                       "settings.vectorization"))
-      return false;
-    if (!r.enumeration(b.settings.ref_layout, static_cast<std::uint8_t>(RefLayout::OnlyContiguous),
-                       "settings.ref_layout"))
-      return false;
-    if (!r.count(n, 1, "register count")) return false;
-    b.registers.resize(n);
-    for (ir::DType& d : b.registers)
-      if (!read_dtype(r, d, "register dtype")) return false;
-    bool has_reduction = false;
-    if (!r.boolean(has_reduction, "block has-reduction flag")) return false;
-    if (has_reduction) {
-      Reduction red;
-      if (!r.op_kind(red.op, "reduction op")) return false;
-      if (!r.family(red.family, "reduction family")) return false;
-      if (!r.svarint(red.axis, "reduction axis")) return false;
-      if (!r.u32(red.input, "reduction input register")) return false;
-      if (!r.u32(red.out, "reduction output register")) return false;
-      if (!read_dtype(r, red.input_dtype, "reduction input dtype")) return false;
-      if (!read_dtype(r, red.accumulator, "reduction accumulator dtype")) return false;
-      if (!read_dtype(r, red.out_dtype, "reduction output dtype")) return false;
-      b.reduction = red;
-    }
-    if (!r.count(n, kMinLoadBytes, "load count")) return false;
-    b.loads.resize(n);
-    for (Load& l : b.loads) {
-      if (!r.enumeration(l.source, static_cast<std::uint8_t>(LoadSource::Output), "load source")) return false;
-      if (!r.u32(l.index, "load index")) return false;
-      if (!r.u32(l.local, "load register")) return false;
-      if (!r.boolean(l.broadcast, "load broadcast flag")) return false;
-    }
-    if (!r.count(n, kMinInstructionBytes, "instruction count")) return false;
-    b.instructions.resize(n);
-    for (Instruction& ins : b.instructions) {
-      if (!r.op_kind(ins.op, "instruction op")) return false;
-      if (!r.family(ins.family, "instruction family")) return false;
-      if (!read_dtype(r, ins.compute, "instruction compute dtype")) return false;
-      if (!read_dtype(r, ins.out_dtype, "instruction output dtype")) return false;
-      if (!r.count(n, kMinOperandBytes, "operand count")) return false;
-      ins.operands.resize(n);
-      for (Operand& o : ins.operands) {
-        if (!r.enumeration(o.kind, static_cast<std::uint8_t>(OperandKind::Scalar), "operand kind")) return false;
-        if (!r.u32(o.index, "operand index")) return false;
-      }
-      if (!r.count(n, 1, "attribute count")) return false;
-      ins.attrs.resize(n);
-      for (std::int64_t& a : ins.attrs)
-        if (!r.svarint(a, "attribute")) return false;
-      if (!r.u32(ins.out, "instruction output register")) return false;
-    }
-    if (!r.count(n, kMinStoreBytes, "store count")) return false;
-    b.stores.resize(n);
-    for (Store& s : b.stores) {
-      if (!r.u32(s.output, "store output")) return false;
-      if (!r.u32(s.local, "store register")) return false;
-    }
+// A block's settings.
+bool read_settings(Reader& r, FuseSettings& s) {
+  if (!r.boolean(s.broadcast, "settings.broadcast")) return false;
+  if (!r.boolean(s.output_shape_updates, "settings.output_shape_updates")) return false;
+  if (!r.boolean(s.inplace, "settings.inplace")) return false;
+  if (!r.enumeration(s.vectorization, static_cast<std::uint8_t>(Vectorization::SmallerOrEqualThanPreviousBlock),
+                     "settings.vectorization"))
+    return false;
+  return r.enumeration(s.ref_layout, static_cast<std::uint8_t>(RefLayout::OnlyContiguous), "settings.ref_layout");
+}
+
+// A block's registers: count, then each dtype.
+bool read_registers(Reader& r, std::vector<ir::DType>& registers) {
+  std::size_t n = 0;
+  if (!r.count(n, 1, "register count")) return false;
+  registers.resize(n);
+  for (ir::DType& d : registers)
+    if (!read_dtype(r, d, "register dtype")) return false;
+  return true;
+}
+
+// A block's optional reduction: presence flag, then its fields.
+bool read_reduction(Reader& r, std::optional<Reduction>& reduction) {
+  bool has_reduction = false;
+  if (!r.boolean(has_reduction, "block has-reduction flag")) return false;
+  if (has_reduction) {
+    Reduction red;
+    if (!r.op_kind(red.op, "reduction op")) return false;
+    if (!r.family(red.family, "reduction family")) return false;
+    if (!r.svarint(red.axis, "reduction axis")) return false;
+    if (!r.u32(red.input, "reduction input register")) return false;
+    if (!r.u32(red.out, "reduction output register")) return false;
+    if (!read_dtype(r, red.input_dtype, "reduction input dtype")) return false;
+    if (!read_dtype(r, red.accumulator, "reduction accumulator dtype")) return false;
+    if (!read_dtype(r, red.out_dtype, "reduction output dtype")) return false;
+    reduction = red;
   }
+  return true;
+}
 
+// A block's loads: count, then each load.
+bool read_loads(Reader& r, std::vector<Load>& loads) {
+  std::size_t n = 0;
+  if (!r.count(n, kMinLoadBytes, "load count")) return false;
+  loads.resize(n);
+  for (Load& l : loads) {
+    if (!r.enumeration(l.source, static_cast<std::uint8_t>(LoadSource::Output), "load source")) return false;
+    if (!r.u32(l.index, "load index")) return false;
+    if (!r.u32(l.local, "load register")) return false;
+    if (!r.boolean(l.broadcast, "load broadcast flag")) return false;
+  }
+  return true;
+}
+
+// One instruction: op, family, dtypes, operands, attributes, output register.
+bool read_instruction(Reader& r, Instruction& ins) {
+  if (!r.op_kind(ins.op, "instruction op")) return false;
+  if (!r.family(ins.family, "instruction family")) return false;
+  if (!read_dtype(r, ins.compute, "instruction compute dtype")) return false;
+  if (!read_dtype(r, ins.out_dtype, "instruction output dtype")) return false;
+  std::size_t n = 0;
+  if (!r.count(n, kMinOperandBytes, "operand count")) return false;
+  ins.operands.resize(n);
+  for (Operand& o : ins.operands) {
+    if (!r.enumeration(o.kind, static_cast<std::uint8_t>(OperandKind::Scalar), "operand kind")) return false;
+    if (!r.u32(o.index, "operand index")) return false;
+  }
+  if (!r.count(n, 1, "attribute count")) return false;
+  ins.attrs.resize(n);
+  for (std::int64_t& a : ins.attrs)
+    if (!r.svarint(a, "attribute")) return false;
+  return r.u32(ins.out, "instruction output register");
+}
+
+// A block's stores: count, then each store.
+bool read_stores(Reader& r, std::vector<Store>& stores) {
+  std::size_t n = 0;
+  if (!r.count(n, kMinStoreBytes, "store count")) return false;
+  stores.resize(n);
+  for (Store& s : stores) {
+    if (!r.u32(s.output, "store output")) return false;
+    if (!r.u32(s.local, "store register")) return false;
+  }
+  return true;
+}
+
+// One block: reference shape, settings, registers, reduction, loads, instructions, stores.
+bool read_block(Reader& r, ProgramBlock& b) {
+  if (!read_shape(r, b.reference_shape, "reference shape")) return false;
+  if (!read_settings(r, b.settings)) return false;
+  if (!read_registers(r, b.registers)) return false;
+  if (!read_reduction(r, b.reduction)) return false;
+  if (!read_loads(r, b.loads)) return false;
+  std::size_t n = 0;
+  if (!r.count(n, kMinInstructionBytes, "instruction count")) return false;
+  b.instructions.resize(n);
+  for (Instruction& ins : b.instructions)
+    if (!read_instruction(r, ins)) return false;
+  return read_stores(r, b.stores);
+}
+
+// Program outputs: count, then each output with its optional layout.
+bool read_outputs(Reader& r, std::vector<ProgramOutput>& outputs) {
+  std::size_t n = 0;
   if (!r.count(n, kMinOutputBytes, "program output count")) return false;
-  p.outputs.resize(n);
-  for (ProgramOutput& o : p.outputs) {
+  outputs.resize(n);
+  for (ProgramOutput& o : outputs) {
     if (!r.varint(o.tensor, "output tensor")) return false;
     if (!read_dtype(r, o.dtype, "output dtype")) return false;
     if (!read_shape(r, o.shape, "output shape")) return false;
@@ -459,7 +564,11 @@ bool read_program(Reader& r, FusedProgram& p, int depth) {
       o.layout = std::move(layout);
     }
   }
+  return true;
+}
 
+// The program's optional matmul: presence flag, then its fields.
+bool read_matmul(Reader& r, std::optional<MatmulSpec>& matmul) {
   bool has_matmul = false;
   if (!r.boolean(has_matmul, "program has-matmul flag")) return false;
   if (has_matmul) {
@@ -469,9 +578,24 @@ bool read_program(Reader& r, FusedProgram& p, int depth) {
     if (!r.u32(m.out, "matmul output register")) return false;
     if (!read_dtype(r, m.dtype, "matmul dtype")) return false;
     if (!read_dtype(r, m.out_dtype, "matmul output dtype")) return false;
-    p.matmul = m;
+    matmul = m;
   }
+  return true;
+}
 
+bool read_program(Reader& r, FusedProgram& p, int depth) {
+  if (depth > kMaxProgramDepth)
+    return r.fail(fmt::format("fused programs nested deeper than {} (stages / fallbacks)", kMaxProgramDepth));
+  if (!read_program_header(r, p)) return false;
+  if (!read_inputs(r, p.inputs)) return false;
+  if (!read_scalars(r, p.scalars)) return false;
+  std::size_t n = 0;
+  if (!r.count(n, kMinBlockBytes, "block count")) return false;
+  p.blocks.resize(n);
+  for (ProgramBlock& b : p.blocks)
+    if (!read_block(r, b)) return false;
+  if (!read_outputs(r, p.outputs)) return false;
+  if (!read_matmul(r, p.matmul)) return false;
   if (!r.count(n, kMinProgramBytes, "stage count")) return false;
   p.stages.resize(n);
   for (FusedProgram& s : p.stages)

@@ -21,16 +21,17 @@ Result<std::uint64_t> attr_at(const ir::Operation& op, std::size_t i) {
   return static_cast<std::uint64_t>(op.attrs[i]);
 }
 
-// The builder call that would have produced `op`, from its own inputs, scalars and attributes.
-Result<ir::Operation> rebuild(const ir::Operation& op) {
+// The error for an op whose inputs or scalars do not fit its signature.
+Error unexpected_arity(const ir::Operation& op) {
+  return make_error(ErrorCode::Invalid, fmt::format("{}: unexpected number of inputs or scalars", op.kind_name()));
+}
+
+// Elementwise signatures: unary, binary, scalar (each possibly a comparison), cast, clamp, masks.
+Result<ir::Operation> rebuild_elementwise(const ir::Operation& op) {
   const auto in = op.inputs();
-  const auto out = op.outputs();
-  if (out.size() != 1)
-    return make_error(ErrorCode::Invalid, fmt::format("{}: not accepted over IPC (several outputs)", op.kind_name()));
-  const ir::TensorIr& o = out[0];
-  const ir::OpInfo& info = op.info();
-  const bool cmp = info.has(ir::kComparison);
-  switch (info.signature) {
+  const ir::TensorIr& o = op.outputs()[0];
+  const bool cmp = op.info().has(ir::kComparison);
+  switch (op.info().signature) {
     case Signature::Unary:
       if (in.size() != 1) break;
       return cmp ? build::unary_comparison(op.family, op.kind, in[0], o.dtype, o.id)
@@ -55,10 +56,25 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::MaskFill:
       if (in.size() != 2 || op.scalars.size() != 1) break;
       return build::mask_fill(op.family, op.kind, in[0], in[1], op.scalars[0], o.id);
-    case Signature::Matmul:
-      if (in.size() != 2) break;
-      return o.dtype == in[0].dtype ? build::matmul(op.family, op.kind, in[0], in[1], o.id)
-                                    : build::matmul_mixed(op.family, op.kind, in[0], in[1], o.dtype, o.id);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// Matmul: the plain builder when the output keeps the input dtype, else the mixed one.
+Result<ir::Operation> rebuild_matmul(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  if (in.size() != 2) return unexpected_arity(op);
+  return o.dtype == in[0].dtype ? build::matmul(op.family, op.kind, in[0], in[1], o.id)
+                                : build::matmul_mixed(op.family, op.kind, in[0], in[1], o.dtype, o.id);
+}
+
+// Reductions: whole-tensor, and over a dim (value, arg or bool output).
+Result<ir::Operation> rebuild_reduction(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  switch (op.info().signature) {
     case Signature::Reduce:
       if (in.size() != 1) break;
       return o.dtype == in[0].dtype ? build::reduce(op.family, op.kind, in[0], o.id)
@@ -67,11 +83,22 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
       if (in.size() != 1) break;
       KILN_ASSIGN_OR_RETURN(std::uint64_t axis, attr_at(op, 0));
       KILN_ASSIGN_OR_RETURN(std::uint64_t acc, attr_at(op, 1));
-      if (info.has(ir::kIndexOutput)) return build::reduce_dim_arg(op.family, op.kind, in[0], axis, acc, o.dtype, o.id);
+      if (op.info().has(ir::kIndexOutput))
+        return build::reduce_dim_arg(op.family, op.kind, in[0], axis, acc, o.dtype, o.id);
       if (o.dtype.is_bool() && !in[0].dtype.is_bool())
         return build::reduce_dim_bool(op.family, op.kind, in[0], axis, acc, o.dtype, o.id);
       return build::reduce_dim(op.family, op.kind, in[0], axis, acc, o.id);
     }
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// Layout signatures: reshape / expand, swap_dims, permute, slice.
+Result<ir::Operation> rebuild_layout(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  switch (op.info().signature) {
     case Signature::ShapeOp: {
       if (in.size() != 1) break;
       // Reshape and Expand carry no attributes: the claimed output shape is the target, and the
@@ -102,6 +129,16 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
       if (in.size() != 1) break;
       return build::slice(op.family, op.kind, in[0], std::span<const ir::Slice>(op.ranges.data(), op.ranges.size()),
                           o.id);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// Indexed reads: cat along a dim, gather along a dim.
+Result<ir::Operation> rebuild_indexing(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  switch (op.info().signature) {
     case Signature::Cat: {
       if (in.empty()) break;
       KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
@@ -112,17 +149,54 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
       KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
       return build::gather(op.family, op.kind, in[0], dim, in[1], o.id);
     }
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// Creation signatures: ones / zeros, and full with its scalar.
+Result<ir::Operation> rebuild_creation(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  switch (op.info().signature) {
     case Signature::Creation:
       if (!in.empty()) break;
       return build::creation(op.family, op.kind, o.shape, o.dtype, o.id);
     case Signature::Full:
       if (!in.empty() || op.scalars.size() != 1) break;
       return build::full(op.family, op.kind, o.shape, o.dtype, op.scalars[0], o.id);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// The builder call that would have produced `op`, from its own inputs, scalars and attributes.
+Result<ir::Operation> rebuild(const ir::Operation& op) {
+  if (op.outputs().size() != 1)
+    return make_error(ErrorCode::Invalid, fmt::format("{}: not accepted over IPC (several outputs)", op.kind_name()));
+  switch (op.info().signature) {
+    case Signature::Unary:
+    case Signature::Binary:
+    case Signature::Scalar:
+    case Signature::Cast:
+    case Signature::Clamp:
+    case Signature::MaskWhere:
+    case Signature::MaskFill: return rebuild_elementwise(op);
+    case Signature::Matmul: return rebuild_matmul(op);
+    case Signature::Reduce:
+    case Signature::ReduceDim: return rebuild_reduction(op);
+    case Signature::ShapeOp:
+    case Signature::SwapDims:
+    case Signature::Permute:
+    case Signature::Slice: return rebuild_layout(op);
+    case Signature::Cat:
+    case Signature::Gather: return rebuild_indexing(op);
+    case Signature::Creation:
+    case Signature::Full: return rebuild_creation(op);
     default:
       return make_error(ErrorCode::Invalid,
                         fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));
   }
-  return make_error(ErrorCode::Invalid, fmt::format("{}: unexpected number of inputs or scalars", op.kind_name()));
 }
 
 }  // namespace

@@ -464,6 +464,155 @@ std::optional<std::uint64_t> peek_request_id(std::span<const std::uint8_t> bytes
   return v;
 }
 
+namespace {
+
+// attach_stream, sync, close_stream: the stream alone.
+template <class Body>
+Status decode_stream_command(Reader& r, Command& cmd) {
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t s, r.u64("stream"));
+  cmd.body = Body{s};
+  return Status::Ok();
+}
+
+// register_op: the stream, then the op, length-prefixed, to the end of the message.
+Status decode_register_op(Reader& r, Command& cmd) {
+  // Decoded in place: an Operation is ~600 bytes of inline lists, and this is the op path.
+  RegisterOpCmd& c = cmd.body.emplace<RegisterOpCmd>();
+  KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+  KILN_ASSIGN_OR_RETURN(const std::uint32_t op_len, r.u32("op_len"));
+  if (op_len != r.remaining()) {
+    return r.fail("op_len",
+                  std::to_string(op_len) + " but " + std::to_string(r.remaining()) + " bytes remain in the message");
+  }
+  if (Status st = ir::codec::decode_operation_into(r.take(op_len), c.op); !st.ok())
+    return r.fail("op", st.error().message);
+  return Status::Ok();
+}
+
+// upload: a whole tensor's bytes, whose range must hold exactly its dtype and shape.
+Status decode_upload(Reader& r, std::uint64_t arena_size, Command& cmd) {
+  UploadCmd c;
+  KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
+  c.tensor = ir::TensorId(id);
+  KILN_ASSIGN_OR_RETURN(c.dtype, get_dtype(r, "dtype"));
+  KILN_ASSIGN_OR_RETURN(c.shape, get_shape(r, "shape"));
+  KILN_ASSIGN_OR_RETURN(c.data, get_range(r, "data", "data.offset", "data.length", arena_size));
+  auto n = tensor_bytes(c.dtype, c.shape);
+  if (!n.ok()) return r.fail("shape", n.error().message);
+  if (*n != c.data.length) {
+    return r.fail("data", "length " + std::to_string(c.data.length) + " does not match " + c.dtype.name() +
+                              ir::shape_to_string(c.shape) + " (" + std::to_string(*n) + " bytes)");
+  }
+  cmd.body = std::move(c);
+  return Status::Ok();
+}
+
+// read: a tensor and a destination range that must hold all of its bytes.
+Status decode_read(Reader& r, std::uint64_t arena_size, Command& cmd) {
+  ReadCmd c;
+  KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+  KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
+  KILN_ASSIGN_OR_RETURN(c.dest, get_range(r, "dest", "dest.offset", "dest.length", arena_size));
+  auto n = tensor_bytes(c.tensor.dtype, c.tensor.shape);
+  if (!n.ok()) return r.fail("tensor.shape", n.error().message);
+  if (*n > c.dest.length) {
+    return r.fail("dest", "capacity " + std::to_string(c.dest.length) + " is smaller than " + c.tensor.dtype.name() +
+                              ir::shape_to_string(c.tensor.shape) + " (" + std::to_string(*n) + " bytes)");
+  }
+  cmd.body = std::move(c);
+  return Status::Ok();
+}
+
+// drop: the stream and the tensor.
+Status decode_drop(Reader& r, Command& cmd) {
+  DropCmd c;
+  KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+  KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
+  cmd.body = std::move(c);
+  return Status::Ok();
+}
+
+// export: the stream and the tensor id.
+Status decode_export(Reader& r, Command& cmd) {
+  ExportCmd c;
+  KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
+  c.tensor = ir::TensorId(id);
+  cmd.body = c;
+  return Status::Ok();
+}
+
+// import: the stream, the export token and the id the tensor takes.
+Status decode_import(Reader& r, Command& cmd) {
+  ImportCmd c;
+  KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+  KILN_ASSIGN_OR_RETURN(c.token, get_token(r, "token"));
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
+  c.tensor = ir::TensorId(id);
+  cmd.body = c;
+  return Status::Ok();
+}
+
+// status: the format byte (0 text, 1 json).
+Status decode_status(Reader& r, Command& cmd) {
+  KILN_ASSIGN_OR_RETURN(const std::uint8_t format, r.u8("format"));
+  if (format > 1) return r.fail("format", "unknown status format " + std::to_string(format));
+  cmd.body = StatusCmd{format == 1};
+  return Status::Ok();
+}
+
+// upload_part: the stream, the tensor id and a part of its bytes.
+Status decode_upload_part(Reader& r, std::uint64_t arena_size, Command& cmd) {
+  UploadPartCmd c;
+  KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
+  c.tensor = ir::TensorId(id);
+  KILN_RETURN_IF_ERROR(get_part(r, c, arena_size));
+  cmd.body = std::move(c);
+  return Status::Ok();
+}
+
+// read_part: a tensor, an offset inside it and a destination window.
+Status decode_read_part(Reader& r, std::uint64_t arena_size, Command& cmd) {
+  ReadPartCmd c;
+  KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
+  KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
+  KILN_ASSIGN_OR_RETURN(c.offset, r.u64("offset"));
+  KILN_ASSIGN_OR_RETURN(c.dest, get_range(r, "dest", "dest.offset", "dest.length", arena_size));
+  auto n = tensor_bytes(c.tensor.dtype, c.tensor.shape);
+  if (!n.ok()) return r.fail("tensor.shape", n.error().message);
+  // The window must start inside the tensor; the daemon fills min(capacity, size - offset).
+  if (c.dest.length == 0) return r.fail("dest", "capacity 0: a window holds at least 1 byte");
+  if (c.offset >= *n) {
+    return r.fail("offset", std::to_string(c.offset) + " is not inside " + c.tensor.dtype.name() +
+                                ir::shape_to_string(c.tensor.shape) + " (" + std::to_string(*n) + " bytes)");
+  }
+  cmd.body = std::move(c);
+  return Status::Ok();
+}
+
+// The body of a command of `kind` (get_header bounded it), into cmd.body.
+Status decode_command_body(Reader& r, CommandKind kind, std::uint64_t arena_size, Command& cmd) {
+  switch (kind) {
+    case CommandKind::AttachStream: return decode_stream_command<AttachStreamCmd>(r, cmd);
+    case CommandKind::Sync: return decode_stream_command<SyncCmd>(r, cmd);
+    case CommandKind::CloseStream: return decode_stream_command<CloseStreamCmd>(r, cmd);
+    case CommandKind::RegisterOp: return decode_register_op(r, cmd);
+    case CommandKind::Upload: return decode_upload(r, arena_size, cmd);
+    case CommandKind::Read: return decode_read(r, arena_size, cmd);
+    case CommandKind::Drop: return decode_drop(r, cmd);
+    case CommandKind::Export: return decode_export(r, cmd);
+    case CommandKind::Import: return decode_import(r, cmd);
+    case CommandKind::Status: return decode_status(r, cmd);
+    case CommandKind::UploadPart: return decode_upload_part(r, arena_size, cmd);
+    case CommandKind::ReadPart: return decode_read_part(r, arena_size, cmd);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_t arena_size) {
   Reader r(bytes, "command");
   KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "command", 12));
@@ -471,124 +620,7 @@ Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_
   r.set_kind(command_kind_name(kind));
   Command cmd;
   cmd.request_id = h.request_id;
-  switch (kind) {
-    case CommandKind::AttachStream: {
-      KILN_ASSIGN_OR_RETURN(const std::uint64_t s, r.u64("stream"));
-      cmd.body = AttachStreamCmd{s};
-      break;
-    }
-    case CommandKind::Sync: {
-      KILN_ASSIGN_OR_RETURN(const std::uint64_t s, r.u64("stream"));
-      cmd.body = SyncCmd{s};
-      break;
-    }
-    case CommandKind::CloseStream: {
-      KILN_ASSIGN_OR_RETURN(const std::uint64_t s, r.u64("stream"));
-      cmd.body = CloseStreamCmd{s};
-      break;
-    }
-    case CommandKind::RegisterOp: {
-      // Decoded in place: an Operation is ~600 bytes of inline lists, and this is the op path.
-      RegisterOpCmd& c = cmd.body.emplace<RegisterOpCmd>();
-      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(const std::uint32_t op_len, r.u32("op_len"));
-      if (op_len != r.remaining()) {
-        return r.fail("op_len", std::to_string(op_len) + " but " + std::to_string(r.remaining()) +
-                                    " bytes remain in the message");
-      }
-      if (Status st = ir::codec::decode_operation_into(r.take(op_len), c.op); !st.ok())
-        return r.fail("op", st.error().message);
-      break;
-    }
-    case CommandKind::Upload: {
-      UploadCmd c;
-      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
-      c.tensor = ir::TensorId(id);
-      KILN_ASSIGN_OR_RETURN(c.dtype, get_dtype(r, "dtype"));
-      KILN_ASSIGN_OR_RETURN(c.shape, get_shape(r, "shape"));
-      KILN_ASSIGN_OR_RETURN(c.data, get_range(r, "data", "data.offset", "data.length", arena_size));
-      auto n = tensor_bytes(c.dtype, c.shape);
-      if (!n.ok()) return r.fail("shape", n.error().message);
-      if (*n != c.data.length) {
-        return r.fail("data", "length " + std::to_string(c.data.length) + " does not match " + c.dtype.name() +
-                                  ir::shape_to_string(c.shape) + " (" + std::to_string(*n) + " bytes)");
-      }
-      cmd.body = std::move(c);
-      break;
-    }
-    case CommandKind::Read: {
-      ReadCmd c;
-      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
-      KILN_ASSIGN_OR_RETURN(c.dest, get_range(r, "dest", "dest.offset", "dest.length", arena_size));
-      auto n = tensor_bytes(c.tensor.dtype, c.tensor.shape);
-      if (!n.ok()) return r.fail("tensor.shape", n.error().message);
-      if (*n > c.dest.length) {
-        return r.fail("dest", "capacity " + std::to_string(c.dest.length) + " is smaller than " +
-                                  c.tensor.dtype.name() + ir::shape_to_string(c.tensor.shape) + " (" +
-                                  std::to_string(*n) + " bytes)");
-      }
-      cmd.body = std::move(c);
-      break;
-    }
-    case CommandKind::Drop: {
-      DropCmd c;
-      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
-      cmd.body = std::move(c);
-      break;
-    }
-    case CommandKind::Export: {
-      ExportCmd c;
-      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
-      c.tensor = ir::TensorId(id);
-      cmd.body = c;
-      break;
-    }
-    case CommandKind::Import: {
-      ImportCmd c;
-      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(c.token, get_token(r, "token"));
-      KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
-      c.tensor = ir::TensorId(id);
-      cmd.body = c;
-      break;
-    }
-    case CommandKind::Status: {
-      KILN_ASSIGN_OR_RETURN(const std::uint8_t format, r.u8("format"));
-      if (format > 1) return r.fail("format", "unknown status format " + std::to_string(format));
-      cmd.body = StatusCmd{format == 1};
-      break;
-    }
-    case CommandKind::UploadPart: {
-      UploadPartCmd c;
-      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(const std::uint64_t id, r.u64("tensor_id"));
-      c.tensor = ir::TensorId(id);
-      KILN_RETURN_IF_ERROR(get_part(r, c, arena_size));
-      cmd.body = std::move(c);
-      break;
-    }
-    case CommandKind::ReadPart: {
-      ReadPartCmd c;
-      KILN_ASSIGN_OR_RETURN(c.stream, r.u64("stream"));
-      KILN_ASSIGN_OR_RETURN(c.tensor, get_tensor(r));
-      KILN_ASSIGN_OR_RETURN(c.offset, r.u64("offset"));
-      KILN_ASSIGN_OR_RETURN(c.dest, get_range(r, "dest", "dest.offset", "dest.length", arena_size));
-      auto n = tensor_bytes(c.tensor.dtype, c.tensor.shape);
-      if (!n.ok()) return r.fail("tensor.shape", n.error().message);
-      // The window must start inside the tensor; the daemon fills min(capacity, size - offset).
-      if (c.dest.length == 0) return r.fail("dest", "capacity 0: a window holds at least 1 byte");
-      if (c.offset >= *n) {
-        return r.fail("offset", std::to_string(c.offset) + " is not inside " + c.tensor.dtype.name() +
-                                    ir::shape_to_string(c.tensor.shape) + " (" + std::to_string(*n) + " bytes)");
-      }
-      cmd.body = std::move(c);
-      break;
-    }
-  }
+  KILN_RETURN_IF_ERROR(decode_command_body(r, kind, arena_size, cmd));
   KILN_RETURN_IF_ERROR(r.finish());
   return cmd;
 }

@@ -74,109 +74,145 @@ auto magnitude(T v) {
     return v;
 }
 
+// All / Any of every line, any dtype: truthiness (x != 0; NaN is true).
+void reduce_truthiness(Red r, const HostTensor& x, const AxisView& v, HostTensor& out) {
+  for (std::uint64_t o = 0; o < v.outer; ++o)
+    for (std::uint64_t i = 0; i < v.inner; ++i) {
+      bool acc = r == Red::All;
+      for (std::uint64_t j = 0; j < v.n; ++j) {
+        const bool b = x.get_bool(v.at(o, j, i));
+        acc = r == Red::All ? (acc && b) : (acc || b);
+      }
+      element::store_bool(out.mutable_data(), out.dtype(), o * v.inner + i, acc);
+    }
+}
+
+// The numeric reductions' refusals: no identity over an empty dim, an integer mean of nothing,
+// an arg index the output cannot hold.
+Status check_numeric_reduction(const Ctx& c, Red r, const HostTensor& x, const AxisView& v) {
+  if (v.n == 0 && (r == Red::Max || r == Red::Min || r == Red::MaxAbs || r == Red::ArgMax || r == Red::ArgMin))
+    return c.error(ErrorCode::Invalid, "cannot reduce an empty dimension: the reduction has no identity");
+  if (v.n == 0 && r == Red::Mean && !x.dtype().is_float())
+    return c.error(ErrorCode::Invalid, "integer mean of an empty dimension divides by zero");
+  if (r == Red::ArgMax || r == Red::ArgMin) KILN_RETURN_IF_ERROR(expect_index_fits(c, 0, v.n - 1));
+  return Status::Ok();
+}
+
+// Sum or Mean of line (o, i).
+template <class T>
+T sum_or_mean_line(Red r, const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i) {
+  T acc = 0;
+  for (std::uint64_t j = 0; j < v.n; ++j) {
+    if constexpr (std::is_same_v<T, double>)
+      acc += load<T>(x, v.at(o, j, i));
+    else
+      acc = wrap_add(acc, load<T>(x, v.at(o, j, i)));
+  }
+  if (r == Red::Mean) {
+    if constexpr (std::is_same_v<T, double>)
+      acc = acc / static_cast<double>(v.n);  // 0/0 = NaN if empty
+    else if constexpr (std::is_signed_v<T>)
+      acc = acc / static_cast<std::int64_t>(v.n);  // truncates
+    else
+      acc = acc / v.n;
+  }
+  return acc;
+}
+
+// Prod of line (o, i).
+template <class T>
+T prod_line(const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i) {
+  T acc = 1;
+  for (std::uint64_t j = 0; j < v.n; ++j) {
+    if constexpr (std::is_same_v<T, double>)
+      acc *= load<T>(x, v.at(o, j, i));
+    else
+      acc = wrap_mul(acc, load<T>(x, v.at(o, j, i)));
+  }
+  return acc;
+}
+
+// Max or Min of line (o, i), which is not empty.
+template <class T>
+T extremum_line(Red r, const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i) {
+  T acc = load<T>(x, v.at(o, 0, i));
+  for (std::uint64_t j = 1; j < v.n; ++j) {
+    const T e = load<T>(x, v.at(o, j, i));
+    acc = r == Red::Max ? max_nan(acc, e) : min_nan(acc, e);
+  }
+  return acc;
+}
+
+// MaxAbs of line (o, i), which is not empty, as a magnitude.
+template <class T>
+auto max_abs_line(const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i) {
+  auto acc = magnitude(load<T>(x, v.at(o, 0, i)));
+  for (std::uint64_t j = 1; j < v.n; ++j) acc = max_nan(acc, magnitude(load<T>(x, v.at(o, j, i))));
+  return acc;
+}
+
+// ArgMax or ArgMin of line (o, i), which is not empty: the index j of the best element.
+template <class T>
+std::uint64_t arg_line(Red r, const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i) {
+  const bool is_max = r == Red::ArgMax;
+  T best = load<T>(x, v.at(o, 0, i));
+  std::uint64_t at = 0;
+  for (std::uint64_t j = 1; j < v.n; ++j) {
+    const T e = load<T>(x, v.at(o, j, i));
+    if (beats(is_max, e, best)) {
+      best = e;
+      at = j;
+    }
+  }
+  return at;
+}
+
+// Every line of a numeric reduction, in domain T, into its output element.
+template <class T>
+void reduce_numeric(Red r, const HostTensor& x, const AxisView& v, HostTensor& out) {
+  for (std::uint64_t o = 0; o < v.outer; ++o) {
+    for (std::uint64_t i = 0; i < v.inner; ++i) {
+      const std::uint64_t dst = o * v.inner + i;
+      switch (r) {
+        case Red::Sum:
+        case Red::Mean: store<T>(out, dst, sum_or_mean_line<T>(r, x, v, o, i)); break;
+        case Red::Prod: store<T>(out, dst, prod_line<T>(x, v, o, i)); break;
+        case Red::Max:
+        case Red::Min: store<T>(out, dst, extremum_line<T>(r, x, v, o, i)); break;
+        case Red::MaxAbs: {
+          const auto acc = max_abs_line<T>(x, v, o, i);
+          if constexpr (std::is_same_v<T, double>)
+            store<double>(out, dst, acc);
+          else
+            store<std::uint64_t>(out, dst, acc);  // wraps like abs: |i8 -128| stays -128
+          break;
+        }
+        case Red::ArgMax:
+        case Red::ArgMin: element::store_u64(out.mutable_data(), out.dtype(), dst, arg_line<T>(r, x, v, o, i)); break;
+        case Red::All:
+        case Red::Any: break;  // handled by reduce_truthiness
+      }
+    }
+  }
+}
+
 // Reduces every (o, i) line of the view into output element o * inner + i.
 Result<Outputs> reduce_lines(const Ctx& c, Red r, const HostTensor& x, const AxisView& v) {
   KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
   const std::uint64_t lines = v.outer * v.inner;
   if (lines == 0) return single(std::move(out));
 
-  if (r == Red::All || r == Red::Any) {  // any dtype: truthiness (x != 0; NaN is true)
-    for (std::uint64_t o = 0; o < v.outer; ++o)
-      for (std::uint64_t i = 0; i < v.inner; ++i) {
-        bool acc = r == Red::All;
-        for (std::uint64_t j = 0; j < v.n; ++j) {
-          const bool b = x.get_bool(v.at(o, j, i));
-          acc = r == Red::All ? (acc && b) : (acc || b);
-        }
-        element::store_bool(out.mutable_data(), out.dtype(), o * v.inner + i, acc);
-      }
+  if (r == Red::All || r == Red::Any) {
+    reduce_truthiness(r, x, v, out);
     return single(std::move(out));
   }
 
-  if (v.n == 0 && (r == Red::Max || r == Red::Min || r == Red::MaxAbs || r == Red::ArgMax || r == Red::ArgMin))
-    return c.error(ErrorCode::Invalid, "cannot reduce an empty dimension: the reduction has no identity");
-  if (v.n == 0 && r == Red::Mean && !x.dtype().is_float())
-    return c.error(ErrorCode::Invalid, "integer mean of an empty dimension divides by zero");
-  if (r == Red::ArgMax || r == Red::ArgMin) KILN_RETURN_IF_ERROR(expect_index_fits(c, 0, v.n - 1));
-
+  KILN_RETURN_IF_ERROR(check_numeric_reduction(c, r, x, v));
   return dispatch(domain_of(x.dtype()), [&]<class T>() -> Result<Outputs> {
     if constexpr (std::is_same_v<T, bool>) {
       return c.error(ErrorCode::DTypeMismatch, "numeric reduction of a bool tensor");
     } else {
-      for (std::uint64_t o = 0; o < v.outer; ++o) {
-        for (std::uint64_t i = 0; i < v.inner; ++i) {
-          const std::uint64_t dst = o * v.inner + i;
-          switch (r) {
-            case Red::Sum:
-            case Red::Mean: {
-              T acc = 0;
-              for (std::uint64_t j = 0; j < v.n; ++j) {
-                if constexpr (std::is_same_v<T, double>)
-                  acc += load<T>(x, v.at(o, j, i));
-                else
-                  acc = wrap_add(acc, load<T>(x, v.at(o, j, i)));
-              }
-              if (r == Red::Mean) {
-                if constexpr (std::is_same_v<T, double>)
-                  acc = acc / static_cast<double>(v.n);  // 0/0 = NaN if empty
-                else if constexpr (std::is_signed_v<T>)
-                  acc = acc / static_cast<std::int64_t>(v.n);  // truncates
-                else
-                  acc = acc / v.n;
-              }
-              store<T>(out, dst, acc);
-              break;
-            }
-            case Red::Prod: {
-              T acc = 1;
-              for (std::uint64_t j = 0; j < v.n; ++j) {
-                if constexpr (std::is_same_v<T, double>)
-                  acc *= load<T>(x, v.at(o, j, i));
-                else
-                  acc = wrap_mul(acc, load<T>(x, v.at(o, j, i)));
-              }
-              store<T>(out, dst, acc);
-              break;
-            }
-            case Red::Max:
-            case Red::Min: {
-              T acc = load<T>(x, v.at(o, 0, i));
-              for (std::uint64_t j = 1; j < v.n; ++j) {
-                const T e = load<T>(x, v.at(o, j, i));
-                acc = r == Red::Max ? max_nan(acc, e) : min_nan(acc, e);
-              }
-              store<T>(out, dst, acc);
-              break;
-            }
-            case Red::MaxAbs: {
-              auto acc = magnitude(load<T>(x, v.at(o, 0, i)));
-              for (std::uint64_t j = 1; j < v.n; ++j) acc = max_nan(acc, magnitude(load<T>(x, v.at(o, j, i))));
-              if constexpr (std::is_same_v<T, double>)
-                store<double>(out, dst, acc);
-              else
-                store<std::uint64_t>(out, dst, acc);  // wraps like abs: |i8 -128| stays -128
-              break;
-            }
-            case Red::ArgMax:
-            case Red::ArgMin: {
-              const bool is_max = r == Red::ArgMax;
-              T best = load<T>(x, v.at(o, 0, i));
-              std::uint64_t at = 0;
-              for (std::uint64_t j = 1; j < v.n; ++j) {
-                const T e = load<T>(x, v.at(o, j, i));
-                if (beats(is_max, e, best)) {
-                  best = e;
-                  at = j;
-                }
-              }
-              element::store_u64(out.mutable_data(), out.dtype(), dst, at);
-              break;
-            }
-            case Red::All:
-            case Red::Any: break;  // handled above
-          }
-        }
-      }
+      reduce_numeric<T>(r, x, v, out);
       return single(std::move(out));
     }
   });
