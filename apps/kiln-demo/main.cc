@@ -174,60 +174,68 @@ bool stop_daemon(Child& daemon) {
   return false;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"kiln-demo: kilnd with training workers in separate processes"};
+// Every option of the demo; a worker process gets its own through --worker-index and the rest.
+struct Options {
   int workers = 2, steps = 2000, worker_index = -1;
   std::uint64_t batch = 64, hidden = 64;
   bool connect = false;
   std::string device = "auto", runtime_dir, socket;
-  if (const char* env = std::getenv("KILN_DEVICE")) device = env;
-  app.add_option("--workers", workers, "training-worker processes")->check(CLI::Range(1, 64));
-  app.add_option("--steps", steps, "training steps per worker")->check(CLI::Range(4, 1000000));
-  app.add_option("--device", device, "device of the daemon this demo starts: auto, cpu, cuda, cuda:N");
-  app.add_flag("--connect", connect, "use a running kilnd (see --runtime-dir, --socket) instead of starting one");
-  app.add_option("--runtime-dir", runtime_dir,
+};
+
+// Parsing: the flags into `o`; returns an exit status to stop with, or nullopt.
+std::optional<int> parse_options(int argc, char** argv, Options& o) {
+  CLI::App app{"kiln-demo: kilnd with training workers in separate processes"};
+  if (const char* env = std::getenv("KILN_DEVICE")) o.device = env;
+  app.add_option("--workers", o.workers, "training-worker processes")->check(CLI::Range(1, 64));
+  app.add_option("--steps", o.steps, "training steps per worker")->check(CLI::Range(4, 1000000));
+  app.add_option("--device", o.device, "device of the daemon this demo starts: auto, cpu, cuda, cuda:N");
+  app.add_flag("--connect", o.connect, "use a running kilnd (see --runtime-dir, --socket) instead of starting one");
+  app.add_option("--runtime-dir", o.runtime_dir,
                  "the daemon's runtime directory (default: a private one, or the "
                  "default one with --connect)");
-  app.add_option("--socket", socket, "the daemon's socket name (default kilnd-<device>.sock)");
-  app.add_option("--batch", batch, "batch size")->check(CLI::Range(1, 4096));
-  app.add_option("--hidden", hidden, "hidden units")->check(CLI::Range(1, 4096));
-  app.add_option("--worker-index", worker_index, "internal: run as worker N")->group("");
+  app.add_option("--socket", o.socket, "the daemon's socket name (default kilnd-<device>.sock)");
+  app.add_option("--batch", o.batch, "batch size")->check(CLI::Range(1, 4096));
+  app.add_option("--hidden", o.hidden, "hidden units")->check(CLI::Range(1, 4096));
+  app.add_option("--worker-index", o.worker_index, "internal: run as worker N")->group("");
   CLI11_PARSE(app, argc, argv);
-  if (worker_index >= 0) return run_worker(worker_index, runtime_dir, socket, steps, batch, hidden);
+  return std::nullopt;
+}
 
-  signal(SIGPIPE, SIG_IGN);
-  const std::string bin = self_dir();
-  Child daemon;
-  std::string dir = runtime_dir;
-  if (!connect) {
+// Daemon: starts a private kilnd in `dir` (a new temporary one when empty), or with --connect
+// names the running one's; fills in the defaults of `dir` and `socket`. False: it could not start.
+bool start_or_find_daemon(const Options& o, const std::string& bin, Child& daemon, std::string& dir,
+                          std::string& socket) {
+  if (!o.connect) {
     if (dir.empty()) {
       char tmpl[] = "/tmp/kiln-demo-XXXXXX";
       if (mkdtemp(tmpl) == nullptr) {
         std::fprintf(stderr, "kiln-demo: mkdtemp: %s\n", std::strerror(errno));
-        return 1;
+        return false;
       }
       dir = tmpl;
     }
     if (socket.empty()) socket = "kilnd-demo.sock";
-    std::printf("kiln-demo: starting kilnd (--device %s) in %s\n", device.c_str(), dir.c_str());
+    std::printf("kiln-demo: starting kilnd (--device %s) in %s\n", o.device.c_str(), dir.c_str());
     std::fflush(stdout);
     // Its own lock directory too: the demo's daemon is private, and runs beside any kilnd that
     // serves this device for real.
-    daemon =
-        spawn({bin + "/kilnd", "--device", device, "--runtime-dir", dir, "--socket", socket, "--lock-dir", dir}, false);
+    daemon = spawn({bin + "/kilnd", "--device", o.device, "--runtime-dir", dir, "--socket", socket, "--lock-dir", dir},
+                   false);
     if (daemon.pid <= 0) {
       std::fprintf(stderr, "kiln-demo: cannot start %s/kilnd\n", bin.c_str());
-      return 1;
+      return false;
     }
   } else {
     if (dir.empty()) dir = kiln::ipc::default_runtime_dir();
-    if (socket.empty()) socket = kiln::ipc::daemon_socket_name(device == "auto" ? "cpu" : device);
+    if (socket.empty()) socket = kiln::ipc::daemon_socket_name(o.device == "auto" ? "cpu" : o.device);
   }
+  return true;
+}
 
-  // The monitor connection: waits for the daemon to listen, then reports its plan cache.
-  std::unique_ptr<kiln::ipc::RemoteTarget> monitor;
+// The monitor connection: waits for the daemon to listen, then reports its plan cache.
+// Null: the daemon is unreachable (one this demo started is stopped).
+std::unique_ptr<kiln::ipc::RemoteTarget> connect_monitor(const std::string& dir, const std::string& socket,
+                                                         bool connect, Child& daemon) {
   const auto t_wait = Clock::now();
   for (;;) {
     kiln::ipc::RemoteOptions o;
@@ -236,34 +244,42 @@ int main(int argc, char** argv) {
     o.job = "demo-monitor";
     o.timeout = std::chrono::milliseconds(2000);
     auto m = kiln::ipc::RemoteTarget::connect(o);
-    if (m.ok()) {
-      monitor = std::move(m).value();
-      break;
-    }
+    if (m.ok()) return std::move(m).value();
     int status = 0;
     if (daemon.pid > 0 && waitpid(daemon.pid, &status, WNOHANG) == daemon.pid) {
       std::fprintf(stderr, "kiln-demo: kilnd exited before listening (status %d)\n", status);
-      return 1;
+      return nullptr;
     }
     if (seconds_since(t_wait) > 20 || connect) {
       std::fprintf(stderr, "kiln-demo: cannot reach kilnd: %s\n", m.error().message.c_str());
       if (daemon.pid > 0) stop_daemon(daemon);
-      return 1;
+      return nullptr;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
 
-  std::printf("kiln-demo: %d workers x %d steps (MLP %llu-%llu-8, batch %llu, Adam), job 'demo'\n", workers, steps,
-              32ULL, static_cast<unsigned long long>(hidden), static_cast<unsigned long long>(batch));
+// Workers: the line that says what they will train.
+void announce_workers(const Options& o) {
+  std::printf("kiln-demo: %d workers x %d steps (MLP %llu-%llu-8, batch %llu, Adam), job 'demo'\n", o.workers, o.steps,
+              32ULL, static_cast<unsigned long long>(o.hidden), static_cast<unsigned long long>(o.batch));
   std::fflush(stdout);
-  const auto t0 = Clock::now();
-  std::vector<Child> kids;
-  for (int i = 0; i < workers; ++i)
-    kids.push_back(
-        spawn({bin + "/kiln-demo", "--worker-index", std::to_string(i), "--runtime-dir", dir, "--socket", socket,
-               "--steps", std::to_string(steps), "--batch", std::to_string(batch), "--hidden", std::to_string(hidden)},
-              true));
+}
 
+// Workers: starts them, each a kiln-demo --worker-index process with its output captured.
+std::vector<Child> spawn_workers(const Options& o, const std::string& bin, const std::string& dir,
+                                 const std::string& socket) {
+  std::vector<Child> kids;
+  for (int i = 0; i < o.workers; ++i)
+    kids.push_back(spawn(
+        {bin + "/kiln-demo", "--worker-index", std::to_string(i), "--runtime-dir", dir, "--socket", socket, "--steps",
+         std::to_string(o.steps), "--batch", std::to_string(o.batch), "--hidden", std::to_string(o.hidden)},
+        true));
+  return kids;
+}
+
+// Workers: relays their output line by line, with the daemon's figures every second, until all exit.
+void relay_worker_output(std::vector<Child>& kids, kiln::ipc::RemoteTarget& monitor) {
   auto last_report = Clock::now();
   std::size_t running = kids.size();
   while (running > 0) {
@@ -294,15 +310,17 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (seconds_since(last_report) > 1.0) {
-      std::printf("%s\n", daemon_line(*monitor).c_str());
+      std::printf("%s\n", daemon_line(monitor).c_str());
       std::fflush(stdout);
       last_report = Clock::now();
     }
   }
-  const double wall = seconds_since(t0);
+}
 
+// Summary: the daemon's figures and each worker's result; true if every worker's loss fell.
+bool print_summary(const std::vector<Child>& kids, kiln::ipc::RemoteTarget& monitor, double wall) {
   std::printf("\n==== kiln-demo summary (%.1f s) ====\n", wall);
-  std::printf("%s\n", daemon_line(*monitor).c_str());
+  std::printf("%s\n", daemon_line(monitor).c_str());
   bool all_ok = true;
   for (std::size_t i = 0; i < kids.size(); ++i) {
     const Child& k = kids[i];
@@ -321,9 +339,42 @@ int main(int argc, char** argv) {
                 ok ? "fell" : "DID NOT FALL", commands, secs, secs > 0 ? double(commands) / secs : 0.0);
     all_ok = all_ok && ok;
   }
+  return all_ok;
+}
+
+// Shutdown: stops the daemon this demo started and removes its runtime directory (nothing with
+// --connect); false if it did not stop cleanly.
+bool stop_own_daemon(bool connect, Child& daemon, const std::string& dir) {
+  if (connect) return true;
+  const bool clean = stop_daemon(daemon);
+  std::filesystem::remove_all(dir);
+  return clean;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (std::optional<int> exit_status = parse_options(argc, argv, o)) return *exit_status;
+  if (o.worker_index >= 0) return run_worker(o.worker_index, o.runtime_dir, o.socket, o.steps, o.batch, o.hidden);
+
+  signal(SIGPIPE, SIG_IGN);
+  const std::string bin = self_dir();
+  Child daemon;
+  std::string dir = o.runtime_dir, socket = o.socket;
+  if (!start_or_find_daemon(o, bin, daemon, dir, socket)) return 1;
+  std::unique_ptr<kiln::ipc::RemoteTarget> monitor = connect_monitor(dir, socket, o.connect, daemon);
+  if (!monitor) return 1;
+
+  announce_workers(o);
+  const auto t0 = Clock::now();
+  std::vector<Child> kids = spawn_workers(o, bin, dir, socket);
+  relay_worker_output(kids, *monitor);
+  const double wall = seconds_since(t0);
+
+  bool all_ok = print_summary(kids, *monitor, wall);
   monitor.reset();
-  if (!connect && !stop_daemon(daemon)) all_ok = false;
-  if (!connect) std::filesystem::remove_all(dir);
+  if (!stop_own_daemon(o.connect, daemon, dir)) all_ok = false;
   std::printf("kiln-demo: %s\n", all_ok ? "OK: every worker's loss fell" : "FAILED");
   return all_ok ? 0 : 1;
 }

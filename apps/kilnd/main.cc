@@ -290,15 +290,14 @@ kiln::Result<kiln::ipc::DaemonOptions> daemon_options(const Settings& s, const s
   return options;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Settings settings;
-  if (std::optional<int> exit_status = read_settings(argc, argv, settings)) return *exit_status;
-  const Settings& s = settings;
+// Configuration: the log level and pattern from the settings.
+void set_up_logging(const Settings& s) {
   spdlog::set_level(spdlog::level::from_str(s.log_level));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+}
 
+// Configuration: blocks SIGTERM and SIGINT (returned, for sigwait) and ignores SIGPIPE.
+sigset_t block_stop_signals() {
   // Signals are taken by sigwait on this thread; every thread created later inherits the mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -306,13 +305,118 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that vanishes mid-send must not kill the daemon
+  return stop_signals;
+}
 
-  BackendSettings backend_settings;
-  backend_settings.cpu_threads = s.kernel_threads;
-  if (s.device_memory_set) backend_settings.device_memory_bytes = s.device_memory_mib << 20;
-  backend_settings.large_block_bytes = s.large_block_mib << 20;
-  backend_settings.large_block_retention = std::chrono::milliseconds(s.large_block_retention_ms);
-  kiln::Result<Backend> backend = make_backend(s.device, backend_settings);
+// Configuration: the backend's settings from the daemon's.
+BackendSettings backend_settings(const Settings& s) {
+  BackendSettings settings;
+  settings.cpu_threads = s.kernel_threads;
+  if (s.device_memory_set) settings.device_memory_bytes = s.device_memory_mib << 20;
+  settings.large_block_bytes = s.large_block_mib << 20;
+  settings.large_block_retention = std::chrono::milliseconds(s.large_block_retention_ms);
+  return settings;
+}
+
+// Configuration: lowers max_connections to the clients the (raised) descriptor limit fits.
+void fit_descriptor_limit(kiln::ipc::DaemonOptions& options) {
+  if (const std::uint64_t fit = raise_descriptor_limit(); fit != 0 && fit < options.server.max_connections) {
+    spdlog::warn("kilnd: the descriptor limit fits {} clients: max_connections {} lowered to it", fit,
+                 options.server.max_connections);
+    options.server.max_connections = fit;
+  }
+}
+
+// Start: the runtime device over the backend, with kiln.toml's [runtime] settings.
+kiln::Result<std::unique_ptr<kiln::runtime::Device>> create_device(
+    const Settings& s, std::unique_ptr<kiln::runtime::DeviceBackend> backend) {
+  kiln::runtime::RuntimeOptions ro;
+  ro.threads = s.threads;
+  ro.config_path = s.config;
+  // Waiters do not spin here unless kiln.toml or KILN_RUNTIME_SPIN_WAITS asks for it: a session
+  // thread's waits mostly run inline, and its client already polls for the answer, so a spinning
+  // session thread would take the core the actor needs (measured in docs/decisions.md, ipc).
+  // A malformed file is reported by Device::create below.
+  if (kiln::Result<kiln::runtime::RuntimeFileConfig> rc =
+          kiln::runtime::load_runtime_config(s.config, kiln::fusion::process_env());
+      !rc.ok() || !rc->spin_waits)
+    ro.spin_waits = false;
+  return kiln::runtime::Device::create(std::move(backend), std::move(ro));
+}
+
+// Start: loads the plan cache in s.plan_cache into the device's store and starts `plan_saver`,
+// which saves new plans there as they appear (counting them in `last_saved`).
+void start_plan_cache(const Settings& s, kiln::runtime::Device& device,
+                      std::optional<kiln::fusion::PlanCacheAutosaver>& plan_saver,
+                      const std::shared_ptr<std::atomic<std::uint64_t>>& last_saved) {
+  // A missing, corrupt or foreign file is reported and ignored: the daemon starts either way.
+  const kiln::fusion::PlanCacheLoadReport r = kiln::fusion::load_plan_cache(
+      device.plan_store(), s.plan_cache, kiln::fusion::FusionLog::to_stderr(kiln::fusion::LogLevel::Disabled));
+  if (r.found && r.ok())
+    spdlog::info("kilnd: plan cache {}: loaded {} plans ({} merged)", s.plan_cache, r.loaded, r.merged);
+  else if (r.nothing_saved())
+    spdlog::info("kilnd: plan cache {}: no saved plans yet", s.plan_cache);
+  // Otherwise load_plan_cache warned already (a refused directory, or a bad file the next save
+  // replaces). New plans are saved as they are learned, so a SIGKILL loses only the last
+  // plan_save_ms or so; a refused directory is retried with a back-off (its owner may fix it).
+  kiln::fusion::PlanCacheAutosaverOptions saver;
+  saver.debounce = std::chrono::milliseconds(s.plan_save_ms);
+  saver.max_delay = std::max(saver.debounce, saver.max_delay);
+  saver.on_save = [dir = s.plan_cache, last_saved](const kiln::Result<kiln::fusion::PlanCacheSaveReport>& saved) {
+    if (saved.ok()) {
+      last_saved->store(saved->saved, std::memory_order_relaxed);
+      spdlog::debug("kilnd: plan cache {}: saved {} plans ({} bytes, {} not savable)", saved->file.string(),
+                    saved->saved, saved->bytes, saved->skipped);
+    } else {
+      spdlog::error("kilnd: plan cache {}: {}", dir, saved.error().to_string());
+    }
+  };
+  plan_saver.emplace(device.plan_store(), s.plan_cache, std::move(saver));
+}
+
+// Serve: waits for SIGTERM or SIGINT (the service's threads serve the clients meanwhile).
+void wait_for_stop_signal(const sigset_t& stop_signals) {
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::info("kilnd: {} received: stopping (draining every client's streams)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+// Shut down: stops the service, the device and the plan saver, and logs what was left; the exit status.
+int shut_down(const Settings& s, kiln::ipc::DaemonService& service, kiln::runtime::Device& device,
+              std::optional<kiln::fusion::PlanCacheAutosaver>& plan_saver,
+              const std::atomic<std::uint64_t>& last_saved) {
+  const kiln::ipc::DaemonStatus last = service.status();
+  service.stop();
+  kiln::Status down = device.shutdown();
+  if (plan_saver) {
+    plan_saver->stop();  // the streams are drained: writes what is still unsaved
+    const kiln::fusion::PlanCacheAutosaverStats st = plan_saver->stats();
+    if (st.saves == 0 && st.failures == 0)
+      spdlog::info("kilnd: plan cache {}: no new plans to save", s.plan_cache);
+    else if (st.last_error.empty())
+      spdlog::info("kilnd: plan cache {}: saved {} plans ({} saves this run)", s.plan_cache,
+                   last_saved.load(std::memory_order_relaxed), st.saves);
+  }
+  const kiln::runtime::MemoryStats mem = device.backend().memory_stats();
+  spdlog::info("kilnd: stopped after {} client(s); {} plans; {} tensors and {} bytes left on the device",
+               last.clients_served, last.plans, mem.tensors, mem.bytes_in_use);
+  if (!down.ok()) {
+    spdlog::error("kilnd: {}", down.error().to_string());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  if (std::optional<int> exit_status = read_settings(argc, argv, settings)) return *exit_status;
+  const Settings& s = settings;
+  set_up_logging(s);
+  const sigset_t stop_signals = block_stop_signals();
+
+  kiln::Result<Backend> backend = make_backend(s.device, backend_settings(s));
   if (!backend.ok()) {
     std::fprintf(stderr, "kilnd: %s\n", backend.error().to_string().c_str());
     return 2;
@@ -329,25 +433,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kilnd: %s\n", options.error().message.c_str());
     return 2;
   }
-  if (const std::uint64_t fit = raise_descriptor_limit(); fit != 0 && fit < options->server.max_connections) {
-    spdlog::warn("kilnd: the descriptor limit fits {} clients: max_connections {} lowered to it", fit,
-                 options->server.max_connections);
-    options->server.max_connections = fit;
-  }
+  fit_descriptor_limit(*options);
 
-  kiln::runtime::RuntimeOptions ro;
-  ro.threads = s.threads;
-  ro.config_path = s.config;
-  // Waiters do not spin here unless kiln.toml or KILN_RUNTIME_SPIN_WAITS asks for it: a session
-  // thread's waits mostly run inline, and its client already polls for the answer, so a spinning
-  // session thread would take the core the actor needs (measured in docs/decisions.md, ipc).
-  // A malformed file is reported by Device::create below.
-  if (kiln::Result<kiln::runtime::RuntimeFileConfig> rc =
-          kiln::runtime::load_runtime_config(s.config, kiln::fusion::process_env());
-      !rc.ok() || !rc->spin_waits)
-    ro.spin_waits = false;
-  kiln::Result<std::unique_ptr<kiln::runtime::Device>> dev =
-      kiln::runtime::Device::create(std::move(backend->backend), std::move(ro));
+  kiln::Result<std::unique_ptr<kiln::runtime::Device>> dev = create_device(s, std::move(backend->backend));
   if (!dev.ok()) {
     std::fprintf(stderr, "kilnd: %s\n", dev.error().to_string().c_str());
     return 2;
@@ -355,31 +443,7 @@ int main(int argc, char** argv) {
   // Declared after `dev`: stopped (its final save) before the store it watches goes.
   std::optional<kiln::fusion::PlanCacheAutosaver> plan_saver;
   auto last_saved = std::make_shared<std::atomic<std::uint64_t>>(0);  // plans in the last file written
-  if (!s.plan_cache.empty()) {
-    // A missing, corrupt or foreign file is reported and ignored: the daemon starts either way.
-    const kiln::fusion::PlanCacheLoadReport r = kiln::fusion::load_plan_cache(
-        (*dev)->plan_store(), s.plan_cache, kiln::fusion::FusionLog::to_stderr(kiln::fusion::LogLevel::Disabled));
-    if (r.found && r.ok())
-      spdlog::info("kilnd: plan cache {}: loaded {} plans ({} merged)", s.plan_cache, r.loaded, r.merged);
-    else if (r.nothing_saved())
-      spdlog::info("kilnd: plan cache {}: no saved plans yet", s.plan_cache);
-    // Otherwise load_plan_cache warned already (a refused directory, or a bad file the next save
-    // replaces). New plans are saved as they are learned, so a SIGKILL loses only the last
-    // plan_save_ms or so; a refused directory is retried with a back-off (its owner may fix it).
-    kiln::fusion::PlanCacheAutosaverOptions saver;
-    saver.debounce = std::chrono::milliseconds(s.plan_save_ms);
-    saver.max_delay = std::max(saver.debounce, saver.max_delay);
-    saver.on_save = [dir = s.plan_cache, last_saved](const kiln::Result<kiln::fusion::PlanCacheSaveReport>& saved) {
-      if (saved.ok()) {
-        last_saved->store(saved->saved, std::memory_order_relaxed);
-        spdlog::debug("kilnd: plan cache {}: saved {} plans ({} bytes, {} not savable)", saved->file.string(),
-                      saved->saved, saved->bytes, saved->skipped);
-      } else {
-        spdlog::error("kilnd: plan cache {}: {}", dir, saved.error().to_string());
-      }
-    };
-    plan_saver.emplace((*dev)->plan_store(), s.plan_cache, std::move(saver));
-  }
+  if (!s.plan_cache.empty()) start_plan_cache(s, **dev, plan_saver, last_saved);
   kiln::Result<std::unique_ptr<kiln::ipc::DaemonService>> service = kiln::ipc::DaemonService::start(**dev, *options);
   if (!service.ok()) {
     // The usual cause: another daemon on this device ("another daemon is already running at ...").
@@ -391,27 +455,6 @@ int main(int argc, char** argv) {
   spdlog::info("kilnd: ready on {} (device {}, {} stream threads)", (*service)->socket_path(), device_name,
                (*dev)->threads());
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  spdlog::info("kilnd: {} received: stopping (draining every client's streams)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  const kiln::ipc::DaemonStatus last = (*service)->status();
-  (*service)->stop();
-  kiln::Status down = (*dev)->shutdown();
-  if (plan_saver) {
-    plan_saver->stop();  // the streams are drained: writes what is still unsaved
-    const kiln::fusion::PlanCacheAutosaverStats st = plan_saver->stats();
-    if (st.saves == 0 && st.failures == 0)
-      spdlog::info("kilnd: plan cache {}: no new plans to save", s.plan_cache);
-    else if (st.last_error.empty())
-      spdlog::info("kilnd: plan cache {}: saved {} plans ({} saves this run)", s.plan_cache,
-                   last_saved->load(std::memory_order_relaxed), st.saves);
-  }
-  const kiln::runtime::MemoryStats mem = (*dev)->backend().memory_stats();
-  spdlog::info("kilnd: stopped after {} client(s); {} plans; {} tensors and {} bytes left on the device",
-               last.clients_served, last.plans, mem.tensors, mem.bytes_in_use);
-  if (!down.ok()) {
-    spdlog::error("kilnd: {}", down.error().to_string());
-    return 1;
-  }
-  return 0;
+  wait_for_stop_signal(stop_signals);
+  return shut_down(s, **service, **dev, plan_saver, *last_saved);
 }

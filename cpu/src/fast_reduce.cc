@@ -301,8 +301,57 @@ struct ReduceCtx {
 
 constexpr std::uint64_t kShortInner = 16;
 
+// The epilogue block (fuse-on-write) on one chunk of reduced values, starting at output `start`.
+template <class O>
+inline void run_epilogue(ReduceCtx& c, std::uint32_t out_reg, O* results, std::size_t count, std::uint64_t start,
+                         std::byte* escratch, void** eptrs) {
+  apply_fixup(results, c.out_cls, c.out_fixup, count);
+  eptrs[out_reg] = results;
+  if (!c.epilogue.run(start, count, escratch, eptrs)) c.failed.store(true, std::memory_order_relaxed);
+}
+
+// Rows (inner == 1): each task owns whole rows, each reduced horizontally chunk by chunk.
 template <Red R, class T, class O>
-void reduce_loops(ReduceCtx& c) {
+void reduce_rows(ReduceCtx& c) {
+  using A = Acc<R, T>;
+  using S = typename A::S;
+  const std::uint32_t in_reg = c.red->input;
+  const std::uint32_t out_reg = c.red->out;
+  const std::uint64_t n = c.n;
+  const std::uint64_t half = kParallelThreshold / 2;
+
+  auto rows_body = [&](std::uint64_t b, std::uint64_t e) {
+    Scratch ps(c.prologue.scratch_bytes()), es(c.epilogue.scratch_bytes());
+    std::vector<void*> pp(c.prologue.num_regs()), ep(c.epilogue.num_regs());
+    std::vector<O> results(kBlock);
+    for (std::uint64_t g = b; g < e; g += kBlock) {
+      const std::size_t count = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, e - g));
+      for (std::size_t r = 0; r < count; ++r) {
+        S s = A::init();
+        for (std::uint64_t j = 0; j < n; j += kBlock) {
+          const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, n - j));
+          if (!c.prologue.run((g + r) * n + j, len, ps.data(), pp.data())) {
+            c.failed.store(true, std::memory_order_relaxed);
+            return;
+          }
+          A::horizontal(s, static_cast<const T*>(pp[in_reg]), len, j);
+        }
+        results[r] = A::template finish<O>(s, n, c.out_fixup);
+      }
+      run_epilogue(c, out_reg, results.data(), count, g, es.data(), ep.data());
+    }
+  };
+  if (c.range) {
+    rows_body(c.row_begin, c.row_end);
+  } else {
+    const std::uint64_t grain = std::max<std::uint64_t>(1, half / std::max<std::uint64_t>(n, 1));
+    parallel_ranges(*c.launch, c.outer, grain, rows_body);
+  }
+}
+
+// Column tiles (inner >= 16): a task owns (o, up to kBlock consecutive i), reduced vertically.
+template <Red R, class T, class O>
+void reduce_column_tiles(ReduceCtx& c) {
   using A = Acc<R, T>;
   using S = typename A::S;
   const std::uint32_t in_reg = c.red->input;
@@ -311,71 +360,43 @@ void reduce_loops(ReduceCtx& c) {
   const std::uint64_t inner = c.inner;
   const std::uint64_t half = kParallelThreshold / 2;
 
-  auto epilogue = [&](O* results, std::size_t count, std::uint64_t start, std::byte* escratch, void** eptrs) {
-    apply_fixup(results, c.out_cls, c.out_fixup, count);
-    eptrs[out_reg] = results;
-    if (!c.epilogue.run(start, count, escratch, eptrs)) c.failed.store(true, std::memory_order_relaxed);
-  };
-
-  if (inner == 1) {
-    auto rows_body = [&](std::uint64_t b, std::uint64_t e) {
-      Scratch ps(c.prologue.scratch_bytes()), es(c.epilogue.scratch_bytes());
-      std::vector<void*> pp(c.prologue.num_regs()), ep(c.epilogue.num_regs());
-      std::vector<O> results(kBlock);
-      for (std::uint64_t g = b; g < e; g += kBlock) {
-        const std::size_t count = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, e - g));
-        for (std::size_t r = 0; r < count; ++r) {
-          S s = A::init();
-          for (std::uint64_t j = 0; j < n; j += kBlock) {
-            const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, n - j));
-            if (!c.prologue.run((g + r) * n + j, len, ps.data(), pp.data())) {
-              c.failed.store(true, std::memory_order_relaxed);
-              return;
-            }
-            A::horizontal(s, static_cast<const T*>(pp[in_reg]), len, j);
-          }
-          results[r] = A::template finish<O>(s, n, c.out_fixup);
+  const std::uint64_t tiles = (inner + kBlock - 1) / kBlock;
+  const std::uint64_t tasks = c.outer * tiles;
+  const std::uint64_t per_task = std::min<std::uint64_t>(kBlock, inner) * std::max<std::uint64_t>(n, 1);
+  const std::uint64_t grain = std::max<std::uint64_t>(1, half / per_task);
+  parallel_ranges(*c.launch, tasks, grain, [&](std::uint64_t b, std::uint64_t e) {
+    Scratch ps(c.prologue.scratch_bytes()), es(c.epilogue.scratch_bytes());
+    std::vector<void*> pp(c.prologue.num_regs()), ep(c.epilogue.num_regs());
+    std::vector<S> acc(kBlock);
+    std::vector<O> results(kBlock);
+    for (std::uint64_t t = b; t < e; ++t) {
+      const std::uint64_t o = t / tiles;
+      const std::uint64_t i0 = (t % tiles) * kBlock;
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, inner - i0));
+      for (std::size_t i = 0; i < len; ++i) acc[i] = A::init();
+      for (std::uint64_t j = 0; j < n; ++j) {
+        if (!c.prologue.run((o * n + j) * inner + i0, len, ps.data(), pp.data())) {
+          c.failed.store(true, std::memory_order_relaxed);
+          return;
         }
-        epilogue(results.data(), count, g, es.data(), ep.data());
+        A::vertical(acc.data(), static_cast<const T*>(pp[in_reg]), len, j);
       }
-    };
-    if (c.range) {
-      rows_body(c.row_begin, c.row_end);
-    } else {
-      const std::uint64_t grain = std::max<std::uint64_t>(1, half / std::max<std::uint64_t>(n, 1));
-      parallel_ranges(*c.launch, c.outer, grain, rows_body);
+      for (std::size_t i = 0; i < len; ++i) results[i] = A::template finish<O>(acc[i], n, c.out_fixup);
+      run_epilogue(c, out_reg, results.data(), len, o * inner + i0, es.data(), ep.data());
     }
-    return;
-  }
+  });
+}
 
-  if (inner >= kShortInner) {
-    const std::uint64_t tiles = (inner + kBlock - 1) / kBlock;
-    const std::uint64_t tasks = c.outer * tiles;
-    const std::uint64_t per_task = std::min<std::uint64_t>(kBlock, inner) * std::max<std::uint64_t>(n, 1);
-    const std::uint64_t grain = std::max<std::uint64_t>(1, half / per_task);
-    parallel_ranges(*c.launch, tasks, grain, [&](std::uint64_t b, std::uint64_t e) {
-      Scratch ps(c.prologue.scratch_bytes()), es(c.epilogue.scratch_bytes());
-      std::vector<void*> pp(c.prologue.num_regs()), ep(c.epilogue.num_regs());
-      std::vector<S> acc(kBlock);
-      std::vector<O> results(kBlock);
-      for (std::uint64_t t = b; t < e; ++t) {
-        const std::uint64_t o = t / tiles;
-        const std::uint64_t i0 = (t % tiles) * kBlock;
-        const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, inner - i0));
-        for (std::size_t i = 0; i < len; ++i) acc[i] = A::init();
-        for (std::uint64_t j = 0; j < n; ++j) {
-          if (!c.prologue.run((o * n + j) * inner + i0, len, ps.data(), pp.data())) {
-            c.failed.store(true, std::memory_order_relaxed);
-            return;
-          }
-          A::vertical(acc.data(), static_cast<const T*>(pp[in_reg]), len, j);
-        }
-        for (std::size_t i = 0; i < len; ++i) results[i] = A::template finish<O>(acc[i], n, c.out_fixup);
-        epilogue(results.data(), len, o * inner + i0, es.data(), ep.data());
-      }
-    });
-    return;
-  }
+// Short columns (1 < inner < 16): a task walks its o's contiguously, scattering into the columns.
+template <Red R, class T, class O>
+void reduce_short_columns(ReduceCtx& c) {
+  using A = Acc<R, T>;
+  using S = typename A::S;
+  const std::uint32_t in_reg = c.red->input;
+  const std::uint32_t out_reg = c.red->out;
+  const std::uint64_t n = c.n;
+  const std::uint64_t inner = c.inner;
+  const std::uint64_t half = kParallelThreshold / 2;
 
   // Short columns: groups of whole o's whose outputs fit one epilogue chunk.
   const std::uint64_t per_group = kBlock / inner;
@@ -414,9 +435,20 @@ void reduce_loops(ReduceCtx& c) {
         }
       }
       for (std::size_t i = 0; i < count; ++i) results[i] = A::template finish<O>(acc[i], n, c.out_fixup);
-      epilogue(results.data(), count, o0 * inner, es.data(), ep.data());
+      run_epilogue(c, out_reg, results.data(), count, o0 * inner, es.data(), ep.data());
     }
   });
+}
+
+// The reduction's loops: picks the layout of [outer, n, inner] (rows, column tiles, short columns).
+template <Red R, class T, class O>
+void reduce_loops(ReduceCtx& c) {
+  if (c.inner == 1)
+    reduce_rows<R, T, O>(c);
+  else if (c.inner >= kShortInner)
+    reduce_column_tiles<R, T, O>(c);
+  else
+    reduce_short_columns<R, T, O>(c);
 }
 
 using LoopFn = void (*)(ReduceCtx&);
