@@ -1,5 +1,6 @@
 #include "kiln/cpu/device.h"
 
+#include <spdlog/spdlog.h>
 #include <tbb/info.h>
 
 #include <algorithm>
@@ -145,6 +146,8 @@ CpuDeviceStats CpuDevice::stats() const {
   s.nontemporal_outputs = get(counters_.nontemporal_outputs);
   s.part_by_part = get(counters_.part_by_part);
   s.kernel_cache_evictions = get(counters_.kernel_cache_evictions);
+  for (std::size_t r = 0; r < s.fallbacks_by_reason.size(); ++r)
+    s.fallbacks_by_reason[r] = get(counters_.fallbacks_by_reason[r]);
   const jit::Stats j = jit_->stats();
   s.jit_compiles = j.compiles;
   s.jit_disk_loads = j.disk_loads;
@@ -162,6 +165,15 @@ void CpuDevice::reset_stats() {
         &counters_.nontemporal_outputs, &counters_.part_by_part, &counters_.kernel_cache_evictions})
     a->store(0, std::memory_order_relaxed);
   for (auto& a : counters_.launches_by_kind) a.store(0, std::memory_order_relaxed);
+  for (auto& a : counters_.fallbacks_by_reason) a.store(0, std::memory_order_relaxed);
+}
+
+void CpuDevice::count_fallback(const runtime::Fallback& fallback, const fusion::FusedProgram& program) {
+  counters_.fused_replays.fetch_add(1, std::memory_order_relaxed);
+  counters_.fallbacks_by_reason[static_cast<std::size_t>(fallback.reason)].fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("kiln cpu: {} program {:016x} ({} ops) replayed op by op: {}: {}",
+                fusion::program_kind_name(program.kind), program.structural_hash(), program.len,
+                runtime::fallback_reason_name(fallback.reason), fallback.detail);
 }
 
 Status CpuDevice::upload_f64(ir::TensorId id, ir::Shape shape, ir::DType dtype, std::span<const double> values) {

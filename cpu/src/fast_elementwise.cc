@@ -10,6 +10,7 @@
 // f16 / bf16). The transcendental functions of f32 registers use fast_math.h (<= 2 ulp); those
 // of f64, f16 and bf16 registers, and erf / sin / cos / pow / float rem everywhere, call libm in
 // f64 and round once to the register's dtype, exactly as the reference does.
+#include <fmt/format.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
@@ -832,106 +833,127 @@ KernelFn cast_kernel(VClass from, VClass to) {
 
 }  // namespace
 
+namespace {
+
+// The transcendental functions: f32 registers without a fixup use the fast approximations
+// (fast_math.h); f64, f16 and bf16 registers round libm's f64 result once (`exact`).
+// Null when `code` is not one of them.
+KernelFn math_kernel(Code code, VClass c, bool fast_f32, bool& exact) {
+#if defined(__AVX512F__)
+#define KILN_FAST_F32(v16, scalar) &k_fast_v16<v16>
+#else
+#define KILN_FAST_F32(v16, scalar) &k_fast_f32<scalar>
+#endif
+  exact = true;
+  switch (code) {
+    case Code::Exp: exact = !fast_f32; return fast_f32 ? KILN_FAST_F32(exp16, exp_f32) : libm_kernel<libm_exp>(c);
+    case Code::Log: exact = !fast_f32; return fast_f32 ? KILN_FAST_F32(log16, log_f32) : libm_kernel<libm_log>(c);
+    case Code::Log1p:
+      exact = !fast_f32;
+      return fast_f32 ? KILN_FAST_F32(log1p16, log1p_f32) : libm_kernel<libm_log1p>(c);
+    case Code::Tanh: exact = !fast_f32; return fast_f32 ? KILN_FAST_F32(tanh16, tanh_f32) : libm_kernel<libm_tanh>(c);
+    case Code::Erf: return libm_kernel<libm_erf>(c);
+    case Code::Sin: return libm_kernel<libm_sin>(c);
+    case Code::Cos: return libm_kernel<libm_cos>(c);
+    default: exact = false; return nullptr;
+  }
+#undef KILN_FAST_F32
+}
+
+// The other unary codes, by register class (null when the class has no kernel for the code, or
+// the code is not unary).
+KernelFn unary_kernel(Code code, VClass c) {
+  switch (code) {
+    case Code::Sqrt: return c == VClass::F32 ? &k_sqrt<float> : c == VClass::F64 ? &k_sqrt<double> : nullptr;
+    case Code::Abs: return numeric_unary<Code::Abs>(c);
+    case Code::Neg: return numeric_unary<Code::Neg>(c);
+    case Code::Sign: return numeric_unary<Code::Sign>(c);
+    case Code::Recip: return float_unary<Code::Recip>(c);
+    case Code::Round: return float_unary<Code::Round>(c);
+    case Code::Floor: return float_unary<Code::Floor>(c);
+    case Code::Ceil: return float_unary<Code::Ceil>(c);
+    case Code::Trunc: return float_unary<Code::Trunc>(c);
+    case Code::IsNan:
+      return c == VClass::F32 ? &k_class_test<float, false> : c == VClass::F64 ? &k_class_test<double, false> : nullptr;
+    case Code::IsInf:
+      return c == VClass::F32 ? &k_class_test<float, true> : c == VClass::F64 ? &k_class_test<double, true> : nullptr;
+    case Code::BitNot:
+      return c == VClass::I64   ? &k_unary<Code::BitNot, std::int64_t>
+             : c == VClass::U64 ? &k_unary<Code::BitNot, std::uint64_t>
+                                : nullptr;
+    case Code::Not: return c == VClass::Bool ? &k_unary<Code::Not, B8> : nullptr;
+    default: return nullptr;
+  }
+}
+
+bool is_math_code(Code code) {
+  switch (code) {
+    case Code::Exp:
+    case Code::Log:
+    case Code::Log1p:
+    case Code::Tanh:
+    case Code::Erf:
+    case Code::Sin:
+    case Code::Cos: return true;
+    default: return false;
+  }
+}
+
+bool is_plain_unary_code(Code code) {
+  switch (code) {
+    case Code::Sqrt:
+    case Code::Abs:
+    case Code::Neg:
+    case Code::Sign:
+    case Code::Recip:
+    case Code::Round:
+    case Code::Floor:
+    case Code::Ceil:
+    case Code::Trunc:
+    case Code::IsNan:
+    case Code::IsInf:
+    case Code::BitNot:
+    case Code::Not: return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
 bool bind_kernel(CInstr& ins, const RegInfo& out) {
   const VClass c = ins.cls;
   // f32 / flex32 registers use the fast approximations; f16 / bf16 round from libm's f64 result.
   const bool fast_f32 = c == VClass::F32 && out.fixup == Fixup::None;
   KernelFn fn = nullptr;
   bool exact = false;
-  switch (ins.code) {
-    case Code::Gather:
-    case Code::Select:
-    case Code::Cat:
-      ins.fn = nullptr;  // run by the BlockRunner (positions per element)
-      return true;
-    case Code::Exp:
-#if defined(__AVX512F__)
-      fn = fast_f32 ? &k_fast_v16<exp16> : libm_kernel<libm_exp>(c);
-#else
-      fn = fast_f32 ? &k_fast_f32<exp_f32> : libm_kernel<libm_exp>(c);
-#endif
-      exact = !fast_f32;
-      break;
-    case Code::Log:
-#if defined(__AVX512F__)
-      fn = fast_f32 ? &k_fast_v16<log16> : libm_kernel<libm_log>(c);
-#else
-      fn = fast_f32 ? &k_fast_f32<log_f32> : libm_kernel<libm_log>(c);
-#endif
-      exact = !fast_f32;
-      break;
-    case Code::Log1p:
-#if defined(__AVX512F__)
-      fn = fast_f32 ? &k_fast_v16<log1p16> : libm_kernel<libm_log1p>(c);
-#else
-      fn = fast_f32 ? &k_fast_f32<log1p_f32> : libm_kernel<libm_log1p>(c);
-#endif
-      exact = !fast_f32;
-      break;
-    case Code::Tanh:
-#if defined(__AVX512F__)
-      fn = fast_f32 ? &k_fast_v16<tanh16> : libm_kernel<libm_tanh>(c);
-#else
-      fn = fast_f32 ? &k_fast_f32<tanh_f32> : libm_kernel<libm_tanh>(c);
-#endif
-      exact = !fast_f32;
-      break;
-    case Code::Erf:
-      fn = libm_kernel<libm_erf>(c);
-      exact = true;
-      break;
-    case Code::Sin:
-      fn = libm_kernel<libm_sin>(c);
-      exact = true;
-      break;
-    case Code::Cos:
-      fn = libm_kernel<libm_cos>(c);
-      exact = true;
-      break;
-    case Code::Sqrt:
-      if (c == VClass::F32) fn = &k_sqrt<float>;
-      if (c == VClass::F64) fn = &k_sqrt<double>;
-      break;
-    case Code::Abs: fn = numeric_unary<Code::Abs>(c); break;
-    case Code::Neg: fn = numeric_unary<Code::Neg>(c); break;
-    case Code::Sign: fn = numeric_unary<Code::Sign>(c); break;
-    case Code::Recip: fn = float_unary<Code::Recip>(c); break;
-    case Code::Round: fn = float_unary<Code::Round>(c); break;
-    case Code::Floor: fn = float_unary<Code::Floor>(c); break;
-    case Code::Ceil: fn = float_unary<Code::Ceil>(c); break;
-    case Code::Trunc: fn = float_unary<Code::Trunc>(c); break;
-    case Code::IsNan:
-      if (c == VClass::F32) fn = &k_class_test<float, false>;
-      if (c == VClass::F64) fn = &k_class_test<double, false>;
-      break;
-    case Code::IsInf:
-      if (c == VClass::F32) fn = &k_class_test<float, true>;
-      if (c == VClass::F64) fn = &k_class_test<double, true>;
-      break;
-    case Code::BitNot:
-      if (c == VClass::I64) fn = &k_unary<Code::BitNot, std::int64_t>;
-      if (c == VClass::U64) fn = &k_unary<Code::BitNot, std::uint64_t>;
-      break;
-    case Code::Not:
-      if (c == VClass::Bool) fn = &k_unary<Code::Not, B8>;
-      break;
-    case Code::Cast:
-      fn = cast_kernel(c, ins.out_cls);
-      // Rounded once to the target inside the kernel: float -> int (saturating, never wraps) and
-      // f64 / integers -> f16 / bf16.
-      exact = (c == VClass::F32 || c == VClass::F64) && (ins.out_cls == VClass::I64 || ins.out_cls == VClass::U64);
-      exact = exact || (ins.out_cls == VClass::F32 && c != VClass::F32 && c != VClass::Bool);
-      break;
-    case Code::Clamp: fn = c == VClass::Bool ? nullptr : k_clamp_for(c); break;
-    case Code::MaskWhere: fn = k_where_for(c); break;
-    case Code::MaskFill: fn = k_mask_fill_for(c); break;
-    case Code::Copy: fn = k_copy_for(c); break;
-    case Code::Fill: fn = k_fill_for(c); break;
-    default: {
-      const bool scalar_rhs = ins.scalars[0] >= 0 && ins.regs[1] < 0;
-      fn = scalar_rhs ? binary_kernel<true>(ins.code, c) : binary_kernel<false>(ins.code, c);
-      exact = ins.code == Code::Pow || (ins.code == Code::Rem && (c == VClass::F32 || c == VClass::F64));
-      break;
+  if (ins.code == Code::Gather || ins.code == Code::Select || ins.code == Code::Cat) {
+    ins.fn = nullptr;  // run by the BlockRunner (positions per element)
+    return true;
+  }
+  if (is_math_code(ins.code)) {
+    fn = math_kernel(ins.code, c, fast_f32, exact);
+  } else if (is_plain_unary_code(ins.code)) {
+    fn = unary_kernel(ins.code, c);
+  } else {
+    switch (ins.code) {
+      case Code::Cast:
+        fn = cast_kernel(c, ins.out_cls);
+        // Rounded once to the target inside the kernel: float -> int (saturating, never wraps)
+        // and f64 / integers -> f16 / bf16.
+        exact = (c == VClass::F32 || c == VClass::F64) && (ins.out_cls == VClass::I64 || ins.out_cls == VClass::U64);
+        exact = exact || (ins.out_cls == VClass::F32 && c != VClass::F32 && c != VClass::Bool);
+        break;
+      case Code::Clamp: fn = c == VClass::Bool ? nullptr : k_clamp_for(c); break;
+      case Code::MaskWhere: fn = k_where_for(c); break;
+      case Code::MaskFill: fn = k_mask_fill_for(c); break;
+      case Code::Copy: fn = k_copy_for(c); break;
+      case Code::Fill: fn = k_fill_for(c); break;
+      default: {
+        const bool scalar_rhs = ins.scalars[0] >= 0 && ins.regs[1] < 0;
+        fn = scalar_rhs ? binary_kernel<true>(ins.code, c) : binary_kernel<false>(ins.code, c);
+        exact = ins.code == Code::Pow || (ins.code == Code::Rem && (c == VClass::F32 || c == VClass::F64));
+        break;
+      }
     }
   }
   ins.fn = fn;
@@ -1016,73 +1038,112 @@ std::string map_onto(const ir::Shape& shape, const std::array<std::int64_t, kMax
 
 }  // namespace
 
+namespace {
+
+// The shape and row-major strides a load reads: its input (through its view: swap_dims or a
+// reshape of the source), or an output an earlier stage wrote. Empty string, or why not, with
+// the values involved.
+std::string load_layout(const Launch& launch, const CLoad& l, ir::Shape& shape,
+                        std::array<std::int64_t, kMaxRank>& strides, const HostTensor*& t) {
+  if (l.source != fusion::LoadSource::Input) {
+    if (!launch.outputs[l.index]) return fmt::format("output {} read before it was written", l.index);
+    t = &*launch.outputs[l.index];
+    shape = t->shape();
+    if (shape.size() > kMaxRank) return fmt::format("output {} rank {} above {}", l.index, shape.size(), kMaxRank);
+    strides = row_major(shape);
+    return {};
+  }
+  const fusion::ProgramInput& in = launch.program->inputs[l.index];
+  if (!launch.inputs[l.index]) return fmt::format("input {} not bound", l.index);
+  t = &*launch.inputs[l.index];
+  if (in.role != fusion::InputRole::View) {
+    shape = t->shape();
+    if (shape.size() > kMaxRank) return fmt::format("input {} rank {} above {}", l.index, shape.size(), kMaxRank);
+    strides = row_major(shape);
+    return {};
+  }
+  const ir::Shape& src = t->shape();
+  if (src.size() > kMaxRank)
+    return fmt::format("input {}: view source rank {} above {}", l.index, src.size(), kMaxRank);
+  shape = launch.concrete(in.view->shape);
+  if (in.view->op != ir::OpKind::Base_SwapDims) {
+    if (ir::num_elements(shape) != ir::num_elements(src) || shape.size() > kMaxRank)
+      return fmt::format("input {}: reshape view {} of source {}", l.index, ir::shape_to_string(shape),
+                         ir::shape_to_string(src));
+    strides = row_major(shape);
+    return {};
+  }
+  const auto d1 = static_cast<std::size_t>(in.view->dim1);
+  const auto d2 = static_cast<std::size_t>(in.view->dim2);
+  if (in.view->dim1 < 0 || in.view->dim2 < 0 || d1 >= src.size() || d2 >= src.size())
+    return fmt::format("input {}: swap_dims axes ({}, {}) outside source rank {}", l.index, in.view->dim1,
+                       in.view->dim2, src.size());
+  ir::Shape swapped = src;
+  std::swap(swapped[d1], swapped[d2]);
+  if (swapped != shape)
+    return fmt::format("input {}: swap_dims view {} is not source {} with axes {} and {} swapped", l.index,
+                       ir::shape_to_string(shape), ir::shape_to_string(src), d1, d2);
+  strides = row_major(src);
+  std::swap(strides[d1], strides[d2]);
+  return {};
+}
+
+}  // namespace
+
 std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::Shape& reference,
                                  std::span<const std::uint32_t> preset, std::span<const std::uint32_t> written) {
   launch_ = &launch;
   block_ = &launch.compiled->blocks[b];
-  const fusion::FusedProgram& prog = *launch.program;
   reference_ = reference;
-  const std::size_t r = reference.size();
-  if (r > kMaxRank) return "rank above " + std::to_string(kMaxRank);
+  if (reference.size() > kMaxRank)
+    return fmt::format("block {}: reference {} of rank {} above {}", b, ir::shape_to_string(reference),
+                       reference.size(), kMaxRank);
   numel_ = ir::num_elements(reference);
   preset_.assign(block_->regs.size(), false);
   for (std::uint32_t reg : preset) preset_[reg] = true;
 
+  if (std::string e = bind_loads(launch, reference); !e.empty()) return e;
+  if (std::string e = bind_stores(launch, reference, written); !e.empty()) return e;
+  coalesce(reference);
+  choose_direct_stores(launch);
+  bind_instruction_args(launch);
+  return bind_indexed(launch, reference);
+}
+
+// Each load's accessor: base, dtype and strides over the reference shape.
+std::string BlockRunner::bind_loads(const Launch& launch, const ir::Shape& reference) {
   loads_.assign(block_->loads.size(), Accessor{});
-  stores_.assign(block_->stores.size(), Accessor{});
   for (std::size_t i = 0; i < block_->loads.size(); ++i) {
-    const CLoad& l = block_->loads[i];
     Accessor& a = loads_[i];
     ir::Shape shape;
     std::array<std::int64_t, kMaxRank> strides{};
     const HostTensor* t = nullptr;
-    if (l.source == fusion::LoadSource::Input) {
-      const fusion::ProgramInput& in = prog.inputs[l.index];
-      if (!launch.inputs[l.index]) return "input not bound";
-      t = &*launch.inputs[l.index];
-      if (in.role == fusion::InputRole::View) {
-        const ir::Shape& src = t->shape();
-        if (src.size() > kMaxRank) return "view source rank";
-        shape = launch.concrete(in.view->shape);
-        if (in.view->op == ir::OpKind::Base_SwapDims) {
-          const auto d1 = static_cast<std::size_t>(in.view->dim1);
-          const auto d2 = static_cast<std::size_t>(in.view->dim2);
-          if (in.view->dim1 < 0 || in.view->dim2 < 0 || d1 >= src.size() || d2 >= src.size()) return "swap_dims axes";
-          ir::Shape swapped = src;
-          std::swap(swapped[d1], swapped[d2]);
-          if (swapped != shape) return "swap_dims view shape";
-          strides = row_major(src);
-          std::swap(strides[d1], strides[d2]);
-        } else {
-          if (ir::num_elements(shape) != ir::num_elements(src) || shape.size() > kMaxRank) return "reshape view shape";
-          strides = row_major(shape);
-        }
-      } else {
-        shape = t->shape();
-        if (shape.size() > kMaxRank) return "input rank";
-        strides = row_major(shape);
-      }
-    } else {
-      if (!launch.outputs[l.index]) return "output read before it was written";
-      t = &*launch.outputs[l.index];
-      shape = t->shape();
-      if (shape.size() > kMaxRank) return "output rank";
-      strides = row_major(shape);
-    }
-    if (std::string e = map_onto(shape, strides, reference, a.stride, nullptr); !e.empty()) return e;
+    if (std::string e = load_layout(launch, block_->loads[i], shape, strides, t); !e.empty()) return e;
+    if (std::string e = map_onto(shape, strides, reference, a.stride, nullptr); !e.empty())
+      return fmt::format("load {}: {}", i, e);
     a.base = const_cast<std::byte*>(t->data());
     a.dtype = t->dtype();
     a.esize = t->dtype().size_bytes();
   }
+  return {};
+}
+
+// Each store's accessor (masked when the output broadcasts over the reference); stores of
+// outputs the caller already filled (`written`) are marked done.
+std::string BlockRunner::bind_stores(const Launch& launch, const ir::Shape& reference,
+                                     std::span<const std::uint32_t> written) {
+  stores_.assign(block_->stores.size(), Accessor{});
   store_done_.assign(block_->stores.size(), false);
   for (std::size_t i = 0; i < block_->stores.size(); ++i) {
     const CStore& s = block_->stores[i];
     Accessor& a = stores_[i];
-    if (!launch.outputs[s.output]) return "output not allocated";
+    if (!launch.outputs[s.output]) return fmt::format("output {} not allocated", s.output);
     const HostTensor& t = *launch.outputs[s.output];
-    if (t.shape().size() > kMaxRank) return "output rank";
+    if (t.shape().size() > kMaxRank)
+      return fmt::format("output {} rank {} above {}", s.output, t.shape().size(), kMaxRank);
     bool bc = false;
-    if (std::string e = map_onto(t.shape(), row_major(t.shape()), reference, a.stride, &bc); !e.empty()) return e;
+    if (std::string e = map_onto(t.shape(), row_major(t.shape()), reference, a.stride, &bc); !e.empty())
+      return fmt::format("output {}: {}", s.output, e);
     a.masked = bc;
     a.base = t.mutable_data();
     a.dtype = t.dtype();
@@ -1090,16 +1151,20 @@ std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::
     for (std::uint32_t w : written)
       if (w == s.output) store_done_[i] = true;
   }
+  return {};
+}
 
-  // Coalesce the iteration space: drop size-1 dims, merge neighbours that every accessor walks
-  // contiguously (row-major flat positions are unchanged, so chunks keep their meaning).
+// Coalesces the iteration space: drops size-1 dims, merges neighbours that every accessor walks
+// contiguously (row-major flat positions are unchanged, so chunks keep their meaning); then
+// marks each accessor contiguous, zero-stride (broadcast of one element) and aliasable.
+void BlockRunner::coalesce(const ir::Shape& reference) {
   std::vector<Accessor*> all;
   for (Accessor& a : loads_) all.push_back(&a);
   for (Accessor& a : stores_) all.push_back(&a);
   rank_ = 0;
   std::array<std::uint64_t, kMaxRank> dims{};
   std::vector<std::array<std::int64_t, kMaxRank>> st(all.size());
-  for (std::size_t d = 0; d < r; ++d) {
+  for (std::size_t d = 0; d < reference.size(); ++d) {
     if (reference[d] == 1) continue;
     bool merge = rank_ > 0;
     for (std::size_t k = 0; merge && k < all.size(); ++k)
@@ -1120,12 +1185,10 @@ std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::
   }
   dims_ = dims;
   std::array<std::int64_t, kMaxRank> contiguous{};
-  {
-    std::int64_t acc = 1;
-    for (int d = rank_; d-- > 0;) {
-      contiguous[d] = acc;
-      acc *= static_cast<std::int64_t>(dims_[d]);
-    }
+  std::int64_t acc = 1;
+  for (int d = rank_; d-- > 0;) {
+    contiguous[d] = acc;
+    acc *= static_cast<std::int64_t>(dims_[d]);
   }
   for (std::size_t k = 0; k < all.size(); ++k) {
     Accessor& a = *all[k];
@@ -1139,12 +1202,12 @@ std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::
     }
     if (numel_ <= 1) a.zero = false;  // a single element: contiguous
   }
-  for (std::size_t i = 0; i < loads_.size(); ++i) {
-    Accessor& a = loads_[i];
-    a.alias = a.contiguous && stores_natively(a.dtype);
-  }
-  // An instruction writes straight into an output it is stored to when that output is fresh,
-  // contiguous, not broadcast and holds the class natively.
+  for (Accessor& a : loads_) a.alias = a.contiguous && stores_natively(a.dtype);
+}
+
+// An instruction writes straight into an output it is stored to when that output is fresh,
+// contiguous, not broadcast and holds the class natively.
+void BlockRunner::choose_direct_stores(const Launch& launch) {
   direct_.assign(block_->instrs.size(), -1);
   for (std::size_t i = 0; i < block_->instrs.size(); ++i) {
     const std::uint32_t reg = block_->instrs[i].out;
@@ -1170,7 +1233,10 @@ std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::
       break;
     }
   }
-  // Per instruction: the kernel arguments that do not change from chunk to chunk.
+}
+
+// Per instruction: the kernel arguments that do not change from chunk to chunk.
+void BlockRunner::bind_instruction_args(const Launch& launch) {
   proto_.assign(block_->instrs.size(), KArgs{});
   fix_.assign(block_->instrs.size(), false);
   for (std::size_t i = 0; i < block_->instrs.size(); ++i) {
@@ -1180,53 +1246,75 @@ std::string BlockRunner::prepare(const Launch& launch, std::size_t b, const ir::
     proto_[i].ins = &ins;
     fix_[i] = !ins.exact_out && block_->regs[ins.out].fixup != Fixup::None;
   }
-  // Indexed inputs.
+}
+
+// The Indexed program inputs (read at positions per element), then the shape of every indexed
+// instruction checked against the reference.
+std::string BlockRunner::bind_indexed(const Launch& launch, const ir::Shape& reference) {
+  const fusion::FusedProgram& prog = *launch.program;
   indexed_.assign(prog.inputs.size(), IndexedRead{});
-  if (block_->has_indexed) {
-    for (std::size_t i = 0; i < prog.inputs.size(); ++i) {
-      if (prog.inputs[i].role != fusion::InputRole::Indexed) continue;
-      if (!launch.inputs[i]) return "indexed input not bound";
-      const HostTensor& t = *launch.inputs[i];
-      if (t.shape().size() > kMaxRank) return "indexed input rank";
-      IndexedRead& ir_ = indexed_[i];
-      ir_.base = t.data();
-      ir_.dtype = t.dtype();
-      ir_.shape = t.shape();
-      const auto rm = row_major(t.shape());
-      for (std::size_t d = 0; d < t.shape().size(); ++d) ir_.strides[d] = static_cast<std::uint64_t>(rm[d]);
-    }
-    // Shape checks of every indexed instruction against the reference.
-    for (const CInstr& ins : block_->instrs) {
-      if (ins.code != Code::Gather && ins.code != Code::Select && ins.code != Code::Cat) continue;
-      const IndexedRead& x = indexed_[ins.inputs[0]];
-      if (x.shape.size() != r || ins.dim < 0 || static_cast<std::size_t>(ins.dim) >= r) return "indexed op rank";
-      const auto dim = static_cast<std::size_t>(ins.dim);
-      ir::Shape out = x.shape;
-      if (ins.code == Code::Gather) {
-        const IndexedRead& idx = indexed_[ins.inputs[1]];
-        if (idx.shape.size() != r) return "gather indices rank";
-        for (std::size_t d = 0; d < r; ++d)
-          if (d != dim && idx.shape[d] > x.shape[d]) return "gather indices exceed the tensor";
-        out = idx.shape;
-      } else if (ins.code == Code::Select) {
-        const IndexedRead& idx = indexed_[ins.inputs[1]];
-        if (idx.shape.size() != 1) return "select indices rank";
-        out[dim] = idx.shape[0];
-      } else {
-        std::uint64_t total = 0;
-        for (std::uint32_t in : ins.inputs) {
-          const IndexedRead& xi = indexed_[in];
-          if (xi.shape.size() != r) return "cat rank";
-          for (std::size_t d = 0; d < r; ++d)
-            if (d != dim && xi.shape[d] != x.shape[d]) return "cat shapes";
-          total += xi.shape[dim];
-        }
-        out[dim] = total;
-      }
-      for (std::size_t d = 0; d < r; ++d)
-        if (out[d] != reference[d] && out[d] != 1) return "indexed op output does not broadcast to the block";
-    }
+  if (!block_->has_indexed) return {};
+  for (std::size_t i = 0; i < prog.inputs.size(); ++i) {
+    if (prog.inputs[i].role != fusion::InputRole::Indexed) continue;
+    if (!launch.inputs[i]) return fmt::format("indexed input {} not bound", i);
+    const HostTensor& t = *launch.inputs[i];
+    if (t.shape().size() > kMaxRank)
+      return fmt::format("indexed input {} rank {} above {}", i, t.shape().size(), kMaxRank);
+    IndexedRead& ir_ = indexed_[i];
+    ir_.base = t.data();
+    ir_.dtype = t.dtype();
+    ir_.shape = t.shape();
+    const auto rm = row_major(t.shape());
+    for (std::size_t d = 0; d < t.shape().size(); ++d) ir_.strides[d] = static_cast<std::uint64_t>(rm[d]);
   }
+  for (const CInstr& ins : block_->instrs) {
+    if (ins.code != Code::Gather && ins.code != Code::Select && ins.code != Code::Cat) continue;
+    if (std::string e = check_indexed_shape(ins, reference); !e.empty()) return e;
+  }
+  return {};
+}
+
+// The output shape of one gather / select / cat must broadcast to the block's reference.
+std::string BlockRunner::check_indexed_shape(const CInstr& ins, const ir::Shape& reference) const {
+  const std::size_t r = reference.size();
+  const IndexedRead& x = indexed_[ins.inputs[0]];
+  const std::string_view what = ins.code == Code::Gather ? "gather" : ins.code == Code::Select ? "select" : "cat";
+  if (x.shape.size() != r || ins.dim < 0 || static_cast<std::size_t>(ins.dim) >= r)
+    return fmt::format("{}: tensor {} along dim {} in a block of rank {}", what, ir::shape_to_string(x.shape), ins.dim,
+                       r);
+  const auto dim = static_cast<std::size_t>(ins.dim);
+  ir::Shape out = x.shape;
+  if (ins.code == Code::Gather) {
+    const IndexedRead& idx = indexed_[ins.inputs[1]];
+    if (idx.shape.size() != r)
+      return fmt::format("gather: indices {} of rank other than {}", ir::shape_to_string(idx.shape), r);
+    for (std::size_t d = 0; d < r; ++d)
+      if (d != dim && idx.shape[d] > x.shape[d])
+        return fmt::format("gather: indices {} exceed the tensor {} in dim {}", ir::shape_to_string(idx.shape),
+                           ir::shape_to_string(x.shape), d);
+    out = idx.shape;
+  } else if (ins.code == Code::Select) {
+    const IndexedRead& idx = indexed_[ins.inputs[1]];
+    if (idx.shape.size() != 1) return fmt::format("select: indices {} not of rank 1", ir::shape_to_string(idx.shape));
+    out[dim] = idx.shape[0];
+  } else {
+    std::uint64_t total = 0;
+    for (std::uint32_t in : ins.inputs) {
+      const IndexedRead& xi = indexed_[in];
+      if (xi.shape.size() != r)
+        return fmt::format("cat: part {} of rank other than {}", ir::shape_to_string(xi.shape), r);
+      for (std::size_t d = 0; d < r; ++d)
+        if (d != dim && xi.shape[d] != x.shape[d])
+          return fmt::format("cat: parts {} and {} differ in dim {}", ir::shape_to_string(x.shape),
+                             ir::shape_to_string(xi.shape), d);
+      total += xi.shape[dim];
+    }
+    out[dim] = total;
+  }
+  for (std::size_t d = 0; d < r; ++d)
+    if (out[d] != reference[d] && out[d] != 1)
+      return fmt::format("{}: output {} does not broadcast to the block's {}", what, ir::shape_to_string(out),
+                         ir::shape_to_string(reference));
   return {};
 }
 

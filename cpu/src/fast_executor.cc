@@ -5,6 +5,8 @@
 #include <memory>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "fast_program.h"
 #include "kiln/cpu/cpu_executor.h"
 #include "kiln/fusion/single_op.h"
@@ -66,14 +68,172 @@ const ir::TensorIr* global_of(const Binding& bind, std::uint64_t rel) {
   return rel < bind.tensors.size() ? &bind.tensors[rel] : nullptr;
 }
 
+using runtime::Fallback;
+using runtime::FallbackReason;
+using MaybeFallback = std::optional<Fallback>;
+
+// Inputs from `produced` (an earlier stage of the same launch) or the handle container; views
+// share their source's tensor. An errored input sends the program to the op-by-op path (each op
+// skips as it would).
+MaybeFallback bind_inputs(CpuDevice::Handles& handles, const FusedProgram& p, const Binding& bind,
+                          const Produced* produced, fast::Launch& launch) {
+  const std::size_t ni = p.inputs.size();
+  launch.inputs.resize(ni);
+  for (std::size_t i = 0; i < ni; ++i) {
+    const fusion::ProgramInput& in = p.inputs[i];
+    if (in.role == fusion::InputRole::View) continue;
+    const ir::TensorIr* g = global_of(bind, in.tensor);
+    if (g == nullptr) return Fallback{FallbackReason::Binding, fmt::format("input {}: no tensor bound", i)};
+    const HostTensor* t = nullptr;
+    if (produced != nullptr) {
+      auto it = produced->find(g->id.value());
+      if (it != produced->end()) t = &it->second;
+    }
+    if (t == nullptr) {
+      if (handles.has_errors() && handles.error_of(g->id) != nullptr)
+        return Fallback{FallbackReason::InputErrored, fmt::format("input {} (tensor {}) is errored", i, g->id.value())};
+      t = handles.get_handle_ref(g->id);
+    }
+    if (t == nullptr)
+      return Fallback{FallbackReason::Binding,
+                      fmt::format("input {}: tensor {} not in the container", i, g->id.value())};
+    if (!(t->dtype() == in.dtype) || t->shape() != g->shape)
+      return Fallback{
+          FallbackReason::Binding,
+          fmt::format("input {}: tensor {} holds {} {}, the program expects {} {}", i, g->id.value(), t->dtype().name(),
+                      ir::shape_to_string(t->shape()), in.dtype.name(), ir::shape_to_string(g->shape))};
+    launch.inputs[i] = *t;
+  }
+  for (std::size_t i = 0; i < ni; ++i) {
+    const fusion::ProgramInput& in = p.inputs[i];
+    if (in.role != fusion::InputRole::View) continue;
+    if (!in.view || in.view->source >= ni || !launch.inputs[in.view->source])
+      return Fallback{FallbackReason::Binding, fmt::format("input {}: view without a bound source", i)};
+    launch.inputs[i] = launch.inputs[in.view->source];
+  }
+  return std::nullopt;
+}
+
+// Scalars, converted to their instructions' dtypes.
+MaybeFallback bind_scalars(const fast::CompiledProgram& compiled, const Binding& bind, fast::Launch& launch) {
+  for (const fast::ScalarBind& s : compiled.scalars) {
+    if (s.placeholder >= bind.scalars.size())
+      return Fallback{FallbackReason::Binding,
+                      fmt::format("scalar placeholder {} of {} bound", s.placeholder, bind.scalars.size())};
+    launch.scalars.push_back(convert_scalar(bind.scalars[s.placeholder], s.dtype));
+  }
+  return std::nullopt;
+}
+
+// The part (CBlock::parts) of each input and output of a launch that runs its parts apart.
+struct PartMap {
+  std::vector<std::uint32_t> input, output;
+};
+
+PartMap part_map(const fast::CBlock& block0, std::size_t ni, std::size_t no) {
+  PartMap m{std::vector<std::uint32_t>(ni, fast::kNoPart), std::vector<std::uint32_t>(no, fast::kNoPart)};
+  for (std::size_t k = 0; k < block0.loads.size(); ++k) {
+    const fast::CLoad& l = block0.loads[k];
+    if (l.source == fusion::LoadSource::Input && l.index < ni && m.input[l.index] == fast::kNoPart)
+      m.input[l.index] = block0.load_part[k];
+  }
+  for (std::size_t k = 0; k < block0.stores.size(); ++k)
+    if (block0.stores[k].output < no) m.output[block0.stores[k].output] = block0.store_part[k];
+  return m;
+}
+
+// Whether input i (a consumed Plain input) may lend its buffer to an output: no other entry (a
+// view, a second read) names the same tensor, no store copies it straight to an output (an
+// elided copy, read after the instructions), and nothing else holds the buffer.
+bool input_buffer_free(const FusedProgram& p, const fast::CBlock& block0, const fast::Launch& launch, std::size_t i) {
+  const std::size_t ni = p.inputs.size();
+  for (std::size_t j = 0; j < ni; ++j)
+    if (j != i && (p.inputs[j].tensor == p.inputs[i].tensor || (p.inputs[j].view && p.inputs[j].view->source == i)))
+      return false;
+  for (const fast::CLoad& l : block0.loads)
+    if (l.source == fusion::LoadSource::Input && l.index == i)
+      for (const fast::CStore& st : block0.stores)
+        if (st.reg == l.reg) return false;
+  // Exactly two owners: the container's entry and our copy.
+  return launch.inputs[i]->buffer().use_count() == 2;
+}
+
+// Output o written over a consumed input that fits (of its own part only, when `parts` is set).
+void take_over_input(const FusedProgram& p, const Binding& bind, const fast::CBlock& block0, const PartMap* parts,
+                     std::size_t o, std::vector<bool>& claimed, fast::Launch& launch) {
+  const fusion::ProgramOutput& out = p.outputs[o];
+  const ir::TensorIr* g = global_of(bind, out.tensor);  // checked by place_outputs
+  for (std::size_t i = 0; i < p.inputs.size(); ++i) {
+    const fusion::ProgramInput& in = p.inputs[i];
+    if (claimed[i] || in.status != TensorStatus::ReadWrite || in.role != fusion::InputRole::Plain ||
+        !(in.dtype == out.dtype) || launch.inputs[i]->shape() != g->shape)
+      continue;
+    if (parts != nullptr && parts->input[i] != parts->output[o]) continue;
+    if (!input_buffer_free(p, block0, launch, i)) continue;
+    Result<HostTensor> w = HostTensor::wrap(launch.inputs[i]->buffer(), g->shape, out.dtype);
+    if (!w.ok()) continue;
+    launch.outputs[o] = std::move(w).value();
+    launch.output_inplace[o] = true;
+    claimed[i] = true;
+    return;
+  }
+}
+
+// Outputs: a consumed input's buffer when the program cannot fault (a fault replays the ops,
+// which must find their inputs intact) and nothing else holds that buffer; else a new buffer.
+// With independent parts (CBlock::parts), every output first takes over a consumed input of its
+// own part, and only then may one take another part's: a launch runs its parts one after another
+// only when no part writes what another reads (parts_run_apart). Fused Adam's second kernel
+// crossed parts with first fit, and ran in one pass. Small launches never split
+// (kMinPartPositions): first fit, as before.
+MaybeFallback place_outputs(CpuDevice& device, const FusedProgram& p, const Binding& bind, bool allow_inplace,
+                            Bound& b) {
+  fast::Launch& launch = b.launch;
+  const std::size_t ni = p.inputs.size(), no = p.outputs.size();
+  launch.outputs.resize(no);
+  launch.output_inplace.assign(no, false);
+  bool large = false;
+  for (std::size_t o = 0; o < no; ++o) {
+    const fusion::ProgramOutput& out = p.outputs[o];
+    if (!out.written) continue;
+    const ir::TensorIr* g = global_of(bind, out.tensor);
+    if (g == nullptr || !(g->dtype == out.dtype))
+      return Fallback{FallbackReason::Binding,
+                      fmt::format("output {}: no tensor of dtype {} bound", o, out.dtype.name())};
+    large = large || ir::num_elements(g->shape) >= fast::kMinPartPositions;
+  }
+  const fast::CBlock* block0 = b.compiled->blocks.empty() ? nullptr : &b.compiled->blocks[0];
+  const bool inplace_ok = allow_inplace && p.kind == ProgramKind::Elementwise && !b.compiled->may_fail;
+  if (inplace_ok && block0 != nullptr) {
+    std::vector<bool> claimed(ni, false);
+    if (large && block0->split_into_parts()) {
+      const PartMap parts = part_map(*block0, ni, no);
+      for (std::size_t o = 0; o < no; ++o)
+        if (p.outputs[o].written && parts.output[o] != fast::kNoPart)
+          take_over_input(p, bind, *block0, &parts, o, claimed, launch);
+    }
+    for (std::size_t o = 0; o < no; ++o)
+      if (p.outputs[o].written && !launch.outputs[o]) take_over_input(p, bind, *block0, nullptr, o, claimed, launch);
+  }
+  for (std::size_t o = 0; o < no; ++o) {
+    if (!p.outputs[o].written || launch.outputs[o]) continue;
+    const ir::Shape& shape = global_of(bind, p.outputs[o].tensor)->shape;
+    Result<HostTensor> t = HostTensor::allocate(device.allocator(), shape, p.outputs[o].dtype);
+    if (!t.ok())  // the ops, replayed, report the allocation failure
+      return Fallback{FallbackReason::Resources, fmt::format("output {}: {}", o, t.error().message)};
+    launch.outputs[o] = std::move(t).value();
+  }
+  return std::nullopt;
+}
+
 // Binds a program to tensors (from the handle container, or `produced` by an earlier stage of
 // the same launch), scalars and fresh (or reused) outputs. Changes nothing in the container;
-// false when the program cannot run here (the caller replays its ops).
-bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedProgram& p, const Binding& bind,
-                  bool allow_inplace, const Produced* produced, Bound& b) {
+// a fallback when the program cannot run here (the caller replays its ops).
+MaybeFallback bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedProgram& p, const Binding& bind,
+                           bool allow_inplace, const Produced* produced, Bound& b) {
   b.program = &p;
   b.compiled = device.compiled(p);
-  if (!b.compiled->supported) return false;
+  if (!b.compiled->supported) return Fallback{FallbackReason::Unsupported, b.compiled->why_unsupported};
   fast::Launch& launch = b.launch;
   launch.program = &p;
   launch.compiled = b.compiled.get();
@@ -83,119 +243,9 @@ bool bind_program(CpuDevice& device, CpuDevice::Handles& handles, const FusedPro
   launch.threads = device.threads();
   launch.nontemporal_outputs = &device.counters().nontemporal_outputs;
   launch.part_by_part = &device.counters().part_by_part;
-
-  // Inputs: an errored one sends the program to the op-by-op path (each op skips as it would).
-  const std::size_t ni = p.inputs.size();
-  launch.inputs.resize(ni);
-  for (std::size_t i = 0; i < ni; ++i) {
-    const fusion::ProgramInput& in = p.inputs[i];
-    if (in.role == fusion::InputRole::View) continue;
-    const ir::TensorIr* g = global_of(bind, in.tensor);
-    if (g == nullptr) return false;
-    const HostTensor* t = nullptr;
-    if (produced != nullptr) {
-      auto it = produced->find(g->id.value());
-      if (it != produced->end()) t = &it->second;
-    }
-    if (t == nullptr) {
-      if (handles.has_errors() && handles.error_of(g->id) != nullptr) return false;
-      t = handles.get_handle_ref(g->id);
-    }
-    if (t == nullptr || !(t->dtype() == in.dtype) || t->shape() != g->shape) return false;
-    launch.inputs[i] = *t;
-  }
-  for (std::size_t i = 0; i < ni; ++i) {
-    const fusion::ProgramInput& in = p.inputs[i];
-    if (in.role != fusion::InputRole::View) continue;
-    if (!in.view || in.view->source >= ni || !launch.inputs[in.view->source]) return false;
-    launch.inputs[i] = launch.inputs[in.view->source];
-  }
-
-  // Scalars, converted to their instructions' dtypes.
-  for (const fast::ScalarBind& s : b.compiled->scalars) {
-    if (s.placeholder >= bind.scalars.size()) return false;
-    launch.scalars.push_back(convert_scalar(bind.scalars[s.placeholder], s.dtype));
-  }
-
-  // Outputs: a consumed input's buffer when the program cannot fault (a fault replays the ops,
-  // which must find their inputs intact) and nothing else holds that buffer; else a new buffer.
-  const std::size_t no = p.outputs.size();
-  launch.outputs.resize(no);
-  launch.output_inplace.assign(no, false);
-  std::vector<bool> claimed(ni, false);
-  const bool inplace_ok = allow_inplace && p.kind == ProgramKind::Elementwise && !b.compiled->may_fail;
-  // With independent parts (CBlock::parts), every output first takes over a consumed input of
-  // its own part, and only then may one take another part's: a launch runs its parts one after
-  // another only when no part writes what another reads (parts_run_apart). Fused Adam's second
-  // kernel crossed parts with first fit, and ran in one pass. Small launches never split
-  // (kMinPartPositions): first fit, as before.
-  const fast::CBlock* block0 = b.compiled->blocks.empty() ? nullptr : &b.compiled->blocks[0];
-  bool split = false;
-  for (std::size_t o = 0; o < no; ++o) {
-    const fusion::ProgramOutput& out = p.outputs[o];
-    if (!out.written) continue;
-    const ir::TensorIr* g = global_of(bind, out.tensor);
-    if (g == nullptr || !(g->dtype == out.dtype)) return false;
-    split = split || ir::num_elements(g->shape) >= fast::kMinPartPositions;
-  }
-  std::vector<std::uint32_t> input_part, output_part;
-  split = split && inplace_ok && block0 != nullptr && block0->split_into_parts();
-  if (split) {
-    input_part.assign(ni, fast::kNoPart);
-    output_part.assign(no, fast::kNoPart);
-    for (std::size_t k = 0; k < block0->loads.size(); ++k) {
-      const fast::CLoad& l = block0->loads[k];
-      if (l.source == fusion::LoadSource::Input && l.index < ni && input_part[l.index] == fast::kNoPart)
-        input_part[l.index] = block0->load_part[k];
-    }
-    for (std::size_t k = 0; k < block0->stores.size(); ++k)
-      if (block0->stores[k].output < no) output_part[block0->stores[k].output] = block0->store_part[k];
-  }
-  // Output o over a consumed input that fits (of its own part only, when own_part_only).
-  auto take_over = [&](std::size_t o, bool own_part_only) {
-    const fusion::ProgramOutput& out = p.outputs[o];
-    const ir::TensorIr* g = global_of(bind, out.tensor);  // checked above
-    for (std::size_t i = 0; i < ni; ++i) {
-      const fusion::ProgramInput& in = p.inputs[i];
-      if (claimed[i] || in.status != TensorStatus::ReadWrite || in.role != fusion::InputRole::Plain ||
-          !(in.dtype == out.dtype) || launch.inputs[i]->shape() != g->shape)
-        continue;
-      if (own_part_only && input_part[i] != output_part[o]) continue;
-      bool shared = false;  // another entry (a view, a second read) names the same tensor
-      for (std::size_t j = 0; j < ni; ++j)
-        if (j != i && (p.inputs[j].tensor == in.tensor || (p.inputs[j].view && p.inputs[j].view->source == i)))
-          shared = true;
-      // An input a store copies straight to an output (an elided copy) is read after the
-      // instructions, when an in-place output may already have overwritten it.
-      for (const fast::CLoad& l : block0->loads)
-        if (l.source == fusion::LoadSource::Input && l.index == i)
-          for (const fast::CStore& st : block0->stores)
-            if (st.reg == l.reg) shared = true;
-      // Exactly two owners: the container's entry and our copy.
-      if (shared || launch.inputs[i]->buffer().use_count() != 2) continue;
-      Result<HostTensor> w = HostTensor::wrap(launch.inputs[i]->buffer(), g->shape, out.dtype);
-      if (!w.ok()) continue;
-      launch.outputs[o] = std::move(w).value();
-      launch.output_inplace[o] = true;
-      claimed[i] = true;
-      return;
-    }
-  };
-  if (inplace_ok) {
-    if (split)
-      for (std::size_t o = 0; o < no; ++o)
-        if (p.outputs[o].written && output_part[o] != fast::kNoPart) take_over(o, true);
-    for (std::size_t o = 0; o < no; ++o)
-      if (p.outputs[o].written && !launch.outputs[o]) take_over(o, false);
-  }
-  for (std::size_t o = 0; o < no; ++o) {
-    if (!p.outputs[o].written || launch.outputs[o]) continue;
-    Result<HostTensor> t =
-        HostTensor::allocate(device.allocator(), global_of(bind, p.outputs[o].tensor)->shape, p.outputs[o].dtype);
-    if (!t.ok()) return false;  // the ops, replayed, report the allocation failure
-    launch.outputs[o] = std::move(t).value();
-  }
-  return true;
+  if (MaybeFallback f = bind_inputs(handles, p, bind, produced, launch)) return f;
+  if (MaybeFallback f = bind_scalars(*b.compiled, bind, launch)) return f;
+  return place_outputs(device, p, bind, allow_inplace, b);
 }
 
 // After a successful run: consume ReadWrite inputs, register what the program keeps.
@@ -220,9 +270,9 @@ void count_launch(CpuDevice& device, ProgramKind kind) {
 
 }  // namespace
 
-bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
+std::optional<runtime::Fallback> CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
   Bound b;
-  if (!bind_program(device_, handles_, p, bind, /*allow_inplace=*/true, nullptr, b)) return false;
+  if (MaybeFallback f = bind_program(device_, handles_, p, bind, /*allow_inplace=*/true, nullptr, b)) return f;
   bool fault = false;
   std::string why;
   switch (p.kind) {
@@ -233,12 +283,16 @@ bool CpuExecutor::run_program(const FusedProgram& p, const Binding& bind) {
       break;
     case ProgramKind::Reduce: why = fast::run_reduce(b.launch, &fault); break;
     case ProgramKind::Matmul: why = fast::run_matmul(b.launch, &fault); break;
-    case ProgramKind::ReduceBroadcasted: return false;
+    case ProgramKind::ReduceBroadcasted:
+      return Fallback{FallbackReason::Unsupported, "a ReduceBroadcasted program runs by its stages"};
   }
-  if (!why.empty() || fault) return false;
+  // The kernels' reasons are about the concrete shapes (the compiled form accepted the structure).
+  if (!why.empty()) return Fallback{FallbackReason::ShapeLimits, std::move(why)};
+  if (fault)
+    return Fallback{FallbackReason::Fault, "a kernel faulted (integer division by zero or an index out of range)"};
   if (b.launch.jit != nullptr) device_.counters().jit_launches.fetch_add(1, std::memory_order_relaxed);
   commit(device_, handles_, b, bind);
-  return true;
+  return std::nullopt;
 }
 
 // A ReduceBroadcasted program whose stages all iterate the same [rows, n] space (reductions over
@@ -253,7 +307,7 @@ bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& b
   for (std::size_t k = 0; k < ns; ++k) {
     const FusedProgram& st = p.stages[k];
     if (st.kind != ProgramKind::Elementwise && st.kind != ProgramKind::Reduce) return false;
-    if (!bind_program(device_, handles_, st, bind, /*allow_inplace=*/false, &produced, stages[k])) return false;
+    if (bind_program(device_, handles_, st, bind, /*allow_inplace=*/false, &produced, stages[k])) return false;
     for (std::size_t o = 0; o < st.outputs.size(); ++o)
       if (st.outputs[o].written)
         produced.emplace(global_of(bind, st.outputs[o].tensor)->id.value(), *stages[k].launch.outputs[o]);
@@ -345,8 +399,8 @@ void CpuExecutor::execute_program(const FusedProgram& p, const fusion::Execution
   }
   const ir::RelativeConverter& conv = ctx.converter();
   const Binding bind{conv.tensors_rel2glob(), conv.shapes_rel2glob(), conv.scalars()};
-  if (!run_program(p, bind)) {
-    device_.counters().fused_replays.fetch_add(1, std::memory_order_relaxed);
+  if (std::optional<runtime::Fallback> f = run_program(p, bind)) {
+    device_.count_fallback(*f, p);
     replay(ctx, offset, p.len);
     return;
   }
@@ -407,7 +461,7 @@ bool CpuExecutor::execute_fast(const ir::Operation& op) {
   std::optional<FusedProgram> p = fusion::synthesize_single_op(op, tables);
   if (!p) return false;
   const Binding bind{tables.tensors, tables.dims, tables.scalars};
-  return run_program(*p, bind);
+  return !run_program(*p, bind).has_value();
 }
 
 }  // namespace kiln::cpu

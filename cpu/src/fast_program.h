@@ -258,7 +258,8 @@ class BlockRunner {
  public:
   // Binds block `b` of the launch. `reference` overrides the block's concrete reference shape
   // (Matmul / Reduce drivers); `preset` lists registers whose values the caller provides
-  // (a reduction's result, the matmul product). Returns an empty string, or why it cannot run.
+  // (a reduction's result, the matmul product). Returns an empty string, or why it cannot run,
+  // naming the values involved (which input, output or instruction, its shape and the limit).
   // `written` lists program outputs the caller already filled (their stores are skipped).
   std::string prepare(const Launch& launch, std::size_t b, const ir::Shape& reference,
                       std::span<const std::uint32_t> preset = {}, std::span<const std::uint32_t> written = {});
@@ -306,6 +307,14 @@ class BlockRunner {
   void gather(const Accessor& a, std::uint64_t start, std::size_t n, void* dst, VClass cls) const;
   void scatter(const Accessor& a, std::uint64_t start, std::size_t n, const void* src, VClass cls) const;
   bool run_indexed(const CInstr& ins, std::uint64_t start, std::size_t n, void* out) const;
+  // prepare()'s phases, in order.
+  std::string bind_loads(const Launch& launch, const ir::Shape& reference);
+  std::string bind_stores(const Launch& launch, const ir::Shape& reference, std::span<const std::uint32_t> written);
+  void coalesce(const ir::Shape& reference);
+  void choose_direct_stores(const Launch& launch);
+  void bind_instruction_args(const Launch& launch);
+  std::string bind_indexed(const Launch& launch, const ir::Shape& reference);
+  std::string check_indexed_shape(const CInstr& ins, const ir::Shape& reference) const;
 
   const Launch* launch_ = nullptr;
   const CBlock* block_ = nullptr;

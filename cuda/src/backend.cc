@@ -10,13 +10,12 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <shared_mutex>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "kiln/base/mutex.h"
 #include "kiln/cuda/codegen.h"
 #include "kiln/cuda/disk_cache.h"
 #include "kiln/cuda/launch.h"
@@ -28,12 +27,16 @@
 #include "kiln/reference/memory.h"
 #include "kiln/reference/reference_executor.h"
 #include "kiln/reference/tensor.h"
+#include "kiln/runtime/fallback.h"
 
 namespace kiln::cuda {
 
 using fusion::FusedProgram;
 using fusion::ProgramKind;
 using ir::TensorStatus;
+using runtime::Fallback;
+using runtime::FallbackReason;
+using MaybeFallback = std::optional<Fallback>;
 
 namespace {
 
@@ -186,7 +189,7 @@ class DeviceBuffer {
   // Makes `stream` the buffer's user: when another stream used it last, `stream` first waits
   // for what that stream queued so far. Returns whether a wait was needed.
   Result<bool> use_on(const StreamPtr& stream) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (last_ == stream) return false;
     KILN_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::create());
     KILN_CUDA_TRY("recording a cross-stream event", cudaEventRecord(ev.get(), last_->get()));
@@ -201,8 +204,8 @@ class DeviceBuffer {
   void* p_;
   std::size_t n_;
   BudgetPtr budget_;
-  std::mutex mu_;
-  StreamPtr last_;  // guarded by mu_
+  Mutex mu_;
+  StreamPtr last_ KILN_GUARDED_BY(mu_);
 };
 using BufferPtr = std::shared_ptr<DeviceBuffer>;
 
@@ -227,6 +230,7 @@ struct Counters {
       host_ops{0}, fused_replays{0}, faults{0}, quarantined{0}, cuda_errors{0}, kernel_cache_hits{0},
       kernel_cache_misses{0}, disk_cache_hits{0}, compile_failures{0}, cross_stream_waits{0};
   std::array<std::atomic<std::uint64_t>, 5> by_kind{};
+  std::array<std::atomic<std::uint64_t>, runtime::kFallbackReasonCount> fallbacks_by_reason{};
 };
 
 }  // namespace
@@ -249,8 +253,8 @@ struct CudaBackend::Impl {
   static constexpr std::size_t kShards = 64;
   using Container = ir::HandleContainer<CudaTensor>;
   struct alignas(64) Shard {
-    mutable std::mutex mu;
-    Container table;
+    mutable Mutex mu;
+    Container table KILN_GUARDED_BY(mu);
   };
   std::array<Shard, kShards> shards;
   Shard& shard(ir::TensorId id) { return shards[std::hash<ir::TensorId>{}(id) % kShards]; }
@@ -258,16 +262,17 @@ struct CudaBackend::Impl {
 
   // Pinned staging, one buffer, one transfer at a time (uploads and downloads are synchronous
   // and rare next to kernels; a second buffer would only help overlapping transfers).
-  std::mutex staging_mu;
-  std::unique_ptr<PinnedBuffer> staging;
+  Mutex staging_mu;
+  std::unique_ptr<PinnedBuffer> staging KILN_GUARDED_BY(staging_mu);
 
   // Kernel cache: structural hash -> programs with that hash (compared with ==).
-  mutable std::shared_mutex cache_mu;
-  std::unordered_map<std::uint64_t, std::vector<std::pair<FusedProgram, std::shared_ptr<const LoadedProgram>>>> cache;
+  mutable SharedMutex cache_mu;
+  std::unordered_map<std::uint64_t, std::vector<std::pair<FusedProgram, std::shared_ptr<const LoadedProgram>>>> cache
+      KILN_GUARDED_BY(cache_mu);
 
   // Programs whose kernel faulted: they run unfused from now on.
-  mutable std::mutex quarantine_mu;
-  std::unordered_set<std::uint64_t> quarantine;
+  mutable Mutex quarantine_mu;
+  std::unordered_set<std::uint64_t> quarantine KILN_GUARDED_BY(quarantine_mu);
 
   Status set_device() const {
     KILN_CUDA_TRY("selecting the device", cudaSetDevice(options.device));
@@ -275,11 +280,11 @@ struct CudaBackend::Impl {
   }
 
   bool is_quarantined(const FusedProgram& p) const {
-    std::lock_guard lock(quarantine_mu);
+    MutexLock lock(quarantine_mu);
     return quarantine.count(p.structural_hash()) != 0;
   }
   void quarantine_program(const FusedProgram& p, std::string_view why) {
-    std::lock_guard lock(quarantine_mu);
+    MutexLock lock(quarantine_mu);
     if (quarantine.insert(p.structural_hash()).second) {
       counters.quarantined.fetch_add(1, std::memory_order_relaxed);
       spdlog::warn("kiln cuda: {} program {:016x} quarantined (runs unfused from now on): {}",
@@ -287,10 +292,18 @@ struct CudaBackend::Impl {
     }
   }
 
+  // A fused program replayed op by op: counted by its reason, the detail logged (debug).
+  void count_fallback(const Fallback& f, const FusedProgram& p) {
+    counters.fused_replays.fetch_add(1, std::memory_order_relaxed);
+    counters.fallbacks_by_reason[static_cast<std::size_t>(f.reason)].fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("kiln cuda: {} program {:016x} ({} ops) replayed op by op: {}: {}", fusion::program_kind_name(p.kind),
+                  p.structural_hash(), p.len, runtime::fallback_reason_name(f.reason), f.detail);
+  }
+
   std::shared_ptr<const LoadedProgram> kernels(const FusedProgram& p) {
     const std::uint64_t h = p.structural_hash();
     {
-      std::shared_lock lock(cache_mu);
+      ReaderLock lock(cache_mu);
       auto it = cache.find(h);
       if (it != cache.end())
         for (const auto& [prog, loaded] : it->second)
@@ -303,7 +316,7 @@ struct CudaBackend::Impl {
     // Built outside the lock: NVRTC takes milliseconds to seconds. Two streams missing on the
     // same program at once both build it; the first insert wins.
     std::shared_ptr<const LoadedProgram> built = build(p);
-    std::unique_lock lock(cache_mu);
+    WriterLock lock(cache_mu);
     auto& bucket = cache[h];
     for (const auto& [prog, loaded] : bucket)
       if (prog == p) return loaded;
@@ -359,7 +372,7 @@ struct CudaBackend::Impl {
 
   // Host <-> device copies through the pinned staging buffer, on the transfer stream.
   Status to_device(void* dst, std::span<const std::byte> src) {
-    std::lock_guard lock(staging_mu);
+    MutexLock lock(staging_mu);
     for (std::size_t done = 0; done < src.size();) {
       const std::size_t n = std::min(staging->size(), src.size() - done);
       std::memcpy(staging->data(), src.data() + done, n);
@@ -371,7 +384,7 @@ struct CudaBackend::Impl {
     return Status::Ok();
   }
   Status to_host(std::span<std::byte> dst, const void* src) {
-    std::lock_guard lock(staging_mu);
+    MutexLock lock(staging_mu);
     for (std::size_t done = 0; done < dst.size();) {
       const std::size_t n = std::min(staging->size(), dst.size() - done);
       KILN_CUDA_TRY("copying to the host", cudaMemcpyAsync(staging->data(), static_cast<const std::byte*>(src) + done,
@@ -438,7 +451,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     }
     if (op.kind == ir::OpKind::Base_Reshape && share_reshape(op)) return;
     if (std::optional<SingleOpProgram> s = single_op_program(op); s && !b_.is_quarantined(s->program)) {
-      if (run_program(s->program, s->binding(), s->permute_axes ? &*s->permute_axes : nullptr, /*fused=*/false)) {
+      if (!run_program(s->program, s->binding(), s->permute_axes ? &*s->permute_axes : nullptr, /*fused=*/false)) {
         b_.counters.single_op_kernels.fetch_add(1, std::memory_order_relaxed);
         return;
       }
@@ -451,7 +464,7 @@ class CudaStreamExecutor final : public fusion::Executor {
   void free_tensor(const ir::TensorIr& t) override {
     if (t.status != TensorStatus::ReadWrite) return;
     auto& s = b_.shard(t.id);
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     (void)s.table.free(t);
   }
 
@@ -470,8 +483,11 @@ class CudaStreamExecutor final : public fusion::Executor {
       }
       return;
     }
-    if (b_.is_quarantined(p) || !run_program(p, bind, nullptr, /*fused=*/true)) {
-      b_.counters.fused_replays.fetch_add(1, std::memory_order_relaxed);
+    MaybeFallback fallback = b_.is_quarantined(p)
+                                 ? Fallback{FallbackReason::Quarantined, "its kernel faulted on an earlier run"}
+                                 : run_program(p, bind, nullptr, /*fused=*/true);
+    if (fallback) {
+      b_.count_fallback(*fallback, p);
       replay(ctx, offset, p.len);
       return;
     }
@@ -489,177 +505,275 @@ class CudaStreamExecutor final : public fusion::Executor {
     return rel < b.tensors.size() ? &b.tensors[rel] : nullptr;
   }
 
+  // One program's launch as run_program assembles it, phase by phase.
+  struct ProgramLaunch {
+    std::vector<std::optional<CudaTensor>> inputs, outputs;  // per program input / output
+    StageArgs args;
+    ir::Shape ref0;          // block 0's concrete reference shape
+    std::size_t kernel = 0;  // index into the generated kernels
+    std::uint64_t work = 0;  // units of work of that kernel (elements, vectors, outputs)
+  };
+
   // Runs one (non-ReduceBroadcasted) program as generated kernels (`fused`: a plan's program,
-  // quarantined when it faults; otherwise a single op's). Returns false when nothing
-  // was changed and the caller must run its operations one by one (an errored or missing
-  // input, a program the generator refuses, a fault); true when it ran, or when a CUDA error
-  // was recorded on its outputs.
-  bool run_program(const FusedProgram& p, const Binding& bind, const std::vector<std::uint64_t>* permute, bool fused) {
+  // quarantined when it faults; otherwise a single op's). Returns the fallback when nothing was
+  // changed and the caller must run its operations one by one (an errored or missing input, a
+  // program the generator refuses, shapes beyond the kernels, a fault); nullopt when it ran, or
+  // when a CUDA error was recorded on its outputs.
+  MaybeFallback run_program(const FusedProgram& p, const Binding& bind, const std::vector<std::uint64_t>* permute,
+                            bool fused) {
     std::shared_ptr<const LoadedProgram> loaded = b_.kernels(p);
-    if (!loaded->error.empty() || loaded->generated.stages.size() != 1) return false;
+    if (!loaded->error.empty()) return Fallback{FallbackReason::Unsupported, loaded->error};
     const GeneratedProgram& g = loaded->generated;
-    if (fault_ == nullptr || fault_host_ == nullptr) return false;  // a degraded executor: host only
+    if (g.stages.size() != 1)
+      return Fallback{FallbackReason::Unsupported, fmt::format("{} stages generated, one expected", g.stages.size())};
+    if (fault_ == nullptr || fault_host_ == nullptr)
+      return Fallback{FallbackReason::Resources, "the stream has no fault word (a degraded executor: host only)"};
     const StageInfo& stage = g.stages[0];
 
-    // Inputs (an errored one: the op-by-op path propagates the error exactly).
-    const std::size_t ni = p.inputs.size();
-    std::vector<std::optional<CudaTensor>> inputs(ni);
-    for (std::size_t i = 0; i < ni; ++i) {
-      const fusion::ProgramInput& in = p.inputs[i];
-      if (in.role == fusion::InputRole::View) continue;
-      const ir::TensorIr* gt = global_of(bind, in.tensor);
-      if (gt == nullptr) return false;
-      auto& s = b_.shard(gt->id);
-      std::lock_guard lock(s.mu);
-      const auto* e = s.table.entry(gt->id);
-      if (e == nullptr || e->handle() == nullptr) return false;
-      const CudaTensor& t = *e->handle();
-      if (!(t.dtype == in.dtype) || t.shape != gt->shape) return false;
-      inputs[i] = t;
-    }
-    for (std::size_t i = 0; i < ni; ++i) {
-      const fusion::ProgramInput& in = p.inputs[i];
-      if (in.role != fusion::InputRole::View) continue;
-      if (!in.view || in.view->source >= ni || !inputs[in.view->source]) return false;
-      inputs[i] = inputs[in.view->source];
-    }
+    // Binding: nothing changes before the first CUDA call, so any of these may still fall back.
+    ProgramLaunch l;
+    if (MaybeFallback f = bind_inputs(p, bind, l)) return f;
+    if (MaybeFallback f = check_outputs(p, bind)) return f;
+    if (MaybeFallback f = lay_out_blocks(p, stage, bind, permute, l)) return f;
+    if (MaybeFallback f = choose_kernel(p, g, bind, l)) return f;
+    if (MaybeFallback f = bind_arguments(g, bind, l)) return f;
 
-    // Layouts, shapes and the kernel to launch.
-    StageArgs args;
-    std::size_t kernel = g.kernels.size();
-    Result<ir::Shape> ref0 = concrete_shape(p.blocks[0].reference_shape, bind);
-    if (!ref0.ok()) return false;
-    // A permute copy's program reads input 0 in the output's shape; its strides are replaced
-    // below, so the layout is computed as if the input had that shape.
-    std::vector<ir::TensorIr> permuted;
-    Binding layout_bind = bind;
-    if (permute != nullptr) {
-      permuted.assign(bind.tensors.begin(), bind.tensors.end());
-      if (p.inputs.empty() || p.inputs[0].tensor >= permuted.size()) return false;
-      permuted[p.inputs[0].tensor].shape = *ref0;
-      layout_bind.tensors = permuted;
-    }
-    for (std::uint32_t blk = 0; blk < p.blocks.size(); ++blk) {
-      Result<ir::Shape> ref = concrete_shape(p.blocks[blk].reference_shape, bind);
-      if (!ref.ok()) return false;
-      Result<BlockLayout> l =
-          block_layout(p, blk, layout_bind, *ref, /*merge=*/!stage.indexed_blocks[blk] && permute == nullptr);
-      if (!l.ok()) return false;
-      if (l->iter.rank < 0 || static_cast<std::uint32_t>(l->iter.rank) > stage.max_rank) return false;
-      args.blocks.push_back(std::move(l).value());
-    }
-    if (permute != nullptr) {
-      // The copy reads input 0 through the permutation: output dim d walks input dim axes[d].
-      const ir::Shape& src = inputs[0]->shape;
-      std::vector<std::int64_t> st(src.size(), 1);
-      for (std::size_t d = src.size(); d-- > 1;) st[d - 1] = st[d] * static_cast<std::int64_t>(src[d]);
-      KilnAccess& a = args.blocks[0].loads[0];
-      for (std::size_t d = 0; d < permute->size(); ++d) a.strides[d] = st[(*permute)[d]];
-      a.contiguous = 0;
-      args.blocks[0].iter.contiguous = 0;
-      args.blocks[0].vectorizable = false;
-    }
-    std::uint64_t work = static_cast<std::uint64_t>(args.blocks[0].iter.numel);
-    switch (p.kind) {
-      case ProgramKind::Elementwise:
-      case ProgramKind::NhwcRelayout: kernel = find(g, KernelRole::ElementwiseStrided); break;
-      case ProgramKind::Reduce: {
-        Result<KilnReduceShape> rs = reduce_shape(p, bind);
-        if (!rs.ok() || !reduce_runs(p, *rs)) return false;  // the reference reports its error
-        args.reduce = *rs;
-        work = static_cast<std::uint64_t>(rs->outputs);
-        kernel = find(g, rs->inner == 1 ? KernelRole::ReduceRows : KernelRole::ReduceCols);
-        break;
-      }
-      case ProgramKind::Matmul: {
-        Result<KilnMatmulShape> ms = matmul_shape(inputs[p.matmul->lhs]->shape, inputs[p.matmul->rhs]->shape, *ref0);
-        if (!ms.ok()) return false;
-        args.matmul = *ms;
-        kernel = find(g, KernelRole::Matmul);
-        break;
-      }
-      case ProgramKind::ReduceBroadcasted: return false;
-    }
-    if (kernel >= g.kernels.size()) return false;
-    for (std::size_t i = 0; i < ni; ++i) {
-      args.inputs.push_back(inputs[i] ? reinterpret_cast<std::uintptr_t>(inputs[i]->buffer->data()) : 0);
-      args.indexed.push_back(inputs[i] ? indexed_of(inputs[i]->shape) : KilnIndexed{});
-    }
-    for (const ScalarSlot& s : g.scalars) {
-      if (s.placeholder >= bind.scalars.size()) return false;
-      args.scalars.push_back(scalar_arg(bind.scalars[s.placeholder], s));
-    }
-
-    // Cross-stream hand-over of the inputs, then fresh outputs from the pool on this stream.
-    for (std::size_t i = 0; i < ni; ++i) {
-      if (!inputs[i] || p.inputs[i].role == fusion::InputRole::View) continue;
-      Result<bool> w = inputs[i]->buffer->use_on(stream_);
-      if (!w.ok()) return fail_with(p, bind, w.error());
-      if (*w) b_.counters.cross_stream_waits.fetch_add(1, std::memory_order_relaxed);
-    }
-    std::vector<std::optional<CudaTensor>> outputs(p.outputs.size());
-    for (std::size_t o = 0; o < p.outputs.size(); ++o) {
-      const fusion::ProgramOutput& out = p.outputs[o];
-      if (!out.written) {
-        args.outputs.push_back(0);
-        continue;
-      }
-      const ir::TensorIr* gt = global_of(bind, out.tensor);
-      if (gt == nullptr || !(gt->dtype == out.dtype)) return false;
-      const std::uint64_t bytes = ir::num_elements(gt->shape) * out.dtype.size_bytes();
-      Result<BufferPtr> buf = DeviceBuffer::allocate(b_.budget, b_.pool, static_cast<std::size_t>(bytes), stream_);
-      if (!buf.ok()) return fail_with(p, bind, buf.error());
-      outputs[o] = CudaTensor{std::move(buf).value(), gt->shape, out.dtype};
-      args.outputs.push_back(reinterpret_cast<std::uintptr_t>(outputs[o]->buffer->data()));
-    }
-
-    // The 16-byte path when every tensor is contiguous and aligned.
-    if ((p.kind == ProgramKind::Elementwise || p.kind == ProgramKind::NhwcRelayout) && stage.vector_width > 0 &&
-        vector_aligned(p, args.blocks[0], stage.vector_width, args.inputs, args.outputs)) {
-      kernel = find(g, KernelRole::ElementwiseVector);
-      b_.counters.vector_launches.fetch_add(1, std::memory_order_relaxed);
-      work = (work + stage.vector_width - 1) / stage.vector_width;
-    } else if ((p.kind == ProgramKind::Elementwise || p.kind == ProgramKind::NhwcRelayout) &&
-               stage.row_vector_width > 0 && permute == nullptr &&  // width > 0: the stage has the kernel
-               row_vector_eligible(p, args.blocks[0], stage.row_vector_width, args.inputs, args.outputs)) {
-      kernel = find(g, KernelRole::ElementwiseRowVector);
-      b_.counters.row_vector_launches.fetch_add(1, std::memory_order_relaxed);
-      work /= stage.row_vector_width;  // a whole number of vectors: the innermost dim is a multiple
-    }
-    args.fault = reinterpret_cast<std::uintptr_t>(fault_->data());
-
+    // Device work: a CUDA error from here on is recorded on the outputs.
+    if (Status st = hand_over_inputs(p, l); !st.ok()) return fail_with(p, bind, st.error());
+    if (Status st = allocate_outputs(p, bind, l); !st.ok()) return fail_with(p, bind, st.error());
+    choose_vector_path(p, g, stage, permute, l);
+    l.args.fault = reinterpret_cast<std::uintptr_t>(fault_->data());
     if (g.may_fault) {
       const cudaError_t e = cudaMemsetAsync(fault_->data(), 0, sizeof(int), stream_->get());
       if (e != cudaSuccess) return fail_with(p, bind, cuda_error("clearing the fault word", e));
     }
-    if (work > 0) {
-      Result<ArgPack> pack = pack_args(g.kernels[kernel], args);
-      if (!pack.ok()) return false;
-      const dim3 grid = grid_for(p.kind, g.kernels[kernel].role, work, args.matmul);
-      const dim3 block(g.kernels[kernel].threads);
-      const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[kernel]), grid, block,
+    if (l.work > 0) {
+      const KernelSpec& spec = g.kernels[l.kernel];
+      Result<ArgPack> pack = pack_args(spec, l.args);
+      if (!pack.ok()) return Fallback{FallbackReason::ShapeLimits, pack.error().message};
+      const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[l.kernel]),
+                                             grid_for(p.kind, spec.role, l.work, l.args.matmul), dim3(spec.threads),
                                              pack->args(), 0, stream_->get());
-      if (e != cudaSuccess) return fail_with(p, bind, cuda_error("launching " + g.kernels[kernel].name, e));
+      if (e != cudaSuccess) return fail_with(p, bind, cuda_error("launching " + spec.name, e));
     }
     if (g.may_fault) {
       // Checked now, before anything is committed: a faulting program leaves the table as it
       // found it and replays op by op, each op then failing or skipping exactly as unfused.
-      cudaError_t e =
-          cudaMemcpyAsync(fault_host_->data(), fault_->data(), sizeof(int), cudaMemcpyDeviceToHost, stream_->get());
-      if (e == cudaSuccess) e = cudaStreamSynchronize(stream_->get());
-      if (e != cudaSuccess) return fail_with(p, bind, cuda_error("checking a kernel's fault word", e));
-      int fault = 0;
-      std::memcpy(&fault, fault_host_->data(), sizeof fault);
-      if (fault != 0) {
+      Result<bool> faulted = read_fault_word();
+      if (!faulted.ok()) return fail_with(p, bind, faulted.error());
+      if (*faulted) {
         b_.counters.faults.fetch_add(1, std::memory_order_relaxed);
+        static constexpr std::string_view kFault =
+            "its kernel faulted (integer division by zero or an index out of range)";
         // A fused plan goes unfused for good; a single op only this time (it then runs on the
         // host reference, which reports the error; its next run may well be valid).
-        if (fused) b_.quarantine_program(p, "its kernel faulted (integer division by zero or an index out of range)");
-        return false;
+        if (fused) b_.quarantine_program(p, kFault);
+        return Fallback{FallbackReason::Fault, std::string(kFault)};
       }
     }
-    commit(p, bind, outputs);
-    return true;
+    commit(p, bind, l.outputs);
+    return std::nullopt;
+  }
+
+  // Inputs from the tensor table (an errored one: the op-by-op path propagates the error
+  // exactly); views share their source's tensor.
+  MaybeFallback bind_inputs(const FusedProgram& p, const Binding& bind, ProgramLaunch& l) {
+    const std::size_t ni = p.inputs.size();
+    l.inputs.assign(ni, std::nullopt);
+    for (std::size_t i = 0; i < ni; ++i) {
+      const fusion::ProgramInput& in = p.inputs[i];
+      if (in.role == fusion::InputRole::View) continue;
+      const ir::TensorIr* gt = global_of(bind, in.tensor);
+      if (gt == nullptr) return Fallback{FallbackReason::Binding, fmt::format("input {}: no tensor bound", i)};
+      auto& s = b_.shard(gt->id);
+      MutexLock lock(s.mu);
+      const auto* e = s.table.entry(gt->id);
+      if (e != nullptr && e->error() != nullptr)
+        return Fallback{FallbackReason::InputErrored,
+                        fmt::format("input {} (tensor {}) is errored", i, gt->id.value())};
+      if (e == nullptr || e->handle() == nullptr)
+        return Fallback{FallbackReason::Binding,
+                        fmt::format("input {}: tensor {} not on the device", i, gt->id.value())};
+      const CudaTensor& t = *e->handle();
+      if (!(t.dtype == in.dtype) || t.shape != gt->shape)
+        return Fallback{
+            FallbackReason::Binding,
+            fmt::format("input {}: tensor {} holds {} {}, the program expects {} {}", i, gt->id.value(), t.dtype.name(),
+                        ir::shape_to_string(t.shape), in.dtype.name(), ir::shape_to_string(gt->shape))};
+      l.inputs[i] = t;
+    }
+    for (std::size_t i = 0; i < ni; ++i) {
+      const fusion::ProgramInput& in = p.inputs[i];
+      if (in.role != fusion::InputRole::View) continue;
+      if (!in.view || in.view->source >= ni || !l.inputs[in.view->source])
+        return Fallback{FallbackReason::Binding, fmt::format("input {}: view without a bound source", i)};
+      l.inputs[i] = l.inputs[in.view->source];
+    }
+    return std::nullopt;
+  }
+
+  // Every written output has a tensor of its dtype in the binding.
+  static MaybeFallback check_outputs(const FusedProgram& p, const Binding& bind) {
+    for (std::size_t o = 0; o < p.outputs.size(); ++o) {
+      const fusion::ProgramOutput& out = p.outputs[o];
+      if (!out.written) continue;
+      const ir::TensorIr* gt = global_of(bind, out.tensor);
+      if (gt == nullptr || !(gt->dtype == out.dtype))
+        return Fallback{FallbackReason::Binding,
+                        fmt::format("output {}: no tensor of dtype {} bound", o, out.dtype.name())};
+    }
+    return std::nullopt;
+  }
+
+  // Each block's layout over its concrete reference shape. A permute copy's program reads input
+  // 0 in the output's shape, through the permutation: its layout is computed as if the input had
+  // that shape, then its strides are replaced.
+  MaybeFallback lay_out_blocks(const FusedProgram& p, const StageInfo& stage, const Binding& bind,
+                               const std::vector<std::uint64_t>* permute, ProgramLaunch& l) {
+    Result<ir::Shape> ref0 = concrete_shape(p.blocks[0].reference_shape, bind);
+    if (!ref0.ok()) return Fallback{FallbackReason::Binding, ref0.error().message};
+    l.ref0 = std::move(ref0).value();
+    std::vector<ir::TensorIr> permuted;
+    Binding layout_bind = bind;
+    if (permute != nullptr) {
+      permuted.assign(bind.tensors.begin(), bind.tensors.end());
+      if (p.inputs.empty() || p.inputs[0].tensor >= permuted.size())
+        return Fallback{FallbackReason::Binding, "a permute copy without its input"};
+      permuted[p.inputs[0].tensor].shape = l.ref0;
+      layout_bind.tensors = permuted;
+    }
+    for (std::uint32_t blk = 0; blk < p.blocks.size(); ++blk) {
+      Result<ir::Shape> ref = concrete_shape(p.blocks[blk].reference_shape, bind);
+      if (!ref.ok()) return Fallback{FallbackReason::Binding, ref.error().message};
+      Result<BlockLayout> lay =
+          block_layout(p, blk, layout_bind, *ref, /*merge=*/!stage.indexed_blocks[blk] && permute == nullptr);
+      if (!lay.ok())
+        return Fallback{FallbackReason::ShapeLimits, fmt::format("block {}: {}", blk, lay.error().message)};
+      if (lay->iter.rank < 0 || static_cast<std::uint32_t>(lay->iter.rank) > stage.max_rank)
+        return Fallback{FallbackReason::ShapeLimits,
+                        fmt::format("block {}: rank {} above the kernels' {}", blk, lay->iter.rank, stage.max_rank)};
+      l.args.blocks.push_back(std::move(lay).value());
+    }
+    if (permute != nullptr) {
+      // The copy reads input 0 through the permutation: output dim d walks input dim axes[d].
+      const ir::Shape& src = l.inputs[0]->shape;
+      std::vector<std::int64_t> st(src.size(), 1);
+      for (std::size_t d = src.size(); d-- > 1;) st[d - 1] = st[d] * static_cast<std::int64_t>(src[d]);
+      KilnAccess& a = l.args.blocks[0].loads[0];
+      for (std::size_t d = 0; d < permute->size(); ++d) a.strides[d] = st[(*permute)[d]];
+      a.contiguous = 0;
+      l.args.blocks[0].iter.contiguous = 0;
+      l.args.blocks[0].vectorizable = false;
+    }
+    return std::nullopt;
+  }
+
+  // The kernel of the program's kind, and its units of work.
+  MaybeFallback choose_kernel(const FusedProgram& p, const GeneratedProgram& g, const Binding& bind, ProgramLaunch& l) {
+    l.work = static_cast<std::uint64_t>(l.args.blocks[0].iter.numel);
+    l.kernel = g.kernels.size();
+    switch (p.kind) {
+      case ProgramKind::Elementwise:
+      case ProgramKind::NhwcRelayout: l.kernel = find(g, KernelRole::ElementwiseStrided); break;
+      case ProgramKind::Reduce: {
+        Result<KilnReduceShape> rs = reduce_shape(p, bind);
+        if (!rs.ok()) return Fallback{FallbackReason::ShapeLimits, rs.error().message};
+        if (std::string why = reduce_refused(p, *rs); !why.empty())  // the reference reports its error
+          return Fallback{FallbackReason::ReferenceDecides, std::move(why)};
+        l.args.reduce = *rs;
+        l.work = static_cast<std::uint64_t>(rs->outputs);
+        l.kernel = find(g, rs->inner == 1 ? KernelRole::ReduceRows : KernelRole::ReduceCols);
+        break;
+      }
+      case ProgramKind::Matmul: {
+        Result<KilnMatmulShape> ms =
+            matmul_shape(l.inputs[p.matmul->lhs]->shape, l.inputs[p.matmul->rhs]->shape, l.ref0);
+        if (!ms.ok()) return Fallback{FallbackReason::ShapeLimits, ms.error().message};
+        l.args.matmul = *ms;
+        l.kernel = find(g, KernelRole::Matmul);
+        break;
+      }
+      case ProgramKind::ReduceBroadcasted:
+        return Fallback{FallbackReason::Unsupported, "a ReduceBroadcasted program runs by its stages"};
+    }
+    if (l.kernel >= g.kernels.size())
+      return Fallback{FallbackReason::Unsupported,
+                      fmt::format("no kernel generated for a {} program", fusion::program_kind_name(p.kind))};
+    return std::nullopt;
+  }
+
+  // Input pointers, indexed shapes and scalars, in the kernels' argument order.
+  MaybeFallback bind_arguments(const GeneratedProgram& g, const Binding& bind, ProgramLaunch& l) {
+    for (const std::optional<CudaTensor>& in : l.inputs) {
+      l.args.inputs.push_back(in ? reinterpret_cast<std::uintptr_t>(in->buffer->data()) : 0);
+      l.args.indexed.push_back(in ? indexed_of(in->shape) : KilnIndexed{});
+    }
+    for (const ScalarSlot& s : g.scalars) {
+      if (s.placeholder >= bind.scalars.size())
+        return Fallback{FallbackReason::Binding,
+                        fmt::format("scalar placeholder {} of {} bound", s.placeholder, bind.scalars.size())};
+      l.args.scalars.push_back(scalar_arg(bind.scalars[s.placeholder], s));
+    }
+    return std::nullopt;
+  }
+
+  // Cross-stream hand-over of the inputs: this stream waits for their last writer's event.
+  Status hand_over_inputs(const FusedProgram& p, const ProgramLaunch& l) {
+    for (std::size_t i = 0; i < l.inputs.size(); ++i) {
+      if (!l.inputs[i] || p.inputs[i].role == fusion::InputRole::View) continue;
+      Result<bool> w = l.inputs[i]->buffer->use_on(stream_);
+      if (!w.ok()) return w.error();
+      if (*w) b_.counters.cross_stream_waits.fetch_add(1, std::memory_order_relaxed);
+    }
+    return Status::Ok();
+  }
+
+  // Fresh outputs from the pool, ordered on this stream.
+  Status allocate_outputs(const FusedProgram& p, const Binding& bind, ProgramLaunch& l) {
+    l.outputs.assign(p.outputs.size(), std::nullopt);
+    for (std::size_t o = 0; o < p.outputs.size(); ++o) {
+      const fusion::ProgramOutput& out = p.outputs[o];
+      if (!out.written) {
+        l.args.outputs.push_back(0);
+        continue;
+      }
+      const ir::TensorIr* gt = global_of(bind, out.tensor);  // checked by check_outputs
+      const std::uint64_t bytes = ir::num_elements(gt->shape) * out.dtype.size_bytes();
+      Result<BufferPtr> buf = DeviceBuffer::allocate(b_.budget, b_.pool, static_cast<std::size_t>(bytes), stream_);
+      if (!buf.ok()) return buf.error();
+      l.outputs[o] = CudaTensor{std::move(buf).value(), gt->shape, out.dtype};
+      l.args.outputs.push_back(reinterpret_cast<std::uintptr_t>(l.outputs[o]->buffer->data()));
+    }
+    return Status::Ok();
+  }
+
+  // The 16-byte paths of elementwise programs: every tensor contiguous and aligned, or rows of a
+  // whole number of vectors with broadcast rows.
+  void choose_vector_path(const FusedProgram& p, const GeneratedProgram& g, const StageInfo& stage,
+                          const std::vector<std::uint64_t>* permute, ProgramLaunch& l) {
+    if (p.kind != ProgramKind::Elementwise && p.kind != ProgramKind::NhwcRelayout) return;
+    if (stage.vector_width > 0 &&
+        vector_aligned(p, l.args.blocks[0], stage.vector_width, l.args.inputs, l.args.outputs)) {
+      l.kernel = find(g, KernelRole::ElementwiseVector);
+      b_.counters.vector_launches.fetch_add(1, std::memory_order_relaxed);
+      l.work = (l.work + stage.vector_width - 1) / stage.vector_width;
+    } else if (stage.row_vector_width > 0 && permute == nullptr &&  // width > 0: the stage has the kernel
+               row_vector_eligible(p, l.args.blocks[0], stage.row_vector_width, l.args.inputs, l.args.outputs)) {
+      l.kernel = find(g, KernelRole::ElementwiseRowVector);
+      b_.counters.row_vector_launches.fetch_add(1, std::memory_order_relaxed);
+      l.work /= stage.row_vector_width;  // a whole number of vectors: the innermost dim is a multiple
+    }
+  }
+
+  // Waits for the stream and reads the kernels' fault word.
+  Result<bool> read_fault_word() {
+    cudaError_t e =
+        cudaMemcpyAsync(fault_host_->data(), fault_->data(), sizeof(int), cudaMemcpyDeviceToHost, stream_->get());
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_->get());
+    if (e != cudaSuccess) return cuda_error("checking a kernel's fault word", e);
+    int fault = 0;
+    std::memcpy(&fault, fault_host_->data(), sizeof fault);
+    return fault != 0;
   }
 
   static std::size_t find(const GeneratedProgram& g, KernelRole r) {
@@ -669,20 +783,22 @@ class CudaStreamExecutor final : public fusion::Executor {
   }
 
   // The reductions the reference refuses (no identity on an empty axis, an integer mean of
-  // nothing, an index dtype too narrow) are left to it.
-  static bool reduce_runs(const FusedProgram& p, const KilnReduceShape& rs) {
+  // nothing, an index dtype too narrow) are left to it: the reason, or an empty string.
+  static std::string reduce_refused(const FusedProgram& p, const KilnReduceShape& rs) {
     const fusion::Reduction& red = *p.blocks[1].reduction;
     using ir::OpKind;
     const bool arg = red.op == OpKind::Numeric_ArgMax || red.op == OpKind::Numeric_ArgMin;
     const bool no_identity = red.op == OpKind::Numeric_MaxDim || red.op == OpKind::Numeric_MinDim ||
                              red.op == OpKind::Numeric_MaxAbsDim || arg ||
                              (red.op == OpKind::Numeric_MeanDim && !red.input_dtype.is_float());
-    if (rs.outputs > 0 && rs.n == 0 && no_identity) return false;
+    if (rs.outputs > 0 && rs.n == 0 && no_identity)
+      return fmt::format("{} over an empty axis has no identity", ir::op_info(red.op).variant);
     if (arg && rs.n > 0) {
       const std::size_t bits = red.out_dtype.size_bytes() * 8 - (red.out_dtype.is_int() ? 1 : 0);
-      if (bits < 63 && static_cast<std::uint64_t>(rs.n - 1) > (std::uint64_t{1} << bits) - 1) return false;
+      if (bits < 63 && static_cast<std::uint64_t>(rs.n - 1) > (std::uint64_t{1} << bits) - 1)
+        return fmt::format("an axis of {} does not fit the index dtype {}", rs.n, red.out_dtype.name());
     }
-    return true;
+    return {};
   }
 
   // Grid sizes: grid-stride kernels get enough blocks to fill the device several times over
@@ -706,8 +822,9 @@ class CudaStreamExecutor final : public fusion::Executor {
     }
   }
 
-  // A CUDA error: the launch's outputs carry it (docs/spec/ir.md §11.3), consumed inputs are released.
-  bool fail_with(const FusedProgram& p, const Binding& bind, const Error& err) {
+  // A CUDA error: the launch's outputs carry it (docs/spec/ir.md §11.3), consumed inputs are
+  // released. nullopt: the program is done (no replay).
+  MaybeFallback fail_with(const FusedProgram& p, const Binding& bind, const Error& err) {
     b_.counters.cuda_errors.fetch_add(1, std::memory_order_relaxed);
     spdlog::error("kiln cuda: {}", err.message);
     const ir::TensorError te = ir::TensorError::make_root(err);
@@ -717,7 +834,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       const ir::TensorIr* g = global_of(bind, in.tensor);
       if (g == nullptr) continue;
       auto& s = b_.shard(g->id);
-      std::lock_guard lock(s.mu);
+      MutexLock lock(s.mu);
       ir::TensorIr rw = *g;
       rw.status = TensorStatus::ReadWrite;
       (void)s.table.free(rw);
@@ -727,10 +844,10 @@ class CudaStreamExecutor final : public fusion::Executor {
       const ir::TensorIr* g = global_of(bind, out.tensor);
       if (g == nullptr) continue;
       auto& s = b_.shard(g->id);
-      std::lock_guard lock(s.mu);
+      MutexLock lock(s.mu);
       s.table.claim(g->id, te);
     }
-    return true;
+    return std::nullopt;
   }
 
   void commit(const FusedProgram& p, const Binding& bind, std::vector<std::optional<CudaTensor>>& outputs) {
@@ -738,7 +855,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       if (in.role == fusion::InputRole::View || in.status != TensorStatus::ReadWrite) continue;
       const ir::TensorIr* g = global_of(bind, in.tensor);
       auto& s = b_.shard(g->id);
-      std::lock_guard lock(s.mu);
+      MutexLock lock(s.mu);
       ir::TensorIr rw = *g;
       rw.status = TensorStatus::ReadWrite;
       (void)s.table.free(rw);
@@ -748,7 +865,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       if (!out.written || !out.kept || !outputs[o]) continue;  // temporaries: freed on this stream
       const ir::TensorIr* g = global_of(bind, out.tensor);
       auto& s = b_.shard(g->id);
-      std::lock_guard lock(s.mu);
+      MutexLock lock(s.mu);
       s.table.register_handle(g->id, std::move(*outputs[o]));
     }
   }
@@ -762,7 +879,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     std::optional<CudaTensor> t;
     {
       auto& s = b_.shard(in.id);
-      std::lock_guard lock(s.mu);
+      MutexLock lock(s.mu);
       const auto* e = s.table.entry(in.id);
       if (e == nullptr || e->handle() == nullptr || e->handle()->shape != in.shape) return false;
       t = *e->handle();
@@ -770,7 +887,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     }
     t->shape = out.shape;
     auto& s = b_.shard(out.id);
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     s.table.register_handle(out.id, std::move(*t));
     return true;
   }
@@ -785,7 +902,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       std::optional<CudaTensor> dev;
       {
         auto& s = b_.shard(t.id);
-        std::lock_guard lock(s.mu);
+        MutexLock lock(s.mu);
         const auto* e = s.table.entry(t.id);
         if (e == nullptr) continue;
         if (const ir::TensorError* err = e->error()) {
@@ -812,7 +929,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     for (const ir::TensorIr& in : op.inputs()) {
       if (in.status != TensorStatus::ReadWrite) continue;
       auto& s = b_.shard(in.id);
-      std::lock_guard lock(s.mu);
+      MutexLock lock(s.mu);
       (void)s.table.free(in);
     }
     for (const ir::TensorIr& out : op.outputs()) {
@@ -831,7 +948,7 @@ class CudaStreamExecutor final : public fusion::Executor {
       }
       if (err) failure_.note(*err);
       auto& s = b_.shard(out.id);
-      std::lock_guard lock(s.mu);
+      MutexLock lock(s.mu);
       if (dev)
         s.table.register_handle(out.id, std::move(*dev));
       else if (err)
@@ -873,7 +990,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(CudaBackendOptions opti
   KILN_CUDA_TRY("configuring the memory pool",
                 cudaMemPoolSetAttribute(impl->pool, cudaMemPoolAttrReleaseThreshold, &keep));
   KILN_ASSIGN_OR_RETURN(impl->transfer, CudaStream::create());
-  KILN_ASSIGN_OR_RETURN(impl->staging, PinnedBuffer::create(std::max<std::size_t>(options.staging_bytes, 4096)));
+  {
+    KILN_ASSIGN_OR_RETURN(auto staging, PinnedBuffer::create(std::max<std::size_t>(options.staging_bytes, 4096)));
+    MutexLock lock(impl->staging_mu);  // not shared yet: the lock only states the rule
+    impl->staging = std::move(staging);
+  }
   if (options.fast_math) {
     impl->codegen.fast_math = *options.fast_math;
   } else if (const char* env = std::getenv("KILN_CUDA_FAST_MATH"); env != nullptr) {
@@ -935,7 +1056,7 @@ Status CudaBackend::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, st
   Result<CudaTensor> t = impl_->upload_tensor(shape, dtype, bytes);
   if (!t.ok()) return make_error(t.error().code, "upload of " + id.to_string() + ": " + t.error().message);
   auto& s = impl_->shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   s.table.register_handle(id, std::move(t).value());
   return Status::Ok();
 }
@@ -945,7 +1066,7 @@ Result<runtime::HostData> CudaBackend::download(const ir::TensorIr& t) {
   std::optional<CudaTensor> dev;
   {
     auto& s = impl_->shard(t.id);
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     const auto* e = s.table.entry(t.id);
     if (e == nullptr || e->is_not_init())
       return make_error(ErrorCode::InvalidHandle,
@@ -964,14 +1085,14 @@ Result<runtime::HostData> CudaBackend::download(const ir::TensorIr& t) {
 
 bool CudaBackend::is_materialized(ir::TensorId id) const {
   const auto& s = impl_->shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   const auto* e = s.table.entry(id);
   return e != nullptr && e->is_existing();
 }
 
 std::optional<ir::TensorError> CudaBackend::error_of(ir::TensorId id) const {
   const auto& s = impl_->shard(id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   const ir::TensorError* e = s.table.error_of(id);
   return e ? std::optional<ir::TensorError>(*e) : std::nullopt;
 }
@@ -979,7 +1100,7 @@ std::optional<ir::TensorError> CudaBackend::error_of(ir::TensorId id) const {
 void CudaBackend::free(const ir::TensorIr& t) {
   if (t.status != TensorStatus::ReadWrite) return;
   auto& s = impl_->shard(t.id);
-  std::lock_guard lock(s.mu);
+  MutexLock lock(s.mu);
   (void)s.table.free(t);
 }
 
@@ -988,7 +1109,7 @@ Status CudaBackend::alias(ir::TensorId src, ir::TensorId dst) {
   std::optional<ir::TensorError> error;
   {
     auto& s = impl_->shard(src);
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     const auto* e = s.table.entry(src);
     if (e != nullptr && e->handle() != nullptr) handle = *e->handle();
     if (e != nullptr && e->error() != nullptr) error = *e->error();
@@ -997,7 +1118,7 @@ Status CudaBackend::alias(ir::TensorId src, ir::TensorId dst) {
     return make_error(ErrorCode::InvalidHandle,
                       "shared view " + dst.to_string() + " of " + src.to_string() + ": the source has no value");
   auto& d = impl_->shard(dst);
-  std::lock_guard lock(d.mu);
+  MutexLock lock(d.mu);
   if (handle)
     d.table.register_handle(dst, std::move(*handle));
   else
@@ -1008,7 +1129,7 @@ Status CudaBackend::alias(ir::TensorId src, ir::TensorId dst) {
 runtime::MemoryStats CudaBackend::memory_stats() const {
   runtime::MemoryStats m;
   for (const auto& s : impl_->shards) {
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     m.tensors += s.table.num_handles();
     m.errored += s.table.errored();
   }
@@ -1028,6 +1149,8 @@ CudaStats CudaBackend::stats() const {
   s.single_op_kernels = ld(c.single_op_kernels);
   s.host_ops = ld(c.host_ops);
   s.fused_replays = ld(c.fused_replays);
+  for (std::size_t r = 0; r < s.fallbacks_by_reason.size(); ++r)
+    s.fallbacks_by_reason[r] = ld(c.fallbacks_by_reason[r]);
   s.faults = ld(c.faults);
   s.quarantined = ld(c.quarantined);
   s.cuda_errors = ld(c.cuda_errors);

@@ -4,8 +4,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <memory>
+#include <sstream>
 
 #include "../../cpu/src/fast_math.h"
 #include "differential_util.h"
@@ -207,6 +213,7 @@ TEST(FastExecutor, ErroredInputReplaysTheProgramOpByOp) {
   EXPECT_TRUE(got.tensor_error()->same_root(root));
   EXPECT_EQ(got.tensor_error()->depth, 3u);  // mul, add, exp skipped
   EXPECT_EQ(s.device.stats().fused_replays, 1u);
+  EXPECT_EQ(s.device.stats().fallbacks_by_reason[static_cast<std::size_t>(runtime::FallbackReason::InputErrored)], 1u);
   EXPECT_EQ(s.device.stats().fused_launches, 0u);
 }
 
@@ -230,12 +237,56 @@ TEST(FastExecutor, KernelFaultReplaysAndFailsTheFaultingOp) {
   EXPECT_EQ(yv.tensor_error()->depth, 1u);
   EXPECT_THAT(yv.tensor_error()->root->message(), ::testing::HasSubstr("division by zero"));
   EXPECT_EQ(s.device.stats().fused_replays, 1u);
+  EXPECT_EQ(s.device.stats().fallbacks_by_reason[static_cast<std::size_t>(runtime::FallbackReason::Fault)], 1u);
   // Inputs intact, unrelated outputs fine.
   EXPECT_EQ((*s.device.download_i64(n.id))[0], 7);
   EXPECT_EQ((*s.device.download_i64(z.id))[3], 21);
 }
 
 // Reduce: prologue (exp) -> sum over an axis -> epilogue (* 2), for the last and other axes.
+// The default logger's output, at debug level, while it lives.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)), level_(spdlog::get_level()) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+    spdlog::set_level(spdlog::level::debug);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+    spdlog::set_level(level_);
+  }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  std::string text() const { return text_.str(); }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  spdlog::level::level_enum level_;
+};
+
+// Fallbacks are values: a program the kernels cannot take is counted by its reason, the log names
+// the values involved, and the replayed ops compute the result.
+TEST(FastExecutor, FallbacksAreCountedByReasonAndNameTheirValues) {
+  LogCapture log;
+  Session s;
+  const Shape shape{2, 2, 2, 2, 2, 2, 2, 2, 2};  // rank 9: the kernels take rank 8 at most
+  const TensorIr y = register_w1(s, shape, 2.0);
+  const std::vector<double> got = s.read(y);
+  ASSERT_EQ(got.size(), 512u);
+  const std::vector<double> want = w1_expected(shape, 2.0);
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_LE(rel_err(got[i], want[i]), 1e-6) << i;
+  const CpuDeviceStats st = s.device.stats();
+  EXPECT_EQ(st.fused_replays, 1u);
+  EXPECT_EQ(st.fallbacks_by_reason[static_cast<std::size_t>(runtime::FallbackReason::ShapeLimits)], 1u);
+  std::uint64_t total = 0;
+  for (std::uint64_t n : st.fallbacks_by_reason) total += n;
+  EXPECT_EQ(total, st.fused_replays);
+  EXPECT_THAT(log.text(), ::testing::HasSubstr("replayed op by op: shape_limits: block 0: reference "));
+  EXPECT_THAT(log.text(), ::testing::HasSubstr("of rank 9 above 8"));
+}
+
 TEST(FastExecutor, ReduceProgramWithPrologueAndEpilogue) {
   for (std::uint64_t axis : {2u, 1u, 0u}) {
     Session s;

@@ -379,6 +379,8 @@ TEST(CudaBackend, KernelFaultsFollowTheErrorModelAndQuarantine) {
   EXPECT_EQ(st.faults, 3u);
   EXPECT_EQ(st.quarantined, 1u);
   EXPECT_EQ(st.fused_replays, 2u);
+  EXPECT_EQ(st.fallbacks_by_reason[static_cast<std::size_t>(runtime::FallbackReason::Fault)], 1u);
+  EXPECT_EQ(st.fallbacks_by_reason[static_cast<std::size_t>(runtime::FallbackReason::Quarantined)], 1u);
 }
 
 TEST(CudaBackend, TwoStreamsShareTensorsThroughEvents) {

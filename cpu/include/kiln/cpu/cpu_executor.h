@@ -34,12 +34,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "kiln/cpu/device.h"
 #include "kiln/fusion/executor.h"
 #include "kiln/fusion/fused_program.h"
+#include "kiln/runtime/fallback.h"
 
 namespace kiln::cpu {
 
@@ -68,8 +70,9 @@ class CpuExecutor final : public fusion::Executor {
     std::span<const std::uint64_t> dims;    // relative dim id -> size
     std::span<const ir::ScalarIr> scalars;  // placeholder -> value
   };
-  // Runs one program; false when nothing ran and the caller must replay its operations.
-  bool run_program(const fusion::FusedProgram& program, const Binding& binding);
+  // Runs one program; the fallback (its reason and the values involved) when nothing ran and
+  // the caller must replay its operations.
+  std::optional<runtime::Fallback> run_program(const fusion::FusedProgram& program, const Binding& binding);
 
  private:
   // A fused program (or a stage), falling back to its ops [offset, offset + len).

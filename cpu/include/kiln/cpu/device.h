@@ -38,6 +38,7 @@
 #include "kiln/cpu/host.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/ir/handle_container.h"
+#include "kiln/runtime/fallback.h"
 
 namespace kiln::cpu {
 
@@ -101,6 +102,8 @@ struct CpuDeviceStats {
   std::uint64_t jit_failures = 0;
   std::uint64_t jit_declined = 0;
   std::uint64_t jit_corrupt = 0;
+  // fused_replays by reason (runtime::FallbackReason's value; they sum to fused_replays).
+  runtime::FallbackCounts fallbacks_by_reason{};
   // Elementwise launches (JIT or interpreter) of a program with independent parts (fused Adam
   // over several parameters) that ran them one after another, a few streams at a time
   // (cpu-backend.md, "Independent parts").
@@ -164,8 +167,11 @@ class CpuDevice {
         kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0}, jit_launches{0},
         nontemporal_outputs{0}, part_by_part{0}, kernel_cache_evictions{0};
     std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
+    std::array<std::atomic<std::uint64_t>, runtime::kFallbackReasonCount> fallbacks_by_reason{};
   };
   Counters& counters() { return counters_; }
+  // A fused program replayed op by op: counted by its reason, the detail logged (debug).
+  void count_fallback(const runtime::Fallback& fallback, const fusion::FusedProgram& program);
 
  private:
   struct CacheEntry {
