@@ -123,6 +123,7 @@ Child spawn(const std::vector<std::string>& argv, bool capture) {
       dup2(fds[1], STDERR_FILENO);
     }
     std::vector<char*> args;
+    args.reserve(argv.size() + 1);
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execv(args[0], args.data());
@@ -191,8 +192,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--device", o.device, "device of the daemon this demo starts: auto, cpu, cuda, cuda:N");
   app.add_flag("--connect", o.connect, "use a running kilnd (see --runtime-dir, --socket) instead of starting one");
   app.add_option("--runtime-dir", o.runtime_dir,
-                 "the daemon's runtime directory (default: a private one, or the "
-                 "default one with --connect)");
+                 "the daemon's runtime directory (default: a private temporary one, removed at exit, or "
+                 "the default one with --connect; a directory named here is kept)");
   app.add_option("--socket", o.socket, "the daemon's socket name (default kilnd-<device>.sock)");
   app.add_option("--batch", o.batch, "batch size")->check(CLI::Range(1, 4096));
   app.add_option("--hidden", o.hidden, "hidden units")->check(CLI::Range(1, 4096));
@@ -201,10 +202,11 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   return std::nullopt;
 }
 
-// Daemon: starts a private kilnd in `dir` (a new temporary one when empty), or with --connect
-// names the running one's; fills in the defaults of `dir` and `socket`. False: it could not start.
+// Daemon: starts a private kilnd in `dir` (a new temporary one when empty: `made_dir` is then
+// set), or with --connect names the running one's; fills in the defaults of `dir` and `socket`.
+// False: it could not start.
 bool start_or_find_daemon(const Options& o, const std::string& bin, Child& daemon, std::string& dir,
-                          std::string& socket) {
+                          std::string& socket, bool& made_dir) {
   if (!o.connect) {
     if (dir.empty()) {
       char tmpl[] = "/tmp/kiln-demo-XXXXXX";
@@ -213,6 +215,7 @@ bool start_or_find_daemon(const Options& o, const std::string& bin, Child& daemo
         return false;
       }
       dir = tmpl;
+      made_dir = true;
     }
     if (socket.empty()) socket = "kilnd-demo.sock";
     std::printf("kiln-demo: starting kilnd (--device %s) in %s\n", o.device.c_str(), dir.c_str());
@@ -270,6 +273,7 @@ void announce_workers(const Options& o) {
 std::vector<Child> spawn_workers(const Options& o, const std::string& bin, const std::string& dir,
                                  const std::string& socket) {
   std::vector<Child> kids;
+  kids.reserve(static_cast<std::size_t>(o.workers));
   for (int i = 0; i < o.workers; ++i)
     kids.push_back(spawn(
         {bin + "/kiln-demo", "--worker-index", std::to_string(i), "--runtime-dir", dir, "--socket", socket, "--steps",
@@ -284,6 +288,7 @@ void relay_worker_output(std::vector<Child>& kids, kiln::ipc::RemoteTarget& moni
   std::size_t running = kids.size();
   while (running > 0) {
     std::vector<pollfd> fds;
+    fds.reserve(kids.size());
     for (const Child& k : kids) fds.push_back(pollfd{k.out, POLLIN, 0});
     (void)poll(fds.data(), fds.size(), 200);
     for (std::size_t i = 0; i < kids.size(); ++i) {
@@ -342,12 +347,13 @@ bool print_summary(const std::vector<Child>& kids, kiln::ipc::RemoteTarget& moni
   return all_ok;
 }
 
-// Shutdown: stops the daemon this demo started and removes its runtime directory (nothing with
-// --connect); false if it did not stop cleanly.
-bool stop_own_daemon(bool connect, Child& daemon, const std::string& dir) {
+// Shutdown: stops the daemon this demo started (nothing with --connect) and removes the runtime
+// directory only when the demo made it: a directory the user named stays, with what was in it.
+// False if the daemon did not stop cleanly.
+bool stop_own_daemon(bool connect, Child& daemon, const std::string& dir, bool made_dir) {
   if (connect) return true;
   const bool clean = stop_daemon(daemon);
-  std::filesystem::remove_all(dir);
+  if (made_dir) std::filesystem::remove_all(dir);
   return clean;
 }
 
@@ -362,7 +368,8 @@ int main(int argc, char** argv) {
   const std::string bin = self_dir();
   Child daemon;
   std::string dir = o.runtime_dir, socket = o.socket;
-  if (!start_or_find_daemon(o, bin, daemon, dir, socket)) return 1;
+  bool made_dir = false;
+  if (!start_or_find_daemon(o, bin, daemon, dir, socket, made_dir)) return 1;
   std::unique_ptr<kiln::ipc::RemoteTarget> monitor = connect_monitor(dir, socket, o.connect, daemon);
   if (!monitor) return 1;
 
@@ -374,7 +381,7 @@ int main(int argc, char** argv) {
 
   bool all_ok = print_summary(kids, *monitor, wall);
   monitor.reset();
-  if (!stop_own_daemon(o.connect, daemon, dir)) all_ok = false;
+  if (!stop_own_daemon(o.connect, daemon, dir, made_dir)) all_ok = false;
   std::printf("kiln-demo: %s\n", all_ok ? "OK: every worker's loss fell" : "FAILED");
   return all_ok ? 0 : 1;
 }
