@@ -29,15 +29,15 @@ std::optional<LogLevel> parse_log_level(std::string_view text) {
 }
 
 void LogCapture::push(std::string line) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   lines_.push_back(std::move(line));
 }
 std::vector<std::string> LogCapture::lines() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return lines_;
 }
 void LogCapture::clear() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   lines_.clear();
 }
 

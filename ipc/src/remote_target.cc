@@ -30,7 +30,8 @@ RemoteTarget::RemoteTarget(ClientConnection conn, RemoteOptions options)
     : conn_(std::move(conn)),
       options_(std::move(options)),
       reply_timeout_ms_(options_.reply_timeout.count()),
-      arena_alloc_(conn_.endpoint().layout().arena_size),
+      arena_capacity_(conn_.endpoint().layout().arena_size),
+      arena_alloc_(arena_capacity_),
       rx_buf_(conn_.endpoint().max_receive_bytes()) {
   conn_.endpoint().watch_hangup(conn_.socket_fd());
 }
@@ -57,18 +58,18 @@ Result<std::uint64_t> RemoteTarget::send(CommandBody body) {
   // be popping the completion ring, and it keeps only answers someone awaits (the others it
   // takes for rejections of fire-and-forget commands).
   const bool answered = !std::holds_alternative<RegisterOpCmd>(body) && !std::holds_alternative<DropCmd>(body);
-  std::lock_guard lock(send_mu_);
+  MutexLock lock(send_mu_);
   // One encoding buffer, reused under the send lock: no allocation per op on the client side.
   tx_buf_.clear();
   KILN_RETURN_IF_ERROR(encode_command(Command{request, std::move(body)}, tx_buf_));
   if (answered) {
-    std::lock_guard rx_lock(rx_mu_);
+    MutexLock rx_lock(rx_mu_);
     awaited_[request] = true;
   }
   Status st = conn_.endpoint().send(tx_buf_, kSendTimeout);
   if (!st.ok()) {
     if (answered) {
-      std::lock_guard rx_lock(rx_mu_);
+      MutexLock rx_lock(rx_mu_);
       awaited_.erase(request);
     }
     if (!conn_.daemon_alive()) {
@@ -84,7 +85,7 @@ Result<std::uint64_t> RemoteTarget::send(CommandBody body) {
 Result<Completion> RemoteTarget::wait(std::uint64_t request, bool holds_range) {
   const std::chrono::milliseconds timeout(reply_timeout_ms_.load(std::memory_order_relaxed));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lock(rx_mu_);
+  MutexLock lock(rx_mu_);
   awaited_[request] = true;
   for (;;) {
     if (auto it = ready_.find(request); it != ready_.end()) {
@@ -155,7 +156,7 @@ Result<Completion> RemoteTarget::wait(std::uint64_t request, bool holds_range) {
 }
 
 Status RemoteTarget::take_async_error() {
-  std::lock_guard lock(rx_mu_);
+  MutexLock lock(rx_mu_);
   if (async_errors_.empty()) return Status::Ok();
   Error e = async_errors_.front();
   async_errors_.pop_front();
@@ -172,13 +173,13 @@ Status RemoteTarget::completion_status(const Completion& c, const char* what) {
 }
 
 Result<ArenaRange> RemoteTarget::allocate(std::uint64_t bytes, const char* what) {
-  if (bytes > arena_alloc_.capacity())
+  if (bytes > arena_capacity_)
     return make_error(ErrorCode::ResourceExhausted,
                       fmt::format("{}: {} bytes do not fit the transfer arena of {} bytes (daemon --arena-mib)", what,
-                                  bytes, arena_alloc_.capacity()));
+                                  bytes, arena_capacity_));
   const std::chrono::milliseconds timeout(reply_timeout_ms_.load(std::memory_order_relaxed));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lock(rx_mu_);
+  MutexLock lock(rx_mu_);
   for (;;) {
     if (std::optional<ArenaRange> r = arena_alloc_.allocate(std::max<std::uint64_t>(bytes, 1))) return *r;
     // Other threads' transfers hold the arena: their completions free it.
@@ -189,20 +190,20 @@ Result<ArenaRange> RemoteTarget::allocate(std::uint64_t bytes, const char* what)
 }
 
 std::optional<ArenaRange> RemoteTarget::try_allocate(std::uint64_t bytes) {
-  std::lock_guard lock(rx_mu_);
+  MutexLock lock(rx_mu_);
   return arena_alloc_.allocate(std::max<std::uint64_t>(bytes, 1));
 }
 
 void RemoteTarget::free_range(ArenaRange r) {
   {
-    std::lock_guard lock(rx_mu_);
+    MutexLock lock(rx_mu_);
     (void)arena_alloc_.free(r);
   }
   rx_cv_.notify_all();
 }
 
 std::uint64_t RemoteTarget::quarantined_bytes() const {
-  std::lock_guard lock(rx_mu_);
+  MutexLock lock(rx_mu_);
   std::uint64_t n = 0;
   for (const auto& [request, range] : quarantined_) n += range.length;
   return n;
@@ -210,7 +211,7 @@ std::uint64_t RemoteTarget::quarantined_bytes() const {
 
 void RemoteTarget::release_range(std::uint64_t request, ArenaRange r) {
   {
-    std::lock_guard lock(rx_mu_);
+    MutexLock lock(rx_mu_);
     if (timed_out_.count(request) != 0) {
       quarantined_.emplace(request, r);  // its late answer frees it (wait)
       return;
@@ -225,7 +226,7 @@ Status RemoteTarget::upload(runtime::StreamId home, ir::TensorId id, ir::DType d
   KILN_ASSIGN_OR_RETURN(std::uint64_t need, tensor_bytes(dtype, shape));
   if (need != bytes.size())
     return make_error(ErrorCode::Invalid, fmt::format("upload: {} bytes for a tensor of {}", bytes.size(), need));
-  if (need > arena_alloc_.capacity()) return upload_chunked(home, id, dtype, shape, bytes);
+  if (need > arena_capacity_) return upload_chunked(home, id, dtype, shape, bytes);
   KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "upload"));
   const ArenaRange data{range.offset, need};  // `range` (rounded up) is what goes back to the allocator
   Status written = conn_.endpoint().arena().write(
@@ -250,7 +251,7 @@ Status RemoteTarget::upload(runtime::StreamId home, ir::TensorId id, ir::DType d
 std::uint64_t RemoteTarget::part_bytes() const {
   // A quarter: with two parts in flight, half the arena stays free for other threads' transfers
   // (half-arena parts filled it, and a waiter woken by a freed part lost the race to the next).
-  return std::max<std::uint64_t>(64, (arena_alloc_.capacity() / 4) & ~std::uint64_t{63});
+  return std::max<std::uint64_t>(64, (arena_capacity_ / 4) & ~std::uint64_t{63});
 }
 
 Result<std::optional<ArenaRange>> RemoteTarget::next_part_range(std::uint64_t n,
@@ -269,7 +270,7 @@ Result<std::optional<ArenaRange>> RemoteTarget::next_part_range(std::uint64_t n,
 
 Status RemoteTarget::upload_chunked(runtime::StreamId home, ir::TensorId id, ir::DType dtype, const ir::Shape& shape,
                                     std::span<const std::byte> bytes) {
-  std::lock_guard chunked(chunk_mu_);
+  MutexLock chunked(chunk_mu_);
   const std::uint64_t part = part_bytes();
   std::deque<InFlight> in_flight;
   std::optional<Error> failed;  // the first failure; later parts are only settled
@@ -312,7 +313,7 @@ Status RemoteTarget::upload_chunked(runtime::StreamId home, ir::TensorId id, ir:
 }
 
 Status RemoteTarget::read_chunked(runtime::StreamId home, const ir::TensorIr& t, std::span<std::byte> out) {
-  std::lock_guard chunked(chunk_mu_);
+  MutexLock chunked(chunk_mu_);
   const std::uint64_t part = part_bytes();
   const std::uint64_t bytes = out.size();
   std::deque<InFlight> in_flight;
@@ -396,7 +397,7 @@ Status RemoteTarget::read_into(runtime::StreamId home, const ir::TensorIr& t, st
   if (need != dst.size())
     return make_error(ErrorCode::Invalid,
                       fmt::format("read of {}: {} bytes into a buffer of {}", t.id.to_string(), need, dst.size()));
-  if (need > arena_alloc_.capacity()) return read_chunked(home, t, dst);
+  if (need > arena_capacity_) return read_chunked(home, t, dst);
   KILN_ASSIGN_OR_RETURN(ArenaRange range, allocate(need, "read"));
   Result<std::uint64_t> request = send(ReadCmd{home.value(), t, range});
   if (!request.ok()) {

@@ -7,12 +7,13 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "kiln/base/mutex.h"
 
 namespace spdlog {
 class logger;
@@ -33,8 +34,8 @@ class LogCapture {
   void clear();
 
  private:
-  mutable std::mutex mu_;
-  std::vector<std::string> lines_;
+  mutable Mutex mu_;
+  std::vector<std::string> lines_ KILN_GUARDED_BY(mu_);
 };
 
 class FusionLog {

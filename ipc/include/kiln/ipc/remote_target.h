@@ -32,11 +32,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_set>
 
+#include "kiln/base/mutex.h"
 #include "kiln/ipc/arena.h"
 #include "kiln/ipc/control_client.h"
 #include "kiln/ipc/protocol.h"
@@ -124,19 +124,23 @@ class RemoteTarget final : public runtime::SessionTarget {
 
   // One chunked transfer at a time: the daemon stages one chunked upload and one chunked read
   // per connection (a new one discards an unfinished one as abandoned).
-  std::mutex chunk_mu_;
-  std::mutex send_mu_;                // one sender at a time (the command ring is single-producer)
-  std::vector<std::uint8_t> tx_buf_;  // guarded by send_mu_
+  // Lock order: chunk_mu_, then send_mu_, then rx_mu_.
+  Mutex chunk_mu_ KILN_ACQUIRED_BEFORE(send_mu_);
+  Mutex send_mu_ KILN_ACQUIRED_BEFORE(rx_mu_);  // one sender at a time (the command ring is single-producer)
+  std::vector<std::uint8_t> tx_buf_ KILN_GUARDED_BY(send_mu_);
 
-  mutable std::mutex rx_mu_;  // guards everything below
-  std::condition_variable rx_cv_;
-  bool receiving_ = false;                                     // a thread is popping the completion ring
-  std::map<std::uint64_t, Completion> ready_;                  // completions waited for, not yet taken
-  std::map<std::uint64_t, bool> awaited_;                      // requests some thread waits for
-  std::deque<Error> async_errors_;                             // rejections of fire-and-forget commands
-  std::unordered_set<std::uint64_t> timed_out_;                // range-holding requests whose wait gave up
-  std::unordered_map<std::uint64_t, ArenaRange> quarantined_;  // their ranges, until the late answer
-  ArenaAllocator arena_alloc_;
+  mutable Mutex rx_mu_;
+  std::condition_variable_any rx_cv_;                                    // waits on rx_mu_ (through MutexLock)
+  bool receiving_ KILN_GUARDED_BY(rx_mu_) = false;                       // a thread is popping the completion ring
+  std::map<std::uint64_t, Completion> ready_ KILN_GUARDED_BY(rx_mu_);    // completions waited for, not yet taken
+  std::map<std::uint64_t, bool> awaited_ KILN_GUARDED_BY(rx_mu_);        // requests some thread waits for
+  std::deque<Error> async_errors_ KILN_GUARDED_BY(rx_mu_);               // rejections of fire-and-forget commands
+  std::unordered_set<std::uint64_t> timed_out_ KILN_GUARDED_BY(rx_mu_);  // range-holding requests whose wait gave up
+  std::unordered_map<std::uint64_t, ArenaRange> quarantined_ KILN_GUARDED_BY(rx_mu_);  // their ranges, until the late
+                                                                                       // answer
+  const std::uint64_t arena_capacity_;  // the arena's size, fixed at connection
+  ArenaAllocator arena_alloc_ KILN_GUARDED_BY(rx_mu_);
+  // Owned by the thread that set receiving_ (it pops the ring with rx_mu_ released).
   std::vector<std::uint8_t> rx_buf_;
 };
 
