@@ -17,6 +17,7 @@ PACKAGES=(
   build-essential g++ clang
   libclang-rt-14-dev          # libFuzzer runtime for clang 14 (the fuzz sub-build)
   clang-format                # the format check (ctest lint_format, .clang-format)
+  clang-tidy                  # the tidy check (ctest lint_tidy, target tidy, .clang-tidy)
   cmake ninja-build pkg-config git
   libboost-dev                # header-only: Asio, Lockfree, Interprocess, Container
   libtbb-dev                  # oneTBB concurrent containers (the shared plan store)

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
       int err = 0;
       for (const std::string& name : names) {
         struct stat st {};
-        if (::stat((dir + "/" + name).c_str(), &st) == 0)
+        if (::stat((std::filesystem::path(dir) / name).c_str(), &st) == 0)
           sockets.push_back(name);
         else if (errno == EACCES)
           err = EACCES;

@@ -120,7 +120,7 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
     });
   }
 
-  void begin_handshake(std::shared_ptr<Conn> c) {
+  void begin_handshake(const std::shared_ptr<Conn>& c) {
     auto creds = peer_credentials(c->socket.native_handle());
     if (!creds.ok()) return;  // drop: cannot know who it is
     c->peer = std::move(creds).value();
@@ -276,7 +276,12 @@ Result<std::unique_ptr<ControlServer>> ControlServer::start(asio::io_context& io
 }
 
 ControlServer::~ControlServer() {
-  stop();
+  // The posted stop allocates its handler: a destructor must not throw, and out of memory the
+  // clients are closed when the io_context goes (the unlink below still runs).
+  try {
+    stop();
+  } catch (...) {
+  }
   // Also here, synchronously: if the io_context is not running, the posted stop waits, but a
   // destroyed server must not leave its socket file behind. Same inode check as do_stop.
   struct stat st {};

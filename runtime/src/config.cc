@@ -99,7 +99,7 @@ Result<RuntimeFileConfig> load_runtime_config(const std::string& path, const fus
       KILN_ASSIGN_OR_RETURN(cfg, parse_runtime_config(ss.str(), path));
     }
   }
-  return apply_runtime_env(std::move(cfg), env, warnings);
+  return apply_runtime_env(cfg, env, warnings);
 }
 
 }  // namespace kiln::runtime

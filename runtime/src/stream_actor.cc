@@ -48,7 +48,13 @@ StreamActor::StreamActor(StreamId id, ActorContext ctx, boost::asio::thread_pool
       foreign_(kForeignReserve) {}
 
 StreamActor::~StreamActor() {
-  (void)cancel_pending("the stream was destroyed");
+  // Cancelling builds error values (allocation) and logs: a destructor must not throw. Out of
+  // memory, the command being cancelled is deleted (its waiter sees a broken promise) and the
+  // rest stay unanswered, as when a holder is stuck (their waiters time out).
+  try {
+    (void)cancel_pending("the stream was destroyed");
+  } catch (...) {
+  }
   Command* c = nullptr;
   while (recycled_.pop(c)) delete c;
 }

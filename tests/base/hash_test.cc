@@ -32,8 +32,7 @@ TEST(Hash, BytesAndCharsOfTheSameValuesHashAlike) {
 TEST(Hash, SeedChainsPieces) {
   const std::uint64_t whole = fnv1a64(std::string_view{"foobar"});
   EXPECT_EQ(fnv1a64(std::string_view{"bar"}, fnv1a64(std::string_view{"foo"})), whole);
-  EXPECT_EQ(fnv1a32(std::string_view{"bar"}, fnv1a32(std::string_view{"foo"})),
-            fnv1a32(std::string_view{"foobar"}));
+  EXPECT_EQ(fnv1a32(std::string_view{"bar"}, fnv1a32(std::string_view{"foo"})), fnv1a32(std::string_view{"foobar"}));
 }
 
 TEST(Hash, EverySingleByteChangeChangesTheResult) {

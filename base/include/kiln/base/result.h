@@ -109,13 +109,17 @@ class [[nodiscard]] Result {
 // Propagate an error from an expression returning Status or Result<T>.
 #define KILN_CONCAT_INNER(a, b) a##b
 #define KILN_CONCAT(a, b) KILN_CONCAT_INNER(a, b)
+// A named Status (or Result) is read in place; a temporary lives to the end of the statement.
 #define KILN_RETURN_IF_ERROR(expr)               \
   do {                                           \
-    auto _kiln_st = (expr);                      \
+    auto&& _kiln_st = (expr);                    \
     if (!_kiln_st.ok()) return _kiln_st.error(); \
   } while (0)
+// `tmp` is a fresh name and `lhs` may be a declaration (`auto x`): neither can be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define KILN_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                               \
   if (!tmp.ok()) return tmp.error();               \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 #define KILN_ASSIGN_OR_RETURN(lhs, expr) KILN_ASSIGN_OR_RETURN_IMPL(KILN_CONCAT(_kiln_r_, __LINE__), lhs, expr)

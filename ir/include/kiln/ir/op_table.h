@@ -130,10 +130,12 @@ enum class OpKind : std::uint16_t {
 #include "kiln/ir/op_table.def"
 #undef KILN_OP
 };
+// NOLINTBEGIN(bugprone-macro-parentheses): a term of the sum, not an expression of its own
 inline constexpr int kNumOpKinds = 0
 #define KILN_OP(group, variant, sig, tags) +1
 #include "kiln/ir/op_table.def"
 #undef KILN_OP
+    // NOLINTEND(bugprone-macro-parentheses)
     ;
 
 struct OpInfo {
