@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "kiln/ir/builders.h"
@@ -19,6 +21,36 @@ Result<std::uint64_t> attr_at(const ir::Operation& op, std::size_t i) {
   if (i >= op.attrs.size() || op.attrs[i] < 0)
     return make_error(ErrorCode::Invalid, fmt::format("{}: attribute {} missing or negative", op.kind_name(), i));
   return static_cast<std::uint64_t>(op.attrs[i]);
+}
+
+// Attributes first .. first + out.size(), each non-negative.
+Status attrs_at(const ir::Operation& op, std::size_t first, std::span<std::uint64_t> out) {
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(out[i], attr_at(op, first + i));
+  }
+  return Status::Ok();
+}
+
+// Every attribute from `first` on (Permute's and Flip's axes).
+Result<std::vector<std::uint64_t>> attrs_from(const ir::Operation& op, std::size_t first) {
+  std::vector<std::uint64_t> v(op.attrs.size() > first ? op.attrs.size() - first : 0);
+  KILN_RETURN_IF_ERROR(attrs_at(op, first, v));
+  return v;
+}
+
+// Scatter / SelectAssign's update rule (attribute 1): the builders take it as given, so an
+// unknown value is refused here.
+Result<ir::IndexingUpdate> update_at(const ir::Operation& op) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t u, attr_at(op, 1));
+  if (u > static_cast<std::uint64_t>(ir::IndexingUpdate::Max))
+    return make_error(ErrorCode::Invalid, fmt::format("{}: unknown indexing update {}", op.kind_name(), u));
+  return static_cast<ir::IndexingUpdate>(u);
+}
+
+// A module op's optional third input (bias?).
+std::optional<ir::TensorIr> optional_input(const ir::Operation& op, std::size_t i) {
+  if (i < op.inputs().size()) return op.inputs()[i];
+  return std::nullopt;
 }
 
 // The error for an op whose inputs or scalars do not fit its signature.
@@ -70,31 +102,44 @@ Result<ir::Operation> rebuild_matmul(const ir::Operation& op) {
                                 : build::matmul_mixed(op.family, op.kind, in[0], in[1], o.dtype, o.id);
 }
 
-// Reductions: whole-tensor, and over a dim (value, arg or bool output).
+// Reductions: whole-tensor, over a dim (value, arg or bool output), scans along a dim, and
+// max / min along a dim with their indices (two outputs).
 Result<ir::Operation> rebuild_reduction(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
   switch (op.info().signature) {
     case Signature::Reduce:
       if (in.size() != 1) break;
-      return o.dtype == in[0].dtype ? build::reduce(op.family, op.kind, in[0], o.id)
-                                    : build::reduce_bool(op.family, op.kind, in[0], o.dtype, o.id);
+      // By the kind's tag, not the dtypes: All / Any of a bool tensor keep its dtype.
+      return op.info().has(ir::kComparison) ? build::reduce_bool(op.family, op.kind, in[0], o.dtype, o.id)
+                                            : build::reduce(op.family, op.kind, in[0], o.id);
     case Signature::ReduceDim: {
       if (in.size() != 1) break;
       KILN_ASSIGN_OR_RETURN(std::uint64_t axis, attr_at(op, 0));
       KILN_ASSIGN_OR_RETURN(std::uint64_t acc, attr_at(op, 1));
       if (op.info().has(ir::kIndexOutput))
         return build::reduce_dim_arg(op.family, op.kind, in[0], axis, acc, o.dtype, o.id);
-      if (o.dtype.is_bool() && !in[0].dtype.is_bool())
+      if (op.info().has(ir::kComparison))
         return build::reduce_dim_bool(op.family, op.kind, in[0], axis, acc, o.dtype, o.id);
       return build::reduce_dim(op.family, op.kind, in[0], axis, acc, o.id);
+    }
+    case Signature::Dim: {
+      if (in.size() != 1) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t axis, attr_at(op, 0));
+      return build::dim(op.family, op.kind, in[0], axis, o.id);
+    }
+    case Signature::ReduceDimWithIndices: {
+      if (in.size() != 1 || op.outputs().size() != 2) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+      const ir::TensorIr& indices = op.outputs()[1];
+      return build::reduce_dim_with_indices(op.family, op.kind, in[0], dim, indices.dtype, o.id, indices.id);
     }
     default: break;
   }
   return unexpected_arity(op);
 }
 
-// Layout signatures: reshape / expand, swap_dims, permute, slice.
+// Layout signatures: reshape / expand, swap_dims, permute, flip, slice.
 Result<ir::Operation> rebuild_layout(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -116,14 +161,12 @@ Result<ir::Operation> rebuild_layout(const ir::Operation& op) {
       KILN_ASSIGN_OR_RETURN(std::uint64_t d2, attr_at(op, 1));
       return build::swap_dims(op.family, op.kind, in[0], d1, d2, o.id);
     }
-    case Signature::Permute: {
+    case Signature::Permute:
+    case Signature::Flip: {
       if (in.size() != 1) break;
-      std::vector<std::uint64_t> axes;
-      for (std::size_t i = 0; i < op.attrs.size(); ++i) {
-        KILN_ASSIGN_OR_RETURN(std::uint64_t a, attr_at(op, i));
-        axes.push_back(a);
-      }
-      return build::permute(op.family, op.kind, in[0], axes, o.id);
+      KILN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> axes, attrs_from(op, 0));
+      return op.info().signature == Signature::Permute ? build::permute(op.family, op.kind, in[0], axes, o.id)
+                                                       : build::flip(op.family, op.kind, in[0], axes, o.id);
     }
     case Signature::Slice:
       if (in.size() != 1) break;
@@ -134,7 +177,7 @@ Result<ir::Operation> rebuild_layout(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
-// Indexed reads: cat along a dim, gather along a dim.
+// Indexed reads: cat along a dim, gather and select along a dim, gather_nd.
 Result<ir::Operation> rebuild_indexing(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -144,14 +187,105 @@ Result<ir::Operation> rebuild_indexing(const ir::Operation& op) {
       KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
       return build::cat(op.family, op.kind, in, dim, o.id);
     }
-    case Signature::Gather: {
+    case Signature::Gather:
+    case Signature::Select: {
       if (in.size() != 2) break;
       KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
-      return build::gather(op.family, op.kind, in[0], dim, in[1], o.id);
+      return op.info().signature == Signature::Gather ? build::gather(op.family, op.kind, in[0], dim, in[1], o.id)
+                                                      : build::select(op.family, op.kind, in[0], dim, in[1], o.id);
+    }
+    case Signature::GatherNd:
+      if (in.size() != 2) break;
+      return build::gather_nd(op.family, op.kind, in[0], in[1], o.id);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// Writes into a copy of the tensor: slice_assign, select_assign, scatter; and the shape-changing
+// copies repeat_dim and pad.
+Result<ir::Operation> rebuild_update(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  switch (op.info().signature) {
+    case Signature::SliceAssign:
+      if (in.size() != 2) break;
+      return build::slice_assign(op.family, op.kind, in[0],
+                                 std::span<const ir::Slice>(op.ranges.data(), op.ranges.size()), in[1], o.id);
+    case Signature::SelectAssign:
+    case Signature::Scatter: {
+      if (in.size() != 3) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+      KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate update, update_at(op));
+      if (op.info().signature == Signature::Scatter)
+        return build::scatter(op.family, op.kind, in[0], dim, in[1], in[2], update, o.id);
+      return build::select_assign(op.family, op.kind, in[0], dim, in[1], in[2], update, o.id);
+    }
+    case Signature::RepeatDim: {
+      if (in.size() != 1) break;
+      std::uint64_t a[2];
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+      return build::repeat_dim(op.family, op.kind, in[0], a[0], a[1], o.id);
+    }
+    case Signature::Pad: {
+      if (in.size() != 1 || op.attrs.empty() || op.attrs.size() % 2 != 1 || op.scalars.size() > 1) break;
+      // [mode, before0, after0, ...]; the builder checks the mode and the constant's presence.
+      KILN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> a, attrs_from(op, 0));
+      std::vector<build::PadPair> pairs;
+      for (std::size_t i = 1; i + 1 < a.size(); i += 2) pairs.push_back(build::PadPair{a[i], a[i + 1]});
+      std::optional<ir::ScalarIr> constant;
+      if (!op.scalars.empty()) constant = op.scalars[0];
+      return build::pad(op.family, op.kind, in[0], pairs, static_cast<ir::PadMode>(a[0]), constant, o.id);
     }
     default: break;
   }
   return unexpected_arity(op);
+}
+
+// Module ops (x, weight, bias?) and pools; their options are the attributes in builder order.
+Result<ir::Operation> rebuild_module(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  const bool conv = op.info().signature == Signature::Conv2d || op.info().signature == Signature::ConvTranspose1d;
+  if (conv ? (in.size() != 2 && in.size() != 3) : in.size() != 1) return unexpected_arity(op);
+  std::uint64_t a[9] = {};
+  switch (op.info().signature) {
+    case Signature::Conv2d: {
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 7)));
+      const build::Conv2dOptions opts{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6]};
+      return build::conv2d(in[0], in[1], optional_input(op, 2), opts, o.id);
+    }
+    case Signature::ConvTranspose1d: {
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 5)));
+      const build::ConvTranspose1dOptions opts{a[0], a[1], a[2], a[3], a[4]};
+      return build::conv_transpose1d(in[0], in[1], optional_input(op, 2), opts, o.id);
+    }
+    // A flag attribute other than 0 or 1 is rebuilt as 1, so the comparison refuses it.
+    case Signature::MaxPool2d: {
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 9)));
+      const build::MaxPool2dOptions opts{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, {a[6], a[7]}, a[8] != 0};
+      return build::max_pool2d(in[0], opts, o.id);
+    }
+    case Signature::AvgPool2d: {
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 8)));
+      const build::AvgPool2dOptions opts{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6] != 0, a[7] != 0};
+      return build::avg_pool2d(in[0], opts, o.id);
+    }
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
+// to two u16 is rebuilt differently, so the comparison refuses it.
+Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
+  if (op.inputs().size() != 1) return unexpected_arity(op);
+  KILN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> a, attrs_from(op, 0));
+  if (a.empty()) return unexpected_arity(op);
+  std::vector<build::DeviceId> devices;
+  for (std::size_t i = 1; i < a.size(); ++i)
+    devices.push_back(build::DeviceId{static_cast<std::uint16_t>(a[i] >> 16), static_cast<std::uint16_t>(a[i])});
+  return build::all_reduce(op.inputs()[0], static_cast<ir::ReduceOperation>(a[0]), devices, op.outputs()[0].id);
 }
 
 // Creation signatures: ones / zeros, and full with its scalar.
@@ -172,8 +306,12 @@ Result<ir::Operation> rebuild_creation(const ir::Operation& op) {
 
 // The builder call that would have produced `op`, from its own inputs, scalars and attributes.
 Result<ir::Operation> rebuild(const ir::Operation& op) {
-  if (op.outputs().size() != 1)
-    return make_error(ErrorCode::Invalid, fmt::format("{}: not accepted over IPC (several outputs)", op.kind_name()));
+  // Decoding held the output count to the signature's (Operation::validate); a hand-made op is
+  // held to it here, so that every rebuild below may read the outputs it expects.
+  const int outputs = ir::signature_info(op.info().signature).outputs;
+  if (outputs < 1 || op.outputs().size() != static_cast<std::size_t>(outputs))
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("{}: not accepted over IPC ({} outputs)", op.kind_name(), op.outputs().size()));
   switch (op.info().signature) {
     case Signature::Unary:
     case Signature::Binary:
@@ -184,13 +322,28 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::MaskFill: return rebuild_elementwise(op);
     case Signature::Matmul: return rebuild_matmul(op);
     case Signature::Reduce:
-    case Signature::ReduceDim: return rebuild_reduction(op);
+    case Signature::ReduceDim:
+    case Signature::Dim:
+    case Signature::ReduceDimWithIndices: return rebuild_reduction(op);
     case Signature::ShapeOp:
     case Signature::SwapDims:
     case Signature::Permute:
+    case Signature::Flip:
     case Signature::Slice: return rebuild_layout(op);
     case Signature::Cat:
-    case Signature::Gather: return rebuild_indexing(op);
+    case Signature::Gather:
+    case Signature::Select:
+    case Signature::GatherNd: return rebuild_indexing(op);
+    case Signature::SliceAssign:
+    case Signature::SelectAssign:
+    case Signature::Scatter:
+    case Signature::RepeatDim:
+    case Signature::Pad: return rebuild_update(op);
+    case Signature::Conv2d:
+    case Signature::ConvTranspose1d:
+    case Signature::MaxPool2d:
+    case Signature::AvgPool2d: return rebuild_module(op);
+    case Signature::AllReduce: return rebuild_all_reduce(op);
     case Signature::Creation:
     case Signature::Full: return rebuild_creation(op);
     default:
@@ -261,13 +414,19 @@ Status OperationCheckMemo::check(const ir::Operation& op) {
   ++tick_;
   for (Slot& slot : set) {
     if (!slot.used || slot.hash != hash || !equal_but_ids(slot.op, op)) continue;
-    // The one id rule of the builders (ir builders' finish): an output is none of the inputs
-    // (an accepted shape has exactly one output).
-    const ir::TensorId out = op.tensors.back().id;
-    for (const ir::TensorIr& in : op.inputs())
-      if (in.id == out)
-        return make_error(ErrorCode::Invalid,
-                          fmt::format("{}: output id {} is also an input", op.kind_name(), out.value()));
+    // The id rules of the builders (ir builders' finish): an output is none of the inputs, and
+    // the outputs differ (MaxDimWithIndices has two).
+    const auto outs = op.outputs();
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      for (const ir::TensorIr& in : op.inputs())
+        if (in.id == outs[i].id)
+          return make_error(ErrorCode::Invalid,
+                            fmt::format("{}: output id {} is also an input", op.kind_name(), outs[i].id.value()));
+      for (std::size_t j = 0; j < i; ++j)
+        if (outs[j].id == outs[i].id)
+          return make_error(ErrorCode::Invalid,
+                            fmt::format("{}: output id {} is used twice", op.kind_name(), outs[i].id.value()));
+    }
     slot.last_use = tick_;
     ++hits_;
     return Status::Ok();

@@ -159,6 +159,15 @@ Result<HostData> Session::read(Tensor t, ir::DType want) {
 Status Session::sync() { return device_.drain(current_stream()); }
 
 Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
+  std::optional<Tensor> out[1];
+  KILN_RETURN_IF_ERROR(run_op_outputs(
+      inputs, out,
+      [&build](std::span<const ir::TensorIr> t, std::span<const ir::TensorId> ids) { return build(t, ids[0]); }));
+  return std::move(*out[0]);
+}
+
+Status Session::run_op_outputs(std::span<Tensor> inputs, std::span<std::optional<Tensor>> outs,
+                               const MultiBuilder& build) {
   const StreamId cur = current_stream();
   // Shared views (docs/spec/fusion.md §16.5): an input homed on another stream is aliased onto this one,
   // so no queue ever names another stream's tensor.
@@ -179,16 +188,24 @@ Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
   }
   boost::container::small_vector<ir::TensorIr, 3> irs;
   for (Tensor* t : used) irs.push_back(t->use());
-  const ir::TensorId out = ids_.next_tensor_id(device_);
-  Result<ir::Operation> op = build(std::span<const ir::TensorIr>(irs.data(), irs.size()), out);
+  boost::container::small_vector<ir::TensorId, 2> out_ids;
+  for (std::size_t i = 0; i < outs.size(); ++i) out_ids.push_back(ids_.next_tensor_id(device_));
+  Result<ir::Operation> op = build(std::span<const ir::TensorIr>(irs.data(), irs.size()),
+                                   std::span<const ir::TensorId>(out_ids.data(), out_ids.size()));
   if (!op.ok()) return op.error();
+  if (op->outputs().size() != outs.size())
+    return make_error(ErrorCode::Internal, op->kind_name() + ": built with " + std::to_string(op->outputs().size()) +
+                                               " outputs, " + std::to_string(outs.size()) + " expected");
   // Consumed inputs (counter 1): their handle must not register a Drop after this last use.
   for (std::size_t i = 0; i < used.size(); ++i)
     if (irs[i].status == ir::TensorStatus::ReadWrite) used[i]->state_->counter.fetch_add(1, std::memory_order_relaxed);
-  ir::Shape shape = op->outputs()[0].shape;  // the op moves into the queue; its output's shape and dtype stay here
-  const ir::DType dtype = op->outputs()[0].dtype;
+  // The op moves into the queue; its outputs' ids, shapes and dtypes stay here.
+  boost::container::small_vector<ir::TensorIr, 2> produced(op->outputs().begin(), op->outputs().end());
   KILN_RETURN_IF_ERROR(device_.register_op(cur, std::move(op).value()));
-  return Tensor(std::make_shared<Tensor::State>(this, out, std::move(shape), dtype, cur));
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    outs[i].emplace(Tensor(
+        std::make_shared<Tensor::State>(this, produced[i].id, std::move(produced[i].shape), produced[i].dtype, cur)));
+  return Status::Ok();
 }
 
 namespace {
@@ -216,6 +233,24 @@ Family family_for(OpKind kind, const TensorIr& t) {
     case ir::OpGroup::Base: return base_family(t);
     default: return numeric_family(t);
   }
+}
+
+// Base* of a created tensor of dtype `d` (Zeros, Ones, Empty).
+Family creation_family(ir::DType d) {
+  if (is_floatish(d)) return Family::BaseFloat;
+  return d.is_bool() ? Family::BaseBool : Family::BaseInt;
+}
+
+bool is_bool(const Tensor& t) { return t.valid() && t.dtype().is_bool(); }
+
+// A module op's optional input (bias?), present when the op got more than `i` inputs.
+std::optional<TensorIr> optional_input(std::span<const TensorIr> t, std::size_t i) {
+  if (i < t.size()) return t[i];
+  return std::nullopt;
+}
+
+Error moved_from(const char* op) {
+  return make_error(ErrorCode::InvalidHandle, std::string(op) + ": moved-from tensor");
 }
 
 // An integral exponent's value, if `e` is one.
@@ -321,6 +356,82 @@ Result<Tensor> Session::pow(Tensor a, double e) {
   return scalar_op(std::move(a), e, is_float ? OpKind::Float_PowfScalar : OpKind::Numeric_PowiScalar);
 }
 
+// max_pair / min_pair (docs/spec/ir.md §5.11): a mask from one comparison, then a select.
+Result<Tensor> Session::maximum(Tensor a, Tensor b) {
+  Tensor a2 = a, b2 = b;
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_op(std::move(a2), std::move(b2), OpKind::Numeric_Lower));
+  return mask_where(std::move(a), std::move(m), std::move(b));
+}
+
+Result<Tensor> Session::minimum(Tensor a, Tensor b) {
+  Tensor a2 = a, b2 = b;
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_op(std::move(b2), std::move(a2), OpKind::Numeric_Lower));
+  return mask_where(std::move(a), std::move(m), std::move(b));
+}
+
+Result<Tensor> Session::maximum(Tensor a, double s) {
+  Tensor x = a;
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_scalar_op(std::move(x), s, OpKind::Numeric_LowerElem));
+  return mask_fill(std::move(a), std::move(m), s);
+}
+
+Result<Tensor> Session::minimum(Tensor a, double s) {
+  Tensor x = a;
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_scalar_op(std::move(x), s, OpKind::Numeric_GreaterElem));
+  return mask_fill(std::move(a), std::move(m), s);
+}
+
+// ---- Logic and bitwise
+
+Result<Tensor> Session::logic_op(Tensor a, Tensor b, OpKind bool_kind, OpKind int_kind) {
+  if (!is_bool(a)) return binary_op(std::move(a), std::move(b), int_kind);
+  // Bool Xor is never emitted by the fusion client (docs/spec/ir.md §5.3): xor = not(equal).
+  if (bool_kind == OpKind::Bool_Xor) return ne(std::move(a), std::move(b));
+  return binary_op(std::move(a), std::move(b), bool_kind);
+}
+
+Result<Tensor> Session::logic_scalar_op(Tensor a, double s, OpKind bool_kind, OpKind int_kind) {
+  if (!is_bool(a)) return scalar_op(std::move(a), s, int_kind);
+  // (K) docs/spec/ir.md §5.11: the bool scalar becomes a tensor of S(a) and D(a), then the tensor form.
+  KILN_ASSIGN_OR_RETURN(Tensor rhs, creation_op(a.shape(), a.dtype(), s != 0 ? OpKind::Base_Ones : OpKind::Base_Zeros));
+  return logic_op(std::move(a), std::move(rhs), bool_kind, bool_kind);
+}
+
+Result<Tensor> Session::and_(Tensor a, Tensor b) {
+  return logic_op(std::move(a), std::move(b), OpKind::Bool_And, OpKind::Int_BitwiseAnd);
+}
+Result<Tensor> Session::or_(Tensor a, Tensor b) {
+  return logic_op(std::move(a), std::move(b), OpKind::Bool_Or, OpKind::Int_BitwiseOr);
+}
+Result<Tensor> Session::xor_(Tensor a, Tensor b) {
+  return logic_op(std::move(a), std::move(b), OpKind::Bool_Xor, OpKind::Int_BitwiseXor);
+}
+Result<Tensor> Session::and_(Tensor a, double s) {
+  return logic_scalar_op(std::move(a), s, OpKind::Bool_And, OpKind::Int_BitwiseAndScalar);
+}
+Result<Tensor> Session::or_(Tensor a, double s) {
+  return logic_scalar_op(std::move(a), s, OpKind::Bool_Or, OpKind::Int_BitwiseOrScalar);
+}
+Result<Tensor> Session::xor_(Tensor a, double s) {
+  return logic_scalar_op(std::move(a), s, OpKind::Bool_Xor, OpKind::Int_BitwiseXorScalar);
+}
+Result<Tensor> Session::not_(Tensor a) {
+  const OpKind kind = is_bool(a) ? OpKind::Bool_Not : OpKind::Int_BitwiseNot;
+  return unary_op(std::move(a), kind);
+}
+Result<Tensor> Session::bitwise_left_shift(Tensor a, Tensor b) {
+  return binary_op(std::move(a), std::move(b), OpKind::Int_BitwiseLeftShift);
+}
+Result<Tensor> Session::bitwise_left_shift(Tensor a, double s) {
+  return scalar_op(std::move(a), s, OpKind::Int_BitwiseLeftShiftScalar);
+}
+Result<Tensor> Session::bitwise_right_shift(Tensor a, Tensor b) {
+  return binary_op(std::move(a), std::move(b), OpKind::Int_BitwiseRightShift);
+}
+Result<Tensor> Session::bitwise_right_shift(Tensor a, double s) {
+  return scalar_op(std::move(a), s, OpKind::Int_BitwiseRightShiftScalar);
+}
+
 // ---- Unary
 
 Result<Tensor> Session::neg(Tensor a) { return scalar_op(std::move(a), -1.0, OpKind::Numeric_MulScalar); }
@@ -373,6 +484,38 @@ Result<Tensor> Session::silu(Tensor a) {
   Tensor x = a;
   KILN_ASSIGN_OR_RETURN(Tensor s, sigmoid(std::move(x)));
   return mul(std::move(a), std::move(s));
+}
+
+Result<Tensor> Session::floor(Tensor a) { return unary_op(std::move(a), OpKind::Float_Floor); }
+Result<Tensor> Session::ceil(Tensor a) { return unary_op(std::move(a), OpKind::Float_Ceil); }
+Result<Tensor> Session::round(Tensor a) { return unary_op(std::move(a), OpKind::Float_Round); }
+Result<Tensor> Session::trunc(Tensor a) { return unary_op(std::move(a), OpKind::Float_Trunc); }
+
+Result<Tensor> Session::sign(Tensor a) {
+  if (!a.valid()) return moved_from("sign");
+  if (a.dtype().is_bool())
+    return make_error(ErrorCode::DTypeMismatch, "sign: " + a.use().to_string() + " is bool; sign takes float or int");
+  // docs/spec/ir.md §5.11, in this order: Zeros, LowerElem, GreaterElem, MaskFill(−1), MaskFill(1).
+  KILN_ASSIGN_OR_RETURN(Tensor z, zeros(a.shape(), a.dtype()));
+  Tensor x = a;
+  KILN_ASSIGN_OR_RETURN(Tensor below, compare_scalar_op(std::move(x), 0.0, OpKind::Numeric_LowerElem));
+  KILN_ASSIGN_OR_RETURN(Tensor above, compare_scalar_op(std::move(a), 0.0, OpKind::Numeric_GreaterElem));
+  KILN_ASSIGN_OR_RETURN(z, mask_fill(std::move(z), std::move(below), -1.0));
+  return mask_fill(std::move(z), std::move(above), 1.0);
+}
+
+Result<Tensor> Session::is_nan(Tensor a) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::unary_comparison(Family::Float, OpKind::Float_IsNan, t[0], kBoolDType, out);
+  });
+}
+
+Result<Tensor> Session::is_inf(Tensor a) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::unary_comparison(Family::Float, OpKind::Float_IsInf, t[0], kBoolDType, out);
+  });
 }
 
 // ---- Comparisons
@@ -452,6 +595,33 @@ Result<Tensor> Session::cast(Tensor a, ir::DType target) {
   });
 }
 
+// ---- Creation
+
+Result<Tensor> Session::creation_op(ir::Shape shape, ir::DType dtype, OpKind kind) {
+  return run_op({}, [&shape, dtype, kind](std::span<const TensorIr>, ir::TensorId out) {
+    return build::creation(creation_family(dtype), kind, shape, dtype, out);
+  });
+}
+
+Result<Tensor> Session::zeros(ir::Shape shape, ir::DType dtype) {
+  return creation_op(std::move(shape), dtype, OpKind::Base_Zeros);
+}
+Result<Tensor> Session::ones(ir::Shape shape, ir::DType dtype) {
+  return creation_op(std::move(shape), dtype, OpKind::Base_Ones);
+}
+Result<Tensor> Session::empty(ir::Shape shape, ir::DType dtype) {
+  return creation_op(std::move(shape), dtype, OpKind::Base_Empty);
+}
+
+Result<Tensor> Session::full(ir::Shape shape, double value, ir::DType dtype) {
+  if (dtype.is_bool()) return creation_op(std::move(shape), dtype, value != 0 ? OpKind::Base_Ones : OpKind::Base_Zeros);
+  return run_op({}, [&shape, value, dtype](std::span<const TensorIr>, ir::TensorId out) -> Result<ir::Operation> {
+    KILN_ASSIGN_OR_RETURN(ir::ScalarIr v, ir::ScalarIr::from_f64(value, dtype));
+    const Family family = is_floatish(dtype) ? Family::NumericFloat : Family::NumericInt;
+    return build::full(family, OpKind::Numeric_Full, shape, dtype, v, out);
+  });
+}
+
 // ---- Reductions
 
 Result<Tensor> Session::squeeze(Tensor a, std::uint64_t dim) {
@@ -467,9 +637,14 @@ Result<Tensor> Session::reduce_dim_op(Tensor a, std::uint64_t dim, bool keepdim,
                                               a.use().to_string() + " would give a rank-0 tensor");
   Tensor in[] = {std::move(a)};
   KILN_ASSIGN_OR_RETURN(Tensor r, run_op(in, [kind, dim](std::span<const TensorIr> t, ir::TensorId out) {
-                          if (kind == OpKind::Numeric_ArgMax)
-                            return build::reduce_dim_arg(numeric_family(t[0]), kind, t[0], dim, 1, kIndexDType, out);
-                          return build::reduce_dim(numeric_family(t[0]), kind, t[0], dim, 1, out);
+                          // The output dtype by the kind's tag: index (ArgMax, ArgMin), bool (AnyDim,
+                          // AllDim) or the operand's.
+                          const Family family = family_for(kind, t[0]);
+                          if (ir::op_info(kind).has(ir::kIndexOutput))
+                            return build::reduce_dim_arg(family, kind, t[0], dim, 1, kIndexDType, out);
+                          if (ir::op_info(kind).has(ir::kComparison))
+                            return build::reduce_dim_bool(family, kind, t[0], dim, 1, kBoolDType, out);
+                          return build::reduce_dim(family, kind, t[0], dim, 1, out);
                         }));
   if (keepdim) return r;
   return squeeze(std::move(r), dim);
@@ -495,7 +670,9 @@ Result<Tensor> Session::reduce_op(Tensor a, bool keepdim, OpKind kind) {
   const std::size_t rank = a.valid() ? a.shape().size() : 0;
   Tensor in[] = {std::move(a)};
   KILN_ASSIGN_OR_RETURN(Tensor r, run_op(in, [kind](std::span<const TensorIr> t, ir::TensorId out) {
-                          return build::reduce(numeric_family(t[0]), kind, t[0], out);
+                          if (ir::op_info(kind).has(ir::kComparison))  // Any, All
+                            return build::reduce_bool(family_for(kind, t[0]), kind, t[0], kBoolDType, out);
+                          return build::reduce(family_for(kind, t[0]), kind, t[0], out);
                         }));
   if (!keepdim || rank <= 1) return r;
   return reshape(std::move(r), std::vector<std::int64_t>(rank, 1));
@@ -503,6 +680,84 @@ Result<Tensor> Session::reduce_op(Tensor a, bool keepdim, OpKind kind) {
 
 Result<Tensor> Session::sum(Tensor a, bool keepdim) { return reduce_op(std::move(a), keepdim, OpKind::Numeric_Sum); }
 Result<Tensor> Session::mean(Tensor a, bool keepdim) { return reduce_op(std::move(a), keepdim, OpKind::Numeric_Mean); }
+Result<Tensor> Session::prod(Tensor a, bool keepdim) { return reduce_op(std::move(a), keepdim, OpKind::Numeric_Prod); }
+Result<Tensor> Session::max(Tensor a, bool keepdim) { return reduce_op(std::move(a), keepdim, OpKind::Numeric_Max); }
+Result<Tensor> Session::min(Tensor a, bool keepdim) { return reduce_op(std::move(a), keepdim, OpKind::Numeric_Min); }
+Result<Tensor> Session::max_abs(Tensor a, bool keepdim) {
+  return reduce_op(std::move(a), keepdim, OpKind::Numeric_MaxAbs);
+}
+Result<Tensor> Session::any(Tensor a, bool keepdim) { return reduce_op(std::move(a), keepdim, OpKind::Base_Any); }
+Result<Tensor> Session::all(Tensor a, bool keepdim) { return reduce_op(std::move(a), keepdim, OpKind::Base_All); }
+
+Result<Tensor> Session::prod_dim(Tensor a, std::uint64_t dim, bool keepdim) {
+  return reduce_dim_op(std::move(a), dim, keepdim, OpKind::Numeric_ProdDim);
+}
+Result<Tensor> Session::max_abs_dim(Tensor a, std::uint64_t dim, bool keepdim) {
+  return reduce_dim_op(std::move(a), dim, keepdim, OpKind::Numeric_MaxAbsDim);
+}
+Result<Tensor> Session::argmin(Tensor a, std::uint64_t dim, bool keepdim) {
+  return reduce_dim_op(std::move(a), dim, keepdim, OpKind::Numeric_ArgMin);
+}
+Result<Tensor> Session::any_dim(Tensor a, std::uint64_t dim, bool keepdim) {
+  return reduce_dim_op(std::move(a), dim, keepdim, OpKind::Base_AnyDim);
+}
+Result<Tensor> Session::all_dim(Tensor a, std::uint64_t dim, bool keepdim) {
+  return reduce_dim_op(std::move(a), dim, keepdim, OpKind::Base_AllDim);
+}
+
+// (K) docs/spec/ir.md §5.11: flatten, then the arg reduction along axis 0 (the Reshape is emitted
+// even for a rank-1 input).
+Result<Tensor> Session::arg_all_op(Tensor a, OpKind kind) {
+  if (!a.valid()) return moved_from(kind == OpKind::Numeric_ArgMax ? "argmax" : "argmin");
+  const auto numel = static_cast<std::int64_t>(ir::num_elements(a.shape()));
+  KILN_ASSIGN_OR_RETURN(Tensor flat, reshape(std::move(a), {numel}));
+  return reduce_dim_op(std::move(flat), 0, true, kind);
+}
+Result<Tensor> Session::argmax(Tensor a) { return arg_all_op(std::move(a), OpKind::Numeric_ArgMax); }
+Result<Tensor> Session::argmin(Tensor a) { return arg_all_op(std::move(a), OpKind::Numeric_ArgMin); }
+
+Result<std::pair<Tensor, Tensor>> Session::with_indices_op(Tensor a, std::uint64_t dim, bool keepdim, OpKind kind) {
+  if (!keepdim && a.valid() && a.shape().size() <= 1)
+    return make_error(ErrorCode::Invalid, std::string(ir::op_info(kind).variant) + ": keepdim = false on " +
+                                              a.use().to_string() + " would give a rank-0 tensor");
+  Tensor in[] = {std::move(a)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [kind, dim](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::reduce_dim_with_indices(numeric_family(t[0]), kind, t[0], dim, kIndexDType, ids[0], ids[1]);
+      }));
+  Tensor values = std::move(*out[0]), indices = std::move(*out[1]);
+  if (!keepdim) {
+    KILN_ASSIGN_OR_RETURN(values, squeeze(std::move(values), dim));
+    KILN_ASSIGN_OR_RETURN(indices, squeeze(std::move(indices), dim));
+  }
+  return std::make_pair(std::move(values), std::move(indices));
+}
+Result<std::pair<Tensor, Tensor>> Session::max_dim_with_indices(Tensor a, std::uint64_t dim, bool keepdim) {
+  return with_indices_op(std::move(a), dim, keepdim, OpKind::Numeric_MaxDimWithIndices);
+}
+Result<std::pair<Tensor, Tensor>> Session::min_dim_with_indices(Tensor a, std::uint64_t dim, bool keepdim) {
+  return with_indices_op(std::move(a), dim, keepdim, OpKind::Numeric_MinDimWithIndices);
+}
+
+Result<Tensor> Session::dim_op(Tensor a, std::uint64_t dim, OpKind kind) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [kind, dim](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::dim(numeric_family(t[0]), kind, t[0], dim, out);
+  });
+}
+Result<Tensor> Session::cumsum(Tensor a, std::uint64_t dim) {
+  return dim_op(std::move(a), dim, OpKind::Numeric_CumSum);
+}
+Result<Tensor> Session::cumprod(Tensor a, std::uint64_t dim) {
+  return dim_op(std::move(a), dim, OpKind::Numeric_CumProd);
+}
+Result<Tensor> Session::cummin(Tensor a, std::uint64_t dim) {
+  return dim_op(std::move(a), dim, OpKind::Numeric_CumMin);
+}
+Result<Tensor> Session::cummax(Tensor a, std::uint64_t dim) {
+  return dim_op(std::move(a), dim, OpKind::Numeric_CumMax);
+}
 
 // ---- Compute and layout
 
@@ -563,6 +818,167 @@ Result<Tensor> Session::gather(Tensor a, std::uint64_t dim, Tensor indices) {
     return build::gather(base_family(t[0]), OpKind::Base_Gather, t[0], dim, t[1], out);
   });
 }
+
+Result<Tensor> Session::flip(Tensor a, std::vector<std::uint64_t> axes) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [&axes](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::flip(base_family(t[0]), OpKind::Base_Flip, t[0], axes, out);
+  });
+}
+
+Result<Tensor> Session::repeat_dim(Tensor a, std::uint64_t dim, std::uint64_t times) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [dim, times](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::repeat_dim(base_family(t[0]), OpKind::Base_RepeatDim, t[0], dim, times, out);
+  });
+}
+
+Result<Tensor> Session::select(Tensor a, std::uint64_t dim, Tensor indices) {
+  Tensor in[] = {std::move(a), std::move(indices)};
+  return run_op(in, [dim](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::select(base_family(t[0]), OpKind::Base_Select, t[0], dim, t[1], out);
+  });
+}
+
+Result<Tensor> Session::select_assign(Tensor a, std::uint64_t dim, Tensor indices, Tensor value,
+                                      ir::IndexingUpdate update) {
+  // The builder checks dim, ranks and dtypes; the value's shape only the kernel would.
+  if (a.valid() && indices.valid() && value.valid() && dim < a.shape().size() && indices.shape().size() == 1) {
+    ir::Shape want = a.shape();
+    want[dim] = indices.shape()[0];
+    if (value.shape() != want)
+      return make_error(ErrorCode::IncompatibleShapes, "select_assign: value " + value.use().to_string() +
+                                                           " must have shape " + ir::shape_to_string(want) + " (" +
+                                                           a.use().to_string() + ", dim " + std::to_string(dim) +
+                                                           ", indices " + indices.use().to_string() + ")");
+  }
+  Tensor in[] = {std::move(a), std::move(indices), std::move(value)};
+  return run_op(in, [dim, update](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::select_assign(base_family(t[0]), OpKind::Base_SelectAssign, t[0], dim, t[1], t[2], update, out);
+  });
+}
+
+Result<Tensor> Session::slice_assign(Tensor a, std::vector<ir::Slice> ranges, Tensor value) {
+  // The builder checks the ranges and dtypes; the value's shape only the kernel would.
+  if (a.valid() && value.valid()) {
+    Result<ir::Shape> region = ir::shape::slice(a.shape(), ranges);
+    if (region.ok() && *region != value.shape())
+      return make_error(ErrorCode::IncompatibleShapes, "slice_assign: value " + value.use().to_string() +
+                                                           " does not fit the slice " + ir::shape_to_string(*region) +
+                                                           " of " + a.use().to_string());
+  }
+  Tensor in[] = {std::move(a), std::move(value)};
+  return run_op(in, [&ranges](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::slice_assign(base_family(t[0]), OpKind::Base_SliceAssign, t[0], ranges, t[1], out);
+  });
+}
+
+namespace {
+// Scatter's shape rule (the kernel's, PyTorch's): indices and value of the tensor's rank, indices
+// no larger than value in any dim nor than the tensor outside `dim`.
+Status check_scatter_shapes(const Tensor& a, std::uint64_t dim, const Tensor& indices, const Tensor& value) {
+  const std::size_t rank = a.shape().size();
+  bool fits = indices.shape().size() == rank && value.shape().size() == rank;
+  for (std::size_t d = 0; fits && d < rank; ++d)
+    fits = indices.shape()[d] <= value.shape()[d] && (d == dim || indices.shape()[d] <= a.shape()[d]);
+  if (fits) return Status::Ok();
+  return make_error(ErrorCode::IncompatibleShapes,
+                    "scatter: indices " + ir::shape_to_string(indices.shape()) + " and value " +
+                        ir::shape_to_string(value.shape()) + " must have the rank of the tensor " +
+                        ir::shape_to_string(a.shape()) + ", indices no larger than value, nor than the tensor " +
+                        "outside dim " + std::to_string(dim));
+}
+}  // namespace
+
+Result<Tensor> Session::scatter(Tensor a, std::uint64_t dim, Tensor indices, Tensor value, ir::IndexingUpdate update) {
+  if (a.valid() && indices.valid() && value.valid()) KILN_RETURN_IF_ERROR(check_scatter_shapes(a, dim, indices, value));
+  Tensor in[] = {std::move(a), std::move(indices), std::move(value)};
+  return run_op(in, [dim, update](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::scatter(base_family(t[0]), OpKind::Base_Scatter, t[0], dim, t[1], t[2], update, out);
+  });
+}
+
+Result<Tensor> Session::gather_nd(Tensor data, Tensor indices) {
+  Tensor in[] = {std::move(data), std::move(indices)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::gather_nd(base_family(t[0]), OpKind::Base_GatherNd, t[0], t[1], out);
+  });
+}
+
+Result<Tensor> Session::pad(Tensor a, std::vector<ir::build::PadPair> padding, ir::PadMode mode, double value) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [&padding, mode, value](std::span<const TensorIr> t, ir::TensorId out) -> Result<ir::Operation> {
+    std::optional<ir::ScalarIr> constant;
+    if (mode == ir::PadMode::Constant) {
+      KILN_ASSIGN_OR_RETURN(constant, ir::ScalarIr::from_f64(value, t[0].dtype));
+    }
+    return build::pad(numeric_family(t[0]), OpKind::Numeric_Pad, t[0], padding, mode, constant, out);
+  });
+}
+
+// ---- Module ops
+
+Result<Tensor> Session::conv2d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                               const ir::build::Conv2dOptions& options) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(x));
+  in.push_back(std::move(weight));
+  if (bias) in.push_back(std::move(*bias));
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::conv2d(t[0], t[1], optional_input(t, 2), options, out);
+  });
+}
+
+Result<Tensor> Session::conv_transpose1d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                         const ir::build::ConvTranspose1dOptions& options) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(x));
+  in.push_back(std::move(weight));
+  if (bias) in.push_back(std::move(*bias));
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::conv_transpose1d(t[0], t[1], optional_input(t, 2), options, out);
+  });
+}
+
+Result<Tensor> Session::max_pool2d(Tensor x, const ir::build::MaxPool2dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(
+      in, [&options](std::span<const TensorIr> t, ir::TensorId out) { return build::max_pool2d(t[0], options, out); });
+}
+
+Result<Tensor> Session::avg_pool2d(Tensor x, const ir::build::AvgPool2dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(
+      in, [&options](std::span<const TensorIr> t, ir::TensorId out) { return build::avg_pool2d(t[0], options, out); });
+}
+
+// docs/spec/ir.md §5.11: Reshape + Select + Reshape (Module Embedding comes from router clients only).
+Result<Tensor> Session::embedding(Tensor weights, Tensor indices) {
+  if (!weights.valid() || !indices.valid()) return moved_from("embedding");
+  const bool weights_ok = weights.shape().size() == 2 && is_floatish(weights.dtype());
+  if (!weights_ok || indices.shape().size() != 2 || !indices.dtype().is_integral())
+    return make_error(
+        weights.shape().size() != 2 || indices.shape().size() != 2 ? ErrorCode::RankMismatch : ErrorCode::DTypeMismatch,
+        "embedding: weights " + weights.use().to_string() + " must be a float [V, E] tensor and indices " +
+            indices.use().to_string() + " an integer [B, S] one");
+  const auto b = static_cast<std::int64_t>(indices.shape()[0]);
+  const auto seq = static_cast<std::int64_t>(indices.shape()[1]);
+  const auto e = static_cast<std::int64_t>(weights.shape()[1]);
+  KILN_ASSIGN_OR_RETURN(Tensor flat, reshape(std::move(indices), {b * seq}));
+  KILN_ASSIGN_OR_RETURN(Tensor rows, select(std::move(weights), 0, std::move(flat)));
+  return reshape(std::move(rows), {b, seq, e});
+}
+
+// ---- Collectives
+
+Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [op, &device_ids](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::all_reduce(t[0], op, device_ids, out);
+  });
+}
+
+Status Session::sync_collective() { return sync(); }
 
 // ---- Composites
 

@@ -4,6 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "kiln/ir/builders.h"
 #include "kiln/testing/status.h"
 
@@ -122,6 +128,205 @@ TEST(OperationCheckMemo, AFullSetEvictsItsLeastRecentlyUsedShape) {
   EXPECT_EQ(memo.hits(), 4u) << "a recently used shape was evicted";
   KILN_ASSERT_OK(memo.check(add(7, 8, 9, {sizes[1]}, {sizes[1]})));
   EXPECT_EQ(memo.hits(), 4u) << "the least recently used shape was kept";
+}
+
+// ---- The kinds runtime::Session emits beyond the elementwise core (session.h): each as its
+// builder makes it is accepted; a lie about it, or a hostile attribute, is refused with an error.
+
+const DType kI64{DTypeKind::I64};
+const DType kBool = DType::boolean();
+
+TensorIr typed(std::uint64_t id, ir::Shape shape, DType dtype) {
+  return TensorIr{TensorId(id), std::move(shape), TensorStatus::ReadOnly, dtype};
+}
+
+ir::Operation built(Result<ir::Operation> r) {
+  EXPECT_TRUE(r.ok()) << r.error().to_string();
+  return std::move(r).value();
+}
+
+std::vector<ir::Operation> layout_and_indexing_ops() {
+  namespace build = ir::build;
+  const TensorIr x = in(1, {2, 3});
+  const TensorId out(10);
+  const std::vector<std::uint64_t> axes{1};
+  const std::vector<ir::Slice> ranges{ir::Slice{0, 1, 1}, ir::Slice{1, 3, 1}};
+  const std::vector<build::PadPair> pairs{{1, 0}, {0, 2}};
+  const std::vector<build::PadPair> last{{1, 1}};
+  return {
+      built(build::flip(Family::BaseFloat, OpKind::Base_Flip, x, axes, out)),
+      built(build::repeat_dim(Family::BaseFloat, OpKind::Base_RepeatDim, x, 0, 2, out)),
+      built(build::select(Family::BaseFloat, OpKind::Base_Select, x, 1, typed(2, {4}, kI64), out)),
+      built(build::select_assign(Family::BaseFloat, OpKind::Base_SelectAssign, x, 0, typed(2, {1}, kI64), in(3, {1, 3}),
+                                 ir::IndexingUpdate::Add, out)),
+      built(build::slice_assign(Family::BaseFloat, OpKind::Base_SliceAssign, x, ranges, in(3, {1, 2}), out)),
+      built(build::scatter(Family::BaseFloat, OpKind::Base_Scatter, x, 1, typed(2, {2, 2}, kI64), in(3, {2, 2}),
+                           ir::IndexingUpdate::Assign, out)),
+      built(build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, x, typed(2, {3, 2}, kI64), out)),
+      built(build::dim(Family::NumericFloat, OpKind::Numeric_CumSum, x, 1, out)),
+      built(build::pad(Family::NumericFloat, OpKind::Numeric_Pad, x, pairs, ir::PadMode::Constant,
+                       ir::ScalarIr::Float(9), out)),
+      built(build::pad(Family::NumericFloat, OpKind::Numeric_Pad, x, last, ir::PadMode::Reflect, std::nullopt, out)),
+      built(build::reduce_dim_with_indices(Family::NumericFloat, OpKind::Numeric_MaxDimWithIndices, x, 1, kI64, out,
+                                           TensorId(11))),
+      built(build::reduce_bool(Family::BaseBool, OpKind::Base_Any, typed(1, {4}, kBool), kBool, out)),
+      built(build::reduce_dim_bool(Family::BaseBool, OpKind::Base_AllDim, typed(1, {2, 2}, kBool), 1, 1, kBool, out)),
+  };
+}
+
+std::vector<ir::Operation> module_and_collective_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  build::Conv2dOptions conv;
+  conv.stride = {2, 1};
+  conv.padding = {1, 0};
+  build::ConvTranspose1dOptions transposed;
+  transposed.stride = 2;
+  transposed.padding_out = 1;
+  build::MaxPool2dOptions max_pool;
+  max_pool.kernel = {2, 2};
+  max_pool.stride = {2, 2};
+  max_pool.padding = {1, 1};
+  max_pool.ceil_mode = true;
+  build::AvgPool2dOptions avg_pool;
+  avg_pool.kernel = {3, 3};
+  avg_pool.count_include_pad = false;
+  const std::vector<build::DeviceId> devices{{0, 0}, {1, 2}};
+  return {
+      built(build::conv2d(in(1, {1, 2, 5, 5}), in(2, {4, 2, 3, 3}), in(3, {4}), conv, out)),
+      built(build::conv2d(in(1, {1, 2, 5, 5}), in(2, {4, 2, 3, 3}), std::nullopt, {}, out)),
+      built(build::conv_transpose1d(in(1, {1, 2, 5}), in(2, {2, 3, 3}), in(3, {3}), transposed, out)),
+      built(build::max_pool2d(in(1, {1, 1, 5, 5}), max_pool, out)),
+      built(build::avg_pool2d(in(1, {2, 1, 5, 5}), avg_pool, out)),
+      built(build::all_reduce(in(1, {3}), ir::ReduceOperation::Mean, devices, out)),
+      built(build::all_reduce(in(1, {3}), ir::ReduceOperation::Sum, {}, out)),
+  };
+}
+
+std::vector<ir::Operation> session_ops() {
+  std::vector<ir::Operation> ops = layout_and_indexing_ops();
+  for (ir::Operation& op : module_and_collective_ops()) ops.push_back(std::move(op));
+  return ops;
+}
+
+TEST(OperationCheck, AcceptsEveryKindASessionEmits) {
+  for (const ir::Operation& op : session_ops()) KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+}
+
+TEST(OperationCheck, RefusesALieAboutAnOutputOfEveryNewKind) {
+  for (const ir::Operation& op : session_ops()) {
+    for (std::size_t o = 0; o < op.outputs().size(); ++o) {
+      ir::Operation lie = op;
+      lie.outputs()[o].shape.push_back(7);
+      EXPECT_FALSE(check_client_operation(lie).ok()) << lie.to_string();
+      ir::Operation wrong_dtype = op;
+      wrong_dtype.outputs()[o].dtype = DType(DTypeKind::F64);
+      EXPECT_FALSE(check_client_operation(wrong_dtype).ok()) << wrong_dtype.to_string();
+    }
+  }
+}
+
+// Refused with `what` in the message.
+void expect_refused(const ir::Operation& op, const std::string& what) {
+  const Status st = check_client_operation(op);
+  ASSERT_FALSE(st.ok()) << op.to_string();
+  EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
+}
+
+TEST(OperationCheck, RefusesHostileAttributesWithAnError) {
+  const std::vector<ir::Operation> ops = session_ops();
+  auto find = [&](OpKind k) {
+    for (const ir::Operation& op : ops)
+      if (op.kind == k) return op;
+    ADD_FAILURE() << "no op of kind " << static_cast<int>(k);
+    return ops[0];
+  };
+  ir::Operation op = find(OpKind::Base_Scatter);
+  op.attrs[1] = 9;  // no such update rule
+  expect_refused(op, "unknown indexing update 9");
+  op = find(OpKind::Base_SelectAssign);
+  op.attrs[0] = -1;
+  expect_refused(op, "negative");
+  op = find(OpKind::Base_RepeatDim);
+  op.attrs[1] = INT64_MAX;  // the repeated size overflows
+  expect_refused(op, "RepeatDim");
+  op = find(OpKind::Numeric_Pad);
+  op.attrs.pop_back();  // half a pair
+  expect_refused(op, "unexpected number");
+  op = find(OpKind::Numeric_Pad);
+  op.attrs[0] = 7;  // no such mode (and a constant)
+  expect_refused(op, "Pad");
+  op = find(OpKind::Module_Conv2d);
+  op.attrs[0] = 0;  // stride 0
+  expect_refused(op, "stride");
+  op = find(OpKind::Module_Conv2d);
+  op.attrs.clear();
+  expect_refused(op, "missing");
+  op = find(OpKind::Module_MaxPool2d);
+  op.attrs[8] = 5;  // a flag other than 0 or 1
+  expect_refused(op, "differs");
+  op = find(OpKind::Distributed_AllReduce);
+  op.attrs[1] = std::int64_t{1} << 40;  // not two u16
+  expect_refused(op, "differs");
+  op = find(OpKind::Distributed_AllReduce);
+  op.attrs[0] = 9;
+  expect_refused(op, "unknown reduce operation");
+  op = find(OpKind::Base_GatherNd);
+  op.tensors[1].shape = {3, 9};  // tuples longer than the data's rank
+  expect_refused(op, "GatherNd");
+  op = find(OpKind::Base_Select);
+  op.tensors[1].shape = {2, 2};  // indices of rank 2
+  expect_refused(op, "Select");
+}
+
+TEST(OperationCheck, TheTwoOutputsOfMaxDimWithIndicesAreBothChecked) {
+  const std::vector<ir::Operation> ops = layout_and_indexing_ops();
+  const auto it = std::find_if(ops.begin(), ops.end(),
+                               [](const ir::Operation& op) { return op.kind == OpKind::Numeric_MaxDimWithIndices; });
+  ASSERT_NE(it, ops.end());
+  ir::Operation float_indices = *it;
+  float_indices.outputs()[1].dtype = kF32;  // indices must be an integer dtype
+  expect_refused(float_indices, "index dtype");
+  ir::Operation one_output = *it;
+  one_output.tensors.pop_back();
+  expect_refused(one_output, "not accepted over IPC");
+  // The memo applies the id rules to both outputs on a hit.
+  OperationCheckMemo memo;
+  KILN_ASSERT_OK(memo.check(*it));
+  ir::Operation again = *it;
+  again.tensors[0].id = TensorId(20), again.tensors[1].id = TensorId(21), again.tensors[2].id = TensorId(22);
+  KILN_ASSERT_OK(memo.check(again));
+  EXPECT_EQ(memo.hits(), 1u);
+  ir::Operation aliased = again;
+  aliased.tensors[2].id = TensorId(20);  // out_indices is the input
+  Status st = memo.check(aliased);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("also an input"), std::string::npos) << st.error().message;
+  EXPECT_FALSE(check_client_operation(aliased).ok());
+  ir::Operation twice = again;
+  twice.tensors[2].id = TensorId(21);  // out_indices is out
+  st = memo.check(twice);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("used twice"), std::string::npos) << st.error().message;
+  EXPECT_FALSE(check_client_operation(twice).ok());
+}
+
+TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
+  namespace build = ir::build;
+  const TensorIr x = in(1, {2, 3});
+  const std::vector<ir::Operation> refused{
+      built(build::embedding(in(1, {4, 3}), typed(2, {2, 2}, kI64), TensorId(10))),
+      built(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, x, 1, 2, kI64, TensorId(10),
+                                     TensorId(11))),
+      built(build::sync_collective()),
+      built(build::init({2, 3}, kF32, TensorId(10))),
+      built(build::random(Family::Float, OpKind::Float_Random, {2}, kF32, {}, TensorId(10))),
+  };
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : refused) {
+    expect_refused(op, "not accepted over IPC");
+    EXPECT_FALSE(memo.check(op).ok()) << op.to_string();
+  }
 }
 
 }  // namespace

@@ -4,8 +4,12 @@
 // but its output shapes and dtypes are whatever the client wrote, and the fused kernels trust
 // them. So the daemon rebuilds every operation through the ir builders — from the claimed
 // inputs, scalars and attributes — and accepts it only if the builder returns exactly the same
-// operation. Kinds the client library never emits (module ops, custom ops, creation from
-// random distributions, collectives, ...) are refused by name: a narrow surface is the point.
+// operation. Kinds the client library never emits (custom ops, Init, creation from random
+// distributions, TopKWithIndices, Module Embedding, SyncCollective, ...) are refused by name: a
+// narrow surface is the point. Accepted: every kind a runtime::Session call emits — elementwise,
+// matmul, reductions and scans (MaxDimWithIndices / MinDimWithIndices with their two outputs),
+// layout, indexing and assignment, pad, creation, Conv2d, ConvTranspose1d, MaxPool2d, AvgPool2d
+// and AllReduce.
 //
 // Thread-safety: a pure function.
 #pragma once

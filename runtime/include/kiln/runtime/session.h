@@ -7,8 +7,10 @@
 //
 // Dtypes: the family of an op follows its operand (float → NumericFloat / BaseFloat, integer →
 // NumericInt / BaseInt, bool → BaseBool). Comparisons produce the device bool dtype
-// (kBoolDType, Bool(Native)); argmax produces kIndexDType (i64). Scalars are passed as double and
-// converted to the operand's dtype (ScalarIr::from_f64): integers beyond 2^53 lose precision.
+// (kBoolDType, Bool(Native)), and so do any / all and is_nan / is_inf; argmax, argmin and the
+// indices of max_dim_with_indices / min_dim_with_indices are kIndexDType (i64). Scalars are passed
+// as double and converted to the operand's dtype (ScalarIr::from_f64): integers beyond 2^53 lose
+// precision.
 //
 // Thread-safety: a Session may be used from any number of threads at once; each thread works on
 // its current stream. A Tensor may be copied, moved and destroyed on any thread (its counter is
@@ -172,6 +174,29 @@ class Session {
   // PowfScalar / PowiScalar).
   Result<Tensor> pow(Tensor a, Tensor b);
   Result<Tensor> pow(Tensor a, double e);
+  // Elementwise max / min (float or int; Burn's max_pair / min_pair), docs/spec/ir.md §5.11.
+  Result<Tensor> maximum(Tensor a, Tensor b);  // F/I Lower(a, b) → m (Bd), Base* MaskWhere{a, m, b}
+  Result<Tensor> minimum(Tensor a, Tensor b);  // F/I Lower(b, a) → m (Bd), Base* MaskWhere{a, m, b}
+  Result<Tensor> maximum(Tensor a, double s);  // F/I LowerElem(a, s) → m, Base* MaskFill{a, m, s}
+  Result<Tensor> minimum(Tensor a, double s);  // F/I GreaterElem(a, s) → m, Base* MaskFill{a, m, s}
+
+  // ---- Logic (bool) and bitwise (integer) ops, docs/spec/ir.md §5.11. The trailing underscore
+  // avoids the alternative tokens `and`, `or`, `xor`, `not`. A scalar with a bool tensor is a
+  // bool (nonzero = true), materialized (K) as BaseBool Ones (true) or Zeros (false) of S(a) and
+  // D(a) before the tensor form; with an integer tensor it is converted to D(a). Float operands
+  // are an error (the Int builders' message).
+  Result<Tensor> and_(Tensor a, Tensor b);  // bool: Bool And; int: Int BitwiseAnd
+  Result<Tensor> or_(Tensor a, Tensor b);   // bool: Bool Or; int: Int BitwiseOr
+  Result<Tensor> xor_(Tensor a, Tensor b);  // bool: BaseBool Equal (D(a)), then Bool Not; int: Int BitwiseXor
+  Result<Tensor> and_(Tensor a, double s);  // bool: Ones/Zeros, then Bool And; int: Int BitwiseAndScalar
+  Result<Tensor> or_(Tensor a, double s);   // bool: Ones/Zeros, then Bool Or; int: Int BitwiseOrScalar
+  Result<Tensor> xor_(Tensor a, double s);  // bool: Ones/Zeros, Equal, Bool Not; int: Int BitwiseXorScalar
+  Result<Tensor> not_(Tensor a);            // bool: Bool Not (D(a)); int: Int BitwiseNot
+  // Shifts (integer only; the right shift is arithmetic for signed dtypes).
+  Result<Tensor> bitwise_left_shift(Tensor a, Tensor b);   // Int BitwiseLeftShift
+  Result<Tensor> bitwise_left_shift(Tensor a, double s);   // Int BitwiseLeftShiftScalar
+  Result<Tensor> bitwise_right_shift(Tensor a, Tensor b);  // Int BitwiseRightShift (arithmetic)
+  Result<Tensor> bitwise_right_shift(Tensor a, double s);  // Int BitwiseRightShiftScalar
 
   // ---- Unary. neg = MulScalar(−1); abs float or int; the rest float only.
   Result<Tensor> neg(Tensor a);
@@ -190,6 +215,15 @@ class Session {
   Result<Tensor> relu(Tensor a);     // LowerEqualElem(x, 0), MaskFill(x, m, 0)
   Result<Tensor> gelu(Tensor a);     // exact: x * (1 + erf(x / √2)) / 2
   Result<Tensor> silu(Tensor a);     // x * sigmoid(x)
+  Result<Tensor> floor(Tensor a);    // Float Floor
+  Result<Tensor> ceil(Tensor a);     // Float Ceil
+  Result<Tensor> round(Tensor a);    // Float Round (half to even)
+  Result<Tensor> trunc(Tensor a);    // Float Trunc
+  // sign (float or int): Zeros(S, D) → z, LowerElem(a, 0) → m1, GreaterElem(a, 0) → m2,
+  // MaskFill(z, m1, −1) → r, MaskFill(r, m2, 1); never Numeric Sign (docs/spec/ir.md §5.3).
+  Result<Tensor> sign(Tensor a);
+  Result<Tensor> is_nan(Tensor a);  // Float IsNan → kBoolDType
+  Result<Tensor> is_inf(Tensor a);  // Float IsInf → kBoolDType
 
   // ---- Comparisons → kBoolDType tensors (eq of bool operands keeps D(lhs)).
   Result<Tensor> eq(Tensor a, Tensor b);
@@ -215,6 +249,16 @@ class Session {
   // a cast to bool is an error (compare with ne(x, 0) instead).
   Result<Tensor> cast(Tensor a, ir::DType target);
 
+  // ---- Creation (no inputs). The family follows `dtype`: BaseFloat, BaseInt or BaseBool for
+  // Zeros / Ones / Empty, NumericFloat or NumericInt for Full.
+  Result<Tensor> zeros(ir::Shape shape, ir::DType dtype = ir::dtypes::f32);  // Base* Zeros
+  Result<Tensor> ones(ir::Shape shape, ir::DType dtype = ir::dtypes::f32);   // Base* Ones
+  // Base* Empty: the contents are unspecified (the reference backend zero-fills).
+  Result<Tensor> empty(ir::Shape shape, ir::DType dtype = ir::dtypes::f32);
+  // F/I Full{value} (value converted to dtype); a bool dtype gives BaseBool Ones (value != 0) or
+  // Zeros, as the bool-scalar rule of docs/spec/ir.md §5.11 materializes a bool.
+  Result<Tensor> full(ir::Shape shape, double value, ir::DType dtype = ir::dtypes::f32);
+
   // ---- Reductions. Along `dim`: the IR keeps the axis (size 1); keepdim = false adds a Reshape
   // that removes it (an error on a rank-1 input: kiln has no rank-0 tensors). Whole tensor: [1],
   // or the rank-r all-ones shape with keepdim = true.
@@ -225,6 +269,30 @@ class Session {
   Result<Tensor> argmax(Tensor a, std::uint64_t dim, bool keepdim = true);  // kIndexDType
   Result<Tensor> sum(Tensor a, bool keepdim = false);
   Result<Tensor> mean(Tensor a, bool keepdim = false);
+  Result<Tensor> prod_dim(Tensor a, std::uint64_t dim, bool keepdim = true);     // F/I ProdDim
+  Result<Tensor> max_abs_dim(Tensor a, std::uint64_t dim, bool keepdim = true);  // F/I MaxAbsDim
+  Result<Tensor> argmin(Tensor a, std::uint64_t dim, bool keepdim = true);       // F/I ArgMin → kIndexDType
+  Result<Tensor> any_dim(Tensor a, std::uint64_t dim, bool keepdim = true);      // Base* AnyDim → kBoolDType
+  Result<Tensor> all_dim(Tensor a, std::uint64_t dim, bool keepdim = true);      // Base* AllDim → kBoolDType
+  Result<Tensor> prod(Tensor a, bool keepdim = false);                           // F/I Prod
+  Result<Tensor> max(Tensor a, bool keepdim = false);                            // F/I Max
+  Result<Tensor> min(Tensor a, bool keepdim = false);                            // F/I Min
+  Result<Tensor> max_abs(Tensor a, bool keepdim = false);                        // F/I MaxAbs
+  Result<Tensor> any(Tensor a, bool keepdim = false);  // Base* Any → kBoolDType (x != 0; NaN is true)
+  Result<Tensor> all(Tensor a, bool keepdim = false);  // Base* All → kBoolDType
+  // Whole tensor (K): Base* Reshape(a → [numel]), then F/I ArgMax / ArgMin on axis 0 → [1], kIndexDType.
+  Result<Tensor> argmax(Tensor a);
+  Result<Tensor> argmin(Tensor a);
+  // (values, indices) along `dim`: F/I MaxDimWithIndices / MinDimWithIndices, both outputs S(a)
+  // with [dim] = 1, indices kIndexDType (the first occurrence); keepdim = false adds a Reshape
+  // per output.
+  Result<std::pair<Tensor, Tensor>> max_dim_with_indices(Tensor a, std::uint64_t dim, bool keepdim = true);
+  Result<std::pair<Tensor, Tensor>> min_dim_with_indices(Tensor a, std::uint64_t dim, bool keepdim = true);
+  // Inclusive scans along `dim`: F/I CumSum / CumProd / CumMin / CumMax (DimOp), S(a), D(a).
+  Result<Tensor> cumsum(Tensor a, std::uint64_t dim);
+  Result<Tensor> cumprod(Tensor a, std::uint64_t dim);
+  Result<Tensor> cummin(Tensor a, std::uint64_t dim);
+  Result<Tensor> cummax(Tensor a, std::uint64_t dim);
 
   // ---- Compute and layout.
   Result<Tensor> matmul(Tensor a, Tensor b);
@@ -237,6 +305,46 @@ class Session {
   Result<Tensor> cat(std::vector<Tensor> tensors, std::uint64_t dim);
   // Base Gather{tensor, dim, indices} (indices integer, same rank as tensor).
   Result<Tensor> gather(Tensor a, std::uint64_t dim, Tensor indices);
+  Result<Tensor> flip(Tensor a, std::vector<std::uint64_t> axes);               // Base* Flip
+  Result<Tensor> repeat_dim(Tensor a, std::uint64_t dim, std::uint64_t times);  // Base* RepeatDim
+  // Base* Select{tensor, dim, indices}: indices integer of rank 1; S(a) with [dim] = indices[0].
+  Result<Tensor> select(Tensor a, std::uint64_t dim, Tensor indices);
+  // Base* SelectAssign{tensor, dim, indices, value, update}: value must be S(a) with [dim] =
+  // indices[0] (checked here: the builder leaves it to the kernel).
+  Result<Tensor> select_assign(Tensor a, std::uint64_t dim, Tensor indices, Tensor value, ir::IndexingUpdate update);
+  // Base* SliceAssign{tensor, ranges, value}: value must have the slice's shape (checked here).
+  Result<Tensor> slice_assign(Tensor a, std::vector<ir::Slice> ranges, Tensor value);
+  // Base* Scatter{tensor, dim, indices, value, update}: indices and value of a's rank, indices no
+  // larger than value, nor than a outside `dim` (checked here).
+  Result<Tensor> scatter(Tensor a, std::uint64_t dim, Tensor indices, Tensor value, ir::IndexingUpdate update);
+  // Base* GatherNd{data, indices}: indices [..., k] address the first k dims of data.
+  Result<Tensor> gather_nd(Tensor data, Tensor indices);
+  // F/I Pad (docs/spec/ir.md §6.4): `padding` applies to the last padding.size() dims, in dim
+  // order; `value` is the constant of PadMode::Constant (unused by Reflect and Edge).
+  Result<Tensor> pad(Tensor a, std::vector<ir::build::PadPair> padding, ir::PadMode mode = ir::PadMode::Constant,
+                     double value = 0);
+
+  // ---- Module ops (float; docs/spec/ir.md §5.8, shapes §6.3).
+  // Module Conv2d{x [N, C, H, W], weight [C_out, C / groups, kh, kw], bias? [C_out], options}.
+  Result<Tensor> conv2d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                        const ir::build::Conv2dOptions& options = {});
+  // Module ConvTranspose1d{x [N, C, L], weight [C, C_out / groups, k], bias? [C_out], options}.
+  Result<Tensor> conv_transpose1d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                                  const ir::build::ConvTranspose1dOptions& options = {});
+  Result<Tensor> max_pool2d(Tensor x, const ir::build::MaxPool2dOptions& options);  // Module MaxPool2d
+  Result<Tensor> avg_pool2d(Tensor x, const ir::build::AvgPool2dOptions& options);  // Module AvgPool2d
+  // weights [V, E] (float), indices [B, S] (integer) → [B, S, E]: BaseInt Reshape(indices →
+  // [B·S]), BaseFloat Select(weights, 0, ·) → [B·S, E], BaseFloat Reshape(→ [B, S, E]); never
+  // Module Embedding (docs/spec/ir.md §5.11).
+  Result<Tensor> embedding(Tensor weights, Tensor indices);
+
+  // ---- Collectives (docs/spec/ir.md §5.11).
+  // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
+  // themselves only: naming another device fails at execution (Unsupported).
+  Result<Tensor> all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids);
+  // No IR (the fusion client's form): drains the current stream, as sync() does. kiln's backends
+  // are single-device, so nothing else is pending (the reference's SyncCollective is a no-op).
+  Status sync_collective();
 
   // ---- Composites (built from the ops above, as Burn's default implementations do).
   // softmax: e = exp(x − max_dim(x, dim)); e / sum_dim(e, dim).
@@ -259,9 +367,13 @@ class Session {
  private:
   friend class Tensor;
   using Builder = std::function<Result<ir::Operation>(std::span<const ir::TensorIr> inputs, ir::TensorId out)>;
+  using MultiBuilder =
+      std::function<Result<ir::Operation>(std::span<const ir::TensorIr> inputs, std::span<const ir::TensorId> outs)>;
   // Shared views for inputs homed elsewhere, the op built (builder errors returned as is),
   // consumed inputs marked, the op queued on the current stream.
   Result<Tensor> run_op(std::span<Tensor> inputs, const Builder& build);
+  // run_op for an op with outs.size() outputs (fresh ids in field order), set on success.
+  Status run_op_outputs(std::span<Tensor> inputs, std::span<std::optional<Tensor>> outs, const MultiBuilder& build);
   Result<Tensor> unary_op(Tensor a, ir::OpKind kind);
   Result<Tensor> binary_op(Tensor a, Tensor b, ir::OpKind kind);
   Result<Tensor> scalar_op(Tensor a, double s, ir::OpKind kind);
@@ -269,6 +381,13 @@ class Session {
   Result<Tensor> compare_scalar_op(Tensor a, double s, ir::OpKind kind);
   Result<Tensor> reduce_dim_op(Tensor a, std::uint64_t dim, bool keepdim, ir::OpKind kind);
   Result<Tensor> reduce_op(Tensor a, bool keepdim, ir::OpKind kind);
+  Result<Tensor> arg_all_op(Tensor a, ir::OpKind kind);
+  Result<std::pair<Tensor, Tensor>> with_indices_op(Tensor a, std::uint64_t dim, bool keepdim, ir::OpKind kind);
+  Result<Tensor> dim_op(Tensor a, std::uint64_t dim, ir::OpKind kind);
+  Result<Tensor> creation_op(ir::Shape shape, ir::DType dtype, ir::OpKind kind);
+  // and_ / or_ / xor_: the Bool kind for bool operands, else the Int kind.
+  Result<Tensor> logic_op(Tensor a, Tensor b, ir::OpKind bool_kind, ir::OpKind int_kind);
+  Result<Tensor> logic_scalar_op(Tensor a, double s, ir::OpKind bool_kind, ir::OpKind int_kind);
   Result<Tensor> squeeze(Tensor a, std::uint64_t dim);
   Result<Tensor> upload(ir::DType dtype, std::span<const std::byte> bytes, std::size_t count, ir::Shape shape);
   Result<HostData> read(Tensor t, ir::DType want);

@@ -1,0 +1,726 @@
+// The client API's (session.h) operations beyond the core suite (api_test.cc): elementwise
+// max / min, logic and bitwise ops, rounding, sign, creation, the remaining reductions and scans,
+// layout and indexing writes, pad, the module ops, embedding and the collectives. Each against
+// values computed here (by hand or in double), each checked for the exact IR kinds it emits where
+// docs/spec/ir.md §5.11 prescribes a decomposition, and for the error value of a bad shape or dtype.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kiln/cpu/cpu_backend.h"
+#include "kiln/cpu/reference_backend.h"
+#include "kiln/runtime/device.h"
+#include "kiln/runtime/session.h"
+#include "kiln/testing/status.h"
+#if KILN_TEST_IPC
+#include "ipc_harness.h"
+#endif
+
+namespace kiln::runtime {
+namespace {
+
+using ir::Shape;
+using ::kiln::testing::ok;
+using Kinds = std::vector<std::string>;
+
+// Built three times (tests/runtime/CMakeLists.txt), as api_test.cc: over the reference backend,
+// over the fast one, and over IPC (KILN_TEST_IPC: the client library and a daemon service).
+std::unique_ptr<DeviceBackend> make_backend() {
+#if KILN_TEST_FAST_BACKEND || KILN_TEST_IPC
+  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2, .jit = cpu::CpuJitMode::Off});
+#else
+  return std::make_unique<cpu::ReferenceCpuBackend>();
+#endif
+}
+
+std::unique_ptr<Device> make_device() {
+  RuntimeOptions o;
+  o.threads = 2;
+  o.fusion = fusion::FusionConfig{};
+  o.config_path = "";  // never read a kiln.toml from the test's directory
+  Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
+  KILN_EXPECT_OK(d);
+  return std::move(d).value();
+}
+
+// A SessionTarget that forwards everything and records the kind of every registered operation
+// ("NumericFloat::Lower"): what a Session call emitted, in order, in process and over IPC alike.
+class RecordingTarget final : public SessionTarget {
+ public:
+  explicit RecordingTarget(SessionTarget& inner) : inner_(inner) {}
+
+  // The kinds registered since the last call.
+  Kinds take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(kinds_, {});
+  }
+
+  ir::TensorId new_tensor_id() override { return inner_.new_tensor_id(); }
+  ir::TensorId new_tensor_ids(std::uint64_t count) override { return inner_.new_tensor_ids(count); }
+  Status upload(StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
+                std::span<const std::byte> bytes) override {
+    return inner_.upload(home, id, dtype, std::move(shape), bytes);
+  }
+  Status register_op(StreamId stream, ir::Operation&& op) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kinds_.push_back(op.kind_name());
+    }
+    return inner_.register_op(stream, std::move(op));
+  }
+  Status drain(StreamId stream) override { return inner_.drain(stream); }
+  Result<HostData> read(StreamId home, const ir::TensorIr& t) override { return inner_.read(home, t); }
+  Status read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) override {
+    return inner_.read_into(home, t, dst);
+  }
+  Status drop(StreamId home, const ir::TensorIr& t) override { return inner_.drop(home, t); }
+  Status share(StreamId src_stream, ir::TensorId src, StreamId dst_stream, ir::TensorId dst) override {
+    return inner_.share(src_stream, src, dst_stream, dst);
+  }
+  void claim_stream(StreamId stream) override { inner_.claim_stream(stream); }
+
+ private:
+  SessionTarget& inner_;
+  std::mutex mu_;
+  Kinds kinds_;
+};
+
+class ApiOps : public ::testing::Test {
+ protected:
+  std::unique_ptr<Device> dev = make_device();
+#if KILN_TEST_IPC
+  kiln::testing::IpcHarness ipc{*dev};
+  RecordingTarget rec{ipc.target()};
+#else
+  RecordingTarget rec{*dev};
+#endif
+  std::unique_ptr<Session> s = std::make_unique<Session>(rec);
+
+  void TearDown() override { s.reset(); }
+
+  Tensor f32(std::vector<float> v, Shape shape) { return ok(s->from_host(v, std::move(shape))); }
+  Tensor i64(std::vector<std::int64_t> v, Shape shape) { return ok(s->from_host(v, std::move(shape))); }
+  Tensor bools(std::vector<bool> v, Shape shape) { return ok(s->from_host(v, std::move(shape))); }
+  // Reads an f32 tensor and checks its shape.
+  std::vector<double> get(Result<Tensor> r, const Shape& shape) {
+    Tensor t = ok(std::move(r));
+    EXPECT_EQ(t.shape(), shape);
+    std::vector<float> v = ok(s->to_host<float>(std::move(t)));
+    return std::vector<double>(v.begin(), v.end());
+  }
+  std::vector<bool> get_bool(Result<Tensor> r, const Shape& shape) {
+    Tensor t = ok(std::move(r));
+    EXPECT_EQ(t.shape(), shape);
+    EXPECT_EQ(t.dtype(), Session::kBoolDType);
+    return ok(s->to_host<bool>(std::move(t)));
+  }
+  std::vector<std::int64_t> get_i64(Result<Tensor> r, const Shape& shape) {
+    Tensor t = ok(std::move(r));
+    EXPECT_EQ(t.shape(), shape);
+    return ok(s->to_host<std::int64_t>(std::move(t)));
+  }
+  // The kinds `f` registers (its inputs are uploaded before: uploads register no operation).
+  template <class F>
+  Kinds kinds_of(F&& f) {
+    (void)rec.take();
+    f();
+    return rec.take();
+  }
+  // The error message of a call that must fail.
+  static std::string error_of(Result<Tensor> r) {
+    EXPECT_FALSE(r.ok()) << "the call succeeded";
+    return r.ok() ? std::string("ok") : r.error().to_string();
+  }
+};
+
+void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-5) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], tol * std::max(1.0, std::abs(want[i]))) << "at " << i;
+}
+
+// The message names `what` (an op kind or a call).
+#define EXPECT_NAMES(message, what) EXPECT_NE((message).find(what), std::string::npos) << (message)
+
+// ---- Elementwise max / min
+
+TEST_F(ApiOps, MaximumAndMinimumTensorAndScalar) {
+  const std::vector<float> av{1, 5, -2, 4}, bv{3, 2};  // a [2, 2], b [1, 2] (broadcast over rows)
+  Tensor a = f32(av, {2, 2}), b = f32(bv, {1, 2});
+  std::vector<double> mx, mn, mxs, mns;
+  for (int i = 0; i < 4; ++i) {
+    const double x = av[i], y = bv[i % 2];
+    mx.push_back(std::max(x, y)), mn.push_back(std::min(x, y));
+    mxs.push_back(std::max(x, 2.5)), mns.push_back(std::min(x, 2.5));
+  }
+  expect_near(get(s->maximum(a, b), {2, 2}), mx);
+  expect_near(get(s->minimum(a, b), {2, 2}), mn);
+  expect_near(get(s->maximum(a, 2.5), {2, 2}), mxs);
+  expect_near(get(s->minimum(a, 2.5), {2, 2}), mns);
+  EXPECT_EQ(get_i64(s->maximum(i64({-3, 7}, {2}), i64({0, 9}, {2})), {2}), (std::vector<std::int64_t>{0, 9}));
+  EXPECT_EQ(get_i64(s->minimum(i64({-3, 7}, {2}), 0.0), {2}), (std::vector<std::int64_t>{-3, 0}));
+  // docs/spec/ir.md §5.11: one comparison, then a select.
+  EXPECT_EQ(kinds_of([&] { ok(s->maximum(a, b)); }), (Kinds{"NumericFloat::Lower", "BaseFloat::MaskWhere"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->minimum(a, b)); }), (Kinds{"NumericFloat::Lower", "BaseFloat::MaskWhere"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->maximum(a, 1.0)); }), (Kinds{"NumericFloat::LowerElem", "BaseFloat::MaskFill"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->minimum(a, 1.0)); }), (Kinds{"NumericFloat::GreaterElem", "BaseFloat::MaskFill"}));
+  Tensor n = i64({1, 2}, {2});
+  EXPECT_EQ(kinds_of([&] { ok(s->maximum(n, n)); }), (Kinds{"NumericInt::Lower", "BaseInt::MaskWhere"}));
+  // Errors: mixed dtypes, shapes that do not broadcast, bool operands.
+  EXPECT_NAMES(error_of(s->maximum(a, i64({1, 2}, {1, 2}))), "Lower");
+  EXPECT_NAMES(error_of(s->minimum(a, f32({1, 2, 3}, {1, 3}))), "Lower");
+  EXPECT_NAMES(error_of(s->maximum(bools({true}, {1}), 0.0)), "LowerElem");
+}
+
+// ---- Logic and bitwise
+
+TEST_F(ApiOps, LogicOnBoolTensors) {
+  const std::vector<bool> pv{true, true, false, false}, qv{true, false, true, false};
+  Tensor p = bools(pv, {4}), q = bools(qv, {4});
+  std::vector<bool> and_v, or_v, xor_v, not_v;
+  for (int i = 0; i < 4; ++i)
+    and_v.push_back(pv[i] && qv[i]), or_v.push_back(pv[i] || qv[i]), xor_v.push_back(pv[i] != qv[i]),
+        not_v.push_back(!pv[i]);
+  EXPECT_EQ(get_bool(s->and_(p, q), {4}), and_v);
+  EXPECT_EQ(get_bool(s->or_(p, q), {4}), or_v);
+  EXPECT_EQ(get_bool(s->xor_(p, q), {4}), xor_v);
+  EXPECT_EQ(get_bool(s->not_(p), {4}), not_v);
+  // Broadcast: [4] with [1].
+  EXPECT_EQ(get_bool(s->and_(p, bools({true}, {1})), {4}), pv);
+  // The bool-scalar rule: true / false as a tensor of S(p), then the tensor form.
+  EXPECT_EQ(get_bool(s->and_(p, true), {4}), pv);
+  EXPECT_EQ(get_bool(s->and_(p, false), {4}), (std::vector<bool>(4, false)));
+  EXPECT_EQ(get_bool(s->or_(p, false), {4}), pv);
+  EXPECT_EQ(get_bool(s->or_(p, true), {4}), (std::vector<bool>(4, true)));
+  EXPECT_EQ(get_bool(s->xor_(p, true), {4}), not_v);
+  EXPECT_EQ(get_bool(s->xor_(p, false), {4}), pv);
+  // docs/spec/ir.md §5.11 and §5.3: Bool And / Or; xor as Equal + Not, never Bool Xor.
+  EXPECT_EQ(kinds_of([&] { ok(s->and_(p, q)); }), (Kinds{"Bool::And"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->or_(p, q)); }), (Kinds{"Bool::Or"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->xor_(p, q)); }), (Kinds{"BaseBool::Equal", "Bool::Not"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->not_(p)); }), (Kinds{"Bool::Not"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->and_(p, true)); }), (Kinds{"BaseBool::Ones", "Bool::And"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->or_(p, false)); }), (Kinds{"BaseBool::Zeros", "Bool::Or"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->xor_(p, true)); }), (Kinds{"BaseBool::Ones", "BaseBool::Equal", "Bool::Not"}));
+  // Errors: a bool with an int tensor, shapes that do not broadcast, a float operand.
+  EXPECT_NAMES(error_of(s->and_(p, i64({1, 0, 1, 0}, {4}))), "Bool::And");
+  EXPECT_NAMES(error_of(s->or_(p, bools({true, false}, {2}))), "Bool::Or");
+  EXPECT_NAMES(error_of(s->not_(f32({1}, {1}))), "BitwiseNot");
+}
+
+TEST_F(ApiOps, BitwiseOnIntegerTensors) {
+  const std::vector<std::int64_t> xv{12, 10, -8}, yv{10, 6, 3}, sh{1, 2, 0};
+  Tensor x = i64(xv, {3}), y = i64(yv, {3});
+  std::vector<std::int64_t> and_v, or_v, xor_v, not_v, ands, ors, xors, shl, shr;
+  for (int i = 0; i < 3; ++i) {
+    and_v.push_back(xv[i] & yv[i]), or_v.push_back(xv[i] | yv[i]), xor_v.push_back(xv[i] ^ yv[i]);
+    not_v.push_back(~xv[i]), ands.push_back(xv[i] & 6), ors.push_back(xv[i] | 1), xors.push_back(xv[i] ^ 5);
+    shl.push_back(static_cast<std::int64_t>(static_cast<std::uint64_t>(xv[i]) << sh[i]));
+    shr.push_back(xv[i] >> 2);  // arithmetic (C++20)
+  }
+  EXPECT_EQ(get_i64(s->and_(x, y), {3}), and_v);
+  EXPECT_EQ(get_i64(s->or_(x, y), {3}), or_v);
+  EXPECT_EQ(get_i64(s->xor_(x, y), {3}), xor_v);
+  EXPECT_EQ(get_i64(s->not_(x), {3}), not_v);
+  EXPECT_EQ(get_i64(s->and_(x, 6.0), {3}), ands);
+  EXPECT_EQ(get_i64(s->or_(x, 1.0), {3}), ors);
+  EXPECT_EQ(get_i64(s->xor_(x, 5.0), {3}), xors);
+  EXPECT_EQ(get_i64(s->bitwise_left_shift(x, i64(sh, {3})), {3}), shl);
+  EXPECT_EQ(get_i64(s->bitwise_right_shift(x, 2.0), {3}), shr);
+  EXPECT_EQ(get_i64(s->bitwise_left_shift(x, 3.0), {3}), (std::vector<std::int64_t>{96, 80, -64}));
+  EXPECT_EQ(get_i64(s->bitwise_right_shift(x, i64({2, 1, 3}, {3})), {3}), (std::vector<std::int64_t>{3, 5, -1}));
+  Tensor small = ok(s->from_host(std::vector<std::int32_t>{5, -1}, {2}));
+  EXPECT_EQ(ok(s->to_host<std::int32_t>(ok(s->and_(small, 3.0)))), (std::vector<std::int32_t>{1, 3}));
+  EXPECT_EQ(kinds_of([&] { ok(s->and_(x, y)); }), (Kinds{"Int::BitwiseAnd"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->xor_(x, y)); }), (Kinds{"Int::BitwiseXor"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->or_(x, 1.0)); }), (Kinds{"Int::BitwiseOrScalar"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->not_(x)); }), (Kinds{"Int::BitwiseNot"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->bitwise_left_shift(x, 1.0)); }), (Kinds{"Int::BitwiseLeftShiftScalar"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->bitwise_right_shift(x, y)); }), (Kinds{"Int::BitwiseRightShift"}));
+  // Errors: float operands, mixed integer widths, shapes that do not broadcast.
+  EXPECT_NAMES(error_of(s->and_(f32({1, 2}, {2}), f32({1, 2}, {2}))), "BitwiseAnd");
+  EXPECT_NAMES(error_of(s->xor_(f32({1, 2}, {2}), 1.0)), "BitwiseXorScalar");
+  EXPECT_NAMES(error_of(s->or_(x, small)), "BitwiseOr");
+  EXPECT_NAMES(error_of(s->bitwise_left_shift(x, i64({1, 2}, {2}))), "BitwiseLeftShift");
+}
+
+// ---- Rounding, sign, NaN / inf tests
+
+TEST_F(ApiOps, RoundingSignAndFloatTests) {
+  const std::vector<float> xv{-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.75f};
+  Tensor x = f32(xv, {2, 3});
+  std::vector<double> fl, ce, ro, tr, sg;
+  for (float v : xv) {
+    fl.push_back(std::floor(v)), ce.push_back(std::ceil(v)), tr.push_back(std::trunc(v));
+    ro.push_back(std::nearbyint(double(v)));  // half to even in the default rounding mode
+    sg.push_back(v > 0 ? 1 : v < 0 ? -1 : 0);
+  }
+  expect_near(get(s->floor(x), {2, 3}), fl);
+  expect_near(get(s->ceil(x), {2, 3}), ce);
+  expect_near(get(s->round(x), {2, 3}), ro);
+  expect_near(get(s->trunc(x), {2, 3}), tr);
+  expect_near(get(s->sign(x), {2, 3}), sg);
+  expect_near(get(s->sign(f32({0, -0.25f, 3}, {3})), {3}), {0, -1, 1});
+  EXPECT_EQ(get_i64(s->sign(i64({-7, 0, 9}, {3})), {3}), (std::vector<std::int64_t>{-1, 0, 1}));
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor special = f32({std::numeric_limits<float>::quiet_NaN(), inf, -inf, 1}, {4});
+  EXPECT_EQ(get_bool(s->is_nan(special), {4}), (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(get_bool(s->is_inf(special), {4}), (std::vector<bool>{false, true, true, false}));
+  EXPECT_EQ(kinds_of([&] { ok(s->floor(x)); }), (Kinds{"Float::Floor"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->ceil(x)); }), (Kinds{"Float::Ceil"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->round(x)); }), (Kinds{"Float::Round"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->trunc(x)); }), (Kinds{"Float::Trunc"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->is_nan(x)); }), (Kinds{"Float::IsNan"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->is_inf(x)); }), (Kinds{"Float::IsInf"}));
+  // docs/spec/ir.md §5.11: sign never emits Numeric Sign.
+  EXPECT_EQ(kinds_of([&] { ok(s->sign(x)); }),
+            (Kinds{"BaseFloat::Zeros", "NumericFloat::LowerElem", "NumericFloat::GreaterElem", "BaseFloat::MaskFill",
+                   "BaseFloat::MaskFill"}));
+  Tensor n = i64({1}, {1});
+  EXPECT_EQ(kinds_of([&] { ok(s->sign(n)); }),
+            (Kinds{"BaseInt::Zeros", "NumericInt::LowerElem", "NumericInt::GreaterElem", "BaseInt::MaskFill",
+                   "BaseInt::MaskFill"}));
+  // Errors: integer operands of float-only ops, a bool sign.
+  EXPECT_NAMES(error_of(s->floor(n)), "Floor");
+  EXPECT_NAMES(error_of(s->round(n)), "Round");
+  EXPECT_NAMES(error_of(s->is_nan(n)), "IsNan");
+  EXPECT_NAMES(error_of(s->sign(bools({true}, {1}))), "sign");
+  EXPECT_EQ(kinds_of([&] { (void)s->sign(bools({true}, {1})); }), Kinds{});
+}
+
+// ---- Creation
+
+TEST_F(ApiOps, Creation) {
+  expect_near(get(s->zeros({2, 3}), {2, 3}), std::vector<double>(6, 0.0));
+  expect_near(get(s->ones({3}), {3}), std::vector<double>(3, 1.0));
+  expect_near(get(s->full({2, 2}, 2.5), {2, 2}), std::vector<double>(4, 2.5));
+  EXPECT_EQ(get_i64(s->ones({2}, ir::dtypes::i64), {2}), (std::vector<std::int64_t>{1, 1}));
+  EXPECT_EQ(get_i64(s->zeros({1, 2}, ir::dtypes::i64), {1, 2}), (std::vector<std::int64_t>{0, 0}));
+  EXPECT_EQ(ok(s->to_host<std::int32_t>(ok(s->full({3}, -4, ir::dtypes::i32)))), (std::vector<std::int32_t>(3, -4)));
+  EXPECT_EQ(ok(s->to_host<double>(ok(s->full({2}, 0.125, ir::dtypes::f64)))), (std::vector<double>(2, 0.125)));
+  EXPECT_EQ(get_bool(s->ones({3}, Session::kBoolDType), {3}), (std::vector<bool>(3, true)));
+  EXPECT_EQ(get_bool(s->zeros({2}, Session::kBoolDType), {2}), (std::vector<bool>(2, false)));
+  EXPECT_EQ(get_bool(s->full({2}, 1, Session::kBoolDType), {2}), (std::vector<bool>(2, true)));
+  EXPECT_EQ(get_bool(s->full({2}, 0, Session::kBoolDType), {2}), (std::vector<bool>(2, false)));
+  // Empty: shape and dtype only (its contents are unspecified).
+  Tensor e = ok(s->empty({2, 3}, ir::dtypes::f64));
+  EXPECT_EQ(e.shape(), (Shape{2, 3}));
+  EXPECT_EQ(e.dtype(), ir::dtypes::f64);
+  EXPECT_EQ(ok(s->to_host<double>(std::move(e))).size(), 6u);
+  EXPECT_EQ(kinds_of([&] { ok(s->zeros({2})); }), (Kinds{"BaseFloat::Zeros"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->ones({2}, ir::dtypes::i32)); }), (Kinds{"BaseInt::Ones"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->empty({2}, Session::kBoolDType)); }), (Kinds{"BaseBool::Empty"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->full({2}, 3)); }), (Kinds{"NumericFloat::Full"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->full({2}, 3, ir::dtypes::i64)); }), (Kinds{"NumericInt::Full"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->full({2}, 1, Session::kBoolDType)); }), (Kinds{"BaseBool::Ones"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->full({2}, 0, Session::kBoolDType)); }), (Kinds{"BaseBool::Zeros"}));
+}
+
+// ---- Reductions and scans
+
+const std::vector<float> kA{1.5f, -2, 0.25f, 3, -0.5f, 4};  // [2, 3]
+
+TEST_F(ApiOps, WholeTensorAndDimReductions) {
+  Tensor a = f32(kA, {2, 3});  // [[1.5, -2, 0.25], [3, -0.5, 4]]
+  double prod = 1, mx = kA[0], mn = kA[0], mabs = 0;
+  std::size_t argmx = 0, argmn = 0;
+  for (std::size_t i = 0; i < kA.size(); ++i) {
+    prod *= kA[i], mabs = std::max(mabs, std::abs(double(kA[i])));
+    if (kA[i] > mx) mx = kA[i], argmx = i;
+    if (kA[i] < mn) mn = kA[i], argmn = i;
+  }
+  expect_near(get(s->prod(a), {1}), {prod});
+  expect_near(get(s->prod(a, true), {1, 1}), {prod});
+  expect_near(get(s->max(a), {1}), {mx});
+  expect_near(get(s->min(a), {1}), {mn});
+  expect_near(get(s->max_abs(a), {1}), {mabs});
+  EXPECT_EQ(get_i64(s->argmax(a), {1}), (std::vector<std::int64_t>{static_cast<std::int64_t>(argmx)}));
+  EXPECT_EQ(get_i64(s->argmin(a), {1}), (std::vector<std::int64_t>{static_cast<std::int64_t>(argmn)}));
+  expect_near(get(s->prod_dim(a, 1), {2, 1}), {1.5 * -2 * 0.25, 3 * -0.5 * 4});
+  expect_near(get(s->prod_dim(a, 0, false), {3}), {1.5 * 3, -2 * -0.5, 0.25 * 4});
+  expect_near(get(s->max_abs_dim(a, 0, false), {3}), {3, 2, 4});
+  expect_near(get(s->max_abs_dim(a, 1), {2, 1}), {2, 4});
+  EXPECT_EQ(get_i64(s->argmin(a, 1), {2, 1}), (std::vector<std::int64_t>{1, 1}));
+  EXPECT_EQ(get_i64(s->argmin(a, 0, false), {3}), (std::vector<std::int64_t>{0, 0, 0}));
+  EXPECT_EQ(get_i64(s->max(i64({3, -9, 7}, {3})), {1}), (std::vector<std::int64_t>{7}));
+  EXPECT_EQ(get_i64(s->min(i64({3, -9, 7}, {3})), {1}), (std::vector<std::int64_t>{-9}));
+  EXPECT_EQ(get_i64(s->prod(i64({2, 3, -4}, {3})), {1}), (std::vector<std::int64_t>{-24}));
+  EXPECT_EQ(get_i64(s->argmin(i64({5, -1, -1}, {3})), {1}), (std::vector<std::int64_t>{1}));  // the first
+  EXPECT_EQ(kinds_of([&] { ok(s->prod(a)); }), (Kinds{"NumericFloat::Prod"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max(a, true)); }), (Kinds{"NumericFloat::Max", "BaseFloat::Reshape"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_abs(a)); }), (Kinds{"NumericFloat::MaxAbs"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->prod_dim(a, 0)); }), (Kinds{"NumericFloat::ProdDim"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->argmin(a, 0, false)); }), (Kinds{"NumericFloat::ArgMin", "BaseInt::Reshape"}));
+  // (K) docs/spec/ir.md §5.11: whole-tensor arg reductions flatten first, even a rank-1 tensor.
+  EXPECT_EQ(kinds_of([&] { ok(s->argmax(a)); }), (Kinds{"BaseFloat::Reshape", "NumericFloat::ArgMax"}));
+  Tensor v = i64({4, 2}, {2});
+  EXPECT_EQ(kinds_of([&] { ok(s->argmin(v)); }), (Kinds{"BaseInt::Reshape", "NumericInt::ArgMin"}));
+  // Errors: an axis out of range, a bool operand, keepdim = false giving rank 0.
+  EXPECT_NAMES(error_of(s->argmin(a, 2)), "ArgMin");
+  EXPECT_NAMES(error_of(s->prod_dim(a, 7)), "ProdDim");
+  EXPECT_NAMES(error_of(s->max(bools({true}, {1}))), "Max");
+  EXPECT_NAMES(error_of(s->max_abs_dim(f32({1, 2}, {2}), 0, false)), "rank-0");
+}
+
+TEST_F(ApiOps, AnyAndAll) {
+  Tensor m = bools({true, false, false, false}, {2, 2});
+  EXPECT_EQ(get_bool(s->any(m), {1}), (std::vector<bool>{true}));
+  EXPECT_EQ(get_bool(s->all(m), {1}), (std::vector<bool>{false}));
+  EXPECT_EQ(get_bool(s->any(m, true), {1, 1}), (std::vector<bool>{true}));
+  EXPECT_EQ(get_bool(s->any_dim(m, 1), {2, 1}), (std::vector<bool>{true, false}));
+  EXPECT_EQ(get_bool(s->all_dim(m, 0, false), {2}), (std::vector<bool>{false, false}));
+  EXPECT_EQ(get_bool(s->all(bools({true, true}, {2})), {1}), (std::vector<bool>{true}));
+  // Numeric operands: x != 0.
+  Tensor f = f32({0, 2, 0, 0}, {2, 2});
+  EXPECT_EQ(get_bool(s->any(f), {1}), (std::vector<bool>{true}));
+  EXPECT_EQ(get_bool(s->all(f32({1, -1, 0.5f}, {3})), {1}), (std::vector<bool>{true}));
+  EXPECT_EQ(get_bool(s->any_dim(f, 0), {1, 2}), (std::vector<bool>{false, true}));
+  EXPECT_EQ(get_bool(s->all_dim(i64({1, 0, 3, 4}, {2, 2}), 1, false), {2}), (std::vector<bool>{false, true}));
+  EXPECT_EQ(get_bool(s->any(i64({0, 0}, {2})), {1}), (std::vector<bool>{false}));
+  EXPECT_EQ(kinds_of([&] { ok(s->any(m)); }), (Kinds{"BaseBool::Any"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->all(f)); }), (Kinds{"BaseFloat::All"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->all_dim(m, 0)); }), (Kinds{"BaseBool::AllDim"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->any_dim(f, 1, false)); }), (Kinds{"BaseFloat::AnyDim", "BaseBool::Reshape"}));
+  EXPECT_NAMES(error_of(s->any_dim(m, 2)), "AnyDim");
+}
+
+TEST_F(ApiOps, MaxAndMinAlongADimWithIndices) {
+  const std::vector<float> xv{3, 1, 3, -2, 5, 5};  // [2, 3]; ties: the first occurrence
+  Tensor x = f32(xv, {2, 3});
+  // Per row (dim 1) and per column (dim 0), by hand from the rule.
+  std::vector<double> row_max, row_min, col_max;
+  std::vector<std::int64_t> row_argmax, row_argmin, col_argmax;
+  for (int r = 0; r < 2; ++r) {
+    int imax = 0, imin = 0;
+    for (int c = 1; c < 3; ++c) {
+      if (xv[r * 3 + c] > xv[r * 3 + imax]) imax = c;
+      if (xv[r * 3 + c] < xv[r * 3 + imin]) imin = c;
+    }
+    row_max.push_back(xv[r * 3 + imax]), row_argmax.push_back(imax);
+    row_min.push_back(xv[r * 3 + imin]), row_argmin.push_back(imin);
+  }
+  for (int c = 0; c < 3; ++c) {
+    const int best = xv[3 + c] > xv[c] ? 1 : 0;
+    col_max.push_back(xv[best * 3 + c]), col_argmax.push_back(best);
+  }
+  auto [mv, mi] = ok(s->max_dim_with_indices(x, 1));
+  EXPECT_EQ(mi.dtype(), Session::kIndexDType);
+  expect_near(get(std::move(mv), {2, 1}), row_max);
+  EXPECT_EQ(get_i64(std::move(mi), {2, 1}), row_argmax);
+  auto [nv, ni] = ok(s->min_dim_with_indices(x, 1, false));
+  expect_near(get(std::move(nv), {2}), row_min);
+  EXPECT_EQ(get_i64(std::move(ni), {2}), row_argmin);
+  auto [cv, ci] = ok(s->max_dim_with_indices(x, 0));
+  expect_near(get(std::move(cv), {1, 3}), col_max);
+  EXPECT_EQ(get_i64(std::move(ci), {1, 3}), col_argmax);
+  auto [iv, ii] = ok(s->min_dim_with_indices(i64({4, -6, 2, 9}, {2, 2}), 0, false));
+  EXPECT_EQ(get_i64(std::move(iv), {2}), (std::vector<std::int64_t>{2, -6}));
+  EXPECT_EQ(get_i64(std::move(ii), {2}), (std::vector<std::int64_t>{1, 0}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_dim_with_indices(x, 1)); }), (Kinds{"NumericFloat::MaxDimWithIndices"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->min_dim_with_indices(x, 1, false)); }),
+            (Kinds{"NumericFloat::MinDimWithIndices", "BaseFloat::Reshape", "BaseInt::Reshape"}));
+  Result<std::pair<Tensor, Tensor>> bad = s->max_dim_with_indices(x, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "MaxDimWithIndices");
+  bad = s->min_dim_with_indices(f32({1, 2}, {2}), 0, false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "rank-0");
+}
+
+TEST_F(ApiOps, CumulativeScans) {
+  const std::vector<float> xv{1, 2, -3, 4, 0.5f, -1};  // [2, 3]
+  Tensor x = f32(xv, {2, 3});
+  // Inclusive scans along dim 1 (rows) with `f`, and along dim 0 (columns).
+  auto scan_rows = [&](double (*f)(double, double)) {
+    std::vector<double> out;
+    for (int r = 0; r < 2; ++r) {
+      double acc = xv[r * 3];
+      out.push_back(acc);
+      for (int c = 1; c < 3; ++c) out.push_back(acc = f(acc, xv[r * 3 + c]));
+    }
+    return out;
+  };
+  expect_near(get(s->cumsum(x, 1), {2, 3}), scan_rows([](double a, double b) { return a + b; }));
+  expect_near(get(s->cumprod(x, 1), {2, 3}), scan_rows([](double a, double b) { return a * b; }));
+  expect_near(get(s->cummax(x, 1), {2, 3}), scan_rows([](double a, double b) { return std::max(a, b); }));
+  expect_near(get(s->cummin(x, 1), {2, 3}), scan_rows([](double a, double b) { return std::min(a, b); }));
+  std::vector<double> cols(xv.begin(), xv.end());
+  for (int c = 0; c < 3; ++c) cols[3 + c] += cols[c];
+  expect_near(get(s->cumsum(x, 0), {2, 3}), cols);
+  EXPECT_EQ(get_i64(s->cumsum(i64({1, 2, 3}, {3}), 0), {3}), (std::vector<std::int64_t>{1, 3, 6}));
+  EXPECT_EQ(get_i64(s->cumprod(i64({2, -3, 4}, {3}), 0), {3}), (std::vector<std::int64_t>{2, -6, -24}));
+  EXPECT_EQ(kinds_of([&] { ok(s->cumsum(x, 1)); }), (Kinds{"NumericFloat::CumSum"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->cumprod(x, 0)); }), (Kinds{"NumericFloat::CumProd"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->cummin(x, 0)); }), (Kinds{"NumericFloat::CumMin"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->cummax(x, 0)); }), (Kinds{"NumericFloat::CumMax"}));
+  EXPECT_NAMES(error_of(s->cumsum(x, 2)), "CumSum");
+  EXPECT_NAMES(error_of(s->cummax(bools({true}, {1}), 0)), "CumMax");
+}
+
+// ---- Layout, indexing and assignment
+
+const std::vector<float> kM{1, 2, 3, 4, 5, 6};  // [2, 3]
+
+TEST_F(ApiOps, FlipRepeatSelectGatherNd) {
+  Tensor a = f32(kM, {2, 3});
+  expect_near(get(s->flip(a, {1}), {2, 3}), {3, 2, 1, 6, 5, 4});
+  expect_near(get(s->flip(a, {0, 1}), {2, 3}), {6, 5, 4, 3, 2, 1});
+  expect_near(get(s->repeat_dim(a, 0, 2), {4, 3}), {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6});
+  expect_near(get(s->repeat_dim(f32({1, 2}, {2, 1}), 1, 3), {2, 3}), {1, 1, 1, 2, 2, 2});
+  // select: out[:, j] = a[:, idx[j]].
+  const std::vector<std::int64_t> idx{2, 0, 2};
+  std::vector<double> sel;
+  for (int r = 0; r < 2; ++r)
+    for (std::int64_t j : idx) sel.push_back(kM[r * 3 + j]);
+  expect_near(get(s->select(a, 1, i64(idx, {3})), {2, 3}), sel);
+  expect_near(get(s->select(a, 0, i64({1}, {1})), {1, 3}), {4, 5, 6});
+  EXPECT_EQ(get_i64(s->select(i64({7, 8, 9}, {3}), 0, i64({2, 2}, {2})), {2}), (std::vector<std::int64_t>{9, 9}));
+  // gather_nd: index tuples of length 2 pick elements, of length 1 pick rows.
+  expect_near(get(s->gather_nd(a, i64({1, 0, 0, 2}, {2, 2})), {2}), {kM[3], kM[2]});
+  expect_near(get(s->gather_nd(a, i64({1, 0}, {2, 1})), {2, 3}), {4, 5, 6, 1, 2, 3});
+  EXPECT_EQ(kinds_of([&] { ok(s->flip(a, {0})); }), (Kinds{"BaseFloat::Flip"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->repeat_dim(a, 1, 2)); }), (Kinds{"BaseFloat::RepeatDim"}));
+  Tensor i = i64({0}, {1});
+  EXPECT_EQ(kinds_of([&] { ok(s->select(a, 0, i)); }), (Kinds{"BaseFloat::Select"}));
+  Tensor t = i64({0, 1}, {1, 2});
+  EXPECT_EQ(kinds_of([&] { ok(s->gather_nd(a, t)); }), (Kinds{"BaseFloat::GatherNd"}));
+  // Errors: a repeated or out-of-range axis, float or rank-2 select indices, tuples longer than
+  // the data's rank.
+  EXPECT_NAMES(error_of(s->flip(a, {1, 1})), "Flip");
+  EXPECT_NAMES(error_of(s->flip(a, {2})), "Flip");
+  EXPECT_NAMES(error_of(s->repeat_dim(a, 2, 2)), "RepeatDim");
+  EXPECT_NAMES(error_of(s->select(a, 0, f32({0}, {1}))), "Select");
+  EXPECT_NAMES(error_of(s->select(a, 0, i64({0, 1}, {1, 2}))), "Select");
+  EXPECT_NAMES(error_of(s->gather_nd(a, i64({0, 0, 0}, {1, 3}))), "GatherNd");
+}
+
+TEST_F(ApiOps, SliceAssignSelectAssignScatter) {
+  Tensor a = f32(kM, {2, 3});
+  // slice_assign: a[0:1, 1:3] = [[7, 8]].
+  expect_near(get(s->slice_assign(a, {ir::Slice{0, 1, 1}, ir::Slice{1, 3, 1}}, f32({7, 8}, {1, 2})), {2, 3}),
+              {1, 7, 8, 4, 5, 6});
+  expect_near(get(s->slice_assign(a, {ir::Slice{1, 2, 1}}, f32({0, 0, 0}, {1, 3})), {2, 3}), {1, 2, 3, 0, 0, 0});
+  // select_assign along dim 0 at row 1: Add, then Assign.
+  const std::vector<float> row{10, 20, 30};
+  std::vector<double> added(kM.begin(), kM.end()), assigned(kM.begin(), kM.end());
+  for (int c = 0; c < 3; ++c) added[3 + c] += row[c], assigned[3 + c] = row[c];
+  expect_near(get(s->select_assign(a, 0, i64({1}, {1}), f32(row, {1, 3}), ir::IndexingUpdate::Add), {2, 3}), added);
+  expect_near(get(s->select_assign(a, 0, i64({1}, {1}), f32(row, {1, 3}), ir::IndexingUpdate::Assign), {2, 3}),
+              assigned);
+  // scatter along dim 1: out[r, idx[r, j]] = update(out[r, idx[r, j]], value[r, j]), in index order.
+  const std::vector<std::int64_t> idx{2, 0, 1, 1};
+  const std::vector<float> val{1, 2, 3, 4};
+  std::vector<double> sc_add(kM.begin(), kM.end()), sc_assign(kM.begin(), kM.end());
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 2; ++j) {
+      const std::size_t at = r * 3 + static_cast<std::size_t>(idx[r * 2 + j]);
+      sc_add[at] += val[r * 2 + j], sc_assign[at] = val[r * 2 + j];
+    }
+  expect_near(get(s->scatter(a, 1, i64(idx, {2, 2}), f32(val, {2, 2}), ir::IndexingUpdate::Add), {2, 3}), sc_add);
+  expect_near(get(s->scatter(a, 1, i64(idx, {2, 2}), f32(val, {2, 2}), ir::IndexingUpdate::Assign), {2, 3}), sc_assign);
+  Tensor v = f32({9}, {1, 1}), i = i64({0}, {1}), ii = i64({0}, {1, 1});
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->slice_assign(a, {ir::Slice{0, 1, 1}, ir::Slice{0, 1, 1}}, v));
+            }),
+            (Kinds{"BaseFloat::SliceAssign"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->select_assign(a, 1, i, f32({1, 2}, {2, 1}), ir::IndexingUpdate::Add));
+            }),
+            (Kinds{"BaseFloat::SelectAssign"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->scatter(a, 0, ii, v, ir::IndexingUpdate::Add)); }), (Kinds{"BaseFloat::Scatter"}));
+  // Errors: a value that does not fit (checked before any IR), mixed dtypes, bad indices.
+  EXPECT_NAMES(error_of(s->slice_assign(a, {ir::Slice{0, 1, 1}}, f32({1, 2}, {1, 2}))), "slice_assign");
+  EXPECT_NAMES(error_of(s->slice_assign(a, {ir::Slice{0, 1, 1}}, i64({1, 2, 3}, {1, 3}))), "SliceAssign");
+  EXPECT_NAMES(error_of(s->select_assign(a, 0, i, f32({1, 2}, {1, 2}), ir::IndexingUpdate::Add)), "select_assign");
+  EXPECT_NAMES(error_of(s->select_assign(a, 0, f32({0}, {1}), f32(row, {1, 3}), ir::IndexingUpdate::Add)),
+               "SelectAssign");
+  EXPECT_NAMES(error_of(s->scatter(a, 1, i64({0}, {1}), f32({1}, {1}), ir::IndexingUpdate::Add)), "scatter");
+  EXPECT_NAMES(error_of(s->scatter(a, 1, ii, i64({1}, {1, 1}), ir::IndexingUpdate::Add)), "Scatter");
+  const Kinds none = kinds_of([&] { (void)s->slice_assign(a, {ir::Slice{0, 1, 1}}, f32({1, 2}, {1, 2})); });
+  EXPECT_EQ(none, Kinds{});
+}
+
+TEST_F(ApiOps, Pad) {
+  Tensor x = f32({1, 2, 3, 4}, {2, 2});
+  // Constant 9: one row before, two columns after.
+  expect_near(get(s->pad(x, {{1, 0}, {0, 2}}, ir::PadMode::Constant, 9), {3, 4}), {9, 9, 9, 9, 1, 2, 9, 9, 3, 4, 9, 9});
+  // The last dim only: reflect (without the edge) and edge (repeated).
+  expect_near(get(s->pad(x, {{1, 1}}, ir::PadMode::Reflect), {2, 4}), {2, 1, 2, 1, 4, 3, 4, 3});
+  expect_near(get(s->pad(x, {{0, 2}}, ir::PadMode::Edge), {2, 4}), {1, 2, 2, 2, 3, 4, 4, 4});
+  expect_near(get(s->pad(x, {}), {2, 2}), {1, 2, 3, 4});
+  EXPECT_EQ(get_i64(s->pad(i64({5, 6}, {2}), {{1, 1}}, ir::PadMode::Constant, -1), {4}),
+            (std::vector<std::int64_t>{-1, 5, 6, -1}));
+  EXPECT_EQ(kinds_of([&] { ok(s->pad(x, {{1, 1}})); }), (Kinds{"NumericFloat::Pad"}));
+  // Errors: reflecting more than size − 1, more pairs than dims, a bool tensor.
+  EXPECT_NAMES(error_of(s->pad(x, {{2, 0}}, ir::PadMode::Reflect)), "Pad");
+  EXPECT_NAMES(error_of(s->pad(x, {{1, 1}, {1, 1}, {1, 1}})), "Pad");
+  EXPECT_NAMES(error_of(s->pad(bools({true}, {1}), {{1, 1}})), "Pad");
+}
+
+// ---- Module ops
+
+// Conv2d in double: x [N, C, H, W], w [O, C, kh, kw] (groups 1), zero padding.
+std::vector<double> conv2d_ref(const std::vector<float>& x, Shape xs, const std::vector<float>& w, Shape ws,
+                               const std::vector<float>& bias, std::uint64_t stride, std::uint64_t pad) {
+  const auto oh = (xs[2] + 2 * pad - ws[2]) / stride + 1, ow = (xs[3] + 2 * pad - ws[3]) / stride + 1;
+  std::vector<double> out;
+  for (std::uint64_t n = 0; n < xs[0]; ++n)
+    for (std::uint64_t o = 0; o < ws[0]; ++o)
+      for (std::uint64_t i = 0; i < oh; ++i)
+        for (std::uint64_t j = 0; j < ow; ++j) {
+          double acc = bias.empty() ? 0.0 : bias[o];
+          for (std::uint64_t c = 0; c < xs[1]; ++c)
+            for (std::uint64_t ki = 0; ki < ws[2]; ++ki)
+              for (std::uint64_t kj = 0; kj < ws[3]; ++kj) {
+                const auto h = static_cast<std::int64_t>(i * stride + ki) - static_cast<std::int64_t>(pad);
+                const auto v = static_cast<std::int64_t>(j * stride + kj) - static_cast<std::int64_t>(pad);
+                if (h < 0 || v < 0 || h >= static_cast<std::int64_t>(xs[2]) || v >= static_cast<std::int64_t>(xs[3]))
+                  continue;
+                acc += double(x[((n * xs[1] + c) * xs[2] + h) * xs[3] + v]) *
+                       w[((o * ws[1] + c) * ws[2] + ki) * ws[3] + kj];
+              }
+          out.push_back(acc);
+        }
+  return out;
+}
+
+TEST_F(ApiOps, Conv2dAndConvTranspose1d) {
+  const std::vector<float> xv{1, 2, 3, 4, 5, 6, 7, 8, 9};            // [1, 1, 3, 3]
+  const std::vector<float> wv{1, 0, 0, -1, 0.5f, 0.5f, 0.5f, 0.5f};  // [2, 1, 2, 2]
+  const std::vector<float> bv{0.5f, -1};
+  Tensor x = f32(xv, {1, 1, 3, 3}), w = f32(wv, {2, 1, 2, 2}), b = f32(bv, {2});
+  expect_near(get(s->conv2d(x, w, b), {1, 2, 2, 2}), conv2d_ref(xv, {1, 1, 3, 3}, wv, {2, 1, 2, 2}, bv, 1, 0));
+  expect_near(get(s->conv2d(x, w), {1, 2, 2, 2}), conv2d_ref(xv, {1, 1, 3, 3}, wv, {2, 1, 2, 2}, {}, 1, 0));
+  ir::build::Conv2dOptions strided;
+  strided.stride = {2, 2};
+  strided.padding = {1, 1};
+  expect_near(get(s->conv2d(x, w, b, strided), {1, 2, 2, 2}), conv2d_ref(xv, {1, 1, 3, 3}, wv, {2, 1, 2, 2}, bv, 2, 1));
+  // ConvTranspose1d: x [1, 2, 3], w [2, 1, 2] → [1, 1, L'], each input scattering into
+  // out[l * stride + k] (no padding, dilation 1).
+  const std::vector<float> tx{1, 2, 3, -1, 0.5f, 2}, tw{1, -1, 2, 0.5f};
+  ir::build::ConvTranspose1dOptions topt;
+  topt.stride = 2;
+  const std::uint64_t length = (3 - 1) * 2 + (2 - 1) + 1;
+  std::vector<double> want(length, 0.25);  // the bias
+  for (int c = 0; c < 2; ++c)
+    for (int l = 0; l < 3; ++l)
+      for (int k = 0; k < 2; ++k) want[l * 2 + k] += double(tx[c * 3 + l]) * tw[c * 2 + k];
+  expect_near(get(s->conv_transpose1d(f32(tx, {1, 2, 3}), f32(tw, {2, 1, 2}), f32({0.25f}, {1}), topt), {1, 1, length}),
+              want);
+  EXPECT_EQ(kinds_of([&] { ok(s->conv2d(x, w, b)); }), (Kinds{"Module::Conv2d"}));
+  Tensor t = f32(tx, {1, 2, 3}), tk = f32(tw, {2, 1, 2});
+  EXPECT_EQ(kinds_of([&] { ok(s->conv_transpose1d(t, tk)); }), (Kinds{"Module::ConvTranspose1d"}));
+  // Errors: rank, channels, bias shape, dtype, groups 0, and a transposed channel mismatch.
+  EXPECT_NAMES(error_of(s->conv2d(f32(xv, {1, 3, 3}), w)), "Conv2d");
+  EXPECT_NAMES(error_of(s->conv2d(f32({1, 2}, {1, 2, 1, 1}), w)), "Conv2d");
+  EXPECT_NAMES(error_of(s->conv2d(x, w, f32({1, 2, 3}, {3}))), "Conv2d");
+  EXPECT_NAMES(error_of(s->conv2d(i64({1}, {1, 1, 1, 1}), i64({1}, {1, 1, 1, 1}))), "Conv2d");
+  ir::build::Conv2dOptions no_groups;
+  no_groups.groups = 0;
+  EXPECT_NAMES(error_of(s->conv2d(x, w, std::nullopt, no_groups)), "Conv2d");
+  EXPECT_NAMES(error_of(s->conv_transpose1d(t, f32(tw, {1, 2, 2}))), "ConvTranspose1d");
+}
+
+TEST_F(ApiOps, Pools) {
+  std::vector<float> xv(16);
+  for (int i = 0; i < 16; ++i) xv[i] = static_cast<float>((i * 7) % 11) - 4;  // [1, 1, 4, 4], unordered
+  Tensor x = f32(xv, {1, 1, 4, 4});
+  // Windows of k with stride st and padding p (padding never chosen by max; avg divisor: the
+  // window clipped to the padded input when count_include_pad, else to the input).
+  auto pool = [&](std::uint64_t k, std::uint64_t st, std::uint64_t p, bool is_max, bool include_pad) {
+    const std::int64_t out = static_cast<std::int64_t>((4 + 2 * p - k) / st + 1);
+    std::vector<double> r;
+    for (std::int64_t i = 0; i < out; ++i)
+      for (std::int64_t j = 0; j < out; ++j) {
+        double best = -1e300, sum = 0;
+        std::int64_t inside = 0;
+        const std::int64_t h0 = i * static_cast<std::int64_t>(st) - static_cast<std::int64_t>(p);
+        const std::int64_t w0 = j * static_cast<std::int64_t>(st) - static_cast<std::int64_t>(p);
+        for (std::int64_t h = h0; h < h0 + static_cast<std::int64_t>(k); ++h)
+          for (std::int64_t w = w0; w < w0 + static_cast<std::int64_t>(k); ++w) {
+            if (h < 0 || w < 0 || h >= 4 || w >= 4) continue;
+            best = std::max(best, double(xv[h * 4 + w])), sum += xv[h * 4 + w], ++inside;
+          }
+        r.push_back(is_max ? best : sum / (include_pad ? double(k * k) : double(inside)));
+      }
+    return r;
+  };
+  ir::build::MaxPool2dOptions mp;
+  mp.kernel = {2, 2};
+  mp.stride = {2, 2};
+  expect_near(get(s->max_pool2d(x, mp), {1, 1, 2, 2}), pool(2, 2, 0, true, false));
+  mp.padding = {1, 1};
+  expect_near(get(s->max_pool2d(x, mp), {1, 1, 3, 3}), pool(2, 2, 1, true, false));
+  ir::build::AvgPool2dOptions ap;
+  ap.kernel = {2, 2};
+  ap.stride = {2, 2};
+  expect_near(get(s->avg_pool2d(x, ap), {1, 1, 2, 2}), pool(2, 2, 0, false, true));
+  ap.padding = {1, 1};
+  expect_near(get(s->avg_pool2d(x, ap), {1, 1, 3, 3}), pool(2, 2, 1, false, true));
+  ap.count_include_pad = false;
+  expect_near(get(s->avg_pool2d(x, ap), {1, 1, 3, 3}), pool(2, 2, 1, false, false));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool2d(x, mp)); }), (Kinds{"Module::MaxPool2d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->avg_pool2d(x, ap)); }), (Kinds{"Module::AvgPool2d"}));
+  // Errors: rank 3, an integer tensor, a kernel larger than the padded input.
+  EXPECT_NAMES(error_of(s->max_pool2d(f32(xv, {1, 4, 4}), mp)), "MaxPool2d");
+  EXPECT_NAMES(error_of(s->avg_pool2d(i64({1}, {1, 1, 1, 1}), ap)), "AvgPool2d");
+  ir::build::MaxPool2dOptions huge;
+  huge.kernel = {9, 9};
+  EXPECT_NAMES(error_of(s->max_pool2d(x, huge)), "MaxPool2d");
+}
+
+TEST_F(ApiOps, EmbeddingIsReshapeSelectReshape) {
+  std::vector<float> wv(12);
+  for (int i = 0; i < 12; ++i) wv[i] = 0.5f * static_cast<float>(i) - 1;  // [4, 3]
+  const std::vector<std::int64_t> iv{3, 0, 1, 3};                         // [2, 2]
+  Tensor w = f32(wv, {4, 3}), idx = i64(iv, {2, 2});
+  std::vector<double> want;
+  for (std::int64_t row : iv)
+    for (int e = 0; e < 3; ++e) want.push_back(wv[row * 3 + e]);
+  expect_near(get(s->embedding(w, idx), {2, 2, 3}), want);
+  Tensor narrow = ok(s->from_host(std::vector<std::int32_t>{2, 2, 0}, {1, 3}));
+  expect_near(get(s->embedding(w, narrow), {1, 3, 3}), {wv[6], wv[7], wv[8], wv[6], wv[7], wv[8], wv[0], wv[1], wv[2]});
+  // docs/spec/ir.md §5.11: never Module Embedding.
+  EXPECT_EQ(kinds_of([&] { ok(s->embedding(w, idx)); }),
+            (Kinds{"BaseInt::Reshape", "BaseFloat::Select", "BaseFloat::Reshape"}));
+  // Errors (before any IR): indices of rank 1, integer weights, float indices.
+  EXPECT_NAMES(error_of(s->embedding(w, i64({1, 2}, {2}))), "embedding");
+  EXPECT_NAMES(error_of(s->embedding(i64({1, 2}, {1, 2}), idx)), "embedding");
+  EXPECT_NAMES(error_of(s->embedding(w, f32({0, 1}, {1, 2}))), "embedding");
+  Tensor flat = i64({1}, {1});
+  EXPECT_EQ(kinds_of([&] { (void)s->embedding(w, flat); }), Kinds{});
+}
+
+// ---- Collectives
+
+TEST_F(ApiOps, AllReduceAndSyncCollective) {
+  Tensor a = f32({1, -2, 3.5f}, {3});
+  // One participant (this device): the sum and the mean of one are the tensor itself.
+  expect_near(get(s->all_reduce(a, ir::ReduceOperation::Sum, {}), {3}), {1, -2, 3.5});
+  expect_near(get(s->all_reduce(a, ir::ReduceOperation::Mean, {ir::build::DeviceId{0, 0}}), {3}), {1, -2, 3.5});
+  EXPECT_EQ(kinds_of([&] { ok(s->all_reduce(a, ir::ReduceOperation::Sum, {})); }), (Kinds{"Distributed::AllReduce"}));
+  // sync_collective emits no IR (docs/spec/ir.md §5.11): it drains the current stream.
+  Tensor queued = ok(s->mul(a, 2.0));
+  EXPECT_EQ(kinds_of([&] { KILN_EXPECT_OK(s->sync_collective()); }), Kinds{});
+  expect_near(get(std::move(queued), {3}), {2, -4, 7});
+  EXPECT_NAMES(error_of(s->all_reduce(a, static_cast<ir::ReduceOperation>(7), {})), "AllReduce");
+}
+
+// The CPU devices reduce over themselves only: a second participant fails at execution, and the
+// failure reaches the read.
+TEST_F(ApiOps, AllReduceOverOtherDevicesFailsAtExecution) {
+  Tensor r = ok(
+      s->all_reduce(f32({1}, {1}), ir::ReduceOperation::Sum, {ir::build::DeviceId{0, 0}, ir::build::DeviceId{0, 1}}));
+  EXPECT_FALSE(s->to_host<float>(std::move(r)).ok());
+}
+
+}  // namespace
+}  // namespace kiln::runtime
