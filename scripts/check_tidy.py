@@ -44,7 +44,7 @@ def project_files(build_dir, root, folders):
 
 def tidy_one(binary, build_dir, path):
     r = subprocess.run([binary, "-p", build_dir, "--quiet", *EXTRA_ARGS, path], capture_output=True, text=True)
-    findings = [line for line in r.stdout.splitlines() if ": error: " in line or ": warning: " in line]
+    findings = [line for line in r.stdout.splitlines() if any(k in line for k in (": error: ", ": warning: ", ": note: "))]
     return path, r.returncode, findings, r.stdout + r.stderr
 
 

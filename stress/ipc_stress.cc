@@ -66,7 +66,9 @@
 
 // As in runtime_stress.cc: Boost.Lockfree's freelist does a benign read TSan reports
 // (boostorg/lockfree#78, open); the daemon's stream actors use that queue for foreign commands.
-extern "C" const char* __tsan_default_suppressions();
+// The name is TSan's hook, reserved to the implementation by design.
+extern "C" const char* __tsan_default_suppressions();  // NOLINT(bugprone-reserved-identifier)
+// NOLINTNEXTLINE(bugprone-reserved-identifier)
 extern "C" const char* __tsan_default_suppressions() { return "race:boost::lockfree::detail::freelist_stack\n"; }
 
 extern char** environ;
@@ -158,6 +160,7 @@ int program_worker(int index, const std::string& job, const std::string& dir, do
     std::optional<Tensor> ballast = check.get(s.from_host(ballast_values, {kBallast}), "ballast upload");
 
     std::vector<std::thread> threads;
+    threads.reserve(kStreams);
     for (int t = 0; t < kStreams; ++t)
       threads.emplace_back([&, t] {
         std::mt19937_64 rng(1000 * static_cast<std::uint64_t>(index) + static_cast<std::uint64_t>(t));
@@ -452,6 +455,7 @@ Result<Child> spawn_worker(std::string name, std::vector<std::string> args) {
   if (pipe2(fds, O_CLOEXEC) != 0) return make_error(ErrorCode::Internal, std::string("pipe2: ") + std::strerror(errno));
   args.insert(args.begin(), {self, kWorkerFlag});
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
@@ -765,7 +769,8 @@ TEST(IpcSoak, KillsHostileClientsAndFloods) {
               double(status_bytes("RssShmem")) / (1 << 20));
   std::printf(
       "soak: %.0f s; %llu workers and hostile clients started, %llu program workers SIGKILLed, %llu hostile clients, "
-      "%llu workers finished, %llu wrong results; at the end %llu tensors / %llu bytes on the device (baseline %llu / "
+      "%llu workers finished, %llu wrong results; at the end %llu tensors / %llu bytes on the device (baseline %llu "
+      "/ "
       "%llu), resident %.1f MiB (%.1f MiB at start), %llu clients served\n",
       seconds_since(t0), static_cast<unsigned long long>(spawned), static_cast<unsigned long long>(kills),
       static_cast<unsigned long long>(hostiles), static_cast<unsigned long long>(finished),

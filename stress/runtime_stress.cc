@@ -29,7 +29,9 @@
 // following CAS fail, so the value read is never used, but TSan reports the plain read
 // (boostorg/lockfree#78, open). Only that pattern is suppressed, and only in this program, where
 // several threads share tensors of one stream and push to its foreign queue at once.
-extern "C" const char* __tsan_default_suppressions();
+// The name is TSan's hook, reserved to the implementation by design.
+extern "C" const char* __tsan_default_suppressions();  // NOLINT(bugprone-reserved-identifier)
+// NOLINTNEXTLINE(bugprone-reserved-identifier)
 extern "C" const char* __tsan_default_suppressions() { return "race:boost::lockfree::detail::freelist_stack\n"; }
 
 namespace kiln::runtime {
@@ -102,10 +104,12 @@ TEST(RuntimeStress, ThreadsTimesStreamsRandomPrograms) {
     }
     std::vector<Handoff> slots(kSlots);
     std::vector<std::thread> threads;
+    threads.reserve(kThreads);
     for (int t = 0; t < kThreads; ++t)
       threads.emplace_back([&, t] {
         std::mt19937_64 rng(1000 + t);
         std::vector<StreamId> streams;
+        streams.reserve(kStreamsPerThread + 1);
         for (int m = 0; m < kStreamsPerThread; ++m) streams.push_back(s.stream_ids().fresh());
         streams.push_back(s.current_stream());  // and the thread's implicit stream
         while (Clock::now() < deadline) {
@@ -136,6 +140,7 @@ TEST(RuntimeStress, SyncStorm) {
     Session s(*dev);
     std::vector<std::thread> threads;
     std::vector<std::atomic<std::uint64_t>> stream_of(8);
+    threads.reserve(8);
     for (int t = 0; t < 8; ++t)
       threads.emplace_back([&, t] {
         stream_of[t].store(s.current_stream().value());
@@ -188,6 +193,7 @@ TEST(RuntimeStress, ShutdownWhileBusy) {
       Session s(*dev);
       std::atomic<int> started{0};
       std::vector<std::thread> producers;
+      producers.reserve(4);
       for (int t = 0; t < 4; ++t)
         producers.emplace_back([&, t] {
           Result<Tensor> x0 = s.from_host(std::vector<float>(16, 1.0f), {kDim, kDim});

@@ -215,6 +215,7 @@ Child spawn(std::vector<std::string> args, bool pipes, const std::string& log = 
     posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
   }
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   Child c;
@@ -327,6 +328,7 @@ void BM_OpsProcs(benchmark::State& state) {
   double total = 0;
   for (auto _ : state) {
     std::vector<Child> kids;
+    kids.reserve(static_cast<std::size_t>(procs));
     for (int i = 0; i < procs; ++i)
       kids.push_back(spawn({self_exe(), kWorkerFlag, g_dir, std::to_string(g_window)}, true));
     for (Child& k : kids) {

@@ -106,7 +106,7 @@ class CpuStreamExecutor final : public fusion::Executor {
 
 }  // namespace
 
-CpuBackend::CpuBackend(CpuBackendOptions options)
+CpuBackend::CpuBackend(const CpuBackendOptions& options)
     : options_(options),
       device_(CpuDeviceOptions{.threads = options.threads,
                                .allocator = options.allocator,

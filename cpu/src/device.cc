@@ -50,7 +50,7 @@ constexpr std::size_t kJitMinInstructions = 2;
 
 }  // namespace
 
-CpuDevice::CpuDevice(CpuDeviceOptions options)
+CpuDevice::CpuDevice(const CpuDeviceOptions& options)
     : allocator_(options.allocator),
       reference_(allocator_, options.seed),
       threads_(resolve_threads(options.threads)),

@@ -259,7 +259,11 @@ void apply_fixup(void* data, VClass cls, Fixup f, std::size_t n) {
     switch (f) {
       case Fixup::Wrap32: KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int32_t>(d[i]); break;
       case Fixup::Wrap16: KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int16_t>(d[i]); break;
-      case Fixup::Wrap8: KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int8_t>(d[i]); break;
+      case Fixup::Wrap8:
+        // The int8's sign extension is the wrap.
+        // NOLINTNEXTLINE(bugprone-signed-char-misuse)
+        KILN_IVDEP for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int8_t>(d[i]);
+        break;
       default: break;
     }
     return;
@@ -386,9 +390,7 @@ inline T un(T x) {
     else
       return wrap_sub(T{0}, x);
   } else if constexpr (C == Code::Sign) {
-    if constexpr (std::is_floating_point_v<T>)
-      return x > 0 ? T{1} : (x < 0 ? T{-1} : T{0});
-    else if constexpr (std::is_signed_v<T>)
+    if constexpr (std::is_floating_point_v<T> || std::is_signed_v<T>)
       return x > 0 ? T{1} : (x < 0 ? T{-1} : T{0});
     else
       return x != 0 ? T{1} : T{0};
@@ -672,6 +674,8 @@ void k_fill(const KArgs& a) {
 
 // ---- Kernel selection
 
+// `name` is a template's name: it cannot be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define KILN_BY_CLASS(name)                          \
   KernelFn name##_for(VClass c) {                    \
     switch (c) {                                     \
@@ -689,6 +693,7 @@ KILN_BY_CLASS(k_mask_fill)
 KILN_BY_CLASS(k_copy)
 KILN_BY_CLASS(k_fill)
 #undef KILN_BY_CLASS
+// NOLINTEND(bugprone-macro-parentheses)
 
 template <Code C, bool S>
 KernelFn arith_kernel(VClass c) {

@@ -387,12 +387,38 @@ void reduce_column_tiles(ReduceCtx& c) {
   });
 }
 
+// One o of the short columns: its n * inner elements through the prologue, each point scattered
+// into its column's accumulator in `line`. False when the prologue faulted.
+template <Red R, class T>
+inline bool accumulate_short_columns(ReduceCtx& c, typename Acc<R, T>::S* line, std::uint64_t o, Scratch& ps,
+                                     std::vector<void*>& pp) {
+  using A = Acc<R, T>;
+  const std::uint64_t n = c.n;
+  const std::uint64_t inner = c.inner;
+  const std::uint64_t base = o * n * inner;
+  const std::uint64_t total = n * inner;
+  for (std::uint64_t f = 0; f < total; f += kBlock) {
+    const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, total - f));
+    if (!c.prologue.run(base + f, len, ps.data(), pp.data())) return false;
+    const T* v = static_cast<const T*>(pp[c.red->input]);
+    std::uint64_t i = f % inner;
+    std::uint64_t j = f / inner;
+    for (std::size_t k = 0; k < len; ++k) {
+      A::point(line[i], v[k], j);
+      if (++i == inner) {
+        i = 0;
+        ++j;
+      }
+    }
+  }
+  return true;
+}
+
 // Short columns (1 < inner < 16): a task walks its o's contiguously, scattering into the columns.
 template <Red R, class T, class O>
 void reduce_short_columns(ReduceCtx& c) {
   using A = Acc<R, T>;
   using S = typename A::S;
-  const std::uint32_t in_reg = c.red->input;
   const std::uint32_t out_reg = c.red->out;
   const std::uint64_t n = c.n;
   const std::uint64_t inner = c.inner;
@@ -413,25 +439,9 @@ void reduce_short_columns(ReduceCtx& c) {
       const std::size_t count = static_cast<std::size_t>((o1 - o0) * inner);
       for (std::size_t i = 0; i < count; ++i) acc[i] = A::init();
       for (std::uint64_t o = o0; o < o1; ++o) {
-        S* line = acc.data() + (o - o0) * inner;
-        const std::uint64_t base = o * n * inner;
-        const std::uint64_t total = n * inner;
-        for (std::uint64_t f = 0; f < total; f += kBlock) {
-          const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, total - f));
-          if (!c.prologue.run(base + f, len, ps.data(), pp.data())) {
-            c.failed.store(true, std::memory_order_relaxed);
-            return;
-          }
-          const T* v = static_cast<const T*>(pp[in_reg]);
-          std::uint64_t i = f % inner;
-          std::uint64_t j = f / inner;
-          for (std::size_t k = 0; k < len; ++k) {
-            A::point(line[i], v[k], j);
-            if (++i == inner) {
-              i = 0;
-              ++j;
-            }
-          }
+        if (!accumulate_short_columns<R, T>(c, acc.data() + (o - o0) * inner, o, ps, pp)) {
+          c.failed.store(true, std::memory_order_relaxed);
+          return;
         }
       }
       for (std::size_t i = 0; i < count; ++i) results[i] = A::template finish<O>(acc[i], n, c.out_fixup);

@@ -874,6 +874,7 @@ std::string read_head(const std::string& path, std::size_t max) {
 // an error message (empty on a zero exit).
 std::string run_process(const std::vector<std::string>& args, const std::string& log) {
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
@@ -933,7 +934,7 @@ std::string find_on_path(const char* name) {
     const std::size_t to = std::min(p.find(':', from), p.size());
     const std::string dir = p.substr(from, to - from);
     if (!dir.empty() && dir[0] == '/') {
-      const std::string cand = dir + "/" + name;
+      std::string cand = dir + "/" + name;
       if (::access(cand.c_str(), X_OK) == 0) return cand;
     }
     from = to + 1;

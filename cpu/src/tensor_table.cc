@@ -34,7 +34,7 @@ std::optional<ShardedTensorTable::Entry> ShardedTensorTable::take(ir::TensorId i
 
 Status ShardedTensorTable::upload(HostAllocator& allocator, ir::TensorId id, ir::DType dtype, ir::Shape shape,
                                   std::span<const std::byte> bytes) {
-  Result<HostTensor> t = HostTensor::from_bytes(allocator, shape, dtype, bytes);
+  Result<HostTensor> t = HostTensor::from_bytes(allocator, std::move(shape), dtype, bytes);
   if (!t.ok()) return make_error(t.error().code, "upload of " + id.to_string() + ": " + t.error().message);
   register_handle(id, std::move(t).value());
   return Status::Ok();

@@ -77,7 +77,7 @@ Result<FusionConfig> parse_fusion_config(std::string_view toml_text, std::string
 }
 
 FusionConfig apply_fusion_env(FusionConfig cfg, const EnvLookup& env, std::string* warnings) {
-  auto warn = [&](std::string msg) {
+  auto warn = [&](const std::string& msg) {
     if (warnings) *warnings += msg + "\n";
   };
   if (auto v = env("KILN_FUSION_LOG")) {
@@ -123,7 +123,7 @@ Result<FusionConfig> load_fusion_config(const std::string& path, const EnvLookup
     ss << in.rdbuf();
     KILN_ASSIGN_OR_RETURN(cfg, parse_fusion_config(ss.str(), path));
   }
-  return apply_fusion_env(std::move(cfg), env);
+  return apply_fusion_env(cfg, env);
 }
 
 }  // namespace kiln::fusion

@@ -77,7 +77,7 @@ ir::TensorIr MultiStream::read(StreamId stream, const ir::TensorIr& t, Executor&
   if (plan == ReadPlan::Drain) drain(stream, executor);
   auto it = streams_.find(stream);
   if (it == streams_.end()) return t;  // nothing queued, no variable to forget
-  const ir::TensorIr used = serve_read(it->second->queue(), t, plan);
+  ir::TensorIr used = serve_read(it->second->queue(), t, plan);
   // §16.6 stream removal, after a last-use read.
   if (used.status == ir::TensorStatus::ReadWrite && it->second->queue().variables().empty()) streams_.erase(it);
   return used;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <utility>
 
 #include "reference_internal.h"
 
@@ -261,6 +262,22 @@ Result<Outputs> run_reduce_dim(const Ctx& c) {
 // ---- MaxDimWithIndices / MinDimWithIndices: the value (NaN propagates) and the index of its
 // first occurrence (the first NaN if any), both with the axis kept at size 1.
 
+// The extreme of one line along the axis and the index of its first occurrence.
+template <class T>
+std::pair<T, std::uint64_t> best_of_line(const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i,
+                                         bool is_max) {
+  T best = load<T>(x, v.at(o, 0, i));
+  std::uint64_t at = 0;
+  for (std::uint64_t j = 1; j < v.n; ++j) {
+    const T e = load<T>(x, v.at(o, j, i));
+    if (beats(is_max, e, best)) {
+      best = e;
+      at = j;
+    }
+  }
+  return {best, at};
+}
+
 Result<Outputs> run_reduce_dim_with_indices(const Ctx& c) {
   const HostTensor& x = c.in[0];
   const bool is_max = c.op.kind == OpKind::Numeric_MaxDimWithIndices;
@@ -285,15 +302,7 @@ Result<Outputs> run_reduce_dim_with_indices(const Ctx& c) {
       } else {
         for (std::uint64_t o = 0; o < v.outer; ++o)
           for (std::uint64_t i = 0; i < v.inner; ++i) {
-            T best = load<T>(x, v.at(o, 0, i));
-            std::uint64_t at = 0;
-            for (std::uint64_t j = 1; j < v.n; ++j) {
-              const T e = load<T>(x, v.at(o, j, i));
-              if (beats(is_max, e, best)) {
-                best = e;
-                at = j;
-              }
-            }
+            const auto [best, at] = best_of_line<T>(x, v, o, i, is_max);
             store<T>(values, o * v.inner + i, best);
             element::store_u64(indices.mutable_data(), indices.dtype(), o * v.inner + i, at);
           }

@@ -202,7 +202,7 @@ TEST(FastExecutor, ErroredInputReplaysTheProgramOpByOp) {
   const TensorIr y = [&] {
     // W1 with `a` errored before the program runs.
     const Shape shape{16, 8};
-    const TensorIr r = register_w1(s, shape, 2.0, &a);
+    TensorIr r = register_w1(s, shape, 2.0, &a);
     s.device.handles().claim(a.id, ir::TensorError::make_root(ErrorCode::Execution, "upstream kernel failed"));
     return r;
   }();

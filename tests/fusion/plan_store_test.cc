@@ -288,7 +288,7 @@ void run_concurrent(ExecutionPlanStore& store) {
         const std::size_t k = (static_cast<std::size_t>(i) * (t % 3 + 1) + static_cast<std::size_t>(t)) % kNumSequences;
         std::vector<Operation> ops = sequence(k);
         const Operation first = ops.front();
-        auto r = store.add(plan_of(ops), trigger_for(static_cast<std::size_t>(i + t)));
+        auto r = store.add(plan_of(ops), trigger_for(static_cast<std::size_t>(i) + static_cast<std::size_t>(t)));
         auto [it, fresh] = seen[t].emplace(k, r.id);
         if (!fresh && it->second != r.id) failures.fetch_add(1);
         if (store.plan(r.id)->operations != ops) failures.fetch_add(1);

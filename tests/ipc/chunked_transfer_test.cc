@@ -245,7 +245,8 @@ TEST(ChunkedTransfer, ThreadsShareOneConnectionAndItsArena) {
         // Big (chunked) and small (one piece) transfers interleaved across threads.
         const std::size_t n =
             (k % 2 == 0) ? 2 * kMiB + 333 * static_cast<std::size_t>(i + 1) : 4096 + static_cast<std::size_t>(i);
-        const std::vector<std::uint8_t> v = random_bytes(n, static_cast<std::uint64_t>(100 * i + k));
+        const std::vector<std::uint8_t> v =
+            random_bytes(n, 100 * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(k));
         const TensorId id = client->new_tensor_id();
         Status up = client->upload(StreamId(0), id, dtypes::u8, {n}, std::as_bytes(std::span<const std::uint8_t>(v)));
         Result<runtime::HostData> r =

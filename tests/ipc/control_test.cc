@@ -173,7 +173,7 @@ struct Daemon {
     o.runtime_dir = std::move(dir);
     o.segment = SegmentConfig{4096, 4096, 65536};
     ServerCallbacks cb;
-    cb.admit = [this](const PeerCredentials&, std::string_view job) -> Status {
+    cb.admit = [](const PeerCredentials&, std::string_view job) -> Status {
       if (job == "over-quota") return make_error(ErrorCode::ResourceExhausted, "job over-quota has no quota left");
       return Status::Ok();
     };
@@ -283,7 +283,7 @@ TEST(Control, HandshakePassesTheSegmentAndBothSidesUseIt) {
   const auto& up = std::get<UploadCmd>(cmd->body);
   float copy[6];
   KILN_ASSERT_OK(dep.arena().read(up.data, {reinterpret_cast<std::uint8_t*>(copy), sizeof copy}));
-  EXPECT_EQ(std::memcmp(copy, values, sizeof copy), 0);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(copy[i], values[i]) << i;  // the values crossed as written
   for (float& f : copy) f *= 10;
   KILN_ASSERT_OK(dep.arena().write(up.data, {reinterpret_cast<const std::uint8_t*>(copy), sizeof copy}));
   msg.clear();

@@ -22,6 +22,8 @@ namespace {
 using build::DistributionIr;
 
 // Builds `expr`, asserts success and that the op passes Operation::validate().
+// `var` names a declaration: it cannot be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define BUILD(var, expr)                                                               \
   auto var##_result = (expr);                                                          \
   ASSERT_TRUE(var##_result.ok()) << #expr << ": " << var##_result.error().to_string(); \
@@ -30,6 +32,7 @@ using build::DistributionIr;
     Status _st = var.validate();                                                       \
     EXPECT_TRUE(_st.ok()) << (_st.ok() ? "" : _st.error().to_string());                \
   } while (0)
+// NOLINTEND(bugprone-macro-parentheses)
 
 #define EXPECT_ERR(expr, expected)                                          \
   do {                                                                      \

@@ -176,13 +176,15 @@ TEST_F(Api, PowLowering) {
   EXPECT_EQ(get_i64(s->pow(i64({2, -3}, {2}), 3.0), {2}), (std::vector<std::int64_t>{8, -27}));
   // docs/spec/ir.md §5.11: 0 → Ones, 1 → nothing, 2 → Mul, −1 → Recip, −2 → Mul + Recip, else PowfScalar.
   std::map<double, std::uint64_t> want_ops{{0, 1}, {1, 0}, {2, 1}, {-1, 1}, {-2, 2}, {0.5, 1}};
-  for (auto [e, n] : want_ops)
+  for (const auto& [exponent, n] : want_ops) {
+    const double e = exponent;  // a lambda captures a variable, not a structured binding (clang 14)
     EXPECT_EQ(ops_registered([&](std::vector<Tensor>& keep) {
                 keep.push_back(f32(x, {3}));
                 keep.push_back(ok(s->pow(keep[0], e)));
               }),
               n)
         << e;
+  }
 }
 
 TEST_F(Api, UnaryOps) {

@@ -675,12 +675,14 @@ TEST(Runtime, StressThreadsTimesStreams) {
         x = (k % 2 == 0) ? ok(s.add(std::move(x), ones)) : ok(s.mul_scalar(std::move(x), 1.0));
         if (k % 50 == 49) {
           std::vector<float> v = ok(s.to_host(x));
-          if (v.size() != 4 || v[0] != float(t + (k + 2) / 2)) failures.fetch_add(1);
+          const int adds = (k + 2) / 2;  // every other op adds 1 (whole ops: integer division)
+          if (v.size() != 4 || v[0] != static_cast<float>(t + adds)) failures.fetch_add(1);
         }
       }
       std::vector<float> v = ok(s.to_host(std::move(x)));
+      const int adds = kOps / 2;  // every other op adds 1
       for (float f : v)
-        if (f != float(t + kOps / 2)) failures.fetch_add(1);
+        if (f != static_cast<float>(t + adds)) failures.fetch_add(1);
       std::vector<float> nb = ok(s.to_host(ok(s.add(bases[(t + 1) % kThreads], ones))));
       if (nb[0] != float((t + 1) % kThreads + 1)) failures.fetch_add(1);
     });

@@ -43,7 +43,7 @@ struct CpuBackendOptions {
 
 class CpuBackend final : public runtime::DeviceBackend {
  public:
-  explicit CpuBackend(CpuBackendOptions options = {});
+  explicit CpuBackend(const CpuBackendOptions& options = {});
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }

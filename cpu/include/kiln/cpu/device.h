@@ -114,7 +114,7 @@ class CpuDevice {
  public:
   using Handles = ir::HandleContainer<HostTensor>;
 
-  explicit CpuDevice(CpuDeviceOptions options = {});
+  explicit CpuDevice(const CpuDeviceOptions& options = {});
   ~CpuDevice();
   CpuDevice(const CpuDevice&) = delete;
   CpuDevice& operator=(const CpuDevice&) = delete;
