@@ -96,7 +96,7 @@ struct Acc {
   static constexpr bool kFloat = std::is_floating_point_v<T>;
 
   static S init() {
-    if constexpr (R == Red::Sum || R == Red::Mean)
+    if constexpr (R == Red::Sum || R == Red::Mean || R == Red::MaxAbs)
       return S{0};
     else if constexpr (R == Red::Prod)
       return S{1};
@@ -104,8 +104,6 @@ struct Acc {
       return kFloat ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
     else if constexpr (R == Red::Min)
       return kFloat ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
-    else if constexpr (R == Red::MaxAbs)
-      return S{0};
     else if constexpr (R == Red::ArgMax || R == Red::ArgMin)
       return S{};
     else if constexpr (R == Red::All)
