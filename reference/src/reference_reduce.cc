@@ -152,10 +152,10 @@ auto max_abs_line(const HostTensor& x, const AxisView& v, std::uint64_t o, std::
   return acc;
 }
 
-// ArgMax or ArgMin of line (o, i), which is not empty: the index j of the best element.
+// The extreme of one line along the axis and the index of its first occurrence.
 template <class T>
-std::uint64_t arg_line(Red r, const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i) {
-  const bool is_max = r == Red::ArgMax;
+std::pair<T, std::uint64_t> best_of_line(const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i,
+                                         bool is_max) {
   T best = load<T>(x, v.at(o, 0, i));
   std::uint64_t at = 0;
   for (std::uint64_t j = 1; j < v.n; ++j) {
@@ -165,7 +165,13 @@ std::uint64_t arg_line(Red r, const HostTensor& x, const AxisView& v, std::uint6
       at = j;
     }
   }
-  return at;
+  return {best, at};
+}
+
+// ArgMax or ArgMin of line (o, i), which is not empty: the index j of the best element.
+template <class T>
+std::uint64_t arg_line(Red r, const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i) {
+  return best_of_line<T>(x, v, o, i, r == Red::ArgMax).second;
 }
 
 // Every line of a numeric reduction, in domain T, into its output element.
@@ -261,22 +267,6 @@ Result<Outputs> run_reduce_dim(const Ctx& c) {
 
 // ---- MaxDimWithIndices / MinDimWithIndices: the value (NaN propagates) and the index of its
 // first occurrence (the first NaN if any), both with the axis kept at size 1.
-
-// The extreme of one line along the axis and the index of its first occurrence.
-template <class T>
-std::pair<T, std::uint64_t> best_of_line(const HostTensor& x, const AxisView& v, std::uint64_t o, std::uint64_t i,
-                                         bool is_max) {
-  T best = load<T>(x, v.at(o, 0, i));
-  std::uint64_t at = 0;
-  for (std::uint64_t j = 1; j < v.n; ++j) {
-    const T e = load<T>(x, v.at(o, j, i));
-    if (beats(is_max, e, best)) {
-      best = e;
-      at = j;
-    }
-  }
-  return {best, at};
-}
 
 Result<Outputs> run_reduce_dim_with_indices(const Ctx& c) {
   const HostTensor& x = c.in[0];
