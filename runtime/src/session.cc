@@ -518,6 +518,22 @@ Result<Tensor> Session::is_inf(Tensor a) {
   });
 }
 
+// ---- Trigonometric and hyperbolic (docs/spec/ir.md §5.6)
+
+Result<Tensor> Session::cosh(Tensor a) { return unary_op(std::move(a), OpKind::Float_Cosh); }
+Result<Tensor> Session::sinh(Tensor a) { return unary_op(std::move(a), OpKind::Float_Sinh); }
+Result<Tensor> Session::tan(Tensor a) { return unary_op(std::move(a), OpKind::Float_Tan); }
+Result<Tensor> Session::acos(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcCos); }
+Result<Tensor> Session::acosh(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcCosh); }
+Result<Tensor> Session::asin(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcSin); }
+Result<Tensor> Session::asinh(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcSinh); }
+Result<Tensor> Session::atan(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcTan); }
+Result<Tensor> Session::atanh(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcTanh); }
+Result<Tensor> Session::atan2(Tensor y, Tensor x) {
+  return binary_op(std::move(y), std::move(x), OpKind::Float_ArcTan2);
+}
+Result<Tensor> Session::hypot(Tensor a, Tensor b) { return binary_op(std::move(a), std::move(b), OpKind::Float_Hypot); }
+
 // ---- Comparisons
 
 Result<Tensor> Session::eq(Tensor a, Tensor b) { return compare_op(std::move(a), std::move(b), OpKind::Base_Equal); }

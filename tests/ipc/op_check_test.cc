@@ -311,6 +311,32 @@ TEST(OperationCheck, TheTwoOutputsOfMaxDimWithIndicesAreBothChecked) {
   EXPECT_FALSE(check_client_operation(twice).ok());
 }
 
+// The float functions a Session emits (docs/spec/ir.md §5.6): Unary and Binary kinds, rebuilt by the
+// table-driven builders like Exp and Powf; a lie about the output, or an integer operand, is refused.
+TEST(OperationCheck, AcceptsTheTrigonometricKindsAtan2AndHypot) {
+  namespace build = ir::build;
+  std::vector<ir::Operation> ops;
+  for (OpKind k :
+       {OpKind::Float_Cosh, OpKind::Float_Sinh, OpKind::Float_Tan, OpKind::Float_ArcCos, OpKind::Float_ArcCosh,
+        OpKind::Float_ArcSin, OpKind::Float_ArcSinh, OpKind::Float_ArcTan, OpKind::Float_ArcTanh})
+    ops.push_back(built(build::unary(Family::Float, k, in(1, {2, 3}), TensorId(10))));
+  for (OpKind k : {OpKind::Float_ArcTan2, OpKind::Float_Hypot})
+    ops.push_back(built(build::binary(Family::Float, k, in(1, {2, 1}), in(2, {1, 3}), TensorId(10))));
+  for (const ir::Operation& op : ops) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape = {3, 2};
+    expect_refused(lie, "output 0");
+    ir::Operation ints = op;
+    for (ir::TensorIr& t : ints.tensors) t.dtype = kI64;
+    ints.dtype = kI64;  // a Float family carrying an integer dtype
+    EXPECT_FALSE(check_client_operation(ints).ok()) << ints.to_string();
+    ir::Operation numeric = op;
+    numeric.family = Family::NumericFloat;  // the Float group only
+    EXPECT_FALSE(check_client_operation(numeric).ok()) << numeric.to_string();
+  }
+}
+
 TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
   namespace build = ir::build;
   const TensorIr x = in(1, {2, 3});

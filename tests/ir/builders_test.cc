@@ -480,6 +480,37 @@ TEST(BuildBinary, BoolIntAndBaseEqual) {
              ErrorCode::DTypeMismatch);
 }
 
+// The float trigonometric / hyperbolic kinds and ArcTan2 / Hypot (docs/spec/ir.md §5.6): Unary and
+// Binary rows of the Float group, untagged; the table-driven builders infer and check them.
+TEST(BuildFloatFunctions, TrigonometricKindsAtan2AndHypot) {
+  const OpKind unary[] = {OpKind::Float_Cosh,    OpKind::Float_Sinh,    OpKind::Float_Tan,
+                          OpKind::Float_ArcCos,  OpKind::Float_ArcCosh, OpKind::Float_ArcSin,
+                          OpKind::Float_ArcSinh, OpKind::Float_ArcTan,  OpKind::Float_ArcTanh};
+  for (OpKind k : unary) {
+    EXPECT_EQ(op_info(k).signature, Signature::Unary) << op_info(k).variant;
+    EXPECT_EQ(op_info(k).tags, kNone) << op_info(k).variant;
+    BUILD(op, build::unary(Family::Float, k, t(1, {2, 3}, dtypes::f16), id(2)));
+    EXPECT_EQ(out(op), TensorIr::uninit(id(2), {2, 3}, dtypes::f16));
+    EXPECT_EQ(op.dtype, dtypes::f16);
+    EXPECT_EQ(op.kind_name(), "Float::" + std::string(op_info(k).variant));
+    // Float only, in the Float family only.
+    EXPECT_ERR(build::unary(Family::Float, k, t(1, {2}, dtypes::i32), id(2)), ErrorCode::DTypeMismatch);
+    EXPECT_ERR(build::unary(Family::NumericFloat, k, t(1, {2}), id(2)), ErrorCode::Invalid);
+  }
+  for (OpKind k : {OpKind::Float_ArcTan2, OpKind::Float_Hypot}) {
+    EXPECT_EQ(op_info(k).signature, Signature::Binary);
+    EXPECT_EQ(op_info(k).tags, kNone);
+    BUILD(op, build::binary(Family::Float, k, t(1, {2, 1}, dtypes::bf16), t(2, {1, 3}, dtypes::bf16), id(3)));
+    EXPECT_EQ(out(op), TensorIr::uninit(id(3), {2, 3}, dtypes::bf16));
+    EXPECT_ERR(build::binary(Family::Float, k, t(1, {2}), t(2, {2}, dtypes::f64), id(3)), ErrorCode::DTypeMismatch);
+    EXPECT_ERR(build::binary(Family::Float, k, t(1, {2}), t(2, {3}), id(3)), ErrorCode::IncompatibleDims);
+    EXPECT_ERR(build::binary(Family::Float, k, t(1, {2}, dtypes::i64), t(2, {2}, dtypes::i64), id(3)),
+               ErrorCode::DTypeMismatch);
+  }
+  const auto r = build::binary(Family::Float, OpKind::Float_ArcTan2, t(1, {2}), t(2, {2}, dtypes::f64), id(3));
+  EXPECT_NE(message_of(r).find("Float::ArcTan2"), std::string::npos) << message_of(r);
+}
+
 TEST(BuildScalar, StoresTheScalar) {
   BUILD(op, build::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, t(1, {2, 3}), ScalarIr::Float(-1), id(2)));
   EXPECT_EQ(out(op), TensorIr::uninit(id(2), {2, 3}, dtypes::f32));

@@ -134,6 +134,12 @@ TEST(OpTable, Tags) {
   EXPECT_FALSE(op_info(OpKind::Int_Matmul).has(kMatmul));
   EXPECT_TRUE(op_info(OpKind::Module_MaxPool2d).has(kNhwc));
   EXPECT_TRUE(op_info(OpKind::Base_Cat).has(kIndexed));
+  // docs/spec/ir.md §5.6: the trigonometric kinds, ArcTan2 and Hypot are · (not fused).
+  EXPECT_EQ(op_info(OpKind::Float_ArcCosh).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Float_ArcCosh).signature, Signature::Unary);
+  EXPECT_EQ(op_info(OpKind::Float_Hypot).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Float_ArcTan2).signature, Signature::Binary);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "ArcTan2"), OpKind::Float_ArcTan2);
 }
 
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)

@@ -296,6 +296,71 @@ TEST_F(ApiOps, RoundingSignAndFloatTests) {
   EXPECT_EQ(kinds_of([&] { (void)s->sign(bools({true}, {1})); }), Kinds{});
 }
 
+// ---- Trigonometric and hyperbolic functions, atan2, hypot (docs/spec/ir.md §5.6)
+
+TEST_F(ApiOps, TrigonometricAndHyperbolicFunctions) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor x = f32({0.0f, 0.5f, -1.0f, 2.0f}, {2, 2});
+  // Closed forms (cosh 1 = (e + 1/e) / 2, acos ½ = π/3, asinh 1 = ln(1 + √2), atanh ½ = ln 3 / 2 ...).
+  expect_near(get(s->cosh(x), {2, 2}), {1, 1.1276259652063807, 1.5430806348152437, 3.7621956910836314});
+  expect_near(get(s->sinh(x), {2, 2}), {0, 0.5210953054937474, -1.1752011936438014, 3.626860407847019});
+  expect_near(get(s->tan(x), {2, 2}), {0, 0.5463024898437905, -1.5574077246549023, -2.185039863261519});
+  expect_near(get(s->atan(x), {2, 2}), {0, 0.4636476090008061, -0.7853981633974483, 1.1071487177940904});
+  expect_near(get(s->asinh(x), {2, 2}), {0, 0.48121182505960347, -0.881373587019543, 1.4436354751788103});
+  // Outside the domain: NaN; at a pole: ±inf.
+  std::vector<double> v = get(s->acos(x), {2, 2});
+  expect_near({v[0], v[1], v[2]}, {1.5707963267948966, 1.0471975511965976, 3.141592653589793});
+  EXPECT_TRUE(std::isnan(v[3])) << "acos(2)";
+  v = get(s->asin(x), {2, 2});
+  expect_near({v[0], v[1], v[2]}, {0, 0.5235987755982988, -1.5707963267948966});
+  EXPECT_TRUE(std::isnan(v[3])) << "asin(2)";
+  v = get(s->acosh(f32({1.0f, 2.0f, 0.5f, inf}, {4})), {4});
+  expect_near({v[0], v[1]}, {0, 1.3169578969248166});
+  EXPECT_TRUE(std::isnan(v[2])) << "acosh(0.5)";
+  EXPECT_EQ(v[3], inf);
+  v = get(s->atanh(f32({0.5f, 1.0f, -1.0f, 2.0f}, {4})), {4});
+  expect_near({v[0]}, {0.5493061443340549});
+  EXPECT_EQ(v[1], inf) << "atanh(1)";
+  EXPECT_EQ(v[2], -inf) << "atanh(-1)";
+  EXPECT_TRUE(std::isnan(v[3])) << "atanh(2)";
+  EXPECT_TRUE(std::isnan(get(s->cosh(f32({nan}, {1})), {1})[0]));
+  for (auto [call, kind] : {std::pair{&Session::cosh, "Float::Cosh"}, std::pair{&Session::sinh, "Float::Sinh"},
+                            std::pair{&Session::tan, "Float::Tan"}, std::pair{&Session::acos, "Float::ArcCos"},
+                            std::pair{&Session::acosh, "Float::ArcCosh"}, std::pair{&Session::asin, "Float::ArcSin"},
+                            std::pair{&Session::asinh, "Float::ArcSinh"}, std::pair{&Session::atan, "Float::ArcTan"},
+                            std::pair{&Session::atanh, "Float::ArcTanh"}}) {
+    EXPECT_EQ(kinds_of([&, c = call] { ok((s.get()->*c)(x)); }), (Kinds{kind}));
+    // Float only: an integer operand is the builder's error, naming the kind.
+    EXPECT_NAMES(error_of((s.get()->*call)(i64({1}, {1}))), std::string(kind).substr(7));
+  }
+}
+
+TEST_F(ApiOps, Atan2AndHypot) {
+  const double pi = 3.141592653589793;
+  // atan2(y, x), y the first operand: the four quadrants, the axes and the signed zeros.
+  Tensor y = f32({1, 1, -1, -1, 1, 0.0f, -0.0f, -0.0f}, {8});
+  Tensor x = f32({1, -1, -1, 1, 0.0f, -0.0f, -0.0f, 2}, {8});
+  const std::vector<double> r = get(s->atan2(y, x), {8});
+  expect_near(r, {pi / 4, 3 * pi / 4, -3 * pi / 4, -pi / 4, pi / 2, pi, -pi, -0.0});
+  EXPECT_TRUE(std::signbit(r[7])) << "atan2(-0, 2) = -0";
+  // Broadcasting [2, 1] with [1, 2]; rounded once to f32.
+  expect_near(get(s->atan2(f32({1, -1}, {2, 1}), f32({1, -1}, {1, 2})), {2, 2}),
+              {pi / 4, 3 * pi / 4, -pi / 4, -3 * pi / 4});
+  // hypot: 3-4-5, 5-12-13, no overflow of the squares in f32, inf wins over NaN.
+  const float big = 3e30f, nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<double> h = get(s->hypot(f32({3, -5, big, inf}, {4}), f32({4, 12, big, nan}, {4})), {4});
+  expect_near({h[0], h[1], h[2]}, {5, 13, 4.242640687119285e30});
+  EXPECT_EQ(h[3], inf) << "hypot(inf, NaN)";
+  EXPECT_EQ(kinds_of([&] { ok(s->atan2(y, x)); }), (Kinds{"Float::ArcTan2"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->hypot(y, x)); }), (Kinds{"Float::Hypot"}));
+  // Errors: shapes that do not broadcast, integer operands, mixed dtypes.
+  EXPECT_NAMES(error_of(s->atan2(y, f32({1, 2, 3}, {3}))), "ArcTan2");
+  EXPECT_NAMES(error_of(s->hypot(i64({1}, {1}), i64({2}, {1}))), "Hypot");
+  Tensor d = ok(s->from_host(std::vector<double>{1.0}, {1}));
+  EXPECT_NAMES(error_of(s->hypot(f32({1}, {1}), d)), "Hypot");
+}
+
 // ---- Creation
 
 TEST_F(ApiOps, Creation) {
