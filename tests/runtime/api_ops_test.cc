@@ -530,6 +530,64 @@ TEST_F(ApiOps, CumulativeScans) {
   EXPECT_NAMES(error_of(s->cummax(bools({true}, {1}), 0)), "CumMax");
 }
 
+// ---- Sorting and top-k (docs/spec/ir.md §5.5): stable, NaN as the largest value
+
+TEST_F(ApiOps, SortArgsortAndSortWithIndices) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // [2, 4]: ties (5, 5), a NaN; sorted by hand along each row.
+  Tensor x = f32({5, nan, -1, 5, 2, 0.5f, 2, -3}, {2, 4});
+  std::vector<double> up = get(s->sort(x, 1), {2, 4});
+  expect_near({up[0], up[1], up[2]}, {-1, 5, 5});
+  EXPECT_TRUE(std::isnan(up[3])) << "NaN sorts last ascending";
+  expect_near({up[4], up[5], up[6], up[7]}, {-3, 0.5, 2, 2});
+  EXPECT_EQ(get_i64(s->argsort(x, 1), {2, 4}), (std::vector<std::int64_t>{2, 0, 3, 1, 3, 1, 0, 2}));
+  std::vector<double> down = get(s->sort(x, 1, true), {2, 4});
+  EXPECT_TRUE(std::isnan(down[0])) << "NaN sorts first descending";
+  expect_near({down[1], down[2], down[3], down[4], down[5], down[6], down[7]}, {5, 5, -1, 2, 2, 0.5, -3});
+  // Stable descending: the tie 5 (indices 0 and 3) and 2 (indices 0 and 2) keep their index order.
+  EXPECT_EQ(get_i64(s->argsort(x, 1, true), {2, 4}), (std::vector<std::int64_t>{1, 0, 3, 2, 0, 2, 1, 3}));
+  // Along dim 0 of an integer tensor, both outputs at once.
+  auto [v, i] = ok(s->sort_with_indices(i64({4, -6, 2, 9, 4, 1}, {3, 2}), 0));
+  EXPECT_EQ(i.dtype(), Session::kIndexDType);
+  EXPECT_EQ(get_i64(std::move(v), {3, 2}), (std::vector<std::int64_t>{2, -6, 4, 1, 4, 9}));
+  EXPECT_EQ(get_i64(std::move(i), {3, 2}), (std::vector<std::int64_t>{1, 0, 0, 2, 2, 1}));
+  EXPECT_EQ(kinds_of([&] { ok(s->sort(x, 1)); }), (Kinds{"NumericFloat::Sort"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->argsort(x, 0, true)); }), (Kinds{"NumericFloat::ArgSort"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->sort_with_indices(x, 1)); }), (Kinds{"NumericFloat::SortWithIndices"}));
+  // Errors: a dim out of range, a bool operand (no numeric family); nothing is registered.
+  EXPECT_NAMES(error_of(s->sort(x, 2)), "Sort: dim 2 out of bounds");
+  EXPECT_NAMES(error_of(s->argsort(bools({true, false}, {2}), 0)), "ArgSort");
+  Result<std::pair<Tensor, Tensor>> bad = s->sort_with_indices(x, 5);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "SortWithIndices");
+  EXPECT_EQ(kinds_of([&] { (void)s->sort(x, 2); }), Kinds{});
+}
+
+TEST_F(ApiOps, TopKAndArgTopK) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = f32({1, 5, 3, 5, 2, nan, 8, -1}, {2, 4});
+  // The k largest per row in descending order (ties in index order, NaN first), by hand.
+  std::vector<double> t = get(s->topk(x, 3, 1), {2, 3});
+  expect_near({t[0], t[1], t[2]}, {5, 5, 3});
+  EXPECT_TRUE(std::isnan(t[3]));
+  expect_near({t[4], t[5]}, {8, 2});
+  Tensor idx = ok(s->argtopk(x, 3, 1));
+  EXPECT_EQ(idx.dtype(), Session::kIndexDType);
+  EXPECT_EQ(get_i64(std::move(idx), {2, 3}), (std::vector<std::int64_t>{1, 3, 2, 1, 2, 0}));
+  // Along dim 0, k = 1: the column maxima (NaN beats 5).
+  std::vector<double> col = get(s->topk(x, 1, 0), {1, 4});
+  expect_near({col[0], col[2], col[3]}, {2, 8, 5});
+  EXPECT_TRUE(std::isnan(col[1])) << "NaN is the largest value";
+  EXPECT_EQ(get_i64(s->argtopk(i64({3, 9, 7, 1}, {2, 2}), 2, 0), {2, 2}), (std::vector<std::int64_t>{1, 0, 0, 1}));
+  EXPECT_EQ(kinds_of([&] { ok(s->topk(x, 2, 1)); }), (Kinds{"NumericFloat::TopK"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->argtopk(x, 2, 1)); }), (Kinds{"NumericFloat::ArgTopK"}));
+  // Errors name the op and the values: k above the dim's size, k = 0, a bad dim.
+  EXPECT_NAMES(error_of(s->topk(x, 5, 1)), "TopK: k 5 exceeds axis 1 of size 4");
+  EXPECT_NAMES(error_of(s->argtopk(x, 0, 1)), "ArgTopK");
+  EXPECT_NAMES(error_of(s->topk(x, 1, 2)), "TopK: axis 2 out of bounds");
+  EXPECT_EQ(kinds_of([&] { (void)s->topk(x, 5, 1); }), Kinds{});
+}
+
 // ---- Layout, indexing and assignment
 
 const std::vector<float> kM{1, 2, 3, 4, 5, 6};  // [2, 3]

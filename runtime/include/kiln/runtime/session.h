@@ -310,6 +310,18 @@ class Session {
   Result<Tensor> cumprod(Tensor a, std::uint64_t dim);
   Result<Tensor> cummin(Tensor a, std::uint64_t dim);
   Result<Tensor> cummax(Tensor a, std::uint64_t dim);
+  // Sorting along `dim` (float or int; docs/spec/ir.md §5.5, no §5.11 row). Stable: equal values
+  // keep their index order; NaN sorts as larger than every number (first when descending, last
+  // when ascending), as PyTorch's sort(stable = true). Every output is S(a).
+  Result<Tensor> sort(Tensor a, std::uint64_t dim, bool descending = false);     // F/I Sort{dim, descending}, D(a)
+  Result<Tensor> argsort(Tensor a, std::uint64_t dim, bool descending = false);  // F/I ArgSort → kIndexDType
+  // (values D(a), indices kIndexDType): F/I SortWithIndices{dim, descending}.
+  Result<std::pair<Tensor, Tensor>> sort_with_indices(Tensor a, std::uint64_t dim, bool descending = false);
+  // The k largest values along `dim` in descending order (stable, NaN first), S(a) with [dim] = k;
+  // 1 <= k <= S(a)[dim], else the builder's error. F/I TopK{axis = dim, accumulator_len = k}, D(a).
+  Result<Tensor> topk(Tensor a, std::uint64_t k, std::uint64_t dim);
+  // Their indices: F/I ArgTopK{axis = dim, accumulator_len = k} → kIndexDType.
+  Result<Tensor> argtopk(Tensor a, std::uint64_t k, std::uint64_t dim);
 
   // ---- Compute and layout.
   Result<Tensor> matmul(Tensor a, Tensor b);
