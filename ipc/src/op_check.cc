@@ -102,8 +102,25 @@ Result<ir::Operation> rebuild_matmul(const ir::Operation& op) {
                                 : build::matmul_mixed(op.family, op.kind, in[0], in[1], o.dtype, o.id);
 }
 
-// Reductions: whole-tensor, over a dim (value, arg or bool output), scans along a dim, and
-// max / min along a dim with their indices (two outputs).
+// Sort / ArgSort / SortWithIndices{input, dim, descending}: a descending flag other than 0 or 1
+// is rebuilt as 1, so the comparison refuses it.
+Result<ir::Operation> rebuild_sort(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  if (in.size() != 1) return unexpected_arity(op);
+  KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t descending, attr_at(op, 1));
+  if (op.info().signature == Signature::SortWithIndices) {
+    const ir::TensorIr& indices = op.outputs()[1];
+    return build::sort_with_indices(op.family, op.kind, in[0], dim, descending != 0, indices.dtype, o.id, indices.id);
+  }
+  if (op.info().has(ir::kIndexOutput))
+    return build::sort_arg(op.family, op.kind, in[0], dim, descending != 0, o.dtype, o.id);
+  return build::sort(op.family, op.kind, in[0], dim, descending != 0, o.id);
+}
+
+// Reductions: whole-tensor, over a dim (value, arg or bool output; TopK / ArgTopK keep k values),
+// scans along a dim, and max / min along a dim with their indices (two outputs).
 Result<ir::Operation> rebuild_reduction(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -325,6 +342,8 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::ReduceDim:
     case Signature::Dim:
     case Signature::ReduceDimWithIndices: return rebuild_reduction(op);
+    case Signature::Sort:
+    case Signature::SortWithIndices: return rebuild_sort(op);
     case Signature::ShapeOp:
     case Signature::SwapDims:
     case Signature::Permute:

@@ -67,7 +67,8 @@ Status check_kind(const Ctx& c, Signature sig, OutKind out_kind) {
                                                   : OutKind::Plain;
   if (actual != out_kind) {
     static constexpr const char* kWhat[] = {"the operand's dtype", "the bool dtype", "the index dtype"};
-    static constexpr const char* kBuilder[] = {"a plain builder", "a *_comparison / *_bool builder", "reduce_dim_arg"};
+    static constexpr const char* kBuilder[] = {"a plain builder", "a *_comparison / *_bool builder",
+                                               "reduce_dim_arg / sort_arg"};
     return c.error(ErrorCode::Invalid,
                    fmt::format("outputs {}, this builder outputs {}: build it with {}", kWhat[static_cast<int>(actual)],
                                kWhat[static_cast<int>(out_kind)], kBuilder[static_cast<int>(actual)]));
@@ -422,6 +423,10 @@ Result<Operation> reduce_dim_impl(const Ctx& c, OutKind kind, const TensorIr& in
   KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
   KILN_RETURN_IF_ERROR(check_axis(c, axis, input.shape, "axis"));
   if (accumulator_len == 0) return c.error(ErrorCode::Invalid, "accumulator_len must be at least 1");
+  // TopK / ArgTopK: accumulator_len is k (docs/spec/ir.md §5.5), at most the axis' size.
+  if ((c.kind == OpKind::Numeric_TopK || c.kind == OpKind::Numeric_ArgTopK) && accumulator_len > input.shape[axis])
+    return c.error(ErrorCode::Invalid, fmt::format("k {} exceeds axis {} of size {} ({})", accumulator_len, axis,
+                                                   input.shape[axis], shape_to_string(input.shape)));
   Shape shape = input.shape;
   shape[axis] = accumulator_len;
   return one_to_one(c, input, std::move(shape), out_dtype, out, {attr(axis), attr(accumulator_len)});
@@ -499,6 +504,40 @@ Result<Operation> topk_with_indices(Family family, OpKind kind, const TensorIr& 
     return c.error(ErrorCode::Invalid, fmt::format("k {} exceeds dim {} of size {} ({})", k, dim, tensor.shape[dim],
                                                    shape_to_string(tensor.shape)));
   return with_indices(c, tensor, dim, k, index_dtype, out, out_indices, {attr(dim), attr(k)});
+}
+
+// ---- Sorting along a dim: attrs [dim, descending] (docs/spec/ir.md §5.5, §6.3)
+
+namespace {
+Result<Operation> sort_impl(const Ctx& c, OutKind kind, const TensorIr& input, std::uint64_t dim, bool descending,
+                            DType out_dtype, TensorId out) {
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Sort, kind));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, input.shape));
+  return one_to_one(c, input, input.shape, out_dtype, out, {attr(dim), descending ? 1 : 0});
+}
+}  // namespace
+
+Result<Operation> sort(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, bool descending,
+                       TensorId out) {
+  return sort_impl({family, kind}, OutKind::Plain, input, dim, descending, input.dtype, out);
+}
+
+Result<Operation> sort_arg(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, bool descending,
+                           DType index_dtype, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, index_dtype, "index dtype"));
+  return sort_impl(c, OutKind::Index, input, dim, descending, index_dtype, out);
+}
+
+Result<Operation> sort_with_indices(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim,
+                                    bool descending, DType index_dtype, TensorId out, TensorId out_indices) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::SortWithIndices, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, input.shape));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, index_dtype, "index dtype"));
+  return with_indices(c, input, dim, input.shape[dim], index_dtype, out, out_indices, {attr(dim), descending ? 1 : 0});
 }
 
 // ---- Layout

@@ -44,6 +44,8 @@ constexpr SignatureInfo kSignatures[] = {
     {"Cat", 1, V, 1, 0, 0, 1, 1, false},
     {"ReduceDimWithIndices", 1, 1, 2, 0, 0, 1, 1, false},
     {"TopKWithIndices", 1, 1, 2, 0, 0, 2, 2, false},
+    {"Sort", 1, 1, 1, 0, 0, 2, 2, false},
+    {"SortWithIndices", 1, 1, 2, 0, 0, 2, 2, false},
     {"GatherNd", 2, 2, 1, 0, 0, 0, 0, false},
     {"Conv2d", 2, 3, 1, 0, 0, 7, 7, false},
     {"ConvTranspose1d", 2, 3, 1, 0, 0, 5, 5, false},

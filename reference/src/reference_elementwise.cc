@@ -120,7 +120,9 @@ enum class Arith {
   LogicOr,
   LogicXor,
   ClampMin,
-  ClampMax
+  ClampMax,
+  Atan2,  // float only: atan2(lhs, rhs), lhs the y coordinate (torch.atan2(input, other))
+  Hypot   // float only
 };
 enum class Cmp { Eq, Ne, Gt, Ge, Lt, Le };
 
@@ -155,6 +157,8 @@ std::optional<Arith> arith_of(OpKind k) {
     case OpKind::Bool_Xor: return Arith::LogicXor;
     case OpKind::Numeric_ClampMin: return Arith::ClampMin;
     case OpKind::Numeric_ClampMax: return Arith::ClampMax;
+    case OpKind::Float_ArcTan2: return Arith::Atan2;
+    case OpKind::Float_Hypot: return Arith::Hypot;
     default: return std::nullopt;
   }
 }
@@ -215,6 +219,10 @@ T arith(Arith op, T a, T b, int bits, IntFault& fault) {
       case Arith::Pow: return std::pow(a, b);
       case Arith::ClampMin: return a < b ? b : a;  // NaN input stays NaN
       case Arith::ClampMax: return a > b ? b : a;
+      // C's atan2 (quadrants and signed zeros: atan2(±0, −0) = ±π, atan2(±0, +0) = ±0) and
+      // hypot (no intermediate overflow; hypot(±inf, NaN) = +inf), as PyTorch's CPU kernels.
+      case Arith::Atan2: return std::atan2(a, b);
+      case Arith::Hypot: return std::hypot(a, b);
       default: return 0;  // unreachable: bitwise and bool ops never reach floats
     }
   } else {
@@ -265,7 +273,45 @@ bool arith_applies(Arith op, Domain d) {
     case Arith::BitXor:
     case Arith::Shl:
     case Arith::Shr: return d == Domain::Int || d == Domain::UInt;
+    case Arith::Atan2:
+    case Arith::Hypot: return d == Domain::Float;
     default: return d != Domain::Bool;
+  }
+}
+
+// The float functions of run_unary, computed in f64 (libm) and rounded once by the store;
+// nullopt for a kind that is not a float unary function. Domain edges are C's (Annex F), which
+// PyTorch's CPU kernels share: acos / asin outside [-1, 1], acosh below 1 and atanh outside
+// [-1, 1] give NaN, atanh(±1) = ±inf (docs/spec/ir.md §5.6).
+std::optional<double> float_unary(OpKind k, double v) {
+  switch (k) {
+    case OpKind::Numeric_Abs: return std::fabs(v);
+    case OpKind::Numeric_Neg: return -v;
+    // Burn's float_sign (Zeros, then MaskFill where x < 0 and x > 0): NaN and ±0 give 0.
+    case OpKind::Numeric_Sign: return v > 0 ? 1.0 : (v < 0 ? -1.0 : 0.0);
+    case OpKind::Float_Exp: return std::exp(v);
+    case OpKind::Float_Log: return std::log(v);
+    case OpKind::Float_Log1p: return std::log1p(v);
+    case OpKind::Float_Erf: return std::erf(v);
+    case OpKind::Float_Sqrt: return std::sqrt(v);
+    case OpKind::Float_Cos: return std::cos(v);
+    case OpKind::Float_Sin: return std::sin(v);
+    case OpKind::Float_Tanh: return std::tanh(v);
+    case OpKind::Float_Recip: return 1.0 / v;
+    case OpKind::Float_Cosh: return std::cosh(v);
+    case OpKind::Float_Sinh: return std::sinh(v);
+    case OpKind::Float_Tan: return std::tan(v);
+    case OpKind::Float_ArcCos: return std::acos(v);
+    case OpKind::Float_ArcCosh: return std::acosh(v);
+    case OpKind::Float_ArcSin: return std::asin(v);
+    case OpKind::Float_ArcSinh: return std::asinh(v);
+    case OpKind::Float_ArcTan: return std::atan(v);
+    case OpKind::Float_ArcTanh: return std::atanh(v);
+    case OpKind::Float_Round: return round_half_even(v);
+    case OpKind::Float_Floor: return std::floor(v);
+    case OpKind::Float_Ceil: return std::ceil(v);
+    case OpKind::Float_Trunc: return std::trunc(v);
+    default: return std::nullopt;
   }
 }
 
@@ -292,30 +338,14 @@ Result<Outputs> run_unary(const Ctx& c) {
   if (d == Domain::Float) {
     for (std::uint64_t i = 0; i < n; ++i) {
       const double v = x.get_f64(i);
-      double r = 0;
-      switch (k) {
-        case OpKind::Numeric_Abs: r = std::fabs(v); break;
-        case OpKind::Numeric_Neg: r = -v; break;
-        // Burn's float_sign (Zeros, then MaskFill where x < 0 and x > 0): NaN and ±0 give 0.
-        case OpKind::Numeric_Sign: r = v > 0 ? 1.0 : (v < 0 ? -1.0 : 0.0); break;
-        case OpKind::Float_Exp: r = std::exp(v); break;
-        case OpKind::Float_Log: r = std::log(v); break;
-        case OpKind::Float_Log1p: r = std::log1p(v); break;
-        case OpKind::Float_Erf: r = std::erf(v); break;
-        case OpKind::Float_Sqrt: r = std::sqrt(v); break;
-        case OpKind::Float_Cos: r = std::cos(v); break;
-        case OpKind::Float_Sin: r = std::sin(v); break;
-        case OpKind::Float_Tanh: r = std::tanh(v); break;
-        case OpKind::Float_Recip: r = 1.0 / v; break;
-        case OpKind::Float_Round: r = round_half_even(v); break;
-        case OpKind::Float_Floor: r = std::floor(v); break;
-        case OpKind::Float_Ceil: r = std::ceil(v); break;
-        case OpKind::Float_Trunc: r = std::trunc(v); break;
-        case OpKind::Float_IsNan: element::store_bool(out.mutable_data(), out.dtype(), i, std::isnan(v)); continue;
-        case OpKind::Float_IsInf: element::store_bool(out.mutable_data(), out.dtype(), i, std::isinf(v)); continue;
-        default: return c.error(ErrorCode::DTypeMismatch, fmt::format("does not apply to {}", x.to_string()));
+      if (to_bool) {
+        element::store_bool(out.mutable_data(), out.dtype(), i,
+                            k == OpKind::Float_IsNan ? std::isnan(v) : std::isinf(v));
+        continue;
       }
-      element::store_f64(out.mutable_data(), out.dtype(), i, r);
+      const std::optional<double> r = float_unary(k, v);
+      if (!r) return c.error(ErrorCode::DTypeMismatch, fmt::format("does not apply to {}", x.to_string()));
+      element::store_f64(out.mutable_data(), out.dtype(), i, *r);
     }
     return single(std::move(out));
   }

@@ -335,6 +335,8 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::ReduceDim: return run_reduce_dim(c);
     case S::ReduceDimWithIndices: return run_reduce_dim_with_indices(c);
     case S::TopKWithIndices: return run_topk_with_indices(c);
+    case S::Sort:
+    case S::SortWithIndices: return run_sort(c);
     case S::Dim: return run_cumulative(c);
     case S::ShapeOp: return k == ir::OpKind::Base_Reshape ? run_reshape(c) : run_expand(c);
     case S::SwapDims: return run_swap_dims(c);

@@ -266,6 +266,8 @@ Result<Outputs> run_reduce(const Ctx& c);      // whole tensor
 Result<Outputs> run_reduce_dim(const Ctx& c);  // along an axis, incl. ArgMax / ArgMin
 Result<Outputs> run_reduce_dim_with_indices(const Ctx& c);
 Result<Outputs> run_topk_with_indices(const Ctx& c);
+Result<Outputs> run_topk(const Ctx& c);  // TopK, ArgTopK (ReduceDim signature)
+Result<Outputs> run_sort(const Ctx& c);  // Sort, ArgSort, SortWithIndices
 Result<Outputs> run_cumulative(const Ctx& c);
 
 // reference_layout.cc

@@ -1,5 +1,5 @@
 // Reference kernels: whole-tensor and per-axis reductions, arg reductions, max/min with indices,
-// top-k and cumulative scans.
+// top-k, sorting and cumulative scans.
 //
 // A reduction along `axis` views the input as [outer, n, inner] (outer = product of the dims
 // before the axis, inner = product after): element (o, j, i) is at (o * n + j) * inner + i and
@@ -243,9 +243,10 @@ Result<Outputs> run_reduce(const Ctx& c) {
 }
 
 // ---- Reductions along an axis: the axis is kept with size accumulator_len, which is 1 for
-// every kind of the table.
+// every kind of the table but TopK / ArgTopK (k, run_topk below).
 
 Result<Outputs> run_reduce_dim(const Ctx& c) {
+  if (c.op.kind == OpKind::Numeric_TopK || c.op.kind == OpKind::Numeric_ArgTopK) return run_topk(c);
   const HostTensor& x = c.in[0];
   const std::optional<Red> r = red_of(c.op.kind);
   if (!r) return c.error(ErrorCode::Internal, "reduce_dim: unknown kind");
@@ -308,28 +309,26 @@ Result<Outputs> run_reduce_dim_with_indices(const Ctx& c) {
   return outs;
 }
 
-// ---- TopKWithIndices: the k largest values along the axis, in descending order, and their
-// indices. A stable sort keeps equal values in index order; NaN sorts as the largest value
-// (PyTorch's sort order).
+// ---- Sorting along an axis: TopKWithIndices, TopK / ArgTopK (ReduceDim, k = accumulator_len),
+// Sort / ArgSort / SortWithIndices (docs/spec/ir.md §5.5). One stable sort per line: equal values
+// keep their index order (torch.sort(stable=True); ±0 are equal); NaN sorts as larger than every
+// number, so it comes first when descending and last when ascending (PyTorch's sort order).
 
-Result<Outputs> run_topk_with_indices(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "dim"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k, count_attr(c, 1, "k"));
-  if (k > x.shape()[axis])
-    return c.error(ErrorCode::Invalid, fmt::format("k {} exceeds dim {} of size {}", k, axis, x.shape()[axis]));
-  ir::Shape expected = x.shape();
-  expected[axis] = k;
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, expected));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 1, expected));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  const AxisView v = axis_view(x.shape(), axis);
-  KILN_RETURN_IF_ERROR(expect_index_fits(c, 1, v.n == 0 ? 0 : v.n - 1));
-  KILN_ASSIGN_OR_RETURN(HostTensor values, c.new_output(0));
-  KILN_ASSIGN_OR_RETURN(HostTensor indices, c.new_output(1));
-  Status st = dispatch(domain_of(x.dtype()), [&]<class T>() -> Status {
+namespace {
+
+template <class T>
+bool sorts_before(T a, T b, bool descending) {
+  if (is_nan(a) || is_nan(b)) return descending ? is_nan(a) && !is_nan(b) : !is_nan(a) && is_nan(b);
+  return descending ? a > b : a < b;
+}
+
+// Writes the first k entries of every line's stable sort order as [outer, k, inner] into
+// `values` and / or `indices` (null: not wanted). `k` <= v.n.
+Status sort_lines(const Ctx& c, const HostTensor& x, const AxisView& v, std::uint64_t k, bool descending,
+                  HostTensor* values, HostTensor* indices) {
+  return dispatch(domain_of(x.dtype()), [&]<class T>() -> Status {
     if constexpr (std::is_same_v<T, bool>) {
-      return c.error(ErrorCode::DTypeMismatch, "top-k of a bool tensor");
+      return c.error(ErrorCode::DTypeMismatch, "sorting a bool tensor");
     } else {
       std::vector<std::uint64_t> order(static_cast<std::size_t>(v.n));
       std::vector<T> line(static_cast<std::size_t>(v.n));
@@ -339,25 +338,80 @@ Result<Outputs> run_topk_with_indices(const Ctx& c) {
           for (std::uint64_t j = 0; j < v.n; ++j) line[j] = load<T>(x, v.at(o, j, i));
           std::iota(order.begin(), order.end(), std::uint64_t{0});
           std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
-            const T va = line[a];
-            const T vb = line[b];
-            if (is_nan(va)) return !is_nan(vb);
-            if (is_nan(vb)) return false;
-            return va > vb;
+            return sorts_before(line[a], line[b], descending);
           });
           for (std::uint64_t j = 0; j < k; ++j) {
-            store<T>(values, ov.at(o, j, i), line[order[j]]);
-            element::store_u64(indices.mutable_data(), indices.dtype(), ov.at(o, j, i), order[j]);
+            if (values != nullptr) store<T>(*values, ov.at(o, j, i), line[order[j]]);
+            if (indices != nullptr)
+              element::store_u64(indices->mutable_data(), indices->dtype(), ov.at(o, j, i), order[j]);
           }
         }
       return Status::Ok();
     }
   });
-  KILN_RETURN_IF_ERROR(st);
+}
+
+// The outputs of a sort-like op, x with [axis] = k: values (output `values_out`, x's dtype) and / or
+// indices (output `indices_out`, an integer dtype that holds n - 1), in that order.
+Result<Outputs> sorted(const Ctx& c, const HostTensor& x, std::size_t axis, std::uint64_t k, bool descending,
+                       std::optional<std::size_t> values_out, std::optional<std::size_t> indices_out) {
+  ir::Shape expected = x.shape();
+  expected[axis] = k;
+  const AxisView v = axis_view(x.shape(), axis);
+  std::optional<HostTensor> values, indices;
+  if (values_out) {
+    KILN_RETURN_IF_ERROR(expect_out_shape(c, *values_out, expected));
+    KILN_RETURN_IF_ERROR(expect_out_dtype(c, *values_out, x.dtype()));
+    KILN_ASSIGN_OR_RETURN(values, c.new_output(*values_out));
+  }
+  if (indices_out) {
+    KILN_RETURN_IF_ERROR(expect_out_shape(c, *indices_out, expected));
+    KILN_RETURN_IF_ERROR(expect_index_fits(c, *indices_out, v.n == 0 ? 0 : v.n - 1));
+    KILN_ASSIGN_OR_RETURN(indices, c.new_output(*indices_out));
+  }
+  KILN_RETURN_IF_ERROR(sort_lines(c, x, v, k, descending, values ? &*values : nullptr, indices ? &*indices : nullptr));
   Outputs outs;
-  outs.push_back(std::move(values));
-  outs.push_back(std::move(indices));
+  if (values) outs.push_back(std::move(*values));
+  if (indices) outs.push_back(std::move(*indices));
   return outs;
+}
+
+}  // namespace
+
+// TopKWithIndices: the k largest values along the axis, in descending order, and their indices.
+Result<Outputs> run_topk_with_indices(const Ctx& c) {
+  const HostTensor& x = c.in[0];
+  KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "dim"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t k, count_attr(c, 1, "k"));
+  if (k > x.shape()[axis])
+    return c.error(ErrorCode::Invalid, fmt::format("k {} exceeds dim {} of size {}", k, axis, x.shape()[axis]));
+  return sorted(c, x, axis, k, /*descending=*/true, 0, 1);
+}
+
+// TopK / ArgTopK: the k largest values along the axis in descending order, or their indices.
+Result<Outputs> run_topk(const Ctx& c) {
+  const HostTensor& x = c.in[0];
+  KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "axis"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t k, count_attr(c, 1, "k"));
+  if (k > x.shape()[axis])
+    return c.error(ErrorCode::Invalid, fmt::format("k {} exceeds axis {} of size {}", k, axis, x.shape()[axis]));
+  const bool arg = c.op.kind == OpKind::Numeric_ArgTopK;
+  if (arg) return sorted(c, x, axis, k, /*descending=*/true, std::nullopt, 0);
+  return sorted(c, x, axis, k, /*descending=*/true, 0, std::nullopt);
+}
+
+// Sort / ArgSort / SortWithIndices: attrs [dim, descending].
+Result<Outputs> run_sort(const Ctx& c) {
+  const HostTensor& x = c.in[0];
+  const OpKind k = c.op.kind;
+  if (k != OpKind::Numeric_Sort && k != OpKind::Numeric_ArgSort && k != OpKind::Numeric_SortWithIndices)
+    return c.error(ErrorCode::Internal, "sort: unknown kind");
+  KILN_ASSIGN_OR_RETURN(std::size_t axis, axis_attr(c, 0, x.shape().size(), "dim"));
+  KILN_ASSIGN_OR_RETURN(bool descending, flag_attr(c, 1, "descending"));
+  const std::uint64_t n = x.shape()[axis];
+  if (k == OpKind::Numeric_Sort) return sorted(c, x, axis, n, descending, 0, std::nullopt);
+  if (k == OpKind::Numeric_ArgSort) return sorted(c, x, axis, n, descending, std::nullopt, 0);
+  return sorted(c, x, axis, n, descending, 0, 1);
 }
 
 // ---- Cumulative scans along an axis. Floats accumulate in f64 and each output is the rounded

@@ -518,6 +518,22 @@ Result<Tensor> Session::is_inf(Tensor a) {
   });
 }
 
+// ---- Trigonometric and hyperbolic (docs/spec/ir.md §5.6)
+
+Result<Tensor> Session::cosh(Tensor a) { return unary_op(std::move(a), OpKind::Float_Cosh); }
+Result<Tensor> Session::sinh(Tensor a) { return unary_op(std::move(a), OpKind::Float_Sinh); }
+Result<Tensor> Session::tan(Tensor a) { return unary_op(std::move(a), OpKind::Float_Tan); }
+Result<Tensor> Session::acos(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcCos); }
+Result<Tensor> Session::acosh(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcCosh); }
+Result<Tensor> Session::asin(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcSin); }
+Result<Tensor> Session::asinh(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcSinh); }
+Result<Tensor> Session::atan(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcTan); }
+Result<Tensor> Session::atanh(Tensor a) { return unary_op(std::move(a), OpKind::Float_ArcTanh); }
+Result<Tensor> Session::atan2(Tensor y, Tensor x) {
+  return binary_op(std::move(y), std::move(x), OpKind::Float_ArcTan2);
+}
+Result<Tensor> Session::hypot(Tensor a, Tensor b) { return binary_op(std::move(a), std::move(b), OpKind::Float_Hypot); }
+
 // ---- Comparisons
 
 Result<Tensor> Session::eq(Tensor a, Tensor b) { return compare_op(std::move(a), std::move(b), OpKind::Base_Equal); }
@@ -757,6 +773,47 @@ Result<Tensor> Session::cummin(Tensor a, std::uint64_t dim) {
 }
 Result<Tensor> Session::cummax(Tensor a, std::uint64_t dim) {
   return dim_op(std::move(a), dim, OpKind::Numeric_CumMax);
+}
+
+// ---- Sorting and top-k (docs/spec/ir.md §5.5)
+
+Result<Tensor> Session::sort(Tensor a, std::uint64_t dim, bool descending) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [dim, descending](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::sort(numeric_family(t[0]), OpKind::Numeric_Sort, t[0], dim, descending, out);
+  });
+}
+
+Result<Tensor> Session::argsort(Tensor a, std::uint64_t dim, bool descending) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [dim, descending](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::sort_arg(numeric_family(t[0]), OpKind::Numeric_ArgSort, t[0], dim, descending, kIndexDType, out);
+  });
+}
+
+Result<std::pair<Tensor, Tensor>> Session::sort_with_indices(Tensor a, std::uint64_t dim, bool descending) {
+  Tensor in[] = {std::move(a)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [dim, descending](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::sort_with_indices(numeric_family(t[0]), OpKind::Numeric_SortWithIndices, t[0], dim, descending,
+                                        kIndexDType, ids[0], ids[1]);
+      }));
+  return std::make_pair(std::move(*out[0]), std::move(*out[1]));
+}
+
+Result<Tensor> Session::topk(Tensor a, std::uint64_t k, std::uint64_t dim) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [k, dim](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::reduce_dim(numeric_family(t[0]), OpKind::Numeric_TopK, t[0], dim, k, out);
+  });
+}
+
+Result<Tensor> Session::argtopk(Tensor a, std::uint64_t k, std::uint64_t dim) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [k, dim](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::reduce_dim_arg(numeric_family(t[0]), OpKind::Numeric_ArgTopK, t[0], dim, k, kIndexDType, out);
+  });
 }
 
 // ---- Compute and layout

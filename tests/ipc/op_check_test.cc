@@ -169,6 +169,12 @@ std::vector<ir::Operation> layout_and_indexing_ops() {
       built(build::pad(Family::NumericFloat, OpKind::Numeric_Pad, x, last, ir::PadMode::Reflect, std::nullopt, out)),
       built(build::reduce_dim_with_indices(Family::NumericFloat, OpKind::Numeric_MaxDimWithIndices, x, 1, kI64, out,
                                            TensorId(11))),
+      built(build::reduce_dim(Family::NumericFloat, OpKind::Numeric_TopK, x, 1, 2, out)),
+      built(build::reduce_dim_arg(Family::NumericFloat, OpKind::Numeric_ArgTopK, x, 0, 1, kI64, out)),
+      built(build::sort(Family::NumericFloat, OpKind::Numeric_Sort, x, 1, true, out)),
+      built(build::sort_arg(Family::NumericFloat, OpKind::Numeric_ArgSort, x, 0, false, kI64, out)),
+      built(build::sort_with_indices(Family::NumericFloat, OpKind::Numeric_SortWithIndices, x, 1, false, kI64, out,
+                                     TensorId(11))),
       built(build::reduce_bool(Family::BaseBool, OpKind::Base_Any, typed(1, {4}, kBool), kBool, out)),
       built(build::reduce_dim_bool(Family::BaseBool, OpKind::Base_AllDim, typed(1, {2, 2}, kBool), 1, 1, kBool, out)),
   };
@@ -279,6 +285,54 @@ TEST(OperationCheck, RefusesHostileAttributesWithAnError) {
   expect_refused(op, "Select");
 }
 
+// Top-k and sorting ops with hostile attributes or outputs: each refused with an error naming why.
+TEST(OperationCheck, RefusesHostileSortAndTopKOperations) {
+  const std::vector<ir::Operation> ops = layout_and_indexing_ops();
+  auto find = [&](OpKind k) {
+    for (const ir::Operation& op : ops)
+      if (op.kind == k) return op;
+    ADD_FAILURE() << "no op of kind " << static_cast<int>(k);
+    return ops[0];
+  };
+  ir::Operation op = find(OpKind::Numeric_Sort);
+  op.attrs[0] = 2;  // dim out of range for rank 2
+  expect_refused(op, "dim 2 out of bounds for rank 2");
+  op = find(OpKind::Numeric_ArgSort);
+  op.attrs[0] = -1;
+  expect_refused(op, "negative");
+  op = find(OpKind::Numeric_Sort);
+  op.attrs[1] = 5;  // descending is 0 or 1: rebuilt as 1, which differs
+  expect_refused(op, "differs");
+  op = find(OpKind::Numeric_SortWithIndices);
+  op.attrs.pop_back();
+  expect_refused(op, "missing");
+  op = find(OpKind::Numeric_SortWithIndices);
+  op.outputs()[1].dtype = kF32;  // indices must be an integer dtype
+  expect_refused(op, "index dtype");
+  op = find(OpKind::Numeric_SortWithIndices);
+  op.tensors.pop_back();  // one output
+  expect_refused(op, "not accepted over IPC");
+  op = find(OpKind::Numeric_ArgSort);
+  op.outputs()[0].dtype = kF32;
+  expect_refused(op, "index dtype");
+  op = find(OpKind::Numeric_TopK);
+  op.attrs[1] = 4;  // k > the axis size (3)
+  op.outputs()[0].shape = {2, 4};
+  expect_refused(op, "k 4 exceeds axis 1 of size 3");
+  op = find(OpKind::Numeric_ArgTopK);
+  op.attrs[1] = 0;  // k = 0
+  op.outputs()[0].shape = {0, 3};
+  expect_refused(op, "accumulator_len must be at least 1");
+  op = find(OpKind::Numeric_ArgTopK);
+  op.attrs[0] = 7;  // axis out of range
+  expect_refused(op, "axis 7 out of bounds");
+  // A Sort of a bool tensor has no numeric family.
+  ir::Operation bool_sort = find(OpKind::Numeric_Sort);
+  bool_sort.tensors[0].dtype = kBool;
+  bool_sort.tensors[1].dtype = kBool;
+  EXPECT_FALSE(check_client_operation(bool_sort).ok());
+}
+
 TEST(OperationCheck, TheTwoOutputsOfMaxDimWithIndicesAreBothChecked) {
   const std::vector<ir::Operation> ops = layout_and_indexing_ops();
   const auto it = std::find_if(ops.begin(), ops.end(),
@@ -309,6 +363,32 @@ TEST(OperationCheck, TheTwoOutputsOfMaxDimWithIndicesAreBothChecked) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message.find("used twice"), std::string::npos) << st.error().message;
   EXPECT_FALSE(check_client_operation(twice).ok());
+}
+
+// The float functions a Session emits (docs/spec/ir.md §5.6): Unary and Binary kinds, rebuilt by the
+// table-driven builders like Exp and Powf; a lie about the output, or an integer operand, is refused.
+TEST(OperationCheck, AcceptsTheTrigonometricKindsAtan2AndHypot) {
+  namespace build = ir::build;
+  std::vector<ir::Operation> ops;
+  for (OpKind k :
+       {OpKind::Float_Cosh, OpKind::Float_Sinh, OpKind::Float_Tan, OpKind::Float_ArcCos, OpKind::Float_ArcCosh,
+        OpKind::Float_ArcSin, OpKind::Float_ArcSinh, OpKind::Float_ArcTan, OpKind::Float_ArcTanh})
+    ops.push_back(built(build::unary(Family::Float, k, in(1, {2, 3}), TensorId(10))));
+  for (OpKind k : {OpKind::Float_ArcTan2, OpKind::Float_Hypot})
+    ops.push_back(built(build::binary(Family::Float, k, in(1, {2, 1}), in(2, {1, 3}), TensorId(10))));
+  for (const ir::Operation& op : ops) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape = {3, 2};
+    expect_refused(lie, "output 0");
+    ir::Operation ints = op;
+    for (ir::TensorIr& t : ints.tensors) t.dtype = kI64;
+    ints.dtype = kI64;  // a Float family carrying an integer dtype
+    EXPECT_FALSE(check_client_operation(ints).ok()) << ints.to_string();
+    ir::Operation numeric = op;
+    numeric.family = Family::NumericFloat;  // the Float group only
+    EXPECT_FALSE(check_client_operation(numeric).ok()) << numeric.to_string();
+  }
 }
 
 TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {

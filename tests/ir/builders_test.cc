@@ -411,6 +411,9 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::Cat: return build::cat(f, kind, std::vector<TensorIr>{x, y}, 0, o);
     case Signature::ReduceDimWithIndices: return build::reduce_dim_with_indices(f, kind, x, 1, dtypes::i64, o, id(11));
     case Signature::TopKWithIndices: return build::topk_with_indices(f, kind, x, 1, 2, dtypes::i64, o, id(11));
+    case Signature::Sort:
+      return index ? build::sort_arg(f, kind, x, 1, true, dtypes::i64, o) : build::sort(f, kind, x, 1, false, o);
+    case Signature::SortWithIndices: return build::sort_with_indices(f, kind, x, 0, true, dtypes::i64, o, id(11));
     case Signature::GatherNd: return build::gather_nd(f, kind, x, t(3, {4, 1}, dtypes::i64), o);
     case Signature::Conv2d:
       return build::conv2d(t(1, {1, 2, 5, 5}), t(2, {3, 2, 3, 3}), std::nullopt, build::Conv2dOptions{}, o);
@@ -478,6 +481,37 @@ TEST(BuildBinary, BoolIntAndBaseEqual) {
   EXPECT_EQ(eq.dtype, DType{});  // Base* carries no dtype
   EXPECT_ERR(build::binary(Family::Int, OpKind::Int_BitwiseAnd, t(1, {2}, dtypes::i32), t(2, {2}, dtypes::i64), id(3)),
              ErrorCode::DTypeMismatch);
+}
+
+// The float trigonometric / hyperbolic kinds and ArcTan2 / Hypot (docs/spec/ir.md §5.6): Unary and
+// Binary rows of the Float group, untagged; the table-driven builders infer and check them.
+TEST(BuildFloatFunctions, TrigonometricKindsAtan2AndHypot) {
+  const OpKind unary[] = {OpKind::Float_Cosh,    OpKind::Float_Sinh,    OpKind::Float_Tan,
+                          OpKind::Float_ArcCos,  OpKind::Float_ArcCosh, OpKind::Float_ArcSin,
+                          OpKind::Float_ArcSinh, OpKind::Float_ArcTan,  OpKind::Float_ArcTanh};
+  for (OpKind k : unary) {
+    EXPECT_EQ(op_info(k).signature, Signature::Unary) << op_info(k).variant;
+    EXPECT_EQ(op_info(k).tags, kNone) << op_info(k).variant;
+    BUILD(op, build::unary(Family::Float, k, t(1, {2, 3}, dtypes::f16), id(2)));
+    EXPECT_EQ(out(op), TensorIr::uninit(id(2), {2, 3}, dtypes::f16));
+    EXPECT_EQ(op.dtype, dtypes::f16);
+    EXPECT_EQ(op.kind_name(), "Float::" + std::string(op_info(k).variant));
+    // Float only, in the Float family only.
+    EXPECT_ERR(build::unary(Family::Float, k, t(1, {2}, dtypes::i32), id(2)), ErrorCode::DTypeMismatch);
+    EXPECT_ERR(build::unary(Family::NumericFloat, k, t(1, {2}), id(2)), ErrorCode::Invalid);
+  }
+  for (OpKind k : {OpKind::Float_ArcTan2, OpKind::Float_Hypot}) {
+    EXPECT_EQ(op_info(k).signature, Signature::Binary);
+    EXPECT_EQ(op_info(k).tags, kNone);
+    BUILD(op, build::binary(Family::Float, k, t(1, {2, 1}, dtypes::bf16), t(2, {1, 3}, dtypes::bf16), id(3)));
+    EXPECT_EQ(out(op), TensorIr::uninit(id(3), {2, 3}, dtypes::bf16));
+    EXPECT_ERR(build::binary(Family::Float, k, t(1, {2}), t(2, {2}, dtypes::f64), id(3)), ErrorCode::DTypeMismatch);
+    EXPECT_ERR(build::binary(Family::Float, k, t(1, {2}), t(2, {3}), id(3)), ErrorCode::IncompatibleDims);
+    EXPECT_ERR(build::binary(Family::Float, k, t(1, {2}, dtypes::i64), t(2, {2}, dtypes::i64), id(3)),
+               ErrorCode::DTypeMismatch);
+  }
+  const auto r = build::binary(Family::Float, OpKind::Float_ArcTan2, t(1, {2}), t(2, {2}, dtypes::f64), id(3));
+  EXPECT_NE(message_of(r).find("Float::ArcTan2"), std::string::npos) << message_of(r);
 }
 
 TEST(BuildScalar, StoresTheScalar) {
@@ -615,6 +649,88 @@ TEST(BuildWithIndices, MaxDimAndTopK) {
   EXPECT_ERR(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, t(1, {4, 5}), 1, 2, kBool,
                                       id(2), id(3)),
              ErrorCode::DTypeMismatch);
+}
+
+// TopK / ArgTopK are ReduceDim kinds whose accumulator_len is k (docs/spec/ir.md §5.5): the axis
+// becomes k, which must lie in 1..the axis' size.
+TEST(BuildTopK, AccumulatorLenIsKAtMostTheAxisSize) {
+  BUILD(tk, build::reduce_dim(Family::NumericFloat, OpKind::Numeric_TopK, t(1, {4, 5}, dtypes::bf16), 1, 3, id(2)));
+  EXPECT_EQ(out(tk), TensorIr::uninit(id(2), {4, 3}, dtypes::bf16));
+  EXPECT_EQ(tk.attrs, (AttrList{1, 3}));
+  EXPECT_EQ(tk.kind_name(), "NumericFloat::TopK");
+  BUILD(atk, build::reduce_dim_arg(Family::NumericInt, OpKind::Numeric_ArgTopK, t(1, {4, 5}, dtypes::u8), 0, 4,
+                                   dtypes::i32, id(2)));
+  EXPECT_EQ(out(atk), TensorIr::uninit(id(2), {4, 5}, dtypes::i32));
+  EXPECT_EQ(atk.dtype, dtypes::u8);
+  // k = the axis size is the whole sorted axis; one more is an error naming the op and the values.
+  BUILD(all, build::reduce_dim(Family::NumericFloat, OpKind::Numeric_TopK, t(1, {4, 5}), 1, 5, id(2)));
+  auto r = build::reduce_dim(Family::NumericFloat, OpKind::Numeric_TopK, t(1, {4, 5}), 1, 6, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "NumericFloat::TopK: k 6 exceeds axis 1 of size 5 ([4,5])");
+  EXPECT_ERR(
+      build::reduce_dim_arg(Family::NumericFloat, OpKind::Numeric_ArgTopK, t(1, {4, 5}), 0, 5, dtypes::i64, id(2)),
+      ErrorCode::Invalid);
+  EXPECT_ERR(build::reduce_dim(Family::NumericFloat, OpKind::Numeric_TopK, t(1, {4, 5}), 1, 0, id(2)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::reduce_dim(Family::NumericFloat, OpKind::Numeric_TopK, t(1, {4, 5}), 2, 1, id(2)),
+             ErrorCode::OutOfBounds);
+  // ArgTopK outputs the index dtype: the plain builder refuses it, and the index dtype must be an integer.
+  EXPECT_ERR(build::reduce_dim(Family::NumericFloat, OpKind::Numeric_ArgTopK, t(1, {4, 5}), 1, 2, id(2)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(
+      build::reduce_dim_arg(Family::NumericFloat, OpKind::Numeric_ArgTopK, t(1, {4, 5}), 1, 2, dtypes::f32, id(2)),
+      ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::reduce_dim(Family::BaseBool, OpKind::Numeric_TopK, t(1, {4}, kBool), 0, 1, id(2)),
+             ErrorCode::Invalid);                               // Numeric kinds never apply to bool tensors
+  EXPECT_FALSE(op_info(OpKind::Numeric_TopK).has(kReduceDim));  // tagged ·: never a reduce fusion
+}
+
+// Sort / ArgSort / SortWithIndices{input, dim, descending} (docs/spec/ir.md §5.2, §6.3): every
+// output has the input's shape; attrs [dim, descending].
+TEST(BuildSort, ShapesDtypesAndAttributes) {
+  BUILD(s, build::sort(Family::NumericFloat, OpKind::Numeric_Sort, t(1, {2, 3, 4}, dtypes::f16), 1, true, id(2)));
+  EXPECT_EQ(out(s), TensorIr::uninit(id(2), {2, 3, 4}, dtypes::f16));
+  EXPECT_EQ(s.attrs, (AttrList{1, 1}));
+  EXPECT_EQ(s.dtype, dtypes::f16);
+  EXPECT_EQ(s.kind_name(), "NumericFloat::Sort");
+  BUILD(as, build::sort_arg(Family::NumericInt, OpKind::Numeric_ArgSort, t(1, {5}, dtypes::i16), 0, false, dtypes::u32,
+                            id(2)));
+  EXPECT_EQ(out(as), TensorIr::uninit(id(2), {5}, dtypes::u32));
+  EXPECT_EQ(as.attrs, (AttrList{0, 0}));
+  EXPECT_EQ(as.dtype, dtypes::i16);
+  BUILD(sw, build::sort_with_indices(Family::NumericFloat, OpKind::Numeric_SortWithIndices, t(1, {3, 2}), 0, false,
+                                     dtypes::i64, id(2), id(3)));
+  ASSERT_EQ(sw.outputs().size(), 2u);
+  EXPECT_EQ(out(sw, 0), TensorIr::uninit(id(2), {3, 2}, dtypes::f32));
+  EXPECT_EQ(out(sw, 1), TensorIr::uninit(id(3), {3, 2}, dtypes::i64));
+  EXPECT_EQ(sw.attrs, (AttrList{0, 0}));
+  // Errors name the op and the values.
+  auto r = build::sort(Family::NumericFloat, OpKind::Numeric_Sort, t(1, {2, 3}), 2, false, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "NumericFloat::Sort: dim 2 out of bounds for rank 2 ([2,3])");
+  EXPECT_ERR(build::sort_with_indices(Family::NumericFloat, OpKind::Numeric_SortWithIndices, t(1, {3}), 1, false,
+                                      dtypes::i64, id(2), id(3)),
+             ErrorCode::OutOfBounds);
+  EXPECT_ERR(build::sort_arg(Family::NumericFloat, OpKind::Numeric_ArgSort, t(1, {3}), 0, false, dtypes::f32, id(2)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::sort_with_indices(Family::NumericFloat, OpKind::Numeric_SortWithIndices, t(1, {3}), 0, false, kBool,
+                                      id(2), id(3)),
+             ErrorCode::DTypeMismatch);
+  // The builder must match the kind: ArgSort outputs indices, Sort values; SortWithIndices has its own.
+  EXPECT_ERR(build::sort(Family::NumericFloat, OpKind::Numeric_ArgSort, t(1, {3}), 0, false, id(2)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::sort_arg(Family::NumericFloat, OpKind::Numeric_Sort, t(1, {3}), 0, false, dtypes::i64, id(2)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::sort(Family::NumericFloat, OpKind::Numeric_SortWithIndices, t(1, {3}), 0, false, id(2)),
+             ErrorCode::Invalid);
+  // The family must fit the operand (a bool tensor has no numeric family) and ids must be fresh.
+  EXPECT_ERR(build::sort(Family::NumericInt, OpKind::Numeric_Sort, t(1, {3}, kBool), 0, false, id(2)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::sort_with_indices(Family::NumericFloat, OpKind::Numeric_SortWithIndices, t(1, {3}), 0, false,
+                                      dtypes::i64, id(2), id(2)),
+             ErrorCode::Invalid);
 }
 
 TEST(BuildLayout, ExpandRejectsNegativeTargets) {

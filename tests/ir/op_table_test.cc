@@ -96,6 +96,10 @@ TEST(OpTable, SignatureNamesMatchTheEnum) {
   EXPECT_EQ(signature_info(Signature::Unary).name, "Unary");
   EXPECT_EQ(signature_info(Signature::Conv2d).name, "Conv2d");
   EXPECT_EQ(signature_info(Signature::Drop).name, "Drop");
+  EXPECT_EQ(signature_info(Signature::Sort).name, "Sort");
+  EXPECT_EQ(signature_info(Signature::SortWithIndices).name, "SortWithIndices");
+  EXPECT_EQ(signature_info(Signature::SortWithIndices).outputs, 2);
+  EXPECT_EQ(signature_info(Signature::Sort).max_attrs, 2);
   EXPECT_TRUE(signature_info(Signature::Slice).ranges);
   EXPECT_TRUE(signature_info(Signature::SliceAssign).ranges);
   EXPECT_FALSE(signature_info(Signature::Binary).ranges);
@@ -134,6 +138,21 @@ TEST(OpTable, Tags) {
   EXPECT_FALSE(op_info(OpKind::Int_Matmul).has(kMatmul));
   EXPECT_TRUE(op_info(OpKind::Module_MaxPool2d).has(kNhwc));
   EXPECT_TRUE(op_info(OpKind::Base_Cat).has(kIndexed));
+  // docs/spec/ir.md §5.6: the trigonometric kinds, ArcTan2 and Hypot are · (not fused).
+  EXPECT_EQ(op_info(OpKind::Float_ArcCosh).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Float_ArcCosh).signature, Signature::Unary);
+  EXPECT_EQ(op_info(OpKind::Float_Hypot).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Float_ArcTan2).signature, Signature::Binary);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "ArcTan2"), OpKind::Float_ArcTan2);
+  // docs/spec/ir.md §5.5: TopK / ArgTopK are ReduceDim kinds tagged · (ArgTopK outputs indices);
+  // Sort / ArgSort share the Sort signature, SortWithIndices has two outputs.
+  EXPECT_EQ(op_info(OpKind::Numeric_TopK).signature, Signature::ReduceDim);
+  EXPECT_EQ(op_info(OpKind::Numeric_TopK).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Numeric_ArgTopK).tags, kIndexOutput);
+  EXPECT_EQ(op_info(OpKind::Numeric_Sort).signature, Signature::Sort);
+  EXPECT_EQ(op_info(OpKind::Numeric_ArgSort).signature, Signature::Sort);
+  EXPECT_EQ(op_info(OpKind::Numeric_ArgSort).tags, kIndexOutput);
+  EXPECT_EQ(op_info(OpKind::Numeric_SortWithIndices).signature, Signature::SortWithIndices);
 }
 
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)

@@ -29,6 +29,66 @@ TEST(ReferenceUnaryTest, FloatFunctions) {
               Near(std::vector<double>{0, 0.7615941559557649, -0.9640275800758169, 0.46211715726000974}, 1e-15));
 }
 
+// Cosh … ArcTanh (docs/spec/ir.md §5.6): libm in f64, rounded once; C's (and PyTorch's) domain
+// edges. Expected values from the closed forms (cosh 1 = (e + 1/e) / 2, acos ½ = π/3,
+// asinh 1 = ln(1 + √2), atanh ½ = ln(3) / 2, ...).
+TEST(ReferenceUnaryTest, TrigonometricAndHyperbolicFunctions) {
+  Device d;
+  const TensorIr x = d.f64({5}, dtypes::f64, {0.0, 0.5, -1.0, 2.0, kInf});
+  auto run = [&](K k) { return d.f64_of(d.ok(b::unary(F::Float, k, x, d.fresh()))); };
+  EXPECT_THAT(run(K::Float_Cosh),
+              Near(std::vector<double>{1, 1.1276259652063807, 1.5430806348152437, 3.7621956910836314, kInf}, 1e-15));
+  EXPECT_THAT(run(K::Float_Sinh),
+              Near(std::vector<double>{0, 0.5210953054937474, -1.1752011936438014, 3.626860407847019, kInf}, 1e-15));
+  // tan(2) is in the second quadrant: negative; tan(inf) is NaN.
+  EXPECT_THAT(run(K::Float_Tan),
+              Near(std::vector<double>{0, 0.5463024898437905, -1.5574077246549023, -2.185039863261519, kNaN}, 1e-15));
+  // Outside [-1, 1]: NaN (acos(2) = NaN).
+  EXPECT_THAT(run(K::Float_ArcCos),
+              Near(std::vector<double>{1.5707963267948966, 1.0471975511965976, 3.141592653589793, kNaN, kNaN}, 1e-15));
+  EXPECT_THAT(run(K::Float_ArcSin),
+              Near(std::vector<double>{0, 0.5235987755982988, -1.5707963267948966, kNaN, kNaN}, 1e-15));
+  EXPECT_THAT(run(K::Float_ArcTan), Near(std::vector<double>{0, 0.4636476090008061, -0.7853981633974483,
+                                                             1.1071487177940904, 1.5707963267948966},
+                                         1e-15));
+  EXPECT_THAT(run(K::Float_ArcSinh),
+              Near(std::vector<double>{0, 0.48121182505960347, -0.881373587019543, 1.4436354751788103, kInf}, 1e-15));
+  // acosh: NaN below 1; acosh(2) = ln(2 + √3).
+  EXPECT_THAT(run(K::Float_ArcCosh), Near(std::vector<double>{kNaN, kNaN, kNaN, 1.3169578969248166, kInf}, 1e-15));
+  // atanh: ±inf at ±1, NaN beyond.
+  EXPECT_THAT(run(K::Float_ArcTanh), Near(std::vector<double>{0, 0.5493061443340549, -kInf, kNaN, kNaN}, 1e-15));
+  const TensorIr poles = d.f64({4}, dtypes::f64, {1.0, -1.0, 1.0000001, -0.0});
+  const std::vector<double> th = d.f64_of(d.ok(b::unary(F::Float, K::Float_ArcTanh, poles, d.fresh())));
+  EXPECT_THAT(th, NanEq(std::vector<double>{kInf, -kInf, kNaN, 0}));
+  EXPECT_TRUE(std::signbit(th[3])) << "atanh(-0) = -0";
+  const std::vector<double> sn = d.f64_of(d.ok(b::unary(F::Float, K::Float_ArcSin, poles, d.fresh())));
+  EXPECT_THAT(sn, NanEq(std::vector<double>{1.5707963267948966, -1.5707963267948966, kNaN, 0}));
+  EXPECT_TRUE(std::signbit(sn[3])) << "asin(-0) = -0";
+}
+
+// The f64 value is rounded once to the dtype: acos(½) in f32 is π/3 rounded to f32, not a
+// float computation's result; cosh overflows f16 (max 65504) to inf.
+TEST(ReferenceUnaryTest, TrigonometricFunctionsRoundOnceToTheDtype) {
+  Device d;
+  const TensorIr x = d.f64({2}, dtypes::f32, {0.5, 12.0});
+  EXPECT_EQ(d.f64_of(d.ok(b::unary(F::Float, K::Float_ArcCos, x, d.fresh())))[0], 1.0471975803375244);
+  EXPECT_EQ(d.f64_of(d.ok(b::unary(F::Float, K::Float_Cosh, x, d.fresh())))[1], 81377.3984375);  // f32(81377.39571...)
+  const TensorIr h = d.f64({2}, dtypes::f16, {12.0, -12.0});
+  EXPECT_THAT(d.f64_of(d.ok(b::unary(F::Float, K::Float_Cosh, h, d.fresh()))), NanEq(std::vector<double>{kInf, kInf}));
+  EXPECT_THAT(d.f64_of(d.ok(b::unary(F::Float, K::Float_Sinh, h, d.fresh()))), NanEq(std::vector<double>{kInf, -kInf}));
+}
+
+TEST(ReferenceUnaryTest, TrigonometricKindsRefuseIntegerOperands) {
+  Device d;
+  const TensorIr xi = d.i64({2}, dtypes::i32, {0, 1});
+  // The builders refuse an integer operand; a hand-made op meets the executor's family check.
+  Operation op = *b::unary(F::Float, K::Float_ArcTanh, d.f64({2}, dtypes::f32, {0, 0.5}), d.fresh());
+  op.tensors[0] = xi;
+  Status st = d.exec.execute(op, d.handles);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::DTypeMismatch) << st.error().to_string();
+}
+
 TEST(ReferenceUnaryTest, RoundingFamilyRoundsHalfToEven) {
   Device d;
   const TensorIr x = d.f64({8}, dtypes::f32, {0.5, 1.5, 2.5, -0.5, -1.5, -2.7, 2.3, kNaN});
@@ -100,6 +160,52 @@ TEST(ReferenceBinaryTest, FloatArithmeticBroadcasts) {
   EXPECT_EQ(run(K::Numeric_Mul), (std::vector<double>{10, 20, 30, 20, 40, 60}));
   EXPECT_THAT(run(K::Numeric_Div), Near(std::vector<double>{0.1, 0.05, 1.0 / 30, 0.2, 0.1, 2.0 / 30}, 1e-7));
   EXPECT_EQ(d.shape_of(d.ok(b::binary(F::NumericFloat, K::Numeric_Add, a, c, d.fresh()))), (Shape{2, 3}));
+}
+
+// ArcTan2{lhs = y, rhs = x} is C's atan2(y, x) (torch.atan2(input, other)): the four quadrants,
+// the axes, and the signed zeros: atan2(±0, −0) = ±π, atan2(±0, +0) = ±0, atan2(±0, x < 0) = ±π.
+TEST(ReferenceBinaryTest, ArcTan2QuadrantsAxesAndSignedZeros) {
+  Device d;
+  const double pi = 3.141592653589793;
+  const TensorIr y = d.f64({12}, dtypes::f64, {1, 1, -1, -1, 1, -1, 0.0, -0.0, 0.0, -0.0, 0.0, kNaN});
+  const TensorIr x = d.f64({12}, dtypes::f64, {1, -1, -1, 1, 0.0, 0.0, -0.0, -0.0, 0.0, 0.0, -2, 1});
+  const std::vector<double> r = d.f64_of(d.ok(b::binary(F::Float, K::Float_ArcTan2, y, x, d.fresh())));
+  EXPECT_THAT(r, Near(std::vector<double>{pi / 4, 3 * pi / 4, -3 * pi / 4, -pi / 4, pi / 2, -pi / 2, pi, -pi, 0, -0.0,
+                                          pi, kNaN},
+                      1e-15));
+  EXPECT_FALSE(std::signbit(r[8])) << "atan2(+0, +0) = +0";
+  EXPECT_TRUE(std::signbit(r[9])) << "atan2(-0, +0) = -0";
+  // Infinities: atan2(inf, inf) = π/4, atan2(1, -inf) = π, atan2(-1, inf) = -0.
+  const TensorIr yi = d.f64({3}, dtypes::f64, {kInf, 1, -1});
+  const TensorIr xi = d.f64({3}, dtypes::f64, {kInf, -kInf, kInf});
+  const std::vector<double> ri = d.f64_of(d.ok(b::binary(F::Float, K::Float_ArcTan2, yi, xi, d.fresh())));
+  EXPECT_THAT(ri, Near(std::vector<double>{pi / 4, pi, 0}, 1e-15));
+  EXPECT_TRUE(std::signbit(ri[2]));
+  // Broadcast [2, 1] against [1, 2], in bf16 (one rounding of the f64 result).
+  const TensorIr by = d.f64({2, 1}, dtypes::bf16, {1, -1});
+  const TensorIr bx = d.f64({1, 2}, dtypes::bf16, {1, -1});
+  const TensorId bo = d.ok(b::binary(F::Float, K::Float_ArcTan2, by, bx, d.fresh()));
+  EXPECT_EQ(d.shape_of(bo), (Shape{2, 2}));
+  // bf16 has 8 significant bits: π/4 → 0.78515625, 3π/4 → 2.359375.
+  EXPECT_EQ(d.f64_of(bo), (std::vector<double>{0.78515625, 2.359375, -0.78515625, -2.359375}));
+}
+
+// Hypot: √(a² + b²) without overflow in between; hypot(±inf, NaN) = +inf (C, PyTorch).
+TEST(ReferenceBinaryTest, HypotAvoidsOverflowAndPrefersInfinity) {
+  Device d;
+  const TensorIr a = d.f64({6}, dtypes::f64, {3, -5, 1e200, kInf, kNaN, 0.0});
+  const TensorIr c = d.f64({6}, dtypes::f64, {4, 12, 1e200, kNaN, -kInf, -0.0});
+  EXPECT_THAT(d.f64_of(d.ok(b::binary(F::Float, K::Float_Hypot, a, c, d.fresh()))),
+              Near(std::vector<double>{5, 13, 1.4142135623730951e200, kInf, kInf, 0}, 1e-15));
+  // In f32, 3e30² would overflow a float computation; the f64 result rounds to f32(5e30).
+  const TensorIr a32 = d.f64({1}, dtypes::f32, {3e30});
+  const TensorIr c32 = d.f64({1}, dtypes::f32, {4e30});
+  const double got = d.f64_of(d.ok(b::binary(F::Float, K::Float_Hypot, a32, c32, d.fresh())))[0];
+  EXPECT_EQ(got, static_cast<double>(static_cast<float>(5e30)));
+  // Operands of different dtypes are refused by the kernel as by the builder.
+  Operation op = *b::binary(F::Float, K::Float_Hypot, a32, c32, d.fresh());
+  op.tensors[1] = d.f64({1}, dtypes::f64, {4});
+  EXPECT_FALSE(d.exec.execute(op, d.handles).ok());
 }
 
 TEST(ReferenceBinaryTest, FloatDivisionAndRemainderFollowIeeeAndTheDivisorsSign) {

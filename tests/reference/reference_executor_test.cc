@@ -153,6 +153,9 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
     }
     case Signature::ReduceDimWithIndices: return b::reduce_dim_with_indices(f, k, x(), 1, index, o, d.fresh());
     case Signature::TopKWithIndices: return b::topk_with_indices(f, k, x(), 1, 2, index, o, d.fresh());
+    case Signature::Sort:
+      return info.has(kIndexOutput) ? b::sort_arg(f, k, x(), 1, true, index, o) : b::sort(f, k, x(), 0, false, o);
+    case Signature::SortWithIndices: return b::sort_with_indices(f, k, x(), 1, false, index, o, d.fresh());
     case Signature::GatherNd: return b::gather_nd(f, k, x(), d.i64({2, 1}, index, {1, 0}), o);
     case Signature::Matmul: return b::matmul(f, k, x(), data(d, {3, 2}, t), o);
     case Signature::Conv2d: {

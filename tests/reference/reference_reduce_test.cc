@@ -201,6 +201,104 @@ TEST(ReferenceReduceTest, TopKSortsDescendingStablyWithNanFirst) {
   EXPECT_EQ(d.shape_of(op3->outputs()[0].id), (Shape{0, 2}));
 }
 
+// TopK / ArgTopK (ReduceDim, accumulator_len = k): the k largest in descending order and their
+// indices, ties in index order, NaN first (as TopKWithIndices).
+TEST(ReferenceReduceTest, TopKAndArgTopKAreTheLeadingKOfTheDescendingSort) {
+  Device d;
+  const TensorIr x = d.f64({2, 4}, dtypes::f32, {1, 5, 3, 5, 2, kNaN, 8, -1});
+  const TensorId v = d.ok(b::reduce_dim(F::NumericFloat, K::Numeric_TopK, x, 1, 3, d.fresh()));
+  EXPECT_EQ(d.shape_of(v), (Shape{2, 3}));
+  EXPECT_THAT(d.f64_of(v), NanEq(std::vector<double>{5, 5, 3, kNaN, 8, 2}));
+  const TensorId i = d.ok(b::reduce_dim_arg(F::NumericFloat, K::Numeric_ArgTopK, x, 1, 3, dtypes::u8, d.fresh()));
+  EXPECT_EQ(d.tensor(i).dtype(), dtypes::u8);
+  EXPECT_EQ(d.u64_of(i), (std::vector<std::uint64_t>{1, 3, 2, 1, 2, 0}));
+  // Along axis 0 of an integer tensor; k = the whole axis is the full descending sort.
+  const TensorIr xi = d.i64({3, 2}, dtypes::i16, {4, 0, 9, 1, 4, 2});
+  EXPECT_EQ(d.i64_of(d.ok(b::reduce_dim(F::NumericInt, K::Numeric_TopK, xi, 0, 3, d.fresh()))),
+            (std::vector<std::int64_t>{9, 2, 4, 1, 4, 0}));
+  EXPECT_EQ(d.i64_of(d.ok(b::reduce_dim_arg(F::NumericInt, K::Numeric_ArgTopK, xi, 0, 1, dtypes::i64, d.fresh()))),
+            (std::vector<std::int64_t>{1, 2}));
+}
+
+// Sort / ArgSort / SortWithIndices: a stable sort (equal values, ±0 included, keep their index
+// order) with NaN larger than every number: last ascending, first descending (PyTorch's order).
+TEST(ReferenceReduceTest, SortIsStableWithNanAsTheLargestValue) {
+  Device d;
+  const TensorIr x = d.f64({7}, dtypes::f64, {3, kNaN, -1, 3, kInf, -0.0, 0.0});
+  auto sort = [&](K k, bool descending) {
+    return k == K::Numeric_ArgSort ? b::sort_arg(F::NumericFloat, k, x, 0, descending, dtypes::i64, d.fresh())
+                                   : b::sort(F::NumericFloat, k, x, 0, descending, d.fresh());
+  };
+  const std::vector<double> up = d.f64_of(d.ok(sort(K::Numeric_Sort, false)));
+  EXPECT_THAT(up, NanEq(std::vector<double>{-1, -0.0, 0, 3, 3, kInf, kNaN}));
+  EXPECT_TRUE(std::signbit(up[1])) << "-0 (index 5) stays before +0 (index 6)";
+  EXPECT_FALSE(std::signbit(up[2]));
+  EXPECT_EQ(d.i64_of(d.ok(sort(K::Numeric_ArgSort, false))), (std::vector<std::int64_t>{2, 5, 6, 0, 3, 4, 1}));
+  const std::vector<double> down = d.f64_of(d.ok(sort(K::Numeric_Sort, true)));
+  EXPECT_THAT(down, NanEq(std::vector<double>{kNaN, kInf, 3, 3, -0.0, 0, -1}));
+  EXPECT_TRUE(std::signbit(down[4])) << "ties keep index order when descending too";
+  EXPECT_EQ(d.i64_of(d.ok(sort(K::Numeric_ArgSort, true))), (std::vector<std::int64_t>{1, 4, 0, 3, 5, 6, 2}));
+  // SortWithIndices along axis 1 of a [2, 3] integer tensor, both outputs.
+  const TensorIr xi = d.i64({2, 3}, dtypes::i32, {5, -2, 5, 0, 7, -7});
+  auto both =
+      b::sort_with_indices(F::NumericInt, K::Numeric_SortWithIndices, xi, 1, true, dtypes::i32, d.fresh(), d.fresh());
+  d.ok(both);
+  EXPECT_EQ(d.i64_of(both->outputs()[0].id), (std::vector<std::int64_t>{5, 5, -2, 7, 0, -7}));
+  EXPECT_EQ(d.i64_of(both->outputs()[1].id), (std::vector<std::int64_t>{0, 2, 1, 1, 0, 2}));
+  // Along axis 0 (columns), ascending, unsigned.
+  const TensorIr xu = d.u64({3, 2}, dtypes::u8, {200, 1, 7, 1, 9, 0});
+  EXPECT_EQ(d.u64_of(d.ok(b::sort(F::NumericInt, K::Numeric_Sort, xu, 0, false, d.fresh()))),
+            (std::vector<std::uint64_t>{7, 0, 9, 1, 200, 1}));
+  EXPECT_EQ(d.i64_of(d.ok(b::sort_arg(F::NumericInt, K::Numeric_ArgSort, xu, 0, false, dtypes::i64, d.fresh()))),
+            (std::vector<std::int64_t>{1, 2, 2, 0, 0, 1}));
+  // An empty axis sorts to an empty tensor.
+  const TensorIr e = d.f64({2, 0}, dtypes::f32, {});
+  EXPECT_EQ(d.shape_of(d.ok(b::sort(F::NumericFloat, K::Numeric_Sort, e, 1, true, d.fresh()))), (Shape{2, 0}));
+}
+
+// Hostile attributes of hand-made ops: errors that claim every output, never a crash.
+TEST(ReferenceReduceTest, SortAndTopKRefuseBadAttributes) {
+  Device d;
+  const TensorIr x = d.f64({2, 3}, dtypes::f32, {1, 2, 3, 4, 5, 6});
+  auto sw =
+      b::sort_with_indices(F::NumericFloat, K::Numeric_SortWithIndices, x, 1, false, dtypes::i64, d.fresh(), d.fresh());
+  KILN_ASSERT_OK(sw);
+  Operation bad = *sw;
+  bad.attrs[0] = 2;  // dim out of range
+  EXPECT_EQ(d.exec.execute(bad, d.handles).error().code, ErrorCode::OutOfBounds);
+  EXPECT_TRUE(d.handles.entry(bad.outputs()[0].id)->is_errored());
+  EXPECT_TRUE(d.handles.entry(bad.outputs()[1].id)->is_errored());
+  bad = *sw;
+  bad.attrs[1] = 2;  // descending is a flag
+  Status st = d.exec.execute(bad, d.handles);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("descending must be 0 or 1, got 2"), std::string::npos) << st.error().message;
+  bad = *sw;
+  bad.tensors[2].dtype = dtypes::f32;  // indices must be an integer dtype
+  EXPECT_FALSE(d.exec.execute(bad, d.handles).ok());
+  auto as = b::sort_arg(F::NumericFloat, K::Numeric_ArgSort, x, 1, true, dtypes::i64, d.fresh());
+  KILN_ASSERT_OK(as);
+  bad = *as;
+  bad.tensors[1].shape = {2, 2};  // not the input's shape
+  EXPECT_EQ(d.exec.execute(bad, d.handles).error().code, ErrorCode::IncompatibleShapes);
+  auto tk = b::reduce_dim(F::NumericFloat, K::Numeric_TopK, x, 1, 2, d.fresh());
+  KILN_ASSERT_OK(tk);
+  bad = *tk;
+  bad.attrs[1] = 4;  // k > the axis size
+  bad.tensors[1].shape = {2, 4};
+  st = d.exec.execute(bad, d.handles);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("k 4 exceeds axis 1 of size 3"), std::string::npos) << st.error().message;
+  bad = *tk;
+  bad.attrs[1] = -1;
+  EXPECT_FALSE(d.exec.execute(bad, d.handles).ok());
+  auto atk = b::reduce_dim_arg(F::NumericFloat, K::Numeric_ArgTopK, x, 1, 3, dtypes::u8, d.fresh());
+  KILN_ASSERT_OK(atk);
+  bad = *atk;
+  bad.tensors[1].dtype = dtypes::f16;  // ArgTopK writes indices
+  EXPECT_FALSE(d.exec.execute(bad, d.handles).ok());
+}
+
 TEST(ReferenceReduceTest, CumulativeScans) {
   Device d;
   const TensorIr x = d.f64({2, 3}, dtypes::f64, {1, 2, 3, 4, 5, 6});

@@ -296,6 +296,71 @@ TEST_F(ApiOps, RoundingSignAndFloatTests) {
   EXPECT_EQ(kinds_of([&] { (void)s->sign(bools({true}, {1})); }), Kinds{});
 }
 
+// ---- Trigonometric and hyperbolic functions, atan2, hypot (docs/spec/ir.md §5.6)
+
+TEST_F(ApiOps, TrigonometricAndHyperbolicFunctions) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor x = f32({0.0f, 0.5f, -1.0f, 2.0f}, {2, 2});
+  // Closed forms (cosh 1 = (e + 1/e) / 2, acos ½ = π/3, asinh 1 = ln(1 + √2), atanh ½ = ln 3 / 2 ...).
+  expect_near(get(s->cosh(x), {2, 2}), {1, 1.1276259652063807, 1.5430806348152437, 3.7621956910836314});
+  expect_near(get(s->sinh(x), {2, 2}), {0, 0.5210953054937474, -1.1752011936438014, 3.626860407847019});
+  expect_near(get(s->tan(x), {2, 2}), {0, 0.5463024898437905, -1.5574077246549023, -2.185039863261519});
+  expect_near(get(s->atan(x), {2, 2}), {0, 0.4636476090008061, -0.7853981633974483, 1.1071487177940904});
+  expect_near(get(s->asinh(x), {2, 2}), {0, 0.48121182505960347, -0.881373587019543, 1.4436354751788103});
+  // Outside the domain: NaN; at a pole: ±inf.
+  std::vector<double> v = get(s->acos(x), {2, 2});
+  expect_near({v[0], v[1], v[2]}, {1.5707963267948966, 1.0471975511965976, 3.141592653589793});
+  EXPECT_TRUE(std::isnan(v[3])) << "acos(2)";
+  v = get(s->asin(x), {2, 2});
+  expect_near({v[0], v[1], v[2]}, {0, 0.5235987755982988, -1.5707963267948966});
+  EXPECT_TRUE(std::isnan(v[3])) << "asin(2)";
+  v = get(s->acosh(f32({1.0f, 2.0f, 0.5f, inf}, {4})), {4});
+  expect_near({v[0], v[1]}, {0, 1.3169578969248166});
+  EXPECT_TRUE(std::isnan(v[2])) << "acosh(0.5)";
+  EXPECT_EQ(v[3], inf);
+  v = get(s->atanh(f32({0.5f, 1.0f, -1.0f, 2.0f}, {4})), {4});
+  expect_near({v[0]}, {0.5493061443340549});
+  EXPECT_EQ(v[1], inf) << "atanh(1)";
+  EXPECT_EQ(v[2], -inf) << "atanh(-1)";
+  EXPECT_TRUE(std::isnan(v[3])) << "atanh(2)";
+  EXPECT_TRUE(std::isnan(get(s->cosh(f32({nan}, {1})), {1})[0]));
+  for (auto [call, kind] : {std::pair{&Session::cosh, "Float::Cosh"}, std::pair{&Session::sinh, "Float::Sinh"},
+                            std::pair{&Session::tan, "Float::Tan"}, std::pair{&Session::acos, "Float::ArcCos"},
+                            std::pair{&Session::acosh, "Float::ArcCosh"}, std::pair{&Session::asin, "Float::ArcSin"},
+                            std::pair{&Session::asinh, "Float::ArcSinh"}, std::pair{&Session::atan, "Float::ArcTan"},
+                            std::pair{&Session::atanh, "Float::ArcTanh"}}) {
+    EXPECT_EQ(kinds_of([&, c = call] { ok((s.get()->*c)(x)); }), (Kinds{kind}));
+    // Float only: an integer operand is the builder's error, naming the kind.
+    EXPECT_NAMES(error_of((s.get()->*call)(i64({1}, {1}))), std::string(kind).substr(7));
+  }
+}
+
+TEST_F(ApiOps, Atan2AndHypot) {
+  const double pi = 3.141592653589793;
+  // atan2(y, x), y the first operand: the four quadrants, the axes and the signed zeros.
+  Tensor y = f32({1, 1, -1, -1, 1, 0.0f, -0.0f, -0.0f}, {8});
+  Tensor x = f32({1, -1, -1, 1, 0.0f, -0.0f, -0.0f, 2}, {8});
+  const std::vector<double> r = get(s->atan2(y, x), {8});
+  expect_near(r, {pi / 4, 3 * pi / 4, -3 * pi / 4, -pi / 4, pi / 2, pi, -pi, -0.0});
+  EXPECT_TRUE(std::signbit(r[7])) << "atan2(-0, 2) = -0";
+  // Broadcasting [2, 1] with [1, 2]; rounded once to f32.
+  expect_near(get(s->atan2(f32({1, -1}, {2, 1}), f32({1, -1}, {1, 2})), {2, 2}),
+              {pi / 4, 3 * pi / 4, -pi / 4, -3 * pi / 4});
+  // hypot: 3-4-5, 5-12-13, no overflow of the squares in f32, inf wins over NaN.
+  const float big = 3e30f, nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<double> h = get(s->hypot(f32({3, -5, big, inf}, {4}), f32({4, 12, big, nan}, {4})), {4});
+  expect_near({h[0], h[1], h[2]}, {5, 13, 4.242640687119285e30});
+  EXPECT_EQ(h[3], inf) << "hypot(inf, NaN)";
+  EXPECT_EQ(kinds_of([&] { ok(s->atan2(y, x)); }), (Kinds{"Float::ArcTan2"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->hypot(y, x)); }), (Kinds{"Float::Hypot"}));
+  // Errors: shapes that do not broadcast, integer operands, mixed dtypes.
+  EXPECT_NAMES(error_of(s->atan2(y, f32({1, 2, 3}, {3}))), "ArcTan2");
+  EXPECT_NAMES(error_of(s->hypot(i64({1}, {1}), i64({2}, {1}))), "Hypot");
+  Tensor d = ok(s->from_host(std::vector<double>{1.0}, {1}));
+  EXPECT_NAMES(error_of(s->hypot(f32({1}, {1}), d)), "Hypot");
+}
+
 // ---- Creation
 
 TEST_F(ApiOps, Creation) {
@@ -463,6 +528,64 @@ TEST_F(ApiOps, CumulativeScans) {
   EXPECT_EQ(kinds_of([&] { ok(s->cummax(x, 0)); }), (Kinds{"NumericFloat::CumMax"}));
   EXPECT_NAMES(error_of(s->cumsum(x, 2)), "CumSum");
   EXPECT_NAMES(error_of(s->cummax(bools({true}, {1}), 0)), "CumMax");
+}
+
+// ---- Sorting and top-k (docs/spec/ir.md §5.5): stable, NaN as the largest value
+
+TEST_F(ApiOps, SortArgsortAndSortWithIndices) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // [2, 4]: ties (5, 5), a NaN; sorted by hand along each row.
+  Tensor x = f32({5, nan, -1, 5, 2, 0.5f, 2, -3}, {2, 4});
+  std::vector<double> up = get(s->sort(x, 1), {2, 4});
+  expect_near({up[0], up[1], up[2]}, {-1, 5, 5});
+  EXPECT_TRUE(std::isnan(up[3])) << "NaN sorts last ascending";
+  expect_near({up[4], up[5], up[6], up[7]}, {-3, 0.5, 2, 2});
+  EXPECT_EQ(get_i64(s->argsort(x, 1), {2, 4}), (std::vector<std::int64_t>{2, 0, 3, 1, 3, 1, 0, 2}));
+  std::vector<double> down = get(s->sort(x, 1, true), {2, 4});
+  EXPECT_TRUE(std::isnan(down[0])) << "NaN sorts first descending";
+  expect_near({down[1], down[2], down[3], down[4], down[5], down[6], down[7]}, {5, 5, -1, 2, 2, 0.5, -3});
+  // Stable descending: the tie 5 (indices 0 and 3) and 2 (indices 0 and 2) keep their index order.
+  EXPECT_EQ(get_i64(s->argsort(x, 1, true), {2, 4}), (std::vector<std::int64_t>{1, 0, 3, 2, 0, 2, 1, 3}));
+  // Along dim 0 of an integer tensor, both outputs at once.
+  auto [v, i] = ok(s->sort_with_indices(i64({4, -6, 2, 9, 4, 1}, {3, 2}), 0));
+  EXPECT_EQ(i.dtype(), Session::kIndexDType);
+  EXPECT_EQ(get_i64(std::move(v), {3, 2}), (std::vector<std::int64_t>{2, -6, 4, 1, 4, 9}));
+  EXPECT_EQ(get_i64(std::move(i), {3, 2}), (std::vector<std::int64_t>{1, 0, 0, 2, 2, 1}));
+  EXPECT_EQ(kinds_of([&] { ok(s->sort(x, 1)); }), (Kinds{"NumericFloat::Sort"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->argsort(x, 0, true)); }), (Kinds{"NumericFloat::ArgSort"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->sort_with_indices(x, 1)); }), (Kinds{"NumericFloat::SortWithIndices"}));
+  // Errors: a dim out of range, a bool operand (no numeric family); nothing is registered.
+  EXPECT_NAMES(error_of(s->sort(x, 2)), "Sort: dim 2 out of bounds");
+  EXPECT_NAMES(error_of(s->argsort(bools({true, false}, {2}), 0)), "ArgSort");
+  Result<std::pair<Tensor, Tensor>> bad = s->sort_with_indices(x, 5);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "SortWithIndices");
+  EXPECT_EQ(kinds_of([&] { (void)s->sort(x, 2); }), Kinds{});
+}
+
+TEST_F(ApiOps, TopKAndArgTopK) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = f32({1, 5, 3, 5, 2, nan, 8, -1}, {2, 4});
+  // The k largest per row in descending order (ties in index order, NaN first), by hand.
+  std::vector<double> t = get(s->topk(x, 3, 1), {2, 3});
+  expect_near({t[0], t[1], t[2]}, {5, 5, 3});
+  EXPECT_TRUE(std::isnan(t[3]));
+  expect_near({t[4], t[5]}, {8, 2});
+  Tensor idx = ok(s->argtopk(x, 3, 1));
+  EXPECT_EQ(idx.dtype(), Session::kIndexDType);
+  EXPECT_EQ(get_i64(std::move(idx), {2, 3}), (std::vector<std::int64_t>{1, 3, 2, 1, 2, 0}));
+  // Along dim 0, k = 1: the column maxima (NaN beats 5).
+  std::vector<double> col = get(s->topk(x, 1, 0), {1, 4});
+  expect_near({col[0], col[2], col[3]}, {2, 8, 5});
+  EXPECT_TRUE(std::isnan(col[1])) << "NaN is the largest value";
+  EXPECT_EQ(get_i64(s->argtopk(i64({3, 9, 7, 1}, {2, 2}), 2, 0), {2, 2}), (std::vector<std::int64_t>{1, 0, 0, 1}));
+  EXPECT_EQ(kinds_of([&] { ok(s->topk(x, 2, 1)); }), (Kinds{"NumericFloat::TopK"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->argtopk(x, 2, 1)); }), (Kinds{"NumericFloat::ArgTopK"}));
+  // Errors name the op and the values: k above the dim's size, k = 0, a bad dim.
+  EXPECT_NAMES(error_of(s->topk(x, 5, 1)), "TopK: k 5 exceeds axis 1 of size 4");
+  EXPECT_NAMES(error_of(s->argtopk(x, 0, 1)), "ArgTopK");
+  EXPECT_NAMES(error_of(s->topk(x, 1, 2)), "TopK: axis 2 out of bounds");
+  EXPECT_EQ(kinds_of([&] { (void)s->topk(x, 5, 1); }), Kinds{});
 }
 
 // ---- Layout, indexing and assignment

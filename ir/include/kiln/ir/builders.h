@@ -19,8 +19,8 @@
 //     Operation::dtype: the input dtype for arithmetic, comparisons, ArgMax/ArgMin and IntoInt;
 //     the created dtype for Full and Random (docs/spec/ir.md §5.11). Other families leave it default.
 //   * Kinds whose output is the bool dtype (tag kComparison) are built with the `*_comparison`
-//     / `*_bool` builders, which take that dtype; ArgMax/ArgMin with `reduce_dim_arg` (index
-//     dtype). The plain builders reject them, so the output dtype is never guessed.
+//     / `*_bool` builders, which take that dtype; ArgMax/ArgMin/ArgTopK with `reduce_dim_arg`
+//     and ArgSort with `sort_arg` (index dtype). The plain builders reject them, so the output dtype is never guessed.
 //   * Errors are values whose message starts with the op's kind name and names the offending
 //     shapes or dtypes: "NumericFloat::Add: broadcast: incompatible dims 2 and 4 at dim 1
 //     ([2,2] vs [2,4])". Codes: the shape codes of docs/spec/ir.md §4, DTypeMismatch, Invalid.
@@ -139,8 +139,9 @@ Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, 
 // Whole-tensor reduction: shape [1]. All/Any: reduce_bool.
 Result<Operation> reduce(Family family, OpKind kind, const TensorIr& input, TensorId out);
 Result<Operation> reduce_bool(Family family, OpKind kind, const TensorIr& input, DType bool_dtype, TensorId out);
-// Dim reduction: input with [axis] = accumulator_len (1 for SumDim ... ArgMin). AllDim/AnyDim:
-// reduce_dim_bool; ArgMax/ArgMin: reduce_dim_arg (integer index dtype).
+// Dim reduction: input with [axis] = accumulator_len (1 for SumDim ... ArgMin; k for TopK and
+// ArgTopK, which must not exceed the axis' size). AllDim/AnyDim: reduce_dim_bool; ArgMax/ArgMin/
+// ArgTopK: reduce_dim_arg (integer index dtype).
 Result<Operation> reduce_dim(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis,
                              std::uint64_t accumulator_len, TensorId out);
 Result<Operation> reduce_dim_bool(Family family, OpKind kind, const TensorIr& input, std::uint64_t axis,
@@ -155,6 +156,15 @@ Result<Operation> reduce_dim_with_indices(Family family, OpKind kind, const Tens
 // TopKWithIndices: both outputs input with [dim] = k (k <= that dim).
 Result<Operation> topk_with_indices(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim,
                                     std::uint64_t k, DType index_dtype, TensorId out, TensorId out_indices);
+// Sort / ArgSort{input, dim, descending} (docs/spec/ir.md §5.5, §6.3): the output has the input's
+// shape; Sort keeps its dtype, ArgSort is built with sort_arg (integer index dtype). dim < rank.
+Result<Operation> sort(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, bool descending,
+                       TensorId out);
+Result<Operation> sort_arg(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, bool descending,
+                           DType index_dtype, TensorId out);
+// SortWithIndices: both outputs have the input's shape; values keep its dtype.
+Result<Operation> sort_with_indices(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim,
+                                    bool descending, DType index_dtype, TensorId out, TensorId out_indices);
 
 // ---- Layout
 

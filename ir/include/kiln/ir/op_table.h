@@ -42,9 +42,11 @@ bool group_admits(OpGroup g, Family f);
 
 // Argument structs (docs/spec/ir.md §5.2). Attribute layouts (all attributes are i64, compared verbatim):
 //   ReduceDim [axis, accumulator_len]        Dim [axis]            SwapDims [dim1, dim2]
+//     (TopK / ArgTopK: accumulator_len = k, 1 <= k <= the axis' size)
 //   Permute, Flip [axes...]                  Gather, Select [dim]  Scatter, SelectAssign [dim, update]
 //   RepeatDim [dim, times]                   Cat [dim]             ReduceDimWithIndices [dim]
 //   TopKWithIndices [dim, k]                 Random [distribution, bits(param0), bits(param1)]
+//   Sort, SortWithIndices [dim, descending (0 or 1)]
 //   Conv2d [stride0, stride1, pad0, pad1, dilation0, dilation1, groups]
 //   ConvTranspose1d [stride, padding, padding_out, dilation, groups]
 //   MaxPool2d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode]
@@ -81,6 +83,8 @@ enum class Signature : std::uint8_t {
   Cat,
   ReduceDimWithIndices,
   TopKWithIndices,
+  Sort,
+  SortWithIndices,
   GatherNd,
   Conv2d,
   ConvTranspose1d,

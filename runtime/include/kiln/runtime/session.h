@@ -224,6 +224,23 @@ class Session {
   Result<Tensor> sign(Tensor a);
   Result<Tensor> is_nan(Tensor a);  // Float IsNan → kBoolDType
   Result<Tensor> is_inf(Tensor a);  // Float IsInf → kBoolDType
+  // Trigonometric and hyperbolic functions (float only, docs/spec/ir.md §5.6; no §5.11 row):
+  // one kind each, S(a), D(a). Outside a function's domain the value is NaN (acos(2)), at a pole
+  // ±inf (atanh(±1)), as C's libm and PyTorch.
+  Result<Tensor> cosh(Tensor a);   // Float Cosh
+  Result<Tensor> sinh(Tensor a);   // Float Sinh
+  Result<Tensor> tan(Tensor a);    // Float Tan
+  Result<Tensor> acos(Tensor a);   // Float ArcCos
+  Result<Tensor> acosh(Tensor a);  // Float ArcCosh
+  Result<Tensor> asin(Tensor a);   // Float ArcSin
+  Result<Tensor> asinh(Tensor a);  // Float ArcSinh
+  Result<Tensor> atan(Tensor a);   // Float ArcTan
+  Result<Tensor> atanh(Tensor a);  // Float ArcTanh
+  // Float ArcTan2{lhs = y, rhs = x}: atan2(y, x) in [−π, π], broadcasting, same dtypes; C's
+  // quadrant and signed-zero rules (atan2(+0, −0) = π).
+  Result<Tensor> atan2(Tensor y, Tensor x);
+  // Float Hypot: √(a² + b²) without intermediate overflow, broadcasting; hypot(±inf, NaN) = inf.
+  Result<Tensor> hypot(Tensor a, Tensor b);
 
   // ---- Comparisons → kBoolDType tensors (eq of bool operands keeps D(lhs)).
   Result<Tensor> eq(Tensor a, Tensor b);
@@ -293,6 +310,18 @@ class Session {
   Result<Tensor> cumprod(Tensor a, std::uint64_t dim);
   Result<Tensor> cummin(Tensor a, std::uint64_t dim);
   Result<Tensor> cummax(Tensor a, std::uint64_t dim);
+  // Sorting along `dim` (float or int; docs/spec/ir.md §5.5, no §5.11 row). Stable: equal values
+  // keep their index order; NaN sorts as larger than every number (first when descending, last
+  // when ascending), as PyTorch's sort(stable = true). Every output is S(a).
+  Result<Tensor> sort(Tensor a, std::uint64_t dim, bool descending = false);     // F/I Sort{dim, descending}, D(a)
+  Result<Tensor> argsort(Tensor a, std::uint64_t dim, bool descending = false);  // F/I ArgSort → kIndexDType
+  // (values D(a), indices kIndexDType): F/I SortWithIndices{dim, descending}.
+  Result<std::pair<Tensor, Tensor>> sort_with_indices(Tensor a, std::uint64_t dim, bool descending = false);
+  // The k largest values along `dim` in descending order (stable, NaN first), S(a) with [dim] = k;
+  // 1 <= k <= S(a)[dim], else the builder's error. F/I TopK{axis = dim, accumulator_len = k}, D(a).
+  Result<Tensor> topk(Tensor a, std::uint64_t k, std::uint64_t dim);
+  // Their indices: F/I ArgTopK{axis = dim, accumulator_len = k} → kIndexDType.
+  Result<Tensor> argtopk(Tensor a, std::uint64_t k, std::uint64_t dim);
 
   // ---- Compute and layout.
   Result<Tensor> matmul(Tensor a, Tensor b);
