@@ -15,14 +15,9 @@
 
 #include <gtest/gtest.h>
 
-#include "kiln/cpu/cpu_backend.h"
-#include "kiln/cpu/reference_backend.h"
-#include "kiln/runtime/device.h"
+#include "api_fixture.h"
 #include "kiln/runtime/session.h"
 #include "kiln/testing/status.h"
-#if KILN_TEST_IPC
-#include "ipc_harness.h"
-#endif
 
 namespace kiln::runtime {
 namespace {
@@ -31,25 +26,7 @@ using ir::Shape;
 using ::kiln::testing::ok;
 using Kinds = std::vector<std::string>;
 
-// Built three times (tests/runtime/CMakeLists.txt), as api_test.cc: over the reference backend,
-// over the fast one, and over IPC (KILN_TEST_IPC: the client library and a daemon service).
-std::unique_ptr<DeviceBackend> make_backend() {
-#if KILN_TEST_FAST_BACKEND || KILN_TEST_IPC
-  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2, .jit = cpu::CpuJitMode::Off});
-#else
-  return std::make_unique<cpu::ReferenceCpuBackend>();
-#endif
-}
-
-std::unique_ptr<Device> make_device() {
-  RuntimeOptions o;
-  o.threads = 2;
-  o.fusion = fusion::FusionConfig{};
-  o.config_path = "";  // never read a kiln.toml from the test's directory
-  Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
-  KILN_EXPECT_OK(d);
-  return std::move(d).value();
-}
+using api_testing::expect_near;
 
 // A SessionTarget that forwards everything and records the kind of every registered operation
 // ("NumericFloat::Lower"): what a Session call emitted, in order, in process and over IPC alike.
@@ -93,40 +70,12 @@ class RecordingTarget final : public SessionTarget {
   Kinds kinds_;
 };
 
-class ApiOps : public ::testing::Test {
+class ApiOps : public api_testing::SessionFixture {
  protected:
-  std::unique_ptr<Device> dev = make_device();
-#if KILN_TEST_IPC
-  kiln::testing::IpcHarness ipc{*dev};
-  RecordingTarget rec{ipc.target()};
-#else
-  RecordingTarget rec{*dev};
-#endif
-  std::unique_ptr<Session> s = std::make_unique<Session>(rec);
+  RecordingTarget rec{direct_target()};
 
-  void TearDown() override { s.reset(); }
+  ApiOps() { s = std::make_unique<Session>(rec); }
 
-  Tensor f32(std::vector<float> v, Shape shape) { return ok(s->from_host(v, std::move(shape))); }
-  Tensor i64(std::vector<std::int64_t> v, Shape shape) { return ok(s->from_host(v, std::move(shape))); }
-  Tensor bools(std::vector<bool> v, Shape shape) { return ok(s->from_host(v, std::move(shape))); }
-  // Reads an f32 tensor and checks its shape.
-  std::vector<double> get(Result<Tensor> r, const Shape& shape) {
-    Tensor t = ok(std::move(r));
-    EXPECT_EQ(t.shape(), shape);
-    std::vector<float> v = ok(s->to_host<float>(std::move(t)));
-    return std::vector<double>(v.begin(), v.end());
-  }
-  std::vector<bool> get_bool(Result<Tensor> r, const Shape& shape) {
-    Tensor t = ok(std::move(r));
-    EXPECT_EQ(t.shape(), shape);
-    EXPECT_EQ(t.dtype(), Session::kBoolDType);
-    return ok(s->to_host<bool>(std::move(t)));
-  }
-  std::vector<std::int64_t> get_i64(Result<Tensor> r, const Shape& shape) {
-    Tensor t = ok(std::move(r));
-    EXPECT_EQ(t.shape(), shape);
-    return ok(s->to_host<std::int64_t>(std::move(t)));
-  }
   // The kinds `f` registers (its inputs are uploaded before: uploads register no operation).
   template <class F>
   Kinds kinds_of(F&& f) {
@@ -140,12 +89,6 @@ class ApiOps : public ::testing::Test {
     return r.ok() ? std::string("ok") : r.error().to_string();
   }
 };
-
-void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-5) {
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], tol * std::max(1.0, std::abs(want[i]))) << "at " << i;
-}
 
 // The message names `what` (an op kind or a call).
 #define EXPECT_NAMES(message, what) EXPECT_NE((message).find(what), std::string::npos) << (message)

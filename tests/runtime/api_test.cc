@@ -14,78 +14,27 @@
 
 #include <gtest/gtest.h>
 
+#include "api_fixture.h"
 #include "kiln/cpu/cpu_backend.h"
-#include "kiln/cpu/reference_backend.h"
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
 #include "kiln/testing/status.h"
-#if KILN_TEST_IPC
-#include "ipc_harness.h"
-#endif
 
 namespace kiln::runtime {
 namespace {
 
 using ir::Shape;
 
-// The suite runs twice (tests/runtime/CMakeLists.txt): over the reference backend and over the
-// fast one, which stages each stream's tensors around its fused kernels.
-std::unique_ptr<DeviceBackend> make_backend() {
-#if KILN_TEST_FAST_BACKEND || KILN_TEST_IPC
-  return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{.threads = 2, .jit = cpu::CpuJitMode::Off});
-#else
-  return std::make_unique<cpu::ReferenceCpuBackend>();
-#endif
-}
-
-std::unique_ptr<Device> make_device(std::size_t threads = 2) {
-  RuntimeOptions o;
-  o.threads = threads;
-  o.fusion = fusion::FusionConfig{};
-  o.config_path = "";  // never read a kiln.toml from the test's directory
-  Result<std::unique_ptr<Device>> d = Device::create(make_backend(), std::move(o));
-  KILN_EXPECT_OK(d);
-  return std::move(d).value();
-}
-
+using api_testing::expect_near;
+using api_testing::make_backend;
+using api_testing::make_device;
 using ::kiln::testing::ok;
 
-// Built three times (tests/runtime/CMakeLists.txt): in process over the reference and the fast
-// backend, and over IPC (KILN_TEST_IPC: the same Session API through the client library and a
-// daemon service on the fast backend).
-class Api : public ::testing::Test {
+class Api : public api_testing::SessionFixture {
  protected:
-  std::unique_ptr<Device> dev = make_device();
-#if KILN_TEST_IPC
-  kiln::testing::IpcHarness ipc{*dev};
-  std::unique_ptr<Session> s = std::make_unique<Session>(ipc.target());
-#else
-  std::unique_ptr<Session> s = std::make_unique<Session>(*dev);
-#endif
+  Api() { s = std::make_unique<Session>(direct_target()); }
 
-  void TearDown() override { s.reset(); }
-
-  Tensor f32(std::vector<float> v, Shape shape) { return ok(s->from_host(v, std::move(shape))); }
-  Tensor i64(std::vector<std::int64_t> v, Shape shape) { return ok(s->from_host(v, std::move(shape))); }
-  // Reads an f32 tensor and checks its shape.
-  std::vector<double> get(Result<Tensor> r, const Shape& shape) {
-    Tensor t = ok(std::move(r));
-    EXPECT_EQ(t.shape(), shape);
-    std::vector<float> v = ok(s->to_host<float>(std::move(t)));
-    return std::vector<double>(v.begin(), v.end());
-  }
-  std::vector<bool> get_bool(Result<Tensor> r, const Shape& shape) {
-    Tensor t = ok(std::move(r));
-    EXPECT_EQ(t.shape(), shape);
-    EXPECT_EQ(t.dtype(), Session::kBoolDType);
-    return ok(s->to_host<bool>(std::move(t)));
-  }
-  std::vector<std::int64_t> get_i64(Result<Tensor> r, const Shape& shape) {
-    Tensor t = ok(std::move(r));
-    EXPECT_EQ(t.shape(), shape);
-    return ok(s->to_host<std::int64_t>(std::move(t)));
-  }
   // Ops a call registers on a fresh explicit stream (the lowering's length): f(keep) keeps its
   // tensors in `keep` so that no Drop is counted.
   template <class F>
@@ -104,12 +53,6 @@ class Api : public ::testing::Test {
     });
   }
 };
-
-void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-5) {
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], tol * std::max(1.0, std::abs(want[i]))) << "at " << i;
-}
 
 std::vector<double> map(const std::vector<float>& x, double (*f)(double)) {
   std::vector<double> r;
