@@ -158,16 +158,16 @@ Result<HostData> Session::read(Tensor t, ir::DType want) {
 
 Status Session::sync() { return device_.drain(current_stream()); }
 
-Result<Tensor> Session::run_op(std::span<Tensor> inputs, const Builder& build) {
+Result<Tensor> Session::run_op(std::span<Tensor> inputs, Builder build) {
   std::optional<Tensor> out[1];
-  KILN_RETURN_IF_ERROR(run_op_outputs(
-      inputs, out,
-      [&build](std::span<const ir::TensorIr> t, std::span<const ir::TensorId> ids) { return build(t, ids[0]); }));
+  auto one_output = [build](std::span<const ir::TensorIr> t, std::span<const ir::TensorId> ids) {
+    return build(t, ids[0]);
+  };
+  KILN_RETURN_IF_ERROR(run_op_outputs(inputs, out, one_output));
   return std::move(*out[0]);
 }
 
-Status Session::run_op_outputs(std::span<Tensor> inputs, std::span<std::optional<Tensor>> outs,
-                               const MultiBuilder& build) {
+Status Session::run_op_outputs(std::span<Tensor> inputs, std::span<std::optional<Tensor>> outs, MultiBuilder build) {
   const StreamId cur = current_stream();
   // Shared views (docs/spec/fusion.md §16.5): an input homed on another stream is aliased onto this one,
   // so no queue ever names another stream's tensor.

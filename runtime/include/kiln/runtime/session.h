@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/base/function_ref.h"
 #include "kiln/ir/builders.h"
 #include "kiln/runtime/session_target.h"
 
@@ -395,14 +396,15 @@ class Session {
 
  private:
   friend class Tensor;
-  using Builder = std::function<Result<ir::Operation>(std::span<const ir::TensorIr> inputs, ir::TensorId out)>;
+  // Called during run_op, never kept: a reference, not a std::function (no allocation, one indirect call).
+  using Builder = FunctionRef<Result<ir::Operation>(std::span<const ir::TensorIr> inputs, ir::TensorId out)>;
   using MultiBuilder =
-      std::function<Result<ir::Operation>(std::span<const ir::TensorIr> inputs, std::span<const ir::TensorId> outs)>;
+      FunctionRef<Result<ir::Operation>(std::span<const ir::TensorIr> inputs, std::span<const ir::TensorId> outs)>;
   // Shared views for inputs homed elsewhere, the op built (builder errors returned as is),
   // consumed inputs marked, the op queued on the current stream.
-  Result<Tensor> run_op(std::span<Tensor> inputs, const Builder& build);
+  Result<Tensor> run_op(std::span<Tensor> inputs, Builder build);
   // run_op for an op with outs.size() outputs (fresh ids in field order), set on success.
-  Status run_op_outputs(std::span<Tensor> inputs, std::span<std::optional<Tensor>> outs, const MultiBuilder& build);
+  Status run_op_outputs(std::span<Tensor> inputs, std::span<std::optional<Tensor>> outs, MultiBuilder build);
   Result<Tensor> unary_op(Tensor a, ir::OpKind kind);
   Result<Tensor> binary_op(Tensor a, Tensor b, ir::OpKind kind);
   Result<Tensor> scalar_op(Tensor a, double s, ir::OpKind kind);
