@@ -13,6 +13,8 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_cpu_dispatch.h>
+#include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -102,6 +104,16 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return at::_local_scalar_dense(host_view(self));
 }
 
+// set_ (storage swaps): what torch.save's storage copies and UntypedStorage.cpu() use.
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
+  return at::native::set_tensor_(self, src);
+}
+at::Tensor& set_storage(at::Tensor& self, at::Storage src) { return at::native::set_(self, src); }
+at::Tensor& set_storage_offset(at::Tensor& self, at::Storage src, int64_t offset,
+                               c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::cpu::set_(self, src, offset, size, stride);  // device-agnostic metadata update
+}
+
 // Two "lowered" compute ops: the CPU kernel writes straight into a kiln allocation.
 at::Tensor to_kiln(const at::Tensor& cpu_result) {
   auto out = empty_strided(cpu_result.sizes(), cpu_result.strides(), cpu_result.scalar_type(),
@@ -130,6 +142,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("set_.source_Tensor", set_tensor);
+  m.impl("set_.source_Storage", set_storage);
+  m.impl("set_.source_Storage_storage_offset", set_storage_offset);
   m.impl("add.Tensor", add);
   m.impl("mul.Tensor", mul);
 }

@@ -33,6 +33,18 @@ def _device_module():
     m.manual_seed_all = lambda seed: None
     m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     m.synchronize = lambda device=None: None  # kiln: flush the lazy graph here
+
+    class device:  # torch.load(map_location=None) restores kiln storages inside this
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    m.device = device
     return m
 
 
@@ -60,6 +72,22 @@ def _patch_printing():
     ts._str = _str
 
 
+def _patch_serialization():
+    # torch.save / deepcopy send a PrivateUse1 tensor through the CPU only when it has no
+    # storage; a FunctionalTensorWrapper has one (a FunctionalStorageImpl without data), so
+    # torch.save fails on it. Serialize kiln tensors as a CPU copy plus the device, as
+    # torch/_tensor.py does for xla/mtia.
+    orig = torch.Tensor._reduce_ex_internal
+
+    def _reduce_ex_internal(self, proto):
+        if self.device.type == "kiln" and torch._is_functional_tensor(self):
+            return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                    (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
+        return orig(self, proto)
+
+    torch.Tensor._reduce_ex_internal = _reduce_ex_internal
+
+
 def load(variant):
     global _loaded
     if _loaded is not None:
@@ -72,6 +100,7 @@ def load(variant):
     # tensor.kiln(), tensor.is_kiln, module.kiln(): convenience only.
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=False)
     _patch_printing()
+    _patch_serialization()
     _loaded = variant
 
 
