@@ -1,7 +1,7 @@
 #include "common.h"
 
-#include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/ops/add.h>
@@ -11,9 +11,9 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
@@ -42,10 +42,10 @@ void counted_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stac
   }
   static const bool trace = std::getenv("KILN_SPIKE_TRACE") != nullptr;
   if (trace) {
-    const bool in_functionalize = c10::impl::tls_local_dispatch_key_set().excluded_.has(
-        c10::DispatchKey::Functionalize);
-    std::fprintf(stderr, "kiln-trace: fallback %s (inside functionalization: %d)\n",
-                 name.c_str(), int(in_functionalize));
+    const bool in_functionalize =
+        c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::Functionalize);
+    std::fprintf(stderr, "kiln-trace: fallback %s (inside functionalization: %d)\n", name.c_str(),
+                 int(in_functionalize));
   }
   at::native::cpu_fallback(op, stack);
 }
@@ -88,13 +88,9 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kType; }
   c10::Device exchangeDevice(c10::Device) const override { return {kType, 0}; }
   c10::Device getDevice() const override { return {kType, 0}; }
-  void setDevice(c10::Device d) const override {
-    TORCH_CHECK(d.index() <= 0, "kiln has one device, kiln:0");
-  }
+  void setDevice(c10::Device d) const override { TORCH_CHECK(d.index() <= 0, "kiln has one device, kiln:0"); }
   void uncheckedSetDevice(c10::Device) const noexcept override {}
-  c10::Stream getStream(c10::Device d) const noexcept override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
-  }
+  c10::Stream getStream(c10::Device d) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, d); }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
 };

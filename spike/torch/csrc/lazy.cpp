@@ -33,8 +33,7 @@ struct LazyImpl final : c10::TensorImpl {
   at::Tensor value;  // toy stand-in for the lazy id
 
   explicit LazyImpl(at::Tensor v)
-      : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), v.dtype(),
-                        c10::Device(kKiln, 0)),
+      : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), v.dtype(), c10::Device(kKiln, 0)),
         value(std::move(v)) {
     refresh_from_value();
     set_storage_access_should_throw();  // data_ptr()/storage() on the inner tensor throw
@@ -46,14 +45,14 @@ struct LazyImpl final : c10::TensorImpl {
   }
 
   // Needed by detach()/autograd (variable_data) and by shallow copies.
-  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
-      const c10::VariableVersion& vv, bool allow_change) const override {
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& vv,
+                                                              bool allow_change) const override {
     auto impl = c10::make_intrusive<LazyImpl>(value);
     copy_tensor_metadata(this, impl.get(), vv, allow_change);
     return impl;
   }
-  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
-      c10::VariableVersion&& vv, bool allow_change) const override {
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(c10::VariableVersion&& vv,
+                                                              bool allow_change) const override {
     auto impl = c10::make_intrusive<LazyImpl>(value);
     copy_tensor_metadata(this, impl.get(), std::move(vv), allow_change);
     return impl;
@@ -77,9 +76,7 @@ LazyImpl* impl_of(const at::Tensor& t) {
 }
 
 // The value of a kiln tensor, or a CPU tensor unchanged (wrapped scalars, copy sources).
-at::Tensor value_of(const at::Tensor& t) {
-  return t.device().type() == kKiln ? impl_of(t)->value : t;
-}
+at::Tensor value_of(const at::Tensor& t) { return t.device().type() == kKiln ? impl_of(t)->value : t; }
 
 // Note [kiln functionalization] (the rule torch/csrc/lazy uses): a kernel that creates a kiln
 // tensor from nothing (a factory, or a copy from the CPU) wraps it in a FunctionalTensorWrapper
@@ -93,9 +90,8 @@ at::Tensor make_kiln(at::Tensor cpu_value) {
   return at::functionalization::impl::to_functional_tensor(t);
 }
 
-at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout>, std::optional<c10::Device>,
-                               std::optional<bool>, std::optional<c10::MemoryFormat>) {
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                               std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>) {
   return make_kiln(at::empty(size, at::TensorOptions().dtype(c10::dtype_or_default(dtype))));
 }
 
@@ -105,11 +101,10 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef /*stride: alway
   return empty_memory_format(size, dtype, l, d, p, std::nullopt);
 }
 
-// kiln -> cpu, kiln -> kiln (dtype change); cpu -> kiln goes through the CPU's own _to_copy
-// (empty on kiln, then copy_ into it), which lands in copy_from below.
-at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
-                   std::optional<c10::Layout>, std::optional<c10::Device> device,
-                   std::optional<bool>, bool, std::optional<c10::MemoryFormat>) {
+// cpu -> kiln (the dispatcher sends x.to("kiln") here with a CPU self, as in the lazy tensor
+// core's _to_copy), kiln -> cpu, kiln -> kiln (dtype change).
+at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                   std::optional<c10::Device> device, std::optional<bool>, bool, std::optional<c10::MemoryFormat>) {
   auto v = value_of(self);
   auto st = dtype.value_or(self.scalar_type());
   if (device && device->type() != kKiln) {
@@ -146,17 +141,13 @@ at::Tensor copy(const at::Tensor& self, const at::Tensor& src, bool) {
   return make_kiln(value_of(src).to(self.scalar_type()).expand(self.sizes()).contiguous());
 }
 
-at::Scalar local_scalar_dense(const at::Tensor& self) {
-  return at::_local_scalar_dense(value_of(self));
-}
+at::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(value_of(self)); }
 
 // Two "lowered" compute ops (in kiln: a node appended to the lazy graph).
 at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
   return make_kiln(at::add(value_of(a), value_of(b), alpha));
 }
-at::Tensor mul(const at::Tensor& a, const at::Tensor& b) {
-  return make_kiln(at::mul(value_of(a), value_of(b)));
-}
+at::Tensor mul(const at::Tensor& a, const at::Tensor& b) { return make_kiln(at::mul(value_of(a), value_of(b))); }
 
 }  // namespace
 }  // namespace kiln_spike
@@ -177,16 +168,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // call real view ops on the (storage-less) inner tensor; pin them to the CPU fallback until
   // kiln lowers them (reshape/transpose/slice/... nodes). A registration here beats the
   // composite kernel; the catch-all fallback alone does not.
-  const auto fb = [] {
-    return torch::CppFunction::makeFromBoxedFunction<&kiln_spike::counted_cpu_fallback>();
-  };
+  const auto fb = [] { return torch::CppFunction::makeFromBoxedFunction<&kiln_spike::counted_cpu_fallback>(); };
   for (const char* op :
-       {"view_copy", "_unsafe_view", "_reshape_alias_copy", "as_strided_copy", "t_copy",
-        "transpose_copy.int", "permute_copy", "expand_copy", "slice_copy.Tensor",
-        "select_copy.int", "unsqueeze_copy", "squeeze_copy", "squeeze_copy.dim",
-        "squeeze_copy.dims", "alias_copy", "detach_copy", "diagonal_copy", "unfold_copy",
-        "split_copy.Tensor", "split_with_sizes_copy", "unbind_copy.int", "narrow_copy",
-        "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter"}) {
+       {"view_copy",          "_unsafe_view",  "_reshape_alias_copy", "as_strided_copy",   "t_copy",
+        "transpose_copy.int", "permute_copy",  "expand_copy",         "slice_copy.Tensor", "select_copy.int",
+        "unsqueeze_copy",     "squeeze_copy",  "squeeze_copy.dim",    "squeeze_copy.dims", "alias_copy",
+        "detach_copy",        "diagonal_copy", "unfold_copy",         "split_copy.Tensor", "split_with_sizes_copy",
+        "unbind_copy.int",    "narrow_copy",   "slice_scatter",       "select_scatter",    "diagonal_scatter",
+        "as_strided_scatter"}) {
     m.impl(op, fb());
   }
 }

@@ -38,9 +38,7 @@ struct HostAllocator final : c10::Allocator {
     return {p, p, &del, c10::Device(kKiln, 0)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &del; }
-  void copy_data(void* dst, const void* src, std::size_t n) const override {
-    std::memcpy(dst, src, n);
-  }
+  void copy_data(void* dst, const void* src, std::size_t n) const override { std::memcpy(dst, src, n); }
 };
 HostAllocator g_alloc;
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_alloc);
@@ -54,38 +52,31 @@ at::Tensor host_view(const at::Tensor& t) {
   return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::kCPU));
 }
 
-at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout>, std::optional<c10::Device>,
-                               std::optional<bool>, std::optional<c10::MemoryFormat> mf) {
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                               std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat> mf) {
   return at::detail::empty_generic(size, &g_alloc, kKeys, c10::dtype_or_default(dtype), mf);
 }
 
-at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
-                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
-                         std::optional<c10::Device>, std::optional<bool>) {
-  return at::detail::empty_strided_generic(size, stride, &g_alloc, kKeys,
-                                           c10::dtype_or_default(dtype));
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>) {
+  return at::detail::empty_strided_generic(size, stride, &g_alloc, kKeys, c10::dtype_or_default(dtype));
 }
 
-at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size,
-                      c10::SymIntArrayRef stride, std::optional<c10::SymInt> offset) {
-  return at::native::as_strided_tensorimpl(
-      self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
-      offset ? std::optional<int64_t>(offset->expect_int()) : std::nullopt);
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> offset) {
+  return at::native::as_strided_tensorimpl(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+                                           offset ? std::optional<int64_t>(offset->expect_int()) : std::nullopt);
 }
 
 at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
   return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
 }
 
-at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
-                         c10::SymIntArrayRef stride) {
-  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
-                                    C10_AS_INTARRAYREF_SLOW(stride));
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
 }
 
-const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
-                         std::optional<c10::MemoryFormat> mf) {
+const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size, std::optional<c10::MemoryFormat> mf) {
   // The CPU resize grows the storage through storage->allocator(), which is g_alloc here.
   return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), mf);
 }
@@ -100,33 +91,27 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
-at::Scalar local_scalar_dense(const at::Tensor& self) {
-  return at::_local_scalar_dense(host_view(self));
-}
+at::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(host_view(self)); }
 
 // set_ (storage swaps): what torch.save's storage copies and UntypedStorage.cpu() use.
-at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
-  return at::native::set_tensor_(self, src);
-}
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) { return at::native::set_tensor_(self, src); }
 at::Tensor& set_storage(at::Tensor& self, at::Storage src) { return at::native::set_(self, src); }
-at::Tensor& set_storage_offset(at::Tensor& self, at::Storage src, int64_t offset,
-                               c10::IntArrayRef size, c10::IntArrayRef stride) {
+at::Tensor& set_storage_offset(at::Tensor& self, at::Storage src, int64_t offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
   return at::cpu::set_(self, src, offset, size, stride);  // device-agnostic metadata update
 }
 
 // Two "lowered" compute ops: the CPU kernel writes straight into a kiln allocation.
 at::Tensor to_kiln(const at::Tensor& cpu_result) {
-  auto out = empty_strided(cpu_result.sizes(), cpu_result.strides(), cpu_result.scalar_type(),
-                           std::nullopt, std::nullopt, std::nullopt);
+  auto out = empty_strided(cpu_result.sizes(), cpu_result.strides(), cpu_result.scalar_type(), std::nullopt,
+                           std::nullopt, std::nullopt);
   host_view(out).copy_(cpu_result);
   return out;
 }
 at::Tensor add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
   return to_kiln(at::add(host_view(a), host_view(b), alpha));
 }
-at::Tensor mul(const at::Tensor& a, const at::Tensor& b) {
-  return to_kiln(at::mul(host_view(a), host_view(b)));
-}
+at::Tensor mul(const at::Tensor& a, const at::Tensor& b) { return to_kiln(at::mul(host_view(a), host_view(b))); }
 
 }  // namespace
 }  // namespace kiln_spike
