@@ -349,6 +349,9 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Gather: return run_gather(c);
     case S::Scatter: return run_scatter(c);
     case S::GatherNd: return run_gather_nd(c);
+    case S::ScatterNd: return run_scatter_nd(c);
+    case S::Unfold: return run_unfold(c);
+    case S::Cross: return run_cross(c);
     case S::Cat: return run_cat(c);
     case S::RepeatDim: return run_repeat_dim(c);
     case S::Pad: return run_pad(c);

@@ -260,6 +260,7 @@ Result<Outputs> run_cast(const Ctx& c);
 Result<Outputs> run_clamp(const Ctx& c);
 Result<Outputs> run_mask_where(const Ctx& c);
 Result<Outputs> run_mask_fill(const Ctx& c);
+Result<Outputs> run_cross(const Ctx& c);  // Float Cross: 3-vectors along a dim, broadcasting
 
 // reference_reduce.cc
 Result<Outputs> run_reduce(const Ctx& c);      // whole tensor
@@ -283,6 +284,8 @@ Result<Outputs> run_select_assign(const Ctx& c);
 Result<Outputs> run_gather(const Ctx& c);
 Result<Outputs> run_scatter(const Ctx& c);
 Result<Outputs> run_gather_nd(const Ctx& c);
+Result<Outputs> run_scatter_nd(const Ctx& c);
+Result<Outputs> run_unfold(const Ctx& c);
 Result<Outputs> run_cat(const Ctx& c);
 Result<Outputs> run_repeat_dim(const Ctx& c);
 Result<Outputs> run_pad(const Ctx& c);

@@ -163,6 +163,10 @@ std::vector<ir::Operation> layout_and_indexing_ops() {
       built(build::scatter(Family::BaseFloat, OpKind::Base_Scatter, x, 1, typed(2, {2, 2}, kI64), in(3, {2, 2}),
                            ir::IndexingUpdate::Assign, out)),
       built(build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, x, typed(2, {3, 2}, kI64), out)),
+      built(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, x, typed(2, {2, 1}, kI64), in(3, {2, 3}),
+                              ir::IndexingUpdate::Add, out)),
+      built(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, x, 1, 2, 1, out)),
+      built(build::cross(Family::Float, OpKind::Float_Cross, x, in(2, {1, 3}), 1, out)),
       built(build::dim(Family::NumericFloat, OpKind::Numeric_CumSum, x, 1, out)),
       built(build::pad(Family::NumericFloat, OpKind::Numeric_Pad, x, pairs, ir::PadMode::Constant,
                        ir::ScalarIr::Float(9), out)),
@@ -331,6 +335,66 @@ TEST(OperationCheck, RefusesHostileSortAndTopKOperations) {
   bool_sort.tensors[0].dtype = kBool;
   bool_sort.tensors[1].dtype = kBool;
   EXPECT_FALSE(check_client_operation(bool_sort).ok());
+}
+
+// Unfold, ScatterNd and Cross with hostile attributes or operands: each refused with an error
+// naming why.
+TEST(OperationCheck, RefusesHostileUnfoldScatterNdAndCrossOperations) {
+  const std::vector<ir::Operation> ops = layout_and_indexing_ops();
+  auto find = [&](OpKind k) {
+    for (const ir::Operation& op : ops)
+      if (op.kind == k) return op;
+    ADD_FAILURE() << "no op of kind " << static_cast<int>(k);
+    return ops[0];
+  };
+  ir::Operation op = find(OpKind::Base_Unfold);
+  op.attrs[2] = 0;
+  expect_refused(op, "step must be at least 1");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[1] = -2;
+  expect_refused(op, "negative");
+  op = find(OpKind::Base_Unfold);
+  op.attrs.pop_back();
+  expect_refused(op, "missing");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[1] = 3;  // windows of 3 but the claimed output still has windows of 2
+  expect_refused(op, "output 0");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[0] = 2;
+  expect_refused(op, "dim 2 out of bounds for rank 2");
+  op = find(OpKind::Base_ScatterNd);
+  op.attrs[0] = 9;
+  expect_refused(op, "unknown indexing update 9");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[1].dtype = kF32;
+  expect_refused(op, "indices must be an integer dtype");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[1].shape = {2, 3};  // 3-tuples into rank-2 data
+  expect_refused(op, "address 3 dims");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[2].dtype = DType(DTypeKind::F16);
+  expect_refused(op, "dtypes differ");
+  // The values' shape is the kernel's to check, as Scatter's value: the reference refuses it with
+  // an error that claims the output (tests/reference/reference_layout_test.cc).
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[2].shape = {5};
+  KILN_EXPECT_OK(check_client_operation(op));
+  op = find(OpKind::Float_Cross);
+  op.attrs[0] = 0;  // a dim of size 2
+  expect_refused(op, "dim 0 must have size 3 in both operands");
+  op = find(OpKind::Float_Cross);
+  op.attrs[0] = 5;
+  expect_refused(op, "out of bounds");
+  op = find(OpKind::Float_Cross);
+  op.attrs.clear();
+  expect_refused(op, "missing");
+  ir::Operation ints = find(OpKind::Float_Cross);
+  for (ir::TensorIr& t : ints.tensors) t.dtype = kI64;
+  ints.dtype = kI64;
+  EXPECT_FALSE(check_client_operation(ints).ok()) << ints.to_string();
+  ir::Operation numeric = find(OpKind::Float_Cross);
+  numeric.family = Family::NumericFloat;  // the Float group only
+  EXPECT_FALSE(check_client_operation(numeric).ok()) << numeric.to_string();
 }
 
 TEST(OperationCheck, TheTwoOutputsOfMaxDimWithIndicesAreBothChecked) {

@@ -100,6 +100,16 @@ TEST(OpTable, SignatureNamesMatchTheEnum) {
   EXPECT_EQ(signature_info(Signature::SortWithIndices).name, "SortWithIndices");
   EXPECT_EQ(signature_info(Signature::SortWithIndices).outputs, 2);
   EXPECT_EQ(signature_info(Signature::Sort).max_attrs, 2);
+  EXPECT_EQ(signature_info(Signature::Unfold).name, "Unfold");
+  EXPECT_EQ(signature_info(Signature::Unfold).min_attrs, 3);
+  EXPECT_EQ(signature_info(Signature::Unfold).max_attrs, 3);
+  EXPECT_EQ(signature_info(Signature::ScatterNd).name, "ScatterNd");
+  EXPECT_EQ(signature_info(Signature::ScatterNd).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::ScatterNd).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::Cross).name, "Cross");
+  EXPECT_EQ(signature_info(Signature::Cross).max_inputs, 2);
+  EXPECT_EQ(signature_info(Signature::Cross).outputs, 1);
+  EXPECT_EQ(signature_info(Signature::Cross).max_attrs, 1);
   EXPECT_TRUE(signature_info(Signature::Slice).ranges);
   EXPECT_TRUE(signature_info(Signature::SliceAssign).ranges);
   EXPECT_FALSE(signature_info(Signature::Binary).ranges);
@@ -153,6 +163,16 @@ TEST(OpTable, Tags) {
   EXPECT_EQ(op_info(OpKind::Numeric_ArgSort).signature, Signature::Sort);
   EXPECT_EQ(op_info(OpKind::Numeric_ArgSort).tags, kIndexOutput);
   EXPECT_EQ(op_info(OpKind::Numeric_SortWithIndices).signature, Signature::SortWithIndices);
+  // docs/spec/ir.md §5.4, §5.6: Unfold is a view op (V), ScatterNd and Cross are ·.
+  EXPECT_EQ(op_info(OpKind::Base_Unfold).tags, kView);
+  EXPECT_EQ(op_info(OpKind::Base_Unfold).signature, Signature::Unfold);
+  EXPECT_EQ(op_info(OpKind::Base_ScatterNd).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Base_ScatterNd).signature, Signature::ScatterNd);
+  EXPECT_EQ(op_info(OpKind::Float_Cross).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Float_Cross).signature, Signature::Cross);
+  EXPECT_EQ(find_op_kind(OpGroup::Base, "ScatterNd"), OpKind::Base_ScatterNd);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "Cross"), OpKind::Float_Cross);
+  EXPECT_FALSE(find_op_kind(OpGroup::Float, "Unfold").has_value());
 }
 
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)

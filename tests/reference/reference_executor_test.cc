@@ -157,6 +157,10 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       return info.has(kIndexOutput) ? b::sort_arg(f, k, x(), 1, true, index, o) : b::sort(f, k, x(), 0, false, o);
     case Signature::SortWithIndices: return b::sort_with_indices(f, k, x(), 1, false, index, o, d.fresh());
     case Signature::GatherNd: return b::gather_nd(f, k, x(), d.i64({2, 1}, index, {1, 0}), o);
+    case Signature::ScatterNd:
+      return b::scatter_nd(f, k, x(), d.i64({2, 1}, index, {1, 0}), data(d, {2, 3}, t), IndexingUpdate::Add, o);
+    case Signature::Unfold: return b::unfold(f, k, x(), 1, 2, 1, o);
+    case Signature::Cross: return b::cross(f, k, x(), data(d, {1, 3}, t), 1, o);
     case Signature::Matmul: return b::matmul(f, k, x(), data(d, {3, 2}, t), o);
     case Signature::Conv2d: {
       b::Conv2dOptions opt;

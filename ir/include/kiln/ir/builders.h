@@ -133,6 +133,10 @@ Result<Operation> mask_fill(Family family, OpKind kind, const TensorIr& tensor, 
 Result<Operation> matmul(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, TensorId out);
 Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, DType out_dtype,
                                TensorId out);
+// Float Cross{lhs, rhs, dim} (docs/spec/ir.md §6.3): broadcast(lhs, rhs), same(lhs, rhs); dim < rank
+// and both operands of size 3 along it (the 3-vectors; torch.linalg.cross, Burn's cross).
+Result<Operation> cross(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, std::uint64_t dim,
+                        TensorId out);
 
 // ---- Reductions and scans
 
@@ -182,6 +186,11 @@ Result<Operation> flip(Family family, OpKind kind, const TensorIr& input, std::s
                        TensorId out);
 Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, std::uint64_t times,
                              TensorId out);
+// Unfold{input, dim, size, step} (docs/spec/ir.md §6.3): [dim] becomes the number of windows of
+// `size` elements every `step` (shape::unfold_windows: 0 when size > the dim), `size` is appended
+// as the last dim; input dtype. dim < rank, step >= 1 (Burn asserts it); size and step fit an i64.
+Result<Operation> unfold(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, std::uint64_t size,
+                         std::uint64_t step, TensorId out);
 Result<Operation> cat(Family family, OpKind kind, std::span<const TensorIr> tensors, std::uint64_t dim, TensorId out);
 // Slice: shape::slice; at most rank ranges, steps != 0.
 Result<Operation> slice(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
@@ -207,6 +216,11 @@ Result<Operation> select_assign(Family family, OpKind kind, const TensorIr& tens
                                 const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out);
 // GatherNd{data, indices}: indices[0..m-1] ++ data[k..], m = rank(indices), k = indices[m-1].
 Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices, TensorId out);
+// ScatterNd{data, indices, values, reduction}: data's shape, same(data, values); indices as for
+// GatherNd (rank >= 1, k <= rank(data)); reduction a known IndexingUpdate. The values' shape,
+// indices[0..m-1] ++ data[k..], is left to the kernel, as Scatter's value (docs/spec/ir.md §6.3).
+Result<Operation> scatter_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices,
+                             const TensorIr& values, IndexingUpdate reduction, TensorId out);
 
 // ---- Creation (no inputs; shape and dtype given; the family must fit the dtype)
 

@@ -47,6 +47,8 @@ bool group_admits(OpGroup g, Family f);
 //   RepeatDim [dim, times]                   Cat [dim]             ReduceDimWithIndices [dim]
 //   TopKWithIndices [dim, k]                 Random [distribution, bits(param0), bits(param1)]
 //   Sort, SortWithIndices [dim, descending (0 or 1)]
+//   Unfold [dim, size, step]                 ScatterNd [reduction (an IndexingUpdate)]
+//   Cross [dim]
 //   Conv2d [stride0, stride1, pad0, pad1, dilation0, dilation1, groups]
 //   ConvTranspose1d [stride, padding, padding_out, dilation, groups]
 //   MaxPool2d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode]
@@ -85,6 +87,9 @@ enum class Signature : std::uint8_t {
   TopKWithIndices,
   Sort,
   SortWithIndices,
+  Unfold,
+  ScatterNd,
+  Cross,
   GatherNd,
   Conv2d,
   ConvTranspose1d,
