@@ -58,8 +58,8 @@ Error unexpected_arity(const ir::Operation& op) {
   return make_error(ErrorCode::Invalid, fmt::format("{}: unexpected number of inputs or scalars", op.kind_name()));
 }
 
-// Elementwise signatures: unary, binary, scalar (each possibly a comparison), cast, clamp, masks,
-// and the cross product (binary along a dim).
+// Elementwise signatures: unary, binary, scalar (each possibly a comparison; the Activation
+// kinds among them), cast, clamp, hard_sigmoid, masks, and the cross product (binary along a dim).
 Result<ir::Operation> rebuild_elementwise(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -83,6 +83,9 @@ Result<ir::Operation> rebuild_elementwise(const ir::Operation& op) {
     case Signature::Clamp:
       if (in.size() != 1 || op.scalars.size() != 2) break;
       return build::clamp(op.family, op.kind, in[0], op.scalars[0], op.scalars[1], o.id);
+    case Signature::HardSigmoid:  // Activation HardSigmoid only: its builder fixes the family
+      if (in.size() != 1 || op.scalars.size() != 2) break;
+      return build::hard_sigmoid(in[0], op.scalars[0], op.scalars[1], o.id);
     case Signature::MaskWhere:
       if (in.size() != 3) break;
       return build::mask_where(op.family, op.kind, in[0], in[1], in[2], o.id);
@@ -352,6 +355,7 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::Scalar:
     case Signature::Cast:
     case Signature::Clamp:
+    case Signature::HardSigmoid:
     case Signature::MaskWhere:
     case Signature::MaskFill:
     case Signature::Cross: return rebuild_elementwise(op);

@@ -87,6 +87,7 @@ Status check_operand(const Ctx& c, DType d) {
     case OpGroup::Int: fits = d.is_integral(); break;
     case OpGroup::Bool: fits = d.is_bool(); break;
     case OpGroup::Module: fits = d.is_float(); break;
+    case OpGroup::Activation: fits = is_floatish(d); break;  // Burn's ActivationOps take float tensors
     default: fits = true; break;
   }
   if (!fits)
@@ -350,6 +351,18 @@ Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, Scal
   op.tensors.push_back(TensorIr::uninit(out, tensor.shape, tensor.dtype));
   op.scalars.push_back(min);
   op.scalars.push_back(max);
+  return finish(c, std::move(op));
+}
+
+Result<Operation> hard_sigmoid(const TensorIr& tensor, ScalarIr alpha, ScalarIr beta, TensorId out) {
+  const Ctx c{Family::Activation, OpKind::Activation_HardSigmoid};
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, tensor.dtype));
+  op.scalars.push_back(alpha);
+  op.scalars.push_back(beta);
   return finish(c, std::move(op));
 }
 

@@ -292,6 +292,10 @@ Result<Outputs> run_pad(const Ctx& c);
 Result<Outputs> run_creation(const Ctx& c);  // Empty, Zeros, Ones, Full
 Result<Outputs> run_random(const Ctx& c);    // Random, IntRandom
 
+// reference_activation.cc: every Activation kind (docs/spec/ir.md §5.9), whatever its signature
+// (Unary, Binary, Scalar, HardSigmoid, Dim).
+Result<Outputs> run_activation(const Ctx& c);
+
 // reference_module.cc
 Result<Outputs> run_matmul(const Ctx& c);
 Result<Outputs> run_conv2d(const Ctx& c);

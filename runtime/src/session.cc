@@ -230,6 +230,7 @@ Family family_for(OpKind kind, const TensorIr& t) {
     case ir::OpGroup::Float: return Family::Float;
     case ir::OpGroup::Int: return Family::Int;
     case ir::OpGroup::Bool: return Family::Bool;
+    case ir::OpGroup::Activation: return Family::Activation;
     case ir::OpGroup::Base: return base_family(t);
     default: return numeric_family(t);
   }

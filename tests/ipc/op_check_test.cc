@@ -455,6 +455,46 @@ TEST(OperationCheck, AcceptsTheTrigonometricKindsAtan2AndHypot) {
   }
 }
 
+// The Activation kinds (docs/spec/ir.md §5.9): no Session call emits them, but a router client
+// does; the table-driven builders rebuild the Unary, Binary, Scalar and Dim ones, hard_sigmoid its
+// own. A lie about the output, an integer operand or another family is refused.
+TEST(OperationCheck, AcceptsTheActivationKinds) {
+  namespace build = ir::build;
+  const Family a = Family::Activation;
+  const TensorId out(10);
+  std::vector<ir::Operation> ops;
+  for (OpKind k :
+       {OpKind::Activation_Relu, OpKind::Activation_Gelu, OpKind::Activation_Sigmoid, OpKind::Activation_LogSigmoid})
+    ops.push_back(built(build::unary(a, k, in(1, {2, 3}), out)));
+  for (OpKind k : {OpKind::Activation_ReluBackward, OpKind::Activation_GeluBackward, OpKind::Activation_SigmoidBackward,
+                   OpKind::Activation_LogSigmoidBackward, OpKind::Activation_PRelu})
+    ops.push_back(built(build::binary(a, k, in(1, {2, 1}), in(2, {1, 3}), out)));
+  ops.push_back(built(build::scalar(a, OpKind::Activation_LeakyRelu, in(1, {2, 3}), ir::ScalarIr::Float(0.01), out)));
+  ops.push_back(built(build::hard_sigmoid(in(1, {2, 3}), ir::ScalarIr::Float(0.2), ir::ScalarIr::Float(0.5), out)));
+  for (OpKind k : {OpKind::Activation_Softmax, OpKind::Activation_LogSoftmax, OpKind::Activation_Softmin})
+    ops.push_back(built(build::dim(a, k, in(1, {2, 3}), 1, out)));
+  ASSERT_EQ(ops.size(), 14u);
+  for (const ir::Operation& op : ops) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape = {3, 2};
+    expect_refused(lie, "output 0");
+    ir::Operation ints = op;
+    for (ir::TensorIr& t : ints.tensors) t.dtype = kI64;
+    EXPECT_FALSE(check_client_operation(ints).ok()) << ints.to_string();
+    ir::Operation other = op;
+    other.family = Family::Float;  // the Activation group only
+    EXPECT_FALSE(check_client_operation(other).ok()) << other.to_string();
+  }
+  ir::Operation hs = ops[10];
+  ASSERT_EQ(hs.kind, OpKind::Activation_HardSigmoid);
+  hs.scalars.pop_back();
+  expect_refused(hs, "unexpected number");
+  ir::Operation soft = ops[11];
+  soft.attrs[0] = 5;
+  expect_refused(soft, "axis 5 out of bounds");
+}
+
 TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
   namespace build = ir::build;
   const TensorIr x = in(1, {2, 3});

@@ -360,6 +360,7 @@ Result<Operation> build_any(OpKind kind) {
     case OpGroup::Float: f = Family::Float; break;
     case OpGroup::Int: f = Family::Int, d = dtypes::i32; break;
     case OpGroup::Bool: f = Family::Bool, d = kBool; break;
+    case OpGroup::Activation: f = Family::Activation; break;
     default: break;
   }
   const bool cmp = info.has(kComparison);
@@ -418,6 +419,7 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::ScatterNd:
       return build::scatter_nd(f, kind, x, t(3, {2, 1}, dtypes::i64), y, IndexingUpdate::Add, o);
     case Signature::Cross: return build::cross(f, kind, x, t(2, {1, 3}, d), 1, o);
+    case Signature::HardSigmoid: return build::hard_sigmoid(x, ScalarIr::Float(0.2), ScalarIr::Float(0.5), o);
     case Signature::GatherNd: return build::gather_nd(f, kind, x, t(3, {4, 1}, dtypes::i64), o);
     case Signature::Conv2d:
       return build::conv2d(t(1, {1, 2, 5, 5}), t(2, {3, 2, 3, 3}), std::nullopt, build::Conv2dOptions{}, o);
@@ -641,6 +643,52 @@ TEST(BuildCross, BroadcastsAroundADimOfSizeThree) {
   EXPECT_ERR(build::cross(Family::NumericFloat, OpKind::Float_Cross, t(1, {3}), t(2, {3}), 0, id(3)),
              ErrorCode::Invalid);
   EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Matmul, t(1, {3}), t(2, {3}), 0, id(3)), ErrorCode::Invalid);
+}
+
+// The Activation group (docs/spec/ir.md §5.9): the table-driven builders take its Unary, Binary,
+// Scalar and Dim kinds with Family::Activation (float operands, no carried dtype); HardSigmoid has
+// its own builder. Shapes and dtypes as §6.3 (Binary broadcasts, Dim keeps the input's).
+TEST(BuildActivation, TheGroupsKindsAndHardSigmoid) {
+  const Family a = Family::Activation;
+  BUILD(relu, build::unary(a, OpKind::Activation_Relu, t(1, {2, 3}, dtypes::bf16), id(2)));
+  EXPECT_EQ(out(relu), TensorIr::uninit(id(2), {2, 3}, dtypes::bf16));
+  EXPECT_EQ(relu.dtype, DType{});  // the Activation family carries no dtype
+  EXPECT_EQ(relu.kind_name(), "Activation::Relu");
+  // Backward ops: {output or input, grad}, broadcasting as every Binary kind.
+  BUILD(back, build::binary(a, OpKind::Activation_SigmoidBackward, t(1, {2, 1}), t(2, {1, 3}), id(3)));
+  EXPECT_EQ(out(back), TensorIr::uninit(id(3), {2, 3}, dtypes::f32));
+  EXPECT_EQ(back.inputs()[1].id, id(2));
+  BUILD(prelu, build::binary(a, OpKind::Activation_PRelu, t(1, {4, 3}, dtypes::f16), t(2, {1, 3}, dtypes::f16), id(3)));
+  EXPECT_EQ(out(prelu).shape, (Shape{4, 3}));
+  BUILD(leaky, build::scalar(a, OpKind::Activation_LeakyRelu, t(1, {5}), ScalarIr::Float(0.01), id(2)));
+  EXPECT_EQ(leaky.scalars, (ScalarList{ScalarIr::Float(0.01)}));
+  BUILD(soft, build::dim(a, OpKind::Activation_LogSoftmax, t(1, {2, 3}, dtypes::f64), 1, id(2)));
+  EXPECT_EQ(out(soft), TensorIr::uninit(id(2), {2, 3}, dtypes::f64));
+  EXPECT_EQ(soft.attrs, (AttrList{1}));
+  BUILD(hs, build::hard_sigmoid(t(1, {2, 2}, dtypes::f16), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(2)));
+  EXPECT_EQ(out(hs), TensorIr::uninit(id(2), {2, 2}, dtypes::f16));
+  EXPECT_EQ(hs.scalars, (ScalarList{ScalarIr::Float(0.2), ScalarIr::Float(0.5)}));
+  EXPECT_EQ(hs.kind_name(), "Activation::HardSigmoid");
+  EXPECT_TRUE(hs.attrs.empty());
+  // Errors name the op and the values.
+  auto r = build::unary(a, OpKind::Activation_Gelu, t(1, {3}, dtypes::i32), id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Activation::Gelu: family Activation does not apply to operand dtype i32");
+  r = build::dim(a, OpKind::Activation_Softmax, t(1, {2, 3}), 2, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(message_of(r), "Activation::Softmax: axis 2 out of bounds for rank 2 ([2,3])");
+  EXPECT_ERR(build::hard_sigmoid(t(1, {3}, kBool), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(2)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::binary(a, OpKind::Activation_ReluBackward, t(1, {3}), t(2, {3}, dtypes::f16), id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::binary(a, OpKind::Activation_GeluBackward, t(1, {2, 3}), t(2, {3, 2}), id(3)),
+             ErrorCode::IncompatibleDims);
+  // The group admits only its family, and the family only its group's kinds.
+  EXPECT_ERR(build::unary(Family::Float, OpKind::Activation_Sigmoid, t(1, {3}), id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::unary(a, OpKind::Float_Exp, t(1, {3}), id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::unary(a, OpKind::Activation_Softmax, t(1, {3}), id(2)), ErrorCode::Invalid);  // a Dim kind
+  EXPECT_ERR(build::hard_sigmoid(t(1, {3}), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(1)), ErrorCode::Invalid);
 }
 
 TEST(BuildReduce, FullReductions) {

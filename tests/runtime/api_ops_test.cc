@@ -296,6 +296,25 @@ TEST_F(ApiOps, RoundingSignAndFloatTests) {
   EXPECT_EQ(kinds_of([&] { (void)s->sign(bools({true}, {1})); }), Kinds{});
 }
 
+// ---- Activations (docs/spec/ir.md §5.9, §5.11): the Activation kinds exist in the IR for router
+// clients, but the Session, as Burn's fusion client, emits the decompositions.
+
+TEST_F(ApiOps, ActivationCallsEmitTheDecompositionsNotTheActivationKinds) {
+  Tensor x = f32({-1, 0, 2}, {3});
+  Tensor m = f32({1, 2, 3, 4}, {2, 2});
+  const Kinds relu = kinds_of([&] { ok(s->relu(x)); });
+  EXPECT_EQ(relu, (Kinds{"NumericFloat::LowerEqualElem", "BaseFloat::MaskFill"}));
+  const Kinds all = kinds_of([&] {
+    ok(s->gelu(x));
+    ok(s->sigmoid(x));
+    ok(s->silu(x));
+    ok(s->softmax(m, 1));
+    ok(s->log_softmax(m, 0));
+  });
+  EXPECT_FALSE(all.empty());
+  for (const std::string& k : all) EXPECT_EQ(k.rfind("Activation::", 0), std::string::npos) << k;
+}
+
 // ---- Trigonometric and hyperbolic functions, atan2, hypot (docs/spec/ir.md §5.6)
 
 TEST_F(ApiOps, TrigonometricAndHyperbolicFunctions) {

@@ -5,12 +5,13 @@
 // Pure functions, no state: safe from any thread.
 //
 // Conventions shared by every builder:
-//   * One builder per argument signature (op_table.h); ops of groups Base, Numeric, Float, Int and
-//     Bool take `(Family, OpKind, ...)` first and check that the kind has the builder's signature,
-//     that its group admits the family, and that the family fits the operand dtype (BaseFloat or
-//     NumericFloat for float and QFloat operands, BaseInt / NumericInt for integers, BaseBool for
-//     bool; Float needs a float or QFloat operand, Int an integer one, Bool a bool one).
-//     Module, Init, Custom, Drop and Distributed builders are named after their one kind.
+//   * One builder per argument signature (op_table.h); ops of groups Base, Numeric, Float, Int,
+//     Bool and Activation take `(Family, OpKind, ...)` first and check that the kind has the
+//     builder's signature, that its group admits the family, and that the family fits the operand
+//     dtype (BaseFloat or NumericFloat for float and QFloat operands, BaseInt / NumericInt for
+//     integers, BaseBool for bool; Float and Activation need a float or QFloat operand, Int an
+//     integer one, Bool a bool one). Module, Init, Custom, Drop and Distributed builders, and
+//     hard_sigmoid, are named after their one kind.
 //   * Inputs are tensor occurrences already in use (status ReadOnly or ReadWrite, never NotInit);
 //     outputs are created as `TensorIr::uninit(id, shape, dtype)` from the ids the caller passes,
 //     one per output in field order (`out` before `out_indices`), and must differ from the
@@ -121,6 +122,10 @@ Result<Operation> scalar_comparison(Family family, OpKind kind, const TensorIr& 
 Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType target, TensorId out);
 // Clamp{tensor, min, max}.
 Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max, TensorId out);
+// Activation HardSigmoid{tensor, alpha, beta} (docs/spec/ir.md §5.9, §6.3): clamp(alpha x + beta,
+// 0, 1) of a float tensor; output = tensor shape and dtype. The other activations reuse unary,
+// binary, scalar (LeakyRelu) and dim (Softmax, LogSoftmax, Softmin) with Family::Activation.
+Result<Operation> hard_sigmoid(const TensorIr& tensor, ScalarIr alpha, ScalarIr beta, TensorId out);
 // MaskWhere{tensor, mask, value}: broadcast_many, same(tensor, value); mask must be bool.
 Result<Operation> mask_where(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask,
                              const TensorIr& value, TensorId out);
