@@ -38,10 +38,10 @@ Result<std::vector<std::uint64_t>> attrs_from(const ir::Operation& op, std::size
   return v;
 }
 
-// Scatter / SelectAssign's update rule (attribute 1): the builders take it as given, so an
-// unknown value is refused here.
-Result<ir::IndexingUpdate> update_at(const ir::Operation& op) {
-  KILN_ASSIGN_OR_RETURN(std::uint64_t u, attr_at(op, 1));
+// Scatter / SelectAssign's update rule (attribute 1), ScatterNd's reduction (attribute 0): the
+// Scatter and SelectAssign builders take it as given, so an unknown value is refused here.
+Result<ir::IndexingUpdate> update_at(const ir::Operation& op, std::size_t i) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t u, attr_at(op, i));
   if (u > static_cast<std::uint64_t>(ir::IndexingUpdate::Max))
     return make_error(ErrorCode::Invalid, fmt::format("{}: unknown indexing update {}", op.kind_name(), u));
   return static_cast<ir::IndexingUpdate>(u);
@@ -58,7 +58,8 @@ Error unexpected_arity(const ir::Operation& op) {
   return make_error(ErrorCode::Invalid, fmt::format("{}: unexpected number of inputs or scalars", op.kind_name()));
 }
 
-// Elementwise signatures: unary, binary, scalar (each possibly a comparison), cast, clamp, masks.
+// Elementwise signatures: unary, binary, scalar (each possibly a comparison; the Activation
+// kinds among them), cast, clamp, hard_sigmoid, masks, and the cross product (binary along a dim).
 Result<ir::Operation> rebuild_elementwise(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -82,12 +83,20 @@ Result<ir::Operation> rebuild_elementwise(const ir::Operation& op) {
     case Signature::Clamp:
       if (in.size() != 1 || op.scalars.size() != 2) break;
       return build::clamp(op.family, op.kind, in[0], op.scalars[0], op.scalars[1], o.id);
+    case Signature::HardSigmoid:  // Activation HardSigmoid only: its builder fixes the family
+      if (in.size() != 1 || op.scalars.size() != 2) break;
+      return build::hard_sigmoid(in[0], op.scalars[0], op.scalars[1], o.id);
     case Signature::MaskWhere:
       if (in.size() != 3) break;
       return build::mask_where(op.family, op.kind, in[0], in[1], in[2], o.id);
     case Signature::MaskFill:
       if (in.size() != 2 || op.scalars.size() != 1) break;
       return build::mask_fill(op.family, op.kind, in[0], in[1], op.scalars[0], o.id);
+    case Signature::Cross: {
+      if (in.size() != 2) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+      return build::cross(op.family, op.kind, in[0], in[1], dim, o.id);
+    }
     default: break;
   }
   return unexpected_arity(op);
@@ -156,7 +165,7 @@ Result<ir::Operation> rebuild_reduction(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
-// Layout signatures: reshape / expand, swap_dims, permute, flip, slice.
+// Layout signatures: reshape / expand, swap_dims, permute, flip, slice, unfold.
 Result<ir::Operation> rebuild_layout(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -189,6 +198,12 @@ Result<ir::Operation> rebuild_layout(const ir::Operation& op) {
       if (in.size() != 1) break;
       return build::slice(op.family, op.kind, in[0], std::span<const ir::Slice>(op.ranges.data(), op.ranges.size()),
                           o.id);
+    case Signature::Unfold: {
+      if (in.size() != 1) break;
+      std::uint64_t a[3];
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+      return build::unfold(op.family, op.kind, in[0], a[0], a[1], a[2], o.id);
+    }
     default: break;
   }
   return unexpected_arity(op);
@@ -219,8 +234,8 @@ Result<ir::Operation> rebuild_indexing(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
-// Writes into a copy of the tensor: slice_assign, select_assign, scatter; and the shape-changing
-// copies repeat_dim and pad.
+// Writes into a copy of the tensor: slice_assign, select_assign, scatter, scatter_nd; and the
+// shape-changing copies repeat_dim and pad.
 Result<ir::Operation> rebuild_update(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -233,10 +248,15 @@ Result<ir::Operation> rebuild_update(const ir::Operation& op) {
     case Signature::Scatter: {
       if (in.size() != 3) break;
       KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
-      KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate update, update_at(op));
+      KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate update, update_at(op, 1));
       if (op.info().signature == Signature::Scatter)
         return build::scatter(op.family, op.kind, in[0], dim, in[1], in[2], update, o.id);
       return build::select_assign(op.family, op.kind, in[0], dim, in[1], in[2], update, o.id);
+    }
+    case Signature::ScatterNd: {
+      if (in.size() != 3) break;
+      KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate reduction, update_at(op, 0));
+      return build::scatter_nd(op.family, op.kind, in[0], in[1], in[2], reduction, o.id);
     }
     case Signature::RepeatDim: {
       if (in.size() != 1) break;
@@ -335,8 +355,10 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::Scalar:
     case Signature::Cast:
     case Signature::Clamp:
+    case Signature::HardSigmoid:
     case Signature::MaskWhere:
-    case Signature::MaskFill: return rebuild_elementwise(op);
+    case Signature::MaskFill:
+    case Signature::Cross: return rebuild_elementwise(op);
     case Signature::Matmul: return rebuild_matmul(op);
     case Signature::Reduce:
     case Signature::ReduceDim:
@@ -348,7 +370,8 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::SwapDims:
     case Signature::Permute:
     case Signature::Flip:
-    case Signature::Slice: return rebuild_layout(op);
+    case Signature::Slice:
+    case Signature::Unfold: return rebuild_layout(op);
     case Signature::Cat:
     case Signature::Gather:
     case Signature::Select:
@@ -356,6 +379,7 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::SliceAssign:
     case Signature::SelectAssign:
     case Signature::Scatter:
+    case Signature::ScatterNd:
     case Signature::RepeatDim:
     case Signature::Pad: return rebuild_update(op);
     case Signature::Conv2d:

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <limits>
 
 namespace kiln::ir::build {
 namespace {
@@ -86,6 +87,7 @@ Status check_operand(const Ctx& c, DType d) {
     case OpGroup::Int: fits = d.is_integral(); break;
     case OpGroup::Bool: fits = d.is_bool(); break;
     case OpGroup::Module: fits = d.is_float(); break;
+    case OpGroup::Activation: fits = is_floatish(d); break;  // Burn's ActivationOps take float tensors
     default: fits = true; break;
   }
   if (!fits)
@@ -125,6 +127,18 @@ Status check_rank(const Ctx& c, const TensorIr& t, std::size_t rank, const char*
   if (t.shape.size() != rank)
     return c.error(ErrorCode::RankMismatch,
                    fmt::format("{} must have rank {}, has rank {} ({})", what, rank, t.shape.size(), t.to_string()));
+  return Status::Ok();
+}
+
+// GatherNd / ScatterNd: indices [..., k] of rank >= 1 whose k-tuples address the first k dims of data.
+Status check_nd_indices(const Ctx& c, const TensorIr& data, const TensorIr& indices) {
+  const Shape& is = indices.shape;
+  if (is.empty())
+    return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", indices.to_string()));
+  if (is.back() > data.shape.size())
+    return c.error(ErrorCode::OutOfBounds,
+                   fmt::format("indices {} address {} dims of the rank-{} data {}", shape_to_string(is), is.back(),
+                               data.shape.size(), shape_to_string(data.shape)));
   return Status::Ok();
 }
 
@@ -340,6 +354,18 @@ Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, Scal
   return finish(c, std::move(op));
 }
 
+Result<Operation> hard_sigmoid(const TensorIr& tensor, ScalarIr alpha, ScalarIr beta, TensorId out) {
+  const Ctx c{Family::Activation, OpKind::Activation_HardSigmoid};
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, tensor.dtype));
+  op.scalars.push_back(alpha);
+  op.scalars.push_back(beta);
+  return finish(c, std::move(op));
+}
+
 Result<Operation> mask_where(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask,
                              const TensorIr& value, TensorId out) {
   const Ctx c{family, kind};
@@ -406,6 +432,27 @@ Result<Operation> matmul(Family family, OpKind kind, const TensorIr& lhs, const 
 Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, DType out_dtype,
                                TensorId out) {
   return matmul_impl({family, kind}, lhs, rhs, out_dtype, out);
+}
+
+Result<Operation> cross(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, std::uint64_t dim,
+                        TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Cross, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, lhs.dtype));
+  KILN_RETURN_IF_ERROR(check_same(c, lhs, "lhs", rhs, "rhs"));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::broadcast(lhs.shape, rhs.shape)));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, shape));
+  // The cross product is of 3-vectors: the dim itself is never broadcast (torch.linalg.cross).
+  if (lhs.shape[dim] != 3 || rhs.shape[dim] != 3)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("dim {} must have size 3 in both operands ({} x {})", dim,
+                                                              shape_to_string(lhs.shape), shape_to_string(rhs.shape)));
+  Operation op = new_op(c, lhs.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(lhs);
+  op.tensors.push_back(rhs);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), lhs.dtype));
+  op.attrs.push_back(attr(dim));
+  return finish(c, std::move(op));
 }
 
 // ---- Reductions and scans
@@ -614,6 +661,23 @@ Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor,
   return one_to_one(c, tensor, std::move(shape), tensor.dtype, out, {attr(dim), attr(times)});
 }
 
+Result<Operation> unfold(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, std::uint64_t size,
+                         std::uint64_t step, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Unfold, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, input.shape));
+  if (step == 0) return c.error(ErrorCode::Invalid, "step must be at least 1");
+  // Attributes are i64: a larger size or step would not survive the trip (nor the daemon's check).
+  constexpr auto kMaxAttr = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (size > kMaxAttr || step > kMaxAttr)
+    return c.error(ErrorCode::Invalid, fmt::format("size {} or step {} exceeds the i64 range", size, step));
+  Shape shape = input.shape;
+  shape[dim] = shape::unfold_windows(input.shape[dim], size, step);
+  shape.push_back(size);
+  return one_to_one(c, input, std::move(shape), input.dtype, out, {attr(dim), attr(size), attr(step)});
+}
+
 Result<Operation> cat(Family family, OpKind kind, std::span<const TensorIr> tensors, std::uint64_t dim, TensorId out) {
   const Ctx c{family, kind};
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::Cat, OutKind::Plain));
@@ -794,14 +858,9 @@ Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, co
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::GatherNd, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, data.dtype));
   KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_nd_indices(c, data, indices));
   const Shape& is = indices.shape;
-  if (is.empty())
-    return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", indices.to_string()));
   const std::uint64_t k = is.back();
-  if (k > data.shape.size())
-    return c.error(ErrorCode::OutOfBounds,
-                   fmt::format("indices {} address {} dims of the rank-{} data {}", shape_to_string(is), k,
-                               data.shape.size(), shape_to_string(data.shape)));
   Shape shape(is.begin(), is.end() - 1);
   shape.insert(shape.end(), data.shape.begin() + static_cast<std::ptrdiff_t>(k), data.shape.end());
   Operation op = new_op(c, data.dtype);
@@ -809,6 +868,27 @@ Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, co
   op.tensors.push_back(data);
   op.tensors.push_back(indices);
   op.tensors.push_back(TensorIr::uninit(out, std::move(shape), data.dtype));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> scatter_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices,
+                             const TensorIr& values, IndexingUpdate reduction, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::ScatterNd, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, data.dtype));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_same(c, data, "data", values, "values"));
+  KILN_RETURN_IF_ERROR(check_nd_indices(c, data, indices));
+  const auto r = static_cast<std::int64_t>(reduction);
+  if (r < static_cast<std::int64_t>(IndexingUpdate::Assign) || r > static_cast<std::int64_t>(IndexingUpdate::Max))
+    return c.error(ErrorCode::Invalid, fmt::format("unknown reduction {}", r));
+  Operation op = new_op(c, data.dtype);
+  op.num_inputs = 3;
+  op.tensors.push_back(data);
+  op.tensors.push_back(indices);
+  op.tensors.push_back(values);
+  op.tensors.push_back(TensorIr::uninit(out, data.shape, data.dtype));
+  op.attrs.push_back(r);
   return finish(c, std::move(op));
 }
 

@@ -46,6 +46,10 @@ constexpr SignatureInfo kSignatures[] = {
     {"TopKWithIndices", 1, 1, 2, 0, 0, 2, 2, false},
     {"Sort", 1, 1, 1, 0, 0, 2, 2, false},
     {"SortWithIndices", 1, 1, 2, 0, 0, 2, 2, false},
+    {"Unfold", 1, 1, 1, 0, 0, 3, 3, false},
+    {"ScatterNd", 3, 3, 1, 0, 0, 1, 1, false},
+    {"Cross", 2, 2, 1, 0, 0, 1, 1, false},
+    {"HardSigmoid", 1, 1, 1, 2, 2, 0, 0, false},
     {"GatherNd", 2, 2, 1, 0, 0, 0, 0, false},
     {"Conv2d", 2, 3, 1, 0, 0, 7, 7, false},
     {"ConvTranspose1d", 2, 3, 1, 0, 0, 5, 5, false},
@@ -90,6 +94,7 @@ bool group_admits(OpGroup g, Family f) {
     case OpGroup::Custom: return f == Family::Custom;
     case OpGroup::Drop: return f == Family::Drop;
     case OpGroup::Distributed: return f == Family::Distributed;
+    case OpGroup::Activation: return f == Family::Activation;
   }
   return false;
 }
@@ -109,7 +114,7 @@ std::optional<OpGroup> group_of_family(Family f) {
     case Family::Custom: return OpGroup::Custom;
     case Family::Drop: return OpGroup::Drop;
     case Family::Distributed: return OpGroup::Distributed;
-    case Family::Activation: return std::nullopt;
+    case Family::Activation: return OpGroup::Activation;
   }
   return std::nullopt;
 }

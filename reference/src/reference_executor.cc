@@ -198,7 +198,8 @@ Status check_family(const ir::Operation& op) {
     case ir::OpGroup::Float: fits = operand.is_float(); break;
     case ir::OpGroup::Int: fits = operand.is_integral(); break;
     case ir::OpGroup::Bool: fits = operand.is_bool(); break;
-    case ir::OpGroup::Module: fits = operand.is_float(); break;
+    case ir::OpGroup::Module:
+    case ir::OpGroup::Activation: fits = operand.is_float(); break;
     case ir::OpGroup::Init:
     case ir::OpGroup::Custom:
     case ir::OpGroup::Drop:
@@ -323,6 +324,8 @@ Result<Outputs> run_all_reduce(const Ctx& c) {
 Result<Outputs> run_kernel(const Ctx& c) {
   using S = ir::Signature;
   const ir::OpKind k = c.op.kind;
+  // The activations reuse Unary, Binary, Scalar and Dim: one kernel file serves the group.
+  if (c.op.info().group == ir::OpGroup::Activation) return run_activation(c);
   switch (c.op.info().signature) {
     case S::Unary: return run_unary(c);
     case S::Binary: return run_binary(c);
@@ -349,6 +352,10 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Gather: return run_gather(c);
     case S::Scatter: return run_scatter(c);
     case S::GatherNd: return run_gather_nd(c);
+    case S::ScatterNd: return run_scatter_nd(c);
+    case S::Unfold: return run_unfold(c);
+    case S::Cross: return run_cross(c);
+    case S::HardSigmoid: return run_activation(c);  // Activation's own (caught above)
     case S::Cat: return run_cat(c);
     case S::RepeatDim: return run_repeat_dim(c);
     case S::Pad: return run_pad(c);

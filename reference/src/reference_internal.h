@@ -260,6 +260,7 @@ Result<Outputs> run_cast(const Ctx& c);
 Result<Outputs> run_clamp(const Ctx& c);
 Result<Outputs> run_mask_where(const Ctx& c);
 Result<Outputs> run_mask_fill(const Ctx& c);
+Result<Outputs> run_cross(const Ctx& c);  // Float Cross: 3-vectors along a dim, broadcasting
 
 // reference_reduce.cc
 Result<Outputs> run_reduce(const Ctx& c);      // whole tensor
@@ -283,11 +284,17 @@ Result<Outputs> run_select_assign(const Ctx& c);
 Result<Outputs> run_gather(const Ctx& c);
 Result<Outputs> run_scatter(const Ctx& c);
 Result<Outputs> run_gather_nd(const Ctx& c);
+Result<Outputs> run_scatter_nd(const Ctx& c);
+Result<Outputs> run_unfold(const Ctx& c);
 Result<Outputs> run_cat(const Ctx& c);
 Result<Outputs> run_repeat_dim(const Ctx& c);
 Result<Outputs> run_pad(const Ctx& c);
 Result<Outputs> run_creation(const Ctx& c);  // Empty, Zeros, Ones, Full
 Result<Outputs> run_random(const Ctx& c);    // Random, IntRandom
+
+// reference_activation.cc: every Activation kind (docs/spec/ir.md §5.9), whatever its signature
+// (Unary, Binary, Scalar, HardSigmoid, Dim).
+Result<Outputs> run_activation(const Ctx& c);
 
 // reference_module.cc
 Result<Outputs> run_matmul(const Ctx& c);

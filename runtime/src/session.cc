@@ -230,6 +230,7 @@ Family family_for(OpKind kind, const TensorIr& t) {
     case ir::OpGroup::Float: return Family::Float;
     case ir::OpGroup::Int: return Family::Int;
     case ir::OpGroup::Bool: return Family::Bool;
+    case ir::OpGroup::Activation: return Family::Activation;
     case ir::OpGroup::Base: return base_family(t);
     default: return numeric_family(t);
   }
@@ -826,6 +827,13 @@ Result<Tensor> Session::matmul(Tensor a, Tensor b) {
   });
 }
 
+Result<Tensor> Session::cross(Tensor a, Tensor b, std::uint64_t dim) {
+  Tensor in[] = {std::move(a), std::move(b)};
+  return run_op(in, [dim](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::cross(Family::Float, OpKind::Float_Cross, t[0], t[1], dim, out);
+  });
+}
+
 Result<Tensor> Session::reshape(Tensor a, std::vector<std::int64_t> args) {
   Tensor in[] = {std::move(a)};
   return run_op(in, [&args](std::span<const TensorIr> t, ir::TensorId out) {
@@ -959,6 +967,38 @@ Result<Tensor> Session::gather_nd(Tensor data, Tensor indices) {
   Tensor in[] = {std::move(data), std::move(indices)};
   return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
     return build::gather_nd(base_family(t[0]), OpKind::Base_GatherNd, t[0], t[1], out);
+  });
+}
+
+namespace {
+// ScatterNd's values shape (the kernel's rule, ONNX's): indices[..-1] ++ data[k..], k = indices[-1];
+// a rank or k the builder refuses is left to its error.
+Status check_scatter_nd_shapes(const Tensor& data, const Tensor& indices, const Tensor& values) {
+  const ir::Shape& is = indices.shape();
+  if (is.empty() || is.back() > data.shape().size()) return Status::Ok();
+  ir::Shape want(is.begin(), is.end() - 1);
+  want.insert(want.end(), data.shape().begin() + static_cast<std::ptrdiff_t>(is.back()), data.shape().end());
+  if (values.shape() == want) return Status::Ok();
+  return make_error(ErrorCode::IncompatibleShapes, "scatter_nd: values " + ir::shape_to_string(values.shape()) +
+                                                       " must have shape " + ir::shape_to_string(want) + " (indices " +
+                                                       ir::shape_to_string(is) + ", data " +
+                                                       ir::shape_to_string(data.shape()) + ")");
+}
+}  // namespace
+
+Result<Tensor> Session::scatter_nd(Tensor data, Tensor indices, Tensor values, ir::IndexingUpdate reduction) {
+  if (data.valid() && indices.valid() && values.valid())
+    KILN_RETURN_IF_ERROR(check_scatter_nd_shapes(data, indices, values));
+  Tensor in[] = {std::move(data), std::move(indices), std::move(values)};
+  return run_op(in, [reduction](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::scatter_nd(base_family(t[0]), OpKind::Base_ScatterNd, t[0], t[1], t[2], reduction, out);
+  });
+}
+
+Result<Tensor> Session::unfold(Tensor a, std::uint64_t dim, std::uint64_t size, std::uint64_t step) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [dim, size, step](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::unfold(base_family(t[0]), OpKind::Base_Unfold, t[0], dim, size, step, out);
   });
 }
 

@@ -163,6 +163,10 @@ std::vector<ir::Operation> layout_and_indexing_ops() {
       built(build::scatter(Family::BaseFloat, OpKind::Base_Scatter, x, 1, typed(2, {2, 2}, kI64), in(3, {2, 2}),
                            ir::IndexingUpdate::Assign, out)),
       built(build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, x, typed(2, {3, 2}, kI64), out)),
+      built(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, x, typed(2, {2, 1}, kI64), in(3, {2, 3}),
+                              ir::IndexingUpdate::Add, out)),
+      built(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, x, 1, 2, 1, out)),
+      built(build::cross(Family::Float, OpKind::Float_Cross, x, in(2, {1, 3}), 1, out)),
       built(build::dim(Family::NumericFloat, OpKind::Numeric_CumSum, x, 1, out)),
       built(build::pad(Family::NumericFloat, OpKind::Numeric_Pad, x, pairs, ir::PadMode::Constant,
                        ir::ScalarIr::Float(9), out)),
@@ -333,6 +337,66 @@ TEST(OperationCheck, RefusesHostileSortAndTopKOperations) {
   EXPECT_FALSE(check_client_operation(bool_sort).ok());
 }
 
+// Unfold, ScatterNd and Cross with hostile attributes or operands: each refused with an error
+// naming why.
+TEST(OperationCheck, RefusesHostileUnfoldScatterNdAndCrossOperations) {
+  const std::vector<ir::Operation> ops = layout_and_indexing_ops();
+  auto find = [&](OpKind k) {
+    for (const ir::Operation& op : ops)
+      if (op.kind == k) return op;
+    ADD_FAILURE() << "no op of kind " << static_cast<int>(k);
+    return ops[0];
+  };
+  ir::Operation op = find(OpKind::Base_Unfold);
+  op.attrs[2] = 0;
+  expect_refused(op, "step must be at least 1");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[1] = -2;
+  expect_refused(op, "negative");
+  op = find(OpKind::Base_Unfold);
+  op.attrs.pop_back();
+  expect_refused(op, "missing");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[1] = 3;  // windows of 3 but the claimed output still has windows of 2
+  expect_refused(op, "output 0");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[0] = 2;
+  expect_refused(op, "dim 2 out of bounds for rank 2");
+  op = find(OpKind::Base_ScatterNd);
+  op.attrs[0] = 9;
+  expect_refused(op, "unknown indexing update 9");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[1].dtype = kF32;
+  expect_refused(op, "indices must be an integer dtype");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[1].shape = {2, 3};  // 3-tuples into rank-2 data
+  expect_refused(op, "address 3 dims");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[2].dtype = DType(DTypeKind::F16);
+  expect_refused(op, "dtypes differ");
+  // The values' shape is the kernel's to check, as Scatter's value: the reference refuses it with
+  // an error that claims the output (tests/reference/reference_layout_test.cc).
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[2].shape = {5};
+  KILN_EXPECT_OK(check_client_operation(op));
+  op = find(OpKind::Float_Cross);
+  op.attrs[0] = 0;  // a dim of size 2
+  expect_refused(op, "dim 0 must have size 3 in both operands");
+  op = find(OpKind::Float_Cross);
+  op.attrs[0] = 5;
+  expect_refused(op, "out of bounds");
+  op = find(OpKind::Float_Cross);
+  op.attrs.clear();
+  expect_refused(op, "missing");
+  ir::Operation ints = find(OpKind::Float_Cross);
+  for (ir::TensorIr& t : ints.tensors) t.dtype = kI64;
+  ints.dtype = kI64;
+  EXPECT_FALSE(check_client_operation(ints).ok()) << ints.to_string();
+  ir::Operation numeric = find(OpKind::Float_Cross);
+  numeric.family = Family::NumericFloat;  // the Float group only
+  EXPECT_FALSE(check_client_operation(numeric).ok()) << numeric.to_string();
+}
+
 TEST(OperationCheck, TheTwoOutputsOfMaxDimWithIndicesAreBothChecked) {
   const std::vector<ir::Operation> ops = layout_and_indexing_ops();
   const auto it = std::find_if(ops.begin(), ops.end(),
@@ -389,6 +453,46 @@ TEST(OperationCheck, AcceptsTheTrigonometricKindsAtan2AndHypot) {
     numeric.family = Family::NumericFloat;  // the Float group only
     EXPECT_FALSE(check_client_operation(numeric).ok()) << numeric.to_string();
   }
+}
+
+// The Activation kinds (docs/spec/ir.md §5.9): no Session call emits them, but a router client
+// does; the table-driven builders rebuild the Unary, Binary, Scalar and Dim ones, hard_sigmoid its
+// own. A lie about the output, an integer operand or another family is refused.
+TEST(OperationCheck, AcceptsTheActivationKinds) {
+  namespace build = ir::build;
+  const Family a = Family::Activation;
+  const TensorId out(10);
+  std::vector<ir::Operation> ops;
+  for (OpKind k :
+       {OpKind::Activation_Relu, OpKind::Activation_Gelu, OpKind::Activation_Sigmoid, OpKind::Activation_LogSigmoid})
+    ops.push_back(built(build::unary(a, k, in(1, {2, 3}), out)));
+  for (OpKind k : {OpKind::Activation_ReluBackward, OpKind::Activation_GeluBackward, OpKind::Activation_SigmoidBackward,
+                   OpKind::Activation_LogSigmoidBackward, OpKind::Activation_PRelu})
+    ops.push_back(built(build::binary(a, k, in(1, {2, 1}), in(2, {1, 3}), out)));
+  ops.push_back(built(build::scalar(a, OpKind::Activation_LeakyRelu, in(1, {2, 3}), ir::ScalarIr::Float(0.01), out)));
+  ops.push_back(built(build::hard_sigmoid(in(1, {2, 3}), ir::ScalarIr::Float(0.2), ir::ScalarIr::Float(0.5), out)));
+  for (OpKind k : {OpKind::Activation_Softmax, OpKind::Activation_LogSoftmax, OpKind::Activation_Softmin})
+    ops.push_back(built(build::dim(a, k, in(1, {2, 3}), 1, out)));
+  ASSERT_EQ(ops.size(), 14u);
+  for (const ir::Operation& op : ops) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape = {3, 2};
+    expect_refused(lie, "output 0");
+    ir::Operation ints = op;
+    for (ir::TensorIr& t : ints.tensors) t.dtype = kI64;
+    EXPECT_FALSE(check_client_operation(ints).ok()) << ints.to_string();
+    ir::Operation other = op;
+    other.family = Family::Float;  // the Activation group only
+    EXPECT_FALSE(check_client_operation(other).ok()) << other.to_string();
+  }
+  ir::Operation hs = ops[10];
+  ASSERT_EQ(hs.kind, OpKind::Activation_HardSigmoid);
+  hs.scalars.pop_back();
+  expect_refused(hs, "unexpected number");
+  ir::Operation soft = ops[11];
+  soft.attrs[0] = 5;
+  expect_refused(soft, "axis 5 out of bounds");
 }
 
 TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {

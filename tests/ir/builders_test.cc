@@ -360,6 +360,7 @@ Result<Operation> build_any(OpKind kind) {
     case OpGroup::Float: f = Family::Float; break;
     case OpGroup::Int: f = Family::Int, d = dtypes::i32; break;
     case OpGroup::Bool: f = Family::Bool, d = kBool; break;
+    case OpGroup::Activation: f = Family::Activation; break;
     default: break;
   }
   const bool cmp = info.has(kComparison);
@@ -414,6 +415,11 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::Sort:
       return index ? build::sort_arg(f, kind, x, 1, true, dtypes::i64, o) : build::sort(f, kind, x, 1, false, o);
     case Signature::SortWithIndices: return build::sort_with_indices(f, kind, x, 0, true, dtypes::i64, o, id(11));
+    case Signature::Unfold: return build::unfold(f, kind, x, 1, 2, 1, o);
+    case Signature::ScatterNd:
+      return build::scatter_nd(f, kind, x, t(3, {2, 1}, dtypes::i64), y, IndexingUpdate::Add, o);
+    case Signature::Cross: return build::cross(f, kind, x, t(2, {1, 3}, d), 1, o);
+    case Signature::HardSigmoid: return build::hard_sigmoid(x, ScalarIr::Float(0.2), ScalarIr::Float(0.5), o);
     case Signature::GatherNd: return build::gather_nd(f, kind, x, t(3, {4, 1}, dtypes::i64), o);
     case Signature::Conv2d:
       return build::conv2d(t(1, {1, 2, 5, 5}), t(2, {3, 2, 3, 3}), std::nullopt, build::Conv2dOptions{}, o);
@@ -599,6 +605,90 @@ TEST(BuildMatmul, MixedRulesAndExplicitDtype) {
              ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::matmul(Family::Float, OpKind::Float_Matmul, t(1, {2, 3, 4}), t(2, {3, 4, 5}), id(3)),
              ErrorCode::IncompatibleDims);
+}
+
+// Float Cross{lhs, rhs, dim} (docs/spec/ir.md §6.3): broadcast(lhs, rhs), same dtypes; the dim
+// holds the 3-vectors in both operands, so it is never broadcast.
+TEST(BuildCross, BroadcastsAroundADimOfSizeThree) {
+  BUILD(c, build::cross(Family::Float, OpKind::Float_Cross, t(1, {4, 3}, dtypes::f16), t(2, {1, 3}, dtypes::f16), 1,
+                        id(3)));
+  EXPECT_EQ(out(c), TensorIr::uninit(id(3), {4, 3}, dtypes::f16));
+  EXPECT_EQ(c.attrs, (AttrList{1}));
+  EXPECT_EQ(c.dtype, dtypes::f16);
+  EXPECT_EQ(c.kind_name(), "Float::Cross");
+  BUILD(c0, build::cross(Family::Float, OpKind::Float_Cross, t(1, {3, 1, 2}), t(2, {3, 5, 1}), 0, id(3)));
+  EXPECT_EQ(out(c0).shape, (Shape{3, 5, 2}));
+  EXPECT_EQ(c0.attrs, (AttrList{0}));
+  // Errors name the op and the values.
+  auto r = build::cross(Family::Float, OpKind::Float_Cross, t(1, {4, 2}), t(2, {4, 2}), 1, id(3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Float::Cross: dim 1 must have size 3 in both operands ([4,2] x [4,2])");
+  // A dim of size 1 in one operand would broadcast, but it is not a 3-vector.
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {2, 3}), t(2, {2, 1}), 1, id(3)),
+             ErrorCode::IncompatibleShapes);
+  r = build::cross(Family::Float, OpKind::Float_Cross, t(1, {2, 3}), t(2, {2, 3}), 2, id(3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "Float::Cross: dim 2 out of bounds for rank 2 ([2,3])");
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {2, 3}), t(2, {3}), 1, id(3)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {2, 3}), t(2, {4, 3}), 1, id(3)),
+             ErrorCode::IncompatibleDims);
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {3}), t(2, {3}, dtypes::f64), 0, id(3)),
+             ErrorCode::DTypeMismatch);
+  // Float only: an integer operand, a Numeric family, another signature's kind.
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {3}, dtypes::i32), t(2, {3}, dtypes::i32), 0, id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::cross(Family::NumericFloat, OpKind::Float_Cross, t(1, {3}), t(2, {3}), 0, id(3)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Matmul, t(1, {3}), t(2, {3}), 0, id(3)), ErrorCode::Invalid);
+}
+
+// The Activation group (docs/spec/ir.md §5.9): the table-driven builders take its Unary, Binary,
+// Scalar and Dim kinds with Family::Activation (float operands, no carried dtype); HardSigmoid has
+// its own builder. Shapes and dtypes as §6.3 (Binary broadcasts, Dim keeps the input's).
+TEST(BuildActivation, TheGroupsKindsAndHardSigmoid) {
+  const Family a = Family::Activation;
+  BUILD(relu, build::unary(a, OpKind::Activation_Relu, t(1, {2, 3}, dtypes::bf16), id(2)));
+  EXPECT_EQ(out(relu), TensorIr::uninit(id(2), {2, 3}, dtypes::bf16));
+  EXPECT_EQ(relu.dtype, DType{});  // the Activation family carries no dtype
+  EXPECT_EQ(relu.kind_name(), "Activation::Relu");
+  // Backward ops: {output or input, grad}, broadcasting as every Binary kind.
+  BUILD(back, build::binary(a, OpKind::Activation_SigmoidBackward, t(1, {2, 1}), t(2, {1, 3}), id(3)));
+  EXPECT_EQ(out(back), TensorIr::uninit(id(3), {2, 3}, dtypes::f32));
+  EXPECT_EQ(back.inputs()[1].id, id(2));
+  BUILD(prelu, build::binary(a, OpKind::Activation_PRelu, t(1, {4, 3}, dtypes::f16), t(2, {1, 3}, dtypes::f16), id(3)));
+  EXPECT_EQ(out(prelu).shape, (Shape{4, 3}));
+  BUILD(leaky, build::scalar(a, OpKind::Activation_LeakyRelu, t(1, {5}), ScalarIr::Float(0.01), id(2)));
+  EXPECT_EQ(leaky.scalars, (ScalarList{ScalarIr::Float(0.01)}));
+  BUILD(soft, build::dim(a, OpKind::Activation_LogSoftmax, t(1, {2, 3}, dtypes::f64), 1, id(2)));
+  EXPECT_EQ(out(soft), TensorIr::uninit(id(2), {2, 3}, dtypes::f64));
+  EXPECT_EQ(soft.attrs, (AttrList{1}));
+  BUILD(hs, build::hard_sigmoid(t(1, {2, 2}, dtypes::f16), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(2)));
+  EXPECT_EQ(out(hs), TensorIr::uninit(id(2), {2, 2}, dtypes::f16));
+  EXPECT_EQ(hs.scalars, (ScalarList{ScalarIr::Float(0.2), ScalarIr::Float(0.5)}));
+  EXPECT_EQ(hs.kind_name(), "Activation::HardSigmoid");
+  EXPECT_TRUE(hs.attrs.empty());
+  // Errors name the op and the values.
+  auto r = build::unary(a, OpKind::Activation_Gelu, t(1, {3}, dtypes::i32), id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Activation::Gelu: family Activation does not apply to operand dtype i32");
+  r = build::dim(a, OpKind::Activation_Softmax, t(1, {2, 3}), 2, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(message_of(r), "Activation::Softmax: axis 2 out of bounds for rank 2 ([2,3])");
+  EXPECT_ERR(build::hard_sigmoid(t(1, {3}, kBool), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(2)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::binary(a, OpKind::Activation_ReluBackward, t(1, {3}), t(2, {3}, dtypes::f16), id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::binary(a, OpKind::Activation_GeluBackward, t(1, {2, 3}), t(2, {3, 2}), id(3)),
+             ErrorCode::IncompatibleDims);
+  // The group admits only its family, and the family only its group's kinds.
+  EXPECT_ERR(build::unary(Family::Float, OpKind::Activation_Sigmoid, t(1, {3}), id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::unary(a, OpKind::Float_Exp, t(1, {3}), id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::unary(a, OpKind::Activation_Softmax, t(1, {3}), id(2)), ErrorCode::Invalid);  // a Dim kind
+  EXPECT_ERR(build::hard_sigmoid(t(1, {3}), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(1)), ErrorCode::Invalid);
 }
 
 TEST(BuildReduce, FullReductions) {
@@ -795,6 +885,40 @@ TEST(BuildLayout, FlipAndRepeatDim) {
              ErrorCode::OutOfBounds);
 }
 
+// Unfold{input, dim, size, step} (docs/spec/ir.md §4, §6.3): [dim] becomes the window count
+// (size + step > dim: (dim + step − size) / step, else 0), `size` is appended.
+TEST(BuildLayout, UnfoldCountsWindowsAndAppendsTheWindowAxis) {
+  BUILD(u, build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {2, 5, 3}, dtypes::bf16), 1, 2, 2, id(2)));
+  EXPECT_EQ(out(u), TensorIr::uninit(id(2), {2, 2, 3, 2}, dtypes::bf16));  // windows [0, 2) and [2, 4)
+  EXPECT_EQ(u.attrs, (AttrList{1, 2, 2}));
+  EXPECT_EQ(u.kind_name(), "BaseFloat::Unfold");
+  BUILD(whole, build::unfold(Family::BaseInt, OpKind::Base_Unfold, t(1, {5}, dtypes::i16), 0, 5, 1, id(2)));
+  EXPECT_EQ(out(whole), TensorIr::uninit(id(2), {1, 5}, dtypes::i16));
+  BUILD(last, build::unfold(Family::BaseBool, OpKind::Base_Unfold, t(1, {2, 7}, kBool), 1, 3, 1, id(2)));
+  EXPECT_EQ(out(last).shape, (Shape{2, 5, 3}));
+  // A window larger than the dim gives none (Burn's count; torch refuses it); size 0 gives dim + 1.
+  BUILD(none, build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {3, 2}), 0, 4, 1, id(2)));
+  EXPECT_EQ(out(none).shape, (Shape{0, 2, 4}));
+  BUILD(empty_windows, build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {3}), 0, 0, 1, id(2)));
+  EXPECT_EQ(out(empty_windows).shape, (Shape{4, 0}));
+  // Errors name the op and the values.
+  auto r = build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {2, 5}), 1, 2, 0, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "BaseFloat::Unfold: step must be at least 1");
+  r = build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {2, 5}), 2, 2, 1, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "BaseFloat::Unfold: dim 2 out of bounds for rank 2 ([2,5])");
+  EXPECT_ERR(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {5}), 0, std::uint64_t{1} << 63, 1, id(2)),
+             ErrorCode::Invalid);  // not an i64 attribute
+  EXPECT_ERR(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {5}), 0, 2, ~std::uint64_t{0}, id(2)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::unfold(Family::BaseInt, OpKind::Base_Unfold, t(1, {5}), 0, 2, 1, id(2)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::unfold(Family::BaseFloat, OpKind::Base_Flip, t(1, {5}), 0, 2, 1, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {5}), 0, 2, 1, id(1)), ErrorCode::Invalid);
+}
+
 TEST(BuildLayout, CatChecksDtypesAndCount) {
   const std::vector<TensorIr> mixed{t(1, {2}), t(2, {2}, dtypes::f16)};
   EXPECT_ERR(build::cat(Family::BaseFloat, OpKind::Base_Cat, mixed, 0, id(3)), ErrorCode::DTypeMismatch);
@@ -900,6 +1024,51 @@ TEST(BuildIndexing, GatherNdBounds) {
              ErrorCode::RankMismatch);
   EXPECT_ERR(build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, t(1, {5, 6}), t(2, {4, 1}), id(3)),
              ErrorCode::DTypeMismatch);
+}
+
+// ScatterNd{data, indices, values, reduction}: data's shape and dtype, indices as GatherNd's; the
+// values' shape is the kernel's to check (as Scatter's value, docs/spec/ir.md §6.3).
+TEST(BuildIndexing, ScatterNd) {
+  BUILD(s, build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                             t(3, {2, 3}), IndexingUpdate::Add, id(4)));
+  EXPECT_EQ(out(s), TensorIr::uninit(id(4), {4, 3}, dtypes::f32));
+  EXPECT_EQ(s.attrs, (AttrList{static_cast<std::int64_t>(IndexingUpdate::Add)}));
+  ASSERT_EQ(s.num_inputs, 3);
+  EXPECT_EQ(s.inputs()[1].id, id(2));  // field order: data, indices, values
+  EXPECT_EQ(s.inputs()[2].id, id(3));
+  EXPECT_EQ(s.kind_name(), "BaseFloat::ScatterNd");
+  BUILD(b, build::scatter_nd(Family::BaseBool, OpKind::Base_ScatterNd, t(1, {2, 2}, kBool), t(2, {3, 2}, dtypes::u8),
+                             t(3, {3}, kBool), IndexingUpdate::Max, id(4)));
+  EXPECT_EQ(out(b), TensorIr::uninit(id(4), {2, 2}, kBool));
+  BUILD(k0,
+        build::scatter_nd(Family::BaseInt, OpKind::Base_ScatterNd, t(1, {2}, dtypes::i32), t(2, {1, 0}, dtypes::i64),
+                          t(3, {7}, dtypes::i32), IndexingUpdate::Assign, id(4)));  // values unchecked here
+  EXPECT_EQ(out(k0).shape, (Shape{2}));
+  // Errors name the op and the values.
+  auto r = build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 3}, dtypes::i64),
+                             t(3, {2}), IndexingUpdate::Add, id(4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "BaseFloat::ScatterNd: indices [2,3] address 3 dims of the rank-2 data [4,3]");
+  r = build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                        t(3, {2, 3}), static_cast<IndexingUpdate>(7), id(4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(message_of(r), "BaseFloat::ScatterNd: unknown reduction 7");
+  EXPECT_ERR(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {}, dtypes::i64), t(3, {}),
+                               IndexingUpdate::Add, id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}), t(3, {2, 3}),
+                               IndexingUpdate::Add, id(4)),
+             ErrorCode::DTypeMismatch);  // float indices
+  EXPECT_ERR(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                               t(3, {2, 3}, dtypes::f16), IndexingUpdate::Add, id(4)),
+             ErrorCode::DTypeMismatch);  // values of another dtype
+  EXPECT_ERR(build::scatter_nd(Family::BaseInt, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                               t(3, {2, 3}), IndexingUpdate::Add, id(4)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::scatter_nd(Family::BaseFloat, OpKind::Base_Scatter, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                               t(3, {2, 3}), IndexingUpdate::Add, id(4)),
+             ErrorCode::Invalid);
 }
 
 TEST(BuildCreation, CreationFullRandom) {

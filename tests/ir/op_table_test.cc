@@ -100,6 +100,20 @@ TEST(OpTable, SignatureNamesMatchTheEnum) {
   EXPECT_EQ(signature_info(Signature::SortWithIndices).name, "SortWithIndices");
   EXPECT_EQ(signature_info(Signature::SortWithIndices).outputs, 2);
   EXPECT_EQ(signature_info(Signature::Sort).max_attrs, 2);
+  EXPECT_EQ(signature_info(Signature::Unfold).name, "Unfold");
+  EXPECT_EQ(signature_info(Signature::Unfold).min_attrs, 3);
+  EXPECT_EQ(signature_info(Signature::Unfold).max_attrs, 3);
+  EXPECT_EQ(signature_info(Signature::ScatterNd).name, "ScatterNd");
+  EXPECT_EQ(signature_info(Signature::ScatterNd).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::ScatterNd).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::Cross).name, "Cross");
+  EXPECT_EQ(signature_info(Signature::Cross).max_inputs, 2);
+  EXPECT_EQ(signature_info(Signature::Cross).outputs, 1);
+  EXPECT_EQ(signature_info(Signature::Cross).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::HardSigmoid).name, "HardSigmoid");
+  EXPECT_EQ(signature_info(Signature::HardSigmoid).min_scalars, 2);
+  EXPECT_EQ(signature_info(Signature::HardSigmoid).max_scalars, 2);
+  EXPECT_EQ(signature_info(Signature::HardSigmoid).max_attrs, 0);
   EXPECT_TRUE(signature_info(Signature::Slice).ranges);
   EXPECT_TRUE(signature_info(Signature::SliceAssign).ranges);
   EXPECT_FALSE(signature_info(Signature::Binary).ranges);
@@ -110,13 +124,14 @@ TEST(OpTable, FamiliesAndGroups) {
     const auto f = static_cast<Family>(i);
     EXPECT_EQ(parse_family(family_name(f)), f);
     const auto g = group_of_family(f);
-    if (f == Family::Activation) {
-      EXPECT_FALSE(g.has_value());
-      continue;
-    }
     ASSERT_TRUE(g.has_value()) << family_name(f);
     EXPECT_TRUE(group_admits(*g, f)) << family_name(f);
   }
+  // docs/spec/ir.md §5.9: the Activation family has its own group, which admits nothing else.
+  EXPECT_EQ(group_of_family(Family::Activation), OpGroup::Activation);
+  EXPECT_FALSE(group_admits(OpGroup::Activation, Family::Float));
+  EXPECT_FALSE(group_admits(OpGroup::Float, Family::Activation));
+  EXPECT_FALSE(family_carries_dtype(Family::Activation));
   EXPECT_FALSE(parse_family("Nope").has_value());
   EXPECT_TRUE(family_carries_dtype(Family::NumericInt));
   EXPECT_TRUE(family_carries_dtype(Family::Float));
@@ -153,6 +168,53 @@ TEST(OpTable, Tags) {
   EXPECT_EQ(op_info(OpKind::Numeric_ArgSort).signature, Signature::Sort);
   EXPECT_EQ(op_info(OpKind::Numeric_ArgSort).tags, kIndexOutput);
   EXPECT_EQ(op_info(OpKind::Numeric_SortWithIndices).signature, Signature::SortWithIndices);
+  // docs/spec/ir.md §5.4, §5.6: Unfold is a view op (V), ScatterNd and Cross are ·.
+  EXPECT_EQ(op_info(OpKind::Base_Unfold).tags, kView);
+  EXPECT_EQ(op_info(OpKind::Base_Unfold).signature, Signature::Unfold);
+  EXPECT_EQ(op_info(OpKind::Base_ScatterNd).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Base_ScatterNd).signature, Signature::ScatterNd);
+  EXPECT_EQ(op_info(OpKind::Float_Cross).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Float_Cross).signature, Signature::Cross);
+  EXPECT_EQ(find_op_kind(OpGroup::Base, "ScatterNd"), OpKind::Base_ScatterNd);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "Cross"), OpKind::Float_Cross);
+  EXPECT_FALSE(find_op_kind(OpGroup::Float, "Unfold").has_value());
+}
+
+// docs/spec/ir.md §5.9: fourteen Activation kinds on the Unary, Binary, Scalar, HardSigmoid and Dim
+// signatures, every one tagged · (the fusion client decomposes activations; none fuses).
+TEST(OpTable, ActivationKinds) {
+  const std::pair<OpKind, Signature> kinds[] = {
+      {OpKind::Activation_Relu, Signature::Unary},
+      {OpKind::Activation_Gelu, Signature::Unary},
+      {OpKind::Activation_Sigmoid, Signature::Unary},
+      {OpKind::Activation_LogSigmoid, Signature::Unary},
+      {OpKind::Activation_ReluBackward, Signature::Binary},
+      {OpKind::Activation_GeluBackward, Signature::Binary},
+      {OpKind::Activation_SigmoidBackward, Signature::Binary},
+      {OpKind::Activation_LogSigmoidBackward, Signature::Binary},
+      {OpKind::Activation_PRelu, Signature::Binary},
+      {OpKind::Activation_LeakyRelu, Signature::Scalar},
+      {OpKind::Activation_HardSigmoid, Signature::HardSigmoid},
+      {OpKind::Activation_Softmax, Signature::Dim},
+      {OpKind::Activation_LogSoftmax, Signature::Dim},
+      {OpKind::Activation_Softmin, Signature::Dim},
+  };
+  int in_group = 0;
+  for (OpKind k : all_kinds()) in_group += op_info(k).group == OpGroup::Activation ? 1 : 0;
+  EXPECT_EQ(in_group, 14);
+  for (const auto& [k, sig] : kinds) {
+    const OpInfo& info = op_info(k);
+    EXPECT_EQ(info.group, OpGroup::Activation) << info.variant;
+    EXPECT_EQ(info.signature, sig) << info.variant;
+    EXPECT_EQ(info.tags, kNone) << info.variant;
+    EXPECT_EQ(find_op_kind(OpGroup::Activation, info.variant), k);
+  }
+  // Names: "Activation::Relu"; Relu is no Float kind.
+  Operation relu;
+  relu.kind = OpKind::Activation_Relu;
+  relu.family = Family::Activation;
+  EXPECT_EQ(relu.kind_name(), "Activation::Relu");
+  EXPECT_FALSE(find_op_kind(OpGroup::Float, "Relu").has_value());
 }
 
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)

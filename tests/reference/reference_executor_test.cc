@@ -44,7 +44,8 @@ bool applies(OpGroup g, DType t) {
     case OpGroup::Base: return true;
     case OpGroup::Numeric: return !t.is_bool();
     case OpGroup::Float:
-    case OpGroup::Module: return t.is_float();
+    case OpGroup::Module:
+    case OpGroup::Activation: return t.is_float();
     case OpGroup::Int: return t.is_integral();
     case OpGroup::Bool: return t.is_bool();
     default: return true;
@@ -63,6 +64,7 @@ Family family_for(OpGroup g, DType t) {
     case OpGroup::Custom: return F::Custom;
     case OpGroup::Drop: return F::Drop;
     case OpGroup::Distributed: return F::Distributed;
+    case OpGroup::Activation: return F::Activation;
   }
   return F::Custom;
 }
@@ -157,6 +159,11 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       return info.has(kIndexOutput) ? b::sort_arg(f, k, x(), 1, true, index, o) : b::sort(f, k, x(), 0, false, o);
     case Signature::SortWithIndices: return b::sort_with_indices(f, k, x(), 1, false, index, o, d.fresh());
     case Signature::GatherNd: return b::gather_nd(f, k, x(), d.i64({2, 1}, index, {1, 0}), o);
+    case Signature::ScatterNd:
+      return b::scatter_nd(f, k, x(), d.i64({2, 1}, index, {1, 0}), data(d, {2, 3}, t), IndexingUpdate::Add, o);
+    case Signature::Unfold: return b::unfold(f, k, x(), 1, 2, 1, o);
+    case Signature::Cross: return b::cross(f, k, x(), data(d, {1, 3}, t), 1, o);
+    case Signature::HardSigmoid: return b::hard_sigmoid(x(), ScalarIr::Float(0.2), ScalarIr::Float(0.5), o);
     case Signature::Matmul: return b::matmul(f, k, x(), data(d, {3, 2}, t), o);
     case Signature::Conv2d: {
       b::Conv2dOptions opt;

@@ -296,6 +296,25 @@ TEST_F(ApiOps, RoundingSignAndFloatTests) {
   EXPECT_EQ(kinds_of([&] { (void)s->sign(bools({true}, {1})); }), Kinds{});
 }
 
+// ---- Activations (docs/spec/ir.md §5.9, §5.11): the Activation kinds exist in the IR for router
+// clients, but the Session, as Burn's fusion client, emits the decompositions.
+
+TEST_F(ApiOps, ActivationCallsEmitTheDecompositionsNotTheActivationKinds) {
+  Tensor x = f32({-1, 0, 2}, {3});
+  Tensor m = f32({1, 2, 3, 4}, {2, 2});
+  const Kinds relu = kinds_of([&] { ok(s->relu(x)); });
+  EXPECT_EQ(relu, (Kinds{"NumericFloat::LowerEqualElem", "BaseFloat::MaskFill"}));
+  const Kinds all = kinds_of([&] {
+    ok(s->gelu(x));
+    ok(s->sigmoid(x));
+    ok(s->silu(x));
+    ok(s->softmax(m, 1));
+    ok(s->log_softmax(m, 0));
+  });
+  EXPECT_FALSE(all.empty());
+  for (const std::string& k : all) EXPECT_EQ(k.rfind("Activation::", 0), std::string::npos) << k;
+}
+
 // ---- Trigonometric and hyperbolic functions, atan2, hypot (docs/spec/ir.md §5.6)
 
 TEST_F(ApiOps, TrigonometricAndHyperbolicFunctions) {
@@ -669,6 +688,55 @@ TEST_F(ApiOps, SliceAssignSelectAssignScatter) {
   EXPECT_NAMES(error_of(s->scatter(a, 1, ii, i64({1}, {1, 1}), ir::IndexingUpdate::Add)), "Scatter");
   const Kinds none = kinds_of([&] { (void)s->slice_assign(a, {ir::Slice{0, 1, 1}}, f32({1, 2}, {1, 2})); });
   EXPECT_EQ(none, Kinds{});
+}
+
+// Unfold, ScatterNd (docs/spec/ir.md §5.4) and the float cross product (§5.6): one kind each.
+TEST_F(ApiOps, UnfoldAndScatterNd) {
+  Tensor a = f32(kM, {2, 3});
+  // Windows of 2 every 1 along dim 1, the window axis last: [[1, 2], [2, 3]], [[4, 5], [5, 6]].
+  expect_near(get(s->unfold(a, 1, 2, 1), {2, 2, 2}), {1, 2, 2, 3, 4, 5, 5, 6});
+  // One window of both rows along dim 0: the columns as 2-vectors.
+  expect_near(get(s->unfold(a, 0, 2, 1), {1, 3, 2}), {1, 4, 2, 5, 3, 6});
+  EXPECT_EQ(get_i64(s->unfold(i64({1, 2, 3, 4, 5}, {5}), 0, 2, 2), {2, 2}), (std::vector<std::int64_t>{1, 2, 3, 4}));
+  // scatter_nd with 2-tuples (elements) and a 1-tuple (a row).
+  Tensor cells = i64({1, 0, 0, 2}, {2, 2});
+  expect_near(get(s->scatter_nd(a, cells, f32({10, 20}, {2}), ir::IndexingUpdate::Assign), {2, 3}),
+              {1, 2, 20, 10, 5, 6});
+  expect_near(get(s->scatter_nd(a, cells, f32({10, 20}, {2}), ir::IndexingUpdate::Add), {2, 3}), {1, 2, 23, 14, 5, 6});
+  expect_near(get(s->scatter_nd(a, i64({1}, {1, 1}), f32({7, 8, 9}, {1, 3}), ir::IndexingUpdate::Mul), {2, 3}),
+              {1, 2, 3, 28, 40, 54});
+  Tensor v = f32({1}, {1}), row = i64({0, 0}, {1, 2});
+  EXPECT_EQ(kinds_of([&] { ok(s->unfold(a, 1, 3, 1)); }), (Kinds{"BaseFloat::Unfold"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->scatter_nd(a, row, v, ir::IndexingUpdate::Max)); }), (Kinds{"BaseFloat::ScatterNd"}));
+  // Errors: step 0, a bad dim, values of the wrong shape (checked first), float indices; nothing
+  // is registered. An index out of range fails at execution, and the read reports it.
+  EXPECT_NAMES(error_of(s->unfold(a, 1, 2, 0)), "Unfold: step must be at least 1");
+  EXPECT_NAMES(error_of(s->unfold(a, 2, 2, 1)), "Unfold: dim 2 out of bounds");
+  EXPECT_NAMES(error_of(s->scatter_nd(a, cells, f32({1, 2, 3}, {3}), ir::IndexingUpdate::Add)),
+               "scatter_nd: values [3] must have shape [2]");
+  EXPECT_NAMES(error_of(s->scatter_nd(a, f32({0, 0}, {1, 2}), v, ir::IndexingUpdate::Add)), "ScatterNd");
+  EXPECT_EQ(kinds_of([&] { (void)s->scatter_nd(a, cells, f32({1, 2, 3}, {3}), ir::IndexingUpdate::Add); }), Kinds{});
+  Tensor oob = ok(s->scatter_nd(a, i64({0, 3}, {1, 2}), v, ir::IndexingUpdate::Add));
+  Result<std::vector<float>> read = s->to_host<float>(std::move(oob));
+  ASSERT_FALSE(read.ok());
+  EXPECT_NAMES(read.error().to_string(), "out of range");
+}
+
+TEST_F(ApiOps, CrossProduct) {
+  // x × y = z, and (1, 2, 3) × (4, 5, 6) = (−3, 6, −3); the rhs row broadcasts.
+  Tensor a = f32({1, 0, 0, 1, 2, 3}, {2, 3});
+  expect_near(get(s->cross(a, f32({0, 1, 0, 4, 5, 6}, {2, 3}), 1), {2, 3}), {0, 0, 1, -3, 6, -3});
+  expect_near(get(s->cross(a, f32({0, 0, 1}, {1, 3}), 1), {2, 3}), {0, -1, 0, 2, -1, 0});
+  // Along dim 0 the columns are the vectors.
+  expect_near(get(s->cross(f32({1, 1, 0, 2, 0, 3}, {3, 2}), f32({0, 4, 1, 5, 0, 6}, {3, 2}), 0), {3, 2}),
+              {0, -3, 0, 6, 1, -3});
+  Tensor b = f32({0, 1, 0}, {1, 3});
+  EXPECT_EQ(kinds_of([&] { ok(s->cross(a, b, 1)); }), (Kinds{"Float::Cross"}));
+  // Errors: a dim without 3-vectors, a bad dim, integer operands.
+  EXPECT_NAMES(error_of(s->cross(a, b, 0)), "Cross: dim 0 must have size 3 in both operands");
+  EXPECT_NAMES(error_of(s->cross(a, b, 2)), "Cross: dim 2 out of bounds");
+  EXPECT_NAMES(error_of(s->cross(i64({1, 2, 3}, {3}), i64({4, 5, 6}, {3}), 0)), "Cross");
+  EXPECT_EQ(kinds_of([&] { (void)s->cross(a, b, 0); }), Kinds{});
 }
 
 TEST_F(ApiOps, Pad) {

@@ -9,8 +9,10 @@
 // narrow surface is the point. Accepted: every kind a runtime::Session call emits — elementwise,
 // matmul, reductions and scans (MaxDimWithIndices / MinDimWithIndices with their two outputs),
 // top-k (TopK, ArgTopK) and sorting (Sort, ArgSort, SortWithIndices with its two outputs),
-// layout, indexing and assignment, pad, creation, Conv2d, ConvTranspose1d, MaxPool2d, AvgPool2d
-// and AllReduce.
+// layout (with Unfold), indexing and assignment (with ScatterNd), the cross product, pad,
+// creation, Conv2d, ConvTranspose1d, MaxPool2d, AvgPool2d and AllReduce; and the Activation
+// kinds, which no Session call emits (the fusion client decomposes them) but a router client
+// sends: they reuse the elementwise and dim signatures, plus HardSigmoid's.
 //
 // Thread-safety: a pure function.
 #pragma once

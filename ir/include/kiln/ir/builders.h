@@ -5,12 +5,13 @@
 // Pure functions, no state: safe from any thread.
 //
 // Conventions shared by every builder:
-//   * One builder per argument signature (op_table.h); ops of groups Base, Numeric, Float, Int and
-//     Bool take `(Family, OpKind, ...)` first and check that the kind has the builder's signature,
-//     that its group admits the family, and that the family fits the operand dtype (BaseFloat or
-//     NumericFloat for float and QFloat operands, BaseInt / NumericInt for integers, BaseBool for
-//     bool; Float needs a float or QFloat operand, Int an integer one, Bool a bool one).
-//     Module, Init, Custom, Drop and Distributed builders are named after their one kind.
+//   * One builder per argument signature (op_table.h); ops of groups Base, Numeric, Float, Int,
+//     Bool and Activation take `(Family, OpKind, ...)` first and check that the kind has the
+//     builder's signature, that its group admits the family, and that the family fits the operand
+//     dtype (BaseFloat or NumericFloat for float and QFloat operands, BaseInt / NumericInt for
+//     integers, BaseBool for bool; Float and Activation need a float or QFloat operand, Int an
+//     integer one, Bool a bool one). Module, Init, Custom, Drop and Distributed builders, and
+//     hard_sigmoid, are named after their one kind.
 //   * Inputs are tensor occurrences already in use (status ReadOnly or ReadWrite, never NotInit);
 //     outputs are created as `TensorIr::uninit(id, shape, dtype)` from the ids the caller passes,
 //     one per output in field order (`out` before `out_indices`), and must differ from the
@@ -121,6 +122,10 @@ Result<Operation> scalar_comparison(Family family, OpKind kind, const TensorIr& 
 Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType target, TensorId out);
 // Clamp{tensor, min, max}.
 Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max, TensorId out);
+// Activation HardSigmoid{tensor, alpha, beta} (docs/spec/ir.md §5.9, §6.3): clamp(alpha x + beta,
+// 0, 1) of a float tensor; output = tensor shape and dtype. The other activations reuse unary,
+// binary, scalar (LeakyRelu) and dim (Softmax, LogSoftmax, Softmin) with Family::Activation.
+Result<Operation> hard_sigmoid(const TensorIr& tensor, ScalarIr alpha, ScalarIr beta, TensorId out);
 // MaskWhere{tensor, mask, value}: broadcast_many, same(tensor, value); mask must be bool.
 Result<Operation> mask_where(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask,
                              const TensorIr& value, TensorId out);
@@ -133,6 +138,10 @@ Result<Operation> mask_fill(Family family, OpKind kind, const TensorIr& tensor, 
 Result<Operation> matmul(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, TensorId out);
 Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, DType out_dtype,
                                TensorId out);
+// Float Cross{lhs, rhs, dim} (docs/spec/ir.md §6.3): broadcast(lhs, rhs), same(lhs, rhs); dim < rank
+// and both operands of size 3 along it (the 3-vectors; torch.linalg.cross, Burn's cross).
+Result<Operation> cross(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, std::uint64_t dim,
+                        TensorId out);
 
 // ---- Reductions and scans
 
@@ -182,6 +191,11 @@ Result<Operation> flip(Family family, OpKind kind, const TensorIr& input, std::s
                        TensorId out);
 Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, std::uint64_t times,
                              TensorId out);
+// Unfold{input, dim, size, step} (docs/spec/ir.md §6.3): [dim] becomes the number of windows of
+// `size` elements every `step` (shape::unfold_windows: 0 when size > the dim), `size` is appended
+// as the last dim; input dtype. dim < rank, step >= 1 (Burn asserts it); size and step fit an i64.
+Result<Operation> unfold(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, std::uint64_t size,
+                         std::uint64_t step, TensorId out);
 Result<Operation> cat(Family family, OpKind kind, std::span<const TensorIr> tensors, std::uint64_t dim, TensorId out);
 // Slice: shape::slice; at most rank ranges, steps != 0.
 Result<Operation> slice(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
@@ -207,6 +221,11 @@ Result<Operation> select_assign(Family family, OpKind kind, const TensorIr& tens
                                 const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out);
 // GatherNd{data, indices}: indices[0..m-1] ++ data[k..], m = rank(indices), k = indices[m-1].
 Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices, TensorId out);
+// ScatterNd{data, indices, values, reduction}: data's shape, same(data, values); indices as for
+// GatherNd (rank >= 1, k <= rank(data)); reduction a known IndexingUpdate. The values' shape,
+// indices[0..m-1] ++ data[k..], is left to the kernel, as Scatter's value (docs/spec/ir.md §6.3).
+Result<Operation> scatter_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices,
+                             const TensorIr& values, IndexingUpdate reduction, TensorId out);
 
 // ---- Creation (no inputs; shape and dtype given; the family must fit the dtype)
 

@@ -37,7 +37,19 @@ constexpr bool family_carries_dtype(Family f) {
 }
 
 // The group a table row belongs to; a group admits one or more families.
-enum class OpGroup : std::uint8_t { Base, Numeric, Float, Int, Bool, Module, Init, Custom, Drop, Distributed };
+enum class OpGroup : std::uint8_t {
+  Base,
+  Numeric,
+  Float,
+  Int,
+  Bool,
+  Module,
+  Init,
+  Custom,
+  Drop,
+  Distributed,
+  Activation,
+};
 bool group_admits(OpGroup g, Family f);
 
 // Argument structs (docs/spec/ir.md §5.2). Attribute layouts (all attributes are i64, compared verbatim):
@@ -47,6 +59,8 @@ bool group_admits(OpGroup g, Family f);
 //   RepeatDim [dim, times]                   Cat [dim]             ReduceDimWithIndices [dim]
 //   TopKWithIndices [dim, k]                 Random [distribution, bits(param0), bits(param1)]
 //   Sort, SortWithIndices [dim, descending (0 or 1)]
+//   Unfold [dim, size, step]                 ScatterNd [reduction (an IndexingUpdate)]
+//   Cross [dim]                              HardSigmoid: no attributes (scalars alpha, beta)
 //   Conv2d [stride0, stride1, pad0, pad1, dilation0, dilation1, groups]
 //   ConvTranspose1d [stride, padding, padding_out, dilation, groups]
 //   MaxPool2d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode]
@@ -85,6 +99,10 @@ enum class Signature : std::uint8_t {
   TopKWithIndices,
   Sort,
   SortWithIndices,
+  Unfold,
+  ScatterNd,
+  Cross,
+  HardSigmoid,
   GatherNd,
   Conv2d,
   ConvTranspose1d,

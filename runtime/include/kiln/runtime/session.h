@@ -325,6 +325,9 @@ class Session {
 
   // ---- Compute and layout.
   Result<Tensor> matmul(Tensor a, Tensor b);
+  // Float Cross{a, b, dim} (docs/spec/ir.md §5.6; no §5.11 row): the cross product of the 3-vectors
+  // along dim (size 3 in both), the other dims broadcast; D(a).
+  Result<Tensor> cross(Tensor a, Tensor b, std::uint64_t dim);
   // `args` per ir shape::reshape (> 0 literal, 0 copies, −1 inferred once).
   Result<Tensor> reshape(Tensor a, std::vector<std::int64_t> args);
   Result<Tensor> swap_dims(Tensor a, std::uint64_t dim1, std::uint64_t dim2);
@@ -348,6 +351,16 @@ class Session {
   Result<Tensor> scatter(Tensor a, std::uint64_t dim, Tensor indices, Tensor value, ir::IndexingUpdate update);
   // Base* GatherNd{data, indices}: indices [..., k] address the first k dims of data.
   Result<Tensor> gather_nd(Tensor data, Tensor indices);
+  // Base* ScatterNd{data, indices, values, reduction} (docs/spec/ir.md §5.4; no §5.11 row): a
+  // copy of data where each k-tuple of indices [..., k] (integer) updates the sub-tensor it
+  // addresses with its slice of values, in index order (Assign: a repeated tuple's last write
+  // wins). values must be indices[..-1] ++ data[k..] (checked here); S(data), D(data).
+  Result<Tensor> scatter_nd(Tensor data, Tensor indices, Tensor values, ir::IndexingUpdate reduction);
+  // Base* Unfold{a, dim, size, step} (no §5.11 row): the windows of `size` elements every `step`
+  // along dim, as a new last axis (torch.Tensor.unfold): S(a) with [dim] = the window count
+  // ((S(a)[dim] − size) / step + 1, none when size > S(a)[dim]) and `size` appended; D(a).
+  // step >= 1.
+  Result<Tensor> unfold(Tensor a, std::uint64_t dim, std::uint64_t size, std::uint64_t step);
   // F/I Pad (docs/spec/ir.md §6.4): `padding` applies to the last padding.size() dims, in dim
   // order; `value` is the constant of PadMode::Constant (unused by Reflect and Edge).
   Result<Tensor> pad(Tensor a, std::vector<ir::build::PadPair> padding, ir::PadMode mode = ir::PadMode::Constant,
