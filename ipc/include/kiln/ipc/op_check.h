@@ -5,12 +5,13 @@
 // them. So the daemon rebuilds every operation through the ir builders — from the claimed
 // inputs, scalars and attributes — and accepts it only if the builder returns exactly the same
 // operation. Kinds the client library never emits (custom ops, Init, creation from random
-// distributions, TopKWithIndices, Module Embedding, SyncCollective, ...) are refused by name: a
-// narrow surface is the point. Accepted: every kind a runtime::Session call emits — elementwise,
-// matmul, reductions and scans (MaxDimWithIndices / MinDimWithIndices with their two outputs),
-// top-k (TopK, ArgTopK) and sorting (Sort, ArgSort, SortWithIndices with its two outputs),
-// layout, indexing and assignment, pad, creation, Conv2d, ConvTranspose1d, MaxPool2d, AvgPool2d
-// and AllReduce.
+// distributions, SyncCollective, ...) are refused by name: a narrow surface is the point.
+// Accepted: every kind a runtime::Session call emits — elementwise, matmul, reductions and scans
+// (MaxDimWithIndices / MinDimWithIndices with their two outputs), top-k (TopK, ArgTopK) and
+// sorting (Sort, ArgSort, SortWithIndices with its two outputs), layout, indexing and assignment,
+// pad, creation, Conv2d, ConvTranspose1d, MaxPool2d, AvgPool2d, Linear with its three backwards,
+// LayerNorm, BatchNorm, EmbeddingBackward and AllReduce — and, for router-style clients, Module
+// Embedding and TopKWithIndices (two outputs), rebuilt like the rest.
 //
 // Thread-safety: a pure function.
 #pragma once
