@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <optional>
 #include <span>
 #include <vector>
@@ -129,7 +130,7 @@ Result<ir::Operation> rebuild_sort(const ir::Operation& op) {
 }
 
 // Reductions: whole-tensor, over a dim (value, arg or bool output; TopK / ArgTopK keep k values),
-// scans along a dim, and max / min along a dim with their indices (two outputs).
+// scans along a dim, max / min along a dim with their indices and TopKWithIndices (two outputs).
 Result<ir::Operation> rebuild_reduction(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -159,6 +160,13 @@ Result<ir::Operation> rebuild_reduction(const ir::Operation& op) {
       KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
       const ir::TensorIr& indices = op.outputs()[1];
       return build::reduce_dim_with_indices(op.family, op.kind, in[0], dim, indices.dtype, o.id, indices.id);
+    }
+    case Signature::TopKWithIndices: {
+      if (in.size() != 1 || op.outputs().size() != 2) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+      KILN_ASSIGN_OR_RETURN(std::uint64_t k, attr_at(op, 1));
+      const ir::TensorIr& indices = op.outputs()[1];
+      return build::topk_with_indices(op.family, op.kind, in[0], dim, k, indices.dtype, o.id, indices.id);
     }
     default: break;
   }
@@ -313,6 +321,44 @@ Result<ir::Operation> rebuild_module(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// Dense layers, norms, and the embedding with its gradient (docs/spec/ir.md §5.8): tensors in field
+// order, the optional bias / beta present when the op has three inputs. LayerNorm's epsilon is its
+// attribute's f64 bits; BatchNorm's is its scalar, rebuilt as Float(to_f64), so the comparison
+// refuses a scalar of another kind.
+Result<ir::Operation> rebuild_dense(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  switch (op.info().signature) {
+    case Signature::Linear:
+      if (in.size() != 2 && in.size() != 3) break;
+      return build::linear(in[0], in[1], optional_input(op, 2), out);
+    case Signature::LinearBackward:
+      if (in.size() != 2) break;
+      return op.kind == OpKind::Module_LinearXBackward ? build::linear_x_backward(in[0], in[1], out)
+                                                       : build::linear_weight_backward(in[0], in[1], out);
+    case Signature::LinearBiasBackward:
+      if (in.size() != 1) break;
+      return build::linear_bias_backward(in[0], out);
+    case Signature::LayerNorm: {
+      if ((in.size() != 2 && in.size() != 3) || op.attrs.size() != 1) break;
+      double epsilon = 0;
+      std::memcpy(&epsilon, &op.attrs[0], sizeof epsilon);
+      return build::layer_norm(in[0], in[1], optional_input(op, 2), epsilon, out);
+    }
+    case Signature::BatchNorm:
+      if (in.size() != 5 || op.scalars.size() != 1) break;
+      return build::batch_norm(in[0], in[1], in[2], in[3], in[4], op.scalars[0].to_f64(), out);
+    case Signature::Embedding:
+      if (in.size() != 2) break;
+      return build::embedding(in[0], in[1], out);
+    case Signature::EmbeddingBackward:
+      if (in.size() != 3) break;
+      return build::embedding_backward(in[0], in[1], in[2], out);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
 // AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
 // to two u16 is rebuilt differently, so the comparison refuses it.
 Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
@@ -363,7 +409,8 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::Reduce:
     case Signature::ReduceDim:
     case Signature::Dim:
-    case Signature::ReduceDimWithIndices: return rebuild_reduction(op);
+    case Signature::ReduceDimWithIndices:
+    case Signature::TopKWithIndices: return rebuild_reduction(op);
     case Signature::Sort:
     case Signature::SortWithIndices: return rebuild_sort(op);
     case Signature::ShapeOp:
@@ -386,6 +433,13 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::ConvTranspose1d:
     case Signature::MaxPool2d:
     case Signature::AvgPool2d: return rebuild_module(op);
+    case Signature::Linear:
+    case Signature::LinearBackward:
+    case Signature::LinearBiasBackward:
+    case Signature::LayerNorm:
+    case Signature::BatchNorm:
+    case Signature::Embedding:
+    case Signature::EmbeddingBackward: return rebuild_dense(op);
     case Signature::AllReduce: return rebuild_all_reduce(op);
     case Signature::Creation:
     case Signature::Full: return rebuild_creation(op);

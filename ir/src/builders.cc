@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace kiln::ir::build {
 namespace {
@@ -1041,6 +1043,138 @@ Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, Te
   KILN_RETURN_IF_ERROR(check_rank(c, indices, 2, "indices"));
   return module_op(c, {&weights, &indices}, Shape{indices.shape[0], indices.shape[1], weights.shape[1]}, weights.dtype,
                    out, {});
+}
+
+// ---- Dense layers, norms and the embedding's gradient (docs/spec/ir.md §5.8, §6.3)
+
+namespace {
+// The last dim of a tensor of rank >= 1 (the features of a dense layer or a norm).
+Result<std::uint64_t> last_dim(const Ctx& c, const TensorIr& t, const char* what) {
+  if (t.shape.empty())
+    return c.error(ErrorCode::RankMismatch, fmt::format("{} {} must have rank at least 1", what, t.to_string()));
+  return t.shape.back();
+}
+
+// A per-feature or per-channel vector: rank 1 with `size` elements (`of` says where size comes from).
+Status check_vector(const Ctx& c, const TensorIr& t, const char* what, std::uint64_t size, const char* of) {
+  if (t.shape.size() != 1 || t.shape[0] != size)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("{} {} must have shape [{}] ({})", what, t.to_string(), size, of));
+  return Status::Ok();
+}
+
+// (K) Burn takes any epsilon; a NaN, infinite or negative one can only make every output NaN.
+Status check_epsilon(const Ctx& c, double epsilon) {
+  if (!std::isfinite(epsilon) || epsilon < 0)
+    return c.error(ErrorCode::Invalid, fmt::format("epsilon must be finite and non-negative, got {}", epsilon));
+  return Status::Ok();
+}
+
+Shape with_last(Shape s, std::uint64_t last) {
+  s.back() = last;
+  return s;
+}
+}  // namespace
+
+Result<Operation> linear(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Linear};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_in, last_dim(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weight, 2, "weight"));
+  if (weight.shape[0] != d_in)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} features, weight {} ([d_in, d_out]) takes {}", shape_to_string(x.shape),
+                               d_in, shape_to_string(weight.shape), weight.shape[0]));
+  KILN_RETURN_IF_ERROR(check_bias(c, bias, weight.shape[1]));
+  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, with_last(x.shape, weight.shape[1]), x.dtype, out, {});
+}
+
+Result<Operation> linear_x_backward(const TensorIr& weight, const TensorIr& output_grad, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_LinearXBackward};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weight, "weight"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weight, 2, "weight"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, last_dim(c, output_grad, "output_grad"));
+  if (weight.shape[1] != d_out)
+    return c.error(
+        ErrorCode::IncompatibleShapes,
+        fmt::format("output_grad {} has {} features, weight {} ([d_in, d_out]) gives {}",
+                    shape_to_string(output_grad.shape), d_out, shape_to_string(weight.shape), weight.shape[1]));
+  return module_op(c, {&weight, &output_grad}, with_last(output_grad.shape, weight.shape[0]), output_grad.dtype, out,
+                   {});
+}
+
+Result<Operation> linear_weight_backward(const TensorIr& x, const TensorIr& output_grad, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_LinearWeightBackward};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_in, last_dim(c, x, "x"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, last_dim(c, output_grad, "output_grad"));
+  // Each row of x met the row of output_grad at the same leading index (the forward kept them).
+  if (x.shape.size() != output_grad.shape.size() ||
+      !std::equal(x.shape.begin(), x.shape.end() - 1, output_grad.shape.begin()))
+    return c.error(x.shape.size() != output_grad.shape.size() ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} and output_grad {} must have the same leading dims", shape_to_string(x.shape),
+                               shape_to_string(output_grad.shape)));
+  return module_op(c, {&x, &output_grad}, Shape{d_in, d_out}, output_grad.dtype, out, {});
+}
+
+Result<Operation> linear_bias_backward(const TensorIr& output_grad, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_LinearBiasBackward};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, last_dim(c, output_grad, "output_grad"));
+  return module_op(c, {&output_grad}, Shape{d_out}, output_grad.dtype, out, {});
+}
+
+Result<Operation> layer_norm(const TensorIr& input, const TensorIr& gamma, const std::optional<TensorIr>& beta,
+                             double epsilon, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_LayerNorm};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, input, "input"));
+  KILN_RETURN_IF_ERROR(check_same(c, input, "input", gamma, "gamma"));
+  if (beta) KILN_RETURN_IF_ERROR(check_same(c, input, "input", *beta, "beta"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d, last_dim(c, input, "input"));
+  KILN_RETURN_IF_ERROR(check_vector(c, gamma, "gamma", d, "the input's last dim"));
+  if (beta) KILN_RETURN_IF_ERROR(check_vector(c, *beta, "beta", d, "the input's last dim"));
+  KILN_RETURN_IF_ERROR(check_epsilon(c, epsilon));
+  return module_op(c, {&input, &gamma, beta ? &*beta : nullptr}, input.shape, input.dtype, out, {double_bits(epsilon)});
+}
+
+Result<Operation> batch_norm(const TensorIr& x, const TensorIr& gamma, const TensorIr& beta, const TensorIr& mean,
+                             const TensorIr& variance, double epsilon, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_BatchNorm};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  const std::pair<const TensorIr*, const char*> stats[] = {
+      {&gamma, "gamma"}, {&beta, "beta"}, {&mean, "mean"}, {&variance, "variance"}};
+  for (const auto& [t, name] : stats) KILN_RETURN_IF_ERROR(check_same(c, x, "x", *t, name));
+  if (x.shape.size() < 2)
+    return c.error(ErrorCode::RankMismatch, fmt::format("x {} must have rank at least 2 ([N, C, ...])", x.to_string()));
+  for (const auto& [t, name] : stats)
+    KILN_RETURN_IF_ERROR(check_vector(c, *t, name, x.shape[1], "the channels, x's dim 1"));
+  KILN_RETURN_IF_ERROR(check_epsilon(c, epsilon));
+  Operation op = new_op(c, x.dtype);
+  op.tensors = {x, gamma, beta, mean, variance};
+  op.num_inputs = 5;
+  op.tensors.push_back(TensorIr::uninit(out, x.shape, x.dtype));
+  op.scalars.push_back(ScalarIr::Float(epsilon));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& out_grad, const TensorIr& indices,
+                                     TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_EmbeddingBackward};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weights, "weights"));
+  KILN_RETURN_IF_ERROR(check_same(c, weights, "weights", out_grad, "out_grad"));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weights, 2, "weights"));
+  KILN_RETURN_IF_ERROR(check_rank(c, indices, 2, "indices"));
+  const Shape expected{indices.shape[0], indices.shape[1], weights.shape[1]};
+  if (out_grad.shape != expected)
+    return c.error(
+        ErrorCode::IncompatibleShapes,
+        fmt::format("out_grad {} must have shape {} (indices {}, weights {})", out_grad.to_string(),
+                    shape_to_string(expected), shape_to_string(indices.shape), shape_to_string(weights.shape)));
+  return module_op(c, {&weights, &out_grad, &indices}, weights.shape, weights.dtype, out, {});
 }
 
 // ---- Lifecycle, custom, collectives

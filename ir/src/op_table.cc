@@ -60,6 +60,12 @@ constexpr SignatureInfo kSignatures[] = {
     {"AllReduce", 1, 1, 1, 0, 0, 1, V, false},
     {"SyncCollective", 0, 0, 0, 0, 0, 0, 0, false},
     {"Custom", 0, V, V, 0, V, 0, 0, false},
+    {"Linear", 2, 3, 1, 0, 0, 0, 0, false},
+    {"LinearBackward", 2, 2, 1, 0, 0, 0, 0, false},
+    {"LinearBiasBackward", 1, 1, 1, 0, 0, 0, 0, false},
+    {"LayerNorm", 2, 3, 1, 0, 0, 1, 1, false},
+    {"BatchNorm", 5, 5, 1, 1, 1, 0, 0, false},
+    {"EmbeddingBackward", 3, 3, 1, 0, 0, 0, 0, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);

@@ -368,6 +368,12 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::MaxPool2d: return run_max_pool2d(c);
     case S::AvgPool2d: return run_avg_pool2d(c);
     case S::Embedding: return run_embedding(c);
+    case S::Linear: return run_linear(c);
+    case S::LinearBackward: return run_linear_backward(c);
+    case S::LinearBiasBackward: return run_linear_bias_backward(c);
+    case S::LayerNorm: return run_layer_norm(c);
+    case S::BatchNorm: return run_batch_norm(c);
+    case S::EmbeddingBackward: return run_embedding_backward(c);
     case S::AllReduce: return run_all_reduce(c);
     case S::Custom:
       return c.error(

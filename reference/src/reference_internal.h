@@ -303,6 +303,12 @@ Result<Outputs> run_conv_transpose1d(const Ctx& c);
 Result<Outputs> run_max_pool2d(const Ctx& c);
 Result<Outputs> run_avg_pool2d(const Ctx& c);
 Result<Outputs> run_embedding(const Ctx& c);
+Result<Outputs> run_linear(const Ctx& c);
+Result<Outputs> run_linear_backward(const Ctx& c);  // LinearXBackward, LinearWeightBackward
+Result<Outputs> run_linear_bias_backward(const Ctx& c);
+Result<Outputs> run_layer_norm(const Ctx& c);
+Result<Outputs> run_batch_norm(const Ctx& c);
+Result<Outputs> run_embedding_backward(const Ctx& c);
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

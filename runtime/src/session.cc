@@ -1066,6 +1066,61 @@ Result<Tensor> Session::embedding(Tensor weights, Tensor indices) {
   return reshape(std::move(rows), {b, seq, e});
 }
 
+// ---- Dense layers, norms, the embedding's gradient (docs/spec/ir.md §5.8; no §5.11 row: the
+// Module kind of the call's name)
+
+Result<Tensor> Session::linear(Tensor x, Tensor weight, std::optional<Tensor> bias) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(x));
+  in.push_back(std::move(weight));
+  if (bias) in.push_back(std::move(*bias));
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::linear(t[0], t[1], optional_input(t, 2), out);
+  });
+}
+
+Result<Tensor> Session::linear_x_backward(Tensor weight, Tensor output_grad) {
+  Tensor in[] = {std::move(weight), std::move(output_grad)};
+  return run_op(
+      in, [](std::span<const TensorIr> t, ir::TensorId out) { return build::linear_x_backward(t[0], t[1], out); });
+}
+
+Result<Tensor> Session::linear_weight_backward(Tensor x, Tensor output_grad) {
+  Tensor in[] = {std::move(x), std::move(output_grad)};
+  return run_op(
+      in, [](std::span<const TensorIr> t, ir::TensorId out) { return build::linear_weight_backward(t[0], t[1], out); });
+}
+
+Result<Tensor> Session::linear_bias_backward(Tensor output_grad) {
+  Tensor in[] = {std::move(output_grad)};
+  return run_op(in,
+                [](std::span<const TensorIr> t, ir::TensorId out) { return build::linear_bias_backward(t[0], out); });
+}
+
+Result<Tensor> Session::layer_norm(Tensor input, Tensor gamma, std::optional<Tensor> beta, double epsilon) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(input));
+  in.push_back(std::move(gamma));
+  if (beta) in.push_back(std::move(*beta));
+  return run_op(in, [epsilon](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::layer_norm(t[0], t[1], optional_input(t, 2), epsilon, out);
+  });
+}
+
+Result<Tensor> Session::batch_norm(Tensor x, Tensor gamma, Tensor beta, Tensor mean, Tensor variance, double epsilon) {
+  Tensor in[] = {std::move(x), std::move(gamma), std::move(beta), std::move(mean), std::move(variance)};
+  return run_op(in, [epsilon](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::batch_norm(t[0], t[1], t[2], t[3], t[4], epsilon, out);
+  });
+}
+
+Result<Tensor> Session::embedding_backward(Tensor weights, Tensor output_grad, Tensor indices) {
+  Tensor in[] = {std::move(weights), std::move(output_grad), std::move(indices)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::embedding_backward(t[0], t[1], t[2], out);
+  });
+}
+
 // ---- Collectives
 
 Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids) {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -493,15 +495,208 @@ TEST(OperationCheck, AcceptsTheActivationKinds) {
   ir::Operation soft = ops[11];
   soft.attrs[0] = 5;
   expect_refused(soft, "axis 5 out of bounds");
+// ---- Dense layers, norms, the embedding's gradient (Session calls), and Module Embedding /
+// TopKWithIndices (router-style clients): rebuilt like every other kind.
+
+std::vector<ir::Operation> dense_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  const TensorIr w = in(2, {3, 4});
+  const TensorIr v3 = in(3, {3});
+  return {
+      built(build::linear(in(1, {2, 3}), w, in(3, {4}), out)),
+      built(build::linear(in(1, {5, 2, 3}), w, std::nullopt, out)),
+      built(build::linear(in(1, {3}), w, std::nullopt, out)),
+      built(build::linear_x_backward(w, in(1, {2, 4}), out)),
+      built(build::linear_weight_backward(in(1, {2, 3}), in(3, {2, 4}), out)),
+      built(build::linear_bias_backward(in(1, {2, 4}), out)),
+      built(build::layer_norm(in(1, {2, 3}), in(2, {3}), v3, 1e-5, out)),
+      built(build::layer_norm(in(1, {2, 3}), in(2, {3}), std::nullopt, 0.0, out)),
+      built(build::batch_norm(in(1, {2, 3, 2}), in(2, {3}), v3, in(4, {3}), in(5, {3}), 1e-5, out)),
+      built(build::embedding_backward(in(1, {4, 3}), in(2, {2, 2, 3}), typed(3, {2, 2}, kI64), out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsDenseLayersNormsAndEmbeddingBackward) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : dense_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.push_back(7);
+    expect_refused(lie, "output 0");
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+}
+
+// Refused with `what` in the message: the first op of `kind` in `ops`, changed by `change`.
+template <class F>
+void expect_changed_refused(const std::vector<ir::Operation>& ops, OpKind kind, F&& change, const std::string& what) {
+  const auto it = std::find_if(ops.begin(), ops.end(), [kind](const ir::Operation& op) { return op.kind == kind; });
+  ASSERT_NE(it, ops.end());
+  ir::Operation op = *it;
+  change(op);
+  expect_refused(op, what);
+}
+
+std::int64_t bits_of(double v) {
+  std::int64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+TEST(OperationCheck, RefusesHostileLinearOperations) {
+  const std::vector<ir::Operation> ops = dense_ops();
+  using Op = ir::Operation;
+  // A [d_out, d_in] weight, a rank-0 x, a bias of d_in elements, mixed dtypes, a missing weight.
+  expect_changed_refused(
+      ops, OpKind::Module_Linear,
+      [](Op& op) {
+        op.tensors[1].shape = {4, 3};
+      },
+      "has 3 features");
+  expect_changed_refused(
+      ops, OpKind::Module_Linear, [](Op& op) { op.tensors[0].shape = {}; }, "rank at least 1");
+  expect_changed_refused(
+      ops, OpKind::Module_Linear, [](Op& op) { op.tensors[2].shape = {3}; }, "bias");
+  expect_changed_refused(
+      ops, OpKind::Module_Linear, [](Op& op) { op.tensors[1].dtype = DType(DTypeKind::F64); }, "dtypes differ");
+  expect_changed_refused(
+      ops, OpKind::Module_Linear,
+      [](Op& op) {
+        op.tensors.erase(op.tensors.begin() + 1, op.tensors.begin() + 3);
+        op.num_inputs = 1;
+      },
+      "unexpected number");
+  // The backwards: features that do not match, leading dims that differ, a claimed shape, an
+  // integer gradient, and an X-backward relabelled as a weight backward.
+  expect_changed_refused(
+      ops, OpKind::Module_LinearXBackward,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 3};
+      },
+      "gives 4");
+  expect_changed_refused(
+      ops, OpKind::Module_LinearWeightBackward,
+      [](Op& op) {
+        op.tensors[1].shape = {3, 4};
+      },
+      "same leading dims");
+  expect_changed_refused(
+      ops, OpKind::Module_LinearBiasBackward, [](Op& op) { op.outputs()[0].shape = {2}; }, "output 0");
+  expect_changed_refused(
+      ops, OpKind::Module_LinearBiasBackward, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, OpKind::Module_LinearXBackward, [](Op& op) { op.kind = OpKind::Module_LinearWeightBackward; },
+      "same leading dims");
+}
+
+TEST(OperationCheck, RefusesHostileNormAndEmbeddingBackwardOperations) {
+  const std::vector<ir::Operation> ops = dense_ops();
+  using Op = ir::Operation;
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.tensors[1].shape = {2}; }, "gamma");
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.tensors[2].dtype = DType(DTypeKind::F16); }, "dtypes differ");
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.attrs[0] = bits_of(-1.0); },
+      "epsilon must be finite and non-negative");
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.attrs[0] = bits_of(std::nan("")); }, "epsilon");
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.attrs.clear(); }, "unexpected number");
+  // BatchNorm: an epsilon that is not a Float scalar is rebuilt as one, which differs.
+  expect_changed_refused(
+      ops, OpKind::Module_BatchNorm, [](Op& op) { op.scalars[0] = ir::ScalarIr::Int(0); }, "differs");
+  expect_changed_refused(
+      ops, OpKind::Module_BatchNorm, [](Op& op) { op.scalars.clear(); }, "unexpected number");
+  expect_changed_refused(
+      ops, OpKind::Module_BatchNorm, [](Op& op) { op.tensors[4].shape = {2}; }, "variance");
+  expect_changed_refused(
+      ops, OpKind::Module_BatchNorm, [](Op& op) { op.tensors[0].shape = {3}, op.outputs()[0].shape = {3}; },
+      "rank at least 2");
+  expect_changed_refused(
+      ops, OpKind::Module_EmbeddingBackward, [](Op& op) { op.tensors[2].dtype = kF32; },
+      "indices must be an integer dtype");
+  expect_changed_refused(
+      ops, OpKind::Module_EmbeddingBackward,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 2, 4};
+      },
+      "out_grad");
+  expect_changed_refused(
+      ops, OpKind::Module_EmbeddingBackward,
+      [](Op& op) {
+        op.outputs()[0].shape = {2, 3};
+      },
+      "output 0");
+  expect_changed_refused(
+      ops, OpKind::Module_EmbeddingBackward,
+      [](Op& op) {
+        op.tensors[0].shape = {4, 3, 1};
+      },
+      "rank 2");
+}
+
+// Module Embedding and TopKWithIndices (docs/spec/ir.md §5.3: router clients send them; no Session
+// call emits them): accepted as their builders make them, refused when anything differs.
+TEST(OperationCheck, AcceptsModuleEmbeddingAndTopKWithIndicesAndRefusesHostileOnes) {
+  namespace build = ir::build;
+  using Op = ir::Operation;
+  const std::vector<ir::Operation> ops{
+      built(build::embedding(in(1, {4, 3}), typed(2, {2, 2}, kI64), TensorId(10))),
+      built(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, in(1, {2, 3}), 1, 2, kI64,
+                                     TensorId(10), TensorId(11))),
+  };
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : ops) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t o = 0; o < op.outputs().size(); ++o) {
+      ir::Operation lie = op;
+      lie.outputs()[o].shape.push_back(7);
+      expect_refused(lie, "output " + std::to_string(o));
+    }
+  }
+  const OpKind emb = OpKind::Module_Embedding, topk = OpKind::Numeric_TopKWithIndices;
+  expect_changed_refused(
+      ops, emb, [](Op& op) { op.tensors[1].dtype = kF32; }, "indices must be an integer dtype");
+  expect_changed_refused(
+      ops, emb,
+      [](Op& op) {
+        op.tensors[0].shape = {4, 3, 1};
+      },
+      "rank 2");
+  expect_changed_refused(
+      ops, emb, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, emb, [](Op& op) { op.tensors.erase(op.tensors.begin() + 1), op.num_inputs = 1; }, "unexpected number");
+  expect_changed_refused(
+      ops, topk,
+      [](Op& op) {
+        op.attrs[1] = 4, op.outputs()[0].shape = {2, 4}, op.outputs()[1].shape = {2, 4};
+      },
+      "k 4 exceeds dim 1 of size 3");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.attrs[0] = 5; }, "dim 5 out of bounds");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.outputs()[1].dtype = kF32; }, "index dtype");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.tensors.pop_back(); }, "not accepted over IPC");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.outputs()[0].dtype = kI64; }, "output 0");
 }
 
 TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
   namespace build = ir::build;
   const TensorIr x = in(1, {2, 3});
   const std::vector<ir::Operation> refused{
-      built(build::embedding(in(1, {4, 3}), typed(2, {2, 2}, kI64), TensorId(10))),
-      built(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, x, 1, 2, kI64, TensorId(10),
-                                     TensorId(11))),
+      built(build::custom("user::op", std::vector<TensorIr>{x},
+                          std::vector<TensorIr>{TensorIr::uninit(TensorId(10), {2, 3}, kF32)}, {})),
       built(build::sync_collective()),
       built(build::init({2, 3}, kF32, TensorId(10))),
       built(build::random(Family::Float, OpKind::Float_Random, {2}, kF32, {}, TensorId(10))),

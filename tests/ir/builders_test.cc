@@ -434,6 +434,16 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::SyncCollective: return build::sync_collective();
     case Signature::Custom:
       return build::custom("c", std::vector<TensorIr>{x}, std::vector<TensorIr>{TensorIr::uninit(o, {1}, d)}, {});
+    case Signature::Linear: return build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {4}), o);
+    case Signature::LinearBackward:
+      return kind == OpKind::Module_LinearXBackward ? build::linear_x_backward(t(1, {3, 4}), t(2, {2, 4}), o)
+                                                    : build::linear_weight_backward(t(1, {2, 3}), t(2, {2, 4}), o);
+    case Signature::LinearBiasBackward: return build::linear_bias_backward(t(1, {2, 4}), o);
+    case Signature::LayerNorm: return build::layer_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), 1e-5, o);
+    case Signature::BatchNorm:
+      return build::batch_norm(t(1, {2, 3, 4}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, o);
+    case Signature::EmbeddingBackward:
+      return build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), o);
     case Signature::Drop: return build::drop(t(1, {2}, d, TensorStatus::ReadWrite));
   }
   return make_error(ErrorCode::Internal, "unreachable");
@@ -1169,6 +1179,173 @@ TEST(BuildModule, PoolsAndEmbedding) {
   EXPECT_EQ(emb.kind_name(), "Module::Embedding");
   EXPECT_ERR(build::embedding(t(1, {100, 16}), t(2, {4, 7}), id(3)), ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::embedding(t(1, {100, 16}), t(2, {28}, dtypes::i64), id(3)), ErrorCode::RankMismatch);
+}
+
+// ---- Dense layers, norms, the embedding's gradient (docs/spec/ir.md §5.8, §6.3)
+
+// Linear{x, weight [d_in, d_out], bias?}: x with the last dim = weight[1] (Burn's layout), for x of
+// rank 1, 2 and 3; the bias is an input only when given.
+TEST(BuildDense, LinearShapesAndTheWeightLayout) {
+  BUILD(v, build::linear(t(1, {3}), t(2, {3, 4}), std::nullopt, id(3)));
+  EXPECT_EQ(out(v), TensorIr::uninit(id(3), {4}, dtypes::f32));
+  EXPECT_EQ(v.num_inputs, 2);
+  EXPECT_TRUE(v.attrs.empty());
+  EXPECT_TRUE(v.scalars.empty());
+  EXPECT_EQ(v.kind_name(), "Module::Linear");
+  BUILD(m, build::linear(t(1, {2, 3}, dtypes::f16), t(2, {3, 4}, dtypes::f16), t(3, {4}, dtypes::f16), id(4)));
+  EXPECT_EQ(out(m), TensorIr::uninit(id(4), {2, 4}, dtypes::f16));
+  EXPECT_EQ(m.num_inputs, 3);
+  EXPECT_EQ(m.inputs()[2], t(3, {4}, dtypes::f16));
+  BUILD(b, build::linear(t(1, {5, 2, 3}), t(2, {3, 1}), t(3, {1}), id(4)));
+  EXPECT_EQ(out(b).shape, (Shape{5, 2, 1}));
+  // A [d_out, d_in] weight (PyTorch's layout) does not fit: the error names the op and the shapes.
+  auto r = build::linear(t(1, {2, 3}), t(2, {4, 3}), std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Linear: x [2,3] has 3 features, weight [4,3] ([d_in, d_out]) takes 4");
+  r = build::linear(t(1, {}), t(2, {3, 4}), std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Linear: x t1:f32[] must have rank at least 1");
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {3}), std::nullopt, id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {1, 3, 4}), std::nullopt, id(3)), ErrorCode::RankMismatch);
+  r = build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {3}), id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Linear: bias t3:f32[3] must have shape [4]");
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {1, 4}), id(4)), ErrorCode::IncompatibleShapes);
+  // same(x, weight, bias?), float only; fresh ids, live inputs.
+  r = build::linear(t(1, {2, 3}), t(2, {3, 4}, dtypes::f16), std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Linear: dtypes differ: x f32 vs weight f16");
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {4}, dtypes::bf16), id(4)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::linear(t(1, {2, 3}, dtypes::i32), t(2, {3, 4}, dtypes::i32), std::nullopt, id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {3, 4}), std::nullopt, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::linear(t(1, {2, 3}, dtypes::f32, TensorStatus::NotInit), t(2, {3, 4}), std::nullopt, id(3)),
+             ErrorCode::Invalid);
+}
+
+// The three backwards: x's shape (output_grad · weightᵀ), the weight's [d_in, d_out] and the
+// bias' [d_out], all in output_grad's dtype.
+TEST(BuildDense, LinearBackwardsShapesAndErrors) {
+  BUILD(gx, build::linear_x_backward(t(1, {3, 4}, dtypes::bf16), t(2, {5, 2, 4}), id(3)));
+  EXPECT_EQ(out(gx), TensorIr::uninit(id(3), {5, 2, 3}, dtypes::f32));  // output_grad's dtype (§6.3)
+  EXPECT_EQ(gx.kind_name(), "Module::LinearXBackward");
+  BUILD(gx1, build::linear_x_backward(t(1, {3, 4}), t(2, {4}), id(3)));
+  EXPECT_EQ(out(gx1).shape, (Shape{3}));
+  auto r = build::linear_x_backward(t(1, {3, 4}), t(2, {2, 3}), id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::LinearXBackward: output_grad [2,3] has 3 features, weight [3,4] ([d_in, d_out]) "
+            "gives 4");
+  EXPECT_ERR(build::linear_x_backward(t(1, {4}), t(2, {2, 4}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_x_backward(t(1, {3, 4}), t(2, {}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_x_backward(t(1, {3, 4}), t(2, {2, 4}, dtypes::i64), id(3)), ErrorCode::DTypeMismatch);
+
+  BUILD(gw, build::linear_weight_backward(t(1, {5, 2, 3}), t(2, {5, 2, 4}, dtypes::f16), id(3)));
+  EXPECT_EQ(out(gw), TensorIr::uninit(id(3), {3, 4}, dtypes::f16));
+  EXPECT_EQ(gw.kind_name(), "Module::LinearWeightBackward");
+  BUILD(outer, build::linear_weight_backward(t(1, {3}), t(2, {4}), id(3)));
+  EXPECT_EQ(out(outer).shape, (Shape{3, 4}));
+  r = build::linear_weight_backward(t(1, {5, 2, 3}), t(2, {2, 5, 4}), id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::LinearWeightBackward: x [5,2,3] and output_grad [2,5,4] must have the same leading dims");
+  EXPECT_ERR(build::linear_weight_backward(t(1, {2, 3}), t(2, {1, 2, 4}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_weight_backward(t(1, {}), t(2, {4}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_weight_backward(t(1, {2, 3}, kBool), t(2, {2, 4}), id(3)), ErrorCode::DTypeMismatch);
+
+  BUILD(gb, build::linear_bias_backward(t(1, {5, 2, 4}, dtypes::f64), id(3)));
+  EXPECT_EQ(out(gb), TensorIr::uninit(id(3), {4}, dtypes::f64));
+  EXPECT_EQ(gb.num_inputs, 1);
+  BUILD(gb1, build::linear_bias_backward(t(1, {4}), id(3)));
+  EXPECT_EQ(out(gb1).shape, (Shape{4}));
+  EXPECT_ERR(build::linear_bias_backward(t(1, {}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_bias_backward(t(1, {2, 4}, dtypes::u8), id(3)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::linear_bias_backward(t(1, {2, 4}), id(1)), ErrorCode::Invalid);
+}
+
+// LayerNorm keeps epsilon as the attribute bits(epsilon) (never relativized, docs/spec/fusion.md
+// §3.6); BatchNorm carries it as its one scalar, Float(epsilon).
+TEST(BuildDense, LayerNormAndBatchNorm) {
+  BUILD(ln, build::layer_norm(t(1, {2, 3, 4}), t(2, {4}), t(3, {4}), 1e-5, id(4)));
+  EXPECT_EQ(out(ln), TensorIr::uninit(id(4), {2, 3, 4}, dtypes::f32));
+  EXPECT_EQ(ln.num_inputs, 3);
+  EXPECT_EQ(ln.attrs, (AttrList{bits(1e-5)}));
+  EXPECT_TRUE(ln.scalars.empty());
+  EXPECT_EQ(ln.kind_name(), "Module::LayerNorm");
+  BUILD(no_beta, build::layer_norm(t(1, {4}, dtypes::bf16), t(2, {4}, dtypes::bf16), std::nullopt, 0.0, id(4)));
+  EXPECT_EQ(no_beta.num_inputs, 2);
+  EXPECT_EQ(out(no_beta).dtype, dtypes::bf16);
+  auto r = build::layer_norm(t(1, {2, 3, 4}), t(2, {3}), std::nullopt, 1e-5, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::LayerNorm: gamma t2:f32[3] must have shape [4] (the input's last dim)");
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), t(3, {4, 1}), 1e-5, id(4)), ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {2, 4}), std::nullopt, 1e-5, id(4)), ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::layer_norm(t(1, {}), t(2, {1}), std::nullopt, 1e-5, id(4)), ErrorCode::RankMismatch);
+  r = build::layer_norm(t(1, {2, 4}), t(2, {4}, dtypes::f16), std::nullopt, 1e-5, id(4));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::LayerNorm: dtypes differ: input f32 vs gamma f16");
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), t(3, {4}, dtypes::f64), 1e-5, id(4)), ErrorCode::DTypeMismatch);
+  r = build::layer_norm(t(1, {2, 4}), t(2, {4}), std::nullopt, -1e-3, id(4));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::LayerNorm: epsilon must be finite and non-negative, got -0.001");
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), std::nullopt, std::nan(""), id(4)), ErrorCode::Invalid);
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), std::nullopt, std::numeric_limits<double>::infinity(), id(4)),
+             ErrorCode::Invalid);
+
+  BUILD(bn, build::batch_norm(t(1, {2, 3, 4, 5}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-3, id(6)));
+  EXPECT_EQ(out(bn), TensorIr::uninit(id(6), {2, 3, 4, 5}, dtypes::f32));
+  EXPECT_EQ(bn.num_inputs, 5);
+  ASSERT_EQ(bn.scalars.size(), 1u);
+  EXPECT_EQ(bn.scalars[0], ScalarIr::Float(1e-3));
+  EXPECT_TRUE(bn.attrs.empty());
+  EXPECT_EQ(bn.kind_name(), "Module::BatchNorm");
+  BUILD(bn2, build::batch_norm(t(1, {4, 2}), t(2, {2}), t(3, {2}), t(4, {2}), t(5, {2}), 0.0, id(6)));
+  EXPECT_EQ(out(bn2).shape, (Shape{4, 2}));
+  r = build::batch_norm(t(1, {3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, id(6));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::BatchNorm: x t1:f32[3] must have rank at least 2 ([N, C, ...])");
+  r = build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {4}), t(5, {3}), 1e-5, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::BatchNorm: mean t4:f32[4] must have shape [3] (the channels, x's dim 1)");
+  r = build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}, dtypes::f64), 1e-5, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::BatchNorm: dtypes differ: x f32 vs variance f64");
+  EXPECT_ERR(build::batch_norm(t(1, {2, 3}), t(2, {1, 3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, id(6)),
+             ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), -0.5, id(6)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::batch_norm(t(1, {2, 3}, dtypes::i32), t(2, {3}, dtypes::i32), t(3, {3}, dtypes::i32),
+                               t(4, {3}, dtypes::i32), t(5, {3}, dtypes::i32), 1e-5, id(6)),
+             ErrorCode::DTypeMismatch);
+}
+
+// EmbeddingBackward{weights [V, E], out_grad [B, S, E], indices [B, S]}: weights' shape and dtype.
+TEST(BuildDense, EmbeddingBackward) {
+  BUILD(eb, build::embedding_backward(t(1, {10, 4}, dtypes::f16), t(2, {2, 3, 4}, dtypes::f16),
+                                      t(3, {2, 3}, dtypes::i32), id(4)));
+  EXPECT_EQ(out(eb), TensorIr::uninit(id(4), {10, 4}, dtypes::f16));
+  EXPECT_EQ(eb.num_inputs, 3);
+  EXPECT_EQ(eb.kind_name(), "Module::EmbeddingBackward");
+  auto r = build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 5}), t(3, {2, 3}, dtypes::i64), id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::EmbeddingBackward: out_grad t2:f32[2,3,5] must have shape [2,3,4] (indices [2,3], "
+            "weights [10,4])");
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {6, 4}), t(3, {2, 3}, dtypes::i64), id(4)),
+             ErrorCode::IncompatibleShapes);
+  r = build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}, dtypes::f64), t(3, {2, 3}, dtypes::i64), id(4));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::EmbeddingBackward: dtypes differ: weights f32 vs out_grad f64");
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}), id(4)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {6, 1, 4}), t(3, {6}, dtypes::i64), id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4, 1}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}, dtypes::i64), t(2, {2, 3, 4}, dtypes::i64),
+                                       t(3, {2, 3}, dtypes::i64), id(4)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), id(3)),
+             ErrorCode::Invalid);  // the output id is an input's
 }
 
 TEST(BuildLifecycle, InitCustomDrop) {

@@ -217,6 +217,44 @@ TEST(OpTable, ActivationKinds) {
   EXPECT_FALSE(find_op_kind(OpGroup::Float, "Relu").has_value());
 }
 
+// docs/spec/ir.md §5.8: the dense layers, norms and EmbeddingBackward are Module kinds tagged Mod;
+// the optional bias / beta is told by the input count, LayerNorm's epsilon is an attribute (kept
+// verbatim) and BatchNorm's a scalar (relativized), docs/spec/fusion.md §3.6.
+TEST(OpTable, DenseLayersNormsAndEmbeddingBackward) {
+  for (OpKind k : {OpKind::Module_Linear, OpKind::Module_LinearXBackward, OpKind::Module_LinearWeightBackward,
+                   OpKind::Module_LinearBiasBackward, OpKind::Module_LayerNorm, OpKind::Module_BatchNorm,
+                   OpKind::Module_EmbeddingBackward}) {
+    EXPECT_EQ(op_info(k).group, OpGroup::Module);
+    EXPECT_EQ(op_info(k).tags, kModule) << op_info(k).variant;
+  }
+  EXPECT_EQ(op_info(OpKind::Module_LinearXBackward).signature, Signature::LinearBackward);
+  EXPECT_EQ(op_info(OpKind::Module_LinearWeightBackward).signature, Signature::LinearBackward);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "LinearBiasBackward"), OpKind::Module_LinearBiasBackward);
+  EXPECT_EQ(signature_info(Signature::Linear).name, "Linear");
+  EXPECT_EQ(signature_info(Signature::Linear).min_inputs, 2);
+  EXPECT_EQ(signature_info(Signature::Linear).max_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::LayerNorm).max_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::LayerNorm).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::LayerNorm).max_scalars, 0);
+  EXPECT_EQ(signature_info(Signature::BatchNorm).min_inputs, 5);
+  EXPECT_EQ(signature_info(Signature::BatchNorm).min_scalars, 1);
+  EXPECT_EQ(signature_info(Signature::EmbeddingBackward).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::LinearBiasBackward).max_inputs, 1);
+  // The counts are enforced by validate(): a Linear without its weight, a LayerNorm without its
+  // epsilon, a BatchNorm whose epsilon is missing.
+  Operation linear = built(build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {4}), TensorId{4}));
+  KILN_EXPECT_OK(linear.validate());
+  linear.tensors.erase(linear.tensors.begin() + 1, linear.tensors.begin() + 3);
+  linear.num_inputs = 1;
+  EXPECT_EQ(expect_invalid(linear), ErrorCode::Invalid);
+  Operation ln = built(build::layer_norm(t(1, {2, 3}), t(2, {3}), std::nullopt, 1e-5, TensorId{4}));
+  ln.attrs.clear();
+  EXPECT_EQ(expect_invalid(ln), ErrorCode::Invalid);
+  Operation bn = built(build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, TensorId{6}));
+  bn.scalars.clear();
+  EXPECT_EQ(expect_invalid(bn), ErrorCode::Invalid);
+}
+
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)
 
 TEST(KindName, FamilyColonVariantAndSpecialCases) {

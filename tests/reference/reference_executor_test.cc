@@ -204,6 +204,17 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       const TensorIr outs[] = {TensorIr::uninit(o, s, t)};
       return b::custom("user::op", ins, outs, {});
     }
+    case Signature::Linear: return b::linear(x(), data(d, {3, 2}, t), data(d, {2}, t), o);
+    case Signature::LinearBackward:
+      return k == K::Module_LinearXBackward ? b::linear_x_backward(data(d, {4, 3}, t), x(), o)
+                                            : b::linear_weight_backward(data(d, {2, 4}, t), x(), o);
+    case Signature::LinearBiasBackward: return b::linear_bias_backward(x(), o);
+    case Signature::LayerNorm: return b::layer_norm(x(), data(d, {3}, t), data(d, {3}, t), 1e-5, o);
+    case Signature::BatchNorm:
+      return b::batch_norm(data(d, {2, 3, 2}, t), data(d, {3}, t), data(d, {3}, t), data(d, {3}, t), data(d, {3}, t),
+                           1e-5, o);
+    case Signature::EmbeddingBackward:
+      return b::embedding_backward(data(d, {4, 3}, t), data(d, {2, 2, 3}, t), d.i64({2, 2}, index, {3, 0, 3, 1}), o);
     case Signature::Drop: return b::drop(data(d, s, t, TensorStatus::ReadWrite));
   }
   return std::nullopt;

@@ -890,6 +890,100 @@ TEST_F(ApiOps, EmbeddingIsReshapeSelectReshape) {
   EXPECT_EQ(kinds_of([&] { (void)s->embedding(w, flat); }), Kinds{});
 }
 
+// ---- Dense layers, norms, the embedding's gradient (docs/spec/ir.md §5.8; no §5.11 row: each
+// call emits the Module kind of its name)
+
+TEST_F(ApiOps, LinearOverRank1To3AndItsBackwards) {
+  const std::vector<float> wv{1, -2, 0.5f, 3, -1, 2};  // [d_in, d_out] = [3, 2]
+  Tensor w = f32(wv, {3, 2}), bias = f32({0.25f, -4}, {2});
+  // [1, 2, 3] · w + bias = [1 + 1 − 3 + 0.25, −2 + 6 + 6 − 4]; the second row below, [−1, 0, 4] · w.
+  expect_near(get(s->linear(f32({1, 2, 3}, {3}), w, bias), {2}), {-0.75, 6});
+  Tensor x = f32({1, 2, 3, -1, 0, 4}, {2, 3});
+  expect_near(get(s->linear(x, w), {2, 2}), {-1, 10, -5, 10});
+  std::vector<float> x3(12);
+  for (int i = 0; i < 12; ++i) x3[i] = 0.5f * static_cast<float>(i - 5);
+  std::vector<double> want;  // every leading dim is a row
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < 2; ++j) {
+      double acc = j == 0 ? 0.25 : -4;
+      for (int i = 0; i < 3; ++i) acc += double(x3[r * 3 + i]) * wv[i * 2 + j];
+      want.push_back(acc);
+    }
+  expect_near(get(s->linear(f32(x3, {2, 2, 3}), w, bias), {2, 2, 2}), want);
+  // The gradients for output_grad g = [[1, 2], [−1, 0.5]], by hand: g · wᵀ, xᵀ · g, column sums of g.
+  Tensor g = f32({1, 2, -1, 0.5f}, {2, 2});
+  expect_near(get(s->linear_x_backward(w, g), {2, 3}), {-3, 6.5, 3, -2, 1, 2});
+  expect_near(get(s->linear_weight_backward(x, g), {3, 2}), {2, 1.5, 2, 4, -1, 8});
+  expect_near(get(s->linear_bias_backward(g), {2}), {0, 2.5});
+  EXPECT_EQ(kinds_of([&] { ok(s->linear(x, w, bias)); }), (Kinds{"Module::Linear"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->linear(x, w)); }), (Kinds{"Module::Linear"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->linear_x_backward(w, g)); }), (Kinds{"Module::LinearXBackward"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->linear_weight_backward(x, g)); }), (Kinds{"Module::LinearWeightBackward"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->linear_bias_backward(g)); }), (Kinds{"Module::LinearBiasBackward"}));
+  // Errors name the op and the shapes: a [d_out, d_in] weight, a bias of d_in, integers, mismatches.
+  Tensor wt = f32(wv, {2, 3});
+  EXPECT_NAMES(error_of(s->linear(x, wt)), "Linear: x [2,3] has 3 features, weight [2,3]");
+  EXPECT_NAMES(error_of(s->linear(x, w, f32({1, 2, 3}, {3}))), "Linear: bias");
+  EXPECT_NAMES(error_of(s->linear(i64({1, 2, 3}, {3}), w)), "Linear");
+  EXPECT_NAMES(error_of(s->linear_x_backward(w, f32({1, 2, 3}, {1, 3}))), "LinearXBackward");
+  EXPECT_NAMES(error_of(s->linear_weight_backward(x, f32(wv, {3, 2}))), "LinearWeightBackward");
+  EXPECT_NAMES(error_of(s->linear_bias_backward(i64({1}, {1}))), "LinearBiasBackward");
+  EXPECT_EQ(kinds_of([&] { (void)s->linear(x, wt); }), Kinds{});
+}
+
+TEST_F(ApiOps, LayerNormAndBatchNorm) {
+  const std::vector<float> xv{1, 2, 4, -1, 0.5f, 3}, gv{1, 2, 0.5f}, bv{0.1f, -0.2f, 0.3f};
+  Tensor x = f32(xv, {2, 3}), gamma = f32(gv, {3}), beta = f32(bv, {3});
+  // Per row: (x − mean) / sqrt(var + eps) · gamma + beta, var the biased variance.
+  auto by_hand = [&](bool with_beta, double eps) {
+    std::vector<double> r;
+    for (int row = 0; row < 2; ++row) {
+      double mean = 0, var = 0;
+      for (int i = 0; i < 3; ++i) mean += double(xv[row * 3 + i]) / 3;
+      for (int i = 0; i < 3; ++i) var += (xv[row * 3 + i] - mean) * (xv[row * 3 + i] - mean) / 3;
+      for (int i = 0; i < 3; ++i)
+        r.push_back((xv[row * 3 + i] - mean) / std::sqrt(var + eps) * gv[i] + (with_beta ? double(bv[i]) : 0.0));
+    }
+    return r;
+  };
+  expect_near(get(s->layer_norm(x, gamma, beta), {2, 3}), by_hand(true, 1e-5));
+  expect_near(get(s->layer_norm(x, gamma), {2, 3}), by_hand(false, 1e-5));
+  expect_near(get(s->layer_norm(x, gamma, beta, 0.5), {2, 3}), by_hand(true, 0.5));
+  // BatchNorm over dim 1 of [N, C, L] = [2, 2, 2]: channel 0 (x − 1) / 2 · 3 + 1, channel 1
+  // (x + 1) / 1 · −1 + 0 (variances 4 and 1, epsilon 0).
+  Tensor xb = f32({1, 3, 0, 2, 5, -1, -1, 1}, {2, 2, 2});
+  Tensor bg = f32({3, -1}, {2}), bb = f32({1, 0}, {2}), bm = f32({1, -1}, {2}), bvar = f32({4, 1}, {2});
+  expect_near(get(s->batch_norm(xb, bg, bb, bm, bvar, 0.0), {2, 2, 2}), {1, 4, -1, -3, 7, -2, 0, -2});
+  expect_near(get(s->batch_norm(f32({3, 0}, {1, 2}), bg, bb, bm, bvar, 0.0), {1, 2}), {4, -1});
+  EXPECT_EQ(kinds_of([&] { ok(s->layer_norm(x, gamma, beta)); }), (Kinds{"Module::LayerNorm"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->layer_norm(x, gamma)); }), (Kinds{"Module::LayerNorm"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->batch_norm(xb, bg, bb, bm, bvar)); }), (Kinds{"Module::BatchNorm"}));
+  // Errors: gamma of the wrong length, a negative epsilon, running statistics of the wrong
+  // length, an x without a channel dim; nothing is registered.
+  EXPECT_NAMES(error_of(s->layer_norm(x, bg)), "LayerNorm: gamma");
+  EXPECT_NAMES(error_of(s->layer_norm(x, gamma, beta, -1)), "LayerNorm: epsilon");
+  EXPECT_NAMES(error_of(s->batch_norm(xb, bg, bb, gamma, bvar)), "BatchNorm: mean");
+  EXPECT_NAMES(error_of(s->batch_norm(f32({1, 2}, {2}), bg, bb, bm, bvar)), "BatchNorm");
+  EXPECT_EQ(kinds_of([&] { (void)s->layer_norm(x, bg); }), Kinds{});
+}
+
+TEST_F(ApiOps, EmbeddingBackwardAccumulatesDuplicateIndices) {
+  Tensor w = f32({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2});
+  Tensor g = f32({1, 2, 10, 20, 100, 200}, {1, 3, 2});
+  Tensor idx = i64({2, 0, 2}, {1, 3});
+  // Rows 2 (twice) and 0 of the gradient; rows 1 and 3 get nothing.
+  expect_near(get(s->embedding_backward(w, g, idx), {4, 2}), {10, 20, 0, 0, 101, 202, 0, 0});
+  EXPECT_EQ(kinds_of([&] { ok(s->embedding_backward(w, g, idx)); }), (Kinds{"Module::EmbeddingBackward"}));
+  // An index out of range passes the builder (it sees shapes only) and fails at execution: the
+  // read reports it.
+  Tensor far = ok(s->embedding_backward(w, g, i64({2, 4, 0}, {1, 3})));
+  EXPECT_FALSE(s->to_host<float>(std::move(far)).ok());
+  // Builder errors: out_grad not [B, S, E], float indices.
+  EXPECT_NAMES(error_of(s->embedding_backward(w, f32({1, 2, 3}, {1, 3, 1}), idx)), "EmbeddingBackward: out_grad");
+  EXPECT_NAMES(error_of(s->embedding_backward(w, g, f32({2, 0, 2}, {1, 3}))), "EmbeddingBackward");
+  EXPECT_EQ(kinds_of([&] { (void)s->embedding_backward(w, g, f32({0, 0, 0}, {1, 3})); }), Kinds{});
+}
+
 // ---- Collectives
 
 TEST_F(ApiOps, AllReduceAndSyncCollective) {

@@ -5,14 +5,15 @@
 // them. So the daemon rebuilds every operation through the ir builders — from the claimed
 // inputs, scalars and attributes — and accepts it only if the builder returns exactly the same
 // operation. Kinds the client library never emits (custom ops, Init, creation from random
-// distributions, TopKWithIndices, Module Embedding, SyncCollective, ...) are refused by name: a
-// narrow surface is the point. Accepted: every kind a runtime::Session call emits — elementwise,
-// matmul, reductions and scans (MaxDimWithIndices / MinDimWithIndices with their two outputs),
-// top-k (TopK, ArgTopK) and sorting (Sort, ArgSort, SortWithIndices with its two outputs),
-// layout (with Unfold), indexing and assignment (with ScatterNd), the cross product, pad,
-// creation, Conv2d, ConvTranspose1d, MaxPool2d, AvgPool2d and AllReduce; and the Activation
-// kinds, which no Session call emits (the fusion client decomposes them) but a router client
-// sends: they reuse the elementwise and dim signatures, plus HardSigmoid's.
+// distributions, SyncCollective, ...) are refused by name: a narrow surface is the point.
+// Accepted: every kind a runtime::Session call emits — elementwise, matmul, reductions and scans
+// (MaxDimWithIndices / MinDimWithIndices with their two outputs), top-k (TopK, ArgTopK) and
+// sorting (Sort, ArgSort, SortWithIndices with its two outputs), layout (with Unfold), indexing
+// and assignment (with ScatterNd), the cross product, pad, creation, Conv2d, ConvTranspose1d,
+// MaxPool2d, AvgPool2d, Linear with its three backwards, LayerNorm, BatchNorm, EmbeddingBackward
+// and AllReduce — and, for router-style clients, Module Embedding, TopKWithIndices (two outputs)
+// and the Activation kinds (the fusion client decomposes them): they reuse the elementwise and dim
+// signatures, plus HardSigmoid's, rebuilt like the rest.
 //
 // Thread-safety: a pure function.
 #pragma once

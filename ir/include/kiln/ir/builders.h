@@ -250,6 +250,34 @@ Result<Operation> avg_pool2d(const TensorIr& x, const AvgPool2dOptions& options,
 // weights [V, E], indices [B, S] (integer) -> [B, S, E], weights dtype.
 Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, TensorId out);
 
+// Dense layers, norms and the embedding's gradient (docs/spec/ir.md §5.8, §6.3). Float operands;
+// an optional tensor (bias, beta) is an op input only when given. Errors name the op and shapes.
+// Linear{x [..., d_in], weight [d_in, d_out], bias? [d_out]}: x with the last dim d_out (the
+// weight is [d_in, d_out], Burn's layout: out = x · weight + bias); same(x, weight, bias?).
+Result<Operation> linear(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias, TensorId out);
+// LinearXBackward{weight [d_in, d_out], output_grad [..., d_out]}: output_grad with the last dim
+// d_in (output_grad · weightᵀ), output_grad's dtype.
+Result<Operation> linear_x_backward(const TensorIr& weight, const TensorIr& output_grad, TensorId out);
+// LinearWeightBackward{x [..., d_in], output_grad [..., d_out]} (the same leading dims):
+// [d_in, d_out] (xᵀ · output_grad summed over the leading dims), output_grad's dtype.
+Result<Operation> linear_weight_backward(const TensorIr& x, const TensorIr& output_grad, TensorId out);
+// LinearBiasBackward{output_grad [..., d_out]}: [d_out] (summed over the leading dims).
+Result<Operation> linear_bias_backward(const TensorIr& output_grad, TensorId out);
+// LayerNorm{input [..., d], gamma [d], beta? [d], epsilon}: input's shape, normalised over the
+// last dim with the biased variance; same(input, gamma, beta?). epsilon finite and >= 0 (K),
+// stored as the attribute bits(epsilon) (kept verbatim, docs/spec/fusion.md §3.6).
+Result<Operation> layer_norm(const TensorIr& input, const TensorIr& gamma, const std::optional<TensorIr>& beta,
+                             double epsilon, TensorId out);
+// BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C], epsilon}: x's shape, the inference
+// form with the given running statistics over dim 1; same(x, gamma, beta, mean, variance).
+// epsilon finite and >= 0 (K), stored as the scalar Float(epsilon) (relativized).
+Result<Operation> batch_norm(const TensorIr& x, const TensorIr& gamma, const TensorIr& beta, const TensorIr& mean,
+                             const TensorIr& variance, double epsilon, TensorId out);
+// EmbeddingBackward{weights [V, E], out_grad [B, S, E], indices [B, S] (integer)}: [V, E], the
+// rows of out_grad added at their indices (duplicates accumulate); same(weights, out_grad).
+Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& out_grad, const TensorIr& indices,
+                                     TensorId out);
+
 // ---- Lifecycle, custom, collectives
 
 // Init{out}: registers a tensor provided out of band.

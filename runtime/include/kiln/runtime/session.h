@@ -379,6 +379,30 @@ class Session {
   // [B·S]), BaseFloat Select(weights, 0, ·) → [B·S, E], BaseFloat Reshape(→ [B, S, E]); never
   // Module Embedding (docs/spec/ir.md §5.11).
   Result<Tensor> embedding(Tensor weights, Tensor indices);
+  // Dense layers, norms and the embedding's gradient (float; docs/spec/ir.md §5.8, §6.3). No §5.11
+  // row: each call emits the one Module kind of its name, built by the builder of that name (its
+  // error values: ranks, dims, dtypes; the forwards take one dtype).
+  // x [..., d_in], weight [d_in, d_out] (Burn's layout), bias? [d_out] → x with the last dim d_out,
+  // x · weight + bias: Module Linear{x, weight, bias?}.
+  Result<Tensor> linear(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt);
+  // linear's gradients, D(output_grad): Module LinearXBackward{weight, output_grad} →
+  // output_grad · weightᵀ (S(x)); LinearWeightBackward{x, output_grad} → [d_in, d_out], xᵀ ·
+  // output_grad over the leading dims; LinearBiasBackward{output_grad} → [d_out], summed likewise.
+  Result<Tensor> linear_x_backward(Tensor weight, Tensor output_grad);
+  Result<Tensor> linear_weight_backward(Tensor x, Tensor output_grad);
+  Result<Tensor> linear_bias_backward(Tensor output_grad);
+  // Module LayerNorm{input [..., d], gamma [d], beta? [d], epsilon}: per row of the last dim,
+  // (x − mean) / sqrt(var + epsilon) · gamma + beta with the biased variance (Burn's, PyTorch's).
+  // epsilon finite and >= 0.
+  Result<Tensor> layer_norm(Tensor input, Tensor gamma, std::optional<Tensor> beta = std::nullopt,
+                            double epsilon = 1e-5);
+  // Module BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C], epsilon}, the inference form:
+  // (x − mean[c]) / sqrt(variance[c] + epsilon) · gamma[c] + beta[c] for the channel c (dim 1).
+  Result<Tensor> batch_norm(Tensor x, Tensor gamma, Tensor beta, Tensor mean, Tensor variance, double epsilon = 1e-5);
+  // Module EmbeddingBackward{weights [V, E], output_grad [B, S, E], indices [B, S] (integer)} →
+  // [V, E], D(weights): the rows of output_grad summed at their indices (duplicates accumulate).
+  // An index outside [0, V) fails at execution (the tensor's read reports it).
+  Result<Tensor> embedding_backward(Tensor weights, Tensor output_grad, Tensor indices);
 
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
