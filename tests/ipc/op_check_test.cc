@@ -495,6 +495,8 @@ TEST(OperationCheck, AcceptsTheActivationKinds) {
   ir::Operation soft = ops[11];
   soft.attrs[0] = 5;
   expect_refused(soft, "axis 5 out of bounds");
+}
+
 // ---- Dense layers, norms, the embedding's gradient (Session calls), and Module Embedding /
 // TopKWithIndices (router-style clients): rebuilt like every other kind.
 
