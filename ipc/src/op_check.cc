@@ -287,24 +287,13 @@ Result<ir::Operation> rebuild_update(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
-// Module ops (x, weight, bias?) and pools; their options are the attributes in builder order.
+// Pools; their options are the attributes in builder order.
 Result<ir::Operation> rebuild_module(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
-  const bool conv = op.info().signature == Signature::Conv2d || op.info().signature == Signature::ConvTranspose1d;
-  if (conv ? (in.size() != 2 && in.size() != 3) : in.size() != 1) return unexpected_arity(op);
+  if (in.size() != 1) return unexpected_arity(op);
   std::uint64_t a[9] = {};
   switch (op.info().signature) {
-    case Signature::Conv2d: {
-      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 7)));
-      const build::Conv2dOptions opts{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6]};
-      return build::conv2d(in[0], in[1], optional_input(op, 2), opts, o.id);
-    }
-    case Signature::ConvTranspose1d: {
-      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 5)));
-      const build::ConvTranspose1dOptions opts{a[0], a[1], a[2], a[3], a[4]};
-      return build::conv_transpose1d(in[0], in[1], optional_input(op, 2), opts, o.id);
-    }
     // A flag attribute other than 0 or 1 is rebuilt as 1, so the comparison refuses it.
     case Signature::MaxPool2d: {
       KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 9)));
@@ -387,6 +376,58 @@ Result<ir::Operation> rebuild_creation(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// A convolution's options from its attributes: [stride..., padding..., padding_out...
+// (transposed only), dilation..., groups], each list as long as the kind's rank.
+Result<build::ConvOptions> conv_options_at(const ir::Operation& op, const build::ConvKindInfo& k) {
+  const std::size_t n = k.rank, lists = k.transposed ? 4 : 3;
+  if (op.attrs.size() != lists * n + 1)
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("{}: attributes missing or extra: {} given, {} for {} spatial dims", op.kind_name(),
+                                  op.attrs.size(), lists * n + 1, n));
+  KILN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> a, attrs_from(op, 0));
+  auto list = [&](std::size_t i) {
+    const auto first = a.begin() + static_cast<std::ptrdiff_t>(i * n);
+    return std::vector<std::uint64_t>(first, first + static_cast<std::ptrdiff_t>(n));
+  };
+  build::ConvOptions o;
+  o.stride = list(0);
+  o.padding = list(1);
+  if (k.transposed) o.padding_out = list(2);
+  o.dilation = list(lists - 1);
+  o.groups = a.back();
+  return o;
+}
+
+// Convolutions and their gradients (docs/spec/ir.md §5.8): tensors in field order (the forwards'
+// bias present when there are three inputs), the kind's rank splitting the attributes.
+Result<ir::Operation> rebuild_conv(const ir::Operation& op) {
+  const std::optional<build::ConvKindInfo> k = build::conv_kind_info(op.kind);
+  if (!k) return unexpected_arity(op);
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  if (k->role == build::ConvRole::BiasBackward) {
+    if (in.size() != 3 || !op.attrs.empty()) return unexpected_arity(op);
+    return build::conv_bias_backward(op.kind, in[0], in[1], in[2], out);
+  }
+  KILN_ASSIGN_OR_RETURN(build::ConvOptions o, conv_options_at(op, *k));
+  switch (op.info().signature) {
+    case Signature::Conv:
+      if (in.size() != 2 && in.size() != 3) break;
+      return build::conv(op.kind, in[0], in[1], optional_input(op, 2), o, out);
+    case Signature::ConvTranspose:
+      if (in.size() != 2 && in.size() != 3) break;
+      return build::conv_transpose(op.kind, in[0], in[1], optional_input(op, 2), o, out);
+    case Signature::ConvBackward:
+      if (in.size() != 3) break;
+      return build::conv_backward(op.kind, in[0], in[1], in[2], o, out);
+    case Signature::ConvTransposeBackward:
+      if (in.size() != 3) break;
+      return build::conv_transpose_backward(op.kind, in[0], in[1], in[2], o, out);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
 // The builder call that would have produced `op`, from its own inputs, scalars and attributes.
 Result<ir::Operation> rebuild(const ir::Operation& op) {
   // Decoding held the output count to the signature's (Operation::validate); a hand-made op is
@@ -429,8 +470,6 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::ScatterNd:
     case Signature::RepeatDim:
     case Signature::Pad: return rebuild_update(op);
-    case Signature::Conv2d:
-    case Signature::ConvTranspose1d:
     case Signature::MaxPool2d:
     case Signature::AvgPool2d: return rebuild_module(op);
     case Signature::Linear:
@@ -443,6 +482,11 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::AllReduce: return rebuild_all_reduce(op);
     case Signature::Creation:
     case Signature::Full: return rebuild_creation(op);
+    case Signature::Conv:
+    case Signature::ConvTranspose:
+    case Signature::ConvBackward:
+    case Signature::ConvTransposeBackward:
+    case Signature::ConvBiasBackward: return rebuild_conv(op);
     default:
       return make_error(ErrorCode::Invalid,
                         fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));

@@ -961,50 +961,12 @@ Result<Operation> module_op(const Ctx& c, std::initializer_list<const TensorIr*>
 
 Result<Operation> conv2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                          const Conv2dOptions& o, TensorId out) {
-  const Ctx c{Family::Module, OpKind::Module_Conv2d};
-  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
-  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
-  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
-  KILN_RETURN_IF_ERROR(check_rank(c, weight, 4, "weight"));
-  KILN_RETURN_IF_ERROR(check_spatial_options(c, o.groups));
-  const Shape& xs = x.shape;
-  const Shape& ws = weight.shape;
-  if (xs[1] != ws[1] * o.groups || ws[0] % o.groups != 0)
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("x {} has {} channels, weight {} expects {} x {} groups (and out channels divisible "
-                               "by the groups)",
-                               shape_to_string(xs), xs[1], shape_to_string(ws), ws[1], o.groups));
-  KILN_RETURN_IF_ERROR(check_bias(c, bias, ws[0]));
-  Shape shape{xs[0], ws[0], 0, 0};
-  for (std::size_t i = 0; i < 2; ++i) {
-    KILN_ASSIGN_OR_RETURN(shape[2 + i],
-                          c.wrap(shape::conv_output(xs[2 + i], ws[2 + i], o.stride[i], o.padding[i], o.dilation[i])));
-  }
-  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, std::move(shape), x.dtype, out,
-                   {attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]), attr(o.padding[1]), attr(o.dilation[0]),
-                    attr(o.dilation[1]), attr(o.groups)});
+  return conv(OpKind::Module_Conv2d, x, weight, bias, conv_options(o), out);
 }
 
 Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose1dOptions& o, TensorId out) {
-  const Ctx c{Family::Module, OpKind::Module_ConvTranspose1d};
-  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
-  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
-  KILN_RETURN_IF_ERROR(check_rank(c, x, 3, "x"));
-  KILN_RETURN_IF_ERROR(check_rank(c, weight, 3, "weight"));
-  KILN_RETURN_IF_ERROR(check_spatial_options(c, o.groups));
-  const Shape& xs = x.shape;
-  const Shape& ws = weight.shape;
-  if (xs[1] != ws[0] || ws[0] % o.groups != 0)
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("x {} has {} channels, weight {} expects {} (divisible by {} groups)",
-                               shape_to_string(xs), xs[1], shape_to_string(ws), ws[0], o.groups));
-  const std::uint64_t channels_out = ws[1] * o.groups;
-  KILN_RETURN_IF_ERROR(check_bias(c, bias, channels_out));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t length, c.wrap(shape::conv_transpose_output(xs[2], ws[2], o.stride, o.padding,
-                                                                                  o.padding_out, o.dilation)));
-  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, Shape{xs[0], channels_out, length}, x.dtype, out,
-                   {attr(o.stride), attr(o.padding), attr(o.padding_out), attr(o.dilation), attr(o.groups)});
+  return conv_transpose(OpKind::Module_ConvTranspose1d, x, weight, bias, conv_options(o), out);
 }
 
 Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& o, TensorId out) {
@@ -1175,6 +1137,268 @@ Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& ou
         fmt::format("out_grad {} must have shape {} (indices {}, weights {})", out_grad.to_string(),
                     shape_to_string(expected), shape_to_string(indices.shape), shape_to_string(weights.shape)));
   return module_op(c, {&weights, &out_grad, &indices}, weights.shape, weights.dtype, out, {});
+}
+
+// ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3)
+
+ConvOptions conv_options(const Conv1dOptions& o) { return {{o.stride}, {o.padding}, {}, {o.dilation}, o.groups}; }
+ConvOptions conv_options(const Conv2dOptions& o) {
+  return {{o.stride.begin(), o.stride.end()},
+          {o.padding.begin(), o.padding.end()},
+          {},
+          {o.dilation.begin(), o.dilation.end()},
+          o.groups};
+}
+ConvOptions conv_options(const Conv3dOptions& o) {
+  return {{o.stride.begin(), o.stride.end()},
+          {o.padding.begin(), o.padding.end()},
+          {},
+          {o.dilation.begin(), o.dilation.end()},
+          o.groups};
+}
+ConvOptions conv_options(const ConvTranspose1dOptions& o) {
+  return {{o.stride}, {o.padding}, {o.padding_out}, {o.dilation}, o.groups};
+}
+ConvOptions conv_options(const ConvTranspose2dOptions& o) {
+  return {{o.stride.begin(), o.stride.end()},
+          {o.padding.begin(), o.padding.end()},
+          {o.padding_out.begin(), o.padding_out.end()},
+          {o.dilation.begin(), o.dilation.end()},
+          o.groups};
+}
+ConvOptions conv_options(const ConvTranspose3dOptions& o) {
+  return {{o.stride.begin(), o.stride.end()},
+          {o.padding.begin(), o.padding.end()},
+          {o.padding_out.begin(), o.padding_out.end()},
+          {o.dilation.begin(), o.dilation.end()},
+          o.groups};
+}
+
+namespace {
+
+struct ConvKindRow {
+  OpKind kind;
+  ConvKindInfo info;
+};
+constexpr ConvRole kFwd = ConvRole::Forward, kX = ConvRole::XBackward, kW = ConvRole::WeightBackward,
+                   kB = ConvRole::BiasBackward;
+constexpr ConvKindRow kConvKinds[] = {
+    {OpKind::Module_Conv1d, {1, false, kFwd}},
+    {OpKind::Module_Conv2d, {2, false, kFwd}},
+    {OpKind::Module_Conv3d, {3, false, kFwd}},
+    {OpKind::Module_Conv1dXBackward, {1, false, kX}},
+    {OpKind::Module_Conv2dXBackward, {2, false, kX}},
+    {OpKind::Module_Conv3dXBackward, {3, false, kX}},
+    {OpKind::Module_Conv1dWeightBackward, {1, false, kW}},
+    {OpKind::Module_Conv2dWeightBackward, {2, false, kW}},
+    {OpKind::Module_Conv3dWeightBackward, {3, false, kW}},
+    {OpKind::Module_Conv1dBiasBackward, {1, false, kB}},
+    {OpKind::Module_Conv2dBiasBackward, {2, false, kB}},
+    {OpKind::Module_Conv3dBiasBackward, {3, false, kB}},
+    {OpKind::Module_ConvTranspose1d, {1, true, kFwd}},
+    {OpKind::Module_ConvTranspose2d, {2, true, kFwd}},
+    {OpKind::Module_ConvTranspose3d, {3, true, kFwd}},
+    {OpKind::Module_ConvTranspose1dWeightBackward, {1, true, kW}},
+    {OpKind::Module_ConvTranspose2dWeightBackward, {2, true, kW}},
+    {OpKind::Module_ConvTranspose3dWeightBackward, {3, true, kW}},
+    {OpKind::Module_ConvTranspose1dBiasBackward, {1, true, kB}},
+    {OpKind::Module_ConvTranspose2dBiasBackward, {2, true, kB}},
+    {OpKind::Module_ConvTranspose3dBiasBackward, {3, true, kB}},
+};
+
+// The kind has the builder's signature (and so is a convolution kind): its rank and role.
+Result<ConvKindInfo> conv_kind_for(const Ctx& c, Signature sig) {
+  KILN_RETURN_IF_ERROR(check_kind(c, sig, OutKind::Plain));
+  const std::optional<ConvKindInfo> k = conv_kind_info(c.kind);
+  if (!k) return c.error(ErrorCode::Internal, "a kind of a convolution signature missing from the convolution table");
+  return *k;
+}
+
+// One value per spatial dim, each at least `min` and within an i64 attribute.
+Status check_conv_list(const Ctx& c, const char* what, std::span<const std::uint64_t> v, std::size_t n,
+                       std::uint64_t min) {
+  if (v.size() != n)
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("{} {} has {} values, a {}-d convolution takes {}", what, dims(v), v.size(), n, n));
+  for (std::uint64_t x : v)
+    if (x < min || x > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return c.error(ErrorCode::Invalid, fmt::format("{} {}: every value must be at least {} and fit an i64 attribute",
+                                                     what, dims(v), min));
+  return Status::Ok();
+}
+
+// The option lists fit the rank; a transposed convolution's padding_out is below max(stride,
+// dilation) per dim, as PyTorch requires: a larger one only appends positions no input reaches.
+Status check_conv_options(const Ctx& c, const ConvKindInfo& k, const ConvOptions& o) {
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "stride", o.stride, k.rank, 1));
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "padding", o.padding, k.rank, 0));
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "dilation", o.dilation, k.rank, 1));
+  if (!k.transposed && !o.padding_out.empty())
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("padding_out {} applies to transposed convolutions only", dims(o.padding_out)));
+  if (k.transposed) KILN_RETURN_IF_ERROR(check_conv_list(c, "padding_out", o.padding_out, k.rank, 0));
+  KILN_RETURN_IF_ERROR(check_spatial_options(c, o.groups));
+  if (o.groups > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    return c.error(ErrorCode::Invalid, fmt::format("groups {} does not fit an i64 attribute", o.groups));
+  for (std::size_t i = 0; i < o.padding_out.size(); ++i)
+    if (o.padding_out[i] >= std::max(o.stride[i], o.dilation[i]))
+      return c.error(ErrorCode::Invalid,
+                     fmt::format("padding_out {} must be smaller than the stride {} or the dilation {} (dim {})",
+                                 o.padding_out[i], o.stride[i], o.dilation[i], i));
+  return Status::Ok();
+}
+
+// x and weight of rank n + 2 whose channels fit the groups; the forward's output channels.
+Result<std::uint64_t> conv_channels(const Ctx& c, const ConvKindInfo& k, const TensorIr& x, const TensorIr& w,
+                                    std::uint64_t groups) {
+  KILN_RETURN_IF_ERROR(check_rank(c, x, k.rank + 2, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, w, k.rank + 2, "weight"));
+  const std::uint64_t c_in = x.shape[1];
+  if (c_in % groups != 0)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} channels, not divisible by {} groups", x.to_string(), c_in, groups));
+  if (k.transposed) {
+    std::uint64_t c_out = 0;
+    if (w.shape[0] != c_in)
+      return c.error(ErrorCode::IncompatibleShapes,
+                     fmt::format("x {} has {} channels, weight {} ([C_in, C_out / groups, k...]) takes {}",
+                                 x.to_string(), c_in, w.to_string(), w.shape[0]));
+    if (__builtin_mul_overflow(w.shape[1], groups, &c_out))
+      return c.error(ErrorCode::Invalid,
+                     fmt::format("weight {} x {} groups: the channel count overflows", w.to_string(), groups));
+    return c_out;
+  }
+  if (w.shape[0] % groups != 0)
+    return c.error(
+        ErrorCode::IncompatibleShapes,
+        fmt::format("weight {} has {} output channels, not divisible by {} groups", w.to_string(), w.shape[0], groups));
+  if (w.shape[1] != c_in / groups)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} channels, weight {} ([C_out, C_in / groups, k...]) takes {} per group x {} "
+                               "groups",
+                               x.to_string(), c_in, w.to_string(), w.shape[1], groups));
+  return w.shape[0];
+}
+
+// The forward's output, [N, C_out, out...] by the conv or the transposed formula (docs/spec/ir.md §4;
+// an output of size 0 or less is an error there).
+Result<Shape> conv_forward_shape(const Ctx& c, const ConvKindInfo& k, const TensorIr& x, const TensorIr& w,
+                                 const ConvOptions& o) {
+  KILN_RETURN_IF_ERROR(check_conv_options(c, k, o));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t c_out, conv_channels(c, k, x, w, o.groups));
+  Shape shape{x.shape[0], c_out};
+  for (std::size_t i = 0; i < k.rank; ++i) {
+    const std::uint64_t in = x.shape[2 + i], kernel = w.shape[2 + i];
+    Result<std::uint64_t> size =
+        k.transposed
+            ? shape::conv_transpose_output(in, kernel, o.stride[i], o.padding[i], o.padding_out[i], o.dilation[i])
+            : shape::conv_output(in, kernel, o.stride[i], o.padding[i], o.dilation[i]);
+    KILN_ASSIGN_OR_RETURN(std::uint64_t n, c.wrap(std::move(size)));
+    shape.push_back(n);
+  }
+  return shape;
+}
+
+// [stride..., padding..., padding_out..., dilation..., groups] (padding_out empty unless transposed).
+AttrList conv_attrs(const ConvOptions& o) {
+  AttrList a;
+  for (const std::vector<std::uint64_t>* list : {&o.stride, &o.padding, &o.padding_out, &o.dilation})
+    for (std::uint64_t v : *list) a.push_back(attr(v));
+  a.push_back(attr(o.groups));
+  return a;
+}
+
+Result<Operation> conv_forward(const Ctx& c, Signature sig, const TensorIr& x, const TensorIr& weight,
+                               const std::optional<TensorIr>& bias, const ConvOptions& o, TensorId out) {
+  KILN_ASSIGN_OR_RETURN(ConvKindInfo k, conv_kind_for(c, sig));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
+  KILN_ASSIGN_OR_RETURN(Shape shape, conv_forward_shape(c, k, x, weight, o));
+  KILN_RETURN_IF_ERROR(check_bias(c, bias, shape[1]));
+  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, std::move(shape), x.dtype, out, conv_attrs(o));
+}
+
+// The X or Weight gradient of a convolution, the Weight gradient of a transposed one: output_grad
+// is shaped like the forward's output of x and weight.
+Result<Operation> conv_gradient(const Ctx& c, Signature sig, const TensorIr& x, const TensorIr& weight,
+                                const TensorIr& output_grad, const ConvOptions& o, TensorId out) {
+  KILN_ASSIGN_OR_RETURN(ConvKindInfo k, conv_kind_for(c, sig));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weight, "weight"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_ASSIGN_OR_RETURN(Shape forward, conv_forward_shape(c, k, x, weight, o));
+  if (output_grad.shape != forward)
+    return c.error(
+        output_grad.shape.size() != forward.size() ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+        fmt::format("output_grad {} must have the forward's output shape {} (x {}, weight {})", output_grad.to_string(),
+                    shape_to_string(forward), shape_to_string(x.shape), shape_to_string(weight.shape)));
+  Shape shape = k.role == ConvRole::XBackward ? x.shape : weight.shape;
+  return module_op(c, {&x, &weight, &output_grad}, std::move(shape), output_grad.dtype, out, conv_attrs(o));
+}
+
+}  // namespace
+
+std::optional<ConvKindInfo> conv_kind_info(OpKind kind) {
+  for (const ConvKindRow& row : kConvKinds)
+    if (row.kind == kind) return row.info;
+  return std::nullopt;
+}
+
+Result<Operation> conv(OpKind kind, const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                       const ConvOptions& options, TensorId out) {
+  return conv_forward(Ctx{Family::Module, kind}, Signature::Conv, x, weight, bias, options, out);
+}
+
+Result<Operation> conv_transpose(OpKind kind, const TensorIr& x, const TensorIr& weight,
+                                 const std::optional<TensorIr>& bias, const ConvOptions& options, TensorId out) {
+  return conv_forward(Ctx{Family::Module, kind}, Signature::ConvTranspose, x, weight, bias, options, out);
+}
+
+Result<Operation> conv_backward(OpKind kind, const TensorIr& x, const TensorIr& weight, const TensorIr& output_grad,
+                                const ConvOptions& options, TensorId out) {
+  return conv_gradient(Ctx{Family::Module, kind}, Signature::ConvBackward, x, weight, output_grad, options, out);
+}
+
+Result<Operation> conv_transpose_backward(OpKind kind, const TensorIr& x, const TensorIr& weight,
+                                          const TensorIr& output_grad, const ConvOptions& options, TensorId out) {
+  return conv_gradient(Ctx{Family::Module, kind}, Signature::ConvTransposeBackward, x, weight, output_grad, options,
+                       out);
+}
+
+Result<Operation> conv_bias_backward(OpKind kind, const TensorIr& x, const TensorIr& bias, const TensorIr& output_grad,
+                                     TensorId out) {
+  const Ctx c{Family::Module, kind};
+  KILN_ASSIGN_OR_RETURN(ConvKindInfo k, conv_kind_for(c, Signature::ConvBiasBackward));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, bias, "bias"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, k.rank + 2, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, output_grad, k.rank + 2, "output_grad"));
+  if (output_grad.shape[0] != x.shape[0])
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("output_grad {} and x {} must have the same batch",
+                                                              output_grad.to_string(), x.to_string()));
+  KILN_RETURN_IF_ERROR(check_vector(c, bias, "bias", output_grad.shape[1], "output_grad's channels, dim 1"));
+  return module_op(c, {&x, &bias, &output_grad}, bias.shape, output_grad.dtype, out, {});
+}
+
+Result<Operation> conv1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv1dOptions& options, TensorId out) {
+  return conv(OpKind::Module_Conv1d, x, weight, bias, conv_options(options), out);
+}
+
+Result<Operation> conv3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv3dOptions& options, TensorId out) {
+  return conv(OpKind::Module_Conv3d, x, weight, bias, conv_options(options), out);
+}
+
+Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose2dOptions& options, TensorId out) {
+  return conv_transpose(OpKind::Module_ConvTranspose2d, x, weight, bias, conv_options(options), out);
+}
+
+Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose3dOptions& options, TensorId out) {
+  return conv_transpose(OpKind::Module_ConvTranspose3d, x, weight, bias, conv_options(options), out);
 }
 
 // ---- Lifecycle, custom, collectives

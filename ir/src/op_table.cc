@@ -51,8 +51,8 @@ constexpr SignatureInfo kSignatures[] = {
     {"Cross", 2, 2, 1, 0, 0, 1, 1, false},
     {"HardSigmoid", 1, 1, 1, 2, 2, 0, 0, false},
     {"GatherNd", 2, 2, 1, 0, 0, 0, 0, false},
-    {"Conv2d", 2, 3, 1, 0, 0, 7, 7, false},
-    {"ConvTranspose1d", 2, 3, 1, 0, 0, 5, 5, false},
+    {"Conv", 2, 3, 1, 0, 0, 4, 10, false},
+    {"ConvTranspose", 2, 3, 1, 0, 0, 5, 13, false},
     {"MaxPool2d", 1, 1, 1, 0, 0, 9, 9, false},
     {"AvgPool2d", 1, 1, 1, 0, 0, 8, 8, false},
     {"Embedding", 2, 2, 1, 0, 0, 0, 0, false},
@@ -66,6 +66,9 @@ constexpr SignatureInfo kSignatures[] = {
     {"LayerNorm", 2, 3, 1, 0, 0, 1, 1, false},
     {"BatchNorm", 5, 5, 1, 1, 1, 0, 0, false},
     {"EmbeddingBackward", 3, 3, 1, 0, 0, 0, 0, false},
+    {"ConvBackward", 3, 3, 1, 0, 0, 4, 10, false},
+    {"ConvTransposeBackward", 3, 3, 1, 0, 0, 5, 13, false},
+    {"ConvBiasBackward", 3, 3, 1, 0, 0, 0, 0, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);

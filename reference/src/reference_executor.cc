@@ -363,8 +363,8 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Full: return run_creation(c);
     case S::Random: return run_random(c);
     case S::Matmul: return run_matmul(c);
-    case S::Conv2d: return run_conv2d(c);
-    case S::ConvTranspose1d: return run_conv_transpose1d(c);
+    case S::Conv:
+    case S::ConvTranspose: return run_conv(c);
     case S::MaxPool2d: return run_max_pool2d(c);
     case S::AvgPool2d: return run_avg_pool2d(c);
     case S::Embedding: return run_embedding(c);
@@ -383,6 +383,10 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Init:
     case S::Drop:
     case S::SyncCollective: break;
+    // Convolution gradients (reference_conv.cc, with the forwards above)
+    case S::ConvBackward:
+    case S::ConvTransposeBackward: return run_conv_backward(c);
+    case S::ConvBiasBackward: return run_conv_bias_backward(c);
   }
   return c.error(ErrorCode::Internal, "no kernel for this signature");
 }

@@ -298,8 +298,6 @@ Result<Outputs> run_activation(const Ctx& c);
 
 // reference_module.cc
 Result<Outputs> run_matmul(const Ctx& c);
-Result<Outputs> run_conv2d(const Ctx& c);
-Result<Outputs> run_conv_transpose1d(const Ctx& c);
 Result<Outputs> run_max_pool2d(const Ctx& c);
 Result<Outputs> run_avg_pool2d(const Ctx& c);
 Result<Outputs> run_embedding(const Ctx& c);
@@ -309,6 +307,12 @@ Result<Outputs> run_linear_bias_backward(const Ctx& c);
 Result<Outputs> run_layer_norm(const Ctx& c);
 Result<Outputs> run_batch_norm(const Ctx& c);
 Result<Outputs> run_embedding_backward(const Ctx& c);
+
+// reference_conv.cc: Conv1d/2d/3d and ConvTranspose1d/2d/3d (signatures Conv, ConvTranspose), the
+// X and Weight gradients (ConvBackward, ConvTransposeBackward) and the bias gradients.
+Result<Outputs> run_conv(const Ctx& c);
+Result<Outputs> run_conv_backward(const Ctx& c);
+Result<Outputs> run_conv_bias_backward(const Ctx& c);
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

@@ -1,6 +1,6 @@
-// Reference kernels: matmul (float and int), conv2d, conv_transpose1d, max_pool2d, avg_pool2d,
-// embedding, and (at the end) linear with its backwards, layer_norm, batch_norm and
-// embedding_backward. Direct loops straight from the definitions, accumulating floats in f64
+// Reference kernels: matmul (float and int), max_pool2d, avg_pool2d, embedding, and (at the end)
+// linear with its backwards, layer_norm, batch_norm and embedding_backward (the convolutions:
+// reference_conv.cc). Direct loops straight from the definitions, accumulating floats in f64
 // (integers in wrapping i64 / u64) in index order.
 #include <algorithm>
 #include <cmath>
@@ -24,15 +24,6 @@ Status expect_rank(const Ctx& c, const HostTensor& t, std::size_t rank, const ch
   if (t.shape().size() != rank)
     return c.error(ErrorCode::RankMismatch, fmt::format("{} {} must have rank {}", what, t.to_string(), rank));
   return Status::Ok();
-}
-
-// A window position: start + k * step - pad, if it falls inside [0, n).
-bool window_pos(std::uint64_t start, std::uint64_t k, std::uint64_t step, std::uint64_t pad, std::uint64_t n,
-                std::uint64_t& pos) {
-  const std::uint64_t p = start + k * step;
-  if (p < pad || p - pad >= n) return false;
-  pos = p - pad;
-  return true;
 }
 
 // The kernel taps [lo, hi) whose position start + i * step - pad falls inside [0, n).
@@ -101,126 +92,6 @@ Result<Outputs> run_matmul(const Ctx& c) {
       return single(std::move(out));
     }
   });
-}
-
-// ---- Conv2d: x [N, C_in, H, W], weight [C_out, C_in / groups, kh, kw], bias? [C_out];
-// attrs [stride0, stride1, pad0, pad1, dilation0, dilation1, groups]; zero padding.
-// out[n, co, oh, ow] = bias[co] + sum over the group's input channels ci and the kernel (i, j) of
-//   x[n, g * cin_g + ci, oh * s0 - p0 + i * d0, ow * s1 - p1 + j * d1] * w[co, ci, i, j].
-
-Result<Outputs> run_conv2d(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  const HostTensor& w = c.in[1];
-  const HostTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
-  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
-  KILN_RETURN_IF_ERROR(expect_rank(c, w, 4, "weight"));
-  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
-  if (bias) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 0, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 1, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 2, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 3, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t d0, positive_attr(c, 4, "dilation"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t d1, positive_attr(c, 5, "dilation"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t groups, positive_attr(c, 6, "groups"));
-  const ir::Shape& xs = x.shape();
-  const ir::Shape& ws = w.shape();
-  if (xs[1] != ws[1] * groups || ws[0] % groups != 0)
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("x {} and weight {} do not fit {} groups", x.to_string(), w.to_string(), groups));
-  if (bias && (bias->shape().size() != 1 || bias->shape()[0] != ws[0]))
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("bias {} must have shape [{}]", bias->to_string(), ws[0]));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::conv_output(xs[2], ws[2], s0, p0, d0));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::conv_output(xs[3], ws[3], s1, p1, d1));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], ws[0], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  const std::uint64_t N = xs[0], C_in = xs[1], H = xs[2], W = xs[3];
-  const std::uint64_t C_out = ws[0], cin_g = ws[1], KH = ws[2], KW = ws[3];
-  const std::uint64_t cout_g = C_out / groups;
-  for (std::uint64_t nb = 0; nb < N; ++nb)
-    for (std::uint64_t co = 0; co < C_out; ++co) {
-      const std::uint64_t g = co / cout_g;
-      for (std::uint64_t oh = 0; oh < oh_n; ++oh)
-        for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
-          double acc = bias ? bias->get_f64(co) : 0.0;
-          for (std::uint64_t ci = 0; ci < cin_g; ++ci) {
-            const std::uint64_t cin = g * cin_g + ci;
-            for (std::uint64_t i = 0; i < KH; ++i) {
-              std::uint64_t h = 0;
-              if (!window_pos(oh * s0, i, d0, p0, H, h)) continue;
-              for (std::uint64_t j = 0; j < KW; ++j) {
-                std::uint64_t wp = 0;
-                if (!window_pos(ow * s1, j, d1, p1, W, wp)) continue;
-                acc +=
-                    x.get_f64(((nb * C_in + cin) * H + h) * W + wp) * w.get_f64(((co * cin_g + ci) * KH + i) * KW + j);
-              }
-            }
-          }
-          element::store_f64(out.mutable_data(), out.dtype(), ((nb * C_out + co) * oh_n + oh) * ow_n + ow, acc);
-        }
-    }
-  return single(std::move(out));
-}
-
-// ---- ConvTranspose1d: x [N, C_in, L], weight [C_in, C_out / groups, K], bias? [C_out];
-// attrs [stride, padding, padding_out, dilation, groups]. Each input element scatters into
-//   out[n, g * cout_g + co, l * stride + k * dilation - padding] += x[n, cin, l] * w[cin, co, k]
-// for the input channels cin of group g; positions outside [0, L_out) are dropped (that is what
-// the padding crops), and padding_out only lengthens the output.
-
-Result<Outputs> run_conv_transpose1d(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  const HostTensor& w = c.in[1];
-  const HostTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
-  KILN_RETURN_IF_ERROR(expect_rank(c, x, 3, "x"));
-  KILN_RETURN_IF_ERROR(expect_rank(c, w, 3, "weight"));
-  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
-  if (bias) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t stride, positive_attr(c, 0, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t padding, count_attr(c, 1, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t padding_out, count_attr(c, 2, "padding_out"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t dilation, positive_attr(c, 3, "dilation"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t groups, positive_attr(c, 4, "groups"));
-  const ir::Shape& xs = x.shape();
-  const ir::Shape& ws = w.shape();
-  if (xs[1] != ws[0] || ws[0] % groups != 0)
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("x {} and weight {} do not fit {} groups", x.to_string(), w.to_string(), groups));
-  std::uint64_t C_out = 0;
-  if (__builtin_mul_overflow(ws[1], groups, &C_out)) return c.error(ErrorCode::Invalid, "channel count overflows");
-  if (bias && (bias->shape().size() != 1 || bias->shape()[0] != C_out))
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("bias {} must have shape [{}]", bias->to_string(), C_out));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t L_out,
-                        ir::shape::conv_transpose_output(xs[2], ws[2], stride, padding, padding_out, dilation));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], C_out, L_out}));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  const std::uint64_t N = xs[0], C_in = xs[1], L = xs[2];
-  const std::uint64_t cout_g = ws[1], K = ws[2];
-  const std::uint64_t cin_g = C_in / groups;
-  std::vector<double> acc(static_cast<std::size_t>(out.num_elements()), 0.0);
-  for (std::uint64_t nb = 0; nb < N; ++nb)
-    for (std::uint64_t cin = 0; cin < C_in; ++cin) {
-      const std::uint64_t g = cin / cin_g;
-      for (std::uint64_t co = 0; co < cout_g; ++co)
-        for (std::uint64_t l = 0; l < L; ++l)
-          for (std::uint64_t k = 0; k < K; ++k) {
-            std::uint64_t pos = 0;
-            if (!window_pos(l * stride, k, dilation, padding, L_out, pos)) continue;
-            acc[((nb * C_out + g * cout_g + co) * L_out) + pos] +=
-                x.get_f64((nb * C_in + cin) * L + l) * w.get_f64((cin * cout_g + co) * K + k);
-          }
-    }
-  for (std::uint64_t nb = 0; nb < N; ++nb)
-    for (std::uint64_t co = 0; co < C_out; ++co)
-      for (std::uint64_t l = 0; l < L_out; ++l) {
-        const std::uint64_t i = (nb * C_out + co) * L_out + l;
-        element::store_f64(out.mutable_data(), out.dtype(), i, acc[i] + (bias ? bias->get_f64(co) : 0.0));
-      }
-  return single(std::move(out));
 }
 
 // ---- MaxPool2d: attrs [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode].

@@ -1121,6 +1121,138 @@ Result<Tensor> Session::embedding_backward(Tensor weights, Tensor output_grad, T
   });
 }
 
+// ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8; no §5.11 row
+// but conv2d's: the Module kind of the call's name)
+
+Result<Tensor> Session::conv_op(OpKind kind, Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                const build::ConvOptions& options) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(x));
+  in.push_back(std::move(weight));
+  if (bias) in.push_back(std::move(*bias));
+  const bool transposed = ir::op_info(kind).signature == ir::Signature::ConvTranspose;
+  return run_op(in, [kind, transposed, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return transposed ? build::conv_transpose(kind, t[0], t[1], optional_input(t, 2), options, out)
+                      : build::conv(kind, t[0], t[1], optional_input(t, 2), options, out);
+  });
+}
+
+Result<Tensor> Session::conv_grad_op(OpKind kind, Tensor x, Tensor second, Tensor output_grad,
+                                     const build::ConvOptions& options) {
+  Tensor in[] = {std::move(x), std::move(second), std::move(output_grad)};
+  return run_op(in, [kind, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    switch (ir::op_info(kind).signature) {
+      case ir::Signature::ConvBackward: return build::conv_backward(kind, t[0], t[1], t[2], options, out);
+      case ir::Signature::ConvTransposeBackward:
+        return build::conv_transpose_backward(kind, t[0], t[1], t[2], options, out);
+      default: return build::conv_bias_backward(kind, t[0], t[1], t[2], out);
+    }
+  });
+}
+
+Result<Tensor> Session::conv1d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                               const ir::build::Conv1dOptions& options) {
+  return conv_op(OpKind::Module_Conv1d, std::move(x), std::move(weight), std::move(bias), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv3d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                               const ir::build::Conv3dOptions& options) {
+  return conv_op(OpKind::Module_Conv3d, std::move(x), std::move(weight), std::move(bias), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose2d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                         const ir::build::ConvTranspose2dOptions& options) {
+  return conv_op(OpKind::Module_ConvTranspose2d, std::move(x), std::move(weight), std::move(bias),
+                 build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose3d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                         const ir::build::ConvTranspose3dOptions& options) {
+  return conv_op(OpKind::Module_ConvTranspose3d, std::move(x), std::move(weight), std::move(bias),
+                 build::conv_options(options));
+}
+
+Result<Tensor> Session::conv1d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                          const ir::build::Conv1dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv1dXBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv2d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                          const ir::build::Conv2dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv2dXBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv3d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                          const ir::build::Conv3dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv3dXBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv1d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                               const ir::build::Conv1dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv1dWeightBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv2d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                               const ir::build::Conv2dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv2dWeightBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv3d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                               const ir::build::Conv3dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv3dWeightBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_Conv1dBiasBackward, std::move(x), std::move(bias), std::move(output_grad), {});
+}
+
+Result<Tensor> Session::conv2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_Conv2dBiasBackward, std::move(x), std::move(bias), std::move(output_grad), {});
+}
+
+Result<Tensor> Session::conv3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_Conv3dBiasBackward, std::move(x), std::move(bias), std::move(output_grad), {});
+}
+
+Result<Tensor> Session::conv_transpose1d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                         const ir::build::ConvTranspose1dOptions& options) {
+  return conv_grad_op(OpKind::Module_ConvTranspose1dWeightBackward, std::move(x), std::move(weight),
+                      std::move(output_grad), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose2d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                         const ir::build::ConvTranspose2dOptions& options) {
+  return conv_grad_op(OpKind::Module_ConvTranspose2dWeightBackward, std::move(x), std::move(weight),
+                      std::move(output_grad), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose3d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                         const ir::build::ConvTranspose3dOptions& options) {
+  return conv_grad_op(OpKind::Module_ConvTranspose3dWeightBackward, std::move(x), std::move(weight),
+                      std::move(output_grad), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_ConvTranspose1dBiasBackward, std::move(x), std::move(bias), std::move(output_grad),
+                      {});
+}
+
+Result<Tensor> Session::conv_transpose2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_ConvTranspose2dBiasBackward, std::move(x), std::move(bias), std::move(output_grad),
+                      {});
+}
+
+Result<Tensor> Session::conv_transpose3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_ConvTranspose3dBiasBackward, std::move(x), std::move(bias), std::move(output_grad),
+                      {});
+}
+
 // ---- Collectives
 
 Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids) {

@@ -710,5 +710,140 @@ TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
   }
 }
 
+// ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8): one op of
+// each of the 21 kinds, as a Session call builds it.
+
+std::vector<ir::Operation> conv_ops() {
+  namespace build = ir::build;
+  using K = OpKind;
+  const TensorId out(10);
+  build::Conv1dOptions c1;  // [2, 4, 9] → (9 + 2 − 5) / 2 + 1 = 4
+  c1.stride = 2;
+  c1.padding = 1;
+  c1.dilation = 2;
+  c1.groups = 2;
+  build::Conv3dOptions c3;  // [1, 2, 3, 4, 5] * [3, 2, 3, 2, 3] → [1, 3, 3, 3, 5]
+  c3.padding = {1, 0, 1};
+  build::ConvTranspose2dOptions t2;  // [1, 4, 3, 3] * [4, 1, 2, 2] → [1, 2, 7, 4]
+  t2.stride = {2, 1};
+  t2.padding_out = {1, 0};
+  t2.groups = 2;
+  build::ConvTranspose3dOptions t3;  // [1, 2, 2, 2, 2] * [2, 3, 2, 2, 2] → [1, 3, 3, 4, 3]
+  t3.dilation = {1, 2, 1};
+  const build::ConvOptions o1 = build::conv_options(c1), o2 = build::conv_options(build::Conv2dOptions{});
+  const build::ConvOptions o3 = build::conv_options(c3), ot2 = build::conv_options(t2), ot3 = build::conv_options(t3);
+  const build::ConvOptions ot1 = build::conv_options(build::ConvTranspose1dOptions{});  // [1, 2, 5] → [1, 3, 6]
+  const TensorIr x1 = in(1, {2, 4, 9}), w1 = in(2, {6, 2, 3}), g1 = in(3, {2, 6, 4});
+  const TensorIr x2 = in(1, {1, 2, 4, 4}), w2 = in(2, {3, 2, 2, 2}), g2 = in(3, {1, 3, 3, 3});
+  const TensorIr x3 = in(1, {1, 2, 3, 4, 5}), w3 = in(2, {3, 2, 3, 2, 3}), g3 = in(3, {1, 3, 3, 3, 5});
+  const TensorIr tx1 = in(1, {1, 2, 5}), tw1 = in(2, {2, 3, 2}), tg1 = in(3, {1, 3, 6});
+  const TensorIr tx2 = in(1, {1, 4, 3, 3}), tw2 = in(2, {4, 1, 2, 2}), tg2 = in(3, {1, 2, 7, 4});
+  const TensorIr tx3 = in(1, {1, 2, 2, 2, 2}), tw3 = in(2, {2, 3, 2, 2, 2}), tg3 = in(3, {1, 3, 3, 4, 3});
+  return {
+      built(build::conv1d(x1, w1, in(3, {6}), c1, out)),
+      built(build::conv1d(x1, w1, std::nullopt, c1, out)),
+      built(build::conv3d(x3, w3, in(3, {3}), c3, out)),
+      built(build::conv_transpose2d(tx2, tw2, in(3, {2}), t2, out)),
+      built(build::conv_transpose3d(tx3, tw3, std::nullopt, t3, out)),
+      built(build::conv_backward(K::Module_Conv1dXBackward, x1, w1, g1, o1, out)),
+      built(build::conv_backward(K::Module_Conv2dXBackward, x2, w2, g2, o2, out)),
+      built(build::conv_backward(K::Module_Conv3dXBackward, x3, w3, g3, o3, out)),
+      built(build::conv_backward(K::Module_Conv1dWeightBackward, x1, w1, g1, o1, out)),
+      built(build::conv_backward(K::Module_Conv2dWeightBackward, x2, w2, g2, o2, out)),
+      built(build::conv_backward(K::Module_Conv3dWeightBackward, x3, w3, g3, o3, out)),
+      built(build::conv_bias_backward(K::Module_Conv1dBiasBackward, x1, in(2, {6}), g1, out)),
+      built(build::conv_bias_backward(K::Module_Conv2dBiasBackward, x2, in(2, {3}), g2, out)),
+      built(build::conv_bias_backward(K::Module_Conv3dBiasBackward, x3, in(2, {3}), g3, out)),
+      built(build::conv_transpose_backward(K::Module_ConvTranspose1dWeightBackward, tx1, tw1, tg1, ot1, out)),
+      built(build::conv_transpose_backward(K::Module_ConvTranspose2dWeightBackward, tx2, tw2, tg2, ot2, out)),
+      built(build::conv_transpose_backward(K::Module_ConvTranspose3dWeightBackward, tx3, tw3, tg3, ot3, out)),
+      built(build::conv_bias_backward(K::Module_ConvTranspose1dBiasBackward, tx1, in(2, {3}), tg1, out)),
+      built(build::conv_bias_backward(K::Module_ConvTranspose2dBiasBackward, tx2, in(2, {2}), tg2, out)),
+      built(build::conv_bias_backward(K::Module_ConvTranspose3dBiasBackward, tx3, in(2, {3}), tg3, out)),
+      built(build::conv2d(x2, w2, std::nullopt, {}, out)),
+      built(build::conv_transpose1d(tx1, tw1, in(3, {3}), {}, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsEveryConvolutionKind) {
+  OperationCheckMemo memo;
+  std::vector<OpKind> kinds;
+  for (const ir::Operation& op : conv_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    if (std::find(kinds.begin(), kinds.end(), op.kind) == kinds.end()) kinds.push_back(op.kind);
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.push_back(7);
+    expect_refused(lie, "output 0");
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+  EXPECT_EQ(kinds.size(), 21u);
+}
+
+TEST(OperationCheck, RefusesHostileConvolutions) {
+  const std::vector<ir::Operation> ops = conv_ops();
+  using Op = ir::Operation;
+  using K = OpKind;
+  // Attribute counts that do not fit the kind's rank (a Conv1d relabelled Conv2d), a negative one.
+  expect_changed_refused(
+      ops, K::Module_Conv1d, [](Op& op) { op.attrs.pop_back(); }, "missing or extra");
+  expect_changed_refused(
+      ops, K::Module_Conv3d, [](Op& op) { op.attrs.push_back(1); }, "missing or extra");
+  expect_changed_refused(
+      ops, K::Module_Conv1d, [](Op& op) { op.kind = K::Module_Conv2d; }, "missing or extra");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose2d, [](Op& op) { op.attrs[2] = -1; }, "negative");
+  // Options the builders refuse: stride 0, dilation 0, padding_out >= max(stride, dilation),
+  // groups that do not divide the channels.
+  expect_changed_refused(
+      ops, K::Module_Conv1d, [](Op& op) { op.attrs[0] = 0; }, "stride");
+  expect_changed_refused(
+      ops, K::Module_Conv3d, [](Op& op) { op.attrs[7] = 0; }, "dilation");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose2d, [](Op& op) { op.attrs[4] = 2; }, "padding_out 2 must be smaller");
+  expect_changed_refused(
+      ops, K::Module_Conv1d, [](Op& op) { op.attrs[3] = 3; }, "not divisible by 3 groups");
+  // Tensors: a bias of the wrong length, mixed dtypes, output_grad of another shape, a weight of
+  // another rank, an X gradient relabelled as the weight's, two inputs for three.
+  expect_changed_refused(
+      ops, K::Module_Conv3d, [](Op& op) { op.tensors[2].shape = {2}; }, "bias");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose2d, [](Op& op) { op.tensors[1].dtype = DType(DTypeKind::F64); }, "dtypes differ");
+  expect_changed_refused(
+      ops, K::Module_Conv2dWeightBackward,
+      [](Op& op) {
+        op.tensors[2].shape = {1, 3, 3, 2};
+      },
+      "forward's output shape");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose3dWeightBackward,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 3, 2, 2};
+      },
+      "weight must have rank 5");
+  expect_changed_refused(
+      ops, K::Module_Conv1dXBackward, [](Op& op) { op.kind = K::Module_Conv1dWeightBackward; }, "output 0");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose2dWeightBackward,
+      [](Op& op) {
+        op.tensors.erase(op.tensors.begin() + 2);
+        op.num_inputs = 2;
+      },
+      "unexpected number");
+  // The bias gradients: an attribute, another batch, an integer bias.
+  expect_changed_refused(
+      ops, K::Module_Conv2dBiasBackward, [](Op& op) { op.attrs.push_back(0); }, "unexpected number");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose1dBiasBackward,
+      [](Op& op) {
+        op.tensors[2].shape = {2, 3, 6};
+      },
+      "same batch");
+  expect_changed_refused(
+      ops, K::Module_Conv3dBiasBackward, [](Op& op) { op.tensors[1].dtype = kI64; }, "float dtype");
+}
+
 }  // namespace
 }  // namespace kiln::ipc

@@ -350,6 +350,34 @@ TEST(Builders, OutputDtypeKindPicksTheBuilder) {
       ErrorCode::DTypeMismatch);
 }
 
+// Any convolution kind: x [1, 4, 5...], 2 groups, kernel 3 in every spatial dim, bias [6]; the
+// gradients take output_grad of the forward's output shape ([1, 6, 3...], transposed [1, 6, 7...]).
+Result<Operation> conv_any(OpKind kind, TensorId o) {
+  const build::ConvKindInfo k = build::conv_kind_info(kind).value();
+  Shape xs{1, 4}, ws{k.transposed ? 4u : 6u, k.transposed ? 3u : 2u}, gs{1, 6};
+  build::ConvOptions opts{{}, {}, {}, {}, 2};
+  for (std::size_t i = 0; i < k.rank; ++i) {
+    xs.push_back(5);
+    ws.push_back(3);
+    gs.push_back(k.transposed ? 7 : 3);
+    opts.stride.push_back(1);
+    opts.padding.push_back(0);
+    opts.dilation.push_back(1);
+    if (k.transposed) opts.padding_out.push_back(0);
+  }
+  switch (k.role) {
+    case build::ConvRole::Forward:
+      return k.transposed ? build::conv_transpose(kind, t(1, xs), t(2, ws), t(3, {6}), opts, o)
+                          : build::conv(kind, t(1, xs), t(2, ws), t(3, {6}), opts, o);
+    case build::ConvRole::XBackward:
+    case build::ConvRole::WeightBackward:
+      return k.transposed ? build::conv_transpose_backward(kind, t(1, xs), t(2, ws), t(3, gs), opts, o)
+                          : build::conv_backward(kind, t(1, xs), t(2, ws), t(3, gs), opts, o);
+    case build::ConvRole::BiasBackward: return build::conv_bias_backward(kind, t(1, xs), t(2, {6}), t(3, gs), o);
+  }
+  return make_error(ErrorCode::Internal, "unreachable");
+}
+
 // Every row of the op table can be built through the builder of its signature.
 Result<Operation> build_any(OpKind kind) {
   const OpInfo& info = op_info(kind);
@@ -421,11 +449,8 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::Cross: return build::cross(f, kind, x, t(2, {1, 3}, d), 1, o);
     case Signature::HardSigmoid: return build::hard_sigmoid(x, ScalarIr::Float(0.2), ScalarIr::Float(0.5), o);
     case Signature::GatherNd: return build::gather_nd(f, kind, x, t(3, {4, 1}, dtypes::i64), o);
-    case Signature::Conv2d:
-      return build::conv2d(t(1, {1, 2, 5, 5}), t(2, {3, 2, 3, 3}), std::nullopt, build::Conv2dOptions{}, o);
-    case Signature::ConvTranspose1d:
-      return build::conv_transpose1d(t(1, {1, 2, 5}), t(2, {2, 3, 3}), std::nullopt, build::ConvTranspose1dOptions{},
-                                     o);
+    case Signature::Conv:
+    case Signature::ConvTranspose: return conv_any(kind, o);
     case Signature::MaxPool2d: return build::max_pool2d(t(1, {1, 2, 5, 5}), build::MaxPool2dOptions{}, o);
     case Signature::AvgPool2d: return build::avg_pool2d(t(1, {1, 2, 5, 5}), build::AvgPool2dOptions{}, o);
     case Signature::Embedding: return build::embedding(t(1, {10, 4}), t(3, {2, 3}, dtypes::i64), o);
@@ -445,6 +470,9 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::EmbeddingBackward:
       return build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), o);
     case Signature::Drop: return build::drop(t(1, {2}, d, TensorStatus::ReadWrite));
+    case Signature::ConvBackward:
+    case Signature::ConvTransposeBackward:
+    case Signature::ConvBiasBackward: return conv_any(kind, o);
   }
   return make_error(ErrorCode::Internal, "unreachable");
 }
@@ -1346,6 +1374,248 @@ TEST(BuildDense, EmbeddingBackward) {
              ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), id(3)),
              ErrorCode::Invalid);  // the output id is an input's
+}
+
+// ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3)
+
+TEST(BuildConv, ForwardsShapesAndAttributes) {
+  // Conv1d: (10 + 2·1 − 2·(3 − 1) − 1) / 2 + 1 = 4; weight [C_out, C_in / groups, k].
+  build::Conv1dOptions o1;
+  o1.stride = 2;
+  o1.padding = 1;
+  o1.dilation = 2;
+  o1.groups = 2;
+  BUILD(c1, build::conv1d(t(1, {2, 4, 10}), t(2, {6, 2, 3}), t(3, {6}), o1, id(4)));
+  EXPECT_EQ(out(c1), TensorIr::uninit(id(4), {2, 6, 4}, dtypes::f32));
+  EXPECT_EQ(c1.kind_name(), "Module::Conv1d");
+  EXPECT_EQ(c1.num_inputs, 3);
+  EXPECT_EQ(c1.attrs, (AttrList{2, 1, 2, 2}));
+  // Conv3d: depth (5 + 2 − 2 − 1) / 1 + 1 = 5, height (6 − 2 − 1) / 2 + 1 = 2, width
+  // (7 + 2 − 4 − 1) / 3 + 1 = 2; attrs [stride..., padding..., dilation..., groups].
+  build::Conv3dOptions o3;
+  o3.stride = {1, 2, 3};
+  o3.padding = {1, 0, 1};
+  o3.dilation = {1, 1, 2};
+  BUILD(c3,
+        build::conv3d(t(1, {1, 2, 5, 6, 7}, dtypes::f64), t(2, {4, 2, 3, 3, 3}, dtypes::f64), std::nullopt, o3, id(3)));
+  EXPECT_EQ(out(c3), TensorIr::uninit(id(3), {1, 4, 5, 2, 2}, dtypes::f64));
+  EXPECT_EQ(c3.attrs, (AttrList{1, 2, 3, 1, 0, 1, 1, 1, 2, 1}));
+  // The generic builder with Conv2d is conv2d, attribute for attribute.
+  build::Conv2dOptions o2{{2, 1}, {1, 0}, {1, 2}, 1};
+  BUILD(named2, build::conv2d(t(1, {1, 3, 6, 7}), t(2, {5, 3, 3, 2}), t(3, {5}), o2, id(4)));
+  BUILD(generic2, build::conv(OpKind::Module_Conv2d, t(1, {1, 3, 6, 7}), t(2, {5, 3, 3, 2}), t(3, {5}),
+                              build::conv_options(o2), id(4)));
+  EXPECT_TRUE(named2 == generic2);
+  EXPECT_EQ(out(named2).shape, (Shape{1, 5, 3, 5}));
+  // ConvTranspose2d, weight [C_in, C_out / groups, kh, kw], C_out = 3 · 2: height (3 − 1)·2 +
+  // 1·(2 − 1) + 1 + 1 − 2 = 5, width (5 − 1)·1 + 2·(3 − 1) + 1 = 9.
+  build::ConvTranspose2dOptions t2;
+  t2.stride = {2, 1};
+  t2.padding = {1, 0};
+  t2.padding_out = {1, 0};
+  t2.dilation = {1, 2};
+  t2.groups = 2;
+  BUILD(tr2, build::conv_transpose2d(t(1, {1, 4, 3, 5}), t(2, {4, 3, 2, 3}), t(3, {6}), t2, id(4)));
+  EXPECT_EQ(out(tr2), TensorIr::uninit(id(4), {1, 6, 5, 9}, dtypes::f32));
+  EXPECT_EQ(tr2.kind_name(), "Module::ConvTranspose2d");
+  EXPECT_EQ(tr2.attrs, (AttrList{2, 1, 1, 0, 1, 0, 1, 2, 2}));
+  BUILD(tr3, build::conv_transpose3d(t(1, {2, 2, 2, 2, 2}), t(2, {2, 1, 2, 2, 2}), std::nullopt,
+                                     build::ConvTranspose3dOptions{}, id(3)));
+  EXPECT_EQ(out(tr3).shape, (Shape{2, 1, 3, 3, 3}));
+  EXPECT_EQ(tr3.attrs, (AttrList{1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1}));
+  // PyTorch admits padding_out < max(stride, dilation): 1 with stride 1 and dilation 2.
+  build::ConvTranspose1dOptions t1;
+  t1.dilation = 2;
+  t1.padding_out = 1;
+  BUILD(tr1, build::conv_transpose1d(t(1, {1, 2, 4}), t(2, {2, 1, 3}), std::nullopt, t1, id(3)));
+  EXPECT_EQ(out(tr1).shape, (Shape{1, 1, 9}));  // 3 + 4 + 1 + 1
+}
+
+TEST(BuildConv, GradientsTakeTheShapeOfTheirVariableAndTheDtypeOfOutputGrad) {
+  build::Conv1dOptions o1;
+  o1.stride = 2;
+  o1.padding = 1;
+  o1.dilation = 2;
+  o1.groups = 2;
+  const build::ConvOptions opts = build::conv_options(o1);
+  const TensorIr x = t(1, {2, 4, 10}), w = t(2, {6, 2, 3}), g = t(3, {2, 6, 4}, dtypes::f64);
+  BUILD(gx, build::conv_backward(OpKind::Module_Conv1dXBackward, x, w, g, opts, id(4)));
+  EXPECT_EQ(out(gx), TensorIr::uninit(id(4), {2, 4, 10}, dtypes::f64));
+  EXPECT_EQ(gx.num_inputs, 3);
+  EXPECT_EQ(gx.attrs, (AttrList{2, 1, 2, 2}));
+  EXPECT_EQ(gx.kind_name(), "Module::Conv1dXBackward");
+  BUILD(gw, build::conv_backward(OpKind::Module_Conv1dWeightBackward, x, w, g, opts, id(4)));
+  EXPECT_EQ(out(gw), TensorIr::uninit(id(4), {6, 2, 3}, dtypes::f64));
+  BUILD(gb, build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, x, t(5, {6}), g, id(4)));
+  EXPECT_EQ(out(gb), TensorIr::uninit(id(4), {6}, dtypes::f64));
+  EXPECT_TRUE(gb.attrs.empty());
+  // The transposed weight gradient: output_grad has the transposed forward's shape.
+  build::ConvTranspose2dOptions t2;
+  t2.stride = {2, 1};
+  t2.padding = {1, 0};
+  t2.padding_out = {1, 0};
+  t2.dilation = {1, 2};
+  t2.groups = 2;
+  BUILD(tw, build::conv_transpose_backward(OpKind::Module_ConvTranspose2dWeightBackward, t(1, {1, 4, 3, 5}),
+                                           t(2, {4, 3, 2, 3}), t(3, {1, 6, 5, 9}, dtypes::f16), build::conv_options(t2),
+                                           id(4)));
+  EXPECT_EQ(out(tw), TensorIr::uninit(id(4), {4, 3, 2, 3}, dtypes::f16));
+  EXPECT_EQ(tw.attrs, (AttrList{2, 1, 1, 0, 1, 0, 1, 2, 2}));
+  BUILD(tb, build::conv_bias_backward(OpKind::Module_ConvTranspose3dBiasBackward, t(1, {1, 2, 2, 2, 2}), t(2, {3}),
+                                      t(3, {1, 3, 3, 3, 3}), id(4)));
+  EXPECT_EQ(out(tb), TensorIr::uninit(id(4), {3}, dtypes::f32));
+  BUILD(g3, build::conv_backward(OpKind::Module_Conv3dXBackward, t(1, {1, 2, 3, 3, 3}), t(2, {2, 2, 1, 1, 1}),
+                                 t(3, {1, 2, 3, 3, 3}), build::conv_options(build::Conv3dOptions{}), id(4)));
+  EXPECT_EQ(out(g3).shape, (Shape{1, 2, 3, 3, 3}));
+}
+
+TEST(BuildConv, ChannelAndGroupErrorsNameTheOpAndTheShapes) {
+  build::Conv1dOptions g2;
+  g2.groups = 2;
+  auto r = build::conv1d(t(1, {1, 3, 8}), t(2, {4, 1, 3}), std::nullopt, g2, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: x t1:f32[1,3,8] has 3 channels, not divisible by 2 groups");
+  r = build::conv1d(t(1, {1, 4, 8}), t(2, {3, 2, 3}), std::nullopt, g2, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: weight t2:f32[3,2,3] has 3 output channels, not divisible by 2 groups");
+  r = build::conv3d(t(1, {1, 3, 4, 4, 4}), t(2, {2, 2, 1, 1, 1}), std::nullopt, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::Conv3d: x t1:f32[1,3,4,4,4] has 3 channels, weight t2:f32[2,2,1,1,1] ([C_out, C_in / groups, "
+            "k...]) takes 2 per group x 1 groups");
+  r = build::conv_transpose2d(t(1, {1, 3, 4, 4}), t(2, {4, 2, 3, 3}), std::nullopt, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::ConvTranspose2d: x t1:f32[1,3,4,4] has 3 channels, weight t2:f32[4,2,3,3] ([C_in, C_out / "
+            "groups, k...]) takes 4");
+  build::ConvTranspose3dOptions t3;
+  t3.groups = 2;
+  EXPECT_ERR(build::conv_transpose3d(t(1, {1, 3, 2, 2, 2}), t(2, {3, 1, 1, 1, 1}), std::nullopt, t3, id(3)),
+             ErrorCode::IncompatibleShapes);  // 3 input channels in 2 groups
+  // A bias of the wrong length; C_out = weight[1] · groups overflows.
+  EXPECT_ERR(build::conv3d(t(1, {1, 2, 4, 4, 4}), t(2, {4, 2, 1, 1, 1}), t(3, {3}), {}, id(4)),
+             ErrorCode::IncompatibleShapes);
+  build::ConvTranspose1dOptions t1;
+  t1.groups = 4;
+  EXPECT_ERR(build::conv_transpose1d(t(1, {1, 4, 3}), t(2, {4, std::uint64_t{1} << 62, 1}), std::nullopt, t1, id(3)),
+             ErrorCode::Invalid);
+}
+
+TEST(BuildConv, OptionErrors) {
+  const TensorIr x1 = t(1, {1, 2, 8}), w1 = t(2, {2, 2, 3});
+  build::Conv1dOptions zero_stride;
+  zero_stride.stride = 0;
+  auto r = build::conv1d(x1, w1, std::nullopt, zero_stride, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: stride [0]: every value must be at least 1 and fit an i64 attribute");
+  build::Conv3dOptions zero_dilation;
+  zero_dilation.dilation = {1, 0, 1};
+  EXPECT_ERR(build::conv3d(t(1, {1, 2, 4, 4, 4}), t(2, {2, 2, 1, 1, 1}), std::nullopt, zero_dilation, id(3)),
+             ErrorCode::Invalid);
+  build::Conv1dOptions zero_groups;
+  zero_groups.groups = 0;
+  EXPECT_ERR(build::conv1d(x1, w1, std::nullopt, zero_groups, id(3)), ErrorCode::Invalid);
+  build::Conv1dOptions huge;
+  huge.padding = std::uint64_t{1} << 63;  // not an i64 attribute
+  EXPECT_ERR(build::conv1d(x1, w1, std::nullopt, huge, id(3)), ErrorCode::Invalid);
+  // Output sizes of 0 or less: a kernel wider than the padded input; a padding that crops the
+  // whole transposed output.
+  EXPECT_ERR(build::conv1d(t(1, {1, 2, 2}), t(2, {2, 2, 5}), std::nullopt, {}, id(3)), ErrorCode::Invalid);
+  build::ConvTranspose2dOptions crop;
+  crop.padding = {0, 3};
+  r = build::conv_transpose2d(t(1, {1, 2, 2, 2}), t(2, {2, 1, 2, 2}), std::nullopt, crop, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_NE(message_of(r).find("Module::ConvTranspose2d: conv_transpose: 2*padding 6 exceeds"), std::string::npos)
+      << message_of(r);
+  // padding_out >= max(stride, dilation), as PyTorch refuses.
+  build::ConvTranspose2dOptions po;
+  po.stride = {2, 1};
+  po.padding_out = {2, 0};
+  r = build::conv_transpose2d(t(1, {1, 2, 2, 2}), t(2, {2, 1, 2, 2}), std::nullopt, po, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Module::ConvTranspose2d: padding_out 2 must be smaller than the stride 2 or the dilation 1 (dim 0)");
+  po.padding_out = {1, 1};
+  EXPECT_ERR(build::conv_transpose2d(t(1, {1, 2, 2, 2}), t(2, {2, 1, 2, 2}), std::nullopt, po, id(3)),
+             ErrorCode::Invalid);
+  // Lists of another length than the rank, padding_out on a convolution or missing on a transposed one.
+  build::ConvOptions generic{{1}, {0}, {}, {1}, 1};
+  EXPECT_ERR(build::conv(OpKind::Module_Conv2d, t(1, {1, 2, 4, 4}), t(2, {2, 2, 1, 1}), std::nullopt, generic, id(3)),
+             ErrorCode::Invalid);
+  generic.padding_out = {0};
+  r = build::conv(OpKind::Module_Conv1d, x1, w1, std::nullopt, generic, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: padding_out [0] applies to transposed convolutions only");
+  generic.padding_out.clear();
+  EXPECT_ERR(build::conv_transpose(OpKind::Module_ConvTranspose1d, x1, w1, std::nullopt, generic, id(3)),
+             ErrorCode::Invalid);
+}
+
+TEST(BuildConv, RankDtypeAndKindErrors) {
+  const build::ConvOptions o1 = build::conv_options(build::Conv1dOptions{});
+  const TensorIr x1 = t(1, {1, 2, 8}), w1 = t(2, {2, 2, 3}), g1 = t(3, {1, 2, 6});
+  // Ranks: x and weight must have rank n + 2.
+  EXPECT_ERR(build::conv3d(t(1, {1, 2, 4, 4}), t(2, {2, 2, 1, 1, 1}), std::nullopt, {}, id(3)),
+             ErrorCode::RankMismatch);
+  auto r = build::conv1d(x1, t(2, {2, 2}), std::nullopt, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: weight must have rank 3, has rank 2 (t2:f32[2,2])");
+  EXPECT_ERR(
+      build::conv(OpKind::Module_Conv2d, x1, w1, std::nullopt, build::conv_options(build::Conv2dOptions{}), id(3)),
+      ErrorCode::RankMismatch);
+  // Dtypes: same(x, weight, bias?), float operands (the gradients: each float, any of them).
+  r = build::conv1d(x1, t(2, {2, 2, 3}, dtypes::f64), std::nullopt, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: dtypes differ: x f32 vs weight f64");
+  EXPECT_ERR(build::conv1d(x1, w1, t(3, {2}, dtypes::f16), {}, id(4)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::conv1d(t(1, {1, 2, 8}, dtypes::i32), t(2, {2, 2, 3}, dtypes::i32), std::nullopt, {}, id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::conv_backward(OpKind::Module_Conv1dXBackward, x1, w1, t(3, {1, 2, 6}, dtypes::i64), o1, id(4)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, x1, t(2, {2}, kBool), g1, id(4)),
+             ErrorCode::DTypeMismatch);
+  // A kind of another signature.
+  r = build::conv(OpKind::Module_ConvTranspose1d, x1, w1, std::nullopt, o1, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::ConvTranspose1d: has signature ConvTranspose, not Conv");
+  EXPECT_ERR(build::conv_backward(OpKind::Module_Conv1dBiasBackward, x1, w1, g1, o1, id(4)), ErrorCode::Invalid);
+  EXPECT_ERR(build::conv_transpose_backward(OpKind::Module_Conv1dWeightBackward, x1, w1, g1, o1, id(4)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::conv_bias_backward(OpKind::Module_Linear, x1, t(2, {2}), g1, id(4)), ErrorCode::Invalid);
+  EXPECT_ERR(build::conv_bias_backward(static_cast<OpKind>(kNumOpKinds), x1, t(2, {2}), g1, id(4)), ErrorCode::Invalid);
+  EXPECT_ERR(build::conv1d(x1, w1, std::nullopt, {}, id(1)), ErrorCode::Invalid);  // the output id is x's
+}
+
+TEST(BuildConv, GradientShapeErrors) {
+  const build::ConvOptions o1 = build::conv_options(build::Conv1dOptions{});
+  const TensorIr x1 = t(1, {1, 2, 8}), w1 = t(2, {4, 2, 3});
+  // output_grad must have the forward's output shape [1, 4, 6].
+  auto r = build::conv_backward(OpKind::Module_Conv1dWeightBackward, x1, w1, t(3, {1, 4, 7}), o1, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::Conv1dWeightBackward: output_grad t3:f32[1,4,7] must have the forward's output shape [1,4,6] (x "
+            "[1,2,8], weight [4,2,3])");
+  EXPECT_ERR(build::conv_backward(OpKind::Module_Conv1dXBackward, x1, w1, t(3, {4, 6}), o1, id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::conv_backward(OpKind::Module_Conv1dXBackward, x1, t(2, {4, 3, 3}), t(3, {1, 4, 6}), o1, id(4)),
+             ErrorCode::IncompatibleShapes);  // the channels the forward would refuse
+  EXPECT_ERR(
+      build::conv_transpose_backward(OpKind::Module_ConvTranspose1dWeightBackward, x1, t(2, {2, 4, 3}), t(3, {1, 4, 8}),
+                                     build::conv_options(build::ConvTranspose1dOptions{}), id(4)),
+      ErrorCode::IncompatibleShapes);  // the transposed output is [1, 4, 10]
+  // The bias gradients: ranks n + 2, one batch, a bias of output_grad's channels.
+  EXPECT_ERR(build::conv_bias_backward(OpKind::Module_Conv2dBiasBackward, x1, t(2, {4}), t(3, {1, 4, 6}), id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, x1, t(2, {4}), t(3, {1, 4}), id(4)),
+             ErrorCode::RankMismatch);
+  r = build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, x1, t(2, {4}), t(3, {2, 4, 6}), id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::Conv1dBiasBackward: output_grad t3:f32[2,4,6] and x t1:f32[1,2,8] must have the same batch");
+  r = build::conv_bias_backward(OpKind::Module_ConvTranspose1dBiasBackward, x1, t(2, {5}), t(3, {1, 4, 6}), id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::ConvTranspose1dBiasBackward: bias t2:f32[5] must have shape [4] (output_grad's channels, dim 1)");
 }
 
 TEST(BuildLifecycle, InitCustomDrop) {

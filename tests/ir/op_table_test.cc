@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -94,7 +95,7 @@ TEST(OpTable, EveryKindHasAValidSignatureAndUniqueName) {
 
 TEST(OpTable, SignatureNamesMatchTheEnum) {
   EXPECT_EQ(signature_info(Signature::Unary).name, "Unary");
-  EXPECT_EQ(signature_info(Signature::Conv2d).name, "Conv2d");
+  EXPECT_EQ(signature_info(Signature::Conv).name, "Conv");
   EXPECT_EQ(signature_info(Signature::Drop).name, "Drop");
   EXPECT_EQ(signature_info(Signature::Sort).name, "Sort");
   EXPECT_EQ(signature_info(Signature::SortWithIndices).name, "SortWithIndices");
@@ -253,6 +254,92 @@ TEST(OpTable, DenseLayersNormsAndEmbeddingBackward) {
   Operation bn = built(build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, TensorId{6}));
   bn.scalars.clear();
   EXPECT_EQ(expect_invalid(bn), ErrorCode::Invalid);
+}
+
+// docs/spec/ir.md §5.8: the convolutions of 1..3 spatial dims and their gradients are Module
+// kinds tagged Mod, on five rank-generic signatures (3n + 1 or 4n + 1 attributes); there is no
+// transposed X gradient. conv_kind_info tells each kind's rank, transposition and role.
+TEST(OpTable, ConvolutionKindsAndSignatures) {
+  using build::ConvRole;
+  struct Row {
+    const char* variant;
+    Signature sig;
+    std::size_t rank;
+    bool transposed;
+    ConvRole role;
+  };
+  const Row rows[] = {
+      {"Conv1d", Signature::Conv, 1, false, ConvRole::Forward},
+      {"Conv2d", Signature::Conv, 2, false, ConvRole::Forward},
+      {"Conv3d", Signature::Conv, 3, false, ConvRole::Forward},
+      {"Conv1dXBackward", Signature::ConvBackward, 1, false, ConvRole::XBackward},
+      {"Conv2dXBackward", Signature::ConvBackward, 2, false, ConvRole::XBackward},
+      {"Conv3dXBackward", Signature::ConvBackward, 3, false, ConvRole::XBackward},
+      {"Conv1dWeightBackward", Signature::ConvBackward, 1, false, ConvRole::WeightBackward},
+      {"Conv2dWeightBackward", Signature::ConvBackward, 2, false, ConvRole::WeightBackward},
+      {"Conv3dWeightBackward", Signature::ConvBackward, 3, false, ConvRole::WeightBackward},
+      {"Conv1dBiasBackward", Signature::ConvBiasBackward, 1, false, ConvRole::BiasBackward},
+      {"Conv2dBiasBackward", Signature::ConvBiasBackward, 2, false, ConvRole::BiasBackward},
+      {"Conv3dBiasBackward", Signature::ConvBiasBackward, 3, false, ConvRole::BiasBackward},
+      {"ConvTranspose1d", Signature::ConvTranspose, 1, true, ConvRole::Forward},
+      {"ConvTranspose2d", Signature::ConvTranspose, 2, true, ConvRole::Forward},
+      {"ConvTranspose3d", Signature::ConvTranspose, 3, true, ConvRole::Forward},
+      {"ConvTranspose1dWeightBackward", Signature::ConvTransposeBackward, 1, true, ConvRole::WeightBackward},
+      {"ConvTranspose2dWeightBackward", Signature::ConvTransposeBackward, 2, true, ConvRole::WeightBackward},
+      {"ConvTranspose3dWeightBackward", Signature::ConvTransposeBackward, 3, true, ConvRole::WeightBackward},
+      {"ConvTranspose1dBiasBackward", Signature::ConvBiasBackward, 1, true, ConvRole::BiasBackward},
+      {"ConvTranspose2dBiasBackward", Signature::ConvBiasBackward, 2, true, ConvRole::BiasBackward},
+      {"ConvTranspose3dBiasBackward", Signature::ConvBiasBackward, 3, true, ConvRole::BiasBackward},
+  };
+  int conv_kinds = 0;
+  for (OpKind k : all_kinds()) conv_kinds += build::conv_kind_info(k).has_value() ? 1 : 0;
+  EXPECT_EQ(conv_kinds, 21);
+  for (const Row& r : rows) {
+    const std::optional<OpKind> k = find_op_kind(OpGroup::Module, r.variant);
+    ASSERT_TRUE(k.has_value()) << r.variant;
+    EXPECT_EQ(op_info(*k).signature, r.sig) << r.variant;
+    EXPECT_EQ(op_info(*k).tags, kModule) << r.variant;
+    const std::optional<build::ConvKindInfo> info = build::conv_kind_info(*k);
+    ASSERT_TRUE(info.has_value()) << r.variant;
+    EXPECT_EQ(info->rank, r.rank) << r.variant;
+    EXPECT_EQ(info->transposed, r.transposed) << r.variant;
+    EXPECT_EQ(info->role, r.role) << r.variant;
+  }
+  EXPECT_FALSE(find_op_kind(OpGroup::Module, "ConvTranspose1dXBackward").has_value());
+  EXPECT_FALSE(build::conv_kind_info(OpKind::Module_Linear).has_value());
+  EXPECT_FALSE(build::conv_kind_info(OpKind::Module_MaxPool2d).has_value());
+  // Inputs and attribute counts: 3n + 1 for n = 1..3, 4n + 1 transposed; the bias gradients none.
+  const std::pair<Signature, std::array<int, 4>> counts[] = {
+      {Signature::Conv, {2, 3, 4, 10}},
+      {Signature::ConvTranspose, {2, 3, 5, 13}},
+      {Signature::ConvBackward, {3, 3, 4, 10}},
+      {Signature::ConvTransposeBackward, {3, 3, 5, 13}},
+      {Signature::ConvBiasBackward, {3, 3, 0, 0}},
+  };
+  for (const auto& [sig, c] : counts) {
+    const SignatureInfo& info = signature_info(sig);
+    EXPECT_EQ(info.min_inputs, c[0]) << info.name;
+    EXPECT_EQ(info.max_inputs, c[1]) << info.name;
+    EXPECT_EQ(info.min_attrs, c[2]) << info.name;
+    EXPECT_EQ(info.max_attrs, c[3]) << info.name;
+    EXPECT_EQ(info.outputs, 1) << info.name;
+    EXPECT_EQ(info.max_scalars, 0) << info.name;
+  }
+  EXPECT_EQ(signature_info(Signature::ConvTransposeBackward).name, "ConvTransposeBackward");
+  // validate() holds the counts: a bias gradient with an attribute, a weight gradient without
+  // its output_grad.
+  Operation bias = built(build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, t(1, {2, 3, 5}), t(2, {4}),
+                                                   t(3, {2, 4, 3}), TensorId{4}));
+  KILN_EXPECT_OK(bias.validate());
+  bias.attrs.push_back(1);
+  EXPECT_EQ(expect_invalid(bias), ErrorCode::Invalid);
+  Operation grad =
+      built(build::conv_backward(OpKind::Module_Conv1dWeightBackward, t(1, {2, 3, 5}), t(2, {4, 3, 3}), t(3, {2, 4, 3}),
+                                 build::conv_options(build::Conv1dOptions{}), TensorId{4}));
+  KILN_EXPECT_OK(grad.validate());
+  grad.tensors.erase(grad.tensors.begin() + 2);
+  grad.num_inputs = 2;
+  EXPECT_EQ(expect_invalid(grad), ErrorCode::Invalid);
 }
 
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)

@@ -69,6 +69,36 @@ Family family_for(OpGroup g, DType t) {
   return F::Custom;
 }
 
+// Any convolution kind on dtype t: x [1, 4, 3...], 2 groups, kernel 2; padding 1 (conv: outputs of
+// 4), stride 2, padding 1, padding_out 1 (transposed: outputs of 5); bias [6]; the gradients'
+// output_grad of the forward's output shape.
+Result<Operation> conv_sample(Device& d, K k, DType t, TensorId o) {
+  const b::ConvKindInfo info = b::conv_kind_info(k).value();
+  Shape xs{1, 4}, ws{info.transposed ? 4u : 6u, info.transposed ? 3u : 2u}, gs{1, 6};
+  b::ConvOptions opts{{}, {}, {}, {}, 2};
+  for (std::size_t i = 0; i < info.rank; ++i) {
+    xs.push_back(3);
+    ws.push_back(2);
+    gs.push_back(info.transposed ? 5 : 4);
+    opts.stride.push_back(info.transposed ? 2 : 1);
+    opts.padding.push_back(1);
+    opts.dilation.push_back(1);
+    if (info.transposed) opts.padding_out.push_back(1);
+  }
+  const TensorIr x = data(d, xs, t);
+  switch (info.role) {
+    case b::ConvRole::Forward:
+      return info.transposed ? b::conv_transpose(k, x, data(d, ws, t), data(d, {6}, t), opts, o)
+                             : b::conv(k, x, data(d, ws, t), data(d, {6}, t), opts, o);
+    case b::ConvRole::XBackward:
+    case b::ConvRole::WeightBackward:
+      return info.transposed ? b::conv_transpose_backward(k, x, data(d, ws, t), data(d, gs, t), opts, o)
+                             : b::conv_backward(k, x, data(d, ws, t), data(d, gs, t), opts, o);
+    case b::ConvRole::BiasBackward: return b::conv_bias_backward(k, x, data(d, {6}, t), data(d, gs, t), o);
+  }
+  return make_error(ErrorCode::Internal, "unreachable");
+}
+
 std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
   const OpInfo& info = op_info(k);
   if (!applies(info.group, t)) return std::nullopt;
@@ -165,18 +195,8 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
     case Signature::Cross: return b::cross(f, k, x(), data(d, {1, 3}, t), 1, o);
     case Signature::HardSigmoid: return b::hard_sigmoid(x(), ScalarIr::Float(0.2), ScalarIr::Float(0.5), o);
     case Signature::Matmul: return b::matmul(f, k, x(), data(d, {3, 2}, t), o);
-    case Signature::Conv2d: {
-      b::Conv2dOptions opt;
-      opt.padding = {1, 1};
-      opt.groups = 2;
-      return b::conv2d(data(d, {1, 2, 4, 4}, t), data(d, {2, 1, 3, 3}, t), data(d, {2}, t), opt, o);
-    }
-    case Signature::ConvTranspose1d: {
-      b::ConvTranspose1dOptions opt;
-      opt.stride = 2;
-      opt.groups = 2;
-      return b::conv_transpose1d(data(d, {1, 2, 5}, t), data(d, {2, 1, 3}, t), data(d, {2}, t), opt, o);
-    }
+    case Signature::Conv:
+    case Signature::ConvTranspose: return conv_sample(d, k, t, o);
     case Signature::MaxPool2d: {
       b::MaxPool2dOptions opt;
       opt.kernel = {2, 2};
@@ -216,6 +236,9 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
     case Signature::EmbeddingBackward:
       return b::embedding_backward(data(d, {4, 3}, t), data(d, {2, 2, 3}, t), d.i64({2, 2}, index, {3, 0, 3, 1}), o);
     case Signature::Drop: return b::drop(data(d, s, t, TensorStatus::ReadWrite));
+    case Signature::ConvBackward:
+    case Signature::ConvTransposeBackward:
+    case Signature::ConvBiasBackward: return conv_sample(d, k, t, o);
   }
   return std::nullopt;
 }

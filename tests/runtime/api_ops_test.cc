@@ -820,6 +820,124 @@ TEST_F(ApiOps, Conv2dAndConvTranspose1d) {
   EXPECT_NAMES(error_of(s->conv_transpose1d(t, f32(tw, {1, 2, 2}))), "ConvTranspose1d");
 }
 
+// Conv1d / Conv3d / ConvTranspose2d / ConvTranspose3d (docs/spec/ir.md §5.8; no §5.11 row): the
+// Module kind of the call's name. Values by hand (reference_conv_test.cc has the derivations).
+TEST_F(ApiOps, Conv1dConv3dConvTranspose2dAndConvTranspose3d) {
+  Tensor x1 = f32({1, 2, 3, 4, 5}, {1, 1, 5}), w1 = f32({1, 10}, {1, 1, 2}), b1 = f32({0.5f}, {1});
+  ir::build::Conv1dOptions o1;
+  o1.stride = 2;
+  o1.padding = 1;  // [0, 1, 2, 3, 4, 5, 0] at 0, 2, 4
+  expect_near(get(s->conv1d(x1, w1, b1, o1), {1, 1, 3}), {10.5, 32.5, 54.5});
+  expect_near(get(s->conv1d(x1, w1), {1, 1, 4}), {21, 32, 43, 54});
+  ir::build::Conv1dOptions depthwise;
+  depthwise.groups = 2;
+  Tensor x2 = f32({1, 2, 3, 4, 5, 6}, {1, 2, 3});
+  expect_near(get(s->conv1d(x2, f32({1, 1, 1, -1}, {2, 1, 2}), std::nullopt, depthwise), {1, 2, 2}), {3, 5, -1, -1});
+  // Conv3d over 1..8 with an all-ones [2, 2, 2] kernel, padded and strided along the last dim.
+  Tensor x3 = f32({1, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 2, 2, 2}), ones = f32(std::vector<float>(8, 1), {1, 1, 2, 2, 2});
+  ir::build::Conv3dOptions o3;
+  o3.stride = {1, 1, 2};
+  o3.padding = {0, 0, 1};
+  expect_near(get(s->conv3d(x3, ones, std::nullopt, o3), {1, 1, 1, 1, 2}), {16, 20});
+  expect_near(get(s->conv3d(x3, ones), {1, 1, 1, 1, 1}), {36});
+  // ConvTranspose2d, stride 2: each input scatters its 2 × 2 block; padding 1 keeps the centre.
+  Tensor tx = f32({1, 2, 3, 4}, {1, 1, 2, 2}), tw = f32({1, 10, 100, 1000}, {1, 1, 2, 2});
+  ir::build::ConvTranspose2dOptions t2;
+  t2.stride = {2, 2};
+  t2.padding = {1, 1};
+  expect_near(get(s->conv_transpose2d(tx, tw, std::nullopt, t2), {1, 1, 2, 2}), {1000, 200, 30, 4});
+  t2.padding = {0, 0};
+  t2.padding_out = {1, 0};  // a last row no input reaches: the bias
+  const std::vector<double> t2_out = get(s->conv_transpose2d(tx, tw, f32({-1}, {1}), t2), {1, 1, 5, 4});
+  expect_near(std::vector<double>(t2_out.end() - 4, t2_out.end()), {-1, -1, -1, -1});
+  expect_near(std::vector<double>(t2_out.begin(), t2_out.begin() + 4), {0, 9, 1, 19});
+  Tensor t3x = f32({1, 2}, {1, 1, 1, 1, 2}), t3w = f32({1, 10}, {1, 1, 1, 1, 2});
+  expect_near(get(s->conv_transpose3d(t3x, t3w), {1, 1, 1, 1, 3}), {1, 12, 20});
+  EXPECT_EQ(kinds_of([&] { ok(s->conv1d(x1, w1, b1)); }), (Kinds{"Module::Conv1d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->conv3d(x3, ones)); }), (Kinds{"Module::Conv3d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->conv_transpose2d(tx, tw)); }), (Kinds{"Module::ConvTranspose2d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->conv_transpose3d(t3x, t3w)); }), (Kinds{"Module::ConvTranspose3d"}));
+  // Errors: rank, groups, padding_out >= max(stride, dilation), integers, a kernel wider than the
+  // padded input; nothing is registered.
+  EXPECT_NAMES(error_of(s->conv1d(x3, w1)), "Conv1d: x must have rank 3");
+  ir::build::Conv3dOptions three_groups;
+  three_groups.groups = 3;
+  EXPECT_NAMES(error_of(s->conv3d(x3, ones, std::nullopt, three_groups)), "Conv3d: x");
+  ir::build::ConvTranspose2dOptions too_far;
+  too_far.padding_out = {1, 0};  // stride 1, dilation 1
+  EXPECT_NAMES(error_of(s->conv_transpose2d(tx, tw, std::nullopt, too_far)), "ConvTranspose2d: padding_out 1");
+  EXPECT_NAMES(error_of(s->conv_transpose3d(i64({1, 2}, {1, 1, 1, 1, 2}), i64({1, 10}, {1, 1, 1, 1, 2}))),
+               "ConvTranspose3d");
+  EXPECT_NAMES(error_of(s->conv1d(x1, f32(std::vector<float>(6, 1), {1, 1, 6}))), "Conv1d");
+  EXPECT_EQ(kinds_of([&] { (void)s->conv1d(x3, w1); }), Kinds{});
+}
+
+// The gradient calls of one rank: conv{n}d_x_backward ... conv_transpose{n}d_bias_backward.
+template <class Options, class TransposedOptions>
+struct ConvGradientCalls {
+  std::size_t rank;
+  Result<Tensor> (Session::*x)(Tensor, Tensor, Tensor, const Options&);
+  Result<Tensor> (Session::*weight)(Tensor, Tensor, Tensor, const Options&);
+  Result<Tensor> (Session::*bias)(Tensor, Tensor, Tensor);
+  Result<Tensor> (Session::*transposed_weight)(Tensor, Tensor, Tensor, const TransposedOptions&);
+  Result<Tensor> (Session::*transposed_bias)(Tensor, Tensor, Tensor);
+};
+
+// The gradients, each the Module kind of its name: x = [1, 2, 3], w = [1, 10], output_grad
+// [1, 2] give the X gradient [1, 12, 20], the weight gradient [5, 8] and the bias gradient [3]
+// in every rank (unit dims change nothing); the transposed x = [1, 2] with output_grad
+// [1, 10, 100] gives the weight gradient [21, 210] and the bias gradient [111].
+TEST_F(ApiOps, ConvolutionGradients) {
+  auto shaped = [](std::size_t rank, std::uint64_t last) {
+    Shape shape(rank + 2, 1);
+    shape.back() = last;
+    return shape;
+  };
+  auto check = [&](const auto& c) {
+    SCOPED_TRACE(c.rank);
+    Session& ss = *s;
+    const std::string conv = "Module::Conv" + std::to_string(c.rank) + "d";
+    const std::string transposed = "Module::ConvTranspose" + std::to_string(c.rank) + "d";
+    Tensor x = f32({1, 2, 3}, shaped(c.rank, 3)), w = f32({1, 10}, shaped(c.rank, 2));
+    Tensor g = f32({1, 2}, shaped(c.rank, 2)), bias = f32({0}, {1});
+    Tensor tx = f32({1, 2}, shaped(c.rank, 2)), tg = f32({1, 10, 100}, shaped(c.rank, 3));
+    expect_near(get((ss.*c.x)(x, w, g, {}), shaped(c.rank, 3)), {1, 12, 20});
+    expect_near(get((ss.*c.weight)(x, w, g, {}), shaped(c.rank, 2)), {5, 8});
+    expect_near(get((ss.*c.bias)(x, bias, g), {1}), {3});
+    expect_near(get((ss.*c.transposed_weight)(tx, w, tg, {}), shaped(c.rank, 2)), {21, 210});
+    expect_near(get((ss.*c.transposed_bias)(tx, bias, tg), {1}), {111});
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.x)(x, w, g, {})); }), (Kinds{conv + "XBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.weight)(x, w, g, {})); }), (Kinds{conv + "WeightBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.bias)(x, bias, g)); }), (Kinds{conv + "BiasBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.transposed_weight)(tx, w, tg, {})); }), (Kinds{transposed + "WeightBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.transposed_bias)(tx, bias, tg)); }), (Kinds{transposed + "BiasBackward"}));
+  };
+  namespace b = ir::build;
+  check(ConvGradientCalls<b::Conv1dOptions, b::ConvTranspose1dOptions>{
+      1, &Session::conv1d_x_backward, &Session::conv1d_weight_backward, &Session::conv1d_bias_backward,
+      &Session::conv_transpose1d_weight_backward, &Session::conv_transpose1d_bias_backward});
+  check(ConvGradientCalls<b::Conv2dOptions, b::ConvTranspose2dOptions>{
+      2, &Session::conv2d_x_backward, &Session::conv2d_weight_backward, &Session::conv2d_bias_backward,
+      &Session::conv_transpose2d_weight_backward, &Session::conv_transpose2d_bias_backward});
+  check(ConvGradientCalls<b::Conv3dOptions, b::ConvTranspose3dOptions>{
+      3, &Session::conv3d_x_backward, &Session::conv3d_weight_backward, &Session::conv3d_bias_backward,
+      &Session::conv_transpose3d_weight_backward, &Session::conv_transpose3d_bias_backward});
+  // The transposed X gradient the spec leaves out is conv1d(output_grad, weight) with the same
+  // options: Σ_k g[l + k] w[k] = [1 + 100, 10 + 1000].
+  expect_near(get(s->conv1d(f32({1, 10, 100}, {1, 1, 3}), f32({1, 10}, {1, 1, 2})), {1, 1, 2}), {101, 1010});
+  // Errors name the kind and what is wrong; nothing is registered.
+  Tensor x = f32({1, 2, 3}, {1, 1, 3}), w = f32({1, 10}, {1, 1, 2}), g = f32({1, 2}, {1, 1, 2});
+  EXPECT_NAMES(error_of(s->conv1d_weight_backward(x, w, f32({1, 2, 3}, {1, 1, 3}))),
+               "Conv1dWeightBackward: output_grad");
+  EXPECT_NAMES(
+      error_of(s->conv2d_bias_backward(f32({1, 2, 3}, {1, 1, 1, 3}), f32({0, 0}, {2}), f32({1, 2}, {1, 1, 1, 2}))),
+      "Conv2dBiasBackward: bias");
+  EXPECT_NAMES(error_of(s->conv_transpose1d_weight_backward(x, w, i64({1, 2, 3, 4}, {1, 1, 4}))),
+               "ConvTranspose1dWeightBackward");
+  EXPECT_NAMES(error_of(s->conv3d_x_backward(x, w, g)), "Conv3dXBackward: x must have rank 5");
+  EXPECT_EQ(kinds_of([&] { (void)s->conv3d_x_backward(x, w, g); }), Kinds{});
+}
+
 TEST_F(ApiOps, Pools) {
   std::vector<float> xv(16);
   for (int i = 0; i < 16; ++i) xv[i] = static_cast<float>((i * 7) % 11) - 4;  // [1, 1, 4, 4], unordered

@@ -9,11 +9,12 @@
 // Accepted: every kind a runtime::Session call emits — elementwise, matmul, reductions and scans
 // (MaxDimWithIndices / MinDimWithIndices with their two outputs), top-k (TopK, ArgTopK) and
 // sorting (Sort, ArgSort, SortWithIndices with its two outputs), layout (with Unfold), indexing
-// and assignment (with ScatterNd), the cross product, pad, creation, Conv2d, ConvTranspose1d,
-// MaxPool2d, AvgPool2d, Linear with its three backwards, LayerNorm, BatchNorm, EmbeddingBackward
-// and AllReduce — and, for router-style clients, Module Embedding, TopKWithIndices (two outputs)
-// and the Activation kinds (the fusion client decomposes them): they reuse the elementwise and dim
-// signatures, plus HardSigmoid's, rebuilt like the rest.
+// and assignment (with ScatterNd), the cross product, pad, creation, Conv1d/2d/3d and
+// ConvTranspose1d/2d/3d with their X / Weight / Bias gradients, MaxPool2d, AvgPool2d, Linear with
+// its three backwards, LayerNorm, BatchNorm, EmbeddingBackward and AllReduce — and, for
+// router-style clients, Module Embedding, TopKWithIndices (two outputs) and the Activation kinds
+// (the fusion client decomposes them): they reuse the elementwise and dim signatures, plus
+// HardSigmoid's, rebuilt like the rest.
 //
 // Thread-safety: a pure function.
 #pragma once

@@ -43,6 +43,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kiln/ir/operation.h"
 
@@ -239,10 +240,12 @@ Result<Operation> random(Family family, OpKind kind, const Shape& shape, DType d
 
 // ---- Module ops (x and weights float; x and weight of rank n + 2)
 
-// [N, weight[0], H', W'] by the conv formula; x[1] == weight[1] * groups; bias [weight[0]].
+// [N, weight[0], H', W'] by the conv formula; x[1] == weight[1] * groups; bias [weight[0]]
+// (conv(Module_Conv2d, ...) below, with its checks).
 Result<Operation> conv2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                          const Conv2dOptions& options, TensorId out);
-// [N, weight[1] * groups, L'] by the transposed formula; x[1] == weight[0]; bias [weight[1] * groups].
+// [N, weight[1] * groups, L'] by the transposed formula; x[1] == weight[0]; bias [weight[1] * groups]
+// (conv_transpose(Module_ConvTranspose1d, ...) below, with its checks).
 Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose1dOptions& options, TensorId out);
 Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& options, TensorId out);
@@ -277,6 +280,104 @@ Result<Operation> batch_norm(const TensorIr& x, const TensorIr& gamma, const Ten
 // rows of out_grad added at their indices (duplicates accumulate); same(weights, out_grad).
 Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& out_grad, const TensorIr& indices,
                                      TensorId out);
+
+// ---- Convolutions of 1, 2 or 3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3;
+// PyTorch's conv{1,2,3}d / conv_transpose{1,2,3}d where the spec is silent). x [N, C_in, in...]
+// and the weight have rank n + 2; the weight is [C_out, C_in / groups, k...] for a convolution and
+// [C_in, C_out / groups, k...] for a transposed one (Burn's and PyTorch's layouts). Five
+// signatures serve the 21 kinds, so their builders take the kind (checked to have the signature)
+// and rank-generic options; conv1d ... conv_transpose3d are the forwards by name.
+
+struct Conv1dOptions {
+  std::uint64_t stride = 1;
+  std::uint64_t padding = 0;
+  std::uint64_t dilation = 1;
+  std::uint64_t groups = 1;
+};
+
+struct Conv3dOptions {
+  std::array<std::uint64_t, 3> stride{1, 1, 1};
+  std::array<std::uint64_t, 3> padding{0, 0, 0};
+  std::array<std::uint64_t, 3> dilation{1, 1, 1};
+  std::uint64_t groups = 1;
+};
+
+struct ConvTranspose2dOptions {
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  std::array<std::uint64_t, 2> padding_out{0, 0};
+  std::array<std::uint64_t, 2> dilation{1, 1};
+  std::uint64_t groups = 1;
+};
+
+struct ConvTranspose3dOptions {
+  std::array<std::uint64_t, 3> stride{1, 1, 1};
+  std::array<std::uint64_t, 3> padding{0, 0, 0};
+  std::array<std::uint64_t, 3> padding_out{0, 0, 0};
+  std::array<std::uint64_t, 3> dilation{1, 1, 1};
+  std::uint64_t groups = 1;
+};
+
+// Any convolution's options: one value per spatial dim in each list (padding_out for transposed
+// convolutions only, empty otherwise). The attributes are the lists in this order, then groups
+// (op_table.h). stride, dilation, groups >= 1; every value fits an i64 attribute; a transposed
+// convolution's padding_out < max(stride, dilation) per dim (PyTorch's rule).
+struct ConvOptions {
+  std::vector<std::uint64_t> stride;
+  std::vector<std::uint64_t> padding;
+  std::vector<std::uint64_t> padding_out;
+  std::vector<std::uint64_t> dilation;
+  std::uint64_t groups = 1;
+};
+ConvOptions conv_options(const Conv1dOptions& o);
+ConvOptions conv_options(const Conv2dOptions& o);
+ConvOptions conv_options(const Conv3dOptions& o);
+ConvOptions conv_options(const ConvTranspose1dOptions& o);
+ConvOptions conv_options(const ConvTranspose2dOptions& o);
+ConvOptions conv_options(const ConvTranspose3dOptions& o);
+
+// What a convolution kind computes: its spatial rank, whether it is transposed, and which of the
+// forward and its gradients it is (the spec has no transposed XBackward).
+enum class ConvRole : std::uint8_t { Forward, XBackward, WeightBackward, BiasBackward };
+struct ConvKindInfo {
+  std::size_t rank = 0;  // spatial dims, 1..3
+  bool transposed = false;
+  ConvRole role = ConvRole::Forward;
+};
+// The convolution a kind is (Conv1d ... ConvTranspose3dBiasBackward, Conv2d and ConvTranspose1d
+// included); nullopt for any other kind.
+std::optional<ConvKindInfo> conv_kind_info(OpKind kind);
+
+// Conv{1,2,3}d{x, weight [C_out, C_in / groups, k...], bias? [C_out], options}: [N, C_out,
+// out...] by the conv formula; same(x, weight, bias?); C_in and C_out divisible by groups.
+Result<Operation> conv(OpKind kind, const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                       const ConvOptions& options, TensorId out);
+// ConvTranspose{1,2,3}d{x, weight [C_in, C_out / groups, k...], bias? [C_out], options}: [N,
+// weight[1] · groups, out...] by the transposed formula; same(x, weight, bias?).
+Result<Operation> conv_transpose(OpKind kind, const TensorIr& x, const TensorIr& weight,
+                                 const std::optional<TensorIr>& bias, const ConvOptions& options, TensorId out);
+// Conv{n}dXBackward / Conv{n}dWeightBackward{x, weight, output_grad, options}: S(x) / S(weight),
+// D(output_grad) (no same() check, docs/spec/ir.md §6.3). x and weight pass conv's checks and
+// output_grad has the forward's output shape.
+Result<Operation> conv_backward(OpKind kind, const TensorIr& x, const TensorIr& weight, const TensorIr& output_grad,
+                                const ConvOptions& options, TensorId out);
+// ConvTranspose{n}dWeightBackward{x, weight, output_grad, options}: S(weight), D(output_grad);
+// x and weight pass conv_transpose's checks and output_grad has the forward's output shape.
+Result<Operation> conv_transpose_backward(OpKind kind, const TensorIr& x, const TensorIr& weight,
+                                          const TensorIr& output_grad, const ConvOptions& options, TensorId out);
+// Conv{n}dBiasBackward / ConvTranspose{n}dBiasBackward{x, bias, output_grad}: S(bias), output_grad
+// summed over every dim but 1, D(output_grad). x and output_grad of rank n + 2 with the same batch,
+// bias [output_grad[1]].
+Result<Operation> conv_bias_backward(OpKind kind, const TensorIr& x, const TensorIr& bias, const TensorIr& output_grad,
+                                     TensorId out);
+Result<Operation> conv1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv1dOptions& options, TensorId out);
+Result<Operation> conv3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv3dOptions& options, TensorId out);
+Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose2dOptions& options, TensorId out);
+Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose3dOptions& options, TensorId out);
 
 // ---- Lifecycle, custom, collectives
 

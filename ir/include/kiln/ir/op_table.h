@@ -61,8 +61,13 @@ bool group_admits(OpGroup g, Family f);
 //   Sort, SortWithIndices [dim, descending (0 or 1)]
 //   Unfold [dim, size, step]                 ScatterNd [reduction (an IndexingUpdate)]
 //   Cross [dim]                              HardSigmoid: no attributes (scalars alpha, beta)
-//   Conv2d [stride0, stride1, pad0, pad1, dilation0, dilation1, groups]
-//   ConvTranspose1d [stride, padding, padding_out, dilation, groups]
+//   Conv, ConvBackward (n = 1..3 spatial dims, the kind's: Conv1d ... Conv3dWeightBackward)
+//     [stride_0..n-1, padding_0..n-1, dilation_0..n-1, groups] (3n + 1; Conv2d: [s0, s1, p0, p1,
+//     d0, d1, groups])
+//   ConvTranspose, ConvTransposeBackward
+//     [stride_0..n-1, padding_0..n-1, padding_out_0..n-1, dilation_0..n-1, groups] (4n + 1;
+//     ConvTranspose1d: [stride, padding, padding_out, dilation, groups])
+//   ConvBiasBackward: no attributes (all six conv / transposed conv bias gradients)
 //   MaxPool2d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode]
 //   AvgPool2d [k0, k1, stride0, stride1, pad0, pad1, count_include_pad, ceil_mode]
 //   Pad [mode, before0, after0, before1, after1, ...]  (scalar: the constant, mode Constant only)
@@ -107,8 +112,8 @@ enum class Signature : std::uint8_t {
   Cross,
   HardSigmoid,
   GatherNd,
-  Conv2d,
-  ConvTranspose1d,
+  Conv,
+  ConvTranspose,
   MaxPool2d,
   AvgPool2d,
   Embedding,
@@ -122,6 +127,9 @@ enum class Signature : std::uint8_t {
   LayerNorm,
   BatchNorm,
   EmbeddingBackward,
+  ConvBackward,
+  ConvTransposeBackward,
+  ConvBiasBackward,
   Drop,
 };
 

@@ -403,6 +403,54 @@ class Session {
   // [V, E], D(weights): the rows of output_grad summed at their indices (duplicates accumulate).
   // An index outside [0, V) fails at execution (the tensor's read reports it).
   Result<Tensor> embedding_backward(Tensor weights, Tensor output_grad, Tensor indices);
+  // Convolutions of 1 to 3 spatial dims and their gradients (float; docs/spec/ir.md §5.8, §6.3):
+  // x [N, C_in, in...]; weight [C_out, C_in / groups, k...] (conv) or [C_in, C_out / groups, k...]
+  // (transposed, as Burn and PyTorch); bias? [C_out]. No §5.11 row but conv2d's: each call emits
+  // the one Module kind of its name, built by conv / conv_transpose / conv_backward /
+  // conv_transpose_backward / conv_bias_backward (their error values: ranks, channels and groups,
+  // options, output sizes, dtypes). The forwards take one dtype.
+  // Module Conv1d / Conv3d{x, weight, bias?, options} → [N, C_out, out...] by the conv formula.
+  Result<Tensor> conv1d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                        const ir::build::Conv1dOptions& options = {});
+  Result<Tensor> conv3d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                        const ir::build::Conv3dOptions& options = {});
+  // Module ConvTranspose2d / ConvTranspose3d{x, weight, bias?, options} → [N, weight[1] · groups,
+  // out...] by the transposed formula; padding_out < max(stride, dilation).
+  Result<Tensor> conv_transpose2d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                                  const ir::build::ConvTranspose2dOptions& options = {});
+  Result<Tensor> conv_transpose3d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                                  const ir::build::ConvTranspose3dOptions& options = {});
+  // The gradients of conv{n}d(x, weight, bias, options) for output_grad (the forward's output
+  // shape), D(output_grad): Module Conv{n}dXBackward{x, weight, output_grad, options} → S(x);
+  // Conv{n}dWeightBackward → S(weight); Conv{n}dBiasBackward{x, bias, output_grad} → S(bias).
+  Result<Tensor> conv1d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                   const ir::build::Conv1dOptions& options = {});
+  Result<Tensor> conv2d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                   const ir::build::Conv2dOptions& options = {});
+  Result<Tensor> conv3d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                   const ir::build::Conv3dOptions& options = {});
+  Result<Tensor> conv1d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                        const ir::build::Conv1dOptions& options = {});
+  Result<Tensor> conv2d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                        const ir::build::Conv2dOptions& options = {});
+  Result<Tensor> conv3d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                        const ir::build::Conv3dOptions& options = {});
+  Result<Tensor> conv1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  Result<Tensor> conv2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  Result<Tensor> conv3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  // The gradients of conv_transpose{n}d: Module ConvTranspose{n}dWeightBackward{x, weight,
+  // output_grad, options} → S(weight); ConvTranspose{n}dBiasBackward{x, bias, output_grad} →
+  // S(bias). The spec has no transposed X gradient: it is conv{n}d(output_grad, weight) with the
+  // same stride, padding, dilation and groups.
+  Result<Tensor> conv_transpose1d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                  const ir::build::ConvTranspose1dOptions& options = {});
+  Result<Tensor> conv_transpose2d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                  const ir::build::ConvTranspose2dOptions& options = {});
+  Result<Tensor> conv_transpose3d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                  const ir::build::ConvTranspose3dOptions& options = {});
+  Result<Tensor> conv_transpose1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  Result<Tensor> conv_transpose2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  Result<Tensor> conv_transpose3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
 
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
@@ -460,6 +508,12 @@ class Session {
   // The checks and handle bookkeeping of a read; the tensor to read (its home is t.home()).
   Result<ir::TensorIr> begin_read(Tensor& t, ir::DType want);
   void drop(const Tensor::State& s);
+  // The convolutions: the forward of `kind` (Conv or ConvTranspose signature), or its gradient from
+  // (x, weight or bias, output_grad); the bias gradients take no options.
+  Result<Tensor> conv_op(ir::OpKind kind, Tensor x, Tensor weight, std::optional<Tensor> bias,
+                         const ir::build::ConvOptions& options);
+  Result<Tensor> conv_grad_op(ir::OpKind kind, Tensor x, Tensor second, Tensor output_grad,
+                              const ir::build::ConvOptions& options);
 
   SessionTarget& device_;
   StreamIdAllocator ids_;
