@@ -66,6 +66,13 @@ constexpr SignatureInfo kSignatures[] = {
     {"LayerNorm", 2, 3, 1, 0, 0, 1, 1, false},
     {"BatchNorm", 5, 5, 1, 1, 1, 0, 0, false},
     {"EmbeddingBackward", 3, 3, 1, 0, 0, 0, 0, false},
+    {"MaxPool", 1, 1, 1, 0, 0, 5, 9, false},
+    {"MaxPoolWithIndices", 1, 1, 2, 0, 0, 5, 9, false},
+    {"MaxPoolWithIndicesBackward", 3, 3, 1, 0, 0, 5, 9, false},
+    {"AvgPool", 1, 1, 1, 0, 0, 5, 8, false},
+    {"AvgPoolBackward", 2, 2, 1, 0, 0, 5, 8, false},
+    {"AdaptiveAvgPool", 1, 1, 1, 0, 0, 1, 3, false},
+    {"AdaptiveAvgPoolBackward", 2, 2, 1, 0, 0, 0, 0, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);
