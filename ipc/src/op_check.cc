@@ -348,6 +348,98 @@ Result<ir::Operation> rebuild_dense(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// Pools beyond MaxPool2d / AvgPool2d (docs/spec/ir.md §5.8): the kind gives the spatial dims and
+// the attributes are the window in builder order (op_table.h), or an adaptive pool's output size.
+// A missing attribute is refused here; a surplus one is not rebuilt, so the comparison refuses it,
+// and a flag other than 0 or 1 is rebuilt as 1, likewise.
+Result<build::MaxPool1dOptions> max_pool1d_options(const ir::Operation& op) {
+  std::uint64_t a[5] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  return build::MaxPool1dOptions{a[0], a[1], a[2], a[3], a[4] != 0};
+}
+
+Result<build::MaxPool2dOptions> max_pool2d_options(const ir::Operation& op) {
+  std::uint64_t a[9] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  return build::MaxPool2dOptions{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, {a[6], a[7]}, a[8] != 0};
+}
+
+Result<build::AvgPool1dOptions> avg_pool1d_options(const ir::Operation& op) {
+  std::uint64_t a[5] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  return build::AvgPool1dOptions{a[0], a[1], a[2], a[3] != 0, a[4] != 0};
+}
+
+Result<build::AvgPool2dOptions> avg_pool2d_options(const ir::Operation& op) {
+  std::uint64_t a[8] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  return build::AvgPool2dOptions{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6] != 0, a[7] != 0};
+}
+
+// Max pools: MaxPool1d, the two with indices (out, out_indices) and their backwards.
+Result<ir::Operation> rebuild_max_pool(const ir::Operation& op, std::size_t n) {
+  const auto in = op.inputs();
+  const auto outs = op.outputs();
+  const bool backward = op.info().signature == Signature::MaxPoolWithIndicesBackward;
+  if (in.size() != (backward ? 3u : 1u)) return unexpected_arity(op);
+  if (n == 1) {
+    KILN_ASSIGN_OR_RETURN(build::MaxPool1dOptions o, max_pool1d_options(op));
+    if (backward) return build::max_pool1d_with_indices_backward(in[0], in[1], in[2], o, outs[0].id);
+    if (outs.size() == 1) return build::max_pool1d(in[0], o, outs[0].id);
+    return build::max_pool1d_with_indices(in[0], o, outs[1].dtype, outs[0].id, outs[1].id);
+  }
+  KILN_ASSIGN_OR_RETURN(build::MaxPool2dOptions o, max_pool2d_options(op));
+  if (backward) return build::max_pool2d_with_indices_backward(in[0], in[1], in[2], o, outs[0].id);
+  return build::max_pool2d_with_indices(in[0], o, outs[1].dtype, outs[0].id, outs[1].id);
+}
+
+// Average pools: AvgPool1d and the two backwards {x, grad}.
+Result<ir::Operation> rebuild_avg_pool(const ir::Operation& op, std::size_t n) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  const bool backward = op.info().signature == Signature::AvgPoolBackward;
+  if (in.size() != (backward ? 2u : 1u)) return unexpected_arity(op);
+  if (n == 1) {
+    KILN_ASSIGN_OR_RETURN(build::AvgPool1dOptions o, avg_pool1d_options(op));
+    return backward ? build::avg_pool1d_backward(in[0], in[1], o, out) : build::avg_pool1d(in[0], o, out);
+  }
+  KILN_ASSIGN_OR_RETURN(build::AvgPool2dOptions o, avg_pool2d_options(op));
+  return build::avg_pool2d_backward(in[0], in[1], o, out);
+}
+
+// Adaptive average pools {x; output sizes} and their backwards {x, grad}.
+Result<ir::Operation> rebuild_adaptive_avg_pool(const ir::Operation& op, std::size_t n) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  if (op.info().signature == Signature::AdaptiveAvgPoolBackward) {
+    if (in.size() != 2) return unexpected_arity(op);
+    if (n == 1) return build::adaptive_avg_pool1d_backward(in[0], in[1], out);
+    if (n == 2) return build::adaptive_avg_pool2d_backward(in[0], in[1], out);
+    return build::adaptive_avg_pool3d_backward(in[0], in[1], out);
+  }
+  if (in.size() != 1) return unexpected_arity(op);
+  std::uint64_t a[3] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, n)));
+  if (n == 1) return build::adaptive_avg_pool1d(in[0], a[0], out);
+  if (n == 2) return build::adaptive_avg_pool2d(in[0], {a[0], a[1]}, out);
+  return build::adaptive_avg_pool3d(in[0], {a[0], a[1], a[2]}, out);
+}
+
+Result<ir::Operation> rebuild_pool(const ir::Operation& op) {
+  const std::size_t n = build::pool_spatial_dims(op.kind);
+  switch (op.info().signature) {
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward: return rebuild_max_pool(op, n);
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward: return rebuild_avg_pool(op, n);
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return rebuild_adaptive_avg_pool(op, n);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
 // AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
 // to two u16 is rebuilt differently, so the comparison refuses it.
 Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
@@ -479,6 +571,13 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::BatchNorm:
     case Signature::Embedding:
     case Signature::EmbeddingBackward: return rebuild_dense(op);
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward:
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return rebuild_pool(op);
     case Signature::AllReduce: return rebuild_all_reduce(op);
     case Signature::Creation:
     case Signature::Full: return rebuild_creation(op);

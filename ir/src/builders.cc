@@ -969,34 +969,6 @@ Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, co
   return conv_transpose(OpKind::Module_ConvTranspose1d, x, weight, bias, conv_options(o), out);
 }
 
-Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& o, TensorId out) {
-  const Ctx c{Family::Module, OpKind::Module_MaxPool2d};
-  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
-  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
-  Shape shape{x.shape[0], x.shape[1], 0, 0};
-  for (std::size_t i = 0; i < 2; ++i) {
-    KILN_ASSIGN_OR_RETURN(shape[2 + i], c.wrap(shape::pool_output(x.shape[2 + i], o.kernel[i], o.stride[i],
-                                                                  o.padding[i], o.dilation[i], o.ceil_mode)));
-  }
-  return module_op(c, {&x}, std::move(shape), x.dtype, out,
-                   {attr(o.kernel[0]), attr(o.kernel[1]), attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]),
-                    attr(o.padding[1]), attr(o.dilation[0]), attr(o.dilation[1]), o.ceil_mode ? 1 : 0});
-}
-
-Result<Operation> avg_pool2d(const TensorIr& x, const AvgPool2dOptions& o, TensorId out) {
-  const Ctx c{Family::Module, OpKind::Module_AvgPool2d};
-  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
-  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
-  Shape shape{x.shape[0], x.shape[1], 0, 0};
-  for (std::size_t i = 0; i < 2; ++i) {
-    KILN_ASSIGN_OR_RETURN(shape[2 + i], c.wrap(shape::pool_output(x.shape[2 + i], o.kernel[i], o.stride[i],
-                                                                  o.padding[i], 1, o.ceil_mode)));
-  }
-  return module_op(c, {&x}, std::move(shape), x.dtype, out,
-                   {attr(o.kernel[0]), attr(o.kernel[1]), attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]),
-                    attr(o.padding[1]), o.count_include_pad ? 1 : 0, o.ceil_mode ? 1 : 0});
-}
-
 Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, TensorId out) {
   const Ctx c{Family::Module, OpKind::Module_Embedding};
   KILN_RETURN_IF_ERROR(check_module_operand(c, weights, "weights"));
@@ -1137,6 +1109,256 @@ Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& ou
         fmt::format("out_grad {} must have shape {} (indices {}, weights {})", out_grad.to_string(),
                     shape_to_string(expected), shape_to_string(indices.shape), shape_to_string(weights.shape)));
   return module_op(c, {&weights, &out_grad, &indices}, weights.shape, weights.dtype, out, {});
+}
+
+// ---- Pools (docs/spec/ir.md §5.8, shapes §6.3): one rank-generic body per signature, the spatial
+// rank n implied by the kind (pool_spatial_dims); MaxPool2d and AvgPool2d share them.
+
+std::size_t pool_spatial_dims(OpKind kind) {
+  switch (kind) {
+    case OpKind::Module_MaxPool1d:
+    case OpKind::Module_MaxPool1dWithIndices:
+    case OpKind::Module_MaxPool1dWithIndicesBackward:
+    case OpKind::Module_AvgPool1d:
+    case OpKind::Module_AvgPool1dBackward:
+    case OpKind::Module_AdaptiveAvgPool1d:
+    case OpKind::Module_AdaptiveAvgPool1dBackward: return 1;
+    case OpKind::Module_MaxPool2d:
+    case OpKind::Module_MaxPool2dWithIndices:
+    case OpKind::Module_MaxPool2dWithIndicesBackward:
+    case OpKind::Module_AvgPool2d:
+    case OpKind::Module_AvgPool2dBackward:
+    case OpKind::Module_AdaptiveAvgPool2d:
+    case OpKind::Module_AdaptiveAvgPool2dBackward: return 2;
+    case OpKind::Module_AdaptiveAvgPool3d:
+    case OpKind::Module_AdaptiveAvgPool3dBackward: return 3;
+    default: return 0;
+  }
+}
+
+namespace {
+// A pool's window, n values per field (no dilation for average pools), then its flags
+// ([ceil_mode], or [count_include_pad, ceil_mode]): the attributes in op_table.h's order.
+struct PoolWindow {
+  std::span<const std::uint64_t> kernel, stride, padding, dilation;
+  bool ceil_mode = false;
+  AttrList flags;
+
+  AttrList attrs() const {
+    AttrList a;
+    for (auto field : {kernel, stride, padding, dilation})
+      for (std::uint64_t v : field) a.push_back(attr(v));
+    a.insert(a.end(), flags.begin(), flags.end());
+    return a;
+  }
+};
+
+PoolWindow window_of(const MaxPool1dOptions& o) {
+  return {{&o.kernel, 1}, {&o.stride, 1}, {&o.padding, 1}, {&o.dilation, 1}, o.ceil_mode, {o.ceil_mode ? 1 : 0}};
+}
+PoolWindow window_of(const MaxPool2dOptions& o) {
+  return {o.kernel, o.stride, o.padding, o.dilation, o.ceil_mode, {o.ceil_mode ? 1 : 0}};
+}
+PoolWindow window_of(const AvgPool1dOptions& o) {
+  const AttrList flags{o.count_include_pad ? 1 : 0, o.ceil_mode ? 1 : 0};
+  return {{&o.kernel, 1}, {&o.stride, 1}, {&o.padding, 1}, {}, o.ceil_mode, flags};
+}
+PoolWindow window_of(const AvgPool2dOptions& o) {
+  return {o.kernel, o.stride, o.padding, {}, o.ceil_mode, {o.count_include_pad ? 1 : 0, o.ceil_mode ? 1 : 0}};
+}
+
+// x float of rank n + 2; the pooled shape [N, C, out...] by the pool formula per spatial dim.
+Result<Shape> pooled_shape(const Ctx& c, const TensorIr& x, const PoolWindow& w) {
+  assert(pool_spatial_dims(c.kind) == w.kernel.size());
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  const std::size_t n = w.kernel.size();
+  KILN_RETURN_IF_ERROR(check_rank(c, x, n + 2, "x"));
+  Shape shape{x.shape[0], x.shape[1]};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t dilation = w.dilation.empty() ? 1 : w.dilation[i];
+    KILN_ASSIGN_OR_RETURN(std::uint64_t size, c.wrap(shape::pool_output(x.shape[2 + i], w.kernel[i], w.stride[i],
+                                                                        w.padding[i], dilation, w.ceil_mode)));
+    // PyTorch's limit: with more, a window may cover only padding in floor mode too.
+    if (w.padding[i] > w.kernel[i] / 2)
+      return c.error(ErrorCode::Invalid, fmt::format("padding {} exceeds half the kernel size {} (spatial dim {})",
+                                                     w.padding[i], w.kernel[i], i));
+    shape.push_back(size);
+  }
+  return shape;
+}
+
+Result<Operation> pool_forward(const Ctx& c, const TensorIr& x, const PoolWindow& w, TensorId out) {
+  KILN_ASSIGN_OR_RETURN(Shape shape, pooled_shape(c, x, w));
+  return module_op(c, {&x}, std::move(shape), x.dtype, out, w.attrs());
+}
+
+// Signed (−1 marks a window with no element of x) and wide enough for the plane's last index.
+Status check_pool_index_dtype(const Ctx& c, const TensorIr& x, DType d) {
+  if (!d.is_int())
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("index dtype {} must be a signed integer dtype (-1 marks an empty window)", d.name()));
+  std::uint64_t plane = 1;
+  bool overflow = false;
+  for (std::size_t i = 2; i < x.shape.size(); ++i)
+    overflow = overflow || __builtin_mul_overflow(plane, x.shape[i], &plane);
+  const std::uint64_t max = (std::uint64_t{1} << (d.size_bytes() * 8 - 1)) - 1;
+  if (overflow || (plane > 0 && plane - 1 > max))
+    return c.error(ErrorCode::Invalid, fmt::format("index dtype {} cannot hold the last index of x {}'s spatial plane",
+                                                   d.name(), shape_to_string(x.shape)));
+  return Status::Ok();
+}
+
+Result<Operation> pool_with_indices(const Ctx& c, const TensorIr& x, const PoolWindow& w, DType index_dtype,
+                                    TensorId out, TensorId out_indices) {
+  KILN_ASSIGN_OR_RETURN(Shape shape, pooled_shape(c, x, w));
+  KILN_RETURN_IF_ERROR(check_pool_index_dtype(c, x, index_dtype));
+  Operation op = new_op(c, x.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(x);
+  op.tensors.push_back(TensorIr::uninit(out, shape, x.dtype));
+  op.tensors.push_back(TensorIr::uninit(out_indices, std::move(shape), index_dtype));
+  op.attrs = w.attrs();
+  return finish(c, std::move(op));
+}
+
+// A backward's grad (or indices) has the forward's output shape.
+Status check_pooled(const Ctx& c, const TensorIr& t, const char* what, const TensorIr& x, const Shape& pooled) {
+  if (t.shape != pooled)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("{} {} must have the pool's output shape {} (x {})", what, t.to_string(),
+                               shape_to_string(pooled), shape_to_string(x.shape)));
+  return Status::Ok();
+}
+
+Result<Operation> avg_pool_backward(const Ctx& c, const TensorIr& x, const TensorIr& grad, const PoolWindow& w,
+                                    TensorId out) {
+  KILN_ASSIGN_OR_RETURN(Shape pooled, pooled_shape(c, x, w));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grad, "grad"));
+  KILN_RETURN_IF_ERROR(check_pooled(c, grad, "grad", x, pooled));
+  return module_op(c, {&x, &grad}, x.shape, x.dtype, out, w.attrs());
+}
+
+Result<Operation> max_pool_backward(const Ctx& c, const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                    const PoolWindow& w, TensorId out) {
+  KILN_ASSIGN_OR_RETURN(Shape pooled, pooled_shape(c, x, w));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grad, "grad"));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_pooled(c, grad, "grad", x, pooled));
+  KILN_RETURN_IF_ERROR(check_pooled(c, indices, "indices", x, pooled));
+  return module_op(c, {&x, &grad, &indices}, x.shape, x.dtype, out, w.attrs());
+}
+
+// An adaptive pool's x (or grad): float of rank n + 2, every spatial dim at least 1 (PyTorch: each
+// window holds an element).
+Status check_adaptive_operand(const Ctx& c, const TensorIr& t, const char* what) {
+  const std::size_t n = pool_spatial_dims(c.kind);
+  KILN_RETURN_IF_ERROR(check_module_operand(c, t, what));
+  KILN_RETURN_IF_ERROR(check_rank(c, t, n + 2, what));
+  for (std::size_t i = 0; i < n; ++i)
+    if (t.shape[2 + i] == 0)
+      return c.error(ErrorCode::Invalid, fmt::format("{} {} has an empty spatial dim {}", what, t.to_string(), i));
+  return Status::Ok();
+}
+
+Result<Operation> adaptive_avg_pool(const Ctx& c, const TensorIr& x, std::span<const std::uint64_t> size,
+                                    TensorId out) {
+  KILN_RETURN_IF_ERROR(check_adaptive_operand(c, x, "x"));
+  Shape shape{x.shape[0], x.shape[1]};
+  AttrList attrs;
+  for (std::size_t i = 0; i < size.size(); ++i) {
+    if (size[i] == 0 || size[i] > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return c.error(ErrorCode::Invalid,
+                     fmt::format("output size {} at spatial dim {} must be in [1, 2^63 - 1]", size[i], i));
+    shape.push_back(size[i]);
+    attrs.push_back(attr(size[i]));
+  }
+  return module_op(c, {&x}, std::move(shape), x.dtype, out, std::move(attrs));
+}
+
+Result<Operation> adaptive_avg_pool_backward(const Ctx& c, const TensorIr& x, const TensorIr& grad, TensorId out) {
+  KILN_RETURN_IF_ERROR(check_adaptive_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_adaptive_operand(c, grad, "grad"));
+  if (grad.shape[0] != x.shape[0] || grad.shape[1] != x.shape[1])
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("grad {} must have x {}'s batch and channel dims",
+                                                              grad.to_string(), shape_to_string(x.shape)));
+  return module_op(c, {&x, &grad}, x.shape, x.dtype, out, {});
+}
+
+constexpr Ctx module_ctx(OpKind kind) { return Ctx{Family::Module, kind}; }
+}  // namespace
+
+Result<Operation> max_pool1d(const TensorIr& x, const MaxPool1dOptions& o, TensorId out) {
+  return pool_forward(module_ctx(OpKind::Module_MaxPool1d), x, window_of(o), out);
+}
+
+Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& o, TensorId out) {
+  return pool_forward(module_ctx(OpKind::Module_MaxPool2d), x, window_of(o), out);
+}
+
+Result<Operation> max_pool1d_with_indices(const TensorIr& x, const MaxPool1dOptions& o, DType index_dtype, TensorId out,
+                                          TensorId out_indices) {
+  return pool_with_indices(module_ctx(OpKind::Module_MaxPool1dWithIndices), x, window_of(o), index_dtype, out,
+                           out_indices);
+}
+
+Result<Operation> max_pool2d_with_indices(const TensorIr& x, const MaxPool2dOptions& o, DType index_dtype, TensorId out,
+                                          TensorId out_indices) {
+  return pool_with_indices(module_ctx(OpKind::Module_MaxPool2dWithIndices), x, window_of(o), index_dtype, out,
+                           out_indices);
+}
+
+Result<Operation> max_pool1d_with_indices_backward(const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                                   const MaxPool1dOptions& o, TensorId out) {
+  return max_pool_backward(module_ctx(OpKind::Module_MaxPool1dWithIndicesBackward), x, grad, indices, window_of(o),
+                           out);
+}
+
+Result<Operation> max_pool2d_with_indices_backward(const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                                   const MaxPool2dOptions& o, TensorId out) {
+  return max_pool_backward(module_ctx(OpKind::Module_MaxPool2dWithIndicesBackward), x, grad, indices, window_of(o),
+                           out);
+}
+
+Result<Operation> avg_pool1d(const TensorIr& x, const AvgPool1dOptions& o, TensorId out) {
+  return pool_forward(module_ctx(OpKind::Module_AvgPool1d), x, window_of(o), out);
+}
+
+Result<Operation> avg_pool2d(const TensorIr& x, const AvgPool2dOptions& o, TensorId out) {
+  return pool_forward(module_ctx(OpKind::Module_AvgPool2d), x, window_of(o), out);
+}
+
+Result<Operation> avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, const AvgPool1dOptions& o,
+                                      TensorId out) {
+  return avg_pool_backward(module_ctx(OpKind::Module_AvgPool1dBackward), x, grad, window_of(o), out);
+}
+
+Result<Operation> avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, const AvgPool2dOptions& o,
+                                      TensorId out) {
+  return avg_pool_backward(module_ctx(OpKind::Module_AvgPool2dBackward), x, grad, window_of(o), out);
+}
+
+Result<Operation> adaptive_avg_pool1d(const TensorIr& x, std::uint64_t output_size, TensorId out) {
+  return adaptive_avg_pool(module_ctx(OpKind::Module_AdaptiveAvgPool1d), x, {&output_size, 1}, out);
+}
+
+Result<Operation> adaptive_avg_pool2d(const TensorIr& x, std::array<std::uint64_t, 2> output_size, TensorId out) {
+  return adaptive_avg_pool(module_ctx(OpKind::Module_AdaptiveAvgPool2d), x, output_size, out);
+}
+
+Result<Operation> adaptive_avg_pool3d(const TensorIr& x, std::array<std::uint64_t, 3> output_size, TensorId out) {
+  return adaptive_avg_pool(module_ctx(OpKind::Module_AdaptiveAvgPool3d), x, output_size, out);
+}
+
+Result<Operation> adaptive_avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, TensorId out) {
+  return adaptive_avg_pool_backward(module_ctx(OpKind::Module_AdaptiveAvgPool1dBackward), x, grad, out);
+}
+
+Result<Operation> adaptive_avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, TensorId out) {
+  return adaptive_avg_pool_backward(module_ctx(OpKind::Module_AdaptiveAvgPool2dBackward), x, grad, out);
+}
+
+Result<Operation> adaptive_avg_pool3d_backward(const TensorIr& x, const TensorIr& grad, TensorId out) {
+  return adaptive_avg_pool_backward(module_ctx(OpKind::Module_AdaptiveAvgPool3dBackward), x, grad, out);
 }
 
 // ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3)

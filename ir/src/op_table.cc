@@ -69,6 +69,13 @@ constexpr SignatureInfo kSignatures[] = {
     {"ConvBackward", 3, 3, 1, 0, 0, 4, 10, false},
     {"ConvTransposeBackward", 3, 3, 1, 0, 0, 5, 13, false},
     {"ConvBiasBackward", 3, 3, 1, 0, 0, 0, 0, false},
+    {"MaxPool", 1, 1, 1, 0, 0, 5, 9, false},
+    {"MaxPoolWithIndices", 1, 1, 2, 0, 0, 5, 9, false},
+    {"MaxPoolWithIndicesBackward", 3, 3, 1, 0, 0, 5, 9, false},
+    {"AvgPool", 1, 1, 1, 0, 0, 5, 8, false},
+    {"AvgPoolBackward", 2, 2, 1, 0, 0, 5, 8, false},
+    {"AdaptiveAvgPool", 1, 1, 1, 0, 0, 1, 3, false},
+    {"AdaptiveAvgPoolBackward", 2, 2, 1, 0, 0, 0, 0, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);

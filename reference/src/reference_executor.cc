@@ -365,8 +365,8 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Matmul: return run_matmul(c);
     case S::Conv:
     case S::ConvTranspose: return run_conv(c);
-    case S::MaxPool2d: return run_max_pool2d(c);
-    case S::AvgPool2d: return run_avg_pool2d(c);
+    case S::MaxPool2d: return run_max_pool(c);
+    case S::AvgPool2d: return run_avg_pool(c);
     case S::Embedding: return run_embedding(c);
     case S::Linear: return run_linear(c);
     case S::LinearBackward: return run_linear_backward(c);
@@ -374,6 +374,13 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::LayerNorm: return run_layer_norm(c);
     case S::BatchNorm: return run_batch_norm(c);
     case S::EmbeddingBackward: return run_embedding_backward(c);
+    case S::MaxPool:
+    case S::MaxPoolWithIndices: return run_max_pool(c);
+    case S::MaxPoolWithIndicesBackward: return run_max_pool_backward(c);
+    case S::AvgPool: return run_avg_pool(c);
+    case S::AvgPoolBackward: return run_avg_pool_backward(c);
+    case S::AdaptiveAvgPool: return run_adaptive_avg_pool(c);
+    case S::AdaptiveAvgPoolBackward: return run_adaptive_avg_pool_backward(c);
     case S::AllReduce: return run_all_reduce(c);
     case S::Custom:
       return c.error(

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <boost/container/small_vector.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kiln/base/result.h"
@@ -222,6 +224,19 @@ bool read_index(const HostTensor& t, std::uint64_t i, std::uint64_t& out);
 Result<std::uint64_t> checked_index(const Ctx& c, const HostTensor& indices, std::uint64_t i, std::uint64_t size,
                                     const char* what);
 
+// A sliding window's kernel taps [lo, hi) whose position start + i * step - pad falls inside
+// [0, n) (the kernel size is an attribute: it may be far larger than the input when the padding
+// is).
+inline std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::uint64_t k, std::uint64_t step,
+                                                           std::uint64_t pad, std::uint64_t n) {
+  // start + i * step >= pad  <=>  i >= ceil((pad - start) / step)
+  const std::uint64_t lo = start >= pad ? 0 : (pad - start + step - 1) / step;
+  // start + i * step < pad + n  <=>  i < ceil((pad + n - start) / step)
+  const std::uint64_t end = pad + n;
+  const std::uint64_t hi = end <= start ? 0 : std::min(k, (end - start + step - 1) / step);
+  return {std::min(lo, hi), hi};
+}
+
 // Applies Scatter / SelectAssign's update rule (attribute) to old and new values.
 template <class T>
 T apply_update(ir::IndexingUpdate u, T old, T v) {
@@ -298,8 +313,6 @@ Result<Outputs> run_activation(const Ctx& c);
 
 // reference_module.cc
 Result<Outputs> run_matmul(const Ctx& c);
-Result<Outputs> run_max_pool2d(const Ctx& c);
-Result<Outputs> run_avg_pool2d(const Ctx& c);
 Result<Outputs> run_embedding(const Ctx& c);
 Result<Outputs> run_linear(const Ctx& c);
 Result<Outputs> run_linear_backward(const Ctx& c);  // LinearXBackward, LinearWeightBackward
@@ -313,6 +326,14 @@ Result<Outputs> run_embedding_backward(const Ctx& c);
 Result<Outputs> run_conv(const Ctx& c);
 Result<Outputs> run_conv_backward(const Ctx& c);
 Result<Outputs> run_conv_bias_backward(const Ctx& c);
+// reference_pool.cc: every pool (docs/spec/ir.md §5.8), rank-generic (the kind gives 1, 2 or 3
+// spatial dims).
+Result<Outputs> run_max_pool(const Ctx& c);  // MaxPool1d/2d, MaxPool1d/2dWithIndices
+Result<Outputs> run_max_pool_backward(const Ctx& c);
+Result<Outputs> run_avg_pool(const Ctx& c);  // AvgPool1d/2d
+Result<Outputs> run_avg_pool_backward(const Ctx& c);
+Result<Outputs> run_adaptive_avg_pool(const Ctx& c);
+Result<Outputs> run_adaptive_avg_pool_backward(const Ctx& c);
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

@@ -1,7 +1,7 @@
-// Reference kernels: matmul (float and int), max_pool2d, avg_pool2d, embedding, and (at the end)
-// linear with its backwards, layer_norm, batch_norm and embedding_backward (the convolutions:
-// reference_conv.cc). Direct loops straight from the definitions, accumulating floats in f64
-// (integers in wrapping i64 / u64) in index order.
+// Reference kernels: matmul (float and int), embedding, and (at the end) linear with its
+// backwards, layer_norm, batch_norm and embedding_backward (the convolutions are in
+// reference_conv.cc, the pools in reference_pool.cc). Direct loops straight from the definitions,
+// accumulating floats in f64 (integers in wrapping i64 / u64) in index order.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,27 +14,10 @@ namespace {
 
 using ir::OpKind;
 
-Result<std::uint64_t> positive_attr(const Ctx& c, std::size_t i, const char* what) {
-  const std::int64_t a = c.op.attrs[i];
-  if (a < 1) return c.error(ErrorCode::Invalid, fmt::format("{} must be at least 1, got {}", what, a));
-  return static_cast<std::uint64_t>(a);
-}
-
 Status expect_rank(const Ctx& c, const HostTensor& t, std::size_t rank, const char* what) {
   if (t.shape().size() != rank)
     return c.error(ErrorCode::RankMismatch, fmt::format("{} {} must have rank {}", what, t.to_string(), rank));
   return Status::Ok();
-}
-
-// The kernel taps [lo, hi) whose position start + i * step - pad falls inside [0, n).
-std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::uint64_t k, std::uint64_t step,
-                                                    std::uint64_t pad, std::uint64_t n) {
-  // start + i * step >= pad  <=>  i >= ceil((pad - start) / step)
-  const std::uint64_t lo = start >= pad ? 0 : (pad - start + step - 1) / step;
-  // start + i * step < pad + n  <=>  i < ceil((pad + n - start) / step)
-  const std::uint64_t end = pad + n;
-  const std::uint64_t hi = end <= start ? 0 : std::min(k, (end - start + step - 1) / step);
-  return {std::min(lo, hi), hi};
 }
 
 }  // namespace
@@ -92,101 +75,6 @@ Result<Outputs> run_matmul(const Ctx& c) {
       return single(std::move(out));
     }
   });
-}
-
-// ---- MaxPool2d: attrs [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode].
-// Padding is -inf (never chosen); NaN in a window propagates. A window lying entirely in the
-// padding (possible in ceil mode with the spec's output formula) gives -inf.
-
-Result<Outputs> run_max_pool2d(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k0, positive_attr(c, 0, "kernel size"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k1, positive_attr(c, 1, "kernel size"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 2, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 3, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 4, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 5, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t d0, positive_attr(c, 6, "dilation"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t d1, positive_attr(c, 7, "dilation"));
-  KILN_ASSIGN_OR_RETURN(bool ceil_mode, flag_attr(c, 8, "ceil_mode"));
-  const ir::Shape& xs = x.shape();
-  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::pool_output(xs[2], k0, s0, p0, d0, ceil_mode));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::pool_output(xs[3], k1, s1, p1, d1, ceil_mode));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], xs[1], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  const std::uint64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3];
-  for (std::uint64_t pl = 0; pl < planes; ++pl)
-    for (std::uint64_t oh = 0; oh < oh_n; ++oh)
-      for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
-        double best = -std::numeric_limits<double>::infinity();
-        // Only the kernel taps that land inside the input (the kernel size is an attribute and
-        // may be far larger than the input when the padding is).
-        const auto [i0, i1] = window_taps(oh * s0, k0, d0, p0, H);
-        const auto [j0, j1] = window_taps(ow * s1, k1, d1, p1, W);
-        for (std::uint64_t i = i0; i < i1; ++i) {
-          const std::uint64_t h = oh * s0 + i * d0 - p0;
-          for (std::uint64_t j = j0; j < j1; ++j) {
-            const std::uint64_t wp = ow * s1 + j * d1 - p1;
-            best = max_nan(best, x.get_f64((pl * H + h) * W + wp));
-          }
-        }
-        element::store_f64(out.mutable_data(), out.dtype(), (pl * oh_n + oh) * ow_n + ow, best);
-      }
-  return single(std::move(out));
-}
-
-// ---- AvgPool2d: attrs [k0, k1, stride0, stride1, pad0, pad1, count_include_pad, ceil_mode],
-// PyTorch's divisor: the window clipped to the padded input [−pad, size + pad) when
-// count_include_pad, else clipped to the input itself. A window with nothing to average (entirely
-// outside the input in ceil mode) gives 0, as PyTorch's kernel does.
-
-Result<Outputs> run_avg_pool2d(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k0, positive_attr(c, 0, "kernel size"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k1, positive_attr(c, 1, "kernel size"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 2, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 3, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 4, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 5, "padding"));
-  KILN_ASSIGN_OR_RETURN(bool count_include_pad, flag_attr(c, 6, "count_include_pad"));
-  KILN_ASSIGN_OR_RETURN(bool ceil_mode, flag_attr(c, 7, "ceil_mode"));
-  const ir::Shape& xs = x.shape();
-  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::pool_output(xs[2], k0, s0, p0, 1, ceil_mode));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::pool_output(xs[3], k1, s1, p1, 1, ceil_mode));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], xs[1], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  const std::uint64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3];
-  // Window [start, start + k) in padded coordinates (shifted by +pad so they stay unsigned).
-  auto clip = [](std::uint64_t lo, std::uint64_t hi, std::uint64_t min, std::uint64_t max, std::uint64_t& a,
-                 std::uint64_t& b) {
-    a = std::max(lo, min);
-    b = std::min(hi, max);
-    return a < b ? b - a : std::uint64_t{0};
-  };
-  for (std::uint64_t pl = 0; pl < planes; ++pl)
-    for (std::uint64_t oh = 0; oh < oh_n; ++oh)
-      for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
-        std::uint64_t h0, h1, w0, w1, ph0, ph1, pw0, pw1;
-        const std::uint64_t hs = oh * s0, ws = ow * s1;  // padded coordinates
-        const std::uint64_t in_h = clip(hs, hs + k0, p0, p0 + H, h0, h1);
-        const std::uint64_t in_w = clip(ws, ws + k1, p1, p1 + W, w0, w1);
-        const std::uint64_t pad_h = clip(hs, hs + k0, 0, H + 2 * p0, ph0, ph1);
-        const std::uint64_t pad_w = clip(ws, ws + k1, 0, W + 2 * p1, pw0, pw1);
-        double value = 0.0;
-        if (in_h != 0 && in_w != 0) {
-          double sum = 0.0;
-          for (std::uint64_t h = h0; h < h1; ++h)
-            for (std::uint64_t wp = w0; wp < w1; ++wp) sum += x.get_f64((pl * H + (h - p0)) * W + (wp - p1));
-          const std::uint64_t divisor = count_include_pad ? pad_h * pad_w : in_h * in_w;
-          value = sum / static_cast<double>(divisor);
-        }
-        element::store_f64(out.mutable_data(), out.dtype(), (pl * oh_n + oh) * ow_n + ow, value);
-      }
-  return single(std::move(out));
 }
 
 // ---- Embedding{weights [V, E], indices [B, S]}: out[b, s, :] = weights[indices[b, s], :].

@@ -1253,6 +1253,115 @@ Result<Tensor> Session::conv_transpose3d_bias_backward(Tensor x, Tensor bias, Te
                       {});
 }
 
+// ---- Pools beyond max_pool2d / avg_pool2d, and their gradients (docs/spec/ir.md §5.8; no §5.11
+// row: the Module kind of the call's name)
+
+Result<Tensor> Session::max_pool1d(Tensor x, const ir::build::MaxPool1dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(
+      in, [&options](std::span<const TensorIr> t, ir::TensorId out) { return build::max_pool1d(t[0], options, out); });
+}
+
+Result<std::pair<Tensor, Tensor>> Session::max_pool1d_with_indices(Tensor x,
+                                                                   const ir::build::MaxPool1dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [&options](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::max_pool1d_with_indices(t[0], options, kIndexDType, ids[0], ids[1]);
+      }));
+  return std::make_pair(std::move(*out[0]), std::move(*out[1]));
+}
+
+Result<std::pair<Tensor, Tensor>> Session::max_pool2d_with_indices(Tensor x,
+                                                                   const ir::build::MaxPool2dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [&options](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::max_pool2d_with_indices(t[0], options, kIndexDType, ids[0], ids[1]);
+      }));
+  return std::make_pair(std::move(*out[0]), std::move(*out[1]));
+}
+
+Result<Tensor> Session::max_pool1d_with_indices_backward(Tensor x, Tensor grad, Tensor indices,
+                                                         const ir::build::MaxPool1dOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad), std::move(indices)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::max_pool1d_with_indices_backward(t[0], t[1], t[2], options, out);
+  });
+}
+
+Result<Tensor> Session::max_pool2d_with_indices_backward(Tensor x, Tensor grad, Tensor indices,
+                                                         const ir::build::MaxPool2dOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad), std::move(indices)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::max_pool2d_with_indices_backward(t[0], t[1], t[2], options, out);
+  });
+}
+
+Result<Tensor> Session::avg_pool1d(Tensor x, const ir::build::AvgPool1dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(
+      in, [&options](std::span<const TensorIr> t, ir::TensorId out) { return build::avg_pool1d(t[0], options, out); });
+}
+
+Result<Tensor> Session::avg_pool1d_backward(Tensor x, Tensor grad, const ir::build::AvgPool1dOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::avg_pool1d_backward(t[0], t[1], options, out);
+  });
+}
+
+Result<Tensor> Session::avg_pool2d_backward(Tensor x, Tensor grad, const ir::build::AvgPool2dOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::avg_pool2d_backward(t[0], t[1], options, out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool1d(Tensor x, std::uint64_t output_size) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [output_size](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool1d(t[0], output_size, out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool2d(Tensor x, std::array<std::uint64_t, 2> output_size) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [output_size](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool2d(t[0], output_size, out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool3d(Tensor x, std::array<std::uint64_t, 3> output_size) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [output_size](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool3d(t[0], output_size, out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool1d_backward(Tensor x, Tensor grad) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool1d_backward(t[0], t[1], out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool2d_backward(Tensor x, Tensor grad) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool2d_backward(t[0], t[1], out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool3d_backward(Tensor x, Tensor grad) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool3d_backward(t[0], t[1], out);
+  });
+}
+
 // ---- Collectives
 
 Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids) {

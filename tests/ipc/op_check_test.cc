@@ -845,5 +845,163 @@ TEST(OperationCheck, RefusesHostileConvolutions) {
       ops, K::Module_Conv3dBiasBackward, [](Op& op) { op.tensors[1].dtype = kI64; }, "float dtype");
 }
 
+// ---- Pools beyond MaxPool2d / AvgPool2d and their backwards (Session calls): rebuilt from the
+// kind's spatial rank and the window attributes; the with-indices pools have two outputs.
+
+std::vector<ir::Operation> pool_ops() {
+  namespace build = ir::build;
+  const TensorId out(10), idx(11);
+  const build::MaxPool1dOptions m1{3, 2, 1, 2, true};  // [2, 1, 9] → [2, 1, 4]
+  build::MaxPool2dOptions m2;                          // [1, 2, 5, 6] → [1, 2, 3, 3]
+  m2.kernel = {3, 2};
+  m2.stride = {2, 2};
+  m2.padding = {1, 0};
+  const build::AvgPool1dOptions a1{3, 2, 1, false, true};  // [2, 1, 7] → [2, 1, 4]
+  build::AvgPool2dOptions a2;                              // [1, 2, 5, 6] → [1, 2, 3, 4]
+  a2.kernel = {2, 2};
+  a2.stride = {2, 2};
+  a2.padding = {1, 1};
+  const TensorIr x1 = in(1, {2, 1, 9}), x2 = in(1, {1, 2, 5, 6}), x7 = in(1, {2, 1, 7}), x3 = in(1, {1, 1, 3, 5, 6});
+  return {
+      built(build::max_pool1d(x1, m1, out)),
+      built(build::max_pool1d_with_indices(x1, m1, kI64, out, idx)),
+      built(build::max_pool2d_with_indices(x2, m2, kI64, out, idx)),
+      built(build::max_pool1d_with_indices_backward(x1, in(2, {2, 1, 4}), typed(3, {2, 1, 4}, kI64), m1, out)),
+      built(build::max_pool2d_with_indices_backward(x2, in(2, {1, 2, 3, 3}), typed(3, {1, 2, 3, 3}, kI64), m2, out)),
+      built(build::avg_pool1d(x7, a1, out)),
+      built(build::avg_pool1d_backward(x7, in(2, {2, 1, 4}), a1, out)),
+      built(build::avg_pool2d_backward(x2, in(2, {1, 2, 3, 4}), a2, out)),
+      built(build::adaptive_avg_pool1d(x7, 3, out)),
+      built(build::adaptive_avg_pool2d(x2, {3, 4}, out)),
+      built(build::adaptive_avg_pool3d(x3, {2, 3, 4}, out)),
+      built(build::adaptive_avg_pool1d_backward(x7, in(2, {2, 1, 3}), out)),
+      built(build::adaptive_avg_pool2d_backward(x2, in(2, {1, 2, 3, 4}), out)),
+      built(build::adaptive_avg_pool3d_backward(x3, in(2, {1, 1, 2, 3, 4}), out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsThePoolsAndTheirBackwards) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : pool_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t o = 0; o < op.outputs().size(); ++o) {
+      ir::Operation lie = op;
+      lie.outputs()[o].shape.push_back(7);
+      expect_refused(lie, "output " + std::to_string(o));
+    }
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+}
+
+TEST(OperationCheck, RefusesHostileMaxPools) {
+  const std::vector<ir::Operation> ops = pool_ops();
+  using Op = ir::Operation;
+  const OpKind mp = OpKind::Module_MaxPool1d, wi1 = OpKind::Module_MaxPool1dWithIndices,
+               wi2 = OpKind::Module_MaxPool2dWithIndices, back = OpKind::Module_MaxPool1dWithIndicesBackward;
+  // The window: padding over half the kernel, kernel or stride 0, a missing, surplus or negative
+  // attribute, a flag of 2.
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[2] = 2; }, "padding 2 exceeds half the kernel size 3");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[0] = 0; }, "kernel size must be at least 1");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[1] = 0; }, "stride must be at least 1");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs.push_back(0); }, "differs");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[3] = -2; }, "negative");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[4] = 2; }, "differs");
+  expect_changed_refused(
+      ops, mp,
+      [](Op& op) {
+        op.tensors[0].shape = {2, 1, 9, 1};
+      },
+      "must have rank 3");
+  // The indices: a float or unsigned dtype, one output, a claimed shape; a 2d op relabelled 1d.
+  expect_changed_refused(
+      ops, wi1, [](Op& op) { op.outputs()[1].dtype = kF32; }, "signed integer dtype");
+  expect_changed_refused(
+      ops, wi1, [](Op& op) { op.outputs()[1].dtype = DType(DTypeKind::U32); }, "signed integer dtype");
+  expect_changed_refused(
+      ops, wi1, [](Op& op) { op.tensors.pop_back(); }, "not accepted over IPC");
+  expect_changed_refused(
+      ops, wi2,
+      [](Op& op) {
+        op.outputs()[1].shape = {1, 2, 3, 4};
+      },
+      "output 1");
+  expect_changed_refused(
+      ops, wi2, [](Op& op) { op.kind = OpKind::Module_MaxPool1dWithIndices; }, "must have rank 3");
+  // The backward: grad or indices of another shape, float indices, a missing input.
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 1, 5};
+      },
+      "grad");
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[2].shape = {2, 4};
+      },
+      "indices");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[2].dtype = kF32; }, "indices must be an integer dtype");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors.erase(op.tensors.begin() + 2), op.num_inputs = 2; }, "unexpected number");
+}
+
+TEST(OperationCheck, RefusesHostileAvgAndAdaptivePools) {
+  const std::vector<ir::Operation> ops = pool_ops();
+  using Op = ir::Operation;
+  const OpKind avg = OpKind::Module_AvgPool1d, avg_back = OpKind::Module_AvgPool2dBackward,
+               a1 = OpKind::Module_AdaptiveAvgPool1d, a2 = OpKind::Module_AdaptiveAvgPool2d,
+               a2_back = OpKind::Module_AdaptiveAvgPool2dBackward;
+  expect_changed_refused(
+      ops, avg, [](Op& op) { op.attrs[3] = 3; }, "differs");  // count_include_pad 3
+  expect_changed_refused(
+      ops, avg, [](Op& op) { op.attrs[2] = 2; }, "padding 2 exceeds");
+  expect_changed_refused(
+      ops, avg, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, avg_back,
+      [](Op& op) {
+        op.tensors[1].shape = {1, 2, 3, 3};
+      },
+      "must have the pool's output shape");
+  expect_changed_refused(
+      ops, avg_back, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  // Adaptive: an output size of 0, one that disagrees with the claimed output, a missing or
+  // surplus size, an empty spatial dim of x; the backward: another batch, an attribute.
+  expect_changed_refused(
+      ops, a1, [](Op& op) { op.attrs[0] = 0; }, "output size 0");
+  expect_changed_refused(
+      ops, a1, [](Op& op) { op.attrs[0] = 2; }, "output 0");
+  expect_changed_refused(
+      ops, a2, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, a2, [](Op& op) { op.attrs.push_back(4); }, "differs");
+  expect_changed_refused(
+      ops, a1,
+      [](Op& op) {
+        op.tensors[0].shape = {2, 1, 0};
+      },
+      "empty spatial dim");
+  expect_changed_refused(
+      ops, a2_back,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 2, 3, 4};
+      },
+      "batch and channel dims");
+  expect_changed_refused(
+      ops, a2_back, [](Op& op) { op.attrs.push_back(3); }, "differs");
+}
+
 }  // namespace
 }  // namespace kiln::ipc

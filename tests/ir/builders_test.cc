@@ -378,6 +378,36 @@ Result<Operation> conv_any(OpKind kind, TensorId o) {
   return make_error(ErrorCode::Internal, "unreachable");
 }
 
+// A pool of docs/spec/ir.md §5.8 beyond MaxPool2d / AvgPool2d, by kind (the kind says the rank).
+Result<Operation> build_pool(OpKind kind, TensorId o) {
+  const TensorIr x1 = t(1, {1, 2, 5}), x2 = t(1, {1, 2, 5, 5}), x3 = t(1, {1, 2, 3, 4, 5});
+  const build::MaxPool1dOptions m1{2, 2, 1, 1, false};  // [.., 5] → [.., 3]
+  const build::MaxPool2dOptions m2{};                   // identity windows
+  switch (kind) {
+    case OpKind::Module_MaxPool1d: return build::max_pool1d(x1, m1, o);
+    case OpKind::Module_MaxPool1dWithIndices: return build::max_pool1d_with_indices(x1, m1, dtypes::i64, o, id(11));
+    case OpKind::Module_MaxPool2dWithIndices: return build::max_pool2d_with_indices(x2, m2, dtypes::i32, o, id(11));
+    case OpKind::Module_MaxPool1dWithIndicesBackward:
+      return build::max_pool1d_with_indices_backward(x1, t(2, {1, 2, 3}), t(3, {1, 2, 3}, dtypes::i64), m1, o);
+    case OpKind::Module_MaxPool2dWithIndicesBackward:
+      return build::max_pool2d_with_indices_backward(x2, t(2, {1, 2, 5, 5}), t(3, {1, 2, 5, 5}, dtypes::i64), m2, o);
+    case OpKind::Module_AvgPool1d: return build::avg_pool1d(x1, build::AvgPool1dOptions{}, o);
+    case OpKind::Module_AvgPool1dBackward:
+      return build::avg_pool1d_backward(x1, t(2, {1, 2, 5}), build::AvgPool1dOptions{}, o);
+    case OpKind::Module_AvgPool2dBackward:
+      return build::avg_pool2d_backward(x2, t(2, {1, 2, 5, 5}), build::AvgPool2dOptions{}, o);
+    case OpKind::Module_AdaptiveAvgPool1d: return build::adaptive_avg_pool1d(x1, 3, o);
+    case OpKind::Module_AdaptiveAvgPool2d: return build::adaptive_avg_pool2d(x2, {3, 2}, o);
+    case OpKind::Module_AdaptiveAvgPool3d: return build::adaptive_avg_pool3d(x3, {2, 3, 2}, o);
+    case OpKind::Module_AdaptiveAvgPool1dBackward: return build::adaptive_avg_pool1d_backward(x1, t(2, {1, 2, 3}), o);
+    case OpKind::Module_AdaptiveAvgPool2dBackward:
+      return build::adaptive_avg_pool2d_backward(x2, t(2, {1, 2, 3, 2}), o);
+    case OpKind::Module_AdaptiveAvgPool3dBackward:
+      return build::adaptive_avg_pool3d_backward(x3, t(2, {1, 2, 2, 3, 2}), o);
+    default: return make_error(ErrorCode::Internal, "not a pool");
+  }
+}
+
 // Every row of the op table can be built through the builder of its signature.
 Result<Operation> build_any(OpKind kind) {
   const OpInfo& info = op_info(kind);
@@ -469,6 +499,13 @@ Result<Operation> build_any(OpKind kind) {
       return build::batch_norm(t(1, {2, 3, 4}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, o);
     case Signature::EmbeddingBackward:
       return build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), o);
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward:
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return build_pool(kind, o);
     case Signature::Drop: return build::drop(t(1, {2}, d, TensorStatus::ReadWrite));
     case Signature::ConvBackward:
     case Signature::ConvTransposeBackward:
@@ -1616,6 +1653,189 @@ TEST(BuildConv, GradientShapeErrors) {
   EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
   EXPECT_EQ(message_of(r),
             "Module::ConvTranspose1dBiasBackward: bias t2:f32[5] must have shape [4] (output_grad's channels, dim 1)");
+}
+
+// ---- Pools (docs/spec/ir.md §5.8, §6.3): the pool formula per spatial dim, the window in the
+// attributes, errors naming the op and the values.
+
+TEST(BuildPool, MaxPool1dShapesAndAttributes) {
+  const build::MaxPool1dOptions o{3, 2, 1, 2, false};  // reach 5 over 10 + 2: numerator 7
+  BUILD(floor_mode, build::max_pool1d(t(1, {2, 3, 10}, dtypes::bf16), o, id(2)));
+  EXPECT_EQ(out(floor_mode), TensorIr::uninit(id(2), {2, 3, 4}, dtypes::bf16));
+  EXPECT_EQ(floor_mode.attrs, (AttrList{3, 2, 1, 2, 0}));
+  EXPECT_EQ(floor_mode.kind_name(), "Module::MaxPool1d");
+  BUILD(ceil_mode, build::max_pool1d(t(1, {2, 3, 10}), {3, 2, 1, 2, true}, id(2)));
+  EXPECT_EQ(out(ceil_mode).shape, (Shape{2, 3, 5}));
+  EXPECT_EQ(ceil_mode.attrs, (AttrList{3, 2, 1, 2, 1}));
+  // Errors: kernel, stride or dilation 0, more padding than half the kernel, a window wider than
+  // the padded input, the rank, the dtype, an output id that is an input's.
+  auto r = build::max_pool1d(t(1, {1, 1, 5}), {0, 1, 0, 1, false}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: pool: kernel size must be at least 1");
+  r = build::max_pool1d(t(1, {1, 1, 5}), {2, 0, 0, 1, false}, id(2));
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: pool: stride must be at least 1");
+  r = build::max_pool1d(t(1, {1, 1, 5}), {2, 1, 0, 0, false}, id(2));
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: pool: dilation must be at least 1");
+  r = build::max_pool1d(t(1, {1, 1, 5}), {3, 1, 2, 1, false}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: padding 2 exceeds half the kernel size 3 (spatial dim 0)");
+  EXPECT_ERR(build::max_pool1d(t(1, {1, 1, 5}), {6, 1, 0, 1, false}, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::max_pool1d(t(1, {1, 1, 5}), {3, 1, 0, 3, false}, id(2)), ErrorCode::Invalid);  // reach 7
+  r = build::max_pool1d(t(1, {1, 1, 5, 5}), {2, 1, 0, 1, false}, id(2));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: x must have rank 3, has rank 4 (t1:f32[1,1,5,5])");
+  EXPECT_ERR(build::max_pool1d(t(1, {5}), {1, 1, 0, 1, false}, id(2)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::max_pool1d(t(1, {1, 1, 5}, dtypes::i32), {2, 1, 0, 1, false}, id(2)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::max_pool1d(t(1, {1, 1, 5}), {2, 1, 0, 1, false}, id(1)), ErrorCode::Invalid);
+  // The 2d pools share the rule (K: PyTorch refuses it too).
+  build::MaxPool2dOptions m;
+  m.kernel = {3, 3};
+  m.padding = {1, 2};
+  r = build::max_pool2d(t(1, {1, 1, 5, 5}), m, id(2));
+  EXPECT_EQ(message_of(r), "Module::MaxPool2d: padding 2 exceeds half the kernel size 3 (spatial dim 1)");
+  build::AvgPool2dOptions a;
+  a.kernel = {2, 2};
+  a.padding = {2, 0};
+  EXPECT_ERR(build::avg_pool2d(t(1, {1, 1, 5, 5}), a, id(2)), ErrorCode::Invalid);
+}
+
+TEST(BuildPool, MaxPoolWithIndicesTwoOutputsAndTheIndexDtype) {
+  BUILD(one,
+        build::max_pool1d_with_indices(t(1, {2, 3, 7}, dtypes::f16), {2, 2, 1, 1, false}, dtypes::i32, id(2), id(3)));
+  EXPECT_EQ(one.num_inputs, 1);
+  ASSERT_EQ(one.outputs().size(), 2u);
+  EXPECT_EQ(out(one, 0), TensorIr::uninit(id(2), {2, 3, 4}, dtypes::f16));
+  EXPECT_EQ(out(one, 1), TensorIr::uninit(id(3), {2, 3, 4}, dtypes::i32));
+  EXPECT_EQ(one.attrs, (AttrList{2, 2, 1, 1, 0}));
+  EXPECT_EQ(one.kind_name(), "Module::MaxPool1dWithIndices");
+  build::MaxPool2dOptions o;
+  o.kernel = {2, 2};
+  o.stride = {2, 2};
+  o.ceil_mode = true;
+  BUILD(two, build::max_pool2d_with_indices(t(1, {1, 2, 5, 5}), o, dtypes::i64, id(2), id(3)));
+  EXPECT_EQ(out(two, 0).shape, (Shape{1, 2, 3, 3}));
+  EXPECT_EQ(out(two, 1), TensorIr::uninit(id(3), {1, 2, 3, 3}, dtypes::i64));
+  EXPECT_EQ(two.attrs, (AttrList{2, 2, 2, 2, 0, 0, 1, 1, 1}));  // MaxPool2d's layout
+  // The indices: a signed integer dtype (−1 marks an empty window) that holds the plane's last
+  // index (an i8 holds 127: a plane of 128, not of 129).
+  auto r = build::max_pool1d_with_indices(t(1, {1, 1, 5}), {2, 2, 0, 1, false}, dtypes::f32, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r),
+            "Module::MaxPool1dWithIndices: index dtype f32 must be a signed integer dtype (-1 marks an empty window)");
+  EXPECT_ERR(build::max_pool1d_with_indices(t(1, {1, 1, 5}), {2, 2, 0, 1, false}, dtypes::u32, id(2), id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::max_pool2d_with_indices(t(1, {1, 1, 5, 5}), o, kBool, id(2), id(3)), ErrorCode::DTypeMismatch);
+  BUILD(fits, build::max_pool1d_with_indices(t(1, {1, 1, 128}), {2, 2, 0, 1, false}, dtypes::i8, id(2), id(3)));
+  r = build::max_pool2d_with_indices(t(1, {1, 1, 12, 11}), o, dtypes::i8, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Module::MaxPool2dWithIndices: index dtype i8 cannot hold the last index of x [1,1,12,11]'s spatial "
+            "plane");
+  // The window's errors as MaxPool1d's; the two output ids must differ.
+  EXPECT_ERR(build::max_pool1d_with_indices(t(1, {1, 1, 5}), {2, 2, 3, 1, false}, dtypes::i64, id(2), id(3)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::max_pool2d_with_indices(t(1, {1, 5, 5}), o, dtypes::i64, id(2), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::max_pool1d_with_indices(t(1, {1, 1, 5}), {2, 2, 0, 1, false}, dtypes::i64, id(2), id(2)),
+             ErrorCode::Invalid);
+}
+
+TEST(BuildPool, AvgPool1d) {
+  BUILD(avg, build::avg_pool1d(t(1, {2, 3, 7}), {3, 2, 1, false, true}, id(2)));
+  EXPECT_EQ(out(avg), TensorIr::uninit(id(2), {2, 3, 4}, dtypes::f32));
+  EXPECT_EQ(avg.attrs, (AttrList{3, 2, 1, 0, 1}));
+  EXPECT_EQ(avg.kind_name(), "Module::AvgPool1d");
+  auto r = build::avg_pool1d(t(1, {1, 1, 5}), {2, 1, 2, true, false}, id(2));
+  EXPECT_EQ(message_of(r), "Module::AvgPool1d: padding 2 exceeds half the kernel size 2 (spatial dim 0)");
+  EXPECT_ERR(build::avg_pool1d(t(1, {1, 1, 5}), {0, 1, 0, true, false}, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::avg_pool1d(t(1, {1, 1, 5}), {2, 0, 0, true, false}, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::avg_pool1d(t(1, {1, 5}), build::AvgPool1dOptions{}, id(2)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::avg_pool1d(t(1, {1, 1, 5}, dtypes::u8), build::AvgPool1dOptions{}, id(2)),
+             ErrorCode::DTypeMismatch);
+}
+
+// The backwards: x's shape and dtype; grad (and indices) must have the forward's output shape.
+TEST(BuildPool, PoolBackwards) {
+  const build::MaxPool1dOptions m{2, 2, 0, 1, false};  // [.., 5] → [.., 2]
+  BUILD(mb, build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}, dtypes::f16), t(2, {1, 2, 2}),
+                                                    t(3, {1, 2, 2}, dtypes::u8), m, id(4)));
+  EXPECT_EQ(out(mb), TensorIr::uninit(id(4), {1, 2, 5}, dtypes::f16));
+  EXPECT_EQ(mb.num_inputs, 3);
+  EXPECT_EQ(mb.attrs, (AttrList{2, 2, 0, 1, 0}));
+  auto r =
+      build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}), t(2, {1, 2, 3}), t(3, {1, 2, 2}, dtypes::i64), m, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::MaxPool1dWithIndicesBackward: grad t2:f32[1,2,3] must have the pool's output shape [1,2,2] (x "
+            "[1,2,5])");
+  r = build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}), t(3, {1, 2, 2}), m, id(4));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::MaxPool1dWithIndicesBackward: indices must be an integer dtype, got f32");
+  EXPECT_ERR(
+      build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}), t(3, {2, 2}, dtypes::i64), m, id(4)),
+      ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}, dtypes::i64),
+                                                     t(3, {1, 2, 2}, dtypes::i64), m, id(4)),
+             ErrorCode::DTypeMismatch);
+  build::MaxPool2dOptions m2;
+  m2.kernel = {2, 2};
+  BUILD(mb2, build::max_pool2d_with_indices_backward(t(1, {1, 1, 3, 3}), t(2, {1, 1, 2, 2}),
+                                                     t(3, {1, 1, 2, 2}, dtypes::i64), m2, id(4)));
+  EXPECT_EQ(out(mb2).shape, (Shape{1, 1, 3, 3}));
+  EXPECT_EQ(mb2.kind_name(), "Module::MaxPool2dWithIndicesBackward");
+  EXPECT_ERR(build::max_pool2d_with_indices_backward(t(1, {1, 1, 3, 3}), t(2, {1, 1, 3, 3}),
+                                                     t(3, {1, 1, 3, 3}, dtypes::i64), m2, id(4)),
+             ErrorCode::IncompatibleShapes);
+  // AvgPool backwards: grad of another float dtype is fine (§6.3 lists no same()); x's dtype out.
+  BUILD(ab, build::avg_pool1d_backward(t(1, {1, 1, 5}, dtypes::f16), t(2, {1, 1, 3}), {3, 2, 1, true, false}, id(3)));
+  EXPECT_EQ(out(ab), TensorIr::uninit(id(3), {1, 1, 5}, dtypes::f16));
+  EXPECT_EQ(ab.attrs, (AttrList{3, 2, 1, 1, 0}));
+  EXPECT_ERR(build::avg_pool1d_backward(t(1, {1, 1, 5}), t(2, {1, 1, 2}), {3, 2, 1, true, false}, id(3)),
+             ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::avg_pool1d_backward(t(1, {1, 1, 5}), t(2, {1, 1, 3}, dtypes::i32), {3, 2, 1, true, false}, id(3)),
+             ErrorCode::DTypeMismatch);
+  build::AvgPool2dOptions a2;
+  a2.kernel = {2, 2};
+  a2.stride = {2, 2};
+  BUILD(ab2, build::avg_pool2d_backward(t(1, {2, 1, 4, 5}), t(2, {2, 1, 2, 2}), a2, id(3)));
+  EXPECT_EQ(out(ab2).shape, (Shape{2, 1, 4, 5}));
+  EXPECT_EQ(ab2.attrs, (AttrList{2, 2, 2, 2, 0, 0, 1, 0}));
+  a2.padding = {0, 3};
+  EXPECT_ERR(build::avg_pool2d_backward(t(1, {2, 1, 4, 5}), t(2, {2, 1, 2, 2}), a2, id(3)), ErrorCode::Invalid);
+}
+
+TEST(BuildPool, AdaptiveAvgPools) {
+  BUILD(one, build::adaptive_avg_pool1d(t(1, {2, 3, 5}), 3, id(2)));
+  EXPECT_EQ(out(one), TensorIr::uninit(id(2), {2, 3, 3}, dtypes::f32));
+  EXPECT_EQ(one.attrs, (AttrList{3}));
+  BUILD(two, build::adaptive_avg_pool2d(t(1, {1, 2, 7, 9}, dtypes::f64), {3, 4}, id(2)));
+  EXPECT_EQ(out(two), TensorIr::uninit(id(2), {1, 2, 3, 4}, dtypes::f64));
+  EXPECT_EQ(two.attrs, (AttrList{3, 4}));
+  BUILD(three, build::adaptive_avg_pool3d(t(1, {1, 1, 4, 5, 6}), {2, 3, 9}, id(2)));  // larger than x too
+  EXPECT_EQ(out(three).shape, (Shape{1, 1, 2, 3, 9}));
+  EXPECT_EQ(three.kind_name(), "Module::AdaptiveAvgPool3d");
+  auto r = build::adaptive_avg_pool2d(t(1, {1, 2, 7, 9}), {3, 0}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::AdaptiveAvgPool2d: output size 0 at spatial dim 1 must be in [1, 2^63 - 1]");
+  EXPECT_ERR(build::adaptive_avg_pool1d(t(1, {1, 1, 5}), std::uint64_t{1} << 63, id(2)), ErrorCode::Invalid);
+  r = build::adaptive_avg_pool1d(t(1, {1, 1, 0}), 2, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::AdaptiveAvgPool1d: x t1:f32[1,1,0] has an empty spatial dim 0");
+  EXPECT_ERR(build::adaptive_avg_pool3d(t(1, {1, 4, 5, 6}), {1, 1, 1}, id(2)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::adaptive_avg_pool1d(t(1, {1, 1, 5}, dtypes::i64), 2, id(2)), ErrorCode::DTypeMismatch);
+  // Backwards: x's shape; grad [N, C, output...] of x's rank, batch and channels.
+  BUILD(g1, build::adaptive_avg_pool1d_backward(t(1, {2, 3, 5}, dtypes::bf16), t(2, {2, 3, 3}), id(3)));
+  EXPECT_EQ(out(g1), TensorIr::uninit(id(3), {2, 3, 5}, dtypes::bf16));
+  EXPECT_TRUE(g1.attrs.empty());
+  BUILD(g3, build::adaptive_avg_pool3d_backward(t(1, {1, 1, 4, 5, 6}), t(2, {1, 1, 2, 7, 1}), id(3)));
+  EXPECT_EQ(out(g3).shape, (Shape{1, 1, 4, 5, 6}));
+  r = build::adaptive_avg_pool2d_backward(t(1, {1, 2, 7, 9}), t(2, {1, 3, 3, 4}), id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::AdaptiveAvgPool2dBackward: grad t2:f32[1,3,3,4] must have x [1,2,7,9]'s batch and channel dims");
+  EXPECT_ERR(build::adaptive_avg_pool2d_backward(t(1, {1, 2, 7, 9}), t(2, {1, 2, 3}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::adaptive_avg_pool1d_backward(t(1, {1, 2, 5}), t(2, {1, 2, 0}), id(3)), ErrorCode::Invalid);
+  EXPECT_ERR(build::adaptive_avg_pool1d_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}, dtypes::i32), id(3)),
+             ErrorCode::DTypeMismatch);
 }
 
 TEST(BuildLifecycle, InitCustomDrop) {

@@ -342,6 +342,53 @@ TEST(OpTable, ConvolutionKindsAndSignatures) {
   EXPECT_EQ(expect_invalid(grad), ErrorCode::Invalid);
 }
 
+// docs/spec/ir.md §5.8 / §5.3: the forward 1d / 2d pools and adaptive 1d / 2d pools are NHWC
+// relayout targets (N), AdaptiveAvgPool3d and every backward plain Mod. Seven rank-generic
+// signatures; the kind implies the spatial rank, the builders and executors the exact counts.
+TEST(OpTable, Pools) {
+  using K = OpKind;
+  for (K k : {K::Module_MaxPool1d, K::Module_MaxPool1dWithIndices, K::Module_MaxPool2dWithIndices, K::Module_AvgPool1d,
+              K::Module_AdaptiveAvgPool1d, K::Module_AdaptiveAvgPool2d, K::Module_MaxPool2d, K::Module_AvgPool2d})
+    EXPECT_EQ(op_info(k).tags, kModule | kNhwc) << op_info(k).variant;
+  for (K k :
+       {K::Module_AdaptiveAvgPool3d, K::Module_MaxPool1dWithIndicesBackward, K::Module_MaxPool2dWithIndicesBackward,
+        K::Module_AvgPool1dBackward, K::Module_AvgPool2dBackward, K::Module_AdaptiveAvgPool1dBackward,
+        K::Module_AdaptiveAvgPool2dBackward, K::Module_AdaptiveAvgPool3dBackward})
+    EXPECT_EQ(op_info(k).tags, kModule) << op_info(k).variant;
+  EXPECT_EQ(op_info(K::Module_MaxPool1d).signature, Signature::MaxPool);
+  EXPECT_EQ(op_info(K::Module_MaxPool2dWithIndices).signature, Signature::MaxPoolWithIndices);
+  EXPECT_EQ(op_info(K::Module_MaxPool1dWithIndicesBackward).signature, Signature::MaxPoolWithIndicesBackward);
+  EXPECT_EQ(op_info(K::Module_AvgPool1d).signature, Signature::AvgPool);
+  EXPECT_EQ(op_info(K::Module_AvgPool2dBackward).signature, Signature::AvgPoolBackward);
+  EXPECT_EQ(op_info(K::Module_AdaptiveAvgPool3d).signature, Signature::AdaptiveAvgPool);
+  EXPECT_EQ(op_info(K::Module_AdaptiveAvgPool2dBackward).signature, Signature::AdaptiveAvgPoolBackward);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "MaxPool2dWithIndices"), K::Module_MaxPool2dWithIndices);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).outputs, 2);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).min_attrs, 5);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).max_attrs, 9);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndicesBackward).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::AvgPoolBackward).max_attrs, 8);
+  EXPECT_EQ(signature_info(Signature::AdaptiveAvgPool).max_attrs, 3);
+  EXPECT_EQ(signature_info(Signature::AdaptiveAvgPoolBackward).max_attrs, 0);
+  EXPECT_EQ(build::pool_spatial_dims(K::Module_MaxPool1dWithIndices), 1u);
+  EXPECT_EQ(build::pool_spatial_dims(K::Module_AvgPool2d), 2u);
+  EXPECT_EQ(build::pool_spatial_dims(K::Module_AdaptiveAvgPool3dBackward), 3u);
+  EXPECT_EQ(build::pool_spatial_dims(K::Module_Conv2d), 0u);
+  // validate() holds the counts: one output for a with-indices pool, four output sizes, an
+  // attribute on an adaptive backward.
+  Operation wi = built(
+      build::max_pool1d_with_indices(t(1, {1, 1, 4}), {2, 2, 0, 1, false}, dtypes::i64, TensorId{2}, TensorId{3}));
+  KILN_EXPECT_OK(wi.validate());
+  wi.tensors.pop_back();
+  EXPECT_EQ(expect_invalid(wi), ErrorCode::Invalid);
+  Operation a = built(build::adaptive_avg_pool3d(t(1, {1, 1, 2, 2, 2}), {1, 1, 1}, TensorId{2}));
+  a.attrs.push_back(1);
+  EXPECT_EQ(expect_invalid(a), ErrorCode::Invalid);
+  Operation ab = built(build::adaptive_avg_pool1d_backward(t(1, {1, 1, 4}), t(2, {1, 1, 2}), TensorId{3}));
+  ab.attrs.push_back(2);
+  EXPECT_EQ(expect_invalid(ab), ErrorCode::Invalid);
+}
+
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)
 
 TEST(KindName, FamilyColonVariantAndSpecialCases) {

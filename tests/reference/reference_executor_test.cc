@@ -99,6 +99,43 @@ Result<Operation> conv_sample(Device& d, K k, DType t, TensorId o) {
   return make_error(ErrorCode::Internal, "unreachable");
 }
 
+// A pool of docs/spec/ir.md §5.8 beyond MaxPool2d / AvgPool2d, by kind (the kind says the rank).
+Result<Operation> pool_sample(Device& d, K k, DType t, TensorId o) {
+  const DType index = dtypes::i64;
+  const b::MaxPool1dOptions m1{2, 2, 1, 1, false};  // [.., 5] → [.., 3]: [−1, 0], [1, 2], [3, 4]
+  b::MaxPool2dOptions m2;                           // [.., 4, 4] → [.., 2, 2]
+  m2.kernel = {2, 2};
+  m2.stride = {2, 2};
+  const b::AvgPool1dOptions a1{3, 1, 1, false, false};  // [.., 5] → [.., 5]
+  b::AvgPool2dOptions a2;                               // [.., 4, 4] → [.., 4, 4]
+  a2.kernel = {3, 3};
+  a2.padding = {1, 1};
+  auto x = [&](Shape s) { return data(d, std::move(s), t); };
+  switch (k) {
+    case K::Module_MaxPool1d: return b::max_pool1d(x({1, 2, 5}), m1, o);
+    case K::Module_MaxPool1dWithIndices: return b::max_pool1d_with_indices(x({1, 2, 5}), m1, index, o, d.fresh());
+    case K::Module_MaxPool2dWithIndices: return b::max_pool2d_with_indices(x({1, 2, 4, 4}), m2, index, o, d.fresh());
+    case K::Module_MaxPool1dWithIndicesBackward:
+      return b::max_pool1d_with_indices_backward(x({1, 2, 5}), x({1, 2, 3}),
+                                                 d.i64({1, 2, 3}, index, {0, 2, 4, 0, 1, -1}), m1, o);
+    case K::Module_MaxPool2dWithIndicesBackward:
+      return b::max_pool2d_with_indices_backward(x({1, 2, 4, 4}), x({1, 2, 2, 2}),
+                                                 d.i64({1, 2, 2, 2}, index, {0, 3, 9, 15, 5, 6, 12, 10}), m2, o);
+    case K::Module_AvgPool1d: return b::avg_pool1d(x({1, 2, 5}), a1, o);
+    case K::Module_AvgPool1dBackward: return b::avg_pool1d_backward(x({1, 2, 5}), x({1, 2, 5}), a1, o);
+    case K::Module_AvgPool2dBackward: return b::avg_pool2d_backward(x({1, 2, 4, 4}), x({1, 2, 4, 4}), a2, o);
+    case K::Module_AdaptiveAvgPool1d: return b::adaptive_avg_pool1d(x({1, 2, 5}), 3, o);
+    case K::Module_AdaptiveAvgPool2d: return b::adaptive_avg_pool2d(x({1, 2, 5, 4}), {3, 2}, o);
+    case K::Module_AdaptiveAvgPool3d: return b::adaptive_avg_pool3d(x({1, 1, 3, 4, 5}), {2, 3, 2}, o);
+    case K::Module_AdaptiveAvgPool1dBackward: return b::adaptive_avg_pool1d_backward(x({1, 2, 5}), x({1, 2, 3}), o);
+    case K::Module_AdaptiveAvgPool2dBackward:
+      return b::adaptive_avg_pool2d_backward(x({1, 2, 5, 4}), x({1, 2, 3, 2}), o);
+    case K::Module_AdaptiveAvgPool3dBackward:
+      return b::adaptive_avg_pool3d_backward(x({1, 1, 3, 4, 5}), x({1, 1, 2, 3, 2}), o);
+    default: return make_error(ErrorCode::Internal, "not a pool");
+  }
+}
+
 std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
   const OpInfo& info = op_info(k);
   if (!applies(info.group, t)) return std::nullopt;
@@ -235,6 +272,13 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
                            1e-5, o);
     case Signature::EmbeddingBackward:
       return b::embedding_backward(data(d, {4, 3}, t), data(d, {2, 2, 3}, t), d.i64({2, 2}, index, {3, 0, 3, 1}), o);
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward:
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return pool_sample(d, k, t, o);
     case Signature::Drop: return b::drop(data(d, s, t, TensorStatus::ReadWrite));
     case Signature::ConvBackward:
     case Signature::ConvTransposeBackward:

@@ -1102,6 +1102,154 @@ TEST_F(ApiOps, EmbeddingBackwardAccumulatesDuplicateIndices) {
   EXPECT_EQ(kinds_of([&] { (void)s->embedding_backward(w, g, f32({0, 0, 0}, {1, 3})); }), Kinds{});
 }
 
+// ---- Pools beyond max_pool2d / avg_pool2d and the pools' gradients (docs/spec/ir.md §5.8; no §5.11
+// row: each call emits the Module kind of its name)
+
+TEST_F(ApiOps, MaxPool1dAndTheWithIndicesPools) {
+  using O1 = ir::build::MaxPool1dOptions;
+  Tensor x = f32({1, 3, 2, 5, 4}, {1, 1, 5});
+  expect_near(get(s->max_pool1d(x, O1{2, 2, 0, 1, false}), {1, 1, 2}), {3, 5});
+  expect_near(get(s->max_pool1d(x, O1{3, 2, 1, 1, false}), {1, 1, 3}), {3, 5, 5});  // padding never wins
+  expect_near(get(s->max_pool1d(x, O1{2, 2, 0, 1, true}), {1, 1, 3}), {3, 5, 4});   // ceil mode
+  expect_near(get(s->max_pool1d(x, O1{2, 1, 0, 2, false}), {1, 1, 3}), {2, 5, 4});  // dilation 2
+  // Indices flat within the plane, kIndexDType; overlapping windows may pick one element twice,
+  // ties keep the first.
+  auto [v, i] = ok(s->max_pool1d_with_indices(x, O1{3, 1, 0, 1, false}));
+  EXPECT_EQ(i.dtype(), Session::kIndexDType);
+  expect_near(get(std::move(v), {1, 1, 3}), {3, 5, 5});
+  EXPECT_EQ(get_i64(std::move(i), {1, 1, 3}), (std::vector<std::int64_t>{1, 3, 3}));
+  auto [tv, ti] = ok(s->max_pool1d_with_indices(f32({2, 2, 1, 7, 7, 7}, {1, 1, 6}), O1{3, 3, 0, 1, false}));
+  expect_near(get(std::move(tv), {1, 1, 2}), {2, 7});
+  EXPECT_EQ(get_i64(std::move(ti), {1, 1, 2}), (std::vector<std::int64_t>{0, 3}));
+  std::vector<float> v12(12);
+  for (int k = 0; k < 12; ++k) v12[k] = static_cast<float>(k + 1);
+  Tensor x2 = f32(v12, {1, 1, 3, 4});
+  ir::build::MaxPool2dOptions o2;
+  o2.kernel = {2, 2};
+  o2.stride = {2, 2};
+  o2.padding = {1, 1};
+  auto [v2, i2] = ok(s->max_pool2d_with_indices(x2, o2));
+  expect_near(get(std::move(v2), {1, 1, 2, 3}), {1, 3, 4, 9, 11, 12});
+  EXPECT_EQ(get_i64(std::move(i2), {1, 1, 2, 3}), (std::vector<std::int64_t>{0, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool1d(x, O1{2, 2, 0, 1, false})); }), (Kinds{"Module::MaxPool1d"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->max_pool1d_with_indices(x, O1{2, 2, 0, 1, false}));
+            }),
+            (Kinds{"Module::MaxPool1dWithIndices"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool2d_with_indices(x2, o2)); }), (Kinds{"Module::MaxPool2dWithIndices"}));
+  // Errors: the rank, padding over half the kernel, kernel 0, an integer x; nothing registered.
+  EXPECT_NAMES(error_of(s->max_pool1d(x2, O1{2, 2, 0, 1, false})), "MaxPool1d: x must have rank 3");
+  EXPECT_NAMES(error_of(s->max_pool1d(x, O1{3, 1, 2, 1, false})),
+               "MaxPool1d: padding 2 exceeds half the kernel size 3");
+  EXPECT_NAMES(error_of(s->max_pool1d(x, O1{0, 1, 0, 1, false})), "MaxPool1d: pool: kernel size must be at least 1");
+  Result<std::pair<Tensor, Tensor>> bad = s->max_pool2d_with_indices(i64({1, 2, 3, 4}, {1, 1, 2, 2}), o2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "MaxPool2dWithIndices");
+  EXPECT_EQ(kinds_of([&] { (void)s->max_pool1d(x, O1{3, 1, 2, 1, false}); }), Kinds{});
+}
+
+TEST_F(ApiOps, MaxPoolWithIndicesBackwards) {
+  using O1 = ir::build::MaxPool1dOptions;
+  const O1 o{3, 1, 0, 1, false};
+  Tensor x = f32({1, 3, 2, 5, 4}, {1, 1, 5});
+  auto [v, i] = ok(s->max_pool1d_with_indices(x, o));
+  // Windows choose 1, 3, 3: the gradient at 3 accumulates.
+  Tensor grad = f32({1, 10, 100}, {1, 1, 3});
+  expect_near(get(s->max_pool1d_with_indices_backward(x, grad, i, o), {1, 1, 5}), {0, 1, 0, 110, 0});
+  std::vector<float> v8(8);
+  for (int k = 0; k < 8; ++k) v8[k] = static_cast<float>(k + 1);
+  Tensor x2 = f32(v8, {1, 2, 2, 2});
+  ir::build::MaxPool2dOptions k2;
+  k2.kernel = {2, 2};
+  auto [v2, i2] = ok(s->max_pool2d_with_indices(x2, k2));
+  Tensor g2 = f32({5, 7}, {1, 2, 1, 1});
+  expect_near(get(s->max_pool2d_with_indices_backward(x2, g2, i2, k2), {1, 2, 2, 2}), {0, 0, 0, 5, 0, 0, 0, 7});
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool1d_with_indices_backward(x, grad, i, o)); }),
+            (Kinds{"Module::MaxPool1dWithIndicesBackward"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool2d_with_indices_backward(x2, g2, i2, k2)); }),
+            (Kinds{"Module::MaxPool2dWithIndicesBackward"}));
+  // An index outside the plane passes the builder (it sees shapes) and fails at execution.
+  Tensor far = ok(s->max_pool1d_with_indices_backward(x, grad, i64({1, 9, 3}, {1, 1, 3}), o));
+  EXPECT_FALSE(s->to_host<float>(std::move(far)).ok());
+  // Builder errors: grad of another shape, float indices.
+  EXPECT_NAMES(error_of(s->max_pool1d_with_indices_backward(x, f32({1, 2}, {1, 1, 2}), i, o)),
+               "MaxPool1dWithIndicesBackward: grad");
+  EXPECT_NAMES(error_of(s->max_pool1d_with_indices_backward(x, grad, f32({1, 3, 3}, {1, 1, 3}), o)),
+               "indices must be an integer dtype");
+}
+
+TEST_F(ApiOps, AvgPool1dAndTheAvgPoolBackwards) {
+  using A1 = ir::build::AvgPool1dOptions;
+  Tensor x = f32({1, 2, 3, 4, 5}, {1, 1, 5});
+  expect_near(get(s->avg_pool1d(x, A1{2, 2, 0, true, false}), {1, 1, 2}), {1.5, 3.5});
+  // Windows [−1, 1], [1, 3], [3, 5], with and without the padding in the divisor.
+  expect_near(get(s->avg_pool1d(x, A1{3, 2, 1, true, false}), {1, 1, 3}), {1, 3, 3});
+  expect_near(get(s->avg_pool1d(x, A1{3, 2, 1, false, false}), {1, 1, 3}), {1.5, 3, 4.5});
+  // Ceil mode over 1..6: the last window holds x[5] and one padding element.
+  Tensor x6 = f32({1, 2, 3, 4, 5, 6}, {1, 1, 6});
+  expect_near(get(s->avg_pool1d(x6, A1{3, 2, 1, true, true}), {1, 1, 4}), {1, 3, 5, 3});
+  expect_near(get(s->avg_pool1d(x6, A1{3, 2, 1, false, true}), {1, 1, 4}), {1.5, 3, 5, 6});
+  // Backwards: each grad element over its divisor, spread over its window.
+  expect_near(get(s->avg_pool1d_backward(x, f32({3, 6, 9}, {1, 1, 3}), A1{3, 2, 1, true, false}), {1, 1, 5}),
+              {1, 3, 2, 5, 3});
+  expect_near(get(s->avg_pool1d_backward(x, f32({2, 6, 4}, {1, 1, 3}), A1{3, 2, 1, false, false}), {1, 1, 5}),
+              {1, 3, 2, 4, 2});
+  ir::build::AvgPool2dOptions a2;
+  a2.kernel = {2, 2};
+  a2.stride = {2, 2};
+  Tensor x2 = f32({1, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 2, 4});
+  Tensor g2 = f32({4, 8}, {1, 1, 1, 2});
+  expect_near(get(s->avg_pool2d_backward(x2, g2, a2), {1, 1, 2, 4}), {1, 1, 2, 2, 1, 1, 2, 2});
+  EXPECT_EQ(kinds_of([&] { ok(s->avg_pool1d(x, A1{2, 2, 0, true, false})); }), (Kinds{"Module::AvgPool1d"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->avg_pool1d_backward(x, f32({1, 1}, {1, 1, 2}), A1{2, 2, 0, true, false}));
+            }),
+            (Kinds{"Module::AvgPool1dBackward"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->avg_pool2d_backward(x2, g2, a2)); }), (Kinds{"Module::AvgPool2dBackward"}));
+  // Errors: padding over half the kernel, a grad of another shape.
+  EXPECT_NAMES(error_of(s->avg_pool1d(x, A1{2, 1, 2, true, false})), "AvgPool1d: padding 2 exceeds");
+  EXPECT_NAMES(error_of(s->avg_pool1d_backward(x, f32({1}, {1, 1, 1}), A1{2, 2, 0, true, false})),
+               "AvgPool1dBackward: grad");
+  EXPECT_EQ(kinds_of([&] { (void)s->avg_pool2d_backward(x2, x2, a2); }), Kinds{});
+}
+
+TEST_F(ApiOps, AdaptiveAvgPoolsAndTheirBackwards) {
+  std::vector<float> v9(9), v8(8);
+  for (int k = 0; k < 9; ++k) v9[k] = static_cast<float>(k + 1);
+  for (int k = 0; k < 8; ++k) v8[k] = static_cast<float>(k + 1);
+  Tensor x = f32({1, 2, 3, 4, 5}, {1, 1, 5}), x2 = f32(v9, {1, 1, 3, 3}), x3 = f32(v8, {1, 1, 2, 2, 2});
+  // 5 → 3: windows [0, 2), [1, 4), [3, 5); 3 × 3 → 2 × 2: [0, 2), [1, 3) per dim.
+  expect_near(get(s->adaptive_avg_pool1d(x, 3), {1, 1, 3}), {1.5, 3, 4.5});
+  expect_near(get(s->adaptive_avg_pool2d(x2, {2, 2}), {1, 1, 2, 2}), {3, 4, 6, 7});
+  expect_near(get(s->adaptive_avg_pool3d(x3, {1, 2, 1}), {1, 1, 1, 2, 1}), {3.5, 5.5});
+  expect_near(get(s->adaptive_avg_pool1d_backward(x, f32({2, 3, 4}, {1, 1, 3})), {1, 1, 5}), {1, 2, 1, 3, 2});
+  expect_near(get(s->adaptive_avg_pool2d_backward(x2, f32({4, 8, 12, 16}, {1, 1, 2, 2})), {1, 1, 3, 3}),
+              {1, 3, 2, 4, 10, 6, 3, 7, 4});
+  expect_near(get(s->adaptive_avg_pool3d_backward(x3, f32({8}, {1, 1, 1, 1, 1})), {1, 1, 2, 2, 2}),
+              std::vector<double>(8, 1.0));
+  EXPECT_EQ(kinds_of([&] { ok(s->adaptive_avg_pool1d(x, 3)); }), (Kinds{"Module::AdaptiveAvgPool1d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->adaptive_avg_pool2d(x2, {2, 2})); }), (Kinds{"Module::AdaptiveAvgPool2d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->adaptive_avg_pool3d(x3, {1, 1, 1})); }), (Kinds{"Module::AdaptiveAvgPool3d"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->adaptive_avg_pool1d_backward(x, f32({1}, {1, 1, 1})));
+            }),
+            (Kinds{"Module::AdaptiveAvgPool1dBackward"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->adaptive_avg_pool2d_backward(x2, f32({1}, {1, 1, 1, 1})));
+            }),
+            (Kinds{"Module::AdaptiveAvgPool2dBackward"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->adaptive_avg_pool3d_backward(x3, f32({1}, {1, 1, 1, 1, 1})));
+            }),
+            (Kinds{"Module::AdaptiveAvgPool3dBackward"}));
+  // Errors: an output size of 0, the rank, a grad of other channels.
+  EXPECT_NAMES(error_of(s->adaptive_avg_pool1d(x, 0)), "AdaptiveAvgPool1d: output size 0");
+  EXPECT_NAMES(error_of(s->adaptive_avg_pool3d(x2, {1, 1, 1})), "AdaptiveAvgPool3d: x must have rank 5");
+  EXPECT_NAMES(error_of(s->adaptive_avg_pool2d_backward(x2, f32({1, 2}, {1, 2, 1, 1}))),
+               "AdaptiveAvgPool2dBackward: grad");
+  EXPECT_EQ(kinds_of([&] { (void)s->adaptive_avg_pool1d(x, 0); }), Kinds{});
+}
+
 // ---- Collectives
 
 TEST_F(ApiOps, AllReduceAndSyncCollective) {

@@ -93,6 +93,24 @@ struct AvgPool2dOptions {
   bool ceil_mode = false;
 };
 
+// The one-dimensional pools (docs/spec/ir.md §5.8): MaxPool2dOptions / AvgPool2dOptions with one
+// spatial dim.
+struct MaxPool1dOptions {
+  std::uint64_t kernel = 1;
+  std::uint64_t stride = 1;
+  std::uint64_t padding = 0;
+  std::uint64_t dilation = 1;
+  bool ceil_mode = false;
+};
+
+struct AvgPool1dOptions {
+  std::uint64_t kernel = 1;
+  std::uint64_t stride = 1;
+  std::uint64_t padding = 0;
+  bool count_include_pad = true;
+  bool ceil_mode = false;
+};
+
 // Padding of one dimension (Pad, docs/spec/ir.md §6.4).
 struct PadPair {
   std::uint64_t before = 0;
@@ -280,6 +298,45 @@ Result<Operation> batch_norm(const TensorIr& x, const TensorIr& gamma, const Ten
 // rows of out_grad added at their indices (duplicates accumulate); same(weights, out_grad).
 Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& out_grad, const TensorIr& indices,
                                      TensorId out);
+
+// Pools (docs/spec/ir.md §5.8, shapes §6.3): x float of rank n + 2 ([N, C, spatial...]) for the
+// kind's n spatial dims; errors name the op and the values. Windows: kernel, stride and dilation at
+// least 1, padding at most kernel / 2 (PyTorch's limit; max_pool2d and avg_pool2d above too),
+// output sizes by the pool formula (docs/spec/ir.md §4, the spec's ceil mode: a last window may lie
+// in the padding). Attributes as op_table.h lists them.
+// The spatial dims of a pool kind (MaxPool1d → 1, AdaptiveAvgPool3d → 3); 0 for other kinds.
+std::size_t pool_spatial_dims(OpKind kind);
+Result<Operation> max_pool1d(const TensorIr& x, const MaxPool1dOptions& options, TensorId out);
+// MaxPool{1,2}dWithIndices → out (D(x)) and out_indices (index_dtype), both of the pool's shape. An
+// index is flat within the input's spatial plane (PyTorch: h · W + w), the first tap of the window
+// wins ties, a NaN wins (the last NaN's index) and a window with no element inside x gives −inf and
+// −1, so index_dtype must be a signed integer dtype that holds the plane's last index (K).
+Result<Operation> max_pool1d_with_indices(const TensorIr& x, const MaxPool1dOptions& options, DType index_dtype,
+                                          TensorId out, TensorId out_indices);
+Result<Operation> max_pool2d_with_indices(const TensorIr& x, const MaxPool2dOptions& options, DType index_dtype,
+                                          TensorId out, TensorId out_indices);
+// MaxPool{1,2}dWithIndicesBackward{x, grad, indices} → S(x), D(x): grad and indices (an integer
+// dtype) have the forward's output shape; each grad element is added at its index (−1: nowhere).
+Result<Operation> max_pool1d_with_indices_backward(const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                                   const MaxPool1dOptions& options, TensorId out);
+Result<Operation> max_pool2d_with_indices_backward(const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                                   const MaxPool2dOptions& options, TensorId out);
+Result<Operation> avg_pool1d(const TensorIr& x, const AvgPool1dOptions& options, TensorId out);
+// AvgPool{1,2}dBackward{x, grad} → S(x), D(x); grad (float) has the forward's output shape.
+Result<Operation> avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, const AvgPool1dOptions& options,
+                                      TensorId out);
+Result<Operation> avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, const AvgPool2dOptions& options,
+                                      TensorId out);
+// AdaptiveAvgPool{1,2,3}d{x, output_size} → [N, C, output_size...], D(x): output sizes and x's
+// spatial dims at least 1 (PyTorch's windows [⌊i·in/out⌋, ⌈(i+1)·in/out⌉)).
+Result<Operation> adaptive_avg_pool1d(const TensorIr& x, std::uint64_t output_size, TensorId out);
+Result<Operation> adaptive_avg_pool2d(const TensorIr& x, std::array<std::uint64_t, 2> output_size, TensorId out);
+Result<Operation> adaptive_avg_pool3d(const TensorIr& x, std::array<std::uint64_t, 3> output_size, TensorId out);
+// AdaptiveAvgPool{1,2,3}dBackward{x, grad} → S(x), D(x): grad [N, C, output_size...] (float) of
+// x's rank, N and C; its spatial dims are the forward's output size.
+Result<Operation> adaptive_avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
+Result<Operation> adaptive_avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
+Result<Operation> adaptive_avg_pool3d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
 
 // ---- Convolutions of 1, 2 or 3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3;
 // PyTorch's conv{1,2,3}d / conv_transpose{1,2,3}d where the spec is silent). x [N, C_in, in...]

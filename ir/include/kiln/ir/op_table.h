@@ -75,6 +75,11 @@ bool group_admits(OpGroup g, Family f);
 //   LayerNorm [bits(epsilon)]  (the f64 bit pattern: LayerNorm's epsilon is kept verbatim, never
 //     relativized, docs/spec/fusion.md §3.6; BatchNorm's is its one scalar, which is)
 //   Linear, LayerNorm: the optional bias / beta is present when the op has 3 inputs.
+//   Pools of n spatial dims (n = 1, 2 or 3, implied by the kind: build::pool_spatial_dims):
+//     MaxPool, MaxPoolWithIndices, MaxPoolWithIndicesBackward
+//       [k0.., stride0.., pad0.., dilation0.., ceil_mode]  (4n + 1; MaxPool2d's layout for n = 2)
+//     AvgPool, AvgPoolBackward [k0.., stride0.., pad0.., count_include_pad, ceil_mode]  (3n + 2)
+//     AdaptiveAvgPool [output_size0..] (n); AdaptiveAvgPoolBackward: none (the grad's shape says)
 enum class Signature : std::uint8_t {
   Unary,
   Binary,
@@ -130,6 +135,13 @@ enum class Signature : std::uint8_t {
   ConvBackward,
   ConvTransposeBackward,
   ConvBiasBackward,
+  MaxPool,
+  MaxPoolWithIndices,
+  MaxPoolWithIndicesBackward,
+  AvgPool,
+  AvgPoolBackward,
+  AdaptiveAvgPool,
+  AdaptiveAvgPoolBackward,
   Drop,
 };
 

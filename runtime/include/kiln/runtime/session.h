@@ -26,6 +26,7 @@
 //   // !bad.ok(): "NumericFloat::Add: broadcast: incompatible dims ..."
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -451,6 +452,41 @@ class Session {
   Result<Tensor> conv_transpose1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
   Result<Tensor> conv_transpose2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
   Result<Tensor> conv_transpose3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  // Pools beyond max_pool2d / avg_pool2d and the pools' gradients (float x [N, C, spatial...];
+  // docs/spec/ir.md §5.8, §6.3). No §5.11 row: each call emits the one Module kind of its name,
+  // built by the builder of that name (its error values: ranks, windows, shapes, dtypes). Windows:
+  // kernel, stride, dilation >= 1, padding <= kernel / 2; output sizes by the pool formula.
+  // Module MaxPool1d{x [N, C, L], options} → [N, C, L'], D(x).
+  Result<Tensor> max_pool1d(Tensor x, const ir::build::MaxPool1dOptions& options);
+  // Module MaxPool{1,2}dWithIndices → (values D(x), indices kIndexDType), both of the pooled shape:
+  // an index is flat within x's spatial plane (PyTorch's h · W + w); ties keep the first tap, a NaN
+  // wins (the last NaN's index); a window with no element of x gives −inf and −1.
+  Result<std::pair<Tensor, Tensor>> max_pool1d_with_indices(Tensor x, const ir::build::MaxPool1dOptions& options);
+  Result<std::pair<Tensor, Tensor>> max_pool2d_with_indices(Tensor x, const ir::build::MaxPool2dOptions& options);
+  // Module MaxPool{1,2}dWithIndicesBackward{x, grad, indices} → S(x), D(x): grad (float) and indices
+  // (integer) of the pooled shape; each grad element added at its index (duplicates accumulate, −1
+  // adds nowhere). An index outside the plane fails at execution.
+  Result<Tensor> max_pool1d_with_indices_backward(Tensor x, Tensor grad, Tensor indices,
+                                                  const ir::build::MaxPool1dOptions& options);
+  Result<Tensor> max_pool2d_with_indices_backward(Tensor x, Tensor grad, Tensor indices,
+                                                  const ir::build::MaxPool2dOptions& options);
+  // Module AvgPool1d{x [N, C, L], options} → [N, C, L'], D(x): PyTorch's divisor (the window within
+  // the padded input when count_include_pad, else within x).
+  Result<Tensor> avg_pool1d(Tensor x, const ir::build::AvgPool1dOptions& options);
+  // Module AvgPool{1,2}dBackward{x, grad} → S(x), D(x): each grad element divided by its window's
+  // divisor and added to the window's elements of x.
+  Result<Tensor> avg_pool1d_backward(Tensor x, Tensor grad, const ir::build::AvgPool1dOptions& options);
+  Result<Tensor> avg_pool2d_backward(Tensor x, Tensor grad, const ir::build::AvgPool2dOptions& options);
+  // Module AdaptiveAvgPool{1,2,3}d{x, output_size} → [N, C, output_size...], D(x): the mean over
+  // PyTorch's windows [⌊o · in / out⌋, ⌈(o + 1) · in / out⌉) per spatial dim (sizes >= 1).
+  Result<Tensor> adaptive_avg_pool1d(Tensor x, std::uint64_t output_size);
+  Result<Tensor> adaptive_avg_pool2d(Tensor x, std::array<std::uint64_t, 2> output_size);
+  Result<Tensor> adaptive_avg_pool3d(Tensor x, std::array<std::uint64_t, 3> output_size);
+  // Module AdaptiveAvgPool{1,2,3}dBackward{x, grad [N, C, output_size...]} → S(x), D(x): each grad
+  // element spread evenly over its window.
+  Result<Tensor> adaptive_avg_pool1d_backward(Tensor x, Tensor grad);
+  Result<Tensor> adaptive_avg_pool2d_backward(Tensor x, Tensor grad);
+  Result<Tensor> adaptive_avg_pool3d_backward(Tensor x, Tensor grad);
 
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
