@@ -383,6 +383,10 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Init:
     case S::Drop:
     case S::SyncCollective: break;
+    case S::GridSample2d: return run_grid_sample_2d(c);
+    case S::Interpolate: return run_interpolate(c);
+    case S::InterpolateBackward: return run_interpolate_backward(c);
+    case S::Unfold4d: return run_unfold4d(c);
   }
   return c.error(ErrorCode::Internal, "no kernel for this signature");
 }

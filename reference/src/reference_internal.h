@@ -310,6 +310,12 @@ Result<Outputs> run_layer_norm(const Ctx& c);
 Result<Outputs> run_batch_norm(const Ctx& c);
 Result<Outputs> run_embedding_backward(const Ctx& c);
 
+// reference_resample.cc
+Result<Outputs> run_interpolate(const Ctx& c);
+Result<Outputs> run_interpolate_backward(const Ctx& c);
+Result<Outputs> run_grid_sample_2d(const Ctx& c);
+Result<Outputs> run_unfold4d(const Ctx& c);
+
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {
   Outputs o;

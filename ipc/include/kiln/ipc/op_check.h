@@ -10,8 +10,9 @@
 // (MaxDimWithIndices / MinDimWithIndices with their two outputs), top-k (TopK, ArgTopK) and
 // sorting (Sort, ArgSort, SortWithIndices with its two outputs), layout (with Unfold), indexing
 // and assignment (with ScatterNd), the cross product, pad, creation, Conv2d, ConvTranspose1d,
-// MaxPool2d, AvgPool2d, Linear with its three backwards, LayerNorm, BatchNorm, EmbeddingBackward
-// and AllReduce — and, for router-style clients, Module Embedding, TopKWithIndices (two outputs)
+// MaxPool2d, AvgPool2d, Linear with its three backwards, LayerNorm, BatchNorm, EmbeddingBackward,
+// Interpolate with its backward, GridSample2d, Unfold4d and AllReduce — and, for router-style
+// clients, Module Embedding, TopKWithIndices (two outputs)
 // and the Activation kinds (the fusion client decomposes them): they reuse the elementwise and dim
 // signatures, plus HardSigmoid's, rebuilt like the rest.
 //

@@ -70,6 +70,9 @@ bool group_admits(OpGroup g, Family f);
 //   LayerNorm [bits(epsilon)]  (the f64 bit pattern: LayerNorm's epsilon is kept verbatim, never
 //     relativized, docs/spec/fusion.md §3.6; BatchNorm's is its one scalar, which is)
 //   Linear, LayerNorm: the optional bias / beta is present when the op has 3 inputs.
+//   GridSample2d [mode (an InterpolateMode), padding_mode (a GridSamplePaddingMode), align_corners]
+//   Interpolate, InterpolateBackward [out_h, out_w, mode (an InterpolateMode), align_corners]
+//   Unfold4d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1]
 enum class Signature : std::uint8_t {
   Unary,
   Binary,
@@ -122,6 +125,10 @@ enum class Signature : std::uint8_t {
   LayerNorm,
   BatchNorm,
   EmbeddingBackward,
+  GridSample2d,
+  Interpolate,
+  InterpolateBackward,
+  Unfold4d,
   Drop,
 };
 
