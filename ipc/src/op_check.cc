@@ -440,6 +440,41 @@ Result<ir::Operation> rebuild_pool(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// Resampling (docs/spec/ir.md §5.6, §5.8): the options are the attributes in builder order. An
+// enum attribute is passed on as given and the builders refuse an unknown value; a flag other than
+// 0 or 1 is rebuilt as 1, so the comparison refuses it.
+Result<ir::Operation> rebuild_resample(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  std::uint64_t a[8] = {};
+  switch (op.info().signature) {
+    case Signature::GridSample2d: {
+      if (in.size() != 2) break;
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 3)));
+      const build::GridSampleOptions opts{static_cast<ir::InterpolateMode>(a[0]),
+                                          static_cast<ir::GridSamplePaddingMode>(a[1]), a[2] != 0};
+      return build::grid_sample_2d(in[0], in[1], opts, out);
+    }
+    case Signature::Interpolate:
+    case Signature::InterpolateBackward: {
+      const bool backward = op.info().signature == Signature::InterpolateBackward;
+      if (in.size() != (backward ? 2u : 1u)) break;
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 4)));
+      const build::InterpolateOptions opts{static_cast<ir::InterpolateMode>(a[2]), a[3] != 0};
+      return backward ? build::interpolate_backward(in[0], in[1], {a[0], a[1]}, opts, out)
+                      : build::interpolate(in[0], {a[0], a[1]}, opts, out);
+    }
+    case Signature::Unfold4d: {
+      if (in.size() != 1) break;
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 8)));
+      const build::Unfold4dOptions opts{{a[2], a[3]}, {a[4], a[5]}, {a[6], a[7]}};
+      return build::unfold4d(in[0], {a[0], a[1]}, opts, out);
+    }
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
 // AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
 // to two u16 is rebuilt differently, so the comparison refuses it.
 Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
@@ -586,6 +621,10 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::ConvBackward:
     case Signature::ConvTransposeBackward:
     case Signature::ConvBiasBackward: return rebuild_conv(op);
+    case Signature::GridSample2d:
+    case Signature::Interpolate:
+    case Signature::InterpolateBackward:
+    case Signature::Unfold4d: return rebuild_resample(op);
     default:
       return make_error(ErrorCode::Invalid,
                         fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));

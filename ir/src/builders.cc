@@ -1361,6 +1361,134 @@ Result<Operation> adaptive_avg_pool3d_backward(const TensorIr& x, const TensorIr
   return adaptive_avg_pool_backward(module_ctx(OpKind::Module_AdaptiveAvgPool3dBackward), x, grad, out);
 }
 
+// ---- Resampling: interpolate and its gradient, grid sampling, unfold4d (docs/spec/ir.md §5.6,
+// §5.8, §6.3)
+
+namespace {
+constexpr const char* kInterpolateModes[] = {"Nearest", "NearestExact", "Bilinear", "Bicubic", "Lanczos3"};
+
+// An enum attribute the kernels switch over: a value outside the enum is an error, never a cast.
+Status check_interpolate_mode(const Ctx& c, InterpolateMode mode) {
+  const auto m = static_cast<std::int64_t>(mode);
+  if (m < 0 || m > static_cast<std::int64_t>(InterpolateMode::Lanczos3))
+    return c.error(ErrorCode::Invalid, fmt::format("unknown interpolate mode {}", m));
+  return Status::Ok();
+}
+
+// A float [N, C, H, W] image with H, W >= 1 (every mode maps output positions into [0, H) and [0, W)).
+Status check_image(const Ctx& c, const TensorIr& t, const char* what) {
+  KILN_RETURN_IF_ERROR(check_module_operand(c, t, what));
+  KILN_RETURN_IF_ERROR(check_rank(c, t, 4, what));
+  if (t.shape[2] == 0 || t.shape[3] == 0)
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("{} {} has an empty image: H and W must be at least 1", what, t.to_string()));
+  return Status::Ok();
+}
+
+// Sizes travel as i64 attributes: a larger one would not survive the trip (nor the daemon's check).
+Status check_attr_range(const Ctx& c, std::initializer_list<std::uint64_t> values, const char* what) {
+  constexpr auto kMaxAttr = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  for (std::uint64_t v : values)
+    if (v > kMaxAttr) return c.error(ErrorCode::Invalid, fmt::format("{} {} exceeds the i64 range", what, v));
+  return Status::Ok();
+}
+
+Status check_interpolate_args(const Ctx& c, std::array<std::uint64_t, 2> size, const InterpolateOptions& o) {
+  if (size[0] == 0 || size[1] == 0)
+    return c.error(ErrorCode::Invalid, fmt::format("output_size {} must be at least 1 in each dim", dims(size)));
+  KILN_RETURN_IF_ERROR(check_attr_range(c, {size[0], size[1]}, "output size"));
+  return check_interpolate_mode(c, o.mode);
+}
+
+AttrList interpolate_attrs(std::array<std::uint64_t, 2> size, const InterpolateOptions& o) {
+  return {attr(size[0]), attr(size[1]), static_cast<std::int64_t>(o.mode), o.align_corners ? 1 : 0};
+}
+
+// Burn's grid sampling reads Nearest, Bilinear and Bicubic (PyTorch's three modes); the padding
+// mode is one of the three GridSamplePaddingMode values.
+Status check_grid_options(const Ctx& c, const GridSampleOptions& o) {
+  KILN_RETURN_IF_ERROR(check_interpolate_mode(c, o.mode));
+  if (o.mode == InterpolateMode::NearestExact || o.mode == InterpolateMode::Lanczos3)
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("mode {} does not apply to grid sampling (Nearest, Bilinear or Bicubic)",
+                               kInterpolateModes[static_cast<std::size_t>(o.mode)]));
+  const auto p = static_cast<std::int64_t>(o.padding_mode);
+  if (p < 0 || p > static_cast<std::int64_t>(GridSamplePaddingMode::Reflection))
+    return c.error(ErrorCode::Invalid, fmt::format("unknown padding mode {}", p));
+  return Status::Ok();
+}
+}  // namespace
+
+Result<Operation> interpolate(const TensorIr& x, std::array<std::uint64_t, 2> output_size,
+                              const InterpolateOptions& options, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Interpolate};
+  KILN_RETURN_IF_ERROR(check_image(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_interpolate_args(c, output_size, options));
+  return module_op(c, {&x}, Shape{x.shape[0], x.shape[1], output_size[0], output_size[1]}, x.dtype, out,
+                   interpolate_attrs(output_size, options));
+}
+
+Result<Operation> interpolate_backward(const TensorIr& x, const TensorIr& grad,
+                                       std::array<std::uint64_t, 2> output_size, const InterpolateOptions& options,
+                                       TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_InterpolateBackward};
+  KILN_RETURN_IF_ERROR(check_image(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grad, "grad"));
+  KILN_RETURN_IF_ERROR(check_interpolate_args(c, output_size, options));
+  // grad is the gradient of Interpolate's output: the kernel walks it by that shape.
+  const Shape expected{x.shape[0], x.shape[1], output_size[0], output_size[1]};
+  if (grad.shape != expected)
+    return c.error(grad.shape.size() != 4 ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+                   fmt::format("grad {} must have shape {} (x {}, output_size {})", grad.to_string(),
+                               shape_to_string(expected), shape_to_string(x.shape), dims(output_size)));
+  return module_op(c, {&x, &grad}, x.shape, x.dtype, out, interpolate_attrs(output_size, options));
+}
+
+Result<Operation> grid_sample_2d(const TensorIr& tensor, const TensorIr& grid, const GridSampleOptions& options,
+                                 TensorId out) {
+  const Ctx c{Family::Float, OpKind::Float_GridSample2d};
+  KILN_RETURN_IF_ERROR(check_image(c, tensor, "tensor"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grid, "grid"));
+  KILN_RETURN_IF_ERROR(check_rank(c, grid, 4, "grid"));
+  if (grid.shape[3] != 2)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("grid {} must hold 2 coordinates (x, y) in its last dim", grid.to_string()));
+  if (grid.shape[0] != tensor.shape[0])
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("grid {} has batch {}, tensor {} has {}", grid.to_string(), grid.shape[0],
+                               tensor.to_string(), tensor.shape[0]));
+  KILN_RETURN_IF_ERROR(check_grid_options(c, options));
+  return module_op(c, {&tensor, &grid}, Shape{tensor.shape[0], tensor.shape[1], grid.shape[1], grid.shape[2]},
+                   tensor.dtype, out,
+                   {static_cast<std::int64_t>(options.mode), static_cast<std::int64_t>(options.padding_mode),
+                    options.align_corners ? 1 : 0});
+}
+
+Result<Operation> unfold4d(const TensorIr& x, std::array<std::uint64_t, 2> kernel_size, const Unfold4dOptions& o,
+                           TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Unfold4d};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
+  const std::array<std::uint64_t, 2>& k = kernel_size;
+  KILN_RETURN_IF_ERROR(check_attr_range(
+      c, {k[0], k[1], o.stride[0], o.stride[1], o.padding[0], o.padding[1], o.dilation[0], o.dilation[1]},
+      "kernel size, stride, padding or dilation"));
+  // The blocks of a conv with an [C·kh·kw, C, kh, kw] weight (§6.3), one column each.
+  std::uint64_t blocks[2];
+  for (std::size_t i = 0; i < 2; ++i) {
+    KILN_ASSIGN_OR_RETURN(blocks[i],
+                          c.wrap(shape::conv_output(x.shape[2 + i], k[i], o.stride[i], o.padding[i], o.dilation[i])));
+  }
+  std::uint64_t rows = 0, columns = 0;
+  if (__builtin_mul_overflow(x.shape[1], k[0], &rows) || __builtin_mul_overflow(rows, k[1], &rows) ||
+      __builtin_mul_overflow(blocks[0], blocks[1], &columns))
+    return c.error(ErrorCode::Invalid, fmt::format("the unfolded shape of x {} with kernel {} overflows",
+                                                   shape_to_string(x.shape), dims(k)));
+  return module_op(c, {&x}, Shape{x.shape[0], rows, columns}, x.dtype, out,
+                   {attr(k[0]), attr(k[1]), attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]),
+                    attr(o.padding[1]), attr(o.dilation[0]), attr(o.dilation[1])});
+}
+
 // ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3)
 
 ConvOptions conv_options(const Conv1dOptions& o) { return {{o.stride}, {o.padding}, {}, {o.dilation}, o.groups}; }

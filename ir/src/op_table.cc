@@ -76,6 +76,10 @@ constexpr SignatureInfo kSignatures[] = {
     {"AvgPoolBackward", 2, 2, 1, 0, 0, 5, 8, false},
     {"AdaptiveAvgPool", 1, 1, 1, 0, 0, 1, 3, false},
     {"AdaptiveAvgPoolBackward", 2, 2, 1, 0, 0, 0, 0, false},
+    {"GridSample2d", 2, 2, 1, 0, 0, 3, 3, false},
+    {"Interpolate", 1, 1, 1, 0, 0, 4, 4, false},
+    {"InterpolateBackward", 2, 2, 1, 0, 0, 4, 4, false},
+    {"Unfold4d", 1, 1, 1, 0, 0, 8, 8, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);

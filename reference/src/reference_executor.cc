@@ -394,6 +394,10 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::ConvBackward:
     case S::ConvTransposeBackward: return run_conv_backward(c);
     case S::ConvBiasBackward: return run_conv_bias_backward(c);
+    case S::GridSample2d: return run_grid_sample_2d(c);
+    case S::Interpolate: return run_interpolate(c);
+    case S::InterpolateBackward: return run_interpolate_backward(c);
+    case S::Unfold4d: return run_unfold4d(c);
   }
   return c.error(ErrorCode::Internal, "no kernel for this signature");
 }

@@ -334,6 +334,11 @@ Result<Outputs> run_avg_pool(const Ctx& c);  // AvgPool1d/2d
 Result<Outputs> run_avg_pool_backward(const Ctx& c);
 Result<Outputs> run_adaptive_avg_pool(const Ctx& c);
 Result<Outputs> run_adaptive_avg_pool_backward(const Ctx& c);
+// reference_resample.cc
+Result<Outputs> run_interpolate(const Ctx& c);
+Result<Outputs> run_interpolate_backward(const Ctx& c);
+Result<Outputs> run_grid_sample_2d(const Ctx& c);
+Result<Outputs> run_unfold4d(const Ctx& c);
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

@@ -1362,6 +1362,39 @@ Result<Tensor> Session::adaptive_avg_pool3d_backward(Tensor x, Tensor grad) {
   });
 }
 
+// ---- Resampling (docs/spec/ir.md §5.6, §5.8; no §5.11 row: the kind of the call's name)
+
+Result<Tensor> Session::interpolate(Tensor x, std::array<std::uint64_t, 2> output_size,
+                                    const ir::build::InterpolateOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [output_size, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::interpolate(t[0], output_size, options, out);
+  });
+}
+
+Result<Tensor> Session::interpolate_backward(Tensor x, Tensor grad, std::array<std::uint64_t, 2> output_size,
+                                             const ir::build::InterpolateOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [output_size, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::interpolate_backward(t[0], t[1], output_size, options, out);
+  });
+}
+
+Result<Tensor> Session::grid_sample_2d(Tensor tensor, Tensor grid, const ir::build::GridSampleOptions& options) {
+  Tensor in[] = {std::move(tensor), std::move(grid)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::grid_sample_2d(t[0], t[1], options, out);
+  });
+}
+
+Result<Tensor> Session::unfold4d(Tensor x, std::array<std::uint64_t, 2> kernel_size,
+                                 const ir::build::Unfold4dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [kernel_size, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::unfold4d(t[0], kernel_size, options, out);
+  });
+}
+
 // ---- Collectives
 
 Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids) {

@@ -608,5 +608,29 @@ TEST(NhwcRelayout, TheOtherNPoolsAreCapturedAdaptiveAvgPool3dIsNot) {
   EXPECT_EQ(f.len(), 1u);
 }
 
+// Interpolate is an N kind like the pools (docs/spec/ir.md §5.8): captured the same way, x written
+// channels-last; InterpolateBackward (Mod) is no relayout target.
+TEST(NhwcRelayout, InterpolateIsCapturedItsBackwardIsNot) {
+  const Shape s{1, 2, 3, 3}, up{1, 2, 6, 6};
+  NhwcRelayoutFuser f(kBindings);
+  f.fuse(add(T(0, s, RO), T(1, s, RO), T(2, s, NI)));
+  f.fuse(make(OpKind::Module_Interpolate, Family::Module, {T(2, s, RW)}, {T(3, up, NI)}, {}, {6, 6, 2, 0}));
+  EXPECT_EQ(f.status(), FuserStatus::Closed);
+  EXPECT_TRUE(f.captured());
+  EXPECT_EQ(f.len(), 2u);
+  const OptimizationPtr opt = f.finish();
+  const FusedProgram& p = as_fused(opt).program();
+  EXPECT_EQ(p.captured_op_position, 1u);
+  ASSERT_EQ(p.outputs.size(), 1u);
+  ASSERT_TRUE(p.outputs[0].layout.has_value());
+  EXPECT_EQ(*p.outputs[0].layout, (Permutation{0, 3, 1, 2}));
+  NhwcRelayoutFuser g(kBindings);
+  g.fuse(add(T(0, s, RO), T(1, s, RO), T(2, s, NI)));
+  g.fuse(make(OpKind::Module_InterpolateBackward, Family::Module, {T(2, s, RW), T(4, up, RO)}, {T(5, s, NI)}, {},
+              {6, 6, 2, 0}));
+  EXPECT_FALSE(g.captured());
+  EXPECT_FALSE(g.properties().ready);
+}
+
 }  // namespace
 }  // namespace kiln::fusion

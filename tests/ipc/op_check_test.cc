@@ -1003,5 +1003,163 @@ TEST(OperationCheck, RefusesHostileAvgAndAdaptivePools) {
       ops, a2_back, [](Op& op) { op.attrs.push_back(3); }, "differs");
 }
 
+// ---- Resampling (Session calls): Interpolate and its backward, GridSample2d, Unfold4d; the
+// enum attributes are checked by the builders, flags rebuilt as 0 / 1.
+
+std::vector<ir::Operation> resample_ops() {
+  namespace build = ir::build;
+  using ir::GridSamplePaddingMode;
+  using ir::InterpolateMode;
+  const TensorId out(10);
+  build::Unfold4dOptions strided;
+  strided.stride = {2, 1};
+  strided.padding = {1, 0};
+  strided.dilation = {2, 1};
+  return {
+      built(build::interpolate(in(1, {1, 2, 3, 4}), {5, 2}, {InterpolateMode::Bicubic, false}, out)),
+      built(build::interpolate(in(1, {1, 2, 3, 4}), {6, 8}, {}, out)),
+      built(build::interpolate_backward(in(1, {1, 2, 3, 4}), in(2, {1, 2, 5, 2}), {5, 2},
+                                        {InterpolateMode::Lanczos3, true}, out)),
+      built(build::grid_sample_2d(in(1, {2, 3, 4, 5}), in(2, {2, 6, 7, 2}), {}, out)),
+      built(build::grid_sample_2d(in(1, {2, 3, 4, 5}), in(2, {2, 6, 7, 2}),
+                                  {InterpolateMode::Nearest, GridSamplePaddingMode::Reflection, true}, out)),
+      built(build::unfold4d(in(1, {2, 3, 5, 4}), {2, 3}, {}, out)),
+      built(build::unfold4d(in(1, {2, 3, 5, 4}), {2, 3}, strided, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsTheResamplingKinds) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : resample_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.back() += 1;
+    expect_refused(lie, "output 0");
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+}
+
+TEST(OperationCheck, RefusesHostileInterpolateOperations) {
+  const std::vector<ir::Operation> ops = resample_ops();
+  using Op = ir::Operation;
+  const OpKind up = OpKind::Module_Interpolate, back = OpKind::Module_InterpolateBackward;
+  // Modes out of the enum, a negative mode, a flag other than 0 / 1, a zero output size.
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.attrs[2] = 7; }, "unknown interpolate mode 7");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.attrs[2] = -1; }, "attribute 2 missing or negative");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.attrs[3] = 2; }, "differs");
+  expect_changed_refused(
+      ops, up,
+      [](Op& op) {
+        op.attrs[0] = 0, op.outputs()[0].shape = {1, 2, 0, 2};
+      },
+      "must be at least 1");
+  // Wrong ranks, an empty image, an integer x, a missing attribute.
+  expect_changed_refused(
+      ops, up,
+      [](Op& op) {
+        op.tensors[0].shape = {2, 3, 4};
+      },
+      "x must have rank 4");
+  expect_changed_refused(
+      ops, up,
+      [](Op& op) {
+        op.tensors[0].shape = {1, 2, 0, 4};
+      },
+      "empty image");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  // The backward: a grad of the wrong shape or rank or dtype, no grad, a forward relabelled.
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[1].shape = {1, 2, 2, 5};
+      },
+      "grad");
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 5, 2};
+      },
+      "grad");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[1].dtype = kBool; }, "grad");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors.erase(op.tensors.begin() + 1), op.num_inputs = 1; }, "unexpected number");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.kind = OpKind::Module_InterpolateBackward; }, "unexpected number");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.attrs[2] = 5; }, "unknown interpolate mode 5");
+}
+
+TEST(OperationCheck, RefusesHostileGridSampleAndUnfold4dOperations) {
+  const std::vector<ir::Operation> ops = resample_ops();
+  using Op = ir::Operation;
+  const OpKind gs = OpKind::Float_GridSample2d, uf = OpKind::Module_Unfold4d;
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[0] = 1; }, "does not apply to grid sampling");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[0] = 4; }, "does not apply to grid sampling");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[0] = 9; }, "unknown interpolate mode 9");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[1] = 3; }, "unknown padding mode 3");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[2] = 5; }, "differs");
+  expect_changed_refused(
+      ops, gs,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 6, 7, 3};
+      },
+      "2 coordinates");
+  expect_changed_refused(
+      ops, gs,
+      [](Op& op) {
+        op.tensors[1].shape = {1, 6, 7, 2};
+      },
+      "has batch 1");
+  expect_changed_refused(
+      ops, gs,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 6, 2};
+      },
+      "grid must have rank 4");
+  expect_changed_refused(
+      ops, gs,
+      [](Op& op) {
+        op.tensors[0].shape = {3, 4, 5};
+      },
+      "tensor must have rank 4");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.tensors[1].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.dtype = DType(DTypeKind::F64); }, "differs");  // the carried dtype
+  expect_changed_refused(
+      ops, uf, [](Op& op) { op.attrs[2] = 0; }, "stride must be at least 1");
+  expect_changed_refused(
+      ops, uf, [](Op& op) { op.attrs[0] = 9; }, "spans");
+  expect_changed_refused(
+      ops, uf, [](Op& op) { op.attrs[7] = -2; }, "attribute 7 missing or negative");
+  expect_changed_refused(
+      ops, uf,
+      [](Op& op) {
+        op.tensors[0].shape = {2, 3, 5, 4, 1};
+      },
+      "x must have rank 4");
+  expect_changed_refused(
+      ops, uf,
+      [](Op& op) {
+        op.outputs()[0].shape = {2, 18, 6};
+      },
+      "output 0");
+}
+
 }  // namespace
 }  // namespace kiln::ipc

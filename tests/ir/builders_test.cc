@@ -510,6 +510,12 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::ConvBackward:
     case Signature::ConvTransposeBackward:
     case Signature::ConvBiasBackward: return conv_any(kind, o);
+    case Signature::GridSample2d: return build::grid_sample_2d(t(1, {1, 2, 4, 4}), t(2, {1, 3, 3, 2}), {}, o);
+    case Signature::Interpolate:
+      return build::interpolate(t(1, {1, 2, 4, 4}), {3, 5}, {InterpolateMode::Bilinear, false}, o);
+    case Signature::InterpolateBackward:
+      return build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}), {3, 5}, {}, o);
+    case Signature::Unfold4d: return build::unfold4d(t(1, {1, 2, 4, 4}), {2, 2}, {}, o);
   }
   return make_error(ErrorCode::Internal, "unreachable");
 }
@@ -1836,6 +1842,171 @@ TEST(BuildPool, AdaptiveAvgPools) {
   EXPECT_ERR(build::adaptive_avg_pool1d_backward(t(1, {1, 2, 5}), t(2, {1, 2, 0}), id(3)), ErrorCode::Invalid);
   EXPECT_ERR(build::adaptive_avg_pool1d_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}, dtypes::i32), id(3)),
              ErrorCode::DTypeMismatch);
+}
+
+// ---- Resampling (docs/spec/ir.md §5.6, §5.8, §6.3)
+
+// Interpolate{x [N, C, H, W], output_size, options}: [N, C, out_h, out_w], attrs [out_h, out_w,
+// mode, align_corners]; the defaults are Burn's InterpolateOptions::new(Nearest) (align_corners).
+TEST(BuildResample, InterpolateShapesAttrsAndErrors) {
+  BUILD(up, build::interpolate(t(1, {2, 3, 4, 5}, dtypes::f16), {7, 2}, {InterpolateMode::Bicubic, false}, id(2)));
+  EXPECT_EQ(out(up), TensorIr::uninit(id(2), {2, 3, 7, 2}, dtypes::f16));
+  EXPECT_EQ(up.attrs, (AttrList{7, 2, 3, 0}));
+  EXPECT_EQ(up.num_inputs, 1);
+  EXPECT_EQ(up.kind_name(), "Module::Interpolate");
+  BUILD(dflt, build::interpolate(t(1, {1, 1, 2, 2}), {1, 1}, {}, id(2)));
+  EXPECT_EQ(dflt.attrs, (AttrList{1, 1, 0, 1}));
+  BUILD(empty_batch, build::interpolate(t(1, {0, 3, 2, 2}), {4, 4}, {InterpolateMode::Lanczos3, true}, id(2)));
+  EXPECT_EQ(out(empty_batch).shape, (Shape{0, 3, 4, 4}));
+  auto r = build::interpolate(t(1, {2, 3, 4}), {4, 4}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: x must have rank 4, has rank 3 (t1:f32[2,3,4])");
+  r = build::interpolate(t(1, {1, 1, 0, 3}), {4, 4}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: x t1:f32[1,1,0,3] has an empty image: H and W must be at least 1");
+  r = build::interpolate(t(1, {1, 1, 2, 2}), {0, 3}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: output_size [0,3] must be at least 1 in each dim");
+  r = build::interpolate(t(1, {1, 1, 2, 2}), {std::uint64_t{1} << 63, 1}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: output size 9223372036854775808 exceeds the i64 range");
+  r = build::interpolate(t(1, {1, 1, 2, 2}), {2, 2}, {static_cast<InterpolateMode>(5), false}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: unknown interpolate mode 5");
+  EXPECT_ERR(build::interpolate(t(1, {1, 1, 2, 2}), {2, 2}, {static_cast<InterpolateMode>(-1), false}, id(2)),
+             ErrorCode::Invalid);
+  r = build::interpolate(t(1, {1, 1, 2, 2}, dtypes::i32), {2, 2}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: x t1:i32[1,1,2,2] must have a float dtype");
+  EXPECT_ERR(build::interpolate(t(1, {1, 1, 2, 2}), {2, 2}, {}, id(1)), ErrorCode::Invalid);  // output id = x's
+}
+
+// InterpolateBackward{x, grad [N, C, out_h, out_w]}: x's shape and dtype; grad float, its dtype
+// free (§6.3 lists no same()); the attributes as Interpolate's.
+TEST(BuildResample, InterpolateBackwardShapesAndErrors) {
+  BUILD(g, build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}, dtypes::f16), {3, 5},
+                                       {InterpolateMode::Bilinear, true}, id(3)));
+  EXPECT_EQ(out(g), TensorIr::uninit(id(3), {1, 2, 4, 4}, dtypes::f32));
+  EXPECT_EQ(g.attrs, (AttrList{3, 5, 2, 1}));
+  EXPECT_EQ(g.num_inputs, 2);
+  EXPECT_EQ(g.kind_name(), "Module::InterpolateBackward");
+  auto r = build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 5, 3}), {3, 5}, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::InterpolateBackward: grad t2:f32[1,2,5,3] must have shape [1,2,3,5] (x [1,2,4,4], output_size "
+            "[3,5])");
+  EXPECT_ERR(build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {2, 3, 5}), {3, 5}, {}, id(3)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 1, 3, 5}), {3, 5}, {}, id(3)),
+             ErrorCode::IncompatibleShapes);
+  r = build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}, dtypes::i64), {3, 5}, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::InterpolateBackward: grad t2:i64[1,2,3,5] must have a float dtype");
+  EXPECT_ERR(build::interpolate_backward(t(1, {2, 4, 4}), t(2, {1, 2, 3, 5}), {3, 5}, {}, id(3)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::interpolate_backward(t(1, {1, 2, 4, 0}), t(2, {1, 2, 3, 5}), {3, 5}, {}, id(3)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 0, 5}), {0, 5}, {}, id(3)),
+             ErrorCode::Invalid);
+  r = build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}), {3, 5},
+                                  {static_cast<InterpolateMode>(9), true}, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::InterpolateBackward: unknown interpolate mode 9");
+}
+
+// Float GridSample2d{tensor [N, C, H, W], grid [N, Ho, Wo, 2]}: [N, C, Ho, Wo], the tensor's dtype
+// carried by the family; attrs [mode, padding_mode, align_corners], defaults Burn's (Bilinear,
+// Zeros, false); modes Nearest, Bilinear and Bicubic only.
+TEST(BuildResample, GridSample2dShapesAttrsAndErrors) {
+  BUILD(gs, build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}), {}, id(3)));
+  EXPECT_EQ(out(gs), TensorIr::uninit(id(3), {2, 3, 6, 7}, dtypes::f32));
+  EXPECT_EQ(gs.attrs, (AttrList{2, 0, 0}));
+  EXPECT_EQ(gs.family, Family::Float);
+  EXPECT_EQ(gs.dtype, dtypes::f32);
+  EXPECT_EQ(gs.kind_name(), "Float::GridSample2d");
+  BUILD(nearest, build::grid_sample_2d(t(1, {1, 1, 4, 5}, dtypes::bf16), t(2, {1, 0, 3, 2}, dtypes::f32),
+                                       {InterpolateMode::Nearest, GridSamplePaddingMode::Reflection, true}, id(3)));
+  EXPECT_EQ(out(nearest), TensorIr::uninit(id(3), {1, 1, 0, 3}, dtypes::bf16));
+  EXPECT_EQ(nearest.attrs, (AttrList{0, 2, 1}));
+  EXPECT_EQ(nearest.dtype, dtypes::bf16);
+  auto r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 3}), {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: grid t2:f32[2,6,7,3] must hold 2 coordinates (x, y) in its last dim");
+  r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {1, 6, 7, 2}), {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: grid t2:f32[1,6,7,2] has batch 1, tensor t1:f32[2,3,4,5] has 2");
+  EXPECT_ERR(build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 2}), {}, id(3)), ErrorCode::RankMismatch);
+  r = build::grid_sample_2d(t(1, {3, 4, 5}), t(2, {3, 6, 7, 2}), {}, id(3));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: tensor must have rank 4, has rank 3 (t1:f32[3,4,5])");
+  EXPECT_ERR(build::grid_sample_2d(t(1, {2, 3, 0, 5}), t(2, {2, 6, 7, 2}), {}, id(3)), ErrorCode::Invalid);
+  EXPECT_ERR(build::grid_sample_2d(t(1, {2, 3, 4, 5}, dtypes::i32), t(2, {2, 6, 7, 2}), {}, id(3)),
+             ErrorCode::DTypeMismatch);
+  r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}, dtypes::i64), {}, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: grid t2:i64[2,6,7,2] must have a float dtype");
+  for (InterpolateMode m : {InterpolateMode::NearestExact, InterpolateMode::Lanczos3}) {
+    r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}), {m, GridSamplePaddingMode::Zeros, false}, id(3));
+    EXPECT_ERR(r, ErrorCode::Invalid);
+    EXPECT_NE(message_of(r).find("does not apply to grid sampling (Nearest, Bilinear or Bicubic)"), std::string::npos)
+        << message_of(r);
+  }
+  r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}),
+                            {static_cast<InterpolateMode>(7), GridSamplePaddingMode::Zeros, false}, id(3));
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: unknown interpolate mode 7");
+  r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}),
+                            {InterpolateMode::Bilinear, static_cast<GridSamplePaddingMode>(3), false}, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: unknown padding mode 3");
+  EXPECT_ERR(build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}), {}, id(2)), ErrorCode::Invalid);
+}
+
+// Unfold4d{x, kernel_size, options} (im2col): [N, C·kh·kw, blocks_h · blocks_w] by the conv
+// formula (Burn's unfold4d vectors: [2, 5, 3, 4] with a [2, 3] kernel is [2, 30, 4]).
+TEST(BuildResample, Unfold4dShapesAttrsAndErrors) {
+  BUILD(plain, build::unfold4d(t(1, {2, 5, 3, 4}), {2, 3}, {}, id(2)));
+  EXPECT_EQ(out(plain), TensorIr::uninit(id(2), {2, 30, 4}, dtypes::f32));
+  EXPECT_EQ(plain.attrs, (AttrList{2, 3, 1, 1, 0, 0, 1, 1}));
+  EXPECT_EQ(plain.kind_name(), "Module::Unfold4d");
+  build::Unfold4dOptions o;
+  o.stride = {1, 2};
+  o.padding = {0, 1};
+  o.dilation = {1, 2};
+  BUILD(strided, build::unfold4d(t(1, {1, 2, 3, 4}, dtypes::f64), {2, 3}, o, id(2)));
+  EXPECT_EQ(out(strided), TensorIr::uninit(id(2), {1, 12, 2}, dtypes::f64));
+  EXPECT_EQ(strided.attrs, (AttrList{2, 3, 1, 2, 0, 1, 1, 2}));
+  auto r = build::unfold4d(t(1, {2, 3, 4}), {2, 2}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Unfold4d: x must have rank 4, has rank 3 (t1:f32[2,3,4])");
+  EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}, dtypes::u8), {2, 2}, {}, id(2)), ErrorCode::DTypeMismatch);
+  r = build::unfold4d(t(1, {1, 2, 3, 4}), {5, 2}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Module::Unfold4d: conv: kernel 5 with dilation 1 spans 5 elements, more than the padded input 3 (size 3 "
+            "+ 2*padding 0)");
+  r = build::unfold4d(t(1, {1, 2, 3, 4}), {0, 2}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Unfold4d: conv: kernel size must be at least 1");
+  o = {};
+  o.stride = {1, 0};
+  r = build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, o, id(2));
+  EXPECT_EQ(message_of(r), "Module::Unfold4d: conv: stride must be at least 1");
+  o = {};
+  o.dilation = {0, 1};
+  EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, o, id(2)), ErrorCode::Invalid);
+  o = {};
+  o.padding = {std::uint64_t{1} << 63, 0};
+  r = build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, o, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_NE(message_of(r).find("exceeds the i64 range"), std::string::npos) << message_of(r);
+  // C · kh · kw beyond u64: refused, never wrapped.
+  o = {};
+  o.padding = {std::uint64_t{1} << 20, std::uint64_t{1} << 20};
+  r = build::unfold4d(t(1, {1, std::uint64_t{1} << 40, 1, 1}), {std::uint64_t{1} << 20, std::uint64_t{1} << 20}, o,
+                      id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_NE(message_of(r).find("overflows"), std::string::npos) << message_of(r);
+  EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, {}, id(1)), ErrorCode::Invalid);
 }
 
 TEST(BuildLifecycle, InitCustomDrop) {

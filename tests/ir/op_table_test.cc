@@ -389,6 +389,49 @@ TEST(OpTable, Pools) {
   EXPECT_EQ(expect_invalid(ab), ErrorCode::Invalid);
 }
 
+// docs/spec/ir.md §5.6 / §5.8: GridSample2d is a Float kind tagged ·, carrying its dtype;
+// Interpolate is an NHWC-relayout target (N, like the pools), its backward and Unfold4d are Mod.
+TEST(OpTable, ResamplingKinds) {
+  EXPECT_EQ(op_info(OpKind::Float_GridSample2d).group, OpGroup::Float);
+  EXPECT_EQ(op_info(OpKind::Float_GridSample2d).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Module_Interpolate).tags, kModule | kNhwc);
+  EXPECT_EQ(op_info(OpKind::Module_InterpolateBackward).tags, kModule);
+  EXPECT_EQ(op_info(OpKind::Module_Unfold4d).tags, kModule);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "Unfold4d"), OpKind::Module_Unfold4d);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "GridSample2d"), OpKind::Float_GridSample2d);
+  EXPECT_FALSE(find_op_kind(OpGroup::Module, "GridSample2d").has_value());
+  struct Counts {
+    Signature sig;
+    int inputs, attrs;
+  };
+  for (const Counts& e : {Counts{Signature::GridSample2d, 2, 3}, Counts{Signature::Interpolate, 1, 4},
+                          Counts{Signature::InterpolateBackward, 2, 4}, Counts{Signature::Unfold4d, 1, 8}}) {
+    const SignatureInfo& info = signature_info(e.sig);
+    EXPECT_EQ(info.min_inputs, e.inputs) << info.name;
+    EXPECT_EQ(info.max_inputs, e.inputs) << info.name;
+    EXPECT_EQ(info.min_attrs, e.attrs) << info.name;
+    EXPECT_EQ(info.max_attrs, e.attrs) << info.name;
+    EXPECT_EQ(info.outputs, 1) << info.name;
+    EXPECT_EQ(info.max_scalars, 0) << info.name;
+  }
+  EXPECT_EQ(signature_info(Signature::InterpolateBackward).name, "InterpolateBackward");
+  // validate() holds the counts: an interpolate without its mode, a grid sample without its grid.
+  Operation up = built(build::interpolate(t(1, {1, 1, 2, 2}), {4, 4}, {}, TensorId{2}));
+  KILN_EXPECT_OK(up.validate());
+  EXPECT_EQ(up.kind_name(), "Module::Interpolate");
+  up.attrs.pop_back();
+  EXPECT_EQ(expect_invalid(up), ErrorCode::Invalid);
+  Operation gs = built(build::grid_sample_2d(t(1, {1, 1, 2, 2}), t(2, {1, 3, 3, 2}), {}, TensorId{3}));
+  EXPECT_EQ(gs.kind_name(), "Float::GridSample2d");
+  EXPECT_EQ(gs.dtype, dtypes::f32);
+  gs.tensors.erase(gs.tensors.begin() + 1);
+  gs.num_inputs = 1;
+  EXPECT_EQ(expect_invalid(gs), ErrorCode::Invalid);
+  Operation uf = built(build::unfold4d(t(1, {1, 1, 2, 2}), {2, 2}, {}, TensorId{2}));
+  uf.attrs.push_back(1);
+  EXPECT_EQ(expect_invalid(uf), ErrorCode::Invalid);
+}
+
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)
 
 TEST(KindName, FamilyColonVariantAndSpecialCases) {

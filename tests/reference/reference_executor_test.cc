@@ -283,6 +283,22 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
     case Signature::ConvBackward:
     case Signature::ConvTransposeBackward:
     case Signature::ConvBiasBackward: return conv_sample(d, k, t, o);
+    case Signature::GridSample2d: {
+      const std::vector<double> g{-1, -1, 0.25, 0.5, 1.5, -0.75, 0, 0, 1, 1, -2, 0.1};
+      return b::grid_sample_2d(data(d, {1, 2, 3, 4}, t), d.f64({1, 2, 3, 2}, t, g),
+                               {InterpolateMode::Bicubic, GridSamplePaddingMode::Reflection, false}, o);
+    }
+    case Signature::Interpolate:
+      return b::interpolate(data(d, {1, 2, 3, 4}, t), {5, 3}, {InterpolateMode::Lanczos3, false}, o);
+    case Signature::InterpolateBackward:
+      return b::interpolate_backward(data(d, {1, 2, 3, 4}, t), data(d, {1, 2, 5, 3}, t), {5, 3},
+                                     {InterpolateMode::Bicubic, true}, o);
+    case Signature::Unfold4d: {
+      b::Unfold4dOptions opt;
+      opt.padding = {1, 0};
+      opt.stride = {2, 1};
+      return b::unfold4d(data(d, {1, 2, 3, 4}, t), {2, 3}, opt, o);
+    }
   }
   return std::nullopt;
 }

@@ -1273,5 +1273,113 @@ TEST_F(ApiOps, AllReduceOverOtherDevicesFailsAtExecution) {
   EXPECT_FALSE(s->to_host<float>(std::move(r)).ok());
 }
 
+// ---- Resampling (docs/spec/ir.md §5.6, §5.8; no §5.11 row: each call emits the kind of its name)
+
+TEST_F(ApiOps, InterpolateEveryModeBothAlignments) {
+  using ir::InterpolateMode;
+  Tensor two = f32({0, 4}, {1, 1, 1, 2});
+  const Shape row4{1, 1, 1, 4};
+  // 2 → 4: nearest reads floor(o / 2) either way; bilinear o / 3 aligned, else (o + ½) / 2 − ½
+  // clamped at 0; bicubic half-pixel reads from −¼ (Keys, A = −0.75).
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::Nearest, true}), row4), {0, 0, 4, 4});
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::NearestExact, false}), row4), {0, 0, 4, 4});
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::Bilinear, true}), row4), {0, 4.0 / 3, 8.0 / 3, 4});
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::Bilinear, false}), row4), {0, 1, 3, 4});
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::Bicubic, false}), row4),
+              {-0.421875, 0.90625, 3.09375, 4.421875});
+  // 4 → 3 (down): nearest 0, 1, 2; nearest-exact 0, 2, 3; bilinear aligned 0, 3/2, 3.
+  Tensor four = f32({1, 2, 4, 8}, {1, 1, 1, 4});
+  const Shape row3{1, 1, 1, 3};
+  expect_near(get(s->interpolate(four, {1, 3}, {InterpolateMode::Nearest, false}), row3), {1, 2, 4});
+  expect_near(get(s->interpolate(four, {1, 3}, {InterpolateMode::NearestExact, true}), row3), {1, 4, 8});
+  expect_near(get(s->interpolate(four, {1, 3}, {InterpolateMode::Bilinear, true}), row3), {1, 3, 8});
+  expect_near(get(s->interpolate(four, {1, 3}, {InterpolateMode::Bicubic, true}), row3), {1, 2.71875, 8});
+  // 3 → 5 along H, Lanczos3 aligned: ½ reads 9/16, 9/16, −1/8 (renormalised, Burn).
+  Tensor three = f32({1, 2, 4}, {1, 1, 3, 1});
+  expect_near(get(s->interpolate(three, {5, 1}, {InterpolateMode::Lanczos3, true}), {1, 1, 5, 1}),
+              {1, 19.0 / 16, 2, 3.25, 4});
+  // 2-D half-pixel bilinear; the defaults are Burn's InterpolateOptions::new(Nearest).
+  Tensor sq = f32({0, 4, 8, 12}, {1, 1, 2, 2});
+  expect_near(get(s->interpolate(sq, {4, 4}, {InterpolateMode::Bilinear, false}), {1, 1, 4, 4}),
+              {0, 1, 3, 4, 2, 3, 5, 6, 6, 7, 9, 10, 8, 9, 11, 12});
+  expect_near(get(s->interpolate(sq, {1, 3}, {}), {1, 1, 1, 3}), {0, 0, 4});
+  EXPECT_EQ(kinds_of([&] { ok(s->interpolate(sq, {3, 3}, {})); }), (Kinds{"Module::Interpolate"}));
+  // Errors name the op and the values; nothing is registered.
+  EXPECT_NAMES(error_of(s->interpolate(f32({1, 2}, {1, 2}), {2, 2}, {})), "Interpolate: x must have rank 4");
+  EXPECT_NAMES(error_of(s->interpolate(sq, {0, 2}, {})), "Interpolate: output_size [0,2]");
+  EXPECT_NAMES(error_of(s->interpolate(sq, {2, 2}, {static_cast<InterpolateMode>(8), true})),
+               "unknown interpolate mode 8");
+  EXPECT_NAMES(error_of(s->interpolate(i64({1, 2, 3, 4}, {1, 1, 2, 2}), {2, 2}, {})), "Interpolate: x");
+  EXPECT_EQ(kinds_of([&] { (void)s->interpolate(sq, {0, 2}, {}); }), Kinds{});
+}
+
+// The gradient sums grad into the positions each output read, with the same weights.
+TEST_F(ApiOps, InterpolateBackwardSumsIntoTheSources) {
+  using ir::InterpolateMode;
+  Tensor x = f32({0, 0}, {1, 1, 1, 2});
+  Tensor g = f32({1, 2, 4, 8}, {1, 1, 1, 4});
+  // Half-pixel bilinear 2 → 4 reads (1, 0), (¾, ¼), (¼, ¾), (0, 1): 1 + 1.5 + 1, 0.5 + 3 + 8.
+  expect_near(get(s->interpolate_backward(x, g, {1, 4}, {InterpolateMode::Bilinear, false}), {1, 1, 1, 2}),
+              {3.5, 11.5});
+  // Nearest 3 → 5 reads 0, 0, 1, 1, 2.
+  Tensor x3 = f32({0, 0, 0}, {1, 1, 1, 3});
+  Tensor g5 = f32({1, 2, 4, 8, 16}, {1, 1, 1, 5});
+  expect_near(get(s->interpolate_backward(x3, g5, {1, 5}, {}), {1, 1, 1, 3}), {3, 12, 16});
+  EXPECT_EQ(kinds_of([&] { ok(s->interpolate_backward(x3, g5, {1, 5}, {})); }), (Kinds{"Module::InterpolateBackward"}));
+  EXPECT_NAMES(error_of(s->interpolate_backward(x3, g, {1, 5}, {})), "InterpolateBackward: grad");
+  EXPECT_NAMES(error_of(s->interpolate_backward(x3, i64({1, 2, 3, 4, 5}, {1, 1, 1, 5}), {1, 5}, {})),
+               "InterpolateBackward: grad");
+  EXPECT_EQ(kinds_of([&] { (void)s->interpolate_backward(x3, g, {1, 5}, {}); }), Kinds{});
+}
+
+// [[1, 2, 3], [4, 5, 6]] sampled at the corners and outside the image, per padding mode.
+TEST_F(ApiOps, GridSample2dPaddingModes) {
+  using ir::GridSamplePaddingMode;
+  using ir::InterpolateMode;
+  Tensor img = f32({1, 2, 3, 4, 5, 6}, {1, 1, 2, 3});
+  // (x, y): the corners (−1, −1) and (1, 1); (3, 0) two columns beyond the last, half a row
+  // down; (1.5, −1) half a column beyond the last on row 0.
+  Tensor grid = f32({-1, -1, 1, 1, 3, 0, 1.5f, -1}, {1, 1, 4, 2});
+  const Shape out{1, 1, 1, 4};
+  auto sample = [&](InterpolateMode m, GridSamplePaddingMode p, bool align) {
+    return get(s->grid_sample_2d(img, grid, {m, p, align}), out);
+  };
+  expect_near(sample(InterpolateMode::Bilinear, GridSamplePaddingMode::Zeros, true), {1, 6, 0, 1.5});
+  expect_near(sample(InterpolateMode::Bilinear, GridSamplePaddingMode::Border, true), {1, 6, 4.5, 3});
+  expect_near(sample(InterpolateMode::Bilinear, GridSamplePaddingMode::Reflection, true), {1, 6, 2.5, 2.5});
+  expect_near(sample(InterpolateMode::Nearest, GridSamplePaddingMode::Zeros, true), {1, 6, 0, 3});
+  // The defaults (Burn's): bilinear, zeros, corners at the pixels' outer edges.
+  expect_near(get(s->grid_sample_2d(img, grid), out), {0.25, 1.5, 0, 0});
+  EXPECT_EQ(kinds_of([&] { ok(s->grid_sample_2d(img, grid)); }), (Kinds{"Float::GridSample2d"}));
+  EXPECT_NAMES(error_of(s->grid_sample_2d(img, f32({0, 0, 0}, {1, 1, 1, 3}))), "GridSample2d: grid");
+  EXPECT_NAMES(error_of(s->grid_sample_2d(img, f32({0, 0, 0, 0}, {2, 1, 1, 2}))), "has batch 2");
+  EXPECT_NAMES(error_of(s->grid_sample_2d(img, grid, {InterpolateMode::Lanczos3, GridSamplePaddingMode::Zeros, false})),
+               "does not apply to grid sampling");
+  EXPECT_EQ(kinds_of([&] { (void)s->grid_sample_2d(img, f32({0, 0, 0}, {1, 1, 1, 3})); }), Kinds{});
+}
+
+// im2col: Burn's test_unfold4d_complex, and the identities of a 1 x 1 and a whole-image kernel.
+TEST_F(ApiOps, Unfold4dIsIm2col) {
+  std::vector<float> a24(24);
+  for (int i = 0; i < 24; ++i) a24[i] = static_cast<float>(i);
+  Tensor x = f32(a24, {1, 2, 3, 4});
+  ir::build::Unfold4dOptions o;
+  o.stride = {1, 2};
+  o.padding = {0, 1};
+  o.dilation = {1, 2};
+  expect_near(get(s->unfold4d(x, {2, 3}, o), {1, 12, 2}),
+              {0, 0, 1, 5, 3, 7, 0, 0, 5, 9, 7, 11, 0, 0, 13, 17, 15, 19, 0, 0, 17, 21, 19, 23});
+  Tensor small = f32({1, 2, 3, 4}, {1, 1, 2, 2});
+  expect_near(get(s->unfold4d(small, {1, 1}), {1, 1, 4}), {1, 2, 3, 4});
+  expect_near(get(s->unfold4d(small, {2, 2}), {1, 4, 1}), {1, 2, 3, 4});
+  EXPECT_EQ(kinds_of([&] { ok(s->unfold4d(small, {2, 2})); }), (Kinds{"Module::Unfold4d"}));
+  EXPECT_NAMES(error_of(s->unfold4d(f32({1, 2}, {1, 2}), {1, 1})), "Unfold4d: x must have rank 4");
+  EXPECT_NAMES(error_of(s->unfold4d(small, {3, 1})), "Unfold4d: conv: kernel 3");
+  ir::build::Unfold4dOptions zero;
+  zero.stride = {0, 1};
+  EXPECT_NAMES(error_of(s->unfold4d(small, {1, 1}, zero)), "stride must be at least 1");
+  EXPECT_EQ(kinds_of([&] { (void)s->unfold4d(small, {3, 1}); }), Kinds{});
+}
+
 }  // namespace
 }  // namespace kiln::runtime

@@ -11,7 +11,7 @@
 //     dtype (BaseFloat or NumericFloat for float and QFloat operands, BaseInt / NumericInt for
 //     integers, BaseBool for bool; Float and Activation need a float or QFloat operand, Int an
 //     integer one, Bool a bool one). Module, Init, Custom, Drop and Distributed builders, and
-//     hard_sigmoid, are named after their one kind.
+//     hard_sigmoid and grid_sample_2d, are named after their one kind.
 //   * Inputs are tensor occurrences already in use (status ReadOnly or ReadWrite, never NotInit);
 //     outputs are created as `TensorIr::uninit(id, shape, dtype)` from the ids the caller passes,
 //     one per output in field order (`out` before `out_indices`), and must differ from the
@@ -337,6 +337,43 @@ Result<Operation> adaptive_avg_pool3d(const TensorIr& x, std::array<std::uint64_
 Result<Operation> adaptive_avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
 Result<Operation> adaptive_avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
 Result<Operation> adaptive_avg_pool3d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
+
+// Resampling (docs/spec/ir.md §5.6, §5.8, §6.3): float operands, x / tensor [N, C, H, W] with
+// H, W >= 1; enum attributes of a known value (errors name the op and the values).
+// Interpolate's options; the defaults are Burn's InterpolateOptions::new(Nearest).
+struct InterpolateOptions {
+  InterpolateMode mode = InterpolateMode::Nearest;
+  bool align_corners = true;
+};
+// GridSample2d's options; the defaults are Burn's (and PyTorch's) GridSampleOptions::default().
+struct GridSampleOptions {
+  InterpolateMode mode = InterpolateMode::Bilinear;  // Nearest, Bilinear or Bicubic
+  GridSamplePaddingMode padding_mode = GridSamplePaddingMode::Zeros;
+  bool align_corners = false;
+};
+// Unfold4d's options (Burn's UnfoldOptions; PyTorch's F.unfold defaults).
+struct Unfold4dOptions {
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  std::array<std::uint64_t, 2> dilation{1, 1};
+};
+// Interpolate{x [N, C, H, W], output_size [out_h, out_w] (each >= 1), options}: [N, C, out_h,
+// out_w], x's dtype. attrs [out_h, out_w, mode, align_corners].
+Result<Operation> interpolate(const TensorIr& x, std::array<std::uint64_t, 2> output_size,
+                              const InterpolateOptions& options, TensorId out);
+// InterpolateBackward{x, grad [N, C, out_h, out_w], output_size, options}: x's shape and dtype
+// (the gradient of Interpolate with respect to x); grad float, no same() (§6.3 lists none).
+Result<Operation> interpolate_backward(const TensorIr& x, const TensorIr& grad,
+                                       std::array<std::uint64_t, 2> output_size, const InterpolateOptions& options,
+                                       TensorId out);
+// Float GridSample2d{tensor [N, C, H, W], grid [N, Ho, Wo, 2] (x, y in [-1, 1]), options}:
+// [N, C, Ho, Wo], tensor's dtype (carried); grid float. attrs [mode, padding_mode, align_corners].
+Result<Operation> grid_sample_2d(const TensorIr& tensor, const TensorIr& grid, const GridSampleOptions& options,
+                                 TensorId out);
+// Unfold4d{x [N, C, H, W], kernel_size [kh, kw], options} (im2col): [N, C·kh·kw, L], L the
+// blocks of the conv formula over H and W; x's dtype. attrs [kh, kw, s0, s1, p0, p1, d0, d1].
+Result<Operation> unfold4d(const TensorIr& x, std::array<std::uint64_t, 2> kernel_size, const Unfold4dOptions& options,
+                           TensorId out);
 
 // ---- Convolutions of 1, 2 or 3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3;
 // PyTorch's conv{1,2,3}d / conv_transpose{1,2,3}d where the spec is silent). x [N, C_in, in...]

@@ -80,6 +80,9 @@ bool group_admits(OpGroup g, Family f);
 //       [k0.., stride0.., pad0.., dilation0.., ceil_mode]  (4n + 1; MaxPool2d's layout for n = 2)
 //     AvgPool, AvgPoolBackward [k0.., stride0.., pad0.., count_include_pad, ceil_mode]  (3n + 2)
 //     AdaptiveAvgPool [output_size0..] (n); AdaptiveAvgPoolBackward: none (the grad's shape says)
+//   GridSample2d [mode (an InterpolateMode), padding_mode (a GridSamplePaddingMode), align_corners]
+//   Interpolate, InterpolateBackward [out_h, out_w, mode (an InterpolateMode), align_corners]
+//   Unfold4d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1]
 enum class Signature : std::uint8_t {
   Unary,
   Binary,
@@ -142,6 +145,10 @@ enum class Signature : std::uint8_t {
   AvgPoolBackward,
   AdaptiveAvgPool,
   AdaptiveAvgPoolBackward,
+  GridSample2d,
+  Interpolate,
+  InterpolateBackward,
+  Unfold4d,
   Drop,
 };
 

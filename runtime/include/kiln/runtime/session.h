@@ -487,6 +487,25 @@ class Session {
   Result<Tensor> adaptive_avg_pool1d_backward(Tensor x, Tensor grad);
   Result<Tensor> adaptive_avg_pool2d_backward(Tensor x, Tensor grad);
   Result<Tensor> adaptive_avg_pool3d_backward(Tensor x, Tensor grad);
+  // Resampling (float; docs/spec/ir.md §5.6, §5.8, §6.3). No §5.11 row: each call emits the one
+  // kind of its name, built by the builder of that name (its error values: ranks, empty images,
+  // zero sizes, modes, the grid's shape).
+  // Module Interpolate{x [N, C, H, W], output_size [out_h, out_w], options} → [N, C, out_h,
+  // out_w], D(x): Nearest / NearestExact / Bilinear / Bicubic / Lanczos3, align_corners as Burn's
+  // InterpolateOptions (docs/decisions.md).
+  Result<Tensor> interpolate(Tensor x, std::array<std::uint64_t, 2> output_size,
+                             const ir::build::InterpolateOptions& options);
+  // Module InterpolateBackward{x, grad [N, C, out_h, out_w], output_size, options} → S(x), D(x):
+  // the gradient of interpolate with respect to x (grad summed into the positions each output read).
+  Result<Tensor> interpolate_backward(Tensor x, Tensor grad, std::array<std::uint64_t, 2> output_size,
+                                      const ir::build::InterpolateOptions& options);
+  // Float GridSample2d{tensor [N, C, H, W], grid [N, Ho, Wo, 2], options} → [N, C, Ho, Wo],
+  // D(tensor): grid (x, y) in [-1, 1] samples column x, row y (PyTorch's F.grid_sample).
+  Result<Tensor> grid_sample_2d(Tensor tensor, Tensor grid, const ir::build::GridSampleOptions& options = {});
+  // Module Unfold4d{x [N, C, H, W], kernel_size [kh, kw], options} → [N, C·kh·kw, L], D(x):
+  // im2col (PyTorch's F.unfold), L the conv formula's blocks. Not Base Unfold (unfold above).
+  Result<Tensor> unfold4d(Tensor x, std::array<std::uint64_t, 2> kernel_size,
+                          const ir::build::Unfold4dOptions& options = {});
 
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
