@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <optional>
 #include <span>
 #include <vector>
@@ -38,10 +39,10 @@ Result<std::vector<std::uint64_t>> attrs_from(const ir::Operation& op, std::size
   return v;
 }
 
-// Scatter / SelectAssign's update rule (attribute 1): the builders take it as given, so an
-// unknown value is refused here.
-Result<ir::IndexingUpdate> update_at(const ir::Operation& op) {
-  KILN_ASSIGN_OR_RETURN(std::uint64_t u, attr_at(op, 1));
+// Scatter / SelectAssign's update rule (attribute 1), ScatterNd's reduction (attribute 0): the
+// Scatter and SelectAssign builders take it as given, so an unknown value is refused here.
+Result<ir::IndexingUpdate> update_at(const ir::Operation& op, std::size_t i) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t u, attr_at(op, i));
   if (u > static_cast<std::uint64_t>(ir::IndexingUpdate::Max))
     return make_error(ErrorCode::Invalid, fmt::format("{}: unknown indexing update {}", op.kind_name(), u));
   return static_cast<ir::IndexingUpdate>(u);
@@ -58,7 +59,8 @@ Error unexpected_arity(const ir::Operation& op) {
   return make_error(ErrorCode::Invalid, fmt::format("{}: unexpected number of inputs or scalars", op.kind_name()));
 }
 
-// Elementwise signatures: unary, binary, scalar (each possibly a comparison), cast, clamp, masks.
+// Elementwise signatures: unary, binary, scalar (each possibly a comparison; the Activation
+// kinds among them), cast, clamp, hard_sigmoid, masks, and the cross product (binary along a dim).
 Result<ir::Operation> rebuild_elementwise(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -82,12 +84,20 @@ Result<ir::Operation> rebuild_elementwise(const ir::Operation& op) {
     case Signature::Clamp:
       if (in.size() != 1 || op.scalars.size() != 2) break;
       return build::clamp(op.family, op.kind, in[0], op.scalars[0], op.scalars[1], o.id);
+    case Signature::HardSigmoid:  // Activation HardSigmoid only: its builder fixes the family
+      if (in.size() != 1 || op.scalars.size() != 2) break;
+      return build::hard_sigmoid(in[0], op.scalars[0], op.scalars[1], o.id);
     case Signature::MaskWhere:
       if (in.size() != 3) break;
       return build::mask_where(op.family, op.kind, in[0], in[1], in[2], o.id);
     case Signature::MaskFill:
       if (in.size() != 2 || op.scalars.size() != 1) break;
       return build::mask_fill(op.family, op.kind, in[0], in[1], op.scalars[0], o.id);
+    case Signature::Cross: {
+      if (in.size() != 2) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+      return build::cross(op.family, op.kind, in[0], in[1], dim, o.id);
+    }
     default: break;
   }
   return unexpected_arity(op);
@@ -120,7 +130,7 @@ Result<ir::Operation> rebuild_sort(const ir::Operation& op) {
 }
 
 // Reductions: whole-tensor, over a dim (value, arg or bool output; TopK / ArgTopK keep k values),
-// scans along a dim, and max / min along a dim with their indices (two outputs).
+// scans along a dim, max / min along a dim with their indices and TopKWithIndices (two outputs).
 Result<ir::Operation> rebuild_reduction(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -151,12 +161,19 @@ Result<ir::Operation> rebuild_reduction(const ir::Operation& op) {
       const ir::TensorIr& indices = op.outputs()[1];
       return build::reduce_dim_with_indices(op.family, op.kind, in[0], dim, indices.dtype, o.id, indices.id);
     }
+    case Signature::TopKWithIndices: {
+      if (in.size() != 1 || op.outputs().size() != 2) break;
+      KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
+      KILN_ASSIGN_OR_RETURN(std::uint64_t k, attr_at(op, 1));
+      const ir::TensorIr& indices = op.outputs()[1];
+      return build::topk_with_indices(op.family, op.kind, in[0], dim, k, indices.dtype, o.id, indices.id);
+    }
     default: break;
   }
   return unexpected_arity(op);
 }
 
-// Layout signatures: reshape / expand, swap_dims, permute, flip, slice.
+// Layout signatures: reshape / expand, swap_dims, permute, flip, slice, unfold.
 Result<ir::Operation> rebuild_layout(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -189,6 +206,12 @@ Result<ir::Operation> rebuild_layout(const ir::Operation& op) {
       if (in.size() != 1) break;
       return build::slice(op.family, op.kind, in[0], std::span<const ir::Slice>(op.ranges.data(), op.ranges.size()),
                           o.id);
+    case Signature::Unfold: {
+      if (in.size() != 1) break;
+      std::uint64_t a[3];
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+      return build::unfold(op.family, op.kind, in[0], a[0], a[1], a[2], o.id);
+    }
     default: break;
   }
   return unexpected_arity(op);
@@ -219,8 +242,8 @@ Result<ir::Operation> rebuild_indexing(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
-// Writes into a copy of the tensor: slice_assign, select_assign, scatter; and the shape-changing
-// copies repeat_dim and pad.
+// Writes into a copy of the tensor: slice_assign, select_assign, scatter, scatter_nd; and the
+// shape-changing copies repeat_dim and pad.
 Result<ir::Operation> rebuild_update(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
@@ -233,10 +256,15 @@ Result<ir::Operation> rebuild_update(const ir::Operation& op) {
     case Signature::Scatter: {
       if (in.size() != 3) break;
       KILN_ASSIGN_OR_RETURN(std::uint64_t dim, attr_at(op, 0));
-      KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate update, update_at(op));
+      KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate update, update_at(op, 1));
       if (op.info().signature == Signature::Scatter)
         return build::scatter(op.family, op.kind, in[0], dim, in[1], in[2], update, o.id);
       return build::select_assign(op.family, op.kind, in[0], dim, in[1], in[2], update, o.id);
+    }
+    case Signature::ScatterNd: {
+      if (in.size() != 3) break;
+      KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate reduction, update_at(op, 0));
+      return build::scatter_nd(op.family, op.kind, in[0], in[1], in[2], reduction, o.id);
     }
     case Signature::RepeatDim: {
       if (in.size() != 1) break;
@@ -259,24 +287,13 @@ Result<ir::Operation> rebuild_update(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
-// Module ops (x, weight, bias?) and pools; their options are the attributes in builder order.
+// Pools; their options are the attributes in builder order.
 Result<ir::Operation> rebuild_module(const ir::Operation& op) {
   const auto in = op.inputs();
   const ir::TensorIr& o = op.outputs()[0];
-  const bool conv = op.info().signature == Signature::Conv2d || op.info().signature == Signature::ConvTranspose1d;
-  if (conv ? (in.size() != 2 && in.size() != 3) : in.size() != 1) return unexpected_arity(op);
+  if (in.size() != 1) return unexpected_arity(op);
   std::uint64_t a[9] = {};
   switch (op.info().signature) {
-    case Signature::Conv2d: {
-      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 7)));
-      const build::Conv2dOptions opts{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6]};
-      return build::conv2d(in[0], in[1], optional_input(op, 2), opts, o.id);
-    }
-    case Signature::ConvTranspose1d: {
-      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 5)));
-      const build::ConvTranspose1dOptions opts{a[0], a[1], a[2], a[3], a[4]};
-      return build::conv_transpose1d(in[0], in[1], optional_input(op, 2), opts, o.id);
-    }
     // A flag attribute other than 0 or 1 is rebuilt as 1, so the comparison refuses it.
     case Signature::MaxPool2d: {
       KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 9)));
@@ -287,6 +304,171 @@ Result<ir::Operation> rebuild_module(const ir::Operation& op) {
       KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 8)));
       const build::AvgPool2dOptions opts{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6] != 0, a[7] != 0};
       return build::avg_pool2d(in[0], opts, o.id);
+    }
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// Dense layers, norms, and the embedding with its gradient (docs/spec/ir.md §5.8): tensors in field
+// order, the optional bias / beta present when the op has three inputs. LayerNorm's epsilon is its
+// attribute's f64 bits; BatchNorm's is its scalar, rebuilt as Float(to_f64), so the comparison
+// refuses a scalar of another kind.
+Result<ir::Operation> rebuild_dense(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  switch (op.info().signature) {
+    case Signature::Linear:
+      if (in.size() != 2 && in.size() != 3) break;
+      return build::linear(in[0], in[1], optional_input(op, 2), out);
+    case Signature::LinearBackward:
+      if (in.size() != 2) break;
+      return op.kind == OpKind::Module_LinearXBackward ? build::linear_x_backward(in[0], in[1], out)
+                                                       : build::linear_weight_backward(in[0], in[1], out);
+    case Signature::LinearBiasBackward:
+      if (in.size() != 1) break;
+      return build::linear_bias_backward(in[0], out);
+    case Signature::LayerNorm: {
+      if ((in.size() != 2 && in.size() != 3) || op.attrs.size() != 1) break;
+      double epsilon = 0;
+      std::memcpy(&epsilon, &op.attrs[0], sizeof epsilon);
+      return build::layer_norm(in[0], in[1], optional_input(op, 2), epsilon, out);
+    }
+    case Signature::BatchNorm:
+      if (in.size() != 5 || op.scalars.size() != 1) break;
+      return build::batch_norm(in[0], in[1], in[2], in[3], in[4], op.scalars[0].to_f64(), out);
+    case Signature::Embedding:
+      if (in.size() != 2) break;
+      return build::embedding(in[0], in[1], out);
+    case Signature::EmbeddingBackward:
+      if (in.size() != 3) break;
+      return build::embedding_backward(in[0], in[1], in[2], out);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// Pools beyond MaxPool2d / AvgPool2d (docs/spec/ir.md §5.8): the kind gives the spatial dims and
+// the attributes are the window in builder order (op_table.h), or an adaptive pool's output size.
+// A missing attribute is refused here; a surplus one is not rebuilt, so the comparison refuses it,
+// and a flag other than 0 or 1 is rebuilt as 1, likewise.
+Result<build::MaxPool1dOptions> max_pool1d_options(const ir::Operation& op) {
+  std::uint64_t a[5] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  return build::MaxPool1dOptions{a[0], a[1], a[2], a[3], a[4] != 0};
+}
+
+Result<build::MaxPool2dOptions> max_pool2d_options(const ir::Operation& op) {
+  std::uint64_t a[9] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  return build::MaxPool2dOptions{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, {a[6], a[7]}, a[8] != 0};
+}
+
+Result<build::AvgPool1dOptions> avg_pool1d_options(const ir::Operation& op) {
+  std::uint64_t a[5] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  return build::AvgPool1dOptions{a[0], a[1], a[2], a[3] != 0, a[4] != 0};
+}
+
+Result<build::AvgPool2dOptions> avg_pool2d_options(const ir::Operation& op) {
+  std::uint64_t a[8] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  return build::AvgPool2dOptions{{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6] != 0, a[7] != 0};
+}
+
+// Max pools: MaxPool1d, the two with indices (out, out_indices) and their backwards.
+Result<ir::Operation> rebuild_max_pool(const ir::Operation& op, std::size_t n) {
+  const auto in = op.inputs();
+  const auto outs = op.outputs();
+  const bool backward = op.info().signature == Signature::MaxPoolWithIndicesBackward;
+  if (in.size() != (backward ? 3u : 1u)) return unexpected_arity(op);
+  if (n == 1) {
+    KILN_ASSIGN_OR_RETURN(build::MaxPool1dOptions o, max_pool1d_options(op));
+    if (backward) return build::max_pool1d_with_indices_backward(in[0], in[1], in[2], o, outs[0].id);
+    if (outs.size() == 1) return build::max_pool1d(in[0], o, outs[0].id);
+    return build::max_pool1d_with_indices(in[0], o, outs[1].dtype, outs[0].id, outs[1].id);
+  }
+  KILN_ASSIGN_OR_RETURN(build::MaxPool2dOptions o, max_pool2d_options(op));
+  if (backward) return build::max_pool2d_with_indices_backward(in[0], in[1], in[2], o, outs[0].id);
+  return build::max_pool2d_with_indices(in[0], o, outs[1].dtype, outs[0].id, outs[1].id);
+}
+
+// Average pools: AvgPool1d and the two backwards {x, grad}.
+Result<ir::Operation> rebuild_avg_pool(const ir::Operation& op, std::size_t n) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  const bool backward = op.info().signature == Signature::AvgPoolBackward;
+  if (in.size() != (backward ? 2u : 1u)) return unexpected_arity(op);
+  if (n == 1) {
+    KILN_ASSIGN_OR_RETURN(build::AvgPool1dOptions o, avg_pool1d_options(op));
+    return backward ? build::avg_pool1d_backward(in[0], in[1], o, out) : build::avg_pool1d(in[0], o, out);
+  }
+  KILN_ASSIGN_OR_RETURN(build::AvgPool2dOptions o, avg_pool2d_options(op));
+  return build::avg_pool2d_backward(in[0], in[1], o, out);
+}
+
+// Adaptive average pools {x; output sizes} and their backwards {x, grad}.
+Result<ir::Operation> rebuild_adaptive_avg_pool(const ir::Operation& op, std::size_t n) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  if (op.info().signature == Signature::AdaptiveAvgPoolBackward) {
+    if (in.size() != 2) return unexpected_arity(op);
+    if (n == 1) return build::adaptive_avg_pool1d_backward(in[0], in[1], out);
+    if (n == 2) return build::adaptive_avg_pool2d_backward(in[0], in[1], out);
+    return build::adaptive_avg_pool3d_backward(in[0], in[1], out);
+  }
+  if (in.size() != 1) return unexpected_arity(op);
+  std::uint64_t a[3] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, n)));
+  if (n == 1) return build::adaptive_avg_pool1d(in[0], a[0], out);
+  if (n == 2) return build::adaptive_avg_pool2d(in[0], {a[0], a[1]}, out);
+  return build::adaptive_avg_pool3d(in[0], {a[0], a[1], a[2]}, out);
+}
+
+Result<ir::Operation> rebuild_pool(const ir::Operation& op) {
+  const std::size_t n = build::pool_spatial_dims(op.kind);
+  switch (op.info().signature) {
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward: return rebuild_max_pool(op, n);
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward: return rebuild_avg_pool(op, n);
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return rebuild_adaptive_avg_pool(op, n);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
+// Resampling (docs/spec/ir.md §5.6, §5.8): the options are the attributes in builder order. An
+// enum attribute is passed on as given and the builders refuse an unknown value; a flag other than
+// 0 or 1 is rebuilt as 1, so the comparison refuses it.
+Result<ir::Operation> rebuild_resample(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  std::uint64_t a[8] = {};
+  switch (op.info().signature) {
+    case Signature::GridSample2d: {
+      if (in.size() != 2) break;
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 3)));
+      const build::GridSampleOptions opts{static_cast<ir::InterpolateMode>(a[0]),
+                                          static_cast<ir::GridSamplePaddingMode>(a[1]), a[2] != 0};
+      return build::grid_sample_2d(in[0], in[1], opts, out);
+    }
+    case Signature::Interpolate:
+    case Signature::InterpolateBackward: {
+      const bool backward = op.info().signature == Signature::InterpolateBackward;
+      if (in.size() != (backward ? 2u : 1u)) break;
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 4)));
+      const build::InterpolateOptions opts{static_cast<ir::InterpolateMode>(a[2]), a[3] != 0};
+      return backward ? build::interpolate_backward(in[0], in[1], {a[0], a[1]}, opts, out)
+                      : build::interpolate(in[0], {a[0], a[1]}, opts, out);
+    }
+    case Signature::Unfold4d: {
+      if (in.size() != 1) break;
+      KILN_RETURN_IF_ERROR(attrs_at(op, 0, std::span<std::uint64_t>(a, 8)));
+      const build::Unfold4dOptions opts{{a[2], a[3]}, {a[4], a[5]}, {a[6], a[7]}};
+      return build::unfold4d(in[0], {a[0], a[1]}, opts, out);
     }
     default: break;
   }
@@ -321,6 +503,58 @@ Result<ir::Operation> rebuild_creation(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// A convolution's options from its attributes: [stride..., padding..., padding_out...
+// (transposed only), dilation..., groups], each list as long as the kind's rank.
+Result<build::ConvOptions> conv_options_at(const ir::Operation& op, const build::ConvKindInfo& k) {
+  const std::size_t n = k.rank, lists = k.transposed ? 4 : 3;
+  if (op.attrs.size() != lists * n + 1)
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("{}: attributes missing or extra: {} given, {} for {} spatial dims", op.kind_name(),
+                                  op.attrs.size(), lists * n + 1, n));
+  KILN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> a, attrs_from(op, 0));
+  auto list = [&](std::size_t i) {
+    const auto first = a.begin() + static_cast<std::ptrdiff_t>(i * n);
+    return std::vector<std::uint64_t>(first, first + static_cast<std::ptrdiff_t>(n));
+  };
+  build::ConvOptions o;
+  o.stride = list(0);
+  o.padding = list(1);
+  if (k.transposed) o.padding_out = list(2);
+  o.dilation = list(lists - 1);
+  o.groups = a.back();
+  return o;
+}
+
+// Convolutions and their gradients (docs/spec/ir.md §5.8): tensors in field order (the forwards'
+// bias present when there are three inputs), the kind's rank splitting the attributes.
+Result<ir::Operation> rebuild_conv(const ir::Operation& op) {
+  const std::optional<build::ConvKindInfo> k = build::conv_kind_info(op.kind);
+  if (!k) return unexpected_arity(op);
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  if (k->role == build::ConvRole::BiasBackward) {
+    if (in.size() != 3 || !op.attrs.empty()) return unexpected_arity(op);
+    return build::conv_bias_backward(op.kind, in[0], in[1], in[2], out);
+  }
+  KILN_ASSIGN_OR_RETURN(build::ConvOptions o, conv_options_at(op, *k));
+  switch (op.info().signature) {
+    case Signature::Conv:
+      if (in.size() != 2 && in.size() != 3) break;
+      return build::conv(op.kind, in[0], in[1], optional_input(op, 2), o, out);
+    case Signature::ConvTranspose:
+      if (in.size() != 2 && in.size() != 3) break;
+      return build::conv_transpose(op.kind, in[0], in[1], optional_input(op, 2), o, out);
+    case Signature::ConvBackward:
+      if (in.size() != 3) break;
+      return build::conv_backward(op.kind, in[0], in[1], in[2], o, out);
+    case Signature::ConvTransposeBackward:
+      if (in.size() != 3) break;
+      return build::conv_transpose_backward(op.kind, in[0], in[1], in[2], o, out);
+    default: break;
+  }
+  return unexpected_arity(op);
+}
+
 // The builder call that would have produced `op`, from its own inputs, scalars and attributes.
 Result<ir::Operation> rebuild(const ir::Operation& op) {
   // Decoding held the output count to the signature's (Operation::validate); a hand-made op is
@@ -335,20 +569,24 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::Scalar:
     case Signature::Cast:
     case Signature::Clamp:
+    case Signature::HardSigmoid:
     case Signature::MaskWhere:
-    case Signature::MaskFill: return rebuild_elementwise(op);
+    case Signature::MaskFill:
+    case Signature::Cross: return rebuild_elementwise(op);
     case Signature::Matmul: return rebuild_matmul(op);
     case Signature::Reduce:
     case Signature::ReduceDim:
     case Signature::Dim:
-    case Signature::ReduceDimWithIndices: return rebuild_reduction(op);
+    case Signature::ReduceDimWithIndices:
+    case Signature::TopKWithIndices: return rebuild_reduction(op);
     case Signature::Sort:
     case Signature::SortWithIndices: return rebuild_sort(op);
     case Signature::ShapeOp:
     case Signature::SwapDims:
     case Signature::Permute:
     case Signature::Flip:
-    case Signature::Slice: return rebuild_layout(op);
+    case Signature::Slice:
+    case Signature::Unfold: return rebuild_layout(op);
     case Signature::Cat:
     case Signature::Gather:
     case Signature::Select:
@@ -356,15 +594,37 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::SliceAssign:
     case Signature::SelectAssign:
     case Signature::Scatter:
+    case Signature::ScatterNd:
     case Signature::RepeatDim:
     case Signature::Pad: return rebuild_update(op);
-    case Signature::Conv2d:
-    case Signature::ConvTranspose1d:
     case Signature::MaxPool2d:
     case Signature::AvgPool2d: return rebuild_module(op);
+    case Signature::Linear:
+    case Signature::LinearBackward:
+    case Signature::LinearBiasBackward:
+    case Signature::LayerNorm:
+    case Signature::BatchNorm:
+    case Signature::Embedding:
+    case Signature::EmbeddingBackward: return rebuild_dense(op);
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward:
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return rebuild_pool(op);
     case Signature::AllReduce: return rebuild_all_reduce(op);
     case Signature::Creation:
     case Signature::Full: return rebuild_creation(op);
+    case Signature::Conv:
+    case Signature::ConvTranspose:
+    case Signature::ConvBackward:
+    case Signature::ConvTransposeBackward:
+    case Signature::ConvBiasBackward: return rebuild_conv(op);
+    case Signature::GridSample2d:
+    case Signature::Interpolate:
+    case Signature::InterpolateBackward:
+    case Signature::Unfold4d: return rebuild_resample(op);
     default:
       return make_error(ErrorCode::Invalid,
                         fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));

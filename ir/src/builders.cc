@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 namespace kiln::ir::build {
 namespace {
@@ -86,6 +89,7 @@ Status check_operand(const Ctx& c, DType d) {
     case OpGroup::Int: fits = d.is_integral(); break;
     case OpGroup::Bool: fits = d.is_bool(); break;
     case OpGroup::Module: fits = d.is_float(); break;
+    case OpGroup::Activation: fits = is_floatish(d); break;  // Burn's ActivationOps take float tensors
     default: fits = true; break;
   }
   if (!fits)
@@ -125,6 +129,18 @@ Status check_rank(const Ctx& c, const TensorIr& t, std::size_t rank, const char*
   if (t.shape.size() != rank)
     return c.error(ErrorCode::RankMismatch,
                    fmt::format("{} must have rank {}, has rank {} ({})", what, rank, t.shape.size(), t.to_string()));
+  return Status::Ok();
+}
+
+// GatherNd / ScatterNd: indices [..., k] of rank >= 1 whose k-tuples address the first k dims of data.
+Status check_nd_indices(const Ctx& c, const TensorIr& data, const TensorIr& indices) {
+  const Shape& is = indices.shape;
+  if (is.empty())
+    return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", indices.to_string()));
+  if (is.back() > data.shape.size())
+    return c.error(ErrorCode::OutOfBounds,
+                   fmt::format("indices {} address {} dims of the rank-{} data {}", shape_to_string(is), is.back(),
+                               data.shape.size(), shape_to_string(data.shape)));
   return Status::Ok();
 }
 
@@ -340,6 +356,18 @@ Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, Scal
   return finish(c, std::move(op));
 }
 
+Result<Operation> hard_sigmoid(const TensorIr& tensor, ScalarIr alpha, ScalarIr beta, TensorId out) {
+  const Ctx c{Family::Activation, OpKind::Activation_HardSigmoid};
+  KILN_RETURN_IF_ERROR(check_operand(c, tensor.dtype));
+  Operation op = new_op(c, tensor.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(tensor);
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, tensor.dtype));
+  op.scalars.push_back(alpha);
+  op.scalars.push_back(beta);
+  return finish(c, std::move(op));
+}
+
 Result<Operation> mask_where(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask,
                              const TensorIr& value, TensorId out) {
   const Ctx c{family, kind};
@@ -406,6 +434,27 @@ Result<Operation> matmul(Family family, OpKind kind, const TensorIr& lhs, const 
 Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, DType out_dtype,
                                TensorId out) {
   return matmul_impl({family, kind}, lhs, rhs, out_dtype, out);
+}
+
+Result<Operation> cross(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, std::uint64_t dim,
+                        TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Cross, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, lhs.dtype));
+  KILN_RETURN_IF_ERROR(check_same(c, lhs, "lhs", rhs, "rhs"));
+  KILN_ASSIGN_OR_RETURN(Shape shape, c.wrap(shape::broadcast(lhs.shape, rhs.shape)));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, shape));
+  // The cross product is of 3-vectors: the dim itself is never broadcast (torch.linalg.cross).
+  if (lhs.shape[dim] != 3 || rhs.shape[dim] != 3)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("dim {} must have size 3 in both operands ({} x {})", dim,
+                                                              shape_to_string(lhs.shape), shape_to_string(rhs.shape)));
+  Operation op = new_op(c, lhs.dtype);
+  op.num_inputs = 2;
+  op.tensors.push_back(lhs);
+  op.tensors.push_back(rhs);
+  op.tensors.push_back(TensorIr::uninit(out, std::move(shape), lhs.dtype));
+  op.attrs.push_back(attr(dim));
+  return finish(c, std::move(op));
 }
 
 // ---- Reductions and scans
@@ -614,6 +663,23 @@ Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor,
   return one_to_one(c, tensor, std::move(shape), tensor.dtype, out, {attr(dim), attr(times)});
 }
 
+Result<Operation> unfold(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, std::uint64_t size,
+                         std::uint64_t step, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::Unfold, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, input.shape));
+  if (step == 0) return c.error(ErrorCode::Invalid, "step must be at least 1");
+  // Attributes are i64: a larger size or step would not survive the trip (nor the daemon's check).
+  constexpr auto kMaxAttr = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (size > kMaxAttr || step > kMaxAttr)
+    return c.error(ErrorCode::Invalid, fmt::format("size {} or step {} exceeds the i64 range", size, step));
+  Shape shape = input.shape;
+  shape[dim] = shape::unfold_windows(input.shape[dim], size, step);
+  shape.push_back(size);
+  return one_to_one(c, input, std::move(shape), input.dtype, out, {attr(dim), attr(size), attr(step)});
+}
+
 Result<Operation> cat(Family family, OpKind kind, std::span<const TensorIr> tensors, std::uint64_t dim, TensorId out) {
   const Ctx c{family, kind};
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::Cat, OutKind::Plain));
@@ -794,14 +860,9 @@ Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, co
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::GatherNd, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, data.dtype));
   KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_nd_indices(c, data, indices));
   const Shape& is = indices.shape;
-  if (is.empty())
-    return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", indices.to_string()));
   const std::uint64_t k = is.back();
-  if (k > data.shape.size())
-    return c.error(ErrorCode::OutOfBounds,
-                   fmt::format("indices {} address {} dims of the rank-{} data {}", shape_to_string(is), k,
-                               data.shape.size(), shape_to_string(data.shape)));
   Shape shape(is.begin(), is.end() - 1);
   shape.insert(shape.end(), data.shape.begin() + static_cast<std::ptrdiff_t>(k), data.shape.end());
   Operation op = new_op(c, data.dtype);
@@ -809,6 +870,27 @@ Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, co
   op.tensors.push_back(data);
   op.tensors.push_back(indices);
   op.tensors.push_back(TensorIr::uninit(out, std::move(shape), data.dtype));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> scatter_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices,
+                             const TensorIr& values, IndexingUpdate reduction, TensorId out) {
+  const Ctx c{family, kind};
+  KILN_RETURN_IF_ERROR(check_kind(c, Signature::ScatterNd, OutKind::Plain));
+  KILN_RETURN_IF_ERROR(check_operand(c, data.dtype));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_same(c, data, "data", values, "values"));
+  KILN_RETURN_IF_ERROR(check_nd_indices(c, data, indices));
+  const auto r = static_cast<std::int64_t>(reduction);
+  if (r < static_cast<std::int64_t>(IndexingUpdate::Assign) || r > static_cast<std::int64_t>(IndexingUpdate::Max))
+    return c.error(ErrorCode::Invalid, fmt::format("unknown reduction {}", r));
+  Operation op = new_op(c, data.dtype);
+  op.num_inputs = 3;
+  op.tensors.push_back(data);
+  op.tensors.push_back(indices);
+  op.tensors.push_back(values);
+  op.tensors.push_back(TensorIr::uninit(out, data.shape, data.dtype));
+  op.attrs.push_back(r);
   return finish(c, std::move(op));
 }
 
@@ -879,78 +961,12 @@ Result<Operation> module_op(const Ctx& c, std::initializer_list<const TensorIr*>
 
 Result<Operation> conv2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                          const Conv2dOptions& o, TensorId out) {
-  const Ctx c{Family::Module, OpKind::Module_Conv2d};
-  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
-  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
-  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
-  KILN_RETURN_IF_ERROR(check_rank(c, weight, 4, "weight"));
-  KILN_RETURN_IF_ERROR(check_spatial_options(c, o.groups));
-  const Shape& xs = x.shape;
-  const Shape& ws = weight.shape;
-  if (xs[1] != ws[1] * o.groups || ws[0] % o.groups != 0)
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("x {} has {} channels, weight {} expects {} x {} groups (and out channels divisible "
-                               "by the groups)",
-                               shape_to_string(xs), xs[1], shape_to_string(ws), ws[1], o.groups));
-  KILN_RETURN_IF_ERROR(check_bias(c, bias, ws[0]));
-  Shape shape{xs[0], ws[0], 0, 0};
-  for (std::size_t i = 0; i < 2; ++i) {
-    KILN_ASSIGN_OR_RETURN(shape[2 + i],
-                          c.wrap(shape::conv_output(xs[2 + i], ws[2 + i], o.stride[i], o.padding[i], o.dilation[i])));
-  }
-  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, std::move(shape), x.dtype, out,
-                   {attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]), attr(o.padding[1]), attr(o.dilation[0]),
-                    attr(o.dilation[1]), attr(o.groups)});
+  return conv(OpKind::Module_Conv2d, x, weight, bias, conv_options(o), out);
 }
 
 Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose1dOptions& o, TensorId out) {
-  const Ctx c{Family::Module, OpKind::Module_ConvTranspose1d};
-  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
-  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
-  KILN_RETURN_IF_ERROR(check_rank(c, x, 3, "x"));
-  KILN_RETURN_IF_ERROR(check_rank(c, weight, 3, "weight"));
-  KILN_RETURN_IF_ERROR(check_spatial_options(c, o.groups));
-  const Shape& xs = x.shape;
-  const Shape& ws = weight.shape;
-  if (xs[1] != ws[0] || ws[0] % o.groups != 0)
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("x {} has {} channels, weight {} expects {} (divisible by {} groups)",
-                               shape_to_string(xs), xs[1], shape_to_string(ws), ws[0], o.groups));
-  const std::uint64_t channels_out = ws[1] * o.groups;
-  KILN_RETURN_IF_ERROR(check_bias(c, bias, channels_out));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t length, c.wrap(shape::conv_transpose_output(xs[2], ws[2], o.stride, o.padding,
-                                                                                  o.padding_out, o.dilation)));
-  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, Shape{xs[0], channels_out, length}, x.dtype, out,
-                   {attr(o.stride), attr(o.padding), attr(o.padding_out), attr(o.dilation), attr(o.groups)});
-}
-
-Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& o, TensorId out) {
-  const Ctx c{Family::Module, OpKind::Module_MaxPool2d};
-  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
-  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
-  Shape shape{x.shape[0], x.shape[1], 0, 0};
-  for (std::size_t i = 0; i < 2; ++i) {
-    KILN_ASSIGN_OR_RETURN(shape[2 + i], c.wrap(shape::pool_output(x.shape[2 + i], o.kernel[i], o.stride[i],
-                                                                  o.padding[i], o.dilation[i], o.ceil_mode)));
-  }
-  return module_op(c, {&x}, std::move(shape), x.dtype, out,
-                   {attr(o.kernel[0]), attr(o.kernel[1]), attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]),
-                    attr(o.padding[1]), attr(o.dilation[0]), attr(o.dilation[1]), o.ceil_mode ? 1 : 0});
-}
-
-Result<Operation> avg_pool2d(const TensorIr& x, const AvgPool2dOptions& o, TensorId out) {
-  const Ctx c{Family::Module, OpKind::Module_AvgPool2d};
-  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
-  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
-  Shape shape{x.shape[0], x.shape[1], 0, 0};
-  for (std::size_t i = 0; i < 2; ++i) {
-    KILN_ASSIGN_OR_RETURN(shape[2 + i], c.wrap(shape::pool_output(x.shape[2 + i], o.kernel[i], o.stride[i],
-                                                                  o.padding[i], 1, o.ceil_mode)));
-  }
-  return module_op(c, {&x}, std::move(shape), x.dtype, out,
-                   {attr(o.kernel[0]), attr(o.kernel[1]), attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]),
-                    attr(o.padding[1]), o.count_include_pad ? 1 : 0, o.ceil_mode ? 1 : 0});
+  return conv_transpose(OpKind::Module_ConvTranspose1d, x, weight, bias, conv_options(o), out);
 }
 
 Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, TensorId out) {
@@ -961,6 +977,778 @@ Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, Te
   KILN_RETURN_IF_ERROR(check_rank(c, indices, 2, "indices"));
   return module_op(c, {&weights, &indices}, Shape{indices.shape[0], indices.shape[1], weights.shape[1]}, weights.dtype,
                    out, {});
+}
+
+// ---- Dense layers, norms and the embedding's gradient (docs/spec/ir.md §5.8, §6.3)
+
+namespace {
+// The last dim of a tensor of rank >= 1 (the features of a dense layer or a norm).
+Result<std::uint64_t> last_dim(const Ctx& c, const TensorIr& t, const char* what) {
+  if (t.shape.empty())
+    return c.error(ErrorCode::RankMismatch, fmt::format("{} {} must have rank at least 1", what, t.to_string()));
+  return t.shape.back();
+}
+
+// A per-feature or per-channel vector: rank 1 with `size` elements (`of` says where size comes from).
+Status check_vector(const Ctx& c, const TensorIr& t, const char* what, std::uint64_t size, const char* of) {
+  if (t.shape.size() != 1 || t.shape[0] != size)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("{} {} must have shape [{}] ({})", what, t.to_string(), size, of));
+  return Status::Ok();
+}
+
+// (K) Burn takes any epsilon; a NaN, infinite or negative one can only make every output NaN.
+Status check_epsilon(const Ctx& c, double epsilon) {
+  if (!std::isfinite(epsilon) || epsilon < 0)
+    return c.error(ErrorCode::Invalid, fmt::format("epsilon must be finite and non-negative, got {}", epsilon));
+  return Status::Ok();
+}
+
+Shape with_last(Shape s, std::uint64_t last) {
+  s.back() = last;
+  return s;
+}
+}  // namespace
+
+Result<Operation> linear(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Linear};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_in, last_dim(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weight, 2, "weight"));
+  if (weight.shape[0] != d_in)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} features, weight {} ([d_in, d_out]) takes {}", shape_to_string(x.shape),
+                               d_in, shape_to_string(weight.shape), weight.shape[0]));
+  KILN_RETURN_IF_ERROR(check_bias(c, bias, weight.shape[1]));
+  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, with_last(x.shape, weight.shape[1]), x.dtype, out, {});
+}
+
+Result<Operation> linear_x_backward(const TensorIr& weight, const TensorIr& output_grad, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_LinearXBackward};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weight, "weight"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weight, 2, "weight"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, last_dim(c, output_grad, "output_grad"));
+  if (weight.shape[1] != d_out)
+    return c.error(
+        ErrorCode::IncompatibleShapes,
+        fmt::format("output_grad {} has {} features, weight {} ([d_in, d_out]) gives {}",
+                    shape_to_string(output_grad.shape), d_out, shape_to_string(weight.shape), weight.shape[1]));
+  return module_op(c, {&weight, &output_grad}, with_last(output_grad.shape, weight.shape[0]), output_grad.dtype, out,
+                   {});
+}
+
+Result<Operation> linear_weight_backward(const TensorIr& x, const TensorIr& output_grad, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_LinearWeightBackward};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_in, last_dim(c, x, "x"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, last_dim(c, output_grad, "output_grad"));
+  // Each row of x met the row of output_grad at the same leading index (the forward kept them).
+  if (x.shape.size() != output_grad.shape.size() ||
+      !std::equal(x.shape.begin(), x.shape.end() - 1, output_grad.shape.begin()))
+    return c.error(x.shape.size() != output_grad.shape.size() ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} and output_grad {} must have the same leading dims", shape_to_string(x.shape),
+                               shape_to_string(output_grad.shape)));
+  return module_op(c, {&x, &output_grad}, Shape{d_in, d_out}, output_grad.dtype, out, {});
+}
+
+Result<Operation> linear_bias_backward(const TensorIr& output_grad, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_LinearBiasBackward};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, last_dim(c, output_grad, "output_grad"));
+  return module_op(c, {&output_grad}, Shape{d_out}, output_grad.dtype, out, {});
+}
+
+Result<Operation> layer_norm(const TensorIr& input, const TensorIr& gamma, const std::optional<TensorIr>& beta,
+                             double epsilon, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_LayerNorm};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, input, "input"));
+  KILN_RETURN_IF_ERROR(check_same(c, input, "input", gamma, "gamma"));
+  if (beta) KILN_RETURN_IF_ERROR(check_same(c, input, "input", *beta, "beta"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d, last_dim(c, input, "input"));
+  KILN_RETURN_IF_ERROR(check_vector(c, gamma, "gamma", d, "the input's last dim"));
+  if (beta) KILN_RETURN_IF_ERROR(check_vector(c, *beta, "beta", d, "the input's last dim"));
+  KILN_RETURN_IF_ERROR(check_epsilon(c, epsilon));
+  return module_op(c, {&input, &gamma, beta ? &*beta : nullptr}, input.shape, input.dtype, out, {double_bits(epsilon)});
+}
+
+Result<Operation> batch_norm(const TensorIr& x, const TensorIr& gamma, const TensorIr& beta, const TensorIr& mean,
+                             const TensorIr& variance, double epsilon, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_BatchNorm};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  const std::pair<const TensorIr*, const char*> stats[] = {
+      {&gamma, "gamma"}, {&beta, "beta"}, {&mean, "mean"}, {&variance, "variance"}};
+  for (const auto& [t, name] : stats) KILN_RETURN_IF_ERROR(check_same(c, x, "x", *t, name));
+  if (x.shape.size() < 2)
+    return c.error(ErrorCode::RankMismatch, fmt::format("x {} must have rank at least 2 ([N, C, ...])", x.to_string()));
+  for (const auto& [t, name] : stats)
+    KILN_RETURN_IF_ERROR(check_vector(c, *t, name, x.shape[1], "the channels, x's dim 1"));
+  KILN_RETURN_IF_ERROR(check_epsilon(c, epsilon));
+  Operation op = new_op(c, x.dtype);
+  op.tensors = {x, gamma, beta, mean, variance};
+  op.num_inputs = 5;
+  op.tensors.push_back(TensorIr::uninit(out, x.shape, x.dtype));
+  op.scalars.push_back(ScalarIr::Float(epsilon));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& out_grad, const TensorIr& indices,
+                                     TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_EmbeddingBackward};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weights, "weights"));
+  KILN_RETURN_IF_ERROR(check_same(c, weights, "weights", out_grad, "out_grad"));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weights, 2, "weights"));
+  KILN_RETURN_IF_ERROR(check_rank(c, indices, 2, "indices"));
+  const Shape expected{indices.shape[0], indices.shape[1], weights.shape[1]};
+  if (out_grad.shape != expected)
+    return c.error(
+        ErrorCode::IncompatibleShapes,
+        fmt::format("out_grad {} must have shape {} (indices {}, weights {})", out_grad.to_string(),
+                    shape_to_string(expected), shape_to_string(indices.shape), shape_to_string(weights.shape)));
+  return module_op(c, {&weights, &out_grad, &indices}, weights.shape, weights.dtype, out, {});
+}
+
+// ---- Pools (docs/spec/ir.md §5.8, shapes §6.3): one rank-generic body per signature, the spatial
+// rank n implied by the kind (pool_spatial_dims); MaxPool2d and AvgPool2d share them.
+
+std::size_t pool_spatial_dims(OpKind kind) {
+  switch (kind) {
+    case OpKind::Module_MaxPool1d:
+    case OpKind::Module_MaxPool1dWithIndices:
+    case OpKind::Module_MaxPool1dWithIndicesBackward:
+    case OpKind::Module_AvgPool1d:
+    case OpKind::Module_AvgPool1dBackward:
+    case OpKind::Module_AdaptiveAvgPool1d:
+    case OpKind::Module_AdaptiveAvgPool1dBackward: return 1;
+    case OpKind::Module_MaxPool2d:
+    case OpKind::Module_MaxPool2dWithIndices:
+    case OpKind::Module_MaxPool2dWithIndicesBackward:
+    case OpKind::Module_AvgPool2d:
+    case OpKind::Module_AvgPool2dBackward:
+    case OpKind::Module_AdaptiveAvgPool2d:
+    case OpKind::Module_AdaptiveAvgPool2dBackward: return 2;
+    case OpKind::Module_AdaptiveAvgPool3d:
+    case OpKind::Module_AdaptiveAvgPool3dBackward: return 3;
+    default: return 0;
+  }
+}
+
+namespace {
+// A pool's window, n values per field (no dilation for average pools), then its flags
+// ([ceil_mode], or [count_include_pad, ceil_mode]): the attributes in op_table.h's order.
+struct PoolWindow {
+  std::span<const std::uint64_t> kernel, stride, padding, dilation;
+  bool ceil_mode = false;
+  AttrList flags;
+
+  AttrList attrs() const {
+    AttrList a;
+    for (auto field : {kernel, stride, padding, dilation})
+      for (std::uint64_t v : field) a.push_back(attr(v));
+    a.insert(a.end(), flags.begin(), flags.end());
+    return a;
+  }
+};
+
+PoolWindow window_of(const MaxPool1dOptions& o) {
+  return {{&o.kernel, 1}, {&o.stride, 1}, {&o.padding, 1}, {&o.dilation, 1}, o.ceil_mode, {o.ceil_mode ? 1 : 0}};
+}
+PoolWindow window_of(const MaxPool2dOptions& o) {
+  return {o.kernel, o.stride, o.padding, o.dilation, o.ceil_mode, {o.ceil_mode ? 1 : 0}};
+}
+PoolWindow window_of(const AvgPool1dOptions& o) {
+  const AttrList flags{o.count_include_pad ? 1 : 0, o.ceil_mode ? 1 : 0};
+  return {{&o.kernel, 1}, {&o.stride, 1}, {&o.padding, 1}, {}, o.ceil_mode, flags};
+}
+PoolWindow window_of(const AvgPool2dOptions& o) {
+  return {o.kernel, o.stride, o.padding, {}, o.ceil_mode, {o.count_include_pad ? 1 : 0, o.ceil_mode ? 1 : 0}};
+}
+
+// x float of rank n + 2; the pooled shape [N, C, out...] by the pool formula per spatial dim.
+Result<Shape> pooled_shape(const Ctx& c, const TensorIr& x, const PoolWindow& w) {
+  assert(pool_spatial_dims(c.kind) == w.kernel.size());
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  const std::size_t n = w.kernel.size();
+  KILN_RETURN_IF_ERROR(check_rank(c, x, n + 2, "x"));
+  Shape shape{x.shape[0], x.shape[1]};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t dilation = w.dilation.empty() ? 1 : w.dilation[i];
+    KILN_ASSIGN_OR_RETURN(std::uint64_t size, c.wrap(shape::pool_output(x.shape[2 + i], w.kernel[i], w.stride[i],
+                                                                        w.padding[i], dilation, w.ceil_mode)));
+    // PyTorch's limit: with more, a window may cover only padding in floor mode too.
+    if (w.padding[i] > w.kernel[i] / 2)
+      return c.error(ErrorCode::Invalid, fmt::format("padding {} exceeds half the kernel size {} (spatial dim {})",
+                                                     w.padding[i], w.kernel[i], i));
+    shape.push_back(size);
+  }
+  return shape;
+}
+
+Result<Operation> pool_forward(const Ctx& c, const TensorIr& x, const PoolWindow& w, TensorId out) {
+  KILN_ASSIGN_OR_RETURN(Shape shape, pooled_shape(c, x, w));
+  return module_op(c, {&x}, std::move(shape), x.dtype, out, w.attrs());
+}
+
+// Signed (−1 marks a window with no element of x) and wide enough for the plane's last index.
+Status check_pool_index_dtype(const Ctx& c, const TensorIr& x, DType d) {
+  if (!d.is_int())
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("index dtype {} must be a signed integer dtype (-1 marks an empty window)", d.name()));
+  std::uint64_t plane = 1;
+  bool overflow = false;
+  for (std::size_t i = 2; i < x.shape.size(); ++i)
+    overflow = overflow || __builtin_mul_overflow(plane, x.shape[i], &plane);
+  const std::uint64_t max = (std::uint64_t{1} << (d.size_bytes() * 8 - 1)) - 1;
+  if (overflow || (plane > 0 && plane - 1 > max))
+    return c.error(ErrorCode::Invalid, fmt::format("index dtype {} cannot hold the last index of x {}'s spatial plane",
+                                                   d.name(), shape_to_string(x.shape)));
+  return Status::Ok();
+}
+
+Result<Operation> pool_with_indices(const Ctx& c, const TensorIr& x, const PoolWindow& w, DType index_dtype,
+                                    TensorId out, TensorId out_indices) {
+  KILN_ASSIGN_OR_RETURN(Shape shape, pooled_shape(c, x, w));
+  KILN_RETURN_IF_ERROR(check_pool_index_dtype(c, x, index_dtype));
+  Operation op = new_op(c, x.dtype);
+  op.num_inputs = 1;
+  op.tensors.push_back(x);
+  op.tensors.push_back(TensorIr::uninit(out, shape, x.dtype));
+  op.tensors.push_back(TensorIr::uninit(out_indices, std::move(shape), index_dtype));
+  op.attrs = w.attrs();
+  return finish(c, std::move(op));
+}
+
+// A backward's grad (or indices) has the forward's output shape.
+Status check_pooled(const Ctx& c, const TensorIr& t, const char* what, const TensorIr& x, const Shape& pooled) {
+  if (t.shape != pooled)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("{} {} must have the pool's output shape {} (x {})", what, t.to_string(),
+                               shape_to_string(pooled), shape_to_string(x.shape)));
+  return Status::Ok();
+}
+
+Result<Operation> avg_pool_backward(const Ctx& c, const TensorIr& x, const TensorIr& grad, const PoolWindow& w,
+                                    TensorId out) {
+  KILN_ASSIGN_OR_RETURN(Shape pooled, pooled_shape(c, x, w));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grad, "grad"));
+  KILN_RETURN_IF_ERROR(check_pooled(c, grad, "grad", x, pooled));
+  return module_op(c, {&x, &grad}, x.shape, x.dtype, out, w.attrs());
+}
+
+Result<Operation> max_pool_backward(const Ctx& c, const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                    const PoolWindow& w, TensorId out) {
+  KILN_ASSIGN_OR_RETURN(Shape pooled, pooled_shape(c, x, w));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grad, "grad"));
+  KILN_RETURN_IF_ERROR(check_index_dtype(c, indices.dtype, "indices"));
+  KILN_RETURN_IF_ERROR(check_pooled(c, grad, "grad", x, pooled));
+  KILN_RETURN_IF_ERROR(check_pooled(c, indices, "indices", x, pooled));
+  return module_op(c, {&x, &grad, &indices}, x.shape, x.dtype, out, w.attrs());
+}
+
+// An adaptive pool's x (or grad): float of rank n + 2, every spatial dim at least 1 (PyTorch: each
+// window holds an element).
+Status check_adaptive_operand(const Ctx& c, const TensorIr& t, const char* what) {
+  const std::size_t n = pool_spatial_dims(c.kind);
+  KILN_RETURN_IF_ERROR(check_module_operand(c, t, what));
+  KILN_RETURN_IF_ERROR(check_rank(c, t, n + 2, what));
+  for (std::size_t i = 0; i < n; ++i)
+    if (t.shape[2 + i] == 0)
+      return c.error(ErrorCode::Invalid, fmt::format("{} {} has an empty spatial dim {}", what, t.to_string(), i));
+  return Status::Ok();
+}
+
+Result<Operation> adaptive_avg_pool(const Ctx& c, const TensorIr& x, std::span<const std::uint64_t> size,
+                                    TensorId out) {
+  KILN_RETURN_IF_ERROR(check_adaptive_operand(c, x, "x"));
+  Shape shape{x.shape[0], x.shape[1]};
+  AttrList attrs;
+  for (std::size_t i = 0; i < size.size(); ++i) {
+    if (size[i] == 0 || size[i] > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return c.error(ErrorCode::Invalid,
+                     fmt::format("output size {} at spatial dim {} must be in [1, 2^63 - 1]", size[i], i));
+    shape.push_back(size[i]);
+    attrs.push_back(attr(size[i]));
+  }
+  return module_op(c, {&x}, std::move(shape), x.dtype, out, std::move(attrs));
+}
+
+Result<Operation> adaptive_avg_pool_backward(const Ctx& c, const TensorIr& x, const TensorIr& grad, TensorId out) {
+  KILN_RETURN_IF_ERROR(check_adaptive_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_adaptive_operand(c, grad, "grad"));
+  if (grad.shape[0] != x.shape[0] || grad.shape[1] != x.shape[1])
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("grad {} must have x {}'s batch and channel dims",
+                                                              grad.to_string(), shape_to_string(x.shape)));
+  return module_op(c, {&x, &grad}, x.shape, x.dtype, out, {});
+}
+
+constexpr Ctx module_ctx(OpKind kind) { return Ctx{Family::Module, kind}; }
+}  // namespace
+
+Result<Operation> max_pool1d(const TensorIr& x, const MaxPool1dOptions& o, TensorId out) {
+  return pool_forward(module_ctx(OpKind::Module_MaxPool1d), x, window_of(o), out);
+}
+
+Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& o, TensorId out) {
+  return pool_forward(module_ctx(OpKind::Module_MaxPool2d), x, window_of(o), out);
+}
+
+Result<Operation> max_pool1d_with_indices(const TensorIr& x, const MaxPool1dOptions& o, DType index_dtype, TensorId out,
+                                          TensorId out_indices) {
+  return pool_with_indices(module_ctx(OpKind::Module_MaxPool1dWithIndices), x, window_of(o), index_dtype, out,
+                           out_indices);
+}
+
+Result<Operation> max_pool2d_with_indices(const TensorIr& x, const MaxPool2dOptions& o, DType index_dtype, TensorId out,
+                                          TensorId out_indices) {
+  return pool_with_indices(module_ctx(OpKind::Module_MaxPool2dWithIndices), x, window_of(o), index_dtype, out,
+                           out_indices);
+}
+
+Result<Operation> max_pool1d_with_indices_backward(const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                                   const MaxPool1dOptions& o, TensorId out) {
+  return max_pool_backward(module_ctx(OpKind::Module_MaxPool1dWithIndicesBackward), x, grad, indices, window_of(o),
+                           out);
+}
+
+Result<Operation> max_pool2d_with_indices_backward(const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                                   const MaxPool2dOptions& o, TensorId out) {
+  return max_pool_backward(module_ctx(OpKind::Module_MaxPool2dWithIndicesBackward), x, grad, indices, window_of(o),
+                           out);
+}
+
+Result<Operation> avg_pool1d(const TensorIr& x, const AvgPool1dOptions& o, TensorId out) {
+  return pool_forward(module_ctx(OpKind::Module_AvgPool1d), x, window_of(o), out);
+}
+
+Result<Operation> avg_pool2d(const TensorIr& x, const AvgPool2dOptions& o, TensorId out) {
+  return pool_forward(module_ctx(OpKind::Module_AvgPool2d), x, window_of(o), out);
+}
+
+Result<Operation> avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, const AvgPool1dOptions& o,
+                                      TensorId out) {
+  return avg_pool_backward(module_ctx(OpKind::Module_AvgPool1dBackward), x, grad, window_of(o), out);
+}
+
+Result<Operation> avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, const AvgPool2dOptions& o,
+                                      TensorId out) {
+  return avg_pool_backward(module_ctx(OpKind::Module_AvgPool2dBackward), x, grad, window_of(o), out);
+}
+
+Result<Operation> adaptive_avg_pool1d(const TensorIr& x, std::uint64_t output_size, TensorId out) {
+  return adaptive_avg_pool(module_ctx(OpKind::Module_AdaptiveAvgPool1d), x, {&output_size, 1}, out);
+}
+
+Result<Operation> adaptive_avg_pool2d(const TensorIr& x, std::array<std::uint64_t, 2> output_size, TensorId out) {
+  return adaptive_avg_pool(module_ctx(OpKind::Module_AdaptiveAvgPool2d), x, output_size, out);
+}
+
+Result<Operation> adaptive_avg_pool3d(const TensorIr& x, std::array<std::uint64_t, 3> output_size, TensorId out) {
+  return adaptive_avg_pool(module_ctx(OpKind::Module_AdaptiveAvgPool3d), x, output_size, out);
+}
+
+Result<Operation> adaptive_avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, TensorId out) {
+  return adaptive_avg_pool_backward(module_ctx(OpKind::Module_AdaptiveAvgPool1dBackward), x, grad, out);
+}
+
+Result<Operation> adaptive_avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, TensorId out) {
+  return adaptive_avg_pool_backward(module_ctx(OpKind::Module_AdaptiveAvgPool2dBackward), x, grad, out);
+}
+
+Result<Operation> adaptive_avg_pool3d_backward(const TensorIr& x, const TensorIr& grad, TensorId out) {
+  return adaptive_avg_pool_backward(module_ctx(OpKind::Module_AdaptiveAvgPool3dBackward), x, grad, out);
+}
+
+// ---- Resampling: interpolate and its gradient, grid sampling, unfold4d (docs/spec/ir.md §5.6,
+// §5.8, §6.3)
+
+namespace {
+constexpr const char* kInterpolateModes[] = {"Nearest", "NearestExact", "Bilinear", "Bicubic", "Lanczos3"};
+
+// An enum attribute the kernels switch over: a value outside the enum is an error, never a cast.
+Status check_interpolate_mode(const Ctx& c, InterpolateMode mode) {
+  const auto m = static_cast<std::int64_t>(mode);
+  if (m < 0 || m > static_cast<std::int64_t>(InterpolateMode::Lanczos3))
+    return c.error(ErrorCode::Invalid, fmt::format("unknown interpolate mode {}", m));
+  return Status::Ok();
+}
+
+// A float [N, C, H, W] image with H, W >= 1 (every mode maps output positions into [0, H) and [0, W)).
+Status check_image(const Ctx& c, const TensorIr& t, const char* what) {
+  KILN_RETURN_IF_ERROR(check_module_operand(c, t, what));
+  KILN_RETURN_IF_ERROR(check_rank(c, t, 4, what));
+  if (t.shape[2] == 0 || t.shape[3] == 0)
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("{} {} has an empty image: H and W must be at least 1", what, t.to_string()));
+  return Status::Ok();
+}
+
+// Sizes travel as i64 attributes: a larger one would not survive the trip (nor the daemon's check).
+Status check_attr_range(const Ctx& c, std::initializer_list<std::uint64_t> values, const char* what) {
+  constexpr auto kMaxAttr = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  for (std::uint64_t v : values)
+    if (v > kMaxAttr) return c.error(ErrorCode::Invalid, fmt::format("{} {} exceeds the i64 range", what, v));
+  return Status::Ok();
+}
+
+Status check_interpolate_args(const Ctx& c, std::array<std::uint64_t, 2> size, const InterpolateOptions& o) {
+  if (size[0] == 0 || size[1] == 0)
+    return c.error(ErrorCode::Invalid, fmt::format("output_size {} must be at least 1 in each dim", dims(size)));
+  KILN_RETURN_IF_ERROR(check_attr_range(c, {size[0], size[1]}, "output size"));
+  return check_interpolate_mode(c, o.mode);
+}
+
+AttrList interpolate_attrs(std::array<std::uint64_t, 2> size, const InterpolateOptions& o) {
+  return {attr(size[0]), attr(size[1]), static_cast<std::int64_t>(o.mode), o.align_corners ? 1 : 0};
+}
+
+// Burn's grid sampling reads Nearest, Bilinear and Bicubic (PyTorch's three modes); the padding
+// mode is one of the three GridSamplePaddingMode values.
+Status check_grid_options(const Ctx& c, const GridSampleOptions& o) {
+  KILN_RETURN_IF_ERROR(check_interpolate_mode(c, o.mode));
+  if (o.mode == InterpolateMode::NearestExact || o.mode == InterpolateMode::Lanczos3)
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("mode {} does not apply to grid sampling (Nearest, Bilinear or Bicubic)",
+                               kInterpolateModes[static_cast<std::size_t>(o.mode)]));
+  const auto p = static_cast<std::int64_t>(o.padding_mode);
+  if (p < 0 || p > static_cast<std::int64_t>(GridSamplePaddingMode::Reflection))
+    return c.error(ErrorCode::Invalid, fmt::format("unknown padding mode {}", p));
+  return Status::Ok();
+}
+}  // namespace
+
+Result<Operation> interpolate(const TensorIr& x, std::array<std::uint64_t, 2> output_size,
+                              const InterpolateOptions& options, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Interpolate};
+  KILN_RETURN_IF_ERROR(check_image(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_interpolate_args(c, output_size, options));
+  return module_op(c, {&x}, Shape{x.shape[0], x.shape[1], output_size[0], output_size[1]}, x.dtype, out,
+                   interpolate_attrs(output_size, options));
+}
+
+Result<Operation> interpolate_backward(const TensorIr& x, const TensorIr& grad,
+                                       std::array<std::uint64_t, 2> output_size, const InterpolateOptions& options,
+                                       TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_InterpolateBackward};
+  KILN_RETURN_IF_ERROR(check_image(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grad, "grad"));
+  KILN_RETURN_IF_ERROR(check_interpolate_args(c, output_size, options));
+  // grad is the gradient of Interpolate's output: the kernel walks it by that shape.
+  const Shape expected{x.shape[0], x.shape[1], output_size[0], output_size[1]};
+  if (grad.shape != expected)
+    return c.error(grad.shape.size() != 4 ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+                   fmt::format("grad {} must have shape {} (x {}, output_size {})", grad.to_string(),
+                               shape_to_string(expected), shape_to_string(x.shape), dims(output_size)));
+  return module_op(c, {&x, &grad}, x.shape, x.dtype, out, interpolate_attrs(output_size, options));
+}
+
+Result<Operation> grid_sample_2d(const TensorIr& tensor, const TensorIr& grid, const GridSampleOptions& options,
+                                 TensorId out) {
+  const Ctx c{Family::Float, OpKind::Float_GridSample2d};
+  KILN_RETURN_IF_ERROR(check_image(c, tensor, "tensor"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grid, "grid"));
+  KILN_RETURN_IF_ERROR(check_rank(c, grid, 4, "grid"));
+  if (grid.shape[3] != 2)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("grid {} must hold 2 coordinates (x, y) in its last dim", grid.to_string()));
+  if (grid.shape[0] != tensor.shape[0])
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("grid {} has batch {}, tensor {} has {}", grid.to_string(), grid.shape[0],
+                               tensor.to_string(), tensor.shape[0]));
+  KILN_RETURN_IF_ERROR(check_grid_options(c, options));
+  return module_op(c, {&tensor, &grid}, Shape{tensor.shape[0], tensor.shape[1], grid.shape[1], grid.shape[2]},
+                   tensor.dtype, out,
+                   {static_cast<std::int64_t>(options.mode), static_cast<std::int64_t>(options.padding_mode),
+                    options.align_corners ? 1 : 0});
+}
+
+Result<Operation> unfold4d(const TensorIr& x, std::array<std::uint64_t, 2> kernel_size, const Unfold4dOptions& o,
+                           TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Unfold4d};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
+  const std::array<std::uint64_t, 2>& k = kernel_size;
+  KILN_RETURN_IF_ERROR(check_attr_range(
+      c, {k[0], k[1], o.stride[0], o.stride[1], o.padding[0], o.padding[1], o.dilation[0], o.dilation[1]},
+      "kernel size, stride, padding or dilation"));
+  // The blocks of a conv with an [C·kh·kw, C, kh, kw] weight (§6.3), one column each.
+  std::uint64_t blocks[2];
+  for (std::size_t i = 0; i < 2; ++i) {
+    KILN_ASSIGN_OR_RETURN(blocks[i],
+                          c.wrap(shape::conv_output(x.shape[2 + i], k[i], o.stride[i], o.padding[i], o.dilation[i])));
+  }
+  std::uint64_t rows = 0, columns = 0;
+  if (__builtin_mul_overflow(x.shape[1], k[0], &rows) || __builtin_mul_overflow(rows, k[1], &rows) ||
+      __builtin_mul_overflow(blocks[0], blocks[1], &columns))
+    return c.error(ErrorCode::Invalid, fmt::format("the unfolded shape of x {} with kernel {} overflows",
+                                                   shape_to_string(x.shape), dims(k)));
+  return module_op(c, {&x}, Shape{x.shape[0], rows, columns}, x.dtype, out,
+                   {attr(k[0]), attr(k[1]), attr(o.stride[0]), attr(o.stride[1]), attr(o.padding[0]),
+                    attr(o.padding[1]), attr(o.dilation[0]), attr(o.dilation[1])});
+}
+
+// ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3)
+
+ConvOptions conv_options(const Conv1dOptions& o) { return {{o.stride}, {o.padding}, {}, {o.dilation}, o.groups}; }
+ConvOptions conv_options(const Conv2dOptions& o) {
+  return {{o.stride.begin(), o.stride.end()},
+          {o.padding.begin(), o.padding.end()},
+          {},
+          {o.dilation.begin(), o.dilation.end()},
+          o.groups};
+}
+ConvOptions conv_options(const Conv3dOptions& o) {
+  return {{o.stride.begin(), o.stride.end()},
+          {o.padding.begin(), o.padding.end()},
+          {},
+          {o.dilation.begin(), o.dilation.end()},
+          o.groups};
+}
+ConvOptions conv_options(const ConvTranspose1dOptions& o) {
+  return {{o.stride}, {o.padding}, {o.padding_out}, {o.dilation}, o.groups};
+}
+ConvOptions conv_options(const ConvTranspose2dOptions& o) {
+  return {{o.stride.begin(), o.stride.end()},
+          {o.padding.begin(), o.padding.end()},
+          {o.padding_out.begin(), o.padding_out.end()},
+          {o.dilation.begin(), o.dilation.end()},
+          o.groups};
+}
+ConvOptions conv_options(const ConvTranspose3dOptions& o) {
+  return {{o.stride.begin(), o.stride.end()},
+          {o.padding.begin(), o.padding.end()},
+          {o.padding_out.begin(), o.padding_out.end()},
+          {o.dilation.begin(), o.dilation.end()},
+          o.groups};
+}
+
+namespace {
+
+struct ConvKindRow {
+  OpKind kind;
+  ConvKindInfo info;
+};
+constexpr ConvRole kFwd = ConvRole::Forward, kX = ConvRole::XBackward, kW = ConvRole::WeightBackward,
+                   kB = ConvRole::BiasBackward;
+constexpr ConvKindRow kConvKinds[] = {
+    {OpKind::Module_Conv1d, {1, false, kFwd}},
+    {OpKind::Module_Conv2d, {2, false, kFwd}},
+    {OpKind::Module_Conv3d, {3, false, kFwd}},
+    {OpKind::Module_Conv1dXBackward, {1, false, kX}},
+    {OpKind::Module_Conv2dXBackward, {2, false, kX}},
+    {OpKind::Module_Conv3dXBackward, {3, false, kX}},
+    {OpKind::Module_Conv1dWeightBackward, {1, false, kW}},
+    {OpKind::Module_Conv2dWeightBackward, {2, false, kW}},
+    {OpKind::Module_Conv3dWeightBackward, {3, false, kW}},
+    {OpKind::Module_Conv1dBiasBackward, {1, false, kB}},
+    {OpKind::Module_Conv2dBiasBackward, {2, false, kB}},
+    {OpKind::Module_Conv3dBiasBackward, {3, false, kB}},
+    {OpKind::Module_ConvTranspose1d, {1, true, kFwd}},
+    {OpKind::Module_ConvTranspose2d, {2, true, kFwd}},
+    {OpKind::Module_ConvTranspose3d, {3, true, kFwd}},
+    {OpKind::Module_ConvTranspose1dWeightBackward, {1, true, kW}},
+    {OpKind::Module_ConvTranspose2dWeightBackward, {2, true, kW}},
+    {OpKind::Module_ConvTranspose3dWeightBackward, {3, true, kW}},
+    {OpKind::Module_ConvTranspose1dBiasBackward, {1, true, kB}},
+    {OpKind::Module_ConvTranspose2dBiasBackward, {2, true, kB}},
+    {OpKind::Module_ConvTranspose3dBiasBackward, {3, true, kB}},
+};
+
+// The kind has the builder's signature (and so is a convolution kind): its rank and role.
+Result<ConvKindInfo> conv_kind_for(const Ctx& c, Signature sig) {
+  KILN_RETURN_IF_ERROR(check_kind(c, sig, OutKind::Plain));
+  const std::optional<ConvKindInfo> k = conv_kind_info(c.kind);
+  if (!k) return c.error(ErrorCode::Internal, "a kind of a convolution signature missing from the convolution table");
+  return *k;
+}
+
+// One value per spatial dim, each at least `min` and within an i64 attribute.
+Status check_conv_list(const Ctx& c, const char* what, std::span<const std::uint64_t> v, std::size_t n,
+                       std::uint64_t min) {
+  if (v.size() != n)
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("{} {} has {} values, a {}-d convolution takes {}", what, dims(v), v.size(), n, n));
+  for (std::uint64_t x : v)
+    if (x < min || x > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return c.error(ErrorCode::Invalid, fmt::format("{} {}: every value must be at least {} and fit an i64 attribute",
+                                                     what, dims(v), min));
+  return Status::Ok();
+}
+
+// The option lists fit the rank; a transposed convolution's padding_out is below max(stride,
+// dilation) per dim, as PyTorch requires: a larger one only appends positions no input reaches.
+Status check_conv_options(const Ctx& c, const ConvKindInfo& k, const ConvOptions& o) {
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "stride", o.stride, k.rank, 1));
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "padding", o.padding, k.rank, 0));
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "dilation", o.dilation, k.rank, 1));
+  if (!k.transposed && !o.padding_out.empty())
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("padding_out {} applies to transposed convolutions only", dims(o.padding_out)));
+  if (k.transposed) KILN_RETURN_IF_ERROR(check_conv_list(c, "padding_out", o.padding_out, k.rank, 0));
+  KILN_RETURN_IF_ERROR(check_spatial_options(c, o.groups));
+  if (o.groups > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    return c.error(ErrorCode::Invalid, fmt::format("groups {} does not fit an i64 attribute", o.groups));
+  for (std::size_t i = 0; i < o.padding_out.size(); ++i)
+    if (o.padding_out[i] >= std::max(o.stride[i], o.dilation[i]))
+      return c.error(ErrorCode::Invalid,
+                     fmt::format("padding_out {} must be smaller than the stride {} or the dilation {} (dim {})",
+                                 o.padding_out[i], o.stride[i], o.dilation[i], i));
+  return Status::Ok();
+}
+
+// x and weight of rank n + 2 whose channels fit the groups; the forward's output channels.
+Result<std::uint64_t> conv_channels(const Ctx& c, const ConvKindInfo& k, const TensorIr& x, const TensorIr& w,
+                                    std::uint64_t groups) {
+  KILN_RETURN_IF_ERROR(check_rank(c, x, k.rank + 2, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, w, k.rank + 2, "weight"));
+  const std::uint64_t c_in = x.shape[1];
+  if (c_in % groups != 0)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} channels, not divisible by {} groups", x.to_string(), c_in, groups));
+  if (k.transposed) {
+    std::uint64_t c_out = 0;
+    if (w.shape[0] != c_in)
+      return c.error(ErrorCode::IncompatibleShapes,
+                     fmt::format("x {} has {} channels, weight {} ([C_in, C_out / groups, k...]) takes {}",
+                                 x.to_string(), c_in, w.to_string(), w.shape[0]));
+    if (__builtin_mul_overflow(w.shape[1], groups, &c_out))
+      return c.error(ErrorCode::Invalid,
+                     fmt::format("weight {} x {} groups: the channel count overflows", w.to_string(), groups));
+    return c_out;
+  }
+  if (w.shape[0] % groups != 0)
+    return c.error(
+        ErrorCode::IncompatibleShapes,
+        fmt::format("weight {} has {} output channels, not divisible by {} groups", w.to_string(), w.shape[0], groups));
+  if (w.shape[1] != c_in / groups)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} channels, weight {} ([C_out, C_in / groups, k...]) takes {} per group x {} "
+                               "groups",
+                               x.to_string(), c_in, w.to_string(), w.shape[1], groups));
+  return w.shape[0];
+}
+
+// The forward's output, [N, C_out, out...] by the conv or the transposed formula (docs/spec/ir.md §4;
+// an output of size 0 or less is an error there).
+Result<Shape> conv_forward_shape(const Ctx& c, const ConvKindInfo& k, const TensorIr& x, const TensorIr& w,
+                                 const ConvOptions& o) {
+  KILN_RETURN_IF_ERROR(check_conv_options(c, k, o));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t c_out, conv_channels(c, k, x, w, o.groups));
+  Shape shape{x.shape[0], c_out};
+  for (std::size_t i = 0; i < k.rank; ++i) {
+    const std::uint64_t in = x.shape[2 + i], kernel = w.shape[2 + i];
+    Result<std::uint64_t> size =
+        k.transposed
+            ? shape::conv_transpose_output(in, kernel, o.stride[i], o.padding[i], o.padding_out[i], o.dilation[i])
+            : shape::conv_output(in, kernel, o.stride[i], o.padding[i], o.dilation[i]);
+    KILN_ASSIGN_OR_RETURN(std::uint64_t n, c.wrap(std::move(size)));
+    shape.push_back(n);
+  }
+  return shape;
+}
+
+// [stride..., padding..., padding_out..., dilation..., groups] (padding_out empty unless transposed).
+AttrList conv_attrs(const ConvOptions& o) {
+  AttrList a;
+  for (const std::vector<std::uint64_t>* list : {&o.stride, &o.padding, &o.padding_out, &o.dilation})
+    for (std::uint64_t v : *list) a.push_back(attr(v));
+  a.push_back(attr(o.groups));
+  return a;
+}
+
+Result<Operation> conv_forward(const Ctx& c, Signature sig, const TensorIr& x, const TensorIr& weight,
+                               const std::optional<TensorIr>& bias, const ConvOptions& o, TensorId out) {
+  KILN_ASSIGN_OR_RETURN(ConvKindInfo k, conv_kind_for(c, sig));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
+  KILN_ASSIGN_OR_RETURN(Shape shape, conv_forward_shape(c, k, x, weight, o));
+  KILN_RETURN_IF_ERROR(check_bias(c, bias, shape[1]));
+  return module_op(c, {&x, &weight, bias ? &*bias : nullptr}, std::move(shape), x.dtype, out, conv_attrs(o));
+}
+
+// The X or Weight gradient of a convolution, the Weight gradient of a transposed one: output_grad
+// is shaped like the forward's output of x and weight.
+Result<Operation> conv_gradient(const Ctx& c, Signature sig, const TensorIr& x, const TensorIr& weight,
+                                const TensorIr& output_grad, const ConvOptions& o, TensorId out) {
+  KILN_ASSIGN_OR_RETURN(ConvKindInfo k, conv_kind_for(c, sig));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weight, "weight"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_ASSIGN_OR_RETURN(Shape forward, conv_forward_shape(c, k, x, weight, o));
+  if (output_grad.shape != forward)
+    return c.error(
+        output_grad.shape.size() != forward.size() ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+        fmt::format("output_grad {} must have the forward's output shape {} (x {}, weight {})", output_grad.to_string(),
+                    shape_to_string(forward), shape_to_string(x.shape), shape_to_string(weight.shape)));
+  Shape shape = k.role == ConvRole::XBackward ? x.shape : weight.shape;
+  return module_op(c, {&x, &weight, &output_grad}, std::move(shape), output_grad.dtype, out, conv_attrs(o));
+}
+
+}  // namespace
+
+std::optional<ConvKindInfo> conv_kind_info(OpKind kind) {
+  for (const ConvKindRow& row : kConvKinds)
+    if (row.kind == kind) return row.info;
+  return std::nullopt;
+}
+
+Result<Operation> conv(OpKind kind, const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                       const ConvOptions& options, TensorId out) {
+  return conv_forward(Ctx{Family::Module, kind}, Signature::Conv, x, weight, bias, options, out);
+}
+
+Result<Operation> conv_transpose(OpKind kind, const TensorIr& x, const TensorIr& weight,
+                                 const std::optional<TensorIr>& bias, const ConvOptions& options, TensorId out) {
+  return conv_forward(Ctx{Family::Module, kind}, Signature::ConvTranspose, x, weight, bias, options, out);
+}
+
+Result<Operation> conv_backward(OpKind kind, const TensorIr& x, const TensorIr& weight, const TensorIr& output_grad,
+                                const ConvOptions& options, TensorId out) {
+  return conv_gradient(Ctx{Family::Module, kind}, Signature::ConvBackward, x, weight, output_grad, options, out);
+}
+
+Result<Operation> conv_transpose_backward(OpKind kind, const TensorIr& x, const TensorIr& weight,
+                                          const TensorIr& output_grad, const ConvOptions& options, TensorId out) {
+  return conv_gradient(Ctx{Family::Module, kind}, Signature::ConvTransposeBackward, x, weight, output_grad, options,
+                       out);
+}
+
+Result<Operation> conv_bias_backward(OpKind kind, const TensorIr& x, const TensorIr& bias, const TensorIr& output_grad,
+                                     TensorId out) {
+  const Ctx c{Family::Module, kind};
+  KILN_ASSIGN_OR_RETURN(ConvKindInfo k, conv_kind_for(c, Signature::ConvBiasBackward));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, bias, "bias"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, output_grad, "output_grad"));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, k.rank + 2, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, output_grad, k.rank + 2, "output_grad"));
+  if (output_grad.shape[0] != x.shape[0])
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("output_grad {} and x {} must have the same batch",
+                                                              output_grad.to_string(), x.to_string()));
+  KILN_RETURN_IF_ERROR(check_vector(c, bias, "bias", output_grad.shape[1], "output_grad's channels, dim 1"));
+  return module_op(c, {&x, &bias, &output_grad}, bias.shape, output_grad.dtype, out, {});
+}
+
+Result<Operation> conv1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv1dOptions& options, TensorId out) {
+  return conv(OpKind::Module_Conv1d, x, weight, bias, conv_options(options), out);
+}
+
+Result<Operation> conv3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv3dOptions& options, TensorId out) {
+  return conv(OpKind::Module_Conv3d, x, weight, bias, conv_options(options), out);
+}
+
+Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose2dOptions& options, TensorId out) {
+  return conv_transpose(OpKind::Module_ConvTranspose2d, x, weight, bias, conv_options(options), out);
+}
+
+Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose3dOptions& options, TensorId out) {
+  return conv_transpose(OpKind::Module_ConvTranspose3d, x, weight, bias, conv_options(options), out);
 }
 
 // ---- Lifecycle, custom, collectives

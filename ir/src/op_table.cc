@@ -46,9 +46,13 @@ constexpr SignatureInfo kSignatures[] = {
     {"TopKWithIndices", 1, 1, 2, 0, 0, 2, 2, false},
     {"Sort", 1, 1, 1, 0, 0, 2, 2, false},
     {"SortWithIndices", 1, 1, 2, 0, 0, 2, 2, false},
+    {"Unfold", 1, 1, 1, 0, 0, 3, 3, false},
+    {"ScatterNd", 3, 3, 1, 0, 0, 1, 1, false},
+    {"Cross", 2, 2, 1, 0, 0, 1, 1, false},
+    {"HardSigmoid", 1, 1, 1, 2, 2, 0, 0, false},
     {"GatherNd", 2, 2, 1, 0, 0, 0, 0, false},
-    {"Conv2d", 2, 3, 1, 0, 0, 7, 7, false},
-    {"ConvTranspose1d", 2, 3, 1, 0, 0, 5, 5, false},
+    {"Conv", 2, 3, 1, 0, 0, 4, 10, false},
+    {"ConvTranspose", 2, 3, 1, 0, 0, 5, 13, false},
     {"MaxPool2d", 1, 1, 1, 0, 0, 9, 9, false},
     {"AvgPool2d", 1, 1, 1, 0, 0, 8, 8, false},
     {"Embedding", 2, 2, 1, 0, 0, 0, 0, false},
@@ -56,6 +60,26 @@ constexpr SignatureInfo kSignatures[] = {
     {"AllReduce", 1, 1, 1, 0, 0, 1, V, false},
     {"SyncCollective", 0, 0, 0, 0, 0, 0, 0, false},
     {"Custom", 0, V, V, 0, V, 0, 0, false},
+    {"Linear", 2, 3, 1, 0, 0, 0, 0, false},
+    {"LinearBackward", 2, 2, 1, 0, 0, 0, 0, false},
+    {"LinearBiasBackward", 1, 1, 1, 0, 0, 0, 0, false},
+    {"LayerNorm", 2, 3, 1, 0, 0, 1, 1, false},
+    {"BatchNorm", 5, 5, 1, 1, 1, 0, 0, false},
+    {"EmbeddingBackward", 3, 3, 1, 0, 0, 0, 0, false},
+    {"ConvBackward", 3, 3, 1, 0, 0, 4, 10, false},
+    {"ConvTransposeBackward", 3, 3, 1, 0, 0, 5, 13, false},
+    {"ConvBiasBackward", 3, 3, 1, 0, 0, 0, 0, false},
+    {"MaxPool", 1, 1, 1, 0, 0, 5, 9, false},
+    {"MaxPoolWithIndices", 1, 1, 2, 0, 0, 5, 9, false},
+    {"MaxPoolWithIndicesBackward", 3, 3, 1, 0, 0, 5, 9, false},
+    {"AvgPool", 1, 1, 1, 0, 0, 5, 8, false},
+    {"AvgPoolBackward", 2, 2, 1, 0, 0, 5, 8, false},
+    {"AdaptiveAvgPool", 1, 1, 1, 0, 0, 1, 3, false},
+    {"AdaptiveAvgPoolBackward", 2, 2, 1, 0, 0, 0, 0, false},
+    {"GridSample2d", 2, 2, 1, 0, 0, 3, 3, false},
+    {"Interpolate", 1, 1, 1, 0, 0, 4, 4, false},
+    {"InterpolateBackward", 2, 2, 1, 0, 0, 4, 4, false},
+    {"Unfold4d", 1, 1, 1, 0, 0, 8, 8, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);
@@ -90,6 +114,7 @@ bool group_admits(OpGroup g, Family f) {
     case OpGroup::Custom: return f == Family::Custom;
     case OpGroup::Drop: return f == Family::Drop;
     case OpGroup::Distributed: return f == Family::Distributed;
+    case OpGroup::Activation: return f == Family::Activation;
   }
   return false;
 }
@@ -109,7 +134,7 @@ std::optional<OpGroup> group_of_family(Family f) {
     case Family::Custom: return OpGroup::Custom;
     case Family::Drop: return OpGroup::Drop;
     case Family::Distributed: return OpGroup::Distributed;
-    case Family::Activation: return std::nullopt;
+    case Family::Activation: return OpGroup::Activation;
   }
   return std::nullopt;
 }

@@ -1,5 +1,5 @@
 // Reference kernels: unary, binary and scalar arithmetic, comparisons, bitwise and bool logic,
-// casts, clamp, mask_where and mask_fill.
+// casts, clamp, mask_where, mask_fill and the float cross product.
 //
 // Every kernel loops over the output's elements, reads its operands in the compute domain of the
 // input dtype (double, i64, u64 or bool; see reference_internal.h), applies the scalar function
@@ -426,6 +426,41 @@ Result<Outputs> run_binary(const Ctx& c) {
     }
     return single(std::move(out));
   });
+}
+
+// ---- Cross{lhs, rhs, dim}: the cross product of the 3-vectors along dim, the other dims
+// broadcast (docs/spec/ir.md §6.3; torch.linalg.cross). Float only: each component is computed in
+// f64 from the two products (exact for f32 and narrower operands) and rounded once.
+
+Result<Outputs> run_cross(const Ctx& c) {
+  const HostTensor& a = c.in[0];
+  const HostTensor& b = c.in[1];
+  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
+  if (!a.dtype().is_float())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("does not apply to {}", a.to_string()));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::broadcast(a.shape(), b.shape())));
+  KILN_ASSIGN_OR_RETURN(std::size_t dim, axis_attr(c, 0, a.shape().size(), "dim"));
+  if (a.shape()[dim] != 3 || b.shape()[dim] != 3)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("dim {} must have size 3 in both operands ({} x {})", dim,
+                                                              a.to_string(), b.to_string()));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, a.dtype()));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  const std::vector<std::uint64_t> ma = broadcast_map(a.shape(), out.shape());
+  const std::vector<std::uint64_t> mb = broadcast_map(b.shape(), out.shape());
+  // Element i with component 0 along dim has its components at i, i + inner, i + 2 inner.
+  const std::uint64_t inner = dims_product(out.shape(), dim + 1, out.shape().size());
+  for (std::uint64_t i = 0; i < ma.size(); ++i) {
+    if ((i / inner) % 3 != 0) continue;  // ma is empty when inner is 0
+    double x[3], y[3];
+    for (std::uint64_t j = 0; j < 3; ++j) {
+      x[j] = a.get_f64(ma[i + j * inner]);
+      y[j] = b.get_f64(mb[i + j * inner]);
+    }
+    element::store_f64(out.mutable_data(), out.dtype(), i, x[1] * y[2] - x[2] * y[1]);
+    element::store_f64(out.mutable_data(), out.dtype(), i + inner, x[2] * y[0] - x[0] * y[2]);
+    element::store_f64(out.mutable_data(), out.dtype(), i + 2 * inner, x[0] * y[1] - x[1] * y[0]);
+  }
+  return single(std::move(out));
 }
 
 // ---- Scalar right-hand side: the scalar is converted to the operand's element type first.

@@ -198,7 +198,8 @@ Status check_family(const ir::Operation& op) {
     case ir::OpGroup::Float: fits = operand.is_float(); break;
     case ir::OpGroup::Int: fits = operand.is_integral(); break;
     case ir::OpGroup::Bool: fits = operand.is_bool(); break;
-    case ir::OpGroup::Module: fits = operand.is_float(); break;
+    case ir::OpGroup::Module:
+    case ir::OpGroup::Activation: fits = operand.is_float(); break;
     case ir::OpGroup::Init:
     case ir::OpGroup::Custom:
     case ir::OpGroup::Drop:
@@ -323,6 +324,8 @@ Result<Outputs> run_all_reduce(const Ctx& c) {
 Result<Outputs> run_kernel(const Ctx& c) {
   using S = ir::Signature;
   const ir::OpKind k = c.op.kind;
+  // The activations reuse Unary, Binary, Scalar and Dim: one kernel file serves the group.
+  if (c.op.info().group == ir::OpGroup::Activation) return run_activation(c);
   switch (c.op.info().signature) {
     case S::Unary: return run_unary(c);
     case S::Binary: return run_binary(c);
@@ -349,6 +352,10 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Gather: return run_gather(c);
     case S::Scatter: return run_scatter(c);
     case S::GatherNd: return run_gather_nd(c);
+    case S::ScatterNd: return run_scatter_nd(c);
+    case S::Unfold: return run_unfold(c);
+    case S::Cross: return run_cross(c);
+    case S::HardSigmoid: return run_activation(c);  // Activation's own (caught above)
     case S::Cat: return run_cat(c);
     case S::RepeatDim: return run_repeat_dim(c);
     case S::Pad: return run_pad(c);
@@ -356,11 +363,24 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Full: return run_creation(c);
     case S::Random: return run_random(c);
     case S::Matmul: return run_matmul(c);
-    case S::Conv2d: return run_conv2d(c);
-    case S::ConvTranspose1d: return run_conv_transpose1d(c);
-    case S::MaxPool2d: return run_max_pool2d(c);
-    case S::AvgPool2d: return run_avg_pool2d(c);
+    case S::Conv:
+    case S::ConvTranspose: return run_conv(c);
+    case S::MaxPool2d: return run_max_pool(c);
+    case S::AvgPool2d: return run_avg_pool(c);
     case S::Embedding: return run_embedding(c);
+    case S::Linear: return run_linear(c);
+    case S::LinearBackward: return run_linear_backward(c);
+    case S::LinearBiasBackward: return run_linear_bias_backward(c);
+    case S::LayerNorm: return run_layer_norm(c);
+    case S::BatchNorm: return run_batch_norm(c);
+    case S::EmbeddingBackward: return run_embedding_backward(c);
+    case S::MaxPool:
+    case S::MaxPoolWithIndices: return run_max_pool(c);
+    case S::MaxPoolWithIndicesBackward: return run_max_pool_backward(c);
+    case S::AvgPool: return run_avg_pool(c);
+    case S::AvgPoolBackward: return run_avg_pool_backward(c);
+    case S::AdaptiveAvgPool: return run_adaptive_avg_pool(c);
+    case S::AdaptiveAvgPoolBackward: return run_adaptive_avg_pool_backward(c);
     case S::AllReduce: return run_all_reduce(c);
     case S::Custom:
       return c.error(
@@ -370,6 +390,14 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Init:
     case S::Drop:
     case S::SyncCollective: break;
+    // Convolution gradients (reference_conv.cc, with the forwards above)
+    case S::ConvBackward:
+    case S::ConvTransposeBackward: return run_conv_backward(c);
+    case S::ConvBiasBackward: return run_conv_bias_backward(c);
+    case S::GridSample2d: return run_grid_sample_2d(c);
+    case S::Interpolate: return run_interpolate(c);
+    case S::InterpolateBackward: return run_interpolate_backward(c);
+    case S::Unfold4d: return run_unfold4d(c);
   }
   return c.error(ErrorCode::Internal, "no kernel for this signature");
 }

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <boost/container/small_vector.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kiln/base/result.h"
@@ -222,6 +224,19 @@ bool read_index(const HostTensor& t, std::uint64_t i, std::uint64_t& out);
 Result<std::uint64_t> checked_index(const Ctx& c, const HostTensor& indices, std::uint64_t i, std::uint64_t size,
                                     const char* what);
 
+// A sliding window's kernel taps [lo, hi) whose position start + i * step - pad falls inside
+// [0, n) (the kernel size is an attribute: it may be far larger than the input when the padding
+// is).
+inline std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::uint64_t k, std::uint64_t step,
+                                                           std::uint64_t pad, std::uint64_t n) {
+  // start + i * step >= pad  <=>  i >= ceil((pad - start) / step)
+  const std::uint64_t lo = start >= pad ? 0 : (pad - start + step - 1) / step;
+  // start + i * step < pad + n  <=>  i < ceil((pad + n - start) / step)
+  const std::uint64_t end = pad + n;
+  const std::uint64_t hi = end <= start ? 0 : std::min(k, (end - start + step - 1) / step);
+  return {std::min(lo, hi), hi};
+}
+
 // Applies Scatter / SelectAssign's update rule (attribute) to old and new values.
 template <class T>
 T apply_update(ir::IndexingUpdate u, T old, T v) {
@@ -260,6 +275,7 @@ Result<Outputs> run_cast(const Ctx& c);
 Result<Outputs> run_clamp(const Ctx& c);
 Result<Outputs> run_mask_where(const Ctx& c);
 Result<Outputs> run_mask_fill(const Ctx& c);
+Result<Outputs> run_cross(const Ctx& c);  // Float Cross: 3-vectors along a dim, broadcasting
 
 // reference_reduce.cc
 Result<Outputs> run_reduce(const Ctx& c);      // whole tensor
@@ -283,19 +299,46 @@ Result<Outputs> run_select_assign(const Ctx& c);
 Result<Outputs> run_gather(const Ctx& c);
 Result<Outputs> run_scatter(const Ctx& c);
 Result<Outputs> run_gather_nd(const Ctx& c);
+Result<Outputs> run_scatter_nd(const Ctx& c);
+Result<Outputs> run_unfold(const Ctx& c);
 Result<Outputs> run_cat(const Ctx& c);
 Result<Outputs> run_repeat_dim(const Ctx& c);
 Result<Outputs> run_pad(const Ctx& c);
 Result<Outputs> run_creation(const Ctx& c);  // Empty, Zeros, Ones, Full
 Result<Outputs> run_random(const Ctx& c);    // Random, IntRandom
 
+// reference_activation.cc: every Activation kind (docs/spec/ir.md §5.9), whatever its signature
+// (Unary, Binary, Scalar, HardSigmoid, Dim).
+Result<Outputs> run_activation(const Ctx& c);
+
 // reference_module.cc
 Result<Outputs> run_matmul(const Ctx& c);
-Result<Outputs> run_conv2d(const Ctx& c);
-Result<Outputs> run_conv_transpose1d(const Ctx& c);
-Result<Outputs> run_max_pool2d(const Ctx& c);
-Result<Outputs> run_avg_pool2d(const Ctx& c);
 Result<Outputs> run_embedding(const Ctx& c);
+Result<Outputs> run_linear(const Ctx& c);
+Result<Outputs> run_linear_backward(const Ctx& c);  // LinearXBackward, LinearWeightBackward
+Result<Outputs> run_linear_bias_backward(const Ctx& c);
+Result<Outputs> run_layer_norm(const Ctx& c);
+Result<Outputs> run_batch_norm(const Ctx& c);
+Result<Outputs> run_embedding_backward(const Ctx& c);
+
+// reference_conv.cc: Conv1d/2d/3d and ConvTranspose1d/2d/3d (signatures Conv, ConvTranspose), the
+// X and Weight gradients (ConvBackward, ConvTransposeBackward) and the bias gradients.
+Result<Outputs> run_conv(const Ctx& c);
+Result<Outputs> run_conv_backward(const Ctx& c);
+Result<Outputs> run_conv_bias_backward(const Ctx& c);
+// reference_pool.cc: every pool (docs/spec/ir.md §5.8), rank-generic (the kind gives 1, 2 or 3
+// spatial dims).
+Result<Outputs> run_max_pool(const Ctx& c);  // MaxPool1d/2d, MaxPool1d/2dWithIndices
+Result<Outputs> run_max_pool_backward(const Ctx& c);
+Result<Outputs> run_avg_pool(const Ctx& c);  // AvgPool1d/2d
+Result<Outputs> run_avg_pool_backward(const Ctx& c);
+Result<Outputs> run_adaptive_avg_pool(const Ctx& c);
+Result<Outputs> run_adaptive_avg_pool_backward(const Ctx& c);
+// reference_resample.cc
+Result<Outputs> run_interpolate(const Ctx& c);
+Result<Outputs> run_interpolate_backward(const Ctx& c);
+Result<Outputs> run_grid_sample_2d(const Ctx& c);
+Result<Outputs> run_unfold4d(const Ctx& c);
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

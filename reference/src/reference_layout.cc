@@ -1,6 +1,6 @@
 // Reference kernels: layout (reshape, expand, swap_dims, permute, flip, slice, slice_assign,
-// repeat_dim, cat, pad), indexing (select, select_assign, gather, scatter, gather_nd) and
-// creation (empty, zeros, ones, full, random).
+// repeat_dim, cat, pad, unfold), indexing (select, select_assign, gather, scatter, gather_nd,
+// scatter_nd) and creation (empty, zeros, ones, full, random).
 //
 // Layout and indexing kernels move elements bit for bit (any dtype, NaN payloads kept): each
 // output element is computed from its multi-index, which says which input element it copies.
@@ -55,6 +55,44 @@ std::uint64_t slice_position(const ir::Slice& s, std::uint64_t n, std::uint64_t 
   const std::uint64_t abs_step =
       s.step < 0 ? static_cast<std::uint64_t>(-(s.step + 1)) + 1 : static_cast<std::uint64_t>(s.step);
   return s.step > 0 ? b + i * abs_step : (e - 1) - i * abs_step;  // i < output_size: stays in [b, e)
+}
+
+// GatherNd / ScatterNd: indices [.., k] (an integer tensor of rank >= 1, k <= the rank of data)
+// hold `tuples` k-tuples, each addressing the sub-tensor data[i0, .., ik-1, ...] of `inner`
+// elements; `part` = indices[..-1] ++ data[k..] is the shape of all of them together.
+struct NdIndexing {
+  std::size_t k = 0;
+  std::uint64_t tuples = 0;
+  std::uint64_t inner = 0;
+  ir::Shape part;
+};
+
+Result<NdIndexing> nd_indexing(const Ctx& c, const HostTensor& data, const HostTensor& idx) {
+  KILN_RETURN_IF_ERROR(expect_index_tensor(c, idx, "indices"));
+  const ir::Shape& is = idx.shape();
+  if (is.empty())
+    return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", idx.to_string()));
+  if (is.back() > data.shape().size())
+    return c.error(ErrorCode::OutOfBounds,
+                   fmt::format("indices {} address {} dims of {}", idx.to_string(), is.back(), data.to_string()));
+  NdIndexing nd;
+  nd.k = static_cast<std::size_t>(is.back());
+  nd.tuples = dims_product(is, 0, is.size() - 1);
+  nd.inner = dims_product(data.shape(), nd.k, data.shape().size());
+  nd.part.assign(is.begin(), is.end() - 1);
+  nd.part.insert(nd.part.end(), data.shape().begin() + static_cast<std::ptrdiff_t>(nd.k), data.shape().end());
+  return nd;
+}
+
+// The linear offset in data of the sub-tensor tuple t addresses, each index checked against its dim.
+Result<std::uint64_t> nd_offset(const Ctx& c, const HostTensor& data, const HostTensor& idx, const NdIndexing& nd,
+                                const std::vector<std::uint64_t>& data_strides, std::uint64_t t, const char* what) {
+  std::uint64_t base = 0;
+  for (std::size_t j = 0; j < nd.k; ++j) {
+    KILN_ASSIGN_OR_RETURN(std::uint64_t at, checked_index(c, idx, t * nd.k + j, data.shape()[j], what));
+    base += at * data_strides[j];
+  }
+  return base;
 }
 
 // Applies an IndexingUpdate to output element `dst` with element `src` of `value` (same dtype).
@@ -315,33 +353,68 @@ Result<Outputs> run_scatter(const Ctx& c) {
 Result<Outputs> run_gather_nd(const Ctx& c) {
   const HostTensor& data = c.in[0];
   const HostTensor& idx = c.in[1];
-  KILN_RETURN_IF_ERROR(expect_index_tensor(c, idx, "indices"));
-  const ir::Shape& is = idx.shape();
-  if (is.empty())
-    return c.error(ErrorCode::RankMismatch, fmt::format("indices {} must have rank >= 1", idx.to_string()));
-  const std::uint64_t k = is.back();
-  if (k > data.shape().size())
-    return c.error(ErrorCode::OutOfBounds,
-                   fmt::format("indices {} address {} dims of {}", idx.to_string(), k, data.to_string()));
-  const std::size_t kk = static_cast<std::size_t>(k);
-  ir::Shape expected(is.begin(), is.end() - 1);
-  expected.insert(expected.end(), data.shape().begin() + static_cast<std::ptrdiff_t>(kk), data.shape().end());
+  KILN_ASSIGN_OR_RETURN(NdIndexing nd, nd_indexing(c, data, idx));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, data.dtype()));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, expected));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, nd.part));
   KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  if (nd.inner == 0) return single(std::move(out));  // nothing to copy (and nothing to check)
   const std::vector<std::uint64_t> data_strides = strides_of(data.shape());
-  const std::uint64_t inner = dims_product(data.shape(), kk, data.shape().size());
-  const std::uint64_t tuples = dims_product(is, 0, is.size() - 1);
-  if (inner == 0) return single(std::move(out));  // nothing to copy (and nothing to check)
-  for (std::uint64_t t = 0; t < tuples; ++t) {
-    std::uint64_t base = 0;
-    for (std::size_t j = 0; j < kk; ++j) {
-      KILN_ASSIGN_OR_RETURN(std::uint64_t at, checked_index(c, idx, t * k + j, data.shape()[j], "gather_nd"));
-      base += at * data_strides[j];
-    }
-    for (std::uint64_t e = 0; e < inner; ++e) copy_element(data, base + e, out, t * inner + e);
+  for (std::uint64_t t = 0; t < nd.tuples; ++t) {
+    KILN_ASSIGN_OR_RETURN(std::uint64_t base, nd_offset(c, data, idx, nd, data_strides, t, "gather_nd"));
+    for (std::uint64_t e = 0; e < nd.inner; ++e) copy_element(data, base + e, out, t * nd.inner + e);
   }
   return single(std::move(out));
+}
+
+// ---- ScatterNd{data, indices, values, reduction}: a copy of data in which, for each k-tuple t of
+// indices in index order, the sub-tensor data[t] is updated with values[t] under the reduction
+// (Assign: a repeated tuple's last write wins). values must be indices[..-1] ++ data[k..] (ONNX
+// ScatterND, Burn's scatter_nd). Every index is checked, even when the sub-tensors are empty.
+
+Result<Outputs> run_scatter_nd(const Ctx& c) {
+  const HostTensor& data = c.in[0];
+  const HostTensor& idx = c.in[1];
+  const HostTensor& values = c.in[2];
+  KILN_ASSIGN_OR_RETURN(ir::IndexingUpdate update, update_attr(c, 0));
+  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
+  KILN_ASSIGN_OR_RETURN(NdIndexing nd, nd_indexing(c, data, idx));
+  if (values.shape() != nd.part)
+    return c.error(
+        ErrorCode::IncompatibleShapes,
+        fmt::format("values {} must have shape {} (indices {} address {} dims of data {})", values.to_string(),
+                    ir::shape_to_string(nd.part), idx.to_string(), nd.k, data.to_string()));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, data.dtype()));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, data.shape()));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, copy_of(c, data));
+  const std::vector<std::uint64_t> data_strides = strides_of(data.shape());
+  for (std::uint64_t t = 0; t < nd.tuples; ++t) {
+    KILN_ASSIGN_OR_RETURN(std::uint64_t base, nd_offset(c, data, idx, nd, data_strides, t, "scatter_nd"));
+    for (std::uint64_t e = 0; e < nd.inner; ++e) update_element(update, values, t * nd.inner + e, out, base + e);
+  }
+  return single(std::move(out));
+}
+
+// ---- Unfold{dim, size, step}: out[p, w, q, j] = in[p, w * step + j, q], the windows of `size`
+// elements every `step` along dim with the window axis appended last (torch.Tensor.unfold,
+// Burn's unfold); docs/spec/ir.md §4 counts the windows (none when size > the dim).
+
+Result<Outputs> run_unfold(const Ctx& c) {
+  const HostTensor& x = c.in[0];
+  const std::size_t rank = x.shape().size();
+  KILN_ASSIGN_OR_RETURN(std::size_t dim, axis_attr(c, 0, rank, "dim"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t size, count_attr(c, 1, "size"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t step, count_attr(c, 2, "step"));
+  if (step == 0) return c.error(ErrorCode::Invalid, "step must be at least 1");
+  ir::Shape expected = x.shape();
+  expected[dim] = ir::shape::unfold_windows(x.shape()[dim], size, step);  // no overflow: step < 2^63
+  expected.push_back(size);
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, expected));
+  // Window w's last element, w * step + size - 1, is at most the dim's last (unfold_windows).
+  return gather_elements(c, x, [&](const Index& o, Index& in) {
+    for (std::size_t d = 0; d < rank; ++d) in[d] = o[d];
+    in[dim] = o[dim] * step + o[rank];
+  });
 }
 
 // ---- Cat{tensors, dim}

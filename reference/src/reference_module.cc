@@ -1,6 +1,7 @@
-// Reference kernels: matmul (float and int), conv2d, conv_transpose1d, max_pool2d, avg_pool2d and
-// embedding. Direct loops straight from the definitions, accumulating floats in f64 (integers in
-// wrapping i64 / u64) in index order.
+// Reference kernels: matmul (float and int), embedding, and (at the end) linear with its
+// backwards, layer_norm, batch_norm and embedding_backward (the convolutions are in
+// reference_conv.cc, the pools in reference_pool.cc). Direct loops straight from the definitions,
+// accumulating floats in f64 (integers in wrapping i64 / u64) in index order.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,36 +14,10 @@ namespace {
 
 using ir::OpKind;
 
-Result<std::uint64_t> positive_attr(const Ctx& c, std::size_t i, const char* what) {
-  const std::int64_t a = c.op.attrs[i];
-  if (a < 1) return c.error(ErrorCode::Invalid, fmt::format("{} must be at least 1, got {}", what, a));
-  return static_cast<std::uint64_t>(a);
-}
-
 Status expect_rank(const Ctx& c, const HostTensor& t, std::size_t rank, const char* what) {
   if (t.shape().size() != rank)
     return c.error(ErrorCode::RankMismatch, fmt::format("{} {} must have rank {}", what, t.to_string(), rank));
   return Status::Ok();
-}
-
-// A window position: start + k * step - pad, if it falls inside [0, n).
-bool window_pos(std::uint64_t start, std::uint64_t k, std::uint64_t step, std::uint64_t pad, std::uint64_t n,
-                std::uint64_t& pos) {
-  const std::uint64_t p = start + k * step;
-  if (p < pad || p - pad >= n) return false;
-  pos = p - pad;
-  return true;
-}
-
-// The kernel taps [lo, hi) whose position start + i * step - pad falls inside [0, n).
-std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::uint64_t k, std::uint64_t step,
-                                                    std::uint64_t pad, std::uint64_t n) {
-  // start + i * step >= pad  <=>  i >= ceil((pad - start) / step)
-  const std::uint64_t lo = start >= pad ? 0 : (pad - start + step - 1) / step;
-  // start + i * step < pad + n  <=>  i < ceil((pad + n - start) / step)
-  const std::uint64_t end = pad + n;
-  const std::uint64_t hi = end <= start ? 0 : std::min(k, (end - start + step - 1) / step);
-  return {std::min(lo, hi), hi};
 }
 
 }  // namespace
@@ -102,221 +77,6 @@ Result<Outputs> run_matmul(const Ctx& c) {
   });
 }
 
-// ---- Conv2d: x [N, C_in, H, W], weight [C_out, C_in / groups, kh, kw], bias? [C_out];
-// attrs [stride0, stride1, pad0, pad1, dilation0, dilation1, groups]; zero padding.
-// out[n, co, oh, ow] = bias[co] + sum over the group's input channels ci and the kernel (i, j) of
-//   x[n, g * cin_g + ci, oh * s0 - p0 + i * d0, ow * s1 - p1 + j * d1] * w[co, ci, i, j].
-
-Result<Outputs> run_conv2d(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  const HostTensor& w = c.in[1];
-  const HostTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
-  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
-  KILN_RETURN_IF_ERROR(expect_rank(c, w, 4, "weight"));
-  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
-  if (bias) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 0, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 1, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 2, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 3, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t d0, positive_attr(c, 4, "dilation"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t d1, positive_attr(c, 5, "dilation"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t groups, positive_attr(c, 6, "groups"));
-  const ir::Shape& xs = x.shape();
-  const ir::Shape& ws = w.shape();
-  if (xs[1] != ws[1] * groups || ws[0] % groups != 0)
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("x {} and weight {} do not fit {} groups", x.to_string(), w.to_string(), groups));
-  if (bias && (bias->shape().size() != 1 || bias->shape()[0] != ws[0]))
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("bias {} must have shape [{}]", bias->to_string(), ws[0]));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::conv_output(xs[2], ws[2], s0, p0, d0));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::conv_output(xs[3], ws[3], s1, p1, d1));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], ws[0], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  const std::uint64_t N = xs[0], C_in = xs[1], H = xs[2], W = xs[3];
-  const std::uint64_t C_out = ws[0], cin_g = ws[1], KH = ws[2], KW = ws[3];
-  const std::uint64_t cout_g = C_out / groups;
-  for (std::uint64_t nb = 0; nb < N; ++nb)
-    for (std::uint64_t co = 0; co < C_out; ++co) {
-      const std::uint64_t g = co / cout_g;
-      for (std::uint64_t oh = 0; oh < oh_n; ++oh)
-        for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
-          double acc = bias ? bias->get_f64(co) : 0.0;
-          for (std::uint64_t ci = 0; ci < cin_g; ++ci) {
-            const std::uint64_t cin = g * cin_g + ci;
-            for (std::uint64_t i = 0; i < KH; ++i) {
-              std::uint64_t h = 0;
-              if (!window_pos(oh * s0, i, d0, p0, H, h)) continue;
-              for (std::uint64_t j = 0; j < KW; ++j) {
-                std::uint64_t wp = 0;
-                if (!window_pos(ow * s1, j, d1, p1, W, wp)) continue;
-                acc +=
-                    x.get_f64(((nb * C_in + cin) * H + h) * W + wp) * w.get_f64(((co * cin_g + ci) * KH + i) * KW + j);
-              }
-            }
-          }
-          element::store_f64(out.mutable_data(), out.dtype(), ((nb * C_out + co) * oh_n + oh) * ow_n + ow, acc);
-        }
-    }
-  return single(std::move(out));
-}
-
-// ---- ConvTranspose1d: x [N, C_in, L], weight [C_in, C_out / groups, K], bias? [C_out];
-// attrs [stride, padding, padding_out, dilation, groups]. Each input element scatters into
-//   out[n, g * cout_g + co, l * stride + k * dilation - padding] += x[n, cin, l] * w[cin, co, k]
-// for the input channels cin of group g; positions outside [0, L_out) are dropped (that is what
-// the padding crops), and padding_out only lengthens the output.
-
-Result<Outputs> run_conv_transpose1d(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  const HostTensor& w = c.in[1];
-  const HostTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
-  KILN_RETURN_IF_ERROR(expect_rank(c, x, 3, "x"));
-  KILN_RETURN_IF_ERROR(expect_rank(c, w, 3, "weight"));
-  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
-  if (bias) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t stride, positive_attr(c, 0, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t padding, count_attr(c, 1, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t padding_out, count_attr(c, 2, "padding_out"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t dilation, positive_attr(c, 3, "dilation"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t groups, positive_attr(c, 4, "groups"));
-  const ir::Shape& xs = x.shape();
-  const ir::Shape& ws = w.shape();
-  if (xs[1] != ws[0] || ws[0] % groups != 0)
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("x {} and weight {} do not fit {} groups", x.to_string(), w.to_string(), groups));
-  std::uint64_t C_out = 0;
-  if (__builtin_mul_overflow(ws[1], groups, &C_out)) return c.error(ErrorCode::Invalid, "channel count overflows");
-  if (bias && (bias->shape().size() != 1 || bias->shape()[0] != C_out))
-    return c.error(ErrorCode::IncompatibleShapes,
-                   fmt::format("bias {} must have shape [{}]", bias->to_string(), C_out));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t L_out,
-                        ir::shape::conv_transpose_output(xs[2], ws[2], stride, padding, padding_out, dilation));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], C_out, L_out}));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  const std::uint64_t N = xs[0], C_in = xs[1], L = xs[2];
-  const std::uint64_t cout_g = ws[1], K = ws[2];
-  const std::uint64_t cin_g = C_in / groups;
-  std::vector<double> acc(static_cast<std::size_t>(out.num_elements()), 0.0);
-  for (std::uint64_t nb = 0; nb < N; ++nb)
-    for (std::uint64_t cin = 0; cin < C_in; ++cin) {
-      const std::uint64_t g = cin / cin_g;
-      for (std::uint64_t co = 0; co < cout_g; ++co)
-        for (std::uint64_t l = 0; l < L; ++l)
-          for (std::uint64_t k = 0; k < K; ++k) {
-            std::uint64_t pos = 0;
-            if (!window_pos(l * stride, k, dilation, padding, L_out, pos)) continue;
-            acc[((nb * C_out + g * cout_g + co) * L_out) + pos] +=
-                x.get_f64((nb * C_in + cin) * L + l) * w.get_f64((cin * cout_g + co) * K + k);
-          }
-    }
-  for (std::uint64_t nb = 0; nb < N; ++nb)
-    for (std::uint64_t co = 0; co < C_out; ++co)
-      for (std::uint64_t l = 0; l < L_out; ++l) {
-        const std::uint64_t i = (nb * C_out + co) * L_out + l;
-        element::store_f64(out.mutable_data(), out.dtype(), i, acc[i] + (bias ? bias->get_f64(co) : 0.0));
-      }
-  return single(std::move(out));
-}
-
-// ---- MaxPool2d: attrs [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode].
-// Padding is -inf (never chosen); NaN in a window propagates. A window lying entirely in the
-// padding (possible in ceil mode with the spec's output formula) gives -inf.
-
-Result<Outputs> run_max_pool2d(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k0, positive_attr(c, 0, "kernel size"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k1, positive_attr(c, 1, "kernel size"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 2, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 3, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 4, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 5, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t d0, positive_attr(c, 6, "dilation"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t d1, positive_attr(c, 7, "dilation"));
-  KILN_ASSIGN_OR_RETURN(bool ceil_mode, flag_attr(c, 8, "ceil_mode"));
-  const ir::Shape& xs = x.shape();
-  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::pool_output(xs[2], k0, s0, p0, d0, ceil_mode));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::pool_output(xs[3], k1, s1, p1, d1, ceil_mode));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], xs[1], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  const std::uint64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3];
-  for (std::uint64_t pl = 0; pl < planes; ++pl)
-    for (std::uint64_t oh = 0; oh < oh_n; ++oh)
-      for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
-        double best = -std::numeric_limits<double>::infinity();
-        // Only the kernel taps that land inside the input (the kernel size is an attribute and
-        // may be far larger than the input when the padding is).
-        const auto [i0, i1] = window_taps(oh * s0, k0, d0, p0, H);
-        const auto [j0, j1] = window_taps(ow * s1, k1, d1, p1, W);
-        for (std::uint64_t i = i0; i < i1; ++i) {
-          const std::uint64_t h = oh * s0 + i * d0 - p0;
-          for (std::uint64_t j = j0; j < j1; ++j) {
-            const std::uint64_t wp = ow * s1 + j * d1 - p1;
-            best = max_nan(best, x.get_f64((pl * H + h) * W + wp));
-          }
-        }
-        element::store_f64(out.mutable_data(), out.dtype(), (pl * oh_n + oh) * ow_n + ow, best);
-      }
-  return single(std::move(out));
-}
-
-// ---- AvgPool2d: attrs [k0, k1, stride0, stride1, pad0, pad1, count_include_pad, ceil_mode],
-// PyTorch's divisor: the window clipped to the padded input [−pad, size + pad) when
-// count_include_pad, else clipped to the input itself. A window with nothing to average (entirely
-// outside the input in ceil mode) gives 0, as PyTorch's kernel does.
-
-Result<Outputs> run_avg_pool2d(const Ctx& c) {
-  const HostTensor& x = c.in[0];
-  KILN_RETURN_IF_ERROR(expect_rank(c, x, 4, "x"));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k0, positive_attr(c, 0, "kernel size"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t k1, positive_attr(c, 1, "kernel size"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s0, positive_attr(c, 2, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t s1, positive_attr(c, 3, "stride"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p0, count_attr(c, 4, "padding"));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t p1, count_attr(c, 5, "padding"));
-  KILN_ASSIGN_OR_RETURN(bool count_include_pad, flag_attr(c, 6, "count_include_pad"));
-  KILN_ASSIGN_OR_RETURN(bool ceil_mode, flag_attr(c, 7, "ceil_mode"));
-  const ir::Shape& xs = x.shape();
-  KILN_ASSIGN_OR_RETURN(std::uint64_t oh_n, ir::shape::pool_output(xs[2], k0, s0, p0, 1, ceil_mode));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t ow_n, ir::shape::pool_output(xs[3], k1, s1, p1, 1, ceil_mode));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{xs[0], xs[1], oh_n, ow_n}));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  const std::uint64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3];
-  // Window [start, start + k) in padded coordinates (shifted by +pad so they stay unsigned).
-  auto clip = [](std::uint64_t lo, std::uint64_t hi, std::uint64_t min, std::uint64_t max, std::uint64_t& a,
-                 std::uint64_t& b) {
-    a = std::max(lo, min);
-    b = std::min(hi, max);
-    return a < b ? b - a : std::uint64_t{0};
-  };
-  for (std::uint64_t pl = 0; pl < planes; ++pl)
-    for (std::uint64_t oh = 0; oh < oh_n; ++oh)
-      for (std::uint64_t ow = 0; ow < ow_n; ++ow) {
-        std::uint64_t h0, h1, w0, w1, ph0, ph1, pw0, pw1;
-        const std::uint64_t hs = oh * s0, ws = ow * s1;  // padded coordinates
-        const std::uint64_t in_h = clip(hs, hs + k0, p0, p0 + H, h0, h1);
-        const std::uint64_t in_w = clip(ws, ws + k1, p1, p1 + W, w0, w1);
-        const std::uint64_t pad_h = clip(hs, hs + k0, 0, H + 2 * p0, ph0, ph1);
-        const std::uint64_t pad_w = clip(ws, ws + k1, 0, W + 2 * p1, pw0, pw1);
-        double value = 0.0;
-        if (in_h != 0 && in_w != 0) {
-          double sum = 0.0;
-          for (std::uint64_t h = h0; h < h1; ++h)
-            for (std::uint64_t wp = w0; wp < w1; ++wp) sum += x.get_f64((pl * H + (h - p0)) * W + (wp - p1));
-          const std::uint64_t divisor = count_include_pad ? pad_h * pad_w : in_h * in_w;
-          value = sum / static_cast<double>(divisor);
-        }
-        element::store_f64(out.mutable_data(), out.dtype(), (pl * oh_n + oh) * ow_n + ow, value);
-      }
-  return single(std::move(out));
-}
-
 // ---- Embedding{weights [V, E], indices [B, S]}: out[b, s, :] = weights[indices[b, s], :].
 
 Result<Outputs> run_embedding(const Ctx& c) {
@@ -334,6 +94,251 @@ Result<Outputs> run_embedding(const Ctx& c) {
     KILN_ASSIGN_OR_RETURN(std::uint64_t row, checked_index(c, idx, t, weights.shape()[0], "embedding"));
     for (std::uint64_t e = 0; e < E; ++e) copy_element(weights, row * E + e, out, t * E + e);
   }
+  return single(std::move(out));
+}
+
+}  // namespace kiln::reference::kernels
+
+// ---- Dense layers, norms and the embedding's gradient (docs/spec/ir.md §5.8, §6.3). The weight of
+// Linear is [d_in, d_out] (Burn's layout: out = x · weight + bias); every leading dim of x is a
+// row. Sums run in f64 in index order and each output is rounded once.
+
+namespace kiln::reference::kernels {
+namespace {
+
+Status expect_float(const Ctx& c, const HostTensor& t, const char* what) {
+  if (!t.dtype().is_float())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("{} {} must have a float dtype", what, t.to_string()));
+  return Status::Ok();
+}
+
+// The last dim of a tensor of rank >= 1 (its features).
+Result<std::uint64_t> features(const Ctx& c, const HostTensor& t, const char* what) {
+  if (t.shape().empty())
+    return c.error(ErrorCode::RankMismatch, fmt::format("{} {} must have rank at least 1", what, t.to_string()));
+  return t.shape().back();
+}
+
+// The number of rows of a tensor of rank >= 1: the product of its leading dims.
+std::uint64_t rows_of(const HostTensor& t) { return dims_product(t.shape(), 0, t.shape().size() - 1); }
+
+// A per-feature or per-channel vector: rank 1, n elements.
+Status expect_vector(const Ctx& c, const HostTensor& t, std::uint64_t n, const char* what) {
+  if (t.shape() != ir::Shape{n})
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("{} {} must have shape [{}]", what, t.to_string(), n));
+  return Status::Ok();
+}
+
+ir::Shape with_last(ir::Shape s, std::uint64_t last) {
+  s.back() = last;
+  return s;
+}
+
+// The builders keep epsilon finite and non-negative; a hand-made op gets an error, not NaNs.
+Result<double> epsilon_value(const Ctx& c, double epsilon) {
+  if (!std::isfinite(epsilon) || epsilon < 0)
+    return c.error(ErrorCode::Invalid, fmt::format("epsilon must be finite and non-negative, got {}", epsilon));
+  return epsilon;
+}
+
+// Linear's checks: x [..., d_in], weight [d_in, d_out], bias? [d_out], one float dtype; d_out.
+Result<std::uint64_t> linear_shapes(const Ctx& c) {
+  const HostTensor& x = c.in[0];
+  const HostTensor& w = c.in[1];
+  KILN_RETURN_IF_ERROR(expect_float(c, x, "x"));
+  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
+  if (c.in.size() > 2) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_in, features(c, x, "x"));
+  KILN_RETURN_IF_ERROR(expect_rank(c, w, 2, "weight"));
+  if (w.shape()[0] != d_in)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("x {} has {} features, weight {} takes {}", x.to_string(),
+                                                              d_in, w.to_string(), w.shape()[0]));
+  const std::uint64_t d_out = w.shape()[1];
+  if (c.in.size() > 2) KILN_RETURN_IF_ERROR(expect_vector(c, c.in[2], d_out, "bias"));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, with_last(x.shape(), d_out)));
+  return d_out;
+}
+
+// LinearXBackward{weight [d_in, d_out], output_grad [..., d_out]}: out[r, i] = Σ_j g[r, j] · w[i, j].
+Result<Outputs> run_linear_x_backward(const Ctx& c) {
+  const HostTensor& w = c.in[0];
+  const HostTensor& g = c.in[1];
+  KILN_RETURN_IF_ERROR(expect_float(c, w, "weight"));
+  KILN_RETURN_IF_ERROR(expect_float(c, g, "output_grad"));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, g.dtype()));
+  KILN_RETURN_IF_ERROR(expect_rank(c, w, 2, "weight"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, features(c, g, "output_grad"));
+  if (w.shape()[1] != d_out)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("output_grad {} has {} features, weight {} gives {}",
+                                                              g.to_string(), d_out, w.to_string(), w.shape()[1]));
+  const std::uint64_t d_in = w.shape()[0];
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, with_last(g.shape(), d_in)));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  for (std::uint64_t r = 0, rows = rows_of(g); r < rows; ++r)
+    for (std::uint64_t i = 0; i < d_in; ++i) {
+      double acc = 0.0;
+      for (std::uint64_t j = 0; j < d_out; ++j) acc += g.get_f64(r * d_out + j) * w.get_f64(i * d_out + j);
+      element::store_f64(out.mutable_data(), out.dtype(), r * d_in + i, acc);
+    }
+  return single(std::move(out));
+}
+
+// LinearWeightBackward{x [..., d_in], output_grad [..., d_out]} (the same leading dims):
+// out[i, j] = Σ_r x[r, i] · g[r, j].
+Result<Outputs> run_linear_weight_backward(const Ctx& c) {
+  const HostTensor& x = c.in[0];
+  const HostTensor& g = c.in[1];
+  KILN_RETURN_IF_ERROR(expect_float(c, x, "x"));
+  KILN_RETURN_IF_ERROR(expect_float(c, g, "output_grad"));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, g.dtype()));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_in, features(c, x, "x"));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, features(c, g, "output_grad"));
+  if (x.shape().size() != g.shape().size() || !std::equal(x.shape().begin(), x.shape().end() - 1, g.shape().begin()))
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("x {} and output_grad {} must have the same leading dims",
+                                                              x.to_string(), g.to_string()));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{d_in, d_out}));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  std::vector<double> acc(static_cast<std::size_t>(d_in * d_out), 0.0);
+  for (std::uint64_t r = 0, rows = rows_of(x); r < rows; ++r)
+    for (std::uint64_t i = 0; i < d_in; ++i) {
+      const double xv = x.get_f64(r * d_in + i);
+      for (std::uint64_t j = 0; j < d_out; ++j) acc[i * d_out + j] += xv * g.get_f64(r * d_out + j);
+    }
+  for (std::uint64_t k = 0; k < acc.size(); ++k) element::store_f64(out.mutable_data(), out.dtype(), k, acc[k]);
+  return single(std::move(out));
+}
+
+}  // namespace
+
+// Linear: out[r, j] = Σ_i x[r, i] · w[i, j], then + bias[j] (matmul, then the bias, as Burn).
+Result<Outputs> run_linear(const Ctx& c) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, linear_shapes(c));
+  const HostTensor& x = c.in[0];
+  const HostTensor& w = c.in[1];
+  const HostTensor* bias = c.in.size() > 2 ? &c.in[2] : nullptr;
+  const std::uint64_t d_in = x.shape().back();
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  for (std::uint64_t r = 0, rows = rows_of(x); r < rows; ++r)
+    for (std::uint64_t j = 0; j < d_out; ++j) {
+      double acc = 0.0;
+      for (std::uint64_t i = 0; i < d_in; ++i) acc += x.get_f64(r * d_in + i) * w.get_f64(i * d_out + j);
+      if (bias) acc += bias->get_f64(j);
+      element::store_f64(out.mutable_data(), out.dtype(), r * d_out + j, acc);
+    }
+  return single(std::move(out));
+}
+
+Result<Outputs> run_linear_backward(const Ctx& c) {
+  if (c.op.kind == OpKind::Module_LinearXBackward) return run_linear_x_backward(c);
+  if (c.op.kind == OpKind::Module_LinearWeightBackward) return run_linear_weight_backward(c);
+  return c.error(ErrorCode::Internal, "linear backward: unknown kind");
+}
+
+// LinearBiasBackward{output_grad [..., d_out]}: out[j] = Σ_r g[r, j].
+Result<Outputs> run_linear_bias_backward(const Ctx& c) {
+  const HostTensor& g = c.in[0];
+  KILN_RETURN_IF_ERROR(expect_float(c, g, "output_grad"));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, g.dtype()));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d_out, features(c, g, "output_grad"));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::Shape{d_out}));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  const std::uint64_t rows = rows_of(g);
+  for (std::uint64_t j = 0; j < d_out; ++j) {
+    double acc = 0.0;
+    for (std::uint64_t r = 0; r < rows; ++r) acc += g.get_f64(r * d_out + j);
+    element::store_f64(out.mutable_data(), out.dtype(), j, acc);
+  }
+  return single(std::move(out));
+}
+
+// LayerNorm{input [..., d], gamma [d], beta? [d]; attrs [bits(epsilon)]}: per row,
+// (x − mean) / sqrt(var + epsilon) · gamma + beta with the biased variance Σ(x − mean)² / d (Burn,
+// PyTorch).
+Result<Outputs> run_layer_norm(const Ctx& c) {
+  const HostTensor& x = c.in[0];
+  const HostTensor& gamma = c.in[1];
+  const HostTensor* beta = c.in.size() > 2 ? &c.in[2] : nullptr;
+  KILN_RETURN_IF_ERROR(expect_float(c, x, "input"));
+  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
+  if (beta) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 2));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  KILN_ASSIGN_OR_RETURN(std::uint64_t d, features(c, x, "input"));
+  KILN_RETURN_IF_ERROR(expect_vector(c, gamma, d, "gamma"));
+  if (beta) KILN_RETURN_IF_ERROR(expect_vector(c, *beta, d, "beta"));
+  double bits_value = 0;
+  std::memcpy(&bits_value, &c.op.attrs[0], sizeof bits_value);
+  KILN_ASSIGN_OR_RETURN(double epsilon, epsilon_value(c, bits_value));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  for (std::uint64_t r = 0, rows = rows_of(x); r < rows; ++r) {
+    const std::uint64_t row = r * d;
+    double sum = 0.0;
+    for (std::uint64_t i = 0; i < d; ++i) sum += x.get_f64(row + i);
+    const double mean = sum / static_cast<double>(d);
+    double squares = 0.0;
+    for (std::uint64_t i = 0; i < d; ++i) squares += (x.get_f64(row + i) - mean) * (x.get_f64(row + i) - mean);
+    const double scale = std::sqrt(squares / static_cast<double>(d) + epsilon);
+    for (std::uint64_t i = 0; i < d; ++i) {
+      const double y = (x.get_f64(row + i) - mean) / scale * gamma.get_f64(i) + (beta ? beta->get_f64(i) : 0.0);
+      element::store_f64(out.mutable_data(), out.dtype(), row + i, y);
+    }
+  }
+  return single(std::move(out));
+}
+
+// BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C]; scalar epsilon}, the inference form:
+// (x − mean[c]) / sqrt(variance[c] + epsilon) · gamma[c] + beta[c] for x's channel c (dim 1).
+Result<Outputs> run_batch_norm(const Ctx& c) {
+  const HostTensor& x = c.in[0];
+  KILN_RETURN_IF_ERROR(expect_float(c, x, "x"));
+  for (std::size_t i = 1; i < 5; ++i) KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, i));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
+  if (x.shape().size() < 2)
+    return c.error(ErrorCode::RankMismatch, fmt::format("x {} must have rank at least 2", x.to_string()));
+  const std::uint64_t channels = x.shape()[1];
+  static constexpr const char* kStats[] = {"gamma", "beta", "mean", "variance"};
+  for (std::size_t i = 1; i < 5; ++i) KILN_RETURN_IF_ERROR(expect_vector(c, c.in[i], channels, kStats[i - 1]));
+  KILN_ASSIGN_OR_RETURN(double epsilon, epsilon_value(c, c.op.scalars[0].to_f64()));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  const std::uint64_t inner = dims_product(x.shape(), 2, x.shape().size());
+  for (std::uint64_t k = 0, n = x.num_elements(); k < n; ++k) {
+    const std::uint64_t ch = (k / inner) % channels;  // n > 0: inner and channels are too
+    const double y =
+        (x.get_f64(k) - c.in[3].get_f64(ch)) / std::sqrt(c.in[4].get_f64(ch) + epsilon) * c.in[1].get_f64(ch) +
+        c.in[2].get_f64(ch);
+    element::store_f64(out.mutable_data(), out.dtype(), k, y);
+  }
+  return single(std::move(out));
+}
+
+// EmbeddingBackward{weights [V, E], out_grad [B, S, E], indices [B, S]}: zeros of weights' shape,
+// out[indices[b, s], :] += out_grad[b, s, :] in index order (duplicate indices accumulate); an index
+// outside [0, V) is an error.
+Result<Outputs> run_embedding_backward(const Ctx& c) {
+  const HostTensor& weights = c.in[0];
+  const HostTensor& grad = c.in[1];
+  const HostTensor& idx = c.in[2];
+  KILN_RETURN_IF_ERROR(expect_float(c, weights, "weights"));
+  KILN_RETURN_IF_ERROR(expect_same_dtype(c, 0, 1));
+  KILN_RETURN_IF_ERROR(expect_rank(c, weights, 2, "weights"));
+  KILN_RETURN_IF_ERROR(expect_rank(c, idx, 2, "indices"));
+  if (!idx.dtype().is_integral())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("indices {} must have an integer dtype", idx.to_string()));
+  const std::uint64_t V = weights.shape()[0], E = weights.shape()[1];
+  if (grad.shape() != ir::Shape{idx.shape()[0], idx.shape()[1], E})
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("out_grad {} does not fit indices {} and weights {}",
+                                                              grad.to_string(), idx.to_string(), weights.to_string()));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, weights.dtype()));
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, weights.shape()));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  std::vector<double> acc(static_cast<std::size_t>(V * E), 0.0);
+  for (std::uint64_t t = 0; t < idx.num_elements(); ++t) {
+    KILN_ASSIGN_OR_RETURN(std::uint64_t row, checked_index(c, idx, t, V, "embedding"));
+    for (std::uint64_t e = 0; e < E; ++e) acc[row * E + e] += grad.get_f64(t * E + e);
+  }
+  for (std::uint64_t k = 0; k < acc.size(); ++k) element::store_f64(out.mutable_data(), out.dtype(), k, acc[k]);
   return single(std::move(out));
 }
 

@@ -230,6 +230,7 @@ Family family_for(OpKind kind, const TensorIr& t) {
     case ir::OpGroup::Float: return Family::Float;
     case ir::OpGroup::Int: return Family::Int;
     case ir::OpGroup::Bool: return Family::Bool;
+    case ir::OpGroup::Activation: return Family::Activation;
     case ir::OpGroup::Base: return base_family(t);
     default: return numeric_family(t);
   }
@@ -826,6 +827,13 @@ Result<Tensor> Session::matmul(Tensor a, Tensor b) {
   });
 }
 
+Result<Tensor> Session::cross(Tensor a, Tensor b, std::uint64_t dim) {
+  Tensor in[] = {std::move(a), std::move(b)};
+  return run_op(in, [dim](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::cross(Family::Float, OpKind::Float_Cross, t[0], t[1], dim, out);
+  });
+}
+
 Result<Tensor> Session::reshape(Tensor a, std::vector<std::int64_t> args) {
   Tensor in[] = {std::move(a)};
   return run_op(in, [&args](std::span<const TensorIr> t, ir::TensorId out) {
@@ -962,6 +970,38 @@ Result<Tensor> Session::gather_nd(Tensor data, Tensor indices) {
   });
 }
 
+namespace {
+// ScatterNd's values shape (the kernel's rule, ONNX's): indices[..-1] ++ data[k..], k = indices[-1];
+// a rank or k the builder refuses is left to its error.
+Status check_scatter_nd_shapes(const Tensor& data, const Tensor& indices, const Tensor& values) {
+  const ir::Shape& is = indices.shape();
+  if (is.empty() || is.back() > data.shape().size()) return Status::Ok();
+  ir::Shape want(is.begin(), is.end() - 1);
+  want.insert(want.end(), data.shape().begin() + static_cast<std::ptrdiff_t>(is.back()), data.shape().end());
+  if (values.shape() == want) return Status::Ok();
+  return make_error(ErrorCode::IncompatibleShapes, "scatter_nd: values " + ir::shape_to_string(values.shape()) +
+                                                       " must have shape " + ir::shape_to_string(want) + " (indices " +
+                                                       ir::shape_to_string(is) + ", data " +
+                                                       ir::shape_to_string(data.shape()) + ")");
+}
+}  // namespace
+
+Result<Tensor> Session::scatter_nd(Tensor data, Tensor indices, Tensor values, ir::IndexingUpdate reduction) {
+  if (data.valid() && indices.valid() && values.valid())
+    KILN_RETURN_IF_ERROR(check_scatter_nd_shapes(data, indices, values));
+  Tensor in[] = {std::move(data), std::move(indices), std::move(values)};
+  return run_op(in, [reduction](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::scatter_nd(base_family(t[0]), OpKind::Base_ScatterNd, t[0], t[1], t[2], reduction, out);
+  });
+}
+
+Result<Tensor> Session::unfold(Tensor a, std::uint64_t dim, std::uint64_t size, std::uint64_t step) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [dim, size, step](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::unfold(base_family(t[0]), OpKind::Base_Unfold, t[0], dim, size, step, out);
+  });
+}
+
 Result<Tensor> Session::pad(Tensor a, std::vector<ir::build::PadPair> padding, ir::PadMode mode, double value) {
   Tensor in[] = {std::move(a)};
   return run_op(in, [&padding, mode, value](std::span<const TensorIr> t, ir::TensorId out) -> Result<ir::Operation> {
@@ -1024,6 +1064,335 @@ Result<Tensor> Session::embedding(Tensor weights, Tensor indices) {
   KILN_ASSIGN_OR_RETURN(Tensor flat, reshape(std::move(indices), {b * seq}));
   KILN_ASSIGN_OR_RETURN(Tensor rows, select(std::move(weights), 0, std::move(flat)));
   return reshape(std::move(rows), {b, seq, e});
+}
+
+// ---- Dense layers, norms, the embedding's gradient (docs/spec/ir.md §5.8; no §5.11 row: the
+// Module kind of the call's name)
+
+Result<Tensor> Session::linear(Tensor x, Tensor weight, std::optional<Tensor> bias) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(x));
+  in.push_back(std::move(weight));
+  if (bias) in.push_back(std::move(*bias));
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::linear(t[0], t[1], optional_input(t, 2), out);
+  });
+}
+
+Result<Tensor> Session::linear_x_backward(Tensor weight, Tensor output_grad) {
+  Tensor in[] = {std::move(weight), std::move(output_grad)};
+  return run_op(
+      in, [](std::span<const TensorIr> t, ir::TensorId out) { return build::linear_x_backward(t[0], t[1], out); });
+}
+
+Result<Tensor> Session::linear_weight_backward(Tensor x, Tensor output_grad) {
+  Tensor in[] = {std::move(x), std::move(output_grad)};
+  return run_op(
+      in, [](std::span<const TensorIr> t, ir::TensorId out) { return build::linear_weight_backward(t[0], t[1], out); });
+}
+
+Result<Tensor> Session::linear_bias_backward(Tensor output_grad) {
+  Tensor in[] = {std::move(output_grad)};
+  return run_op(in,
+                [](std::span<const TensorIr> t, ir::TensorId out) { return build::linear_bias_backward(t[0], out); });
+}
+
+Result<Tensor> Session::layer_norm(Tensor input, Tensor gamma, std::optional<Tensor> beta, double epsilon) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(input));
+  in.push_back(std::move(gamma));
+  if (beta) in.push_back(std::move(*beta));
+  return run_op(in, [epsilon](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::layer_norm(t[0], t[1], optional_input(t, 2), epsilon, out);
+  });
+}
+
+Result<Tensor> Session::batch_norm(Tensor x, Tensor gamma, Tensor beta, Tensor mean, Tensor variance, double epsilon) {
+  Tensor in[] = {std::move(x), std::move(gamma), std::move(beta), std::move(mean), std::move(variance)};
+  return run_op(in, [epsilon](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::batch_norm(t[0], t[1], t[2], t[3], t[4], epsilon, out);
+  });
+}
+
+Result<Tensor> Session::embedding_backward(Tensor weights, Tensor output_grad, Tensor indices) {
+  Tensor in[] = {std::move(weights), std::move(output_grad), std::move(indices)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::embedding_backward(t[0], t[1], t[2], out);
+  });
+}
+
+// ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8; no §5.11 row
+// but conv2d's: the Module kind of the call's name)
+
+Result<Tensor> Session::conv_op(OpKind kind, Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                const build::ConvOptions& options) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(x));
+  in.push_back(std::move(weight));
+  if (bias) in.push_back(std::move(*bias));
+  const bool transposed = ir::op_info(kind).signature == ir::Signature::ConvTranspose;
+  return run_op(in, [kind, transposed, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return transposed ? build::conv_transpose(kind, t[0], t[1], optional_input(t, 2), options, out)
+                      : build::conv(kind, t[0], t[1], optional_input(t, 2), options, out);
+  });
+}
+
+Result<Tensor> Session::conv_grad_op(OpKind kind, Tensor x, Tensor second, Tensor output_grad,
+                                     const build::ConvOptions& options) {
+  Tensor in[] = {std::move(x), std::move(second), std::move(output_grad)};
+  return run_op(in, [kind, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    switch (ir::op_info(kind).signature) {
+      case ir::Signature::ConvBackward: return build::conv_backward(kind, t[0], t[1], t[2], options, out);
+      case ir::Signature::ConvTransposeBackward:
+        return build::conv_transpose_backward(kind, t[0], t[1], t[2], options, out);
+      default: return build::conv_bias_backward(kind, t[0], t[1], t[2], out);
+    }
+  });
+}
+
+Result<Tensor> Session::conv1d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                               const ir::build::Conv1dOptions& options) {
+  return conv_op(OpKind::Module_Conv1d, std::move(x), std::move(weight), std::move(bias), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv3d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                               const ir::build::Conv3dOptions& options) {
+  return conv_op(OpKind::Module_Conv3d, std::move(x), std::move(weight), std::move(bias), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose2d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                         const ir::build::ConvTranspose2dOptions& options) {
+  return conv_op(OpKind::Module_ConvTranspose2d, std::move(x), std::move(weight), std::move(bias),
+                 build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose3d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                                         const ir::build::ConvTranspose3dOptions& options) {
+  return conv_op(OpKind::Module_ConvTranspose3d, std::move(x), std::move(weight), std::move(bias),
+                 build::conv_options(options));
+}
+
+Result<Tensor> Session::conv1d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                          const ir::build::Conv1dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv1dXBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv2d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                          const ir::build::Conv2dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv2dXBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv3d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                          const ir::build::Conv3dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv3dXBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv1d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                               const ir::build::Conv1dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv1dWeightBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv2d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                               const ir::build::Conv2dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv2dWeightBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv3d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                               const ir::build::Conv3dOptions& options) {
+  return conv_grad_op(OpKind::Module_Conv3dWeightBackward, std::move(x), std::move(weight), std::move(output_grad),
+                      build::conv_options(options));
+}
+
+Result<Tensor> Session::conv1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_Conv1dBiasBackward, std::move(x), std::move(bias), std::move(output_grad), {});
+}
+
+Result<Tensor> Session::conv2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_Conv2dBiasBackward, std::move(x), std::move(bias), std::move(output_grad), {});
+}
+
+Result<Tensor> Session::conv3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_Conv3dBiasBackward, std::move(x), std::move(bias), std::move(output_grad), {});
+}
+
+Result<Tensor> Session::conv_transpose1d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                         const ir::build::ConvTranspose1dOptions& options) {
+  return conv_grad_op(OpKind::Module_ConvTranspose1dWeightBackward, std::move(x), std::move(weight),
+                      std::move(output_grad), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose2d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                         const ir::build::ConvTranspose2dOptions& options) {
+  return conv_grad_op(OpKind::Module_ConvTranspose2dWeightBackward, std::move(x), std::move(weight),
+                      std::move(output_grad), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose3d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                         const ir::build::ConvTranspose3dOptions& options) {
+  return conv_grad_op(OpKind::Module_ConvTranspose3dWeightBackward, std::move(x), std::move(weight),
+                      std::move(output_grad), build::conv_options(options));
+}
+
+Result<Tensor> Session::conv_transpose1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_ConvTranspose1dBiasBackward, std::move(x), std::move(bias), std::move(output_grad),
+                      {});
+}
+
+Result<Tensor> Session::conv_transpose2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_ConvTranspose2dBiasBackward, std::move(x), std::move(bias), std::move(output_grad),
+                      {});
+}
+
+Result<Tensor> Session::conv_transpose3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad) {
+  return conv_grad_op(OpKind::Module_ConvTranspose3dBiasBackward, std::move(x), std::move(bias), std::move(output_grad),
+                      {});
+}
+
+// ---- Pools beyond max_pool2d / avg_pool2d, and their gradients (docs/spec/ir.md §5.8; no §5.11
+// row: the Module kind of the call's name)
+
+Result<Tensor> Session::max_pool1d(Tensor x, const ir::build::MaxPool1dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(
+      in, [&options](std::span<const TensorIr> t, ir::TensorId out) { return build::max_pool1d(t[0], options, out); });
+}
+
+Result<std::pair<Tensor, Tensor>> Session::max_pool1d_with_indices(Tensor x,
+                                                                   const ir::build::MaxPool1dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [&options](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::max_pool1d_with_indices(t[0], options, kIndexDType, ids[0], ids[1]);
+      }));
+  return std::make_pair(std::move(*out[0]), std::move(*out[1]));
+}
+
+Result<std::pair<Tensor, Tensor>> Session::max_pool2d_with_indices(Tensor x,
+                                                                   const ir::build::MaxPool2dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [&options](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::max_pool2d_with_indices(t[0], options, kIndexDType, ids[0], ids[1]);
+      }));
+  return std::make_pair(std::move(*out[0]), std::move(*out[1]));
+}
+
+Result<Tensor> Session::max_pool1d_with_indices_backward(Tensor x, Tensor grad, Tensor indices,
+                                                         const ir::build::MaxPool1dOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad), std::move(indices)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::max_pool1d_with_indices_backward(t[0], t[1], t[2], options, out);
+  });
+}
+
+Result<Tensor> Session::max_pool2d_with_indices_backward(Tensor x, Tensor grad, Tensor indices,
+                                                         const ir::build::MaxPool2dOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad), std::move(indices)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::max_pool2d_with_indices_backward(t[0], t[1], t[2], options, out);
+  });
+}
+
+Result<Tensor> Session::avg_pool1d(Tensor x, const ir::build::AvgPool1dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(
+      in, [&options](std::span<const TensorIr> t, ir::TensorId out) { return build::avg_pool1d(t[0], options, out); });
+}
+
+Result<Tensor> Session::avg_pool1d_backward(Tensor x, Tensor grad, const ir::build::AvgPool1dOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::avg_pool1d_backward(t[0], t[1], options, out);
+  });
+}
+
+Result<Tensor> Session::avg_pool2d_backward(Tensor x, Tensor grad, const ir::build::AvgPool2dOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::avg_pool2d_backward(t[0], t[1], options, out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool1d(Tensor x, std::uint64_t output_size) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [output_size](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool1d(t[0], output_size, out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool2d(Tensor x, std::array<std::uint64_t, 2> output_size) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [output_size](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool2d(t[0], output_size, out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool3d(Tensor x, std::array<std::uint64_t, 3> output_size) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [output_size](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool3d(t[0], output_size, out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool1d_backward(Tensor x, Tensor grad) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool1d_backward(t[0], t[1], out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool2d_backward(Tensor x, Tensor grad) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool2d_backward(t[0], t[1], out);
+  });
+}
+
+Result<Tensor> Session::adaptive_avg_pool3d_backward(Tensor x, Tensor grad) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::adaptive_avg_pool3d_backward(t[0], t[1], out);
+  });
+}
+
+// ---- Resampling (docs/spec/ir.md §5.6, §5.8; no §5.11 row: the kind of the call's name)
+
+Result<Tensor> Session::interpolate(Tensor x, std::array<std::uint64_t, 2> output_size,
+                                    const ir::build::InterpolateOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [output_size, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::interpolate(t[0], output_size, options, out);
+  });
+}
+
+Result<Tensor> Session::interpolate_backward(Tensor x, Tensor grad, std::array<std::uint64_t, 2> output_size,
+                                             const ir::build::InterpolateOptions& options) {
+  Tensor in[] = {std::move(x), std::move(grad)};
+  return run_op(in, [output_size, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::interpolate_backward(t[0], t[1], output_size, options, out);
+  });
+}
+
+Result<Tensor> Session::grid_sample_2d(Tensor tensor, Tensor grid, const ir::build::GridSampleOptions& options) {
+  Tensor in[] = {std::move(tensor), std::move(grid)};
+  return run_op(in, [&options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::grid_sample_2d(t[0], t[1], options, out);
+  });
+}
+
+Result<Tensor> Session::unfold4d(Tensor x, std::array<std::uint64_t, 2> kernel_size,
+                                 const ir::build::Unfold4dOptions& options) {
+  Tensor in[] = {std::move(x)};
+  return run_op(in, [kernel_size, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::unfold4d(t[0], kernel_size, options, out);
+  });
 }
 
 // ---- Collectives

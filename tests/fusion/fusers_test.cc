@@ -568,5 +568,69 @@ TEST(NhwcRelayout, PoolOfATensorStillNeededIsNotCaptured) {
   EXPECT_EQ(f.len(), 1u);
 }
 
+// The N pools of docs/spec/ir.md §5.3 beyond MaxPool2d / AvgPool2d are captured alike, a two-output
+// MaxPool1dWithIndices included (x [N, C, L]: NHWC is [0, 2, 1]); AdaptiveAvgPool3d (Mod, not N)
+// is fed to the inner fuser, which rejects it.
+TEST(NhwcRelayout, TheOtherNPoolsAreCapturedAdaptiveAvgPool3dIsNot) {
+  const Shape s{1, 2, 4};
+  {
+    NhwcRelayoutFuser f(kBindings);
+    f.fuse(add(T(0, s, RO), T(1, s, RO), T(2, s, NI)));
+    f.fuse(make(OpKind::Module_MaxPool1dWithIndices, Family::Module, {T(2, s, RW)},
+                {T(3, {1, 2, 2}, NI), T(4, {1, 2, 2}, NI, ir::dtypes::i64)}, {}, {2, 2, 0, 1, 0}));
+    EXPECT_EQ(f.status(), FuserStatus::Closed);
+    EXPECT_TRUE(f.captured());
+    EXPECT_EQ(f.properties(), (FuserProperties{true, 100}));
+    const OptimizationPtr opt = f.finish();
+    const FusedProgram& p = as_fused(opt).program();
+    EXPECT_EQ(p.captured_op_position, 1u);
+    ASSERT_EQ(p.outputs.size(), 1u);
+    ASSERT_TRUE(p.outputs[0].layout.has_value());
+    EXPECT_EQ(*p.outputs[0].layout, (Permutation{0, 2, 1}));
+  }
+  {
+    NhwcRelayoutFuser f(kBindings);
+    const Shape s4{1, 2, 3, 3};
+    f.fuse(add(T(0, s4, RO), T(1, s4, RO), T(2, s4, NI)));
+    f.fuse(
+        make(OpKind::Module_AdaptiveAvgPool2d, Family::Module, {T(2, s4, RW)}, {T(3, {1, 2, 2, 2}, NI)}, {}, {2, 2}));
+    EXPECT_TRUE(f.captured());
+    EXPECT_EQ(f.len(), 2u);
+  }
+  NhwcRelayoutFuser f(kBindings);
+  const Shape s5{1, 1, 2, 2, 2};
+  f.fuse(add(T(0, s5, RO), T(1, s5, RO), T(2, s5, NI)));
+  f.fuse(make(OpKind::Module_AdaptiveAvgPool3d, Family::Module, {T(2, s5, RW)}, {T(3, {1, 1, 1, 1, 1}, NI)}, {},
+              {1, 1, 1}));
+  EXPECT_EQ(f.status(), FuserStatus::Closed);
+  EXPECT_FALSE(f.captured());
+  EXPECT_FALSE(f.properties().ready);
+  EXPECT_EQ(f.len(), 1u);
+}
+
+// Interpolate is an N kind like the pools (docs/spec/ir.md §5.8): captured the same way, x written
+// channels-last; InterpolateBackward (Mod) is no relayout target.
+TEST(NhwcRelayout, InterpolateIsCapturedItsBackwardIsNot) {
+  const Shape s{1, 2, 3, 3}, up{1, 2, 6, 6};
+  NhwcRelayoutFuser f(kBindings);
+  f.fuse(add(T(0, s, RO), T(1, s, RO), T(2, s, NI)));
+  f.fuse(make(OpKind::Module_Interpolate, Family::Module, {T(2, s, RW)}, {T(3, up, NI)}, {}, {6, 6, 2, 0}));
+  EXPECT_EQ(f.status(), FuserStatus::Closed);
+  EXPECT_TRUE(f.captured());
+  EXPECT_EQ(f.len(), 2u);
+  const OptimizationPtr opt = f.finish();
+  const FusedProgram& p = as_fused(opt).program();
+  EXPECT_EQ(p.captured_op_position, 1u);
+  ASSERT_EQ(p.outputs.size(), 1u);
+  ASSERT_TRUE(p.outputs[0].layout.has_value());
+  EXPECT_EQ(*p.outputs[0].layout, (Permutation{0, 3, 1, 2}));
+  NhwcRelayoutFuser g(kBindings);
+  g.fuse(add(T(0, s, RO), T(1, s, RO), T(2, s, NI)));
+  g.fuse(make(OpKind::Module_InterpolateBackward, Family::Module, {T(2, s, RW), T(4, up, RO)}, {T(5, s, NI)}, {},
+              {6, 6, 2, 0}));
+  EXPECT_FALSE(g.captured());
+  EXPECT_FALSE(g.properties().ready);
+}
+
 }  // namespace
 }  // namespace kiln::fusion

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -163,6 +165,10 @@ std::vector<ir::Operation> layout_and_indexing_ops() {
       built(build::scatter(Family::BaseFloat, OpKind::Base_Scatter, x, 1, typed(2, {2, 2}, kI64), in(3, {2, 2}),
                            ir::IndexingUpdate::Assign, out)),
       built(build::gather_nd(Family::BaseFloat, OpKind::Base_GatherNd, x, typed(2, {3, 2}, kI64), out)),
+      built(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, x, typed(2, {2, 1}, kI64), in(3, {2, 3}),
+                              ir::IndexingUpdate::Add, out)),
+      built(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, x, 1, 2, 1, out)),
+      built(build::cross(Family::Float, OpKind::Float_Cross, x, in(2, {1, 3}), 1, out)),
       built(build::dim(Family::NumericFloat, OpKind::Numeric_CumSum, x, 1, out)),
       built(build::pad(Family::NumericFloat, OpKind::Numeric_Pad, x, pairs, ir::PadMode::Constant,
                        ir::ScalarIr::Float(9), out)),
@@ -333,6 +339,66 @@ TEST(OperationCheck, RefusesHostileSortAndTopKOperations) {
   EXPECT_FALSE(check_client_operation(bool_sort).ok());
 }
 
+// Unfold, ScatterNd and Cross with hostile attributes or operands: each refused with an error
+// naming why.
+TEST(OperationCheck, RefusesHostileUnfoldScatterNdAndCrossOperations) {
+  const std::vector<ir::Operation> ops = layout_and_indexing_ops();
+  auto find = [&](OpKind k) {
+    for (const ir::Operation& op : ops)
+      if (op.kind == k) return op;
+    ADD_FAILURE() << "no op of kind " << static_cast<int>(k);
+    return ops[0];
+  };
+  ir::Operation op = find(OpKind::Base_Unfold);
+  op.attrs[2] = 0;
+  expect_refused(op, "step must be at least 1");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[1] = -2;
+  expect_refused(op, "negative");
+  op = find(OpKind::Base_Unfold);
+  op.attrs.pop_back();
+  expect_refused(op, "missing");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[1] = 3;  // windows of 3 but the claimed output still has windows of 2
+  expect_refused(op, "output 0");
+  op = find(OpKind::Base_Unfold);
+  op.attrs[0] = 2;
+  expect_refused(op, "dim 2 out of bounds for rank 2");
+  op = find(OpKind::Base_ScatterNd);
+  op.attrs[0] = 9;
+  expect_refused(op, "unknown indexing update 9");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[1].dtype = kF32;
+  expect_refused(op, "indices must be an integer dtype");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[1].shape = {2, 3};  // 3-tuples into rank-2 data
+  expect_refused(op, "address 3 dims");
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[2].dtype = DType(DTypeKind::F16);
+  expect_refused(op, "dtypes differ");
+  // The values' shape is the kernel's to check, as Scatter's value: the reference refuses it with
+  // an error that claims the output (tests/reference/reference_layout_test.cc).
+  op = find(OpKind::Base_ScatterNd);
+  op.tensors[2].shape = {5};
+  KILN_EXPECT_OK(check_client_operation(op));
+  op = find(OpKind::Float_Cross);
+  op.attrs[0] = 0;  // a dim of size 2
+  expect_refused(op, "dim 0 must have size 3 in both operands");
+  op = find(OpKind::Float_Cross);
+  op.attrs[0] = 5;
+  expect_refused(op, "out of bounds");
+  op = find(OpKind::Float_Cross);
+  op.attrs.clear();
+  expect_refused(op, "missing");
+  ir::Operation ints = find(OpKind::Float_Cross);
+  for (ir::TensorIr& t : ints.tensors) t.dtype = kI64;
+  ints.dtype = kI64;
+  EXPECT_FALSE(check_client_operation(ints).ok()) << ints.to_string();
+  ir::Operation numeric = find(OpKind::Float_Cross);
+  numeric.family = Family::NumericFloat;  // the Float group only
+  EXPECT_FALSE(check_client_operation(numeric).ok()) << numeric.to_string();
+}
+
 TEST(OperationCheck, TheTwoOutputsOfMaxDimWithIndicesAreBothChecked) {
   const std::vector<ir::Operation> ops = layout_and_indexing_ops();
   const auto it = std::find_if(ops.begin(), ops.end(),
@@ -391,13 +457,248 @@ TEST(OperationCheck, AcceptsTheTrigonometricKindsAtan2AndHypot) {
   }
 }
 
+// The Activation kinds (docs/spec/ir.md §5.9): no Session call emits them, but a router client
+// does; the table-driven builders rebuild the Unary, Binary, Scalar and Dim ones, hard_sigmoid its
+// own. A lie about the output, an integer operand or another family is refused.
+TEST(OperationCheck, AcceptsTheActivationKinds) {
+  namespace build = ir::build;
+  const Family a = Family::Activation;
+  const TensorId out(10);
+  std::vector<ir::Operation> ops;
+  for (OpKind k :
+       {OpKind::Activation_Relu, OpKind::Activation_Gelu, OpKind::Activation_Sigmoid, OpKind::Activation_LogSigmoid})
+    ops.push_back(built(build::unary(a, k, in(1, {2, 3}), out)));
+  for (OpKind k : {OpKind::Activation_ReluBackward, OpKind::Activation_GeluBackward, OpKind::Activation_SigmoidBackward,
+                   OpKind::Activation_LogSigmoidBackward, OpKind::Activation_PRelu})
+    ops.push_back(built(build::binary(a, k, in(1, {2, 1}), in(2, {1, 3}), out)));
+  ops.push_back(built(build::scalar(a, OpKind::Activation_LeakyRelu, in(1, {2, 3}), ir::ScalarIr::Float(0.01), out)));
+  ops.push_back(built(build::hard_sigmoid(in(1, {2, 3}), ir::ScalarIr::Float(0.2), ir::ScalarIr::Float(0.5), out)));
+  for (OpKind k : {OpKind::Activation_Softmax, OpKind::Activation_LogSoftmax, OpKind::Activation_Softmin})
+    ops.push_back(built(build::dim(a, k, in(1, {2, 3}), 1, out)));
+  ASSERT_EQ(ops.size(), 14u);
+  for (const ir::Operation& op : ops) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape = {3, 2};
+    expect_refused(lie, "output 0");
+    ir::Operation ints = op;
+    for (ir::TensorIr& t : ints.tensors) t.dtype = kI64;
+    EXPECT_FALSE(check_client_operation(ints).ok()) << ints.to_string();
+    ir::Operation other = op;
+    other.family = Family::Float;  // the Activation group only
+    EXPECT_FALSE(check_client_operation(other).ok()) << other.to_string();
+  }
+  ir::Operation hs = ops[10];
+  ASSERT_EQ(hs.kind, OpKind::Activation_HardSigmoid);
+  hs.scalars.pop_back();
+  expect_refused(hs, "unexpected number");
+  ir::Operation soft = ops[11];
+  soft.attrs[0] = 5;
+  expect_refused(soft, "axis 5 out of bounds");
+}
+
+// ---- Dense layers, norms, the embedding's gradient (Session calls), and Module Embedding /
+// TopKWithIndices (router-style clients): rebuilt like every other kind.
+
+std::vector<ir::Operation> dense_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  const TensorIr w = in(2, {3, 4});
+  const TensorIr v3 = in(3, {3});
+  return {
+      built(build::linear(in(1, {2, 3}), w, in(3, {4}), out)),
+      built(build::linear(in(1, {5, 2, 3}), w, std::nullopt, out)),
+      built(build::linear(in(1, {3}), w, std::nullopt, out)),
+      built(build::linear_x_backward(w, in(1, {2, 4}), out)),
+      built(build::linear_weight_backward(in(1, {2, 3}), in(3, {2, 4}), out)),
+      built(build::linear_bias_backward(in(1, {2, 4}), out)),
+      built(build::layer_norm(in(1, {2, 3}), in(2, {3}), v3, 1e-5, out)),
+      built(build::layer_norm(in(1, {2, 3}), in(2, {3}), std::nullopt, 0.0, out)),
+      built(build::batch_norm(in(1, {2, 3, 2}), in(2, {3}), v3, in(4, {3}), in(5, {3}), 1e-5, out)),
+      built(build::embedding_backward(in(1, {4, 3}), in(2, {2, 2, 3}), typed(3, {2, 2}, kI64), out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsDenseLayersNormsAndEmbeddingBackward) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : dense_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.push_back(7);
+    expect_refused(lie, "output 0");
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+}
+
+// Refused with `what` in the message: the first op of `kind` in `ops`, changed by `change`.
+template <class F>
+void expect_changed_refused(const std::vector<ir::Operation>& ops, OpKind kind, F&& change, const std::string& what) {
+  const auto it = std::find_if(ops.begin(), ops.end(), [kind](const ir::Operation& op) { return op.kind == kind; });
+  ASSERT_NE(it, ops.end());
+  ir::Operation op = *it;
+  change(op);
+  expect_refused(op, what);
+}
+
+std::int64_t bits_of(double v) {
+  std::int64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+TEST(OperationCheck, RefusesHostileLinearOperations) {
+  const std::vector<ir::Operation> ops = dense_ops();
+  using Op = ir::Operation;
+  // A [d_out, d_in] weight, a rank-0 x, a bias of d_in elements, mixed dtypes, a missing weight.
+  expect_changed_refused(
+      ops, OpKind::Module_Linear,
+      [](Op& op) {
+        op.tensors[1].shape = {4, 3};
+      },
+      "has 3 features");
+  expect_changed_refused(
+      ops, OpKind::Module_Linear, [](Op& op) { op.tensors[0].shape = {}; }, "rank at least 1");
+  expect_changed_refused(
+      ops, OpKind::Module_Linear, [](Op& op) { op.tensors[2].shape = {3}; }, "bias");
+  expect_changed_refused(
+      ops, OpKind::Module_Linear, [](Op& op) { op.tensors[1].dtype = DType(DTypeKind::F64); }, "dtypes differ");
+  expect_changed_refused(
+      ops, OpKind::Module_Linear,
+      [](Op& op) {
+        op.tensors.erase(op.tensors.begin() + 1, op.tensors.begin() + 3);
+        op.num_inputs = 1;
+      },
+      "unexpected number");
+  // The backwards: features that do not match, leading dims that differ, a claimed shape, an
+  // integer gradient, and an X-backward relabelled as a weight backward.
+  expect_changed_refused(
+      ops, OpKind::Module_LinearXBackward,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 3};
+      },
+      "gives 4");
+  expect_changed_refused(
+      ops, OpKind::Module_LinearWeightBackward,
+      [](Op& op) {
+        op.tensors[1].shape = {3, 4};
+      },
+      "same leading dims");
+  expect_changed_refused(
+      ops, OpKind::Module_LinearBiasBackward, [](Op& op) { op.outputs()[0].shape = {2}; }, "output 0");
+  expect_changed_refused(
+      ops, OpKind::Module_LinearBiasBackward, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, OpKind::Module_LinearXBackward, [](Op& op) { op.kind = OpKind::Module_LinearWeightBackward; },
+      "same leading dims");
+}
+
+TEST(OperationCheck, RefusesHostileNormAndEmbeddingBackwardOperations) {
+  const std::vector<ir::Operation> ops = dense_ops();
+  using Op = ir::Operation;
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.tensors[1].shape = {2}; }, "gamma");
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.tensors[2].dtype = DType(DTypeKind::F16); }, "dtypes differ");
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.attrs[0] = bits_of(-1.0); },
+      "epsilon must be finite and non-negative");
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.attrs[0] = bits_of(std::nan("")); }, "epsilon");
+  expect_changed_refused(
+      ops, OpKind::Module_LayerNorm, [](Op& op) { op.attrs.clear(); }, "unexpected number");
+  // BatchNorm: an epsilon that is not a Float scalar is rebuilt as one, which differs.
+  expect_changed_refused(
+      ops, OpKind::Module_BatchNorm, [](Op& op) { op.scalars[0] = ir::ScalarIr::Int(0); }, "differs");
+  expect_changed_refused(
+      ops, OpKind::Module_BatchNorm, [](Op& op) { op.scalars.clear(); }, "unexpected number");
+  expect_changed_refused(
+      ops, OpKind::Module_BatchNorm, [](Op& op) { op.tensors[4].shape = {2}; }, "variance");
+  expect_changed_refused(
+      ops, OpKind::Module_BatchNorm, [](Op& op) { op.tensors[0].shape = {3}, op.outputs()[0].shape = {3}; },
+      "rank at least 2");
+  expect_changed_refused(
+      ops, OpKind::Module_EmbeddingBackward, [](Op& op) { op.tensors[2].dtype = kF32; },
+      "indices must be an integer dtype");
+  expect_changed_refused(
+      ops, OpKind::Module_EmbeddingBackward,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 2, 4};
+      },
+      "out_grad");
+  expect_changed_refused(
+      ops, OpKind::Module_EmbeddingBackward,
+      [](Op& op) {
+        op.outputs()[0].shape = {2, 3};
+      },
+      "output 0");
+  expect_changed_refused(
+      ops, OpKind::Module_EmbeddingBackward,
+      [](Op& op) {
+        op.tensors[0].shape = {4, 3, 1};
+      },
+      "rank 2");
+}
+
+// Module Embedding and TopKWithIndices (docs/spec/ir.md §5.3: router clients send them; no Session
+// call emits them): accepted as their builders make them, refused when anything differs.
+TEST(OperationCheck, AcceptsModuleEmbeddingAndTopKWithIndicesAndRefusesHostileOnes) {
+  namespace build = ir::build;
+  using Op = ir::Operation;
+  const std::vector<ir::Operation> ops{
+      built(build::embedding(in(1, {4, 3}), typed(2, {2, 2}, kI64), TensorId(10))),
+      built(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, in(1, {2, 3}), 1, 2, kI64,
+                                     TensorId(10), TensorId(11))),
+  };
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : ops) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t o = 0; o < op.outputs().size(); ++o) {
+      ir::Operation lie = op;
+      lie.outputs()[o].shape.push_back(7);
+      expect_refused(lie, "output " + std::to_string(o));
+    }
+  }
+  const OpKind emb = OpKind::Module_Embedding, topk = OpKind::Numeric_TopKWithIndices;
+  expect_changed_refused(
+      ops, emb, [](Op& op) { op.tensors[1].dtype = kF32; }, "indices must be an integer dtype");
+  expect_changed_refused(
+      ops, emb,
+      [](Op& op) {
+        op.tensors[0].shape = {4, 3, 1};
+      },
+      "rank 2");
+  expect_changed_refused(
+      ops, emb, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, emb, [](Op& op) { op.tensors.erase(op.tensors.begin() + 1), op.num_inputs = 1; }, "unexpected number");
+  expect_changed_refused(
+      ops, topk,
+      [](Op& op) {
+        op.attrs[1] = 4, op.outputs()[0].shape = {2, 4}, op.outputs()[1].shape = {2, 4};
+      },
+      "k 4 exceeds dim 1 of size 3");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.attrs[0] = 5; }, "dim 5 out of bounds");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.outputs()[1].dtype = kF32; }, "index dtype");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.tensors.pop_back(); }, "not accepted over IPC");
+  expect_changed_refused(
+      ops, topk, [](Op& op) { op.outputs()[0].dtype = kI64; }, "output 0");
+}
+
 TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
   namespace build = ir::build;
   const TensorIr x = in(1, {2, 3});
   const std::vector<ir::Operation> refused{
-      built(build::embedding(in(1, {4, 3}), typed(2, {2, 2}, kI64), TensorId(10))),
-      built(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, x, 1, 2, kI64, TensorId(10),
-                                     TensorId(11))),
+      built(build::custom("user::op", std::vector<TensorIr>{x},
+                          std::vector<TensorIr>{TensorIr::uninit(TensorId(10), {2, 3}, kF32)}, {})),
       built(build::sync_collective()),
       built(build::init({2, 3}, kF32, TensorId(10))),
       built(build::random(Family::Float, OpKind::Float_Random, {2}, kF32, {}, TensorId(10))),
@@ -407,6 +708,457 @@ TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
     expect_refused(op, "not accepted over IPC");
     EXPECT_FALSE(memo.check(op).ok()) << op.to_string();
   }
+}
+
+// ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8): one op of
+// each of the 21 kinds, as a Session call builds it.
+
+std::vector<ir::Operation> conv_ops() {
+  namespace build = ir::build;
+  using K = OpKind;
+  const TensorId out(10);
+  build::Conv1dOptions c1;  // [2, 4, 9] → (9 + 2 − 5) / 2 + 1 = 4
+  c1.stride = 2;
+  c1.padding = 1;
+  c1.dilation = 2;
+  c1.groups = 2;
+  build::Conv3dOptions c3;  // [1, 2, 3, 4, 5] * [3, 2, 3, 2, 3] → [1, 3, 3, 3, 5]
+  c3.padding = {1, 0, 1};
+  build::ConvTranspose2dOptions t2;  // [1, 4, 3, 3] * [4, 1, 2, 2] → [1, 2, 7, 4]
+  t2.stride = {2, 1};
+  t2.padding_out = {1, 0};
+  t2.groups = 2;
+  build::ConvTranspose3dOptions t3;  // [1, 2, 2, 2, 2] * [2, 3, 2, 2, 2] → [1, 3, 3, 4, 3]
+  t3.dilation = {1, 2, 1};
+  const build::ConvOptions o1 = build::conv_options(c1), o2 = build::conv_options(build::Conv2dOptions{});
+  const build::ConvOptions o3 = build::conv_options(c3), ot2 = build::conv_options(t2), ot3 = build::conv_options(t3);
+  const build::ConvOptions ot1 = build::conv_options(build::ConvTranspose1dOptions{});  // [1, 2, 5] → [1, 3, 6]
+  const TensorIr x1 = in(1, {2, 4, 9}), w1 = in(2, {6, 2, 3}), g1 = in(3, {2, 6, 4});
+  const TensorIr x2 = in(1, {1, 2, 4, 4}), w2 = in(2, {3, 2, 2, 2}), g2 = in(3, {1, 3, 3, 3});
+  const TensorIr x3 = in(1, {1, 2, 3, 4, 5}), w3 = in(2, {3, 2, 3, 2, 3}), g3 = in(3, {1, 3, 3, 3, 5});
+  const TensorIr tx1 = in(1, {1, 2, 5}), tw1 = in(2, {2, 3, 2}), tg1 = in(3, {1, 3, 6});
+  const TensorIr tx2 = in(1, {1, 4, 3, 3}), tw2 = in(2, {4, 1, 2, 2}), tg2 = in(3, {1, 2, 7, 4});
+  const TensorIr tx3 = in(1, {1, 2, 2, 2, 2}), tw3 = in(2, {2, 3, 2, 2, 2}), tg3 = in(3, {1, 3, 3, 4, 3});
+  return {
+      built(build::conv1d(x1, w1, in(3, {6}), c1, out)),
+      built(build::conv1d(x1, w1, std::nullopt, c1, out)),
+      built(build::conv3d(x3, w3, in(3, {3}), c3, out)),
+      built(build::conv_transpose2d(tx2, tw2, in(3, {2}), t2, out)),
+      built(build::conv_transpose3d(tx3, tw3, std::nullopt, t3, out)),
+      built(build::conv_backward(K::Module_Conv1dXBackward, x1, w1, g1, o1, out)),
+      built(build::conv_backward(K::Module_Conv2dXBackward, x2, w2, g2, o2, out)),
+      built(build::conv_backward(K::Module_Conv3dXBackward, x3, w3, g3, o3, out)),
+      built(build::conv_backward(K::Module_Conv1dWeightBackward, x1, w1, g1, o1, out)),
+      built(build::conv_backward(K::Module_Conv2dWeightBackward, x2, w2, g2, o2, out)),
+      built(build::conv_backward(K::Module_Conv3dWeightBackward, x3, w3, g3, o3, out)),
+      built(build::conv_bias_backward(K::Module_Conv1dBiasBackward, x1, in(2, {6}), g1, out)),
+      built(build::conv_bias_backward(K::Module_Conv2dBiasBackward, x2, in(2, {3}), g2, out)),
+      built(build::conv_bias_backward(K::Module_Conv3dBiasBackward, x3, in(2, {3}), g3, out)),
+      built(build::conv_transpose_backward(K::Module_ConvTranspose1dWeightBackward, tx1, tw1, tg1, ot1, out)),
+      built(build::conv_transpose_backward(K::Module_ConvTranspose2dWeightBackward, tx2, tw2, tg2, ot2, out)),
+      built(build::conv_transpose_backward(K::Module_ConvTranspose3dWeightBackward, tx3, tw3, tg3, ot3, out)),
+      built(build::conv_bias_backward(K::Module_ConvTranspose1dBiasBackward, tx1, in(2, {3}), tg1, out)),
+      built(build::conv_bias_backward(K::Module_ConvTranspose2dBiasBackward, tx2, in(2, {2}), tg2, out)),
+      built(build::conv_bias_backward(K::Module_ConvTranspose3dBiasBackward, tx3, in(2, {3}), tg3, out)),
+      built(build::conv2d(x2, w2, std::nullopt, {}, out)),
+      built(build::conv_transpose1d(tx1, tw1, in(3, {3}), {}, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsEveryConvolutionKind) {
+  OperationCheckMemo memo;
+  std::vector<OpKind> kinds;
+  for (const ir::Operation& op : conv_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    if (std::find(kinds.begin(), kinds.end(), op.kind) == kinds.end()) kinds.push_back(op.kind);
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.push_back(7);
+    expect_refused(lie, "output 0");
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+  EXPECT_EQ(kinds.size(), 21u);
+}
+
+TEST(OperationCheck, RefusesHostileConvolutions) {
+  const std::vector<ir::Operation> ops = conv_ops();
+  using Op = ir::Operation;
+  using K = OpKind;
+  // Attribute counts that do not fit the kind's rank (a Conv1d relabelled Conv2d), a negative one.
+  expect_changed_refused(
+      ops, K::Module_Conv1d, [](Op& op) { op.attrs.pop_back(); }, "missing or extra");
+  expect_changed_refused(
+      ops, K::Module_Conv3d, [](Op& op) { op.attrs.push_back(1); }, "missing or extra");
+  expect_changed_refused(
+      ops, K::Module_Conv1d, [](Op& op) { op.kind = K::Module_Conv2d; }, "missing or extra");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose2d, [](Op& op) { op.attrs[2] = -1; }, "negative");
+  // Options the builders refuse: stride 0, dilation 0, padding_out >= max(stride, dilation),
+  // groups that do not divide the channels.
+  expect_changed_refused(
+      ops, K::Module_Conv1d, [](Op& op) { op.attrs[0] = 0; }, "stride");
+  expect_changed_refused(
+      ops, K::Module_Conv3d, [](Op& op) { op.attrs[7] = 0; }, "dilation");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose2d, [](Op& op) { op.attrs[4] = 2; }, "padding_out 2 must be smaller");
+  expect_changed_refused(
+      ops, K::Module_Conv1d, [](Op& op) { op.attrs[3] = 3; }, "not divisible by 3 groups");
+  // Tensors: a bias of the wrong length, mixed dtypes, output_grad of another shape, a weight of
+  // another rank, an X gradient relabelled as the weight's, two inputs for three.
+  expect_changed_refused(
+      ops, K::Module_Conv3d, [](Op& op) { op.tensors[2].shape = {2}; }, "bias");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose2d, [](Op& op) { op.tensors[1].dtype = DType(DTypeKind::F64); }, "dtypes differ");
+  expect_changed_refused(
+      ops, K::Module_Conv2dWeightBackward,
+      [](Op& op) {
+        op.tensors[2].shape = {1, 3, 3, 2};
+      },
+      "forward's output shape");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose3dWeightBackward,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 3, 2, 2};
+      },
+      "weight must have rank 5");
+  expect_changed_refused(
+      ops, K::Module_Conv1dXBackward, [](Op& op) { op.kind = K::Module_Conv1dWeightBackward; }, "output 0");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose2dWeightBackward,
+      [](Op& op) {
+        op.tensors.erase(op.tensors.begin() + 2);
+        op.num_inputs = 2;
+      },
+      "unexpected number");
+  // The bias gradients: an attribute, another batch, an integer bias.
+  expect_changed_refused(
+      ops, K::Module_Conv2dBiasBackward, [](Op& op) { op.attrs.push_back(0); }, "unexpected number");
+  expect_changed_refused(
+      ops, K::Module_ConvTranspose1dBiasBackward,
+      [](Op& op) {
+        op.tensors[2].shape = {2, 3, 6};
+      },
+      "same batch");
+  expect_changed_refused(
+      ops, K::Module_Conv3dBiasBackward, [](Op& op) { op.tensors[1].dtype = kI64; }, "float dtype");
+}
+
+// ---- Pools beyond MaxPool2d / AvgPool2d and their backwards (Session calls): rebuilt from the
+// kind's spatial rank and the window attributes; the with-indices pools have two outputs.
+
+std::vector<ir::Operation> pool_ops() {
+  namespace build = ir::build;
+  const TensorId out(10), idx(11);
+  const build::MaxPool1dOptions m1{3, 2, 1, 2, true};  // [2, 1, 9] → [2, 1, 4]
+  build::MaxPool2dOptions m2;                          // [1, 2, 5, 6] → [1, 2, 3, 3]
+  m2.kernel = {3, 2};
+  m2.stride = {2, 2};
+  m2.padding = {1, 0};
+  const build::AvgPool1dOptions a1{3, 2, 1, false, true};  // [2, 1, 7] → [2, 1, 4]
+  build::AvgPool2dOptions a2;                              // [1, 2, 5, 6] → [1, 2, 3, 4]
+  a2.kernel = {2, 2};
+  a2.stride = {2, 2};
+  a2.padding = {1, 1};
+  const TensorIr x1 = in(1, {2, 1, 9}), x2 = in(1, {1, 2, 5, 6}), x7 = in(1, {2, 1, 7}), x3 = in(1, {1, 1, 3, 5, 6});
+  return {
+      built(build::max_pool1d(x1, m1, out)),
+      built(build::max_pool1d_with_indices(x1, m1, kI64, out, idx)),
+      built(build::max_pool2d_with_indices(x2, m2, kI64, out, idx)),
+      built(build::max_pool1d_with_indices_backward(x1, in(2, {2, 1, 4}), typed(3, {2, 1, 4}, kI64), m1, out)),
+      built(build::max_pool2d_with_indices_backward(x2, in(2, {1, 2, 3, 3}), typed(3, {1, 2, 3, 3}, kI64), m2, out)),
+      built(build::avg_pool1d(x7, a1, out)),
+      built(build::avg_pool1d_backward(x7, in(2, {2, 1, 4}), a1, out)),
+      built(build::avg_pool2d_backward(x2, in(2, {1, 2, 3, 4}), a2, out)),
+      built(build::adaptive_avg_pool1d(x7, 3, out)),
+      built(build::adaptive_avg_pool2d(x2, {3, 4}, out)),
+      built(build::adaptive_avg_pool3d(x3, {2, 3, 4}, out)),
+      built(build::adaptive_avg_pool1d_backward(x7, in(2, {2, 1, 3}), out)),
+      built(build::adaptive_avg_pool2d_backward(x2, in(2, {1, 2, 3, 4}), out)),
+      built(build::adaptive_avg_pool3d_backward(x3, in(2, {1, 1, 2, 3, 4}), out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsThePoolsAndTheirBackwards) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : pool_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t o = 0; o < op.outputs().size(); ++o) {
+      ir::Operation lie = op;
+      lie.outputs()[o].shape.push_back(7);
+      expect_refused(lie, "output " + std::to_string(o));
+    }
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+}
+
+TEST(OperationCheck, RefusesHostileMaxPools) {
+  const std::vector<ir::Operation> ops = pool_ops();
+  using Op = ir::Operation;
+  const OpKind mp = OpKind::Module_MaxPool1d, wi1 = OpKind::Module_MaxPool1dWithIndices,
+               wi2 = OpKind::Module_MaxPool2dWithIndices, back = OpKind::Module_MaxPool1dWithIndicesBackward;
+  // The window: padding over half the kernel, kernel or stride 0, a missing, surplus or negative
+  // attribute, a flag of 2.
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[2] = 2; }, "padding 2 exceeds half the kernel size 3");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[0] = 0; }, "kernel size must be at least 1");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[1] = 0; }, "stride must be at least 1");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs.push_back(0); }, "differs");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[3] = -2; }, "negative");
+  expect_changed_refused(
+      ops, mp, [](Op& op) { op.attrs[4] = 2; }, "differs");
+  expect_changed_refused(
+      ops, mp,
+      [](Op& op) {
+        op.tensors[0].shape = {2, 1, 9, 1};
+      },
+      "must have rank 3");
+  // The indices: a float or unsigned dtype, one output, a claimed shape; a 2d op relabelled 1d.
+  expect_changed_refused(
+      ops, wi1, [](Op& op) { op.outputs()[1].dtype = kF32; }, "signed integer dtype");
+  expect_changed_refused(
+      ops, wi1, [](Op& op) { op.outputs()[1].dtype = DType(DTypeKind::U32); }, "signed integer dtype");
+  expect_changed_refused(
+      ops, wi1, [](Op& op) { op.tensors.pop_back(); }, "not accepted over IPC");
+  expect_changed_refused(
+      ops, wi2,
+      [](Op& op) {
+        op.outputs()[1].shape = {1, 2, 3, 4};
+      },
+      "output 1");
+  expect_changed_refused(
+      ops, wi2, [](Op& op) { op.kind = OpKind::Module_MaxPool1dWithIndices; }, "must have rank 3");
+  // The backward: grad or indices of another shape, float indices, a missing input.
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 1, 5};
+      },
+      "grad");
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[2].shape = {2, 4};
+      },
+      "indices");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[2].dtype = kF32; }, "indices must be an integer dtype");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors.erase(op.tensors.begin() + 2), op.num_inputs = 2; }, "unexpected number");
+}
+
+TEST(OperationCheck, RefusesHostileAvgAndAdaptivePools) {
+  const std::vector<ir::Operation> ops = pool_ops();
+  using Op = ir::Operation;
+  const OpKind avg = OpKind::Module_AvgPool1d, avg_back = OpKind::Module_AvgPool2dBackward,
+               a1 = OpKind::Module_AdaptiveAvgPool1d, a2 = OpKind::Module_AdaptiveAvgPool2d,
+               a2_back = OpKind::Module_AdaptiveAvgPool2dBackward;
+  expect_changed_refused(
+      ops, avg, [](Op& op) { op.attrs[3] = 3; }, "differs");  // count_include_pad 3
+  expect_changed_refused(
+      ops, avg, [](Op& op) { op.attrs[2] = 2; }, "padding 2 exceeds");
+  expect_changed_refused(
+      ops, avg, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, avg_back,
+      [](Op& op) {
+        op.tensors[1].shape = {1, 2, 3, 3};
+      },
+      "must have the pool's output shape");
+  expect_changed_refused(
+      ops, avg_back, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  // Adaptive: an output size of 0, one that disagrees with the claimed output, a missing or
+  // surplus size, an empty spatial dim of x; the backward: another batch, an attribute.
+  expect_changed_refused(
+      ops, a1, [](Op& op) { op.attrs[0] = 0; }, "output size 0");
+  expect_changed_refused(
+      ops, a1, [](Op& op) { op.attrs[0] = 2; }, "output 0");
+  expect_changed_refused(
+      ops, a2, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, a2, [](Op& op) { op.attrs.push_back(4); }, "differs");
+  expect_changed_refused(
+      ops, a1,
+      [](Op& op) {
+        op.tensors[0].shape = {2, 1, 0};
+      },
+      "empty spatial dim");
+  expect_changed_refused(
+      ops, a2_back,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 2, 3, 4};
+      },
+      "batch and channel dims");
+  expect_changed_refused(
+      ops, a2_back, [](Op& op) { op.attrs.push_back(3); }, "differs");
+}
+
+// ---- Resampling (Session calls): Interpolate and its backward, GridSample2d, Unfold4d; the
+// enum attributes are checked by the builders, flags rebuilt as 0 / 1.
+
+std::vector<ir::Operation> resample_ops() {
+  namespace build = ir::build;
+  using ir::GridSamplePaddingMode;
+  using ir::InterpolateMode;
+  const TensorId out(10);
+  build::Unfold4dOptions strided;
+  strided.stride = {2, 1};
+  strided.padding = {1, 0};
+  strided.dilation = {2, 1};
+  return {
+      built(build::interpolate(in(1, {1, 2, 3, 4}), {5, 2}, {InterpolateMode::Bicubic, false}, out)),
+      built(build::interpolate(in(1, {1, 2, 3, 4}), {6, 8}, {}, out)),
+      built(build::interpolate_backward(in(1, {1, 2, 3, 4}), in(2, {1, 2, 5, 2}), {5, 2},
+                                        {InterpolateMode::Lanczos3, true}, out)),
+      built(build::grid_sample_2d(in(1, {2, 3, 4, 5}), in(2, {2, 6, 7, 2}), {}, out)),
+      built(build::grid_sample_2d(in(1, {2, 3, 4, 5}), in(2, {2, 6, 7, 2}),
+                                  {InterpolateMode::Nearest, GridSamplePaddingMode::Reflection, true}, out)),
+      built(build::unfold4d(in(1, {2, 3, 5, 4}), {2, 3}, {}, out)),
+      built(build::unfold4d(in(1, {2, 3, 5, 4}), {2, 3}, strided, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsTheResamplingKinds) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : resample_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.back() += 1;
+    expect_refused(lie, "output 0");
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+}
+
+TEST(OperationCheck, RefusesHostileInterpolateOperations) {
+  const std::vector<ir::Operation> ops = resample_ops();
+  using Op = ir::Operation;
+  const OpKind up = OpKind::Module_Interpolate, back = OpKind::Module_InterpolateBackward;
+  // Modes out of the enum, a negative mode, a flag other than 0 / 1, a zero output size.
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.attrs[2] = 7; }, "unknown interpolate mode 7");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.attrs[2] = -1; }, "attribute 2 missing or negative");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.attrs[3] = 2; }, "differs");
+  expect_changed_refused(
+      ops, up,
+      [](Op& op) {
+        op.attrs[0] = 0, op.outputs()[0].shape = {1, 2, 0, 2};
+      },
+      "must be at least 1");
+  // Wrong ranks, an empty image, an integer x, a missing attribute.
+  expect_changed_refused(
+      ops, up,
+      [](Op& op) {
+        op.tensors[0].shape = {2, 3, 4};
+      },
+      "x must have rank 4");
+  expect_changed_refused(
+      ops, up,
+      [](Op& op) {
+        op.tensors[0].shape = {1, 2, 0, 4};
+      },
+      "empty image");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  // The backward: a grad of the wrong shape or rank or dtype, no grad, a forward relabelled.
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[1].shape = {1, 2, 2, 5};
+      },
+      "grad");
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 5, 2};
+      },
+      "grad");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[1].dtype = kBool; }, "grad");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors.erase(op.tensors.begin() + 1), op.num_inputs = 1; }, "unexpected number");
+  expect_changed_refused(
+      ops, up, [](Op& op) { op.kind = OpKind::Module_InterpolateBackward; }, "unexpected number");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.attrs[2] = 5; }, "unknown interpolate mode 5");
+}
+
+TEST(OperationCheck, RefusesHostileGridSampleAndUnfold4dOperations) {
+  const std::vector<ir::Operation> ops = resample_ops();
+  using Op = ir::Operation;
+  const OpKind gs = OpKind::Float_GridSample2d, uf = OpKind::Module_Unfold4d;
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[0] = 1; }, "does not apply to grid sampling");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[0] = 4; }, "does not apply to grid sampling");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[0] = 9; }, "unknown interpolate mode 9");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[1] = 3; }, "unknown padding mode 3");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.attrs[2] = 5; }, "differs");
+  expect_changed_refused(
+      ops, gs,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 6, 7, 3};
+      },
+      "2 coordinates");
+  expect_changed_refused(
+      ops, gs,
+      [](Op& op) {
+        op.tensors[1].shape = {1, 6, 7, 2};
+      },
+      "has batch 1");
+  expect_changed_refused(
+      ops, gs,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 6, 2};
+      },
+      "grid must have rank 4");
+  expect_changed_refused(
+      ops, gs,
+      [](Op& op) {
+        op.tensors[0].shape = {3, 4, 5};
+      },
+      "tensor must have rank 4");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.tensors[1].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, gs, [](Op& op) { op.dtype = DType(DTypeKind::F64); }, "differs");  // the carried dtype
+  expect_changed_refused(
+      ops, uf, [](Op& op) { op.attrs[2] = 0; }, "stride must be at least 1");
+  expect_changed_refused(
+      ops, uf, [](Op& op) { op.attrs[0] = 9; }, "spans");
+  expect_changed_refused(
+      ops, uf, [](Op& op) { op.attrs[7] = -2; }, "attribute 7 missing or negative");
+  expect_changed_refused(
+      ops, uf,
+      [](Op& op) {
+        op.tensors[0].shape = {2, 3, 5, 4, 1};
+      },
+      "x must have rank 4");
+  expect_changed_refused(
+      ops, uf,
+      [](Op& op) {
+        op.outputs()[0].shape = {2, 18, 6};
+      },
+      "output 0");
 }
 
 }  // namespace

@@ -350,6 +350,64 @@ TEST(Builders, OutputDtypeKindPicksTheBuilder) {
       ErrorCode::DTypeMismatch);
 }
 
+// Any convolution kind: x [1, 4, 5...], 2 groups, kernel 3 in every spatial dim, bias [6]; the
+// gradients take output_grad of the forward's output shape ([1, 6, 3...], transposed [1, 6, 7...]).
+Result<Operation> conv_any(OpKind kind, TensorId o) {
+  const build::ConvKindInfo k = build::conv_kind_info(kind).value();
+  Shape xs{1, 4}, ws{k.transposed ? 4u : 6u, k.transposed ? 3u : 2u}, gs{1, 6};
+  build::ConvOptions opts{{}, {}, {}, {}, 2};
+  for (std::size_t i = 0; i < k.rank; ++i) {
+    xs.push_back(5);
+    ws.push_back(3);
+    gs.push_back(k.transposed ? 7 : 3);
+    opts.stride.push_back(1);
+    opts.padding.push_back(0);
+    opts.dilation.push_back(1);
+    if (k.transposed) opts.padding_out.push_back(0);
+  }
+  switch (k.role) {
+    case build::ConvRole::Forward:
+      return k.transposed ? build::conv_transpose(kind, t(1, xs), t(2, ws), t(3, {6}), opts, o)
+                          : build::conv(kind, t(1, xs), t(2, ws), t(3, {6}), opts, o);
+    case build::ConvRole::XBackward:
+    case build::ConvRole::WeightBackward:
+      return k.transposed ? build::conv_transpose_backward(kind, t(1, xs), t(2, ws), t(3, gs), opts, o)
+                          : build::conv_backward(kind, t(1, xs), t(2, ws), t(3, gs), opts, o);
+    case build::ConvRole::BiasBackward: return build::conv_bias_backward(kind, t(1, xs), t(2, {6}), t(3, gs), o);
+  }
+  return make_error(ErrorCode::Internal, "unreachable");
+}
+
+// A pool of docs/spec/ir.md §5.8 beyond MaxPool2d / AvgPool2d, by kind (the kind says the rank).
+Result<Operation> build_pool(OpKind kind, TensorId o) {
+  const TensorIr x1 = t(1, {1, 2, 5}), x2 = t(1, {1, 2, 5, 5}), x3 = t(1, {1, 2, 3, 4, 5});
+  const build::MaxPool1dOptions m1{2, 2, 1, 1, false};  // [.., 5] → [.., 3]
+  const build::MaxPool2dOptions m2{};                   // identity windows
+  switch (kind) {
+    case OpKind::Module_MaxPool1d: return build::max_pool1d(x1, m1, o);
+    case OpKind::Module_MaxPool1dWithIndices: return build::max_pool1d_with_indices(x1, m1, dtypes::i64, o, id(11));
+    case OpKind::Module_MaxPool2dWithIndices: return build::max_pool2d_with_indices(x2, m2, dtypes::i32, o, id(11));
+    case OpKind::Module_MaxPool1dWithIndicesBackward:
+      return build::max_pool1d_with_indices_backward(x1, t(2, {1, 2, 3}), t(3, {1, 2, 3}, dtypes::i64), m1, o);
+    case OpKind::Module_MaxPool2dWithIndicesBackward:
+      return build::max_pool2d_with_indices_backward(x2, t(2, {1, 2, 5, 5}), t(3, {1, 2, 5, 5}, dtypes::i64), m2, o);
+    case OpKind::Module_AvgPool1d: return build::avg_pool1d(x1, build::AvgPool1dOptions{}, o);
+    case OpKind::Module_AvgPool1dBackward:
+      return build::avg_pool1d_backward(x1, t(2, {1, 2, 5}), build::AvgPool1dOptions{}, o);
+    case OpKind::Module_AvgPool2dBackward:
+      return build::avg_pool2d_backward(x2, t(2, {1, 2, 5, 5}), build::AvgPool2dOptions{}, o);
+    case OpKind::Module_AdaptiveAvgPool1d: return build::adaptive_avg_pool1d(x1, 3, o);
+    case OpKind::Module_AdaptiveAvgPool2d: return build::adaptive_avg_pool2d(x2, {3, 2}, o);
+    case OpKind::Module_AdaptiveAvgPool3d: return build::adaptive_avg_pool3d(x3, {2, 3, 2}, o);
+    case OpKind::Module_AdaptiveAvgPool1dBackward: return build::adaptive_avg_pool1d_backward(x1, t(2, {1, 2, 3}), o);
+    case OpKind::Module_AdaptiveAvgPool2dBackward:
+      return build::adaptive_avg_pool2d_backward(x2, t(2, {1, 2, 3, 2}), o);
+    case OpKind::Module_AdaptiveAvgPool3dBackward:
+      return build::adaptive_avg_pool3d_backward(x3, t(2, {1, 2, 2, 3, 2}), o);
+    default: return make_error(ErrorCode::Internal, "not a pool");
+  }
+}
+
 // Every row of the op table can be built through the builder of its signature.
 Result<Operation> build_any(OpKind kind) {
   const OpInfo& info = op_info(kind);
@@ -360,6 +418,7 @@ Result<Operation> build_any(OpKind kind) {
     case OpGroup::Float: f = Family::Float; break;
     case OpGroup::Int: f = Family::Int, d = dtypes::i32; break;
     case OpGroup::Bool: f = Family::Bool, d = kBool; break;
+    case OpGroup::Activation: f = Family::Activation; break;
     default: break;
   }
   const bool cmp = info.has(kComparison);
@@ -414,12 +473,14 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::Sort:
       return index ? build::sort_arg(f, kind, x, 1, true, dtypes::i64, o) : build::sort(f, kind, x, 1, false, o);
     case Signature::SortWithIndices: return build::sort_with_indices(f, kind, x, 0, true, dtypes::i64, o, id(11));
+    case Signature::Unfold: return build::unfold(f, kind, x, 1, 2, 1, o);
+    case Signature::ScatterNd:
+      return build::scatter_nd(f, kind, x, t(3, {2, 1}, dtypes::i64), y, IndexingUpdate::Add, o);
+    case Signature::Cross: return build::cross(f, kind, x, t(2, {1, 3}, d), 1, o);
+    case Signature::HardSigmoid: return build::hard_sigmoid(x, ScalarIr::Float(0.2), ScalarIr::Float(0.5), o);
     case Signature::GatherNd: return build::gather_nd(f, kind, x, t(3, {4, 1}, dtypes::i64), o);
-    case Signature::Conv2d:
-      return build::conv2d(t(1, {1, 2, 5, 5}), t(2, {3, 2, 3, 3}), std::nullopt, build::Conv2dOptions{}, o);
-    case Signature::ConvTranspose1d:
-      return build::conv_transpose1d(t(1, {1, 2, 5}), t(2, {2, 3, 3}), std::nullopt, build::ConvTranspose1dOptions{},
-                                     o);
+    case Signature::Conv:
+    case Signature::ConvTranspose: return conv_any(kind, o);
     case Signature::MaxPool2d: return build::max_pool2d(t(1, {1, 2, 5, 5}), build::MaxPool2dOptions{}, o);
     case Signature::AvgPool2d: return build::avg_pool2d(t(1, {1, 2, 5, 5}), build::AvgPool2dOptions{}, o);
     case Signature::Embedding: return build::embedding(t(1, {10, 4}), t(3, {2, 3}, dtypes::i64), o);
@@ -428,7 +489,33 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::SyncCollective: return build::sync_collective();
     case Signature::Custom:
       return build::custom("c", std::vector<TensorIr>{x}, std::vector<TensorIr>{TensorIr::uninit(o, {1}, d)}, {});
+    case Signature::Linear: return build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {4}), o);
+    case Signature::LinearBackward:
+      return kind == OpKind::Module_LinearXBackward ? build::linear_x_backward(t(1, {3, 4}), t(2, {2, 4}), o)
+                                                    : build::linear_weight_backward(t(1, {2, 3}), t(2, {2, 4}), o);
+    case Signature::LinearBiasBackward: return build::linear_bias_backward(t(1, {2, 4}), o);
+    case Signature::LayerNorm: return build::layer_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), 1e-5, o);
+    case Signature::BatchNorm:
+      return build::batch_norm(t(1, {2, 3, 4}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, o);
+    case Signature::EmbeddingBackward:
+      return build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), o);
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward:
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return build_pool(kind, o);
     case Signature::Drop: return build::drop(t(1, {2}, d, TensorStatus::ReadWrite));
+    case Signature::ConvBackward:
+    case Signature::ConvTransposeBackward:
+    case Signature::ConvBiasBackward: return conv_any(kind, o);
+    case Signature::GridSample2d: return build::grid_sample_2d(t(1, {1, 2, 4, 4}), t(2, {1, 3, 3, 2}), {}, o);
+    case Signature::Interpolate:
+      return build::interpolate(t(1, {1, 2, 4, 4}), {3, 5}, {InterpolateMode::Bilinear, false}, o);
+    case Signature::InterpolateBackward:
+      return build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}), {3, 5}, {}, o);
+    case Signature::Unfold4d: return build::unfold4d(t(1, {1, 2, 4, 4}), {2, 2}, {}, o);
   }
   return make_error(ErrorCode::Internal, "unreachable");
 }
@@ -599,6 +686,90 @@ TEST(BuildMatmul, MixedRulesAndExplicitDtype) {
              ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::matmul(Family::Float, OpKind::Float_Matmul, t(1, {2, 3, 4}), t(2, {3, 4, 5}), id(3)),
              ErrorCode::IncompatibleDims);
+}
+
+// Float Cross{lhs, rhs, dim} (docs/spec/ir.md §6.3): broadcast(lhs, rhs), same dtypes; the dim
+// holds the 3-vectors in both operands, so it is never broadcast.
+TEST(BuildCross, BroadcastsAroundADimOfSizeThree) {
+  BUILD(c, build::cross(Family::Float, OpKind::Float_Cross, t(1, {4, 3}, dtypes::f16), t(2, {1, 3}, dtypes::f16), 1,
+                        id(3)));
+  EXPECT_EQ(out(c), TensorIr::uninit(id(3), {4, 3}, dtypes::f16));
+  EXPECT_EQ(c.attrs, (AttrList{1}));
+  EXPECT_EQ(c.dtype, dtypes::f16);
+  EXPECT_EQ(c.kind_name(), "Float::Cross");
+  BUILD(c0, build::cross(Family::Float, OpKind::Float_Cross, t(1, {3, 1, 2}), t(2, {3, 5, 1}), 0, id(3)));
+  EXPECT_EQ(out(c0).shape, (Shape{3, 5, 2}));
+  EXPECT_EQ(c0.attrs, (AttrList{0}));
+  // Errors name the op and the values.
+  auto r = build::cross(Family::Float, OpKind::Float_Cross, t(1, {4, 2}), t(2, {4, 2}), 1, id(3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Float::Cross: dim 1 must have size 3 in both operands ([4,2] x [4,2])");
+  // A dim of size 1 in one operand would broadcast, but it is not a 3-vector.
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {2, 3}), t(2, {2, 1}), 1, id(3)),
+             ErrorCode::IncompatibleShapes);
+  r = build::cross(Family::Float, OpKind::Float_Cross, t(1, {2, 3}), t(2, {2, 3}), 2, id(3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "Float::Cross: dim 2 out of bounds for rank 2 ([2,3])");
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {2, 3}), t(2, {3}), 1, id(3)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {2, 3}), t(2, {4, 3}), 1, id(3)),
+             ErrorCode::IncompatibleDims);
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {3}), t(2, {3}, dtypes::f64), 0, id(3)),
+             ErrorCode::DTypeMismatch);
+  // Float only: an integer operand, a Numeric family, another signature's kind.
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Cross, t(1, {3}, dtypes::i32), t(2, {3}, dtypes::i32), 0, id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::cross(Family::NumericFloat, OpKind::Float_Cross, t(1, {3}), t(2, {3}), 0, id(3)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::cross(Family::Float, OpKind::Float_Matmul, t(1, {3}), t(2, {3}), 0, id(3)), ErrorCode::Invalid);
+}
+
+// The Activation group (docs/spec/ir.md §5.9): the table-driven builders take its Unary, Binary,
+// Scalar and Dim kinds with Family::Activation (float operands, no carried dtype); HardSigmoid has
+// its own builder. Shapes and dtypes as §6.3 (Binary broadcasts, Dim keeps the input's).
+TEST(BuildActivation, TheGroupsKindsAndHardSigmoid) {
+  const Family a = Family::Activation;
+  BUILD(relu, build::unary(a, OpKind::Activation_Relu, t(1, {2, 3}, dtypes::bf16), id(2)));
+  EXPECT_EQ(out(relu), TensorIr::uninit(id(2), {2, 3}, dtypes::bf16));
+  EXPECT_EQ(relu.dtype, DType{});  // the Activation family carries no dtype
+  EXPECT_EQ(relu.kind_name(), "Activation::Relu");
+  // Backward ops: {output or input, grad}, broadcasting as every Binary kind.
+  BUILD(back, build::binary(a, OpKind::Activation_SigmoidBackward, t(1, {2, 1}), t(2, {1, 3}), id(3)));
+  EXPECT_EQ(out(back), TensorIr::uninit(id(3), {2, 3}, dtypes::f32));
+  EXPECT_EQ(back.inputs()[1].id, id(2));
+  BUILD(prelu, build::binary(a, OpKind::Activation_PRelu, t(1, {4, 3}, dtypes::f16), t(2, {1, 3}, dtypes::f16), id(3)));
+  EXPECT_EQ(out(prelu).shape, (Shape{4, 3}));
+  BUILD(leaky, build::scalar(a, OpKind::Activation_LeakyRelu, t(1, {5}), ScalarIr::Float(0.01), id(2)));
+  EXPECT_EQ(leaky.scalars, (ScalarList{ScalarIr::Float(0.01)}));
+  BUILD(soft, build::dim(a, OpKind::Activation_LogSoftmax, t(1, {2, 3}, dtypes::f64), 1, id(2)));
+  EXPECT_EQ(out(soft), TensorIr::uninit(id(2), {2, 3}, dtypes::f64));
+  EXPECT_EQ(soft.attrs, (AttrList{1}));
+  BUILD(hs, build::hard_sigmoid(t(1, {2, 2}, dtypes::f16), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(2)));
+  EXPECT_EQ(out(hs), TensorIr::uninit(id(2), {2, 2}, dtypes::f16));
+  EXPECT_EQ(hs.scalars, (ScalarList{ScalarIr::Float(0.2), ScalarIr::Float(0.5)}));
+  EXPECT_EQ(hs.kind_name(), "Activation::HardSigmoid");
+  EXPECT_TRUE(hs.attrs.empty());
+  // Errors name the op and the values.
+  auto r = build::unary(a, OpKind::Activation_Gelu, t(1, {3}, dtypes::i32), id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Activation::Gelu: family Activation does not apply to operand dtype i32");
+  r = build::dim(a, OpKind::Activation_Softmax, t(1, {2, 3}), 2, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(message_of(r), "Activation::Softmax: axis 2 out of bounds for rank 2 ([2,3])");
+  EXPECT_ERR(build::hard_sigmoid(t(1, {3}, kBool), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(2)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::binary(a, OpKind::Activation_ReluBackward, t(1, {3}), t(2, {3}, dtypes::f16), id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::binary(a, OpKind::Activation_GeluBackward, t(1, {2, 3}), t(2, {3, 2}), id(3)),
+             ErrorCode::IncompatibleDims);
+  // The group admits only its family, and the family only its group's kinds.
+  EXPECT_ERR(build::unary(Family::Float, OpKind::Activation_Sigmoid, t(1, {3}), id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::unary(a, OpKind::Float_Exp, t(1, {3}), id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::unary(a, OpKind::Activation_Softmax, t(1, {3}), id(2)), ErrorCode::Invalid);  // a Dim kind
+  EXPECT_ERR(build::hard_sigmoid(t(1, {3}), ScalarIr::Float(0.2), ScalarIr::Float(0.5), id(1)), ErrorCode::Invalid);
 }
 
 TEST(BuildReduce, FullReductions) {
@@ -795,6 +966,40 @@ TEST(BuildLayout, FlipAndRepeatDim) {
              ErrorCode::OutOfBounds);
 }
 
+// Unfold{input, dim, size, step} (docs/spec/ir.md §4, §6.3): [dim] becomes the window count
+// (size + step > dim: (dim + step − size) / step, else 0), `size` is appended.
+TEST(BuildLayout, UnfoldCountsWindowsAndAppendsTheWindowAxis) {
+  BUILD(u, build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {2, 5, 3}, dtypes::bf16), 1, 2, 2, id(2)));
+  EXPECT_EQ(out(u), TensorIr::uninit(id(2), {2, 2, 3, 2}, dtypes::bf16));  // windows [0, 2) and [2, 4)
+  EXPECT_EQ(u.attrs, (AttrList{1, 2, 2}));
+  EXPECT_EQ(u.kind_name(), "BaseFloat::Unfold");
+  BUILD(whole, build::unfold(Family::BaseInt, OpKind::Base_Unfold, t(1, {5}, dtypes::i16), 0, 5, 1, id(2)));
+  EXPECT_EQ(out(whole), TensorIr::uninit(id(2), {1, 5}, dtypes::i16));
+  BUILD(last, build::unfold(Family::BaseBool, OpKind::Base_Unfold, t(1, {2, 7}, kBool), 1, 3, 1, id(2)));
+  EXPECT_EQ(out(last).shape, (Shape{2, 5, 3}));
+  // A window larger than the dim gives none (Burn's count; torch refuses it); size 0 gives dim + 1.
+  BUILD(none, build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {3, 2}), 0, 4, 1, id(2)));
+  EXPECT_EQ(out(none).shape, (Shape{0, 2, 4}));
+  BUILD(empty_windows, build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {3}), 0, 0, 1, id(2)));
+  EXPECT_EQ(out(empty_windows).shape, (Shape{4, 0}));
+  // Errors name the op and the values.
+  auto r = build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {2, 5}), 1, 2, 0, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "BaseFloat::Unfold: step must be at least 1");
+  r = build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {2, 5}), 2, 2, 1, id(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "BaseFloat::Unfold: dim 2 out of bounds for rank 2 ([2,5])");
+  EXPECT_ERR(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {5}), 0, std::uint64_t{1} << 63, 1, id(2)),
+             ErrorCode::Invalid);  // not an i64 attribute
+  EXPECT_ERR(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {5}), 0, 2, ~std::uint64_t{0}, id(2)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::unfold(Family::BaseInt, OpKind::Base_Unfold, t(1, {5}), 0, 2, 1, id(2)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::unfold(Family::BaseFloat, OpKind::Base_Flip, t(1, {5}), 0, 2, 1, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::unfold(Family::BaseFloat, OpKind::Base_Unfold, t(1, {5}), 0, 2, 1, id(1)), ErrorCode::Invalid);
+}
+
 TEST(BuildLayout, CatChecksDtypesAndCount) {
   const std::vector<TensorIr> mixed{t(1, {2}), t(2, {2}, dtypes::f16)};
   EXPECT_ERR(build::cat(Family::BaseFloat, OpKind::Base_Cat, mixed, 0, id(3)), ErrorCode::DTypeMismatch);
@@ -902,6 +1107,51 @@ TEST(BuildIndexing, GatherNdBounds) {
              ErrorCode::DTypeMismatch);
 }
 
+// ScatterNd{data, indices, values, reduction}: data's shape and dtype, indices as GatherNd's; the
+// values' shape is the kernel's to check (as Scatter's value, docs/spec/ir.md §6.3).
+TEST(BuildIndexing, ScatterNd) {
+  BUILD(s, build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                             t(3, {2, 3}), IndexingUpdate::Add, id(4)));
+  EXPECT_EQ(out(s), TensorIr::uninit(id(4), {4, 3}, dtypes::f32));
+  EXPECT_EQ(s.attrs, (AttrList{static_cast<std::int64_t>(IndexingUpdate::Add)}));
+  ASSERT_EQ(s.num_inputs, 3);
+  EXPECT_EQ(s.inputs()[1].id, id(2));  // field order: data, indices, values
+  EXPECT_EQ(s.inputs()[2].id, id(3));
+  EXPECT_EQ(s.kind_name(), "BaseFloat::ScatterNd");
+  BUILD(b, build::scatter_nd(Family::BaseBool, OpKind::Base_ScatterNd, t(1, {2, 2}, kBool), t(2, {3, 2}, dtypes::u8),
+                             t(3, {3}, kBool), IndexingUpdate::Max, id(4)));
+  EXPECT_EQ(out(b), TensorIr::uninit(id(4), {2, 2}, kBool));
+  BUILD(k0,
+        build::scatter_nd(Family::BaseInt, OpKind::Base_ScatterNd, t(1, {2}, dtypes::i32), t(2, {1, 0}, dtypes::i64),
+                          t(3, {7}, dtypes::i32), IndexingUpdate::Assign, id(4)));  // values unchecked here
+  EXPECT_EQ(out(k0).shape, (Shape{2}));
+  // Errors name the op and the values.
+  auto r = build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 3}, dtypes::i64),
+                             t(3, {2}), IndexingUpdate::Add, id(4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "BaseFloat::ScatterNd: indices [2,3] address 3 dims of the rank-2 data [4,3]");
+  r = build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                        t(3, {2, 3}), static_cast<IndexingUpdate>(7), id(4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(message_of(r), "BaseFloat::ScatterNd: unknown reduction 7");
+  EXPECT_ERR(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {}, dtypes::i64), t(3, {}),
+                               IndexingUpdate::Add, id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}), t(3, {2, 3}),
+                               IndexingUpdate::Add, id(4)),
+             ErrorCode::DTypeMismatch);  // float indices
+  EXPECT_ERR(build::scatter_nd(Family::BaseFloat, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                               t(3, {2, 3}, dtypes::f16), IndexingUpdate::Add, id(4)),
+             ErrorCode::DTypeMismatch);  // values of another dtype
+  EXPECT_ERR(build::scatter_nd(Family::BaseInt, OpKind::Base_ScatterNd, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                               t(3, {2, 3}), IndexingUpdate::Add, id(4)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::scatter_nd(Family::BaseFloat, OpKind::Base_Scatter, t(1, {4, 3}), t(2, {2, 1}, dtypes::i64),
+                               t(3, {2, 3}), IndexingUpdate::Add, id(4)),
+             ErrorCode::Invalid);
+}
+
 TEST(BuildCreation, CreationFullRandom) {
   BUILD(ones, build::creation(Family::BaseFloat, OpKind::Base_Ones, {2, 3}, dtypes::f16, id(1)));
   EXPECT_EQ(ones.num_inputs, 0);
@@ -1000,6 +1250,763 @@ TEST(BuildModule, PoolsAndEmbedding) {
   EXPECT_EQ(emb.kind_name(), "Module::Embedding");
   EXPECT_ERR(build::embedding(t(1, {100, 16}), t(2, {4, 7}), id(3)), ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::embedding(t(1, {100, 16}), t(2, {28}, dtypes::i64), id(3)), ErrorCode::RankMismatch);
+}
+
+// ---- Dense layers, norms, the embedding's gradient (docs/spec/ir.md §5.8, §6.3)
+
+// Linear{x, weight [d_in, d_out], bias?}: x with the last dim = weight[1] (Burn's layout), for x of
+// rank 1, 2 and 3; the bias is an input only when given.
+TEST(BuildDense, LinearShapesAndTheWeightLayout) {
+  BUILD(v, build::linear(t(1, {3}), t(2, {3, 4}), std::nullopt, id(3)));
+  EXPECT_EQ(out(v), TensorIr::uninit(id(3), {4}, dtypes::f32));
+  EXPECT_EQ(v.num_inputs, 2);
+  EXPECT_TRUE(v.attrs.empty());
+  EXPECT_TRUE(v.scalars.empty());
+  EXPECT_EQ(v.kind_name(), "Module::Linear");
+  BUILD(m, build::linear(t(1, {2, 3}, dtypes::f16), t(2, {3, 4}, dtypes::f16), t(3, {4}, dtypes::f16), id(4)));
+  EXPECT_EQ(out(m), TensorIr::uninit(id(4), {2, 4}, dtypes::f16));
+  EXPECT_EQ(m.num_inputs, 3);
+  EXPECT_EQ(m.inputs()[2], t(3, {4}, dtypes::f16));
+  BUILD(b, build::linear(t(1, {5, 2, 3}), t(2, {3, 1}), t(3, {1}), id(4)));
+  EXPECT_EQ(out(b).shape, (Shape{5, 2, 1}));
+  // A [d_out, d_in] weight (PyTorch's layout) does not fit: the error names the op and the shapes.
+  auto r = build::linear(t(1, {2, 3}), t(2, {4, 3}), std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Linear: x [2,3] has 3 features, weight [4,3] ([d_in, d_out]) takes 4");
+  r = build::linear(t(1, {}), t(2, {3, 4}), std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Linear: x t1:f32[] must have rank at least 1");
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {3}), std::nullopt, id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {1, 3, 4}), std::nullopt, id(3)), ErrorCode::RankMismatch);
+  r = build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {3}), id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Linear: bias t3:f32[3] must have shape [4]");
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {1, 4}), id(4)), ErrorCode::IncompatibleShapes);
+  // same(x, weight, bias?), float only; fresh ids, live inputs.
+  r = build::linear(t(1, {2, 3}), t(2, {3, 4}, dtypes::f16), std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Linear: dtypes differ: x f32 vs weight f16");
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {4}, dtypes::bf16), id(4)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::linear(t(1, {2, 3}, dtypes::i32), t(2, {3, 4}, dtypes::i32), std::nullopt, id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::linear(t(1, {2, 3}), t(2, {3, 4}), std::nullopt, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::linear(t(1, {2, 3}, dtypes::f32, TensorStatus::NotInit), t(2, {3, 4}), std::nullopt, id(3)),
+             ErrorCode::Invalid);
+}
+
+// The three backwards: x's shape (output_grad · weightᵀ), the weight's [d_in, d_out] and the
+// bias' [d_out], all in output_grad's dtype.
+TEST(BuildDense, LinearBackwardsShapesAndErrors) {
+  BUILD(gx, build::linear_x_backward(t(1, {3, 4}, dtypes::bf16), t(2, {5, 2, 4}), id(3)));
+  EXPECT_EQ(out(gx), TensorIr::uninit(id(3), {5, 2, 3}, dtypes::f32));  // output_grad's dtype (§6.3)
+  EXPECT_EQ(gx.kind_name(), "Module::LinearXBackward");
+  BUILD(gx1, build::linear_x_backward(t(1, {3, 4}), t(2, {4}), id(3)));
+  EXPECT_EQ(out(gx1).shape, (Shape{3}));
+  auto r = build::linear_x_backward(t(1, {3, 4}), t(2, {2, 3}), id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::LinearXBackward: output_grad [2,3] has 3 features, weight [3,4] ([d_in, d_out]) "
+            "gives 4");
+  EXPECT_ERR(build::linear_x_backward(t(1, {4}), t(2, {2, 4}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_x_backward(t(1, {3, 4}), t(2, {}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_x_backward(t(1, {3, 4}), t(2, {2, 4}, dtypes::i64), id(3)), ErrorCode::DTypeMismatch);
+
+  BUILD(gw, build::linear_weight_backward(t(1, {5, 2, 3}), t(2, {5, 2, 4}, dtypes::f16), id(3)));
+  EXPECT_EQ(out(gw), TensorIr::uninit(id(3), {3, 4}, dtypes::f16));
+  EXPECT_EQ(gw.kind_name(), "Module::LinearWeightBackward");
+  BUILD(outer, build::linear_weight_backward(t(1, {3}), t(2, {4}), id(3)));
+  EXPECT_EQ(out(outer).shape, (Shape{3, 4}));
+  r = build::linear_weight_backward(t(1, {5, 2, 3}), t(2, {2, 5, 4}), id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::LinearWeightBackward: x [5,2,3] and output_grad [2,5,4] must have the same leading dims");
+  EXPECT_ERR(build::linear_weight_backward(t(1, {2, 3}), t(2, {1, 2, 4}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_weight_backward(t(1, {}), t(2, {4}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_weight_backward(t(1, {2, 3}, kBool), t(2, {2, 4}), id(3)), ErrorCode::DTypeMismatch);
+
+  BUILD(gb, build::linear_bias_backward(t(1, {5, 2, 4}, dtypes::f64), id(3)));
+  EXPECT_EQ(out(gb), TensorIr::uninit(id(3), {4}, dtypes::f64));
+  EXPECT_EQ(gb.num_inputs, 1);
+  BUILD(gb1, build::linear_bias_backward(t(1, {4}), id(3)));
+  EXPECT_EQ(out(gb1).shape, (Shape{4}));
+  EXPECT_ERR(build::linear_bias_backward(t(1, {}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::linear_bias_backward(t(1, {2, 4}, dtypes::u8), id(3)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::linear_bias_backward(t(1, {2, 4}), id(1)), ErrorCode::Invalid);
+}
+
+// LayerNorm keeps epsilon as the attribute bits(epsilon) (never relativized, docs/spec/fusion.md
+// §3.6); BatchNorm carries it as its one scalar, Float(epsilon).
+TEST(BuildDense, LayerNormAndBatchNorm) {
+  BUILD(ln, build::layer_norm(t(1, {2, 3, 4}), t(2, {4}), t(3, {4}), 1e-5, id(4)));
+  EXPECT_EQ(out(ln), TensorIr::uninit(id(4), {2, 3, 4}, dtypes::f32));
+  EXPECT_EQ(ln.num_inputs, 3);
+  EXPECT_EQ(ln.attrs, (AttrList{bits(1e-5)}));
+  EXPECT_TRUE(ln.scalars.empty());
+  EXPECT_EQ(ln.kind_name(), "Module::LayerNorm");
+  BUILD(no_beta, build::layer_norm(t(1, {4}, dtypes::bf16), t(2, {4}, dtypes::bf16), std::nullopt, 0.0, id(4)));
+  EXPECT_EQ(no_beta.num_inputs, 2);
+  EXPECT_EQ(out(no_beta).dtype, dtypes::bf16);
+  auto r = build::layer_norm(t(1, {2, 3, 4}), t(2, {3}), std::nullopt, 1e-5, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::LayerNorm: gamma t2:f32[3] must have shape [4] (the input's last dim)");
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), t(3, {4, 1}), 1e-5, id(4)), ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {2, 4}), std::nullopt, 1e-5, id(4)), ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::layer_norm(t(1, {}), t(2, {1}), std::nullopt, 1e-5, id(4)), ErrorCode::RankMismatch);
+  r = build::layer_norm(t(1, {2, 4}), t(2, {4}, dtypes::f16), std::nullopt, 1e-5, id(4));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::LayerNorm: dtypes differ: input f32 vs gamma f16");
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), t(3, {4}, dtypes::f64), 1e-5, id(4)), ErrorCode::DTypeMismatch);
+  r = build::layer_norm(t(1, {2, 4}), t(2, {4}), std::nullopt, -1e-3, id(4));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::LayerNorm: epsilon must be finite and non-negative, got -0.001");
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), std::nullopt, std::nan(""), id(4)), ErrorCode::Invalid);
+  EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), std::nullopt, std::numeric_limits<double>::infinity(), id(4)),
+             ErrorCode::Invalid);
+
+  BUILD(bn, build::batch_norm(t(1, {2, 3, 4, 5}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-3, id(6)));
+  EXPECT_EQ(out(bn), TensorIr::uninit(id(6), {2, 3, 4, 5}, dtypes::f32));
+  EXPECT_EQ(bn.num_inputs, 5);
+  ASSERT_EQ(bn.scalars.size(), 1u);
+  EXPECT_EQ(bn.scalars[0], ScalarIr::Float(1e-3));
+  EXPECT_TRUE(bn.attrs.empty());
+  EXPECT_EQ(bn.kind_name(), "Module::BatchNorm");
+  BUILD(bn2, build::batch_norm(t(1, {4, 2}), t(2, {2}), t(3, {2}), t(4, {2}), t(5, {2}), 0.0, id(6)));
+  EXPECT_EQ(out(bn2).shape, (Shape{4, 2}));
+  r = build::batch_norm(t(1, {3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, id(6));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::BatchNorm: x t1:f32[3] must have rank at least 2 ([N, C, ...])");
+  r = build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {4}), t(5, {3}), 1e-5, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::BatchNorm: mean t4:f32[4] must have shape [3] (the channels, x's dim 1)");
+  r = build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}, dtypes::f64), 1e-5, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::BatchNorm: dtypes differ: x f32 vs variance f64");
+  EXPECT_ERR(build::batch_norm(t(1, {2, 3}), t(2, {1, 3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, id(6)),
+             ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), -0.5, id(6)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::batch_norm(t(1, {2, 3}, dtypes::i32), t(2, {3}, dtypes::i32), t(3, {3}, dtypes::i32),
+                               t(4, {3}, dtypes::i32), t(5, {3}, dtypes::i32), 1e-5, id(6)),
+             ErrorCode::DTypeMismatch);
+}
+
+// EmbeddingBackward{weights [V, E], out_grad [B, S, E], indices [B, S]}: weights' shape and dtype.
+TEST(BuildDense, EmbeddingBackward) {
+  BUILD(eb, build::embedding_backward(t(1, {10, 4}, dtypes::f16), t(2, {2, 3, 4}, dtypes::f16),
+                                      t(3, {2, 3}, dtypes::i32), id(4)));
+  EXPECT_EQ(out(eb), TensorIr::uninit(id(4), {10, 4}, dtypes::f16));
+  EXPECT_EQ(eb.num_inputs, 3);
+  EXPECT_EQ(eb.kind_name(), "Module::EmbeddingBackward");
+  auto r = build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 5}), t(3, {2, 3}, dtypes::i64), id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::EmbeddingBackward: out_grad t2:f32[2,3,5] must have shape [2,3,4] (indices [2,3], "
+            "weights [10,4])");
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {6, 4}), t(3, {2, 3}, dtypes::i64), id(4)),
+             ErrorCode::IncompatibleShapes);
+  r = build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}, dtypes::f64), t(3, {2, 3}, dtypes::i64), id(4));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::EmbeddingBackward: dtypes differ: weights f32 vs out_grad f64");
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}), id(4)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {6, 1, 4}), t(3, {6}, dtypes::i64), id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4, 1}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}, dtypes::i64), t(2, {2, 3, 4}, dtypes::i64),
+                                       t(3, {2, 3}, dtypes::i64), id(4)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::embedding_backward(t(1, {10, 4}), t(2, {2, 3, 4}), t(3, {2, 3}, dtypes::i64), id(3)),
+             ErrorCode::Invalid);  // the output id is an input's
+}
+
+// ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3)
+
+TEST(BuildConv, ForwardsShapesAndAttributes) {
+  // Conv1d: (10 + 2·1 − 2·(3 − 1) − 1) / 2 + 1 = 4; weight [C_out, C_in / groups, k].
+  build::Conv1dOptions o1;
+  o1.stride = 2;
+  o1.padding = 1;
+  o1.dilation = 2;
+  o1.groups = 2;
+  BUILD(c1, build::conv1d(t(1, {2, 4, 10}), t(2, {6, 2, 3}), t(3, {6}), o1, id(4)));
+  EXPECT_EQ(out(c1), TensorIr::uninit(id(4), {2, 6, 4}, dtypes::f32));
+  EXPECT_EQ(c1.kind_name(), "Module::Conv1d");
+  EXPECT_EQ(c1.num_inputs, 3);
+  EXPECT_EQ(c1.attrs, (AttrList{2, 1, 2, 2}));
+  // Conv3d: depth (5 + 2 − 2 − 1) / 1 + 1 = 5, height (6 − 2 − 1) / 2 + 1 = 2, width
+  // (7 + 2 − 4 − 1) / 3 + 1 = 2; attrs [stride..., padding..., dilation..., groups].
+  build::Conv3dOptions o3;
+  o3.stride = {1, 2, 3};
+  o3.padding = {1, 0, 1};
+  o3.dilation = {1, 1, 2};
+  BUILD(c3,
+        build::conv3d(t(1, {1, 2, 5, 6, 7}, dtypes::f64), t(2, {4, 2, 3, 3, 3}, dtypes::f64), std::nullopt, o3, id(3)));
+  EXPECT_EQ(out(c3), TensorIr::uninit(id(3), {1, 4, 5, 2, 2}, dtypes::f64));
+  EXPECT_EQ(c3.attrs, (AttrList{1, 2, 3, 1, 0, 1, 1, 1, 2, 1}));
+  // The generic builder with Conv2d is conv2d, attribute for attribute.
+  build::Conv2dOptions o2{{2, 1}, {1, 0}, {1, 2}, 1};
+  BUILD(named2, build::conv2d(t(1, {1, 3, 6, 7}), t(2, {5, 3, 3, 2}), t(3, {5}), o2, id(4)));
+  BUILD(generic2, build::conv(OpKind::Module_Conv2d, t(1, {1, 3, 6, 7}), t(2, {5, 3, 3, 2}), t(3, {5}),
+                              build::conv_options(o2), id(4)));
+  EXPECT_TRUE(named2 == generic2);
+  EXPECT_EQ(out(named2).shape, (Shape{1, 5, 3, 5}));
+  // ConvTranspose2d, weight [C_in, C_out / groups, kh, kw], C_out = 3 · 2: height (3 − 1)·2 +
+  // 1·(2 − 1) + 1 + 1 − 2 = 5, width (5 − 1)·1 + 2·(3 − 1) + 1 = 9.
+  build::ConvTranspose2dOptions t2;
+  t2.stride = {2, 1};
+  t2.padding = {1, 0};
+  t2.padding_out = {1, 0};
+  t2.dilation = {1, 2};
+  t2.groups = 2;
+  BUILD(tr2, build::conv_transpose2d(t(1, {1, 4, 3, 5}), t(2, {4, 3, 2, 3}), t(3, {6}), t2, id(4)));
+  EXPECT_EQ(out(tr2), TensorIr::uninit(id(4), {1, 6, 5, 9}, dtypes::f32));
+  EXPECT_EQ(tr2.kind_name(), "Module::ConvTranspose2d");
+  EXPECT_EQ(tr2.attrs, (AttrList{2, 1, 1, 0, 1, 0, 1, 2, 2}));
+  BUILD(tr3, build::conv_transpose3d(t(1, {2, 2, 2, 2, 2}), t(2, {2, 1, 2, 2, 2}), std::nullopt,
+                                     build::ConvTranspose3dOptions{}, id(3)));
+  EXPECT_EQ(out(tr3).shape, (Shape{2, 1, 3, 3, 3}));
+  EXPECT_EQ(tr3.attrs, (AttrList{1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1}));
+  // PyTorch admits padding_out < max(stride, dilation): 1 with stride 1 and dilation 2.
+  build::ConvTranspose1dOptions t1;
+  t1.dilation = 2;
+  t1.padding_out = 1;
+  BUILD(tr1, build::conv_transpose1d(t(1, {1, 2, 4}), t(2, {2, 1, 3}), std::nullopt, t1, id(3)));
+  EXPECT_EQ(out(tr1).shape, (Shape{1, 1, 9}));  // 3 + 4 + 1 + 1
+}
+
+TEST(BuildConv, GradientsTakeTheShapeOfTheirVariableAndTheDtypeOfOutputGrad) {
+  build::Conv1dOptions o1;
+  o1.stride = 2;
+  o1.padding = 1;
+  o1.dilation = 2;
+  o1.groups = 2;
+  const build::ConvOptions opts = build::conv_options(o1);
+  const TensorIr x = t(1, {2, 4, 10}), w = t(2, {6, 2, 3}), g = t(3, {2, 6, 4}, dtypes::f64);
+  BUILD(gx, build::conv_backward(OpKind::Module_Conv1dXBackward, x, w, g, opts, id(4)));
+  EXPECT_EQ(out(gx), TensorIr::uninit(id(4), {2, 4, 10}, dtypes::f64));
+  EXPECT_EQ(gx.num_inputs, 3);
+  EXPECT_EQ(gx.attrs, (AttrList{2, 1, 2, 2}));
+  EXPECT_EQ(gx.kind_name(), "Module::Conv1dXBackward");
+  BUILD(gw, build::conv_backward(OpKind::Module_Conv1dWeightBackward, x, w, g, opts, id(4)));
+  EXPECT_EQ(out(gw), TensorIr::uninit(id(4), {6, 2, 3}, dtypes::f64));
+  BUILD(gb, build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, x, t(5, {6}), g, id(4)));
+  EXPECT_EQ(out(gb), TensorIr::uninit(id(4), {6}, dtypes::f64));
+  EXPECT_TRUE(gb.attrs.empty());
+  // The transposed weight gradient: output_grad has the transposed forward's shape.
+  build::ConvTranspose2dOptions t2;
+  t2.stride = {2, 1};
+  t2.padding = {1, 0};
+  t2.padding_out = {1, 0};
+  t2.dilation = {1, 2};
+  t2.groups = 2;
+  BUILD(tw, build::conv_transpose_backward(OpKind::Module_ConvTranspose2dWeightBackward, t(1, {1, 4, 3, 5}),
+                                           t(2, {4, 3, 2, 3}), t(3, {1, 6, 5, 9}, dtypes::f16), build::conv_options(t2),
+                                           id(4)));
+  EXPECT_EQ(out(tw), TensorIr::uninit(id(4), {4, 3, 2, 3}, dtypes::f16));
+  EXPECT_EQ(tw.attrs, (AttrList{2, 1, 1, 0, 1, 0, 1, 2, 2}));
+  BUILD(tb, build::conv_bias_backward(OpKind::Module_ConvTranspose3dBiasBackward, t(1, {1, 2, 2, 2, 2}), t(2, {3}),
+                                      t(3, {1, 3, 3, 3, 3}), id(4)));
+  EXPECT_EQ(out(tb), TensorIr::uninit(id(4), {3}, dtypes::f32));
+  BUILD(g3, build::conv_backward(OpKind::Module_Conv3dXBackward, t(1, {1, 2, 3, 3, 3}), t(2, {2, 2, 1, 1, 1}),
+                                 t(3, {1, 2, 3, 3, 3}), build::conv_options(build::Conv3dOptions{}), id(4)));
+  EXPECT_EQ(out(g3).shape, (Shape{1, 2, 3, 3, 3}));
+}
+
+TEST(BuildConv, ChannelAndGroupErrorsNameTheOpAndTheShapes) {
+  build::Conv1dOptions g2;
+  g2.groups = 2;
+  auto r = build::conv1d(t(1, {1, 3, 8}), t(2, {4, 1, 3}), std::nullopt, g2, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: x t1:f32[1,3,8] has 3 channels, not divisible by 2 groups");
+  r = build::conv1d(t(1, {1, 4, 8}), t(2, {3, 2, 3}), std::nullopt, g2, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: weight t2:f32[3,2,3] has 3 output channels, not divisible by 2 groups");
+  r = build::conv3d(t(1, {1, 3, 4, 4, 4}), t(2, {2, 2, 1, 1, 1}), std::nullopt, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::Conv3d: x t1:f32[1,3,4,4,4] has 3 channels, weight t2:f32[2,2,1,1,1] ([C_out, C_in / groups, "
+            "k...]) takes 2 per group x 1 groups");
+  r = build::conv_transpose2d(t(1, {1, 3, 4, 4}), t(2, {4, 2, 3, 3}), std::nullopt, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::ConvTranspose2d: x t1:f32[1,3,4,4] has 3 channels, weight t2:f32[4,2,3,3] ([C_in, C_out / "
+            "groups, k...]) takes 4");
+  build::ConvTranspose3dOptions t3;
+  t3.groups = 2;
+  EXPECT_ERR(build::conv_transpose3d(t(1, {1, 3, 2, 2, 2}), t(2, {3, 1, 1, 1, 1}), std::nullopt, t3, id(3)),
+             ErrorCode::IncompatibleShapes);  // 3 input channels in 2 groups
+  // A bias of the wrong length; C_out = weight[1] · groups overflows.
+  EXPECT_ERR(build::conv3d(t(1, {1, 2, 4, 4, 4}), t(2, {4, 2, 1, 1, 1}), t(3, {3}), {}, id(4)),
+             ErrorCode::IncompatibleShapes);
+  build::ConvTranspose1dOptions t1;
+  t1.groups = 4;
+  EXPECT_ERR(build::conv_transpose1d(t(1, {1, 4, 3}), t(2, {4, std::uint64_t{1} << 62, 1}), std::nullopt, t1, id(3)),
+             ErrorCode::Invalid);
+}
+
+TEST(BuildConv, OptionErrors) {
+  const TensorIr x1 = t(1, {1, 2, 8}), w1 = t(2, {2, 2, 3});
+  build::Conv1dOptions zero_stride;
+  zero_stride.stride = 0;
+  auto r = build::conv1d(x1, w1, std::nullopt, zero_stride, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: stride [0]: every value must be at least 1 and fit an i64 attribute");
+  build::Conv3dOptions zero_dilation;
+  zero_dilation.dilation = {1, 0, 1};
+  EXPECT_ERR(build::conv3d(t(1, {1, 2, 4, 4, 4}), t(2, {2, 2, 1, 1, 1}), std::nullopt, zero_dilation, id(3)),
+             ErrorCode::Invalid);
+  build::Conv1dOptions zero_groups;
+  zero_groups.groups = 0;
+  EXPECT_ERR(build::conv1d(x1, w1, std::nullopt, zero_groups, id(3)), ErrorCode::Invalid);
+  build::Conv1dOptions huge;
+  huge.padding = std::uint64_t{1} << 63;  // not an i64 attribute
+  EXPECT_ERR(build::conv1d(x1, w1, std::nullopt, huge, id(3)), ErrorCode::Invalid);
+  // Output sizes of 0 or less: a kernel wider than the padded input; a padding that crops the
+  // whole transposed output.
+  EXPECT_ERR(build::conv1d(t(1, {1, 2, 2}), t(2, {2, 2, 5}), std::nullopt, {}, id(3)), ErrorCode::Invalid);
+  build::ConvTranspose2dOptions crop;
+  crop.padding = {0, 3};
+  r = build::conv_transpose2d(t(1, {1, 2, 2, 2}), t(2, {2, 1, 2, 2}), std::nullopt, crop, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_NE(message_of(r).find("Module::ConvTranspose2d: conv_transpose: 2*padding 6 exceeds"), std::string::npos)
+      << message_of(r);
+  // padding_out >= max(stride, dilation), as PyTorch refuses.
+  build::ConvTranspose2dOptions po;
+  po.stride = {2, 1};
+  po.padding_out = {2, 0};
+  r = build::conv_transpose2d(t(1, {1, 2, 2, 2}), t(2, {2, 1, 2, 2}), std::nullopt, po, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Module::ConvTranspose2d: padding_out 2 must be smaller than the stride 2 or the dilation 1 (dim 0)");
+  po.padding_out = {1, 1};
+  EXPECT_ERR(build::conv_transpose2d(t(1, {1, 2, 2, 2}), t(2, {2, 1, 2, 2}), std::nullopt, po, id(3)),
+             ErrorCode::Invalid);
+  // Lists of another length than the rank, padding_out on a convolution or missing on a transposed one.
+  build::ConvOptions generic{{1}, {0}, {}, {1}, 1};
+  EXPECT_ERR(build::conv(OpKind::Module_Conv2d, t(1, {1, 2, 4, 4}), t(2, {2, 2, 1, 1}), std::nullopt, generic, id(3)),
+             ErrorCode::Invalid);
+  generic.padding_out = {0};
+  r = build::conv(OpKind::Module_Conv1d, x1, w1, std::nullopt, generic, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: padding_out [0] applies to transposed convolutions only");
+  generic.padding_out.clear();
+  EXPECT_ERR(build::conv_transpose(OpKind::Module_ConvTranspose1d, x1, w1, std::nullopt, generic, id(3)),
+             ErrorCode::Invalid);
+}
+
+TEST(BuildConv, RankDtypeAndKindErrors) {
+  const build::ConvOptions o1 = build::conv_options(build::Conv1dOptions{});
+  const TensorIr x1 = t(1, {1, 2, 8}), w1 = t(2, {2, 2, 3}), g1 = t(3, {1, 2, 6});
+  // Ranks: x and weight must have rank n + 2.
+  EXPECT_ERR(build::conv3d(t(1, {1, 2, 4, 4}), t(2, {2, 2, 1, 1, 1}), std::nullopt, {}, id(3)),
+             ErrorCode::RankMismatch);
+  auto r = build::conv1d(x1, t(2, {2, 2}), std::nullopt, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: weight must have rank 3, has rank 2 (t2:f32[2,2])");
+  EXPECT_ERR(
+      build::conv(OpKind::Module_Conv2d, x1, w1, std::nullopt, build::conv_options(build::Conv2dOptions{}), id(3)),
+      ErrorCode::RankMismatch);
+  // Dtypes: same(x, weight, bias?), float operands (the gradients: each float, any of them).
+  r = build::conv1d(x1, t(2, {2, 2, 3}, dtypes::f64), std::nullopt, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Conv1d: dtypes differ: x f32 vs weight f64");
+  EXPECT_ERR(build::conv1d(x1, w1, t(3, {2}, dtypes::f16), {}, id(4)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::conv1d(t(1, {1, 2, 8}, dtypes::i32), t(2, {2, 2, 3}, dtypes::i32), std::nullopt, {}, id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::conv_backward(OpKind::Module_Conv1dXBackward, x1, w1, t(3, {1, 2, 6}, dtypes::i64), o1, id(4)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, x1, t(2, {2}, kBool), g1, id(4)),
+             ErrorCode::DTypeMismatch);
+  // A kind of another signature.
+  r = build::conv(OpKind::Module_ConvTranspose1d, x1, w1, std::nullopt, o1, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::ConvTranspose1d: has signature ConvTranspose, not Conv");
+  EXPECT_ERR(build::conv_backward(OpKind::Module_Conv1dBiasBackward, x1, w1, g1, o1, id(4)), ErrorCode::Invalid);
+  EXPECT_ERR(build::conv_transpose_backward(OpKind::Module_Conv1dWeightBackward, x1, w1, g1, o1, id(4)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::conv_bias_backward(OpKind::Module_Linear, x1, t(2, {2}), g1, id(4)), ErrorCode::Invalid);
+  EXPECT_ERR(build::conv_bias_backward(static_cast<OpKind>(kNumOpKinds), x1, t(2, {2}), g1, id(4)), ErrorCode::Invalid);
+  EXPECT_ERR(build::conv1d(x1, w1, std::nullopt, {}, id(1)), ErrorCode::Invalid);  // the output id is x's
+}
+
+TEST(BuildConv, GradientShapeErrors) {
+  const build::ConvOptions o1 = build::conv_options(build::Conv1dOptions{});
+  const TensorIr x1 = t(1, {1, 2, 8}), w1 = t(2, {4, 2, 3});
+  // output_grad must have the forward's output shape [1, 4, 6].
+  auto r = build::conv_backward(OpKind::Module_Conv1dWeightBackward, x1, w1, t(3, {1, 4, 7}), o1, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::Conv1dWeightBackward: output_grad t3:f32[1,4,7] must have the forward's output shape [1,4,6] (x "
+            "[1,2,8], weight [4,2,3])");
+  EXPECT_ERR(build::conv_backward(OpKind::Module_Conv1dXBackward, x1, w1, t(3, {4, 6}), o1, id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::conv_backward(OpKind::Module_Conv1dXBackward, x1, t(2, {4, 3, 3}), t(3, {1, 4, 6}), o1, id(4)),
+             ErrorCode::IncompatibleShapes);  // the channels the forward would refuse
+  EXPECT_ERR(
+      build::conv_transpose_backward(OpKind::Module_ConvTranspose1dWeightBackward, x1, t(2, {2, 4, 3}), t(3, {1, 4, 8}),
+                                     build::conv_options(build::ConvTranspose1dOptions{}), id(4)),
+      ErrorCode::IncompatibleShapes);  // the transposed output is [1, 4, 10]
+  // The bias gradients: ranks n + 2, one batch, a bias of output_grad's channels.
+  EXPECT_ERR(build::conv_bias_backward(OpKind::Module_Conv2dBiasBackward, x1, t(2, {4}), t(3, {1, 4, 6}), id(4)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, x1, t(2, {4}), t(3, {1, 4}), id(4)),
+             ErrorCode::RankMismatch);
+  r = build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, x1, t(2, {4}), t(3, {2, 4, 6}), id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::Conv1dBiasBackward: output_grad t3:f32[2,4,6] and x t1:f32[1,2,8] must have the same batch");
+  r = build::conv_bias_backward(OpKind::Module_ConvTranspose1dBiasBackward, x1, t(2, {5}), t(3, {1, 4, 6}), id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::ConvTranspose1dBiasBackward: bias t2:f32[5] must have shape [4] (output_grad's channels, dim 1)");
+}
+
+// ---- Pools (docs/spec/ir.md §5.8, §6.3): the pool formula per spatial dim, the window in the
+// attributes, errors naming the op and the values.
+
+TEST(BuildPool, MaxPool1dShapesAndAttributes) {
+  const build::MaxPool1dOptions o{3, 2, 1, 2, false};  // reach 5 over 10 + 2: numerator 7
+  BUILD(floor_mode, build::max_pool1d(t(1, {2, 3, 10}, dtypes::bf16), o, id(2)));
+  EXPECT_EQ(out(floor_mode), TensorIr::uninit(id(2), {2, 3, 4}, dtypes::bf16));
+  EXPECT_EQ(floor_mode.attrs, (AttrList{3, 2, 1, 2, 0}));
+  EXPECT_EQ(floor_mode.kind_name(), "Module::MaxPool1d");
+  BUILD(ceil_mode, build::max_pool1d(t(1, {2, 3, 10}), {3, 2, 1, 2, true}, id(2)));
+  EXPECT_EQ(out(ceil_mode).shape, (Shape{2, 3, 5}));
+  EXPECT_EQ(ceil_mode.attrs, (AttrList{3, 2, 1, 2, 1}));
+  // Errors: kernel, stride or dilation 0, more padding than half the kernel, a window wider than
+  // the padded input, the rank, the dtype, an output id that is an input's.
+  auto r = build::max_pool1d(t(1, {1, 1, 5}), {0, 1, 0, 1, false}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: pool: kernel size must be at least 1");
+  r = build::max_pool1d(t(1, {1, 1, 5}), {2, 0, 0, 1, false}, id(2));
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: pool: stride must be at least 1");
+  r = build::max_pool1d(t(1, {1, 1, 5}), {2, 1, 0, 0, false}, id(2));
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: pool: dilation must be at least 1");
+  r = build::max_pool1d(t(1, {1, 1, 5}), {3, 1, 2, 1, false}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: padding 2 exceeds half the kernel size 3 (spatial dim 0)");
+  EXPECT_ERR(build::max_pool1d(t(1, {1, 1, 5}), {6, 1, 0, 1, false}, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::max_pool1d(t(1, {1, 1, 5}), {3, 1, 0, 3, false}, id(2)), ErrorCode::Invalid);  // reach 7
+  r = build::max_pool1d(t(1, {1, 1, 5, 5}), {2, 1, 0, 1, false}, id(2));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::MaxPool1d: x must have rank 3, has rank 4 (t1:f32[1,1,5,5])");
+  EXPECT_ERR(build::max_pool1d(t(1, {5}), {1, 1, 0, 1, false}, id(2)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::max_pool1d(t(1, {1, 1, 5}, dtypes::i32), {2, 1, 0, 1, false}, id(2)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::max_pool1d(t(1, {1, 1, 5}), {2, 1, 0, 1, false}, id(1)), ErrorCode::Invalid);
+  // The 2d pools share the rule (K: PyTorch refuses it too).
+  build::MaxPool2dOptions m;
+  m.kernel = {3, 3};
+  m.padding = {1, 2};
+  r = build::max_pool2d(t(1, {1, 1, 5, 5}), m, id(2));
+  EXPECT_EQ(message_of(r), "Module::MaxPool2d: padding 2 exceeds half the kernel size 3 (spatial dim 1)");
+  build::AvgPool2dOptions a;
+  a.kernel = {2, 2};
+  a.padding = {2, 0};
+  EXPECT_ERR(build::avg_pool2d(t(1, {1, 1, 5, 5}), a, id(2)), ErrorCode::Invalid);
+}
+
+TEST(BuildPool, MaxPoolWithIndicesTwoOutputsAndTheIndexDtype) {
+  BUILD(one,
+        build::max_pool1d_with_indices(t(1, {2, 3, 7}, dtypes::f16), {2, 2, 1, 1, false}, dtypes::i32, id(2), id(3)));
+  EXPECT_EQ(one.num_inputs, 1);
+  ASSERT_EQ(one.outputs().size(), 2u);
+  EXPECT_EQ(out(one, 0), TensorIr::uninit(id(2), {2, 3, 4}, dtypes::f16));
+  EXPECT_EQ(out(one, 1), TensorIr::uninit(id(3), {2, 3, 4}, dtypes::i32));
+  EXPECT_EQ(one.attrs, (AttrList{2, 2, 1, 1, 0}));
+  EXPECT_EQ(one.kind_name(), "Module::MaxPool1dWithIndices");
+  build::MaxPool2dOptions o;
+  o.kernel = {2, 2};
+  o.stride = {2, 2};
+  o.ceil_mode = true;
+  BUILD(two, build::max_pool2d_with_indices(t(1, {1, 2, 5, 5}), o, dtypes::i64, id(2), id(3)));
+  EXPECT_EQ(out(two, 0).shape, (Shape{1, 2, 3, 3}));
+  EXPECT_EQ(out(two, 1), TensorIr::uninit(id(3), {1, 2, 3, 3}, dtypes::i64));
+  EXPECT_EQ(two.attrs, (AttrList{2, 2, 2, 2, 0, 0, 1, 1, 1}));  // MaxPool2d's layout
+  // The indices: a signed integer dtype (−1 marks an empty window) that holds the plane's last
+  // index (an i8 holds 127: a plane of 128, not of 129).
+  auto r = build::max_pool1d_with_indices(t(1, {1, 1, 5}), {2, 2, 0, 1, false}, dtypes::f32, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r),
+            "Module::MaxPool1dWithIndices: index dtype f32 must be a signed integer dtype (-1 marks an empty window)");
+  EXPECT_ERR(build::max_pool1d_with_indices(t(1, {1, 1, 5}), {2, 2, 0, 1, false}, dtypes::u32, id(2), id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::max_pool2d_with_indices(t(1, {1, 1, 5, 5}), o, kBool, id(2), id(3)), ErrorCode::DTypeMismatch);
+  BUILD(fits, build::max_pool1d_with_indices(t(1, {1, 1, 128}), {2, 2, 0, 1, false}, dtypes::i8, id(2), id(3)));
+  r = build::max_pool2d_with_indices(t(1, {1, 1, 12, 11}), o, dtypes::i8, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Module::MaxPool2dWithIndices: index dtype i8 cannot hold the last index of x [1,1,12,11]'s spatial "
+            "plane");
+  // The window's errors as MaxPool1d's; the two output ids must differ.
+  EXPECT_ERR(build::max_pool1d_with_indices(t(1, {1, 1, 5}), {2, 2, 3, 1, false}, dtypes::i64, id(2), id(3)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::max_pool2d_with_indices(t(1, {1, 5, 5}), o, dtypes::i64, id(2), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::max_pool1d_with_indices(t(1, {1, 1, 5}), {2, 2, 0, 1, false}, dtypes::i64, id(2), id(2)),
+             ErrorCode::Invalid);
+}
+
+TEST(BuildPool, AvgPool1d) {
+  BUILD(avg, build::avg_pool1d(t(1, {2, 3, 7}), {3, 2, 1, false, true}, id(2)));
+  EXPECT_EQ(out(avg), TensorIr::uninit(id(2), {2, 3, 4}, dtypes::f32));
+  EXPECT_EQ(avg.attrs, (AttrList{3, 2, 1, 0, 1}));
+  EXPECT_EQ(avg.kind_name(), "Module::AvgPool1d");
+  auto r = build::avg_pool1d(t(1, {1, 1, 5}), {2, 1, 2, true, false}, id(2));
+  EXPECT_EQ(message_of(r), "Module::AvgPool1d: padding 2 exceeds half the kernel size 2 (spatial dim 0)");
+  EXPECT_ERR(build::avg_pool1d(t(1, {1, 1, 5}), {0, 1, 0, true, false}, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::avg_pool1d(t(1, {1, 1, 5}), {2, 0, 0, true, false}, id(2)), ErrorCode::Invalid);
+  EXPECT_ERR(build::avg_pool1d(t(1, {1, 5}), build::AvgPool1dOptions{}, id(2)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::avg_pool1d(t(1, {1, 1, 5}, dtypes::u8), build::AvgPool1dOptions{}, id(2)),
+             ErrorCode::DTypeMismatch);
+}
+
+// The backwards: x's shape and dtype; grad (and indices) must have the forward's output shape.
+TEST(BuildPool, PoolBackwards) {
+  const build::MaxPool1dOptions m{2, 2, 0, 1, false};  // [.., 5] → [.., 2]
+  BUILD(mb, build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}, dtypes::f16), t(2, {1, 2, 2}),
+                                                    t(3, {1, 2, 2}, dtypes::u8), m, id(4)));
+  EXPECT_EQ(out(mb), TensorIr::uninit(id(4), {1, 2, 5}, dtypes::f16));
+  EXPECT_EQ(mb.num_inputs, 3);
+  EXPECT_EQ(mb.attrs, (AttrList{2, 2, 0, 1, 0}));
+  auto r =
+      build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}), t(2, {1, 2, 3}), t(3, {1, 2, 2}, dtypes::i64), m, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::MaxPool1dWithIndicesBackward: grad t2:f32[1,2,3] must have the pool's output shape [1,2,2] (x "
+            "[1,2,5])");
+  r = build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}), t(3, {1, 2, 2}), m, id(4));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::MaxPool1dWithIndicesBackward: indices must be an integer dtype, got f32");
+  EXPECT_ERR(
+      build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}), t(3, {2, 2}, dtypes::i64), m, id(4)),
+      ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::max_pool1d_with_indices_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}, dtypes::i64),
+                                                     t(3, {1, 2, 2}, dtypes::i64), m, id(4)),
+             ErrorCode::DTypeMismatch);
+  build::MaxPool2dOptions m2;
+  m2.kernel = {2, 2};
+  BUILD(mb2, build::max_pool2d_with_indices_backward(t(1, {1, 1, 3, 3}), t(2, {1, 1, 2, 2}),
+                                                     t(3, {1, 1, 2, 2}, dtypes::i64), m2, id(4)));
+  EXPECT_EQ(out(mb2).shape, (Shape{1, 1, 3, 3}));
+  EXPECT_EQ(mb2.kind_name(), "Module::MaxPool2dWithIndicesBackward");
+  EXPECT_ERR(build::max_pool2d_with_indices_backward(t(1, {1, 1, 3, 3}), t(2, {1, 1, 3, 3}),
+                                                     t(3, {1, 1, 3, 3}, dtypes::i64), m2, id(4)),
+             ErrorCode::IncompatibleShapes);
+  // AvgPool backwards: grad of another float dtype is fine (§6.3 lists no same()); x's dtype out.
+  BUILD(ab, build::avg_pool1d_backward(t(1, {1, 1, 5}, dtypes::f16), t(2, {1, 1, 3}), {3, 2, 1, true, false}, id(3)));
+  EXPECT_EQ(out(ab), TensorIr::uninit(id(3), {1, 1, 5}, dtypes::f16));
+  EXPECT_EQ(ab.attrs, (AttrList{3, 2, 1, 1, 0}));
+  EXPECT_ERR(build::avg_pool1d_backward(t(1, {1, 1, 5}), t(2, {1, 1, 2}), {3, 2, 1, true, false}, id(3)),
+             ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::avg_pool1d_backward(t(1, {1, 1, 5}), t(2, {1, 1, 3}, dtypes::i32), {3, 2, 1, true, false}, id(3)),
+             ErrorCode::DTypeMismatch);
+  build::AvgPool2dOptions a2;
+  a2.kernel = {2, 2};
+  a2.stride = {2, 2};
+  BUILD(ab2, build::avg_pool2d_backward(t(1, {2, 1, 4, 5}), t(2, {2, 1, 2, 2}), a2, id(3)));
+  EXPECT_EQ(out(ab2).shape, (Shape{2, 1, 4, 5}));
+  EXPECT_EQ(ab2.attrs, (AttrList{2, 2, 2, 2, 0, 0, 1, 0}));
+  a2.padding = {0, 3};
+  EXPECT_ERR(build::avg_pool2d_backward(t(1, {2, 1, 4, 5}), t(2, {2, 1, 2, 2}), a2, id(3)), ErrorCode::Invalid);
+}
+
+TEST(BuildPool, AdaptiveAvgPools) {
+  BUILD(one, build::adaptive_avg_pool1d(t(1, {2, 3, 5}), 3, id(2)));
+  EXPECT_EQ(out(one), TensorIr::uninit(id(2), {2, 3, 3}, dtypes::f32));
+  EXPECT_EQ(one.attrs, (AttrList{3}));
+  BUILD(two, build::adaptive_avg_pool2d(t(1, {1, 2, 7, 9}, dtypes::f64), {3, 4}, id(2)));
+  EXPECT_EQ(out(two), TensorIr::uninit(id(2), {1, 2, 3, 4}, dtypes::f64));
+  EXPECT_EQ(two.attrs, (AttrList{3, 4}));
+  BUILD(three, build::adaptive_avg_pool3d(t(1, {1, 1, 4, 5, 6}), {2, 3, 9}, id(2)));  // larger than x too
+  EXPECT_EQ(out(three).shape, (Shape{1, 1, 2, 3, 9}));
+  EXPECT_EQ(three.kind_name(), "Module::AdaptiveAvgPool3d");
+  auto r = build::adaptive_avg_pool2d(t(1, {1, 2, 7, 9}), {3, 0}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::AdaptiveAvgPool2d: output size 0 at spatial dim 1 must be in [1, 2^63 - 1]");
+  EXPECT_ERR(build::adaptive_avg_pool1d(t(1, {1, 1, 5}), std::uint64_t{1} << 63, id(2)), ErrorCode::Invalid);
+  r = build::adaptive_avg_pool1d(t(1, {1, 1, 0}), 2, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::AdaptiveAvgPool1d: x t1:f32[1,1,0] has an empty spatial dim 0");
+  EXPECT_ERR(build::adaptive_avg_pool3d(t(1, {1, 4, 5, 6}), {1, 1, 1}, id(2)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::adaptive_avg_pool1d(t(1, {1, 1, 5}, dtypes::i64), 2, id(2)), ErrorCode::DTypeMismatch);
+  // Backwards: x's shape; grad [N, C, output...] of x's rank, batch and channels.
+  BUILD(g1, build::adaptive_avg_pool1d_backward(t(1, {2, 3, 5}, dtypes::bf16), t(2, {2, 3, 3}), id(3)));
+  EXPECT_EQ(out(g1), TensorIr::uninit(id(3), {2, 3, 5}, dtypes::bf16));
+  EXPECT_TRUE(g1.attrs.empty());
+  BUILD(g3, build::adaptive_avg_pool3d_backward(t(1, {1, 1, 4, 5, 6}), t(2, {1, 1, 2, 7, 1}), id(3)));
+  EXPECT_EQ(out(g3).shape, (Shape{1, 1, 4, 5, 6}));
+  r = build::adaptive_avg_pool2d_backward(t(1, {1, 2, 7, 9}), t(2, {1, 3, 3, 4}), id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::AdaptiveAvgPool2dBackward: grad t2:f32[1,3,3,4] must have x [1,2,7,9]'s batch and channel dims");
+  EXPECT_ERR(build::adaptive_avg_pool2d_backward(t(1, {1, 2, 7, 9}), t(2, {1, 2, 3}), id(3)), ErrorCode::RankMismatch);
+  EXPECT_ERR(build::adaptive_avg_pool1d_backward(t(1, {1, 2, 5}), t(2, {1, 2, 0}), id(3)), ErrorCode::Invalid);
+  EXPECT_ERR(build::adaptive_avg_pool1d_backward(t(1, {1, 2, 5}), t(2, {1, 2, 2}, dtypes::i32), id(3)),
+             ErrorCode::DTypeMismatch);
+}
+
+// ---- Resampling (docs/spec/ir.md §5.6, §5.8, §6.3)
+
+// Interpolate{x [N, C, H, W], output_size, options}: [N, C, out_h, out_w], attrs [out_h, out_w,
+// mode, align_corners]; the defaults are Burn's InterpolateOptions::new(Nearest) (align_corners).
+TEST(BuildResample, InterpolateShapesAttrsAndErrors) {
+  BUILD(up, build::interpolate(t(1, {2, 3, 4, 5}, dtypes::f16), {7, 2}, {InterpolateMode::Bicubic, false}, id(2)));
+  EXPECT_EQ(out(up), TensorIr::uninit(id(2), {2, 3, 7, 2}, dtypes::f16));
+  EXPECT_EQ(up.attrs, (AttrList{7, 2, 3, 0}));
+  EXPECT_EQ(up.num_inputs, 1);
+  EXPECT_EQ(up.kind_name(), "Module::Interpolate");
+  BUILD(dflt, build::interpolate(t(1, {1, 1, 2, 2}), {1, 1}, {}, id(2)));
+  EXPECT_EQ(dflt.attrs, (AttrList{1, 1, 0, 1}));
+  BUILD(empty_batch, build::interpolate(t(1, {0, 3, 2, 2}), {4, 4}, {InterpolateMode::Lanczos3, true}, id(2)));
+  EXPECT_EQ(out(empty_batch).shape, (Shape{0, 3, 4, 4}));
+  auto r = build::interpolate(t(1, {2, 3, 4}), {4, 4}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: x must have rank 4, has rank 3 (t1:f32[2,3,4])");
+  r = build::interpolate(t(1, {1, 1, 0, 3}), {4, 4}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: x t1:f32[1,1,0,3] has an empty image: H and W must be at least 1");
+  r = build::interpolate(t(1, {1, 1, 2, 2}), {0, 3}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: output_size [0,3] must be at least 1 in each dim");
+  r = build::interpolate(t(1, {1, 1, 2, 2}), {std::uint64_t{1} << 63, 1}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: output size 9223372036854775808 exceeds the i64 range");
+  r = build::interpolate(t(1, {1, 1, 2, 2}), {2, 2}, {static_cast<InterpolateMode>(5), false}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: unknown interpolate mode 5");
+  EXPECT_ERR(build::interpolate(t(1, {1, 1, 2, 2}), {2, 2}, {static_cast<InterpolateMode>(-1), false}, id(2)),
+             ErrorCode::Invalid);
+  r = build::interpolate(t(1, {1, 1, 2, 2}, dtypes::i32), {2, 2}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Interpolate: x t1:i32[1,1,2,2] must have a float dtype");
+  EXPECT_ERR(build::interpolate(t(1, {1, 1, 2, 2}), {2, 2}, {}, id(1)), ErrorCode::Invalid);  // output id = x's
+}
+
+// InterpolateBackward{x, grad [N, C, out_h, out_w]}: x's shape and dtype; grad float, its dtype
+// free (§6.3 lists no same()); the attributes as Interpolate's.
+TEST(BuildResample, InterpolateBackwardShapesAndErrors) {
+  BUILD(g, build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}, dtypes::f16), {3, 5},
+                                       {InterpolateMode::Bilinear, true}, id(3)));
+  EXPECT_EQ(out(g), TensorIr::uninit(id(3), {1, 2, 4, 4}, dtypes::f32));
+  EXPECT_EQ(g.attrs, (AttrList{3, 5, 2, 1}));
+  EXPECT_EQ(g.num_inputs, 2);
+  EXPECT_EQ(g.kind_name(), "Module::InterpolateBackward");
+  auto r = build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 5, 3}), {3, 5}, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::InterpolateBackward: grad t2:f32[1,2,5,3] must have shape [1,2,3,5] (x [1,2,4,4], output_size "
+            "[3,5])");
+  EXPECT_ERR(build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {2, 3, 5}), {3, 5}, {}, id(3)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 1, 3, 5}), {3, 5}, {}, id(3)),
+             ErrorCode::IncompatibleShapes);
+  r = build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}, dtypes::i64), {3, 5}, {}, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::InterpolateBackward: grad t2:i64[1,2,3,5] must have a float dtype");
+  EXPECT_ERR(build::interpolate_backward(t(1, {2, 4, 4}), t(2, {1, 2, 3, 5}), {3, 5}, {}, id(3)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(build::interpolate_backward(t(1, {1, 2, 4, 0}), t(2, {1, 2, 3, 5}), {3, 5}, {}, id(3)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 0, 5}), {0, 5}, {}, id(3)),
+             ErrorCode::Invalid);
+  r = build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}), {3, 5},
+                                  {static_cast<InterpolateMode>(9), true}, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::InterpolateBackward: unknown interpolate mode 9");
+}
+
+// Float GridSample2d{tensor [N, C, H, W], grid [N, Ho, Wo, 2]}: [N, C, Ho, Wo], the tensor's dtype
+// carried by the family; attrs [mode, padding_mode, align_corners], defaults Burn's (Bilinear,
+// Zeros, false); modes Nearest, Bilinear and Bicubic only.
+TEST(BuildResample, GridSample2dShapesAttrsAndErrors) {
+  BUILD(gs, build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}), {}, id(3)));
+  EXPECT_EQ(out(gs), TensorIr::uninit(id(3), {2, 3, 6, 7}, dtypes::f32));
+  EXPECT_EQ(gs.attrs, (AttrList{2, 0, 0}));
+  EXPECT_EQ(gs.family, Family::Float);
+  EXPECT_EQ(gs.dtype, dtypes::f32);
+  EXPECT_EQ(gs.kind_name(), "Float::GridSample2d");
+  BUILD(nearest, build::grid_sample_2d(t(1, {1, 1, 4, 5}, dtypes::bf16), t(2, {1, 0, 3, 2}, dtypes::f32),
+                                       {InterpolateMode::Nearest, GridSamplePaddingMode::Reflection, true}, id(3)));
+  EXPECT_EQ(out(nearest), TensorIr::uninit(id(3), {1, 1, 0, 3}, dtypes::bf16));
+  EXPECT_EQ(nearest.attrs, (AttrList{0, 2, 1}));
+  EXPECT_EQ(nearest.dtype, dtypes::bf16);
+  auto r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 3}), {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: grid t2:f32[2,6,7,3] must hold 2 coordinates (x, y) in its last dim");
+  r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {1, 6, 7, 2}), {}, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: grid t2:f32[1,6,7,2] has batch 1, tensor t1:f32[2,3,4,5] has 2");
+  EXPECT_ERR(build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 2}), {}, id(3)), ErrorCode::RankMismatch);
+  r = build::grid_sample_2d(t(1, {3, 4, 5}), t(2, {3, 6, 7, 2}), {}, id(3));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: tensor must have rank 4, has rank 3 (t1:f32[3,4,5])");
+  EXPECT_ERR(build::grid_sample_2d(t(1, {2, 3, 0, 5}), t(2, {2, 6, 7, 2}), {}, id(3)), ErrorCode::Invalid);
+  EXPECT_ERR(build::grid_sample_2d(t(1, {2, 3, 4, 5}, dtypes::i32), t(2, {2, 6, 7, 2}), {}, id(3)),
+             ErrorCode::DTypeMismatch);
+  r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}, dtypes::i64), {}, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: grid t2:i64[2,6,7,2] must have a float dtype");
+  for (InterpolateMode m : {InterpolateMode::NearestExact, InterpolateMode::Lanczos3}) {
+    r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}), {m, GridSamplePaddingMode::Zeros, false}, id(3));
+    EXPECT_ERR(r, ErrorCode::Invalid);
+    EXPECT_NE(message_of(r).find("does not apply to grid sampling (Nearest, Bilinear or Bicubic)"), std::string::npos)
+        << message_of(r);
+  }
+  r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}),
+                            {static_cast<InterpolateMode>(7), GridSamplePaddingMode::Zeros, false}, id(3));
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: unknown interpolate mode 7");
+  r = build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}),
+                            {InterpolateMode::Bilinear, static_cast<GridSamplePaddingMode>(3), false}, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Float::GridSample2d: unknown padding mode 3");
+  EXPECT_ERR(build::grid_sample_2d(t(1, {2, 3, 4, 5}), t(2, {2, 6, 7, 2}), {}, id(2)), ErrorCode::Invalid);
+}
+
+// Unfold4d{x, kernel_size, options} (im2col): [N, C·kh·kw, blocks_h · blocks_w] by the conv
+// formula (Burn's unfold4d vectors: [2, 5, 3, 4] with a [2, 3] kernel is [2, 30, 4]).
+TEST(BuildResample, Unfold4dShapesAttrsAndErrors) {
+  BUILD(plain, build::unfold4d(t(1, {2, 5, 3, 4}), {2, 3}, {}, id(2)));
+  EXPECT_EQ(out(plain), TensorIr::uninit(id(2), {2, 30, 4}, dtypes::f32));
+  EXPECT_EQ(plain.attrs, (AttrList{2, 3, 1, 1, 0, 0, 1, 1}));
+  EXPECT_EQ(plain.kind_name(), "Module::Unfold4d");
+  build::Unfold4dOptions o;
+  o.stride = {1, 2};
+  o.padding = {0, 1};
+  o.dilation = {1, 2};
+  BUILD(strided, build::unfold4d(t(1, {1, 2, 3, 4}, dtypes::f64), {2, 3}, o, id(2)));
+  EXPECT_EQ(out(strided), TensorIr::uninit(id(2), {1, 12, 2}, dtypes::f64));
+  EXPECT_EQ(strided.attrs, (AttrList{2, 3, 1, 2, 0, 1, 1, 2}));
+  auto r = build::unfold4d(t(1, {2, 3, 4}), {2, 2}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Unfold4d: x must have rank 4, has rank 3 (t1:f32[2,3,4])");
+  EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}, dtypes::u8), {2, 2}, {}, id(2)), ErrorCode::DTypeMismatch);
+  r = build::unfold4d(t(1, {1, 2, 3, 4}), {5, 2}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Module::Unfold4d: conv: kernel 5 with dilation 1 spans 5 elements, more than the padded input 3 (size 3 "
+            "+ 2*padding 0)");
+  r = build::unfold4d(t(1, {1, 2, 3, 4}), {0, 2}, {}, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Unfold4d: conv: kernel size must be at least 1");
+  o = {};
+  o.stride = {1, 0};
+  r = build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, o, id(2));
+  EXPECT_EQ(message_of(r), "Module::Unfold4d: conv: stride must be at least 1");
+  o = {};
+  o.dilation = {0, 1};
+  EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, o, id(2)), ErrorCode::Invalid);
+  o = {};
+  o.padding = {std::uint64_t{1} << 63, 0};
+  r = build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, o, id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_NE(message_of(r).find("exceeds the i64 range"), std::string::npos) << message_of(r);
+  // C · kh · kw beyond u64: refused, never wrapped.
+  o = {};
+  o.padding = {std::uint64_t{1} << 20, std::uint64_t{1} << 20};
+  r = build::unfold4d(t(1, {1, std::uint64_t{1} << 40, 1, 1}), {std::uint64_t{1} << 20, std::uint64_t{1} << 20}, o,
+                      id(2));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_NE(message_of(r).find("overflows"), std::string::npos) << message_of(r);
+  EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, {}, id(1)), ErrorCode::Invalid);
 }
 
 TEST(BuildLifecycle, InitCustomDrop) {

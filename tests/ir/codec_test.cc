@@ -550,7 +550,7 @@ TEST(Codec, InvalidOperationsAreRejectedAfterDecoding) {
   EXPECT_NE(r.error().message.find("outputs"), std::string::npos) << r.error().message;
 
   Operation fam = make_op(OpKind::Numeric_Add, Family::NumericFloat);
-  fam.family = Family::Activation;  // no group admits it
+  fam.family = Family::Activation;  // the Numeric group does not admit it
   Bytes fb;
   codec::encode_operation(fam, fb);
   EXPECT_FALSE(decode_operation(fb).ok());

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -94,12 +95,26 @@ TEST(OpTable, EveryKindHasAValidSignatureAndUniqueName) {
 
 TEST(OpTable, SignatureNamesMatchTheEnum) {
   EXPECT_EQ(signature_info(Signature::Unary).name, "Unary");
-  EXPECT_EQ(signature_info(Signature::Conv2d).name, "Conv2d");
+  EXPECT_EQ(signature_info(Signature::Conv).name, "Conv");
   EXPECT_EQ(signature_info(Signature::Drop).name, "Drop");
   EXPECT_EQ(signature_info(Signature::Sort).name, "Sort");
   EXPECT_EQ(signature_info(Signature::SortWithIndices).name, "SortWithIndices");
   EXPECT_EQ(signature_info(Signature::SortWithIndices).outputs, 2);
   EXPECT_EQ(signature_info(Signature::Sort).max_attrs, 2);
+  EXPECT_EQ(signature_info(Signature::Unfold).name, "Unfold");
+  EXPECT_EQ(signature_info(Signature::Unfold).min_attrs, 3);
+  EXPECT_EQ(signature_info(Signature::Unfold).max_attrs, 3);
+  EXPECT_EQ(signature_info(Signature::ScatterNd).name, "ScatterNd");
+  EXPECT_EQ(signature_info(Signature::ScatterNd).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::ScatterNd).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::Cross).name, "Cross");
+  EXPECT_EQ(signature_info(Signature::Cross).max_inputs, 2);
+  EXPECT_EQ(signature_info(Signature::Cross).outputs, 1);
+  EXPECT_EQ(signature_info(Signature::Cross).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::HardSigmoid).name, "HardSigmoid");
+  EXPECT_EQ(signature_info(Signature::HardSigmoid).min_scalars, 2);
+  EXPECT_EQ(signature_info(Signature::HardSigmoid).max_scalars, 2);
+  EXPECT_EQ(signature_info(Signature::HardSigmoid).max_attrs, 0);
   EXPECT_TRUE(signature_info(Signature::Slice).ranges);
   EXPECT_TRUE(signature_info(Signature::SliceAssign).ranges);
   EXPECT_FALSE(signature_info(Signature::Binary).ranges);
@@ -110,13 +125,14 @@ TEST(OpTable, FamiliesAndGroups) {
     const auto f = static_cast<Family>(i);
     EXPECT_EQ(parse_family(family_name(f)), f);
     const auto g = group_of_family(f);
-    if (f == Family::Activation) {
-      EXPECT_FALSE(g.has_value());
-      continue;
-    }
     ASSERT_TRUE(g.has_value()) << family_name(f);
     EXPECT_TRUE(group_admits(*g, f)) << family_name(f);
   }
+  // docs/spec/ir.md §5.9: the Activation family has its own group, which admits nothing else.
+  EXPECT_EQ(group_of_family(Family::Activation), OpGroup::Activation);
+  EXPECT_FALSE(group_admits(OpGroup::Activation, Family::Float));
+  EXPECT_FALSE(group_admits(OpGroup::Float, Family::Activation));
+  EXPECT_FALSE(family_carries_dtype(Family::Activation));
   EXPECT_FALSE(parse_family("Nope").has_value());
   EXPECT_TRUE(family_carries_dtype(Family::NumericInt));
   EXPECT_TRUE(family_carries_dtype(Family::Float));
@@ -153,6 +169,267 @@ TEST(OpTable, Tags) {
   EXPECT_EQ(op_info(OpKind::Numeric_ArgSort).signature, Signature::Sort);
   EXPECT_EQ(op_info(OpKind::Numeric_ArgSort).tags, kIndexOutput);
   EXPECT_EQ(op_info(OpKind::Numeric_SortWithIndices).signature, Signature::SortWithIndices);
+  // docs/spec/ir.md §5.4, §5.6: Unfold is a view op (V), ScatterNd and Cross are ·.
+  EXPECT_EQ(op_info(OpKind::Base_Unfold).tags, kView);
+  EXPECT_EQ(op_info(OpKind::Base_Unfold).signature, Signature::Unfold);
+  EXPECT_EQ(op_info(OpKind::Base_ScatterNd).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Base_ScatterNd).signature, Signature::ScatterNd);
+  EXPECT_EQ(op_info(OpKind::Float_Cross).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Float_Cross).signature, Signature::Cross);
+  EXPECT_EQ(find_op_kind(OpGroup::Base, "ScatterNd"), OpKind::Base_ScatterNd);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "Cross"), OpKind::Float_Cross);
+  EXPECT_FALSE(find_op_kind(OpGroup::Float, "Unfold").has_value());
+}
+
+// docs/spec/ir.md §5.9: fourteen Activation kinds on the Unary, Binary, Scalar, HardSigmoid and Dim
+// signatures, every one tagged · (the fusion client decomposes activations; none fuses).
+TEST(OpTable, ActivationKinds) {
+  const std::pair<OpKind, Signature> kinds[] = {
+      {OpKind::Activation_Relu, Signature::Unary},
+      {OpKind::Activation_Gelu, Signature::Unary},
+      {OpKind::Activation_Sigmoid, Signature::Unary},
+      {OpKind::Activation_LogSigmoid, Signature::Unary},
+      {OpKind::Activation_ReluBackward, Signature::Binary},
+      {OpKind::Activation_GeluBackward, Signature::Binary},
+      {OpKind::Activation_SigmoidBackward, Signature::Binary},
+      {OpKind::Activation_LogSigmoidBackward, Signature::Binary},
+      {OpKind::Activation_PRelu, Signature::Binary},
+      {OpKind::Activation_LeakyRelu, Signature::Scalar},
+      {OpKind::Activation_HardSigmoid, Signature::HardSigmoid},
+      {OpKind::Activation_Softmax, Signature::Dim},
+      {OpKind::Activation_LogSoftmax, Signature::Dim},
+      {OpKind::Activation_Softmin, Signature::Dim},
+  };
+  int in_group = 0;
+  for (OpKind k : all_kinds()) in_group += op_info(k).group == OpGroup::Activation ? 1 : 0;
+  EXPECT_EQ(in_group, 14);
+  for (const auto& [k, sig] : kinds) {
+    const OpInfo& info = op_info(k);
+    EXPECT_EQ(info.group, OpGroup::Activation) << info.variant;
+    EXPECT_EQ(info.signature, sig) << info.variant;
+    EXPECT_EQ(info.tags, kNone) << info.variant;
+    EXPECT_EQ(find_op_kind(OpGroup::Activation, info.variant), k);
+  }
+  // Names: "Activation::Relu"; Relu is no Float kind.
+  Operation relu;
+  relu.kind = OpKind::Activation_Relu;
+  relu.family = Family::Activation;
+  EXPECT_EQ(relu.kind_name(), "Activation::Relu");
+  EXPECT_FALSE(find_op_kind(OpGroup::Float, "Relu").has_value());
+}
+
+// docs/spec/ir.md §5.8: the dense layers, norms and EmbeddingBackward are Module kinds tagged Mod;
+// the optional bias / beta is told by the input count, LayerNorm's epsilon is an attribute (kept
+// verbatim) and BatchNorm's a scalar (relativized), docs/spec/fusion.md §3.6.
+TEST(OpTable, DenseLayersNormsAndEmbeddingBackward) {
+  for (OpKind k : {OpKind::Module_Linear, OpKind::Module_LinearXBackward, OpKind::Module_LinearWeightBackward,
+                   OpKind::Module_LinearBiasBackward, OpKind::Module_LayerNorm, OpKind::Module_BatchNorm,
+                   OpKind::Module_EmbeddingBackward}) {
+    EXPECT_EQ(op_info(k).group, OpGroup::Module);
+    EXPECT_EQ(op_info(k).tags, kModule) << op_info(k).variant;
+  }
+  EXPECT_EQ(op_info(OpKind::Module_LinearXBackward).signature, Signature::LinearBackward);
+  EXPECT_EQ(op_info(OpKind::Module_LinearWeightBackward).signature, Signature::LinearBackward);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "LinearBiasBackward"), OpKind::Module_LinearBiasBackward);
+  EXPECT_EQ(signature_info(Signature::Linear).name, "Linear");
+  EXPECT_EQ(signature_info(Signature::Linear).min_inputs, 2);
+  EXPECT_EQ(signature_info(Signature::Linear).max_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::LayerNorm).max_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::LayerNorm).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::LayerNorm).max_scalars, 0);
+  EXPECT_EQ(signature_info(Signature::BatchNorm).min_inputs, 5);
+  EXPECT_EQ(signature_info(Signature::BatchNorm).min_scalars, 1);
+  EXPECT_EQ(signature_info(Signature::EmbeddingBackward).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::LinearBiasBackward).max_inputs, 1);
+  // The counts are enforced by validate(): a Linear without its weight, a LayerNorm without its
+  // epsilon, a BatchNorm whose epsilon is missing.
+  Operation linear = built(build::linear(t(1, {2, 3}), t(2, {3, 4}), t(3, {4}), TensorId{4}));
+  KILN_EXPECT_OK(linear.validate());
+  linear.tensors.erase(linear.tensors.begin() + 1, linear.tensors.begin() + 3);
+  linear.num_inputs = 1;
+  EXPECT_EQ(expect_invalid(linear), ErrorCode::Invalid);
+  Operation ln = built(build::layer_norm(t(1, {2, 3}), t(2, {3}), std::nullopt, 1e-5, TensorId{4}));
+  ln.attrs.clear();
+  EXPECT_EQ(expect_invalid(ln), ErrorCode::Invalid);
+  Operation bn = built(build::batch_norm(t(1, {2, 3}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-5, TensorId{6}));
+  bn.scalars.clear();
+  EXPECT_EQ(expect_invalid(bn), ErrorCode::Invalid);
+}
+
+// docs/spec/ir.md §5.8: the convolutions of 1..3 spatial dims and their gradients are Module
+// kinds tagged Mod, on five rank-generic signatures (3n + 1 or 4n + 1 attributes); there is no
+// transposed X gradient. conv_kind_info tells each kind's rank, transposition and role.
+TEST(OpTable, ConvolutionKindsAndSignatures) {
+  using build::ConvRole;
+  struct Row {
+    const char* variant;
+    Signature sig;
+    std::size_t rank;
+    bool transposed;
+    ConvRole role;
+  };
+  const Row rows[] = {
+      {"Conv1d", Signature::Conv, 1, false, ConvRole::Forward},
+      {"Conv2d", Signature::Conv, 2, false, ConvRole::Forward},
+      {"Conv3d", Signature::Conv, 3, false, ConvRole::Forward},
+      {"Conv1dXBackward", Signature::ConvBackward, 1, false, ConvRole::XBackward},
+      {"Conv2dXBackward", Signature::ConvBackward, 2, false, ConvRole::XBackward},
+      {"Conv3dXBackward", Signature::ConvBackward, 3, false, ConvRole::XBackward},
+      {"Conv1dWeightBackward", Signature::ConvBackward, 1, false, ConvRole::WeightBackward},
+      {"Conv2dWeightBackward", Signature::ConvBackward, 2, false, ConvRole::WeightBackward},
+      {"Conv3dWeightBackward", Signature::ConvBackward, 3, false, ConvRole::WeightBackward},
+      {"Conv1dBiasBackward", Signature::ConvBiasBackward, 1, false, ConvRole::BiasBackward},
+      {"Conv2dBiasBackward", Signature::ConvBiasBackward, 2, false, ConvRole::BiasBackward},
+      {"Conv3dBiasBackward", Signature::ConvBiasBackward, 3, false, ConvRole::BiasBackward},
+      {"ConvTranspose1d", Signature::ConvTranspose, 1, true, ConvRole::Forward},
+      {"ConvTranspose2d", Signature::ConvTranspose, 2, true, ConvRole::Forward},
+      {"ConvTranspose3d", Signature::ConvTranspose, 3, true, ConvRole::Forward},
+      {"ConvTranspose1dWeightBackward", Signature::ConvTransposeBackward, 1, true, ConvRole::WeightBackward},
+      {"ConvTranspose2dWeightBackward", Signature::ConvTransposeBackward, 2, true, ConvRole::WeightBackward},
+      {"ConvTranspose3dWeightBackward", Signature::ConvTransposeBackward, 3, true, ConvRole::WeightBackward},
+      {"ConvTranspose1dBiasBackward", Signature::ConvBiasBackward, 1, true, ConvRole::BiasBackward},
+      {"ConvTranspose2dBiasBackward", Signature::ConvBiasBackward, 2, true, ConvRole::BiasBackward},
+      {"ConvTranspose3dBiasBackward", Signature::ConvBiasBackward, 3, true, ConvRole::BiasBackward},
+  };
+  int conv_kinds = 0;
+  for (OpKind k : all_kinds()) conv_kinds += build::conv_kind_info(k).has_value() ? 1 : 0;
+  EXPECT_EQ(conv_kinds, 21);
+  for (const Row& r : rows) {
+    const std::optional<OpKind> k = find_op_kind(OpGroup::Module, r.variant);
+    ASSERT_TRUE(k.has_value()) << r.variant;
+    EXPECT_EQ(op_info(*k).signature, r.sig) << r.variant;
+    EXPECT_EQ(op_info(*k).tags, kModule) << r.variant;
+    const std::optional<build::ConvKindInfo> info = build::conv_kind_info(*k);
+    ASSERT_TRUE(info.has_value()) << r.variant;
+    EXPECT_EQ(info->rank, r.rank) << r.variant;
+    EXPECT_EQ(info->transposed, r.transposed) << r.variant;
+    EXPECT_EQ(info->role, r.role) << r.variant;
+  }
+  EXPECT_FALSE(find_op_kind(OpGroup::Module, "ConvTranspose1dXBackward").has_value());
+  EXPECT_FALSE(build::conv_kind_info(OpKind::Module_Linear).has_value());
+  EXPECT_FALSE(build::conv_kind_info(OpKind::Module_MaxPool2d).has_value());
+  // Inputs and attribute counts: 3n + 1 for n = 1..3, 4n + 1 transposed; the bias gradients none.
+  const std::pair<Signature, std::array<int, 4>> counts[] = {
+      {Signature::Conv, {2, 3, 4, 10}},
+      {Signature::ConvTranspose, {2, 3, 5, 13}},
+      {Signature::ConvBackward, {3, 3, 4, 10}},
+      {Signature::ConvTransposeBackward, {3, 3, 5, 13}},
+      {Signature::ConvBiasBackward, {3, 3, 0, 0}},
+  };
+  for (const auto& [sig, c] : counts) {
+    const SignatureInfo& info = signature_info(sig);
+    EXPECT_EQ(info.min_inputs, c[0]) << info.name;
+    EXPECT_EQ(info.max_inputs, c[1]) << info.name;
+    EXPECT_EQ(info.min_attrs, c[2]) << info.name;
+    EXPECT_EQ(info.max_attrs, c[3]) << info.name;
+    EXPECT_EQ(info.outputs, 1) << info.name;
+    EXPECT_EQ(info.max_scalars, 0) << info.name;
+  }
+  EXPECT_EQ(signature_info(Signature::ConvTransposeBackward).name, "ConvTransposeBackward");
+  // validate() holds the counts: a bias gradient with an attribute, a weight gradient without
+  // its output_grad.
+  Operation bias = built(build::conv_bias_backward(OpKind::Module_Conv1dBiasBackward, t(1, {2, 3, 5}), t(2, {4}),
+                                                   t(3, {2, 4, 3}), TensorId{4}));
+  KILN_EXPECT_OK(bias.validate());
+  bias.attrs.push_back(1);
+  EXPECT_EQ(expect_invalid(bias), ErrorCode::Invalid);
+  Operation grad =
+      built(build::conv_backward(OpKind::Module_Conv1dWeightBackward, t(1, {2, 3, 5}), t(2, {4, 3, 3}), t(3, {2, 4, 3}),
+                                 build::conv_options(build::Conv1dOptions{}), TensorId{4}));
+  KILN_EXPECT_OK(grad.validate());
+  grad.tensors.erase(grad.tensors.begin() + 2);
+  grad.num_inputs = 2;
+  EXPECT_EQ(expect_invalid(grad), ErrorCode::Invalid);
+}
+
+// docs/spec/ir.md §5.8 / §5.3: the forward 1d / 2d pools and adaptive 1d / 2d pools are NHWC
+// relayout targets (N), AdaptiveAvgPool3d and every backward plain Mod. Seven rank-generic
+// signatures; the kind implies the spatial rank, the builders and executors the exact counts.
+TEST(OpTable, Pools) {
+  using K = OpKind;
+  for (K k : {K::Module_MaxPool1d, K::Module_MaxPool1dWithIndices, K::Module_MaxPool2dWithIndices, K::Module_AvgPool1d,
+              K::Module_AdaptiveAvgPool1d, K::Module_AdaptiveAvgPool2d, K::Module_MaxPool2d, K::Module_AvgPool2d})
+    EXPECT_EQ(op_info(k).tags, kModule | kNhwc) << op_info(k).variant;
+  for (K k :
+       {K::Module_AdaptiveAvgPool3d, K::Module_MaxPool1dWithIndicesBackward, K::Module_MaxPool2dWithIndicesBackward,
+        K::Module_AvgPool1dBackward, K::Module_AvgPool2dBackward, K::Module_AdaptiveAvgPool1dBackward,
+        K::Module_AdaptiveAvgPool2dBackward, K::Module_AdaptiveAvgPool3dBackward})
+    EXPECT_EQ(op_info(k).tags, kModule) << op_info(k).variant;
+  EXPECT_EQ(op_info(K::Module_MaxPool1d).signature, Signature::MaxPool);
+  EXPECT_EQ(op_info(K::Module_MaxPool2dWithIndices).signature, Signature::MaxPoolWithIndices);
+  EXPECT_EQ(op_info(K::Module_MaxPool1dWithIndicesBackward).signature, Signature::MaxPoolWithIndicesBackward);
+  EXPECT_EQ(op_info(K::Module_AvgPool1d).signature, Signature::AvgPool);
+  EXPECT_EQ(op_info(K::Module_AvgPool2dBackward).signature, Signature::AvgPoolBackward);
+  EXPECT_EQ(op_info(K::Module_AdaptiveAvgPool3d).signature, Signature::AdaptiveAvgPool);
+  EXPECT_EQ(op_info(K::Module_AdaptiveAvgPool2dBackward).signature, Signature::AdaptiveAvgPoolBackward);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "MaxPool2dWithIndices"), K::Module_MaxPool2dWithIndices);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).outputs, 2);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).min_attrs, 5);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).max_attrs, 9);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndicesBackward).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::AvgPoolBackward).max_attrs, 8);
+  EXPECT_EQ(signature_info(Signature::AdaptiveAvgPool).max_attrs, 3);
+  EXPECT_EQ(signature_info(Signature::AdaptiveAvgPoolBackward).max_attrs, 0);
+  EXPECT_EQ(build::pool_spatial_dims(K::Module_MaxPool1dWithIndices), 1u);
+  EXPECT_EQ(build::pool_spatial_dims(K::Module_AvgPool2d), 2u);
+  EXPECT_EQ(build::pool_spatial_dims(K::Module_AdaptiveAvgPool3dBackward), 3u);
+  EXPECT_EQ(build::pool_spatial_dims(K::Module_Conv2d), 0u);
+  // validate() holds the counts: one output for a with-indices pool, four output sizes, an
+  // attribute on an adaptive backward.
+  Operation wi = built(
+      build::max_pool1d_with_indices(t(1, {1, 1, 4}), {2, 2, 0, 1, false}, dtypes::i64, TensorId{2}, TensorId{3}));
+  KILN_EXPECT_OK(wi.validate());
+  wi.tensors.pop_back();
+  EXPECT_EQ(expect_invalid(wi), ErrorCode::Invalid);
+  Operation a = built(build::adaptive_avg_pool3d(t(1, {1, 1, 2, 2, 2}), {1, 1, 1}, TensorId{2}));
+  a.attrs.push_back(1);
+  EXPECT_EQ(expect_invalid(a), ErrorCode::Invalid);
+  Operation ab = built(build::adaptive_avg_pool1d_backward(t(1, {1, 1, 4}), t(2, {1, 1, 2}), TensorId{3}));
+  ab.attrs.push_back(2);
+  EXPECT_EQ(expect_invalid(ab), ErrorCode::Invalid);
+}
+
+// docs/spec/ir.md §5.6 / §5.8: GridSample2d is a Float kind tagged ·, carrying its dtype;
+// Interpolate is an NHWC-relayout target (N, like the pools), its backward and Unfold4d are Mod.
+TEST(OpTable, ResamplingKinds) {
+  EXPECT_EQ(op_info(OpKind::Float_GridSample2d).group, OpGroup::Float);
+  EXPECT_EQ(op_info(OpKind::Float_GridSample2d).tags, kNone);
+  EXPECT_EQ(op_info(OpKind::Module_Interpolate).tags, kModule | kNhwc);
+  EXPECT_EQ(op_info(OpKind::Module_InterpolateBackward).tags, kModule);
+  EXPECT_EQ(op_info(OpKind::Module_Unfold4d).tags, kModule);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "Unfold4d"), OpKind::Module_Unfold4d);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "GridSample2d"), OpKind::Float_GridSample2d);
+  EXPECT_FALSE(find_op_kind(OpGroup::Module, "GridSample2d").has_value());
+  struct Counts {
+    Signature sig;
+    int inputs, attrs;
+  };
+  for (const Counts& e : {Counts{Signature::GridSample2d, 2, 3}, Counts{Signature::Interpolate, 1, 4},
+                          Counts{Signature::InterpolateBackward, 2, 4}, Counts{Signature::Unfold4d, 1, 8}}) {
+    const SignatureInfo& info = signature_info(e.sig);
+    EXPECT_EQ(info.min_inputs, e.inputs) << info.name;
+    EXPECT_EQ(info.max_inputs, e.inputs) << info.name;
+    EXPECT_EQ(info.min_attrs, e.attrs) << info.name;
+    EXPECT_EQ(info.max_attrs, e.attrs) << info.name;
+    EXPECT_EQ(info.outputs, 1) << info.name;
+    EXPECT_EQ(info.max_scalars, 0) << info.name;
+  }
+  EXPECT_EQ(signature_info(Signature::InterpolateBackward).name, "InterpolateBackward");
+  // validate() holds the counts: an interpolate without its mode, a grid sample without its grid.
+  Operation up = built(build::interpolate(t(1, {1, 1, 2, 2}), {4, 4}, {}, TensorId{2}));
+  KILN_EXPECT_OK(up.validate());
+  EXPECT_EQ(up.kind_name(), "Module::Interpolate");
+  up.attrs.pop_back();
+  EXPECT_EQ(expect_invalid(up), ErrorCode::Invalid);
+  Operation gs = built(build::grid_sample_2d(t(1, {1, 1, 2, 2}), t(2, {1, 3, 3, 2}), {}, TensorId{3}));
+  EXPECT_EQ(gs.kind_name(), "Float::GridSample2d");
+  EXPECT_EQ(gs.dtype, dtypes::f32);
+  gs.tensors.erase(gs.tensors.begin() + 1);
+  gs.num_inputs = 1;
+  EXPECT_EQ(expect_invalid(gs), ErrorCode::Invalid);
+  Operation uf = built(build::unfold4d(t(1, {1, 1, 2, 2}), {2, 2}, {}, TensorId{2}));
+  uf.attrs.push_back(1);
+  EXPECT_EQ(expect_invalid(uf), ErrorCode::Invalid);
 }
 
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)

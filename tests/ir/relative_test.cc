@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "kiln/ir/builders.h"
+
 namespace kiln::ir {
 namespace {
 
@@ -314,6 +316,34 @@ TEST(RelativeConverter, DropAndInit) {
   const Operation d = conv.relativize(drop);
   EXPECT_EQ(d.kind, OpKind::Drop_Drop);
   EXPECT_EQ(d.tensors[0], T(0, {1, 1}, RW));
+}
+
+// docs/spec/fusion.md §3.6: LayerNorm's epsilon is kept verbatim (an attribute, so two epsilons are
+// two forms), BatchNorm's is relativized like any scalar (one form, the value bound at execution).
+TEST(RelativeConverter, LayerNormEpsilonIsVerbatimBatchNormEpsilonIsAPlaceholder) {
+  auto layer_norm = [](double eps) {
+    return build::layer_norm(T(1, {2, 3}, RO), T(2, {3}, RO), std::nullopt, eps, TensorId(3)).value();
+  };
+  auto batch_norm = [](double eps) {
+    return build::batch_norm(T(1, {2, 3}, RO), T(2, {3}, RO), T(3, {3}, RO), T(4, {3}, RO), T(5, {3}, RO), eps,
+                             TensorId(6))
+        .value();
+  };
+  RelativeConverter a, b;
+  const Operation ln1 = a.relativize(layer_norm(1e-5));
+  const Operation ln2 = b.relativize(layer_norm(1e-6));
+  EXPECT_TRUE(ln1.scalars.empty());
+  EXPECT_EQ(ln1.attrs, layer_norm(1e-5).attrs);
+  EXPECT_FALSE(ln1 == ln2);
+  a.clear(), b.clear();
+  const Operation bn1 = a.relativize(batch_norm(1e-5));
+  const Operation bn2 = b.relativize(batch_norm(1e-3));
+  ASSERT_EQ(bn1.scalars.size(), 1u);
+  EXPECT_EQ(bn1.scalars[0], ScalarIr::UInt(0));
+  EXPECT_TRUE(bn1 == bn2);
+  ASSERT_EQ(a.scalars().size(), 1u);
+  EXPECT_EQ(a.scalars()[0], ScalarIr::Float(1e-5));
+  EXPECT_EQ(b.scalars()[0], ScalarIr::Float(1e-3));
 }
 
 }  // namespace

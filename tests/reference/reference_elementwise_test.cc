@@ -208,6 +208,74 @@ TEST(ReferenceBinaryTest, HypotAvoidsOverflowAndPrefersInfinity) {
   EXPECT_FALSE(d.exec.execute(op, d.handles).ok());
 }
 
+// Cross (docs/spec/ir.md §6.3): a × b of the 3-vectors along dim, the other dims broadcast;
+// torch.linalg.cross's component order (a1 b2 − a2 b1, a2 b0 − a0 b2, a0 b1 − a1 b0).
+TEST(ReferenceBinaryTest, CrossOfThreeVectorsAlongADimBroadcasts) {
+  Device d;
+  const TensorIr a = d.f64({2, 3}, dtypes::f64, {1, 0, 0, 1, 2, 3});
+  const TensorIr c = d.f64({2, 3}, dtypes::f64, {0, 1, 0, 4, 5, 6});
+  // x × y = z; (1, 2, 3) × (4, 5, 6) = (12 − 15, 12 − 6, 5 − 8).
+  EXPECT_EQ(d.f64_of(d.ok(b::cross(F::Float, K::Float_Cross, a, c, 1, d.fresh()))),
+            (std::vector<double>{0, 0, 1, -3, 6, -3}));
+  EXPECT_EQ(d.f64_of(d.ok(b::cross(F::Float, K::Float_Cross, c, a, 1, d.fresh()))),
+            (std::vector<double>{0, 0, -1, 3, -6, 3}))
+      << "anticommutative";
+  // A [1, 3] rhs broadcast over the rows: x × z = −y, (1, 2, 3) × z = (2, −1, 0).
+  const TensorIr z = d.f64({1, 3}, dtypes::f64, {0, 0, 1});
+  const TensorId bz = d.ok(b::cross(F::Float, K::Float_Cross, a, z, 1, d.fresh()));
+  EXPECT_EQ(d.shape_of(bz), (Shape{2, 3}));
+  EXPECT_EQ(d.f64_of(bz), (std::vector<double>{0, -1, 0, 2, -1, 0}));
+  // Along dim 0: the columns are the vectors, the same two products side by side.
+  const TensorIr at = d.f64({3, 2}, dtypes::f32, {1, 1, 0, 2, 0, 3});
+  const TensorIr ct = d.f64({3, 2}, dtypes::f32, {0, 4, 1, 5, 0, 6});
+  EXPECT_EQ(d.f64_of(d.ok(b::cross(F::Float, K::Float_Cross, at, ct, 0, d.fresh()))),
+            (std::vector<double>{0, -3, 0, 6, 1, -3}));
+  // inf × 0 is NaN (IEEE, as torch); an empty batch gives an empty result.
+  const TensorIr inf = d.f64({3}, dtypes::f64, {kInf, 0, 0});
+  const TensorIr y = d.f64({3}, dtypes::f64, {0, 1, 0});
+  EXPECT_THAT(d.f64_of(d.ok(b::cross(F::Float, K::Float_Cross, inf, y, 0, d.fresh()))),
+              NanEq(std::vector<double>{0, kNaN, kInf}));
+  const TensorIr none = d.f64({0, 3}, dtypes::f16, {});
+  EXPECT_EQ(d.shape_of(d.ok(b::cross(F::Float, K::Float_Cross, none, none, 1, d.fresh()))), (Shape{0, 3}));
+}
+
+// Each component is computed in f64 and rounded once: (1 + 2⁻¹²)² − 1 = 2⁻¹¹ + 2⁻²⁴ is an f32,
+// where f32 arithmetic would round the square to 1 + 2⁻¹¹ first.
+TEST(ReferenceBinaryTest, CrossRoundsOnceAndRefusesBadOperands) {
+  Device d;
+  const double e = 1.0 + std::ldexp(1.0, -12);
+  const TensorIr a = d.f64({3}, dtypes::f32, {0, e, 1});
+  const TensorIr c = d.f64({3}, dtypes::f32, {0, 1, e});
+  EXPECT_EQ(d.f64_of(d.ok(b::cross(F::Float, K::Float_Cross, a, c, 0, d.fresh()))),
+            (std::vector<double>{std::ldexp(1.0, -11) + std::ldexp(1.0, -24), 0, 0}));
+  auto cr = b::cross(F::Float, K::Float_Cross, a, c, 0, d.fresh());
+  KILN_ASSERT_OK(cr);
+  Operation bad = *cr;
+  bad.attrs[0] = 1;  // out of range for rank 1
+  Status st = d.exec.execute(bad, d.handles);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::OutOfBounds) << st.error().to_string();
+  EXPECT_TRUE(d.handles.entry(bad.outputs()[0].id)->is_errored());
+  // A hand-made rhs of size 1 along dim broadcasts to the output but is no 3-vector.
+  bad = *b::cross(F::Float, K::Float_Cross, d.f64({2, 3}, dtypes::f32, {1, 2, 3, 4, 5, 6}),
+                  d.f64({2, 3}, dtypes::f32, {1, 2, 3, 4, 5, 6}), 1, d.fresh());
+  bad.tensors[1] = d.f64({2, 1}, dtypes::f32, {1, 2});
+  st = d.exec.execute(bad, d.handles);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("dim 1 must have size 3 in both operands (f32[2,3] x f32[2,1])"), std::string::npos)
+      << st.error().message;
+  bad = *cr;
+  bad.tensors[1] = d.f64({3}, dtypes::f64, {1, 2, 3});
+  EXPECT_EQ(d.exec.execute(bad, d.handles).error().code, ErrorCode::DTypeMismatch);
+  // Integer operands: the Float family does not apply.
+  bad = *cr;
+  bad.tensors[0] = d.i64({3}, dtypes::i32, {1, 2, 3});
+  bad.tensors[1] = d.i64({3}, dtypes::i32, {4, 5, 6});
+  bad.tensors[2].dtype = dtypes::i32;
+  bad.dtype = dtypes::i32;
+  EXPECT_EQ(d.exec.execute(bad, d.handles).error().code, ErrorCode::DTypeMismatch);
+}
+
 TEST(ReferenceBinaryTest, FloatDivisionAndRemainderFollowIeeeAndTheDivisorsSign) {
   Device d;
   const TensorIr a = d.f64({6}, dtypes::f64, {5, -5, 5, -5, 1, 0});

@@ -44,7 +44,8 @@ bool applies(OpGroup g, DType t) {
     case OpGroup::Base: return true;
     case OpGroup::Numeric: return !t.is_bool();
     case OpGroup::Float:
-    case OpGroup::Module: return t.is_float();
+    case OpGroup::Module:
+    case OpGroup::Activation: return t.is_float();
     case OpGroup::Int: return t.is_integral();
     case OpGroup::Bool: return t.is_bool();
     default: return true;
@@ -63,8 +64,76 @@ Family family_for(OpGroup g, DType t) {
     case OpGroup::Custom: return F::Custom;
     case OpGroup::Drop: return F::Drop;
     case OpGroup::Distributed: return F::Distributed;
+    case OpGroup::Activation: return F::Activation;
   }
   return F::Custom;
+}
+
+// Any convolution kind on dtype t: x [1, 4, 3...], 2 groups, kernel 2; padding 1 (conv: outputs of
+// 4), stride 2, padding 1, padding_out 1 (transposed: outputs of 5); bias [6]; the gradients'
+// output_grad of the forward's output shape.
+Result<Operation> conv_sample(Device& d, K k, DType t, TensorId o) {
+  const b::ConvKindInfo info = b::conv_kind_info(k).value();
+  Shape xs{1, 4}, ws{info.transposed ? 4u : 6u, info.transposed ? 3u : 2u}, gs{1, 6};
+  b::ConvOptions opts{{}, {}, {}, {}, 2};
+  for (std::size_t i = 0; i < info.rank; ++i) {
+    xs.push_back(3);
+    ws.push_back(2);
+    gs.push_back(info.transposed ? 5 : 4);
+    opts.stride.push_back(info.transposed ? 2 : 1);
+    opts.padding.push_back(1);
+    opts.dilation.push_back(1);
+    if (info.transposed) opts.padding_out.push_back(1);
+  }
+  const TensorIr x = data(d, xs, t);
+  switch (info.role) {
+    case b::ConvRole::Forward:
+      return info.transposed ? b::conv_transpose(k, x, data(d, ws, t), data(d, {6}, t), opts, o)
+                             : b::conv(k, x, data(d, ws, t), data(d, {6}, t), opts, o);
+    case b::ConvRole::XBackward:
+    case b::ConvRole::WeightBackward:
+      return info.transposed ? b::conv_transpose_backward(k, x, data(d, ws, t), data(d, gs, t), opts, o)
+                             : b::conv_backward(k, x, data(d, ws, t), data(d, gs, t), opts, o);
+    case b::ConvRole::BiasBackward: return b::conv_bias_backward(k, x, data(d, {6}, t), data(d, gs, t), o);
+  }
+  return make_error(ErrorCode::Internal, "unreachable");
+}
+
+// A pool of docs/spec/ir.md §5.8 beyond MaxPool2d / AvgPool2d, by kind (the kind says the rank).
+Result<Operation> pool_sample(Device& d, K k, DType t, TensorId o) {
+  const DType index = dtypes::i64;
+  const b::MaxPool1dOptions m1{2, 2, 1, 1, false};  // [.., 5] → [.., 3]: [−1, 0], [1, 2], [3, 4]
+  b::MaxPool2dOptions m2;                           // [.., 4, 4] → [.., 2, 2]
+  m2.kernel = {2, 2};
+  m2.stride = {2, 2};
+  const b::AvgPool1dOptions a1{3, 1, 1, false, false};  // [.., 5] → [.., 5]
+  b::AvgPool2dOptions a2;                               // [.., 4, 4] → [.., 4, 4]
+  a2.kernel = {3, 3};
+  a2.padding = {1, 1};
+  auto x = [&](Shape s) { return data(d, std::move(s), t); };
+  switch (k) {
+    case K::Module_MaxPool1d: return b::max_pool1d(x({1, 2, 5}), m1, o);
+    case K::Module_MaxPool1dWithIndices: return b::max_pool1d_with_indices(x({1, 2, 5}), m1, index, o, d.fresh());
+    case K::Module_MaxPool2dWithIndices: return b::max_pool2d_with_indices(x({1, 2, 4, 4}), m2, index, o, d.fresh());
+    case K::Module_MaxPool1dWithIndicesBackward:
+      return b::max_pool1d_with_indices_backward(x({1, 2, 5}), x({1, 2, 3}),
+                                                 d.i64({1, 2, 3}, index, {0, 2, 4, 0, 1, -1}), m1, o);
+    case K::Module_MaxPool2dWithIndicesBackward:
+      return b::max_pool2d_with_indices_backward(x({1, 2, 4, 4}), x({1, 2, 2, 2}),
+                                                 d.i64({1, 2, 2, 2}, index, {0, 3, 9, 15, 5, 6, 12, 10}), m2, o);
+    case K::Module_AvgPool1d: return b::avg_pool1d(x({1, 2, 5}), a1, o);
+    case K::Module_AvgPool1dBackward: return b::avg_pool1d_backward(x({1, 2, 5}), x({1, 2, 5}), a1, o);
+    case K::Module_AvgPool2dBackward: return b::avg_pool2d_backward(x({1, 2, 4, 4}), x({1, 2, 4, 4}), a2, o);
+    case K::Module_AdaptiveAvgPool1d: return b::adaptive_avg_pool1d(x({1, 2, 5}), 3, o);
+    case K::Module_AdaptiveAvgPool2d: return b::adaptive_avg_pool2d(x({1, 2, 5, 4}), {3, 2}, o);
+    case K::Module_AdaptiveAvgPool3d: return b::adaptive_avg_pool3d(x({1, 1, 3, 4, 5}), {2, 3, 2}, o);
+    case K::Module_AdaptiveAvgPool1dBackward: return b::adaptive_avg_pool1d_backward(x({1, 2, 5}), x({1, 2, 3}), o);
+    case K::Module_AdaptiveAvgPool2dBackward:
+      return b::adaptive_avg_pool2d_backward(x({1, 2, 5, 4}), x({1, 2, 3, 2}), o);
+    case K::Module_AdaptiveAvgPool3dBackward:
+      return b::adaptive_avg_pool3d_backward(x({1, 1, 3, 4, 5}), x({1, 1, 2, 3, 2}), o);
+    default: return make_error(ErrorCode::Internal, "not a pool");
+  }
 }
 
 std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
@@ -157,19 +226,14 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       return info.has(kIndexOutput) ? b::sort_arg(f, k, x(), 1, true, index, o) : b::sort(f, k, x(), 0, false, o);
     case Signature::SortWithIndices: return b::sort_with_indices(f, k, x(), 1, false, index, o, d.fresh());
     case Signature::GatherNd: return b::gather_nd(f, k, x(), d.i64({2, 1}, index, {1, 0}), o);
+    case Signature::ScatterNd:
+      return b::scatter_nd(f, k, x(), d.i64({2, 1}, index, {1, 0}), data(d, {2, 3}, t), IndexingUpdate::Add, o);
+    case Signature::Unfold: return b::unfold(f, k, x(), 1, 2, 1, o);
+    case Signature::Cross: return b::cross(f, k, x(), data(d, {1, 3}, t), 1, o);
+    case Signature::HardSigmoid: return b::hard_sigmoid(x(), ScalarIr::Float(0.2), ScalarIr::Float(0.5), o);
     case Signature::Matmul: return b::matmul(f, k, x(), data(d, {3, 2}, t), o);
-    case Signature::Conv2d: {
-      b::Conv2dOptions opt;
-      opt.padding = {1, 1};
-      opt.groups = 2;
-      return b::conv2d(data(d, {1, 2, 4, 4}, t), data(d, {2, 1, 3, 3}, t), data(d, {2}, t), opt, o);
-    }
-    case Signature::ConvTranspose1d: {
-      b::ConvTranspose1dOptions opt;
-      opt.stride = 2;
-      opt.groups = 2;
-      return b::conv_transpose1d(data(d, {1, 2, 5}, t), data(d, {2, 1, 3}, t), data(d, {2}, t), opt, o);
-    }
+    case Signature::Conv:
+    case Signature::ConvTranspose: return conv_sample(d, k, t, o);
     case Signature::MaxPool2d: {
       b::MaxPool2dOptions opt;
       opt.kernel = {2, 2};
@@ -197,7 +261,44 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       const TensorIr outs[] = {TensorIr::uninit(o, s, t)};
       return b::custom("user::op", ins, outs, {});
     }
+    case Signature::Linear: return b::linear(x(), data(d, {3, 2}, t), data(d, {2}, t), o);
+    case Signature::LinearBackward:
+      return k == K::Module_LinearXBackward ? b::linear_x_backward(data(d, {4, 3}, t), x(), o)
+                                            : b::linear_weight_backward(data(d, {2, 4}, t), x(), o);
+    case Signature::LinearBiasBackward: return b::linear_bias_backward(x(), o);
+    case Signature::LayerNorm: return b::layer_norm(x(), data(d, {3}, t), data(d, {3}, t), 1e-5, o);
+    case Signature::BatchNorm:
+      return b::batch_norm(data(d, {2, 3, 2}, t), data(d, {3}, t), data(d, {3}, t), data(d, {3}, t), data(d, {3}, t),
+                           1e-5, o);
+    case Signature::EmbeddingBackward:
+      return b::embedding_backward(data(d, {4, 3}, t), data(d, {2, 2, 3}, t), d.i64({2, 2}, index, {3, 0, 3, 1}), o);
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward:
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return pool_sample(d, k, t, o);
     case Signature::Drop: return b::drop(data(d, s, t, TensorStatus::ReadWrite));
+    case Signature::ConvBackward:
+    case Signature::ConvTransposeBackward:
+    case Signature::ConvBiasBackward: return conv_sample(d, k, t, o);
+    case Signature::GridSample2d: {
+      const std::vector<double> g{-1, -1, 0.25, 0.5, 1.5, -0.75, 0, 0, 1, 1, -2, 0.1};
+      return b::grid_sample_2d(data(d, {1, 2, 3, 4}, t), d.f64({1, 2, 3, 2}, t, g),
+                               {InterpolateMode::Bicubic, GridSamplePaddingMode::Reflection, false}, o);
+    }
+    case Signature::Interpolate:
+      return b::interpolate(data(d, {1, 2, 3, 4}, t), {5, 3}, {InterpolateMode::Lanczos3, false}, o);
+    case Signature::InterpolateBackward:
+      return b::interpolate_backward(data(d, {1, 2, 3, 4}, t), data(d, {1, 2, 5, 3}, t), {5, 3},
+                                     {InterpolateMode::Bicubic, true}, o);
+    case Signature::Unfold4d: {
+      b::Unfold4dOptions opt;
+      opt.padding = {1, 0};
+      opt.stride = {2, 1};
+      return b::unfold4d(data(d, {1, 2, 3, 4}, t), {2, 3}, opt, o);
+    }
   }
   return std::nullopt;
 }

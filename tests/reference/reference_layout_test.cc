@@ -201,6 +201,152 @@ TEST(ReferenceIndexingTest, GatherNd) {
             ErrorCode::OutOfBounds);
 }
 
+// ScatterNd (docs/spec/ir.md §5.4): each k-tuple of indices updates the sub-tensor it addresses
+// with its slice of values, in index order; values are indices[..-1] ++ data[k..].
+TEST(ReferenceIndexingTest, ScatterNdUpdatesSubTensorsInIndexOrder) {
+  Device d;
+  const TensorIr data = d.f64({3, 2}, dtypes::f32, {1, 2, 3, 4, 5, 6});
+  // k = 1: whole rows. Row 2 gets [10, 20], row 0 gets [30, 40].
+  const TensorIr rows = d.i64({2, 1}, dtypes::i64, {2, 0});
+  const TensorIr row_values = d.f64({2, 2}, dtypes::f32, {10, 20, 30, 40});
+  auto rows_with = [&](IndexingUpdate u) {
+    return d.f64_of(d.ok(b::scatter_nd(F::BaseFloat, K::Base_ScatterNd, data, rows, row_values, u, d.fresh())));
+  };
+  EXPECT_EQ(rows_with(IndexingUpdate::Assign), (std::vector<double>{30, 40, 3, 4, 10, 20}));
+  EXPECT_EQ(rows_with(IndexingUpdate::Add), (std::vector<double>{31, 42, 3, 4, 15, 26}));
+  // k = 2: elements; (0, 1) is addressed twice, by 7 and then by 1.
+  const TensorIr cells = d.i64({3, 2}, dtypes::u8, {0, 1, 2, 0, 0, 1});
+  const TensorIr cell_values = d.f64({3}, dtypes::f32, {7, 8, 1});
+  auto cells_with = [&](IndexingUpdate u) {
+    return d.f64_of(d.ok(b::scatter_nd(F::BaseFloat, K::Base_ScatterNd, data, cells, cell_values, u, d.fresh())));
+  };
+  EXPECT_EQ(cells_with(IndexingUpdate::Assign), (std::vector<double>{1, 1, 3, 4, 8, 6})) << "the last write wins";
+  EXPECT_EQ(cells_with(IndexingUpdate::Add), (std::vector<double>{1, 10, 3, 4, 13, 6}));  // 2 + 7 + 1, 5 + 8
+  EXPECT_EQ(cells_with(IndexingUpdate::Mul), (std::vector<double>{1, 14, 3, 4, 40, 6}));  // 2 * 7 * 1, 5 * 8
+  EXPECT_EQ(cells_with(IndexingUpdate::Min), (std::vector<double>{1, 1, 3, 4, 5, 6}));
+  EXPECT_EQ(cells_with(IndexingUpdate::Max), (std::vector<double>{1, 7, 3, 4, 8, 6}));
+  // k = 0: every (empty) tuple addresses the whole tensor.
+  const TensorIr v = d.i64({2}, dtypes::u8, {250, 1});
+  const TensorIr all = d.i64({2, 0}, dtypes::i64, {});
+  const TensorIr whole = d.i64({2, 2}, dtypes::u8, {3, 20, 4, 30});
+  EXPECT_EQ(d.u64_of(d.ok(b::scatter_nd(F::BaseInt, K::Base_ScatterNd, v, all, whole, IndexingUpdate::Add, d.fresh()))),
+            (std::vector<std::uint64_t>{1, 51}))
+      << "250 + 3 + 4 wraps in u8";
+  // NaN wins Max (the NaN-propagating max of the other kernels); no tuples leaves data as is.
+  const TensorIr nan = d.f64({1}, dtypes::f32, {kNaN});
+  const TensorIr first = d.i64({1, 2}, dtypes::i64, {1, 1});
+  EXPECT_THAT(
+      d.f64_of(d.ok(b::scatter_nd(F::BaseFloat, K::Base_ScatterNd, data, first, nan, IndexingUpdate::Max, d.fresh()))),
+      NanEq(std::vector<double>{1, 2, 3, kNaN, 5, 6}));
+  const TensorIr no_tuples = d.i64({0, 1}, dtypes::i64, {});
+  const TensorIr no_values = d.f64({0, 2}, dtypes::f32, {});
+  EXPECT_EQ(d.f64_of(d.ok(b::scatter_nd(F::BaseFloat, K::Base_ScatterNd, data, no_tuples, no_values,
+                                        IndexingUpdate::Assign, d.fresh()))),
+            (std::vector<double>{1, 2, 3, 4, 5, 6}));
+}
+
+// Bad indices and hostile hand-made ops: errors naming the problem that claim the output.
+TEST(ReferenceIndexingTest, ScatterNdRefusesBadIndicesAndShapes) {
+  Device d;
+  const TensorIr data = d.f64({3, 2}, dtypes::f32, {1, 2, 3, 4, 5, 6});
+  const TensorIr values = d.f64({2, 2}, dtypes::f32, {10, 20, 30, 40});
+  auto expect_error = [&](const Operation& op, ErrorCode code, const std::string& what) {
+    ASSERT_EQ(op.outputs().size(), 1u);
+    Status st = d.exec.execute(op, d.handles);
+    ASSERT_FALSE(st.ok()) << op.to_string();
+    EXPECT_EQ(st.error().code, code) << st.error().to_string();
+    EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
+    EXPECT_TRUE(d.handles.entry(op.outputs()[0].id)->is_errored());
+  };
+  auto op = [&](const TensorIr& idx, const TensorIr& vals) {
+    auto r = b::scatter_nd(F::BaseFloat, K::Base_ScatterNd, data, idx, vals, IndexingUpdate::Add, d.fresh());
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    return r.ok() ? std::move(r).value() : Operation{};
+  };
+  expect_error(op(d.i64({2, 1}, dtypes::i64, {1, 3}), values), ErrorCode::OutOfBounds,
+               "scatter_nd index 3 (element 1) out of range for a dimension of size 3");
+  expect_error(op(d.i64({2, 1}, dtypes::i32, {-1, 0}), values), ErrorCode::OutOfBounds,
+               "scatter_nd index -1 (element 0) is negative");
+  // The builder leaves the values' shape to the kernel.
+  expect_error(op(d.i64({2, 1}, dtypes::i64, {0, 1}), d.f64({2, 1}, dtypes::f32, {1, 2})),
+               ErrorCode::IncompatibleShapes, "values f32[2,1] must have shape [2,2]");
+  Operation bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
+  bad.attrs[0] = 9;
+  expect_error(bad, ErrorCode::Invalid, "unknown indexing update 9");
+  bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
+  bad.tensors[1] = d.f64({2, 1}, dtypes::f32, {0, 1});
+  expect_error(bad, ErrorCode::DTypeMismatch, "indices f32[2,1] must have an integer dtype");
+  bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
+  bad.tensors[1] = d.i64({1, 3}, dtypes::i64, {0, 0, 0});
+  expect_error(bad, ErrorCode::OutOfBounds, "address 3 dims");
+  bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
+  bad.tensors[2] = d.i64({2, 2}, dtypes::i32, {1, 2, 3, 4});
+  expect_error(bad, ErrorCode::DTypeMismatch, "dtypes differ");
+  bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
+  bad.tensors[3].shape = {2, 3};
+  expect_error(bad, ErrorCode::IncompatibleShapes, "does not have the shape");
+}
+
+// Unfold (docs/spec/ir.md §4, §6.3): out[p, w, q, j] = in[p, w * step + j, q], the window axis last.
+TEST(ReferenceLayoutTest, UnfoldCopiesWindowsIntoANewLastAxis) {
+  Device d;
+  const TensorIr x = d.f64({2, 5}, dtypes::f32, iota(10));
+  const TensorId rows = d.ok(b::unfold(F::BaseFloat, K::Base_Unfold, x, 1, 2, 2, d.fresh()));
+  EXPECT_EQ(d.shape_of(rows), (Shape{2, 2, 2}));
+  EXPECT_EQ(d.f64_of(rows), (std::vector<double>{0, 1, 2, 3, 5, 6, 7, 8})) << "element 4 and 9 are in no window";
+  // Along dim 0 one window of both rows: each column becomes a 2-vector on the last axis.
+  const TensorId cols = d.ok(b::unfold(F::BaseFloat, K::Base_Unfold, x, 0, 2, 1, d.fresh()));
+  EXPECT_EQ(d.shape_of(cols), (Shape{1, 5, 2}));
+  EXPECT_EQ(d.f64_of(cols), (std::vector<double>{0, 5, 1, 6, 2, 7, 3, 8, 4, 9}));
+  // Overlapping windows of an integer tensor; a step past the size skips elements.
+  const TensorIr xi = d.i64({4}, dtypes::i16, {4, -3, 7, 1});
+  const TensorId ov = d.ok(b::unfold(F::BaseInt, K::Base_Unfold, xi, 0, 3, 1, d.fresh()));
+  EXPECT_EQ(d.shape_of(ov), (Shape{2, 3}));
+  EXPECT_EQ(d.i64_of(ov), (std::vector<std::int64_t>{4, -3, 7, -3, 7, 1}));
+  const TensorIr seven = d.f64({7}, dtypes::f64, iota(7));
+  EXPECT_EQ(d.f64_of(d.ok(b::unfold(F::BaseFloat, K::Base_Unfold, seven, 0, 2, 3, d.fresh()))),
+            (std::vector<double>{0, 1, 3, 4}));
+  // A window larger than the dim gives none; bits are copied (NaN payloads, -0).
+  EXPECT_EQ(d.shape_of(d.ok(b::unfold(F::BaseFloat, K::Base_Unfold, seven, 0, 8, 1, d.fresh()))), (Shape{0, 8}));
+  const TensorIr special = d.f64({2}, dtypes::f64, {-0.0, kNaN});
+  const std::vector<double> sp = d.f64_of(d.ok(b::unfold(F::BaseFloat, K::Base_Unfold, special, 0, 1, 1, d.fresh())));
+  EXPECT_THAT(sp, NanEq(std::vector<double>{-0.0, kNaN}));
+  EXPECT_TRUE(std::signbit(sp[0]));
+  const TensorIr flags = d.boolean({3}, {true, false, true});
+  EXPECT_EQ(d.bool_of(d.ok(b::unfold(F::BaseBool, K::Base_Unfold, flags, 0, 2, 1, d.fresh()))),
+            (std::vector<bool>{true, false, false, true}));
+}
+
+TEST(ReferenceLayoutTest, UnfoldRefusesBadAttributes) {
+  Device d;
+  const TensorIr x = d.f64({2, 5}, dtypes::f32, iota(10));
+  auto u = b::unfold(F::BaseFloat, K::Base_Unfold, x, 1, 2, 1, d.fresh());
+  KILN_ASSERT_OK(u);
+  auto expect_error = [&](const Operation& op, ErrorCode code, const std::string& what) {
+    ASSERT_EQ(op.outputs().size(), 1u);
+    Status st = d.exec.execute(op, d.handles);
+    ASSERT_FALSE(st.ok()) << op.to_string();
+    EXPECT_EQ(st.error().code, code) << st.error().to_string();
+    EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
+    EXPECT_TRUE(d.handles.entry(op.outputs()[0].id)->is_errored());
+  };
+  Operation bad = *u;
+  bad.attrs[2] = 0;
+  expect_error(bad, ErrorCode::Invalid, "step must be at least 1");
+  bad = *u;
+  bad.attrs[0] = 2;
+  expect_error(bad, ErrorCode::OutOfBounds, "dim 2 out of bounds for rank 2");
+  bad = *u;
+  bad.attrs[1] = -1;
+  expect_error(bad, ErrorCode::Invalid, "size must not be negative, got -1");
+  bad = *u;
+  bad.attrs[1] = std::numeric_limits<std::int64_t>::max();  // no window, and not the claimed shape
+  expect_error(bad, ErrorCode::IncompatibleShapes, "does not have the shape");
+  bad = *u;
+  bad.tensors[1].dtype = dtypes::f16;
+  expect_error(bad, ErrorCode::DTypeMismatch, "must have dtype f32");
+}
+
 TEST(ReferenceLayoutTest, CatAndRepeatDim) {
   Device d;
   const TensorIr a = d.i64({2, 1}, dtypes::i16, {1, 2});

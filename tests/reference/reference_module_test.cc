@@ -1,4 +1,7 @@
-// Reference executor: matmul, conv2d, conv_transpose1d, max_pool2d, avg_pool2d, embedding.
+// Reference executor: matmul, conv2d, conv_transpose1d, max_pool2d, avg_pool2d, embedding, and the
+// dense layers, norms and embedding gradient (linear and its backwards, layer_norm, batch_norm,
+// embedding_backward).
+#include <cstring>
 #include <random>
 
 #include "kiln/testing/status.h"
@@ -254,6 +257,286 @@ TEST(ReferenceModuleTest, ForcedBadOptionsAreErrors) {
   Operation bad = *pool;
   bad.attrs[8] = 2;  // ceil_mode must be a flag
   EXPECT_FALSE(d.exec.execute(bad, d.handles).ok());
+}
+
+// ---- Dense layers, norms and the embedding's gradient (docs/spec/ir.md §5.8): values computed here in
+// double, and central differences showing the backwards are the gradients of the forwards.
+
+// Linear by its definition: out[r, j] = Σ_i x[r, i] · w[i, j] + bias[j] (weight [d_in, d_out]).
+std::vector<double> linear_by_hand(const std::vector<double>& x, const std::vector<double>& w,
+                                   const std::vector<double>& bias, std::size_t d_in, std::size_t d_out) {
+  std::vector<double> out;
+  for (std::size_t r = 0; r < x.size() / d_in; ++r)
+    for (std::size_t j = 0; j < d_out; ++j) {
+      double acc = 0;
+      for (std::size_t i = 0; i < d_in; ++i) acc += x[r * d_in + i] * w[i * d_out + j];
+      out.push_back(acc + (bias.empty() ? 0.0 : bias[j]));
+    }
+  return out;
+}
+
+// (f(v[k] + h) − f(v[k] − h)) / 2h, v restored.
+template <class F>
+double central_difference(std::vector<double>& v, std::size_t k, F&& f) {
+  constexpr double h = 1e-3;
+  const double keep = v[k];
+  v[k] = keep + h;
+  const double up = f();
+  v[k] = keep - h;
+  const double down = f();
+  v[k] = keep;
+  return (up - down) / (2 * h);
+}
+
+std::int64_t bits_of(double v) {
+  std::int64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+TEST(ReferenceDenseTest, LinearOverRank1To3WithAndWithoutBias) {
+  Device d;
+  const std::vector<double> wv{1, -2, 0.5, 3, -1, 2};  // [3, 2]: rows [1, -2], [0.5, 3], [-1, 2]
+  const TensorIr w = d.f64({3, 2}, dtypes::f64, wv);
+  const TensorIr bias = d.f64({2}, dtypes::f64, {0.25, -4});
+  // [1, 2, 3] · w = [1 + 1 − 3, −2 + 6 + 6] = [−1, 10], plus the bias.
+  const TensorId v = d.ok(b::linear(d.f64({3}, dtypes::f64, {1, 2, 3}), w, bias, d.fresh()));
+  EXPECT_EQ(d.shape_of(v), (Shape{2}));
+  EXPECT_EQ(d.f64_of(v), (std::vector<double>{-0.75, 6}));
+  // Rank 2 without a bias: the second row [−1, 0, 4] · w = [−1 − 4, 2 + 8].
+  const TensorId m = d.ok(b::linear(d.f64({2, 3}, dtypes::f64, {1, 2, 3, -1, 0, 4}), w, std::nullopt, d.fresh()));
+  EXPECT_EQ(d.shape_of(m), (Shape{2, 2}));
+  EXPECT_EQ(d.f64_of(m), (std::vector<double>{-1, 10, -5, 10}));
+  // Rank 3 in f32 (halves and small integers: exact in f32 too): every leading dim is a row.
+  std::vector<double> xv = iota1(12);
+  for (double& e : xv) e *= 0.5;
+  const TensorIr x3 = d.f64({2, 2, 3}, dtypes::f32, xv);
+  const TensorId o3 =
+      d.ok(b::linear(x3, d.f64({3, 2}, dtypes::f32, wv), d.f64({2}, dtypes::f32, {0.25, -4}), d.fresh()));
+  EXPECT_EQ(d.shape_of(o3), (Shape{2, 2, 2}));
+  EXPECT_EQ(d.tensor(o3).dtype(), dtypes::f32);
+  EXPECT_EQ(d.f64_of(o3), linear_by_hand(xv, wv, {0.25, -4}, 3, 2));
+  // No features in, or no rows: sums of nothing.
+  const TensorId e = d.ok(b::linear(d.f64({2, 0}, dtypes::f64, {}), d.f64({0, 2}, dtypes::f64, {}),
+                                    d.f64({2}, dtypes::f64, {1, 2}), d.fresh()));
+  EXPECT_EQ(d.f64_of(e), (std::vector<double>{1, 2, 1, 2}));
+  EXPECT_EQ(d.shape_of(d.ok(b::linear(d.f64({0, 3}, dtypes::f64, {}), w, bias, d.fresh()))), (Shape{0, 2}));
+}
+
+// x [2, 3] = [[1, 2, 3], [−1, 0, 4]], w as above, output_grad g [2, 2] = [[1, 2], [−1, 0.5]]:
+// g · wᵀ, xᵀ · g and the column sums of g, by hand.
+TEST(ReferenceDenseTest, LinearBackwardsByHand) {
+  Device d;
+  const TensorIr w = d.f64({3, 2}, dtypes::f64, {1, -2, 0.5, 3, -1, 2});
+  const std::vector<double> xv{1, 2, 3, -1, 0, 4}, gv{1, 2, -1, 0.5};
+  const TensorIr x = d.f64({2, 3}, dtypes::f64, xv);
+  const TensorIr g = d.f64({2, 2}, dtypes::f64, gv);
+  const TensorId gx = d.ok(b::linear_x_backward(w, g, d.fresh()));
+  EXPECT_EQ(d.shape_of(gx), (Shape{2, 3}));
+  EXPECT_EQ(d.f64_of(gx), (std::vector<double>{-3, 6.5, 3, -2, 1, 2}));
+  const TensorId gw = d.ok(b::linear_weight_backward(x, g, d.fresh()));
+  EXPECT_EQ(d.shape_of(gw), (Shape{3, 2}));
+  EXPECT_EQ(d.f64_of(gw), (std::vector<double>{2, 1.5, 2, 4, -1, 8}));
+  const TensorId gb = d.ok(b::linear_bias_backward(g, d.fresh()));
+  EXPECT_EQ(d.shape_of(gb), (Shape{2}));
+  EXPECT_EQ(d.f64_of(gb), (std::vector<double>{0, 2.5}));
+  // The same rows with a batch dim: [2, 1, ·]; and rank 1 (one row: an outer product).
+  const TensorIr x3 = d.f64({2, 1, 3}, dtypes::f64, xv);
+  const TensorIr g3 = d.f64({2, 1, 2}, dtypes::f64, gv);
+  EXPECT_EQ(d.shape_of(d.ok(b::linear_x_backward(w, g3, d.fresh()))), (Shape{2, 1, 3}));
+  EXPECT_EQ(d.f64_of(d.ok(b::linear_weight_backward(x3, g3, d.fresh()))), (std::vector<double>{2, 1.5, 2, 4, -1, 8}));
+  EXPECT_EQ(d.f64_of(d.ok(b::linear_bias_backward(g3, d.fresh()))), (std::vector<double>{0, 2.5}));
+  const TensorIr x1 = d.f64({3}, dtypes::f32, {1, 2, 3});
+  const TensorIr g1 = d.f64({2}, dtypes::f32, {1, -1});
+  const TensorId outer = d.ok(b::linear_weight_backward(x1, g1, d.fresh()));
+  EXPECT_EQ(d.tensor(outer).dtype(), dtypes::f32);
+  EXPECT_EQ(d.f64_of(outer), (std::vector<double>{1, -1, 2, -2, 3, -3}));
+  EXPECT_EQ(d.f64_of(d.ok(b::linear_bias_backward(g1, d.fresh()))), (std::vector<double>{1, -1}));
+}
+
+// With L = Σ c · linear(x, w, b), the backwards of c are ∂L/∂x, ∂L/∂w and ∂L/∂b: central
+// differences of L (computed by the executor in f64) match them. L is linear in each variable, so
+// the differences are exact up to rounding.
+TEST(ReferenceDenseTest, LinearBackwardsAreTheGradientsOfLinear) {
+  Device d;
+  const Shape xs{2, 2, 3}, ws{3, 4}, cs{2, 2, 4};
+  std::vector<double> xv = random_values(12, 1), wv = random_values(12, 2), bv = random_values(4, 3);
+  const std::vector<double> cv = random_values(16, 4);
+  auto loss = [&] {
+    const TensorId o =
+        d.ok(b::linear(d.f64(xs, dtypes::f64, xv), d.f64(ws, dtypes::f64, wv), d.f64({4}, dtypes::f64, bv), d.fresh()));
+    return dot(d.f64_of(o), cv);
+  };
+  const TensorIr c = d.f64(cs, dtypes::f64, cv);
+  const std::vector<double> gx = d.f64_of(d.ok(b::linear_x_backward(d.f64(ws, dtypes::f64, wv), c, d.fresh())));
+  const std::vector<double> gw = d.f64_of(d.ok(b::linear_weight_backward(d.f64(xs, dtypes::f64, xv), c, d.fresh())));
+  const std::vector<double> gb = d.f64_of(d.ok(b::linear_bias_backward(c, d.fresh())));
+  ASSERT_EQ(gx.size(), xv.size());
+  ASSERT_EQ(gw.size(), wv.size());
+  ASSERT_EQ(gb.size(), bv.size());
+  for (std::size_t k = 0; k < xv.size(); ++k) EXPECT_NEAR(central_difference(xv, k, loss), gx[k], 1e-9) << "x " << k;
+  for (std::size_t k = 0; k < wv.size(); ++k) EXPECT_NEAR(central_difference(wv, k, loss), gw[k], 1e-9) << "w " << k;
+  for (std::size_t k = 0; k < bv.size(); ++k) EXPECT_NEAR(central_difference(bv, k, loss), gb[k], 1e-9) << "b " << k;
+}
+
+// The same for the embedding: with L = Σ c · embedding(w, indices), EmbeddingBackward(w, c,
+// indices) is ∂L/∂w; an index used three times sums three rows of c, a row never used gets 0.
+TEST(ReferenceDenseTest, EmbeddingBackwardIsTheGradientOfEmbedding) {
+  Device d;
+  std::vector<double> wv = random_values(15, 5);        // [5, 3]
+  const std::vector<double> cv = random_values(18, 6);  // [2, 3, 3]
+  const TensorIr idx = d.i64({2, 3}, dtypes::i64, {4, 0, 4, 1, 4, 2});
+  auto loss = [&] { return dot(d.f64_of(d.ok(b::embedding(d.f64({5, 3}, dtypes::f64, wv), idx, d.fresh()))), cv); };
+  const TensorIr c = d.f64({2, 3, 3}, dtypes::f64, cv);
+  const std::vector<double> g =
+      d.f64_of(d.ok(b::embedding_backward(d.f64({5, 3}, dtypes::f64, wv), c, idx, d.fresh())));
+  ASSERT_EQ(g.size(), wv.size());
+  for (std::size_t k = 0; k < wv.size(); ++k) EXPECT_NEAR(central_difference(wv, k, loss), g[k], 1e-9) << k;
+  for (std::size_t e = 0; e < 3; ++e) {
+    EXPECT_EQ(g[3 * 3 + e], 0.0) << "row 3 is never looked up";
+    EXPECT_DOUBLE_EQ(g[4 * 3 + e], cv[0 * 3 + e] + cv[2 * 3 + e] + cv[4 * 3 + e]);
+  }
+}
+
+TEST(ReferenceDenseTest, EmbeddingBackwardAccumulatesDuplicatesAndRefusesBadIndices) {
+  Device d;
+  const TensorIr w = d.f64({4, 2}, dtypes::f32, iota1(8));
+  const TensorIr g = d.f64({1, 3, 2}, dtypes::f32, {1, 2, 10, 20, 100, 200});
+  const TensorId o = d.ok(b::embedding_backward(w, g, d.i64({1, 3}, dtypes::i32, {2, 0, 2}), d.fresh()));
+  EXPECT_EQ(d.shape_of(o), (Shape{4, 2}));
+  EXPECT_EQ(d.tensor(o).dtype(), dtypes::f32);
+  EXPECT_EQ(d.f64_of(o), (std::vector<double>{10, 20, 0, 0, 101, 202, 0, 0}));
+  EXPECT_EQ(d.f64_of(d.ok(b::embedding_backward(w, g, d.u64({1, 3}, dtypes::u8, {3, 3, 3}), d.fresh()))),
+            (std::vector<double>{0, 0, 0, 0, 0, 0, 111, 222}));
+  // An index outside [0, V) is an error value that claims the output, never a write out of bounds.
+  for (std::int64_t bad : {std::int64_t{4}, std::int64_t{-1}}) {
+    auto op = b::embedding_backward(w, g, d.i64({1, 3}, dtypes::i64, {0, bad, 1}), d.fresh());
+    Status st = d.run(op);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.error().code, ErrorCode::OutOfBounds);
+    EXPECT_NE(st.error().message.find("Module::EmbeddingBackward"), std::string::npos) << st.error().message;
+    EXPECT_NE(st.error().message.find("(element 1)"), std::string::npos) << st.error().message;
+    EXPECT_TRUE(d.handles.entry(op->outputs()[0].id)->is_errored());
+  }
+}
+
+// Layer norm by its definition: per row of the last dim, (x − mean) / sqrt(var + eps) · gamma + beta,
+// var the biased variance (Burn, PyTorch).
+std::vector<double> layer_norm_by_hand(const std::vector<double>& x, const std::vector<double>& gamma,
+                                       const std::vector<double>& beta, double eps) {
+  const std::size_t n = gamma.size();
+  std::vector<double> out;
+  for (std::size_t r = 0; r < x.size() / n; ++r) {
+    double mean = 0, var = 0;
+    for (std::size_t i = 0; i < n; ++i) mean += x[r * n + i] / static_cast<double>(n);
+    for (std::size_t i = 0; i < n; ++i) var += (x[r * n + i] - mean) * (x[r * n + i] - mean) / static_cast<double>(n);
+    for (std::size_t i = 0; i < n; ++i)
+      out.push_back((x[r * n + i] - mean) / std::sqrt(var + eps) * gamma[i] + (beta.empty() ? 0.0 : beta[i]));
+  }
+  return out;
+}
+
+TEST(ReferenceDenseTest, LayerNormWithAndWithoutBeta) {
+  Device d;
+  // [1, 2, 3]: mean 2, biased variance 2/3; epsilon 0 and gamma 1 give ±sqrt(3/2), 0.
+  const TensorIr ones = d.f64({3}, dtypes::f64, {1, 1, 1});
+  const TensorId plain = d.ok(b::layer_norm(d.f64({3}, dtypes::f64, {1, 2, 3}), ones, std::nullopt, 0.0, d.fresh()));
+  EXPECT_THAT(d.f64_of(plain), Near(std::vector<double>{-std::sqrt(1.5), 0, std::sqrt(1.5)}, 1e-15));
+  // [2, 3] with gamma and beta; the second row is constant: its variance is 0, so it gives beta.
+  const std::vector<double> xv{1, 2, 4, 2, 2, 2}, gv{1, 2, 0.5}, bv{0.1, -0.2, 0.3};
+  const TensorIr x = d.f64({2, 3}, dtypes::f64, xv);
+  const TensorIr gamma = d.f64({3}, dtypes::f64, gv);
+  const TensorIr beta = d.f64({3}, dtypes::f64, bv);
+  const std::vector<double> with = d.f64_of(d.ok(b::layer_norm(x, gamma, beta, 1e-5, d.fresh())));
+  EXPECT_THAT(with, Near(layer_norm_by_hand(xv, gv, bv, 1e-5), 1e-14));
+  EXPECT_THAT(std::vector<double>(with.begin() + 3, with.end()), Near(bv, 1e-15));
+  const std::vector<double> without = d.f64_of(d.ok(b::layer_norm(x, gamma, std::nullopt, 1e-5, d.fresh())));
+  EXPECT_THAT(without, Near(layer_norm_by_hand(xv, gv, {}, 1e-5), 1e-14));
+  // Rank 3 in f32: only the last dim is normalised; the inputs are read back as f32 rounded them.
+  const TensorIr x3 = d.f64({2, 2, 2}, dtypes::f32, random_values(8, 7));
+  const TensorIr g3 = d.f64({2}, dtypes::f32, {1.5, -0.5});
+  const TensorId o3 = d.ok(b::layer_norm(x3, g3, std::nullopt, 1e-3, d.fresh()));
+  EXPECT_EQ(d.shape_of(o3), (Shape{2, 2, 2}));
+  EXPECT_EQ(d.tensor(o3).dtype(), dtypes::f32);
+  EXPECT_THAT(d.f64_of(o3), Near(layer_norm_by_hand(d.f64_of(x3.id), d.f64_of(g3.id), {}, 1e-3), 1e-6));
+}
+
+TEST(ReferenceDenseTest, BatchNormOverChannelDimOne) {
+  Device d;
+  // [N, C] = [4, 2]: channel 0 (x − 4) / 2 · 2 + 0, channel 1 (x − 5) / 1 · 1 + 1; epsilon 0.
+  const TensorIr x2 = d.f64({4, 2}, dtypes::f64, {1, 2, 3, 4, 5, 6, 7, 8});
+  auto vec = [&](std::vector<double> v) { return d.f64({2}, dtypes::f64, std::move(v)); };
+  const TensorId o2 = d.ok(b::batch_norm(x2, vec({2, 1}), vec({0, 1}), vec({4, 5}), vec({4, 1}), 0.0, d.fresh()));
+  EXPECT_EQ(d.f64_of(o2), (std::vector<double>{-3, -2, -1, 0, 1, 2, 3, 4}));
+  // [N, C, H, W] = [2, 3, 2, 2] with running statistics, by the definition per element.
+  const std::vector<double> xv = random_values(24, 8);
+  const std::vector<double> gamma{1.5, -1, 0.5}, beta{0, 0.25, -2}, mean{0.1, -0.3, 0.2}, var{0.5, 2, 0.04};
+  auto chan = [&](const std::vector<double>& v) { return d.f64({3}, dtypes::f64, v); };
+  const TensorId o4 = d.ok(b::batch_norm(d.f64({2, 3, 2, 2}, dtypes::f64, xv), chan(gamma), chan(beta), chan(mean),
+                                         chan(var), 1e-3, d.fresh()));
+  std::vector<double> want;
+  for (std::size_t k = 0; k < xv.size(); ++k) {
+    const std::size_t c = (k / 4) % 3;
+    want.push_back((xv[k] - mean[c]) / std::sqrt(var[c] + 1e-3) * gamma[c] + beta[c]);
+  }
+  EXPECT_EQ(d.shape_of(o4), (Shape{2, 3, 2, 2}));
+  EXPECT_THAT(d.f64_of(o4), Near(want, 1e-14));
+  // f16 operands: one rounding of the f64 result.
+  const TensorIr h = d.f64({1, 2}, dtypes::f16, {3, -1});
+  auto half = [&](std::vector<double> v) { return d.f64({2}, dtypes::f16, std::move(v)); };
+  const TensorId oh = d.ok(b::batch_norm(h, half({1, 1}), half({0, 0}), half({1, 1}), half({4, 1}), 0.0, d.fresh()));
+  EXPECT_EQ(d.tensor(oh).dtype(), dtypes::f16);
+  EXPECT_EQ(d.f64_of(oh), (std::vector<double>{1, -2}));
+}
+
+// What the builders guarantee, forced wrong in hand-made ops: errors that claim the output.
+TEST(ReferenceDenseTest, ForcedBadDenseOperationsAreErrors) {
+  Device d;
+  const TensorIr x = d.f64({2, 3}, dtypes::f32, iota1(6));
+  const TensorIr vec3 = d.f64({3}, dtypes::f32, {1, 1, 1});
+  auto expect_error = [&](Operation op, ErrorCode code, const std::string& what) {
+    op.tensors.back().id = d.fresh();
+    Status st = d.exec.execute(op, d.handles);
+    ASSERT_FALSE(st.ok()) << op.to_string();
+    EXPECT_EQ(st.error().code, code) << st.error().to_string();
+    EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
+    EXPECT_TRUE(d.handles.entry(op.outputs()[0].id)->is_errored());
+  };
+  Operation ln = b::layer_norm(x, vec3, vec3, 1e-5, d.fresh()).value();
+  ln.attrs[0] = bits_of(-1.0);
+  expect_error(ln, ErrorCode::Invalid, "epsilon must be finite and non-negative, got -1");
+  ln.attrs[0] = bits_of(kNaN);
+  expect_error(ln, ErrorCode::Invalid, "epsilon");
+  Operation bn = b::batch_norm(x, vec3, vec3, vec3, vec3, 1e-5, d.fresh()).value();
+  bn.scalars[0] = ScalarIr::Float(-kInf);
+  expect_error(bn, ErrorCode::Invalid, "epsilon");
+  bn = b::batch_norm(x, vec3, vec3, vec3, vec3, 1e-5, d.fresh()).value();
+  bn.tensors[3] = d.f64({2}, dtypes::f32, {0, 0});  // a mean of the wrong length
+  expect_error(bn, ErrorCode::IncompatibleShapes, "mean");
+  Operation lin =
+      b::linear(x, d.f64({3, 2}, dtypes::f32, iota1(6)), d.f64({2}, dtypes::f32, {0, 0}), d.fresh()).value();
+  Operation bad = lin;
+  bad.tensors[2] = vec3;  // a bias of d_in elements
+  expect_error(bad, ErrorCode::IncompatibleShapes, "bias");
+  bad = lin;
+  bad.tensors[1] = d.f64({2, 3}, dtypes::f32, iota1(6));  // a [d_out, d_in] weight
+  expect_error(bad, ErrorCode::IncompatibleShapes, "has 3 features");
+  bad = lin;
+  bad.outputs()[0].shape = {2, 3};
+  expect_error(bad, ErrorCode::IncompatibleShapes, "does not have the shape");
+  Operation gw = b::linear_weight_backward(x, d.f64({2, 2}, dtypes::f32, {1, 2, 3, 4}), d.fresh()).value();
+  gw.tensors[1] = d.f64({3, 2}, dtypes::f32, iota1(6));  // leading dims 3, not 2
+  expect_error(gw, ErrorCode::IncompatibleShapes, "same leading dims");
+  Operation gx =
+      b::linear_x_backward(d.f64({3, 2}, dtypes::f32, iota1(6)), d.f64({2, 2}, dtypes::f32, iota1(4)), d.fresh())
+          .value();
+  gx.outputs()[0].dtype = dtypes::f64;  // output_grad's dtype is f32
+  expect_error(gx, ErrorCode::DTypeMismatch, "dtype");
+  Operation eb = b::embedding_backward(d.f64({4, 2}, dtypes::f32, iota1(8)), d.f64({1, 2, 2}, dtypes::f32, iota1(4)),
+                                       d.i64({1, 2}, dtypes::i64, {0, 1}), d.fresh())
+                     .value();
+  eb.tensors[2] = d.f64({1, 2}, dtypes::f32, {0, 1});  // float indices
+  expect_error(eb, ErrorCode::DTypeMismatch, "indices");
 }
 
 }  // namespace

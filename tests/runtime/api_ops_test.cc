@@ -239,6 +239,25 @@ TEST_F(ApiOps, RoundingSignAndFloatTests) {
   EXPECT_EQ(kinds_of([&] { (void)s->sign(bools({true}, {1})); }), Kinds{});
 }
 
+// ---- Activations (docs/spec/ir.md §5.9, §5.11): the Activation kinds exist in the IR for router
+// clients, but the Session, as Burn's fusion client, emits the decompositions.
+
+TEST_F(ApiOps, ActivationCallsEmitTheDecompositionsNotTheActivationKinds) {
+  Tensor x = f32({-1, 0, 2}, {3});
+  Tensor m = f32({1, 2, 3, 4}, {2, 2});
+  const Kinds relu = kinds_of([&] { ok(s->relu(x)); });
+  EXPECT_EQ(relu, (Kinds{"NumericFloat::LowerEqualElem", "BaseFloat::MaskFill"}));
+  const Kinds all = kinds_of([&] {
+    ok(s->gelu(x));
+    ok(s->sigmoid(x));
+    ok(s->silu(x));
+    ok(s->softmax(m, 1));
+    ok(s->log_softmax(m, 0));
+  });
+  EXPECT_FALSE(all.empty());
+  for (const std::string& k : all) EXPECT_EQ(k.rfind("Activation::", 0), std::string::npos) << k;
+}
+
 // ---- Trigonometric and hyperbolic functions, atan2, hypot (docs/spec/ir.md §5.6)
 
 TEST_F(ApiOps, TrigonometricAndHyperbolicFunctions) {
@@ -614,6 +633,55 @@ TEST_F(ApiOps, SliceAssignSelectAssignScatter) {
   EXPECT_EQ(none, Kinds{});
 }
 
+// Unfold, ScatterNd (docs/spec/ir.md §5.4) and the float cross product (§5.6): one kind each.
+TEST_F(ApiOps, UnfoldAndScatterNd) {
+  Tensor a = f32(kM, {2, 3});
+  // Windows of 2 every 1 along dim 1, the window axis last: [[1, 2], [2, 3]], [[4, 5], [5, 6]].
+  expect_near(get(s->unfold(a, 1, 2, 1), {2, 2, 2}), {1, 2, 2, 3, 4, 5, 5, 6});
+  // One window of both rows along dim 0: the columns as 2-vectors.
+  expect_near(get(s->unfold(a, 0, 2, 1), {1, 3, 2}), {1, 4, 2, 5, 3, 6});
+  EXPECT_EQ(get_i64(s->unfold(i64({1, 2, 3, 4, 5}, {5}), 0, 2, 2), {2, 2}), (std::vector<std::int64_t>{1, 2, 3, 4}));
+  // scatter_nd with 2-tuples (elements) and a 1-tuple (a row).
+  Tensor cells = i64({1, 0, 0, 2}, {2, 2});
+  expect_near(get(s->scatter_nd(a, cells, f32({10, 20}, {2}), ir::IndexingUpdate::Assign), {2, 3}),
+              {1, 2, 20, 10, 5, 6});
+  expect_near(get(s->scatter_nd(a, cells, f32({10, 20}, {2}), ir::IndexingUpdate::Add), {2, 3}), {1, 2, 23, 14, 5, 6});
+  expect_near(get(s->scatter_nd(a, i64({1}, {1, 1}), f32({7, 8, 9}, {1, 3}), ir::IndexingUpdate::Mul), {2, 3}),
+              {1, 2, 3, 28, 40, 54});
+  Tensor v = f32({1}, {1}), row = i64({0, 0}, {1, 2});
+  EXPECT_EQ(kinds_of([&] { ok(s->unfold(a, 1, 3, 1)); }), (Kinds{"BaseFloat::Unfold"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->scatter_nd(a, row, v, ir::IndexingUpdate::Max)); }), (Kinds{"BaseFloat::ScatterNd"}));
+  // Errors: step 0, a bad dim, values of the wrong shape (checked first), float indices; nothing
+  // is registered. An index out of range fails at execution, and the read reports it.
+  EXPECT_NAMES(error_of(s->unfold(a, 1, 2, 0)), "Unfold: step must be at least 1");
+  EXPECT_NAMES(error_of(s->unfold(a, 2, 2, 1)), "Unfold: dim 2 out of bounds");
+  EXPECT_NAMES(error_of(s->scatter_nd(a, cells, f32({1, 2, 3}, {3}), ir::IndexingUpdate::Add)),
+               "scatter_nd: values [3] must have shape [2]");
+  EXPECT_NAMES(error_of(s->scatter_nd(a, f32({0, 0}, {1, 2}), v, ir::IndexingUpdate::Add)), "ScatterNd");
+  EXPECT_EQ(kinds_of([&] { (void)s->scatter_nd(a, cells, f32({1, 2, 3}, {3}), ir::IndexingUpdate::Add); }), Kinds{});
+  Tensor oob = ok(s->scatter_nd(a, i64({0, 3}, {1, 2}), v, ir::IndexingUpdate::Add));
+  Result<std::vector<float>> read = s->to_host<float>(std::move(oob));
+  ASSERT_FALSE(read.ok());
+  EXPECT_NAMES(read.error().to_string(), "out of range");
+}
+
+TEST_F(ApiOps, CrossProduct) {
+  // x × y = z, and (1, 2, 3) × (4, 5, 6) = (−3, 6, −3); the rhs row broadcasts.
+  Tensor a = f32({1, 0, 0, 1, 2, 3}, {2, 3});
+  expect_near(get(s->cross(a, f32({0, 1, 0, 4, 5, 6}, {2, 3}), 1), {2, 3}), {0, 0, 1, -3, 6, -3});
+  expect_near(get(s->cross(a, f32({0, 0, 1}, {1, 3}), 1), {2, 3}), {0, -1, 0, 2, -1, 0});
+  // Along dim 0 the columns are the vectors.
+  expect_near(get(s->cross(f32({1, 1, 0, 2, 0, 3}, {3, 2}), f32({0, 4, 1, 5, 0, 6}, {3, 2}), 0), {3, 2}),
+              {0, -3, 0, 6, 1, -3});
+  Tensor b = f32({0, 1, 0}, {1, 3});
+  EXPECT_EQ(kinds_of([&] { ok(s->cross(a, b, 1)); }), (Kinds{"Float::Cross"}));
+  // Errors: a dim without 3-vectors, a bad dim, integer operands.
+  EXPECT_NAMES(error_of(s->cross(a, b, 0)), "Cross: dim 0 must have size 3 in both operands");
+  EXPECT_NAMES(error_of(s->cross(a, b, 2)), "Cross: dim 2 out of bounds");
+  EXPECT_NAMES(error_of(s->cross(i64({1, 2, 3}, {3}), i64({4, 5, 6}, {3}), 0)), "Cross");
+  EXPECT_EQ(kinds_of([&] { (void)s->cross(a, b, 0); }), Kinds{});
+}
+
 TEST_F(ApiOps, Pad) {
   Tensor x = f32({1, 2, 3, 4}, {2, 2});
   // Constant 9: one row before, two columns after.
@@ -695,6 +763,124 @@ TEST_F(ApiOps, Conv2dAndConvTranspose1d) {
   EXPECT_NAMES(error_of(s->conv_transpose1d(t, f32(tw, {1, 2, 2}))), "ConvTranspose1d");
 }
 
+// Conv1d / Conv3d / ConvTranspose2d / ConvTranspose3d (docs/spec/ir.md §5.8; no §5.11 row): the
+// Module kind of the call's name. Values by hand (reference_conv_test.cc has the derivations).
+TEST_F(ApiOps, Conv1dConv3dConvTranspose2dAndConvTranspose3d) {
+  Tensor x1 = f32({1, 2, 3, 4, 5}, {1, 1, 5}), w1 = f32({1, 10}, {1, 1, 2}), b1 = f32({0.5f}, {1});
+  ir::build::Conv1dOptions o1;
+  o1.stride = 2;
+  o1.padding = 1;  // [0, 1, 2, 3, 4, 5, 0] at 0, 2, 4
+  expect_near(get(s->conv1d(x1, w1, b1, o1), {1, 1, 3}), {10.5, 32.5, 54.5});
+  expect_near(get(s->conv1d(x1, w1), {1, 1, 4}), {21, 32, 43, 54});
+  ir::build::Conv1dOptions depthwise;
+  depthwise.groups = 2;
+  Tensor x2 = f32({1, 2, 3, 4, 5, 6}, {1, 2, 3});
+  expect_near(get(s->conv1d(x2, f32({1, 1, 1, -1}, {2, 1, 2}), std::nullopt, depthwise), {1, 2, 2}), {3, 5, -1, -1});
+  // Conv3d over 1..8 with an all-ones [2, 2, 2] kernel, padded and strided along the last dim.
+  Tensor x3 = f32({1, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 2, 2, 2}), ones = f32(std::vector<float>(8, 1), {1, 1, 2, 2, 2});
+  ir::build::Conv3dOptions o3;
+  o3.stride = {1, 1, 2};
+  o3.padding = {0, 0, 1};
+  expect_near(get(s->conv3d(x3, ones, std::nullopt, o3), {1, 1, 1, 1, 2}), {16, 20});
+  expect_near(get(s->conv3d(x3, ones), {1, 1, 1, 1, 1}), {36});
+  // ConvTranspose2d, stride 2: each input scatters its 2 × 2 block; padding 1 keeps the centre.
+  Tensor tx = f32({1, 2, 3, 4}, {1, 1, 2, 2}), tw = f32({1, 10, 100, 1000}, {1, 1, 2, 2});
+  ir::build::ConvTranspose2dOptions t2;
+  t2.stride = {2, 2};
+  t2.padding = {1, 1};
+  expect_near(get(s->conv_transpose2d(tx, tw, std::nullopt, t2), {1, 1, 2, 2}), {1000, 200, 30, 4});
+  t2.padding = {0, 0};
+  t2.padding_out = {1, 0};  // a last row no input reaches: the bias
+  const std::vector<double> t2_out = get(s->conv_transpose2d(tx, tw, f32({-1}, {1}), t2), {1, 1, 5, 4});
+  expect_near(std::vector<double>(t2_out.end() - 4, t2_out.end()), {-1, -1, -1, -1});
+  expect_near(std::vector<double>(t2_out.begin(), t2_out.begin() + 4), {0, 9, 1, 19});
+  Tensor t3x = f32({1, 2}, {1, 1, 1, 1, 2}), t3w = f32({1, 10}, {1, 1, 1, 1, 2});
+  expect_near(get(s->conv_transpose3d(t3x, t3w), {1, 1, 1, 1, 3}), {1, 12, 20});
+  EXPECT_EQ(kinds_of([&] { ok(s->conv1d(x1, w1, b1)); }), (Kinds{"Module::Conv1d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->conv3d(x3, ones)); }), (Kinds{"Module::Conv3d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->conv_transpose2d(tx, tw)); }), (Kinds{"Module::ConvTranspose2d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->conv_transpose3d(t3x, t3w)); }), (Kinds{"Module::ConvTranspose3d"}));
+  // Errors: rank, groups, padding_out >= max(stride, dilation), integers, a kernel wider than the
+  // padded input; nothing is registered.
+  EXPECT_NAMES(error_of(s->conv1d(x3, w1)), "Conv1d: x must have rank 3");
+  ir::build::Conv3dOptions three_groups;
+  three_groups.groups = 3;
+  EXPECT_NAMES(error_of(s->conv3d(x3, ones, std::nullopt, three_groups)), "Conv3d: x");
+  ir::build::ConvTranspose2dOptions too_far;
+  too_far.padding_out = {1, 0};  // stride 1, dilation 1
+  EXPECT_NAMES(error_of(s->conv_transpose2d(tx, tw, std::nullopt, too_far)), "ConvTranspose2d: padding_out 1");
+  EXPECT_NAMES(error_of(s->conv_transpose3d(i64({1, 2}, {1, 1, 1, 1, 2}), i64({1, 10}, {1, 1, 1, 1, 2}))),
+               "ConvTranspose3d");
+  EXPECT_NAMES(error_of(s->conv1d(x1, f32(std::vector<float>(6, 1), {1, 1, 6}))), "Conv1d");
+  EXPECT_EQ(kinds_of([&] { (void)s->conv1d(x3, w1); }), Kinds{});
+}
+
+// The gradient calls of one rank: conv{n}d_x_backward ... conv_transpose{n}d_bias_backward.
+template <class Options, class TransposedOptions>
+struct ConvGradientCalls {
+  std::size_t rank;
+  Result<Tensor> (Session::*x)(Tensor, Tensor, Tensor, const Options&);
+  Result<Tensor> (Session::*weight)(Tensor, Tensor, Tensor, const Options&);
+  Result<Tensor> (Session::*bias)(Tensor, Tensor, Tensor);
+  Result<Tensor> (Session::*transposed_weight)(Tensor, Tensor, Tensor, const TransposedOptions&);
+  Result<Tensor> (Session::*transposed_bias)(Tensor, Tensor, Tensor);
+};
+
+// The gradients, each the Module kind of its name: x = [1, 2, 3], w = [1, 10], output_grad
+// [1, 2] give the X gradient [1, 12, 20], the weight gradient [5, 8] and the bias gradient [3]
+// in every rank (unit dims change nothing); the transposed x = [1, 2] with output_grad
+// [1, 10, 100] gives the weight gradient [21, 210] and the bias gradient [111].
+TEST_F(ApiOps, ConvolutionGradients) {
+  auto shaped = [](std::size_t rank, std::uint64_t last) {
+    Shape shape(rank + 2, 1);
+    shape.back() = last;
+    return shape;
+  };
+  auto check = [&](const auto& c) {
+    SCOPED_TRACE(c.rank);
+    Session& ss = *s;
+    const std::string conv = "Module::Conv" + std::to_string(c.rank) + "d";
+    const std::string transposed = "Module::ConvTranspose" + std::to_string(c.rank) + "d";
+    Tensor x = f32({1, 2, 3}, shaped(c.rank, 3)), w = f32({1, 10}, shaped(c.rank, 2));
+    Tensor g = f32({1, 2}, shaped(c.rank, 2)), bias = f32({0}, {1});
+    Tensor tx = f32({1, 2}, shaped(c.rank, 2)), tg = f32({1, 10, 100}, shaped(c.rank, 3));
+    expect_near(get((ss.*c.x)(x, w, g, {}), shaped(c.rank, 3)), {1, 12, 20});
+    expect_near(get((ss.*c.weight)(x, w, g, {}), shaped(c.rank, 2)), {5, 8});
+    expect_near(get((ss.*c.bias)(x, bias, g), {1}), {3});
+    expect_near(get((ss.*c.transposed_weight)(tx, w, tg, {}), shaped(c.rank, 2)), {21, 210});
+    expect_near(get((ss.*c.transposed_bias)(tx, bias, tg), {1}), {111});
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.x)(x, w, g, {})); }), (Kinds{conv + "XBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.weight)(x, w, g, {})); }), (Kinds{conv + "WeightBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.bias)(x, bias, g)); }), (Kinds{conv + "BiasBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.transposed_weight)(tx, w, tg, {})); }), (Kinds{transposed + "WeightBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.transposed_bias)(tx, bias, tg)); }), (Kinds{transposed + "BiasBackward"}));
+  };
+  namespace b = ir::build;
+  check(ConvGradientCalls<b::Conv1dOptions, b::ConvTranspose1dOptions>{
+      1, &Session::conv1d_x_backward, &Session::conv1d_weight_backward, &Session::conv1d_bias_backward,
+      &Session::conv_transpose1d_weight_backward, &Session::conv_transpose1d_bias_backward});
+  check(ConvGradientCalls<b::Conv2dOptions, b::ConvTranspose2dOptions>{
+      2, &Session::conv2d_x_backward, &Session::conv2d_weight_backward, &Session::conv2d_bias_backward,
+      &Session::conv_transpose2d_weight_backward, &Session::conv_transpose2d_bias_backward});
+  check(ConvGradientCalls<b::Conv3dOptions, b::ConvTranspose3dOptions>{
+      3, &Session::conv3d_x_backward, &Session::conv3d_weight_backward, &Session::conv3d_bias_backward,
+      &Session::conv_transpose3d_weight_backward, &Session::conv_transpose3d_bias_backward});
+  // The transposed X gradient the spec leaves out is conv1d(output_grad, weight) with the same
+  // options: Σ_k g[l + k] w[k] = [1 + 100, 10 + 1000].
+  expect_near(get(s->conv1d(f32({1, 10, 100}, {1, 1, 3}), f32({1, 10}, {1, 1, 2})), {1, 1, 2}), {101, 1010});
+  // Errors name the kind and what is wrong; nothing is registered.
+  Tensor x = f32({1, 2, 3}, {1, 1, 3}), w = f32({1, 10}, {1, 1, 2}), g = f32({1, 2}, {1, 1, 2});
+  EXPECT_NAMES(error_of(s->conv1d_weight_backward(x, w, f32({1, 2, 3}, {1, 1, 3}))),
+               "Conv1dWeightBackward: output_grad");
+  EXPECT_NAMES(
+      error_of(s->conv2d_bias_backward(f32({1, 2, 3}, {1, 1, 1, 3}), f32({0, 0}, {2}), f32({1, 2}, {1, 1, 1, 2}))),
+      "Conv2dBiasBackward: bias");
+  EXPECT_NAMES(error_of(s->conv_transpose1d_weight_backward(x, w, i64({1, 2, 3, 4}, {1, 1, 4}))),
+               "ConvTranspose1dWeightBackward");
+  EXPECT_NAMES(error_of(s->conv3d_x_backward(x, w, g)), "Conv3dXBackward: x must have rank 5");
+  EXPECT_EQ(kinds_of([&] { (void)s->conv3d_x_backward(x, w, g); }), Kinds{});
+}
+
 TEST_F(ApiOps, Pools) {
   std::vector<float> xv(16);
   for (int i = 0; i < 16; ++i) xv[i] = static_cast<float>((i * 7) % 11) - 4;  // [1, 1, 4, 4], unordered
@@ -765,6 +951,248 @@ TEST_F(ApiOps, EmbeddingIsReshapeSelectReshape) {
   EXPECT_EQ(kinds_of([&] { (void)s->embedding(w, flat); }), Kinds{});
 }
 
+// ---- Dense layers, norms, the embedding's gradient (docs/spec/ir.md §5.8; no §5.11 row: each
+// call emits the Module kind of its name)
+
+TEST_F(ApiOps, LinearOverRank1To3AndItsBackwards) {
+  const std::vector<float> wv{1, -2, 0.5f, 3, -1, 2};  // [d_in, d_out] = [3, 2]
+  Tensor w = f32(wv, {3, 2}), bias = f32({0.25f, -4}, {2});
+  // [1, 2, 3] · w + bias = [1 + 1 − 3 + 0.25, −2 + 6 + 6 − 4]; the second row below, [−1, 0, 4] · w.
+  expect_near(get(s->linear(f32({1, 2, 3}, {3}), w, bias), {2}), {-0.75, 6});
+  Tensor x = f32({1, 2, 3, -1, 0, 4}, {2, 3});
+  expect_near(get(s->linear(x, w), {2, 2}), {-1, 10, -5, 10});
+  std::vector<float> x3(12);
+  for (int i = 0; i < 12; ++i) x3[i] = 0.5f * static_cast<float>(i - 5);
+  std::vector<double> want;  // every leading dim is a row
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < 2; ++j) {
+      double acc = j == 0 ? 0.25 : -4;
+      for (int i = 0; i < 3; ++i) acc += double(x3[r * 3 + i]) * wv[i * 2 + j];
+      want.push_back(acc);
+    }
+  expect_near(get(s->linear(f32(x3, {2, 2, 3}), w, bias), {2, 2, 2}), want);
+  // The gradients for output_grad g = [[1, 2], [−1, 0.5]], by hand: g · wᵀ, xᵀ · g, column sums of g.
+  Tensor g = f32({1, 2, -1, 0.5f}, {2, 2});
+  expect_near(get(s->linear_x_backward(w, g), {2, 3}), {-3, 6.5, 3, -2, 1, 2});
+  expect_near(get(s->linear_weight_backward(x, g), {3, 2}), {2, 1.5, 2, 4, -1, 8});
+  expect_near(get(s->linear_bias_backward(g), {2}), {0, 2.5});
+  EXPECT_EQ(kinds_of([&] { ok(s->linear(x, w, bias)); }), (Kinds{"Module::Linear"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->linear(x, w)); }), (Kinds{"Module::Linear"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->linear_x_backward(w, g)); }), (Kinds{"Module::LinearXBackward"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->linear_weight_backward(x, g)); }), (Kinds{"Module::LinearWeightBackward"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->linear_bias_backward(g)); }), (Kinds{"Module::LinearBiasBackward"}));
+  // Errors name the op and the shapes: a [d_out, d_in] weight, a bias of d_in, integers, mismatches.
+  Tensor wt = f32(wv, {2, 3});
+  EXPECT_NAMES(error_of(s->linear(x, wt)), "Linear: x [2,3] has 3 features, weight [2,3]");
+  EXPECT_NAMES(error_of(s->linear(x, w, f32({1, 2, 3}, {3}))), "Linear: bias");
+  EXPECT_NAMES(error_of(s->linear(i64({1, 2, 3}, {3}), w)), "Linear");
+  EXPECT_NAMES(error_of(s->linear_x_backward(w, f32({1, 2, 3}, {1, 3}))), "LinearXBackward");
+  EXPECT_NAMES(error_of(s->linear_weight_backward(x, f32(wv, {3, 2}))), "LinearWeightBackward");
+  EXPECT_NAMES(error_of(s->linear_bias_backward(i64({1}, {1}))), "LinearBiasBackward");
+  EXPECT_EQ(kinds_of([&] { (void)s->linear(x, wt); }), Kinds{});
+}
+
+TEST_F(ApiOps, LayerNormAndBatchNorm) {
+  const std::vector<float> xv{1, 2, 4, -1, 0.5f, 3}, gv{1, 2, 0.5f}, bv{0.1f, -0.2f, 0.3f};
+  Tensor x = f32(xv, {2, 3}), gamma = f32(gv, {3}), beta = f32(bv, {3});
+  // Per row: (x − mean) / sqrt(var + eps) · gamma + beta, var the biased variance.
+  auto by_hand = [&](bool with_beta, double eps) {
+    std::vector<double> r;
+    for (int row = 0; row < 2; ++row) {
+      double mean = 0, var = 0;
+      for (int i = 0; i < 3; ++i) mean += double(xv[row * 3 + i]) / 3;
+      for (int i = 0; i < 3; ++i) var += (xv[row * 3 + i] - mean) * (xv[row * 3 + i] - mean) / 3;
+      for (int i = 0; i < 3; ++i)
+        r.push_back((xv[row * 3 + i] - mean) / std::sqrt(var + eps) * gv[i] + (with_beta ? double(bv[i]) : 0.0));
+    }
+    return r;
+  };
+  expect_near(get(s->layer_norm(x, gamma, beta), {2, 3}), by_hand(true, 1e-5));
+  expect_near(get(s->layer_norm(x, gamma), {2, 3}), by_hand(false, 1e-5));
+  expect_near(get(s->layer_norm(x, gamma, beta, 0.5), {2, 3}), by_hand(true, 0.5));
+  // BatchNorm over dim 1 of [N, C, L] = [2, 2, 2]: channel 0 (x − 1) / 2 · 3 + 1, channel 1
+  // (x + 1) / 1 · −1 + 0 (variances 4 and 1, epsilon 0).
+  Tensor xb = f32({1, 3, 0, 2, 5, -1, -1, 1}, {2, 2, 2});
+  Tensor bg = f32({3, -1}, {2}), bb = f32({1, 0}, {2}), bm = f32({1, -1}, {2}), bvar = f32({4, 1}, {2});
+  expect_near(get(s->batch_norm(xb, bg, bb, bm, bvar, 0.0), {2, 2, 2}), {1, 4, -1, -3, 7, -2, 0, -2});
+  expect_near(get(s->batch_norm(f32({3, 0}, {1, 2}), bg, bb, bm, bvar, 0.0), {1, 2}), {4, -1});
+  EXPECT_EQ(kinds_of([&] { ok(s->layer_norm(x, gamma, beta)); }), (Kinds{"Module::LayerNorm"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->layer_norm(x, gamma)); }), (Kinds{"Module::LayerNorm"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->batch_norm(xb, bg, bb, bm, bvar)); }), (Kinds{"Module::BatchNorm"}));
+  // Errors: gamma of the wrong length, a negative epsilon, running statistics of the wrong
+  // length, an x without a channel dim; nothing is registered.
+  EXPECT_NAMES(error_of(s->layer_norm(x, bg)), "LayerNorm: gamma");
+  EXPECT_NAMES(error_of(s->layer_norm(x, gamma, beta, -1)), "LayerNorm: epsilon");
+  EXPECT_NAMES(error_of(s->batch_norm(xb, bg, bb, gamma, bvar)), "BatchNorm: mean");
+  EXPECT_NAMES(error_of(s->batch_norm(f32({1, 2}, {2}), bg, bb, bm, bvar)), "BatchNorm");
+  EXPECT_EQ(kinds_of([&] { (void)s->layer_norm(x, bg); }), Kinds{});
+}
+
+TEST_F(ApiOps, EmbeddingBackwardAccumulatesDuplicateIndices) {
+  Tensor w = f32({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2});
+  Tensor g = f32({1, 2, 10, 20, 100, 200}, {1, 3, 2});
+  Tensor idx = i64({2, 0, 2}, {1, 3});
+  // Rows 2 (twice) and 0 of the gradient; rows 1 and 3 get nothing.
+  expect_near(get(s->embedding_backward(w, g, idx), {4, 2}), {10, 20, 0, 0, 101, 202, 0, 0});
+  EXPECT_EQ(kinds_of([&] { ok(s->embedding_backward(w, g, idx)); }), (Kinds{"Module::EmbeddingBackward"}));
+  // An index out of range passes the builder (it sees shapes only) and fails at execution: the
+  // read reports it.
+  Tensor far = ok(s->embedding_backward(w, g, i64({2, 4, 0}, {1, 3})));
+  EXPECT_FALSE(s->to_host<float>(std::move(far)).ok());
+  // Builder errors: out_grad not [B, S, E], float indices.
+  EXPECT_NAMES(error_of(s->embedding_backward(w, f32({1, 2, 3}, {1, 3, 1}), idx)), "EmbeddingBackward: out_grad");
+  EXPECT_NAMES(error_of(s->embedding_backward(w, g, f32({2, 0, 2}, {1, 3}))), "EmbeddingBackward");
+  EXPECT_EQ(kinds_of([&] { (void)s->embedding_backward(w, g, f32({0, 0, 0}, {1, 3})); }), Kinds{});
+}
+
+// ---- Pools beyond max_pool2d / avg_pool2d and the pools' gradients (docs/spec/ir.md §5.8; no §5.11
+// row: each call emits the Module kind of its name)
+
+TEST_F(ApiOps, MaxPool1dAndTheWithIndicesPools) {
+  using O1 = ir::build::MaxPool1dOptions;
+  Tensor x = f32({1, 3, 2, 5, 4}, {1, 1, 5});
+  expect_near(get(s->max_pool1d(x, O1{2, 2, 0, 1, false}), {1, 1, 2}), {3, 5});
+  expect_near(get(s->max_pool1d(x, O1{3, 2, 1, 1, false}), {1, 1, 3}), {3, 5, 5});  // padding never wins
+  expect_near(get(s->max_pool1d(x, O1{2, 2, 0, 1, true}), {1, 1, 3}), {3, 5, 4});   // ceil mode
+  expect_near(get(s->max_pool1d(x, O1{2, 1, 0, 2, false}), {1, 1, 3}), {2, 5, 4});  // dilation 2
+  // Indices flat within the plane, kIndexDType; overlapping windows may pick one element twice,
+  // ties keep the first.
+  auto [v, i] = ok(s->max_pool1d_with_indices(x, O1{3, 1, 0, 1, false}));
+  EXPECT_EQ(i.dtype(), Session::kIndexDType);
+  expect_near(get(std::move(v), {1, 1, 3}), {3, 5, 5});
+  EXPECT_EQ(get_i64(std::move(i), {1, 1, 3}), (std::vector<std::int64_t>{1, 3, 3}));
+  auto [tv, ti] = ok(s->max_pool1d_with_indices(f32({2, 2, 1, 7, 7, 7}, {1, 1, 6}), O1{3, 3, 0, 1, false}));
+  expect_near(get(std::move(tv), {1, 1, 2}), {2, 7});
+  EXPECT_EQ(get_i64(std::move(ti), {1, 1, 2}), (std::vector<std::int64_t>{0, 3}));
+  std::vector<float> v12(12);
+  for (int k = 0; k < 12; ++k) v12[k] = static_cast<float>(k + 1);
+  Tensor x2 = f32(v12, {1, 1, 3, 4});
+  ir::build::MaxPool2dOptions o2;
+  o2.kernel = {2, 2};
+  o2.stride = {2, 2};
+  o2.padding = {1, 1};
+  auto [v2, i2] = ok(s->max_pool2d_with_indices(x2, o2));
+  expect_near(get(std::move(v2), {1, 1, 2, 3}), {1, 3, 4, 9, 11, 12});
+  EXPECT_EQ(get_i64(std::move(i2), {1, 1, 2, 3}), (std::vector<std::int64_t>{0, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool1d(x, O1{2, 2, 0, 1, false})); }), (Kinds{"Module::MaxPool1d"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->max_pool1d_with_indices(x, O1{2, 2, 0, 1, false}));
+            }),
+            (Kinds{"Module::MaxPool1dWithIndices"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool2d_with_indices(x2, o2)); }), (Kinds{"Module::MaxPool2dWithIndices"}));
+  // Errors: the rank, padding over half the kernel, kernel 0, an integer x; nothing registered.
+  EXPECT_NAMES(error_of(s->max_pool1d(x2, O1{2, 2, 0, 1, false})), "MaxPool1d: x must have rank 3");
+  EXPECT_NAMES(error_of(s->max_pool1d(x, O1{3, 1, 2, 1, false})),
+               "MaxPool1d: padding 2 exceeds half the kernel size 3");
+  EXPECT_NAMES(error_of(s->max_pool1d(x, O1{0, 1, 0, 1, false})), "MaxPool1d: pool: kernel size must be at least 1");
+  Result<std::pair<Tensor, Tensor>> bad = s->max_pool2d_with_indices(i64({1, 2, 3, 4}, {1, 1, 2, 2}), o2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "MaxPool2dWithIndices");
+  EXPECT_EQ(kinds_of([&] { (void)s->max_pool1d(x, O1{3, 1, 2, 1, false}); }), Kinds{});
+}
+
+TEST_F(ApiOps, MaxPoolWithIndicesBackwards) {
+  using O1 = ir::build::MaxPool1dOptions;
+  const O1 o{3, 1, 0, 1, false};
+  Tensor x = f32({1, 3, 2, 5, 4}, {1, 1, 5});
+  auto [v, i] = ok(s->max_pool1d_with_indices(x, o));
+  // Windows choose 1, 3, 3: the gradient at 3 accumulates.
+  Tensor grad = f32({1, 10, 100}, {1, 1, 3});
+  expect_near(get(s->max_pool1d_with_indices_backward(x, grad, i, o), {1, 1, 5}), {0, 1, 0, 110, 0});
+  std::vector<float> v8(8);
+  for (int k = 0; k < 8; ++k) v8[k] = static_cast<float>(k + 1);
+  Tensor x2 = f32(v8, {1, 2, 2, 2});
+  ir::build::MaxPool2dOptions k2;
+  k2.kernel = {2, 2};
+  auto [v2, i2] = ok(s->max_pool2d_with_indices(x2, k2));
+  Tensor g2 = f32({5, 7}, {1, 2, 1, 1});
+  expect_near(get(s->max_pool2d_with_indices_backward(x2, g2, i2, k2), {1, 2, 2, 2}), {0, 0, 0, 5, 0, 0, 0, 7});
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool1d_with_indices_backward(x, grad, i, o)); }),
+            (Kinds{"Module::MaxPool1dWithIndicesBackward"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->max_pool2d_with_indices_backward(x2, g2, i2, k2)); }),
+            (Kinds{"Module::MaxPool2dWithIndicesBackward"}));
+  // An index outside the plane passes the builder (it sees shapes) and fails at execution.
+  Tensor far = ok(s->max_pool1d_with_indices_backward(x, grad, i64({1, 9, 3}, {1, 1, 3}), o));
+  EXPECT_FALSE(s->to_host<float>(std::move(far)).ok());
+  // Builder errors: grad of another shape, float indices.
+  EXPECT_NAMES(error_of(s->max_pool1d_with_indices_backward(x, f32({1, 2}, {1, 1, 2}), i, o)),
+               "MaxPool1dWithIndicesBackward: grad");
+  EXPECT_NAMES(error_of(s->max_pool1d_with_indices_backward(x, grad, f32({1, 3, 3}, {1, 1, 3}), o)),
+               "indices must be an integer dtype");
+}
+
+TEST_F(ApiOps, AvgPool1dAndTheAvgPoolBackwards) {
+  using A1 = ir::build::AvgPool1dOptions;
+  Tensor x = f32({1, 2, 3, 4, 5}, {1, 1, 5});
+  expect_near(get(s->avg_pool1d(x, A1{2, 2, 0, true, false}), {1, 1, 2}), {1.5, 3.5});
+  // Windows [−1, 1], [1, 3], [3, 5], with and without the padding in the divisor.
+  expect_near(get(s->avg_pool1d(x, A1{3, 2, 1, true, false}), {1, 1, 3}), {1, 3, 3});
+  expect_near(get(s->avg_pool1d(x, A1{3, 2, 1, false, false}), {1, 1, 3}), {1.5, 3, 4.5});
+  // Ceil mode over 1..6: the last window holds x[5] and one padding element.
+  Tensor x6 = f32({1, 2, 3, 4, 5, 6}, {1, 1, 6});
+  expect_near(get(s->avg_pool1d(x6, A1{3, 2, 1, true, true}), {1, 1, 4}), {1, 3, 5, 3});
+  expect_near(get(s->avg_pool1d(x6, A1{3, 2, 1, false, true}), {1, 1, 4}), {1.5, 3, 5, 6});
+  // Backwards: each grad element over its divisor, spread over its window.
+  expect_near(get(s->avg_pool1d_backward(x, f32({3, 6, 9}, {1, 1, 3}), A1{3, 2, 1, true, false}), {1, 1, 5}),
+              {1, 3, 2, 5, 3});
+  expect_near(get(s->avg_pool1d_backward(x, f32({2, 6, 4}, {1, 1, 3}), A1{3, 2, 1, false, false}), {1, 1, 5}),
+              {1, 3, 2, 4, 2});
+  ir::build::AvgPool2dOptions a2;
+  a2.kernel = {2, 2};
+  a2.stride = {2, 2};
+  Tensor x2 = f32({1, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 2, 4});
+  Tensor g2 = f32({4, 8}, {1, 1, 1, 2});
+  expect_near(get(s->avg_pool2d_backward(x2, g2, a2), {1, 1, 2, 4}), {1, 1, 2, 2, 1, 1, 2, 2});
+  EXPECT_EQ(kinds_of([&] { ok(s->avg_pool1d(x, A1{2, 2, 0, true, false})); }), (Kinds{"Module::AvgPool1d"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->avg_pool1d_backward(x, f32({1, 1}, {1, 1, 2}), A1{2, 2, 0, true, false}));
+            }),
+            (Kinds{"Module::AvgPool1dBackward"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->avg_pool2d_backward(x2, g2, a2)); }), (Kinds{"Module::AvgPool2dBackward"}));
+  // Errors: padding over half the kernel, a grad of another shape.
+  EXPECT_NAMES(error_of(s->avg_pool1d(x, A1{2, 1, 2, true, false})), "AvgPool1d: padding 2 exceeds");
+  EXPECT_NAMES(error_of(s->avg_pool1d_backward(x, f32({1}, {1, 1, 1}), A1{2, 2, 0, true, false})),
+               "AvgPool1dBackward: grad");
+  EXPECT_EQ(kinds_of([&] { (void)s->avg_pool2d_backward(x2, x2, a2); }), Kinds{});
+}
+
+TEST_F(ApiOps, AdaptiveAvgPoolsAndTheirBackwards) {
+  std::vector<float> v9(9), v8(8);
+  for (int k = 0; k < 9; ++k) v9[k] = static_cast<float>(k + 1);
+  for (int k = 0; k < 8; ++k) v8[k] = static_cast<float>(k + 1);
+  Tensor x = f32({1, 2, 3, 4, 5}, {1, 1, 5}), x2 = f32(v9, {1, 1, 3, 3}), x3 = f32(v8, {1, 1, 2, 2, 2});
+  // 5 → 3: windows [0, 2), [1, 4), [3, 5); 3 × 3 → 2 × 2: [0, 2), [1, 3) per dim.
+  expect_near(get(s->adaptive_avg_pool1d(x, 3), {1, 1, 3}), {1.5, 3, 4.5});
+  expect_near(get(s->adaptive_avg_pool2d(x2, {2, 2}), {1, 1, 2, 2}), {3, 4, 6, 7});
+  expect_near(get(s->adaptive_avg_pool3d(x3, {1, 2, 1}), {1, 1, 1, 2, 1}), {3.5, 5.5});
+  expect_near(get(s->adaptive_avg_pool1d_backward(x, f32({2, 3, 4}, {1, 1, 3})), {1, 1, 5}), {1, 2, 1, 3, 2});
+  expect_near(get(s->adaptive_avg_pool2d_backward(x2, f32({4, 8, 12, 16}, {1, 1, 2, 2})), {1, 1, 3, 3}),
+              {1, 3, 2, 4, 10, 6, 3, 7, 4});
+  expect_near(get(s->adaptive_avg_pool3d_backward(x3, f32({8}, {1, 1, 1, 1, 1})), {1, 1, 2, 2, 2}),
+              std::vector<double>(8, 1.0));
+  EXPECT_EQ(kinds_of([&] { ok(s->adaptive_avg_pool1d(x, 3)); }), (Kinds{"Module::AdaptiveAvgPool1d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->adaptive_avg_pool2d(x2, {2, 2})); }), (Kinds{"Module::AdaptiveAvgPool2d"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->adaptive_avg_pool3d(x3, {1, 1, 1})); }), (Kinds{"Module::AdaptiveAvgPool3d"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->adaptive_avg_pool1d_backward(x, f32({1}, {1, 1, 1})));
+            }),
+            (Kinds{"Module::AdaptiveAvgPool1dBackward"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->adaptive_avg_pool2d_backward(x2, f32({1}, {1, 1, 1, 1})));
+            }),
+            (Kinds{"Module::AdaptiveAvgPool2dBackward"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->adaptive_avg_pool3d_backward(x3, f32({1}, {1, 1, 1, 1, 1})));
+            }),
+            (Kinds{"Module::AdaptiveAvgPool3dBackward"}));
+  // Errors: an output size of 0, the rank, a grad of other channels.
+  EXPECT_NAMES(error_of(s->adaptive_avg_pool1d(x, 0)), "AdaptiveAvgPool1d: output size 0");
+  EXPECT_NAMES(error_of(s->adaptive_avg_pool3d(x2, {1, 1, 1})), "AdaptiveAvgPool3d: x must have rank 5");
+  EXPECT_NAMES(error_of(s->adaptive_avg_pool2d_backward(x2, f32({1, 2}, {1, 2, 1, 1}))),
+               "AdaptiveAvgPool2dBackward: grad");
+  EXPECT_EQ(kinds_of([&] { (void)s->adaptive_avg_pool1d(x, 0); }), Kinds{});
+}
+
 // ---- Collectives
 
 TEST_F(ApiOps, AllReduceAndSyncCollective) {
@@ -786,6 +1214,114 @@ TEST_F(ApiOps, AllReduceOverOtherDevicesFailsAtExecution) {
   Tensor r = ok(
       s->all_reduce(f32({1}, {1}), ir::ReduceOperation::Sum, {ir::build::DeviceId{0, 0}, ir::build::DeviceId{0, 1}}));
   EXPECT_FALSE(s->to_host<float>(std::move(r)).ok());
+}
+
+// ---- Resampling (docs/spec/ir.md §5.6, §5.8; no §5.11 row: each call emits the kind of its name)
+
+TEST_F(ApiOps, InterpolateEveryModeBothAlignments) {
+  using ir::InterpolateMode;
+  Tensor two = f32({0, 4}, {1, 1, 1, 2});
+  const Shape row4{1, 1, 1, 4};
+  // 2 → 4: nearest reads floor(o / 2) either way; bilinear o / 3 aligned, else (o + ½) / 2 − ½
+  // clamped at 0; bicubic half-pixel reads from −¼ (Keys, A = −0.75).
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::Nearest, true}), row4), {0, 0, 4, 4});
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::NearestExact, false}), row4), {0, 0, 4, 4});
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::Bilinear, true}), row4), {0, 4.0 / 3, 8.0 / 3, 4});
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::Bilinear, false}), row4), {0, 1, 3, 4});
+  expect_near(get(s->interpolate(two, {1, 4}, {InterpolateMode::Bicubic, false}), row4),
+              {-0.421875, 0.90625, 3.09375, 4.421875});
+  // 4 → 3 (down): nearest 0, 1, 2; nearest-exact 0, 2, 3; bilinear aligned 0, 3/2, 3.
+  Tensor four = f32({1, 2, 4, 8}, {1, 1, 1, 4});
+  const Shape row3{1, 1, 1, 3};
+  expect_near(get(s->interpolate(four, {1, 3}, {InterpolateMode::Nearest, false}), row3), {1, 2, 4});
+  expect_near(get(s->interpolate(four, {1, 3}, {InterpolateMode::NearestExact, true}), row3), {1, 4, 8});
+  expect_near(get(s->interpolate(four, {1, 3}, {InterpolateMode::Bilinear, true}), row3), {1, 3, 8});
+  expect_near(get(s->interpolate(four, {1, 3}, {InterpolateMode::Bicubic, true}), row3), {1, 2.71875, 8});
+  // 3 → 5 along H, Lanczos3 aligned: ½ reads 9/16, 9/16, −1/8 (renormalised, Burn).
+  Tensor three = f32({1, 2, 4}, {1, 1, 3, 1});
+  expect_near(get(s->interpolate(three, {5, 1}, {InterpolateMode::Lanczos3, true}), {1, 1, 5, 1}),
+              {1, 19.0 / 16, 2, 3.25, 4});
+  // 2-D half-pixel bilinear; the defaults are Burn's InterpolateOptions::new(Nearest).
+  Tensor sq = f32({0, 4, 8, 12}, {1, 1, 2, 2});
+  expect_near(get(s->interpolate(sq, {4, 4}, {InterpolateMode::Bilinear, false}), {1, 1, 4, 4}),
+              {0, 1, 3, 4, 2, 3, 5, 6, 6, 7, 9, 10, 8, 9, 11, 12});
+  expect_near(get(s->interpolate(sq, {1, 3}, {}), {1, 1, 1, 3}), {0, 0, 4});
+  EXPECT_EQ(kinds_of([&] { ok(s->interpolate(sq, {3, 3}, {})); }), (Kinds{"Module::Interpolate"}));
+  // Errors name the op and the values; nothing is registered.
+  EXPECT_NAMES(error_of(s->interpolate(f32({1, 2}, {1, 2}), {2, 2}, {})), "Interpolate: x must have rank 4");
+  EXPECT_NAMES(error_of(s->interpolate(sq, {0, 2}, {})), "Interpolate: output_size [0,2]");
+  EXPECT_NAMES(error_of(s->interpolate(sq, {2, 2}, {static_cast<InterpolateMode>(8), true})),
+               "unknown interpolate mode 8");
+  EXPECT_NAMES(error_of(s->interpolate(i64({1, 2, 3, 4}, {1, 1, 2, 2}), {2, 2}, {})), "Interpolate: x");
+  EXPECT_EQ(kinds_of([&] { (void)s->interpolate(sq, {0, 2}, {}); }), Kinds{});
+}
+
+// The gradient sums grad into the positions each output read, with the same weights.
+TEST_F(ApiOps, InterpolateBackwardSumsIntoTheSources) {
+  using ir::InterpolateMode;
+  Tensor x = f32({0, 0}, {1, 1, 1, 2});
+  Tensor g = f32({1, 2, 4, 8}, {1, 1, 1, 4});
+  // Half-pixel bilinear 2 → 4 reads (1, 0), (¾, ¼), (¼, ¾), (0, 1): 1 + 1.5 + 1, 0.5 + 3 + 8.
+  expect_near(get(s->interpolate_backward(x, g, {1, 4}, {InterpolateMode::Bilinear, false}), {1, 1, 1, 2}),
+              {3.5, 11.5});
+  // Nearest 3 → 5 reads 0, 0, 1, 1, 2.
+  Tensor x3 = f32({0, 0, 0}, {1, 1, 1, 3});
+  Tensor g5 = f32({1, 2, 4, 8, 16}, {1, 1, 1, 5});
+  expect_near(get(s->interpolate_backward(x3, g5, {1, 5}, {}), {1, 1, 1, 3}), {3, 12, 16});
+  EXPECT_EQ(kinds_of([&] { ok(s->interpolate_backward(x3, g5, {1, 5}, {})); }), (Kinds{"Module::InterpolateBackward"}));
+  EXPECT_NAMES(error_of(s->interpolate_backward(x3, g, {1, 5}, {})), "InterpolateBackward: grad");
+  EXPECT_NAMES(error_of(s->interpolate_backward(x3, i64({1, 2, 3, 4, 5}, {1, 1, 1, 5}), {1, 5}, {})),
+               "InterpolateBackward: grad");
+  EXPECT_EQ(kinds_of([&] { (void)s->interpolate_backward(x3, g, {1, 5}, {}); }), Kinds{});
+}
+
+// [[1, 2, 3], [4, 5, 6]] sampled at the corners and outside the image, per padding mode.
+TEST_F(ApiOps, GridSample2dPaddingModes) {
+  using ir::GridSamplePaddingMode;
+  using ir::InterpolateMode;
+  Tensor img = f32({1, 2, 3, 4, 5, 6}, {1, 1, 2, 3});
+  // (x, y): the corners (−1, −1) and (1, 1); (3, 0) two columns beyond the last, half a row
+  // down; (1.5, −1) half a column beyond the last on row 0.
+  Tensor grid = f32({-1, -1, 1, 1, 3, 0, 1.5f, -1}, {1, 1, 4, 2});
+  const Shape out{1, 1, 1, 4};
+  auto sample = [&](InterpolateMode m, GridSamplePaddingMode p, bool align) {
+    return get(s->grid_sample_2d(img, grid, {m, p, align}), out);
+  };
+  expect_near(sample(InterpolateMode::Bilinear, GridSamplePaddingMode::Zeros, true), {1, 6, 0, 1.5});
+  expect_near(sample(InterpolateMode::Bilinear, GridSamplePaddingMode::Border, true), {1, 6, 4.5, 3});
+  expect_near(sample(InterpolateMode::Bilinear, GridSamplePaddingMode::Reflection, true), {1, 6, 2.5, 2.5});
+  expect_near(sample(InterpolateMode::Nearest, GridSamplePaddingMode::Zeros, true), {1, 6, 0, 3});
+  // The defaults (Burn's): bilinear, zeros, corners at the pixels' outer edges.
+  expect_near(get(s->grid_sample_2d(img, grid), out), {0.25, 1.5, 0, 0});
+  EXPECT_EQ(kinds_of([&] { ok(s->grid_sample_2d(img, grid)); }), (Kinds{"Float::GridSample2d"}));
+  EXPECT_NAMES(error_of(s->grid_sample_2d(img, f32({0, 0, 0}, {1, 1, 1, 3}))), "GridSample2d: grid");
+  EXPECT_NAMES(error_of(s->grid_sample_2d(img, f32({0, 0, 0, 0}, {2, 1, 1, 2}))), "has batch 2");
+  EXPECT_NAMES(error_of(s->grid_sample_2d(img, grid, {InterpolateMode::Lanczos3, GridSamplePaddingMode::Zeros, false})),
+               "does not apply to grid sampling");
+  EXPECT_EQ(kinds_of([&] { (void)s->grid_sample_2d(img, f32({0, 0, 0}, {1, 1, 1, 3})); }), Kinds{});
+}
+
+// im2col: Burn's test_unfold4d_complex, and the identities of a 1 x 1 and a whole-image kernel.
+TEST_F(ApiOps, Unfold4dIsIm2col) {
+  std::vector<float> a24(24);
+  for (int i = 0; i < 24; ++i) a24[i] = static_cast<float>(i);
+  Tensor x = f32(a24, {1, 2, 3, 4});
+  ir::build::Unfold4dOptions o;
+  o.stride = {1, 2};
+  o.padding = {0, 1};
+  o.dilation = {1, 2};
+  expect_near(get(s->unfold4d(x, {2, 3}, o), {1, 12, 2}),
+              {0, 0, 1, 5, 3, 7, 0, 0, 5, 9, 7, 11, 0, 0, 13, 17, 15, 19, 0, 0, 17, 21, 19, 23});
+  Tensor small = f32({1, 2, 3, 4}, {1, 1, 2, 2});
+  expect_near(get(s->unfold4d(small, {1, 1}), {1, 1, 4}), {1, 2, 3, 4});
+  expect_near(get(s->unfold4d(small, {2, 2}), {1, 4, 1}), {1, 2, 3, 4});
+  EXPECT_EQ(kinds_of([&] { ok(s->unfold4d(small, {2, 2})); }), (Kinds{"Module::Unfold4d"}));
+  EXPECT_NAMES(error_of(s->unfold4d(f32({1, 2}, {1, 2}), {1, 1})), "Unfold4d: x must have rank 4");
+  EXPECT_NAMES(error_of(s->unfold4d(small, {3, 1})), "Unfold4d: conv: kernel 3");
+  ir::build::Unfold4dOptions zero;
+  zero.stride = {0, 1};
+  EXPECT_NAMES(error_of(s->unfold4d(small, {1, 1}, zero)), "stride must be at least 1");
+  EXPECT_EQ(kinds_of([&] { (void)s->unfold4d(small, {3, 1}); }), Kinds{});
 }
 
 }  // namespace

@@ -5,12 +5,18 @@
 // them. So the daemon rebuilds every operation through the ir builders — from the claimed
 // inputs, scalars and attributes — and accepts it only if the builder returns exactly the same
 // operation. Kinds the client library never emits (custom ops, Init, creation from random
-// distributions, TopKWithIndices, Module Embedding, SyncCollective, ...) are refused by name: a
-// narrow surface is the point. Accepted: every kind a runtime::Session call emits — elementwise,
-// matmul, reductions and scans (MaxDimWithIndices / MinDimWithIndices with their two outputs),
-// top-k (TopK, ArgTopK) and sorting (Sort, ArgSort, SortWithIndices with its two outputs),
-// layout, indexing and assignment, pad, creation, Conv2d, ConvTranspose1d, MaxPool2d, AvgPool2d
-// and AllReduce.
+// distributions, SyncCollective, ...) are refused by name: a narrow surface is the point.
+// Accepted: every kind a runtime::Session call emits — elementwise, matmul, reductions and scans
+// (MaxDimWithIndices / MinDimWithIndices with their two outputs), top-k (TopK, ArgTopK) and
+// sorting (Sort, ArgSort, SortWithIndices with its two outputs), layout (with Unfold), indexing
+// and assignment (with ScatterNd), the cross product, pad, creation, Conv1d/2d/3d and
+// ConvTranspose1d/2d/3d with their X / Weight / Bias gradients, MaxPool2d, AvgPool2d, the other
+// pools (MaxPool1d, MaxPool1d/2dWithIndices with their two outputs, AvgPool1d,
+// AdaptiveAvgPool1d/2d/3d) with their backwards, Linear with its three backwards, LayerNorm,
+// BatchNorm, EmbeddingBackward, Interpolate with its backward, GridSample2d, Unfold4d and AllReduce
+// — and, for router-style clients, Module Embedding, TopKWithIndices (two outputs) and the
+// Activation kinds (the fusion client decomposes them): they reuse the elementwise and dim
+// signatures, plus HardSigmoid's, rebuilt like the rest.
 //
 // Thread-safety: a pure function.
 #pragma once

@@ -5,12 +5,13 @@
 // Pure functions, no state: safe from any thread.
 //
 // Conventions shared by every builder:
-//   * One builder per argument signature (op_table.h); ops of groups Base, Numeric, Float, Int and
-//     Bool take `(Family, OpKind, ...)` first and check that the kind has the builder's signature,
-//     that its group admits the family, and that the family fits the operand dtype (BaseFloat or
-//     NumericFloat for float and QFloat operands, BaseInt / NumericInt for integers, BaseBool for
-//     bool; Float needs a float or QFloat operand, Int an integer one, Bool a bool one).
-//     Module, Init, Custom, Drop and Distributed builders are named after their one kind.
+//   * One builder per argument signature (op_table.h); ops of groups Base, Numeric, Float, Int,
+//     Bool and Activation take `(Family, OpKind, ...)` first and check that the kind has the
+//     builder's signature, that its group admits the family, and that the family fits the operand
+//     dtype (BaseFloat or NumericFloat for float and QFloat operands, BaseInt / NumericInt for
+//     integers, BaseBool for bool; Float and Activation need a float or QFloat operand, Int an
+//     integer one, Bool a bool one). Module, Init, Custom, Drop and Distributed builders, and
+//     hard_sigmoid and grid_sample_2d, are named after their one kind.
 //   * Inputs are tensor occurrences already in use (status ReadOnly or ReadWrite, never NotInit);
 //     outputs are created as `TensorIr::uninit(id, shape, dtype)` from the ids the caller passes,
 //     one per output in field order (`out` before `out_indices`), and must differ from the
@@ -42,6 +43,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kiln/ir/operation.h"
 
@@ -91,6 +93,24 @@ struct AvgPool2dOptions {
   bool ceil_mode = false;
 };
 
+// The one-dimensional pools (docs/spec/ir.md §5.8): MaxPool2dOptions / AvgPool2dOptions with one
+// spatial dim.
+struct MaxPool1dOptions {
+  std::uint64_t kernel = 1;
+  std::uint64_t stride = 1;
+  std::uint64_t padding = 0;
+  std::uint64_t dilation = 1;
+  bool ceil_mode = false;
+};
+
+struct AvgPool1dOptions {
+  std::uint64_t kernel = 1;
+  std::uint64_t stride = 1;
+  std::uint64_t padding = 0;
+  bool count_include_pad = true;
+  bool ceil_mode = false;
+};
+
 // Padding of one dimension (Pad, docs/spec/ir.md §6.4).
 struct PadPair {
   std::uint64_t before = 0;
@@ -121,6 +141,10 @@ Result<Operation> scalar_comparison(Family family, OpKind kind, const TensorIr& 
 Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType target, TensorId out);
 // Clamp{tensor, min, max}.
 Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max, TensorId out);
+// Activation HardSigmoid{tensor, alpha, beta} (docs/spec/ir.md §5.9, §6.3): clamp(alpha x + beta,
+// 0, 1) of a float tensor; output = tensor shape and dtype. The other activations reuse unary,
+// binary, scalar (LeakyRelu) and dim (Softmax, LogSoftmax, Softmin) with Family::Activation.
+Result<Operation> hard_sigmoid(const TensorIr& tensor, ScalarIr alpha, ScalarIr beta, TensorId out);
 // MaskWhere{tensor, mask, value}: broadcast_many, same(tensor, value); mask must be bool.
 Result<Operation> mask_where(Family family, OpKind kind, const TensorIr& tensor, const TensorIr& mask,
                              const TensorIr& value, TensorId out);
@@ -133,6 +157,10 @@ Result<Operation> mask_fill(Family family, OpKind kind, const TensorIr& tensor, 
 Result<Operation> matmul(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, TensorId out);
 Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, DType out_dtype,
                                TensorId out);
+// Float Cross{lhs, rhs, dim} (docs/spec/ir.md §6.3): broadcast(lhs, rhs), same(lhs, rhs); dim < rank
+// and both operands of size 3 along it (the 3-vectors; torch.linalg.cross, Burn's cross).
+Result<Operation> cross(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, std::uint64_t dim,
+                        TensorId out);
 
 // ---- Reductions and scans
 
@@ -182,6 +210,11 @@ Result<Operation> flip(Family family, OpKind kind, const TensorIr& input, std::s
                        TensorId out);
 Result<Operation> repeat_dim(Family family, OpKind kind, const TensorIr& tensor, std::uint64_t dim, std::uint64_t times,
                              TensorId out);
+// Unfold{input, dim, size, step} (docs/spec/ir.md §6.3): [dim] becomes the number of windows of
+// `size` elements every `step` (shape::unfold_windows: 0 when size > the dim), `size` is appended
+// as the last dim; input dtype. dim < rank, step >= 1 (Burn asserts it); size and step fit an i64.
+Result<Operation> unfold(Family family, OpKind kind, const TensorIr& input, std::uint64_t dim, std::uint64_t size,
+                         std::uint64_t step, TensorId out);
 Result<Operation> cat(Family family, OpKind kind, std::span<const TensorIr> tensors, std::uint64_t dim, TensorId out);
 // Slice: shape::slice; at most rank ranges, steps != 0.
 Result<Operation> slice(Family family, OpKind kind, const TensorIr& tensor, std::span<const Slice> ranges,
@@ -207,6 +240,11 @@ Result<Operation> select_assign(Family family, OpKind kind, const TensorIr& tens
                                 const TensorIr& indices, const TensorIr& value, IndexingUpdate update, TensorId out);
 // GatherNd{data, indices}: indices[0..m-1] ++ data[k..], m = rank(indices), k = indices[m-1].
 Result<Operation> gather_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices, TensorId out);
+// ScatterNd{data, indices, values, reduction}: data's shape, same(data, values); indices as for
+// GatherNd (rank >= 1, k <= rank(data)); reduction a known IndexingUpdate. The values' shape,
+// indices[0..m-1] ++ data[k..], is left to the kernel, as Scatter's value (docs/spec/ir.md §6.3).
+Result<Operation> scatter_nd(Family family, OpKind kind, const TensorIr& data, const TensorIr& indices,
+                             const TensorIr& values, IndexingUpdate reduction, TensorId out);
 
 // ---- Creation (no inputs; shape and dtype given; the family must fit the dtype)
 
@@ -220,16 +258,220 @@ Result<Operation> random(Family family, OpKind kind, const Shape& shape, DType d
 
 // ---- Module ops (x and weights float; x and weight of rank n + 2)
 
-// [N, weight[0], H', W'] by the conv formula; x[1] == weight[1] * groups; bias [weight[0]].
+// [N, weight[0], H', W'] by the conv formula; x[1] == weight[1] * groups; bias [weight[0]]
+// (conv(Module_Conv2d, ...) below, with its checks).
 Result<Operation> conv2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                          const Conv2dOptions& options, TensorId out);
-// [N, weight[1] * groups, L'] by the transposed formula; x[1] == weight[0]; bias [weight[1] * groups].
+// [N, weight[1] * groups, L'] by the transposed formula; x[1] == weight[0]; bias [weight[1] * groups]
+// (conv_transpose(Module_ConvTranspose1d, ...) below, with its checks).
 Result<Operation> conv_transpose1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose1dOptions& options, TensorId out);
 Result<Operation> max_pool2d(const TensorIr& x, const MaxPool2dOptions& options, TensorId out);
 Result<Operation> avg_pool2d(const TensorIr& x, const AvgPool2dOptions& options, TensorId out);
 // weights [V, E], indices [B, S] (integer) -> [B, S, E], weights dtype.
 Result<Operation> embedding(const TensorIr& weights, const TensorIr& indices, TensorId out);
+
+// Dense layers, norms and the embedding's gradient (docs/spec/ir.md §5.8, §6.3). Float operands;
+// an optional tensor (bias, beta) is an op input only when given. Errors name the op and shapes.
+// Linear{x [..., d_in], weight [d_in, d_out], bias? [d_out]}: x with the last dim d_out (the
+// weight is [d_in, d_out], Burn's layout: out = x · weight + bias); same(x, weight, bias?).
+Result<Operation> linear(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias, TensorId out);
+// LinearXBackward{weight [d_in, d_out], output_grad [..., d_out]}: output_grad with the last dim
+// d_in (output_grad · weightᵀ), output_grad's dtype.
+Result<Operation> linear_x_backward(const TensorIr& weight, const TensorIr& output_grad, TensorId out);
+// LinearWeightBackward{x [..., d_in], output_grad [..., d_out]} (the same leading dims):
+// [d_in, d_out] (xᵀ · output_grad summed over the leading dims), output_grad's dtype.
+Result<Operation> linear_weight_backward(const TensorIr& x, const TensorIr& output_grad, TensorId out);
+// LinearBiasBackward{output_grad [..., d_out]}: [d_out] (summed over the leading dims).
+Result<Operation> linear_bias_backward(const TensorIr& output_grad, TensorId out);
+// LayerNorm{input [..., d], gamma [d], beta? [d], epsilon}: input's shape, normalised over the
+// last dim with the biased variance; same(input, gamma, beta?). epsilon finite and >= 0 (K),
+// stored as the attribute bits(epsilon) (kept verbatim, docs/spec/fusion.md §3.6).
+Result<Operation> layer_norm(const TensorIr& input, const TensorIr& gamma, const std::optional<TensorIr>& beta,
+                             double epsilon, TensorId out);
+// BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C], epsilon}: x's shape, the inference
+// form with the given running statistics over dim 1; same(x, gamma, beta, mean, variance).
+// epsilon finite and >= 0 (K), stored as the scalar Float(epsilon) (relativized).
+Result<Operation> batch_norm(const TensorIr& x, const TensorIr& gamma, const TensorIr& beta, const TensorIr& mean,
+                             const TensorIr& variance, double epsilon, TensorId out);
+// EmbeddingBackward{weights [V, E], out_grad [B, S, E], indices [B, S] (integer)}: [V, E], the
+// rows of out_grad added at their indices (duplicates accumulate); same(weights, out_grad).
+Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& out_grad, const TensorIr& indices,
+                                     TensorId out);
+
+// Pools (docs/spec/ir.md §5.8, shapes §6.3): x float of rank n + 2 ([N, C, spatial...]) for the
+// kind's n spatial dims; errors name the op and the values. Windows: kernel, stride and dilation at
+// least 1, padding at most kernel / 2 (PyTorch's limit; max_pool2d and avg_pool2d above too),
+// output sizes by the pool formula (docs/spec/ir.md §4, the spec's ceil mode: a last window may lie
+// in the padding). Attributes as op_table.h lists them.
+// The spatial dims of a pool kind (MaxPool1d → 1, AdaptiveAvgPool3d → 3); 0 for other kinds.
+std::size_t pool_spatial_dims(OpKind kind);
+Result<Operation> max_pool1d(const TensorIr& x, const MaxPool1dOptions& options, TensorId out);
+// MaxPool{1,2}dWithIndices → out (D(x)) and out_indices (index_dtype), both of the pool's shape. An
+// index is flat within the input's spatial plane (PyTorch: h · W + w), the first tap of the window
+// wins ties, a NaN wins (the last NaN's index) and a window with no element inside x gives −inf and
+// −1, so index_dtype must be a signed integer dtype that holds the plane's last index (K).
+Result<Operation> max_pool1d_with_indices(const TensorIr& x, const MaxPool1dOptions& options, DType index_dtype,
+                                          TensorId out, TensorId out_indices);
+Result<Operation> max_pool2d_with_indices(const TensorIr& x, const MaxPool2dOptions& options, DType index_dtype,
+                                          TensorId out, TensorId out_indices);
+// MaxPool{1,2}dWithIndicesBackward{x, grad, indices} → S(x), D(x): grad and indices (an integer
+// dtype) have the forward's output shape; each grad element is added at its index (−1: nowhere).
+Result<Operation> max_pool1d_with_indices_backward(const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                                   const MaxPool1dOptions& options, TensorId out);
+Result<Operation> max_pool2d_with_indices_backward(const TensorIr& x, const TensorIr& grad, const TensorIr& indices,
+                                                   const MaxPool2dOptions& options, TensorId out);
+Result<Operation> avg_pool1d(const TensorIr& x, const AvgPool1dOptions& options, TensorId out);
+// AvgPool{1,2}dBackward{x, grad} → S(x), D(x); grad (float) has the forward's output shape.
+Result<Operation> avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, const AvgPool1dOptions& options,
+                                      TensorId out);
+Result<Operation> avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, const AvgPool2dOptions& options,
+                                      TensorId out);
+// AdaptiveAvgPool{1,2,3}d{x, output_size} → [N, C, output_size...], D(x): output sizes and x's
+// spatial dims at least 1 (PyTorch's windows [⌊i·in/out⌋, ⌈(i+1)·in/out⌉)).
+Result<Operation> adaptive_avg_pool1d(const TensorIr& x, std::uint64_t output_size, TensorId out);
+Result<Operation> adaptive_avg_pool2d(const TensorIr& x, std::array<std::uint64_t, 2> output_size, TensorId out);
+Result<Operation> adaptive_avg_pool3d(const TensorIr& x, std::array<std::uint64_t, 3> output_size, TensorId out);
+// AdaptiveAvgPool{1,2,3}dBackward{x, grad} → S(x), D(x): grad [N, C, output_size...] (float) of
+// x's rank, N and C; its spatial dims are the forward's output size.
+Result<Operation> adaptive_avg_pool1d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
+Result<Operation> adaptive_avg_pool2d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
+Result<Operation> adaptive_avg_pool3d_backward(const TensorIr& x, const TensorIr& grad, TensorId out);
+
+// Resampling (docs/spec/ir.md §5.6, §5.8, §6.3): float operands, x / tensor [N, C, H, W] with
+// H, W >= 1; enum attributes of a known value (errors name the op and the values).
+// Interpolate's options; the defaults are Burn's InterpolateOptions::new(Nearest).
+struct InterpolateOptions {
+  InterpolateMode mode = InterpolateMode::Nearest;
+  bool align_corners = true;
+};
+// GridSample2d's options; the defaults are Burn's (and PyTorch's) GridSampleOptions::default().
+struct GridSampleOptions {
+  InterpolateMode mode = InterpolateMode::Bilinear;  // Nearest, Bilinear or Bicubic
+  GridSamplePaddingMode padding_mode = GridSamplePaddingMode::Zeros;
+  bool align_corners = false;
+};
+// Unfold4d's options (Burn's UnfoldOptions; PyTorch's F.unfold defaults).
+struct Unfold4dOptions {
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  std::array<std::uint64_t, 2> dilation{1, 1};
+};
+// Interpolate{x [N, C, H, W], output_size [out_h, out_w] (each >= 1), options}: [N, C, out_h,
+// out_w], x's dtype. attrs [out_h, out_w, mode, align_corners].
+Result<Operation> interpolate(const TensorIr& x, std::array<std::uint64_t, 2> output_size,
+                              const InterpolateOptions& options, TensorId out);
+// InterpolateBackward{x, grad [N, C, out_h, out_w], output_size, options}: x's shape and dtype
+// (the gradient of Interpolate with respect to x); grad float, no same() (§6.3 lists none).
+Result<Operation> interpolate_backward(const TensorIr& x, const TensorIr& grad,
+                                       std::array<std::uint64_t, 2> output_size, const InterpolateOptions& options,
+                                       TensorId out);
+// Float GridSample2d{tensor [N, C, H, W], grid [N, Ho, Wo, 2] (x, y in [-1, 1]), options}:
+// [N, C, Ho, Wo], tensor's dtype (carried); grid float. attrs [mode, padding_mode, align_corners].
+Result<Operation> grid_sample_2d(const TensorIr& tensor, const TensorIr& grid, const GridSampleOptions& options,
+                                 TensorId out);
+// Unfold4d{x [N, C, H, W], kernel_size [kh, kw], options} (im2col): [N, C·kh·kw, L], L the
+// blocks of the conv formula over H and W; x's dtype. attrs [kh, kw, s0, s1, p0, p1, d0, d1].
+Result<Operation> unfold4d(const TensorIr& x, std::array<std::uint64_t, 2> kernel_size, const Unfold4dOptions& options,
+                           TensorId out);
+
+// ---- Convolutions of 1, 2 or 3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3;
+// PyTorch's conv{1,2,3}d / conv_transpose{1,2,3}d where the spec is silent). x [N, C_in, in...]
+// and the weight have rank n + 2; the weight is [C_out, C_in / groups, k...] for a convolution and
+// [C_in, C_out / groups, k...] for a transposed one (Burn's and PyTorch's layouts). Five
+// signatures serve the 21 kinds, so their builders take the kind (checked to have the signature)
+// and rank-generic options; conv1d ... conv_transpose3d are the forwards by name.
+
+struct Conv1dOptions {
+  std::uint64_t stride = 1;
+  std::uint64_t padding = 0;
+  std::uint64_t dilation = 1;
+  std::uint64_t groups = 1;
+};
+
+struct Conv3dOptions {
+  std::array<std::uint64_t, 3> stride{1, 1, 1};
+  std::array<std::uint64_t, 3> padding{0, 0, 0};
+  std::array<std::uint64_t, 3> dilation{1, 1, 1};
+  std::uint64_t groups = 1;
+};
+
+struct ConvTranspose2dOptions {
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  std::array<std::uint64_t, 2> padding_out{0, 0};
+  std::array<std::uint64_t, 2> dilation{1, 1};
+  std::uint64_t groups = 1;
+};
+
+struct ConvTranspose3dOptions {
+  std::array<std::uint64_t, 3> stride{1, 1, 1};
+  std::array<std::uint64_t, 3> padding{0, 0, 0};
+  std::array<std::uint64_t, 3> padding_out{0, 0, 0};
+  std::array<std::uint64_t, 3> dilation{1, 1, 1};
+  std::uint64_t groups = 1;
+};
+
+// Any convolution's options: one value per spatial dim in each list (padding_out for transposed
+// convolutions only, empty otherwise). The attributes are the lists in this order, then groups
+// (op_table.h). stride, dilation, groups >= 1; every value fits an i64 attribute; a transposed
+// convolution's padding_out < max(stride, dilation) per dim (PyTorch's rule).
+struct ConvOptions {
+  std::vector<std::uint64_t> stride;
+  std::vector<std::uint64_t> padding;
+  std::vector<std::uint64_t> padding_out;
+  std::vector<std::uint64_t> dilation;
+  std::uint64_t groups = 1;
+};
+ConvOptions conv_options(const Conv1dOptions& o);
+ConvOptions conv_options(const Conv2dOptions& o);
+ConvOptions conv_options(const Conv3dOptions& o);
+ConvOptions conv_options(const ConvTranspose1dOptions& o);
+ConvOptions conv_options(const ConvTranspose2dOptions& o);
+ConvOptions conv_options(const ConvTranspose3dOptions& o);
+
+// What a convolution kind computes: its spatial rank, whether it is transposed, and which of the
+// forward and its gradients it is (the spec has no transposed XBackward).
+enum class ConvRole : std::uint8_t { Forward, XBackward, WeightBackward, BiasBackward };
+struct ConvKindInfo {
+  std::size_t rank = 0;  // spatial dims, 1..3
+  bool transposed = false;
+  ConvRole role = ConvRole::Forward;
+};
+// The convolution a kind is (Conv1d ... ConvTranspose3dBiasBackward, Conv2d and ConvTranspose1d
+// included); nullopt for any other kind.
+std::optional<ConvKindInfo> conv_kind_info(OpKind kind);
+
+// Conv{1,2,3}d{x, weight [C_out, C_in / groups, k...], bias? [C_out], options}: [N, C_out,
+// out...] by the conv formula; same(x, weight, bias?); C_in and C_out divisible by groups.
+Result<Operation> conv(OpKind kind, const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                       const ConvOptions& options, TensorId out);
+// ConvTranspose{1,2,3}d{x, weight [C_in, C_out / groups, k...], bias? [C_out], options}: [N,
+// weight[1] · groups, out...] by the transposed formula; same(x, weight, bias?).
+Result<Operation> conv_transpose(OpKind kind, const TensorIr& x, const TensorIr& weight,
+                                 const std::optional<TensorIr>& bias, const ConvOptions& options, TensorId out);
+// Conv{n}dXBackward / Conv{n}dWeightBackward{x, weight, output_grad, options}: S(x) / S(weight),
+// D(output_grad) (no same() check, docs/spec/ir.md §6.3). x and weight pass conv's checks and
+// output_grad has the forward's output shape.
+Result<Operation> conv_backward(OpKind kind, const TensorIr& x, const TensorIr& weight, const TensorIr& output_grad,
+                                const ConvOptions& options, TensorId out);
+// ConvTranspose{n}dWeightBackward{x, weight, output_grad, options}: S(weight), D(output_grad);
+// x and weight pass conv_transpose's checks and output_grad has the forward's output shape.
+Result<Operation> conv_transpose_backward(OpKind kind, const TensorIr& x, const TensorIr& weight,
+                                          const TensorIr& output_grad, const ConvOptions& options, TensorId out);
+// Conv{n}dBiasBackward / ConvTranspose{n}dBiasBackward{x, bias, output_grad}: S(bias), output_grad
+// summed over every dim but 1, D(output_grad). x and output_grad of rank n + 2 with the same batch,
+// bias [output_grad[1]].
+Result<Operation> conv_bias_backward(OpKind kind, const TensorIr& x, const TensorIr& bias, const TensorIr& output_grad,
+                                     TensorId out);
+Result<Operation> conv1d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv1dOptions& options, TensorId out);
+Result<Operation> conv3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                         const Conv3dOptions& options, TensorId out);
+Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose2dOptions& options, TensorId out);
+Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
+                                   const ConvTranspose3dOptions& options, TensorId out);
 
 // ---- Lifecycle, custom, collectives
 

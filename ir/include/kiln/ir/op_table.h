@@ -37,7 +37,19 @@ constexpr bool family_carries_dtype(Family f) {
 }
 
 // The group a table row belongs to; a group admits one or more families.
-enum class OpGroup : std::uint8_t { Base, Numeric, Float, Int, Bool, Module, Init, Custom, Drop, Distributed };
+enum class OpGroup : std::uint8_t {
+  Base,
+  Numeric,
+  Float,
+  Int,
+  Bool,
+  Module,
+  Init,
+  Custom,
+  Drop,
+  Distributed,
+  Activation,
+};
 bool group_admits(OpGroup g, Family f);
 
 // Argument structs (docs/spec/ir.md §5.2). Attribute layouts (all attributes are i64, compared verbatim):
@@ -47,12 +59,30 @@ bool group_admits(OpGroup g, Family f);
 //   RepeatDim [dim, times]                   Cat [dim]             ReduceDimWithIndices [dim]
 //   TopKWithIndices [dim, k]                 Random [distribution, bits(param0), bits(param1)]
 //   Sort, SortWithIndices [dim, descending (0 or 1)]
-//   Conv2d [stride0, stride1, pad0, pad1, dilation0, dilation1, groups]
-//   ConvTranspose1d [stride, padding, padding_out, dilation, groups]
+//   Unfold [dim, size, step]                 ScatterNd [reduction (an IndexingUpdate)]
+//   Cross [dim]                              HardSigmoid: no attributes (scalars alpha, beta)
+//   Conv, ConvBackward (n = 1..3 spatial dims, the kind's: Conv1d ... Conv3dWeightBackward)
+//     [stride_0..n-1, padding_0..n-1, dilation_0..n-1, groups] (3n + 1; Conv2d: [s0, s1, p0, p1,
+//     d0, d1, groups])
+//   ConvTranspose, ConvTransposeBackward
+//     [stride_0..n-1, padding_0..n-1, padding_out_0..n-1, dilation_0..n-1, groups] (4n + 1;
+//     ConvTranspose1d: [stride, padding, padding_out, dilation, groups])
+//   ConvBiasBackward: no attributes (all six conv / transposed conv bias gradients)
 //   MaxPool2d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1, ceil_mode]
 //   AvgPool2d [k0, k1, stride0, stride1, pad0, pad1, count_include_pad, ceil_mode]
 //   Pad [mode, before0, after0, before1, after1, ...]  (scalar: the constant, mode Constant only)
 //   AllReduce [reduce_op, device ids packed as (type << 16 | index)...]
+//   LayerNorm [bits(epsilon)]  (the f64 bit pattern: LayerNorm's epsilon is kept verbatim, never
+//     relativized, docs/spec/fusion.md §3.6; BatchNorm's is its one scalar, which is)
+//   Linear, LayerNorm: the optional bias / beta is present when the op has 3 inputs.
+//   Pools of n spatial dims (n = 1, 2 or 3, implied by the kind: build::pool_spatial_dims):
+//     MaxPool, MaxPoolWithIndices, MaxPoolWithIndicesBackward
+//       [k0.., stride0.., pad0.., dilation0.., ceil_mode]  (4n + 1; MaxPool2d's layout for n = 2)
+//     AvgPool, AvgPoolBackward [k0.., stride0.., pad0.., count_include_pad, ceil_mode]  (3n + 2)
+//     AdaptiveAvgPool [output_size0..] (n); AdaptiveAvgPoolBackward: none (the grad's shape says)
+//   GridSample2d [mode (an InterpolateMode), padding_mode (a GridSamplePaddingMode), align_corners]
+//   Interpolate, InterpolateBackward [out_h, out_w, mode (an InterpolateMode), align_corners]
+//   Unfold4d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1]
 enum class Signature : std::uint8_t {
   Unary,
   Binary,
@@ -85,9 +115,13 @@ enum class Signature : std::uint8_t {
   TopKWithIndices,
   Sort,
   SortWithIndices,
+  Unfold,
+  ScatterNd,
+  Cross,
+  HardSigmoid,
   GatherNd,
-  Conv2d,
-  ConvTranspose1d,
+  Conv,
+  ConvTranspose,
   MaxPool2d,
   AvgPool2d,
   Embedding,
@@ -95,6 +129,26 @@ enum class Signature : std::uint8_t {
   AllReduce,
   SyncCollective,
   Custom,
+  Linear,
+  LinearBackward,
+  LinearBiasBackward,
+  LayerNorm,
+  BatchNorm,
+  EmbeddingBackward,
+  ConvBackward,
+  ConvTransposeBackward,
+  ConvBiasBackward,
+  MaxPool,
+  MaxPoolWithIndices,
+  MaxPoolWithIndicesBackward,
+  AvgPool,
+  AvgPoolBackward,
+  AdaptiveAvgPool,
+  AdaptiveAvgPoolBackward,
+  GridSample2d,
+  Interpolate,
+  InterpolateBackward,
+  Unfold4d,
   Drop,
 };
 

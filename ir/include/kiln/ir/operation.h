@@ -36,6 +36,11 @@ enum class IndexingUpdate : std::int64_t { Assign = 0, Add = 1, Mul = 2, Min = 3
 enum class ReduceOperation : std::int64_t { Sum = 0, Mean = 1 };
 // Pad mode (attribute 0).
 enum class PadMode : std::int64_t { Constant = 0, Reflect = 1, Edge = 2 };
+// Interpolation mode of Interpolate / InterpolateBackward (attribute 2) and GridSample2d
+// (attribute 0), in docs/spec/ir.md §5.8's order; GridSample2d takes Nearest, Bilinear, Bicubic.
+enum class InterpolateMode : std::int64_t { Nearest = 0, NearestExact = 1, Bilinear = 2, Bicubic = 3, Lanczos3 = 4 };
+// What GridSample2d reads outside the input (attribute 1): Burn's GridSamplePaddingMode.
+enum class GridSamplePaddingMode : std::int64_t { Zeros = 0, Border = 1, Reflection = 2 };
 
 struct Operation {
   OpKind kind = OpKind::Drop_Drop;

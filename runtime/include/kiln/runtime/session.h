@@ -26,6 +26,7 @@
 //   // !bad.ok(): "NumericFloat::Add: broadcast: incompatible dims ..."
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -326,6 +327,9 @@ class Session {
 
   // ---- Compute and layout.
   Result<Tensor> matmul(Tensor a, Tensor b);
+  // Float Cross{a, b, dim} (docs/spec/ir.md §5.6; no §5.11 row): the cross product of the 3-vectors
+  // along dim (size 3 in both), the other dims broadcast; D(a).
+  Result<Tensor> cross(Tensor a, Tensor b, std::uint64_t dim);
   // `args` per ir shape::reshape (> 0 literal, 0 copies, −1 inferred once).
   Result<Tensor> reshape(Tensor a, std::vector<std::int64_t> args);
   Result<Tensor> swap_dims(Tensor a, std::uint64_t dim1, std::uint64_t dim2);
@@ -349,6 +353,16 @@ class Session {
   Result<Tensor> scatter(Tensor a, std::uint64_t dim, Tensor indices, Tensor value, ir::IndexingUpdate update);
   // Base* GatherNd{data, indices}: indices [..., k] address the first k dims of data.
   Result<Tensor> gather_nd(Tensor data, Tensor indices);
+  // Base* ScatterNd{data, indices, values, reduction} (docs/spec/ir.md §5.4; no §5.11 row): a
+  // copy of data where each k-tuple of indices [..., k] (integer) updates the sub-tensor it
+  // addresses with its slice of values, in index order (Assign: a repeated tuple's last write
+  // wins). values must be indices[..-1] ++ data[k..] (checked here); S(data), D(data).
+  Result<Tensor> scatter_nd(Tensor data, Tensor indices, Tensor values, ir::IndexingUpdate reduction);
+  // Base* Unfold{a, dim, size, step} (no §5.11 row): the windows of `size` elements every `step`
+  // along dim, as a new last axis (torch.Tensor.unfold): S(a) with [dim] = the window count
+  // ((S(a)[dim] − size) / step + 1, none when size > S(a)[dim]) and `size` appended; D(a).
+  // step >= 1.
+  Result<Tensor> unfold(Tensor a, std::uint64_t dim, std::uint64_t size, std::uint64_t step);
   // F/I Pad (docs/spec/ir.md §6.4): `padding` applies to the last padding.size() dims, in dim
   // order; `value` is the constant of PadMode::Constant (unused by Reflect and Edge).
   Result<Tensor> pad(Tensor a, std::vector<ir::build::PadPair> padding, ir::PadMode mode = ir::PadMode::Constant,
@@ -367,6 +381,132 @@ class Session {
   // [B·S]), BaseFloat Select(weights, 0, ·) → [B·S, E], BaseFloat Reshape(→ [B, S, E]); never
   // Module Embedding (docs/spec/ir.md §5.11).
   Result<Tensor> embedding(Tensor weights, Tensor indices);
+  // Dense layers, norms and the embedding's gradient (float; docs/spec/ir.md §5.8, §6.3). No §5.11
+  // row: each call emits the one Module kind of its name, built by the builder of that name (its
+  // error values: ranks, dims, dtypes; the forwards take one dtype).
+  // x [..., d_in], weight [d_in, d_out] (Burn's layout), bias? [d_out] → x with the last dim d_out,
+  // x · weight + bias: Module Linear{x, weight, bias?}.
+  Result<Tensor> linear(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt);
+  // linear's gradients, D(output_grad): Module LinearXBackward{weight, output_grad} →
+  // output_grad · weightᵀ (S(x)); LinearWeightBackward{x, output_grad} → [d_in, d_out], xᵀ ·
+  // output_grad over the leading dims; LinearBiasBackward{output_grad} → [d_out], summed likewise.
+  Result<Tensor> linear_x_backward(Tensor weight, Tensor output_grad);
+  Result<Tensor> linear_weight_backward(Tensor x, Tensor output_grad);
+  Result<Tensor> linear_bias_backward(Tensor output_grad);
+  // Module LayerNorm{input [..., d], gamma [d], beta? [d], epsilon}: per row of the last dim,
+  // (x − mean) / sqrt(var + epsilon) · gamma + beta with the biased variance (Burn's, PyTorch's).
+  // epsilon finite and >= 0.
+  Result<Tensor> layer_norm(Tensor input, Tensor gamma, std::optional<Tensor> beta = std::nullopt,
+                            double epsilon = 1e-5);
+  // Module BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C], epsilon}, the inference form:
+  // (x − mean[c]) / sqrt(variance[c] + epsilon) · gamma[c] + beta[c] for the channel c (dim 1).
+  Result<Tensor> batch_norm(Tensor x, Tensor gamma, Tensor beta, Tensor mean, Tensor variance, double epsilon = 1e-5);
+  // Module EmbeddingBackward{weights [V, E], output_grad [B, S, E], indices [B, S] (integer)} →
+  // [V, E], D(weights): the rows of output_grad summed at their indices (duplicates accumulate).
+  // An index outside [0, V) fails at execution (the tensor's read reports it).
+  Result<Tensor> embedding_backward(Tensor weights, Tensor output_grad, Tensor indices);
+  // Convolutions of 1 to 3 spatial dims and their gradients (float; docs/spec/ir.md §5.8, §6.3):
+  // x [N, C_in, in...]; weight [C_out, C_in / groups, k...] (conv) or [C_in, C_out / groups, k...]
+  // (transposed, as Burn and PyTorch); bias? [C_out]. No §5.11 row but conv2d's: each call emits
+  // the one Module kind of its name, built by conv / conv_transpose / conv_backward /
+  // conv_transpose_backward / conv_bias_backward (their error values: ranks, channels and groups,
+  // options, output sizes, dtypes). The forwards take one dtype.
+  // Module Conv1d / Conv3d{x, weight, bias?, options} → [N, C_out, out...] by the conv formula.
+  Result<Tensor> conv1d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                        const ir::build::Conv1dOptions& options = {});
+  Result<Tensor> conv3d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                        const ir::build::Conv3dOptions& options = {});
+  // Module ConvTranspose2d / ConvTranspose3d{x, weight, bias?, options} → [N, weight[1] · groups,
+  // out...] by the transposed formula; padding_out < max(stride, dilation).
+  Result<Tensor> conv_transpose2d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                                  const ir::build::ConvTranspose2dOptions& options = {});
+  Result<Tensor> conv_transpose3d(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt,
+                                  const ir::build::ConvTranspose3dOptions& options = {});
+  // The gradients of conv{n}d(x, weight, bias, options) for output_grad (the forward's output
+  // shape), D(output_grad): Module Conv{n}dXBackward{x, weight, output_grad, options} → S(x);
+  // Conv{n}dWeightBackward → S(weight); Conv{n}dBiasBackward{x, bias, output_grad} → S(bias).
+  Result<Tensor> conv1d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                   const ir::build::Conv1dOptions& options = {});
+  Result<Tensor> conv2d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                   const ir::build::Conv2dOptions& options = {});
+  Result<Tensor> conv3d_x_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                   const ir::build::Conv3dOptions& options = {});
+  Result<Tensor> conv1d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                        const ir::build::Conv1dOptions& options = {});
+  Result<Tensor> conv2d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                        const ir::build::Conv2dOptions& options = {});
+  Result<Tensor> conv3d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                        const ir::build::Conv3dOptions& options = {});
+  Result<Tensor> conv1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  Result<Tensor> conv2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  Result<Tensor> conv3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  // The gradients of conv_transpose{n}d: Module ConvTranspose{n}dWeightBackward{x, weight,
+  // output_grad, options} → S(weight); ConvTranspose{n}dBiasBackward{x, bias, output_grad} →
+  // S(bias). The spec has no transposed X gradient: it is conv{n}d(output_grad, weight) with the
+  // same stride, padding, dilation and groups.
+  Result<Tensor> conv_transpose1d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                  const ir::build::ConvTranspose1dOptions& options = {});
+  Result<Tensor> conv_transpose2d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                  const ir::build::ConvTranspose2dOptions& options = {});
+  Result<Tensor> conv_transpose3d_weight_backward(Tensor x, Tensor weight, Tensor output_grad,
+                                                  const ir::build::ConvTranspose3dOptions& options = {});
+  Result<Tensor> conv_transpose1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  Result<Tensor> conv_transpose2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  Result<Tensor> conv_transpose3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  // Pools beyond max_pool2d / avg_pool2d and the pools' gradients (float x [N, C, spatial...];
+  // docs/spec/ir.md §5.8, §6.3). No §5.11 row: each call emits the one Module kind of its name,
+  // built by the builder of that name (its error values: ranks, windows, shapes, dtypes). Windows:
+  // kernel, stride, dilation >= 1, padding <= kernel / 2; output sizes by the pool formula.
+  // Module MaxPool1d{x [N, C, L], options} → [N, C, L'], D(x).
+  Result<Tensor> max_pool1d(Tensor x, const ir::build::MaxPool1dOptions& options);
+  // Module MaxPool{1,2}dWithIndices → (values D(x), indices kIndexDType), both of the pooled shape:
+  // an index is flat within x's spatial plane (PyTorch's h · W + w); ties keep the first tap, a NaN
+  // wins (the last NaN's index); a window with no element of x gives −inf and −1.
+  Result<std::pair<Tensor, Tensor>> max_pool1d_with_indices(Tensor x, const ir::build::MaxPool1dOptions& options);
+  Result<std::pair<Tensor, Tensor>> max_pool2d_with_indices(Tensor x, const ir::build::MaxPool2dOptions& options);
+  // Module MaxPool{1,2}dWithIndicesBackward{x, grad, indices} → S(x), D(x): grad (float) and indices
+  // (integer) of the pooled shape; each grad element added at its index (duplicates accumulate, −1
+  // adds nowhere). An index outside the plane fails at execution.
+  Result<Tensor> max_pool1d_with_indices_backward(Tensor x, Tensor grad, Tensor indices,
+                                                  const ir::build::MaxPool1dOptions& options);
+  Result<Tensor> max_pool2d_with_indices_backward(Tensor x, Tensor grad, Tensor indices,
+                                                  const ir::build::MaxPool2dOptions& options);
+  // Module AvgPool1d{x [N, C, L], options} → [N, C, L'], D(x): PyTorch's divisor (the window within
+  // the padded input when count_include_pad, else within x).
+  Result<Tensor> avg_pool1d(Tensor x, const ir::build::AvgPool1dOptions& options);
+  // Module AvgPool{1,2}dBackward{x, grad} → S(x), D(x): each grad element divided by its window's
+  // divisor and added to the window's elements of x.
+  Result<Tensor> avg_pool1d_backward(Tensor x, Tensor grad, const ir::build::AvgPool1dOptions& options);
+  Result<Tensor> avg_pool2d_backward(Tensor x, Tensor grad, const ir::build::AvgPool2dOptions& options);
+  // Module AdaptiveAvgPool{1,2,3}d{x, output_size} → [N, C, output_size...], D(x): the mean over
+  // PyTorch's windows [⌊o · in / out⌋, ⌈(o + 1) · in / out⌉) per spatial dim (sizes >= 1).
+  Result<Tensor> adaptive_avg_pool1d(Tensor x, std::uint64_t output_size);
+  Result<Tensor> adaptive_avg_pool2d(Tensor x, std::array<std::uint64_t, 2> output_size);
+  Result<Tensor> adaptive_avg_pool3d(Tensor x, std::array<std::uint64_t, 3> output_size);
+  // Module AdaptiveAvgPool{1,2,3}dBackward{x, grad [N, C, output_size...]} → S(x), D(x): each grad
+  // element spread evenly over its window.
+  Result<Tensor> adaptive_avg_pool1d_backward(Tensor x, Tensor grad);
+  Result<Tensor> adaptive_avg_pool2d_backward(Tensor x, Tensor grad);
+  Result<Tensor> adaptive_avg_pool3d_backward(Tensor x, Tensor grad);
+  // Resampling (float; docs/spec/ir.md §5.6, §5.8, §6.3). No §5.11 row: each call emits the one
+  // kind of its name, built by the builder of that name (its error values: ranks, empty images,
+  // zero sizes, modes, the grid's shape).
+  // Module Interpolate{x [N, C, H, W], output_size [out_h, out_w], options} → [N, C, out_h,
+  // out_w], D(x): Nearest / NearestExact / Bilinear / Bicubic / Lanczos3, align_corners as Burn's
+  // InterpolateOptions (docs/decisions.md).
+  Result<Tensor> interpolate(Tensor x, std::array<std::uint64_t, 2> output_size,
+                             const ir::build::InterpolateOptions& options);
+  // Module InterpolateBackward{x, grad [N, C, out_h, out_w], output_size, options} → S(x), D(x):
+  // the gradient of interpolate with respect to x (grad summed into the positions each output read).
+  Result<Tensor> interpolate_backward(Tensor x, Tensor grad, std::array<std::uint64_t, 2> output_size,
+                                      const ir::build::InterpolateOptions& options);
+  // Float GridSample2d{tensor [N, C, H, W], grid [N, Ho, Wo, 2], options} → [N, C, Ho, Wo],
+  // D(tensor): grid (x, y) in [-1, 1] samples column x, row y (PyTorch's F.grid_sample).
+  Result<Tensor> grid_sample_2d(Tensor tensor, Tensor grid, const ir::build::GridSampleOptions& options = {});
+  // Module Unfold4d{x [N, C, H, W], kernel_size [kh, kw], options} → [N, C·kh·kw, L], D(x):
+  // im2col (PyTorch's F.unfold), L the conv formula's blocks. Not Base Unfold (unfold above).
+  Result<Tensor> unfold4d(Tensor x, std::array<std::uint64_t, 2> kernel_size,
+                          const ir::build::Unfold4dOptions& options = {});
 
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
@@ -425,6 +565,12 @@ class Session {
   // The checks and handle bookkeeping of a read; the tensor to read (its home is t.home()).
   Result<ir::TensorIr> begin_read(Tensor& t, ir::DType want);
   void drop(const Tensor::State& s);
+  // The convolutions: the forward of `kind` (Conv or ConvTranspose signature), or its gradient from
+  // (x, weight or bias, output_grad); the bias gradients take no options.
+  Result<Tensor> conv_op(ir::OpKind kind, Tensor x, Tensor weight, std::optional<Tensor> bias,
+                         const ir::build::ConvOptions& options);
+  Result<Tensor> conv_grad_op(ir::OpKind kind, Tensor x, Tensor second, Tensor output_grad,
+                              const ir::build::ConvOptions& options);
 
   SessionTarget& device_;
   StreamIdAllocator ids_;
