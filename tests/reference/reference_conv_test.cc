@@ -14,26 +14,6 @@ namespace {
 
 using K = OpKind;
 
-std::vector<double> iota1(std::size_t n) {
-  std::vector<double> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>(i + 1);
-  return v;
-}
-
-std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& c) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * c[i];
-  return s;
-}
-
 std::size_t count(const Shape& s) { return static_cast<std::size_t>(num_elements(s)); }
 
 // ---- By hand
@@ -314,19 +294,6 @@ TEST(ReferenceConvNdTest, ConvTransposeIsTheAdjointOfConvInEveryRank) {
 // ---- Gradients by central differences: with L = Σ c · forward(x, w, b), the gradient kinds of c
 // are ∂L/∂x (convolutions only: the spec has no transposed X gradient), ∂L/∂w and ∂L/∂b. L is
 // linear in each variable, so the differences are exact up to rounding.
-
-// (f(v[k] + h) − f(v[k] − h)) / 2h, v restored.
-template <class F>
-double central_difference(std::vector<double>& v, std::size_t k, F&& f) {
-  constexpr double h = 1e-3;
-  const double keep = v[k];
-  v[k] = keep + h;
-  const double up = f();
-  v[k] = keep - h;
-  const double down = f();
-  v[k] = keep;
-  return (up - down) / (2 * h);
-}
 
 struct GradientCase {
   K forward;

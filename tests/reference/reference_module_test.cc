@@ -13,26 +13,6 @@ namespace {
 using F = Family;
 using K = OpKind;
 
-std::vector<double> iota1(std::size_t n) {
-  std::vector<double> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>(i + 1);
-  return v;
-}
-
-std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& c) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * c[i];
-  return s;
-}
-
 // ---- Matmul
 
 TEST(ReferenceMatmulTest, BatchedWithBroadcastBatchDims) {
@@ -273,19 +253,6 @@ std::vector<double> linear_by_hand(const std::vector<double>& x, const std::vect
       out.push_back(acc + (bias.empty() ? 0.0 : bias[j]));
     }
   return out;
-}
-
-// (f(v[k] + h) − f(v[k] − h)) / 2h, v restored.
-template <class F>
-double central_difference(std::vector<double>& v, std::size_t k, F&& f) {
-  constexpr double h = 1e-3;
-  const double keep = v[k];
-  v[k] = keep + h;
-  const double up = f();
-  v[k] = keep - h;
-  const double down = f();
-  v[k] = keep;
-  return (up - down) / (2 * h);
 }
 
 std::int64_t bits_of(double v) {

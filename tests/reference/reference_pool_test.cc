@@ -12,21 +12,6 @@
 namespace kiln::reference::testing {
 namespace {
 
-std::vector<double> iota1(std::size_t n) {
-  std::vector<double> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>(i + 1);
-  return v;
-}
-
-// n values in (−1, 1), random.
-std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
 // n distinct values at least 0.09 apart, in random order: no ties, and a step of the central
 // difference never changes which element is a window's maximum.
 std::vector<double> distinct_values(std::size_t n, std::uint64_t seed) {
@@ -37,25 +22,6 @@ std::vector<double> distinct_values(std::size_t n, std::uint64_t seed) {
   std::uniform_real_distribution<double> jitter(0, 0.01);
   for (double& x : v) x += jitter(rng);
   return v;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& c) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * c[i];
-  return s;
-}
-
-// (f(v[k] + h) − f(v[k] − h)) / 2h, v restored. The losses below are piecewise linear in v.
-template <class F>
-double central_difference(std::vector<double>& v, std::size_t k, F&& f) {
-  constexpr double h = 1e-3;
-  const double keep = v[k];
-  v[k] = keep + h;
-  const double up = f();
-  v[k] = keep - h;
-  const double down = f();
-  v[k] = keep;
-  return (up - down) / (2 * h);
 }
 
 // Expects every central difference of `loss` over v to equal the gradient's entry.

@@ -20,33 +20,6 @@ namespace {
 using M = InterpolateMode;
 using P = GridSamplePaddingMode;
 
-std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& c) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * c[i];
-  return s;
-}
-
-// (f(v[k] + h) − f(v[k] − h)) / 2h, v restored.
-template <class F>
-double central_difference(std::vector<double>& v, std::size_t k, F&& f) {
-  constexpr double h = 1e-3;
-  const double keep = v[k];
-  v[k] = keep + h;
-  const double up = f();
-  v[k] = keep - h;
-  const double down = f();
-  v[k] = keep;
-  return (up - down) / (2 * h);
-}
-
 std::vector<double> interpolate(Device& d, const TensorIr& x, std::array<std::uint64_t, 2> size, M mode, bool align) {
   return d.f64_of(d.ok(b::interpolate(x, size, {mode, align}, d.fresh())));
 }

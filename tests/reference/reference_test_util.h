@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,41 @@ MATCHER_P2(Near, expected, tol, "") {
 inline TensorIr rw(TensorIr t) {
   t.status = TensorStatus::ReadWrite;
   return t;
+}
+
+// 1, 2, ..., n: distinct, exact values for hand-checked cases.
+inline std::vector<double> iota1(std::size_t n) {
+  std::vector<double> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>(i + 1);
+  return v;
+}
+
+// n values in (−1, 1), reproducible from the seed.
+inline std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(rng);
+  return v;
+}
+
+inline double dot(const std::vector<double>& a, const std::vector<double>& c) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * c[i];
+  return s;
+}
+
+// (f(v[k] + h) − f(v[k] − h)) / 2h with v restored: the gradient checks of the backward kinds.
+template <class F>
+double central_difference(std::vector<double>& v, std::size_t k, F&& f) {
+  constexpr double h = 1e-3;
+  const double keep = v[k];
+  v[k] = keep + h;
+  const double up = f();
+  v[k] = keep - h;
+  const double down = f();
+  v[k] = keep;
+  return (up - down) / (2 * h);
 }
 
 }  // namespace kiln::reference::testing
