@@ -1491,38 +1491,30 @@ Result<Operation> unfold4d(const TensorIr& x, std::array<std::uint64_t, 2> kerne
 
 // ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8, §6.3)
 
-ConvOptions conv_options(const Conv1dOptions& o) { return {{o.stride}, {o.padding}, {}, {o.dilation}, o.groups}; }
-ConvOptions conv_options(const Conv2dOptions& o) {
-  return {{o.stride.begin(), o.stride.end()},
-          {o.padding.begin(), o.padding.end()},
-          {},
-          {o.dilation.begin(), o.dilation.end()},
-          o.groups};
+namespace {
+// One option's values as ConvOptions keeps them: a scalar (1-d options) or one per spatial dim.
+std::vector<std::uint64_t> option_list(std::uint64_t v) { return {v}; }
+template <std::size_t N>
+std::vector<std::uint64_t> option_list(const std::array<std::uint64_t, N>& v) {
+  return {v.begin(), v.end()};
 }
-ConvOptions conv_options(const Conv3dOptions& o) {
-  return {{o.stride.begin(), o.stride.end()},
-          {o.padding.begin(), o.padding.end()},
-          {},
-          {o.dilation.begin(), o.dilation.end()},
-          o.groups};
+
+template <class Options>
+ConvOptions plain_conv_options(const Options& o) {
+  return {option_list(o.stride), option_list(o.padding), {}, option_list(o.dilation), o.groups};
 }
-ConvOptions conv_options(const ConvTranspose1dOptions& o) {
-  return {{o.stride}, {o.padding}, {o.padding_out}, {o.dilation}, o.groups};
+template <class Options>
+ConvOptions transposed_conv_options(const Options& o) {
+  return {option_list(o.stride), option_list(o.padding), option_list(o.padding_out), option_list(o.dilation), o.groups};
 }
-ConvOptions conv_options(const ConvTranspose2dOptions& o) {
-  return {{o.stride.begin(), o.stride.end()},
-          {o.padding.begin(), o.padding.end()},
-          {o.padding_out.begin(), o.padding_out.end()},
-          {o.dilation.begin(), o.dilation.end()},
-          o.groups};
-}
-ConvOptions conv_options(const ConvTranspose3dOptions& o) {
-  return {{o.stride.begin(), o.stride.end()},
-          {o.padding.begin(), o.padding.end()},
-          {o.padding_out.begin(), o.padding_out.end()},
-          {o.dilation.begin(), o.dilation.end()},
-          o.groups};
-}
+}  // namespace
+
+ConvOptions conv_options(const Conv1dOptions& o) { return plain_conv_options(o); }
+ConvOptions conv_options(const Conv2dOptions& o) { return plain_conv_options(o); }
+ConvOptions conv_options(const Conv3dOptions& o) { return plain_conv_options(o); }
+ConvOptions conv_options(const ConvTranspose1dOptions& o) { return transposed_conv_options(o); }
+ConvOptions conv_options(const ConvTranspose2dOptions& o) { return transposed_conv_options(o); }
+ConvOptions conv_options(const ConvTranspose3dOptions& o) { return transposed_conv_options(o); }
 
 namespace {
 
