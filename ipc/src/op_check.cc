@@ -475,6 +475,22 @@ Result<ir::Operation> rebuild_resample(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// Rfft{signal; dim, n} → out_re, out_im and IRfft{input_re, input_im; dim, n} (docs/spec/ir.md
+// §5.8): n = 0 stands for none given, which the builders take as nullopt.
+Result<ir::Operation> rebuild_fft(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const auto outs = op.outputs();
+  std::uint64_t a[2] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  const std::optional<std::uint64_t> n = a[1] == 0 ? std::nullopt : std::optional<std::uint64_t>(a[1]);
+  if (op.info().signature == Signature::Rfft) {
+    if (in.size() != 1) return unexpected_arity(op);
+    return build::rfft(in[0], a[0], n, outs[0].id, outs[1].id);
+  }
+  if (in.size() != 2) return unexpected_arity(op);
+  return build::irfft(in[0], in[1], a[0], n, outs[0].id);
+}
+
 // AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
 // to two u16 is rebuilt differently, so the comparison refuses it.
 Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
@@ -625,6 +641,8 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::Interpolate:
     case Signature::InterpolateBackward:
     case Signature::Unfold4d: return rebuild_resample(op);
+    case Signature::Rfft:
+    case Signature::IRfft: return rebuild_fft(op);
     default:
       return make_error(ErrorCode::Invalid,
                         fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));

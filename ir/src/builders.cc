@@ -957,6 +957,25 @@ Result<Operation> module_op(const Ctx& c, std::initializer_list<const TensorIr*>
   op.attrs = std::move(attrs);
   return finish(c, std::move(op));
 }
+
+// One output of a module op, created as TensorIr::uninit in field order.
+struct OutputSpec {
+  TensorId id;
+  Shape shape;
+  DType dtype;
+};
+
+// A module op with several outputs (Rfft's two).
+Result<Operation> module_op_outputs(const Ctx& c, std::initializer_list<const TensorIr*> inputs,
+                                    std::span<const OutputSpec> outputs, AttrList attrs) {
+  Operation op = new_op(c, DType{});
+  for (const TensorIr* t : inputs)
+    if (t) op.tensors.push_back(*t);
+  op.num_inputs = static_cast<std::uint8_t>(op.tensors.size());
+  for (const OutputSpec& o : outputs) op.tensors.push_back(TensorIr::uninit(o.id, o.shape, o.dtype));
+  op.attrs = std::move(attrs);
+  return finish(c, std::move(op));
+}
 }  // namespace
 
 Result<Operation> conv2d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
@@ -1749,6 +1768,57 @@ Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, co
 Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose3dOptions& options, TensorId out) {
   return conv_transpose(OpKind::Module_ConvTranspose3d, x, weight, bias, conv_options(options), out);
+}
+
+// ---- Signals (docs/spec/ir.md §5.8, §6.3)
+
+namespace {
+// A given n is at least 1 and travels as an i64 attribute (0 stands for "none given").
+Status check_fft_n(const Ctx& c, std::optional<std::uint64_t> n) {
+  if (!n) return Status::Ok();
+  if (*n == 0) return c.error(ErrorCode::Invalid, "n must be at least 1");
+  return check_attr_range(c, {*n}, "n");
+}
+}  // namespace
+
+Result<Operation> rfft(const TensorIr& signal, std::uint64_t dim, std::optional<std::uint64_t> n, TensorId out_re,
+                       TensorId out_im) {
+  const Ctx c{Family::Module, OpKind::Module_Rfft};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, signal, "signal"));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, signal.shape));
+  KILN_RETURN_IF_ERROR(check_fft_n(c, n));
+  const std::uint64_t points = n.value_or(signal.shape[dim]);
+  if (points == 0)
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("signal {} has no points along dim {} (give n >= 1)", signal.to_string(), dim));
+  Shape shape = signal.shape;
+  shape[dim] = points / 2 + 1;
+  const OutputSpec outs[] = {{out_re, shape, signal.dtype}, {out_im, shape, signal.dtype}};
+  return module_op_outputs(c, {&signal}, outs, {attr(dim), attr(n.value_or(0))});
+}
+
+Result<Operation> irfft(const TensorIr& input_re, const TensorIr& input_im, std::uint64_t dim,
+                        std::optional<std::uint64_t> n, TensorId out_signal) {
+  const Ctx c{Family::Module, OpKind::Module_IRfft};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, input_re, "input_re"));
+  KILN_RETURN_IF_ERROR(check_same(c, input_re, "input_re", input_im, "input_im"));
+  if (input_im.shape != input_re.shape)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("input_im {} must have input_re {}'s shape",
+                                                              input_im.to_string(), input_re.to_string()));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, input_re.shape));
+  KILN_RETURN_IF_ERROR(check_fft_n(c, n));
+  const std::uint64_t len = input_re.shape[dim];
+  if (len == 0)
+    return c.error(ErrorCode::Invalid, fmt::format("input_re {} has no bins along dim {}", input_re.to_string(), dim));
+  // 2 (len − 1) points from a single bin is none: n must then be given.
+  const std::uint64_t points = n ? *n : 2 * (len - 1);
+  if (points == 0 || (!n && len - 1 > std::numeric_limits<std::uint64_t>::max() / 2))
+    return c.error(ErrorCode::Invalid, fmt::format("input_re {} gives {} output points along dim {} (give n >= 1)",
+                                                   input_re.to_string(), points, dim));
+  Shape shape = input_re.shape;
+  shape[dim] = points;
+  return module_op(c, {&input_re, &input_im}, std::move(shape), input_re.dtype, out_signal,
+                   {attr(dim), attr(n.value_or(0))});
 }
 
 // ---- Lifecycle, custom, collectives

@@ -80,6 +80,8 @@ constexpr SignatureInfo kSignatures[] = {
     {"Interpolate", 1, 1, 1, 0, 0, 4, 4, false},
     {"InterpolateBackward", 2, 2, 1, 0, 0, 4, 4, false},
     {"Unfold4d", 1, 1, 1, 0, 0, 8, 8, false},
+    {"Rfft", 1, 1, 2, 0, 0, 2, 2, false},
+    {"IRfft", 2, 2, 1, 0, 0, 2, 2, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);

@@ -398,6 +398,8 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Interpolate: return run_interpolate(c);
     case S::InterpolateBackward: return run_interpolate_backward(c);
     case S::Unfold4d: return run_unfold4d(c);
+    case S::Rfft: return run_rfft(c);
+    case S::IRfft: return run_irfft(c);
   }
   return c.error(ErrorCode::Internal, "no kernel for this signature");
 }

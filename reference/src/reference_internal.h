@@ -339,6 +339,9 @@ Result<Outputs> run_interpolate(const Ctx& c);
 Result<Outputs> run_interpolate_backward(const Ctx& c);
 Result<Outputs> run_grid_sample_2d(const Ctx& c);
 Result<Outputs> run_unfold4d(const Ctx& c);
+// reference_fft.cc: the real DFT along one dim and its inverse (O(n²) in f64)
+Result<Outputs> run_rfft(const Ctx& c);  // two outputs: re, im
+Result<Outputs> run_irfft(const Ctx& c);
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

@@ -1395,6 +1395,24 @@ Result<Tensor> Session::unfold4d(Tensor x, std::array<std::uint64_t, 2> kernel_s
   });
 }
 
+// ---- Signals (docs/spec/ir.md §5.8; no §5.11 row: the Module kind of the call's name)
+
+Result<std::pair<Tensor, Tensor>> Session::rfft(Tensor signal, std::uint64_t dim, std::optional<std::uint64_t> n) {
+  Tensor in[] = {std::move(signal)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [dim, n](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::rfft(t[0], dim, n, ids[0], ids[1]);
+      }));
+  return std::make_pair(std::move(*out[0]), std::move(*out[1]));
+}
+
+Result<Tensor> Session::irfft(Tensor input_re, Tensor input_im, std::uint64_t dim, std::optional<std::uint64_t> n) {
+  Tensor in[] = {std::move(input_re), std::move(input_im)};
+  return run_op(
+      in, [dim, n](std::span<const TensorIr> t, ir::TensorId out) { return build::irfft(t[0], t[1], dim, n, out); });
+}
+
 // ---- Collectives
 
 Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids) {

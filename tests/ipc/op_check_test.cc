@@ -1161,5 +1161,76 @@ TEST(OperationCheck, RefusesHostileGridSampleAndUnfold4dOperations) {
       "output 0");
 }
 
+// ---- Signals (Session calls): Rfft with its two outputs and IRfft; attributes [dim, n], n = 0
+// for none given.
+
+std::vector<ir::Operation> signal_ops() {
+  namespace build = ir::build;
+  const TensorId out(10), out2(11);
+  return {
+      built(build::rfft(in(1, {2, 8}), 1, std::nullopt, out, out2)),
+      built(build::rfft(in(1, {5, 3}), 0, 12, out, out2)),
+      built(build::irfft(in(1, {2, 5}), in(2, {2, 5}), 1, std::nullopt, out)),
+      built(build::irfft(in(1, {4, 2}), in(2, {4, 2}), 0, 3, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsTheSignalKinds) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : signal_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t i = 0; i < op.outputs().size(); ++i) {
+      ir::Operation lie = op;
+      lie.outputs()[i].shape.back() += 1;
+      expect_refused(lie, "output " + std::to_string(i));
+      ir::Operation wrong_dtype = op;
+      wrong_dtype.outputs()[i].dtype = DType(DTypeKind::F64);
+      expect_refused(wrong_dtype, "output " + std::to_string(i));
+    }
+  }
+}
+
+TEST(OperationCheck, RefusesHostileSignalOperations) {
+  const std::vector<ir::Operation> ops = signal_ops();
+  using Op = ir::Operation;
+  const OpKind rf = OpKind::Module_Rfft, inv = OpKind::Module_IRfft;
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs[0] = 2; }, "dim 2 out of bounds");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs[1] = -1; }, "attribute 1 missing or negative");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs[1] = 6; }, "output 0");  // 4 bins, not the claimed 5
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs.push_back(0); }, "differs");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.tensors.pop_back(); }, "(1 outputs)");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.tensors.push_back(op.tensors.back()), op.tensors.back().id = TensorId(12); },
+      "(3 outputs)");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.kind = OpKind::Module_IRfft; }, "(2 outputs)");
+  expect_changed_refused(
+      ops, inv, [](Op& op) { op.tensors[1].dtype = DType(DTypeKind::F64); }, "dtypes differ");
+  expect_changed_refused(
+      ops, inv,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 4};
+      },
+      "must have input_re");
+  expect_changed_refused(
+      ops, inv, [](Op& op) { op.tensors.erase(op.tensors.begin() + 1), op.num_inputs = 1; }, "unexpected number");
+  expect_changed_refused(
+      ops, inv,
+      [](Op& op) {
+        op.tensors[0].shape = op.tensors[1].shape = {2, 1};
+      },
+      "give n >= 1");
+}
+
 }  // namespace
 }  // namespace kiln::ipc

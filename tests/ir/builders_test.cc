@@ -516,6 +516,8 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::InterpolateBackward:
       return build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}), {3, 5}, {}, o);
     case Signature::Unfold4d: return build::unfold4d(t(1, {1, 2, 4, 4}), {2, 2}, {}, o);
+    case Signature::Rfft: return build::rfft(t(1, {2, 8}), 1, std::nullopt, o, id(11));
+    case Signature::IRfft: return build::irfft(t(1, {2, 5}), t(2, {2, 5}), 1, std::nullopt, o);
   }
   return make_error(ErrorCode::Internal, "unreachable");
 }
@@ -2007,6 +2009,78 @@ TEST(BuildResample, Unfold4dShapesAttrsAndErrors) {
   EXPECT_ERR(r, ErrorCode::Invalid);
   EXPECT_NE(message_of(r).find("overflows"), std::string::npos) << message_of(r);
   EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, {}, id(1)), ErrorCode::Invalid);
+}
+
+// ---- Signals (docs/spec/ir.md §5.8, §6.3)
+
+// Rfft{signal, dim, n?} → out_re, out_im: the signal with [dim] = n / 2 + 1 (n: the dim's length
+// when absent), its dtype; attrs [dim, n or 0].
+TEST(BuildSignal, RfftShapesAttrsAndErrors) {
+  BUILD(f, build::rfft(t(1, {2, 8}, dtypes::f16), 1, std::nullopt, id(2), id(3)));
+  ASSERT_EQ(f.outputs().size(), 2u);
+  EXPECT_EQ(out(f, 0), TensorIr::uninit(id(2), {2, 5}, dtypes::f16));
+  EXPECT_EQ(out(f, 1), TensorIr::uninit(id(3), {2, 5}, dtypes::f16));
+  EXPECT_EQ(f.attrs, (AttrList{1, 0}));
+  EXPECT_EQ(f.kind_name(), "Module::Rfft");
+  BUILD(padded, build::rfft(t(1, {3, 4}), 1, 5, id(2), id(3)));  // 4 points padded to 5: bins 0 .. 2
+  EXPECT_EQ(out(padded).shape, (Shape{3, 3}));
+  EXPECT_EQ(padded.attrs, (AttrList{1, 5}));
+  BUILD(trimmed, build::rfft(t(1, {2, 8}), 1, 3, id(2), id(3)));
+  EXPECT_EQ(out(trimmed, 1).shape, (Shape{2, 2}));
+  BUILD(dim0, build::rfft(t(1, {7, 2}), 0, std::nullopt, id(2), id(3)));
+  EXPECT_EQ(out(dim0).shape, (Shape{4, 2}));
+  BUILD(empty_given_n, build::rfft(t(1, {2, 0}), 1, 4, id(2), id(3)));  // all zeros: nothing to sum
+  EXPECT_EQ(out(empty_given_n).shape, (Shape{2, 3}));
+  auto r = build::rfft(t(1, {2, 8}), 2, std::nullopt, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "Module::Rfft: dim 2 out of bounds for rank 2 ([2,8])");
+  r = build::rfft(t(1, {2, 8}), 1, 0, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Rfft: n must be at least 1");
+  r = build::rfft(t(1, {2, 8}), 1, std::uint64_t{1} << 63, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Rfft: n 9223372036854775808 exceeds the i64 range");
+  r = build::rfft(t(1, {2, 0}), 1, std::nullopt, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Rfft: signal t1:f32[2,0] has no points along dim 1 (give n >= 1)");
+  r = build::rfft(t(1, {4}, dtypes::i32), 0, std::nullopt, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Rfft: signal t1:i32[4] must have a float dtype");
+  EXPECT_ERR(build::rfft(t(1, {4}), 0, std::nullopt, id(2), id(2)), ErrorCode::Invalid);  // one id twice
+  EXPECT_ERR(build::rfft(t(1, {4}), 0, std::nullopt, id(2), id(1)), ErrorCode::Invalid);  // an input's id
+  EXPECT_ERR(build::rfft(t(1, {}), 0, std::nullopt, id(2), id(3)), ErrorCode::OutOfBounds);
+}
+
+// IRfft{input_re, input_im, dim, n?}: input_re with [dim] = n, 2·(len − 1) when absent.
+TEST(BuildSignal, IRfftShapesAttrsAndErrors) {
+  BUILD(f, build::irfft(t(1, {2, 5}, dtypes::f64), t(2, {2, 5}, dtypes::f64), 1, std::nullopt, id(3)));
+  EXPECT_EQ(out(f), TensorIr::uninit(id(3), {2, 8}, dtypes::f64));
+  EXPECT_EQ(f.attrs, (AttrList{1, 0}));
+  EXPECT_EQ(f.num_inputs, 2);
+  BUILD(odd, build::irfft(t(1, {2, 5}), t(2, {2, 5}), 1, 7, id(3)));
+  EXPECT_EQ(out(odd).shape, (Shape{2, 7}));
+  EXPECT_EQ(odd.attrs, (AttrList{1, 7}));
+  BUILD(one_bin, build::irfft(t(1, {1, 3}), t(2, {1, 3}), 0, 4, id(3)));
+  EXPECT_EQ(out(one_bin).shape, (Shape{4, 3}));
+  auto r = build::irfft(t(1, {2, 5}), t(2, {2, 5}, dtypes::f64), 1, std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::IRfft: dtypes differ: input_re f32 vs input_im f64");
+  r = build::irfft(t(1, {2, 5}), t(2, {2, 4}), 1, std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::IRfft: input_im t2:f32[2,4] must have input_re t1:f32[2,5]'s shape");
+  r = build::irfft(t(1, {2, 0}), t(2, {2, 0}), 1, 4, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::IRfft: input_re t1:f32[2,0] has no bins along dim 1");
+  r = build::irfft(t(1, {3, 1}), t(2, {3, 1}), 1, std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::IRfft: input_re t1:f32[3,1] gives 0 output points along dim 1 (give n >= 1)");
+  r = build::irfft(t(1, {3, 2}), t(2, {3, 2}), 1, 0, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::IRfft: n must be at least 1");
+  EXPECT_ERR(build::irfft(t(1, {3, 2}), t(2, {3, 2}), 2, std::nullopt, id(3)), ErrorCode::OutOfBounds);
+  EXPECT_ERR(build::irfft(t(1, {3, 2}, dtypes::i64), t(2, {3, 2}, dtypes::i64), 1, std::nullopt, id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::irfft(t(1, {3, 2}), t(2, {3, 2}), 1, std::nullopt, id(2)), ErrorCode::Invalid);
 }
 
 TEST(BuildLifecycle, InitCustomDrop) {

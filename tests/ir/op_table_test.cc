@@ -432,6 +432,35 @@ TEST(OpTable, ResamplingKinds) {
   EXPECT_EQ(expect_invalid(uf), ErrorCode::Invalid);
 }
 
+// docs/spec/ir.md §5.8: Rfft (two outputs, re and im) and IRfft are Module kinds tagged Mod,
+// attributes [dim, n] (n = 0: none given).
+TEST(OpTable, SignalKinds) {
+  EXPECT_EQ(op_info(OpKind::Module_Rfft).tags, kModule);
+  EXPECT_EQ(op_info(OpKind::Module_IRfft).tags, kModule);
+  EXPECT_EQ(op_info(OpKind::Module_Rfft).signature, Signature::Rfft);
+  EXPECT_EQ(op_info(OpKind::Module_IRfft).signature, Signature::IRfft);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "IRfft"), OpKind::Module_IRfft);
+  EXPECT_FALSE(find_op_kind(OpGroup::Float, "Rfft").has_value());
+  EXPECT_EQ(signature_info(Signature::Rfft).name, "Rfft");
+  EXPECT_EQ(signature_info(Signature::Rfft).min_inputs, 1);
+  EXPECT_EQ(signature_info(Signature::Rfft).max_inputs, 1);
+  EXPECT_EQ(signature_info(Signature::Rfft).outputs, 2);
+  EXPECT_EQ(signature_info(Signature::Rfft).max_attrs, 2);
+  EXPECT_EQ(signature_info(Signature::IRfft).min_inputs, 2);
+  EXPECT_EQ(signature_info(Signature::IRfft).outputs, 1);
+  EXPECT_EQ(signature_info(Signature::IRfft).min_attrs, 2);
+  EXPECT_EQ(signature_info(Signature::IRfft).max_scalars, 0);
+  // validate() holds the counts: an rfft without its imaginary part, an irfft without n.
+  Operation f = built(build::rfft(t(1, {2, 8}), 1, std::nullopt, TensorId{2}, TensorId{3}));
+  KILN_EXPECT_OK(f.validate());
+  EXPECT_EQ(f.kind_name(), "Module::Rfft");
+  f.tensors.pop_back();
+  EXPECT_EQ(expect_invalid(f), ErrorCode::Invalid);
+  Operation inv = built(build::irfft(t(1, {2, 5}), t(2, {2, 5}), 1, 8, TensorId{3}));
+  inv.attrs.pop_back();
+  EXPECT_EQ(expect_invalid(inv), ErrorCode::Invalid);
+}
+
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)
 
 TEST(KindName, FamilyColonVariantAndSpecialCases) {

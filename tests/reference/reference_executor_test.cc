@@ -299,6 +299,8 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       opt.stride = {2, 1};
       return b::unfold4d(data(d, {1, 2, 3, 4}, t), {2, 3}, opt, o);
     }
+    case Signature::Rfft: return b::rfft(x(), 1, 4, o, d.fresh());
+    case Signature::IRfft: return b::irfft(x(), data(d, s, t), 1, std::nullopt, o);
   }
   return std::nullopt;
 }

@@ -1324,5 +1324,37 @@ TEST_F(ApiOps, Unfold4dIsIm2col) {
   EXPECT_EQ(kinds_of([&] { (void)s->unfold4d(small, {3, 1}); }), Kinds{});
 }
 
+// ---- Signals
+
+// rfft of [1, 2, 3, 4] is 10, −2 + 2i, −2 (torch.fft.rfft); n pads or trims; irfft inverts it.
+TEST_F(ApiOps, RfftAndIRfft) {
+  Tensor x = f32({1, 2, 3, 4, 0, 1, 0, -1}, {2, 4});
+  auto [re, im] = ok(s->rfft(x, 1));
+  EXPECT_EQ(re.dtype(), ir::dtypes::f32);
+  Tensor re_copy = re, im_copy = im;
+  expect_near(get(std::move(re), {2, 3}), {10, -2, -2, 0, 0, 0});
+  expect_near(get(std::move(im), {2, 3}), {0, 2, 0, 0, -2, 0});
+  expect_near(get(s->irfft(re_copy, im_copy, 1, 4), {2, 4}), {1, 2, 3, 4, 0, 1, 0, -1});
+  // Trimmed to 1 point along dim 0: bin 0 is the first row.
+  auto [re2, im2] = ok(s->rfft(x, 0, 1));
+  expect_near(get(std::move(re2), {1, 4}), {1, 2, 3, 4});
+  expect_near(get(std::move(im2), {1, 4}), {0, 0, 0, 0});
+  // irfft without n: 2·(3 − 1) = 4 points; bin 0 alone is the mean.
+  expect_near(get(s->irfft(f32({8, 0, 0}, {3}), f32({0, 0, 0}, {3}), 0), {4}), {2, 2, 2, 2});
+  EXPECT_EQ(kinds_of([&] { ok(s->rfft(x, 1)); }), (Kinds{"Module::Rfft"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->irfft(re_copy, im_copy, 1)); }), (Kinds{"Module::IRfft"}));
+  // Errors name the op and the values; nothing is registered.
+  Result<std::pair<Tensor, Tensor>> bad = s->rfft(x, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "Rfft: dim 2 out of bounds");
+  bad = s->rfft(i64({1, 2}, {2}), 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "Rfft: signal");
+  EXPECT_NAMES(error_of(s->irfft(re_copy, f32({0, 0}, {2}), 1)), "IRfft: input_im");
+  EXPECT_NAMES(error_of(s->irfft(f32({1}, {1}), f32({0}, {1}), 0)), "IRfft: input_re");
+  EXPECT_NAMES(error_of(s->irfft(re_copy, im_copy, 1, 0)), "IRfft: n must be at least 1");
+  EXPECT_EQ(kinds_of([&] { (void)s->rfft(x, 2); }), Kinds{});
+}
+
 }  // namespace
 }  // namespace kiln::runtime

@@ -473,6 +473,21 @@ Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, co
 Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose3dOptions& options, TensorId out);
 
+// ---- Signals (docs/spec/ir.md §5.8, §6.3; torch.fft.rfft / irfft where the spec is silent)
+
+// Rfft{signal, dim, n?} → out_re, out_im: the one-sided DFT X[k] = Σ_t x[t]·e^(−2πi·k·t/n) along
+// dim, k = 0 .. n/2, of the signal zero-padded or trimmed to n points (n: the dim's length when
+// absent); both outputs the signal with [dim] = n / 2 + 1, its float dtype. dim < rank, n >= 1
+// (given, or the length) and within an i64 attribute. attrs [dim, n or 0].
+Result<Operation> rfft(const TensorIr& signal, std::uint64_t dim, std::optional<std::uint64_t> n, TensorId out_re,
+                       TensorId out_im);
+// IRfft{input_re, input_im, dim, n?} → out_signal: the inverse of rfft for a Hermitian signal of n
+// points, n = 2·(len − 1) when absent; bins beyond n / 2 are ignored, missing ones are zero, and
+// the imaginary parts of bins 0 and n / 2 do not count (C2R). input_re [..., len, ...] with len
+// >= 1 and input_im of its shape and dtype (K); output input_re with [dim] = n. attrs [dim, n or 0].
+Result<Operation> irfft(const TensorIr& input_re, const TensorIr& input_im, std::uint64_t dim,
+                        std::optional<std::uint64_t> n, TensorId out_signal);
+
 // ---- Lifecycle, custom, collectives
 
 // Init{out}: registers a tensor provided out of band.

@@ -83,6 +83,7 @@ bool group_admits(OpGroup g, Family f);
 //   GridSample2d [mode (an InterpolateMode), padding_mode (a GridSamplePaddingMode), align_corners]
 //   Interpolate, InterpolateBackward [out_h, out_w, mode (an InterpolateMode), align_corners]
 //   Unfold4d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1]
+//   Rfft, IRfft [dim, n]  (n = 0: none given, the dim's length decides; a given n is at least 1)
 enum class Signature : std::uint8_t {
   Unary,
   Binary,
@@ -149,6 +150,8 @@ enum class Signature : std::uint8_t {
   Interpolate,
   InterpolateBackward,
   Unfold4d,
+  Rfft,
+  IRfft,
   Drop,
 };
 

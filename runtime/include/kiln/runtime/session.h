@@ -507,6 +507,16 @@ class Session {
   // im2col (PyTorch's F.unfold), L the conv formula's blocks. Not Base Unfold (unfold above).
   Result<Tensor> unfold4d(Tensor x, std::array<std::uint64_t, 2> kernel_size,
                           const ir::build::Unfold4dOptions& options = {});
+  // Signals (float; docs/spec/ir.md §5.8, §6.3; torch.fft.rfft / irfft). No §5.11 row: each call
+  // emits the one Module kind of its name, built by rfft / irfft (their error values: dim, n, dtypes).
+  // Module Rfft{signal, dim, n?} → (re, im), each the signal with [dim] = n / 2 + 1, D(signal): the
+  // one-sided DFT of the signal zero-padded or trimmed to n points (n: the dim's length when absent).
+  Result<std::pair<Tensor, Tensor>> rfft(Tensor signal, std::uint64_t dim,
+                                         std::optional<std::uint64_t> n = std::nullopt);
+  // Module IRfft{input_re, input_im, dim, n?} → input_re with [dim] = n (2·(len − 1) when absent),
+  // D(input_re): the real signal whose one-sided DFT the bins are (scaled by 1 / n).
+  Result<Tensor> irfft(Tensor input_re, Tensor input_im, std::uint64_t dim,
+                       std::optional<std::uint64_t> n = std::nullopt);
 
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
