@@ -491,6 +491,51 @@ Result<ir::Operation> rebuild_fft(const ir::Operation& op) {
   return build::irfft(in[0], in[1], a[0], n, outs[0].id);
 }
 
+// An optional f64 option: the attribute's bits when `bit` is present (the builder writes 0 when not,
+// so a stray value is rebuilt as 0 and refused as differing).
+std::optional<double> optional_f64(const ir::Operation& op, std::int64_t present, std::int64_t bit, std::size_t i) {
+  if ((present & bit) == 0) return std::nullopt;
+  double v = 0;
+  std::memcpy(&v, &op.attrs[i], sizeof v);
+  return v;
+}
+
+// Attention{query, key, value, mask?, attn_bias?; present, is_causal, bits(scale), bits(softcap)}:
+// the presence bits say which optional inputs follow value (mask first) and which options hold a
+// value; unknown bits, or an input count the bits do not announce, are refused here.
+Result<ir::Operation> rebuild_attention(const ir::Operation& op) {
+  const auto in = op.inputs();
+  if (op.attrs.size() != 4) return unexpected_arity(op);
+  const std::int64_t present = op.attrs[0];
+  constexpr std::int64_t kKnown = ir::kPresentMask | ir::kPresentBias | ir::kPresentScale | ir::kPresentSoftcap;
+  if (present < 0 || (present & ~kKnown) != 0)
+    return make_error(ErrorCode::Invalid, fmt::format("{}: unknown presence bits {}", op.kind_name(), present));
+  const bool has_mask = (present & ir::kPresentMask) != 0, has_bias = (present & ir::kPresentBias) != 0;
+  if (in.size() != 3u + (has_mask ? 1 : 0) + (has_bias ? 1 : 0)) return unexpected_arity(op);
+  std::optional<ir::TensorIr> mask, bias;
+  if (has_mask) mask = in[3];
+  if (has_bias) bias = in[has_mask ? 4 : 3];
+  build::AttentionOptions o;
+  o.scale = optional_f64(op, present, ir::kPresentScale, 2);
+  o.softcap = optional_f64(op, present, ir::kPresentSoftcap, 3);
+  o.is_causal = op.attrs[1] != 0;  // a flag other than 0 / 1 is rebuilt as 1 and refused as differing
+  return build::attention(in[0], in[1], in[2], mask, bias, o, op.outputs()[0].id);
+}
+
+// CtcLoss{log_probs, targets, input_lengths, target_lengths; blank} and its backward (grad_loss
+// fifth).
+Result<ir::Operation> rebuild_ctc(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  KILN_ASSIGN_OR_RETURN(std::uint64_t blank, attr_at(op, 0));
+  if (op.info().signature == Signature::CtcLoss) {
+    if (in.size() != 4) return unexpected_arity(op);
+    return build::ctc_loss(in[0], in[1], in[2], in[3], blank, out);
+  }
+  if (in.size() != 5) return unexpected_arity(op);
+  return build::ctc_loss_backward(in[0], in[1], in[2], in[3], in[4], blank, out);
+}
+
 // AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
 // to two u16 is rebuilt differently, so the comparison refuses it.
 Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
@@ -571,6 +616,48 @@ Result<ir::Operation> rebuild_conv(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// The module, collective and creation signatures (the rest of rebuild's dispatch).
+Result<ir::Operation> rebuild_module_kinds(const ir::Operation& op) {
+  switch (op.info().signature) {
+    case Signature::MaxPool2d:
+    case Signature::AvgPool2d: return rebuild_module(op);
+    case Signature::Linear:
+    case Signature::LinearBackward:
+    case Signature::LinearBiasBackward:
+    case Signature::LayerNorm:
+    case Signature::BatchNorm:
+    case Signature::Embedding:
+    case Signature::EmbeddingBackward: return rebuild_dense(op);
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward:
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return rebuild_pool(op);
+    case Signature::AllReduce: return rebuild_all_reduce(op);
+    case Signature::Creation:
+    case Signature::Full: return rebuild_creation(op);
+    case Signature::Conv:
+    case Signature::ConvTranspose:
+    case Signature::ConvBackward:
+    case Signature::ConvTransposeBackward:
+    case Signature::ConvBiasBackward: return rebuild_conv(op);
+    case Signature::GridSample2d:
+    case Signature::Interpolate:
+    case Signature::InterpolateBackward:
+    case Signature::Unfold4d: return rebuild_resample(op);
+    case Signature::Rfft:
+    case Signature::IRfft: return rebuild_fft(op);
+    case Signature::Attention: return rebuild_attention(op);
+    case Signature::CtcLoss:
+    case Signature::CtcLossBackward: return rebuild_ctc(op);
+    default:
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));
+  }
+}
+
 // The builder call that would have produced `op`, from its own inputs, scalars and attributes.
 Result<ir::Operation> rebuild(const ir::Operation& op) {
   // Decoding held the output count to the signature's (Operation::validate); a hand-made op is
@@ -613,39 +700,7 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::ScatterNd:
     case Signature::RepeatDim:
     case Signature::Pad: return rebuild_update(op);
-    case Signature::MaxPool2d:
-    case Signature::AvgPool2d: return rebuild_module(op);
-    case Signature::Linear:
-    case Signature::LinearBackward:
-    case Signature::LinearBiasBackward:
-    case Signature::LayerNorm:
-    case Signature::BatchNorm:
-    case Signature::Embedding:
-    case Signature::EmbeddingBackward: return rebuild_dense(op);
-    case Signature::MaxPool:
-    case Signature::MaxPoolWithIndices:
-    case Signature::MaxPoolWithIndicesBackward:
-    case Signature::AvgPool:
-    case Signature::AvgPoolBackward:
-    case Signature::AdaptiveAvgPool:
-    case Signature::AdaptiveAvgPoolBackward: return rebuild_pool(op);
-    case Signature::AllReduce: return rebuild_all_reduce(op);
-    case Signature::Creation:
-    case Signature::Full: return rebuild_creation(op);
-    case Signature::Conv:
-    case Signature::ConvTranspose:
-    case Signature::ConvBackward:
-    case Signature::ConvTransposeBackward:
-    case Signature::ConvBiasBackward: return rebuild_conv(op);
-    case Signature::GridSample2d:
-    case Signature::Interpolate:
-    case Signature::InterpolateBackward:
-    case Signature::Unfold4d: return rebuild_resample(op);
-    case Signature::Rfft:
-    case Signature::IRfft: return rebuild_fft(op);
-    default:
-      return make_error(ErrorCode::Invalid,
-                        fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));
+    default: return rebuild_module_kinds(op);
   }
 }
 

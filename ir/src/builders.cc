@@ -1821,6 +1821,118 @@ Result<Operation> irfft(const TensorIr& input_re, const TensorIr& input_im, std:
                    {attr(dim), attr(n.value_or(0))});
 }
 
+// ---- Attention and the CTC loss (docs/spec/ir.md §5.8, §6.3)
+
+namespace {
+// query [B, H, Lq, D], key [B, H, Lk, D], value [B, H, Lk, Dv] of one float dtype.
+Status check_attention_inputs(const Ctx& c, const TensorIr& q, const TensorIr& k, const TensorIr& v) {
+  KILN_RETURN_IF_ERROR(check_module_operand(c, q, "query"));
+  KILN_RETURN_IF_ERROR(check_same(c, q, "query", k, "key"));
+  KILN_RETURN_IF_ERROR(check_same(c, q, "query", v, "value"));
+  KILN_RETURN_IF_ERROR(check_rank(c, q, 4, "query"));
+  KILN_RETURN_IF_ERROR(check_rank(c, k, 4, "key"));
+  KILN_RETURN_IF_ERROR(check_rank(c, v, 4, "value"));
+  const Shape& qs = q.shape;
+  if (k.shape[0] != qs[0] || k.shape[1] != qs[1] || k.shape[3] != qs[3])
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("key {} must be [{}, {}, Lk, {}] for query {}",
+                                                              k.to_string(), qs[0], qs[1], qs[3], q.to_string()));
+  if (v.shape[0] != qs[0] || v.shape[1] != qs[1] || v.shape[2] != k.shape[2])
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("value {} must be [{}, {}, {}, Dv] for query {} and key {}", v.to_string(), qs[0], qs[1],
+                               k.shape[2], shape_to_string(qs), shape_to_string(k.shape)));
+  return Status::Ok();
+}
+
+// mask? / attn_bias?: rank 4, each dim the scores' or 1 (broadcast over it).
+Status check_scores_operand(const Ctx& c, const TensorIr& t, const char* what, const Shape& scores) {
+  KILN_RETURN_IF_ERROR(check_rank(c, t, 4, what));
+  for (std::size_t i = 0; i < 4; ++i)
+    if (t.shape[i] != scores[i] && t.shape[i] != 1)
+      return c.error(ErrorCode::IncompatibleShapes, fmt::format("{} {} does not broadcast to the scores' shape {}",
+                                                                what, t.to_string(), shape_to_string(scores)));
+  return Status::Ok();
+}
+
+Status check_attention_options(const Ctx& c, const AttentionOptions& o) {
+  if (o.scale && !std::isfinite(*o.scale))
+    return c.error(ErrorCode::Invalid, fmt::format("scale must be finite, got {}", *o.scale));
+  if (o.softcap && !(std::isfinite(*o.softcap) && *o.softcap > 0))
+    return c.error(ErrorCode::Invalid, fmt::format("softcap must be finite and positive, got {}", *o.softcap));
+  return Status::Ok();
+}
+
+AttrList attention_attrs(bool mask, bool bias, const AttentionOptions& o) {
+  const std::int64_t present = (mask ? kPresentMask : 0) | (bias ? kPresentBias : 0) | (o.scale ? kPresentScale : 0) |
+                               (o.softcap ? kPresentSoftcap : 0);
+  return {present, o.is_causal ? 1 : 0, o.scale ? double_bits(*o.scale) : 0, o.softcap ? double_bits(*o.softcap) : 0};
+}
+
+// log_probs [T, N, C] (float), targets [N, S], input_lengths [N], target_lengths [N] (integer);
+// blank one of the C classes.
+Status check_ctc_operands(const Ctx& c, const TensorIr& log_probs, const TensorIr& targets,
+                          const TensorIr& input_lengths, const TensorIr& target_lengths, std::uint64_t blank) {
+  KILN_RETURN_IF_ERROR(check_module_operand(c, log_probs, "log_probs"));
+  KILN_RETURN_IF_ERROR(check_rank(c, log_probs, 3, "log_probs"));
+  const std::pair<const TensorIr*, const char*> ints[] = {
+      {&targets, "targets"}, {&input_lengths, "input_lengths"}, {&target_lengths, "target_lengths"}};
+  for (const auto& [t, name] : ints) {
+    KILN_RETURN_IF_ERROR(check_index_dtype(c, t->dtype, name));
+    KILN_RETURN_IF_ERROR(check_rank(c, *t, t == &targets ? 2 : 1, name));
+    if (t->shape[0] != log_probs.shape[1])
+      return c.error(ErrorCode::IncompatibleShapes,
+                     fmt::format("{} {} must have the batch N = {} of log_probs {}", name, t->to_string(),
+                                 log_probs.shape[1], shape_to_string(log_probs.shape)));
+  }
+  if (blank >= log_probs.shape[2])
+    return c.error(ErrorCode::OutOfBounds, fmt::format("blank {} out of range for the {} classes of log_probs {}",
+                                                       blank, log_probs.shape[2], shape_to_string(log_probs.shape)));
+  return check_attr_range(c, {blank}, "blank");
+}
+}  // namespace
+
+Result<Operation> attention(const TensorIr& query, const TensorIr& key, const TensorIr& value,
+                            const std::optional<TensorIr>& mask, const std::optional<TensorIr>& attn_bias,
+                            const AttentionOptions& options, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Attention};
+  KILN_RETURN_IF_ERROR(check_attention_inputs(c, query, key, value));
+  const Shape& q = query.shape;
+  const Shape scores{q[0], q[1], q[2], key.shape[2]};
+  if (mask) {
+    KILN_RETURN_IF_ERROR(check_bool_dtype(c, mask->dtype, "mask"));
+    KILN_RETURN_IF_ERROR(check_scores_operand(c, *mask, "mask", scores));
+  }
+  if (attn_bias) {
+    KILN_RETURN_IF_ERROR(check_same(c, query, "query", *attn_bias, "attn_bias"));
+    KILN_RETURN_IF_ERROR(check_scores_operand(c, *attn_bias, "attn_bias", scores));
+  }
+  KILN_RETURN_IF_ERROR(check_attention_options(c, options));
+  return module_op(c, {&query, &key, &value, mask ? &*mask : nullptr, attn_bias ? &*attn_bias : nullptr},
+                   Shape{q[0], q[1], q[2], value.shape[3]}, query.dtype, out,
+                   attention_attrs(mask.has_value(), attn_bias.has_value(), options));
+}
+
+Result<Operation> ctc_loss(const TensorIr& log_probs, const TensorIr& targets, const TensorIr& input_lengths,
+                           const TensorIr& target_lengths, std::uint64_t blank, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_CtcLoss};
+  KILN_RETURN_IF_ERROR(check_ctc_operands(c, log_probs, targets, input_lengths, target_lengths, blank));
+  return module_op(c, {&log_probs, &targets, &input_lengths, &target_lengths}, Shape{log_probs.shape[1]},
+                   log_probs.dtype, out, {attr(blank)});
+}
+
+Result<Operation> ctc_loss_backward(const TensorIr& log_probs, const TensorIr& targets, const TensorIr& input_lengths,
+                                    const TensorIr& target_lengths, const TensorIr& grad_loss, std::uint64_t blank,
+                                    TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_CtcLossBackward};
+  KILN_RETURN_IF_ERROR(check_ctc_operands(c, log_probs, targets, input_lengths, target_lengths, blank));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grad_loss, "grad_loss"));
+  if (grad_loss.shape != Shape{log_probs.shape[1]})
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("grad_loss {} must have shape [{}] (log_probs {})", grad_loss.to_string(),
+                               log_probs.shape[1], shape_to_string(log_probs.shape)));
+  return module_op(c, {&log_probs, &targets, &input_lengths, &target_lengths, &grad_loss}, log_probs.shape,
+                   log_probs.dtype, out, {attr(blank)});
+}
+
 // ---- Lifecycle, custom, collectives
 
 Result<Operation> init(const Shape& shape, DType dtype, TensorId out) {

@@ -82,6 +82,9 @@ constexpr SignatureInfo kSignatures[] = {
     {"Unfold4d", 1, 1, 1, 0, 0, 8, 8, false},
     {"Rfft", 1, 1, 2, 0, 0, 2, 2, false},
     {"IRfft", 2, 2, 1, 0, 0, 2, 2, false},
+    {"Attention", 3, 5, 1, 0, 0, 4, 4, false},
+    {"CtcLoss", 4, 4, 1, 0, 0, 1, 1, false},
+    {"CtcLossBackward", 5, 5, 1, 0, 0, 1, 1, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);

@@ -400,6 +400,9 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Unfold4d: return run_unfold4d(c);
     case S::Rfft: return run_rfft(c);
     case S::IRfft: return run_irfft(c);
+    case S::Attention: return run_attention(c);
+    case S::CtcLoss: return run_ctc_loss(c);
+    case S::CtcLossBackward: return run_ctc_loss_backward(c);
   }
   return c.error(ErrorCode::Internal, "no kernel for this signature");
 }

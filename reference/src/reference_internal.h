@@ -342,6 +342,11 @@ Result<Outputs> run_unfold4d(const Ctx& c);
 // reference_fft.cc: the real DFT along one dim and its inverse (O(n²) in f64)
 Result<Outputs> run_rfft(const Ctx& c);  // two outputs: re, im
 Result<Outputs> run_irfft(const Ctx& c);
+// reference_attention.cc: scaled dot-product attention (Burn's order and NaN-safe softmax)
+Result<Outputs> run_attention(const Ctx& c);
+// reference_ctc.cc: the CTC loss per sample and its gradient (log-space alpha / beta in f64)
+Result<Outputs> run_ctc_loss(const Ctx& c);
+Result<Outputs> run_ctc_loss_backward(const Ctx& c);
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

@@ -1413,6 +1413,42 @@ Result<Tensor> Session::irfft(Tensor input_re, Tensor input_im, std::uint64_t di
       in, [dim, n](std::span<const TensorIr> t, ir::TensorId out) { return build::irfft(t[0], t[1], dim, n, out); });
 }
 
+// ---- Attention and the CTC loss (docs/spec/ir.md §5.8; no §5.11 row: the Module kind of the
+// call's name)
+
+Result<Tensor> Session::attention(Tensor query, Tensor key, Tensor value, std::optional<Tensor> mask,
+                                  std::optional<Tensor> attn_bias, const ir::build::AttentionOptions& options) {
+  const bool has_mask = mask.has_value(), has_bias = attn_bias.has_value();
+  std::vector<Tensor> in;
+  in.push_back(std::move(query));
+  in.push_back(std::move(key));
+  in.push_back(std::move(value));
+  if (mask) in.push_back(std::move(*mask));
+  if (attn_bias) in.push_back(std::move(*attn_bias));
+  return run_op(in, [has_mask, has_bias, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    const std::optional<TensorIr> m = has_mask ? std::optional<TensorIr>(t[3]) : std::nullopt;
+    const std::optional<TensorIr> b = has_bias ? std::optional<TensorIr>(t[has_mask ? 4 : 3]) : std::nullopt;
+    return build::attention(t[0], t[1], t[2], m, b, options, out);
+  });
+}
+
+Result<Tensor> Session::ctc_loss(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
+                                 std::uint64_t blank) {
+  Tensor in[] = {std::move(log_probs), std::move(targets), std::move(input_lengths), std::move(target_lengths)};
+  return run_op(in, [blank](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::ctc_loss(t[0], t[1], t[2], t[3], blank, out);
+  });
+}
+
+Result<Tensor> Session::ctc_loss_backward(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
+                                          Tensor grad_loss, std::uint64_t blank) {
+  Tensor in[] = {std::move(log_probs), std::move(targets), std::move(input_lengths), std::move(target_lengths),
+                 std::move(grad_loss)};
+  return run_op(in, [blank](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::ctc_loss_backward(t[0], t[1], t[2], t[3], t[4], blank, out);
+  });
+}
+
 // ---- Collectives
 
 Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids) {

@@ -1232,5 +1232,117 @@ TEST(OperationCheck, RefusesHostileSignalOperations) {
       "give n >= 1");
 }
 
+// ---- Attention and the CTC loss (Session calls): Attention's optional inputs and options told by
+// its presence bits; CtcLoss and its backward with [blank].
+
+std::vector<ir::Operation> sequence_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  const TensorIr q = in(1, {2, 3, 4, 8}), k = in(2, {2, 3, 5, 8}), v = in(3, {2, 3, 5, 6});
+  const TensorIr mask = typed(4, {2, 1, 4, 5}, kBool), bias = in(5, {1, 3, 1, 5});
+  const TensorIr lp = in(1, {6, 2, 4}), tg = typed(2, {2, 3}, kI64), il = typed(3, {2}, kI64), tl = typed(4, {2}, kI64);
+  return {
+      built(build::attention(q, k, v, mask, bias, {0.25, 30.0, true}, out)),
+      built(build::attention(q, k, v, std::nullopt, std::nullopt, {}, out)),
+      built(build::attention(q, k, v, std::nullopt, bias, {-1.0, std::nullopt, false}, out)),
+      built(build::attention(q, k, v, mask, std::nullopt, {std::nullopt, 2.0, true}, out)),
+      built(build::ctc_loss(lp, tg, il, tl, 0, out)),
+      built(build::ctc_loss_backward(lp, tg, il, tl, in(5, {2}), 3, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsAttentionAndTheCtcKinds) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : sequence_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.back() += 1;
+    expect_refused(lie, "output 0");
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+}
+
+TEST(OperationCheck, RefusesHostileAttentionOperations) {
+  const std::vector<ir::Operation> ops = sequence_ops();
+  using Op = ir::Operation;
+  const OpKind at = OpKind::Module_Attention;
+  // Presence bits: unknown ones, negative, announcing an input that is not there or hiding one that
+  // is, an option's bits without its bit (rebuilt as 0).
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[0] |= 32; }, "unknown presence bits 47");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[0] = -1; }, "unknown presence bits -1");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[0] &= ~ir::kPresentBias; }, "unexpected number");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[0] &= ~ir::kPresentScale; }, "differs");
+  ir::Operation plain = ops[1];  // no optional input: a mask bit announces a fourth
+  plain.attrs[0] = ir::kPresentMask;
+  expect_refused(plain, "unexpected number");
+  // Options: a NaN scale, a zero or negative softcap, a flag other than 0 / 1.
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[2] = bits_of(std::nan("")); }, "scale must be finite");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[3] = bits_of(0.0); }, "softcap must be finite and positive");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[3] = bits_of(-2.0); }, "softcap must be finite and positive");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[1] = 2; }, "differs");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs.pop_back(); }, "unexpected number");
+  // Operands: the mask and the bias swapped, a float mask, a bias of another dtype, shapes.
+  expect_changed_refused(
+      ops, at, [](Op& op) { std::swap(op.tensors[3], op.tensors[4]); }, "mask must be a bool dtype");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.tensors[4].dtype = DType(DTypeKind::F64); }, "attn_bias");
+  expect_changed_refused(
+      ops, at,
+      [](Op& op) {
+        op.tensors[3].shape = {2, 2, 4, 5};
+      },
+      "does not broadcast");
+  expect_changed_refused(
+      ops, at,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 3, 5, 7};
+      },
+      "key");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+}
+
+TEST(OperationCheck, RefusesHostileCtcOperations) {
+  const std::vector<ir::Operation> ops = sequence_ops();
+  using Op = ir::Operation;
+  const OpKind loss = OpKind::Module_CtcLoss, back = OpKind::Module_CtcLossBackward;
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.attrs[0] = 4; }, "blank 4 out of range");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.attrs[0] = -1; }, "attribute 0 missing or negative");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.attrs.clear(); }, "missing");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.tensors[1].dtype = kF32; }, "targets must be an integer dtype");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.tensors[2].shape = {3}; }, "input_lengths");
+  expect_changed_refused(
+      ops, loss,
+      [](Op& op) {
+        op.tensors[0].shape = {6, 8};
+      },
+      "log_probs must have rank 3");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.kind = OpKind::Module_CtcLossBackward; }, "unexpected number");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[4].shape = {3}; }, "grad_loss");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[4].dtype = kI64; }, "grad_loss");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors.erase(op.tensors.begin() + 4), op.num_inputs = 4; }, "unexpected number");
+}
+
 }  // namespace
 }  // namespace kiln::ipc

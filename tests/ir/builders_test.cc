@@ -518,6 +518,15 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::Unfold4d: return build::unfold4d(t(1, {1, 2, 4, 4}), {2, 2}, {}, o);
     case Signature::Rfft: return build::rfft(t(1, {2, 8}), 1, std::nullopt, o, id(11));
     case Signature::IRfft: return build::irfft(t(1, {2, 5}), t(2, {2, 5}), 1, std::nullopt, o);
+    case Signature::Attention:
+      return build::attention(t(1, {1, 2, 3, 4}), t(2, {1, 2, 5, 4}), t(3, {1, 2, 5, 6}), t(4, {1, 1, 3, 5}, kBool),
+                              t(5, {1, 2, 3, 5}), {0.5, 2.0, true}, o);
+    case Signature::CtcLoss:
+      return build::ctc_loss(t(1, {6, 2, 4}), t(2, {2, 3}, dtypes::i64), t(3, {2}, dtypes::i64), t(4, {2}, dtypes::i32),
+                             0, o);
+    case Signature::CtcLossBackward:
+      return build::ctc_loss_backward(t(1, {6, 2, 4}), t(2, {2, 3}, dtypes::i64), t(3, {2}, dtypes::i64),
+                                      t(4, {2}, dtypes::i32), t(5, {2}), 0, o);
   }
   return make_error(ErrorCode::Internal, "unreachable");
 }
@@ -2081,6 +2090,113 @@ TEST(BuildSignal, IRfftShapesAttrsAndErrors) {
   EXPECT_ERR(build::irfft(t(1, {3, 2}, dtypes::i64), t(2, {3, 2}, dtypes::i64), 1, std::nullopt, id(3)),
              ErrorCode::DTypeMismatch);
   EXPECT_ERR(build::irfft(t(1, {3, 2}), t(2, {3, 2}), 1, std::nullopt, id(2)), ErrorCode::Invalid);
+}
+
+// ---- Attention and the CTC loss (docs/spec/ir.md §5.8, §6.3)
+
+// Attention{query, key, value, mask?, attn_bias?, options} → [B, H, Lq, Dv]; attrs [present,
+// is_causal, bits(scale), bits(softcap)], the optional tensors after value, mask first.
+TEST(BuildSequence, AttentionShapesPresenceBitsAndAttrs) {
+  const TensorIr q = t(1, {2, 3, 4, 8}, dtypes::f16), k = t(2, {2, 3, 5, 8}, dtypes::f16),
+                 v = t(3, {2, 3, 5, 6}, dtypes::f16);
+  BUILD(plain, build::attention(q, k, v, std::nullopt, std::nullopt, {}, id(6)));
+  EXPECT_EQ(out(plain), TensorIr::uninit(id(6), {2, 3, 4, 6}, dtypes::f16));
+  EXPECT_EQ(plain.attrs, (AttrList{0, 0, 0, 0}));
+  EXPECT_EQ(plain.num_inputs, 3);
+  EXPECT_EQ(plain.kind_name(), "Module::Attention");
+  const TensorIr mask = t(4, {2, 1, 4, 5}, kBool), bias = t(5, {1, 3, 1, 5}, dtypes::f16);
+  BUILD(full, build::attention(q, k, v, mask, bias, {0.25, 30.0, true}, id(6)));
+  EXPECT_EQ(full.attrs,
+            (AttrList{kPresentMask | kPresentBias | kPresentScale | kPresentSoftcap, 1, bits(0.25), bits(30.0)}));
+  ASSERT_EQ(full.num_inputs, 5);
+  EXPECT_EQ(full.inputs()[3], mask);
+  EXPECT_EQ(full.inputs()[4], bias);
+  // attn_bias alone is the fourth input, told by its bit; a softcap alone sets bit 3 only.
+  BUILD(bias_only, build::attention(q, k, v, std::nullopt, bias, {std::nullopt, 5.0, false}, id(6)));
+  EXPECT_EQ(bias_only.attrs, (AttrList{kPresentBias | kPresentSoftcap, 0, 0, bits(5.0)}));
+  EXPECT_EQ(bias_only.inputs()[3], bias);
+  BUILD(mask_only, build::attention(q, k, v, mask, std::nullopt, {-2.0, std::nullopt, true}, id(6)));
+  EXPECT_EQ(mask_only.attrs, (AttrList{kPresentMask | kPresentScale, 1, bits(-2.0), 0}));
+  BUILD(no_keys, build::attention(t(1, {1, 1, 2, 3}), t(2, {1, 1, 0, 3}), t(3, {1, 1, 0, 4}), std::nullopt,
+                                  std::nullopt, {}, id(6)));
+  EXPECT_EQ(out(no_keys).shape, (Shape{1, 1, 2, 4}));
+}
+
+TEST(BuildSequence, AttentionErrors) {
+  const TensorIr q = t(1, {2, 3, 4, 8}), k = t(2, {2, 3, 5, 8}), v = t(3, {2, 3, 5, 6});
+  auto r = build::attention(t(1, {2, 3, 4}), k, v, std::nullopt, std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Attention: query must have rank 4, has rank 3 (t1:f32[2,3,4])");
+  r = build::attention(q, t(2, {2, 3, 5, 7}), v, std::nullopt, std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Attention: key t2:f32[2,3,5,7] must be [2, 3, Lk, 8] for query t1:f32[2,3,4,8]");
+  r = build::attention(q, k, t(3, {2, 3, 4, 6}), std::nullopt, std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::Attention: value t3:f32[2,3,4,6] must be [2, 3, 5, Dv] for query [2,3,4,8] and key [2,3,5,8]");
+  r = build::attention(q, t(2, {2, 3, 5, 8}, dtypes::f64), v, std::nullopt, std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Attention: dtypes differ: query f32 vs key f64");
+  r = build::attention(q, k, v, t(4, {2, 3, 4, 5}), std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Attention: mask must be a bool dtype, got f32");
+  r = build::attention(q, k, v, t(4, {2, 3, 4, 4}, kBool), std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_NE(message_of(r).find("does not broadcast to the scores' shape [2,3,4,5]"), std::string::npos)
+      << message_of(r);
+  EXPECT_ERR(build::attention(q, k, v, t(4, {4, 5}, kBool), std::nullopt, {}, id(6)), ErrorCode::RankMismatch);
+  r = build::attention(q, k, v, std::nullopt, t(5, {2, 3, 4, 5}, dtypes::f64), {}, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Attention: dtypes differ: query f32 vs attn_bias f64");
+  EXPECT_ERR(build::attention(q, k, v, std::nullopt, t(5, {2, 2, 4, 5}), {}, id(6)), ErrorCode::IncompatibleShapes);
+  r = build::attention(q, k, v, std::nullopt, std::nullopt, {std::nan(""), std::nullopt, false}, id(6));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Attention: scale must be finite, got nan");
+  r = build::attention(q, k, v, std::nullopt, std::nullopt, {std::nullopt, 0.0, false}, id(6));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Attention: softcap must be finite and positive, got 0");
+  EXPECT_ERR(build::attention(q, k, v, std::nullopt, std::nullopt, {std::nullopt, -1.0, false}, id(6)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::attention(t(1, {2, 3, 4, 8}, dtypes::i32), t(2, {2, 3, 5, 8}, dtypes::i32),
+                              t(3, {2, 3, 5, 6}, dtypes::i32), std::nullopt, std::nullopt, {}, id(6)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::attention(q, k, v, std::nullopt, std::nullopt, {}, id(2)), ErrorCode::Invalid);  // key's id
+}
+
+// CtcLoss{log_probs [T, N, C], targets [N, S], input_lengths [N], target_lengths [N], blank} → [N];
+// the backward → log_probs' shape; both log_probs' dtype, attrs [blank].
+TEST(BuildSequence, CtcLossAndItsBackward) {
+  const TensorIr lp = t(1, {6, 2, 4}), tg = t(2, {2, 3}, dtypes::i64), il = t(3, {2}, dtypes::i32),
+                 tl = t(4, {2}, dtypes::u8);
+  BUILD(loss, build::ctc_loss(lp, tg, il, tl, 3, id(6)));
+  EXPECT_EQ(out(loss), TensorIr::uninit(id(6), {2}, dtypes::f32));
+  EXPECT_EQ(loss.attrs, (AttrList{3}));
+  EXPECT_EQ(loss.kind_name(), "Module::CtcLoss");
+  BUILD(grad, build::ctc_loss_backward(lp, tg, il, tl, t(5, {2}, dtypes::f64), 0, id(6)));
+  EXPECT_EQ(out(grad), TensorIr::uninit(id(6), {6, 2, 4}, dtypes::f32));
+  EXPECT_EQ(grad.num_inputs, 5);
+  auto r = build::ctc_loss(t(1, {6, 8}), tg, il, tl, 0, id(6));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::CtcLoss: log_probs must have rank 3, has rank 2 (t1:f32[6,8])");
+  EXPECT_ERR(build::ctc_loss(t(1, {6, 2, 4}, dtypes::i32), tg, il, tl, 0, id(6)), ErrorCode::DTypeMismatch);
+  r = build::ctc_loss(lp, t(2, {2, 3}), il, tl, 0, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::CtcLoss: targets must be an integer dtype, got f32");
+  EXPECT_ERR(build::ctc_loss(lp, t(2, {6}, dtypes::i64), il, tl, 0, id(6)), ErrorCode::RankMismatch);
+  r = build::ctc_loss(lp, tg, t(3, {3}, dtypes::i32), tl, 0, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::CtcLoss: input_lengths t3:i32[3] must have the batch N = 2 of log_probs [6,2,4]");
+  EXPECT_ERR(build::ctc_loss(lp, t(2, {3, 3}, dtypes::i64), il, tl, 0, id(6)), ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::ctc_loss(lp, tg, il, t(4, {2}, kBool), 0, id(6)), ErrorCode::DTypeMismatch);
+  r = build::ctc_loss(lp, tg, il, tl, 4, id(6));
+  EXPECT_ERR(r, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "Module::CtcLoss: blank 4 out of range for the 4 classes of log_probs [6,2,4]");
+  r = build::ctc_loss_backward(lp, tg, il, tl, t(5, {3}), 0, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::CtcLossBackward: grad_loss t5:f32[3] must have shape [2] (log_probs [6,2,4])");
+  EXPECT_ERR(build::ctc_loss_backward(lp, tg, il, tl, t(5, {2}, dtypes::i64), 0, id(6)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::ctc_loss_backward(lp, tg, il, tl, t(5, {2}), 9, id(6)), ErrorCode::OutOfBounds);
+  EXPECT_ERR(build::ctc_loss(lp, tg, il, tl, 0, id(4)), ErrorCode::Invalid);  // target_lengths' id
 }
 
 TEST(BuildLifecycle, InitCustomDrop) {

@@ -461,6 +461,37 @@ TEST(OpTable, SignalKinds) {
   EXPECT_EQ(expect_invalid(inv), ErrorCode::Invalid);
 }
 
+// docs/spec/ir.md §5.8: Attention (3..5 inputs, the optional ones told by presence bits) and the
+// CTC loss with its gradient are Module kinds tagged Mod.
+TEST(OpTable, AttentionAndCtcKinds) {
+  for (OpKind k : {OpKind::Module_Attention, OpKind::Module_CtcLoss, OpKind::Module_CtcLossBackward})
+    EXPECT_EQ(op_info(k).tags, kModule) << op_info(k).variant;
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "CtcLossBackward"), OpKind::Module_CtcLossBackward);
+  EXPECT_EQ(signature_info(Signature::Attention).name, "Attention");
+  EXPECT_EQ(signature_info(Signature::Attention).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::Attention).max_inputs, 5);
+  EXPECT_EQ(signature_info(Signature::Attention).min_attrs, 4);
+  EXPECT_EQ(signature_info(Signature::Attention).max_attrs, 4);
+  EXPECT_EQ(signature_info(Signature::CtcLoss).min_inputs, 4);
+  EXPECT_EQ(signature_info(Signature::CtcLoss).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::CtcLossBackward).max_inputs, 5);
+  EXPECT_EQ(signature_info(Signature::CtcLossBackward).max_scalars, 0);
+  // The presence bits are distinct single bits.
+  EXPECT_EQ(kPresentMask | kPresentBias | kPresentScale | kPresentSoftcap, 15);
+  // validate() holds the counts: an attention with six inputs, a CTC loss without its blank.
+  const TensorIr q = t(1, {1, 1, 2, 3});
+  Operation a = built(build::attention(q, t(2, {1, 1, 2, 3}), t(3, {1, 1, 2, 3}), t(4, {1, 1, 2, 2}, dtypes::boolean),
+                                       t(5, {1, 1, 2, 2}), {}, TensorId{6}));
+  KILN_EXPECT_OK(a.validate());
+  a.tensors.insert(a.tensors.begin() + 5, t(7, {1}));
+  a.num_inputs = 6;
+  EXPECT_EQ(expect_invalid(a), ErrorCode::Invalid);
+  Operation l = built(build::ctc_loss(t(1, {3, 1, 2}), t(2, {1, 1}, dtypes::i64), t(3, {1}, dtypes::i64),
+                                      t(4, {1}, dtypes::i64), 0, TensorId{5}));
+  l.attrs.clear();
+  EXPECT_EQ(expect_invalid(l), ErrorCode::Invalid);
+}
+
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)
 
 TEST(KindName, FamilyColonVariantAndSpecialCases) {

@@ -301,6 +301,17 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
     }
     case Signature::Rfft: return b::rfft(x(), 1, 4, o, d.fresh());
     case Signature::IRfft: return b::irfft(x(), data(d, s, t), 1, std::nullopt, o);
+    case Signature::Attention:
+      return b::attention(data(d, {1, 2, 3, 4}, t), data(d, {1, 2, 5, 4}, t), data(d, {1, 2, 5, 2}, t),
+                          d.boolean({1, 1, 3, 5}, std::vector<bool>(15, false)), data(d, {1, 2, 1, 5}, t),
+                          {0.5, 3.0, true}, o);
+    case Signature::CtcLoss:
+    case Signature::CtcLossBackward: {
+      const TensorIr lp = data(d, {4, 2, 3}, t), targets = d.i64({2, 2}, index, {1, 2, 2, 1});
+      const TensorIr il = d.i64({2}, dtypes::i32, {4, 3}), tl = d.i64({2}, index, {2, 1});
+      if (k == K::Module_CtcLoss) return b::ctc_loss(lp, targets, il, tl, 0, o);
+      return b::ctc_loss_backward(lp, targets, il, tl, data(d, {2}, t), 0, o);
+    }
   }
   return std::nullopt;
 }

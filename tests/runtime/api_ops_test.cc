@@ -1356,5 +1356,57 @@ TEST_F(ApiOps, RfftAndIRfft) {
   EXPECT_EQ(kinds_of([&] { (void)s->rfft(x, 2); }), Kinds{});
 }
 
+// ---- Attention and the CTC loss
+
+// Scores 0 and ln 3 weigh the values 4 and 8 by ¼ and ¾; Burn's mask (true masks out), a bias, the
+// bottom-right causal diagonal.
+TEST_F(ApiOps, AttentionOptionsMaskAndBias) {
+  const float l3 = std::log(3.0f);
+  Tensor q = f32({1}, {1, 1, 1, 1}), k = f32({0, l3}, {1, 1, 2, 1}), v = f32({4, 8}, {1, 1, 2, 1});
+  const ir::build::AttentionOptions one{1.0, std::nullopt, false};
+  const Shape row{1, 1, 1, 1};
+  expect_near(get(s->attention(q, k, v, std::nullopt, std::nullopt, one), row), {7});
+  expect_near(get(s->attention(q, k, v, bools({false, true}, {1, 1, 1, 2}), std::nullopt, one), row), {4});
+  expect_near(get(s->attention(q, k, v, std::nullopt, f32({l3, 0}, {1, 1, 1, 2}), one), row), {6});
+  expect_near(get(s->attention(q, k, v, bools({true, true}, {1, 1, 1, 2})), row), {0});  // every key masked
+  Tensor q2 = f32({0, 0}, {1, 1, 2, 1}), k3 = f32({0, 0, 0}, {1, 1, 3, 1}), v3 = f32({3, 6, 12}, {1, 1, 3, 1});
+  expect_near(
+      get(s->attention(q2, k3, v3, std::nullopt, std::nullopt, {std::nullopt, std::nullopt, true}), {1, 1, 2, 1}),
+      {4.5, 7});
+  EXPECT_EQ(kinds_of([&] { ok(s->attention(q, k, v)); }), (Kinds{"Module::Attention"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->attention(q, k, v, std::nullopt, f32({0, 0}, {1, 1, 1, 2})));
+            }),
+            (Kinds{"Module::Attention"}));
+  EXPECT_NAMES(error_of(s->attention(q, k, f32({1, 2, 3}, {1, 1, 3, 1}))), "Attention: value");
+  EXPECT_NAMES(error_of(s->attention(q, k, v, f32({0, 0}, {1, 1, 1, 2}))), "Attention: mask must be a bool dtype");
+  EXPECT_NAMES(error_of(s->attention(q, k, v, std::nullopt, std::nullopt, {std::nullopt, -1.0, false})),
+               "Attention: softcap must be finite and positive");
+  EXPECT_EQ(kinds_of([&] { (void)s->attention(q, k, f32({1, 2, 3}, {1, 1, 3, 1})); }), Kinds{});
+}
+
+// Two steps of p = (0.4, 0.6), target [1]: the paths 11, b1, 1b give 0.84; the gradient is Burn's
+// grad_loss · (exp(lp) − the posterior of each class at each step).
+TEST_F(ApiOps, CtcLossAndItsBackward) {
+  const float a = std::log(0.4f), c = std::log(0.6f);
+  Tensor lp = f32({a, c, a, c}, {2, 1, 2});
+  Tensor targets = i64({1}, {1, 1}), il = i64({2}, {1}), tl = i64({1}, {1});
+  expect_near(get(s->ctc_loss(lp, targets, il, tl), {1}), {-std::log(0.84)});
+  const double pb = 0.24 / 0.84, p1 = 0.6 / 0.84;  // blank: b1 at t 0, 1b at t 1; label: the rest
+  expect_near(get(s->ctc_loss_backward(lp, targets, il, tl, f32({2}, {1})), {2, 1, 2}),
+              {2 * (0.4 - pb), 2 * (0.6 - p1), 2 * (0.4 - pb), 2 * (0.6 - p1)});
+  EXPECT_EQ(kinds_of([&] { ok(s->ctc_loss(lp, targets, il, tl)); }), (Kinds{"Module::CtcLoss"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->ctc_loss_backward(lp, targets, il, tl, f32({1}, {1}))); }),
+            (Kinds{"Module::CtcLossBackward"}));
+  // Builder errors name the op and the values; a length beyond T passes the builder (it sees
+  // shapes) and fails at execution.
+  EXPECT_NAMES(error_of(s->ctc_loss(lp, targets, il, tl, 2)), "CtcLoss: blank 2 out of range");
+  EXPECT_NAMES(error_of(s->ctc_loss(lp, f32({1}, {1, 1}), il, tl)), "CtcLoss: targets");
+  EXPECT_NAMES(error_of(s->ctc_loss_backward(lp, targets, il, tl, f32({1, 1}, {2}))), "CtcLossBackward: grad_loss");
+  EXPECT_EQ(kinds_of([&] { (void)s->ctc_loss(lp, targets, il, tl, 2); }), Kinds{});
+  Tensor far = ok(s->ctc_loss(lp, targets, i64({3}, {1}), tl));
+  EXPECT_FALSE(s->to_host<float>(std::move(far)).ok());
+}
+
 }  // namespace
 }  // namespace kiln::runtime

@@ -488,6 +488,39 @@ Result<Operation> rfft(const TensorIr& signal, std::uint64_t dim, std::optional<
 Result<Operation> irfft(const TensorIr& input_re, const TensorIr& input_im, std::uint64_t dim,
                         std::optional<std::uint64_t> n, TensorId out_signal);
 
+// ---- Attention and the CTC loss (docs/spec/ir.md §5.8, §6.3; Burn's attention and ctc_loss)
+
+// Attention's options (Burn's AttentionModuleOptions): scale defaults to 1 / sqrt(head_dim);
+// softcap, when given, maps every score s to softcap · tanh(s / softcap) before any masking.
+struct AttentionOptions {
+  std::optional<double> scale;
+  std::optional<double> softcap;
+  bool is_causal = false;
+};
+// Attention{query [B, H, Lq, D], key [B, H, Lk, D], value [B, H, Lk, Dv], mask? (bool), attn_bias?,
+// options} → [B, H, Lq, Dv], query's dtype: softmax over the keys of the scores q·kᵀ·scale, softcapped,
+// with −inf where mask is true (Burn: true masks out) and, when causal, where key j > query i +
+// Lk − Lq (Burn's bottom-right diagonal), plus attn_bias; a row with every key masked gives 0.
+// same(query, key, value, attn_bias?); mask and attn_bias of rank 4, each dim the scores' or 1;
+// scale finite, softcap finite and > 0 (Burn asserts it). attrs [present, is_causal, bits(scale),
+// bits(softcap)] (kPresent* bits, operation.h).
+Result<Operation> attention(const TensorIr& query, const TensorIr& key, const TensorIr& value,
+                            const std::optional<TensorIr>& mask, const std::optional<TensorIr>& attn_bias,
+                            const AttentionOptions& options, TensorId out);
+// CtcLoss{log_probs [T, N, C], targets [N, S], input_lengths [N], target_lengths [N], blank} → [N],
+// log_probs' dtype: per sample −log of the summed probability of every alignment of its first
+// target_lengths[n] labels to its first input_lengths[n] steps (+inf when there is none; PyTorch's
+// reduction "none", zero_infinity false). Targets and lengths of integer dtypes, blank < C; the
+// values (lengths within T and S, labels in [0, C) and not blank) are checked at execution.
+Result<Operation> ctc_loss(const TensorIr& log_probs, const TensorIr& targets, const TensorIr& input_lengths,
+                           const TensorIr& target_lengths, std::uint64_t blank, TensorId out);
+// CtcLossBackward{log_probs, targets, input_lengths, target_lengths, grad_loss [N] (float), blank}
+// → log_probs' shape and dtype: Burn's (and PyTorch's) gradient grad_loss[n] · (exp(lp) − the
+// alignment posterior of each class), 0 from input_lengths[n] on.
+Result<Operation> ctc_loss_backward(const TensorIr& log_probs, const TensorIr& targets, const TensorIr& input_lengths,
+                                    const TensorIr& target_lengths, const TensorIr& grad_loss, std::uint64_t blank,
+                                    TensorId out);
+
 // ---- Lifecycle, custom, collectives
 
 // Init{out}: registers a tensor provided out of band.

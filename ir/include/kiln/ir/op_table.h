@@ -84,6 +84,10 @@ bool group_admits(OpGroup g, Family f);
 //   Interpolate, InterpolateBackward [out_h, out_w, mode (an InterpolateMode), align_corners]
 //   Unfold4d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1]
 //   Rfft, IRfft [dim, n]  (n = 0: none given, the dim's length decides; a given n is at least 1)
+//   Attention [present, is_causal, bits(scale), bits(softcap)]  (present: kPresentMask |
+//     kPresentBias for the optional inputs mask?, attn_bias?, in that order after query, key, value;
+//     kPresentScale / kPresentSoftcap when the f64 in attribute 2 / 3 is given, else it is 0)
+//   CtcLoss, CtcLossBackward [blank]
 enum class Signature : std::uint8_t {
   Unary,
   Binary,
@@ -152,6 +156,9 @@ enum class Signature : std::uint8_t {
   Unfold4d,
   Rfft,
   IRfft,
+  Attention,
+  CtcLoss,
+  CtcLossBackward,
   Drop,
 };
 

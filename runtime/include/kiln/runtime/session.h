@@ -517,6 +517,24 @@ class Session {
   // D(input_re): the real signal whose one-sided DFT the bins are (scaled by 1 / n).
   Result<Tensor> irfft(Tensor input_re, Tensor input_im, std::uint64_t dim,
                        std::optional<std::uint64_t> n = std::nullopt);
+  // Attention and the CTC loss (float; docs/spec/ir.md §5.8, §6.3; Burn's attention and ctc_loss).
+  // No §5.11 row: each call emits the one Module kind of its name (the builder's error values).
+  // Module Attention{query [B, H, Lq, D], key [B, H, Lk, D], value [B, H, Lk, Dv], mask?, attn_bias?,
+  // options} → [B, H, Lq, Dv], D(query): softmax(q·kᵀ·scale softcapped, −inf where mask is true
+  // (Burn: true masks out) and above the bottom-right causal diagonal, + attn_bias) · v; a row with
+  // every key masked gives 0. scale defaults to 1 / sqrt(D).
+  Result<Tensor> attention(Tensor query, Tensor key, Tensor value, std::optional<Tensor> mask = std::nullopt,
+                           std::optional<Tensor> attn_bias = std::nullopt,
+                           const ir::build::AttentionOptions& options = {});
+  // Module CtcLoss{log_probs [T, N, C], targets [N, S], input_lengths [N], target_lengths [N]
+  // (integers), blank} → [N], D(log_probs): −log P per sample, +inf when no alignment exists. A
+  // length or label out of range (or a blank label) fails at execution.
+  Result<Tensor> ctc_loss(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
+                          std::uint64_t blank = 0);
+  // Module CtcLossBackward{…, grad_loss [N], blank} → S(log_probs), D(log_probs): Burn's gradient
+  // grad_loss · (exp(log_probs) − the alignment posteriors), 0 past each input length.
+  Result<Tensor> ctc_loss_backward(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
+                                   Tensor grad_loss, std::uint64_t blank = 0);
 
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
