@@ -536,6 +536,33 @@ Result<ir::Operation> rebuild_ctc(const ir::Operation& op) {
   return build::ctc_loss_backward(in[0], in[1], in[2], in[3], in[4], blank, out);
 }
 
+// DeformableConv2d{x, offset, weight, mask?, bias?; present, s0, s1, p0, p1, d0, d1, wg, og} and its
+// backward (out_grad last; outputs input_grad, offset_grad, weight_grad, mask_grad?, bias_grad?):
+// the presence bits say which optional inputs follow weight and which optional outputs follow
+// weight_grad; unknown bits, or input or output counts the bits do not announce, are refused here.
+Result<ir::Operation> rebuild_deformable(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const auto outs = op.outputs();
+  std::uint64_t a[9] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  if (a[0] > static_cast<std::uint64_t>(ir::kPresentMask | ir::kPresentBias))
+    return make_error(ErrorCode::Invalid, fmt::format("{}: unknown presence bits {}", op.kind_name(), a[0]));
+  const bool has_mask = (a[0] & ir::kPresentMask) != 0, has_bias = (a[0] & ir::kPresentBias) != 0;
+  const std::size_t optional = (has_mask ? 1 : 0) + (has_bias ? 1 : 0);
+  const bool backward = op.info().signature == Signature::DeformableConv2dBackward;
+  if (in.size() != 3 + optional + (backward ? 1 : 0) || (backward && outs.size() != 3 + optional))
+    return unexpected_arity(op);
+  std::optional<ir::TensorIr> mask, bias;
+  if (has_mask) mask = in[3];
+  if (has_bias) bias = in[has_mask ? 4 : 3];
+  const build::DeformableConv2dOptions o{{a[1], a[2]}, {a[3], a[4]}, {a[5], a[6]}, a[7], a[8]};
+  if (!backward) return build::deformable_conv2d(in[0], in[1], in[2], mask, bias, o, outs[0].id);
+  build::DeformableConv2dGradIds ids{outs[0].id, outs[1].id, outs[2].id, std::nullopt, std::nullopt};
+  if (has_mask) ids.mask_grad = outs[3].id;
+  if (has_bias) ids.bias_grad = outs[has_mask ? 4 : 3].id;
+  return build::deformable_conv2d_backward(in[0], in[1], in[2], mask, bias, in.back(), o, ids);
+}
+
 // AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
 // to two u16 is rebuilt differently, so the comparison refuses it.
 Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
@@ -643,6 +670,8 @@ Result<ir::Operation> rebuild_module_kinds(const ir::Operation& op) {
     case Signature::ConvBackward:
     case Signature::ConvTransposeBackward:
     case Signature::ConvBiasBackward: return rebuild_conv(op);
+    case Signature::DeformableConv2d:
+    case Signature::DeformableConv2dBackward: return rebuild_deformable(op);
     case Signature::GridSample2d:
     case Signature::Interpolate:
     case Signature::InterpolateBackward:
@@ -660,12 +689,15 @@ Result<ir::Operation> rebuild_module_kinds(const ir::Operation& op) {
 
 // The builder call that would have produced `op`, from its own inputs, scalars and attributes.
 Result<ir::Operation> rebuild(const ir::Operation& op) {
-  // Decoding held the output count to the signature's (Operation::validate); a hand-made op is
-  // held to it here, so that every rebuild below may read the outputs it expects.
-  const int outputs = ir::signature_info(op.info().signature).outputs;
-  if (outputs < 1 || op.outputs().size() != static_cast<std::size_t>(outputs))
+  // Decoding held the output count to the signature's range (Operation::validate); a hand-made op
+  // is held to it here, so that every rebuild below may read the outputs it expects (an op of
+  // optional outputs checks which it has itself). A variadic count (Custom) is never accepted.
+  const ir::SignatureInfo& sig = ir::signature_info(op.info().signature);
+  const std::size_t outputs = op.outputs().size();
+  if (sig.min_outputs < 1 || sig.max_outputs == ir::kVariadic || outputs < static_cast<std::size_t>(sig.min_outputs) ||
+      outputs > static_cast<std::size_t>(sig.max_outputs))
     return make_error(ErrorCode::Invalid,
-                      fmt::format("{}: not accepted over IPC ({} outputs)", op.kind_name(), op.outputs().size()));
+                      fmt::format("{}: not accepted over IPC ({} outputs)", op.kind_name(), outputs));
   switch (op.info().signature) {
     case Signature::Unary:
     case Signature::Binary:

@@ -965,7 +965,7 @@ struct OutputSpec {
   DType dtype;
 };
 
-// A module op with several outputs (Rfft's two).
+// A module op with several outputs (Rfft's two, DeformableConv2dBackward's three to five).
 Result<Operation> module_op_outputs(const Ctx& c, std::initializer_list<const TensorIr*> inputs,
                                     std::span<const OutputSpec> outputs, AttrList attrs) {
   Operation op = new_op(c, DType{});
@@ -1768,6 +1768,135 @@ Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, co
 Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose3dOptions& options, TensorId out) {
   return conv_transpose(OpKind::Module_ConvTranspose3d, x, weight, bias, conv_options(options), out);
+}
+
+// ---- Deformable convolution (docs/spec/ir.md §5.8, §6.3)
+
+namespace {
+// The forward's kernel taps (kh · kw) and output shape [N, C_out, H', W'].
+struct DeformGeometry {
+  std::uint64_t taps = 0;
+  Shape out;
+};
+
+Status check_deform_options(const Ctx& c, const DeformableConv2dOptions& o) {
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "stride", o.stride, 2, 1));
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "padding", o.padding, 2, 0));
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "dilation", o.dilation, 2, 1));
+  if (o.weight_groups == 0 || o.offset_groups == 0)
+    return c.error(ErrorCode::Invalid, fmt::format("weight_groups {} and offset_groups {} must be at least 1",
+                                                   o.weight_groups, o.offset_groups));
+  return check_attr_range(c, {o.weight_groups, o.offset_groups}, "weight_groups or offset_groups");
+}
+
+// x [N, C_in, H, W] and weight [C_out, C_in / wg, kh, kw] (float, rank 4), C_in and C_out divisible
+// by wg and C_in by og; the output by the conv formula.
+Result<DeformGeometry> deform_geometry(const Ctx& c, const TensorIr& x, const TensorIr& weight,
+                                       const DeformableConv2dOptions& o) {
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weight, "weight"));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weight, 4, "weight"));
+  KILN_RETURN_IF_ERROR(check_deform_options(c, o));
+  const std::uint64_t cin = x.shape[1], cout = weight.shape[0], wg = o.weight_groups;
+  if (cin % wg != 0 || cout % wg != 0 || weight.shape[1] != cin / wg)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} channels, weight {} ([C_out, C_in / weight_groups, kh, kw]) does not fit "
+                               "{} weight groups",
+                               x.to_string(), cin, weight.to_string(), wg));
+  if (cin % o.offset_groups != 0)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("x {} has {} channels, not divisible by {} offset groups",
+                                                              x.to_string(), cin, o.offset_groups));
+  DeformGeometry g;
+  g.out = Shape{x.shape[0], cout};
+  for (std::size_t i = 0; i < 2; ++i) {
+    KILN_ASSIGN_OR_RETURN(std::uint64_t size, c.wrap(shape::conv_output(x.shape[2 + i], weight.shape[2 + i],
+                                                                        o.stride[i], o.padding[i], o.dilation[i])));
+    g.out.push_back(size);
+  }
+  if (__builtin_mul_overflow(weight.shape[2], weight.shape[3], &g.taps))
+    return c.error(ErrorCode::Invalid, fmt::format("weight {}: kh · kw overflows", weight.to_string()));
+  return g;
+}
+
+// offset [N, 2·og·taps, H', W'] and mask? [N, og·taps, H', W'] over the output's plane, bias? [C_out].
+Status check_deform_operands(const Ctx& c, const TensorIr& offset, const std::optional<TensorIr>& mask,
+                             const std::optional<TensorIr>& bias, const DeformGeometry& g, std::uint64_t og) {
+  std::uint64_t per_group = 0, offsets = 0;
+  if (__builtin_mul_overflow(og, g.taps, &per_group) || __builtin_mul_overflow(per_group, 2, &offsets))
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("{} offset groups of {} taps: the channel count overflows", og, g.taps));
+  const Shape want_offset{g.out[0], offsets, g.out[2], g.out[3]};
+  if (offset.shape != want_offset)
+    return c.error(
+        offset.shape.size() != 4 ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+        fmt::format("offset {} must have shape {} (2 · offset_groups · kh · kw channels over the output plane)",
+                    offset.to_string(), shape_to_string(want_offset)));
+  const Shape want_mask{g.out[0], per_group, g.out[2], g.out[3]};
+  if (mask && mask->shape != want_mask)
+    return c.error(mask->shape.size() != 4 ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+                   fmt::format("mask {} must have shape {} (offset_groups · kh · kw channels over the output plane)",
+                               mask->to_string(), shape_to_string(want_mask)));
+  return check_bias(c, bias, g.out[1]);
+}
+
+// same(x, weight, mask?, bias?) (§6.3; the forward adds offset).
+Status check_deform_dtypes(const Ctx& c, const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& mask,
+                           const std::optional<TensorIr>& bias) {
+  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
+  if (mask) KILN_RETURN_IF_ERROR(check_same(c, x, "x", *mask, "mask"));
+  return Status::Ok();
+}
+
+AttrList deform_attrs(bool mask, bool bias, const DeformableConv2dOptions& o) {
+  const std::int64_t present = (mask ? kPresentMask : 0) | (bias ? kPresentBias : 0);
+  return {present,
+          attr(o.stride[0]),
+          attr(o.stride[1]),
+          attr(o.padding[0]),
+          attr(o.padding[1]),
+          attr(o.dilation[0]),
+          attr(o.dilation[1]),
+          attr(o.weight_groups),
+          attr(o.offset_groups)};
+}
+}  // namespace
+
+Result<Operation> deformable_conv2d(const TensorIr& x, const TensorIr& offset, const TensorIr& weight,
+                                    const std::optional<TensorIr>& mask, const std::optional<TensorIr>& bias,
+                                    const DeformableConv2dOptions& options, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_DeformableConv2d};
+  KILN_ASSIGN_OR_RETURN(DeformGeometry g, deform_geometry(c, x, weight, options));
+  KILN_RETURN_IF_ERROR(check_same(c, x, "x", offset, "offset"));
+  KILN_RETURN_IF_ERROR(check_deform_dtypes(c, x, weight, mask, bias));
+  KILN_RETURN_IF_ERROR(check_deform_operands(c, offset, mask, bias, g, options.offset_groups));
+  return module_op(c, {&x, &offset, &weight, mask ? &*mask : nullptr, bias ? &*bias : nullptr}, std::move(g.out),
+                   x.dtype, out, deform_attrs(mask.has_value(), bias.has_value(), options));
+}
+
+Result<Operation> deformable_conv2d_backward(const TensorIr& x, const TensorIr& offset, const TensorIr& weight,
+                                             const std::optional<TensorIr>& mask, const std::optional<TensorIr>& bias,
+                                             const TensorIr& out_grad, const DeformableConv2dOptions& options,
+                                             const DeformableConv2dGradIds& ids) {
+  const Ctx c{Family::Module, OpKind::Module_DeformableConv2dBackward};
+  KILN_ASSIGN_OR_RETURN(DeformGeometry g, deform_geometry(c, x, weight, options));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, offset, "offset"));
+  KILN_RETURN_IF_ERROR(check_deform_dtypes(c, x, weight, mask, bias));
+  KILN_RETURN_IF_ERROR(check_deform_operands(c, offset, mask, bias, g, options.offset_groups));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, out_grad, "out_grad"));
+  if (out_grad.shape != g.out)
+    return c.error(out_grad.shape.size() != 4 ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+                   fmt::format("out_grad {} must have the forward's output shape {}", out_grad.to_string(),
+                               shape_to_string(g.out)));
+  if (mask.has_value() != ids.mask_grad.has_value() || bias.has_value() != ids.bias_grad.has_value())
+    return c.error(ErrorCode::Invalid, "mask_grad and bias_grad are outputs exactly when mask and bias are inputs");
+  std::vector<OutputSpec> outs{{ids.input_grad, x.shape, x.dtype},
+                               {ids.offset_grad, offset.shape, x.dtype},
+                               {ids.weight_grad, weight.shape, x.dtype}};
+  if (mask) outs.push_back({*ids.mask_grad, mask->shape, x.dtype});
+  if (bias) outs.push_back({*ids.bias_grad, bias->shape, x.dtype});
+  return module_op_outputs(c, {&x, &offset, &weight, mask ? &*mask : nullptr, bias ? &*bias : nullptr, &out_grad}, outs,
+                           deform_attrs(mask.has_value(), bias.has_value(), options));
 }
 
 // ---- Signals (docs/spec/ir.md §5.8, §6.3)

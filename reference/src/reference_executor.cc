@@ -403,6 +403,8 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Attention: return run_attention(c);
     case S::CtcLoss: return run_ctc_loss(c);
     case S::CtcLossBackward: return run_ctc_loss_backward(c);
+    case S::DeformableConv2d: return run_deformable_conv2d(c);
+    case S::DeformableConv2dBackward: return run_deformable_conv2d_backward(c);
   }
   return c.error(ErrorCode::Internal, "no kernel for this signature");
 }

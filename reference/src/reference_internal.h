@@ -347,6 +347,10 @@ Result<Outputs> run_attention(const Ctx& c);
 // reference_ctc.cc: the CTC loss per sample and its gradient (log-space alpha / beta in f64)
 Result<Outputs> run_ctc_loss(const Ctx& c);
 Result<Outputs> run_ctc_loss_backward(const Ctx& c);
+// reference_deformable.cc: torchvision's deformable convolution and its gradients (three to five
+// outputs: input, offset, weight, mask?, bias?)
+Result<Outputs> run_deformable_conv2d(const Ctx& c);
+Result<Outputs> run_deformable_conv2d_backward(const Ctx& c);
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

@@ -1253,6 +1253,61 @@ Result<Tensor> Session::conv_transpose3d_bias_backward(Tensor x, Tensor bias, Te
                       {});
 }
 
+// ---- The deformable convolution (docs/spec/ir.md §5.8; no §5.11 row: the Module kind of the
+// call's name)
+
+namespace {
+// x, offset, weight, then the optional mask and bias as given (the presence bits say which).
+std::vector<Tensor> deformable_inputs(Tensor x, Tensor offset, Tensor weight, std::optional<Tensor> mask,
+                                      std::optional<Tensor> bias) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(x));
+  in.push_back(std::move(offset));
+  in.push_back(std::move(weight));
+  if (mask) in.push_back(std::move(*mask));
+  if (bias) in.push_back(std::move(*bias));
+  return in;
+}
+
+std::optional<TensorIr> input_if(bool present, std::span<const TensorIr> t, std::size_t i) {
+  return present ? std::optional<TensorIr>(t[i]) : std::nullopt;
+}
+}  // namespace
+
+Result<Tensor> Session::deformable_conv2d(Tensor x, Tensor offset, Tensor weight, std::optional<Tensor> mask,
+                                          std::optional<Tensor> bias, const build::DeformableConv2dOptions& options) {
+  const bool has_mask = mask.has_value(), has_bias = bias.has_value();
+  std::vector<Tensor> in =
+      deformable_inputs(std::move(x), std::move(offset), std::move(weight), std::move(mask), std::move(bias));
+  return run_op(in, [has_mask, has_bias, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::deformable_conv2d(t[0], t[1], t[2], input_if(has_mask, t, 3), input_if(has_bias, t, has_mask ? 4 : 3),
+                                    options, out);
+  });
+}
+
+Result<DeformableConv2dGrads> Session::deformable_conv2d_backward(Tensor x, Tensor offset, Tensor weight,
+                                                                  std::optional<Tensor> mask,
+                                                                  std::optional<Tensor> bias, Tensor out_grad,
+                                                                  const build::DeformableConv2dOptions& options) {
+  const bool has_mask = mask.has_value(), has_bias = bias.has_value();
+  std::vector<Tensor> in =
+      deformable_inputs(std::move(x), std::move(offset), std::move(weight), std::move(mask), std::move(bias));
+  in.push_back(std::move(out_grad));
+  std::vector<std::optional<Tensor>> out(3 + (has_mask ? 1 : 0) + (has_bias ? 1 : 0));
+  KILN_RETURN_IF_ERROR(run_op_outputs(
+      in, out, [has_mask, has_bias, &options](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        build::DeformableConv2dGradIds grads{ids[0], ids[1], ids[2], std::nullopt, std::nullopt};
+        if (has_mask) grads.mask_grad = ids[3];
+        if (has_bias) grads.bias_grad = ids[has_mask ? 4 : 3];
+        return build::deformable_conv2d_backward(t[0], t[1], t[2], input_if(has_mask, t, 3),
+                                                 input_if(has_bias, t, has_mask ? 4 : 3), t.back(), options, grads);
+      }));
+  DeformableConv2dGrads g{std::move(*out[0]), std::move(*out[1]), std::move(*out[2]), std::nullopt, std::nullopt};
+  if (has_mask) g.mask_grad = std::move(out[3]);
+  if (has_bias) g.bias_grad = std::move(out[has_mask ? 4 : 3]);
+  return g;
+}
+
 // ---- Pools beyond max_pool2d / avg_pool2d, and their gradients (docs/spec/ir.md §5.8; no §5.11
 // row: the Module kind of the call's name)
 

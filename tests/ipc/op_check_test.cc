@@ -1344,5 +1344,91 @@ TEST(OperationCheck, RefusesHostileCtcOperations) {
       ops, back, [](Op& op) { op.tensors.erase(op.tensors.begin() + 4), op.num_inputs = 4; }, "unexpected number");
 }
 
+// ---- The deformable convolution (Session calls): presence bits for mask? and bias?, the
+// backward's three to five outputs.
+
+std::vector<ir::Operation> deformable_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  build::DeformableConv2dOptions o;  // x [1, 4, 5, 5], weight [6, 2, 3, 3]: output [1, 6, 3, 3]
+  o.weight_groups = o.offset_groups = 2;
+  const TensorIr x = in(1, {1, 4, 5, 5}), offset = in(2, {1, 36, 3, 3}), weight = in(3, {6, 2, 3, 3});
+  const TensorIr mask = in(4, {1, 18, 3, 3}), bias = in(5, {6}), grad = in(6, {1, 6, 3, 3});
+  const build::DeformableConv2dGradIds all{out, TensorId(11), TensorId(12), TensorId(13), TensorId(14)};
+  return {
+      built(build::deformable_conv2d(x, offset, weight, mask, bias, o, out)),
+      built(build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, o, out)),
+      built(build::deformable_conv2d(x, offset, weight, std::nullopt, bias, o, out)),
+      built(build::deformable_conv2d_backward(x, offset, weight, mask, bias, grad, o, all)),
+      built(build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, grad, o,
+                                              {out, TensorId(11), TensorId(12), std::nullopt, std::nullopt})),
+      built(build::deformable_conv2d_backward(x, offset, weight, std::nullopt, bias, grad, o,
+                                              {out, TensorId(11), TensorId(12), std::nullopt, TensorId(14)})),
+  };
+}
+
+TEST(OperationCheck, AcceptsTheDeformableConvolutionKinds) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : deformable_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t i = 0; i < op.outputs().size(); ++i) {
+      ir::Operation lie = op;
+      lie.outputs()[i].shape.back() += 1;
+      expect_refused(lie, "output " + std::to_string(i));
+      ir::Operation wrong_dtype = op;
+      wrong_dtype.outputs()[i].dtype = DType(DTypeKind::F64);
+      expect_refused(wrong_dtype, "output " + std::to_string(i));
+    }
+  }
+}
+
+TEST(OperationCheck, RefusesHostileDeformableConvolutions) {
+  const std::vector<ir::Operation> ops = deformable_ops();
+  using Op = ir::Operation;
+  const OpKind fwd = OpKind::Module_DeformableConv2d, back = OpKind::Module_DeformableConv2dBackward;
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[0] = 4; }, "unknown presence bits 4");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[0] = -1; }, "attribute 0 missing or negative");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[0] = ir::kPresentMask; }, "unexpected number");  // 5 inputs, 1 announced
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { std::swap(op.tensors[3], op.tensors[4]); }, "mask");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[1] = 0; }, "stride");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[8] = 3; }, "not divisible by 3 offset groups");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[7] = 4; }, "does not fit 4 weight groups");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, fwd,
+      [](Op& op) {
+        op.tensors[1].shape = {1, 35, 3, 3};
+      },
+      "offset");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.tensors[1].dtype = DType(DTypeKind::F64); }, "dtypes differ");
+  // The backward: outputs the bits do not announce, a relabelled forward, a bad out_grad.
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors.pop_back(); }, "unexpected number");  // no bias_grad
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.attrs[0] = ir::kPresentMask; }, "unexpected number");
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[5].shape = {1, 6, 3, 2};
+      },
+      "out_grad");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[5].dtype = kI64; }, "out_grad");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.kind = OpKind::Module_DeformableConv2d; }, "(5 outputs)");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.kind = OpKind::Module_DeformableConv2dBackward; }, "(1 outputs)");
+}
+
 }  // namespace
 }  // namespace kiln::ipc

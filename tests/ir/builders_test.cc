@@ -408,6 +408,18 @@ Result<Operation> build_pool(OpKind kind, TensorId o) {
   }
 }
 
+// A deformable convolution of x [1, 4, 5, 5] by weight [6, 2, 3, 3] (2 weight groups, 2 offset
+// groups) with mask and bias: output [1, 6, 3, 3], offset [1, 36, 3, 3], mask [1, 18, 3, 3].
+Result<Operation> deformable_any(OpKind kind, TensorId o) {
+  build::DeformableConv2dOptions opts;
+  opts.weight_groups = opts.offset_groups = 2;
+  const TensorIr x = t(1, {1, 4, 5, 5}), offset = t(2, {1, 36, 3, 3}), weight = t(3, {6, 2, 3, 3}),
+                 mask = t(4, {1, 18, 3, 3}), bias = t(5, {6});
+  if (kind == OpKind::Module_DeformableConv2d) return build::deformable_conv2d(x, offset, weight, mask, bias, opts, o);
+  return build::deformable_conv2d_backward(x, offset, weight, mask, bias, t(6, {1, 6, 3, 3}), opts,
+                                           {o, id(11), id(12), id(13), id(14)});
+}
+
 // Every row of the op table can be built through the builder of its signature.
 Result<Operation> build_any(OpKind kind) {
   const OpInfo& info = op_info(kind);
@@ -527,6 +539,8 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::CtcLossBackward:
       return build::ctc_loss_backward(t(1, {6, 2, 4}), t(2, {2, 3}, dtypes::i64), t(3, {2}, dtypes::i64),
                                       t(4, {2}, dtypes::i32), t(5, {2}), 0, o);
+    case Signature::DeformableConv2d:
+    case Signature::DeformableConv2dBackward: return deformable_any(kind, o);
   }
   return make_error(ErrorCode::Internal, "unreachable");
 }
@@ -2018,6 +2032,140 @@ TEST(BuildResample, Unfold4dShapesAttrsAndErrors) {
   EXPECT_ERR(r, ErrorCode::Invalid);
   EXPECT_NE(message_of(r).find("overflows"), std::string::npos) << message_of(r);
   EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, {}, id(1)), ErrorCode::Invalid);
+}
+
+// ---- Deformable convolution (docs/spec/ir.md §5.8, §6.3)
+
+// DeformableConv2d{x, offset, weight, mask?, bias?, options} → [N, C_out, H', W'] by the conv
+// formula; attrs [present, s0, s1, p0, p1, d0, d1, wg, og], the optional tensors after weight.
+TEST(BuildDeformable, ForwardShapesPresenceBitsAndAttrs) {
+  const TensorIr x = t(1, {1, 4, 5, 5}, dtypes::f64), weight = t(3, {6, 4, 3, 3}, dtypes::f64);
+  BUILD(plain,
+        build::deformable_conv2d(x, t(2, {1, 18, 3, 3}, dtypes::f64), weight, std::nullopt, std::nullopt, {}, id(6)));
+  EXPECT_EQ(out(plain), TensorIr::uninit(id(6), {1, 6, 3, 3}, dtypes::f64));
+  EXPECT_EQ(plain.attrs, (AttrList{0, 1, 1, 0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(plain.num_inputs, 3);
+  EXPECT_EQ(plain.kind_name(), "Module::DeformableConv2d");
+  // Stride 2, padding 1, dilation 2 on [2, 4, 7, 9]: H' = (7 + 2 − 4 − 1) / 2 + 1 = 3, W' = 4.
+  build::DeformableConv2dOptions o;
+  o.stride = {2, 2}, o.padding = {1, 1}, o.dilation = {2, 2};
+  const TensorIr x2 = t(1, {2, 4, 7, 9}), w2 = t(3, {6, 4, 3, 3}), mask = t(4, {2, 9, 3, 4}), bias = t(5, {6});
+  BUILD(full, build::deformable_conv2d(x2, t(2, {2, 18, 3, 4}), w2, mask, bias, o, id(6)));
+  EXPECT_EQ(out(full).shape, (Shape{2, 6, 3, 4}));
+  EXPECT_EQ(full.attrs, (AttrList{kPresentMask | kPresentBias, 2, 2, 1, 1, 2, 2, 1, 1}));
+  EXPECT_EQ(full.inputs()[3], mask);
+  EXPECT_EQ(full.inputs()[4], bias);
+  BUILD(bias_only, build::deformable_conv2d(x2, t(2, {2, 18, 3, 4}), w2, std::nullopt, bias, o, id(6)));
+  EXPECT_EQ(bias_only.attrs[0], kPresentBias);
+  EXPECT_EQ(bias_only.inputs()[3], bias);
+  // Groups: C_in 4 over 2 weight groups (weight [6, 2, 3, 3]) and 4 offset groups (offset 72).
+  o = {};
+  o.weight_groups = 2, o.offset_groups = 4;
+  BUILD(grouped, build::deformable_conv2d(t(1, {1, 4, 5, 5}), t(2, {1, 72, 3, 3}), t(3, {6, 2, 3, 3}),
+                                          t(4, {1, 36, 3, 3}), std::nullopt, o, id(6)));
+  EXPECT_EQ(grouped.attrs, (AttrList{kPresentMask, 1, 1, 0, 0, 1, 1, 2, 4}));
+}
+
+// The backward's outputs: input_grad, offset_grad, weight_grad, then mask_grad? and bias_grad? iff
+// mask? and bias? are inputs; every one x's dtype (offset is not checked, §6.3).
+TEST(BuildDeformable, BackwardOutputsFollowThePresenceBits) {
+  const TensorIr x = t(1, {1, 4, 5, 5}), offset = t(2, {1, 18, 3, 3}, dtypes::f64), weight = t(3, {6, 4, 3, 3}),
+                 mask = t(4, {1, 9, 3, 3}), bias = t(5, {6}), grad = t(6, {1, 6, 3, 3}, dtypes::f16);
+  BUILD(plain, build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, grad, {},
+                                                 {id(7), id(8), id(9), std::nullopt, std::nullopt}));
+  ASSERT_EQ(plain.outputs().size(), 3u);
+  EXPECT_EQ(out(plain, 0), TensorIr::uninit(id(7), {1, 4, 5, 5}, dtypes::f32));
+  EXPECT_EQ(out(plain, 1), TensorIr::uninit(id(8), {1, 18, 3, 3}, dtypes::f32));
+  EXPECT_EQ(out(plain, 2), TensorIr::uninit(id(9), {6, 4, 3, 3}, dtypes::f32));
+  EXPECT_EQ(plain.num_inputs, 4);
+  BUILD(both, build::deformable_conv2d_backward(x, offset, weight, mask, bias, grad, {},
+                                                {id(7), id(8), id(9), id(10), id(11)}));
+  ASSERT_EQ(both.outputs().size(), 5u);
+  EXPECT_EQ(out(both, 3), TensorIr::uninit(id(10), {1, 9, 3, 3}, dtypes::f32));
+  EXPECT_EQ(out(both, 4), TensorIr::uninit(id(11), {6}, dtypes::f32));
+  EXPECT_EQ(both.inputs()[5], grad);
+  EXPECT_EQ(both.attrs[0], kPresentMask | kPresentBias);
+  BUILD(bias_only, build::deformable_conv2d_backward(x, offset, weight, std::nullopt, bias, grad, {},
+                                                     {id(7), id(8), id(9), std::nullopt, id(11)}));
+  ASSERT_EQ(bias_only.outputs().size(), 4u);
+  EXPECT_EQ(out(bias_only, 3), TensorIr::uninit(id(11), {6}, dtypes::f32));
+  auto r = build::deformable_conv2d_backward(x, offset, weight, mask, std::nullopt, grad, {},
+                                             {id(7), id(8), id(9), std::nullopt, std::nullopt});
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(
+      message_of(r),
+      "Module::DeformableConv2dBackward: mask_grad and bias_grad are outputs exactly when mask and bias are inputs");
+  EXPECT_ERR(build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, grad, {},
+                                               {id(7), id(8), id(9), std::nullopt, id(11)}),
+             ErrorCode::Invalid);
+  r = build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, t(6, {1, 6, 3, 2}), {},
+                                        {id(7), id(8), id(9), std::nullopt, std::nullopt});
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(
+      message_of(r),
+      "Module::DeformableConv2dBackward: out_grad t6:f32[1,6,3,2] must have the forward's output shape [1,6,3,3]");
+  EXPECT_ERR(build::deformable_conv2d_backward(x, offset, weight, t(4, {1, 9, 3, 3}, dtypes::f64), std::nullopt, grad,
+                                               {}, {id(7), id(8), id(9), id(10), std::nullopt}),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, grad, {},
+                                               {id(7), id(7), id(9), std::nullopt, std::nullopt}),
+             ErrorCode::Invalid);  // one id twice
+}
+
+TEST(BuildDeformable, ErrorsNameTheOpAndTheValues) {
+  const TensorIr x = t(1, {1, 4, 5, 5}), offset = t(2, {1, 36, 3, 3}), weight = t(3, {6, 2, 3, 3});
+  build::DeformableConv2dOptions o;
+  o.weight_groups = o.offset_groups = 2;
+  auto r = build::deformable_conv2d(x, offset, t(3, {6, 3, 3, 3}), std::nullopt, std::nullopt, o, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: x t1:f32[1,4,5,5] has 4 channels, weight t3:f32[6,3,3,3] ([C_out, C_in / "
+            "weight_groups, kh, kw]) does not fit 2 weight groups");
+  build::DeformableConv2dOptions three = o;
+  three.offset_groups = 3;
+  r = build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, three, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: x t1:f32[1,4,5,5] has 4 channels, not divisible by 3 offset groups");
+  r = build::deformable_conv2d(x, t(2, {1, 35, 3, 3}), weight, std::nullopt, std::nullopt, o, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: offset t2:f32[1,35,3,3] must have shape [1,36,3,3] (2 · offset_groups · kh · kw "
+            "channels over the output plane)");
+  r = build::deformable_conv2d(x, offset, weight, t(4, {1, 18, 3, 2}), std::nullopt, o, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: mask t4:f32[1,18,3,2] must have shape [1,18,3,3] (offset_groups · kh · kw "
+            "channels over the output plane)");
+  EXPECT_ERR(build::deformable_conv2d(x, t(2, {36, 3, 3}), weight, std::nullopt, std::nullopt, o, id(6)),
+             ErrorCode::RankMismatch);
+  r = build::deformable_conv2d(x, offset, weight, std::nullopt, t(5, {5}), o, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::DeformableConv2d: bias t5:f32[5] must have shape [6]");
+  r = build::deformable_conv2d(x, t(2, {1, 36, 3, 3}, dtypes::f64), weight, std::nullopt, std::nullopt, o, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::DeformableConv2d: dtypes differ: x f32 vs offset f64");
+  build::DeformableConv2dOptions bad = o;
+  bad.stride = {0, 1};
+  r = build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, bad, id(6));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: stride [0,1]: every value must be at least 1 and fit an i64 attribute");
+  bad = o;
+  bad.weight_groups = 0;
+  r = build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, bad, id(6));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::DeformableConv2d: weight_groups 0 and offset_groups 2 must be at least 1");
+  bad = o;
+  bad.offset_groups = std::uint64_t{1} << 63;
+  EXPECT_ERR(build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, bad, id(6)), ErrorCode::Invalid);
+  EXPECT_ERR(build::deformable_conv2d(t(1, {1, 4, 2, 2}), offset, weight, std::nullopt, std::nullopt, o, id(6)),
+             ErrorCode::Invalid);  // a 3 x 3 kernel on a 2 x 2 image: the conv formula
+  EXPECT_ERR(build::deformable_conv2d(t(1, {4, 5, 5}), offset, weight, std::nullopt, std::nullopt, o, id(6)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(
+      build::deformable_conv2d(t(1, {1, 4, 5, 5}, dtypes::i32), offset, weight, std::nullopt, std::nullopt, o, id(6)),
+      ErrorCode::DTypeMismatch);
 }
 
 // ---- Signals (docs/spec/ir.md §5.8, §6.3)

@@ -136,6 +136,21 @@ Result<Operation> pool_sample(Device& d, K k, DType t, TensorId o) {
   }
 }
 
+// Either deformable kind on dtype t: x [1, 2, 4, 4], weight [2, 1, 2, 2] (2 weight groups), 2
+// offset groups, padding 1 (output [1, 2, 5, 5]), fractional offsets, a mask and a bias.
+Result<Operation> deformable_sample(Device& d, K k, DType t, TensorId o) {
+  b::DeformableConv2dOptions opts;
+  opts.padding = {1, 1};
+  opts.weight_groups = opts.offset_groups = 2;
+  const TensorIr x = data(d, {1, 2, 4, 4}, t), w = data(d, {2, 1, 2, 2}, t), bias = data(d, {2}, t);
+  std::vector<double> offsets(16 * 25);
+  for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = 0.375 * static_cast<double>(i % 7) - 1.125;
+  const TensorIr offset = d.f64({1, 16, 5, 5}, t, offsets), mask = data(d, {1, 8, 5, 5}, t);
+  if (k == K::Module_DeformableConv2d) return b::deformable_conv2d(x, offset, w, mask, bias, opts, o);
+  return b::deformable_conv2d_backward(x, offset, w, mask, bias, data(d, {1, 2, 5, 5}, t), opts,
+                                       {o, d.fresh(), d.fresh(), d.fresh(), d.fresh()});
+}
+
 std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
   const OpInfo& info = op_info(k);
   if (!applies(info.group, t)) return std::nullopt;
@@ -312,6 +327,8 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       if (k == K::Module_CtcLoss) return b::ctc_loss(lp, targets, il, tl, 0, o);
       return b::ctc_loss_backward(lp, targets, il, tl, data(d, {2}, t), 0, o);
     }
+    case Signature::DeformableConv2d:
+    case Signature::DeformableConv2dBackward: return deformable_sample(d, k, t, o);
   }
   return std::nullopt;
 }

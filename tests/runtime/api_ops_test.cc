@@ -1324,6 +1324,45 @@ TEST_F(ApiOps, Unfold4dIsIm2col) {
   EXPECT_EQ(kinds_of([&] { (void)s->unfold4d(small, {3, 1}); }), Kinds{});
 }
 
+// ---- The deformable convolution
+
+// A 1 x 1 kernel over [[1, 2], [3, 4]]: offsets (½, ½) average the four pixels at (0, 0); the mask
+// scales, the bias adds; the backward's gradients by hand.
+TEST_F(ApiOps, DeformableConv2dAndItsBackward) {
+  Tensor x = f32({1, 2, 3, 4}, {1, 1, 2, 2}), w = f32({2}, {1, 1, 1, 1});
+  Tensor offset = f32({0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f}, {1, 2, 2, 2});
+  const Shape out{1, 1, 2, 2};
+  expect_near(get(s->deformable_conv2d(x, offset, w), out), {5, 3, 3.5, 2});
+  Tensor mask = f32({1, 0, 2, 1}, {1, 1, 2, 2}), bias = f32({10}, {1});
+  expect_near(get(s->deformable_conv2d(x, offset, w, mask, bias), out), {15, 10, 17, 12});
+  EXPECT_EQ(kinds_of([&] { ok(s->deformable_conv2d(x, offset, w, mask)); }), (Kinds{"Module::DeformableConv2d"}));
+  // out_grad of ones at (0, 0) only: the weight gradient is the sample there (2.5), the input's a
+  // quarter of the weight on each pixel, the offsets' the bilinear slopes times the weight.
+  Tensor grad = f32({1, 0, 0, 0}, {1, 1, 2, 2});
+  DeformableConv2dGrads g = ok(s->deformable_conv2d_backward(x, offset, w, std::nullopt, bias, grad));
+  ASSERT_FALSE(g.mask_grad.has_value());
+  ASSERT_TRUE(g.bias_grad.has_value());
+  expect_near(get(std::move(g.input_grad), {1, 1, 2, 2}), {0.5, 0.5, 0.5, 0.5});
+  // d/dy at (½, ½): −½·1 − ½·2 + ½·3 + ½·4 = 2, d/dx: −½·1 + ½·2 − ½·3 + ½·4 = 1; times w = 2.
+  expect_near(get(std::move(g.offset_grad), {1, 2, 2, 2}), {4, 0, 0, 0, 2, 0, 0, 0});
+  expect_near(get(std::move(g.weight_grad), {1, 1, 1, 1}), {2.5});
+  expect_near(get(std::move(*g.bias_grad), {1}), {1});
+  EXPECT_EQ(kinds_of([&] { ok(s->deformable_conv2d_backward(x, offset, w, mask, std::nullopt, grad)); }),
+            (Kinds{"Module::DeformableConv2dBackward"}));
+  DeformableConv2dGrads with_mask = ok(s->deformable_conv2d_backward(x, offset, w, mask, std::nullopt, grad));
+  ASSERT_TRUE(with_mask.mask_grad.has_value());
+  expect_near(get(std::move(*with_mask.mask_grad), {1, 1, 2, 2}), {5, 0, 0, 0});  // w · the sample 2.5
+  // Errors name the op and the values; nothing is registered.
+  EXPECT_NAMES(error_of(s->deformable_conv2d(x, f32({0, 0}, {1, 2, 1, 1}), w)), "DeformableConv2d: offset");
+  EXPECT_NAMES(error_of(s->deformable_conv2d(x, offset, w, f32({1, 1}, {1, 1, 1, 2}))), "DeformableConv2d: mask");
+  Result<DeformableConv2dGrads> bad = s->deformable_conv2d_backward(x, offset, w, std::nullopt, std::nullopt, x);
+  EXPECT_TRUE(bad.ok());  // out_grad [1, 1, 2, 2] is the forward's output shape here
+  bad = s->deformable_conv2d_backward(x, offset, w, std::nullopt, std::nullopt, f32({1}, {1, 1, 1, 1}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "DeformableConv2dBackward: out_grad");
+  EXPECT_EQ(kinds_of([&] { (void)s->deformable_conv2d(x, f32({0, 0}, {1, 2, 1, 1}), w); }), Kinds{});
+}
+
 // ---- Signals
 
 // rfft of [1, 2, 3, 4] is 10, −2 + 2i, −2 (torch.fft.rfft); n pads or trims; irfft inverts it.

@@ -473,6 +473,42 @@ Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, co
 Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose3dOptions& options, TensorId out);
 
+// ---- Deformable convolution (docs/spec/ir.md §5.8, §6.3; torchvision's deform_conv2d, which
+// Burn's deform_conv2d follows)
+
+// DeformableConv2d's options (Burn's DeformConvOptions).
+struct DeformableConv2dOptions {
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  std::array<std::uint64_t, 2> dilation{1, 1};
+  std::uint64_t weight_groups = 1;
+  std::uint64_t offset_groups = 1;
+};
+// DeformableConv2d{x [N, C_in, H, W], offset [N, 2·og·kh·kw, H', W'], weight [C_out, C_in / wg, kh,
+// kw], mask? [N, og·kh·kw, H', W'], bias? [C_out], options} → [N, C_out, H', W'] by the conv formula,
+// x's dtype: tap (i, j) of output (h, w) reads channel c bilinearly (zeros outside) at (h·s0 − p0 +
+// i·d0 + dy, w·s1 − p1 + j·d1 + dx), (dy, dx) = offset channels 2·t, 2·t + 1 of c's offset group g,
+// t = (g·kh + i)·kw + j, scaled by mask channel t. same(x, offset, weight, mask?, bias?); stride,
+// dilation, wg, og >= 1; C_in and C_out divisible by wg, C_in by og. attrs [present, s0, s1, p0, p1,
+// d0, d1, wg, og] (kPresentMask, kPresentBias).
+Result<Operation> deformable_conv2d(const TensorIr& x, const TensorIr& offset, const TensorIr& weight,
+                                    const std::optional<TensorIr>& mask, const std::optional<TensorIr>& bias,
+                                    const DeformableConv2dOptions& options, TensorId out);
+// The outputs of DeformableConv2dBackward, in field order; mask_grad and bias_grad are given iff
+// the op has the mask and bias inputs.
+struct DeformableConv2dGradIds {
+  TensorId input_grad, offset_grad, weight_grad;
+  std::optional<TensorId> mask_grad, bias_grad;
+};
+// DeformableConv2dBackward{x, offset, weight, mask?, bias?, out_grad, options} → input_grad (S(x)),
+// offset_grad (S(offset)), weight_grad (S(weight)), mask_grad? (S(mask)), bias_grad? (S(bias)), all
+// x's dtype: the gradients of DeformableConv2d's output summed against out_grad (float, of the
+// forward's output shape). same(x, weight, mask?, bias?), offset float (§6.3 does not check it).
+Result<Operation> deformable_conv2d_backward(const TensorIr& x, const TensorIr& offset, const TensorIr& weight,
+                                             const std::optional<TensorIr>& mask, const std::optional<TensorIr>& bias,
+                                             const TensorIr& out_grad, const DeformableConv2dOptions& options,
+                                             const DeformableConv2dGradIds& ids);
+
 // ---- Signals (docs/spec/ir.md §5.8, §6.3; torch.fft.rfft / irfft where the spec is silent)
 
 // Rfft{signal, dim, n?} → out_re, out_im: the one-sided DFT X[k] = Σ_t x[t]·e^(−2πi·k·t/n) along

@@ -88,6 +88,10 @@ bool group_admits(OpGroup g, Family f);
 //     kPresentBias for the optional inputs mask?, attn_bias?, in that order after query, key, value;
 //     kPresentScale / kPresentSoftcap when the f64 in attribute 2 / 3 is given, else it is 0)
 //   CtcLoss, CtcLossBackward [blank]
+//   DeformableConv2d, DeformableConv2dBackward [present, stride0, stride1, pad0, pad1, dilation0,
+//     dilation1, weight_groups, offset_groups]  (present: kPresentMask | kPresentBias for mask?,
+//     bias? after x, offset, weight; the backward's out_grad follows them, and its outputs are
+//     input_grad, offset_grad, weight_grad, then mask_grad? and bias_grad? as present)
 enum class Signature : std::uint8_t {
   Unary,
   Binary,
@@ -159,6 +163,8 @@ enum class Signature : std::uint8_t {
   Attention,
   CtcLoss,
   CtcLossBackward,
+  DeformableConv2d,
+  DeformableConv2dBackward,
   Drop,
 };
 
@@ -167,7 +173,8 @@ inline constexpr int kVariadic = -1;
 struct SignatureInfo {
   std::string_view name;
   int min_inputs, max_inputs;    // max_inputs may be kVariadic
-  int outputs;                   // may be kVariadic (Custom)
+  int min_outputs, max_outputs;  // max_outputs may be kVariadic (Custom); a range where optional
+                                 // outputs exist (DeformableConv2dBackward's mask_grad?, bias_grad?)
   int min_scalars, max_scalars;  // max may be kVariadic
   int min_attrs, max_attrs;      // max may be kVariadic
   bool ranges;                   // carries slice ranges (one per leading dim, at most rank)

@@ -118,6 +118,13 @@ class Tensor {
   std::shared_ptr<State> state_;
 };
 
+// The gradients Session::deformable_conv2d_backward returns, in the op's output order: mask_grad
+// and bias_grad are there iff the mask and bias inputs were.
+struct DeformableConv2dGrads {
+  Tensor input_grad, offset_grad, weight_grad;
+  std::optional<Tensor> mask_grad, bias_grad;
+};
+
 class Session {
  public:
   // Over a Device (in process) or any other SessionTarget (the IPC client's connection).
@@ -453,6 +460,22 @@ class Session {
   Result<Tensor> conv_transpose1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
   Result<Tensor> conv_transpose2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
   Result<Tensor> conv_transpose3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  // The deformable convolution (float; docs/spec/ir.md §5.8, §6.3; torchvision's deform_conv2d).
+  // No §5.11 row: each call emits the one Module kind of its name (the builder's error values).
+  // Module DeformableConv2d{x [N, C_in, H, W], offset [N, 2·og·kh·kw, H', W'], weight [C_out, C_in /
+  // wg, kh, kw], mask? [N, og·kh·kw, H', W'], bias? [C_out], options} → [N, C_out, H', W'], D(x):
+  // each tap reads its input channel bilinearly (zeros outside) at the kernel position moved by its
+  // offset group's offset, scaled by the mask.
+  Result<Tensor> deformable_conv2d(Tensor x, Tensor offset, Tensor weight, std::optional<Tensor> mask = std::nullopt,
+                                   std::optional<Tensor> bias = std::nullopt,
+                                   const ir::build::DeformableConv2dOptions& options = {});
+  // Module DeformableConv2dBackward{x, offset, weight, mask?, bias?, out_grad, options} → the
+  // gradients of deformable_conv2d for out_grad (the forward's output shape), each shaped like its
+  // variable, D(x); mask_grad and bias_grad iff mask and bias are given.
+  Result<DeformableConv2dGrads> deformable_conv2d_backward(Tensor x, Tensor offset, Tensor weight,
+                                                           std::optional<Tensor> mask, std::optional<Tensor> bias,
+                                                           Tensor out_grad,
+                                                           const ir::build::DeformableConv2dOptions& options = {});
   // Pools beyond max_pool2d / avg_pool2d and the pools' gradients (float x [N, C, spatial...];
   // docs/spec/ir.md §5.8, §6.3). No §5.11 row: each call emits the one Module kind of its name,
   // built by the builder of that name (its error values: ranks, windows, shapes, dtypes). Windows:
