@@ -563,6 +563,19 @@ Result<ir::Operation> rebuild_deformable(const ir::Operation& op) {
   return build::deformable_conv2d_backward(in[0], in[1], in[2], mask, bias, in.back(), o, ids);
 }
 
+// Float Quantize{tensor, scales, global?}: the scheme is the claimed output's QFloat dtype, which
+// the builder holds to the tensor's shape; the optional global is told by the input count.
+// Dequantize is a Cast and rebuilt with the elementwise kinds.
+Result<ir::Operation> rebuild_quantize(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  if (in.size() != 2 && in.size() != 3) return unexpected_arity(op);
+  if (!o.dtype.is_quantized())
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("{}: output {} must have a QFloat dtype", op.kind_name(), o.to_string()));
+  return build::quantize(in[0], in[1], optional_input(op, 2), o.dtype.scheme(), o.id);
+}
+
 // AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
 // to two u16 is rebuilt differently, so the comparison refuses it.
 Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
@@ -672,6 +685,7 @@ Result<ir::Operation> rebuild_module_kinds(const ir::Operation& op) {
     case Signature::ConvBiasBackward: return rebuild_conv(op);
     case Signature::DeformableConv2d:
     case Signature::DeformableConv2dBackward: return rebuild_deformable(op);
+    case Signature::Quantize: return rebuild_quantize(op);
     case Signature::GridSample2d:
     case Signature::Interpolate:
     case Signature::InterpolateBackward:

@@ -321,6 +321,9 @@ Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType 
   const Ctx c{family, kind};
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::Cast, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  if (kind == OpKind::Float_Dequantize && !input.dtype.is_quantized())
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("input {} must be quantized (a QFloat dtype)", input.to_string()));
   // What the target must be: a cast stays within its kind of tensor, Into* change it.
   enum class Target { Float, Integer, Bool } needed = Target::Float;
   switch (kind) {
@@ -400,6 +403,35 @@ Result<Operation> mask_fill(Family family, OpKind kind, const TensorIr& tensor, 
   op.tensors.push_back(TensorIr::uninit(out, std::move(shape), tensor.dtype));
   op.scalars.push_back(value);
   return finish(c, std::move(op));
+}
+
+// ---- Quantization (docs/spec/ir.md §5.6, §6.3)
+
+Result<Operation> quantize(const TensorIr& tensor, const TensorIr& scales, const std::optional<TensorIr>& global,
+                           const QuantScheme& scheme, TensorId out) {
+  const Ctx c{Family::Float, OpKind::Float_Quantize};
+  if (!tensor.dtype.is_float())
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("tensor {} must have a float dtype (not a quantized one)", tensor.to_string()));
+  KILN_ASSIGN_OR_RETURN(shape::QuantGeometry g, c.wrap(shape::quant_geometry(tensor.shape, scheme)));
+  if (!scales.dtype.is_float())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("scales {} must have a float dtype", scales.to_string()));
+  if (scales.shape != g.scales)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("scales {} must have shape {} (one per block of tensor {} under {})", scales.to_string(),
+                               shape_to_string(g.scales), shape_to_string(tensor.shape), scheme.to_string()));
+  if (global && (!global->dtype.is_float() || global->shape != Shape{1}))
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("global {} must be a float [1]", global->to_string()));
+  Operation op = new_op(c, tensor.dtype);
+  op.tensors = {tensor, scales};
+  if (global) op.tensors.push_back(*global);
+  op.num_inputs = static_cast<std::uint8_t>(op.tensors.size());
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, DType::qfloat(scheme)));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> dequantize(const TensorIr& input, DType out_dtype, TensorId out) {
+  return cast(Family::Float, OpKind::Float_Dequantize, input, out_dtype, out);
 }
 
 // ---- Matmul

@@ -87,6 +87,7 @@ constexpr SignatureInfo kSignatures[] = {
     {"CtcLossBackward", 5, 5, 1, 1, 0, 0, 1, 1, false},
     {"DeformableConv2d", 3, 5, 1, 1, 0, 0, 9, 9, false},
     {"DeformableConv2dBackward", 4, 6, 3, 5, 0, 0, 9, 9, false},
+    {"Quantize", 2, 3, 1, 1, 0, 0, 0, 0, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);

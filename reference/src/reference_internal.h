@@ -351,6 +351,10 @@ Result<Outputs> run_ctc_loss_backward(const Ctx& c);
 // outputs: input, offset, weight, mask?, bias?)
 Result<Outputs> run_deformable_conv2d(const Ctx& c);
 Result<Outputs> run_deformable_conv2d_backward(const Ctx& c);
+// reference_quantize.cc: Quantize and Dequantize, the only kernels that read or write QFloat
+// tensors (HostTensor's QuantLayout)
+Result<Outputs> run_quantize(const Ctx& c);
+Result<Outputs> run_dequantize(const Ctx& c);  // Float Dequantize (Cast signature)
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

@@ -1504,6 +1504,25 @@ Result<Tensor> Session::ctc_loss_backward(Tensor log_probs, Tensor targets, Tens
   });
 }
 
+// ---- Quantization (docs/spec/ir.md §5.6; no §5.11 row: the Float kind of the call's name)
+
+Result<Tensor> Session::quantize(Tensor tensor, Tensor scales, const ir::QuantScheme& scheme,
+                                 std::optional<Tensor> global) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(tensor));
+  in.push_back(std::move(scales));
+  if (global) in.push_back(std::move(*global));
+  return run_op(in, [&scheme](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::quantize(t[0], t[1], optional_input(t, 2), scheme, out);
+  });
+}
+
+Result<Tensor> Session::dequantize(Tensor tensor, ir::DType dtype) {
+  Tensor in[] = {std::move(tensor)};
+  return run_op(in,
+                [dtype](std::span<const TensorIr> t, ir::TensorId out) { return build::dequantize(t[0], dtype, out); });
+}
+
 // ---- Collectives
 
 Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids) {

@@ -1430,5 +1430,87 @@ TEST(OperationCheck, RefusesHostileDeformableConvolutions) {
       ops, fwd, [](Op& op) { op.kind = OpKind::Module_DeformableConv2dBackward; }, "(1 outputs)");
 }
 
+// ---- Quantization (Session calls): Quantize, the scheme its output's QFloat dtype, and Dequantize.
+
+ir::QuantScheme block_scheme() {
+  ir::QuantScheme q;
+  q.value = ir::QuantValue::Q4S;
+  q.store = ir::QuantStoreKind::PackedU32;
+  q.block_rank = 2;
+  q.block = {1, 4, 0, 0};
+  q.param = ir::QuantParam::F16;
+  return q;
+}
+
+std::vector<ir::Operation> quantization_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  const DType q = DType::qfloat(block_scheme());
+  return {
+      built(build::quantize(in(1, {2, 8}), in(2, {2, 2}), std::nullopt, block_scheme(), out)),
+      built(build::quantize(in(1, {2, 8}), in(2, {1}), in(3, {1}), ir::QuantScheme{}, out)),
+      built(build::dequantize(typed(1, {2, 8}, q), kF32, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsQuantizeAndDequantize) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : quantization_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.back() += 1;
+    expect_refused(lie, "output 0");
+  }
+}
+
+TEST(OperationCheck, RefusesHostileQuantization) {
+  const std::vector<ir::Operation> ops = quantization_ops();
+  using Op = ir::Operation;
+  const OpKind quant = OpKind::Float_Quantize, de = OpKind::Float_Dequantize;
+  // The scheme is the output dtype: another one must fit the scales, a non-QFloat output is no scheme.
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.outputs()[0].dtype = DType::qfloat(ir::QuantScheme{}); }, "scales");
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.outputs()[0].dtype = kF32; }, "must have a QFloat dtype");
+  expect_changed_refused(
+      ops, quant,
+      [](Op& op) {
+        ir::QuantScheme s = block_scheme();
+        s.block = {1, 3, 0, 0};
+        op.outputs()[0].dtype = DType::qfloat(s);
+      },
+      "not divisible by the block's 3");
+  expect_changed_refused(
+      ops, quant,
+      [](Op& op) {
+        ir::QuantScheme s = block_scheme();
+        s.value = static_cast<ir::QuantValue>(11);
+        op.outputs()[0].dtype = DType::qfloat(s);
+      },
+      "unknown value type 11");
+  expect_changed_refused(
+      ops, quant,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 3};
+      },
+      "scales");
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.dtype = DType(DTypeKind::F64); }, "differs");  // the carried dtype
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.tensors.erase(op.tensors.begin() + 1), op.num_inputs = 1; }, "unexpected number");
+  // Dequantize: a float input, a non-float target, the carried dtype.
+  expect_changed_refused(
+      ops, de, [](Op& op) { op.tensors[0].dtype = kF32, op.dtype = kF32; }, "must be quantized");
+  expect_changed_refused(
+      ops, de, [](Op& op) { op.outputs()[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, de, [](Op& op) { op.dtype = kF32; }, "differs");
+  expect_changed_refused(
+      ops, de, [](Op& op) { op.kind = OpKind::Float_IntoInt; }, "integer dtype");  // IntoInt's target
+}
+
 }  // namespace
 }  // namespace kiln::ipc

@@ -448,6 +448,7 @@ Result<Operation> build_any(OpKind kind) {
       return cmp ? build::scalar_comparison(f, kind, x, s, kBool, o) : build::scalar(f, kind, x, s, o);
     case Signature::Matmul: return build::matmul(f, kind, x, t(2, {3, 4}, d), o);
     case Signature::Cast: {
+      if (kind == OpKind::Float_Dequantize) return build::dequantize(t(1, {2, 3}, DType::qfloat({})), dtypes::f16, o);
       DType target = dtypes::f16;
       if (kind == OpKind::Float_IntoInt || kind == OpKind::Bool_IntoInt) target = dtypes::i32;
       return build::cast(f, kind, x, target, o);
@@ -541,6 +542,7 @@ Result<Operation> build_any(OpKind kind) {
                                       t(4, {2}, dtypes::i32), t(5, {2}), 0, o);
     case Signature::DeformableConv2d:
     case Signature::DeformableConv2dBackward: return deformable_any(kind, o);
+    case Signature::Quantize: return build::quantize(x, t(2, {1}), t(3, {1}), QuantScheme{}, o);
   }
   return make_error(ErrorCode::Internal, "unreachable");
 }
@@ -2032,6 +2034,100 @@ TEST(BuildResample, Unfold4dShapesAttrsAndErrors) {
   EXPECT_ERR(r, ErrorCode::Invalid);
   EXPECT_NE(message_of(r).find("overflows"), std::string::npos) << message_of(r);
   EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, {}, id(1)), ErrorCode::Invalid);
+}
+
+// ---- Quantization (docs/spec/ir.md §5.6, §6.3)
+
+QuantScheme scheme(QuantValue value, QuantStoreKind store, std::uint8_t packed_dim, std::vector<std::uint16_t> block,
+                   QuantParam param = QuantParam::F32) {
+  QuantScheme q;
+  q.value = value;
+  q.store = store;
+  q.packed_dim = packed_dim;
+  q.block_rank = static_cast<std::uint8_t>(block.size());
+  for (std::size_t i = 0; i < block.size(); ++i) q.block[i] = block[i];
+  q.param = param;
+  return q;
+}
+
+// Quantize{tensor, scales, global?, scheme} → QFloat(scheme) of the tensor's shape, carrying the
+// tensor's dtype; scales shaped by the scheme's blocks; global [1] told by the input count.
+TEST(BuildQuantization, QuantizeShapesAndScales) {
+  const QuantScheme per_tensor{};
+  BUILD(q, build::quantize(t(1, {2, 8}, dtypes::bf16), t(2, {1}), std::nullopt, per_tensor, id(4)));
+  EXPECT_EQ(out(q), TensorIr::uninit(id(4), {2, 8}, DType::qfloat(per_tensor)));
+  EXPECT_EQ(q.dtype, dtypes::bf16);
+  EXPECT_EQ(q.num_inputs, 2);
+  EXPECT_TRUE(q.attrs.empty());
+  EXPECT_EQ(q.kind_name(), "Float::Quantize");
+  // Blocks [1, 4] of a [2, 8] tensor: scales [2, 2]; Q4S in u32 words along the last axis; a
+  // global scale as the third input.
+  const QuantScheme blocks = scheme(QuantValue::Q4S, QuantStoreKind::PackedU32, 0, {1, 4}, QuantParam::F16);
+  BUILD(b, build::quantize(t(1, {2, 8}), t(2, {2, 2}, dtypes::f64), t(3, {1}), blocks, id(4)));
+  EXPECT_EQ(b.num_inputs, 3);
+  EXPECT_EQ(out(b).dtype, DType::qfloat(blocks));
+  // A block of rank 3 over a rank-2 tensor whose extra leading entry is 1; a rank-0 tensor.
+  BUILD(wide, build::quantize(t(1, {4, 6}), t(2, {2, 3}), std::nullopt,
+                              scheme(QuantValue::Q8F, QuantStoreKind::Native, 0, {1, 2, 2}), id(4)));
+  BUILD(scalar, build::quantize(t(1, {}), t(2, {1}), std::nullopt, per_tensor, id(4)));
+  EXPECT_EQ(out(scalar).shape, Shape{});
+}
+
+TEST(BuildQuantization, QuantizeErrors) {
+  const QuantScheme blocks = scheme(QuantValue::Q8S, QuantStoreKind::Native, 0, {1, 4});
+  auto r = build::quantize(t(1, {2, 8}), t(2, {2, 3}), std::nullopt, blocks, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Float::Quantize: scales t2:f32[2,3] must have shape [2,2] (one per block of tensor [2,8] under "
+            "q8s,native,block[1,4])");
+  r = build::quantize(t(1, {2, 6}), t(2, {2, 2}), std::nullopt, blocks, id(4));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Float::Quantize: quant: dim 1 of size 6 is not divisible by the block's 4 ([2,6])");
+  r = build::quantize(t(1, {2, 6}), t(2, {1}), std::nullopt, scheme(QuantValue::Q2S, QuantStoreKind::PackedU32, 0, {}),
+                      id(4));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Float::Quantize: quant: the packed axis 1 of size 6 is not divisible by the 16 values of a word");
+  EXPECT_ERR(build::quantize(t(1, {2, 8}), t(2, {1}), std::nullopt,
+                             scheme(QuantValue::Q4S, QuantStoreKind::PackedNative, 2, {}), id(4)),
+             ErrorCode::Invalid);  // packed dim beyond the rank
+  EXPECT_ERR(build::quantize(t(1, {2, 8}), t(2, {1}), std::nullopt,
+                             scheme(QuantValue::Q8S, QuantStoreKind::Native, 0, {2, 1, 1}), id(4)),
+             ErrorCode::Invalid);  // a leading block entry beyond the rank
+  QuantScheme unknown;
+  unknown.value = static_cast<QuantValue>(7);
+  r = build::quantize(t(1, {2, 8}), t(2, {1}), std::nullopt, unknown, id(4));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Float::Quantize: quant: unknown value type 7");
+  r = build::quantize(t(1, {2, 8}, dtypes::i32), t(2, {1}), std::nullopt, QuantScheme{}, id(4));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Float::Quantize: tensor t1:i32[2,8] must have a float dtype (not a quantized one)");
+  EXPECT_ERR(build::quantize(t(1, {2, 8}, DType::qfloat({})), t(2, {1}), std::nullopt, QuantScheme{}, id(4)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::quantize(t(1, {2, 8}), t(2, {1}, dtypes::i64), std::nullopt, QuantScheme{}, id(4)),
+             ErrorCode::DTypeMismatch);
+  r = build::quantize(t(1, {2, 8}), t(2, {1}), t(3, {2}), QuantScheme{}, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Float::Quantize: global t3:f32[2] must be a float [1]");
+  EXPECT_ERR(build::quantize(t(1, {2, 8}), t(2, {1}), std::nullopt, QuantScheme{}, id(2)), ErrorCode::Invalid);
+}
+
+// Dequantize{input (QFloat)} → input's shape, the given float dtype; Cast's signature and builder.
+TEST(BuildQuantization, Dequantize) {
+  const DType q = DType::qfloat(scheme(QuantValue::Q4F, QuantStoreKind::PackedNative, 0, {2}));
+  BUILD(de, build::dequantize(t(1, {3, 4}, q), dtypes::bf16, id(2)));
+  EXPECT_EQ(out(de), TensorIr::uninit(id(2), {3, 4}, dtypes::bf16));
+  EXPECT_EQ(de.dtype, q);
+  EXPECT_EQ(de.kind_name(), "Float::Dequantize");
+  BUILD(via_cast, build::cast(Family::Float, OpKind::Float_Dequantize, t(1, {3, 4}, q), dtypes::bf16, id(2)));
+  EXPECT_EQ(via_cast, de);
+  auto r = build::dequantize(t(1, {3, 4}), dtypes::f32, id(2));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Float::Dequantize: input t1:f32[3,4] must be quantized (a QFloat dtype)");
+  EXPECT_ERR(build::dequantize(t(1, {3, 4}, q), dtypes::i32, id(2)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::dequantize(t(1, {3, 4}, q), q, id(2)), ErrorCode::DTypeMismatch);  // a QFloat target
+  EXPECT_ERR(build::cast(Family::BaseFloat, OpKind::Float_Dequantize, t(1, {3, 4}, q), dtypes::f32, id(2)),
+             ErrorCode::Invalid);  // Dequantize is no Base kind
 }
 
 // ---- Deformable convolution (docs/spec/ir.md §5.8, §6.3)

@@ -543,6 +543,47 @@ TEST(OpTable, DeformableConvolutionKindsAndTheOutputRange) {
   EXPECT_EQ(expect_invalid(op), ErrorCode::Invalid);
 }
 
+// docs/spec/ir.md §5.6, §5.3: Quantize (tag Q) and Dequantize (Q, E) are Float kinds; Quantize has
+// its own signature (2..3 inputs, no attribute: the scheme is the output dtype), Dequantize Cast's.
+TEST(OpTable, QuantizationKinds) {
+  EXPECT_EQ(op_info(OpKind::Float_Quantize).tags, kQuantization);
+  EXPECT_EQ(op_info(OpKind::Float_Dequantize).tags, kQuantization | kElementwise);
+  EXPECT_EQ(op_info(OpKind::Float_Quantize).signature, Signature::Quantize);
+  EXPECT_EQ(op_info(OpKind::Float_Dequantize).signature, Signature::Cast);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "Dequantize"), OpKind::Float_Dequantize);
+  int tagged = 0;
+  for (OpKind k : all_kinds()) tagged += op_info(k).has(kQuantization) ? 1 : 0;
+  EXPECT_EQ(tagged, 2);
+  const SignatureInfo& q = signature_info(Signature::Quantize);
+  EXPECT_EQ(q.name, "Quantize");
+  EXPECT_EQ(q.min_inputs, 2);
+  EXPECT_EQ(q.max_inputs, 3);
+  EXPECT_EQ(q.max_outputs, 1);
+  EXPECT_EQ(q.max_attrs, 0);
+  EXPECT_EQ(q.max_scalars, 0);
+  // The value types' bits and ranges (Burn's QuantValue).
+  EXPECT_EQ(quant_value_bits(QuantValue::Q8F), 8);
+  EXPECT_EQ(quant_value_bits(QuantValue::Q2S), 2);
+  EXPECT_EQ(quant_value_range(QuantValue::Q8F), (std::pair<std::int64_t, std::int64_t>{-128, 127}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q8S), (std::pair<std::int64_t, std::int64_t>{-127, 127}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q4F), (std::pair<std::int64_t, std::int64_t>{-8, 7}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q4S), (std::pair<std::int64_t, std::int64_t>{-7, 7}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q2F), (std::pair<std::int64_t, std::int64_t>{-2, 1}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q2S), (std::pair<std::int64_t, std::int64_t>{-1, 1}));
+  EXPECT_EQ(quant_value_bits(static_cast<QuantValue>(9)), 0);
+  // validate() holds the counts; Float may carry a QFloat (Dequantize carries its input's).
+  Operation quant = built(build::quantize(t(1, {2, 4}), t(2, {1}), std::nullopt, QuantScheme{}, TensorId{3}));
+  KILN_EXPECT_OK(quant.validate());
+  EXPECT_EQ(quant.kind_name(), "Float::Quantize");
+  EXPECT_EQ(quant.dtype, dtypes::f32);
+  Operation de = built(build::dequantize(t(1, {2, 4}, DType::qfloat({})), dtypes::f16, TensorId{2}));
+  KILN_EXPECT_OK(de.validate());
+  EXPECT_EQ(de.dtype, DType::qfloat({}));
+  quant.tensors.erase(quant.tensors.begin() + 1);
+  quant.num_inputs = 1;
+  EXPECT_EQ(expect_invalid(quant), ErrorCode::Invalid);
+}
+
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)
 
 TEST(KindName, FamilyColonVariantAndSpecialCases) {

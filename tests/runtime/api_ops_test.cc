@@ -1363,6 +1363,41 @@ TEST_F(ApiOps, DeformableConv2dAndItsBackward) {
   EXPECT_EQ(kinds_of([&] { (void)s->deformable_conv2d(x, f32({0, 0}, {1, 2, 1, 1}), w); }), Kinds{});
 }
 
+// ---- Quantization (every quantized tensor is consumed by a dequantize: over IPC a QFloat
+// tensor cannot be dropped)
+
+// Q8S with scale 0.5: x / 0.5 rounded half away from zero and clamped to ±127, then multiplied
+// back; [1, 4] blocks of a [2, 8] tensor in Q4S u32 words, one scale each; a global scale.
+TEST_F(ApiOps, QuantizeAndDequantize) {
+  const ir::QuantScheme q8;  // Q8S, native, per tensor, f32 scale
+  Tensor x = f32({1.1f, -0.25f, 100, -100}, {4});
+  Tensor q = ok(s->quantize(x, f32({0.5f}, {1}), q8));
+  EXPECT_EQ(q.dtype(), ir::DType::qfloat(q8));
+  EXPECT_EQ(q.shape(), (Shape{4}));
+  expect_near(get(s->dequantize(std::move(q)), {4}), {1, -0.5, 63.5, -63.5});
+  ir::QuantScheme blocks;
+  blocks.value = ir::QuantValue::Q4S;
+  blocks.store = ir::QuantStoreKind::PackedU32;
+  blocks.block_rank = 2;
+  blocks.block = {1, 4, 0, 0};
+  Tensor y = f32({1, 2, 3, 4, 5, 6, 7, 8, 2, 4, 6, 8, 10, 12, 14, 16}, {2, 8});
+  Tensor scales = f32({1, 2, 2, 4}, {2, 2});
+  expect_near(get(s->dequantize(ok(s->quantize(y, scales, blocks))), {2, 8}),
+              {1, 2, 3, 4, 6, 6, 8, 8, 2, 4, 6, 8, 12, 12, 16, 16});
+  expect_near(get(s->dequantize(ok(s->quantize(f32({1, 0.3f}, {2}), f32({1}, {1}), q8, f32({0.25f}, {1})))), {2}),
+              {1, 0.25});
+  EXPECT_EQ(kinds_of([&] { ok(s->dequantize(ok(s->quantize(x, f32({1}, {1}), q8)), ir::dtypes::f64)); }),
+            (Kinds{"Float::Quantize", "Float::Dequantize"}));
+  // Builder errors name the op and the values; a zero scale passes the builder (it sees shapes) and
+  // fails at execution.
+  EXPECT_NAMES(error_of(s->quantize(y, f32({1, 1}, {2}), blocks)), "Quantize: scales");
+  EXPECT_NAMES(error_of(s->quantize(i64({1, 2}, {2}), f32({1}, {1}), q8)), "Quantize: tensor");
+  EXPECT_NAMES(error_of(s->dequantize(x)), "Dequantize: input");
+  EXPECT_EQ(kinds_of([&] { (void)s->dequantize(x); }), Kinds{});
+  Tensor zero = ok(s->quantize(x, f32({0}, {1}), q8));
+  EXPECT_FALSE(s->to_host<float>(ok(s->dequantize(std::move(zero)))).ok());
+}
+
 // ---- Signals
 
 // rfft of [1, 2, 3, 4] is 10, −2 + 2i, −2 (torch.fft.rfft); n pads or trims; irfft inverts it.

@@ -136,8 +136,9 @@ Result<Operation> binary_comparison(Family family, OpKind kind, const TensorIr& 
 Result<Operation> scalar(Family family, OpKind kind, const TensorIr& lhs, ScalarIr rhs, TensorId out);
 Result<Operation> scalar_comparison(Family family, OpKind kind, const TensorIr& lhs, ScalarIr rhs, DType bool_dtype,
                                     TensorId out);
-// Cast (Base Cast, Float IntoInt, Int IntoFloat, Bool IntoFloat/IntoInt): output dtype = target,
-// which must be of the kind the op converts to.
+// Cast (Base Cast, Float IntoInt, Int IntoFloat, Bool IntoFloat/IntoInt, Float Dequantize):
+// output dtype = target, which must be of the kind the op converts to (Dequantize: a QFloat input,
+// a float target; the named builder dequantize below).
 Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType target, TensorId out);
 // Clamp{tensor, min, max}.
 Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max, TensorId out);
@@ -161,6 +162,20 @@ Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, 
 // and both operands of size 3 along it (the 3-vectors; torch.linalg.cross, Burn's cross).
 Result<Operation> cross(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, std::uint64_t dim,
                         TensorId out);
+
+// ---- Quantization (docs/spec/ir.md §5.6, §6.3; tags Q, and E for Dequantize)
+
+// Float Quantize{tensor, qparams{scales, global?}, scheme} → QFloat(scheme) of tensor's shape
+// (carried: tensor's dtype): q = clamp(round(x / s), the value type's range) with s the scale of
+// x's block (stored in the scheme's precision) times global (f32; 1 when absent). tensor float
+// (not quantized), scales float of shape::quant_geometry's scales shape, global? float [1]; the
+// scheme must fit the shape (known enums, blocks dividing their dims, a packed axis the words
+// divide). The optional global is told by the input count.
+Result<Operation> quantize(const TensorIr& tensor, const TensorIr& scales, const std::optional<TensorIr>& global,
+                           const QuantScheme& scheme, TensorId out);
+// Float Dequantize{input (QFloat), out_dtype (float)} → input's shape: q · s (Cast signature,
+// carried dtype the input's QFloat).
+Result<Operation> dequantize(const TensorIr& input, DType out_dtype, TensorId out);
 
 // ---- Reductions and scans
 

@@ -88,6 +88,8 @@ bool group_admits(OpGroup g, Family f);
 //     kPresentBias for the optional inputs mask?, attn_bias?, in that order after query, key, value;
 //     kPresentScale / kPresentSoftcap when the f64 in attribute 2 / 3 is given, else it is 0)
 //   CtcLoss, CtcLossBackward [blank]
+//   Quantize: no attributes (inputs tensor, scales, global?: the optional one told by the count;
+//     the scheme is the output's QFloat dtype). Dequantize has the Cast signature.
 //   DeformableConv2d, DeformableConv2dBackward [present, stride0, stride1, pad0, pad1, dilation0,
 //     dilation1, weight_groups, offset_groups]  (present: kPresentMask | kPresentBias for mask?,
 //     bias? after x, offset, weight; the backward's out_grad follows them, and its outputs are
@@ -165,6 +167,7 @@ enum class Signature : std::uint8_t {
   CtcLossBackward,
   DeformableConv2d,
   DeformableConv2dBackward,
+  Quantize,
   Drop,
 };
 
@@ -184,21 +187,22 @@ const SignatureInfo& signature_info(Signature s);
 // Tags (docs/spec/ir.md §5.3) plus facts asked by fusers and executors.
 using OpTags = std::uint32_t;
 inline constexpr OpTags kNone = 0;
-inline constexpr OpTags kElementwise = 1u << 0;   // E: fusable by the elementwise trace fuser
-inline constexpr OpTags kFusableView = 1u << 1;   // E°: fusable only as a view read
-inline constexpr OpTags kReduceDim = 1u << 2;     // R: dim reduction, Reduce fusers
-inline constexpr OpTags kFullReduce = 1u << 3;    // r: whole-tensor reduction, never fused
-inline constexpr OpTags kMatmul = 1u << 4;        // M: head of a Matmul fusion
-inline constexpr OpTags kView = 1u << 5;          // V: layout / view op
-inline constexpr OpTags kInit = 1u << 6;          // I: creation
-inline constexpr OpTags kNhwc = 1u << 7;          // N: NHWC relayout target
-inline constexpr OpTags kModule = 1u << 8;        // Mod
-inline constexpr OpTags kDrop = 1u << 9;          // D
-inline constexpr OpTags kCustom = 1u << 10;       // C
-inline constexpr OpTags kDistributed = 1u << 11;  // X
-inline constexpr OpTags kComparison = 1u << 12;   // output dtype is the bool dtype
-inline constexpr OpTags kIndexed = 1u << 13;      // reads tensor inputs through indexed reads
-inline constexpr OpTags kIndexOutput = 1u << 14;  // output dtype is the index (int) dtype
+inline constexpr OpTags kElementwise = 1u << 0;    // E: fusable by the elementwise trace fuser
+inline constexpr OpTags kFusableView = 1u << 1;    // E°: fusable only as a view read
+inline constexpr OpTags kReduceDim = 1u << 2;      // R: dim reduction, Reduce fusers
+inline constexpr OpTags kFullReduce = 1u << 3;     // r: whole-tensor reduction, never fused
+inline constexpr OpTags kMatmul = 1u << 4;         // M: head of a Matmul fusion
+inline constexpr OpTags kView = 1u << 5;           // V: layout / view op
+inline constexpr OpTags kInit = 1u << 6;           // I: creation
+inline constexpr OpTags kNhwc = 1u << 7;           // N: NHWC relayout target
+inline constexpr OpTags kModule = 1u << 8;         // Mod
+inline constexpr OpTags kDrop = 1u << 9;           // D
+inline constexpr OpTags kCustom = 1u << 10;        // C
+inline constexpr OpTags kDistributed = 1u << 11;   // X
+inline constexpr OpTags kComparison = 1u << 12;    // output dtype is the bool dtype
+inline constexpr OpTags kIndexed = 1u << 13;       // reads tensor inputs through indexed reads
+inline constexpr OpTags kIndexOutput = 1u << 14;   // output dtype is the index (int) dtype
+inline constexpr OpTags kQuantization = 1u << 15;  // Q: reads or writes QFloat tensors (Quantize, Dequantize)
 
 enum class OpKind : std::uint16_t {
 #define KILN_OP(group, variant, sig, tags) group##_##variant,

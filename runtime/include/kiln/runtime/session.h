@@ -559,6 +559,19 @@ class Session {
   Result<Tensor> ctc_loss_backward(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
                                    Tensor grad_loss, std::uint64_t blank = 0);
 
+  // ---- Quantization (docs/spec/ir.md §5.6, §6.3). No §5.11 row: each call emits the one Float kind
+  // of its name (the builder's error values). QFloat tensors live on the CPU backends only (their
+  // reference executor; the GPU refuses them), and cannot be read back or dropped over IPC
+  // (qfloat is not transferable): consume one with std::move into dequantize.
+  // Float Quantize{tensor (float), scales, global?, scheme} → QFloat(scheme) of S(tensor): q =
+  // clamp(round(x / s), the value type's range), s the element's block scale (stored in the
+  // scheme's precision) times global (1 when absent); scales of the scheme's block-scale shape
+  // (ir::shape::quant_geometry), finite and positive (checked at execution), global [1].
+  Result<Tensor> quantize(Tensor tensor, Tensor scales, const ir::QuantScheme& scheme,
+                          std::optional<Tensor> global = std::nullopt);
+  // Float Dequantize{tensor (QFloat)} → S(tensor), `dtype` (float): q · s.
+  Result<Tensor> dequantize(Tensor tensor, ir::DType dtype = ir::dtypes::f32);
+
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
   // themselves only: naming another device fails at execution (Unsupported).
