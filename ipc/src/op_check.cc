@@ -475,6 +475,107 @@ Result<ir::Operation> rebuild_resample(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// Rfft{signal; dim, n} → out_re, out_im and IRfft{input_re, input_im; dim, n} (docs/spec/ir.md
+// §5.8): n = 0 stands for none given, which the builders take as nullopt.
+Result<ir::Operation> rebuild_fft(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const auto outs = op.outputs();
+  std::uint64_t a[2] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  const std::optional<std::uint64_t> n = a[1] == 0 ? std::nullopt : std::optional<std::uint64_t>(a[1]);
+  if (op.info().signature == Signature::Rfft) {
+    if (in.size() != 1) return unexpected_arity(op);
+    return build::rfft(in[0], a[0], n, outs[0].id, outs[1].id);
+  }
+  if (in.size() != 2) return unexpected_arity(op);
+  return build::irfft(in[0], in[1], a[0], n, outs[0].id);
+}
+
+// An optional f64 option: the attribute's bits when `bit` is present (the builder writes 0 when not,
+// so a stray value is rebuilt as 0 and refused as differing).
+std::optional<double> optional_f64(const ir::Operation& op, std::int64_t present, std::int64_t bit, std::size_t i) {
+  if ((present & bit) == 0) return std::nullopt;
+  double v = 0;
+  std::memcpy(&v, &op.attrs[i], sizeof v);
+  return v;
+}
+
+// Attention{query, key, value, mask?, attn_bias?; present, is_causal, bits(scale), bits(softcap)}:
+// the presence bits say which optional inputs follow value (mask first) and which options hold a
+// value; unknown bits, or an input count the bits do not announce, are refused here.
+Result<ir::Operation> rebuild_attention(const ir::Operation& op) {
+  const auto in = op.inputs();
+  if (op.attrs.size() != 4) return unexpected_arity(op);
+  const std::int64_t present = op.attrs[0];
+  constexpr std::int64_t kKnown = ir::kPresentMask | ir::kPresentBias | ir::kPresentScale | ir::kPresentSoftcap;
+  if (present < 0 || (present & ~kKnown) != 0)
+    return make_error(ErrorCode::Invalid, fmt::format("{}: unknown presence bits {}", op.kind_name(), present));
+  const bool has_mask = (present & ir::kPresentMask) != 0, has_bias = (present & ir::kPresentBias) != 0;
+  if (in.size() != 3u + (has_mask ? 1 : 0) + (has_bias ? 1 : 0)) return unexpected_arity(op);
+  std::optional<ir::TensorIr> mask, bias;
+  if (has_mask) mask = in[3];
+  if (has_bias) bias = in[has_mask ? 4 : 3];
+  build::AttentionOptions o;
+  o.scale = optional_f64(op, present, ir::kPresentScale, 2);
+  o.softcap = optional_f64(op, present, ir::kPresentSoftcap, 3);
+  o.is_causal = op.attrs[1] != 0;  // a flag other than 0 / 1 is rebuilt as 1 and refused as differing
+  return build::attention(in[0], in[1], in[2], mask, bias, o, op.outputs()[0].id);
+}
+
+// CtcLoss{log_probs, targets, input_lengths, target_lengths; blank} and its backward (grad_loss
+// fifth).
+Result<ir::Operation> rebuild_ctc(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorId out = op.outputs()[0].id;
+  KILN_ASSIGN_OR_RETURN(std::uint64_t blank, attr_at(op, 0));
+  if (op.info().signature == Signature::CtcLoss) {
+    if (in.size() != 4) return unexpected_arity(op);
+    return build::ctc_loss(in[0], in[1], in[2], in[3], blank, out);
+  }
+  if (in.size() != 5) return unexpected_arity(op);
+  return build::ctc_loss_backward(in[0], in[1], in[2], in[3], in[4], blank, out);
+}
+
+// DeformableConv2d{x, offset, weight, mask?, bias?; present, s0, s1, p0, p1, d0, d1, wg, og} and its
+// backward (out_grad last; outputs input_grad, offset_grad, weight_grad, mask_grad?, bias_grad?):
+// the presence bits say which optional inputs follow weight and which optional outputs follow
+// weight_grad; unknown bits, or input or output counts the bits do not announce, are refused here.
+Result<ir::Operation> rebuild_deformable(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const auto outs = op.outputs();
+  std::uint64_t a[9] = {};
+  KILN_RETURN_IF_ERROR(attrs_at(op, 0, a));
+  if (a[0] > static_cast<std::uint64_t>(ir::kPresentMask | ir::kPresentBias))
+    return make_error(ErrorCode::Invalid, fmt::format("{}: unknown presence bits {}", op.kind_name(), a[0]));
+  const bool has_mask = (a[0] & ir::kPresentMask) != 0, has_bias = (a[0] & ir::kPresentBias) != 0;
+  const std::size_t optional = (has_mask ? 1 : 0) + (has_bias ? 1 : 0);
+  const bool backward = op.info().signature == Signature::DeformableConv2dBackward;
+  if (in.size() != 3 + optional + (backward ? 1 : 0) || (backward && outs.size() != 3 + optional))
+    return unexpected_arity(op);
+  std::optional<ir::TensorIr> mask, bias;
+  if (has_mask) mask = in[3];
+  if (has_bias) bias = in[has_mask ? 4 : 3];
+  const build::DeformableConv2dOptions o{{a[1], a[2]}, {a[3], a[4]}, {a[5], a[6]}, a[7], a[8]};
+  if (!backward) return build::deformable_conv2d(in[0], in[1], in[2], mask, bias, o, outs[0].id);
+  build::DeformableConv2dGradIds ids{outs[0].id, outs[1].id, outs[2].id, std::nullopt, std::nullopt};
+  if (has_mask) ids.mask_grad = outs[3].id;
+  if (has_bias) ids.bias_grad = outs[has_mask ? 4 : 3].id;
+  return build::deformable_conv2d_backward(in[0], in[1], in[2], mask, bias, in.back(), o, ids);
+}
+
+// Float Quantize{tensor, scales, global?}: the scheme is the claimed output's QFloat dtype, which
+// the builder holds to the tensor's shape; the optional global is told by the input count.
+// Dequantize is a Cast and rebuilt with the elementwise kinds.
+Result<ir::Operation> rebuild_quantize(const ir::Operation& op) {
+  const auto in = op.inputs();
+  const ir::TensorIr& o = op.outputs()[0];
+  if (in.size() != 2 && in.size() != 3) return unexpected_arity(op);
+  if (!o.dtype.is_quantized())
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("{}: output {} must have a QFloat dtype", op.kind_name(), o.to_string()));
+  return build::quantize(in[0], in[1], optional_input(op, 2), o.dtype.scheme(), o.id);
+}
+
 // AllReduce{tensor, op, device ids packed as (type << 16 | index)}: an id that does not unpack
 // to two u16 is rebuilt differently, so the comparison refuses it.
 Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
@@ -555,14 +656,62 @@ Result<ir::Operation> rebuild_conv(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// The module, collective and creation signatures (the rest of rebuild's dispatch).
+Result<ir::Operation> rebuild_module_kinds(const ir::Operation& op) {
+  switch (op.info().signature) {
+    case Signature::MaxPool2d:
+    case Signature::AvgPool2d: return rebuild_module(op);
+    case Signature::Linear:
+    case Signature::LinearBackward:
+    case Signature::LinearBiasBackward:
+    case Signature::LayerNorm:
+    case Signature::BatchNorm:
+    case Signature::Embedding:
+    case Signature::EmbeddingBackward: return rebuild_dense(op);
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward:
+    case Signature::AdaptiveAvgPool:
+    case Signature::AdaptiveAvgPoolBackward: return rebuild_pool(op);
+    case Signature::AllReduce: return rebuild_all_reduce(op);
+    case Signature::Creation:
+    case Signature::Full: return rebuild_creation(op);
+    case Signature::Conv:
+    case Signature::ConvTranspose:
+    case Signature::ConvBackward:
+    case Signature::ConvTransposeBackward:
+    case Signature::ConvBiasBackward: return rebuild_conv(op);
+    case Signature::DeformableConv2d:
+    case Signature::DeformableConv2dBackward: return rebuild_deformable(op);
+    case Signature::Quantize: return rebuild_quantize(op);
+    case Signature::GridSample2d:
+    case Signature::Interpolate:
+    case Signature::InterpolateBackward:
+    case Signature::Unfold4d: return rebuild_resample(op);
+    case Signature::Rfft:
+    case Signature::IRfft: return rebuild_fft(op);
+    case Signature::Attention: return rebuild_attention(op);
+    case Signature::CtcLoss:
+    case Signature::CtcLossBackward: return rebuild_ctc(op);
+    default:
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));
+  }
+}
+
 // The builder call that would have produced `op`, from its own inputs, scalars and attributes.
 Result<ir::Operation> rebuild(const ir::Operation& op) {
-  // Decoding held the output count to the signature's (Operation::validate); a hand-made op is
-  // held to it here, so that every rebuild below may read the outputs it expects.
-  const int outputs = ir::signature_info(op.info().signature).outputs;
-  if (outputs < 1 || op.outputs().size() != static_cast<std::size_t>(outputs))
+  // Decoding held the output count to the signature's range (Operation::validate); a hand-made op
+  // is held to it here, so that every rebuild below may read the outputs it expects (an op of
+  // optional outputs checks which it has itself). A variadic count (Custom) is never accepted.
+  const ir::SignatureInfo& sig = ir::signature_info(op.info().signature);
+  const std::size_t outputs = op.outputs().size();
+  if (sig.min_outputs < 1 || sig.max_outputs == ir::kVariadic || outputs < static_cast<std::size_t>(sig.min_outputs) ||
+      outputs > static_cast<std::size_t>(sig.max_outputs))
     return make_error(ErrorCode::Invalid,
-                      fmt::format("{}: not accepted over IPC ({} outputs)", op.kind_name(), op.outputs().size()));
+                      fmt::format("{}: not accepted over IPC ({} outputs)", op.kind_name(), outputs));
   switch (op.info().signature) {
     case Signature::Unary:
     case Signature::Binary:
@@ -597,37 +746,7 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
     case Signature::ScatterNd:
     case Signature::RepeatDim:
     case Signature::Pad: return rebuild_update(op);
-    case Signature::MaxPool2d:
-    case Signature::AvgPool2d: return rebuild_module(op);
-    case Signature::Linear:
-    case Signature::LinearBackward:
-    case Signature::LinearBiasBackward:
-    case Signature::LayerNorm:
-    case Signature::BatchNorm:
-    case Signature::Embedding:
-    case Signature::EmbeddingBackward: return rebuild_dense(op);
-    case Signature::MaxPool:
-    case Signature::MaxPoolWithIndices:
-    case Signature::MaxPoolWithIndicesBackward:
-    case Signature::AvgPool:
-    case Signature::AvgPoolBackward:
-    case Signature::AdaptiveAvgPool:
-    case Signature::AdaptiveAvgPoolBackward: return rebuild_pool(op);
-    case Signature::AllReduce: return rebuild_all_reduce(op);
-    case Signature::Creation:
-    case Signature::Full: return rebuild_creation(op);
-    case Signature::Conv:
-    case Signature::ConvTranspose:
-    case Signature::ConvBackward:
-    case Signature::ConvTransposeBackward:
-    case Signature::ConvBiasBackward: return rebuild_conv(op);
-    case Signature::GridSample2d:
-    case Signature::Interpolate:
-    case Signature::InterpolateBackward:
-    case Signature::Unfold4d: return rebuild_resample(op);
-    default:
-      return make_error(ErrorCode::Invalid,
-                        fmt::format("{}: this kind of operation is not accepted over IPC", op.kind_name()));
+    default: return rebuild_module_kinds(op);
   }
 }
 

@@ -321,6 +321,9 @@ Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType 
   const Ctx c{family, kind};
   KILN_RETURN_IF_ERROR(check_kind(c, Signature::Cast, OutKind::Plain));
   KILN_RETURN_IF_ERROR(check_operand(c, input.dtype));
+  if (kind == OpKind::Float_Dequantize && !input.dtype.is_quantized())
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("input {} must be quantized (a QFloat dtype)", input.to_string()));
   // What the target must be: a cast stays within its kind of tensor, Into* change it.
   enum class Target { Float, Integer, Bool } needed = Target::Float;
   switch (kind) {
@@ -400,6 +403,35 @@ Result<Operation> mask_fill(Family family, OpKind kind, const TensorIr& tensor, 
   op.tensors.push_back(TensorIr::uninit(out, std::move(shape), tensor.dtype));
   op.scalars.push_back(value);
   return finish(c, std::move(op));
+}
+
+// ---- Quantization (docs/spec/ir.md §5.6, §6.3)
+
+Result<Operation> quantize(const TensorIr& tensor, const TensorIr& scales, const std::optional<TensorIr>& global,
+                           const QuantScheme& scheme, TensorId out) {
+  const Ctx c{Family::Float, OpKind::Float_Quantize};
+  if (!tensor.dtype.is_float())
+    return c.error(ErrorCode::DTypeMismatch,
+                   fmt::format("tensor {} must have a float dtype (not a quantized one)", tensor.to_string()));
+  KILN_ASSIGN_OR_RETURN(shape::QuantGeometry g, c.wrap(shape::quant_geometry(tensor.shape, scheme)));
+  if (!scales.dtype.is_float())
+    return c.error(ErrorCode::DTypeMismatch, fmt::format("scales {} must have a float dtype", scales.to_string()));
+  if (scales.shape != g.scales)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("scales {} must have shape {} (one per block of tensor {} under {})", scales.to_string(),
+                               shape_to_string(g.scales), shape_to_string(tensor.shape), scheme.to_string()));
+  if (global && (!global->dtype.is_float() || global->shape != Shape{1}))
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("global {} must be a float [1]", global->to_string()));
+  Operation op = new_op(c, tensor.dtype);
+  op.tensors = {tensor, scales};
+  if (global) op.tensors.push_back(*global);
+  op.num_inputs = static_cast<std::uint8_t>(op.tensors.size());
+  op.tensors.push_back(TensorIr::uninit(out, tensor.shape, DType::qfloat(scheme)));
+  return finish(c, std::move(op));
+}
+
+Result<Operation> dequantize(const TensorIr& input, DType out_dtype, TensorId out) {
+  return cast(Family::Float, OpKind::Float_Dequantize, input, out_dtype, out);
 }
 
 // ---- Matmul
@@ -954,6 +986,25 @@ Result<Operation> module_op(const Ctx& c, std::initializer_list<const TensorIr*>
     if (t) op.tensors.push_back(*t);
   op.num_inputs = static_cast<std::uint8_t>(op.tensors.size());
   op.tensors.push_back(TensorIr::uninit(out, std::move(shape), dtype));
+  op.attrs = std::move(attrs);
+  return finish(c, std::move(op));
+}
+
+// One output of a module op, created as TensorIr::uninit in field order.
+struct OutputSpec {
+  TensorId id;
+  Shape shape;
+  DType dtype;
+};
+
+// A module op with several outputs (Rfft's two, DeformableConv2dBackward's three to five).
+Result<Operation> module_op_outputs(const Ctx& c, std::initializer_list<const TensorIr*> inputs,
+                                    std::span<const OutputSpec> outputs, AttrList attrs) {
+  Operation op = new_op(c, DType{});
+  for (const TensorIr* t : inputs)
+    if (t) op.tensors.push_back(*t);
+  op.num_inputs = static_cast<std::uint8_t>(op.tensors.size());
+  for (const OutputSpec& o : outputs) op.tensors.push_back(TensorIr::uninit(o.id, o.shape, o.dtype));
   op.attrs = std::move(attrs);
   return finish(c, std::move(op));
 }
@@ -1741,6 +1792,298 @@ Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, co
 Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose3dOptions& options, TensorId out) {
   return conv_transpose(OpKind::Module_ConvTranspose3d, x, weight, bias, conv_options(options), out);
+}
+
+// ---- Deformable convolution (docs/spec/ir.md §5.8, §6.3)
+
+namespace {
+// The forward's kernel taps (kh · kw) and output shape [N, C_out, H', W'].
+struct DeformGeometry {
+  std::uint64_t taps = 0;
+  Shape out;
+};
+
+Status check_deform_options(const Ctx& c, const DeformableConv2dOptions& o) {
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "stride", o.stride, 2, 1));
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "padding", o.padding, 2, 0));
+  KILN_RETURN_IF_ERROR(check_conv_list(c, "dilation", o.dilation, 2, 1));
+  if (o.weight_groups == 0 || o.offset_groups == 0)
+    return c.error(ErrorCode::Invalid, fmt::format("weight_groups {} and offset_groups {} must be at least 1",
+                                                   o.weight_groups, o.offset_groups));
+  return check_attr_range(c, {o.weight_groups, o.offset_groups}, "weight_groups or offset_groups");
+}
+
+// x [N, C_in, H, W] and weight [C_out, C_in / wg, kh, kw] (float, rank 4), C_in and C_out divisible
+// by wg and C_in by og; the output by the conv formula.
+Result<DeformGeometry> deform_geometry(const Ctx& c, const TensorIr& x, const TensorIr& weight,
+                                       const DeformableConv2dOptions& o) {
+  KILN_RETURN_IF_ERROR(check_module_operand(c, x, "x"));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, weight, "weight"));
+  KILN_RETURN_IF_ERROR(check_rank(c, x, 4, "x"));
+  KILN_RETURN_IF_ERROR(check_rank(c, weight, 4, "weight"));
+  KILN_RETURN_IF_ERROR(check_deform_options(c, o));
+  const std::uint64_t cin = x.shape[1], cout = weight.shape[0], wg = o.weight_groups;
+  if (cin % wg != 0 || cout % wg != 0 || weight.shape[1] != cin / wg)
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("x {} has {} channels, weight {} ([C_out, C_in / weight_groups, kh, kw]) does not fit "
+                               "{} weight groups",
+                               x.to_string(), cin, weight.to_string(), wg));
+  if (cin % o.offset_groups != 0)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("x {} has {} channels, not divisible by {} offset groups",
+                                                              x.to_string(), cin, o.offset_groups));
+  DeformGeometry g;
+  g.out = Shape{x.shape[0], cout};
+  for (std::size_t i = 0; i < 2; ++i) {
+    KILN_ASSIGN_OR_RETURN(std::uint64_t size, c.wrap(shape::conv_output(x.shape[2 + i], weight.shape[2 + i],
+                                                                        o.stride[i], o.padding[i], o.dilation[i])));
+    g.out.push_back(size);
+  }
+  if (__builtin_mul_overflow(weight.shape[2], weight.shape[3], &g.taps))
+    return c.error(ErrorCode::Invalid, fmt::format("weight {}: kh · kw overflows", weight.to_string()));
+  return g;
+}
+
+// offset [N, 2·og·taps, H', W'] and mask? [N, og·taps, H', W'] over the output's plane, bias? [C_out].
+Status check_deform_operands(const Ctx& c, const TensorIr& offset, const std::optional<TensorIr>& mask,
+                             const std::optional<TensorIr>& bias, const DeformGeometry& g, std::uint64_t og) {
+  std::uint64_t per_group = 0, offsets = 0;
+  if (__builtin_mul_overflow(og, g.taps, &per_group) || __builtin_mul_overflow(per_group, 2, &offsets))
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("{} offset groups of {} taps: the channel count overflows", og, g.taps));
+  const Shape want_offset{g.out[0], offsets, g.out[2], g.out[3]};
+  if (offset.shape != want_offset)
+    return c.error(
+        offset.shape.size() != 4 ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+        fmt::format("offset {} must have shape {} (2 · offset_groups · kh · kw channels over the output plane)",
+                    offset.to_string(), shape_to_string(want_offset)));
+  const Shape want_mask{g.out[0], per_group, g.out[2], g.out[3]};
+  if (mask && mask->shape != want_mask)
+    return c.error(mask->shape.size() != 4 ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+                   fmt::format("mask {} must have shape {} (offset_groups · kh · kw channels over the output plane)",
+                               mask->to_string(), shape_to_string(want_mask)));
+  return check_bias(c, bias, g.out[1]);
+}
+
+// same(x, weight, mask?, bias?) (§6.3; the forward adds offset).
+Status check_deform_dtypes(const Ctx& c, const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& mask,
+                           const std::optional<TensorIr>& bias) {
+  KILN_RETURN_IF_ERROR(check_same_conv(c, x, weight, bias));
+  if (mask) KILN_RETURN_IF_ERROR(check_same(c, x, "x", *mask, "mask"));
+  return Status::Ok();
+}
+
+AttrList deform_attrs(bool mask, bool bias, const DeformableConv2dOptions& o) {
+  const std::int64_t present = (mask ? kPresentMask : 0) | (bias ? kPresentBias : 0);
+  return {present,
+          attr(o.stride[0]),
+          attr(o.stride[1]),
+          attr(o.padding[0]),
+          attr(o.padding[1]),
+          attr(o.dilation[0]),
+          attr(o.dilation[1]),
+          attr(o.weight_groups),
+          attr(o.offset_groups)};
+}
+}  // namespace
+
+Result<Operation> deformable_conv2d(const TensorIr& x, const TensorIr& offset, const TensorIr& weight,
+                                    const std::optional<TensorIr>& mask, const std::optional<TensorIr>& bias,
+                                    const DeformableConv2dOptions& options, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_DeformableConv2d};
+  KILN_ASSIGN_OR_RETURN(DeformGeometry g, deform_geometry(c, x, weight, options));
+  KILN_RETURN_IF_ERROR(check_same(c, x, "x", offset, "offset"));
+  KILN_RETURN_IF_ERROR(check_deform_dtypes(c, x, weight, mask, bias));
+  KILN_RETURN_IF_ERROR(check_deform_operands(c, offset, mask, bias, g, options.offset_groups));
+  return module_op(c, {&x, &offset, &weight, mask ? &*mask : nullptr, bias ? &*bias : nullptr}, std::move(g.out),
+                   x.dtype, out, deform_attrs(mask.has_value(), bias.has_value(), options));
+}
+
+Result<Operation> deformable_conv2d_backward(const TensorIr& x, const TensorIr& offset, const TensorIr& weight,
+                                             const std::optional<TensorIr>& mask, const std::optional<TensorIr>& bias,
+                                             const TensorIr& out_grad, const DeformableConv2dOptions& options,
+                                             const DeformableConv2dGradIds& ids) {
+  const Ctx c{Family::Module, OpKind::Module_DeformableConv2dBackward};
+  KILN_ASSIGN_OR_RETURN(DeformGeometry g, deform_geometry(c, x, weight, options));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, offset, "offset"));
+  KILN_RETURN_IF_ERROR(check_deform_dtypes(c, x, weight, mask, bias));
+  KILN_RETURN_IF_ERROR(check_deform_operands(c, offset, mask, bias, g, options.offset_groups));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, out_grad, "out_grad"));
+  if (out_grad.shape != g.out)
+    return c.error(out_grad.shape.size() != 4 ? ErrorCode::RankMismatch : ErrorCode::IncompatibleShapes,
+                   fmt::format("out_grad {} must have the forward's output shape {}", out_grad.to_string(),
+                               shape_to_string(g.out)));
+  if (mask.has_value() != ids.mask_grad.has_value() || bias.has_value() != ids.bias_grad.has_value())
+    return c.error(ErrorCode::Invalid, "mask_grad and bias_grad are outputs exactly when mask and bias are inputs");
+  std::vector<OutputSpec> outs{{ids.input_grad, x.shape, x.dtype},
+                               {ids.offset_grad, offset.shape, x.dtype},
+                               {ids.weight_grad, weight.shape, x.dtype}};
+  if (mask) outs.push_back({*ids.mask_grad, mask->shape, x.dtype});
+  if (bias) outs.push_back({*ids.bias_grad, bias->shape, x.dtype});
+  return module_op_outputs(c, {&x, &offset, &weight, mask ? &*mask : nullptr, bias ? &*bias : nullptr, &out_grad}, outs,
+                           deform_attrs(mask.has_value(), bias.has_value(), options));
+}
+
+// ---- Signals (docs/spec/ir.md §5.8, §6.3)
+
+namespace {
+// A given n is at least 1 and travels as an i64 attribute (0 stands for "none given").
+Status check_fft_n(const Ctx& c, std::optional<std::uint64_t> n) {
+  if (!n) return Status::Ok();
+  if (*n == 0) return c.error(ErrorCode::Invalid, "n must be at least 1");
+  return check_attr_range(c, {*n}, "n");
+}
+}  // namespace
+
+Result<Operation> rfft(const TensorIr& signal, std::uint64_t dim, std::optional<std::uint64_t> n, TensorId out_re,
+                       TensorId out_im) {
+  const Ctx c{Family::Module, OpKind::Module_Rfft};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, signal, "signal"));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, signal.shape));
+  KILN_RETURN_IF_ERROR(check_fft_n(c, n));
+  const std::uint64_t points = n.value_or(signal.shape[dim]);
+  if (points == 0)
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("signal {} has no points along dim {} (give n >= 1)", signal.to_string(), dim));
+  Shape shape = signal.shape;
+  shape[dim] = points / 2 + 1;
+  const OutputSpec outs[] = {{out_re, shape, signal.dtype}, {out_im, shape, signal.dtype}};
+  return module_op_outputs(c, {&signal}, outs, {attr(dim), attr(n.value_or(0))});
+}
+
+Result<Operation> irfft(const TensorIr& input_re, const TensorIr& input_im, std::uint64_t dim,
+                        std::optional<std::uint64_t> n, TensorId out_signal) {
+  const Ctx c{Family::Module, OpKind::Module_IRfft};
+  KILN_RETURN_IF_ERROR(check_module_operand(c, input_re, "input_re"));
+  KILN_RETURN_IF_ERROR(check_same(c, input_re, "input_re", input_im, "input_im"));
+  if (input_im.shape != input_re.shape)
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("input_im {} must have input_re {}'s shape",
+                                                              input_im.to_string(), input_re.to_string()));
+  KILN_RETURN_IF_ERROR(check_axis(c, dim, input_re.shape));
+  KILN_RETURN_IF_ERROR(check_fft_n(c, n));
+  const std::uint64_t len = input_re.shape[dim];
+  if (len == 0)
+    return c.error(ErrorCode::Invalid, fmt::format("input_re {} has no bins along dim {}", input_re.to_string(), dim));
+  // 2 (len − 1) points from a single bin is none: n must then be given.
+  const std::uint64_t points = n ? *n : 2 * (len - 1);
+  if (points == 0 || (!n && len - 1 > std::numeric_limits<std::uint64_t>::max() / 2))
+    return c.error(ErrorCode::Invalid, fmt::format("input_re {} gives {} output points along dim {} (give n >= 1)",
+                                                   input_re.to_string(), points, dim));
+  Shape shape = input_re.shape;
+  shape[dim] = points;
+  return module_op(c, {&input_re, &input_im}, std::move(shape), input_re.dtype, out_signal,
+                   {attr(dim), attr(n.value_or(0))});
+}
+
+// ---- Attention and the CTC loss (docs/spec/ir.md §5.8, §6.3)
+
+namespace {
+// query [B, H, Lq, D], key [B, H, Lk, D], value [B, H, Lk, Dv] of one float dtype.
+Status check_attention_inputs(const Ctx& c, const TensorIr& q, const TensorIr& k, const TensorIr& v) {
+  KILN_RETURN_IF_ERROR(check_module_operand(c, q, "query"));
+  KILN_RETURN_IF_ERROR(check_same(c, q, "query", k, "key"));
+  KILN_RETURN_IF_ERROR(check_same(c, q, "query", v, "value"));
+  KILN_RETURN_IF_ERROR(check_rank(c, q, 4, "query"));
+  KILN_RETURN_IF_ERROR(check_rank(c, k, 4, "key"));
+  KILN_RETURN_IF_ERROR(check_rank(c, v, 4, "value"));
+  const Shape& qs = q.shape;
+  if (k.shape[0] != qs[0] || k.shape[1] != qs[1] || k.shape[3] != qs[3])
+    return c.error(ErrorCode::IncompatibleShapes, fmt::format("key {} must be [{}, {}, Lk, {}] for query {}",
+                                                              k.to_string(), qs[0], qs[1], qs[3], q.to_string()));
+  if (v.shape[0] != qs[0] || v.shape[1] != qs[1] || v.shape[2] != k.shape[2])
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("value {} must be [{}, {}, {}, Dv] for query {} and key {}", v.to_string(), qs[0], qs[1],
+                               k.shape[2], shape_to_string(qs), shape_to_string(k.shape)));
+  return Status::Ok();
+}
+
+// mask? / attn_bias?: rank 4, each dim the scores' or 1 (broadcast over it).
+Status check_scores_operand(const Ctx& c, const TensorIr& t, const char* what, const Shape& scores) {
+  KILN_RETURN_IF_ERROR(check_rank(c, t, 4, what));
+  for (std::size_t i = 0; i < 4; ++i)
+    if (t.shape[i] != scores[i] && t.shape[i] != 1)
+      return c.error(ErrorCode::IncompatibleShapes, fmt::format("{} {} does not broadcast to the scores' shape {}",
+                                                                what, t.to_string(), shape_to_string(scores)));
+  return Status::Ok();
+}
+
+Status check_attention_options(const Ctx& c, const AttentionOptions& o) {
+  if (o.scale && !std::isfinite(*o.scale))
+    return c.error(ErrorCode::Invalid, fmt::format("scale must be finite, got {}", *o.scale));
+  if (o.softcap && !(std::isfinite(*o.softcap) && *o.softcap > 0))
+    return c.error(ErrorCode::Invalid, fmt::format("softcap must be finite and positive, got {}", *o.softcap));
+  return Status::Ok();
+}
+
+AttrList attention_attrs(bool mask, bool bias, const AttentionOptions& o) {
+  const std::int64_t present = (mask ? kPresentMask : 0) | (bias ? kPresentBias : 0) | (o.scale ? kPresentScale : 0) |
+                               (o.softcap ? kPresentSoftcap : 0);
+  return {present, o.is_causal ? 1 : 0, o.scale ? double_bits(*o.scale) : 0, o.softcap ? double_bits(*o.softcap) : 0};
+}
+
+// log_probs [T, N, C] (float), targets [N, S], input_lengths [N], target_lengths [N] (integer);
+// blank one of the C classes.
+Status check_ctc_operands(const Ctx& c, const TensorIr& log_probs, const TensorIr& targets,
+                          const TensorIr& input_lengths, const TensorIr& target_lengths, std::uint64_t blank) {
+  KILN_RETURN_IF_ERROR(check_module_operand(c, log_probs, "log_probs"));
+  KILN_RETURN_IF_ERROR(check_rank(c, log_probs, 3, "log_probs"));
+  const std::pair<const TensorIr*, const char*> ints[] = {
+      {&targets, "targets"}, {&input_lengths, "input_lengths"}, {&target_lengths, "target_lengths"}};
+  for (const auto& [t, name] : ints) {
+    KILN_RETURN_IF_ERROR(check_index_dtype(c, t->dtype, name));
+    KILN_RETURN_IF_ERROR(check_rank(c, *t, t == &targets ? 2 : 1, name));
+    if (t->shape[0] != log_probs.shape[1])
+      return c.error(ErrorCode::IncompatibleShapes,
+                     fmt::format("{} {} must have the batch N = {} of log_probs {}", name, t->to_string(),
+                                 log_probs.shape[1], shape_to_string(log_probs.shape)));
+  }
+  if (blank >= log_probs.shape[2])
+    return c.error(ErrorCode::OutOfBounds, fmt::format("blank {} out of range for the {} classes of log_probs {}",
+                                                       blank, log_probs.shape[2], shape_to_string(log_probs.shape)));
+  return check_attr_range(c, {blank}, "blank");
+}
+}  // namespace
+
+Result<Operation> attention(const TensorIr& query, const TensorIr& key, const TensorIr& value,
+                            const std::optional<TensorIr>& mask, const std::optional<TensorIr>& attn_bias,
+                            const AttentionOptions& options, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_Attention};
+  KILN_RETURN_IF_ERROR(check_attention_inputs(c, query, key, value));
+  const Shape& q = query.shape;
+  const Shape scores{q[0], q[1], q[2], key.shape[2]};
+  if (mask) {
+    KILN_RETURN_IF_ERROR(check_bool_dtype(c, mask->dtype, "mask"));
+    KILN_RETURN_IF_ERROR(check_scores_operand(c, *mask, "mask", scores));
+  }
+  if (attn_bias) {
+    KILN_RETURN_IF_ERROR(check_same(c, query, "query", *attn_bias, "attn_bias"));
+    KILN_RETURN_IF_ERROR(check_scores_operand(c, *attn_bias, "attn_bias", scores));
+  }
+  KILN_RETURN_IF_ERROR(check_attention_options(c, options));
+  return module_op(c, {&query, &key, &value, mask ? &*mask : nullptr, attn_bias ? &*attn_bias : nullptr},
+                   Shape{q[0], q[1], q[2], value.shape[3]}, query.dtype, out,
+                   attention_attrs(mask.has_value(), attn_bias.has_value(), options));
+}
+
+Result<Operation> ctc_loss(const TensorIr& log_probs, const TensorIr& targets, const TensorIr& input_lengths,
+                           const TensorIr& target_lengths, std::uint64_t blank, TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_CtcLoss};
+  KILN_RETURN_IF_ERROR(check_ctc_operands(c, log_probs, targets, input_lengths, target_lengths, blank));
+  return module_op(c, {&log_probs, &targets, &input_lengths, &target_lengths}, Shape{log_probs.shape[1]},
+                   log_probs.dtype, out, {attr(blank)});
+}
+
+Result<Operation> ctc_loss_backward(const TensorIr& log_probs, const TensorIr& targets, const TensorIr& input_lengths,
+                                    const TensorIr& target_lengths, const TensorIr& grad_loss, std::uint64_t blank,
+                                    TensorId out) {
+  const Ctx c{Family::Module, OpKind::Module_CtcLossBackward};
+  KILN_RETURN_IF_ERROR(check_ctc_operands(c, log_probs, targets, input_lengths, target_lengths, blank));
+  KILN_RETURN_IF_ERROR(check_module_operand(c, grad_loss, "grad_loss"));
+  if (grad_loss.shape != Shape{log_probs.shape[1]})
+    return c.error(ErrorCode::IncompatibleShapes,
+                   fmt::format("grad_loss {} must have shape [{}] (log_probs {})", grad_loss.to_string(),
+                               log_probs.shape[1], shape_to_string(log_probs.shape)));
+  return module_op(c, {&log_probs, &targets, &input_lengths, &target_lengths, &grad_loss}, log_probs.shape,
+                   log_probs.dtype, out, {attr(blank)});
 }
 
 // ---- Lifecycle, custom, collectives

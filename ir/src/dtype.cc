@@ -19,6 +19,26 @@ std::string QuantScheme::to_string() const {
   return s;
 }
 
+int quant_value_bits(QuantValue v) {
+  switch (v) {
+    case QuantValue::Q8F:
+    case QuantValue::Q8S: return 8;
+    case QuantValue::Q4F:
+    case QuantValue::Q4S: return 4;
+    case QuantValue::Q2F:
+    case QuantValue::Q2S: return 2;
+  }
+  return 0;
+}
+
+std::pair<std::int64_t, std::int64_t> quant_value_range(QuantValue v) {
+  const int bits = quant_value_bits(v);
+  if (bits == 0) return {0, 0};
+  const std::int64_t half = std::int64_t{1} << (bits - 1);
+  const bool symmetric = v == QuantValue::Q8S || v == QuantValue::Q4S || v == QuantValue::Q2S;
+  return {symmetric ? 1 - half : -half, half - 1};
+}
+
 std::size_t DType::size_bytes() const {
   switch (kind_) {
     case DTypeKind::F64:

@@ -99,8 +99,9 @@ Status Operation::validate() const {
   if (!in_range(num_inputs, sig.min_inputs, sig.max_inputs))
     return make_error(ErrorCode::Invalid, fmt::format("{}: takes {}..{} inputs, got {}", name(), sig.min_inputs,
                                                       sig.max_inputs, num_inputs));
-  if (sig.outputs != kVariadic && outs != static_cast<std::size_t>(sig.outputs))
-    return make_error(ErrorCode::Invalid, fmt::format("{}: produces {} outputs, got {}", name(), sig.outputs, outs));
+  if (!in_range(outs, sig.min_outputs, sig.max_outputs))
+    return make_error(ErrorCode::Invalid, fmt::format("{}: produces {}..{} outputs, got {}", name(), sig.min_outputs,
+                                                      sig.max_outputs, outs));
   if (!in_range(scalars.size(), sig.min_scalars, sig.max_scalars))
     return make_error(ErrorCode::Invalid, fmt::format("{}: takes {}..{} scalars, got {}", name(), sig.min_scalars,
                                                       sig.max_scalars, scalars.size()));

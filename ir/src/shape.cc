@@ -314,5 +314,84 @@ std::uint64_t unfold_windows(std::uint64_t size, std::uint64_t window, std::uint
   return x < window ? 0 : (x - window) / step;
 }
 
+namespace {
+Status check_scheme_enums(const QuantScheme& q) {
+  if (quant_value_bits(q.value) == 0)
+    return make_error(ErrorCode::Invalid, fmt::format("quant: unknown value type {}", static_cast<int>(q.value)));
+  if (static_cast<int>(q.store) > static_cast<int>(QuantStoreKind::PackedNative))
+    return make_error(ErrorCode::Invalid, fmt::format("quant: unknown store {}", static_cast<int>(q.store)));
+  if (static_cast<int>(q.param) > static_cast<int>(QuantParam::BF16))
+    return make_error(ErrorCode::Invalid, fmt::format("quant: unknown scale precision {}", static_cast<int>(q.param)));
+  if (q.block_rank > q.block.size())
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("quant: block rank {} exceeds the {} a scheme holds", q.block_rank, q.block.size()));
+  return Status::Ok();
+}
+
+// The block scales' shape: s[d] / block[d] over the block right-aligned to s.
+Result<Shape> block_scales(const Shape& s, const QuantScheme& q) {
+  if (q.block_rank == 0) return Shape{1};
+  Shape scales = s;
+  for (std::size_t j = 0; j < q.block_rank; ++j) {
+    const std::uint64_t b = q.block[j];
+    const std::size_t from_back = q.block_rank - j;  // 1 = the last dim
+    if (b == 0) return make_error(ErrorCode::Invalid, "quant: block dims must be at least 1");
+    if (from_back > s.size()) {
+      if (b != 1)
+        return make_error(ErrorCode::Invalid, fmt::format("quant: a block of rank {} does not fit a rank-{} tensor",
+                                                          q.block_rank, s.size()));
+      continue;
+    }
+    const std::size_t d = s.size() - from_back;
+    if (s[d] % b != 0)
+      return make_error(ErrorCode::Invalid, fmt::format("quant: dim {} of size {} is not divisible by the block's {} "
+                                                        "({})",
+                                                        d, s[d], b, shape_to_string(s)));
+    scales[d] = s[d] / b;
+  }
+  return scales;
+}
+
+// The packed stores' axis and values per word, which must divide it.
+Status pack(const Shape& s, const QuantScheme& q, QuantGeometry& g) {
+  if (q.packed_dim >= s.size())
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("quant: packed dim {} out of bounds for rank {}", q.packed_dim, s.size()));
+  g.packed_axis = s.size() - 1 - q.packed_dim;
+  g.word_bytes = q.store == QuantStoreKind::PackedU32 ? 4 : 1;
+  g.values_per_word = g.word_bytes * 8 / static_cast<std::uint64_t>(quant_value_bits(q.value));
+  if (s[g.packed_axis] % g.values_per_word != 0)
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("quant: the packed axis {} of size {} is not divisible by the {} values of a word",
+                                  g.packed_axis, s[g.packed_axis], g.values_per_word));
+  return Status::Ok();
+}
+
+// The byte offsets: values, scales, the f32 global; a count or size beyond 64 bits is an error.
+Status place(const Shape& s, QuantGeometry& g) {
+  std::uint64_t n = 1, blocks = 1, scale_bytes = 0;
+  bool overflow = false;
+  for (std::uint64_t d : s) overflow = overflow || __builtin_mul_overflow(n, d, &n);
+  for (std::uint64_t d : g.scales) overflow = overflow || __builtin_mul_overflow(blocks, d, &blocks);
+  g.scales_offset = n / g.values_per_word * g.word_bytes;  // the packed axis divides n
+  overflow = overflow || __builtin_mul_overflow(blocks, g.scale_bytes, &scale_bytes) ||
+             __builtin_add_overflow(g.scales_offset, scale_bytes, &g.global_offset) ||
+             __builtin_add_overflow(g.global_offset, 4, &g.total_bytes);
+  if (overflow)
+    return make_error(ErrorCode::Invalid, fmt::format("quant: the size of {} overflows 64 bits", shape_to_string(s)));
+  return Status::Ok();
+}
+}  // namespace
+
+Result<QuantGeometry> quant_geometry(const Shape& s, const QuantScheme& q) {
+  KILN_RETURN_IF_ERROR(check_scheme_enums(q));
+  QuantGeometry g;
+  KILN_ASSIGN_OR_RETURN(g.scales, block_scales(s, q));
+  g.scale_bytes = q.param == QuantParam::F32 ? 4 : 2;
+  if (q.store != QuantStoreKind::Native) KILN_RETURN_IF_ERROR(pack(s, q, g));
+  KILN_RETURN_IF_ERROR(place(s, g));
+  return g;
+}
+
 }  // namespace shape
 }  // namespace kiln::ir

@@ -195,7 +195,9 @@ Status check_family(const ir::Operation& op) {
   switch (info.group) {
     case ir::OpGroup::Base: fits = ir::base_family_for(operand) == op.family; break;
     case ir::OpGroup::Numeric: fits = ir::numeric_family_for(operand) == op.family; break;
-    case ir::OpGroup::Float: fits = operand.is_float(); break;
+    case ir::OpGroup::Float:  // Dequantize reads a QFloat operand
+      fits = operand.is_float() || (info.has(ir::kQuantization) && operand.is_quantized());
+      break;
     case ir::OpGroup::Int: fits = operand.is_integral(); break;
     case ir::OpGroup::Bool: fits = operand.is_bool(); break;
     case ir::OpGroup::Module:
@@ -215,7 +217,9 @@ Status check_family(const ir::Operation& op) {
   return Status::Ok();
 }
 
+// Only the quantization kinds (tag Q) read or write QFloat tensors; their kernels check which.
 Status check_not_quantized(const ir::Operation& op) {
+  if (op.info().has(ir::kQuantization)) return Status::Ok();
   for (const ir::TensorIr& t : op.tensors)
     if (t.dtype.is_quantized())
       return make_error(ErrorCode::Unsupported,
@@ -330,7 +334,7 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Unary: return run_unary(c);
     case S::Binary: return run_binary(c);
     case S::Scalar: return run_scalar(c);
-    case S::Cast: return run_cast(c);
+    case S::Cast: return k == ir::OpKind::Float_Dequantize ? run_dequantize(c) : run_cast(c);
     case S::Clamp: return run_clamp(c);
     case S::MaskWhere: return run_mask_where(c);
     case S::MaskFill: return run_mask_fill(c);
@@ -398,6 +402,14 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::Interpolate: return run_interpolate(c);
     case S::InterpolateBackward: return run_interpolate_backward(c);
     case S::Unfold4d: return run_unfold4d(c);
+    case S::Rfft: return run_rfft(c);
+    case S::IRfft: return run_irfft(c);
+    case S::Attention: return run_attention(c);
+    case S::CtcLoss: return run_ctc_loss(c);
+    case S::CtcLossBackward: return run_ctc_loss_backward(c);
+    case S::DeformableConv2d: return run_deformable_conv2d(c);
+    case S::DeformableConv2dBackward: return run_deformable_conv2d_backward(c);
+    case S::Quantize: return run_quantize(c);
   }
   return c.error(ErrorCode::Internal, "no kernel for this signature");
 }

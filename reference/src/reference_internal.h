@@ -339,6 +339,22 @@ Result<Outputs> run_interpolate(const Ctx& c);
 Result<Outputs> run_interpolate_backward(const Ctx& c);
 Result<Outputs> run_grid_sample_2d(const Ctx& c);
 Result<Outputs> run_unfold4d(const Ctx& c);
+// reference_fft.cc: the real DFT along one dim and its inverse (O(n²) in f64)
+Result<Outputs> run_rfft(const Ctx& c);  // two outputs: re, im
+Result<Outputs> run_irfft(const Ctx& c);
+// reference_attention.cc: scaled dot-product attention (Burn's order and NaN-safe softmax)
+Result<Outputs> run_attention(const Ctx& c);
+// reference_ctc.cc: the CTC loss per sample and its gradient (log-space alpha / beta in f64)
+Result<Outputs> run_ctc_loss(const Ctx& c);
+Result<Outputs> run_ctc_loss_backward(const Ctx& c);
+// reference_deformable.cc: torchvision's deformable convolution and its gradients (three to five
+// outputs: input, offset, weight, mask?, bias?)
+Result<Outputs> run_deformable_conv2d(const Ctx& c);
+Result<Outputs> run_deformable_conv2d_backward(const Ctx& c);
+// reference_quantize.cc: Quantize and Dequantize, the only kernels that read or write QFloat
+// tensors (HostTensor's QuantLayout)
+Result<Outputs> run_quantize(const Ctx& c);
+Result<Outputs> run_dequantize(const Ctx& c);  // Float Dequantize (Cast signature)
 
 // One output as the kernels' result.
 inline Result<Outputs> single(HostTensor t) {

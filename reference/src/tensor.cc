@@ -323,27 +323,50 @@ bool HostTensor::stores(DType d, std::size_t size, Storage kind) {
   return false;
 }
 
+Result<QuantLayout> quant_layout(const ir::Shape& shape, const ir::QuantScheme& scheme) {
+  auto wrap_error = [&](const Error& e) {
+    return make_error(e.code, fmt::format("HostTensor: qfloat({}) of shape {}: {}", scheme.to_string(),
+                                          ir::shape_to_string(shape), e.message));
+  };
+  Result<ir::shape::QuantGeometry> g = ir::shape::quant_geometry(shape, scheme);
+  if (!g.ok()) return wrap_error(g.error());
+  QuantLayout l;
+  l.geometry = std::move(g).value();
+  l.scale_dtype = scheme.param == ir::QuantParam::F16    ? ir::dtypes::f16
+                  : scheme.param == ir::QuantParam::BF16 ? ir::dtypes::bf16
+                                                         : ir::dtypes::f32;
+  l.word_bytes = l.geometry.word_bytes;
+  l.scales_offset = l.geometry.scales_offset;
+  l.global_offset = l.geometry.global_offset;
+  l.total_bytes = l.geometry.total_bytes;
+  return l;
+}
+
+Result<std::pair<std::uint64_t, std::uint64_t>> HostTensor::storage_of(const ir::Shape& shape, DType dtype) {
+  if (dtype.is_quantized()) {
+    KILN_ASSIGN_OR_RETURN(QuantLayout l, quant_layout(shape, dtype.scheme()));
+    KILN_ASSIGN_OR_RETURN(std::uint64_t n, checked_num_elements(shape));
+    return std::make_pair(n, l.total_bytes);
+  }
+  KILN_ASSIGN_OR_RETURN(std::uint64_t n, checked_num_elements(shape, dtype.size_bytes()));
+  return std::make_pair(n, n * dtype.size_bytes());
+}
+
 Result<HostTensor> HostTensor::wrap(std::shared_ptr<HostBuffer> buffer, ir::Shape shape, DType dtype) {
   if (!buffer) return make_error(ErrorCode::Invalid, "HostTensor: null buffer");
-  if (dtype.is_quantized())
-    return make_error(ErrorCode::Unsupported,
-                      fmt::format("HostTensor: {} tensors are not supported on the CPU device", dtype.name()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t n, checked_num_elements(shape, dtype.size_bytes()));
-  const std::uint64_t need = n * dtype.size_bytes();
+  KILN_ASSIGN_OR_RETURN(auto storage, storage_of(shape, dtype));
+  const std::uint64_t need = storage.second;
   if (buffer->size() < need)
     return make_error(ErrorCode::Invalid, fmt::format("HostTensor: a {} tensor of shape {} needs {} bytes, the buffer "
                                                       "holds {}",
                                                       dtype.name(), ir::shape_to_string(shape), need, buffer->size()));
-  return HostTensor(std::move(buffer), std::move(shape), dtype, n);
+  return HostTensor(std::move(buffer), std::move(shape), dtype, storage.first, need);
 }
 
 Result<HostTensor> HostTensor::allocate(HostAllocator& alloc, ir::Shape shape, DType dtype) {
-  if (dtype.is_quantized())
-    return make_error(ErrorCode::Unsupported,
-                      fmt::format("HostTensor: {} tensors are not supported on the CPU device", dtype.name()));
-  KILN_ASSIGN_OR_RETURN(std::uint64_t n, checked_num_elements(shape, dtype.size_bytes()));
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, alloc.allocate_shared(n * dtype.size_bytes()));
-  return HostTensor(std::move(buffer), std::move(shape), dtype, n);
+  KILN_ASSIGN_OR_RETURN(auto storage, storage_of(shape, dtype));
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, alloc.allocate_shared(storage.second));
+  return HostTensor(std::move(buffer), std::move(shape), dtype, storage.first, storage.second);
 }
 
 Result<HostTensor> HostTensor::zeros(HostAllocator& alloc, ir::Shape shape, DType dtype) {
@@ -366,6 +389,9 @@ namespace {
 template <class T, class Store>
 Result<HostTensor> from_converted(HostAllocator& alloc, ir::Shape shape, DType dtype, std::uint64_t count,
                                   const char* what, Store store) {
+  if (dtype.is_quantized())  // no element codec: only Quantize writes one
+    return make_error(ErrorCode::Unsupported,
+                      fmt::format("HostTensor::{}: {} values are made by a Quantize op", what, dtype.name()));
   KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::allocate(alloc, std::move(shape), dtype));
   if (count != t.num_elements())
     return make_error(ErrorCode::Invalid, fmt::format("HostTensor::{}: {} has {} elements, got {} values", what,

@@ -1253,6 +1253,61 @@ Result<Tensor> Session::conv_transpose3d_bias_backward(Tensor x, Tensor bias, Te
                       {});
 }
 
+// ---- The deformable convolution (docs/spec/ir.md §5.8; no §5.11 row: the Module kind of the
+// call's name)
+
+namespace {
+// x, offset, weight, then the optional mask and bias as given (the presence bits say which).
+std::vector<Tensor> deformable_inputs(Tensor x, Tensor offset, Tensor weight, std::optional<Tensor> mask,
+                                      std::optional<Tensor> bias) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(x));
+  in.push_back(std::move(offset));
+  in.push_back(std::move(weight));
+  if (mask) in.push_back(std::move(*mask));
+  if (bias) in.push_back(std::move(*bias));
+  return in;
+}
+
+std::optional<TensorIr> input_if(bool present, std::span<const TensorIr> t, std::size_t i) {
+  return present ? std::optional<TensorIr>(t[i]) : std::nullopt;
+}
+}  // namespace
+
+Result<Tensor> Session::deformable_conv2d(Tensor x, Tensor offset, Tensor weight, std::optional<Tensor> mask,
+                                          std::optional<Tensor> bias, const build::DeformableConv2dOptions& options) {
+  const bool has_mask = mask.has_value(), has_bias = bias.has_value();
+  std::vector<Tensor> in =
+      deformable_inputs(std::move(x), std::move(offset), std::move(weight), std::move(mask), std::move(bias));
+  return run_op(in, [has_mask, has_bias, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::deformable_conv2d(t[0], t[1], t[2], input_if(has_mask, t, 3), input_if(has_bias, t, has_mask ? 4 : 3),
+                                    options, out);
+  });
+}
+
+Result<DeformableConv2dGrads> Session::deformable_conv2d_backward(Tensor x, Tensor offset, Tensor weight,
+                                                                  std::optional<Tensor> mask,
+                                                                  std::optional<Tensor> bias, Tensor out_grad,
+                                                                  const build::DeformableConv2dOptions& options) {
+  const bool has_mask = mask.has_value(), has_bias = bias.has_value();
+  std::vector<Tensor> in =
+      deformable_inputs(std::move(x), std::move(offset), std::move(weight), std::move(mask), std::move(bias));
+  in.push_back(std::move(out_grad));
+  std::vector<std::optional<Tensor>> out(3 + (has_mask ? 1 : 0) + (has_bias ? 1 : 0));
+  KILN_RETURN_IF_ERROR(run_op_outputs(
+      in, out, [has_mask, has_bias, &options](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        build::DeformableConv2dGradIds grads{ids[0], ids[1], ids[2], std::nullopt, std::nullopt};
+        if (has_mask) grads.mask_grad = ids[3];
+        if (has_bias) grads.bias_grad = ids[has_mask ? 4 : 3];
+        return build::deformable_conv2d_backward(t[0], t[1], t[2], input_if(has_mask, t, 3),
+                                                 input_if(has_bias, t, has_mask ? 4 : 3), t.back(), options, grads);
+      }));
+  DeformableConv2dGrads g{std::move(*out[0]), std::move(*out[1]), std::move(*out[2]), std::nullopt, std::nullopt};
+  if (has_mask) g.mask_grad = std::move(out[3]);
+  if (has_bias) g.bias_grad = std::move(out[has_mask ? 4 : 3]);
+  return g;
+}
+
 // ---- Pools beyond max_pool2d / avg_pool2d, and their gradients (docs/spec/ir.md §5.8; no §5.11
 // row: the Module kind of the call's name)
 
@@ -1393,6 +1448,79 @@ Result<Tensor> Session::unfold4d(Tensor x, std::array<std::uint64_t, 2> kernel_s
   return run_op(in, [kernel_size, &options](std::span<const TensorIr> t, ir::TensorId out) {
     return build::unfold4d(t[0], kernel_size, options, out);
   });
+}
+
+// ---- Signals (docs/spec/ir.md §5.8; no §5.11 row: the Module kind of the call's name)
+
+Result<std::pair<Tensor, Tensor>> Session::rfft(Tensor signal, std::uint64_t dim, std::optional<std::uint64_t> n) {
+  Tensor in[] = {std::move(signal)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [dim, n](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::rfft(t[0], dim, n, ids[0], ids[1]);
+      }));
+  return std::make_pair(std::move(*out[0]), std::move(*out[1]));
+}
+
+Result<Tensor> Session::irfft(Tensor input_re, Tensor input_im, std::uint64_t dim, std::optional<std::uint64_t> n) {
+  Tensor in[] = {std::move(input_re), std::move(input_im)};
+  return run_op(
+      in, [dim, n](std::span<const TensorIr> t, ir::TensorId out) { return build::irfft(t[0], t[1], dim, n, out); });
+}
+
+// ---- Attention and the CTC loss (docs/spec/ir.md §5.8; no §5.11 row: the Module kind of the
+// call's name)
+
+Result<Tensor> Session::attention(Tensor query, Tensor key, Tensor value, std::optional<Tensor> mask,
+                                  std::optional<Tensor> attn_bias, const ir::build::AttentionOptions& options) {
+  const bool has_mask = mask.has_value(), has_bias = attn_bias.has_value();
+  std::vector<Tensor> in;
+  in.push_back(std::move(query));
+  in.push_back(std::move(key));
+  in.push_back(std::move(value));
+  if (mask) in.push_back(std::move(*mask));
+  if (attn_bias) in.push_back(std::move(*attn_bias));
+  return run_op(in, [has_mask, has_bias, &options](std::span<const TensorIr> t, ir::TensorId out) {
+    const std::optional<TensorIr> m = has_mask ? std::optional<TensorIr>(t[3]) : std::nullopt;
+    const std::optional<TensorIr> b = has_bias ? std::optional<TensorIr>(t[has_mask ? 4 : 3]) : std::nullopt;
+    return build::attention(t[0], t[1], t[2], m, b, options, out);
+  });
+}
+
+Result<Tensor> Session::ctc_loss(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
+                                 std::uint64_t blank) {
+  Tensor in[] = {std::move(log_probs), std::move(targets), std::move(input_lengths), std::move(target_lengths)};
+  return run_op(in, [blank](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::ctc_loss(t[0], t[1], t[2], t[3], blank, out);
+  });
+}
+
+Result<Tensor> Session::ctc_loss_backward(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
+                                          Tensor grad_loss, std::uint64_t blank) {
+  Tensor in[] = {std::move(log_probs), std::move(targets), std::move(input_lengths), std::move(target_lengths),
+                 std::move(grad_loss)};
+  return run_op(in, [blank](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::ctc_loss_backward(t[0], t[1], t[2], t[3], t[4], blank, out);
+  });
+}
+
+// ---- Quantization (docs/spec/ir.md §5.6; no §5.11 row: the Float kind of the call's name)
+
+Result<Tensor> Session::quantize(Tensor tensor, Tensor scales, const ir::QuantScheme& scheme,
+                                 std::optional<Tensor> global) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(tensor));
+  in.push_back(std::move(scales));
+  if (global) in.push_back(std::move(*global));
+  return run_op(in, [&scheme](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::quantize(t[0], t[1], optional_input(t, 2), scheme, out);
+  });
+}
+
+Result<Tensor> Session::dequantize(Tensor tensor, ir::DType dtype) {
+  Tensor in[] = {std::move(tensor)};
+  return run_op(in,
+                [dtype](std::span<const TensorIr> t, ir::TensorId out) { return build::dequantize(t[0], dtype, out); });
 }
 
 // ---- Collectives

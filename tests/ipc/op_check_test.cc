@@ -1161,5 +1161,356 @@ TEST(OperationCheck, RefusesHostileGridSampleAndUnfold4dOperations) {
       "output 0");
 }
 
+// ---- Signals (Session calls): Rfft with its two outputs and IRfft; attributes [dim, n], n = 0
+// for none given.
+
+std::vector<ir::Operation> signal_ops() {
+  namespace build = ir::build;
+  const TensorId out(10), out2(11);
+  return {
+      built(build::rfft(in(1, {2, 8}), 1, std::nullopt, out, out2)),
+      built(build::rfft(in(1, {5, 3}), 0, 12, out, out2)),
+      built(build::irfft(in(1, {2, 5}), in(2, {2, 5}), 1, std::nullopt, out)),
+      built(build::irfft(in(1, {4, 2}), in(2, {4, 2}), 0, 3, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsTheSignalKinds) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : signal_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t i = 0; i < op.outputs().size(); ++i) {
+      ir::Operation lie = op;
+      lie.outputs()[i].shape.back() += 1;
+      expect_refused(lie, "output " + std::to_string(i));
+      ir::Operation wrong_dtype = op;
+      wrong_dtype.outputs()[i].dtype = DType(DTypeKind::F64);
+      expect_refused(wrong_dtype, "output " + std::to_string(i));
+    }
+  }
+}
+
+TEST(OperationCheck, RefusesHostileSignalOperations) {
+  const std::vector<ir::Operation> ops = signal_ops();
+  using Op = ir::Operation;
+  const OpKind rf = OpKind::Module_Rfft, inv = OpKind::Module_IRfft;
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs[0] = 2; }, "dim 2 out of bounds");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs[1] = -1; }, "attribute 1 missing or negative");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs[1] = 6; }, "output 0");  // 4 bins, not the claimed 5
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.attrs.push_back(0); }, "differs");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.tensors.pop_back(); }, "(1 outputs)");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.tensors.push_back(op.tensors.back()), op.tensors.back().id = TensorId(12); },
+      "(3 outputs)");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, rf, [](Op& op) { op.kind = OpKind::Module_IRfft; }, "(2 outputs)");
+  expect_changed_refused(
+      ops, inv, [](Op& op) { op.tensors[1].dtype = DType(DTypeKind::F64); }, "dtypes differ");
+  expect_changed_refused(
+      ops, inv,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 4};
+      },
+      "must have input_re");
+  expect_changed_refused(
+      ops, inv, [](Op& op) { op.tensors.erase(op.tensors.begin() + 1), op.num_inputs = 1; }, "unexpected number");
+  expect_changed_refused(
+      ops, inv,
+      [](Op& op) {
+        op.tensors[0].shape = op.tensors[1].shape = {2, 1};
+      },
+      "give n >= 1");
+}
+
+// ---- Attention and the CTC loss (Session calls): Attention's optional inputs and options told by
+// its presence bits; CtcLoss and its backward with [blank].
+
+std::vector<ir::Operation> sequence_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  const TensorIr q = in(1, {2, 3, 4, 8}), k = in(2, {2, 3, 5, 8}), v = in(3, {2, 3, 5, 6});
+  const TensorIr mask = typed(4, {2, 1, 4, 5}, kBool), bias = in(5, {1, 3, 1, 5});
+  const TensorIr lp = in(1, {6, 2, 4}), tg = typed(2, {2, 3}, kI64), il = typed(3, {2}, kI64), tl = typed(4, {2}, kI64);
+  return {
+      built(build::attention(q, k, v, mask, bias, {0.25, 30.0, true}, out)),
+      built(build::attention(q, k, v, std::nullopt, std::nullopt, {}, out)),
+      built(build::attention(q, k, v, std::nullopt, bias, {-1.0, std::nullopt, false}, out)),
+      built(build::attention(q, k, v, mask, std::nullopt, {std::nullopt, 2.0, true}, out)),
+      built(build::ctc_loss(lp, tg, il, tl, 0, out)),
+      built(build::ctc_loss_backward(lp, tg, il, tl, in(5, {2}), 3, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsAttentionAndTheCtcKinds) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : sequence_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.back() += 1;
+    expect_refused(lie, "output 0");
+    ir::Operation wrong_dtype = op;
+    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
+    expect_refused(wrong_dtype, "output 0");
+  }
+}
+
+TEST(OperationCheck, RefusesHostileAttentionOperations) {
+  const std::vector<ir::Operation> ops = sequence_ops();
+  using Op = ir::Operation;
+  const OpKind at = OpKind::Module_Attention;
+  // Presence bits: unknown ones, negative, announcing an input that is not there or hiding one that
+  // is, an option's bits without its bit (rebuilt as 0).
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[0] |= 32; }, "unknown presence bits 47");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[0] = -1; }, "unknown presence bits -1");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[0] &= ~ir::kPresentBias; }, "unexpected number");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[0] &= ~ir::kPresentScale; }, "differs");
+  ir::Operation plain = ops[1];  // no optional input: a mask bit announces a fourth
+  plain.attrs[0] = ir::kPresentMask;
+  expect_refused(plain, "unexpected number");
+  // Options: a NaN scale, a zero or negative softcap, a flag other than 0 / 1.
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[2] = bits_of(std::nan("")); }, "scale must be finite");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[3] = bits_of(0.0); }, "softcap must be finite and positive");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[3] = bits_of(-2.0); }, "softcap must be finite and positive");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs[1] = 2; }, "differs");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.attrs.pop_back(); }, "unexpected number");
+  // Operands: the mask and the bias swapped, a float mask, a bias of another dtype, shapes.
+  expect_changed_refused(
+      ops, at, [](Op& op) { std::swap(op.tensors[3], op.tensors[4]); }, "mask must be a bool dtype");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.tensors[4].dtype = DType(DTypeKind::F64); }, "attn_bias");
+  expect_changed_refused(
+      ops, at,
+      [](Op& op) {
+        op.tensors[3].shape = {2, 2, 4, 5};
+      },
+      "does not broadcast");
+  expect_changed_refused(
+      ops, at,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 3, 5, 7};
+      },
+      "key");
+  expect_changed_refused(
+      ops, at, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+}
+
+TEST(OperationCheck, RefusesHostileCtcOperations) {
+  const std::vector<ir::Operation> ops = sequence_ops();
+  using Op = ir::Operation;
+  const OpKind loss = OpKind::Module_CtcLoss, back = OpKind::Module_CtcLossBackward;
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.attrs[0] = 4; }, "blank 4 out of range");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.attrs[0] = -1; }, "attribute 0 missing or negative");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.attrs.clear(); }, "missing");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.tensors[1].dtype = kF32; }, "targets must be an integer dtype");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.tensors[2].shape = {3}; }, "input_lengths");
+  expect_changed_refused(
+      ops, loss,
+      [](Op& op) {
+        op.tensors[0].shape = {6, 8};
+      },
+      "log_probs must have rank 3");
+  expect_changed_refused(
+      ops, loss, [](Op& op) { op.kind = OpKind::Module_CtcLossBackward; }, "unexpected number");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[4].shape = {3}; }, "grad_loss");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[4].dtype = kI64; }, "grad_loss");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors.erase(op.tensors.begin() + 4), op.num_inputs = 4; }, "unexpected number");
+}
+
+// ---- The deformable convolution (Session calls): presence bits for mask? and bias?, the
+// backward's three to five outputs.
+
+std::vector<ir::Operation> deformable_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  build::DeformableConv2dOptions o;  // x [1, 4, 5, 5], weight [6, 2, 3, 3]: output [1, 6, 3, 3]
+  o.weight_groups = o.offset_groups = 2;
+  const TensorIr x = in(1, {1, 4, 5, 5}), offset = in(2, {1, 36, 3, 3}), weight = in(3, {6, 2, 3, 3});
+  const TensorIr mask = in(4, {1, 18, 3, 3}), bias = in(5, {6}), grad = in(6, {1, 6, 3, 3});
+  const build::DeformableConv2dGradIds all{out, TensorId(11), TensorId(12), TensorId(13), TensorId(14)};
+  return {
+      built(build::deformable_conv2d(x, offset, weight, mask, bias, o, out)),
+      built(build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, o, out)),
+      built(build::deformable_conv2d(x, offset, weight, std::nullopt, bias, o, out)),
+      built(build::deformable_conv2d_backward(x, offset, weight, mask, bias, grad, o, all)),
+      built(build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, grad, o,
+                                              {out, TensorId(11), TensorId(12), std::nullopt, std::nullopt})),
+      built(build::deformable_conv2d_backward(x, offset, weight, std::nullopt, bias, grad, o,
+                                              {out, TensorId(11), TensorId(12), std::nullopt, TensorId(14)})),
+  };
+}
+
+TEST(OperationCheck, AcceptsTheDeformableConvolutionKinds) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : deformable_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t i = 0; i < op.outputs().size(); ++i) {
+      ir::Operation lie = op;
+      lie.outputs()[i].shape.back() += 1;
+      expect_refused(lie, "output " + std::to_string(i));
+      ir::Operation wrong_dtype = op;
+      wrong_dtype.outputs()[i].dtype = DType(DTypeKind::F64);
+      expect_refused(wrong_dtype, "output " + std::to_string(i));
+    }
+  }
+}
+
+TEST(OperationCheck, RefusesHostileDeformableConvolutions) {
+  const std::vector<ir::Operation> ops = deformable_ops();
+  using Op = ir::Operation;
+  const OpKind fwd = OpKind::Module_DeformableConv2d, back = OpKind::Module_DeformableConv2dBackward;
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[0] = 4; }, "unknown presence bits 4");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[0] = -1; }, "attribute 0 missing or negative");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[0] = ir::kPresentMask; }, "unexpected number");  // 5 inputs, 1 announced
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { std::swap(op.tensors[3], op.tensors[4]); }, "mask");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[1] = 0; }, "stride");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[8] = 3; }, "not divisible by 3 offset groups");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs[7] = 4; }, "does not fit 4 weight groups");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.attrs.pop_back(); }, "missing");
+  expect_changed_refused(
+      ops, fwd,
+      [](Op& op) {
+        op.tensors[1].shape = {1, 35, 3, 3};
+      },
+      "offset");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.tensors[1].dtype = DType(DTypeKind::F64); }, "dtypes differ");
+  // The backward: outputs the bits do not announce, a relabelled forward, a bad out_grad.
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors.pop_back(); }, "unexpected number");  // no bias_grad
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.attrs[0] = ir::kPresentMask; }, "unexpected number");
+  expect_changed_refused(
+      ops, back,
+      [](Op& op) {
+        op.tensors[5].shape = {1, 6, 3, 2};
+      },
+      "out_grad");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.tensors[5].dtype = kI64; }, "out_grad");
+  expect_changed_refused(
+      ops, back, [](Op& op) { op.kind = OpKind::Module_DeformableConv2d; }, "(5 outputs)");
+  expect_changed_refused(
+      ops, fwd, [](Op& op) { op.kind = OpKind::Module_DeformableConv2dBackward; }, "(1 outputs)");
+}
+
+// ---- Quantization (Session calls): Quantize, the scheme its output's QFloat dtype, and Dequantize.
+
+ir::QuantScheme block_scheme() {
+  ir::QuantScheme q;
+  q.value = ir::QuantValue::Q4S;
+  q.store = ir::QuantStoreKind::PackedU32;
+  q.block_rank = 2;
+  q.block = {1, 4, 0, 0};
+  q.param = ir::QuantParam::F16;
+  return q;
+}
+
+std::vector<ir::Operation> quantization_ops() {
+  namespace build = ir::build;
+  const TensorId out(10);
+  const DType q = DType::qfloat(block_scheme());
+  return {
+      built(build::quantize(in(1, {2, 8}), in(2, {2, 2}), std::nullopt, block_scheme(), out)),
+      built(build::quantize(in(1, {2, 8}), in(2, {1}), in(3, {1}), ir::QuantScheme{}, out)),
+      built(build::dequantize(typed(1, {2, 8}, q), kF32, out)),
+  };
+}
+
+TEST(OperationCheck, AcceptsQuantizeAndDequantize) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : quantization_ops()) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    ir::Operation lie = op;
+    lie.outputs()[0].shape.back() += 1;
+    expect_refused(lie, "output 0");
+  }
+}
+
+TEST(OperationCheck, RefusesHostileQuantization) {
+  const std::vector<ir::Operation> ops = quantization_ops();
+  using Op = ir::Operation;
+  const OpKind quant = OpKind::Float_Quantize, de = OpKind::Float_Dequantize;
+  // The scheme is the output dtype: another one must fit the scales, a non-QFloat output is no scheme.
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.outputs()[0].dtype = DType::qfloat(ir::QuantScheme{}); }, "scales");
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.outputs()[0].dtype = kF32; }, "must have a QFloat dtype");
+  expect_changed_refused(
+      ops, quant,
+      [](Op& op) {
+        ir::QuantScheme s = block_scheme();
+        s.block = {1, 3, 0, 0};
+        op.outputs()[0].dtype = DType::qfloat(s);
+      },
+      "not divisible by the block's 3");
+  expect_changed_refused(
+      ops, quant,
+      [](Op& op) {
+        ir::QuantScheme s = block_scheme();
+        s.value = static_cast<ir::QuantValue>(11);
+        op.outputs()[0].dtype = DType::qfloat(s);
+      },
+      "unknown value type 11");
+  expect_changed_refused(
+      ops, quant,
+      [](Op& op) {
+        op.tensors[1].shape = {2, 3};
+      },
+      "scales");
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.tensors[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.dtype = DType(DTypeKind::F64); }, "differs");  // the carried dtype
+  expect_changed_refused(
+      ops, quant, [](Op& op) { op.tensors.erase(op.tensors.begin() + 1), op.num_inputs = 1; }, "unexpected number");
+  // Dequantize: a float input, a non-float target, the carried dtype.
+  expect_changed_refused(
+      ops, de, [](Op& op) { op.tensors[0].dtype = kF32, op.dtype = kF32; }, "must be quantized");
+  expect_changed_refused(
+      ops, de, [](Op& op) { op.outputs()[0].dtype = kI64; }, "float dtype");
+  expect_changed_refused(
+      ops, de, [](Op& op) { op.dtype = kF32; }, "differs");
+  expect_changed_refused(
+      ops, de, [](Op& op) { op.kind = OpKind::Float_IntoInt; }, "integer dtype");  // IntoInt's target
+}
+
 }  // namespace
 }  // namespace kiln::ipc

@@ -408,6 +408,18 @@ Result<Operation> build_pool(OpKind kind, TensorId o) {
   }
 }
 
+// A deformable convolution of x [1, 4, 5, 5] by weight [6, 2, 3, 3] (2 weight groups, 2 offset
+// groups) with mask and bias: output [1, 6, 3, 3], offset [1, 36, 3, 3], mask [1, 18, 3, 3].
+Result<Operation> deformable_any(OpKind kind, TensorId o) {
+  build::DeformableConv2dOptions opts;
+  opts.weight_groups = opts.offset_groups = 2;
+  const TensorIr x = t(1, {1, 4, 5, 5}), offset = t(2, {1, 36, 3, 3}), weight = t(3, {6, 2, 3, 3}),
+                 mask = t(4, {1, 18, 3, 3}), bias = t(5, {6});
+  if (kind == OpKind::Module_DeformableConv2d) return build::deformable_conv2d(x, offset, weight, mask, bias, opts, o);
+  return build::deformable_conv2d_backward(x, offset, weight, mask, bias, t(6, {1, 6, 3, 3}), opts,
+                                           {o, id(11), id(12), id(13), id(14)});
+}
+
 // Every row of the op table can be built through the builder of its signature.
 Result<Operation> build_any(OpKind kind) {
   const OpInfo& info = op_info(kind);
@@ -436,6 +448,7 @@ Result<Operation> build_any(OpKind kind) {
       return cmp ? build::scalar_comparison(f, kind, x, s, kBool, o) : build::scalar(f, kind, x, s, o);
     case Signature::Matmul: return build::matmul(f, kind, x, t(2, {3, 4}, d), o);
     case Signature::Cast: {
+      if (kind == OpKind::Float_Dequantize) return build::dequantize(t(1, {2, 3}, DType::qfloat({})), dtypes::f16, o);
       DType target = dtypes::f16;
       if (kind == OpKind::Float_IntoInt || kind == OpKind::Bool_IntoInt) target = dtypes::i32;
       return build::cast(f, kind, x, target, o);
@@ -516,6 +529,20 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::InterpolateBackward:
       return build::interpolate_backward(t(1, {1, 2, 4, 4}), t(2, {1, 2, 3, 5}), {3, 5}, {}, o);
     case Signature::Unfold4d: return build::unfold4d(t(1, {1, 2, 4, 4}), {2, 2}, {}, o);
+    case Signature::Rfft: return build::rfft(t(1, {2, 8}), 1, std::nullopt, o, id(11));
+    case Signature::IRfft: return build::irfft(t(1, {2, 5}), t(2, {2, 5}), 1, std::nullopt, o);
+    case Signature::Attention:
+      return build::attention(t(1, {1, 2, 3, 4}), t(2, {1, 2, 5, 4}), t(3, {1, 2, 5, 6}), t(4, {1, 1, 3, 5}, kBool),
+                              t(5, {1, 2, 3, 5}), {0.5, 2.0, true}, o);
+    case Signature::CtcLoss:
+      return build::ctc_loss(t(1, {6, 2, 4}), t(2, {2, 3}, dtypes::i64), t(3, {2}, dtypes::i64), t(4, {2}, dtypes::i32),
+                             0, o);
+    case Signature::CtcLossBackward:
+      return build::ctc_loss_backward(t(1, {6, 2, 4}), t(2, {2, 3}, dtypes::i64), t(3, {2}, dtypes::i64),
+                                      t(4, {2}, dtypes::i32), t(5, {2}), 0, o);
+    case Signature::DeformableConv2d:
+    case Signature::DeformableConv2dBackward: return deformable_any(kind, o);
+    case Signature::Quantize: return build::quantize(x, t(2, {1}), t(3, {1}), QuantScheme{}, o);
   }
   return make_error(ErrorCode::Internal, "unreachable");
 }
@@ -2007,6 +2034,413 @@ TEST(BuildResample, Unfold4dShapesAttrsAndErrors) {
   EXPECT_ERR(r, ErrorCode::Invalid);
   EXPECT_NE(message_of(r).find("overflows"), std::string::npos) << message_of(r);
   EXPECT_ERR(build::unfold4d(t(1, {1, 2, 3, 4}), {2, 2}, {}, id(1)), ErrorCode::Invalid);
+}
+
+// ---- Quantization (docs/spec/ir.md §5.6, §6.3)
+
+QuantScheme scheme(QuantValue value, QuantStoreKind store, std::uint8_t packed_dim, std::vector<std::uint16_t> block,
+                   QuantParam param = QuantParam::F32) {
+  QuantScheme q;
+  q.value = value;
+  q.store = store;
+  q.packed_dim = packed_dim;
+  q.block_rank = static_cast<std::uint8_t>(block.size());
+  for (std::size_t i = 0; i < block.size(); ++i) q.block[i] = block[i];
+  q.param = param;
+  return q;
+}
+
+// Quantize{tensor, scales, global?, scheme} → QFloat(scheme) of the tensor's shape, carrying the
+// tensor's dtype; scales shaped by the scheme's blocks; global [1] told by the input count.
+TEST(BuildQuantization, QuantizeShapesAndScales) {
+  const QuantScheme per_tensor{};
+  BUILD(q, build::quantize(t(1, {2, 8}, dtypes::bf16), t(2, {1}), std::nullopt, per_tensor, id(4)));
+  EXPECT_EQ(out(q), TensorIr::uninit(id(4), {2, 8}, DType::qfloat(per_tensor)));
+  EXPECT_EQ(q.dtype, dtypes::bf16);
+  EXPECT_EQ(q.num_inputs, 2);
+  EXPECT_TRUE(q.attrs.empty());
+  EXPECT_EQ(q.kind_name(), "Float::Quantize");
+  // Blocks [1, 4] of a [2, 8] tensor: scales [2, 2]; Q4S in u32 words along the last axis; a
+  // global scale as the third input.
+  const QuantScheme blocks = scheme(QuantValue::Q4S, QuantStoreKind::PackedU32, 0, {1, 4}, QuantParam::F16);
+  BUILD(b, build::quantize(t(1, {2, 8}), t(2, {2, 2}, dtypes::f64), t(3, {1}), blocks, id(4)));
+  EXPECT_EQ(b.num_inputs, 3);
+  EXPECT_EQ(out(b).dtype, DType::qfloat(blocks));
+  // A block of rank 3 over a rank-2 tensor whose extra leading entry is 1; a rank-0 tensor.
+  BUILD(wide, build::quantize(t(1, {4, 6}), t(2, {2, 3}), std::nullopt,
+                              scheme(QuantValue::Q8F, QuantStoreKind::Native, 0, {1, 2, 2}), id(4)));
+  BUILD(scalar, build::quantize(t(1, {}), t(2, {1}), std::nullopt, per_tensor, id(4)));
+  EXPECT_EQ(out(scalar).shape, Shape{});
+}
+
+TEST(BuildQuantization, QuantizeErrors) {
+  const QuantScheme blocks = scheme(QuantValue::Q8S, QuantStoreKind::Native, 0, {1, 4});
+  auto r = build::quantize(t(1, {2, 8}), t(2, {2, 3}), std::nullopt, blocks, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Float::Quantize: scales t2:f32[2,3] must have shape [2,2] (one per block of tensor [2,8] under "
+            "q8s,native,block[1,4])");
+  r = build::quantize(t(1, {2, 6}), t(2, {2, 2}), std::nullopt, blocks, id(4));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Float::Quantize: quant: dim 1 of size 6 is not divisible by the block's 4 ([2,6])");
+  r = build::quantize(t(1, {2, 6}), t(2, {1}), std::nullopt, scheme(QuantValue::Q2S, QuantStoreKind::PackedU32, 0, {}),
+                      id(4));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Float::Quantize: quant: the packed axis 1 of size 6 is not divisible by the 16 values of a word");
+  EXPECT_ERR(build::quantize(t(1, {2, 8}), t(2, {1}), std::nullopt,
+                             scheme(QuantValue::Q4S, QuantStoreKind::PackedNative, 2, {}), id(4)),
+             ErrorCode::Invalid);  // packed dim beyond the rank
+  EXPECT_ERR(build::quantize(t(1, {2, 8}), t(2, {1}), std::nullopt,
+                             scheme(QuantValue::Q8S, QuantStoreKind::Native, 0, {2, 1, 1}), id(4)),
+             ErrorCode::Invalid);  // a leading block entry beyond the rank
+  QuantScheme unknown;
+  unknown.value = static_cast<QuantValue>(7);
+  r = build::quantize(t(1, {2, 8}), t(2, {1}), std::nullopt, unknown, id(4));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Float::Quantize: quant: unknown value type 7");
+  r = build::quantize(t(1, {2, 8}, dtypes::i32), t(2, {1}), std::nullopt, QuantScheme{}, id(4));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Float::Quantize: tensor t1:i32[2,8] must have a float dtype (not a quantized one)");
+  EXPECT_ERR(build::quantize(t(1, {2, 8}, DType::qfloat({})), t(2, {1}), std::nullopt, QuantScheme{}, id(4)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::quantize(t(1, {2, 8}), t(2, {1}, dtypes::i64), std::nullopt, QuantScheme{}, id(4)),
+             ErrorCode::DTypeMismatch);
+  r = build::quantize(t(1, {2, 8}), t(2, {1}), t(3, {2}), QuantScheme{}, id(4));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Float::Quantize: global t3:f32[2] must be a float [1]");
+  EXPECT_ERR(build::quantize(t(1, {2, 8}), t(2, {1}), std::nullopt, QuantScheme{}, id(2)), ErrorCode::Invalid);
+}
+
+// Dequantize{input (QFloat)} → input's shape, the given float dtype; Cast's signature and builder.
+TEST(BuildQuantization, Dequantize) {
+  const DType q = DType::qfloat(scheme(QuantValue::Q4F, QuantStoreKind::PackedNative, 0, {2}));
+  BUILD(de, build::dequantize(t(1, {3, 4}, q), dtypes::bf16, id(2)));
+  EXPECT_EQ(out(de), TensorIr::uninit(id(2), {3, 4}, dtypes::bf16));
+  EXPECT_EQ(de.dtype, q);
+  EXPECT_EQ(de.kind_name(), "Float::Dequantize");
+  BUILD(via_cast, build::cast(Family::Float, OpKind::Float_Dequantize, t(1, {3, 4}, q), dtypes::bf16, id(2)));
+  EXPECT_EQ(via_cast, de);
+  auto r = build::dequantize(t(1, {3, 4}), dtypes::f32, id(2));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Float::Dequantize: input t1:f32[3,4] must be quantized (a QFloat dtype)");
+  EXPECT_ERR(build::dequantize(t(1, {3, 4}, q), dtypes::i32, id(2)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::dequantize(t(1, {3, 4}, q), q, id(2)), ErrorCode::DTypeMismatch);  // a QFloat target
+  EXPECT_ERR(build::cast(Family::BaseFloat, OpKind::Float_Dequantize, t(1, {3, 4}, q), dtypes::f32, id(2)),
+             ErrorCode::Invalid);  // Dequantize is no Base kind
+}
+
+// ---- Deformable convolution (docs/spec/ir.md §5.8, §6.3)
+
+// DeformableConv2d{x, offset, weight, mask?, bias?, options} → [N, C_out, H', W'] by the conv
+// formula; attrs [present, s0, s1, p0, p1, d0, d1, wg, og], the optional tensors after weight.
+TEST(BuildDeformable, ForwardShapesPresenceBitsAndAttrs) {
+  const TensorIr x = t(1, {1, 4, 5, 5}, dtypes::f64), weight = t(3, {6, 4, 3, 3}, dtypes::f64);
+  BUILD(plain,
+        build::deformable_conv2d(x, t(2, {1, 18, 3, 3}, dtypes::f64), weight, std::nullopt, std::nullopt, {}, id(6)));
+  EXPECT_EQ(out(plain), TensorIr::uninit(id(6), {1, 6, 3, 3}, dtypes::f64));
+  EXPECT_EQ(plain.attrs, (AttrList{0, 1, 1, 0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(plain.num_inputs, 3);
+  EXPECT_EQ(plain.kind_name(), "Module::DeformableConv2d");
+  // Stride 2, padding 1, dilation 2 on [2, 4, 7, 9]: H' = (7 + 2 − 4 − 1) / 2 + 1 = 3, W' = 4.
+  build::DeformableConv2dOptions o;
+  o.stride = {2, 2}, o.padding = {1, 1}, o.dilation = {2, 2};
+  const TensorIr x2 = t(1, {2, 4, 7, 9}), w2 = t(3, {6, 4, 3, 3}), mask = t(4, {2, 9, 3, 4}), bias = t(5, {6});
+  BUILD(full, build::deformable_conv2d(x2, t(2, {2, 18, 3, 4}), w2, mask, bias, o, id(6)));
+  EXPECT_EQ(out(full).shape, (Shape{2, 6, 3, 4}));
+  EXPECT_EQ(full.attrs, (AttrList{kPresentMask | kPresentBias, 2, 2, 1, 1, 2, 2, 1, 1}));
+  EXPECT_EQ(full.inputs()[3], mask);
+  EXPECT_EQ(full.inputs()[4], bias);
+  BUILD(bias_only, build::deformable_conv2d(x2, t(2, {2, 18, 3, 4}), w2, std::nullopt, bias, o, id(6)));
+  EXPECT_EQ(bias_only.attrs[0], kPresentBias);
+  EXPECT_EQ(bias_only.inputs()[3], bias);
+  // Groups: C_in 4 over 2 weight groups (weight [6, 2, 3, 3]) and 4 offset groups (offset 72).
+  o = {};
+  o.weight_groups = 2, o.offset_groups = 4;
+  BUILD(grouped, build::deformable_conv2d(t(1, {1, 4, 5, 5}), t(2, {1, 72, 3, 3}), t(3, {6, 2, 3, 3}),
+                                          t(4, {1, 36, 3, 3}), std::nullopt, o, id(6)));
+  EXPECT_EQ(grouped.attrs, (AttrList{kPresentMask, 1, 1, 0, 0, 1, 1, 2, 4}));
+}
+
+// The backward's outputs: input_grad, offset_grad, weight_grad, then mask_grad? and bias_grad? iff
+// mask? and bias? are inputs; every one x's dtype (offset is not checked, §6.3).
+TEST(BuildDeformable, BackwardOutputsFollowThePresenceBits) {
+  const TensorIr x = t(1, {1, 4, 5, 5}), offset = t(2, {1, 18, 3, 3}, dtypes::f64), weight = t(3, {6, 4, 3, 3}),
+                 mask = t(4, {1, 9, 3, 3}), bias = t(5, {6}), grad = t(6, {1, 6, 3, 3}, dtypes::f16);
+  BUILD(plain, build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, grad, {},
+                                                 {id(7), id(8), id(9), std::nullopt, std::nullopt}));
+  ASSERT_EQ(plain.outputs().size(), 3u);
+  EXPECT_EQ(out(plain, 0), TensorIr::uninit(id(7), {1, 4, 5, 5}, dtypes::f32));
+  EXPECT_EQ(out(plain, 1), TensorIr::uninit(id(8), {1, 18, 3, 3}, dtypes::f32));
+  EXPECT_EQ(out(plain, 2), TensorIr::uninit(id(9), {6, 4, 3, 3}, dtypes::f32));
+  EXPECT_EQ(plain.num_inputs, 4);
+  BUILD(both, build::deformable_conv2d_backward(x, offset, weight, mask, bias, grad, {},
+                                                {id(7), id(8), id(9), id(10), id(11)}));
+  ASSERT_EQ(both.outputs().size(), 5u);
+  EXPECT_EQ(out(both, 3), TensorIr::uninit(id(10), {1, 9, 3, 3}, dtypes::f32));
+  EXPECT_EQ(out(both, 4), TensorIr::uninit(id(11), {6}, dtypes::f32));
+  EXPECT_EQ(both.inputs()[5], grad);
+  EXPECT_EQ(both.attrs[0], kPresentMask | kPresentBias);
+  BUILD(bias_only, build::deformable_conv2d_backward(x, offset, weight, std::nullopt, bias, grad, {},
+                                                     {id(7), id(8), id(9), std::nullopt, id(11)}));
+  ASSERT_EQ(bias_only.outputs().size(), 4u);
+  EXPECT_EQ(out(bias_only, 3), TensorIr::uninit(id(11), {6}, dtypes::f32));
+  auto r = build::deformable_conv2d_backward(x, offset, weight, mask, std::nullopt, grad, {},
+                                             {id(7), id(8), id(9), std::nullopt, std::nullopt});
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(
+      message_of(r),
+      "Module::DeformableConv2dBackward: mask_grad and bias_grad are outputs exactly when mask and bias are inputs");
+  EXPECT_ERR(build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, grad, {},
+                                               {id(7), id(8), id(9), std::nullopt, id(11)}),
+             ErrorCode::Invalid);
+  r = build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, t(6, {1, 6, 3, 2}), {},
+                                        {id(7), id(8), id(9), std::nullopt, std::nullopt});
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(
+      message_of(r),
+      "Module::DeformableConv2dBackward: out_grad t6:f32[1,6,3,2] must have the forward's output shape [1,6,3,3]");
+  EXPECT_ERR(build::deformable_conv2d_backward(x, offset, weight, t(4, {1, 9, 3, 3}, dtypes::f64), std::nullopt, grad,
+                                               {}, {id(7), id(8), id(9), id(10), std::nullopt}),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::deformable_conv2d_backward(x, offset, weight, std::nullopt, std::nullopt, grad, {},
+                                               {id(7), id(7), id(9), std::nullopt, std::nullopt}),
+             ErrorCode::Invalid);  // one id twice
+}
+
+TEST(BuildDeformable, ErrorsNameTheOpAndTheValues) {
+  const TensorIr x = t(1, {1, 4, 5, 5}), offset = t(2, {1, 36, 3, 3}), weight = t(3, {6, 2, 3, 3});
+  build::DeformableConv2dOptions o;
+  o.weight_groups = o.offset_groups = 2;
+  auto r = build::deformable_conv2d(x, offset, t(3, {6, 3, 3, 3}), std::nullopt, std::nullopt, o, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: x t1:f32[1,4,5,5] has 4 channels, weight t3:f32[6,3,3,3] ([C_out, C_in / "
+            "weight_groups, kh, kw]) does not fit 2 weight groups");
+  build::DeformableConv2dOptions three = o;
+  three.offset_groups = 3;
+  r = build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, three, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: x t1:f32[1,4,5,5] has 4 channels, not divisible by 3 offset groups");
+  r = build::deformable_conv2d(x, t(2, {1, 35, 3, 3}), weight, std::nullopt, std::nullopt, o, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: offset t2:f32[1,35,3,3] must have shape [1,36,3,3] (2 · offset_groups · kh · kw "
+            "channels over the output plane)");
+  r = build::deformable_conv2d(x, offset, weight, t(4, {1, 18, 3, 2}), std::nullopt, o, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: mask t4:f32[1,18,3,2] must have shape [1,18,3,3] (offset_groups · kh · kw "
+            "channels over the output plane)");
+  EXPECT_ERR(build::deformable_conv2d(x, t(2, {36, 3, 3}), weight, std::nullopt, std::nullopt, o, id(6)),
+             ErrorCode::RankMismatch);
+  r = build::deformable_conv2d(x, offset, weight, std::nullopt, t(5, {5}), o, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::DeformableConv2d: bias t5:f32[5] must have shape [6]");
+  r = build::deformable_conv2d(x, t(2, {1, 36, 3, 3}, dtypes::f64), weight, std::nullopt, std::nullopt, o, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::DeformableConv2d: dtypes differ: x f32 vs offset f64");
+  build::DeformableConv2dOptions bad = o;
+  bad.stride = {0, 1};
+  r = build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, bad, id(6));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r),
+            "Module::DeformableConv2d: stride [0,1]: every value must be at least 1 and fit an i64 attribute");
+  bad = o;
+  bad.weight_groups = 0;
+  r = build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, bad, id(6));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::DeformableConv2d: weight_groups 0 and offset_groups 2 must be at least 1");
+  bad = o;
+  bad.offset_groups = std::uint64_t{1} << 63;
+  EXPECT_ERR(build::deformable_conv2d(x, offset, weight, std::nullopt, std::nullopt, bad, id(6)), ErrorCode::Invalid);
+  EXPECT_ERR(build::deformable_conv2d(t(1, {1, 4, 2, 2}), offset, weight, std::nullopt, std::nullopt, o, id(6)),
+             ErrorCode::Invalid);  // a 3 x 3 kernel on a 2 x 2 image: the conv formula
+  EXPECT_ERR(build::deformable_conv2d(t(1, {4, 5, 5}), offset, weight, std::nullopt, std::nullopt, o, id(6)),
+             ErrorCode::RankMismatch);
+  EXPECT_ERR(
+      build::deformable_conv2d(t(1, {1, 4, 5, 5}, dtypes::i32), offset, weight, std::nullopt, std::nullopt, o, id(6)),
+      ErrorCode::DTypeMismatch);
+}
+
+// ---- Signals (docs/spec/ir.md §5.8, §6.3)
+
+// Rfft{signal, dim, n?} → out_re, out_im: the signal with [dim] = n / 2 + 1 (n: the dim's length
+// when absent), its dtype; attrs [dim, n or 0].
+TEST(BuildSignal, RfftShapesAttrsAndErrors) {
+  BUILD(f, build::rfft(t(1, {2, 8}, dtypes::f16), 1, std::nullopt, id(2), id(3)));
+  ASSERT_EQ(f.outputs().size(), 2u);
+  EXPECT_EQ(out(f, 0), TensorIr::uninit(id(2), {2, 5}, dtypes::f16));
+  EXPECT_EQ(out(f, 1), TensorIr::uninit(id(3), {2, 5}, dtypes::f16));
+  EXPECT_EQ(f.attrs, (AttrList{1, 0}));
+  EXPECT_EQ(f.kind_name(), "Module::Rfft");
+  BUILD(padded, build::rfft(t(1, {3, 4}), 1, 5, id(2), id(3)));  // 4 points padded to 5: bins 0 .. 2
+  EXPECT_EQ(out(padded).shape, (Shape{3, 3}));
+  EXPECT_EQ(padded.attrs, (AttrList{1, 5}));
+  BUILD(trimmed, build::rfft(t(1, {2, 8}), 1, 3, id(2), id(3)));
+  EXPECT_EQ(out(trimmed, 1).shape, (Shape{2, 2}));
+  BUILD(dim0, build::rfft(t(1, {7, 2}), 0, std::nullopt, id(2), id(3)));
+  EXPECT_EQ(out(dim0).shape, (Shape{4, 2}));
+  BUILD(empty_given_n, build::rfft(t(1, {2, 0}), 1, 4, id(2), id(3)));  // all zeros: nothing to sum
+  EXPECT_EQ(out(empty_given_n).shape, (Shape{2, 3}));
+  auto r = build::rfft(t(1, {2, 8}), 2, std::nullopt, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "Module::Rfft: dim 2 out of bounds for rank 2 ([2,8])");
+  r = build::rfft(t(1, {2, 8}), 1, 0, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Rfft: n must be at least 1");
+  r = build::rfft(t(1, {2, 8}), 1, std::uint64_t{1} << 63, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Rfft: n 9223372036854775808 exceeds the i64 range");
+  r = build::rfft(t(1, {2, 0}), 1, std::nullopt, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Rfft: signal t1:f32[2,0] has no points along dim 1 (give n >= 1)");
+  r = build::rfft(t(1, {4}, dtypes::i32), 0, std::nullopt, id(2), id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Rfft: signal t1:i32[4] must have a float dtype");
+  EXPECT_ERR(build::rfft(t(1, {4}), 0, std::nullopt, id(2), id(2)), ErrorCode::Invalid);  // one id twice
+  EXPECT_ERR(build::rfft(t(1, {4}), 0, std::nullopt, id(2), id(1)), ErrorCode::Invalid);  // an input's id
+  EXPECT_ERR(build::rfft(t(1, {}), 0, std::nullopt, id(2), id(3)), ErrorCode::OutOfBounds);
+}
+
+// IRfft{input_re, input_im, dim, n?}: input_re with [dim] = n, 2·(len − 1) when absent.
+TEST(BuildSignal, IRfftShapesAttrsAndErrors) {
+  BUILD(f, build::irfft(t(1, {2, 5}, dtypes::f64), t(2, {2, 5}, dtypes::f64), 1, std::nullopt, id(3)));
+  EXPECT_EQ(out(f), TensorIr::uninit(id(3), {2, 8}, dtypes::f64));
+  EXPECT_EQ(f.attrs, (AttrList{1, 0}));
+  EXPECT_EQ(f.num_inputs, 2);
+  BUILD(odd, build::irfft(t(1, {2, 5}), t(2, {2, 5}), 1, 7, id(3)));
+  EXPECT_EQ(out(odd).shape, (Shape{2, 7}));
+  EXPECT_EQ(odd.attrs, (AttrList{1, 7}));
+  BUILD(one_bin, build::irfft(t(1, {1, 3}), t(2, {1, 3}), 0, 4, id(3)));
+  EXPECT_EQ(out(one_bin).shape, (Shape{4, 3}));
+  auto r = build::irfft(t(1, {2, 5}), t(2, {2, 5}, dtypes::f64), 1, std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::IRfft: dtypes differ: input_re f32 vs input_im f64");
+  r = build::irfft(t(1, {2, 5}), t(2, {2, 4}), 1, std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::IRfft: input_im t2:f32[2,4] must have input_re t1:f32[2,5]'s shape");
+  r = build::irfft(t(1, {2, 0}), t(2, {2, 0}), 1, 4, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::IRfft: input_re t1:f32[2,0] has no bins along dim 1");
+  r = build::irfft(t(1, {3, 1}), t(2, {3, 1}), 1, std::nullopt, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::IRfft: input_re t1:f32[3,1] gives 0 output points along dim 1 (give n >= 1)");
+  r = build::irfft(t(1, {3, 2}), t(2, {3, 2}), 1, 0, id(3));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::IRfft: n must be at least 1");
+  EXPECT_ERR(build::irfft(t(1, {3, 2}), t(2, {3, 2}), 2, std::nullopt, id(3)), ErrorCode::OutOfBounds);
+  EXPECT_ERR(build::irfft(t(1, {3, 2}, dtypes::i64), t(2, {3, 2}, dtypes::i64), 1, std::nullopt, id(3)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::irfft(t(1, {3, 2}), t(2, {3, 2}), 1, std::nullopt, id(2)), ErrorCode::Invalid);
+}
+
+// ---- Attention and the CTC loss (docs/spec/ir.md §5.8, §6.3)
+
+// Attention{query, key, value, mask?, attn_bias?, options} → [B, H, Lq, Dv]; attrs [present,
+// is_causal, bits(scale), bits(softcap)], the optional tensors after value, mask first.
+TEST(BuildSequence, AttentionShapesPresenceBitsAndAttrs) {
+  const TensorIr q = t(1, {2, 3, 4, 8}, dtypes::f16), k = t(2, {2, 3, 5, 8}, dtypes::f16),
+                 v = t(3, {2, 3, 5, 6}, dtypes::f16);
+  BUILD(plain, build::attention(q, k, v, std::nullopt, std::nullopt, {}, id(6)));
+  EXPECT_EQ(out(plain), TensorIr::uninit(id(6), {2, 3, 4, 6}, dtypes::f16));
+  EXPECT_EQ(plain.attrs, (AttrList{0, 0, 0, 0}));
+  EXPECT_EQ(plain.num_inputs, 3);
+  EXPECT_EQ(plain.kind_name(), "Module::Attention");
+  const TensorIr mask = t(4, {2, 1, 4, 5}, kBool), bias = t(5, {1, 3, 1, 5}, dtypes::f16);
+  BUILD(full, build::attention(q, k, v, mask, bias, {0.25, 30.0, true}, id(6)));
+  EXPECT_EQ(full.attrs,
+            (AttrList{kPresentMask | kPresentBias | kPresentScale | kPresentSoftcap, 1, bits(0.25), bits(30.0)}));
+  ASSERT_EQ(full.num_inputs, 5);
+  EXPECT_EQ(full.inputs()[3], mask);
+  EXPECT_EQ(full.inputs()[4], bias);
+  // attn_bias alone is the fourth input, told by its bit; a softcap alone sets bit 3 only.
+  BUILD(bias_only, build::attention(q, k, v, std::nullopt, bias, {std::nullopt, 5.0, false}, id(6)));
+  EXPECT_EQ(bias_only.attrs, (AttrList{kPresentBias | kPresentSoftcap, 0, 0, bits(5.0)}));
+  EXPECT_EQ(bias_only.inputs()[3], bias);
+  BUILD(mask_only, build::attention(q, k, v, mask, std::nullopt, {-2.0, std::nullopt, true}, id(6)));
+  EXPECT_EQ(mask_only.attrs, (AttrList{kPresentMask | kPresentScale, 1, bits(-2.0), 0}));
+  BUILD(no_keys, build::attention(t(1, {1, 1, 2, 3}), t(2, {1, 1, 0, 3}), t(3, {1, 1, 0, 4}), std::nullopt,
+                                  std::nullopt, {}, id(6)));
+  EXPECT_EQ(out(no_keys).shape, (Shape{1, 1, 2, 4}));
+}
+
+TEST(BuildSequence, AttentionErrors) {
+  const TensorIr q = t(1, {2, 3, 4, 8}), k = t(2, {2, 3, 5, 8}), v = t(3, {2, 3, 5, 6});
+  auto r = build::attention(t(1, {2, 3, 4}), k, v, std::nullopt, std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::Attention: query must have rank 4, has rank 3 (t1:f32[2,3,4])");
+  r = build::attention(q, t(2, {2, 3, 5, 7}), v, std::nullopt, std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::Attention: key t2:f32[2,3,5,7] must be [2, 3, Lk, 8] for query t1:f32[2,3,4,8]");
+  r = build::attention(q, k, t(3, {2, 3, 4, 6}), std::nullopt, std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r),
+            "Module::Attention: value t3:f32[2,3,4,6] must be [2, 3, 5, Dv] for query [2,3,4,8] and key [2,3,5,8]");
+  r = build::attention(q, t(2, {2, 3, 5, 8}, dtypes::f64), v, std::nullopt, std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Attention: dtypes differ: query f32 vs key f64");
+  r = build::attention(q, k, v, t(4, {2, 3, 4, 5}), std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Attention: mask must be a bool dtype, got f32");
+  r = build::attention(q, k, v, t(4, {2, 3, 4, 4}, kBool), std::nullopt, {}, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_NE(message_of(r).find("does not broadcast to the scores' shape [2,3,4,5]"), std::string::npos)
+      << message_of(r);
+  EXPECT_ERR(build::attention(q, k, v, t(4, {4, 5}, kBool), std::nullopt, {}, id(6)), ErrorCode::RankMismatch);
+  r = build::attention(q, k, v, std::nullopt, t(5, {2, 3, 4, 5}, dtypes::f64), {}, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::Attention: dtypes differ: query f32 vs attn_bias f64");
+  EXPECT_ERR(build::attention(q, k, v, std::nullopt, t(5, {2, 2, 4, 5}), {}, id(6)), ErrorCode::IncompatibleShapes);
+  r = build::attention(q, k, v, std::nullopt, std::nullopt, {std::nan(""), std::nullopt, false}, id(6));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Attention: scale must be finite, got nan");
+  r = build::attention(q, k, v, std::nullopt, std::nullopt, {std::nullopt, 0.0, false}, id(6));
+  EXPECT_ERR(r, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(r), "Module::Attention: softcap must be finite and positive, got 0");
+  EXPECT_ERR(build::attention(q, k, v, std::nullopt, std::nullopt, {std::nullopt, -1.0, false}, id(6)),
+             ErrorCode::Invalid);
+  EXPECT_ERR(build::attention(t(1, {2, 3, 4, 8}, dtypes::i32), t(2, {2, 3, 5, 8}, dtypes::i32),
+                              t(3, {2, 3, 5, 6}, dtypes::i32), std::nullopt, std::nullopt, {}, id(6)),
+             ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::attention(q, k, v, std::nullopt, std::nullopt, {}, id(2)), ErrorCode::Invalid);  // key's id
+}
+
+// CtcLoss{log_probs [T, N, C], targets [N, S], input_lengths [N], target_lengths [N], blank} → [N];
+// the backward → log_probs' shape; both log_probs' dtype, attrs [blank].
+TEST(BuildSequence, CtcLossAndItsBackward) {
+  const TensorIr lp = t(1, {6, 2, 4}), tg = t(2, {2, 3}, dtypes::i64), il = t(3, {2}, dtypes::i32),
+                 tl = t(4, {2}, dtypes::u8);
+  BUILD(loss, build::ctc_loss(lp, tg, il, tl, 3, id(6)));
+  EXPECT_EQ(out(loss), TensorIr::uninit(id(6), {2}, dtypes::f32));
+  EXPECT_EQ(loss.attrs, (AttrList{3}));
+  EXPECT_EQ(loss.kind_name(), "Module::CtcLoss");
+  BUILD(grad, build::ctc_loss_backward(lp, tg, il, tl, t(5, {2}, dtypes::f64), 0, id(6)));
+  EXPECT_EQ(out(grad), TensorIr::uninit(id(6), {6, 2, 4}, dtypes::f32));
+  EXPECT_EQ(grad.num_inputs, 5);
+  auto r = build::ctc_loss(t(1, {6, 8}), tg, il, tl, 0, id(6));
+  EXPECT_ERR(r, ErrorCode::RankMismatch);
+  EXPECT_EQ(message_of(r), "Module::CtcLoss: log_probs must have rank 3, has rank 2 (t1:f32[6,8])");
+  EXPECT_ERR(build::ctc_loss(t(1, {6, 2, 4}, dtypes::i32), tg, il, tl, 0, id(6)), ErrorCode::DTypeMismatch);
+  r = build::ctc_loss(lp, t(2, {2, 3}), il, tl, 0, id(6));
+  EXPECT_ERR(r, ErrorCode::DTypeMismatch);
+  EXPECT_EQ(message_of(r), "Module::CtcLoss: targets must be an integer dtype, got f32");
+  EXPECT_ERR(build::ctc_loss(lp, t(2, {6}, dtypes::i64), il, tl, 0, id(6)), ErrorCode::RankMismatch);
+  r = build::ctc_loss(lp, tg, t(3, {3}, dtypes::i32), tl, 0, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::CtcLoss: input_lengths t3:i32[3] must have the batch N = 2 of log_probs [6,2,4]");
+  EXPECT_ERR(build::ctc_loss(lp, t(2, {3, 3}, dtypes::i64), il, tl, 0, id(6)), ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::ctc_loss(lp, tg, il, t(4, {2}, kBool), 0, id(6)), ErrorCode::DTypeMismatch);
+  r = build::ctc_loss(lp, tg, il, tl, 4, id(6));
+  EXPECT_ERR(r, ErrorCode::OutOfBounds);
+  EXPECT_EQ(message_of(r), "Module::CtcLoss: blank 4 out of range for the 4 classes of log_probs [6,2,4]");
+  r = build::ctc_loss_backward(lp, tg, il, tl, t(5, {3}), 0, id(6));
+  EXPECT_ERR(r, ErrorCode::IncompatibleShapes);
+  EXPECT_EQ(message_of(r), "Module::CtcLossBackward: grad_loss t5:f32[3] must have shape [2] (log_probs [6,2,4])");
+  EXPECT_ERR(build::ctc_loss_backward(lp, tg, il, tl, t(5, {2}, dtypes::i64), 0, id(6)), ErrorCode::DTypeMismatch);
+  EXPECT_ERR(build::ctc_loss_backward(lp, tg, il, tl, t(5, {2}), 9, id(6)), ErrorCode::OutOfBounds);
+  EXPECT_ERR(build::ctc_loss(lp, tg, il, tl, 0, id(4)), ErrorCode::Invalid);  // target_lengths' id
 }
 
 TEST(BuildLifecycle, InitCustomDrop) {

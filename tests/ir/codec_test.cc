@@ -101,7 +101,7 @@ Operation make_op(OpKind kind, Family family, std::uint64_t first_id = 1) {
                     : family == Family::BaseInt || family == Family::NumericInt || family == Family::Int ? dtypes::i64
                                                                                                          : dtypes::f32;
   const int ins = sig.max_inputs == kVariadic ? sig.min_inputs + 2 : sig.max_inputs;
-  const int outs = sig.outputs == kVariadic ? 2 : sig.outputs;
+  const int outs = sig.max_outputs == kVariadic ? 2 : sig.max_outputs;
   std::uint64_t id = first_id;
   for (int i = 0; i < ins; ++i) {
     const TensorStatus st = kind == OpKind::Drop_Drop || i % 2 == 1 ? TensorStatus::ReadWrite : TensorStatus::ReadOnly;

@@ -83,6 +83,10 @@ TEST(OpTable, EveryKindHasAValidSignatureAndUniqueName) {
     if (sig.max_attrs != kVariadic) {
       EXPECT_LE(sig.min_attrs, sig.max_attrs) << sig.name;
     }
+    EXPECT_GE(sig.min_outputs, 0) << sig.name;
+    if (sig.max_outputs != kVariadic) {
+      EXPECT_LE(sig.min_outputs, sig.max_outputs) << sig.name;
+    }
     EXPECT_TRUE(seen.insert({info.group, info.variant}).second) << "duplicate " << info.variant;
     // find_op_kind is the inverse of the table.
     auto found = find_op_kind(info.group, info.variant);
@@ -99,7 +103,8 @@ TEST(OpTable, SignatureNamesMatchTheEnum) {
   EXPECT_EQ(signature_info(Signature::Drop).name, "Drop");
   EXPECT_EQ(signature_info(Signature::Sort).name, "Sort");
   EXPECT_EQ(signature_info(Signature::SortWithIndices).name, "SortWithIndices");
-  EXPECT_EQ(signature_info(Signature::SortWithIndices).outputs, 2);
+  EXPECT_EQ(signature_info(Signature::SortWithIndices).min_outputs, 2);
+  EXPECT_EQ(signature_info(Signature::SortWithIndices).max_outputs, 2);
   EXPECT_EQ(signature_info(Signature::Sort).max_attrs, 2);
   EXPECT_EQ(signature_info(Signature::Unfold).name, "Unfold");
   EXPECT_EQ(signature_info(Signature::Unfold).min_attrs, 3);
@@ -109,7 +114,7 @@ TEST(OpTable, SignatureNamesMatchTheEnum) {
   EXPECT_EQ(signature_info(Signature::ScatterNd).max_attrs, 1);
   EXPECT_EQ(signature_info(Signature::Cross).name, "Cross");
   EXPECT_EQ(signature_info(Signature::Cross).max_inputs, 2);
-  EXPECT_EQ(signature_info(Signature::Cross).outputs, 1);
+  EXPECT_EQ(signature_info(Signature::Cross).max_outputs, 1);
   EXPECT_EQ(signature_info(Signature::Cross).max_attrs, 1);
   EXPECT_EQ(signature_info(Signature::HardSigmoid).name, "HardSigmoid");
   EXPECT_EQ(signature_info(Signature::HardSigmoid).min_scalars, 2);
@@ -322,7 +327,8 @@ TEST(OpTable, ConvolutionKindsAndSignatures) {
     EXPECT_EQ(info.max_inputs, c[1]) << info.name;
     EXPECT_EQ(info.min_attrs, c[2]) << info.name;
     EXPECT_EQ(info.max_attrs, c[3]) << info.name;
-    EXPECT_EQ(info.outputs, 1) << info.name;
+    EXPECT_EQ(info.min_outputs, 1) << info.name;
+    EXPECT_EQ(info.max_outputs, 1) << info.name;
     EXPECT_EQ(info.max_scalars, 0) << info.name;
   }
   EXPECT_EQ(signature_info(Signature::ConvTransposeBackward).name, "ConvTransposeBackward");
@@ -363,7 +369,7 @@ TEST(OpTable, Pools) {
   EXPECT_EQ(op_info(K::Module_AdaptiveAvgPool3d).signature, Signature::AdaptiveAvgPool);
   EXPECT_EQ(op_info(K::Module_AdaptiveAvgPool2dBackward).signature, Signature::AdaptiveAvgPoolBackward);
   EXPECT_EQ(find_op_kind(OpGroup::Module, "MaxPool2dWithIndices"), K::Module_MaxPool2dWithIndices);
-  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).outputs, 2);
+  EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).max_outputs, 2);
   EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).min_attrs, 5);
   EXPECT_EQ(signature_info(Signature::MaxPoolWithIndices).max_attrs, 9);
   EXPECT_EQ(signature_info(Signature::MaxPoolWithIndicesBackward).min_inputs, 3);
@@ -411,7 +417,8 @@ TEST(OpTable, ResamplingKinds) {
     EXPECT_EQ(info.max_inputs, e.inputs) << info.name;
     EXPECT_EQ(info.min_attrs, e.attrs) << info.name;
     EXPECT_EQ(info.max_attrs, e.attrs) << info.name;
-    EXPECT_EQ(info.outputs, 1) << info.name;
+    EXPECT_EQ(info.min_outputs, 1) << info.name;
+    EXPECT_EQ(info.max_outputs, 1) << info.name;
     EXPECT_EQ(info.max_scalars, 0) << info.name;
   }
   EXPECT_EQ(signature_info(Signature::InterpolateBackward).name, "InterpolateBackward");
@@ -430,6 +437,151 @@ TEST(OpTable, ResamplingKinds) {
   Operation uf = built(build::unfold4d(t(1, {1, 1, 2, 2}), {2, 2}, {}, TensorId{2}));
   uf.attrs.push_back(1);
   EXPECT_EQ(expect_invalid(uf), ErrorCode::Invalid);
+}
+
+// docs/spec/ir.md §5.8: Rfft (two outputs, re and im) and IRfft are Module kinds tagged Mod,
+// attributes [dim, n] (n = 0: none given).
+TEST(OpTable, SignalKinds) {
+  EXPECT_EQ(op_info(OpKind::Module_Rfft).tags, kModule);
+  EXPECT_EQ(op_info(OpKind::Module_IRfft).tags, kModule);
+  EXPECT_EQ(op_info(OpKind::Module_Rfft).signature, Signature::Rfft);
+  EXPECT_EQ(op_info(OpKind::Module_IRfft).signature, Signature::IRfft);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "IRfft"), OpKind::Module_IRfft);
+  EXPECT_FALSE(find_op_kind(OpGroup::Float, "Rfft").has_value());
+  EXPECT_EQ(signature_info(Signature::Rfft).name, "Rfft");
+  EXPECT_EQ(signature_info(Signature::Rfft).min_inputs, 1);
+  EXPECT_EQ(signature_info(Signature::Rfft).max_inputs, 1);
+  EXPECT_EQ(signature_info(Signature::Rfft).min_outputs, 2);
+  EXPECT_EQ(signature_info(Signature::Rfft).max_outputs, 2);
+  EXPECT_EQ(signature_info(Signature::Rfft).max_attrs, 2);
+  EXPECT_EQ(signature_info(Signature::IRfft).min_inputs, 2);
+  EXPECT_EQ(signature_info(Signature::IRfft).max_outputs, 1);
+  EXPECT_EQ(signature_info(Signature::IRfft).min_attrs, 2);
+  EXPECT_EQ(signature_info(Signature::IRfft).max_scalars, 0);
+  // validate() holds the counts: an rfft without its imaginary part, an irfft without n.
+  Operation f = built(build::rfft(t(1, {2, 8}), 1, std::nullopt, TensorId{2}, TensorId{3}));
+  KILN_EXPECT_OK(f.validate());
+  EXPECT_EQ(f.kind_name(), "Module::Rfft");
+  f.tensors.pop_back();
+  EXPECT_EQ(expect_invalid(f), ErrorCode::Invalid);
+  Operation inv = built(build::irfft(t(1, {2, 5}), t(2, {2, 5}), 1, 8, TensorId{3}));
+  inv.attrs.pop_back();
+  EXPECT_EQ(expect_invalid(inv), ErrorCode::Invalid);
+}
+
+// docs/spec/ir.md §5.8: Attention (3..5 inputs, the optional ones told by presence bits) and the
+// CTC loss with its gradient are Module kinds tagged Mod.
+TEST(OpTable, AttentionAndCtcKinds) {
+  for (OpKind k : {OpKind::Module_Attention, OpKind::Module_CtcLoss, OpKind::Module_CtcLossBackward})
+    EXPECT_EQ(op_info(k).tags, kModule) << op_info(k).variant;
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "CtcLossBackward"), OpKind::Module_CtcLossBackward);
+  EXPECT_EQ(signature_info(Signature::Attention).name, "Attention");
+  EXPECT_EQ(signature_info(Signature::Attention).min_inputs, 3);
+  EXPECT_EQ(signature_info(Signature::Attention).max_inputs, 5);
+  EXPECT_EQ(signature_info(Signature::Attention).min_attrs, 4);
+  EXPECT_EQ(signature_info(Signature::Attention).max_attrs, 4);
+  EXPECT_EQ(signature_info(Signature::CtcLoss).min_inputs, 4);
+  EXPECT_EQ(signature_info(Signature::CtcLoss).max_attrs, 1);
+  EXPECT_EQ(signature_info(Signature::CtcLossBackward).max_inputs, 5);
+  EXPECT_EQ(signature_info(Signature::CtcLossBackward).max_scalars, 0);
+  // The presence bits are distinct single bits.
+  EXPECT_EQ(kPresentMask | kPresentBias | kPresentScale | kPresentSoftcap, 15);
+  // validate() holds the counts: an attention with six inputs, a CTC loss without its blank.
+  const TensorIr q = t(1, {1, 1, 2, 3});
+  Operation a = built(build::attention(q, t(2, {1, 1, 2, 3}), t(3, {1, 1, 2, 3}), t(4, {1, 1, 2, 2}, dtypes::boolean),
+                                       t(5, {1, 1, 2, 2}), {}, TensorId{6}));
+  KILN_EXPECT_OK(a.validate());
+  a.tensors.insert(a.tensors.begin() + 5, t(7, {1}));
+  a.num_inputs = 6;
+  EXPECT_EQ(expect_invalid(a), ErrorCode::Invalid);
+  Operation l = built(build::ctc_loss(t(1, {3, 1, 2}), t(2, {1, 1}, dtypes::i64), t(3, {1}, dtypes::i64),
+                                      t(4, {1}, dtypes::i64), 0, TensorId{5}));
+  l.attrs.clear();
+  EXPECT_EQ(expect_invalid(l), ErrorCode::Invalid);
+}
+
+// docs/spec/ir.md §5.8: DeformableConv2d (3..5 inputs) and its backward (4..6 inputs, 3..5 outputs:
+// the one signature with an output range) are Module kinds tagged Mod.
+TEST(OpTable, DeformableConvolutionKindsAndTheOutputRange) {
+  EXPECT_EQ(op_info(OpKind::Module_DeformableConv2d).tags, kModule);
+  EXPECT_EQ(op_info(OpKind::Module_DeformableConv2dBackward).tags, kModule);
+  EXPECT_EQ(find_op_kind(OpGroup::Module, "DeformableConv2dBackward"), OpKind::Module_DeformableConv2dBackward);
+  const SignatureInfo& fwd = signature_info(Signature::DeformableConv2d);
+  EXPECT_EQ(fwd.name, "DeformableConv2d");
+  EXPECT_EQ(fwd.min_inputs, 3);
+  EXPECT_EQ(fwd.max_inputs, 5);
+  EXPECT_EQ(fwd.min_outputs, 1);
+  EXPECT_EQ(fwd.max_outputs, 1);
+  EXPECT_EQ(fwd.min_attrs, 9);
+  EXPECT_EQ(fwd.max_attrs, 9);
+  const SignatureInfo& back = signature_info(Signature::DeformableConv2dBackward);
+  EXPECT_EQ(back.min_inputs, 4);
+  EXPECT_EQ(back.max_inputs, 6);
+  EXPECT_EQ(back.min_outputs, 3);
+  EXPECT_EQ(back.max_outputs, 5);
+  // Every other signature has one output count (Custom any); Drop none.
+  for (int i = 0; i <= static_cast<int>(Signature::Drop); ++i) {
+    const auto sig = static_cast<Signature>(i);
+    if (sig == Signature::DeformableConv2dBackward || sig == Signature::Custom) continue;
+    EXPECT_EQ(signature_info(sig).min_outputs, signature_info(sig).max_outputs) << signature_info(sig).name;
+  }
+  EXPECT_EQ(signature_info(Signature::Custom).min_outputs, 0);
+  EXPECT_EQ(signature_info(Signature::Custom).max_outputs, kVariadic);
+  EXPECT_EQ(signature_info(Signature::Drop).max_outputs, 0);
+  // validate() admits 3..5 outputs, not 2 or 6.
+  Operation op = built(build::deformable_conv2d_backward(
+      t(1, {1, 1, 3, 3}), t(2, {1, 2, 3, 3}), t(3, {1, 1, 1, 1}), t(4, {1, 1, 3, 3}), t(5, {1}), t(6, {1, 1, 3, 3}), {},
+      {TensorId{7}, TensorId{8}, TensorId{9}, TensorId{10}, TensorId{11}}));
+  KILN_EXPECT_OK(op.validate());
+  op.tensors.push_back(TensorIr::uninit(TensorId{12}, {1}, dtypes::f32));
+  EXPECT_EQ(expect_invalid(op), ErrorCode::Invalid);
+  op.tensors.resize(op.tensors.size() - 2);  // 4 outputs
+  KILN_EXPECT_OK(op.validate());
+  op.tensors.resize(op.tensors.size() - 1);  // 3
+  KILN_EXPECT_OK(op.validate());
+  op.tensors.pop_back();  // 2
+  EXPECT_EQ(expect_invalid(op), ErrorCode::Invalid);
+}
+
+// docs/spec/ir.md §5.6, §5.3: Quantize (tag Q) and Dequantize (Q, E) are Float kinds; Quantize has
+// its own signature (2..3 inputs, no attribute: the scheme is the output dtype), Dequantize Cast's.
+TEST(OpTable, QuantizationKinds) {
+  EXPECT_EQ(op_info(OpKind::Float_Quantize).tags, kQuantization);
+  EXPECT_EQ(op_info(OpKind::Float_Dequantize).tags, kQuantization | kElementwise);
+  EXPECT_EQ(op_info(OpKind::Float_Quantize).signature, Signature::Quantize);
+  EXPECT_EQ(op_info(OpKind::Float_Dequantize).signature, Signature::Cast);
+  EXPECT_EQ(find_op_kind(OpGroup::Float, "Dequantize"), OpKind::Float_Dequantize);
+  int tagged = 0;
+  for (OpKind k : all_kinds()) tagged += op_info(k).has(kQuantization) ? 1 : 0;
+  EXPECT_EQ(tagged, 2);
+  const SignatureInfo& q = signature_info(Signature::Quantize);
+  EXPECT_EQ(q.name, "Quantize");
+  EXPECT_EQ(q.min_inputs, 2);
+  EXPECT_EQ(q.max_inputs, 3);
+  EXPECT_EQ(q.max_outputs, 1);
+  EXPECT_EQ(q.max_attrs, 0);
+  EXPECT_EQ(q.max_scalars, 0);
+  // The value types' bits and ranges (Burn's QuantValue).
+  EXPECT_EQ(quant_value_bits(QuantValue::Q8F), 8);
+  EXPECT_EQ(quant_value_bits(QuantValue::Q2S), 2);
+  EXPECT_EQ(quant_value_range(QuantValue::Q8F), (std::pair<std::int64_t, std::int64_t>{-128, 127}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q8S), (std::pair<std::int64_t, std::int64_t>{-127, 127}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q4F), (std::pair<std::int64_t, std::int64_t>{-8, 7}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q4S), (std::pair<std::int64_t, std::int64_t>{-7, 7}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q2F), (std::pair<std::int64_t, std::int64_t>{-2, 1}));
+  EXPECT_EQ(quant_value_range(QuantValue::Q2S), (std::pair<std::int64_t, std::int64_t>{-1, 1}));
+  EXPECT_EQ(quant_value_bits(static_cast<QuantValue>(9)), 0);
+  // validate() holds the counts; Float may carry a QFloat (Dequantize carries its input's).
+  Operation quant = built(build::quantize(t(1, {2, 4}), t(2, {1}), std::nullopt, QuantScheme{}, TensorId{3}));
+  KILN_EXPECT_OK(quant.validate());
+  EXPECT_EQ(quant.kind_name(), "Float::Quantize");
+  EXPECT_EQ(quant.dtype, dtypes::f32);
+  Operation de = built(build::dequantize(t(1, {2, 4}, DType::qfloat({})), dtypes::f16, TensorId{2}));
+  KILN_EXPECT_OK(de.validate());
+  EXPECT_EQ(de.dtype, DType::qfloat({}));
+  quant.tensors.erase(quant.tensors.begin() + 1);
+  quant.num_inputs = 1;
+  EXPECT_EQ(expect_invalid(quant), ErrorCode::Invalid);
 }
 
 // ---- Names and formatting (docs/spec/fusion.md §17.4-§17.5)

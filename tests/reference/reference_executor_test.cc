@@ -136,6 +136,40 @@ Result<Operation> pool_sample(Device& d, K k, DType t, TensorId o) {
   }
 }
 
+// Either deformable kind on dtype t: x [1, 2, 4, 4], weight [2, 1, 2, 2] (2 weight groups), 2
+// offset groups, padding 1 (output [1, 2, 5, 5]), fractional offsets, a mask and a bias.
+Result<Operation> deformable_sample(Device& d, K k, DType t, TensorId o) {
+  b::DeformableConv2dOptions opts;
+  opts.padding = {1, 1};
+  opts.weight_groups = opts.offset_groups = 2;
+  const TensorIr x = data(d, {1, 2, 4, 4}, t), w = data(d, {2, 1, 2, 2}, t), bias = data(d, {2}, t);
+  std::vector<double> offsets(16 * 25);
+  for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = 0.375 * static_cast<double>(i % 7) - 1.125;
+  const TensorIr offset = d.f64({1, 16, 5, 5}, t, offsets), mask = data(d, {1, 8, 5, 5}, t);
+  if (k == K::Module_DeformableConv2d) return b::deformable_conv2d(x, offset, w, mask, bias, opts, o);
+  return b::deformable_conv2d_backward(x, offset, w, mask, bias, data(d, {1, 2, 5, 5}, t), opts,
+                                       {o, d.fresh(), d.fresh(), d.fresh(), d.fresh()});
+}
+
+// The samples' quantization scheme: Q4S, native, f16 scales over [1, 3] blocks of their [2, 3] data.
+QuantScheme quant_scheme() {
+  QuantScheme q;
+  q.value = QuantValue::Q4S;
+  q.block_rank = 2;
+  q.block = {1, 3, 0, 0};
+  q.param = QuantParam::F16;
+  return q;
+}
+
+// Dequantize reads a QFloat tensor: one made by a Quantize of the [2, 3] sample data (scales 0.5
+// and 1, global 0.25) into dtype t.
+Result<Operation> dequantize_sample(Device& d, DType t, TensorId o) {
+  const TensorIr x = data(d, {2, 3}, dtypes::f32);
+  const TensorId q = d.ok(
+      b::quantize(x, d.f64({2, 1}, dtypes::f32, {0.5, 1}), d.f64({1}, dtypes::f32, {0.25}), quant_scheme(), d.fresh()));
+  return b::dequantize(TensorIr{q, {2, 3}, TensorStatus::ReadOnly, DType::qfloat(quant_scheme())}, t, o);
+}
+
 std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
   const OpInfo& info = op_info(k);
   if (!applies(info.group, t)) return std::nullopt;
@@ -155,6 +189,7 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
     case Signature::Scalar:
       return cmp ? b::scalar_comparison(f, k, x(), scalar_for(t), boolean, o) : b::scalar(f, k, x(), scalar_for(t), o);
     case Signature::Cast: {
+      if (k == K::Float_Dequantize) return dequantize_sample(d, t, o);
       DType target = dtypes::f32;
       if (k == K::Base_Cast)
         target = t.is_bool()    ? DType::boolean(t.bool_store() == BoolStore::U32 ? BoolStore::Native : BoolStore::U32)
@@ -299,6 +334,22 @@ std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       opt.stride = {2, 1};
       return b::unfold4d(data(d, {1, 2, 3, 4}, t), {2, 3}, opt, o);
     }
+    case Signature::Rfft: return b::rfft(x(), 1, 4, o, d.fresh());
+    case Signature::IRfft: return b::irfft(x(), data(d, s, t), 1, std::nullopt, o);
+    case Signature::Attention:
+      return b::attention(data(d, {1, 2, 3, 4}, t), data(d, {1, 2, 5, 4}, t), data(d, {1, 2, 5, 2}, t),
+                          d.boolean({1, 1, 3, 5}, std::vector<bool>(15, false)), data(d, {1, 2, 1, 5}, t),
+                          {0.5, 3.0, true}, o);
+    case Signature::CtcLoss:
+    case Signature::CtcLossBackward: {
+      const TensorIr lp = data(d, {4, 2, 3}, t), targets = d.i64({2, 2}, index, {1, 2, 2, 1});
+      const TensorIr il = d.i64({2}, dtypes::i32, {4, 3}), tl = d.i64({2}, index, {2, 1});
+      if (k == K::Module_CtcLoss) return b::ctc_loss(lp, targets, il, tl, 0, o);
+      return b::ctc_loss_backward(lp, targets, il, tl, data(d, {2}, t), 0, o);
+    }
+    case Signature::DeformableConv2d:
+    case Signature::DeformableConv2dBackward: return deformable_sample(d, k, t, o);
+    case Signature::Quantize: return b::quantize(x(), data(d, {2, 1}, t), data(d, {1}, t), quant_scheme(), o);
   }
   return std::nullopt;
 }
@@ -662,6 +713,7 @@ TEST(ReferenceExecutorFuzzTest, MutatedOperationsNeverCrash) {
             case 7:
               if (op.num_inputs > 0) {  // same shape and dtype, extreme values (indices out of range...)
                 TensorIr& in = op.inputs()[rng() % op.num_inputs];
+                if (in.dtype.is_quantized()) break;  // no element codec: only Quantize makes one
                 std::vector<std::int64_t> vals(static_cast<std::size_t>(num_elements(in.shape)));
                 for (auto& v : vals) v = rng() % 4 == 0 ? wild_int(rng) : static_cast<std::int64_t>(rng() % 5);
                 in = d.i64(in.shape, in.dtype, vals);
@@ -683,6 +735,7 @@ TEST(ReferenceExecutorFuzzTest, MutatedOperationsNeverCrash) {
             case 4:
               if (op.num_inputs > 0) {  // a new input tensor with a consistent handle
                 TensorIr& in = op.inputs()[rng() % op.num_inputs];
+                if (in.dtype.is_quantized()) break;
                 const DType nt = rng() % 3 == 0 ? kAllDtypes[rng() % 15] : in.dtype;
                 const Shape ns = wild_shape(rng, in.shape);
                 std::vector<std::int64_t> vals(static_cast<std::size_t>(num_elements(ns)));

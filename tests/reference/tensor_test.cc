@@ -276,7 +276,13 @@ TEST(HostTensorTest, BadInputsAreErrors) {
   EXPECT_FALSE(HostTensor::from_f64(alloc, {3}, dtypes::f32, std::vector<double>{1, 2}).ok());
   std::vector<std::byte> bytes(7);
   EXPECT_FALSE(HostTensor::from_bytes(alloc, {2}, dtypes::f32, bytes).ok());
-  EXPECT_EQ(HostTensor::allocate(alloc, {2}, DType::qfloat({})).error().code, ErrorCode::Unsupported);
+  // QFloat has no element codec (only Quantize writes one) and needs a scheme that fits the shape.
+  EXPECT_EQ(HostTensor::from_f64(alloc, {2}, DType::qfloat({}), std::vector<double>{1, 2}).error().code,
+            ErrorCode::Unsupported);
+  QuantScheme packed;
+  packed.value = QuantValue::Q4S;
+  packed.store = QuantStoreKind::PackedU32;
+  EXPECT_EQ(HostTensor::allocate(alloc, {2, 6}, DType::qfloat(packed)).error().code, ErrorCode::Invalid);
   EXPECT_FALSE(HostTensor::allocate(alloc, {1ull << 40, 1ull << 40}, dtypes::f32).ok());  // overflows
   auto buf = alloc.allocate_shared(8);
   KILN_ASSERT_OK(buf);
@@ -287,6 +293,61 @@ TEST(HostTensorTest, BadInputsAreErrors) {
   auto alias = HostTensor::wrap(*buf, {8}, dtypes::u8);
   KILN_ASSERT_OK(alias);
   EXPECT_TRUE(w->shares_buffer_with(*alias));
+}
+
+// A QFloat tensor's bytes (QuantLayout): the values as the store packs them, the block scales in the
+// scheme's precision, the global f32.
+TEST(HostTensorTest, QuantizedTensorsHoldTheirLayout) {
+  // Per tensor, native Q8S: 2 value bytes, one f32 scale, the global.
+  auto l = quant_layout({2}, QuantScheme{});
+  KILN_ASSERT_OK(l);
+  EXPECT_EQ(l->scales_offset, 2u);
+  EXPECT_EQ(l->global_offset, 6u);
+  EXPECT_EQ(l->total_bytes, 10u);
+  EXPECT_EQ(l->geometry.scales, (Shape{1}));
+  // [4, 8] Q4S in u32 words along the last axis (8 per word), f16 scales over [1, 4] blocks.
+  QuantScheme q;
+  q.value = QuantValue::Q4S;
+  q.store = QuantStoreKind::PackedU32;
+  q.block_rank = 2;
+  q.block = {1, 4, 0, 0};
+  q.param = QuantParam::F16;
+  l = quant_layout({4, 8}, q);
+  KILN_ASSERT_OK(l);
+  EXPECT_EQ(l->geometry.values_per_word, 8u);
+  EXPECT_EQ(l->geometry.packed_axis, 1u);
+  EXPECT_EQ(l->geometry.scales, (Shape{4, 2}));
+  EXPECT_EQ(l->scale_dtype, dtypes::f16);
+  EXPECT_EQ(l->word_bytes, 4u);
+  EXPECT_EQ(l->scales_offset, 16u);  // 4 words of 4 bytes
+  EXPECT_EQ(l->global_offset, 32u);  // 8 f16 scales
+  EXPECT_EQ(l->total_bytes, 36u);
+  // Q2S bytes packed along axis 0 (packed_dim 1): 4 values per byte.
+  QuantScheme q2;
+  q2.value = QuantValue::Q2S;
+  q2.store = QuantStoreKind::PackedNative;
+  q2.packed_dim = 1;
+  l = quant_layout({4, 8}, q2);
+  KILN_ASSERT_OK(l);
+  EXPECT_EQ(l->geometry.packed_axis, 0u);
+  EXPECT_EQ(l->scales_offset, 8u);
+  HostAllocator alloc;
+  auto t = HostTensor::allocate(alloc, {4, 8}, DType::qfloat(q));
+  KILN_ASSERT_OK(t);
+  EXPECT_EQ(t->size_bytes(), 36u);
+  EXPECT_EQ(t->num_elements(), 32u);
+  std::vector<std::byte> raw(36);
+  auto copy = HostTensor::from_bytes(alloc, {4, 8}, DType::qfloat(q), raw);
+  KILN_ASSERT_OK(copy);
+  EXPECT_EQ(copy->bytes().size(), 36u);
+  // A block that does not divide its dim, a packed axis the words do not divide, a packed dim beyond
+  // the rank: errors naming the scheme and the shape.
+  q.block = {1, 3, 0, 0};
+  EXPECT_EQ(quant_layout({4, 8}, q).error().code, ErrorCode::Invalid);
+  q.block_rank = 0;
+  EXPECT_NE(quant_layout({4, 6}, q).error().message.find("not divisible by the 8 values of a word"), std::string::npos);
+  q2.packed_dim = 2;
+  EXPECT_NE(quant_layout({4, 8}, q2).error().message.find("packed dim 2 out of bounds"), std::string::npos);
 }
 
 TEST(HostTensorTest, ExhaustionIsAnErrorValue) {

@@ -1324,5 +1324,163 @@ TEST_F(ApiOps, Unfold4dIsIm2col) {
   EXPECT_EQ(kinds_of([&] { (void)s->unfold4d(small, {3, 1}); }), Kinds{});
 }
 
+// ---- The deformable convolution
+
+// A 1 x 1 kernel over [[1, 2], [3, 4]]: offsets (½, ½) average the four pixels at (0, 0); the mask
+// scales, the bias adds; the backward's gradients by hand.
+TEST_F(ApiOps, DeformableConv2dAndItsBackward) {
+  Tensor x = f32({1, 2, 3, 4}, {1, 1, 2, 2}), w = f32({2}, {1, 1, 1, 1});
+  Tensor offset = f32({0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f}, {1, 2, 2, 2});
+  const Shape out{1, 1, 2, 2};
+  expect_near(get(s->deformable_conv2d(x, offset, w), out), {5, 3, 3.5, 2});
+  Tensor mask = f32({1, 0, 2, 1}, {1, 1, 2, 2}), bias = f32({10}, {1});
+  expect_near(get(s->deformable_conv2d(x, offset, w, mask, bias), out), {15, 10, 17, 12});
+  EXPECT_EQ(kinds_of([&] { ok(s->deformable_conv2d(x, offset, w, mask)); }), (Kinds{"Module::DeformableConv2d"}));
+  // out_grad of ones at (0, 0) only: the weight gradient is the sample there (2.5), the input's a
+  // quarter of the weight on each pixel, the offsets' the bilinear slopes times the weight.
+  Tensor grad = f32({1, 0, 0, 0}, {1, 1, 2, 2});
+  DeformableConv2dGrads g = ok(s->deformable_conv2d_backward(x, offset, w, std::nullopt, bias, grad));
+  ASSERT_FALSE(g.mask_grad.has_value());
+  ASSERT_TRUE(g.bias_grad.has_value());
+  expect_near(get(std::move(g.input_grad), {1, 1, 2, 2}), {0.5, 0.5, 0.5, 0.5});
+  // d/dy at (½, ½): −½·1 − ½·2 + ½·3 + ½·4 = 2, d/dx: −½·1 + ½·2 − ½·3 + ½·4 = 1; times w = 2.
+  expect_near(get(std::move(g.offset_grad), {1, 2, 2, 2}), {4, 0, 0, 0, 2, 0, 0, 0});
+  expect_near(get(std::move(g.weight_grad), {1, 1, 1, 1}), {2.5});
+  expect_near(get(std::move(*g.bias_grad), {1}), {1});
+  EXPECT_EQ(kinds_of([&] { ok(s->deformable_conv2d_backward(x, offset, w, mask, std::nullopt, grad)); }),
+            (Kinds{"Module::DeformableConv2dBackward"}));
+  DeformableConv2dGrads with_mask = ok(s->deformable_conv2d_backward(x, offset, w, mask, std::nullopt, grad));
+  ASSERT_TRUE(with_mask.mask_grad.has_value());
+  expect_near(get(std::move(*with_mask.mask_grad), {1, 1, 2, 2}), {5, 0, 0, 0});  // w · the sample 2.5
+  // Errors name the op and the values; nothing is registered.
+  EXPECT_NAMES(error_of(s->deformable_conv2d(x, f32({0, 0}, {1, 2, 1, 1}), w)), "DeformableConv2d: offset");
+  EXPECT_NAMES(error_of(s->deformable_conv2d(x, offset, w, f32({1, 1}, {1, 1, 1, 2}))), "DeformableConv2d: mask");
+  Result<DeformableConv2dGrads> bad = s->deformable_conv2d_backward(x, offset, w, std::nullopt, std::nullopt, x);
+  EXPECT_TRUE(bad.ok());  // out_grad [1, 1, 2, 2] is the forward's output shape here
+  bad = s->deformable_conv2d_backward(x, offset, w, std::nullopt, std::nullopt, f32({1}, {1, 1, 1, 1}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "DeformableConv2dBackward: out_grad");
+  EXPECT_EQ(kinds_of([&] { (void)s->deformable_conv2d(x, f32({0, 0}, {1, 2, 1, 1}), w); }), Kinds{});
+}
+
+// ---- Quantization (every quantized tensor is consumed by a dequantize: over IPC a QFloat
+// tensor cannot be dropped)
+
+// Q8S with scale 0.5: x / 0.5 rounded half away from zero and clamped to ±127, then multiplied
+// back; [1, 4] blocks of a [2, 8] tensor in Q4S u32 words, one scale each; a global scale.
+TEST_F(ApiOps, QuantizeAndDequantize) {
+  const ir::QuantScheme q8;  // Q8S, native, per tensor, f32 scale
+  Tensor x = f32({1.1f, -0.25f, 100, -100}, {4});
+  Tensor q = ok(s->quantize(x, f32({0.5f}, {1}), q8));
+  EXPECT_EQ(q.dtype(), ir::DType::qfloat(q8));
+  EXPECT_EQ(q.shape(), (Shape{4}));
+  expect_near(get(s->dequantize(std::move(q)), {4}), {1, -0.5, 63.5, -63.5});
+  ir::QuantScheme blocks;
+  blocks.value = ir::QuantValue::Q4S;
+  blocks.store = ir::QuantStoreKind::PackedU32;
+  blocks.block_rank = 2;
+  blocks.block = {1, 4, 0, 0};
+  Tensor y = f32({1, 2, 3, 4, 5, 6, 7, 8, 2, 4, 6, 8, 10, 12, 14, 16}, {2, 8});
+  Tensor scales = f32({1, 2, 2, 4}, {2, 2});
+  expect_near(get(s->dequantize(ok(s->quantize(y, scales, blocks))), {2, 8}),
+              {1, 2, 3, 4, 6, 6, 8, 8, 2, 4, 6, 8, 12, 12, 16, 16});
+  expect_near(get(s->dequantize(ok(s->quantize(f32({1, 0.3f}, {2}), f32({1}, {1}), q8, f32({0.25f}, {1})))), {2}),
+              {1, 0.25});
+  EXPECT_EQ(kinds_of([&] { ok(s->dequantize(ok(s->quantize(x, f32({1}, {1}), q8)), ir::dtypes::f64)); }),
+            (Kinds{"Float::Quantize", "Float::Dequantize"}));
+  // Builder errors name the op and the values; a zero scale passes the builder (it sees shapes) and
+  // fails at execution.
+  EXPECT_NAMES(error_of(s->quantize(y, f32({1, 1}, {2}), blocks)), "Quantize: scales");
+  EXPECT_NAMES(error_of(s->quantize(i64({1, 2}, {2}), f32({1}, {1}), q8)), "Quantize: tensor");
+  EXPECT_NAMES(error_of(s->dequantize(x)), "Dequantize: input");
+  EXPECT_EQ(kinds_of([&] { (void)s->dequantize(x); }), Kinds{});
+  Tensor zero = ok(s->quantize(x, f32({0}, {1}), q8));
+  EXPECT_FALSE(s->to_host<float>(ok(s->dequantize(std::move(zero)))).ok());
+}
+
+// ---- Signals
+
+// rfft of [1, 2, 3, 4] is 10, −2 + 2i, −2 (torch.fft.rfft); n pads or trims; irfft inverts it.
+TEST_F(ApiOps, RfftAndIRfft) {
+  Tensor x = f32({1, 2, 3, 4, 0, 1, 0, -1}, {2, 4});
+  auto [re, im] = ok(s->rfft(x, 1));
+  EXPECT_EQ(re.dtype(), ir::dtypes::f32);
+  Tensor re_copy = re, im_copy = im;
+  expect_near(get(std::move(re), {2, 3}), {10, -2, -2, 0, 0, 0});
+  expect_near(get(std::move(im), {2, 3}), {0, 2, 0, 0, -2, 0});
+  expect_near(get(s->irfft(re_copy, im_copy, 1, 4), {2, 4}), {1, 2, 3, 4, 0, 1, 0, -1});
+  // Trimmed to 1 point along dim 0: bin 0 is the first row.
+  auto [re2, im2] = ok(s->rfft(x, 0, 1));
+  expect_near(get(std::move(re2), {1, 4}), {1, 2, 3, 4});
+  expect_near(get(std::move(im2), {1, 4}), {0, 0, 0, 0});
+  // irfft without n: 2·(3 − 1) = 4 points; bin 0 alone is the mean.
+  expect_near(get(s->irfft(f32({8, 0, 0}, {3}), f32({0, 0, 0}, {3}), 0), {4}), {2, 2, 2, 2});
+  EXPECT_EQ(kinds_of([&] { ok(s->rfft(x, 1)); }), (Kinds{"Module::Rfft"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->irfft(re_copy, im_copy, 1)); }), (Kinds{"Module::IRfft"}));
+  // Errors name the op and the values; nothing is registered.
+  Result<std::pair<Tensor, Tensor>> bad = s->rfft(x, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "Rfft: dim 2 out of bounds");
+  bad = s->rfft(i64({1, 2}, {2}), 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NAMES(bad.error().to_string(), "Rfft: signal");
+  EXPECT_NAMES(error_of(s->irfft(re_copy, f32({0, 0}, {2}), 1)), "IRfft: input_im");
+  EXPECT_NAMES(error_of(s->irfft(f32({1}, {1}), f32({0}, {1}), 0)), "IRfft: input_re");
+  EXPECT_NAMES(error_of(s->irfft(re_copy, im_copy, 1, 0)), "IRfft: n must be at least 1");
+  EXPECT_EQ(kinds_of([&] { (void)s->rfft(x, 2); }), Kinds{});
+}
+
+// ---- Attention and the CTC loss
+
+// Scores 0 and ln 3 weigh the values 4 and 8 by ¼ and ¾; Burn's mask (true masks out), a bias, the
+// bottom-right causal diagonal.
+TEST_F(ApiOps, AttentionOptionsMaskAndBias) {
+  const float l3 = std::log(3.0f);
+  Tensor q = f32({1}, {1, 1, 1, 1}), k = f32({0, l3}, {1, 1, 2, 1}), v = f32({4, 8}, {1, 1, 2, 1});
+  const ir::build::AttentionOptions one{1.0, std::nullopt, false};
+  const Shape row{1, 1, 1, 1};
+  expect_near(get(s->attention(q, k, v, std::nullopt, std::nullopt, one), row), {7});
+  expect_near(get(s->attention(q, k, v, bools({false, true}, {1, 1, 1, 2}), std::nullopt, one), row), {4});
+  expect_near(get(s->attention(q, k, v, std::nullopt, f32({l3, 0}, {1, 1, 1, 2}), one), row), {6});
+  expect_near(get(s->attention(q, k, v, bools({true, true}, {1, 1, 1, 2})), row), {0});  // every key masked
+  Tensor q2 = f32({0, 0}, {1, 1, 2, 1}), k3 = f32({0, 0, 0}, {1, 1, 3, 1}), v3 = f32({3, 6, 12}, {1, 1, 3, 1});
+  expect_near(
+      get(s->attention(q2, k3, v3, std::nullopt, std::nullopt, {std::nullopt, std::nullopt, true}), {1, 1, 2, 1}),
+      {4.5, 7});
+  EXPECT_EQ(kinds_of([&] { ok(s->attention(q, k, v)); }), (Kinds{"Module::Attention"}));
+  EXPECT_EQ(kinds_of([&] {
+              ok(s->attention(q, k, v, std::nullopt, f32({0, 0}, {1, 1, 1, 2})));
+            }),
+            (Kinds{"Module::Attention"}));
+  EXPECT_NAMES(error_of(s->attention(q, k, f32({1, 2, 3}, {1, 1, 3, 1}))), "Attention: value");
+  EXPECT_NAMES(error_of(s->attention(q, k, v, f32({0, 0}, {1, 1, 1, 2}))), "Attention: mask must be a bool dtype");
+  EXPECT_NAMES(error_of(s->attention(q, k, v, std::nullopt, std::nullopt, {std::nullopt, -1.0, false})),
+               "Attention: softcap must be finite and positive");
+  EXPECT_EQ(kinds_of([&] { (void)s->attention(q, k, f32({1, 2, 3}, {1, 1, 3, 1})); }), Kinds{});
+}
+
+// Two steps of p = (0.4, 0.6), target [1]: the paths 11, b1, 1b give 0.84; the gradient is Burn's
+// grad_loss · (exp(lp) − the posterior of each class at each step).
+TEST_F(ApiOps, CtcLossAndItsBackward) {
+  const float a = std::log(0.4f), c = std::log(0.6f);
+  Tensor lp = f32({a, c, a, c}, {2, 1, 2});
+  Tensor targets = i64({1}, {1, 1}), il = i64({2}, {1}), tl = i64({1}, {1});
+  expect_near(get(s->ctc_loss(lp, targets, il, tl), {1}), {-std::log(0.84)});
+  const double pb = 0.24 / 0.84, p1 = 0.6 / 0.84;  // blank: b1 at t 0, 1b at t 1; label: the rest
+  expect_near(get(s->ctc_loss_backward(lp, targets, il, tl, f32({2}, {1})), {2, 1, 2}),
+              {2 * (0.4 - pb), 2 * (0.6 - p1), 2 * (0.4 - pb), 2 * (0.6 - p1)});
+  EXPECT_EQ(kinds_of([&] { ok(s->ctc_loss(lp, targets, il, tl)); }), (Kinds{"Module::CtcLoss"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->ctc_loss_backward(lp, targets, il, tl, f32({1}, {1}))); }),
+            (Kinds{"Module::CtcLossBackward"}));
+  // Builder errors name the op and the values; a length beyond T passes the builder (it sees
+  // shapes) and fails at execution.
+  EXPECT_NAMES(error_of(s->ctc_loss(lp, targets, il, tl, 2)), "CtcLoss: blank 2 out of range");
+  EXPECT_NAMES(error_of(s->ctc_loss(lp, f32({1}, {1, 1}), il, tl)), "CtcLoss: targets");
+  EXPECT_NAMES(error_of(s->ctc_loss_backward(lp, targets, il, tl, f32({1, 1}, {2}))), "CtcLossBackward: grad_loss");
+  EXPECT_EQ(kinds_of([&] { (void)s->ctc_loss(lp, targets, il, tl, 2); }), Kinds{});
+  Tensor far = ok(s->ctc_loss(lp, targets, i64({3}, {1}), tl));
+  EXPECT_FALSE(s->to_host<float>(std::move(far)).ok());
+}
+
 }  // namespace
 }  // namespace kiln::runtime

@@ -10,13 +10,16 @@
 // (MaxDimWithIndices / MinDimWithIndices with their two outputs), top-k (TopK, ArgTopK) and
 // sorting (Sort, ArgSort, SortWithIndices with its two outputs), layout (with Unfold), indexing
 // and assignment (with ScatterNd), the cross product, pad, creation, Conv1d/2d/3d and
-// ConvTranspose1d/2d/3d with their X / Weight / Bias gradients, MaxPool2d, AvgPool2d, the other
+// ConvTranspose1d/2d/3d with their X / Weight / Bias gradients, DeformableConv2d with its backward
+// (three to five outputs, its presence bits checked), MaxPool2d, AvgPool2d, the other
 // pools (MaxPool1d, MaxPool1d/2dWithIndices with their two outputs, AvgPool1d,
 // AdaptiveAvgPool1d/2d/3d) with their backwards, Linear with its three backwards, LayerNorm,
-// BatchNorm, EmbeddingBackward, Interpolate with its backward, GridSample2d, Unfold4d and AllReduce
-// — and, for router-style clients, Module Embedding, TopKWithIndices (two outputs) and the
-// Activation kinds (the fusion client decomposes them): they reuse the elementwise and dim
-// signatures, plus HardSigmoid's, rebuilt like the rest.
+// BatchNorm, EmbeddingBackward, Interpolate with its backward, GridSample2d, Unfold4d, Rfft (two
+// outputs), IRfft, Attention (its presence bits checked), CtcLoss with its backward, Quantize (the
+// scheme its output's QFloat dtype), Dequantize and AllReduce — and, for router-style clients,
+// Module Embedding, TopKWithIndices (two outputs) and the Activation kinds (the fusion client
+// decomposes them): they reuse the elementwise and dim signatures, plus HardSigmoid's, rebuilt
+// like the rest.
 //
 // Thread-safety: a pure function.
 #pragma once

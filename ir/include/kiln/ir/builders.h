@@ -136,8 +136,9 @@ Result<Operation> binary_comparison(Family family, OpKind kind, const TensorIr& 
 Result<Operation> scalar(Family family, OpKind kind, const TensorIr& lhs, ScalarIr rhs, TensorId out);
 Result<Operation> scalar_comparison(Family family, OpKind kind, const TensorIr& lhs, ScalarIr rhs, DType bool_dtype,
                                     TensorId out);
-// Cast (Base Cast, Float IntoInt, Int IntoFloat, Bool IntoFloat/IntoInt): output dtype = target,
-// which must be of the kind the op converts to.
+// Cast (Base Cast, Float IntoInt, Int IntoFloat, Bool IntoFloat/IntoInt, Float Dequantize):
+// output dtype = target, which must be of the kind the op converts to (Dequantize: a QFloat input,
+// a float target; the named builder dequantize below).
 Result<Operation> cast(Family family, OpKind kind, const TensorIr& input, DType target, TensorId out);
 // Clamp{tensor, min, max}.
 Result<Operation> clamp(Family family, OpKind kind, const TensorIr& tensor, ScalarIr min, ScalarIr max, TensorId out);
@@ -161,6 +162,20 @@ Result<Operation> matmul_mixed(Family family, OpKind kind, const TensorIr& lhs, 
 // and both operands of size 3 along it (the 3-vectors; torch.linalg.cross, Burn's cross).
 Result<Operation> cross(Family family, OpKind kind, const TensorIr& lhs, const TensorIr& rhs, std::uint64_t dim,
                         TensorId out);
+
+// ---- Quantization (docs/spec/ir.md §5.6, §6.3; tags Q, and E for Dequantize)
+
+// Float Quantize{tensor, qparams{scales, global?}, scheme} → QFloat(scheme) of tensor's shape
+// (carried: tensor's dtype): q = clamp(round(x / s), the value type's range) with s the scale of
+// x's block (stored in the scheme's precision) times global (f32; 1 when absent). tensor float
+// (not quantized), scales float of shape::quant_geometry's scales shape, global? float [1]; the
+// scheme must fit the shape (known enums, blocks dividing their dims, a packed axis the words
+// divide). The optional global is told by the input count.
+Result<Operation> quantize(const TensorIr& tensor, const TensorIr& scales, const std::optional<TensorIr>& global,
+                           const QuantScheme& scheme, TensorId out);
+// Float Dequantize{input (QFloat), out_dtype (float)} → input's shape: q · s (Cast signature,
+// carried dtype the input's QFloat).
+Result<Operation> dequantize(const TensorIr& input, DType out_dtype, TensorId out);
 
 // ---- Reductions and scans
 
@@ -472,6 +487,90 @@ Result<Operation> conv_transpose2d(const TensorIr& x, const TensorIr& weight, co
                                    const ConvTranspose2dOptions& options, TensorId out);
 Result<Operation> conv_transpose3d(const TensorIr& x, const TensorIr& weight, const std::optional<TensorIr>& bias,
                                    const ConvTranspose3dOptions& options, TensorId out);
+
+// ---- Deformable convolution (docs/spec/ir.md §5.8, §6.3; torchvision's deform_conv2d, which
+// Burn's deform_conv2d follows)
+
+// DeformableConv2d's options (Burn's DeformConvOptions).
+struct DeformableConv2dOptions {
+  std::array<std::uint64_t, 2> stride{1, 1};
+  std::array<std::uint64_t, 2> padding{0, 0};
+  std::array<std::uint64_t, 2> dilation{1, 1};
+  std::uint64_t weight_groups = 1;
+  std::uint64_t offset_groups = 1;
+};
+// DeformableConv2d{x [N, C_in, H, W], offset [N, 2·og·kh·kw, H', W'], weight [C_out, C_in / wg, kh,
+// kw], mask? [N, og·kh·kw, H', W'], bias? [C_out], options} → [N, C_out, H', W'] by the conv formula,
+// x's dtype: tap (i, j) of output (h, w) reads channel c bilinearly (zeros outside) at (h·s0 − p0 +
+// i·d0 + dy, w·s1 − p1 + j·d1 + dx), (dy, dx) = offset channels 2·t, 2·t + 1 of c's offset group g,
+// t = (g·kh + i)·kw + j, scaled by mask channel t. same(x, offset, weight, mask?, bias?); stride,
+// dilation, wg, og >= 1; C_in and C_out divisible by wg, C_in by og. attrs [present, s0, s1, p0, p1,
+// d0, d1, wg, og] (kPresentMask, kPresentBias).
+Result<Operation> deformable_conv2d(const TensorIr& x, const TensorIr& offset, const TensorIr& weight,
+                                    const std::optional<TensorIr>& mask, const std::optional<TensorIr>& bias,
+                                    const DeformableConv2dOptions& options, TensorId out);
+// The outputs of DeformableConv2dBackward, in field order; mask_grad and bias_grad are given iff
+// the op has the mask and bias inputs.
+struct DeformableConv2dGradIds {
+  TensorId input_grad, offset_grad, weight_grad;
+  std::optional<TensorId> mask_grad, bias_grad;
+};
+// DeformableConv2dBackward{x, offset, weight, mask?, bias?, out_grad, options} → input_grad (S(x)),
+// offset_grad (S(offset)), weight_grad (S(weight)), mask_grad? (S(mask)), bias_grad? (S(bias)), all
+// x's dtype: the gradients of DeformableConv2d's output summed against out_grad (float, of the
+// forward's output shape). same(x, weight, mask?, bias?), offset float (§6.3 does not check it).
+Result<Operation> deformable_conv2d_backward(const TensorIr& x, const TensorIr& offset, const TensorIr& weight,
+                                             const std::optional<TensorIr>& mask, const std::optional<TensorIr>& bias,
+                                             const TensorIr& out_grad, const DeformableConv2dOptions& options,
+                                             const DeformableConv2dGradIds& ids);
+
+// ---- Signals (docs/spec/ir.md §5.8, §6.3; torch.fft.rfft / irfft where the spec is silent)
+
+// Rfft{signal, dim, n?} → out_re, out_im: the one-sided DFT X[k] = Σ_t x[t]·e^(−2πi·k·t/n) along
+// dim, k = 0 .. n/2, of the signal zero-padded or trimmed to n points (n: the dim's length when
+// absent); both outputs the signal with [dim] = n / 2 + 1, its float dtype. dim < rank, n >= 1
+// (given, or the length) and within an i64 attribute. attrs [dim, n or 0].
+Result<Operation> rfft(const TensorIr& signal, std::uint64_t dim, std::optional<std::uint64_t> n, TensorId out_re,
+                       TensorId out_im);
+// IRfft{input_re, input_im, dim, n?} → out_signal: the inverse of rfft for a Hermitian signal of n
+// points, n = 2·(len − 1) when absent; bins beyond n / 2 are ignored, missing ones are zero, and
+// the imaginary parts of bins 0 and n / 2 do not count (C2R). input_re [..., len, ...] with len
+// >= 1 and input_im of its shape and dtype (K); output input_re with [dim] = n. attrs [dim, n or 0].
+Result<Operation> irfft(const TensorIr& input_re, const TensorIr& input_im, std::uint64_t dim,
+                        std::optional<std::uint64_t> n, TensorId out_signal);
+
+// ---- Attention and the CTC loss (docs/spec/ir.md §5.8, §6.3; Burn's attention and ctc_loss)
+
+// Attention's options (Burn's AttentionModuleOptions): scale defaults to 1 / sqrt(head_dim);
+// softcap, when given, maps every score s to softcap · tanh(s / softcap) before any masking.
+struct AttentionOptions {
+  std::optional<double> scale;
+  std::optional<double> softcap;
+  bool is_causal = false;
+};
+// Attention{query [B, H, Lq, D], key [B, H, Lk, D], value [B, H, Lk, Dv], mask? (bool), attn_bias?,
+// options} → [B, H, Lq, Dv], query's dtype: softmax over the keys of the scores q·kᵀ·scale, softcapped,
+// with −inf where mask is true (Burn: true masks out) and, when causal, where key j > query i +
+// Lk − Lq (Burn's bottom-right diagonal), plus attn_bias; a row with every key masked gives 0.
+// same(query, key, value, attn_bias?); mask and attn_bias of rank 4, each dim the scores' or 1;
+// scale finite, softcap finite and > 0 (Burn asserts it). attrs [present, is_causal, bits(scale),
+// bits(softcap)] (kPresent* bits, operation.h).
+Result<Operation> attention(const TensorIr& query, const TensorIr& key, const TensorIr& value,
+                            const std::optional<TensorIr>& mask, const std::optional<TensorIr>& attn_bias,
+                            const AttentionOptions& options, TensorId out);
+// CtcLoss{log_probs [T, N, C], targets [N, S], input_lengths [N], target_lengths [N], blank} → [N],
+// log_probs' dtype: per sample −log of the summed probability of every alignment of its first
+// target_lengths[n] labels to its first input_lengths[n] steps (+inf when there is none; PyTorch's
+// reduction "none", zero_infinity false). Targets and lengths of integer dtypes, blank < C; the
+// values (lengths within T and S, labels in [0, C) and not blank) are checked at execution.
+Result<Operation> ctc_loss(const TensorIr& log_probs, const TensorIr& targets, const TensorIr& input_lengths,
+                           const TensorIr& target_lengths, std::uint64_t blank, TensorId out);
+// CtcLossBackward{log_probs, targets, input_lengths, target_lengths, grad_loss [N] (float), blank}
+// → log_probs' shape and dtype: Burn's (and PyTorch's) gradient grad_loss[n] · (exp(lp) − the
+// alignment posterior of each class), 0 from input_lengths[n] on.
+Result<Operation> ctc_loss_backward(const TensorIr& log_probs, const TensorIr& targets, const TensorIr& input_lengths,
+                                    const TensorIr& target_lengths, const TensorIr& grad_loss, std::uint64_t blank,
+                                    TensorId out);
 
 // ---- Lifecycle, custom, collectives
 

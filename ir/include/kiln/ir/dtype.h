@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace kiln::ir {
 
@@ -48,6 +49,12 @@ struct QuantScheme {
   friend bool operator==(const QuantScheme&, const QuantScheme&) = default;
   std::string to_string() const;
 };
+
+// The bits of a quantized value type (8, 4 or 2) and its integer range (Burn's QuantValue): the
+// full-range types Q8F, Q4F, Q2F take [−2^(b−1), 2^(b−1) − 1], the symmetric Q8S, Q4S, Q2S
+// [−(2^(b−1) − 1), 2^(b−1) − 1]. An unknown value type has 0 bits and the range [0, 0].
+int quant_value_bits(QuantValue v);
+std::pair<std::int64_t, std::int64_t> quant_value_range(QuantValue v);
 
 class DType {
  public:

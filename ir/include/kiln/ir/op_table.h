@@ -83,6 +83,17 @@ bool group_admits(OpGroup g, Family f);
 //   GridSample2d [mode (an InterpolateMode), padding_mode (a GridSamplePaddingMode), align_corners]
 //   Interpolate, InterpolateBackward [out_h, out_w, mode (an InterpolateMode), align_corners]
 //   Unfold4d [k0, k1, stride0, stride1, pad0, pad1, dilation0, dilation1]
+//   Rfft, IRfft [dim, n]  (n = 0: none given, the dim's length decides; a given n is at least 1)
+//   Attention [present, is_causal, bits(scale), bits(softcap)]  (present: kPresentMask |
+//     kPresentBias for the optional inputs mask?, attn_bias?, in that order after query, key, value;
+//     kPresentScale / kPresentSoftcap when the f64 in attribute 2 / 3 is given, else it is 0)
+//   CtcLoss, CtcLossBackward [blank]
+//   Quantize: no attributes (inputs tensor, scales, global?: the optional one told by the count;
+//     the scheme is the output's QFloat dtype). Dequantize has the Cast signature.
+//   DeformableConv2d, DeformableConv2dBackward [present, stride0, stride1, pad0, pad1, dilation0,
+//     dilation1, weight_groups, offset_groups]  (present: kPresentMask | kPresentBias for mask?,
+//     bias? after x, offset, weight; the backward's out_grad follows them, and its outputs are
+//     input_grad, offset_grad, weight_grad, then mask_grad? and bias_grad? as present)
 enum class Signature : std::uint8_t {
   Unary,
   Binary,
@@ -149,6 +160,14 @@ enum class Signature : std::uint8_t {
   Interpolate,
   InterpolateBackward,
   Unfold4d,
+  Rfft,
+  IRfft,
+  Attention,
+  CtcLoss,
+  CtcLossBackward,
+  DeformableConv2d,
+  DeformableConv2dBackward,
+  Quantize,
   Drop,
 };
 
@@ -157,7 +176,8 @@ inline constexpr int kVariadic = -1;
 struct SignatureInfo {
   std::string_view name;
   int min_inputs, max_inputs;    // max_inputs may be kVariadic
-  int outputs;                   // may be kVariadic (Custom)
+  int min_outputs, max_outputs;  // max_outputs may be kVariadic (Custom); a range where optional
+                                 // outputs exist (DeformableConv2dBackward's mask_grad?, bias_grad?)
   int min_scalars, max_scalars;  // max may be kVariadic
   int min_attrs, max_attrs;      // max may be kVariadic
   bool ranges;                   // carries slice ranges (one per leading dim, at most rank)
@@ -167,21 +187,22 @@ const SignatureInfo& signature_info(Signature s);
 // Tags (docs/spec/ir.md §5.3) plus facts asked by fusers and executors.
 using OpTags = std::uint32_t;
 inline constexpr OpTags kNone = 0;
-inline constexpr OpTags kElementwise = 1u << 0;   // E: fusable by the elementwise trace fuser
-inline constexpr OpTags kFusableView = 1u << 1;   // E°: fusable only as a view read
-inline constexpr OpTags kReduceDim = 1u << 2;     // R: dim reduction, Reduce fusers
-inline constexpr OpTags kFullReduce = 1u << 3;    // r: whole-tensor reduction, never fused
-inline constexpr OpTags kMatmul = 1u << 4;        // M: head of a Matmul fusion
-inline constexpr OpTags kView = 1u << 5;          // V: layout / view op
-inline constexpr OpTags kInit = 1u << 6;          // I: creation
-inline constexpr OpTags kNhwc = 1u << 7;          // N: NHWC relayout target
-inline constexpr OpTags kModule = 1u << 8;        // Mod
-inline constexpr OpTags kDrop = 1u << 9;          // D
-inline constexpr OpTags kCustom = 1u << 10;       // C
-inline constexpr OpTags kDistributed = 1u << 11;  // X
-inline constexpr OpTags kComparison = 1u << 12;   // output dtype is the bool dtype
-inline constexpr OpTags kIndexed = 1u << 13;      // reads tensor inputs through indexed reads
-inline constexpr OpTags kIndexOutput = 1u << 14;  // output dtype is the index (int) dtype
+inline constexpr OpTags kElementwise = 1u << 0;    // E: fusable by the elementwise trace fuser
+inline constexpr OpTags kFusableView = 1u << 1;    // E°: fusable only as a view read
+inline constexpr OpTags kReduceDim = 1u << 2;      // R: dim reduction, Reduce fusers
+inline constexpr OpTags kFullReduce = 1u << 3;     // r: whole-tensor reduction, never fused
+inline constexpr OpTags kMatmul = 1u << 4;         // M: head of a Matmul fusion
+inline constexpr OpTags kView = 1u << 5;           // V: layout / view op
+inline constexpr OpTags kInit = 1u << 6;           // I: creation
+inline constexpr OpTags kNhwc = 1u << 7;           // N: NHWC relayout target
+inline constexpr OpTags kModule = 1u << 8;         // Mod
+inline constexpr OpTags kDrop = 1u << 9;           // D
+inline constexpr OpTags kCustom = 1u << 10;        // C
+inline constexpr OpTags kDistributed = 1u << 11;   // X
+inline constexpr OpTags kComparison = 1u << 12;    // output dtype is the bool dtype
+inline constexpr OpTags kIndexed = 1u << 13;       // reads tensor inputs through indexed reads
+inline constexpr OpTags kIndexOutput = 1u << 14;   // output dtype is the index (int) dtype
+inline constexpr OpTags kQuantization = 1u << 15;  // Q: reads or writes QFloat tensors (Quantize, Dequantize)
 
 enum class OpKind : std::uint16_t {
 #define KILN_OP(group, variant, sig, tags) group##_##variant,

@@ -41,6 +41,13 @@ enum class PadMode : std::int64_t { Constant = 0, Reflect = 1, Edge = 2 };
 enum class InterpolateMode : std::int64_t { Nearest = 0, NearestExact = 1, Bilinear = 2, Bicubic = 3, Lanczos3 = 4 };
 // What GridSample2d reads outside the input (attribute 1): Burn's GridSamplePaddingMode.
 enum class GridSamplePaddingMode : std::int64_t { Zeros = 0, Border = 1, Reflection = 2 };
+// Presence bits: which optional arguments an op carries where its input count cannot tell (two
+// optional tensors; optional f64 options, whose attribute is 0 when absent). Attribute 0 of
+// Attention, DeformableConv2d and DeformableConv2dBackward (op_table.h).
+inline constexpr std::int64_t kPresentMask = 1;     // mask? is an input (and mask_grad? an output)
+inline constexpr std::int64_t kPresentBias = 2;     // attn_bias? / bias? is an input, after mask?
+inline constexpr std::int64_t kPresentScale = 4;    // an f64 scale is given
+inline constexpr std::int64_t kPresentSoftcap = 8;  // an f64 softcap is given
 
 struct Operation {
   OpKind kind = OpKind::Drop_Drop;

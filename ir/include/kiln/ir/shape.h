@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kiln/base/result.h"
+#include "kiln/ir/dtype.h"
 
 namespace kiln::ir {
 
@@ -58,6 +59,28 @@ Result<std::uint64_t> pool_output(std::uint64_t in, std::uint64_t kernel, std::u
 Result<std::uint64_t> conv_transpose_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
                                             std::uint64_t padding, std::uint64_t padding_out, std::uint64_t dilation);
 std::uint64_t unfold_windows(std::uint64_t size, std::uint64_t window, std::uint64_t step);
+
+// How kiln stores a QFloat tensor of shape `s` under its scheme (docs/decisions.md): one scale per
+// block of the scheme's block shape, right-aligned to the tensor's dims (missing leading entries
+// 1), so the scales have the tensor's rank and dims s[d] / block[d] ([1] for a per-tensor scheme);
+// the packed stores hold 32 / bits (PackedU32) or 8 / bits (PackedNative) values per word along
+// the packed axis rank − 1 − packed_dim. The bytes: the values (one signed byte each in the native
+// store, else the words), then the scales in the scheme's precision, then an f32 global scale
+// (the CPU device's HostTensor layout; the daemon charges outputs by it). Errors (Invalid): an
+// unknown value type, store or scale precision; a zero block dim or one that does not divide its
+// tensor dim; a block of more dims than the tensor whose extra leading entries are not 1; a packed
+// dim out of range or a packed axis the values per word do not divide; a size beyond 64 bits.
+struct QuantGeometry {
+  Shape scales;
+  std::uint64_t values_per_word = 1;  // 1 for the native store: one signed byte per value
+  std::size_t packed_axis = 0;        // the packed stores' axis
+  std::uint64_t word_bytes = 1;       // 4 for PackedU32
+  std::uint64_t scale_bytes = 4;      // 2 for f16 / bf16 scales
+  std::uint64_t scales_offset = 0;    // the values' bytes
+  std::uint64_t global_offset = 0;    // the scales' end
+  std::uint64_t total_bytes = 0;      // with the f32 global scale
+};
+Result<QuantGeometry> quant_geometry(const Shape& s, const QuantScheme& q);
 }  // namespace shape
 
 }  // namespace kiln::ir

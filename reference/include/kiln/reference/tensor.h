@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kiln/base/result.h"
@@ -95,10 +96,28 @@ constexpr ir::DType native_dtype() {
     static_assert(sizeof(T) == 0, "no dtype is stored as this type");
 }
 
+// ---- QFloat storage on the CPU device (docs/decisions.md). A QFloat tensor holds its quantized
+// values as the scheme's store lays them out (ir::shape::quant_geometry) — Native: one signed byte
+// per value, row-major; PackedU32 / PackedNative: values_per_word two's complement fields per
+// little-endian u32 / byte word, consecutive along the packed axis, the words row-major over the
+// shape with that axis divided — then one scale per block in the scheme's precision (f32, f16,
+// bf16; the scales row-major), then the global scale as an f32 (1 when Quantize had none). It has
+// no element codec: only the Quantize and Dequantize kernels read or write one, and the reference
+// executor refuses quantized tensors for every other kind.
+struct QuantLayout {
+  ir::shape::QuantGeometry geometry;  // the sizes and offsets below come from it
+  ir::DType scale_dtype;              // f32, f16 or bf16
+  std::uint64_t word_bytes = 1;       // 4 for PackedU32
+  std::uint64_t scales_offset = 0;    // the values' bytes
+  std::uint64_t global_offset = 0;
+  std::uint64_t total_bytes = 0;
+};
+Result<QuantLayout> quant_layout(const ir::Shape& shape, const ir::QuantScheme& scheme);
+
 class HostTensor {
  public:
-  // Wraps an existing buffer. Errors: null buffer, QFloat dtype, element count overflow, or a
-  // buffer smaller than the shape needs.
+  // Wraps an existing buffer. Errors: null buffer, element count overflow, a QFloat scheme that
+  // does not fit the shape, or a buffer smaller than the shape needs.
   static Result<HostTensor> wrap(std::shared_ptr<HostBuffer> buffer, ir::Shape shape, ir::DType dtype);
   // A new tensor; contents unspecified (a pooled block).
   static Result<HostTensor> allocate(HostAllocator& alloc, ir::Shape shape, ir::DType dtype);
@@ -127,7 +146,8 @@ class HostTensor {
   const ir::Shape& shape() const { return shape_; }
   ir::DType dtype() const { return dtype_; }
   std::uint64_t num_elements() const { return num_elements_; }
-  std::uint64_t size_bytes() const { return num_elements_ * dtype_.size_bytes(); }
+  // Elements × their size; a QFloat tensor's whole QuantLayout.
+  std::uint64_t size_bytes() const { return size_bytes_; }
 
   const std::byte* data() const { return buffer_->data(); }
   // Only for the kernel producing this tensor, before it is shared (see the header comment).
@@ -157,8 +177,10 @@ class HostTensor {
   std::string to_string() const;
 
  private:
-  HostTensor(std::shared_ptr<HostBuffer> buffer, ir::Shape shape, ir::DType dtype, std::uint64_t n)
-      : buffer_(std::move(buffer)), shape_(std::move(shape)), dtype_(dtype), num_elements_(n) {}
+  HostTensor(std::shared_ptr<HostBuffer> buffer, ir::Shape shape, ir::DType dtype, std::uint64_t n, std::uint64_t bytes)
+      : buffer_(std::move(buffer)), shape_(std::move(shape)), dtype_(dtype), num_elements_(n), size_bytes_(bytes) {}
+  // The element count and byte size a tensor of this shape and dtype needs.
+  static Result<std::pair<std::uint64_t, std::uint64_t>> storage_of(const ir::Shape& shape, ir::DType dtype);
 
   enum class Storage { Float, Signed, Unsigned, Bool };
   template <class T>
@@ -179,6 +201,7 @@ class HostTensor {
   ir::Shape shape_;
   ir::DType dtype_;
   std::uint64_t num_elements_ = 0;
+  std::uint64_t size_bytes_ = 0;
 };
 
 // Element count of a shape with overflow checking; also rejects totals whose byte size for

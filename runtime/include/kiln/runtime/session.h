@@ -118,6 +118,13 @@ class Tensor {
   std::shared_ptr<State> state_;
 };
 
+// The gradients Session::deformable_conv2d_backward returns, in the op's output order: mask_grad
+// and bias_grad are there iff the mask and bias inputs were.
+struct DeformableConv2dGrads {
+  Tensor input_grad, offset_grad, weight_grad;
+  std::optional<Tensor> mask_grad, bias_grad;
+};
+
 class Session {
  public:
   // Over a Device (in process) or any other SessionTarget (the IPC client's connection).
@@ -453,6 +460,22 @@ class Session {
   Result<Tensor> conv_transpose1d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
   Result<Tensor> conv_transpose2d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
   Result<Tensor> conv_transpose3d_bias_backward(Tensor x, Tensor bias, Tensor output_grad);
+  // The deformable convolution (float; docs/spec/ir.md §5.8, §6.3; torchvision's deform_conv2d).
+  // No §5.11 row: each call emits the one Module kind of its name (the builder's error values).
+  // Module DeformableConv2d{x [N, C_in, H, W], offset [N, 2·og·kh·kw, H', W'], weight [C_out, C_in /
+  // wg, kh, kw], mask? [N, og·kh·kw, H', W'], bias? [C_out], options} → [N, C_out, H', W'], D(x):
+  // each tap reads its input channel bilinearly (zeros outside) at the kernel position moved by its
+  // offset group's offset, scaled by the mask.
+  Result<Tensor> deformable_conv2d(Tensor x, Tensor offset, Tensor weight, std::optional<Tensor> mask = std::nullopt,
+                                   std::optional<Tensor> bias = std::nullopt,
+                                   const ir::build::DeformableConv2dOptions& options = {});
+  // Module DeformableConv2dBackward{x, offset, weight, mask?, bias?, out_grad, options} → the
+  // gradients of deformable_conv2d for out_grad (the forward's output shape), each shaped like its
+  // variable, D(x); mask_grad and bias_grad iff mask and bias are given.
+  Result<DeformableConv2dGrads> deformable_conv2d_backward(Tensor x, Tensor offset, Tensor weight,
+                                                           std::optional<Tensor> mask, std::optional<Tensor> bias,
+                                                           Tensor out_grad,
+                                                           const ir::build::DeformableConv2dOptions& options = {});
   // Pools beyond max_pool2d / avg_pool2d and the pools' gradients (float x [N, C, spatial...];
   // docs/spec/ir.md §5.8, §6.3). No §5.11 row: each call emits the one Module kind of its name,
   // built by the builder of that name (its error values: ranks, windows, shapes, dtypes). Windows:
@@ -507,6 +530,47 @@ class Session {
   // im2col (PyTorch's F.unfold), L the conv formula's blocks. Not Base Unfold (unfold above).
   Result<Tensor> unfold4d(Tensor x, std::array<std::uint64_t, 2> kernel_size,
                           const ir::build::Unfold4dOptions& options = {});
+  // Signals (float; docs/spec/ir.md §5.8, §6.3; torch.fft.rfft / irfft). No §5.11 row: each call
+  // emits the one Module kind of its name, built by rfft / irfft (their error values: dim, n, dtypes).
+  // Module Rfft{signal, dim, n?} → (re, im), each the signal with [dim] = n / 2 + 1, D(signal): the
+  // one-sided DFT of the signal zero-padded or trimmed to n points (n: the dim's length when absent).
+  Result<std::pair<Tensor, Tensor>> rfft(Tensor signal, std::uint64_t dim,
+                                         std::optional<std::uint64_t> n = std::nullopt);
+  // Module IRfft{input_re, input_im, dim, n?} → input_re with [dim] = n (2·(len − 1) when absent),
+  // D(input_re): the real signal whose one-sided DFT the bins are (scaled by 1 / n).
+  Result<Tensor> irfft(Tensor input_re, Tensor input_im, std::uint64_t dim,
+                       std::optional<std::uint64_t> n = std::nullopt);
+  // Attention and the CTC loss (float; docs/spec/ir.md §5.8, §6.3; Burn's attention and ctc_loss).
+  // No §5.11 row: each call emits the one Module kind of its name (the builder's error values).
+  // Module Attention{query [B, H, Lq, D], key [B, H, Lk, D], value [B, H, Lk, Dv], mask?, attn_bias?,
+  // options} → [B, H, Lq, Dv], D(query): softmax(q·kᵀ·scale softcapped, −inf where mask is true
+  // (Burn: true masks out) and above the bottom-right causal diagonal, + attn_bias) · v; a row with
+  // every key masked gives 0. scale defaults to 1 / sqrt(D).
+  Result<Tensor> attention(Tensor query, Tensor key, Tensor value, std::optional<Tensor> mask = std::nullopt,
+                           std::optional<Tensor> attn_bias = std::nullopt,
+                           const ir::build::AttentionOptions& options = {});
+  // Module CtcLoss{log_probs [T, N, C], targets [N, S], input_lengths [N], target_lengths [N]
+  // (integers), blank} → [N], D(log_probs): −log P per sample, +inf when no alignment exists. A
+  // length or label out of range (or a blank label) fails at execution.
+  Result<Tensor> ctc_loss(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
+                          std::uint64_t blank = 0);
+  // Module CtcLossBackward{…, grad_loss [N], blank} → S(log_probs), D(log_probs): Burn's gradient
+  // grad_loss · (exp(log_probs) − the alignment posteriors), 0 past each input length.
+  Result<Tensor> ctc_loss_backward(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths,
+                                   Tensor grad_loss, std::uint64_t blank = 0);
+
+  // ---- Quantization (docs/spec/ir.md §5.6, §6.3). No §5.11 row: each call emits the one Float kind
+  // of its name (the builder's error values). QFloat tensors live on the CPU backends only (their
+  // reference executor; the GPU refuses them), and cannot be read back or dropped over IPC
+  // (qfloat is not transferable): consume one with std::move into dequantize.
+  // Float Quantize{tensor (float), scales, global?, scheme} → QFloat(scheme) of S(tensor): q =
+  // clamp(round(x / s), the value type's range), s the element's block scale (stored in the
+  // scheme's precision) times global (1 when absent); scales of the scheme's block-scale shape
+  // (ir::shape::quant_geometry), finite and positive (checked at execution), global [1].
+  Result<Tensor> quantize(Tensor tensor, Tensor scales, const ir::QuantScheme& scheme,
+                          std::optional<Tensor> global = std::nullopt);
+  // Float Dequantize{tensor (QFloat)} → S(tensor), `dtype` (float): q · s.
+  Result<Tensor> dequantize(Tensor tensor, ir::DType dtype = ir::dtypes::f32);
 
   // ---- Collectives (docs/spec/ir.md §5.11).
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
