@@ -1,11 +1,16 @@
-// Reductions, matrix products, softmax and the MSE loss, with their backward kernels where
-// autograd calls a kernel of its own (_softmax_backward_data, mse_loss_backward).
+// Reductions, matrix products, softmax and the MSE and NLL losses, with their backward kernels
+// where autograd calls a kernel of its own (_softmax_backward_data, mse_loss_backward, ...).
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Reduction.h>
+#include <ATen/ops/nll_loss_backward.h>
+#include <ATen/ops/nll_loss_forward.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <numeric>
+#include <span>
 #include <string>
+#include <tuple>
 
 #include "state.h"
 #include "tensor_impl.h"
@@ -210,6 +215,85 @@ at::Tensor mse_loss_backward_kernel(const at::Tensor& grad, const at::Tensor& se
   return make_tensor(value_or_throw(s.mul(std::move(scaled), std::move(g)), what), self.sizes());
 }
 
+// ---- NLL loss (cross-entropy's second half) over log-probabilities [N, C] or [C] and class
+// indices [N] or []; a target equal to ignore_index counts for nothing. With class weights it
+// runs on the CPU (counted as a fallback) until kiln lowers the weighted form.
+
+struct NllRows {
+  Value logp;    // [N, C]
+  Value target;  // [N, 1], i64, ignored entries replaced by 0 (a valid gather index)
+  Value valid;   // [N, 1], bool
+};
+
+NllRows nll_rows(const at::Tensor& self, const at::Tensor& target, std::int64_t ignore_index, std::string_view what) {
+  TORCH_CHECK(self.dim() == 1 || self.dim() == 2, what, ": input must be 1-D or 2-D, got ", self.dim(), "-D");
+  TORCH_CHECK(!c10::isFloatingType(target.scalar_type()), what, ": expected an integer target, got ",
+              target.scalar_type());
+  Session& s = session();
+  const std::int64_t n = self.dim() == 2 ? self.size(0) : 1;
+  Value t = reshaped(cast_to(value_of(target, what), ir::dtypes::i64, what), {n, 1}, what);
+  Value ignored = value_or_throw(s.eq(t, static_cast<double>(ignore_index)), what);
+  Value logp = reshaped(value_of(self, what), {n, self.size(-1)}, what);
+  Value safe = value_or_throw(s.mask_fill(std::move(t), ignored, 0.0), what);
+  Value valid = value_or_throw(s.not_(std::move(ignored)), what);
+  return NllRows{std::move(logp), std::move(safe), std::move(valid)};
+}
+
+std::tuple<at::Tensor, at::Tensor> nll_loss_forward_kernel(const at::Tensor& self, const at::Tensor& target,
+                                                           const std::optional<at::Tensor>& weight,
+                                                           std::int64_t reduction, std::int64_t ignore_index) {
+  if (weight && weight->defined()) {
+    note_fallback("aten::nll_loss_forward (with weight)");
+    auto [out, total] = at::nll_loss_forward(self.cpu(), target.cpu(), weight->cpu(), reduction, ignore_index);
+    return {out.to(self.device()), total.to(self.device())};
+  }
+  const std::string_view what = "nll_loss";
+  Session& s = session();
+  NllRows rows = nll_rows(self, target, ignore_index, what);
+  Value picked = value_or_throw(s.gather(std::move(rows.logp), 1, std::move(rows.target)), what);
+  Value invalid = value_or_throw(s.not_(rows.valid), what);
+  Value loss =
+      value_or_throw(s.mask_fill(value_or_throw(s.neg(std::move(picked)), what), std::move(invalid), 0.0), what);
+  Value count = value_or_throw(s.sum(cast_to(rows.valid, loss.dtype(), what)), what);
+  if (reduction == at::Reduction::None) {
+    const std::vector<std::int64_t> sizes(target.sizes().begin(), target.sizes().end());
+    return {make_tensor(reshaped(loss, sizes, what), sizes), make_tensor(std::move(count), {})};
+  }
+  Value total = value_or_throw(s.sum(std::move(loss)), what);
+  if (reduction == at::Reduction::Mean) total = value_or_throw(s.div(std::move(total), count), what);
+  return {make_tensor(std::move(total), {}), make_tensor(std::move(count), {})};
+}
+
+// grad_input[n, c] = −grad_n · [c = target_n] · valid_n (/ total_weight for the mean).
+at::Tensor nll_loss_backward_kernel(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                    const std::optional<at::Tensor>& weight, std::int64_t reduction,
+                                    std::int64_t ignore_index, const at::Tensor& total_weight) {
+  if (weight && weight->defined()) {
+    note_fallback("aten::nll_loss_backward (with weight)");
+    return at::nll_loss_backward(grad.cpu(), self.cpu(), target.cpu(), weight->cpu(), reduction, ignore_index,
+                                 total_weight.cpu())
+        .to(self.device());
+  }
+  const std::string_view what = "nll_loss_backward";
+  Session& s = session();
+  NllRows rows = nll_rows(self, target, ignore_index, what);
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(self.size(-1)));
+  std::iota(ids.begin(), ids.end(), 0);
+  Value classes = value_or_throw(s.from_host(std::span<const std::int64_t>(ids), {1, ids.size()}), what);
+  const ir::DType d = rows.logp.dtype();
+  Value hot = cast_to(value_or_throw(s.eq(std::move(rows.target), std::move(classes)), what), d, what);  // [N, C]
+  // The gradient per row: [N] (no reduction) as [N, 1], a scalar as [1, 1].
+  Value g = reduction == at::Reduction::None ? reshaped(cast_to(value_of(grad, what), d, what), {grad.numel(), 1}, what)
+                                             : operand(grad, d, 2, what);
+  Value coef = value_or_throw(s.mul(std::move(g), cast_to(rows.valid, d, what)), what);
+  coef = value_or_throw(s.neg(std::move(coef)), what);
+  if (reduction == at::Reduction::Mean) {
+    coef = value_or_throw(s.div(std::move(coef), operand(total_weight, d, 2, what)), what);
+  }
+  Value out = value_or_throw(s.mul(std::move(hot), std::move(coef)), what);
+  return make_tensor(reshaped(out, self.sizes(), what), self.sizes());
+}
+
 // Inside the namespace so that these names hide the C library's (exp, log, abs, ...).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sum", TORCH_FN(sum_kernel));
@@ -227,6 +311,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_softmax_backward_data", TORCH_FN(softmax_backward_kernel));
   m.impl("mse_loss", TORCH_FN(mse_loss_kernel));
   m.impl("mse_loss_backward", TORCH_FN(mse_loss_backward_kernel));
+  m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward_kernel));
+  m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward_kernel));
 }
 
 }  // namespace

@@ -53,10 +53,16 @@ void shutdown() {
   (void)st;  // at exit there is no one left to tell; a failed op was reported at its sync
 }
 
-bool count_fallback(const std::string& name) {
-  State& s = state();
-  MutexLock lock(s.mu);
-  return s.fallbacks[name]++ == 0;
+void note_fallback(const std::string& name) {
+  bool first = false;
+  {
+    State& s = state();
+    MutexLock lock(s.mu);
+    first = s.fallbacks[name]++ == 0;
+  }
+  if (first) {
+    TORCH_WARN("kiln: ", name, " is not lowered to kiln; it runs on the CPU (kiln.stats() counts it; warned once)");
+  }
 }
 
 std::map<std::string, std::int64_t> fallback_counts() {

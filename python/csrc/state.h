@@ -35,8 +35,9 @@ void synchronize();
 // is a no-op), because Python does not free every tensor before the process's static destructors.
 void shutdown();
 
-// The op ran through the boxed CPU fallback: counts it; true on the first call for this name.
-bool count_fallback(const std::string& name);
+// The op ran on the CPU instead of kiln (the boxed fallback, or a kernel's CPU path): counts it
+// under `name` ("aten::op.overload") and warns on the first call for that name.
+void note_fallback(const std::string& name);
 // {"aten::name.overload": calls} since the start or the last reset.
 std::map<std::string, std::int64_t> fallback_counts();
 void reset_fallback_counts();

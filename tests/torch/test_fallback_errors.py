@@ -1,5 +1,6 @@
 """The CPU fallback (counted, warned once per op) and how errors reach Python."""
 
+import copy
 import unittest
 import warnings
 
@@ -33,6 +34,24 @@ class FallbackTest(KilnTestCase):
         cpu = torch.randn(4, 4)
         k = cpu.to(KILN)
         self.assertClose(torch.sort(k, 1).values * 2, torch.sort(cpu, 1).values * 2)
+
+    def test_convolution_runs_on_the_cpu_forward_and_backward(self):
+        # aten::convolution's last step for an out-of-tree device is convolution_overrideable,
+        # whose default kernel raises; kiln's own kernel runs it on the CPU, counted.
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+        x = torch.randn(2, 2, 5, 5)
+        kconv = copy.deepcopy(conv).to(KILN)
+        want = conv(x)
+        got = kconv(x.to(KILN))
+        self.assertClose(got, want.detach(), atol=1e-5)
+        want.sum().backward()
+        got.sum().backward()
+        self.assertClose(kconv.weight.grad, conv.weight.grad, atol=1e-5)
+        self.assertClose(kconv.bias.grad, conv.bias.grad, atol=1e-5)
+        stats = kiln.stats()
+        self.assertEqual(stats.get("aten::convolution_overrideable"), 1, stats)
+        self.assertEqual(stats.get("aten::convolution_backward_overrideable"), 1, stats)
 
 
 class ErrorTest(KilnTestCase):

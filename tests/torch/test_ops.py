@@ -112,6 +112,11 @@ class OpsTest(KilnTestCase):
         self.check(lambda x: torch.log_softmax(x, -1), a)
         self.check(torch.nn.functional.mse_loss, a, torch.randn(4, 6))
         self.check(lambda x, y: torch.nn.functional.mse_loss(x, y, reduction="sum"), a, torch.randn(4, 6), atol=1e-5)
+        target = torch.tensor([0, 5, 2, 5])
+        for reduction in ("mean", "sum", "none"):
+            self.check(lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction=reduction), a, target)
+        self.check(lambda x, t: torch.nn.functional.cross_entropy(x, t, ignore_index=5), a, target)
+        self.check(lambda x, t: torch.nn.functional.nll_loss(x, t), torch.log_softmax(a[0], 0), torch.tensor(3))
 
 
 class ViewsAndInPlaceTest(KilnTestCase):

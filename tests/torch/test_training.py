@@ -54,6 +54,21 @@ class TrainingTest(KilnTestCase):
             self.assertClose(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
         self.assertEqual(kiln.stats(), {}, "the MLP's forward and backward fell back to the CPU")
 
+    def test_cross_entropy_gradients_match(self):
+        torch.manual_seed(0)
+        cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 5))
+        kiln_model = copy.deepcopy(cpu_model).to(KILN)
+        x, classes = torch.randn(12, 8), torch.randint(0, 5, (12,))
+        classes[3] = -100  # the default ignore_index: counts for nothing
+        cpu_loss = torch.nn.functional.cross_entropy(cpu_model(x), classes)
+        kiln_loss = torch.nn.functional.cross_entropy(kiln_model(x.to(KILN)), classes.to(KILN))
+        cpu_loss.backward()
+        kiln_loss.backward()
+        self.assertAlmostEqual(kiln_loss.item(), cpu_loss.item(), places=5)
+        for p, q in zip(kiln_model.parameters(), cpu_model.parameters()):
+            self.assertClose(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+        self.assertEqual(kiln.stats(), {}, "cross-entropy fell back to the CPU")
+
     def test_sgd_momentum_step(self):
         cpu_model, kiln_model, _ = self.run_steps(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 2)
         for p, q in zip(kiln_model.parameters(), cpu_model.parameters()):
