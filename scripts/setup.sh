@@ -7,7 +7,15 @@
 # The venv is made with Debian's /usr/bin/python3 when it is missing (or broken); each pin
 # of scripts/requirements-dev.txt (`name==version` lines) is compared with what the venv has,
 # and pip runs only when one is missing or at another version: a second run does no network
-# work. Then reports the optional CUDA toolkit and GPU driver (never fails on them).
+# work. The same for PyTorch (scripts/requirements-torch.txt, installed with --no-deps: no
+# nvidia-* wheels), then stand-ins for the CUDA libraries torch links
+# (scripts/make_torch_cuda_stubs.py, which keeps what it made before and any real library) and
+# a check that torch imports: what the `kiln` PyTorch device builds and runs against
+# (docs/pytorch.md). Then reports the optional CUDA toolkit and GPU driver (never fails on them).
+#
+# Environment: KILN_VENV     the venv to make or update (default <repo>/.venv, the one CMake uses)
+#              KILN_SETUP_TORCH=0   skip PyTorch (559 MB download, 1.4 GB in the venv); the build
+#                            then leaves the PyTorch device out (KILN_TORCH=AUTO)
 #
 # Usage: scripts/setup.sh [-h|--help]
 set -euo pipefail
@@ -96,8 +104,9 @@ fi
 # scripts/requirements-dev.txt. Made by the invoking user (not through sudo), with Debian's
 # python3 so that it is the same interpreter on every machine, whatever else is on PATH.
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=$ROOT/.venv
+VENV=${KILN_VENV:-$ROOT/.venv}
 REQS=$ROOT/scripts/requirements-dev.txt
+TORCH_REQS=$ROOT/scripts/requirements-torch.txt
 SYS_PYTHON=/usr/bin/python3
 [[ -f $REQS ]] || die "$REQS is missing"
 [[ -x $SYS_PYTHON ]] || die "$SYS_PYTHON is missing (Debian package python3)"
@@ -119,11 +128,11 @@ else
   venv_ok || die "the new venv $VENV has no working pip"
 fi
 
-# Compares each `name==version` pin with the venv's installed distributions (no network, no pip):
-# prints one line per pin, as the Debian check does, and exits 1 when any is missing or differs,
-# 2 when the file has a line that is not an exact pin.
+# Compares each `name==version` pin of file $1 with the venv's installed distributions (no
+# network, no pip): prints one line per pin, as the Debian check does, and exits 1 when any is
+# missing or differs, 2 when the file has a line that is not an exact pin.
 check_pins() {
-  "$VENV/bin/python" - "$REQS" <<'PY'
+  "$VENV/bin/python" - "$1" <<'PY'
 import re, sys
 from importlib import metadata
 pin = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;#]+)\s*$")
@@ -152,17 +161,40 @@ sys.exit(bad)
 PY
 }
 
-echo "==> setup: checking the pins of ${REQS#"$ROOT"/} in the venv"
-rc=0; check_pins || rc=$?
-((rc != 2)) || die "fix $REQS (every package line must be name==version)"
-if ((rc)); then
-  echo "==> setup: pip install -r ${REQS#"$ROOT"/} (into $VENV)"
-  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -r "$REQS" ||
-    die "'pip install -r $REQS' failed (see above)"
-  echo "==> setup: checking the pins again"
-  check_pins || die "the venv still differs from $REQS after pip install"
+# install_pins FILE [pip options...]: checks FILE's pins, runs pip only when one is missing or
+# differs, then checks again.
+install_pins() {
+  local file=$1 rc=0; shift
+  echo "==> setup: checking the pins of ${file#"$ROOT"/} in the venv"
+  check_pins "$file" || rc=$?
+  ((rc != 2)) || die "fix $file (every package line must be name==version)"
+  if ((rc)); then
+    echo "==> setup: pip install $* -r ${file#"$ROOT"/} (into $VENV)"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input "$@" -r "$file" ||
+      die "'pip install $* -r $file' failed (see above)"
+    echo "==> setup: checking the pins again"
+    check_pins "$file" || die "the venv still differs from $file after pip install"
+  else
+    echo "==> setup: all pins present (no pip run)"
+  fi
+}
+
+install_pins "$REQS"
+
+# PyTorch for the `kiln` device: the wheel and its pure-Python pins without their dependencies
+# (torch's metadata names ~2.2 GB of nvidia-* and triton wheels a CPU machine does not need),
+# then stubs for the CUDA sonames torch links against, then a check that it imports.
+if [[ ${KILN_SETUP_TORCH:-1} == 0 ]]; then
+  echo "==> setup: KILN_SETUP_TORCH=0: PyTorch skipped (the build leaves the kiln PyTorch device out)"
 else
-  echo "==> setup: all pins present (no pip run)"
+  [[ -f $TORCH_REQS ]] || die "$TORCH_REQS is missing"
+  install_pins "$TORCH_REQS" --no-deps
+  echo "==> setup: CUDA stand-ins for torch (scripts/make_torch_cuda_stubs.py)"
+  "$VENV/bin/python" "$ROOT/scripts/make_torch_cuda_stubs.py" ||
+    die "scripts/make_torch_cuda_stubs.py failed (see above)"
+  torch_version=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>&1 | tail -n 1) ||
+    die "torch does not import in $VENV: $torch_version"
+  echo "==> setup: torch $torch_version imports"
 fi
 
 # Optional: the CUDA toolkit (the cuda module builds when CMake finds it) and a GPU driver.

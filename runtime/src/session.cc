@@ -140,6 +140,22 @@ Result<Tensor> Session::from_host(const std::vector<bool>& values, ir::Shape sha
   return upload(kBoolDType, bytes, values.size(), std::move(shape));
 }
 
+Result<Tensor> Session::from_host_bytes(ir::DType dtype, std::span<const std::byte> bytes, ir::Shape shape) {
+  const std::size_t width = dtype.size_bytes();
+  if (width == 0) return make_error(ErrorCode::Unsupported, "from_host_bytes: " + dtype.name() + " has no fixed size");
+  if (bytes.size() % width != 0)
+    return make_error(ErrorCode::IncompatibleShapes, "from_host_bytes: " + std::to_string(bytes.size()) +
+                                                         " bytes is not a whole number of " + dtype.name());
+  return upload(dtype, bytes, bytes.size() / width, std::move(shape));
+}
+
+Status Session::to_host_bytes(Tensor t, std::span<std::byte> dst) {
+  if (!t.valid()) return make_error(ErrorCode::InvalidHandle, "to_host_bytes: moved-from tensor");
+  const ir::DType dtype = t.dtype();
+  KILN_ASSIGN_OR_RETURN(ir::TensorIr read_ir, begin_read(t, dtype));
+  return device_.read_into(t.home(), read_ir, dst);
+}
+
 Result<ir::TensorIr> Session::begin_read(Tensor& t, ir::DType want) {
   if (!t.valid()) return make_error(ErrorCode::InvalidHandle, "to_host: moved-from tensor");
   if (t.dtype() != want)

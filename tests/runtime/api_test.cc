@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -79,6 +80,32 @@ TEST_F(Api, HostTransfersForEveryDtype) {
   Result<std::vector<float>> wrong = s->to_host<float>(i64({1}, {1}));
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.error().code, ErrorCode::DTypeMismatch);
+}
+
+TEST_F(Api, HostBytesForAnyDtype) {
+  using ::kiln::testing::StatusIs;
+  // i8 and f16 have no typed transfer: their bytes go in and come out unchanged.
+  const std::vector<std::int8_t> i8{-128, 0, 5, 127};
+  ASSERT_OK_AND_ASSIGN(Tensor t, s->from_host_bytes(ir::dtypes::i8, std::as_bytes(std::span(i8)), {2, 2}));
+  EXPECT_EQ(t.dtype(), ir::dtypes::i8);
+  std::vector<std::int8_t> back(4);
+  KILN_EXPECT_OK(s->to_host_bytes(t, std::as_writable_bytes(std::span(back))));
+  EXPECT_EQ(back, i8);
+  EXPECT_EQ(ok(s->to_host<std::int32_t>(ok(s->cast(t, ir::dtypes::i32)))),
+            (std::vector<std::int32_t>{-128, 0, 5, 127}));
+  const std::vector<std::uint16_t> f16{0x3C00, 0xC000};  // 1.0, -2.0
+  ASSERT_OK_AND_ASSIGN(Tensor h, s->from_host_bytes(ir::dtypes::f16, std::as_bytes(std::span(f16)), {2}));
+  EXPECT_EQ(ok(s->to_host<float>(ok(s->cast(h, ir::dtypes::f32)))), (std::vector<float>{1, -2}));
+  // Errors: a byte count that is not the shape's, a part of an element, a dtype of no fixed
+  // size, a destination of another size.
+  EXPECT_THAT(s->from_host_bytes(ir::dtypes::i8, std::as_bytes(std::span(i8)), {3}),
+              StatusIs(ErrorCode::IncompatibleShapes, "4 values for shape [3]"));
+  EXPECT_THAT(s->from_host_bytes(ir::dtypes::f32, std::as_bytes(std::span(i8)).first(3), {1}),
+              StatusIs(ErrorCode::IncompatibleShapes, "not a whole number of f32"));
+  EXPECT_THAT(s->from_host_bytes(ir::DType::qfloat({}), std::as_bytes(std::span(i8)), {4}),
+              StatusIs(ErrorCode::Unsupported, "no fixed size"));
+  std::vector<std::int8_t> small(3);
+  EXPECT_FALSE(s->to_host_bytes(t, std::as_writable_bytes(std::span(small))).ok());
 }
 
 TEST_F(Api, ArithmeticTensorAndScalar) {

@@ -163,6 +163,13 @@ class Session {
   Result<Tensor> from_host(const std::vector<bool>& values, ir::Shape shape);
   template <class T = float>
   Result<std::vector<T>> to_host(Tensor t);
+  // Any dtype as raw bytes, row-major, D.size_bytes() per element (bool(Native): one byte, 0 or
+  // 1), for a client that holds typed buffers of its own (the PyTorch device: f16, i8, ...).
+  // from_host_bytes: bytes.size() must be the shape's element count times dtype.size_bytes()
+  // (IncompatibleShapes otherwise; a dtype of no fixed size, QFloat, is Unsupported).
+  // to_host_bytes: reads t into `dst`, which must hold exactly its bytes (Invalid otherwise).
+  Result<Tensor> from_host_bytes(ir::DType dtype, std::span<const std::byte> bytes, ir::Shape shape);
+  Status to_host_bytes(Tensor t, std::span<std::byte> dst);
   // Drains the current stream.
   Status sync();
 

@@ -1,0 +1,163 @@
+// What makes PrivateUse1 a device PyTorch can use: the device guard, the accelerator hooks, the
+// counted boxed CPU fallback for every aten op kiln does not lower, and the extension's own
+// Python surface, torch.ops.kiln.* (no Python headers: custom ops are the whole interface).
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <array>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "state.h"
+#include "tensor_impl.h"
+
+namespace kiln::pytorch {
+namespace {
+
+// ---- The device guard: one device, kiln:0, one default stream. PyTorch's autograd engine asks
+// it for the device count (and runs kiln's backward ops on a thread of its own for the device).
+struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kKilnDevice; }
+  c10::Device exchangeDevice(c10::Device) const override { return {kKilnDevice, 0}; }
+  c10::Device getDevice() const override { return {kKilnDevice, 0}; }
+  void setDevice(c10::Device d) const override { TORCH_CHECK(d.index() <= 0, "kiln has one device, kiln:0"); }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device d) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
+
+// ---- What at::globalContext() asks of an accelerator.
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  at::Device getDeviceFromPtr(void*) const override { return {kKilnDevice, 0}; }
+  // Random ops fall back to the CPU, so the CPU generator is the one they draw from:
+  // torch.manual_seed + torch.randn(device="kiln") give the CPU's numbers.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    return at::detail::getDefaultCPUGenerator();
+  }
+};
+
+[[maybe_unused]] const bool hooks_registered = [] {
+  static Hooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+  return true;
+}();
+
+// ---- The boxed fallback: every aten op kiln does not register runs on the CPU (its kiln
+// inputs read back, its outputs sent to kiln), counted by "aten::name.overload" and warned once
+// per name. Correct, but each call syncs what its inputs depend on.
+void counted_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::OperatorName& n = op.operator_name();
+  note_fallback(n.name + (n.overload_name.empty() ? "" : "." + n.overload_name));
+  at::native::cpu_fallback(op, stack);
+}
+
+// ---- Convolutions: for a device other than the CPU and CUDA, aten::convolution ends in
+// convolution_overrideable (and its backward), whose default kernel raises NotImplementedError
+// instead of reaching the fallback. Until kiln lowers them (Module Conv2d), they run on the CPU
+// here, counted and warned as the boxed fallback does: inputs read back, results sent to kiln.
+std::optional<at::Tensor> cpu_copy(const std::optional<at::Tensor>& t) {
+  if (!t || !t->defined()) return std::nullopt;
+  return t->cpu();
+}
+
+at::Tensor convolution_on_cpu(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                              bool transposed, c10::IntArrayRef output_padding, std::int64_t groups) {
+  note_fallback("aten::convolution_overrideable");
+  return at::convolution(input.cpu(), weight.cpu(), cpu_copy(bias), stride, padding, dilation, transposed,
+                         output_padding, groups)
+      .to(input.device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_on_cpu(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    std::int64_t groups, std::array<bool, 3> mask) {
+  note_fallback("aten::convolution_backward_overrideable");
+  // The bias's size: the output channels (of a transposed convolution: weight dim 1 per group).
+  const std::vector<std::int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  auto [gi, gw, gb] =
+      at::convolution_backward(grad.cpu(), input.cpu(), weight.cpu(), at::OptionalIntArrayRef(bias_sizes), stride,
+                               padding, dilation, transposed, output_padding, groups, mask);
+  const auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+  return {back(gi), back(gw), back(gb)};
+}
+
+// ---- torch.ops.kiln.*
+std::tuple<std::vector<std::string>, std::vector<std::int64_t>> fallback_stats() {
+  std::tuple<std::vector<std::string>, std::vector<std::int64_t>> out;
+  for (const auto& [name, calls] : fallback_counts()) {
+    std::get<0>(out).push_back(name);
+    std::get<1>(out).push_back(calls);
+  }
+  return out;
+}
+
+// Host cost of one small aten op on kiln called from C++ (queued, not executed): the mean
+// nanoseconds per at::add(a, b) over n calls, after one warm-up call. Works on any device, so
+// the same loop times CPU eager dispatch.
+double bench_add(const at::Tensor& a, const at::Tensor& b, std::int64_t n) {
+  at::Tensor r = at::add(a, b);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < n; ++i) r = at::add(a, b);
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n);
+}
+
+// For the tests of lazy error reporting: queues a Custom op, which kiln accepts (no inference)
+// and no backend can run, so the failure shows at the first read or sync that waits on it.
+at::Tensor failing_op(const at::Tensor& x) {
+  const runtime::Tensor& v = value_of(x, "_failing_op");
+  runtime::Tensor out = value_or_throw(session().custom("kiln_test_failure", {v}, v.shape(), v.dtype()), "_failing_op");
+  return make_tensor(std::move(out), x.sizes());
+}
+
+}  // namespace
+}  // namespace kiln::pytorch
+
+TORCH_LIBRARY(kiln, m) {
+  m.def("fallback_stats() -> (str[], int[])", &kiln::pytorch::fallback_stats);
+  m.def("reset_stats() -> ()", &kiln::pytorch::reset_fallback_counts);
+  m.def("synchronize() -> ()", &kiln::pytorch::synchronize);
+  m.def("shutdown() -> ()", &kiln::pytorch::shutdown);
+  m.def("bench_add(Tensor a, Tensor b, int n) -> float", &kiln::pytorch::bench_add);
+  m.def("_failing_op(Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kiln, PrivateUse1, m) { m.impl("_failing_op", TORCH_FN(kiln::pytorch::failing_op)); }
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&kiln::pytorch::counted_cpu_fallback>());
+}
+
+// The view_copy and scatter ops that functionalization emits have composite kernels that call
+// real view ops on the storage-less inner tensor, and a composite kernel outranks the catch-all
+// fallback: those kiln does not lower (ops_views.cc lowers the common ones) are pinned to it here.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  const auto fallback = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&kiln::pytorch::counted_cpu_fallback>();
+  };
+  for (const char* op : {"as_strided_copy", "diagonal_copy", "unfold_copy", "diagonal_scatter", "as_strided_scatter"}) {
+    m.impl(op, fallback());
+  }
+  m.impl("convolution_overrideable", TORCH_FN(kiln::pytorch::convolution_on_cpu));
+  m.impl("convolution_backward_overrideable", TORCH_FN(kiln::pytorch::convolution_backward_on_cpu));
+}

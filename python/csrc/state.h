@@ -1,0 +1,62 @@
+// The PyTorch device's process-wide state: the kiln Device its tensors live on, the Session its
+// kernels queue ops through, and the fallback counts; and how kiln's errors reach Python.
+//
+// Why process-wide: PyTorch's PrivateUse1 model registers kernels and a device guard once per
+// process, as free functions with no context argument, so the state they use cannot be passed
+// in as kiln's other code passes its stores and caches. This is the one exception to "no global
+// mutable state" (docs/decisions.md, "PyTorch device"): one object, made on first use, owned here.
+//
+// Thread-safety: every function may be called from any thread (PyTorch calls kernels from the
+// Python thread and from its autograd threads). The Session is thread-safe; the counts take a
+// mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "kiln/base/result.h"
+#include "kiln/runtime/session.h"
+
+namespace kiln::pytorch {
+
+// The Session of the process's kiln device: a Device over the best CPU backend (cpu::CpuBackend,
+// the fast executor, as `kilnd --device auto` picks on a machine without a GPU), created on the
+// first call. A device that cannot start throws (a KilnError in Python).
+runtime::Session& session();
+
+// Drains the calling thread's stream: the error of a queued op that failed, naming it, is thrown.
+void synchronize();
+
+// Shuts the device down (drains every stream, joins its threads) if it was started. Called at
+// Python exit; the objects stay allocated (tensors freed later drop into a closed device, which
+// is a no-op), because Python does not free every tensor before the process's static destructors.
+void shutdown();
+
+// The op ran on the CPU instead of kiln (the boxed fallback, or a kernel's CPU path): counts it
+// under `name` ("aten::op.overload") and warns on the first call for that name.
+void note_fallback(const std::string& name);
+// {"aten::name.overload": calls} since the start or the last reset.
+std::map<std::string, std::int64_t> fallback_counts();
+void reset_fallback_counts();
+
+// ---- Errors. kiln's errors (a Result's Error) are thrown as c10::AcceleratorError, which
+// PyTorch turns into torch.AcceleratorError, a RuntimeError subclass that kiln.KilnError names,
+// with `error_code` = kiln's ErrorCode value and the message "kiln: <what>: <kiln's message>".
+// PyTorch-side argument errors (a CPU tensor where a kiln one is needed) stay plain TORCH_CHECKs
+// (RuntimeError), as on PyTorch's other devices.
+[[noreturn]] void throw_error(const Error& error, std::string_view what);
+
+inline void check(const Status& status, std::string_view what) {
+  if (!status.ok()) throw_error(status.error(), what);
+}
+
+template <class T>
+T value_or_throw(Result<T> result, std::string_view what) {
+  if (!result.ok()) throw_error(result.error(), what);
+  return std::move(result).value();
+}
+
+}  // namespace kiln::pytorch

@@ -1,0 +1,190 @@
+"""Lowered ops against the CPU: arithmetic, promotion, broadcasting, reductions, matmul, softmax."""
+
+import unittest
+
+import torch
+
+import kiln
+from kiln_testing import KILN, KilnTestCase
+
+
+def to_kiln(x):
+    return x.to(KILN) if isinstance(x, torch.Tensor) else x
+
+
+class OpsTest(KilnTestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        kiln.reset_stats()
+
+    def check(self, fn, *args, rtol=1e-5, atol=1e-6, lowered=True):
+        want = fn(*args)
+        got = fn(*[to_kiln(a) for a in args])
+        if isinstance(want, tuple):
+            for g, w in zip(got, want):
+                self.assertClose(g, w, rtol=rtol, atol=atol)
+        else:
+            self.assertClose(got, want, rtol=rtol, atol=atol)
+        if lowered:
+            self.assertEqual(kiln.stats(), {}, "an op fell back to the CPU")
+
+    def test_binary_arithmetic_with_broadcasting(self):
+        a, b, row = torch.randn(3, 4), torch.randn(3, 4), torch.randn(4)
+        self.check(lambda x, y: x + y, a, b)
+        self.check(lambda x, y: x - y, a, row)
+        self.check(lambda x, y: x * y, row, a)
+        self.check(lambda x, y: x / y, a, b.abs() + 0.5)
+        self.check(lambda x, y: torch.add(x, y, alpha=2.5), a, b)
+        self.check(lambda x, y: torch.sub(x, y, alpha=-3), a, row)
+        self.check(lambda x, y: x + y, torch.randn(2, 1, 3), torch.randn(4, 1))
+
+    def test_scalars_and_promotion(self):
+        a = torch.randn(5)
+        i = torch.tensor([1, -2, 3, 4, -7])
+        self.check(lambda x: x * 2 + 1, a)
+        self.check(lambda x: 3 - x, a)
+        self.check(lambda x: 1 / (x.abs() + 1), a)
+        self.check(lambda x: x * 2, i)
+        self.check(lambda x: x * 2.5, i)          # int tensor, float number: float result
+        self.check(lambda x: x / 2, i)            # true division of ints: float
+        self.check(lambda x, y: x + y, i, a)      # int + float tensors: float
+        self.check(lambda x, y: x * y, a, torch.tensor(3.0))  # a 0-dim tensor
+        self.check(lambda x: x + torch.tensor(2.0), a)        # a CPU 0-dim operand
+
+    def test_div_rounding_modes(self):
+        a, b = torch.tensor([7.0, -7.0, 5.5, -5.5]), torch.tensor([2.0, 2.0, -2.0, 2.0])
+        ia, ib = torch.tensor([7, -7, 5, -5]), torch.tensor([2, 2, -2, 2])
+        for mode in ("trunc", "floor"):
+            self.check(lambda x, y: torch.div(x, y, rounding_mode=mode), a, b)
+            self.check(lambda x, y: torch.div(x, y, rounding_mode=mode), ia, ib)
+
+    def test_unary(self):
+        a = torch.randn(4, 3)
+        pos = a.abs() + 0.1
+        for fn in (torch.neg, torch.exp, torch.tanh, torch.sigmoid, torch.relu, torch.abs):
+            self.check(fn, a, rtol=1e-5, atol=1e-6)
+        for fn in (torch.log, torch.sqrt, torch.rsqrt):
+            self.check(fn, pos, rtol=1e-5, atol=1e-6)
+        self.check(lambda x: x ** 2, a)
+        self.check(lambda x: x ** 0.5, pos)
+        self.check(lambda x: x ** -1, pos)
+        self.check(lambda x, y: x ** y, pos, a)
+        self.check(torch.exp, torch.tensor([0, 1, 2]))  # int input: default float result
+        self.check(lambda x: x.clamp(-0.5, 0.5), a)
+        self.check(lambda x: x.clamp(min=0.1), a)
+        self.check(torch.maximum, a, pos)
+
+    def test_comparisons_and_where(self):
+        a, b = torch.randn(3, 4), torch.randn(3, 4)
+        for fn in (torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge):
+            self.check(fn, a, b)
+            self.check(lambda x: fn(x, 0.25), a)
+        self.check(lambda x, y: torch.where(x > 0, x, y), a, b)
+        self.check(lambda x, y: torch.where(x > y, x, 0.0), a, torch.randn(4))
+        self.check(lambda x: x.masked_fill(x < 0, -1.0), a)
+
+    def test_reductions(self):
+        a = torch.randn(3, 4, 5)
+        self.check(torch.sum, a, rtol=1e-5, atol=1e-5)
+        self.check(torch.mean, a)
+        self.check(lambda x: x.sum(1), a, atol=1e-5)
+        self.check(lambda x: x.sum((0, 2), keepdim=True), a, atol=1e-5)
+        self.check(lambda x: x.mean(-1, keepdim=True), a)
+        self.check(lambda x: x.mean((1, 2)), a)
+        self.check(lambda x: x.sum(), torch.tensor([1, 2, 3], dtype=torch.int32))  # int sums in int64
+        self.check(lambda x: x.max(), a)
+        self.check(lambda x: x.max(1), a)
+        self.check(lambda x: x.max(-1, keepdim=True), a)
+
+    def test_matmul_family(self):
+        a, b = torch.randn(5, 3), torch.randn(3, 4)
+        self.check(torch.mm, a, b, atol=1e-5)
+        self.check(torch.matmul, a, b, atol=1e-5)
+        self.check(lambda x, y: x @ y, a, b, atol=1e-5)
+        self.check(torch.bmm, torch.randn(2, 5, 3), torch.randn(2, 3, 4), atol=1e-5)
+        self.check(lambda bias, x, y: torch.addmm(bias, x, y), torch.randn(4), a, b, atol=1e-5)
+        self.check(lambda bias, x, y: torch.addmm(bias, x, y, beta=0.5, alpha=2), torch.randn(5, 4), a, b, atol=1e-5)
+        self.check(torch.matmul, torch.randn(2, 5, 3), torch.randn(3, 4), atol=1e-5)
+
+    def test_softmax_and_losses(self):
+        a = torch.randn(4, 6)
+        self.check(lambda x: torch.softmax(x, 1), a)
+        self.check(lambda x: torch.log_softmax(x, -1), a)
+        self.check(torch.nn.functional.mse_loss, a, torch.randn(4, 6))
+        self.check(lambda x, y: torch.nn.functional.mse_loss(x, y, reduction="sum"), a, torch.randn(4, 6), atol=1e-5)
+        target = torch.tensor([0, 5, 2, 5])
+        for reduction in ("mean", "sum", "none"):
+            self.check(lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction=reduction), a, target)
+        self.check(lambda x, t: torch.nn.functional.cross_entropy(x, t, ignore_index=5), a, target)
+        self.check(lambda x, t: torch.nn.functional.nll_loss(x, t), torch.log_softmax(a[0], 0), torch.tensor(3))
+
+
+class ViewsAndInPlaceTest(KilnTestCase):
+    """A write through a view is seen by its base and by every other view (functionalization)."""
+
+    def setUp(self):
+        kiln.reset_stats()
+
+    def tearDown(self):
+        self.assertEqual(kiln.stats(), {}, "a view op fell back to the CPU")
+
+    def test_view_write_reaches_base(self):
+        base = torch.zeros(2, 3, device=KILN)
+        v = base.view(6)
+        v.add_(1)
+        self.assertEqual(base.cpu().tolist(), [[1, 1, 1], [1, 1, 1]])
+
+    def test_select_fill_reaches_base_and_other_views(self):
+        base = torch.zeros(3, 4, device=KILN)
+        other = base.t()
+        base[1].fill_(5)
+        self.assertEqual(base.cpu()[1].tolist(), [5, 5, 5, 5])
+        self.assertEqual(other.cpu()[:, 1].tolist(), [5, 5, 5, 5])
+        self.assertEqual(float(base.sum().item()), 20.0)
+
+    def test_transpose_select_write(self):
+        cpu = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        k = cpu.to(KILN)
+        k.t()[2].mul_(10)
+        cpu.t()[2].mul_(10)
+        self.assertClose(k, cpu)
+
+    def test_slice_writes(self):
+        cpu = torch.arange(10, dtype=torch.float32)
+        k = cpu.to(KILN)
+        for t in (cpu, k):
+            t[2:8:2] = -1
+            t[-2:].zero_()
+        self.assertClose(k, cpu)
+
+    def test_views_of_views(self):
+        cpu = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+        k = cpu.to(KILN)
+        for t in (cpu, k):
+            v = t.permute(2, 0, 1)[1:3].unsqueeze(0)
+            v.sub_(100)
+            w = t.reshape(6, 4)[::2].squeeze()
+            w.mul_(-1)
+        self.assertClose(k, cpu)
+        self.assertClose(k.expand(3, 2, 3, 4) + 1, cpu.expand(3, 2, 3, 4) + 1)
+
+    def test_split_unbind_narrow(self):
+        cpu = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+        k = cpu.to(KILN)
+        for got, want in zip(k.split(3), cpu.split(3)):
+            self.assertClose(got, want)
+        for got, want in zip(k.unbind(1), cpu.unbind(1)):
+            self.assertClose(got, want)
+        self.assertClose(k.narrow(0, 1, 2), cpu.narrow(0, 1, 2))
+
+    def test_in_place_arithmetic(self):
+        cpu = torch.randn(3, 3)
+        k = cpu.to(KILN)
+        for t in (cpu, k):
+            t.add_(1).mul_(2).div_(3).sub_(t.sum())
+            t.clamp_(min=-1)
+        self.assertClose(k, cpu, atol=1e-5)
+
+
+if __name__ == "__main__":
+    unittest.main()
