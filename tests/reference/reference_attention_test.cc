@@ -15,14 +15,6 @@
 namespace kiln::reference::testing {
 namespace {
 
-std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
 std::vector<double> attend(Device& d, const TensorIr& q, const TensorIr& k, const TensorIr& v,
                            std::optional<TensorIr> mask = std::nullopt, std::optional<TensorIr> bias = std::nullopt,
                            const b::AttentionOptions& o = {}) {

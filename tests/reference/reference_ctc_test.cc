@@ -115,18 +115,10 @@ TEST(ReferenceCtcLossTest, BlankPaddingAndMixedLengths) {
 // A batch of two with padded targets and a shorter second input, random logits.
 Problem gradient_problem() { return {5, 2, 4, 3, {1, 3, 2, 2, 2, 1}, {5, 4}, {3, 2}, 0}; }
 
-std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1.5, 1.5);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
 // Burn's gradient is the gradient of Σ_n g_n · loss_n(log_softmax(z)) with respect to z.
 TEST(ReferenceCtcLossBackwardTest, IsTheGradientThroughLogSoftmax) {
   const Problem p = gradient_problem();
-  std::vector<double> z = random_values(5 * 2 * 4, 11);
+  std::vector<double> z = random_values(5 * 2 * 4, 11, -1.5, 1.5);
   const std::vector<double> g{1.5, -0.5};
   const std::vector<double> grad = gradient(p, log_softmax(z, 4), g);
   ASSERT_EQ(grad.size(), z.size());
@@ -146,7 +138,7 @@ TEST(ReferenceCtcLossBackwardTest, IsTheGradientThroughLogSoftmax) {
 // grad_loss · exp(log_probs) before each input length, and 0 from it on.
 TEST(ReferenceCtcLossBackwardTest, LessExpLogProbsIsTheGradientWithRespectToLogProbs) {
   const Problem p = gradient_problem();
-  std::vector<double> lp = random_values(5 * 2 * 4, 12);
+  std::vector<double> lp = random_values(5 * 2 * 4, 12, -1.5, 1.5);
   const std::vector<double> g{0.75, 2};
   const std::vector<double> grad = gradient(p, lp, g);
   constexpr double h = 1e-5;

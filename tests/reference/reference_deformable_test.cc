@@ -16,14 +16,6 @@
 namespace kiln::reference::testing {
 namespace {
 
-std::vector<double> random_values(std::size_t n, std::uint64_t seed, double lo = -1, double hi = 1) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
 // A deformable convolution's shapes (an empty mask shape: no mask) and options.
 struct Case {
   Shape x, offset, weight, mask;

@@ -31,14 +31,6 @@ std::vector<double> irfft(Device& d, const TensorIr& re, const TensorIr& im, std
   return d.f64_of(d.ok(b::irfft(re, im, dim, n, d.fresh())));
 }
 
-std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
 // The one-sided DFT of a line by the definition (std::polar of −2π·k·t/n, the line padded or
 // trimmed to n): a second implementation, without the kernel's table.
 Spectrum dft_by_definition(const std::vector<double>& x, std::size_t n) {

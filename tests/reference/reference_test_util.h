@@ -146,10 +146,10 @@ inline std::vector<double> iota1(std::size_t n) {
   return v;
 }
 
-// n values in (−1, 1), reproducible from the seed.
-inline std::vector<double> random_values(std::size_t n, std::uint64_t seed) {
+// n values in (lo, hi), by default (−1, 1), reproducible from the seed.
+inline std::vector<double> random_values(std::size_t n, std::uint64_t seed, double lo = -1, double hi = 1) {
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1, 1);
+  std::uniform_real_distribution<double> u(lo, hi);
   std::vector<double> v(n);
   for (double& x : v) x = u(rng);
   return v;
