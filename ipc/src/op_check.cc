@@ -604,6 +604,22 @@ Result<ir::Operation> rebuild_creation(const ir::Operation& op) {
   return unexpected_arity(op);
 }
 
+// Random creation (Float Random, NumericInt IntRandom; Session::random): no inputs or scalars,
+// attributes [distribution, bits(param0), bits(param1)]. The builder refuses an unknown
+// distribution; the parameters' ranges are the executor's to check (an error value on the output).
+Result<ir::Operation> rebuild_random(const ir::Operation& op) {
+  if (!op.inputs().empty() || !op.scalars.empty()) return unexpected_arity(op);
+  if (op.attrs.size() != 3)
+    return make_error(ErrorCode::Invalid, fmt::format("{}: attributes missing or extra: {} given, 3 expected",
+                                                      op.kind_name(), op.attrs.size()));
+  build::DistributionIr d;
+  d.kind = static_cast<ir::Distribution>(op.attrs[0]);
+  std::memcpy(&d.param0, &op.attrs[1], sizeof d.param0);
+  std::memcpy(&d.param1, &op.attrs[2], sizeof d.param1);
+  const ir::TensorIr& o = op.outputs()[0];
+  return build::random(op.family, op.kind, o.shape, o.dtype, d, o.id);
+}
+
 // A convolution's options from its attributes: [stride..., padding..., padding_out...
 // (transposed only), dilation..., groups], each list as long as the kind's rank.
 Result<build::ConvOptions> conv_options_at(const ir::Operation& op, const build::ConvKindInfo& k) {
@@ -678,6 +694,7 @@ Result<ir::Operation> rebuild_module_kinds(const ir::Operation& op) {
     case Signature::AllReduce: return rebuild_all_reduce(op);
     case Signature::Creation:
     case Signature::Full: return rebuild_creation(op);
+    case Signature::Random: return rebuild_random(op);
     case Signature::Conv:
     case Signature::ConvTranspose:
     case Signature::ConvBackward:

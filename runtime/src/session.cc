@@ -4,6 +4,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include <spdlog/spdlog.h>
 
@@ -653,6 +661,130 @@ Result<Tensor> Session::full(ir::Shape shape, double value, ir::DType dtype) {
     const Family family = is_floatish(dtype) ? Family::NumericFloat : Family::NumericInt;
     return build::full(family, OpKind::Numeric_Full, shape, dtype, v, out);
   });
+}
+
+// ---- Random creation and arange
+
+namespace {
+
+std::string num(double v) { return fmt::format("{}", v); }
+
+// The parameter ranges of session.h's random() (the reference executor's, with Burn's lo < hi).
+Status check_distribution(const char* op, const build::DistributionIr& d, bool integral) {
+  const double a = d.param0, b = d.param1;
+  const std::string name = std::string(op) + ": ";
+  switch (d.kind) {
+    case ir::Distribution::Default: return Status::Ok();
+    case ir::Distribution::Bernoulli:
+      if (a >= 0 && a <= 1) return Status::Ok();  // NaN fails both
+      return make_error(ErrorCode::Invalid, name + "Bernoulli probability " + num(a) + " is not in [0, 1]");
+    case ir::Distribution::Uniform:
+      if (!std::isfinite(a) || !std::isfinite(b) || !(a < b))
+        return make_error(ErrorCode::Invalid,
+                          name + "Uniform(" + num(a) + ", " + num(b) + ") needs finite bounds with low < high");
+      if (integral && !(std::trunc(a) < std::trunc(b)))
+        return make_error(ErrorCode::Invalid, name + "Uniform(" + num(a) + ", " + num(b) + "): the integer range [" +
+                                                  num(std::trunc(a)) + ", " + num(std::trunc(b)) + ") is empty");
+      return Status::Ok();
+    case ir::Distribution::Normal:
+      if (std::isfinite(a) && std::isfinite(b) && b >= 0) return Status::Ok();
+      return make_error(ErrorCode::Invalid,
+                        name + "Normal(" + num(a) + ", " + num(b) + ") needs a finite mean and a finite std >= 0");
+  }
+  return make_error(ErrorCode::Invalid,
+                    name + "unknown distribution " + std::to_string(static_cast<std::int64_t>(d.kind)));
+}
+
+// start + i·step in two's complement: exact whenever the true value is an int64, as every element
+// of an arange is (it lies between start and end).
+std::int64_t arange_at(std::int64_t start, std::int64_t step, std::uint64_t i) {
+  return static_cast<std::int64_t>(static_cast<std::uint64_t>(start) + i * static_cast<std::uint64_t>(step));
+}
+
+// The element count of [start, end) by step, PyTorch's ceil((end − start) / step), or its errors.
+Result<std::uint64_t> arange_count(std::int64_t start, std::int64_t end, std::int64_t step) {
+  const std::string call =
+      "arange(" + std::to_string(start) + ", " + std::to_string(end) + ", " + std::to_string(step) + "): ";
+  if (step == 0) return make_error(ErrorCode::Invalid, call + "step must be nonzero");
+  if ((step > 0 && end < start) || (step < 0 && end > start))
+    return make_error(ErrorCode::Invalid, call + "upper bound and lower bound inconsistent with step sign");
+  if (start == end) return std::uint64_t{0};
+  const auto s = static_cast<std::uint64_t>(start), e = static_cast<std::uint64_t>(end);
+  const std::uint64_t span = step > 0 ? e - s : s - e;  // < 2^64: exact in unsigned arithmetic
+  const std::uint64_t stride = step > 0 ? static_cast<std::uint64_t>(step) : 0 - static_cast<std::uint64_t>(step);
+  return (span - 1) / stride + 1;
+}
+
+// The arange's count values as T's bytes. Integers: the first and last value (the extremes) must fit T.
+template <class T>
+Result<std::vector<std::byte>> arange_bytes(std::int64_t start, std::int64_t step, std::uint64_t count,
+                                            ir::DType dtype) {
+  if constexpr (std::is_integral_v<T>) {
+    if (count > 0)
+      for (std::int64_t v : {start, arange_at(start, step, count - 1)})
+        if (!std::in_range<T>(v))
+          return make_error(ErrorCode::Invalid, "arange: " + std::to_string(v) + " does not fit " + dtype.name());
+  }
+  std::vector<std::byte> bytes;
+  if (count > bytes.max_size() / sizeof(T))
+    return make_error(ErrorCode::ResourceExhausted, "arange: " + std::to_string(count) + " elements of " +
+                                                        dtype.name() + " exceed the host's address space");
+  try {
+    bytes.resize(count * sizeof(T));
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::ResourceExhausted,
+                      "arange: out of host memory for " + std::to_string(count) + " elements of " + dtype.name());
+  }
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const T v = static_cast<T>(arange_at(start, step, i));
+    std::memcpy(bytes.data() + i * sizeof(T), &v, sizeof(T));
+  }
+  return bytes;
+}
+
+Result<std::vector<std::byte>> arange_host(std::int64_t start, std::int64_t step, std::uint64_t count,
+                                           ir::DType dtype) {
+  using K = ir::DTypeKind;
+  switch (dtype.kind()) {
+    case K::I64: return arange_bytes<std::int64_t>(start, step, count, dtype);
+    case K::I32: return arange_bytes<std::int32_t>(start, step, count, dtype);
+    case K::I16: return arange_bytes<std::int16_t>(start, step, count, dtype);
+    case K::I8: return arange_bytes<std::int8_t>(start, step, count, dtype);
+    case K::U64: return arange_bytes<std::uint64_t>(start, step, count, dtype);
+    case K::U32: return arange_bytes<std::uint32_t>(start, step, count, dtype);
+    case K::U16: return arange_bytes<std::uint16_t>(start, step, count, dtype);
+    case K::U8: return arange_bytes<std::uint8_t>(start, step, count, dtype);
+    case K::F64: return arange_bytes<double>(start, step, count, dtype);
+    case K::F32: return arange_bytes<float>(start, step, count, dtype);
+    case K::Bool: return make_error(ErrorCode::DTypeMismatch, "arange: " + dtype.name() + " is not a numeric dtype");
+    default:
+      return make_error(ErrorCode::Unsupported,
+                        "arange: " + dtype.name() + " is not supported (integer dtypes, f32 and f64 are)");
+  }
+}
+
+}  // namespace
+
+Result<Tensor> Session::random(ir::Shape shape, build::DistributionIr distribution, ir::DType dtype) {
+  const bool integral = dtype.is_integral();
+  if (!dtype.is_float() && !integral)
+    return make_error(ErrorCode::DTypeMismatch,
+                      "random: " + dtype.name() +
+                          " has no random draw (float dtypes emit Float::Random, integer ones "
+                          "NumericInt::IntRandom; for bool, compare a Bernoulli draw with ne(x, 0))");
+  const Family family = integral ? Family::NumericInt : Family::Float;
+  const OpKind kind = integral ? OpKind::Numeric_IntRandom : OpKind::Float_Random;
+  KILN_RETURN_IF_ERROR(
+      check_distribution(integral ? "NumericInt::IntRandom" : "Float::Random", distribution, integral));
+  return run_op({}, [&](std::span<const TensorIr>, ir::TensorId out) {
+    return build::random(family, kind, shape, dtype, distribution, out);
+  });
+}
+
+Result<Tensor> Session::arange(std::int64_t start, std::int64_t end, std::int64_t step, ir::DType dtype) {
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t count, arange_count(start, end, step));
+  KILN_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, arange_host(start, step, count, dtype));
+  return upload(dtype, bytes, static_cast<std::size_t>(count), ir::Shape{count});
 }
 
 // ---- Reductions

@@ -701,13 +701,51 @@ TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
                           std::vector<TensorIr>{TensorIr::uninit(TensorId(10), {2, 3}, kF32)}, {})),
       built(build::sync_collective()),
       built(build::init({2, 3}, kF32, TensorId(10))),
-      built(build::random(Family::Float, OpKind::Float_Random, {2}, kF32, {}, TensorId(10))),
   };
   OperationCheckMemo memo;
   for (const ir::Operation& op : refused) {
     expect_refused(op, "not accepted over IPC");
     EXPECT_FALSE(memo.check(op).ok()) << op.to_string();
   }
+}
+
+// Random creation (Session::random): Float Random and NumericInt IntRandom of every distribution
+// are accepted, from the rebuild and from the memo; an unknown distribution, missing attributes,
+// an input, or an output dtype other than the op's are refused. (The output shape is given, as
+// for Zeros / Full: no lie about it can be told.)
+TEST(OperationCheck, AcceptsRandomCreationOfEveryDistribution) {
+  namespace build = ir::build;
+  using D = build::DistributionIr;
+  const DType i32{DTypeKind::I32};
+  const D dists[] = {D{}, D::bernoulli(0.25), D::uniform(-1, 2), D::normal(0, 3)};
+  OperationCheckMemo memo;
+  for (const D& d : dists) {
+    const ir::Operation f = built(build::random(Family::Float, OpKind::Float_Random, {2, 3}, kF32, d, TensorId(10)));
+    const ir::Operation i =
+        built(build::random(Family::NumericInt, OpKind::Numeric_IntRandom, {4}, i32, d, TensorId(10)));
+    for (const ir::Operation* op : {&f, &i}) {
+      KILN_EXPECT_OK(check_client_operation(*op)) << op->to_string();
+      KILN_EXPECT_OK(memo.check(*op)) << op->to_string();
+    }
+  }
+  const ir::Operation r = built(build::random(Family::Float, OpKind::Float_Random, {2}, kF32, {}, TensorId(10)));
+  ir::Operation unknown = r;
+  unknown.attrs[0] = 9;
+  expect_refused(unknown, "unknown distribution");
+  ir::Operation short_attrs = r;
+  short_attrs.attrs.pop_back();
+  expect_refused(short_attrs, "attributes missing or extra");
+  ir::Operation with_input = r;
+  with_input.tensors.insert(with_input.tensors.begin(), in(1, {2}));
+  with_input.num_inputs = 1;
+  EXPECT_FALSE(check_client_operation(with_input).ok()) << with_input.to_string();
+  ir::Operation as_f64 = r;
+  as_f64.outputs()[0].dtype = DType(DTypeKind::F64);
+  EXPECT_FALSE(check_client_operation(as_f64).ok()) << as_f64.to_string();
+  ir::Operation int_out = r;
+  int_out.outputs()[0].dtype = i32;
+  int_out.dtype = i32;
+  EXPECT_FALSE(check_client_operation(int_out).ok()) << int_out.to_string();
 }
 
 // ---- Convolutions of 1..3 spatial dims and their gradients (docs/spec/ir.md §5.8): one op of

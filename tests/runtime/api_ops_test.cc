@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -349,6 +350,195 @@ TEST_F(ApiOps, Creation) {
   EXPECT_EQ(kinds_of([&] { ok(s->full({2}, 3, ir::dtypes::i64)); }), (Kinds{"NumericInt::Full"}));
   EXPECT_EQ(kinds_of([&] { ok(s->full({2}, 1, Session::kBoolDType)); }), (Kinds{"BaseBool::Ones"}));
   EXPECT_EQ(kinds_of([&] { ok(s->full({2}, 0, Session::kBoolDType)); }), (Kinds{"BaseBool::Zeros"}));
+}
+
+// ---- Random creation and arange
+
+using Dist = ir::build::DistributionIr;
+
+// Moments of a sample, and the fraction of it inside [lo, hi].
+struct Moments {
+  double mean = 0, sd = 0, min = 0, max = 0;
+};
+Moments moments(const std::vector<double>& v) {
+  Moments m{0, 0, v.empty() ? 0 : v[0], v.empty() ? 0 : v[0]};
+  for (double x : v) m.mean += x, m.min = std::min(m.min, x), m.max = std::max(m.max, x);
+  m.mean /= static_cast<double>(v.size());
+  for (double x : v) m.sd += (x - m.mean) * (x - m.mean);
+  m.sd = std::sqrt(m.sd / static_cast<double>(v.size() - 1));
+  return m;
+}
+double fraction_within(const std::vector<double>& v, double lo, double hi) {
+  const auto n = std::count_if(v.begin(), v.end(), [&](double x) { return x >= lo && x <= hi; });
+  return static_cast<double>(n) / static_cast<double>(v.size());
+}
+template <class T>
+std::vector<double> as_doubles(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// 10^4 draws; each bound is 5 standard errors of the statistic (a wrong distribution, a
+// shifted or scaled one, or a uniform in place of a normal fails them; a right one fails
+// with probability < 10^-6).
+constexpr double kDraws = 10000;
+const Shape kDrawShape{100, 100};
+
+TEST_F(ApiOps, RandomFloatDistributionsOnALargeSample) {
+  const std::vector<double> u = get(s->random(kDrawShape), kDrawShape);  // Default: [0, 1)
+  const Moments mu = moments(u);
+  EXPECT_GE(mu.min, 0.0);
+  EXPECT_LT(mu.max, 1.0);
+  EXPECT_NEAR(mu.mean, 0.5, 5 * std::sqrt(1.0 / 12 / kDraws));
+  EXPECT_NEAR(mu.sd, std::sqrt(1.0 / 12), 0.01);
+  EXPECT_NEAR(fraction_within(u, 0, 0.25), 0.25, 5 * std::sqrt(0.25 * 0.75 / kDraws));
+
+  const std::vector<double> b = get(s->random(kDrawShape, Dist::bernoulli(0.3)), kDrawShape);
+  EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](double x) { return x == 0 || x == 1; }));
+  EXPECT_NEAR(moments(b).mean, 0.3, 5 * std::sqrt(0.3 * 0.7 / kDraws));
+
+  // f32 may round a draw just below high up to high (as PyTorch's uniform_): hence <= 3.
+  const std::vector<double> w = get(s->random(kDrawShape, Dist::uniform(-2, 3)), kDrawShape);
+  const Moments mw = moments(w);
+  EXPECT_GE(mw.min, -2.0);
+  EXPECT_LE(mw.max, 3.0);
+  EXPECT_LT(mw.min, -1.99);
+  EXPECT_GT(mw.max, 2.99);
+  EXPECT_NEAR(mw.mean, 0.5, 5 * 5 / std::sqrt(12.0 * kDraws));
+  EXPECT_NEAR(mw.sd, 5 / std::sqrt(12.0), 0.04);
+
+  std::vector<double> got = ok(s->to_host<double>(ok(s->random(kDrawShape, Dist::normal(1.5, 2), ir::dtypes::f64))));
+  ASSERT_EQ(got.size(), 10000u);  // f64 this time
+  const Moments mn = moments(got);
+  EXPECT_NEAR(mn.mean, 1.5, 5 * 2 / std::sqrt(kDraws));
+  EXPECT_NEAR(mn.sd, 2.0, 5 * 2 / std::sqrt(2.0 * kDraws));
+  EXPECT_NEAR(fraction_within(got, -0.5, 3.5), 0.6827, 5 * std::sqrt(0.6827 * 0.3173 / kDraws));  // ±1 std
+  EXPECT_NEAR(fraction_within(got, -2.5, 5.5), 0.9545, 5 * std::sqrt(0.9545 * 0.0455 / kDraws));  // ±2 std
+  // A zero std is a constant.
+  expect_near(get(s->random({3}, Dist::normal(-4, 0)), {3}), {-4, -4, -4});
+}
+
+TEST_F(ApiOps, RandomIntegerDistributionsOnALargeSample) {
+  // Default on integers: [0, 255), as Burn's int_random.
+  const std::vector<double> d = as_doubles(get_i64(s->random(kDrawShape, {}, ir::dtypes::i64), kDrawShape));
+  const Moments md = moments(d);
+  EXPECT_EQ(md.min, 0);
+  EXPECT_EQ(md.max, 254);
+  EXPECT_NEAR(md.mean, 127, 5 * std::sqrt((255.0 * 255 - 1) / 12 / kDraws));
+
+  const std::vector<double> w =
+      as_doubles(ok(s->to_host<std::int32_t>(ok(s->random(kDrawShape, Dist::uniform(-5, 5), ir::dtypes::i32)))));
+  const Moments mw = moments(w);
+  EXPECT_EQ(mw.min, -5);
+  EXPECT_EQ(mw.max, 4);  // high is excluded
+  EXPECT_NEAR(mw.mean, -0.5, 5 * std::sqrt(99.0 / 12 / kDraws));
+
+  const std::vector<double> b =
+      as_doubles(get_i64(s->random(kDrawShape, Dist::bernoulli(0.5), ir::dtypes::i64), kDrawShape));
+  EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](double x) { return x == 0 || x == 1; }));
+  EXPECT_NEAR(moments(b).mean, 0.5, 5 * std::sqrt(0.25 / kDraws));
+
+  // Normal on integers rounds to nearest: the mean stays, the variance grows by 1/12.
+  const std::vector<double> n =
+      as_doubles(ok(s->to_host<std::int32_t>(ok(s->random(kDrawShape, Dist::normal(10, 3), ir::dtypes::i32)))));
+  const Moments mn = moments(n);
+  EXPECT_NEAR(mn.mean, 10, 5 * 3 / std::sqrt(kDraws));
+  EXPECT_NEAR(mn.sd, std::sqrt(9 + 1.0 / 12), 5 * 3 / std::sqrt(2.0 * kDraws));
+}
+
+TEST_F(ApiOps, RandomKindsShapesDtypesAndErrors) {
+  EXPECT_EQ(kinds_of([&] { ok(s->random({2, 3})); }), (Kinds{"Float::Random"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->random({2}, Dist::normal(0, 1), ir::dtypes::f64)); }), (Kinds{"Float::Random"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->random({2}, Dist::uniform(0, 9), ir::dtypes::i32)); }),
+            (Kinds{"NumericInt::IntRandom"}));
+  Tensor t = ok(s->random({2, 3, 4}, Dist::uniform(1, 2), ir::dtypes::f64));
+  EXPECT_EQ(t.shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(t.dtype(), ir::dtypes::f64);
+  Tensor i = ok(s->random({5}, {}, ir::dtypes::i32));
+  EXPECT_EQ(i.dtype(), ir::dtypes::i32);
+  EXPECT_EQ(ok(s->to_host<std::int32_t>(std::move(i))).size(), 5u);
+  // Two draws on a stream differ (the generator advances).
+  EXPECT_NE(get(s->random({1000}), {1000}), get(s->random({1000}), {1000}));
+
+  // Parameters out of range: the call's error, and nothing is emitted.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  auto refused = [&](Dist d, ir::DType dtype, const std::string& what) {
+    Kinds k = kinds_of([&] {
+      Result<Tensor> r = s->random({4}, d, dtype);
+      ASSERT_FALSE(r.ok()) << what;
+      EXPECT_EQ(r.error().code, ErrorCode::Invalid) << r.error().to_string();
+      EXPECT_NAMES(r.error().to_string(), what);
+    });
+    EXPECT_EQ(k, Kinds{}) << what;
+  };
+  refused(Dist::bernoulli(1.5), ir::dtypes::f32, "Float::Random: Bernoulli probability 1.5 is not in [0, 1]");
+  refused(Dist::bernoulli(-0.1), ir::dtypes::i64, "NumericInt::IntRandom: Bernoulli probability -0.1");
+  refused(Dist::bernoulli(nan), ir::dtypes::f32, "Bernoulli probability nan");
+  refused(Dist::uniform(2, 2), ir::dtypes::f32, "Uniform(2, 2) needs finite bounds with low < high");
+  refused(Dist::uniform(3, 1), ir::dtypes::f64, "Uniform(3, 1)");
+  refused(Dist::uniform(0, inf), ir::dtypes::f32, "Uniform(0, inf)");
+  refused(Dist::uniform(0.2, 0.7), ir::dtypes::i32, "integer range [0, 0) is empty");
+  refused(Dist::normal(0, -1), ir::dtypes::f32, "Normal(0, -1) needs a finite mean and a finite std >= 0");
+  refused(Dist::normal(nan, 1), ir::dtypes::i64, "Normal(nan, 1)");
+  refused(Dist::normal(0, inf), ir::dtypes::f32, "Normal(0, inf)");
+  // Bool (Burn has no bool random) and QFloat: no kind to emit.
+  const std::string b = error_of(s->random({2}, Dist::bernoulli(0.5), Session::kBoolDType));
+  EXPECT_NAMES(b, "random: bool");
+  EXPECT_NAMES(b, "ne(x, 0)");
+  EXPECT_NAMES(error_of(s->random({2}, {}, ir::DType::qfloat(ir::QuantScheme{}))), "random: ");
+  EXPECT_EQ(kinds_of([&] { (void)s->random({2}, {}, Session::kBoolDType); }), Kinds{});
+  // A distribution right for floats but out of an integer dtype's range fails at execution.
+  EXPECT_FALSE(s->to_host<std::int32_t>(ok(s->random({2}, Dist::uniform(-1e12, 0), ir::dtypes::i32))).ok());
+}
+
+#if !KILN_TEST_IPC
+// Each backend stream's generator starts from a fixed seed: a fresh device replays the draws.
+TEST_F(ApiOps, RandomReplaysOnAFreshDevice) {
+  auto draw = [](SessionTarget& target) {
+    Session fresh(target);
+    return ok(fresh.to_host<float>(ok(fresh.random({64}, Dist::normal(0, 1)))));
+  };
+  std::unique_ptr<Device> a = api_testing::make_device(), b = api_testing::make_device();
+  EXPECT_EQ(draw(*a), draw(*b));
+}
+#endif
+
+TEST_F(ApiOps, ArangeFollowsTorchArange) {
+  EXPECT_EQ(get_i64(s->arange(0, 5), {5}), (std::vector<std::int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(get_i64(s->arange(-3, 7, 4), {3}), (std::vector<std::int64_t>{-3, 1, 5}));
+  EXPECT_EQ(get_i64(s->arange(0, 9, 3), {3}), (std::vector<std::int64_t>{0, 3, 6}));
+  EXPECT_EQ(get_i64(s->arange(0, 10, 3), {4}), (std::vector<std::int64_t>{0, 3, 6, 9}));
+  EXPECT_EQ(get_i64(s->arange(5, -4, -3), {3}), (std::vector<std::int64_t>{5, 2, -1}));
+  EXPECT_EQ(get_i64(s->arange(3, 3), {0}), (std::vector<std::int64_t>{}));  // torch.arange(3, 3): empty
+  EXPECT_EQ(get_i64(s->arange(3, 3, -2), {0}), (std::vector<std::int64_t>{}));
+  // The whole int64 range: no overflow in the count or the values.
+  constexpr std::int64_t lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(get_i64(s->arange(lo, hi, hi), {3}), (std::vector<std::int64_t>{lo, -1, hi - 1}));
+  EXPECT_EQ(get_i64(s->arange(hi, lo, lo), {2}), (std::vector<std::int64_t>{hi, -1}));
+  // Other dtypes: built in the dtype on the host.
+  Tensor i = ok(s->arange(-2, 2, 1, ir::dtypes::i32));
+  EXPECT_EQ(i.dtype(), ir::dtypes::i32);
+  EXPECT_EQ(ok(s->to_host<std::int32_t>(std::move(i))), (std::vector<std::int32_t>{-2, -1, 0, 1}));
+  expect_near(get(s->arange(0, 3, 1, ir::dtypes::f32), {3}), {0, 1, 2});
+  EXPECT_EQ(ok(s->to_host<double>(ok(s->arange(10, 0, -5, ir::dtypes::f64)))), (std::vector<double>{10, 5}));
+  Tensor u = ok(s->arange(250, 256, 2, ir::dtypes::u8));
+  std::vector<std::byte> bytes(3);
+  KILN_EXPECT_OK(s->to_host_bytes(std::move(u), bytes));
+  EXPECT_EQ(bytes, (std::vector<std::byte>{std::byte{250}, std::byte{252}, std::byte{254}}));
+  // No IR: an upload.
+  EXPECT_EQ(kinds_of([&] { ok(s->arange(0, 4)); }), Kinds{});
+  // Errors, PyTorch's: step 0, a step pointing away from end; then the dtype's.
+  EXPECT_NAMES(error_of(s->arange(0, 5, 0)), "arange(0, 5, 0): step must be nonzero");
+  EXPECT_NAMES(error_of(s->arange(5, 0)), "arange(5, 0, 1): upper bound and lower bound inconsistent with step sign");
+  EXPECT_NAMES(error_of(s->arange(0, 5, -1)), "inconsistent with step sign");
+  EXPECT_NAMES(error_of(s->arange(250, 260, 1, ir::dtypes::u8)), "arange: 259 does not fit u8");
+  EXPECT_NAMES(error_of(s->arange(-1, 2, 1, ir::dtypes::u32)), "arange: -1 does not fit u32");
+  Result<Tensor> b = s->arange(0, 2, 1, Session::kBoolDType);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.error().code, ErrorCode::DTypeMismatch);
+  Result<Tensor> h = s->arange(0, 2, 1, ir::dtypes::f16);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.error().code, ErrorCode::Unsupported);
+  EXPECT_NAMES(h.error().to_string(), "arange: f16");
 }
 
 // ---- Reductions and scans

@@ -4,12 +4,13 @@
 // but its output shapes and dtypes are whatever the client wrote, and the fused kernels trust
 // them. So the daemon rebuilds every operation through the ir builders — from the claimed
 // inputs, scalars and attributes — and accepts it only if the builder returns exactly the same
-// operation. Kinds the client library never emits (custom ops, Init, creation from random
-// distributions, SyncCollective, ...) are refused by name: a narrow surface is the point.
+// operation. Kinds the client library never emits (custom ops, Init, SyncCollective, ...) are
+// refused by name: a narrow surface is the point.
 // Accepted: every kind a runtime::Session call emits — elementwise, matmul, reductions and scans
 // (MaxDimWithIndices / MinDimWithIndices with their two outputs), top-k (TopK, ArgTopK) and
 // sorting (Sort, ArgSort, SortWithIndices with its two outputs), layout (with Unfold), indexing
-// and assignment (with ScatterNd), the cross product, pad, creation, Conv1d/2d/3d and
+// and assignment (with ScatterNd), the cross product, pad, creation (with Float Random and
+// NumericInt IntRandom: their parameters are the executor's to check), Conv1d/2d/3d and
 // ConvTranspose1d/2d/3d with their X / Weight / Bias gradients, DeformableConv2d with its backward
 // (three to five outputs, its presence bits checked), MaxPool2d, AvgPool2d, the other
 // pools (MaxPool1d, MaxPool1d/2dWithIndices with their two outputs, AvgPool1d,

@@ -291,6 +291,29 @@ class Session {
   // F/I Full{value} (value converted to dtype); a bool dtype gives BaseBool Ones (value != 0) or
   // Zeros, as the bool-scalar rule of docs/spec/ir.md §5.11 materializes a bool.
   Result<Tensor> full(ir::Shape shape, double value, ir::DType dtype = ir::dtypes::f32);
+  // Random creation (docs/spec/ir.md §5.5, §5.6; Burn's Tensor::random): a float dtype emits Float
+  // Random, an integer dtype NumericInt IntRandom, each {distribution} of `shape` and `dtype`. Bool
+  // and QFloat dtypes are an error (Burn has no bool random: compare a Bernoulli draw with
+  // ne(x, 0)). Values, per the reference executor (every backend runs its kernel):
+  //   Default          float: uniform on [0, 1); integer: uniform on [0, 255) ([0, 128) for i8).
+  //   Bernoulli(p)     1 with probability p, else 0; 0 <= p <= 1.
+  //   Uniform(lo, hi)  float: uniform on [lo, hi); integer: on the integers [trunc(lo), trunc(hi)),
+  //                    which must be non-empty (and fit the dtype: checked at execution). Finite
+  //                    bounds, lo < hi (Burn's rand::Uniform; PyTorch's uniform_ admits lo == hi).
+  //   Normal(m, s)     m + s·z, z standard normal; integers round to nearest and saturate. A
+  //                    finite mean, 0 <= s < inf.
+  // A parameter outside these ranges is this call's Invalid error, before any IR is emitted.
+  // Draws come from the generator of the stream that runs the op (seeded per backend stream,
+  // docs/decisions.md): successive draws differ, and a fresh device replays the same values.
+  Result<Tensor> random(ir::Shape shape, ir::build::DistributionIr distribution = {},
+                        ir::DType dtype = ir::dtypes::f32);
+  // [start, end) by step, as PyTorch's torch.arange: a rank-1 tensor of ceil((end − start) / step)
+  // elements start + i·step (start == end gives shape [0]). Built on the host and uploaded, as
+  // Burn's int_arange_step (no IR op: docs/spec/ir.md §5.11 has no arange row). Errors, as
+  // PyTorch: step 0 ("step must be nonzero"); a step whose sign points away from end ("upper bound
+  // and lower bound inconsistent with step sign"). dtype: an integer dtype (a value it cannot hold
+  // is an error), f32 or f64 (rounded to nearest); other dtypes are Unsupported, bool DTypeMismatch.
+  Result<Tensor> arange(std::int64_t start, std::int64_t end, std::int64_t step = 1, ir::DType dtype = kIndexDType);
 
   // ---- Reductions. Along `dim`: the IR keeps the axis (size 1); keepdim = false adds a Reshape
   // that removes it (an error on a rank-1 input: kiln has no rank-0 tensors). Whole tensor: [1],
