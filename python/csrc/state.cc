@@ -121,9 +121,8 @@ void connect(const std::string& path, const std::string& job) {
   check_not_forked(s);
   if (ran || s.socket == socket) return;
   const std::string where = s.socket.empty() ? "in process" : "in the kilnd at " + s.socket;
-  throw_error(make_error(ErrorCode::Invalid, "the device already started " + where +
-                                                 " (at the first kiln op); call kiln.connect(" + socket +
-                                                 ") before any kiln op, or set KILN_SOCKET"),
+  throw_error(make_error(ErrorCode::Invalid, "the device already started " + where + "; kiln.connect(" + socket +
+                                                 ") must come before any kiln op (or set KILN_SOCKET)"),
               "connect");
 }
 
