@@ -17,7 +17,8 @@
 namespace kiln::pytorch {
 namespace {
 
-// Written by the one start (under `started`), read after it: started.load(acquire) first.
+// device, remote, socket and session are written by the one start (under started_once) and read
+// after it: by callers of call_once, or after started.load(acquire).
 struct State {
   std::once_flag started_once;
   std::atomic<bool> started{false};
