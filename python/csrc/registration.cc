@@ -122,6 +122,12 @@ double bench_add(const at::Tensor& a, const at::Tensor& b, std::int64_t n) {
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n);
 }
 
+// Where the tensors live (kiln.device_info()): (started, the kilnd's socket or "", client id or -1).
+std::tuple<bool, std::string, std::int64_t> device_info() {
+  const Placement p = placement();
+  return {p.started, p.socket, p.client_id};
+}
+
 // For the tests of lazy error reporting: queues a Custom op, which kiln accepts (no inference)
 // and no backend can run, so the failure shows at the first read or sync that waits on it.
 at::Tensor failing_op(const at::Tensor& x) {
@@ -139,6 +145,9 @@ TORCH_LIBRARY(kiln, m) {
   m.def("synchronize() -> ()", &kiln::pytorch::synchronize);
   m.def("shutdown() -> ()", &kiln::pytorch::shutdown);
   m.def("bench_add(Tensor a, Tensor b, int n) -> float", &kiln::pytorch::bench_add);
+  m.def("connect(str path, str job) -> ()", &kiln::pytorch::connect);
+  m.def("device_info() -> (bool, str, int)", &kiln::pytorch::device_info);
+  m.def("daemon_status(bool json) -> str", &kiln::pytorch::daemon_status);
   m.def("_failing_op(Tensor x) -> Tensor");
 }
 

@@ -1,5 +1,6 @@
-// The PyTorch device's process-wide state: the kiln Device its tensors live on, the Session its
-// kernels queue ops through, and the fallback counts; and how kiln's errors reach Python.
+// The PyTorch device's process-wide state: where its tensors live (a kiln Device in this process,
+// or a running kilnd reached through the IPC client), the Session its kernels queue ops through,
+// and the fallback counts; and how kiln's errors reach Python.
 //
 // Why process-wide: PyTorch's PrivateUse1 model registers kernels and a device guard once per
 // process, as free functions with no context argument, so the state they use cannot be passed
@@ -22,17 +23,42 @@
 
 namespace kiln::pytorch {
 
-// The Session of the process's kiln device: a Device over the best CPU backend (cpu::CpuBackend,
-// the fast executor, as `kilnd --device auto` picks on a machine without a GPU), created on the
-// first call. A device that cannot start throws (a KilnError in Python).
+// The Session of the process's kiln device, started by the first call: over the kilnd whose socket
+// KILN_SOCKET names (a RemoteTarget; job "pytorch"), or, without KILN_SOCKET (or with it empty),
+// over a Device in this process on the best CPU backend (cpu::CpuBackend, the fast executor, as
+// `kilnd --device auto` picks on a machine without a GPU). A device that cannot start throws (a
+// KilnError in Python; "daemon not running at PATH") and the next call tries again. In a child
+// forked after the start it throws too: the parent's threads and connection are not the child's.
 runtime::Session& session();
+
+// kiln.connect(path, job): starts the device in the kilnd at `path` (relative to the working
+// directory, as KILN_SOCKET), overriding KILN_SOCKET. Once the device has started, a second
+// connect to the same socket does nothing and any other one throws, saying where it runs.
+void connect(const std::string& path, const std::string& job);
+
+// Where the tensors live, without starting the device: whether it started, the daemon's socket
+// (absolute; empty: in process; before the start, the one KILN_SOCKET names) and this process's
+// client id at the daemon (-1 in process or before the start).
+struct Placement {
+  bool started = false;
+  std::string socket;
+  std::int64_t client_id = -1;
+};
+Placement placement();
+
+// The daemon's status report (what `kilnctl status [--json]` prints). Starts the device as the
+// first op would; throws if it runs in process.
+std::string daemon_status(bool json);
 
 // Drains the calling thread's stream: the error of a queued op that failed, naming it, is thrown.
 void synchronize();
 
-// Shuts the device down (drains every stream, joins its threads) if it was started. Called at
-// Python exit; the objects stay allocated (tensors freed later drop into a closed device, which
-// is a no-op), because Python does not free every tensor before the process's static destructors.
+// Shuts the device down (drains every stream, joins its threads) if it was started in process.
+// Called at Python exit; the objects stay allocated (tensors freed later drop into a closed
+// device, which is a no-op), because Python does not free every tensor before the process's
+// static destructors. In a kilnd there is nothing to stop: the connection closes with the
+// process and the daemon frees what the process left (its queued ops are abandoned, as in
+// process nobody would read them).
 void shutdown();
 
 // The op ran on the CPU instead of kiln (the boxed fallback, or a kernel's CPU path): counts it
