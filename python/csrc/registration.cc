@@ -6,15 +6,11 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/ops/add.h>
-#include <ATen/ops/convolution.h>
-#include <ATen/ops/convolution_backward.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <array>
 #include <chrono>
-#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -67,38 +63,6 @@ void counted_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stac
   const c10::OperatorName& n = op.operator_name();
   note_fallback(n.name + (n.overload_name.empty() ? "" : "." + n.overload_name));
   at::native::cpu_fallback(op, stack);
-}
-
-// ---- Convolutions: for a device other than the CPU and CUDA, aten::convolution ends in
-// convolution_overrideable (and its backward), whose default kernel raises NotImplementedError
-// instead of reaching the fallback. Until kiln lowers them (Module Conv2d), they run on the CPU
-// here, counted and warned as the boxed fallback does: inputs read back, results sent to kiln.
-std::optional<at::Tensor> cpu_copy(const std::optional<at::Tensor>& t) {
-  if (!t || !t->defined()) return std::nullopt;
-  return t->cpu();
-}
-
-at::Tensor convolution_on_cpu(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
-                              bool transposed, c10::IntArrayRef output_padding, std::int64_t groups) {
-  note_fallback("aten::convolution_overrideable");
-  return at::convolution(input.cpu(), weight.cpu(), cpu_copy(bias), stride, padding, dilation, transposed,
-                         output_padding, groups)
-      .to(input.device());
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_on_cpu(
-    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
-    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
-    std::int64_t groups, std::array<bool, 3> mask) {
-  note_fallback("aten::convolution_backward_overrideable");
-  // The bias's size: the output channels (of a transposed convolution: weight dim 1 per group).
-  const std::vector<std::int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
-  auto [gi, gw, gb] =
-      at::convolution_backward(grad.cpu(), input.cpu(), weight.cpu(), at::OptionalIntArrayRef(bias_sizes), stride,
-                               padding, dilation, transposed, output_padding, groups, mask);
-  const auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
-  return {back(gi), back(gw), back(gb)};
 }
 
 // ---- torch.ops.kiln.*
@@ -160,6 +124,7 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // The view_copy and scatter ops that functionalization emits have composite kernels that call
 // real view ops on the storage-less inner tensor, and a composite kernel outranks the catch-all
 // fallback: those kiln does not lower (ops_views.cc lowers the common ones) are pinned to it here.
+// (convolution_overrideable, whose default kernel raises instead of falling back: ops_nn.cc.)
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   const auto fallback = [] {
     return torch::CppFunction::makeFromBoxedFunction<&kiln::pytorch::counted_cpu_fallback>();
@@ -167,6 +132,4 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* op : {"as_strided_copy", "diagonal_copy", "unfold_copy", "diagonal_scatter", "as_strided_scatter"}) {
     m.impl(op, fallback());
   }
-  m.impl("convolution_overrideable", TORCH_FN(kiln::pytorch::convolution_on_cpu));
-  m.impl("convolution_backward_overrideable", TORCH_FN(kiln::pytorch::convolution_backward_on_cpu));
 }

@@ -1,0 +1,222 @@
+// Indexing, joining, scans, sorting and ranges: index_select, nn.Embedding's forward and backward,
+// cat, cumsum, sort and arange. Arguments kiln cannot express (scale_grad_by_freq, sorting bools,
+// empty operands) run on the CPU instead, counted as fallbacks under the op's name.
+#include <ATen/AccumulateType.h>
+#include <ATen/Dispatch.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/embedding_dense_backward.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/sort.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "state.h"
+#include "tensor_impl.h"
+
+namespace kiln::pytorch {
+namespace {
+
+using runtime::Session;
+using Value = runtime::Tensor;
+
+bool integral_or_bool(c10::ScalarType t) { return c10::isIntegralType(t, /*includeBool=*/true); }
+bool index_type(c10::ScalarType t) { return t == c10::ScalarType::Long || t == c10::ScalarType::Int; }
+
+std::uint64_t wrap_dim(std::int64_t dim, const at::Tensor& t) {
+  return static_cast<std::uint64_t>(at::maybe_wrap_dim(dim, t.dim()));
+}
+
+// ---- index_select: kiln's Select (indices of rank 1).
+at::Tensor index_select_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index) {
+  constexpr std::string_view what = "index_select";
+  TORCH_CHECK(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  TORCH_CHECK(index_type(index.scalar_type()), "index_select(): Expected dtype int32 or int64 for index");
+  if (!is_kiln(self) || !is_kiln(index) || self.dim() == 0 || index.numel() == 0 || self.numel() == 0) {
+    note_fallback("aten::index_select");
+    return at::index_select(self.cpu(), dim, index.cpu()).to(self.device());
+  }
+  const std::uint64_t d = wrap_dim(dim, self);
+  Value idx = reshaped(value_of(index, what), {index.numel()}, what);
+  std::vector<std::int64_t> sizes(self.sizes().begin(), self.sizes().end());
+  sizes[d] = index.numel();
+  return make_tensor(value_or_throw(session().select(value_of(self, what), d, std::move(idx)), what), sizes);
+}
+
+// ---- nn.Embedding: kiln's embedding over the indices as one row [1, n], then their sizes + [E].
+bool embedding_lowerable(const at::Tensor& weight_or_grad, const at::Tensor& indices) {
+  return is_kiln(weight_or_grad) && is_kiln(indices) && index_type(indices.scalar_type()) &&
+         c10::isFloatingType(weight_or_grad.scalar_type()) && indices.numel() > 0 && weight_or_grad.numel() > 0;
+}
+
+at::Tensor embedding_kernel(const at::Tensor& weight, const at::Tensor& indices, std::int64_t padding_idx,
+                            bool scale_grad_by_freq, bool sparse) {
+  constexpr std::string_view what = "embedding";
+  if (!embedding_lowerable(weight, indices) || weight.dim() != 2) {
+    note_fallback("aten::embedding");
+    return at::embedding(weight.cpu(), indices.cpu(), padding_idx, scale_grad_by_freq, sparse).to(weight.device());
+  }
+  const std::int64_t n = indices.numel();
+  Value idx = reshaped(value_of(indices, what), {1, n}, what);
+  Value rows = value_or_throw(session().embedding(value_of(weight, what), std::move(idx)), what);
+  std::vector<std::int64_t> sizes(indices.sizes().begin(), indices.sizes().end());
+  sizes.push_back(weight.size(1));
+  return make_tensor(reshaped(rows, sizes, what), sizes);
+}
+
+// The rows of grad summed at their indices into [num_weights, E]; the padding row gets nothing.
+at::Tensor embedding_dense_backward_kernel(const at::Tensor& grad, const at::Tensor& indices, std::int64_t num_weights,
+                                           std::int64_t padding_idx, bool scale_grad_by_freq) {
+  constexpr std::string_view what = "embedding_dense_backward";
+  if (!embedding_lowerable(grad, indices) || scale_grad_by_freq || num_weights < 1) {
+    note_fallback("aten::embedding_dense_backward");
+    return at::embedding_dense_backward(grad.cpu(), indices.cpu(), num_weights, padding_idx, scale_grad_by_freq)
+        .to(grad.device());
+  }
+  Session& s = session();
+  const std::int64_t n = indices.numel(), e = grad.size(-1);
+  Value idx = reshaped(value_of(indices, what), {1, n}, what);
+  Value g = reshaped(value_of(grad, what), {1, n, e}, what);
+  if (padding_idx >= 0) {
+    Value pad = reshaped(value_or_throw(s.eq(idx, static_cast<double>(padding_idx)), what), {1, n, 1}, what);
+    pad = value_or_throw(s.expand(std::move(pad), g.shape()), what);
+    g = value_or_throw(s.mask_fill(std::move(g), std::move(pad), 0.0), what);
+  }
+  const ir::Shape table{static_cast<std::uint64_t>(num_weights), static_cast<std::uint64_t>(e)};
+  Value zeros = value_or_throw(s.zeros(table, g.dtype()), what);
+  Value out = value_or_throw(s.embedding_backward(std::move(zeros), std::move(g), std::move(idx)), what);
+  return make_tensor(std::move(out), {num_weights, e});
+}
+
+// ---- cat: PyTorch's promotion over the inputs; a legacy empty 1-d tensor ([0]) is skipped.
+at::Tensor cat_on_cpu(const std::vector<at::Tensor>& tensors, std::int64_t dim, c10::Device device) {
+  note_fallback("aten::cat");
+  std::vector<at::Tensor> cpu;
+  for (const at::Tensor& t : tensors) cpu.push_back(t.cpu());
+  return at::cat(cpu, dim).to(device);
+}
+
+at::Tensor cat_kernel(const at::ITensorListRef& list, std::int64_t dim) {
+  constexpr std::string_view what = "cat";
+  const std::vector<at::Tensor> tensors(list.begin(), list.end());
+  TORCH_CHECK(!tensors.empty(), "torch.cat(): expected a non-empty list of Tensors");
+  c10::ScalarType type = tensors[0].scalar_type();
+  std::vector<const at::Tensor*> kept;
+  bool lowerable = true;
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(t.dim() > 0, "zero-dimensional tensor cannot be concatenated");
+    type = c10::promoteTypes(type, t.scalar_type());
+    lowerable = lowerable && is_kiln(t);
+    if (t.dim() == 1 && t.numel() == 0) continue;
+    kept.push_back(&t);
+  }
+  if (!lowerable || kept.empty() || std::any_of(kept.begin(), kept.end(), [&](const at::Tensor* t) {
+        return t->numel() == 0 || t->dim() != kept[0]->dim();
+      })) {
+    return cat_on_cpu(tensors, dim, tensors[0].device());
+  }
+  const std::uint64_t d = wrap_dim(dim, *kept[0]);
+  const ir::DType kd = to_kiln_dtype(type, what);
+  std::vector<Value> values;
+  std::vector<std::int64_t> sizes(kept[0]->sizes().begin(), kept[0]->sizes().end());
+  sizes[d] = 0;
+  for (const at::Tensor* t : kept) {
+    values.push_back(cast_to(value_of(*t, what), kd, what));
+    sizes[d] += t->size(static_cast<std::int64_t>(d));
+  }
+  Value out = values.size() == 1 ? values[0] : value_or_throw(session().cat(std::move(values), d), what);
+  return make_tensor(std::move(out), sizes);
+}
+
+// ---- cumsum: integers and bool accumulate in int64, as PyTorch's.
+at::Tensor cumsum_kernel(const at::Tensor& self, std::int64_t dim, std::optional<c10::ScalarType> dtype) {
+  constexpr std::string_view what = "cumsum";
+  const c10::ScalarType type =
+      dtype.value_or(integral_or_bool(self.scalar_type()) ? c10::ScalarType::Long : self.scalar_type());
+  Value v = cast_to(value_of(self, what), to_kiln_dtype(type, what), what);
+  const std::uint64_t d = wrap_dim(dim, self);
+  if (self.dim() == 0 || self.numel() == 0) return make_tensor(std::move(v), self.sizes());
+  return make_tensor(value_or_throw(session().cumsum(std::move(v), d), what), self.sizes());
+}
+
+// ---- sort: kiln's sort is stable (NaN last ascending, first descending, as PyTorch's), which is
+// also a valid answer to an unstable sort.
+std::tuple<at::Tensor, at::Tensor> sort_kernel(const at::Tensor& self, std::optional<bool> stable, std::int64_t dim,
+                                               bool descending) {
+  constexpr std::string_view what = "sort";
+  const std::uint64_t d = wrap_dim(dim, self);
+  if (!is_kiln(self) || self.scalar_type() == c10::ScalarType::Bool || self.numel() == 0) {
+    note_fallback("aten::sort.stable");
+    auto [values, indices] = at::sort(self.cpu(), stable, dim, descending);
+    return {values.to(self.device()), indices.to(self.device())};
+  }
+  Session& s = session();
+  if (self.dim() == 0) {
+    Value zero = value_or_throw(s.zeros(ir::Shape{1}, ir::dtypes::i64), what);
+    return {make_tensor(value_of(self, what), {}), make_tensor(std::move(zero), {})};
+  }
+  auto [values, indices] = value_or_throw(s.sort_with_indices(value_of(self, what), d, descending), what);
+  return {make_tensor(std::move(values), self.sizes()), make_tensor(std::move(indices), self.sizes())};
+}
+
+// ---- arange: the values computed on the host as the CPU's kernel does (start + step·i in the
+// dtype's accumulation type, the size in double, or exactly for int64) and uploaded; `out` (an
+// inner tensor) gets them as its new value.
+template <class T>
+Value arange_values(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, ir::DType dtype) {
+  using Acc = at::acc_type<T, /*is_cuda=*/false>;
+  const auto xstart = start.to<Acc>(), xend = end.to<Acc>(), xstep = step.to<Acc>();
+  TORCH_CHECK(xstep > 0 || xstep < 0, "step must be nonzero");
+  TORCH_CHECK(std::isfinite(static_cast<double>(xstart)) && std::isfinite(static_cast<double>(xend)),
+              "unsupported range: ", xstart, " -> ", xend);
+  TORCH_CHECK(((xstep > 0) && (xend >= xstart)) || ((xstep < 0) && (xend <= xstart)),
+              "upper bound and larger bound inconsistent with step sign");
+  double size_d = 0;
+  if constexpr (std::is_same_v<T, std::int64_t>) {
+    const std::int64_t sgn = (xstep > 0) - (xstep < 0);
+    size_d = std::ceil(static_cast<double>(xend - xstart + xstep - sgn) / static_cast<double>(xstep));
+  } else {
+    size_d = std::ceil((end.to<double>() - start.to<double>()) / step.to<double>());
+  }
+  TORCH_CHECK(size_d >= 0 && size_d <= static_cast<double>(std::numeric_limits<std::int64_t>::max()),
+              "invalid size, possible overflow?");
+  std::vector<T> values(static_cast<std::size_t>(size_d));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<T>(xstart + xstep * static_cast<Acc>(i));
+  }
+  const auto bytes = std::as_bytes(std::span<const T>(values));
+  return value_or_throw(session().from_host_bytes(dtype, bytes, ir::Shape{values.size()}), "arange");
+}
+
+at::Tensor& arange_out_kernel(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
+  const ir::DType dtype = to_kiln_dtype(out.scalar_type(), "arange");
+  std::optional<Value> v;
+  AT_DISPATCH_ALL_TYPES_AND2(at::ScalarType::Half, at::ScalarType::BFloat16, out.scalar_type(), "arange",
+                             [&] { v = arange_values<scalar_t>(start, end, step, dtype); });
+  const std::vector<std::int64_t> sizes{static_cast<std::int64_t>(v->shape()[0])};
+  impl_of(out, "arange").set_value(std::move(*v), sizes);
+  return out;
+}
+
+// Inside the namespace so that these names hide the C library's.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("index_select", TORCH_FN(index_select_kernel));
+  m.impl("embedding", TORCH_FN(embedding_kernel));
+  m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward_kernel));
+  m.impl("cat", TORCH_FN(cat_kernel));
+  m.impl("cumsum", TORCH_FN(cumsum_kernel));
+  m.impl("sort.stable", TORCH_FN(sort_kernel));
+  m.impl("arange.start_out", TORCH_FN(arange_out_kernel));
+}
+
+}  // namespace
+}  // namespace kiln::pytorch
