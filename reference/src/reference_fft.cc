@@ -88,7 +88,7 @@ void forward_dft(const HostTensor& x, const Lines& l, std::uint64_t n, const Hos
 }
 
 // x[t] = (1/n) Σ_k w_k·(Re X[k]·cos θ − Im X[k]·sin θ), θ = 2π·k·t/n, over k = 0 .. min(len − 1,
-// n/2): w = 1 for bin 0 and bin n/2 (their sin θ is 0, so their imaginary parts drop out), else 2
+// n/2): w = 1 for bin 0 and bin n/2 (their imaginary parts drop out), else 2
 // (the bin and its mirror n − k).
 void inverse_dft(const HostTensor& re, const HostTensor& im, const Lines& l, std::uint64_t n, const HostTensor& out) {
   const Roots r = roots_of(n);
@@ -100,8 +100,11 @@ void inverse_dft(const HostTensor& re, const HostTensor& im, const Lines& l, std
         std::uint64_t j = 0;  // k·t mod n
         for (std::uint64_t k = 0; k < bins; ++k) {
           const std::uint64_t at = (o * l.len + k) * l.inner + i;
-          const double w = k == 0 || 2 * k == n ? 1.0 : 2.0;
-          acc += w * (re.get_f64(at) * r.cos[j] - im.get_f64(at) * r.sin[j]);
+          // Bins 0 and n/2 are their own mirrors: their imaginary parts are dropped outright
+          // (sin θ is 0 there, but std::sin(π) is not exactly 0).
+          const bool self_mirror = k == 0 || 2 * k == n;
+          const double imaginary = self_mirror ? 0.0 : im.get_f64(at) * r.sin[j];
+          acc += (self_mirror ? 1.0 : 2.0) * (re.get_f64(at) * r.cos[j] - imaginary);
           j += t;
           if (j >= n) j -= n;
         }

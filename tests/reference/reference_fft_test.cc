@@ -55,11 +55,12 @@ TEST(ReferenceRfftTest, ByHand) {
   Spectrum s = rfft(d, d.f64({4}, dtypes::f64, {1, 2, 3, 4}), 0, std::nullopt);
   EXPECT_THAT(s.re, Near(std::vector<double>{10, -2, -2}, kTol));
   EXPECT_THAT(s.im, Near(std::vector<double>{0, 2, 0}, kTol));
-  // Padded to 6: X[1] = 1 + 2·e^(−iπ/3) + 3·e^(−2iπ/3) − 4 = −3.5 − 2.5·√3·i, X[3] = 1 − 2 + 3 − 4.
+  // Padded to 6: X[1] = 1 + 2·e^(−iπ/3) + 3·e^(−2iπ/3) − 4 = −3.5 − 2.5·√3·i,
+  // X[2] = 1 + 2·e^(−2iπ/3) + 3·e^(−4iπ/3) + 4 = 2.5 + 0.5·√3·i, X[3] = 1 − 2 + 3 − 4.
   s = rfft(d, d.f64({4}, dtypes::f64, {1, 2, 3, 4}), 0, 6);
   const double r3 = std::sqrt(3.0);
-  EXPECT_THAT(s.re, Near(std::vector<double>{10, -3.5, -0.5, -2}, kTol));
-  EXPECT_THAT(s.im, Near(std::vector<double>{0, -2.5 * r3, 1.5 * r3, 0}, kTol));
+  EXPECT_THAT(s.re, Near(std::vector<double>{10, -3.5, 2.5, -2}, kTol));
+  EXPECT_THAT(s.im, Near(std::vector<double>{0, -2.5 * r3, 0.5 * r3, 0}, kTol));
   // Trimmed to 3 points of [1, 2, 3, 4]: X = 6, −1.5 + 0.5·√3·i.
   s = rfft(d, d.f64({4}, dtypes::f64, {1, 2, 3, 4}), 0, 3);
   EXPECT_THAT(s.re, Near(std::vector<double>{6, -1.5}, kTol));
