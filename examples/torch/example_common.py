@@ -1,0 +1,65 @@
+"""What gpt.py and cnn.py share: the device by name, and their command line's common part."""
+
+import argparse
+import json
+import sys
+
+import torch
+
+
+def device(name):
+    """torch.device(name), importing kiln first (which registers the device) when the name is kiln's."""
+    if str(name).startswith("kiln"):
+        import kiln  # noqa: F401  (PYTHONPATH=<build>/python)
+    return torch.device(name)
+
+
+def parser(description):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", default="cpu", help="kiln or cpu (default cpu)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0, help="the weights' and the batches' seed")
+    p.add_argument("--log-every", type=int, default=10, help="print step, loss and throughput every N steps (0: never)")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    p.add_argument("--json", action="store_true",
+                   help="print only one JSON object at the end: the losses, timings and kiln.stats()")
+    return p
+
+
+def run(args, train, options, items_per_step, unit):
+    """Runs train(args.device, args.steps, seed=args.seed, **options) and prints the summary.
+
+    Returns the summary: the losses, the first and the median step's seconds, the median
+    throughput in `unit`s per second and, on kiln, kiln.stats() (the ops that ran on the CPU)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    on_kiln = device(args.device).type == "kiln"
+    if on_kiln:
+        import kiln
+        kiln.reset_stats()
+    timings = []
+    losses = train(args.device, args.steps, seed=args.seed, log_every=0 if args.json else args.log_every,
+                   timings=timings, **options)
+    steady = sorted(timings[1:] or timings)  # the first step includes warm-up (allocations, plans)
+    median = steady[len(steady) // 2]
+    summary = {
+        "device": args.device,
+        "steps": args.steps,
+        "seed": args.seed,
+        "threads": torch.get_num_threads(),
+        "options": options,
+        "losses": losses,
+        "first_step_s": timings[0],
+        "median_step_s": median,
+        f"{unit}_per_s": items_per_step / median,
+        "fallbacks": kiln.stats() if on_kiln else {},
+    }
+    if args.json:
+        json.dump(summary, sys.stdout)
+        print()
+    else:
+        print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; first step {timings[0] * 1e3:.1f} ms, "
+              f"median step {median * 1e3:.2f} ms ({items_per_step / median:.0f} {unit}/s)")
+        if on_kiln:
+            print(f"kiln.stats(), the ops that ran on the CPU (calls in {args.steps} steps): {summary['fallbacks']}")
+    return summary
