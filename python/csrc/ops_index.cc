@@ -183,7 +183,7 @@ Value arange_values(const at::Scalar& start, const at::Scalar& end, const at::Sc
   double size_d = 0;
   if constexpr (std::is_same_v<T, std::int64_t>) {
     const std::int64_t sgn = (xstep > 0) - (xstep < 0);
-    size_d = std::ceil(static_cast<double>(xend - xstart + xstep - sgn) / static_cast<double>(xstep));
+    size_d = static_cast<double>((xend - xstart + xstep - sgn) / xstep);  // integer division, as PyTorch's kernel
   } else {
     size_d = std::ceil((end.to<double>() - start.to<double>()) / step.to<double>());
   }

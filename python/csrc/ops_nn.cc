@@ -255,6 +255,18 @@ Tensor3 convolution_backward_kernel(const at::Tensor& grad, const at::Tensor& in
   return {wrap(grads[0], input.sizes()), wrap(grads[1], weight.sizes()), wrap(grads[2], bias_sizes)};
 }
 
+// aten::convolution and its backward registered directly as well: their composite kernels view a
+// 1-d convolution as a 2-d one (unsqueeze, squeeze: real views of the storage-less inner tensors,
+// each an as_strided copy through the CPU) before reaching the *_overrideable kernels above.
+Tensor3 convolution_backward_full_kernel(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                                         at::OptionalIntArrayRef /*bias_sizes: grad's channels*/,
+                                         c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                         bool transposed, c10::IntArrayRef output_padding, std::int64_t groups,
+                                         std::array<bool, 3> mask) {
+  return convolution_backward_kernel(grad, input, weight, stride, padding, dilation, transposed, output_padding, groups,
+                                     mask);
+}
+
 // ================================ batch norm ================================
 
 // A [C] tensor as [1, C, 1, ...] (rank `rank`), cast to `d`, for per-channel broadcasting.
@@ -681,6 +693,8 @@ at::Tensor gelu_backward_kernel(const at::Tensor& grad, const at::Tensor& self, 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", TORCH_FN(convolution_kernel));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_kernel));
+  m.impl("convolution", TORCH_FN(convolution_kernel));
+  m.impl("convolution_backward", TORCH_FN(convolution_backward_full_kernel));
   m.impl("native_batch_norm", TORCH_FN(native_batch_norm_kernel));
   m.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward_kernel));
   m.impl("native_layer_norm", TORCH_FN(native_layer_norm_kernel));

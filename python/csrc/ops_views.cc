@@ -226,6 +226,25 @@ at::Tensor select_scatter_kernel(const at::Tensor& self, const at::Tensor& src, 
   return scatter_slice(self, value_of(src, "select_scatter"), std::move(spec), "select_scatter");
 }
 
+// ---- the gradients of slice and select: zeros of the input's sizes with the view's slots set to
+// the gradient. PyTorch's composite kernels write the gradient into an as_strided view of a zeros
+// tensor, which the storage-less kiln tensor can only give as a copy: the write would be lost.
+
+at::Tensor zeros_of(const at::Tensor& grad, c10::IntArrayRef sizes, std::string_view what) {
+  const ir::DType dtype = to_kiln_dtype(grad.scalar_type(), what);
+  return make_tensor(value_or_throw(session().zeros(kiln_shape(sizes), dtype), what), sizes);
+}
+
+at::Tensor slice_backward_kernel(const at::Tensor& grad, c10::IntArrayRef input_sizes, std::int64_t dim,
+                                 std::int64_t start, std::int64_t end, std::int64_t step) {
+  return slice_scatter_kernel(zeros_of(grad, input_sizes, "slice_backward"), grad, dim, start, end, step);
+}
+
+at::Tensor select_backward_kernel(const at::Tensor& grad, c10::IntArrayRef input_sizes, std::int64_t dim,
+                                  std::int64_t index) {
+  return select_scatter_kernel(zeros_of(grad, input_sizes, "select_backward"), grad, dim, index);
+}
+
 // Inside the namespace so that these names hide the C library's (exp, log, abs, ...).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view_copy", TORCH_FN(view_copy_kernel));
@@ -248,6 +267,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("squeeze_copy.dim", TORCH_FN(squeeze_copy_dim_kernel));
   m.impl("squeeze_copy.dims", TORCH_FN(squeeze_copy_dims_kernel));
   m.impl("slice_scatter", TORCH_FN(slice_scatter_kernel));
+  m.impl("slice_backward", TORCH_FN(slice_backward_kernel));
+  m.impl("select_backward", TORCH_FN(select_backward_kernel));
   m.impl("select_scatter", TORCH_FN(select_scatter_kernel));
 }
 

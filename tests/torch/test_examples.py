@@ -62,17 +62,8 @@ class ExamplesTest(KilnTestCase):
         first, last = sum(on_kiln[:10]) / 10, sum(on_kiln[-10:]) / 10
         self.assertLess(last, 0.8 * first, on_kiln)
 
-    # Expected to fail until kiln lowers aten::slice_backward (and select_backward): the gradient
-    # through a slice, here the GPT's `self.positions[:t]`, is all zeros on kiln. Their composite
-    # kernels make a zero tensor and write the gradient into a slice of it, and that slice is an
-    # aten::as_strided view that kiln's CPU fallback can only return as a copy, so the write is
-    # lost (PyTorch warns "View operators don't support falling back"). Minimal reproduction:
-    #     p = torch.arange(16.0).view(4, 4).to("kiln").requires_grad_()
-    #     p[1:3].sum().backward()        # p.grad: all zeros on kiln (rows 1 and 2 are ones on the CPU)
-    # With Python kernels for the two ops (zeros, then slice_scatter / select_scatter, both lowered)
-    # the curves agree within 4.8e-7. Remove the decorator once they are lowered: an unexpected
-    # success fails the run.
-    @unittest.expectedFailure
+    # The GPT's `self.positions[:t]` trains through aten::slice_backward (lowered in ops_views.cc;
+    # before that its gradient was lost and the curves parted after step 2).
     def test_gpt_trains_as_on_the_cpu(self):
         self.check(*self.train_both("gpt", gpt, GPT_OPTIONS))
 

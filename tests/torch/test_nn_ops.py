@@ -55,6 +55,19 @@ class NnOpsTest(KilnTestCase):
             self.assertClose(g, w, rtol=rtol, atol=atol)
         self.assertNoFallback()
 
+    # ---- the gradients of views (slice_backward, select_backward): a write into an as_strided view
+    # of zeros in PyTorch's composite kernels, lost on kiln before these were lowered
+
+    def test_slice_and_select_gradients(self):
+        x = torch.randn(4, 5, 3)
+        self.check_grad(lambda t: t[1:3], x)
+        self.check_grad(lambda t: t[:, 1::2], x)
+        self.check_grad(lambda t: t[..., -2:], x)
+        self.check_grad(lambda t: t.narrow(1, 2, 2), x)
+        self.check_grad(lambda t: t[2], x)
+        self.check_grad(lambda t: t[:, -1], x)
+        self.check_grad(lambda t: (t * 2).view(60)[7:19], x)
+
     # ---- convolutions
 
     def test_conv2d_options(self):
@@ -299,7 +312,13 @@ class TrainingStepTest(KilnTestCase):
         model, kmodel = self.step(TinyGptBlock(), lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1), idx,
                                   targets, lambda logits, y: F.cross_entropy(logits.view(-1, 11), y.view(-1)))
         for (name, p), q in zip(kmodel.named_parameters(), model.parameters()):
-            self.assertClose(p.detach(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
+            p, q = p.detach(), q.detach()
+            if name == "qkv.bias":
+                # The key bias's gradient is zero in exact arithmetic (softmax ignores a constant
+                # added to every score of a row): ~1e-10 of rounding noise on either device, whose
+                # sign AdamW's first step turns into ±lr. Those 8 entries are not compared.
+                p, q = torch.cat([p[:8], p[16:]]), torch.cat([q[:8], q[16:]])
+            self.assertClose(p, q, rtol=1e-4, atol=1e-5, msg=name)
 
 
 if __name__ == "__main__":
