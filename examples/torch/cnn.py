@@ -15,7 +15,6 @@ float32 arithmetic differs. Importable: `build_model(...)`, `make_images(...)` a
 """
 
 import math
-import time
 
 import torch
 import torch.nn as nn
@@ -72,21 +71,16 @@ def train(device, steps, seed=0, batch=16, size=16, channels=8, noise=1.0, lr=0.
     model = build_model(size, channels, seed).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     generator = torch.Generator().manual_seed(seed + 1)
-    losses = []
-    for step in range(steps):
-        start = time.perf_counter()
+
+    def step():
         x, y = make_images(batch, size, generator, noise)
         loss = F.cross_entropy(model(x.to(device)), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(loss.item())  # a read: waits for the step
-        seconds = time.perf_counter() - start
-        if timings is not None:
-            timings.append(seconds)
-        if log_every and (step % log_every == 0 or step == steps - 1):
-            print(f"step {step:5d}  loss {losses[-1]:.4f}  {batch / seconds:9.0f} images/s", flush=True)
-    return losses
+        return loss
+
+    return example_common.train_steps(steps, step, batch, "images", log_every, timings)
 
 
 def main(argv=None):

@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+import time
 
 import torch
 
@@ -12,6 +13,22 @@ def device(name):
     if str(name).startswith("kiln"):
         import kiln  # noqa: F401  (PYTHONPATH=<build>/python)
     return torch.device(name)
+
+
+def train_steps(steps, step, items_per_step, unit, log_every, timings):
+    """Runs `step()` (one training step, returning its loss tensor) `steps` times; returns the
+    losses (floats). Each step is timed with its loss read, which waits for the step to finish;
+    `timings`, a list, gets the seconds; `log_every` > 0 prints step, loss and `unit`s/s."""
+    losses = []
+    for i in range(steps):
+        start = time.perf_counter()
+        losses.append(step().item())
+        seconds = time.perf_counter() - start
+        if timings is not None:
+            timings.append(seconds)
+        if log_every and (i % log_every == 0 or i == steps - 1):
+            print(f"step {i:5d}  loss {losses[-1]:.4f}  {items_per_step / seconds:9.0f} {unit}/s", flush=True)
+    return losses
 
 
 def parser(description):

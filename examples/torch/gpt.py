@@ -21,7 +21,6 @@ returns the list of losses (one per step); `--json` prints them with the timings
 
 import math
 import os
-import time
 
 import torch
 import torch.nn as nn
@@ -128,21 +127,16 @@ def train(device, steps, seed=0, batch=8, context=16, layers=2, width=32, heads=
     model = build_model(len(vocab), context, layers, width, heads, seed).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     generator = torch.Generator().manual_seed(seed + 1)
-    losses = []
-    for step in range(steps):
-        start = time.perf_counter()
+
+    def step():
         x, y = get_batch(data, batch, context, generator)
         _, loss = model(x.to(device), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(loss.item())  # a read: waits for the step
-        seconds = time.perf_counter() - start
-        if timings is not None:
-            timings.append(seconds)
-        if log_every and (step % log_every == 0 or step == steps - 1):
-            print(f"step {step:5d}  loss {losses[-1]:.4f}  {batch * context / seconds:9.0f} tokens/s", flush=True)
-    return losses
+        return loss
+
+    return example_common.train_steps(steps, step, batch * context, "tokens", log_every, timings)
 
 
 def main(argv=None):
