@@ -5,6 +5,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/index_select.h>
@@ -208,6 +209,55 @@ at::Tensor& arange_out_kernel(const at::Scalar& start, const at::Scalar& end, co
 }
 
 // Inside the namespace so that these names hide the C library's.
+// ---- constant_pad_nd (F.pad's constant mode): negative pads crop (a Slice), positive ones pad
+// (kiln's Pad). Registered because the composite kernel writes the input into a narrow() view of
+// a filled tensor, a write the storage-less kiln tensor would lose. A result with no element, a
+// 0-dim or bool input runs on the CPU, counted.
+
+struct PadPlan {
+  std::vector<ir::Slice> crop;          // whole dims, then the cropped trailing ones
+  std::vector<ir::build::PadPair> pad;  // the trailing dims, in dim order
+  std::vector<std::int64_t> sizes;      // the result's
+  bool crops = false;
+};
+
+PadPlan pad_plan(const at::Tensor& self, c10::IntArrayRef pad) {
+  const std::size_t dims = pad.size() / 2, rank = static_cast<std::size_t>(self.dim());
+  PadPlan p;
+  p.sizes.assign(self.sizes().begin(), self.sizes().end());
+  p.crop.assign(rank, ir::Slice{});
+  p.pad.resize(dims);
+  for (std::size_t i = 0; i < dims; ++i) {  // torch lists the last dim first
+    const std::size_t d = rank - 1 - i;
+    const std::int64_t before = pad[2 * i], after = pad[2 * i + 1];
+    p.crop[d] = ir::Slice{std::max<std::int64_t>(0, -before), p.sizes[d] - std::max<std::int64_t>(0, -after), 1};
+    p.crops = p.crops || before < 0 || after < 0;
+    p.pad[dims - 1 - i] = {static_cast<std::uint64_t>(std::max<std::int64_t>(0, before)),
+                           static_cast<std::uint64_t>(std::max<std::int64_t>(0, after))};
+    p.sizes[d] += before + after;
+  }
+  return p;
+}
+
+at::Tensor constant_pad_nd_kernel(const at::Tensor& self, c10::IntArrayRef pad, const at::Scalar& value) {
+  constexpr std::string_view what = "constant_pad_nd";
+  TORCH_CHECK(pad.size() % 2 == 0, "Length of pad must be even but instead it equals ", pad.size());
+  TORCH_CHECK(static_cast<std::int64_t>(pad.size() / 2) <= self.dim(),
+              "Length of pad should be no more than twice the number of dimensions of the input. Pad length is ",
+              pad.size(), " while the input has ", self.dim(), " dimensions.");
+  PadPlan p = pad_plan(self, pad);
+  const bool empty = std::any_of(p.sizes.begin(), p.sizes.end(), [](std::int64_t n) { return n <= 0; });
+  if (empty || self.numel() == 0 || self.dim() == 0 || self.scalar_type() == c10::ScalarType::Bool) {
+    note_fallback("aten::constant_pad_nd");
+    return at::constant_pad_nd(self.cpu(), pad, value).to(self.device());
+  }
+  Session& s = session();
+  Value v = value_of(self, what);
+  if (p.crops) v = value_or_throw(s.slice(std::move(v), std::move(p.crop)), what);
+  v = value_or_throw(s.pad(std::move(v), std::move(p.pad), ir::PadMode::Constant, value.toDouble()), what);
+  return make_tensor(std::move(v), p.sizes);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_select", TORCH_FN(index_select_kernel));
   m.impl("embedding", TORCH_FN(embedding_kernel));
@@ -216,6 +266,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("cumsum", TORCH_FN(cumsum_kernel));
   m.impl("sort.stable", TORCH_FN(sort_kernel));
   m.impl("arange.start_out", TORCH_FN(arange_out_kernel));
+  m.impl("constant_pad_nd", TORCH_FN(constant_pad_nd_kernel));
 }
 
 }  // namespace

@@ -119,7 +119,17 @@ at::Tensor sqrt_kernel(const at::Tensor& a) { return unary_float("sqrt", a, &Ses
 at::Tensor rsqrt_kernel(const at::Tensor& a) { return unary_float("rsqrt", a, &Session::rsqrt); }
 at::Tensor reciprocal_kernel(const at::Tensor& a) { return unary_float("reciprocal", a, &Session::recip); }
 at::Tensor tanh_kernel(const at::Tensor& a) { return unary_float("tanh", a, &Session::tanh); }
-at::Tensor sigmoid_kernel(const at::Tensor& a) { return unary_float("sigmoid", a, &Session::sigmoid); }
+// Session::sigmoid is Burn's decomposition, computed in f32 (ir.md §5.11); an f64 input gets
+// 1 / (1 + exp(−x)) in f64 instead, to f64's accuracy as on PyTorch's CPU.
+at::Tensor sigmoid_kernel(const at::Tensor& a) {
+  constexpr std::string_view what = "sigmoid";
+  if (a.scalar_type() != c10::ScalarType::Double) return unary_float(what, a, &Session::sigmoid);
+  Session& s = session();
+  Value t = value_or_throw(s.neg(operand(a, ir::dtypes::f64, a.dim(), what)), what);
+  t = value_or_throw(s.exp(std::move(t)), what);
+  t = value_or_throw(s.add(std::move(t), 1.0), what);
+  return make_tensor(value_or_throw(s.recip(std::move(t)), what), a.sizes());
+}
 at::Tensor relu_kernel(const at::Tensor& a) {
   check_not_bool("relu", a);
   return unary("relu", a, a.scalar_type(), &Session::relu);

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <initializer_list>
 #include <optional>
 #include <string_view>
@@ -220,9 +221,20 @@ Tensor3 convolution_backward_on_cpu(const at::Tensor& grad, const at::Tensor& in
 
 // For a device other than the CPU and CUDA, aten::convolution ends here (the default kernel
 // raises NotImplementedError instead of reaching the boxed fallback).
+// One value per spatial dim: aten::convolution accepts a single value for all of them (padding='valid'
+// arrives as padding=[0]), as PyTorch's expand_param_if_needed.
+std::vector<std::int64_t> per_dim(c10::IntArrayRef v, const at::Tensor& weight) {
+  const auto dims = static_cast<std::size_t>(std::max<std::int64_t>(weight.dim() - 2, 0));
+  if (v.size() == 1 && dims > 1) return std::vector<std::int64_t>(dims, v[0]);
+  return {v.begin(), v.end()};
+}
+
 at::Tensor convolution_kernel(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
-                              bool transposed, c10::IntArrayRef output_padding, std::int64_t groups) {
+                              c10::IntArrayRef stride_in, c10::IntArrayRef padding_in, c10::IntArrayRef dilation_in,
+                              bool transposed, c10::IntArrayRef output_padding_in, std::int64_t groups) {
+  const std::vector<std::int64_t> stride = per_dim(stride_in, weight), padding = per_dim(padding_in, weight),
+                                  dilation = per_dim(dilation_in, weight),
+                                  output_padding = per_dim(output_padding_in, weight);
   const ConvArgs a{stride, padding, dilation, output_padding, groups, transposed};
   if (!conv_lowerable(input, weight, bias, a)) {
     return convolution_on_cpu(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
@@ -240,7 +252,9 @@ Tensor3 convolution_backward_kernel(const at::Tensor& grad, const at::Tensor& in
                                     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                                     bool transposed, c10::IntArrayRef output_padding, std::int64_t groups,
                                     std::array<bool, 3> mask) {
-  const ConvArgs a{stride, padding, dilation, output_padding, groups, transposed};
+  const std::vector<std::int64_t> s = per_dim(stride, weight), p = per_dim(padding, weight),
+                                  d = per_dim(dilation, weight), op = per_dim(output_padding, weight);
+  const ConvArgs a{s, p, d, op, groups, transposed};
   if (!conv_lowerable(input, weight, std::nullopt, a) || !is_kiln(grad) || grad.scalar_type() != input.scalar_type()) {
     return convolution_backward_on_cpu(grad, input, weight, a, mask);
   }
@@ -481,7 +495,8 @@ Tensor3 layer_norm_lowered(const at::Tensor& input, c10::IntArrayRef normalized_
 Tensor3 native_layer_norm_kernel(const at::Tensor& input, c10::IntArrayRef normalized_shape,
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                  double eps) {
-  if (layer_norm_lowerable(input, normalized_shape, {&weight, &bias})) {
+  // kiln's LayerNorm refuses a negative or non-finite epsilon; PyTorch computes it.
+  if (eps >= 0 && std::isfinite(eps) && layer_norm_lowerable(input, normalized_shape, {&weight, &bias})) {
     return layer_norm_lowered(input, normalized_shape, weight, bias, eps);
   }
   note_fallback("aten::native_layer_norm");

@@ -94,10 +94,10 @@ GRADCHECK_SAMPLES = 4
 # ---- fallbacks that the samples are allowed: per OpInfo, the aten ops (as kiln.stats() names them)
 # that its samples' arguments make run on the CPU, with why. Anything else in kiln.stats() after a
 # sample (forward or backward) fails the test.
-_DOCUMENTED_NORM = "empty input: norms of empty tensors run on the CPU (as for the other lowered layers)"
+_DOCUMENTED_NORM = ("empty input: norms of empty tensors run on the CPU (as for the other lowered layers); "
+                    "a negative eps (kiln's LayerNorm refuses it) too")
 _CONV = {
-    "aten::convolution_overrideable": "non-float convolutions, transposed output_padding >= stride (documented); "
-                                      "kiln gap: padding='valid' (PyTorch passes padding=[0], one element)",
+    "aten::convolution_overrideable": "non-float convolutions, transposed output_padding >= stride (documented)",
     "aten::convolution_backward_overrideable": "as the forward",
 }
 EXPECTED_FALLBACKS = {
@@ -179,19 +179,10 @@ SKIPS = [
     ("unbind", None, "[5, 0, 5], 0", None,
      "kiln bug: select of a zero-size tensor ([1,0,5] to [0,5]): kiln's Reshape reads 0 as 'copy the input's dim'"),
     ("unbind_copy", None, "[5, 0, 5], 0", None, "kiln bug: as unbind"),
-    ("nn.functional.conv2d", None, _asymmetric_same, None,
-     "kiln bug: padding='same' with an odd total padding: F.pad (constant_pad_nd) returns zeros on kiln"),
-    ("nn.functional.conv3d", None, _asymmetric_same, None, "kiln bug: as conv2d"),
-    ("nn.functional.layer_norm", None, lambda s: s.kwargs.get("eps", 1e-5) < 0, None,
-     "kiln bug: a negative eps raises Invalid (kiln's LayerNorm); PyTorch computes it (it should run on the CPU)"),
-    ("native_layer_norm", None, lambda s: s.args[-1] < 0, None, "kiln bug: as layer_norm"),
     ("narrow", None, lambda s: s.args[-1] == 0, None, "documented: empty slices are refused"),
     ("narrow_copy", None, lambda s: s.args[-1] == 0, None, "documented: empty slices are refused"),
     ("split_with_sizes", None, lambda s: 0 in s.args[0], None, "documented: empty slices are refused"),
     ("split_with_sizes_copy", None, lambda s: 0 in s.args[0], None, "documented: empty slices are refused"),
-    ("sigmoid", (F64,), None, "gradcheck",
-     "kiln bug: f64 sigmoid is computed to ~f32 precision (relative error 8e-7 against the CPU), which "
-     "gradcheck's finite differences (eps 1e-6) turn into a Jacobian mismatch"),
     ("cat", None, "([0, 5], [5, 5]), dim=0", "backward",
      "documented: empty slices are refused (cat's backward slices an empty gradient)"),
 ]
