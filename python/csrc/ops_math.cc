@@ -28,6 +28,13 @@ bool integral_or_bool(c10::ScalarType t) { return c10::isIntegralType(t, /*inclu
 // tensor), the tensor form otherwise.
 at::Tensor binary(std::string_view what, const at::Tensor& a, const at::Tensor& b, c10::ScalarType type,
                   BinaryFn tensor_fn, ScalarFn scalar_fn) {
+  if (type == c10::ScalarType::Bool) {
+    // kiln's numeric ops exclude bool; PyTorch defines them on bool (add: or, mul: and, max, the
+    // comparisons): computed in u8, a non-comparison's result cast back (nonzero → true).
+    at::Tensor r = binary(what, a, b, c10::ScalarType::Byte, tensor_fn, scalar_fn);
+    if (r.scalar_type() == c10::ScalarType::Bool) return r;
+    return make_tensor(cast_to(value_of(r, what), ir::dtypes::boolean, what), r.sizes());
+  }
   const std::vector<std::int64_t> sizes = at::infer_size(a.sizes(), b.sizes());
   const ir::DType d = kiln_type(type, what);
   Session& s = session();
@@ -67,10 +74,12 @@ at::Tensor add_sub(std::string_view what, const at::Tensor& a, const at::Tensor&
   const double k = alpha.toDouble();
   if (k == 1.0) return binary(what, a, b, type, tensor_fn, scalar_fn);
   const std::vector<std::int64_t> sizes = at::infer_size(a.sizes(), b.sizes());
-  const ir::DType d = kiln_type(type, what);
+  const bool boolean = type == c10::ScalarType::Bool;  // computed in u8, as binary() does
+  const ir::DType d = kiln_type(boolean ? c10::ScalarType::Byte : type, what);
   Session& s = session();
   Value vb = value_or_throw(s.mul(operand(b, d, sizes.size(), what), k), what);
-  return make_tensor(value_or_throw((s.*tensor_fn)(operand(a, d, sizes.size(), what), std::move(vb)), what), sizes);
+  Value r = value_or_throw((s.*tensor_fn)(operand(a, d, sizes.size(), what), std::move(vb)), what);
+  return make_tensor(boolean ? cast_to(r, ir::dtypes::boolean, what) : std::move(r), sizes);
 }
 
 at::Tensor add_kernel(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
@@ -171,7 +180,9 @@ at::Tensor compare(const at::Tensor& a, const at::Tensor& b) {
 }
 template <ScalarFn Fn>
 at::Tensor compare_scalar(const at::Tensor& a, const at::Scalar& k) {
-  const c10::ScalarType type = at::result_type(a, k);
+  const c10::ScalarType promoted = at::result_type(a, k);
+  // bool operands compare as u8 (kiln's comparisons exclude bool, as its numeric ops)
+  const c10::ScalarType type = promoted == c10::ScalarType::Bool ? c10::ScalarType::Byte : promoted;
   Value v = operand(a, kiln_type(type, "comparison"), a.dim(), "comparison");
   return make_tensor(value_or_throw((session().*Fn)(std::move(v), k.toDouble()), "comparison"), a.sizes());
 }

@@ -160,14 +160,7 @@ def _asymmetric_same(s):
     return any(d * (k - 1) % 2 for d, k in zip(dil, w.shape[2:]))
 
 
-def _bool_numeric(names):
-    return [(n, (BOOL,), None, None, "kiln bug: a bool operand raises DTypeMismatch (kiln's NumericInt "
-             "family excludes bool); PyTorch defines the op on bool") for n in names]
-
-
 SKIPS = [
-    *_bool_numeric(["add", "mul", "maximum", "minimum", "max.binary", "min.binary", "lt", "le", "gt", "ge",
-                    "max.reduction_no_dim", "max.reduction_with_dim"]),
     ("masked_fill", None, "[5], [5, 5], 10", None,
      "kiln bug: masked_fill.Scalar whose mask broadcasts the input to a larger shape: INTERNAL ASSERT "
      "(tensor_impl.cc aligned_args; the result takes the input's sizes)"),
