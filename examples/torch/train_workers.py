@@ -57,7 +57,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
-    p.add_argument("--steps", type=int, default=150, help="training steps per worker (default 150)")
+    p.add_argument("--steps", type=int, default=300, help="training steps per worker (default 300)")
     p.add_argument("--seed", type=int, default=0, help="worker i trains from seed SEED+i (default 0)")
     p.add_argument("--device", default="auto", help="kilnd's --device: auto, cpu, cuda, cuda:N (default auto)")
     p.add_argument("--kilnd", default=os.environ.get("KILN_KILND"), help="the kilnd to start (env KILN_KILND)")
@@ -262,10 +262,12 @@ class Worker:
         self.eof = False
         self.stderr_path = os.path.join(root, self.name + ".stderr")
         env = dict(os.environ, KILN_SOCKET=socket, PYTHONDONTWRITEBYTECODE="1")
-        if args.pythonpath:
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.abspath(args.pythonpath), env.get("PYTHONPATH"))
-                                                if p)
-        cmd = [args.python, os.path.abspath(__file__), "--worker", self.name, "--socket", socket,
+        # The workers run in this folder (gpt.py's): the driver's relative paths made absolute.
+        path = [args.pythonpath] if args.pythonpath else []
+        path += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if path:
+            env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path)
+        cmd = [os.path.abspath(args.python) if os.sep in args.python else args.python, os.path.abspath(__file__), "--worker", self.name, "--socket", socket,
                "--steps", str(args.steps), "--seed", str(self.seed), "--threads", str(args.threads),
                "--batch", str(args.batch), "--context", str(args.context), "--layers", str(args.layers),
                "--width", str(args.width), "--heads", str(args.heads), "--lr", repr(args.lr)]
