@@ -43,7 +43,7 @@ step() {
 main_job() {
   local bin=$1 kilnd=$1/apps/kilnd kilnctl=$1/apps/kilnctl python
   # The Python the device was built against (CMake's KILN_TORCH_PYTHON), else the project venv's.
-  python=$(sed -n 's/^KILN_TORCH_PYTHON:[A-Z]*=//p' "$bin/CMakeCache.txt" 2>/dev/null)
+  python=$(sed -n 's/^KILN_TORCH_PYTHON:[A-Z]*=//p' "$bin/CMakeCache.txt" 2>/dev/null) || true
   [[ -n $python ]] || python=$ROOT/.venv/bin/python
   if [[ -f $bin/python/kiln/libkiln_torch.so && -x $python ]]; then
     [[ -x $kilnd && -x $kilnctl ]] || die "$kilnd or $kilnctl was not built"
