@@ -32,15 +32,34 @@ step() {
 }
 
 # ---- main job ---------------------------------------------------------------------------------
-# What `./quickstart.sh demo` runs after the build: kiln-demo starts kilnd on the best device
-# (the CPU without a GPU) and two training-worker processes that train a small MLP with Adam
-# through it, showing progress and the daemon's plan-cache figures; exit 0 only if every
-# worker's loss fell. KILN_DEMO_ARGS adds options (e.g. "--workers 4 --steps 400").
+# What `./quickstart.sh demo` runs after the build: examples/torch/train_workers.py starts kilnd
+# on the best device (the CPU without a GPU) and four PyTorch worker processes, each training
+# the GPT of examples/torch/gpt.py on the `kiln` device through that daemon (its own seed); it
+# prints each worker's steps, loss and tokens/s and the daemon's plan-cache figures, writes the
+# loss curves to <build>/kiln-demo-losses.png, and exits 0 only if every worker's loss fell.
+# KILN_DEMO_ARGS adds options (e.g. "--workers 2 --steps 500 --out /tmp/losses.png"; --help
+# lists them). Without the PyTorch device (KILN_SETUP_TORCH=0, or CMake found no torch) it says
+# so and runs the C++ demo, apps/kiln-demo (MLP workers through the same kilnd), instead.
 main_job() {
-  local demo=$1/apps/kiln-demo
-  [[ -x $demo ]] || die "$demo was not built"
-  # shellcheck disable=SC2086
-  step "running the demo ($demo --workers 2 ${KILN_DEMO_ARGS:-})" "$demo" --workers 2 ${KILN_DEMO_ARGS:-}
+  local bin=$1 kilnd=$1/apps/kilnd kilnctl=$1/apps/kilnctl python
+  # The Python the device was built against (CMake's KILN_TORCH_PYTHON), else the project venv's.
+  python=$(sed -n 's/^KILN_TORCH_PYTHON:[A-Z]*=//p' "$bin/CMakeCache.txt" 2>/dev/null) || true
+  [[ -n $python ]] || python=$ROOT/.venv/bin/python
+  if [[ -f $bin/python/kiln/libkiln_torch.so && -x $python ]]; then
+    [[ -x $kilnd && -x $kilnctl ]] || die "$kilnd or $kilnctl was not built"
+    # shellcheck disable=SC2086
+    step "running the demo (examples/torch/train_workers.py ${KILN_DEMO_ARGS:-})" \
+      "$python" examples/torch/train_workers.py --kilnd "$kilnd" --kilnctl "$kilnctl" \
+      --pythonpath "$bin/python" --out "$bin/kiln-demo-losses.png" ${KILN_DEMO_ARGS:-}
+  else
+    echo "quickstart: the PyTorch device was not built ($bin/python/kiln/libkiln_torch.so is missing:" \
+      "KILN_SETUP_TORCH=0, or CMake found no torch 2.11; see docs/pytorch.md), so the PyTorch demo" \
+      "cannot run; running the C++ demo (apps/kiln-demo) instead" >&2
+    local demo=$bin/apps/kiln-demo
+    [[ -x $demo ]] || die "$demo was not built"
+    # shellcheck disable=SC2086
+    step "running the C++ demo ($demo --workers 2 ${KILN_DEMO_ARGS:-})" "$demo" --workers 2 ${KILN_DEMO_ARGS:-}
+  fi
 }
 # -----------------------------------------------------------------------------------------------
 

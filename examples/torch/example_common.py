@@ -15,10 +15,12 @@ def device(name):
     return torch.device(name)
 
 
-def train_steps(steps, step, items_per_step, unit, log_every, timings):
+def train_steps(steps, step, items_per_step, unit, log_every, timings, on_step=None):
     """Runs `step()` (one training step, returning its loss tensor) `steps` times; returns the
     losses (floats). Each step is timed with its loss read, which waits for the step to finish;
-    `timings`, a list, gets the seconds; `log_every` > 0 prints step, loss and `unit`s/s."""
+    `timings`, a list, gets the seconds; `log_every` > 0 prints step, loss and `unit`s/s;
+    `on_step(i, loss, seconds)`, when given, is called after every step (train_workers.py
+    reports each step to its driver through it)."""
     losses = []
     for i in range(steps):
         start = time.perf_counter()
@@ -26,6 +28,8 @@ def train_steps(steps, step, items_per_step, unit, log_every, timings):
         seconds = time.perf_counter() - start
         if timings is not None:
             timings.append(seconds)
+        if on_step is not None:
+            on_step(i, losses[-1], seconds)
         if log_every and (i % log_every == 0 or i == steps - 1):
             print(f"step {i:5d}  loss {losses[-1]:.4f}  {items_per_step / seconds:9.0f} {unit}/s", flush=True)
     return losses

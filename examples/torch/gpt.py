@@ -117,11 +117,12 @@ def get_batch(data, batch, context, generator):
 
 
 def train(device, steps, seed=0, batch=8, context=16, layers=2, width=32, heads=4, lr=3e-3, log_every=0,
-          timings=None):
+          timings=None, on_step=None):
     """Trains a fresh model for `steps` steps on `device`; returns the loss of each step (floats).
 
     `log_every` > 0 prints step, loss and tokens/s every that many steps. `timings`, a list, gets
-    each step's seconds (the loss read included: it waits for the step to finish)."""
+    each step's seconds (the loss read included: it waits for the step to finish). `on_step(i,
+    loss, seconds)` is called after every step."""
     device = example_common.device(device)
     data, vocab = load_text()
     model = build_model(len(vocab), context, layers, width, heads, seed).to(device)
@@ -136,7 +137,7 @@ def train(device, steps, seed=0, batch=8, context=16, layers=2, width=32, heads=
         opt.step()
         return loss
 
-    return example_common.train_steps(steps, step, batch * context, "tokens", log_every, timings)
+    return example_common.train_steps(steps, step, batch * context, "tokens", log_every, timings, on_step)
 
 
 def main(argv=None):
