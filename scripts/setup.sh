@@ -37,6 +37,7 @@ PACKAGES=(
   libeigen3-dev               # kiln-bench-peers times Eigen's sgemm beside kiln's matmul
   python3                     # bench comparison scripts, the layering check (lint)
   python3-venv                # `python3 -m venv` with pip: the project venv (.venv) for PyPI tools
+  python3-dev                 # Python.h: torch.compile's CPU kernels include it (bench/torch)
   procps                      # pkill, ps: the daemon tests end their helper processes
   util-linux passwd           # setpriv, useradd: the tests run clients as a second user (root)
 )
