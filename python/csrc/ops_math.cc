@@ -213,11 +213,17 @@ at::Tensor masked_fill_kernel(const at::Tensor& a, const at::Tensor& mask, const
               "masked_fill only supports boolean masks, but got mask "
               "with dtype ",
               mask.scalar_type());
+  // The result has the broadcast shape of input and mask (a mask may broadcast the input, as on
+  // PyTorch's CPU); kiln's MaskFill broadcasts the mask only, so the input is expanded first.
+  const std::vector<std::int64_t> sizes = at::infer_size(a.sizes(), mask.sizes());
   const ir::DType d = kiln_type(a.scalar_type(), "masked_fill");
-  Value m = operand(mask, ir::dtypes::boolean, a.dim(), "masked_fill");
-  Value v = operand(a, d, a.dim(), "masked_fill");
-  return make_tensor(value_or_throw(session().mask_fill(std::move(v), std::move(m), value.toDouble()), "masked_fill"),
-                     a.sizes());
+  Session& s = session();
+  Value m = operand(mask, ir::dtypes::boolean, sizes.size(), "masked_fill");
+  Value v = operand(a, d, sizes.size(), "masked_fill");
+  if (const ir::Shape shape = kiln_shape(sizes); v.shape() != shape) {
+    v = value_or_throw(s.expand(std::move(v), shape), "masked_fill");
+  }
+  return make_tensor(value_or_throw(s.mask_fill(std::move(v), std::move(m), value.toDouble()), "masked_fill"), sizes);
 }
 
 // ---- composites the optimizers and activations' backward passes use

@@ -161,9 +161,6 @@ def _asymmetric_same(s):
 
 
 SKIPS = [
-    ("masked_fill", None, "[5], [5, 5], 10", None,
-     "kiln bug: masked_fill.Scalar whose mask broadcasts the input to a larger shape: INTERNAL ASSERT "
-     "(tensor_impl.cc aligned_args; the result takes the input's sizes)"),
     ("matmul", None, "[5, 5, 0], [0, 5]", None,
      "kiln bug: a view/reshape to sizes with a 0 ([5,5,0] to [25,0]): kiln's Reshape reads 0 as 'copy the "
      "input's dim'"),
