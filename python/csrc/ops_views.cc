@@ -70,6 +70,8 @@ at::Tensor expand_copy_kernel(const at::Tensor& self, c10::IntArrayRef size, boo
     if (sizes[i] == -1) sizes[i] = self.size(static_cast<std::int64_t>(i - lead));
   }
   if (self.sizes().equals(sizes)) return alias_copy_kernel(self);
+  if (c10::multiply_integers(sizes) == 0)
+    return make_tensor(reshaped(value_of(self, "expand"), sizes, "expand"), sizes);
   Value v = value_of(self, "expand");
   const ir::Shape target = kiln_shape(sizes);
   if (v.shape().size() != target.size()) {

@@ -146,6 +146,10 @@ at::Tensor make_tensor(runtime::Tensor value, c10::IntArrayRef sizes) {
 
 runtime::Tensor reshaped(const runtime::Tensor& value, c10::IntArrayRef sizes, std::string_view what) {
   if (value.shape() == kiln_shape(sizes)) return value;
+  // No elements: a fresh empty tensor of the shape (kiln's Reshape reads a 0 as "keep the input's
+  // dim", ONNX's rule, so [5, 5, 0] → [25, 0] cannot be a Reshape).
+  if (c10::multiply_integers(sizes) == 0)
+    return value_or_throw(session().empty(kiln_shape(sizes), value.dtype()), what);
   return value_or_throw(session().reshape(value, reshape_args(sizes)), what);
 }
 
