@@ -128,7 +128,7 @@ at::Tensor sqrt_kernel(const at::Tensor& a) { return unary_float("sqrt", a, &Ses
 at::Tensor rsqrt_kernel(const at::Tensor& a) { return unary_float("rsqrt", a, &Session::rsqrt); }
 at::Tensor reciprocal_kernel(const at::Tensor& a) { return unary_float("reciprocal", a, &Session::recip); }
 at::Tensor tanh_kernel(const at::Tensor& a) { return unary_float("tanh", a, &Session::tanh); }
-// Session::sigmoid is Burn's decomposition, computed in f32 (ir.md §5.11); an f64 input gets
+// Session::sigmoid is Burn's decomposition, computed in f32 (docs/spec/ir.md §5.11); an f64 input gets
 // 1 / (1 + exp(−x)) in f64 instead, to f64's accuracy as on PyTorch's CPU.
 at::Tensor sigmoid_kernel(const at::Tensor& a) {
   constexpr std::string_view what = "sigmoid";
