@@ -245,6 +245,40 @@ void expect_refused(const ir::Operation& op, const std::string& what) {
   EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
 }
 
+// How an accepted op's claimed output is made wrong: one more dim, or a longer last dim.
+enum class ShapeLie { ExtraDim, LongerLastDim };
+
+// Every op of `ops` is accepted, directly and through the memo, and refused once any of its
+// outputs claims a wrong shape (`lie`) or, with `check_dtype`, the wrong dtype f64 (every op here
+// computes in f32 or an integer dtype).
+void expect_accepted_and_outputs_checked(const std::vector<ir::Operation>& ops, ShapeLie lie, bool check_dtype = true) {
+  OperationCheckMemo memo;
+  for (const ir::Operation& op : ops) {
+    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
+    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+    for (std::size_t o = 0; o < op.outputs().size(); ++o) {
+      const std::string what = "output " + std::to_string(o);
+      ir::Operation wrong_shape = op;
+      if (lie == ShapeLie::ExtraDim) {
+        wrong_shape.outputs()[o].shape.push_back(7);
+      } else {
+        wrong_shape.outputs()[o].shape.back() += 1;
+      }
+      expect_refused(wrong_shape, what);
+      if (!check_dtype) continue;
+      ir::Operation wrong_dtype = op;
+      wrong_dtype.outputs()[o].dtype = DType(DTypeKind::F64);
+      // Refused as a wrong output, or (an index output) as an index dtype that is no integer one.
+      const Status st = check_client_operation(wrong_dtype);
+      ASSERT_FALSE(st.ok()) << wrong_dtype.to_string();
+      const std::string& message = st.error().message;
+      EXPECT_TRUE(message.find(what) != std::string::npos || message.find("index dtype f64") != std::string::npos ||
+                  message.find("got f64") != std::string::npos)
+          << message;
+    }
+  }
+}
+
 TEST(OperationCheck, RefusesHostileAttributesWithAnError) {
   const std::vector<ir::Operation> ops = session_ops();
   auto find = [&](OpKind k) {
@@ -520,17 +554,7 @@ std::vector<ir::Operation> dense_ops() {
 }
 
 TEST(OperationCheck, AcceptsDenseLayersNormsAndEmbeddingBackward) {
-  OperationCheckMemo memo;
-  for (const ir::Operation& op : dense_ops()) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
-    ir::Operation lie = op;
-    lie.outputs()[0].shape.push_back(7);
-    expect_refused(lie, "output 0");
-    ir::Operation wrong_dtype = op;
-    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
-    expect_refused(wrong_dtype, "output 0");
-  }
+  expect_accepted_and_outputs_checked(dense_ops(), ShapeLie::ExtraDim);
 }
 
 // Refused with `what` in the message: the first op of `kind` in `ops`, changed by `change`.
@@ -652,16 +676,7 @@ TEST(OperationCheck, AcceptsModuleEmbeddingAndTopKWithIndicesAndRefusesHostileOn
       built(build::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, in(1, {2, 3}), 1, 2, kI64,
                                      TensorId(10), TensorId(11))),
   };
-  OperationCheckMemo memo;
-  for (const ir::Operation& op : ops) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
-    for (std::size_t o = 0; o < op.outputs().size(); ++o) {
-      ir::Operation lie = op;
-      lie.outputs()[o].shape.push_back(7);
-      expect_refused(lie, "output " + std::to_string(o));
-    }
-  }
+  expect_accepted_and_outputs_checked(ops, ShapeLie::ExtraDim);
   const OpKind emb = OpKind::Module_Embedding, topk = OpKind::Numeric_TopKWithIndices;
   expect_changed_refused(
       ops, emb, [](Op& op) { op.tensors[1].dtype = kF32; }, "indices must be an integer dtype");
@@ -804,19 +819,11 @@ std::vector<ir::Operation> conv_ops() {
 }
 
 TEST(OperationCheck, AcceptsEveryConvolutionKind) {
-  OperationCheckMemo memo;
+  const std::vector<ir::Operation> ops = conv_ops();
+  expect_accepted_and_outputs_checked(ops, ShapeLie::ExtraDim);
   std::vector<OpKind> kinds;
-  for (const ir::Operation& op : conv_ops()) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
+  for (const ir::Operation& op : ops)
     if (std::find(kinds.begin(), kinds.end(), op.kind) == kinds.end()) kinds.push_back(op.kind);
-    ir::Operation lie = op;
-    lie.outputs()[0].shape.push_back(7);
-    expect_refused(lie, "output 0");
-    ir::Operation wrong_dtype = op;
-    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
-    expect_refused(wrong_dtype, "output 0");
-  }
   EXPECT_EQ(kinds.size(), 21u);
 }
 
@@ -919,19 +926,7 @@ std::vector<ir::Operation> pool_ops() {
 }
 
 TEST(OperationCheck, AcceptsThePoolsAndTheirBackwards) {
-  OperationCheckMemo memo;
-  for (const ir::Operation& op : pool_ops()) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
-    for (std::size_t o = 0; o < op.outputs().size(); ++o) {
-      ir::Operation lie = op;
-      lie.outputs()[o].shape.push_back(7);
-      expect_refused(lie, "output " + std::to_string(o));
-    }
-    ir::Operation wrong_dtype = op;
-    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
-    expect_refused(wrong_dtype, "output 0");
-  }
+  expect_accepted_and_outputs_checked(pool_ops(), ShapeLie::ExtraDim);
 }
 
 TEST(OperationCheck, RefusesHostileMaxPools) {
@@ -1067,17 +1062,7 @@ std::vector<ir::Operation> resample_ops() {
 }
 
 TEST(OperationCheck, AcceptsTheResamplingKinds) {
-  OperationCheckMemo memo;
-  for (const ir::Operation& op : resample_ops()) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
-    ir::Operation lie = op;
-    lie.outputs()[0].shape.back() += 1;
-    expect_refused(lie, "output 0");
-    ir::Operation wrong_dtype = op;
-    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
-    expect_refused(wrong_dtype, "output 0");
-  }
+  expect_accepted_and_outputs_checked(resample_ops(), ShapeLie::LongerLastDim);
 }
 
 TEST(OperationCheck, RefusesHostileInterpolateOperations) {
@@ -1214,19 +1199,7 @@ std::vector<ir::Operation> signal_ops() {
 }
 
 TEST(OperationCheck, AcceptsTheSignalKinds) {
-  OperationCheckMemo memo;
-  for (const ir::Operation& op : signal_ops()) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
-    for (std::size_t i = 0; i < op.outputs().size(); ++i) {
-      ir::Operation lie = op;
-      lie.outputs()[i].shape.back() += 1;
-      expect_refused(lie, "output " + std::to_string(i));
-      ir::Operation wrong_dtype = op;
-      wrong_dtype.outputs()[i].dtype = DType(DTypeKind::F64);
-      expect_refused(wrong_dtype, "output " + std::to_string(i));
-    }
-  }
+  expect_accepted_and_outputs_checked(signal_ops(), ShapeLie::LongerLastDim);
 }
 
 TEST(OperationCheck, RefusesHostileSignalOperations) {
@@ -1290,17 +1263,7 @@ std::vector<ir::Operation> sequence_ops() {
 }
 
 TEST(OperationCheck, AcceptsAttentionAndTheCtcKinds) {
-  OperationCheckMemo memo;
-  for (const ir::Operation& op : sequence_ops()) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
-    ir::Operation lie = op;
-    lie.outputs()[0].shape.back() += 1;
-    expect_refused(lie, "output 0");
-    ir::Operation wrong_dtype = op;
-    wrong_dtype.outputs()[0].dtype = DType(DTypeKind::F64);
-    expect_refused(wrong_dtype, "output 0");
-  }
+  expect_accepted_and_outputs_checked(sequence_ops(), ShapeLie::LongerLastDim);
 }
 
 TEST(OperationCheck, RefusesHostileAttentionOperations) {
@@ -1406,19 +1369,7 @@ std::vector<ir::Operation> deformable_ops() {
 }
 
 TEST(OperationCheck, AcceptsTheDeformableConvolutionKinds) {
-  OperationCheckMemo memo;
-  for (const ir::Operation& op : deformable_ops()) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
-    for (std::size_t i = 0; i < op.outputs().size(); ++i) {
-      ir::Operation lie = op;
-      lie.outputs()[i].shape.back() += 1;
-      expect_refused(lie, "output " + std::to_string(i));
-      ir::Operation wrong_dtype = op;
-      wrong_dtype.outputs()[i].dtype = DType(DTypeKind::F64);
-      expect_refused(wrong_dtype, "output " + std::to_string(i));
-    }
-  }
+  expect_accepted_and_outputs_checked(deformable_ops(), ShapeLie::LongerLastDim);
 }
 
 TEST(OperationCheck, RefusesHostileDeformableConvolutions) {
@@ -1492,14 +1443,8 @@ std::vector<ir::Operation> quantization_ops() {
 }
 
 TEST(OperationCheck, AcceptsQuantizeAndDequantize) {
-  OperationCheckMemo memo;
-  for (const ir::Operation& op : quantization_ops()) {
-    KILN_EXPECT_OK(check_client_operation(op)) << op.to_string();
-    KILN_EXPECT_OK(memo.check(op)) << op.to_string();
-    ir::Operation lie = op;
-    lie.outputs()[0].shape.back() += 1;
-    expect_refused(lie, "output 0");
-  }
+  // Output dtypes: a QFloat scheme is refused by RefusesHostileQuantization below.
+  expect_accepted_and_outputs_checked(quantization_ops(), ShapeLie::LongerLastDim, /*check_dtype=*/false);
 }
 
 TEST(OperationCheck, RefusesHostileQuantization) {
