@@ -7,6 +7,7 @@
 #include <random>
 
 #include "kiln/testing/status.h"
+#include "op_samples.h"
 #include "reference_test_util.h"
 
 namespace kiln::reference::testing {
@@ -402,35 +403,10 @@ TEST(ReferenceConvNdTest, ConvTransposeGradientsAreTheGradientsOfConvTranspose) 
 
 // ---- Hand-made ops: what the builders guarantee, forced wrong, is an error that claims the output.
 
-// A valid op of every convolution kind (x [1, 4, 3...], 2 groups, kernel 2, padding 1; transposed
-// stride 2 and padding_out 1).
+// A valid op of every convolution kind: op_samples.h's (x [1, 4, 3...], 2 groups, kernel 2,
+// padding 1; transposed stride 2 and padding_out 1), in f32.
 Operation conv_op(Device& d, K k) {
-  const b::ConvKindInfo info = b::conv_kind_info(k).value();
-  Shape xs{1, 4}, ws{info.transposed ? 4u : 6u, info.transposed ? 3u : 2u}, gs{1, 6};
-  b::ConvOptions o{{}, {}, {}, {}, 2};
-  for (std::size_t i = 0; i < info.rank; ++i) {
-    xs.push_back(3);
-    ws.push_back(2);
-    gs.push_back(info.transposed ? 5 : 4);
-    o.stride.push_back(info.transposed ? 2 : 1);
-    o.padding.push_back(1);
-    o.dilation.push_back(1);
-    if (info.transposed) o.padding_out.push_back(1);
-  }
-  auto data = [&](const Shape& s) { return d.f64(s, dtypes::f32, random_values(count(s), 41)); };
-  const TensorIr x = data(xs), w = data(ws), g = data(gs), bias = data({6});
-  Result<Operation> r = make_error(ErrorCode::Internal, "unreachable");
-  switch (info.role) {
-    case b::ConvRole::Forward:
-      r = info.transposed ? b::conv_transpose(k, x, w, bias, o, d.fresh()) : b::conv(k, x, w, bias, o, d.fresh());
-      break;
-    case b::ConvRole::XBackward:
-    case b::ConvRole::WeightBackward:
-      r = info.transposed ? b::conv_transpose_backward(k, x, w, g, o, d.fresh())
-                          : b::conv_backward(k, x, w, g, o, d.fresh());
-      break;
-    case b::ConvRole::BiasBackward: r = b::conv_bias_backward(k, x, bias, g, d.fresh()); break;
-  }
+  Result<Operation> r = samples::conv_sample(d, k, dtypes::f32, d.fresh());
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
   return r.ok() ? *r : Operation{};
 }
