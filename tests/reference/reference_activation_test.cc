@@ -143,30 +143,22 @@ TEST(ReferenceActivationTest, SoftmaxFamilySubtractsTheMaximum) {
 TEST(ReferenceActivationTest, HostileOperationsAreErrors) {
   Device d;
   const TensorIr x = d.f64({2, 3}, dtypes::f32, {1, 2, 3, 4, 5, 6});
-  auto expect_error = [&](const Operation& op, ErrorCode code, const std::string& what) {
-    ASSERT_EQ(op.outputs().size(), 1u);
-    Status st = d.exec.execute(op, d.handles);
-    ASSERT_FALSE(st.ok()) << op.to_string();
-    EXPECT_EQ(st.error().code, code) << st.error().to_string();
-    EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
-    EXPECT_TRUE(d.handles.entry(op.outputs()[0].id)->is_errored());
-  };
   Operation relu = *b::unary(F::Activation, K::Activation_Relu, x, d.fresh());
   relu.tensors[0] = d.i64({2, 3}, dtypes::i32, {1, 2, 3, 4, 5, 6});
   relu.tensors[1].dtype = dtypes::i32;
-  expect_error(relu, ErrorCode::DTypeMismatch, "family Activation does not apply to operand dtype i32");
+  d.expect_error(relu, ErrorCode::DTypeMismatch, "family Activation does not apply to operand dtype i32");
   Operation soft = *b::dim(F::Activation, K::Activation_Softmax, x, 1, d.fresh());
   soft.attrs[0] = 2;
-  expect_error(soft, ErrorCode::OutOfBounds, "axis 2 out of bounds for rank 2");
+  d.expect_error(soft, ErrorCode::OutOfBounds, "axis 2 out of bounds for rank 2");
   Operation prelu = *b::binary(F::Activation, K::Activation_PRelu, x, x, d.fresh());
   prelu.tensors[1] = d.f64({2, 3}, dtypes::f64, {1, 2, 3, 4, 5, 6});
-  expect_error(prelu, ErrorCode::DTypeMismatch, "dtypes differ");
+  d.expect_error(prelu, ErrorCode::DTypeMismatch, "dtypes differ");
   Operation hs = *b::hard_sigmoid(x, ScalarIr::Float(0.2), ScalarIr::Float(0.5), d.fresh());
   hs.tensors[1].dtype = dtypes::f16;
-  expect_error(hs, ErrorCode::DTypeMismatch, "must have dtype f32");
+  d.expect_error(hs, ErrorCode::DTypeMismatch, "must have dtype f32");
   hs = *b::hard_sigmoid(x, ScalarIr::Float(0.2), ScalarIr::Float(0.5), d.fresh());
   hs.tensors[1].shape = {3, 2};
-  expect_error(hs, ErrorCode::IncompatibleShapes, "does not have the shape");
+  d.expect_error(hs, ErrorCode::IncompatibleShapes, "does not have the shape");
   // Wild scalars are converted like any other (2^64 − 1 and true become 1.8e19 and 1 in f32): no
   // error, a saturated result.
   hs = *b::hard_sigmoid(x, ScalarIr::UInt(~std::uint64_t{0}), ScalarIr::Bool(true), d.fresh());

@@ -250,41 +250,33 @@ TEST(ReferenceIndexingTest, ScatterNdRefusesBadIndicesAndShapes) {
   Device d;
   const TensorIr data = d.f64({3, 2}, dtypes::f32, {1, 2, 3, 4, 5, 6});
   const TensorIr values = d.f64({2, 2}, dtypes::f32, {10, 20, 30, 40});
-  auto expect_error = [&](const Operation& op, ErrorCode code, const std::string& what) {
-    ASSERT_EQ(op.outputs().size(), 1u);
-    Status st = d.exec.execute(op, d.handles);
-    ASSERT_FALSE(st.ok()) << op.to_string();
-    EXPECT_EQ(st.error().code, code) << st.error().to_string();
-    EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
-    EXPECT_TRUE(d.handles.entry(op.outputs()[0].id)->is_errored());
-  };
   auto op = [&](const TensorIr& idx, const TensorIr& vals) {
     auto r = b::scatter_nd(F::BaseFloat, K::Base_ScatterNd, data, idx, vals, IndexingUpdate::Add, d.fresh());
     EXPECT_TRUE(r.ok()) << r.error().to_string();
     return r.ok() ? std::move(r).value() : Operation{};
   };
-  expect_error(op(d.i64({2, 1}, dtypes::i64, {1, 3}), values), ErrorCode::OutOfBounds,
-               "scatter_nd index 3 (element 1) out of range for a dimension of size 3");
-  expect_error(op(d.i64({2, 1}, dtypes::i32, {-1, 0}), values), ErrorCode::OutOfBounds,
-               "scatter_nd index -1 (element 0) is negative");
+  d.expect_error(op(d.i64({2, 1}, dtypes::i64, {1, 3}), values), ErrorCode::OutOfBounds,
+                 "scatter_nd index 3 (element 1) out of range for a dimension of size 3");
+  d.expect_error(op(d.i64({2, 1}, dtypes::i32, {-1, 0}), values), ErrorCode::OutOfBounds,
+                 "scatter_nd index -1 (element 0) is negative");
   // The builder leaves the values' shape to the kernel.
-  expect_error(op(d.i64({2, 1}, dtypes::i64, {0, 1}), d.f64({2, 1}, dtypes::f32, {1, 2})),
-               ErrorCode::IncompatibleShapes, "values f32[2,1] must have shape [2,2]");
+  d.expect_error(op(d.i64({2, 1}, dtypes::i64, {0, 1}), d.f64({2, 1}, dtypes::f32, {1, 2})),
+                 ErrorCode::IncompatibleShapes, "values f32[2,1] must have shape [2,2]");
   Operation bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
   bad.attrs[0] = 9;
-  expect_error(bad, ErrorCode::Invalid, "unknown indexing update 9");
+  d.expect_error(bad, ErrorCode::Invalid, "unknown indexing update 9");
   bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
   bad.tensors[1] = d.f64({2, 1}, dtypes::f32, {0, 1});
-  expect_error(bad, ErrorCode::DTypeMismatch, "indices f32[2,1] must have an integer dtype");
+  d.expect_error(bad, ErrorCode::DTypeMismatch, "indices f32[2,1] must have an integer dtype");
   bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
   bad.tensors[1] = d.i64({1, 3}, dtypes::i64, {0, 0, 0});
-  expect_error(bad, ErrorCode::OutOfBounds, "address 3 dims");
+  d.expect_error(bad, ErrorCode::OutOfBounds, "address 3 dims");
   bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
   bad.tensors[2] = d.i64({2, 2}, dtypes::i32, {1, 2, 3, 4});
-  expect_error(bad, ErrorCode::DTypeMismatch, "dtypes differ");
+  d.expect_error(bad, ErrorCode::DTypeMismatch, "dtypes differ");
   bad = op(d.i64({2, 1}, dtypes::i64, {0, 1}), values);
   bad.tensors[3].shape = {2, 3};
-  expect_error(bad, ErrorCode::IncompatibleShapes, "does not have the shape");
+  d.expect_error(bad, ErrorCode::IncompatibleShapes, "does not have the shape");
 }
 
 // Unfold (docs/spec/ir.md §4, §6.3): out[p, w, q, j] = in[p, w * step + j, q], the window axis last.
@@ -322,29 +314,21 @@ TEST(ReferenceLayoutTest, UnfoldRefusesBadAttributes) {
   const TensorIr x = d.f64({2, 5}, dtypes::f32, iota(10));
   auto u = b::unfold(F::BaseFloat, K::Base_Unfold, x, 1, 2, 1, d.fresh());
   KILN_ASSERT_OK(u);
-  auto expect_error = [&](const Operation& op, ErrorCode code, const std::string& what) {
-    ASSERT_EQ(op.outputs().size(), 1u);
-    Status st = d.exec.execute(op, d.handles);
-    ASSERT_FALSE(st.ok()) << op.to_string();
-    EXPECT_EQ(st.error().code, code) << st.error().to_string();
-    EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
-    EXPECT_TRUE(d.handles.entry(op.outputs()[0].id)->is_errored());
-  };
   Operation bad = *u;
   bad.attrs[2] = 0;
-  expect_error(bad, ErrorCode::Invalid, "step must be at least 1");
+  d.expect_error(bad, ErrorCode::Invalid, "step must be at least 1");
   bad = *u;
   bad.attrs[0] = 2;
-  expect_error(bad, ErrorCode::OutOfBounds, "dim 2 out of bounds for rank 2");
+  d.expect_error(bad, ErrorCode::OutOfBounds, "dim 2 out of bounds for rank 2");
   bad = *u;
   bad.attrs[1] = -1;
-  expect_error(bad, ErrorCode::Invalid, "size must not be negative, got -1");
+  d.expect_error(bad, ErrorCode::Invalid, "size must not be negative, got -1");
   bad = *u;
   bad.attrs[1] = std::numeric_limits<std::int64_t>::max();  // no window, and not the claimed shape
-  expect_error(bad, ErrorCode::IncompatibleShapes, "does not have the shape");
+  d.expect_error(bad, ErrorCode::IncompatibleShapes, "does not have the shape");
   bad = *u;
   bad.tensors[1].dtype = dtypes::f16;
-  expect_error(bad, ErrorCode::DTypeMismatch, "must have dtype f32");
+  d.expect_error(bad, ErrorCode::DTypeMismatch, "must have dtype f32");
 }
 
 TEST(ReferenceLayoutTest, CatAndRepeatDim) {

@@ -81,6 +81,16 @@ class Device {
     return op.ok() && !op->outputs().empty() ? op->outputs()[0].id : TensorId{0};
   }
 
+  // Runs an op that must fail with `code` and `what` in its message; its one output is then errored.
+  void expect_error(const Operation& op, ErrorCode code, const std::string& what) {
+    ASSERT_EQ(op.outputs().size(), 1u);
+    const Status st = exec.execute(op, handles);
+    ASSERT_FALSE(st.ok()) << op.to_string();
+    EXPECT_EQ(st.error().code, code) << st.error().to_string();
+    EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
+    EXPECT_TRUE(handles.entry(op.outputs()[0].id)->is_errored());
+  }
+
   // The tensor registered under id (an empty one, and a test failure, if there is none).
   HostTensor tensor(TensorId id) {
     if (const HostTensor* t = handles.get_handle_ref(id)) return *t;
