@@ -93,17 +93,17 @@ at::Tensor mean_dim_kernel(const at::Tensor& self, at::OptionalIntArrayRef dims,
   return reduce("mean", self, dims, keepdim, mean_type(self, dtype), &Session::mean_dim);
 }
 
-// (values, indices) of the maximum along `dim`; the index of the first maximum.
 // kiln's reductions exclude bool; PyTorch's max is defined on bool: a bool input reduces as u8
 // and its values are cast back.
-Value numeric(const at::Tensor& t, std::string_view what) {
+Value bool_as_u8(const at::Tensor& t, std::string_view what) {
   const Value& v = value_of(t, what);
   return t.scalar_type() == c10::ScalarType::Bool ? cast_to(v, ir::dtypes::u8, what) : v;
 }
-Value like_input(const Value& v, const at::Tensor& input, std::string_view what) {
+Value restore_bool(const Value& v, const at::Tensor& input, std::string_view what) {
   return input.scalar_type() == c10::ScalarType::Bool ? cast_to(v, ir::dtypes::boolean, what) : v;
 }
 
+// (values, indices) of the maximum along `dim`; the index of the first maximum.
 std::tuple<at::Tensor, at::Tensor> max_dim_kernel(const at::Tensor& self, std::int64_t dim, bool keepdim) {
   const std::vector<std::uint64_t> rdims = reduced_dims(self, at::IntArrayRef(dim));
   const std::vector<std::int64_t> sizes = reduced_sizes(self, rdims, keepdim);
@@ -111,14 +111,15 @@ std::tuple<at::Tensor, at::Tensor> max_dim_kernel(const at::Tensor& self, std::i
     Value zero = value_or_throw(session().zeros(ir::Shape{1}, ir::dtypes::i64), "max");
     return {make_tensor(value_of(self, "max"), sizes), make_tensor(std::move(zero), sizes)};
   }
-  auto [values, indices] = value_or_throw(session().max_dim_with_indices(numeric(self, "max"), rdims[0], true), "max");
-  values = like_input(values, self, "max");
+  auto [values, indices] =
+      value_or_throw(session().max_dim_with_indices(bool_as_u8(self, "max"), rdims[0], true), "max");
+  values = restore_bool(values, self, "max");
   return {make_tensor(reshaped(values, sizes, "max"), sizes), make_tensor(reshaped(indices, sizes, "max"), sizes)};
 }
 
 at::Tensor max_all_kernel(const at::Tensor& self) {
   TORCH_CHECK(self.numel() > 0, "max(): Expected reduction dim to be specified for input.numel() == 0.");
-  return make_tensor(like_input(value_or_throw(session().max(numeric(self, "max")), "max"), self, "max"), {});
+  return make_tensor(restore_bool(value_or_throw(session().max(bool_as_u8(self, "max")), "max"), self, "max"), {});
 }
 
 // ---- matrix products
