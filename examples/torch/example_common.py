@@ -5,11 +5,11 @@ import json
 import sys
 import time
 
-import torch
-
 
 def device(name):
     """torch.device(name), importing kiln first (which registers the device) when the name is kiln's."""
+    import torch  # here, not at the top: train_workers.py's driver uses this module without torch
+
     if str(name).startswith("kiln"):
         import kiln  # noqa: F401  (PYTHONPATH=<build>/python)
     return torch.device(name)
@@ -35,6 +35,22 @@ def train_steps(steps, step, items_per_step, unit, log_every, timings, on_step=N
     return losses
 
 
+# gpt.py's train() options with their defaults: its command line's and train_workers.py's.
+GPT_OPTIONS = (("batch", int, 8), ("context", int, 16), ("layers", int, 2), ("width", int, 32), ("heads", int, 4),
+               ("lr", float, 3e-3))
+
+
+def add_gpt_arguments(p):
+    """--batch, --context, --layers, --width, --heads, --lr on an argparse parser."""
+    for name, kind, default in GPT_OPTIONS:
+        p.add_argument(f"--{name}", type=kind, default=default)
+
+
+def gpt_options(args):
+    """gpt.train()'s keyword arguments from a parser that add_gpt_arguments filled."""
+    return {name: getattr(args, name) for name, _, _ in GPT_OPTIONS}
+
+
 def parser(description):
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--device", default="cpu", help="kiln or cpu (default cpu)")
@@ -52,6 +68,8 @@ def run(args, train, options, items_per_step, unit):
 
     Returns the summary: the losses, the first and the median step's seconds, the median
     throughput in `unit`s per second and, on kiln, kiln.stats() (the ops that ran on the CPU)."""
+    import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
     on_kiln = device(args.device).type == "kiln"

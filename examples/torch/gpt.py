@@ -142,16 +142,9 @@ def train(device, steps, seed=0, batch=8, context=16, layers=2, width=32, heads=
 
 def main(argv=None):
     p = example_common.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--context", type=int, default=16)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--width", type=int, default=32)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
+    example_common.add_gpt_arguments(p)
     args = p.parse_args(argv)
-    options = dict(batch=args.batch, context=args.context, layers=args.layers, width=args.width, heads=args.heads,
-                   lr=args.lr)
-    return example_common.run(args, train, options, args.batch * args.context, "tokens")
+    return example_common.run(args, train, example_common.gpt_options(args), args.batch * args.context, "tokens")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import tempfile
 import threading
 import time
 
+import example_common
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -75,12 +77,7 @@ def parse_args(argv):
     p.add_argument("--status-every", type=float, default=10.0,
                    help="print the daemon's plan-cache figures every S seconds (0: only at the end)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in each worker (default 1)")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--context", type=int, default=16)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--width", type=int, default=32)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
+    example_common.add_gpt_arguments(p)
     p.add_argument("--fail-worker", help="for tests: the worker of this name (w0, w1, ...) raises at --fail-step")
     p.add_argument("--fail-step", type=int, default=1, help="for tests: the step --fail-worker raises at")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run as the worker of this name
@@ -91,10 +88,6 @@ def parse_args(argv):
         p.error("--log-every must be at least 1")
     return args
 
-
-def gpt_options(args):
-    return dict(batch=args.batch, context=args.context, layers=args.layers, width=args.width, heads=args.heads,
-                lr=args.lr)
 
 
 # ---- the worker ----------------------------------------------------------------------------------
@@ -120,7 +113,7 @@ def run_worker(args):
             raise RuntimeError(f"worker {args.worker}: failure injected at step {i} (--fail-worker)")
 
     kiln.reset_stats()
-    gpt.train("kiln", args.steps, seed=args.seed, on_step=on_step, **gpt_options(args))
+    gpt.train("kiln", args.steps, seed=args.seed, on_step=on_step, **example_common.gpt_options(args))
     emit("DONE", {"fallbacks": kiln.stats(), "client_id": kiln.device_info().get("client_id")})
     return 0
 
@@ -268,9 +261,9 @@ class Worker:
         if path:
             env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path)
         cmd = [os.path.abspath(args.python) if os.sep in args.python else args.python, os.path.abspath(__file__), "--worker", self.name, "--socket", socket,
-               "--steps", str(args.steps), "--seed", str(self.seed), "--threads", str(args.threads),
-               "--batch", str(args.batch), "--context", str(args.context), "--layers", str(args.layers),
-               "--width", str(args.width), "--heads", str(args.heads), "--lr", repr(args.lr)]
+               "--steps", str(args.steps), "--seed", str(self.seed), "--threads", str(args.threads)]
+        for name, value in example_common.gpt_options(args).items():
+            cmd += [f"--{name}", repr(value)]
         if args.fail_worker:
             cmd += ["--fail-worker", args.fail_worker, "--fail-step", str(args.fail_step)]
         with open(self.stderr_path, "w", encoding="utf-8") as err:
