@@ -39,6 +39,10 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
   if (!options.inline_waits) options.inline_waits = rt->inline_waits.value_or(true);
   // Spin waits need a core for the waiter beside its actor.
   if (!options.spin_waits) options.spin_waits = rt->spin_waits.value_or(cores >= kSpinWaitsMinCores);
+  // Polling for the producer's next op, like spinning, needs a core for the producer beside it.
+  if (!options.turn_idle_polls) options.turn_idle_polls = cores >= kSpinWaitsMinCores ? kDefaultTurnIdlePolls : 0;
+  if (!options.wake_after) options.wake_after = cores >= kSpinWaitsMinCores ? 1 : *options.drain_batch;
+  if (*options.wake_after == 0) return make_error(ErrorCode::Config, "Device::create: wake_after must be > 0");
   fusion::FusionConfig config;
   if (options.fusion) {
     config = *options.fusion;
@@ -107,10 +111,11 @@ bool Device::hold_actor(StreamId stream, StreamTable::const_accessor& held) {
       ctx.processor.max_blocks = config_.max_blocks;
       ctx.processor.max_explorations = config_.max_explorations;
       ctx.drain_batch = *options_.drain_batch;
-      ctx.idle_polls = options_.turn_idle_polls;
+      ctx.idle_polls = *options_.turn_idle_polls;
       ctx.turns_waiting = &turns_waiting_;
       ctx.busy_streams = &busy_streams_;
       ctx.inline_waits = *options_.inline_waits && backend_->executes_on_any_thread();
+      ctx.wake_after = ctx.inline_waits ? *options_.wake_after : 1;
       a->second = std::make_unique<StreamActor>(stream, ctx, pool_);
       live_actors_.push_back(a->second.get());
     }

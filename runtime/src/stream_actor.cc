@@ -104,6 +104,7 @@ Status StreamActor::submit_drop(const ir::TensorIr& t, bool wake) {
 }
 
 Status StreamActor::push(Command* cmd, bool wake) {
+  const bool lazy_registration = ctx_.wake_after > 1 && is_owner() && std::holds_alternative<RegisterOpCmd>(*cmd);
   if (is_owner()) {
     enqueued_.store(enqueued_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     // Full ring: wake the actor and yield until it makes room (bounded memory per stream).
@@ -122,7 +123,15 @@ Status StreamActor::push(Command* cmd, bool wake) {
     (void)foreign_.push(cmd);  // may allocate a node; false only on allocation failure (throws first)
     foreign_count_.fetch_add(1, std::memory_order_release);
   }
-  if (wake) schedule();
+  if (!wake) return Status::Ok();
+  // Up to wake_after - 1 registrations in a row leave the actor asleep (a lone core: the next
+  // wait runs the backlog inline); every other command wakes it. (`cmd` may be run and gone by
+  // now: only what was read before the push decides.)
+  if (lazy_registration) {
+    if (++unwoken_registrations_ < ctx_.wake_after) return Status::Ok();
+    unwoken_registrations_ = 0;
+  }
+  schedule();
   return Status::Ok();
 }
 

@@ -377,6 +377,68 @@ TEST(Runtime, ATurnRestartedInPlacePollsForTheNextOp) {
   EXPECT_EQ(st.deferred, 0u);
 }
 
+TensorIr add_halves_waking(Device& dev, StreamId s, TensorIr cur, int n) {
+  for (int i = 0; i < n; ++i) {
+    const TensorId next = dev.new_tensor_id();
+    EXPECT_TRUE(dev.register_op(s, ok(ir::build::scalar(ir::Family::NumericFloat, ir::OpKind::Numeric_AddScalar, cur,
+                                                        ir::ScalarIr::Float(0.5), next)))
+                    .ok());
+    cur = TensorIr{next, {2}, TensorStatus::ReadWrite, ir::dtypes::f32};
+  }
+  return cur;
+}
+
+RuntimeOptions lazy_wake_options(std::size_t wake_after, bool inline_waits) {
+  RuntimeOptions o;
+  o.threads = 2;
+  o.wake_after = wake_after;
+  o.inline_waits = inline_waits;
+  o.spin_waits = false;
+  o.config_path = "";
+  o.fusion = fusion::FusionConfig{};
+  return o;
+}
+
+// The lone-core rule (RuntimeOptions::wake_after): registrations leave the actor asleep until
+// wake_after of them are queued, and a read runs the unwoken backlog itself. Forced here on a
+// machine with more cores.
+TEST(Runtime, RegistrationsWakeTheActorOnlyEveryWakeAfterOps) {
+  auto dev = ok(Device::create(make_backend(), lazy_wake_options(4, true)));
+  EXPECT_EQ(dev->options().wake_after, std::optional<std::size_t>(4));
+  const StreamId L(560);
+  TensorIr cur = add_halves_waking(*dev, L, upload_f32x2(*dev, 1.0f, 2.0f), 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dev->stream_stats(L)->commands, 0u) << "three registrations woke the actor";
+  cur = add_halves_waking(*dev, L, cur, 1);  // the fourth wakes it
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (dev->stream_stats(L)->commands < 4 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  ASSERT_EQ(dev->stream_stats(L)->commands, 4u);
+  EXPECT_EQ(dev->stream_stats(L)->inline_runs, 0u);
+  cur = add_halves_waking(*dev, L, cur, 2);  // asleep again: the read runs these two inline
+  Result<HostData> d = dev->read(L, cur);
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  EXPECT_FLOAT_EQ(first_f32(d), 1.0f + 0.5f * 6);
+  EXPECT_EQ(dev->stream_stats(L)->inline_runs, 1u);
+}
+
+// Without inline waits nobody would run an unwoken backlog: every registration wakes the actor.
+TEST(Runtime, WakeAfterNeedsInlineWaits) {
+  auto dev = ok(Device::create(make_backend(), lazy_wake_options(64, false)));
+  const StreamId L(561);
+  add_halves_waking(*dev, L, upload_f32x2(*dev, 1.0f, 2.0f), 3);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (dev->stream_stats(L)->commands < 3 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  EXPECT_EQ(dev->stream_stats(L)->commands, 3u);
+}
+
+TEST(Runtime, WakeAfterZeroIsAConfigError) {
+  Result<std::unique_ptr<Device>> dev = Device::create(make_backend(), lazy_wake_options(0, true));
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.error().code, ErrorCode::Config);
+}
+
 // With another stream's turn waiting for the device's only pool thread, a spent batch re-posts
 // (the fairness point): the waiting stream runs before the busy one finishes.
 TEST(Runtime, ASpentBatchRePostsWhileAnotherStreamWaitsForTheThread) {
@@ -751,9 +813,17 @@ TEST(Runtime, ClosingAStreamWhileOtherThreadsUseIt) {
     std::vector<std::thread> users;
     for (int kind = 0; kind < 4; ++kind) {
       users.emplace_back([&, kind] {
-        // Until a little after the close: calls before, during and after it.
-        for (int i = 0; i < 400 && !(closed.load() && i > 20); ++i) {
-          if (closed.load()) after_close.fetch_add(1);
+        // Calls before, during and after the close: up to 400 before it, then (however the
+        // threads are scheduled: on one core they may all get there before the close starts)
+        // 20 after it.
+        for (int late = 0, i = 0; late < 20; ++i) {
+          if (closed.load()) {
+            after_close.fetch_add(1);
+            ++late;
+          } else if (i >= 400) {
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+            continue;
+          }
           switch (kind) {
             case 0: {
               Result<HostData> d = dev->read(s, y_ro);

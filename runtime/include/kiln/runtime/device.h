@@ -83,8 +83,16 @@ struct RuntimeOptions {
   std::chrono::microseconds spin_wait_limit{200};
   std::chrono::microseconds spin_wait_stall{30};
   // Pauses a turn polls its intake for the producer's next op before it ends (ActorContext::
-  // idle_polls). Tests stretch it.
-  int turn_idle_polls = kDefaultTurnIdlePolls;
+  // idle_polls). Default: kDefaultTurnIdlePolls from 2 usable cores, else 0 (on the only core
+  // the poll only delays the producer it waits for). Tests stretch it.
+  std::optional<int> turn_idle_polls;
+  // Op registrations an owner queues before its push wakes the stream's actor (StreamActor::
+  // push). Default: 1 (every registration wakes it, so it runs on another core while the
+  // producer records) from 2 usable cores; on a lone core, drain_batch: the actor could only run
+  // on the producer's core, so a wake per op would cost a context switch each way for nothing,
+  // and a wait (drain, read, share) runs the unwoken backlog inline. Values above 1 need
+  // inline_waits (without it, 1).
+  std::optional<std::size_t> wake_after;
   // Environment lookup (tests inject one); default: the process environment.
   fusion::EnvLookup env;
 };

@@ -126,6 +126,9 @@ struct ActorContext {
   // A waiting caller may run the stream's commands itself when no turn is running (see
   // StreamActor::try_run_inline); false keeps every command on the pool threads.
   bool inline_waits = true;
+  // Registrations queued before an owner's push wakes the actor (RuntimeOptions::wake_after);
+  // other commands always wake it. > 1 only with inline_waits, which runs an unwoken backlog.
+  std::size_t wake_after = 1;
 };
 
 // A snapshot of the actor's counters (relaxed reads; exact after a completed drain/read of the
@@ -268,6 +271,8 @@ class StreamActor {
 
   // The intake's producer thread; written once (CAS from the default id), read by producers.
   alignas(64) std::atomic<std::thread::id> owner_{};
+  // Owner-thread-only: registrations pushed since the owner last woke the actor (wake_after).
+  std::size_t unwoken_registrations_ = 0;
   // Foreign commands pushed and not popped yet: producers fetch_add(release) after their push,
   // the strand fetch_sub(relaxed) after each pop and load(acquire) in the re-check.
   alignas(64) std::atomic<std::int64_t> foreign_count_{0};
