@@ -275,6 +275,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status status(const StatusCmd& c, std::uint64_t rid);
   Status upload_part(const UploadPartCmd& c, std::uint64_t rid);
   Status read_part(const ReadPartCmd& c, std::uint64_t rid);
+  Status report_fallbacks(ReportFallbacksCmd& c);
   Result<ReadPartDoneCpl> read_window(const ReadPartCmd& c);  // of staged_read_
   void reset_staged_read();                                   // ends the chunked read, releasing what it was charged
   void discard_staged_upload(std::uint64_t client_tensor);
@@ -433,6 +434,7 @@ void ClientSession::dispatch(Command& cmd) {
         if constexpr (std::is_same_v<T, StatusCmd>) return status(c, rid);
         if constexpr (std::is_same_v<T, UploadPartCmd>) return upload_part(c, rid);
         if constexpr (std::is_same_v<T, ReadPartCmd>) return read_part(c, rid);
+        if constexpr (std::is_same_v<T, ReportFallbacksCmd>) return report_fallbacks(c);
         return make_error(ErrorCode::Internal, "unhandled command");
       },
       cmd.body);
@@ -839,6 +841,21 @@ Status ClientSession::status(const StatusCmd& c, std::uint64_t rid) {
   publish_stats();
   const DaemonStatus st = service_.status(uid());
   return send(Completion{rid, StatusTextCpl{c.json ? st.to_json() : st.to_text()}});
+}
+
+// One-way, as register_op: the decoder checked the whole snapshot (bounds, names), so storing it
+// cannot fail. What the status shows is chosen here, once per report, not at every status.
+Status ClientSession::report_fallbacks(ReportFallbacksCmd& c) {
+  std::vector<FallbackCount>& counts = c.counts;
+  std::sort(counts.begin(), counts.end(), [](const FallbackCount& a, const FallbackCount& b) {
+    return a.calls != b.calls ? a.calls > b.calls : a.name < b.name;
+  });
+  const std::size_t omitted = counts.size() > kStatusFallbacks ? counts.size() - kStatusFallbacks : 0;
+  counts.resize(counts.size() - omitted);
+  MutexLock lock(stats_mu_);
+  stats_.fallbacks = std::move(counts);
+  stats_.fallbacks_omitted = omitted;
+  return Status::Ok();
 }
 
 // ---- Chunked transfers (protocol.h, "Chunked transfers")
@@ -1318,9 +1335,12 @@ std::string DaemonStatus::to_json() const {
     out += fmt::format(
         "{}{{\"id\":{},\"job\":\"{}\",\"pid\":{},\"uid\":{},\"streams\":{},\"tensors\":{},\"tensor_bytes\":{},\"ops\":{"
         "},"
-        "\"queued_ops\":{},\"rejected\":{}}}",
+        "\"queued_ops\":{},\"rejected\":{},\"fallbacks\":{{",
         i ? "," : "", c.client_id, json_escape(c.job), c.pid, c.uid, c.streams, c.tensors, c.tensor_bytes,
         c.ops_registered, c.queued_ops, c.rejected);
+    for (std::size_t f = 0; f < c.fallbacks.size(); ++f)
+      out += fmt::format("{}\"{}\":{}", f ? "," : "", json_escape(c.fallbacks[f].name), c.fallbacks[f].calls);
+    out += fmt::format("}},\"fallbacks_omitted\":{}}}", c.fallbacks_omitted);
   }
   out += "]}";
   return out;
@@ -1340,11 +1360,19 @@ std::string DaemonStatus::to_text() const {
   for (const JobStatus& j : jobs)
     out += fmt::format("  job {} (uid {}): {} client(s), {} of tensors, {} queued ops\n", j.name, j.owner_uid,
                        j.clients, human_bytes(j.tensor_bytes), j.queued_ops);
-  for (const ClientStatus& c : clients)
+  for (const ClientStatus& c : clients) {
     out += fmt::format(
         "    client {} (pid {}, uid {}, job {}): {} streams, {} tensors ({}), {} ops, {} queued, {} rejected\n",
         c.client_id, c.pid, c.uid, c.job, c.streams, c.tensors, human_bytes(c.tensor_bytes), c.ops_registered,
         c.queued_ops, c.rejected);
+    if (c.fallbacks.empty()) continue;
+    // One line under its client: "fallbacks: aten::flip 12, aten::index_add_ 3 (and 2 more)".
+    out += "      fallbacks: ";
+    for (std::size_t f = 0; f < c.fallbacks.size(); ++f)
+      out += fmt::format("{}{} {}", f ? ", " : "", c.fallbacks[f].name, c.fallbacks[f].calls);
+    if (c.fallbacks_omitted != 0) out += fmt::format(" (and {} more)", c.fallbacks_omitted);
+    out += "\n";
+  }
   return out;
 }
 

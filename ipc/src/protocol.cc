@@ -34,6 +34,30 @@ Status check_shape_encodable(const Shape& s) {
   return Status::Ok();
 }
 
+// A byte a fallback name may not hold, and where.
+std::string fmt_byte_problem(unsigned char c, std::size_t at) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex = "0x";
+  hex += kHex[c >> 4];
+  hex += kHex[c & 0xf];
+  return "byte " + hex + " at " + std::to_string(at) + " is not printable ASCII without spaces";
+}
+
+// What the format can carry of a report_fallbacks: the entry count and every name.
+Status check_fallbacks_encodable(const ReportFallbacksCmd& c) {
+  if (c.counts.size() > kMaxFallbackEntries) {
+    return make_error(ErrorCode::Invalid, "report_fallbacks: " + std::to_string(c.counts.size()) +
+                                              " entries exceed the limit " + std::to_string(kMaxFallbackEntries));
+  }
+  for (std::size_t i = 0; i < c.counts.size(); ++i) {
+    const std::optional<std::string_view> previous =
+        i == 0 ? std::nullopt : std::optional<std::string_view>(c.counts[i - 1].name);
+    if (std::optional<std::string> problem = fallback_name_problem(c.counts[i].name, previous))
+      return make_error(ErrorCode::Invalid, "report_fallbacks: entry " + std::to_string(i) + ": " + *problem);
+  }
+  return Status::Ok();
+}
+
 void put_dtype(Writer& w, DType d) {
   w.u8(static_cast<std::uint8_t>(d.kind()));
   w.u8(d.is_bool() ? static_cast<std::uint8_t>(d.bool_store()) : 0);
@@ -285,6 +309,7 @@ const char* command_kind_name(CommandKind k) {
     case CommandKind::Status: return "status";
     case CommandKind::UploadPart: return "upload_part";
     case CommandKind::ReadPart: return "read_part";
+    case CommandKind::ReportFallbacks: return "report_fallbacks";
   }
   return "unknown";
 }
@@ -299,6 +324,22 @@ const char* completion_kind_name(CompletionKind k) {
     case CompletionKind::ReadPartDone: return "read_part_done";
   }
   return "unknown";
+}
+
+std::optional<std::string> fallback_name_problem(std::string_view name, std::optional<std::string_view> previous) {
+  if (name.empty()) return "empty name";
+  if (name.size() > kMaxFallbackNameBytes)
+    return "name of " + std::to_string(name.size()) + " bytes exceeds the limit " +
+           std::to_string(kMaxFallbackNameBytes);
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    // Printable ASCII without spaces: a name can neither break the status text's lines nor
+    // reach a terminal as a control sequence.
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x21 || c > 0x7e) return fmt_byte_problem(c, i);
+  }
+  if (previous && !(*previous < name))
+    return "'" + std::string(name) + "' after '" + std::string(*previous) + "': names must be sorted and unique";
+  return std::nullopt;
 }
 
 Result<std::uint64_t> tensor_bytes(ir::DType dtype, const ir::Shape& shape) {
@@ -351,6 +392,8 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
                              std::is_same_v<T, ReadPartCmd>) {
           KILN_RETURN_IF_ERROR(check_dtype_encodable(b.tensor.dtype));
           return check_shape_encodable(b.tensor.shape);
+        } else if constexpr (std::is_same_v<T, ReportFallbacksCmd>) {
+          return check_fallbacks_encodable(b);
         } else {
           return Status::Ok();
         }
@@ -407,6 +450,14 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
           put_tensor(w, b.tensor);
           w.u64(b.offset);
           put_range(w, b.dest);
+        } else if constexpr (std::is_same_v<T, ReportFallbacksCmd>) {
+          // check_fallbacks_encodable bounded the count (<= 256) and every name (1..128 bytes).
+          w.u16(static_cast<std::uint16_t>(b.counts.size()));
+          for (const FallbackCount& f : b.counts) {
+            w.u8(static_cast<std::uint8_t>(f.name.size()));
+            w.bytes(std::string_view(f.name));
+            w.u64(f.calls);
+          }
         }
       },
       cmd.body);
@@ -592,6 +643,34 @@ Status decode_read_part(Reader& r, std::uint64_t arena_size, Command& cmd) {
   return Status::Ok();
 }
 
+// report_fallbacks: the count, then each entry (name_len, name, calls), names valid and ascending.
+Status decode_report_fallbacks(Reader& r, Command& cmd) {
+  KILN_ASSIGN_OR_RETURN(const std::uint16_t count, r.u16("count"));
+  if (count > kMaxFallbackEntries) {
+    return r.fail("count", std::to_string(count) + " exceeds the limit " + std::to_string(kMaxFallbackEntries));
+  }
+  // No reserve(count): a short message claiming 256 entries allocates only what it carries.
+  ReportFallbacksCmd c;
+  for (std::uint16_t i = 0; i < count; ++i) {
+    KILN_ASSIGN_OR_RETURN(const std::uint8_t len, r.u8("name_len"));
+    if (len == 0 || len > kMaxFallbackNameBytes) {
+      return r.fail("name_len", "entry " + std::to_string(i) + ": " + std::to_string(len) + " is not in 1.." +
+                                    std::to_string(kMaxFallbackNameBytes));
+    }
+    KILN_RETURN_IF_ERROR(r.need("name", len));
+    const std::span<const std::uint8_t> bytes = r.take(len);
+    const std::string_view name(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    const std::optional<std::string_view> previous =
+        i == 0 ? std::nullopt : std::optional<std::string_view>(c.counts.back().name);
+    if (std::optional<std::string> problem = fallback_name_problem(name, previous))
+      return r.fail("name", "entry " + std::to_string(i) + ": " + *problem);
+    KILN_ASSIGN_OR_RETURN(const std::uint64_t calls, r.u64("calls"));
+    c.counts.push_back(FallbackCount{std::string(name), calls});
+  }
+  cmd.body = std::move(c);
+  return Status::Ok();
+}
+
 // The body of a command of `kind` (get_header bounded it), into cmd.body.
 Status decode_command_body(Reader& r, CommandKind kind, std::uint64_t arena_size, Command& cmd) {
   switch (kind) {
@@ -607,6 +686,7 @@ Status decode_command_body(Reader& r, CommandKind kind, std::uint64_t arena_size
     case CommandKind::Status: return decode_status(r, cmd);
     case CommandKind::UploadPart: return decode_upload_part(r, arena_size, cmd);
     case CommandKind::ReadPart: return decode_read_part(r, arena_size, cmd);
+    case CommandKind::ReportFallbacks: return decode_report_fallbacks(r, cmd);
   }
   return Status::Ok();
 }
@@ -615,7 +695,8 @@ Status decode_command_body(Reader& r, CommandKind kind, std::uint64_t arena_size
 
 Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_t arena_size) {
   Reader r(bytes, "command");
-  KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "command", 12));
+  KILN_ASSIGN_OR_RETURN(const Header h,
+                        get_header(r, bytes, "command", static_cast<std::uint8_t>(CommandKind::ReportFallbacks)));
   const auto kind = static_cast<CommandKind>(h.kind);
   r.set_kind(command_kind_name(kind));
   Command cmd;
@@ -627,7 +708,8 @@ Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_
 
 Result<Completion> decode_completion(std::span<const std::uint8_t> bytes, std::uint64_t arena_size) {
   Reader r(bytes, "completion");
-  KILN_ASSIGN_OR_RETURN(const Header h, get_header(r, bytes, "completion", 6));
+  KILN_ASSIGN_OR_RETURN(const Header h,
+                        get_header(r, bytes, "completion", static_cast<std::uint8_t>(CompletionKind::ReadPartDone)));
   const auto kind = static_cast<CompletionKind>(h.kind);
   r.set_kind(completion_kind_name(kind));
   Completion cpl;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 
@@ -57,7 +58,8 @@ Result<std::uint64_t> RemoteTarget::send(CommandBody body) {
   // Commands with an answer are registered as awaited before they go out: another thread may
   // be popping the completion ring, and it keeps only answers someone awaits (the others it
   // takes for rejections of fire-and-forget commands).
-  const bool answered = !std::holds_alternative<RegisterOpCmd>(body) && !std::holds_alternative<DropCmd>(body);
+  const bool answered = !std::holds_alternative<RegisterOpCmd>(body) && !std::holds_alternative<DropCmd>(body) &&
+                        !std::holds_alternative<ReportFallbacksCmd>(body);
   MutexLock lock(send_mu_);
   // One encoding buffer, reused under the send lock: no allocation per op on the client side.
   tx_buf_.clear();
@@ -464,6 +466,31 @@ Result<std::string> RemoteTarget::daemon_status(bool json) {
   const auto* text = std::get_if<StatusTextCpl>(&c.body);
   if (text == nullptr) return make_error(ErrorCode::Internal, "status: unexpected completion");
   return text->text;
+}
+
+Status RemoteTarget::report_fallbacks(const std::map<std::string, std::uint64_t>& calls) {
+  // The most-called first (ties by name), each taken while the message still fits the protocol's
+  // bounds and the command ring; then in name order, as the format wants.
+  std::vector<FallbackCount> by_calls;
+  by_calls.reserve(calls.size());
+  for (const auto& [name, n] : calls)
+    if (!fallback_name_problem(name)) by_calls.push_back(FallbackCount{name, n});
+  std::stable_sort(by_calls.begin(), by_calls.end(),
+                   [](const FallbackCount& a, const FallbackCount& b) { return a.calls > b.calls; });
+  const std::size_t max_bytes = std::min(kMaxMessageBytes, conn_.endpoint().max_send_bytes());
+  std::size_t bytes = kMessageHeaderBytes + 2;  // the header and the count
+  ReportFallbacksCmd report;
+  for (FallbackCount& f : by_calls) {
+    const std::size_t entry = 1 + f.name.size() + 8;  // name_len, name, calls
+    if (report.counts.size() == kMaxFallbackEntries || bytes + entry > max_bytes) break;
+    bytes += entry;
+    report.counts.push_back(std::move(f));
+  }
+  std::sort(report.counts.begin(), report.counts.end(),
+            [](const FallbackCount& a, const FallbackCount& b) { return a.name < b.name; });
+  KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(std::move(report)));
+  (void)request;
+  return Status::Ok();
 }
 
 }  // namespace kiln::ipc

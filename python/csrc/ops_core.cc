@@ -33,6 +33,7 @@ at::Tensor download(const at::Tensor& t, std::string_view what) {
   at::Tensor host = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
   const auto dst = std::span<std::byte>(static_cast<std::byte*>(host.mutable_data_ptr()), host.nbytes());
   check(session().to_host_bytes(value_of(t, what), dst), what);
+  sync_point();
   return host;
 }
 

@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -27,9 +28,22 @@ struct State {
   std::unique_ptr<ipc::RemoteTarget> remote;  // in a kilnd
   std::string socket;                         // the kilnd's socket, absolute; empty in process
   std::unique_ptr<runtime::Session> session;
+  // One report to the daemon at a time (report_fallbacks), so that snapshots arrive in the
+  // order they were taken. Lock order: report_mu, then mu.
+  Mutex report_mu KILN_ACQUIRED_BEFORE(mu);
+  bool reported KILN_GUARDED_BY(report_mu) = false;  // a report went out (last_report is set)
+  std::chrono::steady_clock::time_point last_report KILN_GUARDED_BY(report_mu);
   Mutex mu;
   std::map<std::string, std::int64_t> fallbacks KILN_GUARDED_BY(mu);
+  bool fallbacks_changed KILN_GUARDED_BY(mu) = false;  // since the last report
+  // fallbacks_changed, read without the lock at every sync point (a read is the hot path).
+  std::atomic<bool> report_due{false};
 };
+
+// Fallback reports to a kilnd go at most this often: a training loop syncs or reads every step
+// (milliseconds apart) and its counts change at each, while someone reading `kilnctl status`
+// needs them within a second, not each step's.
+constexpr std::chrono::milliseconds kFallbackReportInterval{500};
 
 // Never destroyed (see shutdown() in state.h): a tensor Python frees during its finalization
 // must still find its Session.
@@ -100,6 +114,36 @@ void check_not_forked(const State& s) {
   }
 }
 
+// Sends the fallback counts to the daemon if they changed since the last report (and, unless
+// `now`, that report is kFallbackReportInterval old). Only in a kilnd, and never in a forked
+// child (the parent's connection is not its own). A failed send raises nothing: it is dropped.
+void report_fallbacks(State& s, bool now) {
+  if (!s.report_due.load(std::memory_order_acquire)) return;
+  if (!s.started.load(std::memory_order_acquire) || !s.remote || s.forked.load(std::memory_order_relaxed)) return;
+  MutexLock report_lock(s.report_mu);
+  const auto t = std::chrono::steady_clock::now();
+  if (!now && s.reported && t - s.last_report < kFallbackReportInterval) return;
+  std::map<std::string, std::uint64_t> snapshot;
+  {
+    MutexLock lock(s.mu);
+    if (!s.fallbacks_changed) return;  // another thread's report took them
+    for (const auto& [name, calls] : s.fallbacks) snapshot.emplace(name, static_cast<std::uint64_t>(calls));
+    s.fallbacks_changed = false;
+    s.report_due.store(false, std::memory_order_release);
+  }
+  s.reported = true;
+  s.last_report = t;
+  // A daemon that went away: the op that next waits on it raises; the counts are not worth more.
+  Status st = s.remote->report_fallbacks(snapshot);
+  (void)st;
+}
+
+// The counts changed: the next sync point reports them.
+void mark_fallbacks_changed(State& s) KILN_REQUIRES(s.mu) {
+  s.fallbacks_changed = true;
+  s.report_due.store(true, std::memory_order_release);
+}
+
 }  // namespace
 
 runtime::Session& session() {
@@ -143,15 +187,26 @@ std::string daemon_status(bool json) {
         make_error(ErrorCode::Invalid, "the device runs in process; set KILN_SOCKET or call kiln.connect(path) first"),
         "daemon_status");
   }
+  report_fallbacks(s, /*now=*/true);
   return value_or_throw(s.remote->daemon_status(json), "daemon_status");
 }
 
-void synchronize() { check(session().sync(), "synchronize"); }
+void synchronize() {
+  runtime::Session& device_session = session();
+  // Before the sync: the daemon serves a client's commands in order, so once the sync returns
+  // its status shows the counts.
+  report_fallbacks(state(), /*now=*/false);
+  check(device_session.sync(), "synchronize");
+}
+
+void sync_point() { report_fallbacks(state(), /*now=*/false); }
 
 void shutdown() {
   State& s = state();
-  // A forked child has none of the device's threads to join.
-  if (!s.started.load(std::memory_order_acquire) || !s.device || s.forked.load(std::memory_order_relaxed)) return;
+  // A forked child has none of the device's threads to join, nor a connection of its own.
+  if (!s.started.load(std::memory_order_acquire) || s.forked.load(std::memory_order_relaxed)) return;
+  report_fallbacks(s, /*now=*/true);  // a kilnd: what changed since the last sync point
+  if (!s.device) return;
   Status st = s.device->shutdown();
   (void)st;  // at exit there is no one left to tell; a failed op was reported at its sync
 }
@@ -162,6 +217,7 @@ void note_fallback(const std::string& name) {
     State& s = state();
     MutexLock lock(s.mu);
     first = s.fallbacks[name]++ == 0;
+    mark_fallbacks_changed(s);
   }
   if (first) {
     TORCH_WARN("kiln: ", name, " is not lowered to kiln; it runs on the CPU (kiln.stats() counts it; warned once)");
@@ -176,8 +232,12 @@ std::map<std::string, std::int64_t> fallback_counts() {
 
 void reset_fallback_counts() {
   State& s = state();
-  MutexLock lock(s.mu);
-  s.fallbacks.clear();
+  {
+    MutexLock lock(s.mu);
+    s.fallbacks.clear();
+    mark_fallbacks_changed(s);
+  }
+  report_fallbacks(s, /*now=*/true);  // the daemon's status shows the reset at once
 }
 
 void throw_error(const Error& error, std::string_view what) {

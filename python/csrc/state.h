@@ -47,25 +47,37 @@ struct Placement {
 Placement placement();
 
 // The daemon's status report (what `kilnctl status [--json]` prints). Starts the device as the
-// first op would; throws if it runs in process.
+// first op would; throws if it runs in process. Reports this process's fallback counts first if
+// they changed, so that the report shows them as they are.
 std::string daemon_status(bool json);
 
 // Drains the calling thread's stream: the error of a queued op that failed, naming it, is thrown.
+// In a kilnd, reports the fallback counts first when due (see sync_point): once it returns, the
+// daemon's status shows what it reported.
 void synchronize();
+
+// A sync point (synchronize, a read): in a kilnd, sends the fallback counts to the daemon, which
+// shows them per client in its status, if they changed since the last report and that report is
+// at least 0.5 s old (kFallbackReportInterval). Cheap when there is nothing to send (one atomic
+// load). A failed report raises nothing: it is dropped (the daemon may be gone, and the next op
+// that waits on it says so).
+void sync_point();
 
 // Shuts the device down (drains every stream, joins its threads) if it was started in process.
 // Called at Python exit; the objects stay allocated (tensors freed later drop into a closed
 // device, which is a no-op), because Python does not free every tensor before the process's
 // static destructors. In a kilnd there is nothing to stop: the connection closes with the
 // process and the daemon frees what the process left (its queued ops are abandoned, as in
-// process nobody would read them).
+// process nobody would read them); fallback counts not reported yet are sent.
 void shutdown();
 
 // The op ran on the CPU instead of kiln (the boxed fallback, or a kernel's CPU path): counts it
-// under `name` ("aten::op.overload") and warns on the first call for that name.
+// under `name` ("aten::op.overload") and warns on the first call for that name. In a kilnd the
+// counts reach the daemon at a later sync point (sync_point).
 void note_fallback(const std::string& name);
 // {"aten::name.overload": calls} since the start or the last reset.
 std::map<std::string, std::int64_t> fallback_counts();
+// Clears the counts; in a kilnd, reports the empty snapshot at once.
 void reset_fallback_counts();
 
 // ---- Errors. kiln's errors (a Result's Error) are thrown as c10::AcceleratorError, which

@@ -106,12 +106,15 @@ def synchronize(device=None):
 
 
 def stats():
-    """{"aten::name.overload": calls} of the ops that ran through the CPU fallback."""
+    """{"aten::name.overload": calls} of the ops that ran through the CPU fallback. In a kilnd,
+    the daemon's status shows them too, with this process's client (reported at sync points, at
+    most every 0.5 s; docs/pytorch.md, "What falls back")."""
     names, counts = torch.ops.kiln.fallback_stats()
     return dict(zip(names, counts))
 
 
 def reset_stats():
+    """Clears the fallback counts (in a kilnd, the daemon's status at once too)."""
     torch.ops.kiln.reset_stats()
 
 
@@ -138,8 +141,9 @@ def device_info():
 
 
 def daemon_status(json=False):
-    """The daemon's status report, as `kilnctl status [--json]` prints it (JSON: a str to parse).
-    Starts the device as the first op would; raises KilnError when it runs in process."""
+    """The daemon's status report, as `kilnctl status [--json]` prints it (JSON: a str to parse),
+    with this process's fallback counts as they are now. Starts the device as the first op would;
+    raises KilnError when it runs in process."""
     return torch.ops.kiln.daemon_status(json)
 
 

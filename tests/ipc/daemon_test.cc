@@ -13,9 +13,12 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "../runtime/ipc_harness.h"
 #include "kiln/cpu/cpu_backend.h"
@@ -558,6 +561,132 @@ TEST(Daemon, ABoundedPlanStoreEvictsColdPlansAndStatusShowsIt) {
   EXPECT_NE(json.find("\"plans_evicted\":"), std::string::npos) << json;
   const std::string text = ok(h.target().daemon_status(false));
   EXPECT_NE(text.find("(at most 4, "), std::string::npos) << text;
+}
+
+// The client of `id` in a status.
+const ClientStatus* client_in(const DaemonStatus& st, std::uint64_t id) {
+  for (const ClientStatus& c : st.clients)
+    if (c.client_id == id) return &c;
+  return nullptr;
+}
+
+// The line after client `id`'s line in a text status ("" if none).
+std::string line_after_client(const std::string& text, std::uint64_t id) {
+  const std::size_t at = text.find("    client " + std::to_string(id) + " (pid ");
+  if (at == std::string::npos) return "";
+  const std::size_t next = text.find('\n', at);
+  if (next == std::string::npos || next + 1 >= text.size()) return "";
+  return text.substr(next + 1, text.find('\n', next + 1) - next);
+}
+
+// Issue 23: a worker's fallback report (the PyTorch device's ops that ran on its CPU) shows with
+// its client in the status, text and JSON, most-called first; a new report replaces it, an empty
+// one clears it, and it goes with the client.
+TEST(Daemon, StatusShowsEachClientsFallbacksUntilItGoes) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev, "watcher");
+  auto worker = h.connect("workers");
+  ASSERT_NE(worker, nullptr);
+  const std::uint64_t id = worker->client_id();
+  // One-way: the daemon serves a client's commands in order, so once the worker's next sync is
+  // answered its report is in.
+  KILN_ASSERT_OK(worker->report_fallbacks({{"aten::index_add_", 3}, {"aten::flip", 12}}));
+  KILN_ASSERT_OK(worker->drain(StreamId(0)));
+  const ClientStatus* mine = client_in(h.service().status(), id);
+  ASSERT_NE(mine, nullptr);
+  EXPECT_EQ(mine->fallbacks, (std::vector<FallbackCount>{{"aten::flip", 12}, {"aten::index_add_", 3}}));
+  EXPECT_EQ(mine->fallbacks_omitted, 0u);
+  std::string text = ok(h.target().daemon_status(false));
+  EXPECT_EQ(line_after_client(text, id), "      fallbacks: aten::flip 12, aten::index_add_ 3\n") << text;
+  EXPECT_EQ(line_after_client(text, h.target().client_id()).find("fallbacks"), std::string::npos) << text;
+  std::string json = ok(h.target().daemon_status(true));
+  EXPECT_NE(
+      json.find("\"rejected\":0,\"fallbacks\":{\"aten::flip\":12,\"aten::index_add_\":3},\"fallbacks_omitted\":0}"),
+      std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"fallbacks\":{},\"fallbacks_omitted\":0}"), std::string::npos) << json;  // the watcher's
+
+  // A snapshot replaces the last one; names the protocol cannot carry are left out by the client.
+  KILN_ASSERT_OK(worker->report_fallbacks({{"aten::flip", 13}, {"not a name", 5}, {"", 1}}));
+  KILN_ASSERT_OK(worker->drain(StreamId(0)));
+  text = ok(h.target().daemon_status(false));
+  EXPECT_EQ(line_after_client(text, id), "      fallbacks: aten::flip 13\n") << text;
+  EXPECT_EQ(text.find("index_add_"), std::string::npos) << text;
+
+  // The status shows the kStatusFallbacks most-called and counts the others.
+  std::map<std::string, std::uint64_t> many;
+  for (std::uint64_t i = 0; i < 20; ++i) many[fmt::format("aten::op{:02}", i)] = i + 1;
+  KILN_ASSERT_OK(worker->report_fallbacks(many));
+  KILN_ASSERT_OK(worker->drain(StreamId(0)));
+  std::string shown = "      fallbacks: ";
+  for (std::uint64_t i = 19; i >= 4; --i) shown += fmt::format("aten::op{:02} {}{}", i, i + 1, i > 4 ? ", " : "");
+  shown += " (and 4 more)\n";
+  text = ok(h.target().daemon_status(false));
+  EXPECT_EQ(line_after_client(text, id), shown) << text;
+  json = ok(h.target().daemon_status(true));
+  EXPECT_NE(json.find("\"aten::op04\":5},\"fallbacks_omitted\":4}"), std::string::npos) << json;
+  EXPECT_EQ(json.find("aten::op03"), std::string::npos) << json;
+
+  // An empty snapshot (kiln.reset_stats()) clears the line.
+  KILN_ASSERT_OK(worker->report_fallbacks({}));
+  KILN_ASSERT_OK(worker->drain(StreamId(0)));
+  text = ok(h.target().daemon_status(false));
+  EXPECT_EQ(text.find("fallbacks:"), std::string::npos) << text;
+
+  // The report goes with its client.
+  KILN_ASSERT_OK(worker->report_fallbacks({{"aten::flip", 1}}));
+  KILN_ASSERT_OK(worker->drain(StreamId(0)));
+  EXPECT_NE(ok(h.target().daemon_status(false)).find("fallbacks: aten::flip 1\n"), std::string::npos);
+  worker.reset();
+  EXPECT_TRUE(wait_until([&] { return h.service().status().clients.size() == 1; }));
+  text = ok(h.target().daemon_status(false));
+  EXPECT_EQ(text.find("fallbacks:"), std::string::npos) << text;
+  json = ok(h.target().daemon_status(true));
+  EXPECT_EQ(json.find("aten::"), std::string::npos) << json;
+}
+
+// The client library fits a report to the command ring: with a 4 KiB ring, the most-called entries
+// that fit one message go (37 of 100-byte names: 18 + 37 * 109 bytes <= 4088), the rest are left out.
+TEST(Daemon, AFallbackReportIsFittedToTheCommandRing) {
+  auto dev = make_device();
+  DaemonOptions o;
+  o.server.segment = SegmentConfig{4096, 4096, 65536};
+  kiln::testing::IpcHarness h(*dev, "small-ring", o);
+  std::map<std::string, std::uint64_t> calls;
+  for (std::uint64_t i = 0; i < 100; ++i) calls[fmt::format("aten::op{:03}", i) + std::string(89, 'x')] = i + 1;
+  ASSERT_EQ(calls.begin()->first.size(), 100u);
+  KILN_ASSERT_OK(h.target().report_fallbacks(calls));
+  KILN_ASSERT_OK(h.target().drain(StreamId(0)));
+  const ClientStatus* mine = client_in(h.service().status(), h.target().client_id());
+  ASSERT_NE(mine, nullptr);
+  ASSERT_EQ(mine->fallbacks.size(), kStatusFallbacks);
+  EXPECT_EQ(mine->fallbacks_omitted, 37u - kStatusFallbacks);
+  EXPECT_EQ(mine->fallbacks.front().calls, 100u);  // the most-called first
+  EXPECT_EQ(mine->fallbacks.back().calls, 100u - kStatusFallbacks + 1);
+}
+
+// A report the decoder refuses (a name that would break the status's lines) is an error
+// completion naming the entry; the client's last good report stays, and the session goes on.
+TEST(Daemon, AMalformedFallbackReportIsRefusedAndTheLastOneKept) {
+  auto dev = make_device();
+  kiln::testing::IpcHarness h(*dev);
+  RawClient c = raw_client(h);
+  c.send(Command{1, ReportFallbacksCmd{std::vector<FallbackCount>{{"aten::flip", 7}}}});  // no answer
+  std::vector<std::uint8_t> bad;
+  KILN_ASSERT_OK(encode_command(Command{2, ReportFallbacksCmd{std::vector<FallbackCount>{{"aten::flop", 9}}}}, bad));
+  bad[kMessageHeaderBytes + 2 + 1 + 6] = '\n';  // count, name_len, "aten::" then the newline
+  c.send_bytes(bad);
+  const std::string why = c.expect_error(2);
+  EXPECT_NE(why.find("report_fallbacks.name: entry 0: byte 0x0a at 6 is not printable ASCII"), std::string::npos)
+      << why;
+  c.send(Command{3, StatusCmd{true}});
+  const Completion st = c.receive();
+  EXPECT_EQ(st.request_id, 3u);
+  const auto* json = std::get_if<StatusTextCpl>(&st.body);
+  ASSERT_NE(json, nullptr) << completion_kind_name(st.kind());
+  EXPECT_NE(json->text.find("\"fallbacks\":{\"aten::flip\":7},\"fallbacks_omitted\":0}"), std::string::npos)
+      << json->text;
+  EXPECT_EQ(json->text.find("flop"), std::string::npos) << json->text;
 }
 
 TEST(Daemon, ClientSeesAClearErrorWhenTheDaemonGoes) {

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -67,7 +68,23 @@ std::vector<Command> every_command() {
       {15, UploadPartCmd{7, TensorId(8), dtypes::f32, Shape{1000, 1000}, 524288, ArenaRange{64, 4096}}},
       {16, ReadPartCmd{7, TensorIr{TensorId(8), {1000, 1000}, TensorStatus::ReadWrite, dtypes::f32}, 3999999,
                        ArenaRange{0, kArena}}},
+      // Fallback reports: the empty snapshot (a reset), and edge entries: byte order (uppercase
+      // before lowercase), zero and the largest count, the longest name of the last printable byte.
+      {17, ReportFallbacksCmd{}},
+      {18, ReportFallbacksCmd{std::vector<FallbackCount>{
+               {"Z", 1},
+               {"aten::flip", 12},
+               {"aten::index_add_", 0},
+               {std::string(kMaxFallbackNameBytes, '~'), std::numeric_limits<std::uint64_t>::max()}}}},
   };
+}
+
+// The first command of `kind` in every_command().
+Command command_of(CommandKind kind) {
+  for (Command& c : every_command())
+    if (c.kind() == kind) return c;
+  ADD_FAILURE() << "no " << command_kind_name(kind) << " in every_command()";
+  return Command{};
 }
 
 std::vector<Completion> every_completion() {
@@ -167,8 +184,8 @@ TEST(Protocol, RejectsOversizedAndOutOfRange) {
   // Unknown kinds, reserved bytes, trailing bytes.
   Bytes sync = encode(Command{1, SyncCmd{2}});
   Bytes k = sync;
-  k[0] = 13;
-  EXPECT_EQ(command_error(k), "command.kind: command kind 13 is unknown");
+  k[0] = 14;
+  EXPECT_EQ(command_error(k), "command.kind: command kind 14 is unknown");
   k[0] = 0;
   EXPECT_EQ(command_error(k), "command.kind: command kind 0 is unknown");
   Bytes res = sync;
@@ -238,9 +255,8 @@ TEST(Protocol, RejectsOversizedAndOutOfRange) {
 // upload_part, read_part, read_part_done: a part or window is non-empty and inside the tensor,
 // checked without overflow, each error naming the field.
 TEST(Protocol, ChunkedTransfersStayInsideTheTensor) {
-  const std::vector<Command> cmds = every_command();
-  const Command& part = cmds[cmds.size() - 2];
-  const Command& window = cmds[cmds.size() - 1];
+  const Command part = command_of(CommandKind::UploadPart);
+  const Command window = command_of(CommandKind::ReadPart);
   ASSERT_EQ(part.kind(), CommandKind::UploadPart);
   ASSERT_EQ(window.kind(), CommandKind::ReadPart);
   // upload_part: stream 8, tensor_id 8, dtype 2, shape 1 + 2 * 8, then offset, data.offset,
@@ -300,6 +316,108 @@ TEST(Protocol, ChunkedTransfersStayInsideTheTensor) {
       encode_command(Command{1, UploadPartCmd{0, TensorId(1), dtypes::f32, Shape(17, 1), 0, ArenaRange{0, 4}}}, out)
           .ok());
   EXPECT_TRUE(out.empty());
+}
+
+TEST(Protocol, FixedLayoutOfAFallbackReport) {
+  const Bytes b = encode(Command{9, ReportFallbacksCmd{std::vector<FallbackCount>{{"a::b", 0x0102}, {"c", 3}}}});
+  Bytes want = {13, 0, 0, 0, 25, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0};  // header: kind 13, body_len 25, request 9
+  // count 2; name_len 4, "a::b", calls 0x0102; name_len 1, "c", calls 3
+  const Bytes body = {2, 0, 4, 'a', ':', ':', 'b', 0x02, 0x01, 0, 0, 0, 0, 0, 0, 1, 'c', 3, 0, 0, 0, 0, 0, 0, 0};
+  want.insert(want.end(), body.begin(), body.end());
+  EXPECT_EQ(b, want);
+}
+
+// report_fallbacks: at most kMaxFallbackEntries entries, each name 1..kMaxFallbackNameBytes bytes
+// of printable ASCII without spaces, names strictly ascending; each refusal names the field and
+// the entry.
+TEST(Protocol, FallbackReportsAreBoundedAndCanonical) {
+  const auto report = [](std::vector<FallbackCount> counts) {
+    Bytes b;
+    KILN_EXPECT_OK(encode_command(Command{1, ReportFallbacksCmd{std::move(counts)}}, b));
+    return b;
+  };
+  const std::size_t count_at = kMessageHeaderBytes;
+  const std::size_t first_len_at = count_at + 2;
+  const Bytes two = report({{"aten::a", 1}, {"aten::b", 2}});  // entries of 1 + 7 + 8 bytes
+  const std::size_t second_len_at = first_len_at + 16;
+  // The count.
+  Bytes b = two;
+  b[count_at] = 1;
+  b[count_at + 1] = 1;  // 257
+  EXPECT_EQ(command_error(b), "report_fallbacks.count: 257 exceeds the limit 256");
+  b = two;
+  b[count_at] = 3;  // one entry more than the message holds
+  EXPECT_EQ(command_error(b), "command truncated: report_fallbacks.name_len needs 1 bytes at offset " +
+                                  std::to_string(two.size()) + ", message has " + std::to_string(two.size()));
+  b = two;
+  b[count_at] = 1;  // one entry fewer: the second is left over
+  EXPECT_EQ(command_error(b), "report_fallbacks: 16 trailing bytes after the last field");
+  // A name's length.
+  b = two;
+  b[first_len_at] = 0;
+  EXPECT_EQ(command_error(b), "report_fallbacks.name_len: entry 0: 0 is not in 1..128");
+  b = two;
+  b[second_len_at] = 129;
+  EXPECT_EQ(command_error(b), "report_fallbacks.name_len: entry 1: 129 is not in 1..128");
+  b = two;
+  b[second_len_at] = 100;  // longer than what is left
+  EXPECT_EQ(command_error(b), "command truncated: report_fallbacks.name needs 100 bytes at offset " +
+                                  std::to_string(second_len_at + 1) + ", message has " + std::to_string(two.size()));
+  // A name's bytes: no spaces, controls, DEL or non-ASCII bytes.
+  for (const std::uint8_t bad :
+       {std::uint8_t{' '}, std::uint8_t{'\n'}, std::uint8_t{0}, std::uint8_t{0x7f}, std::uint8_t{0xc3}}) {
+    b = two;
+    b[second_len_at + 1 + 4] = bad;
+    char hex[5];
+    std::snprintf(hex, sizeof hex, "0x%02x", bad);
+    EXPECT_EQ(command_error(b), "report_fallbacks.name: entry 1: byte " + std::string(hex) +
+                                    " at 4 is not printable ASCII without spaces");
+  }
+  // Order: sorted and unique, so that each snapshot has one encoding.
+  b = two;
+  b[second_len_at + 1 + 6] = 'a';  // aten::a twice
+  EXPECT_EQ(command_error(b),
+            "report_fallbacks.name: entry 1: 'aten::a' after 'aten::a': names must be sorted "
+            "and unique");
+  b = report({{"aten::a", 1}, {"aten::c", 2}});
+  b[first_len_at + 1 + 6] = 'd';  // aten::d before aten::c
+  EXPECT_EQ(command_error(b),
+            "report_fallbacks.name: entry 1: 'aten::c' after 'aten::d': names must be sorted "
+            "and unique");
+  // The largest snapshot decodes.
+  std::vector<FallbackCount> most;
+  for (std::size_t i = 0; i < kMaxFallbackEntries; ++i) {
+    std::string name = std::to_string(1000 + i);  // 4 digits: sorted as numbers
+    name += std::string(kMaxFallbackNameBytes - name.size(), '_');
+    most.push_back(FallbackCount{name, i});
+  }
+  const Bytes full = report(most);
+  EXPECT_EQ(full.size(), kMessageHeaderBytes + 2 + kMaxFallbackEntries * (1 + kMaxFallbackNameBytes + 8));
+  auto decoded = decode_command(full, kArena);
+  KILN_ASSERT_OK(decoded);
+  EXPECT_EQ(std::get<ReportFallbacksCmd>(decoded->body).counts, most);
+
+  // The encoder refuses what the format cannot carry, naming it, and appends nothing.
+  const auto refusal = [](std::vector<FallbackCount> counts) {
+    Bytes out;
+    Status st = encode_command(Command{1, ReportFallbacksCmd{std::move(counts)}}, out);
+    EXPECT_TRUE(out.empty());
+    return st.ok() ? std::string("(encoded)") : st.error().message;
+  };
+  most.push_back(FallbackCount{"zzz", 1});
+  EXPECT_EQ(refusal(most), "report_fallbacks: 257 entries exceed the limit 256");
+  EXPECT_EQ(refusal({{"b", 1}, {"a", 1}}), "report_fallbacks: entry 1: 'a' after 'b': names must be sorted and unique");
+  EXPECT_EQ(refusal({{"", 1}}), "report_fallbacks: entry 0: empty name");
+  EXPECT_EQ(refusal({{std::string(kMaxFallbackNameBytes + 1, 'a'), 1}}),
+            "report_fallbacks: entry 0: name of 129 bytes exceeds the limit 128");
+  EXPECT_EQ(refusal({{"aten::index add", 1}}),
+            "report_fallbacks: entry 0: byte 0x20 at 11 is not printable ASCII without spaces");
+
+  // The rule itself, which the client library fits its reports to.
+  EXPECT_FALSE(fallback_name_problem("aten::_foreach_add.List").has_value());
+  EXPECT_FALSE(fallback_name_problem("aten::b", std::string_view("aten::a")).has_value());
+  EXPECT_TRUE(fallback_name_problem("aten::a", std::string_view("aten::a")).has_value());
+  EXPECT_TRUE(fallback_name_problem("caf\xc3\xa9").has_value());
 }
 
 TEST(Protocol, CompletionDecoderChecksCodesAndLengths) {

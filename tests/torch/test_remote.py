@@ -1,5 +1,5 @@
 """Tensors in a running kilnd (KILN_SOCKET, kiln.connect): results, several workers on one daemon,
-a daemon that dies, and kiln.connect's rules.
+each worker's fallbacks in the daemon's status, a daemon that dies, and kiln.connect's rules.
 
 The device is process-wide, so every scenario runs in a Python process of its own (a worker,
 below), against a kilnd this module starts for each test: the one of the same build, which
@@ -209,6 +209,68 @@ class RemoteTest(unittest.TestCase):
         # One plan store for both: the training steps' programs were planned once and then found.
         self.assertGreater(status["plans"], 0, status)
         self.assertGreater(status["cache_hits"], 0, status)
+
+    def test_the_daemons_status_shows_each_workers_fallbacks(self):
+        # The worker's fallbacks reach the daemon at a sync point (at most one report per 0.5 s):
+        # the test reads them with kilnctl while the worker waits, then the worker reads its own
+        # status (text and JSON), resets its counts, and leaves, which takes them out.
+        worker = self.start_worker(
+            """
+            d = os.environ["KILN_TEST_DIR"]
+            x = torch.arange(6.0).to("kiln")
+            for _ in range(3):
+                y = torch.flip(x, [0])  # a CPU fallback, counted at each call
+            torch.testing.assert_close(y.cpu(), torch.arange(5.0, -1.0, -1.0))
+            time.sleep(0.6)  # past the report interval
+            kiln.synchronize()  # a sync point: the counts are in the daemon once it returns
+            stats = kiln.stats()
+            with open(os.path.join(d, "stats.json"), "w") as f:
+                json.dump({"stats": stats, "client_id": kiln.device_info()["client_id"]}, f)
+            os.rename(os.path.join(d, "stats.json"), os.path.join(d, "synced"))
+            wait_for([os.path.join(d, "looked")], "the test's kilnctl status")
+            status = json.loads(kiln.daemon_status(True))
+            text = kiln.daemon_status(False)
+            kiln.reset_stats()  # reported at once: an empty snapshot
+            after_reset = json.loads(kiln.daemon_status(True))
+            emit({"stats": stats, "info": kiln.device_info(), "status": status, "text": text,
+                  "after_reset": after_reset})
+            """, socket=self.daemon.socket)
+        synced = os.path.join(self.root, "synced")
+        deadline = time.monotonic() + WORKER_TIMEOUT
+        while not os.path.exists(synced):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                self.finish(worker, timeout=1)
+                self.fail("the worker never synced")
+            time.sleep(0.02)
+        with open(synced, encoding="utf-8") as f:
+            seen = json.load(f)
+        stats, client_id = seen["stats"], seen["client_id"]
+        flips = [name for name in stats if name.startswith("aten::flip")]
+        self.assertEqual(len(flips), 1, stats)
+        self.assertEqual(stats[flips[0]], 3, stats)
+        # kilnctl status --json, from another process: the worker's client lists its fallbacks.
+        status = self.daemon.status()
+        open(os.path.join(self.root, "looked"), "w").close()
+        self.assertIsNotNone(status)
+        mine = [c for c in status["clients"] if c["id"] == client_id]
+        self.assertEqual(len(mine), 1, status)
+        self.assertEqual(mine[0]["fallbacks"], stats, status)
+        self.assertEqual(mine[0]["fallbacks_omitted"], 0, status)
+        # And from the worker itself, text and JSON; after kiln.reset_stats(), none.
+        r = self.finish(worker)
+        mine = [c for c in r["status"]["clients"] if c["id"] == client_id]
+        self.assertEqual(mine[0]["fallbacks"], r["stats"], r["status"])
+        self.assertIn(f"      fallbacks: {flips[0]} 3", r["text"])
+        mine = [c for c in r["after_reset"]["clients"] if c["id"] == client_id]
+        self.assertEqual(mine[0]["fallbacks"], {}, r["after_reset"])
+        # The report goes with its client.
+        deadline = time.monotonic() + 60
+        while True:
+            status = self.daemon.status()
+            if status is not None and all(c["id"] != client_id for c in status["clients"]):
+                break
+            self.assertLess(time.monotonic(), deadline, status)
+            time.sleep(0.05)
 
     def test_a_daemon_that_dies_raises_kiln_error_in_the_worker(self):
         ready = os.path.join(self.root, "ready")

@@ -16,7 +16,13 @@
 //
 // Completions: upload, upload_part, read, read_part, sync, export, import, attach, close and
 // status are answered; register_op and drop are answered only when they fail (the client reports
-// such an error at its next sync or read), so the op path costs one ring record.
+// such an error at its next sync or read), so the op path costs one ring record; so is
+// report_fallbacks, which the decoder checks whole and the session then only stores.
+//
+// Fallbacks: a client may report the ops it ran on its own CPU instead of kiln (the PyTorch
+// device's counted fallback) as a full snapshot (report_fallbacks); the session keeps the latest,
+// and the status shows the kStatusFallbacks most-called of them with the client. They go with
+// the client.
 //
 // Jobs belong to credentials: the client that creates a job (the first to connect with its
 // name) makes its uid (and primary gid) the job's owner; another client may join it only as
@@ -107,7 +113,17 @@ struct ClientStatus {
   std::uint64_t ops_registered = 0;
   std::uint64_t queued_ops = 0;
   std::uint64_t rejected = 0;  // commands answered with an error
+  // The client's last fallback report: its kStatusFallbacks most-called ops, most calls first
+  // (ties by name), and how many other ops it named.
+  std::vector<FallbackCount> fallbacks;
+  std::uint64_t fallbacks_omitted = 0;
 };
+
+// Fallbacks the status shows per client. A training step's fallbacks are a handful of ops (none
+// for the models docs/pytorch.md lists): 16 shows them all, and keeps a client's share of the
+// status report (kMaxStatusBytes, 64 KiB, for every client of the daemon) to about 2.5 KiB
+// whatever it reports.
+inline constexpr std::size_t kStatusFallbacks = 16;
 
 struct JobStatus {
   std::string name;

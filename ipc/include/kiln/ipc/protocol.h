@@ -4,10 +4,11 @@
 // Thread-safety: pure functions; call from any thread.
 //
 // ---------------------------------------------------------------------------------------------
-// Format (protocol version kProtocolVersion = 3, agreed in the socket handshake; version 2 added
+// Format (protocol version kProtocolVersion = 4, agreed in the socket handshake; version 2 added
 // upload_part, read_part and read_part_done; version 3 gave upload and upload_part the tensor's
-// home stream and widened export tokens to 32 random bytes). All integers little-endian, fixed width; no
-// padding; reserved bytes must be zero; no trailing bytes.
+// home stream and widened export tokens to 32 random bytes; version 4 added report_fallbacks).
+// All integers little-endian, fixed width; no padding; reserved bytes must be zero; no trailing
+// bytes.
 //
 //   message   = kind u8, reserved u8 (0), reserved u16 (0), body_len u32, request_id u64, body
 //               (16-byte header; body_len = message size - 16; request_id chosen by the client,
@@ -18,6 +19,8 @@
 //   tensor    = id u64, status u8 (ReadOnly or ReadWrite), dtype, shape      (an ir::TensorIr)
 //   range     = offset u64, length u64                       (ArenaRange, relative to the arena)
 //   token     = 32 bytes                                      (ExportToken)
+//   fallback  = name_len u8, name bytes, calls u64             (FallbackCount: name_len 1..
+//               kMaxFallbackNameBytes, the name printable ASCII without spaces, 0x21..0x7e)
 //
 //   Commands                            body
 //   1 attach_stream                     stream u64
@@ -43,6 +46,11 @@
 //  12 read_part                         stream u64, tensor, offset u64, dest range (a window of
 //                                       the tensor's bytes: offset = bytes read so far and
 //                                       inside the tensor, length = capacity >= 1)
+//  13 report_fallbacks                  count u16 (<= kMaxFallbackEntries), fallback * count
+//                                       (names strictly ascending, byte-wise: sorted, unique)
+//                                       (the client's ops that ran on its CPU instead of kiln,
+//                                       with their calls: a full snapshot that replaces the
+//                                       client's previous one; the PyTorch device sends it)
 //
 //   Completions
 //   1 ok                                (empty)
@@ -74,6 +82,10 @@
 //   "command truncated: upload.data.length needs 8 bytes at offset 52, message has 56"
 // Every decodable message is the unique encoding of what it decodes to (the fuzzer checks it).
 //
+// Answers: every command is answered by one completion (ok, or what its table row says, or an
+// error), except register_op, drop and report_fallbacks, which are answered only when they fail
+// (one ring record each; the client library reports such an error at its next sync or read).
+//
 // What the decoder cannot check (the daemon must): that stream and tensor ids exist and belong
 // to the client, that tokens are valid, that a register_op's tensors have the shapes the
 // daemon has on record.
@@ -92,6 +104,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -104,7 +117,7 @@
 
 namespace kiln::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 3;
+inline constexpr std::uint16_t kProtocolVersion = 4;
 inline constexpr std::size_t kMessageHeaderBytes = 16;
 // Bounds one message. A registered op encodes to ~100 bytes and the codec's own caps keep any
 // op far below this; it also caps what a hostile message can make the decoder look at.
@@ -113,6 +126,12 @@ inline constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kMaxErrorMessageBytes = 1024;
 // The daemon's status report (kilnctl status); longer reports are truncated by the encoder.
 inline constexpr std::size_t kMaxStatusBytes = 64 * 1024;
+// Bounds of a report_fallbacks snapshot. A training step's fallbacks are a handful of aten ops
+// (docs/pytorch.md, "What falls back"), and the longest aten name with its overload is under 80
+// bytes: these leave room for any model and keep the largest snapshot (about 35 KiB) far below
+// kMaxMessageBytes and the default command ring.
+inline constexpr std::size_t kMaxFallbackEntries = 256;
+inline constexpr std::size_t kMaxFallbackNameBytes = 128;
 
 enum class CommandKind : std::uint8_t {
   AttachStream = 1,
@@ -127,6 +146,7 @@ enum class CommandKind : std::uint8_t {
   Status,
   UploadPart,
   ReadPart,
+  ReportFallbacks,
 };
 enum class CompletionKind : std::uint8_t { Ok = 1, Error, ReadDone, Exported, StatusText, ReadPartDone };
 
@@ -219,10 +239,22 @@ struct ReadPartCmd {
   ArenaRange dest;           // where the daemon writes; length (>= 1) is the capacity
   friend bool operator==(const ReadPartCmd&, const ReadPartCmd&) = default;
 };
+// One op that ran on the client's CPU instead of kiln, and how often ("aten::flip", 12).
+struct FallbackCount {
+  std::string name;
+  std::uint64_t calls = 0;
+  friend bool operator==(const FallbackCount&, const FallbackCount&) = default;
+};
+// The client's fallback counts: a full snapshot (an empty one clears the previous). At most
+// kMaxFallbackEntries, names valid (fallback_name_problem) and strictly ascending.
+struct ReportFallbacksCmd {
+  std::vector<FallbackCount> counts;
+  friend bool operator==(const ReportFallbacksCmd&, const ReportFallbacksCmd&) = default;
+};
 
 // Alternatives in CommandKind order (index + 1 == kind).
 using CommandBody = std::variant<AttachStreamCmd, RegisterOpCmd, UploadCmd, ReadCmd, SyncCmd, DropCmd, ExportCmd,
-                                 ImportCmd, CloseStreamCmd, StatusCmd, UploadPartCmd, ReadPartCmd>;
+                                 ImportCmd, CloseStreamCmd, StatusCmd, UploadPartCmd, ReadPartCmd, ReportFallbacksCmd>;
 struct Command {
   std::uint64_t request_id = 0;
   CommandBody body;
@@ -288,6 +320,12 @@ Result<Completion> decode_completion(std::span<const std::uint8_t> bytes, std::u
 // The request id of a message whose header is present (>= 16 bytes), whatever its body; lets
 // the daemon address an error completion to a message it could not decode.
 std::optional<std::uint64_t> peek_request_id(std::span<const std::uint8_t> bytes);
+
+// Why `name` cannot be a report_fallbacks entry after `previous` (the entry before it, if any), or
+// nullopt when it can: 1..kMaxFallbackNameBytes bytes of printable ASCII without spaces, after
+// `previous` in byte order. The one rule the encoder, the decoder and the client library apply.
+std::optional<std::string> fallback_name_problem(std::string_view name,
+                                                 std::optional<std::string_view> previous = std::nullopt);
 
 // Bytes of a dense tensor (elements * dtype size), or an error naming the overflow or an
 // untransferable dtype (QFloat).

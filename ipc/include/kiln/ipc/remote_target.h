@@ -9,12 +9,12 @@
 //
 // Tensor and stream ids are this client's own (the daemon keeps them apart from every other
 // client's). Operations are built and checked by the same ir builders as in process, so an
-// input error is reported at the call that made it. register_op and drop are one ring record
-// each and get no answer unless the daemon rejects them (it should not, for ops built here);
-// such a rejection is reported by the next sync or read. Uploads and reads go through the
-// segment's arena; one larger than the arena moves in parts of a quarter of the arena
-// (upload_part, read_part), two in flight, one chunked transfer per connection at a time,
-// transparently.
+// input error is reported at the call that made it. register_op, drop and report_fallbacks are
+// one ring record each and get no answer unless the daemon rejects them (it should not, for ops
+// built here and snapshots fitted here); such a rejection is reported by the next sync or read.
+// Uploads and reads go through the segment's arena; one larger than the arena moves in parts of
+// a quarter of the arena (upload_part, read_part), two in flight, one chunked transfer per
+// connection at a time, transparently.
 //
 // Errors the user can act on: "daemon not running at PATH" (connect), "the daemon went away"
 // (any call after the daemon closed the connection; no call hangs: every wait is bounded and
@@ -75,6 +75,16 @@ class RemoteTarget final : public runtime::SessionTarget {
   Status import_tensor(runtime::StreamId stream, const ExportToken& token, ir::TensorId id);
   // The daemon's status report, as text or JSON (what `kilnctl status [--json]` prints).
   Result<std::string> daemon_status(bool json);
+  // Tells the daemon which ops this client ran on its own CPU instead of kiln, with their calls
+  // (`calls`: a full snapshot, replacing the last one; empty clears it); its status shows them
+  // with this client. One ring record, no answer awaited (the daemon answers only a rejection,
+  // which a snapshot fitted here never gets). Fitted to what the protocol carries: names it
+  // cannot (fallback_name_problem) are left out, and beyond kMaxFallbackEntries, or what one
+  // message of the command ring holds, the most-called ops go. An error when it was not sent
+  // (the daemon went away).
+  //
+  //   (void)remote->report_fallbacks({{"aten::flip", 12}, {"aten::index_add_", 3}});
+  Status report_fallbacks(const std::map<std::string, std::uint64_t>& calls);
 
   std::uint64_t client_id() const { return conn_.client_id(); }
   std::uint64_t requests() const { return next_request_.load(std::memory_order_relaxed) - 1; }
