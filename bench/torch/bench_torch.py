@@ -156,7 +156,7 @@ def host_worker(args):
     bench_add = torch.ops.kiln.bench_add
     n = args.host_calls
     out = {"cores": cores, "torch_threads": torch.get_num_threads(), "calls": n}
-    for key in ("kiln_cpp", "eager_cpp", "kiln_py", "eager_py"):
+    for key in ("kiln_cpp", "eager_cpp", "kiln_py", "eager_py", "kiln_cpp_cpu", "eager_cpp_cpu"):
         out[key] = []
     py = {"eager": timeit.Timer("a + b", globals={"a": a, "b": b}),
           "kiln": timeit.Timer("a + b", globals={"a": ka, "b": kb})}
@@ -164,8 +164,10 @@ def host_worker(args):
     py["eager"].timeit(number=min(n, 100))
     kiln.synchronize()
     for _ in range(args.host_repeats):
-        out["eager_cpp"].append(bench_add(a, b, n))
-        out["kiln_cpp"].append(bench_add(ka, kb, n))
+        for variant, x, y in (("eager", a, b), ("kiln", ka, kb)):
+            wall, caller_cpu = bench_add(x, y, n)
+            out[f"{variant}_cpp"].append(wall)
+            out[f"{variant}_cpp_cpu"].append(caller_cpu)
         kiln.synchronize()  # run what the loop queued before the next loop is timed
         out["eager_py"].append(py["eager"].timeit(number=n) / n * 1e9)
         out["kiln_py"].append(py["kiln"].timeit(number=n) / n * 1e9)
@@ -280,8 +282,13 @@ def run_host(args, threads, medians):
         median, low, p90 = quantiles(values)
         medians[(f"add_{where}", PEER[variant], threads, "min")] = low
         medians[(f"add_{where}", PEER[variant], threads)] = median
+        extra = {}
+        if where == "cpp":  # the calling thread's own CPU time per op (bench_add's second clock)
+            cpu_median, cpu_low, _ = quantiles([v for res in rounds for v in res[f"{key}_cpu"]])
+            medians[(f"add_{where}_caller_cpu", PEER[variant], threads, "min")] = cpu_low
+            extra = {"caller_cpu_ns": f"{cpu_median:.4g}", "min_caller_cpu_ns": f"{cpu_low:.4g}"}
         line(PEER[variant], f"add_{where}", 1, threads, median, low, p90, len(values), calls=rounds[0]["calls"],
-             elems=4, queued=int(variant == "kiln"), **thread_keys(rounds[0], args, threads))
+             elems=4, queued=int(variant == "kiln"), **extra, **thread_keys(rounds[0], args, threads))
 
 
 def report_targets(medians, threads_list):
@@ -299,8 +306,10 @@ def report_targets(medians, threads_list):
                 continue
             target = f" max_us={HOST_TARGET_US} met={int(kiln_min / 1e3 <= HOST_TARGET_US)}" if where == "cpp" else ""
             ratio = f" ratio_kiln/torch-eager={kiln_min / eager_min:.3g}" if eager_min else ""
+            caller = medians.get((f"add_{where}_caller_cpu", "kiln", threads, "min"))
+            caller = f" caller_cpu_us={caller / 1e3:.3g}" if caller is not None else ""
             print(f"# target workload=add_{where} threads={threads} peer=kiln stat=min value_us={kiln_min / 1e3:.3g}"
-                  f"{ratio}{target}", flush=True)
+                  f"{caller}{ratio}{target}", flush=True)
 
 
 def meta(args):

@@ -98,7 +98,8 @@ at::Tensor embedding_dense_backward_kernel(const at::Tensor& grad, const at::Ten
   return make_tensor(std::move(out), {num_weights, e});
 }
 
-// ---- cat: PyTorch's promotion over the inputs; a legacy empty 1-d tensor ([0]) is skipped.
+// ---- cat: PyTorch's promotion over the inputs; a legacy empty 1-d tensor ([0]) is skipped, and
+// so is any operand without elements.
 at::Tensor cat_on_cpu(const std::vector<at::Tensor>& tensors, std::int64_t dim, c10::Device device) {
   note_fallback("aten::cat");
   std::vector<at::Tensor> cpu;
@@ -120,20 +121,27 @@ at::Tensor cat_kernel(const at::ITensorListRef& list, std::int64_t dim) {
     if (t.dim() == 1 && t.numel() == 0) continue;
     kept.push_back(&t);
   }
-  if (!lowerable || kept.empty() || std::any_of(kept.begin(), kept.end(), [&](const at::Tensor* t) {
-        return t->numel() == 0 || t->dim() != kept[0]->dim();
-      })) {
-    return cat_on_cpu(tensors, dim, tensors[0].device());
-  }
-  const std::uint64_t d = wrap_dim(dim, *kept[0]);
   const ir::DType kd = to_kiln_dtype(type, what);
+  if (lowerable && kept.empty())  // only legacy [0] tensors: PyTorch's result is one too
+    return make_tensor(value_or_throw(session().empty(ir::Shape{0}, kd), what), {0});
+  const std::int64_t rank = lowerable ? kept[0]->dim() : 0;
+  const std::uint64_t d = lowerable ? wrap_dim(dim, *kept[0]) : 0;
+  // Operands that differ elsewhere than along d: the CPU raises PyTorch's own error.
+  auto fits = [&](const at::Tensor* t) {
+    if (t->dim() != rank) return false;
+    for (std::int64_t i = 0; i < rank; ++i)
+      if (static_cast<std::uint64_t>(i) != d && t->size(i) != kept[0]->size(i)) return false;
+    return true;
+  };
+  if (!lowerable || !std::all_of(kept.begin(), kept.end(), fits)) return cat_on_cpu(tensors, dim, tensors[0].device());
   std::vector<Value> values;
   std::vector<std::int64_t> sizes(kept[0]->sizes().begin(), kept[0]->sizes().end());
   sizes[d] = 0;
   for (const at::Tensor* t : kept) {
-    values.push_back(cast_to(value_of(*t, what), kd, what));
     sizes[d] += t->size(static_cast<std::int64_t>(d));
+    if (t->numel() > 0) values.push_back(cast_to(value_of(*t, what), kd, what));  // an empty one adds nothing
   }
+  if (values.empty()) return make_tensor(value_or_throw(session().empty(kiln_shape(sizes), kd), what), sizes);
   Value out = values.size() == 1 ? values[0] : value_or_throw(session().cat(std::move(values), d), what);
   return make_tensor(std::move(out), sizes);
 }

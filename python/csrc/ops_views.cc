@@ -108,7 +108,12 @@ at::Tensor slice_copy_kernel(const at::Tensor& self, std::int64_t dim, std::opti
                              std::optional<std::int64_t> end, std::int64_t step) {
   SliceSpec spec = slice_spec(self, dim, start, end, step);
   if (self.sizes().equals(spec.sizes)) return alias_copy_kernel(self);
-  TORCH_CHECK(c10::multiply_integers(spec.sizes) > 0, "kiln: slice: empty slices are not supported yet");
+  // No elements (t[3:3]): nothing to read, and writes through it have no slot to reach (the
+  // scatter below leaves the base as it is), so a fresh empty tensor is the whole view.
+  if (c10::multiply_integers(spec.sizes) == 0) {
+    const Value& base = value_of(self, "slice");
+    return make_tensor(value_or_throw(session().empty(kiln_shape(spec.sizes), base.dtype()), "slice"), spec.sizes);
+  }
   Value v = value_or_throw(session().slice(value_of(self, "slice"), std::move(spec.ranges)), "slice");
   return make_tensor(std::move(v), spec.sizes);
 }
@@ -200,6 +205,7 @@ at::Tensor squeeze_copy_dims_kernel(const at::Tensor& self, c10::IntArrayRef dim
 at::Tensor scatter_slice(const at::Tensor& self, Value v, SliceSpec spec, std::string_view what) {
   v = cast_to(v, to_kiln_dtype(self.scalar_type(), what), what);
   if (self.sizes().equals(spec.sizes)) return make_tensor(reshaped(v, self.sizes(), what), self.sizes());
+  if (c10::multiply_integers(spec.sizes) == 0) return alias_copy_kernel(self);  // an empty slice: no slot
   v = reshaped(v, spec.sizes, what);
   return make_tensor(value_or_throw(session().slice_assign(value_of(self, what), std::move(spec.ranges), v), what),
                      self.sizes());

@@ -128,14 +128,11 @@ EXPECTED_FALLBACKS = {
     "nn.functional.embedding": {"aten::embedding_renorm_": "max_norm renormalises the weight in place: not lowered"},
     "index_select": {"aten::index_add.out": "index_select's backward (documented: index_add_)",
                      "aten::index_select": "a 0-dim input"},
-    "cat": {"aten::cat": "empty operands (documented)"},
     "cumsum": {"aten::flip": "cumsum's backward (documented: flip)"},
     "sort": {"aten::scatter.src_out": "sort's backward (documented: scatter)",
              "aten::sort.stable": "sorting bools, empty input (documented)"},
     "unbind": {"aten::as_strided": "unbind's backward (stack of the gradients) through real views; the result "
-                                   "is right", "aten::view": "the same",
-               "aten::cat": "the backward of a zero-size unbind stacks empty gradients (documented: cat of "
-                            "empty operands)"},
+                                   "is right", "aten::view": "the same"},
     "__getitem__": {"aten::index.Tensor_out": "advanced indexing (documented: index.Tensor)",
                     "aten::_index_put_impl_": "its backward", "aten::nonzero": "a bool index",
                     "aten::as_strided": "the backward of advanced indexing through real views; the result is right",
@@ -162,14 +159,7 @@ def _asymmetric_same(s):
     return any(d * (k - 1) % 2 for d, k in zip(dil, w.shape[2:]))
 
 
-SKIPS = [
-    ("narrow", None, lambda s: s.args[-1] == 0, None, "documented: empty slices are refused"),
-    ("narrow_copy", None, lambda s: s.args[-1] == 0, None, "documented: empty slices are refused"),
-    ("split_with_sizes", None, lambda s: 0 in s.args[0], None, "documented: empty slices are refused"),
-    ("split_with_sizes_copy", None, lambda s: 0 in s.args[0], None, "documented: empty slices are refused"),
-    ("cat", None, "([0, 5], [5, 5]), dim=0", "backward",
-     "documented: empty slices are refused (cat's backward slices an empty gradient)"),
-]
+SKIPS = []
 
 
 # ---- tolerances beyond the dtype's defaults: (OpInfo, dtype, phase) -> (rtol, atol, why).

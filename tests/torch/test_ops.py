@@ -177,6 +177,29 @@ class ViewsAndInPlaceTest(KilnTestCase):
             self.assertClose(got, want)
         self.assertClose(k.narrow(0, 1, 2), cpu.narrow(0, 1, 2))
 
+    def test_empty_slices(self):
+        # t[3:3] and its kin hold no elements: empty tensors; a write through one reaches no slot,
+        # and the gradient through one is zeros.
+        cpu = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+        k = cpu.to(KILN)
+        for t in (cpu, k):
+            e = t[3:3]
+            e.add_(100)
+            t[:, 2:2].fill_(-1)
+        self.assertClose(k, cpu)
+        self.assertEqual(tuple(k[3:3].shape), (0, 3))
+        self.assertEqual(tuple(k[:, 5:].shape), (4, 0))
+        self.assertEqual(tuple(k.narrow(1, 1, 0).shape), (4, 0))
+        for got, want in zip(k.split_with_sizes([2, 0, 2]), cpu.split_with_sizes([2, 0, 2])):
+            self.assertClose(got, want)
+        self.assertClose(torch.cat([k[1:1], k[2:]]), torch.cat([cpu[1:1], cpu[2:]]))
+        w = k.clone().requires_grad_()
+        (w[3:3].sum() + w[1:].sum()).backward()
+        want = torch.ones(4, 3)
+        want[0] = 0
+        self.assertClose(w.grad, want)
+        self.assertEqual(kiln.stats(), {}, "an op fell back to the CPU")
+
     def test_in_place_arithmetic(self):
         cpu = torch.randn(3, 3)
         k = cpu.to(KILN)
