@@ -1,6 +1,7 @@
-// Indexing, joining, scans, sorting and ranges: index_select, nn.Embedding's forward and backward,
-// cat, cumsum, sort and arange. Arguments kiln cannot express (scale_grad_by_freq, sorting bools,
-// empty operands) run on the CPU instead, counted as fallbacks under the op's name.
+// Indexing, joining, scans, sorting and ranges: index_select, index_add, gather, scatter (and its
+// add and reduce forms), flip, nn.Embedding's forward and backward, cat, cumsum, sort and arange.
+// Arguments kiln cannot express (scale_grad_by_freq, sorting bools, empty operands) run on the CPU
+// instead, counted as fallbacks under the op's name.
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>
 #include <ATen/WrapDimUtils.h>
@@ -8,7 +9,11 @@
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/embedding_dense_backward.h>
+#include <ATen/ops/gather.h>
+#include <ATen/ops/index_add.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/scatter.h>
+#include <ATen/ops/scatter_add.h>
 #include <ATen/ops/sort.h>
 #include <torch/library.h>
 
@@ -16,6 +21,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <tuple>
@@ -37,11 +43,17 @@ std::uint64_t wrap_dim(std::int64_t dim, const at::Tensor& t) {
   return static_cast<std::uint64_t>(at::maybe_wrap_dim(dim, t.dim()));
 }
 
-// ---- index_select: kiln's Select (indices of rank 1).
+// ---- index_select: kiln's Select (indices of rank 1). A 0-dim input with one index is that
+// element (kiln holds it as [1]), as PyTorch's.
 at::Tensor index_select_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index) {
   constexpr std::string_view what = "index_select";
   TORCH_CHECK(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
   TORCH_CHECK(index_type(index.scalar_type()), "index_select(): Expected dtype int32 or int64 for index");
+  if (is_kiln(self) && is_kiln(index) && self.dim() == 0 && index.numel() == 1) {
+    (void)wrap_dim(dim, self);  // 0 or -1: PyTorch's check
+    Value idx = reshaped(value_of(index, what), {1}, what);
+    return make_tensor(value_or_throw(session().select(value_of(self, what), 0, std::move(idx)), what), {});
+  }
   if (!is_kiln(self) || !is_kiln(index) || self.dim() == 0 || index.numel() == 0 || self.numel() == 0) {
     note_fallback("aten::index_select");
     return at::index_select(self.cpu(), dim, index.cpu()).to(self.device());
@@ -51,6 +63,183 @@ at::Tensor index_select_kernel(const at::Tensor& self, std::int64_t dim, const a
   std::vector<std::int64_t> sizes(self.sizes().begin(), self.sizes().end());
   sizes[d] = index.numel();
   return make_tensor(value_or_throw(session().select(value_of(self, what), d, std::move(idx)), what), sizes);
+}
+
+// ---- index_add (index_select's backward; index_add_ reaches it through functionalization):
+// kiln's SelectAssign with the Add update, which applies the indices in order, so that a repeated
+// index accumulates as on PyTorch's CPU. source·alpha is added; a 0-dim tensor counts as [1].
+
+// The sizes PyTorch's indexing ops check a tensor by: a 0-dim tensor counts as [1]
+// (ensure_nonempty_dim), which is also how kiln holds it.
+std::vector<std::int64_t> ranked_sizes(const at::Tensor& t) {
+  if (t.dim() == 0) return {1};
+  return std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end());
+}
+
+// A Scalar as a value of dtype `type`, as PyTorch converts a fill value: integers truncate, bool
+// is "nonzero".
+double scalar_as(const at::Scalar& k, c10::ScalarType type) {
+  if (type == c10::ScalarType::Bool) return k.toBool() ? 1.0 : 0.0;
+  if (c10::isIntegralType(type, /*includeBool=*/false)) return static_cast<double>(k.toLong());
+  return k.toDouble();
+}
+
+at::Tensor index_add_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                            const at::Scalar& alpha) {
+  constexpr std::string_view what = "index_add";
+  TORCH_CHECK(index.dim() <= 1, "index_add_(): Index is supposed to be a vector");
+  TORCH_CHECK(index_type(index.scalar_type()), "index_add_(): Expected dtype int32/int64 for index");
+  TORCH_CHECK(self.scalar_type() == source.scalar_type(), "index_add_(): self (", self.scalar_type(), ") and source (",
+              source.scalar_type(), ") must have the same scalar type");
+  const std::uint64_t d = wrap_dim(dim, self);
+  const std::vector<std::int64_t> ss = ranked_sizes(self), vs = ranked_sizes(source);
+  bool fits = vs.size() == ss.size();
+  for (std::size_t i = 0; fits && i < ss.size(); ++i) fits = vs[i] == (i == d ? index.numel() : ss[i]);
+  // Shapes PyTorch rejects, and indices into an empty tensor: the CPU raises its own error.
+  if (!fits || !is_kiln(self) || !is_kiln(index) || !is_kiln(source) || (self.numel() == 0 && index.numel() > 0)) {
+    note_fallback("aten::index_add");
+    return at::index_add(self.cpu(), dim, index.cpu(), source.cpu(), alpha).to(self.device());
+  }
+  if (index.numel() == 0) return make_tensor(value_of(self, what), self.sizes());  // nothing added
+  Session& s = session();
+  Value src = value_of(source, what);
+  if (self.scalar_type() == c10::ScalarType::Bool) {
+    // bool: self |= source where alpha is true (kiln's Add on bool is "or"), nothing where it is false
+    if (!alpha.toBool()) return make_tensor(value_of(self, what), self.sizes());
+  } else if (alpha.toDouble() != 1.0) {
+    src = value_or_throw(s.mul(std::move(src), scalar_as(alpha, self.scalar_type())), what);
+  }
+  Value idx = reshaped(value_of(index, what), {index.numel()}, what);
+  Value out = value_or_throw(
+      s.select_assign(value_of(self, what), d, std::move(idx), std::move(src), ir::IndexingUpdate::Add), what);
+  return make_tensor(std::move(out), self.sizes());
+}
+
+// ---- gather and scatter: kiln's Gather and Scatter, whose shape rules are PyTorch's (index no
+// larger than src in any dim, nor than self outside dim: only index's extent of src is read).
+// Scatter applies the index's elements in order: a repeated index keeps the last write (Assign)
+// or accumulates (Add, Mul), as PyTorch's CPU kernels. A 0-dim tensor counts as [1].
+
+at::Tensor gather_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index, bool /*sparse_grad*/) {
+  constexpr std::string_view what = "gather";
+  const std::uint64_t d = wrap_dim(dim, self);
+  const ir::DType dtype = to_kiln_dtype(self.scalar_type(), what);
+  if (index.numel() == 0)  // index's sizes, no element (any index dtype, as PyTorch's)
+    return make_tensor(value_or_throw(session().empty(kiln_shape(index.sizes()), dtype), what), index.sizes());
+  TORCH_CHECK(index_type(index.scalar_type()), "gather(): Expected dtype int32/int64 for index");
+  const std::vector<std::int64_t> ss = ranked_sizes(self), is = ranked_sizes(index);
+  TORCH_CHECK(is.size() == ss.size(), "Index tensor must have the same number of dimensions as input tensor");
+  for (std::size_t i = 0; i < ss.size(); ++i) {
+    TORCH_CHECK(i == d || is[i] <= ss[i], "Size does not match at dimension ", i, " expected index ", index.sizes(),
+                " to be no larger than self ", self.sizes(), " apart from dimension ", d);
+  }
+  if (!is_kiln(self) || !is_kiln(index) || self.numel() == 0) {  // indices into nothing: the CPU's error
+    note_fallback("aten::gather");
+    return at::gather(self.cpu(), dim, index.cpu()).to(self.device());
+  }
+  Value out = value_or_throw(session().gather(value_of(self, what), d, value_of(index, what)), what);
+  return make_tensor(std::move(out), index.sizes());
+}
+
+// self with src's elements (or `value` everywhere) written where index points along dim, under
+// `update`; nullopt where the CPU runs it (indices into an empty tensor: its error).
+std::optional<at::Tensor> scatter_on_kiln(std::string_view method, const at::Tensor& self, std::int64_t dim,
+                                          const at::Tensor& index, const at::Tensor* src, double value,
+                                          ir::IndexingUpdate update) {
+  if (index.numel() != 0) {
+    TORCH_CHECK(index_type(index.scalar_type()), method, "(): Expected dtype int32/int64 for index");
+  }
+  if (src != nullptr) {
+    TORCH_CHECK(self.scalar_type() == src->scalar_type(), method, "(): Expected self.dtype to be equal to src.dtype");
+  }
+  const std::uint64_t d = wrap_dim(dim, self);
+  if (index.numel() == 0) return make_tensor(value_of(self, method), self.sizes());  // nothing written
+  const std::vector<std::int64_t> ss = ranked_sizes(self), is = ranked_sizes(index);
+  const std::vector<std::int64_t> vs = src != nullptr ? ranked_sizes(*src) : is;
+  TORCH_CHECK(is.size() == ss.size(), "Index tensor must have the same number of dimensions as self tensor");
+  TORCH_CHECK(vs.size() == is.size(), "Index tensor must have the same number of dimensions as src tensor");
+  for (std::size_t i = 0; i < ss.size(); ++i) {
+    if (src != nullptr) {
+      TORCH_CHECK(is[i] <= vs[i] && (i == d || is[i] <= ss[i]), "Expected index ", index.sizes(),
+                  " to be smaller than self ", self.sizes(), " apart from dimension ", d,
+                  " and to be smaller size than src ", src->sizes());
+    } else {
+      TORCH_CHECK(i == d || is[i] <= ss[i], "Expected index ", index.sizes(), " to be smaller than self ", self.sizes(),
+                  " apart from dimension ", d);
+    }
+  }
+  if (!is_kiln(self) || !is_kiln(index) || (src != nullptr && !is_kiln(*src)) || self.numel() == 0) return std::nullopt;
+  Session& s = session();
+  Value v =
+      src != nullptr
+          ? value_of(*src, method)
+          : value_or_throw(s.full(kiln_shape(index.sizes()), value, to_kiln_dtype(self.scalar_type(), method)), method);
+  Value out =
+      value_or_throw(s.scatter(value_of(self, method), d, value_of(index, method), std::move(v), update), method);
+  return make_tensor(std::move(out), self.sizes());
+}
+
+// scatter's `reduce` argument (scatter.reduce, scatter.value_reduce): "add" and "multiply" are
+// kiln's Add and Mul updates.
+ir::IndexingUpdate scatter_reduction(c10::string_view reduce) {
+  if (reduce == "add") return ir::IndexingUpdate::Add;
+  TORCH_CHECK(reduce == "multiply", "reduce argument must be either add or multiply.");
+  return ir::IndexingUpdate::Mul;
+}
+
+at::Tensor scatter_src_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index,
+                              const at::Tensor& src) {
+  if (auto r = scatter_on_kiln("scatter", self, dim, index, &src, 0.0, ir::IndexingUpdate::Assign)) return *r;
+  note_fallback("aten::scatter.src");
+  return at::scatter(self.cpu(), dim, index.cpu(), src.cpu()).to(self.device());
+}
+
+at::Tensor scatter_value_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index,
+                                const at::Scalar& value) {
+  const double v = scalar_as(value, self.scalar_type());
+  if (auto r = scatter_on_kiln("scatter", self, dim, index, nullptr, v, ir::IndexingUpdate::Assign)) return *r;
+  note_fallback("aten::scatter.value");
+  return at::scatter(self.cpu(), dim, index.cpu(), value).to(self.device());
+}
+
+at::Tensor scatter_reduce_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index,
+                                 const at::Tensor& src, c10::string_view reduce) {
+  const ir::IndexingUpdate update = scatter_reduction(reduce);
+  if (auto r = scatter_on_kiln("scatter", self, dim, index, &src, 0.0, update)) return *r;
+  note_fallback("aten::scatter.reduce");
+  return at::scatter(self.cpu(), dim, index.cpu(), src.cpu(), reduce).to(self.device());
+}
+
+at::Tensor scatter_value_reduce_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index,
+                                       const at::Scalar& value, c10::string_view reduce) {
+  const ir::IndexingUpdate update = scatter_reduction(reduce);
+  const double v = scalar_as(value, self.scalar_type());
+  if (auto r = scatter_on_kiln("scatter", self, dim, index, nullptr, v, update)) return *r;
+  note_fallback("aten::scatter.value_reduce");
+  return at::scatter(self.cpu(), dim, index.cpu(), value, reduce).to(self.device());
+}
+
+at::Tensor scatter_add_kernel(const at::Tensor& self, std::int64_t dim, const at::Tensor& index,
+                              const at::Tensor& src) {
+  if (auto r = scatter_on_kiln("scatter_add", self, dim, index, &src, 0.0, ir::IndexingUpdate::Add)) return *r;
+  note_fallback("aten::scatter_add");
+  return at::scatter_add(self.cpu(), dim, index.cpu(), src.cpu()).to(self.device());
+}
+
+// ---- flip (cumsum's backward): kiln's Flip over the wrapped dims; a scalar, an empty tensor and
+// dims of size 1 flip to themselves.
+at::Tensor flip_kernel(const at::Tensor& self, c10::IntArrayRef dims) {
+  constexpr std::string_view what = "flip";
+  std::vector<std::uint64_t> axes;
+  for (const std::int64_t dim : dims) {
+    const std::uint64_t a = wrap_dim(dim, self);
+    TORCH_CHECK(std::find(axes.begin(), axes.end(), a) == axes.end(), "dim ", a,
+                " appears multiple times in the list of dims");
+    axes.push_back(a);
+  }
+  std::erase_if(axes, [&](std::uint64_t a) { return self.dim() == 0 || self.size(static_cast<std::int64_t>(a)) <= 1; });
+  if (axes.empty() || self.numel() == 0) return make_tensor(value_of(self, what), self.sizes());
+  return make_tensor(value_or_throw(session().flip(value_of(self, what), std::move(axes)), what), self.sizes());
 }
 
 // ---- nn.Embedding: kiln's embedding over the indices as one row [1, n], then their sizes + [E].
@@ -268,6 +457,14 @@ at::Tensor constant_pad_nd_kernel(const at::Tensor& self, c10::IntArrayRef pad, 
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_select", TORCH_FN(index_select_kernel));
+  m.impl("index_add", TORCH_FN(index_add_kernel));
+  m.impl("gather", TORCH_FN(gather_kernel));
+  m.impl("scatter.src", TORCH_FN(scatter_src_kernel));
+  m.impl("scatter.value", TORCH_FN(scatter_value_kernel));
+  m.impl("scatter.reduce", TORCH_FN(scatter_reduce_kernel));
+  m.impl("scatter.value_reduce", TORCH_FN(scatter_value_reduce_kernel));
+  m.impl("scatter_add", TORCH_FN(scatter_add_kernel));
+  m.impl("flip", TORCH_FN(flip_kernel));
   m.impl("embedding", TORCH_FN(embedding_kernel));
   m.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward_kernel));
   m.impl("cat", TORCH_FN(cat_kernel));

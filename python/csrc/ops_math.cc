@@ -1,8 +1,9 @@
-// Elementwise kernels: arithmetic, unary math, comparisons, selection, and the backward kernels
-// of the activations they define. Each follows PyTorch's type promotion (at::result_type: a
+// Elementwise kernels: arithmetic, unary math, comparisons, logical ops, selection, and the backward
+// kernels of the activations they define. Each follows PyTorch's type promotion (at::result_type: a
 // Python number does not widen a tensor's dtype) and broadcasting (right-aligned; kiln's needs
 // equal ranks, so operands are reshaped with leading 1s first), then queues the Session call.
 #include <ATen/ExpandUtils.h>
+#include <ATen/native/TypeProperties.h>
 #include <ATen/ops/result_type.h>
 #include <torch/library.h>
 
@@ -171,6 +172,32 @@ at::Tensor clamp_kernel(const at::Tensor& a, const std::optional<at::Scalar>& lo
   return make_tensor(std::move(v), a.sizes());
 }
 at::Tensor clamp_min_kernel(const at::Tensor& a, const at::Scalar& lo) { return clamp_kernel(a, lo, std::nullopt); }
+at::Tensor clamp_max_kernel(const at::Tensor& a, const at::Scalar& hi) { return clamp_kernel(a, std::nullopt, hi); }
+
+// clamp with tensor bounds (clamp.Tensor, clamp_min.Tensor, clamp_max.Tensor): self and the bounds
+// in their common dtype (PyTorch's promotion over the three) and broadcast; the maximum with min
+// first, then the minimum with max, so that min > max gives max, as PyTorch's. (A NaN bound
+// gives self where PyTorch's gives NaN, as kiln's maximum and minimum do.)
+at::Tensor clamp_tensor_kernel(const at::Tensor& a, const std::optional<at::Tensor>& lo,
+                               const std::optional<at::Tensor>& hi) {
+  const bool has_lo = lo.has_value() && lo->defined(), has_hi = hi.has_value() && hi->defined();
+  TORCH_CHECK(has_lo || has_hi, "torch.clamp: At least one of 'min' or 'max' must not be None");
+  at::native::ResultTypeState state;
+  state = at::native::update_result_type_state(a, state);
+  if (has_lo) state = at::native::update_result_type_state(*lo, state);
+  if (has_hi) state = at::native::update_result_type_state(*hi, state);
+  const c10::ScalarType type = at::native::result_type(state);
+  at::Tensor r = a;
+  if (has_lo) r = binary("clamp", r, *lo, type, &Session::maximum, &Session::maximum);
+  if (has_hi) r = binary("clamp", r, *hi, type, &Session::minimum, &Session::minimum);
+  return r;
+}
+at::Tensor clamp_min_tensor_kernel(const at::Tensor& a, const at::Tensor& lo) {
+  return clamp_tensor_kernel(a, lo, std::nullopt);
+}
+at::Tensor clamp_max_tensor_kernel(const at::Tensor& a, const at::Tensor& hi) {
+  return clamp_tensor_kernel(a, std::nullopt, hi);
+}
 
 // ---- comparisons (→ bool), computed in the promoted dtype of the operands.
 
@@ -185,6 +212,51 @@ at::Tensor compare_scalar(const at::Tensor& a, const at::Scalar& k) {
   const c10::ScalarType type = promoted == c10::ScalarType::Bool ? c10::ScalarType::Byte : promoted;
   Value v = operand(a, kiln_type(type, "comparison"), a.dim(), "comparison");
   return make_tensor(value_or_throw((session().*Fn)(std::move(v), k.toDouble()), "comparison"), a.sizes());
+}
+
+// ---- logical ops (→ bool): each operand taken as "nonzero" (NaN is true), broadcast.
+
+// t as bool in a result of rank `rank`: a kiln tensor cast (x != 0) and rank-aligned; a CPU scalar
+// as a [1,..,1] constant.
+Value truth(const at::Tensor& t, std::size_t rank, std::string_view what) {
+  if (const std::optional<double> k = cpu_scalar(t)) {
+    return value_or_throw(session().full(ir::Shape(rank == 0 ? 1 : rank, 1), *k != 0 ? 1.0 : 0.0, ir::dtypes::boolean),
+                          what);
+  }
+  return operand(t, ir::dtypes::boolean, rank, what);
+}
+
+template <BinaryFn Fn>
+at::Tensor logical(const at::Tensor& a, const at::Tensor& b) {
+  constexpr std::string_view what = "logical";
+  const std::vector<std::int64_t> sizes = at::infer_size(a.sizes(), b.sizes());
+  Value va = truth(a, sizes.size(), what);
+  Value vb = truth(b, sizes.size(), what);
+  return make_tensor(value_or_throw((session().*Fn)(std::move(va), std::move(vb)), what), sizes);
+}
+
+at::Tensor logical_not_kernel(const at::Tensor& a) {
+  constexpr std::string_view what = "logical_not";
+  return make_tensor(value_or_throw(session().not_(truth(a, a.dim(), what)), what), a.sizes());
+}
+
+// isnan: kiln's IsNan for floats; integers and bool are never NaN.
+at::Tensor isnan_kernel(const at::Tensor& a) {
+  constexpr std::string_view what = "isnan";
+  if (c10::isFloatingType(a.scalar_type()))
+    return make_tensor(value_or_throw(session().is_nan(value_of(a, what)), what), a.sizes());
+  const ir::Shape shape = kiln_shape(a.sizes());
+  Session& s = session();
+  Value none = value_or_throw(
+      a.numel() == 0 ? s.empty(shape, ir::dtypes::boolean) : s.full(shape, 0.0, ir::dtypes::boolean), what);
+  return make_tensor(std::move(none), a.sizes());
+}
+
+// sign (and sgn, the same for real dtypes; abs's backward): −1, 0 or 1 (NaN: 0, as PyTorch's); a
+// bool is its own sign.
+at::Tensor sign_kernel(const at::Tensor& a) {
+  if (a.scalar_type() == c10::ScalarType::Bool) return make_tensor(value_of(a, "sign"), a.sizes());
+  return unary("sign", a, a.scalar_type(), &Session::sign);
 }
 
 // ---- selection
@@ -245,6 +317,40 @@ at::Tensor lerp_kernel(const at::Tensor& self, const at::Tensor& end, const at::
   return add_sub("lerp", self, sub_kernel(end, self, 1), weight, false);
 }
 
+// lerp with a tensor weight, all three broadcast (one float dtype, as PyTorch requires): PyTorch's
+// two forms, self + weight·(end − self) where |weight| < 0.5, else end − (end − self)·(1 − weight)
+// (exact at weight 1).
+at::Tensor lerp_tensor_kernel(const at::Tensor& self, const at::Tensor& end, const at::Tensor& weight) {
+  constexpr std::string_view what = "lerp";
+  TORCH_CHECK(self.scalar_type() == end.scalar_type(), "expected dtype ", self.scalar_type(),
+              " for `end` but got dtype ", end.scalar_type());
+  TORCH_CHECK(self.scalar_type() == weight.scalar_type(), "expected dtype ", self.scalar_type(),
+              " for `weight` but got dtype ", weight.scalar_type());
+  TORCH_CHECK(c10::isFloatingType(self.scalar_type()), "\"lerp_kernel_tensor\" not implemented for '",
+              self.scalar_type(), "'");
+  const std::vector<std::int64_t> sizes = at::infer_size(at::infer_size(self.sizes(), end.sizes()), weight.sizes());
+  const std::size_t rank = sizes.size();
+  const ir::DType d = kiln_type(self.scalar_type(), what);
+  const ir::Shape shape = kiln_shape(sizes);
+  Session& s = session();
+  Value a = operand(self, d, rank, what);
+  Value b = operand(end, d, rank, what);
+  Value w = operand(weight, d, rank, what);
+  Value diff = value_or_throw(s.sub(b, a), what);
+  Value small = value_or_throw(s.add(a, value_or_throw(s.mul(w, diff), what)), what);
+  Value one_minus_w = value_or_throw(s.add(value_or_throw(s.neg(w), what), 1.0), what);
+  Value large = value_or_throw(s.sub(b, value_or_throw(s.mul(diff, std::move(one_minus_w)), what)), what);
+  Value is_small = value_or_throw(s.lt(value_or_throw(s.abs(w), what), 0.5), what);
+  // kiln's MaskWhere broadcasts the tensor with the mask only: every operand at the result's shape
+  auto full_size = [&](Value v) {
+    if (v.shape() == shape) return v;
+    return value_or_throw(s.expand(std::move(v), shape), what);
+  };
+  Value out = value_or_throw(
+      s.mask_where(full_size(std::move(large)), full_size(std::move(is_small)), full_size(std::move(small))), what);
+  return make_tensor(std::move(out), sizes);
+}
+
 // grad where self > threshold, else 0 (relu's backward).
 at::Tensor threshold_backward_kernel(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold) {
   const std::vector<std::int64_t> sizes = at::infer_size(grad.sizes(), self.sizes());
@@ -301,6 +407,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("minimum", TORCH_FN(minimum_kernel));
   m.impl("clamp", TORCH_FN(clamp_kernel));
   m.impl("clamp_min", TORCH_FN(clamp_min_kernel));
+  m.impl("clamp_max", TORCH_FN(clamp_max_kernel));
+  m.impl("clamp.Tensor", TORCH_FN(clamp_tensor_kernel));
+  m.impl("clamp_min.Tensor", TORCH_FN(clamp_min_tensor_kernel));
+  m.impl("clamp_max.Tensor", TORCH_FN(clamp_max_tensor_kernel));
   m.impl("eq.Tensor", TORCH_FN((compare<&S::eq, &S::eq>)));
   m.impl("ne.Tensor", TORCH_FN((compare<&S::ne, &S::ne>)));
   m.impl("lt.Tensor", TORCH_FN((compare<&S::lt, &S::lt>)));
@@ -313,11 +423,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("le.Scalar", TORCH_FN(compare_scalar<&S::le>));
   m.impl("gt.Scalar", TORCH_FN(compare_scalar<&S::gt>));
   m.impl("ge.Scalar", TORCH_FN(compare_scalar<&S::ge>));
+  m.impl("logical_and", TORCH_FN((logical<&S::and_>)));
+  m.impl("logical_or", TORCH_FN((logical<&S::or_>)));
+  m.impl("logical_xor", TORCH_FN((logical<&S::xor_>)));
+  m.impl("logical_not", TORCH_FN(logical_not_kernel));
+  m.impl("isnan", TORCH_FN(isnan_kernel));
+  m.impl("sign", TORCH_FN(sign_kernel));
+  m.impl("sgn", TORCH_FN(sign_kernel));
   m.impl("where.self", TORCH_FN(where_kernel));
   m.impl("masked_fill.Scalar", TORCH_FN(masked_fill_kernel));
   m.impl("addcmul", TORCH_FN(addcmul_kernel));
   m.impl("addcdiv", TORCH_FN(addcdiv_kernel));
   m.impl("lerp.Scalar", TORCH_FN(lerp_kernel));
+  m.impl("lerp.Tensor", TORCH_FN(lerp_tensor_kernel));
   m.impl("threshold_backward", TORCH_FN(threshold_backward_kernel));
   m.impl("sigmoid_backward", TORCH_FN(sigmoid_backward_kernel));
   m.impl("tanh_backward", TORCH_FN(tanh_backward_kernel));

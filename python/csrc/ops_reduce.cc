@@ -1,7 +1,10 @@
-// Reductions, matrix products, softmax and the MSE and NLL losses, with their backward kernels
-// where autograd calls a kernel of its own (_softmax_backward_data, mse_loss_backward, ...).
+// Reductions, matrix products (mm, bmm, addmm, dot, mv), softmax and the MSE and NLL losses (also
+// over spatial inputs), with their backward kernels where autograd calls a kernel of its own
+// (_softmax_backward_data, mse_loss_backward, ...).
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Reduction.h>
+#include <ATen/ops/nll_loss2d_backward.h>
+#include <ATen/ops/nll_loss2d_forward.h>
 #include <ATen/ops/nll_loss_backward.h>
 #include <ATen/ops/nll_loss_forward.h>
 #include <torch/library.h>
@@ -11,6 +14,8 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "state.h"
 #include "tensor_impl.h"
@@ -142,6 +147,44 @@ at::Tensor matmul_of(std::string_view what, const at::Tensor& a, const at::Tenso
 
 at::Tensor mm_kernel(const at::Tensor& a, const at::Tensor& b) { return matmul_of("mm", a, b, 2); }
 at::Tensor bmm_kernel(const at::Tensor& a, const at::Tensor& b) { return matmul_of("bmm", a, b, 3); }
+
+// dot (1-d · 1-d) and mv (2-d @ 1-d), which matmul with a vector operand and mv's own backward
+// reach: kiln's Matmul of [1, n] @ [n, 1] and [m, n] @ [n, 1]. Without a summed element the
+// result is zeros, as PyTorch's.
+at::Tensor dot_kernel(const at::Tensor& a, const at::Tensor& b) {
+  constexpr std::string_view what = "dot";
+  TORCH_CHECK(a.dim() == 1 && b.dim() == 1, "1D tensors expected, but got ", a.dim(), "D and ", b.dim(), "D tensors");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "dot : expected both vectors to have same dtype, but found ",
+              a.scalar_type(), " and ", b.scalar_type());
+  const std::int64_t n = a.numel();
+  TORCH_CHECK(n == b.numel(), "inconsistent tensor size, expected tensor [", n, "] and src [", b.numel(),
+              "] to have the same number of elements, but got ", n, " and ", b.numel(), " elements respectively");
+  Session& s = session();
+  if (n == 0) {
+    return make_tensor(value_or_throw(s.zeros(ir::Shape{1}, to_kiln_dtype(a.scalar_type(), what)), what), {});
+  }
+  Value row = reshaped(value_of(a, what), {1, n}, what);
+  Value column = reshaped(value_of(b, what), {n, 1}, what);
+  Value out = value_or_throw(s.matmul(std::move(row), std::move(column)), what);
+  return make_tensor(reshaped(out, {}, what), {});
+}
+
+at::Tensor mv_kernel(const at::Tensor& m, const at::Tensor& v) {
+  constexpr std::string_view what = "mv";
+  TORCH_CHECK(m.dim() == 2 && v.dim() == 1, "vector + matrix @ vector expected, got 1, ", m.dim(), ", ", v.dim());
+  TORCH_CHECK(m.size(1) == v.size(0), "size mismatch, got input (", m.size(0), "), mat (", m.size(0), "x", m.size(1),
+              "), vec (", v.size(0), ")");
+  check_same_dtype(what, m, v);
+  Session& s = session();
+  const std::int64_t rows = m.size(0), n = v.size(0);
+  if (rows == 0 || n == 0) {
+    const ir::DType d = to_kiln_dtype(m.scalar_type(), what);
+    const ir::Shape shape{static_cast<std::uint64_t>(rows)};
+    return make_tensor(value_or_throw(rows == 0 ? s.empty(shape, d) : s.zeros(shape, d), what), {rows});
+  }
+  Value out = value_or_throw(s.matmul(value_of(m, what), reshaped(value_of(v, what), {n, 1}, what)), what);
+  return make_tensor(reshaped(out, {rows}, what), {rows});
+}
 
 // beta·self + alpha·(m1 @ m2); beta = 0 ignores self (NaN included), as PyTorch's.
 at::Tensor addmm_kernel(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2, const at::Scalar& beta,
@@ -306,6 +349,67 @@ at::Tensor nll_loss_backward_kernel(const at::Tensor& grad, const at::Tensor& se
   return make_tensor(reshaped(out, self.sizes(), what), self.sizes());
 }
 
+// ---- NLL loss over spatial inputs (cross-entropy with targets [N, d1, ...]; PyTorch views every
+// such input as [N, C, H, W]): the class dim moved last and the rest flattened, [N·H·W, C], then
+// the kernels above. Class weights and inputs without elements run on the CPU, counted.
+
+// input [N, C, H, W] as rows [N·H·W, C]; target [N, H, W] as [N·H·W].
+std::pair<at::Tensor, at::Tensor> nll2d_rows(const at::Tensor& self, const at::Tensor& target, std::string_view what) {
+  TORCH_CHECK(self.dim() == 4,
+              "only batches of spatial inputs supported (4D tensors), but got input of size: ", self.sizes());
+  TORCH_CHECK(target.dim() == 3,
+              "only batches of spatial targets supported (3D tensors) but got targets of dimension: ", target.dim());
+  TORCH_CHECK(self.size(0) == target.size(0) && self.size(2) == target.size(1) && self.size(3) == target.size(2),
+              "input and target batch or spatial sizes don't match: target ", target.sizes(), ", input ", self.sizes());
+  const std::int64_t rows = target.numel(), c = self.size(1);
+  Value v = value_or_throw(session().permute(value_of(self, what), {0, 2, 3, 1}), what);
+  return {make_tensor(reshaped(v, {rows, c}, what), {rows, c}),
+          make_tensor(reshaped(value_of(target, what), {rows}, what), {rows})};
+}
+
+bool nll2d_on_cpu(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight) {
+  return (weight && weight->defined()) || self.numel() == 0 || target.numel() == 0;
+}
+
+std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward_kernel(const at::Tensor& self, const at::Tensor& target,
+                                                             const std::optional<at::Tensor>& weight,
+                                                             std::int64_t reduction, std::int64_t ignore_index) {
+  constexpr std::string_view what = "nll_loss2d";
+  if (nll2d_on_cpu(self, target, weight)) {
+    const bool weighted = weight && weight->defined();
+    note_fallback(weighted ? "aten::nll_loss2d_forward (with weight)" : "aten::nll_loss2d_forward");
+    const std::optional<at::Tensor> w = weighted ? std::optional<at::Tensor>(weight->cpu()) : std::nullopt;
+    auto [out, total] = at::nll_loss2d_forward(self.cpu(), target.cpu(), w, reduction, ignore_index);
+    return {out.to(self.device()), total.to(self.device())};
+  }
+  auto [rows, targets] = nll2d_rows(self, target, what);
+  auto [out, total] = nll_loss_forward_kernel(rows, targets, std::nullopt, reduction, ignore_index);
+  if (reduction != at::Reduction::None) return {out, total};
+  const std::vector<std::int64_t> sizes(target.sizes().begin(), target.sizes().end());  // [N, H, W]
+  return {make_tensor(reshaped(value_of(out, what), sizes, what), sizes), total};
+}
+
+// The [N·H·W, C] gradient of the rows, back to [N, C, H, W].
+at::Tensor nll_loss2d_backward_kernel(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                      const std::optional<at::Tensor>& weight, std::int64_t reduction,
+                                      std::int64_t ignore_index, const at::Tensor& total_weight) {
+  constexpr std::string_view what = "nll_loss2d_backward";
+  if (nll2d_on_cpu(self, target, weight)) {
+    const bool weighted = weight && weight->defined();
+    note_fallback(weighted ? "aten::nll_loss2d_backward (with weight)" : "aten::nll_loss2d_backward");
+    const std::optional<at::Tensor> w = weighted ? std::optional<at::Tensor>(weight->cpu()) : std::nullopt;
+    return at::nll_loss2d_backward(grad.cpu(), self.cpu(), target.cpu(), w, reduction, ignore_index, total_weight.cpu())
+        .to(self.device());
+  }
+  auto [rows, targets] = nll2d_rows(self, target, what);
+  // grad: a scalar, or (no reduction) one per target, [N, H, W], which the kernel reads as [N·H·W]
+  const at::Tensor gi =
+      nll_loss_backward_kernel(grad, rows, targets, std::nullopt, reduction, ignore_index, total_weight);
+  const std::int64_t n = self.size(0), c = self.size(1), h = self.size(2), w = self.size(3);
+  Value v = reshaped(value_of(gi, what), {n, h, w, c}, what);
+  return make_tensor(value_or_throw(session().permute(std::move(v), {0, 3, 1, 2}), what), self.sizes());
+}
+
 // Inside the namespace so that these names hide the C library's (exp, log, abs, ...).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sum", TORCH_FN(sum_kernel));
@@ -317,6 +421,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mm", TORCH_FN(mm_kernel));
   m.impl("bmm", TORCH_FN(bmm_kernel));
   m.impl("addmm", TORCH_FN(addmm_kernel));
+  m.impl("dot", TORCH_FN(dot_kernel));
+  m.impl("mv", TORCH_FN(mv_kernel));
   m.impl("_log_softmax", TORCH_FN(log_softmax_kernel));
   m.impl("_softmax", TORCH_FN(softmax_kernel));
   m.impl("_log_softmax_backward_data", TORCH_FN(log_softmax_backward_kernel));
@@ -325,6 +431,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mse_loss_backward", TORCH_FN(mse_loss_backward_kernel));
   m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward_kernel));
   m.impl("nll_loss_backward", TORCH_FN(nll_loss_backward_kernel));
+  m.impl("nll_loss2d_forward", TORCH_FN(nll_loss2d_forward_kernel));
+  m.impl("nll_loss2d_backward", TORCH_FN(nll_loss2d_backward_kernel));
 }
 
 }  // namespace

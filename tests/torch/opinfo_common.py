@@ -33,21 +33,22 @@ OPS_BY_NAME = {(o.name + "." + o.variant_test_name) if o.variant_test_name else 
 F32, F64, I64, BOOL = torch.float32, torch.float64, torch.int64, torch.bool
 
 # ---- the OpInfos run: those whose samples reach the aten ops of docs/pytorch.md "What is lowered"
-# (by name in op_db; "name.variant" for a variant). amax, amin, mv, dot, clamp_max and the like
-# are left out: kiln lowers none of them, so their samples would only exercise the fallback.
+# (by name in op_db; "name.variant" for a variant). amax, amin and the like are left out: kiln
+# lowers none of them, so their samples would only exercise the fallback.
 OPS = [
     # arithmetic
     "add", "sub", "rsub", "mul", "div.no_rounding_mode", "div.trunc_rounding", "div.floor_rounding",
     "true_divide", "neg", "abs", "reciprocal", "pow", "maximum", "minimum", "max.binary", "min.binary",
-    "clamp", "clamp_min", "addcmul", "addcdiv", "lerp",
+    "clamp", "clamp_min", "clamp_max", "addcmul", "addcdiv", "lerp", "sign",
     # float functions
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "nn.functional.relu",
-    # comparisons, selection
-    "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill",
+    # comparisons, logical ops, selection
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not", "isnan",
+    "where", "masked_fill",
     # reductions
     "sum", "mean", "max.reduction_no_dim", "max.reduction_with_dim",
     # matrix products
-    "mm", "bmm", "addmm", "addmm.decomposed", "matmul", "nn.functional.linear",
+    "mm", "bmm", "addmm", "addmm.decomposed", "matmul", "nn.functional.linear", "dot", "mv",
     # softmax, losses
     "softmax", "softmax.with_dtype", "log_softmax", "log_softmax.with_dtype", "_softmax_backward_data",
     "nn.functional.mse_loss", "nn.functional.cross_entropy", "nn.functional.nll_loss",
@@ -57,7 +58,7 @@ OPS = [
     "native_batch_norm", "nn.functional.layer_norm", "native_layer_norm", "nn.functional.max_pool2d",
     "max_pool2d_with_indices_backward", "nn.functional.gelu", "nn.functional.embedding",
     # indexing, joining, scans
-    "index_select", "cat", "cumsum", "sort", "arange",
+    "index_select", "index_add", "gather", "scatter", "scatter_add", "flip", "cat", "cumsum", "sort", "arange",
     # views and view writes
     "reshape", "reshape_as", "view", "view_as", "flatten", "permute", "transpose", "t", "expand", "expand_as",
     "narrow", "select", "slice", "split", "split.list_args", "split_with_sizes", "chunk", "unbind", "squeeze",
@@ -86,7 +87,8 @@ GRADCHECK_OPS = [
     "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d", "nn.functional.conv_transpose1d",
     "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d", "nn.functional.batch_norm",
     "nn.functional.layer_norm", "nn.functional.max_pool2d", "nn.functional.gelu", "nn.functional.embedding",
-    "nn.functional.relu", "sigmoid", "tanh", "narrow", "select", "slice", "__getitem__",
+    "nn.functional.relu", "sigmoid", "tanh", "narrow", "select", "slice", "__getitem__", "lerp", "dot", "mv",
+    "index_select", "index_add", "gather", "scatter", "scatter_add", "flip", "cumsum",
 ]
 GRADCHECK_SAMPLES = 4
 
@@ -101,24 +103,14 @@ _CONV = {
     "aten::convolution_backward_overrideable": "as the forward",
 }
 EXPECTED_FALLBACKS = {
-    "abs": {"aten::sgn.out": "abs's backward multiplies by sgn, not lowered"},
-    "pow": {"aten::logical_and.out": "pow's backward masks 0^0 with logical_and, not lowered"},
-    "clamp": {"aten::clamp.Tensor_out": "tensor bounds: clamp.Tensor is not lowered (only scalar bounds)",
-              "aten::logical_and.out": "clamp's backward with tensor bounds", "aten::logical_or.out": "the same"},
-    "clamp_min": {"aten::clamp_min.Tensor_out": "a tensor bound: clamp_min.Tensor is not lowered"},
-    "lerp": {"aten::lerp.Tensor_out": "a tensor weight: lerp.Tensor is not lowered (lerp.Scalar is)"},
     "masked_fill": {"aten::masked_fill_.Tensor": "a 0-dim tensor value: masked_fill.Tensor is not lowered",
                     "aten::as_strided": "masked_fill.Tensor where the mask broadcasts the input (its composite "
                                         "expands through a real view; the result is right)"},
-    "max.reduction_no_dim": {"aten::isnan": "max's backward (evenly_distribute_backward)",
-                             "aten::logical_and.out": "the same", "aten::logical_or.out": "the same"},
-    "max.reduction_with_dim": {"aten::scatter.src_out": "max.dim's backward scatters (documented: scatter)"},
-    "matmul": {"aten::dot": "1-d @ 1-d: dot is not lowered", "aten::addmv.out": "matrix @ vector: mv is not lowered"},
     "nn.functional.cross_entropy": {
         "aten::nll_loss_forward (with weight)": "class weights (documented)",
         "aten::nll_loss_backward (with weight)": "class weights (documented)",
-        "aten::nll_loss2d_forward": "spatial targets (N, C, d1, ...): nll_loss2d is not lowered",
-        "aten::nll_loss2d_backward": "the same"},
+        "aten::nll_loss2d_forward (with weight)": "class weights with spatial targets (N, C, d1, ...) (documented)",
+        "aten::nll_loss2d_backward (with weight)": "the same"},
     "nn.functional.conv1d": _CONV, "nn.functional.conv2d": _CONV, "nn.functional.conv3d": _CONV,
     "nn.functional.conv_transpose1d": _CONV, "nn.functional.conv_transpose2d": _CONV,
     "nn.functional.conv_transpose3d": _CONV,
@@ -126,11 +118,7 @@ EXPECTED_FALLBACKS = {
                                  "aten::native_layer_norm_backward": _DOCUMENTED_NORM},
     "nn.functional.max_pool2d": {"aten::max_pool2d_with_indices": "non-float pools (documented)"},
     "nn.functional.embedding": {"aten::embedding_renorm_": "max_norm renormalises the weight in place: not lowered"},
-    "index_select": {"aten::index_add.out": "index_select's backward (documented: index_add_)",
-                     "aten::index_select": "a 0-dim input"},
-    "cumsum": {"aten::flip": "cumsum's backward (documented: flip)"},
-    "sort": {"aten::scatter.src_out": "sort's backward (documented: scatter)",
-             "aten::sort.stable": "sorting bools, empty input (documented)"},
+    "sort": {"aten::sort.stable": "sorting bools, empty input (documented)"},
     "unbind": {"aten::as_strided": "unbind's backward (stack of the gradients) through real views; the result "
                                    "is right", "aten::view": "the same"},
     "__getitem__": {"aten::index.Tensor_out": "advanced indexing (documented: index.Tensor)",
@@ -167,7 +155,8 @@ _F32_SUMS = (1e-5, 1e-4, "f32 sums of up to ~100 products added in another order
              "(measured: 8e-5 absolute on values ~50, 2.6e-5 on a 3-d transposed convolution)")
 TOLERANCES = {
     **{(op, F32, phase): _F32_SUMS
-       for op in ("mm", "bmm", "addmm", "addmm.decomposed", "matmul", "nn.functional.linear", "nn.functional.conv1d",
+       for op in ("mm", "bmm", "addmm", "addmm.decomposed", "matmul", "nn.functional.linear", "dot", "mv",
+                  "nn.functional.conv1d",
                   "nn.functional.conv2d", "nn.functional.conv3d", "nn.functional.conv_transpose1d",
                   "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d")
        for phase in ("forward", "backward")},

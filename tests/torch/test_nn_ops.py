@@ -1,6 +1,6 @@
 """The layers' ops against the CPU, forward and backward, with no fallback allowed: convolutions,
-batch and layer norm, max pooling, GELU, embedding, index_select, cat, cumsum, sort, arange; and
-one training step of a small CNN and of a tiny GPT block."""
+batch and layer norm, max pooling, GELU, embedding, index_select, index_add, gather, scatter, flip,
+cat, cumsum, sort, arange; and one training step of a small CNN and of a tiny GPT block."""
 
 import copy
 import math
@@ -157,8 +157,8 @@ class NnOpsTest(KilnTestCase):
             self.check_grad(lambda x: F.gelu(x, approximate=approximate), x)
         self.check_grad(lambda x: torch.nn.GELU()(x), torch.randn(2, 3, 4, dtype=torch.float64))
 
-    # ---- indexing, joining, scans, sorting, ranges (forward only where the backward needs ops kiln
-    # does not lower yet: index_add_, flip, scatter)
+    # ---- indexing, joining, scans, sorting, ranges (the backward of index_select is index_add, of
+    # cumsum flip, of sort and max.dim scatter, of gather scatter_add)
 
     def test_embedding(self):
         w = torch.randn(10, 4)
@@ -176,7 +176,54 @@ class NnOpsTest(KilnTestCase):
         x = torch.randn(4, 5, 3)
         for dim, idx in ((0, torch.tensor([3, 0, 3])), (1, torch.tensor([4], dtype=torch.int32)), (-1, torch.tensor(2))):
             self.check(lambda x, i: torch.index_select(x, dim, i), x, idx)
+            self.check_grad(lambda x: torch.index_select(x, dim, idx.to(x.device)), x)  # a repeated index adds up
         self.check(lambda x, i: torch.index_select(x, 0, i), torch.arange(6), torch.tensor([5, 1]))
+        self.check_grad(lambda x: torch.index_select(x, 0, torch.tensor([0]).to(x.device)), torch.tensor(2.5))  # 0-dim
+
+    def test_index_add(self):
+        x, src = torch.randn(4, 5), torch.randn(4, 3)
+        idx = torch.tensor([4, 0, 4])  # a repeated index accumulates, in index order
+        self.check_grad(lambda x, s: x.index_add(1, idx.to(x.device), s), x, src)
+        self.check_grad(lambda x, s: x.index_add(1, idx.to(x.device), s, alpha=-2.5), x, src)
+        self.check_grad(lambda x, s: x.index_add(0, torch.tensor([0]).to(x.device), s), torch.tensor(1.5),
+                        torch.tensor(2.0))  # 0-dim
+        self.check(lambda x, i, s: x.clone().index_add_(0, i, s, alpha=3), torch.zeros(3, 2, dtype=torch.int64),
+                   torch.tensor([2, 2, 0], dtype=torch.int32), torch.tensor([[1, 2], [3, 4], [5, 6]]))
+        for alpha in (True, False):
+            self.check(lambda x, i, s: x.index_add(0, i, s, alpha=alpha), torch.tensor([True, False, False]),
+                       torch.tensor([1, 2]), torch.tensor([True, False]))
+        self.check(lambda x, i, s: x.index_add(0, i, s), x, torch.tensor([], dtype=torch.int64), torch.randn(0, 5))
+
+    def test_gather_and_scatter(self):
+        x = torch.randn(4, 5)
+        idx = torch.tensor([[3, 0, 1], [2, 2, 0]])  # along dim 0: no repeat in a column; along dim 1: row 1 repeats
+        self.check_grad(lambda x: torch.gather(x, 1, idx.to(x.device)), x)
+        self.check_grad(lambda x: torch.gather(x, 0, idx.to(x.device)), x)
+        self.check_grad(lambda x, s: torch.scatter(x, 0, idx.to(x.device), s), x, torch.randn(2, 3))
+        self.check_grad(lambda x, s: torch.scatter_add(x, 1, idx.to(x.device), s), x, torch.randn(2, 3))
+        self.check_grad(lambda x: torch.scatter(x, 0, idx.to(x.device), -1.5), x)
+        # only index's extent of src is read
+        self.check(lambda x, i, s: torch.scatter(x, 0, i, s), x, idx, torch.randn(3, 4))
+        self.check(lambda x, i, s: torch.scatter_add(x, 1, i, s), x, idx, torch.randn(5, 6))
+        for reduce in ("add", "multiply"):
+            self.check(lambda x, i, s: torch.scatter(x, 1, i, s, reduce=reduce), x, idx, torch.randn(2, 3))
+            self.check(lambda x, i: torch.scatter(x, 1, i, 2.0, reduce=reduce), x, idx)
+        ints = torch.arange(20).reshape(4, 5)
+        self.check(lambda x, i: torch.scatter(x, 0, i, 2.5), ints, idx)  # the value as an int64: 2
+        self.check(lambda x, i, s: torch.scatter_add(x, 1, i, s), ints, idx.int(), -ints[:2, :3])
+        self.check(lambda x, i: torch.gather(x, 1, i), ints > 7, idx)
+        self.check(lambda x, i, s: torch.scatter(x, 0, i, s), torch.tensor(1.0), torch.tensor(0), torch.tensor(4.0))
+        self.check(lambda x, i: x.clone().scatter_(1, i, 0.0), x, idx)  # the in-place form
+        self.check(lambda x, i: torch.gather(x, 0, i), x, torch.zeros(0, 5, dtype=torch.int64))
+
+    def test_flip(self):
+        x = torch.randn(3, 4, 5)
+        for dims in ((0,), (-1,), (0, 2), (2, 0, 1), ()):
+            self.check_grad(lambda x: torch.flip(x, dims), x)
+        self.check(lambda x: torch.flip(x, (0,)), torch.tensor([True, False, False]))
+        self.check(lambda x: torch.flip(x, (1,)), torch.arange(6).reshape(2, 3))
+        self.check(lambda x: torch.flip(x, (0,)), torch.tensor(3.0))
+        self.check(lambda x: torch.flip(x, (0, 1)), torch.randn(0, 3))
 
     def test_cat(self):
         a, b, c = torch.randn(2, 3), torch.randn(4, 3), torch.randn(2, 5)
@@ -195,6 +242,8 @@ class NnOpsTest(KilnTestCase):
         self.check(lambda x: torch.cumsum(x, 0), torch.tensor([3, -1, 4, 1], dtype=torch.int32))  # → int64
         self.check(lambda x: torch.cumsum(x, 0), torch.tensor([True, False, True]))
         self.check(lambda x: torch.cumsum(x, 1, dtype=torch.float64), x)
+        for dim in (0, -1):
+            self.check_grad(lambda x: torch.cumsum(x, dim), x)  # the backward flips
 
     def test_sort(self):
         x = torch.randn(4, 6)
@@ -204,6 +253,10 @@ class NnOpsTest(KilnTestCase):
         for descending in (False, True):
             self.check(lambda x: torch.sort(x, stable=True, descending=descending), ties)
         self.check(lambda x: torch.sort(x, stable=True), torch.tensor([5, 2, 2, 9, -1]))
+        for dim, descending in ((1, False), (0, True)):
+            self.check_grad(lambda x: torch.sort(x, dim=dim, descending=descending)[0], x)  # the backward scatters
+        self.check_grad(lambda x: x.max(1)[0], x)
+        self.check_grad(lambda x: x.max(), x)  # every maximum shares the gradient: isnan, logical_and/or
 
     def test_arange(self):
         for args, dtype in (((10,), None), ((2, 11, 3), None), ((5, -4, -2), None), ((0.5, 3.0, 0.25), None),

@@ -3,6 +3,7 @@
 import unittest
 
 import torch
+import torch.nn.functional as F
 
 import kiln
 from kiln_testing import KILN, KilnTestCase
@@ -27,6 +28,21 @@ class OpsTest(KilnTestCase):
             self.assertClose(got, want, rtol=rtol, atol=atol)
         if lowered:
             self.assertEqual(kiln.stats(), {}, "an op fell back to the CPU")
+
+    def check_grad(self, fn, *args, rtol=1e-4, atol=1e-5):
+        """fn(*args) and the gradients of (fn(*args) · a fixed random tensor).sum() with respect to
+        every floating-point argument, on kiln and on the CPU; no fallback."""
+        cpu = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+        kin = [a.detach().to(KILN).requires_grad_(a.is_floating_point()) for a in args]
+        want, got = fn(*cpu), fn(*kin)
+        self.assertClose(got.detach(), want.detach(), rtol=rtol, atol=atol)
+        weight = torch.randn(want.shape)
+        (want * weight).sum().backward()
+        (got * weight.to(KILN)).sum().backward()
+        for k, c in zip(kin, cpu):
+            if c.requires_grad:
+                self.assertClose(k.grad, c.grad, rtol=rtol, atol=atol)
+        self.assertEqual(kiln.stats(), {}, "an op fell back to the CPU")
 
     def test_binary_arithmetic_with_broadcasting(self):
         a, b, row = torch.randn(3, 4), torch.randn(3, 4), torch.randn(4)
@@ -74,6 +90,53 @@ class OpsTest(KilnTestCase):
         self.check(lambda x: x.clamp(min=0.1), a)
         self.check(torch.maximum, a, pos)
 
+    def test_clamp_with_tensor_bounds(self):
+        # clamp.Tensor, clamp_min.Tensor, clamp_max.Tensor and clamp_max (a number): broadcast,
+        # promoted; where min > max the result is max.
+        a, lo, hi = torch.randn(3, 4), torch.randn(4) - 0.5, torch.randn(3, 1) + 0.5
+        self.check(lambda x, l, h: torch.clamp(x, l, h), a, lo, hi)
+        self.check(lambda x, l: torch.clamp(x, min=l), a, lo)
+        self.check(lambda x, h: torch.clamp(x, max=h), a, hi)
+        self.check(torch.clamp_min, a, lo)
+        self.check(torch.clamp_max, a, hi)
+        self.check(lambda x: torch.clamp_max(x, 0.25), a)
+        self.check(lambda x, l, h: torch.clamp(x, l, h), a, torch.ones(4), -torch.ones(4))
+        self.check(lambda x, l: torch.clamp(x, min=l), torch.tensor([1, -5, 7]), torch.tensor([0.5, 0.5, 0.5]))
+        self.check(lambda x, h: torch.clamp(x, max=h), torch.tensor([1, -5, 7]), torch.tensor([2, 0, 9]))
+        self.check_grad(lambda x, l, h: torch.clamp(x, l, h), a, lo, hi)
+        self.check_grad(torch.clamp_min, a, lo)
+        self.check_grad(torch.clamp_max, a, hi)
+        self.check_grad(lambda x: torch.clamp_max(x, 0.25), a)
+
+    def test_lerp_with_tensor_weight(self):
+        # lerp.Tensor: PyTorch's two forms (|weight| < 0.5 and not), all three broadcast
+        a, b = torch.randn(3, 4), torch.randn(4)
+        w = torch.tensor([[-0.3], [0.2], [0.9]])
+        self.check(torch.lerp, a, b, w)
+        self.check(torch.lerp, a, b, torch.rand(3, 4) * 3 - 1)
+        self.check(torch.lerp, torch.randn(4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64),
+                   torch.tensor(1.0, dtype=torch.float64))
+        self.check_grad(torch.lerp, a, b, w)
+        self.check_grad(torch.lerp, a, b, torch.rand(3, 4) * 3 - 1)
+
+    def test_logical_isnan_sign(self):
+        x = torch.tensor([[0.0, -1.5, float("nan")], [2.0, 0.0, -0.25]])
+        i = torch.tensor([1, 0, 3])
+        m = torch.tensor([True, False, True])
+        for fn in (torch.logical_and, torch.logical_or, torch.logical_xor):
+            self.check(fn, x, i)
+            self.check(fn, x > 0, m)
+            self.check(fn, i, torch.tensor(0.0))
+        self.check(torch.logical_not, x)
+        self.check(torch.logical_not, i)
+        self.check(torch.logical_not, m)
+        for t in (x, i, m):
+            self.check(torch.isnan, t)
+            self.check(torch.sign, t)
+            self.check(torch.sgn, t)
+        self.check(lambda t: t.clone().logical_and_(t > 1), x)  # the in-place form keeps its dtype
+        self.check_grad(torch.abs, torch.randn(3, 4))            # abs's backward: sgn
+
     def test_comparisons_and_where(self):
         a, b = torch.randn(3, 4), torch.randn(3, 4)
         for fn in (torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge):
@@ -106,6 +169,23 @@ class OpsTest(KilnTestCase):
         self.check(lambda bias, x, y: torch.addmm(bias, x, y, beta=0.5, alpha=2), torch.randn(5, 4), a, b, atol=1e-5)
         self.check(torch.matmul, torch.randn(2, 5, 3), torch.randn(3, 4), atol=1e-5)
 
+    def test_dot_and_mv(self):
+        v, w, m = torch.randn(5), torch.randn(5), torch.randn(3, 5)
+        self.check(torch.dot, v, w, atol=1e-5)
+        self.check(torch.mv, m, v, atol=1e-5)
+        self.check(torch.matmul, v, w, atol=1e-5)                    # dot
+        self.check(torch.matmul, m, v, atol=1e-5)                    # mv
+        self.check(torch.matmul, torch.randn(2, 3, 5), v, atol=1e-5)  # batched matrix @ vector
+        self.check(torch.matmul, v, torch.randn(2, 5, 3), atol=1e-5)  # vector @ batched matrix
+        self.check(torch.dot, torch.tensor([1, 2, 3]), torch.tensor([4, -5, 6]))
+        self.check(torch.mv, torch.arange(6).reshape(2, 3), torch.tensor([1, 0, -1]))
+        self.check(torch.dot, torch.randn(0), torch.randn(0))      # no element: 0
+        self.check(torch.mv, torch.randn(2, 0), torch.randn(0))    # zeros
+        self.check_grad(torch.dot, v, w)
+        self.check_grad(torch.mv, m, v)
+        self.check_grad(torch.matmul, v, m.t())
+        self.check_grad(torch.matmul, torch.randn(2, 3, 5), v)
+
     def test_softmax_and_losses(self):
         a = torch.randn(4, 6)
         self.check(lambda x: torch.softmax(x, 1), a)
@@ -117,6 +197,23 @@ class OpsTest(KilnTestCase):
             self.check(lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction=reduction), a, target)
         self.check(lambda x, t: torch.nn.functional.cross_entropy(x, t, ignore_index=5), a, target)
         self.check(lambda x, t: torch.nn.functional.nll_loss(x, t), torch.log_softmax(a[0], 0), torch.tensor(3))
+
+    def test_spatial_nll_loss(self):
+        # targets [N, d1, ...]: nll_loss2d (PyTorch views every such input as [N, C, H, W])
+        x = torch.randn(2, 4, 3, 5)
+        t = torch.randint(0, 4, (2, 3, 5))
+        t[0, 1, 2] = 1
+        for reduction in ("mean", "sum", "none"):
+            self.check_grad(lambda x: F.cross_entropy(x, t.to(x.device), reduction=reduction), x)
+        self.check_grad(lambda x: F.cross_entropy(x, t.to(x.device), ignore_index=1), x)
+        self.check_grad(lambda x: F.cross_entropy(x, t.to(x.device), ignore_index=1, reduction="none"), x)
+        self.check_grad(lambda x: F.nll_loss(F.log_softmax(x, 1), t[:, 0].to(x.device)), torch.randn(2, 4, 5))
+        self.check_grad(lambda x: F.cross_entropy(x, t[..., None].to(x.device)), torch.randn(2, 4, 3, 5, 1))
+        # class weights run on the CPU, counted
+        w = torch.rand(4)
+        want = F.cross_entropy(x, t, weight=w)
+        self.assertClose(F.cross_entropy(x.to(KILN), t.to(KILN), weight=w.to(KILN)), want)
+        self.assertEqual(kiln.stats(), {"aten::nll_loss2d_forward (with weight)": 1})
 
 
 class ViewsAndInPlaceTest(KilnTestCase):
