@@ -569,6 +569,8 @@ const ClientStatus* client_in(const DaemonStatus& st, std::uint64_t id) {
     if (c.client_id == id) return &c;
   return nullptr;
 }
+// A pointer into a temporary status would dangle: keep the status in a variable.
+const ClientStatus* client_in(DaemonStatus&& st, std::uint64_t id) = delete;
 
 // The line after client `id`'s line in a text status ("" if none).
 std::string line_after_client(const std::string& text, std::uint64_t id) {
@@ -592,7 +594,8 @@ TEST(Daemon, StatusShowsEachClientsFallbacksUntilItGoes) {
   // answered its report is in.
   KILN_ASSERT_OK(worker->report_fallbacks({{"aten::index_add_", 3}, {"aten::flip", 12}}));
   KILN_ASSERT_OK(worker->drain(StreamId(0)));
-  const ClientStatus* mine = client_in(h.service().status(), id);
+  const DaemonStatus status = h.service().status();
+  const ClientStatus* mine = client_in(status, id);
   ASSERT_NE(mine, nullptr);
   EXPECT_EQ(mine->fallbacks, (std::vector<FallbackCount>{{"aten::flip", 12}, {"aten::index_add_", 3}}));
   EXPECT_EQ(mine->fallbacks_omitted, 0u);
@@ -657,7 +660,8 @@ TEST(Daemon, AFallbackReportIsFittedToTheCommandRing) {
   ASSERT_EQ(calls.begin()->first.size(), 100u);
   KILN_ASSERT_OK(h.target().report_fallbacks(calls));
   KILN_ASSERT_OK(h.target().drain(StreamId(0)));
-  const ClientStatus* mine = client_in(h.service().status(), h.target().client_id());
+  const DaemonStatus status = h.service().status();
+  const ClientStatus* mine = client_in(status, h.target().client_id());
   ASSERT_NE(mine, nullptr);
   ASSERT_EQ(mine->fallbacks.size(), kStatusFallbacks);
   EXPECT_EQ(mine->fallbacks_omitted, 37u - kStatusFallbacks);
