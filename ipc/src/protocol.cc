@@ -380,9 +380,11 @@ Completion error_completion(std::uint64_t request_id, const Error& e) {
   return Completion{request_id, ErrorCpl{e.code, std::move(msg)}};
 }
 
-Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
-  // Check representability first, so that nothing is appended on error.
-  Status ok = std::visit(
+namespace {
+
+// Whether every field of `body` can be written (dtype, shape, fallback names), before anything is.
+Status check_command_encodable(const CommandBody& body) {
+  return std::visit(
       [](const auto& b) -> Status {
         using T = std::decay_t<decltype(b)>;
         if constexpr (std::is_same_v<T, UploadCmd> || std::is_same_v<T, UploadPartCmd>) {
@@ -398,10 +400,11 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
           return Status::Ok();
         }
       },
-      cmd.body);
-  KILN_RETURN_IF_ERROR(ok);
-  Writer w(out);
-  const std::size_t start = begin_message(w, static_cast<std::uint8_t>(cmd.kind()), cmd.request_id);
+      body);
+}
+
+// The fields of `body` after the message header.
+void put_command_body(Writer& w, const CommandBody& body) {
   std::visit(
       [&w](const auto& b) {
         using T = std::decay_t<decltype(b)>;
@@ -460,7 +463,17 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
           }
         }
       },
-      cmd.body);
+      body);
+}
+
+}  // namespace
+
+Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
+  // Check representability first, so that nothing is appended on error.
+  KILN_RETURN_IF_ERROR(check_command_encodable(cmd.body));
+  Writer w(out);
+  const std::size_t start = begin_message(w, static_cast<std::uint8_t>(cmd.kind()), cmd.request_id);
+  put_command_body(w, cmd.body);
   return end_message(w, start);
 }
 
