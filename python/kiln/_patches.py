@@ -1,6 +1,7 @@
-"""Four patches of torch functions that a storage-less PrivateUse1 device needs
-(docs/pytorch-spike.md §3). They touch torch internals: recheck them on every torch upgrade
-(tests/torch/ prints and saves kiln tensors, so a break shows there)."""
+"""Patches of torch functions: four that a storage-less PrivateUse1 device needs
+(docs/pytorch-spike.md §3) and one that keeps a backward pass on its caller's kiln stream. They
+touch torch internals: recheck them on every torch upgrade (tests/torch/ prints and saves kiln
+tensors and checks where backward runs, so a break shows there)."""
 
 import torch
 
@@ -85,8 +86,34 @@ def _patch_copy():
     torch.Tensor.copy_ = copy_
 
 
+def _patch_backward_thread():
+    # PyTorch's autograd engine runs a device's backward ops on a worker thread of its own. On
+    # kiln that thread is another kiln stream: every saved tensor the backward reads becomes a
+    # shared view (a blocking round trip to the forward's stream: 74 in one step of the example
+    # GPT), and the forward's buffers are freed from a foreign thread. A backward whose roots are
+    # kiln tensors runs with multithreaded backward off (torch.autograd.set_multithreading_enabled),
+    # so the engine runs it on the calling thread, on the stream the forward used. Others are
+    # untouched, and a caller who turned multithreading off keeps it off.
+    import torch.autograd
+    import torch.autograd.graph
+
+    orig = torch.autograd.graph._engine_run_backward
+
+    def _engine_run_backward(t_outputs, *args, **kwargs):
+        if torch._C._is_multithreading_enabled() and any(
+                isinstance(t, torch.Tensor) and t.device.type == "kiln" for t in t_outputs):
+            with torch.autograd.set_multithreading_enabled(False):
+                return orig(t_outputs, *args, **kwargs)
+        return orig(t_outputs, *args, **kwargs)
+
+    # torch.autograd imported the name from torch.autograd.graph: both places.
+    torch.autograd.graph._engine_run_backward = _engine_run_backward
+    torch.autograd._engine_run_backward = _engine_run_backward
+
+
 def apply():
     _patch_printing()
     _patch_serialization()
     _patch_deepcopy()
     _patch_copy()
+    _patch_backward_thread()

@@ -69,6 +69,42 @@ class DeviceTest(KilnTestCase):
         kiln.synchronize()
         self.assertEqual(x.cpu().tolist(), [2.0, 2.0])
 
+    def test_backward_runs_on_the_calling_thread(self):
+        # A backward (or autograd.grad) from kiln roots runs on the thread that called it (so on
+        # the forward's kiln stream, python/kiln/_patches.py), with the right gradients; the
+        # caller's multithreading setting is restored afterwards.
+        import threading
+
+        def threads_of(run):
+            seen = set()
+            x = torch.randn(3, 4, device=KILN, requires_grad=True)
+            y = (x * x).exp()
+            y.register_hook(lambda g: seen.add(threading.current_thread().name))
+            run(y.sum(), x)
+            return seen, x
+
+        seen, x = threads_of(lambda loss, x: loss.backward())
+        self.assertEqual(seen, {threading.current_thread().name})
+        want = x.detach().cpu()
+        self.assertClose(x.grad, 2 * want * (want * want).exp(), rtol=1e-5, atol=1e-5)
+        seen, _ = threads_of(lambda loss, x: torch.autograd.grad(loss, [x]))
+        self.assertEqual(seen, {threading.current_thread().name})
+        self.assertTrue(torch._C._is_multithreading_enabled())
+
+        # From another Python thread too: its own stream carries forward and backward.
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(seen=threads_of(lambda loss, x: loss.backward())[0]),
+                                  name="kiln-test-worker")
+        worker.start()
+        worker.join()
+        self.assertEqual(result["seen"], {"kiln-test-worker"})
+
+        # With multithreading already off, it stays off.
+        with torch.autograd.set_multithreading_enabled(False):
+            threads_of(lambda loss, x: loss.backward())
+            self.assertFalse(torch._C._is_multithreading_enabled())
+        self.assertTrue(torch._C._is_multithreading_enabled())
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -305,6 +305,60 @@ class ViewsAndInPlaceTest(KilnTestCase):
             t.clamp_(min=-1)
         self.assertClose(k, cpu, atol=1e-5)
 
+    def test_optimizer_in_place_ops(self):
+        # The in-place ops whose meta reference kiln runs in C++ (python/csrc/inplace_meta.cc),
+        # every overload, against the CPU; no fallback.
+        cpu = torch.randn(4, 3)
+        other, weight = torch.randn(4, 3), torch.rand(3)
+        k, k_other, k_weight = cpu.to(KILN), other.to(KILN), weight.to(KILN)
+        for t, o, w in ((cpu, other, weight), (k, k_other, k_weight)):
+            t.lerp_(o, 0.3).lerp_(o, w).addcmul_(o, o, value=0.1).addcdiv_(o, o.abs() + 1, value=2)
+            t.mul_(o).mul_(3).div_(o.abs() + 1).div_(2).sub_(o, alpha=2).sub_(1).add_(o, alpha=0.5).add_(4)
+            t.abs_().sqrt_()
+            torch._foreach_lerp_([t], [o], 0.2)
+            torch._foreach_addcmul_([t], [o], [o], 0.5)
+        self.assertClose(k, cpu, atol=1e-5)
+        self.assertEqual(kiln.stats(), {}, "an op fell back to the CPU")
+
+    def test_in_place_errors_are_pytorchs(self):
+        # An in-place op refuses what its functional form accepts: a result of another shape, a
+        # result type self cannot hold, a mismatched lerp dtype, integer addcdiv. PyTorch raises
+        # these from the meta reference functionalization runs; the same message on kiln.
+        cases = [
+            (lambda d: torch.ones(3, device=d).add_(torch.ones(2, 3, device=d)), "doesn't match the broadcast shape"),
+            (lambda d: torch.ones(3, device=d).mul_(torch.ones(2, 3, device=d)), "doesn't match the broadcast shape"),
+            (lambda d: torch.ones(3, device=d).lerp_(torch.ones(2, 3, device=d), 0.5), "doesn't match the broadcast shape"),
+            (lambda d: torch.ones(3, device=d).addcmul_(torch.ones(2, 3, device=d), torch.ones(3, device=d)),
+             "doesn't match the broadcast shape"),
+            (lambda d: torch.ones(3, dtype=torch.int64, device=d).mul_(1.5), "can't be cast to the desired output type"),
+            (lambda d: torch.ones(3, dtype=torch.int64, device=d).div_(torch.ones(3, device=d)),
+             "can't be cast to the desired output type"),
+            (lambda d: torch.ones(3, device=d).lerp_(torch.ones(3, dtype=torch.float64, device=d), 0.5),
+             "expected dtype float for `end`"),
+            (lambda d: torch.ones(3, dtype=torch.int64, device=d).addcdiv_(
+                torch.ones(3, dtype=torch.int64, device=d), torch.ones(3, dtype=torch.int64, device=d)),
+             "Integer division with addcdiv is no longer supported"),
+        ]
+        for make, message in cases:
+            for device in ("cpu", "meta", KILN):
+                with self.subTest(message=message, device=device):
+                    with self.assertRaisesRegex(RuntimeError, message):
+                        make(device)
+        # The kiln tensor is usable after the refusal and holds its value.
+        t = torch.ones(3, device=KILN)
+        with self.assertRaises(RuntimeError):
+            t.add_(torch.ones(2, 3, device=KILN))
+        self.assertClose(t.add_(1), torch.full((3,), 2.0))
+
+    def test_in_place_meta_kernels_are_kilns(self):
+        # The meta reference of these ops runs kiln's registration of PyTorch's C++ kernels, not
+        # the Python meta functions `import torch` registers (the reason: their cost per op).
+        for op in ("add_.Tensor", "add_.Scalar", "sub_.Tensor", "sub_.Scalar", "mul_.Tensor", "mul_.Scalar",
+                   "div_.Tensor", "div_.Scalar", "lerp_.Scalar", "lerp_.Tensor", "addcmul_", "addcdiv_", "sqrt_"):
+            active = [line for line in torch._C._dispatch_dump("aten::" + op).splitlines() if line.startswith("Meta:")]
+            self.assertEqual(len(active), 1, op)
+            self.assertIn("inplace_meta.cc", active[0], op)
+
 
 if __name__ == "__main__":
     unittest.main()
