@@ -7,10 +7,12 @@
 
 #include <fmt/format.h>
 
+#include "fast_conv.h"
 #include "fast_program.h"
 #include "kiln/cpu/cpu_executor.h"
 #include "kiln/fusion/single_op.h"
 #include "kiln/fusion/trace_fuser.h"
+#include "kiln/ir/builders.h"
 
 namespace kiln::cpu {
 
@@ -437,11 +439,12 @@ void CpuExecutor::execute_reference(const ir::Operation& op) {
 
 bool CpuExecutor::execute_fast(const ir::Operation& op) {
   if (op.kind == OpKind::Drop_Drop || op.kind == OpKind::Init_Init) return false;
-  if (!fusion::single_op_eligible(op, fast::kMaxRank)) return false;
   CpuDevice::Handles& handles = handles_;
   if (handles.has_errors())
     for (const ir::TensorIr& t : op.inputs())
       if (handles.error_of(t.id) != nullptr) return false;  // the reference skips it
+  if (ir::build::conv_kind_info(op.kind)) return fast::run_conv(op, device_, handles);
+  if (!fusion::single_op_eligible(op, fast::kMaxRank)) return false;
 
   if (op.kind == OpKind::Base_Reshape) {
     // Row-major data is its own reshape: share the buffer.

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <sstream>
 
 #include "../../cpu/src/fast_math.h"
@@ -500,6 +501,148 @@ TEST(FastExecutor, SingleOpsUseTheFastKernels) {
   EXPECT_EQ(s.device.handles().get_handle_ref(rs.id)->data(), x_data);
   EXPECT_EQ(s.device.stats().zero_copy_reshapes, 1u);
   EXPECT_EQ(s.device.stats().reference_ops, 0u);
+}
+
+// ---- Convolutions on the fast path (cpu/src/fast_conv.cc)
+
+// One random convolution of every role: its operands, options and kind.
+struct ConvCase {
+  std::size_t rank;
+  bool transposed;
+  b::ConvOptions options;
+  Shape x, w;  // the op's x and weight
+  std::string describe() const {
+    std::ostringstream os;
+    os << (transposed ? "conv_transpose" : "conv") << rank << "d x " << ir::shape_to_string(x) << " w "
+       << ir::shape_to_string(w) << " groups " << options.groups;
+    for (std::size_t i = 0; i < rank; ++i)
+      os << " [s" << options.stride[i] << " p" << options.padding[i] << " d" << options.dilation[i]
+         << (transposed ? " po" + std::to_string(options.padding_out[i]) : std::string()) << "]";
+    return os.str();
+  }
+};
+
+OpKind conv_kind(std::size_t rank, bool transposed, b::ConvRole role) {
+  static constexpr OpKind kinds[2][3][4] = {
+      {{OpKind::Module_Conv1d, OpKind::Module_Conv1dXBackward, OpKind::Module_Conv1dWeightBackward,
+        OpKind::Module_Conv1dBiasBackward},
+       {OpKind::Module_Conv2d, OpKind::Module_Conv2dXBackward, OpKind::Module_Conv2dWeightBackward,
+        OpKind::Module_Conv2dBiasBackward},
+       {OpKind::Module_Conv3d, OpKind::Module_Conv3dXBackward, OpKind::Module_Conv3dWeightBackward,
+        OpKind::Module_Conv3dBiasBackward}},
+      {{OpKind::Module_ConvTranspose1d, OpKind::Module_ConvTranspose1d, OpKind::Module_ConvTranspose1dWeightBackward,
+        OpKind::Module_ConvTranspose1dBiasBackward},
+       {OpKind::Module_ConvTranspose2d, OpKind::Module_ConvTranspose2d, OpKind::Module_ConvTranspose2dWeightBackward,
+        OpKind::Module_ConvTranspose2dBiasBackward},
+       {OpKind::Module_ConvTranspose3d, OpKind::Module_ConvTranspose3d, OpKind::Module_ConvTranspose3dWeightBackward,
+        OpKind::Module_ConvTranspose3dBiasBackward}}};
+  return kinds[transposed][rank - 1][static_cast<std::size_t>(role)];
+}
+
+ConvCase random_conv(std::mt19937_64& rng, std::size_t rank, bool transposed) {
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) {
+    return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
+  };
+  ConvCase c{rank, transposed, {}, {}, {}};
+  c.options.groups = pick(1, 2);
+  const std::uint64_t batch = pick(1, 2), cin = c.options.groups * pick(1, 3), cout = c.options.groups * pick(1, 3);
+  c.x = {batch, transposed ? cout : cin};
+  c.w = transposed ? Shape{cout, cin / c.options.groups} : Shape{cout, cin / c.options.groups};
+  for (std::size_t i = 0; i < rank; ++i) {
+    const std::uint64_t k = pick(1, 3), stride = pick(1, 2), dilation = pick(1, 2);
+    // An input at least as large as the dilated kernel (so a convolution has outputs), up to 7 (4
+    // in 3-d); a transposed convolution's padding keeps an output (2·padding below its unpadded size).
+    const std::uint64_t span = (k - 1) * dilation + 1;
+    const std::uint64_t in = pick(span, std::max<std::uint64_t>(span, rank == 3 ? 4 : 7));
+    const std::uint64_t padding_out = transposed ? pick(0, std::max(stride, dilation) - 1) : 0;
+    const std::uint64_t unpadded = (in - 1) * stride + (k - 1) * dilation + padding_out + 1;
+    const std::uint64_t padding = pick(0, transposed ? std::min<std::uint64_t>(2, (unpadded - 1) / 2) : 2);
+    c.options.stride.push_back(stride);
+    c.options.dilation.push_back(dilation);
+    c.options.padding.push_back(padding);
+    if (transposed) c.options.padding_out.push_back(padding_out);
+    c.w.push_back(k);
+    c.x.push_back(in);
+  }
+  return c;
+}
+
+// Runs `op` on the fast executor (one op, no fusion around it) and on the reference, with the same
+// inputs; the outputs must be equal bit for bit and the fast side must not have used the reference.
+void expect_conv_matches_reference(const ConvCase& c, DType d, b::ConvRole role, std::mt19937_64& rng) {
+  SCOPED_TRACE(c.describe() + " role " + std::to_string(static_cast<int>(role)) + " " + d.name());
+  Session s(2);
+  CpuDevice ref(CpuDeviceOptions{.threads = 1});
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto input = [&](const Shape& shape) {
+    std::vector<double> v(ir::num_elements(shape));
+    for (double& e : v) e = normal(rng);
+    const TensorIr t = s.input(shape, v, d);
+    KILN_EXPECT_OK(ref.upload_f64(t.id, t.shape, d, v));
+    return t;
+  };
+  const TensorIr x = input(c.x), w = input(c.w);
+  const OpKind kind = conv_kind(c.rank, c.transposed, role);
+  Result<Operation> op = make_error(ErrorCode::Internal, "unset");
+  if (role == b::ConvRole::Forward) {
+    const TensorIr bias = input(Shape{c.transposed ? c.w[1] * c.options.groups : c.w[0]});
+    op = c.transposed ? b::conv_transpose(kind, x, w, bias, c.options, s.id())
+                      : b::conv(kind, x, w, bias, c.options, s.id());
+  } else {
+    Result<Operation> fwd = c.transposed ? b::conv_transpose(conv_kind(c.rank, true, b::ConvRole::Forward), x, w,
+                                                             std::nullopt, c.options, TensorId{999999})
+                                         : b::conv(conv_kind(c.rank, false, b::ConvRole::Forward), x, w, std::nullopt,
+                                                   c.options, TensorId{999999});
+    ASSERT_TRUE(fwd.ok()) << fwd.error().to_string();
+    const TensorIr g = input(fwd->outputs()[0].shape);
+    if (role == b::ConvRole::BiasBackward)
+      op = b::conv_bias_backward(kind, x, input(Shape{g.shape[1]}), g, s.id());
+    else if (c.transposed)
+      op = b::conv_transpose_backward(kind, x, w, g, c.options, s.id());
+    else
+      op = b::conv_backward(kind, x, w, g, c.options, s.id());
+  }
+  ASSERT_TRUE(op.ok()) << op.error().to_string();
+  KILN_EXPECT_OK(ref.reference().execute(*op, ref.handles()));
+  const TensorIr out = s.submit(*op);
+  const std::vector<double> got = s.read(out);
+  auto want = ref.download_f64(out.id);
+  ASSERT_TRUE(want.ok()) << want.error().to_string();
+  ASSERT_EQ(got.size(), want->size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::bit_cast<std::uint64_t>(got[i]), std::bit_cast<std::uint64_t>((*want)[i]))
+        << "element " << i << ": " << got[i] << " against " << (*want)[i];
+  EXPECT_EQ(s.device.stats().reference_ops, 0u);
+  EXPECT_EQ(s.device.stats().fast_ops, 1u);
+}
+
+// Every convolution kind of every rank, transposed or not, random shapes, strides, paddings,
+// dilations and groups, in f32 and f64: the fast kernels give the reference's bits.
+TEST(FastConv, EveryKindMatchesTheReferenceBitForBit) {
+  std::mt19937_64 rng(20261206);
+  for (int round = 0; round < 6; ++round)
+    for (std::size_t rank = 1; rank <= 3; ++rank)
+      for (bool transposed : {false, true})
+        for (DType d : {dt::f32, dt::f64}) {
+          const ConvCase c = random_conv(rng, rank, transposed);
+          for (b::ConvRole role :
+               {b::ConvRole::Forward, b::ConvRole::XBackward, b::ConvRole::WeightBackward, b::ConvRole::BiasBackward}) {
+            if (transposed && role == b::ConvRole::XBackward) continue;  // not a kind (its gradient is a conv)
+            expect_conv_matches_reference(c, d, role, rng);
+          }
+        }
+}
+
+// f16 operands stay on the reference executor.
+TEST(FastConv, OtherDtypesAndErrorsGoToTheReference) {
+  Session s;
+  const TensorIr x = s.input({1, 2, 5, 5}, iota(50, 0.1), dt::f16);
+  const TensorIr w = s.input({3, 2, 3, 3}, iota(54, 0.05), dt::f16);
+  const TensorIr y = s.submit(
+      ok(b::conv(OpKind::Module_Conv2d, x, w, std::nullopt, b::ConvOptions{{1, 1}, {0, 0}, {}, {1, 1}, 1}, s.id())));
+  EXPECT_EQ(s.read(y).size(), 3u * 3 * 3);
+  EXPECT_EQ(s.device.stats().reference_ops, 1u);
+  EXPECT_EQ(s.device.stats().fast_ops, 0u);
 }
 
 // The approximations' documented bounds, sampled densely (the exhaustive sweep over every float

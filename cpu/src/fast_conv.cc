@@ -1,0 +1,432 @@
+// Convolutions on the fast path: every convolution kind of docs/spec/ir.md §5.8 (Conv1d/2d/3d,
+// ConvTranspose1d/2d/3d, their X, Weight and Bias gradients) for f32 and f64 operands, with the
+// reference executor's numbers bit for bit.
+//
+// The reference (reference/src/reference_conv.cc) sums each output element's product terms in
+// f64, in a documented order, and rounds once. These kernels keep f64 accumulators and the same
+// order per element, but walk the loop space so that the innermost loop runs along a row of the
+// last spatial dim (contiguous loads and stores, no per-tap bounds checks), and split the work
+// over independent output slices on the device's arena:
+//   * forward (into y): per (batch, out channel); per element the terms come in (input channel,
+//     kernel position) order, as the reference's.
+//   * into x (the X gradient, a transposed forward): per (batch, in channel); the reference adds
+//     an x element's terms in (out channel, output position) order, which for a fixed element is
+//     the kernel positions in descending order (the output position falls as the kernel index
+//     rises), so the kernel loops run backwards.
+//   * into w (the Weight gradients): per (out channel, in channel); a weight element's terms come
+//     in (batch, output position) order.
+// Anything else (f16/bf16, mixed dtypes, an attribute or shape the builders would refuse) is
+// declined: the reference runs the op and reports the error.
+#include "fast_conv.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "fast_program.h"
+#include "kiln/ir/builders.h"
+#include "kiln/ir/shape.h"
+
+namespace kiln::cpu::fast {
+namespace {
+
+using ir::build::ConvKindInfo;
+using ir::build::ConvRole;
+
+// Three spatial dims, the op's real ones last (leading unit dims): the innermost loop is the
+// last real dim, and the lexicographic order of positions is the reference's.
+using Dims = std::array<std::uint64_t, 3>;
+
+struct Space {
+  std::uint64_t batch = 0, c_in = 0, c_out = 0, groups = 1;
+  Dims in{1, 1, 1}, out{1, 1, 1}, kernel{1, 1, 1};
+  Dims stride{1, 1, 1}, padding{0, 0, 0}, dilation{1, 1, 1};
+  static std::uint64_t product(const Dims& d) { return d[0] * d[1] * d[2]; }
+  std::uint64_t cin_g() const { return c_in / groups; }
+  std::uint64_t cout_g() const { return c_out / groups; }
+};
+
+// The outputs o of dim d whose input position o·stride + k·dilation − padding lies in [0, in).
+struct Range {
+  std::uint64_t lo = 0, hi = 0;  // [lo, hi), empty when lo >= hi
+};
+Range valid_outputs(const Space& s, std::size_t d, std::uint64_t k) {
+  const std::int64_t offset = static_cast<std::int64_t>(k * s.dilation[d]) - static_cast<std::int64_t>(s.padding[d]);
+  const auto stride = static_cast<std::int64_t>(s.stride[d]);
+  const auto in = static_cast<std::int64_t>(s.in[d]);
+  const std::int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  const std::int64_t last = in - 1 - offset;  // o·stride <= last
+  if (last < 0) return {};
+  const std::int64_t hi = std::min<std::int64_t>(last / stride + 1, static_cast<std::int64_t>(s.out[d]));
+  return {static_cast<std::uint64_t>(lo), static_cast<std::uint64_t>(std::max(hi, lo))};
+}
+std::uint64_t input_position(const Space& s, std::size_t d, std::uint64_t o, std::uint64_t k) {
+  return o * s.stride[d] + k * s.dilation[d] - s.padding[d];  // within [0, in) for o in valid_outputs
+}
+// The innermost dim's tap of output o2 is row[o2 · stride + offset] (offset may be negative).
+std::int64_t last_dim_offset(const Space& s, std::uint64_t k2) {
+  return static_cast<std::int64_t>(k2 * s.dilation[2]) - static_cast<std::int64_t>(s.padding[2]);
+}
+
+// ---- Reading the op: the attributes and shapes, checked as the builders check them
+
+std::optional<Space> read_attributes(const ir::Operation& op, const ConvKindInfo& k, Dims& padding_out) {
+  const std::size_t lists = k.transposed ? 4 : 3;
+  if (op.attrs.size() != lists * k.rank + 1) return std::nullopt;
+  Space s;
+  Dims* const order[] = {&s.stride, &s.padding, &padding_out, &s.dilation};
+  std::size_t a = 0;
+  for (std::size_t l = 0; l < 4; ++l) {
+    if (l == 2 && !k.transposed) continue;
+    const std::int64_t min = (l == 0 || l == 3) ? 1 : 0;
+    for (std::size_t i = 0; i < k.rank; ++i, ++a) {
+      if (op.attrs[a] < min) return std::nullopt;
+      (*order[l])[3 - k.rank + i] = static_cast<std::uint64_t>(op.attrs[a]);
+    }
+  }
+  if (op.attrs[a] < 1) return std::nullopt;
+  s.groups = static_cast<std::uint64_t>(op.attrs[a]);
+  for (std::size_t d = 0; d < 3; ++d)
+    if (padding_out[d] >= std::max(s.stride[d], s.dilation[d])) return std::nullopt;
+  return s;
+}
+
+// The loop space from the op's x and weight (the reference's conv_space / transposed_space).
+std::optional<Space> read_space(const ir::Operation& op, const ConvKindInfo& k) {
+  Dims padding_out{0, 0, 0};
+  std::optional<Space> s = read_attributes(op, k, padding_out);
+  if (!s || op.inputs().size() < 2) return std::nullopt;
+  const ir::Shape& xs = op.inputs()[0].shape;
+  const ir::Shape& ws = op.inputs()[1].shape;
+  if (xs.size() != k.rank + 2 || ws.size() != k.rank + 2) return std::nullopt;
+  const std::uint64_t g = s->groups;
+  s->batch = xs[0];
+  if (!k.transposed) {
+    if (xs[1] % g != 0 || ws[0] % g != 0 || ws[1] != xs[1] / g) return std::nullopt;
+    s->c_in = xs[1];
+    s->c_out = ws[0];
+  } else {
+    if (xs[1] != ws[0] || ws[0] % g != 0 || __builtin_mul_overflow(ws[1], g, &s->c_in)) return std::nullopt;
+    s->c_out = xs[1];
+  }
+  for (std::size_t i = 0; i < k.rank; ++i) {
+    const std::size_t d = 3 - k.rank + i;
+    s->kernel[d] = ws[2 + i];
+    Result<std::uint64_t> size =
+        k.transposed ? ir::shape::conv_transpose_output(xs[2 + i], s->kernel[d], s->stride[d], s->padding[d],
+                                                        padding_out[d], s->dilation[d])
+                     : ir::shape::conv_output(xs[2 + i], s->kernel[d], s->stride[d], s->padding[d], s->dilation[d]);
+    if (!size.ok()) return std::nullopt;
+    (k.transposed ? s->out[d] : s->in[d]) = xs[2 + i];
+    (k.transposed ? s->in[d] : s->out[d]) = *size;
+  }
+  return s;
+}
+
+ir::Shape with_spatial(const Space& s, std::uint64_t channels, const Dims& d, std::size_t rank) {
+  ir::Shape shape{s.batch, channels};
+  for (std::size_t i = 3 - rank; i < 3; ++i) shape.push_back(d[i]);
+  return shape;
+}
+
+// ---- The three loop spaces. `a` and `b` are the operands as the reference names them.
+
+template <class T>
+struct Operands {
+  const T* a = nullptr;
+  const T* b = nullptr;
+  const T* bias = nullptr;  // forwards only
+  T* out = nullptr;
+};
+
+// y[n, co] = bias[co] + Σ_ci Σ_k x[n, g·cin_g + ci, o·s + k·d − p] · w[co, ci, k]; a = x, b = w.
+template <class T>
+void into_y(const Space& s, const Operands<T>& p, std::uint64_t slice, std::vector<double>& acc) {
+  const std::uint64_t n = slice / s.c_out, co = slice % s.c_out, g = co / s.cout_g();
+  const std::uint64_t in_size = Space::product(s.in), out_size = Space::product(s.out);
+  const std::uint64_t k_size = Space::product(s.kernel);
+  std::fill(acc.begin(), acc.end(), p.bias != nullptr ? static_cast<double>(p.bias[co]) : 0.0);
+  std::array<Range, 3> r0;
+  for (std::uint64_t ci = 0; ci < s.cin_g(); ++ci) {
+    const T* x = p.a + (n * s.c_in + g * s.cin_g() + ci) * in_size;
+    const T* w = p.b + (co * s.cin_g() + ci) * k_size;
+    for (std::uint64_t k0 = 0; k0 < s.kernel[0]; ++k0) {
+      r0[0] = valid_outputs(s, 0, k0);
+      for (std::uint64_t k1 = 0; k1 < s.kernel[1]; ++k1) {
+        r0[1] = valid_outputs(s, 1, k1);
+        for (std::uint64_t k2 = 0; k2 < s.kernel[2]; ++k2) {
+          r0[2] = valid_outputs(s, 2, k2);
+          const double wv = static_cast<double>(w[(k0 * s.kernel[1] + k1) * s.kernel[2] + k2]);
+          for (std::uint64_t o0 = r0[0].lo; o0 < r0[0].hi; ++o0)
+            for (std::uint64_t o1 = r0[1].lo; o1 < r0[1].hi; ++o1) {
+              const T* xr = x + (input_position(s, 0, o0, k0) * s.in[1] + input_position(s, 1, o1, k1)) * s.in[2];
+              double* yr = acc.data() + (o0 * s.out[1] + o1) * s.out[2];
+              const auto step = static_cast<std::int64_t>(s.stride[2]);
+              const std::int64_t off = last_dim_offset(s, k2);
+              for (std::uint64_t o2 = r0[2].lo; o2 < r0[2].hi; ++o2)
+                yr[o2] += static_cast<double>(xr[static_cast<std::int64_t>(o2) * step + off]) * wv;
+            }
+        }
+      }
+    }
+  }
+  T* y = p.out + slice * out_size;
+  for (std::uint64_t i = 0; i < out_size; ++i) y[i] = static_cast<T>(acc[i]);
+}
+
+// x[n, ci] = Σ_co Σ_o a[n, co, o] · w[co, ci − g·cin_g, k] over the taps that reach it (then +
+// bias[ci] for a transposed forward); a is the y side.
+template <class T>
+void into_x(const Space& s, const Operands<T>& p, std::uint64_t slice, std::vector<double>& acc) {
+  const std::uint64_t n = slice / s.c_in, ci = slice % s.c_in, g = ci / s.cin_g(), cig = ci % s.cin_g();
+  const std::uint64_t out_size = Space::product(s.out), in_size = Space::product(s.in);
+  const std::uint64_t k_size = Space::product(s.kernel);
+  std::fill(acc.begin(), acc.end(), 0.0);
+  std::array<Range, 3> r0;
+  for (std::uint64_t co = g * s.cout_g(); co < (g + 1) * s.cout_g(); ++co) {
+    const T* y = p.a + (n * s.c_out + co) * out_size;
+    const T* w = p.b + (co * s.cin_g() + cig) * k_size;
+    for (std::uint64_t k0 = s.kernel[0]; k0-- > 0;) {
+      r0[0] = valid_outputs(s, 0, k0);
+      for (std::uint64_t k1 = s.kernel[1]; k1-- > 0;) {
+        r0[1] = valid_outputs(s, 1, k1);
+        for (std::uint64_t k2 = s.kernel[2]; k2-- > 0;) {
+          r0[2] = valid_outputs(s, 2, k2);
+          const double wv = static_cast<double>(w[(k0 * s.kernel[1] + k1) * s.kernel[2] + k2]);
+          for (std::uint64_t o0 = r0[0].lo; o0 < r0[0].hi; ++o0)
+            for (std::uint64_t o1 = r0[1].lo; o1 < r0[1].hi; ++o1) {
+              double* xr =
+                  acc.data() + (input_position(s, 0, o0, k0) * s.in[1] + input_position(s, 1, o1, k1)) * s.in[2];
+              const T* yr = y + (o0 * s.out[1] + o1) * s.out[2];
+              const auto step = static_cast<std::int64_t>(s.stride[2]);
+              const std::int64_t off = last_dim_offset(s, k2);
+              for (std::uint64_t o2 = r0[2].lo; o2 < r0[2].hi; ++o2)
+                xr[static_cast<std::int64_t>(o2) * step + off] += static_cast<double>(yr[o2]) * wv;
+            }
+        }
+      }
+    }
+  }
+  T* x = p.out + slice * in_size;
+  const double bias = p.bias != nullptr ? static_cast<double>(p.bias[ci]) : 0.0;
+  for (std::uint64_t i = 0; i < in_size; ++i) x[i] = static_cast<T>(p.bias != nullptr ? acc[i] + bias : acc[i]);
+}
+
+// sums[k2] += Σ_o2 xr[o2·stride + k2·dilation − padding] · yr[o2] over one row, each sum's terms
+// in o2 order. Up to 8 kernel columns advance together (independent chains: the dependent adds of
+// one sum would otherwise bound the loop); a wider kernel takes them one by one.
+template <class T>
+void accumulate_row(const Space& s, const T* xr, const T* yr, double* sums) {
+  const std::uint64_t kw = s.kernel[2];
+  const auto step = static_cast<std::int64_t>(s.stride[2]);
+  if (kw > 8) {
+    for (std::uint64_t k2 = 0; k2 < kw; ++k2) {
+      const Range r = valid_outputs(s, 2, k2);
+      const std::int64_t off = last_dim_offset(s, k2);
+      double sum = sums[k2];
+      for (std::uint64_t o2 = r.lo; o2 < r.hi; ++o2)
+        sum += static_cast<double>(xr[static_cast<std::int64_t>(o2) * step + off]) * static_cast<double>(yr[o2]);
+      sums[k2] = sum;
+    }
+    return;
+  }
+  std::array<double, 8> acc{};
+  std::array<Range, 8> r{};
+  std::array<std::int64_t, 8> off{};
+  for (std::uint64_t k2 = 0; k2 < kw; ++k2) {
+    acc[k2] = sums[k2];
+    r[k2] = valid_outputs(s, 2, k2);
+    off[k2] = last_dim_offset(s, k2);
+  }
+  // Where every column's tap is inside the row (the interior), no bounds checks.
+  std::uint64_t lo = 0, hi = s.out[2];
+  for (std::uint64_t k2 = 0; k2 < kw; ++k2) {
+    lo = std::max(lo, r[k2].lo);
+    hi = std::min(hi, r[k2].hi);
+  }
+  hi = std::max(hi, lo);
+  auto checked = [&](std::uint64_t o2) {
+    const double yv = static_cast<double>(yr[o2]);
+    for (std::uint64_t k2 = 0; k2 < kw; ++k2)
+      if (o2 >= r[k2].lo && o2 < r[k2].hi)
+        acc[k2] += static_cast<double>(xr[static_cast<std::int64_t>(o2) * step + off[k2]]) * yv;
+  };
+  for (std::uint64_t o2 = 0; o2 < lo; ++o2) checked(o2);
+  for (std::uint64_t o2 = lo; o2 < hi; ++o2) {
+    const double yv = static_cast<double>(yr[o2]);
+    const T* xo = xr + static_cast<std::int64_t>(o2) * step;
+    for (std::uint64_t k2 = 0; k2 < kw; ++k2) acc[k2] += static_cast<double>(xo[off[k2]]) * yv;
+  }
+  for (std::uint64_t o2 = hi; o2 < s.out[2]; ++o2) checked(o2);
+  for (std::uint64_t k2 = 0; k2 < kw; ++k2) sums[k2] = acc[k2];
+}
+
+// w[co, ci] = Σ_n Σ_o a[n, g·cin_g + ci, o·s + k·d − p] · b[n, co, o]; a is the x side, b the y side.
+template <class T>
+void into_w(const Space& s, const Operands<T>& p, std::uint64_t slice, std::vector<double>& acc) {
+  const std::uint64_t co = slice / s.cin_g(), ci = slice % s.cin_g(), g = co / s.cout_g();
+  const std::uint64_t out_size = Space::product(s.out), in_size = Space::product(s.in);
+  const std::uint64_t k_size = Space::product(s.kernel);
+  std::fill(acc.begin(), acc.end(), 0.0);
+  std::array<Range, 2> r;
+  for (std::uint64_t n = 0; n < s.batch; ++n) {
+    const T* x = p.a + (n * s.c_in + g * s.cin_g() + ci) * in_size;
+    const T* y = p.b + (n * s.c_out + co) * out_size;
+    for (std::uint64_t o0 = 0; o0 < s.out[0]; ++o0)
+      for (std::uint64_t o1 = 0; o1 < s.out[1]; ++o1) {
+        const T* yr = y + (o0 * s.out[1] + o1) * s.out[2];
+        for (std::uint64_t k0 = 0; k0 < s.kernel[0]; ++k0) {
+          r[0] = valid_outputs(s, 0, k0);
+          if (o0 < r[0].lo || o0 >= r[0].hi) continue;
+          for (std::uint64_t k1 = 0; k1 < s.kernel[1]; ++k1) {
+            r[1] = valid_outputs(s, 1, k1);
+            if (o1 < r[1].lo || o1 >= r[1].hi) continue;
+            const T* xr = x + (input_position(s, 0, o0, k0) * s.in[1] + input_position(s, 1, o1, k1)) * s.in[2];
+            accumulate_row(s, xr, yr, acc.data() + (k0 * s.kernel[1] + k1) * s.kernel[2]);
+          }
+        }
+      }
+  }
+  T* w = p.out + slice * k_size;
+  for (std::uint64_t i = 0; i < k_size; ++i) w[i] = static_cast<T>(acc[i]);
+}
+
+enum class Into { Y, X, W };
+
+template <class T>
+void run_space(const Launch& launch, const Space& s, Into into, const Operands<T>& p) {
+  const std::uint64_t slices = into == Into::Y   ? s.batch * s.c_out
+                               : into == Into::X ? s.batch * s.c_in
+                                                 : s.c_out * s.cin_g();
+  const std::uint64_t slice_size = into == Into::Y   ? Space::product(s.out)
+                                   : into == Into::X ? Space::product(s.in)
+                                                     : Space::product(s.kernel);
+  // Work per slice: its taps (all of them, whichever side it sums into).
+  const std::uint64_t taps =
+      std::max<std::uint64_t>(1, s.batch * s.c_out * Space::product(s.out) * s.cin_g() * Space::product(s.kernel) /
+                                     std::max<std::uint64_t>(slices, 1));
+  const std::uint64_t grain = std::max<std::uint64_t>(1, kParallelThreshold / taps);
+  parallel_ranges(launch, slices, grain, [&](std::uint64_t begin, std::uint64_t end) {
+    std::vector<double> acc(slice_size);
+    for (std::uint64_t i = begin; i < end; ++i) {
+      if (into == Into::Y) into_y(s, p, i, acc);
+      if (into == Into::X) into_x(s, p, i, acc);
+      if (into == Into::W) into_w(s, p, i, acc);
+    }
+  });
+}
+
+// out[ch] = Σ_n Σ_i g[n, ch, i] in index order.
+template <class T>
+void run_bias_backward(const Launch& launch, const ir::Shape& gs, const T* g, T* out) {
+  std::uint64_t inner = 1;
+  for (std::size_t i = 2; i < gs.size(); ++i) inner *= gs[i];
+  const std::uint64_t batch = gs[0], channels = gs[1];
+  parallel_ranges(launch, channels,
+                  std::max<std::uint64_t>(1, kParallelThreshold / std::max<std::uint64_t>(1, batch * inner)),
+                  [&](std::uint64_t begin, std::uint64_t end) {
+                    for (std::uint64_t ch = begin; ch < end; ++ch) {
+                      double sum = 0.0;
+                      for (std::uint64_t n = 0; n < batch; ++n) {
+                        const T* row = g + (n * channels + ch) * inner;
+                        for (std::uint64_t i = 0; i < inner; ++i) sum += static_cast<double>(row[i]);
+                      }
+                      out[ch] = static_cast<T>(sum);
+                    }
+                  });
+}
+
+// ---- The op: which space, which operands, which output shape
+
+struct Plan {
+  Into into = Into::Y;
+  std::size_t a = 0, b = 1;         // input positions
+  std::optional<std::size_t> bias;  // input position of a forward's bias
+  ir::Shape out_shape;
+  bool bias_backward = false;
+};
+
+std::optional<Plan> plan_of(const ir::Operation& op, const ConvKindInfo& k, const Space& s) {
+  Plan plan;
+  const ir::Shape x_side = with_spatial(s, s.c_in, s.in, k.rank), y_side = with_spatial(s, s.c_out, s.out, k.rank);
+  switch (k.role) {
+    case ConvRole::Forward:
+      if (op.inputs().size() > 2) plan.bias = 2;
+      plan.into = k.transposed ? Into::X : Into::Y;
+      plan.out_shape = k.transposed ? x_side : y_side;
+      if (plan.bias && op.inputs()[2].shape != ir::Shape{plan.out_shape[1]}) return std::nullopt;
+      return plan;
+    case ConvRole::XBackward:
+      if (k.transposed || op.inputs().size() != 3 || op.inputs()[2].shape != y_side) return std::nullopt;
+      plan = Plan{Into::X, 2, 1, std::nullopt, op.inputs()[0].shape, false};
+      return plan;
+    case ConvRole::WeightBackward:
+      if (op.inputs().size() != 3 || op.inputs()[2].shape != (k.transposed ? x_side : y_side)) return std::nullopt;
+      plan = k.transposed ? Plan{Into::W, 2, 0, std::nullopt, op.inputs()[1].shape, false}
+                          : Plan{Into::W, 0, 2, std::nullopt, op.inputs()[1].shape, false};
+      return plan;
+    case ConvRole::BiasBackward: break;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool run_conv(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& handles) {
+  const std::optional<ConvKindInfo> k = ir::build::conv_kind_info(op.kind);
+  if (!k || op.outputs().size() != 1) return false;
+  const ir::TensorIr& out_ir = op.outputs()[0];
+  if (!(out_ir.dtype == ir::dtypes::f32) && !(out_ir.dtype == ir::dtypes::f64)) return false;
+  // Every input is held, of the output's dtype, with the shape the IR says.
+  std::vector<const HostTensor*> in;
+  for (const ir::TensorIr& t : op.inputs()) {
+    const HostTensor* h = handles.get_handle_ref(t.id);
+    if (h == nullptr || !(h->dtype() == out_ir.dtype) || !(t.dtype == out_ir.dtype) || h->shape() != t.shape)
+      return false;
+    in.push_back(h);
+  }
+  Plan plan;
+  Space space;
+  if (k->role == ConvRole::BiasBackward) {
+    if (in.size() != 3) return false;
+    const ir::Shape& gs = in[2]->shape();
+    if (gs.size() != k->rank + 2 || in[0]->shape().size() != k->rank + 2 || gs[0] != in[0]->shape()[0] ||
+        in[1]->shape() != ir::Shape{gs[1]})
+      return false;
+    plan.bias_backward = true;
+    plan.out_shape = in[1]->shape();
+  } else {
+    std::optional<Space> s = read_space(op, *k);
+    if (!s) return false;
+    std::optional<Plan> p = plan_of(op, *k, *s);
+    if (!p) return false;
+    space = *s;
+    plan = *p;
+  }
+  if (out_ir.shape != plan.out_shape) return false;
+  Result<HostTensor> out = HostTensor::allocate(device.allocator(), out_ir.shape, out_ir.dtype);
+  if (!out.ok()) return false;
+
+  Launch launch;
+  launch.arena = &device.arena();
+  launch.threads = device.threads();
+  auto run = [&]<class T>(T*) {
+    T* dst = reinterpret_cast<T*>(out->mutable_data());
+    auto data = [&](std::size_t i) { return reinterpret_cast<const T*>(in[i]->data()); };
+    if (plan.bias_backward) return run_bias_backward<T>(launch, in[2]->shape(), data(2), dst);
+    const Operands<T> operands{data(plan.a), data(plan.b), plan.bias ? data(*plan.bias) : nullptr, dst};
+    run_space<T>(launch, space, plan.into, operands);
+  };
+  if (out_ir.dtype == ir::dtypes::f32)
+    run(static_cast<float*>(nullptr));
+  else
+    run(static_cast<double*>(nullptr));
+
+  for (const ir::TensorIr& t : op.inputs()) (void)handles.free(t);  // frees the ReadWrite ones
+  handles.register_handle(out_ir.id, std::move(out).value());
+  return true;
+}
+
+}  // namespace kiln::cpu::fast
