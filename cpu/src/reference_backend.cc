@@ -14,7 +14,8 @@ namespace {
 // table. Called by one stream actor at a time.
 class ReferenceStreamExecutor final : public fusion::Executor {
  public:
-  explicit ReferenceStreamExecutor(ReferenceCpuBackend& backend) : backend_(backend), exec_(backend.allocator()) {}
+  ReferenceStreamExecutor(ReferenceCpuBackend& backend, std::uint64_t seed)
+      : backend_(backend), exec_(backend.allocator(), seed) {}
 
   // The reference backend has no fused kernels: a fused optimization replays the operations it
   // covers, in the optimization's order (the fast CPU executor will replace this).
@@ -47,7 +48,7 @@ ReferenceCpuBackend::ReferenceCpuBackend(HostAllocatorOptions alloc_options) : a
 ReferenceCpuBackend::~ReferenceCpuBackend() = default;
 
 std::unique_ptr<fusion::Executor> ReferenceCpuBackend::make_executor() {
-  return std::make_unique<ReferenceStreamExecutor>(*this);
+  return std::make_unique<ReferenceStreamExecutor>(*this, next_seed_.fetch_add(1, std::memory_order_relaxed));
 }
 
 fusion::FuserList ReferenceCpuBackend::fusers(const fusion::FusionLog& log) const {

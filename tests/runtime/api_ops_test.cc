@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -499,6 +500,20 @@ TEST_F(ApiOps, RandomReplaysOnAFreshDevice) {
   };
   std::unique_ptr<Device> a = api_testing::make_device(), b = api_testing::make_device();
   EXPECT_EQ(draw(*a), draw(*b));
+}
+
+// Two streams of one device draw different values: each stream's generator has a seed of its own
+// (the reference backend seeded every stream alike until 2026-12-06).
+TEST_F(ApiOps, TwoStreamsDrawDifferentValues) {
+  std::unique_ptr<Device> device = api_testing::make_device();
+  Session session(*device);
+  auto draw = [&] { return ok(session.to_host<float>(ok(session.random({64}, Dist::normal(0, 1))))); };
+  const std::vector<float> here = draw();
+  std::vector<float> there;
+  std::thread other([&] { there = draw(); });  // its own implicit stream
+  other.join();
+  ASSERT_EQ(there.size(), 64u);
+  EXPECT_NE(here, there);
 }
 #endif
 

@@ -4,6 +4,9 @@
 // Thread-safety: every method may be called from any thread (runtime/backend.h).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+
 #include "kiln/cpu/host.h"
 #include "kiln/cpu/tensor_table.h"
 #include "kiln/ir/handle_container.h"
@@ -46,6 +49,9 @@ class ReferenceCpuBackend final : public DeviceBackend {
  private:
   HostAllocator allocator_;
   ShardedTensorTable table_;  // after allocator_: its buffers go back to it first
+  // The next stream's random seed: kDefaultSeed + k for the k-th executor made, as CpuBackend
+  // seeds its streams (two streams' draws differ; a fresh device replays the same values).
+  std::atomic<std::uint64_t> next_seed_{ReferenceExecutor::kDefaultSeed};
 };
 
 }  // namespace kiln::cpu
