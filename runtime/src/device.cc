@@ -92,6 +92,7 @@ void add_counters(StreamStats& sum, const StreamStats& s) {
   sum.cache_hits += s.cache_hits;
   sum.explorations += s.explorations;
   sum.plans_created += s.plans_created;
+  sum.awake = sum.awake || s.awake;  // any stream awake
 }
 }  // namespace
 

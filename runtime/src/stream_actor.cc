@@ -430,6 +430,7 @@ StreamStats StreamActor::stats() const {
   s.cache_hits = cache_hits_.load(std::memory_order_relaxed);
   s.explorations = explorations_.load(std::memory_order_relaxed);
   s.plans_created = plans_created_.load(std::memory_order_relaxed);
+  s.awake = scheduled_.load(std::memory_order_acquire);
   return s;
 }
 

@@ -411,9 +411,15 @@ TEST(Runtime, RegistrationsWakeTheActorOnlyEveryWakeAfterOps) {
   EXPECT_EQ(dev->stream_stats(L)->commands, 0u) << "three registrations woke the actor";
   cur = add_halves_waking(*dev, L, cur, 1);  // the fourth wakes it
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (dev->stream_stats(L)->commands < 4 && std::chrono::steady_clock::now() < give_up)
+  // Until the woken turn has ended, not only run the four: a turn still polling (or not yet past
+  // its clear-and-recheck) would take the next two itself.
+  auto asleep_after_four = [&] {
+    const StreamStats st = *dev->stream_stats(L);
+    return st.commands == 4 && !st.awake;
+  };
+  while (!asleep_after_four() && std::chrono::steady_clock::now() < give_up)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
-  ASSERT_EQ(dev->stream_stats(L)->commands, 4u);
+  ASSERT_TRUE(asleep_after_four());
   EXPECT_EQ(dev->stream_stats(L)->inline_runs, 0u);
   cur = add_halves_waking(*dev, L, cur, 2);  // asleep again: the read runs these two inline
   Result<HostData> d = dev->read(L, cur);

@@ -145,6 +145,7 @@ struct StreamStats {
   std::uint64_t cache_hits = 0;     // processor: cached plans executed
   std::uint64_t explorations = 0;   // processor: explorations completed
   std::uint64_t plans_created = 0;  // processor: plans this stream added to the store
+  bool awake = false;               // a turn is posted or running (the wake-up flag is set)
 };
 
 // One stream's fusion state as the memory check sees it (docs/spec/fusion.md §16.8): the operations still
