@@ -72,24 +72,19 @@ std::int64_t last_dim_offset(const Space& s, std::uint64_t k2) {
 
 // ---- Reading the op: the attributes and shapes, checked as the builders check them
 
+// The attributes (ir::build::conv_options_of, which checks them as the builders do), right-aligned.
 std::optional<Space> read_attributes(const ir::Operation& op, const ConvKindInfo& k, Dims& padding_out) {
-  const std::size_t lists = k.transposed ? 4 : 3;
-  if (op.attrs.size() != lists * k.rank + 1) return std::nullopt;
+  Result<ir::build::ConvOptions> o = ir::build::conv_options_of(op);
+  if (!o.ok()) return std::nullopt;
   Space s;
-  Dims* const order[] = {&s.stride, &s.padding, &padding_out, &s.dilation};
-  std::size_t a = 0;
-  for (std::size_t l = 0; l < 4; ++l) {
-    if (l == 2 && !k.transposed) continue;
-    const std::int64_t min = (l == 0 || l == 3) ? 1 : 0;
-    for (std::size_t i = 0; i < k.rank; ++i, ++a) {
-      if (op.attrs[a] < min) return std::nullopt;
-      (*order[l])[3 - k.rank + i] = static_cast<std::uint64_t>(op.attrs[a]);
-    }
+  for (std::size_t i = 0; i < k.rank; ++i) {
+    const std::size_t d = 3 - k.rank + i;
+    s.stride[d] = o->stride[i];
+    s.padding[d] = o->padding[i];
+    s.dilation[d] = o->dilation[i];
+    if (k.transposed) padding_out[d] = o->padding_out[i];
   }
-  if (op.attrs[a] < 1) return std::nullopt;
-  s.groups = static_cast<std::uint64_t>(op.attrs[a]);
-  for (std::size_t d = 0; d < 3; ++d)
-    if (padding_out[d] >= std::max(s.stride[d], s.dilation[d])) return std::nullopt;
+  s.groups = o->groups;
   return s;
 }
 

@@ -628,17 +628,8 @@ Result<build::ConvOptions> conv_options_at(const ir::Operation& op, const build:
     return make_error(ErrorCode::Invalid,
                       fmt::format("{}: attributes missing or extra: {} given, {} for {} spatial dims", op.kind_name(),
                                   op.attrs.size(), lists * n + 1, n));
-  KILN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> a, attrs_from(op, 0));
-  auto list = [&](std::size_t i) {
-    const auto first = a.begin() + static_cast<std::ptrdiff_t>(i * n);
-    return std::vector<std::uint64_t>(first, first + static_cast<std::ptrdiff_t>(n));
-  };
-  build::ConvOptions o;
-  o.stride = list(0);
-  o.padding = list(1);
-  if (k.transposed) o.padding_out = list(2);
-  o.dilation = list(lists - 1);
-  o.groups = a.back();
+  Result<build::ConvOptions> o = build::conv_options_of(op);
+  if (!o.ok()) return make_error(o.error().code, fmt::format("{}: {}", op.kind_name(), o.error().message));
   return o;
 }
 

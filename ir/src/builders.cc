@@ -1187,6 +1187,51 @@ std::size_t pool_spatial_dims(OpKind kind) {
   }
 }
 
+Result<PoolAttrs> pool_attrs_of(const Operation& op) {
+  PoolAttrs p;
+  p.spatial = pool_spatial_dims(op.kind);
+  switch (op.info().signature) {
+    case Signature::MaxPool2d:
+    case Signature::MaxPool:
+    case Signature::MaxPoolWithIndices:
+    case Signature::MaxPoolWithIndicesBackward: p.dilated = true; break;
+    case Signature::AvgPool2d:
+    case Signature::AvgPool:
+    case Signature::AvgPoolBackward: p.dilated = false; break;
+    default: return make_error(ErrorCode::Invalid, fmt::format("{} is not a windowed pool", op.kind_name()));
+  }
+  const std::size_t n = p.spatial, window = (p.dilated ? 4 : 3) * n, count = window + (p.dilated ? 1 : 2);
+  if (op.attrs.size() != count)
+    return make_error(ErrorCode::Invalid, fmt::format("takes {} attributes, got {}", count, op.attrs.size()));
+  const auto value = [&](std::size_t i, const char* what, std::int64_t min) -> Result<std::uint64_t> {
+    const std::int64_t a = op.attrs[i];
+    if (a < 0) return make_error(ErrorCode::Invalid, fmt::format("{} must not be negative, got {}", what, a));
+    if (a < min) return make_error(ErrorCode::Invalid, fmt::format("{} must be at least {}, got {}", what, min, a));
+    return static_cast<std::uint64_t>(a);
+  };
+  const auto flag = [&](std::size_t i, const char* what) -> Result<bool> {
+    const std::int64_t a = op.attrs[i];
+    if (a != 0 && a != 1) return make_error(ErrorCode::Invalid, fmt::format("{} must be 0 or 1, got {}", what, a));
+    return a == 1;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    KILN_ASSIGN_OR_RETURN(p.kernel[i], value(i, "kernel size", 1));
+    KILN_ASSIGN_OR_RETURN(p.stride[i], value(n + i, "stride", 1));
+    KILN_ASSIGN_OR_RETURN(p.padding[i], value(2 * n + i, "padding", 0));
+    if (p.dilated) {
+      KILN_ASSIGN_OR_RETURN(p.dilation[i], value(3 * n + i, "dilation", 1));
+    }
+    if (p.padding[i] > p.kernel[i] / 2)
+      return make_error(ErrorCode::Invalid, fmt::format("padding {} exceeds half the kernel size {} (spatial dim {})",
+                                                        p.padding[i], p.kernel[i], i));
+  }
+  if (!p.dilated) {
+    KILN_ASSIGN_OR_RETURN(p.count_include_pad, flag(window, "count_include_pad"));
+  }
+  KILN_ASSIGN_OR_RETURN(p.ceil_mode, flag(count - 1, "ceil_mode"));
+  return p;
+}
+
 namespace {
 // A pool's window, n values per field (no dilation for average pools), then its flags
 // ([ceil_mode], or [count_include_pad, ceil_mode]): the attributes in op_table.h's order.
@@ -1566,6 +1611,42 @@ ConvOptions conv_options(const Conv3dOptions& o) { return plain_conv_options(o);
 ConvOptions conv_options(const ConvTranspose1dOptions& o) { return transposed_conv_options(o); }
 ConvOptions conv_options(const ConvTranspose2dOptions& o) { return transposed_conv_options(o); }
 ConvOptions conv_options(const ConvTranspose3dOptions& o) { return transposed_conv_options(o); }
+
+Result<ConvOptions> conv_options_of(const Operation& op) {
+  const std::optional<ConvKindInfo> k = conv_kind_info(op.kind);
+  if (!k || k->role == ConvRole::BiasBackward)
+    return make_error(ErrorCode::Invalid, fmt::format("{} carries no convolution options", op.kind_name()));
+  const std::size_t lists = k->transposed ? 4 : 3, count = lists * k->rank + 1;
+  if (op.attrs.size() != count)
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("takes {} attributes for {} spatial dims, got {}", count, k->rank, op.attrs.size()));
+  ConvOptions o;
+  static constexpr const char* kNames[] = {"stride", "padding", "padding_out", "dilation"};
+  std::vector<std::uint64_t>* const order[] = {&o.stride, &o.padding, &o.padding_out, &o.dilation};
+  std::size_t a = 0;
+  for (std::size_t l = 0; l < 4; ++l) {
+    if (l == 2 && !k->transposed) continue;
+    const std::int64_t min = (l == 0 || l == 3) ? 1 : 0;
+    for (std::size_t i = 0; i < k->rank; ++i, ++a) {
+      if (op.attrs[a] < 0)
+        return make_error(ErrorCode::Invalid,
+                          fmt::format("{} must not be negative, got {} (dim {})", kNames[l], op.attrs[a], i));
+      if (op.attrs[a] < min)
+        return make_error(ErrorCode::Invalid,
+                          fmt::format("{} must be at least {}, got {} (dim {})", kNames[l], min, op.attrs[a], i));
+      order[l]->push_back(static_cast<std::uint64_t>(op.attrs[a]));
+    }
+  }
+  if (op.attrs[a] < 1)
+    return make_error(ErrorCode::Invalid, fmt::format("groups must be at least 1, got {}", op.attrs[a]));
+  o.groups = static_cast<std::uint64_t>(op.attrs[a]);
+  for (std::size_t i = 0; i < o.padding_out.size(); ++i)
+    if (o.padding_out[i] >= std::max(o.stride[i], o.dilation[i]))
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("padding_out {} must be smaller than the stride {} or the dilation {}",
+                                    o.padding_out[i], o.stride[i], o.dilation[i]));
+  return o;
+}
 
 namespace {
 

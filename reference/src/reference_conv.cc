@@ -62,35 +62,19 @@ Result<ConvKindInfo> kind_info(const Ctx& c) {
   return *k;
 }
 
-// The attributes, checked as the builders check the options: the count the rank takes, stride,
-// dilation and groups >= 1, padding >= 0, padding_out < max(stride, dilation).
-Result<ConvParams> conv_params(const Ctx& c, const ConvKindInfo& k) {
-  const std::size_t lists = k.transposed ? 4 : 3;
-  if (c.op.attrs.size() != lists * k.rank + 1)
-    return c.error(ErrorCode::Invalid, fmt::format("takes {} attributes for {} spatial dims, got {}",
-                                                   lists * k.rank + 1, k.rank, c.op.attrs.size()));
+// The attributes (ir::build::conv_options_of, which checks them as the builders check the
+// options), left-aligned in three dims.
+Result<ConvParams> conv_params(const Ctx& c) {
+  Result<ir::build::ConvOptions> o = ir::build::conv_options_of(c.op);
+  if (!o.ok()) return c.error(o.error().code, o.error().message);
   ConvParams p;
-  static constexpr const char* kNames[] = {"stride", "padding", "padding_out", "dilation"};
-  Dims* const order[] = {&p.stride, &p.padding, &p.padding_out, &p.dilation};
-  std::size_t a = 0;
-  for (std::size_t l = 0; l < 4; ++l) {
-    if (l == 2 && !k.transposed) continue;
-    const std::int64_t min = (l == 0 || l == 3) ? 1 : 0;
-    for (std::size_t i = 0; i < k.rank; ++i, ++a) {
-      if (c.op.attrs[a] < min)
-        return c.error(ErrorCode::Invalid,
-                       fmt::format("{} must be at least {}, got {} (dim {})", kNames[l], min, c.op.attrs[a], i));
-      (*order[l])[i] = static_cast<std::uint64_t>(c.op.attrs[a]);
-    }
+  for (std::size_t i = 0; i < o->stride.size(); ++i) {
+    p.stride[i] = o->stride[i];
+    p.padding[i] = o->padding[i];
+    p.dilation[i] = o->dilation[i];
+    if (!o->padding_out.empty()) p.padding_out[i] = o->padding_out[i];
   }
-  if (c.op.attrs[a] < 1)
-    return c.error(ErrorCode::Invalid, fmt::format("groups must be at least 1, got {}", c.op.attrs[a]));
-  p.groups = static_cast<std::uint64_t>(c.op.attrs[a]);
-  for (std::size_t i = 0; i < k.rank; ++i)
-    if (p.padding_out[i] >= std::max(p.stride[i], p.dilation[i]))
-      return c.error(ErrorCode::Invalid,
-                     fmt::format("padding_out {} must be smaller than the stride {} or the dilation {}",
-                                 p.padding_out[i], p.stride[i], p.dilation[i]));
+  p.groups = o->groups;
   return p;
 }
 
@@ -157,7 +141,7 @@ Result<ConvSpace> transposed_space(const Ctx& c, ConvSpace s, const HostTensor& 
 
 // The op's space from its first two inputs (x, weight), after the attribute and rank checks.
 Result<ConvSpace> op_space(const Ctx& c, const ConvKindInfo& k) {
-  KILN_ASSIGN_OR_RETURN(ConvParams p, conv_params(c, k));
+  KILN_ASSIGN_OR_RETURN(ConvParams p, conv_params(c));
   KILN_RETURN_IF_ERROR(expect_conv_rank(c, c.in[0], k.rank + 2, "x"));
   KILN_RETURN_IF_ERROR(expect_conv_rank(c, c.in[1], k.rank + 2, "weight"));
   ConvSpace s;

@@ -224,18 +224,8 @@ bool read_index(const HostTensor& t, std::uint64_t i, std::uint64_t& out);
 Result<std::uint64_t> checked_index(const Ctx& c, const HostTensor& indices, std::uint64_t i, std::uint64_t size,
                                     const char* what);
 
-// A sliding window's kernel taps [lo, hi) whose position start + i * step - pad falls inside
-// [0, n) (the kernel size is an attribute: it may be far larger than the input when the padding
-// is).
-inline std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::uint64_t k, std::uint64_t step,
-                                                           std::uint64_t pad, std::uint64_t n) {
-  // start + i * step >= pad  <=>  i >= ceil((pad - start) / step)
-  const std::uint64_t lo = start >= pad ? 0 : (pad - start + step - 1) / step;
-  // start + i * step < pad + n  <=>  i < ceil((pad + n - start) / step)
-  const std::uint64_t end = pad + n;
-  const std::uint64_t hi = end <= start ? 0 : std::min(k, (end - start + step - 1) / step);
-  return {std::min(lo, hi), hi};
-}
+// A sliding window's kernel taps inside the input (ir/shape.h).
+using ir::shape::window_taps;
 
 // Applies Scatter / SelectAssign's update rule (attribute) to old and new values.
 template <class T>

@@ -12,54 +12,19 @@
 
 #include "kiln/ir/builders.h"
 #include "kiln/ir/shape.h"
+#include "kiln/reference/pool_geometry.h"
 #include "reference_internal.h"
 
 namespace kiln::reference::kernels {
 namespace {
 
-using Dims = std::array<std::uint64_t, 3>;
-
-// A window's taps inside x along one spatial dim: the first position, how many, the step.
-struct Taps {
-  std::uint64_t first = 0, count = 0, step = 1;
-};
-using Box = std::array<Taps, 3>;
-
-std::uint64_t box_size(const Box& b) { return b[0].count * b[1].count * b[2].count; }
-
-// One pool op's geometry: x [N, C, in...] pooled to [N, C, out...], the spatial dims right-aligned
-// in three (the missing leading ones 1); kernel .. dilation as the attributes say.
-struct Pool {
-  std::size_t n = 0;         // the kind's spatial dims
-  std::uint64_t planes = 0;  // N · C
-  Dims in{1, 1, 1}, out{1, 1, 1};
-  Dims kernel{1, 1, 1}, stride{1, 1, 1}, pad{0, 0, 0}, dilation{1, 1, 1};
-  bool ceil_mode = false, count_include_pad = false;
-  std::uint64_t batch = 0, channels = 0;
-
-  std::uint64_t in_plane() const { return in[0] * in[1] * in[2]; }
-  std::uint64_t out_plane() const { return out[0] * out[1] * out[2]; }
-  // [N, C, out...]: the pooled shape.
-  ir::Shape out_shape() const {
-    ir::Shape s{batch, channels};
-    for (std::size_t j = 3 - n; j < 3; ++j) s.push_back(out[j]);
-    return s;
-  }
-  // Output k of a plane as a 3-d position (k < out_plane(), so no dim is 0).
-  Dims unravel(std::uint64_t k) const { return {k / (out[1] * out[2]), (k / out[2]) % out[1], k % out[2]}; }
-};
-
-// Calls f(flat position within the plane) for every tap of the box, in index order.
-template <class F>
-void for_each_position(const Box& b, const Dims& in, F&& f) {
-  for (std::uint64_t i0 = 0; i0 < b[0].count; ++i0) {
-    const std::uint64_t p0 = b[0].first + i0 * b[0].step;
-    for (std::uint64_t i1 = 0; i1 < b[1].count; ++i1) {
-      const std::uint64_t p01 = p0 * in[1] + b[1].first + i1 * b[1].step;
-      for (std::uint64_t i2 = 0; i2 < b[2].count; ++i2) f(p01 * in[2] + b[2].first + i2 * b[2].step);
-    }
-  }
-}
+using pool::Box;
+using pool::Dims;
+using Pool = pool::Geometry;
+using pool::box_size;
+using pool::divisor;
+using pool::for_each_position;
+using pool::window_box;
 
 // Attribute i as a window value of at least `min`.
 Result<std::uint64_t> window_attr(const Ctx& c, std::size_t i, const char* what, std::uint64_t min) {
@@ -68,88 +33,23 @@ Result<std::uint64_t> window_attr(const Ctx& c, std::size_t i, const char* what,
   return v;
 }
 
-// The window attributes [kernel.., stride.., padding.., (dilation..)] then the flags ([ceil_mode],
-// or [count_include_pad, ceil_mode]), checked as the builders check them.
-Result<Pool> read_window(const Ctx& c, bool dilated) {
-  Pool g;
-  g.n = ir::build::pool_spatial_dims(c.op.kind);
-  const std::size_t n = g.n, window = (dilated ? 4 : 3) * n;
-  if (n == 0 || c.op.attrs.size() != window + (dilated ? 1 : 2))
-    return c.error(ErrorCode::Invalid,
-                   fmt::format("takes {} attributes, got {}", window + (dilated ? 1 : 2), c.op.attrs.size()));
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t j = 3 - n + i;
-    KILN_ASSIGN_OR_RETURN(g.kernel[j], window_attr(c, i, "kernel size", 1));
-    KILN_ASSIGN_OR_RETURN(g.stride[j], window_attr(c, n + i, "stride", 1));
-    KILN_ASSIGN_OR_RETURN(g.pad[j], window_attr(c, 2 * n + i, "padding", 0));
-    if (dilated) {
-      KILN_ASSIGN_OR_RETURN(g.dilation[j], window_attr(c, 3 * n + i, "dilation", 1));
-    }
-    if (g.pad[j] > g.kernel[j] / 2)
-      return c.error(ErrorCode::Invalid, fmt::format("padding {} exceeds half the kernel size {} (spatial dim {})",
-                                                     g.pad[j], g.kernel[j], i));
-  }
-  if (!dilated) {
-    KILN_ASSIGN_OR_RETURN(g.count_include_pad, flag_attr(c, window, "count_include_pad"));
-  }
-  KILN_ASSIGN_OR_RETURN(g.ceil_mode, flag_attr(c, c.op.attrs.size() - 1, "ceil_mode"));
-  return g;
-}
-
 // x [N, C, spatial...] of rank n + 2: the batch, channels and spatial sizes.
 Status read_x(const Ctx& c, const HostTensor& x, Pool& g) {
-  const ir::Shape& xs = x.shape();
-  if (xs.size() != g.n + 2)
+  if (!pool::read_x(g, x.shape()))
     return c.error(ErrorCode::RankMismatch, fmt::format("x {} must have rank {}", x.to_string(), g.n + 2));
-  g.batch = xs[0];
-  g.channels = xs[1];
-  g.planes = xs[0] * xs[1];
-  for (std::size_t i = 0; i < g.n; ++i) g.in[3 - g.n + i] = xs[2 + i];
   return Status::Ok();
 }
 
-// The pooled sizes by the pool formula (docs/spec/ir.md §4), errors named after the op.
-Status pool_sizes(const Ctx& c, Pool& g) {
-  for (std::size_t j = 3 - g.n; j < 3; ++j) {
-    Result<std::uint64_t> size =
-        ir::shape::pool_output(g.in[j], g.kernel[j], g.stride[j], g.pad[j], g.dilation[j], g.ceil_mode);
-    if (!size.ok()) return c.error(size.error().code, size.error().message);
-    g.out[j] = *size;
-  }
-  return Status::Ok();
-}
-
-// Attributes, x and the pooled sizes of a (max: dilated) pool or of its backward.
-Result<Pool> pool_geometry(const Ctx& c, bool dilated) {
-  KILN_ASSIGN_OR_RETURN(Pool g, read_window(c, dilated));
+// Attributes (ir::build::pool_attrs_of, which checks them as the builders do), x and the pooled
+// sizes of a windowed pool or of its backward.
+Result<Pool> pool_geometry(const Ctx& c) {
+  Result<ir::build::PoolAttrs> attrs = ir::build::pool_attrs_of(c.op);
+  if (!attrs.ok()) return c.error(attrs.error().code, attrs.error().message);
+  Pool g = pool::from_attrs(*attrs);
   KILN_RETURN_IF_ERROR(read_x(c, c.in[0], g));
-  KILN_RETURN_IF_ERROR(pool_sizes(c, g));
+  Status sizes = pool::pool_sizes(g);
+  if (!sizes.ok()) return c.error(sizes.error().code, sizes.error().message);
   return g;
-}
-
-// The taps of output o's window inside x (only those: the kernel may be far larger than x when
-// the padding is). An empty dim's first position is never read.
-Box window_box(const Pool& g, const Dims& o) {
-  Box b;
-  for (std::size_t j = 0; j < 3; ++j) {
-    const std::uint64_t start = o[j] * g.stride[j];  // padded coordinates
-    const auto [lo, hi] = window_taps(start, g.kernel[j], g.dilation[j], g.pad[j], g.in[j]);
-    b[j] = Taps{start + lo * g.dilation[j] - g.pad[j], hi - lo, g.dilation[j]};
-  }
-  return b;
-}
-
-// PyTorch's divisor: the window clipped to the padded input [−pad, in + pad) when
-// count_include_pad, else the taps inside x. A double: a hand-made op's huge kernels must not wrap.
-double divisor(const Pool& g, const Dims& o, const Box& b) {
-  if (!g.count_include_pad) return static_cast<double>(box_size(b));
-  double d = 1;
-  for (std::size_t j = 0; j < 3; ++j) {
-    const std::uint64_t start = o[j] * g.stride[j];
-    const std::uint64_t end = std::min(start + g.kernel[j], g.in[j] + 2 * g.pad[j]);
-    d *= end > start ? static_cast<double>(end - start) : 0.0;
-  }
-  return d;
 }
 
 // PyTorch's max and its index: the first tap is the candidate and a strictly larger value or a
@@ -212,7 +112,7 @@ Status expect_gradient_output(const Ctx& c) {
 
 Result<Outputs> run_max_pool(const Ctx& c) {
   const HostTensor& x = c.in[0];
-  KILN_ASSIGN_OR_RETURN(Pool g, pool_geometry(c, true));
+  KILN_ASSIGN_OR_RETURN(Pool g, pool_geometry(c));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, g.out_shape()));
   const bool with_indices = c.op.outputs().size() == 2;
@@ -239,7 +139,7 @@ Result<Outputs> run_max_pool(const Ctx& c) {
 // added at its index within its plane (duplicates accumulate; −1, an empty window, adds nowhere).
 
 Result<Outputs> run_max_pool_backward(const Ctx& c) {
-  KILN_ASSIGN_OR_RETURN(Pool g, pool_geometry(c, true));
+  KILN_ASSIGN_OR_RETURN(Pool g, pool_geometry(c));
   KILN_RETURN_IF_ERROR(expect_float_input(c, 1, "grad"));
   KILN_RETURN_IF_ERROR(expect_pooled_input(c, 1, g, "grad"));
   KILN_RETURN_IF_ERROR(expect_pooled_input(c, 2, g, "indices"));
@@ -266,7 +166,7 @@ Result<Outputs> run_max_pool_backward(const Ctx& c) {
 
 Result<Outputs> run_avg_pool(const Ctx& c) {
   const HostTensor& x = c.in[0];
-  KILN_ASSIGN_OR_RETURN(Pool g, pool_geometry(c, false));
+  KILN_ASSIGN_OR_RETURN(Pool g, pool_geometry(c));
   KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, x.dtype()));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, g.out_shape()));
   KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
@@ -290,7 +190,7 @@ Result<Outputs> run_avg_pool(const Ctx& c) {
 // window's divisor and added to the window's taps inside x.
 
 Result<Outputs> run_avg_pool_backward(const Ctx& c) {
-  KILN_ASSIGN_OR_RETURN(Pool g, pool_geometry(c, false));
+  KILN_ASSIGN_OR_RETURN(Pool g, pool_geometry(c));
   KILN_RETURN_IF_ERROR(expect_float_input(c, 1, "grad"));
   KILN_RETURN_IF_ERROR(expect_pooled_input(c, 1, g, "grad"));
   KILN_RETURN_IF_ERROR(expect_gradient_output(c));
@@ -314,18 +214,7 @@ Result<Outputs> run_avg_pool_backward(const Ctx& c) {
 
 namespace {
 
-// Allocated tensors keep o · in far from overflowing.
-Taps adaptive_taps(std::uint64_t o, std::uint64_t in, std::uint64_t out) {
-  const std::uint64_t start = o * in / out;
-  const std::uint64_t end = ((o + 1) * in + out - 1) / out;
-  return Taps{start, end - start, 1};
-}
-
-Box adaptive_box(const Pool& g, const Dims& o) {
-  Box b;
-  for (std::size_t j = 0; j < 3; ++j) b[j] = adaptive_taps(o[j], g.in[j], g.out[j]);
-  return b;
-}
+using pool::adaptive_box;
 
 // x of rank n + 2 with non-empty spatial dims (each window holds an element), pooled to `sizes`
 // (each at least 1): the attributes, or the grad's spatial dims.

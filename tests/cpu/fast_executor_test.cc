@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
@@ -474,7 +475,8 @@ TEST(FastExecutor, NhwcRelayoutRunsItsElementwisePartThenThePool) {
         ASSERT_EQ(got[c * 16 + i * 4 + j], mx) << c << " " << i << " " << j << " diff " << got[c * 16 + i * 4 + j] - mx;
       }
   EXPECT_EQ(s.device.stats().launches_by_kind[4], 1u);
-  EXPECT_EQ(s.device.stats().reference_ops, 1u);  // the pool
+  EXPECT_EQ(s.device.stats().fast_ops, 1u);  // the pool, on the fast pool kernels
+  EXPECT_EQ(s.device.stats().reference_ops, 0u);
 }
 
 // Single operations run on the fast kernels (and reshape shares its buffer).
@@ -643,6 +645,233 @@ TEST(FastConv, OtherDtypesAndErrorsGoToTheReference) {
   EXPECT_EQ(s.read(y).size(), 3u * 3 * 3);
   EXPECT_EQ(s.device.stats().reference_ops, 1u);
   EXPECT_EQ(s.device.stats().fast_ops, 0u);
+}
+
+// ---- Pools on the fast path (cpu/src/fast_pool.cc)
+
+// A fast side and a reference side fed the same inputs; `check` runs one op on both and compares
+// every output bit for bit (indices included), the fast side without the reference.
+struct PoolHarness {
+  Session s{2};
+  CpuDevice ref{CpuDeviceOptions{.threads = 1}};
+  std::mt19937_64 rng{20261206};
+  std::uint64_t fast_before = 0;
+
+  TensorIr upload(const Shape& shape, DType d, const std::vector<double>& v) {
+    const TensorIr t = s.input(shape, v, d);
+    KILN_EXPECT_OK(ref.upload_f64(t.id, t.shape, d, v));
+    return t;
+  }
+  // Values with ties (one decimal) and, when asked, a NaN now and then.
+  TensorIr values(const Shape& shape, DType d, bool nans) {
+    std::normal_distribution<double> normal(0.0, 1.0);
+    std::uniform_int_distribution<int> one_in(0, 40);
+    std::vector<double> v(ir::num_elements(shape));
+    for (double& e : v) e = nans && one_in(rng) == 0 ? std::nan("") : std::round(normal(rng) * 10) / 10;
+    return upload(shape, d, v);
+  }
+  // Indices within each plane of x (duplicates accumulate), −1 now and then.
+  TensorIr indices(const Shape& shape, DType d, std::uint64_t in_plane) {
+    std::uniform_int_distribution<std::int64_t> pick(-1, static_cast<std::int64_t>(in_plane) - 1);
+    std::vector<double> v(ir::num_elements(shape));
+    for (double& e : v) e = static_cast<double>(pick(rng));
+    return upload(shape, d, v);
+  }
+  void check(const Result<Operation>& op, const std::string& what) {
+    SCOPED_TRACE(what);
+    ASSERT_TRUE(op.ok()) << op.error().to_string();
+    KILN_EXPECT_OK(ref.reference().execute(*op, ref.handles()));
+    (void)s.submit(*op);
+    s.sync();
+    for (const TensorIr& out : op->outputs()) {
+      auto got = s.device.download_f64(out.id);
+      auto want = ref.download_f64(out.id);
+      ASSERT_TRUE(got.ok() && want.ok()) << out.to_string();
+      ASSERT_EQ(got->size(), want->size());
+      for (std::size_t i = 0; i < got->size(); ++i) {
+        const double g = (*got)[i], w = (*want)[i];
+        ASSERT_TRUE((std::isnan(g) && std::isnan(w)) ||
+                    std::bit_cast<std::uint64_t>(g) == std::bit_cast<std::uint64_t>(w))
+            << out.to_string() << " element " << i << ": " << g << " against " << w;
+      }
+    }
+    EXPECT_EQ(s.device.stats().reference_ops, 0u);
+    EXPECT_EQ(s.device.stats().fast_ops, ++fast_before);
+  }
+};
+
+// A random window of n spatial dims over an input that has outputs: kernel 1..3, stride 1..2,
+// dilation 1..2 (max pools), padding up to kernel / 2, ceil mode or not.
+struct PoolWindowCase {
+  std::vector<std::uint64_t> kernel, stride, padding, dilation;
+  bool ceil_mode = false, count_include_pad = false;
+  Shape x;
+};
+PoolWindowCase random_window(std::mt19937_64& rng, std::size_t n, bool dilated, std::uint64_t max_in) {
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) {
+    return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
+  };
+  PoolWindowCase c;
+  c.ceil_mode = pick(0, 1) == 1;
+  c.count_include_pad = pick(0, 1) == 1;
+  c.x = {pick(1, 2), pick(1, 3)};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t k = pick(1, 3), d = dilated ? pick(1, 2) : 1, pad = pick(0, k / 2);
+    const std::uint64_t span = (k - 1) * d + 1;
+    c.kernel.push_back(k);
+    c.stride.push_back(pick(1, 2));
+    c.padding.push_back(pad);
+    c.dilation.push_back(d);
+    c.x.push_back(pick(span > 2 * pad ? span - 2 * pad : 1, std::max<std::uint64_t>(span, max_in)));
+  }
+  return c;
+}
+
+// Every max pool (1-d and 2-d, with i64 or i32 indices or none) and its backward, on random
+// windows with ties and NaNs, in f32 and f64: the fast kernels give the reference's bits.
+TEST(FastPool, MaxPoolsAndTheirBackwardsMatchTheReference) {
+  PoolHarness h;
+  for (int round = 0; round < 8; ++round)
+    for (std::size_t n : {std::size_t{1}, std::size_t{2}})
+      for (DType d : {dt::f32, dt::f64}) {
+        const PoolWindowCase c = random_window(h.rng, n, true, 7);
+        const DType index_dtype = round % 2 == 0 ? dt::i64 : dt::i32;
+        const TensorIr x = h.values(c.x, d, true);
+        std::uint64_t in_plane = 1;
+        for (std::size_t i = 2; i < c.x.size(); ++i) in_plane *= c.x[i];
+        const std::string what =
+            fmt::format("max pool {}d x {} round {} {}", n, ir::shape_to_string(c.x), round, d.name());
+        Result<Operation> plain = make_error(ErrorCode::Internal, "unset");
+        Result<Operation> with = plain;
+        const TensorId o1 = h.s.id(), o2 = h.s.id(), o3 = h.s.id();
+        if (n == 1) {
+          const b::MaxPool1dOptions o{c.kernel[0], c.stride[0], c.padding[0], c.dilation[0], c.ceil_mode};
+          plain = b::max_pool1d(x, o, o1);
+          with = b::max_pool1d_with_indices(x, o, index_dtype, o2, o3);
+        } else {
+          const b::MaxPool2dOptions o{{c.kernel[0], c.kernel[1]},
+                                      {c.stride[0], c.stride[1]},
+                                      {c.padding[0], c.padding[1]},
+                                      {c.dilation[0], c.dilation[1]},
+                                      c.ceil_mode};
+          plain = b::max_pool2d(x, o, o1);
+          with = b::max_pool2d_with_indices(x, o, index_dtype, o2, o3);
+        }
+        h.check(plain, what);
+        h.check(with, what + " with indices");
+        ASSERT_TRUE(with.ok());
+        const Shape pooled = with->outputs()[0].shape;
+        const TensorIr grad = h.values(pooled, d, false), idx = h.indices(pooled, index_dtype, in_plane);
+        if (n == 1)
+          h.check(b::max_pool1d_with_indices_backward(
+                      x, grad, idx, {c.kernel[0], c.stride[0], c.padding[0], c.dilation[0], c.ceil_mode}, h.s.id()),
+                  what + " backward");
+        else
+          h.check(b::max_pool2d_with_indices_backward(x, grad, idx,
+                                                      {{c.kernel[0], c.kernel[1]},
+                                                       {c.stride[0], c.stride[1]},
+                                                       {c.padding[0], c.padding[1]},
+                                                       {c.dilation[0], c.dilation[1]},
+                                                       c.ceil_mode},
+                                                      h.s.id()),
+                  what + " backward");
+      }
+}
+
+// Average pools (both divisor rules) and adaptive average pools of every rank, and their
+// backwards.
+TEST(FastPool, AveragePoolsAndTheirBackwardsMatchTheReference) {
+  PoolHarness h;
+  for (int round = 0; round < 8; ++round)
+    for (std::size_t n : {std::size_t{1}, std::size_t{2}})
+      for (DType d : {dt::f32, dt::f64}) {
+        const PoolWindowCase c = random_window(h.rng, n, false, 7);
+        const TensorIr x = h.values(c.x, d, false);
+        const std::string what =
+            fmt::format("avg pool {}d x {} round {} {}", n, ir::shape_to_string(c.x), round, d.name());
+        Result<Operation> fwd = make_error(ErrorCode::Internal, "unset");
+        if (n == 1) {
+          const b::AvgPool1dOptions o{c.kernel[0], c.stride[0], c.padding[0], c.count_include_pad, c.ceil_mode};
+          fwd = b::avg_pool1d(x, o, h.s.id());
+          h.check(fwd, what);
+          ASSERT_TRUE(fwd.ok());
+          h.check(b::avg_pool1d_backward(x, h.values(fwd->outputs()[0].shape, d, false), o, h.s.id()),
+                  what + " backward");
+        } else {
+          const b::AvgPool2dOptions o{{c.kernel[0], c.kernel[1]},
+                                      {c.stride[0], c.stride[1]},
+                                      {c.padding[0], c.padding[1]},
+                                      c.count_include_pad,
+                                      c.ceil_mode};
+          fwd = b::avg_pool2d(x, o, h.s.id());
+          h.check(fwd, what);
+          ASSERT_TRUE(fwd.ok());
+          h.check(b::avg_pool2d_backward(x, h.values(fwd->outputs()[0].shape, d, false), o, h.s.id()),
+                  what + " backward");
+        }
+      }
+  for (int round = 0; round < 4; ++round)
+    for (std::size_t n = 1; n <= 3; ++n)
+      for (DType d : {dt::f32, dt::f64}) {
+        std::uniform_int_distribution<std::uint64_t> size(1, 6);
+        Shape xs{size(h.rng) % 2 + 1, size(h.rng) % 3 + 1};
+        std::array<std::uint64_t, 3> out{};
+        for (std::size_t i = 0; i < n; ++i) {
+          xs.push_back(size(h.rng));
+          out[i] = size(h.rng);  // smaller or larger than x's dim: windows overlap or repeat
+        }
+        const TensorIr x = h.values(xs, d, false);
+        const std::string what =
+            fmt::format("adaptive {}d x {} round {} {}", n, ir::shape_to_string(xs), round, d.name());
+        const Result<Operation> fwd = n == 1   ? b::adaptive_avg_pool1d(x, out[0], h.s.id())
+                                      : n == 2 ? b::adaptive_avg_pool2d(x, {out[0], out[1]}, h.s.id())
+                                               : b::adaptive_avg_pool3d(x, out, h.s.id());
+        h.check(fwd, what);
+        ASSERT_TRUE(fwd.ok());
+        const TensorIr grad = h.values(fwd->outputs()[0].shape, d, false);
+        h.check(n == 1   ? b::adaptive_avg_pool1d_backward(x, grad, h.s.id())
+                : n == 2 ? b::adaptive_avg_pool2d_backward(x, grad, h.s.id())
+                         : b::adaptive_avg_pool3d_backward(x, grad, h.s.id()),
+                what + " backward");
+      }
+}
+
+// Large enough to split the planes over the device's threads (a CNN's 3×3 stride-2 pool).
+TEST(FastPool, ThreadedPlanesMatchTheReference) {
+  PoolHarness h;
+  const b::MaxPool2dOptions o{{3, 3}, {2, 2}, {1, 1}, {1, 1}, false};
+  const TensorIr x = h.values({2, 16, 48, 48}, dt::f32, false);
+  const Result<Operation> fwd = b::max_pool2d_with_indices(x, o, dt::i64, h.s.id(), h.s.id());
+  h.check(fwd, "forward");
+  ASSERT_TRUE(fwd.ok());
+  const TensorIr grad = h.values(fwd->outputs()[0].shape, dt::f32, false);
+  h.check(
+      b::max_pool2d_with_indices_backward(x, grad, h.indices(fwd->outputs()[0].shape, dt::i64, 48 * 48), o, h.s.id()),
+      "backward");
+  const b::AvgPool2dOptions a{{3, 3}, {2, 2}, {1, 1}, false, true};
+  h.check(b::avg_pool2d(x, a, h.s.id()), "average");
+}
+
+// f16 operands and an index outside its plane stay on the reference executor, which reports the
+// error; the fast path has changed nothing.
+TEST(FastPool, OtherDtypesAndBadIndicesGoToTheReference) {
+  Session s;
+  const b::MaxPool2dOptions o{{2, 2}, {2, 2}, {0, 0}, {1, 1}, false};
+  const TensorIr h16 = s.input({1, 2, 4, 4}, iota(32, 0.1), dt::f16);
+  EXPECT_EQ(s.read(s.submit(ok(b::max_pool2d(h16, o, s.id())))).size(), 8u);
+  EXPECT_EQ(s.device.stats().reference_ops, 1u);
+  EXPECT_EQ(s.device.stats().fast_ops, 0u);
+
+  const TensorIr x = s.input({1, 1, 4, 4}, iota(16), dt::f32);
+  const TensorIr grad = s.input({1, 1, 2, 2}, {1, 2, 3, 4}, dt::f32);
+  const TensorIr idx = s.input({1, 1, 2, 2}, {0, 5, 16, 3}, dt::i64);  // 16 is past the 4×4 plane
+  const TensorIr out = s.submit(ok(b::max_pool2d_with_indices_backward(x, grad, idx, o, s.id())));
+  s.sync();
+  EXPECT_EQ(s.device.stats().reference_ops, 2u);
+  EXPECT_EQ(s.device.stats().fast_ops, 0u);
+  const auto* err = s.device.handles().error_of(out.id);
+  ASSERT_NE(err, nullptr);
+  EXPECT_THAT(err->root->to_string(), ::testing::HasSubstr("16"));
 }
 
 // The approximations' documented bounds, sampled densely (the exhaustive sweep over every float

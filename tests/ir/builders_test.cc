@@ -559,6 +559,67 @@ TEST(Builders, EveryKindInTheTableBuilds) {
   }
 }
 
+// The executors' decoders read back what the builders stored: every windowed pool's and every
+// convolution's options, from the op built with them; a damaged attribute list is refused with
+// the value named.
+TEST(Builders, PoolAndConvAttributesReadBackAsBuilt) {
+  std::size_t pools = 0, convs = 0;
+  for (int i = 0; i < kNumOpKinds; ++i) {
+    const auto kind = static_cast<OpKind>(i);
+    SCOPED_TRACE(std::string(op_info(kind).variant));
+    const Result<Operation> op = build_any(kind);
+    ASSERT_TRUE(op.ok());
+    const Result<build::PoolAttrs> pool = build::pool_attrs_of(*op);
+    const Signature sig = op->info().signature;
+    const bool adaptive = sig == Signature::AdaptiveAvgPool || sig == Signature::AdaptiveAvgPoolBackward;
+    if (build::pool_spatial_dims(kind) != 0 && !adaptive) {
+      ASSERT_TRUE(pool.ok()) << pool.error().to_string();
+      ++pools;
+      EXPECT_EQ(pool->spatial, build::pool_spatial_dims(kind));
+      // The attributes again from the decoded window, in op_table.h's order.
+      std::vector<std::int64_t> again;
+      for (const auto* field : {&pool->kernel, &pool->stride, &pool->padding, &pool->dilation}) {
+        if (field == &pool->dilation && !pool->dilated) continue;
+        for (std::size_t d = 0; d < pool->spatial; ++d) again.push_back(static_cast<std::int64_t>((*field)[d]));
+      }
+      if (!pool->dilated) again.push_back(pool->count_include_pad ? 1 : 0);
+      again.push_back(pool->ceil_mode ? 1 : 0);
+      EXPECT_EQ(std::vector<std::int64_t>(op->attrs.begin(), op->attrs.end()), again);
+      Operation bad = *op;
+      bad.attrs[0] = 0;  // kernel 0
+      ASSERT_FALSE(build::pool_attrs_of(bad).ok());
+      EXPECT_EQ(build::pool_attrs_of(bad).error().message, "kernel size must be at least 1, got 0");
+      bad.attrs.push_back(1);
+      EXPECT_FALSE(build::pool_attrs_of(bad).ok());
+    } else {
+      EXPECT_FALSE(pool.ok());
+    }
+    const std::optional<build::ConvKindInfo> k = build::conv_kind_info(kind);
+    const Result<build::ConvOptions> conv = build::conv_options_of(*op);
+    if (k && k->role != build::ConvRole::BiasBackward) {
+      ASSERT_TRUE(conv.ok()) << conv.error().to_string();
+      ++convs;
+      std::vector<std::int64_t> again;
+      for (const auto* list : {&conv->stride, &conv->padding, &conv->padding_out, &conv->dilation}) {
+        if (list != &conv->padding_out) {
+          EXPECT_EQ(list->size(), k->rank);
+        }
+        for (std::uint64_t v : *list) again.push_back(static_cast<std::int64_t>(v));
+      }
+      again.push_back(static_cast<std::int64_t>(conv->groups));
+      EXPECT_EQ(std::vector<std::int64_t>(op->attrs.begin(), op->attrs.end()), again);
+      Operation bad = *op;
+      bad.attrs.back() = 0;
+      ASSERT_FALSE(build::conv_options_of(bad).ok());
+      EXPECT_EQ(build::conv_options_of(bad).error().message, "groups must be at least 1, got 0");
+    } else {
+      EXPECT_FALSE(conv.ok());
+    }
+  }
+  EXPECT_EQ(pools, 10u);  // MaxPool1d/2d, with indices and their backwards, AvgPool1d/2d and theirs
+  EXPECT_EQ(convs, 15u);  // Conv1-3d and their X and Weight gradients, ConvTranspose1-3d and theirs
+}
+
 // ============================ per signature ============================
 
 TEST(BuildUnary, KeepsShapeAndDtype) {

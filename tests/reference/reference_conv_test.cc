@@ -483,7 +483,7 @@ TEST(ReferenceConvNdTest, ForcedBadConvolutionsAreNamedErrors) {
   expect_error(bad, ErrorCode::Invalid, "Module::Conv3d: takes 10 attributes for 3 spatial dims, got 4");
   bad = c1;
   bad.attrs[1] = -2;  // padding
-  expect_error(bad, ErrorCode::Invalid, "padding must be at least 0, got -2");
+  expect_error(bad, ErrorCode::Invalid, "padding must not be negative, got -2");
   bad = c1;
   bad.tensors[1] = d.f64({6, 3, 2}, dtypes::f32, random_values(36, 1));  // 3 channels per group, x has 2
   expect_error(bad, ErrorCode::IncompatibleShapes, "do not fit 2 groups");

@@ -321,6 +321,20 @@ Result<Operation> embedding_backward(const TensorIr& weights, const TensorIr& ou
 // in the padding). Attributes as op_table.h lists them.
 // The spatial dims of a pool kind (MaxPool1d → 1, AdaptiveAvgPool3d → 3); 0 for other kinds.
 std::size_t pool_spatial_dims(OpKind kind);
+// A windowed pool's attributes read back from an op (max and average pools and their backwards;
+// not the adaptive ones, whose attributes are output sizes), for the executors: the first
+// `spatial` entries of each field are the op's, the rest kernel 1, stride 1, padding 0, dilation 1
+// (average pools have no dilation). Checked as the builders check them: the attribute count the
+// kind takes, no negative value, kernel, stride and dilation at least 1, padding at most kernel / 2,
+// flags 0 or 1. Errors carry the message only (the caller names the op).
+struct PoolAttrs {
+  std::size_t spatial = 0;
+  bool dilated = false;  // a max pool: a dilation field, the flags [ceil_mode]
+  std::array<std::uint64_t, 3> kernel{1, 1, 1}, stride{1, 1, 1}, padding{0, 0, 0}, dilation{1, 1, 1};
+  bool count_include_pad = false;  // average pools
+  bool ceil_mode = false;
+};
+Result<PoolAttrs> pool_attrs_of(const Operation& op);
 Result<Operation> max_pool1d(const TensorIr& x, const MaxPool1dOptions& options, TensorId out);
 // MaxPool{1,2}dWithIndices → out (D(x)) and out_indices (index_dtype), both of the pool's shape. An
 // index is flat within the input's spatial plane (PyTorch: h · W + w), the first tap of the window
@@ -456,6 +470,13 @@ struct ConvKindInfo {
 // The convolution a kind is (Conv1d ... ConvTranspose3dBiasBackward, Conv2d and ConvTranspose1d
 // included); nullopt for any other kind.
 std::optional<ConvKindInfo> conv_kind_info(OpKind kind);
+// A convolution op's options read back from its attributes (the inverse of what the builders
+// store), for the executors and the daemon's check: the kind's rank and transposition say how the
+// list splits. Checked as the builders check the options: the count the rank takes, stride,
+// dilation and groups at least 1, padding (and padding_out) at least 0, padding_out smaller than
+// max(stride, dilation). Errors carry the message only (the caller names the op). Not for the
+// bias gradients (no attributes) nor for other kinds.
+Result<ConvOptions> conv_options_of(const Operation& op);
 
 // Conv{1,2,3}d{x, weight [C_out, C_in / groups, k...], bias? [C_out], options}: [N, C_out,
 // out...] by the conv formula; same(x, weight, bias?); C_in and C_out divisible by groups.

@@ -1,11 +1,13 @@
 // Shape and Slice, and the shape rules the builders use (docs/spec/ir.md §4).
 #pragma once
 
+#include <algorithm>
 #include <boost/container/small_vector.hpp>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "kiln/base/result.h"
 #include "kiln/ir/dtype.h"
@@ -58,6 +60,19 @@ Result<std::uint64_t> pool_output(std::uint64_t in, std::uint64_t kernel, std::u
                                   std::uint64_t dilation, bool ceil_mode);
 Result<std::uint64_t> conv_transpose_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
                                             std::uint64_t padding, std::uint64_t padding_out, std::uint64_t dilation);
+
+// A sliding window's kernel taps [lo, hi) whose position start + i * step - pad falls inside
+// [0, n) (the kernel size is an attribute: it may be far larger than the input when the padding
+// is).
+inline std::pair<std::uint64_t, std::uint64_t> window_taps(std::uint64_t start, std::uint64_t k, std::uint64_t step,
+                                                           std::uint64_t pad, std::uint64_t n) {
+  // start + i * step >= pad  <=>  i >= ceil((pad - start) / step)
+  const std::uint64_t lo = start >= pad ? 0 : (pad - start + step - 1) / step;
+  // start + i * step < pad + n  <=>  i < ceil((pad + n - start) / step)
+  const std::uint64_t end = pad + n;
+  const std::uint64_t hi = end <= start ? 0 : std::min(k, (end - start + step - 1) / step);
+  return {std::min(lo, hi), hi};
+}
 std::uint64_t unfold_windows(std::uint64_t size, std::uint64_t window, std::uint64_t step);
 
 // How kiln stores a QFloat tensor of shape `s` under its scheme (docs/decisions.md): one scale per
