@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "fast_conv.h"
+#include "fast_module.h"
 #include "fast_pool.h"
 #include "fast_program.h"
 #include "kiln/cpu/cpu_executor.h"
@@ -446,6 +447,9 @@ bool CpuExecutor::execute_fast(const ir::Operation& op) {
       if (handles.error_of(t.id) != nullptr) return false;  // the reference skips it
   if (ir::build::conv_kind_info(op.kind)) return fast::run_conv(op, device_, handles);
   if (ir::build::pool_spatial_dims(op.kind) != 0) return fast::run_pool(op, device_, handles);
+  if (op.kind == OpKind::Module_LayerNorm || op.kind == OpKind::Module_Embedding ||
+      op.kind == OpKind::Module_EmbeddingBackward)
+    return fast::run_module(op, device_, handles);
   if (!fusion::single_op_eligible(op, fast::kMaxRank)) return false;
 
   if (op.kind == OpKind::Base_Reshape) {

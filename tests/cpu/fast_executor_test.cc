@@ -670,9 +670,10 @@ struct PoolHarness {
     for (double& e : v) e = nans && one_in(rng) == 0 ? std::nan("") : std::round(normal(rng) * 10) / 10;
     return upload(shape, d, v);
   }
-  // Indices within each plane of x (duplicates accumulate), −1 now and then.
-  TensorIr indices(const Shape& shape, DType d, std::uint64_t in_plane) {
-    std::uniform_int_distribution<std::int64_t> pick(-1, static_cast<std::int64_t>(in_plane) - 1);
+  // Indices within each plane of x (duplicates accumulate), −1 (an empty window) now and then
+  // when `with_empty`.
+  TensorIr indices(const Shape& shape, DType d, std::uint64_t in_plane, bool with_empty = true) {
+    std::uniform_int_distribution<std::int64_t> pick(with_empty ? -1 : 0, static_cast<std::int64_t>(in_plane) - 1);
     std::vector<double> v(ir::num_elements(shape));
     for (double& e : v) e = static_cast<double>(pick(rng));
     return upload(shape, d, v);
@@ -872,6 +873,64 @@ TEST(FastPool, OtherDtypesAndBadIndicesGoToTheReference) {
   const auto* err = s.device.handles().error_of(out.id);
   ASSERT_NE(err, nullptr);
   EXPECT_THAT(err->root->to_string(), ::testing::HasSubstr("16"));
+}
+
+// ---- Layer norm and the embedding on the fast path (cpu/src/fast_module.cc)
+
+// Layer norm with and without beta over rows of random widths (one wide enough to split the rows
+// over the device's threads), in f32 and f64: the reference's bits.
+TEST(FastModule, LayerNormMatchesTheReference) {
+  PoolHarness h;
+  const Shape shapes[] = {{1}, {3, 1}, {5, 7}, {2, 3, 33}, {4, 64}, {512, 256}};
+  for (const Shape& xs : shapes)
+    for (DType d : {dt::f32, dt::f64})
+      for (bool with_beta : {false, true}) {
+        const TensorIr x = h.values(xs, d, false), gamma = h.values({xs.back()}, d, false);
+        std::optional<TensorIr> beta;
+        if (with_beta) beta = h.values({xs.back()}, d, false);
+        h.check(b::layer_norm(x, gamma, beta, 1e-5, h.s.id()),
+                fmt::format("layer norm {} {} beta {}", ir::shape_to_string(xs), d.name(), with_beta));
+      }
+}
+
+// The embedding copies rows of any float dtype; its gradient sums repeated indices in token order
+// (a wide one splits its columns over the threads).
+TEST(FastModule, EmbeddingAndItsGradientMatchTheReference) {
+  PoolHarness h;
+  struct Case {
+    std::uint64_t vocab, width, batch, seq;
+  };
+  const Case cases[] = {{5, 3, 2, 4}, {1, 1, 1, 1}, {17, 8, 3, 9}, {64, 512, 4, 64}};
+  for (const Case& c : cases)
+    for (DType index_dtype : {dt::i64, dt::i32}) {
+      // Indices drawn from a few rows, so most repeat.
+      const TensorIr idx = h.indices({c.batch, c.seq}, index_dtype, std::min<std::uint64_t>(c.vocab, 3), false);
+      for (DType d : {dt::f32, dt::f64, dt::f16, dt::bf16}) {
+        const std::string what = fmt::format("embedding V {} E {} [{}, {}] {} {}", c.vocab, c.width, c.batch, c.seq,
+                                             d.name(), index_dtype.name());
+        const TensorIr weights =
+            d == dt::i64 ? h.indices({c.vocab, c.width}, d, 1000, false) : h.values({c.vocab, c.width}, d, false);
+        h.check(b::embedding(weights, idx, h.s.id()), what);
+        if (!(d == dt::f32) && !(d == dt::f64)) continue;
+        const TensorIr grad = h.values({c.batch, c.seq, c.width}, d, false);
+        h.check(b::embedding_backward(weights, grad, idx, h.s.id()), what + " backward");
+      }
+    }
+  // An index past the vocabulary: the reference runs both and reports it.
+  Session s;
+  const TensorIr weights = s.input({5, 2}, iota(10), dt::f32);
+  const TensorIr idx = s.input({1, 3}, {0, 5, 1}, dt::i64);
+  const TensorIr grad = s.input({1, 3, 2}, iota(6), dt::f32);
+  const TensorIr y = s.submit(ok(b::embedding(weights, idx, s.id())));
+  const TensorIr gw = s.submit(ok(b::embedding_backward(weights, grad, idx, s.id())));
+  s.sync();
+  EXPECT_EQ(s.device.stats().reference_ops, 2u);
+  EXPECT_EQ(s.device.stats().fast_ops, 0u);
+  for (const TensorIr& t : {y, gw}) {
+    const auto* err = s.device.handles().error_of(t.id);
+    ASSERT_NE(err, nullptr);
+    EXPECT_THAT(err->root->to_string(), ::testing::HasSubstr("5"));
+  }
 }
 
 // The approximations' documented bounds, sampled densely (the exhaustive sweep over every float

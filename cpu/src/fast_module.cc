@@ -1,0 +1,206 @@
+// Row-wise module ops on the fast path: LayerNorm, Embedding and EmbeddingBackward (docs/spec/ir.md
+// §5.8), with the reference executor's numbers bit for bit.
+//
+// The reference (reference/src/reference_module.cc) reads and writes every element through the
+// dtype-generic codec. These kernels keep its f64 arithmetic and order on typed pointers: layer
+// norm per row (mean, biased variance, then each output from one expression, rounded once; rows
+// over the device's arena), the embedding as row copies, its gradient as f64 sums in token order
+// per weight element (columns over the arena). Neither file contracts a·b + c into an FMA
+// (cpu/CMakeLists.txt, reference/CMakeLists.txt), so the two compute the same bits. Anything else
+// (f16/bf16 norms, mixed dtypes, a shape the builders would refuse, an index out of range) is
+// declined: the reference runs the op and reports the error.
+#include "fast_module.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "fast_program.h"
+
+namespace kiln::cpu::fast {
+namespace {
+
+bool is_f32_or_f64(ir::DType d) { return d == ir::dtypes::f32 || d == ir::dtypes::f64; }
+bool is_index_dtype(ir::DType d) { return d == ir::dtypes::i64 || d == ir::dtypes::i32; }
+
+// Element i of an i32 or i64 index tensor.
+std::int64_t index_at(const HostTensor& t, std::uint64_t i) {
+  if (t.dtype() == ir::dtypes::i32) return reinterpret_cast<const std::int32_t*>(t.data())[i];
+  return reinterpret_cast<const std::int64_t*>(t.data())[i];
+}
+
+// Every index inside [0, rows).
+bool indices_in_range(const HostTensor& idx, std::uint64_t rows) {
+  for (std::uint64_t t = 0, n = idx.num_elements(); t < n; ++t) {
+    const std::int64_t v = index_at(idx, t);
+    if (v < 0 || static_cast<std::uint64_t>(v) >= rows) return false;
+  }
+  return true;
+}
+
+Launch launch_on(CpuDevice& device) {
+  Launch launch;
+  launch.arena = &device.arena();
+  launch.threads = device.threads();
+  return launch;
+}
+
+// ---- LayerNorm{input [..., d], gamma [d], beta? [d]; attrs [bits(epsilon)]}
+
+template <class T>
+void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, std::uint64_t d, double epsilon,
+                     std::uint64_t begin, std::uint64_t end) {
+  for (std::uint64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * d;
+    double sum = 0.0;
+    for (std::uint64_t i = 0; i < d; ++i) sum += static_cast<double>(xr[i]);
+    const double mean = sum / static_cast<double>(d);
+    double squares = 0.0;
+    for (std::uint64_t i = 0; i < d; ++i)
+      squares += (static_cast<double>(xr[i]) - mean) * (static_cast<double>(xr[i]) - mean);
+    const double scale = std::sqrt(squares / static_cast<double>(d) + epsilon);
+    T* yr = out + r * d;
+    for (std::uint64_t i = 0; i < d; ++i) {
+      const double y = (static_cast<double>(xr[i]) - mean) / scale * static_cast<double>(gamma[i]) +
+                       (beta ? static_cast<double>(beta[i]) : 0.0);
+      yr[i] = static_cast<T>(y);
+    }
+  }
+}
+
+std::optional<double> layer_norm_epsilon(const ir::Operation& op) {
+  if (op.attrs.size() != 1) return std::nullopt;
+  double epsilon = 0;
+  std::memcpy(&epsilon, &op.attrs[0], sizeof epsilon);
+  if (!std::isfinite(epsilon) || epsilon < 0) return std::nullopt;
+  return epsilon;
+}
+
+bool layer_norm(const ir::Operation& op, const std::vector<const HostTensor*>& in, HostTensor& out,
+                const Launch& launch) {
+  const ir::Shape& xs = in[0]->shape();
+  const std::optional<double> epsilon = layer_norm_epsilon(op);
+  if (!epsilon || xs.empty() || in.size() > 3 || !is_f32_or_f64(in[0]->dtype())) return false;
+  const std::uint64_t d = xs.back();
+  for (std::size_t i = 1; i < in.size(); ++i)
+    if (in[i]->shape() != ir::Shape{d} || !(in[i]->dtype() == in[0]->dtype())) return false;
+  if (out.shape() != xs || !(out.dtype() == in[0]->dtype())) return false;
+  const std::uint64_t rows = d == 0 ? 0 : in[0]->num_elements() / d;
+  const std::uint64_t grain = std::max<std::uint64_t>(1, kParallelThreshold / std::max<std::uint64_t>(1, 3 * d));
+  auto run = [&]<class T>(T*) {
+    const auto data = [&](std::size_t i) { return reinterpret_cast<const T*>(in[i]->data()); };
+    const T* beta = in.size() > 2 ? data(2) : nullptr;
+    T* y = reinterpret_cast<T*>(out.mutable_data());
+    parallel_ranges(launch, rows, grain, [&](std::uint64_t begin, std::uint64_t end) {
+      layer_norm_rows<T>(data(0), data(1), beta, y, d, *epsilon, begin, end);
+    });
+  };
+  if (in[0]->dtype() == ir::dtypes::f32)
+    run(static_cast<float*>(nullptr));
+  else
+    run(static_cast<double*>(nullptr));
+  return true;
+}
+
+// ---- Embedding{weights [V, E], indices [B, S]} → [B, S, E]: row copies.
+
+bool embedding(const std::vector<const HostTensor*>& in, HostTensor& out) {
+  const HostTensor& weights = *in[0];
+  const HostTensor& idx = *in[1];
+  const ir::DType d = weights.dtype();
+  if (!d.is_float() || weights.shape().size() != 2 || idx.shape().size() != 2 || !is_index_dtype(idx.dtype()))
+    return false;
+  const std::uint64_t V = weights.shape()[0], E = weights.shape()[1];
+  if (out.shape() != ir::Shape{idx.shape()[0], idx.shape()[1], E} || !(out.dtype() == d)) return false;
+  if (!indices_in_range(idx, V)) return false;
+  const std::size_t row_bytes = static_cast<std::size_t>(E * d.size_bytes());
+  for (std::uint64_t t = 0, n = idx.num_elements(); t < n; ++t)
+    std::memcpy(out.mutable_data() + t * row_bytes,
+                weights.data() + static_cast<std::uint64_t>(index_at(idx, t)) * row_bytes, row_bytes);
+  return true;
+}
+
+// ---- EmbeddingBackward{weights [V, E], out_grad [B, S, E], indices [B, S]} → [V, E]: zeros, then
+// out[indices[t], :] += out_grad[t, :] in token order (f64 sums, rounded once).
+
+template <class T>
+void embedding_backward_columns(const T* grad, const HostTensor& idx, T* out, std::uint64_t V, std::uint64_t E,
+                                std::uint64_t begin, std::uint64_t end) {
+  std::vector<double> acc(static_cast<std::size_t>(V * (end - begin)), 0.0);
+  const std::uint64_t width = end - begin;
+  for (std::uint64_t t = 0, n = idx.num_elements(); t < n; ++t) {
+    double* row = acc.data() + static_cast<std::uint64_t>(index_at(idx, t)) * width;
+    const T* g = grad + t * E + begin;
+    for (std::uint64_t e = 0; e < width; ++e) row[e] += static_cast<double>(g[e]);
+  }
+  for (std::uint64_t v = 0; v < V; ++v)
+    for (std::uint64_t e = 0; e < width; ++e) out[v * E + begin + e] = static_cast<T>(acc[v * width + e]);
+}
+
+bool embedding_backward(const std::vector<const HostTensor*>& in, HostTensor& out, const Launch& launch) {
+  const HostTensor& weights = *in[0];
+  const HostTensor& grad = *in[1];
+  const HostTensor& idx = *in[2];
+  const ir::DType d = weights.dtype();
+  if (!is_f32_or_f64(d) || !(grad.dtype() == d) || weights.shape().size() != 2 || idx.shape().size() != 2 ||
+      !is_index_dtype(idx.dtype()))
+    return false;
+  const std::uint64_t V = weights.shape()[0], E = weights.shape()[1];
+  if (grad.shape() != ir::Shape{idx.shape()[0], idx.shape()[1], E}) return false;
+  if (out.shape() != weights.shape() || !(out.dtype() == d)) return false;
+  if (!indices_in_range(idx, V)) return false;
+  // Columns are independent: each keeps the token order of its own sums.
+  const std::uint64_t work = std::max<std::uint64_t>(1, idx.num_elements() + V);
+  const std::uint64_t grain = std::max<std::uint64_t>(1, kParallelThreshold / work);
+  auto run = [&]<class T>(T*) {
+    const T* g = reinterpret_cast<const T*>(grad.data());
+    T* o = reinterpret_cast<T*>(out.mutable_data());
+    parallel_ranges(launch, E, grain, [&](std::uint64_t begin, std::uint64_t end) {
+      embedding_backward_columns<T>(g, idx, o, V, E, begin, end);
+    });
+  };
+  if (d == ir::dtypes::f32)
+    run(static_cast<float*>(nullptr));
+  else
+    run(static_cast<double*>(nullptr));
+  return true;
+}
+
+}  // namespace
+
+bool run_module(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& handles) {
+  std::size_t min_inputs = 0, max_inputs = 0;
+  switch (op.kind) {
+    case ir::OpKind::Module_LayerNorm: min_inputs = 2, max_inputs = 3; break;
+    case ir::OpKind::Module_Embedding: min_inputs = max_inputs = 2; break;
+    case ir::OpKind::Module_EmbeddingBackward: min_inputs = max_inputs = 3; break;
+    default: return false;
+  }
+  if (op.inputs().size() < min_inputs || op.inputs().size() > max_inputs || op.outputs().size() != 1) return false;
+  // Every input is held with the dtype and shape the IR says.
+  std::vector<const HostTensor*> in;
+  for (const ir::TensorIr& t : op.inputs()) {
+    const HostTensor* h = handles.get_handle_ref(t.id);
+    if (h == nullptr || !(h->dtype() == t.dtype) || h->shape() != t.shape) return false;
+    in.push_back(h);
+  }
+  const ir::TensorIr& out_ir = op.outputs()[0];
+  Result<HostTensor> out = HostTensor::allocate(device.allocator(), out_ir.shape, out_ir.dtype);
+  if (!out.ok()) return false;
+  const Launch launch = launch_on(device);
+  bool ran = false;
+  switch (op.kind) {
+    case ir::OpKind::Module_LayerNorm: ran = layer_norm(op, in, *out, launch); break;
+    case ir::OpKind::Module_Embedding: ran = embedding(in, *out); break;
+    default: ran = embedding_backward(in, *out, launch); break;
+  }
+  if (!ran) return false;  // the output is dropped unregistered
+
+  for (const ir::TensorIr& t : op.inputs()) (void)handles.free(t);  // frees the ReadWrite ones
+  handles.register_handle(out_ir.id, std::move(out).value());
+  return true;
+}
+
+}  // namespace kiln::cpu::fast
