@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "fast_conv.h"
+#include "fast_layout.h"
 #include "fast_module.h"
 #include "fast_pool.h"
 #include "fast_program.h"
@@ -450,6 +451,9 @@ bool CpuExecutor::execute_fast(const ir::Operation& op) {
   if (op.kind == OpKind::Module_LayerNorm || op.kind == OpKind::Module_Embedding ||
       op.kind == OpKind::Module_EmbeddingBackward)
     return fast::run_module(op, device_, handles);
+  if (op.kind == OpKind::Base_Slice || op.kind == OpKind::Base_SliceAssign || op.kind == OpKind::Base_Permute ||
+      op.kind == OpKind::Base_Expand || op.kind == OpKind::Base_Flip)
+    return fast::run_layout(op, device_, handles);
   if (!fusion::single_op_eligible(op, fast::kMaxRank)) return false;
 
   if (op.kind == OpKind::Base_Reshape) {

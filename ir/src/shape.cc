@@ -85,6 +85,12 @@ std::uint64_t Slice::output_size(std::uint64_t n) const {
   return abs_step == 1 ? len : (len + abs_step - 1) / abs_step;
 }
 
+std::uint64_t Slice::position(std::uint64_t n, std::uint64_t i) const {
+  const std::uint64_t abs_step =
+      step < 0 ? static_cast<std::uint64_t>(-(step + 1)) + 1 : static_cast<std::uint64_t>(step);
+  return step > 0 ? begin_in(n) + i * abs_step : (end_in(n) - 1) - i * abs_step;  // stays in [begin, end)
+}
+
 std::string Slice::to_string() const {
   return end ? fmt::format("Slice({}, {}, {})", start, *end, step) : fmt::format("Slice({}, none, {})", start, step);
 }

@@ -47,16 +47,6 @@ Result<HostTensor> copy_of(const Ctx& c, const HostTensor& t) {
   return out;
 }
 
-// Position of the i-th element of a slice in its dimension of size n (docs/spec/ir.md §4; Burn's negative
-// steps walk the clamped range [begin, end) backwards from end - 1).
-std::uint64_t slice_position(const ir::Slice& s, std::uint64_t n, std::uint64_t i) {
-  const std::uint64_t b = s.begin_in(n);
-  const std::uint64_t e = s.end_in(n);
-  const std::uint64_t abs_step =
-      s.step < 0 ? static_cast<std::uint64_t>(-(s.step + 1)) + 1 : static_cast<std::uint64_t>(s.step);
-  return s.step > 0 ? b + i * abs_step : (e - 1) - i * abs_step;  // i < output_size: stays in [b, e)
-}
-
 // GatherNd / ScatterNd: indices [.., k] (an integer tensor of rank >= 1, k <= the rank of data)
 // hold `tuples` k-tuples, each addressing the sub-tensor data[i0, .., ik-1, ...] of `inner`
 // elements; `part` = indices[..-1] ++ data[k..] is the shape of all of them together.
@@ -190,7 +180,7 @@ Result<Outputs> run_slice(const Ctx& c) {
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, ir::shape::slice(x.shape(), ranges)));
   return gather_elements(c, x, [&](const Index& o, Index& in) {
     for (std::size_t d = 0; d < in.size(); ++d)
-      in[d] = d < ranges.size() ? slice_position(ranges[d], x.shape()[d], o[d]) : o[d];
+      in[d] = d < ranges.size() ? ranges[d].position(x.shape()[d], o[d]) : o[d];
   });
 }
 
@@ -213,7 +203,7 @@ Result<Outputs> run_slice_assign(const Ctx& c) {
   for (std::uint64_t i = 0; i < value.num_elements(); ++i) {
     unravel(i, value.shape(), vi);
     for (std::size_t d = 0; d < oi.size(); ++d)
-      oi[d] = d < ranges.size() ? slice_position(ranges[d], x.shape()[d], vi[d]) : vi[d];
+      oi[d] = d < ranges.size() ? ranges[d].position(x.shape()[d], vi[d]) : vi[d];
     copy_element(value, i, out, ravel(oi, out_strides));
   }
   return single(std::move(out));

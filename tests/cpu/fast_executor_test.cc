@@ -651,7 +651,7 @@ TEST(FastConv, OtherDtypesAndErrorsGoToTheReference) {
 
 // A fast side and a reference side fed the same inputs; `check` runs one op on both and compares
 // every output bit for bit (indices included), the fast side without the reference.
-struct PoolHarness {
+struct AgainstReference {
   Session s{2};
   CpuDevice ref{CpuDeviceOptions{.threads = 1}};
   std::mt19937_64 rng{20261206};
@@ -731,7 +731,7 @@ PoolWindowCase random_window(std::mt19937_64& rng, std::size_t n, bool dilated, 
 // Every max pool (1-d and 2-d, with i64 or i32 indices or none) and its backward, on random
 // windows with ties and NaNs, in f32 and f64: the fast kernels give the reference's bits.
 TEST(FastPool, MaxPoolsAndTheirBackwardsMatchTheReference) {
-  PoolHarness h;
+  AgainstReference h;
   for (int round = 0; round < 8; ++round)
     for (std::size_t n : {std::size_t{1}, std::size_t{2}})
       for (DType d : {dt::f32, dt::f64}) {
@@ -782,7 +782,7 @@ TEST(FastPool, MaxPoolsAndTheirBackwardsMatchTheReference) {
 // Average pools (both divisor rules) and adaptive average pools of every rank, and their
 // backwards.
 TEST(FastPool, AveragePoolsAndTheirBackwardsMatchTheReference) {
-  PoolHarness h;
+  AgainstReference h;
   for (int round = 0; round < 8; ++round)
     for (std::size_t n : {std::size_t{1}, std::size_t{2}})
       for (DType d : {dt::f32, dt::f64}) {
@@ -839,7 +839,7 @@ TEST(FastPool, AveragePoolsAndTheirBackwardsMatchTheReference) {
 
 // Large enough to split the planes over the device's threads (a CNN's 3×3 stride-2 pool).
 TEST(FastPool, ThreadedPlanesMatchTheReference) {
-  PoolHarness h;
+  AgainstReference h;
   const b::MaxPool2dOptions o{{3, 3}, {2, 2}, {1, 1}, {1, 1}, false};
   const TensorIr x = h.values({2, 16, 48, 48}, dt::f32, false);
   const Result<Operation> fwd = b::max_pool2d_with_indices(x, o, dt::i64, h.s.id(), h.s.id());
@@ -880,7 +880,7 @@ TEST(FastPool, OtherDtypesAndBadIndicesGoToTheReference) {
 // Layer norm with and without beta over rows of random widths (one wide enough to split the rows
 // over the device's threads), in f32 and f64: the reference's bits.
 TEST(FastModule, LayerNormMatchesTheReference) {
-  PoolHarness h;
+  AgainstReference h;
   const Shape shapes[] = {{1}, {3, 1}, {5, 7}, {2, 3, 33}, {4, 64}, {512, 256}};
   for (const Shape& xs : shapes)
     for (DType d : {dt::f32, dt::f64})
@@ -896,7 +896,7 @@ TEST(FastModule, LayerNormMatchesTheReference) {
 // The embedding copies rows of any float dtype; its gradient sums repeated indices in token order
 // (a wide one splits its columns over the threads).
 TEST(FastModule, EmbeddingAndItsGradientMatchTheReference) {
-  PoolHarness h;
+  AgainstReference h;
   struct Case {
     std::uint64_t vocab, width, batch, seq;
   };
@@ -931,6 +931,71 @@ TEST(FastModule, EmbeddingAndItsGradientMatchTheReference) {
     ASSERT_NE(err, nullptr);
     EXPECT_THAT(err->root->to_string(), ::testing::HasSubstr("5"));
   }
+}
+
+// ---- Layout ops on the fast path (cpu/src/fast_layout.cc)
+
+Family base_family(DType d) {
+  return d.is_float() ? Family::BaseFloat : d.is_bool() ? Family::BaseBool : Family::BaseInt;
+}
+
+// Random slices (clamped and negative bounds, steps of either sign, empty ranges), slice-assigns,
+// permutations, expansions and flips of every element size, against the reference.
+TEST(FastLayout, StridedCopiesMatchTheReference) {
+  AgainstReference h;
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(h.rng);
+  };
+  auto tensor = [&](const Shape& shape, DType d) {
+    std::vector<double> v(ir::num_elements(shape));
+    for (double& e : v)
+      e = d.is_bool() ? static_cast<double>(pick(0, 1)) : static_cast<double>(pick(d.is_uint() ? 0 : -50, 50));
+    return h.upload(shape, d, v);
+  };
+  for (int round = 0; round < 12; ++round)
+    for (DType d : {dt::f32, dt::f64, dt::f16, dt::i64, dt::i32, dt::u8, dt::boolean}) {
+      Shape xs;
+      const auto rank = static_cast<std::size_t>(pick(0, 4));
+      for (std::size_t i = 0; i < rank; ++i) xs.push_back(static_cast<std::uint64_t>(pick(1, 5)));
+      const TensorIr x = tensor(xs, d);
+      const std::string what = fmt::format("round {} {} x {}", round, d.name(), ir::shape_to_string(xs));
+      const Family f = base_family(d);
+      if (rank > 0) {
+        std::vector<ir::Slice> ranges;
+        for (std::size_t i = 0; i < static_cast<std::size_t>(pick(1, static_cast<std::int64_t>(rank))); ++i) {
+          ir::Slice s;
+          s.start = pick(-6, 6);
+          if (pick(0, 3) != 0) s.end = pick(-6, 6);
+          s.step = pick(1, 3) * (pick(0, 2) == 0 ? -1 : 1);
+          ranges.push_back(s);
+        }
+        const Result<Operation> sl = b::slice(f, OpKind::Base_Slice, x, ranges, h.s.id());
+        h.check(sl, what + " slice");
+        ASSERT_TRUE(sl.ok());
+        const TensorIr value = tensor(sl->outputs()[0].shape, d);
+        h.check(b::slice_assign(f, OpKind::Base_SliceAssign, x, ranges, value, h.s.id()), what + " slice_assign");
+      }
+      std::vector<std::uint64_t> axes(rank);
+      for (std::size_t i = 0; i < rank; ++i) axes[i] = i;
+      std::shuffle(axes.begin(), axes.end(), h.rng);
+      h.check(b::permute(f, OpKind::Base_Permute, x, axes, h.s.id()), what + " permute");
+      std::vector<std::uint64_t> flips;
+      for (std::size_t i = 0; i < rank; ++i)
+        if (pick(0, 1) == 1) flips.push_back(i);
+      h.check(b::flip(f, OpKind::Base_Flip, x, flips, h.s.id()), what + " flip");
+      // Expand: size-1 dims of x grow, one or two new leading dims.
+      const Shape ones = [&] {
+        Shape s;
+        for (std::uint64_t n : xs) s.push_back(pick(0, 1) == 1 ? 1 : n);
+        return s;
+      }();
+      const TensorIr small = tensor(ones, d);
+      std::vector<std::int64_t> target;
+      for (std::int64_t i = 0, lead = pick(0, 2); i < lead; ++i) target.push_back(pick(1, 3));
+      for (std::size_t i = 0; i < rank; ++i)
+        target.push_back(ones[i] == 1 ? pick(1, 4) : static_cast<std::int64_t>(ones[i]));
+      h.check(b::shape_op(f, OpKind::Base_Expand, small, target, h.s.id()), what + " expand");
+    }
 }
 
 // The approximations' documented bounds, sampled densely (the exhaustive sweep over every float

@@ -33,6 +33,10 @@ struct Slice {
   std::uint64_t end_in(std::uint64_t n) const;
   // Output size in a dimension of size n.
   std::uint64_t output_size(std::uint64_t n) const;
+  // The input position of output position i < output_size(n) (docs/spec/ir.md §4): from
+  // begin_in(n) upwards for a positive step; Burn's negative steps walk the clamped range
+  // backwards from end_in(n) − 1.
+  std::uint64_t position(std::uint64_t n, std::uint64_t i) const;
   std::string to_string() const;
   friend bool operator==(const Slice&, const Slice&) = default;
 };
