@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fast_program.h"
+#include "fast_single_op.h"
 #include "kiln/ir/builders.h"
 #include "kiln/ir/shape.h"
 
@@ -375,13 +376,11 @@ bool run_conv(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& ha
   const ir::TensorIr& out_ir = op.outputs()[0];
   if (!(out_ir.dtype == ir::dtypes::f32) && !(out_ir.dtype == ir::dtypes::f64)) return false;
   // Every input is held, of the output's dtype, with the shape the IR says.
-  std::vector<const HostTensor*> in;
-  for (const ir::TensorIr& t : op.inputs()) {
-    const HostTensor* h = handles.get_handle_ref(t.id);
-    if (h == nullptr || !(h->dtype() == out_ir.dtype) || !(t.dtype == out_ir.dtype) || h->shape() != t.shape)
-      return false;
-    in.push_back(h);
-  }
+  const std::optional<std::vector<const HostTensor*>> held = held_inputs(op, handles);
+  if (!held) return false;
+  const std::vector<const HostTensor*>& in = *held;
+  for (const ir::TensorIr& t : op.inputs())
+    if (!(t.dtype == out_ir.dtype)) return false;
   Plan plan;
   Space space;
   if (k->role == ConvRole::BiasBackward) {
@@ -419,8 +418,7 @@ bool run_conv(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& ha
   else
     run(static_cast<double*>(nullptr));
 
-  for (const ir::TensorIr& t : op.inputs()) (void)handles.free(t);  // frees the ReadWrite ones
-  handles.register_handle(out_ir.id, std::move(out).value());
+  commit(op, handles, std::span<HostTensor>(&*out, 1));
   return true;
 }
 

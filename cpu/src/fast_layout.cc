@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "fast_single_op.h"
 #include "kiln/ir/shape.h"
 
 namespace kiln::cpu::fast {
@@ -172,12 +173,11 @@ bool run_layout(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& 
   // Every input is held with the dtype and shape the IR says, of the output's dtype.
   const ir::TensorIr& out_ir = op.outputs()[0];
   if (out_ir.dtype.is_quantized()) return false;
-  std::vector<const HostTensor*> in;
-  for (const ir::TensorIr& t : op.inputs()) {
-    const HostTensor* h = handles.get_handle_ref(t.id);
-    if (h == nullptr || !(h->dtype() == t.dtype) || h->shape() != t.shape || !(t.dtype == out_ir.dtype)) return false;
-    in.push_back(h);
-  }
+  const std::optional<std::vector<const HostTensor*>> held = held_inputs(op, handles);
+  if (!held) return false;
+  const std::vector<const HostTensor*>& in = *held;
+  for (const ir::TensorIr& t : op.inputs())
+    if (!(t.dtype == out_ir.dtype)) return false;
   const ir::Shape& x = in[0]->shape();
   std::optional<AffineMap> map;
   switch (op.kind) {
@@ -201,8 +201,7 @@ bool run_layout(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& 
   } else {
     gather(*in[0], *out, *map);
   }
-  for (const ir::TensorIr& t : op.inputs()) (void)handles.free(t);  // frees the ReadWrite ones
-  handles.register_handle(out_ir.id, std::move(out).value());
+  commit(op, handles, std::span<HostTensor>(&*out, 1));
   return true;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fast_program.h"
+#include "fast_single_op.h"
 
 namespace kiln::cpu::fast {
 namespace {
@@ -179,13 +180,9 @@ bool run_module(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& 
     default: return false;
   }
   if (op.inputs().size() < min_inputs || op.inputs().size() > max_inputs || op.outputs().size() != 1) return false;
-  // Every input is held with the dtype and shape the IR says.
-  std::vector<const HostTensor*> in;
-  for (const ir::TensorIr& t : op.inputs()) {
-    const HostTensor* h = handles.get_handle_ref(t.id);
-    if (h == nullptr || !(h->dtype() == t.dtype) || h->shape() != t.shape) return false;
-    in.push_back(h);
-  }
+  const std::optional<std::vector<const HostTensor*>> held = held_inputs(op, handles);
+  if (!held) return false;
+  const std::vector<const HostTensor*>& in = *held;
   const ir::TensorIr& out_ir = op.outputs()[0];
   Result<HostTensor> out = HostTensor::allocate(device.allocator(), out_ir.shape, out_ir.dtype);
   if (!out.ok()) return false;
@@ -198,8 +195,7 @@ bool run_module(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& 
   }
   if (!ran) return false;  // the output is dropped unregistered
 
-  for (const ir::TensorIr& t : op.inputs()) (void)handles.free(t);  // frees the ReadWrite ones
-  handles.register_handle(out_ir.id, std::move(out).value());
+  commit(op, handles, std::span<HostTensor>(&*out, 1));
   return true;
 }
 

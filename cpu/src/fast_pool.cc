@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fast_program.h"
+#include "fast_single_op.h"
 #include "kiln/ir/builders.h"
 #include "kiln/reference/pool_geometry.h"
 
@@ -264,13 +265,9 @@ bool run_pool(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& ha
   if (!kind) return false;
   const std::optional<Geometry> g = geometry_of(op, *kind);
   if (!g || !operands_match(op, *kind, *g)) return false;
-  // Every input is held with the dtype and shape the IR says.
-  std::vector<const HostTensor*> in;
-  for (const ir::TensorIr& t : op.inputs()) {
-    const HostTensor* h = handles.get_handle_ref(t.id);
-    if (h == nullptr || !(h->dtype() == t.dtype) || h->shape() != t.shape) return false;
-    in.push_back(h);
-  }
+  const std::optional<std::vector<const HostTensor*>> held = held_inputs(op, handles);
+  if (!held) return false;
+  const std::vector<const HostTensor*>& in = *held;
   std::vector<HostTensor> outs;
   for (const ir::TensorIr& t : op.outputs()) {
     Result<HostTensor> out = HostTensor::allocate(device.allocator(), t.shape, t.dtype);
@@ -300,8 +297,7 @@ bool run_pool(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& ha
       in[0]->dtype() == ir::dtypes::f32 ? run(static_cast<float*>(nullptr)) : run(static_cast<double*>(nullptr));
   if (!ran) return false;  // the outputs are dropped unregistered
 
-  for (const ir::TensorIr& t : op.inputs()) (void)handles.free(t);  // frees the ReadWrite ones
-  for (std::size_t i = 0; i < outs.size(); ++i) handles.register_handle(op.outputs()[i].id, std::move(outs[i]));
+  commit(op, handles, outs);
   return true;
 }
 
