@@ -24,10 +24,9 @@ using ir::TensorStatus;
 // an op output is NotInit, later uses ReadOnly, the last use ReadWrite (or a Drop).
 class Lab {
  public:
-  explicit Lab(const fusion::FusionLog& log, fusion::ProcessorOptions options = {}, bool keep_records = true)
-      : log_(log),
-        executor_(keep_records),
-        stream_(fusion::default_fusers(log_, fusion::FuserOptions{}), options, log_) {}
+  explicit Lab(const fusion::FusionLog& log, fusion::ProcessorOptions options = {}, bool keep_records = true,
+               fusion::FuserOptions fusers = {})
+      : log_(log), executor_(keep_records), stream_(fusion::default_fusers(log_, fusers), options, log_) {}
 
   // A tensor uploaded out of band (materialized before the program runs).
   TensorIr input(Shape shape) {

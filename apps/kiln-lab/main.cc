@@ -25,6 +25,12 @@ int main(int argc, char** argv) {
                  "fusion log level: disabled, basic, medium, full (default: kiln.toml [fusion.logger] level or "
                  "KILN_FUSION_LOG when they set one, else full)");
   app.add_option("--config", config_path, "configuration file ([fusion] tables)")->capture_default_str();
+  std::optional<bool> row_fuser;
+  app.add_option_function<std::string>(
+         "--row-fuser", [&row_fuser](const std::string& v) { row_fuser = kiln::fusion::parse_switch(v); },
+         "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, off); the softmax and "
+         "rows scenarios set their own")
+      ->check(CLI::IsMember({"on", "off", "true", "false", "1", "0"}));
   CLI11_PARSE(app, argc, argv);
 
   auto config = kiln::fusion::load_fusion_config(config_path, kiln::fusion::process_env());
@@ -45,6 +51,7 @@ int main(int argc, char** argv) {
   kiln::fusion::ProcessorOptions options;
   options.max_blocks = config->max_blocks;
   options.max_explorations = config->max_explorations;
+  const kiln::fusion::FuserOptions fusers{.row_fuser = row_fuser.value_or(config->row_fuser)};
   if (all) {
     names.clear();
     for (const auto& s : kiln::lab::scenarios()) names.push_back(s.name);
@@ -68,7 +75,7 @@ int main(int argc, char** argv) {
     }
     fmt::print("\n======== scenario {} — {}\n", scenario->name, scenario->help);
     std::fflush(stdout);
-    auto result = scenario->run(log, options);
+    auto result = scenario->run(log, options, fusers);
     logger->flush();
     fmt::print("\n{} {}\n", result.ok ? "[ok]" : "[UNEXPECTED]", result.summary);
     if (!result.ok) ++failures;

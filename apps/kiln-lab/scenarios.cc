@@ -32,8 +32,9 @@ std::string describe_fused(const fusion::RecordingExecutor& ex, std::size_t from
   return s.empty() ? "nothing fused" : s;
 }
 
-ScenarioResult reuse(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
-  Lab lab(log, options);
+ScenarioResult reuse(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
+                     const fusion::FuserOptions& fusers) {
+  Lab lab(log, options, true, fusers);
   struct Step {
     const char* label;
     Shape shape;
@@ -66,8 +67,9 @@ ScenarioResult reuse(const fusion::FusionLog& log, const fusion::ProcessorOption
   return result;
 }
 
-ScenarioResult chains(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
-  Lab lab(log, options);
+ScenarioResult chains(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
+                      const fusion::FuserOptions& fusers) {
+  Lab lab(log, options, true, fusers);
   register_chains(lab, 5);
   const bool nothing_ran_before_sync = lab.executor().records().empty();
   lab.sync();
@@ -83,15 +85,22 @@ ScenarioResult chains(const fusion::FusionLog& log, const fusion::ProcessorOptio
 }
 
 // softmax over the last axis as a front end lowers it: max, sub, exp, sum, div.
-ScenarioResult softmax(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
-  Lab lab(log, options);
-  TensorIr x = lab.input({64, 1024});
+// Softmax rows written as a client lowers them: max, sub, exp, sum, div.
+TensorIr register_softmax(Lab& lab, const TensorIr& x) {
   TensorIr m = lab.reduce_dim(OpKind::Numeric_MaxDim, x, TensorStatus::ReadOnly, 1);
   TensorIr d = lab.binary(OpKind::Numeric_Sub, x, TensorStatus::ReadWrite, m, TensorStatus::ReadWrite);
   TensorIr e = lab.unary(OpKind::Float_Exp, Family::Float, d, TensorStatus::ReadWrite);
   TensorIr s = lab.reduce_dim(OpKind::Numeric_SumDim, e, TensorStatus::ReadOnly, 1);
-  TensorIr y = lab.binary(OpKind::Numeric_Div, e, TensorStatus::ReadWrite, s, TensorStatus::ReadWrite);
-  lab.read(y);
+  return lab.binary(OpKind::Numeric_Div, e, TensorStatus::ReadWrite, s, TensorStatus::ReadWrite);
+}
+
+// Burn's search (the row fuser off, whatever the configuration says).
+ScenarioResult softmax(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
+                       const fusion::FuserOptions& configured) {
+  fusion::FuserOptions fusers = configured;
+  fusers.row_fuser = false;
+  Lab lab(log, options, true, fusers);
+  lab.read(register_softmax(lab, lab.input({64, 1024})));
   ScenarioResult r;
   // The max runs alone (a reduction never starts a fusion); Sub+Exp fused elementwise (210)
   // outscore Sub+Exp+SumDim as a reduce prologue (110), and the rest follows unfused.
@@ -100,9 +109,37 @@ ScenarioResult softmax(const fusion::FusionLog& log, const fusion::ProcessorOpti
   return r;
 }
 
+// kiln's row fuser (on, whatever the configuration says): softmax, then a layer norm written
+// out (mean, centre, variance, normalise, scale and shift), each one Row program.
+ScenarioResult rows(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
+                    const fusion::FuserOptions& configured) {
+  fusion::FuserOptions fusers = configured;
+  fusers.row_fuser = true;
+  Lab lab(log, options, true, fusers);
+  lab.read(register_softmax(lab, lab.input({64, 1024})));
+  const std::string softmax = describe_fused(lab.executor(), 0);
+  const std::size_t before = lab.executor().records().size();
+  TensorIr x = lab.input({64, 1024}), w = lab.input({1, 1024}), b = lab.input({1, 1024});
+  TensorIr mean = lab.reduce_dim(OpKind::Numeric_MeanDim, x, TensorStatus::ReadOnly, 1);
+  TensorIr c = lab.binary(OpKind::Numeric_Sub, x, TensorStatus::ReadWrite, mean, TensorStatus::ReadWrite);
+  TensorIr sq = lab.binary(OpKind::Numeric_Mul, c, TensorStatus::ReadOnly, c, TensorStatus::ReadOnly);
+  TensorIr var = lab.reduce_dim(OpKind::Numeric_MeanDim, sq, TensorStatus::ReadWrite, 1);
+  TensorIr ve = lab.scalar(OpKind::Numeric_AddScalar, var, TensorStatus::ReadWrite, 1e-5);
+  TensorIr sd = lab.unary(OpKind::Float_Sqrt, Family::Float, ve, TensorStatus::ReadWrite);
+  TensorIr n = lab.binary(OpKind::Numeric_Div, c, TensorStatus::ReadWrite, sd, TensorStatus::ReadWrite);
+  TensorIr scaled = lab.binary(OpKind::Numeric_Mul, n, TensorStatus::ReadWrite, w, TensorStatus::ReadOnly);
+  lab.read(lab.binary(OpKind::Numeric_Add, scaled, TensorStatus::ReadWrite, b, TensorStatus::ReadOnly));
+  const std::string norm = describe_fused(lab.executor(), before);
+  ScenarioResult r;
+  r.summary = fmt::format("rows: softmax: {}; layer norm: {}", softmax, norm);
+  r.ok = softmax == "Row (5 ops)" && norm == "Row (9 ops)";
+  return r;
+}
+
 // A linear layer's matmul with its bias add and activation fused as the epilogue.
-ScenarioResult matmul(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
-  Lab lab(log, options);
+ScenarioResult matmul(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
+                      const fusion::FuserOptions& fusers) {
+  Lab lab(log, options, true, fusers);
   TensorIr x = lab.input({128, 256}), w = lab.input({256, 64}), bias = lab.input({1, 64});
   TensorIr y = lab.matmul(x, TensorStatus::ReadOnly, w, TensorStatus::ReadOnly);
   TensorIr z = lab.binary(OpKind::Numeric_Add, y, TensorStatus::ReadWrite, bias, TensorStatus::ReadOnly);
@@ -115,8 +152,9 @@ ScenarioResult matmul(const fusion::FusionLog& log, const fusion::ProcessorOptio
 }
 
 // The view rule: a swap_dims of a tensor seen for the first time runs alone; the rest fuses.
-ScenarioResult views(const fusion::FusionLog& log, const fusion::ProcessorOptions& options) {
-  Lab lab(log, options);
+ScenarioResult views(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
+                     const fusion::FuserOptions& fusers) {
+  Lab lab(log, options, true, fusers);
   TensorIr a = lab.input({32, 32}), b = lab.input({32, 32});
   TensorIr t = lab.swap_dims(a, TensorStatus::ReadOnly, 0, 1);
   TensorIr s = lab.binary(OpKind::Numeric_Add, t, TensorStatus::ReadWrite, b, TensorStatus::ReadOnly);
@@ -131,10 +169,11 @@ ScenarioResult views(const fusion::FusionLog& log, const fusion::ProcessorOption
 }
 
 // max_explorations = 1: the first program is explored and cached, a different one runs unfused.
-ScenarioResult cap(const fusion::FusionLog& log, const fusion::ProcessorOptions& configured) {
+ScenarioResult cap(const fusion::FusionLog& log, const fusion::ProcessorOptions& configured,
+                   const fusion::FuserOptions& fusers) {
   fusion::ProcessorOptions options = configured;
   options.max_explorations = 1;
-  Lab lab(log, options);
+  Lab lab(log, options, true, fusers);
   lab.read(register_w1(lab, {16, 16}, 2.0).t7);
   TensorIr x = lab.input({16, 16});
   TensorIr y = lab.unary(OpKind::Float_Log, Family::Float, x, TensorStatus::ReadOnly);
@@ -159,7 +198,11 @@ const std::vector<Scenario>& scenarios() {
       {"chains",
        "five independent 8-op elementwise chains on 256x256 before one sync: one fused 40-op kernel (score 7390)",
        chains},
-      {"softmax", "softmax over the last axis of 64x1024 (max, sub, exp, sum, div): how the scores split it", softmax},
+      {"softmax",
+       "softmax over the last axis of 64x1024 (max, sub, exp, sum, div) in Burn's search (row fuser off): how the "
+       "scores split it",
+       softmax},
+      {"rows", "softmax and a layer norm over rows of 1024 with kiln's row fuser: one Row program each", rows},
       {"matmul", "x @ w + bias, then tanh: the matmul with its epilogue fused (Matmul fuser)", matmul},
       {"views", "(a.swap_dims(0,1) + b).exp(): a first-use view runs alone, the rest fuses", views},
       {"cap", "max_explorations = 1: one plan is explored and reused, a new program runs unfused", cap},

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/fusion/fusers.h"
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/fusion/processor.h"
 
@@ -20,8 +21,11 @@ struct ScenarioResult {
 struct Scenario {
   std::string name;
   std::string help;  // one line for --help
-  // `options` come from kiln.toml / the environment (max_blocks, max_explorations).
-  std::function<ScenarioResult(const fusion::FusionLog& log, const fusion::ProcessorOptions& options)> run;
+  // `options` and `fusers` come from kiln.toml / the environment / flags (max_blocks,
+  // max_explorations, row_fuser); a scenario about one setting sets it itself.
+  std::function<ScenarioResult(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
+                               const fusion::FuserOptions& fusers)>
+      run;
 };
 
 const std::vector<Scenario>& scenarios();

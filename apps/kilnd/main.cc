@@ -29,6 +29,7 @@
 #include <string>
 
 #include "kiln/cpu/cpu_backend.h"
+#include "kiln/fusion/config.h"
 #include "kiln/fusion/plan_cache.h"
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/daemon_config.h"
@@ -164,6 +165,7 @@ struct Settings {
   std::uint64_t max_connections_per_uid = kiln::ipc::ServerOptions{}.max_connections_per_uid;
   std::size_t threads = 0;
   int kernel_threads = 0;
+  std::optional<bool> row_fuser;  // --row-fuser; absent: [fusion] row_fuser / KILN_FUSION_ROW_FUSER
 };
 
 // Parses the flags and kiln.toml into `s`; returns an exit status to stop with, or nullopt.
@@ -215,6 +217,10 @@ std::optional<int> read_settings(int argc, char** argv, Settings& s) {
   app.add_option("--max-connections-per-uid", s.max_connections_per_uid, "client connections open at once per uid")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
   app.add_option("--log-level", s.log_level, "trace, debug, info, warn, error");
+  app.add_option_function<std::string>(
+         "--row-fuser", [&s](const std::string& v) { s.row_fuser = kiln::fusion::parse_switch(v); },
+         "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, off)")
+      ->check(CLI::IsMember({"on", "off", "true", "false", "1", "0"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -333,6 +339,7 @@ kiln::Result<std::unique_ptr<kiln::runtime::Device>> create_device(
   kiln::runtime::RuntimeOptions ro;
   ro.threads = s.threads;
   ro.config_path = s.config;
+  ro.row_fuser = s.row_fuser;
   // Waiters do not spin here unless kiln.toml or KILN_RUNTIME_SPIN_WAITS asks for it: a session
   // thread's waits mostly run inline, and its client already polls for the answer, so a spinning
   // session thread would take the core the actor needs (measured in docs/decisions.md, ipc).

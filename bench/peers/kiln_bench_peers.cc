@@ -14,9 +14,11 @@
 // log on stderr). docs/benchmarks.md explains how to run it inside the kit's passes.
 //
 // usage: kiln-bench-peers [--workloads W1,W2,W3,W4,matmul1024] [--sizes 65536,1048576,16777216]
-//                         [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--dry-run]
+//                         [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--row-fuser on|off] [--dry-run]
 // --jit on (the default): fused elementwise programs run as JIT-compiled loops (compiled in the
 // untimed priming calls, cached on disk); off: the interpreter (docs/cpu-backend.md, "JIT").
+// --row-fuser on: kiln's row fuser joins the search (W4 is one Row program); off (the default,
+// as kiln's): Burn's fusers only (docs/fusion.md, "The row fuser").
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -47,13 +49,15 @@ struct Options {
   std::vector<bool> fused{true, false};
   bool dry_run = false;
   bool jit = true;
+  bool row_fuser = false;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "kiln-bench-peers: %s\n"
                "usage: kiln-bench-peers [--workloads W1,W2,W3,W4,matmul1024] [--sizes 65536,1048576,16777216]\n"
-               "                        [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--dry-run]\n",
+               "                        [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--row-fuser "
+               "on|off] [--dry-run]\n",
                why);
   std::exit(2);
 }
@@ -87,13 +91,9 @@ Options parse_options(int argc, char** argv) {
         if (t < 1) usage(("bad thread count " + s).c_str());
         o.threads.push_back(t);
       }
-    } else if (k == "--jit") {
-      if (v == "on")
-        o.jit = true;
-      else if (v == "off")
-        o.jit = false;
-      else
-        usage(("bad --jit value " + v).c_str());
+    } else if (k == "--jit" || k == "--row-fuser") {
+      if (v != "on" && v != "off") usage(("bad " + k + " value " + v).c_str());
+      (k == "--jit" ? o.jit : o.row_fuser) = v == "on";
     } else if (k == "--mode") {
       if (v == "fused")
         o.fused = {true};
@@ -142,7 +142,7 @@ int dry_run(const Options& o, const fusion::FusionLog& log) {
   for (const auto& w : o.workloads) {
     for (bool fused : o.fused) {
       RecordingBackend backend;
-      Client c(backend, fused, log);
+      Client c(backend, fused, log, fusion::FuserOptions{.row_fuser = o.row_fuser});
       auto wl = make_workload(w, n);
       wl->setup(c);
       for (int call = 0; call < 3; ++call) {
@@ -179,7 +179,7 @@ int run(const Options& o, const fusion::FusionLog& log) {
   for (int t : o.threads) {
     CpuBackendInfo info;
     devices[t] = make_cpu_backend(t, &info, o.jit);
-    std::printf("# kiln device threads=%d %s\n", t, info.describe.c_str());
+    std::printf("# kiln device threads=%d %s row_fuser=%s\n", t, info.describe.c_str(), o.row_fuser ? "on" : "off");
   }
   if (!devices.count(tmax)) devices[tmax] = make_cpu_backend(tmax, nullptr, o.jit);
 #ifdef KILN_BENCH_HAVE_EIGEN
@@ -199,7 +199,7 @@ int run(const Options& o, const fusion::FusionLog& log) {
     const long ncheck = is_matmul ? kMatmulN * kMatmulN : nmin;
     const auto checked = make_workload(w, ncheck);
     for (bool fused : o.fused) {
-      Client c(*devices[tmax], fused, log);
+      Client c(*devices[tmax], fused, log, fusion::FuserOptions{.row_fuser = o.row_fuser});
       Workload* wl = checked.get();
       wl->setup(c);
       wl->call(c);
@@ -216,7 +216,7 @@ int run(const Options& o, const fusion::FusionLog& log) {
       const auto wl = make_workload(w, n);
       for (int t : o.threads) {
         for (bool fused : o.fused) {
-          Client c(*devices[t], fused, log);
+          Client c(*devices[t], fused, log, fusion::FuserOptions{.row_fuser = o.row_fuser});
           wl->setup(c);
           const std::vector<double> ts = time_calls(params, [&] { wl->call(c); });
           // One more call, counted: what the search and the device ran for it.

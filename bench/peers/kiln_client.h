@@ -98,11 +98,10 @@ class Client {
   // = 0} would also run everything alone, but through the exploration cap's degraded path,
   // which skips the plan cache and runs every op at registration: a different code path, so it
   // would measure more than the absence of fusion.)
-  Client(Backend& backend, bool fused, const fusion::FusionLog& log)
+  Client(Backend& backend, bool fused, const fusion::FusionLog& log, fusion::FuserOptions fusers = {})
       : backend_(backend),
         counting_(backend.executor()),
-        stream_(fused ? fusion::default_fusers(log, fusion::FuserOptions{}) : fusion::FuserList{},
-                fusion::ProcessorOptions{}, log) {}
+        stream_(fused ? fusion::default_fusers(log, fusers) : fusion::FuserList{}, fusion::ProcessorOptions{}, log) {}
 
   TensorIr upload(const Shape& shape, std::span<const float> data) {
     TensorIr t{fresh_id(), shape, TensorStatus::ReadOnly, ir::dtypes::f32};

@@ -121,8 +121,8 @@ std::unique_ptr<fusion::Executor> CpuBackend::make_executor() {
   return std::make_unique<CpuStreamExecutor>(device_, table_, next_seed_.fetch_add(1, std::memory_order_relaxed));
 }
 
-fusion::FuserList CpuBackend::fusers(const fusion::FusionLog& log) const {
-  return fusion::default_fusers(log, fusion::FuserOptions{});
+fusion::FuserList CpuBackend::fusers(const fusion::FusionLog& log, const fusion::FuserOptions& options) const {
+  return fusion::default_fusers(log, options);
 }
 
 Status CpuBackend::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) {

@@ -146,6 +146,7 @@ CpuDeviceStats CpuDevice::stats() const {
   s.nontemporal_outputs = get(counters_.nontemporal_outputs);
   s.part_by_part = get(counters_.part_by_part);
   s.kernel_cache_evictions = get(counters_.kernel_cache_evictions);
+  s.row_window_temporaries = get(counters_.row_window_temporaries);
   for (std::size_t r = 0; r < s.fallbacks_by_reason.size(); ++r)
     s.fallbacks_by_reason[r] = get(counters_.fallbacks_by_reason[r]);
   const jit::Stats j = jit_->stats();
@@ -162,7 +163,8 @@ void CpuDevice::reset_stats() {
        {&counters_.fused_launches, &counters_.fused_replays, &counters_.fast_ops, &counters_.reference_ops,
         &counters_.kernel_cache_hits, &counters_.kernel_cache_misses, &counters_.inplace_reuses,
         &counters_.zero_copy_reshapes, &counters_.row_interleaved, &counters_.jit_launches,
-        &counters_.nontemporal_outputs, &counters_.part_by_part, &counters_.kernel_cache_evictions})
+        &counters_.nontemporal_outputs, &counters_.part_by_part, &counters_.kernel_cache_evictions,
+        &counters_.row_window_temporaries})
     a->store(0, std::memory_order_relaxed);
   for (auto& a : counters_.launches_by_kind) a.store(0, std::memory_order_relaxed);
   for (auto& a : counters_.fallbacks_by_reason) a.store(0, std::memory_order_relaxed);

@@ -38,7 +38,7 @@ class Compiler {
 
   CompiledProgram run() {
     out_.kind = p_.kind;
-    if (p_.kind == ProgramKind::ReduceBroadcasted) {
+    if (fusion::is_staged(p_.kind)) {
       for (const FusedProgram& s : p_.stages) out_.stages.push_back(compile_program(s));
       return std::move(out_);
     }
@@ -55,7 +55,8 @@ class Compiler {
           return unsupported("a reduce program has a prologue and a reduction block");
         out_.may_fail = true;  // empty reductions without identity, index dtypes too narrow
         break;
-      case ProgramKind::ReduceBroadcasted: break;
+      case ProgramKind::ReduceBroadcasted:
+      case ProgramKind::Row: break;
     }
     for (const fusion::ProgramInput& in : p_.inputs)
       if (!class_of(in.dtype)) return unsupported("input dtype " + in.dtype.name());

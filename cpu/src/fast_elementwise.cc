@@ -1583,6 +1583,21 @@ bool parts_run_apart(const CBlock& cb, std::span<const Accessor> loads, std::spa
   return true;
 }
 
+BlockRunner::BufferAccessors BlockRunner::accessors_of(const std::byte* buffer) const {
+  BufferAccessors found;
+  for (std::size_t l = 0; l < loads_.size(); ++l)
+    if (loads_[l].base == buffer) {
+      found.loads.push_back(static_cast<std::uint32_t>(l));
+      found.contiguous = found.contiguous && loads_[l].contiguous && !loads_[l].zero;
+    }
+  for (std::size_t st = 0; st < stores_.size(); ++st)
+    if (stores_[st].base == buffer) {
+      found.stores.push_back(static_cast<std::uint32_t>(st));
+      found.contiguous = found.contiguous && stores_[st].contiguous && !stores_[st].masked && !stores_[st].stream;
+    }
+  return found;
+}
+
 bool BlockRunner::run(std::uint64_t start, std::size_t n, std::byte* scratch, void** ptrs, std::uint32_t part) const {
   const CBlock& b = *block_;
   const std::size_t slot_bytes = kBlock * 8;

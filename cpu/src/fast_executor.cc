@@ -289,7 +289,7 @@ std::optional<runtime::Fallback> CpuExecutor::run_program(const FusedProgram& p,
     case ProgramKind::Reduce: why = fast::run_reduce(b.launch, &fault); break;
     case ProgramKind::Matmul: why = fast::run_matmul(b.launch, &fault); break;
     case ProgramKind::ReduceBroadcasted:
-      return Fallback{FallbackReason::Unsupported, "a ReduceBroadcasted program runs by its stages"};
+    case ProgramKind::Row: return Fallback{FallbackReason::Unsupported, "a staged program runs by its stages"};
   }
   // The kernels' reasons are about the concrete shapes (the compiled form accepted the structure).
   if (!why.empty()) return Fallback{FallbackReason::ShapeLimits, std::move(why)};
@@ -300,11 +300,128 @@ std::optional<runtime::Fallback> CpuExecutor::run_program(const FusedProgram& p,
   return std::nullopt;
 }
 
-// A ReduceBroadcasted program whose stages all iterate the same [rows, n] space (reductions over
-// the last axis, elementwise stages over the full shape): every stage runs on one group of rows
-// after the other, so what a stage writes for a later one is still in cache when it is read
-// (softmax: the exp(x - max) rows are summed, then divided, without a trip to memory).
-bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& bind) {
+// ---- Staged programs (ReduceBroadcasted, Row) run row group by row group
+
+namespace {
+
+// The common [rows, n] space of a staged program's bound stages: every stage iterates the same
+// shape, reductions over its last axis. Fills the runners; nullopt when the stages cannot be
+// interleaved (they then run one after another).
+struct RowSpace {
+  ir::Shape full;
+  std::uint64_t n = 0, rows = 0;
+};
+std::optional<RowSpace> prepare_row_stages(const FusedProgram& p, const std::vector<Bound>& stages,
+                                           std::vector<fast::BlockRunner>& blocks,
+                                           std::vector<std::unique_ptr<fast::ReduceRunner>>& reductions) {
+  RowSpace space;
+  space.full = stages[0].launch.concrete(stages[0].compiled->blocks[0].reference);
+  if (space.full.empty() || space.full.size() > fast::kMaxRank) return std::nullopt;
+  space.n = space.full.back();
+  const std::uint64_t total = ir::num_elements(space.full);
+  if (space.n == 0 || total == 0) return std::nullopt;
+  space.rows = total / space.n;
+  const std::size_t ns = stages.size();
+  blocks.resize(ns);
+  reductions.resize(ns);
+  for (std::size_t k = 0; k < ns; ++k) {
+    const fast::Launch& l = stages[k].launch;
+    if (l.concrete(stages[k].compiled->blocks[0].reference) != space.full) return std::nullopt;
+    if (p.stages[k].kind == ProgramKind::Elementwise) {
+      if (!blocks[k].prepare(l, 0, space.full).empty()) return std::nullopt;
+    } else {
+      reductions[k] = std::make_unique<fast::ReduceRunner>();
+      if (!reductions[k]->prepare(l).empty() || !reductions[k]->rowwise() || reductions[k]->rows() != space.rows ||
+          reductions[k]->row_length() != space.n)
+        return std::nullopt;
+    }
+  }
+  return space;
+}
+
+// Where a task finds one accessor of a windowed temporary: stage, which runner of it (the
+// elementwise block, or a reduction's prologue / epilogue), load or store, index.
+enum class RunnerPart : std::uint8_t { Block, Prologue, Epilogue };
+struct WindowedAccess {
+  std::size_t stage = 0;
+  RunnerPart part = RunnerPart::Block;
+  bool load = true;
+  std::uint32_t index = 0;
+  std::size_t temp = 0;
+};
+
+// A value one stage writes over the whole row space and only later stages of the same launch
+// read, consuming it: each task keeps it in a window of its current row group instead of
+// memory, so it never leaves the cache (softmax's exp(x - max): read by the sum, then the
+// division, then dead).
+struct RowTemporary {
+  const std::byte* buffer = nullptr;
+  std::size_t esize = 0;
+};
+
+std::vector<RowTemporary> row_temporaries(const FusedProgram& p, const std::vector<Bound>& stages,
+                                          const CpuExecutor::Binding& bind, const ir::Shape& full) {
+  std::vector<RowTemporary> temps;
+  for (std::size_t k = 0; k < stages.size(); ++k) {
+    const FusedProgram& st = p.stages[k];
+    for (std::size_t o = 0; o < st.outputs.size(); ++o) {
+      if (!st.outputs[o].written || !stages[k].launch.outputs[o]) continue;
+      const ir::TensorIr* g = global_of(bind, st.outputs[o].tensor);
+      if (g == nullptr || g->shape != full) continue;
+      bool consumed_later = false;
+      for (std::size_t j = k + 1; j < stages.size() && !consumed_later; ++j)
+        for (const fusion::ProgramInput& in : p.stages[j].inputs)
+          consumed_later =
+              consumed_later || (in.tensor == st.outputs[o].tensor && in.status == TensorStatus::ReadWrite);
+      if (consumed_later) temps.push_back({stages[k].launch.outputs[o]->data(), st.outputs[o].dtype.size_bytes()});
+    }
+  }
+  return temps;
+}
+
+fast::BlockRunner& runner_part(std::vector<fast::BlockRunner>& blocks,
+                               std::vector<std::unique_ptr<fast::ReduceRunner>>& reductions, std::size_t k,
+                               RunnerPart part) {
+  switch (part) {
+    case RunnerPart::Prologue: return reductions[k]->prologue();
+    case RunnerPart::Epilogue: return reductions[k]->epilogue();
+    case RunnerPart::Block: break;
+  }
+  return blocks[k];
+}
+
+// Every accessor of every temporary that can live in a window (all of its accessors walk it
+// row-major); the others stay in memory.
+std::vector<WindowedAccess> windowed_accesses(std::vector<RowTemporary>& temps, std::vector<fast::BlockRunner>& blocks,
+                                              std::vector<std::unique_ptr<fast::ReduceRunner>>& reductions) {
+  std::vector<WindowedAccess> all;
+  std::vector<RowTemporary> kept;
+  for (const RowTemporary& t : temps) {
+    std::vector<WindowedAccess> found;
+    bool contiguous = true;
+    for (std::size_t k = 0; k < blocks.size(); ++k)
+      for (RunnerPart part : {RunnerPart::Block, RunnerPart::Prologue, RunnerPart::Epilogue}) {
+        if ((part == RunnerPart::Block) == (reductions[k] != nullptr)) continue;
+        const fast::BlockRunner::BufferAccessors a = runner_part(blocks, reductions, k, part).accessors_of(t.buffer);
+        contiguous = contiguous && a.contiguous;
+        for (std::uint32_t i : a.loads) found.push_back({k, part, true, i, kept.size()});
+        for (std::uint32_t i : a.stores) found.push_back({k, part, false, i, kept.size()});
+      }
+    if (!contiguous || found.empty()) continue;
+    all.insert(all.end(), found.begin(), found.end());
+    kept.push_back(t);
+  }
+  temps = std::move(kept);
+  return all;
+}
+
+}  // namespace
+
+// A staged program whose stages all iterate the same [rows, n] space: every stage runs on one
+// group of rows after the other, so what a stage writes for a later one is still in cache when
+// it is read; values consumed inside the launch live in a per-task window of the group and
+// never reach memory.
+bool CpuExecutor::run_staged_rows(const FusedProgram& p, const Binding& bind) {
   const std::size_t ns = p.stages.size();
   if (ns == 0) return false;
   std::vector<Bound> stages(ns);
@@ -317,45 +434,51 @@ bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& b
       if (st.outputs[o].written)
         produced.emplace(global_of(bind, st.outputs[o].tensor)->id.value(), *stages[k].launch.outputs[o]);
   }
-  // The common row space.
-  const ir::Shape full = stages[0].launch.concrete(stages[0].compiled->blocks[0].reference);
-  if (full.empty() || full.size() > fast::kMaxRank) return false;
-  const std::uint64_t n = full.back();
-  const std::uint64_t total = ir::num_elements(full);
-  if (n == 0 || total == 0) return false;
-  const std::uint64_t rows = total / n;
-  std::vector<fast::BlockRunner> blocks(ns);
-  std::vector<std::unique_ptr<fast::ReduceRunner>> reductions(ns);
-  for (std::size_t k = 0; k < ns; ++k) {
-    const fast::Launch& l = stages[k].launch;
-    if (l.concrete(stages[k].compiled->blocks[0].reference) != full) return false;
-    if (p.stages[k].kind == ProgramKind::Elementwise) {
-      if (!blocks[k].prepare(l, 0, full).empty()) return false;
-    } else {
-      reductions[k] = std::make_unique<fast::ReduceRunner>();
-      if (!reductions[k]->prepare(l).empty() || !reductions[k]->rowwise() || reductions[k]->rows() != rows ||
-          reductions[k]->row_length() != n)
-        return false;
-    }
-  }
+  std::vector<fast::BlockRunner> blocks;
+  std::vector<std::unique_ptr<fast::ReduceRunner>> reductions;
+  const std::optional<RowSpace> space = prepare_row_stages(p, stages, blocks, reductions);
+  if (!space) return false;
+  const std::uint64_t n = space->n, rows = space->rows;
+  std::vector<RowTemporary> temps = row_temporaries(p, stages, bind, space->full);
+  const std::vector<WindowedAccess> windowed = windowed_accesses(temps, blocks, reductions);
+
   // Row groups of ~16K elements: a few stages' rows stay within L2.
   const std::uint64_t group = std::max<std::uint64_t>(1, 16384 / n);
   const std::uint64_t groups = (rows + group - 1) / group;
   const std::uint64_t grain = std::max<std::uint64_t>(1, fast::kParallelThreshold / 2 / (group * n));
   std::atomic<bool> failed{false};
   fast::parallel_ranges(stages[0].launch, groups, grain, [&](std::uint64_t g0, std::uint64_t g1) {
+    // The task's own runners (their accessors are rebased onto its windows) and memory.
+    std::vector<fast::BlockRunner> task_blocks = blocks;
+    std::vector<std::unique_ptr<fast::ReduceRunner>> task_reductions(ns);
     std::vector<std::unique_ptr<fast::Scratch>> scratch(ns);
     std::vector<std::vector<void*>> ptrs(ns);
-    for (std::size_t k = 0; k < ns; ++k)
-      if (!reductions[k]) {
-        scratch[k] = std::make_unique<fast::Scratch>(blocks[k].scratch_bytes());
-        ptrs[k].resize(blocks[k].num_regs());
+    for (std::size_t k = 0; k < ns; ++k) {
+      if (reductions[k]) {
+        task_reductions[k] = reductions[k]->task_copy();
+        continue;
       }
+      scratch[k] = std::make_unique<fast::Scratch>(task_blocks[k].scratch_bytes());
+      ptrs[k].resize(task_blocks[k].num_regs());
+    }
+    std::vector<std::unique_ptr<fast::Scratch>> windows;
+    for (const RowTemporary& t : temps) windows.push_back(std::make_unique<fast::Scratch>(group * n * t.esize));
     for (std::uint64_t g = g0; g < g1; ++g) {
       const std::uint64_t r0 = g * group, r1 = std::min(rows, r0 + group);
+      // Position r0 * n of a temporary is the first element of its window. The accessors only
+      // address positions [r0 * n, r1 * n) of this group, which land inside the window.
+      for (const WindowedAccess& a : windowed) {
+        const auto origin = reinterpret_cast<std::uintptr_t>(windows[a.temp]->data()) - r0 * n * temps[a.temp].esize;
+        auto* base = reinterpret_cast<std::byte*>(origin);
+        fast::BlockRunner& r = runner_part(task_blocks, task_reductions, a.stage, a.part);
+        if (a.load)
+          r.set_load_base(a.index, base);
+        else
+          r.set_store_base(a.index, base);
+      }
       for (std::size_t k = 0; k < ns; ++k) {
-        if (reductions[k]) {
-          if (!reductions[k]->run_rows(r0, r1)) {
+        if (task_reductions[k]) {
+          if (!task_reductions[k]->run_rows(r0, r1)) {
             failed.store(true, std::memory_order_relaxed);
             return;
           }
@@ -363,7 +486,7 @@ bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& b
         }
         for (std::uint64_t s = r0 * n; s < r1 * n; s += fast::kBlock) {
           const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(fast::kBlock, r1 * n - s));
-          if (!blocks[k].run(s, len, scratch[k]->data(), ptrs[k].data())) {
+          if (!task_blocks[k].run(s, len, scratch[k]->data(), ptrs[k].data())) {
             failed.store(true, std::memory_order_relaxed);
             return;
           }
@@ -377,6 +500,7 @@ bool CpuExecutor::run_reduce_broadcasted(const FusedProgram& p, const Binding& b
     count_launch(device_, p.stages[k].kind);
   }
   device_.counters().row_interleaved.fetch_add(1, std::memory_order_relaxed);
+  device_.counters().row_window_temporaries.fetch_add(temps.size(), std::memory_order_relaxed);
   return true;
 }
 
@@ -392,10 +516,10 @@ void CpuExecutor::execute_optimization(const fusion::Optimization& opt, const fu
 }
 
 void CpuExecutor::execute_program(const FusedProgram& p, const fusion::ExecutionContext& ctx, std::size_t offset) {
-  if (p.kind == ProgramKind::ReduceBroadcasted) {
+  if (fusion::is_staged(p.kind)) {
     device_.counters().launches_by_kind[static_cast<std::size_t>(p.kind)].fetch_add(1, std::memory_order_relaxed);
     const ir::RelativeConverter& c = ctx.converter();
-    if (run_reduce_broadcasted(p, Binding{c.tensors_rel2glob(), c.shapes_rel2glob(), c.scalars()})) return;
+    if (run_staged_rows(p, Binding{c.tensors_rel2glob(), c.shapes_rel2glob(), c.scalars()})) return;
     for (const FusedProgram& stage : p.stages) {
       execute_program(stage, ctx, offset);
       offset += stage.len;

@@ -296,6 +296,15 @@ class BlockRunner {
   std::span<const Accessor> store_accessors() const { return stores_; }
   std::size_t scratch_bytes() const { return std::size_t{block_->num_slots} * kBlock * 8; }
   const CBlock& block() const { return *block_; }
+  // The loads and stores that address `buffer`: a staged program's task points those of a
+  // temporary at its own row window (set_load_base / set_store_base; fast_executor.cc).
+  struct BufferAccessors {
+    std::vector<std::uint32_t> loads, stores;
+    bool contiguous = true;  // every one walks the buffer row-major
+  };
+  BufferAccessors accessors_of(const std::byte* buffer) const;
+  void set_load_base(std::uint32_t load, std::byte* base) { loads_[load].base = base; }
+  void set_store_base(std::uint32_t store, std::byte* base) { stores_[store].base = base; }
 
  private:
   struct IndexedRead {  // an Indexed program input, resolved
@@ -385,8 +394,13 @@ class ReduceRunner {
   bool rowwise() const;
   std::uint64_t rows() const;
   std::uint64_t row_length() const;
-  // Rows [begin, end) on the calling thread; false on a fault.
+  // Rows [begin, end) on the calling thread; false on a fault. Tasks running rows at once each
+  // use their own task_copy().
   bool run_rows(std::uint64_t begin, std::uint64_t end);
+  // A prepared runner's copy for one task (its own runners, which it may rebase; no fault yet).
+  std::unique_ptr<ReduceRunner> task_copy() const;
+  BlockRunner& prologue();
+  BlockRunner& epilogue();
 
  private:
   struct State;

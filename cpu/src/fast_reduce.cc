@@ -291,10 +291,27 @@ struct ReduceCtx {
   Fixup out_fixup = Fixup::None;
   VClass out_cls = VClass::F32;
   std::atomic<bool> failed{false};
-  // Rows [row_begin, row_end) only (inner == 1), on the calling thread: a ReduceBroadcasted
-  // program runs its stages row group by row group.
-  bool range = false;
-  std::uint64_t row_begin = 0, row_end = 0;
+
+  ReduceCtx() = default;
+  // A task's own copy (ReduceRunner::task_copy): the runners and sizes, a fresh fault flag.
+  ReduceCtx(const ReduceCtx& o)
+      : launch(o.launch),
+        prologue(o.prologue),
+        epilogue(o.epilogue),
+        red(o.red),
+        outer(o.outer),
+        n(o.n),
+        inner(o.inner),
+        out_fixup(o.out_fixup),
+        out_cls(o.out_cls) {}
+  ReduceCtx& operator=(const ReduceCtx&) = delete;
+};
+
+// Rows [begin, end) only (inner == 1), on the calling thread: a staged program runs its stages
+// row group by row group. Passed by value, never kept in the shared context: tasks of one
+// launch run different ranges at once.
+struct RowRange {
+  std::uint64_t begin = 0, end = 0;
 };
 
 constexpr std::uint64_t kShortInner = 16;
@@ -310,7 +327,7 @@ inline void run_epilogue(ReduceCtx& c, std::uint32_t out_reg, O* results, std::s
 
 // Rows (inner == 1): each task owns whole rows, each reduced horizontally chunk by chunk.
 template <Red R, class T, class O>
-void reduce_rows(ReduceCtx& c) {
+void reduce_rows(ReduceCtx& c, const RowRange* range) {
   using A = Acc<R, T>;
   using S = typename A::S;
   const std::uint32_t in_reg = c.red->input;
@@ -339,8 +356,8 @@ void reduce_rows(ReduceCtx& c) {
       run_epilogue(c, out_reg, results.data(), count, g, es.data(), ep.data());
     }
   };
-  if (c.range) {
-    rows_body(c.row_begin, c.row_end);
+  if (range != nullptr) {
+    rows_body(range->begin, range->end);
   } else {
     const std::uint64_t grain = std::max<std::uint64_t>(1, half / std::max<std::uint64_t>(n, 1));
     parallel_ranges(*c.launch, c.outer, grain, rows_body);
@@ -450,16 +467,16 @@ void reduce_short_columns(ReduceCtx& c) {
 
 // The reduction's loops: picks the layout of [outer, n, inner] (rows, column tiles, short columns).
 template <Red R, class T, class O>
-void reduce_loops(ReduceCtx& c) {
+void reduce_loops(ReduceCtx& c, const RowRange* range) {
   if (c.inner == 1)
-    reduce_rows<R, T, O>(c);
+    reduce_rows<R, T, O>(c, range);
   else if (c.inner >= kShortInner)
     reduce_column_tiles<R, T, O>(c);
   else
     reduce_short_columns<R, T, O>(c);
 }
 
-using LoopFn = void (*)(ReduceCtx&);
+using LoopFn = void (*)(ReduceCtx&, const RowRange*);  // range: rows only (inner == 1)
 
 template <Red R>
 LoopFn same_class(VClass in) {
@@ -593,8 +610,7 @@ void ReduceRunner::run(bool* fault) {
     return;
   }
   if (c.outer * c.inner == 0) return;
-  c.range = false;
-  state_->loops(c);
+  state_->loops(c, nullptr);
   if (c.failed.load(std::memory_order_relaxed)) *fault = true;
 }
 
@@ -602,12 +618,19 @@ bool ReduceRunner::run_rows(std::uint64_t begin, std::uint64_t end) {
   ReduceCtx& c = state_->c;
   if (state_->fault) return false;
   if (begin >= end) return true;
-  c.range = true;
-  c.row_begin = begin;
-  c.row_end = end;
-  state_->loops(c);
+  const RowRange range{begin, end};
+  state_->loops(c, &range);
   return !c.failed.load(std::memory_order_relaxed);
 }
+
+std::unique_ptr<ReduceRunner> ReduceRunner::task_copy() const {
+  auto copy = std::make_unique<ReduceRunner>();
+  copy->state_ = std::make_unique<State>(*state_);
+  return copy;
+}
+
+BlockRunner& ReduceRunner::prologue() { return state_->c.prologue; }
+BlockRunner& ReduceRunner::epilogue() { return state_->c.epilogue; }
 
 std::string run_reduce(const Launch& launch, bool* fault) {
   ReduceRunner runner;

@@ -51,8 +51,8 @@ std::unique_ptr<fusion::Executor> ReferenceCpuBackend::make_executor() {
   return std::make_unique<ReferenceStreamExecutor>(*this, next_seed_.fetch_add(1, std::memory_order_relaxed));
 }
 
-fusion::FuserList ReferenceCpuBackend::fusers(const fusion::FusionLog& log) const {
-  return fusion::default_fusers(log, fusion::FuserOptions{});
+fusion::FuserList ReferenceCpuBackend::fusers(const fusion::FusionLog& log, const fusion::FuserOptions& options) const {
+  return fusion::default_fusers(log, options);
 }
 
 Status ReferenceCpuBackend::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,

@@ -229,7 +229,7 @@ struct Counters {
   std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, row_vector_launches{0}, single_op_kernels{0},
       host_ops{0}, fused_replays{0}, faults{0}, quarantined{0}, cuda_errors{0}, kernel_cache_hits{0},
       kernel_cache_misses{0}, disk_cache_hits{0}, compile_failures{0}, cross_stream_waits{0};
-  std::array<std::atomic<std::uint64_t>, 5> by_kind{};
+  std::array<std::atomic<std::uint64_t>, fusion::kNumProgramKinds> by_kind{};
   std::array<std::atomic<std::uint64_t>, runtime::kFallbackReasonCount> fallbacks_by_reason{};
 };
 
@@ -474,9 +474,9 @@ class CudaStreamExecutor final : public fusion::Executor {
   }
 
   void run_fused(const FusedProgram& p, const Binding& bind, const fusion::ExecutionContext& ctx, std::size_t offset) {
-    if (p.kind == ProgramKind::ReduceBroadcasted) {
-      // Stages in order; each commits its outputs before the next binds (values pass through
-      // global memory, on this stream, in order).
+    if (fusion::is_staged(p.kind)) {
+      // Stages in order (a Row program too, for now: one kernel per stage); each commits its outputs before the next
+      // binds (values pass through global memory, on this stream, in order).
       for (const FusedProgram& stage : p.stages) {
         run_fused(stage, bind, ctx, offset);
         offset += stage.len;
@@ -694,7 +694,7 @@ class CudaStreamExecutor final : public fusion::Executor {
         break;
       }
       case ProgramKind::ReduceBroadcasted:
-        return Fallback{FallbackReason::Unsupported, "a ReduceBroadcasted program runs by its stages"};
+      case ProgramKind::Row: return Fallback{FallbackReason::Unsupported, "a staged program runs by its stages"};
     }
     if (l.kernel >= g.kernels.size())
       return Fallback{FallbackReason::Unsupported,
@@ -1047,8 +1047,8 @@ std::unique_ptr<fusion::Executor> CudaBackend::make_executor() {
   return std::make_unique<CudaStreamExecutor>(*impl_, *s, std::move(fault).value(), std::move(host).value());
 }
 
-fusion::FuserList CudaBackend::fusers(const fusion::FusionLog& log) const {
-  return fusion::default_fusers(log, fusion::FuserOptions{});
+fusion::FuserList CudaBackend::fusers(const fusion::FusionLog& log, const fusion::FuserOptions& options) const {
+  return fusion::default_fusers(log, options);
 }
 
 Status CudaBackend::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) {
@@ -1143,7 +1143,7 @@ CudaStats CudaBackend::stats() const {
   auto ld = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   CudaStats s;
   s.fused_launches = ld(c.fused_launches);
-  for (std::size_t i = 0; i < 5; ++i) s.launches_by_kind[i] = ld(c.by_kind[i]);
+  for (std::size_t i = 0; i < fusion::kNumProgramKinds; ++i) s.launches_by_kind[i] = ld(c.by_kind[i]);
   s.vector_launches = ld(c.vector_launches);
   s.row_vector_launches = ld(c.row_vector_launches);
   s.single_op_kernels = ld(c.single_op_kernels);

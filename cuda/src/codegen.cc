@@ -378,7 +378,8 @@ class StageGen {
         KILN_RETURN_IF_ERROR(reduce(KernelRole::ReduceCols));
         break;
       case ProgramKind::Matmul: KILN_RETURN_IF_ERROR(matmul()); break;
-      case ProgramKind::ReduceBroadcasted: return unsupported("nested ReduceBroadcasted stage");
+      case ProgramKind::ReduceBroadcasted:
+      case ProgramKind::Row: return unsupported("a nested staged program");
     }
     out_.stages.push_back(std::move(info));
     return Status::Ok();
@@ -402,7 +403,8 @@ class StageGen {
         if (p_.blocks.size() != 2 || !p_.blocks[1].reduction || p_.blocks[0].reduction)
           return unsupported("a reduce program has a prologue and a reduction block");
         break;
-      case ProgramKind::ReduceBroadcasted: return unsupported("nested ReduceBroadcasted stage");
+      case ProgramKind::ReduceBroadcasted:
+      case ProgramKind::Row: return unsupported("a nested staged program");
     }
     for (const fusion::ProgramInput& in : p_.inputs) {
       if (!cls_of(in.dtype)) return unsupported("input dtype " + in.dtype.name());
@@ -1198,12 +1200,12 @@ Result<GeneratedProgram> generate(const FusedProgram& program, const CodegenOpti
   GeneratedProgram g;
   g.body = fmt::format("// program: {}, structural hash {:016x}\n", fusion::program_kind_name(program.kind),
                        program.structural_hash());
-  if (program.kind == ProgramKind::ReduceBroadcasted) {
-    if (program.stages.empty()) return unsupported("ReduceBroadcasted without stages");
+  if (fusion::is_staged(program.kind)) {
+    if (program.stages.empty()) return unsupported("a staged program without stages");
     for (std::size_t s = 0; s < program.stages.size(); ++s) {
       const FusedProgram& st = program.stages[s];
       if (st.kind != ProgramKind::Elementwise && st.kind != ProgramKind::Reduce)
-        return unsupported("a ReduceBroadcasted stage that is neither Elementwise nor Reduce");
+        return unsupported("a stage that is neither Elementwise nor Reduce");
       KILN_RETURN_IF_ERROR(StageGen(st, static_cast<std::uint32_t>(s), options, g).run());
     }
   } else {

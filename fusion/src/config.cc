@@ -27,6 +27,12 @@ Result<std::size_t> read_count(toml::node_view<toml::node> node, std::string_vie
 
 }  // namespace
 
+std::optional<bool> parse_switch(std::string_view text) {
+  if (text == "1" || text == "true" || text == "on") return true;
+  if (text == "0" || text == "false" || text == "off") return false;
+  return std::nullopt;
+}
+
 EnvLookup process_env() {
   return [](std::string_view name) -> std::optional<std::string> {
     const char* v = std::getenv(std::string(name).c_str());
@@ -62,6 +68,12 @@ Result<FusionConfig> parse_fusion_config(std::string_view toml_text, std::string
   }
   if (auto n = fusion["max_plan_triggers"]; n) {
     KILN_ASSIGN_OR_RETURN(cfg.max_plan_triggers, read_count(n, "fusion.max_plan_triggers", source_name));
+  }
+  if (auto n = fusion["row_fuser"]; n) {
+    const std::optional<bool> v = n.value<bool>();
+    if (!v)
+      return make_error(ErrorCode::Config, fmt::format("{}: fusion.row_fuser must be true or false", source_name));
+    cfg.row_fuser = *v;
   }
   if (auto n = fusion["logger"]["level"]; n) {
     auto s = n.value<std::string>();
@@ -105,6 +117,12 @@ FusionConfig apply_fusion_env(FusionConfig cfg, const EnvLookup& env, std::strin
       cfg.max_explorations = *n;
     else
       warn(fmt::format("KILN_FUSION_MAX_EXPLORATIONS={} is not an unsigned integer; ignored", *v));
+  }
+  if (auto v = env("KILN_FUSION_ROW_FUSER")) {
+    if (std::optional<bool> on = parse_switch(*v))
+      cfg.row_fuser = *on;
+    else
+      warn(fmt::format("KILN_FUSION_ROW_FUSER={} is not 0, 1, true, false, on or off; ignored", *v));
   }
   if (auto v = env("KILN_FUSION_MAX_BLOCKS")) {
     if (auto n = parse_unsigned(*v); n && *n > 0)

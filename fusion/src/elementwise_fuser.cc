@@ -73,12 +73,13 @@ void NhwcRelayoutFuser::reset() {
 
 FuserList default_fusers(const FusionLog& log, FuserOptions opts) {
   FuserList list;
-  list.reserve(5);
+  list.reserve(6);
   list.push_back(std::make_unique<ElementWiseFuser>(opts.max_bindings, log));
   list.push_back(std::make_unique<MatmulFuser>(opts.max_bindings, log));
   list.push_back(std::make_unique<ReduceFuser>(opts.max_bindings, log));
   list.push_back(std::make_unique<ReduceBroadcastedFuser>(opts.max_bindings, log));
   list.push_back(std::make_unique<NhwcRelayoutFuser>(opts.max_bindings, log));
+  if (opts.row_fuser) list.push_back(std::make_unique<RowFuser>(opts.max_bindings, log));
   return list;
 }
 

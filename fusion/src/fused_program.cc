@@ -153,7 +153,7 @@ void append_program(std::string& s, const FusedProgram& p, const std::string& in
     for (std::size_t i = 0; i < p.scalars.size(); ++i) s += fmt::format("{}s{}", i ? ", " : "", p.scalars[i]);
     s += "]";
   }
-  if (p.kind != ProgramKind::Elementwise && p.kind != ProgramKind::ReduceBroadcasted)
+  if (p.kind != ProgramKind::Elementwise && !is_staged(p.kind))
     s += fmt::format(", captured op at {}", p.captured_op_position);
   s += "\n";
   for (std::size_t i = 0; i < p.inputs.size(); ++i) {
@@ -232,6 +232,7 @@ std::string_view program_kind_name(ProgramKind k) {
     case ProgramKind::Reduce: return "Reduce";
     case ProgramKind::ReduceBroadcasted: return "ReduceBroadcasted";
     case ProgramKind::NhwcRelayout: return "NHWCRelayout";
+    case ProgramKind::Row: return "Row";
   }
   return "?";
 }

@@ -34,7 +34,7 @@ namespace {
 
 // ---- Enum ranges the format relies on. Changing one of these enums changes the file format:
 // bump kPlanCacheFormatVersion and update the bounds.
-static_assert(static_cast<int>(ProgramKind::NhwcRelayout) == 4);
+static_assert(static_cast<int>(ProgramKind::Row) == 5);
 static_assert(static_cast<int>(InputRole::Indexed) == 3);
 static_assert(static_cast<int>(OperandKind::Scalar) == 2);
 static_assert(static_cast<int>(LoadSource::Output) == 1);
@@ -393,7 +393,7 @@ bool read_ordering(Reader& r, Ordering& out, const char* what) {
 
 // Program header: kind, captured op position and len.
 bool read_program_header(Reader& r, FusedProgram& p) {
-  if (!r.enumeration(p.kind, static_cast<std::uint8_t>(ProgramKind::NhwcRelayout), "program kind")) return false;
+  if (!r.enumeration(p.kind, static_cast<std::uint8_t>(ProgramKind::Row), "program kind")) return false;
   if (!r.size(p.captured_op_position, "captured op position")) return false;
   return r.size(p.len, "program len");
 }
@@ -808,10 +808,11 @@ std::string check_plan(const ExecutionPlan& plan, const TriggerList& triggers) {
   return check_strategy(plan.optimization.strategy, count_scalars(plan.operations), 0);
 }
 
-void put_header(Writer& w, std::string_view kiln_version, std::span<const std::uint8_t> payload) {
+void put_header(Writer& w, std::uint16_t search_options, std::string_view kiln_version,
+                std::span<const std::uint8_t> payload) {
   w.bytes(kMagic);
   w.u16(kPlanCacheFormatVersion);
-  w.u16(0);
+  w.u16(search_options);
   w.u32(ir::codec::op_table_fingerprint());
   const std::size_t vlen = std::min(kiln_version.size(), kMaxVersionBytes);
   w.u8(static_cast<std::uint8_t>(vlen));
@@ -850,6 +851,7 @@ const char* plan_cache_problem_name(PlanCacheProblem p) {
     case PlanCacheProblem::FormatVersion: return "format version";
     case PlanCacheProblem::KilnVersion: return "kiln version";
     case PlanCacheProblem::OpTable: return "op table";
+    case PlanCacheProblem::SearchOptions: return "search options";
     case PlanCacheProblem::Checksum: return "checksum";
     case PlanCacheProblem::Malformed: return "malformed";
   }
@@ -877,7 +879,7 @@ SerializedPlans serialize_plans(const ExecutionPlanStore& store, std::string_vie
   pw.varint(out.saved);
   pw.bytes(plans);
   Writer hw(out.bytes);
-  put_header(hw, kiln_version, payload);
+  put_header(hw, store.search_options(), kiln_version, payload);
   hw.bytes(payload);
   return out;
 }
@@ -888,7 +890,8 @@ Status validate_plan(const ExecutionPlan& plan, const TriggerList& triggers) {
   return make_error(ErrorCode::Invalid, "execution plan: " + e);
 }
 
-DecodedPlans decode_plans(std::span<const std::uint8_t> bytes, std::string_view expected_kiln_version) {
+DecodedPlans decode_plans(std::span<const std::uint8_t> bytes, std::uint16_t expected_search_options,
+                          std::string_view expected_kiln_version) {
   if (bytes.empty()) return failed(PlanCacheProblem::Truncated, "empty file");
   // Magic first, on whatever prefix is there: a short file that is not ours is "bad magic".
   const std::size_t magic_len = std::min(bytes.size(), kMagic.size());
@@ -899,11 +902,11 @@ DecodedPlans decode_plans(std::span<const std::uint8_t> bytes, std::string_view 
 
   Reader h(bytes.first(kFixedHeaderBytes), 0);
   (void)h.take(kMagic.size());
-  std::uint16_t version = 0, reserved = 0;
+  std::uint16_t version = 0, search_options = 0;
   std::uint64_t fingerprint = 0;
   std::uint8_t vlen = 0;
   (void)h.u16(version, "format version");
-  (void)h.u16(reserved, "reserved");
+  (void)h.u16(search_options, "search options");
   {
     std::uint16_t lo = 0, hi = 0;
     (void)h.u16(lo, "op table fingerprint");
@@ -914,8 +917,13 @@ DecodedPlans decode_plans(std::span<const std::uint8_t> bytes, std::string_view 
   if (version != kPlanCacheFormatVersion)
     return failed(PlanCacheProblem::FormatVersion,
                   fmt::format("format version {}, this kiln reads version {}", version, kPlanCacheFormatVersion));
-  if (reserved != 0)
-    return failed(PlanCacheProblem::Malformed, fmt::format("byte 6: reserved field is {}, not 0", reserved));
+  if (search_options != expected_search_options) {
+    auto row = [](std::uint16_t o) { return (o & kSearchRowFuser) != 0 ? "on" : "off"; };
+    return failed(
+        PlanCacheProblem::SearchOptions,
+        fmt::format("written by a search with options {:#x} (row fuser {}), this store's are {:#x} (row fuser {})",
+                    search_options, row(search_options), expected_search_options, row(expected_search_options)));
+  }
 
   const std::size_t header_size = kFixedHeaderBytes + vlen + kTrailerHeaderBytes;
   if (bytes.size() < header_size)
@@ -970,7 +978,7 @@ PlanCacheLoadReport load_plans(std::span<const std::uint8_t> bytes, ExecutionPla
                                std::string_view expected_kiln_version) {
   PlanCacheLoadReport report;
   report.found = true;
-  DecodedPlans decoded = decode_plans(bytes, expected_kiln_version);
+  DecodedPlans decoded = decode_plans(bytes, store.search_options(), expected_kiln_version);
   if (!decoded.ok()) {
     report.problem = decoded.problem;
     report.reason = std::move(decoded.reason);

@@ -372,6 +372,7 @@ std::vector<PlanId> ExecutionPlanStore::ids() const {
 std::uint64_t ExecutionPlanStore::evicted() const { return impl_->evictions.load(std::memory_order_relaxed); }
 
 std::size_t ExecutionPlanStore::max_plans() const { return impl_->options.max_plans; }
+std::uint16_t ExecutionPlanStore::search_options() const { return impl_->options.search_options; }
 
 std::uint64_t ExecutionPlanStore::generation() const {
   return impl_->generation.load(std::memory_order_acquire);  // pairs with count_change()

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "kiln/fusion/fusers.h"
+#include "staged_program.h"
 
 namespace kiln::fusion {
 
@@ -94,13 +95,17 @@ FuserProperties ReduceBroadcastedFuser::properties() const {
   return FuserProperties{ready, score};
 }
 
-FusedProgram ReduceBroadcastedFuser::program() const {
+FusedProgram staged_program(ProgramKind kind, const std::vector<ReduceFuser>& blocks, std::size_t len) {
   FusedProgram p;
-  p.kind = ProgramKind::ReduceBroadcasted;
-  p.len = num_ops_;
-  p.stages.reserve(blocks_.size());
-  for (const ReduceFuser& b : blocks_) p.stages.push_back(b.program());
+  p.kind = kind;
+  p.len = len;
+  p.stages.reserve(blocks.size());
+  for (const ReduceFuser& b : blocks) p.stages.push_back(b.program());
   return p;
+}
+
+FusedProgram ReduceBroadcastedFuser::program() const {
+  return staged_program(ProgramKind::ReduceBroadcasted, blocks_, num_ops_);
 }
 
 OptimizationPtr ReduceBroadcastedFuser::finish() { return std::make_shared<FusedOptimization>(program(), len()); }

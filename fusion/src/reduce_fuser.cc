@@ -7,10 +7,11 @@
 
 namespace kiln::fusion {
 
-ReduceFuser::ReduceFuser(std::uint32_t max_bindings, FusionLog log)
+ReduceFuser::ReduceFuser(std::uint32_t max_bindings, FusionLog log, bool leading_reduction)
     : main_(FuseSettings::reduce_read(), max_bindings, log),
       read_fallback_(FuseSettings::elementwise(), max_bindings, log),
-      write_fallback_(FuseSettings::elementwise(), max_bindings, std::move(log)) {}
+      write_fallback_(FuseSettings::elementwise(), max_bindings, std::move(log)),
+      leading_reduction_(leading_reduction) {}
 
 bool ReduceFuser::is_dim_reduction(const ir::Operation& op) {
   if (!op.info().has(ir::kReduceDim)) return false;
@@ -33,8 +34,12 @@ void ReduceFuser::fuse(const ir::Operation& op) {
 void ReduceFuser::on_reduce(const ir::Operation& op) {
   const bool well_formed = op.inputs().size() == 1 && op.outputs().size() == 1 && !op.attrs.empty();
   // The reduction must read exactly the shape the prologue produces; in particular a reduction
-  // as the first op always closes (the shape is still empty).
-  if (!well_formed || main_.current_output_shape().empty() || main_.current_output_shape() != op.inputs()[0].shape) {
+  // as the first op always closes (the shape is still empty), unless this block may lead with
+  // one (its prologue then only loads the input).
+  const bool leading = leading_reduction_ && main_.num_ops() == 0;
+  const bool reads_prologue =
+      !main_.current_output_shape().empty() && main_.current_output_shape() == op.inputs()[0].shape;
+  if (!well_formed || !(leading || reads_prologue)) {
     main_.close();
     read_fallback_.close();
     return;

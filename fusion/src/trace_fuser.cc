@@ -482,7 +482,9 @@ bool TraceFuser::register_reduce(const ir::Operation& reduce, ir::DType accumula
   const TensorIr& in = reduce.inputs()[0];
   const TensorIr& out = reduce.outputs()[0];
   Trace candidate = trace_;
-  const std::optional<std::uint32_t> handover = candidate.next_block(in, current_output_shape_, settings);
+  // With no op before it (a leading reduction), the first block only loads the input.
+  const ir::Shape& reference = num_ops_ == 0 ? in.shape : current_output_shape_;
+  const std::optional<std::uint32_t> handover = candidate.next_block(in, reference, settings);
   if (!handover) return false;
   const std::optional<std::uint32_t> reg = candidate.write(out);
   if (!reg) return false;

@@ -75,13 +75,11 @@ RuntimeFileConfig apply_runtime_env(RuntimeFileConfig cfg, const fusion::EnvLook
   auto apply_bool = [&](std::string_view name, std::optional<bool>& slot) {
     std::optional<std::string> v = env(name);
     if (!v) return;
-    if (*v == "1" || *v == "true")
-      slot = true;
-    else if (*v == "0" || *v == "false")
-      slot = false;
+    if (std::optional<bool> on = fusion::parse_switch(*v))
+      slot = *on;
     else if (warnings)
-      *warnings +=
-          fmt::format("{}{}='{}' is not 0, 1, true or false; ignored", warnings->empty() ? "" : "; ", name, *v);
+      *warnings += fmt::format("{}{}='{}' is not 0, 1, true, false, on or off; ignored", warnings->empty() ? "" : "; ",
+                               name, *v);
   };
   apply_bool("KILN_RUNTIME_INLINE_WAITS", cfg.inline_waits);
   apply_bool("KILN_RUNTIME_SPIN_WAITS", cfg.spin_waits);

@@ -51,6 +51,7 @@ Result<std::unique_ptr<Device>> Device::create(std::unique_ptr<DeviceBackend> ba
     if (!loaded.ok()) return loaded.error();
     config = *loaded;
   }
+  if (options.row_fuser) config.row_fuser = *options.row_fuser;
   fusion::FusionLog log;
   if (options.log)
     log = *options.log;
@@ -69,7 +70,10 @@ Device::Device(std::unique_ptr<DeviceBackend> backend, RuntimeOptions options, f
       config_(config),
       log_(std::move(log)),
       backend_(std::move(backend)),
-      store_(fusion::PlanStoreOptions{.max_plans = config.max_plans, .max_plan_triggers = config.max_plan_triggers}),
+      store_(fusion::PlanStoreOptions{
+          .max_plans = config.max_plans,
+          .max_plan_triggers = config.max_plan_triggers,
+          .search_options = fusion::search_options_of(fusion::FuserOptions{.row_fuser = config.row_fuser})}),
       threads_(threads),
       spin_waits_(spin_waits),
       pool_(threads) {}
@@ -111,6 +115,7 @@ bool Device::hold_actor(StreamId stream, StreamTable::const_accessor& held) {
       ctx.log = &log_;
       ctx.processor.max_blocks = config_.max_blocks;
       ctx.processor.max_explorations = config_.max_explorations;
+      ctx.fusers.row_fuser = config_.row_fuser;
       ctx.drain_batch = *options_.drain_batch;
       ctx.idle_polls = *options_.turn_idle_polls;
       ctx.turns_waiting = &turns_waiting_;

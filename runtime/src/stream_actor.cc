@@ -44,7 +44,7 @@ StreamActor::StreamActor(StreamId id, ActorContext ctx, boost::asio::thread_pool
       ctx_(ctx),
       strand_(boost::asio::make_strand(pool.get_executor())),
       executor_(ctx.backend->make_executor()),
-      stream_(ctx.backend->fusers(*ctx.log), ctx.processor, *ctx.log),
+      stream_(ctx.backend->fusers(*ctx.log, ctx.fusers), ctx.processor, *ctx.log),
       foreign_(kForeignReserve) {}
 
 StreamActor::~StreamActor() {

@@ -38,9 +38,10 @@ std::string kind_counts(const CpuDeviceStats& s) {
   os << "Elementwise=" << s.launches_by_kind[0] << " Matmul=" << s.launches_by_kind[1]
      << " Reduce=" << s.launches_by_kind[2] << " ReduceBroadcasted=" << s.launches_by_kind[3] << " (row-interleaved "
      << s.row_interleaved << ")"
-     << " NhwcRelayout=" << s.launches_by_kind[4] << " replays=" << s.fused_replays << " fast_ops=" << s.fast_ops
-     << " reference_ops=" << s.reference_ops << " inplace=" << s.inplace_reuses
-     << " cache hits/misses=" << s.kernel_cache_hits << "/" << s.kernel_cache_misses;
+     << " NhwcRelayout=" << s.launches_by_kind[4] << " Row=" << s.launches_by_kind[5] << " (temporaries in row windows "
+     << s.row_window_temporaries << ")"
+     << " replays=" << s.fused_replays << " fast_ops=" << s.fast_ops << " reference_ops=" << s.reference_ops
+     << " inplace=" << s.inplace_reuses << " cache hits/misses=" << s.kernel_cache_hits << "/" << s.kernel_cache_misses;
   return os.str();
 }
 
@@ -53,16 +54,22 @@ void add(CpuDeviceStats& total, const CpuDeviceStats& s) {
   total.kernel_cache_misses += s.kernel_cache_misses;
   total.inplace_reuses += s.inplace_reuses;
   total.row_interleaved += s.row_interleaved;
+  total.row_window_temporaries += s.row_window_temporaries;
   for (std::size_t k = 0; k < total.launches_by_kind.size(); ++k) total.launches_by_kind[k] += s.launches_by_kind[k];
 }
 
-// Each program on fresh devices and a fresh plan store, so that a seed replays exactly.
-TEST(Differential, RandomPrograms) {
+// Each program on fresh devices and a fresh plan store, so that a seed replays exactly. With
+// kiln's row fuser (the default) on every program; without it (Burn's fusers only) on a quarter
+// of them.
+class DifferentialSearch : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DifferentialSearch, RandomPrograms) {
+  const bool row_fuser = GetParam();
   std::vector<std::uint64_t> seeds;
   if (std::getenv("KILN_DIFF_SEED") != nullptr) {
     seeds.push_back(env_u64("KILN_DIFF_SEED", 0));
   } else {
-    const std::uint64_t n = env_u64("KILN_DIFF_PROGRAMS", default_programs());
+    const std::uint64_t n = env_u64("KILN_DIFF_PROGRAMS", default_programs()) / (row_fuser ? 1 : 4);
     for (std::uint64_t i = 0; i < n; ++i) seeds.push_back(1000 + i);
   }
   CpuDeviceStats total;
@@ -72,7 +79,7 @@ TEST(Differential, RandomPrograms) {
   for (std::uint64_t seed : seeds) {
     const auto t0 = std::chrono::steady_clock::now();
     const DiffProgram p = Generator(seed, seed).generate();
-    FusedSide fused;
+    FusedSide fused(2, fusion::FuserOptions{.row_fuser = row_fuser});
     ReferenceSide ref;
     fused.run(p);
     ref.run(p);
@@ -100,8 +107,18 @@ TEST(Differential, RandomPrograms) {
     EXPECT_GT(total.launches_by_kind[2], 0u);
     EXPECT_GT(total.inplace_reuses, 0u);
     EXPECT_GT(total.fused_replays, 0u);
+    const std::uint64_t rows = total.launches_by_kind[static_cast<std::size_t>(fusion::ProgramKind::Row)];
+    if (row_fuser) {
+      EXPECT_GT(rows, 0u);
+      EXPECT_GT(total.row_window_temporaries, 0u);
+    } else {
+      EXPECT_EQ(rows, 0u);
+    }
   }
 }
+
+std::string row_fuser_name(const ::testing::TestParamInfo<bool>& param) { return param.param ? "On" : "Off"; }
+INSTANTIATE_TEST_SUITE_P(RowFuser, DifferentialSearch, ::testing::Bool(), row_fuser_name);
 
 // Runs one instance of a structure on a reused fused side and on a fresh reference, compares them
 // and forgets the instance's tensors; `next_id` moves past the instance's ids.

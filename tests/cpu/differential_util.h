@@ -1162,6 +1162,9 @@ struct FusedSide {
   fusion::FusionStream stream{fusion::default_fusers(log), fusion::ProcessorOptions{}, log};
 
   explicit FusedSide(int threads = 2) : device(CpuDeviceOptions{.threads = threads}) {}
+  FusedSide(int threads, fusion::FuserOptions fusers)
+      : device(CpuDeviceOptions{.threads = threads}),
+        stream{fusion::default_fusers(log, fusers), fusion::ProcessorOptions{}, log} {}
   explicit FusedSide(CpuDeviceOptions options) : device(std::move(options)) {}
   FusedSide(CpuDeviceOptions options, fusion::PlanStoreOptions store_options)
       : store(store_options), device(std::move(options)) {}

@@ -44,7 +44,7 @@ using ::kiln::testing::ok;
 // A session: one fused side, an id counter, host helpers.
 struct Session : FusedSide {
   std::uint64_t next = 1;
-  explicit Session(int threads = 2) : FusedSide(threads) {}
+  explicit Session(int threads = 2, fusion::FuserOptions fusers = {}) : FusedSide(threads, fusers) {}
   TensorId id() { return TensorId{next++}; }
   TensorIr input(Shape shape, const std::vector<double>& values, DType d = dt::f32) {
     TensorIr t{id(), std::move(shape), TensorStatus::ReadOnly, d};
@@ -317,38 +317,49 @@ TEST(FastExecutor, ReduceProgramWithPrologueAndEpilogue) {
 
 // softmax(x / 2) over the last axis: one ReduceBroadcasted program (max, then sum with the
 // exp prologue, then the division), its stages interleaved row group by row group.
-TEST(FastExecutor, SoftmaxRunsAsReduceBroadcasted) {
-  for (const auto& [rows_, cols_] : {std::pair<std::size_t, std::size_t>{37, 129}, {300, 1024}}) {
-    const std::size_t R = rows_, C = cols_;
-    Session s;
-    const Shape shape{R, C};
-    const std::vector<double> xs = iota(R * C, 8, -4);
-    const TensorIr x = s.input(shape, xs);
-    const TensorIr h =
-        s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(0.5), s.id())));
-    const TensorIr m = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_MaxDim, h, 1, 1, s.id())));
-    const TensorIr d = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(h, TensorStatus::ReadWrite),
-                                             use(m, TensorStatus::ReadWrite), s.id())));
-    const TensorIr e =
-        s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, use(d, TensorStatus::ReadWrite), s.id())));
-    const TensorIr sum = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim, e, 1, 1, s.id())));
-    const TensorIr y = s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Div, use(e, TensorStatus::ReadWrite),
-                                             use(sum, TensorStatus::ReadWrite), s.id())));
-    const std::vector<double> got = s.read(y);
-    for (std::size_t r = 0; r < R; ++r) {
-      double mx = -1e30, acc = 0;
-      auto hv = [&](std::size_t c) { return static_cast<double>(static_cast<float>(xs[r * C + c]) * 0.5f); };
-      for (std::size_t c = 0; c < C; ++c) mx = std::max(mx, hv(c));
-      for (std::size_t c = 0; c < C; ++c) acc += std::exp(hv(c) - mx);
-      for (std::size_t c = 0; c < C; ++c) ASSERT_LE(rel_err(got[r * C + c], std::exp(hv(c) - mx) / acc), 1e-6);
+// Burn's search fuses it as ReduceBroadcasted, kiln's row fuser as one Row program: the same
+// stages, run row group by row group, x * 0.5 and exp(x * 0.5 - max) kept in each task's row window. 2048 rows of
+// 1024 on two threads run many groups at once (the reductions' row ranges were once shared by
+// the tasks: a race).
+TEST(FastExecutor, SoftmaxRunsRowGroupByRowGroup) {
+  for (const bool row_fuser : {false, true})
+    for (const auto& [rows_, cols_] : {std::pair<std::size_t, std::size_t>{37, 129}, {300, 1024}, {2048, 1024}}) {
+      const std::size_t R = rows_, C = cols_;
+      SCOPED_TRACE(::testing::Message() << "row fuser " << row_fuser << ", " << R << "x" << C);
+      Session s(2, fusion::FuserOptions{.row_fuser = row_fuser});
+      const Shape shape{R, C};
+      const std::vector<double> xs = iota(R * C, 8, -4);
+      const TensorIr x = s.input(shape, xs);
+      const TensorIr h =
+          s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, x, ScalarIr::Float(0.5), s.id())));
+      const TensorIr m = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_MaxDim, h, 1, 1, s.id())));
+      const TensorIr d =
+          s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Sub, use(h, TensorStatus::ReadWrite),
+                                use(m, TensorStatus::ReadWrite), s.id())));
+      const TensorIr e =
+          s.submit(ok(b::unary(Family::Float, OpKind::Float_Exp, use(d, TensorStatus::ReadWrite), s.id())));
+      const TensorIr sum = s.submit(ok(b::reduce_dim(Family::NumericFloat, OpKind::Numeric_SumDim, e, 1, 1, s.id())));
+      const TensorIr y =
+          s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Div, use(e, TensorStatus::ReadWrite),
+                                use(sum, TensorStatus::ReadWrite), s.id())));
+      const std::vector<double> got = s.read(y);
+      for (std::size_t r = 0; r < R; ++r) {
+        double mx = -1e30, acc = 0;
+        auto hv = [&](std::size_t c) { return static_cast<double>(static_cast<float>(xs[r * C + c]) * 0.5f); };
+        for (std::size_t c = 0; c < C; ++c) mx = std::max(mx, hv(c));
+        for (std::size_t c = 0; c < C; ++c) acc += std::exp(hv(c) - mx);
+        for (std::size_t c = 0; c < C; ++c) ASSERT_LE(rel_err(got[r * C + c], std::exp(hv(c) - mx) / acc), 1e-6);
+      }
+      const CpuDeviceStats st = s.device.stats();
+      EXPECT_EQ(st.launches_by_kind[static_cast<std::size_t>(fusion::ProgramKind::ReduceBroadcasted)],
+                row_fuser ? 0u : 1u);
+      EXPECT_EQ(st.launches_by_kind[static_cast<std::size_t>(fusion::ProgramKind::Row)], row_fuser ? 1u : 0u);
+      EXPECT_EQ(st.launches_by_kind[2], 2u);  // its two Reduce stages
+      EXPECT_EQ(st.row_interleaved, 1u);
+      EXPECT_EQ(st.row_window_temporaries, 2u);  // x * 0.5 and exp(x * 0.5 - max)
+      EXPECT_EQ(st.fused_replays, 0u);
+      EXPECT_EQ(st.fast_ops + st.reference_ops, 0u);
     }
-    const CpuDeviceStats st = s.device.stats();
-    EXPECT_EQ(st.launches_by_kind[3], 1u);
-    EXPECT_EQ(st.launches_by_kind[2], 2u);  // its two Reduce stages
-    EXPECT_EQ(st.row_interleaved, 1u);
-    EXPECT_EQ(st.fused_replays, 0u);
-    EXPECT_EQ(st.fast_ops + st.reference_ops, 0u);
-  }
 }
 
 std::vector<double> host_matmul(const std::vector<double>& a, const std::vector<double>& w, std::size_t m,

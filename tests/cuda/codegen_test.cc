@@ -160,12 +160,14 @@ TEST(Codegen, KernelsPerProgramKind) {
       case fusion::ProgramKind::Matmul:
         EXPECT_EQ(roles, (std::vector<KernelRole>{KernelRole::Matmul})) << p.name;
         break;
-      case fusion::ProgramKind::ReduceBroadcasted: EXPECT_EQ(g->stages.size(), p.program.stages.size()); break;
+      case fusion::ProgramKind::ReduceBroadcasted:
+      case fusion::ProgramKind::Row: EXPECT_EQ(g->stages.size(), p.program.stages.size()); break;
       default: break;
     }
     seen.insert(std::string(fusion::program_kind_name(p.program.kind)));
   }
   EXPECT_TRUE(seen.count("Reduce") && seen.count("Matmul") && seen.count("ElementWise"));
+  EXPECT_TRUE(seen.count("Row")) << "the softmax programs, with the row fuser's leading reduction";
 }
 
 TEST(Codegen, HalfPrecisionComputesInF32AndRoundsBack) {

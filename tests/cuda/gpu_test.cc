@@ -89,7 +89,8 @@ struct Sides {
       gpu = shared;
     }
     exec = gpu->make_executor();
-    stream = std::make_unique<fusion::FusionStream>(gpu->fusers(log), fusion::ProcessorOptions{}, log);
+    stream = std::make_unique<fusion::FusionStream>(gpu->fusers(log, fusion::FuserOptions{}),
+                                                    fusion::ProcessorOptions{}, log);
   }
   ~Sides() {
     if (gpu != nullptr && owned == nullptr) {
@@ -389,7 +390,7 @@ TEST(CudaBackend, TwoStreamsShareTensorsThroughEvents) {
   ASSERT_TRUE(s.gpu);
   std::mt19937_64 rng(9);
   std::unique_ptr<fusion::Executor> other = s.gpu->make_executor();
-  fusion::FusionStream second(s.gpu->fusers(s.log), fusion::ProcessorOptions{}, s.log);
+  fusion::FusionStream second(s.gpu->fusers(s.log, fusion::FuserOptions{}), fusion::ProcessorOptions{}, s.log);
   const TensorIr x = s.input({1 << 20}, dt::f32, rng);
   const TensorIr y = s.add(b::unary(Family::Float, OpKind::Float_Exp, x, s.id()));
   s.sync();  // y is produced (queued) on the first stream

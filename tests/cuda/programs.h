@@ -99,7 +99,10 @@ class Recorder {
   fusion::FusionLog log_;
   fusion::ExecutionPlanStore store_;
   CaptureExecutor exec_;
-  fusion::FusionStream stream_{fusion::default_fusers(log_), fusion::ProcessorOptions{}, log_};
+  // With kiln's row fuser: the softmax programs are Row programs (their first stage a reduction
+  // with an empty prologue), the other kinds as Burn's search makes them.
+  fusion::FusionStream stream_{fusion::default_fusers(log_, fusion::FuserOptions{.row_fuser = true}),
+                               fusion::ProcessorOptions{}, log_};
 };
 
 inline void add_single(std::vector<NamedProgram>& out, const std::string& name, Result<Operation> r) {
@@ -311,7 +314,7 @@ inline std::vector<NamedProgram> fused_catalog() {
                                use(sm, TensorStatus::ReadWrite), r.id())));
       r.finish(n + " softmax", out);
     }
-    {  // softmax with an elementwise op first (a ReduceBroadcasted candidate)
+    {  // softmax with an elementwise op first (ReduceBroadcasted in Burn's search)
       Recorder r;
       TensorIr x0 = r.input({16, 128}, d);
       TensorIr x = r.add(

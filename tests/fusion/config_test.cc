@@ -26,6 +26,28 @@ TEST(FusionConfig, Defaults) {
   EXPECT_EQ(cfg->log_level, LogLevel::Disabled);
   EXPECT_EQ(cfg->max_plans, 8192u) << "the device's store is bounded unless the file says 0";
   EXPECT_EQ(cfg->max_plan_triggers, 64u);
+  EXPECT_FALSE(cfg->row_fuser) << "Burn's search until the row fuser wins everywhere";
+}
+
+TEST(FusionConfig, RowFuserFromTheFileTheEnvironmentAndItsErrors) {
+  auto off = parse_fusion_config("[fusion]\nrow_fuser = false\n");
+  KILN_ASSERT_OK(off);
+  EXPECT_FALSE(off->row_fuser);
+  auto on = parse_fusion_config("[fusion]\nrow_fuser = true\n");
+  KILN_ASSERT_OK(on);
+  EXPECT_TRUE(on->row_fuser);
+  auto bad = parse_fusion_config("[fusion]\nrow_fuser = \"no\"\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.error().message, ::testing::HasSubstr("fusion.row_fuser must be true or false"));
+
+  std::string warnings;
+  for (const char* v : {"0", "false", "off"})
+    EXPECT_FALSE(apply_fusion_env(*on, env_of({{"KILN_FUSION_ROW_FUSER", v}})).row_fuser) << v;
+  for (const char* v : {"1", "true", "on"})
+    EXPECT_TRUE(apply_fusion_env(*off, env_of({{"KILN_FUSION_ROW_FUSER", v}})).row_fuser) << v;
+  EXPECT_FALSE(apply_fusion_env(*off, env_of({{"KILN_FUSION_ROW_FUSER", "maybe"}}), &warnings).row_fuser)
+      << "an unparsable value keeps the file's";
+  EXPECT_THAT(warnings, ::testing::HasSubstr("KILN_FUSION_ROW_FUSER=maybe"));
 }
 
 TEST(FusionConfig, FileValues) {

@@ -93,6 +93,9 @@ std::vector<Operation> seed_630() {
 // ---- Registry.
 
 TEST(DefaultFusers, RegistryOrder) {
+  const FuserList with_rows = default_fusers(FusionLog{}, FuserOptions{.row_fuser = true});
+  ASSERT_EQ(with_rows.size(), 6u);
+  EXPECT_NE(dynamic_cast<const RowFuser*>(with_rows[5].get()), nullptr);  // after Burn's: ties go to them
   const FuserList list = default_fusers(FusionLog{}, FuserOptions{});
   ASSERT_EQ(list.size(), 5u);
   EXPECT_NE(dynamic_cast<const ElementWiseFuser*>(list[0].get()), nullptr);
@@ -533,6 +536,141 @@ TEST(ReduceBroadcasted, SoftmaxLikeChain) {
   EXPECT_TRUE(f.blocks()[0].captured());
   EXPECT_TRUE(f.blocks()[1].captured());
   EXPECT_FALSE(f.blocks()[2].captured());
+}
+
+// ---- Row (kiln's row fuser, beyond Burn).
+
+Operation sub_op(TensorIr l, TensorIr r, TensorIr o) {
+  return make(OpKind::Numeric_Sub, Family::NumericFloat, {l, r}, {o});
+}
+Operation div_op(TensorIr l, TensorIr r, TensorIr o) {
+  return make(OpKind::Numeric_Div, Family::NumericFloat, {l, r}, {o});
+}
+
+// softmax over the last axis of x (t0), as a client lowers it: max, sub, exp, sum, div.
+std::vector<Operation> softmax_ops() {
+  const Shape rows{1, 2}, reduced{1, 0};
+  return {reduce_dim(OpKind::Numeric_MaxDim, T(0, rows, RO), T(1, reduced, NI), 1),
+          sub_op(T(0, rows, RW), T(1, reduced, RW), T(2, rows, NI)), exp_op(T(2, rows, RW), T(3, rows, NI)),
+          sum_dim(T(3, rows, RO), T(4, reduced, NI), 1), div_op(T(3, rows, RW), T(4, reduced, RW), T(5, rows, NI))};
+}
+
+TEST(Row, SoftmaxOpensWithItsMaxAndIsOneProgram) {
+  RowFuser f(kBindings);
+  for (const Operation& op : softmax_ops()) f.fuse(op);
+  EXPECT_EQ(f.len(), 5u);
+  EXPECT_EQ(f.status(), FuserStatus::Open);
+  ASSERT_EQ(f.blocks().size(), 3u);  // [max], [sub, exp, sum], [div]
+  std::uint64_t sum = 0;
+  for (const ReduceFuser& b : f.blocks()) sum += b.properties().score;
+  EXPECT_EQ(f.properties(), (FuserProperties{true, sum + 3 * RowFuser::kBlockBonus}));
+
+  const OptimizationPtr opt = f.finish();
+  EXPECT_EQ(opt->name(), "Row");
+  EXPECT_EQ(opt->len(), 5u);
+  const FusedProgram& p = as_fused(opt).program();
+  EXPECT_EQ(p.kind, ProgramKind::Row);
+  ASSERT_EQ(p.stages.size(), 3u);
+  EXPECT_EQ(p.stages[0].kind, ProgramKind::Reduce);
+  EXPECT_EQ(p.stages[0].len, 1u);
+  EXPECT_EQ(p.stages[0].captured_op_position, 0u);  // an empty prologue: it only loads x
+  EXPECT_TRUE(p.stages[0].blocks[0].instructions.empty());
+  EXPECT_EQ(p.stages[0].blocks[0].loads.size(), 1u);
+  EXPECT_EQ(p.stages[1].kind, ProgramKind::Reduce);
+  EXPECT_EQ(p.stages[1].len, 3u);
+  EXPECT_EQ(p.stages[2].kind, ProgramKind::Elementwise);
+  EXPECT_EQ(p.stages[2].len, 1u);
+  EXPECT_NE(p.to_string().find("Row program (5 ops)"), std::string::npos) << p.to_string();
+
+  // Burn's fusers cannot take it: a reduction never opens one of their blocks.
+  FuserList list = default_fusers(FusionLog{}, FuserOptions{.row_fuser = true});
+  for (const Operation& op : softmax_ops())
+    for (auto& g : list) g->fuse(op);
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_FALSE(list[i]->properties().ready) << i;
+  EXPECT_TRUE(list[5]->properties().ready);
+}
+
+TEST(Row, BeatsReduceBroadcastedOnTheSameOps) {
+  // §19.13 ReduceBroadcasted workflow 1: both take all five ops, the row fuser scores more.
+  const std::vector<Operation> ops = {ones(T(0, {1, 2}, NI)), sum_dim(T(0, {1, 2}, RW), T(1, {1, 0}, NI), 1),
+                                      add(T(1, {1, 0}, RW), T(2, {1, 0}, RW), T(3, {1, 0}, NI)),
+                                      add(T(3, {1, 0}, RW), T(4, {1, 2}, RW), T(5, {1, 2}, NI)),
+                                      sum_dim(T(5, {1, 2}, RW), T(6, {1, 0}, NI), 1)};
+  ReduceBroadcastedFuser rb(kBindings);
+  RowFuser row(kBindings);
+  for (const Operation& op : ops) {
+    rb.fuse(op);
+    row.fuse(op);
+  }
+  EXPECT_EQ(row.len(), rb.len());
+  EXPECT_TRUE(row.properties().ready);
+  EXPECT_EQ(row.properties().score, rb.properties().score + 2 * RowFuser::kBlockBonus);
+}
+
+TEST(Row, NeverReadyWhereOneReduceProgramFits) {
+  const Shape rows{1, 2}, reduced{1, 0};
+  // exp, sum, * k: Reduce's program (§14.7's 210); the row fuser stays out of it.
+  {
+    RowFuser f(kBindings);
+    f.fuse(exp_op(T(0, rows, RO), T(1, rows, NI)));
+    f.fuse(sum_dim(T(1, rows, RW), T(2, reduced, NI), 1));
+    f.fuse(mul_scalar(T(2, reduced, RW), 0, T(3, reduced, NI)));
+    EXPECT_EQ(f.len(), 3u);
+    EXPECT_FALSE(f.properties().ready);
+  }
+  // A lone reduction is one op either way.
+  {
+    RowFuser f(kBindings);
+    f.fuse(sum_dim(T(0, rows, RO), T(1, reduced, NI), 1));
+    EXPECT_EQ(f.len(), 1u);
+    EXPECT_FALSE(f.properties().ready);
+    // ... but with work after it, it is a kernel no Burn fuser builds.
+    f.fuse(mul_scalar(T(1, reduced, RW), 0, T(2, reduced, NI)));
+    EXPECT_EQ(f.len(), 2u);
+    EXPECT_TRUE(f.properties().ready);
+  }
+  // Elementwise work alone never makes it ready.
+  {
+    RowFuser f(kBindings);
+    f.fuse(exp_op(T(0, rows, RO), T(1, rows, NI)));
+    EXPECT_FALSE(f.properties().ready);
+  }
+}
+
+TEST(Row, AReductionOffTheRowsClosesTheChainAndKeepsIt) {
+  const Shape rows{1, 2};
+  for (const std::int64_t axis : {0, 1}) {
+    RowFuser f(kBindings);
+    for (const Operation& op : softmax_ops()) f.fuse(op);
+    // Axis 0 is not the last one; axis 1 of another shape is not these rows.
+    const Shape other = axis == 0 ? rows : Shape{1, 3};
+    const Shape reduced = axis == 0 ? Shape{0, 2} : Shape{1, 0};
+    f.fuse(reduce_dim(OpKind::Numeric_SumDim, T(axis == 0 ? 5 : 7, other, RO), T(6, reduced, NI), axis));
+    EXPECT_EQ(f.status(), FuserStatus::Closed) << axis;
+    EXPECT_EQ(f.len(), 5u) << axis;
+    EXPECT_TRUE(f.properties().ready) << axis;
+  }
+  // Opening on a reduction off the last axis: nothing taken.
+  RowFuser f(kBindings);
+  f.fuse(reduce_dim(OpKind::Numeric_SumDim, T(0, rows, RO), T(1, {0, 2}, NI), 0));
+  EXPECT_EQ(f.status(), FuserStatus::Closed);
+  EXPECT_EQ(f.len(), 0u);
+  EXPECT_FALSE(f.properties().ready);
+}
+
+TEST(Row, ResetAndClone) {
+  RowFuser f(kBindings);
+  const std::vector<Operation> ops = softmax_ops();
+  f.fuse(ops[0]);
+  const std::unique_ptr<OperationFuser> copy = f.clone();
+  for (std::size_t i = 1; i < ops.size(); ++i) copy->fuse(ops[i]);
+  EXPECT_EQ(f.len(), 1u);
+  EXPECT_EQ(copy->len(), 5u);
+  f.reset();
+  EXPECT_TRUE(f.is_empty());
+  EXPECT_EQ(f.status(), FuserStatus::Open);
+  for (const Operation& op : ops) f.fuse(op);
+  EXPECT_EQ(f.properties(), copy->properties());
 }
 
 // ---- NHWC relayout (§14.6, §19.13 item 5).

@@ -395,7 +395,7 @@ TEST(PlanCache, EncodingIsCanonical) {
   explore_until_stable(all_templates(7, 30), store);
   const SerializedPlans s = serialize_plans(store);
   ASSERT_EQ(s.saved, store.size());
-  DecodedPlans d = decode_plans(s.bytes);
+  DecodedPlans d = decode_plans(s.bytes, PlanStoreOptions{}.search_options);
   ASSERT_TRUE(d.ok()) << d.reason;
   ASSERT_EQ(d.plans.size(), store.size());
   ExecutionPlanStore copy;
@@ -566,7 +566,7 @@ TEST(PlanCache, HeaderProblemsHaveTheirReason) {
   ExecutionPlanStore store;
   small_store(store);
   const std::vector<std::uint8_t> good = serialize_plans(store).bytes;
-  KILN_ASSERT_OK(decode_plans(good));
+  KILN_ASSERT_OK(decode_plans(good, PlanStoreOptions{}.search_options));
   auto check = [&](std::vector<std::uint8_t> bytes, PlanCacheProblem want, const char* what) {
     ExecutionPlanStore target;
     const auto r = load_plans(bytes, target);
@@ -582,7 +582,7 @@ TEST(PlanCache, HeaderProblemsHaveTheirReason) {
   check(flip(0), PlanCacheProblem::BadMagic, "magic");
   check({'h', 'e', 'l', 'l', 'o'}, PlanCacheProblem::BadMagic, "text");
   check(flip(4), PlanCacheProblem::FormatVersion, "format version");
-  check(flip(6), PlanCacheProblem::Malformed, "reserved");
+  check(flip(6), PlanCacheProblem::SearchOptions, "search options");
   check(flip(8), PlanCacheProblem::OpTable, "op table fingerprint");
   check(flip(13), PlanCacheProblem::KilnVersion, "kiln version string");
   check(flip(checksum_offset(good)), PlanCacheProblem::Checksum, "checksum field");
@@ -594,8 +594,28 @@ TEST(PlanCache, HeaderProblemsHaveTheirReason) {
 
   // Another kiln version wrote it (or reads it).
   check(serialize_plans(store, "0.0.0-other").bytes, PlanCacheProblem::KilnVersion, "older kiln");
-  EXPECT_EQ(decode_plans(good, "9.9.9").problem, PlanCacheProblem::KilnVersion);
-  EXPECT_NE(decode_plans(good, "9.9.9").reason.find("9.9.9"), std::string::npos);
+  EXPECT_EQ(decode_plans(good, PlanStoreOptions{}.search_options, "9.9.9").problem, PlanCacheProblem::KilnVersion);
+  EXPECT_NE(decode_plans(good, PlanStoreOptions{}.search_options, "9.9.9").reason.find("9.9.9"), std::string::npos);
+}
+
+// Plans found with the row fuser are not what a search without it would find (and the reverse):
+// a store loads only a file its own search wrote.
+TEST(PlanCache, AFileFromAnotherSearchIsIgnored) {
+  ExecutionPlanStore with_row(PlanStoreOptions{.search_options = kSearchRowFuser});
+  small_store(with_row);
+  const std::vector<std::uint8_t> bytes = serialize_plans(with_row).bytes;
+  ExecutionPlanStore without_row;  // default: Burn's fusers
+  const auto r = load_plans(bytes, without_row);
+  EXPECT_EQ(r.problem, PlanCacheProblem::SearchOptions);
+  EXPECT_NE(r.reason.find("row fuser on"), std::string::npos) << r.reason;
+  EXPECT_EQ(without_row.size(), 0u);
+
+  ExecutionPlanStore same(PlanStoreOptions{.search_options = kSearchRowFuser});
+  const auto ok = load_plans(bytes, same);
+  EXPECT_TRUE(ok.ok()) << ok.reason;
+  EXPECT_EQ(same.size(), with_row.size());
+  EXPECT_EQ(search_options_of(FuserOptions{}), 0u);
+  EXPECT_EQ(search_options_of(FuserOptions{.row_fuser = true}), kSearchRowFuser);
 }
 
 TEST(PlanCache, EveryTruncationIsRejectedAsTruncated) {
@@ -604,7 +624,7 @@ TEST(PlanCache, EveryTruncationIsRejectedAsTruncated) {
   const std::vector<std::uint8_t> good = serialize_plans(store).bytes;
   ASSERT_LT(good.size(), 64u * 1024) << "small enough to truncate at every length";
   for (std::size_t len = 0; len < good.size(); ++len) {
-    const auto r = decode_plans(std::span(good).first(len));
+    const auto r = decode_plans(std::span(good).first(len), PlanStoreOptions{}.search_options);
     ASSERT_EQ(r.problem, PlanCacheProblem::Truncated) << "length " << len << ": " << r.reason;
     ASSERT_TRUE(r.plans.empty());
   }

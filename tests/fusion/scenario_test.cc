@@ -1,5 +1,7 @@
 // End-to-end seed scenarios (docs/spec/fusion.md §19.1) and Burn integration expectations (§19.14):
-// real relativization, the default fusers, one stream, a recording executor.
+// real relativization, the default fusers, one stream, a recording executor. Every vector runs
+// twice, with kiln's row fuser off (Burn's fusers only) and on (the default): none of them has a
+// row reduction, so the search, its log, its plans and their scores must be the same.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -31,11 +33,21 @@ struct Captured {
 
 using W1 = W1Program;
 
+class SeedScenario : public ::testing::TestWithParam<bool> {
+ protected:
+  fusion::FuserOptions fusers() const { return fusion::FuserOptions{.row_fuser = GetParam()}; }
+};
+class Integration : public SeedScenario {};
+
+std::string row_fuser_name(const ::testing::TestParamInfo<bool>& param) {
+  return param.param ? "RowFuserOn" : "RowFuserOff";
+}
+
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
-TEST(SeedScenario, Score630) {
+TEST_P(SeedScenario, Score630) {
   Captured cap;
-  Lab lab(cap.log);
+  Lab lab(cap.log, {}, true, fusers());
   W1 w = register_w1(lab, {64, 64}, 2.0);
   EXPECT_EQ(lab.queued(), 4u);
   lab.read(w.t7);
@@ -69,9 +81,9 @@ TEST(SeedScenario, Score630) {
   EXPECT_TRUE(lab.executor().has_handle(w.t7.id));
 }
 
-TEST(SeedScenario, CacheHitsForRepeatOtherScalarAndOtherSize) {
+TEST_P(SeedScenario, CacheHitsForRepeatOtherScalarAndOtherSize) {
   Captured cap;
-  Lab lab(cap.log);
+  Lab lab(cap.log, {}, true, fusers());
   W1 first = register_w1(lab, {64, 64}, 2.0);
   lab.read(first.t7);
   ASSERT_EQ(lab.store().size(), 1u);
@@ -93,9 +105,9 @@ TEST(SeedScenario, CacheHitsForRepeatOtherScalarAndOtherSize) {
   }
 }
 
-TEST(SeedScenario, OtherShapeExploresAgain) {
+TEST_P(SeedScenario, OtherShapeExploresAgain) {
   Captured cap;
-  Lab lab(cap.log);
+  Lab lab(cap.log, {}, true, fusers());
   W1 first = register_w1(lab, {64, 64}, 2.0);
   lab.read(first.t7);
   cap.capture->clear();
@@ -109,10 +121,10 @@ TEST(SeedScenario, OtherShapeExploresAgain) {
   EXPECT_EQ(lab.store().size(), 2u);
 }
 
-TEST(SeedScenario, CacheMissExplainsItselfAtMedium) {
+TEST_P(SeedScenario, CacheMissExplainsItselfAtMedium) {
   auto capture = std::make_shared<fusion::LogCapture>();
   auto log = fusion::FusionLog::to_capture(fusion::LogLevel::Medium, capture);
-  Lab lab(log);
+  Lab lab(log, {}, true, fusers());
   W1 first = register_w1(lab, {64, 64}, 2.0);
   lab.read(first.t7);
   capture->clear();
@@ -125,9 +137,9 @@ TEST(SeedScenario, CacheMissExplainsItselfAtMedium) {
             "[1,2] vs cached [1,1]");
 }
 
-TEST(SeedScenario, FiveChainsFuseInto40OpKernel) {
+TEST_P(SeedScenario, FiveChainsFuseInto40OpKernel) {
   Captured cap;
-  Lab lab(cap.log);
+  Lab lab(cap.log, {}, true, fusers());
   register_chains(lab, 5);
   EXPECT_TRUE(lab.executor().records().empty()) << "nothing executes before the drain";
   auto reg = cap.search_lines();
@@ -160,9 +172,9 @@ TEST(SeedScenario, FiveChainsFuseInto40OpKernel) {
   EXPECT_EQ(lab.store().plan(0)->optimization.strategy.score(), 7390u);
 }
 
-TEST(SeedScenario, SixthChainMergesAtMaxBlocks) {
+TEST_P(SeedScenario, SixthChainMergesAtMaxBlocks) {
   Captured cap;
-  Lab lab(cap.log);
+  Lab lab(cap.log, {}, true, fusers());
   register_chains(lab, 6);
   bool saw = false;
   for (const auto& l : cap.search_lines())
@@ -176,8 +188,8 @@ TEST(SeedScenario, SixthChainMergesAtMaxBlocks) {
 
 // ---- §19.14 integration expectations
 
-TEST(Integration, AddExpFusesTwoOps) {
-  Lab lab(fusion::FusionLog{});
+TEST_P(Integration, AddExpFusesTwoOps) {
+  Lab lab(fusion::FusionLog{}, {}, true, fusers());
   TensorIr a = lab.input({8, 8}), b = lab.input({8, 8});
   TensorIr s = lab.binary(OpKind::Numeric_Add, a, TensorStatus::ReadOnly, b, TensorStatus::ReadOnly);
   TensorIr e = lab.unary(OpKind::Float_Exp, Family::Float, s, TensorStatus::ReadWrite);
@@ -188,8 +200,8 @@ TEST(Integration, AddExpFusesTwoOps) {
   EXPECT_EQ(lab.executor().records()[0].operations.size(), 2u);
 }
 
-TEST(Integration, SyncBetweenAddAndExpSeparatesThem) {
-  Lab lab(fusion::FusionLog{});
+TEST_P(Integration, SyncBetweenAddAndExpSeparatesThem) {
+  Lab lab(fusion::FusionLog{}, {}, true, fusers());
   TensorIr a = lab.input({8, 8}), b = lab.input({8, 8});
   TensorIr s = lab.binary(OpKind::Numeric_Add, a, TensorStatus::ReadOnly, b, TensorStatus::ReadOnly);
   lab.sync();
@@ -199,8 +211,8 @@ TEST(Integration, SyncBetweenAddAndExpSeparatesThem) {
   EXPECT_EQ(lab.executor().executed().size(), 2u);
 }
 
-TEST(Integration, ThreeOpChainFuses) {
-  Lab lab(fusion::FusionLog{});
+TEST_P(Integration, ThreeOpChainFuses) {
+  Lab lab(fusion::FusionLog{}, {}, true, fusers());
   TensorIr a = lab.input({8, 8}), b = lab.input({8, 8}), c = lab.input({8, 8});
   TensorIr s = lab.binary(OpKind::Numeric_Add, a, TensorStatus::ReadOnly, b, TensorStatus::ReadOnly);
   TensorIr m = lab.binary(OpKind::Numeric_Mul, s, TensorStatus::ReadWrite, c, TensorStatus::ReadOnly);
@@ -210,8 +222,8 @@ TEST(Integration, ThreeOpChainFuses) {
   EXPECT_EQ(lab.executor().records()[0].operations.size(), 3u);
 }
 
-TEST(Integration, LoneScalarAddIsNotFused) {
-  Lab lab(fusion::FusionLog{});
+TEST_P(Integration, LoneScalarAddIsNotFused) {
+  Lab lab(fusion::FusionLog{}, {}, true, fusers());
   TensorIr x = lab.input({8, 8});
   TensorIr y = lab.scalar(OpKind::Numeric_AddScalar, x, TensorStatus::ReadOnly, 1.0);
   lab.read(y);
@@ -219,8 +231,8 @@ TEST(Integration, LoneScalarAddIsNotFused) {
   EXPECT_FALSE(lab.executor().records()[0].fused);
 }
 
-TEST(Integration, LoopOfFourIterationsFusesSixteenOps) {
-  Lab lab(fusion::FusionLog{});
+TEST_P(Integration, LoopOfFourIterationsFusesSixteenOps) {
+  Lab lab(fusion::FusionLog{}, {}, true, fusers());
   TensorIr original = lab.input({8, 8});
   TensorIr tmp = original;
   for (int i = 0; i < 4; ++i) {
@@ -242,8 +254,8 @@ TEST(Integration, LoopOfFourIterationsFusesSixteenOps) {
   EXPECT_EQ(non_drop, 16u);
 }
 
-TEST(Integration, FirstUseSwapDimsRunsOnlyUnfused) {
-  Lab lab(fusion::FusionLog{});
+TEST_P(Integration, FirstUseSwapDimsRunsOnlyUnfused) {
+  Lab lab(fusion::FusionLog{}, {}, true, fusers());
   TensorIr a = lab.input({16, 16}), b = lab.input({16, 16});
   TensorIr t = lab.swap_dims(a, TensorStatus::ReadWrite, 0, 1);
   TensorIr s = lab.binary(OpKind::Numeric_Add, t, TensorStatus::ReadWrite, b, TensorStatus::ReadOnly);
@@ -257,12 +269,12 @@ TEST(Integration, FirstUseSwapDimsRunsOnlyUnfused) {
   EXPECT_EQ(lab.executor().executed().size(), 3u);
 }
 
-TEST(Integration, ExplorationCap) {
+TEST_P(Integration, ExplorationCap) {
   auto capture = std::make_shared<fusion::LogCapture>();
   auto log = fusion::FusionLog::to_capture(fusion::LogLevel::Full, capture);
   fusion::ProcessorOptions options;
   options.max_explorations = 1;
-  Lab lab(log, options);
+  Lab lab(log, options, true, fusers());
   W1 w = register_w1(lab, {16, 16}, 2.0);
   lab.read(w.t7);
   ASSERT_EQ(lab.store().size(), 1u);
@@ -287,6 +299,9 @@ TEST(Integration, ExplorationCap) {
   for (const auto& l : capture->lines()) hit |= starts_with(l, "[plan] cache hit: execute plan #0");
   EXPECT_TRUE(hit);
 }
+
+INSTANTIATE_TEST_SUITE_P(RowFuser, SeedScenario, ::testing::Bool(), row_fuser_name);
+INSTANTIATE_TEST_SUITE_P(RowFuser, Integration, ::testing::Bool(), row_fuser_name);
 
 }  // namespace
 }  // namespace kiln::lab

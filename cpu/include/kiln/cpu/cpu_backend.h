@@ -48,7 +48,7 @@ class CpuBackend final : public runtime::DeviceBackend {
 
   std::string_view name() const override { return "cpu"; }
   std::unique_ptr<fusion::Executor> make_executor() override;
-  fusion::FuserList fusers(const fusion::FusionLog& log) const override;
+  fusion::FuserList fusers(const fusion::FusionLog& log, const fusion::FuserOptions& options) const override;
   Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
   Result<runtime::HostData> download(const ir::TensorIr& t) override;
   bool is_materialized(ir::TensorId id) const override;

@@ -78,8 +78,9 @@ class CpuExecutor final : public fusion::Executor {
   // A fused program (or a stage), falling back to its ops [offset, offset + len).
   void execute_program(const fusion::FusedProgram& program, const fusion::ExecutionContext& ctx, std::size_t offset);
   void replay(const fusion::ExecutionContext& ctx, std::size_t offset, std::size_t len);
-  // A ReduceBroadcasted program's stages interleaved per group of rows; false: run them apart.
-  bool run_reduce_broadcasted(const fusion::FusedProgram& program, const Binding& binding);
+  // A staged program's (ReduceBroadcasted, Row) stages interleaved per group of rows; false:
+  // run them apart.
+  bool run_staged_rows(const fusion::FusedProgram& program, const Binding& binding);
   // The fast path of one op; false when it must run on the reference executor.
   bool execute_fast(const ir::Operation& op);
   void execute_reference(const ir::Operation& op);

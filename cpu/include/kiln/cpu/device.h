@@ -87,13 +87,14 @@ struct CpuDeviceStats {
   std::uint64_t kernel_cache_misses = 0;     // compiled forms built
   std::uint64_t inplace_reuses = 0;          // outputs written into a consumed input's buffer
   std::uint64_t zero_copy_reshapes = 0;      // reshapes that share their input's buffer
-  std::uint64_t row_interleaved = 0;         // ReduceBroadcasted programs run row group by row group
+  std::uint64_t row_interleaved = 0;         // staged programs (ReduceBroadcasted, Row) run row group by row group
+  std::uint64_t row_window_temporaries = 0;  // their values consumed inside the launch, kept in a row window
   std::uint64_t kernel_cache_evictions = 0;  // compiled forms dropped by max_kernels
   std::uint64_t nontemporal_outputs = 0;     // fresh outputs of memory-bound launches streaming from
                                              // DRAM written with non-temporal stores (no read for
                                              // ownership), as the kernel that wrote them reports
   // fused_launches by fusion::ProgramKind (ReduceBroadcasted counts its stages as their kinds).
-  std::array<std::uint64_t, 5> launches_by_kind{};
+  std::array<std::uint64_t, fusion::kNumProgramKinds> launches_by_kind{};
   // JIT (CpuJitMode): launches run by a compiled kernel; compiler runs; kernels loaded from the
   // disk cache; failed compiles / loads; programs it declined; corrupt cache entries rebuilt.
   std::uint64_t jit_launches = 0;
@@ -165,8 +166,8 @@ class CpuDevice {
   struct Counters {
     std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0}, kernel_cache_hits{0},
         kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0}, jit_launches{0},
-        nontemporal_outputs{0}, part_by_part{0}, kernel_cache_evictions{0};
-    std::array<std::atomic<std::uint64_t>, 5> launches_by_kind{};
+        nontemporal_outputs{0}, part_by_part{0}, kernel_cache_evictions{0}, row_window_temporaries{0};
+    std::array<std::atomic<std::uint64_t>, fusion::kNumProgramKinds> launches_by_kind{};
     std::array<std::atomic<std::uint64_t>, runtime::kFallbackReasonCount> fallbacks_by_reason{};
   };
   Counters& counters() { return counters_; }

@@ -114,7 +114,7 @@ struct GeneratedProgram {
   std::string body;  // the kernels; compile prelude() + body
   std::vector<KernelSpec> kernels;
   std::vector<ScalarSlot> scalars;
-  std::vector<StageInfo> stages;  // one per stage (one for every kind but ReduceBroadcasted)
+  std::vector<StageInfo> stages;  // one per stage (one for every kind but the staged ones)
   // Whether a kernel may fault (integer division, indexed reads, reductions without identity):
   // the host checks the fault word before it commits the outputs.
   bool may_fault = false;

@@ -4,10 +4,11 @@
 //   [fusion]               max_explorations = 10        (also accepted under [fusion.beam_search])
 //   [fusion]               max_plans = 8192             (0: every plan kept, as Burn does)
 //   [fusion]               max_plan_triggers = 64       (0: every trigger kept, as Burn does)
+//   [fusion]               row_fuser = false            (true: kiln's row fuser after Burn's fusers)
 //   [fusion.beam_search]   max_blocks = 5
 //   [fusion.logger]        level = "medium"             (disabled | basic | medium | full)
 //   KILN_FUSION_LOG, KILN_FUSION_MAX_EXPLORATIONS, KILN_FUSION_MAX_BLOCKS, KILN_FUSION_MAX_PLANS,
-//   KILN_FUSION_MAX_PLAN_TRIGGERS
+//   KILN_FUSION_MAX_PLAN_TRIGGERS, KILN_FUSION_ROW_FUSER
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,8 @@ struct FusionConfig {
   std::size_t max_plans = 8192;
   // OnOperations triggers one plan keeps (the oldest is dropped past it); 0 keeps every one.
   std::size_t max_plan_triggers = 64;
+  // Registers kiln's row fuser after Burn's (FuserOptions::row_fuser; docs/fusion.md).
+  bool row_fuser = false;
   LogLevel log_level = LogLevel::Disabled;
   // Whether the environment asked for the log (then it goes to stderr even when the file set
   // no sink, as Burn does).
@@ -36,6 +39,8 @@ struct FusionConfig {
 };
 
 using EnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
+// An environment switch: "1" / "true" / "on" or "0" / "false" / "off"; none for anything else.
+std::optional<bool> parse_switch(std::string_view text);
 // The process environment.
 EnvLookup process_env();
 

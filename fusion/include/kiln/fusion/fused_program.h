@@ -41,6 +41,11 @@
 //                      stages through global memory (a stage's output is a later stage's input).
 //   NhwcRelayout       one elementwise block; then the captured module op runs unfused; the
 //                      output it reads is written with NHWC strides (`ProgramOutput::layout`).
+//   Row                `stages` as ReduceBroadcasted (kiln's row fuser, beyond Burn): every stage
+//                      iterates the same [rows, n] space (reductions over the last axis); the
+//                      first stage's prologue may be empty (a chain that opens with a reduction).
+//                      A backend runs the stages row group by row group, so what one stage
+//                      hands to the next stays in cache (docs/fusion.md, "The row fuser").
 // `captured_op_position` is the position, among the ops the optimization covers, of the op a
 // composite fuser captured (the matmul, the reduction, the pool), for fallbacks; `len` the number
 // of ops a program covers (stages cover consecutive ranges, in order).
@@ -93,9 +98,12 @@ struct FuseSettings {
 
 // ---- Program parts.
 
-enum class ProgramKind : std::uint8_t { Elementwise, Matmul, Reduce, ReduceBroadcasted, NhwcRelayout };
-// "ElementWise", "Matmul", "Reduce", "ReduceBroadcasted", "NHWCRelayout" (docs/spec/fusion.md §14.1).
+enum class ProgramKind : std::uint8_t { Elementwise, Matmul, Reduce, ReduceBroadcasted, NhwcRelayout, Row };
+// "ElementWise", "Matmul", "Reduce", "ReduceBroadcasted", "NHWCRelayout" (docs/spec/fusion.md §14.1), "Row".
 std::string_view program_kind_name(ProgramKind k);
+inline constexpr std::size_t kNumProgramKinds = static_cast<std::size_t>(ProgramKind::Row) + 1;
+// Whether a program of this kind is a list of `stages` run in order (ReduceBroadcasted, Row).
+constexpr bool is_staged(ProgramKind k) { return k == ProgramKind::ReduceBroadcasted || k == ProgramKind::Row; }
 
 enum class InputRole : std::uint8_t {
   Plain,      // read element-wise at the block's position
@@ -252,7 +260,7 @@ struct FusedProgram {
   std::vector<ProgramBlock> blocks;
   std::vector<ProgramOutput> outputs;
   std::optional<MatmulSpec> matmul;
-  std::vector<FusedProgram> stages;     // ReduceBroadcasted
+  std::vector<FusedProgram> stages;     // ReduceBroadcasted, Row
   std::vector<FusedProgram> fallbacks;  // Matmul, Reduce (see above)
   std::size_t captured_op_position = 0;
   std::size_t len = 0;  // number of ops the program covers (a stage: its share of the ops, in order)

@@ -10,6 +10,9 @@
 //                      with elementwise blocks broadcasting the reduced values back (§14.8).
 //   NHWCRelayout       elementwise work whose result a pool / interpolate consumes: written
 //                      with NHWC strides, then the module op runs unfused (§14.6).
+//   Row                kiln's row fuser (beyond Burn, `[fusion] row_fuser`): ReduceBroadcasted's
+//                      chains, also opening with a reduction (softmax's MaxDim), run row group by
+//                      row group (docs/fusion.md, "The row fuser").
 //
 // Example:
 //   FuserList fusers = default_fusers(log, FuserOptions{});   // registry order, see below
@@ -27,6 +30,7 @@
 #include "kiln/fusion/fused_program.h"
 #include "kiln/fusion/fuser.h"
 #include "kiln/fusion/fusion_log.h"
+#include "kiln/fusion/plan_store.h"
 #include "kiln/fusion/trace_fuser.h"
 #include "kiln/ir/operation.h"
 
@@ -39,6 +43,10 @@ struct FuserOptions {
   // bindings, bounds a kernel in practice, while still meeting the seed's needs (§19.1.4: 11
   // bindings for five chains, 13 for six). Tests lower it to exercise the check.
   std::uint32_t max_bindings = 64;
+  // Registers the row fuser after the built-ins (`[fusion] row_fuser`). Off: exactly Burn's
+  // search (docs/spec/fusion.md §14). Off by default until its programs beat Burn's split on
+  // every backend (docs/decisions.md, fusion).
+  bool row_fuser = false;
 };
 
 class ElementWiseFuser final : public OperationFuser {
@@ -82,7 +90,9 @@ class MatmulFuser final : public OperationFuser {
 
 class ReduceFuser final : public OperationFuser {
  public:
-  explicit ReduceFuser(std::uint32_t max_bindings, FusionLog log = {});
+  // `leading_reduction` (the row fuser's blocks only, beyond §14.7): a reduction as the first op
+  // is captured with an empty prologue that loads its input, instead of closing the fuser.
+  explicit ReduceFuser(std::uint32_t max_bindings, FusionLog log = {}, bool leading_reduction = false);
   void fuse(const ir::Operation& op) override;
   FuserStatus status() const override { return main_.status(); }
   // Main properties with ready = a reduction was captured.
@@ -97,6 +107,7 @@ class ReduceFuser final : public OperationFuser {
   FusedProgram program() const;
   bool captured() const { return reduce_.has_value(); }
   const std::optional<ir::Operation>& reduction() const { return reduce_; }
+  std::size_t prologue_len() const { return read_ops_; }  // ops accepted before the reduction
   const TraceFuser& main() const { return main_; }
   const TraceFuser& read_fallback() const { return read_fallback_; }
   const TraceFuser& write_fallback() const { return write_fallback_; }
@@ -113,6 +124,7 @@ class ReduceFuser final : public OperationFuser {
   TraceFuser write_fallback_;
   std::optional<ir::Operation> reduce_;
   std::size_t read_ops_ = 0;  // ops accepted before the reduction
+  bool leading_reduction_ = false;
 };
 
 class ReduceBroadcastedFuser final : public OperationFuser {
@@ -167,8 +179,54 @@ class NhwcRelayoutFuser final : public OperationFuser {
   std::optional<ir::Operation> captured_;
 };
 
+// The row fuser (kiln, beyond Burn): a chain of blocks like ReduceBroadcasted's, each a Reduce
+// fuser, over one [rows, n] space: every reduction reduces the last axis of the same relative
+// input shape, and every elementwise block after a reduction produces that shape (the reduced
+// values broadcast back). Unlike ReduceBroadcasted it may open with a reduction, a block may too
+// (layer norm's second MeanDim), and an op that would break the chain (another axis or shape)
+// closes it with the ops accepted so far instead of aborting.
+//
+// Ready when it captured a reduction and holds what no Burn fuser covers alone: two blocks or
+// more, or a leading reduction. Score = Σ block scores + kBlockBonus per block: each block
+// boundary that stays in cache saves a launch and a global round trip of the values handed
+// over, so on the same ops it beats ReduceBroadcasted (the same stages run from memory), and it
+// is never ready where only a single Reduce program fits (Reduce keeps those).
+class RowFuser final : public OperationFuser {
+ public:
+  static constexpr std::uint64_t kBlockBonus = 100;
+
+  explicit RowFuser(std::uint32_t max_bindings, FusionLog log = {});
+  void fuse(const ir::Operation& op) override;
+  FuserStatus status() const override;
+  FuserProperties properties() const override;
+  std::size_t len() const override { return num_ops_; }
+  OptimizationPtr finish() override;
+  void reset() override;
+  std::unique_ptr<OperationFuser> clone() const override { return std::make_unique<RowFuser>(*this); }
+
+  FusedProgram program() const;
+  const std::vector<ReduceFuser>& blocks() const { return blocks_; }
+
+ private:
+  // Whether reduction `r` reduces the last axis of the row space (the first one sets it).
+  bool fits_rows(const ir::Operation& r) const;
+  bool leads_with_reduction() const;
+
+  std::uint32_t max_bindings_;
+  FusionLog log_;
+  std::vector<ReduceFuser> blocks_;
+  bool closed_ = false;
+  ir::Shape rows_;  // the reductions' input shape, once one was captured
+  std::size_t num_ops_ = 0;
+};
+
+// PlanStoreOptions::search_options of a search with these fusers.
+constexpr std::uint16_t search_options_of(const FuserOptions& options) {
+  return options.row_fuser ? kSearchRowFuser : std::uint16_t{0};
+}
+
 // The built-ins in registry order (which breaks score ties): ElementWise, Matmul, Reduce,
-// ReduceBroadcasted, NHWCRelayout.
+// ReduceBroadcasted, NHWCRelayout, then Row when FuserOptions::row_fuser.
 FuserList default_fusers(const FusionLog& log, FuserOptions opts = {});
 
 }  // namespace kiln::fusion

@@ -3,7 +3,8 @@
 //
 // File `DIR/plans.kpc` (format version 1; integers little-endian, varints as in ir/codec.h):
 //
-//   header   magic "KPLN" (4 bytes), format version u16, reserved u16 (0),
+//   header   magic "KPLN" (4 bytes), format version u16, search options u16 (the store's
+//            PlanStoreOptions::search_options: bit 0 = the row fuser),
 //            op table fingerprint u32 (ir::codec::op_table_fingerprint(): op kinds are stored by
 //            index), kiln version (u8 length + bytes), payload length u64,
 //            payload checksum u64 (64-bit FNV-1a of the payload bytes)
@@ -16,14 +17,14 @@
 //                           len varint, the FusedProgram, ordering, score varint;
 //                           Operations: ordering; Composed: child count varint + children
 //
-// A file written by another format version, another kiln version or another op table is
-// ignored as a whole: plans are the search's results, and a different kiln may search (or run a
-// FusedProgram) differently, so stale plans must not bypass the new search. Decoding treats the
-// file as untrusted even though its directory is owner-only: every length is bounded by the bytes
-// that remain, every enum range-checked, nesting depth capped, and every plan validated (orderings
-// a permutation of its operations, program registers / inputs / outputs / scalar placeholders in
-// range) before anything reaches the store. Loading is all-or-nothing per file: a problem
-// anywhere ignores the whole file (a warning, never an error that stops the daemon).
+// A file written by another format version, another kiln version, another op table or another
+// search (the row fuser on where this store has it off, or the reverse) is ignored as a whole: plans are the search's
+// results, and a different kiln may search (or run a FusedProgram) differently, so stale plans must not bypass the new
+// search. Decoding treats the file as untrusted even though its directory is owner-only: every length is bounded by the
+// bytes that remain, every enum range-checked, nesting depth capped, and every plan validated (orderings a permutation
+// of its operations, program registers / inputs / outputs / scalar placeholders in range) before anything reaches the
+// store. Loading is all-or-nothing per file: a problem anywhere ignores the whole file (a warning, never an error that
+// stops the daemon).
 //
 // Plans whose optimization is not a FusedOptimization (an optimization kind this format cannot
 // rebuild) are skipped when saving and counted; the rest of the file is still written.
@@ -66,7 +67,7 @@
 
 namespace kiln::fusion {
 
-inline constexpr std::uint16_t kPlanCacheFormatVersion = 1;
+inline constexpr std::uint16_t kPlanCacheFormatVersion = 2;  // 2: ProgramKind::Row, search options
 inline constexpr std::string_view kPlanCacheFileName = "plans.kpc";
 // Larger files are refused unread: a store holds thousands of plans of a few KiB at most, and
 // the cap bounds what one (corrupt or planted) file can make the daemon read and allocate.
@@ -86,6 +87,7 @@ enum class PlanCacheProblem : std::uint8_t {
   FormatVersion,    // another format version
   KilnVersion,      // written by another kiln version
   OpTable,          // written by a kiln with another op table
+  SearchOptions,    // written by another search (PlanStoreOptions::search_options differ)
   Checksum,         // payload checksum mismatch
   Malformed,        // checksum fine but the content is invalid (bad enum, index out of range, ...)
 };
@@ -136,10 +138,11 @@ struct DecodedPlans {
   bool ok() const { return problem == PlanCacheProblem::None; }
 };
 // Decodes and validates a whole file; on any problem `plans` is empty.
-DecodedPlans decode_plans(std::span<const std::uint8_t> bytes,
+DecodedPlans decode_plans(std::span<const std::uint8_t> bytes, std::uint16_t expected_search_options,
                           std::string_view expected_kiln_version = plan_cache_kiln_version());
 
-// decode_plans, then every plan into `store` (after the whole file validated).
+// decode_plans (expecting the store's search options), then every plan into `store` (after the
+// whole file validated).
 PlanCacheLoadReport load_plans(std::span<const std::uint8_t> bytes, ExecutionPlanStore& store,
                                std::string_view expected_kiln_version = plan_cache_kiln_version());
 

@@ -58,6 +58,9 @@ struct ExecutionPlan {
 // A plan held alive (and unchanged) however the store changes meanwhile; null: no such plan.
 using PlanPin = std::shared_ptr<const ExecutionPlan>;
 
+// Bits of PlanStoreOptions::search_options.
+inline constexpr std::uint16_t kSearchRowFuser = 1;  // kiln's row fuser registered
+
 struct PlanStoreOptions {
   // Most plans kept; 0 keeps every plan for the store's life (Burn's behaviour). Past it, the
   // coldest eighth (at least one) is evicted.
@@ -66,6 +69,9 @@ struct PlanStoreOptions {
   // adding one drops the oldest: a plan matched by ever new tails (random programs, a hostile
   // client) must not grow without limit, nor make every match validate thousands of tails.
   std::size_t max_plan_triggers = 0;
+  // The search that finds this store's plans (search_options_of(FuserOptions), fusers.h): the
+  // plan cache records it and ignores a file a different search wrote. Default: Burn's fusers.
+  std::uint16_t search_options = 0;
 };
 
 class ExecutionPlanStore {
@@ -115,6 +121,7 @@ class ExecutionPlanStore {
   // Plans evicted so far, and the bound (0: none).
   std::uint64_t evicted() const;
   std::size_t max_plans() const;
+  std::uint16_t search_options() const;
 
   // Counts the changes a saved copy of the store would miss: +1 for each plan published, each
   // trigger actually added (by add() or add_trigger(); a duplicate changes nothing and counts

@@ -170,9 +170,10 @@ class TraceFuser {
   // Matmul: registers the operands as inputs and the output as a local value (and output) of
   // the current block; sets current_output_shape.
   bool register_matmul(const ir::Operation& matmul);
-  // Reduction: ends the current block (reference = current_output_shape), hands the reduce input
-  // over, registers the reduce output in a new block with `settings`; current_output_shape
-  // becomes the output's shape. The caller checked the input shape.
+  // Reduction: ends the current block (reference = current_output_shape, or the reduce input's
+  // shape when no op came before: a block that only loads it), hands the reduce input over,
+  // registers the reduce output in a new block with `settings`; current_output_shape becomes the
+  // output's shape. The caller checked the input shape.
   bool register_reduce(const ir::Operation& reduce, ir::DType accumulator, FuseSettings settings);
   bool set_output_layout(std::uint64_t tensor, Permutation layout) {
     return trace_.set_output_layout(tensor, std::move(layout));

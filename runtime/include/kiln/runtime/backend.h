@@ -24,6 +24,7 @@
 #include "kiln/base/result.h"
 #include "kiln/fusion/executor.h"
 #include "kiln/fusion/fuser.h"
+#include "kiln/fusion/fusers.h"
 #include "kiln/fusion/fusion_log.h"
 #include "kiln/ir/handle_container.h"
 #include "kiln/ir/handle_error.h"
@@ -45,8 +46,9 @@ class DeviceBackend {
   virtual std::string_view name() const = 0;
   // A new executor for one stream (it may keep per-stream state: a CUDA stream, a RNG).
   virtual std::unique_ptr<fusion::Executor> make_executor() = 0;
-  // The fuser prototypes a new stream's processor starts with (registry order).
-  virtual fusion::FuserList fusers(const fusion::FusionLog& log) const = 0;
+  // The fuser prototypes a new stream's processor starts with (registry order); `options` come
+  // from the fusion configuration ([fusion] row_fuser).
+  virtual fusion::FuserList fusers(const fusion::FusionLog& log, const fusion::FuserOptions& options) const = 0;
 
   // Registers host data under a fresh id (no stream involved: the id is new, docs/spec/fusion.md §16.2
   // register_tensor_handle). Errors name the id, shape and dtype that did not fit. `bytes` may

@@ -72,6 +72,9 @@ struct RuntimeOptions {
   std::string config_path = "kiln.toml";
   // Explicit fusion settings: replace the file and the environment entirely.
   std::optional<fusion::FusionConfig> fusion;
+  // [fusion] row_fuser from a flag (kilnd --row-fuser): wins over the file, the environment and
+  // `fusion`.
+  std::optional<bool> row_fuser;
   // Explicit log sink (tests capture it); default: stderr at the configured level.
   std::optional<fusion::FusionLog> log;
   // Bound of every blocking wait (drain, read, shared view, shutdown per stream). A wait that

@@ -57,6 +57,7 @@
 #include <boost/lockfree/queue.hpp>
 #include <boost/lockfree/spsc_queue.hpp>
 
+#include "kiln/fusion/fusers.h"
 #include "kiln/fusion/multi_stream.h"
 #include "kiln/fusion/plan_store.h"
 #include "kiln/fusion/stream.h"
@@ -110,6 +111,7 @@ struct ActorContext {
   fusion::ExecutionPlanStore* store = nullptr;
   const fusion::FusionLog* log = nullptr;
   fusion::ProcessorOptions processor;
+  fusion::FuserOptions fusers;
   std::size_t drain_batch = 64;
   // Pauses a turn polls for its producer's next op before it ends, when it ran anything and no
   // other turn waits: a producer recording a program submits its next op within a microsecond or
