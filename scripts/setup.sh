@@ -40,6 +40,7 @@ PACKAGES=(
   python3-dev                 # Python.h: torch.compile's CPU kernels include it (bench/torch)
   procps                      # pkill, ps: the daemon tests end their helper processes
   util-linux passwd           # setpriv, useradd: the tests run clients as a second user (root)
+  systemd                     # systemd-analyze: the service unit's check (ctest apps_service_unit)
 )
 
 case "${1:-}" in

@@ -172,7 +172,7 @@ struct Settings {
 std::optional<int> read_settings(int argc, char** argv, Settings& s) {
   CLI::App app{"kilnd: the kiln per-device tensor runtime daemon"};
   if (const char* env = std::getenv("KILN_DEVICE")) s.device = env;
-  app.add_option("--device", s.device, "auto, cpu, cuda or cuda:N (env KILN_DEVICE)");
+  app.add_option("--device", s.device, "auto, cpu, cuda, cuda:N or cudaN (env KILN_DEVICE)");
   app.add_option("--runtime-dir", s.runtime_dir, "directory of the control socket (default $XDG_RUNTIME_DIR/kiln)");
   app.add_option("--socket", s.socket_name, "socket file name (default kilnd-<device>.sock)");
   app.add_option("--config", s.config, "kiln.toml with [daemon], [fusion] and [runtime] settings (flags win)");

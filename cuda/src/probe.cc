@@ -81,15 +81,16 @@ Result<DeviceChoice> choose_device(std::string_view request, const ProbeResult& 
     return DeviceChoice{DeviceKind::Cpu, 0, "auto: no GPU: " + probe.reason};
   }
   if (r == "cpu") return DeviceChoice{DeviceKind::Cpu, 0, "requested: cpu"};
-  if (r == "cuda" || r.rfind("cuda:", 0) == 0) {
+  if (r.rfind("cuda", 0) == 0) {
+    // cuda, cuda:N, or cudaN (a systemd instance name: kilnd@cuda0).
     int ordinal = 0;
     if (r.size() > 4) {
-      const char* b = r.data() + 5;
+      const char* b = r.data() + (r[4] == ':' ? 5 : 4);
       const char* e = r.data() + r.size();
       auto [ptr, ec] = std::from_chars(b, e, ordinal);
       if (ec != std::errc() || ptr != e || b == e || ordinal < 0)
         return make_error(ErrorCode::Config,
-                          fmt::format("device '{}': expected cuda:N with N a device number", request));
+                          fmt::format("device '{}': expected cuda:N or cudaN with N a device number", request));
     }
     if (!probe.available())
       return make_error(ErrorCode::Config, fmt::format("device '{}' requested, but no GPU: {}", request, probe.reason));
@@ -99,7 +100,7 @@ Result<DeviceChoice> choose_device(std::string_view request, const ProbeResult& 
     const DeviceInfo& d = probe.devices[static_cast<std::size_t>(ordinal)];
     return DeviceChoice{DeviceKind::Cuda, ordinal, fmt::format("requested: {} (sm_{})", d.name, d.arch())};
   }
-  return make_error(ErrorCode::Config, fmt::format("device '{}': expected auto, cpu, cuda or cuda:N", request));
+  return make_error(ErrorCode::Config, fmt::format("device '{}': expected auto, cpu, cuda, cuda:N or cudaN", request));
 }
 
 Result<DeviceChoice> select_device(std::string_view flag) {

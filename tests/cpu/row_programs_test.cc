@@ -23,9 +23,9 @@
 namespace kiln::cpu {
 namespace {
 
+using ::kiln::testing::ok;
 using runtime::Session;
 using runtime::Tensor;
-using ::kiln::testing::ok;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -64,12 +64,12 @@ std::vector<float> rows_of(std::size_t rows, std::size_t n, std::uint64_t seed, 
   for (float& x : v) x = u(rng);
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   auto row = [&](std::size_t r) { return v.begin() + static_cast<std::ptrdiff_t>(r * n); };
-  if (rows > 1) row(1)[0] = inf;                                          // +inf: NaN row
-  if (rows > 2) row(2)[n / 2] = -inf;                                     // -inf: a zero
-  if (rows > 3) row(3)[n - 1] = nan;                                      // NaN: NaN row
+  if (rows > 1) row(1)[0] = inf;                                                             // +inf: NaN row
+  if (rows > 2) row(2)[n / 2] = -inf;                                                        // -inf: a zero
+  if (rows > 3) row(3)[n - 1] = nan;                                                         // NaN: NaN row
   if (rows > 4 && huge) std::fill(row(4), row(4) + static_cast<std::ptrdiff_t>(n), -1e38f);  // all equal
-  if (rows > 5 && huge) row(5)[0] = 1e38f, row(5)[n - 1] = -1e38f;  // a difference beyond f32
-  if (rows > 6) std::fill(row(6), row(6) + static_cast<std::ptrdiff_t>(n), -inf);    // all -inf: NaN
+  if (rows > 5 && huge) row(5)[0] = 1e38f, row(5)[n - 1] = -1e38f;                           // a difference beyond f32
+  if (rows > 6) std::fill(row(6), row(6) + static_cast<std::ptrdiff_t>(n), -inf);            // all -inf: NaN
   return v;
 }
 
@@ -102,7 +102,7 @@ void expect_rows_near(const std::vector<float>& got, const std::vector<double>& 
   int bad = 0;
   for (std::size_t i = 0; i < got.size() && bad < 5; ++i) {
     const double g = got[i], w = want[i];
-    const bool same = std::isnan(w) ? std::isnan(g)
+    const bool same = std::isnan(w)   ? std::isnan(g)
                       : std::isinf(w) ? g == w
                                       : std::abs(g - w) <= tol * std::max(1.0, std::abs(w));
     if (!same) {
@@ -156,24 +156,26 @@ TEST(RowPrograms, NormsWrittenOutOpByOp) {
       const Tensor rms = ok(s.mul(ok(s.div(xt, ok(s.sqrt(ok(s.add(ms, kEps)))))), gt));
       const std::vector<float> ln_got = ok(s.to_host<float>(ln));
       const std::vector<float> rms_got = ok(s.to_host<float>(rms));
-      expect_rows_near(ln_got, host_rows(x, c.n,
-                                         [&](const double* r, double* y, std::size_t n) {
-                                           double mean = 0, v = 0;
-                                           for (std::size_t j = 0; j < n; ++j) mean += r[j];
-                                           mean /= static_cast<double>(n);
-                                           for (std::size_t j = 0; j < n; ++j) v += (r[j] - mean) * (r[j] - mean);
-                                           v /= static_cast<double>(n);
-                                           for (std::size_t j = 0; j < n; ++j)
-                                             y[j] = (r[j] - mean) / std::sqrt(v + kEps) * g[j];
-                                         }),
+      expect_rows_near(ln_got,
+                       host_rows(x, c.n,
+                                 [&](const double* r, double* y, std::size_t n) {
+                                   double mean = 0, v = 0;
+                                   for (std::size_t j = 0; j < n; ++j) mean += r[j];
+                                   mean /= static_cast<double>(n);
+                                   for (std::size_t j = 0; j < n; ++j) v += (r[j] - mean) * (r[j] - mean);
+                                   v /= static_cast<double>(n);
+                                   for (std::size_t j = 0; j < n; ++j)
+                                     y[j] = (r[j] - mean) / std::sqrt(v + kEps) * g[j];
+                                 }),
                        2e-4, "layer norm");
-      expect_rows_near(rms_got, host_rows(x, c.n,
-                                          [&](const double* r, double* y, std::size_t n) {
-                                            double m = 0;
-                                            for (std::size_t j = 0; j < n; ++j) m += r[j] * r[j];
-                                            m /= static_cast<double>(n);
-                                            for (std::size_t j = 0; j < n; ++j) y[j] = r[j] / std::sqrt(m + kEps) * g[j];
-                                          }),
+      expect_rows_near(rms_got,
+                       host_rows(x, c.n,
+                                 [&](const double* r, double* y, std::size_t n) {
+                                   double m = 0;
+                                   for (std::size_t j = 0; j < n; ++j) m += r[j] * r[j];
+                                   m /= static_cast<double>(n);
+                                   for (std::size_t j = 0; j < n; ++j) y[j] = r[j] / std::sqrt(m + kEps) * g[j];
+                                 }),
                        2e-4, "rms norm");
     }
     EXPECT_EQ(rig.row_programs() > 0, row_fuser);

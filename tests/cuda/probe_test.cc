@@ -61,6 +61,8 @@ TEST(Probe, ExplicitRequests) {
   EXPECT_EQ(choose_device("cpu", with_gpu())->kind, DeviceKind::Cpu);
   EXPECT_EQ(choose_device("CUDA", with_gpu())->kind, DeviceKind::Cuda);
   EXPECT_EQ(choose_device("cuda:0", with_gpu())->ordinal, 0);
+  EXPECT_EQ(choose_device("cuda0", with_gpu())->ordinal, 0) << "the form of a systemd instance, kilnd@cuda0";
+  EXPECT_NE(choose_device("cuda1", with_gpu()).error().message.find("only 1 CUDA device"), std::string::npos);
   Result<DeviceChoice> c = choose_device("cuda:1", with_gpu());
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.error().code, ErrorCode::Config);
@@ -68,7 +70,7 @@ TEST(Probe, ExplicitRequests) {
   c = choose_device("cuda", without_gpu());
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.error().message.find("no CUDA driver found"), std::string::npos) << c.error().message;
-  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x"}) {
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "cudax", "cuda-1", "cuda0x"}) {
     c = choose_device(bad, with_gpu());
     ASSERT_FALSE(c.ok()) << bad;
     EXPECT_EQ(c.error().code, ErrorCode::Config);
