@@ -1,5 +1,6 @@
 // kiln-bench-peers: kiln's CPU backend on the peer kit's workloads W1-W4
-// (../shared/bench-peers/README.md), plus a 1024x1024 f32 matmul, driven through kiln's own
+// (../shared/bench-peers/README.md), plus a 1024x1024 f32 matmul and, when asked for, the row
+// workloads LN and CE (workloads.h; bench/peers/peer_rows.py times PyTorch on them), driven through kiln's own
 // path: operations registered on a FusionStream, grouped by the fusion search, executed by the
 // CPU executor. Prints the kit's line format so that summarize.py joins kiln with the peers:
 //
@@ -13,7 +14,7 @@
 // BENCH_MAX_REPS, BENCH_WARMUP_S, BENCH_PASS (as the kit's peers), KILN_FUSION_LOG (the fusion
 // log on stderr). docs/benchmarks.md explains how to run it inside the kit's passes.
 //
-// usage: kiln-bench-peers [--workloads W1,W2,W3,W4,matmul1024] [--sizes 65536,1048576,16777216]
+// usage: kiln-bench-peers [--workloads W1,W2,W3,W4,matmul1024,LN,CE] [--sizes 65536,1048576,16777216]
 //                         [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--row-fuser on|off] [--dry-run]
 // --jit on (the default): fused elementwise programs run as JIT-compiled loops (compiled in the
 // untimed priming calls, cached on disk); off: the interpreter (docs/cpu-backend.md, "JIT").
@@ -55,7 +56,7 @@ struct Options {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "kiln-bench-peers: %s\n"
-               "usage: kiln-bench-peers [--workloads W1,W2,W3,W4,matmul1024] [--sizes 65536,1048576,16777216]\n"
+               "usage: kiln-bench-peers [--workloads W1,W2,W3,W4,matmul1024,LN,CE] [--sizes 65536,1048576,16777216]\n"
                "                        [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--row-fuser "
                "on|off] [--dry-run]\n",
                why);

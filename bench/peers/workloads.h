@@ -304,14 +304,118 @@ class Matmul final : public Workload {
   std::optional<TensorIr> y_;
 };
 
-// Useful bytes per element (README): W1 16, W2 8, W3 28, W4 8. matmul1024: 12 B per output
+// ---- Row workloads beyond the kit (issue "rows in one pass"; bench/peers/peer_rows.py times
+// PyTorch on the same computation): rows of kRow, x in [-4, 4).
+//   LN: y = (x - mean) / sqrt(var + 1e-5) * g + b, written out op by op (mean, centre, square,
+//       mean, + eps, sqrt, divide, scale, shift); g in [0.5, 1.5), b in [-0.5, 0.5) of [1, kRow].
+//   CE: loss_r = -sum_j t_rj * log_softmax(x)_rj with one-hot probability targets t (class
+//       r * 7919 mod kRow): max, sub, exp, sum, log, sub, mul, sum, neg -> [rows, 1].
+inline constexpr double kLnEps = 1e-5;
+inline std::size_t ce_class(long r) { return static_cast<std::size_t>((r * 7919) % kRow); }
+
+class LN final : public Workload {
+ public:
+  explicit LN(long n)
+      : n_(n), x_(uniform(n, -4, 4, 51)), g_(uniform(kRow, 0.5f, 1.5f, 52)), b_(uniform(kRow, -0.5f, 0.5f, 53)) {}
+  void setup(Client& c) override {
+    x_t_ = c.upload(Shape{static_cast<std::uint64_t>(n_ / kRow), static_cast<std::uint64_t>(kRow)}, x_);
+    g_t_ = c.upload(Shape{1, static_cast<std::uint64_t>(kRow)}, g_);
+    b_t_ = c.upload(Shape{1, static_cast<std::uint64_t>(kRow)}, b_);
+  }
+  void call(Client& c) override {
+    if (y_) c.drop(*y_);
+    constexpr auto RO = TensorStatus::ReadOnly, RW = TensorStatus::ReadWrite;
+    TensorIr mean = c.reduce_dim(OpKind::Numeric_MeanDim, x_t_, RO, 1);
+    TensorIr d = c.binary(OpKind::Numeric_Sub, x_t_, RO, mean, RW);
+    TensorIr sq = c.binary(OpKind::Numeric_Mul, d, RO, d, RO);
+    TensorIr var = c.reduce_dim(OpKind::Numeric_MeanDim, sq, RW, 1);
+    TensorIr ve = c.scalar(OpKind::Numeric_AddScalar, var, RW, kLnEps);
+    TensorIr sd = c.fl(OpKind::Float_Sqrt, ve, RW);
+    TensorIr nrm = c.binary(OpKind::Numeric_Div, d, RW, sd, RW);
+    TensorIr scaled = c.binary(OpKind::Numeric_Mul, nrm, RW, g_t_, RO);
+    y_ = c.binary(OpKind::Numeric_Add, scaled, RW, b_t_, RO);
+    c.drain();
+  }
+  CheckResult check(Client& c) override {
+    const std::vector<float> y = c.download(*y_);
+    double err = 0;
+    for (long r = 0; r < n_ / kRow; ++r) {
+      const float* x = x_.data() + r * kRow;
+      double mean = 0, var = 0;
+      for (long j = 0; j < kRow; ++j) mean += x[j];
+      mean /= kRow;
+      for (long j = 0; j < kRow; ++j) var += (x[j] - mean) * (x[j] - mean);
+      var /= kRow;
+      for (long j = 0; j < kRow; ++j) {
+        const double ref = (x[j] - mean) / std::sqrt(var + kLnEps) * g_[j] + b_[j];
+        err = std::max(err, std::fabs(y[r * kRow + j] - ref) / std::max(1.0, std::fabs(ref)));
+      }
+    }
+    return {err, err < 1e-4};
+  }
+  void teardown(Client& c) override { release(c, {x_t_, g_t_, b_t_}, y_); }
+
+ private:
+  long n_;
+  std::vector<float> x_, g_, b_;
+  TensorIr x_t_, g_t_, b_t_;
+  std::optional<TensorIr> y_;
+};
+
+class CE final : public Workload {
+ public:
+  explicit CE(long n) : n_(n), x_(uniform(n, -4, 4, 61)), t_(static_cast<std::size_t>(n), 0.0f) {
+    for (long r = 0; r < n / kRow; ++r) t_[static_cast<std::size_t>(r * kRow) + ce_class(r)] = 1.0f;
+  }
+  void setup(Client& c) override {
+    const Shape s{static_cast<std::uint64_t>(n_ / kRow), static_cast<std::uint64_t>(kRow)};
+    x_t_ = c.upload(s, x_);
+    t_t_ = c.upload(s, t_);
+  }
+  void call(Client& c) override {
+    if (y_) c.drop(*y_);
+    constexpr auto RO = TensorStatus::ReadOnly, RW = TensorStatus::ReadWrite;
+    TensorIr mx = c.reduce_dim(OpKind::Numeric_MaxDim, x_t_, RO, 1);
+    TensorIr d = c.binary(OpKind::Numeric_Sub, x_t_, RO, mx, RW);
+    TensorIr e = c.fl(OpKind::Float_Exp, d, RO);
+    TensorIr s = c.reduce_dim(OpKind::Numeric_SumDim, e, RW, 1);
+    TensorIr ls = c.fl(OpKind::Float_Log, s, RW);
+    TensorIr lsm = c.binary(OpKind::Numeric_Sub, d, RW, ls, RW);
+    TensorIr p = c.binary(OpKind::Numeric_Mul, t_t_, RO, lsm, RW);
+    TensorIr l = c.reduce_dim(OpKind::Numeric_SumDim, p, RW, 1);
+    y_ = c.scalar(OpKind::Numeric_MulScalar, l, RW, -1.0);
+    c.drain();
+  }
+  CheckResult check(Client& c) override {
+    const std::vector<float> y = c.download(*y_);
+    double err = 0;
+    for (long r = 0; r < n_ / kRow; ++r) {
+      const float* x = x_.data() + r * kRow;
+      double mx = -std::numeric_limits<double>::infinity(), s = 0;
+      for (long j = 0; j < kRow; ++j) mx = std::max(mx, static_cast<double>(x[j]));
+      for (long j = 0; j < kRow; ++j) s += std::exp(x[j] - mx);
+      const double ref = -(x[ce_class(r)] - mx - std::log(s));
+      err = std::max(err, std::fabs(y[static_cast<std::size_t>(r)] - ref) / std::max(1.0, std::fabs(ref)));
+    }
+    return {err, err < 1e-4};
+  }
+  void teardown(Client& c) override { release(c, {x_t_, t_t_}, y_); }
+
+ private:
+  long n_;
+  std::vector<float> x_, t_;
+  TensorIr x_t_, t_t_;
+  std::optional<TensorIr> y_;
+};
+
+// Useful bytes per element (README): W1 16, W2 8, W3 28, W4 8; LN 8 (x, y), CE 8 (x, t). matmul1024: 12 B per output
 // element (A, B and C once each), a nominal figure only there to fill the gbps column; the
 // meaningful one is the extra key gflops = 2 n^3 / t.
 inline double bytes_per_elem(const std::string& w) {
   if (w == "W1") return 16;
   if (w == "W2") return 8;
   if (w == "W3") return 28;
-  if (w == "W4") return 8;
+  if (w == "W4" || w == "LN" || w == "CE") return 8;
   return 12;
 }
 
@@ -320,6 +424,8 @@ inline std::unique_ptr<Workload> make_workload(const std::string& w, long n) {
   if (w == "W2") return std::make_unique<W2>(n);
   if (w == "W3") return std::make_unique<W3>(n);
   if (w == "W4") return std::make_unique<W4>(n);
+  if (w == "LN") return std::make_unique<LN>(n);
+  if (w == "CE") return std::make_unique<CE>(n);
   if (w == "matmul1024") return std::make_unique<Matmul>();
   return nullptr;
 }
