@@ -1390,15 +1390,21 @@ bool BlockRunner::streamable_store(std::size_t s) const {
 }
 
 void BlockRunner::use_streaming_stores() {
+  for (std::size_t s = 0; s < stores_.size(); ++s) (void)stream_store(s);
+}
+
+bool BlockRunner::stream_store(std::size_t s) {
 #if defined(__AVX__)
-  for (std::size_t s = 0; s < stores_.size(); ++s) {
-    if (!streamable_store(s)) continue;
-    stores_[s].stream = true;
-    // The instruction that wrote it in place now writes its scratch slot; the store copies.
-    for (std::size_t i = 0; i < direct_.size(); ++i)
-      if (direct_[i] == static_cast<std::int32_t>(s)) direct_[i] = -1;
-    store_done_[s] = false;
-  }
+  if (!streamable_store(s)) return false;
+  stores_[s].stream = true;
+  // The instruction that wrote it in place now writes its scratch slot; the store copies.
+  for (std::size_t i = 0; i < direct_.size(); ++i)
+    if (direct_[i] == static_cast<std::int32_t>(s)) direct_[i] = -1;
+  store_done_[s] = false;
+  return true;
+#else
+  (void)s;
+  return false;
 #endif
 }
 

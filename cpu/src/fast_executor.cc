@@ -415,6 +415,31 @@ std::vector<WindowedAccess> windowed_accesses(std::vector<RowTemporary>& temps, 
   return all;
 }
 
+// The full-size outputs the elementwise stages write for after the launch go out with
+// non-temporal stores when the launch streams from DRAM (as one elementwise launch does): the
+// row groups never read them back, and the stores skip the read for ownership of each line. Not
+// the windowed temporaries (read back at once) nor a reduction's outputs (one value per row).
+// Returns how many stores stream.
+std::size_t stream_row_outputs(std::vector<fast::BlockRunner>& blocks, const std::vector<WindowedAccess>& windowed,
+                               std::uint64_t positions) {
+  std::uint64_t bytes = 0;
+  for (const fast::BlockRunner& b : blocks)
+    if (b.numel() != 0)
+      for (const fast::Accessor& a : b.store_accessors()) bytes += positions * a.esize;
+  if (bytes <= fast::kStreamingBytes) return 0;
+  std::size_t streams = 0;
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    if (blocks[k].numel() == 0) continue;  // a reduction stage
+    for (std::size_t s = 0; s < blocks[k].store_accessors().size(); ++s) {
+      const bool window = std::any_of(windowed.begin(), windowed.end(), [&](const WindowedAccess& a) {
+        return a.stage == k && a.part == RunnerPart::Block && !a.load && a.index == s;
+      });
+      if (!window && blocks[k].stream_store(s)) ++streams;
+    }
+  }
+  return streams;
+}
+
 }  // namespace
 
 // A staged program whose stages all iterate the same [rows, n] space: every stage runs on one
@@ -441,6 +466,7 @@ bool CpuExecutor::run_staged_rows(const FusedProgram& p, const Binding& bind) {
   const std::uint64_t n = space->n, rows = space->rows;
   std::vector<RowTemporary> temps = row_temporaries(p, stages, bind, space->full);
   const std::vector<WindowedAccess> windowed = windowed_accesses(temps, blocks, reductions);
+  const std::size_t streamed = stream_row_outputs(blocks, windowed, rows * n);
 
   // Row groups of ~16K elements: a few stages' rows stay within L2.
   const std::uint64_t group = std::max<std::uint64_t>(1, 16384 / n);
@@ -493,6 +519,7 @@ bool CpuExecutor::run_staged_rows(const FusedProgram& p, const Binding& bind) {
         }
       }
     }
+    if (streamed != 0) fast::stream_fence();
   });
   if (failed.load(std::memory_order_relaxed)) return false;
   for (std::size_t k = 0; k < ns; ++k) {
@@ -501,6 +528,7 @@ bool CpuExecutor::run_staged_rows(const FusedProgram& p, const Binding& bind) {
   }
   device_.counters().row_interleaved.fetch_add(1, std::memory_order_relaxed);
   device_.counters().row_window_temporaries.fetch_add(temps.size(), std::memory_order_relaxed);
+  device_.counters().nontemporal_outputs.fetch_add(streamed, std::memory_order_relaxed);
   return true;
 }
 

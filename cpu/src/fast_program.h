@@ -286,6 +286,8 @@ class BlockRunner {
   // fixup, and a fresh buffer (never an output written in place over a consumed input).
   bool streamable_store(std::size_t s) const;
   void use_streaming_stores();
+  // Store s alone, when streamable_store(s); whether it now streams.
+  bool stream_store(std::size_t s);
   // Each run() also prefetches the next `n` positions of its contiguous input streams.
   void set_prefetch(bool on) { prefetch_ = on; }
   std::size_t num_regs() const { return block_->regs.size(); }
