@@ -211,7 +211,11 @@ TEST(RowPrograms, RowAndBurnSearchesAgree) {
   }
   EXPECT_GT(rows.row_programs(), 0u);
   EXPECT_EQ(burn.row_programs(), 0u);
+#if defined(__AVX__)  // non-temporal stores exist only in builds for AVX (the release preset)
   EXPECT_GT(rows.backend->stats().nontemporal_outputs, 0u) << "the 8192x1024 rows stream their outputs";
+#else
+  EXPECT_EQ(rows.backend->stats().nontemporal_outputs, 0u);
+#endif
 }
 
 TEST(RowPrograms, CrossEntropyFromLogits) {
