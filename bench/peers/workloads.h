@@ -213,6 +213,18 @@ class W3 final : public Workload {
   TensorIr p_t_, g_t_, m_t_, v_t_;    // current state
 };
 
+// A row of kRow values in float64: its max m and sum_j exp(x_j - m) (softmax's and
+// log-softmax's references).
+struct RowMaxSumExp {
+  double max = 0, sum_exp = 0;
+};
+inline RowMaxSumExp row_max_and_sum_exp(const float* x) {
+  RowMaxSumExp r{-std::numeric_limits<double>::infinity(), 0};
+  for (long j = 0; j < kRow; ++j) r.max = std::max(r.max, static_cast<double>(x[j]));
+  for (long j = 0; j < kRow; ++j) r.sum_exp += std::exp(x[j] - r.max);
+  return r;
+}
+
 // ---- W4: softmax over the last dim of x [n/1024, 1024]:
 // MaxDim -> [r,1], Sub (broadcast), Exp, SumDim -> [r,1], Div (broadcast).
 class W4 final : public Workload {
@@ -236,9 +248,7 @@ class W4 final : public Workload {
     double err = 0;
     for (long r = 0; r < n_ / kRow; ++r) {
       const float* x = x_.data() + r * kRow;
-      double mx = -std::numeric_limits<double>::infinity(), s = 0;
-      for (long j = 0; j < kRow; ++j) mx = std::max(mx, static_cast<double>(x[j]));
-      for (long j = 0; j < kRow; ++j) s += std::exp(x[j] - mx);
+      const auto [mx, s] = row_max_and_sum_exp(x);
       for (long j = 0; j < kRow; ++j) {
         const double ref = std::exp(x[j] - mx) / s;
         err = std::max(err, std::fabs(y[r * kRow + j] - ref) / ref);
@@ -391,9 +401,7 @@ class CE final : public Workload {
     double err = 0;
     for (long r = 0; r < n_ / kRow; ++r) {
       const float* x = x_.data() + r * kRow;
-      double mx = -std::numeric_limits<double>::infinity(), s = 0;
-      for (long j = 0; j < kRow; ++j) mx = std::max(mx, static_cast<double>(x[j]));
-      for (long j = 0; j < kRow; ++j) s += std::exp(x[j] - mx);
+      const auto [mx, s] = row_max_and_sum_exp(x);
       const double ref = -(x[ce_class(r)] - mx - std::log(s));
       err = std::max(err, std::fabs(y[static_cast<std::size_t>(r)] - ref) / std::max(1.0, std::fabs(ref)));
     }

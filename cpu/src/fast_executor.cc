@@ -440,6 +440,85 @@ std::size_t stream_row_outputs(std::vector<fast::BlockRunner>& blocks, const std
   return streams;
 }
 
+// Row groups of ~16K elements: a few stages' rows stay within L2.
+constexpr std::uint64_t kRowGroupElements = 16384;
+
+// What every task of a staged launch shares: the prepared runners, the row space and its groups,
+// and the temporaries kept in row windows.
+struct StagedRows {
+  std::vector<fast::BlockRunner> blocks;
+  std::vector<std::unique_ptr<fast::ReduceRunner>> reductions;
+  std::vector<RowTemporary> temps;
+  std::vector<WindowedAccess> windowed;
+  std::uint64_t n = 0, rows = 0, group = 1;  // row length, rows, rows per group
+};
+
+// One task's share of a staged launch: its own copies of the runners (their windowed accessors
+// are pointed at its windows group by group), its scratch and its windows.
+class RowTask {
+ public:
+  explicit RowTask(const StagedRows& shared) : s_(shared), blocks_(shared.blocks) {
+    const std::size_t ns = blocks_.size();
+    reductions_.resize(ns);
+    scratch_.resize(ns);
+    ptrs_.resize(ns);
+    for (std::size_t k = 0; k < ns; ++k) {
+      if (shared.reductions[k]) {
+        reductions_[k] = shared.reductions[k]->task_copy();
+        continue;
+      }
+      scratch_[k] = std::make_unique<fast::Scratch>(blocks_[k].scratch_bytes());
+      ptrs_[k].resize(blocks_[k].num_regs());
+    }
+    for (const RowTemporary& t : shared.temps)
+      windows_.push_back(std::make_unique<fast::Scratch>(shared.group * shared.n * t.esize));
+  }
+
+  // Groups [g0, g1), every stage on one group after the other; false on a fault.
+  bool run_groups(std::uint64_t g0, std::uint64_t g1) {
+    for (std::uint64_t g = g0; g < g1; ++g) {
+      const std::uint64_t r0 = g * s_.group, r1 = std::min(s_.rows, r0 + s_.group);
+      point_windows_at(r0);
+      for (std::size_t k = 0; k < blocks_.size(); ++k)
+        if (!run_stage(k, r0, r1)) return false;
+    }
+    return true;
+  }
+
+ private:
+  // Position r0 * n of a temporary is the first element of its window. The accessors only
+  // address positions [r0 * n, r1 * n) of the group, which land inside the window.
+  void point_windows_at(std::uint64_t r0) {
+    for (const WindowedAccess& a : s_.windowed) {
+      const auto origin =
+          reinterpret_cast<std::uintptr_t>(windows_[a.temp]->data()) - r0 * s_.n * s_.temps[a.temp].esize;
+      auto* base = reinterpret_cast<std::byte*>(origin);
+      fast::BlockRunner& r = runner_part(blocks_, reductions_, a.stage, a.part);
+      if (a.load)
+        r.set_load_base(a.index, base);
+      else
+        r.set_store_base(a.index, base);
+    }
+  }
+
+  bool run_stage(std::size_t k, std::uint64_t r0, std::uint64_t r1) {
+    if (reductions_[k]) return reductions_[k]->run_rows(r0, r1);
+    const std::uint64_t end = r1 * s_.n;
+    for (std::uint64_t p = r0 * s_.n; p < end; p += fast::kBlock) {
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(fast::kBlock, end - p));
+      if (!blocks_[k].run(p, len, scratch_[k]->data(), ptrs_[k].data())) return false;
+    }
+    return true;
+  }
+
+  const StagedRows& s_;
+  std::vector<fast::BlockRunner> blocks_;
+  std::vector<std::unique_ptr<fast::ReduceRunner>> reductions_;
+  std::vector<std::unique_ptr<fast::Scratch>> scratch_;
+  std::vector<std::vector<void*>> ptrs_;
+  std::vector<std::unique_ptr<fast::Scratch>> windows_;
+};
+
 }  // namespace
 
 // A staged program whose stages all iterate the same [rows, n] space: every stage runs on one
@@ -459,66 +538,21 @@ bool CpuExecutor::run_staged_rows(const FusedProgram& p, const Binding& bind) {
       if (st.outputs[o].written)
         produced.emplace(global_of(bind, st.outputs[o].tensor)->id.value(), *stages[k].launch.outputs[o]);
   }
-  std::vector<fast::BlockRunner> blocks;
-  std::vector<std::unique_ptr<fast::ReduceRunner>> reductions;
-  const std::optional<RowSpace> space = prepare_row_stages(p, stages, blocks, reductions);
+  StagedRows rows;
+  const std::optional<RowSpace> space = prepare_row_stages(p, stages, rows.blocks, rows.reductions);
   if (!space) return false;
-  const std::uint64_t n = space->n, rows = space->rows;
-  std::vector<RowTemporary> temps = row_temporaries(p, stages, bind, space->full);
-  const std::vector<WindowedAccess> windowed = windowed_accesses(temps, blocks, reductions);
-  const std::size_t streamed = stream_row_outputs(blocks, windowed, rows * n);
+  rows.n = space->n;
+  rows.rows = space->rows;
+  rows.group = std::max<std::uint64_t>(1, kRowGroupElements / rows.n);
+  rows.temps = row_temporaries(p, stages, bind, space->full);
+  rows.windowed = windowed_accesses(rows.temps, rows.blocks, rows.reductions);
+  const std::size_t streamed = stream_row_outputs(rows.blocks, rows.windowed, rows.rows * rows.n);
 
-  // Row groups of ~16K elements: a few stages' rows stay within L2.
-  const std::uint64_t group = std::max<std::uint64_t>(1, 16384 / n);
-  const std::uint64_t groups = (rows + group - 1) / group;
-  const std::uint64_t grain = std::max<std::uint64_t>(1, fast::kParallelThreshold / 2 / (group * n));
+  const std::uint64_t groups = (rows.rows + rows.group - 1) / rows.group;
+  const std::uint64_t grain = std::max<std::uint64_t>(1, fast::kParallelThreshold / 2 / (rows.group * rows.n));
   std::atomic<bool> failed{false};
   fast::parallel_ranges(stages[0].launch, groups, grain, [&](std::uint64_t g0, std::uint64_t g1) {
-    // The task's own runners (their accessors are rebased onto its windows) and memory.
-    std::vector<fast::BlockRunner> task_blocks = blocks;
-    std::vector<std::unique_ptr<fast::ReduceRunner>> task_reductions(ns);
-    std::vector<std::unique_ptr<fast::Scratch>> scratch(ns);
-    std::vector<std::vector<void*>> ptrs(ns);
-    for (std::size_t k = 0; k < ns; ++k) {
-      if (reductions[k]) {
-        task_reductions[k] = reductions[k]->task_copy();
-        continue;
-      }
-      scratch[k] = std::make_unique<fast::Scratch>(task_blocks[k].scratch_bytes());
-      ptrs[k].resize(task_blocks[k].num_regs());
-    }
-    std::vector<std::unique_ptr<fast::Scratch>> windows;
-    for (const RowTemporary& t : temps) windows.push_back(std::make_unique<fast::Scratch>(group * n * t.esize));
-    for (std::uint64_t g = g0; g < g1; ++g) {
-      const std::uint64_t r0 = g * group, r1 = std::min(rows, r0 + group);
-      // Position r0 * n of a temporary is the first element of its window. The accessors only
-      // address positions [r0 * n, r1 * n) of this group, which land inside the window.
-      for (const WindowedAccess& a : windowed) {
-        const auto origin = reinterpret_cast<std::uintptr_t>(windows[a.temp]->data()) - r0 * n * temps[a.temp].esize;
-        auto* base = reinterpret_cast<std::byte*>(origin);
-        fast::BlockRunner& r = runner_part(task_blocks, task_reductions, a.stage, a.part);
-        if (a.load)
-          r.set_load_base(a.index, base);
-        else
-          r.set_store_base(a.index, base);
-      }
-      for (std::size_t k = 0; k < ns; ++k) {
-        if (task_reductions[k]) {
-          if (!task_reductions[k]->run_rows(r0, r1)) {
-            failed.store(true, std::memory_order_relaxed);
-            return;
-          }
-          continue;
-        }
-        for (std::uint64_t s = r0 * n; s < r1 * n; s += fast::kBlock) {
-          const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(fast::kBlock, r1 * n - s));
-          if (!task_blocks[k].run(s, len, scratch[k]->data(), ptrs[k].data())) {
-            failed.store(true, std::memory_order_relaxed);
-            return;
-          }
-        }
-      }
-    }
+    if (!RowTask(rows).run_groups(g0, g1)) failed.store(true, std::memory_order_relaxed);
     if (streamed != 0) fast::stream_fence();
   });
   if (failed.load(std::memory_order_relaxed)) return false;
@@ -527,7 +561,7 @@ bool CpuExecutor::run_staged_rows(const FusedProgram& p, const Binding& bind) {
     count_launch(device_, p.stages[k].kind);
   }
   device_.counters().row_interleaved.fetch_add(1, std::memory_order_relaxed);
-  device_.counters().row_window_temporaries.fetch_add(temps.size(), std::memory_order_relaxed);
+  device_.counters().row_window_temporaries.fetch_add(rows.temps.size(), std::memory_order_relaxed);
   device_.counters().nontemporal_outputs.fetch_add(streamed, std::memory_order_relaxed);
   return true;
 }
