@@ -1,7 +1,7 @@
 // kilnd: the per-device daemon. One process per device; clients connect on a Unix socket in
 // the runtime directory (kiln/ipc/control_server.h) and send operations over shared memory
 // (kiln/ipc/daemon.h). SIGTERM / SIGINT: stop accepting, drain every client's streams, free
-// everything, exit 0.
+// everything, exit 0. SIGHUP: re-read kiln.toml and apply what can change live (as `kilnctl reload`).
 //
 //   kilnd [--device auto|cpu|cuda|cuda:N] [--runtime-dir DIR] [--socket NAME] [--config FILE]
 //         [--allowed-group GROUP] [--job-policy uid|group|any] [--job-memory-mib N]
@@ -9,12 +9,14 @@
 //         [--device-memory-mib N] [--completion-timeout-ms N] [--large-block-mib N]
 //         [--large-block-retention-ms N] [--arena-mib N] [--threads N] [--plan-cache DIR]
 //         [--plan-save-ms N] [--staging-mib N] [--lock-dir DIR] [--max-connections N]
-//         [--max-connections-per-uid N] [--kernel-threads N] [--log-level info]
+//         [--max-connections-per-uid N] [--kernel-threads N] [--log-level info] [--log-format text|json]
+//         [--metrics unix|unix:PATH|tcp:HOST:PORT] [--metrics-allow-remote]
 #include <grp.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -25,7 +27,9 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "kiln/cpu/cpu_backend.h"
@@ -34,7 +38,9 @@
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/daemon_config.h"
 #include "kiln/ipc/device_lock.h"
+#include "kiln/ipc/log_format.h"
 #include "kiln/ipc/memory_limit.h"
+#include "kiln/ipc/metrics_server.h"
 #include "kiln/ipc/unix_socket.h"
 #include "kiln/runtime/config.h"
 #include "kiln/runtime/device.h"
@@ -47,8 +53,8 @@ namespace {
 
 struct Backend {
   std::unique_ptr<kiln::runtime::DeviceBackend> backend;
-  std::string name;                               // "cpu", "cuda:0"
-  std::function<std::uint64_t()> fused_launches;  // for kilnctl status; reads the backend's counter
+  std::string name;                                      // "cpu", "cuda:0"
+  std::function<kiln::ipc::BackendCounters()> counters;  // for kilnctl status and the metrics
 };
 
 // What the backend is built with besides the device: its memory limit and, on the CPU, when
@@ -104,10 +110,18 @@ kiln::Result<Backend> make_backend(const std::string& request, const BackendSett
   spdlog::debug("kilnd: {}", probe.describe());
   if (choice.kind == kiln::cuda::DeviceKind::Cuda) {
     const std::uint64_t gpu_memory = probe.devices[static_cast<std::size_t>(choice.ordinal)].total_memory;
-    KILN_ASSIGN_OR_RETURN(auto cuda,
-                          kiln::cuda::CudaBackend::create(
-                              {.device = choice.ordinal, .byte_limit = device_memory_limit(settings, gpu_memory)}));
-    b.fused_launches = [gpu = cuda.get()] { return gpu->stats().fused_launches; };
+    const std::optional<std::uint64_t> limit = device_memory_limit(settings, gpu_memory);
+    KILN_ASSIGN_OR_RETURN(auto cuda, kiln::cuda::CudaBackend::create({.device = choice.ordinal, .byte_limit = limit}));
+    b.counters = [gpu = cuda.get(), limit] {
+      const kiln::cuda::CudaStats st = gpu->stats();
+      kiln::ipc::BackendCounters c;
+      c.fused_launches = st.fused_launches;
+      c.single_ops = st.single_op_kernels + st.host_ops;
+      c.fused_replays = st.fused_replays;
+      c.fallbacks_by_reason = st.fallbacks_by_reason;
+      c.memory_limit_bytes = limit.value_or(0);
+      return c;
+    };
     b.backend = std::move(cuda);
     b.name = "cuda:" + std::to_string(choice.ordinal);
     return b;
@@ -125,7 +139,16 @@ kiln::Result<Backend> make_backend(const std::string& request, const BackendSett
   cpu_options.allocator.large_block_bytes = settings.large_block_bytes;
   cpu_options.allocator.large_block_retention = settings.large_block_retention;
   auto cpu = std::make_unique<kiln::cpu::CpuBackend>(cpu_options);
-  b.fused_launches = [c = cpu.get()] { return c->stats().fused_launches; };
+  b.counters = [cpu_backend = cpu.get(), limit = cpu_options.allocator.byte_limit] {
+    const kiln::cpu::CpuDeviceStats st = cpu_backend->stats();
+    kiln::ipc::BackendCounters c;
+    c.fused_launches = st.fused_launches;
+    c.single_ops = st.fast_ops + st.reference_ops;
+    c.fused_replays = st.fused_replays;
+    c.fallbacks_by_reason = st.fallbacks_by_reason;
+    c.memory_limit_bytes = limit.value_or(0);
+    return c;
+  };
   b.backend = std::move(cpu);
   b.name = "cpu";
   return b;
@@ -166,10 +189,50 @@ struct Settings {
   std::size_t threads = 0;
   int kernel_threads = 0;
   std::optional<bool> row_fuser;  // --row-fuser; absent: [fusion] row_fuser / KILN_FUSION_ROW_FUSER
+  std::string log_format = "text";
+  std::string metrics;  // empty: no metrics endpoint
+  bool metrics_allow_remote = false;
+  std::set<std::string> flags_given;  // "--device", ...: what kiln.toml may not override (reload too)
 };
 
-// Parses the flags and kiln.toml into `s`; returns an exit status to stop with, or nullopt.
-std::optional<int> read_settings(int argc, char** argv, Settings& s) {
+// kiln.toml's [daemon] table fills what neither a flag nor the environment set (at start, and
+// again at each reload over the flags-only settings).
+void apply_file(Settings& s, const kiln::ipc::DaemonFileConfig& file) {
+  auto from_file = [&](const char* flag, auto& target, const auto& value) {
+    if (s.flags_given.count(flag) == 0 && value) target = *value;
+  };
+  if (std::getenv("KILN_DEVICE") == nullptr) from_file("--device", s.device, file.device);
+  from_file("--runtime-dir", s.runtime_dir, file.runtime_dir);
+  from_file("--socket", s.socket_name, file.socket);
+  from_file("--allowed-group", s.allowed_group, file.allowed_group);
+  from_file("--plan-cache", s.plan_cache, file.plan_cache);
+  from_file("--log-level", s.log_level, file.log_level);
+  from_file("--log-format", s.log_format, file.log_format);
+  from_file("--metrics", s.metrics, file.metrics);
+  from_file("--metrics-allow-remote", s.metrics_allow_remote, file.metrics_allow_remote);
+  from_file("--job-policy", s.job_policy, file.job_policy);
+  from_file("--job-memory-mib", s.job_memory_mib, file.job_memory_mib);
+  from_file("--job-queued-ops", s.job_queued_ops, file.job_queued_ops);
+  from_file("--uid-memory-mib", s.uid_memory_mib, file.uid_memory_mib);
+  from_file("--uid-queued-ops", s.uid_queued_ops, file.uid_queued_ops);
+  from_file("--uid-jobs", s.uid_jobs, file.uid_jobs);
+  from_file("--device-memory-mib", s.device_memory_mib, file.device_memory_mib);
+  s.device_memory_set = s.flags_given.count("--device-memory-mib") != 0 || file.device_memory_mib.has_value();
+  from_file("--completion-timeout-ms", s.completion_timeout_ms, file.completion_timeout_ms);
+  from_file("--large-block-mib", s.large_block_mib, file.large_block_mib);
+  from_file("--large-block-retention-ms", s.large_block_retention_ms, file.large_block_retention_ms);
+  from_file("--plan-save-ms", s.plan_save_ms, file.plan_save_ms);
+  from_file("--staging-mib", s.staging_mib, file.staging_mib);
+  s.staging_set = s.flags_given.count("--staging-mib") != 0 || file.staging_mib.has_value();
+  from_file("--arena-mib", s.arena_mib, file.arena_mib);
+  from_file("--lock-dir", s.lock_dir, file.lock_dir);
+  from_file("--max-connections", s.max_connections, file.max_connections);
+  from_file("--max-connections-per-uid", s.max_connections_per_uid, file.max_connections_per_uid);
+}
+
+// Parses the flags and kiln.toml into `s` (and the flags alone into `flags_only`, which a reload
+// applies the file over again); returns an exit status to stop with, or nullopt.
+std::optional<int> read_settings(int argc, char** argv, Settings& s, Settings& flags_only) {
   CLI::App app{"kilnd: the kiln per-device tensor runtime daemon"};
   if (const char* env = std::getenv("KILN_DEVICE")) s.device = env;
   app.add_option("--device", s.device, "auto, cpu, cuda, cuda:N or cudaN (env KILN_DEVICE)");
@@ -217,6 +280,12 @@ std::optional<int> read_settings(int argc, char** argv, Settings& s) {
   app.add_option("--max-connections-per-uid", s.max_connections_per_uid, "client connections open at once per uid")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
   app.add_option("--log-level", s.log_level, "trace, debug, info, warn, error");
+  app.add_option("--log-format", s.log_format, "text, or json: one object per line with client, job and stream")
+      ->check(CLI::IsMember({"text", "json"}));
+  app.add_option("--metrics", s.metrics,
+                 "serve Prometheus metrics: unix (next to the socket), unix:PATH, tcp:HOST:PORT (loopback unless "
+                 "--metrics-allow-remote)");
+  app.add_flag("--metrics-allow-remote", s.metrics_allow_remote, "allow the metrics on a non-loopback TCP address");
   app.add_option_function<std::string>(
          "--row-fuser", [&s](const std::string& v) { s.row_fuser = kiln::fusion::parse_switch(v); },
          "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, off)")
@@ -227,39 +296,15 @@ std::optional<int> read_settings(int argc, char** argv, Settings& s) {
     return app.exit(e);
   }
 
-  // kiln.toml's [daemon] table fills what neither a flag nor the environment set.
+  for (const CLI::Option* opt : app.get_options())
+    if (opt->count() != 0 && !opt->get_lnames().empty()) s.flags_given.insert("--" + opt->get_lnames().front());
+  flags_only = s;
   kiln::Result<kiln::ipc::DaemonFileConfig> file = kiln::ipc::load_daemon_config(s.config);
   if (!file.ok()) {
     std::fprintf(stderr, "kilnd: %s\n", file.error().to_string().c_str());
     return 2;
   }
-  auto from_file = [&](const char* flag, auto& target, const auto& value) {
-    if (app.count(flag) == 0 && value) target = *value;
-  };
-  if (std::getenv("KILN_DEVICE") == nullptr) from_file("--device", s.device, file->device);
-  from_file("--runtime-dir", s.runtime_dir, file->runtime_dir);
-  from_file("--socket", s.socket_name, file->socket);
-  from_file("--allowed-group", s.allowed_group, file->allowed_group);
-  from_file("--plan-cache", s.plan_cache, file->plan_cache);
-  from_file("--log-level", s.log_level, file->log_level);
-  from_file("--job-policy", s.job_policy, file->job_policy);
-  from_file("--job-memory-mib", s.job_memory_mib, file->job_memory_mib);
-  from_file("--job-queued-ops", s.job_queued_ops, file->job_queued_ops);
-  from_file("--uid-memory-mib", s.uid_memory_mib, file->uid_memory_mib);
-  from_file("--uid-queued-ops", s.uid_queued_ops, file->uid_queued_ops);
-  from_file("--uid-jobs", s.uid_jobs, file->uid_jobs);
-  from_file("--device-memory-mib", s.device_memory_mib, file->device_memory_mib);
-  s.device_memory_set = app.count("--device-memory-mib") != 0 || file->device_memory_mib.has_value();
-  from_file("--completion-timeout-ms", s.completion_timeout_ms, file->completion_timeout_ms);
-  from_file("--large-block-mib", s.large_block_mib, file->large_block_mib);
-  from_file("--large-block-retention-ms", s.large_block_retention_ms, file->large_block_retention_ms);
-  from_file("--plan-save-ms", s.plan_save_ms, file->plan_save_ms);
-  from_file("--staging-mib", s.staging_mib, file->staging_mib);
-  s.staging_set = app.count("--staging-mib") != 0 || file->staging_mib.has_value();
-  from_file("--arena-mib", s.arena_mib, file->arena_mib);
-  from_file("--lock-dir", s.lock_dir, file->lock_dir);
-  from_file("--max-connections", s.max_connections, file->max_connections);
-  from_file("--max-connections-per-uid", s.max_connections_per_uid, file->max_connections_per_uid);
+  apply_file(s, *file);
   return std::nullopt;
 }
 
@@ -299,16 +344,18 @@ kiln::Result<kiln::ipc::DaemonOptions> daemon_options(const Settings& s, const s
 // Configuration: the log level and pattern from the settings.
 void set_up_logging(const Settings& s) {
   spdlog::set_level(spdlog::level::from_str(s.log_level));
-  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  const kiln::Result<kiln::ipc::LogFormat> format = kiln::ipc::parse_log_format(s.log_format);  // checked by main
+  kiln::ipc::set_log_format(format.ok() ? *format : kiln::ipc::LogFormat::Text);
 }
 
-// Configuration: blocks SIGTERM and SIGINT (returned, for sigwait) and ignores SIGPIPE.
+// Configuration: blocks SIGTERM, SIGINT and SIGHUP (returned, for sigwait) and ignores SIGPIPE.
 sigset_t block_stop_signals() {
   // Signals are taken by sigwait on this thread; every thread created later inherits the mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that vanishes mid-send must not kill the daemon
   return stop_signals;
@@ -325,12 +372,15 @@ BackendSettings backend_settings(const Settings& s) {
 }
 
 // Configuration: lowers max_connections to the clients the (raised) descriptor limit fits.
-void fit_descriptor_limit(kiln::ipc::DaemonOptions& options) {
-  if (const std::uint64_t fit = raise_descriptor_limit(); fit != 0 && fit < options.server.max_connections) {
+// Returns the clients the descriptors fit (UINT64_MAX: no bound).
+std::uint64_t fit_descriptor_limit(kiln::ipc::DaemonOptions& options) {
+  const std::uint64_t fit = raise_descriptor_limit();
+  if (fit != 0 && fit < options.server.max_connections) {
     spdlog::warn("kilnd: the descriptor limit fits {} clients: max_connections {} lowered to it", fit,
                  options.server.max_connections);
     options.server.max_connections = fit;
   }
+  return fit == 0 ? UINT64_MAX : fit;
 }
 
 // Start: the runtime device over the backend, with kiln.toml's [runtime] settings.
@@ -381,11 +431,123 @@ void start_plan_cache(const Settings& s, kiln::runtime::Device& device,
   plan_saver.emplace(device.plan_store(), s.plan_cache, std::move(saver));
 }
 
-// Serve: waits for SIGTERM or SIGINT (the service's threads serve the clients meanwhile).
-void wait_for_stop_signal(const sigset_t& stop_signals) {
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  spdlog::info("kilnd: {} received: stopping (draining every client's streams)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+// The service's live limits from the settings (max_connections within what the descriptors fit).
+kiln::ipc::LiveLimits live_limits(const Settings& s, const kiln::ipc::LiveLimits& running, std::uint64_t fit) {
+  kiln::ipc::LiveLimits l;
+  l.job_memory_bytes = s.job_memory_mib << 20;
+  l.job_queued_ops = s.job_queued_ops;
+  l.uid_memory_bytes = s.uid_memory_mib << 20;
+  l.uid_queued_ops = s.uid_queued_ops;
+  l.uid_jobs = s.uid_jobs;
+  l.staging_bytes = s.staging_set ? s.staging_mib << 20 : running.staging_bytes;  // unset: the default stays
+  l.max_connections = std::min(s.max_connections, fit);
+  l.max_connections_per_uid = s.max_connections_per_uid;
+  return l;
+}
+
+// SIGHUP and `kilnctl reload`: re-reads kiln.toml over the flags and applies what can change
+// while the daemon runs (the live limits, log_level); what would need a restart is named and
+// keeps its running value.
+class Reloader {
+ public:
+  Reloader(Settings flags_only, Settings running, std::uint64_t descriptor_fit)
+      : flags_only_(std::move(flags_only)), running_(std::move(running)), fit_(descriptor_fit) {}
+  void attach(kiln::ipc::DaemonService* service) { service_ = service; }
+
+  kiln::Result<std::string> reload() {
+    std::lock_guard lock(mu_);
+    kiln::Result<kiln::ipc::DaemonFileConfig> file = kiln::ipc::load_daemon_config(running_.config);
+    if (!file.ok()) return kiln::make_error(kiln::ErrorCode::Config, file.error().message + " (nothing changed)");
+    Settings next = flags_only_;
+    apply_file(next, *file);
+    std::string changed, restart;
+    auto note = [](std::string& list, const char* key, const auto& from, const auto& to) {
+      if (from != to) list += fmt::format("  {}: {} -> {}\n", key, from, to);
+    };
+    const kiln::ipc::LiveLimits before = service_->limits();
+    const kiln::ipc::LiveLimits after = live_limits(next, before, fit_);
+    for (const kiln::ipc::LiveLimitKey& k : kiln::ipc::live_limit_keys())
+      note(changed, k.key, before.*(k.field) / k.unit, after.*(k.field) / k.unit);
+    note(changed, "log_level", running_.log_level, next.log_level);
+    if (spdlog::level::from_str(next.log_level) == spdlog::level::off && next.log_level != "off")
+      return kiln::make_error(kiln::ErrorCode::Config,
+                              "log_level '" + next.log_level + "' is not a level (nothing changed)");
+    note(restart, "device", running_.device, next.device);
+    note(restart, "runtime_dir", running_.runtime_dir, next.runtime_dir);
+    note(restart, "socket", running_.socket_name, next.socket_name);
+    note(restart, "allowed_group", running_.allowed_group, next.allowed_group);
+    note(restart, "job_policy", running_.job_policy, next.job_policy);
+    note(restart, "plan_cache", running_.plan_cache, next.plan_cache);
+    note(restart, "lock_dir", running_.lock_dir, next.lock_dir);
+    note(restart, "log_format", running_.log_format, next.log_format);
+    note(restart, "metrics", running_.metrics, next.metrics);
+    note(restart, "metrics_allow_remote", running_.metrics_allow_remote, next.metrics_allow_remote);
+    note(restart, "arena_mib", running_.arena_mib, next.arena_mib);
+    note(restart, "device_memory_mib", running_.device_memory_mib, next.device_memory_mib);
+    note(restart, "completion_timeout_ms", running_.completion_timeout_ms, next.completion_timeout_ms);
+    note(restart, "large_block_mib", running_.large_block_mib, next.large_block_mib);
+    note(restart, "large_block_retention_ms", running_.large_block_retention_ms, next.large_block_retention_ms);
+    note(restart, "plan_save_ms", running_.plan_save_ms, next.plan_save_ms);
+    service_->set_limits(after);
+    spdlog::set_level(spdlog::level::from_str(next.log_level));
+    // What needs a restart keeps its running value, so the next reload names it again.
+    for (auto field :
+         {&Settings::job_memory_mib, &Settings::job_queued_ops, &Settings::uid_memory_mib, &Settings::uid_queued_ops,
+          &Settings::uid_jobs, &Settings::staging_mib, &Settings::max_connections, &Settings::max_connections_per_uid})
+      running_.*field = next.*field;
+    running_.staging_set = next.staging_set;
+    running_.log_level = next.log_level;
+    std::string out =
+        fmt::format("reloaded {}: {}\n", running_.config, changed.empty() ? "nothing changed live" : "changed live");
+    out += changed;
+    if (!restart.empty()) out += "needs a restart (the running value stays):\n" + restart;
+    // One log line per change: "kilnd: reload: job_memory_mib: 0 -> 4096 (live)".
+    for (const auto& [list, how] : {std::pair{&changed, "live"}, std::pair{&restart, "at the next restart"}})
+      for (std::size_t at = 0; at < list->size(); at = list->find('\n', at) + 1)
+        spdlog::info("kilnd: reload: {} ({})", list->substr(at + 2, list->find('\n', at) - at - 2), how);
+    return out;
+  }
+
+ private:
+  std::mutex mu_;  // one reload at a time (SIGHUP on the main thread, kilnctl on a session's)
+  const Settings flags_only_;
+  Settings running_;  // guarded by mu_
+  const std::uint64_t fit_;
+  kiln::ipc::DaemonService* service_ = nullptr;  // set before any reload can run
+};
+
+// Serve: waits for SIGTERM or SIGINT (the service's threads serve the clients meanwhile); a
+// SIGHUP reloads the configuration.
+void wait_for_stop_signal(const sigset_t& stop_signals, Reloader& reloader) {
+  for (;;) {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (sig == SIGHUP) {
+      kiln::Result<std::string> r = reloader.reload();
+      if (!r.ok()) spdlog::error("kilnd: SIGHUP: reload failed: {}", r.error().message);
+      continue;
+    }
+    spdlog::info("kilnd: {} received: stopping (draining every client's streams)",
+                 sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    return;
+  }
+}
+
+// Start: the metrics endpoint, when configured; nullptr otherwise. Errors stop the daemon.
+kiln::Result<std::unique_ptr<kiln::ipc::MetricsServer>> start_metrics(const Settings& s,
+                                                                      const kiln::ipc::DaemonOptions& options,
+                                                                      kiln::ipc::DaemonService& service) {
+  if (s.metrics.empty()) return std::unique_ptr<kiln::ipc::MetricsServer>();
+  kiln::ipc::MetricsServerOptions m;
+  KILN_ASSIGN_OR_RETURN(m.listen, kiln::ipc::parse_metrics_listen(s.metrics, s.metrics_allow_remote));
+  std::string path = service.socket_path();
+  if (path.size() > 5 && path.substr(path.size() - 5) == ".sock") path.resize(path.size() - 5);
+  m.default_unix_path = path + ".metrics";
+  m.allowed_gid = options.server.allowed_gid;
+  m.body = [&service] { return service.metrics().to_prometheus(); };
+  KILN_ASSIGN_OR_RETURN(auto server, kiln::ipc::MetricsServer::start(std::move(m)));
+  spdlog::info("kilnd: metrics on {} (GET /metrics)", server->address());
+  return server;
 }
 
 // Shut down: stops the service, the device and the plan saver, and logs what was left; the exit status.
@@ -417,9 +579,20 @@ int shut_down(const Settings& s, kiln::ipc::DaemonService& service, kiln::runtim
 }  // namespace
 
 int main(int argc, char** argv) {
-  Settings settings;
-  if (std::optional<int> exit_status = read_settings(argc, argv, settings)) return *exit_status;
+  Settings settings, flags_only;
+  if (std::optional<int> exit_status = read_settings(argc, argv, settings, flags_only)) return *exit_status;
   const Settings& s = settings;
+  if (!s.metrics.empty()) {
+    if (kiln::Result<kiln::ipc::MetricsListen> m = kiln::ipc::parse_metrics_listen(s.metrics, s.metrics_allow_remote);
+        !m.ok()) {
+      std::fprintf(stderr, "kilnd: %s\n", m.error().message.c_str());
+      return 2;
+    }
+  }
+  if (!kiln::ipc::parse_log_format(s.log_format).ok()) {
+    std::fprintf(stderr, "kilnd: log format '%s': expected text or json\n", s.log_format.c_str());
+    return 2;
+  }
   set_up_logging(s);
   const sigset_t stop_signals = block_stop_signals();
 
@@ -440,7 +613,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kilnd: %s\n", options.error().message.c_str());
     return 2;
   }
-  fit_descriptor_limit(*options);
+  Reloader reloader(flags_only, s, fit_descriptor_limit(*options));
 
   kiln::Result<std::unique_ptr<kiln::runtime::Device>> dev = create_device(s, std::move(backend->backend));
   if (!dev.ok()) {
@@ -458,10 +631,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The backend is owned by the device, which outlives the service.
-  (*service)->set_fused_launch_counter(backend->fused_launches);
+  (*service)->set_backend_counters(backend->counters);
+  reloader.attach(service->get());
+  kiln::ipc::ControlHooks hooks;
+  hooks.reload = [&reloader] { return reloader.reload(); };
+  // As SIGTERM: the main thread's sigwait takes it and stops the daemon in order.
+  hooks.stop = [] { ::kill(::getpid(), SIGTERM); };
+  (*service)->set_control_hooks(std::move(hooks));
+  kiln::Result<std::unique_ptr<kiln::ipc::MetricsServer>> metrics = start_metrics(s, *options, **service);
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", metrics.error().message.c_str());
+    (*service)->stop();
+    return 2;
+  }
   spdlog::info("kilnd: ready on {} (device {}, {} stream threads)", (*service)->socket_path(), device_name,
                (*dev)->threads());
 
-  wait_for_stop_signal(stop_signals);
+  wait_for_stop_signal(stop_signals, reloader);
+  if (*metrics) (*metrics)->stop();  // before the service it reads
   return shut_down(s, **service, **dev, plan_saver, *last_saved);
 }

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -51,8 +52,9 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
     std::vector<std::uint8_t> body;
     std::array<std::uint8_t, 1> watch_byte{};
     bool kicked = false;
-    bool counted = false;    // in open_total / open_by_uid (uncount)
-    std::string over_limit;  // non-empty: refused after its hello, with this reason
+    bool counted = false;                // in open_total / open_by_uid (uncount)
+    std::string over_limit;              // non-empty: refused after its hello, with this reason
+    const char* over_limit_reason = "";  // its metrics label
   };
 
   Impl(asio::io_context& io, ServerOptions o, ServerCallbacks cb)
@@ -83,19 +85,26 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
     if (open_total >= options.max_connections + kRefusalSlack ||
         mine >= options.max_connections_per_uid + kRefusalSlack) {
       if (mine == 0) open_by_uid.erase(c.peer.uid);
+      refused("flood");
       return false;
     }
-    if (open_total >= options.max_connections)
+    if (open_total >= options.max_connections) {
+      c.over_limit_reason = "connection_limit";
       c.over_limit = "the daemon has " + std::to_string(open_total) + " connections open, its limit " +
                      "(daemon.max_connections = " + std::to_string(options.max_connections) + "); try again later";
-    else if (mine >= options.max_connections_per_uid)
+    } else if (mine >= options.max_connections_per_uid) {
+      c.over_limit_reason = "uid_connection_limit";
       c.over_limit = "uid " + std::to_string(c.peer.uid) + " has " + std::to_string(mine) +
                      " connections open, its limit (daemon.max_connections_per_uid = " +
                      std::to_string(options.max_connections_per_uid) + "); close one first";
+    }
     ++open_total;
     ++mine;
     c.counted = true;
     return true;
+  }
+  void refused(std::string_view reason) {
+    if (callbacks.on_refused) callbacks.on_refused(reason);
   }
   void uncount(Conn& c) {
     if (!c.counted) return;
@@ -164,18 +173,31 @@ struct ControlServer::Impl : std::enable_shared_from_this<ControlServer::Impl> {
 
   void finish_handshake(const std::shared_ptr<Conn>& c, const FramePrefix& p) {
     if (p.version != kProtocolVersion) {
+      refused("protocol_version");
       return refuse(c, "protocol version mismatch: daemon " + std::to_string(kProtocolVersion) + ", client " +
                            std::to_string(p.version));
     }
     auto hello = decode_hello(p, c->body);
-    if (!hello.ok()) return refuse(c, hello.error().message);
-    if (!c->over_limit.empty()) return refuse(c, c->over_limit);
-    if (Status st = check_peer(policy, c->peer); !st.ok()) return refuse(c, st.error().message);
+    if (!hello.ok()) {
+      refused("bad_hello");
+      return refuse(c, hello.error().message);
+    }
+    if (!c->over_limit.empty()) {
+      refused(c->over_limit_reason);
+      return refuse(c, c->over_limit);
+    }
+    if (Status st = check_peer(policy, c->peer); !st.ok()) {
+      refused("credentials");
+      return refuse(c, st.error().message);
+    }
     if (callbacks.admit) {
       if (Status st = callbacks.admit(c->peer, hello->job); !st.ok()) return refuse(c, st.error().message);
     }
     auto ep = Endpoint::create_daemon_side(options.segment);
-    if (!ep.ok()) return refuse(c, "daemon could not create the segment: " + ep.error().message);
+    if (!ep.ok()) {
+      refused("segment");
+      return refuse(c, "daemon could not create the segment: " + ep.error().message);
+    }
 
     c->id = next_id++;
     Reply r;
@@ -301,6 +323,13 @@ void ControlServer::disconnect(std::uint64_t client_id) {
     it->second->kicked = true;
     error_code ignored;
     it->second->socket.cancel(ignored);  // the watch completes with operation_aborted
+  });
+}
+
+void ControlServer::set_connection_limits(std::size_t max_connections, std::size_t max_connections_per_uid) {
+  asio::dispatch(impl_->strand, [impl = impl_, max_connections, max_connections_per_uid] {
+    impl->options.max_connections = std::max<std::size_t>(1, max_connections);
+    impl->options.max_connections_per_uid = std::max<std::size_t>(1, max_connections_per_uid);
   });
 }
 

@@ -12,6 +12,7 @@
 #include <boost/container/small_vector.hpp>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 
 #include "kiln/base/mutex.h"
 #include "kiln/ipc/device_lock.h"
+#include "kiln/ipc/log_format.h"
 #include "kiln/ipc/op_check.h"
 #include "kiln/ipc/protocol.h"
 
@@ -130,11 +132,58 @@ struct Usage {
 };
 
 // A job's owner and totals over its sessions.
+// A stream's processor counters, as the metrics sum them per job.
+struct StreamCounters {
+  std::uint64_t executed = 0, cache_hits = 0, explorations = 0, plans_created = 0;
+  void add(const runtime::StreamStats& st) {
+    executed += st.executed;
+    cache_hits += st.cache_hits;
+    explorations += st.explorations;
+    plans_created += st.plans_created;
+  }
+  void add(const StreamCounters& o) {
+    executed += o.executed;
+    cache_hits += o.cache_hits;
+    explorations += o.explorations;
+    plans_created += o.plans_created;
+  }
+};
+
+// What a job's sessions that ended counted (the metrics add the live sessions' own).
+struct JobRetired {
+  std::uint64_t ops_registered = 0;
+  StreamCounters streams;
+  RejectedCounts rejected;
+};
+
 struct JobState {
   uid_t owner_uid = 0;  // the creator's credentials (fixed)
   gid_t owner_gid = 0;
   std::uint64_t clients = 0;  // under DaemonService::Impl::mu
+  JobRetired retired;         // under DaemonService::Impl::mu
   Usage usage;
+};
+
+// The live limits, read on the op path (relaxed loads) and set by the operator.
+struct AtomicLimits {
+  std::atomic<std::uint64_t> job_memory_bytes{0}, job_queued_ops{0}, uid_memory_bytes{0}, uid_queued_ops{0};
+  std::atomic<std::uint64_t> uid_jobs{0}, staging_bytes{0}, max_connections{0}, max_connections_per_uid{0};
+
+  static std::uint64_t get(const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); }
+  LiveLimits load() const {
+    return LiveLimits{get(job_memory_bytes), get(job_queued_ops), get(uid_memory_bytes), get(uid_queued_ops),
+                      get(uid_jobs),         get(staging_bytes),  get(max_connections),  get(max_connections_per_uid)};
+  }
+  void store(const LiveLimits& l) {
+    job_memory_bytes.store(l.job_memory_bytes, std::memory_order_relaxed);
+    job_queued_ops.store(l.job_queued_ops, std::memory_order_relaxed);
+    uid_memory_bytes.store(l.uid_memory_bytes, std::memory_order_relaxed);
+    uid_queued_ops.store(l.uid_queued_ops, std::memory_order_relaxed);
+    uid_jobs.store(l.uid_jobs, std::memory_order_relaxed);
+    staging_bytes.store(l.staging_bytes, std::memory_order_relaxed);
+    max_connections.store(l.max_connections, std::memory_order_relaxed);
+    max_connections_per_uid.store(l.max_connections_per_uid, std::memory_order_relaxed);
+  }
 };
 
 // A client uid's totals over its sessions and the jobs it owns.
@@ -209,14 +258,34 @@ struct DaemonService::Impl {
   std::atomic<std::uint64_t> staged_bytes{0};         // every session's staging (StagingReservation)
   std::atomic<bool> stopping{false};                  // stop() began (for the sessions' logs)
   std::uint64_t next_stream KILN_GUARDED_BY(mu) = 1;  // device stream numbers handed to client streams
-  std::function<std::uint64_t()> fused_launches;
+  std::function<BackendCounters()> backend_counters KILN_GUARDED_BY(mu);
+  ControlHooks hooks KILN_GUARDED_BY(mu);
   bool stopped KILN_GUARDED_BY(mu) = false;
+  AtomicLimits limits;                // DaemonOptions' quotas and connection limits, as set live
+  std::atomic<bool> draining{false};  // kilnctl drain: new clients refused
+  // Metrics of what is gone: sessions that ended (their jobs' shares are in JobState::retired),
+  // and connections refused, by reason.
+  RejectedCounts retired_rejected KILN_GUARDED_BY(mu);
+  std::array<LatencySnapshot, kNumCommandKinds> retired_requests KILN_GUARDED_BY(mu){};
+  LatencySnapshot retired_op_admission KILN_GUARDED_BY(mu);
+  std::map<std::string, std::uint64_t, std::less<>> refused KILN_GUARDED_BY(mu);
 
-  Impl(runtime::Device& d, DaemonOptions o) : device(d), options(std::move(o)) {}
+  Impl(runtime::Device& d, DaemonOptions o) : device(d), options(std::move(o)) {
+    limits.store(LiveLimits{options.job_memory_bytes, options.job_queued_ops, options.uid_memory_bytes,
+                            options.uid_queued_ops, options.uid_jobs, options.staging_bytes,
+                            options.server.max_connections, options.server.max_connections_per_uid});
+  }
 
   Status admit(const PeerCredentials& peer, std::string_view job);
   void on_client(std::unique_ptr<AcceptedClient> client);
   DaemonStatus status(std::optional<uid_t> viewer);
+  DaemonMetrics metrics();
+  void count_refusal(std::string_view reason) KILN_REQUIRES(mu);
+  void set_limits(const LiveLimits& l);
+  // Ends a client's session and waits until it has cleaned up; what it freed, for the operator.
+  Result<std::string> disconnect(std::uint64_t client_id, std::chrono::milliseconds timeout);
+  std::uint64_t clients_left() const;  // clients that are not an operator's kilnctl
+  BackendCounters backend() const;
   // The session is gone; its job and uid entries end with their last client.
   void leave(const std::string& job, uid_t uid) KILN_REQUIRES(mu);
   // A uid's entry goes with its last client and its last owned job.
@@ -257,6 +326,20 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     return stats_;
   }
 
+  // What this session counted, for a scrape (any thread).
+  struct Metrics {
+    ClientStatus status;
+    RejectedCounts rejected;
+    std::array<LatencySnapshot, kNumCommandKinds> requests{};
+    LatencySnapshot op_admission;
+    std::vector<StreamId> streams;  // live: the scrape reads their counters from the device
+    StreamCounters closed_streams;  // streams it closed
+  };
+  Metrics metrics() const;
+  // Under service_.mu, as the session leaves service_.sessions: its counts move to its job's and
+  // the service's totals in the same step, so a scrape counts them once.
+  void retire_metrics() KILN_REQUIRES(service_.mu);
+
  private:
   void run();
   void serve(std::span<const std::uint8_t> message);
@@ -276,6 +359,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status upload_part(const UploadPartCmd& c, std::uint64_t rid);
   Status read_part(const ReadPartCmd& c, std::uint64_t rid);
   Status report_fallbacks(ReportFallbacksCmd& c);
+  Status control(const ControlCmd& c, std::uint64_t rid);
+  Result<std::string> control_answer(const ControlCmd& c);
   Result<ReadPartDoneCpl> read_window(const ReadPartCmd& c);  // of staged_read_
   void reset_staged_read();                                   // ends the chunked read, releasing what it was charged
   void discard_staged_upload(std::uint64_t client_tensor);
@@ -310,6 +395,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void forget(std::span<const std::uint64_t> client_tensors);
   void forget(std::uint64_t client_tensor);
   void publish_stats();
+  void count_rejected(ErrorCode code);
   void refresh_queued_ops();
   Status check_queued_ops();  // the job's and the uid's queued-op quotas, before a registration
 
@@ -366,11 +452,23 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   mutable Mutex stats_mu_;
   ClientStatus stats_ KILN_GUARDED_BY(stats_mu_);
+  std::vector<StreamId> stream_ids_ KILN_GUARDED_BY(stats_mu_);  // streams_'s device streams
+  StreamCounters closed_streams_ KILN_GUARDED_BY(stats_mu_);
+
+  // Metrics written by the session thread alone (single writer), read by scrapes.
+  std::array<std::atomic<std::uint64_t>, kNumErrorCodes> rejected_by_code_{};
+  std::array<LatencyHistogram, kNumCommandKinds> request_latency_;
+  LatencyHistogram op_admission_;
+  std::uint64_t op_sample_ = 0;  // register_ops seen, for the 1-in-kOpLatencySample timing
 };
+
+// kilnctl's job name for a uid ("kilnctl-<uid>"): an operator's tool, not a workload.
+bool is_kilnctl_job(std::string_view job) { return job.substr(0, 8) == "kilnctl-"; }
 
 // ---- Session thread
 
 void ClientSession::run() {
+  const LogScope scope(id(), job());
   Endpoint& ep = client_->endpoint;
   std::vector<std::uint8_t> buf(ep.max_receive_bytes());
   spdlog::info("kilnd: client {} connected (job {}, pid {}, uid {})", id(), job(), client_->peer.pid,
@@ -392,6 +490,8 @@ void ClientSession::run() {
   }
   cleanup();
   MutexLock lock(service_.mu);
+  retire_metrics();
+  service_.leave(job(), uid());
   service_.sessions.erase(id());
   if (auto t = service_.threads.find(id()); t != service_.threads.end()) {
     service_.finished_threads.push_back(std::move(t->second));
@@ -401,14 +501,28 @@ void ClientSession::run() {
 }
 
 void ClientSession::serve(std::span<const std::uint8_t> message) {
+  // Answered commands are timed; one-way ones are not, but for 1 register_op in
+  // kOpLatencySample (two clock reads on every op would cost the op path).
+  const auto kind = static_cast<CommandKind>(message.empty() ? 0 : message[0]);
+  const bool one_way =
+      kind == CommandKind::RegisterOp || kind == CommandKind::Drop || kind == CommandKind::ReportFallbacks;
+  const bool timed = !one_way || (kind == CommandKind::RegisterOp && ++op_sample_ % kOpLatencySample == 0);
+  const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   const std::uint64_t arena_size = client_->endpoint.layout().arena_size;
   Result<Command> decoded = decode_command(message, arena_size);
   if (!decoded.ok()) {
-    ++rejected_;
+    count_rejected(decoded.error().code);
     (void)send(error_completion(peek_request_id(message).value_or(0), decoded.error()));
   } else {
     if (service_.options.before_command) service_.options.before_command(*decoded);
     dispatch(*decoded);
+    if (timed) {
+      const auto took = std::chrono::steady_clock::now() - start;
+      if (kind == CommandKind::RegisterOp)
+        op_admission_.observe(took);
+      else
+        request_latency_[static_cast<std::size_t>(kind) - 1].observe(took);
+    }
   }
   // Registrations and drops left unwoken run once the burst is over (nothing more in the ring,
   // whatever this message was) or long.
@@ -435,11 +549,12 @@ void ClientSession::dispatch(Command& cmd) {
         if constexpr (std::is_same_v<T, UploadPartCmd>) return upload_part(c, rid);
         if constexpr (std::is_same_v<T, ReadPartCmd>) return read_part(c, rid);
         if constexpr (std::is_same_v<T, ReportFallbacksCmd>) return report_fallbacks(c);
+        if constexpr (std::is_same_v<T, ControlCmd>) return control(c, rid);
         return make_error(ErrorCode::Internal, "unhandled command");
       },
       cmd.body);
   if (!st.ok()) {
-    ++rejected_;
+    count_rejected(st.error().code);
     // A session on its way out (its answer not delivered, a stop) answers nothing more.
     if (stop_.load(std::memory_order_acquire)) return;
     Error e = st.error();
@@ -497,6 +612,8 @@ StreamId ClientSession::stream(std::uint64_t client_stream) {
   }
   const StreamId s = StreamId::from_number(n);
   streams_.emplace(client_stream, s);
+  MutexLock lock(stats_mu_);
+  stream_ids_.push_back(s);
   return s;
 }
 
@@ -527,19 +644,20 @@ Status ClientSession::charge(std::uint64_t bytes, const char* what) {
 
 template <class What>
 Status ClientSession::charge(std::uint64_t bytes, const What& what) {
-  const DaemonOptions& o = service_.options;
+  const std::uint64_t job_limit = AtomicLimits::get(service_.limits.job_memory_bytes);
+  const std::uint64_t uid_limit = AtomicLimits::get(service_.limits.uid_memory_bytes);
   std::uint64_t seen = 0;
-  if (!try_add(job_state_->usage.tensor_bytes, o.job_memory_bytes, bytes, seen))
+  if (!try_add(job_state_->usage.tensor_bytes, job_limit, bytes, seen))
     return make_error(ErrorCode::ResourceExhausted,
                       fmt::format("{}: job '{}' memory quota of {} exceeded ({} in use, {} more asked)", what(), job(),
-                                  human_bytes(o.job_memory_bytes), human_bytes(seen), human_bytes(bytes)));
-  // The uid's count only when it has a quota: a uid's sessions all share that counter, and the
-  // op path should not bounce its cache line between them for nothing.
-  if (o.uid_memory_bytes != 0 && !try_add(uid_state_->usage.tensor_bytes, o.uid_memory_bytes, bytes, seen)) {
+                                  human_bytes(job_limit), human_bytes(seen), human_bytes(bytes)));
+  // The uid's count always, quota or not: an operator may set one live (kilnctl limits set), and
+  // it must then see what the uid holds already.
+  if (!try_add(uid_state_->usage.tensor_bytes, uid_limit, bytes, seen)) {
     job_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
     return make_error(ErrorCode::ResourceExhausted,
                       fmt::format("{}: uid {} memory quota of {} exceeded ({} in use, {} more asked)", what(), uid(),
-                                  human_bytes(o.uid_memory_bytes), human_bytes(seen), human_bytes(bytes)));
+                                  human_bytes(uid_limit), human_bytes(seen), human_bytes(bytes)));
   }
   tensor_bytes_ += bytes;
   return Status::Ok();
@@ -550,8 +668,7 @@ void ClientSession::release(std::uint64_t bytes) {
   // sessions' own.
   bytes = std::min(tensor_bytes_, bytes);
   job_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  if (service_.options.uid_memory_bytes != 0)
-    uid_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  uid_state_->usage.tensor_bytes.fetch_sub(bytes, std::memory_order_relaxed);
   tensor_bytes_ -= bytes;
 }
 
@@ -592,6 +709,38 @@ void ClientSession::refresh_queued_ops() {
   job_state_->usage.queued_ops.fetch_add(queued - queued_ops_, std::memory_order_relaxed);  // modular
   uid_state_->usage.queued_ops.fetch_add(queued - queued_ops_, std::memory_order_relaxed);
   queued_ops_ = queued;
+}
+
+void ClientSession::count_rejected(ErrorCode code) {
+  ++rejected_;
+  auto& n = rejected_by_code_[std::min(static_cast<std::size_t>(code), kNumErrorCodes - 1)];
+  n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+ClientSession::Metrics ClientSession::metrics() const {
+  Metrics m;
+  {
+    MutexLock lock(stats_mu_);
+    m.status = stats_;
+    m.streams = stream_ids_;
+    m.closed_streams = closed_streams_;
+  }
+  for (std::size_t c = 0; c < kNumErrorCodes; ++c)
+    m.rejected.by_code[c] = rejected_by_code_[c].load(std::memory_order_relaxed);
+  for (std::size_t k = 0; k < kNumCommandKinds; ++k) m.requests[k] = request_latency_[k].snapshot();
+  m.op_admission = op_admission_.snapshot();
+  return m;
+}
+
+void ClientSession::retire_metrics() {
+  const Metrics m = metrics();  // cleanup() moved every stream's counters into closed_streams
+  JobRetired& job = job_state_->retired;
+  job.ops_registered += m.status.ops_registered;
+  job.streams.add(m.closed_streams);
+  job.rejected.add(m.rejected);
+  service_.retired_rejected.add(m.rejected);
+  for (std::size_t k = 0; k < kNumCommandKinds; ++k) service_.retired_requests[k].add(m.requests[k]);
+  service_.retired_op_admission.add(m.op_admission);
 }
 
 void ClientSession::publish_stats() {
@@ -739,7 +888,8 @@ Status ClientSession::check_queued_ops() {
   // Recounted every few ops (a stream stats read per stream), and before any refusal: this
   // session's share may be stale (its ops ran since), and so may an idle session's (recounted by
   // run() while it waits).
-  const std::uint64_t job_limit = service_.options.job_queued_ops, uid_limit = service_.options.uid_queued_ops;
+  const std::uint64_t job_limit = AtomicLimits::get(service_.limits.job_queued_ops);
+  const std::uint64_t uid_limit = AtomicLimits::get(service_.limits.uid_queued_ops);
   if (job_limit == 0 && uid_limit == 0) return Status::Ok();
   if (ops_registered_ % kQueuedOpsRefresh == 0) refresh_queued_ops();
   auto over = [&] {
@@ -770,7 +920,8 @@ Status ClientSession::sync(const SyncCmd& c, std::uint64_t rid) {
     if (e.message.rfind(internal, 0) == 0) e.message.replace(0, internal.size(), fmt::format("stream {}: ", c.stream));
     return e;
   }
-  if (service_.options.job_queued_ops != 0 || service_.options.uid_queued_ops != 0) refresh_queued_ops();
+  if (AtomicLimits::get(service_.limits.job_queued_ops) != 0 || AtomicLimits::get(service_.limits.uid_queued_ops) != 0)
+    refresh_queued_ops();
   return send(Completion{rid, OkCpl{}});
 }
 
@@ -832,7 +983,13 @@ Status ClientSession::close_stream(const CloseStreamCmd& c, std::uint64_t rid) {
     if (rec.home == it->second)
       return make_error(ErrorCode::Invalid,
                         fmt::format("stream {} is still the home of tensor {}: drop it first", c.stream, n));
+  const std::optional<runtime::StreamStats> last = service_.device.stream_stats(it->second);
   KILN_RETURN_IF_ERROR(service_.device.close_stream(it->second));
+  {
+    MutexLock lock(stats_mu_);
+    if (last) closed_streams_.add(*last);
+    std::erase(stream_ids_, it->second);
+  }
   streams_.erase(it);
   return send(Completion{rid, OkCpl{}});
 }
@@ -841,6 +998,128 @@ Status ClientSession::status(const StatusCmd& c, std::uint64_t rid) {
   publish_stats();
   const DaemonStatus st = service_.status(uid());
   return send(Completion{rid, StatusTextCpl{c.json ? st.to_json() : st.to_text()}});
+}
+
+// ---- Live control (kilnctl)
+
+Status ClientSession::control(const ControlCmd& c, std::uint64_t rid) {
+  // The operator's: the daemon's uid and root. Checked on the peer credentials the kernel gave
+  // at connect time (SO_PEERCRED), never on anything the client says.
+  if (uid() != 0 && uid() != ::geteuid())
+    return make_error(ErrorCode::Invalid,
+                      fmt::format("kilnctl {} is for the daemon's user (uid {}) and root only; this client is uid {}",
+                                  control_verb_name(c.verb), ::geteuid(), uid()));
+  KILN_ASSIGN_OR_RETURN(std::string text, control_answer(c));
+  return send(Completion{rid, StatusTextCpl{std::move(text)}});
+}
+
+namespace {
+
+std::string jobs_answer(const DaemonStatus& st, bool json) {
+  if (json) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < st.jobs.size(); ++i) {
+      const JobStatus& j = st.jobs[i];
+      out += fmt::format("{}{{\"name\":\"{}\",\"owner_uid\":{},\"clients\":{},\"tensor_bytes\":{},\"queued_ops\":{}}}",
+                         i ? "," : "", json_escape(j.name), j.owner_uid, j.clients, j.tensor_bytes, j.queued_ops);
+    }
+    return out + "]";
+  }
+  std::string out =
+      fmt::format("{:<24} {:>9} {:>7} {:>12} {:>10}\n", "JOB", "OWNER UID", "CLIENTS", "MEMORY", "QUEUED OPS");
+  for (const JobStatus& j : st.jobs)
+    out += fmt::format("{:<24} {:>9} {:>7} {:>12} {:>10}\n", j.name, j.owner_uid, j.clients,
+                       human_bytes(j.tensor_bytes), j.queued_ops);
+  return out;
+}
+
+std::string clients_answer(const DaemonStatus& st, bool json) {
+  if (json) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < st.clients.size(); ++i) {
+      const ClientStatus& c = st.clients[i];
+      out += fmt::format(
+          "{}{{\"id\":{},\"job\":\"{}\",\"pid\":{},\"uid\":{},\"streams\":{},\"tensors\":{},\"tensor_bytes\":{},"
+          "\"ops\":{},\"queued_ops\":{},\"rejected\":{}}}",
+          i ? "," : "", c.client_id, json_escape(c.job), c.pid, c.uid, c.streams, c.tensors, c.tensor_bytes,
+          c.ops_registered, c.queued_ops, c.rejected);
+    }
+    return out + "]";
+  }
+  std::string out = fmt::format("{:>6} {:<24} {:>8} {:>6} {:>7} {:>7} {:>12} {:>10} {:>7} {:>8}\n", "CLIENT", "JOB",
+                                "PID", "UID", "STREAMS", "TENSORS", "MEMORY", "OPS", "QUEUED", "REJECTED");
+  for (const ClientStatus& c : st.clients)
+    out += fmt::format("{:>6} {:<24} {:>8} {:>6} {:>7} {:>7} {:>12} {:>10} {:>7} {:>8}\n", c.client_id, c.job, c.pid,
+                       c.uid, c.streams, c.tensors, human_bytes(c.tensor_bytes), c.ops_registered, c.queued_ops,
+                       c.rejected);
+  return out;
+}
+
+Result<std::uint64_t> parse_client_id(std::string_view text) {
+  std::uint64_t id = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), id);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
+    return make_error(ErrorCode::Invalid, fmt::format("disconnect: '{}' is not a client id (kilnctl clients)", text));
+  return id;
+}
+
+}  // namespace
+
+Result<std::string> ClientSession::control_answer(const ControlCmd& c) {
+  DaemonService::Impl& s = service_;
+  switch (c.verb) {
+    case ControlVerb::Jobs: return jobs_answer(s.status(std::nullopt), c.json);
+    case ControlVerb::Clients: publish_stats(); return clients_answer(s.status(std::nullopt), c.json);
+    case ControlVerb::Limits: {
+      LiveLimits l = s.limits.load();
+      if (!c.args.empty()) {
+        KILN_RETURN_IF_ERROR(apply_limit_assignments(c.args, l));
+        s.set_limits(l);
+        spdlog::info("kilnd: limits set by uid {} (kilnctl, client {}): {}", uid(), id(), c.args);
+      }
+      return c.json ? limits_to_json(l) : limits_to_text(l);
+    }
+    case ControlVerb::Disconnect: {
+      KILN_ASSIGN_OR_RETURN(const std::uint64_t target, parse_client_id(c.args));
+      if (target == id()) return make_error(ErrorCode::Invalid, "disconnect: that is this kilnctl's own connection");
+      return s.disconnect(target, std::chrono::milliseconds(30'000));
+    }
+    case ControlVerb::Drain: {
+      if (c.args == "start") {
+        if (!s.draining.exchange(true))
+          spdlog::info("kilnd: draining (kilnctl, uid {}): new clients are refused", uid());
+      } else if (c.args == "resume") {
+        if (s.draining.exchange(false))
+          spdlog::info("kilnd: drain ended (kilnctl, uid {}): clients are accepted", uid());
+      } else if (c.args != "status") {
+        return make_error(ErrorCode::Invalid, fmt::format("drain: '{}': expected start, status or resume", c.args));
+      }
+      const bool draining = s.draining.load();
+      const std::uint64_t left = s.clients_left();
+      return c.json ? fmt::format("{{\"draining\":{},\"clients\":{}}}", draining, left)
+                    : fmt::format("{}; {} client(s) connected besides kilnctl\n",
+                                  draining ? "draining: new clients are refused" : "accepting clients", left);
+    }
+    case ControlVerb::Reload:
+    case ControlVerb::Stop: {
+      ControlHooks hooks;
+      {
+        MutexLock lock(s.mu);
+        hooks = s.hooks;
+      }
+      if (c.verb == ControlVerb::Reload) {
+        if (!hooks.reload)
+          return make_error(ErrorCode::Unsupported, "reload: this daemon has no configuration file to re-read");
+        return hooks.reload();
+      }
+      if (!hooks.stop) return make_error(ErrorCode::Unsupported, "stop: this daemon is stopped by its owner only");
+      spdlog::info("kilnd: stop asked by uid {} (kilnctl, client {})", uid(), id());
+      hooks.stop();
+      return std::string("stopping: every client's streams are drained, the plans saved\n");
+    }
+    case ControlVerb::Metrics: return s.metrics().to_prometheus();
+  }
+  return make_error(ErrorCode::Internal, "unhandled control verb");
 }
 
 // One-way, as register_op: the decoder checked the whole snapshot (bounds, names), so storing it
@@ -861,7 +1140,7 @@ Status ClientSession::report_fallbacks(ReportFallbacksCmd& c) {
 // ---- Chunked transfers (protocol.h, "Chunked transfers")
 
 Result<StagingReservation> ClientSession::reserve_staging(std::uint64_t bytes, const std::string& what) {
-  const std::uint64_t limit = service_.options.staging_bytes;
+  const std::uint64_t limit = AtomicLimits::get(service_.limits.staging_bytes);
   std::uint64_t seen = 0;
   if (!try_add(service_.staged_bytes, limit, bytes, seen))
     return make_error(ErrorCode::ResourceExhausted,
@@ -1052,6 +1331,7 @@ void ClientSession::cleanup() {
   wake_deferred();
   // Drain first, so that every queued op that reads a tensor has run before it is dropped.
   for (const auto& [n, s] : streams_) {
+    const LogScope scope(std::nullopt, "", n);
     Status st = device.barrier(s);
     if (!st.ok()) spdlog::warn("kilnd: client {}: drain of stream {}: {}", id(), n, st.error().to_string());
   }
@@ -1061,7 +1341,15 @@ void ClientSession::cleanup() {
   }
   // An upload's home may never have been used by an op: make sure it exists
   // in the table so that its drops are drained and it is closed like the others.
+  // The streams' counters stay with the job's metrics (taken as the streams close).
+  {
+    MutexLock lock(stats_mu_);
+    for (const auto& [n, s] : streams_)
+      if (std::optional<runtime::StreamStats> st = device.stream_stats(s)) closed_streams_.add(*st);
+    stream_ids_.clear();
+  }
   for (const auto& [n, s] : streams_) {
+    const LogScope scope(std::nullopt, "", n);
     Status st = device.close_stream(s);
     if (!st.ok()) spdlog::warn("kilnd: client {}: close of stream {}: {}", id(), n, st.error().to_string());
   }
@@ -1073,12 +1361,11 @@ void ClientSession::cleanup() {
   {
     MutexLock lock(service_.mu);
     job_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
-    if (service_.options.uid_memory_bytes != 0)
-      uid_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
+    uid_state_->usage.tensor_bytes.fetch_sub(tensor_bytes_, std::memory_order_relaxed);
     for (Usage* u : {&job_state_->usage, &uid_state_->usage})
       u->queued_ops.fetch_sub(queued_ops_, std::memory_order_relaxed);
     for (const auto& [tensor, token] : exported_) service_.exports.erase(token);
-    service_.leave(job(), uid());
+    // The job and uid entries are left by run(), with the metrics' retirement.
   }
   exported_.clear();
   tensor_bytes_ = 0;
@@ -1113,31 +1400,45 @@ Status DaemonService::Impl::admit(const PeerCredentials& peer, std::string_view 
   MutexLock lock(mu);
   // kilnctl's job per user (kilnctl-<uid>) is that uid's alone, and never counts as a job it
   // owns: nobody can keep a user from reading the daemon's status.
-  constexpr std::string_view kKilnctl = "kilnctl-";
-  const bool kilnctl = job.substr(0, kKilnctl.size()) == kKilnctl;
-  if (kilnctl && job.substr(kKilnctl.size()) != std::to_string(peer.uid))
+  const bool kilnctl = is_kilnctl_job(job);
+  if (kilnctl && job.substr(8) != std::to_string(peer.uid)) {
+    count_refusal("kilnctl_name");
     return make_error(ErrorCode::Invalid,
                       fmt::format("job '{}': names kilnctl-<uid> are kilnctl's, each for its own uid", job));
+  }
+  // Draining: the operator's kilnctl still gets in (to watch the drain, or end it).
+  const bool operator_tool = kilnctl && (peer.uid == 0 || peer.uid == ::geteuid());
+  if (draining.load(std::memory_order_relaxed) && !operator_tool) {
+    count_refusal("draining");
+    return make_error(ErrorCode::ResourceExhausted,
+                      "the daemon is draining (kilnctl drain): it accepts no new clients until the operator resumes "
+                      "it or it restarts");
+  }
   auto it = jobs.find(std::string(job));
   if (it != jobs.end()) {
     const JobState& j = it->second;
     const bool allowed = options.job_policy == JobPolicy::Any || peer.uid == j.owner_uid ||
                          (options.job_policy == JobPolicy::Group && peer.gid == j.owner_gid);
     // The owner is not named: a client learns only that the name is taken.
-    if (!allowed)
+    if (!allowed) {
+      count_refusal("job_taken");
       return make_error(
           ErrorCode::Invalid,
           fmt::format("job '{}' belongs to another user (daemon.job_policy = {}); choose another job name", job,
                       job_policy_name(options.job_policy)));
+    }
     return Status::Ok();
   }
-  if (options.uid_jobs != 0 && !kilnctl) {
+  const std::uint64_t uid_jobs = AtomicLimits::get(limits.uid_jobs);
+  if (uid_jobs != 0 && !kilnctl) {
     auto u = uids.find(peer.uid);
-    if (u != uids.end() && u->second.jobs >= options.uid_jobs)
+    if (u != uids.end() && u->second.jobs >= uid_jobs) {
+      count_refusal("uid_jobs");
       return make_error(ErrorCode::ResourceExhausted,
                         fmt::format("uid {} owns {} jobs, its limit (daemon.uid_jobs = {}); a new job starts when one "
                                     "of them ends",
-                                    peer.uid, u->second.jobs, options.uid_jobs));
+                                    peer.uid, u->second.jobs, uid_jobs));
+    }
   }
   return Status::Ok();
 }
@@ -1223,6 +1524,10 @@ Result<std::unique_ptr<DaemonService>> DaemonService::start(runtime::Device& dev
   cb.admit = [raw](const PeerCredentials& peer, std::string_view job) { return raw->admit(peer, job); };
   cb.on_client = [raw](std::unique_ptr<AcceptedClient> c) { raw->on_client(std::move(c)); };
   cb.on_disconnect = [raw](std::uint64_t id, const Status& why) { raw->on_disconnect(id, why); };
+  cb.on_refused = [raw](std::string_view reason) {
+    MutexLock lock(raw->mu);
+    raw->count_refusal(reason);
+  };
   KILN_ASSIGN_OR_RETURN(impl->server, ControlServer::start(impl->io, impl->options.server, std::move(cb)));
   impl->socket_path = impl->server->socket_path();
   impl->work.emplace(impl->io.get_executor());
@@ -1267,9 +1572,152 @@ void DaemonService::stop() {
   s.server.reset();
 }
 
-void DaemonService::set_fused_launch_counter(std::function<std::uint64_t()> counter) {
+void DaemonService::set_backend_counters(std::function<BackendCounters()> counters) {
   MutexLock lock(impl_->mu);
-  impl_->fused_launches = std::move(counter);
+  impl_->backend_counters = std::move(counters);
+}
+
+void DaemonService::set_control_hooks(ControlHooks hooks) {
+  MutexLock lock(impl_->mu);
+  impl_->hooks = std::move(hooks);
+}
+
+DaemonMetrics DaemonService::metrics() const { return impl_->metrics(); }
+LiveLimits DaemonService::limits() const { return impl_->limits.load(); }
+void DaemonService::set_limits(const LiveLimits& limits) { impl_->set_limits(limits); }
+void DaemonService::set_draining(bool draining) { impl_->draining.store(draining, std::memory_order_relaxed); }
+
+Status DaemonService::disconnect(std::uint64_t client_id) {
+  return impl_->disconnect(client_id, std::chrono::milliseconds(30'000)).status();
+}
+
+void DaemonService::Impl::count_refusal(std::string_view reason) {
+  auto it = refused.find(reason);
+  if (it == refused.end()) it = refused.emplace(std::string(reason), 0).first;
+  ++it->second;
+}
+
+void DaemonService::Impl::set_limits(const LiveLimits& l) {
+  limits.store(l);
+  if (server) server->set_connection_limits(l.max_connections, l.max_connections_per_uid);
+}
+
+BackendCounters DaemonService::Impl::backend() const {
+  std::function<BackendCounters()> counters;
+  {
+    MutexLock lock(mu);
+    counters = backend_counters;
+  }
+  return counters ? counters() : BackendCounters{};
+}
+
+std::uint64_t DaemonService::Impl::clients_left() const {
+  MutexLock lock(mu);
+  return static_cast<std::uint64_t>(std::count_if(
+      sessions.begin(), sessions.end(), [](const auto& entry) { return !is_kilnctl_job(entry.second->job()); }));
+}
+
+Result<std::string> DaemonService::Impl::disconnect(std::uint64_t client_id, std::chrono::milliseconds timeout) {
+  std::shared_ptr<ClientSession> session;
+  {
+    MutexLock lock(mu);
+    auto it = sessions.find(client_id);
+    if (it == sessions.end())
+      return make_error(ErrorCode::InvalidHandle, fmt::format("no client {} (kilnctl clients lists them)", client_id));
+    session = it->second;
+  }
+  const ClientStatus before = session->status();
+  const LogScope scope(client_id, before.job);  // the line is about the client that goes
+  spdlog::info("kilnd: client {} (job {}, pid {}) disconnected by the operator", client_id, before.job, before.pid);
+  session->request_stop();  // its thread closes the control socket on its way out
+  // Its thread drains its streams and frees its tensors, then leaves the table.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    {
+      MutexLock lock(mu);
+      if (sessions.count(client_id) == 0) break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      return make_error(ErrorCode::Execution,
+                        fmt::format("client {} is still draining its streams after {} s; it goes when they finish",
+                                    client_id, timeout.count() / 1000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return fmt::format(
+      "client {} (job {}, pid {}, uid {}) disconnected: {} stream(s) drained and closed, {} tensor(s) "
+      "({}) freed\n",
+      client_id, before.job, before.pid, before.uid, before.streams, before.tensors, human_bytes(before.tensor_bytes));
+}
+
+DaemonMetrics DaemonService::Impl::metrics() {
+  DaemonMetrics m;
+  std::vector<std::shared_ptr<ClientSession>> live;
+  std::map<std::string, JobMetrics> jobs_by_name;
+  {
+    // One step with the retirements (retire_metrics): a session is either live here or retired.
+    MutexLock lock(mu);
+    for (const auto& [id, session] : sessions) live.push_back(session);
+    for (const auto& [name, job] : jobs) {
+      JobMetrics& j = jobs_by_name[name];
+      j.name = name;
+      j.owner_uid = job.owner_uid;
+      j.clients = job.clients;
+      j.tensor_bytes = job.usage.tensor_bytes.load(std::memory_order_relaxed);
+      j.queued_ops = job.usage.queued_ops.load(std::memory_order_relaxed);
+      j.ops_registered = job.retired.ops_registered;
+      j.ops_executed = job.retired.streams.executed;
+      j.cache_hits = job.retired.streams.cache_hits;
+      j.explorations = job.retired.streams.explorations;
+      j.plans_created = job.retired.streams.plans_created;
+      j.rejected = job.retired.rejected;
+    }
+    m.clients_served = clients_served;
+    m.rejected = retired_rejected;
+    m.requests = retired_requests;
+    m.op_admission = retired_op_admission;
+    m.refused.insert(refused.begin(), refused.end());
+  }
+  // The live sessions' own counts, outside the service's lock.
+  for (const auto& session : live) {
+    const ClientSession::Metrics sm = session->metrics();
+    m.rejected.add(sm.rejected);
+    for (std::size_t k = 0; k < kNumCommandKinds; ++k) m.requests[k].add(sm.requests[k]);
+    m.op_admission.add(sm.op_admission);
+    auto j = jobs_by_name.find(sm.status.job);
+    if (j == jobs_by_name.end()) continue;  // its job ended between the two steps
+    JobMetrics& job = j->second;
+    job.ops_registered += sm.status.ops_registered;
+    job.rejected.add(sm.rejected);
+    StreamCounters streams = sm.closed_streams;
+    for (StreamId s : sm.streams)
+      if (std::optional<runtime::StreamStats> st = device.stream_stats(s)) streams.add(*st);
+    job.ops_executed += streams.executed;
+    job.cache_hits += streams.cache_hits;
+    job.explorations += streams.explorations;
+    job.plans_created += streams.plans_created;
+    for (const FallbackCount& f : sm.status.fallbacks) job.fallbacks[f.name] += f.calls;
+  }
+  m.clients = live.size();
+  for (auto& [name, j] : jobs_by_name) {
+    m.queued_ops += j.queued_ops;
+    m.jobs.push_back(std::move(j));
+  }
+  m.device = options.device_name;
+  m.draining = draining.load(std::memory_order_relaxed);
+  m.streams = device.num_streams();
+  m.plans = device.plan_store().size();
+  m.max_plans = device.plan_store().max_plans();
+  m.plans_evicted = device.plan_store().evicted();
+  const runtime::StreamStats totals = device.totals();
+  m.cache_hits = totals.cache_hits;
+  m.explorations = totals.explorations;
+  const runtime::MemoryStats mem = device.backend().memory_stats();
+  m.memory_bytes = mem.bytes_in_use;
+  m.device_tensors = mem.tensors;
+  m.staged_bytes = staged_bytes.load(std::memory_order_relaxed);
+  m.backend = backend();
+  m.limits = limits.load();
+  return m;
 }
 
 DaemonStatus DaemonService::status() const { return impl_->status(std::nullopt); }
@@ -1284,7 +1732,6 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
   const uid_t who = viewer.value_or(0);
   DaemonStatus st;
   std::vector<std::shared_ptr<ClientSession>> live;
-  std::function<std::uint64_t()> fused;
   {
     MutexLock lock(s.mu);
     for (auto& [id, session] : s.sessions)
@@ -1296,7 +1743,6 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
                                   job.usage.queued_ops.load(std::memory_order_relaxed)});
     }
     st.clients_served = s.clients_served;
-    fused = s.fused_launches;
   }
   for (auto& session : live) st.clients.push_back(session->status());
   st.device = s.options.device_name;
@@ -1311,7 +1757,7 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
   const runtime::StreamStats counters = s.device.totals();
   st.cache_hits = counters.cache_hits;
   st.explorations = counters.explorations;
-  if (fused) st.fused_launches = fused();
+  st.fused_launches = s.backend().fused_launches;
   return st;
 }
 

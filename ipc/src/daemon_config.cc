@@ -2,6 +2,8 @@
 #include "kiln/ipc/daemon_config.h"
 
 #include "kiln/ipc/daemon.h"
+#include "kiln/ipc/log_format.h"
+#include "kiln/ipc/metrics_server.h"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
@@ -12,6 +14,19 @@
 #include <sstream>
 
 namespace kiln::ipc {
+
+namespace {
+
+// The keys whose text has a grammar: their value checked as kilnd would parse it.
+Status check_text_value(std::string_view key, const std::string& value) {
+  if (key == "job_policy") return parse_job_policy(value).status();
+  if (key == "log_format") return parse_log_format(value).status();
+  // The form only: whether a remote address is allowed is metrics_allow_remote's, checked by kilnd.
+  if (key == "metrics") return parse_metrics_listen(value, true).status();
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::string_view source_name) {
   DaemonFileConfig cfg;
@@ -37,6 +52,7 @@ Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::st
     std::optional<std::uint64_t>* number;
     std::int64_t minimum;
     std::int64_t maximum = kNoMax;
+    std::optional<bool>* flag = nullptr;
   };
   const Key keys[] = {
       {"device", &cfg.device, nullptr, 0},
@@ -61,6 +77,9 @@ Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::st
       {"plan_save_ms", nullptr, &cfg.plan_save_ms, 1, kMaxMs},
       {"arena_mib", nullptr, &cfg.arena_mib, 1, 65536},
       {"staging_mib", nullptr, &cfg.staging_mib, 0, kMaxMib},
+      {"log_format", &cfg.log_format, nullptr, 0},
+      {"metrics", &cfg.metrics, nullptr, 0},
+      {"metrics_allow_remote", nullptr, nullptr, 0, kNoMax, &cfg.metrics_allow_remote},
   };
   for (const auto& [key, value] : *d) {
     const std::string k(key.str());
@@ -76,16 +95,17 @@ Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::st
     std::optional<std::string>* text = found->text;
     std::optional<std::uint64_t>* number = found->number;
     const std::int64_t minimum = found->minimum, maximum = found->maximum;
-    if (text != nullptr) {
+    if (found->flag != nullptr) {
+      if (!value.is_boolean())
+        return make_error(ErrorCode::Config, fmt::format("{}: daemon.{} must be true or false", source_name, k));
+      *found->flag = value.value<bool>();
+    } else if (text != nullptr) {
       std::optional<std::string> v = value.value<std::string>();
       if (!value.is_string() || !v || v->empty())
         return make_error(ErrorCode::Config, fmt::format("{}: daemon.{} must be a non-empty string", source_name, k));
       *text = std::move(*v);
-      if (k == "job_policy") {
-        if (Result<JobPolicy> policy = parse_job_policy(**text); !policy.ok())
-          return make_error(ErrorCode::Config,
-                            fmt::format("{}: daemon.job_policy: {}", source_name, policy.error().message));
-      }
+      if (Status st = check_text_value(k, **text); !st.ok())
+        return make_error(ErrorCode::Config, fmt::format("{}: daemon.{}: {}", source_name, k, st.error().message));
     } else {
       std::optional<std::int64_t> v = value.value<std::int64_t>();
       if (!value.is_integer() || !v || *v < minimum || *v > maximum)

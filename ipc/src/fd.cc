@@ -47,7 +47,9 @@ Result<bool> wait_readable(int fd, std::chrono::milliseconds timeout, int hangup
   for (;;) {
     pollfd fds[2] = {{fd, POLLIN, 0}, {hangup_fd, POLLIN, 0}};
     const nfds_t n = hangup_fd >= 0 ? 2 : 1;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    // Rounded up: a truncated timeout would poll with 0 in the deadline's last millisecond and
+    // return at once, and a caller that sleeps again until its own deadline would spin.
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     const int ms = left.count() <= 0 ? 0 : static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30));
     const int r = ::poll(fds, n, ms);
     if (r < 0) {
@@ -64,7 +66,7 @@ Result<bool> wait_readable(int fd, std::chrono::milliseconds timeout, int hangup
       // gone or misbehaving: the protocol sends nothing on it.
       return make_error(ErrorCode::Execution, "peer closed the connection");
     }
-    if (r == 0 && ms == 0) return false;
+    if (r == 0 && (ms == 0 || Clock::now() >= deadline)) return false;
   }
 }
 

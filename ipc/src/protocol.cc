@@ -293,7 +293,33 @@ Result<Header> get_header(Reader& r, std::span<const std::uint8_t> bytes, const 
   return h;
 }
 
+// A control command's words: bounded, printable ASCII (spaces included).
+std::optional<std::string> control_args_problem(std::string_view args) {
+  if (args.size() > kMaxControlArgBytes)
+    return std::to_string(args.size()) + " bytes exceed the limit " + std::to_string(kMaxControlArgBytes);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto c = static_cast<unsigned char>(args[i]);
+    if (c < 0x20 || c > 0x7e)
+      return "byte " + std::to_string(c) + " at " + std::to_string(i) + " is not printable ASCII";
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+const char* control_verb_name(ControlVerb v) {
+  switch (v) {
+    case ControlVerb::Jobs: return "jobs";
+    case ControlVerb::Clients: return "clients";
+    case ControlVerb::Limits: return "limits";
+    case ControlVerb::Disconnect: return "disconnect";
+    case ControlVerb::Drain: return "drain";
+    case ControlVerb::Reload: return "reload";
+    case ControlVerb::Metrics: return "metrics";
+    case ControlVerb::Stop: return "stop";
+  }
+  return "unknown";
+}
 
 const char* command_kind_name(CommandKind k) {
   switch (k) {
@@ -310,6 +336,7 @@ const char* command_kind_name(CommandKind k) {
     case CommandKind::UploadPart: return "upload_part";
     case CommandKind::ReadPart: return "read_part";
     case CommandKind::ReportFallbacks: return "report_fallbacks";
+    case CommandKind::Control: return "control";
   }
   return "unknown";
 }
@@ -396,6 +423,10 @@ Status check_command_encodable(const CommandBody& body) {
           return check_shape_encodable(b.tensor.shape);
         } else if constexpr (std::is_same_v<T, ReportFallbacksCmd>) {
           return check_fallbacks_encodable(b);
+        } else if constexpr (std::is_same_v<T, ControlCmd>) {
+          if (std::optional<std::string> problem = control_args_problem(b.args))
+            return make_error(ErrorCode::Invalid, "control.args: " + *problem);
+          return Status::Ok();
         } else {
           return Status::Ok();
         }
@@ -461,6 +492,12 @@ void put_command_body(Writer& w, const CommandBody& body) {
             w.bytes(std::string_view(f.name));
             w.u64(f.calls);
           }
+        } else if constexpr (std::is_same_v<T, ControlCmd>) {
+          // check_command_encodable bounded the args (<= kMaxControlArgBytes).
+          w.u8(static_cast<std::uint8_t>(b.verb));
+          w.u8(b.json ? 1 : 0);
+          w.u16(static_cast<std::uint16_t>(b.args.size()));
+          w.bytes(std::string_view(b.args));
         }
       },
       body);
@@ -684,6 +721,26 @@ Status decode_report_fallbacks(Reader& r, Command& cmd) {
   return Status::Ok();
 }
 
+// control: the verb, the format and the words.
+Status decode_control(Reader& r, Command& cmd) {
+  ControlCmd c;
+  KILN_ASSIGN_OR_RETURN(const std::uint8_t verb, r.u8("verb"));
+  if (verb == 0 || verb > kMaxControlVerb) return r.fail("verb", "unknown control verb " + std::to_string(verb));
+  c.verb = static_cast<ControlVerb>(verb);
+  KILN_ASSIGN_OR_RETURN(const std::uint8_t format, r.u8("format"));
+  if (format > 1) return r.fail("format", "unknown format " + std::to_string(format));
+  c.json = format == 1;
+  KILN_ASSIGN_OR_RETURN(const std::uint16_t len, r.u16("args_len"));
+  if (len > kMaxControlArgBytes)
+    return r.fail("args_len", std::to_string(len) + " exceeds the limit " + std::to_string(kMaxControlArgBytes));
+  KILN_RETURN_IF_ERROR(r.need("args", len));
+  const std::span<const std::uint8_t> bytes = r.take(len);
+  c.args.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  if (std::optional<std::string> problem = control_args_problem(c.args)) return r.fail("args", *problem);
+  cmd.body = std::move(c);
+  return Status::Ok();
+}
+
 // The body of a command of `kind` (get_header bounded it), into cmd.body.
 Status decode_command_body(Reader& r, CommandKind kind, std::uint64_t arena_size, Command& cmd) {
   switch (kind) {
@@ -700,6 +757,7 @@ Status decode_command_body(Reader& r, CommandKind kind, std::uint64_t arena_size
     case CommandKind::UploadPart: return decode_upload_part(r, arena_size, cmd);
     case CommandKind::ReadPart: return decode_read_part(r, arena_size, cmd);
     case CommandKind::ReportFallbacks: return decode_report_fallbacks(r, cmd);
+    case CommandKind::Control: return decode_control(r, cmd);
   }
   return Status::Ok();
 }
@@ -709,7 +767,7 @@ Status decode_command_body(Reader& r, CommandKind kind, std::uint64_t arena_size
 Result<Command> decode_command(std::span<const std::uint8_t> bytes, std::uint64_t arena_size) {
   Reader r(bytes, "command");
   KILN_ASSIGN_OR_RETURN(const Header h,
-                        get_header(r, bytes, "command", static_cast<std::uint8_t>(CommandKind::ReportFallbacks)));
+                        get_header(r, bytes, "command", static_cast<std::uint8_t>(CommandKind::Control)));
   const auto kind = static_cast<CommandKind>(h.kind);
   r.set_kind(command_kind_name(kind));
   Command cmd;

@@ -468,6 +468,15 @@ Result<std::string> RemoteTarget::daemon_status(bool json) {
   return text->text;
 }
 
+Result<std::string> RemoteTarget::control(ControlVerb verb, std::string args, bool json) {
+  KILN_ASSIGN_OR_RETURN(std::uint64_t request, send(ControlCmd{verb, json, std::move(args)}));
+  KILN_ASSIGN_OR_RETURN(Completion c, wait(request));
+  if (const auto* e = std::get_if<ErrorCpl>(&c.body)) return make_error(e->code, e->message);
+  const auto* text = std::get_if<StatusTextCpl>(&c.body);
+  if (text == nullptr) return make_error(ErrorCode::Internal, "control: unexpected completion");
+  return text->text;
+}
+
 Status RemoteTarget::report_fallbacks(const std::map<std::string, std::uint64_t>& calls) {
   // The most-called first (ties by name), each taken while the message still fits the protocol's
   // bounds and the command ring; then in name order, as the format wants.

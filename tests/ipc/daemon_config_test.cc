@@ -70,6 +70,26 @@ plan_save_ms = 500
             std::string::npos);
 }
 
+// Issue 26's keys: the log format and the metrics endpoint, their grammar checked at parse time.
+TEST(DaemonConfig, LogFormatAndMetrics) {
+  Result<DaemonFileConfig> c = parse_daemon_config(
+      "[daemon]\nlog_format = \"json\"\nmetrics = \"tcp:0.0.0.0:9464\"\nmetrics_allow_remote = true\n");
+  KILN_ASSERT_OK(c);
+  EXPECT_EQ(*c->log_format, "json");
+  EXPECT_EQ(*c->metrics, "tcp:0.0.0.0:9464");  // the remote check is kilnd's, with metrics_allow_remote
+  EXPECT_EQ(c->metrics_allow_remote, std::optional<bool>(true));
+  auto message = [](const char* text) {
+    Result<DaemonFileConfig> r = parse_daemon_config(text);
+    return r.ok() ? std::string("ok") : r.error().message;
+  };
+  EXPECT_EQ(message("[daemon]\nlog_format = \"xml\"\n"),
+            "kiln.toml: daemon.log_format: log format 'xml': expected text or json");
+  EXPECT_NE(message("[daemon]\nmetrics = \"http:9464\"\n").find("daemon.metrics: metrics 'http:9464': expected unix"),
+            std::string::npos);
+  EXPECT_EQ(message("[daemon]\nmetrics_allow_remote = 1\n"),
+            "kiln.toml: daemon.metrics_allow_remote must be true or false");
+}
+
 TEST(DaemonConfig, AbsentTableOrFileSetsNothing) {
   Result<DaemonFileConfig> c = parse_daemon_config("[runtime]\nthreads = 2\n");
   KILN_ASSERT_OK(c);

@@ -76,6 +76,10 @@ std::vector<Command> every_command() {
                {"aten::flip", 12},
                {"aten::index_add_", 0},
                {std::string(kMaxFallbackNameBytes, '~'), std::numeric_limits<std::uint64_t>::max()}}}},
+      // Live control: no words, words with spaces, the longest args.
+      {19, ControlCmd{ControlVerb::Jobs, false, ""}},
+      {20, ControlCmd{ControlVerb::Limits, true, "job_memory_mib=4096 uid_jobs=0"}},
+      {21, ControlCmd{ControlVerb::Stop, false, std::string(kMaxControlArgBytes, '~')}},
   };
 }
 
@@ -184,8 +188,8 @@ TEST(Protocol, RejectsOversizedAndOutOfRange) {
   // Unknown kinds, reserved bytes, trailing bytes.
   Bytes sync = encode(Command{1, SyncCmd{2}});
   Bytes k = sync;
-  k[0] = 14;
-  EXPECT_EQ(command_error(k), "command.kind: command kind 14 is unknown");
+  k[0] = 15;
+  EXPECT_EQ(command_error(k), "command.kind: command kind 15 is unknown");
   k[0] = 0;
   EXPECT_EQ(command_error(k), "command.kind: command kind 0 is unknown");
   Bytes res = sync;
@@ -325,6 +329,39 @@ TEST(Protocol, FixedLayoutOfAFallbackReport) {
   const Bytes body = {2, 0, 4, 'a', ':', ':', 'b', 0x02, 0x01, 0, 0, 0, 0, 0, 0, 1, 'c', 3, 0, 0, 0, 0, 0, 0, 0};
   want.insert(want.end(), body.begin(), body.end());
   EXPECT_EQ(b, want);
+}
+
+TEST(Protocol, FixedLayoutOfAControl) {
+  const Bytes b = encode(Command{5, ControlCmd{ControlVerb::Disconnect, true, "17"}});
+  // header: kind 14, body_len 6, request 5; verb 4, format 1, args_len 2, "17"
+  const Bytes want = {14, 0, 0, 0, 6, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 4, 1, 2, 0, '1', '7'};
+  EXPECT_EQ(b, want);
+}
+
+// control: a known verb and format, bounded printable words; the encoder refuses what the decoder would.
+TEST(Protocol, ControlIsChecked) {
+  const Bytes good = encode(Command{1, ControlCmd{ControlVerb::Limits, false, "a=1"}});
+  auto with = [&](std::size_t at, std::uint8_t v) {
+    Bytes b = good;
+    b[at] = v;
+    return b;
+  };
+  EXPECT_EQ(command_error(with(16, 0)), "control.verb: unknown control verb 0");
+  EXPECT_EQ(command_error(with(16, kMaxControlVerb + 1)),
+            "control.verb: unknown control verb " + std::to_string(kMaxControlVerb + 1));
+  EXPECT_EQ(command_error(with(17, 2)), "control.format: unknown format 2");
+  EXPECT_EQ(command_error(with(21, 0x0a)), "control.args: byte 10 at 1 is not printable ASCII");
+  Bytes long_args = good;
+  long_args[18] = 0x01;  // args_len 1025
+  long_args[19] = 0x04;
+  EXPECT_EQ(command_error(long_args), "control.args_len: 1025 exceeds the limit 1024");
+  Bytes out;
+  Status st =
+      encode_command(Command{1, ControlCmd{ControlVerb::Jobs, false, std::string(kMaxControlArgBytes + 1, 'a')}}, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().message, "control.args: 1025 bytes exceed the limit 1024");
+  EXPECT_FALSE(encode_command(Command{1, ControlCmd{ControlVerb::Jobs, false, "a\tb"}}, out).ok());
+  EXPECT_TRUE(out.empty());
 }
 
 // report_fallbacks: at most kMaxFallbackEntries entries, each name 1..kMaxFallbackNameBytes bytes

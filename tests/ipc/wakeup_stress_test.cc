@@ -141,6 +141,29 @@ Endpoint attach_peer(const Endpoint& daemon) {
   return std::move(ep).value();
 }
 
+// An idle receive sleeps through its timeout: found by issue 26's scrape benchmark, where 64 idle
+// clients cost the daemon half a core. wait_readable truncated its timeout to whole
+// milliseconds, so in the last millisecond before a receive's deadline it polled with a zero
+// timeout and returned at once, and the receive went back to sleep again and again: a busy loop
+// of a millisecond or more per timeout. Each sleep is counted (receive_sleeps): a receive that
+// times out sleeps once or twice, never dozens of times. Timeouts of 3 ms, 10 ms and 100 ms,
+// each several times so that the deadline's sub-millisecond remainder varies.
+TEST(WakeupStress, AnIdleReceiveSleepsThroughItsTimeout) {
+  auto daemon = Endpoint::create_daemon_side(stress_config());
+  ASSERT_TRUE(daemon.ok()) << daemon.error().message;
+  Endpoint client = attach_peer(*daemon);
+  std::vector<std::uint8_t> buf(daemon->max_receive_bytes());
+  for (int ms : {3, 10, 100}) {
+    for (int i = 0; i < 5; ++i) {
+      const std::uint64_t before = daemon->receive_sleeps();
+      auto got = daemon->receive(buf, std::chrono::milliseconds(ms));
+      ASSERT_TRUE(got.ok()) << got.error().message;
+      EXPECT_FALSE(got->has_value());
+      EXPECT_LE(daemon->receive_sleeps() - before, 2u) << "a " << ms << " ms receive on an empty ring";
+    }
+  }
+}
+
 // Four threads: client sends commands / daemon receives them; daemon sends completions /
 // client receives them. Both directions at once, so senders and receivers of one side block
 // concurrently on their own doorbells.

@@ -68,6 +68,11 @@ struct ServerCallbacks {
   std::function<Status(const PeerCredentials&, std::string_view job)> admit;
   // Required. A client is connected; its endpoint is ready.
   std::function<void(std::unique_ptr<AcceptedClient>)> on_client;
+  // Optional. A connection was refused before admission, with a reason for the metrics:
+  // "connection_limit", "uid_connection_limit", "flood" (closed unread, far past a limit),
+  // "credentials", "protocol_version", "bad_hello" or "segment". (Refusals by `admit` are its
+  // caller's to count.)
+  std::function<void(std::string_view reason)> on_refused;
   // Required. The client's control socket closed: Ok for an orderly EOF (the client process
   // exited or closed its connection), an error otherwise ("client sent data on the control
   // socket", "disconnected by the daemon", a socket error). Not called after stop().
@@ -90,6 +95,9 @@ class ControlServer {
   void stop();
   // Closes one client's socket (e.g. after it corrupted its ring); on_disconnect follows.
   void disconnect(std::uint64_t client_id);
+  // New connection limits (ServerOptions' max_connections and max_connections_per_uid, >= 1),
+  // applied from the next connection.
+  void set_connection_limits(std::size_t max_connections, std::size_t max_connections_per_uid);
 
   struct Impl;
 

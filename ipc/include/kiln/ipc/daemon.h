@@ -46,6 +46,18 @@
 // A client that goes (its control socket closes: exit, crash, SIGKILL) has its streams drained
 // and closed and every tensor it held dropped; nothing of it remains.
 //
+// Live control (protocol.h's control command; what `kilnctl jobs|clients|limits|disconnect|drain|
+// reload|metrics|stop` send): served to the daemon's uid and root only, anyone else is refused
+// with the reason. `limits` shows or sets the LiveLimits (all or nothing), which apply to the next
+// charge, admission or connection: a lowered quota refuses new work, it frees nothing. `disconnect
+// ID` ends a client as its own exit would (its streams drained, its tensors freed; the others
+// untouched). `drain start` refuses new clients (except the operator's kilnctl) until `drain
+// resume`; `drain status` counts the clients left. `reload` and `stop` call the hooks kilnd sets
+// (ControlHooks).
+//
+// Metrics (daemon_metrics.h): metrics() snapshots every counter; a session counts into its own
+// atomics and a scrape sums them, so no lock or shared cache line is added to the op path.
+//
 // Thread-safety: start/stop/status from any thread. Sessions run on their own threads; the
 // tables they share (jobs, export tokens, statistics) are behind one mutex that is never held
 // while the device runs anything.
@@ -61,6 +73,7 @@
 
 #include "kiln/base/result.h"
 #include "kiln/ipc/control_server.h"
+#include "kiln/ipc/daemon_metrics.h"
 #include "kiln/ipc/protocol.h"
 #include "kiln/runtime/device.h"
 
@@ -153,6 +166,15 @@ struct DaemonStatus {
   std::string to_text() const;  // kilnctl status
 };
 
+// What the daemon's owner (kilnd) does for the control verbs the service cannot do alone.
+struct ControlHooks {
+  // Re-reads the configuration and applies what can change live; the text says what changed and
+  // what needs a restart.
+  std::function<Result<std::string>()> reload;
+  // Stops the daemon as SIGTERM does (the call returns at once; the stop follows).
+  std::function<void()> stop;
+};
+
 class DaemonService {
  public:
   static Result<std::unique_ptr<DaemonService>> start(runtime::Device& device, DaemonOptions options);
@@ -168,8 +190,20 @@ class DaemonService {
   // What a client of uid `viewer` may see: the device's totals, and only the jobs and clients of
   // its own uid, unless it is the daemon's uid or root.
   DaemonStatus status_for(std::uint32_t viewer) const;
-  // Backend counters the status reports (set by kilnd for the CPU device: fused launches).
-  void set_fused_launch_counter(std::function<std::uint64_t()> counter);
+  // The backend's counters the status and the metrics report (kilnd reads its backend's stats).
+  void set_backend_counters(std::function<BackendCounters()> counters);
+  void set_control_hooks(ControlHooks hooks);
+
+  // Every counter, for the metrics endpoint (daemon_metrics.h).
+  DaemonMetrics metrics() const;
+  // The live limits, and a change of them (reload; kilnctl limits set goes through the control
+  // command). Quotas apply from the next charge; connection limits from the next connection.
+  LiveLimits limits() const;
+  void set_limits(const LiveLimits& limits);
+  // Ends one client as if it had gone (streams drained and closed, tensors freed). Error: no such client.
+  Status disconnect(std::uint64_t client_id);
+  // While draining, new clients are refused (the operator's kilnctl excepted).
+  void set_draining(bool draining);
 
   struct Impl;
 

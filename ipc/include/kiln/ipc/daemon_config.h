@@ -21,6 +21,9 @@
 //   staging_mib = 2048         # chunked transfers' host staging, all clients; absent: a share of the host's memory
 //   plan_cache = "/var/cache/kiln/plans"
 //   log_level = "info"         # trace, debug, info, warn, error
+//   log_format = "text"        # text, or json: one object per line (kiln/ipc/log_format.h)
+//   metrics = "unix"           # the metrics endpoint: unix, unix:PATH, tcp:HOST:PORT (metrics_server.h); absent: off
+//   metrics_allow_remote = false  # tcp on a non-loopback address
 //
 // A malformed file, an unknown key or a value of the wrong type is an ErrorCode::Config error
 // naming the key ("kiln.toml: daemon.arena_mib must be an integer >= 1").
@@ -39,6 +42,8 @@ namespace kiln::ipc {
 
 struct DaemonFileConfig {
   std::optional<std::string> device, runtime_dir, socket, allowed_group, plan_cache, log_level, lock_dir, job_policy;
+  std::optional<std::string> log_format, metrics;
+  std::optional<bool> metrics_allow_remote;
   std::optional<std::uint64_t> job_memory_mib, job_queued_ops, arena_mib, max_connections, max_connections_per_uid;
   std::optional<std::uint64_t> uid_memory_mib, uid_queued_ops, uid_jobs, device_memory_mib, completion_timeout_ms;
   std::optional<std::uint64_t> large_block_mib, large_block_retention_ms, plan_save_ms, staging_mib;

@@ -4,9 +4,10 @@
 // Thread-safety: pure functions; call from any thread.
 //
 // ---------------------------------------------------------------------------------------------
-// Format (protocol version kProtocolVersion = 4, agreed in the socket handshake; version 2 added
+// Format (protocol version kProtocolVersion = 5, agreed in the socket handshake; version 2 added
 // upload_part, read_part and read_part_done; version 3 gave upload and upload_part the tensor's
-// home stream and widened export tokens to 32 random bytes; version 4 added report_fallbacks).
+// home stream and widened export tokens to 32 random bytes; version 4 added report_fallbacks;
+// version 5 added control).
 // All integers little-endian, fixed width; no padding; reserved bytes must be zero; no trailing
 // bytes.
 //
@@ -51,6 +52,12 @@
 //                                       (the client's ops that ran on its CPU instead of kiln,
 //                                       with their calls: a full snapshot that replaces the
 //                                       client's previous one; the PyTorch device sends it)
+//  14 control                           verb u8 (ControlVerb), format u8 (0 text, 1 JSON),
+//                                       args_len u16 (<= kMaxControlArgBytes), args bytes
+//                                       (printable ASCII, 0x20..0x7e: the verb's words, e.g.
+//                                       "job_memory_mib=4096"); kilnctl's live control, answered
+//                                       with status_text or an error; the daemon serves it to
+//                                       its own uid and root only
 //
 //   Completions
 //   1 ok                                (empty)
@@ -83,8 +90,8 @@
 // Every decodable message is the unique encoding of what it decodes to (the fuzzer checks it).
 //
 // Answers: every command is answered by one completion (ok, or what its table row says, or an
-// error), except register_op, drop and report_fallbacks, which are answered only when they fail
-// (one ring record each; the client library reports such an error at its next sync or read).
+// error; status and control by status_text), except register_op, drop and report_fallbacks, which are answered only
+// when they fail (one ring record each; the client library reports such an error at its next sync or read).
 //
 // What the decoder cannot check (the daemon must): that stream and tensor ids exist and belong
 // to the client, that tokens are valid, that a register_op's tensors have the shapes the
@@ -117,7 +124,7 @@
 
 namespace kiln::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 4;
+inline constexpr std::uint16_t kProtocolVersion = 5;
 inline constexpr std::size_t kMessageHeaderBytes = 16;
 // Bounds one message. A registered op encodes to ~100 bytes and the codec's own caps keep any
 // op far below this; it also caps what a hostile message can make the decoder look at.
@@ -132,6 +139,8 @@ inline constexpr std::size_t kMaxStatusBytes = 64 * 1024;
 // kMaxMessageBytes and the default command ring.
 inline constexpr std::size_t kMaxFallbackEntries = 256;
 inline constexpr std::size_t kMaxFallbackNameBytes = 128;
+// A control command's words (kilnctl's arguments: a few key=value pairs or a client id).
+inline constexpr std::size_t kMaxControlArgBytes = 1024;
 
 enum class CommandKind : std::uint8_t {
   AttachStream = 1,
@@ -147,11 +156,27 @@ enum class CommandKind : std::uint8_t {
   UploadPart,
   ReadPart,
   ReportFallbacks,
+  Control,
 };
 enum class CompletionKind : std::uint8_t { Ok = 1, Error, ReadDone, Exported, StatusText, ReadPartDone };
 
 const char* command_kind_name(CommandKind k);        // "attach_stream", "register_op", ...
 const char* completion_kind_name(CompletionKind k);  // "ok", "error", ...
+
+// What a control command asks (kilnctl's live control; docs/operations.md). The args each takes
+// are the daemon's to check (daemon.h, "Live control").
+enum class ControlVerb : std::uint8_t {
+  Jobs = 1,    // the jobs, their owners, clients and usage
+  Clients,     // every client
+  Limits,      // no args: the live limits; "key=value ...": set them
+  Disconnect,  // args: a client id
+  Drain,       // args: "start" (refuse new clients), "status" (clients left), "resume"
+  Reload,      // re-read kiln.toml: what can change live changes, the rest is named
+  Metrics,     // the metrics' exposition text (as the metrics endpoint serves it)
+  Stop,        // stop the daemon as SIGTERM does
+};
+inline constexpr std::uint8_t kMaxControlVerb = static_cast<std::uint8_t>(ControlVerb::Stop);
+const char* control_verb_name(ControlVerb v);  // "jobs", "clients", ...
 
 // What an export hands out and an import presents: 32 bytes from the OS's secure random source
 // (the daemon's export_token(); never from a seeded generator, whose state a client could rebuild
@@ -252,9 +277,18 @@ struct ReportFallbacksCmd {
   friend bool operator==(const ReportFallbacksCmd&, const ReportFallbacksCmd&) = default;
 };
 
+// kilnctl's live control: a verb and its words.
+struct ControlCmd {
+  ControlVerb verb = ControlVerb::Jobs;
+  bool json = false;
+  std::string args;  // at most kMaxControlArgBytes of printable ASCII
+  friend bool operator==(const ControlCmd&, const ControlCmd&) = default;
+};
+
 // Alternatives in CommandKind order (index + 1 == kind).
-using CommandBody = std::variant<AttachStreamCmd, RegisterOpCmd, UploadCmd, ReadCmd, SyncCmd, DropCmd, ExportCmd,
-                                 ImportCmd, CloseStreamCmd, StatusCmd, UploadPartCmd, ReadPartCmd, ReportFallbacksCmd>;
+using CommandBody =
+    std::variant<AttachStreamCmd, RegisterOpCmd, UploadCmd, ReadCmd, SyncCmd, DropCmd, ExportCmd, ImportCmd,
+                 CloseStreamCmd, StatusCmd, UploadPartCmd, ReadPartCmd, ReportFallbacksCmd, ControlCmd>;
 struct Command {
   std::uint64_t request_id = 0;
   CommandBody body;

@@ -75,6 +75,9 @@ class RemoteTarget final : public runtime::SessionTarget {
   Status import_tensor(runtime::StreamId stream, const ExportToken& token, ir::TensorId id);
   // The daemon's status report, as text or JSON (what `kilnctl status [--json]` prints).
   Result<std::string> daemon_status(bool json);
+  // kilnctl's live control (protocol.h, ControlVerb): the daemon's answer, text or JSON. Only the
+  // daemon's uid and root are served; anyone else gets the refusal as an error.
+  Result<std::string> control(ControlVerb verb, std::string args = {}, bool json = false);
   // Tells the daemon which ops this client ran on its own CPU instead of kiln, with their calls
   // (`calls`: a full snapshot, replacing the last one; empty clears it); its status shows them
   // with this client. One ring record, no answer awaited (the daemon answers only a rejection,
