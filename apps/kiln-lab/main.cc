@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "kiln/fusion/config.h"
 #include "scenarios.h"
@@ -31,6 +33,10 @@ int main(int argc, char** argv) {
          "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, off); the softmax and "
          "rows scenarios set their own")
       ->check(CLI::IsMember({"on", "off", "true", "false", "1", "0"}));
+  std::string dot_dir;
+  app.add_option("--dot", dot_dir,
+                 "write every plan a scenario ends with as Graphviz DOT: DIR/<scenario>-plan<id>.dot (as kilnctl plans "
+                 "show ID --format dot)");
   CLI11_PARSE(app, argc, argv);
 
   auto config = kiln::fusion::load_fusion_config(config_path, kiln::fusion::process_env());
@@ -79,6 +85,20 @@ int main(int argc, char** argv) {
     logger->flush();
     fmt::print("\n{} {}\n", result.ok ? "[ok]" : "[UNEXPECTED]", result.summary);
     if (!result.ok) ++failures;
+    if (!dot_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(dot_dir, ec);
+      for (const auto& [id, dot] : result.plan_graphs) {
+        const std::string path = fmt::format("{}/{}-plan{}.dot", dot_dir, scenario->name, id);
+        std::ofstream f(path);
+        f << dot;
+        if (!f) {
+          fmt::print(stderr, "kiln-lab: cannot write {}\n", path);
+          return 2;
+        }
+        fmt::print("wrote {}\n", path);
+      }
+    }
   }
   return failures == 0 ? 0 : 1;
 }

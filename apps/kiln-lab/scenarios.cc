@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kiln/fusion/plan_graph.h"
 #include "lab.h"
 
 namespace kiln::lab {
@@ -30,6 +31,14 @@ std::string describe_fused(const fusion::RecordingExecutor& ex, std::size_t from
     s += fmt::format("{}{} ({} ops)", s.empty() ? "" : ", ", r.name, r.operations.size());
   }
   return s.empty() ? "nothing fused" : s;
+}
+
+// The scenario's result with every plan of its store as DOT.
+ScenarioResult with_graphs(Lab& lab, ScenarioResult r) {
+  for (const fusion::PlanId id : lab.store().ids())
+    if (const fusion::PlanPin plan = lab.store().plan(id))
+      r.plan_graphs.emplace_back(id, fusion::plan_to_dot(id, *plan));
+  return r;
 }
 
 ScenarioResult reuse(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
@@ -64,7 +73,7 @@ ScenarioResult reuse(const fusion::FusionLog& log, const fusion::ProcessorOption
   }
   result.summary = fmt::format("reuse: {} plans cached, {} cache hits, {} explorations\n{}", lab.store().size(),
                                lab.stats().cache_hits, lab.stats().explorations, summary);
-  return result;
+  return with_graphs(lab, std::move(result));
 }
 
 ScenarioResult chains(const fusion::FusionLog& log, const fusion::ProcessorOptions& options,
@@ -81,7 +90,7 @@ ScenarioResult chains(const fusion::FusionLog& log, const fusion::ProcessorOptio
   result.ok = result.ok && score == 7390;
   result.summary = fmt::format("chains: {} execution(s) after the sync: {} (score {})", records.size(),
                                describe_fused(lab.executor(), 0), score);
-  return result;
+  return with_graphs(lab, std::move(result));
 }
 
 // softmax over the last axis as a front end lowers it: max, sub, exp, sum, div.
@@ -106,7 +115,7 @@ ScenarioResult softmax(const fusion::FusionLog& log, const fusion::ProcessorOpti
   // outscore Sub+Exp+SumDim as a reduce prologue (110), and the rest follows unfused.
   r.summary = "softmax: " + describe_fused(lab.executor(), 0);
   r.ok = r.summary.find("ElementWise (2 ops)") != std::string::npos;
-  return r;
+  return with_graphs(lab, std::move(r));
 }
 
 // kiln's row fuser (on, whatever the configuration says): softmax, then a layer norm written
@@ -133,7 +142,7 @@ ScenarioResult rows(const fusion::FusionLog& log, const fusion::ProcessorOptions
   ScenarioResult r;
   r.summary = fmt::format("rows: softmax: {}; layer norm: {}", softmax, norm);
   r.ok = softmax == "Row (5 ops)" && norm == "Row (9 ops)";
-  return r;
+  return with_graphs(lab, std::move(r));
 }
 
 // A linear layer's matmul with its bias add and activation fused as the epilogue.
@@ -148,7 +157,7 @@ ScenarioResult matmul(const fusion::FusionLog& log, const fusion::ProcessorOptio
   ScenarioResult r;
   r.summary = "matmul: " + describe_fused(lab.executor(), 0);
   r.ok = r.summary.find("Matmul (3 ops)") != std::string::npos;
-  return r;
+  return with_graphs(lab, std::move(r));
 }
 
 // The view rule: a swap_dims of a tensor seen for the first time runs alone; the rest fuses.
@@ -165,7 +174,7 @@ ScenarioResult views(const fusion::FusionLog& log, const fusion::ProcessorOption
   r.ok = !recs.empty() && !recs[0].fused && recs[0].operations[0].kind == OpKind::Base_SwapDims;
   r.summary = fmt::format("views: swap_dims ran {}; then {}", r.ok ? "alone" : "fused (unexpected)",
                           describe_fused(lab.executor(), 0));
-  return r;
+  return with_graphs(lab, std::move(r));
 }
 
 // max_explorations = 1: the first program is explored and cached, a different one runs unfused.
@@ -184,7 +193,7 @@ ScenarioResult cap(const fusion::FusionLog& log, const fusion::ProcessorOptions&
   r.ok = lab.store().size() == 1 && lab.stats().unfused_capped == 2 && lab.stats().cache_hits == 1;
   r.summary = fmt::format("cap: {} plan(s) cached, {} segment(s) run unfused by the cap, {} cache hit(s)",
                           lab.store().size(), lab.stats().unfused_capped, lab.stats().cache_hits);
-  return r;
+  return with_graphs(lab, std::move(r));
 }
 
 }  // namespace

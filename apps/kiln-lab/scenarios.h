@@ -16,6 +16,9 @@ namespace kiln::lab {
 struct ScenarioResult {
   bool ok = true;       // the scenario's own expectations held
   std::string summary;  // one line: what happened (plans, hits, fused blocks)
+  // Every plan its store holds at the end, as Graphviz DOT (fusion/plan_graph.h), by plan id:
+  // what `kiln-lab --dot DIR` writes and `kilnctl plans show ID --format dot` prints.
+  std::vector<std::pair<std::size_t, std::string>> plan_graphs;
 };
 
 struct Scenario {

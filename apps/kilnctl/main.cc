@@ -9,6 +9,9 @@
 //   kilnctl reload                                  re-read kiln.toml (as SIGHUP)
 //   kilnctl metrics                                 the Prometheus exposition
 //   kilnctl stop                                    stop the daemon (as SIGTERM)
+//   kilnctl plans [--sort hits|recent|id] [--limit N] [--json]   the plan store
+//   kilnctl plans show ID [--format text|dot]       one plan (Graphviz DOT: | dot -Tsvg)
+//   kilnctl plans clear [--job J]                   retire every plan, or those job J created
 // Every command takes [--runtime-dir DIR] [--socket NAME]. Without --socket, status asks every
 // daemon whose socket is in the runtime directory (kilnd-<device>.sock); the others need exactly
 // one daemon there, or --socket. A member of a daemon's --allowed-group may search that directory
@@ -226,6 +229,18 @@ int main(int argc, char** argv) {
   CLI::App* reload = common(app.add_subcommand("reload", "re-read kiln.toml: what can change live changes"), false);
   CLI::App* metrics = common(app.add_subcommand("metrics", "the Prometheus metrics the endpoint serves"), false);
   CLI::App* stop = common(app.add_subcommand("stop", "stop the daemon as SIGTERM does"), false);
+  std::string sort = "hits", format = "text", job;
+  std::size_t limit = 50;
+  std::string plan_id;
+  CLI::App* plans = common(app.add_subcommand("plans", "the plan store: id, ops, score, hits, last use, jobs"), true);
+  plans->add_option("--sort", sort, "hits (default), recent or id")->check(CLI::IsMember({"hits", "recent", "id"}));
+  plans->add_option("--limit", limit, "plans shown (default 50; 0: all)");
+  CLI::App* plans_show = common(plans->add_subcommand("show", "one plan as text or Graphviz DOT"), false);
+  plans_show->add_option("id", plan_id, "the plan's id (kilnctl plans)")->required();
+  plans_show->add_option("--format", format, "text (default) or dot")->check(CLI::IsMember({"text", "dot"}));
+  CLI::App* plans_clear = common(
+      plans->add_subcommand("clear", "retire every plan, or those one job created (they stop being matched)"), false);
+  plans_clear->add_option("--job", job, "only the plans this job created");
   CLI11_PARSE(app, argc, argv);
 
   if (status_cmd->parsed()) return status(where, json);
@@ -248,5 +263,8 @@ int main(int argc, char** argv) {
   if (reload->parsed()) return control(d, ControlVerb::Reload, "", false);
   if (metrics->parsed()) return control(d, ControlVerb::Metrics, "", false);
   if (stop->parsed()) return control(d, ControlVerb::Stop, "", false);
+  if (plans_show->parsed()) return control(d, ControlVerb::Plans, "show " + plan_id + " " + format, false);
+  if (plans_clear->parsed()) return control(d, ControlVerb::Plans, job.empty() ? "clear" : "clear " + job, false);
+  if (plans->parsed()) return control(d, ControlVerb::Plans, "list " + sort + " " + std::to_string(limit), json);
   return 2;
 }

@@ -49,6 +49,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -86,20 +88,33 @@ std::uint64_t kind_key(const ir::Operation& op) {
   return static_cast<std::uint64_t>(op.kind) << 8 | static_cast<std::uint64_t>(op.family);
 }
 
+std::int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 struct ExecutionPlanStore::Impl {
   struct Slot {
-    Slot(ExecutionPlan p, ExecutionTrigger t, std::uint64_t now)
+    Slot(ExecutionPlan p, ExecutionTrigger t, std::uint64_t now, std::uint32_t creator)
         : plan(std::move(p)),
           triggers(std::make_shared<const TriggerList>(TriggerList{std::move(t)})),
-          last_used(now) {}
+          last_used(now),
+          creator_tag(creator),
+          last_used_ms(unix_ms()) {}
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
     const ExecutionPlan plan;  // immutable once published
     Mutex triggers_mu;
     TriggerSnapshot triggers KILN_GUARDED_BY(triggers_mu);  // never null
     std::atomic<std::uint64_t> last_used;                   // `clock` when published or last used
+    // Usage (kilnctl plans), written when the plan runs.
+    const std::uint32_t creator_tag;
+    std::atomic<std::uint64_t> hits{0};
+    std::atomic<std::int64_t> last_used_ms;
+    std::array<std::atomic<std::uint32_t>, kPlanUserTags> user_tags{};  // 0: free
+    std::atomic<bool> more_users{false};
   };
   using SlotPtr = std::shared_ptr<Slot>;
 
@@ -153,11 +168,24 @@ struct ExecutionPlanStore::Impl {
     return true;
   }
 
+  // A stream tagged `tag` ran the plan: a free user slot takes the tag unless it is there.
+  static void note_user(Slot& s, std::uint32_t tag) {
+    for (auto& t : s.user_tags) {
+      std::uint32_t v = t.load(std::memory_order_relaxed);
+      if (v == tag) return;
+      if (v == 0 && (t.compare_exchange_strong(v, tag, std::memory_order_relaxed) || v == tag)) return;
+    }
+    if (!s.more_users.load(std::memory_order_relaxed)) s.more_users.store(true, std::memory_order_relaxed);
+  }
+
   // release: the change just made (a published slot, a new trigger list, an eviction) is
   // visible to whoever loads the new value with acquire.
   void count_change() { generation.fetch_add(1, std::memory_order_release); }
 
   void evict_if_over_bound();
+  // Takes the plans `pick` chooses out of kept and by_id (under append_mu), then out of the
+  // indexes; how many went.
+  std::size_t remove(const std::function<std::vector<PlanId>(const std::map<PlanId, SlotPtr>&)>& pick);
   void unindex(PlanId id, const ir::Operation& first);
 
   OpHasher hasher;
@@ -169,6 +197,7 @@ struct ExecutionPlanStore::Impl {
   std::atomic<std::size_t> kept_count{0};  // kept.size(), readable without the mutex
   std::atomic<std::uint64_t> clock{0};     // plans published so far (recency)
   std::atomic<std::uint64_t> evictions{0};
+  std::atomic<std::uint64_t> retirements{0};
   std::atomic<std::uint64_t> generation{0};  // changes so far (see the layout above)
   Mutex evict_mu;                            // one evicting thread at a time
 
@@ -182,34 +211,43 @@ void ExecutionPlanStore::Impl::evict_if_over_bound() {
   // A second publisher past the bound waits for the first's eviction, then finds the store
   // within it (a try-lock could leave the store over its bound when the last two publish at once).
   MutexLock evicting(evict_mu);
+  const std::size_t n = remove([bound](const std::map<PlanId, SlotPtr>& plans) {
+    std::vector<PlanId> coldest;
+    if (plans.size() <= bound) return coldest;
+    // Down to the bound less an eighth, so that eviction runs once per bound/8 new plans; the
+    // warmest plan (the one just published, at least) always stays.
+    const std::size_t target = std::max<std::size_t>(bound - std::max<std::size_t>(bound / 8, 1), 1);
+    const std::size_t excess = plans.size() - target;
+    std::vector<std::pair<std::uint64_t, PlanId>> by_age;
+    by_age.reserve(plans.size());
+    for (const auto& [id, slot] : plans) by_age.emplace_back(slot->last_used.load(std::memory_order_relaxed), id);
+    // Coldest first; among equals the older id.
+    std::nth_element(by_age.begin(), by_age.begin() + static_cast<std::ptrdiff_t>(excess - 1), by_age.end());
+    for (std::size_t i = 0; i < excess; ++i) coldest.push_back(by_age[i].second);
+    return coldest;
+  });
+  evictions.fetch_add(n, std::memory_order_relaxed);
+}
 
+std::size_t ExecutionPlanStore::Impl::remove(
+    const std::function<std::vector<PlanId>(const std::map<PlanId, SlotPtr>&)>& pick) {
   std::vector<SlotPtr> victims;
   std::vector<PlanId> victim_ids;
   {
     MutexLock lock(append_mu);
-    if (kept.size() <= bound) return;
-    // Down to the bound less an eighth, so that eviction runs once per bound/8 new plans; the
-    // warmest plan (the one just published, at least) always stays.
-    const std::size_t target = std::max<std::size_t>(bound - std::max<std::size_t>(bound / 8, 1), 1);
-    const std::size_t excess = kept.size() - target;
-    std::vector<std::pair<std::uint64_t, PlanId>> by_age;
-    by_age.reserve(kept.size());
-    for (const auto& [id, slot] : kept) by_age.emplace_back(slot->last_used.load(std::memory_order_relaxed), id);
-    // Coldest first; among equals the older id.
-    std::nth_element(by_age.begin(), by_age.begin() + static_cast<std::ptrdiff_t>(excess - 1), by_age.end());
-    for (std::size_t i = 0; i < excess; ++i) {
-      const PlanId id = by_age[i].second;
+    victim_ids = pick(kept);
+    for (const PlanId id : victim_ids) {
       auto it = kept.find(id);
       victims.push_back(std::move(it->second));
-      victim_ids.push_back(id);
       kept.erase(it);
       by_id.erase(id);
     }
     kept_count.store(kept.size(), std::memory_order_relaxed);
   }
-  evictions.fetch_add(victims.size(), std::memory_order_relaxed);
+  if (victims.empty()) return 0;
   count_change();
   for (std::size_t i = 0; i < victims.size(); ++i) unindex(victim_ids[i], victims[i]->plan.operations.front());
+  return victims.size();
 }
 
 void ExecutionPlanStore::Impl::unindex(PlanId id, const ir::Operation& first) {
@@ -245,15 +283,17 @@ ExecutionPlanStore::ExecutionPlanStore(OpHasher hasher, PlanStoreOptions options
 
 ExecutionPlanStore::~ExecutionPlanStore() = default;
 
-ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, ExecutionTrigger trigger) {
+ExecutionPlanStore::AddResult ExecutionPlanStore::add(ExecutionPlan plan, ExecutionTrigger trigger,
+                                                      std::uint32_t creator_tag) {
   assert(!plan.operations.empty() && "ExecutionPlanStore::add: a plan must cover at least one op");
   if (plan.operations.empty()) return AddResult{kInvalidPlanId, false, nullptr};
-  AddResult result = publish(std::move(plan), std::move(trigger));
+  AddResult result = publish(std::move(plan), std::move(trigger), creator_tag);
   if (result.inserted) impl_->evict_if_over_bound();  // with no bucket held (lock order)
   return result;
 }
 
-ExecutionPlanStore::AddResult ExecutionPlanStore::publish(ExecutionPlan plan, ExecutionTrigger trigger) {
+ExecutionPlanStore::AddResult ExecutionPlanStore::publish(ExecutionPlan plan, ExecutionTrigger trigger,
+                                                          std::uint32_t creator_tag) {
   Impl& im = *impl_;
   const std::uint64_t h = im.hasher(plan.operations.front());
 
@@ -286,7 +326,7 @@ ExecutionPlanStore::AddResult ExecutionPlanStore::publish(ExecutionPlan plan, Ex
   const std::uint64_t kk = kind_key(plan.operations.front());
   // Build the slot completely before it becomes reachable.
   auto slot = std::make_shared<Impl::Slot>(std::move(plan), std::move(trigger),
-                                           im.clock.fetch_add(1, std::memory_order_relaxed) + 1);
+                                           im.clock.fetch_add(1, std::memory_order_relaxed) + 1, creator_tag);
   PlanId id;
   {
     MutexLock lock(im.append_mu);
@@ -342,6 +382,47 @@ void ExecutionPlanStore::mark_used(PlanId id) {
   if (acc->second->last_used.load(std::memory_order_relaxed) != now)
     acc->second->last_used.store(now, std::memory_order_relaxed);
 }
+
+void ExecutionPlanStore::record_hit(PlanId id, std::uint32_t tag) {
+  Impl& im = *impl_;
+  Impl::SlotPtr s = im.find(id);
+  if (s == nullptr) return;
+  s->hits.fetch_add(1, std::memory_order_relaxed);
+  if (const std::int64_t now = unix_ms(); s->last_used_ms.load(std::memory_order_relaxed) != now)
+    s->last_used_ms.store(now, std::memory_order_relaxed);
+  if (tag != 0) Impl::note_user(*s, tag);
+  if (im.options.max_plans != 0) {
+    const std::uint64_t now = im.clock.load(std::memory_order_relaxed);
+    if (s->last_used.load(std::memory_order_relaxed) != now) s->last_used.store(now, std::memory_order_relaxed);
+  }
+}
+
+std::optional<PlanUsage> ExecutionPlanStore::usage(PlanId id) const {
+  Impl::SlotPtr s = impl_->find(id);
+  if (s == nullptr) return std::nullopt;
+  PlanUsage u;
+  u.hits = s->hits.load(std::memory_order_relaxed);
+  u.last_used_ms = s->last_used_ms.load(std::memory_order_relaxed);
+  u.creator_tag = s->creator_tag;
+  for (const auto& t : s->user_tags)
+    if (const std::uint32_t v = t.load(std::memory_order_relaxed); v != 0) u.user_tags.push_back(v);
+  u.more_users = s->more_users.load(std::memory_order_relaxed);
+  return u;
+}
+
+std::size_t ExecutionPlanStore::retire(std::optional<std::uint32_t> creator_tag) {
+  MutexLock evicting(impl_->evict_mu);  // one removal at a time (lock order: evict_mu first)
+  const std::size_t n = impl_->remove([&](const std::map<PlanId, Impl::SlotPtr>& plans) {
+    std::vector<PlanId> ids;
+    for (const auto& [id, slot] : plans)
+      if (!creator_tag || slot->creator_tag == *creator_tag) ids.push_back(id);
+    return ids;
+  });
+  impl_->retirements.fetch_add(n, std::memory_order_relaxed);
+  return n;
+}
+
+std::uint64_t ExecutionPlanStore::retired() const { return impl_->retirements.load(std::memory_order_relaxed); }
 
 std::vector<PlanId> ExecutionPlanStore::find_starting_with(const ir::Operation& op) const {
   const Impl& im = *impl_;

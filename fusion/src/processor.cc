@@ -7,7 +7,9 @@
 namespace kiln::fusion {
 
 Processor::Processor(FuserList prototypes, ProcessorOptions options, const FusionLog& log)
-    : log_(log), explorer_(std::move(prototypes), options.max_blocks, options.max_explorations, log) {}
+    : log_(log),
+      tag_(options.tag),
+      explorer_(std::move(prototypes), options.max_blocks, options.max_explorations, log) {}
 
 void Processor::process(Segment& segment, ExecutionPlanStore& store, ExecutionMode mode) {
   if (mode == ExecutionMode::Lazy) {
@@ -34,7 +36,7 @@ void Processor::process(Segment& segment, ExecutionPlanStore& store, ExecutionMo
       });
       if (mode == ExecutionMode::Sync) store.add_trigger(action.plan, ExecutionTrigger::on_sync());
       ++stats_.cache_hits;
-      store.mark_used(action.plan);
+      store.record_hit(action.plan, tag_);
       const PlanPin plan = policy_.pinned(action.plan);
       assert(plan != nullptr && "the policy executes only plans it holds");
       segment.execute(action.plan, *plan);
@@ -97,7 +99,7 @@ std::pair<PlanId, PlanPin> Processor::on_exploration_completed(std::span<const i
     return {existing.plan, policy_.pinned(existing.plan)};
   }
   // Otherwise publish; the store deduplicates against plans other streams published meanwhile.
-  auto added = store.add(ExecutionPlan{{prefix.begin(), prefix.end()}, std::move(opt)}, std::move(trigger));
+  auto added = store.add(ExecutionPlan{{prefix.begin(), prefix.end()}, std::move(opt)}, std::move(trigger), tag_);
   if (added.inserted)
     ++stats_.plans_created;
   else

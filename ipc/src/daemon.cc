@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "daemon_plans.h"
 #include "kiln/base/mutex.h"
 #include "kiln/ipc/device_lock.h"
 #include "kiln/ipc/log_format.h"
@@ -44,6 +45,7 @@ constexpr std::chrono::milliseconds kReceivePoll{100};  // how often a session c
 // never waits on a client that does not pop its completions.
 constexpr std::chrono::milliseconds kSendSlice{50};
 constexpr std::uint64_t kQueuedOpsRefresh = 64;  // ops between queued-op recounts
+constexpr std::size_t kMaxJobTagNames = 4096;    // ended jobs whose names kilnctl plans still shows
 // Registrations made without waking their stream's actor while the client's ring still holds
 // messages, before the session wakes the actors anyway (see ClientSession::register_op). A
 // worker's step up to its read fits (the read then runs it all on the session thread, no pool
@@ -159,6 +161,7 @@ struct JobRetired {
 struct JobState {
   uid_t owner_uid = 0;  // the creator's credentials (fixed)
   gid_t owner_gid = 0;
+  std::uint32_t tag = 0;      // its streams' tag in the plan store (fixed; Impl::job_tags)
   std::uint64_t clients = 0;  // under DaemonService::Impl::mu
   JobRetired retired;         // under DaemonService::Impl::mu
   Usage usage;
@@ -269,6 +272,10 @@ struct DaemonService::Impl {
   std::array<LatencySnapshot, kNumCommandKinds> retired_requests KILN_GUARDED_BY(mu){};
   LatencySnapshot retired_op_admission KILN_GUARDED_BY(mu);
   std::map<std::string, std::uint64_t, std::less<>> refused KILN_GUARDED_BY(mu);
+  // Plan-store tags of jobs (kilnctl plans: who created and ran a plan), never reused; the names
+  // of the last kMaxJobTagNames jobs are kept after they end.
+  std::uint32_t next_job_tag KILN_GUARDED_BY(mu) = 1;
+  std::map<std::uint32_t, std::string> job_tags KILN_GUARDED_BY(mu);
 
   Impl(runtime::Device& d, DaemonOptions o) : device(d), options(std::move(o)) {
     limits.store(LiveLimits{options.job_memory_bytes, options.job_queued_ops, options.uid_memory_bytes,
@@ -361,6 +368,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status report_fallbacks(ReportFallbacksCmd& c);
   Status control(const ControlCmd& c, std::uint64_t rid);
   Result<std::string> control_answer(const ControlCmd& c);
+  Result<std::string> plans_answer(const ControlCmd& c);
   Result<ReadPartDoneCpl> read_window(const ReadPartCmd& c);  // of staged_read_
   void reset_staged_read();                                   // ends the chunked read, releasing what it was charged
   void discard_staged_upload(std::uint64_t client_tensor);
@@ -611,6 +619,7 @@ StreamId ClientSession::stream(std::uint64_t client_stream) {
     n = service_.next_stream++;
   }
   const StreamId s = StreamId::from_number(n);
+  service_.device.tag_stream(s, job_state_->tag);  // before the stream's first use
   streams_.emplace(client_stream, s);
   MutexLock lock(stats_mu_);
   stream_ids_.push_back(s);
@@ -1118,8 +1127,54 @@ Result<std::string> ClientSession::control_answer(const ControlCmd& c) {
       return std::string("stopping: every client's streams are drained, the plans saved\n");
     }
     case ControlVerb::Metrics: return s.metrics().to_prometheus();
+    case ControlVerb::Plans: return plans_answer(c);
   }
   return make_error(ErrorCode::Internal, "unhandled control verb");
+}
+
+// kilnctl plans: "list ...", "show ID FORMAT", "clear [JOB]".
+Result<std::string> ClientSession::plans_answer(const ControlCmd& c) {
+  DaemonService::Impl& s = service_;
+  fusion::ExecutionPlanStore& store = s.device.plan_store();
+  std::string_view words = c.args;
+  const std::string_view sub = words.substr(0, std::min(words.find(' '), words.size()));
+  words.remove_prefix(std::min(words.size(), sub.size() + 1));
+  if (sub == "list" || sub.empty()) {
+    KILN_ASSIGN_OR_RETURN(const PlanListOptions options, parse_plan_list(words, c.json));
+    std::map<std::uint32_t, std::string> names;
+    {
+      MutexLock lock(s.mu);
+      names = s.job_tags;
+    }
+    return list_plans(store, options, [&names](std::uint32_t tag) {
+      if (tag == 0) return std::string("-");  // loaded from the plan cache, or an untagged stream
+      auto it = names.find(tag);
+      return it != names.end() ? it->second : fmt::format("job#{}", tag);
+    });
+  }
+  if (sub == "show") {
+    const std::string_view id = words.substr(0, std::min(words.find(' '), words.size()));
+    const std::string_view format = id.size() < words.size() ? words.substr(id.size() + 1) : std::string_view("text");
+    return show_plan(store, id, format);
+  }
+  if (sub == "clear") {
+    std::optional<std::uint32_t> tag;
+    if (!words.empty()) {
+      MutexLock lock(s.mu);
+      for (const auto& [t, name] : s.job_tags)
+        if (name == words) tag = t;  // the latest job of that name
+      if (!tag)
+        return make_error(ErrorCode::InvalidHandle,
+                          fmt::format("plans clear: no job '{}' is known to this daemon", words));
+    }
+    const std::size_t before = store.size();
+    const std::size_t retired = store.retire(tag);
+    spdlog::info("kilnd: {} plan(s) retired by uid {} (kilnctl plans clear{}{})", retired, uid(),
+                 words.empty() ? "" : " ", words);
+    return fmt::format("retired {} of {} plans{}; plans held by running streams finish their runs\n", retired, before,
+                       words.empty() ? std::string() : fmt::format(" (created by job {})", words));
+  }
+  return make_error(ErrorCode::Invalid, fmt::format("plans: '{}': expected list, show or clear", sub));
 }
 
 // One-way, as register_op: the decoder checked the whole snapshot (bounds, names), so storing it
@@ -1457,6 +1512,9 @@ void DaemonService::Impl::on_client(std::unique_ptr<AcceptedClient> client) {
     // The first client's credentials own the job until its last client leaves.
     job_state.owner_uid = session->uid();
     job_state.owner_gid = session->gid();
+    job_state.tag = next_job_tag++;
+    job_tags.emplace(job_state.tag, session->job());
+    if (job_tags.size() > kMaxJobTagNames) job_tags.erase(job_tags.begin());
     ++uid_state.jobs;
   }
   ++job_state.clients;

@@ -317,6 +317,7 @@ const char* control_verb_name(ControlVerb v) {
     case ControlVerb::Reload: return "reload";
     case ControlVerb::Metrics: return "metrics";
     case ControlVerb::Stop: return "stop";
+    case ControlVerb::Plans: return "plans";
   }
   return "unknown";
 }

@@ -115,6 +115,7 @@ bool Device::hold_actor(StreamId stream, StreamTable::const_accessor& held) {
       ctx.log = &log_;
       ctx.processor.max_blocks = config_.max_blocks;
       ctx.processor.max_explorations = config_.max_explorations;
+      if (auto tag = stream_tags_.find(stream.value()); tag != stream_tags_.end()) ctx.processor.tag = tag->second;
       ctx.fusers.row_fuser = config_.row_fuser;
       ctx.drain_batch = *options_.drain_batch;
       ctx.idle_polls = *options_.turn_idle_polls;
@@ -316,7 +317,19 @@ Status Device::share(StreamId src_stream, ir::TensorId src, StreamId /*dst_strea
   });
 }
 
+void Device::tag_stream(StreamId stream, std::uint32_t tag) {
+  MutexLock lock(streams_mu_);
+  if (tag == 0)
+    stream_tags_.erase(stream.value());
+  else
+    stream_tags_[stream.value()] = tag;
+}
+
 Status Device::close_stream(StreamId stream) {
+  {
+    MutexLock lock(streams_mu_);
+    stream_tags_.erase(stream.value());
+  }
   {
     StreamTable::const_accessor a;
     if (!streams_.find(a, stream.value())) return Status::Ok();

@@ -3,6 +3,7 @@
 #   1. kilnd from a kiln.toml with the metrics endpoint on its Unix socket and JSON logs;
 #   2. scrapes under load (two demo workers): every answer parses with prometheus_client's parser;
 #   3. after the load the metrics add up with `kilnctl status --json`;
+#   3b. kilnctl plans: the listing credits the demo's job, one plan as DOT, clear;
 #   4. kilnctl jobs, clients, limits set, disconnect (a held client goes, its memory with it);
 #   5. SIGHUP and kilnctl reload: a changed limit applies live, a changed arena_mib is named as
 #      needing a restart;
@@ -81,6 +82,19 @@ served=$(json_field "d['clients_served']" <<<"$st")
 [[ $(json_field "int(d['kiln_clients_served_total'])" <<<"$m") -le $served ]] || fail "clients served"
 [[ $(json_field "int(d['kiln_request_duration_seconds_count{command=\"read\"}'])" <<<"$m") -ge 120 ]] ||
   fail "fewer than 120 reads (60 steps, 2 workers) in the request histogram"
+
+echo "== 3b. plans: list, show as DOT, clear"
+ctl plans --limit 5 | grep -q "CREATED BY" || fail "kilnctl plans has no header"
+first=$(ctl plans --json --sort id --limit 1 | json_field "d['shown'][0]['id']")
+[[ $(ctl plans --json --limit 0 | json_field "d['plans']") -gt 0 ]] || fail "kilnctl plans lists no plan"
+ctl plans --json --limit 0 | json_field "[p['created_by'] for p in d['shown']]" | grep -q demo ||
+  fail "no plan is credited to the demo's job"
+ctl plans show "$first" --format dot >"$dir/plan.dot" || fail "kilnctl plans show $first --format dot"
+head -1 "$dir/plan.dot" | grep -q "^digraph plan_$first {" || fail "not a DOT graph: $(head -3 "$dir/plan.dot")"
+if command -v dot >/dev/null; then dot -Tsvg "$dir/plan.dot" >/dev/null || fail "dot rejected the graph"; fi
+count=$(ctl plans --json | json_field "d['plans']")
+ctl plans clear | grep -q "^retired $count of $count plans" || fail "kilnctl plans clear"
+[[ $(ctl status --json | json_field "d['plans']") == 0 ]] || fail "plans left after kilnctl plans clear"
 
 echo "== 4. jobs, clients, limits, disconnect"
 "$hostile" --runtime-dir "$run" --socket kilnd-cpu.sock --job holder --seconds 60 join >"$dir/holder.log" 2>&1 &

@@ -9,6 +9,7 @@
 #include <barrier>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -581,6 +582,77 @@ TEST(BoundedPlanStoreConcurrency, EvictionRacesWithReadersAndWriters) {
   EXPECT_EQ(indexed, std::set<PlanId>(kept.begin(), kept.end()));
   EXPECT_EQ(store.find_same_first_kind(log_op(0, 100)), kept);
   for (PlanId id : kept) EXPECT_NE(store.plan(id), nullptr);
+}
+
+// ---- Usage and retirement (kilnctl plans; beyond Burn)
+
+TEST(PlanUsage, HitsLastUseAndTheTagsThatRanAPlan) {
+  ExecutionPlanStore store;
+  const PlanId id = store.add(plan_of({op1()}), ExecutionTrigger::always(), 7).id;
+  std::optional<PlanUsage> u = store.usage(id);
+  ASSERT_TRUE(u.has_value());
+  EXPECT_EQ(u->hits, 0u);
+  EXPECT_EQ(u->creator_tag, 7u);
+  EXPECT_TRUE(u->user_tags.empty());
+  EXPECT_GT(u->last_used_ms, 1'700'000'000'000) << "a Unix time in ms, stamped at publication";
+  const std::uint64_t generation = store.generation();
+  store.record_hit(id, 7);
+  store.record_hit(id, 7);
+  store.record_hit(id, 3);
+  store.record_hit(id, 0);  // untagged: counted, no tag
+  u = store.usage(id);
+  EXPECT_EQ(u->hits, 4u);
+  EXPECT_EQ(u->user_tags, (std::vector<std::uint32_t>{7, 3}));
+  EXPECT_FALSE(u->more_users);
+  EXPECT_EQ(store.generation(), generation) << "usage is not a change a saved copy misses";
+  for (std::uint32_t tag = 10; tag < 10 + kPlanUserTags; ++tag) store.record_hit(id, tag);
+  u = store.usage(id);
+  EXPECT_EQ(u->user_tags.size(), kPlanUserTags);
+  EXPECT_TRUE(u->more_users);
+  EXPECT_EQ(store.usage(id + 1), std::nullopt);
+  store.record_hit(id + 1, 1);  // no such plan: nothing happens
+}
+
+TEST(PlanUsage, TagsRecordedConcurrentlyAreEachKeptOnce) {
+  ExecutionPlanStore store;
+  const PlanId id = store.add(plan_of({op1()}), ExecutionTrigger::always()).id;
+  std::vector<std::jthread> threads;
+  for (std::uint32_t t = 1; t <= 4; ++t)
+    threads.emplace_back([&store, id, t] {
+      for (int i = 0; i < 1000; ++i) store.record_hit(id, 1 + (t + i) % 4);
+    });
+  threads.clear();
+  const PlanUsage u = *store.usage(id);
+  EXPECT_EQ(u.hits, 4000u);
+  std::vector<std::uint32_t> tags = u.user_tags;
+  std::sort(tags.begin(), tags.end());
+  EXPECT_EQ(tags, (std::vector<std::uint32_t>{1, 2, 3, 4}));
+}
+
+TEST(PlanRetirement, RetiredPlansLeaveEveryLookUpButStayValidForTheirHolders) {
+  ExecutionPlanStore store;
+  const auto mine = store.add(plan_of({op1(), op2()}), ExecutionTrigger::always(), 1);
+  const auto theirs = store.add(plan_of({log_op(0, 1)}), ExecutionTrigger::always(), 2);
+  const PlanPin pinned = store.plan(mine.id);
+  const std::uint64_t generation = store.generation();
+  EXPECT_EQ(store.retire(1), 1u);
+  EXPECT_EQ(store.plan(mine.id), nullptr);
+  EXPECT_EQ(store.usage(mine.id), std::nullopt);
+  EXPECT_TRUE(store.find_starting_with(op1()).empty()) << "no longer matched";
+  EXPECT_TRUE(store.find_same_first_kind(op1()).empty());
+  EXPECT_EQ(store.ids(), Ids{theirs.id});
+  EXPECT_GT(store.generation(), generation) << "the plan cache's next save leaves it out";
+  EXPECT_EQ(pinned->operations, (std::vector<Operation>{op1(), op2()})) << "a stream holding it runs it to the end";
+  EXPECT_EQ(store.retired(), 1u);
+  EXPECT_EQ(store.evicted(), 0u);
+  // The sequence comes back under a new id when explored again; ids are never reused.
+  const auto again = store.add(plan_of({op1(), op2()}), ExecutionTrigger::always(), 1);
+  EXPECT_TRUE(again.inserted);
+  EXPECT_EQ(again.id, 2u);
+  EXPECT_EQ(store.retire(std::nullopt), 2u);
+  EXPECT_EQ(store.size(), 0u);
+  EXPECT_EQ(store.retire(std::nullopt), 0u);
+  EXPECT_EQ(store.retired(), 3u);
 }
 
 }  // namespace

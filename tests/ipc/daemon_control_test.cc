@@ -174,6 +174,8 @@ TEST(DaemonControl, DrainRefusesNewClientsButTheOperatorsKilnctl) {
   auto dev = make_device();
   IpcHarness h(*dev, "kilnctl-" + std::to_string(::getuid()));  // the operator's tool
   auto worker = h.connect("worker");
+  // The daemon lists a client once its session starts, just after the handshake's answer.
+  ASSERT_TRUE(wait_until([&] { return h.service().status().clients.size() == 2; }));
   EXPECT_EQ(ok(h.target().control(ControlVerb::Drain, "start")),
             "draining: new clients are refused; 1 client(s) connected besides kilnctl\n");
   RemoteOptions r;
@@ -358,6 +360,64 @@ TEST(DaemonControl, LatencyHistogramsBucketByUpperBound) {
   EXPECT_EQ(s.sum_ns, 10'000'002'001u);
 }
 
+// kilnctl plans: the store's listing with who created and ran each plan, one plan as DOT, and
+// clear by job (retired plans are no longer matched: the job's next run explores again).
+TEST(DaemonControl, PlansListShowAndClearByJob) {
+  auto dev = make_device();
+  IpcHarness h(*dev, "operator");
+  auto run_program = [&](const std::string& job) {
+    auto client = h.connect(job);
+    {
+      Session s(*client);
+      Tensor x = upload(s, 256, 0.5f);
+      Tensor y = ok(s.tanh(ok(s.exp(ok(s.mul(x, 2.0))))));
+      EXPECT_NEAR(ok(s.to_host(std::move(y)))[0], std::tanh(std::exp(1.0)), 1e-5);
+    }
+    client.reset();
+    EXPECT_TRUE(wait_until([&] { return h.service().status().clients.size() == 1; }));
+  };
+  run_program("alpha");
+  const std::uint64_t explorations = dev->totals().explorations;
+  run_program("beta");  // the same program: beta hits alpha's plans
+  EXPECT_EQ(dev->totals().explorations, explorations);
+  const std::string json = ok(h.target().control(ControlVerb::Plans, "list hits 0", true));
+  EXPECT_NE(json.find("\"created_by\":\"alpha\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"used_by\":[\"beta\"]"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"created_by\":\"beta\""), std::string::npos) << json;
+  const std::string text = ok(h.target().control(ControlVerb::Plans, "list"));
+  EXPECT_NE(text.find(fmt::format("{} plans (0 evicted, 0 retired)", dev->plan_store().size())), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("CREATED BY"), std::string::npos) << text;
+  const fusion::PlanId first = dev->plan_store().ids().front();
+  const std::string dot = ok(h.target().control(ControlVerb::Plans, fmt::format("show {} dot", first)));
+  EXPECT_EQ(dot.rfind(fmt::format("digraph plan_{} {{", first), 0), 0u) << dot;
+  EXPECT_NE(dot.find("subgraph cluster_0"), std::string::npos) << dot;
+  EXPECT_NE(
+      ok(h.target().control(ControlVerb::Plans, fmt::format("show {}", first))).find(fmt::format("plan #{}:", first)),
+      std::string::npos);
+  Result<std::string> bad = h.target().control(ControlVerb::Plans, "show 99999 dot");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("no plan 99999 in the store"), std::string::npos) << bad.error().message;
+  bad = h.target().control(ControlVerb::Plans, fmt::format("show {} svg", first));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("format 'svg': expected text or dot"), std::string::npos);
+  bad = h.target().control(ControlVerb::Plans, "clear gamma");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("no job 'gamma'"), std::string::npos);
+  // beta created nothing; alpha's plans go, and the next run explores again.
+  EXPECT_EQ(ok(h.target().control(ControlVerb::Plans, "clear beta")).rfind("retired 0 of", 0), 0u);
+  const std::size_t plans = dev->plan_store().size();
+  EXPECT_EQ(ok(h.target().control(ControlVerb::Plans, "clear alpha")),
+            fmt::format("retired {} of {} plans (created by job alpha); plans held by running streams finish their "
+                        "runs\n",
+                        plans, plans));
+  EXPECT_EQ(dev->plan_store().size(), 0u);
+  run_program("beta");
+  EXPECT_GT(dev->totals().explorations, explorations) << "retired plans are no longer matched";
+  EXPECT_NE(ok(h.target().control(ControlVerb::Plans, "list", true)).find("\"created_by\":\"beta\""),
+            std::string::npos);
+}
+
 // ---- The HTTP endpoint
 
 // One HTTP exchange on a connected socket: sends `request`, reads to EOF.
@@ -488,8 +548,8 @@ TEST(DaemonControl, OtherUidsAreRefused) {
   o.server.socket_name = daemon_socket_name("cpu");
   o.server.allowed_gid = g->gr_gid;
   auto service = ok(DaemonService::start(*dev, o));
-  for (const char* command :
-       {"jobs", "clients", "limits", "limits set uid_jobs=1", "disconnect 1", "drain", "reload", "metrics", "stop"}) {
+  for (const char* command : {"jobs", "clients", "limits", "limits set uid_jobs=1", "disconnect 1", "drain", "reload",
+                              "metrics", "stop", "plans", "plans clear"}) {
     const auto [rc, out] = kiln::testing::run_as_peer(
         kiln::testing::kPeerGroup, std::string(KILN_KILNCTL_PATH) + " " + command + " --runtime-dir " + dir);
     EXPECT_EQ(rc, 1) << command << ": " << out;

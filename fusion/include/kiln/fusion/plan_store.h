@@ -14,8 +14,18 @@
 // plans least recently published or executed (mark_used). An evicted plan is gone from every
 // look-up; whoever pinned it (a PlanPin) keeps it alive and may still run it. Ids are never
 // reused, so an id names one plan forever, and a look-up of an evicted id finds nothing.
+//
+// Retiring (beyond Burn, whose plans are never removed, docs/spec/fusion.md §5.5): an operator may retire
+// every plan, or those one tagged stream published (`kilnctl plans clear [--job J]`: a daemon tags
+// each stream with its job). A retired plan leaves every look-up like an evicted one, and the
+// plan cache's next save leaves it out; a stream that pinned it runs it to the end.
+//
+// Usage (kilnctl plans): each plan counts its cache hits, stamps its last run, and remembers the
+// tags of the first kPlanUserTags streams' tags that ran it, written on the plan's own cache line
+// when it runs (one relaxed add, and stores only when a value changes).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -58,6 +68,16 @@ struct ExecutionPlan {
 // A plan held alive (and unchanged) however the store changes meanwhile; null: no such plan.
 using PlanPin = std::shared_ptr<const ExecutionPlan>;
 
+// Who ran a plan, and when (kilnctl plans). Tags are the streams' (Processor's tag; 0: untagged).
+inline constexpr std::size_t kPlanUserTags = 8;
+struct PlanUsage {
+  std::uint64_t hits = 0;                // cache hits that ran it, every stream
+  std::int64_t last_used_ms = 0;         // Unix time (ms) of its publication or its last run
+  std::uint32_t creator_tag = 0;         // the tag of the stream that published it
+  std::vector<std::uint32_t> user_tags;  // the tags that ran it (the first kPlanUserTags)
+  bool more_users = false;               // more tags than those ran it
+};
+
 // Bits of PlanStoreOptions::search_options.
 inline constexpr std::uint16_t kSearchRowFuser = 1;  // kiln's row fuser registered
 
@@ -96,7 +116,8 @@ class ExecutionPlanStore {
   // no second plan is created; the existing one gains the trigger instead.
   // Precondition: plan.operations is non-empty (an empty plan is an internal error): asserted
   // in debug builds; a release build stores nothing and returns {kInvalidPlanId, false}.
-  AddResult add(ExecutionPlan plan, ExecutionTrigger trigger);
+  // `creator_tag`: the publishing stream's tag (PlanUsage::creator_tag).
+  AddResult add(ExecutionPlan plan, ExecutionTrigger trigger, std::uint32_t creator_tag = 0);
 
   // Appends the trigger unless an equal one is already there (nothing when `id` was evicted).
   void add_trigger(PlanId id, const ExecutionTrigger& trigger);
@@ -107,6 +128,13 @@ class ExecutionPlanStore {
   TriggerSnapshot triggers(PlanId id) const;
   // Records that the plan ran: the eviction keeps recently used plans. No-op without a bound.
   void mark_used(PlanId id);
+  // A cache hit ran the plan on a stream tagged `tag`: counts it, stamps the time, notes the
+  // tag, and marks it used.
+  void record_hit(PlanId id, std::uint32_t tag);
+  // Its usage now; nullopt when it was evicted or retired (or never existed).
+  std::optional<PlanUsage> usage(PlanId id) const;
+  // Retires every plan, or those published by a stream tagged `creator_tag`; how many went.
+  std::size_t retire(std::optional<std::uint32_t> creator_tag = std::nullopt);
 
   // Ids of the plans whose first op equals `op`, in insertion order (§5.6 find). An id may
   // name a plan evicted since: plan(id) is then null.
@@ -120,6 +148,7 @@ class ExecutionPlanStore {
   std::vector<PlanId> ids() const;
   // Plans evicted so far, and the bound (0: none).
   std::uint64_t evicted() const;
+  std::uint64_t retired() const;
   std::size_t max_plans() const;
   std::uint16_t search_options() const;
 
@@ -131,7 +160,7 @@ class ExecutionPlanStore {
   std::uint64_t generation() const;
 
  private:
-  AddResult publish(ExecutionPlan plan, ExecutionTrigger trigger);  // add() without the eviction
+  AddResult publish(ExecutionPlan plan, ExecutionTrigger trigger, std::uint32_t creator_tag);  // add() less eviction
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -52,6 +52,9 @@ struct ProcessorStats {
 struct ProcessorOptions {
   std::size_t max_blocks = 5;                   // [fusion.beam_search] max_blocks
   std::optional<std::size_t> max_explorations;  // [fusion] max_explorations; none = unlimited
+  // The stream's tag in the plan store's usage (PlanUsage): a daemon tags a stream with its
+  // job; 0 = untagged.
+  std::uint32_t tag = 0;
 };
 
 class Processor {
@@ -72,6 +75,7 @@ class Processor {
                                                       BlockOptimization opt, ExecutionMode mode);
 
   const FusionLog& log_;
+  const std::uint32_t tag_;
   Policy policy_;
   Explorer explorer_;
   ProcessorStats stats_;

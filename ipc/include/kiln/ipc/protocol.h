@@ -174,8 +174,9 @@ enum class ControlVerb : std::uint8_t {
   Reload,      // re-read kiln.toml: what can change live changes, the rest is named
   Metrics,     // the metrics' exposition text (as the metrics endpoint serves it)
   Stop,        // stop the daemon as SIGTERM does
+  Plans,       // "list [hits|recent|id] [N]", "show ID text|dot", "clear [JOB]"
 };
-inline constexpr std::uint8_t kMaxControlVerb = static_cast<std::uint8_t>(ControlVerb::Stop);
+inline constexpr std::uint8_t kMaxControlVerb = static_cast<std::uint8_t>(ControlVerb::Plans);
 const char* control_verb_name(ControlVerb v);  // "jobs", "clients", ...
 
 // What an export hands out and an import presents: 32 bytes from the OS's secure random source

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <tbb/concurrent_hash_map.h>
@@ -168,6 +169,10 @@ class Device final : public SessionTarget {
   // and that no live tensor is homed on it any more (drop them first); a later use of the id
   // creates a fresh stream. Ok for an unknown stream. Used by the daemon when a client goes.
   [[nodiscard]] Status close_stream(StreamId stream);
+  // Tags `stream` for the plan store's usage (fusion::PlanUsage: the daemon tags a client's
+  // streams with its job). Applies to the stream's actor when it is created: call it before the
+  // stream's first use. 0 removes the tag.
+  void tag_stream(StreamId stream, std::uint32_t tag);
 
   std::optional<StreamStats> stream_stats(StreamId stream) const;
   // Every stream's counters summed, closed streams included (status reports: cache hits,
@@ -248,6 +253,7 @@ class Device final : public SessionTarget {
   std::vector<StreamActor*> live_actors_ KILN_GUARDED_BY(streams_mu_);
   std::vector<std::unique_ptr<StreamActor>> abandoned_ KILN_GUARDED_BY(streams_mu_);  // closed streams never idle
   StreamStats closed_totals_ KILN_GUARDED_BY(streams_mu_);                            // counters of closed streams
+  std::unordered_map<std::uint64_t, std::uint32_t> stream_tags_ KILN_GUARDED_BY(streams_mu_);  // tag_stream
   ProducerTable producers_;
   std::atomic<std::uint64_t> next_tensor_id_{0};
   std::atomic<bool> closed_{false};
