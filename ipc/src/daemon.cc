@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "daemon_plans.h"
+#include "json_text.h"
 #include "kiln/base/mutex.h"
 #include "kiln/ipc/device_lock.h"
 #include "kiln/ipc/log_format.h"
@@ -107,19 +108,6 @@ std::string human_bytes(std::uint64_t b) {
   if (b >= (std::uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", double(b) / double(1 << 20));
   if (b >= (std::uint64_t{1} << 10)) return fmt::format("{:.1f} KiB", double(b) / double(1 << 10));
   return fmt::format("{} B", b);
-}
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-      continue;
-    }
-    out += c;
-  }
-  return out;
 }
 
 }  // namespace

@@ -8,24 +8,12 @@
 #include <chrono>
 #include <vector>
 
+#include "json_text.h"
 #include "kiln/fusion/plan_graph.h"
 
 namespace kiln::ipc {
 
 namespace {
-
-std::string json_text(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
 
 // "12 s ago", "3 min ago", "2 h ago", "4 d ago".
 std::string ago(std::int64_t then_ms, std::int64_t now_ms) {

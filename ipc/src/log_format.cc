@@ -1,6 +1,8 @@
 // kilnd's log formats (kiln/ipc/log_format.h).
 #include "kiln/ipc/log_format.h"
 
+#include "json_text.h"
+
 #include <fmt/format.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
@@ -16,24 +18,6 @@ namespace {
 
 // The scope chain of this thread: each LogScope points at the one it nests in.
 thread_local const LogScope* innermost_scope = nullptr;
-
-void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-    } else {
-      out += ch;  // UTF-8 passes through
-    }
-  }
-  out += '"';
-}
 
 class JsonFormatter final : public spdlog::formatter {
  public:
@@ -83,9 +67,9 @@ const LogScope* current_log_scope() { return innermost_scope; }
 std::string json_log_line(std::string_view time_iso, std::string_view level, std::uint64_t pid, std::uint64_t thread,
                           std::string_view message, const LogScope* scope) {
   std::string out = "{\"time\":";
-  append_json_string(out, time_iso);
+  out += json_text(time_iso);
   out += ",\"level\":";
-  append_json_string(out, level);
+  out += json_text(level);
   out += fmt::format(",\"pid\":{},\"thread\":{}", pid, thread);
   // The innermost value of each field along the chain.
   std::optional<std::uint64_t> client, stream;
@@ -98,11 +82,11 @@ std::string json_log_line(std::string_view time_iso, std::string_view level, std
   if (client) out += fmt::format(",\"client\":{}", *client);
   if (job != nullptr) {
     out += ",\"job\":";
-    append_json_string(out, *job);
+    out += json_text(*job);
   }
   if (stream) out += fmt::format(",\"stream\":{}", *stream);
   out += ",\"msg\":";
-  append_json_string(out, message);
+  out += json_text(message);
   out += "}\n";
   return out;
 }
