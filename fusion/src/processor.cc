@@ -39,6 +39,7 @@ void Processor::process(Segment& segment, ExecutionPlanStore& store, ExecutionMo
       store.record_hit(action.plan, tag_);
       const PlanPin plan = policy_.pinned(action.plan);
       assert(plan != nullptr && "the policy executes only plans it holds");
+      count_launches(plan->optimization.strategy);
       segment.execute(action.plan, *plan);
       reset(store, segment.operations());
     }
@@ -55,6 +56,7 @@ void Processor::explore(Segment& segment, ExecutionPlanStore& store, ExecutionMo
   switch (r.kind) {
     case ExplorationResult::Kind::Completed: {
       const auto [id, plan] = on_exploration_completed(ops, store, std::move(r.optimization), mode);
+      count_launches(plan->optimization.strategy);
       segment.execute(id, *plan);
       reset(store, segment.operations());
       break;
@@ -65,9 +67,20 @@ void Processor::explore(Segment& segment, ExecutionPlanStore& store, ExecutionMo
       break;
     case ExplorationResult::Kind::Unfused:
       ++stats_.unfused_capped;
+      count_launches(r.optimization.strategy);
       segment.execute_unfused(r.optimization);
       reset(store, segment.operations());
       break;
+  }
+}
+
+void Processor::count_launches(const ExecutionStrategy& strategy) {
+  switch (strategy.kind()) {
+    case ExecutionStrategy::Kind::Optimization: ++stats_.fused_blocks; return;
+    case ExecutionStrategy::Kind::Operations: stats_.unfused_ops += strategy.ordering().size(); return;
+    case ExecutionStrategy::Kind::Composed:
+      for (const ExecutionStrategy& c : strategy.children()) count_launches(c);
+      return;
   }
 }
 

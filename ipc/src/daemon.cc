@@ -124,18 +124,22 @@ struct Usage {
 // A job's owner and totals over its sessions.
 // A stream's processor counters, as the metrics sum them per job.
 struct StreamCounters {
-  std::uint64_t executed = 0, cache_hits = 0, explorations = 0, plans_created = 0;
+  std::uint64_t executed = 0, cache_hits = 0, explorations = 0, plans_created = 0, fused_blocks = 0, unfused_ops = 0;
   void add(const runtime::StreamStats& st) {
     executed += st.executed;
     cache_hits += st.cache_hits;
     explorations += st.explorations;
     plans_created += st.plans_created;
+    fused_blocks += st.fused_blocks;
+    unfused_ops += st.unfused_ops;
   }
   void add(const StreamCounters& o) {
     executed += o.executed;
     cache_hits += o.cache_hits;
     explorations += o.explorations;
     plans_created += o.plans_created;
+    fused_blocks += o.fused_blocks;
+    unfused_ops += o.unfused_ops;
   }
 };
 
@@ -1715,6 +1719,8 @@ DaemonMetrics DaemonService::Impl::metrics() {
       j.cache_hits = job.retired.streams.cache_hits;
       j.explorations = job.retired.streams.explorations;
       j.plans_created = job.retired.streams.plans_created;
+      j.fused_launches = job.retired.streams.fused_blocks;
+      j.unfused_ops = job.retired.streams.unfused_ops;
       j.rejected = job.retired.rejected;
     }
     m.clients_served = clients_served;
@@ -1741,6 +1747,8 @@ DaemonMetrics DaemonService::Impl::metrics() {
     job.cache_hits += streams.cache_hits;
     job.explorations += streams.explorations;
     job.plans_created += streams.plans_created;
+    job.fused_launches += streams.fused_blocks;
+    job.unfused_ops += streams.unfused_ops;
     for (const FallbackCount& f : sm.status.fallbacks) job.fallbacks[f.name] += f.calls;
   }
   m.clients = live.size();

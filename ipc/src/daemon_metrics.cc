@@ -277,6 +277,13 @@ void per_job(Exposition& e, const DaemonMetrics& m) {
     for (const JobMetrics& j : m.jobs)
       e.sample(g.name, fmt::format("job=\"{}\",owner_uid=\"{}\"", label(j.name), j.owner_uid), j.*(g.field));
   }
+  e.family("kiln_job_launches_total", "counter",
+           "What the job's plans ran: fused blocks (one launch each) and operations one by one.");
+  for (const JobMetrics& j : m.jobs) {
+    const std::string labels = fmt::format("job=\"{}\",owner_uid=\"{}\"", label(j.name), j.owner_uid);
+    e.sample("kiln_job_launches_total", labels + ",kind=\"fused\"", j.fused_launches);
+    e.sample("kiln_job_launches_total", labels + ",kind=\"unfused\"", j.unfused_ops);
+  }
   e.family("kiln_job_rejected_requests_total", "counter", "The job's commands answered with an error, by error code.");
   for (const JobMetrics& j : m.jobs)
     for (std::size_t c = 0; c < kNumErrorCodes; ++c)

@@ -96,6 +96,8 @@ void add_counters(StreamStats& sum, const StreamStats& s) {
   sum.cache_hits += s.cache_hits;
   sum.explorations += s.explorations;
   sum.plans_created += s.plans_created;
+  sum.fused_blocks += s.fused_blocks;
+  sum.unfused_ops += s.unfused_ops;
   sum.awake = sum.awake || s.awake;  // any stream awake
 }
 }  // namespace

@@ -415,6 +415,8 @@ void StreamActor::publish_stats() {
   cache_hits_.store(p.cache_hits, std::memory_order_relaxed);
   explorations_.store(p.explorations, std::memory_order_relaxed);
   plans_created_.store(p.plans_created, std::memory_order_relaxed);
+  fused_blocks_.store(p.fused_blocks, std::memory_order_relaxed);
+  unfused_ops_.store(p.unfused_ops, std::memory_order_relaxed);
 }
 
 StreamStats StreamActor::stats() const {
@@ -430,6 +432,8 @@ StreamStats StreamActor::stats() const {
   s.cache_hits = cache_hits_.load(std::memory_order_relaxed);
   s.explorations = explorations_.load(std::memory_order_relaxed);
   s.plans_created = plans_created_.load(std::memory_order_relaxed);
+  s.fused_blocks = fused_blocks_.load(std::memory_order_relaxed);
+  s.unfused_ops = unfused_ops_.load(std::memory_order_relaxed);
   s.awake = scheduled_.load(std::memory_order_acquire);
   return s;
 }

@@ -284,6 +284,8 @@ TEST(DaemonControl, MetricsAddUpWithTheStatus) {
   EXPECT_EQ(sample(m, "kiln_job_plan_cache_hits_total", train), double(st.cache_hits));
   EXPECT_EQ(sample(m, "kiln_job_plan_cache_misses_total", train), double(st.explorations));
   EXPECT_EQ(sample(m, "kiln_job_plans_created_total", train), double(st.plans));
+  // Each step is one elementwise block: the job's plans asked for the launches the backend made.
+  EXPECT_EQ(sample(m, "kiln_job_launches_total", train + ",kind=\"fused\""), double(st.fused_launches));
   // Every read is one answered request; the histogram's count says so.
   EXPECT_EQ(sample(m, "kiln_request_duration_seconds_count", "command=\"read\""), 6.0);
   EXPECT_EQ(sample(m, "kiln_request_duration_seconds_bucket", "command=\"read\",le=\"+Inf\""), 6.0);

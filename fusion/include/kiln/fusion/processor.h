@@ -47,6 +47,11 @@ struct ProcessorStats {
   std::uint64_t explorations = 0;    // explorations completed (new or existing plan)
   std::uint64_t plans_created = 0;   // plans this processor added to the store
   std::uint64_t unfused_capped = 0;  // segments run unfused because of max_explorations
+  // What the executed plans asked the backend for: fused blocks (one launch each) and operations
+  // run one by one (a plan's unfused leaves, capped segments). The backend may still replay a
+  // fused block op by op (its own fallback counters say when).
+  std::uint64_t fused_blocks = 0;
+  std::uint64_t unfused_ops = 0;
 };
 
 struct ProcessorOptions {
@@ -73,6 +78,8 @@ class Processor {
   // The plan that now covers the explored prefix (new, or cached and given the trigger), pinned.
   std::pair<PlanId, PlanPin> on_exploration_completed(std::span<const ir::Operation> ops, ExecutionPlanStore& store,
                                                       BlockOptimization opt, ExecutionMode mode);
+
+  void count_launches(const ExecutionStrategy& strategy);
 
   const FusionLog& log_;
   const std::uint32_t tag_;

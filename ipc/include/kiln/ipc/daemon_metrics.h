@@ -110,6 +110,8 @@ struct JobMetrics {
   std::uint64_t ops_registered = 0;
   // Its streams' processor counters (live streams now, plus those its clients closed).
   std::uint64_t ops_executed = 0, cache_hits = 0, explorations = 0, plans_created = 0;
+  // What its streams' plans asked the backend for: fused blocks (a launch each), ops one by one.
+  std::uint64_t fused_launches = 0, unfused_ops = 0;
   RejectedCounts rejected;
   std::map<std::string, std::uint64_t> fallbacks;  // its live clients' last reports, by op
 };

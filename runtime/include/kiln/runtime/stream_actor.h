@@ -147,6 +147,8 @@ struct StreamStats {
   std::uint64_t cache_hits = 0;     // processor: cached plans executed
   std::uint64_t explorations = 0;   // processor: explorations completed
   std::uint64_t plans_created = 0;  // processor: plans this stream added to the store
+  std::uint64_t fused_blocks = 0;   // processor: fused blocks its plans ran (one launch each)
+  std::uint64_t unfused_ops = 0;    // processor: operations its plans ran one by one
   bool awake = false;               // a turn is posted or running (the wake-up flag is set)
 };
 
@@ -307,6 +309,8 @@ class StreamActor {
   std::atomic<std::uint64_t> cache_hits_{0};
   std::atomic<std::uint64_t> explorations_{0};
   std::atomic<std::uint64_t> plans_created_{0};
+  std::atomic<std::uint64_t> fused_blocks_{0};
+  std::atomic<std::uint64_t> unfused_ops_{0};
 };
 
 }  // namespace kiln::runtime
