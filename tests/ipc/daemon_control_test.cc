@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -209,7 +210,9 @@ TEST(DaemonControl, ReloadAndStopNeedTheOwnersHooks) {
   Result<std::string> r = h.target().control(ControlVerb::Reload);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("no configuration file"), std::string::npos) << r.error().message;
-  int reloads = 0, stops = 0;
+  // Atomics: the hooks run on the session's thread, and the answer reaches this thread through
+  // the ring's shared memory, mapped at another address (no happens-before ThreadSanitizer sees).
+  std::atomic<int> reloads{0}, stops{0};
   h.service().set_control_hooks(ControlHooks{
       [&]() -> Result<std::string> { return std::string("reloaded " + std::to_string(++reloads)); }, [&] { ++stops; }});
   EXPECT_EQ(ok(h.target().control(ControlVerb::Reload)), "reloaded 1");
@@ -459,6 +462,8 @@ TEST(MetricsEndpoint, ServesTheExpositionOverHttpOnAUnixSocket) {
   o.body = [&] { return h.service().metrics().to_prometheus(); };
   auto server = ok(MetricsServer::start(o));
   EXPECT_EQ(server->address(), "unix:" + h.dir() + "/kilnd-test.metrics");
+  // The daemon lists the harness's client once its session starts, just after the handshake.
+  ASSERT_TRUE(wait_until([&] { return h.service().status().clients.size() == 1; }));
   const std::string path = h.dir() + "/kilnd-test.metrics";
   const std::string got = exchange(connect_unix(path), "GET /metrics HTTP/1.1\r\nHost: kilnd\r\n\r\n");
   ASSERT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
