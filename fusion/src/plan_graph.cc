@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <map>
-#include <optional>
 #include <set>
 #include <vector>
 
@@ -131,22 +130,20 @@ std::string plan_to_dot(PlanId id, const ExecutionPlan& plan, const PlanUsage* u
   for (std::uint64_t t : flow.inputs) out += fmt::format("  t{} [shape=ellipse, label=\"input t{}\"];\n", t, t);
   for (std::uint64_t t : flow.outputs)
     out += fmt::format("  t{} [shape=ellipse, style=bold, label=\"output t{}\"];\n", t, t);
+  std::map<std::uint64_t, std::size_t> written;  // tensor -> the latest op before this one that wrote it
   for (std::size_t i = 0; i < plan.operations.size(); ++i) {
     const ir::Operation& op = plan.operations[i];
     for (const ir::TensorIr& t : op.inputs()) {
-      // From the latest writer before this op, else from the plan's input node.
-      std::optional<std::size_t> from;
-      for (std::size_t j = 0; j < i; ++j)
-        for (const ir::TensorIr& o : plan.operations[j].outputs())
-          if (o.id == t.id) from = j;
-      if (from)
-        out += fmt::format("  op{} -> op{} [label=\"t{}\"];\n", *from, i, t.id.value());
+      if (auto from = written.find(t.id.value()); from != written.end())
+        out += fmt::format("  op{} -> op{} [label=\"t{}\"];\n", from->second, i, t.id.value());
       else
-        out += fmt::format("  t{} -> op{};\n", t.id.value(), i);
+        out += fmt::format("  t{} -> op{};\n", t.id.value(), i);  // the plan's input node
     }
-    for (const ir::TensorIr& t : op.outputs())
+    for (const ir::TensorIr& t : op.outputs()) {
+      written[t.id.value()] = i;
       if (flow.outputs.count(t.id.value()) != 0 && flow.writer.at(t.id.value()) == i)
         out += fmt::format("  op{} -> t{};\n", i, t.id.value());
+    }
   }
   out += "}\n";
   return out;

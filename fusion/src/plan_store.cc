@@ -50,6 +50,7 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -91,6 +92,14 @@ std::uint64_t kind_key(const ir::Operation& op) {
 std::int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// The same from the kernel's tick-granular clock (a few ms coarse, a fraction of the cost): for
+// a plan's last run, stamped every time a cached plan runs.
+std::int64_t coarse_unix_ms() {
+  timespec ts{};
+  if (::clock_gettime(CLOCK_REALTIME_COARSE, &ts) != 0) return unix_ms();
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
 }
 
 }  // namespace
@@ -385,15 +394,18 @@ void ExecutionPlanStore::mark_used(PlanId id) {
 
 void ExecutionPlanStore::record_hit(PlanId id, std::uint32_t tag) {
   Impl& im = *impl_;
-  Impl::SlotPtr s = im.find(id);
-  if (s == nullptr) return;
-  s->hits.fetch_add(1, std::memory_order_relaxed);
-  if (const std::int64_t now = unix_ms(); s->last_used_ms.load(std::memory_order_relaxed) != now)
-    s->last_used_ms.store(now, std::memory_order_relaxed);
-  if (tag != 0) Impl::note_user(*s, tag);
+  // Under the bucket's read lock, as mark_used: no copy of the slot's shared_ptr (two more atomic
+  // read-modify-writes on a line every stream running the plan shares).
+  Impl::IdMap::const_accessor acc;
+  if (!im.by_id.find(acc, id)) return;
+  Impl::Slot& s = *acc->second;
+  s.hits.fetch_add(1, std::memory_order_relaxed);
+  if (const std::int64_t now = coarse_unix_ms(); s.last_used_ms.load(std::memory_order_relaxed) != now)
+    s.last_used_ms.store(now, std::memory_order_relaxed);
+  if (tag != 0) Impl::note_user(s, tag);
   if (im.options.max_plans != 0) {
     const std::uint64_t now = im.clock.load(std::memory_order_relaxed);
-    if (s->last_used.load(std::memory_order_relaxed) != now) s->last_used.store(now, std::memory_order_relaxed);
+    if (s.last_used.load(std::memory_order_relaxed) != now) s.last_used.store(now, std::memory_order_relaxed);
   }
 }
 

@@ -34,6 +34,7 @@
 #include "kiln/ipc/log_format.h"
 #include "kiln/ipc/op_check.h"
 #include "kiln/ipc/protocol.h"
+#include "words.h"
 
 namespace kiln::ipc {
 
@@ -125,13 +126,9 @@ struct Usage {
 // A stream's processor counters, as the metrics sum them per job.
 struct StreamCounters {
   std::uint64_t executed = 0, cache_hits = 0, explorations = 0, plans_created = 0, fused_blocks = 0, unfused_ops = 0;
-  void add(const runtime::StreamStats& st) {
-    executed += st.executed;
-    cache_hits += st.cache_hits;
-    explorations += st.explorations;
-    plans_created += st.plans_created;
-    fused_blocks += st.fused_blocks;
-    unfused_ops += st.unfused_ops;
+  static StreamCounters of(const runtime::StreamStats& st) {
+    return StreamCounters{st.executed,      st.cache_hits,   st.explorations,
+                          st.plans_created, st.fused_blocks, st.unfused_ops};
   }
   void add(const StreamCounters& o) {
     executed += o.executed;
@@ -988,7 +985,7 @@ Status ClientSession::close_stream(const CloseStreamCmd& c, std::uint64_t rid) {
   KILN_RETURN_IF_ERROR(service_.device.close_stream(it->second));
   {
     MutexLock lock(stats_mu_);
-    if (last) closed_streams_.add(*last);
+    if (last) closed_streams_.add(StreamCounters::of(*last));
     std::erase(stream_ids_, it->second);
   }
   streams_.erase(it);
@@ -1128,11 +1125,12 @@ Result<std::string> ClientSession::control_answer(const ControlCmd& c) {
 Result<std::string> ClientSession::plans_answer(const ControlCmd& c) {
   DaemonService::Impl& s = service_;
   fusion::ExecutionPlanStore& store = s.device.plan_store();
-  std::string_view words = c.args;
-  const std::string_view sub = words.substr(0, std::min(words.find(' '), words.size()));
-  words.remove_prefix(std::min(words.size(), sub.size() + 1));
+  const std::vector<std::string_view> words = split_words(c.args);
+  const std::string_view sub = words.empty() ? std::string_view() : words.front();
+  const auto rest =
+      words.empty() ? std::span<const std::string_view>() : std::span<const std::string_view>(words).subspan(1);
   if (sub == "list" || sub.empty()) {
-    KILN_ASSIGN_OR_RETURN(const PlanListOptions options, parse_plan_list(words, c.json));
+    KILN_ASSIGN_OR_RETURN(const PlanListOptions options, parse_plan_list(rest, c.json));
     std::map<std::uint32_t, std::string> names;
     {
       MutexLock lock(s.mu);
@@ -1144,27 +1142,26 @@ Result<std::string> ClientSession::plans_answer(const ControlCmd& c) {
       return it != names.end() ? it->second : fmt::format("job#{}", tag);
     });
   }
-  if (sub == "show") {
-    const std::string_view id = words.substr(0, std::min(words.find(' '), words.size()));
-    const std::string_view format = id.size() < words.size() ? words.substr(id.size() + 1) : std::string_view("text");
-    return show_plan(store, id, format);
-  }
+  if (sub == "show")
+    return show_plan(store, rest.empty() ? std::string_view() : rest[0],
+                     rest.size() > 1 ? rest[1] : std::string_view("text"));
   if (sub == "clear") {
+    const std::string_view job = rest.empty() ? std::string_view() : rest[0];  // job names hold no spaces
     std::optional<std::uint32_t> tag;
-    if (!words.empty()) {
+    if (!job.empty()) {
       MutexLock lock(s.mu);
       for (const auto& [t, name] : s.job_tags)
-        if (name == words) tag = t;  // the latest job of that name
+        if (name == job) tag = t;  // the latest job of that name
       if (!tag)
         return make_error(ErrorCode::InvalidHandle,
-                          fmt::format("plans clear: no job '{}' is known to this daemon", words));
+                          fmt::format("plans clear: no job '{}' is known to this daemon", job));
     }
     const std::size_t before = store.size();
     const std::size_t retired = store.retire(tag);
     spdlog::info("kilnd: {} plan(s) retired by uid {} (kilnctl plans clear{}{})", retired, uid(),
-                 words.empty() ? "" : " ", words);
+                 job.empty() ? "" : " ", job);
     return fmt::format("retired {} of {} plans{}; plans held by running streams finish their runs\n", retired, before,
-                       words.empty() ? std::string() : fmt::format(" (created by job {})", words));
+                       job.empty() ? std::string() : fmt::format(" (created by job {})", job));
   }
   return make_error(ErrorCode::Invalid, fmt::format("plans: '{}': expected list, show or clear", sub));
 }
@@ -1392,7 +1389,7 @@ void ClientSession::cleanup() {
   {
     MutexLock lock(stats_mu_);
     for (const auto& [n, s] : streams_)
-      if (std::optional<runtime::StreamStats> st = device.stream_stats(s)) closed_streams_.add(*st);
+      if (std::optional<runtime::StreamStats> st = device.stream_stats(s)) closed_streams_.add(StreamCounters::of(*st));
     stream_ids_.clear();
   }
   for (const auto& [n, s] : streams_) {
@@ -1742,7 +1739,7 @@ DaemonMetrics DaemonService::Impl::metrics() {
     job.rejected.add(sm.rejected);
     StreamCounters streams = sm.closed_streams;
     for (StreamId s : sm.streams)
-      if (std::optional<runtime::StreamStats> st = device.stream_stats(s)) streams.add(*st);
+      if (std::optional<runtime::StreamStats> st = device.stream_stats(s)) streams.add(StreamCounters::of(*st));
     job.ops_executed += streams.executed;
     job.cache_hits += streams.cache_hits;
     job.explorations += streams.explorations;

@@ -1,6 +1,8 @@
 // The daemon's metrics and live limits (kiln/ipc/daemon_metrics.h).
 #include "kiln/ipc/daemon_metrics.h"
 
+#include "words.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -67,15 +69,8 @@ std::string key_list() {
 
 Status apply_limit_assignments(std::string_view assignments, LiveLimits& limits) {
   LiveLimits next = limits;
-  std::size_t words = 0;
-  while (!assignments.empty()) {
-    const std::size_t start = assignments.find_first_not_of(' ');
-    if (start == std::string_view::npos) break;
-    assignments.remove_prefix(start);
-    const std::size_t end = std::min(assignments.find(' '), assignments.size());
-    const std::string_view word = assignments.substr(0, end);
-    assignments.remove_prefix(end);
-    ++words;
+  const std::vector<std::string_view> words = split_words(assignments);
+  for (const std::string_view word : words) {
     const std::size_t eq = word.find('=');
     if (eq == std::string_view::npos)
       return make_error(ErrorCode::Invalid, fmt::format("limits: '{}' is not key=value", word));
@@ -95,7 +90,7 @@ Status apply_limit_assignments(std::string_view assignments, LiveLimits& limits)
       return make_error(ErrorCode::Invalid, fmt::format("limits: {} = {} is too large", key, value));
     next.*(k->field) = value * k->unit;
   }
-  if (words == 0)
+  if (words.empty())
     return make_error(ErrorCode::Invalid, "limits: nothing to set; give key=value pairs (" + key_list() + ")");
   limits = next;
   return Status::Ok();

@@ -40,15 +40,10 @@ std::string users(const fusion::PlanUsage& u, const std::function<std::string(st
 
 }  // namespace
 
-Result<PlanListOptions> parse_plan_list(std::string_view words, bool json) {
+Result<PlanListOptions> parse_plan_list(std::span<const std::string_view> words, bool json) {
   PlanListOptions o;
   o.json = json;
-  while (!words.empty()) {
-    const std::size_t start = words.find_first_not_of(' ');
-    if (start == std::string_view::npos) break;
-    words.remove_prefix(start);
-    const std::string_view w = words.substr(0, std::min(words.find(' '), words.size()));
-    words.remove_prefix(w.size());
+  for (const std::string_view w : words) {
     std::size_t n = 0;
     if (w == "hits") {
       o.sort = PlanListOptions::Sort::Hits;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -17,8 +18,8 @@ struct PlanListOptions {
   std::size_t limit = 50;  // 0: every plan
   bool json = false;
 };
-// "list [hits|recent|id] [N]" (the words after the verb's "list"); errors name the word.
-Result<PlanListOptions> parse_plan_list(std::string_view words, bool json);
+// "list [hits|recent|id] [N]" (the words after "list"); errors name the word.
+Result<PlanListOptions> parse_plan_list(std::span<const std::string_view> words, bool json);
 
 // One line per plan (id, ops, score, hits, last use, the job that created it, the jobs that ran
 // it, its blocks), the `limit` first by `sort`, under a header with the store's totals.
