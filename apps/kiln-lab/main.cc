@@ -12,6 +12,27 @@
 #include "kiln/fusion/config.h"
 #include "scenarios.h"
 
+namespace {
+
+// kiln-lab --dot: every plan the scenario ended with, as DIR/<scenario>-plan<id>.dot.
+bool write_plan_graphs(const std::string& dir, const std::string& scenario, const kiln::lab::ScenarioResult& result) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  for (const auto& [id, dot] : result.plan_graphs) {
+    const std::string path = fmt::format("{}/{}-plan{}.dot", dir, scenario, id);
+    std::ofstream f(path);
+    f << dot;
+    if (!f) {
+      fmt::print(stderr, "kiln-lab: cannot write {}\n", path);
+      return false;
+    }
+    fmt::print("wrote {}\n", path);
+  }
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"kiln-lab: run fusion scenarios and print the fusion log"};
   std::vector<std::string> names;
@@ -85,20 +106,7 @@ int main(int argc, char** argv) {
     logger->flush();
     fmt::print("\n{} {}\n", result.ok ? "[ok]" : "[UNEXPECTED]", result.summary);
     if (!result.ok) ++failures;
-    if (!dot_dir.empty()) {
-      std::error_code ec;
-      std::filesystem::create_directories(dot_dir, ec);
-      for (const auto& [id, dot] : result.plan_graphs) {
-        const std::string path = fmt::format("{}/{}-plan{}.dot", dot_dir, scenario->name, id);
-        std::ofstream f(path);
-        f << dot;
-        if (!f) {
-          fmt::print(stderr, "kiln-lab: cannot write {}\n", path);
-          return 2;
-        }
-        fmt::print("wrote {}\n", path);
-      }
-    }
+    if (!dot_dir.empty() && !write_plan_graphs(dot_dir, scenario->name, result)) return 2;
   }
   return failures == 0 ? 0 : 1;
 }

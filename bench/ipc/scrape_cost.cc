@@ -126,26 +126,15 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
-  char tmpl[] = "/tmp/kiln-scrape-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) die("mkdtemp failed");
-  const std::string dir = tmpl, run = dir + "/run";
-  const std::string log = dir + "/kilnd.log";
-  // kilnd: metrics on its Unix socket, its own lock directory, its log in a file.
+// Starts kilnd with its metrics on its Unix socket and its log in `log`; its pid.
+pid_t start_kilnd(const std::string& kilnd, const std::string& dir, const std::string& run, const std::string& log) {
   std::vector<std::string> argv_d = {
-      args.kilnd,   "--device",     "cpu",       "--runtime-dir", run,
+      kilnd,        "--device",     "cpu",       "--runtime-dir", run,
       "--lock-dir", dir + "/locks", "--metrics", "unix",          "--max-connections-per-uid",
       "1024"};
   std::vector<char*> cargv;
   for (std::string& s : argv_d) cargv.push_back(s.data());
   cargv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
   // The interpreter, not the CPU JIT: a thousand new programs would otherwise queue a thousand
   // compiles, whose CPU time would land in the measuring windows.
   std::vector<std::string> env_d = {"KILN_CPU_JIT=0"};
@@ -154,40 +143,82 @@ int main(int argc, char** argv) {
   std::vector<char*> cenv;
   for (std::string& e : env_d) cenv.push_back(e.data());
   cenv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
   pid_t pid = -1;
-  if (posix_spawn(&pid, args.kilnd.c_str(), &actions, nullptr, cargv.data(), cenv.data()) != 0)
-    die("cannot start " + args.kilnd);
+  const int rc = posix_spawn(&pid, kilnd.c_str(), &actions, nullptr, cargv.data(), cenv.data());
   posix_spawn_file_actions_destroy(&actions);
-  const std::string metrics = run + "/kilnd-cpu.metrics";
+  if (rc != 0) die("cannot start " + kilnd);
+  return pid;
+}
+
+// The first client, once kilnd accepts (30 s at most).
+std::unique_ptr<kiln::ipc::RemoteTarget> first_client(kiln::ipc::RemoteOptions o, const std::string& log) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    auto r = kiln::ipc::RemoteTarget::connect(o);
+    if (r.ok()) return std::move(r).value();
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) die("kilnd did not start: see " + log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+long plans_in(kiln::ipc::RemoteTarget& client) {
+  const std::string status = client.daemon_status(true).value();
+  const std::size_t at = status.find("\"plans\":");
+  return at == std::string::npos ? -1L : std::strtol(status.c_str() + at + 8, nullptr, 10);
+}
+
+// Programs until the store holds `plans` plans (a program may add more than one, or reuse one).
+void teach(kiln::ipc::RemoteTarget& client, long plans) {
+  kiln::runtime::Session teacher(client);
+  for (int i = 0; plans_in(client) < plans; i += 50) {
+    if (i >= 15625) die("the store did not reach " + std::to_string(plans) + " plans");
+    for (int j = i; j < i + 50; ++j) teach_plan(teacher, j);
+  }
+}
+
+// Rounds of an idle window then a scrape window: the daemon's CPU per scrape in each.
+std::vector<double> measure(pid_t pid, const std::string& metrics, const Args& args, std::size_t& body_bytes) {
+  std::vector<double> per_scrape_us;
+  for (int round = 0; round < args.rounds; ++round) {
+    const double idle_start = cpu_seconds(pid);
+    std::this_thread::sleep_for(std::chrono::duration<double>(args.window));
+    const double idle = cpu_seconds(pid) - idle_start;
+    const double busy_start = cpu_seconds(pid);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(args.window);
+    std::size_t scrapes = 0;
+    while (std::chrono::steady_clock::now() < end) {
+      body_bytes = scrape(metrics);
+      if (body_bytes == 0) die("a scrape failed (is the metrics socket " + metrics + " up?)");
+      ++scrapes;
+    }
+    const double busy = cpu_seconds(pid) - busy_start;
+    per_scrape_us.push_back(std::max(0.0, busy - idle) / double(scrapes) * 1e6);
+    std::printf("round %d: %zu scrapes, daemon CPU %.3f s (idle window %.3f s): %.1f us per scrape\n", round + 1,
+                scrapes, busy, idle, per_scrape_us.back());
+  }
+  return per_scrape_us;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  char tmpl[] = "/tmp/kiln-scrape-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) die("mkdtemp failed");
+  const std::string dir = tmpl, run = dir + "/run", log = dir + "/kilnd.log";
+  const pid_t pid = start_kilnd(args.kilnd, dir, run, log);
 
   kiln::ipc::RemoteOptions o;
   o.runtime_dir = run;
   o.socket_name = "kilnd-cpu.sock";
+  o.job = "teacher";
   std::vector<std::unique_ptr<kiln::ipc::RemoteTarget>> clients;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    o.job = "teacher";
-    auto r = kiln::ipc::RemoteTarget::connect(o);
-    if (r.ok()) {
-      clients.push_back(std::move(r).value());
-      break;
-    }
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) die("kilnd did not start: see " + log);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  // Programs until the store holds --plans plans (a program may add more than one, or reuse one).
-  auto plans_now = [&] {
-    const std::string status = clients.front()->daemon_status(true).value();
-    const std::size_t at = status.find("\"plans\":");
-    return at == std::string::npos ? -1L : std::strtol(status.c_str() + at + 8, nullptr, 10);
-  };
-  {
-    kiln::runtime::Session teacher(*clients.front());
-    for (int i = 0; plans_now() < args.plans; i += 50) {
-      if (i >= 15625) die("the store did not reach " + std::to_string(args.plans) + " plans");
-      for (int j = i; j < i + 50; ++j) teach_plan(teacher, j);
-    }
-  }
+  clients.push_back(first_client(o, log));
+  teach(*clients.front(), args.plans);
   // The other clients: each holds a tensor on a stream of its own, in 8 jobs.
   std::vector<std::unique_ptr<kiln::runtime::Session>> sessions;
   std::vector<kiln::runtime::Tensor> held;
@@ -200,29 +231,12 @@ int main(int argc, char** argv) {
     held.push_back(sessions.back()->from_host(std::vector<float>(1024, 1.0f), {1024}).value());
     (void)sessions.back()->sync();
   }
-  const long plans = plans_now();
+  const long plans = plans_in(*clients.front());
   std::printf("kilnd pid %d: %zu clients, %ld plans; %d rounds of %.1f s idle + %.1f s scraping\n", int(pid),
               clients.size(), plans, args.rounds, args.window, args.window);
-
-  std::vector<double> per_scrape_us;
   std::size_t body_bytes = 0;
-  for (int round = 0; round < args.rounds; ++round) {
-    const double idle_start = cpu_seconds(pid);
-    std::this_thread::sleep_for(std::chrono::duration<double>(args.window));
-    const double idle = cpu_seconds(pid) - idle_start;
-    const double busy_start = cpu_seconds(pid);
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(args.window);
-    std::size_t scrapes = 0;
-    while (std::chrono::steady_clock::now() < end) {
-      body_bytes = scrape(metrics);
-      if (body_bytes == 0) die("a scrape failed (is the metrics socket up? see " + log + ")");
-      ++scrapes;
-    }
-    const double busy = cpu_seconds(pid) - busy_start;
-    per_scrape_us.push_back(std::max(0.0, busy - idle) / double(scrapes) * 1e6);
-    std::printf("round %d: %zu scrapes, daemon CPU %.3f s (idle window %.3f s): %.1f us per scrape\n", round + 1,
-                scrapes, busy, idle, per_scrape_us.back());
-  }
+  std::vector<double> per_scrape_us = measure(pid, run + "/kilnd-cpu.metrics", args, body_bytes);
+
   held.clear();
   sessions.clear();
   clients.clear();

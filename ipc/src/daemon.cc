@@ -281,6 +281,9 @@ struct DaemonService::Impl {
   // Ends a client's session and waits until it has cleaned up; what it freed, for the operator.
   Result<std::string> disconnect(std::uint64_t client_id, std::chrono::milliseconds timeout);
   std::uint64_t clients_left() const;  // clients that are not an operator's kilnctl
+  // Waits until a session has cleaned up and left the table (it drains its streams first);
+  // false when `deadline` came first.
+  bool wait_until_gone(std::uint64_t client_id, std::optional<std::chrono::steady_clock::time_point> deadline) const;
   BackendCounters backend() const;
   // The session is gone; its job and uid entries end with their last client.
   void leave(const std::string& job, uid_t uid) KILN_REQUIRES(mu);
@@ -1602,15 +1605,7 @@ void DaemonService::stop() {
   for (auto& session : sessions) session->request_stop();
   // Each session cleans up (drains, drops, closes its streams) and moves its thread to
   // finished_threads on the way out.
-  for (auto& session : sessions) {
-    for (;;) {
-      {
-        MutexLock lock(s.mu);
-        if (s.sessions.count(session->id()) == 0) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
+  for (auto& session : sessions) (void)s.wait_until_gone(session->id(), std::nullopt);
   s.reap();
   s.work.reset();
   s.io.stop();
@@ -1658,6 +1653,18 @@ BackendCounters DaemonService::Impl::backend() const {
   return counters ? counters() : BackendCounters{};
 }
 
+bool DaemonService::Impl::wait_until_gone(std::uint64_t client_id,
+                                          std::optional<std::chrono::steady_clock::time_point> deadline) const {
+  for (;;) {
+    {
+      MutexLock lock(mu);
+      if (sessions.count(client_id) == 0) return true;
+    }
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
 std::uint64_t DaemonService::Impl::clients_left() const {
   MutexLock lock(mu);
   return static_cast<std::uint64_t>(std::count_if(
@@ -1678,18 +1685,10 @@ Result<std::string> DaemonService::Impl::disconnect(std::uint64_t client_id, std
   spdlog::info("kilnd: client {} (job {}, pid {}) disconnected by the operator", client_id, before.job, before.pid);
   session->request_stop();  // its thread closes the control socket on its way out
   // Its thread drains its streams and frees its tensors, then leaves the table.
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    {
-      MutexLock lock(mu);
-      if (sessions.count(client_id) == 0) break;
-    }
-    if (std::chrono::steady_clock::now() >= deadline)
-      return make_error(ErrorCode::Execution,
-                        fmt::format("client {} is still draining its streams after {} s; it goes when they finish",
-                                    client_id, timeout.count() / 1000));
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  if (!wait_until_gone(client_id, std::chrono::steady_clock::now() + timeout))
+    return make_error(ErrorCode::Execution,
+                      fmt::format("client {} is still draining its streams after {} s; it goes when they finish",
+                                  client_id, timeout.count() / 1000));
   return fmt::format(
       "client {} (job {}, pid {}, uid {}) disconnected: {} stream(s) drained and closed, {} tensor(s) "
       "({}) freed\n",
