@@ -21,7 +21,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "fast_program.h"
 
@@ -231,10 +234,39 @@ void run_epilogue_rows(MatmulCtx& x, std::size_t bi, std::size_t m0, std::size_t
   }
 }
 
+// What one task of gemm() packs into and runs its epilogue with, sized for the shapes at hand
+// (an MC x KC block of A only when the matrix is that large) and allocated once per task: a
+// batched matmul of small matrices (attention's heads) runs many matrices per task, and zeroed
+// full-size buffers per matrix cost more than the products (a 12 x 8 x 16 product paid a 144 KiB
+// memset). Uninitialised: the packers write every element the micro-kernel reads, padding too.
+template <class T>
+struct RowWork {
+  RowWork(const MatmulCtx& x, std::size_t a_rows, bool epilogue)
+      : apack(std::make_unique_for_overwrite<T[]>(a_rows * std::min(Tile<T>::KC, std::max<std::size_t>(x.k, 1)))),
+        arow(std::make_unique_for_overwrite<T[]>(std::min(Tile<T>::KC, std::max<std::size_t>(x.k, 1)))),
+        scratch(epilogue ? x.epilogue.scratch_bytes() : 0),
+        ptrs(x.epilogue.num_regs()),
+        conv(std::make_unique_for_overwrite<double[]>(epilogue ? kBlock : 0)) {}
+  std::unique_ptr<T[]> apack, arow;
+  Scratch scratch;
+  std::vector<void*> ptrs;
+  std::unique_ptr<double[]> conv;
+};
+
+// The B side: NR-wide panels of B[:, jc:jc+nc] over all of K, and one row of B while packing.
+template <class T>
+struct PackedB {
+  PackedB(std::size_t k, std::size_t nc)
+      : panels(std::make_unique_for_overwrite<T[]>((nc + Tile<T>::NR - 1) / Tile<T>::NR * Tile<T>::NR *
+                                                   std::max<std::size_t>(k, 1))),
+        row(std::make_unique_for_overwrite<T[]>(std::max<std::size_t>(nc, 1))) {}
+  std::unique_ptr<T[]> panels, row;
+};
+
 template <class T>
 void gemm(MatmulCtx& x) {
   constexpr std::size_t MC = Tile<T>::MC;
-  constexpr std::size_t KC = Tile<T>::KC;
+  constexpr int MR = Tile<T>::MR;
   constexpr int NR = Tile<T>::NR;
   const std::size_t m = x.m, n = x.n, k = x.k;
   const std::size_t batches = x.a_batch.size();
@@ -243,71 +275,70 @@ void gemm(MatmulCtx& x) {
   if (k * n * sizeof(T) > Tile<T>::kPackedBBudget)
     nc = std::max<std::size_t>(NR, (Tile<T>::kPackedBBudget / (k * sizeof(T))) / NR * NR);
   const bool fuse_epilogue = nc >= n;
-  const std::size_t panels_max = (std::min(nc, n) + NR - 1) / NR;
   const std::size_t ib = (m + MC - 1) / MC;
+  const std::size_t a_rows = (std::min(MC, m) + MR - 1) / MR * MR;  // rows of one packed A block
   const std::uint64_t flops = static_cast<std::uint64_t>(m) * n * std::max<std::size_t>(k, 1);
-  // Small matrices: one task per batch matrix (each packs its own B). Large: batch by batch,
-  // with the row blocks of one matrix in parallel over a shared packed B.
+  // Small matrices: one task per run of batch matrices (each packs its own B). Large: batch by
+  // batch, with the row blocks of one matrix in parallel over a shared packed B.
   const bool per_batch_tasks = batches > 1 && flops < (std::uint64_t{1} << 22);
 
-  auto one_matrix = [&](std::size_t bi, bool parallel) {
+  // `serial`: the caller's buffers, when the row blocks run on this thread (else each parallel
+  // piece makes its own).
+  auto one_matrix = [&](std::size_t bi, PackedB<T>& bp, RowWork<T>* serial) {
     const Operand a{x.a.base + x.a_batch[bi] * m * k * x.a.esize, x.a.dtype, x.a.esize};
     const Operand b{x.b.base + x.b_batch[bi] * k * n * x.b.esize, x.b.dtype, x.b.esize};
     T* cb = c + bi * m * n;
-    std::vector<T> bpack(panels_max * NR * std::max<std::size_t>(k, 1));
     for (std::size_t jc = 0; jc < n; jc += nc) {
       const std::size_t ncur = std::min(nc, n - jc);
-      auto pack = [&](std::uint64_t p0, std::uint64_t p1) {
-        std::vector<T> row(ncur);
-        pack_b_rows<T>(b, n, k, p0, p1, jc, ncur, bpack.data(), row.data());
-      };
-      if (parallel)
-        parallel_ranges(*x.launch, k, 64, pack);
-      else
-        pack(0, k);
-      auto rows = [&](std::uint64_t r0, std::uint64_t r1) {
-        std::vector<T> apack(MC * KC + 64);
-        std::vector<T> row(std::max<std::size_t>(KC, 1));
-        Scratch es(fuse_epilogue ? x.epilogue.scratch_bytes() : 0);
-        std::vector<void*> ptrs(x.epilogue.num_regs());
-        std::vector<double> conv(kBlock);
+      auto rows = [&](RowWork<T>& w, std::uint64_t r0, std::uint64_t r1) {
         for (std::uint64_t r = r0; r < r1; ++r) {
           const std::size_t ic = r * MC;
           const std::size_t mc = std::min(MC, m - ic);
-          compute_rows<T>(a, k, k, bpack.data(), ic, mc, jc, ncur, cb, n, apack.data(), row.data());
-          if (fuse_epilogue) run_epilogue_rows<T>(x, bi, ic, ic + mc, es.data(), ptrs.data(), conv.data());
+          compute_rows<T>(a, k, k, bp.panels.get(), ic, mc, jc, ncur, cb, n, w.apack.get(), w.arow.get());
+          if (fuse_epilogue) run_epilogue_rows<T>(x, bi, ic, ic + mc, w.scratch.data(), w.ptrs.data(), w.conv.get());
         }
       };
-      if (parallel)
-        parallel_ranges(*x.launch, ib, 1, rows);
-      else
-        rows(0, ib);
+      if (serial != nullptr) {
+        pack_b_rows<T>(b, n, k, 0, k, jc, ncur, bp.panels.get(), bp.row.get());
+        rows(*serial, 0, ib);
+        continue;
+      }
+      parallel_ranges(*x.launch, k, 64, [&](std::uint64_t p0, std::uint64_t p1) {
+        const auto row = std::make_unique_for_overwrite<T[]>(std::max<std::size_t>(ncur, 1));
+        pack_b_rows<T>(b, n, k, p0, p1, jc, ncur, bp.panels.get(), row.get());
+      });
+      parallel_ranges(*x.launch, ib, 1, [&](std::uint64_t r0, std::uint64_t r1) {
+        RowWork<T> w(x, a_rows, fuse_epilogue);
+        rows(w, r0, r1);
+      });
     }
-    if (!fuse_epilogue) {
-      auto epi = [&](std::uint64_t r0, std::uint64_t r1) {
-        Scratch es(x.epilogue.scratch_bytes());
-        std::vector<void*> ptrs(x.epilogue.num_regs());
-        std::vector<double> conv(kBlock);
-        for (std::uint64_t r = r0; r < r1; ++r)
-          run_epilogue_rows<T>(x, bi, r * MC, std::min(m, (r + 1) * MC), es.data(), ptrs.data(), conv.data());
-      };
-      if (parallel)
-        parallel_ranges(*x.launch, ib, 1, epi);
-      else
-        epi(0, ib);
-    }
+    if (fuse_epilogue) return;
+    auto epi = [&](std::uint64_t r0, std::uint64_t r1) {
+      RowWork<T> w(x, 0, true);
+      for (std::uint64_t r = r0; r < r1; ++r)
+        run_epilogue_rows<T>(x, bi, r * MC, std::min(m, (r + 1) * MC), w.scratch.data(), w.ptrs.data(), w.conv.get());
+    };
+    if (serial != nullptr)
+      epi(0, ib);
+    else
+      parallel_ranges(*x.launch, ib, 1, epi);
   };
 
   if (per_batch_tasks) {
     const std::uint64_t grain =
         std::max<std::uint64_t>(1, (std::uint64_t{1} << 20) / std::max<std::uint64_t>(flops, 1));
     parallel_ranges(*x.launch, batches, grain, [&](std::uint64_t b0, std::uint64_t b1) {
-      for (std::uint64_t bi = b0; bi < b1; ++bi) one_matrix(bi, false);
+      PackedB<T> bp(k, std::min(nc, n));
+      RowWork<T> w(x, a_rows, fuse_epilogue);
+      for (std::uint64_t bi = b0; bi < b1; ++bi) one_matrix(bi, bp, &w);
     });
-  } else {
-    const bool parallel = flops >= kParallelThreshold * 16;
-    for (std::size_t bi = 0; bi < batches; ++bi) one_matrix(bi, parallel);
+    return;
   }
+  const bool parallel = flops >= kParallelThreshold * 16;
+  PackedB<T> bp(k, std::min(nc, n));
+  std::optional<RowWork<T>> serial;
+  if (!parallel) serial.emplace(x, a_rows, fuse_epilogue);
+  for (std::size_t bi = 0; bi < batches; ++bi) one_matrix(bi, bp, serial ? &*serial : nullptr);
 }
 
 std::vector<std::uint64_t> batch_map(const ir::Shape& in, const ir::Shape& out) {

@@ -413,6 +413,58 @@ TEST(FastExecutor, LargeSingleMatmul) {
   EXPECT_EQ(s.device.stats().fast_ops, 1u);
 }
 
+// A batch of small matmuls (attention's shape): each task of the kernel runs several matrices with
+// the same packing buffers, so a matrix that read a stale packed A or B from the one before it
+// would show here. A is broadcast over the first batch dim; K spans two KC blocks (f32: 256) in
+// one case; an epilogue follows. Reading a buffer before writing it would also show under ASan.
+TEST(FastExecutor, BatchedSmallMatmulsReuseTheirBuffers) {
+  struct Case {
+    std::size_t m, k, n;
+  };
+  for (DType d : {dt::f32, dt::f64})
+    for (const Case c : {Case{13, 37, 19}, Case{5, 300, 9}, Case{16, 8, 16}}) {
+      Session s;
+      const std::size_t b0 = 3, b1 = 4;
+      const auto av = rounded(iota(b1 * c.m * c.k, 2, -1), d), wv = rounded(iota(b0 * b1 * c.k * c.n, 1, -0.5), d);
+      const TensorIr a = s.input({1, b1, c.m, c.k}, av, d), w = s.input({b0, b1, c.k, c.n}, wv, d);
+      const TensorIr prod = s.submit(ok(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id())));
+      const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_AddScalar,
+                                               use(prod, TensorStatus::ReadWrite), ScalarIr::Float(1.5), s.id())));
+      const std::vector<double> got = s.read(y);
+      const double tol = d == dt::f64 ? 1e-13 : 2e-5;
+      for (std::size_t i = 0; i < b0; ++i)
+        for (std::size_t j = 0; j < b1; ++j) {
+          const std::vector<double> am(av.begin() + static_cast<std::ptrdiff_t>(j * c.m * c.k),
+                                       av.begin() + static_cast<std::ptrdiff_t>((j + 1) * c.m * c.k));
+          const std::size_t wb = (i * b1 + j) * c.k * c.n;
+          const std::vector<double> wm(wv.begin() + static_cast<std::ptrdiff_t>(wb),
+                                       wv.begin() + static_cast<std::ptrdiff_t>(wb + c.k * c.n));
+          const std::vector<double> ref = host_matmul(am, wm, c.m, c.k, c.n);
+          const std::size_t ob = (i * b1 + j) * c.m * c.n;
+          for (std::size_t e = 0; e < c.m * c.n; ++e)
+            ASSERT_NEAR(got[ob + e], ref[e] + 1.5, tol * (1 + std::fabs(ref[e])))
+                << d.name() << " " << c.m << "x" << c.k << "x" << c.n << " batch " << i << "," << j << " element " << e;
+        }
+      EXPECT_EQ(s.device.stats().launches_by_kind[1], 1u) << d.name();
+    }
+}
+
+// B wider than the packed-B budget (8 MiB: K x N x 4 bytes above it): N in several column
+// blocks, the epilogue in a pass of its own after the product.
+TEST(FastExecutor, WideMatmulRunsItsEpilogueAfterTheProduct) {
+  Session s;
+  const std::size_t m = 5, k = 2100, n = 1000;
+  const auto av = rounded(iota(m * k, 2, -1), dt::f32), wv = rounded(iota(k * n, 1, -0.5), dt::f32);
+  const TensorIr a = s.input({m, k}, av), w = s.input({k, n}, wv);
+  const TensorIr prod = s.submit(ok(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id())));
+  const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
+                                           use(prod, TensorStatus::ReadWrite), ScalarIr::Float(0.5), s.id())));
+  const std::vector<double> got = s.read(y);
+  const std::vector<double> ref = host_matmul(av, wv, m, k, n);
+  for (std::size_t i = 0; i < m * n; ++i) ASSERT_NEAR(got[i], 0.5 * ref[i], 1e-4 * (1 + std::fabs(ref[i]))) << i;
+  EXPECT_EQ(s.device.stats().launches_by_kind[1], 1u);
+}
+
 // An intermediate with a broadcast shape kept after the kernel: stored once per element.
 TEST(FastExecutor, KeptBroadcastOutputOfAFusedBlock) {
   Session s;
