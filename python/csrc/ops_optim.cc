@@ -266,10 +266,17 @@ void publish(at::TensorList wrappers, const std::vector<at::Tensor>& inner) {
   }
 }
 
-// The generated kernel's steps. The inner call writes into fresh copies of the mutated lists'
-// inner tensors (clone: on kiln a new handle on the same immutable value, no copy), because the
-// inner tensors before the call may also be the base of another wrapper's pending views. Without a
-// functional tensor among the arguments the op runs on them in place, as the generated kernel does.
+// A tensor the op may write without touching `t`: on kiln a new handle on the same immutable value
+// (at::clone would queue an Empty and a copy), elsewhere a clone.
+at::Tensor fresh_copy(const at::Tensor& t) {
+  if (is_kiln(t)) return at::detail::make_tensor<KilnTensorImpl>(value_of(t, "_fused_adam_"), t.sizes());
+  return t.clone();
+}
+
+// The generated kernel's steps. The inner call writes into fresh copies of the mutated lists' inner
+// tensors (fresh_copy), because the inner tensors before the call may also be the base of another
+// wrapper's pending views. Without a functional tensor among the arguments the op runs on them in
+// place, as the generated kernel does.
 template <class Redispatch>
 void functionalized(at::TensorList self, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                     at::TensorList max_exp_avg_sqs, at::TensorList state_steps,
@@ -297,14 +304,17 @@ void functionalized(at::TensorList self, at::TensorList grads, at::TensorList ex
   std::vector<at::Tensor> p = unwrapped(self), g = unwrapped(grads), m = unwrapped(exp_avgs),
                           v = unwrapped(exp_avg_sqs), vmax = unwrapped(max_exp_avg_sqs), steps = unwrapped(state_steps);
   std::optional<at::Tensor> scale = unwrapped(grad_scale), inf = unwrapped(found_inf);
+  const bool grads_written = grad_scale && grad_scale->defined();  // else the op only reads them
   {
-    at::AutoDispatchSkipFunctionalize guard;  // the clones and the op run on the inner tensors
-    for (std::vector<at::Tensor>* l : {&p, &g, &m, &v, &vmax})
-      for (at::Tensor& t : *l) t = t.clone();
+    at::AutoDispatchSkipFunctionalize guard;  // the copies and the op run on the inner tensors
+    for (std::vector<at::Tensor>* l : {&p, &g, &m, &v, &vmax}) {
+      if (l == &g && !grads_written) continue;
+      for (at::Tensor& t : *l) t = fresh_copy(t);
+    }
     redispatch(p, g, m, v, vmax, steps, scale, inf);
   }
   publish(self, p);
-  if (grad_scale && grad_scale->defined()) publish(grads, g);  // else the op leaves them as they are
+  if (grads_written) publish(grads, g);
   publish(exp_avgs, m);
   publish(exp_avg_sqs, v);
   publish(max_exp_avg_sqs, vmax);
