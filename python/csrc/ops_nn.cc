@@ -460,6 +460,14 @@ Rows rows_of(const at::Tensor& input, c10::IntArrayRef normalized_shape) {
   return r;
 }
 
+// The input of a layer norm as rows to normalize: its own shape when only its last dim is
+// normalized (kiln's LayerNorm and the reductions along that dim take any rank, so no Reshape
+// ops: they cannot fuse and each costs a plan run), else [m, n].
+Value as_rows(const Value& v, const Rows& r, std::string_view what) {
+  if (!v.shape().empty() && static_cast<std::int64_t>(v.shape().back()) == r.n) return v;
+  return sizes_of(v, {r.m, r.n}, what);
+}
+
 bool layer_norm_lowerable(const at::Tensor& input, c10::IntArrayRef normalized_shape,
                           std::initializer_list<const std::optional<at::Tensor>*> others) {
   if (!is_kiln(input) || !kiln_float(input.scalar_type()) || input.numel() == 0) return false;
@@ -476,16 +484,17 @@ Tensor3 layer_norm_lowered(const at::Tensor& input, c10::IntArrayRef normalized_
   constexpr std::string_view what = "native_layer_norm";
   Session& s = session();
   const Rows r = rows_of(input, normalized_shape);
-  const Value x = sizes_of(value_of(input, what), {r.m, r.n}, what);
+  const Value x = as_rows(value_of(input, what), r, what);
+  const std::uint64_t dim = x.shape().size() - 1;  // the normalized one
   const ir::DType d = x.dtype();
   Value gamma = defined(weight) ? sizes_of(value_of(*weight, what), {r.n}, what)
                                 : value_or_throw(s.ones(ir::Shape{static_cast<std::uint64_t>(r.n)}, d), what);
   std::optional<Value> beta;
   if (defined(bias)) beta = sizes_of(value_of(*bias, what), {r.n}, what);
   Value y = value_or_throw(s.layer_norm(x, std::move(gamma), std::move(beta), eps), what);
-  Value mean = value_or_throw(s.mean_dim(x, 1, true), what);
+  Value mean = value_or_throw(s.mean_dim(x, dim, true), what);
   Value xc = value_or_throw(s.sub(x, mean), what);
-  Value var = value_or_throw(s.mean_dim(value_or_throw(s.mul(xc, xc), what), 1, true), what);
+  Value var = value_or_throw(s.mean_dim(value_or_throw(s.mul(xc, xc), what), dim, true), what);
   Value rstd = value_or_throw(s.rsqrt(value_or_throw(s.add(std::move(var), eps), what)), what);
   return {make_tensor(sizes_of(y, input.sizes(), what), input.sizes()),
           make_tensor(sizes_of(mean, r.stat_sizes, what), r.stat_sizes),
@@ -512,30 +521,40 @@ Tensor3 layer_norm_backward_lowered(const at::Tensor& grad, const at::Tensor& in
   constexpr std::string_view what = "native_layer_norm_backward";
   Session& s = session();
   const Rows r = rows_of(input, normalized_shape);
-  const Value x = sizes_of(value_of(input, what), {r.m, r.n}, what);
-  const Value g = sizes_of(value_of(grad, what), {r.m, r.n}, what);
-  const Value rstd = sizes_of(value_of(rstd_t, what), {r.m, 1}, what);
-  Value xc = value_or_throw(s.sub(x, sizes_of(value_of(mean_t, what), {r.m, 1}, what)), what);
+  const Value x = as_rows(value_of(input, what), r, what);
+  const Value g = as_rows(value_of(grad, what), r, what);
+  const std::size_t rank = x.shape().size();
+  const std::uint64_t dim = rank - 1;  // the normalized one
+  // The statistics [..., 1] and the weight [1, ..., 1, n] in x's rank.
+  std::vector<std::int64_t> stat_shape(x.shape().begin(), x.shape().end());
+  stat_shape.back() = 1;
+  std::vector<std::int64_t> weight_shape(rank, 1);
+  weight_shape.back() = r.n;
+  const Value rstd = sizes_of(value_of(rstd_t, what), stat_shape, what);
+  Value xc = value_or_throw(s.sub(x, sizes_of(value_of(mean_t, what), stat_shape, what)), what);
   Value xhat = value_or_throw(s.mul(std::move(xc), rstd), what);
   at::Tensor gi, gw, gb;
   if (mask[0]) {
     Value gwt = g;
-    if (defined(weight)) gwt = value_or_throw(s.mul(g, sizes_of(value_of(*weight, what), {1, r.n}, what)), what);
-    Value m1 = value_or_throw(s.mean_dim(gwt, 1, true), what);
-    Value m2 = value_or_throw(s.mean_dim(value_or_throw(s.mul(gwt, xhat), what), 1, true), what);
+    if (defined(weight)) gwt = value_or_throw(s.mul(g, sizes_of(value_of(*weight, what), weight_shape, what)), what);
+    Value m1 = value_or_throw(s.mean_dim(gwt, dim, true), what);
+    Value m2 = value_or_throw(s.mean_dim(value_or_throw(s.mul(gwt, xhat), what), dim, true), what);
     Value dx = value_or_throw(s.sub(value_or_throw(s.sub(std::move(gwt), std::move(m1)), what),
                                     value_or_throw(s.mul(xhat, std::move(m2)), what)),
                               what);
     dx = value_or_throw(s.mul(std::move(dx), rstd), what);
     gi = make_tensor(sizes_of(dx, input.sizes(), what), input.sizes());
   }
+  // dw and db sum over every row: as [m, n] (a Reshape only when x kept a rank other than 2).
   if (mask[1] && defined(weight)) {
-    Value dw = value_or_throw(s.sum_dim(value_or_throw(s.mul(g, xhat), what), 0, true), what);
+    Value gx = sizes_of(value_or_throw(s.mul(g, xhat), what), {r.m, r.n}, what);
+    Value dw = value_or_throw(s.sum_dim(std::move(gx), 0, true), what);
     gw = make_tensor(sizes_of(dw, weight->sizes(), what), weight->sizes());
   }
   if (mask[2]) {
     const std::vector<std::int64_t> sizes(normalized_shape.begin(), normalized_shape.end());
-    gb = make_tensor(sizes_of(value_or_throw(s.sum_dim(g, 0, true), what), sizes, what), sizes);
+    Value db = value_or_throw(s.sum_dim(sizes_of(g, {r.m, r.n}, what), 0, true), what);
+    gb = make_tensor(sizes_of(db, sizes, what), sizes);
   }
   return {gi, gw, gb};
 }

@@ -137,6 +137,17 @@ class NnOpsTest(KilnTestCase):
                         torch.randn(3, 8))
         self.check_grad(lambda x: F.layer_norm(x, (8,)), x)
         self.check(lambda x: torch.native_layer_norm(x, [8], None, None, 1e-5), x, rtol=1e-4, atol=1e-5)
+        # Only the last dim normalized: kiln keeps the input's rank (1, 2, 4), no reshape to rows.
+        for shape in ((8,), (5, 8), (2, 3, 1, 8)):
+            self.check_grad(lambda x, w, b: F.layer_norm(x, (8,), w, b), torch.randn(*shape), torch.randn(8),
+                            torch.randn(8))
+            self.check(lambda x: torch.native_layer_norm(x, [8], None, None, 1e-5), torch.randn(*shape), rtol=1e-4,
+                       atol=1e-5)
+        # A leading normalized dim of size 1 ([1, 8]): statistics of shape [..., 1, 1].
+        self.check_grad(lambda x, w, b: F.layer_norm(x, (1, 8), w, b), torch.randn(4, 1, 8), torch.randn(1, 8),
+                        torch.randn(1, 8))
+        self.check(lambda x: torch.native_layer_norm(x, [1, 8], None, None, 1e-5), torch.randn(4, 1, 8), rtol=1e-4,
+                   atol=1e-5)
 
     # ---- max pooling
 
