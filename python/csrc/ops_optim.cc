@@ -105,12 +105,11 @@ Value element(const Value& v, std::size_t i, std::size_t count, std::size_t rank
   return broadcastable(std::move(e), rank, what);
 }
 
-// A scalar tensor operand (grad_scale, found_inf): kiln or a CPU 0-dim tensor, as a [1,..,1] value.
+// A scalar tensor operand (grad_scale, found_inf): kiln or CPU, as a [1,..,1] value.
 Value scalar_operand(const at::Tensor& t, ir::DType dtype, std::size_t rank, std::string_view what) {
   TORCH_CHECK(t.numel() == 1, "kiln: ", what, ": grad_scale and found_inf must hold one element, not ", t.numel());
-  if (!is_kiln(t)) return operand(t.reshape({}), dtype, rank, what);
-  return broadcastable(value_or_throw(session().reshape(cast_to(value_of(t, what), dtype, what), {1}), what), rank,
-                       what);
+  // operand() rank-aligns a kiln tensor and takes a CPU one as a 0-dim scalar.
+  return operand(is_kiln(t) ? t : t.reshape({}), dtype, rank, what);
 }
 
 // The new values of one parameter's tensors.
@@ -230,8 +229,9 @@ void kiln_kernel_tensor_lr(at::TensorList self, at::TensorList grads, at::Tensor
                            const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
                            bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
                            const std::optional<at::Tensor>& found_inf) {
-  kiln_kernel<D>(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr_value(lr, "_fused_adam_"), beta1,
-                 beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
+  kiln_kernel<D>(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                 lr_value(lr, D == Decay::AdamW ? "_fused_adamw_" : "_fused_adam_"), beta1, beta2, weight_decay, eps,
+                 amsgrad, maximize, grad_scale, found_inf);
 }
 
 // ---- Functionalize ------------------------------------------------------------------------------
