@@ -28,6 +28,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string_view>
@@ -61,10 +62,9 @@ void check_lists(const Lists& l, const Hyper& h, std::string_view what) {
               ": amsgrad needs one max_exp_avg_sq per param");
 }
 
-// `v` (a [1] value) reshaped to rank `rank` ([1, ..., 1]) so that it broadcasts over a parameter.
-Value broadcastable(Value v, std::size_t rank, std::string_view what) {
-  if (rank <= 1) return v;
-  return value_or_throw(session().reshape(std::move(v), std::vector<std::int64_t>(rank, 1)), what);
+// `v` (a [1] value) as [1, ..., 1] of rank `rank`, so that it broadcasts over a parameter.
+Value broadcastable(const Value& v, std::size_t rank, std::string_view what) {
+  return reshaped(v, std::vector<std::int64_t>(std::max<std::size_t>(rank, 1), 1), what);
 }
 
 // Per parameter: -lr / (1 - beta1^step) and sqrt(1 - beta2^step), as [P] values in `dtype`,
@@ -79,7 +79,7 @@ Corrections corrections(at::TensorList steps, const Hyper& h, ir::DType dtype, s
   parts.reserve(steps.size());
   for (const at::Tensor& t : steps) {
     TORCH_CHECK(t.numel() == 1, "kiln: ", what, ": a state_step must hold one element, not ", t.numel());
-    parts.push_back(value_or_throw(s.reshape(value_of(t, what), {1}), what));
+    parts.push_back(reshaped(value_of(t, what), {1}, what));  // a 0-dim step is [1] already: no op
   }
   Value step = value_or_throw(parts.size() == 1 ? Result<Value>(parts[0]) : s.cat(std::move(parts), 0), what);
   step = cast_to(step, ir::dtypes::f64, what);
@@ -102,7 +102,7 @@ Value element(const Value& v, std::size_t i, std::size_t count, std::size_t rank
     const auto at = static_cast<std::int64_t>(i);
     e = value_or_throw(session().slice(v, {ir::Slice{at, at + 1, 1}}), what);
   }
-  return broadcastable(std::move(e), rank, what);
+  return broadcastable(e, rank, what);
 }
 
 // A scalar tensor operand (grad_scale, found_inf): kiln or CPU, as a [1,..,1] value.
