@@ -1,12 +1,20 @@
 // Convolutions on the fast path: every convolution kind of docs/spec/ir.md §5.8 (Conv1d/2d/3d,
-// ConvTranspose1d/2d/3d, their X, Weight and Bias gradients) for f32 and f64 operands, with the
-// reference executor's numbers bit for bit.
+// ConvTranspose1d/2d/3d, their X, Weight and Bias gradients) for f32 and f64 operands.
 //
-// The reference (reference/src/reference_conv.cc) sums each output element's product terms in
-// f64, in a documented order, and rounds once. These kernels keep f64 accumulators and the same
-// order per element, but walk the loop space so that the innermost loop runs along a row of the
-// last spatial dim (contiguous loads and stores, no per-tap bounds checks), and split the work
-// over independent output slices on the device's arena:
+// f32 (what models train in): im2col and the matmul programs' packed GEMM (gemm_rows), sums in
+// f32 in the GEMM's order, like a matmul: the reference's numbers within a matmul's tolerance,
+// not its bits (docs/decisions.md, "Convolutions on the fast CPU path"). Per (batch, group):
+//   * forward (into y): y = W_g [cout_g, Kc] x im2col(x) [Kc, P] + bias (Kc = cin_g · taps);
+//   * into x (the X gradient, a transposed forward): W_g^T x a, its columns added back (col2im);
+//   * into w (the Weight gradients): Σ_n b[n] [cout_g, P] x im2col(x[n])^T [P, Kc], the batch
+//     in a fixed number of chunks whose partial sums are added in order (any thread count gives
+//     the same numbers).
+//
+// f64 gives the reference's numbers bit for bit. The reference (reference/src/reference_conv.cc)
+// sums each output element's product terms in f64, in a documented order, and rounds once. These
+// kernels keep f64 accumulators and the same order per element, but walk the loop space so that
+// the innermost loop runs along a row of the last spatial dim (contiguous loads and stores, no
+// per-tap bounds checks), and split the work over independent output slices on the device's arena:
 //   * forward (into y): per (batch, out channel); per element the terms come in (input channel,
 //     kernel position) order, as the reference's.
 //   * into x (the X gradient, a transposed forward): per (batch, in channel); the reference adds
@@ -23,6 +31,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "fast_program.h"
@@ -291,8 +300,174 @@ void into_w(const Space& s, const Operands<T>& p, std::uint64_t slice, std::vect
 
 enum class Into { Y, X, W };
 
+// ---- f32: im2col + the packed GEMM (gemm_rows)
+//
+// The columns of one (batch, group) slice of the x side: entry (kk, p), kk = ci·kvol + tap, p an
+// output position, is x[ci, the input position tap reaches from p], 0 in the padding. Stored
+// [kk, p] (the forward's B operand), or [p, kk] when `by_position` (the weight gradient's).
 template <class T>
-void run_space(const Launch& launch, const Space& s, Into into, const Operands<T>& p) {
+void im2col(const Space& s, const T* x, T* col, bool by_position) {
+  const std::uint64_t in_size = Space::product(s.in), out_size = Space::product(s.out);
+  const std::uint64_t k_size = Space::product(s.kernel), columns = s.cin_g() * k_size;
+  const auto step = static_cast<std::int64_t>(s.stride[2]);
+  for (std::uint64_t ci = 0; ci < s.cin_g(); ++ci) {
+    const T* xc = x + ci * in_size;
+    for (std::uint64_t k0 = 0; k0 < s.kernel[0]; ++k0) {
+      const Range r0 = valid_outputs(s, 0, k0);
+      for (std::uint64_t k1 = 0; k1 < s.kernel[1]; ++k1) {
+        const Range r1 = valid_outputs(s, 1, k1);
+        for (std::uint64_t k2 = 0; k2 < s.kernel[2]; ++k2) {
+          const Range r2 = valid_outputs(s, 2, k2);
+          const std::int64_t off = last_dim_offset(s, k2);
+          const std::uint64_t kk = ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2;
+          auto put = [&](std::uint64_t p, T v) { (by_position ? col[p * columns + kk] : col[kk * out_size + p]) = v; };
+          for (std::uint64_t o0 = 0; o0 < s.out[0]; ++o0)
+            for (std::uint64_t o1 = 0; o1 < s.out[1]; ++o1) {
+              const std::uint64_t row = (o0 * s.out[1] + o1) * s.out[2];
+              const bool inside = o0 >= r0.lo && o0 < r0.hi && o1 >= r1.lo && o1 < r1.hi;
+              if (!inside) {
+                for (std::uint64_t o2 = 0; o2 < s.out[2]; ++o2) put(row + o2, T{0});
+                continue;
+              }
+              const T* xr = xc + (input_position(s, 0, o0, k0) * s.in[1] + input_position(s, 1, o1, k1)) * s.in[2];
+              for (std::uint64_t o2 = 0; o2 < s.out[2]; ++o2)
+                put(row + o2, o2 >= r2.lo && o2 < r2.hi ? xr[static_cast<std::int64_t>(o2) * step + off] : T{0});
+            }
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of im2col ([kk, p] columns): adds each column entry into the x element it was read from.
+template <class T>
+void col2im_add(const Space& s, const T* col, T* x) {
+  const std::uint64_t in_size = Space::product(s.in), out_size = Space::product(s.out);
+  const std::uint64_t k_size = Space::product(s.kernel);
+  const auto step = static_cast<std::int64_t>(s.stride[2]);
+  for (std::uint64_t ci = 0; ci < s.cin_g(); ++ci) {
+    T* xc = x + ci * in_size;
+    for (std::uint64_t k0 = 0; k0 < s.kernel[0]; ++k0) {
+      const Range r0 = valid_outputs(s, 0, k0);
+      for (std::uint64_t k1 = 0; k1 < s.kernel[1]; ++k1) {
+        const Range r1 = valid_outputs(s, 1, k1);
+        for (std::uint64_t k2 = 0; k2 < s.kernel[2]; ++k2) {
+          const Range r2 = valid_outputs(s, 2, k2);
+          const std::int64_t off = last_dim_offset(s, k2);
+          const T* cr = col + (ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2) * out_size;
+          for (std::uint64_t o0 = r0.lo; o0 < r0.hi; ++o0)
+            for (std::uint64_t o1 = r1.lo; o1 < r1.hi; ++o1) {
+              T* xr = xc + (input_position(s, 0, o0, k0) * s.in[1] + input_position(s, 1, o1, k1)) * s.in[2];
+              const T* c = cr + (o0 * s.out[1] + o1) * s.out[2];
+              for (std::uint64_t o2 = r2.lo; o2 < r2.hi; ++o2) xr[static_cast<std::int64_t>(o2) * step + off] += c[o2];
+            }
+        }
+      }
+    }
+  }
+}
+
+// The weight gradient's batch is split into at most this many chunks, each summed into its own
+// partial gradient, the partials then added in chunk order: parallel work for a single group,
+// with results that do not depend on the thread count.
+constexpr std::uint64_t kWeightChunks = 4;
+
+// The sizes every f32 loop space below works with.
+struct GemmSpace {
+  explicit GemmSpace(const Space& s)
+      : in_size(Space::product(s.in)),
+        out_size(Space::product(s.out)),
+        columns(s.cin_g() * Space::product(s.kernel)),
+        cin_g(s.cin_g()),
+        cout_g(s.cout_g()) {
+    // Per task: at least kParallelThreshold · 16 multiply-adds (a (batch, group) slice has
+    // cout_g · P · Kc of them).
+    grain =
+        std::max<std::uint64_t>(1, kParallelThreshold * 16 / std::max<std::uint64_t>(cout_g * out_size * columns, 1));
+  }
+  std::uint64_t in_size, out_size, columns, cin_g, cout_g, grain;  // columns: Kc, one group's im2col rows
+};
+
+// y[n, group's channels] = W_g [cout_g, Kc] x columns [Kc, P] (+ bias).
+template <class T>
+void forward_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
+  const GemmSpace z(s);
+  parallel_ranges(launch, s.batch * s.groups, z.grain, [&](std::uint64_t begin, std::uint64_t end) {
+    std::vector<T> col(z.columns * z.out_size);
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const std::uint64_t n = i / s.groups, g = i % s.groups;
+      im2col(s, p.a + (n * s.c_in + g * z.cin_g) * z.in_size, col.data(), false);
+      T* y = p.out + (n * s.c_out + g * z.cout_g) * z.out_size;
+      for (std::uint64_t co = 0; co < z.cout_g; ++co)
+        std::fill_n(y + co * z.out_size, z.out_size, p.bias != nullptr ? p.bias[g * z.cout_g + co] : T{0});
+      gemm_rows<T>(z.cout_g, z.out_size, z.columns, p.b + g * z.cout_g * z.columns, z.columns, col.data(), z.out_size,
+                   y, z.out_size, /*add_to_c=*/true);
+    }
+  });
+}
+
+// columns [Kc, P] = W_g^T [Kc, cout_g] x a[n, group's channels] [cout_g, P], added back into x (+ bias).
+template <class T>
+void into_x_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
+  const GemmSpace z(s);
+  std::vector<T> wt(s.groups * z.columns * z.cout_g);
+  for (std::uint64_t g = 0; g < s.groups; ++g)
+    for (std::uint64_t co = 0; co < z.cout_g; ++co)
+      for (std::uint64_t kk = 0; kk < z.columns; ++kk)
+        wt[(g * z.columns + kk) * z.cout_g + co] = p.b[(g * z.cout_g + co) * z.columns + kk];
+  parallel_ranges(launch, s.batch * s.groups, z.grain, [&](std::uint64_t begin, std::uint64_t end) {
+    std::vector<T> col(z.columns * z.out_size);
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const std::uint64_t n = i / s.groups, g = i % s.groups;
+      gemm_rows<T>(z.columns, z.out_size, z.cout_g, wt.data() + g * z.columns * z.cout_g, z.cout_g,
+                   p.a + (n * s.c_out + g * z.cout_g) * z.out_size, z.out_size, col.data(), z.out_size, false);
+      T* x = p.out + (n * s.c_in + g * z.cin_g) * z.in_size;
+      for (std::uint64_t ci = 0; ci < z.cin_g; ++ci)
+        std::fill_n(x + ci * z.in_size, z.in_size, p.bias != nullptr ? p.bias[g * z.cin_g + ci] : T{0});
+      col2im_add(s, col.data(), x);
+    }
+  });
+}
+
+// dW_g [cout_g, Kc] = Σ_n b[n, group's channels] [cout_g, P] x columns(a[n])^T [P, Kc], the batch
+// in chunks (kWeightChunks) whose partial gradients are added in chunk order.
+template <class T>
+void into_w_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
+  const GemmSpace z(s);
+  const std::uint64_t per_chunk = std::max<std::uint64_t>(1, (s.batch + kWeightChunks - 1) / kWeightChunks);
+  const std::uint64_t chunks = std::max<std::uint64_t>(1, (s.batch + per_chunk - 1) / per_chunk);
+  const std::uint64_t w_size = s.c_out * z.columns;  // the whole gradient (every group)
+  std::vector<T> partial((chunks - 1) * w_size);
+  auto target = [&](std::uint64_t chunk) { return chunk == 0 ? p.out : partial.data() + (chunk - 1) * w_size; };
+  parallel_ranges(launch, s.groups * chunks, 1, [&](std::uint64_t begin, std::uint64_t end) {
+    std::vector<T> col(z.out_size * z.columns);
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const std::uint64_t g = i / chunks, chunk = i % chunks;
+      T* dw = target(chunk) + g * z.cout_g * z.columns;
+      std::fill_n(dw, z.cout_g * z.columns, T{0});
+      for (std::uint64_t n = chunk * per_chunk; n < std::min(s.batch, (chunk + 1) * per_chunk); ++n) {
+        im2col(s, p.a + (n * s.c_in + g * z.cin_g) * z.in_size, col.data(), true);
+        gemm_rows<T>(z.cout_g, z.columns, z.out_size, p.b + (n * s.c_out + g * z.cout_g) * z.out_size, z.out_size,
+                     col.data(), z.columns, dw, z.columns, /*add_to_c=*/true);
+      }
+    }
+  });
+  for (std::uint64_t chunk = 1; chunk < chunks; ++chunk)
+    for (std::uint64_t e = 0; e < w_size; ++e) p.out[e] += target(chunk)[e];
+}
+
+template <class T>
+void run_space_gemm(const Launch& launch, const Space& s, Into into, const Operands<T>& p) {
+  switch (into) {
+    case Into::Y: return forward_gemm(launch, s, p);
+    case Into::X: return into_x_gemm(launch, s, p);
+    case Into::W: return into_w_gemm(launch, s, p);
+  }
+}
+
+// f64: the reference's order per element (bit for bit).
+template <class T>
+void run_space_exact(const Launch& launch, const Space& s, Into into, const Operands<T>& p) {
   const std::uint64_t slices = into == Into::Y   ? s.batch * s.c_out
                                : into == Into::X ? s.batch * s.c_in
                                                  : s.c_out * s.cin_g();
@@ -312,6 +487,14 @@ void run_space(const Launch& launch, const Space& s, Into into, const Operands<T
       if (into == Into::W) into_w(s, p, i, acc);
     }
   });
+}
+
+template <class T>
+void run_space(const Launch& launch, const Space& s, Into into, const Operands<T>& p) {
+  if constexpr (std::is_same_v<T, float>)
+    run_space_gemm(launch, s, into, p);
+  else
+    run_space_exact(launch, s, into, p);
 }
 
 // out[ch] = Σ_n Σ_i g[n, ch, i] in index order.

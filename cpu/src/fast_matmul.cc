@@ -152,14 +152,16 @@ void pack_b_rows(const Operand& b, std::size_t ldb, std::size_t k, std::size_t p
 }
 
 // C[ic:ic+mc, jc:jc+nc] = sum over K, from packed B panels (all K) and A packed per KC block.
+// `add_to_c`: C += the product instead of C = it.
 template <class T>
 void compute_rows(const Operand& a, std::size_t lda, std::size_t k, const T* bp, std::size_t ic, std::size_t mc,
-                  std::size_t jc, std::size_t nc, T* c, std::size_t ldc, T* apack, T* row) {
+                  std::size_t jc, std::size_t nc, T* c, std::size_t ldc, T* apack, T* row, bool add_to_c = false) {
   constexpr int MR = Tile<T>::MR;
   constexpr int NR = Tile<T>::NR;
   constexpr std::size_t KC = Tile<T>::KC;
   alignas(64) T tmp[MR * NR];
   if (k == 0) {
+    if (add_to_c) return;
     for (std::size_t i = 0; i < mc; ++i) std::fill(c + (ic + i) * ldc + jc, c + (ic + i) * ldc + jc + nc, T{0});
     return;
   }
@@ -168,7 +170,7 @@ void compute_rows(const Operand& a, std::size_t lda, std::size_t k, const T* bp,
   for (std::size_t pc = 0; pc < k; pc += KC) {
     const std::size_t kc = std::min(KC, k - pc);
     pack_a(a, lda, ic, mc, pc, kc, apack, row);
-    const bool accumulate = pc != 0;
+    const bool accumulate = add_to_c || pc != 0;
     for (std::size_t q = 0; q < jpanels; ++q) {
       const T* bpanel = bp + q * NR * k + pc * NR;
       const std::size_t j = jc + q * NR;
@@ -360,6 +362,36 @@ std::vector<std::uint64_t> batch_map(const ir::Shape& in, const ir::Shape& out) 
 }
 
 }  // namespace
+
+template <class T>
+void gemm_rows(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb,
+               T* c, std::size_t ldc, bool add_to_c) {
+  constexpr std::size_t MC = Tile<T>::MC;
+  constexpr int MR = Tile<T>::MR;
+  constexpr int NR = Tile<T>::NR;
+  if (m == 0 || n == 0) return;
+  const ir::DType dtype = std::is_same_v<T, float> ? ir::dtypes::f32 : ir::dtypes::f64;
+  const Operand ao{reinterpret_cast<const std::byte*>(a), dtype, sizeof(T)};
+  const Operand bo{reinterpret_cast<const std::byte*>(b), dtype, sizeof(T)};
+  std::size_t nc = n;
+  if (k * n * sizeof(T) > Tile<T>::kPackedBBudget)
+    nc = std::max<std::size_t>(NR, (Tile<T>::kPackedBBudget / (k * sizeof(T))) / NR * NR);
+  const std::size_t depth = std::min(Tile<T>::KC, std::max<std::size_t>(k, 1));
+  const auto apack = std::make_unique_for_overwrite<T[]>((std::min(MC, m) + MR - 1) / MR * MR * depth);
+  const auto arow = std::make_unique_for_overwrite<T[]>(depth);
+  PackedB<T> bp(k, std::min(nc, n));
+  for (std::size_t jc = 0; jc < n; jc += nc) {
+    const std::size_t ncur = std::min(nc, n - jc);
+    pack_b_rows<T>(bo, ldb, k, 0, k, jc, ncur, bp.panels.get(), bp.row.get());
+    for (std::size_t ic = 0; ic < m; ic += MC)
+      compute_rows<T>(ao, lda, k, bp.panels.get(), ic, std::min(MC, m - ic), jc, ncur, c, ldc, apack.get(), arow.get(),
+                      add_to_c);
+  }
+}
+template void gemm_rows<float>(std::size_t, std::size_t, std::size_t, const float*, std::size_t, const float*,
+                               std::size_t, float*, std::size_t, bool);
+template void gemm_rows<double>(std::size_t, std::size_t, std::size_t, const double*, std::size_t, const double*,
+                                std::size_t, double*, std::size_t, bool);
 
 std::string run_matmul(const Launch& launch, bool* fault) {
   const fusion::FusedProgram& p = *launch.program;

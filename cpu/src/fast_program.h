@@ -410,6 +410,12 @@ class ReduceRunner {
 };
 // Matmul + epilogue.
 std::string run_matmul(const Launch& launch, bool* fault);
+// C[m, n] (row stride ldc) = (or += when add_to_c) A[m, k] (lda) x B[k, n] (ldb), row-major, on
+// the calling thread: the matmul programs' packed kernel for the kernels that build their own
+// operands (the convolutions' im2col). T is float or double; sums in T, in the kernel's order.
+template <class T>
+void gemm_rows(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb,
+               T* c, std::size_t ldc, bool add_to_c);
 
 // Element conversions shared by the kernel files: copy n elements of `src` (dtype storage,
 // element stride `stride`, 0 = broadcast one element) into a class array, and back.
