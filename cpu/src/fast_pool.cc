@@ -134,24 +134,62 @@ struct Planes {
   void* out_indices = nullptr;  // a max pool's second output
 };
 
+// The outputs whose windows lie inside x whole (no padding, no clipping), per dim [lo, hi), and
+// the offsets of a window's taps from its first position in window_box's order: there a window
+// is its first position plus the offsets, with no per-output box to work out.
+struct Interior {
+  Dims lo{0, 0, 0}, hi{0, 0, 0};
+  std::vector<std::uint64_t> taps;
+
+  explicit Interior(const Geometry& g) {
+    for (std::size_t j = 0; j < 3; ++j) {
+      const std::uint64_t span = (g.kernel[j] - 1) * g.dilation[j];  // first to last tap
+      lo[j] = std::min(g.out[j], (g.pad[j] + g.stride[j] - 1) / g.stride[j]);
+      hi[j] =
+          g.in[j] + g.pad[j] >= span + 1 ? std::min(g.out[j], (g.in[j] + g.pad[j] - span - 1) / g.stride[j] + 1) : 0;
+      hi[j] = std::max(hi[j], lo[j]);
+    }
+    for (std::uint64_t k0 = 0; k0 < g.kernel[0]; ++k0)
+      for (std::uint64_t k1 = 0; k1 < g.kernel[1]; ++k1)
+        for (std::uint64_t k2 = 0; k2 < g.kernel[2]; ++k2)
+          taps.push_back((k0 * g.dilation[0] * g.in[1] + k1 * g.dilation[1]) * g.in[2] + k2 * g.dilation[2]);
+  }
+  bool contains(const Dims& o) const {
+    return o[0] >= lo[0] && o[0] < hi[0] && o[1] >= lo[1] && o[1] < hi[1] && o[2] >= lo[2] && o[2] < hi[2];
+  }
+  // The first tap of an interior output's window.
+  static std::uint64_t first(const Geometry& g, const Dims& o) {
+    auto at = [&](std::size_t j) { return o[j] * g.stride[j] - g.pad[j]; };
+    return (at(0) * g.in[1] + at(1)) * g.in[2] + at(2);
+  }
+};
+
 // PyTorch's max and its index: the first tap is the candidate and a strictly larger value or a
 // NaN replaces it (ties keep the first tap, the last NaN wins); no tap inside x: −inf and −1.
 template <class T>
 void max_planes(const Planes<T>& p, std::uint64_t begin, std::uint64_t end) {
   const Geometry& g = p.g;
   const std::uint64_t in_plane = g.in_plane(), out_plane = g.out_plane();
+  const Interior interior(g);
   for (std::uint64_t pl = begin; pl < end; ++pl) {
     const T* x = p.x + pl * in_plane;
     for (std::uint64_t k = 0; k < out_plane; ++k) {
+      const Dims o = g.unravel(k);
       T best = -std::numeric_limits<T>::infinity();
       std::int64_t index = -1;
-      for_each_position(window_box(g, g.unravel(k)), g.in, [&](std::uint64_t pos) {
+      auto consider = [&](std::uint64_t pos) {
         const T v = x[pos];
         if (index < 0 || v > best || std::isnan(v)) {
           best = v;
           index = static_cast<std::int64_t>(pos);
         }
-      });
+      };
+      if (interior.contains(o)) {
+        const std::uint64_t first = Interior::first(g, o);
+        for (const std::uint64_t tap : interior.taps) consider(first + tap);
+      } else {
+        for_each_position(window_box(g, o), g.in, consider);
+      }
       const std::uint64_t at = pl * out_plane + k;
       p.out[at] = best;
       if (p.out_indices == nullptr) continue;
