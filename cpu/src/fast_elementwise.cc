@@ -1489,14 +1489,15 @@ bool read_index(const std::byte* base, ir::DType d, std::uint64_t i, std::uint64
   return true;
 }
 
-void load_one(const std::byte* base, ir::DType d, std::uint64_t i, void* out, std::size_t at, VClass cls) {
-  load_elements(base + i * d.size_bytes(), d, 1, 1, static_cast<std::byte*>(out) + at * class_size(cls), cls);
-}
-
 }  // namespace
 
+// Reads run by run along the last dim: a Select's (along another dim) and a Cat's runs come from
+// one input at a fixed stride (a Cat's also end where its input does, when it joins along the last
+// dim); a Gather's index varies per element, so its runs are single elements.
 bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_t n, void* out) const {
   const std::size_t r = reference_.size();
+  if (r == 0) return false;  // the builders give every indexed op a dim, so a rank >= 1
+  const std::size_t last = r - 1;
   const auto dim = static_cast<std::size_t>(ins.dim);
   std::array<std::uint64_t, kMaxRank> idx{};
   std::uint64_t rem = start;
@@ -1505,8 +1506,22 @@ bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_
     rem /= reference_[d];
   }
   const IndexedRead& x = indexed_[ins.inputs[0]];
+  std::uint64_t cat_total = 0;
+  if (ins.code == Code::Cat)
+    for (std::uint32_t in : ins.inputs) cat_total += indexed_[in].shape[dim];
+  const std::size_t cs = class_size(ins.cls);
   std::array<std::uint64_t, kMaxRank> q{};
-  for (std::size_t e = 0; e < n; ++e) {
+  auto offset = [&](const IndexedRead& from, std::uint64_t along) {
+    std::uint64_t src = 0;
+    for (std::size_t d = 0; d < r; ++d) src += (d == dim ? along : q[d]) * from.strides[d];
+    return src;
+  };
+  for (std::size_t e = 0; e < n;) {
+    const IndexedRead* from = &x;
+    std::uint64_t src = 0;
+    std::int64_t step = 0;
+    std::size_t len = 1;
+    const std::size_t row_left = static_cast<std::size_t>(std::min<std::uint64_t>(n - e, reference_[last] - idx[last]));
     switch (ins.code) {
       case Code::Gather: {
         const IndexedRead& ix = indexed_[ins.inputs[1]];
@@ -1517,49 +1532,56 @@ bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_
         }
         std::uint64_t v = 0;
         if (!read_index(ix.base, ix.dtype, at, v) || v >= x.shape[dim]) return false;
-        std::uint64_t src = 0;
-        for (std::size_t d = 0; d < r; ++d) src += (d == dim ? v : q[d]) * x.strides[d];
-        load_one(x.base, x.dtype, src, out, e, ins.cls);
+        src = offset(x, v);
         break;
       }
       case Code::Select: {
         const IndexedRead& ix = indexed_[ins.inputs[1]];
-        std::uint64_t src = 0;
-        std::uint64_t v = 0;
         for (std::size_t d = 0; d < r; ++d) {
           const std::uint64_t size = d == dim ? ix.shape[0] : x.shape[d];
           q[d] = size == 1 ? 0 : idx[d];
         }
+        std::uint64_t v = 0;
         if (!read_index(ix.base, ix.dtype, q[dim], v) || v >= x.shape[dim]) return false;
-        for (std::size_t d = 0; d < r; ++d) src += (d == dim ? v : q[d]) * x.strides[d];
-        load_one(x.base, x.dtype, src, out, e, ins.cls);
+        src = offset(x, v);
+        if (dim != last) {
+          len = row_left;
+          step = x.shape[last] == 1 ? 0 : static_cast<std::int64_t>(x.strides[last]);
+        }
         break;
       }
       case Code::Cat: {
-        std::uint64_t total = 0;
-        for (std::uint32_t in : ins.inputs) total += indexed_[in].shape[dim];
         for (std::size_t d = 0; d < r; ++d) {
-          const std::uint64_t size = d == dim ? total : x.shape[d];
+          const std::uint64_t size = d == dim ? cat_total : x.shape[d];
           q[d] = size == 1 ? 0 : idx[d];
         }
         std::uint64_t along = q[dim];
         for (std::uint32_t in : ins.inputs) {
           const IndexedRead& xi = indexed_[in];
           if (along < xi.shape[dim]) {
-            std::uint64_t src = 0;
-            for (std::size_t d = 0; d < r; ++d) src += (d == dim ? along : q[d]) * xi.strides[d];
-            load_one(xi.base, xi.dtype, src, out, e, ins.cls);
+            from = &xi;
             break;
           }
           along -= xi.shape[dim];
+        }
+        src = offset(*from, along);
+        const std::uint64_t last_size = last == dim ? cat_total : x.shape[last];
+        len = row_left;
+        if (last_size != 1) {
+          step = static_cast<std::int64_t>(from->strides[last]);
+          if (last == dim) len = static_cast<std::size_t>(std::min<std::uint64_t>(len, from->shape[dim] - along));
         }
         break;
       }
       default: return false;
     }
-    for (std::size_t d = r; d-- > 0;) {
-      if (++idx[d] < reference_[d]) break;
+    load_elements(from->base + src * from->dtype.size_bytes(), from->dtype, step, len,
+                  static_cast<std::byte*>(out) + e * cs, ins.cls);
+    e += len;
+    idx[last] += len;
+    for (std::size_t d = last; d > 0 && idx[d] == reference_[d]; --d) {
       idx[d] = 0;
+      ++idx[d - 1];
     }
   }
   return true;

@@ -777,8 +777,11 @@ struct AgainstReference {
     for (double& e : v) e = static_cast<double>(pick(rng));
     return upload(shape, d, v);
   }
-  void check(const Result<Operation>& op, const std::string& what) {
+  // `fused`: the op runs as a fused launch (the fusion search takes it, as an indexed read), not
+  // as a module op's fast kernel (fast_ops); either way by one launch and never the reference.
+  void check(const Result<Operation>& op, const std::string& what, bool fused = false) {
     SCOPED_TRACE(what);
+    const std::uint64_t launches_before = s.device.stats().fused_launches;
     ASSERT_TRUE(op.ok()) << op.error().to_string();
     KILN_EXPECT_OK(ref.reference().execute(*op, ref.handles()));
     (void)s.submit(*op);
@@ -796,7 +799,10 @@ struct AgainstReference {
       }
     }
     EXPECT_EQ(s.device.stats().reference_ops, 0u);
-    EXPECT_EQ(s.device.stats().fast_ops, ++fast_before);
+    if (fused)
+      EXPECT_EQ(s.device.stats().fused_launches, launches_before + 1);
+    else
+      EXPECT_EQ(s.device.stats().fast_ops, ++fast_before);
   }
 };
 
@@ -951,6 +957,72 @@ TEST(FastPool, ThreadedPlanesMatchTheReference) {
       "backward");
   const b::AvgPool2dOptions a{{3, 3}, {2, 2}, {1, 1}, false, true};
   h.check(b::avg_pool2d(x, a, h.s.id()), "average");
+}
+
+// Indexed reads broadcast inside a fused program: a Select and a Cat whose results have a size-1
+// last dim, added to a wider tensor, read the same element along each row of the block.
+TEST(FastIndexedReads, BroadcastIndexedReadsInAFusedProgram) {
+  Session s;
+  const std::vector<double> xv{1.5, -2, 3.25, 4}, yv = iota(2 * 5, 3, -1), cv{7, -8};
+  const TensorIr x = s.input({4, 1}, xv), y = s.input({2, 5}, yv), c = s.input({1, 1}, {0.5});
+  const TensorIr idx = s.input({2}, {3, 1}, dt::i64);
+  const TensorIr sel = s.submit(ok(b::select(Family::BaseFloat, OpKind::Base_Select, x, 0, idx, s.id())));
+  const TensorIr cat_in = s.input({1, 1}, {cv[0]});
+  const std::vector<TensorIr> parts{cat_in, c};
+  const TensorIr cat = s.submit(ok(b::cat(Family::BaseFloat, OpKind::Base_Cat, parts, 0, s.id())));
+  const TensorIr sum =
+      s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Add, use(sel, TensorStatus::ReadWrite), y, s.id())));
+  const TensorIr out =
+      s.submit(ok(b::binary(Family::NumericFloat, OpKind::Numeric_Mul, use(sum, TensorStatus::ReadWrite),
+                            use(cat, TensorStatus::ReadWrite), s.id())));
+  const std::vector<double> got = s.read(out);
+  ASSERT_EQ(got.size(), 10u);
+  const double selected[2] = {xv[3], xv[1]}, joined[2] = {cv[0], 0.5};
+  for (std::size_t i = 0; i < 2; ++i)
+    for (std::size_t j = 0; j < 5; ++j)
+      ASSERT_EQ(got[i * 5 + j], mul_f32(add_f32(static_cast<float>(selected[i]), static_cast<float>(yv[i * 5 + j])),
+                                        static_cast<float>(joined[i])))
+          << i << "," << j;
+  EXPECT_EQ(s.device.stats().reference_ops, 0u);
+}
+
+// ---- Indexed reads (Cat, Select, Gather) as single ops on the elementwise kernels
+
+// Cat of two and three inputs along the first, a middle and the last dim, Select along each dim,
+// Gather along each dim, in f32 and i64; rows longer than a chunk (reads that start mid-row and
+// mid-input): the reference's values exactly (copies).
+TEST(FastIndexedReads, CatSelectAndGatherMatchTheReference) {
+  AgainstReference h;
+  std::uniform_int_distribution<int> pick(0, 1 << 20);
+  for (DType d : {dt::f32, dt::i64}) {
+    const Family family = d == dt::f32 ? Family::BaseFloat : Family::BaseInt;
+    for (const Shape& shape : {Shape{5, 4, 3}, Shape{3, 700}, Shape{2, 3, 4, 5}}) {
+      const std::size_t r = shape.size();
+      for (std::size_t dim = 0; dim < r; ++dim) {
+        const std::string what = fmt::format("{} {} dim {}", d.name(), ir::shape_to_string(shape), dim);
+        // Cat: inputs of 1, 2 and (the shape's) sizes along `dim`.
+        std::vector<TensorIr> parts;
+        for (std::uint64_t size : {std::uint64_t{1}, std::uint64_t{2}, shape[dim]}) {
+          Shape part = shape;
+          part[dim] = size;
+          parts.push_back(h.values(part, d, false));
+          h.check(b::cat(family, OpKind::Base_Cat, parts, dim, h.s.id()),
+                  what + " cat of " + std::to_string(parts.size()), true);
+        }
+        // Select: indices into `dim`, repeated and out of order.
+        std::vector<double> picks(4);
+        for (double& v : picks) v = static_cast<double>(pick(h.rng) % shape[dim]);
+        const TensorIr sel = h.upload(Shape{picks.size()}, dt::i64, picks);
+        const TensorIr x = h.values(shape, d, false);
+        h.check(b::select(family, OpKind::Base_Select, x, dim, sel, h.s.id()), what + " select", true);
+        // Gather: an index per output element.
+        std::vector<double> gathered(ir::num_elements(shape));
+        for (double& v : gathered) v = static_cast<double>(pick(h.rng) % shape[dim]);
+        const TensorIr gi = h.upload(shape, dt::i64, gathered);
+        h.check(b::gather(family, OpKind::Base_Gather, x, dim, gi, h.s.id()), what + " gather", true);
+      }
+    }
+  }
 }
 
 // f16 operands and an index outside its plane stay on the reference executor, which reports the
