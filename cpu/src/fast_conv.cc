@@ -6,9 +6,9 @@
 // not its bits (docs/decisions.md, "Convolutions on the fast CPU path"). Per (batch, group):
 //   * forward (into y): y = W_g [cout_g, Kc] x im2col(x) [Kc, P] + bias (Kc = cin_g · taps);
 //   * into x (the X gradient, a transposed forward): W_g^T x a, its columns added back (col2im);
-//   * into w (the Weight gradients): Σ_n b[n] [cout_g, P] x im2col(x[n])^T [P, Kc], the batch
-//     in a fixed number of chunks whose partial sums are added in order (any thread count gives
-//     the same numbers).
+//   * into w (the Weight gradients): the transpose of Σ_n im2col(x[n]) [Kc, P] x b[n]^T [P, cout_g],
+//     the batch in a fixed number of chunks whose partial sums are added in order (any thread
+//     count gives the same numbers).
 //
 // f64 gives the reference's numbers bit for bit. The reference (reference/src/reference_conv.cc)
 // sums each output element's product terms in f64, in a documented order, and rounds once. These
@@ -303,12 +303,12 @@ enum class Into { Y, X, W };
 // ---- f32: im2col + the packed GEMM (gemm_rows)
 //
 // The columns of one (batch, group) slice of the x side: entry (kk, p), kk = ci·kvol + tap, p an
-// output position, is x[ci, the input position tap reaches from p], 0 in the padding. Stored
-// [kk, p] (the forward's B operand), or [p, kk] when `by_position` (the weight gradient's).
+// output position, is x[ci, the input position tap reaches from p], 0 in the padding; stored
+// [Kc, P] (row kk: one tap's view of x over every output position).
 template <class T>
-void im2col(const Space& s, const T* x, T* col, bool by_position) {
+void im2col(const Space& s, const T* x, T* col) {
   const std::uint64_t in_size = Space::product(s.in), out_size = Space::product(s.out);
-  const std::uint64_t k_size = Space::product(s.kernel), columns = s.cin_g() * k_size;
+  const std::uint64_t k_size = Space::product(s.kernel);
   const auto step = static_cast<std::int64_t>(s.stride[2]);
   for (std::uint64_t ci = 0; ci < s.cin_g(); ++ci) {
     const T* xc = x + ci * in_size;
@@ -319,24 +319,33 @@ void im2col(const Space& s, const T* x, T* col, bool by_position) {
         for (std::uint64_t k2 = 0; k2 < s.kernel[2]; ++k2) {
           const Range r2 = valid_outputs(s, 2, k2);
           const std::int64_t off = last_dim_offset(s, k2);
-          const std::uint64_t kk = ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2;
-          auto put = [&](std::uint64_t p, T v) { (by_position ? col[p * columns + kk] : col[kk * out_size + p]) = v; };
+          T* dst = col + (ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2) * out_size;
           for (std::uint64_t o0 = 0; o0 < s.out[0]; ++o0)
-            for (std::uint64_t o1 = 0; o1 < s.out[1]; ++o1) {
-              const std::uint64_t row = (o0 * s.out[1] + o1) * s.out[2];
-              const bool inside = o0 >= r0.lo && o0 < r0.hi && o1 >= r1.lo && o1 < r1.hi;
-              if (!inside) {
-                for (std::uint64_t o2 = 0; o2 < s.out[2]; ++o2) put(row + o2, T{0});
+            for (std::uint64_t o1 = 0; o1 < s.out[1]; ++o1, dst += s.out[2]) {
+              if (o0 < r0.lo || o0 >= r0.hi || o1 < r1.lo || o1 >= r1.hi || r2.lo >= r2.hi) {
+                std::fill_n(dst, s.out[2], T{0});
                 continue;
               }
               const T* xr = xc + (input_position(s, 0, o0, k0) * s.in[1] + input_position(s, 1, o1, k1)) * s.in[2];
-              for (std::uint64_t o2 = 0; o2 < s.out[2]; ++o2)
-                put(row + o2, o2 >= r2.lo && o2 < r2.hi ? xr[static_cast<std::int64_t>(o2) * step + off] : T{0});
+              std::fill_n(dst, r2.lo, T{0});
+              if (step == 1)
+                std::copy_n(xr + static_cast<std::int64_t>(r2.lo) + off, r2.hi - r2.lo, dst + r2.lo);
+              else
+                for (std::uint64_t o2 = r2.lo; o2 < r2.hi; ++o2)
+                  dst[o2] = xr[static_cast<std::int64_t>(o2) * step + off];
+              std::fill_n(dst + r2.hi, s.out[2] - r2.hi, T{0});
             }
         }
       }
     }
   }
+}
+
+// t[c, r] = m[r, c] for an m of `rows` x `cols`.
+template <class T>
+void transpose_into(const T* m, std::uint64_t rows, std::uint64_t cols, T* t) {
+  for (std::uint64_t r = 0; r < rows; ++r)
+    for (std::uint64_t c = 0; c < cols; ++c) t[c * rows + r] = m[r * cols + c];
 }
 
 // The adjoint of im2col ([kk, p] columns): adds each column entry into the x element it was read from.
@@ -396,7 +405,7 @@ void forward_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
     std::vector<T> col(z.columns * z.out_size);
     for (std::uint64_t i = begin; i < end; ++i) {
       const std::uint64_t n = i / s.groups, g = i % s.groups;
-      im2col(s, p.a + (n * s.c_in + g * z.cin_g) * z.in_size, col.data(), false);
+      im2col(s, p.a + (n * s.c_in + g * z.cin_g) * z.in_size, col.data());
       T* y = p.out + (n * s.c_out + g * z.cout_g) * z.out_size;
       for (std::uint64_t co = 0; co < z.cout_g; ++co)
         std::fill_n(y + co * z.out_size, z.out_size, p.bias != nullptr ? p.bias[g * z.cout_g + co] : T{0});
@@ -412,9 +421,7 @@ void into_x_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
   const GemmSpace z(s);
   std::vector<T> wt(s.groups * z.columns * z.cout_g);
   for (std::uint64_t g = 0; g < s.groups; ++g)
-    for (std::uint64_t co = 0; co < z.cout_g; ++co)
-      for (std::uint64_t kk = 0; kk < z.columns; ++kk)
-        wt[(g * z.columns + kk) * z.cout_g + co] = p.b[(g * z.cout_g + co) * z.columns + kk];
+    transpose_into(p.b + g * z.cout_g * z.columns, z.cout_g, z.columns, wt.data() + g * z.columns * z.cout_g);
   parallel_ranges(launch, s.batch * s.groups, z.grain, [&](std::uint64_t begin, std::uint64_t end) {
     std::vector<T> col(z.columns * z.out_size);
     for (std::uint64_t i = begin; i < end; ++i) {
@@ -429,31 +436,39 @@ void into_x_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
   });
 }
 
-// dW_g [cout_g, Kc] = Σ_n b[n, group's channels] [cout_g, P] x columns(a[n])^T [P, Kc], the batch
-// in chunks (kWeightChunks) whose partial gradients are added in chunk order.
+// dW_g [cout_g, Kc] = Σ_n b[n, group's channels] [cout_g, P] x columns(a[n])^T [P, Kc], summed as
+// its transpose (columns [Kc, P] x b[n]^T [P, cout_g]: the transposed operand is then b's small
+// slice, not the columns), the batch in chunks (kWeightChunks) whose partial gradients are added
+// in chunk order.
 template <class T>
 void into_w_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
   const GemmSpace z(s);
   const std::uint64_t per_chunk = std::max<std::uint64_t>(1, (s.batch + kWeightChunks - 1) / kWeightChunks);
   const std::uint64_t chunks = std::max<std::uint64_t>(1, (s.batch + per_chunk - 1) / per_chunk);
-  const std::uint64_t w_size = s.c_out * z.columns;  // the whole gradient (every group)
-  std::vector<T> partial((chunks - 1) * w_size);
-  auto target = [&](std::uint64_t chunk) { return chunk == 0 ? p.out : partial.data() + (chunk - 1) * w_size; };
+  const std::uint64_t g_size = z.cout_g * z.columns;
+  std::vector<T> partial(s.groups * chunks * g_size);  // [group][chunk]: Σ over the chunk, [Kc, cout_g]
   parallel_ranges(launch, s.groups * chunks, 1, [&](std::uint64_t begin, std::uint64_t end) {
-    std::vector<T> col(z.out_size * z.columns);
+    std::vector<T> col(z.columns * z.out_size), bt(z.out_size * z.cout_g);
     for (std::uint64_t i = begin; i < end; ++i) {
       const std::uint64_t g = i / chunks, chunk = i % chunks;
-      T* dw = target(chunk) + g * z.cout_g * z.columns;
-      std::fill_n(dw, z.cout_g * z.columns, T{0});
+      T* sum = partial.data() + i * g_size;
       for (std::uint64_t n = chunk * per_chunk; n < std::min(s.batch, (chunk + 1) * per_chunk); ++n) {
-        im2col(s, p.a + (n * s.c_in + g * z.cin_g) * z.in_size, col.data(), true);
-        gemm_rows<T>(z.cout_g, z.columns, z.out_size, p.b + (n * s.c_out + g * z.cout_g) * z.out_size, z.out_size,
-                     col.data(), z.columns, dw, z.columns, /*add_to_c=*/true);
+        im2col(s, p.a + (n * s.c_in + g * z.cin_g) * z.in_size, col.data());
+        transpose_into(p.b + (n * s.c_out + g * z.cout_g) * z.out_size, z.cout_g, z.out_size, bt.data());
+        gemm_rows<T>(z.columns, z.cout_g, z.out_size, col.data(), z.out_size, bt.data(), z.cout_g, sum, z.cout_g,
+                     /*add_to_c=*/n != chunk * per_chunk);
       }
     }
   });
-  for (std::uint64_t chunk = 1; chunk < chunks; ++chunk)
-    for (std::uint64_t e = 0; e < w_size; ++e) p.out[e] += target(chunk)[e];
+  for (std::uint64_t g = 0; g < s.groups; ++g) {
+    T* dw = p.out + g * g_size;
+    transpose_into(partial.data() + g * chunks * g_size, z.columns, z.cout_g, dw);
+    for (std::uint64_t chunk = 1; chunk < chunks; ++chunk) {
+      const T* part = partial.data() + (g * chunks + chunk) * g_size;
+      for (std::uint64_t co = 0; co < z.cout_g; ++co)
+        for (std::uint64_t kk = 0; kk < z.columns; ++kk) dw[co * z.columns + kk] += part[kk * z.cout_g + co];
+    }
+  }
 }
 
 template <class T>
