@@ -154,15 +154,37 @@ struct Interior {
         for (std::uint64_t k2 = 0; k2 < g.kernel[2]; ++k2)
           taps.push_back((k0 * g.dilation[0] * g.in[1] + k1 * g.dilation[1]) * g.in[2] + k2 * g.dilation[2]);
   }
-  bool contains(const Dims& o) const {
-    return o[0] >= lo[0] && o[0] < hi[0] && o[1] >= lo[1] && o[1] < hi[1] && o[2] >= lo[2] && o[2] < hi[2];
-  }
   // The first tap of an interior output's window.
   static std::uint64_t first(const Geometry& g, const Dims& o) {
     auto at = [&](std::size_t j) { return o[j] * g.stride[j] - g.pad[j]; };
     return (at(0) * g.in[1] + at(1)) * g.in[2] + at(2);
   }
 };
+
+// Outputs [lo, hi) of one output row whose windows all lie inside x (`first`: the first tap of
+// output lo): the max rule tap by tap across the row, with selects instead of branches (which tap
+// wins is data, unpredictable) and independent outputs in the inner loop.
+template <class T>
+void max_interior_row(const Geometry& g, const Interior& interior, const T* x, std::uint64_t first, std::size_t n,
+                      T* best, std::int64_t* index) {
+  const std::uint64_t step = g.stride[2];
+  const std::uint64_t tap0 = interior.taps[0];
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t pos = first + i * step + tap0;
+    best[i] = x[pos];
+    index[i] = static_cast<std::int64_t>(pos);
+  }
+  for (std::size_t t = 1; t < interior.taps.size(); ++t) {
+    const std::uint64_t tap = interior.taps[t];
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t pos = first + i * step + tap;
+      const T v = x[pos];
+      const bool take = (v > best[i]) | (v != v);  // larger, or NaN (the last NaN wins)
+      best[i] = take ? v : best[i];
+      index[i] = take ? static_cast<std::int64_t>(pos) : index[i];
+    }
+  }
+}
 
 // PyTorch's max and its index: the first tap is the candidate and a strictly larger value or a
 // NaN replaces it (ties keep the first tap, the last NaN wins); no tap inside x: −inf and −1.
@@ -171,32 +193,43 @@ void max_planes(const Planes<T>& p, std::uint64_t begin, std::uint64_t end) {
   const Geometry& g = p.g;
   const std::uint64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   const Interior interior(g);
+  std::vector<T> row_best(g.out[2]);
+  std::vector<std::int64_t> row_index(g.out[2]);
   for (std::uint64_t pl = begin; pl < end; ++pl) {
     const T* x = p.x + pl * in_plane;
-    for (std::uint64_t k = 0; k < out_plane; ++k) {
-      const Dims o = g.unravel(k);
-      T best = -std::numeric_limits<T>::infinity();
-      std::int64_t index = -1;
-      auto consider = [&](std::uint64_t pos) {
-        const T v = x[pos];
-        if (index < 0 || v > best || std::isnan(v)) {
-          best = v;
-          index = static_cast<std::int64_t>(pos);
-        }
-      };
-      if (interior.contains(o)) {
-        const std::uint64_t first = Interior::first(g, o);
-        for (const std::uint64_t tap : interior.taps) consider(first + tap);
-      } else {
-        for_each_position(window_box(g, o), g.in, consider);
-      }
+    auto store = [&](std::uint64_t k, T best, std::int64_t index) {
       const std::uint64_t at = pl * out_plane + k;
       p.out[at] = best;
-      if (p.out_indices == nullptr) continue;
+      if (p.out_indices == nullptr) return;
       if (p.indices_i32)
         static_cast<std::int32_t*>(p.out_indices)[at] = static_cast<std::int32_t>(index);
       else
         static_cast<std::int64_t*>(p.out_indices)[at] = index;
+    };
+    for (std::uint64_t row = 0; row < g.out[0] * g.out[1]; ++row) {
+      const Dims row_start{row / g.out[1], row % g.out[1], 0};
+      const bool inner_row = row_start[0] >= interior.lo[0] && row_start[0] < interior.hi[0] &&
+                             row_start[1] >= interior.lo[1] && row_start[1] < interior.hi[1];
+      const std::uint64_t lo = inner_row ? interior.lo[2] : g.out[2], hi = inner_row ? interior.hi[2] : g.out[2];
+      if (lo < hi) {
+        max_interior_row(g, interior, x, Interior::first(g, {row_start[0], row_start[1], lo}), hi - lo, row_best.data(),
+                         row_index.data());
+        for (std::uint64_t o2 = lo; o2 < hi; ++o2) store(row * g.out[2] + o2, row_best[o2 - lo], row_index[o2 - lo]);
+      }
+      // The outputs whose windows reach past x: the window box, tap by tap.
+      for (std::uint64_t o2 = 0; o2 < g.out[2]; ++o2) {
+        if (o2 >= lo && o2 < hi) continue;
+        T best = -std::numeric_limits<T>::infinity();
+        std::int64_t index = -1;
+        for_each_position(window_box(g, {row_start[0], row_start[1], o2}), g.in, [&](std::uint64_t pos) {
+          const T v = x[pos];
+          if (index < 0 || v > best || std::isnan(v)) {
+            best = v;
+            index = static_cast<std::int64_t>(pos);
+          }
+        });
+        store(row * g.out[2] + o2, best, index);
+      }
     }
   }
 }
