@@ -302,43 +302,58 @@ enum class Into { Y, X, W };
 
 // ---- f32: im2col + the packed GEMM (gemm_rows)
 //
-// The columns of one (batch, group) slice of the x side: entry (kk, p), kk = ci·kvol + tap, p an
-// output position, is x[ci, the input position tap reaches from p], 0 in the padding; stored
-// [Kc, P] (row kk: one tap's view of x over every output position).
+// One row of a group's im2col columns: input channel ci (at `channel` elements into the slice)
+// and kernel tap (k0, k1, k2), kk = ci·kvol + tap; the outputs whose tap lies inside x per dim
+// (r0, r1, r2) and the tap's offset along the last dim.
+struct ColumnRow {
+  std::uint64_t kk = 0, channel = 0, k0 = 0, k1 = 0;
+  Range r0, r1, r2;
+  std::int64_t off = 0;
+};
+
+// f(row) for every row of one group's columns, in kk order.
+template <class F>
+void for_each_column_row(const Space& s, F&& f) {
+  const std::uint64_t in_size = Space::product(s.in), k_size = Space::product(s.kernel);
+  for (std::uint64_t ci = 0; ci < s.cin_g(); ++ci)
+    for (std::uint64_t k0 = 0; k0 < s.kernel[0]; ++k0)
+      for (std::uint64_t k1 = 0; k1 < s.kernel[1]; ++k1)
+        for (std::uint64_t k2 = 0; k2 < s.kernel[2]; ++k2)
+          f(ColumnRow{ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2, ci * in_size, k0, k1,
+                      valid_outputs(s, 0, k0), valid_outputs(s, 1, k1), valid_outputs(s, 2, k2),
+                      last_dim_offset(s, k2)});
+}
+
+// The offset in a channel of x of the row that output row (o0, o1) reads at the row's tap.
+std::uint64_t x_row(const Space& s, const ColumnRow& r, std::uint64_t o0, std::uint64_t o1) {
+  return (input_position(s, 0, o0, r.k0) * s.in[1] + input_position(s, 1, o1, r.k1)) * s.in[2];
+}
+
+// The columns of one (batch, group) slice of the x side: entry (kk, p), p an output position, is
+// x[ci, the input position tap reaches from p], 0 in the padding; stored [Kc, P] (row kk: one
+// tap's view of x over every output position).
 template <class T>
 void im2col(const Space& s, const T* x, T* col) {
-  const std::uint64_t in_size = Space::product(s.in), out_size = Space::product(s.out);
-  const std::uint64_t k_size = Space::product(s.kernel);
+  const std::uint64_t out_size = Space::product(s.out);
   const auto step = static_cast<std::int64_t>(s.stride[2]);
-  for (std::uint64_t ci = 0; ci < s.cin_g(); ++ci) {
-    const T* xc = x + ci * in_size;
-    for (std::uint64_t k0 = 0; k0 < s.kernel[0]; ++k0) {
-      const Range r0 = valid_outputs(s, 0, k0);
-      for (std::uint64_t k1 = 0; k1 < s.kernel[1]; ++k1) {
-        const Range r1 = valid_outputs(s, 1, k1);
-        for (std::uint64_t k2 = 0; k2 < s.kernel[2]; ++k2) {
-          const Range r2 = valid_outputs(s, 2, k2);
-          const std::int64_t off = last_dim_offset(s, k2);
-          T* dst = col + (ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2) * out_size;
-          for (std::uint64_t o0 = 0; o0 < s.out[0]; ++o0)
-            for (std::uint64_t o1 = 0; o1 < s.out[1]; ++o1, dst += s.out[2]) {
-              if (o0 < r0.lo || o0 >= r0.hi || o1 < r1.lo || o1 >= r1.hi || r2.lo >= r2.hi) {
-                std::fill_n(dst, s.out[2], T{0});
-                continue;
-              }
-              const T* xr = xc + (input_position(s, 0, o0, k0) * s.in[1] + input_position(s, 1, o1, k1)) * s.in[2];
-              std::fill_n(dst, r2.lo, T{0});
-              if (step == 1)
-                std::copy_n(xr + static_cast<std::int64_t>(r2.lo) + off, r2.hi - r2.lo, dst + r2.lo);
-              else
-                for (std::uint64_t o2 = r2.lo; o2 < r2.hi; ++o2)
-                  dst[o2] = xr[static_cast<std::int64_t>(o2) * step + off];
-              std::fill_n(dst + r2.hi, s.out[2] - r2.hi, T{0});
-            }
+  for_each_column_row(s, [&](const ColumnRow& r) {
+    T* dst = col + r.kk * out_size;
+    for (std::uint64_t o0 = 0; o0 < s.out[0]; ++o0)
+      for (std::uint64_t o1 = 0; o1 < s.out[1]; ++o1, dst += s.out[2]) {
+        if (o0 < r.r0.lo || o0 >= r.r0.hi || o1 < r.r1.lo || o1 >= r.r1.hi || r.r2.lo >= r.r2.hi) {
+          std::fill_n(dst, s.out[2], T{0});
+          continue;
         }
+        const T* xr = x + r.channel + x_row(s, r, o0, o1);
+        std::fill_n(dst, r.r2.lo, T{0});
+        if (step == 1)
+          std::copy_n(xr + static_cast<std::int64_t>(r.r2.lo) + r.off, r.r2.hi - r.r2.lo, dst + r.r2.lo);
+        else
+          for (std::uint64_t o2 = r.r2.lo; o2 < r.r2.hi; ++o2)
+            dst[o2] = xr[static_cast<std::int64_t>(o2) * step + r.off];
+        std::fill_n(dst + r.r2.hi, s.out[2] - r.r2.hi, T{0});
       }
-    }
-  }
+  });
 }
 
 // t[c, r] = m[r, c] for an m of `rows` x `cols`.
@@ -351,29 +366,17 @@ void transpose_into(const T* m, std::uint64_t rows, std::uint64_t cols, T* t) {
 // The adjoint of im2col ([kk, p] columns): adds each column entry into the x element it was read from.
 template <class T>
 void col2im_add(const Space& s, const T* col, T* x) {
-  const std::uint64_t in_size = Space::product(s.in), out_size = Space::product(s.out);
-  const std::uint64_t k_size = Space::product(s.kernel);
+  const std::uint64_t out_size = Space::product(s.out);
   const auto step = static_cast<std::int64_t>(s.stride[2]);
-  for (std::uint64_t ci = 0; ci < s.cin_g(); ++ci) {
-    T* xc = x + ci * in_size;
-    for (std::uint64_t k0 = 0; k0 < s.kernel[0]; ++k0) {
-      const Range r0 = valid_outputs(s, 0, k0);
-      for (std::uint64_t k1 = 0; k1 < s.kernel[1]; ++k1) {
-        const Range r1 = valid_outputs(s, 1, k1);
-        for (std::uint64_t k2 = 0; k2 < s.kernel[2]; ++k2) {
-          const Range r2 = valid_outputs(s, 2, k2);
-          const std::int64_t off = last_dim_offset(s, k2);
-          const T* cr = col + (ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2) * out_size;
-          for (std::uint64_t o0 = r0.lo; o0 < r0.hi; ++o0)
-            for (std::uint64_t o1 = r1.lo; o1 < r1.hi; ++o1) {
-              T* xr = xc + (input_position(s, 0, o0, k0) * s.in[1] + input_position(s, 1, o1, k1)) * s.in[2];
-              const T* c = cr + (o0 * s.out[1] + o1) * s.out[2];
-              for (std::uint64_t o2 = r2.lo; o2 < r2.hi; ++o2) xr[static_cast<std::int64_t>(o2) * step + off] += c[o2];
-            }
-        }
+  for_each_column_row(s, [&](const ColumnRow& r) {
+    const T* cr = col + r.kk * out_size;
+    for (std::uint64_t o0 = r.r0.lo; o0 < r.r0.hi; ++o0)
+      for (std::uint64_t o1 = r.r1.lo; o1 < r.r1.hi; ++o1) {
+        T* xr = x + r.channel + x_row(s, r, o0, o1);
+        const T* c = cr + (o0 * s.out[1] + o1) * s.out[2];
+        for (std::uint64_t o2 = r.r2.lo; o2 < r.r2.hi; ++o2) xr[static_cast<std::int64_t>(o2) * step + r.off] += c[o2];
       }
-    }
-  }
+  });
 }
 
 // The weight gradient's batch is split into at most this many chunks, each summed into its own

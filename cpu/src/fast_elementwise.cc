@@ -1494,91 +1494,91 @@ bool read_index(const std::byte* base, ir::DType d, std::uint64_t i, std::uint64
 // Reads run by run along the last dim: a Select's (along another dim) and a Cat's runs come from
 // one input at a fixed stride (a Cat's also end where its input does, when it joins along the last
 // dim); a Gather's index varies per element, so its runs are single elements.
-bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_t n, void* out) const {
-  const std::size_t r = reference_.size();
-  if (r == 0) return false;  // the builders give every indexed op a dim, so a rank >= 1
-  const std::size_t last = r - 1;
+std::optional<BlockRunner::IndexedRun> BlockRunner::indexed_run(const CInstr& ins,
+                                                                const std::array<std::uint64_t, kMaxRank>& idx,
+                                                                std::size_t row_left, std::uint64_t cat_total) const {
+  const std::size_t r = reference_.size(), last = r - 1;
   const auto dim = static_cast<std::size_t>(ins.dim);
-  std::array<std::uint64_t, kMaxRank> idx{};
-  std::uint64_t rem = start;
-  for (std::size_t d = r; d-- > 0;) {
-    idx[d] = rem % reference_[d];
-    rem /= reference_[d];
-  }
   const IndexedRead& x = indexed_[ins.inputs[0]];
-  std::uint64_t cat_total = 0;
-  if (ins.code == Code::Cat)
-    for (std::uint32_t in : ins.inputs) cat_total += indexed_[in].shape[dim];
-  const std::size_t cs = class_size(ins.cls);
+  // q: the position in the read tensor (0 along its size-1 dims, which broadcast).
   std::array<std::uint64_t, kMaxRank> q{};
   auto offset = [&](const IndexedRead& from, std::uint64_t along) {
     std::uint64_t src = 0;
     for (std::size_t d = 0; d < r; ++d) src += (d == dim ? along : q[d]) * from.strides[d];
     return src;
   };
-  for (std::size_t e = 0; e < n;) {
-    const IndexedRead* from = &x;
-    std::uint64_t src = 0;
-    std::int64_t step = 0;
-    std::size_t len = 1;
-    const std::size_t row_left = static_cast<std::size_t>(std::min<std::uint64_t>(n - e, reference_[last] - idx[last]));
-    switch (ins.code) {
-      case Code::Gather: {
-        const IndexedRead& ix = indexed_[ins.inputs[1]];
-        std::uint64_t at = 0;
-        for (std::size_t d = 0; d < r; ++d) {
-          q[d] = ix.shape[d] == 1 ? 0 : idx[d];
-          at += q[d] * ix.strides[d];
-        }
-        std::uint64_t v = 0;
-        if (!read_index(ix.base, ix.dtype, at, v) || v >= x.shape[dim]) return false;
-        src = offset(x, v);
-        break;
+  IndexedRun run{&x};
+  switch (ins.code) {
+    case Code::Gather: {
+      const IndexedRead& ix = indexed_[ins.inputs[1]];
+      std::uint64_t at = 0;
+      for (std::size_t d = 0; d < r; ++d) {
+        q[d] = ix.shape[d] == 1 ? 0 : idx[d];
+        at += q[d] * ix.strides[d];
       }
-      case Code::Select: {
-        const IndexedRead& ix = indexed_[ins.inputs[1]];
-        for (std::size_t d = 0; d < r; ++d) {
-          const std::uint64_t size = d == dim ? ix.shape[0] : x.shape[d];
-          q[d] = size == 1 ? 0 : idx[d];
-        }
-        std::uint64_t v = 0;
-        if (!read_index(ix.base, ix.dtype, q[dim], v) || v >= x.shape[dim]) return false;
-        src = offset(x, v);
-        if (dim != last) {
-          len = row_left;
-          step = x.shape[last] == 1 ? 0 : static_cast<std::int64_t>(x.strides[last]);
-        }
-        break;
-      }
-      case Code::Cat: {
-        for (std::size_t d = 0; d < r; ++d) {
-          const std::uint64_t size = d == dim ? cat_total : x.shape[d];
-          q[d] = size == 1 ? 0 : idx[d];
-        }
-        std::uint64_t along = q[dim];
-        for (std::uint32_t in : ins.inputs) {
-          const IndexedRead& xi = indexed_[in];
-          if (along < xi.shape[dim]) {
-            from = &xi;
-            break;
-          }
-          along -= xi.shape[dim];
-        }
-        src = offset(*from, along);
-        const std::uint64_t last_size = last == dim ? cat_total : x.shape[last];
-        len = row_left;
-        if (last_size != 1) {
-          step = static_cast<std::int64_t>(from->strides[last]);
-          if (last == dim) len = static_cast<std::size_t>(std::min<std::uint64_t>(len, from->shape[dim] - along));
-        }
-        break;
-      }
-      default: return false;
+      std::uint64_t v = 0;
+      if (!read_index(ix.base, ix.dtype, at, v) || v >= x.shape[dim]) return std::nullopt;
+      run.src = offset(x, v);
+      return run;
     }
-    load_elements(from->base + src * from->dtype.size_bytes(), from->dtype, step, len,
+    case Code::Select: {
+      const IndexedRead& ix = indexed_[ins.inputs[1]];
+      for (std::size_t d = 0; d < r; ++d) q[d] = (d == dim ? ix.shape[0] : x.shape[d]) == 1 ? 0 : idx[d];
+      std::uint64_t v = 0;
+      if (!read_index(ix.base, ix.dtype, q[dim], v) || v >= x.shape[dim]) return std::nullopt;
+      run.src = offset(x, v);
+      if (dim != last) {
+        run.len = row_left;
+        run.step = x.shape[last] == 1 ? 0 : static_cast<std::int64_t>(x.strides[last]);
+      }
+      return run;
+    }
+    case Code::Cat: {
+      for (std::size_t d = 0; d < r; ++d) q[d] = (d == dim ? cat_total : x.shape[d]) == 1 ? 0 : idx[d];
+      std::uint64_t along = q[dim];
+      for (std::uint32_t in : ins.inputs) {
+        const IndexedRead& xi = indexed_[in];
+        if (along < xi.shape[dim]) {
+          run.from = &xi;
+          break;
+        }
+        along -= xi.shape[dim];
+      }
+      run.src = offset(*run.from, along);
+      run.len = row_left;
+      if ((last == dim ? cat_total : x.shape[last]) != 1) {
+        run.step = static_cast<std::int64_t>(run.from->strides[last]);
+        if (last == dim)
+          run.len = static_cast<std::size_t>(std::min<std::uint64_t>(run.len, run.from->shape[dim] - along));
+      }
+      return run;
+    }
+    default: return std::nullopt;
+  }
+}
+
+bool BlockRunner::run_indexed(const CInstr& ins, std::uint64_t start, std::size_t n, void* out) const {
+  const std::size_t r = reference_.size();
+  if (r == 0) return false;  // the builders give every indexed op a dim, so a rank >= 1
+  const std::size_t last = r - 1;
+  std::array<std::uint64_t, kMaxRank> idx{};
+  std::uint64_t rem = start;
+  for (std::size_t d = r; d-- > 0;) {
+    idx[d] = rem % reference_[d];
+    rem /= reference_[d];
+  }
+  std::uint64_t cat_total = 0;
+  if (ins.code == Code::Cat)
+    for (std::uint32_t in : ins.inputs) cat_total += indexed_[in].shape[static_cast<std::size_t>(ins.dim)];
+  const std::size_t cs = class_size(ins.cls);
+  for (std::size_t e = 0; e < n;) {
+    const std::size_t row_left = static_cast<std::size_t>(std::min<std::uint64_t>(n - e, reference_[last] - idx[last]));
+    const std::optional<IndexedRun> run = indexed_run(ins, idx, row_left, cat_total);
+    if (!run) return false;
+    load_elements(run->from->base + run->src * run->from->dtype.size_bytes(), run->from->dtype, run->step, run->len,
                   static_cast<std::byte*>(out) + e * cs, ins.cls);
-    e += len;
-    idx[last] += len;
+    e += run->len;
+    idx[last] += run->len;
     for (std::size_t d = last; d > 0 && idx[d] == reference_[d]; --d) {
       idx[d] = 0;
       ++idx[d - 1];

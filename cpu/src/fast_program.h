@@ -318,6 +318,17 @@ class BlockRunner {
   void gather(const Accessor& a, std::uint64_t start, std::size_t n, void* dst, VClass cls) const;
   void scatter(const Accessor& a, std::uint64_t start, std::size_t n, const void* src, VClass cls) const;
   bool run_indexed(const CInstr& ins, std::uint64_t start, std::size_t n, void* out) const;
+  // One run of an indexed read: `len` elements of `from`, the first at element `src`, `step` apart.
+  struct IndexedRun {
+    const IndexedRead* from = nullptr;
+    std::uint64_t src = 0;
+    std::int64_t step = 0;
+    std::size_t len = 1;
+  };
+  // The run that starts at position `idx` of the block (at most `row_left` long); nullopt on an
+  // index out of range. `cat_total`: a Cat's size along its dim.
+  std::optional<IndexedRun> indexed_run(const CInstr& ins, const std::array<std::uint64_t, kMaxRank>& idx,
+                                        std::size_t row_left, std::uint64_t cat_total) const;
   // prepare()'s phases, in order.
   std::string bind_loads(const Launch& launch, const ir::Shape& reference);
   std::string bind_stores(const Launch& launch, const ir::Shape& reference, std::span<const std::uint32_t> written);
