@@ -56,15 +56,22 @@ std::vector<std::int64_t> reduced_sizes(const at::Tensor& self, const std::vecto
   return sizes;
 }
 
-// sum / mean over `dims` (all when none): one kiln *_dim reduction per dim, each keeping its
-// axis, then one reshape to the result's sizes. `type` is the dtype the reduction runs in.
+using WholeFn = Result<Value> (Session::*)(Value, bool);
+
+// sum / mean over `dims` (all when none): every dim of a tensor with elements in one kiln
+// whole-tensor reduction (one pass), otherwise one *_dim reduction per dim, each keeping its axis;
+// then one reshape to the result's sizes. `type` is the dtype the reduction runs in.
 at::Tensor reduce(std::string_view what, const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
-                  c10::ScalarType type, DimFn fn) {
+                  c10::ScalarType type, DimFn fn, WholeFn whole) {
   const std::vector<std::uint64_t> rdims = reduced_dims(self, dims);
   const std::vector<std::int64_t> sizes = reduced_sizes(self, rdims, keepdim);
   Value v = cast_to(value_of(self, what), to_kiln_dtype(type, what), what);
   if (self.dim() == 0) return make_tensor(std::move(v), sizes);  // one element: the sum and the mean are itself
-  for (const std::uint64_t d : rdims) v = value_or_throw((session().*fn)(std::move(v), d, /*keepdim=*/true), what);
+  if (rdims.size() == static_cast<std::size_t>(self.dim()) && self.dim() > 1 && self.numel() > 0) {
+    v = value_or_throw((session().*whole)(std::move(v), /*keepdim=*/false), what);
+  } else {
+    for (const std::uint64_t d : rdims) v = value_or_throw((session().*fn)(std::move(v), d, /*keepdim=*/true), what);
+  }
   return make_tensor(reshaped(v, sizes, what), sizes);
 }
 
@@ -84,18 +91,18 @@ c10::ScalarType mean_type(const at::Tensor& self, std::optional<c10::ScalarType>
 }
 
 at::Tensor sum_kernel(const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
-  return reduce("sum", self, std::nullopt, false, sum_type(self, dtype), &Session::sum_dim);
+  return reduce("sum", self, std::nullopt, false, sum_type(self, dtype), &Session::sum_dim, &Session::sum);
 }
 at::Tensor sum_dim_kernel(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                           std::optional<c10::ScalarType> dtype) {
-  return reduce("sum", self, dims, keepdim, sum_type(self, dtype), &Session::sum_dim);
+  return reduce("sum", self, dims, keepdim, sum_type(self, dtype), &Session::sum_dim, &Session::sum);
 }
 at::Tensor mean_kernel(const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
-  return reduce("mean", self, std::nullopt, false, mean_type(self, dtype), &Session::mean_dim);
+  return reduce("mean", self, std::nullopt, false, mean_type(self, dtype), &Session::mean_dim, &Session::mean);
 }
 at::Tensor mean_dim_kernel(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                            std::optional<c10::ScalarType> dtype) {
-  return reduce("mean", self, dims, keepdim, mean_type(self, dtype), &Session::mean_dim);
+  return reduce("mean", self, dims, keepdim, mean_type(self, dtype), &Session::mean_dim, &Session::mean);
 }
 
 // kiln's reductions exclude bool; PyTorch's max is defined on bool: a bool input reduces as u8

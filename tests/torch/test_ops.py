@@ -155,6 +155,15 @@ class OpsTest(KilnTestCase):
         self.check(lambda x: x.mean(-1, keepdim=True), a)
         self.check(lambda x: x.mean((1, 2)), a)
         self.check(lambda x: x.sum(), torch.tensor([1, 2, 3], dtype=torch.int32))  # int sums in int64
+        # Every dim named (one whole-tensor reduction on kiln), with and without keepdim, in any
+        # order; integers and bools in int64; a tensor without elements (per-dim reductions).
+        self.check(lambda x: x.sum((2, 0, 1)), a, atol=1e-5)
+        self.check(lambda x: x.mean((-1, 0, 1), keepdim=True), a)
+        self.check(lambda x: x.sum(dim=(0, 1, 2), keepdim=True), a, atol=1e-5)
+        self.check(lambda x: x.sum(), torch.randint(-5, 5, (3, 4), dtype=torch.int32))
+        self.check(lambda x: x.sum(), torch.rand(3, 4) > 0.5)
+        self.check(lambda x: x.sum(), torch.randn(3, 0, 2))
+        self.check(lambda x: x.mean((0, 1), keepdim=True), torch.randn(0, 2))
         self.check(lambda x: x.max(), a)
         self.check(lambda x: x.max(1), a)
         self.check(lambda x: x.max(-1, keepdim=True), a)
