@@ -310,13 +310,14 @@ bool batch_norm_lowerable(const at::Tensor& input, std::initializer_list<const s
                      [&](const std::optional<at::Tensor>* t) { return same_float_operand(*t, input.scalar_type()); });
 }
 
-// running = (1 − momentum)·running + momentum·batch, in place (a new value bound to the tensor).
+// running = (1 − momentum)·running + momentum·batch, in place (a new value bound to the tensor);
+// `batch` has the running statistic's [C] shape.
 void update_running(const std::optional<at::Tensor>& running, const Value& batch, double momentum,
                     std::string_view what) {
   if (!defined(running)) return;
   Session& s = session();
   Value old = value_or_throw(s.mul(value_of(*running, what), 1.0 - momentum), what);
-  Value add = value_or_throw(s.mul(as_channels(batch, running->numel(), what), momentum), what);
+  Value add = value_or_throw(s.mul(batch, momentum), what);
   impl_of(*running, what).set_value(value_or_throw(s.add(std::move(old), std::move(add)), what), running->sizes());
 }
 
@@ -339,10 +340,12 @@ Tensor3 batch_norm_train(const at::Tensor& input, const std::optional<at::Tensor
   if (defined(weight))
     y = value_or_throw(s.mul(std::move(y), per_channel(*weight, x.dtype(), input.dim(), what)), what);
   if (defined(bias)) y = value_or_throw(s.add(std::move(y), per_channel(*bias, x.dtype(), input.dim(), what)), what);
-  update_running(running_mean, mean, momentum, what);
+  Value mean_c = as_channels(mean, c, what);  // one Reshape for the running update and the result
+  update_running(running_mean, mean_c, momentum, what);
   const double unbias = static_cast<double>(n) / static_cast<double>(n - 1);
-  update_running(running_var, value_or_throw(s.mul(std::move(var), unbias), what), momentum, what);
-  return {make_tensor(std::move(y), input.sizes()), make_tensor(as_channels(mean, c, what), {c}),
+  update_running(running_var, as_channels(value_or_throw(s.mul(std::move(var), unbias), what), c, what), momentum,
+                 what);
+  return {make_tensor(std::move(y), input.sizes()), make_tensor(std::move(mean_c), {c}),
           make_tensor(as_channels(invstd, c, what), {c})};
 }
 
