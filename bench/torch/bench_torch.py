@@ -13,7 +13,9 @@ Two parts, each at every thread count of --threads (default 1,2):
          times, the variants alternating (ABC BCA CAB ...) so that the shared machine's slow
          minutes fall on all of them. A process runs --warmup steps, then --steps timed steps
          (each ends with `loss.item()`, as the examples' loop does); the line reports the median
-         over all rounds' timed steps.
+         over all rounds' timed steps. Before the rounds, one untimed kiln process per model and
+         thread count fills kiln's JIT disk cache: after a new build the first processes compile
+         kernels while they run, and their rounds were up to twice as slow as the later ones.
   host   the host cost of one small aten op (add of two 4-float tensors): from C++ with
          torch.ops.kiln.bench_add (an at::add loop; on kiln the ops are queued, not executed; the
          same loop on CPU tensors is CPU eager dispatch), and from Python (`a + b`, timeit-style).
@@ -231,6 +233,9 @@ def thread_keys(result, args, threads):
 
 
 def run_train(args, threads, medians):
+    if "kiln" in args.variants:
+        for model in args.models:
+            spawn(args, "train", threads, "kiln", model)  # untimed: fills kiln's JIT disk cache
     runs = {}  # (model, variant) -> list of worker results, one per round
     for r in range(args.rounds):
         order = args.variants[r % len(args.variants):] + args.variants[:r % len(args.variants)]
