@@ -63,6 +63,13 @@ struct Tile {
   static constexpr std::size_t MC = static_cast<std::size_t>(MR) * 12;
   // Most bytes of packed B shared at once (all of K for NC columns): beyond it N is split.
   static constexpr std::size_t kPackedBBudget = std::size_t{8} << 20;
+  // NC: the columns of B packed at once for a K-deep product (all of N within the budget).
+  static std::size_t column_block(std::size_t k, std::size_t n) {
+    if (k * n * sizeof(T) <= kPackedBBudget) return n;
+    return std::max<std::size_t>(NR, (kPackedBBudget / (k * sizeof(T))) / NR * NR);
+  }
+  // Rows of one packed A block: an MC block, or the whole of a smaller matrix, in MR panels.
+  static std::size_t packed_a_rows(std::size_t m) { return (std::min(MC, m) + MR - 1) / MR * MR; }
 };
 
 // C[0:MR, 0:NR] (+)= A_panel (MR x kc, packed k-major) x B_panel (kc x NR, packed k-major).
@@ -242,14 +249,21 @@ void run_epilogue_rows(MatmulCtx& x, std::size_t bi, std::size_t m0, std::size_t
 // full-size buffers per matrix cost more than the products (a 12 x 8 x 16 product paid a 144 KiB
 // memset). Uninitialised: the packers write every element the micro-kernel reads, padding too.
 template <class T>
+struct PackedA {
+  PackedA(std::size_t a_rows, std::size_t k)
+      : panels(std::make_unique_for_overwrite<T[]>(a_rows * std::min(Tile<T>::KC, std::max<std::size_t>(k, 1)))),
+        row(std::make_unique_for_overwrite<T[]>(std::min(Tile<T>::KC, std::max<std::size_t>(k, 1)))) {}
+  std::unique_ptr<T[]> panels, row;  // one MC x KC block of A in MR panels; one row of A while packing
+};
+
+template <class T>
 struct RowWork {
   RowWork(const MatmulCtx& x, std::size_t a_rows, bool epilogue)
-      : apack(std::make_unique_for_overwrite<T[]>(a_rows * std::min(Tile<T>::KC, std::max<std::size_t>(x.k, 1)))),
-        arow(std::make_unique_for_overwrite<T[]>(std::min(Tile<T>::KC, std::max<std::size_t>(x.k, 1)))),
+      : a(a_rows, x.k),
         scratch(epilogue ? x.epilogue.scratch_bytes() : 0),
         ptrs(x.epilogue.num_regs()),
         conv(std::make_unique_for_overwrite<double[]>(epilogue ? kBlock : 0)) {}
-  std::unique_ptr<T[]> apack, arow;
+  PackedA<T> a;
   Scratch scratch;
   std::vector<void*> ptrs;
   std::unique_ptr<double[]> conv;
@@ -268,17 +282,13 @@ struct PackedB {
 template <class T>
 void gemm(MatmulCtx& x) {
   constexpr std::size_t MC = Tile<T>::MC;
-  constexpr int MR = Tile<T>::MR;
-  constexpr int NR = Tile<T>::NR;
   const std::size_t m = x.m, n = x.n, k = x.k;
   const std::size_t batches = x.a_batch.size();
   T* c = reinterpret_cast<T*>(x.c);
-  std::size_t nc = n;
-  if (k * n * sizeof(T) > Tile<T>::kPackedBBudget)
-    nc = std::max<std::size_t>(NR, (Tile<T>::kPackedBBudget / (k * sizeof(T))) / NR * NR);
+  const std::size_t nc = Tile<T>::column_block(k, n);
   const bool fuse_epilogue = nc >= n;
   const std::size_t ib = (m + MC - 1) / MC;
-  const std::size_t a_rows = (std::min(MC, m) + MR - 1) / MR * MR;  // rows of one packed A block
+  const std::size_t a_rows = Tile<T>::packed_a_rows(m);
   const std::uint64_t flops = static_cast<std::uint64_t>(m) * n * std::max<std::size_t>(k, 1);
   // Small matrices: one task per run of batch matrices (each packs its own B). Large: batch by
   // batch, with the row blocks of one matrix in parallel over a shared packed B.
@@ -296,7 +306,7 @@ void gemm(MatmulCtx& x) {
         for (std::uint64_t r = r0; r < r1; ++r) {
           const std::size_t ic = r * MC;
           const std::size_t mc = std::min(MC, m - ic);
-          compute_rows<T>(a, k, k, bp.panels.get(), ic, mc, jc, ncur, cb, n, w.apack.get(), w.arow.get());
+          compute_rows<T>(a, k, k, bp.panels.get(), ic, mc, jc, ncur, cb, n, w.a.panels.get(), w.a.row.get());
           if (fuse_epilogue) run_epilogue_rows<T>(x, bi, ic, ic + mc, w.scratch.data(), w.ptrs.data(), w.conv.get());
         }
       };
@@ -367,25 +377,19 @@ template <class T>
 void gemm_rows(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb,
                T* c, std::size_t ldc, bool add_to_c) {
   constexpr std::size_t MC = Tile<T>::MC;
-  constexpr int MR = Tile<T>::MR;
-  constexpr int NR = Tile<T>::NR;
   if (m == 0 || n == 0) return;
   const ir::DType dtype = std::is_same_v<T, float> ? ir::dtypes::f32 : ir::dtypes::f64;
   const Operand ao{reinterpret_cast<const std::byte*>(a), dtype, sizeof(T)};
   const Operand bo{reinterpret_cast<const std::byte*>(b), dtype, sizeof(T)};
-  std::size_t nc = n;
-  if (k * n * sizeof(T) > Tile<T>::kPackedBBudget)
-    nc = std::max<std::size_t>(NR, (Tile<T>::kPackedBBudget / (k * sizeof(T))) / NR * NR);
-  const std::size_t depth = std::min(Tile<T>::KC, std::max<std::size_t>(k, 1));
-  const auto apack = std::make_unique_for_overwrite<T[]>((std::min(MC, m) + MR - 1) / MR * MR * depth);
-  const auto arow = std::make_unique_for_overwrite<T[]>(depth);
-  PackedB<T> bp(k, std::min(nc, n));
+  const std::size_t nc = Tile<T>::column_block(k, n);
+  PackedA<T> pa(Tile<T>::packed_a_rows(m), k);
+  PackedB<T> bp(k, nc);
   for (std::size_t jc = 0; jc < n; jc += nc) {
     const std::size_t ncur = std::min(nc, n - jc);
     pack_b_rows<T>(bo, ldb, k, 0, k, jc, ncur, bp.panels.get(), bp.row.get());
     for (std::size_t ic = 0; ic < m; ic += MC)
-      compute_rows<T>(ao, lda, k, bp.panels.get(), ic, std::min(MC, m - ic), jc, ncur, c, ldc, apack.get(), arow.get(),
-                      add_to_c);
+      compute_rows<T>(ao, lda, k, bp.panels.get(), ic, std::min(MC, m - ic), jc, ncur, c, ldc, pa.panels.get(),
+                      pa.row.get(), add_to_c);
   }
 }
 template void gemm_rows<float>(std::size_t, std::size_t, std::size_t, const float*, std::size_t, const float*,

@@ -12,6 +12,7 @@
 #include <bit>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -400,16 +401,24 @@ TEST(FastExecutor, MatmulWithEpilogue) {
   }
 }
 
+// A [m, k] x [k, n] f32 product, scaled by an epilogue when `scale` is given, against the host's.
+void expect_f32_matmul(Session& s, std::size_t m, std::size_t k, std::size_t n, std::optional<double> scale) {
+  const auto av = rounded(iota(m * k, 2, -1), dt::f32), wv = rounded(iota(k * n, 1, -0.5), dt::f32);
+  const TensorIr a = s.input({m, k}, av), w = s.input({k, n}, wv);
+  TensorIr y = s.submit(ok(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id())));
+  if (scale)
+    y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar, use(y, TensorStatus::ReadWrite),
+                              ScalarIr::Float(*scale), s.id())));
+  const std::vector<double> got = s.read(y);
+  const std::vector<double> ref = host_matmul(av, wv, m, k, n);
+  const double factor = scale.value_or(1.0);
+  for (std::size_t i = 0; i < m * n; ++i) ASSERT_NEAR(got[i], factor * ref[i], 1e-4 * (1 + std::fabs(ref[i]))) << i;
+}
+
 // A single large matmul: full register tiles, several K blocks, row blocks in parallel.
 TEST(FastExecutor, LargeSingleMatmul) {
   Session s;
-  const std::size_t m = 301, k = 517, n = 263;
-  const auto av = rounded(iota(m * k, 2, -1), dt::f32), wv = rounded(iota(k * n, 1, -0.5), dt::f32);
-  const TensorIr a = s.input({m, k}, av), w = s.input({k, n}, wv);
-  const TensorIr c = s.submit(ok(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id())));
-  const std::vector<double> got = s.read(c);
-  const std::vector<double> ref = host_matmul(av, wv, m, k, n);
-  for (std::size_t i = 0; i < m * n; ++i) ASSERT_NEAR(got[i], ref[i], 1e-4 * (1 + std::fabs(ref[i]))) << i;
+  expect_f32_matmul(s, 301, 517, 263, std::nullopt);
   EXPECT_EQ(s.device.stats().fast_ops, 1u);
 }
 
@@ -453,15 +462,7 @@ TEST(FastExecutor, BatchedSmallMatmulsReuseTheirBuffers) {
 // blocks, the epilogue in a pass of its own after the product.
 TEST(FastExecutor, WideMatmulRunsItsEpilogueAfterTheProduct) {
   Session s;
-  const std::size_t m = 5, k = 2100, n = 1000;
-  const auto av = rounded(iota(m * k, 2, -1), dt::f32), wv = rounded(iota(k * n, 1, -0.5), dt::f32);
-  const TensorIr a = s.input({m, k}, av), w = s.input({k, n}, wv);
-  const TensorIr prod = s.submit(ok(b::matmul(Family::Float, OpKind::Float_Matmul, a, w, s.id())));
-  const TensorIr y = s.submit(ok(b::scalar(Family::NumericFloat, OpKind::Numeric_MulScalar,
-                                           use(prod, TensorStatus::ReadWrite), ScalarIr::Float(0.5), s.id())));
-  const std::vector<double> got = s.read(y);
-  const std::vector<double> ref = host_matmul(av, wv, m, k, n);
-  for (std::size_t i = 0; i < m * n; ++i) ASSERT_NEAR(got[i], 0.5 * ref[i], 1e-4 * (1 + std::fabs(ref[i]))) << i;
+  expect_f32_matmul(s, 5, 2100, 1000, 0.5);
   EXPECT_EQ(s.device.stats().launches_by_kind[1], 1u);
 }
 
