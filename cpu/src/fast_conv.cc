@@ -34,6 +34,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "fast_program.h"
 #include "fast_single_op.h"
 #include "kiln/ir/builders.h"
@@ -311,17 +313,19 @@ struct ColumnRow {
   std::int64_t off = 0;
 };
 
-// f(row) for every row of one group's columns, in kk order.
-template <class F>
-void for_each_column_row(const Space& s, F&& f) {
+// Every row of one group's columns, in kk order.
+std::vector<ColumnRow> column_rows(const Space& s) {
   const std::uint64_t in_size = Space::product(s.in), k_size = Space::product(s.kernel);
+  std::vector<ColumnRow> rows;
+  rows.reserve(s.cin_g() * k_size);
   for (std::uint64_t ci = 0; ci < s.cin_g(); ++ci)
     for (std::uint64_t k0 = 0; k0 < s.kernel[0]; ++k0)
       for (std::uint64_t k1 = 0; k1 < s.kernel[1]; ++k1)
         for (std::uint64_t k2 = 0; k2 < s.kernel[2]; ++k2)
-          f(ColumnRow{ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2, ci * in_size, k0, k1,
-                      valid_outputs(s, 0, k0), valid_outputs(s, 1, k1), valid_outputs(s, 2, k2),
-                      last_dim_offset(s, k2)});
+          rows.push_back(ColumnRow{ci * k_size + (k0 * s.kernel[1] + k1) * s.kernel[2] + k2, ci * in_size, k0, k1,
+                                   valid_outputs(s, 0, k0), valid_outputs(s, 1, k1), valid_outputs(s, 2, k2),
+                                   last_dim_offset(s, k2)});
+  return rows;
 }
 
 // The offset in a channel of x of the row that output row (o0, o1) reads at the row's tap.
@@ -332,29 +336,141 @@ std::uint64_t x_row(const Space& s, const ColumnRow& r, std::uint64_t o0, std::u
 // The columns of one (batch, group) slice of the x side: entry (kk, p), p an output position, is
 // x[ci, the input position tap reaches from p], 0 in the padding; stored [Kc, P] (row kk: one
 // tap's view of x over every output position).
+// Short copies and fills (a panel's run is at most its 16 or 32 columns): whole vectors, the
+// last one overlapping, so that no call to memmove / memset is paid per run.
 template <class T>
-void im2col(const Space& s, const T* x, T* col) {
-  const std::uint64_t out_size = Space::product(s.out);
-  const auto step = static_cast<std::int64_t>(s.stride[2]);
-  for_each_column_row(s, [&](const ColumnRow& r) {
-    T* dst = col + r.kk * out_size;
-    for (std::uint64_t o0 = 0; o0 < s.out[0]; ++o0)
-      for (std::uint64_t o1 = 0; o1 < s.out[1]; ++o1, dst += s.out[2]) {
-        if (o0 < r.r0.lo || o0 >= r.r0.hi || o1 < r.r1.lo || o1 >= r.r1.hi || r.r2.lo >= r.r2.hi) {
-          std::fill_n(dst, s.out[2], T{0});
-          continue;
-        }
-        const T* xr = x + r.channel + x_row(s, r, o0, o1);
-        std::fill_n(dst, r.r2.lo, T{0});
-        if (step == 1)
-          std::copy_n(xr + static_cast<std::int64_t>(r.r2.lo) + r.off, r.r2.hi - r.r2.lo, dst + r.r2.lo);
-        else
-          for (std::uint64_t o2 = r.r2.lo; o2 < r.r2.hi; ++o2)
-            dst[o2] = xr[static_cast<std::int64_t>(o2) * step + r.off];
-        std::fill_n(dst + r.r2.hi, s.out[2] - r.r2.hi, T{0});
-      }
-  });
+struct ShortVec {
+  typedef T type __attribute__((vector_size(32), aligned(alignof(T))));  // unaligned loads and stores
+};
+template <class T>
+void copy_short(const T* src, std::size_t n, T* dst) {
+  using V = typename ShortVec<T>::type;
+  constexpr std::size_t W = 32 / sizeof(T);
+  if (n >= W) {
+    for (std::size_t i = 0; i + W <= n; i += W) *reinterpret_cast<V*>(dst + i) = *reinterpret_cast<const V*>(src + i);
+    *reinterpret_cast<V*>(dst + n - W) = *reinterpret_cast<const V*>(src + n - W);
+    return;
+  }
+  if (n >= W / 2) {
+    for (std::size_t i = 0; i < W / 2; ++i) dst[i] = src[i];
+    for (std::size_t i = n - W / 2; i < n; ++i) dst[i] = src[i];
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
 }
+template <class T>
+void zero_short(std::size_t n, T* dst) {
+  using V = typename ShortVec<T>::type;
+  constexpr std::size_t W = 32 / sizeof(T);
+  if (n >= W) {
+    for (std::size_t i = 0; i + W <= n; i += W) *reinterpret_cast<V*>(dst + i) = V{};
+    *reinterpret_cast<V*>(dst + n - W) = V{};
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) dst[i] = T{0};
+}
+
+// Entries [a, b) of one output row (o0, o1) of column row r, the taps outside x as 0, into dst[0, b - a).
+template <class T>
+void column_run(const Space& s, const ColumnRow& r, const T* x, std::uint64_t o0, std::uint64_t o1, std::uint64_t a,
+                std::uint64_t b, T* dst) {
+  if (o0 < r.r0.lo || o0 >= r.r0.hi || o1 < r.r1.lo || o1 >= r.r1.hi) {
+    zero_short(b - a, dst);
+    return;
+  }
+  const std::uint64_t lo = std::clamp(r.r2.lo, a, b), hi = std::clamp(r.r2.hi, lo, b);
+  const T* xr = x + r.channel + x_row(s, r, o0, o1);
+  const auto step = static_cast<std::int64_t>(s.stride[2]);
+  zero_short(lo - a, dst);
+  T* d = dst + (lo - a);
+  if (step == 1)
+    copy_short(xr + static_cast<std::int64_t>(lo) + r.off, hi - lo, d);
+  else
+    for (std::uint64_t o2 = lo; o2 < hi; ++o2) *d++ = xr[static_cast<std::int64_t>(o2) * step + r.off];
+  zero_short(b - hi, dst + (hi - a));
+}
+
+// Output positions [p0, p1) as runs along the last dim, one output row (o0, o1) each: entries
+// [a, b) of that row.
+struct PositionRun {
+  std::uint64_t o0, o1, a, b;
+};
+using PositionRuns = boost::container::small_vector<PositionRun, 8>;
+PositionRuns position_runs(const Space& s, std::uint64_t p0, std::uint64_t p1) {
+  PositionRuns runs;
+  for (std::uint64_t p = p0; p < p1;) {
+    const std::uint64_t row = p / s.out[2], a = p % s.out[2];
+    const std::uint64_t b = std::min<std::uint64_t>(s.out[2], a + (p1 - p));
+    runs.push_back(PositionRun{row / s.out[1], row % s.out[1], a, b});
+    p += b - a;
+  }
+  return runs;
+}
+
+// Output positions [p0, p1) of the columns of one (batch, group) slice of the x side: entry
+// (kk, p), p an output position, is x[ci, the input position tap reaches from p], 0 in the
+// padding; stored [Kc, p1 - p0] (row kk: one tap's view of x over those positions).
+template <class T>
+void im2col(const Space& s, const std::vector<ColumnRow>& rows, const T* x, std::uint64_t p0, std::uint64_t p1,
+            T* col) {
+  const PositionRuns runs = position_runs(s, p0, p1);
+  for (const ColumnRow& r : rows) {
+    T* dst = col + r.kk * (p1 - p0);
+    for (const PositionRun& run : runs) {
+      column_run(s, r, x, run.o0, run.o1, run.a, run.b, dst);
+      dst += run.b - run.a;
+    }
+  }
+}
+
+// The same columns as gemm_rows' B [Kc, P], packed panel by panel straight from x (an implicit
+// im2col: the columns are never stored, and what a panel reads of x stays in cache).
+template <class T>
+class ColumnPanels final : public GemmPanelSource<T> {
+ public:
+  ColumnPanels(const Space& s, const std::vector<ColumnRow>& rows, const T* x) : s_(s), rows_(rows), x_(x) {}
+
+  // Per column row, the chunk's runs of positions: each run's x row and valid range found once,
+  // then written panel piece by panel piece (a run crosses panel ends).
+  void pack(std::size_t j0, std::size_t width, T* panels) const override {
+    const std::size_t nr = gemm_panel_width<T>();
+    const std::size_t k = rows_.size();
+    const PositionRuns runs = position_runs(s_, j0, j0 + width);
+    const auto step = static_cast<std::int64_t>(s_.stride[2]);
+    for (const ColumnRow& r : rows_) {
+      T* row_base = panels + r.kk * nr;  // column c at row_base + (c / nr) · nr · k + c % nr
+      std::size_t c = 0;                 // the chunk's column of the run's first position
+      for (const PositionRun& run : runs) {
+        const bool inside = run.o0 >= r.r0.lo && run.o0 < r.r0.hi && run.o1 >= r.r1.lo && run.o1 < r.r1.hi;
+        const std::uint64_t lo = inside ? std::clamp(r.r2.lo, run.a, run.b) : run.b;
+        const std::uint64_t hi = inside ? std::clamp(r.r2.hi, lo, run.b) : run.b;
+        const T* xr = inside ? x_ + r.channel + x_row(s_, r, run.o0, run.o1) + r.off : nullptr;
+        for (std::uint64_t o2 = run.a; o2 < run.b;) {
+          const std::size_t col = c + (o2 - run.a), j = col % nr;
+          const std::uint64_t end = std::min<std::uint64_t>(run.b, o2 + (nr - j));
+          T* dst = row_base + col / nr * nr * k + j;
+          // zeros [o2, v0), x [v0, v1), zeros [v1, end)
+          const std::uint64_t v0 = std::clamp(lo, o2, end), v1 = std::clamp(hi, v0, end);
+          zero_short(v0 - o2, dst);
+          if (step == 1)
+            copy_short(xr + v0, v1 - v0, dst + (v0 - o2));
+          else
+            for (std::uint64_t i = v0; i < v1; ++i) dst[i - o2] = xr[static_cast<std::int64_t>(i) * step];
+          zero_short(end - v1, dst + (v1 - o2));
+          o2 = end;
+        }
+        c += run.b - run.a;
+      }
+    }
+    if (const std::size_t used = width % nr; used != 0)
+      for (std::size_t kk = 0; kk < k; ++kk) zero_short(nr - used, panels + width / nr * nr * k + kk * nr + used);
+  }
+
+ private:
+  const Space& s_;
+  const std::vector<ColumnRow>& rows_;
+  const T* x_;
+};
 
 // t[c, r] = m[r, c] for an m of `rows` x `cols`.
 template <class T>
@@ -363,20 +479,24 @@ void transpose_into(const T* m, std::uint64_t rows, std::uint64_t cols, T* t) {
     for (std::uint64_t c = 0; c < cols; ++c) t[c * rows + r] = m[r * cols + c];
 }
 
-// The adjoint of im2col ([kk, p] columns): adds each column entry into the x element it was read from.
+// The adjoint of im2col over output positions [p0, p1) ([Kc, p1 - p0] columns): adds each
+// column entry into the x element it was read from.
 template <class T>
-void col2im_add(const Space& s, const T* col, T* x) {
-  const std::uint64_t out_size = Space::product(s.out);
+void col2im_add(const Space& s, const std::vector<ColumnRow>& rows, const T* col, std::uint64_t p0, std::uint64_t p1,
+                T* x) {
   const auto step = static_cast<std::int64_t>(s.stride[2]);
-  for_each_column_row(s, [&](const ColumnRow& r) {
-    const T* cr = col + r.kk * out_size;
-    for (std::uint64_t o0 = r.r0.lo; o0 < r.r0.hi; ++o0)
-      for (std::uint64_t o1 = r.r1.lo; o1 < r.r1.hi; ++o1) {
-        T* xr = x + r.channel + x_row(s, r, o0, o1);
-        const T* c = cr + (o0 * s.out[1] + o1) * s.out[2];
-        for (std::uint64_t o2 = r.r2.lo; o2 < r.r2.hi; ++o2) xr[static_cast<std::int64_t>(o2) * step + r.off] += c[o2];
-      }
-  });
+  const PositionRuns runs = position_runs(s, p0, p1);
+  for (const ColumnRow& r : rows) {
+    const T* c = col + r.kk * (p1 - p0);
+    for (const PositionRun& run : runs) {
+      const T* cr = c - run.a;  // cr[o2]: this run's entry at o2
+      c += run.b - run.a;
+      if (run.o0 < r.r0.lo || run.o0 >= r.r0.hi || run.o1 < r.r1.lo || run.o1 >= r.r1.hi) continue;
+      const std::uint64_t lo = std::clamp(r.r2.lo, run.a, run.b), hi = std::clamp(r.r2.hi, lo, run.b);
+      T* xr = x + r.channel + x_row(s, r, run.o0, run.o1);
+      for (std::uint64_t o2 = lo; o2 < hi; ++o2) xr[static_cast<std::int64_t>(o2) * step + r.off] += cr[o2];
+    }
+  }
 }
 
 // The weight gradient's batch is split into at most this many chunks, each summed into its own
@@ -398,22 +518,34 @@ struct GemmSpace {
         std::max<std::uint64_t>(1, kParallelThreshold * 16 / std::max<std::uint64_t>(cout_g * out_size * columns, 1));
   }
   std::uint64_t in_size, out_size, columns, cin_g, cout_g, grain;  // columns: Kc, one group's im2col rows
+
+  // Output positions per pass of the backward kernels, so that a pass's [Kc, positions] columns
+  // stay in L2 (kColumnChunkBytes) between the GEMM and im2col / col2im; the weight gradient's
+  // passes are whole multiples of kWeightChunkStep positions (its GEMM's K).
+  std::uint64_t column_chunk() const {
+    return std::max<std::uint64_t>(16, kColumnChunkBytes / (std::max<std::uint64_t>(columns, 1) * sizeof(float)));
+  }
+  std::uint64_t weight_chunk() const {
+    return std::max<std::uint64_t>(1, column_chunk() / kWeightChunkStep) * kWeightChunkStep;
+  }
+  static constexpr std::uint64_t kColumnChunkBytes = std::uint64_t{512} << 10;
+  static constexpr std::uint64_t kWeightChunkStep = 256;
 };
 
 // y[n, group's channels] = W_g [cout_g, Kc] x columns [Kc, P] (+ bias).
 template <class T>
 void forward_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
   const GemmSpace z(s);
+  const std::vector<ColumnRow> rows = column_rows(s);
   parallel_ranges(launch, s.batch * s.groups, z.grain, [&](std::uint64_t begin, std::uint64_t end) {
-    std::vector<T> col(z.columns * z.out_size);
     for (std::uint64_t i = begin; i < end; ++i) {
       const std::uint64_t n = i / s.groups, g = i % s.groups;
-      im2col(s, p.a + (n * s.c_in + g * z.cin_g) * z.in_size, col.data());
+      const ColumnPanels<T> columns(s, rows, p.a + (n * s.c_in + g * z.cin_g) * z.in_size);
       T* y = p.out + (n * s.c_out + g * z.cout_g) * z.out_size;
       for (std::uint64_t co = 0; co < z.cout_g; ++co)
         std::fill_n(y + co * z.out_size, z.out_size, p.bias != nullptr ? p.bias[g * z.cout_g + co] : T{0});
-      gemm_rows<T>(z.cout_g, z.out_size, z.columns, p.b + g * z.cout_g * z.columns, z.columns, col.data(), z.out_size,
-                   y, z.out_size, /*add_to_c=*/true);
+      gemm_rows<T>(z.cout_g, z.out_size, z.columns, p.b + g * z.cout_g * z.columns, z.columns, columns, y, z.out_size,
+                   /*add_to_c=*/true);
     }
   });
 }
@@ -422,19 +554,25 @@ void forward_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
 template <class T>
 void into_x_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
   const GemmSpace z(s);
+  const std::vector<ColumnRow> rows = column_rows(s);
   std::vector<T> wt(s.groups * z.columns * z.cout_g);
   for (std::uint64_t g = 0; g < s.groups; ++g)
     transpose_into(p.b + g * z.cout_g * z.columns, z.cout_g, z.columns, wt.data() + g * z.columns * z.cout_g);
+  const std::uint64_t chunk = std::min(z.column_chunk(), z.out_size);
   parallel_ranges(launch, s.batch * s.groups, z.grain, [&](std::uint64_t begin, std::uint64_t end) {
-    std::vector<T> col(z.columns * z.out_size);
+    std::vector<T> col(z.columns * chunk);
     for (std::uint64_t i = begin; i < end; ++i) {
       const std::uint64_t n = i / s.groups, g = i % s.groups;
-      gemm_rows<T>(z.columns, z.out_size, z.cout_g, wt.data() + g * z.columns * z.cout_g, z.cout_g,
-                   p.a + (n * s.c_out + g * z.cout_g) * z.out_size, z.out_size, col.data(), z.out_size, false);
       T* x = p.out + (n * s.c_in + g * z.cin_g) * z.in_size;
       for (std::uint64_t ci = 0; ci < z.cin_g; ++ci)
         std::fill_n(x + ci * z.in_size, z.in_size, p.bias != nullptr ? p.bias[g * z.cin_g + ci] : T{0});
-      col2im_add(s, col.data(), x);
+      const T* a = p.a + (n * s.c_out + g * z.cout_g) * z.out_size;
+      for (std::uint64_t p0 = 0; p0 < z.out_size; p0 += chunk) {
+        const std::uint64_t p1 = std::min(z.out_size, p0 + chunk);
+        gemm_rows<T>(z.columns, p1 - p0, z.cout_g, wt.data() + g * z.columns * z.cout_g, z.cout_g, a + p0, z.out_size,
+                     col.data(), p1 - p0, false);
+        col2im_add(s, rows, col.data(), p0, p1, x);
+      }
     }
   });
 }
@@ -449,17 +587,23 @@ void into_w_gemm(const Launch& launch, const Space& s, const Operands<T>& p) {
   const std::uint64_t per_chunk = std::max<std::uint64_t>(1, (s.batch + kWeightChunks - 1) / kWeightChunks);
   const std::uint64_t chunks = std::max<std::uint64_t>(1, (s.batch + per_chunk - 1) / per_chunk);
   const std::uint64_t g_size = z.cout_g * z.columns;
+  const std::vector<ColumnRow> rows = column_rows(s);
   std::vector<T> partial(s.groups * chunks * g_size);  // [group][chunk]: Σ over the chunk, [Kc, cout_g]
+  const std::uint64_t pass = std::min(z.weight_chunk(), z.out_size);
   parallel_ranges(launch, s.groups * chunks, 1, [&](std::uint64_t begin, std::uint64_t end) {
-    std::vector<T> col(z.columns * z.out_size), bt(z.out_size * z.cout_g);
+    std::vector<T> col(z.columns * pass), bt(z.out_size * z.cout_g);
     for (std::uint64_t i = begin; i < end; ++i) {
       const std::uint64_t g = i / chunks, chunk = i % chunks;
       T* sum = partial.data() + i * g_size;
       for (std::uint64_t n = chunk * per_chunk; n < std::min(s.batch, (chunk + 1) * per_chunk); ++n) {
-        im2col(s, p.a + (n * s.c_in + g * z.cin_g) * z.in_size, col.data());
+        const T* x = p.a + (n * s.c_in + g * z.cin_g) * z.in_size;
         transpose_into(p.b + (n * s.c_out + g * z.cout_g) * z.out_size, z.cout_g, z.out_size, bt.data());
-        gemm_rows<T>(z.columns, z.cout_g, z.out_size, col.data(), z.out_size, bt.data(), z.cout_g, sum, z.cout_g,
-                     /*add_to_c=*/n != chunk * per_chunk);
+        for (std::uint64_t p0 = 0; p0 < z.out_size; p0 += pass) {
+          const std::uint64_t p1 = std::min(z.out_size, p0 + pass);
+          im2col(s, rows, x, p0, p1, col.data());
+          gemm_rows<T>(z.columns, z.cout_g, p1 - p0, col.data(), p1 - p0, bt.data() + p0 * z.cout_g, z.cout_g, sum,
+                       z.cout_g, /*add_to_c=*/n != chunk * per_chunk || p0 != 0);
+        }
       }
     }
   });

@@ -158,45 +158,53 @@ void pack_b_rows(const Operand& b, std::size_t ldb, std::size_t k, std::size_t p
   }
 }
 
-// C[ic:ic+mc, jc:jc+nc] = sum over K, from packed B panels (all K) and A packed per KC block.
-// `add_to_c`: C += the product instead of C = it.
+// C[ic:ic+mc, jc:jc+nc] (+)= one KC block of the product: A's rows [ic, ic+mc) packed for the
+// block (apack, kc deep) times the block's rows of the packed B panels (bp at the block's first
+// row; panels k deep).
+template <class T>
+void multiply_block(const T* apack, std::size_t kc, const T* bp, std::size_t k, std::size_t ic, std::size_t mc,
+                    std::size_t jc, std::size_t nc, T* c, std::size_t ldc, bool accumulate) {
+  constexpr int MR = Tile<T>::MR;
+  constexpr int NR = Tile<T>::NR;
+  alignas(64) T tmp[MR * NR];
+  const std::size_t ipanels = (mc + MR - 1) / MR;
+  const std::size_t jpanels = (nc + NR - 1) / NR;
+  for (std::size_t q = 0; q < jpanels; ++q) {
+    const T* bpanel = bp + q * NR * k;
+    const std::size_t j = jc + q * NR;
+    const std::size_t nv = std::min<std::size_t>(NR, jc + nc - j);
+    for (std::size_t r = 0; r < ipanels; ++r) {
+      const T* apanel = apack + r * MR * kc;
+      const std::size_t i = ic + r * MR;
+      const std::size_t mv = std::min<std::size_t>(MR, ic + mc - i);
+      T* cij = c + i * ldc + j;
+      if (mv == static_cast<std::size_t>(MR) && nv == static_cast<std::size_t>(NR)) {
+        micro_kernel<T>(kc, apanel, bpanel, cij, ldc, accumulate);
+      } else {
+        micro_kernel<T>(kc, apanel, bpanel, tmp, NR, false);
+        for (std::size_t ii = 0; ii < mv; ++ii)
+          for (std::size_t jj = 0; jj < nv; ++jj)
+            cij[ii * ldc + jj] = accumulate ? cij[ii * ldc + jj] + tmp[ii * NR + jj] : tmp[ii * NR + jj];
+      }
+    }
+  }
+}
+
+// C[ic:ic+mc, jc:jc+nc] = (or += when add_to_c) the product over all of K, from packed B panels
+// (all K) and A packed per KC block.
 template <class T>
 void compute_rows(const Operand& a, std::size_t lda, std::size_t k, const T* bp, std::size_t ic, std::size_t mc,
                   std::size_t jc, std::size_t nc, T* c, std::size_t ldc, T* apack, T* row, bool add_to_c = false) {
-  constexpr int MR = Tile<T>::MR;
-  constexpr int NR = Tile<T>::NR;
   constexpr std::size_t KC = Tile<T>::KC;
-  alignas(64) T tmp[MR * NR];
   if (k == 0) {
     if (add_to_c) return;
     for (std::size_t i = 0; i < mc; ++i) std::fill(c + (ic + i) * ldc + jc, c + (ic + i) * ldc + jc + nc, T{0});
     return;
   }
-  const std::size_t ipanels = (mc + MR - 1) / MR;
-  const std::size_t jpanels = (nc + NR - 1) / NR;
   for (std::size_t pc = 0; pc < k; pc += KC) {
     const std::size_t kc = std::min(KC, k - pc);
     pack_a(a, lda, ic, mc, pc, kc, apack, row);
-    const bool accumulate = add_to_c || pc != 0;
-    for (std::size_t q = 0; q < jpanels; ++q) {
-      const T* bpanel = bp + q * NR * k + pc * NR;
-      const std::size_t j = jc + q * NR;
-      const std::size_t nv = std::min<std::size_t>(NR, jc + nc - j);
-      for (std::size_t r = 0; r < ipanels; ++r) {
-        const T* apanel = apack + r * MR * kc;
-        const std::size_t i = ic + r * MR;
-        const std::size_t mv = std::min<std::size_t>(MR, ic + mc - i);
-        T* cij = c + i * ldc + j;
-        if (mv == static_cast<std::size_t>(MR) && nv == static_cast<std::size_t>(NR)) {
-          micro_kernel<T>(kc, apanel, bpanel, cij, ldc, accumulate);
-        } else {
-          micro_kernel<T>(kc, apanel, bpanel, tmp, NR, false);
-          for (std::size_t ii = 0; ii < mv; ++ii)
-            for (std::size_t jj = 0; jj < nv; ++jj)
-              cij[ii * ldc + jj] = accumulate ? cij[ii * ldc + jj] + tmp[ii * NR + jj] : tmp[ii * NR + jj];
-        }
-      }
-    }
+    multiply_block<T>(apack, kc, bp + pc * Tile<T>::NR, k, ic, mc, jc, nc, c, ldc, add_to_c || pc != 0);
   }
 }
 
@@ -371,31 +379,100 @@ std::vector<std::uint64_t> batch_map(const ir::Shape& in, const ir::Shape& out) 
   return map;
 }
 
+// B row-major, as a panel source: each panel reads its columns from every row.
+template <class T>
+class RowMajorPanels final : public GemmPanelSource<T> {
+ public:
+  RowMajorPanels(const T* b, std::size_t ldb, std::size_t k) : b_(b), ldb_(ldb), k_(k) {}
+  void pack(std::size_t j0, std::size_t width, T* panels) const override {
+    constexpr std::size_t NR = Tile<T>::NR;
+    for (std::size_t q = 0; q * NR < width; ++q) {
+      const std::size_t valid = std::min(NR, width - q * NR);
+      T* panel = panels + q * NR * k_;
+      for (std::size_t p = 0; p < k_; ++p, panel += NR) {
+        std::copy_n(b_ + p * ldb_ + j0 + q * NR, valid, panel);
+        std::fill(panel + valid, panel + NR, T{0});
+      }
+    }
+  }
+
+ private:
+  const T* b_;
+  std::size_t ldb_, k_;
+};
+
+// Bytes of packed B one pass of gemm_rows packs and multiplies while it is still in L2 (half of
+// this machine class's 1 MiB, beside A's blocks).
+constexpr std::size_t kPanelChunkBytes = std::size_t{512} << 10;
+
 }  // namespace
+
+template <class T>
+std::size_t gemm_panel_width() {
+  return Tile<T>::NR;
+}
+template std::size_t gemm_panel_width<float>();
+template std::size_t gemm_panel_width<double>();
+
+// N in chunks whose packed panels stay in L2 between packing and use. With one chunk, A is packed
+// block by block as the matmul programs do; with several, all of A once (m x k), so that no chunk
+// packs it again. Either way each element of C sums its KC blocks in order: the same bits.
+template <class T>
+void gemm_rows(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const GemmPanelSource<T>& b,
+               T* c, std::size_t ldc, bool add_to_c) {
+  constexpr std::size_t MR = Tile<T>::MR, NR = Tile<T>::NR, MC = Tile<T>::MC, KC = Tile<T>::KC;
+  if (m == 0 || n == 0) return;
+  const ir::DType dtype = std::is_same_v<T, float> ? ir::dtypes::f32 : ir::dtypes::f64;
+  const Operand ao{reinterpret_cast<const std::byte*>(a), dtype, sizeof(T)};
+  const std::size_t kk = std::max<std::size_t>(k, 1);
+  const std::size_t nc = std::max(4 * NR, kPanelChunkBytes / (kk * sizeof(T)) / NR * NR);
+  const std::size_t chunk = std::min(nc, (n + NR - 1) / NR * NR);
+  const auto packed_b = std::make_unique_for_overwrite<T[]>(chunk * kk);
+  T* const bpanels = packed_b.get();
+  auto pack_chunk = [&](std::size_t jc, std::size_t ncur) { b.pack(jc, ncur, bpanels); };
+  if (n <= nc || k == 0) {
+    PackedA<T> pa(Tile<T>::packed_a_rows(m), k);
+    for (std::size_t jc = 0; jc < n; jc += chunk) {
+      const std::size_t ncur = std::min(chunk, n - jc);
+      if (k != 0) pack_chunk(jc, ncur);
+      for (std::size_t ic = 0; ic < m; ic += MC)
+        compute_rows<T>(ao, lda, k, bpanels, ic, std::min(MC, m - ic), jc, ncur, c, ldc, pa.panels.get(), pa.row.get(),
+                        add_to_c);
+    }
+    return;
+  }
+  // Block (ic, pc) of the packed A at ic·k + pc·(its rows rounded up to MR).
+  const auto ap = std::make_unique_for_overwrite<T[]>((m + MR - 1) / MR * MR * k);
+  const auto row = std::make_unique_for_overwrite<T[]>(std::min(KC, k));
+  auto a_block = [&](std::size_t ic, std::size_t pc) {
+    return ap.get() + ic * k + pc * ((std::min(MC, m - ic) + MR - 1) / MR * MR);
+  };
+  for (std::size_t ic = 0; ic < m; ic += MC)
+    for (std::size_t pc = 0; pc < k; pc += KC)
+      pack_a(ao, lda, ic, std::min(MC, m - ic), pc, std::min(KC, k - pc), a_block(ic, pc), row.get());
+  for (std::size_t jc = 0; jc < n; jc += chunk) {
+    const std::size_t ncur = std::min(chunk, n - jc);
+    pack_chunk(jc, ncur);
+    for (std::size_t ic = 0; ic < m; ic += MC)
+      for (std::size_t pc = 0; pc < k; pc += KC)
+        multiply_block<T>(a_block(ic, pc), std::min(KC, k - pc), bpanels + pc * NR, k, ic, std::min(MC, m - ic), jc,
+                          ncur, c, ldc, add_to_c || pc != 0);
+  }
+}
 
 template <class T>
 void gemm_rows(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb,
                T* c, std::size_t ldc, bool add_to_c) {
-  constexpr std::size_t MC = Tile<T>::MC;
-  if (m == 0 || n == 0) return;
-  const ir::DType dtype = std::is_same_v<T, float> ? ir::dtypes::f32 : ir::dtypes::f64;
-  const Operand ao{reinterpret_cast<const std::byte*>(a), dtype, sizeof(T)};
-  const Operand bo{reinterpret_cast<const std::byte*>(b), dtype, sizeof(T)};
-  const std::size_t nc = Tile<T>::column_block(k, n);
-  PackedA<T> pa(Tile<T>::packed_a_rows(m), k);
-  PackedB<T> bp(k, nc);
-  for (std::size_t jc = 0; jc < n; jc += nc) {
-    const std::size_t ncur = std::min(nc, n - jc);
-    pack_b_rows<T>(bo, ldb, k, 0, k, jc, ncur, bp.panels.get(), bp.row.get());
-    for (std::size_t ic = 0; ic < m; ic += MC)
-      compute_rows<T>(ao, lda, k, bp.panels.get(), ic, std::min(MC, m - ic), jc, ncur, c, ldc, pa.panels.get(),
-                      pa.row.get(), add_to_c);
-  }
+  gemm_rows<T>(m, n, k, a, lda, RowMajorPanels<T>(b, ldb, k), c, ldc, add_to_c);
 }
 template void gemm_rows<float>(std::size_t, std::size_t, std::size_t, const float*, std::size_t, const float*,
                                std::size_t, float*, std::size_t, bool);
 template void gemm_rows<double>(std::size_t, std::size_t, std::size_t, const double*, std::size_t, const double*,
                                 std::size_t, double*, std::size_t, bool);
+template void gemm_rows<float>(std::size_t, std::size_t, std::size_t, const float*, std::size_t,
+                               const GemmPanelSource<float>&, float*, std::size_t, bool);
+template void gemm_rows<double>(std::size_t, std::size_t, std::size_t, const double*, std::size_t,
+                                const GemmPanelSource<double>&, double*, std::size_t, bool);
 
 std::string run_matmul(const Launch& launch, bool* fault) {
   const fusion::FusedProgram& p = *launch.program;

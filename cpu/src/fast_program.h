@@ -421,11 +421,31 @@ class ReduceRunner {
 };
 // Matmul + epilogue.
 std::string run_matmul(const Launch& launch, bool* fault);
-// C[m, n] (row stride ldc) = (or += when add_to_c) A[m, k] (lda) x B[k, n] (ldb), row-major, on
-// the calling thread: the matmul programs' packed kernel for the kernels that build their own
-// operands (the convolutions' im2col). T is float or double; sums in T, in the kernel's order.
+
+// The B operand of gemm_rows handed over panel by panel, for kernels whose B is a view of data
+// in another layout (the convolutions' im2col columns, packed straight from x: an implicit GEMM).
+template <class T>
+class GemmPanelSource {
+ public:
+  virtual ~GemmPanelSource() = default;
+  // Writes columns [j0, j0 + width) of B into consecutive panels of NR = gemm_panel_width<T>()
+  // columns: B[p, j0 + j] at panels[(j / NR) · NR · k + p · NR + j % NR] for every row p < k, and
+  // 0 in the last panel's columns past width.
+  virtual void pack(std::size_t j0, std::size_t width, T* panels) const = 0;
+};
+// The columns of one packed panel of B (the micro-kernel's NR).
+template <class T>
+std::size_t gemm_panel_width();
+
+// C[m, n] (row stride ldc) = (or += when add_to_c) A[m, k] (lda) x B[k, n], row-major, on the
+// calling thread: the matmul programs' packed kernel for the kernels that build their own
+// operands (the convolutions). B row-major (ldb), or from a panel source. T is float or double;
+// sums in T, in the kernel's order (KC blocks of K in order), so both forms give the same bits.
 template <class T>
 void gemm_rows(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb,
+               T* c, std::size_t ldc, bool add_to_c);
+template <class T>
+void gemm_rows(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const GemmPanelSource<T>& b,
                T* c, std::size_t ldc, bool add_to_c);
 
 // Element conversions shared by the kernel files: copy n elements of `src` (dtype storage,

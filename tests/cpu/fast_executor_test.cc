@@ -735,6 +735,27 @@ TEST(FastConv, LargeF32ConvolutionsMatchTheReferenceOnAnyThreadCount) {
   }
 }
 
+// Enough output positions for every chunked path of the f32 kernels: the forward's GEMM packs its
+// B panels from x in several L2-sized passes (900 and 1024 positions against 448 per pass for
+// Kc = 288), with a partial last panel (900 = 56 x 16 + 4); the X gradient's columns and the
+// weight gradient's im2col run over the positions in several passes too, with stride 2 reading
+// x's rows with a gap.
+TEST(FastConv, F32ConvolutionsOverManyPositionsMatchTheReference) {
+  const ConvCase cases[] = {
+      {2, false, b::ConvOptions{{1, 1}, {1, 1}, {}, {1, 1}, 1}, Shape{3, 32, 30, 30}, Shape{20, 32, 3, 3}},
+      {2, false, b::ConvOptions{{2, 2}, {1, 1}, {}, {1, 1}, 1}, Shape{2, 32, 64, 64}, Shape{8, 32, 3, 3}},
+  };
+  for (const ConvCase& c : cases)
+    for (b::ConvRole role : {b::ConvRole::Forward, b::ConvRole::XBackward, b::ConvRole::WeightBackward}) {
+      std::vector<double> one, two;
+      std::mt19937_64 rng_one(11), rng_two(11);
+      expect_conv_matches_reference(c, dt::f32, role, rng_one, 1, &one);
+      expect_conv_matches_reference(c, dt::f32, role, rng_two, 2, &two);
+      ASSERT_FALSE(one.empty());
+      ASSERT_EQ(one, two) << c.describe() << " role " << static_cast<int>(role);
+    }
+}
+
 // f16 operands stay on the reference executor.
 TEST(FastConv, OtherDtypesAndErrorsGoToTheReference) {
   Session s;
