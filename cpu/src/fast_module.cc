@@ -3,9 +3,10 @@
 //
 // The reference (reference/src/reference_module.cc) reads and writes every element through the
 // dtype-generic codec. These kernels keep its f64 arithmetic and order on typed pointers: layer
-// norm per row (mean, biased variance, then each output from one expression, rounded once; rows
-// over the device's arena), the embedding as row copies, its gradient as f64 sums in token order
-// per weight element (columns over the arena). Neither file contracts a·b + c into an FMA
+// norm per row (mean, biased variance, then each output from one expression, rounded once; four
+// rows' sums side by side in the lanes of one vector; rows over the device's arena), the
+// embedding as row copies, its gradient as f64 sums in token order per weight element (the tokens
+// grouped by weight row first; rows over the arena). Neither file contracts a·b + c into an FMA
 // (cpu/CMakeLists.txt, reference/CMakeLists.txt), so the two compute the same bits. Anything else
 // (f16/bf16 norms, mixed dtypes, a shape the builders would refuse, an index out of range) is
 // declined: the reference runs the op and reports the error.
@@ -50,24 +51,54 @@ Launch launch_on(CpuDevice& device) {
 
 // ---- LayerNorm{input [..., d], gamma [d], beta? [d]; attrs [bits(epsilon)]}
 
+// Row r's output from its statistics: each element from one expression, rounded once.
+template <class T>
+void layer_norm_output(const T* xr, const T* gamma, const T* beta, T* yr, std::uint64_t d, double mean, double scale) {
+  for (std::uint64_t i = 0; i < d; ++i) {
+    const double y = (static_cast<double>(xr[i]) - mean) / scale * static_cast<double>(gamma[i]) +
+                     (beta ? static_cast<double>(beta[i]) : 0.0);
+    yr[i] = static_cast<T>(y);
+  }
+}
+
+// Four rows' f64 sums side by side, one row per lane: each lane keeps its row's order (the
+// reference's), and the four dependent chains run at once instead of one after another.
+typedef double Lanes4 __attribute__((vector_size(32)));
+
+template <class T>
+Lanes4 lanes_at(const T* x, std::uint64_t d, std::uint64_t i) {
+  return Lanes4{static_cast<double>(x[i]), static_cast<double>(x[d + i]), static_cast<double>(x[2 * d + i]),
+                static_cast<double>(x[3 * d + i])};
+}
+
 template <class T>
 void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, std::uint64_t d, double epsilon,
                      std::uint64_t begin, std::uint64_t end) {
-  for (std::uint64_t r = begin; r < end; ++r) {
+  const double n = static_cast<double>(d);
+  std::uint64_t r = begin;
+  for (; r + 4 <= end; r += 4) {
+    const T* xr = x + r * d;
+    Lanes4 sum{};
+    for (std::uint64_t i = 0; i < d; ++i) sum += lanes_at(xr, d, i);
+    const Lanes4 mean = sum / n;
+    Lanes4 squares{};
+    for (std::uint64_t i = 0; i < d; ++i) {
+      const Lanes4 c = lanes_at(xr, d, i) - mean;
+      squares += c * c;
+    }
+    for (int l = 0; l < 4; ++l)
+      layer_norm_output(xr + static_cast<std::uint64_t>(l) * d, gamma, beta,
+                        out + (r + static_cast<std::uint64_t>(l)) * d, d, mean[l], std::sqrt(squares[l] / n + epsilon));
+  }
+  for (; r < end; ++r) {
     const T* xr = x + r * d;
     double sum = 0.0;
     for (std::uint64_t i = 0; i < d; ++i) sum += static_cast<double>(xr[i]);
-    const double mean = sum / static_cast<double>(d);
+    const double mean = sum / n;
     double squares = 0.0;
     for (std::uint64_t i = 0; i < d; ++i)
       squares += (static_cast<double>(xr[i]) - mean) * (static_cast<double>(xr[i]) - mean);
-    const double scale = std::sqrt(squares / static_cast<double>(d) + epsilon);
-    T* yr = out + r * d;
-    for (std::uint64_t i = 0; i < d; ++i) {
-      const double y = (static_cast<double>(xr[i]) - mean) / scale * static_cast<double>(gamma[i]) +
-                       (beta ? static_cast<double>(beta[i]) : 0.0);
-      yr[i] = static_cast<T>(y);
-    }
+    layer_norm_output(xr, gamma, beta, out + r * d, d, mean, std::sqrt(squares / n + epsilon));
   }
 }
 
@@ -126,18 +157,39 @@ bool embedding(const std::vector<const HostTensor*>& in, HostTensor& out) {
 // ---- EmbeddingBackward{weights [V, E], out_grad [B, S, E], indices [B, S]} → [V, E]: zeros, then
 // out[indices[t], :] += out_grad[t, :] in token order (f64 sums, rounded once).
 
+// The tokens of each weight row, in token order: row v's are tokens[start[v] .. start[v + 1]).
+struct TokensByRow {
+  std::vector<std::uint64_t> start, tokens;
+};
+TokensByRow tokens_by_row(const HostTensor& idx, std::uint64_t V) {
+  const std::uint64_t n = idx.num_elements();
+  TokensByRow by{std::vector<std::uint64_t>(V + 1, 0), std::vector<std::uint64_t>(n)};
+  for (std::uint64_t t = 0; t < n; ++t) ++by.start[static_cast<std::uint64_t>(index_at(idx, t)) + 1];
+  for (std::uint64_t v = 0; v < V; ++v) by.start[v + 1] += by.start[v];
+  std::vector<std::uint64_t> next(by.start.begin(), by.start.end() - 1);
+  for (std::uint64_t t = 0; t < n; ++t) by.tokens[next[static_cast<std::uint64_t>(index_at(idx, t))]++] = t;
+  return by;
+}
+
+// Rows [begin, end) of the gradient: each row a token-order f64 sum of its tokens' gradient rows
+// (zeros for a row no token reads), written once.
 template <class T>
-void embedding_backward_columns(const T* grad, const HostTensor& idx, T* out, std::uint64_t V, std::uint64_t E,
-                                std::uint64_t begin, std::uint64_t end) {
-  std::vector<double> acc(static_cast<std::size_t>(V * (end - begin)), 0.0);
-  const std::uint64_t width = end - begin;
-  for (std::uint64_t t = 0, n = idx.num_elements(); t < n; ++t) {
-    double* row = acc.data() + static_cast<std::uint64_t>(index_at(idx, t)) * width;
-    const T* g = grad + t * E + begin;
-    for (std::uint64_t e = 0; e < width; ++e) row[e] += static_cast<double>(g[e]);
+void embedding_backward_rows(const T* grad, const TokensByRow& by, T* out, std::uint64_t E, std::uint64_t begin,
+                             std::uint64_t end) {
+  std::vector<double> acc(static_cast<std::size_t>(E));
+  for (std::uint64_t v = begin; v < end; ++v) {
+    T* o = out + v * E;
+    if (by.start[v] == by.start[v + 1]) {
+      std::fill_n(o, E, T{0});
+      continue;
+    }
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (std::uint64_t i = by.start[v]; i < by.start[v + 1]; ++i) {
+      const T* g = grad + by.tokens[i] * E;
+      for (std::uint64_t e = 0; e < E; ++e) acc[e] += static_cast<double>(g[e]);
+    }
+    for (std::uint64_t e = 0; e < E; ++e) o[e] = static_cast<T>(acc[e]);
   }
-  for (std::uint64_t v = 0; v < V; ++v)
-    for (std::uint64_t e = 0; e < width; ++e) out[v * E + begin + e] = static_cast<T>(acc[v * width + e]);
 }
 
 bool embedding_backward(const std::vector<const HostTensor*>& in, HostTensor& out, const Launch& launch) {
@@ -152,14 +204,15 @@ bool embedding_backward(const std::vector<const HostTensor*>& in, HostTensor& ou
   if (grad.shape() != ir::Shape{idx.shape()[0], idx.shape()[1], E}) return false;
   if (out.shape() != weights.shape() || !(out.dtype() == d)) return false;
   if (!indices_in_range(idx, V)) return false;
-  // Columns are independent: each keeps the token order of its own sums.
-  const std::uint64_t work = std::max<std::uint64_t>(1, idx.num_elements() + V);
-  const std::uint64_t grain = std::max<std::uint64_t>(1, kParallelThreshold / work);
+  // Rows are independent: each keeps the token order of its own sums. (Summing by columns over
+  // all tokens needed an f64 accumulator as large as the gradient, V x E.)
+  const TokensByRow by = tokens_by_row(idx, V);
+  const std::uint64_t grain = std::max<std::uint64_t>(1, kParallelThreshold / std::max<std::uint64_t>(1, E));
   auto run = [&]<class T>(T*) {
     const T* g = reinterpret_cast<const T*>(grad.data());
     T* o = reinterpret_cast<T*>(out.mutable_data());
-    parallel_ranges(launch, E, grain, [&](std::uint64_t begin, std::uint64_t end) {
-      embedding_backward_columns<T>(g, idx, o, V, E, begin, end);
+    parallel_ranges(launch, V, grain, [&](std::uint64_t begin, std::uint64_t end) {
+      embedding_backward_rows<T>(g, by, o, E, begin, end);
     });
   };
   if (d == ir::dtypes::f32)

@@ -1088,17 +1088,18 @@ TEST(FastModule, LayerNormMatchesTheReference) {
 }
 
 // The embedding copies rows of any float dtype; its gradient sums repeated indices in token order
-// (a wide one splits its columns over the threads).
+// (a large vocabulary splits its rows over the threads; rows no token reads are zeros).
 TEST(FastModule, EmbeddingAndItsGradientMatchTheReference) {
   AgainstReference h;
   struct Case {
-    std::uint64_t vocab, width, batch, seq;
+    std::uint64_t vocab, width, batch, seq, rows_used;  // indices drawn from the first rows_used rows
   };
-  const Case cases[] = {{5, 3, 2, 4}, {1, 1, 1, 1}, {17, 8, 3, 9}, {64, 512, 4, 64}};
+  const Case cases[] = {
+      {5, 3, 2, 4, 3}, {1, 1, 1, 1, 1}, {17, 8, 3, 9, 3}, {64, 512, 4, 64, 3}, {3000, 64, 4, 256, 3000}};
   for (const Case& c : cases)
     for (DType index_dtype : {dt::i64, dt::i32}) {
-      // Indices drawn from a few rows, so most repeat.
-      const TensorIr idx = h.indices({c.batch, c.seq}, index_dtype, std::min<std::uint64_t>(c.vocab, 3), false);
+      // Mostly from a few rows, so most repeat; the large vocabulary has repeats and unread rows.
+      const TensorIr idx = h.indices({c.batch, c.seq}, index_dtype, c.rows_used, false);
       for (DType d : {dt::f32, dt::f64, dt::f16, dt::bf16}) {
         const std::string what = fmt::format("embedding V {} E {} [{}, {}] {} {}", c.vocab, c.width, c.batch, c.seq,
                                              d.name(), index_dtype.name());
