@@ -12,6 +12,7 @@
 #include "fast_module.h"
 #include "fast_pool.h"
 #include "fast_program.h"
+#include "fast_sort.h"
 #include "kiln/cpu/cpu_executor.h"
 #include "kiln/fusion/single_op.h"
 #include "kiln/fusion/trace_fuser.h"
@@ -634,6 +635,7 @@ bool CpuExecutor::execute_fast(const ir::Operation& op) {
       if (handles.error_of(t.id) != nullptr) return false;  // the reference skips it
   if (ir::build::conv_kind_info(op.kind)) return fast::run_conv(op, device_, handles);
   if (ir::build::pool_spatial_dims(op.kind) != 0) return fast::run_pool(op, device_, handles);
+  if (fast::is_sort_kind(op.kind)) return fast::run_sort(op, device_, handles);
   if (op.kind == OpKind::Module_LayerNorm || op.kind == OpKind::Module_Embedding ||
       op.kind == OpKind::Module_EmbeddingBackward)
     return fast::run_module(op, device_, handles);

@@ -1128,6 +1128,66 @@ TEST(FastModule, EmbeddingAndItsGradientMatchTheReference) {
   }
 }
 
+// ---- Sorting on the fast path (cpu/src/fast_sort.cc)
+
+// Every sorting kind, along every axis, ascending and descending, k from 1 to the axis' size,
+// over values with ties, ±0 and NaNs (floats) or negative numbers (integers), indices in i64 and
+// i32: the reference's values and indices exactly (its stable order, NaN largest, ±0 equal).
+TEST(FastSort, EveryKindMatchesTheReference) {
+  AgainstReference h;
+  const Shape shapes[] = {{7}, {3, 9}, {4, 5, 6}, {2, 300}};
+  for (const Shape& xs : shapes)
+    for (DType d : {dt::f32, dt::f64, dt::i32, dt::i64}) {
+      const bool is_float = d == dt::f32 || d == dt::f64;
+      const Family fam = is_float ? Family::NumericFloat : Family::NumericInt;
+      const TensorIr x = is_float ? h.values(xs, d, true) : h.indices(xs, d, 5);
+      for (std::uint64_t axis = 0; axis < xs.size(); ++axis) {
+        const std::uint64_t n = xs[axis];
+        const std::string what = fmt::format("{} {} axis {}", ir::shape_to_string(xs), d.name(), axis);
+        for (bool descending : {false, true}) {
+          const std::string w = what + (descending ? " descending" : " ascending");
+          h.check(b::sort(fam, OpKind::Numeric_Sort, x, axis, descending, h.s.id()), w + " sort");
+          for (DType index : {dt::i64, dt::i32}) {
+            h.check(b::sort_arg(fam, OpKind::Numeric_ArgSort, x, axis, descending, index, h.s.id()), w + " argsort");
+            h.check(b::sort_with_indices(fam, OpKind::Numeric_SortWithIndices, x, axis, descending, index, h.s.id(),
+                                         h.s.id()),
+                    w + " sort with indices");
+          }
+        }
+        for (std::uint64_t k : {std::uint64_t{1}, n / 2, n}) {
+          const std::string w = what + " k " + std::to_string(k);
+          h.check(b::reduce_dim(fam, OpKind::Numeric_TopK, x, axis, k, h.s.id()), w + " topk");
+          h.check(b::reduce_dim_arg(fam, OpKind::Numeric_ArgTopK, x, axis, k, dt::i64, h.s.id()), w + " argtopk");
+          h.check(b::topk_with_indices(fam, OpKind::Numeric_TopKWithIndices, x, axis, k, dt::i32, h.s.id(), h.s.id()),
+                  w + " topk with indices");
+        }
+      }
+    }
+}
+
+// Lines split over the device's threads (64 lines of 2048: 4 per task).
+TEST(FastSort, LinesOverThreadsMatchTheReference) {
+  AgainstReference h;
+  const TensorIr x = h.values({64, 2048}, dt::f32, true);
+  h.check(b::sort_with_indices(Family::NumericFloat, OpKind::Numeric_SortWithIndices, x, 1, true, dt::i64, h.s.id(),
+                               h.s.id()),
+          "sort with indices");
+  h.check(b::topk_with_indices(Family::NumericFloat, OpKind::Numeric_TopKWithIndices, x, 1, 10, dt::i64, h.s.id(),
+                               h.s.id()),
+          "topk with indices");
+}
+
+// Index dtypes other than i32 / i64 (an i16 that holds the axis) and bool values stay on the reference.
+TEST(FastSort, OtherDtypesGoToTheReference) {
+  Session s;
+  const TensorIr x = s.input({2, 5}, {3, 1, 2, 2, 0, 9, 8, 7, 7, 6}, dt::f32);
+  const TensorIr idx =
+      s.submit(ok(b::sort_arg(Family::NumericFloat, OpKind::Numeric_ArgSort, x, 1, false, dt::i16, s.id())));
+  EXPECT_EQ(s.read(idx), (std::vector<double>{4, 1, 2, 3, 0, 4, 2, 3, 1, 0}));  // stable: equal 2s and 7s in order
+  EXPECT_EQ(s.device.stats().reference_ops, 1u);
+  EXPECT_EQ(s.device.stats().fast_ops, 0u);
+}
+
 // ---- Layout ops on the fast path (cpu/src/fast_layout.cc)
 
 Family base_family(DType d) {
