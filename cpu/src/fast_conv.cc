@@ -444,7 +444,8 @@ class ColumnPanels final : public GemmPanelSource<T> {
         const bool inside = run.o0 >= r.r0.lo && run.o0 < r.r0.hi && run.o1 >= r.r1.lo && run.o1 < r.r1.hi;
         const std::uint64_t lo = inside ? std::clamp(r.r2.lo, run.a, run.b) : run.b;
         const std::uint64_t hi = inside ? std::clamp(r.r2.hi, lo, run.b) : run.b;
-        const T* xr = inside ? x_ + r.channel + x_row(s_, r, run.o0, run.o1) + r.off : nullptr;
+        // x's row; output o2 reads xr[o2 · stride + off] (never formed before the row's start).
+        const T* xr = inside ? x_ + r.channel + x_row(s_, r, run.o0, run.o1) : nullptr;
         for (std::uint64_t o2 = run.a; o2 < run.b;) {
           const std::size_t col = c + (o2 - run.a), j = col % nr;
           const std::uint64_t end = std::min<std::uint64_t>(run.b, o2 + (nr - j));
@@ -453,9 +454,9 @@ class ColumnPanels final : public GemmPanelSource<T> {
           const std::uint64_t v0 = std::clamp(lo, o2, end), v1 = std::clamp(hi, v0, end);
           zero_short(v0 - o2, dst);
           if (step == 1)
-            copy_short(xr + v0, v1 - v0, dst + (v0 - o2));
+            copy_short(xr + (static_cast<std::int64_t>(v0) + r.off), v1 - v0, dst + (v0 - o2));
           else
-            for (std::uint64_t i = v0; i < v1; ++i) dst[i - o2] = xr[static_cast<std::int64_t>(i) * step];
+            for (std::uint64_t i = v0; i < v1; ++i) dst[i - o2] = xr[static_cast<std::int64_t>(i) * step + r.off];
           zero_short(end - v1, dst + (v1 - o2));
           o2 = end;
         }
@@ -489,12 +490,12 @@ void col2im_add(const Space& s, const std::vector<ColumnRow>& rows, const T* col
   for (const ColumnRow& r : rows) {
     const T* c = col + r.kk * (p1 - p0);
     for (const PositionRun& run : runs) {
-      const T* cr = c - run.a;  // cr[o2]: this run's entry at o2
+      const T* cr = c;  // cr[o2 - run.a]: this run's entry at o2
       c += run.b - run.a;
       if (run.o0 < r.r0.lo || run.o0 >= r.r0.hi || run.o1 < r.r1.lo || run.o1 >= r.r1.hi) continue;
       const std::uint64_t lo = std::clamp(r.r2.lo, run.a, run.b), hi = std::clamp(r.r2.hi, lo, run.b);
       T* xr = x + r.channel + x_row(s, r, run.o0, run.o1);
-      for (std::uint64_t o2 = lo; o2 < hi; ++o2) xr[static_cast<std::int64_t>(o2) * step + r.off] += cr[o2];
+      for (std::uint64_t o2 = lo; o2 < hi; ++o2) xr[static_cast<std::int64_t>(o2) * step + r.off] += cr[o2 - run.a];
     }
   }
 }

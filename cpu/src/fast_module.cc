@@ -65,10 +65,12 @@ void layer_norm_output(const T* xr, const T* gamma, const T* beta, T* yr, std::u
 // reference's), and the four dependent chains run at once instead of one after another.
 typedef double Lanes4 __attribute__((vector_size(32)));
 
+// Element i of four consecutive rows (row length d) as one vector; through a reference, since a
+// 32-byte vector passed by value changes the ABI in a build without AVX (-Wpsabi).
 template <class T>
-Lanes4 lanes_at(const T* x, std::uint64_t d, std::uint64_t i) {
-  return Lanes4{static_cast<double>(x[i]), static_cast<double>(x[d + i]), static_cast<double>(x[2 * d + i]),
-                static_cast<double>(x[3 * d + i])};
+void load_lanes(const T* x, std::uint64_t d, std::uint64_t i, Lanes4& v) {
+  v = Lanes4{static_cast<double>(x[i]), static_cast<double>(x[d + i]), static_cast<double>(x[2 * d + i]),
+             static_cast<double>(x[3 * d + i])};
 }
 
 template <class T>
@@ -79,11 +81,16 @@ void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, std::uin
   for (; r + 4 <= end; r += 4) {
     const T* xr = x + r * d;
     Lanes4 sum{};
-    for (std::uint64_t i = 0; i < d; ++i) sum += lanes_at(xr, d, i);
+    Lanes4 v;
+    for (std::uint64_t i = 0; i < d; ++i) {
+      load_lanes(xr, d, i, v);
+      sum += v;
+    }
     const Lanes4 mean = sum / n;
     Lanes4 squares{};
     for (std::uint64_t i = 0; i < d; ++i) {
-      const Lanes4 c = lanes_at(xr, d, i) - mean;
+      load_lanes(xr, d, i, v);
+      const Lanes4 c = v - mean;
       squares += c * c;
     }
     for (int l = 0; l < 4; ++l)
