@@ -333,63 +333,6 @@ std::uint64_t x_row(const Space& s, const ColumnRow& r, std::uint64_t o0, std::u
   return (input_position(s, 0, o0, r.k0) * s.in[1] + input_position(s, 1, o1, r.k1)) * s.in[2];
 }
 
-// The columns of one (batch, group) slice of the x side: entry (kk, p), p an output position, is
-// x[ci, the input position tap reaches from p], 0 in the padding; stored [Kc, P] (row kk: one
-// tap's view of x over every output position).
-// Short copies and fills (a panel's run is at most its 16 or 32 columns): whole vectors, the
-// last one overlapping, so that no call to memmove / memset is paid per run.
-template <class T>
-struct ShortVec {
-  typedef T type __attribute__((vector_size(32), aligned(alignof(T))));  // unaligned loads and stores
-};
-template <class T>
-void copy_short(const T* src, std::size_t n, T* dst) {
-  using V = typename ShortVec<T>::type;
-  constexpr std::size_t W = 32 / sizeof(T);
-  if (n >= W) {
-    for (std::size_t i = 0; i + W <= n; i += W) *reinterpret_cast<V*>(dst + i) = *reinterpret_cast<const V*>(src + i);
-    *reinterpret_cast<V*>(dst + n - W) = *reinterpret_cast<const V*>(src + n - W);
-    return;
-  }
-  if (n >= W / 2) {
-    for (std::size_t i = 0; i < W / 2; ++i) dst[i] = src[i];
-    for (std::size_t i = n - W / 2; i < n; ++i) dst[i] = src[i];
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
-}
-template <class T>
-void zero_short(std::size_t n, T* dst) {
-  using V = typename ShortVec<T>::type;
-  constexpr std::size_t W = 32 / sizeof(T);
-  if (n >= W) {
-    for (std::size_t i = 0; i + W <= n; i += W) *reinterpret_cast<V*>(dst + i) = V{};
-    *reinterpret_cast<V*>(dst + n - W) = V{};
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) dst[i] = T{0};
-}
-
-// Entries [a, b) of one output row (o0, o1) of column row r, the taps outside x as 0, into dst[0, b - a).
-template <class T>
-void column_run(const Space& s, const ColumnRow& r, const T* x, std::uint64_t o0, std::uint64_t o1, std::uint64_t a,
-                std::uint64_t b, T* dst) {
-  if (o0 < r.r0.lo || o0 >= r.r0.hi || o1 < r.r1.lo || o1 >= r.r1.hi) {
-    zero_short(b - a, dst);
-    return;
-  }
-  const std::uint64_t lo = std::clamp(r.r2.lo, a, b), hi = std::clamp(r.r2.hi, lo, b);
-  const T* xr = x + r.channel + x_row(s, r, o0, o1);
-  const auto step = static_cast<std::int64_t>(s.stride[2]);
-  zero_short(lo - a, dst);
-  T* d = dst + (lo - a);
-  if (step == 1)
-    copy_short(xr + static_cast<std::int64_t>(lo) + r.off, hi - lo, d);
-  else
-    for (std::uint64_t o2 = lo; o2 < hi; ++o2) *d++ = xr[static_cast<std::int64_t>(o2) * step + r.off];
-  zero_short(b - hi, dst + (hi - a));
-}
-
 // Output positions [p0, p1) as runs along the last dim, one output row (o0, o1) each: entries
 // [a, b) of that row.
 struct PositionRun {
@@ -407,6 +350,34 @@ PositionRuns position_runs(const Space& s, std::uint64_t p0, std::uint64_t p1) {
   return runs;
 }
 
+// One output row (o0, o1) of column row r, located once: entry o2 reads x's row at
+// o2 · stride + off when o2 is in [lo, hi), and is 0 otherwise (lo = hi when the row is padding).
+template <class T>
+struct ColumnRun {
+  const T* xr = nullptr;  // x's row (never offset before its start)
+  std::uint64_t lo = 0, hi = 0;
+  std::int64_t step = 1, off = 0;
+
+  // Entries [a, b) of the row into dst[0, b - a).
+  void write(std::uint64_t a, std::uint64_t b, T* dst) const {
+    const std::uint64_t v0 = std::clamp(lo, a, b), v1 = std::clamp(hi, v0, b);
+    std::fill_n(dst, v0 - a, T{0});
+    if (v1 > v0) {
+      if (step == 1)
+        std::copy_n(xr + (static_cast<std::int64_t>(v0) + off), v1 - v0, dst + (v0 - a));
+      else
+        for (std::uint64_t i = v0; i < v1; ++i) dst[i - a] = xr[static_cast<std::int64_t>(i) * step + off];
+    }
+    std::fill_n(dst + (v1 - a), b - v1, T{0});
+  }
+};
+
+template <class T>
+ColumnRun<T> column_run(const Space& s, const ColumnRow& r, const T* x, const PositionRun& run) {
+  if (run.o0 < r.r0.lo || run.o0 >= r.r0.hi || run.o1 < r.r1.lo || run.o1 >= r.r1.hi) return {};
+  return {x + r.channel + x_row(s, r, run.o0, run.o1), r.r2.lo, r.r2.hi, static_cast<std::int64_t>(s.stride[2]), r.off};
+}
+
 // Output positions [p0, p1) of the columns of one (batch, group) slice of the x side: entry
 // (kk, p), p an output position, is x[ci, the input position tap reaches from p], 0 in the
 // padding; stored [Kc, p1 - p0] (row kk: one tap's view of x over those positions).
@@ -417,7 +388,7 @@ void im2col(const Space& s, const std::vector<ColumnRow>& rows, const T* x, std:
   for (const ColumnRow& r : rows) {
     T* dst = col + r.kk * (p1 - p0);
     for (const PositionRun& run : runs) {
-      column_run(s, r, x, run.o0, run.o1, run.a, run.b, dst);
+      column_run(s, r, x, run).write(run.a, run.b, dst);
       dst += run.b - run.a;
     }
   }
@@ -430,41 +401,29 @@ class ColumnPanels final : public GemmPanelSource<T> {
  public:
   ColumnPanels(const Space& s, const std::vector<ColumnRow>& rows, const T* x) : s_(s), rows_(rows), x_(x) {}
 
-  // Per column row, the chunk's runs of positions: each run's x row and valid range found once,
-  // then written panel piece by panel piece (a run crosses panel ends).
+  // Per column row, the chunk's runs of positions: each run located once, then written panel
+  // piece by panel piece (a run crosses panel ends).
   void pack(std::size_t j0, std::size_t width, T* panels) const override {
     const std::size_t nr = gemm_panel_width<T>();
     const std::size_t k = rows_.size();
     const PositionRuns runs = position_runs(s_, j0, j0 + width);
-    const auto step = static_cast<std::int64_t>(s_.stride[2]);
     for (const ColumnRow& r : rows_) {
       T* row_base = panels + r.kk * nr;  // column c at row_base + (c / nr) · nr · k + c % nr
       std::size_t c = 0;                 // the chunk's column of the run's first position
       for (const PositionRun& run : runs) {
-        const bool inside = run.o0 >= r.r0.lo && run.o0 < r.r0.hi && run.o1 >= r.r1.lo && run.o1 < r.r1.hi;
-        const std::uint64_t lo = inside ? std::clamp(r.r2.lo, run.a, run.b) : run.b;
-        const std::uint64_t hi = inside ? std::clamp(r.r2.hi, lo, run.b) : run.b;
-        // x's row; output o2 reads xr[o2 · stride + off] (never formed before the row's start).
-        const T* xr = inside ? x_ + r.channel + x_row(s_, r, run.o0, run.o1) : nullptr;
+        const ColumnRun<T> source = column_run(s_, r, x_, run);
         for (std::uint64_t o2 = run.a; o2 < run.b;) {
           const std::size_t col = c + (o2 - run.a), j = col % nr;
           const std::uint64_t end = std::min<std::uint64_t>(run.b, o2 + (nr - j));
-          T* dst = row_base + col / nr * nr * k + j;
-          // zeros [o2, v0), x [v0, v1), zeros [v1, end)
-          const std::uint64_t v0 = std::clamp(lo, o2, end), v1 = std::clamp(hi, v0, end);
-          zero_short(v0 - o2, dst);
-          if (step == 1)
-            copy_short(xr + (static_cast<std::int64_t>(v0) + r.off), v1 - v0, dst + (v0 - o2));
-          else
-            for (std::uint64_t i = v0; i < v1; ++i) dst[i - o2] = xr[static_cast<std::int64_t>(i) * step + r.off];
-          zero_short(end - v1, dst + (v1 - o2));
+          source.write(o2, end, row_base + col / nr * nr * k + j);
           o2 = end;
         }
         c += run.b - run.a;
       }
     }
     if (const std::size_t used = width % nr; used != 0)
-      for (std::size_t kk = 0; kk < k; ++kk) zero_short(nr - used, panels + width / nr * nr * k + kk * nr + used);
+      for (std::size_t kk = 0; kk < k; ++kk)
+        std::fill_n(panels + width / nr * nr * k + kk * nr + used, nr - used, T{0});
   }
 
  private:
@@ -749,9 +708,7 @@ bool run_conv(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& ha
   Result<HostTensor> out = HostTensor::allocate(device.allocator(), out_ir.shape, out_ir.dtype);
   if (!out.ok()) return false;
 
-  Launch launch;
-  launch.arena = &device.arena();
-  launch.threads = device.threads();
+  const Launch launch = launch_on(device);
   auto run = [&]<class T>(T*) {
     T* dst = reinterpret_cast<T*>(out->mutable_data());
     auto data = [&](std::size_t i) { return reinterpret_cast<const T*>(in[i]->data()); };

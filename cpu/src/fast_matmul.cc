@@ -190,21 +190,20 @@ void multiply_block(const T* apack, std::size_t kc, const T* bp, std::size_t k, 
   }
 }
 
-// C[ic:ic+mc, jc:jc+nc] = (or += when add_to_c) the product over all of K, from packed B panels
-// (all K) and A packed per KC block.
+// C[ic:ic+mc, jc:jc+nc] = the product over all of K, from packed B panels (all K) and A packed per
+// KC block.
 template <class T>
 void compute_rows(const Operand& a, std::size_t lda, std::size_t k, const T* bp, std::size_t ic, std::size_t mc,
-                  std::size_t jc, std::size_t nc, T* c, std::size_t ldc, T* apack, T* row, bool add_to_c = false) {
+                  std::size_t jc, std::size_t nc, T* c, std::size_t ldc, T* apack, T* row) {
   constexpr std::size_t KC = Tile<T>::KC;
   if (k == 0) {
-    if (add_to_c) return;
     for (std::size_t i = 0; i < mc; ++i) std::fill(c + (ic + i) * ldc + jc, c + (ic + i) * ldc + jc + nc, T{0});
     return;
   }
   for (std::size_t pc = 0; pc < k; pc += KC) {
     const std::size_t kc = std::min(KC, k - pc);
     pack_a(a, lda, ic, mc, pc, kc, apack, row);
-    multiply_block<T>(apack, kc, bp + pc * Tile<T>::NR, k, ic, mc, jc, nc, c, ldc, add_to_c || pc != 0);
+    multiply_block<T>(apack, kc, bp + pc * Tile<T>::NR, k, ic, mc, jc, nc, c, ldc, pc != 0);
   }
 }
 
@@ -379,7 +378,9 @@ std::vector<std::uint64_t> batch_map(const ir::Shape& in, const ir::Shape& out) 
   return map;
 }
 
-// B row-major, as a panel source: each panel reads its columns from every row.
+// B row-major, as a panel source: each panel copies its columns from every row. (pack_b_rows, the
+// matmul programs' packer, goes through a row buffer: with it conv2d_bwd measured 291-294 ms
+// against 278-279, two alternating runs on a noisy VM.)
 template <class T>
 class RowMajorPanels final : public GemmPanelSource<T> {
  public:
@@ -414,49 +415,48 @@ std::size_t gemm_panel_width() {
 template std::size_t gemm_panel_width<float>();
 template std::size_t gemm_panel_width<double>();
 
-// N in chunks whose packed panels stay in L2 between packing and use. With one chunk, A is packed
-// block by block as the matmul programs do; with several, all of A once (m x k), so that no chunk
-// packs it again. Either way each element of C sums its KC blocks in order: the same bits.
+// N in chunks whose packed panels stay in L2 between packing and use. One chunk: A packed block
+// by block right before its block is used, as the matmul programs do, while it is hot. Several
+// chunks: all of A packed once (m x k: the callers' A is a weight or one pass of columns), so that
+// no chunk packs it again. Each element of C sums its KC blocks in order either way.
 template <class T>
 void gemm_rows(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const GemmPanelSource<T>& b,
                T* c, std::size_t ldc, bool add_to_c) {
   constexpr std::size_t MR = Tile<T>::MR, NR = Tile<T>::NR, MC = Tile<T>::MC, KC = Tile<T>::KC;
   if (m == 0 || n == 0) return;
-  const ir::DType dtype = std::is_same_v<T, float> ? ir::dtypes::f32 : ir::dtypes::f64;
-  const Operand ao{reinterpret_cast<const std::byte*>(a), dtype, sizeof(T)};
-  const std::size_t kk = std::max<std::size_t>(k, 1);
-  const std::size_t nc = std::max(4 * NR, kPanelChunkBytes / (kk * sizeof(T)) / NR * NR);
-  const std::size_t chunk = std::min(nc, (n + NR - 1) / NR * NR);
-  const auto packed_b = std::make_unique_for_overwrite<T[]>(chunk * kk);
-  T* const bpanels = packed_b.get();
-  auto pack_chunk = [&](std::size_t jc, std::size_t ncur) { b.pack(jc, ncur, bpanels); };
-  if (n <= nc || k == 0) {
-    PackedA<T> pa(Tile<T>::packed_a_rows(m), k);
-    for (std::size_t jc = 0; jc < n; jc += chunk) {
-      const std::size_t ncur = std::min(chunk, n - jc);
-      if (k != 0) pack_chunk(jc, ncur);
-      for (std::size_t ic = 0; ic < m; ic += MC)
-        compute_rows<T>(ao, lda, k, bpanels, ic, std::min(MC, m - ic), jc, ncur, c, ldc, pa.panels.get(), pa.row.get(),
-                        add_to_c);
-    }
+  if (k == 0) {
+    if (!add_to_c)
+      for (std::size_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, T{0});
     return;
   }
-  // Block (ic, pc) of the packed A at ic·k + pc·(its rows rounded up to MR).
-  const auto ap = std::make_unique_for_overwrite<T[]>((m + MR - 1) / MR * MR * k);
+  const ir::DType dtype = std::is_same_v<T, float> ? ir::dtypes::f32 : ir::dtypes::f64;
+  const Operand ao{reinterpret_cast<const std::byte*>(a), dtype, sizeof(T)};
+  const std::size_t chunk =
+      std::min(std::max(4 * NR, kPanelChunkBytes / (k * sizeof(T)) / NR * NR), (n + NR - 1) / NR * NR);
+  const bool one_chunk = n <= chunk;
+  // Packed A: one block (one chunk), or every block (ic, pc) at ic·k + pc·(its rows rounded up to MR).
+  const auto ap = std::make_unique_for_overwrite<T[]>(one_chunk ? Tile<T>::packed_a_rows(m) * std::min(KC, k)
+                                                                : (m + MR - 1) / MR * MR * k);
   const auto row = std::make_unique_for_overwrite<T[]>(std::min(KC, k));
   auto a_block = [&](std::size_t ic, std::size_t pc) {
-    return ap.get() + ic * k + pc * ((std::min(MC, m - ic) + MR - 1) / MR * MR);
+    return one_chunk ? ap.get() : ap.get() + ic * k + pc * ((std::min(MC, m - ic) + MR - 1) / MR * MR);
   };
-  for (std::size_t ic = 0; ic < m; ic += MC)
-    for (std::size_t pc = 0; pc < k; pc += KC)
-      pack_a(ao, lda, ic, std::min(MC, m - ic), pc, std::min(KC, k - pc), a_block(ic, pc), row.get());
+  auto pack_a_block = [&](std::size_t ic, std::size_t pc) {
+    pack_a(ao, lda, ic, std::min(MC, m - ic), pc, std::min(KC, k - pc), a_block(ic, pc), row.get());
+  };
+  if (!one_chunk)
+    for (std::size_t ic = 0; ic < m; ic += MC)
+      for (std::size_t pc = 0; pc < k; pc += KC) pack_a_block(ic, pc);
+  const auto bp = std::make_unique_for_overwrite<T[]>(chunk * k);
   for (std::size_t jc = 0; jc < n; jc += chunk) {
     const std::size_t ncur = std::min(chunk, n - jc);
-    pack_chunk(jc, ncur);
+    b.pack(jc, ncur, bp.get());
     for (std::size_t ic = 0; ic < m; ic += MC)
-      for (std::size_t pc = 0; pc < k; pc += KC)
-        multiply_block<T>(a_block(ic, pc), std::min(KC, k - pc), bpanels + pc * NR, k, ic, std::min(MC, m - ic), jc,
+      for (std::size_t pc = 0; pc < k; pc += KC) {
+        if (one_chunk) pack_a_block(ic, pc);
+        multiply_block<T>(a_block(ic, pc), std::min(KC, k - pc), bp.get() + pc * NR, k, ic, std::min(MC, m - ic), jc,
                           ncur, c, ldc, add_to_c || pc != 0);
+      }
   }
 }
 

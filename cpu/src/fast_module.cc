@@ -42,13 +42,6 @@ bool indices_in_range(const HostTensor& idx, std::uint64_t rows) {
   return true;
 }
 
-Launch launch_on(CpuDevice& device) {
-  Launch launch;
-  launch.arena = &device.arena();
-  launch.threads = device.threads();
-  return launch;
-}
-
 // ---- LayerNorm{input [..., d], gamma [d], beta? [d]; attrs [bits(epsilon)]}
 
 // Row r's output from its statistics: each element from one expression, rounded once.

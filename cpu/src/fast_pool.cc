@@ -346,9 +346,7 @@ bool run_pool(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& ha
     outs.push_back(std::move(out).value());
   }
 
-  Launch launch;
-  launch.arena = &device.arena();
-  launch.threads = device.threads();
+  const Launch launch = launch_on(device);
   const bool backward = is_backward(*kind);
   auto run = [&]<class T>(T*) {
     Planes<T> p{*g};

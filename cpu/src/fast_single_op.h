@@ -1,6 +1,6 @@
-// What every single-op fast kernel (fast_conv.cc, fast_pool.cc, fast_module.cc, fast_layout.cc)
-// does around its arithmetic: find its inputs held as the IR says, and, once it ran, free the
-// ReadWrite inputs and register the outputs.
+// What every single-op fast kernel (fast_conv.cc, fast_pool.cc, fast_module.cc, fast_sort.cc,
+// fast_layout.cc) does around its arithmetic: find its inputs held as the IR says, run its loops on
+// the device's arena, and, once it ran, free the ReadWrite inputs and register the outputs.
 #pragma once
 
 #include <optional>
@@ -8,10 +8,19 @@
 #include <utility>
 #include <vector>
 
+#include "fast_program.h"
 #include "kiln/cpu/device.h"
 #include "kiln/ir/operation.h"
 
 namespace kiln::cpu::fast {
+
+// The launch settings a single-op kernel runs its parallel loops with: the device's arena and threads.
+inline Launch launch_on(CpuDevice& device) {
+  Launch launch;
+  launch.arena = &device.arena();
+  launch.threads = device.threads();
+  return launch;
+}
 
 // Every input of `op` held with the dtype and shape its TensorIr says; nullopt otherwise (the
 // kernel then declines).

@@ -176,9 +176,7 @@ bool run_sort(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& ha
   for (std::size_t d = 0; d < spec->axis; ++d) outer *= xs[d];
   for (std::size_t d = spec->axis + 1; d < xs.size(); ++d) inner *= xs[d];
   const std::uint64_t n = xs[spec->axis];
-  Launch launch;
-  launch.arena = &device.arena();
-  launch.threads = device.threads();
+  const Launch launch = launch_on(device);
   const std::uint64_t grain = std::max<std::uint64_t>(1, kParallelThreshold / std::max<std::uint64_t>(1, 8 * n));
   auto run = [&]<class T, class I>(T*, I*) {
     T* values = spec->values_out ? reinterpret_cast<T*>(outs[*spec->values_out].mutable_data()) : nullptr;

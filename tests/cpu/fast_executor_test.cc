@@ -717,22 +717,28 @@ TEST(FastConv, EveryKindMatchesTheReference) {
         }
 }
 
-// f32 shapes past the GEMM's blocks (Kc = 288 columns over its KC depth, 160 output channels per
-// group over its MC rows), two groups, and a batch in several weight-gradient chunks; each role
-// gives the same bits on one thread as on two.
-TEST(FastConv, LargeF32ConvolutionsMatchTheReferenceOnAnyThreadCount) {
-  const ConvCase c{2, false, b::ConvOptions{{1, 1}, {1, 1}, {}, {1, 1}, 2}, Shape{5, 64, 7, 7}, Shape{320, 32, 3, 3}};
+// Every role of `c` in f32: the reference's numbers within the f32 bound on one thread and on two,
+// and the same bits on both (inputs drawn from `seed`).
+void expect_f32_conv_same_on_any_thread_count(const ConvCase& c, std::uint64_t seed) {
   for (b::ConvRole role : {b::ConvRole::Forward, b::ConvRole::XBackward, b::ConvRole::WeightBackward}) {
     std::vector<double> one, two;
-    std::mt19937_64 rng_one(7), rng_two(7);
+    std::mt19937_64 rng_one(seed), rng_two(seed);
     expect_conv_matches_reference(c, dt::f32, role, rng_one, 1, &one);
     expect_conv_matches_reference(c, dt::f32, role, rng_two, 2, &two);
     ASSERT_FALSE(one.empty());
     ASSERT_EQ(one.size(), two.size());
     for (std::size_t i = 0; i < one.size(); ++i)
       ASSERT_EQ(std::bit_cast<std::uint64_t>(one[i]), std::bit_cast<std::uint64_t>(two[i]))
-          << "role " << static_cast<int>(role) << " element " << i;
+          << c.describe() << " role " << static_cast<int>(role) << " element " << i;
   }
+}
+
+// f32 shapes past the GEMM's blocks (Kc = 288 columns over its KC depth, 160 output channels per
+// group over its MC rows), two groups, and a batch in several weight-gradient chunks; each role
+// gives the same bits on one thread as on two.
+TEST(FastConv, LargeF32ConvolutionsMatchTheReferenceOnAnyThreadCount) {
+  expect_f32_conv_same_on_any_thread_count(
+      ConvCase{2, false, b::ConvOptions{{1, 1}, {1, 1}, {}, {1, 1}, 2}, Shape{5, 64, 7, 7}, Shape{320, 32, 3, 3}}, 7);
 }
 
 // Enough output positions for every chunked path of the f32 kernels: the forward's GEMM packs its
@@ -745,15 +751,7 @@ TEST(FastConv, F32ConvolutionsOverManyPositionsMatchTheReference) {
       {2, false, b::ConvOptions{{1, 1}, {1, 1}, {}, {1, 1}, 1}, Shape{3, 32, 30, 30}, Shape{20, 32, 3, 3}},
       {2, false, b::ConvOptions{{2, 2}, {1, 1}, {}, {1, 1}, 1}, Shape{2, 32, 64, 64}, Shape{8, 32, 3, 3}},
   };
-  for (const ConvCase& c : cases)
-    for (b::ConvRole role : {b::ConvRole::Forward, b::ConvRole::XBackward, b::ConvRole::WeightBackward}) {
-      std::vector<double> one, two;
-      std::mt19937_64 rng_one(11), rng_two(11);
-      expect_conv_matches_reference(c, dt::f32, role, rng_one, 1, &one);
-      expect_conv_matches_reference(c, dt::f32, role, rng_two, 2, &two);
-      ASSERT_FALSE(one.empty());
-      ASSERT_EQ(one, two) << c.describe() << " role " << static_cast<int>(role);
-    }
+  for (const ConvCase& c : cases) expect_f32_conv_same_on_any_thread_count(c, 11);
 }
 
 // f16 operands stay on the reference executor.
