@@ -761,16 +761,6 @@ Status ClientSession::attach(const AttachStreamCmd& c, std::uint64_t rid) {
   return send(Completion{rid, OkCpl{}});
 }
 
-namespace {
-// The bytes an op's output will hold: a QFloat one's as kiln stores it (never transferred, it
-// counts against the quota like any tensor).
-Result<std::uint64_t> output_bytes(const ir::TensorIr& t) {
-  if (!t.dtype.is_quantized()) return tensor_bytes(t.dtype, t.shape);
-  KILN_ASSIGN_OR_RETURN(ir::shape::QuantGeometry g, ir::shape::quant_geometry(t.shape, t.dtype.scheme()));
-  return g.total_bytes;
-}
-}  // namespace
-
 Status ClientSession::register_op(RegisterOpCmd& c) {
   ir::Operation& op = c.op;
   KILN_RETURN_IF_ERROR(op_check_.check(op));
@@ -799,7 +789,7 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   std::uint64_t out_bytes = 0;
   for (std::size_t o = ni; o < op.tensors.size(); ++o) {
     KILN_RETURN_IF_ERROR(check_fresh(op.tensors[o].id.value(), "output"));
-    KILN_ASSIGN_OR_RETURN(std::uint64_t b, output_bytes(op.tensors[o]));
+    KILN_ASSIGN_OR_RETURN(std::uint64_t b, tensor_bytes(op.tensors[o].dtype, op.tensors[o].shape));
     out_bytes += b;
   }
   const StreamId s = stream(c.stream);
@@ -816,7 +806,7 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
     if (i < ni) {
       t.id = input_records[i]->global;  // the records stay put until forget() below
     } else {
-      Result<std::uint64_t> bytes = output_bytes(t);
+      Result<std::uint64_t> bytes = tensor_bytes(t.dtype, t.shape);
       TensorRecord rec{fresh_id(), t.shape, t.dtype, s, bytes.ok() ? *bytes : 0};
       t.id = rec.global;
       produced.emplace_back(client_id, std::move(rec));

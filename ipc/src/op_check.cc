@@ -714,6 +714,9 @@ Result<ir::Operation> rebuild(const ir::Operation& op) {
   // Decoding held the output count to the signature's range (Operation::validate); a hand-made op
   // is held to it here, so that every rebuild below may read the outputs it expects (an op of
   // optional outputs checks which it has itself). A variadic count (Custom) is never accepted.
+  // SyncCollective carries nothing (Session::sync_collective's router form): the builder's op,
+  // compared whole, refuses any tensor, scalar or attribute it was sent with.
+  if (op.kind == ir::OpKind::Distributed_SyncCollective) return ir::build::sync_collective();
   const ir::SignatureInfo& sig = ir::signature_info(op.info().signature);
   const std::size_t outputs = op.outputs().size();
   if (sig.min_outputs < 1 || sig.max_outputs == ir::kVariadic || outputs < static_cast<std::size_t>(sig.min_outputs) ||

@@ -22,10 +22,6 @@ constexpr std::size_t kMaxRank = ir::codec::kMaxRank;
 
 using Writer = ByteWriter;
 
-Status check_dtype_encodable(DType d) {
-  if (d.kind() == DTypeKind::QFloat) return make_error(ErrorCode::Invalid, "dtype qfloat is not transferable over ipc");
-  return Status::Ok();
-}
 Status check_shape_encodable(const Shape& s) {
   if (s.size() > kMaxRank) {
     return make_error(ErrorCode::Invalid,
@@ -61,6 +57,7 @@ Status check_fallbacks_encodable(const ReportFallbacksCmd& c) {
 void put_dtype(Writer& w, DType d) {
   w.u8(static_cast<std::uint8_t>(d.kind()));
   w.u8(d.is_bool() ? static_cast<std::uint8_t>(d.bool_store()) : 0);
+  if (d.is_quantized()) ir::codec::put_quant_scheme(w, d.scheme());
 }
 void put_shape(Writer& w, const Shape& s) {
   w.u8(static_cast<std::uint8_t>(s.size()));
@@ -170,8 +167,7 @@ class Reader {
 Result<DType> get_dtype(Reader& r, const char* field) {
   KILN_ASSIGN_OR_RETURN(const std::uint8_t kind, r.u8(field));
   KILN_ASSIGN_OR_RETURN(const std::uint8_t store, r.u8(field));
-  if (kind == static_cast<std::uint8_t>(DTypeKind::QFloat)) return r.fail(field, "qfloat is not transferable over ipc");
-  if (kind > static_cast<std::uint8_t>(DTypeKind::Bool))
+  if (kind > static_cast<std::uint8_t>(DTypeKind::QFloat))
     return r.fail(field, "unknown dtype kind " + std::to_string(kind));
   if (kind == static_cast<std::uint8_t>(DTypeKind::Bool)) {
     if (store > static_cast<std::uint8_t>(ir::BoolStore::U32)) {
@@ -180,6 +176,15 @@ Result<DType> get_dtype(Reader& r, const char* field) {
     return DType::boolean(static_cast<ir::BoolStore>(store));
   }
   if (store != 0) return r.fail(field, "store byte is " + std::to_string(store) + " for a non-bool dtype, must be 0");
+  if (kind == static_cast<std::uint8_t>(DTypeKind::QFloat)) {
+    // The scheme, as the IR codec writes it (its enums checked there; the geometry against the
+    // shape where the tensor's bytes are counted, tensor_bytes).
+    KILN_RETURN_IF_ERROR(r.need(field, ir::codec::kQuantSchemeBytes));
+    ByteReader scheme_bytes(r.take(ir::codec::kQuantSchemeBytes));
+    ir::QuantScheme q;
+    if (!ir::codec::read_quant_scheme(scheme_bytes, q)) return r.fail(field, scheme_bytes.error());
+    return DType::qfloat(q);
+  }
   return DType(static_cast<DTypeKind>(kind));
 }
 
@@ -371,7 +376,10 @@ std::optional<std::string> fallback_name_problem(std::string_view name, std::opt
 }
 
 Result<std::uint64_t> tensor_bytes(ir::DType dtype, const ir::Shape& shape) {
-  if (dtype.is_quantized()) return make_error(ErrorCode::Unsupported, "dtype qfloat is not transferable over ipc");
+  if (dtype.is_quantized()) {  // kiln's QFloat layout: the values' words, the scales, the global scale
+    KILN_ASSIGN_OR_RETURN(ir::shape::QuantGeometry g, ir::shape::quant_geometry(shape, dtype.scheme()));
+    return g.total_bytes;
+  }
   std::uint64_t n = dtype.size_bytes();
   for (std::uint64_t d : shape) {
     if (__builtin_mul_overflow(n, d, &n)) {
@@ -416,11 +424,9 @@ Status check_command_encodable(const CommandBody& body) {
       [](const auto& b) -> Status {
         using T = std::decay_t<decltype(b)>;
         if constexpr (std::is_same_v<T, UploadCmd> || std::is_same_v<T, UploadPartCmd>) {
-          KILN_RETURN_IF_ERROR(check_dtype_encodable(b.dtype));
           return check_shape_encodable(b.shape);
         } else if constexpr (std::is_same_v<T, ReadCmd> || std::is_same_v<T, DropCmd> ||
                              std::is_same_v<T, ReadPartCmd>) {
-          KILN_RETURN_IF_ERROR(check_dtype_encodable(b.tensor.dtype));
           return check_shape_encodable(b.tensor.shape);
         } else if constexpr (std::is_same_v<T, ReportFallbacksCmd>) {
           return check_fallbacks_encodable(b);
@@ -517,11 +523,9 @@ Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out) {
 
 Status encode_completion(const Completion& cpl, std::vector<std::uint8_t>& out) {
   if (const auto* rd = std::get_if<ReadDoneCpl>(&cpl.body)) {
-    KILN_RETURN_IF_ERROR(check_dtype_encodable(rd->dtype));
     KILN_RETURN_IF_ERROR(check_shape_encodable(rd->shape));
   }
   if (const auto* rp = std::get_if<ReadPartDoneCpl>(&cpl.body)) {
-    KILN_RETURN_IF_ERROR(check_dtype_encodable(rp->dtype));
     KILN_RETURN_IF_ERROR(check_shape_encodable(rp->shape));
   }
   Writer w(out);

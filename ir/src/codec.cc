@@ -536,21 +536,25 @@ bool read_dtype(ByteReader& r, DType& out, const char* what) {
   }
   if (kind == DTypeKind::QFloat) {
     QuantScheme s;
-    if (!r.enumeration(s.value, kMaxQuantValue, "quantization value type")) return false;
-    if (!r.enumeration(s.store, kMaxQuantStore, "quantization store")) return false;
-    if (!r.u8(s.packed_dim, "quantization packed dim")) return false;
-    const std::size_t at = r.offset();
-    if (!r.u8(s.block_rank, "quantization block rank")) return false;
-    if (s.block_rank > s.block.size())
-      return r.fail(at, fmt::format("quantization block rank {} exceeds {}", s.block_rank, s.block.size()));
-    for (std::uint16_t& b : s.block)
-      if (!r.fixed(b, "quantization block dim")) return false;
-    if (!r.enumeration(s.param, kMaxQuantParam, "quantization parameter precision")) return false;
+    if (!read_quant_scheme(r, s)) return false;
     out = DType::qfloat(s);
     return true;
   }
   out = DType(kind);
   return true;
+}
+
+bool read_quant_scheme(ByteReader& r, QuantScheme& s) {
+  if (!r.enumeration(s.value, kMaxQuantValue, "quantization value type")) return false;
+  if (!r.enumeration(s.store, kMaxQuantStore, "quantization store")) return false;
+  if (!r.u8(s.packed_dim, "quantization packed dim")) return false;
+  const std::size_t at = r.offset();
+  if (!r.u8(s.block_rank, "quantization block rank")) return false;
+  if (s.block_rank > s.block.size())
+    return r.fail(at, fmt::format("quantization block rank {} exceeds {}", s.block_rank, s.block.size()));
+  for (std::uint16_t& b : s.block)
+    if (!r.fixed(b, "quantization block dim")) return false;
+  return r.enumeration(s.param, kMaxQuantParam, "quantization parameter precision");
 }
 
 }  // namespace kiln::ir::codec

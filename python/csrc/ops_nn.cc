@@ -28,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/runtime/session_conv_calls.h"
 #include "state.h"
 #include "tensor_impl.h"
 
@@ -93,50 +94,8 @@ Options conv_options(const ConvArgs& a) {
   return o;
 }
 
-// The Session calls of one spatial rank: the forwards (plain, transposed) and the gradients.
-template <class Opt, class TOpt>
-struct ConvCalls {
-  Result<Value> (Session::*forward)(Value, Value, std::optional<Value>, const Opt&);
-  Result<Value> (Session::*forward_t)(Value, Value, std::optional<Value>, const TOpt&);
-  Result<Value> (Session::*x_grad)(Value, Value, Value, const Opt&);
-  Result<Value> (Session::*weight_grad)(Value, Value, Value, const Opt&);
-  Result<Value> (Session::*bias_grad)(Value, Value, Value);
-  Result<Value> (Session::*weight_grad_t)(Value, Value, Value, const TOpt&);
-  Result<Value> (Session::*bias_grad_t)(Value, Value, Value);
-};
-
-constexpr ConvCalls<build::Conv1dOptions, build::ConvTranspose1dOptions> kConv1d{
-    &Session::conv1d,
-    &Session::conv_transpose1d,
-    &Session::conv1d_x_backward,
-    &Session::conv1d_weight_backward,
-    &Session::conv1d_bias_backward,
-    &Session::conv_transpose1d_weight_backward,
-    &Session::conv_transpose1d_bias_backward};
-constexpr ConvCalls<build::Conv2dOptions, build::ConvTranspose2dOptions> kConv2d{
-    &Session::conv2d,
-    &Session::conv_transpose2d,
-    &Session::conv2d_x_backward,
-    &Session::conv2d_weight_backward,
-    &Session::conv2d_bias_backward,
-    &Session::conv_transpose2d_weight_backward,
-    &Session::conv_transpose2d_bias_backward};
-constexpr ConvCalls<build::Conv3dOptions, build::ConvTranspose3dOptions> kConv3d{
-    &Session::conv3d,
-    &Session::conv_transpose3d,
-    &Session::conv3d_x_backward,
-    &Session::conv3d_weight_backward,
-    &Session::conv3d_bias_backward,
-    &Session::conv_transpose3d_weight_backward,
-    &Session::conv_transpose3d_bias_backward};
-
-// f(the calls of `rank` spatial dims), rank 1..3.
-template <class F>
-decltype(auto) with_conv_calls(std::int64_t rank, F&& f) {
-  if (rank == 1) return f(kConv1d);
-  if (rank == 2) return f(kConv2d);
-  return f(kConv3d);
-}
+using runtime::SessionConvCalls;
+using runtime::with_conv_calls;
 
 bool positive(c10::IntArrayRef v) {
   return std::all_of(v.begin(), v.end(), [](std::int64_t x) { return x >= 1; });
@@ -164,7 +123,7 @@ bool conv_lowerable(const at::Tensor& input, const at::Tensor& weight, const std
 }
 
 template <class Opt, class TOpt>
-Value conv_forward(const ConvCalls<Opt, TOpt>& c, Value x, Value w, std::optional<Value> b, const ConvArgs& a) {
+Value conv_forward(const SessionConvCalls<Opt, TOpt>& c, Value x, Value w, std::optional<Value> b, const ConvArgs& a) {
   Session& s = session();
   if (a.transposed) {
     return value_or_throw((s.*c.forward_t)(std::move(x), std::move(w), std::move(b), conv_options<TOpt>(a)),
@@ -179,7 +138,7 @@ using Grads = std::array<std::optional<Value>, 3>;
 // gradient is the plain convolution of g with the same weight and options (the spec has no
 // transposed XBackward); the bias gradients take the bias only for its shape.
 template <class Opt, class TOpt>
-Grads conv_grads(const ConvCalls<Opt, TOpt>& c, const Value& g, const Value& x, const Value& w,
+Grads conv_grads(const SessionConvCalls<Opt, TOpt>& c, const Value& g, const Value& x, const Value& w,
                  std::array<bool, 3> mask, const ConvArgs& a) {
   constexpr std::string_view what = "convolution_backward";
   Session& s = session();

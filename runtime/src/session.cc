@@ -149,6 +149,16 @@ Result<Tensor> Session::from_host(const std::vector<bool>& values, ir::Shape sha
 }
 
 Result<Tensor> Session::from_host_bytes(ir::DType dtype, std::span<const std::byte> bytes, ir::Shape shape) {
+  if (dtype.is_quantized()) {  // kiln's QFloat layout, as to_host_bytes gives it
+    Result<ir::shape::QuantGeometry> g = ir::shape::quant_geometry(shape, dtype.scheme());
+    if (!g.ok()) return make_error(g.error().code, "from_host_bytes: " + g.error().message);
+    if (bytes.size() != g->total_bytes)
+      return make_error(ErrorCode::IncompatibleShapes, "from_host_bytes: " + std::to_string(bytes.size()) +
+                                                           " bytes for a " + dtype.name() + ir::shape_to_string(shape) +
+                                                           " tensor, which holds " + std::to_string(g->total_bytes));
+    const std::size_t count = ir::num_elements(shape);
+    return upload(dtype, bytes, count, std::move(shape));
+  }
   const std::size_t width = dtype.size_bytes();
   if (width == 0) return make_error(ErrorCode::Unsupported, "from_host_bytes: " + dtype.name() + " has no fixed size");
   if (bytes.size() % width != 0)
@@ -276,6 +286,15 @@ std::optional<TensorIr> optional_input(std::span<const TensorIr> t, std::size_t 
 
 Error moved_from(const char* op) {
   return make_error(ErrorCode::InvalidHandle, std::string(op) + ": moved-from tensor");
+}
+
+// The activations' decompositions would run on integers too; Burn's ActivationOps take floats
+// only, as the Activation kinds of the router form do (checked first, before any IR).
+Status require_float(const Tensor& x, const char* call) {
+  if (!x.valid()) return moved_from(call);
+  if (is_floatish(x.dtype())) return Status::Ok();
+  return make_error(ErrorCode::DTypeMismatch, std::string(call) + ": the input is " + std::string(x.dtype().name()) +
+                                                  "; activations take float tensors");
 }
 
 // An integral exponent's value, if `e` is one.
@@ -411,7 +430,7 @@ Result<Tensor> Session::minimum(Tensor a, double s) {
 Result<Tensor> Session::logic_op(Tensor a, Tensor b, OpKind bool_kind, OpKind int_kind) {
   if (!is_bool(a)) return binary_op(std::move(a), std::move(b), int_kind);
   // Bool Xor is never emitted by the fusion client (docs/spec/ir.md §5.3): xor = not(equal).
-  if (bool_kind == OpKind::Bool_Xor) return ne(std::move(a), std::move(b));
+  if (bool_kind == OpKind::Bool_Xor && !router()) return ne(std::move(a), std::move(b));
   return binary_op(std::move(a), std::move(b), bool_kind);
 }
 
@@ -459,7 +478,10 @@ Result<Tensor> Session::bitwise_right_shift(Tensor a, double s) {
 
 // ---- Unary
 
-Result<Tensor> Session::neg(Tensor a) { return scalar_op(std::move(a), -1.0, OpKind::Numeric_MulScalar); }
+Result<Tensor> Session::neg(Tensor a) {
+  if (router()) return unary_op(std::move(a), OpKind::Numeric_Neg);
+  return scalar_op(std::move(a), -1.0, OpKind::Numeric_MulScalar);
+}
 Result<Tensor> Session::abs(Tensor a) { return unary_op(std::move(a), OpKind::Numeric_Abs); }
 Result<Tensor> Session::exp(Tensor a) { return unary_op(std::move(a), OpKind::Float_Exp); }
 Result<Tensor> Session::log(Tensor a) { return unary_op(std::move(a), OpKind::Float_Log); }
@@ -478,6 +500,7 @@ Result<Tensor> Session::rsqrt(Tensor a) {
 
 Result<Tensor> Session::sigmoid(Tensor a) {
   if (!a.valid()) return make_error(ErrorCode::InvalidHandle, "sigmoid: moved-from tensor");
+  if (router()) return unary_op(std::move(a), OpKind::Activation_Sigmoid);
   const ir::DType dtype = a.dtype();
   // exp(−log(1 + exp(−x))) computed in f32; both casts are emitted even for f32 (docs/spec/ir.md §5.11).
   KILN_ASSIGN_OR_RETURN(Tensor t, cast(std::move(a), ir::dtypes::f32));
@@ -491,12 +514,14 @@ Result<Tensor> Session::sigmoid(Tensor a) {
 }
 
 Result<Tensor> Session::relu(Tensor a) {
+  if (router()) return unary_op(std::move(a), OpKind::Activation_Relu);
   Tensor x = a;
   KILN_ASSIGN_OR_RETURN(Tensor m, compare_scalar_op(std::move(x), 0.0, OpKind::Numeric_LowerEqualElem));
   return mask_fill(std::move(a), std::move(m), 0.0);
 }
 
 Result<Tensor> Session::gelu(Tensor a) {
+  if (router()) return unary_op(std::move(a), OpKind::Activation_Gelu);
   Tensor x = a;
   KILN_ASSIGN_OR_RETURN(Tensor t, div(std::move(x), std::sqrt(2.0)));
   KILN_ASSIGN_OR_RETURN(t, erf(std::move(t)));
@@ -520,6 +545,7 @@ Result<Tensor> Session::sign(Tensor a) {
   if (!a.valid()) return moved_from("sign");
   if (a.dtype().is_bool())
     return make_error(ErrorCode::DTypeMismatch, "sign: " + a.use().to_string() + " is bool; sign takes float or int");
+  if (router()) return unary_op(std::move(a), OpKind::Numeric_Sign);
   // docs/spec/ir.md §5.11, in this order: Zeros, LowerElem, GreaterElem, MaskFill(−1), MaskFill(1).
   KILN_ASSIGN_OR_RETURN(Tensor z, zeros(a.shape(), a.dtype()));
   Tensor x = a;
@@ -527,6 +553,157 @@ Result<Tensor> Session::sign(Tensor a) {
   KILN_ASSIGN_OR_RETURN(Tensor above, compare_scalar_op(std::move(a), 0.0, OpKind::Numeric_GreaterElem));
   KILN_ASSIGN_OR_RETURN(z, mask_fill(std::move(z), std::move(below), -1.0));
   return mask_fill(std::move(z), std::move(above), 1.0);
+}
+
+// ---- Activations without a §5.11 row (docs/spec/ir.md §5.9). The fusion-client form is the
+// sequence of Burn's default ActivationOps (burn-fusion keeps the defaults), op for op in Rust's
+// evaluation order; the router form is the one Activation kind.
+
+Result<Tensor> Session::leaky_relu(Tensor x, double negative_slope) {
+  KILN_RETURN_IF_ERROR(require_float(x, "leaky_relu"));
+  if (router()) return scalar_op(std::move(x), negative_slope, OpKind::Activation_LeakyRelu);
+  // mask_where(x, lower_elem(x, 0), mul_scalar(x, slope))
+  Tensor x1 = x, x2 = x;
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_scalar_op(std::move(x1), 0.0, OpKind::Numeric_LowerElem));
+  KILN_ASSIGN_OR_RETURN(Tensor scaled, mul(std::move(x2), negative_slope));
+  return mask_where(std::move(x), std::move(m), std::move(scaled));
+}
+
+Result<Tensor> Session::prelu(Tensor x, Tensor alpha) {
+  KILN_RETURN_IF_ERROR(require_float(x, "prelu"));
+  if (router()) return binary_op(std::move(x), std::move(alpha), OpKind::Activation_PRelu);
+  // mask_where(x, lower_elem(x, 0), mul(x, alpha))
+  Tensor x1 = x, x2 = x;
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_scalar_op(std::move(x1), 0.0, OpKind::Numeric_LowerElem));
+  KILN_ASSIGN_OR_RETURN(Tensor scaled, mul(std::move(x2), std::move(alpha)));
+  return mask_where(std::move(x), std::move(m), std::move(scaled));
+}
+
+Result<Tensor> Session::hard_sigmoid(Tensor x, double alpha, double beta) {
+  KILN_RETURN_IF_ERROR(require_float(x, "hard_sigmoid"));
+  if (router()) {
+    Tensor in[] = {std::move(x)};
+    return run_op(in, [alpha, beta](std::span<const TensorIr> t, ir::TensorId out) -> Result<ir::Operation> {
+      KILN_ASSIGN_OR_RETURN(ir::ScalarIr a, ir::ScalarIr::from_f64(alpha, t[0].dtype));
+      KILN_ASSIGN_OR_RETURN(ir::ScalarIr b, ir::ScalarIr::from_f64(beta, t[0].dtype));
+      return build::hard_sigmoid(t[0], a, b, out);
+    });
+  }
+  // cast(clamp(alpha · cast(x, f32) + beta, 0, 1), D(x)); both casts even for f32, as sigmoid's.
+  const ir::DType dtype = x.dtype();
+  KILN_ASSIGN_OR_RETURN(Tensor t, cast(std::move(x), ir::dtypes::f32));
+  KILN_ASSIGN_OR_RETURN(t, mul(std::move(t), alpha));
+  KILN_ASSIGN_OR_RETURN(t, add(std::move(t), beta));
+  KILN_ASSIGN_OR_RETURN(t, clamp(std::move(t), 0.0, 1.0));
+  return cast(std::move(t), dtype);
+}
+
+// −max(−x, 0) − log(exp(−max(−x, 0)) + exp(−x − max(−x, 0))): the log-sum-exp form.
+Result<Tensor> Session::log_sigmoid(Tensor x) {
+  KILN_RETURN_IF_ERROR(require_float(x, "log_sigmoid"));
+  if (router()) return unary_op(std::move(x), OpKind::Activation_LogSigmoid);
+  KILN_ASSIGN_OR_RETURN(Tensor x_neg, neg(std::move(x)));
+  Tensor x_neg1 = x_neg, x_neg2 = x_neg;
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_scalar_op(std::move(x_neg1), 0.0, OpKind::Numeric_LowerElem));
+  KILN_ASSIGN_OR_RETURN(Tensor max_elem, mask_fill(std::move(x_neg2), std::move(m), 0.0));
+  Tensor max_elem1 = max_elem;
+  KILN_ASSIGN_OR_RETURN(Tensor max_neg, neg(std::move(max_elem1)));
+  Tensor max_neg1 = max_neg;
+  KILN_ASSIGN_OR_RETURN(Tensor e1, exp(std::move(max_neg1)));
+  KILN_ASSIGN_OR_RETURN(Tensor e2, sub(std::move(x_neg), std::move(max_elem)));
+  KILN_ASSIGN_OR_RETURN(e2, exp(std::move(e2)));
+  KILN_ASSIGN_OR_RETURN(Tensor z, add(std::move(e1), std::move(e2)));
+  KILN_ASSIGN_OR_RETURN(z, log(std::move(z)));
+  return sub(std::move(max_neg), std::move(z));
+}
+
+// Burn's activation::softmin: softmax(neg(x), dim).
+Result<Tensor> Session::softmin(Tensor x, std::uint64_t dim) {
+  KILN_RETURN_IF_ERROR(require_float(x, "softmin"));
+  if (router()) return activation_dim_op(std::move(x), dim, OpKind::Activation_Softmin);
+  KILN_ASSIGN_OR_RETURN(Tensor n, neg(std::move(x)));
+  return softmax(std::move(n), dim);
+}
+
+// mask_fill(grad, lower_equal_elem(output, 0), 0)
+Result<Tensor> Session::relu_backward(Tensor output, Tensor grad) {
+  KILN_RETURN_IF_ERROR(require_float(output, "relu_backward"));
+  if (router()) return binary_op(std::move(output), std::move(grad), OpKind::Activation_ReluBackward);
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_scalar_op(std::move(output), 0.0, OpKind::Numeric_LowerEqualElem));
+  return mask_fill(std::move(grad), std::move(m), 0.0);
+}
+
+// The derivative of the tanh approximation, with Burn's six-digit constants:
+// y = 0.5 tanh(u) + (0.0535161 x³ + 0.398942 x)(1 − tanh²(u)) + 0.5, u = 0.0356774 x³ + 0.797885 x.
+Result<Tensor> Session::gelu_backward(Tensor x, Tensor grad) {
+  KILN_RETURN_IF_ERROR(require_float(x, "gelu_backward"));
+  if (router()) return binary_op(std::move(x), std::move(grad), OpKind::Activation_GeluBackward);
+  Tensor x1 = x, x2 = x;
+  KILN_ASSIGN_OR_RETURN(Tensor x3, pow(std::move(x1), 3.0));
+  Tensor x3b = x3;
+  KILN_ASSIGN_OR_RETURN(Tensor c1, mul(std::move(x3), 0.0356774));
+  KILN_ASSIGN_OR_RETURN(Tensor c2, mul(std::move(x2), 0.797885));
+  KILN_ASSIGN_OR_RETURN(Tensor c3, mul(std::move(x3b), 0.0535161));
+  KILN_ASSIGN_OR_RETURN(Tensor c4, mul(std::move(x), 0.398942));
+  KILN_ASSIGN_OR_RETURN(Tensor inner1, add(std::move(c1), std::move(c2)));
+  KILN_ASSIGN_OR_RETURN(Tensor inner2, add(std::move(c3), std::move(c4)));
+  KILN_ASSIGN_OR_RETURN(Tensor th, tanh(std::move(inner1)));
+  Tensor th1 = th;
+  KILN_ASSIGN_OR_RETURN(Tensor sech, pow(std::move(th1), 2.0));
+  KILN_ASSIGN_OR_RETURN(sech, neg(std::move(sech)));
+  KILN_ASSIGN_OR_RETURN(sech, add(std::move(sech), 1.0));
+  KILN_ASSIGN_OR_RETURN(Tensor y1, mul(std::move(th), 0.5));
+  KILN_ASSIGN_OR_RETURN(Tensor y2, mul(std::move(inner2), std::move(sech)));
+  KILN_ASSIGN_OR_RETURN(y2, add(std::move(y2), 0.5));
+  KILN_ASSIGN_OR_RETURN(Tensor y, add(std::move(y1), std::move(y2)));
+  return mul(std::move(y), std::move(grad));
+}
+
+// mul(mul(output, add_scalar(neg(output), 1)), grad)
+Result<Tensor> Session::sigmoid_backward(Tensor output, Tensor grad) {
+  KILN_RETURN_IF_ERROR(require_float(output, "sigmoid_backward"));
+  if (router()) return binary_op(std::move(output), std::move(grad), OpKind::Activation_SigmoidBackward);
+  Tensor out1 = output;
+  KILN_ASSIGN_OR_RETURN(Tensor t, neg(std::move(out1)));
+  KILN_ASSIGN_OR_RETURN(t, add(std::move(t), 1.0));
+  KILN_ASSIGN_OR_RETURN(t, mul(std::move(output), std::move(t)));
+  return mul(std::move(t), std::move(grad));
+}
+
+// grad · (max_derive − sign · (1 − 1 / z)), z as in log_sigmoid; where x > 0 (the mask −x < 0)
+// max_derive = 0 and sign = −1, elsewhere both 1 (Burn's form).
+Result<Tensor> Session::log_sigmoid_backward(Tensor x, Tensor grad) {
+  KILN_RETURN_IF_ERROR(require_float(x, "log_sigmoid_backward"));
+  if (router()) return binary_op(std::move(x), std::move(grad), OpKind::Activation_LogSigmoidBackward);
+  const ir::Shape shape = x.shape();
+  const ir::DType dtype = x.dtype();
+  KILN_ASSIGN_OR_RETURN(Tensor x_neg, neg(std::move(x)));
+  Tensor x_neg1 = x_neg, x_neg2 = x_neg;
+  KILN_ASSIGN_OR_RETURN(Tensor m, compare_scalar_op(std::move(x_neg1), 0.0, OpKind::Numeric_LowerElem));
+  Tensor m1 = m, m2 = m;
+  KILN_ASSIGN_OR_RETURN(Tensor max_elem, mask_fill(std::move(x_neg2), std::move(m1), 0.0));
+  Tensor max_elem1 = max_elem;
+  KILN_ASSIGN_OR_RETURN(Tensor e1, neg(std::move(max_elem1)));
+  KILN_ASSIGN_OR_RETURN(e1, exp(std::move(e1)));
+  KILN_ASSIGN_OR_RETURN(Tensor e2, sub(std::move(x_neg), std::move(max_elem)));
+  KILN_ASSIGN_OR_RETURN(e2, exp(std::move(e2)));
+  KILN_ASSIGN_OR_RETURN(Tensor z, add(std::move(e1), std::move(e2)));
+  KILN_ASSIGN_OR_RETURN(Tensor ones_t, ones(shape, dtype));
+  Tensor ones1 = ones_t, ones2 = ones_t;
+  KILN_ASSIGN_OR_RETURN(Tensor max_derive, mask_fill(std::move(ones1), std::move(m2), 0.0));
+  KILN_ASSIGN_OR_RETURN(Tensor sign_t, mask_fill(std::move(ones2), std::move(m), -1.0));
+  KILN_ASSIGN_OR_RETURN(z, recip(std::move(z)));
+  KILN_ASSIGN_OR_RETURN(Tensor t, sub(std::move(ones_t), std::move(z)));
+  KILN_ASSIGN_OR_RETURN(t, mul(std::move(sign_t), std::move(t)));
+  KILN_ASSIGN_OR_RETURN(t, sub(std::move(max_derive), std::move(t)));
+  return mul(std::move(grad), std::move(t));
+}
+
+Result<Tensor> Session::activation_dim_op(Tensor a, std::uint64_t dim, OpKind kind) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [kind, dim](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::dim(Family::Activation, kind, t[0], dim, out);
+  });
 }
 
 Result<Tensor> Session::is_nan(Tensor a) {
@@ -584,10 +761,12 @@ Result<Tensor> Session::ge(Tensor a, double s) {
   return compare_scalar_op(std::move(a), s, OpKind::Numeric_GreaterEqualElem);
 }
 Result<Tensor> Session::ne(Tensor a, Tensor b) {
+  if (router()) return compare_op(std::move(a), std::move(b), OpKind::Base_NotEqual);
   KILN_ASSIGN_OR_RETURN(Tensor m, eq(std::move(a), std::move(b)));
   return unary_op(std::move(m), OpKind::Bool_Not);
 }
 Result<Tensor> Session::ne(Tensor a, double s) {
+  if (router()) return compare_scalar_op(std::move(a), s, OpKind::Base_NotEqualElem);
   KILN_ASSIGN_OR_RETURN(Tensor m, eq(std::move(a), s));
   return unary_op(std::move(m), OpKind::Bool_Not);
 }
@@ -616,6 +795,16 @@ Result<Tensor> Session::clamp(Tensor a, double min, double max) {
     KILN_ASSIGN_OR_RETURN(ir::ScalarIr hi, ir::ScalarIr::from_f64(max, t[0].dtype));
     return build::clamp(numeric_family(t[0]), OpKind::Numeric_Clamp, t[0], lo, hi, out);
   });
+}
+
+// Burn's default float_clamp_min / clamp_max are the max / min scalar sequences.
+Result<Tensor> Session::clamp_min(Tensor a, double min) {
+  if (router()) return scalar_op(std::move(a), min, OpKind::Numeric_ClampMin);
+  return maximum(std::move(a), min);
+}
+Result<Tensor> Session::clamp_max(Tensor a, double max) {
+  if (router()) return scalar_op(std::move(a), max, OpKind::Numeric_ClampMax);
+  return minimum(std::move(a), max);
 }
 
 Result<Tensor> Session::cast(Tensor a, ir::DType target) {
@@ -958,6 +1147,17 @@ Result<Tensor> Session::topk(Tensor a, std::uint64_t k, std::uint64_t dim) {
   });
 }
 
+Result<std::pair<Tensor, Tensor>> Session::topk_with_indices(Tensor a, std::uint64_t k, std::uint64_t dim) {
+  Tensor in[] = {std::move(a)};
+  std::optional<Tensor> out[2];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [k, dim](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::topk_with_indices(numeric_family(t[0]), OpKind::Numeric_TopKWithIndices, t[0], dim, k,
+                                        kIndexDType, ids[0], ids[1]);
+      }));
+  return std::make_pair(std::move(*out[0]), std::move(*out[1]));
+}
+
 Result<Tensor> Session::argtopk(Tensor a, std::uint64_t k, std::uint64_t dim) {
   Tensor in[] = {std::move(a)};
   return run_op(in, [k, dim](std::span<const TensorIr> t, ir::TensorId out) {
@@ -1206,6 +1406,10 @@ Result<Tensor> Session::embedding(Tensor weights, Tensor indices) {
         weights.shape().size() != 2 || indices.shape().size() != 2 ? ErrorCode::RankMismatch : ErrorCode::DTypeMismatch,
         "embedding: weights " + weights.use().to_string() + " must be a float [V, E] tensor and indices " +
             indices.use().to_string() + " an integer [B, S] one");
+  if (router()) {
+    Tensor in[] = {std::move(weights), std::move(indices)};
+    return run_op(in, [](std::span<const TensorIr> t, ir::TensorId out) { return build::embedding(t[0], t[1], out); });
+  }
   const auto b = static_cast<std::int64_t>(indices.shape()[0]);
   const auto seq = static_cast<std::int64_t>(indices.shape()[1]);
   const auto e = static_cast<std::int64_t>(weights.shape()[1]);
@@ -1680,11 +1884,21 @@ Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector
   });
 }
 
-Status Session::sync_collective() { return sync(); }
+Status Session::sync_collective() {
+  if (router()) {
+    std::span<Tensor> none;
+    std::span<std::optional<Tensor>> no_outputs;
+    KILN_RETURN_IF_ERROR(run_op_outputs(none, no_outputs, [](std::span<const TensorIr>, std::span<const ir::TensorId>) {
+      return build::sync_collective();
+    }));
+  }
+  return sync();
+}
 
 // ---- Composites
 
 Result<Tensor> Session::softmax(Tensor x, std::uint64_t dim) {
+  if (router()) return activation_dim_op(std::move(x), dim, OpKind::Activation_Softmax);
   Tensor x2 = x;
   KILN_ASSIGN_OR_RETURN(Tensor m, max_dim(std::move(x2), dim));
   KILN_ASSIGN_OR_RETURN(Tensor e, sub(std::move(x), std::move(m)));
@@ -1695,6 +1909,7 @@ Result<Tensor> Session::softmax(Tensor x, std::uint64_t dim) {
 }
 
 Result<Tensor> Session::log_softmax(Tensor x, std::uint64_t dim) {
+  if (router()) return activation_dim_op(std::move(x), dim, OpKind::Activation_LogSoftmax);
   Tensor x2 = x;
   KILN_ASSIGN_OR_RETURN(Tensor m, max_dim(std::move(x2), dim));
   KILN_ASSIGN_OR_RETURN(Tensor y, sub(std::move(x), std::move(m)));

@@ -325,12 +325,12 @@ TEST(Control, RefusalsCarryTheirReason) {
   auto mismatch = connect_to_daemon(v1);
   ASSERT_FALSE(mismatch.ok());
   EXPECT_EQ(mismatch.error().code, ErrorCode::Unsupported);
-  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 5, client 4");
+  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 6, client 5");
   ClientOptions v3 = client_options(t.path + "/run");
   v3.protocol_version = kProtocolVersion + 1;
   mismatch = connect_to_daemon(v3);
   ASSERT_FALSE(mismatch.ok());
-  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 5, client 6");
+  EXPECT_EQ(mismatch.error().message, "protocol version mismatch: daemon 6, client 7");
 
   auto bad_job = connect_to_daemon(client_options(t.path + "/run", "a b"));
   ASSERT_FALSE(bad_job.ok());
@@ -401,7 +401,7 @@ TEST(Control, ClientRefusesADaemonOfAnotherVersion) {
   auto c = connect_to_daemon(client_options(t.path));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.error().code, ErrorCode::Unsupported);
-  EXPECT_EQ(c.error().message, "protocol version mismatch: daemon 4, client 5");
+  EXPECT_EQ(c.error().message, "protocol version mismatch: daemon 5, client 6");
 }
 
 // A socket planted by another user: the client reads SO_PEERCRED right after connect() and

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/ir/builders.h"
+#include "kiln/testing/quant.h"
 #include "kiln/testing/status.h"
 
 namespace kiln::ipc {
@@ -708,13 +709,13 @@ TEST(OperationCheck, AcceptsModuleEmbeddingAndTopKWithIndicesAndRefusesHostileOn
       ops, topk, [](Op& op) { op.outputs()[0].dtype = kI64; }, "output 0");
 }
 
-TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
+// Init (kiln uploads out of band) and Custom (the daemon runs no client code) are refused.
+TEST(OperationCheck, InitAndCustomAreRefusedByName) {
   namespace build = ir::build;
   const TensorIr x = in(1, {2, 3});
   const std::vector<ir::Operation> refused{
       built(build::custom("user::op", std::vector<TensorIr>{x},
                           std::vector<TensorIr>{TensorIr::uninit(TensorId(10), {2, 3}, kF32)}, {})),
-      built(build::sync_collective()),
       built(build::init({2, 3}, kF32, TensorId(10))),
   };
   OperationCheckMemo memo;
@@ -722,6 +723,25 @@ TEST(OperationCheck, KindsNoSessionEmitsAreStillRefusedByName) {
     expect_refused(op, "not accepted over IPC");
     EXPECT_FALSE(memo.check(op).ok()) << op.to_string();
   }
+}
+
+// SyncCollective (Session::sync_collective in the router form) is accepted as the builder makes
+// it, with nothing attached: a tensor, a scalar or an attribute sent with it is refused.
+TEST(OperationCheck, AcceptsABareSyncCollectiveOnly) {
+  const ir::Operation sync = built(ir::build::sync_collective());
+  KILN_EXPECT_OK(check_client_operation(sync));
+  OperationCheckMemo memo;
+  KILN_EXPECT_OK(memo.check(sync));
+  ir::Operation with_tensor = sync;
+  with_tensor.tensors.push_back(in(1, {2, 3}));
+  with_tensor.num_inputs = 1;
+  EXPECT_FALSE(check_client_operation(with_tensor).ok());
+  ir::Operation with_attr = sync;
+  with_attr.attrs.push_back(1);
+  EXPECT_FALSE(check_client_operation(with_attr).ok());
+  ir::Operation with_scalar = sync;
+  with_scalar.scalars.push_back(ir::ScalarIr::from_f64(1.0, kF32).value());
+  EXPECT_FALSE(check_client_operation(with_scalar).ok());
 }
 
 // Random creation (Session::random): Float Random and NumericInt IntRandom of every distribution
@@ -1421,15 +1441,7 @@ TEST(OperationCheck, RefusesHostileDeformableConvolutions) {
 
 // ---- Quantization (Session calls): Quantize, the scheme its output's QFloat dtype, and Dequantize.
 
-ir::QuantScheme block_scheme() {
-  ir::QuantScheme q;
-  q.value = ir::QuantValue::Q4S;
-  q.store = ir::QuantStoreKind::PackedU32;
-  q.block_rank = 2;
-  q.block = {1, 4, 0, 0};
-  q.param = ir::QuantParam::F16;
-  return q;
-}
+ir::QuantScheme block_scheme() { return ::kiln::testing::packed_q4_blocks(); }
 
 std::vector<ir::Operation> quantization_ops() {
   namespace build = ir::build;

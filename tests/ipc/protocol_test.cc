@@ -18,6 +18,7 @@
 
 #include "kiln/ir/builders.h"
 #include "kiln/ir/codec.h"
+#include "kiln/testing/quant.h"
 #include "kiln/testing/status.h"
 
 namespace kiln::ipc {
@@ -45,6 +46,8 @@ ExportToken sample_token() {
   for (std::size_t i = 0; i < t.bytes.size(); ++i) t.bytes[i] = static_cast<std::uint8_t>(0xa0 + i);
   return t;
 }
+
+ir::QuantScheme packed_blocks() { return ::kiln::testing::packed_q4_blocks(); }
 
 std::vector<Command> every_command() {
   return {
@@ -80,6 +83,11 @@ std::vector<Command> every_command() {
       {19, ControlCmd{ControlVerb::Jobs, false, ""}},
       {20, ControlCmd{ControlVerb::Limits, true, "job_memory_mib=4096 uid_jobs=0"}},
       {21, ControlCmd{ControlVerb::Stop, false, std::string(kMaxControlArgBytes, '~')}},
+      // QFloat (version 6): the default scheme, and packed blocks with f16 scales.
+      {22, UploadCmd{7, TensorId(9), DType::qfloat(ir::QuantScheme{}), Shape{4}, ArenaRange{0, 12}}},
+      {23, DropCmd{7, TensorIr{TensorId(9), {2, 8}, TensorStatus::ReadWrite, DType::qfloat(packed_blocks())}}},
+      {24, ReadCmd{7, TensorIr{TensorId(9), {2, 8}, TensorStatus::ReadOnly, DType::qfloat(packed_blocks())},
+                   ArenaRange{0, 64}}},
   };
 }
 
@@ -100,6 +108,7 @@ std::vector<Completion> every_completion() {
       {5, ExportedCpl{sample_token()}},
       {6, StatusTextCpl{"{\"device\":\"cpu\"}"}},
       {7, StatusTextCpl{""}},
+      {9, ReadDoneCpl{DType::qfloat(packed_blocks()), Shape{2, 8}, ArenaRange{0, 20}}},
       {8, ReadPartDoneCpl{dtypes::u8, Shape{3000000}, 2999000, ArenaRange{4096, 1000}}},
   };
 }
@@ -210,8 +219,6 @@ TEST(Protocol, RejectsOversizedAndOutOfRange) {
   Bytes dt = up;
   dt[dtype_at] = 20;
   EXPECT_EQ(command_error(dt), "upload.dtype: unknown dtype kind 20");
-  dt[dtype_at] = static_cast<std::uint8_t>(ir::DTypeKind::QFloat);
-  EXPECT_EQ(command_error(dt), "upload.dtype: qfloat is not transferable over ipc");
   Bytes st = up;
   st[dtype_at + 1] = 1;
   EXPECT_EQ(command_error(st), "upload.dtype: store byte is 1 for a non-bool dtype, must be 0");
@@ -489,14 +496,40 @@ TEST(Protocol, ErrorCompletionTruncatesLongMessagesAtACharacterBoundary) {
   EXPECT_EQ(std::get<ErrorCpl>(d->body).message.size(), kMaxErrorMessageBytes - 1);
 }
 
+// A QFloat dtype carries its scheme after the store byte (13 bytes, the IR codec's encoding); a
+// scheme cut short, an unknown enum, a block rank over 4 or a store byte are refused by name, and
+// tensor_bytes counts kiln's layout (values, scales, global scale) or names a scheme the shape
+// cannot take.
+TEST(Protocol, QFloatDtypesCarryTheirScheme) {
+  Bytes q = encode(Command{22, UploadCmd{7, TensorId(9), DType::qfloat(packed_blocks()), Shape{2, 8}, {0, 20}}});
+  auto d = decode_command(q, kArena);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(std::get<UploadCmd>(d->body).dtype, DType::qfloat(packed_blocks()));
+  const std::size_t dtype_at = kMessageHeaderBytes + 8 + 8, scheme_at = dtype_at + 2;
+  Bytes store = q;
+  store[dtype_at + 1] = 1;
+  EXPECT_EQ(command_error(store), "upload.dtype: store byte is 1 for a non-bool dtype, must be 0");
+  Bytes value = q;
+  value[scheme_at] = 9;
+  EXPECT_NE(command_error(value).find("upload.dtype: "), std::string::npos) << command_error(value);
+  EXPECT_NE(command_error(value).find("quantization value type"), std::string::npos) << command_error(value);
+  Bytes rank = q;
+  rank[scheme_at + 3] = 5;
+  EXPECT_NE(command_error(rank).find("block rank 5 exceeds 4"), std::string::npos) << command_error(rank);
+  Bytes cut(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(scheme_at + 5));
+  put_u32(cut, 4, static_cast<std::uint32_t>(cut.size() - kMessageHeaderBytes));
+  EXPECT_NE(command_error(cut).find("upload.dtype"), std::string::npos) << command_error(cut);
+  // [2, 8] in Q4S words of 8 values: 2 · 1 words of 4 bytes, 4 f16 scales, the f32 global scale.
+  EXPECT_EQ(tensor_bytes(DType::qfloat(packed_blocks()), Shape{2, 8}).value(), 2 * 4 + 4 * 2 + 4);
+  EXPECT_EQ(tensor_bytes(DType::qfloat(ir::QuantScheme{}), Shape{4}).value(), 4 + 4 + 4);
+  EXPECT_FALSE(tensor_bytes(DType::qfloat(packed_blocks()), Shape{2, 6}).ok());  // 6 is no multiple of 4
+}
+
 TEST(Protocol, EncoderRefusesWhatTheFormatCannotCarry) {
   Bytes b;
   Status s = encode_command(Command{1, UploadCmd{0, TensorId(1), dtypes::f32, Shape(17, 1), ArenaRange{0, 4}}}, b);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().message, "rank 17 exceeds the limit 16");
-  ir::QuantScheme q;
-  s = encode_command(Command{1, UploadCmd{0, TensorId(1), DType::qfloat(q), Shape{4}, ArenaRange{0, 4}}}, b);
-  ASSERT_FALSE(s.ok());
   EXPECT_TRUE(b.empty());  // nothing appended on error
   EXPECT_FALSE(peek_request_id(Bytes(15, 0)).has_value());
 }

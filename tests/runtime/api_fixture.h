@@ -9,11 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "kiln/base/mutex.h"
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/cpu/reference_backend.h"
 #include "kiln/runtime/device.h"
@@ -87,6 +90,82 @@ class SessionFixture : public ::testing::Test {
     Tensor t = ::kiln::testing::ok(std::move(r));
     EXPECT_EQ(t.shape(), shape);
     return ::kiln::testing::ok(s->to_host<std::int64_t>(std::move(t)));
+  }
+};
+
+// A SessionTarget that forwards everything and records the kind of every registered operation
+// ("NumericFloat::Lower"): what a Session call emitted, in order, in process and over IPC alike.
+class RecordingTarget final : public SessionTarget {
+ public:
+  explicit RecordingTarget(SessionTarget& inner) : inner_(inner) {}
+
+  // The kinds registered since the last call.
+  std::vector<std::string> take() {
+    MutexLock lock(mu_);
+    return std::exchange(kinds_, {});
+  }
+  // Every kind seen since construction, take() or not. An upload counts as Init (kiln registers
+  // the buffer out of band where Burn's client emits Init{out}) and a drop as Drop (the runtime
+  // queues Drop(t) for it).
+  std::set<ir::OpKind> seen() {
+    MutexLock lock(mu_);
+    return seen_;
+  }
+
+  ir::TensorId new_tensor_id() override { return inner_.new_tensor_id(); }
+  ir::TensorId new_tensor_ids(std::uint64_t count) override { return inner_.new_tensor_ids(count); }
+  Status upload(StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
+                std::span<const std::byte> bytes) override {
+    see(ir::OpKind::Init_Init);
+    return inner_.upload(home, id, dtype, std::move(shape), bytes);
+  }
+  Status register_op(StreamId stream, ir::Operation&& op) override {
+    {
+      MutexLock lock(mu_);
+      kinds_.push_back(op.kind_name());
+      seen_.insert(op.kind);
+    }
+    return inner_.register_op(stream, std::move(op));
+  }
+  Status drain(StreamId stream) override { return inner_.drain(stream); }
+  Result<HostData> read(StreamId home, const ir::TensorIr& t) override { return inner_.read(home, t); }
+  Status read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) override {
+    return inner_.read_into(home, t, dst);
+  }
+  Status drop(StreamId home, const ir::TensorIr& t) override {
+    see(ir::OpKind::Drop_Drop);
+    return inner_.drop(home, t);
+  }
+  Status share(StreamId src_stream, ir::TensorId src, StreamId dst_stream, ir::TensorId dst) override {
+    return inner_.share(src_stream, src, dst_stream, dst);
+  }
+  void claim_stream(StreamId stream) override { inner_.claim_stream(stream); }
+
+ private:
+  void see(ir::OpKind kind) KILN_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    seen_.insert(kind);
+  }
+
+  SessionTarget& inner_;
+  Mutex mu_;
+  std::vector<std::string> kinds_ KILN_GUARDED_BY(mu_);
+  std::set<ir::OpKind> seen_ KILN_GUARDED_BY(mu_);
+};
+
+// SessionFixture with `s` over a RecordingTarget: kinds_of(f) says what f registered.
+class RecordingSessionFixture : public SessionFixture {
+ protected:
+  RecordingTarget rec{direct_target()};
+
+  RecordingSessionFixture() { s = std::make_unique<Session>(rec); }
+
+  // The kinds `f` registers (its inputs are uploaded before: uploads register no operation).
+  template <class F>
+  std::vector<std::string> kinds_of(F&& f) {
+    (void)rec.take();
+    f();
+    return rec.take();
   }
 };
 

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -19,6 +18,8 @@
 
 #include "api_fixture.h"
 #include "kiln/runtime/session.h"
+#include "kiln/runtime/session_conv_calls.h"
+#include "kiln/testing/quant.h"
 #include "kiln/testing/status.h"
 
 namespace kiln::runtime {
@@ -30,61 +31,8 @@ using Kinds = std::vector<std::string>;
 
 using api_testing::expect_near;
 
-// A SessionTarget that forwards everything and records the kind of every registered operation
-// ("NumericFloat::Lower"): what a Session call emitted, in order, in process and over IPC alike.
-class RecordingTarget final : public SessionTarget {
- public:
-  explicit RecordingTarget(SessionTarget& inner) : inner_(inner) {}
-
-  // The kinds registered since the last call.
-  Kinds take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return std::exchange(kinds_, {});
-  }
-
-  ir::TensorId new_tensor_id() override { return inner_.new_tensor_id(); }
-  ir::TensorId new_tensor_ids(std::uint64_t count) override { return inner_.new_tensor_ids(count); }
-  Status upload(StreamId home, ir::TensorId id, ir::DType dtype, ir::Shape shape,
-                std::span<const std::byte> bytes) override {
-    return inner_.upload(home, id, dtype, std::move(shape), bytes);
-  }
-  Status register_op(StreamId stream, ir::Operation&& op) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      kinds_.push_back(op.kind_name());
-    }
-    return inner_.register_op(stream, std::move(op));
-  }
-  Status drain(StreamId stream) override { return inner_.drain(stream); }
-  Result<HostData> read(StreamId home, const ir::TensorIr& t) override { return inner_.read(home, t); }
-  Status read_into(StreamId home, const ir::TensorIr& t, std::span<std::byte> dst) override {
-    return inner_.read_into(home, t, dst);
-  }
-  Status drop(StreamId home, const ir::TensorIr& t) override { return inner_.drop(home, t); }
-  Status share(StreamId src_stream, ir::TensorId src, StreamId dst_stream, ir::TensorId dst) override {
-    return inner_.share(src_stream, src, dst_stream, dst);
-  }
-  void claim_stream(StreamId stream) override { inner_.claim_stream(stream); }
-
- private:
-  SessionTarget& inner_;
-  std::mutex mu_;
-  Kinds kinds_;
-};
-
-class ApiOps : public api_testing::SessionFixture {
+class ApiOps : public api_testing::RecordingSessionFixture {
  protected:
-  RecordingTarget rec{direct_target()};
-
-  ApiOps() { s = std::make_unique<Session>(rec); }
-
-  // The kinds `f` registers (its inputs are uploaded before: uploads register no operation).
-  template <class F>
-  Kinds kinds_of(F&& f) {
-    (void)rec.take();
-    f();
-    return rec.take();
-  }
   // The error message of a call that must fail.
   static std::string error_of(Result<Tensor> r) {
     EXPECT_FALSE(r.ok()) << "the call succeeded";
@@ -1020,17 +968,6 @@ TEST_F(ApiOps, Conv1dConv3dConvTranspose2dAndConvTranspose3d) {
   EXPECT_EQ(kinds_of([&] { (void)s->conv1d(x3, w1); }), Kinds{});
 }
 
-// The gradient calls of one rank: conv{n}d_x_backward ... conv_transpose{n}d_bias_backward.
-template <class Options, class TransposedOptions>
-struct ConvGradientCalls {
-  std::size_t rank;
-  Result<Tensor> (Session::*x)(Tensor, Tensor, Tensor, const Options&);
-  Result<Tensor> (Session::*weight)(Tensor, Tensor, Tensor, const Options&);
-  Result<Tensor> (Session::*bias)(Tensor, Tensor, Tensor);
-  Result<Tensor> (Session::*transposed_weight)(Tensor, Tensor, Tensor, const TransposedOptions&);
-  Result<Tensor> (Session::*transposed_bias)(Tensor, Tensor, Tensor);
-};
-
 // The gradients, each the Module kind of its name: x = [1, 2, 3], w = [1, 10], output_grad
 // [1, 2] give the X gradient [1, 12, 20], the weight gradient [5, 8] and the bias gradient [3]
 // in every rank (unit dims change nothing); the transposed x = [1, 2] with output_grad
@@ -1049,27 +986,20 @@ TEST_F(ApiOps, ConvolutionGradients) {
     Tensor x = f32({1, 2, 3}, shaped(c.rank, 3)), w = f32({1, 10}, shaped(c.rank, 2));
     Tensor g = f32({1, 2}, shaped(c.rank, 2)), bias = f32({0}, {1});
     Tensor tx = f32({1, 2}, shaped(c.rank, 2)), tg = f32({1, 10, 100}, shaped(c.rank, 3));
-    expect_near(get((ss.*c.x)(x, w, g, {}), shaped(c.rank, 3)), {1, 12, 20});
-    expect_near(get((ss.*c.weight)(x, w, g, {}), shaped(c.rank, 2)), {5, 8});
-    expect_near(get((ss.*c.bias)(x, bias, g), {1}), {3});
-    expect_near(get((ss.*c.transposed_weight)(tx, w, tg, {}), shaped(c.rank, 2)), {21, 210});
-    expect_near(get((ss.*c.transposed_bias)(tx, bias, tg), {1}), {111});
-    EXPECT_EQ(kinds_of([&] { ok((ss.*c.x)(x, w, g, {})); }), (Kinds{conv + "XBackward"}));
-    EXPECT_EQ(kinds_of([&] { ok((ss.*c.weight)(x, w, g, {})); }), (Kinds{conv + "WeightBackward"}));
-    EXPECT_EQ(kinds_of([&] { ok((ss.*c.bias)(x, bias, g)); }), (Kinds{conv + "BiasBackward"}));
-    EXPECT_EQ(kinds_of([&] { ok((ss.*c.transposed_weight)(tx, w, tg, {})); }), (Kinds{transposed + "WeightBackward"}));
-    EXPECT_EQ(kinds_of([&] { ok((ss.*c.transposed_bias)(tx, bias, tg)); }), (Kinds{transposed + "BiasBackward"}));
+    expect_near(get((ss.*c.x_grad)(x, w, g, {}), shaped(c.rank, 3)), {1, 12, 20});
+    expect_near(get((ss.*c.weight_grad)(x, w, g, {}), shaped(c.rank, 2)), {5, 8});
+    expect_near(get((ss.*c.bias_grad)(x, bias, g), {1}), {3});
+    expect_near(get((ss.*c.weight_grad_t)(tx, w, tg, {}), shaped(c.rank, 2)), {21, 210});
+    expect_near(get((ss.*c.bias_grad_t)(tx, bias, tg), {1}), {111});
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.x_grad)(x, w, g, {})); }), (Kinds{conv + "XBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.weight_grad)(x, w, g, {})); }), (Kinds{conv + "WeightBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.bias_grad)(x, bias, g)); }), (Kinds{conv + "BiasBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.weight_grad_t)(tx, w, tg, {})); }), (Kinds{transposed + "WeightBackward"}));
+    EXPECT_EQ(kinds_of([&] { ok((ss.*c.bias_grad_t)(tx, bias, tg)); }), (Kinds{transposed + "BiasBackward"}));
   };
-  namespace b = ir::build;
-  check(ConvGradientCalls<b::Conv1dOptions, b::ConvTranspose1dOptions>{
-      1, &Session::conv1d_x_backward, &Session::conv1d_weight_backward, &Session::conv1d_bias_backward,
-      &Session::conv_transpose1d_weight_backward, &Session::conv_transpose1d_bias_backward});
-  check(ConvGradientCalls<b::Conv2dOptions, b::ConvTranspose2dOptions>{
-      2, &Session::conv2d_x_backward, &Session::conv2d_weight_backward, &Session::conv2d_bias_backward,
-      &Session::conv_transpose2d_weight_backward, &Session::conv_transpose2d_bias_backward});
-  check(ConvGradientCalls<b::Conv3dOptions, b::ConvTranspose3dOptions>{
-      3, &Session::conv3d_x_backward, &Session::conv3d_weight_backward, &Session::conv3d_bias_backward,
-      &Session::conv_transpose3d_weight_backward, &Session::conv_transpose3d_bias_backward});
+  check(kConv1dCalls);
+  check(kConv2dCalls);
+  check(kConv3dCalls);
   // The transposed X gradient the spec leaves out is conv1d(output_grad, weight) with the same
   // options: Σ_k g[l + k] w[k] = [1 + 100, 10 + 1000].
   expect_near(get(s->conv1d(f32({1, 10, 100}, {1, 1, 3}), f32({1, 10}, {1, 1, 2})), {1, 1, 2}), {101, 1010});
@@ -1568,8 +1498,7 @@ TEST_F(ApiOps, DeformableConv2dAndItsBackward) {
   EXPECT_EQ(kinds_of([&] { (void)s->deformable_conv2d(x, f32({0, 0}, {1, 2, 1, 1}), w); }), Kinds{});
 }
 
-// ---- Quantization (every quantized tensor is consumed by a dequantize: over IPC a QFloat
-// tensor cannot be dropped)
+// ---- Quantization
 
 // Q8S with scale 0.5: x / 0.5 rounded half away from zero and clamped to ±127, then multiplied
 // back; [1, 4] blocks of a [2, 8] tensor in Q4S u32 words, one scale each; a global scale.
@@ -1601,6 +1530,38 @@ TEST_F(ApiOps, QuantizeAndDequantize) {
   EXPECT_EQ(kinds_of([&] { (void)s->dequantize(x); }), Kinds{});
   Tensor zero = ok(s->quantize(x, f32({0}, {1}), q8));
   EXPECT_FALSE(s->to_host<float>(ok(s->dequantize(std::move(zero)))).ok());
+}
+
+// A QFloat tensor crosses the client boundary like any other (over IPC: protocol version 6): its
+// bytes in kiln's layout out of to_host_bytes, back in through from_host_bytes, dequantized to
+// the same values; dropped unread; a byte count that is not the layout's is refused.
+TEST_F(ApiOps, QuantizedTensorsTravelAsKilnsLayout) {
+  const ir::QuantScheme blocks = ::kiln::testing::packed_q4_blocks();  // [2, 8]: 8 + 8 + 4 bytes
+  const ir::DType q4 = ir::DType::qfloat(blocks);
+  const std::vector<float> xv{1, 2, 3, 4, 5, 6, 7, 8, 2, 4, 6, 8, 10, 12, 14, 16};
+  Tensor q = ok(s->quantize(f32(xv, {2, 8}), f32({1, 2, 2, 4}, {2, 2}), blocks));
+  Tensor q_copy = q;
+  std::vector<std::byte> bytes(20);
+  KILN_ASSERT_OK(s->to_host_bytes(std::move(q_copy), bytes));
+  Tensor back = ok(s->from_host_bytes(q4, bytes, {2, 8}));
+  EXPECT_EQ(back.dtype(), q4);
+  const std::vector<double> want = get(s->dequantize(std::move(q)), {2, 8});
+  expect_near(get(s->dequantize(std::move(back)), {2, 8}), want);
+  EXPECT_NE(want, std::vector<double>(16, 0.0));
+  // Q8S [4] with one scale: 4 value bytes, the f32 scale, the global scale.
+  Tensor small = ok(s->quantize(f32({1, -2, 3, -4}, {4}), f32({0.5f}, {1}), ir::QuantScheme{}));
+  std::vector<std::byte> small_bytes(12);
+  KILN_ASSERT_OK(s->to_host_bytes(small, small_bytes));
+  { Tensor dropped = std::move(small); }  // dropped unread, over IPC too
+  expect_near(get(s->dequantize(ok(s->from_host_bytes(ir::DType::qfloat(ir::QuantScheme{}), small_bytes, {4}))), {4}),
+              {1, -2, 3, -4});
+  // The layout's byte count, and a shape the scheme fits, or an error naming both.
+  EXPECT_NAMES(error_of(s->from_host_bytes(q4, std::span<const std::byte>(bytes).first(19), {2, 8})), "20");
+  EXPECT_NAMES(error_of(s->from_host_bytes(q4, bytes, {2, 6})), "from_host_bytes");
+  std::vector<std::byte> wrong_size(12);
+  EXPECT_FALSE(s->to_host_bytes(ok(s->quantize(f32({1, 2, 3, 4}, {4}), f32({1}, {1}), ir::QuantScheme{})),
+                                std::span<std::byte>(wrong_size).first(11))
+                   .ok());
 }
 
 // ---- Signals

@@ -96,14 +96,15 @@ TEST_F(Api, HostBytesForAnyDtype) {
   const std::vector<std::uint16_t> f16{0x3C00, 0xC000};  // 1.0, -2.0
   ASSERT_OK_AND_ASSIGN(Tensor h, s->from_host_bytes(ir::dtypes::f16, std::as_bytes(std::span(f16)), {2}));
   EXPECT_EQ(ok(s->to_host<float>(ok(s->cast(h, ir::dtypes::f32)))), (std::vector<float>{1, -2}));
-  // Errors: a byte count that is not the shape's, a part of an element, a dtype of no fixed
-  // size, a destination of another size.
+  // Errors: a byte count that is not the shape's, a part of an element, a QFloat byte count that
+  // is not its layout's (4 values, the f32 scale, the global scale), a destination of another size.
   EXPECT_THAT(s->from_host_bytes(ir::dtypes::i8, std::as_bytes(std::span(i8)), {3}),
               StatusIs(ErrorCode::IncompatibleShapes, "4 values for shape [3]"));
   EXPECT_THAT(s->from_host_bytes(ir::dtypes::f32, std::as_bytes(std::span(i8)).first(3), {1}),
               StatusIs(ErrorCode::IncompatibleShapes, "not a whole number of f32"));
-  EXPECT_THAT(s->from_host_bytes(ir::DType::qfloat({}), std::as_bytes(std::span(i8)), {4}),
-              StatusIs(ErrorCode::Unsupported, "no fixed size"));
+  EXPECT_THAT(
+      s->from_host_bytes(ir::DType::qfloat({}), std::as_bytes(std::span(i8)), {4}),
+      StatusIs(ErrorCode::IncompatibleShapes, "4 bytes for a qfloat(q8s,native,tensor)[4] tensor, which holds 12"));
   std::vector<std::int8_t> small(3);
   EXPECT_FALSE(s->to_host_bytes(t, std::as_writable_bytes(std::span(small))).ok());
 }

@@ -4,18 +4,20 @@
 // Thread-safety: pure functions; call from any thread.
 //
 // ---------------------------------------------------------------------------------------------
-// Format (protocol version kProtocolVersion = 5, agreed in the socket handshake; version 2 added
+// Format (protocol version kProtocolVersion = 6, agreed in the socket handshake; version 2 added
 // upload_part, read_part and read_part_done; version 3 gave upload and upload_part the tensor's
 // home stream and widened export tokens to 32 random bytes; version 4 added report_fallbacks;
-// version 5 added control).
+// version 5 added control; version 6 carries QFloat dtypes, with their scheme).
 // All integers little-endian, fixed width; no padding; reserved bytes must be zero; no trailing
 // bytes.
 //
 //   message   = kind u8, reserved u8 (0), reserved u16 (0), body_len u32, request_id u64, body
 //               (16-byte header; body_len = message size - 16; request_id chosen by the client,
 //               echoed in the completion)
-//   dtype     = kind u8 (ir::DTypeKind, F64..Bool; QFloat is not transferable), store u8
-//               (BoolStore for Bool, else 0)
+//   dtype     = kind u8 (ir::DTypeKind, F64..QFloat), store u8 (BoolStore for Bool, else 0),
+//               [QFloat] scheme: value u8, store u8, packed_dim u8, block_rank u8 (<= 4),
+//               block u16 * 4, param u8 (ir::codec::put_quant_scheme; a QFloat tensor's bytes
+//               are kiln's layout: the values' words, the block scales, the f32 global scale)
 //   shape     = rank u8 (<= ir::codec::kMaxRank), dim u64 * rank
 //   tensor    = id u64, status u8 (ReadOnly or ReadWrite), dtype, shape      (an ir::TensorIr)
 //   range     = offset u64, length u64                       (ArenaRange, relative to the arena)
@@ -124,7 +126,7 @@
 
 namespace kiln::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 5;
+inline constexpr std::uint16_t kProtocolVersion = 6;
 inline constexpr std::size_t kMessageHeaderBytes = 16;
 // Bounds one message. A registered op encodes to ~100 bytes and the codec's own caps keep any
 // op far below this; it also caps what a hostile message can make the decoder look at.
@@ -342,7 +344,7 @@ Completion error_completion(std::uint64_t request_id, const Error& e);
 
 // ---- encode / decode --------------------------------------------------------------------------
 // Append one message to `out`. Errors (ErrorCode::Invalid, nothing appended) for values the
-// format cannot carry: rank > kMaxRank, a QFloat dtype, a message over kMaxMessageBytes. An
+// format cannot carry: rank > kMaxRank, a message over kMaxMessageBytes. An
 // error completion's message is truncated to kMaxErrorMessageBytes, never refused.
 Status encode_command(const Command& cmd, std::vector<std::uint8_t>& out);
 Status encode_completion(const Completion& cpl, std::vector<std::uint8_t>& out);
@@ -362,8 +364,9 @@ std::optional<std::uint64_t> peek_request_id(std::span<const std::uint8_t> bytes
 std::optional<std::string> fallback_name_problem(std::string_view name,
                                                  std::optional<std::string_view> previous = std::nullopt);
 
-// Bytes of a dense tensor (elements * dtype size), or an error naming the overflow or an
-// untransferable dtype (QFloat).
+// Bytes of a tensor: elements * dtype size, or a QFloat tensor's layout
+// (ir::shape::quant_geometry's total); an error names the overflow or a scheme the shape cannot
+// take.
 Result<std::uint64_t> tensor_bytes(ir::DType dtype, const ir::Shape& shape);
 
 }  // namespace kiln::ipc

@@ -139,24 +139,30 @@ Result<std::vector<Operation>> decode_operations(std::span<const std::uint8_t> b
 Result<GraphIr> decode_graph(std::span<const std::uint8_t> bytes);
 
 // ---- The dtype's encoding, shared by every format that stores dtypes (these messages, the plan
-// cache): kind; then the bool store, or the quantization scheme (value, store, packed dim, block
-// rank, four u16 block dims, parameter precision).
+// cache, the IPC protocol's transfers): kind; then the bool store, or the quantization scheme
+// (value, store, packed dim, block rank, four u16 block dims, parameter precision: always
+// kQuantSchemeBytes).
+inline constexpr std::size_t kQuantSchemeBytes = 13;
+template <class Sink>
+void put_quant_scheme(Sink& s, const QuantScheme& q) {
+  put_u8(s, static_cast<std::uint8_t>(q.value));
+  put_u8(s, static_cast<std::uint8_t>(q.store));
+  put_u8(s, q.packed_dim);
+  put_u8(s, q.block_rank);
+  for (std::uint16_t b : q.block) put_u16(s, b);
+  put_u8(s, static_cast<std::uint8_t>(q.param));
+}
 template <class Sink>
 void put_dtype(Sink& s, const DType& d) {
   put_u8(s, static_cast<std::uint8_t>(d.kind()));
   if (d.is_bool()) {
     put_u8(s, static_cast<std::uint8_t>(d.bool_store()));
   } else if (d.is_quantized()) {
-    const QuantScheme& q = d.scheme();
-    put_u8(s, static_cast<std::uint8_t>(q.value));
-    put_u8(s, static_cast<std::uint8_t>(q.store));
-    put_u8(s, q.packed_dim);
-    put_u8(s, q.block_rank);
-    for (std::uint16_t b : q.block) put_u16(s, b);
-    put_u8(s, static_cast<std::uint8_t>(q.param));
+    put_quant_scheme(s, d.scheme());
   }
 }
-// Reads what put_dtype wrote; `what` names the value in an error ("input dtype").
+// Reads what put_quant_scheme / put_dtype wrote; `what` names the value in an error ("input dtype").
+bool read_quant_scheme(ByteReader& r, QuantScheme& out);
 bool read_dtype(ByteReader& r, DType& out, const char* what);
 
 }  // namespace kiln::ir::codec

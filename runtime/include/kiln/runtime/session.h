@@ -125,14 +125,25 @@ struct DeformableConv2dGrads {
   std::optional<Tensor> mask_grad, bias_grad;
 };
 
+// Which of Burn's clients a Session speaks as, for the calls whose IR depends on it
+// (docs/session-ops.md "Router form"). FusionClient, the default, emits the decompositions of
+// docs/spec/ir.md §5.11, which the fusers see. Router emits, for neg, sign, ne, bool xor_,
+// clamp_min / clamp_max, relu, gelu, sigmoid, softmax, log_softmax, embedding and
+// sync_collective, the one kind that only router / remote clients send (§5.3, §5.9): Neg, Sign,
+// NotEqual(Elem), Bool Xor, ClampMin / ClampMax, the Activation kinds, Module Embedding,
+// Distributed SyncCollective. Every other call emits the same IR in both forms.
+enum class Lowering : std::uint8_t { FusionClient, Router };
+
 class Session {
  public:
   // Over a Device (in process) or any other SessionTarget (the IPC client's connection).
-  explicit Session(SessionTarget& target) : device_(target) {}
+  explicit Session(SessionTarget& target, Lowering lowering = Lowering::FusionClient)
+      : device_(target), lowering_(lowering) {}
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   SessionTarget& target() { return device_; }
+  Lowering lowering() const { return lowering_; }
   StreamIdAllocator& stream_ids() { return ids_; }
   // The calling thread's current stream (its implicit stream unless inside executes()).
   StreamId current_stream();
@@ -164,9 +175,11 @@ class Session {
   template <class T = float>
   Result<std::vector<T>> to_host(Tensor t);
   // Any dtype as raw bytes, row-major, D.size_bytes() per element (bool(Native): one byte, 0 or
-  // 1), for a client that holds typed buffers of its own (the PyTorch device: f16, i8, ...).
-  // from_host_bytes: bytes.size() must be the shape's element count times dtype.size_bytes()
-  // (IncompatibleShapes otherwise; a dtype of no fixed size, QFloat, is Unsupported).
+  // 1), for a client that holds typed buffers of its own (the PyTorch device: f16, i8, ...); a
+  // QFloat tensor in kiln's layout (ir::shape::quant_geometry: the values' words, the block
+  // scales, the f32 global scale), which to_host_bytes gives and from_host_bytes takes back.
+  // from_host_bytes: bytes.size() must be the shape's element count times dtype.size_bytes(), or
+  // the QFloat layout's total (IncompatibleShapes otherwise).
   // to_host_bytes: reads t into `dst`, which must hold exactly its bytes (Invalid otherwise).
   Result<Tensor> from_host_bytes(ir::DType dtype, std::span<const std::byte> bytes, ir::Shape shape);
   Status to_host_bytes(Tensor t, std::span<std::byte> dst);
@@ -203,7 +216,8 @@ class Session {
   // are an error (the Int builders' message).
   Result<Tensor> and_(Tensor a, Tensor b);  // bool: Bool And; int: Int BitwiseAnd
   Result<Tensor> or_(Tensor a, Tensor b);   // bool: Bool Or; int: Int BitwiseOr
-  Result<Tensor> xor_(Tensor a, Tensor b);  // bool: BaseBool Equal (D(a)), then Bool Not; int: Int BitwiseXor
+  // bool: BaseBool Equal (D(a)), then Bool Not (Router: Bool Xor); int: Int BitwiseXor
+  Result<Tensor> xor_(Tensor a, Tensor b);
   Result<Tensor> and_(Tensor a, double s);  // bool: Ones/Zeros, then Bool And; int: Int BitwiseAndScalar
   Result<Tensor> or_(Tensor a, double s);   // bool: Ones/Zeros, then Bool Or; int: Int BitwiseOrScalar
   Result<Tensor> xor_(Tensor a, double s);  // bool: Ones/Zeros, Equal, Bool Not; int: Int BitwiseXorScalar
@@ -214,7 +228,7 @@ class Session {
   Result<Tensor> bitwise_right_shift(Tensor a, Tensor b);  // Int BitwiseRightShift (arithmetic)
   Result<Tensor> bitwise_right_shift(Tensor a, double s);  // Int BitwiseRightShiftScalar
 
-  // ---- Unary. neg = MulScalar(−1); abs float or int; the rest float only.
+  // ---- Unary. neg = MulScalar(−1) (Router: F/I Neg); abs float or int; the rest float only.
   Result<Tensor> neg(Tensor a);
   Result<Tensor> abs(Tensor a);
   Result<Tensor> exp(Tensor a);
@@ -227,6 +241,7 @@ class Session {
   Result<Tensor> tanh(Tensor a);
   Result<Tensor> erf(Tensor a);
   Result<Tensor> recip(Tensor a);
+  // sigmoid, relu, gelu: Router emits Activation Sigmoid / Relu / Gelu instead.
   Result<Tensor> sigmoid(Tensor a);  // the 8-op sequence (casts through f32)
   Result<Tensor> relu(Tensor a);     // LowerEqualElem(x, 0), MaskFill(x, m, 0)
   Result<Tensor> gelu(Tensor a);     // exact: x * (1 + erf(x / √2)) / 2
@@ -236,7 +251,7 @@ class Session {
   Result<Tensor> round(Tensor a);    // Float Round (half to even)
   Result<Tensor> trunc(Tensor a);    // Float Trunc
   // sign (float or int): Zeros(S, D) → z, LowerElem(a, 0) → m1, GreaterElem(a, 0) → m2,
-  // MaskFill(z, m1, −1) → r, MaskFill(r, m2, 1); never Numeric Sign (docs/spec/ir.md §5.3).
+  // MaskFill(z, m1, −1) → r, MaskFill(r, m2, 1) (docs/spec/ir.md §5.11); Router: F/I Sign.
   Result<Tensor> sign(Tensor a);
   Result<Tensor> is_nan(Tensor a);  // Float IsNan → kBoolDType
   Result<Tensor> is_inf(Tensor a);  // Float IsInf → kBoolDType
@@ -258,7 +273,24 @@ class Session {
   // Float Hypot: √(a² + b²) without intermediate overflow, broadcasting; hypot(±inf, NaN) = inf.
   Result<Tensor> hypot(Tensor a, Tensor b);
 
-  // ---- Comparisons → kBoolDType tensors (eq of bool operands keeps D(lhs)).
+  // ---- Activations of docs/spec/ir.md §5.9 without a §5.11 row (float only), S(x), D(x). The
+  // fusion-client form emits the sequence of Burn's default ActivationOps (which burn-fusion
+  // keeps; docs/session-ops.md lists each), so the fusers see it; Router emits the one Activation
+  // kind of the call's name.
+  Result<Tensor> leaky_relu(Tensor x, double negative_slope);        // LeakyRelu: x < 0 ? x · slope : x
+  Result<Tensor> prelu(Tensor x, Tensor alpha);                      // PRelu: x < 0 ? x · alpha : x, alpha broadcast
+  Result<Tensor> hard_sigmoid(Tensor x, double alpha, double beta);  // HardSigmoid: clamp(αx + β, 0, 1)
+  Result<Tensor> log_sigmoid(Tensor x);                              // LogSigmoid: −softplus(−x)
+  Result<Tensor> softmin(Tensor x, std::uint64_t dim);               // Softmin: softmax(−x) along dim
+  // The gradients (Burn's *_backward): relu's and sigmoid's from the forward's output, gelu's
+  // (the tanh approximation's derivative, as Burn) and log_sigmoid's from its input.
+  Result<Tensor> relu_backward(Tensor output, Tensor grad);     // ReluBackward: output <= 0 ? 0 : grad
+  Result<Tensor> gelu_backward(Tensor x, Tensor grad);          // GeluBackward
+  Result<Tensor> sigmoid_backward(Tensor output, Tensor grad);  // SigmoidBackward: grad · out (1 − out)
+  Result<Tensor> log_sigmoid_backward(Tensor x, Tensor grad);   // LogSigmoidBackward: grad · sigmoid(−x)
+
+  // ---- Comparisons → kBoolDType tensors (eq of bool operands keeps D(lhs)). ne: Router emits
+  // Base* NotEqual / NotEqualElem.
   Result<Tensor> eq(Tensor a, Tensor b);
   Result<Tensor> ne(Tensor a, Tensor b);  // Equal, then Bool Not
   Result<Tensor> lt(Tensor a, Tensor b);
@@ -278,6 +310,10 @@ class Session {
   // out[i] = mask[i] ? value : tensor[i].
   Result<Tensor> mask_fill(Tensor tensor, Tensor mask, double value);
   Result<Tensor> clamp(Tensor a, double min, double max);
+  // Burn's clamp_min / clamp_max: the maximum(a, s) / minimum(a, s) sequences (Burn's default
+  // implementations); Router: F/I ClampMin / ClampMax.
+  Result<Tensor> clamp_min(Tensor a, double min);
+  Result<Tensor> clamp_max(Tensor a, double max);
   // Per docs/spec/ir.md §5.11 (float↔float Cast, int↔int Cast, IntoFloat, IntoInt, Bool IntoFloat/IntoInt);
   // a cast to bool is an error (compare with ne(x, 0) instead).
   Result<Tensor> cast(Tensor a, ir::DType target);
@@ -361,6 +397,8 @@ class Session {
   Result<Tensor> topk(Tensor a, std::uint64_t k, std::uint64_t dim);
   // Their indices: F/I ArgTopK{axis = dim, accumulator_len = k} → kIndexDType.
   Result<Tensor> argtopk(Tensor a, std::uint64_t k, std::uint64_t dim);
+  // F/I TopKWithIndices: topk's values and argtopk's indices (kIndexDType) from one op.
+  Result<std::pair<Tensor, Tensor>> topk_with_indices(Tensor a, std::uint64_t k, std::uint64_t dim);
 
   // ---- Compute and layout.
   Result<Tensor> matmul(Tensor a, Tensor b);
@@ -415,8 +453,8 @@ class Session {
   Result<Tensor> max_pool2d(Tensor x, const ir::build::MaxPool2dOptions& options);  // Module MaxPool2d
   Result<Tensor> avg_pool2d(Tensor x, const ir::build::AvgPool2dOptions& options);  // Module AvgPool2d
   // weights [V, E] (float), indices [B, S] (integer) → [B, S, E]: BaseInt Reshape(indices →
-  // [B·S]), BaseFloat Select(weights, 0, ·) → [B·S, E], BaseFloat Reshape(→ [B, S, E]); never
-  // Module Embedding (docs/spec/ir.md §5.11).
+  // [B·S]), BaseFloat Select(weights, 0, ·) → [B·S, E], BaseFloat Reshape(→ [B, S, E])
+  // (docs/spec/ir.md §5.11); Router: Module Embedding.
   Result<Tensor> embedding(Tensor weights, Tensor indices);
   // Dense layers, norms and the embedding's gradient (float; docs/spec/ir.md §5.8, §6.3). No §5.11
   // row: each call emits the one Module kind of its name, built by the builder of that name (its
@@ -608,9 +646,11 @@ class Session {
   Result<Tensor> all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids);
   // No IR (the fusion client's form): drains the current stream, as sync() does. kiln's backends
   // are single-device, so nothing else is pending (the reference's SyncCollective is a no-op).
+  // Router: Distributed SyncCollective (no tensors) on the current stream, then the drain.
   Status sync_collective();
 
-  // ---- Composites (built from the ops above, as Burn's default implementations do).
+  // ---- Composites (built from the ops above, as Burn's default implementations do). softmax
+  // and log_softmax: Router emits Activation Softmax / LogSoftmax{x, dim}.
   // softmax: e = exp(x − max_dim(x, dim)); e / sum_dim(e, dim).
   Result<Tensor> softmax(Tensor x, std::uint64_t dim);
   // log_softmax: y = x − max_dim(x, dim); y − log(sum_dim(exp(y), dim)).
@@ -666,7 +706,11 @@ class Session {
   Result<Tensor> conv_grad_op(ir::OpKind kind, Tensor x, Tensor second, Tensor output_grad,
                               const ir::build::ConvOptions& options);
 
+  Result<Tensor> activation_dim_op(Tensor a, std::uint64_t dim, ir::OpKind kind);
+  bool router() const { return lowering_ == Lowering::Router; }
+
   SessionTarget& device_;
+  const Lowering lowering_;
   StreamIdAllocator ids_;
 };
 
