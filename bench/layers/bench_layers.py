@@ -17,6 +17,7 @@ Workloads (f32; the shapes a ResNet or a transformer layer trains with):
   maxpool_bwd    its gradient into x                                       (..._backward)
   layernorm_fwd  x [4096, 1024] over the last dim, affine                  (aten::native_layer_norm)
   layernorm_bwd  the x, weight and bias gradients                          (..._backward)
+  batchnorm_eval x [32, 64, 56, 56], running statistics, affine (inference) (aten::native_batch_norm)
   embedding_bwd  4096 indices into 32000 x 512                             (aten::embedding_dense_backward)
   sort           x [256, 4096] along the last dim, values and indices      (aten::sort)
 
@@ -34,7 +35,7 @@ workload's main output (ns_per_elem = the median call's time / n):
 
 and one `# target` line per workload and thread count: kiln / PyTorch on the medians, against the
 issue's targets (convolutions within 1.5x; pooling, layer norm and embedding backward at or below
-1.0x; sort is reported without a target).
+1.0x; batch norm and sort are reported without a target).
 """
 
 import argparse
@@ -48,7 +49,7 @@ import time
 TARGETS = {"conv2d_fwd": 1.5, "conv2d_bwd": 1.5, "maxpool_fwd": 1.0, "maxpool_bwd": 1.0, "layernorm_fwd": 1.0,
            "layernorm_bwd": 1.0, "embedding_bwd": 1.0}
 WORKLOADS = ("conv2d_fwd", "conv2d_bwd", "maxpool_fwd", "maxpool_bwd", "layernorm_fwd", "layernorm_bwd",
-             "embedding_bwd", "sort")
+             "batchnorm_eval", "embedding_bwd", "sort")
 
 
 def make_workload(name, torch, quick):
@@ -88,6 +89,12 @@ def make_workload(name, torch, quick):
         return ({"gy": gy, "x": x, "mean": mean, "rstd": rstd, "w": w, "b": b},
                 lambda t: aten.native_layer_norm_backward(t["gy"], t["x"], [1024], t["mean"], t["rstd"], t["w"],
                                                           t["b"], [True, True, True]), x.numel(), 1e-3)
+    if name == "batchnorm_eval":
+        x = torch.randn(batch, 64, 56, 56, generator=g)
+        stats = {"w": torch.rand(64, generator=g) + 0.5, "b": torch.randn(64, generator=g),
+                 "mean": torch.randn(64, generator=g), "var": torch.rand(64, generator=g) + 0.5}
+        return dict(stats, x=x), lambda t: aten.native_batch_norm(t["x"], t["w"], t["b"], t["mean"], t["var"], False,
+                                                                   0.1, 1e-5)[:1], x.numel(), 1e-5
     if name == "embedding_bwd":
         count = 512 if quick else 4096
         idx = torch.randint(0, 32000, (count,), generator=g)

@@ -636,8 +636,8 @@ bool CpuExecutor::execute_fast(const ir::Operation& op) {
   if (ir::build::conv_kind_info(op.kind)) return fast::run_conv(op, device_, handles);
   if (ir::build::pool_spatial_dims(op.kind) != 0) return fast::run_pool(op, device_, handles);
   if (fast::is_sort_kind(op.kind)) return fast::run_sort(op, device_, handles);
-  if (op.kind == OpKind::Module_LayerNorm || op.kind == OpKind::Module_Embedding ||
-      op.kind == OpKind::Module_EmbeddingBackward)
+  if (op.kind == OpKind::Module_LayerNorm || op.kind == OpKind::Module_BatchNorm ||
+      op.kind == OpKind::Module_Embedding || op.kind == OpKind::Module_EmbeddingBackward)
     return fast::run_module(op, device_, handles);
   if (op.kind == OpKind::Base_Slice || op.kind == OpKind::Base_SliceAssign || op.kind == OpKind::Base_Permute ||
       op.kind == OpKind::Base_Expand || op.kind == OpKind::Base_Flip)

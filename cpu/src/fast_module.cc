@@ -1,10 +1,11 @@
-// Row-wise module ops on the fast path: LayerNorm, Embedding and EmbeddingBackward (docs/spec/ir.md
-// §5.8), with the reference executor's numbers bit for bit.
+// Row-wise module ops on the fast path: LayerNorm, BatchNorm (the inference form), Embedding and
+// EmbeddingBackward (docs/spec/ir.md §5.8), with the reference executor's numbers bit for bit.
 //
 // The reference (reference/src/reference_module.cc) reads and writes every element through the
 // dtype-generic codec. These kernels keep its f64 arithmetic and order on typed pointers: layer
 // norm per row (mean, biased variance, then each output from one expression, rounded once; four
-// rows' sums side by side in the lanes of one vector; rows over the device's arena), the
+// rows' sums side by side in the lanes of one vector; rows over the device's arena), batch norm
+// per (image, channel) row from per-channel f64 statistics, the
 // embedding as row copies, its gradient as f64 sums in token order per weight element (the tokens
 // grouped by weight row first; rows over the arena). Neither file contracts a·b + c into an FMA
 // (cpu/CMakeLists.txt, reference/CMakeLists.txt), so the two compute the same bits. Anything else
@@ -12,10 +13,12 @@
 // declined: the reference runs the op and reports the error.
 #include "fast_module.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "fast_program.h"
@@ -66,9 +69,22 @@ void load_lanes(const T* x, std::uint64_t d, std::uint64_t i, Lanes4& v) {
              static_cast<double>(x[3 * d + i])};
 }
 
+// The row statistics of a three-output LayerNorm (nullptr for one output): the mean and
+// 1 / sqrt(var + epsilon) of each row, as the reference rounds them.
 template <class T>
-void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, std::uint64_t d, double epsilon,
-                     std::uint64_t begin, std::uint64_t end) {
+struct RowStats {
+  T* mean = nullptr;
+  T* rstd = nullptr;
+  void store(std::uint64_t row, double m, double scale) const {
+    if (mean == nullptr) return;
+    mean[row] = static_cast<T>(m);
+    rstd[row] = static_cast<T>(1.0 / scale);
+  }
+};
+
+template <class T>
+void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, RowStats<T> stats, std::uint64_t d,
+                     double epsilon, std::uint64_t begin, std::uint64_t end) {
   const double n = static_cast<double>(d);
   std::uint64_t r = begin;
   for (; r + 4 <= end; r += 4) {
@@ -86,9 +102,12 @@ void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, std::uin
       const Lanes4 c = v - mean;
       squares += c * c;
     }
-    for (int l = 0; l < 4; ++l)
-      layer_norm_output(xr + static_cast<std::uint64_t>(l) * d, gamma, beta,
-                        out + (r + static_cast<std::uint64_t>(l)) * d, d, mean[l], std::sqrt(squares[l] / n + epsilon));
+    for (int l = 0; l < 4; ++l) {
+      const std::uint64_t row = r + static_cast<std::uint64_t>(l);
+      const double scale = std::sqrt(squares[l] / n + epsilon);
+      layer_norm_output(xr + static_cast<std::uint64_t>(l) * d, gamma, beta, out + row * d, d, mean[l], scale);
+      stats.store(row, mean[l], scale);
+    }
   }
   for (; r < end; ++r) {
     const T* xr = x + r * d;
@@ -98,7 +117,9 @@ void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, std::uin
     double squares = 0.0;
     for (std::uint64_t i = 0; i < d; ++i)
       squares += (static_cast<double>(xr[i]) - mean) * (static_cast<double>(xr[i]) - mean);
-    layer_norm_output(xr, gamma, beta, out + r * d, d, mean, std::sqrt(squares / n + epsilon));
+    const double scale = std::sqrt(squares / n + epsilon);
+    layer_norm_output(xr, gamma, beta, out + r * d, d, mean, scale);
+    stats.store(r, mean, scale);
   }
 }
 
@@ -110,8 +131,10 @@ std::optional<double> layer_norm_epsilon(const ir::Operation& op) {
   return epsilon;
 }
 
-bool layer_norm(const ir::Operation& op, const std::vector<const HostTensor*>& in, HostTensor& out,
+// `outs`: the output, or the output, the rows' means and their 1 / sqrt(var + epsilon).
+bool layer_norm(const ir::Operation& op, const std::vector<const HostTensor*>& in, std::span<HostTensor> outs,
                 const Launch& launch) {
+  HostTensor& out = outs[0];
   const ir::Shape& xs = in[0]->shape();
   const std::optional<double> epsilon = layer_norm_epsilon(op);
   if (!epsilon || xs.empty() || in.size() > 3 || !is_f32_or_f64(in[0]->dtype())) return false;
@@ -119,17 +142,76 @@ bool layer_norm(const ir::Operation& op, const std::vector<const HostTensor*>& i
   for (std::size_t i = 1; i < in.size(); ++i)
     if (in[i]->shape() != ir::Shape{d} || !(in[i]->dtype() == in[0]->dtype())) return false;
   if (out.shape() != xs || !(out.dtype() == in[0]->dtype())) return false;
+  ir::Shape stats_shape = xs;
+  stats_shape.back() = 1;
+  for (std::size_t o = 1; o < outs.size(); ++o)
+    if (outs[o].shape() != stats_shape || !(outs[o].dtype() == in[0]->dtype())) return false;
   const std::uint64_t rows = d == 0 ? 0 : in[0]->num_elements() / d;
   const std::uint64_t grain = std::max<std::uint64_t>(1, kParallelThreshold / std::max<std::uint64_t>(1, 3 * d));
   auto run = [&]<class T>(T*) {
     const auto data = [&](std::size_t i) { return reinterpret_cast<const T*>(in[i]->data()); };
     const T* beta = in.size() > 2 ? data(2) : nullptr;
     T* y = reinterpret_cast<T*>(out.mutable_data());
+    RowStats<T> stats;
+    if (outs.size() == 3)
+      stats = {reinterpret_cast<T*>(outs[1].mutable_data()), reinterpret_cast<T*>(outs[2].mutable_data())};
     parallel_ranges(launch, rows, grain, [&](std::uint64_t begin, std::uint64_t end) {
-      layer_norm_rows<T>(data(0), data(1), beta, y, d, *epsilon, begin, end);
+      layer_norm_rows<T>(data(0), data(1), beta, y, stats, d, *epsilon, begin, end);
     });
   };
   if (in[0]->dtype() == ir::dtypes::f32)
+    run(static_cast<float*>(nullptr));
+  else
+    run(static_cast<double*>(nullptr));
+  return true;
+}
+
+// ---- BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C]; scalar epsilon}, the inference
+// form: per channel sqrt(variance + epsilon) in f64, then each element
+// ((x − mean) / that) · gamma + beta in f64, rounded once: the reference's expression.
+
+template <class T>
+void batch_norm_rows(const T* x, const double* stats, T* out, std::uint64_t channels, std::uint64_t inner,
+                     std::uint64_t begin, std::uint64_t end) {
+  for (std::uint64_t row = begin; row < end; ++row) {
+    const double* st = stats + 4 * (row % channels);  // mean, sqrt(variance + epsilon), gamma, beta
+    const double mean = st[0], den = st[1], gamma = st[2], beta = st[3];
+    const T* xr = x + row * inner;
+    T* yr = out + row * inner;
+    for (std::uint64_t k = 0; k < inner; ++k)
+      yr[k] = static_cast<T>((static_cast<double>(xr[k]) - mean) / den * gamma + beta);
+  }
+}
+
+bool batch_norm(const ir::Operation& op, const std::vector<const HostTensor*>& in, HostTensor& out,
+                const Launch& launch) {
+  const HostTensor& x = *in[0];
+  const ir::DType d = x.dtype();
+  if (!is_f32_or_f64(d) || x.shape().size() < 2 || op.scalars.size() != 1) return false;
+  const std::uint64_t channels = x.shape()[1];
+  for (std::size_t i = 1; i < 5; ++i)
+    if (in[i]->shape() != ir::Shape{channels} || !(in[i]->dtype() == d)) return false;
+  if (out.shape() != x.shape() || !(out.dtype() == d)) return false;
+  const double epsilon = op.scalars[0].to_f64();
+  if (!std::isfinite(epsilon) || epsilon < 0) return false;
+  const std::uint64_t rows = x.shape()[0] * channels;
+  const std::uint64_t inner = rows == 0 ? 0 : x.num_elements() / rows;
+  auto run = [&]<class T>(T*) {
+    const auto data = [&](std::size_t i) { return reinterpret_cast<const T*>(in[i]->data()); };
+    std::vector<double> stats(4 * channels);
+    for (std::uint64_t c = 0; c < channels; ++c) {
+      stats[4 * c] = static_cast<double>(data(3)[c]);
+      stats[4 * c + 1] = std::sqrt(static_cast<double>(data(4)[c]) + epsilon);
+      stats[4 * c + 2] = static_cast<double>(data(1)[c]);
+      stats[4 * c + 3] = static_cast<double>(data(2)[c]);
+    }
+    T* y = reinterpret_cast<T*>(out.mutable_data());
+    const std::uint64_t grain = std::max<std::uint64_t>(1, kParallelThreshold / std::max<std::uint64_t>(1, inner));
+    parallel_ranges(launch, rows, grain, [&](std::uint64_t begin, std::uint64_t end) {
+      batch_norm_rows<T>(data(0), stats.data(), y, channels, inner, begin, end);
+    });
+  };
+  if (d == ir::dtypes::f32)
     run(static_cast<float*>(nullptr));
   else
     run(static_cast<double*>(nullptr));
@@ -225,30 +307,37 @@ bool embedding_backward(const std::vector<const HostTensor*>& in, HostTensor& ou
 }  // namespace
 
 bool run_module(const ir::Operation& op, CpuDevice& device, CpuDevice::Handles& handles) {
-  std::size_t min_inputs = 0, max_inputs = 0;
+  std::size_t min_inputs = 0, max_inputs = 0, max_outputs = 1;
   switch (op.kind) {
-    case ir::OpKind::Module_LayerNorm: min_inputs = 2, max_inputs = 3; break;
+    case ir::OpKind::Module_LayerNorm: min_inputs = 2, max_inputs = 3, max_outputs = 3; break;
+    case ir::OpKind::Module_BatchNorm: min_inputs = max_inputs = 5; break;
     case ir::OpKind::Module_Embedding: min_inputs = max_inputs = 2; break;
     case ir::OpKind::Module_EmbeddingBackward: min_inputs = max_inputs = 3; break;
     default: return false;
   }
-  if (op.inputs().size() < min_inputs || op.inputs().size() > max_inputs || op.outputs().size() != 1) return false;
+  const std::size_t outputs = op.outputs().size();
+  if (op.inputs().size() < min_inputs || op.inputs().size() > max_inputs || (outputs != 1 && outputs != max_outputs))
+    return false;
   const std::optional<std::vector<const HostTensor*>> held = held_inputs(op, handles);
   if (!held) return false;
   const std::vector<const HostTensor*>& in = *held;
-  const ir::TensorIr& out_ir = op.outputs()[0];
-  Result<HostTensor> out = HostTensor::allocate(device.allocator(), out_ir.shape, out_ir.dtype);
-  if (!out.ok()) return false;
+  std::vector<HostTensor> outs;
+  for (const ir::TensorIr& o : op.outputs()) {
+    Result<HostTensor> t = HostTensor::allocate(device.allocator(), o.shape, o.dtype);
+    if (!t.ok()) return false;
+    outs.push_back(std::move(t).value());
+  }
   const Launch launch = launch_on(device);
   bool ran = false;
   switch (op.kind) {
-    case ir::OpKind::Module_LayerNorm: ran = layer_norm(op, in, *out, launch); break;
-    case ir::OpKind::Module_Embedding: ran = embedding(in, *out); break;
-    default: ran = embedding_backward(in, *out, launch); break;
+    case ir::OpKind::Module_LayerNorm: ran = layer_norm(op, in, outs, launch); break;
+    case ir::OpKind::Module_BatchNorm: ran = batch_norm(op, in, outs[0], launch); break;
+    case ir::OpKind::Module_Embedding: ran = embedding(in, outs[0]); break;
+    default: ran = embedding_backward(in, outs[0], launch); break;
   }
-  if (!ran) return false;  // the output is dropped unregistered
+  if (!ran) return false;  // the outputs are dropped unregistered
 
-  commit(op, handles, std::span<HostTensor>(&*out, 1));
+  commit(op, handles, outs);
   return true;
 }
 

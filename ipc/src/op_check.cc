@@ -332,6 +332,9 @@ Result<ir::Operation> rebuild_dense(const ir::Operation& op) {
       if ((in.size() != 2 && in.size() != 3) || op.attrs.size() != 1) break;
       double epsilon = 0;
       std::memcpy(&epsilon, &op.attrs[0], sizeof epsilon);
+      if (op.outputs().size() == 3)
+        return build::layer_norm_with_stats(in[0], in[1], optional_input(op, 2), epsilon, out, op.outputs()[1].id,
+                                            op.outputs()[2].id);
       return build::layer_norm(in[0], in[1], optional_input(op, 2), epsilon, out);
     }
     case Signature::BatchNorm:

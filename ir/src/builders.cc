@@ -1125,6 +1125,17 @@ Result<Operation> layer_norm(const TensorIr& input, const TensorIr& gamma, const
   return module_op(c, {&input, &gamma, beta ? &*beta : nullptr}, input.shape, input.dtype, out, {double_bits(epsilon)});
 }
 
+Result<Operation> layer_norm_with_stats(const TensorIr& input, const TensorIr& gamma,
+                                        const std::optional<TensorIr>& beta, double epsilon, TensorId out,
+                                        TensorId out_mean, TensorId out_rstd) {
+  KILN_ASSIGN_OR_RETURN(Operation op, layer_norm(input, gamma, beta, epsilon, out));
+  Shape stats = input.shape;
+  stats.back() = 1;  // layer_norm refused a rank-0 input
+  op.tensors.push_back(TensorIr::uninit(out_mean, stats, input.dtype));
+  op.tensors.push_back(TensorIr::uninit(out_rstd, stats, input.dtype));
+  return finish(Ctx{Family::Module, OpKind::Module_LayerNorm}, std::move(op));
+}
+
 Result<Operation> batch_norm(const TensorIr& x, const TensorIr& gamma, const TensorIr& beta, const TensorIr& mean,
                              const TensorIr& variance, double epsilon, TensorId out) {
   const Ctx c{Family::Module, OpKind::Module_BatchNorm};

@@ -63,7 +63,7 @@ constexpr SignatureInfo kSignatures[] = {
     {"Linear", 2, 3, 1, 1, 0, 0, 0, 0, false},
     {"LinearBackward", 2, 2, 1, 1, 0, 0, 0, 0, false},
     {"LinearBiasBackward", 1, 1, 1, 1, 0, 0, 0, 0, false},
-    {"LayerNorm", 2, 3, 1, 1, 0, 0, 1, 1, false},
+    {"LayerNorm", 2, 3, 1, 3, 0, 0, 1, 1, false},  // 1 or 3 outputs: out, or out, mean, rstd (K)
     {"BatchNorm", 5, 5, 1, 1, 1, 1, 0, 0, false},
     {"EmbeddingBackward", 3, 3, 1, 1, 0, 0, 0, 0, false},
     {"ConvBackward", 3, 3, 1, 1, 0, 0, 4, 10, false},

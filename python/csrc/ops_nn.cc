@@ -439,28 +439,25 @@ bool layer_norm_lowerable(const at::Tensor& input, c10::IntArrayRef normalized_s
                      [&](const std::optional<at::Tensor>* t) { return same_float_operand(*t, input.scalar_type()); });
 }
 
-// kiln's LayerNorm over rows [M, N] for the output; the mean and 1/sqrt(var + eps) (biased
-// variance) per row for the backward pass, of the CPU's sizes (leading dims, then 1s).
+// kiln's LayerNorm over rows [M, N] with its row statistics (one op, one pass over the rows): the
+// output, and the mean and 1/sqrt(var + eps) (biased variance) per row for the backward pass, of
+// the CPU's sizes (leading dims, then 1s).
 Tensor3 layer_norm_lowered(const at::Tensor& input, c10::IntArrayRef normalized_shape,
                            const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   constexpr std::string_view what = "native_layer_norm";
   Session& s = session();
   const Rows r = rows_of(input, normalized_shape);
   const Value x = as_rows(value_of(input, what), r, what);
-  const std::uint64_t dim = x.shape().size() - 1;  // the normalized one
   const ir::DType d = x.dtype();
   Value gamma = defined(weight) ? sizes_of(value_of(*weight, what), {r.n}, what)
                                 : value_or_throw(s.ones(ir::Shape{static_cast<std::uint64_t>(r.n)}, d), what);
   std::optional<Value> beta;
   if (defined(bias)) beta = sizes_of(value_of(*bias, what), {r.n}, what);
-  Value y = value_or_throw(s.layer_norm(x, std::move(gamma), std::move(beta), eps), what);
-  Value mean = value_or_throw(s.mean_dim(x, dim, true), what);
-  Value xc = value_or_throw(s.sub(x, mean), what);
-  Value var = value_or_throw(s.mean_dim(value_or_throw(s.mul(xc, xc), what), dim, true), what);
-  Value rstd = value_or_throw(s.rsqrt(value_or_throw(s.add(std::move(var), eps), what)), what);
-  return {make_tensor(sizes_of(y, input.sizes(), what), input.sizes()),
-          make_tensor(sizes_of(mean, r.stat_sizes, what), r.stat_sizes),
-          make_tensor(sizes_of(rstd, r.stat_sizes, what), r.stat_sizes)};
+  runtime::LayerNormWithStats ln =
+      value_or_throw(s.layer_norm_with_stats(x, std::move(gamma), std::move(beta), eps), what);
+  return {make_tensor(sizes_of(ln.out, input.sizes(), what), input.sizes()),
+          make_tensor(sizes_of(ln.mean, r.stat_sizes, what), r.stat_sizes),
+          make_tensor(sizes_of(ln.rstd, r.stat_sizes, what), r.stat_sizes)};
 }
 
 Tensor3 native_layer_norm_kernel(const at::Tensor& input, c10::IntArrayRef normalized_shape,

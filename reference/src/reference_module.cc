@@ -254,7 +254,7 @@ Result<Outputs> run_linear_bias_backward(const Ctx& c) {
 
 // LayerNorm{input [..., d], gamma [d], beta? [d]; attrs [bits(epsilon)]}: per row,
 // (x − mean) / sqrt(var + epsilon) · gamma + beta with the biased variance Σ(x − mean)² / d (Burn,
-// PyTorch).
+// PyTorch); with three outputs (K) also the row's mean and 1 / sqrt(var + epsilon), [..., 1].
 Result<Outputs> run_layer_norm(const Ctx& c) {
   const HostTensor& x = c.in[0];
   const HostTensor& gamma = c.in[1];
@@ -270,7 +270,20 @@ Result<Outputs> run_layer_norm(const Ctx& c) {
   std::memcpy(&bits_value, &c.op.attrs[0], sizeof bits_value);
   KILN_ASSIGN_OR_RETURN(double epsilon, epsilon_value(c, bits_value));
   KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, x.shape()));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  const std::size_t outputs = c.op.outputs().size();
+  if (outputs != 1 && outputs != 3)
+    return c.error(ErrorCode::Invalid, fmt::format("takes 1 or 3 outputs (out, mean, rstd), got {}", outputs));
+  ir::Shape stats_shape = x.shape();
+  stats_shape.back() = 1;
+  for (std::size_t o = 1; o < outputs; ++o) {
+    KILN_RETURN_IF_ERROR(expect_out_shape(c, o, stats_shape));
+    KILN_RETURN_IF_ERROR(expect_out_dtype(c, o, x.dtype()));
+  }
+  Outputs out;
+  for (std::size_t o = 0; o < outputs; ++o) {
+    KILN_ASSIGN_OR_RETURN(HostTensor t, c.new_output(o));
+    out.push_back(std::move(t));
+  }
   for (std::uint64_t r = 0, rows = rows_of(x); r < rows; ++r) {
     const std::uint64_t row = r * d;
     double sum = 0.0;
@@ -281,10 +294,14 @@ Result<Outputs> run_layer_norm(const Ctx& c) {
     const double scale = std::sqrt(squares / static_cast<double>(d) + epsilon);
     for (std::uint64_t i = 0; i < d; ++i) {
       const double y = (x.get_f64(row + i) - mean) / scale * gamma.get_f64(i) + (beta ? beta->get_f64(i) : 0.0);
-      element::store_f64(out.mutable_data(), out.dtype(), row + i, y);
+      element::store_f64(out[0].mutable_data(), out[0].dtype(), row + i, y);
+    }
+    if (outputs == 3) {
+      element::store_f64(out[1].mutable_data(), out[1].dtype(), r, mean);
+      element::store_f64(out[2].mutable_data(), out[2].dtype(), r, 1.0 / scale);
     }
   }
-  return single(std::move(out));
+  return out;
 }
 
 // BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C]; scalar epsilon}, the inference form:

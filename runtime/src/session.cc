@@ -1459,6 +1459,20 @@ Result<Tensor> Session::layer_norm(Tensor input, Tensor gamma, std::optional<Ten
   });
 }
 
+Result<LayerNormWithStats> Session::layer_norm_with_stats(Tensor input, Tensor gamma, std::optional<Tensor> beta,
+                                                          double epsilon) {
+  std::vector<Tensor> in;
+  in.push_back(std::move(input));
+  in.push_back(std::move(gamma));
+  if (beta) in.push_back(std::move(*beta));
+  std::optional<Tensor> out[3];
+  KILN_RETURN_IF_ERROR(
+      run_op_outputs(in, out, [epsilon](std::span<const TensorIr> t, std::span<const ir::TensorId> ids) {
+        return build::layer_norm_with_stats(t[0], t[1], optional_input(t, 2), epsilon, ids[0], ids[1], ids[2]);
+      }));
+  return LayerNormWithStats{std::move(*out[0]), std::move(*out[1]), std::move(*out[2])};
+}
+
 Result<Tensor> Session::batch_norm(Tensor x, Tensor gamma, Tensor beta, Tensor mean, Tensor variance, double epsilon) {
   Tensor in[] = {std::move(x), std::move(gamma), std::move(beta), std::move(mean), std::move(variance)};
   return run_op(in, [epsilon](std::span<const TensorIr> t, ir::TensorId out) {

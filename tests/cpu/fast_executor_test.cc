@@ -1067,10 +1067,10 @@ TEST(FastPool, OtherDtypesAndBadIndicesGoToTheReference) {
   EXPECT_THAT(err->root->to_string(), ::testing::HasSubstr("16"));
 }
 
-// ---- Layer norm and the embedding on the fast path (cpu/src/fast_module.cc)
+// ---- Layer norm, batch norm and the embedding on the fast path (cpu/src/fast_module.cc)
 
-// Layer norm with and without beta over rows of random widths (one wide enough to split the rows
-// over the device's threads), in f32 and f64: the reference's bits.
+// Layer norm with and without beta, and with its row statistics, over rows of random widths (one
+// wide enough to split the rows over the device's threads), in f32 and f64: the reference's bits.
 TEST(FastModule, LayerNormMatchesTheReference) {
   AgainstReference h;
   const Shape shapes[] = {{1}, {3, 1}, {5, 7}, {2, 3, 33}, {4, 64}, {512, 256}};
@@ -1080,9 +1080,34 @@ TEST(FastModule, LayerNormMatchesTheReference) {
         const TensorIr x = h.values(xs, d, false), gamma = h.values({xs.back()}, d, false);
         std::optional<TensorIr> beta;
         if (with_beta) beta = h.values({xs.back()}, d, false);
-        h.check(b::layer_norm(x, gamma, beta, 1e-5, h.s.id()),
-                fmt::format("layer norm {} {} beta {}", ir::shape_to_string(xs), d.name(), with_beta));
+        const std::string what = fmt::format("layer norm {} {} beta {}", ir::shape_to_string(xs), d.name(), with_beta);
+        h.check(b::layer_norm(x, gamma, beta, 1e-5, h.s.id()), what);
+        h.check(b::layer_norm_with_stats(x, gamma, beta, 1e-5, h.s.id(), h.s.id(), h.s.id()), what + " with stats");
       }
+}
+
+// Batch norm (the inference form) over [N, C, ...] of ranks 2 to 5 (one large enough to split its
+// rows over the threads), f32 and f64, positive variances (and one of zero with epsilon 0: 0 / 0
+// is NaN on both sides): the reference's bits; an f16 batch norm stays on the reference.
+TEST(FastModule, BatchNormMatchesTheReference) {
+  AgainstReference h;
+  const Shape shapes[] = {{1, 1}, {4, 3}, {2, 3, 5}, {2, 4, 3, 7}, {1, 2, 2, 3, 3}, {8, 16, 32, 32}};
+  for (const Shape& xs : shapes)
+    for (DType d : {dt::f32, dt::f64})
+      for (double epsilon : {1e-5, 0.0}) {
+        const std::uint64_t c = xs[1];
+        std::vector<double> variance(c);
+        for (std::uint64_t i = 0; i < c; ++i) variance[i] = i == 0 && epsilon == 0 ? 0.0 : 0.25 + 0.5 * i;
+        const TensorIr x = h.values(xs, d, true), gamma = h.values({c}, d, false), beta = h.values({c}, d, false);
+        const TensorIr mean = h.values({c}, d, false), var = h.upload({c}, d, variance);
+        h.check(b::batch_norm(x, gamma, beta, mean, var, epsilon, h.s.id()),
+                fmt::format("batch norm {} {} epsilon {}", ir::shape_to_string(xs), d.name(), epsilon));
+      }
+  Session s;
+  const TensorIr x16 = s.input({2, 2}, {1, 2, 3, 4}, dt::f16), c16 = s.input({2}, {1, 1}, dt::f16);
+  EXPECT_EQ(s.read(s.submit(ok(b::batch_norm(x16, c16, c16, c16, c16, 1e-5, s.id())))).size(), 4u);
+  EXPECT_EQ(s.device.stats().reference_ops, 1u);
+  EXPECT_EQ(s.device.stats().fast_ops, 0u);
 }
 
 // The embedding copies rows of any float dtype; its gradient sums repeated indices in token order

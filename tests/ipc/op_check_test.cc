@@ -549,6 +549,7 @@ std::vector<ir::Operation> dense_ops() {
       built(build::linear_bias_backward(in(1, {2, 4}), out)),
       built(build::layer_norm(in(1, {2, 3}), in(2, {3}), v3, 1e-5, out)),
       built(build::layer_norm(in(1, {2, 3}), in(2, {3}), std::nullopt, 0.0, out)),
+      built(build::layer_norm_with_stats(in(1, {2, 3}), in(2, {3}), v3, 1e-5, out, TensorId(11), TensorId(12))),
       built(build::batch_norm(in(1, {2, 3, 2}), in(2, {3}), v3, in(4, {3}), in(5, {3}), 1e-5, out)),
       built(build::embedding_backward(in(1, {4, 3}), in(2, {2, 2, 3}), typed(3, {2, 2}, kI64), out)),
   };

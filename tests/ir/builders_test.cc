@@ -1451,6 +1451,20 @@ TEST(BuildDense, LayerNormAndBatchNorm) {
   EXPECT_ERR(build::layer_norm(t(1, {2, 4}), t(2, {4}), std::nullopt, std::numeric_limits<double>::infinity(), id(4)),
              ErrorCode::Invalid);
 
+  // With the row statistics (K): two more outputs of the input's shape with the last dim 1; the
+  // builder's checks are layer_norm's, and the three ids must differ.
+  BUILD(stats, build::layer_norm_with_stats(t(1, {2, 3, 4}), t(2, {4}), std::nullopt, 1e-5, id(4), id(5), id(6)));
+  ASSERT_EQ(stats.outputs().size(), 3u);
+  EXPECT_EQ(stats.outputs()[0], TensorIr::uninit(id(4), {2, 3, 4}, dtypes::f32));
+  EXPECT_EQ(stats.outputs()[1], TensorIr::uninit(id(5), {2, 3, 1}, dtypes::f32));
+  EXPECT_EQ(stats.outputs()[2], TensorIr::uninit(id(6), {2, 3, 1}, dtypes::f32));
+  EXPECT_EQ(stats.attrs, (AttrList{bits(1e-5)}));
+  EXPECT_EQ(stats.kind_name(), "Module::LayerNorm");
+  EXPECT_ERR(build::layer_norm_with_stats(t(1, {2, 4}), t(2, {3}), std::nullopt, 1e-5, id(4), id(5), id(6)),
+             ErrorCode::IncompatibleShapes);
+  EXPECT_ERR(build::layer_norm_with_stats(t(1, {2, 4}), t(2, {4}), std::nullopt, 1e-5, id(4), id(5), id(5)),
+             ErrorCode::Invalid);
+
   BUILD(bn, build::batch_norm(t(1, {2, 3, 4, 5}), t(2, {3}), t(3, {3}), t(4, {3}), t(5, {3}), 1e-3, id(6)));
   EXPECT_EQ(out(bn), TensorIr::uninit(id(6), {2, 3, 4, 5}, dtypes::f32));
   EXPECT_EQ(bn.num_inputs, 5);

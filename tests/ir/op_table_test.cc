@@ -519,10 +519,13 @@ TEST(OpTable, DeformableConvolutionKindsAndTheOutputRange) {
   EXPECT_EQ(back.max_inputs, 6);
   EXPECT_EQ(back.min_outputs, 3);
   EXPECT_EQ(back.max_outputs, 5);
+  // LayerNorm: 1 output, or 3 with the row statistics (K).
+  EXPECT_EQ(signature_info(Signature::LayerNorm).min_outputs, 1);
+  EXPECT_EQ(signature_info(Signature::LayerNorm).max_outputs, 3);
   // Every other signature has one output count (Custom any); Drop none.
   for (int i = 0; i <= static_cast<int>(Signature::Drop); ++i) {
     const auto sig = static_cast<Signature>(i);
-    if (sig == Signature::DeformableConv2dBackward || sig == Signature::Custom) continue;
+    if (sig == Signature::DeformableConv2dBackward || sig == Signature::Custom || sig == Signature::LayerNorm) continue;
     EXPECT_EQ(signature_info(sig).min_outputs, signature_info(sig).max_outputs) << signature_info(sig).name;
   }
   EXPECT_EQ(signature_info(Signature::Custom).min_outputs, 0);

@@ -403,6 +403,27 @@ std::vector<double> layer_norm_by_hand(const std::vector<double>& x, const std::
   return out;
 }
 
+// With the row statistics (K): the same output, and per row the mean and 1 / sqrt(var + eps);
+// [2, 3]: rows [1, 2, 4] (mean 7/3, variance 14/9) and [2, 2, 2] (mean 2, variance 0: 1/sqrt(eps)).
+TEST(ReferenceDenseTest, LayerNormWithItsRowStatistics) {
+  Device d;
+  const std::vector<double> xv{1, 2, 4, 2, 2, 2}, gv{1, 2, 0.5};
+  const TensorIr x = d.f64({2, 3}, dtypes::f64, xv), gamma = d.f64({3}, dtypes::f64, gv);
+  const Result<Operation> op = b::layer_norm_with_stats(x, gamma, std::nullopt, 1e-5, d.fresh(), d.fresh(), d.fresh());
+  ASSERT_TRUE(op.ok()) << op.error().to_string();
+  KILN_ASSERT_OK(d.exec.execute(*op, d.handles));
+  EXPECT_THAT(d.f64_of(op->outputs()[0].id), Near(layer_norm_by_hand(xv, gv, {}, 1e-5), 1e-14));
+  EXPECT_THAT(d.f64_of(op->outputs()[1].id), Near(std::vector<double>{7.0 / 3, 2}, 1e-15));
+  EXPECT_THAT(d.f64_of(op->outputs()[2].id),
+              Near(std::vector<double>{1 / std::sqrt(14.0 / 9 + 1e-5), 1 / std::sqrt(1e-5)}, 1e-12));
+  // Two outputs is no form of the op: an error naming the counts.
+  Operation two = *op;
+  two.tensors.pop_back();
+  const Status st = d.exec.execute(two, d.handles);
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.error().message, ::testing::HasSubstr("takes 1 or 3 outputs"));
+}
+
 TEST(ReferenceDenseTest, LayerNormWithAndWithoutBeta) {
   Device d;
   // [1, 2, 3]: mean 2, biased variance 2/3; epsilon 0 and gamma 1 give ±sqrt(3/2), 0.

@@ -1153,6 +1153,19 @@ TEST_F(ApiOps, LayerNormAndBatchNorm) {
   expect_near(get(s->batch_norm(f32({3, 0}, {1, 2}), bg, bb, bm, bvar, 0.0), {1, 2}), {4, -1});
   EXPECT_EQ(kinds_of([&] { ok(s->layer_norm(x, gamma, beta)); }), (Kinds{"Module::LayerNorm"}));
   EXPECT_EQ(kinds_of([&] { ok(s->layer_norm(x, gamma)); }), (Kinds{"Module::LayerNorm"}));
+  // With its row statistics: one LayerNorm of three outputs, the same normalised values.
+  LayerNormWithStats ln = ok(s->layer_norm_with_stats(x, gamma, beta));
+  expect_near(get(std::move(ln.out), {2, 3}), by_hand(true, 1e-5));
+  std::vector<double> means, rstds;
+  for (int row = 0; row < 2; ++row) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < 3; ++i) mean += double(xv[row * 3 + i]) / 3;
+    for (int i = 0; i < 3; ++i) var += (xv[row * 3 + i] - mean) * (xv[row * 3 + i] - mean) / 3;
+    means.push_back(mean), rstds.push_back(1 / std::sqrt(var + 1e-5));
+  }
+  expect_near(get(std::move(ln.mean), {2, 1}), means);
+  expect_near(get(std::move(ln.rstd), {2, 1}), rstds);
+  EXPECT_EQ(kinds_of([&] { ok(s->layer_norm_with_stats(x, gamma)); }), (Kinds{"Module::LayerNorm"}));
   EXPECT_EQ(kinds_of([&] { ok(s->batch_norm(xb, bg, bb, bm, bvar)); }), (Kinds{"Module::BatchNorm"}));
   // Errors: gamma of the wrong length, a negative epsilon, running statistics of the wrong
   // length, an x without a channel dim; nothing is registered.

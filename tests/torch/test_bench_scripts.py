@@ -14,7 +14,7 @@ import unittest
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
 LAYERS = os.path.join(REPO, "bench", "layers", "bench_layers.py")
 WORKLOADS = ("conv2d_fwd", "conv2d_bwd", "maxpool_fwd", "maxpool_bwd", "layernorm_fwd", "layernorm_bwd",
-             "embedding_bwd", "sort")
+             "batchnorm_eval", "embedding_bwd", "sort")
 
 
 class LayerBenchmark(unittest.TestCase):

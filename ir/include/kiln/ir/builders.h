@@ -304,6 +304,12 @@ Result<Operation> linear_bias_backward(const TensorIr& output_grad, TensorId out
 // stored as the attribute bits(epsilon) (kept verbatim, docs/spec/fusion.md §3.6).
 Result<Operation> layer_norm(const TensorIr& input, const TensorIr& gamma, const std::optional<TensorIr>& beta,
                              double epsilon, TensorId out);
+// The same op with its row statistics as two more outputs (K: beyond docs/spec/ir.md §5.8, whose
+// LayerNorm has one; a training front end needs them for the backward pass): out_mean and
+// out_rstd = 1 / sqrt(var + epsilon), each input's shape with the last dim 1, input's dtype.
+Result<Operation> layer_norm_with_stats(const TensorIr& input, const TensorIr& gamma,
+                                        const std::optional<TensorIr>& beta, double epsilon, TensorId out,
+                                        TensorId out_mean, TensorId out_rstd);
 // BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C], epsilon}: x's shape, the inference
 // form with the given running statistics over dim 1; same(x, gamma, beta, mean, variance).
 // epsilon finite and >= 0 (K), stored as the scalar Float(epsilon) (relativized).

@@ -118,6 +118,11 @@ class Tensor {
   std::shared_ptr<State> state_;
 };
 
+// Session::layer_norm_with_stats's outputs, in the op's output order.
+struct LayerNormWithStats {
+  Tensor out, mean, rstd;
+};
+
 // The gradients Session::deformable_conv2d_backward returns, in the op's output order: mask_grad
 // and bias_grad are there iff the mask and bias inputs were.
 struct DeformableConv2dGrads {
@@ -473,6 +478,11 @@ class Session {
   // epsilon finite and >= 0.
   Result<Tensor> layer_norm(Tensor input, Tensor gamma, std::optional<Tensor> beta = std::nullopt,
                             double epsilon = 1e-5);
+  // The same LayerNorm with its row statistics as two more outputs (K, beyond docs/spec/ir.md
+  // §5.8): mean and rstd = 1 / sqrt(var + epsilon), input's shape with the last dim 1; what a
+  // training front end saves for the backward pass, from the one pass over the rows.
+  Result<LayerNormWithStats> layer_norm_with_stats(Tensor input, Tensor gamma,
+                                                   std::optional<Tensor> beta = std::nullopt, double epsilon = 1e-5);
   // Module BatchNorm{x [N, C, ...], gamma, beta, mean, variance [C], epsilon}, the inference form:
   // (x − mean[c]) / sqrt(variance[c] + epsilon) · gamma[c] + beta[c] for the channel c (dim 1).
   Result<Tensor> batch_norm(Tensor x, Tensor gamma, Tensor beta, Tensor mean, Tensor variance, double epsilon = 1e-5);
