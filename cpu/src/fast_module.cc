@@ -47,13 +47,17 @@ bool indices_in_range(const HostTensor& idx, std::uint64_t rows) {
 
 // ---- LayerNorm{input [..., d], gamma [d], beta? [d]; attrs [bits(epsilon)]}
 
-// Row r's output from its statistics: each element from one expression, rounded once.
+// Row r's output from its statistics: each element from one expression, rounded once (the
+// missing beta adds +0.0, as the reference's, so that −0 comes out +0).
 template <class T>
-void layer_norm_output(const T* xr, const T* gamma, const T* beta, T* yr, std::uint64_t d, double mean, double scale) {
-  for (std::uint64_t i = 0; i < d; ++i) {
-    const double y = (static_cast<double>(xr[i]) - mean) / scale * static_cast<double>(gamma[i]) +
-                     (beta ? static_cast<double>(beta[i]) : 0.0);
-    yr[i] = static_cast<T>(y);
+void layer_norm_output(const T* xr, const T* gamma, const T* beta, T* yr, std::uint64_t d, double mean, double rstd) {
+  if (beta != nullptr) {
+    for (std::uint64_t i = 0; i < d; ++i)
+      yr[i] = static_cast<T>((static_cast<double>(xr[i]) - mean) * rstd * static_cast<double>(gamma[i]) +
+                             static_cast<double>(beta[i]));
+  } else {
+    for (std::uint64_t i = 0; i < d; ++i)
+      yr[i] = static_cast<T>((static_cast<double>(xr[i]) - mean) * rstd * static_cast<double>(gamma[i]) + 0.0);
   }
 }
 
@@ -75,10 +79,10 @@ template <class T>
 struct RowStats {
   T* mean = nullptr;
   T* rstd = nullptr;
-  void store(std::uint64_t row, double m, double scale) const {
+  void store(std::uint64_t row, double m, double r) const {
     if (mean == nullptr) return;
     mean[row] = static_cast<T>(m);
-    rstd[row] = static_cast<T>(1.0 / scale);
+    rstd[row] = static_cast<T>(r);
   }
 };
 
@@ -104,9 +108,9 @@ void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, RowStats
     }
     for (int l = 0; l < 4; ++l) {
       const std::uint64_t row = r + static_cast<std::uint64_t>(l);
-      const double scale = std::sqrt(squares[l] / n + epsilon);
-      layer_norm_output(xr + static_cast<std::uint64_t>(l) * d, gamma, beta, out + row * d, d, mean[l], scale);
-      stats.store(row, mean[l], scale);
+      const double rstd = 1.0 / std::sqrt(squares[l] / n + epsilon);
+      layer_norm_output(xr + static_cast<std::uint64_t>(l) * d, gamma, beta, out + row * d, d, mean[l], rstd);
+      stats.store(row, mean[l], rstd);
     }
   }
   for (; r < end; ++r) {
@@ -117,9 +121,9 @@ void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, RowStats
     double squares = 0.0;
     for (std::uint64_t i = 0; i < d; ++i)
       squares += (static_cast<double>(xr[i]) - mean) * (static_cast<double>(xr[i]) - mean);
-    const double scale = std::sqrt(squares / n + epsilon);
-    layer_norm_output(xr, gamma, beta, out + r * d, d, mean, scale);
-    stats.store(r, mean, scale);
+    const double rstd = 1.0 / std::sqrt(squares / n + epsilon);
+    layer_norm_output(xr, gamma, beta, out + r * d, d, mean, rstd);
+    stats.store(r, mean, rstd);
   }
 }
 

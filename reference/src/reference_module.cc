@@ -253,8 +253,9 @@ Result<Outputs> run_linear_bias_backward(const Ctx& c) {
 }
 
 // LayerNorm{input [..., d], gamma [d], beta? [d]; attrs [bits(epsilon)]}: per row,
-// (x − mean) / sqrt(var + epsilon) · gamma + beta with the biased variance Σ(x − mean)² / d (Burn,
-// PyTorch); with three outputs (K) also the row's mean and 1 / sqrt(var + epsilon), [..., 1].
+// (x − mean) · rstd · gamma + beta, rstd = 1 / sqrt(var + epsilon) with the biased variance
+// Σ(x − mean)² / d (Burn, PyTorch; a product by rstd, as PyTorch computes it, not a quotient: the
+// fast path's vectors divide slowly); with three outputs (K) also the row's mean and rstd, [..., 1].
 Result<Outputs> run_layer_norm(const Ctx& c) {
   const HostTensor& x = c.in[0];
   const HostTensor& gamma = c.in[1];
@@ -291,14 +292,14 @@ Result<Outputs> run_layer_norm(const Ctx& c) {
     const double mean = sum / static_cast<double>(d);
     double squares = 0.0;
     for (std::uint64_t i = 0; i < d; ++i) squares += (x.get_f64(row + i) - mean) * (x.get_f64(row + i) - mean);
-    const double scale = std::sqrt(squares / static_cast<double>(d) + epsilon);
+    const double rstd = 1.0 / std::sqrt(squares / static_cast<double>(d) + epsilon);
     for (std::uint64_t i = 0; i < d; ++i) {
-      const double y = (x.get_f64(row + i) - mean) / scale * gamma.get_f64(i) + (beta ? beta->get_f64(i) : 0.0);
+      const double y = (x.get_f64(row + i) - mean) * rstd * gamma.get_f64(i) + (beta ? beta->get_f64(i) : 0.0);
       element::store_f64(out[0].mutable_data(), out[0].dtype(), row + i, y);
     }
     if (outputs == 3) {
       element::store_f64(out[1].mutable_data(), out[1].dtype(), r, mean);
-      element::store_f64(out[2].mutable_data(), out[2].dtype(), r, 1.0 / scale);
+      element::store_f64(out[2].mutable_data(), out[2].dtype(), r, rstd);
     }
   }
   return out;

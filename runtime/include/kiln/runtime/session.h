@@ -474,7 +474,8 @@ class Session {
   Result<Tensor> linear_weight_backward(Tensor x, Tensor output_grad);
   Result<Tensor> linear_bias_backward(Tensor output_grad);
   // Module LayerNorm{input [..., d], gamma [d], beta? [d], epsilon}: per row of the last dim,
-  // (x − mean) / sqrt(var + epsilon) · gamma + beta with the biased variance (Burn's, PyTorch's).
+  // (x − mean) · rstd · gamma + beta, rstd = 1 / sqrt(var + epsilon) with the biased variance
+  // (Burn's, PyTorch's).
   // epsilon finite and >= 0.
   Result<Tensor> layer_norm(Tensor input, Tensor gamma, std::optional<Tensor> beta = std::nullopt,
                             double epsilon = 1e-5);
