@@ -3,7 +3,9 @@
 //
 // Every function is branch-free straight-line code on one value (selects, not branches), so that
 // GCC's loop vectoriser turns a plain `for (i) out[i] = exp_f32(in[i])` into AVX2 / AVX-512 code
-// at -O3 -march=native: no per-element call into libm. Measured accuracy against the correctly
+// at -O3 -march=native: no per-element call into libm. Only with -fno-trapping-math (the cpu
+// module and the JIT's kernels are compiled with it): otherwise GCC keeps the selects as branches
+// where it has no masked vectors (AVX2, SSE) and the loop stays scalar. Measured accuracy against the correctly
 // rounded result (every finite float32 input, exhaustively; docs/cpu-backend.md):
 //
 //   exp_f32    1.02 ulp  (Cody-Waite reduction, Cephes degree-6 minimax polynomial, two-step
