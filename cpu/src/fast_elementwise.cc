@@ -518,19 +518,36 @@ void k_unary(const KArgs& a) {
   KILN_IVDEP for (std::size_t i = 0; i < n; ++i) o[i] = un<C, T>(x[i]);
 }
 
-#if defined(__AVX512F__)
-// The AVX-512 form of a fast function: 16 lanes at a time, the tail through a masked load/store.
-template <__m512 (*V)(__m512)>
-void k_fast_v16(const KArgs& a) {
+#if defined(KILN_FAST_CHECKED_BLOCKS)
+// An f32 fast function over the kernel's range with the target's vector forms (fast_math.h):
+// blocks of 64 lanes through the restricted-domain form where there is one, checked once per
+// block and recomputed with the general form when a lane was outside its domain (NaN, Inf,
+// |x| >= 86 for exp, ...), else the general form; the tail through the scalar function. The
+// same bits as the scalar function everywhere, in about half its auto-vectorised instructions
+// on the common inputs.
+using CheckedBlockFn = void (*)(const float*, float*, BlockCheck&);
+template <float (*F)(float), void (*General)(const float*, float*), CheckedBlockFn Checked>
+void k_fast_blocks(const KArgs& a) {
+  constexpr std::size_t kLanes = 64;
   const std::size_t n = a.n;
   float* o = static_cast<float*>(a.out);
   const float* x = static_cast<const float*>(a.in[0]);
+  // In place (o == x), a failed check needs the inputs back: the block goes to a buffer first.
+  alignas(64) float staged[kLanes];
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(o + i, V(_mm512_loadu_ps(x + i)));
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(o + i, m, V(_mm512_maskz_loadu_ps(m, x + i)));
+  for (; i + kLanes <= n; i += kLanes) {
+    if constexpr (Checked != nullptr) {
+      BlockCheck check;
+      float* dst = o == x ? staged : o + i;
+      Checked(x + i, dst, check);
+      if (check.ok()) {
+        if (dst == staged) std::memcpy(o + i, staged, sizeof staged);
+        continue;
+      }
+    }
+    General(x + i, o + i);
   }
+  for (; i < n; ++i) o[i] = F(x[i]);
 }
 #endif
 
@@ -853,19 +870,25 @@ namespace {
 // (fast_math.h); f64, f16 and bf16 registers round libm's f64 result once (`exact`).
 // Null when `code` is not one of them.
 KernelFn math_kernel(Code code, VClass c, bool fast_f32, bool& exact) {
-#if defined(__AVX512F__)
-#define KILN_FAST_F32(v16, scalar) &k_fast_v16<v16>
+#if defined(KILN_FAST_CHECKED_BLOCKS)
+#define KILN_FAST_F32(name, scalar, checked) &k_fast_blocks<scalar, &name##_block<64>, checked>
 #else
-#define KILN_FAST_F32(v16, scalar) &k_fast_f32<scalar>
+#define KILN_FAST_F32(name, scalar, checked) &k_fast_f32<scalar>
 #endif
   exact = true;
   switch (code) {
-    case Code::Exp: exact = !fast_f32; return fast_f32 ? KILN_FAST_F32(exp16, exp_f32) : libm_kernel<libm_exp>(c);
-    case Code::Log: exact = !fast_f32; return fast_f32 ? KILN_FAST_F32(log16, log_f32) : libm_kernel<libm_log>(c);
+    case Code::Exp:
+      exact = !fast_f32;
+      return fast_f32 ? KILN_FAST_F32(exp, exp_f32, &exp_block_unchecked<64>) : libm_kernel<libm_exp>(c);
+    case Code::Log:
+      exact = !fast_f32;
+      return fast_f32 ? KILN_FAST_F32(log, log_f32, &log_block_unchecked<64>) : libm_kernel<libm_log>(c);
     case Code::Log1p:
       exact = !fast_f32;
-      return fast_f32 ? KILN_FAST_F32(log1p16, log1p_f32) : libm_kernel<libm_log1p>(c);
-    case Code::Tanh: exact = !fast_f32; return fast_f32 ? KILN_FAST_F32(tanh16, tanh_f32) : libm_kernel<libm_tanh>(c);
+      return fast_f32 ? KILN_FAST_F32(log1p, log1p_f32, nullptr) : libm_kernel<libm_log1p>(c);
+    case Code::Tanh:
+      exact = !fast_f32;
+      return fast_f32 ? KILN_FAST_F32(tanh, tanh_f32, &tanh_block_unchecked<64>) : libm_kernel<libm_tanh>(c);
     case Code::Erf: return libm_kernel<libm_erf>(c);
     case Code::Sin: return libm_kernel<libm_sin>(c);
     case Code::Cos: return libm_kernel<libm_cos>(c);

@@ -28,11 +28,26 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
 namespace kiln::cpu::fast {
+
+// Everything here lives in an inline namespace named after the target it was compiled for: the
+// same names mean different code in translation units built for different targets (madd fuses
+// only with FMA; the tests build one file per instruction set), and distinct mangled names keep
+// the linker from merging them.
+#if defined(__AVX512F__)
+#define KILN_FAST_ISA isa_avx512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KILN_FAST_ISA isa_avx2
+#elif defined(__FMA__)
+#define KILN_FAST_ISA isa_fma
+#else
+#define KILN_FAST_ISA isa_generic
+#endif
+inline namespace KILN_FAST_ISA {
 
 // a * b + c, fused where the target has FMA (one rounding); otherwise two roundings, which the
 // error bounds above still cover (they were measured on the FMA build; the non-FMA build stays
@@ -150,7 +165,12 @@ inline float tanh_f32(float x) {
   return a < 0.625f ? small : signed_big;  // NaN: the comparison is false, big is NaN
 }
 
+// Each instruction set below defines kVectorLanes, the general block forms exp_block /
+// log_block / log1p_block / tanh_block<N>(in, out), and, with KILN_FAST_CHECKED_BLOCKS, the
+// restricted-domain *_block_unchecked forms with their BlockCheck.
 #if defined(__AVX512F__)
+inline constexpr int kVectorLanes = 16;
+
 // ---- 16-lane AVX-512 versions of exp_f32, log_f32, log1p_f32 and tanh_f32, bit-identical to
 // the functions above (exhaustively checked over every float32)
 // (same reduction, same polynomial, same operation order; 2^n is applied by one vscalefps, which
@@ -367,6 +387,236 @@ inline void tanh_block_unchecked(const float* in, float* out, BlockCheck& c) {
     _mm512_storeu_ps(out + v, tanh16_normal(x, a));
   }
 }
+
+// The general forms over a block of N lanes (N a multiple of 16; out may be in).
+#define KILN_FAST_GENERAL_BLOCK(name, vec)                                                   \
+  template <int N>                                                                           \
+  inline void name(const float* in, float* out) {                                            \
+    static_assert(N % 16 == 0);                                                              \
+    for (int v = 0; v < N; v += 16) _mm512_storeu_ps(out + v, vec(_mm512_loadu_ps(in + v))); \
+  }
+KILN_FAST_GENERAL_BLOCK(exp_block, exp16)
+KILN_FAST_GENERAL_BLOCK(log_block, log16)
+KILN_FAST_GENERAL_BLOCK(log1p_block, log1p16)
+KILN_FAST_GENERAL_BLOCK(tanh_block, tanh16)
+#undef KILN_FAST_GENERAL_BLOCK
+
+#define KILN_FAST_CHECKED_BLOCKS 1
+#elif defined(__AVX2__) && defined(__FMA__)
+// ---- 8-lane AVX2 versions, for hosts without AVX-512: the same functions, bit for bit, as the
+// scalar ones above (same operations in the same order; every select a blend on the same
+// comparison, NaN included), and restricted-domain forms and a BlockCheck like the AVX-512 ones
+// below. AVX2 has no vscalefps / vgetexpps / vgetmantps: exp scales by 2^n in the scalar
+// function's two exact steps, log takes the exponent and mantissa from the bits. GCC's
+// auto-vectorised scalar exp needs ~33 instructions per vector; exp8 ~27, exp8_normal ~17.
+inline constexpr int kVectorLanes = 8;
+
+inline __m256 select8(__m256 mask, __m256 if_true, __m256 if_false) {
+  return _mm256_blendv_ps(if_false, if_true, mask);
+}
+
+// 2^n * p for p in [0.70, 1.42] and n in [-150, 128], in the scalar function's two steps.
+inline __m256 scale_by_two_steps8(__m256 p, __m256i n) {
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256i n1 = _mm256_srai_epi32(n, 1);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(n, n1), bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+// e^r on [-ln2/2, ln2/2] and the reduction x = n ln2 + r, shared by exp8 and exp8_normal.
+inline __m256 exp8_poly(__m256 n, __m256 x) {
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  return _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+}
+
+inline __m256 exp8(__m256 x) {
+  // vmaxps / vminps return the second operand for a NaN: x > lo ? x : lo, as exp_f32.
+  __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
+  xc = _mm256_min_ps(xc, _mm256_set1_ps(89.0f));
+  const __m256 shifter = _mm256_set1_ps(12582912.0f);
+  const __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), shifter);
+  const __m256 n = _mm256_sub_ps(t, shifter);
+  // t is an integer in [2^23, 2^24): its bits minus the shifter's are n.
+  const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(shifter));
+  const __m256 res = scale_by_two_steps8(exp8_poly(n, xc), ni);
+  return select8(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), x, res);
+}
+
+// log_f32's steps up to its special values, for log8 and log8_finite.
+inline __m256 log8_core(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(1.17549435e-38f), _CMP_LT_OQ);
+  const __m256 xs = select8(tiny, _mm256_mul_ps(x, _mm256_set1_ps(8388608.0f)), x);
+  const __m256i bits = _mm256_castps_si256(xs);
+  const __m256i biased = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xff));
+  const __m256 e0 = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(biased, _mm256_set1_epi32(0x4B000000))),
+                                  _mm256_set1_ps(8388734.0f));
+  __m256 e = select8(tiny, _mm256_sub_ps(e0, _mm256_set1_ps(23.0f)), e0);
+  const __m256 m = _mm256_castsi256_ps(
+      _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x3f000000)));
+  const __m256 low = _mm256_cmp_ps(m, _mm256_set1_ps(0.707106781186547524f), _CMP_LT_OQ);
+  e = select8(low, _mm256_sub_ps(e, _mm256_set1_ps(1.0f)), e);
+  const __m256 f = _mm256_sub_ps(select8(low, _mm256_add_ps(m, m), m), _mm256_set1_ps(1.0f));
+  const __m256 z = _mm256_mul_ps(f, f);
+  __m256 y = _mm256_set1_ps(7.0376836292e-2f);
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(-1.1514610310e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.1676998740e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(-1.2420140846e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.4249322787e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(-1.6668057665e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(2.0000714765e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(-2.4999993993e-1f));
+  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(3.3333331174e-1f));
+  y = _mm256_mul_ps(_mm256_mul_ps(y, f), z);
+  y = _mm256_fmadd_ps(e, _mm256_set1_ps(-2.12194440e-4f), y);
+  y = _mm256_fmadd_ps(z, _mm256_set1_ps(-0.5f), y);
+  return _mm256_fmadd_ps(e, _mm256_set1_ps(0.693359375f), _mm256_add_ps(f, y));
+}
+
+inline __m256 log8(__m256 x) {
+  __m256 res = log8_core(x);
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  res = select8(_mm256_cmp_ps(x, zero, _CMP_EQ_OQ), _mm256_set1_ps(-INFINITY), res);
+  res = select8(_mm256_cmp_ps(x, zero, _CMP_LT_OQ), _mm256_set1_ps(NAN), res);
+  res = select8(_mm256_cmp_ps(x, inf, _CMP_EQ_OQ), inf, res);
+  return select8(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), x, res);
+}
+
+inline __m256 log1p8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 u = _mm256_add_ps(one, x);
+  const __m256 d = _mm256_sub_ps(u, one);
+  const __m256 q = _mm256_div_ps(_mm256_sub_ps(x, d), u);
+  const __m256 c = select8(_mm256_cmp_ps(u, zero, _CMP_NEQ_UQ), q, zero);
+  __m256 res = select8(_mm256_cmp_ps(d, zero, _CMP_EQ_OQ), x, _mm256_add_ps(log8(u), c));
+  res = select8(_mm256_cmp_ps(x, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ), _mm256_set1_ps(INFINITY), res);
+  return select8(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), x, res);
+}
+
+// x + x^3 P(x^2), tanh_f32's small-|x| branch before its zero fixup.
+inline __m256 tanh8_small(__m256 x) {
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+  return _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+}
+
+inline __m256 tanh8(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 a = _mm256_andnot_ps(sign, x);
+  const __m256 small = select8(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_EQ_OQ), x, tanh8_small(x));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 big =
+      _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(exp8(_mm256_add_ps(a, a)), one)));
+  const __m256 signed_big = _mm256_or_ps(_mm256_andnot_ps(sign, big), _mm256_and_ps(sign, x));
+  return select8(_mm256_cmp_ps(a, _mm256_set1_ps(0.625f), _CMP_LT_OQ), small, signed_big);
+}
+
+// Restricted-domain forms (see the AVX-512 ones above for the argument): exp for |x| < 86, log
+// for 0 < x < inf, tanh for |x| < 43 given a = |x|; bit for bit the general forms there.
+inline __m256 exp8_normal(__m256 x) {
+  const __m256 shifter = _mm256_set1_ps(12582912.0f);
+  const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
+  const __m256 p = exp8_poly(_mm256_sub_ps(t, shifter), x);
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(t), 23)));
+}
+
+inline __m256 log8_finite(__m256 x) { return log8_core(x); }
+
+inline __m256 tanh8_normal(__m256 x, __m256 a) {
+  const __m256 xs = _mm256_and_ps(x, _mm256_set1_ps(-0.0f));
+  const __m256 small = _mm256_or_ps(tanh8_small(x), xs);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 e = exp8_normal(_mm256_add_ps(a, a));
+  const __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+  return select8(_mm256_cmp_ps(a, _mm256_set1_ps(0.625f), _CMP_LT_OQ), small, _mm256_or_ps(big, xs));
+}
+
+// What a block's restricted-domain forms were given (lane-wise unsigned maxima of the inputs'
+// bits), checked once at its end.
+struct BlockCheck {
+  __m256i exp_abs = _mm256_setzero_si256();   // |x| bits of exp inputs: must stay below 86
+  __m256i tanh_abs = _mm256_setzero_si256();  // |x| bits of tanh inputs: below 43
+  __m256i log_m1 = _mm256_setzero_si256();    // bits - 1 of log inputs: below 0x7f7fffff (0 < x < inf)
+  static bool below(__m256i v, std::uint32_t limit) {
+    const __m256i top = _mm256_set1_epi32(static_cast<std::int32_t>(limit - 1));
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_max_epu32(v, top), top)) == -1;
+  }
+  bool ok() const { return below(exp_abs, 0x42AC0000u) && below(tanh_abs, 0x422C0000u) && below(log_m1, 0x7f7fffffu); }
+};
+
+template <int N>
+inline void exp_block_unchecked(const float* in, float* out, BlockCheck& c) {
+  static_assert(N % 8 == 0);
+  for (int v = 0; v < N; v += 8) {
+    const __m256 x = _mm256_loadu_ps(in + v);
+    c.exp_abs = _mm256_max_epu32(c.exp_abs, _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff)));
+    _mm256_storeu_ps(out + v, exp8_normal(x));
+  }
+}
+
+template <int N>
+inline void log_block_unchecked(const float* in, float* out, BlockCheck& c) {
+  static_assert(N % 8 == 0);
+  for (int v = 0; v < N; v += 8) {
+    const __m256 x = _mm256_loadu_ps(in + v);
+    c.log_m1 = _mm256_max_epu32(c.log_m1, _mm256_sub_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(1)));
+    _mm256_storeu_ps(out + v, log8_finite(x));
+  }
+}
+
+template <int N>
+inline void tanh_block_unchecked(const float* in, float* out, BlockCheck& c) {
+  static_assert(N % 8 == 0);
+  for (int v = 0; v < N; v += 8) {
+    const __m256 x = _mm256_loadu_ps(in + v);
+    const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    c.tanh_abs = _mm256_max_epu32(c.tanh_abs, _mm256_castps_si256(a));
+    _mm256_storeu_ps(out + v, tanh8_normal(x, a));
+  }
+}
+
+// The general forms over a block of N lanes (N a multiple of 8; out may be in).
+#define KILN_FAST_GENERAL_BLOCK(name, vec)                                                  \
+  template <int N>                                                                          \
+  inline void name(const float* in, float* out) {                                           \
+    static_assert(N % 8 == 0);                                                              \
+    for (int v = 0; v < N; v += 8) _mm256_storeu_ps(out + v, vec(_mm256_loadu_ps(in + v))); \
+  }
+KILN_FAST_GENERAL_BLOCK(exp_block, exp8)
+KILN_FAST_GENERAL_BLOCK(log_block, log8)
+KILN_FAST_GENERAL_BLOCK(log1p_block, log1p8)
+KILN_FAST_GENERAL_BLOCK(tanh_block, tanh8)
+#undef KILN_FAST_GENERAL_BLOCK
+
+#define KILN_FAST_CHECKED_BLOCKS 1
+#else
+// ---- No vector forms: the general block functions run the scalar functions lane by lane
+// (GCC vectorises those loops), and there is no checked pass.
+inline constexpr int kVectorLanes = 1;
+
+#define KILN_FAST_GENERAL_BLOCK(name, fn)           \
+  template <int N>                                  \
+  inline void name(const float* in, float* out) {   \
+    for (int l = 0; l < N; ++l) out[l] = fn(in[l]); \
+  }
+KILN_FAST_GENERAL_BLOCK(exp_block, exp_f32)
+KILN_FAST_GENERAL_BLOCK(log_block, log_f32)
+KILN_FAST_GENERAL_BLOCK(log1p_block, log1p_f32)
+KILN_FAST_GENERAL_BLOCK(tanh_block, tanh_f32)
+#undef KILN_FAST_GENERAL_BLOCK
 #endif
 
 // ---- f16 / bf16 <-> f32 bit conversions, branch-free (vectorisable); exact widening and
@@ -416,4 +666,5 @@ inline std::uint16_t f32_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>(is_nan ? nan : rounded);
 }
 
+}  // namespace KILN_FAST_ISA
 }  // namespace kiln::cpu::fast

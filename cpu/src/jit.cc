@@ -375,14 +375,14 @@ InstrText instruction_text(const CInstr& ins, const fast::RegInfo& out, const st
   InstrText t;
   std::ostringstream body, block, fblock;
   body << "      const " << ctype(out.cls) << " " << o << " = " << e << ";\n";
-  // The f32 fast functions run as their AVX-512 forms (bit-identical to the scalar ones,
-  // fast_math.h) where the target has them: the auto-vectorised scalar forms take twice the
-  // instructions, which W2-like chains of exp / log / tanh feel.
-  const char* v16 = ins.code == Code::Exp     ? "exp16"
-                    : ins.code == Code::Log   ? "log16"
-                    : ins.code == Code::Log1p ? "log1p16"
-                    : ins.code == Code::Tanh  ? "tanh16"
-                                              : nullptr;
+  // The f32 fast functions run as the target's vector forms (AVX-512 or AVX2, bit-identical to
+  // the scalar ones, fast_math.h; lane by lane where it has neither): the auto-vectorised scalar
+  // forms take about twice the instructions, which W2-like chains of exp / log / tanh feel.
+  const char* general_block = ins.code == Code::Exp     ? "exp_block"
+                              : ins.code == Code::Log   ? "log_block"
+                              : ins.code == Code::Log1p ? "log1p_block"
+                              : ins.code == Code::Tanh  ? "tanh_block"
+                                                        : nullptr;
   // exp, log and tanh also have restricted-domain forms for the checked pass (see
   // FlatPathWriter::checked_block).
   const char* vfast = ins.code == Code::Exp    ? "exp_block_unchecked"
@@ -393,14 +393,11 @@ InstrText instruction_text(const CInstr& ins, const fast::RegInfo& out, const st
   const std::string decl = "      " + std::string(ctype(out.cls)) + " " + o + "[kLanes];\n";
   block << decl;
   fblock << decl;
-  if (v16 != nullptr && fast_f32) {
+  if (general_block != nullptr && fast_f32) {
     t.blocked = true;
-    const std::string general = "      for (int v = 0; v < kLanes; v += 16) _mm512_storeu_ps(" + o +
-                                " + v, fast::" + v16 + "(_mm512_loadu_ps(" + reg(ins.regs[0]) + " + v)));\n";
-    block << "#if defined(__AVX512F__)\n"
-          << general << "#else\n"
-          << "      for (int l = 0; l < kLanes; ++l) " << o << "[l] = " << eb << ";\n"
-          << "#endif\n";
+    const std::string general =
+        "      fast::" + std::string(general_block) + "<kLanes>(" + reg(ins.regs[0]) + ", " + o + ");\n";
+    block << general;
     if (vfast != nullptr) {
       t.checked = true;
       fblock << "      fast::" << vfast << "<kLanes>(" << reg(ins.regs[0]) << ", " << o << ", chk);\n";
@@ -696,7 +693,7 @@ class FlatPathWriter {
   // the general forms. Same bits either way; W2 1.55 -> 1.3 ns per element (one check per
   // block instead of one per instruction, with a branch each, saves 3-4%).
   void checked_block(const PassSelection& s, const std::string& loads, const std::string& stores) {
-    os_ << "#if defined(__AVX512F__)\n"
+    os_ << "#if defined(KILN_FAST_CHECKED_BLOCKS)\n"
            "    {\n"
            "      fast::BlockCheck chk;\n"
         << loads << s.fblock << "      if (__builtin_expect(chk.ok(), 1)) {\n"
