@@ -1,10 +1,12 @@
 // Row-wise module ops on the fast path: LayerNorm, BatchNorm (the inference form), Embedding and
-// EmbeddingBackward (docs/spec/ir.md §5.8), with the reference executor's numbers bit for bit.
+// EmbeddingBackward (docs/spec/ir.md §5.8), with the reference executor's numbers bit for bit but
+// for layer norm's row sums.
 //
 // The reference (reference/src/reference_module.cc) reads and writes every element through the
-// dtype-generic codec. These kernels keep its f64 arithmetic and order on typed pointers: layer
-// norm per row (mean, biased variance, then each output from one expression, rounded once; four
-// rows' sums side by side in the lanes of one vector; rows over the device's arena), batch norm
+// dtype-generic codec. These kernels keep its f64 arithmetic on typed pointers: layer norm per
+// row (mean, biased variance, then each output from one expression, rounded once; the sums over
+// eight lanes, another order than the reference's sequential one, so a result may differ from it
+// in the last bit; rows over the device's arena), batch norm
 // per (image, channel) row from per-channel f64 statistics, the
 // embedding as row copies, its gradient as f64 sums in token order per weight element (the tokens
 // grouped by weight row first; rows over the arena). Neither file contracts a·b + c into an FMA
@@ -61,18 +63,6 @@ void layer_norm_output(const T* xr, const T* gamma, const T* beta, T* yr, std::u
   }
 }
 
-// Four rows' f64 sums side by side, one row per lane: each lane keeps its row's order (the
-// reference's), and the four dependent chains run at once instead of one after another.
-typedef double Lanes4 __attribute__((vector_size(32)));
-
-// Element i of four consecutive rows (row length d) as one vector; through a reference, since a
-// 32-byte vector passed by value changes the ABI in a build without AVX (-Wpsabi).
-template <class T>
-void load_lanes(const T* x, std::uint64_t d, std::uint64_t i, Lanes4& v) {
-  v = Lanes4{static_cast<double>(x[i]), static_cast<double>(x[d + i]), static_cast<double>(x[2 * d + i]),
-             static_cast<double>(x[3 * d + i])};
-}
-
 // The row statistics of a three-output LayerNorm (nullptr for one output): the mean and
 // 1 / sqrt(var + epsilon) of each row, as the reference rounds them.
 template <class T>
@@ -86,42 +76,50 @@ struct RowStats {
   }
 };
 
+// A row's mean and biased variance in f64, each sum over kSumLanes lanes of consecutive elements
+// (lane k takes elements k, k + kSumLanes, ...) added up pairwise at the end: GCC turns the lanes
+// into vectors, where the reference's one sequential chain per row waits on every add. Another
+// order than the reference's, in the same precision: the f32 results agree with it but for a
+// rare last-bit rounding (docs/decisions.md).
+constexpr std::uint64_t kSumLanes = 8;
+
+double lanes_total(const double (&acc)[kSumLanes]) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+template <class T>
+double row_mean(const T* xr, std::uint64_t d) {
+  double acc[kSumLanes] = {};
+  std::uint64_t i = 0;
+  for (; i + kSumLanes <= d; i += kSumLanes)
+    for (std::uint64_t k = 0; k < kSumLanes; ++k) acc[k] += static_cast<double>(xr[i + k]);
+  for (std::uint64_t k = 0; i < d; ++i, ++k) acc[k] += static_cast<double>(xr[i]);
+  return lanes_total(acc) / static_cast<double>(d);
+}
+
+template <class T>
+double row_variance(const T* xr, std::uint64_t d, double mean) {
+  double acc[kSumLanes] = {};
+  std::uint64_t i = 0;
+  for (; i + kSumLanes <= d; i += kSumLanes)
+    for (std::uint64_t k = 0; k < kSumLanes; ++k) {
+      const double c = static_cast<double>(xr[i + k]) - mean;
+      acc[k] += c * c;
+    }
+  for (std::uint64_t k = 0; i < d; ++i, ++k) {
+    const double c = static_cast<double>(xr[i]) - mean;
+    acc[k] += c * c;
+  }
+  return lanes_total(acc) / static_cast<double>(d);
+}
+
 template <class T>
 void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, RowStats<T> stats, std::uint64_t d,
                      double epsilon, std::uint64_t begin, std::uint64_t end) {
-  const double n = static_cast<double>(d);
-  std::uint64_t r = begin;
-  for (; r + 4 <= end; r += 4) {
+  for (std::uint64_t r = begin; r < end; ++r) {
     const T* xr = x + r * d;
-    Lanes4 sum{};
-    Lanes4 v;
-    for (std::uint64_t i = 0; i < d; ++i) {
-      load_lanes(xr, d, i, v);
-      sum += v;
-    }
-    const Lanes4 mean = sum / n;
-    Lanes4 squares{};
-    for (std::uint64_t i = 0; i < d; ++i) {
-      load_lanes(xr, d, i, v);
-      const Lanes4 c = v - mean;
-      squares += c * c;
-    }
-    for (int l = 0; l < 4; ++l) {
-      const std::uint64_t row = r + static_cast<std::uint64_t>(l);
-      const double rstd = 1.0 / std::sqrt(squares[l] / n + epsilon);
-      layer_norm_output(xr + static_cast<std::uint64_t>(l) * d, gamma, beta, out + row * d, d, mean[l], rstd);
-      stats.store(row, mean[l], rstd);
-    }
-  }
-  for (; r < end; ++r) {
-    const T* xr = x + r * d;
-    double sum = 0.0;
-    for (std::uint64_t i = 0; i < d; ++i) sum += static_cast<double>(xr[i]);
-    const double mean = sum / n;
-    double squares = 0.0;
-    for (std::uint64_t i = 0; i < d; ++i)
-      squares += (static_cast<double>(xr[i]) - mean) * (static_cast<double>(xr[i]) - mean);
-    const double rstd = 1.0 / std::sqrt(squares / n + epsilon);
+    const double mean = row_mean(xr, d);
+    const double rstd = 1.0 / std::sqrt(row_variance(xr, d, mean) + epsilon);
     layer_norm_output(xr, gamma, beta, out + r * d, d, mean, rstd);
     stats.store(r, mean, rstd);
   }
