@@ -406,9 +406,9 @@ KILN_FAST_GENERAL_BLOCK(tanh_block, tanh16)
 // ---- 8-lane AVX2 versions, for hosts without AVX-512: the same functions, bit for bit, as the
 // scalar ones above (same operations in the same order; every select a blend on the same
 // comparison; checked over every float32, where only log1p(-inf)'s NaN came out with the other
-// sign), and restricted-domain forms and a BlockCheck like the AVX-512 ones above. AVX2 has no vscalefps / vgetexpps / vgetmantps: exp scales by 2^n in the scalar
-// function's two exact steps, log takes the exponent and mantissa from the bits. GCC's
-// auto-vectorised scalar exp needs ~33 instructions per vector; exp8 ~27, exp8_normal ~17.
+// sign), and restricted-domain forms and a BlockCheck like the AVX-512 ones above. AVX2 has no vscalefps / vgetexpps /
+// vgetmantps: exp scales by 2^n in the scalar function's two exact steps, log takes the exponent and mantissa from the
+// bits. GCC's auto-vectorised scalar exp needs ~33 instructions per vector; exp8 ~27, exp8_normal ~17.
 inline constexpr int kVectorLanes = 8;
 
 inline __m256 select8(__m256 mask, __m256 if_true, __m256 if_false) {

@@ -83,34 +83,15 @@ struct RowStats {
 // rare last-bit rounding (docs/decisions.md).
 constexpr std::uint64_t kSumLanes = 8;
 
-double lanes_total(const double (&acc)[kSumLanes]) {
+// The sum of term(x[i]) over a row, in f64, in that lane order.
+template <class T, class Term>
+double lanes_sum(const T* xr, std::uint64_t d, Term term) {
+  double acc[kSumLanes] = {};
+  std::uint64_t i = 0;
+  for (; i + kSumLanes <= d; i += kSumLanes)
+    for (std::uint64_t k = 0; k < kSumLanes; ++k) acc[k] += term(static_cast<double>(xr[i + k]));
+  for (std::uint64_t k = 0; i < d; ++i, ++k) acc[k] += term(static_cast<double>(xr[i]));
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-template <class T>
-double row_mean(const T* xr, std::uint64_t d) {
-  double acc[kSumLanes] = {};
-  std::uint64_t i = 0;
-  for (; i + kSumLanes <= d; i += kSumLanes)
-    for (std::uint64_t k = 0; k < kSumLanes; ++k) acc[k] += static_cast<double>(xr[i + k]);
-  for (std::uint64_t k = 0; i < d; ++i, ++k) acc[k] += static_cast<double>(xr[i]);
-  return lanes_total(acc) / static_cast<double>(d);
-}
-
-template <class T>
-double row_variance(const T* xr, std::uint64_t d, double mean) {
-  double acc[kSumLanes] = {};
-  std::uint64_t i = 0;
-  for (; i + kSumLanes <= d; i += kSumLanes)
-    for (std::uint64_t k = 0; k < kSumLanes; ++k) {
-      const double c = static_cast<double>(xr[i + k]) - mean;
-      acc[k] += c * c;
-    }
-  for (std::uint64_t k = 0; i < d; ++i, ++k) {
-    const double c = static_cast<double>(xr[i]) - mean;
-    acc[k] += c * c;
-  }
-  return lanes_total(acc) / static_cast<double>(d);
 }
 
 template <class T>
@@ -118,8 +99,10 @@ void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* out, RowStats
                      double epsilon, std::uint64_t begin, std::uint64_t end) {
   for (std::uint64_t r = begin; r < end; ++r) {
     const T* xr = x + r * d;
-    const double mean = row_mean(xr, d);
-    const double rstd = 1.0 / std::sqrt(row_variance(xr, d, mean) + epsilon);
+    const double n = static_cast<double>(d);
+    const double mean = lanes_sum(xr, d, [](double v) { return v; }) / n;
+    const double variance = lanes_sum(xr, d, [mean](double v) { return (v - mean) * (v - mean); }) / n;
+    const double rstd = 1.0 / std::sqrt(variance + epsilon);
     layer_norm_output(xr, gamma, beta, out + r * d, d, mean, rstd);
     stats.store(r, mean, rstd);
   }

@@ -48,20 +48,24 @@ namespace dt = ir::dtypes;
 namespace b = ir::build;
 namespace fs = std::filesystem;
 
+// The compiler the JIT runs (jit.h: the first `c++`, then `g++`, on PATH); empty when none.
+std::string compiler_on_path() {
+  const char* path = std::getenv("PATH");
+  const std::string p = path != nullptr ? path : "";
+  for (const char* name : {"c++", "g++"})
+    for (std::size_t from = 0; from <= p.size();) {
+      const std::size_t to = std::min(p.find(':', from), p.size());
+      const std::string dir = p.substr(from, to - from);
+      if (!dir.empty() && ::access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
+      from = to + 1;
+    }
+  return {};
+}
+
 bool compiler_available() {
   const char* env = std::getenv("KILN_CPU_JIT");
   if (env != nullptr && env[0] == '0') return false;
-  const char* path = std::getenv("PATH");
-  std::string p = path != nullptr ? path : "";
-  std::size_t from = 0;
-  while (from <= p.size()) {
-    const std::size_t to = std::min(p.find(':', from), p.size());
-    const std::string dir = p.substr(from, to - from);
-    for (const char* name : {"c++", "g++"})
-      if (!dir.empty() && ::access((dir + "/" + name).c_str(), X_OK) == 0) return true;
-    from = to + 1;
-  }
-  return false;
+  return !compiler_on_path().empty();
 }
 
 // A private cache directory per test, removed afterwards.
@@ -973,17 +977,18 @@ TEST_F(JitTest, TheMathFunctionsLoopsVectoriseUnderTheKernelFlags) {
           << "  for (int i = 0; i < n; ++i) b[i] = kiln::cpu::fast::" << fn << "(a[i]);  // probe:" << fn << "\n}\n";
     out << "}  // namespace probe\n";
   }
-  std::string command = "c++";
+  const std::string compiler = compiler_on_path();
+  std::string command = compiler;
   for (const std::string& flag : jit::compile_flags())
     if (flag != "-shared" && flag != "-w") command += " " + flag;
   command += " -c -o " + (fs::path(dir_) / "vectorise.o").string() + " -fopt-info-vec-optimized=" + report.string() +
              " " + source.string() + " 2>/dev/null";
   const std::string version_file = (fs::path(dir_) / "version.txt").string();
-  ASSERT_EQ(std::system(("c++ --version > " + version_file + " 2>&1").c_str()), 0);
+  ASSERT_EQ(std::system((compiler + " --version > " + version_file + " 2>&1").c_str()), 0);
   std::ifstream version_in(version_file);
   const std::string version((std::istreambuf_iterator<char>(version_in)), std::istreambuf_iterator<char>());
   if (version.find("Free Software Foundation") == std::string::npos)
-    GTEST_SKIP() << "c++ is not GCC: -fopt-info is GCC's";
+    GTEST_SKIP() << compiler << " is not GCC: -fopt-info is GCC's";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
 
   // Map each probe's line number to its function, then find a "loop vectorized" report on it.
