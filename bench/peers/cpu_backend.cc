@@ -34,13 +34,14 @@ class CpuBackend final : public Backend {
 
   std::string counters() override {
     const cpu::CpuDeviceStats s = device_.stats();
-    char buf[320];
+    char buf[384];
     std::snprintf(buf, sizeof buf,
                   " dev_fused_launches=%llu dev_fused_replays=%llu dev_fast_ops=%llu dev_reference_ops=%llu"
-                  " dev_inplace_reuses=%llu dev_jit_launches=%llu dev_nontemporal_outputs=%llu",
+                  " dev_inplace_reuses=%llu dev_jit_launches=%llu dev_row_jit_stages=%llu dev_nontemporal_outputs=%llu",
                   static_cast<unsigned long long>(s.fused_launches), static_cast<unsigned long long>(s.fused_replays),
                   static_cast<unsigned long long>(s.fast_ops), static_cast<unsigned long long>(s.reference_ops),
                   static_cast<unsigned long long>(s.inplace_reuses), static_cast<unsigned long long>(s.jit_launches),
+                  static_cast<unsigned long long>(s.row_jit_stages),
                   static_cast<unsigned long long>(s.nontemporal_outputs));
     return buf;
   }

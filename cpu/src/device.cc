@@ -43,11 +43,6 @@ jit::Options jit_options(const CpuDeviceOptions& o) {
   return j;
 }
 
-// Programs below this many instructions stay on the interpreter: one instruction is already a
-// single tight kernel per chunk there (loads alias the inputs, the result goes straight to the
-// output), so a compiled loop gains little and every one-op structure would cost a compile.
-constexpr std::size_t kJitMinInstructions = 2;
-
 }  // namespace
 
 CpuDevice::CpuDevice(const CpuDeviceOptions& options)
@@ -60,9 +55,10 @@ CpuDevice::CpuDevice(const CpuDeviceOptions& options)
 
 bool CpuDevice::jit_enabled() const { return jit_->enabled(); }
 
-const jit::Kernel* CpuDevice::jit_kernel(const fusion::FusedProgram& program, const fast::CompiledProgram& compiled) {
+const jit::Kernel* CpuDevice::jit_kernel(const fusion::FusedProgram& program, const fast::CompiledProgram& compiled,
+                                         std::size_t min_instructions) {
   if (!jit_->enabled() || !compiled.supported || compiled.blocks.size() != 1 ||
-      compiled.blocks[0].instrs.size() < kJitMinInstructions)
+      compiled.blocks[0].instrs.size() < min_instructions)
     return nullptr;
   fast::JitSlot& slot = *compiled.jit;
   std::call_once(slot.once, [&] { slot.kernel = jit_->kernel_for(program, compiled); });
@@ -147,6 +143,7 @@ CpuDeviceStats CpuDevice::stats() const {
   s.part_by_part = get(counters_.part_by_part);
   s.kernel_cache_evictions = get(counters_.kernel_cache_evictions);
   s.row_window_temporaries = get(counters_.row_window_temporaries);
+  s.row_jit_stages = get(counters_.row_jit_stages);
   for (std::size_t r = 0; r < s.fallbacks_by_reason.size(); ++r)
     s.fallbacks_by_reason[r] = get(counters_.fallbacks_by_reason[r]);
   const jit::Stats j = jit_->stats();
@@ -164,7 +161,7 @@ void CpuDevice::reset_stats() {
         &counters_.kernel_cache_hits, &counters_.kernel_cache_misses, &counters_.inplace_reuses,
         &counters_.zero_copy_reshapes, &counters_.row_interleaved, &counters_.jit_launches,
         &counters_.nontemporal_outputs, &counters_.part_by_part, &counters_.kernel_cache_evictions,
-        &counters_.row_window_temporaries})
+        &counters_.row_window_temporaries, &counters_.row_jit_stages})
     a->store(0, std::memory_order_relaxed);
   for (auto& a : counters_.launches_by_kind) a.store(0, std::memory_order_relaxed);
   for (auto& a : counters_.fallbacks_by_reason) a.store(0, std::memory_order_relaxed);

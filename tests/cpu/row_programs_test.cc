@@ -36,8 +36,8 @@ struct Rig {
   std::unique_ptr<runtime::Device> device;
   std::unique_ptr<Session> s;
 
-  explicit Rig(bool row_fuser) {
-    auto b = std::make_unique<CpuBackend>(CpuBackendOptions{.threads = 2});
+  explicit Rig(bool row_fuser, CpuJitMode jit = CpuJitMode::Auto) {
+    auto b = std::make_unique<CpuBackend>(CpuBackendOptions{.threads = 2, .jit = jit});
     backend = b.get();
     runtime::RuntimeOptions o;
     o.threads = 2;
@@ -247,6 +247,57 @@ TEST(RowPrograms, CrossEntropyFromLogits) {
       EXPECT_NEAR(probs[0], want, 1e-4 * std::max(1.0, std::abs(want)));
       EXPECT_NEAR(idx[0], want, 1e-4 * std::max(1.0, std::abs(want)));
     }
+  }
+}
+
+// The elementwise stages of Row programs run by JIT kernels, one call per row (rows of at least
+// 128), compute what the interpreter computes, bit for bit: softmax, log-softmax, a layer norm
+// whose gain is a [1, n] row (a broadcast load the kernel cannot read per row: that stage stays
+// on the interpreter) and an RMS norm over [2, 3, n] rows. Rows shorter than 128 never take a
+// kernel.
+TEST(RowPrograms, JitRowStagesMatchTheInterpreter) {
+  struct Shaped {
+    ir::Shape shape;
+    bool jit_expected;
+  };
+  const Shaped cases[] = {{{64, 1024}, true},  {{300, 129}, true}, {{3, 20000}, true},
+                          {{2, 3, 256}, true}, {{40, 100}, false}, {{9, 37}, false}};
+  for (const Shaped& c : cases) {
+    const std::size_t n = c.shape.back(), total = ir::num_elements(c.shape), axis = c.shape.size() - 1;
+    SCOPED_TRACE(::testing::Message() << total / n << " rows of " << n);
+    const std::vector<float> x = rows_of(total / n, n, total + n, /*huge=*/false);
+    std::vector<float> g(n);
+    for (std::size_t j = 0; j < n; ++j) g[j] = 0.5f + static_cast<float>(j % 7) * 0.125f;
+    auto run = [&](Rig& rig) {
+      Session& s = *rig.s;
+      const Tensor t = ok(s.from_host(x, c.shape));
+      ir::Shape gs(c.shape.size(), 1);
+      gs.back() = n;
+      const Tensor gt = ok(s.from_host(g, gs));
+      const Tensor centred = ok(s.sub(t, ok(s.mean_dim(t, axis))));
+      const Tensor var = ok(s.mean_dim(ok(s.mul(centred, centred)), axis));
+      const Tensor ln = ok(s.mul(ok(s.div(centred, ok(s.sqrt(ok(s.add(var, 1e-5)))))), gt));
+      const Tensor ms = ok(s.mean_dim(ok(s.mul(t, t)), axis));
+      const Tensor rms = ok(s.mul(ok(s.div(t, ok(s.sqrt(ok(s.add(ms, 1e-5)))))), 2.0));
+      std::vector<float> out = ok(s.to_host<float>(ok(s.softmax(t, axis))));
+      for (const Tensor& y : {ok(s.log_softmax(t, axis)), ln, rms}) {
+        const std::vector<float> v = ok(s.to_host<float>(y));
+        out.insert(out.end(), v.begin(), v.end());
+      }
+      return out;
+    };
+    Rig jit(true, CpuJitMode::On), interpreter(true, CpuJitMode::Off);
+    const std::vector<float> got = run(jit), want = run(interpreter);
+    ASSERT_EQ(got.size(), want.size());
+    int bad = 0;
+    for (std::size_t i = 0; i < got.size() && bad < 5; ++i)
+      if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) {
+        ADD_FAILURE() << "at " << i << ": the JIT row stage gave " << got[i] << ", the interpreter " << want[i];
+        ++bad;
+      }
+    EXPECT_GT(jit.row_programs(), 0u);
+    EXPECT_EQ(jit.backend->stats().row_jit_stages > 0, c.jit_expected);
+    EXPECT_EQ(interpreter.backend->stats().row_jit_stages, 0u);
   }
 }
 

@@ -89,6 +89,7 @@ struct CpuDeviceStats {
   std::uint64_t zero_copy_reshapes = 0;      // reshapes that share their input's buffer
   std::uint64_t row_interleaved = 0;         // staged programs (ReduceBroadcasted, Row) run row group by row group
   std::uint64_t row_window_temporaries = 0;  // their values consumed inside the launch, kept in a row window
+  std::uint64_t row_jit_stages = 0;          // their elementwise stages run by a JIT kernel, a call per row
   std::uint64_t kernel_cache_evictions = 0;  // compiled forms dropped by max_kernels
   std::uint64_t nontemporal_outputs = 0;     // fresh outputs of memory-bound launches streaming from
                                              // DRAM written with non-temporal stores (no read for
@@ -134,9 +135,16 @@ class CpuDevice {
   std::shared_ptr<const fast::CompiledProgram> compiled(const fusion::FusedProgram& program);
   std::size_t kernel_cache_size() const;
   void clear_kernel_cache();
+  // Programs below this many instructions stay on the interpreter by default: one instruction is
+  // already a single tight kernel per chunk there (loads alias the inputs, the result goes
+  // straight to the output), so a compiled loop gains little and every one-op structure would
+  // cost a compile. (A staged launch's row stages ask for less: fast_executor.cc.)
+  static constexpr std::size_t kJitMinInstructions = 2;
   // The JIT kernel of an Elementwise program's compiled form, built on first use; null when the
-  // JIT is off, declines the program or cannot compile (the interpreter runs it).
-  const jit::Kernel* jit_kernel(const fusion::FusedProgram& program, const fast::CompiledProgram& compiled);
+  // JIT is off, declines the program, has fewer than `min_instructions` instructions, or cannot
+  // compile (the interpreter runs it).
+  const jit::Kernel* jit_kernel(const fusion::FusedProgram& program, const fast::CompiledProgram& compiled,
+                                std::size_t min_instructions = kJitMinInstructions);
   bool jit_enabled() const;
 
   // ---- Statistics
@@ -166,7 +174,8 @@ class CpuDevice {
   struct Counters {
     std::atomic<std::uint64_t> fused_launches{0}, fused_replays{0}, fast_ops{0}, reference_ops{0}, kernel_cache_hits{0},
         kernel_cache_misses{0}, inplace_reuses{0}, zero_copy_reshapes{0}, row_interleaved{0}, jit_launches{0},
-        nontemporal_outputs{0}, part_by_part{0}, kernel_cache_evictions{0}, row_window_temporaries{0};
+        nontemporal_outputs{0}, part_by_part{0}, kernel_cache_evictions{0}, row_window_temporaries{0},
+        row_jit_stages{0};
     std::array<std::atomic<std::uint64_t>, fusion::kNumProgramKinds> launches_by_kind{};
     std::array<std::atomic<std::uint64_t>, runtime::kFallbackReasonCount> fallbacks_by_reason{};
   };
