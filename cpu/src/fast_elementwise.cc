@@ -1729,7 +1729,11 @@ std::string run_elementwise(const Launch& launch, bool* fault) {
   if (launch.jit != nullptr) {
     bool declined = false;
     std::string r = run_elementwise_jit(launch, fault, &declined);
-    if (!declined) return r;
+    if (!declined) {
+      if (r.empty() && !*fault && launch.jit_launches != nullptr)
+        launch.jit_launches->fetch_add(1, std::memory_order_relaxed);
+      return r;
+    }
   }
   BlockRunner runner;
   const CBlock& cb = launch.compiled->blocks[0];

@@ -13,9 +13,7 @@
 #include "fast_pool.h"
 #include "fast_program.h"
 #include "fast_sort.h"
-#include "jit.h"
 #include "kiln/cpu/cpu_executor.h"
-#include "kiln/cpu/host.h"
 #include "kiln/fusion/single_op.h"
 #include "kiln/fusion/trace_fuser.h"
 #include "kiln/ir/builders.h"
@@ -251,6 +249,7 @@ MaybeFallback bind_program(CpuDevice& device, CpuDevice::Handles& handles, const
   launch.threads = device.threads();
   launch.nontemporal_outputs = &device.counters().nontemporal_outputs;
   launch.part_by_part = &device.counters().part_by_part;
+  launch.jit_launches = &device.counters().jit_launches;
   if (MaybeFallback f = bind_inputs(handles, p, bind, produced, launch)) return f;
   if (MaybeFallback f = bind_scalars(*b.compiled, bind, launch)) return f;
   return place_outputs(device, p, bind, allow_inplace, b);
@@ -298,7 +297,6 @@ std::optional<runtime::Fallback> CpuExecutor::run_program(const FusedProgram& p,
   if (!why.empty()) return Fallback{FallbackReason::ShapeLimits, std::move(why)};
   if (fault)
     return Fallback{FallbackReason::Fault, "a kernel faulted (integer division by zero or an index out of range)"};
-  if (b.launch.jit != nullptr) device_.counters().jit_launches.fetch_add(1, std::memory_order_relaxed);
   commit(device_, handles_, b, bind);
   return std::nullopt;
 }
@@ -446,59 +444,6 @@ std::size_t stream_row_outputs(std::vector<fast::BlockRunner>& blocks, const std
 // Row groups of ~16K elements: a few stages' rows stay within L2.
 constexpr std::uint64_t kRowGroupElements = 16384;
 
-// Rows at least this long run an elementwise stage's JIT kernel once per row; shorter ones stay
-// on the interpreter, whose one call per 1024-element block amortises better than a call per row.
-constexpr std::uint64_t kRowJitMinLength = 128;
-
-// An elementwise stage of a staged launch run by its JIT kernel, one call per row: the kernel's
-// flat path reads each input contiguously from the row's start, or (its broadcast loads) one
-// element, which a row's reduced value is. `loads` / `stores` are the template of the frame's
-// accesses, their bases set row by row.
-struct RowJitStage {
-  const jit::Kernel* kernel = nullptr;
-  std::vector<jit::Access> loads, stores;
-  std::vector<jit::ScalarValue> scalars;
-};
-
-// Element offset, through accessor `a`, of flat position q of the runner's iteration space.
-std::int64_t offset_of(const fast::BlockRunner& b, const fast::Accessor& a, std::uint64_t q) {
-  std::int64_t off = 0;
-  for (int d = b.rank() - 1; d >= 0; --d) {
-    const std::uint64_t dim = b.dims()[static_cast<std::size_t>(d)];
-    off += static_cast<std::int64_t>(q % dim) * a.stride[static_cast<std::size_t>(d)];
-    q /= dim;
-  }
-  return off;
-}
-
-// The JIT form of elementwise stage `b` over rows of n, when its kernel exists and every row is
-// what the kernel's flat path reads: each load contiguous along the row, or one element per row
-// where the kernel broadcasts it (a per-row reduced value), each store contiguous and unmasked.
-// nullopt: the interpreter runs the stage.
-std::optional<RowJitStage> row_jit_stage(const jit::Kernel* kernel, const fast::BlockRunner& b,
-                                         const fast::Launch& launch, std::uint64_t n) {
-  if (kernel == nullptr || n < kRowJitMinLength || b.rank() < 1) return std::nullopt;
-  const std::size_t last = static_cast<std::size_t>(b.rank() - 1);
-  if (b.dims()[last] % n != 0) return std::nullopt;  // a row crosses a dimension of the space
-  const std::span<const fast::Accessor> la = b.load_accessors(), sa = b.store_accessors();
-  if (la.size() != kernel->load_broadcast.size()) return std::nullopt;
-  RowJitStage st;
-  st.kernel = kernel;
-  for (std::size_t i = 0; i < la.size(); ++i) {
-    if (la[i].stride[last] != (kernel->load_broadcast[i] ? 0 : 1)) return std::nullopt;
-    st.loads.push_back(jit::Access{});
-  }
-  for (const fast::Accessor& a : sa) {
-    if (a.stride[last] != 1 || a.masked) return std::nullopt;
-    jit::Access x{};
-    const bool f32 = a.dtype.kind() == ir::DTypeKind::F32 || a.dtype.kind() == ir::DTypeKind::Flex32;
-    x.nontemporal = a.stream && f32 ? 1 : 0;
-    st.stores.push_back(x);
-  }
-  for (const fast::Scalar& s : launch.scalars) st.scalars.push_back(jit::ScalarValue{s.f, s.i, s.u, s.b});
-  return st;
-}
-
 // What every task of a staged launch shares: the prepared runners, the row space and its groups,
 // the temporaries kept in row windows, and the elementwise stages run by JIT kernels.
 struct StagedRows {
@@ -506,8 +451,8 @@ struct StagedRows {
   std::vector<std::unique_ptr<fast::ReduceRunner>> reductions;
   std::vector<RowTemporary> temps;
   std::vector<WindowedAccess> windowed;
-  std::vector<std::optional<RowJitStage>> jit;  // per stage
-  std::uint64_t n = 0, rows = 0, group = 1;     // row length, rows, rows per group
+  std::vector<std::optional<fast::JitRows>> jit;  // per stage
+  std::uint64_t n = 0, rows = 0, group = 1;       // row length, rows, rows per group
 };
 
 // One task's share of a staged launch: its own copies of the runners (their windowed accessors
@@ -560,38 +505,11 @@ class RowTask {
 
   bool run_stage(std::size_t k, std::uint64_t r0, std::uint64_t r1) {
     if (reductions_[k]) return reductions_[k]->run_rows(r0, r1);
-    if (s_.jit[k]) return run_jit_rows(k, *s_.jit[k], r0, r1);
+    if (s_.jit[k]) return s_.jit[k]->run(blocks_[k], r0, r1);
     const std::uint64_t end = r1 * s_.n;
     for (std::uint64_t p = r0 * s_.n; p < end; p += fast::kBlock) {
       const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(fast::kBlock, end - p));
       if (!blocks_[k].run(p, len, scratch_[k]->data(), ptrs_[k].data())) return false;
-    }
-    return true;
-  }
-
-  // One kernel call per row, each access based at the row's first element (the runner's bases,
-  // windows included, as point_windows_at left them).
-  bool run_jit_rows(std::size_t k, const RowJitStage& st, std::uint64_t r0, std::uint64_t r1) {
-    const fast::BlockRunner& b = blocks_[k];
-    const std::span<const fast::Accessor> la = b.load_accessors(), sa = b.store_accessors();
-    std::vector<jit::Access> loads = st.loads, stores = st.stores;
-    jit::Frame f{};
-    f.rank = 1;
-    f.dims[0] = s_.n;
-    f.loads = loads.data();
-    f.stores = stores.data();
-    f.scalars = st.scalars.data();
-    f.f16_from_f64 = &kiln::reference::f16_from_f64;
-    f.bf16_from_f64 = &kiln::reference::bf16_from_f64;
-    f.flat = 1;
-    auto row_base = [&](const fast::Accessor& a, std::uint64_t q) {
-      return reinterpret_cast<char*>(a.base) + offset_of(b, a, q) * static_cast<std::int64_t>(a.esize);
-    };
-    for (std::uint64_t r = r0; r < r1; ++r) {
-      const std::uint64_t q = r * s_.n;
-      for (std::size_t i = 0; i < la.size(); ++i) loads[i].base = row_base(la[i], q);
-      for (std::size_t i = 0; i < sa.size(); ++i) stores[i].base = row_base(sa[i], q);
-      if (st.kernel->fn(&f, 0, s_.n) != 0) return false;
     }
     return true;
   }
@@ -636,8 +554,10 @@ bool CpuExecutor::run_staged_rows(const FusedProgram& p, const Binding& bind) {
   std::uint64_t jit_stages = 0;
   for (std::size_t k = 0; k < ns; ++k)
     if (!rows.reductions[k]) {
-      rows.jit[k] = row_jit_stage(device_.jit_kernel(p.stages[k], *stages[k].compiled, 1), rows.blocks[k],
-                                  stages[k].launch, rows.n);
+      std::vector<bool> nontemporal;
+      for (const fast::Accessor& a : rows.blocks[k].store_accessors()) nontemporal.push_back(a.stream);
+      rows.jit[k] = fast::JitRows::make(device_.jit_kernel(p.stages[k], *stages[k].compiled, 1), rows.blocks[k],
+                                        stages[k].launch.scalars, rows.n, nontemporal);
       jit_stages += rows.jit[k] ? 1 : 0;
     }
 

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "jit_abi.h"
 #include "kiln/cpu/host.h"
 #include "kiln/fusion/fused_program.h"
 #include "kiln/fusion/lowering.h"
@@ -227,6 +228,8 @@ struct Launch {
   std::atomic<std::uint64_t>* nontemporal_outputs = nullptr;
   // The device's counter of launches that ran their parts one after another (null: not counted).
   std::atomic<std::uint64_t>* part_by_part = nullptr;
+  // The device's counter of launches `jit` ran (not those it declined; null: not counted).
+  std::atomic<std::uint64_t>* jit_launches = nullptr;
 
   ir::Shape concrete(const ir::Shape& relative) const;
 };
@@ -386,10 +389,39 @@ void parallel_ranges(const Launch& launch, std::uint64_t n, std::uint64_t grain,
 // Elementwise (also the first part of NhwcRelayout): block 0 over its reference shape; through
 // launch.jit when set (jit.cc), else the interpreter.
 std::string run_elementwise(const Launch& launch, bool* fault);
-// Runs a launch through its JIT kernel. *declined (nothing ran) when the launch needs the
-// strided path: the interpreter's broadcast handling is faster there (W4's row broadcast: 0.67
-// vs 3.5 ns per element measured), so the caller runs it instead.
+// Runs a launch through its JIT kernel: the flat path, or row by row (JitRows) when its
+// broadcasts run along rows. *declined (nothing ran) when the launch needs the strided path:
+// the interpreter's broadcast handling is faster there (W4's row broadcast: 0.67 vs 3.5 ns per
+// element measured), so the caller runs it instead.
 std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* declined);
+
+// A block's JIT kernel run one call per row of n positions, each access based at the row's first
+// element: the kernel's flat path then reads each input contiguously, or (its broadcast loads)
+// one element, which a row's reduced value is. That serves a launch whose broadcasts run along
+// rows (softmax's x - max, layer norm's division), which the flat path alone cannot take.
+class JitRows {
+ public:
+  // Rows of at least this many positions; below, a call per row costs more than the interpreter's
+  // one call per 1024-element block.
+  static constexpr std::uint64_t kMinLength = 128;
+  // The row form of `kernel` over runner `b`'s space cut in rows of n, when every row is what its
+  // flat path reads: each load contiguous along the row, or constant along it where the kernel
+  // broadcasts it, each store contiguous and unmasked, n at least kMinLength and a divisor of the
+  // space's last dimension. `nontemporal[k]`: store k may go out non-temporally (f32 only).
+  static std::optional<JitRows> make(const jit::Kernel* kernel, const BlockRunner& b, std::span<const Scalar> scalars,
+                                     std::uint64_t n, const std::vector<bool>& nontemporal);
+  // Rows [r0, r1) at the runner's current bases (which a caller may move, as the staged runner's
+  // windows do); false after a fault. The kernel ORs bit k into *streamed (when not null) for
+  // each store k it wrote non-temporally.
+  bool run(const BlockRunner& b, std::uint64_t r0, std::uint64_t r1, std::uint64_t* streamed = nullptr) const;
+  std::uint64_t row_length() const { return n_; }
+
+ private:
+  const jit::Kernel* kernel_ = nullptr;
+  std::uint64_t n_ = 0;
+  std::vector<jit::Access> loads_, stores_;  // the frame's accesses, their bases set per row
+  std::vector<jit::ScalarValue> scalars_;
+};
 // Reduce: prologue, reduction, epilogue.
 std::string run_reduce(const Launch& launch, bool* fault);
 

@@ -1117,6 +1117,103 @@ std::shared_ptr<const Kernel> JitCache::build_in(const std::string& dir, const s
 
 namespace kiln::cpu::fast {
 
+namespace {
+
+// Element offset, through accessor `a`, of flat position q of the runner's iteration space.
+std::int64_t offset_of(const BlockRunner& b, const Accessor& a, std::uint64_t q) {
+  std::int64_t off = 0;
+  for (int d = b.rank() - 1; d >= 0; --d) {
+    const std::uint64_t dim = b.dims()[static_cast<std::size_t>(d)];
+    off += static_cast<std::int64_t>(q % dim) * a.stride[static_cast<std::size_t>(d)];
+    q /= dim;
+  }
+  return off;
+}
+
+bool is_f32(ir::DType d) { return d.kind() == ir::DTypeKind::F32 || d.kind() == ir::DTypeKind::Flex32; }
+
+// A launch the flat path cannot take, row by row when its broadcasts run along the last
+// dimension (W4's x - max: 0.67 ns per element on the interpreter, measured against 3.5 on the
+// strided path); declined otherwise (the interpreter runs it).
+std::string run_elementwise_jit_rows(const Launch& launch, const BlockRunner& runner, bool streams, bool* fault,
+                                     bool* declined) {
+  const std::uint64_t n = runner.dims()[static_cast<std::size_t>(runner.rank() - 1)];
+  std::vector<bool> nontemporal;
+  for (std::size_t i = 0; i < runner.store_accessors().size(); ++i)
+    nontemporal.push_back(streams && runner.streamable_store(i));
+  const std::optional<JitRows> rows = JitRows::make(launch.jit, runner, launch.scalars, n, nontemporal);
+  if (!rows) {
+    *declined = true;
+    return {};
+  }
+  const std::uint64_t count = runner.numel() / n;
+  std::atomic<bool> failed{false};
+  std::uint64_t streamed = 0;  // written by the kernel calls (__atomic_fetch_or), read after the join
+  parallel_ranges(launch, count, std::max<std::uint64_t>(1, kParallelThreshold / 2 / n),
+                  [&](std::uint64_t r0, std::uint64_t r1) {
+                    if (!rows->run(runner, r0, r1, &streamed)) failed.store(true, std::memory_order_relaxed);
+                  });
+  if (failed.load(std::memory_order_relaxed)) {
+    *fault = true;  // replayed op by op: nothing of this launch counts
+    return {};
+  }
+  const auto mask = __atomic_load_n(&streamed, __ATOMIC_RELAXED);
+  if (mask != 0 && launch.nontemporal_outputs != nullptr)
+    launch.nontemporal_outputs->fetch_add(static_cast<std::uint64_t>(std::popcount(mask)), std::memory_order_relaxed);
+  return {};
+}
+
+}  // namespace
+
+std::optional<JitRows> JitRows::make(const jit::Kernel* kernel, const BlockRunner& b, std::span<const Scalar> scalars,
+                                     std::uint64_t n, const std::vector<bool>& nontemporal) {
+  if (kernel == nullptr || n < kMinLength || b.rank() < 1) return std::nullopt;
+  const std::size_t last = static_cast<std::size_t>(b.rank() - 1);
+  if (b.dims()[last] % n != 0) return std::nullopt;  // a row would cross a dimension of the space
+  const std::span<const Accessor> la = b.load_accessors(), sa = b.store_accessors();
+  if (la.size() != kernel->load_broadcast.size() || nontemporal.size() != sa.size()) return std::nullopt;
+  JitRows rows;
+  rows.kernel_ = kernel;
+  rows.n_ = n;
+  for (std::size_t i = 0; i < la.size(); ++i) {
+    if (la[i].stride[last] != (kernel->load_broadcast[i] ? 0 : 1)) return std::nullopt;
+    rows.loads_.push_back(jit::Access{});
+  }
+  for (std::size_t i = 0; i < sa.size(); ++i) {
+    if (sa[i].stride[last] != 1 || sa[i].masked) return std::nullopt;
+    jit::Access x{};
+    x.nontemporal = nontemporal[i] && is_f32(sa[i].dtype) ? 1 : 0;
+    rows.stores_.push_back(x);
+  }
+  for (const Scalar& s : scalars) rows.scalars_.push_back(jit::ScalarValue{s.f, s.i, s.u, s.b});
+  return rows;
+}
+
+bool JitRows::run(const BlockRunner& b, std::uint64_t r0, std::uint64_t r1, std::uint64_t* streamed) const {
+  const std::span<const Accessor> la = b.load_accessors(), sa = b.store_accessors();
+  std::vector<jit::Access> loads = loads_, stores = stores_;
+  jit::Frame f{};
+  f.rank = 1;
+  f.dims[0] = n_;
+  f.loads = loads.data();
+  f.stores = stores.data();
+  f.scalars = scalars_.data();
+  f.f16_from_f64 = &kiln::reference::f16_from_f64;
+  f.bf16_from_f64 = &kiln::reference::bf16_from_f64;
+  f.flat = 1;
+  f.streamed = streamed;
+  auto row_base = [&](const Accessor& a, std::uint64_t q) {
+    return reinterpret_cast<char*>(a.base) + offset_of(b, a, q) * static_cast<std::int64_t>(a.esize);
+  };
+  for (std::uint64_t r = r0; r < r1; ++r) {
+    const std::uint64_t q = r * n_;
+    for (std::size_t i = 0; i < la.size(); ++i) loads[i].base = row_base(la[i], q);
+    for (std::size_t i = 0; i < sa.size(); ++i) stores[i].base = row_base(sa[i], q);
+    if (kernel_->fn(&f, 0, n_) != 0) return false;
+  }
+  return true;
+}
+
 std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* declined) {
   const jit::Kernel& k = *launch.jit;
   // The interpreter's binding (coalesced iteration space, accessors, broadcast masks) is reused:
@@ -1149,15 +1246,11 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
   for (std::size_t i = 0; i < sa.size(); ++i) {
     const Accessor& a = sa[i];
     jit::Access x = access(a, a.masked);
-    const bool f32 = a.dtype.kind() == ir::DTypeKind::F32 || a.dtype.kind() == ir::DTypeKind::Flex32;
-    x.nontemporal = streams && f32 && runner.streamable_store(i) ? 1 : 0;
+    x.nontemporal = streams && is_f32(a.dtype) && runner.streamable_store(i) ? 1 : 0;
     stores.push_back(x);
     flat = flat && a.contiguous && !a.masked;
   }
-  if (!flat) {
-    *declined = true;
-    return {};
-  }
+  if (!flat) return run_elementwise_jit_rows(launch, runner, streams, fault, declined);
   std::vector<jit::ScalarValue> scalars;
   for (const Scalar& s : launch.scalars) scalars.push_back(jit::ScalarValue{s.f, s.i, s.u, s.b});
   jit::Frame f{};
