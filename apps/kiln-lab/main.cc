@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   std::optional<bool> row_fuser;
   app.add_option_function<std::string>(
          "--row-fuser", [&row_fuser](const std::string& v) { row_fuser = kiln::fusion::parse_switch(v); },
-         "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, off); the softmax and "
+         "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, on); the softmax and "
          "rows scenarios set their own")
       ->check(CLI::IsMember({"on", "off", "true", "false", "1", "0"}));
   std::string dot_dir;

@@ -288,7 +288,7 @@ std::optional<int> read_settings(int argc, char** argv, Settings& s, Settings& f
   app.add_flag("--metrics-allow-remote", s.metrics_allow_remote, "allow the metrics on a non-loopback TCP address");
   app.add_option_function<std::string>(
          "--row-fuser", [&s](const std::string& v) { s.row_fuser = kiln::fusion::parse_switch(v); },
-         "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, off)")
+         "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, on)")
       ->check(CLI::IsMember({"on", "off", "true", "false", "1", "0"}));
   try {
     app.parse(argc, argv);

@@ -18,8 +18,8 @@
 //                         [--threads 1,2] [--mode fused|unfused|both] [--jit on|off] [--row-fuser on|off] [--dry-run]
 // --jit on (the default): fused elementwise programs run as JIT-compiled loops (compiled in the
 // untimed priming calls, cached on disk); off: the interpreter (docs/cpu-backend.md, "JIT").
-// --row-fuser on: kiln's row fuser joins the search (W4 is one Row program); off (the default,
-// as kiln's): Burn's fusers only (docs/fusion.md, "The row fuser").
+// --row-fuser on (the default, as kiln's): kiln's row fuser joins the search (W4 is one Row
+// program); off: Burn's fusers only (docs/fusion.md, "The row fuser").
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -50,7 +50,7 @@ struct Options {
   std::vector<bool> fused{true, false};
   bool dry_run = false;
   bool jit = true;
-  bool row_fuser = false;
+  bool row_fuser = true;
 };
 
 [[noreturn]] void usage(const char* why) {

@@ -26,7 +26,7 @@ TEST(FusionConfig, Defaults) {
   EXPECT_EQ(cfg->log_level, LogLevel::Disabled);
   EXPECT_EQ(cfg->max_plans, 8192u) << "the device's store is bounded unless the file says 0";
   EXPECT_EQ(cfg->max_plan_triggers, 64u);
-  EXPECT_FALSE(cfg->row_fuser) << "Burn's search until the row fuser wins everywhere";
+  EXPECT_TRUE(cfg->row_fuser) << "kiln's row fuser after Burn's fusers; `row_fuser = false` is Burn's search";
 }
 
 TEST(FusionConfig, RowFuserFromTheFileTheEnvironmentAndItsErrors) {

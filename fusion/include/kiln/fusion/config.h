@@ -4,7 +4,7 @@
 //   [fusion]               max_explorations = 10        (also accepted under [fusion.beam_search])
 //   [fusion]               max_plans = 8192             (0: every plan kept, as Burn does)
 //   [fusion]               max_plan_triggers = 64       (0: every trigger kept, as Burn does)
-//   [fusion]               row_fuser = false            (true: kiln's row fuser after Burn's fusers)
+//   [fusion]               row_fuser = true             (false: Burn's search alone, without kiln's row fuser)
 //   [fusion.beam_search]   max_blocks = 5
 //   [fusion.logger]        level = "medium"             (disabled | basic | medium | full)
 //   KILN_FUSION_LOG, KILN_FUSION_MAX_EXPLORATIONS, KILN_FUSION_MAX_BLOCKS, KILN_FUSION_MAX_PLANS,
@@ -31,7 +31,7 @@ struct FusionConfig {
   // OnOperations triggers one plan keeps (the oldest is dropped past it); 0 keeps every one.
   std::size_t max_plan_triggers = 64;
   // Registers kiln's row fuser after Burn's (FuserOptions::row_fuser; docs/fusion.md).
-  bool row_fuser = false;
+  bool row_fuser = true;
   LogLevel log_level = LogLevel::Disabled;
   // Whether the environment asked for the log (then it goes to stderr even when the file set
   // no sink, as Burn does).
