@@ -26,6 +26,7 @@
 
 #include "../../cpu/src/jit.h"
 #include "differential_util.h"
+#include "jit_target.h"
 #include "kiln/testing/status.h"
 
 namespace kiln::cpu {
@@ -250,8 +251,9 @@ TEST_F(JitTest, BroadcastAndStridedInputs) {
 
 // A broadcast along rows (softmax's x - max: a [m, 1] column) runs the kernel's flat path once
 // per row of 128 or more, each call based at its row (the value of the column one element), and
-// computes what the interpreter computes, bit for bit; shorter rows, and a [1, n] row broadcast
-// (not constant along a row), stay on the interpreter.
+// computes what the interpreter computes (bit for bit in a build for the JIT's target,
+// jit_target.h); shorter rows, and a [1, n] row broadcast (not constant along a row), stay on
+// the interpreter.
 TEST_F(JitTest, RowBroadcastsRunTheKernelRowByRow) {
   struct Case {
     std::size_t m, n;
@@ -280,7 +282,9 @@ TEST_F(JitTest, RowBroadcastsRunTheKernelRowByRow) {
     const auto [got, jit_runs] = run(CpuJitMode::On);
     const auto [want, interpreter_runs] = run(CpuJitMode::Off);
     ASSERT_EQ(got.size(), want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << i;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_TRUE(testing::agrees_with_the_interpreter(static_cast<float>(got[i]), static_cast<float>(want[i])))
+          << i << ": JIT " << got[i] << ", interpreter " << want[i];
     EXPECT_EQ(jit_runs, c.by_rows ? 1u : 0u);
     EXPECT_EQ(interpreter_runs, 0u);
   }
@@ -606,17 +610,10 @@ BothRuns run_both(const CpuDeviceOptions& jit_options, Program program, const st
 }
 
 // The kernel and the interpreter agree bit for bit (NaN payloads included) when they were
-// compiled for the same target: the JIT always compiles with -march=native, so this build (whose
-// flags the library shares) must have FMA too. fast_math.h's madd rounds once with FMA and
-// twice without, so a Debug build without -march=native differs in the last bits of exp / log /
-// tanh (1-2 ulp, amplified by the programs' cancellations). There the test still requires the
-// same NaN / infinity / zero results, bit for bit, and finite values within `tol` (absolute,
-// plus 1e-5 relative).
-#if defined(__FMA__)
-constexpr bool kSameTargetAsTheJit = true;
-#else
-constexpr bool kSameTargetAsTheJit = false;
-#endif
+// compiled for the same target (jit_target.h). Elsewhere the test still requires the same NaN /
+// infinity / zero results, bit for bit, and finite values within `tol` (absolute, plus 1e-5
+// relative).
+using testing::kSameTargetAsTheJit;
 
 void expect_same_bits(const BothRuns& r, const std::string& what, double tol, bool nan_payloads_exact) {
   ASSERT_EQ(r.jit.size(), r.interp.size()) << what;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "jit_target.h"
 #include "kiln/cpu/cpu_backend.h"
 #include "kiln/runtime/device.h"
 #include "kiln/runtime/session.h"
@@ -251,7 +252,8 @@ TEST(RowPrograms, CrossEntropyFromLogits) {
 }
 
 // The elementwise stages of Row programs run by JIT kernels, one call per row (rows of at least
-// 128), compute what the interpreter computes, bit for bit: softmax, log-softmax, a layer norm
+// 128), compute what the interpreter computes (bit for bit in a build for the JIT's target,
+// jit_target.h): softmax, log-softmax, a layer norm
 // whose gain is a [1, n] row (a broadcast load the kernel cannot read per row: that stage stays
 // on the interpreter) and an RMS norm over [2, 3, n] rows. Rows shorter than 128 never take a
 // kernel.
@@ -291,7 +293,7 @@ TEST(RowPrograms, JitRowStagesMatchTheInterpreter) {
     ASSERT_EQ(got.size(), want.size());
     int bad = 0;
     for (std::size_t i = 0; i < got.size() && bad < 5; ++i)
-      if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) {
+      if (!testing::agrees_with_the_interpreter(got[i], want[i])) {
         ADD_FAILURE() << "at " << i << ": the JIT row stage gave " << got[i] << ", the interpreter " << want[i];
         ++bad;
       }
