@@ -414,7 +414,6 @@ class JitRows {
   // windows do); false after a fault. The kernel ORs bit k into *streamed (when not null) for
   // each store k it wrote non-temporally.
   bool run(const BlockRunner& b, std::uint64_t r0, std::uint64_t r1, std::uint64_t* streamed = nullptr) const;
-  std::uint64_t row_length() const { return n_; }
 
  private:
   const jit::Kernel* kernel_ = nullptr;

@@ -1132,6 +1132,14 @@ std::int64_t offset_of(const BlockRunner& b, const Accessor& a, std::uint64_t q)
 
 bool is_f32(ir::DType d) { return d.kind() == ir::DTypeKind::F32 || d.kind() == ir::DTypeKind::Flex32; }
 
+// A launch's scalars as the kernel's frame carries them.
+std::vector<jit::ScalarValue> frame_scalars(std::span<const Scalar> scalars) {
+  std::vector<jit::ScalarValue> out;
+  out.reserve(scalars.size());
+  for (const Scalar& s : scalars) out.push_back(jit::ScalarValue{s.f, s.i, s.u, s.b});
+  return out;
+}
+
 // A launch the flat path cannot take, row by row when its broadcasts run along the last
 // dimension (W4's x - max: 0.67 ns per element on the interpreter, measured against 3.5 on the
 // strided path); declined otherwise (the interpreter runs it).
@@ -1185,7 +1193,7 @@ std::optional<JitRows> JitRows::make(const jit::Kernel* kernel, const BlockRunne
     x.nontemporal = nontemporal[i] && is_f32(sa[i].dtype) ? 1 : 0;
     rows.stores_.push_back(x);
   }
-  for (const Scalar& s : scalars) rows.scalars_.push_back(jit::ScalarValue{s.f, s.i, s.u, s.b});
+  rows.scalars_ = frame_scalars(scalars);
   return rows;
 }
 
@@ -1251,8 +1259,7 @@ std::string run_elementwise_jit(const Launch& launch, bool* fault, bool* decline
     flat = flat && a.contiguous && !a.masked;
   }
   if (!flat) return run_elementwise_jit_rows(launch, runner, streams, fault, declined);
-  std::vector<jit::ScalarValue> scalars;
-  for (const Scalar& s : launch.scalars) scalars.push_back(jit::ScalarValue{s.f, s.i, s.u, s.b});
+  const std::vector<jit::ScalarValue> scalars = frame_scalars(launch.scalars);
   jit::Frame f{};
   f.rank = static_cast<std::uint64_t>(runner.rank());
   for (int d = 0; d < runner.rank(); ++d) f.dims[d] = runner.dims()[static_cast<std::size_t>(d)];
