@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-MODULES = ("base", "ir", "fusion", "runtime", "reference", "cpu", "cuda", "ipc")
+MODULES = ("base", "ir", "fusion", "runtime", "reference", "cpu", "cuda", "distributed", "ipc")
 ANNOTATED = re.compile(r"\b(MutexLock|ReaderLock|WriterLock|KILN_GUARDED_BY|KILN_REQUIRES)\b")
 FLAGS = ["-std=c++20", "-fsyntax-only", "-Wthread-safety", "-Werror=thread-safety", "-Wno-unknown-warning-option"]
 

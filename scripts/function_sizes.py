@@ -36,7 +36,7 @@ import re
 import sys
 import tempfile
 
-MODULES = ("ir", "fusion", "runtime", "cpu", "cuda", "ipc", "apps", "base", "reference", "python")
+MODULES = ("ir", "fusion", "runtime", "cpu", "cuda", "distributed", "ipc", "apps", "base", "reference", "python")
 EXCLUDED_DIRS = {"tests", "test", "stress", "bench", "fuzz", "build", ".git", ".venv"}
 SOURCE_SUFFIXES = (".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh", ".in")
 LONG = 60

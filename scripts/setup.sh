@@ -34,6 +34,7 @@ PACKAGES=(
   libbenchmark-dev
   libtomlplusplus-dev         # kiln.toml
   libcli11-dev                # command-line flags
+  libgloo-dev                 # CPU collectives between daemons (kiln::distributed)
   libeigen3-dev               # kiln-bench-peers times Eigen's sgemm beside kiln's matmul
   python3                     # bench comparison scripts, the layering check (lint)
   python3-venv                # `python3 -m venv` with pip: the project venv (.venv) for PyPI tools

@@ -22,7 +22,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -33,11 +35,13 @@
 #include <string>
 
 #include "kiln/cpu/cpu_backend.h"
+#include "kiln/distributed/group.h"
 #include "kiln/fusion/config.h"
 #include "kiln/fusion/plan_cache.h"
 #include "kiln/ipc/daemon.h"
 #include "kiln/ipc/daemon_config.h"
 #include "kiln/ipc/device_lock.h"
+#include "kiln/ipc/handshake.h"
 #include "kiln/ipc/log_format.h"
 #include "kiln/ipc/memory_limit.h"
 #include "kiln/ipc/metrics_server.h"
@@ -192,6 +196,9 @@ struct Settings {
   std::string log_format = "text";
   std::string metrics;  // empty: no metrics endpoint
   bool metrics_allow_remote = false;
+  // [distributed] (docs/distributed.md): flags > KILN_DIST_* > kiln.toml; no job: single-device.
+  std::string dist_job, dist_rendezvous, dist_host;
+  std::uint64_t dist_rank = 0, dist_world_size = 0, dist_timeout_ms = 30'000;
   std::set<std::string> flags_given;  // "--device", ...: what kiln.toml may not override (reload too)
 };
 
@@ -228,6 +235,56 @@ void apply_file(Settings& s, const kiln::ipc::DaemonFileConfig& file) {
   from_file("--lock-dir", s.lock_dir, file.lock_dir);
   from_file("--max-connections", s.max_connections, file.max_connections);
   from_file("--max-connections-per-uid", s.max_connections_per_uid, file.max_connections_per_uid);
+  // [distributed]: a key the environment sets is the environment's (read_settings applied it).
+  const auto from_dist = [&](const char* flag, const char* env, auto& target, const auto& value) {
+    if (std::getenv(env) == nullptr) from_file(flag, target, value);
+  };
+  const kiln::ipc::DistributedFileConfig& d = file.distributed;
+  from_dist("--dist-job", "KILN_DIST_JOB", s.dist_job, d.job);
+  from_dist("--dist-rank", "KILN_DIST_RANK", s.dist_rank, d.rank);
+  from_dist("--dist-world-size", "KILN_DIST_WORLD_SIZE", s.dist_world_size, d.world_size);
+  from_dist("--dist-rendezvous", "KILN_DIST_RENDEZVOUS", s.dist_rendezvous, d.rendezvous);
+  from_dist("--dist-host", "KILN_DIST_HOST", s.dist_host, d.host);
+  from_dist("--dist-timeout-ms", "KILN_DIST_TIMEOUT_MS", s.dist_timeout_ms, d.timeout_ms);
+}
+
+// KILN_DIST_* into the settings, before the flags (which win).
+std::optional<std::string> read_distributed_env(Settings& s) {
+  const auto text = [](const char* name, std::string& target) {
+    if (const char* v = std::getenv(name)) target = v;
+  };
+  std::optional<std::string> bad;
+  const auto number = [&bad](const char* name, std::uint64_t& target) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno != 0 || *v == '-')
+      bad = fmt::format("{}='{}' is not a number", name, v);
+    else
+      target = n;
+  };
+  text("KILN_DIST_JOB", s.dist_job);
+  number("KILN_DIST_RANK", s.dist_rank);
+  number("KILN_DIST_WORLD_SIZE", s.dist_world_size);
+  text("KILN_DIST_RENDEZVOUS", s.dist_rendezvous);
+  text("KILN_DIST_HOST", s.dist_host);
+  number("KILN_DIST_TIMEOUT_MS", s.dist_timeout_ms);
+  return bad;
+}
+
+// The [distributed] flags (docs/distributed.md).
+void add_distributed_flags(CLI::App& app, Settings& s) {
+  app.add_option("--dist-job", s.dist_job, "the job whose collectives span daemons (env KILN_DIST_JOB)");
+  app.add_option("--dist-rank", s.dist_rank, "this daemon's rank in that job (env KILN_DIST_RANK)");
+  app.add_option("--dist-world-size", s.dist_world_size, "the job's daemons (env KILN_DIST_WORLD_SIZE)");
+  app.add_option("--dist-rendezvous", s.dist_rendezvous,
+                 "tcp:HOST:PORT: rank 0 serves the rendezvous there (env KILN_DIST_RENDEZVOUS)");
+  app.add_option("--dist-host", s.dist_host,
+                 "the address peers reach this daemon at (env KILN_DIST_HOST; default: the one facing rank 0)");
+  app.add_option("--dist-timeout-ms", s.dist_timeout_ms, "a meeting or collective fails after this long")
+      ->check(CLI::Range(1, 3'600'000));
 }
 
 // Parses the flags and kiln.toml into `s` (and the flags alone into `flags_only`, which a reload
@@ -286,6 +343,11 @@ std::optional<int> read_settings(int argc, char** argv, Settings& s, Settings& f
                  "serve Prometheus metrics: unix (next to the socket), unix:PATH, tcp:HOST:PORT (loopback unless "
                  "--metrics-allow-remote)");
   app.add_flag("--metrics-allow-remote", s.metrics_allow_remote, "allow the metrics on a non-loopback TCP address");
+  if (std::optional<std::string> bad = read_distributed_env(s)) {
+    std::fprintf(stderr, "kilnd: %s\n", bad->c_str());
+    return 2;
+  }
+  add_distributed_flags(app, s);
   app.add_option_function<std::string>(
          "--row-fuser", [&s](const std::string& v) { s.row_fuser = kiln::fusion::parse_switch(v); },
          "kiln's row fuser: on or off (default [fusion] row_fuser, env KILN_FUSION_ROW_FUSER, on)")
@@ -306,6 +368,33 @@ std::optional<int> read_settings(int argc, char** argv, Settings& s, Settings& f
   }
   apply_file(s, *file);
   return std::nullopt;
+}
+
+// The distributed job's group from the settings (null without a job). Rank 0 binds the
+// rendezvous here, so that a taken or wrong address stops the start.
+kiln::Result<std::shared_ptr<kiln::distributed::CollectiveGroup>> collective_group(const Settings& s) {
+  if (s.dist_job.empty()) {
+    if (s.dist_world_size != 0 || !s.dist_rendezvous.empty())
+      return kiln::make_error(kiln::ErrorCode::Config, "distributed: world_size or rendezvous set without a job");
+    return std::shared_ptr<kiln::distributed::CollectiveGroup>();
+  }
+  if (kiln::Status st = kiln::ipc::validate_job_name(s.dist_job); !st.ok())
+    return kiln::make_error(kiln::ErrorCode::Config, "distributed.job: " + st.error().message);
+  kiln::distributed::DistributedConfig config;
+  config.job = s.dist_job;
+  config.rank = static_cast<std::uint32_t>(std::min<std::uint64_t>(s.dist_rank, UINT32_MAX));
+  config.world_size = static_cast<std::uint32_t>(std::min<std::uint64_t>(s.dist_world_size, UINT32_MAX));
+  KILN_ASSIGN_OR_RETURN(config.rendezvous, kiln::distributed::parse_tcp_address(s.dist_rendezvous));
+  config.host = s.dist_host;
+  config.timeout = std::chrono::milliseconds(s.dist_timeout_ms);
+  const std::string version =
+      fmt::format("kiln {} (protocol {})", kiln::fusion::plan_cache_kiln_version(), kiln::ipc::kProtocolVersion);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<kiln::distributed::CollectiveGroup> group,
+                        kiln::distributed::CollectiveGroup::create(std::move(config), version));
+  const kiln::distributed::DistributedConfig& c = group->config();
+  spdlog::info("kilnd: job '{}' spans daemons: rank {} of {}, rendezvous {}{}", c.job, c.rank, c.world_size,
+               c.rendezvous.to_string(), c.rank == 0 ? " (served here)" : "");
+  return std::shared_ptr<kiln::distributed::CollectiveGroup>(std::move(group));
 }
 
 // The daemon service's options from the settings; an exit status on a bad group name.
@@ -330,6 +419,7 @@ kiln::Result<kiln::ipc::DaemonOptions> daemon_options(const Settings& s, const s
   options.uid_jobs = s.uid_jobs;
   options.completion_timeout = std::chrono::milliseconds(s.completion_timeout_ms);
   options.device_name = device_name;
+  KILN_ASSIGN_OR_RETURN(options.collectives, collective_group(s));
   if (s.staging_set) {
     options.staging_bytes = s.staging_mib << 20;
   } else {

@@ -129,6 +129,8 @@ Status CpuBackend::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std
   return table_.upload(device_.allocator(), id, dtype, std::move(shape), bytes);
 }
 
+Status CpuBackend::claim_error(ir::TensorId id, const ir::TensorError& error) { return table_.claim_error(id, error); }
+
 Result<runtime::HostData> CpuBackend::download(const ir::TensorIr& t) { return table_.download(t); }
 bool CpuBackend::is_materialized(ir::TensorId id) const { return table_.is_materialized(id); }
 std::optional<ir::TensorError> CpuBackend::error_of(ir::TensorId id) const { return table_.error_of(id); }

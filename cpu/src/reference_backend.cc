@@ -60,6 +60,10 @@ Status ReferenceCpuBackend::upload(ir::TensorId id, ir::DType dtype, ir::Shape s
   return table_.upload(allocator_, id, dtype, std::move(shape), bytes);
 }
 
+Status ReferenceCpuBackend::claim_error(ir::TensorId id, const ir::TensorError& error) {
+  return table_.claim_error(id, error);
+}
+
 Result<HostData> ReferenceCpuBackend::download(const ir::TensorIr& t) { return table_.download(t); }
 bool ReferenceCpuBackend::is_materialized(ir::TensorId id) const { return table_.is_materialized(id); }
 std::optional<ir::TensorError> ReferenceCpuBackend::error_of(ir::TensorId id) const { return table_.error_of(id); }

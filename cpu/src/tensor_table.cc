@@ -40,6 +40,25 @@ Status ShardedTensorTable::upload(HostAllocator& allocator, ir::TensorId id, ir:
   return Status::Ok();
 }
 
+Status ShardedTensorTable::claim_error(ir::TensorId id, const ir::TensorError& error) {
+  Shard& s = shard(id);
+  MutexLock lock(s.mu);
+  if (s.table.has_handle(id))
+    return make_error(ErrorCode::InvalidHandle, "claim_error: " + id.to_string() + " has an entry already");
+  s.table.claim(id, error);
+  return Status::Ok();
+}
+
+Status ShardedTensorTable::update_in_place(ir::TensorId id, FunctionRef<Status(std::span<std::byte>)> update) {
+  const std::optional<Entry> e = copy_entry(id);  // shares the buffer
+  if (!e || e->is_not_init())
+    return make_error(ErrorCode::InvalidHandle, "update of " + id.to_string() + ": the tensor has no value");
+  if (const ir::TensorError* err = e->error())
+    return make_error(ErrorCode::Execution, "update of " + id.to_string() + ": " + err->to_string());
+  const HostTensor& t = *e->handle();
+  return update(std::span<std::byte>(t.mutable_data(), static_cast<std::size_t>(t.size_bytes())));
+}
+
 Result<runtime::HostData> ShardedTensorTable::download(const ir::TensorIr& t) {
   Shard& s = shard(t.id);
   MutexLock lock(s.mu);

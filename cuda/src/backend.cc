@@ -1061,6 +1061,15 @@ Status CudaBackend::upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, st
   return Status::Ok();
 }
 
+Status CudaBackend::claim_error(ir::TensorId id, const ir::TensorError& error) {
+  auto& s = impl_->shard(id);
+  MutexLock lock(s.mu);
+  if (s.table.has_handle(id))
+    return make_error(ErrorCode::InvalidHandle, "claim_error: " + id.to_string() + " has an entry already");
+  s.table.claim(id, error);
+  return Status::Ok();
+}
+
 Result<runtime::HostData> CudaBackend::download(const ir::TensorIr& t) {
   KILN_RETURN_IF_ERROR(impl_->set_device());
   std::optional<CudaTensor> dev;

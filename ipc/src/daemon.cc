@@ -34,6 +34,7 @@
 #include "kiln/ipc/log_format.h"
 #include "kiln/ipc/op_check.h"
 #include "kiln/ipc/protocol.h"
+#include "kiln/ir/builders.h"
 #include "words.h"
 
 namespace kiln::ipc {
@@ -347,6 +348,12 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   // Handlers: an error return becomes an error completion for the request.
   Status attach(const AttachStreamCmd& c, std::uint64_t rid);
   Status register_op(RegisterOpCmd& c);
+  // Whether this client's job is the one whose collectives span daemons.
+  bool spans_daemons() const {
+    return service_.options.collectives && service_.options.collectives->config().job == job();
+  }
+  // An AllReduce of that job, its ids translated (register_op).
+  Status all_reduce_across_daemons(StreamId s, const ir::Operation& op);
   Status upload(const UploadCmd& c, std::uint64_t rid);
   Status read(const ReadCmd& c, std::uint64_t rid);
   Status sync(const SyncCmd& c, std::uint64_t rid);
@@ -816,9 +823,11 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   // ends). A burst followed by a sync or read then runs on this thread, in the wait's inline run
   // (StreamActor::try_run_inline takes any unscheduled backlog), with no pool thread woken; a
   // long burst still wakes the actor every kDeferredWakeMax ops.
-  const bool defer = client_->endpoint.receive_pending();
-  Status st =
-      defer ? service_.device.register_op_deferred(s, std::move(op)) : service_.device.register_op(s, std::move(op));
+  const bool across_daemons = op.kind == ir::OpKind::Distributed_AllReduce && spans_daemons();
+  const bool defer = !across_daemons && client_->endpoint.receive_pending();
+  Status st = across_daemons ? all_reduce_across_daemons(s, op)
+              : defer        ? service_.device.register_op_deferred(s, std::move(op))
+                             : service_.device.register_op(s, std::move(op));
   if (!st.ok()) {
     release(out_bytes);
     return st;
@@ -828,6 +837,66 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   for (auto& [client_id, rec] : produced) tensors_.emplace(client_id, std::move(rec));
   ++ops_registered_;
   return Status::Ok();
+}
+
+// The device ids an AllReduce names are the ranks of the job's world (DeviceId::index; the type is
+// not looked at: every daemon of a job has the same kind of device): every rank once, or none
+// (the whole world). A subset would be a subgroup, which kiln does not form.
+Status check_collective_ranks(const ir::Operation& op, std::uint32_t world) {
+  const std::size_t named = op.attrs.size() - 1;
+  if (named == 0) return Status::Ok();
+  std::vector<bool> seen(world, false);
+  for (std::size_t i = 1; i < op.attrs.size(); ++i) {
+    const std::uint64_t rank = static_cast<std::uint64_t>(op.attrs[i]) & 0xffff;
+    if (rank >= world || seen[rank])
+      return make_error(ErrorCode::Unsupported,
+                        fmt::format("AllReduce: device {} is not a rank of the job's world of {}, or is named twice "
+                                    "(device_ids index the ranks; name every rank once, or none)",
+                                    rank, world));
+    seen[rank] = true;
+  }
+  if (named != world)
+    return make_error(ErrorCode::Unsupported,
+                      fmt::format("AllReduce: {} of the job's {} ranks named; a collective spans the whole world "
+                                  "(subgroups are not formed)",
+                                  named, world));
+  return Status::Ok();
+}
+
+// The collective blocks this session thread, never the device's pool (a collective waits for
+// its peers). The op itself goes to the stream in its single-device form (no device ids: the
+// identity, so its output starts as a copy of the input, in the stream's order and plans like
+// any op); once the stream has run it, the reduction with the other daemons runs in place on
+// that output. A failure leaves the output errored, reported at the client's next sync or read
+// like any failed op; an input that failed makes this rank leave the collective, so that its
+// peers fail at once rather than at the timeout.
+Status ClientSession::all_reduce_across_daemons(StreamId s, const ir::Operation& op) {
+  distributed::CollectiveGroup& group = *service_.options.collectives;
+  const ir::TensorIr out = op.tensors[1];
+  const auto reduce_op = static_cast<ir::ReduceOperation>(op.attrs[0]);
+  KILN_RETURN_IF_ERROR(distributed::CollectiveGroup::check_dtype(out.dtype));
+  KILN_RETURN_IF_ERROR(check_collective_ranks(op, group.config().world_size));
+  KILN_ASSIGN_OR_RETURN(ir::Operation local, ir::build::all_reduce(op.tensors[0], reduce_op, {}, out.id));
+  KILN_RETURN_IF_ERROR(service_.device.register_op(s, std::move(local)));
+  wake_deferred();  // this client's other streams go on while the collective waits
+  KILN_RETURN_IF_ERROR(service_.device.barrier(s));
+  bool reached = false;
+  const Status reduced = service_.device.update_in_place(out, [&](std::span<std::byte> bytes) {
+    reached = true;
+    return group.all_reduce(out.dtype, bytes, reduce_op);
+  });
+  if (reduced.ok()) return Status::Ok();
+  if (!reached) {
+    group.abandon(fmt::format("rank {} left all_reduce: {}", group.config().rank, reduced.error().message));
+    if (service_.device.error_of(out.id)) return Status::Ok();  // the output carries its input's error
+  }
+  spdlog::warn("kilnd: client {} (job {}): all_reduce across daemons failed: {}", id(), job(), reduced.error().message);
+  // The output holds this rank's value alone: it becomes the error.
+  ir::TensorIr release = out;
+  release.status = ir::TensorStatus::ReadWrite;
+  service_.device.backend().free(release);
+  return service_.device.claim_error(
+      out.id, ir::TensorError::make_root(ErrorCode::Execution, "AllReduce across daemons: " + reduced.error().message));
 }
 
 Status ClientSession::upload(const UploadCmd& c, std::uint64_t rid) {
@@ -1786,6 +1855,7 @@ DaemonStatus DaemonService::Impl::status(std::optional<uid_t> viewer) {
   }
   for (auto& session : live) st.clients.push_back(session->status());
   st.device = s.options.device_name;
+  if (s.options.collectives) st.distributed = s.options.collectives->status();
   st.socket_path = s.socket_path;
   st.streams = s.device.num_streams();
   st.plans = s.device.plan_store().size();
@@ -1810,6 +1880,15 @@ std::string DaemonStatus::to_json() const {
   out += fmt::format("\"cache_hits\":{},\"explorations\":{},\"hit_rate\":{:.4f},\"fused_launches\":{},", cache_hits,
                      explorations, lookups ? double(cache_hits) / double(lookups) : 0.0, fused_launches);
   out += fmt::format("\"memory_bytes\":{},\"device_tensors\":{},", memory_bytes, device_tensors);
+  if (distributed) {
+    const distributed::GroupStatus& g = *distributed;
+    out += fmt::format(
+        "\"distributed\":{{\"job\":\"{}\",\"rank\":{},\"world_size\":{},\"rendezvous\":\"{}\","
+        "\"state\":\"{}\",\"generation\":{},\"meetings\":{},\"collectives\":{},\"failures\":{},"
+        "\"last_error\":\"{}\"}},",
+        json_escape(g.job), g.rank, g.world_size, json_escape(g.rendezvous), distributed::group_state_name(g.state),
+        g.generation, g.meetings, g.collectives, g.failures, json_escape(g.last_error));
+  }
   out += "\"jobs\":[";
   for (std::size_t i = 0; i < jobs.size(); ++i)
     out += fmt::format("{}{{\"name\":\"{}\",\"owner_uid\":{},\"clients\":{},\"tensor_bytes\":{},\"queued_ops\":{}}}",
@@ -1843,6 +1922,14 @@ std::string DaemonStatus::to_text() const {
       cache_hits, explorations, lookups ? 100.0 * double(cache_hits) / double(lookups) : 0.0);
   out += fmt::format("  fused launches {}; memory in use {} in {} tensors\n", fused_launches, human_bytes(memory_bytes),
                      device_tensors);
+  if (distributed) {
+    const distributed::GroupStatus& g = *distributed;
+    out += fmt::format("  distributed job {}: rank {} of {} (rendezvous {}), {}", g.job, g.rank, g.world_size,
+                       g.rendezvous, distributed::group_state_name(g.state));
+    if (g.meetings != 0) out += fmt::format(" (meeting {})", g.generation);
+    out += fmt::format(", {} collectives, {} failures\n", g.collectives, g.failures);
+    if (!g.last_error.empty()) out += fmt::format("    last error: {}\n", g.last_error);
+  }
   for (const JobStatus& j : jobs)
     out += fmt::format("  job {} (uid {}): {} client(s), {} of tensors, {} queued ops\n", j.name, j.owner_uid,
                        j.clients, human_bytes(j.tensor_bytes), j.queued_ops);

@@ -1,7 +1,9 @@
 // kiln.toml's [daemon] table (kiln/ipc/daemon_config.h).
 #include "kiln/ipc/daemon_config.h"
 
+#include "kiln/distributed/config.h"
 #include "kiln/ipc/daemon.h"
+#include "kiln/ipc/handshake.h"
 #include "kiln/ipc/log_format.h"
 #include "kiln/ipc/metrics_server.h"
 
@@ -11,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <span>
 #include <sstream>
 
 namespace kiln::ipc {
@@ -23,6 +26,72 @@ Status check_text_value(std::string_view key, const std::string& value) {
   if (key == "log_format") return parse_log_format(value).status();
   // The form only: whether a remote address is allowed is metrics_allow_remote's, checked by kilnd.
   if (key == "metrics") return parse_metrics_listen(value, true).status();
+  if (key == "job") return validate_job_name(value);
+  if (key == "rendezvous") return distributed::parse_tcp_address(value).status();
+  return Status::Ok();
+}
+
+// Every integer is bounded so that its conversion to bytes or a deadline cannot overflow.
+constexpr std::int64_t kMaxMib = std::int64_t{1} << 24, kMaxMs = std::int64_t{1} << 32;
+constexpr std::int64_t kNoMax = std::numeric_limits<std::int64_t>::max();
+
+// One key of a table: its field, and an integer's bounds.
+struct Key {
+  const char* name;
+  std::optional<std::string>* text;
+  std::optional<std::uint64_t>* number;
+  std::int64_t minimum;
+  std::int64_t maximum = kNoMax;
+  std::optional<bool>* flag = nullptr;
+};
+
+// Stores one value of table `table` into its key's field, checked.
+Status parse_value(std::string_view source_name, std::string_view table, const Key& key, const toml::node& value) {
+  const std::string_view k = key.name;
+  if (key.flag != nullptr) {
+    if (!value.is_boolean())
+      return make_error(ErrorCode::Config, fmt::format("{}: {}.{} must be true or false", source_name, table, k));
+    *key.flag = value.value<bool>();
+  } else if (key.text != nullptr) {
+    std::optional<std::string> v = value.value<std::string>();
+    if (!value.is_string() || !v || v->empty())
+      return make_error(ErrorCode::Config, fmt::format("{}: {}.{} must be a non-empty string", source_name, table, k));
+    *key.text = std::move(*v);
+    if (Status st = check_text_value(k, **key.text); !st.ok())
+      return make_error(ErrorCode::Config, fmt::format("{}: {}.{}: {}", source_name, table, k, st.error().message));
+  } else {
+    std::optional<std::int64_t> v = value.value<std::int64_t>();
+    if (!value.is_integer() || !v || *v < key.minimum || *v > key.maximum)
+      return make_error(ErrorCode::Config,
+                        key.maximum == kNoMax
+                            ? fmt::format("{}: {}.{} must be an integer >= {}", source_name, table, k, key.minimum)
+                            : fmt::format("{}: {}.{} must be an integer in [{}, {}]", source_name, table, k,
+                                          key.minimum, key.maximum));
+    *key.number = static_cast<std::uint64_t>(*v);
+  }
+  return Status::Ok();
+}
+
+// Table `table` of the file, if present: every key must be one of `keys`.
+Status parse_table(const toml::table& file, std::string_view source_name, std::string_view table,
+                   std::span<const Key> keys) {
+  const toml::node* node = file.get(table);
+  if (node == nullptr) return Status::Ok();
+  const toml::table* d = node->as_table();
+  if (d == nullptr) return make_error(ErrorCode::Config, fmt::format("{}: {} must be a table", source_name, table));
+  for (const auto& [name, value] : *d) {
+    const std::string k(name.str());
+    const Key* found = nullptr;
+    for (const Key& candidate : keys)
+      if (k == candidate.name) found = &candidate;
+    if (found == nullptr) {
+      std::string names;
+      for (const Key& candidate : keys) names += std::string(names.empty() ? "" : ", ") + candidate.name;
+      return make_error(ErrorCode::Config,
+                        fmt::format("{}: {}.{}: unknown key (expected one of {})", source_name, table, k, names));
+    }
+    KILN_RETURN_IF_ERROR(parse_value(source_name, table, *found, value));
+  }
   return Status::Ok();
 }
 
@@ -38,23 +107,7 @@ Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::st
     return make_error(ErrorCode::Config, fmt::format("{}:{}:{}: {}", source_name, err.source().begin.line,
                                                      err.source().begin.column, err.description()));
   }
-  const toml::node* node = t.get("daemon");
-  if (node == nullptr) return cfg;
-  const toml::table* d = node->as_table();
-  if (d == nullptr) return make_error(ErrorCode::Config, fmt::format("{}: daemon must be a table", source_name));
-  // Every key of the table: its field, and an integer's bounds (MiB and ms values are bounded so
-  // that their conversion to bytes or a deadline cannot overflow).
-  constexpr std::int64_t kMaxMib = std::int64_t{1} << 24, kMaxMs = std::int64_t{1} << 32;
-  constexpr std::int64_t kNoMax = std::numeric_limits<std::int64_t>::max();
-  struct Key {
-    const char* name;
-    std::optional<std::string>* text;
-    std::optional<std::uint64_t>* number;
-    std::int64_t minimum;
-    std::int64_t maximum = kNoMax;
-    std::optional<bool>* flag = nullptr;
-  };
-  const Key keys[] = {
+  const Key daemon_keys[] = {
       {"device", &cfg.device, nullptr, 0},
       {"runtime_dir", &cfg.runtime_dir, nullptr, 0},
       {"socket", &cfg.socket, nullptr, 0},
@@ -81,42 +134,17 @@ Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::st
       {"metrics", &cfg.metrics, nullptr, 0},
       {"metrics_allow_remote", nullptr, nullptr, 0, kNoMax, &cfg.metrics_allow_remote},
   };
-  for (const auto& [key, value] : *d) {
-    const std::string k(key.str());
-    const Key* found = nullptr;
-    for (const Key& candidate : keys)
-      if (k == candidate.name) found = &candidate;
-    if (found == nullptr) {
-      std::string names;
-      for (const Key& candidate : keys) names += std::string(names.empty() ? "" : ", ") + candidate.name;
-      return make_error(ErrorCode::Config,
-                        fmt::format("{}: daemon.{}: unknown key (expected one of {})", source_name, k, names));
-    }
-    std::optional<std::string>* text = found->text;
-    std::optional<std::uint64_t>* number = found->number;
-    const std::int64_t minimum = found->minimum, maximum = found->maximum;
-    if (found->flag != nullptr) {
-      if (!value.is_boolean())
-        return make_error(ErrorCode::Config, fmt::format("{}: daemon.{} must be true or false", source_name, k));
-      *found->flag = value.value<bool>();
-    } else if (text != nullptr) {
-      std::optional<std::string> v = value.value<std::string>();
-      if (!value.is_string() || !v || v->empty())
-        return make_error(ErrorCode::Config, fmt::format("{}: daemon.{} must be a non-empty string", source_name, k));
-      *text = std::move(*v);
-      if (Status st = check_text_value(k, **text); !st.ok())
-        return make_error(ErrorCode::Config, fmt::format("{}: daemon.{}: {}", source_name, k, st.error().message));
-    } else {
-      std::optional<std::int64_t> v = value.value<std::int64_t>();
-      if (!value.is_integer() || !v || *v < minimum || *v > maximum)
-        return make_error(
-            ErrorCode::Config,
-            maximum == kNoMax
-                ? fmt::format("{}: daemon.{} must be an integer >= {}", source_name, k, minimum)
-                : fmt::format("{}: daemon.{} must be an integer in [{}, {}]", source_name, k, minimum, maximum));
-      *number = static_cast<std::uint64_t>(*v);
-    }
-  }
+  KILN_RETURN_IF_ERROR(parse_table(t, source_name, "daemon", daemon_keys));
+  DistributedFileConfig& dist = cfg.distributed;
+  const Key distributed_keys[] = {
+      {"job", &dist.job, nullptr, 0},
+      {"rank", nullptr, &dist.rank, 0, distributed::kMaxWorldSize - 1},
+      {"world_size", nullptr, &dist.world_size, 1, distributed::kMaxWorldSize},
+      {"rendezvous", &dist.rendezvous, nullptr, 0},
+      {"host", &dist.host, nullptr, 0},
+      {"timeout_ms", nullptr, &dist.timeout_ms, 1, 3'600'000},
+  };
+  KILN_RETURN_IF_ERROR(parse_table(t, source_name, "distributed", distributed_keys));
   return cfg;
 }
 

@@ -182,3 +182,18 @@ std::uint64_t hash_operation(const Operation& op) {
 }
 
 }  // namespace kiln::ir
+
+namespace kiln::ir {
+
+const char* reduce_operation_name(ReduceOperation op) {
+  switch (op) {
+    case ReduceOperation::Sum: return "sum";
+    case ReduceOperation::Mean: return "mean";
+    case ReduceOperation::Min: return "min";
+    case ReduceOperation::Max: return "max";
+    case ReduceOperation::Prod: return "prod";
+  }
+  return "unknown";
+}
+
+}  // namespace kiln::ir

@@ -307,12 +307,12 @@ Status run_drop(ReferenceExecutor::Handles& handles, const ir::Operation& op) {
   return Status::Ok();
 }
 
-// Single device: the reduction over one participant is the tensor itself (sum of one, mean of
-// one). A list naming other devices cannot be served here.
+// Single device: the reduction over one participant is the tensor itself (sum, mean, min, max
+// or product of one). A list naming other devices cannot be served here.
 Result<Outputs> run_all_reduce(const Ctx& c) {
   const std::int64_t reduce_op = c.op.attrs[0];
-  if (reduce_op != static_cast<std::int64_t>(ir::ReduceOperation::Sum) &&
-      reduce_op != static_cast<std::int64_t>(ir::ReduceOperation::Mean))
+  if (reduce_op < static_cast<std::int64_t>(ir::ReduceOperation::Sum) ||
+      reduce_op > static_cast<std::int64_t>(ir::ReduceOperation::Prod))
     return c.error(ErrorCode::Invalid, fmt::format("unknown reduce operation {}", reduce_op));
   if (c.op.attrs.size() > 2)
     return c.error(ErrorCode::Unsupported,

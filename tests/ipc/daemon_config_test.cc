@@ -1,4 +1,5 @@
 // kiln.toml's [daemon] table: every key, types, bounds, unknown keys, malformed files.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "kiln/ipc/daemon_config.h"
@@ -116,6 +117,47 @@ TEST(DaemonConfig, ErrorsNameTheKey) {
   EXPECT_NE(message("[daemon]\nsokcet = \"x\"\n").find("daemon.sokcet: unknown key"), std::string::npos);
   EXPECT_NE(message("daemon = 1\n").find("daemon must be a table"), std::string::npos);
   EXPECT_NE(message("[daemon\n").find("kiln.toml:1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::ipc
+
+namespace kiln::ipc {
+namespace {
+
+TEST(DaemonConfig, ReadsTheDistributedTable) {
+  Result<DaemonFileConfig> c = parse_daemon_config(R"(
+[distributed]
+job = "train"
+rank = 1
+world_size = 4
+rendezvous = "tcp:10.0.0.1:29400"
+host = "10.0.0.2"
+timeout_ms = 5000
+)");
+  ASSERT_TRUE(c.ok()) << c.error().to_string();
+  const DistributedFileConfig& d = c->distributed;
+  EXPECT_EQ(*d.job, "train");
+  EXPECT_EQ(*d.rank, 1u);
+  EXPECT_EQ(*d.world_size, 4u);
+  EXPECT_EQ(*d.rendezvous, "tcp:10.0.0.1:29400");
+  EXPECT_EQ(*d.host, "10.0.0.2");
+  EXPECT_EQ(*d.timeout_ms, 5000u);
+  EXPECT_FALSE(parse_daemon_config("[daemon]\narena_mib = 8\n")->distributed.job.has_value());
+}
+
+TEST(DaemonConfig, DistributedErrorsNameTheKey) {
+  const auto error = [](const char* text) {
+    Result<DaemonFileConfig> c = parse_daemon_config(text);
+    return c.ok() ? std::string("ok") : c.error().message;
+  };
+  EXPECT_THAT(error("[distributed]\nworld = 2\n"), ::testing::HasSubstr("distributed.world: unknown key"));
+  EXPECT_THAT(error("[distributed]\njob = \"a b\"\n"), ::testing::HasSubstr("distributed.job: job name: byte 0x20"));
+  EXPECT_THAT(error("[distributed]\nrendezvous = \"tcp:host:1\"\n"),
+              ::testing::HasSubstr("distributed.rendezvous: rendezvous 'tcp:host:1'"));
+  EXPECT_THAT(error("[distributed]\nworld_size = 0\n"),
+              ::testing::HasSubstr("distributed.world_size must be an integer in [1, 1024]"));
+  EXPECT_THAT(error("[distributed]\ntimeout_ms = 0\n"), ::testing::HasSubstr("distributed.timeout_ms"));
 }
 
 }  // namespace

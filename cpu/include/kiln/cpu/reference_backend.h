@@ -32,6 +32,10 @@ class ReferenceCpuBackend final : public DeviceBackend {
   std::unique_ptr<fusion::Executor> make_executor() override;
   fusion::FuserList fusers(const fusion::FusionLog& log, const fusion::FuserOptions& options) const override;
   Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape, std::span<const std::byte> bytes) override;
+  Status claim_error(ir::TensorId id, const ir::TensorError& error) override;
+  Status update_in_place(const ir::TensorIr& t, FunctionRef<Status(std::span<std::byte>)> update) override {
+    return table_.update_in_place(t.id, update);
+  }
   Result<HostData> download(const ir::TensorIr& t) override;
   bool is_materialized(ir::TensorId id) const override;
   std::optional<ir::TensorError> error_of(ir::TensorId id) const override;

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 
+#include "kiln/base/function_ref.h"
 #include "kiln/base/mutex.h"
 #include "kiln/cpu/host.h"
 #include "kiln/ir/handle_container.h"
@@ -49,6 +50,11 @@ class ShardedTensorTable {
   Status upload(HostAllocator& allocator, ir::TensorId id, ir::DType dtype, ir::Shape shape,
                 std::span<const std::byte> bytes);
   Result<runtime::HostData> download(const ir::TensorIr& t);
+  // DeviceBackend::claim_error: `id` becomes Errored; InvalidHandle if it has an entry already.
+  Status claim_error(ir::TensorId id, const ir::TensorError& error);
+  // DeviceBackend::update_in_place on the entry's own buffer; the shard is not locked while
+  // `update` runs (it may wait on a collective for seconds).
+  Status update_in_place(ir::TensorId id, FunctionRef<Status(std::span<std::byte>)> update);
   bool is_materialized(ir::TensorId id) const;
   std::optional<ir::TensorError> error_of(ir::TensorId id) const;
   void free(const ir::TensorIr& t);

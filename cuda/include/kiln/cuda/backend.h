@@ -90,6 +90,7 @@ class CudaBackend final : public runtime::DeviceBackend {
   std::string_view name() const override { return "cuda"; }
   std::unique_ptr<fusion::Executor> make_executor() override;
   fusion::FuserList fusers(const fusion::FusionLog& log, const fusion::FuserOptions& options) const override;
+  [[nodiscard]] Status claim_error(ir::TensorId id, const ir::TensorError& error) override;
   [[nodiscard]] Status upload(ir::TensorId id, ir::DType dtype, ir::Shape shape,
                               std::span<const std::byte> bytes) override;
   [[nodiscard]] Result<runtime::HostData> download(const ir::TensorIr& t) override;

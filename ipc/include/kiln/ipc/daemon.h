@@ -67,11 +67,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kiln/base/result.h"
+#include "kiln/distributed/group.h"
 #include "kiln/ipc/control_server.h"
 #include "kiln/ipc/daemon_metrics.h"
 #include "kiln/ipc/protocol.h"
@@ -109,6 +111,10 @@ struct DaemonOptions {
   // 0 = never (an allocation or free still does it lazily).
   std::chrono::milliseconds maintenance_interval{1000};
   std::string device_name = "cpu";  // reported by status
+  // The job whose collectives span daemons (kiln.toml [distributed], docs/distributed.md): an
+  // AllReduce from one of its clients reduces with the same job on the other daemons of its
+  // world, on the client's session thread. Null: every job's collectives are single-device.
+  std::shared_ptr<distributed::CollectiveGroup> collectives;
   // Test hook: called on a client's session thread with each decoded command before it is
   // served. Tests hold an answer here to make a client's timeout happen for sure, not by a race
   // against the clock. Unset in kilnd.
@@ -161,6 +167,7 @@ struct DaemonStatus {
   std::uint64_t fused_launches = 0;  // backend counter when it reports one (CPU device)
   std::uint64_t memory_bytes = 0;    // backend allocator bytes in use
   std::uint64_t device_tensors = 0;
+  std::optional<distributed::GroupStatus> distributed;  // the job that spans daemons, if any
 
   std::string to_json() const;
   std::string to_text() const;  // kilnctl status

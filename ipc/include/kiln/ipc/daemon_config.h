@@ -1,4 +1,4 @@
-// The [daemon] table of kiln.toml: kilnd's settings in a file. Precedence in kilnd: flags >
+// The [daemon] and [distributed] tables of kiln.toml: kilnd's settings in a file. Precedence in kilnd: flags >
 // environment (KILN_DEVICE) > this table > defaults. Every key is optional.
 //
 //   [daemon]
@@ -25,6 +25,14 @@
 //   metrics = "unix"           # the metrics endpoint: unix, unix:PATH, tcp:HOST:PORT (metrics_server.h); absent: off
 //   metrics_allow_remote = false  # tcp on a non-loopback address
 //
+//   [distributed]              # one job of this daemon spans daemons (docs/distributed.md)
+//   job = "train"
+//   rank = 0
+//   world_size = 2
+//   rendezvous = "tcp:10.0.0.1:29400"
+//   host = "10.0.0.1"          # optional: the address peers reach this daemon at
+//   timeout_ms = 30000
+//
 // A malformed file, an unknown key or a value of the wrong type is an ErrorCode::Config error
 // naming the key ("kiln.toml: daemon.arena_mib must be an integer >= 1").
 //
@@ -40,6 +48,13 @@
 
 namespace kiln::ipc {
 
+// [distributed] (kiln/distributed/config.h; kilnd puts it together with its flags and
+// environment and checks the whole).
+struct DistributedFileConfig {
+  std::optional<std::string> job, rendezvous, host;
+  std::optional<std::uint64_t> rank, world_size, timeout_ms;
+};
+
 struct DaemonFileConfig {
   std::optional<std::string> device, runtime_dir, socket, allowed_group, plan_cache, log_level, lock_dir, job_policy;
   std::optional<std::string> log_format, metrics;
@@ -47,6 +62,7 @@ struct DaemonFileConfig {
   std::optional<std::uint64_t> job_memory_mib, job_queued_ops, arena_mib, max_connections, max_connections_per_uid;
   std::optional<std::uint64_t> uid_memory_mib, uid_queued_ops, uid_jobs, device_memory_mib, completion_timeout_ms;
   std::optional<std::uint64_t> large_block_mib, large_block_retention_ms, plan_save_ms, staging_mib;
+  DistributedFileConfig distributed;
 };
 
 Result<DaemonFileConfig> parse_daemon_config(std::string_view toml_text, std::string_view source_name = "kiln.toml");

@@ -33,7 +33,10 @@ enum class Distribution : std::int64_t { Default = 0, Bernoulli = 1, Uniform = 2
 // Update rule of Scatter / SelectAssign (attribute 1).
 enum class IndexingUpdate : std::int64_t { Assign = 0, Add = 1, Mul = 2, Min = 3, Max = 4 };
 // AllReduce operation (attribute 0).
-enum class ReduceOperation : std::int64_t { Sum = 0, Mean = 1 };
+// Sum and Mean are the IR's (docs/spec/ir.md §5.2); Min, Max and Prod are a kiln extension
+// (docs/decisions.md, collectives between daemons).
+enum class ReduceOperation : std::int64_t { Sum = 0, Mean = 1, Min = 2, Max = 3, Prod = 4 };
+const char* reduce_operation_name(ReduceOperation op);
 // Pad mode (attribute 0).
 enum class PadMode : std::int64_t { Constant = 0, Reflect = 1, Edge = 2 };
 // Interpolation mode of Interpolate / InterpolateBackward (attribute 2) and GridSample2d

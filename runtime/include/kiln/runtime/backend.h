@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/base/function_ref.h"
 #include "kiln/base/result.h"
 #include "kiln/fusion/executor.h"
 #include "kiln/fusion/fuser.h"
@@ -64,6 +65,17 @@ class DeviceBackend {
   virtual bool is_materialized(ir::TensorId id) const = 0;
   // The error of an Errored entry (root shared by pointer identity), nullopt otherwise.
   virtual std::optional<ir::TensorError> error_of(ir::TensorId id) const = 0;
+  // Registers `id` (fresh: no entry yet) as Errored with `error`: an output that work outside the
+  // backend failed to produce (a collective across daemons), read like any failed op's output.
+  // Default: Unsupported, for backends that keep no errors.
+  [[nodiscard]] virtual Status claim_error(ir::TensorId id, const ir::TensorError& error);
+  // Runs `update` on the bytes of a materialized tensor and keeps what it leaves there: the
+  // daemon's collectives across daemons reduce into their output this way. The caller guarantees
+  // that nothing else uses the tensor meanwhile (it is fresh, and its stream is drained). An
+  // Errored entry gives ErrorCode::Execution with its error, an absent one InvalidHandle. The
+  // default goes through the host (download, update, upload: a GPU's tensors); a host-memory
+  // backend updates its buffer where it is.
+  [[nodiscard]] virtual Status update_in_place(const ir::TensorIr& t, FunctionRef<Status(std::span<std::byte>)> update);
   // Releases the entry iff t.status == ReadWrite; an absent id is a no-op.
   virtual void free(const ir::TensorIr& t) = 0;
   // A cross-stream shared view (docs/spec/fusion.md §16.5): dst becomes an independent entry over src's
@@ -81,5 +93,18 @@ class DeviceBackend {
   // device's pool threads. A backend with per-thread state (a current device) says no.
   virtual bool executes_on_any_thread() const { return true; }
 };
+
+inline Status DeviceBackend::update_in_place(const ir::TensorIr& t, FunctionRef<Status(std::span<std::byte>)> update) {
+  ir::TensorIr read = t;
+  read.status = ir::TensorStatus::ReadOnly;
+  KILN_ASSIGN_OR_RETURN(HostData data, download(read));
+  KILN_RETURN_IF_ERROR(update(std::span<std::byte>(data.bytes)));
+  return upload(t.id, data.dtype, std::move(data.shape), data.bytes);
+}
+
+inline Status DeviceBackend::claim_error(ir::TensorId id, const ir::TensorError& /*error*/) {
+  return make_error(ErrorCode::Unsupported,
+                    "the " + std::string(name()) + " backend keeps no error for " + id.to_string());
+}
 
 }  // namespace kiln::runtime

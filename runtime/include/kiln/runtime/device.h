@@ -152,6 +152,16 @@ class Device final : public SessionTarget {
   // that must come after the stream's queued ops (cross-stream dependencies, closes, the
   // daemon's re-homing of a tensor), not for a client's sync.
   [[nodiscard]] Status barrier(StreamId stream);
+  // A fresh tensor the device did not produce, registered as failed (DeviceBackend::claim_error):
+  // the daemon's collectives across daemons, whose output is made outside the streams.
+  [[nodiscard]] Status claim_error(ir::TensorId id, const ir::TensorError& error) {
+    return backend_->claim_error(id, error);
+  }
+  // DeviceBackend::update_in_place (the daemon's collectives across daemons).
+  [[nodiscard]] Status update_in_place(const ir::TensorIr& t, FunctionRef<Status(std::span<std::byte>)> update) {
+    return backend_->update_in_place(t, update);
+  }
+  std::optional<ir::TensorError> error_of(ir::TensorId id) const { return backend_->error_of(id); }
   // Reads a tensor whose home is `home` (drains only if the tensor is not produced yet).
   [[nodiscard]] Result<HostData> read(StreamId home, const ir::TensorIr& t) override;
   // The last drop of a tensor whose home is `home` (queued Drop from the owner thread, foreign

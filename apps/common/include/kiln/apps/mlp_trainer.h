@@ -13,6 +13,11 @@
 // seeded generator, so the loss falls steadily from ~0.3 and a broken kernel shows as a loss
 // that does not.
 //
+// Data parallel (world_size > 1, one trainer per rank, each on the daemon of its rank): every
+// rank draws the same batch of `batch` rows and trains on its 1/world_size share of them; the
+// gradients and the loss are averaged over the ranks with all_reduce(Mean), so each rank takes
+// the step one trainer takes on the whole batch (the same values up to rounding).
+//
 // Usage:
 //   runtime::Session s(device);
 //   kiln::apps::MlpTrainer<runtime::Session, runtime::Tensor> mlp(s, {.batch = 64});
@@ -23,10 +28,13 @@
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "kiln/base/result.h"
+#include "kiln/ir/operation.h"
 
 namespace kiln::apps {
 
@@ -37,6 +45,8 @@ struct MlpOptions {
   std::uint64_t outputs = 8;
   double learning_rate = 1e-2;
   std::uint64_t seed = 1;
+  std::uint32_t rank = 0;  // data parallel: this trainer's share of each batch
+  std::uint32_t world_size = 1;
 };
 
 template <class Session, class Tensor>
@@ -46,6 +56,10 @@ class MlpTrainer {
 
   // Uploads the parameters (He-style init) and the task's fixed projection; call once.
   Status init() {
+    if (o_.world_size == 0 || o_.rank >= o_.world_size || o_.batch % o_.world_size != 0)
+      return make_error(ErrorCode::Invalid, "mlp: rank " + std::to_string(o_.rank) + " of " +
+                                                std::to_string(o_.world_size) + " with a batch of " +
+                                                std::to_string(o_.batch) + " (a whole share per rank)");
     std::vector<float> a = random(o_.inputs * o_.outputs, 1.0 / std::sqrt(double(o_.inputs)));
     projection_ = a;
     auto w1 = s_.from_host(random(o_.inputs * o_.hidden, std::sqrt(2.0 / double(o_.inputs))), {o_.inputs, o_.hidden});
@@ -81,8 +95,10 @@ class MlpTrainer {
           acc += double(x[r * o_.inputs + k]) * projection_[k * o_.outputs + c];
         t[r * o_.outputs + c] = static_cast<float>(std::tanh(acc));
       }
-    auto xs = s_.from_host(x, {o_.batch, o_.inputs});
-    auto ts = s_.from_host(t, {o_.batch, o_.outputs});
+    const std::uint64_t rows = o_.batch / o_.world_size, first = rows * o_.rank;
+    auto xs = s_.from_host(std::span<const float>(x).subspan(first * o_.inputs, rows * o_.inputs), {rows, o_.inputs});
+    auto ts =
+        s_.from_host(std::span<const float>(t).subspan(first * o_.outputs, rows * o_.outputs), {rows, o_.outputs});
     if (!xs.ok()) return xs.error();
     if (!ts.ok()) return ts.error();
     ++t_;
@@ -115,9 +131,10 @@ class MlpTrainer {
     KILN_MLP_TRY(y, s_.add(std::move(hw), b2));
     KILN_MLP_TRY(diff, s_.sub(std::move(y), std::move(t)));
     KILN_MLP_TRY(sq, s_.mul(diff, diff));
-    KILN_MLP_TRY(loss, s_.mean(std::move(sq)));
+    KILN_MLP_TRY(local_loss, s_.mean(std::move(sq)));
+    KILN_MLP_TRY(loss, average(std::move(local_loss)));
     // Backward.
-    const double n = double(o_.batch * o_.outputs);
+    const double n = double(o_.batch / o_.world_size * o_.outputs);
     KILN_MLP_TRY(dy, s_.mul(std::move(diff), 2.0 / n));
     KILN_MLP_TRY(ht, s_.swap_dims(std::move(h), 0, 1));
     KILN_MLP_TRY(dw2, s_.matmul(std::move(ht), dy));
@@ -131,11 +148,19 @@ class MlpTrainer {
     KILN_MLP_TRY(db1, s_.sum_dim(std::move(dz1), 0, true));
     // Update.
     Tensor grads[4] = {std::move(dw1), std::move(db1), std::move(dw2), std::move(db2)};
-    for (std::size_t i = 0; i < 4; ++i)
-      if (Status st = adam(params_[i], std::move(grads[i])); !st.ok()) return st.error();
+    for (std::size_t i = 0; i < 4; ++i) {
+      KILN_MLP_TRY(g, average(std::move(grads[i])));
+      if (Status st = adam(params_[i], std::move(g)); !st.ok()) return st.error();
+    }
     auto host = s_.to_host(std::move(loss));
     if (!host.ok()) return host.error();
     return double(host.value().at(0));
+  }
+
+  // The mean over the ranks (data parallel); the value itself on one.
+  Result<Tensor> average(Tensor local) {
+    if (o_.world_size == 1) return local;
+    return s_.all_reduce(std::move(local), ir::ReduceOperation::Mean, {});
   }
 
   Status adam(Param& p, Tensor g) {
