@@ -12,6 +12,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <tuple>
@@ -112,6 +113,22 @@ at::Tensor failing_op(const at::Tensor& x) {
   return make_tensor(std::move(out), x.sizes());
 }
 
+// kiln.all_reduce: the front end's all_reduce of a kiln tensor (docs/distributed.md): across the
+// daemons of the job when this process's daemon spans daemons for its job, the identity
+// otherwise. `op`: sum, mean, min, max, prod.
+at::Tensor all_reduce(const at::Tensor& x, const std::string& op) {
+  static constexpr std::pair<const char*, ir::ReduceOperation> kOps[] = {{"sum", ir::ReduceOperation::Sum},
+                                                                         {"mean", ir::ReduceOperation::Mean},
+                                                                         {"min", ir::ReduceOperation::Min},
+                                                                         {"max", ir::ReduceOperation::Max},
+                                                                         {"prod", ir::ReduceOperation::Prod}};
+  const auto* found = std::find_if(std::begin(kOps), std::end(kOps), [&op](const auto& k) { return op == k.first; });
+  TORCH_CHECK(found != std::end(kOps), "kiln.all_reduce: op '", op, "' is not one of sum, mean, min, max, prod");
+  const runtime::Tensor& v = value_of(x, "all_reduce");
+  runtime::Tensor out = value_or_throw(session().all_reduce(v, found->second, {}), "all_reduce");
+  return make_tensor(std::move(out), x.sizes());
+}
+
 }  // namespace
 }  // namespace kiln::pytorch
 
@@ -125,9 +142,13 @@ TORCH_LIBRARY(kiln, m) {
   m.def("device_info() -> (bool, str, int)", &kiln::pytorch::device_info);
   m.def("daemon_status(bool json) -> str", &kiln::pytorch::daemon_status);
   m.def("_failing_op(Tensor x) -> Tensor");
+  m.def("all_reduce(Tensor x, str op) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(kiln, PrivateUse1, m) { m.impl("_failing_op", TORCH_FN(kiln::pytorch::failing_op)); }
+TORCH_LIBRARY_IMPL(kiln, PrivateUse1, m) {
+  m.impl("_failing_op", TORCH_FN(kiln::pytorch::failing_op));
+  m.impl("all_reduce", TORCH_FN(kiln::pytorch::all_reduce));
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&kiln::pytorch::counted_cpu_fallback>());

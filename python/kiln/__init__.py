@@ -127,6 +127,20 @@ def connect(path, job="pytorch"):
     torch.ops.kiln.connect(os.fspath(path), job)
 
 
+def all_reduce(tensor, op="sum"):
+    """Reduces a kiln tensor, in place, with the same tensor of every worker of this job on the
+    other daemons of its world, as torch.distributed.all_reduce does (op: "sum", "mean", "min",
+    "max", "prod"; docs/distributed.md). The daemon of this process must span daemons for its job
+    (kilnd --dist-job); otherwise, and in process, the reduction is over this worker alone and
+    leaves the tensor as it is. Lazy like any op: a failed collective (a peer's daemon gone)
+    raises KilnError at the next sync or read. Returns the tensor."""
+    if tensor.device.type != "kiln":
+        raise ValueError(f"kiln.all_reduce: the tensor is on {tensor.device}, not kiln")
+    with torch.no_grad():
+        tensor.copy_(torch.ops.kiln.all_reduce(tensor, op))
+    return tensor
+
+
 def device_info():
     """Where the tensors live: {"started": bool, "where": "in process" or "kilnd", "socket": the
     daemon's socket path or None, "client_id": this process's client id at the daemon or None}.

@@ -66,14 +66,15 @@ class Daemon:
     """A kilnd on the CPU in `root`/run (socket kilnd-cpu.sock), with its own lock directory so
     that it does not meet the daemons of other tests."""
 
-    def __init__(self, root):
+    def __init__(self, root, flags=()):
         self.root = root
         self.run_dir = os.path.join(root, "run")
         self.socket = os.path.join(self.run_dir, "kilnd-cpu.sock")
         self.log_path = os.path.join(root, "kilnd.log")
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.proc = subprocess.Popen(
-                [KILND, "--device", "cpu", "--runtime-dir", self.run_dir, "--lock-dir", os.path.join(root, "locks")],
+                [KILND, "--device", "cpu", "--runtime-dir", self.run_dir, "--lock-dir", os.path.join(root, "locks"),
+                 *flags],
                 stdout=log, stderr=subprocess.STDOUT, env=tool_env())
         deadline = time.monotonic() + 60
         while not (os.path.exists(self.socket) and self.status() is not None):
