@@ -2555,6 +2555,12 @@ TEST(BuildDistributed, AllReduceAndSync) {
   EXPECT_EQ(out(ar), TensorIr::uninit(id(2), {8}, dtypes::bf16));
   EXPECT_EQ(ar.attrs, (AttrList{static_cast<std::int64_t>(ReduceOperation::Mean), 1 << 16, (1 << 16) | 3}));
   EXPECT_EQ(ar.kind_name(), "Distributed::AllReduce");
+  // Min, max and prod: the kiln extension (docs/decisions.md); past it, an error.
+  for (ReduceOperation op : {ReduceOperation::Min, ReduceOperation::Max, ReduceOperation::Prod})
+    EXPECT_TRUE(build::all_reduce(t(1, {8}), op, {}, id(2)).ok()) << reduce_operation_name(op);
+  auto bad = build::all_reduce(t(1, {8}), static_cast<ReduceOperation>(5), {}, id(2));
+  EXPECT_ERR(bad, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(bad), "Distributed::AllReduce: unknown reduce operation 5");
   BUILD(sync, build::sync_collective());
   EXPECT_TRUE(sync.tensors.empty());
   EXPECT_EQ(sync.kind_name(), "Distributed::SyncCollective");

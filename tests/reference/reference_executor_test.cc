@@ -275,6 +275,8 @@ TEST(ReferenceExecutorTest, AllReduceOnOneDeviceIsTheIdentity) {
   EXPECT_EQ(d.f64_of(d.ok(b::all_reduce(x, ReduceOperation::Mean, self, d.fresh()))), (std::vector<double>{1, 2, 3}));
   const TensorIr xi = d.i64({2}, dtypes::i32, {5, 7});
   EXPECT_EQ(d.i64_of(d.ok(b::all_reduce(xi, ReduceOperation::Mean, {}, d.fresh()))), (std::vector<std::int64_t>{5, 7}));
+  for (ReduceOperation op : {ReduceOperation::Min, ReduceOperation::Max, ReduceOperation::Prod})
+    EXPECT_EQ(d.f64_of(d.ok(b::all_reduce(x, op, {}, d.fresh()))), (std::vector<double>{1, 2, 3}));
   const b::DeviceId two[] = {{0, 0}, {0, 1}};
   EXPECT_EQ(d.run(b::all_reduce(x, ReduceOperation::Sum, two, d.fresh())).error().code, ErrorCode::Unsupported);
   KILN_EXPECT_OK(d.run(b::sync_collective()));
