@@ -170,7 +170,7 @@ class CollectiveGroup::Impl {
       return make_error(ErrorCode::Invalid, fmt::format("all_reduce: {} bytes is not a whole number of {} elements",
                                                         data.size(), dtype.name()));
     MutexLock lock(mu_);
-    if (config_.world_size == 1) return finish_locked(Status::Ok());  // the reduction over one rank
+    if (config_.world_size == 1) return finish_locked();  // the reduction over one rank
     if (!context_) {
       Status met = meet_locked();
       if (!met.ok()) return fail_locked(met.error().message);
@@ -184,7 +184,7 @@ class CollectiveGroup::Impl {
                                                      ir::reduce_operation_name(op), data.size() / dtype.size_bytes(),
                                                      dtype.name(), e.what())));
     }
-    return finish_locked(Status::Ok());
+    return finish_locked();
   }
 
   void abandon(const std::string& reason) {
@@ -215,7 +215,7 @@ class CollectiveGroup::Impl {
     };
     Result<std::uint64_t> generation = store_->join(left());
     if (!generation.ok()) {
-      if (generation.error().message.find("refused") == std::string::npos) store_.reset();
+      if (!store_->connected()) store_.reset();  // the next meeting connects again
       return generation.error();
     }
     try {
@@ -280,11 +280,11 @@ class CollectiveGroup::Impl {
     return make_error(ErrorCode::Execution, std::move(message));
   }
 
-  Status finish_locked(Status st) KILN_REQUIRES(mu_) {
+  Status finish_locked() KILN_REQUIRES(mu_) {
     MutexLock lock(status_mu_);
     if (config_.world_size == 1) status_.state = GroupState::Ready;
     ++status_.collectives;
-    return st;
+    return Status::Ok();
   }
 
   void set_state(GroupState state) {

@@ -502,6 +502,10 @@ class StoreClient::Impl {
 
   std::string where() const { return "the rendezvous store at " + at_.to_string(); }
   const std::string& local_host() const { return local_host_; }
+  bool connected() const {
+    MutexLock lock(mu_);
+    return fd_.valid();
+  }
 
  private:
   Result<Bytes> exchange(const Bytes& request, std::chrono::milliseconds wait) KILN_REQUIRES(mu_) {
@@ -509,7 +513,7 @@ class StoreClient::Impl {
     return recv_frame(fd_.get(), Clock::now() + wait + kAnswerMargin);
   }
 
-  Mutex mu_;
+  mutable Mutex mu_;
   UniqueFd fd_ KILN_GUARDED_BY(mu_);
   const TcpAddress at_;
   const std::string local_host_;
@@ -614,6 +618,7 @@ Result<std::vector<std::uint32_t>> StoreClient::live_ranks() {
 }
 
 const std::string& StoreClient::local_host() const { return impl_->local_host(); }
+bool StoreClient::connected() const { return impl_->connected(); }
 std::string StoreClient::where() const { return impl_->where(); }
 
 }  // namespace kiln::distributed

@@ -66,6 +66,10 @@ TEST(StoreTest, SetGetAndWaitForAKey) {
   ASSERT_OK_AND_ASSIGN(got, a->get("0/rank_0", 1s));
   EXPECT_EQ(got, value);
   EXPECT_THAT(a->set(std::string(kMaxStoreKeyBytes + 1, 'k'), value), StatusIs(ErrorCode::Invalid, "too large"));
+  EXPECT_TRUE(a->connected());  // refusals keep the connection
+  server.reset();               // the store goes away: the next call fails and ends it
+  EXPECT_FALSE(a->set("k", value).ok());
+  EXPECT_FALSE(a->connected());
 }
 
 TEST(StoreTest, JoinMeetsEveryRankOrNamesTheMissingOnes) {

@@ -80,6 +80,9 @@ class StoreClient {
   [[nodiscard]] Result<std::uint64_t> join(std::chrono::milliseconds timeout);
   // Ranks whose daemons hold a connection to the store, ascending.
   [[nodiscard]] Result<std::vector<std::uint32_t>> live_ranks();
+  // Whether the connection is still usable: a refusal keeps it, a transport failure (or a
+  // half-read answer) ends it.
+  bool connected() const;
   // This end's address of the connection (the interface that reaches the store).
   const std::string& local_host() const;
   std::string where() const;  // "the rendezvous store at tcp:HOST:PORT"
