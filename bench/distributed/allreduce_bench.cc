@@ -5,9 +5,9 @@
 //         transport on loopback (rendezvous: Gloo's in-memory HashStore): ring all-reduce (sum,
 //         f32) of a buffer in place. What the library costs.
 //   kiln  one kilnd per rank (--dist-* flags, rendezvous on loopback), a client of the job on
-//         each: all_reduce(sum) of a tensor already on the device, then a sync, as a training
-//         step does. What a user of kiln pays on top: the stream's drain, the copies in and out
-//         of the collective, the message and its answer.
+//         each: all_reduce(sum) of a tensor already on the device, consumed (its result is the
+//         next rep's input: in place, as Gloo's), then a sync, as a training step does. What a
+//         user of kiln pays on top: the stream's drain, the message and its answer.
 //
 // A rep is timed from a barrier of all ranks to the last rank's return; the median of the reps
 // is printed in the peer kit's line format (bench-peers README), with the bus bandwidth
@@ -16,6 +16,7 @@
 // Usage: kiln-bench-allreduce --kilnd PATH [--ranks 2,4] [--sizes 1048576,16777216] [--reps 5] [--rounds 2]
 //        (sizes in f32 elements; 16777216 = 64 MiB)
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -133,7 +134,7 @@ double kiln_all_reduce(const Options& opt, std::size_t ranks, std::size_t n, int
   std::vector<std::unique_ptr<kiln::ipc::RemoteTarget>> targets(ranks);
   std::vector<std::unique_ptr<kiln::runtime::Session>> sessions(ranks);
   std::vector<std::optional<kiln::runtime::Tensor>> inputs(ranks);
-  bool failed = false;
+  std::atomic<bool> failed{false};  // written by every rank's thread
   const double t = time_reps(
       ranks, reps,
       [&](std::size_t r) {
@@ -149,9 +150,15 @@ double kiln_all_reduce(const Options& opt, std::size_t ranks, std::size_t n, int
         inputs[r] = sessions[r]->from_host(std::span<const float>(ones), {n}).value();
       },
       [&](std::size_t r) {
+        // The result replaces the input, as Gloo's all-reduce works in place (and a training
+        // step's gradient is consumed by its reduction).
         kiln::runtime::Session& s = *sessions[r];
-        auto out = s.all_reduce(*inputs[r], kiln::ir::ReduceOperation::Sum, {});
-        if (!out.ok() || !s.sync().ok()) failed = true;
+        auto out = s.all_reduce(std::move(*inputs[r]), kiln::ir::ReduceOperation::Sum, {});
+        if (!out.ok() || !s.sync().ok()) {
+          failed = true;
+          return;
+        }
+        inputs[r] = std::move(out).value();
       });
   inputs.clear();  // tensors before their sessions
   sessions.clear();

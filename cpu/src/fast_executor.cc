@@ -161,7 +161,7 @@ bool input_buffer_free(const FusedProgram& p, const fast::CBlock& block0, const 
       for (const fast::CStore& st : block0.stores)
         if (st.reg == l.reg) return false;
   // Exactly two owners: the container's entry and our copy.
-  return launch.inputs[i]->buffer().use_count() == 2;
+  return launch.inputs[i]->buffer_owned_by_only(2);
 }
 
 // Output o written over a consumed input that fits (of its own part only, when `parts` is set).
@@ -640,6 +640,31 @@ void CpuExecutor::execute_reference(const ir::Operation& op) {
   (void)reference_.execute(op, handles_);
 }
 
+namespace {
+
+// An AllReduce over this device alone is the identity. When it consumes its input and nothing
+// else holds the input's buffer, the output takes that buffer instead of a copy: a daemon of a
+// distributed job then reduces across daemons in place on it (ClientSession::all_reduce_across_
+// daemons), which is what Gloo's in-place all-reduce costs. Anything else (an attribute or an
+// operand the reference would refuse, a shared buffer) goes to the reference, which copies.
+bool hand_over_all_reduce(const ir::Operation& op, CpuDevice::Handles& handles) {
+  const ir::TensorIr& in = op.inputs()[0];
+  const ir::TensorIr& out = op.outputs()[0];
+  const std::int64_t reduce_op = op.attrs.empty() ? -1 : op.attrs[0];
+  if (op.attrs.size() > 2 || reduce_op < static_cast<std::int64_t>(ir::ReduceOperation::Sum) ||
+      reduce_op > static_cast<std::int64_t>(ir::ReduceOperation::Prod) || in.status != TensorStatus::ReadWrite ||
+      in.shape != out.shape || !(in.dtype == out.dtype) || in.dtype.is_quantized())
+    return false;
+  const HostTensor* t = handles.get_handle_ref(in.id);
+  if (t == nullptr || !(t->dtype() == in.dtype) || t->shape() != in.shape || !t->buffer_owned_by_only(1)) return false;
+  HostTensor moved = *t;
+  (void)handles.free(in);
+  handles.register_handle(out.id, std::move(moved));
+  return true;
+}
+
+}  // namespace
+
 bool CpuExecutor::execute_fast(const ir::Operation& op) {
   if (op.kind == OpKind::Drop_Drop || op.kind == OpKind::Init_Init) return false;
   CpuDevice::Handles& handles = handles_;
@@ -655,6 +680,7 @@ bool CpuExecutor::execute_fast(const ir::Operation& op) {
   if (op.kind == OpKind::Base_Slice || op.kind == OpKind::Base_SliceAssign || op.kind == OpKind::Base_Permute ||
       op.kind == OpKind::Base_Expand || op.kind == OpKind::Base_Flip)
     return fast::run_layout(op, device_, handles);
+  if (op.kind == OpKind::Distributed_AllReduce) return hand_over_all_reduce(op, handles);
   if (!fusion::single_op_eligible(op, fast::kMaxRank)) return false;
 
   if (op.kind == OpKind::Base_Reshape) {

@@ -569,6 +569,42 @@ TEST(FastExecutor, SingleOpsUseTheFastKernels) {
   EXPECT_EQ(s.device.stats().reference_ops, 0u);
 }
 
+// A single-device AllReduce that consumes its input hands the input's buffer to its output when
+// nothing else holds it (a daemon then reduces across daemons in place on it); a kept input, or
+// a buffer shared with a view, gives the output a copy, so no write reaches another tensor.
+TEST(FastExecutor, AllReduceHandsOverAnUnsharedConsumedBuffer) {
+  Session s;
+  const auto xv = iota(64, 3, -1);
+  const TensorIr kept = s.input({64}, xv);
+  const TensorIr consumed = s.input({64}, xv);
+  const TensorIr viewed = s.input({64}, xv);
+  const std::int64_t to_8x8[] = {8, 8};
+  const TensorIr view = s.submit(ok(b::shape_op(Family::BaseFloat, OpKind::Base_Reshape, viewed, to_8x8, s.id())));
+  s.sync();
+  const std::byte* kept_data = s.device.handles().get_handle_ref(kept.id)->data();
+  const std::byte* consumed_data = s.device.handles().get_handle_ref(consumed.id)->data();
+  const std::byte* viewed_data = s.device.handles().get_handle_ref(viewed.id)->data();
+  ASSERT_EQ(s.device.handles().get_handle_ref(view.id)->data(), viewed_data);
+  const std::uint64_t reference_before = s.device.stats().reference_ops;
+
+  const TensorIr from_kept = s.submit(ok(b::all_reduce(kept, ir::ReduceOperation::Sum, {}, s.id())));
+  const TensorIr from_consumed =
+      s.submit(ok(b::all_reduce(use(consumed, TensorStatus::ReadWrite), ir::ReduceOperation::Mean, {}, s.id())));
+  const TensorIr from_viewed =
+      s.submit(ok(b::all_reduce(use(viewed, TensorStatus::ReadWrite), ir::ReduceOperation::Max, {}, s.id())));
+  s.sync();
+  EXPECT_NE(s.device.handles().get_handle_ref(from_kept.id)->data(), kept_data);
+  EXPECT_EQ(s.device.handles().get_handle_ref(from_consumed.id)->data(), consumed_data);
+  EXPECT_NE(s.device.handles().get_handle_ref(from_viewed.id)->data(), viewed_data);
+  EXPECT_FALSE(s.device.handles().has_handle(consumed.id));
+  EXPECT_FALSE(s.device.handles().has_handle(viewed.id));
+  std::vector<double> expected(xv.size());
+  for (std::size_t i = 0; i < xv.size(); ++i) expected[i] = static_cast<float>(xv[i]);
+  for (const TensorIr& t : {from_kept, from_consumed, from_viewed, kept, view})
+    EXPECT_EQ(s.read(t), expected) << t.to_string();
+  EXPECT_EQ(s.device.stats().reference_ops - reference_before, 2u);  // the two copies
+}
+
 // ---- Convolutions on the fast path (cpu/src/fast_conv.cc)
 
 // One random convolution of every role: its operands, options and kind.

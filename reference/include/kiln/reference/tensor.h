@@ -15,6 +15,7 @@
 //   u->to_values<std::int32_t>(); // {1, 2, 3}
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -155,6 +156,14 @@ class HostTensor {
   std::span<const std::byte> bytes() const { return {data(), static_cast<std::size_t>(size_bytes())}; }
   const std::shared_ptr<HostBuffer>& buffer() const { return buffer_; }
   bool shares_buffer_with(const HostTensor& other) const { return buffer_ == other.buffer_; }
+  // Whether exactly `owners` handles hold this buffer (this one among them), so that a consumer
+  // may write it in place. The acquire fence orders every write and read done through a handle
+  // released meanwhile (on any thread) before the caller's writes.
+  bool buffer_owned_by_only(long owners) const {
+    if (buffer_.use_count() != owners) return false;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return true;
+  }
 
   // One element through the codec.
   double get_f64(std::uint64_t i) const { return element::load_f64(data(), dtype_, i); }
