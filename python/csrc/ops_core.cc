@@ -1,7 +1,11 @@
 // The kernels every PyTorch device needs: factories, transfers to and from the CPU, copies,
 // fills and reading one element (docs/pytorch.md, "What is lowered").
+#include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/_to_copy.h>
+#include <ATen/ops/copy_ops.h>
 #include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
 
 #include <cstddef>
@@ -85,6 +89,66 @@ at::Tensor to_copy_kernel(const at::Tensor& self, std::optional<c10::ScalarType>
   const at::Tensor host = download(self, "to");
   return host.to(host.options().dtype(type).device(target), non_blocking, /*copy=*/false, memory_format);
 }
+
+// _to_copy under functionalization. PyTorch's kernel wraps the result only for the devices that
+// opted into functionalization (XLA and Lazy, FunctionalizeFallbackKernel.cpp), so a kiln tensor
+// from x.to(dtype) or x.float() came back unwrapped, and an in-place op on it with a wrapped
+// operand failed PyTorch's check ("mutating a non-functional tensor with a functional tensor").
+// This is PyTorch's kernel with kiln among those devices; every other device behaves as before.
+at::Tensor to_copy_functionalize_kernel(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                                        std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                        std::optional<bool> pin_memory, bool non_blocking,
+                                        std::optional<c10::MemoryFormat> memory_format) {
+  at::Tensor inner = self;
+  if (at::functionalization::impl::isFunctionalTensor(self)) {
+    at::functionalization::impl::sync(self);
+    inner = at::functionalization::impl::from_functional_tensor(self);
+  }
+  const at::AutoDispatchSkipFunctionalize skip;
+  at::Tensor out = at::_to_copy(inner, dtype, layout, device, pin_memory, non_blocking, memory_format);
+  const c10::DeviceType target = device.value_or(self.device()).type();
+  const bool opted_in = target == c10::DeviceType::XLA || target == c10::DeviceType::Lazy || target == kKilnDevice;
+  if (!opted_in && !c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Functionalize)) return out;
+  return at::functionalization::impl::to_functional_tensor(out);
+}
+
+// other.copy_(kiln) where `other` is not tracked by functionalization (a CPU tensor), from any
+// caller, C++ included (torch.distributed's DDP reads its checks back this way): functionalization
+// refuses to write a tensor it does not track with one it does ("mutating a non-functional tensor
+// with a functional tensor"; PyTorch exempts only XLA). ADInplaceOrView runs just before it: here
+// the kiln source is synced and unwrapped, so the copy reads its current value below
+// functionalization (kiln's copy kernel downloads it). The rest is PyTorch's kernel for this key:
+// redispatch below it, then bump self's version.
+at::Tensor& copy_inplace_or_view_kernel(c10::DispatchKeySet keys, at::Tensor& self, const at::Tensor& src,
+                                        bool non_blocking) {
+  at::Tensor source = src;
+  if (is_kiln(src) && at::functionalization::impl::isFunctionalTensor(src) &&
+      !at::functionalization::impl::isFunctionalTensor(self)) {
+    at::functionalization::impl::sync(src);
+    source = at::functionalization::impl::from_functional_tensor(src);
+  }
+  {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    at::_ops::copy_::redispatch(keys & c10::after_ADInplaceOrView_keyset, self, source, non_blocking);
+  }
+  torch::autograd::increment_version(self);
+  return self;
+}
+
+// Registered when the library loads, like TORCH_LIBRARY_IMPL's, with PyTorch's warning about
+// overriding its kernels silenced (SilencedWarnings).
+struct TransferRegistration {
+  TransferRegistration() {
+    const SilencedWarnings silenced;
+    functionalize.emplace(torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
+    functionalize->impl("_to_copy", TORCH_FN(to_copy_functionalize_kernel));
+    inplace_or_view.emplace(torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
+    inplace_or_view->impl("copy_", TORCH_FN(copy_inplace_or_view_kernel));
+  }
+  std::optional<torch::Library> functionalize;  // registered for as long as the extension is loaded
+  std::optional<torch::Library> inplace_or_view;
+};
+const TransferRegistration transfer_registration;
 
 // dst.copy_(self) with one side on kiln, as copy_'s generic kernel hands it over. A kiln dst is an
 // inner tensor (functionalization never hands the backend a user-visible one): it gets a new value.

@@ -359,18 +359,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 // The Functionalize kernels, registered when the library loads, like TORCH_LIBRARY_IMPL's, but
-// with PyTorch's warning about overriding a kernel silenced: it would print at every `import kiln`,
-// and the override is the point. (That warning is printed once per process for all operators, so
-// a later override by another library goes unannounced too.)
-class SilentWarnings final : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
-
+// with PyTorch's warning about overriding a kernel silenced (SilencedWarnings).
 struct FunctionalizeRegistration {
   FunctionalizeRegistration() {
-    SilentWarnings silent;
-    const c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    const SilencedWarnings silenced;
     library.emplace(torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
     library->impl("_fused_adam_", TORCH_FN(functionalize_kernel<Decay::Adam>));
     library->impl("_fused_adamw_", TORCH_FN(functionalize_kernel<Decay::AdamW>));

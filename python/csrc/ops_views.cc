@@ -5,9 +5,13 @@
 // shares it, kiln values being immutable.
 #include <ATen/InferSize.h>
 #include <ATen/WrapDimUtils.h>
+#include <ATen/ops/as_strided_copy.h>
+#include <ATen/ops/as_strided_scatter.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "state.h"
 #include "tensor_impl.h"
@@ -253,8 +257,74 @@ at::Tensor select_backward_kernel(const at::Tensor& grad, c10::IntArrayRef input
   return select_scatter_kernel(zeros_of(grad, input_sizes, "select_backward"), grad, dim, index);
 }
 
+// ---- as_strided over a contiguous window. DistributedDataParallel's gradient buckets hand
+// each parameter's gradient out as an as_strided view of one flat bucket, with the parameter's
+// (contiguous) strides. kiln's values are contiguous from offset 0, so a view whose strides are
+// the contiguous strides of its sizes is the window [offset, offset + numel) of the flat values:
+// a Slice (and a SliceAssign for the scatter). Any other pattern runs on the CPU, counted as the
+// fallback counts it.
+
+// [begin, end) of the flat values, or nothing when the view is not a window of self.
+std::optional<std::pair<std::int64_t, std::int64_t>> contiguous_window(const at::Tensor& self, c10::IntArrayRef size,
+                                                                       c10::IntArrayRef stride,
+                                                                       std::optional<std::int64_t> offset) {
+  if (size.size() != stride.size() || self.storage_offset() != 0) return std::nullopt;
+  std::int64_t expected = 1;
+  for (std::size_t i = size.size(); i-- > 0;) {
+    if (size[i] < 0) return std::nullopt;
+    if (size[i] != 1 && stride[i] != expected) return std::nullopt;  // a size-1 dim's stride is never used
+    expected *= size[i];
+  }
+  const std::int64_t begin = offset.value_or(0);
+  if (begin < 0 || begin + expected > self.numel()) return std::nullopt;
+  return std::pair{begin, begin + expected};
+}
+
+Value flat_window(const Value& flat, std::int64_t begin, std::int64_t end, std::string_view what) {
+  return value_or_throw(session().slice(flat, {ir::Slice{begin, end, 1}}), what);
+}
+
+at::Tensor as_strided_copy_kernel(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                                  std::optional<std::int64_t> offset) {
+  const auto window = contiguous_window(self, size, stride, offset);
+  if (!window) {
+    note_fallback("aten::as_strided_copy");
+    return at::as_strided_copy(self.cpu(), size, stride, offset).to(self.device());
+  }
+  const auto [begin, end] = *window;
+  if (begin == end) {
+    const ir::DType dtype = value_of(self, "as_strided").dtype();
+    return make_tensor(value_or_throw(session().empty(kiln_shape(size), dtype), "as_strided"), size);
+  }
+  const Value flat = reshaped(value_of(self, "as_strided"), {self.numel()}, "as_strided");
+  return make_tensor(reshaped(flat_window(flat, begin, end, "as_strided"), size, "as_strided"), size);
+}
+
+at::Tensor as_strided_scatter_kernel(const at::Tensor& self, const at::Tensor& src, c10::IntArrayRef size,
+                                     c10::IntArrayRef stride, std::optional<std::int64_t> offset) {
+  TORCH_CHECK(src.sizes().equals(size),
+              "as_strided_scatter: expected src to have a size equal to the view's, src size = ", src.sizes(),
+              ", view size = ", size);
+  const auto window = contiguous_window(self, size, stride, offset);
+  if (!window) {
+    note_fallback("aten::as_strided_scatter");
+    return at::as_strided_scatter(self.cpu(), src.cpu(), size, stride, offset).to(self.device());
+  }
+  const auto [begin, end] = *window;
+  if (begin == end) return alias_copy_kernel(self);  // no slot to write
+  const std::string_view what = "as_strided_scatter";
+  Value v = cast_to(value_of(src, what), to_kiln_dtype(self.scalar_type(), what), what);
+  v = reshaped(v, {end - begin}, what);
+  if (end - begin == self.numel()) return make_tensor(reshaped(v, self.sizes(), what), self.sizes());
+  const Value flat = reshaped(value_of(self, what), {self.numel()}, what);
+  Value out = value_or_throw(session().slice_assign(flat, {ir::Slice{begin, end, 1}}, v), what);
+  return make_tensor(reshaped(out, self.sizes(), what), self.sizes());
+}
+
 // Inside the namespace so that these names hide the C library's (exp, log, abs, ...).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("as_strided_copy", TORCH_FN(as_strided_copy_kernel));
+  m.impl("as_strided_scatter", TORCH_FN(as_strided_scatter_kernel));
   m.impl("view_copy", TORCH_FN(view_copy_kernel));
   m.impl("_unsafe_view", TORCH_FN(view_copy_kernel));
   m.impl("_reshape_alias_copy", TORCH_FN(reshape_alias_copy_kernel));

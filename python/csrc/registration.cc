@@ -162,7 +162,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   const auto fallback = [] {
     return torch::CppFunction::makeFromBoxedFunction<&kiln::pytorch::counted_cpu_fallback>();
   };
-  for (const char* op : {"as_strided_copy", "diagonal_copy", "unfold_copy", "diagonal_scatter", "as_strided_scatter"}) {
+  for (const char* op : {"diagonal_copy", "unfold_copy", "diagonal_scatter"}) {
     m.impl(op, fallback());
   }
 }

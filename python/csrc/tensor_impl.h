@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <optional>
@@ -87,5 +88,18 @@ runtime::Tensor cast_to(const runtime::Tensor& value, ir::DType dtype, std::stri
 runtime::Tensor operand(const at::Tensor& t, ir::DType dtype, std::size_t rank, std::string_view what);
 // The Scalar of a CPU 0-dim tensor (a wrapped Python number), or nullopt for anything else.
 std::optional<double> cpu_scalar(const at::Tensor& t);
+
+// While it lives, PyTorch's warnings on this thread are dropped: kiln's Functionalize kernels
+// replace PyTorch's on purpose, and the override warning would print at every `import kiln`.
+// (PyTorch prints that warning once per process for all operators, so a later override by
+// another library goes unannounced too.)
+class SilencedWarnings final : public c10::WarningHandler {
+ public:
+  SilencedWarnings() : guard_(this) {}
+  void process(const c10::Warning&) override {}
+
+ private:
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
 
 }  // namespace kiln::pytorch

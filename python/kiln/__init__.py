@@ -171,6 +171,10 @@ def _register():
     # Drain and stop the device's threads while Python still runs; tensors freed afterwards
     # drop into the stopped device, which ignores them.
     atexit.register(torch.ops.kiln.shutdown)
+    if torch.distributed.is_available():
+        from . import distributed
+
+        distributed.register()
 
 
 _register()

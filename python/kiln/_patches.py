@@ -1,4 +1,4 @@
-"""Patches of torch functions: four that a storage-less PrivateUse1 device needs
+"""Patches of torch functions: three that a storage-less PrivateUse1 device needs
 (docs/pytorch-spike.md §3) and one that keeps a backward pass on its caller's kiln stream. They
 touch torch internals: recheck them on every torch upgrade (tests/torch/ prints and saves kiln
 tensors and checks where backward runs, so a break shows there)."""
@@ -71,21 +71,6 @@ def _patch_deepcopy():
     torch.Tensor.__deepcopy__ = __deepcopy__
 
 
-def _patch_copy():
-    # cpu_tensor.copy_(kiln_tensor): functionalization refuses to mutate a tensor it does not
-    # track (the CPU one) with one it does ("mutating a non-functional tensor with a functional
-    # tensor is not allowed"). From Python, read the kiln tensor back first; a C++ caller still
-    # gets the error (docs/pytorch.md, "Known differences").
-    orig = torch.Tensor.copy_
-
-    def copy_(self, src, non_blocking=False):
-        if isinstance(src, torch.Tensor) and src.device.type == "kiln" and self.device.type != "kiln":
-            src = src.cpu()
-        return orig(self, src, non_blocking)
-
-    torch.Tensor.copy_ = copy_
-
-
 def _patch_backward_thread():
     # PyTorch's autograd engine runs a device's backward ops on a worker thread of its own. On
     # kiln that thread is another kiln stream: every saved tensor the backward reads becomes a
@@ -115,5 +100,4 @@ def apply():
     _patch_printing()
     _patch_serialization()
     _patch_deepcopy()
-    _patch_copy()
     _patch_backward_thread()

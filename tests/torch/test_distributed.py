@@ -86,6 +86,104 @@ class DistributedTest(unittest.TestCase):
         for r in results:
             self.assertEqual(r, expected)
 
+    def test_torch_distributed_process_group(self):
+        store = os.path.join(self.root, "torch-store")
+        results = self.run_workers(f"""
+            import torch.distributed as dist
+            dist.init_process_group("kiln", store=dist.FileStore({store!r}, 2), rank=rank, world_size=2)
+            assert dist.get_backend() == "kiln", dist.get_backend()
+            out = {{}}
+            for name, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("max", dist.ReduceOp.MAX),
+                             ("min", dist.ReduceOp.MIN), ("product", dist.ReduceOp.PRODUCT)):
+                t = torch.tensor([1.0, -2.0, 3.5]).to("kiln") * (rank + 1)
+                dist.all_reduce(t, op=op)
+                out[name] = t.cpu().tolist()
+            ints = torch.tensor([[4, -6]], dtype=torch.int32).to("kiln") + rank
+            dist.all_reduce(ints)
+            out["ints"] = ints.cpu().tolist()
+            b = torch.full((2, 2), float(rank + 10)).to("kiln")
+            dist.broadcast(b, src=1)
+            out["broadcast"] = b.cpu().tolist()
+            flags = torch.tensor([rank == 0, False]).to("kiln")
+            dist.broadcast(flags, src=0)
+            out["broadcast_bool"] = flags.cpu().tolist()
+            parts = [torch.zeros(3, dtype=torch.float64).to("kiln") for _ in range(2)]
+            dist.all_gather(parts, (torch.arange(3, dtype=torch.float64) + 10 * rank).to("kiln"))
+            out["all_gather"] = [p.cpu().tolist() for p in parts]
+            flat = torch.empty(4, dtype=torch.int64).to("kiln")
+            dist.all_gather_into_tensor(flat, torch.tensor([rank, -rank], dtype=torch.int64).to("kiln"))
+            out["all_gather_into_tensor"] = flat.cpu().tolist()
+            dist.barrier()
+            try:
+                dist.reduce_scatter_tensor(torch.empty(1).to("kiln"), torch.ones(2).to("kiln"))
+                out["reduce_scatter"] = "no error"
+            except NotImplementedError as e:
+                out["reduce_scatter"] = str(e)
+            try:
+                kiln.distributed.KilnProcessGroup(1 - rank, 2)
+                out["wrong_rank"] = "no error"
+            except ValueError as e:
+                out["wrong_rank"] = str(e)
+            dist.destroy_process_group()
+            emit(out)
+            """)
+        for rank, r in enumerate(results):
+            self.assertEqual(r["sum"], [3.0, -6.0, 10.5])
+            self.assertEqual(r["avg"], [1.5, -3.0, 5.25])
+            self.assertEqual(r["max"], [2.0, -2.0, 7.0])
+            self.assertEqual(r["min"], [1.0, -4.0, 3.5])
+            self.assertEqual(r["product"], [2.0, 8.0, 24.5])
+            self.assertEqual(r["ints"], [[9, -11]])
+            self.assertEqual(r["broadcast"], [[11.0, 11.0], [11.0, 11.0]])
+            self.assertEqual(r["broadcast_bool"], [True, False])
+            self.assertEqual(r["all_gather"], [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0]])
+            self.assertEqual(r["all_gather_into_tensor"], [0, 0, 1, -1])
+            self.assertIn("reduce_scatter is not supported", r["reduce_scatter"])
+            self.assertIn(f"this worker's kilnd job is rank {rank} of 2", r["wrong_rank"])
+
+    def test_distributed_data_parallel_matches_one_model_on_the_whole_batch(self):
+        # DistributedDataParallel unchanged on the kiln backend: its parameter check (all-gather,
+        # broadcast, a read back into a CPU tensor from C++), the broadcast of rank 0's state (the
+        # ranks start from different weights) and the reducer's bucketed all-reduces.
+        store = os.path.join(self.root, "torch-store")
+        results = self.run_workers(f"""
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel
+            dist.init_process_group("kiln", store=dist.FileStore({store!r}, 2), rank=rank, world_size=2)
+
+            def model(seed):
+                torch.manual_seed(seed)
+                return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3))
+
+            def train(net, device, rows):
+                opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+                g = torch.Generator().manual_seed(3)
+                losses = []
+                for _ in range(6):
+                    x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+                    opt.zero_grad()
+                    loss = torch.nn.functional.mse_loss(net(x[rows].to(device)), y[rows].to(device))
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+                return losses
+
+            local = model(seed=rank).to("kiln")
+            ddp = DistributedDataParallel(local, bucket_cap_mb=0.0001)  # several buckets
+            mine = train(ddp, "kiln", slice(4 * rank, 4 * rank + 4))
+            whole = model(seed=0)
+            train(whole, "cpu", slice(0, 8))
+            emit({{"losses": mine, "params": [p.detach().cpu().flatten().tolist() for p in local.parameters()],
+                   "cpu": [p.detach().flatten().tolist() for p in whole.parameters()]}})
+            dist.destroy_process_group()
+            """)
+        self.assertEqual(results[0]["params"], results[1]["params"])  # the replicas agree exactly
+        for r in results:
+            for p, q in zip(r["params"], r["cpu"], strict=True):
+                for a, b in zip(p, q, strict=True):
+                    self.assertAlmostEqual(a, b, delta=1e-5)
+        self.assertNotEqual(results[0]["losses"], results[1]["losses"])  # each rank saw its own half
+
     def test_data_parallel_training_matches_one_model_on_the_whole_batch(self):
         code = """
             def train(device, rows, reduce):
@@ -125,6 +223,33 @@ class DistributedTest(unittest.TestCase):
 
 
 class InProcessTest(unittest.TestCase):
+    def test_process_group_in_process_is_a_world_of_one(self):
+        code = """
+            import torch, kiln
+            import torch.distributed as dist
+            dist.init_process_group("kiln", store=dist.HashStore(), rank=0, world_size=1)
+            t = torch.tensor([1.0, -2.0]).to("kiln")
+            dist.all_reduce(t)
+            dist.broadcast(t, src=0)
+            assert t.cpu().tolist() == [1.0, -2.0], t.cpu()
+            try:
+                dist.all_reduce(torch.ones(2))
+                raise SystemExit("no error for a CPU tensor")
+            except ValueError as e:
+                assert "a tensor is on cpu, not kiln" in str(e), e
+            dist.destroy_process_group()
+            try:
+                kiln.distributed.KilnProcessGroup(0, 2)
+                raise SystemExit("no error for a world of two in process")
+            except ValueError as e:
+                assert "this worker's kilnd job is rank 0 of 1" in str(e), e
+            """
+        env = dict(os.environ)
+        env.pop("KILN_SOCKET", None)
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                           timeout=WORKER_TIMEOUT, check=False)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
     def test_all_reduce_in_process_is_the_identity(self):
         code = """
             import torch, kiln

@@ -283,6 +283,28 @@ class ViewsAndInPlaceTest(KilnTestCase):
             self.assertClose(got, want)
         self.assertClose(k.narrow(0, 1, 2), cpu.narrow(0, 1, 2))
 
+    def test_as_strided_windows(self):
+        # A contiguous window of the flat values (DistributedDataParallel's gradient buckets) is a
+        # Slice on kiln, read and written through; a view that is no window runs on the CPU.
+        cpu = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+        k = cpu.to(KILN)
+        windows = [((2, 3), (3, 1), 5), ((3,), (1,), 0), ((2, 1, 3), (3, 7, 1), 2), ((0,), (1,), 3), ((4, 6), (6, 1), 0)]
+        for size, stride, offset in windows:
+            with self.subTest(size=size, stride=stride, offset=offset):
+                self.assertClose(torch.as_strided_copy(k, size, stride, offset),
+                                 torch.as_strided_copy(cpu, size, stride, offset))
+                src = -torch.arange(1, 1 + int(torch.Size(size).numel()), dtype=torch.float32).reshape(size)
+                self.assertClose(torch.as_strided_scatter(k, src.to(KILN), size, stride, offset),
+                                 torch.as_strided_scatter(cpu, src, size, stride, offset))
+        bucket_k, bucket = torch.zeros(10, device=KILN), torch.zeros(10)
+        for b in (bucket_k, bucket):
+            b.as_strided((2, 2), (2, 1), 3).add_(torch.ones(2, 2, device=b.device))
+        self.assertClose(bucket_k, bucket)
+        self.assertEqual(kiln.stats(), {})
+        self.assertClose(torch.as_strided_copy(k, (3, 2), (1, 3), 0), torch.as_strided_copy(cpu, (3, 2), (1, 3), 0))
+        self.assertEqual(kiln.stats(), {"aten::as_strided_copy": 1})
+        kiln.reset_stats()
+
     def test_empty_slices(self):
         # t[3:3] and its kin hold no elements: empty tensors; a write through one reaches no slot,
         # and the gradient through one is zeros.

@@ -51,6 +51,23 @@ class TransferTest(KilnTestCase):
                     self.assertEqual(got.device.type, "kiln")
                     self.assertClose(got, cpu.to(dst), rtol=0, atol=0)
 
+    def test_a_cast_on_kiln_is_tracked_like_any_result(self):
+        # PyTorch's functionalization wrapped _to_copy's result only for XLA and Lazy: a kiln
+        # tensor from .to(dtype) came back untracked, and an in-place op on it with a tracked
+        # operand failed ("mutating a non-functional tensor with a functional tensor").
+        ints = torch.tensor([1, 2], dtype=torch.int32).to(KILN)
+        for cast in (ints.float(), ints.to(torch.float64), ints.to(KILN, dtype=torch.float32), ints.bool().to(torch.uint8)):
+            with self.subTest(dtype=cast.dtype):
+                self.assertTrue(torch._is_functional_tensor(cast))
+                before = cast.cpu()
+                cast.add_(torch.ones(2, dtype=cast.dtype).to(KILN))
+                self.assertEqual(cast.cpu().tolist(), (before + 1).tolist())
+        view = ints.float()[1:]
+        view.mul_(torch.full((1,), 3.0).to(KILN))
+        self.assertEqual(view.cpu().tolist(), [6.0])
+        self.assertEqual(ints.cpu().tolist(), [1, 2])  # the cast is a copy
+        self.assertFalse(torch._is_functional_tensor(ints.float().cpu()))
+
     def test_non_contiguous_source(self):
         cpu = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()
         self.assertTrue(torch.equal(cpu.to(KILN).cpu(), cpu))
