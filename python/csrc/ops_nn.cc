@@ -489,13 +489,18 @@ Tensor3 layer_norm_backward_lowered(const at::Tensor& grad, const at::Tensor& in
   stat_shape.back() = 1;
   std::vector<std::int64_t> weight_shape(rank, 1);
   weight_shape.back() = r.n;
+  // The views first: a Reshape between two ops of the row's chain closes the fusion blocks around
+  // it, and the weight's sat between the statistics and their uses.
   const Value rstd = sizes_of(value_of(rstd_t, what), stat_shape, what);
-  Value xc = value_or_throw(s.sub(x, sizes_of(value_of(mean_t, what), stat_shape, what)), what);
+  const Value mean = sizes_of(value_of(mean_t, what), stat_shape, what);
+  std::optional<Value> w_row;
+  if (defined(weight)) w_row = sizes_of(value_of(*weight, what), weight_shape, what);
+  Value xc = value_or_throw(s.sub(x, mean), what);
   Value xhat = value_or_throw(s.mul(std::move(xc), rstd), what);
   at::Tensor gi, gw, gb;
   if (mask[0]) {
     Value gwt = g;
-    if (defined(weight)) gwt = value_or_throw(s.mul(g, sizes_of(value_of(*weight, what), weight_shape, what)), what);
+    if (w_row) gwt = value_or_throw(s.mul(g, *w_row), what);
     Value m1 = value_or_throw(s.mean_dim(gwt, dim, true), what);
     Value m2 = value_or_throw(s.mean_dim(value_or_throw(s.mul(gwt, xhat), what), dim, true), what);
     Value dx = value_or_throw(s.sub(value_or_throw(s.sub(std::move(gwt), std::move(m1)), what),
