@@ -141,6 +141,54 @@ class DistributedTest(unittest.TestCase):
             self.assertIn("reduce_scatter is not supported", r["reduce_scatter"])
             self.assertIn(f"this worker's kilnd job is rank {rank} of 2", r["wrong_rank"])
 
+    def test_a_dead_peer_is_a_kiln_error_in_torch_distributed(self):
+        # Rank 1's daemon is SIGKILLed after the job met: rank 0's next dist.all_reduce fails at its
+        # read, naming rank 1, well within the timeout (20 s); the worker goes on.
+        store = os.path.join(self.root, "torch-store")
+        gone = os.path.join(self.root, "rank1-daemon-gone")
+        env = dict(os.environ)
+        env.pop("KILN_SOCKET", None)
+        code = WORKER + textwrap.dedent(f"""
+            import torch.distributed as dist
+            dist.init_process_group("kiln", store=dist.FileStore({store!r}, 2), rank=rank, world_size=2)
+            t = torch.ones(4).to("kiln")
+            dist.all_reduce(t)
+            first = t.cpu().tolist()
+            if rank == 1:
+                emit({{"first": first}})
+                sys.exit(0)
+            wait_for([{gone!r}], "rank 1's daemon to be killed")
+            start = time.monotonic()
+            try:
+                dist.all_reduce(t)
+                t.cpu()
+                emit({{"first": first, "error": None}})
+            except kiln.KilnError as e:
+                after = torch.ones(2).to("kiln") * 3  # the worker goes on
+                emit({{"first": first, "error": str(e), "seconds": time.monotonic() - start,
+                       "after": after.cpu().tolist()}})
+            """)
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(r), d.socket], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env) for r, d in enumerate(self.daemons)]
+        try:
+            out1, err1 = procs[1].communicate(timeout=WORKER_TIMEOUT)
+            self.assertEqual(procs[1].returncode, 0, out1 + err1)
+            self.daemons[1].kill()
+            with open(gone, "w", encoding="utf-8"):
+                pass
+            out0, err0 = procs[0].communicate(timeout=WORKER_TIMEOUT)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        self.assertEqual(procs[0].returncode, 0, out0 + err0)
+        r = result_of(out0)
+        self.assertEqual(r["first"], [2.0] * 4)
+        self.assertIsNotNone(r["error"], "no error after the peer's daemon died")
+        self.assertIn("rank(s) 1 of job 'train' left", r["error"])
+        self.assertLess(r["seconds"], 20 + 1)
+        self.assertEqual(r["after"], [3.0, 3.0])
+
     def test_distributed_data_parallel_matches_one_model_on_the_whole_batch(self):
         # DistributedDataParallel unchanged on the kiln backend: its parameter check (all-gather,
         # broadcast, a read back into a CPU tensor from C++), the broadcast of rank 0's state (the
