@@ -13,6 +13,7 @@
 #include "fast_pool.h"
 #include "fast_program.h"
 #include "fast_sort.h"
+#include "fast_widen.h"
 #include "kiln/cpu/cpu_executor.h"
 #include "kiln/fusion/single_op.h"
 #include "kiln/fusion/trace_fuser.h"
@@ -671,12 +672,16 @@ bool CpuExecutor::execute_fast(const ir::Operation& op) {
   if (handles.has_errors())
     for (const ir::TensorIr& t : op.inputs())
       if (handles.error_of(t.id) != nullptr) return false;  // the reference skips it
-  if (ir::build::conv_kind_info(op.kind)) return fast::run_conv(op, device_, handles);
-  if (ir::build::pool_spatial_dims(op.kind) != 0) return fast::run_pool(op, device_, handles);
+  // The layer kernels take f32 and f64; f16 and bf16 run on their f32 form (fast_widen.h).
+  auto layer = [&](fast::SingleOpKernel kernel) {
+    return kernel(op, device_, handles) || fast::run_through_f32(op, device_, handles, kernel);
+  };
+  if (ir::build::conv_kind_info(op.kind)) return layer(&fast::run_conv);
+  if (ir::build::pool_spatial_dims(op.kind) != 0) return layer(&fast::run_pool);
   if (fast::is_sort_kind(op.kind)) return fast::run_sort(op, device_, handles);
   if (op.kind == OpKind::Module_LayerNorm || op.kind == OpKind::Module_BatchNorm ||
       op.kind == OpKind::Module_Embedding || op.kind == OpKind::Module_EmbeddingBackward)
-    return fast::run_module(op, device_, handles);
+    return layer(&fast::run_module);
   if (op.kind == OpKind::Base_Slice || op.kind == OpKind::Base_SliceAssign || op.kind == OpKind::Base_Permute ||
       op.kind == OpKind::Base_Expand || op.kind == OpKind::Base_Flip)
     return fast::run_layout(op, device_, handles);

@@ -11,8 +11,8 @@
 // embedding as row copies, its gradient as f64 sums in token order per weight element (the tokens
 // grouped by weight row first; rows over the arena). Neither file contracts a·b + c into an FMA
 // (cpu/CMakeLists.txt, reference/CMakeLists.txt), so the two compute the same bits. Anything else
-// (f16/bf16 norms, mixed dtypes, a shape the builders would refuse, an index out of range) is
-// declined: the reference runs the op and reports the error.
+// (f16/bf16 norms: fast_widen.h runs those on these kernels; mixed dtypes, a shape the builders
+// would refuse, an index out of range) is declined: the reference runs the op and reports the error.
 #include "fast_module.h"
 
 #include <algorithm>

@@ -6,8 +6,9 @@
 // dtype-generic codec. These kernels walk the same windows in the same order (the geometry is
 // shared: kiln/reference/pool_geometry.h) on typed pointers, keep the reference's f64 sums and its
 // tie and NaN rules, and split the work over planes (N · C), which are independent, on the
-// device's arena. Anything else (f16/bf16, mixed dtypes, an attribute or shape the builders would
-// refuse, an index out of range) is declined: the reference runs the op and reports the error.
+// device's arena. Anything else (f16/bf16: fast_widen.h runs those on these kernels; mixed dtypes, an attribute
+// or shape the builders would refuse, an index out of range) is declined: the reference runs the
+// op and reports the error.
 #include "fast_pool.h"
 
 #include <atomic>
