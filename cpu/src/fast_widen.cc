@@ -22,30 +22,27 @@ std::optional<ir::DType> half_dtype_of(const ir::Operation& op) {
   return half;
 }
 
-std::optional<HostTensor> widened(HostAllocator& allocator, const HostTensor& h, ir::DType half) {
-  Result<HostTensor> out = HostTensor::allocate(allocator, h.shape(), ir::dtypes::f32);
+// `t` converted element by element into a new tensor of `dtype` (From and To: the storage types).
+template <class From, class To, class Convert>
+std::optional<HostTensor> converted(HostAllocator& allocator, const HostTensor& t, ir::DType dtype, Convert convert) {
+  Result<HostTensor> out = HostTensor::allocate(allocator, t.shape(), dtype);
   if (!out.ok()) return std::nullopt;
-  const auto* src = reinterpret_cast<const std::uint16_t*>(h.data());
-  auto* dst = reinterpret_cast<float*>(out->mutable_data());
-  const std::uint64_t n = h.num_elements();
-  if (half == ir::dtypes::f16)
-    for (std::uint64_t i = 0; i < n; ++i) dst[i] = reference::f16_to_f32(src[i]);
-  else
-    for (std::uint64_t i = 0; i < n; ++i) dst[i] = reference::bf16_to_f32(src[i]);
+  const auto* src = reinterpret_cast<const From*>(t.data());
+  auto* dst = reinterpret_cast<To*>(out->mutable_data());
+  const std::uint64_t n = t.num_elements();
+  for (std::uint64_t i = 0; i < n; ++i) dst[i] = convert(src[i]);
   return std::move(out).value();
 }
 
+std::optional<HostTensor> widened(HostAllocator& allocator, const HostTensor& h, ir::DType half) {
+  return half == ir::dtypes::f16
+             ? converted<std::uint16_t, float>(allocator, h, ir::dtypes::f32, reference::f16_to_f32)
+             : converted<std::uint16_t, float>(allocator, h, ir::dtypes::f32, reference::bf16_to_f32);
+}
+
 std::optional<HostTensor> narrowed(HostAllocator& allocator, const HostTensor& f, ir::DType half) {
-  Result<HostTensor> out = HostTensor::allocate(allocator, f.shape(), half);
-  if (!out.ok()) return std::nullopt;
-  const auto* src = reinterpret_cast<const float*>(f.data());
-  auto* dst = reinterpret_cast<std::uint16_t*>(out->mutable_data());
-  const std::uint64_t n = f.num_elements();
-  if (half == ir::dtypes::f16)
-    for (std::uint64_t i = 0; i < n; ++i) dst[i] = reference::f16_from_f32(src[i]);
-  else
-    for (std::uint64_t i = 0; i < n; ++i) dst[i] = reference::bf16_from_f32(src[i]);
-  return std::move(out).value();
+  return half == ir::dtypes::f16 ? converted<float, std::uint16_t>(allocator, f, half, reference::f16_from_f32)
+                                 : converted<float, std::uint16_t>(allocator, f, half, reference::bf16_from_f32);
 }
 
 // A container holding the op's inputs as its f32 form reads them (the half ones widened, the

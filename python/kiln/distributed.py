@@ -182,35 +182,18 @@ class KilnProcessGroup(dist.ProcessGroup):
         kiln.synchronize()  # returns once every rank reached the reduction
         return _done(None)
 
-    def _unsupported(self, name):
+
+def _refused(name):
+    def collective(self, *args, **kwargs):
         raise NotImplementedError(f"kiln backend: {name} is not supported (supported: {_SUPPORTED})")
 
-    def reduce_scatter(self, *args, **kwargs):
-        self._unsupported("reduce_scatter")
+    return collective
 
-    def _reduce_scatter_base(self, *args, **kwargs):
-        self._unsupported("reduce_scatter")
 
-    def alltoall(self, *args, **kwargs):
-        self._unsupported("alltoall")
-
-    def alltoall_base(self, *args, **kwargs):
-        self._unsupported("alltoall")
-
-    def gather(self, *args, **kwargs):
-        self._unsupported("gather")
-
-    def scatter(self, *args, **kwargs):
-        self._unsupported("scatter")
-
-    def reduce(self, *args, **kwargs):
-        self._unsupported("reduce")
-
-    def send(self, *args, **kwargs):
-        self._unsupported("send")
-
-    def recv(self, *args, **kwargs):
-        self._unsupported("recv")
+for _method, _name in (("reduce_scatter", "reduce_scatter"), ("_reduce_scatter_base", "reduce_scatter"),
+                       ("alltoall", "alltoall"), ("alltoall_base", "alltoall"), ("gather", "gather"),
+                       ("scatter", "scatter"), ("reduce", "reduce"), ("send", "send"), ("recv", "recv")):
+    setattr(KilnProcessGroup, _method, _refused(_name))
 
 
 def _create(store, rank, world_size, timeout):

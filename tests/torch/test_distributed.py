@@ -271,6 +271,14 @@ class DistributedTest(unittest.TestCase):
 
 
 class InProcessTest(unittest.TestCase):
+    def run_in_process(self, code):
+        """Runs `code` in a Python process of its own, its kiln tensors in process (no KILN_SOCKET)."""
+        env = dict(os.environ)
+        env.pop("KILN_SOCKET", None)
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                           timeout=WORKER_TIMEOUT, check=False)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
     def test_process_group_in_process_is_a_world_of_one(self):
         code = """
             import torch, kiln
@@ -292,11 +300,7 @@ class InProcessTest(unittest.TestCase):
             except ValueError as e:
                 assert "this worker's kilnd job is rank 0 of 1" in str(e), e
             """
-        env = dict(os.environ)
-        env.pop("KILN_SOCKET", None)
-        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                           timeout=WORKER_TIMEOUT, check=False)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.run_in_process(code)
 
     def test_all_reduce_in_process_is_the_identity(self):
         code = """
@@ -310,11 +314,7 @@ class InProcessTest(unittest.TestCase):
             except RuntimeError as e:
                 assert "not one of sum, mean, min, max, prod" in str(e), e
             """
-        env = dict(os.environ)
-        env.pop("KILN_SOCKET", None)
-        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                           timeout=WORKER_TIMEOUT, check=False)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.run_in_process(code)
 
 
 if __name__ == "__main__":
