@@ -651,10 +651,9 @@ namespace {
 bool hand_over_all_reduce(const ir::Operation& op, CpuDevice::Handles& handles) {
   const ir::TensorIr& in = op.inputs()[0];
   const ir::TensorIr& out = op.outputs()[0];
-  const std::int64_t reduce_op = op.attrs.empty() ? -1 : op.attrs[0];
-  if (op.attrs.size() > 2 || reduce_op < static_cast<std::int64_t>(ir::ReduceOperation::Sum) ||
-      reduce_op > static_cast<std::int64_t>(ir::ReduceOperation::Prod) || in.status != TensorStatus::ReadWrite ||
-      in.shape != out.shape || !(in.dtype == out.dtype) || in.dtype.is_quantized())
+  if (op.attrs.empty() || op.attrs.size() > 2 || !ir::reduce_operation_of(op.attrs[0]) ||
+      in.status != TensorStatus::ReadWrite || in.shape != out.shape || !(in.dtype == out.dtype) ||
+      in.dtype.is_quantized())
     return false;
   const HostTensor* t = handles.get_handle_ref(in.id);
   if (t == nullptr || !(t->dtype() == in.dtype) || t->shape() != in.shape || !t->buffer_owned_by_only(1)) return false;

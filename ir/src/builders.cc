@@ -2220,7 +2220,7 @@ Result<Operation> drop(const TensorIr& tensor) {
 Result<Operation> all_reduce(const TensorIr& tensor, ReduceOperation reduce_op, std::span<const DeviceId> device_ids,
                              TensorId out) {
   const Ctx c{Family::Distributed, OpKind::Distributed_AllReduce};
-  if (reduce_op < ReduceOperation::Sum || reduce_op > ReduceOperation::Prod)
+  if (!reduce_operation_of(static_cast<std::int64_t>(reduce_op)))
     return c.error(ErrorCode::Invalid,
                    fmt::format("unknown reduce operation {}", static_cast<std::int64_t>(reduce_op)));
   AttrList attrs{static_cast<std::int64_t>(reduce_op)};

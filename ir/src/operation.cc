@@ -185,6 +185,12 @@ std::uint64_t hash_operation(const Operation& op) {
 
 namespace kiln::ir {
 
+std::optional<ReduceOperation> reduce_operation_of(std::int64_t attr) {
+  if (attr < static_cast<std::int64_t>(ReduceOperation::Sum) || attr > static_cast<std::int64_t>(ReduceOperation::Prod))
+    return std::nullopt;
+  return static_cast<ReduceOperation>(attr);
+}
+
 const char* reduce_operation_name(ReduceOperation op) {
   switch (op) {
     case ReduceOperation::Sum: return "sum";

@@ -311,8 +311,7 @@ Status run_drop(ReferenceExecutor::Handles& handles, const ir::Operation& op) {
 // or product of one). A list naming other devices cannot be served here.
 Result<Outputs> run_all_reduce(const Ctx& c) {
   const std::int64_t reduce_op = c.op.attrs[0];
-  if (reduce_op < static_cast<std::int64_t>(ir::ReduceOperation::Sum) ||
-      reduce_op > static_cast<std::int64_t>(ir::ReduceOperation::Prod))
+  if (!ir::reduce_operation_of(reduce_op))
     return c.error(ErrorCode::Invalid, fmt::format("unknown reduce operation {}", reduce_op));
   if (c.op.attrs.size() > 2)
     return c.error(ErrorCode::Unsupported,

@@ -12,6 +12,7 @@
 
 #include <boost/container/small_vector.hpp>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,6 +38,8 @@ enum class IndexingUpdate : std::int64_t { Assign = 0, Add = 1, Mul = 2, Min = 3
 // (docs/decisions.md, collectives between daemons).
 enum class ReduceOperation : std::int64_t { Sum = 0, Mean = 1, Min = 2, Max = 3, Prod = 4 };
 const char* reduce_operation_name(ReduceOperation op);
+// The operation an attribute names, or nothing for a value past the enum (an untrusted op's).
+std::optional<ReduceOperation> reduce_operation_of(std::int64_t attr);
 // Pad mode (attribute 0).
 enum class PadMode : std::int64_t { Constant = 0, Reflect = 1, Edge = 2 };
 // Interpolation mode of Interpolate / InterpolateBackward (attribute 2) and GridSample2d
