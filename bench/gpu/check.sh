@@ -13,13 +13,14 @@
 #   5. benchmarks W1-W4 at 2^24..2^28 elements: kiln fused and unfused, a device-to-device copy,
 #      kiln fused with fast f32 exp/log (peer kiln-cuda-fused-fastmath),
 #      PyTorch eager, torch.compile and CuPy (missing libraries are skipped with a message), in
-#      the peer kit's line format; joined into a table when the kit's summarize.py is found
+#      the peer kit's line format; joined into a table when the kit's summarize.py is found;
+#      the row workloads LN and CE at 2^24 and 2^28 against PyTorch eager and torch.compile
 #   6. kiln-demo on the GPU: kilnd --device cuda and two training workers (KILN_GPU_NO_DEMO=1
 #      skips it; KILN_GPU_DEMO_STEPS, default 300)
 # Everything goes to $OUT/check.log (default build/gpu/check/check.log); result lines to
 # $OUT/results.txt. Exit status: 0 when every step passed, else the number of failed steps.
 #
-# Knobs: KILN_GPU_BUILD (build dir), KILN_GPU_OUT, KILN_GPU_SIZES (comma list), KILN_DIFF_PROGRAMS,
+# Knobs: KILN_GPU_BUILD (build dir), KILN_GPU_OUT, KILN_GPU_SIZES (comma list), KILN_GPU_ROW_SIZES, KILN_DIFF_PROGRAMS,
 # KILN_GPU_BUDGET_S (total budget, default 470), BENCH_TARGET_S / BENCH_MIN_REPS (timing),
 # KILN_GPU_PREBUILT, KILN_GPU_NO_DEMO, PYTHON. Needs bash >= 4.4 (empty arrays under set -u).
 set -euo pipefail
@@ -28,6 +29,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${KILN_GPU_BUILD:-$ROOT/build/gpu}
 OUT=${KILN_GPU_OUT:-$BUILD/check}
 SIZES=${KILN_GPU_SIZES:-16777216,33554432,67108864,134217728,268435456}
+ROW_SIZES=${KILN_GPU_ROW_SIZES:-16777216,268435456}  # LN and CE
 BUDGET=${KILN_GPU_BUDGET_S:-470}
 # The kit's defaults (0.4 s per cell) times ~140 cells would not fit in 8 minutes.
 export BENCH_TARGET_S=${BENCH_TARGET_S:-0.1}
@@ -194,10 +196,14 @@ if [[ -x $BIN/kiln-gpu-bench ]]; then
   step bench-kiln 150 bash -c "set -o pipefail; ${RUN_Q}'$BIN/kiln-gpu-bench' --sizes '$SIZES' | tee -a '$RESULTS'"
   step bench-kiln-fast-math 90 bash -c "set -o pipefail; ${RUN_Q}'$BIN/kiln-gpu-bench' --sizes '$SIZES' --fast-math \
     --no-copy --modes fused | tee -a '$RESULTS'"
+  step bench-kiln-rows 60 bash -c "set -o pipefail; ${RUN_Q}'$BIN/kiln-gpu-bench' --workloads LN,CE \
+    --sizes '$ROW_SIZES' --no-copy | tee -a '$RESULTS'"
 fi
 PY=${PYTHON:-python3}
 if command -v "$PY" > /dev/null; then
   step bench-peers 200 bash -c "set -o pipefail; '$PY' '$ROOT/bench/gpu/peer_gpu.py' --sizes '$SIZES' | tee -a '$RESULTS'"
+  step bench-peers-rows 90 bash -c "set -o pipefail; '$PY' '$ROOT/bench/gpu/peer_gpu.py' --peers torch,compile \
+    --workloads LN,CE --sizes '$ROW_SIZES' | tee -a '$RESULTS'"
 else
   echo "# no $PY: PyTorch / CuPy peers skipped"
 fi

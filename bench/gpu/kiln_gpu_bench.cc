@@ -8,7 +8,7 @@
 // time and kiln's host overhead, as a client that waits for its result sees them). Plans and
 // kernels are built in the priming calls (time_calls' `prime`), never timed.
 //
-// Usage: kiln-gpu-bench [--workloads W1,W2,W3,W4] [--sizes 16777216,...] [--modes fused,unfused]
+// Usage: kiln-gpu-bench [--workloads W1,W2,W3,W4 (also LN, CE)] [--sizes 16777216,...] [--modes fused,unfused]
 //                       [--fast-math] [--no-copy]
 // --fast-math: kernels with approximate f32 exp/log (CudaBackendOptions::fast_math); the
 // peers are then named kiln-cuda-fused-fastmath / kiln-cuda-unfused-fastmath.
@@ -44,19 +44,19 @@ class GpuBackend final : public Backend {
   void reset_counters() override { base_ = b_.stats(); }
   std::string counters() override {
     const cuda::CudaStats s = b_.stats();
-    char buf[400];
-    std::snprintf(
-        buf, sizeof buf,
-        " dev_fused_launches=%llu dev_vector_launches=%llu dev_row_vector_launches=%llu dev_single_op_kernels=%llu"
-        " dev_host_ops=%llu"
-        " dev_replays=%llu pool_high_mib=%llu",
-        static_cast<unsigned long long>(s.fused_launches - base_.fused_launches),
-        static_cast<unsigned long long>(s.vector_launches - base_.vector_launches),
-        static_cast<unsigned long long>(s.row_vector_launches - base_.row_vector_launches),
-        static_cast<unsigned long long>(s.single_op_kernels - base_.single_op_kernels),
-        static_cast<unsigned long long>(s.host_ops - base_.host_ops),
-        static_cast<unsigned long long>(s.fused_replays - base_.fused_replays),
-        static_cast<unsigned long long>(s.pool_used_high >> 20));
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  " dev_fused_launches=%llu dev_vector_launches=%llu dev_row_vector_launches=%llu dev_row_kernels=%llu"
+                  " dev_single_op_kernels=%llu dev_host_ops=%llu"
+                  " dev_replays=%llu pool_high_mib=%llu",
+                  static_cast<unsigned long long>(s.fused_launches - base_.fused_launches),
+                  static_cast<unsigned long long>(s.vector_launches - base_.vector_launches),
+                  static_cast<unsigned long long>(s.row_vector_launches - base_.row_vector_launches),
+                  static_cast<unsigned long long>(s.row_kernel_launches - base_.row_kernel_launches),
+                  static_cast<unsigned long long>(s.single_op_kernels - base_.single_op_kernels),
+                  static_cast<unsigned long long>(s.host_ops - base_.host_ops),
+                  static_cast<unsigned long long>(s.fused_replays - base_.fused_replays),
+                  static_cast<unsigned long long>(s.pool_used_high >> 20));
     return buf;
   }
 

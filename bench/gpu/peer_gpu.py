@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """GPU peers for kiln's CUDA benchmark: PyTorch eager, torch.compile and CuPy on the peer kit's
-workloads W1-W4 (../shared/bench-peers/README.md), one line per (workload, n) in the kit's format:
+workloads W1-W4 (../shared/bench-peers/README.md) and kiln's row workloads LN and CE
+(bench/peers/workloads.h), one line per (workload, n) in the kit's format:
 
   peer=torch-cuda-eager workload=W1 n=16777216 ns_per_elem=0.0042 gbps=3800 threads=1 reps=...
 
@@ -9,7 +10,8 @@ constants; timing = warm-up, then individually timed calls each ending in a devi
 synchronisation, median reported. A peer whose library is missing prints a `# skip` line and
 the others still run; the exit status is non-zero only when a correctness check fails.
 
-Usage: peer_gpu.py [--peers torch,compile,cupy] [--workloads W1,W2,W3,W4] [--sizes 16777216,...]
+Usage: peer_gpu.py [--peers torch,compile,cupy] [--workloads W1,W2,W3,W4,LN,CE] [--sizes 16777216,...]
+(CuPy runs W1-W4 only.)
 """
 import argparse
 import math
@@ -17,7 +19,7 @@ import os
 import sys
 import time
 
-BYTES = {"W1": 16, "W2": 8, "W3": 28, "W4": 8}
+BYTES = {"W1": 16, "W2": 8, "W3": 28, "W4": 8, "LN": 8, "CE": 8}
 ROW = 1024
 LR, BETA1, BETA2, EPS, STEP = 1e-3, 0.9, 0.999, 1e-8, 10
 BC1 = 1.0 - BETA1 ** STEP
@@ -25,7 +27,10 @@ BC2 = 1.0 - BETA2 ** STEP
 STEP_SIZE = LR / BC1
 BC2_SQRT = math.sqrt(BC2)
 RANGES = {"W1": dict(a=(-1, 1), b=(-1, 1), c=(-1, 1)), "W2": dict(x=(-3, 3)),
-          "W3": dict(p=(-2, 2), g=(-2e-2, 2e-2), m=(-2e-3, 2e-3), v=(1e-6, 1e-4)), "W4": dict(x=(-4, 4))}
+          "W3": dict(p=(-2, 2), g=(-2e-2, 2e-2), m=(-2e-3, 2e-3), v=(1e-6, 1e-4)), "W4": dict(x=(-4, 4)),
+          "LN": dict(x=(-4, 4)), "CE": dict(x=(-4, 4))}
+LN_EPS = 1e-5
+ROWS = ("W4", "LN", "CE")  # workloads over rows of ROW
 
 TARGET_S = float(os.environ.get("BENCH_TARGET_S", "0.4"))
 WARMUP_S = float(os.environ.get("BENCH_WARMUP_S", "0.1"))
@@ -86,7 +91,21 @@ def torch_workloads(torch):
     def w4(x, y):
         torch._softmax(x, -1, False, out=y)
 
-    return {"W1": w1, "W2": w2, "W3": w3, "W4": w4}
+    return {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "LN": row_workloads(torch)["LN"], "CE": row_workloads(torch)["CE"]}
+
+
+def row_workloads(torch):
+    # What a PyTorch user runs for kiln's LN and CE (bench/peers/workloads.h): F.layer_norm with
+    # weight and bias; F.cross_entropy with probability targets, one loss per row.
+    import torch.nn.functional as F
+
+    def ln(x, g, b):
+        return F.layer_norm(x, (ROW,), g, b, LN_EPS)
+
+    def ce(x, t):
+        return F.cross_entropy(x, t, reduction="none")
+
+    return {"LN": ln, "CE": ce}
 
 
 def torch_compiled(torch):
@@ -108,7 +127,8 @@ def torch_compiled(torch):
     def w4(x):
         return torch.softmax(x, -1)
 
-    return {k: torch.compile(f, dynamic=False) for k, f in {"W1": w1, "W2": w2, "W3": w3, "W4": w4}.items()}
+    fns = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, **row_workloads(torch)}
+    return {k: torch.compile(f, dynamic=False) for k, f in fns.items()}
 
 
 def torch_inputs(torch, w, n, seed=1234):
@@ -116,8 +136,16 @@ def torch_inputs(torch, w, n, seed=1234):
     out = {}
     for name, (lo, hi) in RANGES[w].items():
         out[name] = torch.rand(n, device="cuda", generator=g, dtype=torch.float32) * (hi - lo) + lo
-    if w == "W4":
+    if w in ROWS:
         out["x"] = out["x"].reshape(n // ROW, ROW)
+    if w == "LN":
+        out["g"] = torch.rand(ROW, device="cuda", generator=g) + 0.5
+        out["b"] = torch.rand(ROW, device="cuda", generator=g) - 0.5
+    if w == "CE":  # one-hot probability targets, class r * 7919 mod ROW (workloads.h)
+        rows = n // ROW
+        out["t"] = torch.zeros(rows, ROW, device="cuda")
+        cls = (torch.arange(rows, device="cuda", dtype=torch.int64) * 7919) % ROW
+        out["t"][torch.arange(rows, device="cuda"), cls] = 1.0
     return out
 
 
@@ -132,6 +160,13 @@ def torch_reference(torch, w, inp):
         m = BETA1 * d["m"] + (1 - BETA1) * d["g"]
         v = BETA2 * d["v"] + (1 - BETA2) * d["g"] * d["g"]
         return d["p"] - STEP_SIZE * m / (torch.sqrt(v) / BC2_SQRT + EPS)
+    if w == "LN":
+        x = d["x"]
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(var + LN_EPS) * d["g"] + d["b"]
+    if w == "CE":
+        return -(d["t"] * torch.log_softmax(d["x"], -1)).sum(-1)
     return torch.softmax(d["x"], -1)
 
 
@@ -158,7 +193,10 @@ def run_torch(args, compiled):
             inp = torch_inputs(torch, w, n)
             y = torch.empty_like(inp["x"] if "x" in inp else inp["a"]) if w != "W3" else None
             f = fns[w]
-            if compiled:
+            if w in ("LN", "CE"):  # functional in both modes: the result is the call's value
+                names = ("x", "g", "b") if w == "LN" else ("x", "t")
+                call = lambda: f(*(inp[k] for k in names))  # noqa: E731
+            elif compiled:
                 if w == "W3":
                     call = lambda: f(inp["p"], inp["g"], inp["m"], inp["v"])  # noqa: E731
                 elif w == "W1":
@@ -177,7 +215,7 @@ def run_torch(args, compiled):
                 got = call()
                 if w == "W3":
                     got = inp["p"]
-                elif not compiled:
+                elif not compiled and w not in ("LN", "CE"):
                     got = y
                 if w == "W2":
                     # sqrt(|t|) near t = 0 turns an f32 rounding of t into ~sqrt(ulp) of absolute
@@ -185,7 +223,9 @@ def run_torch(args, compiled):
                     err = (got.double() - ref).abs().max().item()
                     ok = err < 2e-3
                 else:
-                    err = ((got.double() - ref).abs() / ref.abs().clamp_min(1e-6)).max().item()
+                    # The row workloads' bound is relative to max(1, |ref|), as kiln's own check.
+                    floor = 1.0 if w in ("LN", "CE") else 1e-6
+                    err = ((got.double() - ref).abs() / ref.abs().clamp_min(floor)).max().item()
                     ok = err < 1e-4
                 ok_all &= ok
                 print(f"# check peer={peer} workload={w} n={n} max_err={err:.3g} ok={int(ok)}", flush=True)
@@ -247,6 +287,9 @@ def run_cupy(args):
 
     sync = cp.cuda.Device().synchronize
     for w in args.workloads:
+        if w not in RANGES or w in ("LN", "CE"):
+            print(f"# skip peer={peer} workload={w}: not written for CuPy", flush=True)
+            continue
         for n in args.sizes:
             inp = inputs(w, n)
             if w == "W1":

@@ -226,9 +226,9 @@ struct LoadedProgram {
 };
 
 struct Counters {
-  std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, row_vector_launches{0}, single_op_kernels{0},
-      host_ops{0}, fused_replays{0}, faults{0}, quarantined{0}, cuda_errors{0}, kernel_cache_hits{0},
-      kernel_cache_misses{0}, disk_cache_hits{0}, compile_failures{0}, cross_stream_waits{0};
+  std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, row_vector_launches{0}, row_kernel_launches{0},
+      single_op_kernels{0}, host_ops{0}, fused_replays{0}, faults{0}, quarantined{0}, cuda_errors{0},
+      kernel_cache_hits{0}, kernel_cache_misses{0}, disk_cache_hits{0}, compile_failures{0}, cross_stream_waits{0};
   std::array<std::atomic<std::uint64_t>, fusion::kNumProgramKinds> by_kind{};
   std::array<std::atomic<std::uint64_t>, runtime::kFallbackReasonCount> fallbacks_by_reason{};
 };
@@ -475,8 +475,13 @@ class CudaStreamExecutor final : public fusion::Executor {
 
   void run_fused(const FusedProgram& p, const Binding& bind, const fusion::ExecutionContext& ctx, std::size_t offset) {
     if (fusion::is_staged(p.kind)) {
-      // Stages in order (a Row program too, for now: one kernel per stage); each commits its outputs before the next
-      // binds (values pass through global memory, on this stream, in order).
+      if (p.kind == ProgramKind::Row && run_row_kernel(p, bind)) {
+        b_.counters.fused_launches.fetch_add(1, std::memory_order_relaxed);
+        b_.counters.by_kind[static_cast<std::size_t>(p.kind)].fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      // Stages in order, one launch each; each commits its outputs before the next binds
+      // (values pass through global memory, on this stream, in order).
       for (const FusedProgram& stage : p.stages) {
         run_fused(stage, bind, ctx, offset);
         offset += stage.len;
@@ -504,6 +509,9 @@ class CudaStreamExecutor final : public fusion::Executor {
   static const ir::TensorIr* global_of(const Binding& b, std::uint64_t rel) {
     return rel < b.tensors.size() ? &b.tensors[rel] : nullptr;
   }
+
+  // Tensors an earlier stage of the same launch writes (global id -> its fresh output).
+  using Produced = std::unordered_map<std::uint64_t, CudaTensor>;
 
   // One program's launch as run_program assembles it, phase by phase.
   struct ProgramLaunch {
@@ -575,9 +583,100 @@ class CudaStreamExecutor final : public fusion::Executor {
     return std::nullopt;
   }
 
+  // A Row program as one kernel (launch.h, row_space): every stage bound first, a later stage's
+  // inputs taken from an earlier stage's fresh outputs, then one launch, then each stage commits
+  // in order. false when it cannot run so (the table unchanged; the stages then run one launch
+  // each, which also decides what a fault means); true when it ran, or when a CUDA error was
+  // recorded on its outputs.
+  bool run_row_kernel(const FusedProgram& p, const Binding& bind) {
+    if (b_.is_quarantined(p) || fault_ == nullptr || fault_host_ == nullptr) return false;
+    std::shared_ptr<const LoadedProgram> loaded = b_.kernels(p);
+    if (!loaded->error.empty() || !loaded->generated.row_kernel) return false;
+    const GeneratedProgram& g = loaded->generated;
+    Result<RowSpace> space = row_space(p, bind);
+    if (!space.ok()) {
+      spdlog::debug("kiln cuda: Row program {:016x} runs stage by stage: {}", p.structural_hash(),
+                    space.error().message);
+      return false;
+    }
+    std::vector<ProgramLaunch> stages(p.stages.size());
+    if (!bind_row_stages(p, g, bind, stages)) return false;
+    std::vector<StageArgs> args;
+    for (ProgramLaunch& l : stages) {
+      l.args.fault = reinterpret_cast<std::uintptr_t>(fault_->data());
+      args.push_back(l.args);
+    }
+    args[0].rows = space->rows;
+    args[0].row_length = space->n;
+    const KernelSpec& spec = g.kernels[*g.row_kernel];
+    Result<ArgPack> pack = pack_args(spec, args);
+    if (!pack.ok() || param_bytes(*pack) > kMaxParamBytes) return false;
+
+    // Device work: a CUDA error from here on is recorded on every stage's outputs.
+    const auto fail_all = [&](const Error& err) {
+      for (std::size_t k = 0; k < stages.size(); ++k) (void)fail_with(p.stages[k], bind, err);
+      return true;
+    };
+    for (std::size_t k = 0; k < stages.size(); ++k)
+      if (Status st = hand_over_inputs(p.stages[k], stages[k]); !st.ok()) return fail_all(st.error());
+    if (g.may_fault) {
+      const cudaError_t e = cudaMemsetAsync(fault_->data(), 0, sizeof(int), stream_->get());
+      if (e != cudaSuccess) return fail_all(cuda_error("clearing the fault word", e));
+    }
+    const std::uint64_t fill = static_cast<std::uint64_t>(std::max(1, b_.info.multiprocessors)) * 8;
+    const dim3 grid(
+        static_cast<unsigned>(std::clamp<std::uint64_t>(static_cast<std::uint64_t>(space->rows), 1, fill * 4)));
+    const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[*g.row_kernel]), grid,
+                                           dim3(spec.threads), pack->args(), 0, stream_->get());
+    if (e != cudaSuccess) return fail_all(cuda_error("launching " + spec.name, e));
+    if (g.may_fault) {
+      Result<bool> faulted = read_fault_word();
+      if (!faulted.ok()) return fail_all(faulted.error());
+      if (*faulted) {
+        // Nothing committed: the stages run one launch each, and fault or replay as they would.
+        b_.counters.faults.fetch_add(1, std::memory_order_relaxed);
+        b_.quarantine_program(p, "its row kernel faulted (integer division by zero or an index out of range)");
+        return false;
+      }
+    }
+    for (std::size_t k = 0; k < stages.size(); ++k) commit(p.stages[k], bind, stages[k].outputs);
+    b_.counters.row_kernel_launches.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  // The binding phases of run_program for every stage of a Row program, with fresh outputs
+  // (allocated on this stream: freed on it if the launch does not happen). false: a stage cannot
+  // be bound so (nothing in the table changed).
+  bool bind_row_stages(const FusedProgram& p, const GeneratedProgram& g, const Binding& bind,
+                       std::vector<ProgramLaunch>& stages) {
+    Produced produced;
+    for (std::size_t k = 0; k < p.stages.size(); ++k) {
+      const FusedProgram& st = p.stages[k];
+      ProgramLaunch& l = stages[k];
+      if (k >= g.stages.size() || bind_inputs(st, bind, l, &produced) || check_outputs(st, bind) ||
+          lay_out_blocks(st, g.stages[k], bind, nullptr, l) || choose_kernel(st, g, bind, l) ||
+          bind_arguments(g, bind, l))
+        return false;
+      if (!allocate_outputs(st, bind, l).ok()) return false;
+      for (std::size_t o = 0; o < st.outputs.size(); ++o)
+        if (l.outputs[o]) produced.insert_or_assign(global_of(bind, st.outputs[o].tensor)->id.value(), *l.outputs[o]);
+    }
+    return true;
+  }
+
+  // The classic limit on a kernel's parameters (larger lists need sm_70+ and CUDA 12.1+ on both
+  // sides): a Row kernel beyond it runs stage by stage.
+  static constexpr std::size_t kMaxParamBytes = 4096;
+  static std::size_t param_bytes(const ArgPack& pack) {
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < pack.size(); ++i) total += (pack.bytes(i) + 7) / 8 * 8;
+    return total;
+  }
+
   // Inputs from the tensor table (an errored one: the op-by-op path propagates the error
   // exactly); views share their source's tensor.
-  MaybeFallback bind_inputs(const FusedProgram& p, const Binding& bind, ProgramLaunch& l) {
+  MaybeFallback bind_inputs(const FusedProgram& p, const Binding& bind, ProgramLaunch& l,
+                            const Produced* produced = nullptr) {
     const std::size_t ni = p.inputs.size();
     l.inputs.assign(ni, std::nullopt);
     for (std::size_t i = 0; i < ni; ++i) {
@@ -585,6 +684,12 @@ class CudaStreamExecutor final : public fusion::Executor {
       if (in.role == fusion::InputRole::View) continue;
       const ir::TensorIr* gt = global_of(bind, in.tensor);
       if (gt == nullptr) return Fallback{FallbackReason::Binding, fmt::format("input {}: no tensor bound", i)};
+      if (produced != nullptr) {
+        if (auto it = produced->find(gt->id.value()); it != produced->end()) {
+          l.inputs[i] = it->second;
+          continue;
+        }
+      }
       auto& s = b_.shard(gt->id);
       MutexLock lock(s.mu);
       const auto* e = s.table.entry(gt->id);
@@ -1155,6 +1260,7 @@ CudaStats CudaBackend::stats() const {
   for (std::size_t i = 0; i < fusion::kNumProgramKinds; ++i) s.launches_by_kind[i] = ld(c.by_kind[i]);
   s.vector_launches = ld(c.vector_launches);
   s.row_vector_launches = ld(c.row_vector_launches);
+  s.row_kernel_launches = ld(c.row_kernel_launches);
   s.single_op_kernels = ld(c.single_op_kernels);
   s.host_ops = ld(c.host_ops);
   s.fused_replays = ld(c.fused_replays);

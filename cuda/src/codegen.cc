@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "kiln/cuda/launch_abi.h"
 #include "kiln/fusion/lowering.h"
@@ -33,6 +34,7 @@ std::string_view kernel_role_name(KernelRole r) {
     case KernelRole::ReduceCols: return "cols";
     case KernelRole::Matmul: return "mm";
     case KernelRole::ElementwiseRowVector: return "rowvec";
+    case KernelRole::RowFused: return "row";
   }
   return "?";
 }
@@ -1017,73 +1019,157 @@ class StageGen {
   Status reduce(KernelRole role) {
     RedText rt;
     KILN_RETURN_IF_ERROR(reduction_text(rt));
-    const fusion::Reduction& red = *p_.blocks[1].reduction;
-    const bool idx0 = block_indexed(p_.blocks[0]);
-    const bool idx1 = block_indexed(p_.blocks[1]);
     collect_params();
     Text t;
     open_kernel(t, role);
-    const std::string combine_fn =
-        fmt::format("[](const {0}& a, const {0}& b) {{ return {1}; }}", rt.acc_type, rt.combine_a_b);
     if (role == KernelRole::ReduceRows) {
-      // One thread block per output; its threads stride along the reduced axis (unrolled, so
-      // that each thread has several loads in flight), then warp shuffles and one exchange
-      // through shared memory (blockDim.x is opt_.threads, a multiple of 32).
-      t.line(1, fmt::format("__shared__ {} sh[{}];", rt.acc_type, std::max<std::uint32_t>(opt_.threads / 32, 1)));
-      t.line(1, fmt::format("const auto combine = {};", combine_fn));
+      // One thread block per output (a grid-stride loop over the outputs).
       t.line(1, "for (long long o = blockIdx.x; o < rs.outputs; o += gridDim.x) {");
-      t.line(2, "const long long ob = o / rs.inner, oi = o % rs.inner;");
-      t.line(2, fmt::format("{} acc = {};", rt.acc_type, rt.init));
-      t.line(2, "#pragma unroll 4");
-      t.line(2, "for (long long k = threadIdx.x; k < rs.n; k += blockDim.x) {");
-    } else {
-      // One thread per output, serial along the axis: neighbouring threads read neighbouring
-      // columns when inner > 1.
-      t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
-      t.line(1, "for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < rs.outputs; o += stride) {");
-      t.line(2, "const long long ob = o / rs.inner, oi = o % rs.inner;");
-      t.line(2, fmt::format("{} acc = {};", rt.acc_type, rt.init));
-      t.line(2, "for (long long k = 0; k < rs.n; ++k) {");
+      KILN_RETURN_IF_ERROR(reduce_one_row(t, 2, rt));
+      t.line(1, "}");
+      t.line(0, "}");
+      out_.body += t.str();
+      return Status::Ok();
     }
-    t.line(3, "const long long pos = (ob * rs.n + k) * rs.inner + oi;");
-    t.line(3, "long long idx[KILN_MAX_RANK];");
-    t.line(3,
-           idx0 ? "kiln_unravel<KILN_R>(pos, it0, idx);" : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
-    KILN_RETURN_IF_ERROR(body(t, 3, 0, BodyMode{}));
-    t.line(3, fmt::format("acc = {};", rt.point));
+    // One thread per output, serial along the axis: neighbouring threads read neighbouring
+    // columns when inner > 1.
+    t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
+    t.line(1, "for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < rs.outputs; o += stride) {");
+    t.line(2, "const long long ob = o / rs.inner, oi = o % rs.inner;");
+    t.line(2, fmt::format("{} acc = {};", rt.acc_type, rt.init));
+    t.line(2, "for (long long k = 0; k < rs.n; ++k) {");
+    KILN_RETURN_IF_ERROR(reduce_point(t, rt));
     t.line(2, "}");
-    int ind = 2;
-    if (role == KernelRole::ReduceRows) {
-      // Every combine is order-independent up to rounding (arg ties go to the lower index).
-      t.line(2, "#pragma unroll");
-      t.line(2, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
-      t.line(2, "if ((threadIdx.x & 31u) == 0) sh[threadIdx.x >> 5] = acc;");
-      t.line(2, "__syncthreads();");
-      t.line(2, "if (threadIdx.x < 32) {");
-      t.line(3, fmt::format("acc = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : {};", rt.init));
-      t.line(3, "#pragma unroll");
-      t.line(3, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
-      t.line(2, "}");
-      t.line(2, "if (threadIdx.x == 0) {");
-      ind = 3;
-    }
-    t.line(ind, "const long long n = rs.n; (void)n;");
-    t.line(ind, fmt::format("const {} {} = {};", cls_type(*cls_of(red.out_dtype)), reg(red.out), rt.finish));
-    t.line(ind, "const long long pos = o;");
-    t.line(ind, "long long idx[KILN_MAX_RANK];");
-    t.line(ind,
-           idx1 ? "kiln_unravel<KILN_R>(pos, it1, idx);" : "if (!it1.contiguous) kiln_unravel<KILN_R>(pos, it1, idx);");
-    KILN_RETURN_IF_ERROR(body(t, ind, 1, BodyMode{}));
-    if (role == KernelRole::ReduceRows) {
-      t.line(2, "}");
-      t.line(2, "__syncthreads();  // sh[] is reused by the next output");
-    }
+    reduce_finish(t, 2, rt);
+    KILN_RETURN_IF_ERROR(reduce_epilogue(t, 2));
     t.line(1, "}");
     t.line(0, "}");
     out_.body += t.str();
     return Status::Ok();
   }
 
+  // Output `o` by the whole thread block: its threads stride along the reduced axis (unrolled,
+  // so that each thread has several loads in flight), then warp shuffles and one exchange
+  // through shared memory (blockDim.x is opt_.threads, a multiple of 32); thread 0 runs the
+  // epilogue. Ends on a barrier (sh[] is reused by the next output).
+  Status reduce_one_row(Text& t, int ind, const RedText& rt) {
+    t.line(ind, fmt::format("__shared__ {} sh[{}];", rt.acc_type, std::max<std::uint32_t>(opt_.threads / 32, 1)));
+    t.line(ind, fmt::format("const auto combine = [](const {0}& a, const {0}& b) {{ return {1}; }};", rt.acc_type,
+                            rt.combine_a_b));
+    t.line(ind, "const long long ob = o / rs.inner, oi = o % rs.inner;");
+    t.line(ind, fmt::format("{} acc = {};", rt.acc_type, rt.init));
+    t.line(ind, "#pragma unroll 4");
+    t.line(ind, "for (long long k = threadIdx.x; k < rs.n; k += blockDim.x) {");
+    KILN_RETURN_IF_ERROR(reduce_point(t, rt, ind + 1));
+    t.line(ind, "}");
+    // Every combine is order-independent up to rounding (arg ties go to the lower index).
+    t.line(ind, "#pragma unroll");
+    t.line(ind, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
+    t.line(ind, "if ((threadIdx.x & 31u) == 0) sh[threadIdx.x >> 5] = acc;");
+    t.line(ind, "__syncthreads();");
+    t.line(ind, "if (threadIdx.x < 32) {");
+    t.line(ind + 1, fmt::format("acc = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : {};", rt.init));
+    t.line(ind + 1, "#pragma unroll");
+    t.line(ind + 1, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
+    t.line(ind, "}");
+    t.line(ind, "if (threadIdx.x == 0) {");
+    reduce_finish(t, ind + 1, rt);
+    KILN_RETURN_IF_ERROR(reduce_epilogue(t, ind + 1));
+    t.line(ind, "}");
+    t.line(ind, "__syncthreads();");
+    return Status::Ok();
+  }
+
+  // One element of the reduced axis (position k of output ob, oi): the prologue, accumulated.
+  Status reduce_point(Text& t, const RedText& rt, int ind = 3) {
+    t.line(ind, "const long long pos = (ob * rs.n + k) * rs.inner + oi;");
+    t.line(ind, "long long idx[KILN_MAX_RANK];");
+    t.line(ind, block_indexed(p_.blocks[0]) ? "kiln_unravel<KILN_R>(pos, it0, idx);"
+                                            : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
+    KILN_RETURN_IF_ERROR(body(t, ind, 0, BodyMode{}));
+    t.line(ind, fmt::format("acc = {};", rt.point));
+    return Status::Ok();
+  }
+
+  // The reduced register of output o (a mean divides by n).
+  void reduce_finish(Text& t, int ind, const RedText& rt) {
+    const fusion::Reduction& red = *p_.blocks[1].reduction;
+    t.line(ind, "const long long n = rs.n; (void)n;");
+    t.line(ind, fmt::format("const {} {} = {};", cls_type(*cls_of(red.out_dtype)), reg(red.out), rt.finish));
+  }
+
+  // The epilogue of output o (its reduced register defined).
+  Status reduce_epilogue(Text& t, int ind) {
+    t.line(ind, "const long long pos = o;");
+    t.line(ind, "long long idx[KILN_MAX_RANK];");
+    t.line(ind, block_indexed(p_.blocks[1]) ? "kiln_unravel<KILN_R>(pos, it1, idx);"
+                                            : "if (!it1.contiguous) kiln_unravel<KILN_R>(pos, it1, idx);");
+    return body(t, ind, 1, BodyMode{});
+  }
+
+ public:
+  // ---- The stage as a part of the Row kernel
+
+  // What the Row kernel needs of one stage's part: the __device__ function's name, and its
+  // parameters (the stage kernels' list) with their declarations.
+  struct RowPart {
+    std::string function;
+    std::vector<KernelParam> params;
+    std::vector<std::string> decls;
+  };
+
+  // The stage over one row of the [rows, n] space, as a __device__ function run by the whole
+  // thread block: an elementwise stage's threads stride along positions [row * n, row * n + n)
+  // of its reference; a reduction (over the last axis: the host checks inner == 1) reduces
+  // output `row`. Ends with no barrier of its own: the Row kernel puts one between stages.
+  // `in_launch`: the relative tensors one stage writes and a later one reads. Their pointers
+  // lose __restrict__: they alias inside the kernel, and a const __restrict__ pointer may be
+  // read through the non-coherent read-only path, which need not see the kernel's own writes.
+  Status row_part(RowPart& part, const std::set<std::uint64_t>& in_launch) {
+    KILN_RETURN_IF_ERROR(validate());
+    if (p_.kind != ProgramKind::Elementwise && p_.kind != ProgramKind::Reduce)
+      return unsupported("a row stage that is neither Elementwise nor Reduce");
+    RedText rt;
+    if (p_.kind == ProgramKind::Reduce) KILN_RETURN_IF_ERROR(reduction_text(rt));
+    collect_params();
+    part.function = fmt::format("{}_s{}_rowpart", opt_.name_prefix, stage_);
+    part.params = params_;
+    for (KernelParam& kp : part.params) kp.stage = stage_;
+    part.decls = decls_;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const KernelParam& kp = params_[i];
+      const bool aliased = (kp.kind == ParamKind::InputPtr && in_launch.count(p_.inputs[kp.index].tensor)) ||
+                           (kp.kind == ParamKind::OutputPtr && in_launch.count(p_.outputs[kp.index].tensor));
+      if (aliased) {
+        const std::size_t at = part.decls[i].find(" __restrict__");
+        if (at != std::string::npos) part.decls[i].erase(at, std::string_view(" __restrict__").size());
+      }
+    }
+    Text t;
+    t.line(0, fmt::format("__device__ __forceinline__ void {}(", part.function));
+    for (const std::string& d : part.decls) t.line(2, d + ",");
+    t.line(2, "const long long row, const long long row_n) {");
+    t.line(1, fmt::format("[[maybe_unused]] constexpr int KILN_R = {};", max_rank()));
+    if (p_.kind == ProgramKind::Elementwise) {
+      t.line(1, "(void)kiln_fault;");
+      t.line(1, "const long long end = (row + 1) * row_n;");
+      t.line(1, "for (long long pos = row * row_n + threadIdx.x; pos < end; pos += blockDim.x) {");
+      t.line(2, "long long idx[KILN_MAX_RANK];");
+      t.line(2, block_indexed(p_.blocks[0]) ? "kiln_unravel<KILN_R>(pos, it0, idx);"
+                                            : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
+      KILN_RETURN_IF_ERROR(body(t, 2, 0, BodyMode{}));
+      t.line(1, "}");
+    } else {
+      t.line(1, "(void)row_n; (void)kiln_fault;");
+      t.line(1, "const long long o = row;");
+      KILN_RETURN_IF_ERROR(reduce_one_row(t, 1, rt));
+    }
+    t.line(0, "}");
+    out_.body += t.str();
+    return Status::Ok();
+  }
+
+ private:
   // ---- Matmul
 
   Status matmul() {
@@ -1180,8 +1266,9 @@ class StageGen {
   std::uint32_t row_vector_width_ = 0;
 };
 
+// A reduction itself never faults: the host leaves the ones the reference refuses (no identity
+// over an empty axis, an index dtype too narrow) to it before launching.
 bool may_fault(const FusedProgram& p) {
-  if (p.kind == ProgramKind::Reduce) return true;  // empty reductions without identity, narrow index dtypes
   for (const ProgramBlock& b : p.blocks)
     for (const Instruction& ins : b.instructions) {
       const std::optional<Code> c = fusion::lowering::code_of(ins.op);
@@ -1190,6 +1277,54 @@ bool may_fault(const FusedProgram& p) {
   for (const FusedProgram& s : p.stages)
     if (may_fault(s)) return true;
   return false;
+}
+
+// The Row kernel (codegen.h): every stage's part, then one kernel calling them in order for each
+// of its rows, with a barrier between stages. Its parameters are each stage's parameters
+// (renamed k<stage>_<name>, tagged with the stage), then the row space.
+Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, GeneratedProgram& g) {
+  std::set<std::uint64_t> in_launch;  // written by one stage, read by a later one
+  for (std::size_t k = 1; k < p.stages.size(); ++k)
+    for (const fusion::ProgramInput& in : p.stages[k].inputs)
+      for (std::size_t j = 0; j < k; ++j)
+        for (const fusion::ProgramOutput& o : p.stages[j].outputs)
+          if (o.written && o.tensor == in.tensor) in_launch.insert(in.tensor);
+  std::vector<StageGen::RowPart> parts(p.stages.size());
+  for (std::size_t s = 0; s < p.stages.size(); ++s)
+    KILN_RETURN_IF_ERROR(StageGen(p.stages[s], static_cast<std::uint32_t>(s), opt, g).row_part(parts[s], in_launch));
+  KernelSpec k;
+  k.name = fmt::format("{}_row", opt.name_prefix);
+  k.role = KernelRole::RowFused;
+  k.threads = opt.threads;
+  Text t;
+  t.line(0, fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", opt.threads, k.name));
+  std::vector<std::vector<std::string>> args(parts.size());
+  for (std::size_t s = 0; s < parts.size(); ++s)
+    for (std::size_t i = 0; i < parts[s].decls.size(); ++i) {
+      const std::string& d = parts[s].decls[i];
+      const std::size_t name_at = d.find_last_of(' ') + 1;  // "<type> <name>"
+      const std::string renamed = fmt::format("k{}_{}", s, d.substr(name_at));
+      t.line(2, d.substr(0, name_at) + renamed + ",");
+      args[s].push_back(renamed);
+      k.params.push_back(parts[s].params[i]);
+    }
+  t.line(2, "const long long kiln_rows, const long long kiln_n) {");
+  k.params.push_back(KernelParam{.kind = ParamKind::Rows});
+  k.params.push_back(KernelParam{.kind = ParamKind::RowLength});
+  t.line(1, "for (long long row = blockIdx.x; row < kiln_rows; row += gridDim.x) {");
+  for (std::size_t s = 0; s < parts.size(); ++s) {
+    std::string call = parts[s].function + "(";
+    for (const std::string& a : args[s]) call += a + ", ";
+    t.line(2, call + "row, kiln_n);");
+    // What this stage wrote for the row is read by the next one, by other threads of the block.
+    if (s + 1 < parts.size()) t.line(2, "__syncthreads();");
+  }
+  t.line(1, "}");
+  t.line(0, "}");
+  g.body += t.str();
+  g.row_kernel = g.kernels.size();
+  g.kernels.push_back(std::move(k));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -1207,6 +1342,14 @@ Result<GeneratedProgram> generate(const FusedProgram& program, const CodegenOpti
       if (st.kind != ProgramKind::Elementwise && st.kind != ProgramKind::Reduce)
         return unsupported("a stage that is neither Elementwise nor Reduce");
       KILN_RETURN_IF_ERROR(StageGen(st, static_cast<std::uint32_t>(s), options, g).run());
+    }
+    if (program.kind == ProgramKind::Row) {
+      // The stages' own kernels stay the fallback: a refused row kernel is no error.
+      GeneratedProgram with_row = g;
+      if (Status st = row_kernel(program, options, with_row); st.ok())
+        g = std::move(with_row);
+      else
+        g.row_kernel_refused = st.error().message;
     }
   } else {
     KILN_RETURN_IF_ERROR(StageGen(program, 0, options, g).run());

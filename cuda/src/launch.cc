@@ -253,6 +253,68 @@ Result<KilnReduceShape> reduce_shape(const FusedProgram& p, const Binding& bindi
   return r;
 }
 
+namespace {
+
+// Whether stage k reads a tensor an earlier stage writes other than element by element in the
+// row's own positions (a view, an indexed read, or a shape that is neither `full` nor the rows'
+// reduced shape).
+Status check_row_reads(const FusedProgram& row, std::size_t k, const Binding& binding, const ir::Shape& full) {
+  ir::Shape reduced = full;
+  reduced.back() = 1;
+  const FusedProgram& st = row.stages[k];
+  for (std::size_t i = 0; i < st.inputs.size(); ++i) {
+    const fusion::ProgramInput& in = st.inputs[i];
+    const std::uint64_t rel = in.role == fusion::InputRole::View && in.view && in.view->source < st.inputs.size()
+                                  ? st.inputs[in.view->source].tensor
+                                  : in.tensor;
+    bool produced = false;
+    for (std::size_t j = 0; j < k && !produced; ++j)
+      for (const fusion::ProgramOutput& o : row.stages[j].outputs)
+        produced = produced || (o.written && o.tensor == rel);
+    if (!produced) continue;
+    if (in.role != fusion::InputRole::Plain && in.role != fusion::InputRole::Broadcast)
+      return make_error(ErrorCode::Unsupported, fmt::format("stage {} reads an earlier stage's output as {}", k,
+                                                            fusion::input_role_name(in.role)));
+    if (rel >= binding.tensors.size()) return make_error(ErrorCode::Internal, "an unbound input");
+    const ir::Shape& shape = binding.tensors[rel].shape;
+    if (shape != full && shape != reduced)
+      return make_error(ErrorCode::Unsupported, fmt::format("stage {} reads an earlier stage's {} across rows of {}", k,
+                                                            ir::shape_to_string(shape), ir::shape_to_string(full)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<RowSpace> row_space(const FusedProgram& row, const Binding& binding) {
+  if (row.kind != fusion::ProgramKind::Row || row.stages.empty())
+    return make_error(ErrorCode::Internal, "not a Row program");
+  ir::Shape full;
+  for (std::size_t k = 0; k < row.stages.size(); ++k) {
+    const FusedProgram& st = row.stages[k];
+    if (st.blocks.empty()) return make_error(ErrorCode::Internal, "a stage without blocks");
+    KILN_ASSIGN_OR_RETURN(ir::Shape ref, concrete_shape(st.blocks[0].reference_shape, binding));
+    if (k == 0) full = ref;
+    if (ref != full || full.empty())
+      return make_error(ErrorCode::Unsupported, fmt::format("stage {} iterates {}, stage 0 {}", k,
+                                                            ir::shape_to_string(ref), ir::shape_to_string(full)));
+    if (st.kind == fusion::ProgramKind::Reduce) {
+      KILN_ASSIGN_OR_RETURN(KilnReduceShape rs, reduce_shape(st, binding));
+      if (rs.inner != 1) return make_error(ErrorCode::Unsupported, fmt::format("stage {} reduces a middle axis", k));
+    } else if (st.kind != fusion::ProgramKind::Elementwise) {
+      return make_error(ErrorCode::Unsupported,
+                        fmt::format("stage {} is a {} program", k, fusion::program_kind_name(st.kind)));
+    }
+    KILN_RETURN_IF_ERROR(check_row_reads(row, k, binding, full));
+  }
+  RowSpace space;
+  space.n = static_cast<std::int64_t>(full.back());
+  const std::uint64_t total = ir::num_elements(full);
+  if (space.n == 0 || total == 0) return make_error(ErrorCode::Unsupported, "an empty row space");
+  space.rows = static_cast<std::int64_t>(total / full.back());
+  return space;
+}
+
 Result<KilnMatmulShape> matmul_shape(const ir::Shape& lhs, const ir::Shape& rhs, const ir::Shape& out) {
   if (lhs.size() < 2 || rhs.size() < 2 || out.size() < 2 || out.size() > static_cast<std::size_t>(kMaxRank))
     return make_error(ErrorCode::Unsupported, "matmul ranks");
@@ -395,9 +457,15 @@ void ArgPack::add(const void* data, std::size_t size) {
   for (std::vector<std::byte>& s : storage_) ptrs_.push_back(s.data());
 }
 
-Result<ArgPack> pack_args(const KernelSpec& kernel, const StageArgs& a) {
+Result<ArgPack> pack_args(const KernelSpec& kernel, const StageArgs& args) {
+  return pack_args(kernel, std::span<const StageArgs>(&args, 1));
+}
+
+Result<ArgPack> pack_args(const KernelSpec& kernel, std::span<const StageArgs> stages) {
   ArgPack pack;
   for (const KernelParam& kp : kernel.params) {
+    if (kp.stage >= stages.size()) return make_error(ErrorCode::Internal, "pack: a parameter of an unbound stage");
+    const StageArgs& a = stages[kp.stage];
     switch (kp.kind) {
       case ParamKind::Iter:
         if (kp.block >= a.blocks.size()) return make_error(ErrorCode::Internal, "pack: iteration of an unbound block");
@@ -432,6 +500,8 @@ Result<ArgPack> pack_args(const KernelSpec& kernel, const StageArgs& a) {
       case ParamKind::ReduceShape: pack.add(&a.reduce, sizeof(KilnReduceShape)); break;
       case ParamKind::MatmulShape: pack.add(&a.matmul, sizeof(KilnMatmulShape)); break;
       case ParamKind::Fault: pack.add(&a.fault, sizeof(std::uintptr_t)); break;
+      case ParamKind::Rows: pack.add(&a.rows, sizeof(std::int64_t)); break;
+      case ParamKind::RowLength: pack.add(&a.row_length, sizeof(std::int64_t)); break;
     }
   }
   return pack;

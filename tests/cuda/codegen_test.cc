@@ -38,7 +38,7 @@ TEST(Codegen, EveryCatalogProgramGeneratesDeterministically) {
     for (const KernelSpec& k : a->kernels) {
       EXPECT_NE(a->body.find("void __launch_bounds__(256) " + k.name + "("), std::string::npos) << k.name;
       ASSERT_FALSE(k.params.empty());
-      EXPECT_EQ(k.params.back().kind, ParamKind::Fault);
+      EXPECT_EQ(k.params.back().kind, k.role == KernelRole::RowFused ? ParamKind::RowLength : ParamKind::Fault);
     }
     if (dump() && !p.single)
       std::printf("==== %s\n%s\n%s\n", p.name.c_str(), p.program.to_string().c_str(), a->body.c_str());
@@ -155,19 +155,90 @@ TEST(Codegen, KernelsPerProgramKind) {
     switch (p.program.kind) {
       case fusion::ProgramKind::Reduce:
         EXPECT_EQ(roles, (std::vector<KernelRole>{KernelRole::ReduceRows, KernelRole::ReduceCols})) << p.name;
-        EXPECT_TRUE(g->may_fault) << "empty reductions without identity";
+        EXPECT_FALSE(g->may_fault) << p.name
+                                   << ": a reduction never faults in its kernel (the host leaves "
+                                      "empty ones without an identity to the reference), so it needs no sync";
         break;
       case fusion::ProgramKind::Matmul:
         EXPECT_EQ(roles, (std::vector<KernelRole>{KernelRole::Matmul})) << p.name;
         break;
       case fusion::ProgramKind::ReduceBroadcasted:
-      case fusion::ProgramKind::Row: EXPECT_EQ(g->stages.size(), p.program.stages.size()); break;
+        EXPECT_EQ(g->stages.size(), p.program.stages.size());
+        EXPECT_FALSE(g->row_kernel.has_value()) << p.name;
+        break;
+      case fusion::ProgramKind::Row:
+        EXPECT_EQ(g->stages.size(), p.program.stages.size());
+        ASSERT_TRUE(g->row_kernel.has_value()) << p.name << ": " << g->row_kernel_refused;
+        EXPECT_EQ(g->kernels[*g->row_kernel].role, KernelRole::RowFused) << p.name;
+        break;
       default: break;
     }
     seen.insert(std::string(fusion::program_kind_name(p.program.kind)));
   }
   EXPECT_TRUE(seen.count("Reduce") && seen.count("Matmul") && seen.count("ElementWise"));
   EXPECT_TRUE(seen.count("Row")) << "the softmax programs, with the row fuser's leading reduction";
+}
+
+// A Row program's one kernel: each stage a __device__ part over one row, called in stage order
+// with a barrier between stages; its parameters are every stage's own list (tagged with the
+// stage, in the stages' order, each ending with its fault word), then the row space.
+TEST(Codegen, RowProgramsGetOneKernelCallingTheirStagesInOrder) {
+  std::set<std::string> covered;
+  for (const NamedProgram& p : testing::fused_catalog()) {
+    if (p.program.kind != fusion::ProgramKind::Row) continue;
+    Result<GeneratedProgram> g = generate(p.program);
+    KILN_ASSERT_OK(g);
+    ASSERT_TRUE(g->row_kernel.has_value()) << p.name << ": " << g->row_kernel_refused;
+    const KernelSpec& k = g->kernels[*g->row_kernel];
+    EXPECT_EQ(k.name, "kiln_row");
+    const std::size_t ns = p.program.stages.size();
+    ASSERT_GE(ns, 2u) << p.name;
+    // Parameters: stage 0's list, stage 1's, ..., then rows and n.
+    ASSERT_GE(k.params.size(), 2u);
+    EXPECT_EQ(k.params[k.params.size() - 2].kind, ParamKind::Rows);
+    EXPECT_EQ(k.params.back().kind, ParamKind::RowLength);
+    std::uint32_t stage = 0;
+    std::size_t faults = 0;
+    for (std::size_t i = 0; i + 2 < k.params.size(); ++i) {
+      EXPECT_GE(k.params[i].stage, stage) << p.name << " parameter " << i;
+      stage = k.params[i].stage;
+      if (k.params[i].kind == ParamKind::Fault) {
+        EXPECT_EQ(faults, k.params[i].stage) << "each stage's list ends with its fault word";
+        ++faults;
+      }
+      EXPECT_NE(k.params[i].kind, ParamKind::Rows);
+    }
+    EXPECT_EQ(faults, ns) << p.name;
+    // The body: the parts in order, a barrier between consecutive calls and none after the last.
+    std::size_t at = g->body.find("void __launch_bounds__(256) kiln_row(");
+    ASSERT_NE(at, std::string::npos);
+    for (std::size_t st = 0; st < ns; ++st) {
+      const std::string part = "kiln_s" + std::to_string(st) + "_rowpart";
+      EXPECT_NE(g->body.find("__device__ __forceinline__ void " + part + "("), std::string::npos) << p.name;
+      const std::size_t call = g->body.find(part + "(k" + std::to_string(st) + "_", at);
+      ASSERT_NE(call, std::string::npos) << p.name << ": no call of " << part << " after the previous one";
+      const std::size_t barrier = g->body.find("__syncthreads();", call);
+      const std::size_t next = g->body.find("_rowpart(", call + part.size());
+      if (st + 1 < ns)
+        EXPECT_LT(barrier, next) << p.name << ": no barrier between stages " << st << " and " << st + 1;
+      else
+        EXPECT_EQ(next, std::string::npos);
+      at = call;
+    }
+    // A pointer to what one stage writes and a later one reads is never __restrict__ there.
+    for (std::size_t st = 1; st < ns; ++st)
+      for (std::size_t j = 0; j < st; ++j)
+        for (const fusion::ProgramOutput& o : p.program.stages[j].outputs)
+          for (std::uint32_t i = 0; i < p.program.stages[st].inputs.size(); ++i)
+            if (o.written && o.tensor == p.program.stages[st].inputs[i].tensor) {
+              const std::string ptr = "* k" + std::to_string(st) + "_in" + std::to_string(i) + ",";
+              EXPECT_NE(g->body.find(ptr), std::string::npos) << p.name << ": " << ptr << " is declared __restrict__";
+            }
+    EXPECT_NE(g->body.find("* __restrict__ k0_in0"), std::string::npos) << "outside inputs keep __restrict__";
+    covered.insert(p.name.substr(p.name.find(' ') + 1));
+  }
+  for (const char* w : {"softmax", "log-softmax", "layer-norm", "rms-norm", "cross-entropy"})
+    EXPECT_TRUE(covered.count(w)) << w << " is not a Row program of the catalog";
 }
 
 TEST(Codegen, HalfPrecisionComputesInF32AndRoundsBack) {

@@ -355,6 +355,70 @@ TEST(CudaBackend, RowReductionsOfShortRowsAndMoreRowsThanBlocks) {
   EXPECT_EQ(s.gpu->stats().host_ops, 0u);
 }
 
+// Row programs (the row fuser's softmax, layer norm, cross-entropy) run as one kernel, one
+// thread block per row: rows of one element, rows longer than a block, more rows than the grid
+// has blocks, every float dtype, and the extreme rows of online softmax's numerics (+-inf, NaN,
+// -1e38) against the reference.
+TEST(CudaBackend, RowProgramsRunAsOneKernel) {
+  KILN_REQUIRE_GPU();
+  Sides s;
+  ASSERT_TRUE(s.gpu);
+  std::mt19937_64 rng(17);
+  const Family nf = Family::NumericFloat;
+  const auto softmax = [&](const TensorIr& x) {
+    const TensorIr mx = s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, s.id()));
+    const TensorIr sh = s.add(
+        b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), s.id()));
+    const TensorIr ex = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(sh, TensorStatus::ReadWrite), s.id()));
+    const TensorIr sm = s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, ex, 1, 1, s.id()));
+    return s.add(
+        b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), s.id()));
+  };
+  const auto layer_norm = [&](const TensorIr& x, const TensorIr& w) {
+    const TensorIr mean = s.add(b::reduce_dim(nf, OpKind::Numeric_MeanDim, x, 1, 1, s.id()));
+    const TensorIr xc = s.add(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite),
+                                        use(mean, TensorStatus::ReadWrite), s.id()));
+    const TensorIr sq = s.add(b::binary(nf, OpKind::Numeric_Mul, xc, xc, s.id()));
+    const TensorIr var =
+        s.add(b::reduce_dim(nf, OpKind::Numeric_MeanDim, use(sq, TensorStatus::ReadWrite), 1, 1, s.id()));
+    const TensorIr ve = s.add(
+        b::scalar(nf, OpKind::Numeric_AddScalar, use(var, TensorStatus::ReadWrite), ScalarIr::Float(1e-5), s.id()));
+    const TensorIr sd = s.add(b::unary(Family::Float, OpKind::Float_Sqrt, use(ve, TensorStatus::ReadWrite), s.id()));
+    const TensorIr y = s.add(
+        b::binary(nf, OpKind::Numeric_Div, use(xc, TensorStatus::ReadWrite), use(sd, TensorStatus::ReadWrite), s.id()));
+    return s.add(b::binary(nf, OpKind::Numeric_Mul, use(y, TensorStatus::ReadWrite), w, s.id()));
+  };
+  for (DType d : {dt::f32, dt::f16, dt::bf16, dt::f64}) {
+    const double rel = d == dt::f16 ? 2e-3 : d == dt::bf16 ? 1.6e-2 : 1e-5;
+    for (std::uint64_t n : {std::uint64_t{1}, std::uint64_t{37}, std::uint64_t{1000}, std::uint64_t{5000}}) {
+      const std::uint64_t rows = n >= 1000 ? 300 : 20000;
+      const std::uint64_t before = s.gpu->stats().row_kernel_launches;
+      s.expect_close(softmax(s.input({rows, n}, d, rng)), rel, 1e-6);
+      const TensorIr w = s.input({1, n}, d, rng);
+      s.expect_close(layer_norm(s.input({rows, n}, d, rng), w), rel * 4, rel);
+      if (n > 1) {  // rows of one element: whatever the search makes of them, the values above
+        EXPECT_EQ(s.gpu->stats().row_kernel_launches - before, 2u) << d.name() << " n=" << n;
+      }
+    }
+  }
+  // Extreme rows (f32): one +inf, all -inf, a NaN, -1e38 everywhere, and an ordinary row.
+  const std::uint64_t n = 300;
+  std::vector<double> v(5 * n, 0.5);
+  v[3] = INFINITY;
+  for (std::uint64_t j = 0; j < n; ++j) v[n + j] = -INFINITY;
+  v[2 * n + 7] = NAN;
+  for (std::uint64_t j = 0; j < n; ++j) v[3 * n + j] = -1e38;
+  for (std::uint64_t j = 0; j < n; ++j) v[4 * n + j] = static_cast<double>(j % 17) - 8;
+  const TensorIr x{s.id(), {5, n}, TensorStatus::ReadOnly, dt::f32};
+  Result<reference::HostTensor> h = reference::HostTensor::from_f64(s.alloc, x.shape, x.dtype, v);
+  KILN_ASSERT_OK(h);
+  KILN_ASSERT_OK(s.gpu->upload(x.id, x.dtype, x.shape, h->bytes()));
+  s.host.register_handle(x.id, std::move(h).value());
+  s.expect_close(softmax(x), 1e-5, 1e-9);
+  EXPECT_EQ(s.gpu->stats().compile_failures, 0u);
+  EXPECT_EQ(s.gpu->stats().host_ops, 0u);
+}
+
 // Integer division by zero inside a fused program: the outputs carry exactly the reference's
 // error, the program is quarantined, and its next run goes unfused without faulting again.
 TEST(CudaBackend, KernelFaultsFollowTheErrorModelAndQuarantine) {

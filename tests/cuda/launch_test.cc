@@ -233,6 +233,8 @@ TEST(Launch, PackedArgumentsFollowTheParameterLists) {
           case ParamKind::Scalar: want = scalar_class_size(g->scalars[k.params[i].index].cls); break;
           case ParamKind::ReduceShape: want = sizeof(KilnReduceShape); break;
           case ParamKind::MatmulShape: want = sizeof(KilnMatmulShape); break;
+          case ParamKind::Rows:
+          case ParamKind::RowLength: want = sizeof(std::int64_t); break;
         }
         EXPECT_EQ(pack->bytes(i), want) << p.name << " param " << i;
       }
@@ -242,6 +244,105 @@ TEST(Launch, PackedArgumentsFollowTheParameterLists) {
   KernelSpec k;
   k.params.push_back(KernelParam{ParamKind::InputPtr, 0, 3});
   EXPECT_FALSE(pack_args(k, empty).ok());
+}
+
+// The Row kernel's [rows, n] space: every Row program of the catalog runs as one kernel at its
+// capture's sizes; a later stage reading an earlier stage's output other than element by element
+// in its own row (an indexed read, a shape that spans rows) keeps the stages apart.
+TEST(Launch, RowSpaceOfTheCatalogsRowPrograms) {
+  int seen = 0;
+  for (const NamedProgram& p : fused_catalog()) {
+    if (p.program.kind != fusion::ProgramKind::Row) continue;
+    ++seen;
+    Result<RowSpace> space = row_space(p.program, p.binding());
+    ASSERT_TRUE(space.ok()) << p.name << ": " << space.error().message;
+    Result<ir::Shape> full = concrete_shape(p.program.stages[0].blocks[0].reference_shape, p.binding());
+    KILN_ASSERT_OK(full);
+    EXPECT_EQ(space->n, static_cast<std::int64_t>(full->back())) << p.name;
+    EXPECT_EQ(space->rows * space->n, static_cast<std::int64_t>(ir::num_elements(*full))) << p.name;
+    if (p.name == "f32 layer-norm") {
+      EXPECT_EQ(space->rows, 32);  // [4, 8, 64]: rows are the leading dims
+      EXPECT_EQ(space->n, 64);
+    }
+
+    // The first input of a later stage that an earlier stage wrote.
+    std::size_t stage = 0, input = 0;
+    for (std::size_t k = 1; k < p.program.stages.size() && stage == 0; ++k)
+      for (std::size_t i = 0; i < p.program.stages[k].inputs.size() && stage == 0; ++i)
+        for (const fusion::ProgramOutput& o : p.program.stages[0].outputs)
+          if (o.written && o.tensor == p.program.stages[k].inputs[i].tensor) {
+            stage = k;
+            input = i;
+          }
+    ASSERT_NE(stage, 0u) << p.name << ": no stage reads what stage 0 wrote";
+    fusion::FusedProgram indexed = p.program;
+    indexed.stages[stage].inputs[input].role = fusion::InputRole::Indexed;
+    Result<RowSpace> refused = row_space(indexed, p.binding());
+    ASSERT_FALSE(refused.ok()) << p.name;
+    EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
+    EXPECT_NE(refused.error().message.find("as indexed"), std::string::npos) << refused.error().message;
+    NamedProgram across = p;
+    across.tensors[p.program.stages[stage].inputs[input].tensor].shape = ir::Shape(full->size(), 1);
+    across.tensors[p.program.stages[stage].inputs[input].tensor].shape.back() = full->back();
+    refused = row_space(p.program, across.binding());
+    ASSERT_FALSE(refused.ok()) << p.name;
+    EXPECT_NE(refused.error().message.find("across rows"), std::string::npos) << refused.error().message;
+  }
+  EXPECT_GE(seen, 4 * 5) << "softmax, log-softmax, layer norm, RMS norm, cross-entropy in four dtypes";
+  for (const NamedProgram& p : fused_catalog()) {
+    if (p.program.kind != fusion::ProgramKind::Row) {
+      EXPECT_FALSE(row_space(p.program, p.binding()).ok()) << p.name;
+    }
+  }
+}
+
+// The Row kernel's arguments: each parameter from its own stage's StageArgs, the row space last.
+TEST(Launch, RowKernelArgumentsComeFromEachStage) {
+  for (const NamedProgram& p : fused_catalog()) {
+    if (p.name != "f32 layer-norm") continue;
+    Result<GeneratedProgram> g = generate(p.program);
+    KILN_ASSERT_OK(g);
+    ASSERT_TRUE(g->row_kernel.has_value());
+    const KernelSpec& k = g->kernels[*g->row_kernel];
+    std::vector<StageArgs> args(p.program.stages.size());
+    for (std::size_t st = 0; st < args.size(); ++st) {
+      const fusion::FusedProgram& sp = p.program.stages[st];
+      for (std::uint32_t blk = 0; blk < sp.blocks.size(); ++blk) {
+        Result<ir::Shape> ref = concrete_shape(sp.blocks[blk].reference_shape, p.binding());
+        KILN_ASSERT_OK(ref);
+        Result<BlockLayout> l = block_layout(sp, blk, p.binding(), *ref, true);
+        ASSERT_TRUE(l.ok()) << l.error().message;
+        args[st].blocks.push_back(*l);
+      }
+      args[st].inputs.assign(sp.inputs.size(), 0x1000 * (st + 1));
+      args[st].outputs.assign(sp.outputs.size(), 0x2000 * (st + 1));
+      args[st].indexed.resize(sp.inputs.size());
+      for (const ScalarSlot& s : g->scalars) args[st].scalars.push_back(scalar_arg(ScalarIr::Float(1e-5), s));
+      args[st].fault = 0x10 + st;
+    }
+    args[0].rows = 32;
+    args[0].row_length = 64;
+    Result<ArgPack> pack = pack_args(k, args);
+    KILN_ASSERT_OK(pack);
+    ASSERT_EQ(pack->size(), k.params.size());
+    for (std::size_t i = 0; i < k.params.size(); ++i) {
+      const void* at = pack->args()[i];
+      std::uint64_t word = 0;
+      std::memcpy(&word, at, std::min<std::size_t>(8, pack->bytes(i)));
+      switch (k.params[i].kind) {
+        case ParamKind::Fault: EXPECT_EQ(word, 0x10u + k.params[i].stage); break;
+        case ParamKind::InputPtr: EXPECT_EQ(word, 0x1000u * (k.params[i].stage + 1)); break;
+        case ParamKind::OutputPtr: EXPECT_EQ(word, 0x2000u * (k.params[i].stage + 1)); break;
+        case ParamKind::Rows: EXPECT_EQ(word, 32u); break;
+        case ParamKind::RowLength: EXPECT_EQ(word, 64u); break;
+        default: break;
+      }
+    }
+    args.pop_back();  // a parameter of a stage without arguments
+    EXPECT_FALSE(pack_args(k, args).ok());
+    return;
+  }
+  FAIL() << "no f32 layer-norm in the catalog";
 }
 
 TEST(Launch, VectorKernelNeedsAlignment) {

@@ -37,6 +37,11 @@ struct NamedProgram {
   fusion::FusedProgram program;
   std::vector<ir::Operation> ops;         // the global ops it covers (fused captures) or the single op
   std::optional<SingleOpProgram> single;  // single-op programs: their own relative tables
+  // Fused captures: the converter's relative tables at the capture (the sizes of that trace).
+  std::vector<ir::TensorIr> tensors;
+  std::vector<std::uint64_t> dims;
+  std::vector<ir::ScalarIr> scalars;
+  Binding binding() const { return Binding{tensors, dims, scalars}; }
 };
 
 // Records every fused program an executor is asked to run (nothing runs).
@@ -48,6 +53,10 @@ class CaptureExecutor final : public fusion::Executor {
     NamedProgram p;
     p.program = f->program();
     for (std::size_t i = 0; i < opt.len(); ++i) p.ops.push_back(ctx.operation_within_optimization(i));
+    const ir::RelativeConverter& c = ctx.converter();
+    p.tensors.assign(c.tensors_rel2glob().begin(), c.tensors_rel2glob().end());
+    p.dims.assign(c.shapes_rel2glob().begin(), c.shapes_rel2glob().end());
+    p.scalars.assign(c.scalars().begin(), c.scalars().end());
     captured.push_back(std::move(p));
   }
   void execute_operation(const ir::Operation&) override {}
@@ -327,6 +336,74 @@ inline std::vector<NamedProgram> fused_catalog() {
       (void)r.add(ok(b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite),
                                use(sm, TensorStatus::ReadWrite), r.id())));
       r.finish(n + " scaled-softmax", out);
+    }
+    {  // log-softmax: x - max - log(sum(exp(x - max)))
+      Recorder r;
+      TensorIr x = r.input({16, 96}, d);
+      TensorIr mx = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, r.id())));
+      TensorIr sh = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite),
+                                       use(mx, TensorStatus::ReadWrite), r.id())));
+      TensorIr ex = r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, sh, r.id())));
+      TensorIr sm =
+          r.add(ok(b::reduce_dim(nf, OpKind::Numeric_SumDim, use(ex, TensorStatus::ReadWrite), 1, 1, r.id())));
+      TensorIr ls = r.add(ok(b::unary(Family::Float, OpKind::Float_Log, use(sm, TensorStatus::ReadWrite), r.id())));
+      (void)r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(sh, TensorStatus::ReadWrite),
+                               use(ls, TensorStatus::ReadWrite), r.id())));
+      r.finish(n + " log-softmax", out);
+    }
+    {  // layer norm with weight and bias: (x - mean) / sqrt(var + eps) * w + b
+      Recorder r;
+      TensorIr x = r.input({4, 8, 64}, d), w = r.input({1, 1, 64}, d), bias = r.input({1, 1, 64}, d);
+      TensorIr mean = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MeanDim, x, 2, 1, r.id())));
+      TensorIr xc = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite),
+                                       use(mean, TensorStatus::ReadWrite), r.id())));
+      TensorIr sq = r.add(ok(b::binary(nf, OpKind::Numeric_Mul, xc, xc, r.id())));
+      TensorIr var =
+          r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MeanDim, use(sq, TensorStatus::ReadWrite), 2, 1, r.id())));
+      TensorIr ve = r.add(ok(
+          b::scalar(nf, OpKind::Numeric_AddScalar, use(var, TensorStatus::ReadWrite), ScalarIr::Float(1e-5), r.id())));
+      TensorIr sd = r.add(ok(b::unary(Family::Float, OpKind::Float_Sqrt, use(ve, TensorStatus::ReadWrite), r.id())));
+      TensorIr y = r.add(ok(b::binary(nf, OpKind::Numeric_Div, use(xc, TensorStatus::ReadWrite),
+                                      use(sd, TensorStatus::ReadWrite), r.id())));
+      TensorIr yw = r.add(ok(b::binary(nf, OpKind::Numeric_Mul, use(y, TensorStatus::ReadWrite),
+                                       use(w, TensorStatus::ReadWrite), r.id())));
+      (void)r.add(ok(b::binary(nf, OpKind::Numeric_Add, use(yw, TensorStatus::ReadWrite),
+                               use(bias, TensorStatus::ReadWrite), r.id())));
+      r.finish(n + " layer-norm", out);
+    }
+    {  // RMS norm: x / sqrt(mean(x * x) + eps) * w
+      Recorder r;
+      TensorIr x = r.input({32, 80}, d), w = r.input({1, 80}, d);
+      TensorIr sq = r.add(ok(b::binary(nf, OpKind::Numeric_Mul, x, x, r.id())));
+      TensorIr ms =
+          r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MeanDim, use(sq, TensorStatus::ReadWrite), 1, 1, r.id())));
+      TensorIr me = r.add(ok(
+          b::scalar(nf, OpKind::Numeric_AddScalar, use(ms, TensorStatus::ReadWrite), ScalarIr::Float(1e-6), r.id())));
+      TensorIr rs = r.add(ok(b::unary(Family::Float, OpKind::Float_Sqrt, use(me, TensorStatus::ReadWrite), r.id())));
+      TensorIr y = r.add(ok(b::binary(nf, OpKind::Numeric_Div, use(x, TensorStatus::ReadWrite),
+                                      use(rs, TensorStatus::ReadWrite), r.id())));
+      (void)r.add(ok(b::binary(nf, OpKind::Numeric_Mul, use(y, TensorStatus::ReadWrite),
+                               use(w, TensorStatus::ReadWrite), r.id())));
+      r.finish(n + " rms-norm", out);
+    }
+    {  // cross-entropy from logits against one-hot targets: -sum(t * log_softmax(x)) per row
+      Recorder r;
+      TensorIr x = r.input({24, 50}, d), t = r.input({24, 50}, d);
+      TensorIr mx = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, r.id())));
+      TensorIr sh = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite),
+                                       use(mx, TensorStatus::ReadWrite), r.id())));
+      TensorIr ex = r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, sh, r.id())));
+      TensorIr sm =
+          r.add(ok(b::reduce_dim(nf, OpKind::Numeric_SumDim, use(ex, TensorStatus::ReadWrite), 1, 1, r.id())));
+      TensorIr ls = r.add(ok(b::unary(Family::Float, OpKind::Float_Log, use(sm, TensorStatus::ReadWrite), r.id())));
+      TensorIr lp = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(sh, TensorStatus::ReadWrite),
+                                       use(ls, TensorStatus::ReadWrite), r.id())));
+      TensorIr tl = r.add(ok(b::binary(nf, OpKind::Numeric_Mul, use(t, TensorStatus::ReadWrite),
+                                       use(lp, TensorStatus::ReadWrite), r.id())));
+      TensorIr s = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_SumDim, use(tl, TensorStatus::ReadWrite), 1, 1, r.id())));
+      (void)r.add(
+          ok(b::scalar(nf, OpKind::Numeric_MulScalar, use(s, TensorStatus::ReadWrite), ScalarIr::Float(-1), r.id())));
+      r.finish(n + " cross-entropy", out);
     }
     {  // matmul + bias + tanh epilogue
       Recorder r;

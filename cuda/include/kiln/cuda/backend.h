@@ -65,13 +65,14 @@ struct CudaStats {
   std::uint64_t launches_by_kind[fusion::kNumProgramKinds] = {};  // per fusion::ProgramKind
   std::uint64_t vector_launches = 0;                              // elementwise launches that took the 16-byte path
   std::uint64_t row_vector_launches = 0;                          // ... that took the row-broadcast 16-byte path
-  std::uint64_t single_op_kernels = 0;                            // single ops run as one-op generated kernels
-  std::uint64_t host_ops = 0;                                     // single ops run on the host reference executor
-  std::uint64_t fused_replays = 0;                                // fused programs replayed op by op
-  runtime::FallbackCounts fallbacks_by_reason{};                  // fused_replays by runtime::FallbackReason
-  std::uint64_t faults = 0;                                       // kernel faults detected (then replayed)
-  std::uint64_t quarantined = 0;                                  // programs sent unfused for good
-  std::uint64_t cuda_errors = 0;                                  // launches failed by a CUDA error
+  std::uint64_t row_kernel_launches = 0;          // Row programs run as one kernel (each counts once in fused_launches)
+  std::uint64_t single_op_kernels = 0;            // single ops run as one-op generated kernels
+  std::uint64_t host_ops = 0;                     // single ops run on the host reference executor
+  std::uint64_t fused_replays = 0;                // fused programs replayed op by op
+  runtime::FallbackCounts fallbacks_by_reason{};  // fused_replays by runtime::FallbackReason
+  std::uint64_t faults = 0;                       // kernel faults detected (then replayed)
+  std::uint64_t quarantined = 0;                  // programs sent unfused for good
+  std::uint64_t cuda_errors = 0;                  // launches failed by a CUDA error
   std::uint64_t kernel_cache_hits = 0, kernel_cache_misses = 0;
   std::uint64_t disk_cache_hits = 0, compile_failures = 0;
   std::uint64_t cross_stream_waits = 0;  // event waits between streams

@@ -16,6 +16,12 @@
 //                                                 (coalesced when inner > 1)
 //   Matmul                      `<prefix>_s0_mm`   64x64 tiles, 4x4 per thread, fused epilogue
 //   ReduceBroadcasted           the kernels of each stage k, `<prefix>_s<k>_...`, run in order
+//   Row                         the kernels of each stage, as ReduceBroadcasted, and
+//                               `<prefix>_row`: every stage in one kernel, one thread block per
+//                               row (a grid-stride loop over rows); each stage is a __device__
+//                               function over one row (`<prefix>_s<k>_rowpart`), a barrier
+//                               between stages, so what a stage writes for a later one is read
+//                               back by the same block while it is still in L1 / L2
 //
 // Sizes and scalar values are kernel parameters (KilnIter, KilnAccess, ...), never constants,
 // so one compiled program serves every size and every scalar value of its structure.
@@ -32,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +58,8 @@ enum class KernelRole : std::uint8_t {
   // element repeated (stride 0: a [rows, 1] broadcast), one unravel per vector. Generated for
   // elementwise blocks with broadcast loads; launched when row_vector_eligible() holds.
   ElementwiseRowVector,
+  // A Row program's stages in one kernel, one thread block per row (RowKernel).
+  RowFused,
 };
 std::string_view kernel_role_name(KernelRole r);
 
@@ -66,18 +75,21 @@ enum class ParamKind : std::uint8_t {
   ReduceShape,  // KilnReduceShape of the stage's reduction
   MatmulShape,  // KilnMatmulShape
   Fault,        // int*: set to nonzero by a fault (integer division by zero, index out of range)
+  Rows,         // long long: rows of the Row kernel's [rows, n] space
+  RowLength,    // long long: n
 };
 struct KernelParam {
   ParamKind kind = ParamKind::Iter;
   std::uint32_t block = 0;
   std::uint32_t index = 0;
+  std::uint32_t stage = 0;  // whose StageArgs it reads (the Row kernel takes every stage's)
   friend bool operator==(const KernelParam&, const KernelParam&) = default;
 };
 
 struct KernelSpec {
   std::string name;
   KernelRole role = KernelRole::ElementwiseStrided;
-  std::uint32_t stage = 0;         // ReduceBroadcasted: the stage program; 0 otherwise
+  std::uint32_t stage = 0;         // ReduceBroadcasted, Row: the stage program (the Row kernel: 0); 0 otherwise
   std::uint32_t vector_width = 1;  // ElementwiseVector / ElementwiseRowVector: elements per 16-byte step
   std::uint32_t threads = 256;     // threads per block the kernel is written for
   std::vector<KernelParam> params;
@@ -115,9 +127,15 @@ struct GeneratedProgram {
   std::vector<KernelSpec> kernels;
   std::vector<ScalarSlot> scalars;
   std::vector<StageInfo> stages;  // one per stage (one for every kind but the staged ones)
-  // Whether a kernel may fault (integer division, indexed reads, reductions without identity):
-  // the host checks the fault word before it commits the outputs.
+  // Whether a kernel may fault (integer division, indexed reads): the host checks the fault word
+  // before it commits the outputs. A reduction never faults in its kernel: the host leaves the
+  // ones without an identity over an empty axis, and arg indices too wide for their dtype, to the
+  // reference before launching.
   bool may_fault = false;
+  // A Row program's one-kernel form (KernelRole::RowFused), or none: `row_kernel_refused` says
+  // why (a stage the row kernel cannot run; the stages' own kernels still run in order).
+  std::optional<std::size_t> row_kernel;  // index into `kernels`
+  std::string row_kernel_refused;
 
   std::string source() const;
 };

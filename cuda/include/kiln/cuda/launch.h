@@ -55,6 +55,17 @@ Result<KilnReduceShape> reduce_shape(const fusion::FusedProgram& p, const Bindin
 // The batched matmul of a Matmul program (operands row-major, batch dims broadcast).
 Result<KilnMatmulShape> matmul_shape(const ir::Shape& lhs, const ir::Shape& rhs, const ir::Shape& out);
 
+// The [rows, n] space of a Row program run as one kernel (codegen.h, KernelRole::RowFused), one
+// thread block per row: every stage iterates the same concrete shape, rows = its leading dims,
+// n = its last; each reduction is over that last axis; and a stage reads what an earlier stage
+// wrote only element by element (a Plain or Broadcast read of the full shape or of the rows'
+// reduced shape [..., 1]), so that the block of row r reads only what it wrote itself. Errors
+// (ErrorCode::Unsupported) say which condition fails: the stages then run one launch each.
+struct RowSpace {
+  std::int64_t rows = 0, n = 0;
+};
+Result<RowSpace> row_space(const fusion::FusedProgram& row, const Binding& binding);
+
 // Row-major description of an indexed input.
 KilnIndexed indexed_of(const ir::Shape& shape);
 
@@ -84,11 +95,12 @@ struct StageArgs {
   std::vector<BlockLayout> blocks;
   KilnReduceShape reduce{};
   KilnMatmulShape matmul{};
-  std::vector<std::uintptr_t> inputs;   // per program input (a View entry: its source's buffer)
-  std::vector<std::uintptr_t> outputs;  // per program output (0 when not written)
-  std::vector<KilnIndexed> indexed;     // per program input (used for Indexed roles)
-  std::vector<ScalarArg> scalars;       // per GeneratedProgram scalar slot
-  std::uintptr_t fault = 0;             // int* fault word
+  std::vector<std::uintptr_t> inputs;     // per program input (a View entry: its source's buffer)
+  std::vector<std::uintptr_t> outputs;    // per program output (0 when not written)
+  std::vector<KilnIndexed> indexed;       // per program input (used for Indexed roles)
+  std::vector<ScalarArg> scalars;         // per GeneratedProgram scalar slot
+  std::uintptr_t fault = 0;               // int* fault word
+  std::int64_t rows = 0, row_length = 0;  // the Row kernel's [rows, n] space (its stage 0's args)
 };
 
 // The argument list of one launch: storage for each parameter and the void* array
@@ -107,5 +119,8 @@ class ArgPack {
 
 // Errors: a parameter naming something the StageArgs do not hold (a generator / binder bug).
 Result<ArgPack> pack_args(const KernelSpec& kernel, const StageArgs& args);
+// A kernel whose parameters read several stages' arguments (the Row kernel): each from
+// `stages[param.stage]`.
+Result<ArgPack> pack_args(const KernelSpec& kernel, std::span<const StageArgs> stages);
 
 }  // namespace kiln::cuda
