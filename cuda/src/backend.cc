@@ -227,8 +227,9 @@ struct LoadedProgram {
 
 struct Counters {
   std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, row_vector_launches{0}, row_kernel_launches{0},
-      single_op_kernels{0}, host_ops{0}, fused_replays{0}, faults{0}, quarantined{0}, cuda_errors{0},
-      kernel_cache_hits{0}, kernel_cache_misses{0}, disk_cache_hits{0}, compile_failures{0}, cross_stream_waits{0};
+      row_warp_kernel_launches{0}, single_op_kernels{0}, host_ops{0}, fused_replays{0}, faults{0}, quarantined{0},
+      cuda_errors{0}, kernel_cache_hits{0}, kernel_cache_misses{0}, disk_cache_hits{0}, compile_failures{0},
+      cross_stream_waits{0};
   std::array<std::atomic<std::uint64_t>, fusion::kNumProgramKinds> by_kind{};
   std::array<std::atomic<std::uint64_t>, runtime::kFallbackReasonCount> fallbacks_by_reason{};
 };
@@ -591,7 +592,7 @@ class CudaStreamExecutor final : public fusion::Executor {
   bool run_row_kernel(const FusedProgram& p, const Binding& bind) {
     if (b_.is_quarantined(p) || fault_ == nullptr || fault_host_ == nullptr) return false;
     std::shared_ptr<const LoadedProgram> loaded = b_.kernels(p);
-    if (!loaded->error.empty() || !loaded->generated.row_kernel) return false;
+    if (!loaded->error.empty() || !loaded->generated.row_kernel || !loaded->generated.row_warp_kernel) return false;
     const GeneratedProgram& g = loaded->generated;
     Result<RowSpace> space = row_space(p, bind);
     if (!space.ok()) {
@@ -608,7 +609,9 @@ class CudaStreamExecutor final : public fusion::Executor {
     }
     args[0].rows = space->rows;
     args[0].row_length = space->n;
-    const KernelSpec& spec = g.kernels[*g.row_kernel];
+    const bool by_warp = space->n <= kWarpRowLength;
+    const std::size_t kernel = by_warp ? *g.row_warp_kernel : *g.row_kernel;
+    const KernelSpec& spec = g.kernels[kernel];
     Result<ArgPack> pack = pack_args(spec, args);
     if (!pack.ok() || param_bytes(*pack) > kMaxParamBytes) return false;
 
@@ -624,9 +627,10 @@ class CudaStreamExecutor final : public fusion::Executor {
       if (e != cudaSuccess) return fail_all(cuda_error("clearing the fault word", e));
     }
     const std::uint64_t fill = static_cast<std::uint64_t>(std::max(1, b_.info.multiprocessors)) * 8;
-    const dim3 grid(
-        static_cast<unsigned>(std::clamp<std::uint64_t>(static_cast<std::uint64_t>(space->rows), 1, fill * 4)));
-    const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[*g.row_kernel]), grid,
+    const std::uint64_t rows_per_block = by_warp ? spec.threads / 32 : 1;
+    const std::uint64_t blocks = (static_cast<std::uint64_t>(space->rows) + rows_per_block - 1) / rows_per_block;
+    const dim3 grid(static_cast<unsigned>(std::clamp<std::uint64_t>(blocks, 1, fill * 4)));
+    const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[kernel]), grid,
                                            dim3(spec.threads), pack->args(), 0, stream_->get());
     if (e != cudaSuccess) return fail_all(cuda_error("launching " + spec.name, e));
     if (g.may_fault) {
@@ -641,6 +645,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     }
     for (std::size_t k = 0; k < stages.size(); ++k) commit(p.stages[k], bind, stages[k].outputs);
     b_.counters.row_kernel_launches.fetch_add(1, std::memory_order_relaxed);
+    if (by_warp) b_.counters.row_warp_kernel_launches.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -1261,6 +1266,7 @@ CudaStats CudaBackend::stats() const {
   s.vector_launches = ld(c.vector_launches);
   s.row_vector_launches = ld(c.row_vector_launches);
   s.row_kernel_launches = ld(c.row_kernel_launches);
+  s.row_warp_kernel_launches = ld(c.row_warp_kernel_launches);
   s.single_op_kernels = ld(c.single_op_kernels);
   s.host_ops = ld(c.host_ops);
   s.fused_replays = ld(c.fused_replays);

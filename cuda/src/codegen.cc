@@ -35,6 +35,7 @@ std::string_view kernel_role_name(KernelRole r) {
     case KernelRole::Matmul: return "mm";
     case KernelRole::ElementwiseRowVector: return "rowvec";
     case KernelRole::RowFused: return "row";
+    case KernelRole::RowFusedWarp: return "rowwarp";
   }
   return "?";
 }
@@ -1056,12 +1057,7 @@ class StageGen {
     t.line(ind, fmt::format("__shared__ {} sh[{}];", rt.acc_type, std::max<std::uint32_t>(opt_.threads / 32, 1)));
     t.line(ind, fmt::format("const auto combine = [](const {0}& a, const {0}& b) {{ return {1}; }};", rt.acc_type,
                             rt.combine_a_b));
-    t.line(ind, "const long long ob = o / rs.inner, oi = o % rs.inner;");
-    t.line(ind, fmt::format("{} acc = {};", rt.acc_type, rt.init));
-    t.line(ind, "#pragma unroll 4");
-    t.line(ind, "for (long long k = threadIdx.x; k < rs.n; k += blockDim.x) {");
-    KILN_RETURN_IF_ERROR(reduce_point(t, rt, ind + 1));
-    t.line(ind, "}");
+    KILN_RETURN_IF_ERROR(reduce_strided(t, ind, rt, "threadIdx.x", "blockDim.x"));
     // Every combine is order-independent up to rounding (arg ties go to the lower index).
     t.line(ind, "#pragma unroll");
     t.line(ind, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
@@ -1077,6 +1073,35 @@ class StageGen {
     KILN_RETURN_IF_ERROR(reduce_epilogue(t, ind + 1));
     t.line(ind, "}");
     t.line(ind, "__syncthreads();");
+    return Status::Ok();
+  }
+
+  // Output `o` by one warp (the Row kernel's short rows): its lanes stride along the axis, warp
+  // shuffles leave the result in lane 0, which runs the epilogue. Ends on a warp barrier.
+  Status reduce_one_row_by_warp(Text& t, int ind, const RedText& rt) {
+    t.line(ind, fmt::format("const auto combine = [](const {0}& a, const {0}& b) {{ return {1}; }};", rt.acc_type,
+                            rt.combine_a_b));
+    t.line(ind, "const unsigned lane = threadIdx.x & 31u;");
+    KILN_RETURN_IF_ERROR(reduce_strided(t, ind, rt, "lane", "32"));
+    t.line(ind, "#pragma unroll");
+    t.line(ind, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
+    t.line(ind, "if (lane == 0) {");
+    reduce_finish(t, ind + 1, rt);
+    KILN_RETURN_IF_ERROR(reduce_epilogue(t, ind + 1));
+    t.line(ind, "}");
+    t.line(ind, "__syncwarp();");
+    return Status::Ok();
+  }
+
+  // Each thread's share of output o: from `first`, every `step`-th element of the axis
+  // (unrolled, so that each thread has several loads in flight), into `acc`.
+  Status reduce_strided(Text& t, int ind, const RedText& rt, std::string_view first, std::string_view step) {
+    t.line(ind, "const long long ob = o / rs.inner, oi = o % rs.inner;");
+    t.line(ind, fmt::format("{} acc = {};", rt.acc_type, rt.init));
+    t.line(ind, "#pragma unroll 4");
+    t.line(ind, fmt::format("for (long long k = {}; k < rs.n; k += {}) {{", first, step));
+    KILN_RETURN_IF_ERROR(reduce_point(t, rt, ind + 1));
+    t.line(ind, "}");
     return Status::Ok();
   }
 
@@ -1119,20 +1144,20 @@ class StageGen {
   };
 
   // The stage over one row of the [rows, n] space, as a __device__ function run by the whole
-  // thread block: an elementwise stage's threads stride along positions [row * n, row * n + n)
-  // of its reference; a reduction (over the last axis: the host checks inner == 1) reduces
-  // output `row`. Ends with no barrier of its own: the Row kernel puts one between stages.
+  // thread block (or, `by_warp`, by one warp): an elementwise stage's threads stride along
+  // positions [row * n, row * n + n) of its reference; a reduction (over the last axis: the host
+  // checks inner == 1) reduces output `row`. The Row kernel puts a barrier between stages.
   // `in_launch`: the relative tensors one stage writes and a later one reads. Their pointers
   // lose __restrict__: they alias inside the kernel, and a const __restrict__ pointer may be
   // read through the non-coherent read-only path, which need not see the kernel's own writes.
-  Status row_part(RowPart& part, const std::set<std::uint64_t>& in_launch) {
+  Status row_part(RowPart& part, const std::set<std::uint64_t>& in_launch, bool by_warp) {
     KILN_RETURN_IF_ERROR(validate());
     if (p_.kind != ProgramKind::Elementwise && p_.kind != ProgramKind::Reduce)
       return unsupported("a row stage that is neither Elementwise nor Reduce");
     RedText rt;
     if (p_.kind == ProgramKind::Reduce) KILN_RETURN_IF_ERROR(reduction_text(rt));
     collect_params();
-    part.function = fmt::format("{}_s{}_rowpart", opt_.name_prefix, stage_);
+    part.function = fmt::format("{}_s{}_{}", opt_.name_prefix, stage_, by_warp ? "rowwarppart" : "rowpart");
     part.params = params_;
     for (KernelParam& kp : part.params) kp.stage = stage_;
     part.decls = decls_;
@@ -1153,7 +1178,8 @@ class StageGen {
     if (p_.kind == ProgramKind::Elementwise) {
       t.line(1, "(void)kiln_fault;");
       t.line(1, "const long long end = (row + 1) * row_n;");
-      t.line(1, "for (long long pos = row * row_n + threadIdx.x; pos < end; pos += blockDim.x) {");
+      t.line(1, by_warp ? "for (long long pos = row * row_n + (threadIdx.x & 31u); pos < end; pos += 32) {"
+                        : "for (long long pos = row * row_n + threadIdx.x; pos < end; pos += blockDim.x) {");
       t.line(2, "long long idx[KILN_MAX_RANK];");
       t.line(2, block_indexed(p_.blocks[0]) ? "kiln_unravel<KILN_R>(pos, it0, idx);"
                                             : "if (!it0.contiguous) kiln_unravel<KILN_R>(pos, it0, idx);");
@@ -1162,7 +1188,7 @@ class StageGen {
     } else {
       t.line(1, "(void)row_n; (void)kiln_fault;");
       t.line(1, "const long long o = row;");
-      KILN_RETURN_IF_ERROR(reduce_one_row(t, 1, rt));
+      KILN_RETURN_IF_ERROR(by_warp ? reduce_one_row_by_warp(t, 1, rt) : reduce_one_row(t, 1, rt));
     }
     t.line(0, "}");
     out_.body += t.str();
@@ -1279,10 +1305,11 @@ bool may_fault(const FusedProgram& p) {
   return false;
 }
 
-// The Row kernel (codegen.h): every stage's part, then one kernel calling them in order for each
-// of its rows, with a barrier between stages. Its parameters are each stage's parameters
-// (renamed k<stage>_<name>, tagged with the stage), then the row space.
-Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, GeneratedProgram& g) {
+// The Row kernels (codegen.h): every stage's part, then one kernel calling them in order for each
+// of its rows, with a barrier between stages; `by_warp`: a warp per row instead of a thread
+// block. Their parameters are each stage's parameters (renamed k<stage>_<name>, tagged with the
+// stage), then the row space.
+Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, bool by_warp, GeneratedProgram& g) {
   std::set<std::uint64_t> in_launch;  // written by one stage, read by a later one
   for (std::size_t k = 1; k < p.stages.size(); ++k)
     for (const fusion::ProgramInput& in : p.stages[k].inputs)
@@ -1291,10 +1318,11 @@ Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, GeneratedPro
           if (o.written && o.tensor == in.tensor) in_launch.insert(in.tensor);
   std::vector<StageGen::RowPart> parts(p.stages.size());
   for (std::size_t s = 0; s < p.stages.size(); ++s)
-    KILN_RETURN_IF_ERROR(StageGen(p.stages[s], static_cast<std::uint32_t>(s), opt, g).row_part(parts[s], in_launch));
+    KILN_RETURN_IF_ERROR(
+        StageGen(p.stages[s], static_cast<std::uint32_t>(s), opt, g).row_part(parts[s], in_launch, by_warp));
   KernelSpec k;
-  k.name = fmt::format("{}_row", opt.name_prefix);
-  k.role = KernelRole::RowFused;
+  k.role = by_warp ? KernelRole::RowFusedWarp : KernelRole::RowFused;
+  k.name = fmt::format("{}_{}", opt.name_prefix, kernel_role_name(k.role));
   k.threads = opt.threads;
   Text t;
   t.line(0, fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", opt.threads, k.name));
@@ -1311,18 +1339,27 @@ Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, GeneratedPro
   t.line(2, "const long long kiln_rows, const long long kiln_n) {");
   k.params.push_back(KernelParam{.kind = ParamKind::Rows});
   k.params.push_back(KernelParam{.kind = ParamKind::RowLength});
-  t.line(1, "for (long long row = blockIdx.x; row < kiln_rows; row += gridDim.x) {");
+  if (by_warp) {
+    // Warps of a block take consecutive rows; a warp's rows are uniform across its lanes.
+    t.line(1, "const long long warps = (long long)gridDim.x * (blockDim.x >> 5);");
+    t.line(1,
+           "for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < kiln_rows; "
+           "row += warps) {");
+  } else {
+    t.line(1, "for (long long row = blockIdx.x; row < kiln_rows; row += gridDim.x) {");
+  }
   for (std::size_t s = 0; s < parts.size(); ++s) {
     std::string call = parts[s].function + "(";
     for (const std::string& a : args[s]) call += a + ", ";
     t.line(2, call + "row, kiln_n);");
-    // What this stage wrote for the row is read by the next one, by other threads of the block.
-    if (s + 1 < parts.size()) t.line(2, "__syncthreads();");
+    // What this stage wrote for the row is read by the next one, by other threads of the block
+    // (of the warp).
+    if (s + 1 < parts.size()) t.line(2, by_warp ? "__syncwarp();" : "__syncthreads();");
   }
   t.line(1, "}");
   t.line(0, "}");
   g.body += t.str();
-  g.row_kernel = g.kernels.size();
+  (by_warp ? g.row_warp_kernel : g.row_kernel) = g.kernels.size();
   g.kernels.push_back(std::move(k));
   return Status::Ok();
 }
@@ -1346,7 +1383,9 @@ Result<GeneratedProgram> generate(const FusedProgram& program, const CodegenOpti
     if (program.kind == ProgramKind::Row) {
       // The stages' own kernels stay the fallback: a refused row kernel is no error.
       GeneratedProgram with_row = g;
-      if (Status st = row_kernel(program, options, with_row); st.ok())
+      Status st = row_kernel(program, options, /*by_warp=*/false, with_row);
+      if (st.ok()) st = row_kernel(program, options, /*by_warp=*/true, with_row);
+      if (st.ok())
         g = std::move(with_row);
       else
         g.row_kernel_refused = st.error().message;

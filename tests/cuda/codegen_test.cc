@@ -38,7 +38,8 @@ TEST(Codegen, EveryCatalogProgramGeneratesDeterministically) {
     for (const KernelSpec& k : a->kernels) {
       EXPECT_NE(a->body.find("void __launch_bounds__(256) " + k.name + "("), std::string::npos) << k.name;
       ASSERT_FALSE(k.params.empty());
-      EXPECT_EQ(k.params.back().kind, k.role == KernelRole::RowFused ? ParamKind::RowLength : ParamKind::Fault);
+      const bool row = k.role == KernelRole::RowFused || k.role == KernelRole::RowFusedWarp;
+      EXPECT_EQ(k.params.back().kind, row ? ParamKind::RowLength : ParamKind::Fault);
     }
     if (dump() && !p.single)
       std::printf("==== %s\n%s\n%s\n", p.name.c_str(), p.program.to_string().c_str(), a->body.c_str());
@@ -164,12 +165,14 @@ TEST(Codegen, KernelsPerProgramKind) {
         break;
       case fusion::ProgramKind::ReduceBroadcasted:
         EXPECT_EQ(g->stages.size(), p.program.stages.size());
-        EXPECT_FALSE(g->row_kernel.has_value()) << p.name;
+        EXPECT_FALSE(g->row_kernel.has_value() || g->row_warp_kernel.has_value()) << p.name;
         break;
       case fusion::ProgramKind::Row:
         EXPECT_EQ(g->stages.size(), p.program.stages.size());
         ASSERT_TRUE(g->row_kernel.has_value()) << p.name << ": " << g->row_kernel_refused;
+        ASSERT_TRUE(g->row_warp_kernel.has_value()) << p.name;
         EXPECT_EQ(g->kernels[*g->row_kernel].role, KernelRole::RowFused) << p.name;
+        EXPECT_EQ(g->kernels[*g->row_warp_kernel].role, KernelRole::RowFusedWarp) << p.name;
         break;
       default: break;
     }
@@ -189,41 +192,46 @@ TEST(Codegen, RowProgramsGetOneKernelCallingTheirStagesInOrder) {
     Result<GeneratedProgram> g = generate(p.program);
     KILN_ASSERT_OK(g);
     ASSERT_TRUE(g->row_kernel.has_value()) << p.name << ": " << g->row_kernel_refused;
-    const KernelSpec& k = g->kernels[*g->row_kernel];
-    EXPECT_EQ(k.name, "kiln_row");
+    ASSERT_TRUE(g->row_warp_kernel.has_value()) << p.name;
     const std::size_t ns = p.program.stages.size();
     ASSERT_GE(ns, 2u) << p.name;
-    // Parameters: stage 0's list, stage 1's, ..., then rows and n.
-    ASSERT_GE(k.params.size(), 2u);
-    EXPECT_EQ(k.params[k.params.size() - 2].kind, ParamKind::Rows);
-    EXPECT_EQ(k.params.back().kind, ParamKind::RowLength);
-    std::uint32_t stage = 0;
-    std::size_t faults = 0;
-    for (std::size_t i = 0; i + 2 < k.params.size(); ++i) {
-      EXPECT_GE(k.params[i].stage, stage) << p.name << " parameter " << i;
-      stage = k.params[i].stage;
-      if (k.params[i].kind == ParamKind::Fault) {
-        EXPECT_EQ(faults, k.params[i].stage) << "each stage's list ends with its fault word";
-        ++faults;
+    for (const bool by_warp : {false, true}) {
+      const KernelSpec& k = g->kernels[by_warp ? *g->row_warp_kernel : *g->row_kernel];
+      EXPECT_EQ(k.name, by_warp ? "kiln_rowwarp" : "kiln_row");
+      const std::string part_suffix = by_warp ? "_rowwarppart" : "_rowpart";
+      const std::string barrier = by_warp ? "__syncwarp();" : "__syncthreads();";
+      // Parameters: stage 0's list, stage 1's, ..., then rows and n.
+      ASSERT_GE(k.params.size(), 2u);
+      EXPECT_EQ(k.params[k.params.size() - 2].kind, ParamKind::Rows);
+      EXPECT_EQ(k.params.back().kind, ParamKind::RowLength);
+      std::uint32_t stage = 0;
+      std::size_t faults = 0;
+      for (std::size_t i = 0; i + 2 < k.params.size(); ++i) {
+        EXPECT_GE(k.params[i].stage, stage) << p.name << " parameter " << i;
+        stage = k.params[i].stage;
+        if (k.params[i].kind == ParamKind::Fault) {
+          EXPECT_EQ(faults, k.params[i].stage) << "each stage's list ends with its fault word";
+          ++faults;
+        }
+        EXPECT_NE(k.params[i].kind, ParamKind::Rows);
       }
-      EXPECT_NE(k.params[i].kind, ParamKind::Rows);
-    }
-    EXPECT_EQ(faults, ns) << p.name;
-    // The body: the parts in order, a barrier between consecutive calls and none after the last.
-    std::size_t at = g->body.find("void __launch_bounds__(256) kiln_row(");
-    ASSERT_NE(at, std::string::npos);
-    for (std::size_t st = 0; st < ns; ++st) {
-      const std::string part = "kiln_s" + std::to_string(st) + "_rowpart";
-      EXPECT_NE(g->body.find("__device__ __forceinline__ void " + part + "("), std::string::npos) << p.name;
-      const std::size_t call = g->body.find(part + "(k" + std::to_string(st) + "_", at);
-      ASSERT_NE(call, std::string::npos) << p.name << ": no call of " << part << " after the previous one";
-      const std::size_t barrier = g->body.find("__syncthreads();", call);
-      const std::size_t next = g->body.find("_rowpart(", call + part.size());
-      if (st + 1 < ns)
-        EXPECT_LT(barrier, next) << p.name << ": no barrier between stages " << st << " and " << st + 1;
-      else
-        EXPECT_EQ(next, std::string::npos);
-      at = call;
+      EXPECT_EQ(faults, ns) << p.name;
+      // The body: the parts in order, a barrier between consecutive calls and none after the last.
+      std::size_t at = g->body.find("void __launch_bounds__(256) " + k.name + "(");
+      ASSERT_NE(at, std::string::npos);
+      for (std::size_t st = 0; st < ns; ++st) {
+        const std::string part = "kiln_s" + std::to_string(st) + part_suffix;
+        EXPECT_NE(g->body.find("__device__ __forceinline__ void " + part + "("), std::string::npos) << p.name;
+        const std::size_t call = g->body.find(part + "(k" + std::to_string(st) + "_", at);
+        ASSERT_NE(call, std::string::npos) << p.name << ": no call of " << part << " after the previous one";
+        const std::size_t next = g->body.find(part_suffix + "(k", call + part.size());
+        const std::size_t end_of_kernel = g->body.find("\n}\n", call);
+        if (st + 1 < ns)
+          EXPECT_LT(g->body.find(barrier, call), next) << p.name << ": no barrier between stages " << st;
+        else
+          EXPECT_GT(next, end_of_kernel) << p.name << ": a call after the last stage";
+        at = call;
+      }
     }
     // A pointer to what one stage writes and a later one reads is never __restrict__ there.
     for (std::size_t st = 1; st < ns; ++st)

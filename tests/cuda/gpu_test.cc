@@ -355,10 +355,10 @@ TEST(CudaBackend, RowReductionsOfShortRowsAndMoreRowsThanBlocks) {
   EXPECT_EQ(s.gpu->stats().host_ops, 0u);
 }
 
-// Row programs (the row fuser's softmax, layer norm, cross-entropy) run as one kernel, one
-// thread block per row: rows of one element, rows longer than a block, more rows than the grid
-// has blocks, every float dtype, and the extreme rows of online softmax's numerics (+-inf, NaN,
-// -1e38) against the reference.
+// Row programs (the row fuser's softmax, layer norm) run as one kernel, a warp per row up to
+// kWarpRowLength and a thread block per row beyond: rows of one element, rows longer than a
+// block, more rows than the grid has blocks (or warps), every float dtype, and the extreme rows of online softmax's
+// numerics (+-inf, NaN, -1e38) against the reference.
 TEST(CudaBackend, RowProgramsRunAsOneKernel) {
   KILN_REQUIRE_GPU();
   Sides s;
@@ -390,14 +390,18 @@ TEST(CudaBackend, RowProgramsRunAsOneKernel) {
   };
   for (DType d : {dt::f32, dt::f16, dt::bf16, dt::f64}) {
     const double rel = d == dt::f16 ? 2e-3 : d == dt::bf16 ? 1.6e-2 : 1e-5;
-    for (std::uint64_t n : {std::uint64_t{1}, std::uint64_t{37}, std::uint64_t{1000}, std::uint64_t{5000}}) {
+    for (std::uint64_t n :
+         {std::uint64_t{1}, std::uint64_t{37}, std::uint64_t{1000}, std::uint64_t{1025}, std::uint64_t{5000}}) {
       const std::uint64_t rows = n >= 1000 ? 300 : 20000;
-      const std::uint64_t before = s.gpu->stats().row_kernel_launches;
+      const CudaStats before = s.gpu->stats();
       s.expect_close(softmax(s.input({rows, n}, d, rng)), rel, 1e-6);
       const TensorIr w = s.input({1, n}, d, rng);
       s.expect_close(layer_norm(s.input({rows, n}, d, rng), w), rel * 4, rel);
       if (n > 1) {  // rows of one element: whatever the search makes of them, the values above
-        EXPECT_EQ(s.gpu->stats().row_kernel_launches - before, 2u) << d.name() << " n=" << n;
+        const CudaStats after = s.gpu->stats();
+        EXPECT_EQ(after.row_kernel_launches - before.row_kernel_launches, 2u) << d.name() << " n=" << n;
+        EXPECT_EQ(after.row_warp_kernel_launches - before.row_warp_kernel_launches, n <= 1024 ? 2u : 0u)
+            << "a warp per row up to kWarpRowLength";
       }
     }
   }

@@ -170,7 +170,7 @@ TEST(Nvrtc, EveryFusedProgramKindCompiles) {
   EXPECT_TRUE(kinds.count(fusion::ProgramKind::Elementwise));
   EXPECT_TRUE(kinds.count(fusion::ProgramKind::Reduce));
   EXPECT_TRUE(kinds.count(fusion::ProgramKind::Matmul));
-  EXPECT_EQ(roles.size(), 7u) << "every kernel role: strided, vector, row vector, rows, cols, matmul, row";
+  EXPECT_EQ(roles.size(), 8u) << "every kernel role: strided, vector, row vector, rows, cols, matmul, row, row warp";
   compile_catalog(catalog, 32);
 }
 

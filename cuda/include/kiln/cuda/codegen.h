@@ -22,6 +22,8 @@
 //                               function over one row (`<prefix>_s<k>_rowpart`), a barrier
 //                               between stages, so what a stage writes for a later one is read
 //                               back by the same block while it is still in L1 / L2
+//                               `<prefix>_rowwarp`: the same with one warp per row (its parts
+//                               `_rowwarppart`, warp barriers), for short rows
 //
 // Sizes and scalar values are kernel parameters (KilnIter, KilnAccess, ...), never constants,
 // so one compiled program serves every size and every scalar value of its structure.
@@ -58,10 +60,16 @@ enum class KernelRole : std::uint8_t {
   // element repeated (stride 0: a [rows, 1] broadcast), one unravel per vector. Generated for
   // elementwise blocks with broadcast loads; launched when row_vector_eligible() holds.
   ElementwiseRowVector,
-  // A Row program's stages in one kernel, one thread block per row (RowKernel).
+  // A Row program's stages in one kernel, one thread block per row / one warp per row (short
+  // rows: the host picks it below kWarpRowLength).
   RowFused,
+  RowFusedWarp,
 };
 std::string_view kernel_role_name(KernelRole r);
+
+// Rows up to this length run the Row program's warp-per-row kernel: a block's 256 threads on one
+// row would leave most idle, and its barriers would cost more than the row's work.
+inline constexpr std::int64_t kWarpRowLength = 1024;
 
 // One kernel parameter, in declaration order; the host builds the argument list from these.
 enum class ParamKind : std::uint8_t {
@@ -134,7 +142,8 @@ struct GeneratedProgram {
   bool may_fault = false;
   // A Row program's one-kernel form (KernelRole::RowFused), or none: `row_kernel_refused` says
   // why (a stage the row kernel cannot run; the stages' own kernels still run in order).
-  std::optional<std::size_t> row_kernel;  // index into `kernels`
+  std::optional<std::size_t> row_kernel;       // index into `kernels`: a thread block per row
+  std::optional<std::size_t> row_warp_kernel;  // ... a warp per row (both or neither)
   std::string row_kernel_refused;
 
   std::string source() const;
