@@ -1,5 +1,6 @@
 """Patches of torch functions: three that a storage-less PrivateUse1 device needs
-(docs/pytorch-spike.md §3) and one that keeps a backward pass on its caller's kiln stream. They
+(docs/pytorch-spike.md §3), one that keeps a backward pass on its caller's kiln stream, and one
+that lets kiln tensors through torch.inference_mode. They
 touch torch internals: recheck them on every torch upgrade (tests/torch/ prints and saves kiln
 tensors and checks where backward runs, so a break shows there)."""
 
@@ -96,8 +97,73 @@ def _patch_backward_thread():
     torch.autograd._engine_run_backward = _engine_run_backward
 
 
+def _touches_kiln(x):
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "kiln"
+    if isinstance(x, torch.device):
+        return x.type == "kiln"
+    if isinstance(x, str):
+        return x.startswith("kiln")
+    if isinstance(x, (list, tuple)):
+        return any(_touches_kiln(y) for y in x)
+    return False
+
+
+def _patch_inference_mode():
+    # kiln sees every op through PyTorch's functionalization, which fails under inference mode:
+    # a view of a tensor from outside the block becomes an inference tensor whose version counter
+    # it then sets ("Cannot set version_counter for inference tensor": nn.Linear's weight.t()),
+    # and cpu_tensor.copy_(kiln) trips its "mutating a non-functional tensor" assert. PyTorch's
+    # own fix for its functional tensors (torch.compile) is to leave inference mode, under
+    # no_grad, around them. Here a TorchFunctionMode, pushed only while an inference_mode block is
+    # open, does that for every call that names kiln (a kiln tensor, or "kiln" as the device):
+    # no gradient is recorded, as in the block; kiln's results are ordinary tensors, not
+    # inference ones, except a tensor of the block moved to kiln (nn.Parameter wraps a module's
+    # moved tensors in inference mode). An inference tensor written with a kiln source (the
+    # block's CPU outputs) stays in inference mode and reads the source through .cpu() first. Calls that do not touch
+    # kiln run as before, at a mode's cost of ~1 µs each, inside such blocks only.
+    from torch.autograd import grad_mode
+    from torch.overrides import TorchFunctionMode
+
+    class _KilnOutsideInferenceMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if not torch.is_inference_mode_enabled() or not (
+                    _touches_kiln(args) or _touches_kiln(tuple(kwargs.values()))):
+                return func(*args, **kwargs)
+            name = getattr(func, "__name__", "")
+            first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if first is not None and first.is_inference() and not _touches_kiln(first):
+                if name == "copy_" and len(args) >= 2:
+                    return func(first, args[1].cpu() if _touches_kiln(args[1]) else args[1], *args[2:], **kwargs)
+                if name == "to":  # a tensor of the block moved to kiln stays an inference tensor
+                    return func(*args, **kwargs)
+            with torch.inference_mode(False), torch.no_grad():
+                return func(*args, **kwargs)
+
+    cls = grad_mode.inference_mode
+    orig_enter, orig_exit = cls.__enter__, cls.__exit__
+
+    def __enter__(self):
+        orig_enter(self)
+        if self.mode:
+            mode = _KilnOutsideInferenceMode()
+            mode.__enter__()
+            self._kiln_mode = mode
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        mode = self.__dict__.pop("_kiln_mode", None)
+        if mode is not None:
+            mode.__exit__(exc_type, exc_value, traceback)
+        return orig_exit(self, exc_type, exc_value, traceback)
+
+    cls.__enter__ = __enter__
+    cls.__exit__ = __exit__
+
+
 def apply():
     _patch_printing()
     _patch_serialization()
     _patch_deepcopy()
     _patch_backward_thread()
+    _patch_inference_mode()

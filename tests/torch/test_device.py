@@ -33,6 +33,53 @@ class DeviceTest(KilnTestCase):
         self.assertTrue(torch.equal(k.cpu(), a))
         self.assertTrue(torch.equal(a.kiln().to("cpu"), a))
 
+    def test_inference_mode(self):
+        # Under torch.inference_mode, PyTorch's functionalization cannot wrap views
+        # ("Cannot set version_counter for inference tensor") nor copy a kiln tensor into a CPU
+        # one; kiln runs the calls that touch it outside inference mode, under no_grad.
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+        x = torch.randn(4, 5)
+        with torch.no_grad():
+            want = model(x)
+        on_kiln = copy.deepcopy(model).to(KILN)
+        with torch.inference_mode():
+            self.assertTrue(torch.is_inference_mode_enabled())
+            k = x.to(KILN)
+            y = on_kiln(k)
+            self.assertEqual(y.device.type, "kiln")
+            self.assertFalse(y.requires_grad)
+            got = torch.empty(4, 3)  # an inference tensor, written in inference mode
+            got.copy_(y)
+            self.assertTrue(got.is_inference())
+            k.mul_(2).add_(1)  # in place on a tensor moved to kiln inside the block
+            t = k.t().contiguous()
+            self.assertTrue(torch.is_inference_mode_enabled(), "the block's mode is intact")
+        self.assertFalse(torch.is_inference_mode_enabled())
+        self.assertTrue(torch.allclose(got, want, atol=1e-6))
+        self.assertTrue(torch.allclose(y.cpu(), want, atol=1e-6))
+        self.assertTrue(torch.equal(t.cpu(), (x * 2 + 1).t()))
+
+        @torch.inference_mode()
+        def predict(inp):
+            return on_kiln(inp.to(KILN)).cpu()
+
+        self.assertTrue(torch.allclose(predict(x), want, atol=1e-6))
+        # Tensors and modules of the block itself, moved to kiln inside it.
+        with torch.inference_mode():
+            x_in = x.clone()
+            self.assertTrue(x_in.is_inference())
+            inner = torch.nn.Linear(5, 2)
+            inner_want = inner(x_in)
+            inner = inner.to(KILN)
+            k_in = x_in.to(KILN)
+            self.assertTrue(torch.allclose(inner(k_in).cpu(), inner_want, atol=1e-6))
+            self.assertTrue(torch.equal((k_in.t() * 3).cpu(), x_in.t() * 3))
+        # Nothing leaks out of the block: training afterwards records gradients as usual.
+        out = on_kiln(x.to(KILN)).sum()
+        out.backward()
+        self.assertIsNotNone(on_kiln[0].weight.grad)
+
     def test_scalar_tensors(self):
         s = torch.tensor(2.5).to(KILN)
         self.assertEqual(s.shape, ())
