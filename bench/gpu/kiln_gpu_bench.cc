@@ -47,12 +47,14 @@ class GpuBackend final : public Backend {
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   " dev_fused_launches=%llu dev_vector_launches=%llu dev_row_vector_launches=%llu dev_row_kernels=%llu"
+                  " dev_row_windows=%llu"
                   " dev_single_op_kernels=%llu dev_host_ops=%llu"
                   " dev_replays=%llu pool_high_mib=%llu",
                   static_cast<unsigned long long>(s.fused_launches - base_.fused_launches),
                   static_cast<unsigned long long>(s.vector_launches - base_.vector_launches),
                   static_cast<unsigned long long>(s.row_vector_launches - base_.row_vector_launches),
                   static_cast<unsigned long long>(s.row_kernel_launches - base_.row_kernel_launches),
+                  static_cast<unsigned long long>(s.row_window_launches - base_.row_window_launches),
                   static_cast<unsigned long long>(s.single_op_kernels - base_.single_op_kernels),
                   static_cast<unsigned long long>(s.host_ops - base_.host_ops),
                   static_cast<unsigned long long>(s.fused_replays - base_.fused_replays),

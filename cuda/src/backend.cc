@@ -227,9 +227,9 @@ struct LoadedProgram {
 
 struct Counters {
   std::atomic<std::uint64_t> fused_launches{0}, vector_launches{0}, row_vector_launches{0}, row_kernel_launches{0},
-      row_warp_kernel_launches{0}, single_op_kernels{0}, host_ops{0}, fused_replays{0}, faults{0}, quarantined{0},
-      cuda_errors{0}, kernel_cache_hits{0}, kernel_cache_misses{0}, disk_cache_hits{0}, compile_failures{0},
-      cross_stream_waits{0};
+      row_warp_kernel_launches{0}, row_window_launches{0}, single_op_kernels{0}, host_ops{0}, fused_replays{0},
+      faults{0}, quarantined{0}, cuda_errors{0}, kernel_cache_hits{0}, kernel_cache_misses{0}, disk_cache_hits{0},
+      compile_failures{0}, cross_stream_waits{0};
   std::array<std::atomic<std::uint64_t>, fusion::kNumProgramKinds> by_kind{};
   std::array<std::atomic<std::uint64_t>, runtime::kFallbackReasonCount> fallbacks_by_reason{};
 };
@@ -610,6 +610,12 @@ class CudaStreamExecutor final : public fusion::Executor {
     args[0].rows = space->rows;
     args[0].row_length = space->n;
     const bool by_warp = space->n <= kWarpRowLength;
+    const std::uint64_t rows_per_block = by_warp ? g.kernels[*g.row_warp_kernel].threads / 32 : 1;
+    // The temporaries consumed inside the launch stay in shared memory when the block's windows
+    // fit the default 48 KiB (no opt-in attribute needed); else they go through global memory.
+    const std::int64_t window = row_window_bytes(g.row_windows, space->n);
+    const bool windowed = window > 0 && static_cast<std::uint64_t>(window) * rows_per_block <= kMaxWindowBytes;
+    args[0].row_window_bytes = windowed ? window : 0;
     const std::size_t kernel = by_warp ? *g.row_warp_kernel : *g.row_kernel;
     const KernelSpec& spec = g.kernels[kernel];
     Result<ArgPack> pack = pack_args(spec, args);
@@ -627,11 +633,11 @@ class CudaStreamExecutor final : public fusion::Executor {
       if (e != cudaSuccess) return fail_all(cuda_error("clearing the fault word", e));
     }
     const std::uint64_t fill = static_cast<std::uint64_t>(std::max(1, b_.info.multiprocessors)) * 8;
-    const std::uint64_t rows_per_block = by_warp ? spec.threads / 32 : 1;
     const std::uint64_t blocks = (static_cast<std::uint64_t>(space->rows) + rows_per_block - 1) / rows_per_block;
     const dim3 grid(static_cast<unsigned>(std::clamp<std::uint64_t>(blocks, 1, fill * 4)));
+    const std::size_t shared = windowed ? static_cast<std::size_t>(window) * rows_per_block : 0;
     const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[kernel]), grid,
-                                           dim3(spec.threads), pack->args(), 0, stream_->get());
+                                           dim3(spec.threads), pack->args(), shared, stream_->get());
     if (e != cudaSuccess) return fail_all(cuda_error("launching " + spec.name, e));
     if (g.may_fault) {
       Result<bool> faulted = read_fault_word();
@@ -646,6 +652,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     for (std::size_t k = 0; k < stages.size(); ++k) commit(p.stages[k], bind, stages[k].outputs);
     b_.counters.row_kernel_launches.fetch_add(1, std::memory_order_relaxed);
     if (by_warp) b_.counters.row_warp_kernel_launches.fetch_add(1, std::memory_order_relaxed);
+    if (windowed) b_.counters.row_window_launches.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -672,6 +679,7 @@ class CudaStreamExecutor final : public fusion::Executor {
   // The classic limit on a kernel's parameters (larger lists need sm_70+ and CUDA 12.1+ on both
   // sides): a Row kernel beyond it runs stage by stage.
   static constexpr std::size_t kMaxParamBytes = 4096;
+  static constexpr std::uint64_t kMaxWindowBytes = 48 * 1024;
   static std::size_t param_bytes(const ArgPack& pack) {
     std::size_t total = 0;
     for (std::size_t i = 0; i < pack.size(); ++i) total += (pack.bytes(i) + 7) / 8 * 8;
@@ -1267,6 +1275,7 @@ CudaStats CudaBackend::stats() const {
   s.row_vector_launches = ld(c.row_vector_launches);
   s.row_kernel_launches = ld(c.row_kernel_launches);
   s.row_warp_kernel_launches = ld(c.row_warp_kernel_launches);
+  s.row_window_launches = ld(c.row_window_launches);
   s.single_op_kernels = ld(c.single_op_kernels);
   s.host_ops = ld(c.host_ops);
   s.fused_replays = ld(c.fused_replays);

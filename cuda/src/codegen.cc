@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -349,6 +350,13 @@ struct BodyMode {
   bool row = false;            // lane body of the row-vector kernel: every load is v<l>.v[lane]
 };
 
+// A temporary of a Row program that the Row kernel may keep in shared memory: written over the
+// whole row space by one stage's first block and consumed by later stages' first blocks only.
+struct RowWindow {
+  std::uint64_t tensor = 0;  // relative id
+  DType dtype;
+};
+
 class StageGen {
  public:
   StageGen(const FusedProgram& p, std::uint32_t stage, const CodegenOptions& opt, GeneratedProgram& out)
@@ -608,7 +616,17 @@ class StageGen {
     const fusion::Load& ld = p_.blocks[b].loads[l];
     if (m.row) return fmt::format("v{}.v[lane]", l);
     if (m.vector) return ld.broadcast ? fmt::format("in{}[0]", ld.index) : fmt::format("v{}.v[lane]", l);
-    return fmt::format("in{}[KILN_OFF(la{}_{}, pos, idx, it{})]", ld.index, b, l, b);
+    const std::string global = fmt::format("in{}[KILN_OFF(la{}_{}, pos, idx, it{})]", ld.index, b, l, b);
+    if (const std::string* w = window_of(ld.source == fusion::LoadSource::Input ? p_.inputs[ld.index].tensor : ~0ull))
+      return fmt::format("(kiln_window ? {}[pos - kiln_row0] : {})", *w, global);
+    return global;
+  }
+
+  // The Row kernel's window (shared memory) of a relative tensor, when it has one.
+  const std::string* window_of(std::uint64_t tensor) const {
+    if (windows_ == nullptr) return nullptr;
+    auto it = windows_->find(tensor);
+    return it == windows_->end() ? nullptr : &it->second;
   }
 
   // Emits the loads, instructions and stores of block b (registers in `preset` are already
@@ -629,6 +647,11 @@ class StageGen {
       const std::string v = store_conv(d, reg(st.local));
       if (m.vector) {
         t.line(ind, fmt::format("w{}.v[lane] = {};", s, v));
+      } else if (const std::string* w = window_of(p_.outputs[st.output].tensor)) {
+        t.line(ind,
+               fmt::format("if (kiln_window) {}[pos - kiln_row0] = {}; else out{}[KILN_OFF(sa{}_{}, pos, idx, it{})] = "
+                           "{};",
+                           *w, v, st.output, b, s, b, v));
       } else {
         t.line(
             ind,
@@ -1150,7 +1173,10 @@ class StageGen {
   // `in_launch`: the relative tensors one stage writes and a later one reads. Their pointers
   // lose __restrict__: they alias inside the kernel, and a const __restrict__ pointer may be
   // read through the non-coherent read-only path, which need not see the kernel's own writes.
-  Status row_part(RowPart& part, const std::set<std::uint64_t>& in_launch, bool by_warp) {
+  // `windows`: the temporaries the Row kernel may keep in its shared-memory window instead of
+  // global memory (RowWindow), in window order; each part finds them at the same offsets.
+  Status row_part(RowPart& part, const std::set<std::uint64_t>& in_launch, const std::vector<RowWindow>& windows,
+                  bool by_warp) {
     KILN_RETURN_IF_ERROR(validate());
     if (p_.kind != ProgramKind::Elementwise && p_.kind != ProgramKind::Reduce)
       return unsupported("a row stage that is neither Elementwise nor Reduce");
@@ -1173,8 +1199,11 @@ class StageGen {
     Text t;
     t.line(0, fmt::format("__device__ __forceinline__ void {}(", part.function));
     for (const std::string& d : part.decls) t.line(2, d + ",");
-    t.line(2, "const long long row, const long long row_n) {");
+    t.line(2, "unsigned char* const kiln_window, const long long row, const long long row_n) {");
     t.line(1, fmt::format("[[maybe_unused]] constexpr int KILN_R = {};", max_rank()));
+    std::map<std::uint64_t, std::string> names;
+    row_window_pointers(t, windows, names);
+    windows_ = &names;
     if (p_.kind == ProgramKind::Elementwise) {
       t.line(1, "(void)kiln_fault;");
       t.line(1, "const long long end = (row + 1) * row_n;");
@@ -1190,11 +1219,31 @@ class StageGen {
       t.line(1, "const long long o = row;");
       KILN_RETURN_IF_ERROR(by_warp ? reduce_one_row_by_warp(t, 1, rt) : reduce_one_row(t, 1, rt));
     }
+    windows_ = nullptr;
     t.line(0, "}");
     out_.body += t.str();
     return Status::Ok();
   }
 
+ private:
+  // A pointer per window into the row's shared memory (null when the launch keeps them in global
+  // memory): window w after the earlier ones, each n elements rounded up to 16 bytes.
+  static void row_window_pointers(Text& t, const std::vector<RowWindow>& windows,
+                                  std::map<std::uint64_t, std::string>& names) {
+    t.line(1, "[[maybe_unused]] const long long kiln_row0 = row * row_n;");
+    std::string offset = "0LL";
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      const std::string st = storage_type(windows[w].dtype);
+      const std::string name = fmt::format("kiln_w{}", w);
+      t.line(1, fmt::format("[[maybe_unused]] {0}* const {1} = kiln_window ? reinterpret_cast<{0}*>(kiln_window + {2}) "
+                            ": nullptr;",
+                            st, name, offset));
+      offset += fmt::format(" + (row_n * {} + 15) / 16 * 16", storage_size(windows[w].dtype));
+      names.emplace(windows[w].tensor, name);
+    }
+  }
+
+ public:
  private:
   // ---- Matmul
 
@@ -1288,6 +1337,9 @@ class StageGen {
   GeneratedProgram& out_;
   std::vector<KernelParam> params_;
   std::vector<std::string> decls_;
+  // Row parts: the temporaries kept in the Row kernel's shared-memory window (relative tensor ->
+  // the part's pointer name); null elsewhere.
+  const std::map<std::uint64_t, std::string>* windows_ = nullptr;
   std::uint32_t vector_width_ = 0;
   std::uint32_t row_vector_width_ = 0;
 };
@@ -1309,6 +1361,45 @@ bool may_fault(const FusedProgram& p) {
 // of its rows, with a barrier between stages; `by_warp`: a warp per row instead of a thread
 // block. Their parameters are each stage's parameters (renamed k<stage>_<name>, tagged with the
 // stage), then the row space.
+// The Row program's temporaries that may live in the kernel's shared-memory window: an output of
+// stage j stored by its first block over that block's whole reference (the row space), read by
+// later stages in their first blocks only, one of which consumes it (ReadWrite: dead after the
+// launch). Ordered by relative id.
+std::vector<RowWindow> row_windows(const FusedProgram& p) {
+  std::vector<RowWindow> out;
+  for (std::size_t j = 0; j < p.stages.size(); ++j) {
+    const FusedProgram& st = p.stages[j];
+    for (std::uint32_t o = 0; o < st.outputs.size(); ++o) {
+      const fusion::ProgramOutput& out_o = st.outputs[o];
+      bool stored_in_block0 = false, stored_elsewhere = false;
+      for (std::size_t b = 0; b < st.blocks.size(); ++b)
+        for (const fusion::Store& sto : st.blocks[b].stores)
+          if (sto.output == o) (b == 0 ? stored_in_block0 : stored_elsewhere) = true;
+      if (!out_o.written || !stored_in_block0 || stored_elsewhere || out_o.shape != st.blocks[0].reference_shape)
+        continue;
+      bool consumed = false, read_elsewhere = false;
+      for (std::size_t k = j + 1; k < p.stages.size(); ++k) {
+        const FusedProgram& later = p.stages[k];
+        for (std::uint32_t i = 0; i < later.inputs.size(); ++i) {
+          const fusion::ProgramInput& in = later.inputs[i];
+          const bool names_it = in.tensor == out_o.tensor || (in.role == fusion::InputRole::View && in.view &&
+                                                              in.view->source < later.inputs.size() &&
+                                                              later.inputs[in.view->source].tensor == out_o.tensor);
+          if (!names_it) continue;
+          if (in.role != fusion::InputRole::Plain) read_elsewhere = true;
+          consumed = consumed || in.status == ir::TensorStatus::ReadWrite;
+          for (std::size_t b = 1; b < later.blocks.size(); ++b)
+            for (const fusion::Load& l : later.blocks[b].loads)
+              read_elsewhere = read_elsewhere || (l.source == fusion::LoadSource::Input && l.index == i);
+        }
+      }
+      if (consumed && !read_elsewhere) out.push_back(RowWindow{out_o.tensor, out_o.dtype});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const RowWindow& a, const RowWindow& b) { return a.tensor < b.tensor; });
+  return out;
+}
+
 Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, bool by_warp, GeneratedProgram& g) {
   std::set<std::uint64_t> in_launch;  // written by one stage, read by a later one
   for (std::size_t k = 1; k < p.stages.size(); ++k)
@@ -1316,10 +1407,11 @@ Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, bool by_warp
       for (std::size_t j = 0; j < k; ++j)
         for (const fusion::ProgramOutput& o : p.stages[j].outputs)
           if (o.written && o.tensor == in.tensor) in_launch.insert(in.tensor);
+  const std::vector<RowWindow> windows = row_windows(p);
   std::vector<StageGen::RowPart> parts(p.stages.size());
   for (std::size_t s = 0; s < p.stages.size(); ++s)
     KILN_RETURN_IF_ERROR(
-        StageGen(p.stages[s], static_cast<std::uint32_t>(s), opt, g).row_part(parts[s], in_launch, by_warp));
+        StageGen(p.stages[s], static_cast<std::uint32_t>(s), opt, g).row_part(parts[s], in_launch, windows, by_warp));
   KernelSpec k;
   k.role = by_warp ? KernelRole::RowFusedWarp : KernelRole::RowFused;
   k.name = fmt::format("{}_{}", opt.name_prefix, kernel_role_name(k.role));
@@ -1336,9 +1428,15 @@ Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, bool by_warp
       args[s].push_back(renamed);
       k.params.push_back(parts[s].params[i]);
     }
-  t.line(2, "const long long kiln_rows, const long long kiln_n) {");
+  t.line(2, "const long long kiln_window_bytes, const long long kiln_rows, const long long kiln_n) {");
+  k.params.push_back(KernelParam{.kind = ParamKind::RowWindowBytes});
   k.params.push_back(KernelParam{.kind = ParamKind::Rows});
   k.params.push_back(KernelParam{.kind = ParamKind::RowLength});
+  // The row's window (kiln_window_bytes: 0 when the host keeps the temporaries in global memory),
+  // one per warp in the warp kernel.
+  t.line(1, "extern __shared__ __align__(16) unsigned char kiln_smem[];");
+  t.line(1, fmt::format("unsigned char* const kiln_window = kiln_window_bytes == 0 ? nullptr : kiln_smem{};",
+                        by_warp ? " + (threadIdx.x >> 5) * kiln_window_bytes" : ""));
   if (by_warp) {
     // Warps of a block take consecutive rows; a warp's rows are uniform across its lanes.
     t.line(1, "const long long warps = (long long)gridDim.x * (blockDim.x >> 5);");
@@ -1351,14 +1449,18 @@ Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, bool by_warp
   for (std::size_t s = 0; s < parts.size(); ++s) {
     std::string call = parts[s].function + "(";
     for (const std::string& a : args[s]) call += a + ", ";
-    t.line(2, call + "row, kiln_n);");
+    t.line(2, call + "kiln_window, row, kiln_n);");
     // What this stage wrote for the row is read by the next one, by other threads of the block
     // (of the warp).
     if (s + 1 < parts.size()) t.line(2, by_warp ? "__syncwarp();" : "__syncthreads();");
   }
+  // The next row's stages write the window that this row's last stage may still be reading.
+  if (!windows.empty()) t.line(2, by_warp ? "if (kiln_window) __syncwarp();" : "if (kiln_window) __syncthreads();");
   t.line(1, "}");
   t.line(0, "}");
   g.body += t.str();
+  g.row_windows.clear();
+  for (const RowWindow& w : windows) g.row_windows.push_back(w.dtype);
   (by_warp ? g.row_warp_kernel : g.row_kernel) = g.kernels.size();
   g.kernels.push_back(std::move(k));
   return Status::Ok();

@@ -253,6 +253,12 @@ Result<KilnReduceShape> reduce_shape(const FusedProgram& p, const Binding& bindi
   return r;
 }
 
+std::int64_t row_window_bytes(std::span<const ir::DType> windows, std::int64_t n) {
+  std::int64_t bytes = 0;
+  for (const ir::DType& d : windows) bytes += (n * static_cast<std::int64_t>(d.size_bytes()) + 15) / 16 * 16;
+  return bytes;
+}
+
 namespace {
 
 // Whether stage k reads a tensor an earlier stage writes other than element by element in the
@@ -500,6 +506,7 @@ Result<ArgPack> pack_args(const KernelSpec& kernel, std::span<const StageArgs> s
       case ParamKind::ReduceShape: pack.add(&a.reduce, sizeof(KilnReduceShape)); break;
       case ParamKind::MatmulShape: pack.add(&a.matmul, sizeof(KilnMatmulShape)); break;
       case ParamKind::Fault: pack.add(&a.fault, sizeof(std::uintptr_t)); break;
+      case ParamKind::RowWindowBytes: pack.add(&a.row_window_bytes, sizeof(std::int64_t)); break;
       case ParamKind::Rows: pack.add(&a.rows, sizeof(std::int64_t)); break;
       case ParamKind::RowLength: pack.add(&a.row_length, sizeof(std::int64_t)); break;
     }

@@ -200,13 +200,14 @@ TEST(Codegen, RowProgramsGetOneKernelCallingTheirStagesInOrder) {
       EXPECT_EQ(k.name, by_warp ? "kiln_rowwarp" : "kiln_row");
       const std::string part_suffix = by_warp ? "_rowwarppart" : "_rowpart";
       const std::string barrier = by_warp ? "__syncwarp();" : "__syncthreads();";
-      // Parameters: stage 0's list, stage 1's, ..., then rows and n.
-      ASSERT_GE(k.params.size(), 2u);
+      // Parameters: stage 0's list, stage 1's, ..., then the window's bytes, rows and n.
+      ASSERT_GE(k.params.size(), 3u);
+      EXPECT_EQ(k.params[k.params.size() - 3].kind, ParamKind::RowWindowBytes);
       EXPECT_EQ(k.params[k.params.size() - 2].kind, ParamKind::Rows);
       EXPECT_EQ(k.params.back().kind, ParamKind::RowLength);
       std::uint32_t stage = 0;
       std::size_t faults = 0;
-      for (std::size_t i = 0; i + 2 < k.params.size(); ++i) {
+      for (std::size_t i = 0; i + 3 < k.params.size(); ++i) {
         EXPECT_GE(k.params[i].stage, stage) << p.name << " parameter " << i;
         stage = k.params[i].stage;
         if (k.params[i].kind == ParamKind::Fault) {
@@ -247,6 +248,32 @@ TEST(Codegen, RowProgramsGetOneKernelCallingTheirStagesInOrder) {
   }
   for (const char* w : {"softmax", "log-softmax", "layer-norm", "rms-norm", "cross-entropy"})
     EXPECT_TRUE(covered.count(w)) << w << " is not a Row program of the catalog";
+}
+
+// Temporaries consumed inside a Row kernel (softmax's exp(x - max): written by the sum's
+// prologue, read and consumed by the division) may live in the row's shared-memory window: their
+// stores and loads go there when the launch has one, to global memory otherwise.
+TEST(Codegen, RowTemporariesConsumedInTheLaunchGetAWindow) {
+  int softmaxes = 0;
+  for (const NamedProgram& p : testing::fused_catalog()) {
+    if (p.program.kind != fusion::ProgramKind::Row) continue;
+    Result<GeneratedProgram> g = generate(p.program);
+    KILN_ASSERT_OK(g);
+    const ir::DType d = p.program.stages[0].inputs[0].dtype;
+    for (const ir::DType& w : g->row_windows) EXPECT_EQ(w, d) << p.name;
+    if (g->row_windows.empty()) continue;
+    EXPECT_NE(g->body.find("kiln_w0[pos - kiln_row0] = "), std::string::npos) << p.name << ": no window store";
+    EXPECT_NE(g->body.find("(kiln_window ? kiln_w0[pos - kiln_row0] : "), std::string::npos)
+        << p.name << ": no window load";
+    EXPECT_NE(g->body.find("if (kiln_window) __syncthreads();"), std::string::npos)
+        << p.name << ": the next row's stages must wait for this row's last reads";
+    EXPECT_NE(g->body.find("if (kiln_window) __syncwarp();"), std::string::npos) << p.name;
+    if (p.name.size() > 8 && p.name.compare(p.name.size() - 8, 8, " softmax") == 0) {
+      ++softmaxes;
+      EXPECT_EQ(g->row_windows.size(), 1u) << p.name << ": exp(x - max)";
+    }
+  }
+  EXPECT_EQ(softmaxes, 4) << "softmax in four dtypes";
 }
 
 TEST(Codegen, HalfPrecisionComputesInF32AndRoundsBack) {

@@ -405,6 +405,10 @@ TEST(CudaBackend, RowProgramsRunAsOneKernel) {
       }
     }
   }
+  // Softmax's exp(x - max) lives in the row's shared memory when it fits (f32 rows of 1000: 8
+  // warps' windows of 4000 bytes), and in global memory when it does not (f64 rows of 1000).
+  EXPECT_GT(s.gpu->stats().row_window_launches, 0u);
+  EXPECT_LT(s.gpu->stats().row_window_launches, s.gpu->stats().row_kernel_launches);
   // Extreme rows (f32): one +inf, all -inf, a NaN, -1e38 everywhere, and an ordinary row.
   const std::uint64_t n = 300;
   std::vector<double> v(5 * n, 0.5);

@@ -233,6 +233,7 @@ TEST(Launch, PackedArgumentsFollowTheParameterLists) {
           case ParamKind::Scalar: want = scalar_class_size(g->scalars[k.params[i].index].cls); break;
           case ParamKind::ReduceShape: want = sizeof(KilnReduceShape); break;
           case ParamKind::MatmulShape: want = sizeof(KilnMatmulShape); break;
+          case ParamKind::RowWindowBytes:
           case ParamKind::Rows:
           case ParamKind::RowLength: want = sizeof(std::int64_t); break;
         }
@@ -296,6 +297,14 @@ TEST(Launch, RowSpaceOfTheCatalogsRowPrograms) {
   }
 }
 
+// A window per temporary, n elements each, rounded up to 16 bytes.
+TEST(Launch, RowWindowBytes) {
+  const std::vector<ir::DType> none, two = {dt::f32, dt::f16};
+  EXPECT_EQ(row_window_bytes(none, 1000), 0);
+  EXPECT_EQ(row_window_bytes(two, 1000), 4000 + 2000);
+  EXPECT_EQ(row_window_bytes(two, 3), 16 + 16);
+}
+
 // The Row kernel's arguments: each parameter from its own stage's StageArgs, the row space last.
 TEST(Launch, RowKernelArgumentsComeFromEachStage) {
   for (const NamedProgram& p : fused_catalog()) {
@@ -322,6 +331,7 @@ TEST(Launch, RowKernelArgumentsComeFromEachStage) {
     }
     args[0].rows = 32;
     args[0].row_length = 64;
+    args[0].row_window_bytes = row_window_bytes(g->row_windows, 64);
     Result<ArgPack> pack = pack_args(k, args);
     KILN_ASSERT_OK(pack);
     ASSERT_EQ(pack->size(), k.params.size());
@@ -335,6 +345,7 @@ TEST(Launch, RowKernelArgumentsComeFromEachStage) {
         case ParamKind::OutputPtr: EXPECT_EQ(word, 0x2000u * (k.params[i].stage + 1)); break;
         case ParamKind::Rows: EXPECT_EQ(word, 32u); break;
         case ParamKind::RowLength: EXPECT_EQ(word, 64u); break;
+        case ParamKind::RowWindowBytes: EXPECT_EQ(word, static_cast<std::uint64_t>(args[0].row_window_bytes)); break;
         default: break;
       }
     }

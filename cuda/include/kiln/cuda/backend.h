@@ -67,6 +67,7 @@ struct CudaStats {
   std::uint64_t row_vector_launches = 0;                          // ... that took the row-broadcast 16-byte path
   std::uint64_t row_kernel_launches = 0;          // Row programs run as one kernel (each counts once in fused_launches)
   std::uint64_t row_warp_kernel_launches = 0;     // ... of them by a warp per row (rows up to kWarpRowLength)
+  std::uint64_t row_window_launches = 0;          // ... with their temporaries in shared memory
   std::uint64_t single_op_kernels = 0;            // single ops run as one-op generated kernels
   std::uint64_t host_ops = 0;                     // single ops run on the host reference executor
   std::uint64_t fused_replays = 0;                // fused programs replayed op by op

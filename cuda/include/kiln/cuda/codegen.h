@@ -24,6 +24,8 @@
 //                               back by the same block while it is still in L1 / L2
 //                               `<prefix>_rowwarp`: the same with one warp per row (its parts
 //                               `_rowwarppart`, warp barriers), for short rows
+//                               Temporaries consumed inside the launch may live in a shared-
+//                               memory window of the row (`row_windows`, chosen at launch)
 //
 // Sizes and scalar values are kernel parameters (KilnIter, KilnAccess, ...), never constants,
 // so one compiled program serves every size and every scalar value of its structure.
@@ -73,18 +75,19 @@ inline constexpr std::int64_t kWarpRowLength = 1024;
 
 // One kernel parameter, in declaration order; the host builds the argument list from these.
 enum class ParamKind : std::uint8_t {
-  Iter,         // KilnIter of block `block` (its reference shape)
-  LoadAccess,   // KilnAccess of load `index` of block `block`
-  StoreAccess,  // KilnAccess of store `index` of block `block`
-  InputPtr,     // device pointer of program input `index` (a View entry: its source's buffer)
-  OutputPtr,    // device pointer of program output `index`
-  Indexed,      // KilnIndexed of program input `index` (role Indexed)
-  Scalar,       // scalar slot `index` of GeneratedProgram::scalars, passed as its class type
-  ReduceShape,  // KilnReduceShape of the stage's reduction
-  MatmulShape,  // KilnMatmulShape
-  Fault,        // int*: set to nonzero by a fault (integer division by zero, index out of range)
-  Rows,         // long long: rows of the Row kernel's [rows, n] space
-  RowLength,    // long long: n
+  Iter,            // KilnIter of block `block` (its reference shape)
+  LoadAccess,      // KilnAccess of load `index` of block `block`
+  StoreAccess,     // KilnAccess of store `index` of block `block`
+  InputPtr,        // device pointer of program input `index` (a View entry: its source's buffer)
+  OutputPtr,       // device pointer of program output `index`
+  Indexed,         // KilnIndexed of program input `index` (role Indexed)
+  Scalar,          // scalar slot `index` of GeneratedProgram::scalars, passed as its class type
+  ReduceShape,     // KilnReduceShape of the stage's reduction
+  MatmulShape,     // KilnMatmulShape
+  Fault,           // int*: set to nonzero by a fault (integer division by zero, index out of range)
+  RowWindowBytes,  // long long: the Row kernel's shared memory per row (0: temporaries in global memory)
+  Rows,            // long long: rows of the Row kernel's [rows, n] space
+  RowLength,       // long long: n
 };
 struct KernelParam {
   ParamKind kind = ParamKind::Iter;
@@ -145,6 +148,10 @@ struct GeneratedProgram {
   std::optional<std::size_t> row_kernel;       // index into `kernels`: a thread block per row
   std::optional<std::size_t> row_warp_kernel;  // ... a warp per row (both or neither)
   std::string row_kernel_refused;
+  // The Row kernels' window temporaries, in window order: each takes n elements of its dtype,
+  // rounded up to 16 bytes, of the row's shared memory when the host launches with a window
+  // (row_window_bytes); else they go through global memory as the other outputs.
+  std::vector<ir::DType> row_windows;
 
   std::string source() const;
 };

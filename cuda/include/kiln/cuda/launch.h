@@ -66,6 +66,10 @@ struct RowSpace {
 };
 Result<RowSpace> row_space(const fusion::FusedProgram& row, const Binding& binding);
 
+// Shared memory per row of the Row kernel's window for rows of n elements (the generated
+// row_windows, each rounded up to 16 bytes, as the kernel lays them out).
+std::int64_t row_window_bytes(std::span<const ir::DType> windows, std::int64_t n);
+
 // Row-major description of an indexed input.
 KilnIndexed indexed_of(const ir::Shape& shape);
 
@@ -101,6 +105,7 @@ struct StageArgs {
   std::vector<ScalarArg> scalars;         // per GeneratedProgram scalar slot
   std::uintptr_t fault = 0;               // int* fault word
   std::int64_t rows = 0, row_length = 0;  // the Row kernel's [rows, n] space (its stage 0's args)
+  std::int64_t row_window_bytes = 0;      // its shared memory per row (0: no window)
 };
 
 // The argument list of one launch: storage for each parameter and the void* array
