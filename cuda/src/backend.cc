@@ -612,7 +612,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     const bool by_warp = space->n <= kWarpRowLength;
     const std::uint64_t rows_per_block = by_warp ? g.kernels[*g.row_warp_kernel].threads / 32 : 1;
     // The temporaries consumed inside the launch stay in shared memory when the block's windows
-    // fit the default 48 KiB (no opt-in attribute needed); else they go through global memory.
+    // fit kMaxWindowBytes (no opt-in attribute needed); else they go through global memory.
     const std::int64_t window = row_window_bytes(g.row_windows, space->n);
     const bool windowed = window > 0 && static_cast<std::uint64_t>(window) * rows_per_block <= kMaxWindowBytes;
     args[0].row_window_bytes = windowed ? window : 0;
@@ -638,7 +638,13 @@ class CudaStreamExecutor final : public fusion::Executor {
     const std::size_t shared = windowed ? static_cast<std::size_t>(window) * rows_per_block : 0;
     const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[kernel]), grid,
                                            dim3(spec.threads), pack->args(), shared, stream_->get());
-    if (e != cudaSuccess) return fail_all(cuda_error("launching " + spec.name, e));
+    if (e != cudaSuccess) {
+      // Refused before running (resources, configuration): nothing was written, so the stages
+      // run one launch each from now on; an error that is not the launch's own shows there too.
+      (void)cudaGetLastError();
+      b_.quarantine_program(p, fmt::format("its row kernel did not launch: {}", cudaGetErrorString(e)));
+      return false;
+    }
     if (g.may_fault) {
       Result<bool> faulted = read_fault_word();
       if (!faulted.ok()) return fail_all(faulted.error());
@@ -679,7 +685,9 @@ class CudaStreamExecutor final : public fusion::Executor {
   // The classic limit on a kernel's parameters (larger lists need sm_70+ and CUDA 12.1+ on both
   // sides): a Row kernel beyond it runs stage by stage.
   static constexpr std::size_t kMaxParamBytes = 4096;
-  static constexpr std::uint64_t kMaxWindowBytes = 48 * 1024;
+  // Dynamic shared memory without the opt-in attribute: 48 KiB less the reductions' own
+  // exchange arrays (8 accumulators per reducing stage).
+  static constexpr std::uint64_t kMaxWindowBytes = 44 * 1024;
   static std::size_t param_bytes(const ArgPack& pack) {
     std::size_t total = 0;
     for (std::size_t i = 0; i < pack.size(); ++i) total += (pack.bytes(i) + 7) / 8 * 8;
