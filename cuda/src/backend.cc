@@ -609,13 +609,11 @@ class CudaStreamExecutor final : public fusion::Executor {
     }
     args[0].rows = space->rows;
     args[0].row_length = space->n;
-    const bool by_warp = space->n <= kWarpRowLength;
-    const std::uint64_t rows_per_block = by_warp ? g.kernels[*g.row_warp_kernel].threads / 32 : 1;
     // The temporaries consumed inside the launch stay in shared memory when the block's windows
     // fit kMaxWindowBytes (no opt-in attribute needed); else they go through global memory.
-    const std::int64_t window = row_window_bytes(g.row_windows, space->n);
-    const bool windowed = window > 0 && static_cast<std::uint64_t>(window) * rows_per_block <= kMaxWindowBytes;
-    args[0].row_window_bytes = windowed ? window : 0;
+    const RowLaunch shape = row_launch(g.row_windows, space->n, g.kernels[*g.row_kernel].threads, kMaxWindowBytes);
+    const bool by_warp = shape.by_warp, windowed = shape.window_bytes > 0;
+    args[0].row_window_bytes = shape.window_bytes;
     const std::size_t kernel = by_warp ? *g.row_warp_kernel : *g.row_kernel;
     const KernelSpec& spec = g.kernels[kernel];
     Result<ArgPack> pack = pack_args(spec, args);
@@ -633,11 +631,11 @@ class CudaStreamExecutor final : public fusion::Executor {
       if (e != cudaSuccess) return fail_all(cuda_error("clearing the fault word", e));
     }
     const std::uint64_t fill = static_cast<std::uint64_t>(std::max(1, b_.info.multiprocessors)) * 8;
-    const std::uint64_t blocks = (static_cast<std::uint64_t>(space->rows) + rows_per_block - 1) / rows_per_block;
+    const std::uint64_t blocks =
+        (static_cast<std::uint64_t>(space->rows) + shape.rows_per_block - 1) / shape.rows_per_block;
     const dim3 grid(static_cast<unsigned>(std::clamp<std::uint64_t>(blocks, 1, fill * 4)));
-    const std::size_t shared = windowed ? static_cast<std::size_t>(window) * rows_per_block : 0;
     const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[kernel]), grid,
-                                           dim3(spec.threads), pack->args(), shared, stream_->get());
+                                           dim3(shape.threads), pack->args(), shape.shared, stream_->get());
     if (e != cudaSuccess) {
       // Refused before running (resources, configuration): nothing was written, so the stages
       // run one launch each from now on; an error that is not the launch's own shows there too.

@@ -352,9 +352,19 @@ struct BodyMode {
 
 // A temporary of a Row program that the Row kernel may keep in shared memory: written over the
 // whole row space by one stage's first block and consumed by later stages' first blocks only.
+// Also an input that several stages read over the whole row space (softmax's x, read by the max
+// and by the sum's prologue): the first of them copies what it loads into the window, the later
+// ones read the window instead of global memory.
 struct RowWindow {
   std::uint64_t tensor = 0;  // relative id
   DType dtype;
+  std::int64_t filled_by = -1;  // an input's: the stage whose loads fill it; -1: a stage's output
+};
+
+// How a row part uses a window: its pointer's name, and whether its loads fill it.
+struct WindowUse {
+  std::string name;
+  bool fill = false;
 };
 
 class StageGen {
@@ -617,13 +627,13 @@ class StageGen {
     if (m.row) return fmt::format("v{}.v[lane]", l);
     if (m.vector) return ld.broadcast ? fmt::format("in{}[0]", ld.index) : fmt::format("v{}.v[lane]", l);
     const std::string global = fmt::format("in{}[KILN_OFF(la{}_{}, pos, idx, it{})]", ld.index, b, l, b);
-    if (const std::string* w = window_of(ld.source == fusion::LoadSource::Input ? p_.inputs[ld.index].tensor : ~0ull))
-      return fmt::format("(kiln_window ? {}[pos - kiln_row0] : {})", *w, global);
+    const WindowUse* w = window_of(ld.source == fusion::LoadSource::Input ? p_.inputs[ld.index].tensor : ~0ull);
+    if (w != nullptr && !w->fill) return fmt::format("(kiln_window ? {}[pos - kiln_row0] : {})", w->name, global);
     return global;
   }
 
   // The Row kernel's window (shared memory) of a relative tensor, when it has one.
-  const std::string* window_of(std::uint64_t tensor) const {
+  const WindowUse* window_of(std::uint64_t tensor) const {
     if (windows_ == nullptr) return nullptr;
     auto it = windows_->find(tensor);
     return it == windows_->end() ? nullptr : &it->second;
@@ -636,8 +646,15 @@ class StageGen {
     for (std::uint32_t l = 0; l < blk.loads.size(); ++l) {
       const fusion::Load& ld = blk.loads[l];
       const DType d = blk.registers[ld.local];
-      const std::string e =
-          (m.vector && !m.row && ld.broadcast) ? fmt::format("b{}", l) : load_conv(d, load_elem(b, l, m));
+      std::string e = (m.vector && !m.row && ld.broadcast) ? fmt::format("b{}", l) : load_conv(d, load_elem(b, l, m));
+      const WindowUse* w =
+          m.vector || ld.source != fusion::LoadSource::Input ? nullptr : window_of(p_.inputs[ld.index].tensor);
+      if (w != nullptr && w->fill) {  // the first reader copies the row into the window
+        const std::string raw = fmt::format("raw{}", ld.local);
+        t.line(ind, fmt::format("const {} {} = {};", storage_type(p_.inputs[ld.index].dtype), raw, load_elem(b, l, m)));
+        t.line(ind, fmt::format("if (kiln_window) {}[pos - kiln_row0] = {};", w->name, raw));
+        e = load_conv(d, raw);
+      }
       t.line(ind, fmt::format("const {} {} = {};", cls_type(*cls_of(d)), reg(ld.local), e));
     }
     for (const Instruction& ins : blk.instructions) KILN_RETURN_IF_ERROR(instruction(t, ind, b, ins));
@@ -647,11 +664,11 @@ class StageGen {
       const std::string v = store_conv(d, reg(st.local));
       if (m.vector) {
         t.line(ind, fmt::format("w{}.v[lane] = {};", s, v));
-      } else if (const std::string* w = window_of(p_.outputs[st.output].tensor)) {
+      } else if (const WindowUse* w = window_of(p_.outputs[st.output].tensor)) {
         t.line(ind,
                fmt::format("if (kiln_window) {}[pos - kiln_row0] = {}; else out{}[KILN_OFF(sa{}_{}, pos, idx, it{})] = "
                            "{};",
-                           *w, v, st.output, b, s, b, v));
+                           w->name, v, st.output, b, s, b, v));
       } else {
         t.line(
             ind,
@@ -1201,9 +1218,9 @@ class StageGen {
     for (const std::string& d : part.decls) t.line(2, d + ",");
     t.line(2, "unsigned char* const kiln_window, const long long row, const long long row_n) {");
     t.line(1, fmt::format("[[maybe_unused]] constexpr int KILN_R = {};", max_rank()));
-    std::map<std::uint64_t, std::string> names;
-    row_window_pointers(t, windows, names);
-    windows_ = &names;
+    std::map<std::uint64_t, WindowUse> uses;
+    row_window_pointers(t, windows, stage_, uses);
+    windows_ = &uses;
     if (p_.kind == ProgramKind::Elementwise) {
       t.line(1, "(void)kiln_fault;");
       t.line(1, "const long long end = (row + 1) * row_n;");
@@ -1228,8 +1245,8 @@ class StageGen {
  private:
   // A pointer per window into the row's shared memory (null when the launch keeps them in global
   // memory): window w after the earlier ones, each n elements rounded up to 16 bytes.
-  static void row_window_pointers(Text& t, const std::vector<RowWindow>& windows,
-                                  std::map<std::uint64_t, std::string>& names) {
+  static void row_window_pointers(Text& t, const std::vector<RowWindow>& windows, std::uint32_t stage,
+                                  std::map<std::uint64_t, WindowUse>& uses) {
     t.line(1, "[[maybe_unused]] const long long kiln_row0 = row * row_n;");
     std::string offset = "0LL";
     for (std::size_t w = 0; w < windows.size(); ++w) {
@@ -1239,7 +1256,7 @@ class StageGen {
                             ": nullptr;",
                             st, name, offset));
       offset += fmt::format(" + (row_n * {} + 15) / 16 * 16", storage_size(windows[w].dtype));
-      names.emplace(windows[w].tensor, name);
+      uses.emplace(windows[w].tensor, WindowUse{name, windows[w].filled_by == static_cast<std::int64_t>(stage)});
     }
   }
 
@@ -1339,7 +1356,7 @@ class StageGen {
   std::vector<std::string> decls_;
   // Row parts: the temporaries kept in the Row kernel's shared-memory window (relative tensor ->
   // the part's pointer name); null elsewhere.
-  const std::map<std::uint64_t, std::string>* windows_ = nullptr;
+  const std::map<std::uint64_t, WindowUse>* windows_ = nullptr;
   std::uint32_t vector_width_ = 0;
   std::uint32_t row_vector_width_ = 0;
 };
@@ -1396,6 +1413,31 @@ std::vector<RowWindow> row_windows(const FusedProgram& p) {
       if (consumed && !read_elsewhere) out.push_back(RowWindow{out_o.tensor, out_o.dtype});
     }
   }
+  // Inputs from outside the launch read whole by the first blocks of two stages or more.
+  std::map<std::uint64_t, std::vector<std::size_t>> readers;  // tensor -> stages, in order
+  std::map<std::uint64_t, DType> dtypes;
+  for (std::size_t k = 0; k < p.stages.size(); ++k) {
+    const FusedProgram& st = p.stages[k];
+    for (std::uint32_t i = 0; i < st.inputs.size(); ++i) {
+      const fusion::ProgramInput& in = st.inputs[i];
+      bool produced = false;
+      for (const FusedProgram& other : p.stages)
+        for (const fusion::ProgramOutput& o : other.outputs)
+          produced = produced || (o.written && o.tensor == in.tensor);
+      if (produced || in.role != fusion::InputRole::Plain || in.shape != st.blocks[0].reference_shape) continue;
+      bool in_block0 = false, elsewhere = false;
+      for (std::size_t b = 0; b < st.blocks.size(); ++b)
+        for (const fusion::Load& l : st.blocks[b].loads)
+          if (l.source == fusion::LoadSource::Input && l.index == i) (b == 0 ? in_block0 : elsewhere) = true;
+      if (!in_block0 || elsewhere) continue;
+      std::vector<std::size_t>& r = readers[in.tensor];
+      if (r.empty() || r.back() != k) r.push_back(k);
+      dtypes.insert_or_assign(in.tensor, in.dtype);
+    }
+  }
+  for (const auto& [tensor, stages] : readers)
+    if (stages.size() >= 2)
+      out.push_back(RowWindow{tensor, dtypes.at(tensor), static_cast<std::int64_t>(stages.front())});
   std::sort(out.begin(), out.end(), [](const RowWindow& a, const RowWindow& b) { return a.tensor < b.tensor; });
   return out;
 }

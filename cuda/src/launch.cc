@@ -259,6 +259,29 @@ std::int64_t row_window_bytes(std::span<const ir::DType> windows, std::int64_t n
   return bytes;
 }
 
+RowLaunch row_launch(std::span<const ir::DType> windows, std::int64_t n, std::uint32_t threads,
+                     std::uint64_t max_shared) {
+  RowLaunch l;
+  l.by_warp = n <= kWarpRowLength;
+  l.threads = threads;
+  const std::int64_t window = row_window_bytes(windows, n);
+  const auto fits = [&](std::uint32_t t) {
+    const std::uint64_t rows = l.by_warp ? t / 32 : 1;
+    return static_cast<std::uint64_t>(window) * rows <= max_shared;
+  };
+  if (window > 0) {
+    std::uint32_t t = threads;
+    while (l.by_warp && t > 32 && !fits(t)) t /= 2;
+    if (fits(t)) {
+      l.threads = t;
+      l.window_bytes = window;
+    }
+  }
+  l.rows_per_block = l.by_warp ? l.threads / 32 : 1;
+  l.shared = static_cast<std::size_t>(l.window_bytes) * l.rows_per_block;
+  return l;
+}
+
 namespace {
 
 // Whether stage k reads a tensor an earlier stage writes other than element by element in the

@@ -305,6 +305,36 @@ TEST(Launch, RowWindowBytes) {
   EXPECT_EQ(row_window_bytes(two, 3), 16 + 16);
 }
 
+// The Row kernel's launch: a warp per row up to 1024 elements, windows in shared memory when the
+// block's fit (the warp kernel with fewer warps if need be), global memory otherwise.
+TEST(Launch, RowLaunchShapes) {
+  const std::vector<ir::DType> none, one = {dt::f32}, two = {dt::f32, dt::f32}, f64 = {dt::f64, dt::f64};
+  const std::uint64_t max = 44 * 1024;
+  RowLaunch l = row_launch(none, 1024, 256, max);
+  EXPECT_TRUE(l.by_warp);
+  EXPECT_EQ(l.threads, 256u);
+  EXPECT_EQ(l.rows_per_block, 8u);
+  EXPECT_EQ(l.window_bytes, 0);
+  EXPECT_EQ(l.shared, 0u);
+  l = row_launch(one, 1024, 256, max);  // 8 warps x 4 KiB
+  EXPECT_EQ(l.threads, 256u);
+  EXPECT_EQ(l.window_bytes, 4096);
+  EXPECT_EQ(l.shared, 8u * 4096);
+  l = row_launch(two, 1024, 256, max);  // 8 KiB per row: 4 warps
+  EXPECT_EQ(l.threads, 128u);
+  EXPECT_EQ(l.rows_per_block, 4u);
+  EXPECT_EQ(l.shared, 4u * 8192);
+  l = row_launch(two, 1025, 256, max);  // a block per row
+  EXPECT_FALSE(l.by_warp);
+  EXPECT_EQ(l.threads, 256u);
+  EXPECT_EQ(l.rows_per_block, 1u);
+  EXPECT_EQ(l.shared, 8224u);           // 4100 bytes rounded to 4112, twice
+  l = row_launch(f64, 4000, 256, max);  // 64000 bytes: global memory
+  EXPECT_EQ(l.window_bytes, 0);
+  EXPECT_EQ(l.shared, 0u);
+  EXPECT_EQ(l.threads, 256u);
+}
+
 // The Row kernel's arguments: each parameter from its own stage's StageArgs, the row space last.
 TEST(Launch, RowKernelArgumentsComeFromEachStage) {
   for (const NamedProgram& p : fused_catalog()) {

@@ -70,6 +70,20 @@ Result<RowSpace> row_space(const fusion::FusedProgram& row, const Binding& bindi
 // row_windows, each rounded up to 16 bytes, as the kernel lays them out).
 std::int64_t row_window_bytes(std::span<const ir::DType> windows, std::int64_t n);
 
+// How the Row kernel launches for rows of n elements: a warp per row up to kWarpRowLength (the
+// block's warps each take a row), else a block per row; with the window temporaries in shared
+// memory when the block's windows fit `max_shared` bytes, the warp kernel halving its threads
+// (down to one warp) until they do; else in global memory at `threads`.
+struct RowLaunch {
+  bool by_warp = false;
+  std::uint32_t threads = 256;
+  std::int64_t window_bytes = 0;  // per row; 0: no window
+  std::size_t shared = 0;         // dynamic shared memory of a block
+  std::uint64_t rows_per_block = 1;
+};
+RowLaunch row_launch(std::span<const ir::DType> windows, std::int64_t n, std::uint32_t threads,
+                     std::uint64_t max_shared);
+
 // Row-major description of an indexed input.
 KilnIndexed indexed_of(const ir::Shape& shape);
 
