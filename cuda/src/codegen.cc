@@ -1099,20 +1099,30 @@ class StageGen {
                             rt.combine_a_b));
     KILN_RETURN_IF_ERROR(reduce_strided(t, ind, rt, "threadIdx.x", "blockDim.x"));
     // Every combine is order-independent up to rounding (arg ties go to the lower index).
-    t.line(ind, "#pragma unroll");
-    t.line(ind, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
+    warp_combine(t, ind);
     t.line(ind, "if ((threadIdx.x & 31u) == 0) sh[threadIdx.x >> 5] = acc;");
     t.line(ind, "__syncthreads();");
     t.line(ind, "if (threadIdx.x < 32) {");
     t.line(ind + 1, fmt::format("acc = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : {};", rt.init));
-    t.line(ind + 1, "#pragma unroll");
-    t.line(ind + 1, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
+    warp_combine(t, ind + 1);
     t.line(ind, "}");
-    t.line(ind, "if (threadIdx.x == 0) {");
+    KILN_RETURN_IF_ERROR(leader_finishes(t, ind, rt, "threadIdx.x == 0"));
+    t.line(ind, "__syncthreads();");
+    return Status::Ok();
+  }
+
+  // The warp's accumulators combined by shuffles, the result in its lane 0.
+  static void warp_combine(Text& t, int ind) {
+    t.line(ind, "#pragma unroll");
+    t.line(ind, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
+  }
+
+  // The thread holding the reduced value (`leader`) finishes it and runs the epilogue.
+  Status leader_finishes(Text& t, int ind, const RedText& rt, std::string_view leader) {
+    t.line(ind, fmt::format("if ({}) {{", leader));
     reduce_finish(t, ind + 1, rt);
     KILN_RETURN_IF_ERROR(reduce_epilogue(t, ind + 1));
     t.line(ind, "}");
-    t.line(ind, "__syncthreads();");
     return Status::Ok();
   }
 
@@ -1123,12 +1133,8 @@ class StageGen {
                             rt.combine_a_b));
     t.line(ind, "const unsigned lane = threadIdx.x & 31u;");
     KILN_RETURN_IF_ERROR(reduce_strided(t, ind, rt, "lane", "32"));
-    t.line(ind, "#pragma unroll");
-    t.line(ind, "for (int off = 16; off > 0; off >>= 1) acc = combine(acc, kiln_shfl_down(acc, off));");
-    t.line(ind, "if (lane == 0) {");
-    reduce_finish(t, ind + 1, rt);
-    KILN_RETURN_IF_ERROR(reduce_epilogue(t, ind + 1));
-    t.line(ind, "}");
+    warp_combine(t, ind);
+    KILN_RETURN_IF_ERROR(leader_finishes(t, ind, rt, "lane == 0"));
     t.line(ind, "__syncwarp();");
     return Status::Ok();
   }
