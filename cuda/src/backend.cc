@@ -636,13 +636,14 @@ class CudaStreamExecutor final : public fusion::Executor {
     const dim3 grid(static_cast<unsigned>(std::clamp<std::uint64_t>(blocks, 1, fill * 4)));
     const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernels[kernel]), grid,
                                            dim3(shape.threads), pack->args(), shape.shared, stream_->get());
-    if (e != cudaSuccess) {
-      // Refused before running (resources, configuration): nothing was written, so the stages
-      // run one launch each from now on; an error that is not the launch's own shows there too.
+    if (e == cudaErrorLaunchOutOfResources || e == cudaErrorInvalidConfiguration || e == cudaErrorInvalidValue) {
+      // Refused for this kernel's own needs (registers, shared memory): nothing ran, so the
+      // stages run one launch each from now on. The error is this launch's: clear it.
       (void)cudaGetLastError();
       b_.quarantine_program(p, fmt::format("its row kernel did not launch: {}", cudaGetErrorString(e)));
       return false;
     }
+    if (e != cudaSuccess) return fail_all(cuda_error("launching " + spec.name, e));
     if (g.may_fault) {
       Result<bool> faulted = read_fault_word();
       if (!faulted.ok()) return fail_all(faulted.error());

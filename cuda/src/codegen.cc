@@ -627,7 +627,7 @@ class StageGen {
     if (m.row) return fmt::format("v{}.v[lane]", l);
     if (m.vector) return ld.broadcast ? fmt::format("in{}[0]", ld.index) : fmt::format("v{}.v[lane]", l);
     const std::string global = fmt::format("in{}[KILN_OFF(la{}_{}, pos, idx, it{})]", ld.index, b, l, b);
-    const WindowUse* w = window_of(ld.source == fusion::LoadSource::Input ? p_.inputs[ld.index].tensor : ~0ull);
+    const WindowUse* w = window_of_load(ld);
     if (w != nullptr && !w->fill) return fmt::format("(kiln_window ? {}[pos - kiln_row0] : {})", w->name, global);
     return global;
   }
@@ -639,6 +639,15 @@ class StageGen {
     return it == windows_->end() ? nullptr : &it->second;
   }
 
+  // The window a load reads (or fills): only a Plain, unbroadcast read of the tensor walks the
+  // row as the window holds it. A view entry names its source's tensor (a transpose of x is not
+  // x), a broadcast one reads other positions: those read global memory.
+  const WindowUse* window_of_load(const fusion::Load& ld) const {
+    if (ld.source != fusion::LoadSource::Input || ld.broadcast || p_.inputs[ld.index].role != fusion::InputRole::Plain)
+      return nullptr;
+    return window_of(p_.inputs[ld.index].tensor);
+  }
+
   // Emits the loads, instructions and stores of block b (registers in `preset` are already
   // defined by the caller: a reduction's result, the matmul product).
   Status body(Text& t, int ind, std::uint32_t b, const BodyMode& m) {
@@ -647,8 +656,7 @@ class StageGen {
       const fusion::Load& ld = blk.loads[l];
       const DType d = blk.registers[ld.local];
       std::string e = (m.vector && !m.row && ld.broadcast) ? fmt::format("b{}", l) : load_conv(d, load_elem(b, l, m));
-      const WindowUse* w =
-          m.vector || ld.source != fusion::LoadSource::Input ? nullptr : window_of(p_.inputs[ld.index].tensor);
+      const WindowUse* w = m.vector ? nullptr : window_of_load(ld);
       if (w != nullptr && w->fill) {  // the first reader copies the row into the window
         const std::string raw = fmt::format("raw{}", ld.local);
         t.line(ind, fmt::format("const {} {} = {};", storage_type(p_.inputs[ld.index].dtype), raw, load_elem(b, l, m)));
@@ -1212,8 +1220,10 @@ class StageGen {
     part.decls = decls_;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const KernelParam& kp = params_[i];
+      // The fault word too: every stage's part gets the same one.
       const bool aliased = (kp.kind == ParamKind::InputPtr && in_launch.count(p_.inputs[kp.index].tensor)) ||
-                           (kp.kind == ParamKind::OutputPtr && in_launch.count(p_.outputs[kp.index].tensor));
+                           (kp.kind == ParamKind::OutputPtr && in_launch.count(p_.outputs[kp.index].tensor)) ||
+                           kp.kind == ParamKind::Fault;
       if (aliased) {
         const std::size_t at = part.decls[i].find(" __restrict__");
         if (at != std::string::npos) part.decls[i].erase(at, std::string_view(" __restrict__").size());

@@ -329,7 +329,11 @@ Result<RowSpace> row_space(const FusedProgram& row, const Binding& binding) {
                                                             ir::shape_to_string(ref), ir::shape_to_string(full)));
     if (st.kind == fusion::ProgramKind::Reduce) {
       KILN_ASSIGN_OR_RETURN(KilnReduceShape rs, reduce_shape(st, binding));
-      if (rs.inner != 1) return make_error(ErrorCode::Unsupported, fmt::format("stage {} reduces a middle axis", k));
+      // The kernel reduces output `row` over the row's n positions: the last axis, exactly.
+      const std::int64_t n = static_cast<std::int64_t>(full.back());
+      if (static_cast<std::size_t>(st.blocks[1].reduction->axis) + 1 != full.size() || rs.inner != 1 || rs.n != n ||
+          rs.outputs * n != static_cast<std::int64_t>(ir::num_elements(full)))
+        return make_error(ErrorCode::Unsupported, fmt::format("stage {} does not reduce the last axis", k));
     } else if (st.kind != fusion::ProgramKind::Elementwise) {
       return make_error(ErrorCode::Unsupported,
                         fmt::format("stage {} is a {} program", k, fusion::program_kind_name(st.kind)));

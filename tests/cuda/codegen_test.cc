@@ -1,6 +1,7 @@
 // The CUDA generator without NVRTC: determinism, independence from sizes and scalar values,
 // the kernels each program kind gets, parameter lists, and what it refuses.
 // KILN_CUDA_DUMP=1 prints every generated source of the fused catalog.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -276,6 +277,42 @@ TEST(Codegen, RowTemporariesConsumedInTheLaunchGetAWindow) {
     }
   }
   EXPECT_EQ(softmaxes, 4) << "softmax in four dtypes";
+}
+
+// A window holds a tensor as its plain reads walk the row: a view of it (x's transpose) or a
+// broadcast read goes to global memory, never to the window (which would read x for x^T, or, in
+// the filling stage, write x^T over x).
+TEST(Codegen, ViewsOfAWindowedInputReadGlobalMemory) {
+  for (const NamedProgram& p : testing::fused_catalog()) {
+    if (p.name.rfind("f32 log-softmax-transpose", 0) != 0 || p.program.kind != fusion::ProgramKind::Row) continue;
+    Result<GeneratedProgram> g = generate(p.program);
+    KILN_ASSERT_OK(g);
+    ASSERT_FALSE(g->row_windows.empty()) << p.name;
+    int views = 0;
+    for (std::size_t k = 0; k < p.program.stages.size(); ++k) {
+      const fusion::FusedProgram& st = p.program.stages[k];
+      for (const char* part : {"_rowpart(", "_rowwarppart("}) {
+        const std::size_t begin = g->body.find("void kiln_s" + std::to_string(k) + part);
+        ASSERT_NE(begin, std::string::npos);
+        const std::string fn = g->body.substr(begin, g->body.find("\n}\n", begin) - begin);
+        for (std::uint32_t l = 0; l < st.blocks[0].loads.size(); ++l) {
+          const fusion::Load& ld = st.blocks[0].loads[l];
+          if (ld.source != fusion::LoadSource::Input || st.inputs[ld.index].role != fusion::InputRole::View) continue;
+          const std::string read = fmt::format("in{}[KILN_OFF(la0_{}, pos, idx, it0)]", ld.index, l);
+          const std::size_t at = fn.find(read);
+          ASSERT_NE(at, std::string::npos) << read << " in\n" << fn;
+          const std::size_t line = fn.rfind('\n', at) + 1;
+          EXPECT_EQ(fn.substr(line, fn.find('\n', at) - line).find("kiln_w"), std::string::npos)
+              << "a view read through a window: " << fn.substr(line, fn.find('\n', at) - line);
+          ++views;
+        }
+      }
+    }
+    EXPECT_GT(views, 0) << p.name << ": the transpose is not a fused view of x:\n" << p.program.to_string();
+    EXPECT_NE(g->body.find("(kiln_window ? kiln_w"), std::string::npos) << "x's plain reads use its window";
+    return;
+  }
+  FAIL() << "no f32 log-softmax-transpose Row program in the catalog";
 }
 
 TEST(Codegen, HalfPrecisionComputesInF32AndRoundsBack) {

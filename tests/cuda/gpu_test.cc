@@ -409,6 +409,23 @@ TEST(CudaBackend, RowProgramsRunAsOneKernel) {
   // warps' windows of 4000 bytes), and in global memory when it does not (f64 rows of 1000).
   EXPECT_GT(s.gpu->stats().row_window_launches, 0u);
   EXPECT_LT(s.gpu->stats().row_window_launches, s.gpu->stats().row_kernel_launches);
+  {  // x read whole by several stages (a window) and through its transpose (never the window)
+    const TensorIr x = s.input({6, 40, 40}, dt::f32, rng);
+    const TensorIr mx = s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 2, 1, s.id()));
+    const TensorIr sh = s.add(b::binary(nf, OpKind::Numeric_Sub, x, use(mx, TensorStatus::ReadWrite), s.id()));
+    const TensorIr ex = s.add(b::unary(Family::Float, OpKind::Float_Exp, sh, s.id()));
+    const TensorIr sm =
+        s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, use(ex, TensorStatus::ReadWrite), 2, 1, s.id()));
+    const TensorIr ls = s.add(b::unary(Family::Float, OpKind::Float_Log, use(sm, TensorStatus::ReadWrite), s.id()));
+    const TensorIr lp = s.add(
+        b::binary(nf, OpKind::Numeric_Sub, use(sh, TensorStatus::ReadWrite), use(ls, TensorStatus::ReadWrite), s.id()));
+    const TensorIr z = s.add(b::binary(nf, OpKind::Numeric_Add, use(lp, TensorStatus::ReadWrite), x, s.id()));
+    const TensorIr xt =
+        s.add(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, use(x, TensorStatus::ReadWrite), 1, 2, s.id()));
+    s.expect_close(s.add(b::binary(nf, OpKind::Numeric_Add, use(z, TensorStatus::ReadWrite),
+                                   use(xt, TensorStatus::ReadWrite), s.id())),
+                   1e-5, 1e-6);
+  }
   // Extreme rows (f32): one +inf, all -inf, a NaN, -1e38 everywhere, and an ordinary row.
   const std::uint64_t n = 300;
   std::vector<double> v(5 * n, 0.5);

@@ -443,6 +443,24 @@ inline std::vector<NamedProgram> fused_catalog() {
         b::binary(nf, OpKind::Numeric_Sub, use(p, TensorStatus::ReadWrite), use(st, TensorStatus::ReadWrite), r.id())));
     r.finish("f32 W3 adam", out);
   }
+  {  // log-softmax plus x and x's transpose: a view of an input that several stages read whole
+    Recorder r;
+    const DType d = dt::f32;
+    TensorIr x = r.input({4, 32, 32}, d);
+    TensorIr mx = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 2, 1, r.id())));
+    TensorIr sh = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, x, use(mx, TensorStatus::ReadWrite), r.id())));
+    TensorIr ex = r.add(ok(b::unary(Family::Float, OpKind::Float_Exp, sh, r.id())));
+    TensorIr sm = r.add(ok(b::reduce_dim(nf, OpKind::Numeric_SumDim, use(ex, TensorStatus::ReadWrite), 2, 1, r.id())));
+    TensorIr ls = r.add(ok(b::unary(Family::Float, OpKind::Float_Log, use(sm, TensorStatus::ReadWrite), r.id())));
+    TensorIr lp = r.add(ok(b::binary(nf, OpKind::Numeric_Sub, use(sh, TensorStatus::ReadWrite),
+                                     use(ls, TensorStatus::ReadWrite), r.id())));
+    TensorIr z = r.add(ok(b::binary(nf, OpKind::Numeric_Add, use(lp, TensorStatus::ReadWrite), x, r.id())));
+    TensorIr xt = r.add(
+        ok(b::swap_dims(Family::BaseFloat, OpKind::Base_SwapDims, use(x, TensorStatus::ReadWrite), 1, 2, r.id())));
+    (void)r.add(ok(
+        b::binary(nf, OpKind::Numeric_Add, use(z, TensorStatus::ReadWrite), use(xt, TensorStatus::ReadWrite), r.id())));
+    r.finish("f32 log-softmax-transpose", out);
+  }
   {  // integer chain with division (may fault) and a comparison into a mask
     Recorder r;
     const DType d = dt::i32;
