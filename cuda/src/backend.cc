@@ -605,7 +605,7 @@ class CudaStreamExecutor final : public fusion::Executor {
     std::vector<StageArgs> args;
     for (ProgramLaunch& l : stages) {
       l.args.fault = reinterpret_cast<std::uintptr_t>(fault_->data());
-      args.push_back(l.args);
+      args.push_back(std::move(l.args));  // the launch reads only these from here on
     }
     args[0].rows = space->rows;
     args[0].row_length = space->n;

@@ -1084,11 +1084,7 @@ class StageGen {
     // columns when inner > 1.
     t.line(1, "const long long stride = (long long)gridDim.x * blockDim.x;");
     t.line(1, "for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < rs.outputs; o += stride) {");
-    t.line(2, "const long long ob = o / rs.inner, oi = o % rs.inner;");
-    t.line(2, fmt::format("{} acc = {};", rt.acc_type, rt.init));
-    t.line(2, "for (long long k = 0; k < rs.n; ++k) {");
-    KILN_RETURN_IF_ERROR(reduce_point(t, rt));
-    t.line(2, "}");
+    KILN_RETURN_IF_ERROR(reduce_strided(t, 2, rt, "0", "1", /*unrolled=*/false));
     reduce_finish(t, 2, rt);
     KILN_RETURN_IF_ERROR(reduce_epilogue(t, 2));
     t.line(1, "}");
@@ -1148,11 +1144,13 @@ class StageGen {
   }
 
   // Each thread's share of output o: from `first`, every `step`-th element of the axis
-  // (unrolled, so that each thread has several loads in flight), into `acc`.
-  Status reduce_strided(Text& t, int ind, const RedText& rt, std::string_view first, std::string_view step) {
+  // (unrolled, so that each thread has several loads in flight; not the serial cols loop), into
+  // `acc`.
+  Status reduce_strided(Text& t, int ind, const RedText& rt, std::string_view first, std::string_view step,
+                        bool unrolled = true) {
     t.line(ind, "const long long ob = o / rs.inner, oi = o % rs.inner;");
     t.line(ind, fmt::format("{} acc = {};", rt.acc_type, rt.init));
-    t.line(ind, "#pragma unroll 4");
+    if (unrolled) t.line(ind, "#pragma unroll 4");
     t.line(ind, fmt::format("for (long long k = {}; k < rs.n; k += {}) {{", first, step));
     KILN_RETURN_IF_ERROR(reduce_point(t, rt, ind + 1));
     t.line(ind, "}");
@@ -1160,7 +1158,7 @@ class StageGen {
   }
 
   // One element of the reduced axis (position k of output ob, oi): the prologue, accumulated.
-  Status reduce_point(Text& t, const RedText& rt, int ind = 3) {
+  Status reduce_point(Text& t, const RedText& rt, int ind) {
     t.line(ind, "const long long pos = (ob * rs.n + k) * rs.inner + oi;");
     t.line(ind, "long long idx[KILN_MAX_RANK];");
     t.line(ind, block_indexed(p_.blocks[0]) ? "kiln_unravel<KILN_R>(pos, it0, idx);"
@@ -1436,11 +1434,9 @@ std::vector<RowWindow> row_windows(const FusedProgram& p) {
     const FusedProgram& st = p.stages[k];
     for (std::uint32_t i = 0; i < st.inputs.size(); ++i) {
       const fusion::ProgramInput& in = st.inputs[i];
-      bool produced = false;
-      for (const FusedProgram& other : p.stages)
-        for (const fusion::ProgramOutput& o : other.outputs)
-          produced = produced || (o.written && o.tensor == in.tensor);
-      if (produced || in.role != fusion::InputRole::Plain || in.shape != st.blocks[0].reference_shape) continue;
+      if (written_by_stages(p, p.stages.size(), in.tensor) || in.role != fusion::InputRole::Plain ||
+          in.shape != st.blocks[0].reference_shape)
+        continue;
       bool in_block0 = false, elsewhere = false;
       for (std::size_t b = 0; b < st.blocks.size(); ++b)
         for (const fusion::Load& l : st.blocks[b].loads)
@@ -1462,9 +1458,7 @@ Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, bool by_warp
   std::set<std::uint64_t> in_launch;  // written by one stage, read by a later one
   for (std::size_t k = 1; k < p.stages.size(); ++k)
     for (const fusion::ProgramInput& in : p.stages[k].inputs)
-      for (std::size_t j = 0; j < k; ++j)
-        for (const fusion::ProgramOutput& o : p.stages[j].outputs)
-          if (o.written && o.tensor == in.tensor) in_launch.insert(in.tensor);
+      if (written_by_stages(p, k, in.tensor)) in_launch.insert(in.tensor);
   const std::vector<RowWindow> windows = row_windows(p);
   std::vector<StageGen::RowPart> parts(p.stages.size());
   for (std::size_t s = 0; s < p.stages.size(); ++s)
@@ -1525,6 +1519,13 @@ Status row_kernel(const FusedProgram& p, const CodegenOptions& opt, bool by_warp
 }
 
 }  // namespace
+
+bool written_by_stages(const FusedProgram& staged, std::size_t stages, std::uint64_t tensor) {
+  for (std::size_t j = 0; j < stages && j < staged.stages.size(); ++j)
+    for (const fusion::ProgramOutput& o : staged.stages[j].outputs)
+      if (o.written && o.tensor == tensor) return true;
+  return false;
+}
 
 Result<GeneratedProgram> generate(const FusedProgram& program, const CodegenOptions& options) {
   if (options.threads != 256) return unsupported("threads per block other than 256");

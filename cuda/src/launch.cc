@@ -296,11 +296,7 @@ Status check_row_reads(const FusedProgram& row, std::size_t k, const Binding& bi
     const std::uint64_t rel = in.role == fusion::InputRole::View && in.view && in.view->source < st.inputs.size()
                                   ? st.inputs[in.view->source].tensor
                                   : in.tensor;
-    bool produced = false;
-    for (std::size_t j = 0; j < k && !produced; ++j)
-      for (const fusion::ProgramOutput& o : row.stages[j].outputs)
-        produced = produced || (o.written && o.tensor == rel);
-    if (!produced) continue;
+    if (!written_by_stages(row, k, rel)) continue;
     if (in.role != fusion::InputRole::Plain && in.role != fusion::InputRole::Broadcast)
       return make_error(ErrorCode::Unsupported, fmt::format("stage {} reads an earlier stage's output as {}", k,
                                                             fusion::input_role_name(in.role)));

@@ -301,6 +301,35 @@ TEST(CudaBackend, RowBroadcastsTakeTheRowVectorPath) {
   }
 }
 
+// Softmax over the last axis of a [rows, n] tensor, op by op (the row fuser's Row program).
+TensorIr softmax_rows(Sides& s, const TensorIr& x) {
+  const Family nf = Family::NumericFloat;
+  const TensorIr mx = s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, s.id()));
+  const TensorIr sh = s.add(
+      b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), s.id()));
+  const TensorIr ex = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(sh, TensorStatus::ReadWrite), s.id()));
+  const TensorIr sm = s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, ex, 1, 1, s.id()));
+  return s.add(
+      b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), s.id()));
+}
+
+// Layer norm over the last axis of a [rows, n] tensor with a [1, n] weight, op by op.
+TensorIr layer_norm_rows(Sides& s, const TensorIr& x, const TensorIr& w) {
+  const Family nf = Family::NumericFloat;
+  const TensorIr mean = s.add(b::reduce_dim(nf, OpKind::Numeric_MeanDim, x, 1, 1, s.id()));
+  const TensorIr xc = s.add(
+      b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mean, TensorStatus::ReadWrite), s.id()));
+  const TensorIr sq = s.add(b::binary(nf, OpKind::Numeric_Mul, xc, xc, s.id()));
+  const TensorIr var =
+      s.add(b::reduce_dim(nf, OpKind::Numeric_MeanDim, use(sq, TensorStatus::ReadWrite), 1, 1, s.id()));
+  const TensorIr ve =
+      s.add(b::scalar(nf, OpKind::Numeric_AddScalar, use(var, TensorStatus::ReadWrite), ScalarIr::Float(1e-5), s.id()));
+  const TensorIr sd = s.add(b::unary(Family::Float, OpKind::Float_Sqrt, use(ve, TensorStatus::ReadWrite), s.id()));
+  const TensorIr y = s.add(
+      b::binary(nf, OpKind::Numeric_Div, use(xc, TensorStatus::ReadWrite), use(sd, TensorStatus::ReadWrite), s.id()));
+  return s.add(b::binary(nf, OpKind::Numeric_Mul, use(y, TensorStatus::ReadWrite), w, s.id()));
+}
+
 TEST(CudaBackend, ReductionsSoftmaxAndMatmulMatchTheReference) {
   KILN_REQUIRE_GPU();
   Sides s;
@@ -308,15 +337,7 @@ TEST(CudaBackend, ReductionsSoftmaxAndMatmulMatchTheReference) {
   std::mt19937_64 rng(5);
   const Family nf = Family::NumericFloat;
   // softmax over the last axis
-  const TensorIr x = s.input({64, 1024}, dt::f32, rng);
-  const TensorIr mx = s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, s.id()));
-  const TensorIr sh = s.add(
-      b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), s.id()));
-  const TensorIr ex = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(sh, TensorStatus::ReadWrite), s.id()));
-  const TensorIr sm = s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, ex, 1, 1, s.id()));
-  const TensorIr y = s.add(
-      b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), s.id()));
-  s.expect_close(y, 1e-5, 1e-9);
+  s.expect_close(softmax_rows(s, s.input({64, 1024}, dt::f32, rng)), 1e-5, 1e-9);
   // reductions over a middle axis (the cols kernel), every kind
   const TensorIr z = s.input({8, 100, 33}, dt::f32, rng);
   for (OpKind k : {OpKind::Numeric_SumDim, OpKind::Numeric_MeanDim, OpKind::Numeric_MaxDim, OpKind::Numeric_MinDim,
@@ -365,38 +386,15 @@ TEST(CudaBackend, RowProgramsRunAsOneKernel) {
   ASSERT_TRUE(s.gpu);
   std::mt19937_64 rng(17);
   const Family nf = Family::NumericFloat;
-  const auto softmax = [&](const TensorIr& x) {
-    const TensorIr mx = s.add(b::reduce_dim(nf, OpKind::Numeric_MaxDim, x, 1, 1, s.id()));
-    const TensorIr sh = s.add(
-        b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite), use(mx, TensorStatus::ReadWrite), s.id()));
-    const TensorIr ex = s.add(b::unary(Family::Float, OpKind::Float_Exp, use(sh, TensorStatus::ReadWrite), s.id()));
-    const TensorIr sm = s.add(b::reduce_dim(nf, OpKind::Numeric_SumDim, ex, 1, 1, s.id()));
-    return s.add(
-        b::binary(nf, OpKind::Numeric_Div, use(ex, TensorStatus::ReadWrite), use(sm, TensorStatus::ReadWrite), s.id()));
-  };
-  const auto layer_norm = [&](const TensorIr& x, const TensorIr& w) {
-    const TensorIr mean = s.add(b::reduce_dim(nf, OpKind::Numeric_MeanDim, x, 1, 1, s.id()));
-    const TensorIr xc = s.add(b::binary(nf, OpKind::Numeric_Sub, use(x, TensorStatus::ReadWrite),
-                                        use(mean, TensorStatus::ReadWrite), s.id()));
-    const TensorIr sq = s.add(b::binary(nf, OpKind::Numeric_Mul, xc, xc, s.id()));
-    const TensorIr var =
-        s.add(b::reduce_dim(nf, OpKind::Numeric_MeanDim, use(sq, TensorStatus::ReadWrite), 1, 1, s.id()));
-    const TensorIr ve = s.add(
-        b::scalar(nf, OpKind::Numeric_AddScalar, use(var, TensorStatus::ReadWrite), ScalarIr::Float(1e-5), s.id()));
-    const TensorIr sd = s.add(b::unary(Family::Float, OpKind::Float_Sqrt, use(ve, TensorStatus::ReadWrite), s.id()));
-    const TensorIr y = s.add(
-        b::binary(nf, OpKind::Numeric_Div, use(xc, TensorStatus::ReadWrite), use(sd, TensorStatus::ReadWrite), s.id()));
-    return s.add(b::binary(nf, OpKind::Numeric_Mul, use(y, TensorStatus::ReadWrite), w, s.id()));
-  };
   for (DType d : {dt::f32, dt::f16, dt::bf16, dt::f64}) {
     const double rel = d == dt::f16 ? 2e-3 : d == dt::bf16 ? 1.6e-2 : 1e-5;
     for (std::uint64_t n :
          {std::uint64_t{1}, std::uint64_t{37}, std::uint64_t{1000}, std::uint64_t{1025}, std::uint64_t{5000}}) {
       const std::uint64_t rows = n >= 1000 ? 300 : 20000;
       const CudaStats before = s.gpu->stats();
-      s.expect_close(softmax(s.input({rows, n}, d, rng)), rel, 1e-6);
+      s.expect_close(softmax_rows(s, s.input({rows, n}, d, rng)), rel, 1e-6);
       const TensorIr w = s.input({1, n}, d, rng);
-      s.expect_close(layer_norm(s.input({rows, n}, d, rng), w), rel * 4, rel);
+      s.expect_close(layer_norm_rows(s, s.input({rows, n}, d, rng), w), rel * 4, rel);
       if (n > 1) {  // rows of one element: whatever the search makes of them, the values above
         const CudaStats after = s.gpu->stats();
         EXPECT_EQ(after.row_kernel_launches - before.row_kernel_launches, 2u) << d.name() << " n=" << n;
@@ -439,7 +437,7 @@ TEST(CudaBackend, RowProgramsRunAsOneKernel) {
   KILN_ASSERT_OK(h);
   KILN_ASSERT_OK(s.gpu->upload(x.id, x.dtype, x.shape, h->bytes()));
   s.host.register_handle(x.id, std::move(h).value());
-  s.expect_close(softmax(x), 1e-5, 1e-9);
+  s.expect_close(softmax_rows(s, x), 1e-5, 1e-9);
   EXPECT_EQ(s.gpu->stats().compile_failures, 0u);
   EXPECT_EQ(s.gpu->stats().host_ops, 0u);
 }

@@ -171,6 +171,10 @@ struct CodegenOptions {
   bool fast_math = false;
 };
 
+// Whether one of the first `stages` stages of a staged program writes relative tensor `tensor`
+// (the Row kernel's in-launch values: the generator's and the launch's rules read it alike).
+bool written_by_stages(const fusion::FusedProgram& staged, std::size_t stages, std::uint64_t tensor);
+
 // The shared part of every translation unit: headers, parameter structs, helpers.
 std::string_view prelude();
 
