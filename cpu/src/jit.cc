@@ -778,6 +778,24 @@ class FlatPathWriter {
   std::ostringstream& os_;
 };
 
+// Whether the flat path reads load `l` of block 0 as one element: a broadcast constant along the
+// space's last dimension ([m, 1] against [m, n]: a row's reduced value). A broadcast that varies
+// along it ([1, n] against [m, n]: layer norm's gamma and beta) is read contiguously like any
+// other input, which is what each row of it is when the kernel runs row by row (JitRows); over
+// the whole space it is not contiguous, so such a launch takes the general path there.
+bool reads_one_element(const fusion::FusedProgram& p, const fusion::Load& l) {
+  if (!l.broadcast) return false;
+  const ir::Shape& reference = p.blocks[0].reference_shape;
+  const ir::Shape* shape = nullptr;
+  if (l.source == fusion::LoadSource::Output) {
+    shape = &p.outputs[l.index].shape;
+  } else {
+    const fusion::ProgramInput& in = p.inputs[l.index];
+    shape = in.view ? &in.view->shape : &in.shape;
+  }
+  return shape->size() != reference.size() || shape->empty() || shape->back() == 0;
+}
+
 }  // namespace
 
 Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledProgram& cp) {
@@ -793,7 +811,7 @@ Generated generate_source(const fusion::FusedProgram& p, const fast::CompiledPro
   if (std::string why = instruction_texts(p, cp, texts); !why.empty()) return decline(std::move(why));
 
   g.load_broadcast.resize(b.loads.size());
-  for (std::size_t k = 0; k < b.loads.size(); ++k) g.load_broadcast[k] = p.blocks[0].loads[k].broadcast;
+  for (std::size_t k = 0; k < b.loads.size(); ++k) g.load_broadcast[k] = reads_one_element(p, p.blocks[0].loads[k]);
 
   std::ostringstream os;
   if (std::string why = write_kernel_head(os, cp); !why.empty()) return decline(std::move(why));

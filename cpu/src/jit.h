@@ -51,8 +51,9 @@ extern const char* const kPreludeParts[3];
 // A loaded kernel. Keeps its shared library mapped for as long as any compiled form uses it.
 struct Kernel {
   KernelFn fn = nullptr;
-  // Per block load: the fast path reads it as one broadcast element (a broadcast load) rather
-  // than contiguously; a launch whose accessors differ takes the kernel's general path.
+  // Per block load: the fast path reads it as one broadcast element (a broadcast constant along
+  // the space's last dimension) rather than contiguously; a launch whose accessors differ takes
+  // the kernel's general path.
   std::vector<bool> load_broadcast;
   std::string key;
   std::shared_ptr<void> library;  // the dlopen handle; dlclose when the last user goes

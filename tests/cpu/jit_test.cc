@@ -252,8 +252,8 @@ TEST_F(JitTest, BroadcastAndStridedInputs) {
 // A broadcast along rows (softmax's x - max: a [m, 1] column) runs the kernel's flat path once
 // per row of 128 or more, each call based at its row (the value of the column one element), and
 // computes what the interpreter computes (bit for bit in a build for the JIT's target,
-// jit_target.h); shorter rows, and a [1, n] row broadcast (not constant along a row), stay on
-// the interpreter.
+// jit_target.h). A [1, n] row broadcast (layer norm's gain) is read contiguously from each row's
+// start the same way. Shorter rows stay on the interpreter.
 TEST_F(JitTest, RowBroadcastsRunTheKernelRowByRow) {
   struct Case {
     std::size_t m, n;
@@ -261,7 +261,7 @@ TEST_F(JitTest, RowBroadcastsRunTheKernelRowByRow) {
     bool by_rows;
   };
   for (const Case c : {Case{40, 256, true, true}, Case{3, 1000, true, true}, Case{40, 100, true, false},
-                       Case{40, 256, false, false}}) {
+                       Case{40, 256, false, true}, Case{3, 1000, false, true}, Case{40, 100, false, false}}) {
     SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << (c.column ? " column" : " row"));
     const auto xv = iota(c.m * c.n, 0.01, -3), bv = iota(c.column ? c.m : c.n, 0.5, -2);
     auto run = [&](CpuJitMode mode) {
