@@ -8,7 +8,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -169,22 +171,49 @@ class CollectiveGroup::Impl {
     if (data.size() % dtype.size_bytes() != 0)
       return make_error(ErrorCode::Invalid, fmt::format("all_reduce: {} bytes is not a whole number of {} elements",
                                                         data.size(), dtype.name()));
-    MutexLock lock(mu_);
-    if (config_.world_size == 1) return finish_locked();  // the reduction over one rank
-    if (!context_) {
-      Status met = meet_locked();
-      if (!met.ok()) return fail_locked(met.error().message);
-    }
-    const std::uint32_t tag = next_tag_;
-    next_tag_ = (next_tag_ + 1) % kTagModulus;
-    try {
-      dispatch_all_reduce(context_, dtype, data, op, tag, config_.timeout);
-    } catch (const std::exception& e) {
-      return fail_locked(diagnose_locked(fmt::format("all_reduce ({}, {} {} elements) failed: {}",
-                                                     ir::reduce_operation_name(op), data.size() / dtype.size_bytes(),
-                                                     dtype.name(), e.what())));
-    }
-    return finish_locked();
+    const std::string what = fmt::format("all_reduce ({}, {} {} elements)", ir::reduce_operation_name(op),
+                                         data.size() / dtype.size_bytes(), dtype.name());
+    return run(what, [&](const std::shared_ptr<gloo::Context>& context, std::uint32_t tag) {
+      if (context) dispatch_all_reduce(context, dtype, data, op, tag, config_.timeout);  // else: one rank's
+    });
+  }
+
+  Status broadcast(std::span<std::byte> data, std::uint32_t root) {
+    if (root >= config_.world_size)
+      return make_error(ErrorCode::Invalid,
+                        fmt::format("broadcast: root {} is not a rank of the world of {}", root, config_.world_size));
+    return run(fmt::format("broadcast ({} bytes from rank {})", data.size(), root),
+               [&](const std::shared_ptr<gloo::Context>& context, std::uint32_t tag) {
+                 if (data.empty() || !context) return;  // a world of one holds the root's data
+                 gloo::BroadcastOptions options(context);
+                 options.setOutput(reinterpret_cast<std::uint8_t*>(data.data()), data.size());
+                 options.setRoot(static_cast<int>(root));
+                 options.setTag(tag);
+                 options.setTimeout(config_.timeout);
+                 gloo::broadcast(options);
+               });
+  }
+
+  Status all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
+    if (all.size() != mine.size() * config_.world_size)
+      return make_error(ErrorCode::Invalid, fmt::format("all_gather: {} bytes from each of {} ranks do not fill {}",
+                                                        mine.size(), config_.world_size, all.size()));
+    return run(fmt::format("all_gather ({} bytes from each rank)", mine.size()),
+               [&](const std::shared_ptr<gloo::Context>& context, std::uint32_t tag) {
+                 if (mine.empty()) return;
+                 if (!context) {  // a world of one
+                   std::memcpy(all.data(), mine.data(), mine.size());
+                   return;
+                 }
+                 gloo::AllgatherOptions options(context);
+                 // Gloo reads the input without writing it; its API takes a mutable pointer.
+                 options.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(mine.data())),
+                                  mine.size());
+                 options.setOutput(reinterpret_cast<std::uint8_t*>(all.data()), all.size());
+                 options.setTag(tag);
+                 options.setTimeout(config_.timeout);
+                 gloo::allgather(options);
+               });
   }
 
   void abandon(const std::string& reason) {
@@ -200,6 +229,34 @@ class CollectiveGroup::Impl {
 
  private:
   StoreIdentity identity() const { return StoreIdentity{config_.job, config_.world_size, version_}; }
+
+  // One collective, in the order every rank runs them: the meeting first when there is no
+  // communicator, a fresh tag, `call` (Gloo throws on failure: caught here, the message names
+  // the ranks that left). A world of one calls it with no context.
+  template <class Call>
+  Status run(const std::string& what, Call&& call) {
+    MutexLock lock(mu_);
+    if (config_.world_size == 1) {
+      try {
+        call(std::shared_ptr<gloo::Context>(), 0u);
+      } catch (const std::exception& e) {
+        return fail_locked(fmt::format("{} failed: {}", what, e.what()));
+      }
+      return finish_locked();
+    }
+    if (!context_) {
+      Status met = meet_locked();
+      if (!met.ok()) return fail_locked(met.error().message);
+    }
+    const std::uint32_t tag = next_tag_;
+    next_tag_ = (next_tag_ + 1) % kTagModulus;
+    try {
+      call(context_, tag);
+    } catch (const std::exception& e) {
+      return fail_locked(diagnose_locked(fmt::format("{} failed: {}", what, e.what())));
+    }
+    return finish_locked();
+  }
 
   // The meeting: the store (connected once, again after it failed), every rank's join, then
   // Gloo's full mesh over this generation's keys.
@@ -326,6 +383,14 @@ Status CollectiveGroup::check_dtype(ir::DType dtype) {
 
 Status CollectiveGroup::all_reduce(ir::DType dtype, std::span<std::byte> data, ir::ReduceOperation op) {
   return impl_->all_reduce(dtype, data, op);
+}
+
+Status CollectiveGroup::broadcast(std::span<std::byte> data, std::uint32_t root) {
+  return impl_->broadcast(data, root);
+}
+
+Status CollectiveGroup::all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
+  return impl_->all_gather(mine, all);
 }
 
 void CollectiveGroup::abandon(const std::string& reason) { impl_->abandon(reason); }

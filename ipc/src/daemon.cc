@@ -1,6 +1,8 @@
 // The daemon's client sessions over one device (kiln/ipc/daemon.h).
 #include "kiln/ipc/daemon.h"
 
+#include "kiln/distributed/parts.h"
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <boost/asio/executor_work_guard.hpp>
@@ -352,8 +354,16 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   bool spans_daemons() const {
     return service_.options.collectives && service_.options.collectives->config().job == job();
   }
-  // An AllReduce of that job, its ids translated (register_op).
-  Status all_reduce_across_daemons(StreamId s, const ir::Operation& op);
+  // A collective of that job (AllReduce, Broadcast, AllGather, ReduceScatter), its ids
+  // translated (register_op).
+  Status collective_across_daemons(StreamId s, const ir::Operation& op);
+  // AllReduce and Broadcast: `across` runs on the bytes of the op's output, which the stream
+  // made a copy of its input.
+  Status in_place_across_daemons(StreamId s, const ir::Operation& op, FunctionRef<Status(std::span<std::byte>)> across);
+  // AllGather and ReduceScatter: the output is made from this rank's input outside the stream.
+  Status reshaped_across_daemons(StreamId s, const ir::Operation& op);
+  // The output of a collective that failed across daemons: its error, logged.
+  Status fail_collective(const ir::TensorIr& out, const ir::Operation& op, const Error& error);
   Status upload(const UploadCmd& c, std::uint64_t rid);
   Status read(const ReadCmd& c, std::uint64_t rid);
   Status sync(const SyncCmd& c, std::uint64_t rid);
@@ -823,9 +833,10 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   // ends). A burst followed by a sync or read then runs on this thread, in the wait's inline run
   // (StreamActor::try_run_inline takes any unscheduled backlog), with no pool thread woken; a
   // long burst still wakes the actor every kDeferredWakeMax ops.
-  const bool across_daemons = op.kind == ir::OpKind::Distributed_AllReduce && spans_daemons();
+  const bool across_daemons =
+      op.info().has(ir::kDistributed) && op.kind != ir::OpKind::Distributed_SyncCollective && spans_daemons();
   const bool defer = !across_daemons && client_->endpoint.receive_pending();
-  Status st = across_daemons ? all_reduce_across_daemons(s, op)
+  Status st = across_daemons ? collective_across_daemons(s, op)
               : defer        ? service_.device.register_op_deferred(s, std::move(op))
                              : service_.device.register_op(s, std::move(op));
   if (!st.ok()) {
@@ -839,64 +850,134 @@ Status ClientSession::register_op(RegisterOpCmd& c) {
   return Status::Ok();
 }
 
-// The device ids an AllReduce names are the ranks of the job's world (DeviceId::index; the type is
-// not looked at: every daemon of a job has the same kind of device): every rank once, or none
-// (the whole world). A subset would be a subgroup, which kiln does not form.
-Status check_collective_ranks(const ir::Operation& op, std::uint32_t world) {
-  const std::size_t named = op.attrs.size() - 1;
+// The device ids a collective names are the ranks of the job's world (DeviceId::index; the type
+// is not looked at: every daemon of a job has the same kind of device): every rank once, or none
+// (the whole world). A subset would be a subgroup, which kiln does not form. `first` is the
+// first id's attribute (after the op's own: reduce op, root or dim).
+Status check_collective_ranks(const ir::Operation& op, std::size_t first, std::uint32_t world) {
+  const std::size_t named = op.attrs.size() - first;
   if (named == 0) return Status::Ok();
   std::vector<bool> seen(world, false);
-  for (std::size_t i = 1; i < op.attrs.size(); ++i) {
+  for (std::size_t i = first; i < op.attrs.size(); ++i) {
     const std::uint64_t rank = static_cast<std::uint64_t>(op.attrs[i]) & 0xffff;
     if (rank >= world || seen[rank])
       return make_error(ErrorCode::Unsupported,
-                        fmt::format("AllReduce: device {} is not a rank of the job's world of {}, or is named twice "
+                        fmt::format("{}: device {} is not a rank of the job's world of {}, or is named twice "
                                     "(device_ids index the ranks; name every rank once, or none)",
-                                    rank, world));
+                                    op.kind_name(), rank, world));
     seen[rank] = true;
   }
   if (named != world)
     return make_error(ErrorCode::Unsupported,
-                      fmt::format("AllReduce: {} of the job's {} ranks named; a collective spans the whole world "
+                      fmt::format("{}: {} of the job's {} ranks named; a collective spans the whole world "
                                   "(subgroups are not formed)",
-                                  named, world));
+                                  op.kind_name(), named, world));
   return Status::Ok();
 }
 
-// The collective blocks this session thread, never the device's pool (a collective waits for
-// its peers). The op itself goes to the stream in its single-device form (no device ids: the
-// identity, so its output starts as a copy of the input, in the stream's order and plans like
-// any op); once the stream has run it, the reduction with the other daemons runs in place on
-// that output. A failure leaves the output errored, reported at the client's next sync or read
+// Collectives block this session thread, never the device's pool (a collective waits for its
+// peers). The stream first runs the op's single-device form (the identity, in the stream's order
+// and plans like any op); once the stream has run it, the exchange with the other daemons runs
+// on its result. A failure leaves the output errored, reported at the client's next sync or read
 // like any failed op; an input that failed makes this rank leave the collective, so that its
 // peers fail at once rather than at the timeout.
-Status ClientSession::all_reduce_across_daemons(StreamId s, const ir::Operation& op) {
+Status ClientSession::collective_across_daemons(StreamId s, const ir::Operation& op) {
+  distributed::CollectiveGroup& group = *service_.options.collectives;
+  const ir::DType dtype = op.tensors[1].dtype;
+  switch (op.kind) {
+    case ir::OpKind::Distributed_AllReduce: {
+      KILN_RETURN_IF_ERROR(distributed::CollectiveGroup::check_dtype(dtype));
+      KILN_RETURN_IF_ERROR(check_collective_ranks(op, 1, group.config().world_size));
+      const auto reduce_op = static_cast<ir::ReduceOperation>(op.attrs[0]);
+      return in_place_across_daemons(
+          s, op, [&](std::span<std::byte> bytes) { return group.all_reduce(dtype, bytes, reduce_op); });
+    }
+    case ir::OpKind::Distributed_Broadcast: {
+      if (dtype.is_quantized())
+        return make_error(ErrorCode::Unsupported, "Broadcast across daemons does not take quantized tensors");
+      KILN_RETURN_IF_ERROR(check_collective_ranks(op, 1, group.config().world_size));
+      const auto root = static_cast<std::uint32_t>(op.attrs[0]);
+      return in_place_across_daemons(s, op, [&](std::span<std::byte> bytes) { return group.broadcast(bytes, root); });
+    }
+    case ir::OpKind::Distributed_AllGather:
+      if (dtype.is_quantized())
+        return make_error(ErrorCode::Unsupported, "AllGather across daemons does not take quantized tensors");
+      KILN_RETURN_IF_ERROR(check_collective_ranks(op, 1, group.config().world_size));
+      return reshaped_across_daemons(s, op);
+    case ir::OpKind::Distributed_ReduceScatter:
+      KILN_RETURN_IF_ERROR(distributed::CollectiveGroup::check_dtype(dtype));
+      KILN_RETURN_IF_ERROR(check_collective_ranks(op, 2, group.config().world_size));
+      return reshaped_across_daemons(s, op);
+    default: return make_error(ErrorCode::Invalid, fmt::format("{} is not a collective", op.kind_name()));
+  }
+}
+
+Status ClientSession::in_place_across_daemons(StreamId s, const ir::Operation& op,
+                                              FunctionRef<Status(std::span<std::byte>)> across) {
   distributed::CollectiveGroup& group = *service_.options.collectives;
   const ir::TensorIr out = op.tensors[1];
-  const auto reduce_op = static_cast<ir::ReduceOperation>(op.attrs[0]);
-  KILN_RETURN_IF_ERROR(distributed::CollectiveGroup::check_dtype(out.dtype));
-  KILN_RETURN_IF_ERROR(check_collective_ranks(op, group.config().world_size));
-  KILN_ASSIGN_OR_RETURN(ir::Operation local, ir::build::all_reduce(op.tensors[0], reduce_op, {}, out.id));
+  KILN_ASSIGN_OR_RETURN(ir::Operation local,
+                        ir::build::all_reduce(op.tensors[0], ir::ReduceOperation::Sum, {}, out.id));
   KILN_RETURN_IF_ERROR(service_.device.register_op(s, std::move(local)));
   wake_deferred();  // this client's other streams go on while the collective waits
   KILN_RETURN_IF_ERROR(service_.device.barrier(s));
   bool reached = false;
-  const Status reduced = service_.device.update_in_place(out, [&](std::span<std::byte> bytes) {
+  const Status done = service_.device.update_in_place(out, [&](std::span<std::byte> bytes) {
     reached = true;
-    return group.all_reduce(out.dtype, bytes, reduce_op);
+    return across(bytes);
   });
-  if (reduced.ok()) return Status::Ok();
+  if (done.ok()) return Status::Ok();
   if (!reached) {
-    group.abandon(fmt::format("rank {} left all_reduce: {}", group.config().rank, reduced.error().message));
+    group.abandon(fmt::format("rank {} left {}: {}", group.config().rank, op.kind_name(), done.error().message));
     if (service_.device.error_of(out.id)) return Status::Ok();  // the output carries its input's error
   }
-  spdlog::warn("kilnd: client {} (job {}): all_reduce across daemons failed: {}", id(), job(), reduced.error().message);
   // The output holds this rank's value alone: it becomes the error.
   ir::TensorIr release = out;
   release.status = ir::TensorStatus::ReadWrite;
   service_.device.backend().free(release);
+  return fail_collective(out, op, done.error());
+}
+
+Status ClientSession::reshaped_across_daemons(StreamId s, const ir::Operation& op) {
+  distributed::CollectiveGroup& group = *service_.options.collectives;
+  const distributed::DistributedConfig& config = group.config();
+  const ir::TensorIr& in = op.tensors[0];
+  const ir::TensorIr out = op.tensors[1];
+  const bool scatter = op.kind == ir::OpKind::Distributed_ReduceScatter;
+  const std::size_t dim = static_cast<std::size_t>(op.attrs[scatter ? 1 : 0]);
+  // This rank's input, as the stream computes it, into a tensor of its own read (and released) here.
+  const ir::TensorId mine_id = service_.device.new_tensor_id();
+  KILN_ASSIGN_OR_RETURN(ir::Operation local, ir::build::all_reduce(in, ir::ReduceOperation::Sum, {}, mine_id));
+  KILN_RETURN_IF_ERROR(service_.device.register_op(s, std::move(local)));
+  wake_deferred();
+  Result<runtime::HostData> mine =
+      service_.device.read(s, ir::TensorIr{mine_id, in.shape, ir::TensorStatus::ReadWrite, in.dtype});
+  if (!mine.ok()) {
+    group.abandon(fmt::format("rank {} left {}: {}", config.rank, op.kind_name(), mine.error().message));
+    if (std::optional<ir::TensorError> e = service_.device.error_of(mine_id))
+      return service_.device.claim_error(out.id, *e);
+    return fail_collective(out, op, mine.error());
+  }
+  const std::size_t esize = in.dtype.size_bytes();
+  std::vector<std::byte> result;
+  Status done = Status::Ok();
+  if (scatter) {
+    done = group.all_reduce(in.dtype, mine->bytes, static_cast<ir::ReduceOperation>(op.attrs[0]));
+    if (done.ok()) result = distributed::part_along(mine->bytes, in.shape, esize, dim, config.world_size, config.rank);
+  } else {
+    std::vector<std::byte> ranks(mine->bytes.size() * config.world_size);
+    done = group.all_gather(mine->bytes, ranks);
+    if (done.ok()) result = distributed::concat_along(ranks, in.shape, esize, dim, config.world_size);
+  }
+  if (!done.ok()) return fail_collective(out, op, done.error());
+  return service_.device.upload(s, out.id, out.dtype, out.shape, result);
+}
+
+Status ClientSession::fail_collective(const ir::TensorIr& out, const ir::Operation& op, const Error& error) {
+  spdlog::warn("kilnd: client {} (job {}): {} across daemons failed: {}", id(), job(), op.kind_name(), error.message);
   return service_.device.claim_error(
-      out.id, ir::TensorError::make_root(ErrorCode::Execution, "AllReduce across daemons: " + reduced.error().message));
+      out.id, ir::TensorError::make_root(ErrorCode::Execution,
+                                         fmt::format("{} across daemons: {}", op.kind_name(), error.message)));
 }
 
 Status ClientSession::upload(const UploadCmd& c, std::uint64_t rid) {

@@ -591,6 +591,24 @@ Result<ir::Operation> rebuild_all_reduce(const ir::Operation& op) {
   return build::all_reduce(op.inputs()[0], static_cast<ir::ReduceOperation>(a[0]), devices, op.outputs()[0].id);
 }
 
+// Broadcast [root, ids...], AllGather [dim, ids...], ReduceScatter [op, dim, ids...]: the ids
+// rebuilt as AllReduce's, the leading attributes passed as they came (the builders bound them).
+Result<ir::Operation> rebuild_collective(const ir::Operation& op) {
+  if (op.inputs().size() != 1) return unexpected_arity(op);
+  KILN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> a, attrs_from(op, 0));
+  const bool scatter = op.kind == ir::OpKind::Distributed_ReduceScatter;
+  const std::size_t leading = scatter ? 2 : 1;
+  if (a.size() < leading) return unexpected_arity(op);
+  std::vector<build::DeviceId> devices;
+  for (std::size_t i = leading; i < a.size(); ++i)
+    devices.push_back(build::DeviceId{static_cast<std::uint16_t>(a[i] >> 16), static_cast<std::uint16_t>(a[i])});
+  const ir::TensorIr& in = op.inputs()[0];
+  const ir::TensorId out = op.outputs()[0].id;
+  if (op.kind == ir::OpKind::Distributed_Broadcast) return build::broadcast(in, a[0], devices, out);
+  if (op.kind == ir::OpKind::Distributed_AllGather) return build::all_gather(in, a[0], devices, out);
+  return build::reduce_scatter(in, static_cast<ir::ReduceOperation>(a[0]), a[1], devices, out);
+}
+
 // Creation signatures: ones / zeros, and full with its scalar.
 Result<ir::Operation> rebuild_creation(const ir::Operation& op) {
   const auto in = op.inputs();
@@ -686,6 +704,9 @@ Result<ir::Operation> rebuild_module_kinds(const ir::Operation& op) {
     case Signature::AdaptiveAvgPool:
     case Signature::AdaptiveAvgPoolBackward: return rebuild_pool(op);
     case Signature::AllReduce: return rebuild_all_reduce(op);
+    case Signature::Broadcast:
+    case Signature::AllGather:
+    case Signature::ReduceScatter: return rebuild_collective(op);
     case Signature::Creation:
     case Signature::Full: return rebuild_creation(op);
     case Signature::Random: return rebuild_random(op);

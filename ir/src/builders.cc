@@ -2217,16 +2217,73 @@ Result<Operation> drop(const TensorIr& tensor) {
   return finish(c, std::move(op));
 }
 
+namespace {
+
+void push_device_ids(AttrList& attrs, std::span<const DeviceId> device_ids) {
+  for (const DeviceId& d : device_ids)
+    attrs.push_back(static_cast<std::int64_t>((std::uint64_t{d.type} << 16) | d.index));
+}
+
+Status check_reduce_operation(const Ctx& c, ReduceOperation op) {
+  if (reduce_operation_of(static_cast<std::int64_t>(op))) return Status::Ok();
+  return c.error(ErrorCode::Invalid, fmt::format("unknown reduce operation {}", static_cast<std::int64_t>(op)));
+}
+
+// AllGather / ReduceScatter: the world is the named ids, and `dim` is one of the tensor's.
+Status check_world_and_dim(const Ctx& c, const TensorIr& tensor, std::uint64_t dim,
+                           std::span<const DeviceId> device_ids) {
+  if (device_ids.empty())
+    return c.error(ErrorCode::Invalid, "name the world's device ids (their number sizes the output)");
+  return check_axis(c, dim, tensor.shape);
+}
+
+}  // namespace
+
 Result<Operation> all_reduce(const TensorIr& tensor, ReduceOperation reduce_op, std::span<const DeviceId> device_ids,
                              TensorId out) {
   const Ctx c{Family::Distributed, OpKind::Distributed_AllReduce};
-  if (!reduce_operation_of(static_cast<std::int64_t>(reduce_op)))
-    return c.error(ErrorCode::Invalid,
-                   fmt::format("unknown reduce operation {}", static_cast<std::int64_t>(reduce_op)));
+  KILN_RETURN_IF_ERROR(check_reduce_operation(c, reduce_op));
   AttrList attrs{static_cast<std::int64_t>(reduce_op)};
-  for (const DeviceId& d : device_ids)
-    attrs.push_back(static_cast<std::int64_t>((std::uint64_t{d.type} << 16) | d.index));
+  push_device_ids(attrs, device_ids);
   return one_to_one(c, tensor, tensor.shape, tensor.dtype, out, std::move(attrs));
+}
+
+Result<Operation> broadcast(const TensorIr& tensor, std::uint64_t root, std::span<const DeviceId> device_ids,
+                            TensorId out) {
+  const Ctx c{Family::Distributed, OpKind::Distributed_Broadcast};
+  if (!device_ids.empty() && root >= device_ids.size())
+    return c.error(ErrorCode::Invalid,
+                   fmt::format("root {} is not one of the {} ranks named", root, device_ids.size()));
+  if (root > 0xffff) return c.error(ErrorCode::Invalid, fmt::format("root {} is not a rank", root));
+  AttrList attrs{attr(root)};
+  push_device_ids(attrs, device_ids);
+  return one_to_one(c, tensor, tensor.shape, tensor.dtype, out, std::move(attrs));
+}
+
+Result<Operation> all_gather(const TensorIr& tensor, std::uint64_t dim, std::span<const DeviceId> device_ids,
+                             TensorId out) {
+  const Ctx c{Family::Distributed, OpKind::Distributed_AllGather};
+  KILN_RETURN_IF_ERROR(check_world_and_dim(c, tensor, dim, device_ids));
+  Shape shape = tensor.shape;
+  shape[dim] *= device_ids.size();
+  AttrList attrs{attr(dim)};
+  push_device_ids(attrs, device_ids);
+  return one_to_one(c, tensor, std::move(shape), tensor.dtype, out, std::move(attrs));
+}
+
+Result<Operation> reduce_scatter(const TensorIr& tensor, ReduceOperation reduce_op, std::uint64_t dim,
+                                 std::span<const DeviceId> device_ids, TensorId out) {
+  const Ctx c{Family::Distributed, OpKind::Distributed_ReduceScatter};
+  KILN_RETURN_IF_ERROR(check_reduce_operation(c, reduce_op));
+  KILN_RETURN_IF_ERROR(check_world_and_dim(c, tensor, dim, device_ids));
+  if (tensor.shape[dim] % device_ids.size() != 0)
+    return c.error(ErrorCode::Invalid, fmt::format("dim {} of {} does not divide into {} equal parts", dim,
+                                                   shape_to_string(tensor.shape), device_ids.size()));
+  Shape shape = tensor.shape;
+  shape[dim] /= device_ids.size();
+  AttrList attrs{static_cast<std::int64_t>(reduce_op), attr(dim)};
+  push_device_ids(attrs, device_ids);
+  return one_to_one(c, tensor, std::move(shape), tensor.dtype, out, std::move(attrs));
 }
 
 Result<Operation> sync_collective() {

@@ -88,6 +88,9 @@ constexpr SignatureInfo kSignatures[] = {
     {"DeformableConv2d", 3, 5, 1, 1, 0, 0, 9, 9, false},
     {"DeformableConv2dBackward", 4, 6, 3, 5, 0, 0, 9, 9, false},
     {"Quantize", 2, 3, 1, 1, 0, 0, 0, 0, false},
+    {"Broadcast", 1, 1, 1, 1, 0, 0, 1, V, false},
+    {"AllGather", 1, 1, 1, 1, 0, 0, 2, V, false},
+    {"ReduceScatter", 1, 1, 1, 1, 0, 0, 3, V, false},
     {"Drop", 1, 1, 0, 0, 0, 0, 0, 0, false},
 };
 static_assert(std::size(kSignatures) == static_cast<std::size_t>(Signature::Drop) + 1);

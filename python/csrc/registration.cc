@@ -116,17 +116,61 @@ at::Tensor failing_op(const at::Tensor& x) {
 // kiln.all_reduce: the front end's all_reduce of a kiln tensor (docs/distributed.md): across the
 // daemons of the job when this process's daemon spans daemons for its job, the identity
 // otherwise. `op`: sum, mean, min, max, prod.
-at::Tensor all_reduce(const at::Tensor& x, const std::string& op) {
+ir::ReduceOperation reduce_operation_named(const std::string& op, const char* what) {
   static constexpr std::pair<const char*, ir::ReduceOperation> kOps[] = {{"sum", ir::ReduceOperation::Sum},
                                                                          {"mean", ir::ReduceOperation::Mean},
                                                                          {"min", ir::ReduceOperation::Min},
                                                                          {"max", ir::ReduceOperation::Max},
                                                                          {"prod", ir::ReduceOperation::Prod}};
   const auto* found = std::find_if(std::begin(kOps), std::end(kOps), [&op](const auto& k) { return op == k.first; });
-  TORCH_CHECK(found != std::end(kOps), "kiln.all_reduce: op '", op, "' is not one of sum, mean, min, max, prod");
+  TORCH_CHECK(found != std::end(kOps), "kiln.", what, ": op '", op, "' is not one of sum, mean, min, max, prod");
+  return found->second;
+}
+
+at::Tensor all_reduce(const at::Tensor& x, const std::string& op) {
+  const ir::ReduceOperation reduce_op = reduce_operation_named(op, "all_reduce");
   const runtime::Tensor& v = value_of(x, "all_reduce");
-  runtime::Tensor out = value_or_throw(session().all_reduce(v, found->second, {}), "all_reduce");
+  runtime::Tensor out = value_or_throw(session().all_reduce(v, reduce_op, {}), "all_reduce");
   return make_tensor(std::move(out), x.sizes());
+}
+
+// The world of `world` ranks, as the device ids kiln's collectives name (the index is the rank).
+std::vector<ir::build::DeviceId> ranks_of(std::int64_t world, const char* what) {
+  TORCH_CHECK(world >= 1 && world <= 0xffff, "kiln.", what, ": a world of ", world, " ranks");
+  std::vector<ir::build::DeviceId> ids;
+  for (std::int64_t r = 0; r < world; ++r) ids.push_back({0, static_cast<std::uint16_t>(r)});
+  return ids;
+}
+
+// kiln.broadcast / all_gather / reduce_scatter (kiln's collectives, docs/distributed.md): the
+// torch.distributed "kiln" backend calls them with its world's size.
+at::Tensor broadcast(const at::Tensor& x, std::int64_t root, std::int64_t world) {
+  TORCH_CHECK(root >= 0 && root < world, "kiln.broadcast: root ", root, " is not a rank of a world of ", world);
+  const runtime::Tensor& v = value_of(x, "broadcast");
+  runtime::Tensor out = value_or_throw(
+      session().broadcast(v, static_cast<std::uint64_t>(root), ranks_of(world, "broadcast")), "broadcast");
+  return make_tensor(std::move(out), x.sizes());
+}
+
+at::Tensor all_gather(const at::Tensor& x, std::int64_t world) {
+  TORCH_CHECK(x.dim() >= 1, "kiln.all_gather: gathers along dim 0, the tensor has none");
+  const runtime::Tensor& v = value_of(x, "all_gather");
+  runtime::Tensor out = value_or_throw(session().all_gather(v, 0, ranks_of(world, "all_gather")), "all_gather");
+  std::vector<std::int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes[0] *= world;
+  return make_tensor(std::move(out), sizes);
+}
+
+at::Tensor reduce_scatter(const at::Tensor& x, const std::string& op, std::int64_t world) {
+  TORCH_CHECK(x.dim() >= 1 && world >= 1 && x.size(0) % world == 0, "kiln.reduce_scatter: dim 0 of ", x.sizes(),
+              " does not divide into ", world, " parts");
+  const ir::ReduceOperation reduce_op = reduce_operation_named(op, "reduce_scatter");
+  const runtime::Tensor& v = value_of(x, "reduce_scatter");
+  runtime::Tensor out =
+      value_or_throw(session().reduce_scatter(v, reduce_op, 0, ranks_of(world, "reduce_scatter")), "reduce_scatter");
+  std::vector<std::int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes[0] /= world;
+  return make_tensor(std::move(out), sizes);
 }
 
 }  // namespace
@@ -143,11 +187,17 @@ TORCH_LIBRARY(kiln, m) {
   m.def("daemon_status(bool json) -> str", &kiln::pytorch::daemon_status);
   m.def("_failing_op(Tensor x) -> Tensor");
   m.def("all_reduce(Tensor x, str op) -> Tensor");
+  m.def("broadcast(Tensor x, int root, int world) -> Tensor");
+  m.def("all_gather(Tensor x, int world) -> Tensor");
+  m.def("reduce_scatter(Tensor x, str op, int world) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kiln, PrivateUse1, m) {
   m.impl("_failing_op", TORCH_FN(kiln::pytorch::failing_op));
   m.impl("all_reduce", TORCH_FN(kiln::pytorch::all_reduce));
+  m.impl("broadcast", TORCH_FN(kiln::pytorch::broadcast));
+  m.impl("all_gather", TORCH_FN(kiln::pytorch::all_gather));
+  m.impl("reduce_scatter", TORCH_FN(kiln::pytorch::reduce_scatter));
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

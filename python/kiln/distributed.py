@@ -11,16 +11,16 @@ only serves init_process_group. The group's rank and size must be the daemon's r
 size (checked when the group is made: a mismatch would reduce with the wrong peers). A worker in
 process, or on a daemon whose distributed job is not the worker's, is a world of one.
 
-kiln's IR has one collective, AllReduce (kiln decision, docs/decisions.md); this backend builds
-the others torch's data-parallel code calls from it, exactly for every value but the sign of a
-zero (x + 0 = x):
-    broadcast  the root's tensor, zeros elsewhere, summed            (an all-reduce's traffic)
-    allgather  each rank's tensor in its slot of a zeroed stack, summed  (world × the data)
-    barrier    an all-reduce of one element, then a sync
+Each collective is one of kiln's IR ops (docs/decisions.md):
+    allreduce       AllReduce
+    broadcast       Broadcast from the root rank
+    allgather       AllGather along dim 0 (of a [1, ...] view of each rank's tensor)
+    reduce_scatter  ReduceScatter along dim 0 (of the ranks' inputs stacked, or the flat input)
+    barrier         an all-reduce of one element, then a sync
 Collectives are lazy like every kiln op: the returned work is complete at once, and a failed
 collective (a peer's daemon gone) raises KilnError at the next sync or read of its result.
-Other collectives (reduce_scatter, alltoall, send/recv, gather, scatter, subgroups of the
-world) raise NotImplementedError naming what is supported.
+Other collectives (alltoall, send/recv, gather, scatter, reduce, subgroups of the world) raise
+NotImplementedError naming what is supported.
 """
 
 import json
@@ -34,6 +34,7 @@ from torch._C._distributed_c10d import (
     BarrierOptions,
     BroadcastOptions,
     ReduceOp,
+    ReduceScatterOptions,
 )
 from torch.futures import Future
 
@@ -48,7 +49,7 @@ _REDUCE_OPS = {
     ReduceOp.MAX: "max",
     ReduceOp.PRODUCT: "prod",
 }
-_SUPPORTED = "allreduce (sum, avg, min, max, product), broadcast, allgather, barrier"
+_SUPPORTED = "allreduce and reduce_scatter (sum, avg, min, max, product), broadcast, allgather, barrier"
 
 
 def world_of_this_worker():
@@ -122,10 +123,7 @@ class KilnProcessGroup(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         _check_on_kiln("allreduce", tensors)
-        kind = getattr(opts.reduceOp, "op", opts.reduceOp)
-        op = _REDUCE_OPS.get(kind)
-        if op is None:
-            raise NotImplementedError(f"kiln backend: reduce op {kind} is not supported (supported: {_SUPPORTED})")
+        op = self._reduce_op(opts)
         with torch.no_grad():
             for t in tensors:
                 _reduce(t, op)
@@ -142,9 +140,7 @@ class KilnProcessGroup(dist.ProcessGroup):
             raise ValueError(f"kiln backend: broadcast from rank {opts.rootRank}, the world has {self._world_size}")
         with torch.no_grad():
             for t in tensors:
-                if self._rank != opts.rootRank:
-                    t.zero_()
-                _reduce(t, "sum")
+                t.copy_(torch.ops.kiln.broadcast(t, opts.rootRank, self._world_size))
         return _done(tensors)
 
     def allgather(self, output_lists, inputs, opts=AllgatherOptions()):
@@ -171,9 +167,42 @@ class KilnProcessGroup(dist.ProcessGroup):
         return _done([output])
 
     def _gather(self, x):
-        stacked = torch.zeros((self._world_size, *x.shape), dtype=x.dtype, device=x.device)
-        stacked[self._rank].copy_(x)
-        return _reduce(stacked, "sum")
+        """[world, *x.shape]: every rank's x, rank 0 first."""
+        gathered = torch.ops.kiln.all_gather(x.reshape(1, *x.shape), self._world_size)
+        return gathered.reshape(self._world_size, *x.shape)
+
+    def reduce_scatter(self, outputs, input_lists, opts=ReduceScatterOptions()):
+        if isinstance(outputs, torch.Tensor):
+            outputs, input_lists = [outputs], [input_lists]
+        _check_on_kiln("reduce_scatter", list(outputs) + [t for ins in input_lists for t in ins])
+        op = self._reduce_op(opts)
+        with torch.no_grad():
+            for out, ins in zip(outputs, input_lists, strict=True):
+                if len(ins) != self._world_size:
+                    raise ValueError(f"kiln backend: reduce_scatter of {len(ins)} tensors, the world has "
+                                     f"{self._world_size}")
+                mine = torch.ops.kiln.reduce_scatter(torch.stack(list(ins)), op, self._world_size)
+                out.copy_(mine.reshape(out.shape))
+        return _done(outputs)
+
+    def _reduce_scatter_base(self, output, x, opts=ReduceScatterOptions()):
+        _check_on_kiln("reduce_scatter", [output, x])
+        if x.numel() != output.numel() * self._world_size:
+            raise ValueError(f"kiln backend: reduce_scatter of {x.numel()} elements into {output.numel()} per rank, "
+                             f"expected {output.numel() * self._world_size}")
+        op = self._reduce_op(opts)
+        with torch.no_grad():
+            mine = torch.ops.kiln.reduce_scatter(x.reshape(self._world_size, -1), op, self._world_size)
+            output.copy_(mine.reshape(output.shape))
+        return _done([output])
+
+    @staticmethod
+    def _reduce_op(opts):
+        kind = getattr(opts.reduceOp, "op", opts.reduceOp)
+        op = _REDUCE_OPS.get(kind)
+        if op is None:
+            raise NotImplementedError(f"kiln backend: reduce op {kind} is not supported (supported: {_SUPPORTED})")
+        return op
 
     def barrier(self, opts=BarrierOptions()):
         import kiln
@@ -190,8 +219,7 @@ def _refused(name):
     return collective
 
 
-for _method, _name in (("reduce_scatter", "reduce_scatter"), ("_reduce_scatter_base", "reduce_scatter"),
-                       ("alltoall", "alltoall"), ("alltoall_base", "alltoall"), ("gather", "gather"),
+for _method, _name in (("alltoall", "alltoall"), ("alltoall_base", "alltoall"), ("gather", "gather"),
                        ("scatter", "scatter"), ("reduce", "reduce"), ("send", "send"), ("recv", "recv")):
     setattr(KilnProcessGroup, _method, _refused(_name))
 

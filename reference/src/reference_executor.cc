@@ -307,6 +307,16 @@ Status run_drop(ReferenceExecutor::Handles& handles, const ir::Operation& op) {
   return Status::Ok();
 }
 
+// A collective over a world of one: the output is a copy of the input.
+Result<Outputs> copy_of_input(const Ctx& c) {
+  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, c.in[0].shape()));
+  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, c.in[0].dtype()));
+  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
+  if (out.size_bytes() != 0)
+    std::memcpy(out.mutable_data(), c.in[0].data(), static_cast<std::size_t>(out.size_bytes()));
+  return single(std::move(out));
+}
+
 // Single device: the reduction over one participant is the tensor itself (sum, mean, min, max
 // or product of one). A list naming other devices cannot be served here.
 Result<Outputs> run_all_reduce(const Ctx& c) {
@@ -316,12 +326,24 @@ Result<Outputs> run_all_reduce(const Ctx& c) {
   if (c.op.attrs.size() > 2)
     return c.error(ErrorCode::Unsupported,
                    fmt::format("{} devices take part; the CPU device reduces over itself only", c.op.attrs.size() - 1));
-  KILN_RETURN_IF_ERROR(expect_out_shape(c, 0, c.in[0].shape()));
-  KILN_RETURN_IF_ERROR(expect_out_dtype(c, 0, c.in[0].dtype()));
-  KILN_ASSIGN_OR_RETURN(HostTensor out, c.new_output());
-  if (out.size_bytes() != 0)
-    std::memcpy(out.mutable_data(), c.in[0].data(), static_cast<std::size_t>(out.size_bytes()));
-  return single(std::move(out));
+  return copy_of_input(c);
+}
+
+// Broadcast, AllGather, ReduceScatter (kiln extensions) over a world of one device: the tensor
+// itself. A world of several ranks needs a job spanning daemons (docs/distributed.md).
+Result<Outputs> run_collective_of_one(const Ctx& c) {
+  const ir::OpKind k = c.op.kind;
+  const std::size_t leading = k == ir::OpKind::Distributed_ReduceScatter ? 2 : 1;  // attributes before the ids
+  if (k == ir::OpKind::Distributed_ReduceScatter && !ir::reduce_operation_of(c.op.attrs[0]))
+    return c.error(ErrorCode::Invalid, fmt::format("unknown reduce operation {}", c.op.attrs[0]));
+  if (c.op.attrs.size() > leading + 1)
+    return c.error(ErrorCode::Unsupported,
+                   fmt::format("{} ranks take part; a device alone is a world of one (a job spanning daemons runs "
+                               "the others, docs/distributed.md)",
+                               c.op.attrs.size() - leading));
+  if (k == ir::OpKind::Distributed_Broadcast && c.op.attrs[0] != 0)
+    return c.error(ErrorCode::Invalid, fmt::format("root {} is not a rank of a world of one", c.op.attrs[0]));
+  return copy_of_input(c);
 }
 
 Result<Outputs> run_kernel(const Ctx& c) {
@@ -385,6 +407,9 @@ Result<Outputs> run_kernel(const Ctx& c) {
     case S::AdaptiveAvgPool: return run_adaptive_avg_pool(c);
     case S::AdaptiveAvgPoolBackward: return run_adaptive_avg_pool_backward(c);
     case S::AllReduce: return run_all_reduce(c);
+    case S::Broadcast:
+    case S::AllGather:
+    case S::ReduceScatter: return run_collective_of_one(c);
     case S::Custom:
       return c.error(
           ErrorCode::Unsupported,

@@ -1898,6 +1898,28 @@ Result<Tensor> Session::all_reduce(Tensor a, ir::ReduceOperation op, std::vector
   });
 }
 
+Result<Tensor> Session::broadcast(Tensor a, std::uint64_t root, std::vector<ir::build::DeviceId> device_ids) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [root, &device_ids](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::broadcast(t[0], root, device_ids, out);
+  });
+}
+
+Result<Tensor> Session::all_gather(Tensor a, std::uint64_t dim, std::vector<ir::build::DeviceId> device_ids) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [dim, &device_ids](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::all_gather(t[0], dim, device_ids, out);
+  });
+}
+
+Result<Tensor> Session::reduce_scatter(Tensor a, ir::ReduceOperation op, std::uint64_t dim,
+                                       std::vector<ir::build::DeviceId> device_ids) {
+  Tensor in[] = {std::move(a)};
+  return run_op(in, [op, dim, &device_ids](std::span<const TensorIr> t, ir::TensorId out) {
+    return build::reduce_scatter(t[0], op, dim, device_ids, out);
+  });
+}
+
 Status Session::sync_collective() {
   if (router()) {
     std::span<Tensor> none;

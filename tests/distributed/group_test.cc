@@ -216,5 +216,47 @@ TEST(GroupTest, AnAbandonedCollectiveFailsItsPeersAtOnce) {
   check_all_reduce(groups, dt::f32, ReduceOperation::Sum, 10);
 }
 
+// Broadcast: every rank ends with the root's bytes, for each root; all_gather: every rank's
+// bytes in rank order, on every rank, interleaved with an all_reduce on the same tags.
+TEST(GroupTest, BroadcastAndAllGatherMoveEveryRanksBytes) {
+  constexpr std::uint32_t kWorld = 3;
+  auto groups = make_world(kWorld);
+  auto bytes_of = [](std::uint32_t rank, std::size_t n) {
+    std::vector<std::byte> b(n);
+    for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::byte>((i * 31 + rank * 7 + 1) & 0xff);
+    return b;
+  };
+  for (std::uint32_t root = 0; root < kWorld; ++root) {
+    std::vector<std::vector<std::byte>> data(kWorld);
+    for (std::uint32_t r = 0; r < kWorld; ++r) data[r] = bytes_of(r, 1001);
+    const std::vector<Status> st =
+        on_every_rank(kWorld, [&](std::uint32_t r) { return groups[r]->broadcast(data[r], root); });
+    for (std::uint32_t r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r].error().to_string();
+      EXPECT_TRUE(data[r] == bytes_of(root, 1001)) << "rank " << r << ", root " << root;
+    }
+  }
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5000}}) {
+    std::vector<std::vector<std::byte>> all(kWorld, std::vector<std::byte>(n * kWorld));
+    const std::vector<Status> st = on_every_rank(kWorld, [&](std::uint32_t r) {
+      const std::vector<std::byte> mine = bytes_of(r, n);
+      return groups[r]->all_gather(mine, all[r]);
+    });
+    std::vector<std::byte> expected;
+    for (std::uint32_t r = 0; r < kWorld; ++r) {
+      const std::vector<std::byte> b = bytes_of(r, n);
+      expected.insert(expected.end(), b.begin(), b.end());
+    }
+    for (std::uint32_t r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r].error().to_string();
+      EXPECT_TRUE(all[r] == expected) << "rank " << r << ", " << n << " bytes each";
+    }
+    check_all_reduce(groups, dt::i32, ReduceOperation::Sum, 7);
+  }
+  std::vector<std::byte> mine(4), wrong(5);
+  EXPECT_THAT(groups[0]->all_gather(mine, wrong), StatusIs(ErrorCode::Invalid, "4 bytes from each of 3 ranks"));
+  EXPECT_THAT(groups[0]->broadcast(mine, kWorld), StatusIs(ErrorCode::Invalid, "root 3 is not a rank"));
+}
+
 }  // namespace
 }  // namespace kiln::distributed

@@ -159,6 +159,93 @@ TEST(DistributedDaemons, AllReduceMatchesOneDevice) {
   }
 }
 
+// Broadcast, AllGather and ReduceScatter (kiln extensions) on 3 daemons, in the stream order of
+// computed inputs (each rank's tensor is x * 1 of an upload), every rank's result against the
+// definition: the root's tensor; the ranks' tensors concatenated along dim 0 and dim 1; the sum
+// of the ranks' tensors, cut along dim 1, this rank's part. Also an error value for an input that
+// failed (a rank whose input failed leaves, and its peers fail at once).
+TEST(DistributedDaemons, BroadcastAllGatherAndReduceScatterMatchTheirDefinitions) {
+  constexpr std::uint32_t kWorld = 3;
+  constexpr std::size_t kRows = 4, kCols = 6;
+  Job job(kWorld);
+  Clients clients(job);
+  ASSERT_TRUE(clients.connected);
+  const std::vector<ir::build::DeviceId> world = {{1, 0}, {1, 1}, {1, 2}};
+  auto mine = [](std::uint32_t r) {
+    std::vector<float> v(kRows * kCols);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(r * 100 + i);
+    return v;
+  };
+  using Call = std::function<Result<Tensor>(Session&, Tensor)>;
+  auto on_ranks = [&](const Call& call) {
+    return clients.on_every_rank<Result<std::vector<float>>>([&](std::uint32_t r, Session& s) {
+      const std::vector<float> v = mine(r);
+      Result<Tensor> t = s.from_host(std::span<const float>(v), {kRows, kCols});
+      if (!t.ok()) return Result<std::vector<float>>(t.error());
+      Result<Tensor> computed = s.mul(*t, 1.0);
+      if (!computed.ok()) return Result<std::vector<float>>(computed.error());
+      Result<Tensor> out = call(s, std::move(computed).value());
+      if (!out.ok()) return Result<std::vector<float>>(out.error());
+      return s.to_host<float>(std::move(out).value());
+    });
+  };
+  const auto broadcast = on_ranks([&](Session& s, Tensor t) { return s.broadcast(std::move(t), 1, world); });
+  for (std::uint32_t r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(broadcast[r].ok()) << broadcast[r].error().to_string();
+    EXPECT_EQ(*broadcast[r], mine(1)) << "broadcast, rank " << r;
+  }
+  for (std::uint64_t dim : {0u, 1u}) {
+    const auto gathered = on_ranks([&](Session& s, Tensor t) { return s.all_gather(std::move(t), dim, world); });
+    std::vector<float> expected;
+    for (std::size_t i = 0; i < kRows; ++i)
+      for (std::uint32_t r = 0; r < kWorld; ++r)
+        for (std::size_t j = 0; j < kCols; ++j) expected.push_back(mine(r)[i * kCols + j]);
+    if (dim == 0) {
+      expected.clear();
+      for (std::uint32_t r = 0; r < kWorld; ++r) {
+        const std::vector<float> v = mine(r);
+        expected.insert(expected.end(), v.begin(), v.end());
+      }
+    }
+    for (std::uint32_t r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(gathered[r].ok()) << gathered[r].error().to_string();
+      EXPECT_EQ(*gathered[r], expected) << "all_gather along " << dim << ", rank " << r;
+    }
+  }
+  const auto scattered =
+      on_ranks([&](Session& s, Tensor t) { return s.reduce_scatter(std::move(t), ReduceOperation::Sum, 1, world); });
+  for (std::uint32_t r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(scattered[r].ok()) << scattered[r].error().to_string();
+    std::vector<float> expected;
+    for (std::size_t i = 0; i < kRows; ++i)
+      for (std::size_t j = r * 2; j < r * 2 + 2; ++j) {
+        float sum = 0;
+        for (std::uint32_t q = 0; q < kWorld; ++q) sum += mine(q)[i * kCols + j];
+        expected.push_back(sum);
+      }
+    EXPECT_EQ(*scattered[r], expected) << "reduce_scatter, rank " << r;
+  }
+  // Rank 0's input fails (a gather out of range): rank 0 leaves the collective, and every rank's
+  // all_gather fails at once, none hangs.
+  const auto failed = clients.on_every_rank<Status>([&](std::uint32_t r, Session& s) {
+    const std::vector<float> v = mine(r);
+    Result<Tensor> t = s.from_host(std::span<const float>(v), {kRows, kCols});
+    if (!t.ok()) return t.status();
+    const std::vector<std::int64_t> idx(kCols, r == 0 ? 99 : 0);
+    Result<Tensor> indices = s.from_host(std::span<const std::int64_t>(idx), {1, kCols});
+    if (!indices.ok()) return indices.status();
+    Result<Tensor> picked = s.gather(*t, 0, *indices);
+    if (!picked.ok()) return picked.status();
+    Result<Tensor> out = s.all_gather(std::move(picked).value(), 0, world);
+    if (!out.ok()) return out.status();
+    return s.to_host<float>(std::move(out).value()).status();
+  });
+  for (std::uint32_t r = 0; r < kWorld; ++r)
+    EXPECT_THAT(failed[r], StatusIs(ErrorCode::Execution, "across daemons")) << "rank " << r;
+  // The job goes on.
+  check_all_reduce<float>(clients, ReduceOperation::Sum, 10);
+}
+
 // The demo's MLP, data parallel: each rank trains on its share of every batch and the gradients
 // are averaged; the losses match one daemon training on the whole batch. Tolerance: the shards'
 // matmuls and reductions add in another order (f32); measured, the losses of 20 steps on 2 and

@@ -420,6 +420,9 @@ Result<Operation> deformable_any(OpKind kind, TensorId o) {
                                            {o, id(11), id(12), id(13), id(14)});
 }
 
+// A world of one device, for the collectives that must name theirs.
+const build::DeviceId kOneDevice[] = {{1, 0}};
+
 // Every row of the op table can be built through the builder of its signature.
 Result<Operation> build_any(OpKind kind) {
   const OpInfo& info = op_info(kind);
@@ -499,6 +502,9 @@ Result<Operation> build_any(OpKind kind) {
     case Signature::Embedding: return build::embedding(t(1, {10, 4}), t(3, {2, 3}, dtypes::i64), o);
     case Signature::Pad: return build::pad(f, kind, x, std::vector<build::PadPair>{{1, 1}}, PadMode::Constant, s, o);
     case Signature::AllReduce: return build::all_reduce(x, ReduceOperation::Sum, {}, o);
+    case Signature::Broadcast: return build::broadcast(x, 0, {}, o);
+    case Signature::AllGather: return build::all_gather(x, 0, kOneDevice, o);
+    case Signature::ReduceScatter: return build::reduce_scatter(x, ReduceOperation::Sum, 0, kOneDevice, o);
     case Signature::SyncCollective: return build::sync_collective();
     case Signature::Custom:
       return build::custom("c", std::vector<TensorIr>{x}, std::vector<TensorIr>{TensorIr::uninit(o, {1}, d)}, {});
@@ -2564,6 +2570,39 @@ TEST(BuildDistributed, AllReduceAndSync) {
   BUILD(sync, build::sync_collective());
   EXPECT_TRUE(sync.tensors.empty());
   EXPECT_EQ(sync.kind_name(), "Distributed::SyncCollective");
+}
+
+// Broadcast, AllGather and ReduceScatter (kiln extensions): shapes from the named world, and
+// errors for a root outside it, an unnamed world, a dim that does not divide.
+TEST(BuildDistributed, BroadcastAllGatherReduceScatter) {
+  const build::DeviceId world[] = {{1, 0}, {1, 1}, {1, 2}};
+  BUILD(bc, build::broadcast(t(1, {4, 5}, dtypes::f16), 2, world, id(2)));
+  EXPECT_EQ(out(bc), TensorIr::uninit(id(2), {4, 5}, dtypes::f16));
+  EXPECT_EQ(bc.attrs, (AttrList{2, 1 << 16, (1 << 16) | 1, (1 << 16) | 2}));
+  EXPECT_EQ(bc.kind_name(), "Distributed::Broadcast");
+  BUILD(bc_world, build::broadcast(t(1, {4}), 7, {}, id(2)));
+  EXPECT_EQ(bc_world.attrs, (AttrList{7}));
+  auto bad_root = build::broadcast(t(1, {4}), 3, world, id(2));
+  EXPECT_ERR(bad_root, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(bad_root), "Distributed::Broadcast: root 3 is not one of the 3 ranks named");
+
+  BUILD(ag, build::all_gather(t(1, {4, 5}, dtypes::i32), 1, world, id(2)));
+  EXPECT_EQ(out(ag), TensorIr::uninit(id(2), {4, 15}, dtypes::i32));
+  EXPECT_EQ(ag.attrs, (AttrList{1, 1 << 16, (1 << 16) | 1, (1 << 16) | 2}));
+  EXPECT_EQ(ag.kind_name(), "Distributed::AllGather");
+  auto unnamed = build::all_gather(t(1, {4}), 0, {}, id(2));
+  EXPECT_ERR(unnamed, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(unnamed), "Distributed::AllGather: name the world's device ids (their number sizes the output)");
+  EXPECT_ERR(build::all_gather(t(1, {4}), 1, world, id(2)), ErrorCode::OutOfBounds);
+
+  BUILD(rs, build::reduce_scatter(t(1, {6, 2}), ReduceOperation::Mean, 0, world, id(2)));
+  EXPECT_EQ(out(rs), TensorIr::uninit(id(2), {2, 2}, dtypes::f32));
+  EXPECT_EQ(rs.attrs,
+            (AttrList{static_cast<std::int64_t>(ReduceOperation::Mean), 0, 1 << 16, (1 << 16) | 1, (1 << 16) | 2}));
+  auto uneven = build::reduce_scatter(t(1, {4, 2}), ReduceOperation::Sum, 0, world, id(2));
+  EXPECT_ERR(uneven, ErrorCode::Invalid);
+  EXPECT_EQ(message_of(uneven), "Distributed::ReduceScatter: dim 0 of [4,2] does not divide into 3 equal parts");
+  EXPECT_ERR(build::reduce_scatter(t(1, {6}), static_cast<ReduceOperation>(9), 0, world, id(2)), ErrorCode::Invalid);
 }
 
 }  // namespace

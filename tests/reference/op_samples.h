@@ -285,6 +285,15 @@ inline std::optional<Result<Operation>> sample(Device& d, K k, DType t) {
       return b::pad(f, k, x(), p, PadMode::Constant, scalar_for(t), o);
     }
     case Signature::AllReduce: return b::all_reduce(x(), ReduceOperation::Mean, {}, o);
+    case Signature::Broadcast: return b::broadcast(x(), 0, {}, o);
+    case Signature::AllGather: {
+      const b::DeviceId self[] = {{1, 0}};
+      return b::all_gather(x(), 1, self, o);
+    }
+    case Signature::ReduceScatter: {
+      const b::DeviceId self[] = {{1, 0}};
+      return b::reduce_scatter(x(), ReduceOperation::Sum, 0, self, o);
+    }
     case Signature::SyncCollective: return b::sync_collective();
     case Signature::Custom: {
       const TensorIr ins[] = {x()};

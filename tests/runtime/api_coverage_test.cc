@@ -173,6 +173,9 @@ void call_the_layout_and_indexing_ops(Session& ss) {
   ok(ss.softmax(a, 1));
   ok(ss.log_softmax(a, 1));
   ok(ss.all_reduce(a, ir::ReduceOperation::Sum, {}));
+  ok(ss.broadcast(a, 0, {}));
+  ok(ss.all_gather(a, 1, {ir::build::DeviceId{0, 0}}));
+  ok(ss.reduce_scatter(a, ir::ReduceOperation::Sum, 0, {ir::build::DeviceId{0, 0}}));
 #if !KILN_TEST_IPC
   // No backend knows a custom op: it fails at execution, on a stream of its own. (The daemon
   // refuses Custom: it runs no client code; docs/decisions.md.)

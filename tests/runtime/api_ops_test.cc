@@ -1364,6 +1364,31 @@ TEST_F(ApiOps, AllReduceOverOtherDevicesFailsAtExecution) {
   EXPECT_FALSE(s->to_host<float>(std::move(r)).ok());
 }
 
+// Broadcast, AllGather and ReduceScatter (kiln extensions) on a device alone: a world of one
+// (the tensor itself, each op emitting its kind); more ranks, or another root, fail at execution
+// with a message that says so; a bad dim or an unnamed world fail at the call.
+TEST_F(ApiOps, BroadcastAllGatherAndReduceScatterOverAWorldOfOne) {
+  Tensor a = f32({1, -2, 3.5f, 4, 5, 6}, {2, 3});
+  const std::vector<ir::build::DeviceId> self = {{0, 0}};
+  expect_near(get(s->broadcast(a, 0, {}), {2, 3}), {1, -2, 3.5, 4, 5, 6});
+  expect_near(get(s->all_gather(a, 1, self), {2, 3}), {1, -2, 3.5, 4, 5, 6});
+  expect_near(get(s->reduce_scatter(a, ir::ReduceOperation::Mean, 0, self), {2, 3}), {1, -2, 3.5, 4, 5, 6});
+  EXPECT_EQ(kinds_of([&] { ok(s->broadcast(a, 0, self)); }), (Kinds{"Distributed::Broadcast"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->all_gather(a, 0, self)); }), (Kinds{"Distributed::AllGather"}));
+  EXPECT_EQ(kinds_of([&] { ok(s->reduce_scatter(a, ir::ReduceOperation::Sum, 1, self)); }),
+            (Kinds{"Distributed::ReduceScatter"}));
+  const std::vector<ir::build::DeviceId> two = {{0, 0}, {0, 1}};
+  Result<std::vector<float>> gathered = s->to_host<float>(ok(s->all_gather(a, 0, two)));
+  ASSERT_FALSE(gathered.ok());
+  EXPECT_NE(gathered.error().message.find("a device alone is a world of one"), std::string::npos)
+      << gathered.error().message;
+  EXPECT_FALSE(s->to_host<float>(ok(s->broadcast(a, 1, {}))).ok());
+  EXPECT_FALSE(s->to_host<float>(ok(s->reduce_scatter(a, ir::ReduceOperation::Sum, 0, two))).ok());
+  EXPECT_NAMES(error_of(s->all_gather(a, 2, self)), "AllGather");
+  EXPECT_NAMES(error_of(s->all_gather(a, 0, {})), "AllGather");
+  EXPECT_NAMES(error_of(s->reduce_scatter(a, ir::ReduceOperation::Sum, 1, two)), "ReduceScatter");
+}
+
 // ---- Resampling (docs/spec/ir.md §5.6, §5.8; no §5.11 row: each call emits the kind of its name)
 
 TEST_F(ApiOps, InterpolateEveryModeBothAlignments) {

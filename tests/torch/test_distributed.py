@@ -114,11 +114,18 @@ class DistributedTest(unittest.TestCase):
             dist.all_gather_into_tensor(flat, torch.tensor([rank, -rank], dtype=torch.int64).to("kiln"))
             out["all_gather_into_tensor"] = flat.cpu().tolist()
             dist.barrier()
+            mine = torch.empty(2).to("kiln")
+            dist.reduce_scatter_tensor(mine, (torch.arange(4.0) + 100 * rank).to("kiln"))
+            out["reduce_scatter_tensor"] = mine.cpu().tolist()
+            part = torch.empty(2, 2, dtype=torch.int64).to("kiln")
+            dist.reduce_scatter(part, [torch.full((2, 2), 10 * r + rank, dtype=torch.int64).to("kiln")
+                                       for r in range(2)], op=dist.ReduceOp.MAX)
+            out["reduce_scatter"] = part.cpu().tolist()
             try:
-                dist.reduce_scatter_tensor(torch.empty(1).to("kiln"), torch.ones(2).to("kiln"))
-                out["reduce_scatter"] = "no error"
+                dist.all_to_all_single(torch.empty(2).to("kiln"), torch.ones(2).to("kiln"))
+                out["alltoall"] = "no error"
             except NotImplementedError as e:
-                out["reduce_scatter"] = str(e)
+                out["alltoall"] = str(e)
             try:
                 kiln.distributed.KilnProcessGroup(1 - rank, 2)
                 out["wrong_rank"] = "no error"
@@ -138,7 +145,10 @@ class DistributedTest(unittest.TestCase):
             self.assertEqual(r["broadcast_bool"], [True, False])
             self.assertEqual(r["all_gather"], [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0]])
             self.assertEqual(r["all_gather_into_tensor"], [0, 0, 1, -1])
-            self.assertIn("reduce_scatter is not supported", r["reduce_scatter"])
+            # rank r's part of [0, 1, 2, 3] + [100, 101, 102, 103]
+            self.assertEqual(r["reduce_scatter_tensor"], [[100.0, 102.0], [104.0, 106.0]][rank])
+            self.assertEqual(r["reduce_scatter"], [[10 * rank + 1] * 2] * 2)  # max over ranks of 10 r' + rank'
+            self.assertIn("alltoall is not supported", r["alltoall"])
             self.assertIn(f"this worker's kilnd job is rank {rank} of 2", r["wrong_rank"])
 
     def test_a_dead_peer_is_a_kiln_error_in_torch_distributed(self):

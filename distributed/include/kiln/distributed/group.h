@@ -17,6 +17,7 @@
 // Usage:
 //   auto group = CollectiveGroup::create(config, "kiln 0.1.0 protocol 6");
 //   Status st = (*group)->all_reduce(ir::dtypes::f32, bytes, ir::ReduceOperation::Sum);
+//   st = (*group)->all_gather(mine, all);  // all: world_size × mine's bytes, in rank order
 #pragma once
 
 #include <cstdint>
@@ -66,6 +67,10 @@ class CollectiveGroup {
   // the kiln extensions Min, Max and Prod. f16 and bf16 reduce in f32 and round once. Blocks
   // until done, or fails within the configured timeout (meeting included).
   [[nodiscard]] Status all_reduce(ir::DType dtype, std::span<std::byte> data, ir::ReduceOperation op);
+  // Replaces `data` (the same size on every rank) with the root rank's bytes.
+  [[nodiscard]] Status broadcast(std::span<std::byte> data, std::uint32_t root);
+  // Every rank's `mine` (the same size on each), in rank order, into `all` (world_size × that).
+  [[nodiscard]] Status all_gather(std::span<const std::byte> mine, std::span<std::byte> all);
   // This rank leaves the collective it cannot take part in (its input failed): its peers' call
   // fails at once instead of at the timeout, and the next collective meets again.
   void abandon(const std::string& reason);

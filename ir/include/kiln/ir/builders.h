@@ -612,5 +612,19 @@ Result<Operation> drop(const TensorIr& tensor);
 Result<Operation> all_reduce(const TensorIr& tensor, ReduceOperation op, std::span<const DeviceId> device_ids,
                              TensorId out);
 Result<Operation> sync_collective();
+// kiln extensions (op_table.def). device_ids index the ranks of the job's world (as AllReduce's).
+// Broadcast{tensor, root, device_ids}: output = the root rank's tensor (shape and dtype of
+// `tensor`); with ids named, root is below their number.
+Result<Operation> broadcast(const TensorIr& tensor, std::uint64_t root, std::span<const DeviceId> device_ids,
+                            TensorId out);
+// AllGather{tensor, dim, device_ids}: every rank's tensor concatenated along `dim` in rank
+// order; at least one id (the world's size: output dim = size × ids).
+Result<Operation> all_gather(const TensorIr& tensor, std::uint64_t dim, std::span<const DeviceId> device_ids,
+                             TensorId out);
+// ReduceScatter{tensor, op, dim, device_ids}: the ranks' tensors reduced as AllReduce does, then
+// cut along `dim` into one equal part per rank; rank r keeps part r. dim's size must divide by
+// the number of ids (at least one).
+Result<Operation> reduce_scatter(const TensorIr& tensor, ReduceOperation op, std::uint64_t dim,
+                                 std::span<const DeviceId> device_ids, TensorId out);
 
 }  // namespace kiln::ir::build

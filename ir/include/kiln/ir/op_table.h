@@ -72,6 +72,9 @@ bool group_admits(OpGroup g, Family f);
 //   AvgPool2d [k0, k1, stride0, stride1, pad0, pad1, count_include_pad, ceil_mode]
 //   Pad [mode, before0, after0, before1, after1, ...]  (scalar: the constant, mode Constant only)
 //   AllReduce [reduce_op, device ids packed as (type << 16 | index)...]
+//   Broadcast [root, device ids...]  (root: a rank, below the number of ids when they are named)
+//   AllGather [dim, device ids...]  (at least one id: the world, whose size scales dim)
+//   ReduceScatter [reduce_op, dim, device ids...]  (at least one id; dim's size divisible by them)
 //   LayerNorm [bits(epsilon)]  (the f64 bit pattern: LayerNorm's epsilon is kept verbatim, never
 //     relativized, docs/spec/fusion.md §3.6; BatchNorm's is its one scalar, which is)
 //   Linear, LayerNorm: the optional bias / beta is present when the op has 3 inputs.
@@ -168,6 +171,9 @@ enum class Signature : std::uint8_t {
   DeformableConv2d,
   DeformableConv2dBackward,
   Quantize,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
   Drop,
 };
 

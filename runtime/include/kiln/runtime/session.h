@@ -655,6 +655,17 @@ class Session {
   // Distributed AllReduce{tensor, op, device_ids}: S(a), D(a). The CPU backends reduce over
   // themselves only: naming another device fails at execution (Unsupported).
   Result<Tensor> all_reduce(Tensor a, ir::ReduceOperation op, std::vector<ir::build::DeviceId> device_ids);
+  // kiln extensions (docs/distributed.md), in a job spanning daemons; a device alone is a world
+  // of one (device_ids naming one device: the tensor itself; more fail at execution).
+  // Distributed Broadcast{tensor, root, device_ids}: the root rank's tensor on every rank.
+  Result<Tensor> broadcast(Tensor a, std::uint64_t root, std::vector<ir::build::DeviceId> device_ids);
+  // Distributed AllGather{tensor, dim, device_ids}: every rank's `a`, concatenated along dim in
+  // rank order (dim's size × the number of ids).
+  Result<Tensor> all_gather(Tensor a, std::uint64_t dim, std::vector<ir::build::DeviceId> device_ids);
+  // Distributed ReduceScatter{tensor, op, dim, device_ids}: the ranks' `a` reduced, cut along
+  // dim into one part per rank; this rank's part.
+  Result<Tensor> reduce_scatter(Tensor a, ir::ReduceOperation op, std::uint64_t dim,
+                                std::vector<ir::build::DeviceId> device_ids);
   // No IR (the fusion client's form): drains the current stream, as sync() does. kiln's backends
   // are single-device, so nothing else is pending (the reference's SyncCollective is a no-op).
   // Router: Distributed SyncCollective (no tensors) on the current stream, then the drain.
