@@ -645,9 +645,9 @@ namespace {
 
 // An AllReduce over this device alone is the identity. When it consumes its input and nothing
 // else holds the input's buffer, the output takes that buffer instead of a copy: a daemon of a
-// distributed job then reduces across daemons in place on it (ClientSession::all_reduce_across_
-// daemons), which is what Gloo's in-place all-reduce costs. Anything else (an attribute or an
-// operand the reference would refuse, a shared buffer) goes to the reference, which copies.
+// distributed job then reduces across daemons in place on it (ClientSession::in_place_across_
+// daemons, which also runs Broadcast this way), which is what Gloo's in-place all-reduce costs. Anything else (an
+// attribute or an operand the reference would refuse, a shared buffer) goes to the reference, which copies.
 bool hand_over_all_reduce(const ir::Operation& op, CpuDevice::Handles& handles) {
   const ir::TensorIr& in = op.inputs()[0];
   const ir::TensorIr& out = op.outputs()[0];

@@ -362,6 +362,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Status in_place_across_daemons(StreamId s, const ir::Operation& op, FunctionRef<Status(std::span<std::byte>)> across);
   // AllGather and ReduceScatter: the output is made from this rank's input outside the stream.
   Status reshaped_across_daemons(StreamId s, const ir::Operation& op);
+  // This rank leaves the collective it cannot take part in (its peers fail at once); returns `why`.
+  Status leave_collective(const ir::Operation& op, const Error& why);
   // The output of a collective that failed across daemons: its error, logged.
   Status fail_collective(const ir::TensorIr& out, const ir::Operation& op, const Error& error);
   Status upload(const UploadCmd& c, std::uint64_t rid);
@@ -914,13 +916,15 @@ Status ClientSession::collective_across_daemons(StreamId s, const ir::Operation&
 
 Status ClientSession::in_place_across_daemons(StreamId s, const ir::Operation& op,
                                               FunctionRef<Status(std::span<std::byte>)> across) {
-  distributed::CollectiveGroup& group = *service_.options.collectives;
   const ir::TensorIr out = op.tensors[1];
   KILN_ASSIGN_OR_RETURN(ir::Operation local,
                         ir::build::all_reduce(op.tensors[0], ir::ReduceOperation::Sum, {}, out.id));
-  KILN_RETURN_IF_ERROR(service_.device.register_op(s, std::move(local)));
-  wake_deferred();  // this client's other streams go on while the collective waits
-  KILN_RETURN_IF_ERROR(service_.device.barrier(s));
+  Status queued = service_.device.register_op(s, std::move(local));
+  if (queued.ok()) {
+    wake_deferred();  // this client's other streams go on while the collective waits
+    queued = service_.device.barrier(s);
+  }
+  if (!queued.ok()) return leave_collective(op, queued.error());
   bool reached = false;
   const Status done = service_.device.update_in_place(out, [&](std::span<std::byte> bytes) {
     reached = true;
@@ -928,7 +932,7 @@ Status ClientSession::in_place_across_daemons(StreamId s, const ir::Operation& o
   });
   if (done.ok()) return Status::Ok();
   if (!reached) {
-    group.abandon(fmt::format("rank {} left {}: {}", group.config().rank, op.kind_name(), done.error().message));
+    (void)leave_collective(op, done.error());
     if (service_.device.error_of(out.id)) return Status::Ok();  // the output carries its input's error
   }
   // The output holds this rank's value alone: it becomes the error.
@@ -945,32 +949,60 @@ Status ClientSession::reshaped_across_daemons(StreamId s, const ir::Operation& o
   const ir::TensorIr out = op.tensors[1];
   const bool scatter = op.kind == ir::OpKind::Distributed_ReduceScatter;
   const std::size_t dim = static_cast<std::size_t>(op.attrs[scatter ? 1 : 0]);
+  // The host copies (this rank's input; the gathered tensors and the output, or the reduced
+  // tensor and the part) count against the daemon's staging memory, as a chunked transfer's do.
+  KILN_ASSIGN_OR_RETURN(const std::uint64_t in_bytes, tensor_bytes(in.dtype, in.shape));
+  const std::uint64_t world = config.world_size;
+  const std::uint64_t host_bytes = scatter ? 2 * in_bytes : in_bytes + 2 * in_bytes * world;
+  Result<StagingReservation> staging =
+      reserve_staging(host_bytes, fmt::format("{} of {}", op.kind_name(), in.to_string()));
+  if (!staging.ok()) return leave_collective(op, staging.error());
   // This rank's input, as the stream computes it, into a tensor of its own read (and released) here.
   const ir::TensorId mine_id = service_.device.new_tensor_id();
   KILN_ASSIGN_OR_RETURN(ir::Operation local, ir::build::all_reduce(in, ir::ReduceOperation::Sum, {}, mine_id));
-  KILN_RETURN_IF_ERROR(service_.device.register_op(s, std::move(local)));
-  wake_deferred();
-  Result<runtime::HostData> mine =
-      service_.device.read(s, ir::TensorIr{mine_id, in.shape, ir::TensorStatus::ReadWrite, in.dtype});
+  Status queued = service_.device.register_op(s, std::move(local));
+  if (queued.ok()) {
+    wake_deferred();
+    queued = service_.device.barrier(s);
+  }
+  if (!queued.ok()) return leave_collective(op, queued.error());
+  const ir::TensorIr mine_ir{mine_id, in.shape, ir::TensorStatus::ReadWrite, in.dtype};
+  if (std::optional<ir::TensorError> failed = service_.device.error_of(mine_id)) {
+    (void)leave_collective(op, Error{ErrorCode::Execution, failed->to_string()});
+    service_.device.backend().free(mine_ir);
+    return service_.device.claim_error(out.id, *failed);  // the output carries its input's error
+  }
+  Result<runtime::HostData> mine = service_.device.read(s, mine_ir);
   if (!mine.ok()) {
-    group.abandon(fmt::format("rank {} left {}: {}", config.rank, op.kind_name(), mine.error().message));
-    if (std::optional<ir::TensorError> e = service_.device.error_of(mine_id))
-      return service_.device.claim_error(out.id, *e);
+    (void)leave_collective(op, mine.error());
     return fail_collective(out, op, mine.error());
   }
-  const std::size_t esize = in.dtype.size_bytes();
   std::vector<std::byte> result;
   Status done = Status::Ok();
-  if (scatter) {
-    done = group.all_reduce(in.dtype, mine->bytes, static_cast<ir::ReduceOperation>(op.attrs[0]));
-    if (done.ok()) result = distributed::part_along(mine->bytes, in.shape, esize, dim, config.world_size, config.rank);
-  } else {
-    std::vector<std::byte> ranks(mine->bytes.size() * config.world_size);
-    done = group.all_gather(mine->bytes, ranks);
-    if (done.ok()) result = distributed::concat_along(ranks, in.shape, esize, dim, config.world_size);
+  try {
+    const std::size_t esize = in.dtype.size_bytes();
+    if (scatter) {
+      done = group.all_reduce(in.dtype, mine->bytes, static_cast<ir::ReduceOperation>(op.attrs[0]));
+      if (done.ok())
+        result = distributed::part_along(mine->bytes, in.shape, esize, dim, config.world_size, config.rank);
+    } else {
+      std::vector<std::byte> ranks(mine->bytes.size() * world);
+      done = group.all_gather(mine->bytes, ranks);
+      if (done.ok()) result = distributed::concat_along(ranks, in.shape, esize, dim, config.world_size);
+    }
+  } catch (const std::bad_alloc&) {
+    // Out of host memory before or after the exchange: this rank leaves (its peers fail at once).
+    done = leave_collective(op, Error{ErrorCode::ResourceExhausted, "out of host memory"});
   }
+  if (done.ok()) done = service_.device.upload(s, out.id, out.dtype, out.shape, result);
   if (!done.ok()) return fail_collective(out, op, done.error());
-  return service_.device.upload(s, out.id, out.dtype, out.shape, result);
+  return Status::Ok();
+}
+
+Status ClientSession::leave_collective(const ir::Operation& op, const Error& why) {
+  distributed::CollectiveGroup& group = *service_.options.collectives;
+  group.abandon(fmt::format("rank {} left {}: {}", group.config().rank, op.kind_name(), why.message));
+  return Status(why);
 }
 
 Status ClientSession::fail_collective(const ir::TensorIr& out, const ir::Operation& op, const Error& error) {

@@ -2265,6 +2265,9 @@ Result<Operation> all_gather(const TensorIr& tensor, std::uint64_t dim, std::spa
   const Ctx c{Family::Distributed, OpKind::Distributed_AllGather};
   KILN_RETURN_IF_ERROR(check_world_and_dim(c, tensor, dim, device_ids));
   Shape shape = tensor.shape;
+  if (shape[dim] > std::numeric_limits<std::uint64_t>::max() / device_ids.size())
+    return c.error(ErrorCode::Invalid, fmt::format("dim {} of {} times {} ranks overflows", dim,
+                                                   shape_to_string(tensor.shape), device_ids.size()));
   shape[dim] *= device_ids.size();
   AttrList attrs{attr(dim)};
   push_device_ids(attrs, device_ids);

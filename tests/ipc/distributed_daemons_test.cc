@@ -39,7 +39,8 @@ using Kilnd = apps::KilndProcess;
 class Job {
  public:
   // Rank 0 takes a free port for the rendezvous (its log says which); the others follow.
-  Job(std::uint32_t world, std::chrono::milliseconds timeout = 10s) : world_(world), timeout_(timeout) {
+  Job(std::uint32_t world, std::chrono::milliseconds timeout = 10s, std::vector<std::string> extra_flags = {})
+      : world_(world), timeout_(timeout), extra_flags_(std::move(extra_flags)) {
     dir_ = std::filesystem::temp_directory_path() / fmt::format("kiln-dist-{}-{}", ::getpid(), ++runs_);
     start(0);
     const std::optional<std::uint16_t> port = daemon(0).served_rendezvous_port();
@@ -55,12 +56,14 @@ class Job {
 
   void start(std::uint32_t rank) {
     if (daemons_.size() <= rank) daemons_.resize(rank + 1);
-    daemons_[rank] = std::make_unique<Kilnd>(
-        KILN_KILND_PATH, dir_ / fmt::format("rank{}", rank),
-        std::vector<std::string>{"--dist-job", "train", "--dist-rank", std::to_string(rank), "--dist-world-size",
-                                 std::to_string(world_), "--dist-rendezvous",
-                                 fmt::format("tcp:127.0.0.1:{}", rank == 0 ? 0 : port_), "--dist-timeout-ms",
-                                 std::to_string(timeout_.count()), "--threads", "1"});
+    std::vector<std::string> flags{"--dist-job",        "train",
+                                   "--dist-rank",       std::to_string(rank),
+                                   "--dist-world-size", std::to_string(world_),
+                                   "--dist-rendezvous", fmt::format("tcp:127.0.0.1:{}", rank == 0 ? 0 : port_),
+                                   "--dist-timeout-ms", std::to_string(timeout_.count()),
+                                   "--threads",         "1"};
+    flags.insert(flags.end(), extra_flags_.begin(), extra_flags_.end());
+    daemons_[rank] = std::make_unique<Kilnd>(KILN_KILND_PATH, dir_ / fmt::format("rank{}", rank), std::move(flags));
   }
   Kilnd& daemon(std::uint32_t rank) { return *daemons_[rank]; }
   std::uint32_t world() const { return world_; }
@@ -69,6 +72,7 @@ class Job {
   static inline int runs_ = 0;
   std::uint32_t world_;
   std::chrono::milliseconds timeout_;
+  std::vector<std::string> extra_flags_;
   std::filesystem::path dir_;
   std::uint16_t port_ = 0;
   std::vector<std::unique_ptr<Kilnd>> daemons_;
@@ -240,10 +244,40 @@ TEST(DistributedDaemons, BroadcastAllGatherAndReduceScatterMatchTheirDefinitions
     if (!out.ok()) return out.status();
     return s.to_host<float>(std::move(out).value()).status();
   });
-  for (std::uint32_t r = 0; r < kWorld; ++r)
-    EXPECT_THAT(failed[r], StatusIs(ErrorCode::Execution, "across daemons")) << "rank " << r;
+  // Rank 0's output carries its input's error; the others name the collective that failed.
+  EXPECT_THAT(failed[0], StatusIs(ErrorCode::Execution, "Gather"));
+  for (std::uint32_t r = 1; r < kWorld; ++r)
+    EXPECT_THAT(failed[r], StatusIs(ErrorCode::Execution, "AllGather across daemons")) << "rank " << r;
   // The job goes on.
   check_all_reduce<float>(clients, ReduceOperation::Sum, 10);
+}
+
+// AllGather's host copies count against the daemon's staging memory: over it, the gather is
+// refused on every rank at once (no rank waits for the timeout), and a small one goes through.
+TEST(DistributedDaemons, AnAllGatherOverTheStagingMemoryIsRefusedOnEveryRank) {
+  Job job(2, 60s, {"--staging-mib", "1"});
+  Clients clients(job);
+  ASSERT_TRUE(clients.connected);
+  const std::vector<ir::build::DeviceId> world = {{1, 0}, {1, 1}};
+  auto gather = [&](std::size_t n) {
+    return clients.on_every_rank<Result<std::vector<float>>>([&](std::uint32_t r, Session& s) {
+      Result<Tensor> t = s.from_host(std::span<const float>(std::vector<float>(n, static_cast<float>(r))), {n});
+      if (!t.ok()) return Result<std::vector<float>>(t.error());
+      Result<Tensor> out = s.all_gather(std::move(t).value(), 0, world);
+      if (!out.ok()) return Result<std::vector<float>>(out.error());
+      return s.to_host<float>(std::move(out).value());
+    });
+  };
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& r : gather(std::size_t{1} << 18))  // 1 MiB each: 5 MiB of host copies
+    EXPECT_THAT(r.status(), StatusIs(ErrorCode::ResourceExhausted, "staging memory"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  const auto small = gather(1000);
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(small[r].ok()) << small[r].error().to_string();
+    EXPECT_EQ(small[r]->size(), 2000u);
+    EXPECT_EQ((*small[r])[1000], 1.0f);
+  }
 }
 
 // The demo's MLP, data parallel: each rank trains on its share of every batch and the gradients

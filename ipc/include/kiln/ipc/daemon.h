@@ -112,8 +112,9 @@ struct DaemonOptions {
   std::chrono::milliseconds maintenance_interval{1000};
   std::string device_name = "cpu";  // reported by status
   // The job whose collectives span daemons (kiln.toml [distributed], docs/distributed.md): an
-  // AllReduce from one of its clients reduces with the same job on the other daemons of its
-  // world, on the client's session thread. Null: every job's collectives are single-device.
+  // collective (AllReduce, Broadcast, AllGather, ReduceScatter) from one of its clients runs with
+  // the same job on the other daemons of its world, on the client's session thread. Null: every job's collectives are
+  // single-device.
   std::shared_ptr<distributed::CollectiveGroup> collectives;
   // Test hook: called on a client's session thread with each decoded command before it is
   // served. Tests hold an answer here to make a client's timeout happen for sure, not by a race

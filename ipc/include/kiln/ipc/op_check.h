@@ -17,8 +17,8 @@
 // AdaptiveAvgPool1d/2d/3d) with their backwards, Linear with its three backwards, LayerNorm,
 // BatchNorm, EmbeddingBackward, Interpolate with its backward, GridSample2d, Unfold4d, Rfft (two
 // outputs), IRfft, Attention (its presence bits checked), CtcLoss with its backward, Quantize (the
-// scheme its output's QFloat dtype), Dequantize and AllReduce — and, for router-style clients,
-// Module Embedding, TopKWithIndices (two outputs) and the Activation kinds (the fusion client
+// scheme its output's QFloat dtype), Dequantize, AllReduce, Broadcast, AllGather and ReduceScatter — and, for
+// router-style clients, Module Embedding, TopKWithIndices (two outputs) and the Activation kinds (the fusion client
 // decomposes them): they reuse the elementwise and dim signatures, plus HardSigmoid's, rebuilt
 // like the rest.
 //

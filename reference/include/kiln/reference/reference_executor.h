@@ -28,7 +28,8 @@
 //     outputs always get fresh buffers (no aliasing between a result and its inputs).
 //   * Init registers nothing (the buffer arrives out of band); it checks that the handle exists
 //     with the declared shape and dtype. Drop frees its tensor. SyncCollective does nothing.
-//     AllReduce on a single device is the identity (sum of one, mean of one). Custom fails: the
+//     AllReduce on a single device is the identity (sum of one, mean of one); Broadcast,
+//     AllGather and ReduceScatter over a world of one too (more ranks fail: Unsupported). Custom fails: the
 //     reference knows no custom operation.
 //
 // Numerics (each choice is Burn's or PyTorch's where they agree; the kernels' comments say more):
