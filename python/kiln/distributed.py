@@ -82,6 +82,14 @@ def _check_on_kiln(name, tensors):
             raise ValueError(f"kiln backend: {name}: a tensor is on {where}, not kiln")
 
 
+def _scatter(stacked, op, world):
+    """This rank's part of the ranks' `stacked` ([world, ...]) reduced; bool travels as u8, as in _reduce."""
+    if stacked.dtype == torch.bool:
+        part = torch.ops.kiln.reduce_scatter(stacked.to(torch.uint8), "max" if op == "sum" else op, world)
+        return part.bool()
+    return torch.ops.kiln.reduce_scatter(stacked, op, world)
+
+
 def _reduce(tensor, op):
     # kiln's AllReduce takes numbers; a bool tensor travels as u8 (sum: any rank's True).
     import kiln
@@ -181,8 +189,7 @@ class KilnProcessGroup(dist.ProcessGroup):
                 if len(ins) != self._world_size:
                     raise ValueError(f"kiln backend: reduce_scatter of {len(ins)} tensors, the world has "
                                      f"{self._world_size}")
-                mine = torch.ops.kiln.reduce_scatter(torch.stack(list(ins)), op, self._world_size)
-                out.copy_(mine.reshape(out.shape))
+                out.copy_(_scatter(torch.stack(list(ins)), op, self._world_size).reshape(out.shape))
         return _done(outputs)
 
     def _reduce_scatter_base(self, output, x, opts=ReduceScatterOptions()):
@@ -192,8 +199,7 @@ class KilnProcessGroup(dist.ProcessGroup):
                              f"expected {output.numel() * self._world_size}")
         op = self._reduce_op(opts)
         with torch.no_grad():
-            mine = torch.ops.kiln.reduce_scatter(x.reshape(self._world_size, -1), op, self._world_size)
-            output.copy_(mine.reshape(output.shape))
+            output.copy_(_scatter(x.reshape(self._world_size, -1), op, self._world_size).reshape(output.shape))
         return _done([output])
 
     @staticmethod

@@ -121,6 +121,9 @@ class DistributedTest(unittest.TestCase):
             dist.reduce_scatter(part, [torch.full((2, 2), 10 * r + rank, dtype=torch.int64).to("kiln")
                                        for r in range(2)], op=dist.ReduceOp.MAX)
             out["reduce_scatter"] = part.cpu().tolist()
+            any_flag = torch.empty(2, dtype=torch.bool).to("kiln")
+            dist.reduce_scatter_tensor(any_flag, torch.tensor([rank == 0, False, False, rank == 1]).to("kiln"))
+            out["reduce_scatter_bool"] = any_flag.cpu().tolist()
             try:
                 dist.all_to_all_single(torch.empty(2).to("kiln"), torch.ones(2).to("kiln"))
                 out["alltoall"] = "no error"
@@ -148,6 +151,7 @@ class DistributedTest(unittest.TestCase):
             # rank r's part of [0, 1, 2, 3] + [100, 101, 102, 103]
             self.assertEqual(r["reduce_scatter_tensor"], [[100.0, 102.0], [104.0, 106.0]][rank])
             self.assertEqual(r["reduce_scatter"], [[10 * rank + 1] * 2] * 2)  # max over ranks of 10 r' + rank'
+            self.assertEqual(r["reduce_scatter_bool"], [[True, False], [False, True]][rank])  # sum of bools: any
             self.assertIn("alltoall is not supported", r["alltoall"])
             self.assertIn(f"this worker's kilnd job is rank {rank} of 2", r["wrong_rank"])
 
