@@ -886,6 +886,9 @@ Status check_collective_ranks(const ir::Operation& op, std::size_t first, std::u
 Status ClientSession::collective_across_daemons(StreamId s, const ir::Operation& op) {
   distributed::CollectiveGroup& group = *service_.options.collectives;
   const ir::DType dtype = op.tensors[1].dtype;
+  if (dtype.is_quantized())
+    return make_error(ErrorCode::Unsupported,
+                      fmt::format("{} across daemons does not take quantized tensors", op.kind_name()));
   switch (op.kind) {
     case ir::OpKind::Distributed_AllReduce: {
       KILN_RETURN_IF_ERROR(distributed::CollectiveGroup::check_dtype(dtype));
@@ -895,15 +898,11 @@ Status ClientSession::collective_across_daemons(StreamId s, const ir::Operation&
           s, op, [&](std::span<std::byte> bytes) { return group.all_reduce(dtype, bytes, reduce_op); });
     }
     case ir::OpKind::Distributed_Broadcast: {
-      if (dtype.is_quantized())
-        return make_error(ErrorCode::Unsupported, "Broadcast across daemons does not take quantized tensors");
       KILN_RETURN_IF_ERROR(check_collective_ranks(op, 1, group.config().world_size));
       const auto root = static_cast<std::uint32_t>(op.attrs[0]);
       return in_place_across_daemons(s, op, [&](std::span<std::byte> bytes) { return group.broadcast(bytes, root); });
     }
     case ir::OpKind::Distributed_AllGather:
-      if (dtype.is_quantized())
-        return make_error(ErrorCode::Unsupported, "AllGather across daemons does not take quantized tensors");
       KILN_RETURN_IF_ERROR(check_collective_ranks(op, 1, group.config().world_size));
       return reshaped_across_daemons(s, op);
     case ir::OpKind::Distributed_ReduceScatter:

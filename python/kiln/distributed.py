@@ -157,9 +157,7 @@ class KilnProcessGroup(dist.ProcessGroup):
         _check_on_kiln("allgather", list(inputs) + [o for outs in output_lists for o in outs])
         with torch.no_grad():
             for outs, x in zip(output_lists, inputs, strict=True):
-                if len(outs) != self._world_size:
-                    raise ValueError(f"kiln backend: allgather into {len(outs)} tensors, the world has "
-                                     f"{self._world_size}")
+                self._check_per_rank("allgather into", len(outs))
                 stacked = self._gather(x)
                 for r, out in enumerate(outs):
                     out.copy_(stacked[r])
@@ -167,9 +165,7 @@ class KilnProcessGroup(dist.ProcessGroup):
 
     def _allgather_base(self, output, x, opts=AllgatherOptions()):
         _check_on_kiln("allgather", [output, x])
-        if output.numel() != x.numel() * self._world_size:
-            raise ValueError(f"kiln backend: allgather of {x.numel()} elements per rank into {output.numel()}, "
-                             f"expected {x.numel() * self._world_size}")
+        self._check_flat("allgather", x.numel(), output.numel())
         with torch.no_grad():
             output.copy_(self._gather(x).reshape(output.shape))
         return _done([output])
@@ -186,21 +182,28 @@ class KilnProcessGroup(dist.ProcessGroup):
         op = self._reduce_op(opts)
         with torch.no_grad():
             for out, ins in zip(outputs, input_lists, strict=True):
-                if len(ins) != self._world_size:
-                    raise ValueError(f"kiln backend: reduce_scatter of {len(ins)} tensors, the world has "
-                                     f"{self._world_size}")
+                self._check_per_rank("reduce_scatter of", len(ins))
                 out.copy_(_scatter(torch.stack(list(ins)), op, self._world_size).reshape(out.shape))
         return _done(outputs)
 
     def _reduce_scatter_base(self, output, x, opts=ReduceScatterOptions()):
         _check_on_kiln("reduce_scatter", [output, x])
-        if x.numel() != output.numel() * self._world_size:
-            raise ValueError(f"kiln backend: reduce_scatter of {x.numel()} elements into {output.numel()} per rank, "
-                             f"expected {output.numel() * self._world_size}")
+        self._check_flat("reduce_scatter", output.numel(), x.numel())
         op = self._reduce_op(opts)
         with torch.no_grad():
             output.copy_(_scatter(x.reshape(self._world_size, -1), op, self._world_size).reshape(output.shape))
         return _done([output])
+
+    def _check_per_rank(self, what, count):
+        """A list form's tensors: one per rank."""
+        if count != self._world_size:
+            raise ValueError(f"kiln backend: {what} {count} tensors, the world has {self._world_size}")
+
+    def _check_flat(self, name, per_rank, total):
+        """A flat form's sizes: `total` elements hold `per_rank` of every rank."""
+        if total != per_rank * self._world_size:
+            raise ValueError(f"kiln backend: {name} of {per_rank} elements per rank over {total}, expected "
+                             f"{per_rank * self._world_size}")
 
     @staticmethod
     def _reduce_op(opts):

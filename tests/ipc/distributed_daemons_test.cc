@@ -163,18 +163,26 @@ TEST(DistributedDaemons, AllReduceMatchesOneDevice) {
   }
 }
 
+// The collectives' tests: 3 daemons, each rank's tensor [kRows, kCols].
+constexpr std::uint32_t kWorld = 3;
+constexpr std::size_t kRows = 4, kCols = 6;
+
+// The device ids naming every rank of a world of `n`.
+std::vector<ir::build::DeviceId> ranks(std::uint32_t n) {
+  std::vector<ir::build::DeviceId> ids;
+  for (std::uint32_t r = 0; r < n; ++r) ids.push_back({1, static_cast<std::uint16_t>(r)});
+  return ids;
+}
+
 // Broadcast, AllGather and ReduceScatter (kiln extensions) on 3 daemons, in the stream order of
 // computed inputs (each rank's tensor is x * 1 of an upload), every rank's result against the
 // definition: the root's tensor; the ranks' tensors concatenated along dim 0 and dim 1; the sum
-// of the ranks' tensors, cut along dim 1, this rank's part. Also an error value for an input that
-// failed (a rank whose input failed leaves, and its peers fail at once).
+// of the ranks' tensors, cut along dim 1, this rank's part.
 TEST(DistributedDaemons, BroadcastAllGatherAndReduceScatterMatchTheirDefinitions) {
-  constexpr std::uint32_t kWorld = 3;
-  constexpr std::size_t kRows = 4, kCols = 6;
   Job job(kWorld);
   Clients clients(job);
   ASSERT_TRUE(clients.connected);
-  const std::vector<ir::build::DeviceId> world = {{1, 0}, {1, 1}, {1, 2}};
+  const std::vector<ir::build::DeviceId> world = ranks(kWorld);
   auto mine = [](std::uint32_t r) {
     std::vector<float> v(kRows * kCols);
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(r * 100 + i);
@@ -229,10 +237,17 @@ TEST(DistributedDaemons, BroadcastAllGatherAndReduceScatterMatchTheirDefinitions
       }
     EXPECT_EQ(*scattered[r], expected) << "reduce_scatter, rank " << r;
   }
-  // Rank 0's input fails (a gather out of range): rank 0 leaves the collective, and every rank's
-  // all_gather fails at once, none hangs.
+}
+
+// Rank 0's input fails (a gather out of range): rank 0 leaves the collective, its output carries
+// its input's error, every other rank's all_gather fails at once (none hangs), and the job goes on.
+TEST(DistributedDaemons, AFailedInputFailsTheCollectiveOnEveryRank) {
+  Job job(kWorld);
+  Clients clients(job);
+  ASSERT_TRUE(clients.connected);
+  const std::vector<ir::build::DeviceId> world = ranks(kWorld);
+  const std::vector<float> v(kRows * kCols, 1.0f);
   const auto failed = clients.on_every_rank<Status>([&](std::uint32_t r, Session& s) {
-    const std::vector<float> v = mine(r);
     Result<Tensor> t = s.from_host(std::span<const float>(v), {kRows, kCols});
     if (!t.ok()) return t.status();
     const std::vector<std::int64_t> idx(kCols, r == 0 ? 99 : 0);
@@ -258,7 +273,7 @@ TEST(DistributedDaemons, AnAllGatherOverTheStagingMemoryIsRefusedOnEveryRank) {
   Job job(2, 60s, {"--staging-mib", "1"});
   Clients clients(job);
   ASSERT_TRUE(clients.connected);
-  const std::vector<ir::build::DeviceId> world = {{1, 0}, {1, 1}};
+  const std::vector<ir::build::DeviceId> world = ranks(2);
   auto gather = [&](std::size_t n) {
     return clients.on_every_rank<Result<std::vector<float>>>([&](std::uint32_t r, Session& s) {
       Result<Tensor> t = s.from_host(std::span<const float>(std::vector<float>(n, static_cast<float>(r))), {n});
